@@ -1,0 +1,42 @@
+/* errors.c — the error list's strings and dtype sizes (public kvt_ API). */
+#include "kvtrim.h"
+
+const char *kvt_strerror(int err)
+{
+	switch (err) {
+	case KVT_OK:
+		return "success";
+#define KVT_ERR_STR_(name, num, text)                                          \
+	case KVT_##name:                                                       \
+		return text;
+		KVT_ERRNO_MAP(KVT_ERR_STR_)
+#undef KVT_ERR_STR_
+	}
+	return "unknown error";
+}
+
+const char *kvt_errname(int err)
+{
+	switch (err) {
+	case KVT_OK:
+		return "OK";
+#define KVT_ERR_NAME_(name, num, text)                                         \
+	case KVT_##name:                                                       \
+		return #name;
+		KVT_ERRNO_MAP(KVT_ERR_NAME_)
+#undef KVT_ERR_NAME_
+	}
+	return "E?";
+}
+
+size_t kvt_dtype_size(enum kvt_dtype dt)
+{
+	switch (dt) {
+	case KVT_DTYPE_F32:
+		return 4;
+	case KVT_DTYPE_F16:
+	case KVT_DTYPE_BF16:
+		return 2;
+	}
+	return 0;
+}

@@ -1,0 +1,56 @@
+/* log.c — see log.h. */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+int log_threshold = LOG_LVL_NOTICE;
+
+static const char *const log_names[] = {
+	[LOG_LVL_ERR] = "err",   [LOG_LVL_WARNING] = "warning",
+	[LOG_LVL_NOTICE] = "notice", [LOG_LVL_INFO] = "info",
+	[LOG_LVL_DEBUG] = "debug",
+};
+
+const char *log_level_name(int lvl)
+{
+	if (lvl < LOG_LVL_ERR || lvl > LOG_LVL_DEBUG)
+		return "?";
+	return log_names[lvl];
+}
+
+int log_parse_level(const char *s)
+{
+	for (int l = LOG_LVL_ERR; l <= LOG_LVL_DEBUG; l++)
+		if (!strcmp(s, log_names[l]))
+			return l;
+	return -1;
+}
+
+void log_emit(int lvl, const char *fmt, ...)
+{
+	char line[1024];
+	struct timeval tv;
+	struct tm tm;
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	int n = (int)strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
+	n += snprintf(line + n, sizeof(line) - (size_t)n, ".%03dZ kvtrimd[%d] %s ",
+	              (int)(tv.tv_usec / 1000), (int)getpid(),
+	              log_level_name(lvl));
+	va_list ap;
+	va_start(ap, fmt);
+	if (n < (int)sizeof(line))
+		n += vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (n >= (int)sizeof(line) - 1)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	/* One write per record so lines from concurrent writers never mix. */
+	ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+	(void)w;
+}

@@ -1,0 +1,127 @@
+/*
+ * main.c — kvtrimd's command line.  Every setting of the config table is
+ * also an option (--pool-size 256M); --config FILE is read first, so the
+ * command line wins over the file.  Runs in the foreground and logs to
+ * stderr.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "kvtrim.h"
+#include "log.h"
+#include "policy.h"
+#include "server.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvtrimd [--config FILE] [--OPTION VALUE]...\n"
+	           "       kvtrimd --list-policies | --help | --version\n\n"
+	           "options (also settable in the config file as key = value):\n");
+	for (size_t i = 0; i < config_count(); i++) {
+		const struct config_entry *e = config_at(i);
+		char opt[64];
+		snprintf(opt, sizeof(opt), "%s", e->name);
+		for (char *p = opt; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		fprintf(f, "  --%-18s %s (default: %s)\n", opt, e->help,
+		        e->def[0] ? e->def : "see text");
+	}
+}
+
+/* "--pool-size" -> "pool_size"; NULL when arg is not an option. */
+static const char *opt_key(const char *arg, char *buf, size_t len)
+{
+	if (strncmp(arg, "--", 2) || !arg[2])
+		return NULL;
+	snprintf(buf, len, "%s", arg + 2);
+	for (char *p = buf; *p; p++)
+		if (*p == '-')
+			*p = '_';
+	return buf;
+}
+
+int main(int argc, char **argv)
+{
+	struct config cfg;
+	char err[512], key[128];
+	const char *cfile = NULL;
+
+	config_defaults(&cfg);
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return 0;
+		}
+		if (!strcmp(argv[i], "--version")) {
+			printf("kvtrimd %d.%d.%d\n", KVT_VERSION_MAJOR,
+			       KVT_VERSION_MINOR, KVT_VERSION_PATCH);
+			return 0;
+		}
+		if (!strcmp(argv[i], "--list-policies")) {
+			for (size_t p = 0; p < policy_count(); p++)
+				printf("%s\n", policy_at(p)->name);
+			return 0;
+		}
+		if (!strcmp(argv[i], "--config")) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "kvtrimd: --config needs a file\n");
+				return 2;
+			}
+			cfile = argv[++i];
+		}
+	}
+	if (cfile && config_load_file(&cfg, cfile, err, sizeof(err))) {
+		fprintf(stderr, "kvtrimd: %s\n", err);
+		return 2;
+	}
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--config")) {
+			i++;
+			continue;
+		}
+		const char *k = opt_key(argv[i], key, sizeof(key));
+		if (!k || !config_find(k)) {
+			fprintf(stderr, "kvtrimd: unknown option '%s' (see --help)\n",
+			        argv[i]);
+			return 2;
+		}
+		if (i + 1 >= argc) {
+			fprintf(stderr, "kvtrimd: %s needs a value\n", argv[i]);
+			return 2;
+		}
+		if (config_set(&cfg, k, argv[++i], err, sizeof(err))) {
+			fprintf(stderr, "kvtrimd: %s\n", err);
+			return 2;
+		}
+	}
+	if (!cfg.runtime_dir[0]) {
+		const char *env = getenv("KVTRIM_RUNTIME_DIR");
+		const char *xdg = getenv("XDG_RUNTIME_DIR");
+		if (env && *env)
+			snprintf(cfg.runtime_dir, sizeof(cfg.runtime_dir), "%s", env);
+		else if (xdg && *xdg)
+			snprintf(cfg.runtime_dir, sizeof(cfg.runtime_dir),
+			         "%s/kvtrim", xdg);
+		else
+			snprintf(cfg.runtime_dir, sizeof(cfg.runtime_dir),
+			         "/run/kvtrimd");
+	}
+	if (config_validate(&cfg, err, sizeof(err))) {
+		fprintf(stderr, "kvtrimd: %s\n", err);
+		return 2;
+	}
+	log_threshold = log_parse_level(cfg.log_level);
+
+	struct server *s;
+	int rv = server_new(&cfg, &s, err, sizeof(err));
+	if (rv) {
+		fprintf(stderr, "kvtrimd: %s (%s)\n", err, kvt_strerror(rv));
+		return 1;
+	}
+	rv = server_run(s);
+	server_free(s);
+	return rv ? 1 : 0;
+}

@@ -1,0 +1,1068 @@
+/*
+ * tenant.c — one registered engine: chunks, pages, sequences, page lists and
+ * the sync algorithm; see tenant.h.
+ *
+ * State and who owns it:
+ *   - private (authoritative): per list len, n_pages, epoch and page ids,
+ *     per sequence slot the original position of every entry and the tokens
+ *     seen per layer, per chunk a stack of free page indexes.
+ *   - table segment: a mirror of the per-list state, written after every
+ *     change.  The daemon never reads it back for a decision, so a client
+ *     that scribbles on its copy hurts only itself; tenant_check reports any
+ *     disagreement.
+ *
+ * Every entry point works in two halves: a first half that may fail and
+ * changes nothing visible (validation, policy decisions into scratch
+ * buffers, page accounting, creating the chunks the operation will need,
+ * reserving event queue room), and a second half that cannot fail.  Chunks
+ * created by the first half are destroyed again when a later step of it
+ * fails, so an error return leaves the tenant exactly as it was.
+ */
+#include "tenant.h"
+
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "compact.h"
+#include "policy.h"
+
+/* Per list state; the table record mirrors it. */
+struct tlist {
+	uint32_t len;     /* committed entries */
+	uint32_t n_pages; /* pages held = ceil((len + headroom) / page_tokens) */
+	uint64_t epoch;   /* bumped by every change, monotonic per slot */
+};
+
+/* One sequence slot. */
+struct tseq {
+	int open;
+	uint32_t gen;     /* id = gen << 32 | slot; never 0, bumped on close */
+	uint32_t counter; /* syncs accepted since open */
+	uint32_t mark;    /* sync serial, for duplicate detection */
+	/* Allocated while open: */
+	uint32_t *n_seen; /* [n_layers] tokens seen per layer */
+	uint32_t *pages;  /* [lists_per_seq][max_pages] page ids */
+	uint32_t *pos;    /* [lists_per_seq][pos_cap] original positions,
+	                     same order as the entries; only [0, len) valid */
+};
+
+/* One chunk slot of the tenant. */
+struct tchunk {
+	struct pool_chunk pc; /* pc.base NULL: slot unused */
+	uint32_t *free;       /* [pages_per_chunk] stack of free page indexes */
+	uint32_t n_free;
+};
+
+struct tenant {
+	uint32_t id;
+	char name[KVT_NAME_MAX];
+	struct shm_geom g;
+	struct policy *pol;
+	struct pool *pool;
+	uint64_t quota;
+	uint32_t max_chunks;    /* quota / KVT_CHUNK_BYTES */
+	uint32_t lists_per_seq; /* n_layers * n_kv_heads */
+	uint32_t pos_cap;       /* max_tokens + headroom */
+
+	int table_fd, stage_fd;
+	void *table; /* [g.table_bytes] read-write mapping */
+	void *stage; /* [g.stage_bytes] read-write mapping */
+
+	struct tchunk *chunks; /* [max_chunks] */
+	uint32_t n_chunks;     /* live chunk slots */
+	/* Running totals, so tenant_stats (called around every sync) costs
+	 * nothing; tenant_check recomputes and compares them. */
+	uint64_t free_pages;   /* sum of n_free over live chunks */
+	uint64_t kept;         /* sum of len over open lists */
+	uint32_t alloc_cur;    /* chunk being drained by page_alloc, or -1 */
+
+	/* Revoked chunks, destroyed after their REVOKE event was sent. */
+	struct pool_chunk *dead; /* [dead_cap] */
+	uint32_t n_dead, dead_cap;
+
+	struct tenant_event *ev; /* [ev_cap] queued, in order */
+	uint32_t n_ev, ev_cap;
+
+	struct tseq *seqs;   /* [max_seqs] */
+	struct tlist *lists; /* [max_seqs][lists_per_seq] */
+	uint32_t n_open;
+	uint32_t serial;
+
+	uint64_t syncs, appended, evicted;
+
+	/* Scratch of tenant_sync, grown on demand. */
+	uint8_t *drop;     /* [drop_cap] drop marks of every list of a sync */
+	size_t drop_cap;
+	uint32_t *newlen;  /* [newlen_cap] per list of a sync: its new length,
+	                      then (pass 1 -> 2) the pages it must hold */
+	size_t newlen_cap;
+	uint32_t *moves;   /* [max_tokens][2] compaction plan of one list */
+	void **pagev;      /* [max_pages] page pointers of one list */
+};
+
+#define NO_CHUNK UINT32_MAX
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+static uint32_t pages_for(const struct shm_geom *g, uint32_t len)
+{
+	return (uint32_t)(((uint64_t)len + g->headroom + g->page_tokens - 1) /
+	                  g->page_tokens);
+}
+
+static struct tlist *tlist_at(const struct tenant *t, uint32_t slot,
+                              uint32_t layer, uint32_t head)
+{
+	return &t->lists[((size_t)slot * t->g.n_layers + layer) *
+	                         t->g.n_kv_heads +
+	                 head];
+}
+
+/* Index of (layer, head) inside a sequence's arrays. */
+static size_t lidx(const struct tenant *t, uint32_t layer, uint32_t head)
+{
+	return (size_t)layer * t->g.n_kv_heads + head;
+}
+
+static uint32_t *seq_pages(const struct tenant *t, const struct tseq *s,
+                           size_t li)
+{
+	return s->pages + li * t->g.max_pages;
+}
+
+static uint32_t *seq_pos(const struct tenant *t, const struct tseq *s,
+                         size_t li)
+{
+	return s->pos + li * t->pos_cap;
+}
+
+/* Writes the private state of one list into its table record. */
+static void mirror(struct tenant *t, uint32_t slot, uint32_t layer,
+                   uint32_t head)
+{
+	const struct tlist *l = tlist_at(t, slot, layer, head);
+	struct shm_list *r = shm_list_at(t->table, &t->g, slot, layer, head);
+	r->len = l->len;
+	r->n_pages = l->n_pages;
+	r->epoch = l->epoch;
+	if (t->seqs[slot].open)
+		memcpy(r->pages,
+		       seq_pages(t, &t->seqs[slot], lidx(t, layer, head)),
+		       (size_t)l->n_pages * sizeof(uint32_t));
+	memset(r->pages + l->n_pages, 0,
+	       (size_t)(t->g.max_pages - l->n_pages) * sizeof(uint32_t));
+}
+
+/* ------------------------------------------------------------ segments */
+
+static int segment_new(const char *name, uint64_t bytes, int *fd_out,
+                       void **map_out)
+{
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return KVT_ESYS;
+	if (ftruncate(fd, (off_t)bytes) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
+		close(fd);
+		return KVT_ESYS;
+	}
+	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		close(fd);
+		return KVT_ESYS;
+	}
+	*fd_out = fd;
+	*map_out = m;
+	return 0;
+}
+
+/* ------------------------------------------------------------ pages */
+
+/*
+ * Takes one free page.  Drains the fullest chunk first (fewest free pages,
+ * lowest slot on ties), which keeps chunks dense and lets the others empty
+ * out and be revoked.  The caller has made sure enough pages are free.
+ */
+static uint32_t page_alloc(struct tenant *t)
+{
+	if (t->alloc_cur == NO_CHUNK || !t->chunks[t->alloc_cur].n_free) {
+		uint32_t best = NO_CHUNK;
+		for (uint32_t i = 0; i < t->max_chunks; i++) {
+			const struct tchunk *c = &t->chunks[i];
+			if (c->pc.base && c->n_free &&
+			    (best == NO_CHUNK ||
+			     c->n_free < t->chunks[best].n_free))
+				best = i;
+		}
+		t->alloc_cur = best;
+	}
+	struct tchunk *c = &t->chunks[t->alloc_cur];
+	t->free_pages--;
+	return t->alloc_cur * t->g.pages_per_chunk + c->free[--c->n_free];
+}
+
+static void page_free(struct tenant *t, uint32_t id)
+{
+	struct tchunk *c = &t->chunks[id / t->g.pages_per_chunk];
+	c->free[c->n_free++] = id % t->g.pages_per_chunk;
+	t->free_pages++;
+}
+
+static int ensure_room(void **arr, uint32_t *cap, uint32_t want, size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	uint32_t n = *cap ? *cap : 8;
+	while (n < want)
+		n = n > UINT32_MAX / 2 ? want : n * 2;
+	void *p = realloc(*arr, (size_t)n * elem);
+	if (!p)
+		return KVT_ENOMEM;
+	*arr = p;
+	*cap = n;
+	return 0;
+}
+
+static void chunk_destroy(struct tenant *t, uint32_t slot)
+{
+	struct tchunk *c = &t->chunks[slot];
+	t->free_pages -= c->n_free;
+	pool_chunk_free(t->pool, &c->pc);
+	free(c->free);
+	c->free = NULL;
+	c->n_free = 0;
+	t->n_chunks--;
+}
+
+/*
+ * First half of every page-changing operation: makes sure `need` pages can
+ * be allocated once `freed` pages have been returned, creating chunks now if
+ * the free pages do not suffice.  Also reserves room for every event and
+ * dead chunk the operation can produce, so the second half cannot fail.
+ * On error nothing changed.  On success the ADD events are queued.
+ */
+static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
+                         char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	uint64_t avail = t->free_pages + freed;
+	uint64_t k = 0;
+	if (need > avail)
+		k = (need - avail + g->pages_per_chunk - 1) / g->pages_per_chunk;
+	if (t->n_chunks + k > t->max_chunks)
+		return fail(err, errlen, KVT_EQUOTA,
+		            "needs %llu more chunk(s): %u held, quota allows %u",
+		            (unsigned long long)k, t->n_chunks, t->max_chunks);
+	if (t->pool->chunks_used + k > t->pool->chunk_capacity)
+		return fail(err, errlen, KVT_EPOOLFULL,
+		            "needs %llu more chunk(s); the pool has %llu of %llu "
+		            "in use", (unsigned long long)k,
+		            (unsigned long long)t->pool->chunks_used,
+		            (unsigned long long)t->pool->chunk_capacity);
+	/* Every live chunk may be revoked at the end; each new one is added. */
+	uint32_t worst = t->n_chunks + (uint32_t)k;
+	if (ensure_room((void **)&t->ev, &t->ev_cap, t->n_ev + 2 * worst,
+	                sizeof(*t->ev)) ||
+	    ensure_room((void **)&t->dead, &t->dead_cap, t->n_dead + worst,
+	                sizeof(*t->dead)))
+		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+
+	uint32_t made[64], *madev = made;
+	if (k > sizeof(made) / sizeof(made[0])) {
+		madev = malloc((size_t)k * sizeof(*madev));
+		if (!madev)
+			return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	}
+	int rc = 0;
+	uint32_t n_made = 0, slot = 0;
+	while (n_made < k) {
+		while (t->chunks[slot].pc.base) /* lowest free slot */
+			slot++;
+		struct tchunk *c = &t->chunks[slot];
+		c->free = malloc((size_t)g->pages_per_chunk * sizeof(uint32_t));
+		if (!c->free) {
+			rc = fail(err, errlen, KVT_ENOMEM, "out of memory");
+			break;
+		}
+		rc = pool_chunk_new(t->pool, &c->pc);
+		if (rc) {
+			free(c->free);
+			c->free = NULL;
+			c->pc.base = NULL;
+			rc = fail(err, errlen, rc, "cannot create a pool chunk: %s",
+			          kvt_strerror(rc));
+			break;
+		}
+		/* Pops give ascending page indexes. */
+		for (uint32_t i = 0; i < g->pages_per_chunk; i++)
+			c->free[i] = g->pages_per_chunk - 1 - i;
+		c->n_free = g->pages_per_chunk;
+		t->free_pages += c->n_free;
+		t->n_chunks++;
+		madev[n_made++] = slot;
+	}
+	if (rc) {
+		/* Destroyed at once: the client never heard of them. */
+		for (uint32_t i = 0; i < n_made; i++)
+			chunk_destroy(t, madev[i]);
+	} else {
+		for (uint32_t i = 0; i < n_made; i++)
+			t->ev[t->n_ev++] = (struct tenant_event){
+				.type = HANDLE_CHUNK_ADD,
+				.slot = madev[i],
+				.fd = t->chunks[madev[i]].pc.fd,
+				.size = KVT_CHUNK_BYTES,
+			};
+	}
+	if (madev != made)
+		free(madev);
+	return rc;
+}
+
+/*
+ * End of every page-changing operation: chunks that are now completely free
+ * are revoked.  The slot becomes reusable at once (the client processes the
+ * REVOKE before any later ADD of the same slot); the memory is destroyed in
+ * tenant_flush_events after the REVOKE went out.
+ */
+static void revoke_empty(struct tenant *t)
+{
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		struct tchunk *c = &t->chunks[i];
+		if (!c->pc.base || c->n_free != t->g.pages_per_chunk)
+			continue;
+		t->ev[t->n_ev++] = (struct tenant_event){
+			.type = HANDLE_CHUNK_REVOKE, .slot = i, .fd = -1,
+			.size = 0};
+		t->dead[t->n_dead++] = c->pc;
+		t->free_pages -= c->n_free;
+		c->pc.base = NULL;
+		c->pc.fd = -1;
+		free(c->free);
+		c->free = NULL;
+		c->n_free = 0;
+		t->n_chunks--;
+	}
+	t->alloc_cur = NO_CHUNK;
+}
+
+/* ------------------------------------------------------------ lifetime */
+
+int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
+               uint64_t default_quota, struct tenant **out, char *err,
+               size_t errlen)
+{
+	*out = NULL;
+	uint32_t page_tokens = h->page_tokens ? h->page_tokens
+	                                      : TENANT_DEF_PAGE_TOKENS;
+	uint32_t max_seqs = h->max_seqs ? h->max_seqs : TENANT_DEF_MAX_SEQS;
+	uint32_t max_tokens = h->max_tokens ? h->max_tokens
+	                                    : TENANT_DEF_MAX_TOKENS;
+	/* Default headroom: one page, but never more than a list can hold. */
+	uint32_t headroom = h->headroom ? h->headroom
+	                    : page_tokens < max_tokens ? page_tokens
+	                                               : max_tokens;
+	struct shm_geom g;
+	int rc = shm_geom_init(&g, &h->geo, (enum kvt_dtype)h->dtype,
+	                       page_tokens, max_seqs, max_tokens, headroom,
+	                       h->stage_tokens, err, errlen);
+	if (rc)
+		return rc;
+	size_t name_len = strnlen(h->name, KVT_NAME_MAX);
+	if (name_len >= KVT_NAME_MAX)
+		return fail(err, errlen, KVT_EINVAL, "tenant name too long");
+
+	uint64_t pool_bytes = pool_bytes_total(pool);
+	uint64_t quota = h->quota_bytes;
+	if (!quota)
+		quota = default_quota && default_quota < pool_bytes
+		                ? default_quota
+		                : pool_bytes;
+	if (quota > pool_bytes)
+		return fail(err, errlen, KVT_EQUOTA,
+		            "quota of %llu bytes exceeds the pool (%llu bytes)",
+		            (unsigned long long)quota,
+		            (unsigned long long)pool_bytes);
+	if (quota < KVT_CHUNK_BYTES)
+		return fail(err, errlen, KVT_EQUOTA,
+		            "quota of %llu bytes is below one chunk (%llu bytes)",
+		            (unsigned long long)quota,
+		            (unsigned long long)KVT_CHUNK_BYTES);
+
+	struct policy *pol = NULL;
+	rc = policy_create(h->policy[0] ? h->policy : TENANT_DEF_POLICY, &pol,
+	                   err, errlen);
+	if (rc)
+		return rc;
+	if (pol->ops->needs && !g.stage_tokens) {
+		rc = fail(err, errlen, KVT_EPOLICY,
+		          "policy '%s' needs staged inputs: stage_tokens must be "
+		          "> 0", pol->ops->name);
+		policy_free(pol);
+		return rc;
+	}
+
+	struct tenant *t = calloc(1, sizeof(*t));
+	if (!t) {
+		policy_free(pol);
+		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	}
+	t->id = id;
+	memcpy(t->name, h->name, name_len);
+	t->g = g;
+	t->pol = pol;
+	t->pool = pool;
+	t->quota = quota;
+	t->max_chunks = (uint32_t)(quota / KVT_CHUNK_BYTES);
+	t->lists_per_seq = g.n_layers * g.n_kv_heads;
+	t->pos_cap = g.max_tokens + g.headroom;
+	t->alloc_cur = NO_CHUNK;
+	t->table_fd = t->stage_fd = -1;
+	t->chunks = calloc(t->max_chunks, sizeof(*t->chunks));
+	t->seqs = calloc(g.max_seqs, sizeof(*t->seqs));
+	t->lists = calloc((size_t)g.max_seqs * t->lists_per_seq,
+	                  sizeof(*t->lists));
+	t->moves = malloc((size_t)g.max_tokens * 2 * sizeof(uint32_t));
+	t->pagev = malloc((size_t)g.max_pages * sizeof(void *));
+	if (!t->chunks || !t->seqs || !t->lists || !t->moves || !t->pagev) {
+		tenant_free(t);
+		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	}
+	for (uint32_t i = 0; i < t->max_chunks; i++)
+		t->chunks[i].pc.fd = -1;
+	for (uint32_t i = 0; i < g.max_seqs; i++)
+		t->seqs[i].gen = 1;
+
+	if (segment_new("kvtrim-table", g.table_bytes, &t->table_fd,
+	                &t->table) ||
+	    segment_new("kvtrim-stage", g.stage_bytes, &t->stage_fd,
+	                &t->stage)) {
+		tenant_free(t);
+		return fail(err, errlen, KVT_ESYS,
+		            "cannot create the table and staging segments");
+	}
+	shm_table_init(t->table, &g);
+	shm_stage_init(t->stage, &g);
+	*out = t;
+	return 0;
+}
+
+static void seq_release_arrays(struct tseq *s)
+{
+	free(s->n_seen);
+	free(s->pages);
+	free(s->pos);
+	s->n_seen = s->pages = s->pos = NULL;
+}
+
+void tenant_free(struct tenant *t)
+{
+	if (!t)
+		return;
+	if (t->chunks)
+		for (uint32_t i = 0; i < t->max_chunks; i++) {
+			pool_chunk_free(t->pool, &t->chunks[i].pc);
+			free(t->chunks[i].free);
+		}
+	for (uint32_t i = 0; i < t->n_dead; i++)
+		pool_chunk_free(t->pool, &t->dead[i]);
+	if (t->seqs)
+		for (uint32_t i = 0; i < t->g.max_seqs; i++)
+			seq_release_arrays(&t->seqs[i]);
+	if (t->table)
+		munmap(t->table, t->g.table_bytes);
+	if (t->stage)
+		munmap(t->stage, t->g.stage_bytes);
+	if (t->table_fd >= 0)
+		close(t->table_fd);
+	if (t->stage_fd >= 0)
+		close(t->stage_fd);
+	policy_free(t->pol);
+	free(t->chunks);
+	free(t->dead);
+	free(t->ev);
+	free(t->seqs);
+	free(t->lists);
+	free(t->drop);
+	free(t->newlen);
+	free(t->moves);
+	free(t->pagev);
+	free(t);
+}
+
+uint32_t tenant_id(const struct tenant *t) { return t->id; }
+const char *tenant_name(const struct tenant *t) { return t->name; }
+const char *tenant_policy_spec(const struct tenant *t) { return t->pol->spec; }
+const struct shm_geom *tenant_geom(const struct tenant *t) { return &t->g; }
+uint64_t tenant_quota(const struct tenant *t) { return t->quota; }
+int tenant_table_fd(const struct tenant *t) { return t->table_fd; }
+int tenant_stage_fd(const struct tenant *t) { return t->stage_fd; }
+
+/* Live chunks plus revoked ones not yet destroyed: what the pool counts. */
+uint64_t tenant_chunks(const struct tenant *t)
+{
+	return (uint64_t)t->n_chunks + t->n_dead;
+}
+
+/* ------------------------------------------------------------ sequences */
+
+/* The open slot an id names, or -1. */
+static int64_t seq_slot(const struct tenant *t, uint64_t seq)
+{
+	uint32_t slot = (uint32_t)seq, gen = (uint32_t)(seq >> 32);
+	if (slot >= t->g.max_seqs || !t->seqs[slot].open ||
+	    t->seqs[slot].gen != gen)
+		return -1;
+	return slot;
+}
+
+int tenant_seq_open(struct tenant *t, uint64_t *seq)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t slot = 0;
+	while (slot < g->max_seqs && t->seqs[slot].open)
+		slot++;
+	if (slot == g->max_seqs)
+		return KVT_ESEQLIMIT;
+
+	struct tseq *s = &t->seqs[slot];
+	s->n_seen = calloc(g->n_layers, sizeof(uint32_t));
+	s->pages = calloc((size_t)t->lists_per_seq * g->max_pages,
+	                  sizeof(uint32_t));
+	s->pos = malloc((size_t)t->lists_per_seq * t->pos_cap *
+	                sizeof(uint32_t));
+	if (!s->n_seen || !s->pages || !s->pos) {
+		seq_release_arrays(s);
+		return KVT_ENOMEM;
+	}
+	uint32_t per_list = pages_for(g, 0);
+	int rc = reserve_pages(t, (uint64_t)per_list * t->lists_per_seq, 0,
+	                       NULL, 0);
+	if (rc) {
+		seq_release_arrays(s);
+		return rc;
+	}
+
+	s->open = 1;
+	s->counter = 0;
+	t->n_open++;
+	for (uint32_t layer = 0; layer < g->n_layers; layer++)
+		for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+			struct tlist *l = tlist_at(t, slot, layer, head);
+			uint32_t *pg = seq_pages(t, s, lidx(t, layer, head));
+			for (uint32_t i = 0; i < per_list; i++)
+				pg[i] = page_alloc(t);
+			l->len = 0;
+			l->n_pages = per_list;
+			l->epoch++;
+			mirror(t, slot, layer, head);
+		}
+	revoke_empty(t); /* resets the allocation cursor; nothing is empty */
+	*seq = ((uint64_t)s->gen << 32) | slot;
+	return 0;
+}
+
+int tenant_seq_close(struct tenant *t, uint64_t seq)
+{
+	int64_t sl = seq_slot(t, seq);
+	if (sl < 0)
+		return KVT_ENOSEQ;
+	uint32_t slot = (uint32_t)sl;
+	struct tseq *s = &t->seqs[slot];
+	for (uint32_t layer = 0; layer < t->g.n_layers; layer++)
+		for (uint32_t head = 0; head < t->g.n_kv_heads; head++) {
+			struct tlist *l = tlist_at(t, slot, layer, head);
+			uint32_t *pg = seq_pages(t, s, lidx(t, layer, head));
+			for (uint32_t i = 0; i < l->n_pages; i++)
+				page_free(t, pg[i]);
+			t->kept -= l->len;
+			l->len = 0;
+			l->n_pages = 0;
+			l->epoch++;
+		}
+	s->open = 0;
+	/* Generation 0 is never issued, so id 0 is never valid. */
+	s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1;
+	s->counter = 0;
+	t->n_open--;
+	for (uint32_t layer = 0; layer < t->g.n_layers; layer++)
+		for (uint32_t head = 0; head < t->g.n_kv_heads; head++)
+			mirror(t, slot, layer, head);
+	seq_release_arrays(s);
+	revoke_empty(t);
+	return 0;
+}
+
+/* ------------------------------------------------------------ sync */
+
+/* Layer range of an item after defaults; 0 or KVT_ELAYERS. */
+static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
+                       uint32_t *lo, uint32_t *hi)
+{
+	*lo = it->layer_lo;
+	*hi = it->layer_hi ? it->layer_hi : t->g.n_layers;
+	if (*lo >= *hi || *hi > t->g.n_layers)
+		return KVT_ELAYERS;
+	return 0;
+}
+
+/* Step 1: every check that needs no policy decision.  Returns the number of
+ * list entries (len + n_new summed over lists) the decisions need. */
+static int validate(struct tenant *t, const struct ipc_sync_item *items,
+                    uint32_t n, size_t *entries, size_t *lists, char *err,
+                    size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	if (!items || !n)
+		return fail(err, errlen, KVT_EINVAL, "sync without items");
+	if (++t->serial == 0) {
+		/* Wrapped: forget old marks so none can collide. */
+		for (uint32_t i = 0; i < g->max_seqs; i++)
+			t->seqs[i].mark = 0;
+		t->serial = 1;
+	}
+	size_t ent = 0, nl = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		int64_t sl = seq_slot(t, it->seq);
+		if (sl < 0)
+			return fail(err, errlen, KVT_ENOSEQ,
+			            "item %u: no open sequence %#llx", i,
+			            (unsigned long long)it->seq);
+		struct tseq *s = &t->seqs[sl];
+		if (s->mark == t->serial)
+			return fail(err, errlen, KVT_EINVAL,
+			            "item %u: sequence %#llx appears twice", i,
+			            (unsigned long long)it->seq);
+		s->mark = t->serial;
+		if (it->counter != s->counter)
+			return fail(err, errlen, KVT_ESTALE,
+			            "item %u: sync counter %u, expected %u", i,
+			            it->counter, s->counter);
+		if (it->phase > KVT_PHASE_DECODE)
+			return fail(err, errlen, KVT_EINVAL,
+			            "item %u: unknown phase %u", i, it->phase);
+		uint32_t lo, hi;
+		if (item_layers(t, it, &lo, &hi))
+			return fail(err, errlen, KVT_ELAYERS,
+			            "item %u: layers [%u, %u) not within [0, %u)",
+			            i, it->layer_lo, it->layer_hi, g->n_layers);
+		if (it->n_new > g->headroom)
+			return fail(err, errlen, KVT_EHEADROOM,
+			            "item %u: %u new entries, headroom is %u", i,
+			            it->n_new, g->headroom);
+		if (t->pol->ops->needs && it->n_new > g->stage_tokens)
+			return fail(err, errlen, KVT_EHEADROOM,
+			            "item %u: %u new entries, staging ring holds "
+			            "%u", i, it->n_new, g->stage_tokens);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			if ((uint64_t)s->n_seen[layer] + it->n_new > UINT32_MAX)
+				return fail(err, errlen, KVT_ETOOLONG,
+				            "item %u: layer %u: positions exhausted",
+				            i, layer);
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				uint32_t len = tlist_at(t, (uint32_t)sl, layer,
+				                        head)->len;
+				if ((uint64_t)len + it->n_new > g->max_tokens)
+					return fail(err, errlen, KVT_ETOOLONG,
+					            "item %u: layer %u head %u: "
+					            "%u + %u entries exceed "
+					            "max_tokens %u", i, layer,
+					            head, len, it->n_new,
+					            g->max_tokens);
+				ent += (size_t)len + it->n_new;
+				nl++;
+			}
+		}
+	}
+	*entries = ent;
+	*lists = nl;
+	return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t want, size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	void *q = realloc(*p, want * elem);
+	if (!q)
+		return KVT_ENOMEM;
+	*p = q;
+	*cap = want;
+	return 0;
+}
+
+int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
+                uint32_t n, char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	size_t entries = 0, nlists = 0;
+	int rc = validate(t, items, n, &entries, &nlists, err, errlen);
+	if (rc)
+		return rc;
+	if (grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
+	    grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)))
+		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	memset(t->drop, 0, entries);
+
+	/*
+	 * Step 2: decisions.  The new entries' positions are written past
+	 * len, where nothing is committed yet, so a refusal leaves no trace.
+	 */
+	uint64_t need = 0, freed = 0;
+	size_t off = 0, li_all = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		struct tseq *s = &t->seqs[slot];
+		item_layers(t, it, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			uint32_t seen = s->n_seen[layer] + it->n_new;
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				const struct tlist *l = tlist_at(t, slot, layer,
+				                                 head);
+				uint32_t *pos = seq_pos(t, s,
+				                        lidx(t, layer, head));
+				uint32_t len = l->len + it->n_new;
+				for (uint32_t k = 0; k < it->n_new; k++)
+					pos[l->len + k] = s->n_seen[layer] + k;
+				struct policy_list pl = {
+					.pos = pos, .len = len,
+					.n_new = it->n_new, .n_seen = seen,
+					.layer = layer, .head = head,
+					.phase = (enum kvt_phase)it->phase,
+				};
+				uint32_t nd = policy_decide(t->pol, &pl,
+				                            t->drop + off);
+				if (nd > len)
+					nd = len; /* a broken policy */
+				uint32_t nl = len - nd;
+				t->newlen[li_all++] = nl;
+				uint32_t want = pages_for(g, nl);
+				if (want > l->n_pages)
+					need += want - l->n_pages;
+				else
+					freed += l->n_pages - want;
+				off += len;
+			}
+		}
+	}
+
+	/* Step 3: pages; the last step that may fail. */
+	rc = reserve_pages(t, need, freed, err, errlen);
+	if (rc)
+		return rc;
+
+	/* Step 4: apply.  Pass 1 compacts and frees, pass 2 allocates, so the
+	 * frees of one list can serve the growth of another. */
+	uint32_t row_bytes = g->head_dim * g->elem_bytes;
+	off = 0;
+	li_all = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		struct tseq *s = &t->seqs[slot];
+		item_layers(t, it, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++)
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				struct tlist *l = tlist_at(t, slot, layer, head);
+				size_t li = lidx(t, layer, head);
+				uint32_t *pos = seq_pos(t, s, li);
+				uint32_t *pg = seq_pages(t, s, li);
+				uint32_t len = l->len + it->n_new, nl;
+				const uint8_t *drop = t->drop + off;
+				uint32_t nm = compact_plan(drop, len, t->moves,
+				                           &nl);
+				if (nm) {
+					for (uint32_t p = 0; p < l->n_pages; p++) {
+						uint32_t id = pg[p];
+						t->pagev[p] =
+							(char *)t->chunks[id / g->pages_per_chunk].pc.base +
+							(size_t)(id % g->pages_per_chunk) *
+								g->page_bytes;
+					}
+					compact_cpu(t->pagev, g->page_tokens,
+					            row_bytes, t->moves, nm);
+					for (uint32_t m = 0; m < nm; m++)
+						pos[t->moves[2 * m]] =
+							pos[t->moves[2 * m + 1]];
+				}
+				t->appended += it->n_new;
+				t->evicted += len - nl;
+				uint32_t want = pages_for(g, nl);
+				while (l->n_pages > want)
+					page_free(t, pg[--l->n_pages]);
+				t->kept += nl;
+				t->kept -= l->len;
+				l->len = nl;
+				l->epoch++;
+				t->newlen[li_all++] = want; /* for pass 2 */
+				off += len;
+			}
+	}
+	li_all = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		struct tseq *s = &t->seqs[slot];
+		item_layers(t, it, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				struct tlist *l = tlist_at(t, slot, layer, head);
+				uint32_t *pg = seq_pages(t, s,
+				                         lidx(t, layer, head));
+				uint32_t want = t->newlen[li_all++];
+				while (l->n_pages < want)
+					pg[l->n_pages++] = page_alloc(t);
+				mirror(t, slot, layer, head);
+			}
+			s->n_seen[layer] += it->n_new;
+		}
+		s->counter++;
+	}
+	t->syncs++;
+	revoke_empty(t);
+	return 0;
+}
+
+/* ------------------------------------------------------------ events */
+
+int tenant_flush_events(struct tenant *t,
+                        int (*send)(void *ctx, const struct tenant_event *e),
+                        void *ctx)
+{
+	for (uint32_t i = 0; i < t->n_ev; i++) {
+		int rc = send(ctx, &t->ev[i]);
+		if (rc < 0) {
+			/* Keep what was not sent; the server drops the tenant
+			 * and tenant_free destroys everything. */
+			memmove(t->ev, t->ev + i, (t->n_ev - i) * sizeof(*t->ev));
+			t->n_ev -= i;
+			return rc;
+		}
+	}
+	t->n_ev = 0;
+	for (uint32_t i = 0; i < t->n_dead; i++)
+		pool_chunk_free(t->pool, &t->dead[i]);
+	t->n_dead = 0;
+	return 0;
+}
+
+/* ------------------------------------------------------------ stats, check */
+
+void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->pages_used = (uint64_t)t->n_chunks * t->g.pages_per_chunk -
+	                  t->free_pages;
+	out->entries_kept = t->kept;
+	out->pages_free = t->free_pages;
+	out->chunks = t->n_chunks;
+	out->sequences = t->n_open;
+	out->syncs = t->syncs;
+	out->entries_appended = t->appended;
+	out->entries_evicted = t->evicted;
+	out->quota_bytes = t->quota;
+}
+
+struct checker {
+	int n;
+	char *detail;
+	size_t len;
+};
+
+static void violation(struct checker *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void violation(struct checker *c, const char *fmt, ...)
+{
+	if (!c->n++ && c->detail && c->len) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(c->detail, c->len, fmt, ap);
+		va_end(ap);
+	}
+}
+
+/* Sets bit i; returns whether it was already set. */
+static int test_and_set(uint8_t *bits, uint64_t i)
+{
+	int was = bits[i / 8] >> (i % 8) & 1;
+	bits[i / 8] |= (uint8_t)(1u << (i % 8));
+	return was;
+}
+
+int tenant_check(const struct tenant *t, char *detail, size_t len)
+{
+	const struct shm_geom *g = &t->g;
+	struct checker c = {0, detail, len};
+	if (detail && len)
+		detail[0] = '\0';
+	uint32_t ppc = g->pages_per_chunk;
+	/*
+	 * One bit per page of the live chunks: base[slot] is the first bit of
+	 * a live slot's pages, UINT64_MAX for a slot without a chunk.
+	 */
+	uint64_t *base = malloc((size_t)t->max_chunks * sizeof(*base));
+	uint64_t nbits = 0;
+	for (uint32_t i = 0; base && i < t->max_chunks; i++) {
+		base[i] = t->chunks[i].pc.base ? nbits : UINT64_MAX;
+		nbits += t->chunks[i].pc.base ? ppc : 0;
+	}
+	uint8_t *seen = calloc(nbits / 8 + 1, 1); /* [nbits] bits */
+	if (!base || !seen) {
+		free(base);
+		free(seen);
+		return KVT_ENOMEM;
+	}
+
+	if (shm_table_check(t->table, g))
+		violation(&c, "table header does not match the geometry");
+	uint32_t live = 0;
+	uint64_t free_pages = 0, used = 0, kept = 0;
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		const struct tchunk *ch = &t->chunks[i];
+		if (!ch->pc.base)
+			continue;
+		live++;
+		if (ch->n_free > ppc) {
+			violation(&c, "chunk %u: %u free pages of %u", i,
+			          ch->n_free, ppc);
+			continue;
+		}
+		free_pages += ch->n_free;
+		for (uint32_t k = 0; k < ch->n_free; k++) {
+			uint32_t idx = ch->free[k];
+			if (idx >= ppc)
+				violation(&c, "chunk %u: free index %u out of "
+				          "range", i, idx);
+			else if (test_and_set(seen, base[i] + idx))
+				violation(&c, "page %llu free twice",
+				          (unsigned long long)i * ppc + idx);
+		}
+	}
+	if (live != t->n_chunks)
+		violation(&c, "%u live chunks, counted %u", live, t->n_chunks);
+	if ((uint64_t)live * KVT_CHUNK_BYTES > t->quota)
+		violation(&c, "%u chunks exceed the quota of %llu bytes", live,
+		          (unsigned long long)t->quota);
+
+	uint32_t n_open = 0;
+	for (uint32_t slot = 0; slot < g->max_seqs; slot++) {
+		const struct tseq *s = &t->seqs[slot];
+		n_open += !!s->open;
+		for (uint32_t layer = 0; layer < g->n_layers; layer++)
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				const struct tlist *l = tlist_at(t, slot, layer,
+				                                 head);
+				const struct shm_list *r = shm_list_at(
+					t->table, g, slot, layer, head);
+				if (r->len != l->len || r->n_pages != l->n_pages ||
+				    r->epoch != l->epoch)
+					violation(&c, "seq slot %u layer %u head "
+					          "%u: table says len %u pages "
+					          "%u epoch %llu, daemon %u %u "
+					          "%llu", slot, layer, head,
+					          r->len, r->n_pages,
+					          (unsigned long long)r->epoch,
+					          l->len, l->n_pages,
+					          (unsigned long long)l->epoch);
+				if (!s->open) {
+					if (l->len || l->n_pages)
+						violation(&c, "closed slot %u holds "
+						          "entries", slot);
+					continue;
+				}
+				size_t li = lidx(t, layer, head);
+				const uint32_t *pg = seq_pages(t, s, li);
+				const uint32_t *pos = seq_pos(t, s, li);
+				if (l->len > g->max_tokens)
+					violation(&c, "slot %u layer %u head %u: "
+					          "len %u > max_tokens", slot,
+					          layer, head, l->len);
+				if (l->n_pages != pages_for(g, l->len))
+					violation(&c, "slot %u layer %u head %u: "
+					          "%u pages for len %u, want %u",
+					          slot, layer, head, l->n_pages,
+					          l->len, pages_for(g, l->len));
+				kept += l->len;
+				if (l->n_pages > g->max_pages)
+					continue;
+				used += l->n_pages;
+				for (uint32_t p = 0; p < l->n_pages; p++) {
+					uint32_t id = pg[p];
+					if (r->n_pages == l->n_pages &&
+					    r->pages[p] != id)
+						violation(&c, "slot %u layer %u "
+						          "head %u: table page "
+						          "%u is %u, daemon %u",
+						          slot, layer, head, p,
+						          r->pages[p], id);
+					if (id / ppc >= t->max_chunks ||
+					    base[id / ppc] == UINT64_MAX)
+						violation(&c, "page id %u not in "
+						          "a live chunk", id);
+					else if (test_and_set(seen, base[id / ppc] +
+					                      id % ppc))
+						violation(&c, "page %u used "
+						          "twice or also free", id);
+				}
+				for (uint32_t e = 0; e < l->len && e < t->pos_cap;
+				     e++)
+					if (pos[e] >= s->n_seen[layer]) {
+						violation(&c, "slot %u layer %u "
+						          "head %u: position %u "
+						          "not below n_seen %u",
+						          slot, layer, head,
+						          pos[e],
+						          s->n_seen[layer]);
+						break;
+					}
+			}
+	}
+	if (n_open != t->n_open)
+		violation(&c, "%u open sequences, counted %u", n_open,
+		          t->n_open);
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		if (!t->chunks[i].pc.base)
+			continue;
+		for (uint32_t k = 0; k < ppc; k++)
+			if (!(seen[(base[i] + k) / 8] >> ((base[i] + k) % 8) & 1)) {
+				violation(&c, "page %llu neither free nor in "
+				          "a list",
+				          (unsigned long long)i * ppc + k);
+				break;
+			}
+	}
+	if (free_pages != t->free_pages || kept != t->kept)
+		violation(&c, "running totals: free %llu (counted %llu), kept "
+		          "%llu (counted %llu)", (unsigned long long)free_pages,
+		          (unsigned long long)t->free_pages,
+		          (unsigned long long)kept,
+		          (unsigned long long)t->kept);
+	if (free_pages + used != (uint64_t)live * ppc)
+		violation(&c, "free %llu + used %llu != %llu pages",
+		          (unsigned long long)free_pages,
+		          (unsigned long long)used,
+		          (unsigned long long)live * ppc);
+	free(seen);
+	free(base);
+	return c.n;
+}

@@ -1,0 +1,119 @@
+/*
+ * tenant.h — one registered engine: its geometry, policy, chunks, pages,
+ * sequences and every (sequence, layer, KV head) page list.
+ *
+ * Every entry point validates all of its input before it changes anything:
+ * on an error return the tenant is exactly as before (no page moved, no
+ * counter bumped, no event queued).
+ *
+ * Pages: the tenant owns chunks (slots 0..n) carved into pages of
+ * geom.page_bytes; page id = slot * pages_per_chunk + index.  Each list
+ * holds ceil((len + headroom) / page_tokens) pages after every operation.
+ * The daemon keeps each entry's original position privately (the engine
+ * does not need it: keys are stored after RoPE).
+ *
+ * Events: chunk grants and revocations are queued in order and handed to the
+ * server with tenant_flush_events(), which the server calls before it sends
+ * the reply of the request that caused them.
+ *
+ * Threads: loop thread only.
+ */
+#ifndef KVT_TENANT_H
+#define KVT_TENANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "handle.h"
+#include "kvtrim.h"
+#include "pool.h"
+#include "shm.h"
+
+struct tenant;
+
+/* Defaults applied to zero fields of a hello. */
+#define TENANT_DEF_PAGE_TOKENS 16u
+#define TENANT_DEF_MAX_SEQS 8u
+#define TENANT_DEF_MAX_TOKENS 4096u
+#define TENANT_DEF_POLICY "full"
+
+struct tenant_event {
+	enum handle_type type; /* HANDLE_CHUNK_ADD or HANDLE_CHUNK_REVOKE */
+	uint32_t slot;
+	int fd;                /* ADD: the chunk's memfd (borrowed), else -1 */
+	uint64_t size;         /* ADD: KVT_CHUNK_BYTES */
+};
+
+/*
+ * Registers a tenant from a decoded hello: applies defaults, validates the
+ * geometry (KVT_EGEOMETRY), parses the policy spec (KVT_EPOLICY), checks the
+ * quota (0 means default_quota; more than the pool gives KVT_EQUOTA), and
+ * creates the table and staging memfds.  No chunk is created yet.
+ */
+int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
+               uint64_t default_quota, struct tenant **out, char *err,
+               size_t errlen);
+
+/* Releases every chunk back to the pool and frees the tenant.  NULL-safe. */
+void tenant_free(struct tenant *t);
+
+uint32_t tenant_id(const struct tenant *t);
+const char *tenant_name(const struct tenant *t);
+const char *tenant_policy_spec(const struct tenant *t);
+const struct shm_geom *tenant_geom(const struct tenant *t);
+uint64_t tenant_quota(const struct tenant *t);
+int tenant_table_fd(const struct tenant *t); /* size: geom.table_bytes */
+int tenant_stage_fd(const struct tenant *t); /* size: geom.stage_bytes */
+
+/*
+ * Opens a sequence: allocates headroom pages for each of its lists.
+ * KVT_ESEQLIMIT when all max_seqs slots are open; KVT_EQUOTA / KVT_EPOOLFULL
+ * when the pages cannot be had (nothing allocated then).  Sequence ids are
+ * (generation << 32) | slot, so an id of a closed sequence never matches a
+ * later one in the same slot.
+ */
+int tenant_seq_open(struct tenant *t, uint64_t *seq);
+
+/* Closes a sequence and frees its pages; KVT_ENOSEQ for an unknown id. */
+int tenant_seq_close(struct tenant *t, uint64_t seq);
+
+/*
+ * Applies a sync: for each item commits n_new entries of every list of
+ * layers [lo, hi) (hi 0 = all), runs the policy, compacts, restores headroom
+ * and bumps epochs.  Validates every item first: unknown sequence
+ * (KVT_ENOSEQ), the same sequence twice (KVT_EINVAL), counter != syncs so far
+ * (KVT_ESTALE), bad layer range (KVT_ELAYERS), n_new > headroom
+ * (KVT_EHEADROOM), n_new > stage_tokens when the policy needs staged inputs
+ * (KVT_EHEADROOM), len beyond max_tokens (KVT_ETOOLONG), pages that cannot
+ * be had (KVT_EQUOTA / KVT_EPOOLFULL).  On success each item's sequence
+ * counter is incremented.
+ */
+int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
+                uint32_t n, char *err, size_t errlen);
+
+/*
+ * Hands queued events to send() in order; after the last one, destroys the
+ * revoked chunks.  Stops at the first send error and returns it (the server
+ * then drops the tenant).  0 when all were sent (or none was queued).
+ */
+int tenant_flush_events(struct tenant *t,
+                        int (*send)(void *ctx, const struct tenant_event *e),
+                        void *ctx);
+
+/* Accounting of this tenant (the public struct, filled by the daemon). */
+void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out);
+
+/*
+ * Checks the tenant's invariants: every page of its chunks is either free or
+ * in exactly one list; free + used = chunks * pages_per_chunk; each list
+ * holds exactly ceil((len + headroom) / page_tokens) pages and the table
+ * segment matches the private state; chunks * 2 MiB <= quota.  Returns the
+ * number of violations (0 = clean) and describes the first in detail.
+ */
+int tenant_check(const struct tenant *t, char *detail, size_t len);
+
+/* Number of chunks the tenant holds (for the pool-level check). */
+uint64_t tenant_chunks(const struct tenant *t);
+
+#endif

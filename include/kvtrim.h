@@ -1,0 +1,288 @@
+/*
+ * kvtrim.h — the one public header of libkvtrim, the client library that
+ * inference engines link to keep their KV cache inside kvtrimd's pool.
+ *
+ * Model of use (see DESIGN.md section 4):
+ *   1. kvt_connect() registers a tenant (model geometry, dtype, page size,
+ *      policy) and maps the tenant's read-only table segment, its read-write
+ *      staging segment and every pool chunk the daemon grants it.
+ *   2. kvt_seq_open() reserves a sequence slot.
+ *   3. For each new token the engine writes K and V of every (layer, KV head)
+ *      at entry index len + k (k < headroom) through kvt_kv_ptr(), and the
+ *      scorer inputs its policy needs through kvt_stage_*().
+ *   4. kvt_sync() tells the daemon how many entries were appended; the daemon
+ *      commits them, applies the policy, compacts every list and restores
+ *      headroom.  Afterwards kvt_list() shows the new lengths and pages.
+ *
+ * Threads: a kvt_client is not thread-safe; use it from one thread at a time.
+ * Blocking: every call that talks to the daemon blocks for at most the
+ * client's timeout (kvt_config.timeout_ms) and returns KVT_ETIMEDOUT after it.
+ * Errors: every function returning int returns 0 (or a count >= 0) on success
+ * and a negative KVT_E* code on failure; kvt_strerror() names it.  The codes
+ * are stable: they travel on the wire.
+ */
+#ifndef KVTRIM_H
+#define KVTRIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_API __attribute__((visibility("default")))
+
+#define KVT_VERSION_MAJOR 0
+#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- errors */
+
+/*
+ * The one error list of the project: XX(NAME, number, text).  The enum value
+ * is the negated number.  Numbers are fixed forever (they go on the wire);
+ * add new codes at the end.
+ */
+#define KVT_ERRNO_MAP(XX)                                                      \
+	XX(EINVAL, 1, "invalid argument")                                      \
+	XX(ENOMEM, 2, "out of host memory")                                    \
+	XX(EPROTO, 3, "malformed message")                                     \
+	XX(EVERSION, 4, "protocol version mismatch")                           \
+	XX(EUNKNOWNOP, 5, "unknown operation")                                 \
+	XX(ENOTENANT, 6, "unknown tenant or bad credentials")                  \
+	XX(ENOSEQ, 7, "unknown sequence")                                      \
+	XX(ELAYERS, 8, "layer range out of bounds")                            \
+	XX(EHEADROOM, 9, "entry count beyond headroom")                        \
+	XX(ESTALE, 10, "stale or duplicate sync")                              \
+	XX(EPOLICY, 11, "bad policy spec")                                     \
+	XX(EQUOTA, 12, "tenant quota exceeded")                                \
+	XX(EPOOLFULL, 13, "memory pool exhausted")                             \
+	XX(ETOOLONG, 14, "sequence longer than max_tokens")                    \
+	XX(ESHUTDOWN, 15, "daemon is shutting down")                           \
+	XX(ECONN, 16, "cannot reach the daemon or connection lost")            \
+	XX(ETIMEDOUT, 17, "timed out")                                         \
+	XX(ESYS, 18, "system call failed")                                     \
+	XX(ESEQLIMIT, 19, "no free sequence slot")                             \
+	XX(EGEOMETRY, 20, "invalid model geometry or page layout")             \
+	XX(EBUSY, 21, "resource busy")                                         \
+	XX(EINVARIANT, 22, "pool invariant violated")                          \
+	XX(ETOOBIG, 23, "message too large")                                   \
+	XX(EPERM, 24, "permission denied")                                     \
+	XX(EEXIST, 25, "already exists")                                       \
+	XX(ENOTSUP, 26, "not supported")
+
+enum kvt_err {
+	KVT_OK = 0,
+#define KVT_ERR_ENUM_(name, num, text) KVT_##name = -(num),
+	KVT_ERRNO_MAP(KVT_ERR_ENUM_)
+#undef KVT_ERR_ENUM_
+};
+
+/* Returns a static string for a KVT_E* code (or "unknown error"). */
+KVT_API const char *kvt_strerror(int err);
+
+/* Returns the symbolic name ("EINVAL") of a code, or "E?" when unknown. */
+KVT_API const char *kvt_errname(int err);
+
+/* ---------------------------------------------------------------- types */
+
+enum kvt_dtype {
+	KVT_DTYPE_F32 = 0,
+	KVT_DTYPE_F16 = 1,
+	KVT_DTYPE_BF16 = 2,
+};
+
+/* Bytes per element of a dtype, 0 for an unknown one. */
+KVT_API size_t kvt_dtype_size(enum kvt_dtype dt);
+
+enum kvt_phase {
+	KVT_PHASE_PREFILL = 0,
+	KVT_PHASE_DECODE = 1,
+};
+
+/* Size of one pool chunk: the unit of quota and of memory sharing. */
+#define KVT_CHUNK_BYTES ((uint64_t)2 << 20)
+
+/* Longest tenant name, policy spec and error text, including the NUL. */
+#define KVT_NAME_MAX 64
+#define KVT_SPEC_MAX 256
+#define KVT_ERRTEXT_MAX 256
+
+struct kvt_geometry {
+	uint32_t n_layers;   /* transformer layers */
+	uint32_t n_heads;    /* query heads */
+	uint32_t n_kv_heads; /* KV heads; n_heads % n_kv_heads == 0 */
+	uint32_t head_dim;   /* per head */
+	uint32_t d_model;    /* hidden size of the attention input x */
+};
+
+/*
+ * Registration parameters.  Zero fields take the documented default.
+ * The page of one (sequence, layer, KV head) holds page_tokens entries laid
+ * out as [K: page_tokens x head_dim][V: page_tokens x head_dim] in dtype; it
+ * must fit in one chunk.
+ */
+struct kvt_config {
+	const char *runtime_dir;  /* NULL: $KVTRIM_RUNTIME_DIR, then
+	                             $XDG_RUNTIME_DIR/kvtrim */
+	const char *tenant;       /* name shown in stats; < KVT_NAME_MAX */
+	struct kvt_geometry geo;
+	enum kvt_dtype dtype;
+	uint32_t page_tokens;     /* entries per page (default 16) */
+	uint32_t max_seqs;        /* open sequences at once (default 8) */
+	uint32_t max_tokens;      /* most entries one list may hold
+	                             (default 4096) */
+	uint32_t headroom;        /* entries the engine may append between two
+	                             syncs (default page_tokens) */
+	uint32_t stage_tokens;    /* staging ring length per (sequence, layer);
+	                             0 = none (policies that need no inputs) */
+	const char *policy;       /* spec "name[:k=v,...]"; NULL = "full" */
+	uint64_t quota_bytes;     /* pool bytes this tenant may hold; 0 = the
+	                             daemon's default quota */
+	int timeout_ms;           /* per call; 0 = 5000 */
+};
+
+typedef struct kvt_client kvt_client; /* opaque */
+typedef uint64_t kvt_seq;            /* sequence id from kvt_seq_open */
+
+/* ---------------------------------------------------------------- session */
+
+/*
+ * Connects to kvtrimd, registers a tenant and maps its segments.
+ * On success *out owns the connection until kvt_disconnect().  The daemon
+ * refuses bad geometry (KVT_EGEOMETRY), a spec that does not parse
+ * (KVT_EPOLICY) and a quota larger than the pool (KVT_EQUOTA); the reason is
+ * then in *errtext when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
+ */
+KVT_API int kvt_connect(const struct kvt_config *cfg, kvt_client **out,
+                        char *errtext);
+
+/*
+ * Unregisters and unmaps everything.  All sequences are closed and their
+ * pages return to the pool.  Safe with NULL.  Never fails visibly.
+ */
+KVT_API void kvt_disconnect(kvt_client *c);
+
+/* The text of the daemon's last error reply on this client ("" if none). */
+KVT_API const char *kvt_last_error(const kvt_client *c);
+
+/* Registered parameters after defaults were applied (read-only). */
+KVT_API const struct kvt_config *kvt_config_of(const kvt_client *c);
+
+/* ---------------------------------------------------------------- sequences */
+
+/* Opens a sequence: every (layer, head) list starts empty with headroom. */
+KVT_API int kvt_seq_open(kvt_client *c, kvt_seq *out);
+
+/* Closes a sequence and returns its pages to the pool. */
+KVT_API int kvt_seq_close(kvt_client *c, kvt_seq seq);
+
+/* ---------------------------------------------------------------- data plane */
+
+/*
+ * Read-only view of one (sequence, layer, KV head) list as of the last
+ * completed sync.  Entries [0, len) are valid, in no particular order (keys
+ * are stored after RoPE, so attention does not depend on order).  Entry i
+ * lives in page pages[i / page_tokens] at row i % page_tokens.  The view is
+ * valid until the next sync or close of that sequence.
+ */
+struct kvt_list {
+	uint32_t len;          /* committed entries */
+	uint32_t n_pages;      /* pages held, including headroom */
+	uint64_t epoch;        /* bumped by every change of the list */
+	const uint32_t *pages; /* [n_pages] page ids, read-only shared memory */
+};
+KVT_API int kvt_list_get(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                         uint32_t kv_head, struct kvt_list *out);
+
+/*
+ * Pointer to page `page` (an id from kvt_list.pages):
+ * [K: page_tokens x head_dim][V: page_tokens x head_dim], dtype elements.
+ * NULL for an id the client has not mapped.
+ */
+KVT_API void *kvt_page_ptr(const kvt_client *c, uint32_t page);
+
+/*
+ * Where to write K and V of entry len + k of a list (0 <= k < headroom):
+ * *k_out and *v_out each point at head_dim dtype elements.  Returns
+ * KVT_EHEADROOM when k is beyond the headroom.
+ */
+KVT_API int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                       uint32_t kv_head, uint32_t k, void **k_out,
+                       void **v_out);
+
+/*
+ * Staged scorer inputs of the token at original position `pos` of a
+ * sequence in one layer, float32, in a ring of stage_tokens entries
+ * (pos % stage_tokens): x is [d_model] (attention input after the input
+ * RMSNorm), q is [n_heads][head_dim] (post-RoPE queries), lse is [n_heads]
+ * (log-sum-exp of each query head's attention logits).  NULL when the tenant
+ * has no staging (stage_tokens 0) or an argument is out of range.
+ */
+KVT_API float *kvt_stage_x(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                           uint32_t pos);
+KVT_API float *kvt_stage_q(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                           uint32_t pos);
+KVT_API float *kvt_stage_lse(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                             uint32_t pos);
+
+/* ---------------------------------------------------------------- sync */
+
+/*
+ * One sequence's part of a sync: n_new entries were appended to every list
+ * of layers [layer_lo, layer_hi) (layer_hi 0 means all layers).
+ */
+struct kvt_sync_item {
+	kvt_seq seq;
+	uint32_t n_new;
+	uint32_t phase; /* enum kvt_phase */
+	uint32_t layer_lo;
+	uint32_t layer_hi;
+};
+
+/*
+ * Commits the appended entries of n items (distinct sequences) and applies
+ * the policy.  All items are validated before anything changes: on an error
+ * no sequence changed.  Blocks until the daemon replied.  The library adds
+ * each sequence's sync counter, so a resent or stale sync is refused
+ * (KVT_ESTALE) rather than committed twice.
+ */
+KVT_API int kvt_sync(kvt_client *c, const struct kvt_sync_item *items,
+                     size_t n);
+
+typedef uint32_t kvt_ticket;
+
+/*
+ * Starts a sync and returns at once with a ticket; kvt_wait() completes it.
+ * Until then the lists of those sequences must not be read or appended to.
+ * At most 16 syncs are in flight per client (KVT_EBUSY beyond).
+ */
+KVT_API int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
+                           size_t n, kvt_ticket *out);
+
+/* Waits for a ticket; returns the sync's result. */
+KVT_API int kvt_wait(kvt_client *c, kvt_ticket t);
+
+/* ---------------------------------------------------------------- stats */
+
+struct kvt_tenant_stats {
+	uint64_t pages_used;
+	uint64_t pages_free;  /* free pages inside this tenant's chunks */
+	uint64_t chunks;
+	uint64_t sequences;
+	uint64_t syncs;
+	uint64_t entries_kept;
+	uint64_t entries_appended;
+	uint64_t entries_evicted;
+	uint64_t quota_bytes;
+	uint64_t reserved[7];
+};
+
+/* The daemon's accounting for this client's tenant. */
+KVT_API int kvt_stats(kvt_client *c, struct kvt_tenant_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTRIM_H */

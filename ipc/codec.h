@@ -1,0 +1,208 @@
+/*
+ * codec.h — the control-plane messages and their msgpack encoding.
+ *
+ * Pure functions: no I/O, no global state, safe on any bytes (fuzzable).
+ * A decoder validates every field (type, range, string length, required
+ * keys present, no unknown keys, no trailing bytes) and fails with
+ * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
+ * reason; it never returns a half-filled message as success.
+ *
+ * Wire format (protocol version 1).  Every message is one msgpack map with
+ * short string keys:
+ *
+ * request:  "v": uint version (== IPC_PROTO_VERSION; checked first, before
+ *                anything else, so old clients get KVT_EVERSION)
+ *           "op": str, one of ipc_op names ("hello", "bye", "seq_open",
+ *                 "seq_close", "sync", "stats", "tenants", "check",
+ *                 "policies", "config")
+ *           "t": uint tenant id, "k": uint token      (all ops except the
+ *                admin ops stats/tenants/check/policies/config and hello)
+ *           hello:     "name" str, "geo" [n_layers, n_heads, n_kv_heads,
+ *                      head_dim, d_model], "dtype" uint, "page" uint,
+ *                      "seqs" uint, "maxtok" uint, "head" uint (headroom),
+ *                      "stage" uint, "policy" str, "quota" uint,
+ *                      "cookie" uint (handle-channel cookie), "pid" uint
+ *           seq_open:  (nothing else)
+ *           seq_close: "seq" uint
+ *           sync:      "items": array of [seq, counter, n_new, phase,
+ *                      layer_lo, layer_hi] (1..IPC_MAX_SYNC_ITEMS)
+ *           stats:     optional "tenant" str (only that tenant)
+ *           config:    optional "key" str
+ * reply:    "v": uint, "e": int error (0 or a negative KVT_E* code),
+ *           "m": str message (present when e != 0), then per op:
+ *           hello:     "t" tenant id, "k" token, "seqs" "maxtok" "head"
+ *                      "stage" "page" uint (the values in force),
+ *                      "quota" uint
+ *           seq_open:  "seq" uint
+ *           sync:      (nothing else; lengths are in the table segment)
+ *           stats, tenants, policies, check, config:
+ *                      "rows": array of maps str -> (uint | int | float |
+ *                      str); stats has one row, tenants one per tenant,
+ *                      policies one per policy ({"name","help"}), check one
+ *                      row {"ok": 0|1, "violations": uint, "detail": str},
+ *                      config one per key ({"key","value","mutable"}).
+ *
+ * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), strings
+ * longer than their field (KVT_NAME_MAX, KVT_SPEC_MAX ...) are refused.
+ */
+#ifndef KVT_CODEC_H
+#define KVT_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtrim.h"
+
+#define IPC_PROTO_VERSION 1u
+#define IPC_MAX_MSG (1u << 20)
+#define IPC_MAX_SYNC_ITEMS 4096u
+#define IPC_MAX_ROWS 4096u
+#define IPC_MAX_COLS 64u
+#define IPC_STR_MAX 256u /* longest string value in a row, with NUL */
+#define IPC_KEY_MAX 48u  /* longest key in a row, with NUL */
+
+#define IPC_OP_MAP(XX)                                                         \
+	XX(HELLO, "hello")                                                     \
+	XX(BYE, "bye")                                                         \
+	XX(SEQ_OPEN, "seq_open")                                               \
+	XX(SEQ_CLOSE, "seq_close")                                             \
+	XX(SYNC, "sync")                                                       \
+	XX(STATS, "stats")                                                     \
+	XX(TENANTS, "tenants")                                                 \
+	XX(CHECK, "check")                                                     \
+	XX(POLICIES, "policies")                                               \
+	XX(CONFIG, "config")
+
+enum ipc_op {
+	IPC_OP_NONE = 0,
+#define IPC_OP_ENUM_(name, str) IPC_OP_##name,
+	IPC_OP_MAP(IPC_OP_ENUM_)
+#undef IPC_OP_ENUM_
+	IPC_OP_COUNT
+};
+
+/* "hello" for IPC_OP_HELLO ..., NULL for an out-of-range op. */
+const char *ipc_op_name(enum ipc_op op);
+
+/* True for ops that need no registered tenant (stats, tenants, ...). */
+int ipc_op_is_admin(enum ipc_op op);
+
+struct ipc_hello {
+	char name[KVT_NAME_MAX];
+	struct kvt_geometry geo;
+	uint32_t dtype;
+	uint32_t page_tokens, max_seqs, max_tokens, headroom, stage_tokens;
+	char policy[KVT_SPEC_MAX];
+	uint64_t quota_bytes;
+	uint64_t cookie;
+	uint32_t pid;
+};
+
+struct ipc_sync_item {
+	uint64_t seq;
+	uint32_t counter; /* the sequence's sync counter: syncs accepted so far */
+	uint32_t n_new;
+	uint32_t phase;   /* enum kvt_phase; decoder checks the range */
+	uint32_t layer_lo, layer_hi; /* raw; range checks need the geometry */
+};
+
+struct ipc_req {
+	uint32_t version;
+	enum ipc_op op;
+	uint32_t tenant;
+	uint64_t token;
+	union {
+		struct ipc_hello hello;
+		uint64_t seq; /* seq_close */
+		struct {
+			uint32_t n;
+			struct ipc_sync_item *items; /* [n], owned by the req */
+		} sync;
+		char filter[KVT_NAME_MAX]; /* stats "tenant", config "key";
+		                              "" when absent */
+	} u;
+};
+
+enum ipc_val_type { IPC_VAL_U64 = 0, IPC_VAL_I64, IPC_VAL_F64, IPC_VAL_STR };
+
+struct ipc_val {
+	char key[IPC_KEY_MAX];
+	enum ipc_val_type type;
+	union {
+		uint64_t u;
+		int64_t i;
+		double f;
+		char s[IPC_STR_MAX];
+	} v;
+};
+
+struct ipc_row {
+	uint32_t n;
+	struct ipc_val vals[IPC_MAX_COLS];
+};
+
+struct ipc_rep {
+	uint32_t version;
+	int32_t err;                 /* 0 or a KVT_E* code */
+	char msg[KVT_ERRTEXT_MAX];   /* "" when err == 0 */
+	union {
+		struct {
+			uint32_t tenant;
+			uint64_t token;
+			uint32_t max_seqs, max_tokens, headroom, stage_tokens;
+			uint32_t page_tokens;
+			uint64_t quota_bytes;
+		} hello;
+		uint64_t seq; /* seq_open */
+		struct {
+			uint32_t n;
+			struct ipc_row *rows; /* [n], owned by the rep */
+		} table; /* stats, tenants, policies, check, config */
+	} u;
+};
+
+/*
+ * Encoding.  *out is malloc'ed (free() it); *len its size.  The op of a reply
+ * is given separately because replies do not carry it.  Returns 0 or
+ * KVT_ENOMEM / KVT_EINVAL (a field out of range, e.g. too many items).
+ */
+int codec_req_encode(const struct ipc_req *req, uint8_t **out, size_t *len);
+int codec_rep_encode(enum ipc_op op, const struct ipc_rep *rep, uint8_t **out,
+                     size_t *len);
+
+/*
+ * Decoding.  On success *req / *rep is filled and may own memory: release it
+ * with codec_req_free / codec_rep_free (also safe after a failed decode).
+ * On failure returns a KVT_E* code and writes a reason into err.
+ * codec_rep_decode needs the op the request had.
+ */
+int codec_req_decode(const uint8_t *buf, size_t len, struct ipc_req *req,
+                     char *err, size_t errlen);
+int codec_rep_decode(enum ipc_op op, const uint8_t *buf, size_t len,
+                     struct ipc_rep *rep, char *err, size_t errlen);
+void codec_req_free(struct ipc_req *req);
+void codec_rep_free(struct ipc_rep *rep);
+
+/*
+ * Reads the request's "v" and "op" only, for error replies to a message that
+ * failed full decoding; returns IPC_OP_NONE when unreadable.
+ */
+enum ipc_op codec_peek_op(const uint8_t *buf, size_t len);
+
+/* Builds an error reply (version set, msg copied and truncated). */
+void codec_rep_error(struct ipc_rep *rep, int err, const char *msg);
+
+/*
+ * Row helpers for table replies: append a value to a row; silently drop it
+ * when the row is full (IPC_MAX_COLS) — rows are built from fixed field
+ * lists, so that never happens outside a bug, which the unit test checks.
+ */
+void codec_row_u64(struct ipc_row *row, const char *key, uint64_t v);
+void codec_row_i64(struct ipc_row *row, const char *key, int64_t v);
+void codec_row_f64(struct ipc_row *row, const char *key, double v);
+void codec_row_str(struct ipc_row *row, const char *key, const char *v);
+
+/* Finds a key in a row; NULL when absent. */
+const struct ipc_val *codec_row_get(const struct ipc_row *row, const char *key);
+
+#endif

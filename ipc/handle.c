@@ -1,0 +1,311 @@
+/*
+ * handle.c — the handle channel: fixed-size packets over AF_UNIX
+ * SOCK_SEQPACKET, each carrying at most one fd by SCM_RIGHTS; see handle.h.
+ *
+ * SEQPACKET keeps packet boundaries and is reliable, so one sendmsg is one
+ * recvmsg and an fd always arrives with the packet that announces it.
+ * The receiver trusts nothing: a packet of the wrong size, an unknown type
+ * or a missing/extra fd is refused, and every fd that came with a refused
+ * packet is closed so a hostile or buggy peer cannot leak fds into us.
+ */
+#include "handle.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvtrim.h"
+
+/* Room for more fds than any packet may carry, so that extra fds arrive
+ * (and get closed) instead of being cut off with MSG_CTRUNC. */
+#define HANDLE_MAX_FDS 8
+
+static bool type_known(uint16_t t)
+{
+	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_REVOKE;
+}
+
+static bool type_has_fd(uint16_t t)
+{
+	return t == HANDLE_TABLE || t == HANDLE_STAGE || t == HANDLE_CHUNK_ADD;
+}
+
+static int fill_addr(const char *path, struct sockaddr_un *sa)
+{
+	if (!path || !*path)
+		return KVT_EINVAL;
+	size_t n = strlen(path);
+	if (n >= sizeof(sa->sun_path))
+		return KVT_EINVAL;
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path, path, n + 1);
+	return 0;
+}
+
+static void close_keep_errno(int fd)
+{
+	int e = errno;
+	close(fd);
+	errno = e;
+}
+
+/*
+ * Only a socket file is unlinked: a stale one from a daemon that died
+ * (bind would fail with EADDRINUSE).  Anything else at the path is left
+ * alone and bind reports it.  chmod follows bind, so for that instant the
+ * file has the umask's mode; the runtime directory's own mode is the real
+ * fence.
+ */
+int handle_listen(const char *path, int *out)
+{
+	struct sockaddr_un sa;
+	struct stat st;
+	int rc, s;
+
+	if (!out)
+		return KVT_EINVAL;
+	*out = -1;
+	if ((rc = fill_addr(path, &sa)))
+		return rc;
+	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+		unlink(path);
+	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return KVT_ESYS;
+	if (bind(s, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		goto fail;
+	if (chmod(path, 0660) < 0 || listen(s, 128) < 0) {
+		int e = errno;
+		unlink(path);
+		errno = e;
+		goto fail;
+	}
+	*out = s;
+	return 0;
+fail:
+	close_keep_errno(s);
+	return KVT_ESYS;
+}
+
+int handle_accept(int lsock, int *out)
+{
+	if (!out)
+		return KVT_EINVAL;
+	*out = -1;
+	for (;;) {
+		int s = accept4(lsock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (s >= 0) {
+			*out = s;
+			return 0;
+		}
+		/* ECONNABORTED: that peer left while queued; try the next. */
+		if (errno == EINTR || errno == ECONNABORTED)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return KVT_EBUSY;
+		return KVT_ESYS;
+	}
+}
+
+int handle_connect(const char *path, int *out)
+{
+	struct sockaddr_un sa;
+	int rc, s;
+
+	if (!out)
+		return KVT_EINVAL;
+	*out = -1;
+	if ((rc = fill_addr(path, &sa)))
+		return rc;
+	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return KVT_ESYS;
+	while (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		/* An interrupted AF_UNIX connect may still complete. */
+		if (errno == EINTR)
+			continue;
+		if (errno == EISCONN)
+			break;
+		close_keep_errno(s);
+		return KVT_ECONN;
+	}
+	*out = s;
+	return 0;
+}
+
+int handle_send(int sock, const struct handle_msg *m, int fd)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+	/* Refuse what the receiver would refuse: a sender bug shows here,
+	 * with its own stack, rather than as a dropped peer. */
+	if (!m || m->magic != HANDLE_MAGIC || !type_known(m->type) ||
+	    m->flags != 0 || type_has_fd(m->type) != (fd >= 0) ||
+	    (type_has_fd(m->type) && m->size == 0))
+		return KVT_EINVAL;
+	if (fd >= 0) {
+		memset(&ctl, 0, sizeof(ctl));
+		mh.msg_control = ctl.buf;
+		mh.msg_controllen = sizeof(ctl.buf);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	for (;;) {
+		ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+		if (n == (ssize_t)sizeof(*m))
+			return 0;
+		if (n >= 0) /* cannot happen on SEQPACKET: it is atomic */
+			return KVT_ESYS;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return KVT_EBUSY;
+		if (errno == EPIPE || errno == ECONNRESET ||
+		    errno == ENOTCONN || errno == ECONNREFUSED)
+			return KVT_ECONN;
+		return KVT_ESYS;
+	}
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits until sock is readable; 0, KVT_ETIMEDOUT or KVT_ESYS.  A deadline
+ * (not a fixed timeout per poll) keeps EINTR from stretching the wait. */
+static int wait_readable(int sock, int timeout_ms, int64_t deadline)
+{
+	for (;;) {
+		struct pollfd p = {.fd = sock, .events = POLLIN};
+		int left = -1;
+		if (timeout_ms >= 0) {
+			int64_t d = deadline - now_ms();
+			left = d > 0 ? (int)d : 0;
+		}
+		int r = poll(&p, 1, left);
+		if (r > 0) {
+			if (p.revents & POLLNVAL) {
+				errno = EBADF;
+				return KVT_ESYS;
+			}
+			return 0; /* POLLIN, POLLHUP or POLLERR: recv tells */
+		}
+		if (r == 0)
+			return KVT_ETIMEDOUT;
+		if (errno != EINTR)
+			return KVT_ESYS;
+	}
+}
+
+int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * HANDLE_MAX_FDS)];
+		struct cmsghdr align;
+	} ctl;
+	int fds[HANDLE_MAX_FDS];
+	int nfds = 0, rc;
+	int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+	ssize_t n;
+	struct msghdr mh;
+
+	if (!m || !fd)
+		return KVT_EINVAL;
+	*fd = -1;
+	memset(m, 0, sizeof(*m));
+	for (;;) {
+		struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+		memset(&mh, 0, sizeof(mh));
+		mh.msg_iov = &iov;
+		mh.msg_iovlen = 1;
+		mh.msg_control = ctl.buf;
+		mh.msg_controllen = sizeof(ctl.buf);
+		if ((rc = wait_readable(sock, timeout_ms, deadline)))
+			return rc;
+		/* MSG_DONTWAIT: poll said readable, but never block if another
+		 * reader took the packet meanwhile; just wait again. */
+		n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n >= 0)
+			break;
+		if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+			continue;
+		if (errno == ECONNRESET || errno == ENOTCONN)
+			return KVT_ECONN;
+		return KVT_ESYS;
+	}
+
+	/* Collect every fd that arrived before judging the packet. */
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int x;
+			memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			if (nfds < HANDLE_MAX_FDS)
+				fds[nfds++] = x;
+			else
+				close(x); /* cannot happen: buffer bounds k */
+		}
+	}
+
+	if (n == 0 && nfds == 0) {
+		rc = KVT_ECONN; /* orderly shutdown by the peer */
+	} else if ((size_t)n != sizeof(*m) || (mh.msg_flags & MSG_TRUNC) ||
+	           (mh.msg_flags & MSG_CTRUNC)) {
+		rc = KVT_EPROTO; /* wrong size, or fds cut off by the kernel */
+	} else if (m->magic != HANDLE_MAGIC || !type_known(m->type) ||
+	           m->flags != 0) {
+		rc = KVT_EPROTO;
+	} else if (type_has_fd(m->type)) {
+		rc = (nfds == 1 && m->size > 0) ? 0 : KVT_EPROTO;
+	} else {
+		rc = nfds == 0 ? 0 : KVT_EPROTO;
+	}
+
+	if (rc) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		memset(m, 0, sizeof(*m));
+		return rc;
+	}
+	if (nfds == 1)
+		*fd = fds[0];
+	return 0;
+}
+
+int handle_peer(int sock, uint32_t *pid, uint32_t *uid, uint32_t *gid)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+		return KVT_ESYS;
+	if (len != sizeof(cr))
+		return KVT_ESYS;
+	if (pid)
+		*pid = (uint32_t)cr.pid;
+	if (uid)
+		*uid = (uint32_t)cr.uid;
+	if (gid)
+		*gid = (uint32_t)cr.gid;
+	return 0;
+}

@@ -1,0 +1,77 @@
+/*
+ * handle.h — the handle channel: AF_UNIX SOCK_SEQPACKET with SCM_RIGHTS,
+ * because nng cannot pass file descriptors.  The connection is also the
+ * client's lease: when it closes (the process exited or died) the daemon
+ * reclaims the tenant at once.
+ *
+ * Conversation:
+ *   daemon -> client  WELCOME {cookie}            right after accept
+ *   client -> daemon  (nothing: the client puts cookie in its nng hello)
+ *   daemon -> client  TABLE {size} + fd           before the hello reply
+ *   daemon -> client  STAGE {size} + fd           before the hello reply
+ *   daemon -> client  CHUNK_ADD {slot, size} + fd whenever the tenant gains
+ *                                                 a chunk, before the reply
+ *                                                 that first uses it
+ *   daemon -> client  CHUNK_REVOKE {slot}         when a chunk emptied; the
+ *                                                 client unmaps it
+ * Packets are processed in order, so a slot revoked and granted again in one
+ * reply is unmapped, then mapped to the new chunk.
+ */
+#ifndef KVT_HANDLE_H
+#define KVT_HANDLE_H
+
+#include <stdint.h>
+
+#define HANDLE_MAGIC 0x4b564846u /* "KVHF" */
+
+enum handle_type {
+	HANDLE_WELCOME = 1,
+	HANDLE_TABLE = 2,
+	HANDLE_STAGE = 3,
+	HANDLE_CHUNK_ADD = 4,
+	HANDLE_CHUNK_REVOKE = 5,
+};
+
+struct handle_msg {
+	uint32_t magic;  /* HANDLE_MAGIC */
+	uint16_t type;   /* enum handle_type */
+	uint16_t flags;  /* 0 */
+	uint32_t slot;   /* chunk slot (CHUNK_*), else 0 */
+	uint32_t reserved;
+	uint64_t size;   /* bytes of the segment/chunk behind the fd */
+	uint64_t cookie; /* WELCOME only */
+};
+
+/*
+ * Creates a listening SEQPACKET socket at path (unlinking a stale socket
+ * file first), mode 0660, non-blocking, close-on-exec.  Returns 0 and *out,
+ * or KVT_ESYS / KVT_EINVAL (path too long).
+ */
+int handle_listen(const char *path, int *out);
+
+/* Accepts one connection, non-blocking + close-on-exec; 0, KVT_EBUSY when
+ * none is pending (EAGAIN), or KVT_ESYS. */
+int handle_accept(int lsock, int *out);
+
+/* Connects to path (blocking socket, close-on-exec); 0 or KVT_ECONN. */
+int handle_connect(const char *path, int *out);
+
+/*
+ * Sends one packet, with fd attached when fd >= 0.  Never blocks on a
+ * non-blocking socket: a full buffer gives KVT_EBUSY.  0 or KVT_E*.
+ */
+int handle_send(int sock, const struct handle_msg *m, int fd);
+
+/*
+ * Receives one packet.  timeout_ms < 0 waits forever, 0 polls.  A received
+ * fd is returned in *fd (close-on-exec), -1 when none came.  Validates magic,
+ * type, size and that exactly the fds the type calls for came (closing any
+ * unexpected fd).  Returns 0, KVT_ETIMEDOUT, KVT_ECONN (peer closed),
+ * KVT_EPROTO or KVT_ESYS.
+ */
+int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms);
+
+/* Peer credentials of a connected socket (SO_PEERCRED). */
+int handle_peer(int sock, uint32_t *pid, uint32_t *uid, uint32_t *gid);
+
+#endif

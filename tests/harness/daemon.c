@@ -1,0 +1,188 @@
+/* daemon.c — see daemon.h. */
+#include "daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+
+const char *th_bin(const char *name)
+{
+	static char buf[4][512];
+	static int i;
+	const char *dir = getenv("KVTRIM_BIN_DIR");
+	char *b = buf[i++ % 4];
+	snprintf(b, 512, "%s/%s", dir && *dir ? dir : "build/bin", name);
+	return b;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+void th_daemon_start(struct th_daemon *d, const char *pool,
+                     const char *const *extra)
+{
+	const char *argv[64];
+	int n = 0;
+	memset(d, 0, sizeof(*d));
+	snprintf(d->dir, sizeof(d->dir), "%s/rt", th_tmpdir());
+	snprintf(d->log, sizeof(d->log), "%s/kvtrimd.log", th_tmpdir());
+	argv[n++] = th_bin("kvtrimd");
+	argv[n++] = "--runtime-dir";
+	argv[n++] = d->dir;
+	argv[n++] = "--backend";
+	argv[n++] = "cpu";
+	argv[n++] = "--pool-size";
+	argv[n++] = pool ? pool : "64M";
+	argv[n++] = "--log-level";
+	argv[n++] = "info";
+	for (int i = 0; extra && extra[i] && n < 62; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 2);
+			close(fd);
+		}
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	d->pid = pid;
+	char ctl[512], fds[512];
+	snprintf(ctl, sizeof(ctl), "%s/ctl.ipc", d->dir);
+	snprintf(fds, sizeof(fds), "%s/fd.sock", d->dir);
+	for (int i = 0; i < 500; i++) {
+		struct stat st;
+		if (!stat(ctl, &st) && !stat(fds, &st))
+			return;
+		int status;
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			char out[2048] = "";
+			th_sh(NULL, out, sizeof(out), "cat %s", d->log);
+			th_fail(__FILE__, __LINE__, "kvtrimd exited at start:\n%s",
+			        out);
+		}
+		sleep_ms(10);
+	}
+	th_fail(__FILE__, __LINE__, "kvtrimd did not create its sockets in 5 s");
+}
+
+int th_daemon_alive(const struct th_daemon *d)
+{
+	int status;
+	return d->pid > 0 && waitpid(d->pid, &status, WNOHANG) == 0;
+}
+
+int th_daemon_stop(struct th_daemon *d)
+{
+	int status;
+	if (d->pid <= 0)
+		return -1;
+	kill(d->pid, SIGTERM);
+	for (int i = 0; i < 500; i++) {
+		if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+			d->pid = 0;
+			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+		}
+		sleep_ms(10);
+	}
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, &status, 0);
+	d->pid = 0;
+	return -1;
+}
+
+int th_sh(const struct th_daemon *d, char *out, size_t outlen,
+          const char *fmt, ...)
+{
+	char cmd[4096], full[4600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	if (d)
+		snprintf(full, sizeof(full), "KVTRIM_RUNTIME_DIR='%s' %s 2>&1",
+		         d->dir, cmd);
+	else
+		snprintf(full, sizeof(full), "%s 2>&1", cmd);
+	FILE *p = popen(full, "r");
+	if (!p)
+		return -1;
+	size_t n = 0;
+	if (out && outlen) {
+		out[0] = '\0';
+		while (n + 1 < outlen) {
+			size_t r = fread(out + n, 1, outlen - 1 - n, p);
+			if (!r)
+				break;
+			n += r;
+		}
+		out[n] = '\0';
+	}
+	char sink[512];
+	while (fread(sink, 1, sizeof(sink), p) > 0)
+		;
+	int st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int th_raw_req(const struct th_daemon *d, const void *buf, size_t len,
+               uint8_t **rep, size_t *replen)
+{
+	nng_socket s;
+	nng_msg *m;
+	char url[600];
+	int rv;
+	snprintf(url, sizeof(url), "ipc://%s/ctl.ipc", d->dir);
+	if (nng_req0_open(&s))
+		return KVT_ESYS;
+	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000);
+	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 3000);
+	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	if ((rv = nng_dial(s, url, NULL, 0)) ||
+	    (rv = nng_msg_alloc(&m, 0)) || (rv = nng_msg_append(m, buf, len)) ||
+	    (rv = nng_sendmsg(s, m, 0)) || (rv = nng_recvmsg(s, &m, 0))) {
+		nng_close(s);
+		return rv == NNG_ETIMEDOUT ? KVT_ETIMEDOUT : KVT_ECONN;
+	}
+	*replen = nng_msg_len(m);
+	*rep = malloc(*replen ? *replen : 1);
+	memcpy(*rep, nng_msg_body(m), *replen);
+	nng_msg_free(m);
+	nng_close(s);
+	return 0;
+}
+
+uint64_t th_stat(const struct th_daemon *d, const char *key)
+{
+	char out[8192];
+	int rc = th_sh(d, out, sizeof(out), "%s stats", th_bin("kvtrimctl"));
+	if (rc != 0)
+		th_fail(__FILE__, __LINE__, "kvtrimctl stats failed (%d): %s",
+		        rc, out);
+	size_t kl = strlen(key);
+	for (char *line = out; line && *line;) {
+		char *nl = strchr(line, '\n');
+		if (!strncmp(line, key, kl) && (line[kl] == ' ' || line[kl] == '\t'))
+			return strtoull(line + kl + 1, NULL, 10);
+		line = nl ? nl + 1 : NULL;
+	}
+	th_fail(__FILE__, __LINE__, "kvtrimctl stats has no '%s':\n%s", key, out);
+}

@@ -1,0 +1,55 @@
+/*
+ * daemon.h — integration-test helpers: start the real kvtrimd on a scratch
+ * runtime directory, run the real tools, and talk raw nng to the control
+ * socket for bad-input tests.  Binaries come from $KVTRIM_BIN_DIR
+ * (default build/bin).
+ */
+#ifndef KVT_TH_DAEMON_H
+#define KVT_TH_DAEMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct th_daemon {
+	pid_t pid;
+	char dir[256];  /* runtime dir */
+	char log[300];  /* daemon stderr */
+};
+
+/* Path of a built binary. */
+const char *th_bin(const char *name);
+
+/*
+ * Starts kvtrimd --runtime-dir <tmp>/rt --backend cpu --pool-size pool
+ * plus extra args (NULL-terminated, may be NULL) and waits until both
+ * sockets exist (fails the test after 5 s).
+ */
+void th_daemon_start(struct th_daemon *d, const char *pool,
+                     const char *const *extra);
+
+/* SIGTERM and wait (5 s at most); returns the exit status, -1 if killed. */
+int th_daemon_stop(struct th_daemon *d);
+
+/* 1 while the daemon process is alive. */
+int th_daemon_alive(const struct th_daemon *d);
+
+/*
+ * Runs a shell command (with KVTRIM_RUNTIME_DIR set to d->dir when d is not
+ * NULL), captures stdout+stderr into out, returns its exit status.
+ */
+int th_sh(const struct th_daemon *d, char *out, size_t outlen,
+          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/*
+ * Sends raw bytes to ctl.ipc with a fresh req0 socket and returns the reply
+ * bytes (malloc'ed into *rep, *replen) or a negative KVT code (timeout
+ * 3 s).
+ */
+int th_raw_req(const struct th_daemon *d, const void *buf, size_t len,
+               uint8_t **rep, size_t *replen);
+
+/* Reads one numeric key from `kvtrimctl stats` (fails the test if absent). */
+uint64_t th_stat(const struct th_daemon *d, const char *key);
+
+#endif

@@ -1,0 +1,1225 @@
+/*
+ * test_tenant.c — tenants: sequences, pages, chunks, sync, refusals and the
+ * invariant checker.
+ *
+ * The tests act like a client: they map the table segment read-only, map
+ * every chunk from the CHUNK_ADD events, write K/V bytes of new entries at
+ * len + k through the table, and read the lists back after each sync.  Every
+ * K/V row carries its (slot, layer, head, position), so compaction that loses
+ * or mixes bytes shows up.
+ */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tenant.h"
+#include "test.h"
+
+#define MAX_SLOTS 64
+#define MAX_LOG 64
+
+struct sim {
+	struct pool *pool;
+	struct tenant *t;
+	const struct shm_geom *g;
+	const uint8_t *table;      /* [g->table_bytes] read-only, like a client */
+	uint8_t *chunk[MAX_SLOTS]; /* [KVT_CHUNK_BYTES] each, from CHUNK_ADD */
+	int adds, revokes;
+	int n_log;
+	int log_type[MAX_LOG];
+	uint32_t log_slot[MAX_LOG];
+	int fail_sends; /* send() fails while > 0 */
+};
+
+static int sim_send(void *ctx, const struct tenant_event *e)
+{
+	struct sim *s = ctx;
+	if (s->fail_sends > 0) {
+		s->fail_sends--;
+		return KVT_ECONN;
+	}
+	T_ASSERT(e->slot < MAX_SLOTS);
+	if (s->n_log < MAX_LOG) {
+		s->log_type[s->n_log] = (int)e->type;
+		s->log_slot[s->n_log++] = e->slot;
+	}
+	if (e->type == HANDLE_CHUNK_ADD) {
+		T_ASSERT(s->chunk[e->slot] == NULL);
+		T_EQ_U64(e->size, KVT_CHUNK_BYTES);
+		T_ASSERT(e->fd >= 0);
+		void *m = mmap(NULL, e->size, PROT_READ | PROT_WRITE,
+		               MAP_SHARED, e->fd, 0);
+		T_ASSERT(m != MAP_FAILED);
+		s->chunk[e->slot] = m;
+		s->adds++;
+	} else {
+		T_EQ(e->type, HANDLE_CHUNK_REVOKE);
+		T_ASSERT(s->chunk[e->slot] != NULL);
+		munmap(s->chunk[e->slot], KVT_CHUNK_BYTES);
+		s->chunk[e->slot] = NULL;
+		s->revokes++;
+	}
+	return 0;
+}
+
+static void flush(struct sim *s)
+{
+	T_OK(tenant_flush_events(s->t, sim_send, s));
+}
+
+/* Geometry A: small pages (8192 per chunk), for policies and bytes. */
+static struct ipc_hello hello_a(const char *policy)
+{
+	struct ipc_hello h;
+	memset(&h, 0, sizeof(h));
+	strcpy(h.name, "a");
+	h.geo = (struct kvt_geometry){.n_layers = 2, .n_heads = 4,
+	                              .n_kv_heads = 2, .head_dim = 8,
+	                              .d_model = 16};
+	h.dtype = KVT_DTYPE_F32;
+	h.page_tokens = 4;
+	h.max_seqs = 4;
+	h.max_tokens = 64;
+	h.headroom = 4;
+	snprintf(h.policy, sizeof(h.policy), "%s", policy);
+	return h;
+}
+
+/* Geometry B: 512 KiB pages, 4 per chunk, for quota and chunk tests.
+ * Each list holds 1 page when empty and 2 once it holds 1..64 entries. */
+static struct ipc_hello hello_b(const char *policy, uint64_t quota_chunks)
+{
+	struct ipc_hello h = hello_a(policy);
+	strcpy(h.name, "b");
+	h.geo = (struct kvt_geometry){.n_layers = 2, .n_heads = 2,
+	                              .n_kv_heads = 2, .head_dim = 1024,
+	                              .d_model = 64};
+	h.page_tokens = 64;
+	h.max_tokens = 512;
+	h.headroom = 64;
+	h.quota_bytes = quota_chunks * KVT_CHUNK_BYTES;
+	return h;
+}
+
+static void sim_new(struct sim *s, struct pool *pool,
+                    const struct ipc_hello *h, uint64_t default_quota)
+{
+	char err[KVT_ERRTEXT_MAX] = "";
+	memset(s, 0, sizeof(*s));
+	s->pool = pool;
+	int rc = tenant_new(pool, 1, h, default_quota, &s->t, err, sizeof(err));
+	if (rc)
+		th_fail(__FILE__, __LINE__, "tenant_new: %s: %s",
+		        kvt_errname(rc), err);
+	s->g = tenant_geom(s->t);
+	void *m = mmap(NULL, s->g->table_bytes, PROT_READ, MAP_SHARED,
+	               tenant_table_fd(s->t), 0);
+	T_ASSERT(m != MAP_FAILED);
+	s->table = m;
+}
+
+static void sim_free(struct sim *s)
+{
+	/* s->g lives inside the tenant */
+	munmap((void *)s->table, s->g->table_bytes);
+	tenant_free(s->t);
+	s->t = NULL;
+	s->g = NULL;
+	for (int i = 0; i < MAX_SLOTS; i++)
+		if (s->chunk[i])
+			munmap(s->chunk[i], KVT_CHUNK_BYTES);
+}
+
+static const struct shm_list *lst(const struct sim *s, uint64_t seq,
+                                  uint32_t layer, uint32_t head)
+{
+	return shm_list_at((void *)s->table, s->g, (uint32_t)seq, layer, head);
+}
+
+static uint8_t *page_ptr(const struct sim *s, uint32_t id)
+{
+	uint32_t ppc = s->g->pages_per_chunk;
+	T_ASSERT(id / ppc < MAX_SLOTS);
+	T_ASSERT(s->chunk[id / ppc] != NULL);
+	return s->chunk[id / ppc] + (size_t)(id % ppc) * s->g->page_bytes;
+}
+
+static void rows(const struct sim *s, const struct shm_list *l, uint32_t e,
+                 uint32_t **k, uint32_t **v)
+{
+	uint32_t P = s->g->page_tokens;
+	size_t row = (size_t)s->g->head_dim * s->g->elem_bytes;
+	T_ASSERT(e / P < l->n_pages);
+	uint8_t *pg = page_ptr(s, l->pages[e / P]);
+	*k = (uint32_t *)(pg + (e % P) * row);
+	*v = (uint32_t *)(pg + P * row + (e % P) * row);
+}
+
+/* The K word j of an entry; V holds its complement. */
+static uint32_t word(uint32_t slot, uint32_t layer, uint32_t head,
+                     uint32_t pos, uint32_t j)
+{
+	return slot << 28 | layer << 24 | head << 20 | pos << 4 | (j & 15);
+}
+
+static void check_clean_at(const struct sim *s, int line)
+{
+	char d[KVT_ERRTEXT_MAX] = "";
+	int v = tenant_check(s->t, d, sizeof(d));
+	if (v)
+		th_fail(__FILE__, line, "tenant_check: %d violation(s): %s", v,
+		        d);
+}
+#define CLEAN(s) check_clean_at((s), __LINE__)
+
+/* Writes n_new entries into every list of layers [lo, hi) like an engine;
+ * n_seen[layer] is the test's own count of tokens seen. */
+static void append(const struct sim *s, uint64_t seq, uint32_t lo,
+                   uint32_t hi, uint32_t n_new, const uint32_t *n_seen)
+{
+	uint32_t slot = (uint32_t)seq;
+	for (uint32_t layer = lo; layer < hi; layer++)
+		for (uint32_t head = 0; head < s->g->n_kv_heads; head++) {
+			const struct shm_list *l = lst(s, seq, layer, head);
+			for (uint32_t k = 0; k < n_new; k++) {
+				uint32_t *kr, *vr;
+				rows(s, l, l->len + k, &kr, &vr);
+				for (uint32_t j = 0; j < s->g->head_dim; j++) {
+					kr[j] = word(slot, layer, head,
+					             n_seen[layer] + k, j);
+					vr[j] = ~kr[j];
+				}
+			}
+		}
+}
+
+static struct ipc_sync_item item(uint64_t seq, uint32_t counter,
+                                 uint32_t n_new, uint32_t lo, uint32_t hi)
+{
+	return (struct ipc_sync_item){.seq = seq, .counter = counter,
+	                              .n_new = n_new,
+	                              .phase = KVT_PHASE_DECODE,
+	                              .layer_lo = lo, .layer_hi = hi};
+}
+
+/* Appends, syncs one sequence, updates the test's counters, checks. */
+static void step_at(struct sim *s, uint64_t seq, uint32_t *counter,
+                    uint32_t lo, uint32_t hi, uint32_t n_new,
+                    uint32_t *n_seen, int line)
+{
+	char err[KVT_ERRTEXT_MAX] = "";
+	uint32_t h = hi ? hi : s->g->n_layers;
+	append(s, seq, lo, h, n_new, n_seen);
+	struct ipc_sync_item it = item(seq, *counter, n_new, lo, hi);
+	int rc = tenant_sync(s->t, &it, 1, err, sizeof(err));
+	if (rc)
+		th_fail(__FILE__, line, "tenant_sync: %s: %s", kvt_errname(rc),
+		        err);
+	(*counter)++;
+	for (uint32_t layer = lo; layer < h; layer++)
+		n_seen[layer] += n_new;
+	flush(s);
+	check_clean_at(s, line);
+}
+#define STEP(s, seq, ctr, lo, hi, n, seen)                                     \
+	step_at((s), (seq), (ctr), (lo), (hi), (n), (seen), __LINE__)
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * Checks one list: exactly the positions want[0..n) (ascending), each with
+ * intact K and V bytes, and ceil((n + headroom) / page_tokens) pages.
+ */
+static void verify_at(const struct sim *s, uint64_t seq, uint32_t layer,
+                      uint32_t head, const uint32_t *want, uint32_t n,
+                      int line)
+{
+	const struct shm_list *l = lst(s, seq, layer, head);
+	uint32_t slot = (uint32_t)seq;
+	uint32_t P = s->g->page_tokens;
+	if (l->len != n)
+		th_fail(__FILE__, line, "layer %u head %u: len %u, expected %u",
+		        layer, head, l->len, n);
+	uint32_t want_pages = (n + s->g->headroom + P - 1) / P;
+	if (l->n_pages != want_pages)
+		th_fail(__FILE__, line, "n_pages %u, expected %u", l->n_pages,
+		        want_pages);
+	uint32_t *got = malloc((n ? n : 1) * sizeof(uint32_t));
+	T_ASSERT(got);
+	for (uint32_t e = 0; e < n; e++) {
+		uint32_t *kr, *vr;
+		rows(s, l, e, &kr, &vr);
+		uint32_t pos = (kr[0] >> 4) & 0xffff;
+		for (uint32_t j = 0; j < s->g->head_dim; j++)
+			if (kr[j] != word(slot, layer, head, pos, j) ||
+			    vr[j] != ~word(slot, layer, head, pos, j))
+				th_fail(__FILE__, line,
+				        "layer %u head %u entry %u word %u: "
+				        "K %#x V %#x", layer, head, e, j,
+				        kr[j], vr[j]);
+		got[e] = pos;
+	}
+	qsort(got, n, sizeof(uint32_t), cmp_u32);
+	for (uint32_t e = 0; e < n; e++)
+		if (got[e] != want[e])
+			th_fail(__FILE__, line,
+			        "layer %u head %u: kept position #%u is %u, "
+			        "expected %u", layer, head, e, got[e], want[e]);
+	free(got);
+}
+#define VERIFY(s, seq, layer, head, want, n)                                   \
+	verify_at((s), (seq), (layer), (head), (want), (n), __LINE__)
+
+static void verify_all_at(const struct sim *s, uint64_t seq,
+                          const uint32_t *want, uint32_t n, int line)
+{
+	for (uint32_t layer = 0; layer < s->g->n_layers; layer++)
+		for (uint32_t head = 0; head < s->g->n_kv_heads; head++)
+			verify_at(s, seq, layer, head, want, n, line);
+}
+#define VERIFY_ALL(s, seq, want, n) verify_all_at((s), (seq), (want), (n), __LINE__)
+
+/* Everything a refusal must leave alone. */
+struct snap {
+	struct kvt_tenant_stats st;
+	uint8_t *table; /* [table_bytes] */
+	struct pool pool;
+	uint64_t chunks;
+	int adds, revokes;
+};
+
+static void snap_take(const struct sim *s, struct snap *sn)
+{
+	tenant_stats(s->t, &sn->st);
+	sn->table = malloc(s->g->table_bytes);
+	T_ASSERT(sn->table);
+	memcpy(sn->table, s->table, s->g->table_bytes);
+	sn->pool = *s->pool;
+	sn->chunks = tenant_chunks(s->t);
+	sn->adds = s->adds;
+	sn->revokes = s->revokes;
+}
+
+static void same_at(struct sim *s, const struct snap *sn, int line)
+{
+	struct kvt_tenant_stats st;
+	tenant_stats(s->t, &st);
+	if (memcmp(&st, &sn->st, sizeof(st)))
+		th_fail(__FILE__, line, "stats changed");
+	if (memcmp(s->table, sn->table, s->g->table_bytes))
+		th_fail(__FILE__, line, "table segment changed");
+	if (memcmp(s->pool, &sn->pool, sizeof(sn->pool)))
+		th_fail(__FILE__, line, "pool changed");
+	if (tenant_chunks(s->t) != sn->chunks)
+		th_fail(__FILE__, line, "chunks changed");
+	flush(s);
+	if (s->adds != sn->adds || s->revokes != sn->revokes)
+		th_fail(__FILE__, line, "events were queued");
+	check_clean_at(s, line);
+}
+#define SAME(s, sn) same_at((s), (sn), __LINE__)
+
+/* A refused sync: the code, a reason, nothing changed. */
+static void refuse_at(struct sim *s, const struct snap *sn,
+                      const struct ipc_sync_item *items, uint32_t n, int code,
+                      int line)
+{
+	char err[KVT_ERRTEXT_MAX] = "";
+	int rc = tenant_sync(s->t, items, n, err, sizeof(err));
+	if (rc != code)
+		th_fail(__FILE__, line, "tenant_sync gave %s (%s), expected %s",
+		        kvt_errname(rc), err, kvt_errname(code));
+	if (!err[0])
+		th_fail(__FILE__, line, "no reason given");
+	same_at(s, sn, line);
+}
+#define REFUSE(s, sn, items, n, code)                                          \
+	refuse_at((s), (sn), (items), (n), (code), __LINE__)
+
+/* Ascending 0..n-1 */
+static void iota(uint32_t *v, uint32_t n, uint32_t from)
+{
+	for (uint32_t i = 0; i < n; i++)
+		v[i] = from + i;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+TEST(tenant, new_applies_defaults)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h;
+	memset(&h, 0, sizeof(h));
+	strcpy(h.name, "engine-1");
+	h.geo = (struct kvt_geometry){2, 4, 2, 8, 16};
+	h.dtype = KVT_DTYPE_F16;
+	struct tenant *t = NULL;
+	char err[KVT_ERRTEXT_MAX] = "";
+	T_OK(tenant_new(&pool, 7, &h, 4 * KVT_CHUNK_BYTES, &t, err,
+	                sizeof(err)));
+	const struct shm_geom *g = tenant_geom(t);
+	T_EQ(g->page_tokens, 16);
+	T_EQ(g->max_seqs, 8);
+	T_EQ(g->max_tokens, 4096);
+	T_EQ(g->headroom, 16);
+	T_EQ(g->stage_tokens, 0);
+	T_EQ(g->elem_bytes, 2);
+	T_EQ(tenant_id(t), 7);
+	T_EQ_STR(tenant_name(t), "engine-1");
+	T_EQ_STR(tenant_policy_spec(t), "full");
+	T_EQ_U64(tenant_quota(t), 4 * KVT_CHUNK_BYTES);
+	T_EQ_U64(tenant_chunks(t), 0);
+	T_EQ_U64(pool.chunks_used, 0);
+
+	struct stat st;
+	T_EQ(fstat(tenant_table_fd(t), &st), 0);
+	T_EQ_U64((uint64_t)st.st_size, g->table_bytes);
+	int seals = fcntl(tenant_table_fd(t), F_GET_SEALS);
+	T_EQ(seals & (F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
+	     F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+	T_EQ(fstat(tenant_stage_fd(t), &st), 0);
+	T_EQ_U64((uint64_t)st.st_size, g->stage_bytes);
+	T_ASSERT(fcntl(tenant_stage_fd(t), F_GET_SEALS) & F_SEAL_SHRINK);
+
+	void *tab = mmap(NULL, g->table_bytes, PROT_READ, MAP_SHARED,
+	                 tenant_table_fd(t), 0);
+	T_ASSERT(tab != MAP_FAILED);
+	T_OK(shm_table_check(tab, g));
+	munmap(tab, g->table_bytes);
+	const struct shm_stage_hdr *sh = mmap(NULL, g->stage_bytes, PROT_READ,
+	                                      MAP_SHARED, tenant_stage_fd(t),
+	                                      0);
+	T_ASSERT(sh != MAP_FAILED);
+	T_EQ(sh->magic, SHM_STAGE_MAGIC);
+	T_EQ(sh->max_seqs, 8);
+	munmap((void *)sh, g->stage_bytes);
+
+	struct kvt_tenant_stats s;
+	tenant_stats(t, &s);
+	T_EQ_U64(s.pages_used + s.pages_free + s.chunks + s.sequences +
+	                 s.syncs + s.entries_kept + s.entries_appended +
+	                 s.entries_evicted,
+	         0);
+	T_EQ_U64(s.quota_bytes, 4 * KVT_CHUNK_BYTES);
+	T_EQ(tenant_check(t, err, sizeof(err)), 0);
+	tenant_free(t);
+	tenant_free(NULL);
+
+	/* no default quota, or one above the pool: the whole pool */
+	T_OK(tenant_new(&pool, 8, &h, 0, &t, err, sizeof(err)));
+	T_EQ_U64(tenant_quota(t), 8 * KVT_CHUNK_BYTES);
+	tenant_free(t);
+	T_OK(tenant_new(&pool, 9, &h, 100 * KVT_CHUNK_BYTES, &t, err,
+	                sizeof(err)));
+	T_EQ_U64(tenant_quota(t), 8 * KVT_CHUNK_BYTES);
+	tenant_free(t);
+	/* headroom defaults to page_tokens, clamped to max_tokens */
+	h.max_tokens = 5;
+	T_OK(tenant_new(&pool, 10, &h, 0, &t, err, sizeof(err)));
+	T_EQ(tenant_geom(t)->headroom, 5);
+	tenant_free(t);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+static void new_refused_at(struct pool *pool, const struct ipc_hello *h,
+                           int code, int line)
+{
+	struct tenant *t = (struct tenant *)pool; /* must be reset */
+	char err[KVT_ERRTEXT_MAX] = "";
+	struct pool before = *pool;
+	int rc = tenant_new(pool, 1, h, 0, &t, err, sizeof(err));
+	if (rc != code)
+		th_fail(__FILE__, line, "tenant_new gave %s (%s), expected %s",
+		        kvt_errname(rc), err, kvt_errname(code));
+	if (t != NULL || !err[0])
+		th_fail(__FILE__, line, "no reason or a half-made tenant");
+	if (memcmp(&before, pool, sizeof(before)))
+		th_fail(__FILE__, line, "pool changed");
+}
+#define NEW_REFUSED(pool, h, code) new_refused_at((pool), (h), (code), __LINE__)
+
+TEST(tenant, new_refusals)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 2 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	h.geo.n_heads = 3; /* not a multiple of n_kv_heads 2 */
+	NEW_REFUSED(&pool, &h, KVT_EGEOMETRY);
+	h = hello_a("full");
+	h.dtype = 7;
+	NEW_REFUSED(&pool, &h, KVT_EGEOMETRY);
+	h = hello_a("full");
+	h.headroom = 65; /* > max_tokens */
+	NEW_REFUSED(&pool, &h, KVT_EGEOMETRY);
+	h = hello_a("full");
+	h.geo.head_dim = 0;
+	NEW_REFUSED(&pool, &h, KVT_EGEOMETRY);
+
+	h = hello_a("streaming:tokens=0");
+	NEW_REFUSED(&pool, &h, KVT_EPOLICY);
+	h = hello_a("bogus");
+	NEW_REFUSED(&pool, &h, KVT_EPOLICY);
+	h = hello_a("full:tokens=3");
+	NEW_REFUSED(&pool, &h, KVT_EPOLICY);
+
+	h = hello_a("full");
+	h.quota_bytes = 3 * KVT_CHUNK_BYTES; /* pool holds 2 */
+	NEW_REFUSED(&pool, &h, KVT_EQUOTA);
+	h.quota_bytes = KVT_CHUNK_BYTES / 2; /* not even one chunk */
+	NEW_REFUSED(&pool, &h, KVT_EQUOTA);
+	T_EQ_U64(pool.chunks_created_total, 0);
+}
+
+TEST(tenant, open_close_returns_pages)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	struct kvt_tenant_stats st;
+
+	uint64_t s1, s2, s3;
+	T_OK(tenant_seq_open(s.t, &s1));
+	T_EQ_U64(s1, 1ull << 32); /* slot 0, generation 1 */
+	CLEAN(&s);
+	tenant_stats(s.t, &st);
+	/* 2 layers x 2 heads, ceil((0 + 4) / 4) = 1 page each */
+	T_EQ_U64(st.pages_used, 4);
+	T_EQ_U64(st.pages_free, 8192 - 4);
+	T_EQ_U64(st.chunks, 1);
+	T_EQ_U64(st.sequences, 1);
+	T_EQ_U64(pool.chunks_used, 1);
+	for (uint32_t layer = 0; layer < 2; layer++)
+		for (uint32_t head = 0; head < 2; head++) {
+			const struct shm_list *l = lst(&s, s1, layer, head);
+			T_EQ(l->len, 0);
+			T_EQ(l->n_pages, 1);
+			T_EQ_U64(l->epoch, 1);
+		}
+	flush(&s);
+	T_EQ(s.adds, 1);
+	T_EQ(s.n_log, 1);
+	T_EQ(s.log_type[0], HANDLE_CHUNK_ADD);
+	T_EQ(s.log_slot[0], 0);
+
+	T_OK(tenant_seq_open(s.t, &s2));
+	T_EQ_U64(s2, (1ull << 32) | 1);
+	CLEAN(&s);
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.pages_used, 8);
+	T_EQ_U64(st.pages_free, 8192 - 8);
+	T_EQ_U64(st.chunks, 1);
+	flush(&s);
+	T_EQ(s.adds, 1);
+
+	/* eight distinct page ids */
+	uint32_t ids[8];
+	int n = 0;
+	for (uint32_t sq = 0; sq < 2; sq++)
+		for (uint32_t layer = 0; layer < 2; layer++)
+			for (uint32_t head = 0; head < 2; head++)
+				ids[n++] = lst(&s, sq ? s2 : s1, layer, head)
+				                   ->pages[0];
+	for (int i = 0; i < 8; i++)
+		for (int j = i + 1; j < 8; j++)
+			T_ASSERT(ids[i] != ids[j]);
+
+	T_OK(tenant_seq_close(s.t, s1));
+	T_ERR(tenant_seq_close(s.t, s1), KVT_ENOSEQ);
+	CLEAN(&s);
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.pages_used, 4);
+	T_EQ_U64(st.sequences, 1);
+	T_EQ_U64(st.chunks, 1);
+	for (uint32_t layer = 0; layer < 2; layer++)
+		for (uint32_t head = 0; head < 2; head++) {
+			const struct shm_list *l = lst(&s, s1, layer, head);
+			T_EQ(l->len, 0);
+			T_EQ(l->n_pages, 0);
+			T_EQ_U64(l->epoch, 2);
+		}
+	flush(&s);
+	T_EQ(s.revokes, 0);
+
+	T_OK(tenant_seq_close(s.t, s2));
+	CLEAN(&s);
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.pages_used, 0);
+	T_EQ_U64(st.pages_free, 0);
+	T_EQ_U64(st.chunks, 0);
+	T_EQ_U64(st.sequences, 0);
+	/* revoked, destroyed only once the client was told */
+	T_EQ_U64(tenant_chunks(s.t), 1);
+	T_EQ_U64(pool.chunks_used, 1);
+	flush(&s);
+	T_EQ(s.revokes, 1);
+	T_EQ(s.n_log, 2);
+	T_EQ(s.log_type[1], HANDLE_CHUNK_REVOKE);
+	T_EQ(s.log_slot[1], 0);
+	T_EQ_U64(tenant_chunks(s.t), 0);
+	T_EQ_U64(pool.chunks_used, 0);
+	T_EQ_U64(pool.chunks_released_total, 1);
+
+	/* same slot, new generation; old ids stay dead */
+	T_OK(tenant_seq_open(s.t, &s3));
+	T_EQ_U64(s3, 2ull << 32);
+	T_ERR(tenant_seq_close(s.t, s1), KVT_ENOSEQ);
+	struct ipc_sync_item it = item(s1, 0, 1, 0, 0);
+	T_ERR(tenant_sync(s.t, &it, 1, NULL, 0), KVT_ENOSEQ);
+	T_ERR(tenant_seq_close(s.t, 0), KVT_ENOSEQ);
+	T_ERR(tenant_seq_close(s.t, (1ull << 32) | 99), KVT_ENOSEQ);
+	flush(&s);
+	T_EQ(s.adds, 2);
+	T_EQ(s.log_slot[2], 0);
+	T_EQ_U64(pool.chunks_created_total, 2);
+	CLEAN(&s);
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+TEST(tenant, seq_limit)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t id[4], x;
+	for (int i = 0; i < 4; i++)
+		T_OK(tenant_seq_open(s.t, &id[i]));
+	flush(&s);
+	struct snap sn;
+	snap_take(&s, &sn);
+	T_ERR(tenant_seq_open(s.t, &x), KVT_ESEQLIMIT);
+	SAME(&s, &sn);
+	T_OK(tenant_seq_close(s.t, id[2]));
+	T_OK(tenant_seq_open(s.t, &x));
+	T_EQ_U64(x, (2ull << 32) | 2);
+	CLEAN(&s);
+	sim_free(&s);
+}
+
+TEST(tenant, sync_full_grows_lists)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t sq;
+	T_OK(tenant_seq_open(s.t, &sq));
+	flush(&s);
+	uint32_t ctr = 0, seen[2] = {0, 0}, want[16];
+
+	STEP(&s, sq, &ctr, 0, 0, 4, seen);
+	iota(want, 4, 0);
+	VERIFY_ALL(&s, sq, want, 4); /* ceil(8/4) = 2 pages */
+	T_EQ(lst(&s, sq, 0, 0)->n_pages, 2);
+
+	STEP(&s, sq, &ctr, 0, 0, 4, seen);
+	iota(want, 8, 0);
+	VERIFY_ALL(&s, sq, want, 8);
+	T_EQ(lst(&s, sq, 1, 1)->n_pages, 3);
+
+	STEP(&s, sq, &ctr, 0, 0, 3, seen);
+	iota(want, 11, 0);
+	VERIFY_ALL(&s, sq, want, 11);
+	T_EQ(lst(&s, sq, 0, 1)->n_pages, 4); /* ceil(15/4) */
+
+	/* prefill-style: only layer 1 */
+	STEP(&s, sq, &ctr, 1, 2, 2, seen);
+	iota(want, 13, 0);
+	VERIFY(&s, sq, 1, 0, want, 13);
+	VERIFY(&s, sq, 1, 1, want, 13);
+	T_EQ(lst(&s, sq, 1, 0)->n_pages, 5); /* ceil(17/4) */
+	VERIFY(&s, sq, 0, 0, want, 11);
+	VERIFY(&s, sq, 0, 1, want, 11);
+
+	/* nothing new: still a sync, still an epoch */
+	STEP(&s, sq, &ctr, 0, 0, 0, seen);
+	T_EQ_U64(lst(&s, sq, 0, 0)->epoch, 5); /* open + 4 syncs */
+	T_EQ_U64(lst(&s, sq, 1, 1)->epoch, 6); /* open + 5 syncs */
+	VERIFY(&s, sq, 1, 1, want, 13);
+
+	struct kvt_tenant_stats st;
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.syncs, 5);
+	T_EQ_U64(st.entries_appended, 4 * (4 + 4 + 3) + 2 * 2);
+	T_EQ_U64(st.entries_evicted, 0);
+	T_EQ_U64(st.entries_kept, 2 * 11 + 2 * 13);
+	T_EQ_U64(st.pages_used, 2 * 4 + 2 * 5);
+	T_EQ(s.adds, 1);
+	sim_free(&s);
+}
+
+/* Streaming sinks=2,tokens=6 after n tokens: 0..n-1, or {0,1} + last 4. */
+static uint32_t stream_2_6(uint32_t n, uint32_t *want)
+{
+	if (n <= 6) {
+		iota(want, n, 0);
+		return n;
+	}
+	want[0] = 0;
+	want[1] = 1;
+	iota(want + 2, 4, n - 4);
+	return 6;
+}
+
+TEST(tenant, sync_streaming_keeps_expected_bytes)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("streaming:sinks=2,tokens=6");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t a, b;
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_open(s.t, &b));
+	flush(&s);
+	uint32_t ca = 0, cb = 0, sa[2] = {0, 0}, sb[2] = {0, 0}, want[8];
+	char err[KVT_ERRTEXT_MAX];
+
+	/* a: one token per sync; b: two per sync, in the same message */
+	for (uint32_t i = 1; i <= 20; i++) {
+		append(&s, a, 0, 2, 1, sa);
+		append(&s, b, 0, 2, 2, sb);
+		struct ipc_sync_item its[2] = {item(a, ca, 1, 0, 0),
+		                               item(b, cb, 2, 0, 0)};
+		if (tenant_sync(s.t, its, 2, err, sizeof(err)))
+			th_fail(__FILE__, __LINE__, "sync %u: %s", i, err);
+		ca++, cb++;
+		sa[0] = sa[1] = i;
+		sb[0] = sb[1] = 2 * i;
+		flush(&s);
+		CLEAN(&s);
+		uint32_t n = stream_2_6(i, want);
+		VERIFY_ALL(&s, a, want, n);
+		n = stream_2_6(2 * i, want);
+		VERIFY_ALL(&s, b, want, n);
+	}
+	const uint32_t a20[6] = {0, 1, 16, 17, 18, 19};
+	VERIFY_ALL(&s, a, a20, 6);
+	const uint32_t b40[6] = {0, 1, 36, 37, 38, 39};
+	VERIFY_ALL(&s, b, b40, 6);
+	T_EQ(lst(&s, a, 0, 0)->n_pages, 3); /* ceil((6 + 4) / 4) */
+
+	/* four tokens at a time */
+	STEP(&s, a, &ca, 0, 0, 4, sa);
+	const uint32_t a24[6] = {0, 1, 20, 21, 22, 23};
+	VERIFY_ALL(&s, a, a24, 6);
+
+	struct kvt_tenant_stats st;
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.syncs, 21);
+	T_EQ_U64(st.entries_appended, 4 * 24 + 4 * 40);
+	T_EQ_U64(st.entries_kept, 4 * 6 + 4 * 6);
+	T_EQ_U64(st.entries_evicted, 4 * (24 - 6) + 4 * (40 - 6));
+	T_EQ_U64(st.pages_used, 8 * 3);
+	sim_free(&s);
+}
+
+TEST(tenant, sync_streaming_drops_new_entries)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("streaming:sinks=1,tokens=2");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t sq;
+	T_OK(tenant_seq_open(s.t, &sq));
+	flush(&s);
+	uint32_t ctr = 0, seen[2] = {0, 0};
+	STEP(&s, sq, &ctr, 0, 0, 4, seen);
+	const uint32_t w4[2] = {0, 3};
+	VERIFY_ALL(&s, sq, w4, 2);
+	STEP(&s, sq, &ctr, 0, 0, 4, seen);
+	const uint32_t w8[2] = {0, 7};
+	VERIFY_ALL(&s, sq, w8, 2);
+	struct kvt_tenant_stats st;
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.entries_appended, 32);
+	T_EQ_U64(st.entries_evicted, 24);
+	T_EQ_U64(st.entries_kept, 8);
+	sim_free(&s);
+}
+
+TEST(tenant, sync_streaming_big_pages)
+{
+	/* 64-entry pages of 4 KiB rows, 4 pages per chunk: entries move
+	 * between pages that live in different chunks. */
+	struct pool pool;
+	T_OK(pool_init(&pool, 16 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_b("streaming:sinks=3,tokens=70", 16);
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t sq;
+	T_OK(tenant_seq_open(s.t, &sq));
+	flush(&s);
+	uint32_t ctr = 0, seen[2] = {0, 0}, want[80];
+
+	STEP(&s, sq, &ctr, 0, 0, 64, seen);
+	iota(want, 64, 0);
+	VERIFY_ALL(&s, sq, want, 64); /* 2 pages */
+
+	STEP(&s, sq, &ctr, 0, 0, 64, seen);
+	/* B 70, S' 3, recent 67: 0,1,2 and 61..127 */
+	iota(want, 3, 0);
+	iota(want + 3, 67, 61);
+	VERIFY_ALL(&s, sq, want, 70); /* ceil(134/64) = 3 pages */
+
+	STEP(&s, sq, &ctr, 0, 0, 64, seen);
+	iota(want + 3, 67, 125);
+	VERIFY_ALL(&s, sq, want, 70);
+
+	struct kvt_tenant_stats st;
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.pages_used, 12);
+	T_EQ_U64(st.chunks, 3);
+	T_EQ_U64(st.pages_free, 0);
+	sim_free(&s);
+}
+
+TEST(tenant, sync_refusals_change_nothing)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("streaming:sinks=2,tokens=6");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t s1, s2, s3;
+	T_OK(tenant_seq_open(s.t, &s1));
+	T_OK(tenant_seq_open(s.t, &s2));
+	T_OK(tenant_seq_open(s.t, &s3));
+	T_OK(tenant_seq_close(s.t, s3));
+	flush(&s);
+	uint32_t c1 = 0, c2 = 0, n1[2] = {0, 0}, n2[2] = {0, 0};
+	STEP(&s, s1, &c1, 0, 0, 4, n1);
+	STEP(&s, s1, &c1, 0, 0, 4, n1);
+	STEP(&s, s1, &c1, 0, 0, 1, n1);
+	STEP(&s, s2, &c2, 0, 0, 2, n2);
+	T_EQ(c1, 3);
+
+	struct snap sn;
+	snap_take(&s, &sn);
+	struct ipc_sync_item it[3];
+
+	/* unknown sequences */
+	it[0] = item(s3, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* closed */
+	it[0] = item((1ull << 32) | 99, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* slot beyond max_seqs */
+	it[0] = item(0, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* garbage */
+	it[0] = item(~0ull, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ);
+	it[0] = item((5ull << 32) | (uint32_t)s1, c1, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* open slot, wrong generation */
+	it[0] = item(s1, c1, 1, 0, 0);
+	it[1] = item(0, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 2, KVT_ENOSEQ); /* the good first item too */
+
+	/* duplicates */
+	it[0] = item(s1, c1, 1, 0, 0);
+	it[1] = item(s1, c1, 1, 0, 0);
+	REFUSE(&s, &sn, it, 2, KVT_EINVAL);
+	it[1] = item(s2, c2, 1, 0, 0);
+	it[2] = item(s1, c1, 1, 0, 0);
+	REFUSE(&s, &sn, it, 3, KVT_EINVAL);
+	it[0] = item(s1, c1, 1, 0, 1); /* same sequence, other layers */
+	it[1] = item(s1, c1 + 1, 1, 1, 2);
+	REFUSE(&s, &sn, it, 2, KVT_EINVAL);
+
+	/* counters */
+	it[0] = item(s1, c1 + 1, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ESTALE);
+	it[0] = item(s1, c1 - 1, 1, 0, 0); /* a replay */
+	REFUSE(&s, &sn, it, 1, KVT_ESTALE);
+	it[0] = item(s2, c2, 1, 0, 0);
+	it[1] = item(s1, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 2, KVT_ESTALE);
+
+	/* layer ranges (n_layers 2) */
+	it[0] = item(s1, c1, 1, 1, 1);
+	REFUSE(&s, &sn, it, 1, KVT_ELAYERS);
+	it[0] = item(s1, c1, 1, 0, 3);
+	REFUSE(&s, &sn, it, 1, KVT_ELAYERS);
+	it[0] = item(s1, c1, 1, 2, 0); /* hi 0 = 2 */
+	REFUSE(&s, &sn, it, 1, KVT_ELAYERS);
+	it[0] = item(s1, c1, 1, 1, 0xffffffffu);
+	REFUSE(&s, &sn, it, 1, KVT_ELAYERS);
+	it[0] = item(s1, c1, 1, 2, 1);
+	REFUSE(&s, &sn, it, 1, KVT_ELAYERS);
+	it[0] = item(s2, c2, 1, 0, 0);
+	it[1] = item(s1, c1, 1, 0, 5);
+	REFUSE(&s, &sn, it, 2, KVT_ELAYERS);
+
+	/* headroom 4 */
+	it[0] = item(s1, c1, 5, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_EHEADROOM);
+	it[0] = item(s2, c2, 4, 0, 0);
+	it[1] = item(s1, c1, 0xffffffffu, 0, 0);
+	REFUSE(&s, &sn, it, 2, KVT_EHEADROOM);
+
+	/* phase, empty batch */
+	it[0] = item(s1, c1, 1, 0, 0);
+	it[0].phase = 2;
+	REFUSE(&s, &sn, it, 1, KVT_EINVAL);
+	REFUSE(&s, &sn, it, 0, KVT_EINVAL);
+	REFUSE(&s, &sn, NULL, 1, KVT_EINVAL);
+
+	/* and the tenant still works where it left off */
+	it[0] = item(s1, c1, 1, 0, 0);
+	it[1] = item(s2, c2, 1, 0, 0);
+	append(&s, s1, 0, 2, 1, n1);
+	append(&s, s2, 0, 2, 1, n2);
+	T_OK(tenant_sync(s.t, it, 2, NULL, 0));
+	CLEAN(&s);
+	const uint32_t w1[6] = {0, 1, 6, 7, 8, 9};
+	VERIFY_ALL(&s, s1, w1, 6);
+	const uint32_t w2[3] = {0, 1, 2};
+	VERIFY_ALL(&s, s2, w2, 3);
+	free(sn.table);
+	sim_free(&s);
+}
+
+TEST(tenant, sync_too_long)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	h.max_tokens = 8;
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t s1, s2;
+	T_OK(tenant_seq_open(s.t, &s1));
+	T_OK(tenant_seq_open(s.t, &s2));
+	flush(&s);
+	uint32_t c1 = 0, c2 = 0, n1[2] = {0, 0}, want[8];
+	STEP(&s, s1, &c1, 0, 0, 4, n1);
+	STEP(&s, s1, &c1, 0, 0, 4, n1);
+	iota(want, 8, 0);
+	VERIFY_ALL(&s, s1, want, 8); /* ceil(12/4) = 3 pages */
+
+	struct snap sn;
+	snap_take(&s, &sn);
+	struct ipc_sync_item it[2];
+	it[0] = item(s1, c1, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_ETOOLONG);
+	it[0] = item(s1, c1, 1, 1, 2);
+	REFUSE(&s, &sn, it, 1, KVT_ETOOLONG);
+	it[0] = item(s2, c2, 4, 0, 0);
+	it[1] = item(s1, c1, 1, 0, 0);
+	REFUSE(&s, &sn, it, 2, KVT_ETOOLONG);
+	free(sn.table);
+
+	it[0] = item(s1, c1, 0, 0, 0); /* a full list may still sync */
+	T_OK(tenant_sync(s.t, it, 1, NULL, 0));
+	CLEAN(&s);
+	sim_free(&s);
+}
+
+TEST(tenant, quota_refusals)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_b("full", 1);
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t s1, x;
+	T_OK(tenant_seq_open(s.t, &s1)); /* 4 lists x 1 page = the chunk */
+	flush(&s);
+	struct kvt_tenant_stats st;
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.chunks, 1);
+	T_EQ_U64(st.pages_free, 0);
+
+	struct snap sn;
+	snap_take(&s, &sn);
+	T_ERR(tenant_seq_open(s.t, &x), KVT_EQUOTA);
+	SAME(&s, &sn);
+	/* one entry needs a second page per list: 4 pages, a new chunk */
+	struct ipc_sync_item it[2];
+	it[0] = item(s1, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 1, KVT_EQUOTA);
+	it[0] = item(s1, 0, 0, 0, 0);
+	T_OK(tenant_sync(s.t, it, 1, NULL, 0));
+	CLEAN(&s);
+	free(sn.table);
+	sim_free(&s);
+
+	/* all items together need more than the quota allows */
+	h = hello_b("full", 3);
+	sim_new(&s, &pool, &h, 0);
+	uint64_t a, b;
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_open(s.t, &b));
+	flush(&s);
+	T_EQ(s.adds, 2);
+	snap_take(&s, &sn);
+	it[0] = item(a, 0, 1, 0, 0);
+	it[1] = item(b, 0, 1, 0, 0);
+	REFUSE(&s, &sn, it, 2, KVT_EQUOTA); /* 2 + 2 chunks > 3 */
+	free(sn.table);
+	uint32_t ca = 0, na[2] = {0, 0};
+	STEP(&s, a, &ca, 0, 0, 1, na); /* 2 + 1 chunks */
+	T_EQ(s.adds, 3);
+	T_EQ(s.log_slot[2], 2);
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.chunks, 3);
+	T_EQ_U64(st.pages_used, 12);
+	const uint32_t w[1] = {0};
+	VERIFY_ALL(&s, a, w, 1);
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+TEST(tenant, pool_full_refusals)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 2 * KVT_CHUNK_BYTES));
+	struct ipc_hello ha = hello_b("full", 2), hb = hello_b("full", 2);
+	struct sim A, B;
+	sim_new(&A, &pool, &ha, 0);
+	sim_new(&B, &pool, &hb, 0);
+	uint64_t a1, b1, x;
+	T_OK(tenant_seq_open(A.t, &a1));
+	T_OK(tenant_seq_open(B.t, &b1));
+	flush(&A);
+	flush(&B);
+	T_EQ_U64(pool.chunks_used, 2);
+
+	struct snap sn;
+	snap_take(&A, &sn);
+	T_ERR(tenant_seq_open(A.t, &x), KVT_EPOOLFULL);
+	SAME(&A, &sn);
+	struct ipc_sync_item it = item(a1, 0, 1, 0, 0);
+	REFUSE(&A, &sn, &it, 1, KVT_EPOOLFULL);
+	free(sn.table);
+
+	T_OK(tenant_seq_close(B.t, b1));
+	flush(&B);
+	T_EQ_U64(pool.chunks_used, 1);
+	T_OK(tenant_seq_open(A.t, &x));
+	flush(&A);
+	CLEAN(&A);
+	CLEAN(&B);
+	T_EQ(A.adds, 2);
+	sim_free(&A);
+	sim_free(&B);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+TEST(tenant, revoke_then_reuse_slot)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_b("full", 4);
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t q[3], q4;
+	for (int i = 0; i < 3; i++)
+		T_OK(tenant_seq_open(s.t, &q[i])); /* a chunk each */
+	flush(&s);
+	T_EQ(s.adds, 3);
+	for (int i = 0; i < 3; i++)
+		T_EQ(s.log_slot[i], (uint32_t)i);
+	/* q[1] holds exactly the pages of chunk slot 1 (ids 4..7) */
+	for (uint32_t layer = 0; layer < 2; layer++)
+		for (uint32_t head = 0; head < 2; head++)
+			T_EQ(lst(&s, q[1], layer, head)->pages[0] / 4, 1);
+
+	T_OK(tenant_seq_close(s.t, q[1]));
+	CLEAN(&s);
+	T_OK(tenant_seq_open(s.t, &q4)); /* lowest free chunk slot: 1 */
+	CLEAN(&s);
+	T_EQ_U64(tenant_chunks(s.t), 4); /* 3 live + 1 awaiting its REVOKE */
+	T_EQ_U64(pool.chunks_used, 4);
+	int before = s.n_log;
+	flush(&s);
+	T_EQ(s.n_log, before + 2);
+	T_EQ(s.log_type[before], HANDLE_CHUNK_REVOKE);
+	T_EQ(s.log_slot[before], 1);
+	T_EQ(s.log_type[before + 1], HANDLE_CHUNK_ADD);
+	T_EQ(s.log_slot[before + 1], 1);
+	T_EQ_U64(tenant_chunks(s.t), 3);
+	T_EQ_U64(pool.chunks_used, 3);
+	uint32_t got = 0;
+	for (uint32_t layer = 0; layer < 2; layer++)
+		for (uint32_t head = 0; head < 2; head++) {
+			uint32_t id = lst(&s, q4, layer, head)->pages[0];
+			T_EQ(id / 4, 1);
+			got |= 1u << (id % 4);
+		}
+	T_EQ(got, 0xf);
+	/* the new chunk is fresh memory */
+	T_EQ(s.chunk[1][0], 0);
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+TEST(tenant, flush_stops_at_send_error)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_b("full", 4);
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t a, b;
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_open(s.t, &b));
+	s.fail_sends = 1;
+	T_ERR(tenant_flush_events(s.t, sim_send, &s), KVT_ECONN);
+	T_EQ(s.adds, 0);
+	T_OK(tenant_seq_close(s.t, a));
+	T_EQ_U64(pool.chunks_used, 2); /* a's chunk awaits its REVOKE */
+	/* the server drops such a tenant: everything goes back */
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+TEST(tenant, check_detects_corrupt_table)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t sq;
+	T_OK(tenant_seq_open(s.t, &sq));
+	flush(&s);
+	uint32_t ctr = 0, seen[2] = {0, 0};
+	STEP(&s, sq, &ctr, 0, 0, 4, seen);
+
+	const struct shm_geom *g = s.g;
+	uint8_t *rw = mmap(NULL, g->table_bytes, PROT_READ | PROT_WRITE,
+	                   MAP_SHARED, tenant_table_fd(s.t), 0);
+	T_ASSERT(rw != MAP_FAILED);
+	struct shm_list *l = shm_list_at(rw, g, (uint32_t)sq, 1, 1);
+	T_EQ(l->n_pages, 2);
+	char d[KVT_ERRTEXT_MAX];
+
+	uint32_t keep = l->pages[1];
+	l->pages[1] = l->pages[0]; /* a page twice */
+	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
+	T_ASSERT(d[0] != '\0');
+	l->pages[1] = 999999; /* a page that does not exist */
+	d[0] = '\0';
+	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
+	T_ASSERT(d[0] != '\0');
+	l->pages[1] = keep;
+	CLEAN(&s);
+
+	l->len++;
+	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
+	l->len--;
+	l->n_pages++;
+	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
+	l->n_pages--;
+	l->epoch += 7;
+	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
+	l->epoch -= 7;
+	CLEAN(&s);
+
+	/* a closed slot that claims entries */
+	struct shm_list *c = shm_list_at(rw, g, 3, 0, 0);
+	c->len = 1;
+	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
+	c->len = 0;
+	struct shm_table_hdr *hd = (struct shm_table_hdr *)rw;
+	hd->magic ^= 1;
+	T_ASSERT(tenant_check(s.t, NULL, 0) > 0);
+	hd->magic ^= 1;
+	CLEAN(&s);
+
+	/* the daemon never trusted the table: the next sync repairs it */
+	l->pages[0] = 12345;
+	struct ipc_sync_item it = item(sq, ctr, 0, 0, 0);
+	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
+	CLEAN(&s);
+	munmap(rw, g->table_bytes);
+	sim_free(&s);
+}
+
+TEST(tenant, random_ops_keep_invariants)
+{
+	/* Many sequences, random opens, closes and batched syncs, checked
+	 * after every operation against the streaming rule. */
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("streaming:sinks=1,tokens=9");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t id[4];
+	int open[4] = {0};
+	uint32_t ctr[4], seen[4][2];
+	uint32_t rng = 12345;
+	char err[KVT_ERRTEXT_MAX];
+	for (int op = 0; op < 400; op++) {
+		rng = rng * 1103515245u + 12345u;
+		uint32_t r = rng >> 8;
+		int k = (int)(r % 4);
+		if (!open[k] || r % 23 == 0) {
+			if (open[k])
+				T_OK(tenant_seq_close(s.t, id[k]));
+			T_OK(tenant_seq_open(s.t, &id[k]));
+			open[k] = 1;
+			ctr[k] = 0;
+			seen[k][0] = seen[k][1] = 0;
+		} else {
+			struct ipc_sync_item its[4];
+			int who[4];
+			uint32_t n = 0, lo = 0, hi = 0;
+			if (r % 5 == 0) {
+				lo = (r >> 4) % 2;
+				hi = lo + 1;
+			}
+			for (int j = 0; j < 4; j++) {
+				if (!open[j] || (j != k && (r >> (8 + j)) % 2))
+					continue;
+				uint32_t nn = (r >> (12 + 2 * j)) % 5;
+				append(&s, id[j], lo, hi ? hi : 2, nn, seen[j]);
+				who[n] = j;
+				its[n++] = item(id[j], ctr[j], nn, lo, hi);
+			}
+			if (tenant_sync(s.t, its, n, err, sizeof(err)))
+				th_fail(__FILE__, __LINE__, "op %d: %s", op,
+				        err);
+			for (uint32_t i = 0; i < n; i++) {
+				int j = who[i];
+				ctr[j]++;
+				for (uint32_t layer = lo; layer < (hi ? hi : 2);
+				     layer++)
+					seen[j][layer] += its[i].n_new;
+			}
+		}
+		flush(&s);
+		CLEAN(&s);
+		for (int j = 0; j < 4; j++) {
+			if (!open[j])
+				continue;
+			for (uint32_t layer = 0; layer < 2; layer++) {
+				uint32_t n = seen[j][layer], want[16], m;
+				if (n <= 9) {
+					iota(want, n, 0);
+					m = n;
+				} else {
+					want[0] = 0;
+					iota(want + 1, 8, n - 8);
+					m = 9;
+				}
+				VERIFY(&s, id[j], layer, 0, want, m);
+				VERIFY(&s, id[j], layer, 1, want, m);
+			}
+		}
+	}
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
