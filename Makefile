@@ -112,7 +112,7 @@ $(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_A)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(LOADGEN): $(B)/obj/examples/loadgen.o $(CORE_OBJ) $(LIB_A)
+$(LOADGEN): $(B)/obj/examples/loadgen.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

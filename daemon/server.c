@@ -446,9 +446,9 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 
 static struct ipc_row *srv_rows(struct ipc_rep *rep, uint32_t n)
 {
-	rep->u.table.rows = calloc(n ? n : 1, sizeof(struct ipc_row));
-	rep->u.table.n = rep->u.table.rows ? n : 0;
-	return rep->u.table.rows;
+	rep->table.rows = calloc(n ? n : 1, sizeof(struct ipc_row));
+	rep->table.n = rep->table.rows ? n : 0;
+	return rep->table.rows;
 }
 
 static void srv_stats_row(struct server *s, struct ipc_row *row)
@@ -547,7 +547,7 @@ static int srv_admin(struct server *s, const struct ipc_req *r,
 	case IPC_OP_STATS:
 		if (!srv_rows(rep, 1))
 			return KVT_ENOMEM;
-		srv_stats_row(s, &rep->u.table.rows[0]);
+		srv_stats_row(s, &rep->table.rows[0]);
 		return 0;
 	case IPC_OP_TENANTS:
 		for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
@@ -558,20 +558,20 @@ static int srv_admin(struct server *s, const struct ipc_req *r,
 		for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 			if (s->tenants[i])
 				srv_tenant_row(s->tenants[i],
-				               &rep->u.table.rows[n++]);
+				               &rep->table.rows[n++]);
 		return 0;
 	case IPC_OP_CHECK:
 		if (!srv_rows(rep, 1))
 			return KVT_ENOMEM;
-		srv_check(s, &rep->u.table.rows[0]);
+		srv_check(s, &rep->table.rows[0]);
 		return 0;
 	case IPC_OP_POLICIES:
 		if (!srv_rows(rep, (uint32_t)policy_count()))
 			return KVT_ENOMEM;
 		for (size_t i = 0; i < policy_count(); i++) {
-			codec_row_str(&rep->u.table.rows[i], "name",
+			codec_row_str(&rep->table.rows[i], "name",
 			              policy_at(i)->name);
-			codec_row_str(&rep->u.table.rows[i], "help",
+			codec_row_str(&rep->table.rows[i], "help",
 			              policy_at(i)->help);
 		}
 		return 0;
@@ -592,7 +592,7 @@ static int srv_admin(struct server *s, const struct ipc_req *r,
 				continue;
 			char val[IPC_STR_MAX];
 			config_get(&s->cfg, e, val, sizeof(val));
-			struct ipc_row *row = &rep->u.table.rows[n++];
+			struct ipc_row *row = &rep->table.rows[n++];
 			codec_row_str(row, "key", e->name);
 			codec_row_str(row, "value", val);
 			codec_row_u64(row, "mutable", !!(e->flags & CONFIG_MUTABLE));
@@ -610,7 +610,7 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 {
 	struct srv_tenant *st = NULL;
 	int rv;
-	if (ipc_op_is_admin(r->op))
+	if (codec_op_is_admin(r->op))
 		return srv_admin(s, r, rep, why, wlen);
 	if (s->draining) {
 		snprintf(why, wlen, "kvtrimd is shutting down");
@@ -685,7 +685,7 @@ static nng_msg *srv_handle(struct server *s, nng_msg *msg)
 		codec_rep_error(&rep, rv, why[0] ? why : kvt_strerror(rv));
 		stats_count_error(&s->st, rv);
 		LOG(LOG_LVL_INFO, "request %s refused: %s: %s",
-		    ipc_op_name(op) ? ipc_op_name(op) : "?", kvt_errname(rv),
+		    codec_op_name(op) ? codec_op_name(op) : "?", kvt_errname(rv),
 		    rep.msg);
 	}
 	uint8_t *out = NULL;

@@ -35,17 +35,6 @@
  * quadratic duplicate check and fits the "used" bit mask. */
 #define TOP_KEYS_MAX 32
 
-/*
- * codec_rep_free cannot tell which union member of an ipc_rep is live: the
- * rep carries no op, and table.rows overlaps hello.token.  So a rep whose
- * rows codec_rep_decode allocated is tagged in the unused tail of its msg
- * (msg is "" on a successful reply, so the tag is invisible to string
- * users), and codec_rep_free frees rows only under that tag.  Rows of a rep
- * the caller built stay the caller's to free.
- */
-#define ROWS_TAG "kvt:rows"
-#define ROWS_TAG_LEN 8
-#define ROWS_TAG_OFF (KVT_ERRTEXT_MAX - ROWS_TAG_LEN)
 
 /* ------------------------------------------------------------- op names */
 
@@ -60,12 +49,12 @@ static bool op_valid(enum ipc_op op)
 	return (int)op > (int)IPC_OP_NONE && (int)op < (int)IPC_OP_COUNT;
 }
 
-const char *ipc_op_name(enum ipc_op op)
+const char *codec_op_name(enum ipc_op op)
 {
 	return op_valid(op) ? op_names[op] : NULL;
 }
 
-int ipc_op_is_admin(enum ipc_op op)
+int codec_op_is_admin(enum ipc_op op)
 {
 	switch (op) {
 	case IPC_OP_STATS:
@@ -81,13 +70,13 @@ int ipc_op_is_admin(enum ipc_op op)
 
 static bool op_is_table(enum ipc_op op)
 {
-	return ipc_op_is_admin(op); /* every admin op replies with rows */
+	return codec_op_is_admin(op); /* every admin op replies with rows */
 }
 
 /* Ops whose requests carry "t" and "k" (admin ops may, optionally). */
 static bool op_needs_creds(enum ipc_op op)
 {
-	return op != IPC_OP_HELLO && !ipc_op_is_admin(op);
+	return op != IPC_OP_HELLO && !codec_op_is_admin(op);
 }
 
 static enum ipc_op op_lookup(const char *s, size_t n)
@@ -574,7 +563,7 @@ static int dec_req_body(struct dec *d, struct ipc_req *req)
 
 	/* Admin ops may carry credentials; when they do, both, well-formed. */
 	if (op_needs_creds(req->op) ||
-	    (ipc_op_is_admin(req->op) && (has(d, "t") || has(d, "k")))) {
+	    (codec_op_is_admin(req->op) && (has(d, "t") || has(d, "k")))) {
 		if ((rc = key_u32(d, "t", &req->tenant)) ||
 		    (rc = key_u64(d, "k", &req->token)))
 			return rc;
@@ -707,9 +696,8 @@ static int dec_rows(struct dec *d, struct ipc_rep *rep)
 	if (!rows)
 		return fail(d, KVT_ENOMEM, "out of memory for %" PRIu32 " rows",
 		            n);
-	rep->u.table.rows = rows;
-	rep->u.table.n = n;
-	memcpy(rep->msg + ROWS_TAG_OFF, ROWS_TAG, ROWS_TAG_LEN);
+	rep->table.rows = rows;
+	rep->table.n = n;
 	for (uint32_t i = 0; i < n; i++) {
 		int rc = dec_row(d, &o->via.array.ptr[i], i, &rows[i]);
 		if (rc)
@@ -800,15 +788,13 @@ void codec_req_free(struct ipc_req *req)
 	}
 }
 
-/* Frees rows only of a rep codec_rep_decode filled; see ROWS_TAG. */
 void codec_rep_free(struct ipc_rep *rep)
 {
-	if (!rep || memcmp(rep->msg + ROWS_TAG_OFF, ROWS_TAG, ROWS_TAG_LEN))
+	if (!rep)
 		return;
-	free(rep->u.table.rows);
-	rep->u.table.rows = NULL;
-	rep->u.table.n = 0;
-	memset(rep->msg + ROWS_TAG_OFF, 0, ROWS_TAG_LEN);
+	free(rep->table.rows);
+	rep->table.rows = NULL;
+	rep->table.n = 0;
 }
 
 /* Reads a str header at b[*pos]; 1 (and *s, *n, *pos past it) when it is a
@@ -1000,7 +986,7 @@ int codec_req_encode(const struct ipc_req *req, uint8_t **out, size_t *len)
 	if ((rc = check_req(req)))
 		return rc;
 	bool creds = op_needs_creds(req->op) ||
-	             (ipc_op_is_admin(req->op) && (req->tenant || req->token));
+	             (codec_op_is_admin(req->op) && (req->tenant || req->token));
 	n += creds ? 2 : 0;
 	switch (req->op) {
 	case IPC_OP_HELLO: n += 12; break;
@@ -1137,8 +1123,10 @@ int codec_rep_encode(enum ipc_op op, const struct ipc_rep *rep, uint8_t **out,
 	struct enc e;
 	int rc;
 
-	if (!rep || !out || !len || !op_valid(op) || rep->err > 0)
+	if (!rep || !out || !len || rep->err > 0)
 		return KVT_EINVAL;
+	/* Error replies carry no op payload, so they encode even for a
+	 * request whose op could not be read (the daemon must still answer). */
 	if (rep->err) {
 		if (!fits(rep->msg, sizeof(rep->msg)))
 			return KVT_EINVAL;
@@ -1151,12 +1139,14 @@ int codec_rep_encode(enum ipc_op op, const struct ipc_rep *rep, uint8_t **out,
 		kv_s(&e, "m", rep->msg);
 		return enc_finish(&e, out, len);
 	}
+	if (!op_valid(op))
+		return KVT_EINVAL;
 	if (op_is_table(op)) {
-		if (rep->u.table.n > IPC_MAX_ROWS ||
-		    (rep->u.table.n && !rep->u.table.rows))
+		if (rep->table.n > IPC_MAX_ROWS ||
+		    (rep->table.n && !rep->table.rows))
 			return KVT_EINVAL;
-		for (uint32_t i = 0; i < rep->u.table.n; i++)
-			if ((rc = check_row(&rep->u.table.rows[i])))
+		for (uint32_t i = 0; i < rep->table.n; i++)
+			if ((rc = check_row(&rep->table.rows[i])))
 				return rc;
 	}
 
@@ -1182,9 +1172,9 @@ int codec_rep_encode(enum ipc_op op, const struct ipc_rep *rep, uint8_t **out,
 		kv_u(&e, "seq", rep->u.seq);
 	} else if (op_is_table(op)) {
 		e_str(&e, "rows");
-		e_array(&e, rep->u.table.n);
-		for (uint32_t i = 0; i < rep->u.table.n; i++)
-			e_row(&e, &rep->u.table.rows[i]);
+		e_array(&e, rep->table.n);
+		for (uint32_t i = 0; i < rep->table.n; i++)
+			e_row(&e, &rep->table.rows[i]);
 	}
 	return enc_finish(&e, out, len);
 }

@@ -82,10 +82,10 @@ enum ipc_op {
 };
 
 /* "hello" for IPC_OP_HELLO ..., NULL for an out-of-range op. */
-const char *ipc_op_name(enum ipc_op op);
+const char *codec_op_name(enum ipc_op op);
 
 /* True for ops that need no registered tenant (stats, tenants, ...). */
-int ipc_op_is_admin(enum ipc_op op);
+int codec_op_is_admin(enum ipc_op op);
 
 struct ipc_hello {
 	char name[KVT_NAME_MAX];
@@ -154,11 +154,13 @@ struct ipc_rep {
 			uint64_t quota_bytes;
 		} hello;
 		uint64_t seq; /* seq_open */
-		struct {
-			uint32_t n;
-			struct ipc_row *rows; /* [n], owned by the rep */
-		} table; /* stats, tenants, policies, check, config */
 	} u;
+	/* stats, tenants, policies, check, config.  Outside the union so that
+	 * codec_rep_free can always release rows (NULL for other replies). */
+	struct {
+		uint32_t n;
+		struct ipc_row *rows; /* [n], malloc'ed, owned by the rep */
+	} table;
 };
 
 /*
@@ -174,7 +176,9 @@ int codec_rep_encode(enum ipc_op op, const struct ipc_rep *rep, uint8_t **out,
  * Decoding.  On success *req / *rep is filled and may own memory: release it
  * with codec_req_free / codec_rep_free (also safe after a failed decode).
  * On failure returns a KVT_E* code and writes a reason into err.
- * codec_rep_decode needs the op the request had.
+ * codec_rep_decode needs the op the request had.  codec_rep_free releases
+ * table.rows whoever allocated them (decoder or a caller building a reply),
+ * so a caller that builds rows must malloc them.
  */
 int codec_req_decode(const uint8_t *buf, size_t len, struct ipc_req *req,
                      char *err, size_t errlen);

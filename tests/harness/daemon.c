@@ -143,31 +143,55 @@ int th_sh(const struct th_daemon *d, char *out, size_t outlen,
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-int th_raw_req(const struct th_daemon *d, const void *buf, size_t len,
-               uint8_t **rep, size_t *replen)
+uint32_t th_raw_conn(const struct th_daemon *d)
 {
 	nng_socket s;
-	nng_msg *m;
 	char url[600];
-	int rv;
 	snprintf(url, sizeof(url), "ipc://%s/ctl.ipc", d->dir);
-	if (nng_req0_open(&s))
-		return KVT_ESYS;
+	T_ASSERT(nng_req0_open(&s) == 0);
 	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000);
 	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 3000);
 	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	if ((rv = nng_dial(s, url, NULL, 0)) ||
-	    (rv = nng_msg_alloc(&m, 0)) || (rv = nng_msg_append(m, buf, len)) ||
-	    (rv = nng_sendmsg(s, m, 0)) || (rv = nng_recvmsg(s, &m, 0))) {
-		nng_close(s);
+	int rv = nng_dial(s, url, NULL, 0);
+	if (rv)
+		th_fail(__FILE__, __LINE__, "dial %s: %s", url, nng_strerror(rv));
+	return s.id;
+}
+
+int th_raw_call(uint32_t sock, const void *buf, size_t len, uint8_t **rep,
+                size_t *replen)
+{
+	nng_socket s = {.id = sock};
+	nng_msg *m;
+	int rv;
+	if ((rv = nng_msg_alloc(&m, 0)) || (rv = nng_msg_append(m, buf, len)))
+		return KVT_ENOMEM;
+	if ((rv = nng_sendmsg(s, m, 0))) {
+		nng_msg_free(m);
 		return rv == NNG_ETIMEDOUT ? KVT_ETIMEDOUT : KVT_ECONN;
 	}
+	if ((rv = nng_recvmsg(s, &m, 0)))
+		return rv == NNG_ETIMEDOUT ? KVT_ETIMEDOUT : KVT_ECONN;
 	*replen = nng_msg_len(m);
 	*rep = malloc(*replen ? *replen : 1);
 	memcpy(*rep, nng_msg_body(m), *replen);
 	nng_msg_free(m);
-	nng_close(s);
 	return 0;
+}
+
+void th_raw_close(uint32_t sock)
+{
+	nng_socket s = {.id = sock};
+	nng_close(s);
+}
+
+int th_raw_req(const struct th_daemon *d, const void *buf, size_t len,
+               uint8_t **rep, size_t *replen)
+{
+	uint32_t s = th_raw_conn(d);
+	int rv = th_raw_call(s, buf, len, rep, replen);
+	th_raw_close(s);
+	return rv;
 }
 
 uint64_t th_stat(const struct th_daemon *d, const char *key)

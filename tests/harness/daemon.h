@@ -49,6 +49,16 @@ int th_sh(const struct th_daemon *d, char *out, size_t outlen,
 int th_raw_req(const struct th_daemon *d, const void *buf, size_t len,
                uint8_t **rep, size_t *replen);
 
+/*
+ * A persistent raw control connection (one nng pipe), for tests that must
+ * register a tenant by hand: tenants are bound to the pipe of their hello.
+ * th_raw_conn returns a socket id (> 0) or fails the test.
+ */
+uint32_t th_raw_conn(const struct th_daemon *d);
+int th_raw_call(uint32_t sock, const void *buf, size_t len, uint8_t **rep,
+                size_t *replen);
+void th_raw_close(uint32_t sock);
+
 /* Reads one numeric key from `kvtrimctl stats` (fails the test if absent). */
 uint64_t th_stat(const struct th_daemon *d, const char *key);
 

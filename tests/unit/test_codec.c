@@ -182,19 +182,19 @@ static uint32_t top_keys(const uint8_t *buf, size_t len)
 
 TEST(codec, op_names)
 {
-	T_EQ_STR(ipc_op_name(IPC_OP_HELLO), "hello");
-	T_EQ_STR(ipc_op_name(IPC_OP_SEQ_OPEN), "seq_open");
-	T_EQ_STR(ipc_op_name(IPC_OP_CONFIG), "config");
-	T_ASSERT(ipc_op_name(IPC_OP_NONE) == NULL);
-	T_ASSERT(ipc_op_name(IPC_OP_COUNT) == NULL);
-	T_ASSERT(ipc_op_name((enum ipc_op)-1) == NULL);
-	T_ASSERT(!ipc_op_is_admin(IPC_OP_HELLO));
-	T_ASSERT(!ipc_op_is_admin(IPC_OP_SYNC));
-	T_ASSERT(ipc_op_is_admin(IPC_OP_STATS));
-	T_ASSERT(ipc_op_is_admin(IPC_OP_TENANTS));
-	T_ASSERT(ipc_op_is_admin(IPC_OP_CHECK));
-	T_ASSERT(ipc_op_is_admin(IPC_OP_POLICIES));
-	T_ASSERT(ipc_op_is_admin(IPC_OP_CONFIG));
+	T_EQ_STR(codec_op_name(IPC_OP_HELLO), "hello");
+	T_EQ_STR(codec_op_name(IPC_OP_SEQ_OPEN), "seq_open");
+	T_EQ_STR(codec_op_name(IPC_OP_CONFIG), "config");
+	T_ASSERT(codec_op_name(IPC_OP_NONE) == NULL);
+	T_ASSERT(codec_op_name(IPC_OP_COUNT) == NULL);
+	T_ASSERT(codec_op_name((enum ipc_op)-1) == NULL);
+	T_ASSERT(!codec_op_is_admin(IPC_OP_HELLO));
+	T_ASSERT(!codec_op_is_admin(IPC_OP_SYNC));
+	T_ASSERT(codec_op_is_admin(IPC_OP_STATS));
+	T_ASSERT(codec_op_is_admin(IPC_OP_TENANTS));
+	T_ASSERT(codec_op_is_admin(IPC_OP_CHECK));
+	T_ASSERT(codec_op_is_admin(IPC_OP_POLICIES));
+	T_ASSERT(codec_op_is_admin(IPC_OP_CONFIG));
 }
 
 /* ------------------------------------------------------------- requests */
@@ -393,17 +393,29 @@ TEST(codec, encode_refuses_bad_fields)
 	T_ERR(codec_rep_encode(IPC_OP_BYE, &r, &buf, &len), KVT_EINVAL);
 	r.err = 0;
 	T_ERR(codec_rep_encode(IPC_OP_NONE, &r, &buf, &len), KVT_EINVAL);
-	r.u.table.n = 1; /* rows NULL */
+	/* An error reply to a request whose op was unreadable still encodes,
+	 * and decodes under any op. */
+	codec_rep_error(&r, KVT_EPROTO, "garbage");
+	T_OK(codec_rep_encode(IPC_OP_NONE, &r, &buf, &len));
+	struct ipc_rep back;
+	char why[128];
+	T_OK(codec_rep_decode(IPC_OP_SYNC, buf, len, &back, why, sizeof(why)));
+	T_EQ(back.err, KVT_EPROTO);
+	T_EQ_STR(back.msg, "garbage");
+	codec_rep_free(&back);
+	free(buf);
+	memset(&r, 0, sizeof(r));
+	r.table.n = 1; /* rows NULL */
 	T_ERR(codec_rep_encode(IPC_OP_STATS, &r, &buf, &len), KVT_EINVAL);
-	r.u.table.n = IPC_MAX_ROWS + 1;
+	r.table.n = IPC_MAX_ROWS + 1;
 	T_ERR(codec_rep_encode(IPC_OP_STATS, &r, &buf, &len), KVT_EINVAL);
 
 	struct ipc_row row;
 	memset(&row, 0, sizeof(row));
 	codec_row_u64(&row, "a", 1);
 	codec_row_u64(&row, "a", 2); /* the decoder refuses duplicates */
-	r.u.table.n = 1;
-	r.u.table.rows = &row;
+	r.table.n = 1;
+	r.table.rows = &row;
 	T_ERR(codec_rep_encode(IPC_OP_STATS, &r, &buf, &len), KVT_EINVAL);
 	row.n = 1;
 	row.vals[0].type = (enum ipc_val_type)9;
@@ -488,11 +500,11 @@ TEST(codec, rep_rows_every_type)
 
 	struct ipc_rep in, out;
 	memset(&in, 0, sizeof(in));
-	in.u.table.n = 3;
-	in.u.table.rows = rows;
+	in.table.n = 3;
+	in.table.rows = rows;
 	rep_roundtrip(IPC_OP_TENANTS, &in, &out);
-	T_EQ(out.u.table.n, 3);
-	const struct ipc_row *r = &out.u.table.rows[0];
+	T_EQ(out.table.n, 3);
+	const struct ipc_row *r = &out.table.rows[0];
 	T_EQ(r->n, 9);
 	const struct ipc_val *v;
 	T_ASSERT((v = codec_row_get(r, "pages_used")) && v->type == IPC_VAL_U64);
@@ -512,22 +524,22 @@ TEST(codec, rep_rows_every_type)
 	T_EQ_STR(v->v.s, "");
 	T_ASSERT((v = codec_row_get(r, "long")) && !strcmp(v->v.s, longv));
 	T_ASSERT(codec_row_get(r, "absent") == NULL);
-	T_EQ(out.u.table.rows[1].n, 0);
-	T_EQ(out.u.table.rows[2].n, IPC_MAX_COLS);
+	T_EQ(out.table.rows[1].n, 0);
+	T_EQ(out.table.rows[2].n, IPC_MAX_COLS);
 	for (uint32_t c = 0; c < IPC_MAX_COLS; c++) {
-		T_EQ_STR(out.u.table.rows[2].vals[c].key, rows[2].vals[c].key);
-		T_EQ(out.u.table.rows[2].vals[c].v.u, c);
+		T_EQ_STR(out.table.rows[2].vals[c].key, rows[2].vals[c].key);
+		T_EQ(out.table.rows[2].vals[c].v.u, c);
 	}
 	T_EQ_STR(out.msg, "");
 	codec_rep_free(&out);
-	T_ASSERT(out.u.table.rows == NULL && out.u.table.n == 0);
+	T_ASSERT(out.table.rows == NULL && out.table.n == 0);
 	codec_rep_free(&out);
 
 	/* No rows at all is a valid table (no tenants registered). */
 	memset(&in, 0, sizeof(in));
 	for (int op = IPC_OP_STATS; op <= IPC_OP_CONFIG; op++) {
 		rep_roundtrip((enum ipc_op)op, &in, &out);
-		T_EQ(out.u.table.n, 0);
+		T_EQ(out.table.n, 0);
 		codec_rep_free(&out);
 	}
 }
@@ -556,7 +568,7 @@ TEST(codec, rep_float32_and_signed_forms)
 	T_OK(codec_rep_decode(IPC_OP_STATS, (uint8_t *)m.sb.data, m.sb.size,
 	                      &r, err, sizeof(err)));
 	mp_free(&m);
-	const struct ipc_row *row = &r.u.table.rows[0];
+	const struct ipc_row *row = &r.table.rows[0];
 	T_EQ(codec_row_get(row, "f")->type, IPC_VAL_F64);
 	T_ASSERT(codec_row_get(row, "f")->v.f == 1.5);
 	T_EQ(codec_row_get(row, "i")->type, IPC_VAL_U64);
@@ -585,7 +597,7 @@ TEST(codec, rep_error_every_op)
 		T_EQ(out.err, KVT_ELAYERS);
 		T_EQ_STR(out.msg, "sync item 0: layer 40 >= 32");
 		T_EQ_U64(out.u.seq, 0);
-		T_EQ(out.u.table.n, 0);
+		T_EQ(out.table.n, 0);
 		codec_rep_free(&out);
 	}
 }
@@ -614,11 +626,11 @@ TEST(codec, rep_error_helper)
 	memset(&row, 0, sizeof(row));
 	codec_row_u64(&row, "x", 1);
 	memset(&r, 0, sizeof(r));
-	r.u.table.n = 1;
-	r.u.table.rows = &row;
+	r.table.n = 1;
+	r.table.rows = &row;
 	rep_roundtrip(IPC_OP_STATS, &r, &out);
 	codec_rep_error(&out, KVT_ESHUTDOWN, "bye");
-	T_ASSERT(out.u.table.rows == NULL);
+	T_ASSERT(out.table.rows == NULL);
 	T_EQ_STR(out.msg, "bye");
 }
 
@@ -881,8 +893,8 @@ TEST(codec, refuse_oversized)
 			codec_row_str(&rows[i], key, val);
 		}
 	memset(&r, 0, sizeof(r));
-	r.u.table.n = nrows;
-	r.u.table.rows = rows;
+	r.table.n = nrows;
+	r.table.rows = rows;
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	T_ERR(codec_rep_encode(IPC_OP_TENANTS, &r, &buf, &len), KVT_ETOOBIG);
@@ -1521,8 +1533,8 @@ TEST_T(codec, mutation_loop, 120)
 	codec_row_str(&rows[1], "name", "abc");
 	struct ipc_rep r;
 	memset(&r, 0, sizeof(r));
-	r.u.table.n = 2;
-	r.u.table.rows = rows;
+	r.table.n = 2;
+	r.table.rows = rows;
 	T_OK(codec_rep_encode(IPC_OP_STATS, &r, &seed[ns], &seedlen[ns]));
 	ns++;
 	memset(&r, 0, sizeof(r));

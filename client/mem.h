@@ -1,0 +1,60 @@
+/*
+ * mem.h — libkvtrim's view of a tenant's shared memory: the read-only table
+ * segment, the read-write staging segment and the pool chunks the daemon
+ * granted, all mapped from descriptors that arrive on the handle channel.
+ *
+ * Internal to client/; not part of the public API.  Not thread-safe (the
+ * owning kvt_client is used from one thread at a time).
+ */
+#ifndef KVT_CLIENT_MEM_H
+#define KVT_CLIENT_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "handle.h"
+#include "shm.h"
+
+struct mem_chunk {
+	void *base;     /* [bytes] read-write mapping, NULL when unmapped */
+	uint64_t bytes; /* length of the mapping */
+};
+
+struct mem {
+	struct shm_geom g;          /* layout the segments must match */
+	void *table;                /* [g.table_bytes] PROT_READ, or NULL */
+	void *stage;                /* [g.stage_bytes] read-write, or NULL */
+	uint32_t max_chunks;        /* slots the quota allows */
+	uint32_t n_chunks;          /* entries allocated in chunks[] */
+	struct mem_chunk *chunks;   /* [n_chunks], grown on demand */
+};
+
+/*
+ * Prepares an empty map for a tenant of geometry g whose quota is
+ * quota_bytes (it bounds the chunk slots the daemon may use:
+ * quota_bytes / KVT_CHUNK_BYTES; 0 means no bound beyond what page ids can
+ * address).  Maps nothing yet.  0 or KVT_EINVAL.
+ */
+int mem_init(struct mem *m, const struct shm_geom *g, uint64_t quota_bytes);
+
+/* Unmaps everything and frees the slot array; safe twice. */
+void mem_fini(struct mem *m);
+
+/*
+ * Applies one handle packet: maps TABLE, STAGE and CHUNK_ADD segments,
+ * unmaps on CHUNK_REVOKE.  Always consumes fd (closes it when >= 0: the
+ * mapping keeps its own reference).  On failure nothing changed except that
+ * a CHUNK_ADD into an occupied slot has unmapped the old chunk, and a reason
+ * is in err.  Returns 0, KVT_EPROTO (packet that breaks the contract) or
+ * KVT_ESYS (mmap failed).
+ */
+int mem_apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
+              size_t errlen);
+
+/* True once both the table and the staging segment are mapped. */
+int mem_ready(const struct mem *m);
+
+/* Base of page id `page` in its chunk; NULL when that chunk is unmapped. */
+void *mem_page(const struct mem *m, uint32_t page);
+
+#endif

@@ -1,0 +1,355 @@
+/*
+ * bench.c — kvtrim-bench: every figure next to its floor, measured in the
+ * same run on the same machine, written as "name value" lines.
+ *
+ *   uds_rtt_p50_us       raw AF_UNIX SOCK_SEQPACKET ping-pong, 64 B, two
+ *                        processes (floor of any local RPC)
+ *   nng_rtt_p50_us       bare nng req0/rep0 over ipc://, 64 B, two processes
+ *                        (floor of the control plane)
+ *   sync_rtt_p50_us/p99  one-sequence decode sync through kvtrimd, streaming
+ *   sync64_us_per_seq    one sync carrying 64 sequences, / 64
+ *   memcpy_gbps          memcpy of the bytes a compaction moves, contiguous
+ *   compact_gbps         plan + move of a 50% random eviction on one long
+ *                        list (bytes of kept entries moved per second)
+ *
+ * Usage: kvtrim-bench --bin-dir build/bin --out build/bench.txt [--quick]
+ */
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compact.h"
+#include "kvtrim.h"
+
+static int quick;
+
+static double now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_d);
+	int i = (int)(p * (n - 1) + 0.5);
+	return v[i];
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "kvtrim-bench: %s\n", what);
+	exit(1);
+}
+
+/* ---------------------------------------------------------- floors */
+
+static double bench_uds(int iters)
+{
+	int sv[2];
+	char buf[64] = {1};
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv))
+		die("socketpair");
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(sv[0]);
+		while (read(sv[1], buf, sizeof(buf)) == sizeof(buf))
+			if (write(sv[1], buf, sizeof(buf)) != sizeof(buf))
+				break;
+		_exit(0);
+	}
+	close(sv[1]);
+	double *t = malloc(sizeof(double) * (size_t)iters);
+	for (int i = 0; i < iters + 1000; i++) {
+		double t0 = now_us();
+		if (write(sv[0], buf, sizeof(buf)) != sizeof(buf) ||
+		    read(sv[0], buf, sizeof(buf)) != sizeof(buf))
+			die("uds ping-pong");
+		if (i >= 1000)
+			t[i - 1000] = now_us() - t0;
+	}
+	close(sv[0]);
+	waitpid(pid, NULL, 0);
+	double p50 = pct(t, iters, 0.5);
+	free(t);
+	return p50;
+}
+
+static double bench_nng(const char *dir, int iters)
+{
+	char url[600];
+	snprintf(url, sizeof(url), "ipc://%s/bench-nng.ipc", dir);
+	pid_t pid = fork();
+	if (pid == 0) {
+		nng_socket s;
+		nng_msg *m;
+		if (nng_rep0_open(&s) || nng_listen(s, url, NULL, 0))
+			_exit(1);
+		while (nng_recvmsg(s, &m, 0) == 0)
+			if (nng_sendmsg(s, m, 0))
+				break;
+		_exit(0);
+	}
+	nng_socket s;
+	nng_msg *m;
+	if (nng_req0_open(&s))
+		die("nng_req0_open");
+	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	int rv = -1;
+	for (int i = 0; i < 200 && rv; i++) {
+		rv = nng_dial(s, url, NULL, 0);
+		if (rv)
+			usleep(10000);
+	}
+	if (rv)
+		die("nng dial");
+	double *t = malloc(sizeof(double) * (size_t)iters);
+	for (int i = 0; i < iters + 1000; i++) {
+		double t0 = now_us();
+		if (nng_msg_alloc(&m, 64) || nng_sendmsg(s, m, 0) ||
+		    nng_recvmsg(s, &m, 0))
+			die("nng ping-pong");
+		nng_msg_free(m);
+		if (i >= 1000)
+			t[i - 1000] = now_us() - t0;
+	}
+	nng_close(s);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	double p50 = pct(t, iters, 0.5);
+	free(t);
+	return p50;
+}
+
+/* ---------------------------------------------------------- daemon */
+
+static pid_t start_daemon(const char *bin_dir, const char *dir)
+{
+	char bin[600], ctl[600];
+	snprintf(bin, sizeof(bin), "%s/kvtrimd", bin_dir);
+	snprintf(ctl, sizeof(ctl), "%s/ctl.ipc", dir);
+	pid_t pid = fork();
+	if (pid == 0) {
+		execl(bin, bin, "--runtime-dir", dir, "--backend", "cpu",
+		      "--pool-size", "1G", "--log-level", "warning", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 500; i++) {
+		struct stat st;
+		if (!stat(ctl, &st))
+			return pid;
+		usleep(10000);
+	}
+	die("kvtrimd did not start");
+	return -1;
+}
+
+/*
+ * A model the size where control overhead, not KV traffic, dominates:
+ * 4 layers x 2 KV heads of head_dim 64 in f16, 16-entry pages.  The
+ * streaming budget of 256 entries is reached early, so every measured sync
+ * evicts one entry per list and compacts.
+ */
+static kvt_client *bench_client(const char *dir, uint32_t seqs)
+{
+	struct kvt_config c;
+	kvt_client *cl;
+	char err[KVT_ERRTEXT_MAX] = "";
+	memset(&c, 0, sizeof(c));
+	c.runtime_dir = dir;
+	c.tenant = "bench";
+	c.geo = (struct kvt_geometry){4, 8, 2, 64, 512};
+	c.dtype = KVT_DTYPE_F16;
+	c.page_tokens = 16;
+	c.max_seqs = seqs;
+	c.max_tokens = 512;
+	c.headroom = 16;
+	c.policy = "streaming:sinks=4,tokens=256";
+	c.timeout_ms = 5000;
+	int rv = kvt_connect(&c, &cl, err);
+	if (rv) {
+		fprintf(stderr, "kvt_connect: %s: %s\n", kvt_strerror(rv), err);
+		exit(1);
+	}
+	return cl;
+}
+
+static void bench_sync(const char *dir, int iters, double *p50, double *p99)
+{
+	kvt_client *c = bench_client(dir, 1);
+	kvt_seq seq;
+	if (kvt_seq_open(c, &seq))
+		die("seq_open");
+	double *t = malloc(sizeof(double) * (size_t)iters);
+	for (int i = 0; i < iters + 300; i++) {
+		struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
+		double t0 = now_us();
+		if (kvt_sync(c, &it, 1))
+			die("sync");
+		if (i >= 300)
+			t[i - 300] = now_us() - t0;
+	}
+	*p50 = pct(t, iters, 0.5);
+	*p99 = pct(t, iters, 0.99);
+	free(t);
+	kvt_disconnect(c);
+}
+
+static double bench_sync64(const char *dir, int iters)
+{
+	kvt_client *c = bench_client(dir, 64);
+	struct kvt_sync_item it[64];
+	for (int s = 0; s < 64; s++) {
+		if (kvt_seq_open(c, &it[s].seq))
+			die("seq_open");
+		it[s].n_new = 1;
+		it[s].phase = KVT_PHASE_DECODE;
+		it[s].layer_lo = it[s].layer_hi = 0;
+	}
+	double *t = malloc(sizeof(double) * (size_t)iters);
+	for (int i = 0; i < iters + 300; i++) {
+		double t0 = now_us();
+		if (kvt_sync(c, it, 64))
+			die("sync64");
+		if (i >= 300)
+			t[i - 300] = now_us() - t0;
+	}
+	double p50 = pct(t, iters, 0.5) / 64;
+	free(t);
+	kvt_disconnect(c);
+	return p50;
+}
+
+/* ---------------------------------------------------------- compaction */
+
+static void bench_compact(double *memcpy_gbps, double *compact_gbps)
+{
+	/* One list of 256k entries, head_dim 128 f16 (256-byte rows), pages of
+	 * 16 entries: 128 MiB of K+V.  Evict a random half. */
+	const uint32_t P = 16, row = 256, len = quick ? 65536 : 262144;
+	const uint32_t n_pages = len / P;
+	const size_t page_bytes = 2ull * P * row;
+	char *mem = malloc((size_t)n_pages * page_bytes);
+	void **pages = malloc(sizeof(void *) * n_pages);
+	uint8_t *drop = malloc(len);
+	uint32_t *moves = malloc(sizeof(uint32_t) * 2 * len);
+	if (!mem || !pages || !drop || !moves)
+		die("out of memory");
+	memset(mem, 7, (size_t)n_pages * page_bytes);
+	/* Pages in shuffled order, like a real pool. */
+	for (uint32_t i = 0; i < n_pages; i++)
+		pages[i] = mem + (size_t)((i * 2654435761u) % n_pages) * page_bytes;
+	uint64_t x = 88172645463325252ull;
+	double best_c = 1e30, best_m = 1e30;
+	uint32_t n_moves = 0, new_len;
+	for (int rep = 0; rep < 5; rep++) {
+		for (uint32_t i = 0; i < len; i++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			drop[i] = x & 1;
+		}
+		double t0 = now_us();
+		n_moves = compact_plan(drop, len, moves, &new_len);
+		compact_cpu(pages, P, row, moves, n_moves);
+		double dt = now_us() - t0;
+		if (dt < best_c)
+			best_c = dt;
+	}
+	size_t moved = (size_t)n_moves * 2 * row;
+	char *src = malloc(moved), *dst = malloc(moved);
+	memset(src, 3, moved);
+	memset(dst, 4, moved);
+	for (int rep = 0; rep < 5; rep++) {
+		double t0 = now_us();
+		memcpy(dst, src, moved);
+		double dt = now_us() - t0;
+		if (dt < best_m)
+			best_m = dt;
+	}
+	if (dst[moved / 2] != 3)
+		die("memcpy check");
+	*memcpy_gbps = moved / best_m / 1e3;
+	*compact_gbps = moved / best_c / 1e3;
+	free(src);
+	free(dst);
+	free(mem);
+	free(pages);
+	free(drop);
+	free(moves);
+}
+
+int main(int argc, char **argv)
+{
+	const char *bin_dir = "build/bin", *out = "build/bench.txt";
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--bin-dir") && i + 1 < argc)
+			bin_dir = argv[++i];
+		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+			out = argv[++i];
+		else if (!strcmp(argv[i], "--quick"))
+			quick = 1;
+		else {
+			fprintf(stderr, "usage: kvtrim-bench [--bin-dir DIR] "
+			        "[--out FILE] [--quick]\n");
+			return 2;
+		}
+	}
+	signal(SIGPIPE, SIG_IGN);
+	char dir[] = "/tmp/kvtrim-bench-XXXXXX";
+	if (!mkdtemp(dir))
+		die("mkdtemp");
+	int iters = quick ? 2000 : 20000;
+
+	double uds = bench_uds(iters);
+	double nng = bench_nng(dir, iters);
+	pid_t d = start_daemon(bin_dir, dir);
+	double p50, p99;
+	bench_sync(dir, iters, &p50, &p99);
+	double s64 = bench_sync64(dir, quick ? 300 : 3000);
+	kill(d, SIGTERM);
+	int st;
+	waitpid(d, &st, 0);
+	double mg, cg;
+	bench_compact(&mg, &cg);
+
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd))
+		fprintf(stderr, "kvtrim-bench: could not remove %s\n", dir);
+
+	FILE *f = fopen(out, "w");
+	if (!f)
+		die("cannot write the output file");
+	FILE *outs[2] = {stdout, f};
+	for (int i = 0; i < 2; i++) {
+		fprintf(outs[i], "uds_rtt_p50_us %.1f\n", uds);
+		fprintf(outs[i], "nng_rtt_p50_us %.1f\n", nng);
+		fprintf(outs[i], "sync_rtt_p50_us %.1f\n", p50);
+		fprintf(outs[i], "sync_rtt_p99_us %.1f\n", p99);
+		fprintf(outs[i], "sync_rtt_vs_nng %.2f\n", p50 / nng);
+		fprintf(outs[i], "sync64_us_per_seq %.2f\n", s64);
+		fprintf(outs[i], "memcpy_gbps %.2f\n", mg);
+		fprintf(outs[i], "compact_gbps %.2f\n", cg);
+		fprintf(outs[i], "compact_vs_memcpy %.2f\n", cg / mg);
+	}
+	fclose(f);
+	return 0;
+}

@@ -1,0 +1,613 @@
+/*
+ * test_daemon.c — integration tests against the real kvtrimd on a scratch
+ * runtime directory: tools, client library, loadgen, bad input, crashes and
+ * shutdown.  Expected values come from the test's own arithmetic.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "daemon.h"
+#include "handle.h"
+#include "kvtrim.h"
+#include "test.h"
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+/* A small model: 2 layers, 4 query heads, 2 KV heads, head_dim 8, f32. */
+static struct kvt_config small_cfg(const struct th_daemon *d, const char *name,
+                                   const char *policy)
+{
+	struct kvt_config c;
+	memset(&c, 0, sizeof(c));
+	c.runtime_dir = d->dir;
+	c.tenant = name;
+	c.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
+	c.dtype = KVT_DTYPE_F32;
+	c.page_tokens = 4;
+	c.max_seqs = 4;
+	c.max_tokens = 64;
+	c.headroom = 4;
+	c.policy = policy;
+	c.timeout_ms = 3000;
+	return c;
+}
+
+/* Writes entry k of every list of seq with floats (tag * 1000 + pos) + dim. */
+static void put_token(kvt_client *c, kvt_seq seq, uint32_t k, float tag,
+                      uint32_t pos)
+{
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < 2; h++) {
+			void *kp, *vp;
+			T_OK(kvt_kv_ptr(c, seq, l, h, k, &kp, &vp));
+			for (int i = 0; i < 8; i++) {
+				((float *)kp)[i] = tag * 1000 + (float)pos +
+				                   (float)(l * 100 + h * 10) +
+				                   (float)i / 16;
+				((float *)vp)[i] = -((float *)kp)[i];
+			}
+		}
+}
+
+TEST(daemon, starts_reports_and_stops_cleanly)
+{
+	struct th_daemon d;
+	char out[8192];
+	th_daemon_start(&d, "64M", NULL);
+	T_EQ_U64(th_stat(&d, "pool_bytes_total"), 64ull << 20);
+	T_EQ_U64(th_stat(&d, "pool_bytes_used"), 0);
+	T_EQ_U64(th_stat(&d, "pool_bytes_free"), 64ull << 20);
+	T_EQ_U64(th_stat(&d, "chunks_total"), 32);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s policies", th_bin("kvtrimctl")), 0);
+	T_ASSERT(strstr(out, "streaming"));
+	T_EQ(th_daemon_stop(&d), 0);
+	struct stat st;
+	char path[600];
+	snprintf(path, sizeof(path), "%s/ctl.ipc", d.dir);
+	T_ASSERT(stat(path, &st) != 0);
+	snprintf(path, sizeof(path), "%s/fd.sock", d.dir);
+	T_ASSERT(stat(path, &st) != 0);
+}
+
+TEST(daemon, list_policies_and_bad_options)
+{
+	char out[4096];
+	T_EQ(th_sh(NULL, out, sizeof(out), "%s --list-policies",
+	           th_bin("kvtrimd")), 0);
+	T_ASSERT(strstr(out, "full\n"));
+	T_ASSERT(strstr(out, "streaming\n"));
+	T_EQ(th_sh(NULL, out, sizeof(out), "%s --pool-size 12Q",
+	           th_bin("kvtrimd")), 2);
+	T_ASSERT(strstr(out, "pool_size"));
+	T_EQ(th_sh(NULL, out, sizeof(out), "%s --no-such-option 1",
+	           th_bin("kvtrimd")), 2);
+	T_EQ(th_sh(NULL, out, sizeof(out), "%s --backend cuda --runtime-dir %s/x",
+	           th_bin("kvtrimd"), th_tmpdir()), 1);
+	T_ASSERT(strstr(out, "cuda"));
+}
+
+TEST(daemon, socket_modes_are_restrictive)
+{
+	struct th_daemon d;
+	struct stat st;
+	char path[600];
+	th_daemon_start(&d, "8M", NULL);
+	snprintf(path, sizeof(path), "%s/fd.sock", d.dir);
+	T_EQ(stat(path, &st), 0);
+	T_EQ(st.st_mode & 0777, 0660);
+	snprintf(path, sizeof(path), "%s/ctl.ipc", d.dir);
+	T_EQ(stat(path, &st), 0);
+	T_EQ(st.st_mode & 0777, 0660);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(client, full_policy_keeps_every_entry_bit_exact)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = small_cfg(&d, "full-a", "full");
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	/* 10 tokens: a sync of 3, then 7 single-token syncs. */
+	for (uint32_t k = 0; k < 3; k++)
+		put_token(c, seq, k, 1, k);
+	struct kvt_sync_item it = {seq, 3, KVT_PHASE_PREFILL, 0, 0};
+	T_OK(kvt_sync(c, &it, 1));
+	for (uint32_t p = 3; p < 10; p++) {
+		put_token(c, seq, 0, 1, p);
+		it = (struct kvt_sync_item){seq, 1, KVT_PHASE_DECODE, 0, 0};
+		T_OK(kvt_sync(c, &it, 1));
+	}
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < 2; h++) {
+			struct kvt_list v;
+			T_OK(kvt_list_get(c, seq, l, h, &v));
+			T_EQ(v.len, 10);
+			/* ceil((10 + headroom 4) / 4) = 4 pages */
+			T_EQ(v.n_pages, 4);
+			unsigned seen = 0;
+			for (uint32_t e = 0; e < v.len; e++) {
+				float *pg = kvt_page_ptr(c, v.pages[e / 4]);
+				T_ASSERT(pg);
+				float *k = pg + (e % 4) * 8;
+				float *vv = pg + (4 + e % 4) * 8;
+				float base = k[0] - (float)(l * 100 + h * 10) - 1000;
+				uint32_t pos = (uint32_t)base;
+				T_ASSERT(pos < 10 && (float)pos == base);
+				seen |= 1u << pos;
+				for (int i = 0; i < 8; i++) {
+					T_ASSERT(k[i] == 1000 + (float)pos +
+					                 (float)(l * 100 + h * 10) +
+					                 (float)i / 16);
+					T_ASSERT(vv[i] == -k[i]);
+				}
+			}
+			T_EQ(seen, 0x3ff);
+		}
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.entries_kept, 40);
+	T_EQ_U64(ts.entries_appended, 40);
+	T_EQ_U64(ts.entries_evicted, 0);
+	T_EQ_U64(ts.pages_used, 16);
+	T_EQ_U64(ts.sequences, 1);
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_OK(kvt_seq_close(c, seq));
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.pages_used, 0);
+	kvt_disconnect(c);
+	sleep_ms(100);
+	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(client, streaming_keeps_sinks_and_recent_window)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = small_cfg(&d, "stream", "streaming:sinks=2,tokens=6");
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	for (uint32_t p = 0; p < 20; p++) {
+		put_token(c, seq, 0, 2, p);
+		struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
+		T_OK(kvt_sync(c, &it, 1));
+	}
+	/* 20 seen, budget 6, sinks 2: keep {0, 1} and {16, 17, 18, 19}. */
+	struct kvt_list v;
+	T_OK(kvt_list_get(c, seq, 1, 1, &v));
+	T_EQ(v.len, 6);
+	T_EQ(v.n_pages, 3); /* ceil((6 + 4) / 4) */
+	unsigned seen = 0;
+	for (uint32_t e = 0; e < v.len; e++) {
+		float *k = (float *)kvt_page_ptr(c, v.pages[e / 4]) + (e % 4) * 8;
+		uint32_t pos = (uint32_t)(k[0] - 2000 - 110);
+		seen |= 1u << pos;
+		T_ASSERT(k[7] == 2000 + (float)pos + 110 + 7.0f / 16);
+	}
+	T_EQ(seen, (1u << 0) | (1u << 1) | (0xfu << 16));
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.entries_evicted, 4 * 14);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST_T(loadgen, verify_full_and_streaming_many_tenants, 120)
+{
+	struct th_daemon d;
+	char out[8192];
+	th_daemon_start(&d, "128M", NULL);
+	int rc = th_sh(&d, out, sizeof(out),
+	               "%s --runtime-dir %s --clients 3 --seqs 4 --steps 150 "
+	               "--policy full --verify --name lf",
+	               th_bin("kvtrim-loadgen"), d.dir);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "loadgen full: %d\n%s", rc, out);
+	T_ASSERT(strstr(out, "mismatches=0"));
+	rc = th_sh(&d, out, sizeof(out),
+	           "%s --runtime-dir %s --clients 3 --seqs 4 --steps 200 "
+	           "--policy streaming:sinks=4,tokens=40 --sync-every 5 "
+	           "--dtype f16 --verify --name ls",
+	           th_bin("kvtrim-loadgen"), d.dir);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "loadgen streaming: %d\n%s", rc, out);
+	T_ASSERT(strstr(out, "mismatches=0"));
+	rc = th_sh(&d, out, sizeof(out),
+	           "%s --runtime-dir %s --clients 2 --seqs 3 --steps 120 "
+	           "--policy streaming:ratio=0.5 --sync-every 3 --dtype bf16 "
+	           "--page-tokens 8 --verify --name lr",
+	           th_bin("kvtrim-loadgen"), d.dir);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "loadgen ratio: %d\n%s", rc, out);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* ---------------------------------------------------------- bad input */
+
+static int raw_error(const struct th_daemon *d, const void *buf, size_t len,
+                     char *msg)
+{
+	uint8_t *rep;
+	size_t rl;
+	struct ipc_rep r;
+	char why[256];
+	T_OK(th_raw_req(d, buf, len, &rep, &rl));
+	/* Error replies decode the same whatever the op. */
+	T_OK(codec_rep_decode(IPC_OP_STATS, rep, rl, &r, why, sizeof(why)));
+	free(rep);
+	if (msg)
+		snprintf(msg, KVT_ERRTEXT_MAX, "%s", r.msg);
+	int e = r.err;
+	codec_rep_free(&r);
+	return e;
+}
+
+/* One request on a raw connection (sock 0: a fresh one for this call). */
+static int raw_req_on(const struct th_daemon *d, uint32_t sock,
+                      const struct ipc_req *q, struct ipc_rep *r)
+{
+	uint8_t *buf, *rep;
+	size_t len, rl;
+	char why[256];
+	T_OK(codec_req_encode(q, &buf, &len));
+	if (sock)
+		T_OK(th_raw_call(sock, buf, len, &rep, &rl));
+	else
+		T_OK(th_raw_req(d, buf, len, &rep, &rl));
+	free(buf);
+	T_OK(codec_rep_decode(q->op, rep, rl, r, why, sizeof(why)));
+	free(rep);
+	return r->err;
+}
+
+TEST(badinput, garbage_truncated_oversized_unknown_version)
+{
+	struct th_daemon d;
+	char msg[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "16M", NULL);
+
+	T_EQ(raw_error(&d, "\xc1\xc1garbage", 9, msg), KVT_EPROTO);
+	T_ASSERT(msg[0]);
+	T_EQ(raw_error(&d, "", 0, NULL), KVT_EPROTO);
+
+	struct ipc_req q;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = IPC_OP_STATS;
+	uint8_t *buf;
+	size_t len;
+	T_OK(codec_req_encode(&q, &buf, &len));
+	for (size_t cut = 1; cut < len; cut++)
+		T_EQ(raw_error(&d, buf, cut, NULL), KVT_EPROTO);
+	free(buf);
+
+	size_t big = IPC_MAX_MSG + 16;
+	uint8_t *huge = calloc(1, big);
+	T_EQ(raw_error(&d, huge, big, NULL), KVT_ETOOBIG);
+	free(huge);
+
+	/* {"v": 99, "op": "stats"} */
+	const uint8_t v99[] = {0x82, 0xa1, 'v', 99, 0xa2, 'o', 'p',
+	                       0xa5, 's', 't', 'a', 't', 's'};
+	T_EQ(raw_error(&d, v99, sizeof(v99), msg), KVT_EVERSION);
+	/* {"v": 1, "op": "launch"} */
+	const uint8_t unk[] = {0x82, 0xa1, 'v', 1, 0xa2, 'o', 'p',
+	                       0xa6, 'l', 'a', 'u', 'n', 'c', 'h'};
+	T_EQ(raw_error(&d, unk, sizeof(unk), msg), KVT_EUNKNOWNOP);
+
+	/* The daemon still serves: stats answer, errors were counted. */
+	T_EQ_U64(th_stat(&d, "tenants"), 0);
+	T_ASSERT(th_stat(&d, "errors_total") >= 5);
+	T_ASSERT(th_daemon_alive(&d));
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+static int raw_req(const struct th_daemon *d, const struct ipc_req *q,
+                   struct ipc_rep *r)
+{
+	return raw_req_on(d, 0, q, r);
+}
+
+/* A tenant registered by hand: handle channel + raw hello on its own
+ * persistent control connection. */
+static struct kvt_geometry raw_geo = {2, 4, 2, 8, 32};
+
+struct raw_tenant {
+	int hfd;
+	uint32_t sock;
+	uint32_t id;
+	uint64_t token;
+};
+
+#define RT_REQ(rt, q, rep) raw_req_on(&d, (rt)->sock, (q), (rep))
+
+static void raw_hello(const struct th_daemon *d, struct raw_tenant *rt,
+                      struct ipc_rep *rep, const char *policy, uint64_t quota,
+                      int expect)
+{
+	char path[600];
+	struct handle_msg m;
+	int fd;
+	snprintf(path, sizeof(path), "%s/fd.sock", d->dir);
+	T_OK(handle_connect(path, &rt->hfd));
+	T_OK(handle_recv(rt->hfd, &m, &fd, 2000));
+	T_EQ(m.type, HANDLE_WELCOME);
+	struct ipc_req q;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = IPC_OP_HELLO;
+	snprintf(q.u.hello.name, sizeof(q.u.hello.name), "raw");
+	q.u.hello.geo = raw_geo;
+	q.u.hello.page_tokens = 4;
+	q.u.hello.max_seqs = 2;
+	q.u.hello.max_tokens = 32;
+	q.u.hello.headroom = 4;
+	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "%s", policy);
+	q.u.hello.quota_bytes = quota;
+	q.u.hello.cookie = m.cookie;
+	q.u.hello.pid = (uint32_t)getpid();
+	rt->sock = th_raw_conn(d);
+	T_EQ(raw_req_on(d, rt->sock, &q, rep), expect);
+	if (!expect) {
+		rt->id = rep->u.hello.tenant;
+		rt->token = rep->u.hello.token;
+	}
+}
+
+static struct ipc_req tq(const struct raw_tenant *rt, enum ipc_op op)
+{
+	struct ipc_req q;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = op;
+	q.tenant = rt->id;
+	q.token = rt->token;
+	return q;
+}
+
+TEST(badinput, registration_refusals_change_nothing)
+{
+	struct th_daemon d;
+	struct raw_tenant rt;
+	struct ipc_rep rep;
+	th_daemon_start(&d, "16M", NULL);
+	raw_hello(&d, &rt, &rep, "nonsense:x=1", 0, KVT_EPOLICY);
+	T_ASSERT(strstr(rep.msg, "nonsense"));
+	codec_rep_free(&rep);
+	close(rt.hfd);
+	th_raw_close(rt.sock);
+	raw_hello(&d, &rt, &rep, "streaming:tokens=abc", 0, KVT_EPOLICY);
+	codec_rep_free(&rep);
+	close(rt.hfd);
+	th_raw_close(rt.sock);
+	raw_hello(&d, &rt, &rep, "full", 32ull << 20, KVT_EQUOTA);
+	codec_rep_free(&rep);
+	close(rt.hfd);
+	th_raw_close(rt.sock);
+	/* A cookie nobody was given. */
+	struct ipc_req q;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = IPC_OP_HELLO;
+	q.u.hello.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
+	q.u.hello.cookie = 12345;
+	T_EQ(raw_req(&d, &q, &rep), KVT_ENOTENANT);
+	codec_rep_free(&rep);
+	/* Bad geometry: 5 query heads over 2 KV heads. */
+	raw_geo.n_heads = 5;
+	raw_hello(&d, &rt, &rep, "full", 0, KVT_EGEOMETRY);
+	T_ASSERT(strstr(rep.msg, "n_heads"));
+	codec_rep_free(&rep);
+	close(rt.hfd);
+	th_raw_close(rt.sock);
+	T_EQ_U64(th_stat(&d, "tenants"), 0);
+	raw_geo.n_heads = 4;
+	raw_hello(&d, &rt, &rep, "full", 0, 0);
+	codec_rep_free(&rep);
+	T_EQ_U64(th_stat(&d, "tenants"), 1);
+	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	close(rt.hfd);
+	th_raw_close(rt.sock);
+	sleep_ms(200);
+	T_EQ_U64(th_stat(&d, "tenants"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(badinput, sync_refusals_change_nothing)
+{
+	struct th_daemon d;
+	struct raw_tenant rt, other;
+	struct ipc_rep rep;
+	struct ipc_req q;
+	char out[4096];
+	th_daemon_start(&d, "16M", NULL);
+	raw_hello(&d, &rt, &rep, "full", 0, 0);
+	codec_rep_free(&rep);
+
+	q = tq(&rt, IPC_OP_SEQ_OPEN);
+	T_OK(RT_REQ(&rt, &q, &rep));
+	uint64_t seq = rep.u.seq;
+	codec_rep_free(&rep);
+
+	struct ipc_sync_item it = {seq, 0, 2, KVT_PHASE_PREFILL, 0, 0};
+	q = tq(&rt, IPC_OP_SYNC);
+	q.u.sync.n = 1;
+	q.u.sync.items = &it;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	codec_rep_free(&rep);
+	uint64_t appended = th_stat(&d, "entries_appended_total");
+	T_EQ_U64(appended, 2 * 2 * 2);
+
+	/* The same sync again (counter 0): a resend must not commit twice. */
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ESTALE);
+	codec_rep_free(&rep);
+	it.counter = 1;
+	it.n_new = 5; /* headroom 4 */
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_EHEADROOM);
+	codec_rep_free(&rep);
+	it.n_new = 1;
+	it.layer_lo = 1;
+	it.layer_hi = 3;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ELAYERS);
+	codec_rep_free(&rep);
+	it.layer_lo = 1;
+	it.layer_hi = 1;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ELAYERS);
+	codec_rep_free(&rep);
+	it.layer_lo = 0;
+	it.layer_hi = 0;
+	it.seq = seq ^ (1ull << 32); /* right slot, wrong generation */
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	it.seq = 77;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	/* Two items of the same sequence, the first valid: nothing applies. */
+	struct ipc_sync_item two[2] = {{seq, 1, 1, 1, 0, 0}, {seq, 1, 1, 1, 0, 0}};
+	q.u.sync.n = 2;
+	q.u.sync.items = two;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_EINVAL);
+	codec_rep_free(&rep);
+	/* Wrong token. */
+	q = tq(&rt, IPC_OP_SEQ_OPEN);
+	q.token ^= 1;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ENOTENANT);
+	codec_rep_free(&rep);
+
+	/* A second tenant cannot name the first one's sequence. */
+	raw_hello(&d, &other, &rep, "full", 0, 0);
+	codec_rep_free(&rep);
+	struct ipc_sync_item foreign = {seq, 0, 1, 1, 0, 0};
+	q = tq(&other, IPC_OP_SYNC);
+	q.u.sync.n = 1;
+	q.u.sync.items = &foreign;
+	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	q = tq(&other, IPC_OP_SEQ_CLOSE);
+	q.u.seq = seq;
+	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+
+	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
+	T_EQ_U64(th_stat(&d, "entries_kept"), appended);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	/* And the valid next sync still works. */
+	it = (struct ipc_sync_item){seq, 1, 1, KVT_PHASE_DECODE, 0, 0};
+	q = tq(&rt, IPC_OP_SYNC);
+	q.u.sync.n = 1;
+	q.u.sync.items = &it;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	codec_rep_free(&rep);
+	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended + 4);
+	close(rt.hfd);
+	th_raw_close(rt.sock);
+	close(other.hfd);
+	th_raw_close(other.sock);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* ---------------------------------------------------------- faults */
+
+TEST_T(faults, sigkilled_client_pages_return_within_a_second, 120)
+{
+	struct th_daemon d;
+	char out[8192];
+	th_daemon_start(&d, "128M", NULL);
+	/* A healthy tenant that verifies throughout, in the background. */
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd),
+	         "KVTRIM_RUNTIME_DIR=%s %s --runtime-dir %s --clients 2 "
+	         "--seqs 3 --steps 400 --policy streaming:tokens=32 --verify "
+	         "--name healthy > %s/healthy.out 2>&1",
+	         d.dir, th_bin("kvtrim-loadgen"), d.dir, th_tmpdir());
+	pid_t bg = fork();
+	if (bg == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	/* A victim that kills itself mid-run, holding pages. */
+	int rc = th_sh(&d, out, sizeof(out),
+	               "%s --runtime-dir %s --clients 1 --seqs 4 --steps 300 "
+	               "--policy full --kill-after-steps 100 --name victim",
+	               th_bin("kvtrim-loadgen"), d.dir);
+	T_ASSERT(strstr(out, "killed=1"));
+	(void)rc;
+	/* Within one second no tenant named victim holds anything. */
+	int gone = 0;
+	for (int i = 0; i < 20 && !gone; i++) {
+		th_sh(&d, out, sizeof(out), "%s tenants", th_bin("kvtrimctl"));
+		gone = !strstr(out, "victim");
+		if (!gone)
+			sleep_ms(50);
+	}
+	T_ASSERT(gone);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	int st;
+	waitpid(bg, &st, 0);
+	th_sh(NULL, out, sizeof(out), "cat %s/healthy.out", th_tmpdir());
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		th_fail(__FILE__, __LINE__, "healthy loadgen failed:\n%s", out);
+	T_ASSERT(strstr(out, "mismatches=0"));
+	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_ASSERT(th_stat(&d, "tenants_reclaimed_total") >= 1);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(faults, daemon_gone_is_a_typed_error_not_a_hang)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = small_cfg(&d, "orphan", "full");
+	cfg.timeout_ms = 1000;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	T_EQ(th_daemon_stop(&d), 0);
+	struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
+	int rv = kvt_sync(c, &it, 1);
+	T_ASSERT(rv == KVT_ECONN || rv == KVT_ETIMEDOUT || rv == KVT_ESHUTDOWN);
+	kvt_disconnect(c);
+	/* Nothing listens now: connecting fails at once with ECONN. */
+	T_ERR(kvt_connect(&cfg, &c, err), KVT_ECONN);
+}
+
+TEST(faults, sigterm_while_clients_connected_exits_zero)
+{
+	struct th_daemon d;
+	kvt_client *c[3];
+	char err[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "32M", NULL);
+	for (int i = 0; i < 3; i++) {
+		struct kvt_config cfg = small_cfg(&d, "busy", "streaming");
+		kvt_seq seq;
+		T_OK(kvt_connect(&cfg, &c[i], err));
+		T_OK(kvt_seq_open(c[i], &seq));
+	}
+	T_EQ(th_daemon_stop(&d), 0);
+	for (int i = 0; i < 3; i++)
+		kvt_disconnect(c[i]);
+}
