@@ -21,15 +21,15 @@ done
 
 echo "== three engines: streaming (4 procs), streaming ratio (2 procs), full (2 procs)"
 $BIN/kvtrim-loadgen --runtime-dir "$DIR" --clients 4 --seqs 8 --steps 600 \
-	--policy streaming:sinks=4,tokens=128 --sync-every 4 --dtype f16 --verify --name chat &
+	--policy streaming:sinks=4,tokens=128 --sync-every 4 --dtype f16 --step-us 1500 --verify --name chat &
 L1=$!
 $BIN/kvtrim-loadgen --runtime-dir "$DIR" --clients 2 --seqs 4 --steps 600 \
-	--policy streaming:ratio=0.75 --sync-every 8 --dtype bf16 --verify --name summarize &
+	--policy streaming:ratio=0.75 --sync-every 8 --dtype bf16 --step-us 1500 --verify --name summarize &
 L2=$!
 $BIN/kvtrim-loadgen --runtime-dir "$DIR" --clients 2 --seqs 4 --steps 300 \
-	--policy full --verify --name reference &
+	--policy full --step-us 3000 --verify --name reference &
 L3=$!
-sleep 1
+sleep 0.5
 echo "== kvtrimctl tenants (while running)"
 $BIN/kvtrimctl tenants || true
 echo "== kvtrimctl stats (while running)"

@@ -48,6 +48,7 @@ struct opts {
 	const char *name;
 	uint64_t seed, quota;
 	uint32_t kill_after; /* 0: never */
+	uint32_t step_us;    /* pause per step, like an engine's decode step */
 	int verify;
 };
 
@@ -474,6 +475,8 @@ static int engine_run(struct engine *e)
 	for (uint32_t s = 0; s < o->steps; s++) {
 		if (o->kill_after && e->client == 0 && s == o->kill_after)
 			raise(SIGKILL);
+		if (o->step_us)
+			usleep(o->step_us);
 		if ((rc = append_step(e, s, pending)) < 0)
 			break;
 		pending++;
@@ -578,7 +581,7 @@ static void usage(FILE *f)
 	        "         [--kv-heads H] [--head-dim D] [--dtype "
 	        "f32|f16|bf16] [--page-tokens P]\n"
 	        "         [--seed X] [--name PREFIX] [--quota BYTES] "
-	        "[--kill-after-steps N]\n"
+	        "[--kill-after-steps N] [--step-us U]\n"
 	        "\n"
 	        "Forks N synthetic engines (tenants PREFIX-0..N-1); each "
 	        "opens M sequences and\n"
@@ -634,6 +637,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		U32_OPT_("--head-dim", head_dim, 1, 1024),
 		U32_OPT_("--page-tokens", page_tokens, 1, 4096),
 		U32_OPT_("--kill-after-steps", kill_after, 1, 1u << 24),
+		U32_OPT_("--step-us", step_us, 0, 10000000),
 #undef U32_OPT_
 	};
 	for (int i = 1; i < argc; i++) {

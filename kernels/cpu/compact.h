@@ -15,7 +15,7 @@
  * Plans compaction of len entries with drop marks (drop[i] != 0 = evict).
  * Writes moves as pairs (dst, src) into moves [len][2] capacity: dst is a
  * dropped index < new_len, src a kept index >= new_len; pairs are ordered
- * by ascending dst.  Returns the number of moves; *new_len = kept count.
+ * by ascending dst and ascending src.  Returns the number of moves; *new_len = kept count.
  */
 uint32_t compact_plan(const uint8_t *drop, uint32_t len, uint32_t *moves,
                       uint32_t *new_len);

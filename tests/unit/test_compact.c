@@ -45,25 +45,25 @@ TEST(compact, plan_only_tail_dropped)
 
 TEST(compact, plan_holes_at_front)
 {
-	/* kept: 2,3,4,5 -> new_len 4; holes 0,1 take 5,4. */
+	/* kept: 2,3,4,5 -> new_len 4; holes 0,1 take 4,5. */
 	const uint8_t drop[6] = {1, 1, 0, 0, 0, 0};
-	const uint32_t want[] = {0, 5, 1, 4};
+	const uint32_t want[] = {0, 4, 1, 5};
 	expect_plan(drop, 6, 4, want, 2);
 }
 
 TEST(compact, plan_alternating)
 {
-	/* kept: 1,3,5,7 -> new_len 4; holes 0,2 take 7,5. */
+	/* kept: 1,3,5,7 -> new_len 4; holes 0,2 take 5,7. */
 	const uint8_t drop[8] = {1, 0, 1, 0, 1, 0, 1, 0};
-	const uint32_t want[] = {0, 7, 2, 5};
+	const uint32_t want[] = {0, 5, 2, 7};
 	expect_plan(drop, 8, 4, want, 2);
 }
 
 TEST(compact, plan_mixed_tail_skips_dropped)
 {
-	/* kept: 0,2,3,6,8 -> new_len 5; holes 1,4 take 8,6 (7 skipped). */
+	/* kept: 0,2,3,6,8 -> new_len 5; holes 1,4 take 6,8 (7 skipped). */
 	const uint8_t drop[9] = {0, 1, 0, 0, 1, 1, 0, 1, 0};
-	const uint32_t want[] = {1, 8, 4, 6};
+	const uint32_t want[] = {1, 6, 4, 8};
 	expect_plan(drop, 9, 5, want, 2);
 }
 
@@ -124,4 +124,50 @@ TEST(compact, cpu_no_moves_touches_nothing)
 	compact_cpu(pages, 2, 4, NULL, 0);
 	for (size_t i = 0; i < sizeof(page); i++)
 		T_EQ(page[i], 0x5a);
+}
+
+TEST(compact, large_compaction_streams_and_keeps_every_row)
+{
+	/* 32768 entries of 256-byte rows in 16-entry pages, every even entry
+	 * dropped: 8192 moves, 4 MiB moved, which takes the streaming-store
+	 * path.  Every row carries its entry id in all its 32-bit words. */
+	enum { P = 16, ROW = 256, LEN = 32768, NP = LEN / P };
+	uint32_t *mem = malloc((size_t)NP * 2 * P * ROW);
+	void **pages = malloc(sizeof(void *) * NP);
+	uint8_t *drop = malloc(LEN);
+	uint32_t *moves = malloc(sizeof(uint32_t) * 2 * LEN);
+	T_ASSERT(mem && pages && drop && moves);
+	for (uint32_t p = 0; p < NP; p++) /* reversed page order */
+		pages[p] = (char *)mem + (size_t)(NP - 1 - p) * 2 * P * ROW;
+	for (uint32_t e = 0; e < LEN; e++) {
+		uint32_t *k = (uint32_t *)((char *)pages[e / P] + (e % P) * ROW);
+		uint32_t *v = (uint32_t *)((char *)k + P * ROW);
+		for (uint32_t w = 0; w < ROW / 4; w++) {
+			k[w] = e;
+			v[w] = ~e;
+		}
+		drop[e] = e % 2 == 0;
+	}
+	uint32_t new_len;
+	uint32_t n = compact_plan(drop, LEN, moves, &new_len);
+	T_EQ(new_len, LEN / 2);
+	T_EQ(n, LEN / 4); /* even entries below LEN/2 */
+	compact_cpu(pages, P, ROW, moves, n);
+	uint8_t *seen = calloc(LEN, 1);
+	for (uint32_t e = 0; e < new_len; e++) {
+		uint32_t *k = (uint32_t *)((char *)pages[e / P] + (e % P) * ROW);
+		uint32_t *v = (uint32_t *)((char *)k + P * ROW);
+		uint32_t id = k[0];
+		T_ASSERT(id < LEN && id % 2 == 1 && !seen[id]);
+		seen[id] = 1;
+		for (uint32_t w = 0; w < ROW / 4; w++) {
+			T_EQ(k[w], id);
+			T_EQ(v[w], ~id);
+		}
+	}
+	free(seen);
+	free(mem);
+	free(pages);
+	free(drop);
+	free(moves);
 }
