@@ -73,8 +73,8 @@ struct kvt_client {
 
 	nng_socket sock;
 	int sock_open;
-	int recv_fd;     /* NNG_OPT_RECVFD of sock: readable when a reply
-	                    waits in the socket's default context */
+	nng_aio *raio;   /* receives the reply of a blocking call */
+	int gone;        /* the control pipe closed (set on an nng thread) */
 	int hfd;         /* handle channel, -1 when closed */
 	int dead;        /* the handle channel hung up: daemon gone */
 	int registered;  /* hello accepted: tenant and token are valid */
@@ -199,59 +199,58 @@ static int drain(kvt_client *c)
 /*
  * Notices a daemon that died since the last call before a request is sent:
  * nng would wait the whole send timeout for a pipe that never comes back.
- * Packets queued meanwhile are applied on the way (that is harmless: they
- * are in order).
+ * The pipe callback has told us already; no system call needed.
  */
 static int alive(kvt_client *c)
 {
-	if (!c->dead && c->mem_live)
-		drain(c);
+	if (__atomic_load_n(&c->gone, __ATOMIC_ACQUIRE))
+		c->dead = 1;
 	if (c->dead)
 		set_err(c, "connection to kvtrimd lost");
 	return !c->dead;
 }
 
 /*
- * Waits until the socket's default context holds a reply, or the deadline
- * passes.  Queued handle packets are applied as they arrive once the
- * segments are mapped; before that (during hello) only a hang-up is watched.
+ * Runs on an nng thread when the control pipe to the daemon closes (the
+ * daemon exited or died): fails every wait at once instead of letting it
+ * run into its timeout.  The socket would dial a restarted daemon again,
+ * but this tenant is gone with the old one, so the client stays dead.
  */
-static int wait_reply(kvt_client *c, int timeout_ms)
+static void pipe_gone_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-	int64_t deadline = now_ms() + timeout_ms;
-	for (;;) {
-		struct pollfd p[2] = {
-			{ .fd = c->recv_fd, .events = POLLIN },
-			{ .fd = c->dead ? -1 : c->hfd,
-			  .events = c->mem_live ? POLLIN : 0 },
-		};
-		int n = poll(p, 2, left_ms(deadline));
-		if (n < 0 && errno != EINTR)
-			return KVT_ESYS;
-		if (n <= 0) {
-			/* EINTR or a wake-up on time: the deadline holds. */
-			if (left_ms(deadline) == 0)
-				return c->dead ? KVT_ECONN : KVT_ETIMEDOUT;
-			continue;
-		}
-		if (p[0].revents & POLLIN)
-			return 0;
-		if (p[0].revents & POLLNVAL)
-			return KVT_ESYS;
-		if (p[1].revents) {
-			int rc = c->mem_live ? drain(c) : 0;
-			if ((!c->mem_live || (p[1].revents & POLLNVAL)) &&
-			    (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
-				rc = KVT_ECONN;
-				c->dead = 1;
-			}
-			if (rc == KVT_ECONN) {
-				int64_t grace = now_ms() + CLIENT_HUP_GRACE_MS;
-				if (grace < deadline)
-					deadline = grace;
-			}
-		}
+	kvt_client *c = arg;
+	(void)p;
+	(void)ev;
+	__atomic_store_n(&c->gone, 1, __ATOMIC_RELEASE);
+	nng_aio_cancel(c->raio);
+	for (int i = 0; i < CLIENT_MAX_TICKETS; i++) {
+		nng_aio *a = __atomic_load_n(&c->tickets[i].aio, __ATOMIC_ACQUIRE);
+		if (a)
+			nng_aio_cancel(a);
 	}
+}
+
+/*
+ * Waits for the reply in the socket's default context.  A blocking aio wait
+ * wakes on a condition variable, which costs far less than polling nng's
+ * notification descriptor; the pipe callback above cancels it when the
+ * daemon goes away.
+ */
+static int wait_reply(kvt_client *c, int timeout_ms, nng_msg **msg)
+{
+	nng_aio_set_timeout(c->raio, timeout_ms);
+	nng_recv_aio(c->sock, c->raio);
+	nng_aio_wait(c->raio);
+	int rv = nng_aio_result(c->raio);
+	if (rv == 0) {
+		*msg = nng_aio_get_msg(c->raio);
+		return 0;
+	}
+	if (rv == NNG_ECANCELED || __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE)) {
+		c->dead = 1;
+		return KVT_ECONN;
+	}
+	return from_nng(rv);
 }
 
 /*
@@ -288,16 +287,11 @@ static int rpc(kvt_client *c, const struct ipc_req *req, struct ipc_rep *rep,
 		        nng_strerror(rv));
 		return rc;
 	}
-	if ((rc = wait_reply(c, timeout_ms)) < 0) {
+	if ((rc = wait_reply(c, timeout_ms, &msg)) < 0) {
 		set_err(c, "%s: %s", codec_op_name(req->op),
 		        rc == KVT_ECONN ? "kvtrimd closed the connection"
 		                        : "no reply from kvtrimd in time");
 		return rc;
-	}
-	if ((rv = nng_recvmsg(c->sock, &msg, NNG_FLAG_NONBLOCK)) != 0) {
-		set_err(c, "receiving %s reply: %s", codec_op_name(req->op),
-		        nng_strerror(rv));
-		return from_nng(rv);
 	}
 	char why[KVT_ERRTEXT_MAX - 32];
 	rc = codec_rep_decode(req->op, nng_msg_body(msg), nng_msg_len(msg), rep,
@@ -373,7 +367,9 @@ static void destroy(kvt_client *c)
 		free(t->seqs);
 	}
 	if (c->sock_open)
-		nng_close(c->sock);
+		nng_close(c->sock); /* returns after the pipe callbacks ran */
+	if (c->raio)
+		nng_aio_free(c->raio);
 	if (c->hfd >= 0)
 		close(c->hfd);
 	mem_fini(&c->mem);
@@ -461,7 +457,9 @@ static int open_socket(kvt_client *c)
 	                            c->cfg.timeout_ms)) ||
 	    (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ,
 	                              IPC_MAX_MSG)) ||
-	    (rv = nng_socket_get_int(c->sock, NNG_OPT_RECVFD, &c->recv_fd))) {
+	    (rv = nng_aio_alloc(&c->raio, NULL, NULL)) ||
+	    (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, pipe_gone_cb,
+	                          c))) {
 		set_err(c, "nng socket options: %s", nng_strerror(rv));
 		return from_nng(rv);
 	}
@@ -546,7 +544,6 @@ int kvt_connect(const struct kvt_config *cfg, kvt_client **out, char *errtext)
 		return KVT_ENOMEM;
 	}
 	c->hfd = -1;
-	c->recv_fd = -1;
 
 	int rc = 0;
 	c->cfg = *cfg;

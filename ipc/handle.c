@@ -238,15 +238,23 @@ int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
 		mh.msg_iovlen = 1;
 		mh.msg_control = ctl.buf;
 		mh.msg_controllen = sizeof(ctl.buf);
-		if ((rc = wait_readable(sock, timeout_ms, deadline)))
+		/* A poll (timeout 0) is one non-blocking recvmsg: it runs after
+		 * every reply on the client's hot path. */
+		if (timeout_ms != 0 &&
+		    (rc = wait_readable(sock, timeout_ms, deadline)))
 			return rc;
 		/* MSG_DONTWAIT: poll said readable, but never block if another
 		 * reader took the packet meanwhile; just wait again. */
 		n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 		if (n >= 0)
 			break;
-		if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+		if (errno == EINTR)
 			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			if (timeout_ms == 0)
+				return KVT_ETIMEDOUT;
+			continue;
+		}
 		if (errno == ECONNRESET || errno == ENOTCONN)
 			return KVT_ECONN;
 		return KVT_ESYS;
