@@ -76,7 +76,7 @@ TESTS   := $(B)/bin/kvtrim-tests
 
 ALL := $(LIB_SO) $(LIB_A) $(LIB_PC) $(DAEMON) $(CTL) $(LOADGEN) $(BENCH) $(TESTS)
 
-.PHONY: all test check bench demo deps install clean banner
+.PHONY: all test check bench demo deps install clean banner FORCE
 all: banner $(ALL)
 
 banner:
@@ -98,9 +98,13 @@ $(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ)
 	@$(if $(Q),echo "  AR    $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(LIB_PC): Makefile
+# The prefix is baked in, so the file is rewritten whenever PREFIX changes.
+PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: -lnng -lmsgpackc -lpthread\nCflags: -I$${includedir}\n
+$(LIB_PC): FORCE
 	@mkdir -p $(dir $@)
-	@printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: -lnng -lmsgpackc -lpthread\nCflags: -I$${includedir}\n' '$(PREFIX)' > $@
+	@printf '$(PC_TEXT)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+FORCE:
 
 $(DAEMON): $(B)/obj/daemon/main.o $(CORE_OBJ) $(IPC_OBJ) $(ERR_OBJ)
 	@mkdir -p $(dir $@)

@@ -31,6 +31,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "codec.h"
+#include "rundir.h"
 #include "handle.h"
 #include "mem.h"
 #include "shm.h"
@@ -338,19 +339,6 @@ static int list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
 
 /* ---------------------------------------------------------------- session */
 
-static void resolve_dir(const struct kvt_config *cfg, char *dir, size_t len)
-{
-	const char *e;
-	if (cfg->runtime_dir && cfg->runtime_dir[0])
-		snprintf(dir, len, "%s", cfg->runtime_dir);
-	else if ((e = getenv("KVTRIM_RUNTIME_DIR")) && e[0])
-		snprintf(dir, len, "%s", e);
-	else if ((e = getenv("XDG_RUNTIME_DIR")) && e[0])
-		snprintf(dir, len, "%s/kvtrim", e);
-	else
-		snprintf(dir, len, "/run/kvtrimd");
-}
-
 /* Releases everything without talking to the daemon. */
 static void destroy(kvt_client *c)
 {
@@ -558,7 +546,7 @@ int kvt_connect(const struct kvt_config *cfg, kvt_client **out, char *errtext)
 		rc = KVT_EPOLICY;
 	}
 	if (rc == 0) {
-		resolve_dir(cfg, c->dir, sizeof(c->dir));
+		rundir_resolve(cfg->runtime_dir, c->dir, sizeof(c->dir));
 		if (cfg->tenant && cfg->tenant[0])
 			snprintf(c->name, sizeof(c->name), "%s", cfg->tenant);
 		else

@@ -12,6 +12,7 @@
 #include "kvtrim.h"
 #include "log.h"
 #include "policy.h"
+#include "rundir.h"
 #include "server.h"
 
 static void usage(FILE *f)
@@ -98,16 +99,9 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!cfg.runtime_dir[0]) {
-		const char *env = getenv("KVTRIM_RUNTIME_DIR");
-		const char *xdg = getenv("XDG_RUNTIME_DIR");
-		if (env && *env)
-			snprintf(cfg.runtime_dir, sizeof(cfg.runtime_dir), "%s", env);
-		else if (xdg && *xdg)
-			snprintf(cfg.runtime_dir, sizeof(cfg.runtime_dir),
-			         "%s/kvtrim", xdg);
-		else
-			snprintf(cfg.runtime_dir, sizeof(cfg.runtime_dir),
-			         "/run/kvtrimd");
+		char dir[sizeof(cfg.runtime_dir)];
+		rundir_resolve(NULL, dir, sizeof(dir));
+		memcpy(cfg.runtime_dir, dir, sizeof(dir));
 	}
 	if (config_validate(&cfg, err, sizeof(err))) {
 		fprintf(stderr, "kvtrimd: %s\n", err);

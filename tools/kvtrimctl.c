@@ -20,6 +20,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "codec.h"
+#include "rundir.h"
 #include "kvtrim.h"
 
 #define CTL_DEF_TIMEOUT_MS 5000
@@ -61,19 +62,6 @@ static void usage(FILE *f)
 	        "\n"
 	        "exit status: 0 ok, 1 check found violations, 2 error\n",
 	        CTL_DEF_TIMEOUT_MS);
-}
-
-static void resolve_dir(const char *opt, char *dir, size_t len)
-{
-	const char *e;
-	if (opt && opt[0])
-		snprintf(dir, len, "%s", opt);
-	else if ((e = getenv("KVTRIM_RUNTIME_DIR")) && e[0])
-		snprintf(dir, len, "%s", e);
-	else if ((e = getenv("XDG_RUNTIME_DIR")) && e[0])
-		snprintf(dir, len, "%s/kvtrim", e);
-	else
-		snprintf(dir, len, "/run/kvtrimd");
 }
 
 static int ctl_open(struct ctl *c)
@@ -483,7 +471,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	resolve_dir(dir, c.dir, sizeof(c.dir));
+	rundir_resolve(dir, c.dir, sizeof(c.dir));
 	if (ctl_open(&c) < 0)
 		return 2;
 	int rc;

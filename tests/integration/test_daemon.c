@@ -611,3 +611,60 @@ TEST(faults, sigterm_while_clients_connected_exits_zero)
 	for (int i = 0; i < 3; i++)
 		kvt_disconnect(c[i]);
 }
+
+TEST_T(badinput, garbage_flood_while_others_verify, 120)
+{
+	struct th_daemon d;
+	char out[8192], cmd[1024];
+	th_daemon_start(&d, "64M", NULL);
+	snprintf(cmd, sizeof(cmd),
+	         "%s --runtime-dir %s --clients 2 --seqs 3 --steps 300 "
+	         "--policy streaming:tokens=24 --step-us 300 --verify "
+	         "--name steady > %s/steady.out 2>&1",
+	         th_bin("kvtrim-loadgen"), d.dir, th_tmpdir());
+	pid_t bg = fork();
+	if (bg == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	/* 300 random messages of 1..600 bytes, some starting like a valid
+	 * request, each on its own connection, while the engines run. */
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	uint8_t buf[600];
+	const uint8_t head[] = {0x84, 0xa1, 'v', 1, 0xa2, 'o', 'p', 0xa4,
+	                        's', 'y', 'n', 'c'};
+	int refused = 0;
+	for (int i = 0; i < 300; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		size_t len = 1 + x % sizeof(buf);
+		for (size_t j = 0; j < len; j++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			buf[j] = (uint8_t)x;
+		}
+		if (i % 2 && len > sizeof(head))
+			memcpy(buf, head, sizeof(head));
+		uint8_t *rep;
+		size_t rl;
+		struct ipc_rep r;
+		char why[256];
+		T_OK(th_raw_req(&d, buf, len, &rep, &rl));
+		T_OK(codec_rep_decode(IPC_OP_STATS, rep, rl, &r, why, sizeof(why)));
+		refused += r.err < 0;
+		codec_rep_free(&r);
+		free(rep);
+	}
+	T_EQ(refused, 300);
+	int st;
+	waitpid(bg, &st, 0);
+	th_sh(NULL, out, sizeof(out), "cat %s/steady.out", th_tmpdir());
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		th_fail(__FILE__, __LINE__, "engines failed:\n%s", out);
+	T_ASSERT(strstr(out, "mismatches=0"));
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_ASSERT(th_stat(&d, "errors_total") >= 300);
+	T_EQ(th_daemon_stop(&d), 0);
+}
