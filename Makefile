@@ -28,14 +28,17 @@ Q := @
 endif
 
 WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
+# CFLAGS and LDFLAGS are the user's (make CFLAGS="-O2 -g -Werror" keeps
+# every project flag); the project's own go into KVT_CFLAGS / KVT_LDFLAGS.
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
-           -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
-           -Itests/harness
+KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
+              -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
+              -Itests/harness
+KVT_LDFLAGS :=
 LDLIBS  := -lnng -lmsgpackc -luv -lpthread -lm
 ifneq ($(SANITIZER),)
-CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer
-LDFLAGS += -fsanitize=$(SANITIZER)
+KVT_CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer
+KVT_LDFLAGS += -fsanitize=$(SANITIZER)
 endif
 
 # CUDA detection: the CUDA backend itself arrives with its issue; the build
@@ -86,12 +89,12 @@ banner:
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(KVT_CFLAGS) $(CFLAGS) -c $< -o $@
 
 $(LIB_SO): $(CLIENT_OBJ) $(IPC_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) -shared $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared $(KVT_LDFLAGS) $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 -o $@ $^ $(LDLIBS)
 
 $(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ)
 	@mkdir -p $(dir $@)
@@ -109,27 +112,27 @@ FORCE:
 $(DAEMON): $(B)/obj/daemon/main.o $(CORE_OBJ) $(IPC_OBJ) $(ERR_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(LOADGEN): $(B)/obj/examples/loadgen.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BENCH): $(B)/obj/tests/bench/bench.o $(CORE_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- running
 test check: deps all
