@@ -34,8 +34,14 @@ CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
               -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
               -Itests/harness
-KVT_LDFLAGS :=
-LDLIBS  := -lnng -lmsgpackc -luv -lpthread -lm
+# Libraries with pkg-config files; nng and msgpack-c (Debian ships none
+# usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
+# depending on what only the daemon uses.
+PKGS    := openblas libcjson libmicrohttpd libsystemd
+KVT_CFLAGS += $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+KVT_LDFLAGS := -Wl,--as-needed
+LDLIBS  := -lnng -lmsgpackc -luv $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
+           -lpthread -lm
 ifneq ($(SANITIZER),)
 KVT_CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer
 KVT_LDFLAGS += -fsanitize=$(SANITIZER)
@@ -67,6 +73,7 @@ IPC_OBJ    := $(call obj,$(IPC_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 CORE_OBJ   := $(call obj,$(DAEMON_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 ERR_OBJ    := $(call obj,client/errors.c)
+POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
 
 LIB_SO  := $(B)/lib/libkvtrim.so
 LIB_A   := $(B)/lib/libkvtrim.a
@@ -119,7 +126,9 @@ $(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_A)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(LOADGEN): $(B)/obj/examples/loadgen.o $(LIB_A)
+# loadgen replays policies in process to verify the daemon, so it links the
+# policies and kernels (not the daemon).
+$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -135,13 +144,18 @@ $(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(LIB_A)
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- running
-test check: deps all
+# deps first, then a fresh make: on a new machine the pkg-config flags above
+# only exist once deps has installed the packages.
+test check: deps
+	@$(MAKE) --no-print-directory all
 	KVTRIM_BIN_DIR=$(B)/bin $(TESTS)
 
-bench: deps all
+bench: deps
+	@$(MAKE) --no-print-directory all
 	$(BENCH) --bin-dir $(B)/bin --out $(B)/bench.txt
 
-demo: deps all
+demo: deps
+	@$(MAKE) --no-print-directory all
 	B=$(B) sh examples/demo.sh
 
 # Installs only what is missing, so it is cheap on a prepared machine.
