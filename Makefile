@@ -183,4 +183,7 @@ install: all
 clean:
 	rm -rf build
 
+# The CUDA backend and kernels (built only when nvcc is found); see the file.
+-include kernels/cuda/cuda.mk
+
 -include $(shell find build -name '*.d' 2>/dev/null)
