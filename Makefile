@@ -33,7 +33,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
               -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
-              -Itests/harness
+              -Iexamples/tinyllm -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
 # depending on what only the daemon uses.
@@ -66,6 +66,7 @@ DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 POLICY_SRC  := $(wildcard policies/*.c)
 KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
 TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
+TINY_SRC    := $(filter-out examples/tinyllm/main.c,$(wildcard examples/tinyllm/*.c))
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
@@ -74,6 +75,7 @@ CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 CORE_OBJ   := $(call obj,$(DAEMON_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 ERR_OBJ    := $(call obj,client/errors.c)
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
+TINY_OBJ   := $(call obj,$(TINY_SRC))
 
 LIB_SO  := $(B)/lib/libkvtrim.so
 LIB_A   := $(B)/lib/libkvtrim.a
@@ -83,8 +85,12 @@ CTL     := $(B)/bin/kvtrimctl
 LOADGEN := $(B)/bin/kvtrim-loadgen
 BENCH   := $(B)/bin/kvtrim-bench
 TESTS   := $(B)/bin/kvtrim-tests
+TINYLLM := $(B)/bin/kvtrim-tinyllm
 
 ALL := $(LIB_SO) $(LIB_A) $(LIB_PC) $(DAEMON) $(CTL) $(LOADGEN) $(BENCH) $(TESTS)
+ifneq ($(wildcard examples/tinyllm/main.c),)
+ALL += $(TINYLLM)
+endif
 
 .PHONY: all test check bench demo deps install clean banner FORCE
 all: banner $(ALL)
@@ -138,7 +144,14 @@ $(BENCH): $(B)/obj/tests/bench/bench.o $(CORE_OBJ) $(LIB_A)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(LIB_A)
+# The reference engine (examples/tinyllm): its model code is also linked
+# into the tests.
+$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
