@@ -1,0 +1,247 @@
+/*
+ * engine.c — model forward with the KV cache in kvtrimd; see engine.h for
+ * the protocol and the causal-chunk design.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+struct engine {
+	const struct model *m;
+	kvt_client *c;
+	kvt_seq seq;
+	int seq_open;
+	uint32_t pos;          /* tokens fed (next original position) */
+	uint32_t chunk;        /* = headroom */
+	uint32_t page_tokens;
+	uint32_t max_pages;    /* page pointers one list can need */
+	enum kvt_dtype dtype;
+	void **pagev;          /* [max_pages] mapped pages of one list */
+	float *scratch;        /* [G][max_tokens + headroom] attention logits */
+	char err[KVT_ERRTEXT_MAX + 64];
+};
+
+static int seterr(struct engine *e, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int seterr(struct engine *e, int rc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e->err, sizeof(e->err), fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+int engine_open(const struct model *m, const struct engine_opts *o,
+                struct engine **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	const struct model_config *mc = &m->cfg;
+	struct engine *e = calloc(1, sizeof(*e));
+	if (!e) {
+		snprintf(err, errlen, "out of memory");
+		return KVT_ENOMEM;
+	}
+	e->m = m;
+	e->chunk = o->chunk ? o->chunk : 64;
+	e->dtype = o->dtype;
+
+	struct kvt_config cfg;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.runtime_dir = o->runtime_dir;
+	cfg.tenant = o->tenant ? o->tenant : "tinyllm";
+	cfg.geo = (struct kvt_geometry){mc->n_layers, mc->n_heads,
+	                                mc->n_kv_heads, mc->head_dim, mc->dim};
+	cfg.dtype = o->dtype;
+	cfg.page_tokens = o->page_tokens ? o->page_tokens : 16;
+	cfg.max_seqs = 1;
+	cfg.max_tokens = o->context ? o->context : model_context(m);
+	cfg.headroom = e->chunk;
+	/* The ring covers the whole context by default, so policies that
+	 * look back at earlier staged rows (snapkv's window, delayed
+	 * decisions) find them; for these models it is a few MB. */
+	cfg.stage_tokens = o->stage_tokens ? o->stage_tokens
+	                   : cfg.max_tokens > e->chunk ? cfg.max_tokens
+	                                               : e->chunk;
+	cfg.policy = o->policy ? o->policy : "full";
+	cfg.quota_bytes = o->quota_bytes;
+	cfg.timeout_ms = o->timeout_ms ? o->timeout_ms : 10000;
+
+	char etext[KVT_ERRTEXT_MAX] = "";
+	int rc = kvt_connect(&cfg, &e->c, etext);
+	if (rc < 0) {
+		snprintf(err, errlen, "kvt_connect: %s%s%s", kvt_strerror(rc),
+		         etext[0] ? ": " : "", etext);
+		free(e);
+		return rc;
+	}
+	const struct kvt_config *reg = kvt_config_of(e->c);
+	e->page_tokens = reg->page_tokens;
+	e->chunk = reg->headroom < e->chunk ? reg->headroom : e->chunk;
+	uint64_t cap = (uint64_t)reg->max_tokens + reg->headroom;
+	e->max_pages = (uint32_t)((cap + e->page_tokens - 1) / e->page_tokens);
+	e->pagev = calloc(e->max_pages, sizeof(void *));
+	e->scratch = malloc(sizeof(float) * cap *
+	                    (mc->n_heads / mc->n_kv_heads));
+	if (!e->pagev || !e->scratch) {
+		snprintf(err, errlen, "out of memory");
+		engine_close(e);
+		return KVT_ENOMEM;
+	}
+	rc = kvt_seq_open(e->c, &e->seq);
+	if (rc < 0) {
+		snprintf(err, errlen, "kvt_seq_open: %s: %s", kvt_strerror(rc),
+		         kvt_last_error(e->c));
+		engine_close(e);
+		return rc;
+	}
+	e->seq_open = 1;
+	*out = e;
+	return 0;
+}
+
+void engine_close(struct engine *e)
+{
+	if (!e)
+		return;
+	if (e->seq_open)
+		kvt_seq_close(e->c, e->seq);
+	kvt_disconnect(e->c);
+	free(e->pagev);
+	free(e->scratch);
+	free(e);
+}
+
+int engine_reset(struct engine *e)
+{
+	e->err[0] = 0;
+	if (e->seq_open) {
+		kvt_seq_close(e->c, e->seq);
+		e->seq_open = 0;
+	}
+	e->pos = 0;
+	int rc = kvt_seq_open(e->c, &e->seq);
+	if (rc < 0)
+		return seterr(e, rc, "kvt_seq_open: %s: %s", kvt_strerror(rc),
+		              kvt_last_error(e->c));
+	e->seq_open = 1;
+	return 0;
+}
+
+/* The model_attn callback: append, attend over pages, stage. */
+static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
+                         const float *x, const float *q, const float *k,
+                         const float *v, float *out, float *lse)
+{
+	struct engine *e = ctx;
+	const struct model_config *mc = &e->m->cfg;
+	const uint32_t hd = mc->head_dim, H = mc->n_heads,
+	               Hkv = mc->n_kv_heads, G = H / Hkv;
+	const float scale = 1.0f / sqrtf((float)hd);
+	int rc;
+
+	for (uint32_t g = 0; g < Hkv; g++) {
+		for (uint32_t t = 0; t < n; t++) {
+			void *kp, *vp;
+			rc = kvt_kv_ptr(e->c, e->seq, layer, g, t, &kp, &vp);
+			if (rc < 0)
+				return seterr(e, rc, "kvt_kv_ptr(layer %u, head "
+				              "%u, +%u): %s", layer, g, t,
+				              kvt_strerror(rc));
+			dtype_from_f32(k + ((size_t)t * Hkv + g) * hd, e->dtype,
+			               kp, hd);
+			dtype_from_f32(v + ((size_t)t * Hkv + g) * hd, e->dtype,
+			               vp, hd);
+		}
+		struct kvt_list l;
+		rc = kvt_list_get(e->c, e->seq, layer, g, &l);
+		if (rc < 0)
+			return seterr(e, rc, "kvt_list_get: %s",
+			              kvt_strerror(rc));
+		/* kvt_kv_ptr succeeded for entry len + n - 1, so the pages
+		 * covering [0, len + n) exist; map them all once. */
+		uint32_t need = (l.len + n + e->page_tokens - 1) /
+		                e->page_tokens;
+		if (need > l.n_pages || need > e->max_pages)
+			return seterr(e, KVT_EPROTO, "list of layer %u head %u "
+			              "has %u pages, %u needed", layer, g,
+			              l.n_pages, need);
+		for (uint32_t i = 0; i < need; i++) {
+			e->pagev[i] = kvt_page_ptr(e->c, l.pages[i]);
+			if (!e->pagev[i])
+				return seterr(e, KVT_EPROTO, "page %u of layer "
+				              "%u head %u is not mapped",
+				              l.pages[i], layer, g);
+		}
+		for (uint32_t t = 0; t < n; t++) {
+			size_t qo = ((size_t)t * H + (size_t)g * G);
+			paged_attention_cpu(q + qo * hd, G, e->pagev,
+			                    e->page_tokens, hd, e->dtype,
+			                    l.len + t + 1, scale, out + qo * hd,
+			                    lse + qo, e->scratch);
+		}
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		float *sx = kvt_stage_x(e->c, e->seq, layer, pos0 + t);
+		float *sq = kvt_stage_q(e->c, e->seq, layer, pos0 + t);
+		float *sl = kvt_stage_lse(e->c, e->seq, layer, pos0 + t);
+		if (!sx || !sq || !sl)
+			continue; /* tenant without staging */
+		memcpy(sx, x + (size_t)t * mc->dim, mc->dim * sizeof(float));
+		memcpy(sq, q + (size_t)t * H * hd, (size_t)H * hd * sizeof(float));
+		memcpy(sl, lse + (size_t)t * H, H * sizeof(float));
+	}
+	return 0;
+}
+
+int engine_step(struct engine *e, const int32_t *tokens, uint32_t n,
+                enum kvt_phase phase, float *logits)
+{
+	e->err[0] = 0;
+	if (!e->seq_open)
+		return seterr(e, KVT_ENOSEQ, "no open sequence");
+	if (n == 0 || n > e->chunk)
+		return seterr(e, KVT_EINVAL, "step of %u tokens (1..%u)", n,
+		              e->chunk);
+	struct model_attn a = {engine_attend, e};
+	int rc = model_forward(e->m, tokens, n, e->pos, &a, logits);
+	if (rc < 0) {
+		if (!e->err[0])
+			seterr(e, rc, "forward: %s", kvt_strerror(rc));
+		return rc;
+	}
+	struct kvt_sync_item it = {e->seq, n, (uint32_t)phase, 0, 0};
+	rc = kvt_sync(e->c, &it, 1);
+	if (rc < 0)
+		return seterr(e, rc, "kvt_sync at position %u: %s: %s", e->pos,
+		              kvt_strerror(rc), kvt_last_error(e->c));
+	e->pos += n;
+	return 0;
+}
+
+int engine_feed(struct engine *e, const int32_t *tokens, uint32_t n,
+                enum kvt_phase phase, float *logits)
+{
+	uint32_t step = phase == KVT_PHASE_PREFILL ? e->chunk : 1;
+	size_t V = e->m->cfg.vocab_size;
+	for (uint32_t i = 0; i < n; i += step) {
+		uint32_t k = n - i < step ? n - i : step;
+		int rc = engine_step(e, tokens + i, k, phase,
+		                     logits ? logits + (size_t)i * V : NULL);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+uint32_t engine_pos(const struct engine *e) { return e->pos; }
+kvt_client *engine_client(const struct engine *e) { return e->c; }
+kvt_seq engine_seq(const struct engine *e) { return e->seq; }
+const char *engine_error(const struct engine *e) { return e->err; }

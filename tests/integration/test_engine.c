@@ -1,0 +1,371 @@
+/*
+ * test_engine.c — the reference engine (examples/tinyllm) against the real
+ * kvtrimd: with policy `full` its logits must equal the dense in-process
+ * forward, for both shipped models; an evicting policy must run and show
+ * evictions; the kvtrim-tinyllm command line must agree with --no-daemon.
+ *
+ * The models live outside the repository (../shared/models from the repo
+ * root, where the test runner is started); tests skip when they are absent.
+ *
+ * Comparison schedule: BOS + the first 299 bytes of bytes2m-valid.txt
+ * (byte values are valid token ids of both models), a 64-token prefill
+ * chunk, then one decode step per token.  The dense reference runs the
+ * same schedule (model_dense_step), so both sides make the same BLAS calls
+ * and differ only in where K/V live and in the attention kernel; the fully
+ * batched dense forward is compared too, with the looser bound that
+ * OpenBLAS's size-dependent kernels allow (see model.h, model_matmul).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "engine.h"
+#include "kvtrim.h"
+#include "model.h"
+#include "test.h"
+
+#define MODELS_DIR "../shared/models"
+#define NPOS 300
+#define CHUNK 64
+
+static void load_or_skip(const char *name, struct model *m)
+{
+	char path[512], err[1024];
+	snprintf(path, sizeof(path), "%s/%s", MODELS_DIR, name);
+	if (access(path, R_OK) != 0) {
+		char why[700];
+		snprintf(why, sizeof(why), "model %s not found (run the tests "
+		         "from the repository root with the shared models "
+		         "beside it)", path);
+		T_SKIP(why);
+	}
+	int rc = model_load(path, m, err, sizeof(err));
+	if (rc)
+		th_fail(__FILE__, __LINE__, "model_load: %s", err);
+}
+
+/* BOS + the first n - 1 bytes of the validation text. */
+static void valid_tokens(int32_t *tok, uint32_t n)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/bytes2m-valid.txt", MODELS_DIR);
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		T_SKIP("../shared/models/bytes2m-valid.txt not found");
+	tok[0] = MODEL_BOS;
+	for (uint32_t i = 1; i < n; i++) {
+		int c = fgetc(f);
+		T_ASSERT(c != EOF);
+		tok[i] = c;
+	}
+	fclose(f);
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+	double w = 0;
+	for (size_t i = 0; i < n; i++)
+		w = fmax(w, fabs((double)a[i] - b[i]));
+	return w;
+}
+
+/* Dense reference on the engine's schedule: prefill `pre` tokens in
+ * chunks of CHUNK, then decode. */
+static void dense_sched(const struct model *m, const int32_t *tok,
+                        uint32_t n, uint32_t pre, float *logits)
+{
+	struct model_dense dn;
+	size_t V = m->cfg.vocab_size;
+	T_OK(model_dense_init(&dn, m, n, 0));
+	for (uint32_t i = 0; i < n;) {
+		uint32_t k = i < pre ? (pre - i < CHUNK ? pre - i : CHUNK) : 1;
+		T_OK(model_dense_step(&dn, tok + i, k, logits + i * V));
+		i += k;
+	}
+	model_dense_free(&dn);
+}
+
+static void open_engine(const struct th_daemon *d, const struct model *m,
+                        const char *policy, enum kvt_dtype dt,
+                        struct engine **e)
+{
+	char err[1024];
+	struct engine_opts o;
+	memset(&o, 0, sizeof(o));
+	o.runtime_dir = d->dir;
+	o.policy = policy;
+	o.dtype = dt;
+	o.chunk = CHUNK;
+	int rc = engine_open(m, &o, e, err, sizeof(err));
+	if (rc)
+		th_fail(__FILE__, __LINE__, "engine_open: %s", err);
+}
+
+static void feed(struct engine *e, const int32_t *tok, uint32_t n,
+                 uint32_t pre, float *logits, size_t V)
+{
+	int rc = engine_feed(e, tok, pre, KVT_PHASE_PREFILL, logits);
+	if (!rc)
+		rc = engine_feed(e, tok + pre, n - pre, KVT_PHASE_DECODE,
+		                 logits + pre * V);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "engine_feed: %s",
+		        engine_error(e));
+}
+
+static void check_staged(const struct model *m, struct engine *e,
+                         uint32_t pos)
+{
+	const struct model_config *c = &m->cfg;
+	uint32_t hd = c->head_dim, G = c->n_heads / c->n_kv_heads;
+	kvt_client *cl = engine_client(e);
+	uint32_t pt = kvt_config_of(cl)->page_tokens;
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		const float *q = kvt_stage_q(cl, engine_seq(e), l, pos);
+		const float *lse = kvt_stage_lse(cl, engine_seq(e), l, pos);
+		T_ASSERT(q && lse);
+		for (uint32_t h = 0; h < c->n_heads; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(cl, engine_seq(e), l, h / G, &li));
+			double sum = 0;
+			for (uint32_t i = 0; i < li.len; i++) {
+				const float *k = (const float *)kvt_page_ptr(
+					cl, li.pages[i / pt]) + (i % pt) * hd;
+				double dot = 0;
+				for (uint32_t j = 0; j < hd; j++)
+					dot += (double)q[h * hd + j] * k[j];
+				sum += exp(dot / sqrt((double)hd) - lse[h]);
+			}
+			T_ASSERT(fabs(sum - 1) < 1e-4);
+		}
+	}
+}
+
+static void full_matches_dense(const char *name)
+{
+	struct model m;
+	load_or_skip(name, &m);
+	int32_t tok[NPOS];
+	valid_tokens(tok, NPOS);
+	size_t V = m.cfg.vocab_size, n = (size_t)NPOS * V;
+	float *ref = malloc(sizeof(float) * n), *bat = malloc(sizeof(float) * n),
+	      *got = malloc(sizeof(float) * n);
+	T_ASSERT(ref && bat && got);
+	dense_sched(&m, tok, NPOS, CHUNK, ref);
+	T_OK(model_dense_forward(&m, tok, NPOS, bat));
+
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	struct engine *e;
+	open_engine(&d, &m, "full", KVT_DTYPE_F32, &e);
+	feed(e, tok, NPOS, CHUNK, got, V);
+	double dstep = max_diff(got, ref, n), dbat = max_diff(got, bat, n);
+	/* every entry kept: each list holds all NPOS */
+	for (uint32_t l = 0; l < m.cfg.n_layers; l++)
+		for (uint32_t g = 0; g < m.cfg.n_kv_heads; g++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(engine_client(e), engine_seq(e), l, g,
+			                  &li));
+			T_EQ(li.len, NPOS);
+		}
+	/* Staged q and lse of the last token recover its attention weights
+	 * over the list (every entry kept, itself included): they sum to 1
+	 * for every layer and query head. */
+	check_staged(&m, e, NPOS - 1);
+
+	/* the whole sequence as prefill chunks: chunk tokens see earlier
+	 * tokens of their own chunk through the uncommitted entries */
+	T_OK(engine_reset(e));
+	feed(e, tok, NPOS, NPOS, got, V);
+	dense_sched(&m, tok, NPOS, NPOS, ref);
+	double dpre = max_diff(got, ref, n);
+	engine_close(e);
+	T_EQ(th_daemon_stop(&d), 0);
+	fprintf(stderr, "    %s: max |logit diff| engine vs dense: %.3g "
+	        "(prefill %d + decode), %.3g (all prefill); vs batched dense "
+	        "forward %.3g\n", name, dstep, CHUNK, dpre, dbat);
+	T_ASSERT(dstep <= 1e-5);
+	T_ASSERT(dpre <= 1e-5);
+	T_ASSERT(dbat <= 1e-3);
+	free(ref);
+	free(bat);
+	free(got);
+	model_free(&m);
+}
+
+TEST_T(engine, full_matches_dense_bytes2m, 120)
+{
+	full_matches_dense("bytes2m.bin");
+}
+
+TEST_T(engine, full_matches_dense_stories260K, 120)
+{
+	full_matches_dense("stories260K.bin");
+}
+
+TEST_T(engine, streaming_evicts_and_matches_until_the_budget, 120)
+{
+	struct model m;
+	load_or_skip("bytes2m.bin", &m);
+	int32_t tok[NPOS];
+	valid_tokens(tok, NPOS);
+	size_t V = m.cfg.vocab_size, n = (size_t)NPOS * V;
+	float *ref = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+	dense_sched(&m, tok, NPOS, CHUNK, ref);
+
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	struct engine *e;
+	open_engine(&d, &m, "streaming:tokens=64", KVT_DTYPE_F32, &e);
+	feed(e, tok, NPOS, CHUNK, got, V);
+	/* Nothing is evicted before a list exceeds 64 entries, and token 64
+	 * attends before its sync evicts: positions 0..64 match exactly. */
+	T_ASSERT(max_diff(got, ref, (CHUNK + 1) * V) <= 1e-5);
+	double later = max_diff(got + (CHUNK + 1) * V, ref + (CHUNK + 1) * V,
+	                        n - (CHUNK + 1) * V);
+	T_ASSERT(later > 1e-3);
+	for (uint32_t l = 0; l < m.cfg.n_layers; l++)
+		for (uint32_t g = 0; g < m.cfg.n_kv_heads; g++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(engine_client(e), engine_seq(e), l, g,
+			                  &li));
+			T_EQ(li.len, 64);
+		}
+	struct kvt_tenant_stats st;
+	T_OK(kvt_stats(engine_client(e), &st));
+	uint64_t lists = (uint64_t)m.cfg.n_layers * m.cfg.n_kv_heads;
+	T_EQ_U64(st.entries_appended, lists * NPOS);
+	T_EQ_U64(st.entries_evicted, lists * (NPOS - 64));
+	T_EQ_U64(th_stat(&d, "entries_evicted_total"), lists * (NPOS - 64));
+	engine_close(e);
+	T_EQ(th_daemon_stop(&d), 0);
+	fprintf(stderr, "    streaming:tokens=64: max |logit diff| after the "
+	        "budget %.3g\n", later);
+	free(ref);
+	free(got);
+	model_free(&m);
+}
+
+TEST_T(engine, half_precision_pages_stay_close, 120)
+{
+	struct model m;
+	load_or_skip("bytes2m.bin", &m);
+	int32_t tok[NPOS];
+	valid_tokens(tok, NPOS);
+	size_t V = m.cfg.vocab_size, n = (size_t)NPOS * V;
+	float *ref = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+	dense_sched(&m, tok, NPOS, CHUNK, ref);
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	const enum kvt_dtype dts[2] = {KVT_DTYPE_F16, KVT_DTYPE_BF16};
+	const double tol[2] = {0.05, 0.5};
+	for (int i = 0; i < 2; i++) {
+		struct engine *e;
+		open_engine(&d, &m, "full", dts[i], &e);
+		feed(e, tok, NPOS, CHUNK, got, V);
+		engine_close(e);
+		double w = max_diff(got, ref, n);
+		fprintf(stderr, "    %s pages: max |logit diff| %.3g\n",
+		        i ? "bf16" : "f16", w);
+		T_ASSERT(w > 0 && w < tol[i]);
+	}
+	T_EQ(th_daemon_stop(&d), 0);
+	free(ref);
+	free(got);
+	model_free(&m);
+}
+
+/* The value after `key` in out, as a double. */
+static double field(const char *out, const char *key)
+{
+	const char *p = strstr(out, key);
+	if (!p)
+		th_fail(__FILE__, __LINE__, "no '%s' in:\n%s", key, out);
+	return strtod(p + strlen(key), NULL);
+}
+
+TEST_T(engine, cli_agrees_with_no_daemon, 120)
+{
+	struct model m;
+	load_or_skip("bytes2m.bin", &m);
+	model_free(&m);
+	char a[8192], b[8192];
+	const char *bin = th_bin("kvtrim-tinyllm");
+	const char *mdl = MODELS_DIR "/bytes2m.bin";
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	T_EQ(th_sh(&d, a, sizeof(a), "%s --model %s --runtime-dir %s --policy "
+	           "full generate --prompt 'The program' --steps 60 "
+	           "--temperature 0", bin, mdl, d.dir), 0);
+	T_EQ(th_sh(NULL, b, sizeof(b), "%s --model %s --no-daemon generate "
+	           "--prompt 'The program' --steps 60 --temperature 0", bin,
+	           mdl), 0);
+	T_EQ_STR(a, b);
+	T_ASSERT(!strncmp(a, "The program", 11) && strlen(a) >= 60);
+
+	T_EQ(th_sh(&d, a, sizeof(a), "%s --model %s --runtime-dir %s score "
+	           "--input %s/bytes2m-valid.txt --max-bytes 400", bin, mdl,
+	           d.dir, MODELS_DIR), 0);
+	T_EQ(th_sh(NULL, b, sizeof(b), "%s --model %s --no-daemon score "
+	           "--input %s/bytes2m-valid.txt --max-bytes 400", bin, mdl,
+	           MODELS_DIR), 0);
+	double na = field(a, " nll "), nb = field(b, " nll ");
+	T_ASSERT(fabs(na - nb) < 1e-5);
+	T_ASSERT(na > 0.5 && na < 2.5); /* README: 1.29 nats/byte at 512 */
+	T_ASSERT(strstr(a, "evicted 0"));
+
+	T_EQ(th_sh(&d, a, sizeof(a), "%s --model %s --runtime-dir %s --policy "
+	           "streaming:tokens=32 score --input %s/bytes2m-valid.txt "
+	           "--max-bytes 400", bin, mdl, d.dir, MODELS_DIR), 0);
+	T_ASSERT(field(a, " evicted ") > 0);
+	T_ASSERT(field(a, " nll ") > na);
+
+	/* bad input is refused with a reason, not a crash */
+	T_EQ(th_sh(&d, a, sizeof(a), "%s --model %s --runtime-dir %s --policy "
+	           "nosuch generate --steps 1", bin, mdl, d.dir), 1);
+	T_ASSERT(strstr(a, "policy"));
+	T_EQ(th_sh(NULL, a, sizeof(a), "%s --model %s/nosuch.bin info", bin,
+	           MODELS_DIR), 1);
+	T_EQ(th_sh(NULL, a, sizeof(a), "%s --model %s frobnicate", bin, mdl),
+	     2);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST_T(engine, oracle_cli_writes_scores, 120)
+{
+	struct model m;
+	load_or_skip("bytes2m.bin", &m);
+	char out[4096], path[512];
+	const char *bin = th_bin("kvtrim-tinyllm");
+	const char *kinds[3] = {"kvzip", "kvzip+", "future"};
+	const uint32_t want_T[3] = {255, 255, 301};
+	for (int k = 0; k < 3; k++) {
+		snprintf(path, sizeof(path), "%s/o%d.bin", th_tmpdir(), k);
+		T_EQ(th_sh(NULL, out, sizeof(out), "%s --model %s/bytes2m.bin "
+		           "oracle --kind %s --horizon 16 --input "
+		           "%s/bytes2m-valid.txt --max-bytes 300 --out %s", bin,
+		           MODELS_DIR, kinds[k], MODELS_DIR, path), 0);
+		FILE *f = fopen(path, "rb");
+		T_ASSERT(f);
+		uint32_t hdr[8];
+		T_ASSERT(fread(hdr, 4, 8, f) == 8);
+		T_EQ(hdr[2], k);
+		T_EQ(hdr[3], m.cfg.n_layers);
+		T_EQ(hdr[4], m.cfg.n_kv_heads);
+		T_EQ(hdr[5], want_T[k]);
+		size_t cnt = (size_t)hdr[3] * hdr[4] * hdr[5];
+		float *s = malloc(cnt * sizeof(float));
+		T_ASSERT(fread(s, sizeof(float), cnt, f) == cnt);
+		fclose(f);
+		for (size_t i = 0; i < cnt; i++) {
+			T_ASSERT(isfinite(s[i]));
+			if (k != 1)
+				T_ASSERT(s[i] >= 0 && s[i] <= (k == 2 ? 16 : 1));
+		}
+		free(s);
+	}
+	model_free(&m);
+}
