@@ -1,8 +1,11 @@
 /*
  * pool.h — the daemon's KV memory pool: a fixed number of 2 MiB chunks.
  *
- * CPU backend: each chunk is its own memfd (sealed against resizing) mapped
- * into the daemon; the owning tenant's client maps the same fd.  A chunk
+ * Chunks come from a backend (backend.h; cpu unless pool_set_backend says
+ * otherwise).  CPU backend: each chunk is its own memfd (sealed against
+ * resizing) mapped into the daemon; the owning tenant's client maps the
+ * same fd.  CUDA backend: a VMM allocation exported as a POSIX fd (or a
+ * legacy IPC handle in ipc[]), base a device address.  A chunk
  * belongs to one tenant for its whole life and is destroyed (never
  * recycled) when that tenant no longer needs it, so no one else's memory can
  * ever appear behind a descriptor a client still holds.
@@ -14,9 +17,12 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "kvtrim.h"
 
 struct pool {
+	const struct kvt_backend_ops *ops; /* NULL: backend_cpu */
+	void *bctx;                        /* the backend's context */
 	uint64_t chunk_capacity; /* pool_bytes / KVT_CHUNK_BYTES */
 	uint64_t chunks_used;    /* chunks currently created */
 	uint64_t chunks_created_total;
@@ -24,13 +30,23 @@ struct pool {
 };
 
 struct pool_chunk {
-	int fd;       /* memfd, sealed F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL */
-	void *base;   /* [KVT_CHUNK_BYTES] daemon's mapping, read-write */
+	int fd;       /* memfd, sealed F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL
+	                 (cpu); VMM fd (cuda vmm); -1 in cuda ipc mode */
+	void *base;   /* [KVT_CHUNK_BYTES] daemon's mapping, read-write
+	                 (a device address with the cuda backend) */
 	uint64_t bytes;
+	uint8_t ipc[KVT_BACKEND_IPC_BYTES]; /* cuda ipc mode: handle to send */
+	uint64_t priv[2];                  /* the backend's own */
 };
 
-/* Sets the capacity; KVT_EINVAL when pool_bytes holds no whole chunk. */
+/* Sets the capacity; KVT_EINVAL when pool_bytes holds no whole chunk.
+ * The backend is cpu until pool_set_backend. */
 int pool_init(struct pool *p, uint64_t pool_bytes);
+
+/* Makes later chunks come from ops with context ctx (from ops->ctx_new;
+ * the pool does not own it).  Call before the first pool_chunk_new. */
+void pool_set_backend(struct pool *p, const struct kvt_backend_ops *ops,
+                      void *ctx);
 
 /* Creates a zero-filled chunk; KVT_EPOOLFULL at capacity, KVT_ESYS. */
 int pool_chunk_new(struct pool *p, struct pool_chunk *out);

@@ -1,0 +1,177 @@
+/*
+ * backend.h — where kvtrimd's KV memory lives and how it is shared: one
+ * const table of function pointers per backend (DESIGN.md section 2).
+ *
+ *   cpu   daemon/backend_cpu.c, always built in.  A chunk is a sealed memfd
+ *         mapped into the daemon; the owning client maps the same fd.
+ *   cuda  libkvtrim-cuda.so (kernels/cuda/backend_cuda.cu), loaded with
+ *         dlopen by backend_open() so that kvtrimd and libkvtrim never link
+ *         libcuda or libcudart and start on any machine.  A chunk is a
+ *         CUDA VMM allocation exported as a POSIX fd ("vmm" mode), or a
+ *         cudaMalloc block with a legacy cudaIpcMemHandle_t where the
+ *         driver cannot export VMM memory ("ipc" mode).
+ *
+ * The cuda library exports exactly one symbol, KVT_BACKEND_CUDA_SYMBOL, a
+ * const struct kvt_backend_ops.  A member marked (optional) may be NULL;
+ * the cpu table leaves the stream and event members NULL.
+ *
+ * Errors: every int function returns 0 or a negative KVT_E* code; after a
+ * failure, last_error() says why in words (the CUDA error string).
+ * Threads: a context is used from one thread at a time (the daemon's loop
+ * thread); probe and device_count may be called from any thread.
+ */
+#ifndef KVT_BACKEND_H
+#define KVT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtrim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever struct kvt_backend_ops or its structs change layout;
+ * backend_open refuses a library built for another version. */
+#define KVT_BACKEND_ABI 1
+#define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
+#define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
+
+/* Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t. */
+#define KVT_BACKEND_IPC_BYTES 64
+
+/* How a chunk reaches its client. */
+enum kvt_backend_share {
+	KVT_BACKEND_SHARE_MEMFD = 0, /* fd of a memfd: mmap it */
+	KVT_BACKEND_SHARE_VMM = 1,   /* fd of a CUDA VMM allocation: import */
+	KVT_BACKEND_SHARE_IPC = 2,   /* no fd: 64-byte cudaIpcMemHandle_t */
+};
+
+/* One pool chunk as the daemon (exporter) or a client (importer) holds it.
+ * base NULL means "no chunk"; freeing such a struct does nothing. */
+struct kvt_backend_chunk {
+	int fd;         /* memfd or VMM POSIX fd to pass over the handle
+	                   channel; -1 in ipc mode and after import */
+	void *base;     /* [bytes] the chunk in this process: host mapping
+	                   (cpu) or device address (cuda) */
+	uint64_t bytes; /* KVT_CHUNK_BYTES in practice */
+	uint8_t ipc[KVT_BACKEND_IPC_BYTES]; /* ipc mode: handle to send */
+	uint64_t priv[2];                  /* the backend's own */
+};
+
+/* An interprocess event: created by one side, opened by the other from
+ * its 64 handle bytes (sent in a message). */
+struct kvt_backend_event {
+	void *ev;                              /* cudaEvent_t */
+	uint8_t handle[KVT_BACKEND_IPC_BYTES]; /* cudaIpcEventHandle_t */
+	int owner;                             /* created here (1), opened (0) */
+};
+
+/* One list to compact: the moves compact_plan() wrote, applied to the
+ * list's pages (addresses in this process: host for cpu, device for cuda;
+ * the array itself is host memory and may be reused once compact returns). */
+struct kvt_backend_compact {
+	void *const *pages;    /* [n_pages] */
+	uint32_t n_pages;
+	uint32_t page_tokens;
+	uint32_t row_bytes;    /* head_dim * elem_bytes */
+	uint32_t n_moves;
+	const uint32_t *moves; /* [n_moves][2] (dst, src), host memory */
+};
+
+struct kvt_backend_ops {
+	uint32_t abi;      /* KVT_BACKEND_ABI */
+	const char *name;  /* "cpu" | "cuda" */
+	int host_visible;  /* chunk base is host memory the daemon may touch */
+
+	/* Checks that the backend can run here: 0, or KVT_ENOTSUP with the
+	 * reason in err ("libcuda.so.1 not found (no NVIDIA driver)", "no
+	 * CUDA device").  Cheap; creates no context. */
+	int (*probe)(char *err, size_t errlen);
+	/* Devices usable by this backend (cpu: 1). */
+	int (*device_count)(int *out);
+
+	/* Opens a context on one device (cpu: ignored).  On success *ctx is
+	 * passed to every call below and *mode is a static string naming the
+	 * sharing mode: "memfd", "vmm" or "ipc".  KVTRIM_CUDA_SHARE=ipc in
+	 * the environment forces ipc mode (tests). */
+	int (*ctx_new)(int device, void **ctx, const char **mode, char *err,
+	               size_t errlen);
+	void (*ctx_free)(void *ctx);
+	enum kvt_backend_share (*share)(void *ctx);
+
+	/* Exporter: creates a zero-filled chunk of bytes (a multiple of the
+	 * allocation granularity, 2 MiB on current GPUs) and its shareable
+	 * handle.  Blocks until the memory is zeroed.  KVT_ESYS on failure
+	 * (out of device memory included), KVT_EINVAL for a bad size. */
+	int (*chunk_new)(void *ctx, uint64_t bytes,
+	                 struct kvt_backend_chunk *out);
+	/* Unmaps and releases a chunk (safe on base NULL); sets fd -1 and base
+	 * NULL.  With VMM the memory lives on while an importer maps it. */
+	void (*chunk_free)(void *ctx, struct kvt_backend_chunk *c);
+
+	/* Importer (client side): maps a chunk received from the daemon: fd
+	 * for memfd/vmm (the caller keeps and may close it afterwards), ipc
+	 * bytes for ipc mode.  chunk_unmap undoes it. */
+	int (*chunk_import)(void *ctx, int fd,
+	                    const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+	                    uint64_t bytes, struct kvt_backend_chunk *out);
+	void (*chunk_unmap)(void *ctx, struct kvt_backend_chunk *c);
+
+	/* (optional) Streams: opaque cudaStream_t; NULL stream = the legacy
+	 * default stream.  stream_sync blocks the calling thread. */
+	int (*stream_new)(void *ctx, void **stream);
+	void (*stream_free)(void *ctx, void *stream);
+	int (*stream_sync)(void *ctx, void *stream);
+
+	/* (optional) Interprocess events (cudaEventInterprocess |
+	 * cudaEventDisableTiming).  The exporter creates the event and sends
+	 * its handle; the importer opens it.  Either side records it after
+	 * its writes on its stream; the other side makes its stream wait on
+	 * it (no host blocking).  Destroy the exporter's event only after the
+	 * importer is gone. */
+	int (*event_new)(void *ctx, struct kvt_backend_event *out);
+	int (*event_open)(void *ctx, const uint8_t handle[KVT_BACKEND_IPC_BYTES],
+	                  struct kvt_backend_event *out);
+	void (*event_free)(void *ctx, struct kvt_backend_event *e);
+	int (*event_record)(void *ctx, struct kvt_backend_event *e,
+	                    void *stream);
+	int (*stream_wait_event)(void *ctx, void *stream,
+	                         struct kvt_backend_event *e);
+
+	/* Compacts n lists (cpu: compact_cpu on each, synchronously; cuda:
+	 * stages pages and moves to the device and runs compact_batch_cuda on
+	 * stream, asynchronously — record an event after it for the clients).
+	 * The host arrays may be reused as soon as it returns. */
+	int (*compact)(void *ctx, const struct kvt_backend_compact *lists,
+	               uint32_t n, void *stream);
+
+	/* Text of the last failure of this backend in the calling thread
+	 * ("" if none). */
+	const char *(*last_error)(void);
+};
+
+/*
+ * Picks a backend by name: "cpu", "cuda" or "auto" (cuda when the library
+ * loads, probes fine and sees a device; else cpu).  On success *out is a
+ * static table (never freed; the cuda library stays loaded) and err holds
+ * a note for the log, e.g. why auto fell back to cpu ("" when none).  On
+ * failure returns KVT_ENOTSUP ("cuda backend: libcuda.so.1 not found (no
+ * NVIDIA driver)", "cuda backend: no CUDA device") or KVT_EINVAL (unknown
+ * name) with the reason in err.
+ *
+ * The library is looked up as $KVTRIM_CUDA_LIB (a path) when set, else
+ * next to the executable ($ORIGIN/../lib/libkvtrim-cuda.so), else by name
+ * on the library path.
+ */
+int backend_open(const char *name, const struct kvt_backend_ops **out,
+                 char *err, size_t errlen);
+
+/* The cpu backend (daemon/backend_cpu.c). */
+extern const struct kvt_backend_ops backend_cpu;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,806 @@
+/*
+ * backend_cuda.cu — the cuda backend of daemon/backend.h, the one symbol
+ * libkvtrim-cuda.so exports (kvt_cuda_backend_v1).  kvtrimd loads it with
+ * dlopen, so only this library links the CUDA runtime and cuBLAS; the
+ * driver API (cuMem*) is reached through cudaGetDriverEntryPointByVersion,
+ * so not even this library links libcuda: a machine without a driver loads
+ * it fine and probe() says what is missing.
+ *
+ * Sharing modes, chosen per context (ctx_new):
+ *   vmm  cuMemCreate(POSIX_FILE_DESCRIPTOR) + cuMemExportToShareableHandle:
+ *        the fd goes over the handle channel like a memfd; the client
+ *        imports, reserves, maps and sets access.  The driver reference
+ *        counts the allocation (fd, mappings), so a dead client never
+ *        leaves the daemon with memory freed under a mapping.
+ *   ipc  cudaMalloc + cudaIpcGetMemHandle where the device or driver
+ *        cannot export VMM memory (or KVTRIM_CUDA_SHARE=ipc): 64 handle
+ *        bytes instead of an fd; the daemon must not free a chunk before
+ *        its client closed it (DESIGN.md: chunks are revoked first).
+ *
+ * Threads: a context is used from one thread at a time.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "common.cuh"
+#include "compact.cuh"
+
+static __thread char bc_err[256];
+
+static void bc_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void bc_note(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(bc_err, sizeof(bc_err), fmt, ap);
+	va_end(ap);
+}
+
+static int bc_cuda(cudaError_t e, const char *what)
+{
+	if (e == cudaSuccess)
+		return 0;
+	bc_note("%s: %s", what, cudaGetErrorString(e));
+	(void)cudaGetLastError(); /* clears a non-sticky error */
+	return common_err(e);
+}
+
+#define BC_CALL(expr, what)                                                    \
+	do {                                                                   \
+		int rv_ = bc_cuda((expr), (what));                             \
+		if (rv_)                                                       \
+			return rv_;                                            \
+	} while (0)
+
+/* ---------------------------------------------------------- driver API */
+
+static struct {
+	int loaded;
+	PFN_cuGetErrorString_v6000 getErrorString;
+	PFN_cuDeviceGet_v2000 deviceGet;
+	PFN_cuDeviceGetAttribute_v2000 deviceGetAttribute;
+	PFN_cuMemGetAllocationGranularity_v10020 granularity;
+	PFN_cuMemCreate_v10020 create;
+	PFN_cuMemRelease_v10020 release;
+	PFN_cuMemExportToShareableHandle_v10020 exportHandle;
+	PFN_cuMemImportFromShareableHandle_v10020 importHandle;
+	PFN_cuMemAddressReserve_v10020 reserve;
+	PFN_cuMemAddressFree_v10020 addressFree;
+	PFN_cuMemMap_v10020 map;
+	PFN_cuMemUnmap_v10020 unmap;
+	PFN_cuMemSetAccess_v10020 setAccess;
+} drv;
+
+static int bc_cu(CUresult r, const char *what)
+{
+	if (r == CUDA_SUCCESS)
+		return 0;
+	const char *s = NULL;
+	if (drv.getErrorString)
+		drv.getErrorString(r, &s);
+	bc_note("%s: %s", what, s ? s : "CUDA driver error");
+	switch (r) {
+	case CUDA_ERROR_INVALID_VALUE:
+		return KVT_EINVAL;
+	case CUDA_ERROR_NOT_SUPPORTED:
+	case CUDA_ERROR_NO_DEVICE:
+		return KVT_ENOTSUP;
+	default:
+		return KVT_ESYS;
+	}
+}
+
+#define BC_CU(expr, what)                                                      \
+	do {                                                                   \
+		int rv_ = bc_cu((expr), (what));                               \
+		if (rv_)                                                       \
+			return rv_;                                            \
+	} while (0)
+
+/* The ABI of each entry point as of CUDA 12.0 (all unchanged since 10.2). */
+static int bc_sym(const char *sym, void **fn)
+{
+	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+	*fn = NULL;
+	cudaError_t e = cudaGetDriverEntryPointByVersion(sym, fn, 12000,
+	                                                 cudaEnableDefault, &q);
+	if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !*fn) {
+		(void)cudaGetLastError();
+		bc_note("driver entry point %s unavailable", sym);
+		return KVT_ENOTSUP;
+	}
+	return 0;
+}
+
+static int bc_drv_load(void)
+{
+	int rv;
+	if (drv.loaded)
+		return 0;
+#define BC_SYM(field, name)                                                    \
+	do {                                                                   \
+		void *fn_;                                                     \
+		if ((rv = bc_sym(name, &fn_)))                                 \
+			return rv;                                             \
+		memcpy(&drv.field, &fn_, sizeof(fn_));                         \
+	} while (0)
+	BC_SYM(getErrorString, "cuGetErrorString");
+	BC_SYM(deviceGet, "cuDeviceGet");
+	BC_SYM(deviceGetAttribute, "cuDeviceGetAttribute");
+	BC_SYM(granularity, "cuMemGetAllocationGranularity");
+	BC_SYM(create, "cuMemCreate");
+	BC_SYM(release, "cuMemRelease");
+	BC_SYM(exportHandle, "cuMemExportToShareableHandle");
+	BC_SYM(importHandle, "cuMemImportFromShareableHandle");
+	BC_SYM(reserve, "cuMemAddressReserve");
+	BC_SYM(addressFree, "cuMemAddressFree");
+	BC_SYM(map, "cuMemMap");
+	BC_SYM(unmap, "cuMemUnmap");
+	BC_SYM(setAccess, "cuMemSetAccess");
+#undef BC_SYM
+	drv.loaded = 1;
+	return 0;
+}
+
+/* ------------------------------------------------------------- context */
+
+struct bc_ctx {
+	int device;
+	enum kvt_backend_share share;
+	size_t gran;           /* VMM granularity (vmm mode) */
+	CUmemAllocationProp prop;
+	cudaStream_t stream;   /* zeroing of new chunks */
+	/* compaction staging: pinned host copy -> device copy */
+	char *h_stage, *d_stage;
+	size_t stage_cap;
+	cudaEvent_t copied, used; /* after the H2D copy; after the kernels */
+	int staged;               /* events recorded at least once */
+};
+
+static void bc_fill(char *err, size_t errlen, const char *msg)
+{
+	if (err && errlen)
+		snprintf(err, errlen, "%s", msg);
+}
+
+static int bc_probe(char *err, size_t errlen)
+{
+	bc_fill(err, errlen, "");
+	/* cudart would load the driver library itself; asking first turns
+	 * "insufficient driver" into the reason an operator can act on. */
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		bc_fill(err, errlen, "libcuda.so.1 not found (no NVIDIA driver)");
+		return KVT_ENOTSUP;
+	}
+	/* kept loaded: the runtime uses it from here on */
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e == cudaErrorNoDevice || (e == cudaSuccess && n <= 0)) {
+		(void)cudaGetLastError();
+		bc_fill(err, errlen, "no CUDA device");
+		return KVT_ENOTSUP;
+	}
+	if (e == cudaErrorInsufficientDriver) {
+		int dv = 0;
+		char msg[160];
+		(void)cudaGetLastError();
+		cudaDriverGetVersion(&dv);
+		snprintf(msg, sizeof(msg),
+		         "NVIDIA driver supports CUDA %d.%d, this build needs "
+		         "%d.%d",
+		         dv / 1000, dv % 1000 / 10, CUDART_VERSION / 1000,
+		         CUDART_VERSION % 1000 / 10);
+		bc_fill(err, errlen, msg);
+		return KVT_ENOTSUP;
+	}
+	if (e != cudaSuccess) {
+		char msg[160];
+		(void)cudaGetLastError();
+		snprintf(msg, sizeof(msg), "cudaGetDeviceCount: %s",
+		         cudaGetErrorString(e));
+		bc_fill(err, errlen, msg);
+		return KVT_ENOTSUP;
+	}
+	return 0;
+}
+
+static int bc_device_count(int *out)
+{
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError();
+		*out = 0;
+		return e == cudaErrorNoDevice ? 0 : bc_cuda(e, "cudaGetDeviceCount");
+	}
+	*out = n;
+	return 0;
+}
+
+/* 1 when a granularity-sized VMM allocation can be created and exported
+ * as an fd here (devices may claim support that a container or driver
+ * setting then refuses). */
+static int bc_vmm_works(struct bc_ctx *c)
+{
+	CUmemGenericAllocationHandle h;
+	int fd = -1;
+	if (bc_cu(drv.create(&h, c->gran, &c->prop, 0), "cuMemCreate"))
+		return 0;
+	int ok = bc_cu(drv.exportHandle(&fd, h,
+	                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+	                                0),
+	               "cuMemExportToShareableHandle") == 0;
+	if (fd >= 0)
+		close(fd);
+	drv.release(h);
+	return ok;
+}
+
+static void bc_ctx_free(void *ctx);
+
+static int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
+                      size_t errlen)
+{
+	int rv;
+	bc_fill(err, errlen, "");
+	struct bc_ctx *c = (struct bc_ctx *)calloc(1, sizeof(*c));
+	if (!c)
+		return KVT_ENOMEM;
+	c->device = device;
+	if ((rv = bc_cuda(cudaSetDevice(device), "cudaSetDevice")) ||
+	    (rv = bc_cuda(cudaFree(0), "CUDA context")) ||
+	    (rv = bc_cuda(cudaStreamCreateWithFlags(&c->stream,
+	                                            cudaStreamNonBlocking),
+	                  "cudaStreamCreate")) ||
+	    (rv = bc_cuda(cudaEventCreateWithFlags(&c->copied,
+	                                           cudaEventDisableTiming),
+	                  "cudaEventCreate")) ||
+	    (rv = bc_cuda(cudaEventCreateWithFlags(&c->used,
+	                                           cudaEventDisableTiming),
+	                  "cudaEventCreate")) ||
+	    (rv = bc_drv_load()))
+		goto fail;
+
+	{
+		const char *force = getenv("KVTRIM_CUDA_SHARE");
+		CUdevice dev;
+		int vmm = 0, fdok = 0;
+		if ((rv = bc_cu(drv.deviceGet(&dev, device), "cuDeviceGet")))
+			goto fail;
+		drv.deviceGetAttribute(
+			&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+			dev);
+		drv.deviceGetAttribute(
+			&fdok,
+			CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+			dev);
+		memset(&c->prop, 0, sizeof(c->prop));
+		c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		c->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		c->prop.location.id = dev;
+		c->prop.requestedHandleTypes =
+			CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+		c->gran = 0;
+		if (vmm && fdok &&
+		    drv.granularity(&c->gran, &c->prop,
+		                    CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+			c->gran = 0;
+		int can_vmm = vmm && fdok && c->gran &&
+		              KVT_CHUNK_BYTES % c->gran == 0 && bc_vmm_works(c);
+		if (force && !strcmp(force, "vmm") && !can_vmm) {
+			char msg[sizeof(bc_err) + 96];
+			snprintf(msg, sizeof(msg),
+			         "KVTRIM_CUDA_SHARE=vmm but device %d cannot "
+			         "export VMM memory as an fd (%s)",
+			         device, bc_err[0] ? bc_err : "unsupported");
+			bc_fill(err, errlen, msg);
+			rv = KVT_ENOTSUP;
+			goto fail;
+		}
+		c->share = can_vmm && !(force && !strcmp(force, "ipc"))
+		                   ? KVT_BACKEND_SHARE_VMM
+		                   : KVT_BACKEND_SHARE_IPC;
+	}
+	if (mode)
+		*mode = c->share == KVT_BACKEND_SHARE_VMM ? "vmm" : "ipc";
+	*ctxp = c;
+	return 0;
+fail:
+	if (err && errlen && !err[0])
+		bc_fill(err, errlen, bc_err);
+	bc_ctx_free(c);
+	return rv;
+}
+
+static void bc_ctx_free(void *ctx)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!c)
+		return;
+	cudaSetDevice(c->device);
+	if (c->stream)
+		cudaStreamSynchronize(c->stream);
+	if (c->staged)
+		cudaEventSynchronize(c->used);
+	if (c->h_stage)
+		cudaFreeHost(c->h_stage);
+	if (c->d_stage)
+		cudaFree(c->d_stage);
+	if (c->copied)
+		cudaEventDestroy(c->copied);
+	if (c->used)
+		cudaEventDestroy(c->used);
+	if (c->stream)
+		cudaStreamDestroy(c->stream);
+	free(c);
+}
+
+static enum kvt_backend_share bc_share(void *ctx)
+{
+	return ((struct bc_ctx *)ctx)->share;
+}
+
+/* -------------------------------------------------------------- chunks */
+
+#define BC_KIND_VMM 1u
+#define BC_KIND_IPC 2u
+#define BC_IPC_ALIGN 65536u /* ipc-mode chunks: whole 64 KiB blocks */
+
+static void bc_chunk_clear(struct kvt_backend_chunk *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->fd = -1;
+}
+
+/* Reserves an address range, maps h there read-write for this device. */
+static int bc_vmm_map(struct bc_ctx *c, CUmemGenericAllocationHandle h,
+                      uint64_t bytes, CUdeviceptr *out)
+{
+	CUdeviceptr p = 0;
+	int rv;
+	CUmemAccessDesc acc;
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = c->device;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	BC_CU(drv.reserve(&p, bytes, c->gran, 0, 0), "cuMemAddressReserve");
+	if ((rv = bc_cu(drv.map(p, bytes, 0, h, 0), "cuMemMap"))) {
+		drv.addressFree(p, bytes);
+		return rv;
+	}
+	if ((rv = bc_cu(drv.setAccess(p, bytes, &acc, 1), "cuMemSetAccess"))) {
+		drv.unmap(p, bytes);
+		drv.addressFree(p, bytes);
+		return rv;
+	}
+	*out = p;
+	return 0;
+}
+
+static int bc_chunk_new(void *ctx, uint64_t bytes,
+                        struct kvt_backend_chunk *out)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	int rv;
+	bc_chunk_clear(out);
+	if (bytes == 0)
+		return KVT_EINVAL;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	if (c->share == KVT_BACKEND_SHARE_VMM) {
+		CUmemGenericAllocationHandle h;
+		CUdeviceptr p;
+		int fd = -1;
+		if (bytes % c->gran) {
+			bc_note("chunk size %llu is not a multiple of the VMM "
+			        "granularity %zu", (unsigned long long)bytes,
+			        c->gran);
+			return KVT_EINVAL;
+		}
+		BC_CU(drv.create(&h, bytes, &c->prop, 0), "cuMemCreate");
+		rv = bc_cu(drv.exportHandle(&fd, h,
+		                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+		                            0),
+		           "cuMemExportToShareableHandle");
+		if (!rv)
+			rv = bc_vmm_map(c, h, bytes, &p);
+		/* The mapping and the fd hold the allocation from here on. */
+		drv.release(h);
+		if (rv) {
+			if (fd >= 0)
+				close(fd);
+			return rv;
+		}
+		fcntl(fd, F_SETFD, FD_CLOEXEC);
+		out->fd = fd;
+		out->base = (void *)(uintptr_t)p;
+		out->priv[0] = BC_KIND_VMM;
+	} else {
+		void *p = NULL;
+		cudaIpcMemHandle_t ih;
+		if (bytes % BC_IPC_ALIGN) {
+			bc_note("chunk size %llu is not a multiple of %u",
+			        (unsigned long long)bytes, BC_IPC_ALIGN);
+			return KVT_EINVAL;
+		}
+		BC_CALL(cudaMalloc(&p, bytes), "cudaMalloc");
+		if ((rv = bc_cuda(cudaIpcGetMemHandle(&ih, p),
+		                  "cudaIpcGetMemHandle"))) {
+			cudaFree(p);
+			return rv;
+		}
+		static_assert(sizeof(ih) == KVT_BACKEND_IPC_BYTES,
+		              "cudaIpcMemHandle_t size");
+		memcpy(out->ipc, &ih, sizeof(ih));
+		out->base = p;
+		out->priv[0] = BC_KIND_IPC;
+	}
+	out->bytes = bytes;
+	rv = bc_cuda(cudaMemsetAsync(out->base, 0, bytes, c->stream),
+	             "cudaMemsetAsync");
+	if (!rv)
+		rv = bc_cuda(cudaStreamSynchronize(c->stream),
+		             "zeroing a chunk");
+	if (rv) {
+		struct kvt_backend_chunk tmp = *out;
+		bc_chunk_clear(out);
+		/* free without clobbering the error text */
+		char keep[sizeof(bc_err)];
+		memcpy(keep, bc_err, sizeof(keep));
+		if (tmp.priv[0] == BC_KIND_VMM) {
+			drv.unmap((CUdeviceptr)(uintptr_t)tmp.base, tmp.bytes);
+			drv.addressFree((CUdeviceptr)(uintptr_t)tmp.base, tmp.bytes);
+			close(tmp.fd);
+		} else {
+			cudaFree(tmp.base);
+		}
+		memcpy(bc_err, keep, sizeof(keep));
+	}
+	return rv;
+}
+
+static void bc_chunk_free(void *ctx, struct kvt_backend_chunk *ch)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!ch->base) {
+		bc_chunk_clear(ch);
+		return;
+	}
+	cudaSetDevice(c->device);
+	if (ch->priv[0] == BC_KIND_VMM) {
+		/* No kernel of this process may still touch the range. */
+		cudaDeviceSynchronize();
+		CUdeviceptr p = (CUdeviceptr)(uintptr_t)ch->base;
+		drv.unmap(p, ch->bytes);
+		drv.addressFree(p, ch->bytes);
+		if (ch->fd >= 0)
+			close(ch->fd);
+	} else {
+		cudaFree(ch->base); /* synchronises the device */
+	}
+	bc_chunk_clear(ch);
+}
+
+static int bc_chunk_import(void *ctx, int fd,
+                           const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+                           uint64_t bytes, struct kvt_backend_chunk *out)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	bc_chunk_clear(out);
+	if (bytes == 0)
+		return KVT_EINVAL;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	if (fd >= 0) {
+		CUmemGenericAllocationHandle h;
+		CUdeviceptr p;
+		int rv;
+		if (!c->gran || bytes % c->gran) {
+			size_t g = 0;
+			CUmemAllocationProp pr = c->prop;
+			if (drv.granularity(&g, &pr,
+			                    CU_MEM_ALLOC_GRANULARITY_MINIMUM) ||
+			    !g || bytes % g) {
+				bc_note("imported chunk size %llu does not fit the "
+				        "VMM granularity", (unsigned long long)bytes);
+				return KVT_EINVAL;
+			}
+			c->gran = g;
+		}
+		BC_CU(drv.importHandle(&h, (void *)(uintptr_t)fd,
+		                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+		      "cuMemImportFromShareableHandle");
+		rv = bc_vmm_map(c, h, bytes, &p);
+		drv.release(h); /* the mapping keeps the memory */
+		if (rv)
+			return rv;
+		out->base = (void *)(uintptr_t)p;
+		out->priv[0] = BC_KIND_VMM;
+	} else {
+		cudaIpcMemHandle_t ih;
+		void *p = NULL;
+		if (!ipc)
+			return KVT_EINVAL;
+		memcpy(&ih, ipc, sizeof(ih));
+		BC_CALL(cudaIpcOpenMemHandle(&p, ih,
+		                             cudaIpcMemLazyEnablePeerAccess),
+		        "cudaIpcOpenMemHandle");
+		out->base = p;
+		out->priv[0] = BC_KIND_IPC;
+	}
+	out->bytes = bytes;
+	return 0;
+}
+
+static void bc_chunk_unmap(void *ctx, struct kvt_backend_chunk *ch)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (ch->base) {
+		cudaSetDevice(c->device);
+		cudaDeviceSynchronize();
+		if (ch->priv[0] == BC_KIND_VMM) {
+			CUdeviceptr p = (CUdeviceptr)(uintptr_t)ch->base;
+			drv.unmap(p, ch->bytes);
+			drv.addressFree(p, ch->bytes);
+		} else {
+			cudaIpcCloseMemHandle(ch->base);
+		}
+	}
+	bc_chunk_clear(ch);
+}
+
+/* ------------------------------------------------------ streams, events */
+
+static int bc_stream_new(void *ctx, void **stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaStream_t s;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	BC_CALL(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+	        "cudaStreamCreate");
+	*stream = (void *)s;
+	return 0;
+}
+
+static void bc_stream_free(void *ctx, void *stream)
+{
+	(void)ctx;
+	if (stream)
+		cudaStreamDestroy((cudaStream_t)stream);
+}
+
+static int bc_stream_sync(void *ctx, void *stream)
+{
+	(void)ctx;
+	BC_CALL(cudaStreamSynchronize((cudaStream_t)stream),
+	        "cudaStreamSynchronize");
+	return 0;
+}
+
+static int bc_event_new(void *ctx, struct kvt_backend_event *out)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaEvent_t e;
+	cudaIpcEventHandle_t h;
+	int rv;
+	memset(out, 0, sizeof(*out));
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	BC_CALL(cudaEventCreateWithFlags(&e, cudaEventInterprocess |
+	                                         cudaEventDisableTiming),
+	        "cudaEventCreate(interprocess)");
+	if ((rv = bc_cuda(cudaIpcGetEventHandle(&h, e),
+	                  "cudaIpcGetEventHandle"))) {
+		cudaEventDestroy(e);
+		return rv;
+	}
+	static_assert(sizeof(h) == KVT_BACKEND_IPC_BYTES,
+	              "cudaIpcEventHandle_t size");
+	memcpy(out->handle, &h, sizeof(h));
+	out->ev = (void *)e;
+	out->owner = 1;
+	return 0;
+}
+
+static int bc_event_open(void *ctx, const uint8_t handle[KVT_BACKEND_IPC_BYTES],
+                         struct kvt_backend_event *out)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaIpcEventHandle_t h;
+	cudaEvent_t e;
+	memset(out, 0, sizeof(*out));
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	memcpy(&h, handle, sizeof(h));
+	BC_CALL(cudaIpcOpenEventHandle(&e, h), "cudaIpcOpenEventHandle");
+	memcpy(out->handle, handle, sizeof(h));
+	out->ev = (void *)e;
+	out->owner = 0;
+	return 0;
+}
+
+static void bc_event_free(void *ctx, struct kvt_backend_event *e)
+{
+	(void)ctx;
+	if (e->ev)
+		cudaEventDestroy((cudaEvent_t)e->ev);
+	memset(e, 0, sizeof(*e));
+}
+
+static int bc_event_record(void *ctx, struct kvt_backend_event *e,
+                           void *stream)
+{
+	(void)ctx;
+	BC_CALL(cudaEventRecord((cudaEvent_t)e->ev, (cudaStream_t)stream),
+	        "cudaEventRecord");
+	return 0;
+}
+
+static int bc_stream_wait_event(void *ctx, void *stream,
+                                struct kvt_backend_event *e)
+{
+	(void)ctx;
+	BC_CALL(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)e->ev, 0),
+	        "cudaStreamWaitEvent");
+	return 0;
+}
+
+/* ---------------------------------------------------------- compaction */
+
+/* Grows the staging buffers to at least need bytes (both idle first). */
+static int bc_stage_reserve(struct bc_ctx *c, size_t need)
+{
+	if (need <= c->stage_cap)
+		return 0;
+	size_t cap = c->stage_cap ? c->stage_cap : (size_t)1 << 16;
+	while (cap < need)
+		cap *= 2;
+	if (c->staged)
+		BC_CALL(cudaEventSynchronize(c->used), "staging wait");
+	if (c->h_stage)
+		cudaFreeHost(c->h_stage);
+	if (c->d_stage)
+		cudaFree(c->d_stage);
+	c->h_stage = c->d_stage = NULL;
+	c->stage_cap = 0;
+	BC_CALL(cudaMallocHost((void **)&c->h_stage, cap), "cudaMallocHost");
+	BC_CALL(cudaMalloc((void **)&c->d_stage, cap), "cudaMalloc");
+	c->stage_cap = cap;
+	return 0;
+}
+
+/*
+ * Runs of consecutive lists with one geometry become one launch each:
+ * their page addresses are concatenated and every move carries the index
+ * of its list's page 0, (dst, src, first) as compact_batch_cuda wants.
+ * Everything goes to the device in one copy from pinned memory.
+ */
+static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
+                      uint32_t n, void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaStream_t s = (cudaStream_t)stream;
+	uint64_t pages = 0, moves = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvt_backend_compact *l = &lists[i];
+		if (!l->n_moves)
+			continue;
+		if (!l->page_tokens || !l->row_bytes || !l->pages || !l->moves)
+			return KVT_EINVAL;
+		uint64_t cap = (uint64_t)l->n_pages * l->page_tokens;
+		for (uint32_t m = 0; m < 2 * l->n_moves; m++)
+			if (l->moves[m] >= cap) {
+				bc_note("compact: list %u moves entry %u beyond its "
+				        "%u pages", i, l->moves[m], l->n_pages);
+				return KVT_EINVAL;
+			}
+		pages += l->n_pages;
+		moves += l->n_moves;
+	}
+	if (moves == 0)
+		return 0;
+	if (pages > UINT32_MAX || moves > UINT32_MAX)
+		return KVT_EINVAL;
+	size_t pbytes = (size_t)pages * sizeof(void *);
+	size_t need = pbytes + (size_t)moves * 3 * sizeof(uint32_t);
+	int rv;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	if ((rv = bc_stage_reserve(c, need)))
+		return rv;
+	/* The previous copy must have left the pinned buffer, and this
+	 * stream must not overwrite the device buffer under a previous
+	 * launch on another stream. */
+	if (c->staged) {
+		BC_CALL(cudaEventSynchronize(c->copied), "staging wait");
+		BC_CALL(cudaStreamWaitEvent(s, c->used, 0), "cudaStreamWaitEvent");
+	}
+	void **hp = (void **)c->h_stage;
+	uint32_t *hm = (uint32_t *)(c->h_stage + pbytes);
+	uint32_t np = 0, nm = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvt_backend_compact *l = &lists[i];
+		if (!l->n_moves)
+			continue;
+		memcpy(hp + np, l->pages, (size_t)l->n_pages * sizeof(void *));
+		for (uint32_t m = 0; m < l->n_moves; m++) {
+			hm[3 * (nm + m)] = l->moves[2 * m];
+			hm[3 * (nm + m) + 1] = l->moves[2 * m + 1];
+			hm[3 * (nm + m) + 2] = np;
+		}
+		np += l->n_pages;
+		nm += l->n_moves;
+	}
+	BC_CALL(cudaMemcpyAsync(c->d_stage, c->h_stage, need,
+	                        cudaMemcpyHostToDevice, s),
+	        "cudaMemcpyAsync");
+	BC_CALL(cudaEventRecord(c->copied, s), "cudaEventRecord");
+	c->staged = 1;
+	void *const *dp = (void *const *)c->d_stage;
+	const uint32_t *dm = (const uint32_t *)(c->d_stage + pbytes);
+	uint32_t run_m = 0, i = 0;
+	while (i < n) {
+		if (!lists[i].n_moves) {
+			i++;
+			continue;
+		}
+		uint32_t pt = lists[i].page_tokens, rb = lists[i].row_bytes;
+		uint32_t cnt = 0;
+		while (i < n && (!lists[i].n_moves ||
+		                 (lists[i].page_tokens == pt &&
+		                  lists[i].row_bytes == rb))) {
+			cnt += lists[i].n_moves;
+			i++;
+		}
+		rv = compact_batch_cuda(dp, pt, rb, dm + 3 * (size_t)run_m, cnt, s);
+		if (rv) {
+			bc_note("compact_batch_cuda failed (%d)", rv);
+			break;
+		}
+		run_m += cnt;
+	}
+	cudaError_t e = cudaEventRecord(c->used, s);
+	if (!rv)
+		rv = bc_cuda(e, "cudaEventRecord");
+	return rv;
+}
+
+static const char *bc_last_error(void)
+{
+	return bc_err;
+}
+
+/* ------------------------------------------------------------- export */
+
+extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1;
+
+extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
+	/* .abi = */ KVT_BACKEND_ABI,
+	/* .name = */ "cuda",
+	/* .host_visible = */ 0,
+	/* .probe = */ bc_probe,
+	/* .device_count = */ bc_device_count,
+	/* .ctx_new = */ bc_ctx_new,
+	/* .ctx_free = */ bc_ctx_free,
+	/* .share = */ bc_share,
+	/* .chunk_new = */ bc_chunk_new,
+	/* .chunk_free = */ bc_chunk_free,
+	/* .chunk_import = */ bc_chunk_import,
+	/* .chunk_unmap = */ bc_chunk_unmap,
+	/* .stream_new = */ bc_stream_new,
+	/* .stream_free = */ bc_stream_free,
+	/* .stream_sync = */ bc_stream_sync,
+	/* .event_new = */ bc_event_new,
+	/* .event_open = */ bc_event_open,
+	/* .event_free = */ bc_event_free,
+	/* .event_record = */ bc_event_record,
+	/* .stream_wait_event = */ bc_stream_wait_event,
+	/* .compact = */ bc_compact,
+	/* .last_error = */ bc_last_error,
+};

@@ -1,0 +1,206 @@
+/*
+ * common.cuh — what every CUDA op of kernels/cuda/ shares: error mapping
+ * (launchers RETURN a KVT_E* code, never exit), dtype loads and stores on
+ * the device, and the page addressing of kernels.h:
+ *   page = [K: page_tokens x head_dim][V: page_tokens x head_dim] (dtype)
+ *   entry e of a list is row e % page_tokens of page pages[e / page_tokens].
+ *
+ * Internal to libkvtrim-cuda.so: everything here is static or inline; no
+ * symbol leaves the file that includes it.
+ */
+#ifndef KVT_CUDA_COMMON_CUH
+#define KVT_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kvtrim.h"
+
+/* ------------------------------------------------------------- errors */
+
+/* cudaError_t -> KVT_E*: invalid arguments stay EINVAL, a missing driver
+ * or device is ENOTSUP, everything else (launch failures, out of device
+ * memory, sticky faults) is ESYS.  cudaGetErrorString() of the original
+ * code is what callers log; kvtrim.h has no CUDA-specific code. */
+static inline int common_err(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return 0;
+	case cudaErrorInvalidValue:
+	case cudaErrorInvalidDevicePointer:
+	case cudaErrorInvalidConfiguration:
+		return KVT_EINVAL;
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorNoKernelImageForDevice:
+		return KVT_ENOTSUP;
+	default:
+		return KVT_ESYS;
+	}
+}
+
+/* Returns the mapped code from the enclosing launcher on failure. */
+#define COMMON_CALL(expr)                                                      \
+	do {                                                                   \
+		cudaError_t e_ = (expr);                                       \
+		if (e_ != cudaSuccess)                                         \
+			return common_err(e_);                                 \
+	} while (0)
+
+/* After a <<<>>> launch: configuration errors surface here; faults inside
+ * the kernel surface at the caller's next synchronisation. */
+#define COMMON_LAUNCHED() COMMON_CALL(cudaGetLastError())
+
+static inline unsigned common_cdiv(uint64_t a, uint64_t b)
+{
+	return (unsigned)((a + b - 1) / b);
+}
+
+/* log2 of a power of two, or 32 when x is not one (callers then divide). */
+static inline uint32_t common_shift(uint32_t x)
+{
+	if (x == 0 || (x & (x - 1)))
+		return 32;
+	uint32_t s = 0;
+	while ((1u << s) != x)
+		s++;
+	return s;
+}
+
+/* Multiprocessors of the current device (cached per device, 0 on error). */
+static inline int common_sm_count(void)
+{
+	static int cache[64];
+	int dev = 0, n = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess || dev < 0)
+		return 0;
+	if (dev < 64 && cache[dev])
+		return cache[dev];
+	if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+	    cudaSuccess)
+		return 0;
+	if (dev < 64)
+		cache[dev] = n; /* same value from every thread: benign */
+	return n;
+}
+
+/* ------------------------------------------------------------- dtypes */
+
+/* Bytes per element, 0 for an unknown dtype (kvt_dtype_size lives in
+ * libkvtrim, which this library does not link). */
+static inline uint32_t common_dt_size(enum kvt_dtype dt)
+{
+	switch (dt) {
+	case KVT_DTYPE_F32:
+		return 4;
+	case KVT_DTYPE_F16:
+	case KVT_DTYPE_BF16:
+		return 2;
+	default:
+		return 0;
+	}
+}
+
+typedef __half f16_t;
+typedef __nv_bfloat16 bf16_t;
+
+__device__ __forceinline__ float common_to_f(float x) { return x; }
+__device__ __forceinline__ float common_to_f(f16_t x) { return __half2float(x); }
+__device__ __forceinline__ float common_to_f(bf16_t x)
+{
+	return __bfloat162float(x);
+}
+
+/* Round to nearest even; NaN stays NaN (as dtype_from_f32). */
+template <typename T> __device__ __forceinline__ T common_from_f(float x);
+template <> __device__ __forceinline__ float common_from_f<float>(float x)
+{
+	return x;
+}
+template <> __device__ __forceinline__ f16_t common_from_f<f16_t>(float x)
+{
+	return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ bf16_t common_from_f<bf16_t>(float x)
+{
+	return __float2bfloat16_rn(x);
+}
+
+/* Elements of T in one 16-byte vector. */
+template <typename T> struct common_vec {
+	static constexpr int n = 16 / (int)sizeof(T);
+};
+
+/* Unpacks a 16-byte vector of T into floats. */
+__device__ __forceinline__ void common_unpack(uint4 r, float *f, float)
+{
+	f[0] = __uint_as_float(r.x);
+	f[1] = __uint_as_float(r.y);
+	f[2] = __uint_as_float(r.z);
+	f[3] = __uint_as_float(r.w);
+}
+__device__ __forceinline__ void common_unpack(uint4 r, float *f, f16_t)
+{
+	const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+		float2 v = __half22float2(h);
+		f[2 * i] = v.x;
+		f[2 * i + 1] = v.y;
+	}
+}
+__device__ __forceinline__ void common_unpack(uint4 r, float *f, bf16_t)
+{
+	const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[i]);
+		float2 v = __bfloat1622float2(h);
+		f[2 * i] = v.x;
+		f[2 * i + 1] = v.y;
+	}
+}
+
+/* Row e of a page list: the K row; the V row is v_off bytes further. */
+__device__ __forceinline__ const char *
+common_row(void *const *pages, uint32_t e, uint32_t page_tokens,
+           uint32_t shift, uint32_t row_bytes)
+{
+	uint32_t pg, r;
+	if (shift < 32) {
+		pg = e >> shift;
+		r = e & (page_tokens - 1);
+	} else {
+		pg = e / page_tokens;
+		r = e % page_tokens;
+	}
+	return (const char *)pages[pg] + (size_t)r * row_bytes;
+}
+
+/* Dispatches a runtime kvt_dtype to a template type T inside a launcher. */
+#define COMMON_DISPATCH_DT(dt, T, ...)                                         \
+	switch (dt) {                                                          \
+	case KVT_DTYPE_F32: {                                                  \
+		typedef float T;                                               \
+		__VA_ARGS__;                                                   \
+		break;                                                         \
+	}                                                                      \
+	case KVT_DTYPE_F16: {                                                  \
+		typedef f16_t T;                                               \
+		__VA_ARGS__;                                                   \
+		break;                                                         \
+	}                                                                      \
+	case KVT_DTYPE_BF16: {                                                 \
+		typedef bf16_t T;                                              \
+		__VA_ARGS__;                                                   \
+		break;                                                         \
+	}                                                                      \
+	default:                                                               \
+		return KVT_EINVAL;                                             \
+	}
+
+#endif

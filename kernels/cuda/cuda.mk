@@ -1,0 +1,83 @@
+# kernels/cuda/cuda.mk — the CUDA backend and kernels, included by the
+# top-level Makefile.  Built only when nvcc is found (HAVE_CUDA=1; USE_CUDA=
+# yes|no|auto decides), into:
+#   $(B)/lib/libkvtrim-cuda.so    kernels + backend_cuda (dlopen'd by kvtrimd;
+#                                 exports kvt_cuda_backend_v1 and *_cuda only)
+#   $(B)/bin/kvtrim-cuda-tests    CPU-vs-CUDA kernel tests (skip without GPU)
+#   $(B)/bin/kvtrim-cuda-bench    GPU benchmarks against their floors
+# kvtrimd and libkvtrim never link CUDA; `make gpu-check` runs
+# scripts/gpu-check.sh on a GPU host.
+#
+#   CUDA_ARCHS="80 90"   SASS for each, plus PTX of the last (JIT for newer)
+#   NVCCFLAGS=...        the user's extra nvcc flags
+
+CUDA_ARCHS ?= 80 90
+NVCCFLAGS  ?=
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_INC   := $(CUDA_HOME)/include
+CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib) $(CUDA_HOME)/lib64)
+
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+# The host compiler sees the same warnings as the C code; -Werror is left to
+# the user (NVCCFLAGS=-Werror=all-warnings).
+KVT_NVCCFLAGS := -std=c++17 -O3 $(CUDA_GENCODE) \
+                 -Xcompiler -Wall,-Wextra,-fPIC \
+                 -Iinclude -Idaemon -Ikernels/cpu -Ikernels/cuda
+
+CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
+CUDA_OBJ   := $(patsubst %.cu,$(B)/obj/%.o,$(CUDA_SRC))
+CUDA_SO    := $(B)/lib/libkvtrim-cuda.so
+CUDA_TESTS := $(B)/bin/kvtrim-cuda-tests
+CUDA_BENCH := $(B)/bin/kvtrim-cuda-bench
+CUDA_RPATH := -Wl,-rpath,'$$ORIGIN/../lib' -Wl,-rpath,$(CUDA_LIBDIR)
+
+# The backend test belongs to the normal suite whatever USE_CUDA says: it
+# checks that backend_open fails cleanly without the library or a device.
+$(TESTS): $(B)/obj/tests/kernels/test_backend.o
+
+.PHONY: gpu-check
+gpu-check:
+	sh scripts/gpu-check.sh
+
+ifeq ($(HAVE_CUDA),1)
+
+all: $(CUDA_SO) $(CUDA_TESTS) $(if $(SANITIZER),,$(CUDA_BENCH))
+
+$(B)/obj/kernels/cuda/%.o: kernels/cuda/%.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(B)/obj/tests/kernels/bench_cuda.o: tests/kernels/bench_cuda.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(CUDA_SO): $(CUDA_OBJ) kernels/cuda/exports.map
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(NVCC) -shared -cudart shared -o $@ $(CUDA_OBJ) \
+	  -Xlinker --version-script=kernels/cuda/exports.map \
+	  -Xlinker -soname,libkvtrim-cuda.so \
+	  -Xlinker -rpath,$(CUDA_LIBDIR) -lcublas
+
+# C test, compiled by the generic rule with the CUDA headers added.
+$(B)/obj/tests/kernels/test_cuda_kernels.o: KVT_CFLAGS += -isystem $(CUDA_INC) -Ikernels/cuda
+
+$(CUDA_TESTS): $(B)/obj/tests/kernels/test_cuda_kernels.o \
+               $(B)/obj/tests/harness/runner.o \
+               $(call obj,$(KERNEL_SRC)) $(ERR_OBJ) | $(CUDA_SO)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ -L$(B)/lib -lkvtrim-cuda \
+	  -L$(CUDA_LIBDIR) -lcublas -lcudart $(CUDA_RPATH) $(LDLIBS)
+
+$(CUDA_BENCH): $(B)/obj/tests/kernels/bench_cuda.o \
+               $(call obj,kernels/cpu/compact.c) | $(CUDA_SO)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(NVCC) -cudart shared -o $@ $^ -L$(B)/lib -lkvtrim-cuda -lcublas \
+	  -Xlinker -rpath,'$$ORIGIN/../lib' -Xlinker -rpath,$(CUDA_LIBDIR)
+
+endif

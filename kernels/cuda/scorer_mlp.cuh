@@ -1,0 +1,33 @@
+/*
+ * scorer_mlp.cuh — CUDA twin of scorer_mlp_cpu (kernels/cpu/kernels.h):
+ * y = W2 gelu(W1 x + b1) + b2 with the exact erf GELU (KVzap MLP).
+ */
+#ifndef KVT_CUDA_SCORER_MLP_CUH
+#define KVT_CUDA_SCORER_MLP_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "kvtrim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Device float32: x [n][d_in], W1 [hidden][d_in], b1 [hidden] (NULL = 0),
+ * W2 [d_out][hidden], b2 [d_out] (NULL = 0), y [n][d_out], hscratch
+ * [n][hidden].  Two SGEMMs on h (its stream becomes s) and two small
+ * kernels (bias + GELU fused, bias).  Asynchronous on s.
+ */
+int scorer_mlp_cuda(cublasHandle_t h, const float *x, uint32_t n,
+                    uint32_t d_in, const float *W1, const float *b1,
+                    uint32_t hidden, const float *W2, const float *b2,
+                    uint32_t d_out, float *y /* [n][d_out] */,
+                    float *hscratch /* [n][hidden] */, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,223 @@
+/*
+ * select_topk.cu — exact top-k selection per list; see select_topk.cuh.
+ *
+ * Key of a candidate: the score mapped to an order-preserving uint32 (NaN
+ * to 0, below -inf; -0 to +0 so that they tie as floats do) in the high
+ * half, rank in the low half.  Eight radix passes of 8 bits find the k-th
+ * largest key T (a block histogram per pass, a warp scan picks the digit),
+ * then one pass marks candidates with key < T, and of the keys == T keeps
+ * only as many as are still wanted, highest indices first like the CPU's
+ * order (a block scan in index order).  rank NULL ranks by index.  Each pass reads the list once; lists of a few thousand
+ * entries stay in L1/L2 across passes.
+ * Test: build/bin/kvtrim-cuda-tests select_topk
+ */
+#include "common.cuh"
+#include "select_topk.cuh"
+
+#define ST_THREADS 1024
+#define ST_WARPS (ST_THREADS / 32)
+
+__device__ __forceinline__ uint64_t st_key(float sc, uint32_t rank)
+{
+	uint32_t u;
+	if (isnan(sc)) {
+		u = 0;
+	} else {
+		if (sc == 0.f)
+			sc = 0.f; /* -0 -> +0 */
+		u = __float_as_uint(sc);
+		u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+	}
+	return (uint64_t)u << 32 | rank;
+}
+
+/* Exclusive prefix sum of v over the block in thread order; *total gets
+ * the block's sum.  Every thread of the block must call it. */
+__device__ uint32_t st_scan(uint32_t v, uint32_t *total)
+{
+	__shared__ uint32_t wsum[ST_WARPS];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	uint32_t x = v;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+		if (lane >= o)
+			x += y;
+	}
+	if (lane == 31)
+		wsum[warp] = x;
+	__syncthreads();
+	if (warp == 0) {
+		uint32_t w = lane < ST_WARPS ? wsum[lane] : 0;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, w, o);
+			if (lane >= o)
+				w += y;
+		}
+		if (lane < ST_WARPS)
+			wsum[lane] = w; /* inclusive */
+	}
+	__syncthreads();
+	uint32_t before = (warp ? wsum[warp - 1] : 0) + x - v;
+	*total = wsum[ST_WARPS - 1];
+	__syncthreads(); /* wsum is reused by the next call */
+	return before;
+}
+
+static __global__ void __launch_bounds__(ST_THREADS)
+select_topk_kernel(const float *__restrict__ score,
+                   const uint32_t *__restrict__ rank,
+                   const uint8_t *__restrict__ protect,
+                   const uint32_t *__restrict__ first, uint32_t n1,
+                   const uint32_t *__restrict__ ks, uint32_t k1,
+                   uint8_t *__restrict__ drop, uint32_t *__restrict__ n_dropped)
+{
+	__shared__ uint32_t hist[256];
+	__shared__ uint32_t sh_want, sh_digit, sh_count;
+	const uint32_t list = blockIdx.x;
+	const uint32_t off = first ? first[list] : 0;
+	const uint32_t n = first ? first[list + 1] - off : n1;
+	const uint32_t k = ks ? ks[list] : k1;
+	score += off;
+	rank += off;
+	drop += off;
+	if (protect)
+		protect += off;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+	uint32_t cand = 0, total;
+	for (uint32_t i = threadIdx.x; i < n; i += ST_THREADS)
+		cand += !(protect && protect[i]);
+	st_scan(cand, &total);
+	if (total <= k) { /* everything stays */
+		for (uint32_t i = threadIdx.x; i < n; i += ST_THREADS)
+			drop[i] = 0;
+		if (n_dropped && threadIdx.x == 0)
+			n_dropped[list] = 0;
+		return;
+	}
+
+	uint64_t prefix = 0;
+	uint32_t want = k;   /* keys >= prefix still to keep */
+	uint32_t n_eq = 0;   /* after the last pass: keys equal to T */
+	if (k > 0) {
+		for (int shift = 56; shift >= 0; shift -= 8) {
+			uint64_t hi = shift == 56 ? 0 : ~0ull << (shift + 8);
+			for (int b = threadIdx.x; b < 256; b += ST_THREADS)
+				hist[b] = 0;
+			__syncthreads();
+			for (uint32_t i = threadIdx.x; i < n; i += ST_THREADS) {
+				if (protect && protect[i])
+					continue;
+				uint64_t key = st_key(score[i], rank ? rank[i] : i);
+				if ((key & hi) == prefix)
+					atomicAdd(&hist[(key >> shift) & 255], 1u);
+			}
+			__syncthreads();
+			if (warp == 0) {
+				/* lane L owns digits 255 - 8L down to 248 - 8L */
+				uint32_t c[8], sum = 0;
+#pragma unroll
+				for (int j = 0; j < 8; j++) {
+					c[j] = hist[255 - 8 * lane - j];
+					sum += c[j];
+				}
+				uint32_t inc = sum;
+#pragma unroll
+				for (int o = 1; o < 32; o <<= 1) {
+					uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
+					if (lane >= o)
+						inc += y;
+				}
+				uint32_t exc = inc - sum;
+				unsigned hit = __ballot_sync(0xffffffffu,
+				                             exc < want && inc >= want);
+				if (lane == __ffs(hit) - 1) {
+					uint32_t acc = exc;
+					for (int j = 0; j < 8; j++) {
+						if (acc + c[j] >= want) {
+							sh_digit = (uint32_t)(255 - 8 * lane - j);
+							sh_want = want - acc;
+							sh_count = c[j];
+							break;
+						}
+						acc += c[j];
+					}
+				}
+			}
+			__syncthreads();
+			prefix |= (uint64_t)sh_digit << shift;
+			want = sh_want;
+			n_eq = sh_count;
+			__syncthreads();
+		}
+	}
+
+	/* k == 0: drop every candidate (want 0 keeps none equal to the
+	 * unreachable threshold ~0). */
+	const uint64_t T = k > 0 ? prefix : ~0ull;
+	uint32_t base = 0, dropped = 0;
+	for (uint32_t c0 = 0; c0 < n; c0 += ST_THREADS) {
+		uint32_t i = c0 + threadIdx.x;
+		int is_cand = 0, eq = 0;
+		uint64_t key = 0;
+		if (i < n && !(protect && protect[i])) {
+			is_cand = 1;
+			key = st_key(score[i], rank ? rank[i] : i);
+			eq = key == T;
+		}
+		uint32_t tot;
+		uint32_t pos = st_scan((uint32_t)eq, &tot);
+		if (i < n) {
+			/* of equal keys the highest indices stay, as on
+			 * the CPU */
+			int keep = !is_cand || (k > 0 && key > T) ||
+			           (eq && base + pos >= n_eq - want);
+			drop[i] = (uint8_t)!keep;
+			dropped += !keep;
+		}
+		base += tot;
+	}
+	st_scan(dropped, &total);
+	if (n_dropped && threadIdx.x == 0)
+		n_dropped[list] = total;
+	(void)lane;
+}
+
+extern "C" int select_topk_cuda(const float *score, const uint32_t *rank,
+                                const uint8_t *protect, uint32_t n,
+                                uint32_t k, uint8_t *drop, uint32_t *scratch,
+                                uint32_t *n_dropped, cudaStream_t s)
+{
+	(void)scratch;
+	if (n == 0) {
+		if (n_dropped)
+			COMMON_CALL(cudaMemsetAsync(n_dropped, 0, sizeof(uint32_t),
+			                            s));
+		return 0;
+	}
+	if (!score || !drop)
+		return KVT_EINVAL;
+	select_topk_kernel<<<1, ST_THREADS, 0, s>>>(score, rank, protect, NULL,
+	                                            n, NULL, k, drop,
+	                                            n_dropped);
+	COMMON_LAUNCHED();
+	return 0;
+}
+
+extern "C" int select_topk_batch_cuda(const float *score, const uint32_t *rank,
+                                      const uint8_t *protect,
+                                      const uint32_t *first, uint32_t n_lists,
+                                      const uint32_t *k, uint8_t *drop,
+                                      uint32_t *n_dropped, cudaStream_t s)
+{
+	if (n_lists == 0)
+		return 0;
+	if (!score || !first || !k || !drop || n_lists > INT32_MAX)
+		return KVT_EINVAL;
+	select_topk_kernel<<<n_lists, ST_THREADS, 0, s>>>(
+		score, rank, protect, first, 0, k, 0, drop, n_dropped);
+	COMMON_LAUNCHED();
+	return 0;
+}

@@ -1,0 +1,1194 @@
+/*
+ * test_cuda_kernels.c — every CUDA op of kernels/cuda/ against its CPU
+ * reference in kernels/cpu/, over many shapes, and the cuda backend
+ * (chunks, interprocess events, compaction) across two processes.
+ * Built into build/bin/kvtrim-cuda-tests (links libkvtrim-cuda.so; the
+ * normal kvtrim-tests never links CUDA).  Without a device every test
+ * skips with the reason.
+ *
+ * Tolerances (|gpu - cpu| <= atol + rtol * |cpu|, NaN/Inf checked first):
+ *   append_kv, compact, select_*      exact (bytes / drop sets equal)
+ *   paged_attention out               atol 2e-4, rtol 1e-3; lse atol 2e-4
+ *   attn_band                         atol 1e-5, rtol 2e-4
+ *   scorer_linear, scorer_mlp         atol 1e-4, rtol 1e-4 (FP32 SGEMM)
+ *   sink_gate                         atol 2e-5, rtol 1e-4
+ * The float ops differ from the CPU only in summation order.
+ *
+ * Run: build/bin/kvtrim-cuda-tests [substring...]
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "append_kv.cuh"
+#include "attn_band.cuh"
+#include "backend.h"
+#include "compact.cuh"
+#include "compact.h"
+#include "kernels.h"
+#include "paged_attention.cuh"
+#include "scorer_linear.cuh"
+#include "scorer_mlp.cuh"
+#include "select_threshold.cuh"
+#include "select_topk.cuh"
+#include "sink_gate.cuh"
+#include "test.h"
+
+extern const struct kvt_backend_ops kvt_cuda_backend_v1;
+
+/* ------------------------------------------------------------ helpers */
+
+#define CK(x)                                                                  \
+	do {                                                                   \
+		cudaError_t e_ = (x);                                          \
+		if (e_ != cudaSuccess)                                         \
+			th_fail(__FILE__, __LINE__, "%s: %s", #x,              \
+			        cudaGetErrorString(e_));                       \
+	} while (0)
+
+/* Skips the test unless a CUDA device is usable; never touches CUDA
+ * before the runner forked (each test initialises its own context). */
+static void need_device(void)
+{
+	static char why[256];
+	int n = 0;
+	/* the backend's probe names what is missing (driver, device) */
+	if (kvt_cuda_backend_v1.probe(why, sizeof(why)))
+		T_SKIP(why);
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess) {
+		snprintf(why, sizeof(why), "no CUDA device (%s)",
+		         cudaGetErrorString(e));
+		T_SKIP(why);
+	}
+	if (n <= 0)
+		T_SKIP("no CUDA device");
+}
+
+static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void)
+{
+	rng_s ^= rng_s << 13;
+	rng_s ^= rng_s >> 7;
+	rng_s ^= rng_s << 17;
+	return (uint32_t)(rng_s >> 16);
+}
+
+/* uniform in [-1, 1) */
+static float frnd(void)
+{
+	return (float)(rnd() & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static void fill(float *v, size_t n, float scale)
+{
+	for (size_t i = 0; i < n; i++)
+		v[i] = frnd() * scale;
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	T_ASSERT(p != NULL);
+	return p;
+}
+
+static void *dmalloc(size_t n)
+{
+	void *p = NULL;
+	CK(cudaMalloc(&p, n ? n : 16));
+	return p;
+}
+
+static void *to_dev(const void *h, size_t n)
+{
+	void *d = dmalloc(n);
+	if (n)
+		CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+	return d;
+}
+
+static void to_host(void *h, const void *d, size_t n)
+{
+	if (n)
+		CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+
+/* Checks gpu against cpu element by element; names the first mismatch. */
+static void close_enough(const char *what, const float *cpu, const float *gpu,
+                         size_t n, float atol, float rtol)
+{
+	for (size_t i = 0; i < n; i++) {
+		float c = cpu[i], g = gpu[i];
+		if (isnan(c) || isnan(g)) {
+			if (isnan(c) && isnan(g))
+				continue;
+			th_fail(__FILE__, __LINE__, "%s[%zu]: cpu %g gpu %g",
+			        what, i, c, g);
+		}
+		if (isinf(c) || isinf(g)) {
+			if (c == g)
+				continue;
+			th_fail(__FILE__, __LINE__, "%s[%zu]: cpu %g gpu %g",
+			        what, i, c, g);
+		}
+		if (fabsf(c - g) > atol + rtol * fabsf(c))
+			th_fail(__FILE__, __LINE__,
+			        "%s[%zu]: cpu %.9g gpu %.9g (|d| %.3g > %.3g)",
+			        what, i, c, g, fabsf(c - g),
+			        atol + rtol * fabsf(c));
+	}
+}
+
+static const enum kvt_dtype DTS[] = {KVT_DTYPE_F32, KVT_DTYPE_F16,
+                                     KVT_DTYPE_BF16};
+static const char *const DT_NAME[] = {"f32", "f16", "bf16"};
+
+/*
+ * A page list laid out as in the pool: pool_pages pages of page_bytes each
+ * in one block, the list's pages a random selection of them (scattered,
+ * out of order).  The host and the device hold identical copies.
+ */
+struct plist {
+	uint32_t n_pages, page_tokens, hd, pool_pages;
+	enum kvt_dtype dt;
+	size_t page_bytes, row_bytes;
+	uint8_t *host;  /* [pool_pages][page_bytes] */
+	void **hptr;    /* [n_pages] host page addresses */
+	uint8_t *dev;   /* device pool */
+	void **dptr;    /* device array of device page addresses */
+	uint32_t *ids;  /* [n_pages] pool page of list page i */
+};
+
+static void plist_make(struct plist *p, uint32_t n_pages, uint32_t page_tokens,
+                       uint32_t hd, enum kvt_dtype dt)
+{
+	memset(p, 0, sizeof(*p));
+	p->n_pages = n_pages;
+	p->page_tokens = page_tokens;
+	p->hd = hd;
+	p->dt = dt;
+	p->row_bytes = (size_t)hd * kvt_dtype_size(dt);
+	p->page_bytes = 2 * (size_t)page_tokens * p->row_bytes;
+	p->pool_pages = n_pages + 3;
+	size_t bytes = p->pool_pages * p->page_bytes;
+	p->host = xmalloc(bytes);
+	size_t nel = bytes / kvt_dtype_size(dt);
+	float *tmp = xmalloc(nel * sizeof(float));
+	fill(tmp, nel, 1.0f);
+	dtype_from_f32(tmp, dt, p->host, nel);
+	free(tmp);
+	/* a random injective choice of pool pages */
+	uint32_t *perm = xmalloc(p->pool_pages * sizeof(uint32_t));
+	for (uint32_t i = 0; i < p->pool_pages; i++)
+		perm[i] = i;
+	for (uint32_t i = p->pool_pages; i > 1; i--) {
+		uint32_t j = rnd() % i, t = perm[i - 1];
+		perm[i - 1] = perm[j];
+		perm[j] = t;
+	}
+	p->ids = perm;
+	p->dev = to_dev(p->host, bytes);
+	p->hptr = xmalloc((n_pages ? n_pages : 1) * sizeof(void *));
+	void **dp = xmalloc((n_pages ? n_pages : 1) * sizeof(void *));
+	for (uint32_t i = 0; i < n_pages; i++) {
+		p->hptr[i] = p->host + (size_t)perm[i] * p->page_bytes;
+		dp[i] = p->dev + (size_t)perm[i] * p->page_bytes;
+	}
+	p->dptr = to_dev(dp, n_pages * sizeof(void *));
+	free(dp);
+}
+
+/* The device pool now, for comparison with the host one. */
+static uint8_t *plist_download(const struct plist *p)
+{
+	size_t bytes = p->pool_pages * p->page_bytes;
+	uint8_t *h = xmalloc(bytes);
+	to_host(h, p->dev, bytes);
+	return h;
+}
+
+static void plist_free(struct plist *p)
+{
+	free(p->host);
+	free(p->hptr);
+	free(p->ids);
+	cudaFree(p->dev);
+	cudaFree(p->dptr);
+}
+
+static void pools_equal(const char *what, const struct plist *p)
+{
+	uint8_t *g = plist_download(p);
+	size_t bytes = p->pool_pages * p->page_bytes;
+	for (size_t i = 0; i < bytes; i++)
+		if (g[i] != p->host[i])
+			th_fail(__FILE__, __LINE__,
+			        "%s: pool byte %zu (page %zu) differs: cpu %02x "
+			        "gpu %02x",
+			        what, i, i / p->page_bytes, p->host[i], g[i]);
+	free(g);
+}
+
+/* ---------------------------------------------------------- append_kv */
+
+TEST_T(cuda, append_kv, 120)
+{
+	need_device();
+	static const uint32_t HD[] = {64, 128, 256, 80, 66, 3};
+	static const uint32_t PT[] = {16, 1, 5, 64};
+	for (int di = 0; di < 3; di++)
+		for (size_t h = 0; h < sizeof(HD) / 4; h++)
+			for (size_t t = 0; t < sizeof(PT) / 4; t++) {
+				struct plist p;
+				uint32_t pt = PT[t], hd = HD[h];
+				plist_make(&p, 6, pt, hd, DTS[di]);
+				uint32_t cap = 6 * pt;
+				uint32_t first = rnd() % cap;
+				uint32_t n = 1 + rnd() % (cap - first);
+				float *k = xmalloc((size_t)n * hd * 4);
+				float *v = xmalloc((size_t)n * hd * 4);
+				fill(k, (size_t)n * hd, 3.0f);
+				fill(v, (size_t)n * hd, 3.0f);
+				float *dk = to_dev(k, (size_t)n * hd * 4);
+				float *dv = to_dev(v, (size_t)n * hd * 4);
+				append_kv_cpu(p.hptr, pt, hd, DTS[di], first, k, v, n);
+				T_OK(append_kv_cuda(p.dptr, pt, hd, DTS[di], first,
+				                    dk, dv, n, 0));
+				T_OK(append_kv_cuda(p.dptr, pt, hd, DTS[di], first,
+				                    dk, dv, 0, 0));
+				CK(cudaDeviceSynchronize());
+				char what[64];
+				snprintf(what, sizeof(what), "append %s hd %u pt %u",
+				         DT_NAME[di], hd, pt);
+				pools_equal(what, &p);
+				cudaFree(dk);
+				cudaFree(dv);
+				free(k);
+				free(v);
+				plist_free(&p);
+			}
+	T_ERR(append_kv_cuda(NULL, 0, 64, KVT_DTYPE_F16, 0, NULL, NULL, 1, 0),
+	      KVT_EINVAL);
+	T_ERR(append_kv_cuda(NULL, 16, 64, (enum kvt_dtype)7, 0, NULL, NULL, 1, 0),
+	      KVT_EINVAL);
+}
+
+/* ------------------------------------------------------------ compact */
+
+TEST_T(cuda, compact, 120)
+{
+	need_device();
+	static const uint32_t HD[] = {64, 128, 256, 66, 3};
+	static const uint32_t PT[] = {16, 1, 7, 128};
+	static const uint32_t DROP_PCT[] = {0, 10, 50, 90, 100};
+	for (int di = 0; di < 3; di++)
+		for (size_t h = 0; h < sizeof(HD) / 4; h++)
+			for (size_t t = 0; t < sizeof(PT) / 4; t++) {
+				uint32_t pt = PT[t], hd = HD[h];
+				uint32_t n_pages = 1 + rnd() % 9;
+				uint32_t len = 1 + rnd() % (n_pages * pt);
+				struct plist p;
+				plist_make(&p, n_pages, pt, hd, DTS[di]);
+				uint8_t *drop = xmalloc(len);
+				uint32_t pct = DROP_PCT[rnd() % 5];
+				for (uint32_t i = 0; i < len; i++)
+					drop[i] = rnd() % 100 < pct;
+				uint32_t *mv = xmalloc((size_t)len * 2 * 4), nl;
+				uint32_t nm = compact_plan(drop, len, mv, &nl);
+				uint32_t *dm = to_dev(mv, (size_t)nm * 8);
+				uint32_t rb = (uint32_t)p.row_bytes;
+				compact_cpu(p.hptr, pt, rb, mv, nm);
+				T_OK(compact_cuda(p.dptr, pt, rb, dm, nm, 0));
+				CK(cudaDeviceSynchronize());
+				char what[64];
+				snprintf(what, sizeof(what),
+				         "compact %s hd %u pt %u len %u moves %u",
+				         DT_NAME[di], hd, pt, len, nm);
+				pools_equal(what, &p);
+				cudaFree(dm);
+				free(mv);
+				free(drop);
+				plist_free(&p);
+			}
+}
+
+/* Three lists sharing one pool, compacted in one batch launch. */
+TEST_T(cuda, compact_batch, 60)
+{
+	need_device();
+	for (int di = 0; di < 3; di++) {
+		uint32_t pt = 16, hd = 128, per = 4;
+		struct plist p;
+		plist_make(&p, 3 * per, pt, hd, DTS[di]);
+		uint32_t rb = (uint32_t)p.row_bytes;
+		uint32_t *all = xmalloc((size_t)3 * per * pt * 3 * 4), n_all = 0;
+		for (uint32_t l = 0; l < 3; l++) {
+			uint32_t len = 1 + rnd() % (per * pt), nl;
+			uint8_t *drop = xmalloc(len);
+			for (uint32_t i = 0; i < len; i++)
+				drop[i] = rnd() % 3 == 0;
+			uint32_t *mv = xmalloc((size_t)len * 8);
+			uint32_t nm = compact_plan(drop, len, mv, &nl);
+			compact_cpu(p.hptr + l * per, pt, rb, mv, nm);
+			for (uint32_t m = 0; m < nm; m++) {
+				all[3 * n_all] = mv[2 * m];
+				all[3 * n_all + 1] = mv[2 * m + 1];
+				all[3 * n_all + 2] = l * per;
+				n_all++;
+			}
+			free(mv);
+			free(drop);
+		}
+		uint32_t *dm = to_dev(all, (size_t)n_all * 12);
+		T_OK(compact_batch_cuda(p.dptr, pt, rb, dm, n_all, 0));
+		CK(cudaDeviceSynchronize());
+		pools_equal("compact_batch", &p);
+		cudaFree(dm);
+		free(all);
+		plist_free(&p);
+	}
+}
+
+/* ---------------------------------------------------- paged_attention */
+
+static void pa_case(enum kvt_dtype dt, const char *dn, uint32_t hd, uint32_t G,
+                    uint32_t len, uint32_t pt, int with_scratch)
+{
+	uint32_t n_pages = (len + pt - 1) / pt;
+	struct plist p;
+	plist_make(&p, n_pages ? n_pages : 1, pt, hd, dt);
+	float scale = 1.0f / sqrtf((float)hd);
+	size_t qn = (size_t)G * hd;
+	float *q = xmalloc(qn * 4), *out = xmalloc(qn * 4), *lse = xmalloc(G * 4);
+	float *gout = xmalloc(qn * 4), *glse = xmalloc(G * 4);
+	float *scratch = xmalloc(((size_t)G * len + 1) * 4);
+	fill(q, qn, 2.0f);
+	paged_attention_cpu(q, G, p.hptr, pt, hd, dt, len, scale, out, lse,
+	                    scratch);
+	float *dq = to_dev(q, qn * 4), *dout = dmalloc(qn * 4);
+	float *dlse = dmalloc(G * 4);
+	float *dscr = with_scratch ? dmalloc(((size_t)G * len + 1) * 4) : NULL;
+	CK(cudaMemset(dout, 0xff, qn * 4)); /* NaN: every value is written */
+	T_OK(paged_attention_cuda(dq, G, p.dptr, pt, hd, dt, len, scale, dout,
+	                          dlse, dscr, 0));
+	CK(cudaDeviceSynchronize());
+	to_host(gout, dout, qn * 4);
+	to_host(glse, dlse, G * 4);
+	char what[96];
+	snprintf(what, sizeof(what), "pa %s hd %u G %u len %u pt %u%s out", dn,
+	         hd, G, len, pt, with_scratch ? "" : " (no scratch)");
+	close_enough(what, out, gout, qn, 2e-4f, 1e-3f);
+	snprintf(what, sizeof(what), "pa %s hd %u G %u len %u pt %u lse", dn,
+	         hd, G, len, pt);
+	close_enough(what, lse, glse, G, 2e-4f, 1e-5f);
+	cudaFree(dq);
+	cudaFree(dout);
+	cudaFree(dlse);
+	cudaFree(dscr);
+	free(q);
+	free(out);
+	free(lse);
+	free(gout);
+	free(glse);
+	free(scratch);
+	plist_free(&p);
+}
+
+TEST_T(cuda, paged_attention, 300)
+{
+	need_device();
+	static const uint32_t HD[] = {64, 128, 256, 96, 72, 68, 5};
+	static const uint32_t G[] = {1, 2, 4, 5, 8, 12};
+	static const uint32_t LEN[] = {0, 1, 7, 255, 256, 257, 1000, 4099};
+	static const uint32_t PT[] = {16, 1, 32, 5};
+	/* every head_dim x dtype x group with a long and a short list */
+	for (int di = 0; di < 3; di++)
+		for (size_t h = 0; h < sizeof(HD) / 4; h++)
+			for (size_t g = 0; g < sizeof(G) / 4; g++) {
+				pa_case(DTS[di], DT_NAME[di], HD[h], G[g], 4099,
+				        16, 1);
+				pa_case(DTS[di], DT_NAME[di], HD[h], G[g],
+				        LEN[rnd() % 8], PT[rnd() % 4], 1);
+			}
+	/* every length and page size at the common shape */
+	for (size_t l = 0; l < sizeof(LEN) / 4; l++)
+		for (size_t t = 0; t < sizeof(PT) / 4; t++) {
+			pa_case(KVT_DTYPE_F16, "f16", 128, 4, LEN[l], PT[t], 1);
+			pa_case(KVT_DTYPE_BF16, "bf16", 128, 4, LEN[l], PT[t], 0);
+		}
+	T_ERR(paged_attention_cuda(NULL, 4, NULL, 16, 512, KVT_DTYPE_F16, 0,
+	                           1.0f, NULL, NULL, NULL, 0),
+	      KVT_ENOTSUP);
+}
+
+/* A batch of lists of different lengths (0 included) against the CPU run
+ * list by list, with and without split workspace. */
+TEST_T(cuda, paged_attention_batch, 120)
+{
+	need_device();
+	const uint32_t hd = 128, G = 4, pt = 16, n_lists = 37;
+	for (int di = 0; di < 3; di++)
+		for (int ws = 0; ws < 2; ws++) {
+			uint32_t lens[37], first[37], max_len = 0, total = 0;
+			for (uint32_t i = 0; i < n_lists; i++) {
+				lens[i] = i == 3 ? 0 : rnd() % 3000;
+				first[i] = total;
+				total += (lens[i] + pt - 1) / pt;
+				max_len = lens[i] > max_len ? lens[i] : max_len;
+			}
+			struct plist p;
+			plist_make(&p, total, pt, hd, DTS[di]);
+			size_t qn = (size_t)n_lists * G * hd;
+			float *q = xmalloc(qn * 4), *out = xmalloc(qn * 4);
+			float *lse = xmalloc(n_lists * G * 4);
+			float *gout = xmalloc(qn * 4), *glse = xmalloc(n_lists * G * 4);
+			float *scr = xmalloc(((size_t)G * max_len + 1) * 4);
+			fill(q, qn, 2.0f);
+			float scale = 1.0f / sqrtf((float)hd);
+			for (uint32_t i = 0; i < n_lists; i++)
+				paged_attention_cpu(q + (size_t)i * G * hd, G,
+				                    p.hptr + first[i], pt, hd,
+				                    DTS[di], lens[i], scale,
+				                    out + (size_t)i * G * hd,
+				                    lse + i * G, scr);
+			float *dq = to_dev(q, qn * 4), *dout = dmalloc(qn * 4);
+			float *dlse = dmalloc(n_lists * G * 4);
+			uint32_t *dl = to_dev(lens, sizeof(lens));
+			uint32_t *df = to_dev(first, sizeof(first));
+			size_t wb = ws ? paged_attention_work_bytes(n_lists, G, hd,
+			                                            max_len)
+			               : 0;
+			void *work = wb ? dmalloc(wb) : NULL;
+			T_OK(paged_attention_batch_cuda(dq, G, p.dptr, df, dl,
+			                                n_lists, max_len, pt, hd,
+			                                DTS[di], scale, dout, dlse,
+			                                work, wb, 0));
+			CK(cudaDeviceSynchronize());
+			to_host(gout, dout, qn * 4);
+			to_host(glse, dlse, n_lists * G * 4);
+			close_enough("pa batch out", out, gout, qn, 2e-4f, 1e-3f);
+			close_enough("pa batch lse", lse, glse, n_lists * G, 2e-4f,
+			             1e-5f);
+			cudaFree(dq);
+			cudaFree(dout);
+			cudaFree(dlse);
+			cudaFree(dl);
+			cudaFree(df);
+			cudaFree(work);
+			free(q);
+			free(out);
+			free(lse);
+			free(gout);
+			free(glse);
+			free(scr);
+			plist_free(&p);
+		}
+}
+
+/* ----------------------------------------------------------- attn_band */
+
+TEST_T(cuda, attn_band, 180)
+{
+	need_device();
+	static const uint32_t HD[] = {64, 128, 256, 80, 5};
+	static const uint32_t NQ[] = {1, 5, 33};
+	static const uint32_t G[] = {1, 4, 7};
+	static const uint32_t LEN[] = {0, 1, 31, 100, 513};
+	for (int di = 0; di < 3; di++)
+		for (size_t h = 0; h < sizeof(HD) / 4; h++)
+			for (int rep = 0; rep < 4; rep++) {
+				uint32_t hd = HD[h], nq = NQ[rnd() % 3];
+				uint32_t g = G[rnd() % 3], len = LEN[rnd() % 5];
+				uint32_t pt = rep & 1 ? 16 : 3;
+				uint32_t n_pages = (len + pt - 1) / pt;
+				struct plist p;
+				plist_make(&p, n_pages ? n_pages : 1, pt, hd, DTS[di]);
+				size_t qn = (size_t)nq * g * hd;
+				size_t wn = (size_t)nq * g * len;
+				float *q = xmalloc(qn * 4), *lse = xmalloc(nq * g * 4);
+				uint32_t *qpos = xmalloc(nq * 4);
+				uint32_t *kpos = xmalloc((len + 1) * 4);
+				float *w = xmalloc(wn * 4 + 4), *gw = xmalloc(wn * 4 + 4);
+				float *ks = xmalloc(((size_t)len * hd + 1) * 4);
+				fill(q, qn, 1.0f);
+				for (size_t i = 0; i < (size_t)nq * g; i++)
+					lse[i] = 2.0f + 4.0f * (frnd() + 1.0f) / 2;
+				for (uint32_t i = 0; i < len; i++)
+					kpos[i] = rnd() % (len + 8);
+				for (uint32_t t = 0; t < nq; t++)
+					qpos[t] = rnd() % (len + 8);
+				float scale = 1.0f / sqrtf((float)hd);
+				attn_band_cpu(q, lse, qpos, nq, g, p.hptr, pt, hd,
+				              DTS[di], kpos, len, scale, w, ks);
+				float *dq = to_dev(q, qn * 4);
+				float *dlse = to_dev(lse, nq * g * 4);
+				uint32_t *dqp = to_dev(qpos, nq * 4);
+				uint32_t *dkp = to_dev(kpos, len * 4);
+				float *dw = dmalloc(wn * 4);
+				T_OK(attn_band_cuda(dq, dlse, dqp, nq, g, p.dptr, pt,
+				                    hd, DTS[di], dkp, len, scale, dw,
+				                    NULL, 0));
+				CK(cudaDeviceSynchronize());
+				to_host(gw, dw, wn * 4);
+				char what[80];
+				snprintf(what, sizeof(what),
+				         "attn_band %s hd %u nq %u G %u len %u",
+				         DT_NAME[di], hd, nq, g, len);
+				close_enough(what, w, gw, wn, 1e-5f, 2e-4f);
+				cudaFree(dq);
+				cudaFree(dlse);
+				cudaFree(dqp);
+				cudaFree(dkp);
+				cudaFree(dw);
+				free(q);
+				free(lse);
+				free(qpos);
+				free(kpos);
+				free(w);
+				free(gw);
+				free(ks);
+				plist_free(&p);
+			}
+}
+
+/* ------------------------------------------------------------- scorers */
+
+static cublasHandle_t blas(void)
+{
+	cublasHandle_t h;
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+		th_fail(__FILE__, __LINE__, "cublasCreate failed");
+	return h;
+}
+
+TEST_T(cuda, scorer_linear, 120)
+{
+	need_device();
+	static const uint32_t N[] = {0, 1, 17, 300};
+	static const uint32_t DIN[] = {1, 64, 257, 4096};
+	static const uint32_t DOUT[] = {1, 8, 33};
+	cublasHandle_t h = blas();
+	for (size_t a = 0; a < 4; a++)
+		for (size_t b = 0; b < 4; b++)
+			for (size_t c = 0; c < 3; c++)
+				for (int wb = 0; wb < 2; wb++) {
+					uint32_t n = N[a], di = DIN[b], dout = DOUT[c];
+					float *x = xmalloc((size_t)n * di * 4 + 4);
+					float *W = xmalloc((size_t)dout * di * 4);
+					float *bb = xmalloc(dout * 4);
+					float *y = xmalloc((size_t)n * dout * 4 + 4);
+					float *gy = xmalloc((size_t)n * dout * 4 + 4);
+					fill(x, (size_t)n * di, 1.0f);
+					fill(W, (size_t)dout * di, 1.0f / sqrtf((float)di));
+					fill(bb, dout, 1.0f);
+					scorer_linear_cpu(x, n, di, W, wb ? bb : NULL,
+					                  dout, y);
+					float *dx = to_dev(x, (size_t)n * di * 4);
+					float *dW = to_dev(W, (size_t)dout * di * 4);
+					float *db = to_dev(bb, dout * 4);
+					float *dy = dmalloc((size_t)n * dout * 4);
+					T_OK(scorer_linear_cuda(h, dx, n, di, dW,
+					                        wb ? db : NULL, dout,
+					                        dy, 0));
+					CK(cudaDeviceSynchronize());
+					to_host(gy, dy, (size_t)n * dout * 4);
+					close_enough("scorer_linear", y, gy,
+					             (size_t)n * dout, 1e-4f, 1e-4f);
+					cudaFree(dx);
+					cudaFree(dW);
+					cudaFree(db);
+					cudaFree(dy);
+					free(x);
+					free(W);
+					free(bb);
+					free(y);
+					free(gy);
+				}
+	cublasDestroy(h);
+}
+
+TEST_T(cuda, scorer_mlp, 120)
+{
+	need_device();
+	static const uint32_t N[] = {1, 17, 300};
+	static const uint32_t DIN[] = {1, 64, 513};
+	static const uint32_t HID[] = {1, 16, 512};
+	static const uint32_t DOUT[] = {1, 8};
+	cublasHandle_t h = blas();
+	for (size_t a = 0; a < 3; a++)
+		for (size_t b = 0; b < 3; b++)
+			for (size_t hh = 0; hh < 3; hh++)
+				for (size_t c = 0; c < 2; c++) {
+					uint32_t n = N[a], di = DIN[b], hid = HID[hh];
+					uint32_t dout = DOUT[c];
+					int wb = (a + b + hh + c) & 1;
+					float *x = xmalloc((size_t)n * di * 4);
+					float *W1 = xmalloc((size_t)hid * di * 4);
+					float *b1 = xmalloc(hid * 4);
+					float *W2 = xmalloc((size_t)dout * hid * 4);
+					float *b2 = xmalloc(dout * 4);
+					float *hs = xmalloc((size_t)n * hid * 4);
+					float *y = xmalloc((size_t)n * dout * 4);
+					float *gy = xmalloc((size_t)n * dout * 4);
+					fill(x, (size_t)n * di, 2.0f);
+					fill(W1, (size_t)hid * di, 1.0f / sqrtf((float)di));
+					fill(b1, hid, 0.5f);
+					fill(W2, (size_t)dout * hid, 1.0f / sqrtf((float)hid));
+					fill(b2, dout, 0.5f);
+					scorer_mlp_cpu(x, n, di, W1, wb ? b1 : NULL, hid,
+					               W2, wb ? b2 : NULL, dout, y, hs);
+					float *dx = to_dev(x, (size_t)n * di * 4);
+					float *dW1 = to_dev(W1, (size_t)hid * di * 4);
+					float *db1 = to_dev(b1, hid * 4);
+					float *dW2 = to_dev(W2, (size_t)dout * hid * 4);
+					float *db2 = to_dev(b2, dout * 4);
+					float *dh = dmalloc((size_t)n * hid * 4);
+					float *dy = dmalloc((size_t)n * dout * 4);
+					T_OK(scorer_mlp_cuda(h, dx, n, di, dW1,
+					                     wb ? db1 : NULL, hid, dW2,
+					                     wb ? db2 : NULL, dout, dy,
+					                     dh, 0));
+					CK(cudaDeviceSynchronize());
+					to_host(gy, dy, (size_t)n * dout * 4);
+					close_enough("scorer_mlp", y, gy,
+					             (size_t)n * dout, 1e-4f, 1e-4f);
+					cudaFree(dx);
+					cudaFree(dW1);
+					cudaFree(db1);
+					cudaFree(dW2);
+					cudaFree(db2);
+					cudaFree(dh);
+					cudaFree(dy);
+					free(x);
+					free(W1);
+					free(b1);
+					free(W2);
+					free(b2);
+					free(hs);
+					free(y);
+					free(gy);
+				}
+	cublasDestroy(h);
+}
+
+TEST_T(cuda, sink_gate, 120)
+{
+	need_device();
+	static const uint32_t N[] = {1, 50};
+	static const uint32_t DIN[] = {32, 129};
+	static const uint32_t NKV[] = {1, 3, 8};
+	static const uint32_t G[] = {1, 4};
+	static const uint32_t DP[] = {16, 5};
+	static const uint32_t S[] = {0, 1, 16};
+	cublasHandle_t h = blas();
+	for (size_t a = 0; a < 2; a++)
+		for (size_t b = 0; b < 2; b++)
+			for (size_t c = 0; c < 3; c++)
+				for (size_t d = 0; d < 2; d++)
+					for (size_t e = 0; e < 2; e++) {
+	uint32_t n = N[a], di = DIN[b], nkv = NKV[c], g = G[d], dp = DP[e];
+	uint32_t s = S[(a + b + c + d + e) % 3];
+	size_t nq = (size_t)nkv * g * dp, nk = (size_t)nkv * dp;
+	float *x = xmalloc((size_t)n * di * 4), *Wq = xmalloc(nq * di * 4);
+	float *cq = xmalloc(nq * 4), *Wk = xmalloc(nk * di * 4);
+	float *gq = xmalloc(dp * 4), *gk = xmalloc(dp * 4);
+	float *sk = xmalloc(((size_t)nkv * s * dp + 1) * 4);
+	float *bias = xmalloc((size_t)nkv * g * 4);
+	size_t scr_n = (size_t)n * nkv * (g + 1) * dp;
+	float *scr = xmalloc(scr_n * 4), *sc = xmalloc((size_t)n * nkv * 4);
+	float *gsc = xmalloc((size_t)n * nkv * 4);
+	fill(x, (size_t)n * di, 2.0f);
+	fill(Wq, nq * di, 1.0f / sqrtf((float)di));
+	fill(cq, nq, 0.3f);
+	fill(Wk, nk * di, 1.0f / sqrtf((float)di));
+	fill(gq, dp, 1.0f);
+	fill(gk, dp, 1.0f);
+	fill(sk, (size_t)nkv * s * dp, 2.0f);
+	fill(bias, (size_t)nkv * g, 2.0f);
+	sink_gate_cpu(x, n, di, nkv, g, dp, s, Wq, cq, Wk, gq, gk, sk, bias, sc,
+	              scr);
+	float *dx = to_dev(x, (size_t)n * di * 4), *dWq = to_dev(Wq, nq * di * 4);
+	float *dcq = to_dev(cq, nq * 4), *dWk = to_dev(Wk, nk * di * 4);
+	float *dgq = to_dev(gq, dp * 4), *dgk = to_dev(gk, dp * 4);
+	float *dsk = to_dev(sk, ((size_t)nkv * s * dp + 1) * 4);
+	float *db = to_dev(bias, (size_t)nkv * g * 4);
+	float *dscr = dmalloc(scr_n * 4), *dsc = dmalloc((size_t)n * nkv * 4);
+	T_OK(sink_gate_cuda(h, dx, n, di, nkv, g, dp, s, dWq, dcq, dWk, dgq, dgk,
+	                    dsk, db, dsc, dscr, 0));
+	CK(cudaDeviceSynchronize());
+	to_host(gsc, dsc, (size_t)n * nkv * 4);
+	char what[80];
+	snprintf(what, sizeof(what), "sink_gate n %u din %u nkv %u G %u dp %u S %u",
+	         n, di, nkv, g, dp, s);
+	close_enough(what, sc, gsc, (size_t)n * nkv, 2e-5f, 1e-4f);
+	cudaFree(dx); cudaFree(dWq); cudaFree(dcq); cudaFree(dWk);
+	cudaFree(dgq); cudaFree(dgk); cudaFree(dsk); cudaFree(db);
+	cudaFree(dscr); cudaFree(dsc);
+	free(x); free(Wq); free(cq); free(Wk); free(gq); free(gk); free(sk);
+	free(bias); free(scr); free(sc); free(gsc);
+					}
+	cublasDestroy(h);
+}
+
+/* ----------------------------------------------------------- selection */
+
+/* Scores with ties (quantised), NaNs and both zeros. */
+static void sel_scores(float *sc, uint32_t n, int kind)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		float v = frnd();
+		if (kind == 1)
+			v = (float)(rnd() % 7) - 3.0f; /* many ties */
+		sc[i] = v;
+		uint32_t r = rnd() % 50;
+		if (r == 0)
+			sc[i] = NAN;
+		else if (r == 1)
+			sc[i] = -0.0f;
+		else if (r == 2)
+			sc[i] = 0.0f;
+		else if (r == 3)
+			sc[i] = -INFINITY;
+	}
+}
+
+TEST_T(cuda, select_topk, 120)
+{
+	need_device();
+	static const uint32_t N[] = {0, 1, 2, 100, 1000, 5000, 40000};
+	for (size_t a = 0; a < sizeof(N) / 4; a++)
+		for (int kind = 0; kind < 2; kind++)
+			for (int rk = 0; rk < 3; rk++)
+				for (int kk = 0; kk < 6; kk++) {
+					uint32_t n = N[a];
+					uint32_t K[6] = {0, 1, n / 2, n ? n - 1 : 0, n,
+					                 n + 5};
+					uint32_t k = K[kk];
+					float *sc = xmalloc(n * 4 + 4);
+					uint32_t *rank = xmalloc(n * 4 + 4);
+					uint8_t *prot = xmalloc(n + 1);
+					uint8_t *drop = xmalloc(n + 1), *gd = xmalloc(n + 1);
+					uint32_t *scr = xmalloc(n * 4 + 4);
+					sel_scores(sc, n, kind);
+					for (uint32_t i = 0; i < n; i++) {
+						/* distinct positions, repeated ranks, or
+						 * none (index ranks) */
+						rank[i] = rk == 1 ? rnd() % 5 : i * 7 + 3;
+						prot[i] = rnd() % 4 == 0;
+					}
+					int use_prot = (kk + kind) & 1;
+					uint32_t cnt = select_topk_cpu(
+						sc, rk == 2 ? NULL : rank,
+						use_prot ? prot : NULL, n, k, drop, scr);
+					float *dsc = to_dev(sc, n * 4);
+					uint32_t *drk = to_dev(rank, n * 4);
+					uint8_t *dpr = to_dev(prot, n);
+					uint8_t *ddr = dmalloc(n + 1);
+					uint32_t *dcnt = dmalloc(4), gcnt = 12345;
+					T_OK(select_topk_cuda(dsc, rk == 2 ? NULL : drk,
+					                      use_prot ? dpr : NULL, n,
+					                      k, ddr, NULL, dcnt, 0));
+					CK(cudaDeviceSynchronize());
+					to_host(gd, ddr, n);
+					to_host(&gcnt, dcnt, 4);
+					for (uint32_t i = 0; i < n; i++)
+						if (gd[i] != drop[i])
+							th_fail(__FILE__, __LINE__,
+							        "topk n %u k %u kind %d "
+							        "rank %d: drop[%u] cpu %u "
+							        "gpu %u (score %g)",
+							        n, k, kind, rk, i,
+							        drop[i], gd[i], sc[i]);
+					T_EQ(gcnt, cnt);
+					cudaFree(dsc);
+					cudaFree(drk);
+					cudaFree(dpr);
+					cudaFree(ddr);
+					cudaFree(dcnt);
+					free(sc);
+					free(rank);
+					free(prot);
+					free(drop);
+					free(gd);
+					free(scr);
+				}
+}
+
+TEST_T(cuda, select_topk_batch, 60)
+{
+	need_device();
+	const uint32_t L = 9;
+	uint32_t first[10], k[9], total = 0;
+	for (uint32_t l = 0; l < L; l++) {
+		first[l] = total;
+		total += l == 4 ? 0 : rnd() % 3000;
+		k[l] = rnd() % 1500;
+	}
+	first[L] = total;
+	float *sc = xmalloc(total * 4 + 4);
+	uint32_t *rank = xmalloc(total * 4 + 4), *scr = xmalloc(total * 4 + 4);
+	uint8_t *prot = xmalloc(total + 1), *drop = xmalloc(total + 1);
+	uint8_t *gd = xmalloc(total + 1);
+	uint32_t cnt[9], gcnt[9];
+	sel_scores(sc, total, 0);
+	for (uint32_t i = 0; i < total; i++) {
+		rank[i] = i;
+		prot[i] = rnd() % 5 == 0;
+	}
+	for (uint32_t l = 0; l < L; l++)
+		cnt[l] = select_topk_cpu(sc + first[l], rank + first[l],
+		                         prot + first[l], first[l + 1] - first[l],
+		                         k[l], drop + first[l], scr);
+	float *dsc = to_dev(sc, total * 4);
+	uint32_t *drk = to_dev(rank, total * 4);
+	uint8_t *dpr = to_dev(prot, total), *ddr = dmalloc(total + 1);
+	uint32_t *df = to_dev(first, sizeof(first)), *dk = to_dev(k, sizeof(k));
+	uint32_t *dc = dmalloc(sizeof(gcnt));
+	T_OK(select_topk_batch_cuda(dsc, drk, dpr, df, L, dk, ddr, dc, 0));
+	CK(cudaDeviceSynchronize());
+	to_host(gd, ddr, total);
+	to_host(gcnt, dc, sizeof(gcnt));
+	T_ASSERT(memcmp(gd, drop, total) == 0);
+	for (uint32_t l = 0; l < L; l++)
+		T_EQ(gcnt[l], cnt[l]);
+	cudaFree(dsc);
+	cudaFree(drk);
+	cudaFree(dpr);
+	cudaFree(ddr);
+	cudaFree(df);
+	cudaFree(dk);
+	cudaFree(dc);
+	free(sc);
+	free(rank);
+	free(scr);
+	free(prot);
+	free(drop);
+	free(gd);
+}
+
+TEST_T(cuda, select_threshold, 60)
+{
+	need_device();
+	static const uint32_t N[] = {0, 1, 31, 32, 33, 1000, 100000};
+	static const float TAU[] = {-INFINITY, -0.5f, 0.0f, 0.7f, INFINITY};
+	for (size_t a = 0; a < sizeof(N) / 4; a++)
+		for (size_t t = 0; t < 5; t++)
+			for (int up = 0; up < 2; up++) {
+				uint32_t n = N[a];
+				float *sc = xmalloc(n * 4 + 4);
+				uint8_t *prot = xmalloc(n + 1), *drop = xmalloc(n + 1);
+				uint8_t *gd = xmalloc(n + 1);
+				sel_scores(sc, n, (int)(t & 1));
+				for (uint32_t i = 0; i < n; i++)
+					prot[i] = rnd() % 3 == 0;
+				uint32_t cnt = select_threshold_cpu(
+					sc, up ? prot : NULL, n, TAU[t], drop);
+				float *dsc = to_dev(sc, n * 4);
+				uint8_t *dpr = to_dev(prot, n), *ddr = dmalloc(n + 1);
+				uint32_t *dc = dmalloc(4), gcnt = 777;
+				T_OK(select_threshold_cuda(dsc, up ? dpr : NULL, n,
+				                           TAU[t], ddr, dc, 0));
+				CK(cudaDeviceSynchronize());
+				to_host(gd, ddr, n);
+				to_host(&gcnt, dc, 4);
+				T_ASSERT(n == 0 || memcmp(gd, drop, n) == 0);
+				T_EQ(gcnt, cnt);
+				cudaFree(dsc);
+				cudaFree(dpr);
+				cudaFree(ddr);
+				cudaFree(dc);
+				free(sc);
+				free(prot);
+				free(drop);
+				free(gd);
+			}
+}
+
+/* ------------------------------------------------------------- backend */
+
+static const struct kvt_backend_ops *cuda_ops(void)
+{
+	static char why[256];
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	T_EQ(o->abi, KVT_BACKEND_ABI);
+	T_EQ_STR(o->name, "cuda");
+	if (o->probe(why, sizeof(why)))
+		T_SKIP(why);
+	return o;
+}
+
+TEST(cuda, backend_probe_and_chunk)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx;
+	const char *mode = NULL;
+	char err[256];
+	int n = 0;
+	T_OK(o->device_count(&n));
+	T_ASSERT(n > 0);
+	T_OK(o->ctx_new(0, &ctx, &mode, err, sizeof(err)));
+	T_ASSERT(mode && (!strcmp(mode, "vmm") || !strcmp(mode, "ipc")));
+	fprintf(stderr, "    sharing mode: %s\n", mode);
+	struct kvt_backend_chunk c;
+	T_OK(o->chunk_new(ctx, KVT_CHUNK_BYTES, &c));
+	T_ASSERT(c.base != NULL);
+	T_EQ_U64(c.bytes, KVT_CHUNK_BYTES);
+	if (o->share(ctx) == KVT_BACKEND_SHARE_VMM)
+		T_ASSERT(c.fd >= 0);
+	else
+		T_EQ(c.fd, -1);
+	uint8_t *h = xmalloc(KVT_CHUNK_BYTES);
+	to_host(h, c.base, KVT_CHUNK_BYTES);
+	for (size_t i = 0; i < KVT_CHUNK_BYTES; i++)
+		if (h[i])
+			th_fail(__FILE__, __LINE__, "chunk byte %zu not zero", i);
+	free(h);
+	o->chunk_free(ctx, &c);
+	T_ASSERT(c.base == NULL);
+	T_EQ(c.fd, -1);
+	o->chunk_free(ctx, &c); /* twice is harmless */
+	T_ERR(o->chunk_new(ctx, 12345, &c), KVT_EINVAL);
+	o->ctx_free(ctx);
+}
+
+/* The backend's batched compaction against compact_cpu. */
+TEST(cuda, backend_compact)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx, *s;
+	char err[256];
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_OK(o->stream_new(ctx, &s));
+	for (int round = 0; round < 3; round++) {
+		struct plist a, b;
+		plist_make(&a, 5, 16, 128, KVT_DTYPE_F16);
+		plist_make(&b, 3, 8, 64, KVT_DTYPE_F32);
+		void **ahp = xmalloc(5 * sizeof(void *));
+		void **bhp = xmalloc(3 * sizeof(void *));
+		for (uint32_t i = 0; i < 5; i++)
+			ahp[i] = a.dev + (size_t)a.ids[i] * a.page_bytes;
+		for (uint32_t i = 0; i < 3; i++)
+			bhp[i] = b.dev + (size_t)b.ids[i] * b.page_bytes;
+		struct kvt_backend_compact L[3];
+		uint32_t *mv[2], nl;
+		struct plist *ps[2] = {&a, &b};
+		void **hp[2] = {ahp, bhp};
+		for (int l = 0; l < 2; l++) {
+			uint32_t len = ps[l]->n_pages * ps[l]->page_tokens - rnd() % 5;
+			uint8_t *drop = xmalloc(len);
+			for (uint32_t i = 0; i < len; i++)
+				drop[i] = rnd() % 2;
+			mv[l] = xmalloc((size_t)len * 8);
+			uint32_t nm = compact_plan(drop, len, mv[l], &nl);
+			compact_cpu(ps[l]->hptr, ps[l]->page_tokens,
+			            (uint32_t)ps[l]->row_bytes, mv[l], nm);
+			L[l] = (struct kvt_backend_compact){
+				hp[l], ps[l]->n_pages, ps[l]->page_tokens,
+				(uint32_t)ps[l]->row_bytes, nm, mv[l]};
+			free(drop);
+		}
+		L[2] = L[0];
+		L[2].n_moves = 0; /* an untouched list */
+		T_OK(o->compact(ctx, L, 3, s));
+		T_OK(o->stream_sync(ctx, s));
+		pools_equal("backend compact a", &a);
+		pools_equal("backend compact b", &b);
+		/* a move beyond the pages is refused before any launch */
+		uint32_t bad[2] = {0, 5 * 16};
+		struct kvt_backend_compact B = L[0];
+		B.moves = bad;
+		B.n_moves = 1;
+		T_ERR(o->compact(ctx, &B, 1, s), KVT_EINVAL);
+		free(mv[0]);
+		free(mv[1]);
+		free(ahp);
+		free(bhp);
+		plist_free(&a);
+		plist_free(&b);
+	}
+	o->stream_free(ctx, s);
+	o->ctx_free(ctx);
+}
+
+static int send_fd(int sock, int fd, const void *buf, size_t len)
+{
+	struct iovec iov = {(void *)buf, len};
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct msghdr m;
+	memset(&m, 0, sizeof(m));
+	memset(cbuf, 0, sizeof(cbuf));
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	if (fd >= 0) {
+		m.msg_control = cbuf;
+		m.msg_controllen = sizeof(cbuf);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	return sendmsg(sock, &m, 0) == (ssize_t)len ? 0 : -1;
+}
+
+static int recv_fd(int sock, int *fd, void *buf, size_t len)
+{
+	struct iovec iov = {buf, len};
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct msghdr m;
+	memset(&m, 0, sizeof(m));
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof(cbuf);
+	*fd = -1;
+	if (recvmsg(sock, &m, MSG_WAITALL) != (ssize_t)len)
+		return -1;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	if (c && c->cmsg_type == SCM_RIGHTS)
+		memcpy(fd, CMSG_DATA(c), sizeof(int));
+	return 0;
+}
+
+struct xfer {
+	uint8_t ipc[KVT_BACKEND_IPC_BYTES];
+	uint8_t ev[KVT_BACKEND_IPC_BYTES];
+	uint64_t bytes;
+};
+
+/*
+ * Importer in a child process (which has not touched CUDA: forked before
+ * the parent initialises it): maps the chunk from the fd or handle, opens
+ * the event, makes its stream wait on it, reads the chunk and reports
+ * whether it saw the exporter's pattern.
+ */
+static int importer(int sock)
+{
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	struct xfer x;
+	int fd;
+	char err[256], go;
+	void *ctx, *s;
+	if (recv_fd(sock, &fd, &x, sizeof(x)))
+		return 10;
+	if (o->ctx_new(0, &ctx, NULL, err, sizeof(err)) ||
+	    o->stream_new(ctx, &s))
+		return 11;
+	struct kvt_backend_chunk c;
+	struct kvt_backend_event e;
+	if (o->chunk_import(ctx, fd, x.ipc, x.bytes, &c)) {
+		fprintf(stderr, "    import: %s\n", o->last_error());
+		return 12;
+	}
+	if (fd >= 0)
+		close(fd); /* the mapping keeps the memory */
+	if (o->event_open(ctx, x.ev, &e))
+		return 13;
+	if (read(sock, &go, 1) != 1) /* exporter recorded its event */
+		return 14;
+	uint8_t *h = malloc(x.bytes);
+	if (!h || o->stream_wait_event(ctx, s, &e) ||
+	    cudaMemcpyAsync(h, c.base, x.bytes, cudaMemcpyDeviceToHost,
+	                    (cudaStream_t)s) != cudaSuccess ||
+	    o->stream_sync(ctx, s))
+		return 15;
+	int bad = 0;
+	for (uint64_t i = 0; i < x.bytes; i++)
+		bad |= h[i] != 0x5a;
+	free(h);
+	o->event_free(ctx, &e);
+	o->chunk_unmap(ctx, &c);
+	o->stream_free(ctx, s);
+	o->ctx_free(ctx);
+	char done = bad ? 'B' : 'G';
+	if (write(sock, &done, 1) != 1)
+		return 16;
+	return bad ? 17 : 0;
+}
+
+static void cross_process(const char *share)
+{
+	int sv[2];
+	T_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	if (share)
+		setenv("KVTRIM_CUDA_SHARE", share, 1);
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		close(sv[0]);
+		_exit(importer(sv[1]));
+	}
+	close(sv[1]);
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx, *s;
+	const char *mode;
+	char err[256];
+	T_OK(o->ctx_new(0, &ctx, &mode, err, sizeof(err)));
+	if (share)
+		T_EQ_STR(mode, share);
+	T_OK(o->stream_new(ctx, &s));
+	struct kvt_backend_chunk c;
+	struct kvt_backend_event e;
+	T_OK(o->chunk_new(ctx, KVT_CHUNK_BYTES, &c));
+	T_OK(o->event_new(ctx, &e));
+	struct xfer x;
+	memcpy(x.ipc, c.ipc, sizeof(x.ipc));
+	memcpy(x.ev, e.handle, sizeof(x.ev));
+	x.bytes = c.bytes;
+	T_EQ(send_fd(sv[0], c.fd, &x, sizeof(x)), 0);
+	/* write, record, tell: the importer's stream waits on the event,
+	 * not on this process's host thread */
+	CK(cudaMemsetAsync(c.base, 0x5a, c.bytes, (cudaStream_t)s));
+	T_OK(o->event_record(ctx, &e, s));
+	char go = 'r', done = 0;
+	T_EQ(write(sv[0], &go, 1), 1);
+	T_EQ(read(sv[0], &done, 1), 1);
+	int st = 0;
+	T_EQ(waitpid(pid, &st, 0), pid);
+	T_ASSERT(WIFEXITED(st));
+	T_EQ(WEXITSTATUS(st), 0);
+	T_EQ(done, 'G');
+	o->event_free(ctx, &e);
+	o->chunk_free(ctx, &c);
+	o->stream_free(ctx, s);
+	o->ctx_free(ctx);
+	close(sv[0]);
+}
+
+TEST_T(cuda, backend_share_across_processes, 60)
+{
+	/* probe in a child: the parent forks the importer before touching
+	 * CUDA */
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		char why[256];
+		_exit(kvt_cuda_backend_v1.probe(why, sizeof(why)) ? 77 : 0);
+	}
+	int st = 0;
+	T_EQ(waitpid(pid, &st, 0), pid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
+		T_SKIP("no usable CUDA device");
+	cross_process(NULL);
+}
+
+TEST_T(cuda, backend_share_legacy_ipc, 60)
+{
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		char why[256];
+		_exit(kvt_cuda_backend_v1.probe(why, sizeof(why)) ? 77 : 0);
+	}
+	int st = 0;
+	T_EQ(waitpid(pid, &st, 0), pid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
+		T_SKIP("no usable CUDA device");
+	cross_process("ipc");
+}
