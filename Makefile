@@ -92,6 +92,19 @@ ifneq ($(wildcard examples/tinyllm/main.c),)
 ALL += $(TINYLLM)
 endif
 
+# Scorer training and quality evaluation (tools/train, tools/eval); the
+# non-main files of tools/train are also linked into the tests.
+TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(wildcard tools/train/*.c)))
+EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(wildcard tools/eval/*.c)))
+TRAIN := $(B)/bin/kvtrim-train
+EVAL  := $(B)/bin/kvtrim-eval
+ifneq ($(wildcard tools/train/main.c),)
+ALL += $(TRAIN)
+endif
+ifneq ($(wildcard tools/eval/main.c),)
+ALL += $(EVAL)
+endif
+
 .PHONY: all test check bench demo deps install clean banner FORCE
 all: banner $(ALL)
 
@@ -155,6 +168,31 @@ $(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(TESTS): $(TRAINLIB_OBJ)
+
+$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Learned scorers for every model present (build/weights/<model>/), and the
+# quality tables (docs/results/quality.{csv,md,png}); see scripts/eval.sh.
+MODELS_DIR ?= ../shared/models
+MODELS := $(basename $(notdir $(wildcard $(MODELS_DIR)/bytes2m.bin $(MODELS_DIR)/stories260K.bin)))
+.PHONY: weights eval
+weights: $(TRAIN)
+	@for m in $(MODELS); do \
+	  echo "kvtrim-train $$m"; \
+	  $(TRAIN) --model $(MODELS_DIR)/$$m.bin --out $(B)/weights/$$m --seed 1 || exit 1; \
+	done
+
+eval: $(TRAIN) $(EVAL) $(DAEMON)
+	B=$(B) MODELS_DIR=$(MODELS_DIR) sh scripts/eval.sh
 
 # ---- running
 # deps first, then a fresh make: on a new machine the pkg-config flags above
@@ -173,7 +211,8 @@ demo: deps
 
 # Installs only what is missing, so it is cheap on a prepared machine.
 DEB_PKGS := libnng-dev libmsgpack-dev libuv1-dev libmicrohttpd-dev \
-            libsystemd-dev libopenblas-dev libcjson-dev pkg-config curl
+            libsystemd-dev libopenblas-dev libcjson-dev pkg-config curl \
+            gnuplot-nox
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -184,6 +223,13 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# systemd files go where systemd looks for PREFIX (/usr/local/lib/systemd/
+# system is searched, like /usr/lib/...); the unit's paths follow PREFIX and
+# SYSCONFDIR.  An existing kvtrimd.conf is never overwritten.
+SYSCONFDIR     ?= /etc
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR    ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR    ?= $(PREFIX)/lib/tmpfiles.d
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(DAEMON) $(CTL) $(LOADGEN) $(DESTDIR)$(PREFIX)/bin/
@@ -192,6 +238,33 @@ install: all
 	ln -sf libkvtrim.so.0 $(DESTDIR)$(PREFIX)/lib/libkvtrim.so
 	install -m 644 $(LIB_PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 644 include/kvtrim.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+	  $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/kvtrim \
+	  $(DESTDIR)$(PREFIX)/share/doc/kvtrim
+	sed -e 's|/usr/local/|$(PREFIX)/|g' -e 's|/etc/|$(SYSCONFDIR)/|g' \
+	  systemd/kvtrimd.service > $(DESTDIR)$(SYSTEMDUNITDIR)/kvtrimd.service
+	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/kvtrimd.service
+	install -m 644 systemd/kvtrim.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvtrim.conf
+	sed -e 's|/etc/|$(SYSCONFDIR)/|g' systemd/kvtrim.tmpfiles \
+	  > $(DESTDIR)$(TMPFILESDIR)/kvtrim.conf
+	chmod 644 $(DESTDIR)$(TMPFILESDIR)/kvtrim.conf
+	[ -e $(DESTDIR)$(SYSCONFDIR)/kvtrim/kvtrimd.conf ] || \
+	  install -m 644 systemd/kvtrimd.conf $(DESTDIR)$(SYSCONFDIR)/kvtrim/kvtrimd.conf
+	install -m 644 $(wildcard DESIGN.md README.md) $(DESTDIR)$(PREFIX)/share/doc/kvtrim/
+	@echo "systemd: run systemd-sysusers and systemd-tmpfiles --create, then"
+	@echo "         systemctl daemon-reload && systemctl enable --now kvtrimd"
+
+# Checks the unit with systemd-analyze (skipped where it is missing); the
+# ExecStart path is pointed at the build so the check needs no install.
+systemd-verify: $(DAEMON)
+	@if ! command -v systemd-analyze >/dev/null 2>&1; then \
+	  echo "systemd-verify: systemd-analyze not found, skipped"; exit 0; fi; \
+	sed 's|/usr/local/bin/kvtrimd|$(abspath $(DAEMON))|' systemd/kvtrimd.service \
+	  > $(B)/kvtrimd.service && \
+	out=$$(systemd-analyze verify $(B)/kvtrimd.service 2>&1); rc=$$?; \
+	[ -z "$$out" ] || echo "$$out"; \
+	if [ $$rc -ne 0 ] || echo "$$out" | grep -q 'kvtrimd.service'; then \
+	  echo "systemd-verify: FAILED"; exit 1; fi; echo "systemd-verify: ok"
 
 clean:
 	rm -rf build

@@ -3,7 +3,10 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <math.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,7 @@
 #include "log.h"
 
 #define F(field) offsetof(struct config, field)
+#define STR_MAX(field) (sizeof(((struct config *)0)->field) - 1)
 
 static const struct config_entry config_table[] = {
 	{"runtime_dir", CONFIG_STR, 0, 1, sizeof(((struct config *)0)->runtime_dir) - 1,
@@ -34,6 +38,29 @@ static const struct config_entry config_table[] = {
 	 "a handle-channel connection without a hello is closed after this"},
 	{"log_level", CONFIG_STR, CONFIG_MUTABLE, 1, 15, "notice", F(log_level),
 	 "err, warning, notice, info or debug"},
+	{"stats_tcp_port", CONFIG_U32, 0, 0, 65535, "0", F(stats_tcp_port),
+	 "also serve /metrics and /stats on 127.0.0.1:PORT (0 = off)"},
+	{"max_quota", CONFIG_SIZE, CONFIG_MUTABLE, 0, 1ull << 40, "0",
+	 F(max_quota),
+	 "largest quota a tenant may ask for; more is refused (0 = whole pool)"},
+	{"allow_uids", CONFIG_STR, CONFIG_MUTABLE, 0, STR_MAX(allow_uids), "",
+	 F(allow_uids),
+	 "users (ids or names, comma-separated) allowed to register; with "
+	 "allow_gids empty too: the daemon's own uid and root"},
+	{"allow_gids", CONFIG_STR, CONFIG_MUTABLE, 0, STR_MAX(allow_gids), "",
+	 F(allow_gids),
+	 "groups (ids or names, comma-separated) whose members may register"},
+	{"high_watermark", CONFIG_RATIO, CONFIG_MUTABLE, 0, 0, "0.9",
+	 F(high_watermark),
+	 "pool use (0..1] above which tenants' compression is tightened"},
+	{"pressure_deadline_ms", CONFIG_U32, CONFIG_MUTABLE, 0, 60000, "2000",
+	 F(pressure_deadline_ms),
+	 "a request that needs pages the full pool lacks waits this long, then "
+	 "gets EPOOLFULL (0 = at once)"},
+	{"tenant_priorities", CONFIG_STR, CONFIG_MUTABLE, 0,
+	 STR_MAX(tenant_priorities), "", F(tenant_priorities),
+	 "name=N,... (N 1..1000, default 1): higher is tightened less under "
+	 "pressure"},
 };
 
 #define CONFIG_N (sizeof(config_table) / sizeof(config_table[0]))
@@ -90,13 +117,119 @@ int config_parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
+/* Resolves one list item: a decimal id or an NSS name; -1 if neither. */
+static int parse_id(const char *item, size_t n, int groups, uint32_t *out)
+{
+	char name[128], buf[4096];
+	if (!n || n >= sizeof(name))
+		return -1;
+	memcpy(name, item, n);
+	name[n] = '\0';
+	if (isdigit((unsigned char)name[0])) {
+		char *end;
+		errno = 0;
+		unsigned long long v = strtoull(name, &end, 10);
+		if (*end || errno || v >= UINT32_MAX)
+			return -1;
+		*out = (uint32_t)v;
+		return 0;
+	}
+	if (groups) {
+		struct group g, *r = NULL;
+		if (getgrnam_r(name, &g, buf, sizeof(buf), &r) || !r)
+			return -1;
+		*out = (uint32_t)r->gr_gid;
+	} else {
+		struct passwd pw, *r = NULL;
+		if (getpwnam_r(name, &pw, buf, sizeof(buf), &r) || !r)
+			return -1;
+		*out = (uint32_t)r->pw_uid;
+	}
+	return 0;
+}
+
+int config_parse_ids(const char *list, int groups, uint32_t *out, size_t cap)
+{
+	int n = 0;
+	const char *p = list;
+	while (*p == ' ')
+		p++;
+	if (!*p)
+		return 0;
+	for (;;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		while (len && p[len - 1] == ' ')
+			len--;
+		uint32_t id;
+		if (parse_id(p, len, groups, &id))
+			return -1;
+		if ((size_t)n < cap)
+			out[n] = id;
+		n++;
+		if (!end)
+			return n;
+		p = end + 1;
+		while (*p == ' ')
+			p++;
+	}
+}
+
+/*
+ * Walks "name=N,name=N"; returns the priority of `name` (1 when absent),
+ * or 0 when the list is malformed (only config_set ever sees that).
+ */
+static uint32_t priority_lookup(const char *list, const char *name)
+{
+	uint32_t found = 1;
+	const char *p = list;
+	if (!*p)
+		return 1;
+	for (;;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		const char *eq = memchr(p, '=', len);
+		if (!eq || eq == p)
+			return 0;
+		char num[16];
+		size_t nl = len - (size_t)(eq + 1 - p);
+		if (!nl || nl >= sizeof(num))
+			return 0;
+		memcpy(num, eq + 1, nl);
+		num[nl] = '\0';
+		char *e;
+		unsigned long v = strtoul(num, &e, 10);
+		if (*e || !isdigit((unsigned char)num[0]) || v < 1 || v > 1000)
+			return 0;
+		if (name && strlen(name) == (size_t)(eq - p) &&
+		    !memcmp(name, p, (size_t)(eq - p)))
+			found = (uint32_t)v;
+		if (!end)
+			return found;
+		p = end + 1;
+	}
+}
+
+uint32_t config_priority(const struct config *c, const char *name)
+{
+	uint32_t v = priority_lookup(c->tenant_priorities, name);
+	return v ? v : 1;
+}
+
 static int enum_ok(const struct config_entry *e, const char *val)
 {
+	uint32_t ids[1];
 	if (!strcmp(e->name, "backend"))
 		return !strcmp(val, "auto") || !strcmp(val, "cpu") ||
 		       !strcmp(val, "cuda");
 	if (!strcmp(e->name, "log_level"))
 		return log_parse_level(val) >= 0;
+	if (!strcmp(e->name, "allow_uids"))
+		return config_parse_ids(val, 0, ids, 0) >= 0;
+	if (!strcmp(e->name, "allow_gids"))
+		return config_parse_ids(val, 1, ids, 0) >= 0;
+	if (!strcmp(e->name, "tenant_priorities"))
+		return priority_lookup(val, NULL) != 0;
 	return 1;
 }
 
@@ -133,6 +266,18 @@ int config_set(struct config *c, const char *key, const char *val, char *err,
 			return KVT_EINVAL;
 		}
 		break;
+	case CONFIG_RATIO: {
+		char *end;
+		errno = 0;
+		double d = strtod(val, &end);
+		if (!*val || *end || errno || !isfinite(d) || d <= 0 || d > 1) {
+			snprintf(err, errlen, "%s: '%s' is not a ratio in (0, 1]",
+			         key, val);
+			return KVT_EINVAL;
+		}
+		*(double *)(void *)field = d;
+		return 0;
+	}
 	case CONFIG_U32: {
 		char *end;
 		errno = 0;
@@ -182,6 +327,9 @@ void config_get(const struct config *c, const struct config_entry *e,
 		break;
 	case CONFIG_U32:
 		snprintf(buf, len, "%" PRIu32, *(const uint32_t *)(const void *)field);
+		break;
+	case CONFIG_RATIO:
+		snprintf(buf, len, "%g", *(const double *)(const void *)field);
 		break;
 	}
 }
@@ -247,5 +395,76 @@ int config_validate(const struct config *c, char *err, size_t errlen)
 		snprintf(err, errlen, "default_quota is larger than pool_size");
 		return KVT_EINVAL;
 	}
+	if (c->max_quota > c->pool_size) {
+		snprintf(err, errlen, "max_quota is larger than pool_size");
+		return KVT_EINVAL;
+	}
+	if (c->max_quota && c->default_quota > c->max_quota) {
+		snprintf(err, errlen, "default_quota is larger than max_quota");
+		return KVT_EINVAL;
+	}
 	return 0;
+}
+
+int config_build(struct config *out, const struct config_args *a, char *err,
+                 size_t errlen)
+{
+	int rv;
+	config_defaults(out);
+	if (a->file && (rv = config_load_file(out, a->file, err, errlen)))
+		return rv;
+	for (int i = 0; i < a->n; i++)
+		if ((rv = config_set(out, a->key[i], a->val[i], err, errlen)))
+			return rv;
+	return config_validate(out, err, errlen);
+}
+
+static size_t field_size(const struct config_entry *e)
+{
+	switch (e->type) {
+	case CONFIG_STR:
+		return (size_t)e->max + 1;
+	case CONFIG_SIZE:
+		return sizeof(uint64_t);
+	case CONFIG_U32:
+		return sizeof(uint32_t);
+	case CONFIG_RATIO:
+		return sizeof(double);
+	}
+	return 0;
+}
+
+static void append_word(char *buf, size_t len, const char *w)
+{
+	size_t n = strlen(buf);
+	if (n + 1 < len)
+		snprintf(buf + n, len - n, "%s%s", n ? " " : "", w);
+}
+
+int config_apply_mutable(struct config *cur, const struct config *next,
+                         char *applied, size_t alen, char *ignored,
+                         size_t ilen)
+{
+	int n = 0;
+	if (alen)
+		applied[0] = '\0';
+	if (ilen)
+		ignored[0] = '\0';
+	for (size_t i = 0; i < CONFIG_N; i++) {
+		const struct config_entry *e = &config_table[i];
+		char a[512], b[512];
+		config_get(cur, e, a, sizeof(a));
+		config_get(next, e, b, sizeof(b));
+		if (!strcmp(a, b))
+			continue;
+		if (!(e->flags & CONFIG_MUTABLE)) {
+			append_word(ignored, ilen, e->name);
+			continue;
+		}
+		memcpy((char *)cur + e->off, (const char *)next + e->off,
+		       field_size(e));
+		append_word(applied, alen, e->name);
+		n++;
+	}
+	return n;
 }

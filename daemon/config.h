@@ -20,9 +20,17 @@ struct config {
 	uint32_t contexts;               /* nng contexts = requests in flight */
 	uint32_t hello_timeout_ms;       /* handle channel without hello */
 	char log_level[16];
+	uint32_t stats_tcp_port;         /* 0 = no TCP listener */
+	uint64_t max_quota;              /* bytes; 0 = the whole pool */
+	char allow_uids[256];            /* "" or "0,1000,alice" */
+	char allow_gids[256];            /* "" or "kvtrim,1001" */
+	double high_watermark;           /* pool use where pressure starts */
+	uint32_t pressure_deadline_ms;   /* longest backpressure wait */
+	char tenant_priorities[256];     /* "" or "name=N,name=N" */
 };
 
-enum config_type { CONFIG_STR, CONFIG_SIZE, CONFIG_U32 };
+/* CONFIG_RATIO: a double in (0, 1]; min and max of its entry are unused. */
+enum config_type { CONFIG_STR, CONFIG_SIZE, CONFIG_U32, CONFIG_RATIO };
 
 #define CONFIG_MUTABLE 1u /* may change at run time (kvtrimctl config set) */
 
@@ -63,5 +71,53 @@ int config_validate(const struct config *c, char *err, size_t errlen);
 
 /* "256M" / "2G" / "1048576" -> bytes; -1 on malformed input. */
 int config_parse_size(const char *s, uint64_t *out);
+
+/*
+ * Parses an allow list ("0,1000,alice"): numbers, or user (group) names
+ * resolved through NSS.  Writes at most cap ids; returns how many the list
+ * holds (0 for ""), or -1 when an item is neither a number nor a known name.
+ */
+int config_parse_ids(const char *list, int groups, uint32_t *out, size_t cap);
+
+/*
+ * The priority of a tenant name in tenant_priorities ("a=3,b=1"): 1 when
+ * the name is not listed.  Priorities are 1..1000; higher is protected
+ * longer under memory pressure.
+ */
+uint32_t config_priority(const struct config *c, const char *name);
+
+/* ---- building and reloading */
+
+#define CONFIG_ARGS_MAX 64
+
+/*
+ * What the command line said, kept so a reload (SIGHUP) rebuilds the same
+ * way: defaults, then the file, then these overrides.  Values point into
+ * argv (they live as long as the process).
+ */
+struct config_args {
+	const char *file; /* --config FILE, NULL when none */
+	int n;
+	char key[CONFIG_ARGS_MAX][64]; /* "pool_size" for --pool-size */
+	const char *val[CONFIG_ARGS_MAX];
+};
+
+/*
+ * Defaults, then a->file (when set), then a's overrides, then
+ * config_validate().  runtime_dir is left "" when nobody set it (the
+ * caller resolves it).  On error *out is unspecified and err says why.
+ */
+int config_build(struct config *out, const struct config_args *a, char *err,
+                 size_t errlen);
+
+/*
+ * Copies into cur every mutable setting whose value differs in next.
+ * Names of the applied keys go to applied, names of immutable keys that
+ * differ (kept at their old value: they need a restart) to ignored, both
+ * space-separated.  Returns how many were applied.
+ */
+int config_apply_mutable(struct config *cur, const struct config *next,
+                         char *applied, size_t alen, char *ignored,
+                         size_t ilen);
 
 #endif

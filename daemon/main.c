@@ -1,8 +1,8 @@
 /*
  * main.c — kvtrimd's command line.  Every setting of the config table is
  * also an option (--pool-size 256M); --config FILE is read first, so the
- * command line wins over the file.  Runs in the foreground and logs to
- * stderr.
+ * command line wins over the file, on start and on every SIGHUP reload.
+ * Runs in the foreground and logs to stderr (journald under systemd).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +19,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrimd [--config FILE] [--OPTION VALUE]...\n"
 	           "       kvtrimd --list-policies | --help | --version\n\n"
+	           "SIGHUP reloads FILE (settings marked * apply live; the "
+	           "others need a restart).\n\n"
 	           "options (also settable in the config file as key = value):\n");
 	for (size_t i = 0; i < config_count(); i++) {
 		const struct config_entry *e = config_at(i);
@@ -27,8 +29,9 @@ static void usage(FILE *f)
 		for (char *p = opt; *p; p++)
 			if (*p == '_')
 				*p = '-';
-		fprintf(f, "  --%-18s %s (default: %s)\n", opt, e->help,
-		        e->def[0] ? e->def : "see text");
+		fprintf(f, " %c--%-22s %s (default: %s)\n",
+		        e->flags & CONFIG_MUTABLE ? '*' : ' ', opt, e->help,
+		        e->def[0] ? e->def : "empty");
 	}
 }
 
@@ -47,10 +50,9 @@ static const char *opt_key(const char *arg, char *buf, size_t len)
 int main(int argc, char **argv)
 {
 	struct config cfg;
-	char err[512], key[128];
-	const char *cfile = NULL;
+	static struct config_args args; /* the server keeps a copy */
+	char err[512], key[64];
 
-	config_defaults(&cfg);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
@@ -71,12 +73,8 @@ int main(int argc, char **argv)
 				fprintf(stderr, "kvtrimd: --config needs a file\n");
 				return 2;
 			}
-			cfile = argv[++i];
+			args.file = argv[++i];
 		}
-	}
-	if (cfile && config_load_file(&cfg, cfile, err, sizeof(err))) {
-		fprintf(stderr, "kvtrimd: %s\n", err);
-		return 2;
 	}
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--config")) {
@@ -93,24 +91,27 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvtrimd: %s needs a value\n", argv[i]);
 			return 2;
 		}
-		if (config_set(&cfg, k, argv[++i], err, sizeof(err))) {
-			fprintf(stderr, "kvtrimd: %s\n", err);
+		if (args.n == CONFIG_ARGS_MAX) {
+			fprintf(stderr, "kvtrimd: more than %d options\n",
+			        CONFIG_ARGS_MAX);
 			return 2;
 		}
+		snprintf(args.key[args.n], sizeof(args.key[0]), "%s", k);
+		args.val[args.n++] = argv[++i];
+	}
+	if (config_build(&cfg, &args, err, sizeof(err))) {
+		fprintf(stderr, "kvtrimd: %s\n", err);
+		return 2;
 	}
 	if (!cfg.runtime_dir[0]) {
 		char dir[sizeof(cfg.runtime_dir)];
 		rundir_resolve(NULL, dir, sizeof(dir));
 		memcpy(cfg.runtime_dir, dir, sizeof(dir));
 	}
-	if (config_validate(&cfg, err, sizeof(err))) {
-		fprintf(stderr, "kvtrimd: %s\n", err);
-		return 2;
-	}
 	log_threshold = log_parse_level(cfg.log_level);
 
 	struct server *s;
-	int rv = server_new(&cfg, &s, err, sizeof(err));
+	int rv = server_new(&cfg, &args, &s, err, sizeof(err));
 	if (rv) {
 		fprintf(stderr, "kvtrimd: %s (%s)\n", err, kvt_strerror(rv));
 		return 1;

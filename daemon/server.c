@@ -9,11 +9,32 @@
  * Leases: a tenant is bound to one handle-channel connection and one nng
  * pipe, both from the same process (peer pid checked at hello).  When
  * either closes, or the process is gone, the tenant is reclaimed at once.
+ *
+ * Authentication: peers are checked against allow_uids / allow_gids (empty:
+ * the daemon's own uid and root) twice — SO_PEERCRED on fd.sock at accept,
+ * and the nng pipe's peer uid at hello — and so are the admin ops that
+ * change something (drain, config_set).  Read-only admin ops are open to
+ * whoever may open the socket (mode 0660).
+ *
+ * Memory pressure, in three steps: above high_watermark every tenant gets
+ * a pressure level (scaled by its priority, tenant_set_pressure) that
+ * shrinks its policy's budgets at its next sync;
+ * a seq_open or sync that still finds the pool full is parked (its nng
+ * context simply does not answer yet; the loop goes on) and retried as
+ * pages come free; after pressure_deadline_ms it is refused with
+ * KVT_EPOOLFULL.  Nothing is ever over-committed: the pool's capacity is
+ * checked by every allocation.
+ *
+ * Stats: the loop builds a snapshot (stats.h) every cron tick, and on
+ * demand when the HTTP thread asks through uv_async; the HTTP thread only
+ * ever reads published snapshots.
  */
 #include "server.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <pthread.h>
@@ -30,10 +51,13 @@
 
 #include "codec.h"
 #include "handle.h"
+#include "http.h"
 #include "kvtrim.h"
 #include "log.h"
+#include "notify.h"
 #include "policy.h"
 #include "pool.h"
+#include "rundir.h"
 #include "stats.h"
 #include "tenant.h"
 
@@ -42,6 +66,10 @@
 #define SRV_RECV_MAX (4u * IPC_MAX_MSG)
 #define SRV_CRON_MS 100
 #define SRV_DRAIN_MS 200
+#define SRV_STATUS_MS 1000   /* STATUS= refresh period */
+#define SRV_SNAP_WAIT_MS 250 /* HTTP waits this long for a fresh snapshot */
+#define SRV_ALLOW_MAX 64     /* ids per allow list */
+#define SRV_DENIED_MS 2000   /* a refused fd.sock peer's time for its hello */
 
 struct server;
 
@@ -51,7 +79,9 @@ struct srv_req {
 	nng_aio *aio;
 	int sending;
 	nng_msg *msg;        /* received request, owned by the loop */
-	struct srv_req *next; /* ready queue */
+	struct srv_req *next; /* ready queue, then the parked list */
+	uint64_t recv_us;    /* when nng delivered it (set before queueing) */
+	uint64_t park_deadline_ms; /* parked: refuse after this */
 };
 
 struct srv_tenant;
@@ -62,6 +92,7 @@ struct srv_conn {
 	uv_poll_t poll;
 	uint64_t cookie;
 	uint32_t pid, uid, gid;
+	int denied;      /* peer not in the allow lists: its hello is refused */
 	uint64_t born_ms;
 	struct srv_tenant *st; /* bound tenant, NULL until hello */
 	struct srv_conn *prev, *next;
@@ -75,6 +106,7 @@ struct srv_tenant {
 	uint32_t pipe_id;
 	uint32_t pid;
 	struct srv_conn *conn;
+	int draining;   /* kvtrimctl drain: no new sequences */
 };
 
 struct srv_pipe_ev {
@@ -84,6 +116,7 @@ struct srv_pipe_ev {
 
 struct server {
 	struct config cfg;
+	struct config_args args; /* how cfg was built, for SIGHUP */
 	uv_loop_t loop;
 	struct pool pool;
 	struct stats st;
@@ -102,19 +135,38 @@ struct server {
 
 	int hsock;
 	uv_poll_t hpoll;
+	int hpoll_ready;
 	struct srv_conn *conns;
 
 	struct srv_tenant **tenants; /* [cfg.max_tenants] */
 	uint32_t next_tenant_id;
 
-	uv_signal_t sigterm, sigint;
-	uv_timer_t cron, drain;
+	/* Requests waiting for pool pages, oldest first (loop thread). */
+	struct srv_req *parked_head, *parked_tail;
+	uint32_t n_parked;
+	float pressure; /* pool-wide level, 0..1 */
+
+	/* Parsed allow lists (cfg.allow_uids / allow_gids). */
+	uint32_t allow_uid[SRV_ALLOW_MAX], n_allow_uid;
+	uint32_t allow_gid[SRV_ALLOW_MAX], n_allow_gid;
+
+	int control_conns; /* nng pipes open; atomic (nng threads) */
+
+	struct stats_pub pub;
+	int pub_ready;
+	struct http *http;
+	uv_async_t snap_async;  /* HTTP thread asks for a fresh snapshot */
+
+	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t cron, drain, watchdog;
+	uint64_t watchdog_ms;   /* 0: systemd expects no pings */
+	uint64_t status_ms;     /* last STATUS= */
 	int draining;
 	volatile int stopping; /* set before nng_close: callbacks stop re-arming */
 	uint64_t drain_started_ms;
 	int loop_ready;
 
-	char ctl_path[PATH_MAX], fd_path[PATH_MAX];
+	char ctl_path[PATH_MAX], fd_path[PATH_MAX], stats_path[PATH_MAX];
 };
 
 static uint64_t now_ms(void)
@@ -172,6 +224,7 @@ static void srv_req_cb(void *arg)
 	}
 	r->msg = nng_aio_get_msg(r->aio);
 	r->next = NULL;
+	r->recv_us = now_us();
 	pthread_mutex_lock(&s->qlock);
 	if (s->ready_tail)
 		s->ready_tail->next = r;
@@ -185,6 +238,11 @@ static void srv_req_cb(void *arg)
 static void srv_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	struct server *s = arg;
+	if (ev == NNG_PIPE_EV_ADD_POST) {
+		__atomic_add_fetch(&s->control_conns, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	__atomic_sub_fetch(&s->control_conns, 1, __ATOMIC_RELAXED);
 	struct srv_pipe_ev *e = malloc(sizeof(*e));
 	if (!e)
 		return; /* the pid check in cron still reclaims the tenant */
@@ -204,6 +262,104 @@ static struct srv_tenant *srv_find_tenant(struct server *s, uint32_t id)
 		if (s->tenants[i] && s->tenants[i]->id == id)
 			return s->tenants[i];
 	return NULL;
+}
+
+/* ---------------------------------------------------------- auth */
+
+/* Is gid among the supplementary groups of a live process (/proc)? */
+static int srv_pid_in_group(uint32_t pid, uint32_t gid)
+{
+	char path[64], line[4096];
+	int found = 0;
+	if (!pid)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%" PRIu32 "/status", pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "Groups:", 7))
+			continue;
+		char *p = line + 7, *end;
+		for (;;) {
+			unsigned long g = strtoul(p, &end, 10);
+			if (end == p)
+				break;
+			if (g == gid) {
+				found = 1;
+				break;
+			}
+			p = end;
+		}
+		break;
+	}
+	fclose(f);
+	return found;
+}
+
+/*
+ * The allow lists: a peer is allowed when its uid is in allow_uids or its
+ * primary or a supplementary group is in allow_gids.  With both lists
+ * empty, the daemon's own uid and root are allowed (and nobody else).
+ */
+static int srv_allowed(const struct server *s, uint32_t pid, uint32_t uid,
+                       uint32_t gid)
+{
+	if (!s->cfg.allow_uids[0] && !s->cfg.allow_gids[0])
+		return uid == 0 || uid == (uint32_t)geteuid();
+	for (uint32_t i = 0; i < s->n_allow_uid; i++)
+		if (s->allow_uid[i] == uid)
+			return 1;
+	for (uint32_t i = 0; i < s->n_allow_gid; i++)
+		if (s->allow_gid[i] == gid ||
+		    srv_pid_in_group(pid, s->allow_gid[i]))
+			return 1;
+	return 0;
+}
+
+/* Re-reads the allow lists after a config change (values were validated
+ * by the config table, so a parse failure means a name vanished from NSS
+ * since: that list then allows nobody, which fails closed). */
+static void srv_allow_refresh(struct server *s)
+{
+	int n = config_parse_ids(s->cfg.allow_uids, 0, s->allow_uid,
+	                         SRV_ALLOW_MAX);
+	s->n_allow_uid = n < 0 ? 0 : n > SRV_ALLOW_MAX ? SRV_ALLOW_MAX
+	                                               : (uint32_t)n;
+	if (n < 0 || n > SRV_ALLOW_MAX)
+		LOG(LOG_LVL_WARNING, "allow_uids: %s", n < 0 ?
+		    "a name no longer resolves; the list allows nobody" :
+		    "more than 64 entries; the rest are ignored");
+	n = config_parse_ids(s->cfg.allow_gids, 1, s->allow_gid,
+	                     SRV_ALLOW_MAX);
+	s->n_allow_gid = n < 0 ? 0 : n > SRV_ALLOW_MAX ? SRV_ALLOW_MAX
+	                                               : (uint32_t)n;
+	if (n < 0 || n > SRV_ALLOW_MAX)
+		LOG(LOG_LVL_WARNING, "allow_gids: %s", n < 0 ?
+		    "a name no longer resolves; the list allows nobody" :
+		    "more than 64 entries; the rest are ignored");
+}
+
+/* Checks the control connection's peer (nng reads SO_PEERCRED for us). */
+static int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
+                            char *why, size_t wlen)
+{
+	uint64_t uid = 0, gid = 0, pid = 0;
+	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) ||
+	    nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid)) {
+		snprintf(why, wlen, "%s refused: the peer's credentials cannot "
+		         "be read", what);
+		s->st.auth_refusals_total++;
+		return KVT_EPERM;
+	}
+	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
+	if (srv_allowed(s, (uint32_t)pid, (uint32_t)uid, (uint32_t)gid))
+		return 0;
+	snprintf(why, wlen, "%s refused: uid %" PRIu64 " gid %" PRIu64
+	         " is not allowed (allow_uids / allow_gids)", what, uid, gid);
+	s->st.auth_refusals_total++;
+	LOG(LOG_LVL_WARNING, "%s (pid %" PRIu64 ")", why, pid);
+	return KVT_EPERM;
 }
 
 static void srv_conn_close(struct srv_conn *c);
@@ -299,7 +455,17 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 		c->fd = fd;
 		c->cookie = random_u64();
 		c->born_ms = now_ms();
-		handle_peer(fd, &c->pid, &c->uid, &c->gid);
+		if (handle_peer(fd, &c->pid, &c->uid, &c->gid) ||
+		    !srv_allowed(s, c->pid, c->uid, c->gid)) {
+			/* Kept open until its hello (or the hello timeout) so
+			 * the client learns why (KVT_EPERM), not just EOF. */
+			c->denied = 1;
+			s->st.auth_refusals_total++;
+			LOG(LOG_LVL_WARNING, "fd.sock: pid %" PRIu32 " uid %"
+			    PRIu32 " gid %" PRIu32 " is not allowed "
+			    "(allow_uids / allow_gids); its hello will be "
+			    "refused", c->pid, c->uid, c->gid);
+		}
 		struct handle_msg m = {.magic = HANDLE_MAGIC,
 		                       .type = HANDLE_WELCOME,
 		                       .cookie = c->cookie};
@@ -377,6 +543,26 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 		snprintf(why, wlen, "this handle channel already has a tenant");
 		return KVT_EEXIST;
 	}
+	if (c->denied) {
+		snprintf(why, wlen, "hello refused: uid %" PRIu32 " gid %" PRIu32
+		         " is not allowed (allow_uids / allow_gids)", c->uid,
+		         c->gid);
+		LOG(LOG_LVL_WARNING, "%s (pid %" PRIu32 ")", why, c->pid);
+		return KVT_EPERM;
+	}
+	int rv = srv_pipe_allowed(s, pipe, "hello", why, wlen);
+	if (rv)
+		return rv;
+	/* More than the pool itself is tenant_new's refusal, with its text. */
+	uint64_t pool_bytes = pool_bytes_total(&s->pool);
+	uint64_t max_quota = s->cfg.max_quota ? s->cfg.max_quota : pool_bytes;
+	if (s->cfg.max_quota && h->quota_bytes > max_quota) {
+		snprintf(why, wlen, "quota of %" PRIu64 " bytes is above "
+		         "max_quota (%" PRIu64 " bytes)", h->quota_bytes,
+		         max_quota);
+		s->st.quota_refusals_total++;
+		return KVT_EQUOTA;
+	}
 	uint64_t ppid = 0;
 	if (nng_pipe_get_uint64(pipe, NNG_OPT_IPC_PEER_PID, &ppid) == 0 &&
 	    ppid != c->pid) {
@@ -399,10 +585,14 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	struct srv_tenant *st = calloc(1, sizeof(*st));
 	if (!st)
 		return KVT_ENOMEM;
+	/* A hello asking no quota gets default_quota (0: the whole pool),
+	 * never more than max_quota. */
 	uint64_t quota = s->cfg.default_quota ? s->cfg.default_quota
-	                                      : pool_bytes_total(&s->pool);
-	int rv = tenant_new(&s->pool, s->next_tenant_id, h, quota, &st->t, why,
-	                    wlen);
+	                                      : pool_bytes;
+	if (quota > max_quota)
+		quota = max_quota;
+	rv = tenant_new(&s->pool, s->next_tenant_id, h, quota, &st->t, why,
+	                wlen);
 	if (rv) {
 		free(st);
 		return rv;
@@ -451,59 +641,125 @@ static struct ipc_row *srv_rows(struct ipc_rep *rep, uint32_t n)
 	return rep->table.rows;
 }
 
-static void srv_stats_row(struct server *s, struct ipc_row *row)
+/* ---------------------------------------------------------- stats */
+
+/*
+ * Appended per entry not evicted: 1 means no compression.  When every
+ * entry was evicted the ratio is unbounded; the count appended is shown.
+ */
+static double srv_ratio(uint64_t appended, uint64_t evicted)
 {
-	uint64_t kv_bytes = 0, seqs = 0, kept = 0, pages = 0, tenants = 0;
+	if (!appended)
+		return 1.0;
+	if (evicted >= appended)
+		return (double)appended;
+	return (double)appended / (double)(appended - evicted);
+}
+
+/* Everything the stats outputs show, from live state (loop thread). */
+static struct stats_snap *srv_snapshot(struct server *s)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
+		n += s->tenants[i] != NULL;
+	struct stats_snap *snap = stats_snap_new(n);
+	if (!snap)
+		return NULL;
+	snap->c = s->st;
+	snap->c.chunks_created_total = s->pool.chunks_created_total;
+	snap->c.chunks_released_total = s->pool.chunks_released_total;
+	snprintf(snap->version, sizeof(snap->version), "%d.%d.%d",
+	         KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
+	snprintf(snap->backend, sizeof(snap->backend), "cpu");
+
+	uint64_t total = pool_bytes_total(&s->pool);
+	uint64_t used = s->pool.chunks_used * KVT_CHUNK_BYTES;
+	snap->uptime_seconds = (now_ms() - s->started_ms) / 1000;
+	snap->pool_bytes_total = total;
+	snap->pool_bytes_used = used;
+	snap->pool_bytes_free = total > used ? total - used : 0;
+	snap->chunks_total = s->pool.chunk_capacity;
+	snap->chunks_used = s->pool.chunks_used;
+	snap->chunks_free = s->pool.chunk_capacity > s->pool.chunks_used
+	                            ? s->pool.chunk_capacity - s->pool.chunks_used
+	                            : 0;
+	snap->pool_use_ratio = s->pool.chunk_capacity
+	                               ? (double)s->pool.chunks_used /
+	                                         (double)s->pool.chunk_capacity
+	                               : 0;
+	snap->pressure_level = s->pressure;
+	for (struct srv_conn *c = s->conns; c; c = c->next)
+		snap->clients_connected += !c->closing;
+	int cc = __atomic_load_n(&s->control_conns, __ATOMIC_RELAXED);
+	snap->control_connections = cc > 0 ? (uint64_t)cc : 0;
+	snap->parked_requests = s->n_parked;
+
+	n = 0;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 		struct srv_tenant *st = s->tenants[i];
 		if (!st)
 			continue;
 		struct kvt_tenant_stats ts;
+		struct stats_tenant *t = &snap->tenant_list[n++];
 		tenant_stats(st->t, &ts);
-		kv_bytes += ts.pages_used * tenant_geom(st->t)->page_bytes;
-		seqs += ts.sequences;
-		kept += ts.entries_kept;
-		pages += ts.pages_used;
-		tenants++;
+		t->id = st->id;
+		snprintf(t->name, sizeof(t->name), "%s", tenant_name(st->t));
+		snprintf(t->policy, sizeof(t->policy), "%s",
+		         tenant_policy_spec(st->t));
+		t->pid = st->pid;
+		t->pages_used = ts.pages_used;
+		t->pages_free = ts.pages_free;
+		t->chunks = ts.chunks;
+		t->bytes = ts.chunks * KVT_CHUNK_BYTES;
+		t->quota_bytes = ts.quota_bytes;
+		t->sequences = ts.sequences;
+		t->syncs = ts.syncs;
+		t->entries_kept = ts.entries_kept;
+		t->entries_appended = ts.entries_appended;
+		t->entries_evicted = ts.entries_evicted;
+		t->priority = config_priority(&s->cfg, t->name);
+		t->draining = (uint64_t)st->draining;
+		t->compression_ratio = srv_ratio(ts.entries_appended,
+		                                 ts.entries_evicted);
+		t->pressure = tenant_pressure(st->t);
+
+		snap->kv_bytes_used +=
+			ts.pages_used * tenant_geom(st->t)->page_bytes;
+		snap->pages_used += ts.pages_used;
+		snap->sequences += ts.sequences;
+		snap->entries_kept += ts.entries_kept;
+		snap->tenants++;
 	}
-	uint64_t total = pool_bytes_total(&s->pool);
-	uint64_t used = s->pool.chunks_used * KVT_CHUNK_BYTES;
-	codec_row_str(row, "version", "0.1.0");
-	codec_row_u64(row, "uptime_s", (now_ms() - s->started_ms) / 1000);
-	codec_row_str(row, "backend", "cpu");
-	codec_row_u64(row, "pool_bytes_total", total);
-	codec_row_u64(row, "pool_bytes_used", used);
-	codec_row_u64(row, "pool_bytes_free", total - used);
-	codec_row_u64(row, "kv_bytes_used", kv_bytes);
-	codec_row_u64(row, "chunks_total", s->pool.chunk_capacity);
-	codec_row_u64(row, "chunks_used", s->pool.chunks_used);
-	codec_row_u64(row, "pages_used", pages);
-	codec_row_u64(row, "tenants", tenants);
-	codec_row_u64(row, "sequences", seqs);
-	codec_row_u64(row, "entries_kept", kept);
-	stats_fill_row(&s->st, row);
+	snap->n_tenant_list = n;
+	return snap;
 }
 
-static void srv_tenant_row(struct srv_tenant *st, struct ipc_row *row)
+static void srv_publish(struct server *s)
 {
-	struct kvt_tenant_stats ts;
-	tenant_stats(st->t, &ts);
-	codec_row_u64(row, "id", st->id);
-	codec_row_str(row, "name", tenant_name(st->t));
-	codec_row_u64(row, "pid", st->pid);
-	codec_row_str(row, "policy", tenant_policy_spec(st->t));
-	codec_row_u64(row, "pages_used", ts.pages_used);
-	codec_row_u64(row, "pages_free", ts.pages_free);
-	codec_row_u64(row, "chunks", ts.chunks);
-	codec_row_u64(row, "sequences", ts.sequences);
-	codec_row_u64(row, "syncs", ts.syncs);
-	codec_row_u64(row, "entries_kept", ts.entries_kept);
-	codec_row_u64(row, "entries_appended", ts.entries_appended);
-	codec_row_u64(row, "entries_evicted", ts.entries_evicted);
-	codec_row_u64(row, "quota_bytes", ts.quota_bytes);
+	struct stats_snap *snap = srv_snapshot(s);
+	if (snap)
+		stats_pub_publish(&s->pub, snap);
 }
 
-/* The pool-level invariant plus every tenant's own. */
+static void srv_snap_async_cb(uv_async_t *a)
+{
+	srv_publish(a->data);
+}
+
+/*
+ * Runs on the HTTP thread: asks the loop for a fresh snapshot and renders
+ * it, or the last one when the loop does not answer in SRV_SNAP_WAIT_MS
+ * (it is busy; the data is then at most one cron tick old).
+ */
+static int srv_http_render(void *ctx, enum stats_fmt fmt, char **out,
+                           size_t *len)
+{
+	struct server *s = ctx;
+	uint64_t want = stats_pub_gen(&s->pub) + 1;
+	uv_async_send(&s->snap_async);
+	return stats_pub_render(&s->pub, want, SRV_SNAP_WAIT_MS, fmt, out, len);
+}
+
 static void srv_check(struct server *s, struct ipc_row *row)
 {
 	char detail[IPC_STR_MAX] = "";
@@ -539,26 +795,133 @@ static void srv_check(struct server *s, struct ipc_row *row)
 	              "free or in exactly one list; free + used = total");
 }
 
-static int srv_admin(struct server *s, const struct ipc_req *r,
+
+/* ---------------------------------------------------------- admin */
+
+/* Settings read at use time need nothing here; these keep derived state. */
+static void srv_config_changed(struct server *s)
+{
+	int lvl = log_parse_level(s->cfg.log_level);
+	if (lvl >= 0)
+		log_threshold = lvl;
+	srv_allow_refresh(s);
+}
+
+static void srv_config_row(const struct server *s,
+                           const struct config_entry *e, struct ipc_row *row)
+{
+	char val[IPC_STR_MAX];
+	config_get(&s->cfg, e, val, sizeof(val));
+	codec_row_str(row, "key", e->name);
+	codec_row_str(row, "value", val);
+	codec_row_u64(row, "mutable", !!(e->flags & CONFIG_MUTABLE));
+}
+
+/*
+ * kvtrimctl config set: the same table validates the value, then
+ * config_validate the whole result; only then is anything applied.
+ */
+static int srv_config_set(struct server *s, const struct ipc_req *r,
+                          nng_pipe pipe, struct ipc_rep *rep, char *why,
+                          size_t wlen)
+{
+	const char *key = r->u.set.key, *val = r->u.set.value;
+	int rv = srv_pipe_allowed(s, pipe, "config_set", why, wlen);
+	if (rv)
+		return rv;
+	const struct config_entry *e = config_find(key);
+	if (!e) {
+		snprintf(why, wlen, "unknown setting '%s' (kvtrimctl config get "
+		         "lists them)", key);
+		return KVT_EINVAL;
+	}
+	if (!(e->flags & CONFIG_MUTABLE)) {
+		snprintf(why, wlen, "%s cannot change while kvtrimd runs: set it "
+		         "in the config file and restart", key);
+		return KVT_ENOTSUP;
+	}
+	struct config next = s->cfg;
+	if ((rv = config_set(&next, key, val, why, wlen)) ||
+	    (rv = config_validate(&next, why, wlen)))
+		return rv;
+	if (!srv_rows(rep, 1))
+		return KVT_ENOMEM;
+	s->cfg = next;
+	srv_config_changed(s);
+	s->st.config_sets_total++;
+	srv_config_row(s, e, &rep->table.rows[0]);
+	LOG(LOG_LVL_NOTICE, "config set %s = %s", key,
+	    rep->table.rows[0].vals[1].v.s);
+	return 0;
+}
+
+/* Does tenant st answer to `who` (its name, or its id in decimal)? */
+static int srv_tenant_is(const struct srv_tenant *st, const char *who)
+{
+	char id[16];
+	snprintf(id, sizeof(id), "%" PRIu32, st->id);
+	return !strcmp(tenant_name(st->t), who) || !strcmp(id, who);
+}
+
+/* kvtrimctl drain: every tenant matching stops (or resumes) admitting new
+ * sequences; its open sequences are untouched. */
+static int srv_drain_tenant(struct server *s, const struct ipc_req *r,
+                            nng_pipe pipe, struct ipc_rep *rep, char *why,
+                            size_t wlen)
+{
+	const char *who = r->u.drain.tenant;
+	uint32_t n = 0;
+	int rv = srv_pipe_allowed(s, pipe, "drain", why, wlen);
+	if (rv)
+		return rv;
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
+		n += s->tenants[i] && srv_tenant_is(s->tenants[i], who);
+	if (!n) {
+		snprintf(why, wlen, "no tenant named or numbered '%s' "
+		         "(kvtrimctl tenants lists them)", who);
+		return KVT_ENOTENANT;
+	}
+	if (!srv_rows(rep, n))
+		return KVT_ENOMEM;
+	n = 0;
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
+		struct srv_tenant *st = s->tenants[i];
+		if (!st || !srv_tenant_is(st, who))
+			continue;
+		st->draining = !r->u.drain.undo;
+		struct ipc_row *row = &rep->table.rows[n++];
+		codec_row_u64(row, "id", st->id);
+		codec_row_str(row, "name", tenant_name(st->t));
+		codec_row_u64(row, "draining", (uint64_t)st->draining);
+		LOG(LOG_LVL_NOTICE, "tenant %" PRIu32 " '%s' %s", st->id,
+		    tenant_name(st->t), st->draining ?
+		    "draining: no new sequences" : "admits new sequences again");
+	}
+	return 0;
+}
+
+static int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
                      struct ipc_rep *rep, char *why, size_t wlen)
 {
 	uint32_t n = 0;
+	struct stats_snap *snap;
 	switch (r->op) {
 	case IPC_OP_STATS:
-		if (!srv_rows(rep, 1))
-			return KVT_ENOMEM;
-		srv_stats_row(s, &rep->table.rows[0]);
-		return 0;
 	case IPC_OP_TENANTS:
-		for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
-			n += s->tenants[i] != NULL;
-		if (!srv_rows(rep, n))
+		if (!(snap = srv_snapshot(s)))
 			return KVT_ENOMEM;
-		n = 0;
-		for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
-			if (s->tenants[i])
-				srv_tenant_row(s->tenants[i],
-				               &rep->table.rows[n++]);
+		n = r->op == IPC_OP_STATS ? 1 : snap->n_tenant_list;
+		if (!srv_rows(rep, n)) {
+			stats_snap_free(snap);
+			return KVT_ENOMEM;
+		}
+		if (r->op == IPC_OP_STATS)
+			stats_fill_row(snap, &rep->table.rows[0]);
+		else
+			for (uint32_t i = 0; i < n; i++)
+				stats_fill_tenant_row(&snap->tenant_list[i],
+				                      &rep->table.rows[i]);
+		stats_snap_free(snap);
 		return 0;
 	case IPC_OP_CHECK:
 		if (!srv_rows(rep, 1))
@@ -575,7 +938,7 @@ static int srv_admin(struct server *s, const struct ipc_req *r,
 			              policy_at(i)->help);
 		}
 		return 0;
-	case IPC_OP_CONFIG: {
+	case IPC_OP_CONFIG:
 		for (size_t i = 0; i < config_count(); i++)
 			n += !r->u.filter[0] ||
 			     !strcmp(r->u.filter, config_at(i)->name);
@@ -590,15 +953,13 @@ static int srv_admin(struct server *s, const struct ipc_req *r,
 			const struct config_entry *e = config_at(i);
 			if (r->u.filter[0] && strcmp(r->u.filter, e->name))
 				continue;
-			char val[IPC_STR_MAX];
-			config_get(&s->cfg, e, val, sizeof(val));
-			struct ipc_row *row = &rep->table.rows[n++];
-			codec_row_str(row, "key", e->name);
-			codec_row_str(row, "value", val);
-			codec_row_u64(row, "mutable", !!(e->flags & CONFIG_MUTABLE));
+			srv_config_row(s, e, &rep->table.rows[n++]);
 		}
 		return 0;
-	}
+	case IPC_OP_DRAIN:
+		return srv_drain_tenant(s, r, pipe, rep, why, wlen);
+	case IPC_OP_CONFIG_SET:
+		return srv_config_set(s, r, pipe, rep, why, wlen);
 	default:
 		return KVT_EUNKNOWNOP;
 	}
@@ -611,7 +972,7 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 	struct srv_tenant *st = NULL;
 	int rv;
 	if (codec_op_is_admin(r->op))
-		return srv_admin(s, r, rep, why, wlen);
+		return srv_admin(s, r, pipe, rep, why, wlen);
 	if (s->draining) {
 		snprintf(why, wlen, "kvtrimd is shutting down");
 		return KVT_ESHUTDOWN;
@@ -625,6 +986,12 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		srv_reclaim(s, st, "client said bye");
 		return 0;
 	case IPC_OP_SEQ_OPEN:
+		if (st->draining) {
+			snprintf(why, wlen, "tenant '%s' is draining: no new "
+			         "sequences (open ones continue)",
+			         tenant_name(st->t));
+			return KVT_ESHUTDOWN;
+		}
 		if ((rv = tenant_seq_open(st->t, &rep->u.seq)))
 			return rv;
 		s->st.seqs_opened_total++;
@@ -636,11 +1003,12 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SYNC: {
 		struct kvt_tenant_stats before, after;
-		uint64_t t0 = now_us();
 		tenant_stats(st->t, &before);
-		if ((rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why,
-		                      wlen)))
+		uint64_t t0 = now_us();
+		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
+		if (rv)
 			return rv;
+		stats_observe(&s->st.scorer_time, (double)(now_us() - t0) / 1e6);
 		tenant_stats(st->t, &after);
 		s->st.syncs_total++;
 		s->st.sync_items_total += r->u.sync.n;
@@ -648,9 +1016,7 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 			after.entries_appended - before.entries_appended;
 		s->st.entries_evicted_total +=
 			after.entries_evicted - before.entries_evicted;
-		rv = srv_flush(s, st, why, wlen);
-		s->st.sync_us_total += now_us() - t0;
-		return rv;
+		return srv_flush(s, st, why, wlen);
 	}
 	default:
 		snprintf(why, wlen, "operation not handled");
@@ -658,17 +1024,32 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 	}
 }
 
-static nng_msg *srv_handle(struct server *s, nng_msg *msg)
+/* ---------------------------------------------------------- requests */
+
+enum srv_verdict { SRV_REPLY, SRV_PARK };
+
+/*
+ * Handles one request.  SRV_PARK: it needs pool pages that may come free,
+ * r->msg is kept untouched and the request is retried later (parked says
+ * this is such a retry).  SRV_REPLY: r->msg now holds the reply, or is NULL
+ * when none could be built (the context is then simply re-armed).
+ * Every request is validated from scratch on each try, so a tenant that
+ * vanished meanwhile gets its typed error, not a stale decision.
+ */
+static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
+                                   int parked)
 {
 	struct ipc_req req;
 	struct ipc_rep rep;
 	char why[KVT_ERRTEXT_MAX] = "";
+	nng_msg *msg = r->msg;
 	const uint8_t *body = nng_msg_body(msg);
 	size_t len = nng_msg_len(msg);
 	enum ipc_op op;
 	int rv;
 
-	s->st.requests_total++;
+	if (!parked)
+		s->st.requests_total++;
 	memset(&rep, 0, sizeof(rep));
 	rep.version = IPC_PROTO_VERSION;
 	rv = codec_req_decode(body, len, &req, why, sizeof(why));
@@ -680,6 +1061,34 @@ static nng_msg *srv_handle(struct server *s, nng_msg *msg)
 		                  sizeof(why));
 	}
 	codec_req_free(&req);
+	if (rv == KVT_EPOOLFULL && !s->draining &&
+	    (op == IPC_OP_SYNC || op == IPC_OP_SEQ_OPEN)) {
+		uint64_t now = now_ms();
+		if (!parked && s->cfg.pressure_deadline_ms &&
+		    s->n_parked < s->n_reqs / 2) {
+			/* At most half the contexts wait, so the requests
+			 * that free pages (close, bye) still get in. */
+			r->park_deadline_ms = now + s->cfg.pressure_deadline_ms;
+			s->st.backpressure_waits_total++;
+			codec_rep_free(&rep);
+			LOG(LOG_LVL_INFO, "%s parked for up to %" PRIu32
+			    " ms: %s", codec_op_name(op),
+			    s->cfg.pressure_deadline_ms, why);
+			return SRV_PARK;
+		}
+		if (parked && now < r->park_deadline_ms) {
+			codec_rep_free(&rep);
+			return SRV_PARK;
+		}
+		if (parked) {
+			size_t n = strlen(why);
+			s->st.backpressure_timeouts_total++;
+			snprintf(why + n, sizeof(why) - n, " (no pages came free "
+			         "within pressure_deadline_ms)");
+		}
+	} else if (parked && rv == 0) {
+		s->st.backpressure_resumed_total++;
+	}
 	if (rv) {
 		codec_rep_free(&rep);
 		codec_rep_error(&rep, rv, why[0] ? why : kvt_strerror(rv));
@@ -696,14 +1105,59 @@ static nng_msg *srv_handle(struct server *s, nng_msg *msg)
 		codec_rep_error(&rep, erv, "cannot encode the reply");
 		erv = codec_rep_encode(op, &rep, &out, &olen);
 	}
+	if (op == IPC_OP_SYNC)
+		stats_observe(&s->st.sync_latency,
+		              (double)(now_us() - r->recv_us) / 1e6);
 	nng_msg_clear(msg);
 	if (erv || nng_msg_append(msg, out, olen)) {
 		free(out);
 		nng_msg_free(msg);
-		return NULL;
+		r->msg = NULL;
+		return SRV_REPLY;
 	}
 	free(out);
-	return msg;
+	return SRV_REPLY;
+}
+
+/* Sends r's reply (or re-arms its context when there is none). */
+static void srv_send(struct srv_req *r)
+{
+	nng_msg *rep = r->msg;
+	r->msg = NULL;
+	if (!rep) {
+		nng_ctx_recv(r->ctx, r->aio);
+		return;
+	}
+	r->sending = 1;
+	nng_aio_set_msg(r->aio, rep);
+	nng_ctx_send(r->ctx, r->aio);
+}
+
+static void srv_park(struct server *s, struct srv_req *r)
+{
+	r->next = NULL;
+	if (s->parked_tail)
+		s->parked_tail->next = r;
+	else
+		s->parked_head = r;
+	s->parked_tail = r;
+	s->n_parked++;
+}
+
+/* Retries every parked request once, oldest first. */
+static void srv_retry_parked(struct server *s)
+{
+	struct srv_req *list = s->parked_head;
+	s->parked_head = s->parked_tail = NULL;
+	s->n_parked = 0;
+	while (list) {
+		struct srv_req *r = list;
+		list = r->next;
+		if (srv_handle(s, r, 1) == SRV_PARK)
+			srv_park(s, r);
+		else
+			srv_send(r);
+	}
 }
 
 static void srv_wake_cb(uv_async_t *a)
@@ -731,22 +1185,109 @@ static void srv_wake_cb(uv_async_t *a)
 		}
 		free(e);
 	}
+	/* Waiting requests first: pages freed by the events above go to
+	 * them before newcomers. */
+	if (s->n_parked)
+		srv_retry_parked(s);
+	int handled = list != NULL;
 	while (list) {
 		struct srv_req *r = list;
 		list = r->next;
-		nng_msg *rep = srv_handle(s, r->msg);
-		r->msg = NULL;
-		if (!rep) {
-			nng_ctx_recv(r->ctx, r->aio);
-			continue;
+		if (srv_handle(s, r, 0) == SRV_PARK)
+			srv_park(s, r);
+		else
+			srv_send(r);
+	}
+	/* Closes, byes and evicting syncs just handled may have freed what
+	 * the parked ones wait for: do not leave that to the next tick. */
+	if (handled && s->n_parked)
+		srv_retry_parked(s);
+}
+
+/* ---------------------------------------------------------- pressure */
+
+/*
+ * Pool use above high_watermark becomes a pool-wide level in (0, 1],
+ * rising linearly to 1 at a full pool.  Each tenant gets that level scaled
+ * by (lowest priority present / its priority): the least important tenants
+ * are tightened fully, more important ones proportionally less.
+ */
+static void srv_pressure(struct server *s)
+{
+	double use = s->pool.chunk_capacity
+	                     ? (double)s->pool.chunks_used /
+	                               (double)s->pool.chunk_capacity
+	                     : 0;
+	double hw = s->cfg.high_watermark;
+	double level = 0;
+	if (use > hw)
+		level = hw < 1 ? (use - hw) / (1 - hw) : 1;
+	if (level > 1)
+		level = 1;
+	s->pressure = (float)level;
+
+	uint32_t min_prio = UINT32_MAX;
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
+		if (s->tenants[i]) {
+			uint32_t p = config_priority(
+				&s->cfg, tenant_name(s->tenants[i]->t));
+			if (p < min_prio)
+				min_prio = p;
 		}
-		r->sending = 1;
-		nng_aio_set_msg(r->aio, rep);
-		nng_ctx_send(r->ctx, r->aio);
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
+		struct srv_tenant *st = s->tenants[i];
+		if (!st)
+			continue;
+		float p = (float)(level * min_prio /
+		                  config_priority(&s->cfg, tenant_name(st->t)));
+		float cur = tenant_pressure(st->t);
+		/* Hysteresis: policies re-plan on every change, so small
+		 * wobbles of the pool are not passed on. */
+		if (p == cur || (p > 0 && fabsf(p - cur) < 0.02f))
+			continue;
+		if (p > cur)
+			s->st.pressure_tightenings_total++;
+		tenant_set_pressure(st->t, p);
 	}
 }
 
 /* ---------------------------------------------------------- lifecycle */
+
+/* "41.2MiB" */
+static void srv_fmt_bytes(char *buf, size_t len, uint64_t b)
+{
+	if (b >= (1ull << 30))
+		snprintf(buf, len, "%.1fGiB", (double)b / (1ull << 30));
+	else
+		snprintf(buf, len, "%.1fMiB", (double)b / (1ull << 20));
+}
+
+static void srv_status(struct server *s)
+{
+	char line[200], used[32], total[32];
+	uint32_t tenants = 0;
+	uint64_t seqs = 0;
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
+		struct srv_tenant *st = s->tenants[i];
+		if (!st)
+			continue;
+		struct kvt_tenant_stats ts;
+		tenant_stats(st->t, &ts);
+		tenants++;
+		seqs += ts.sequences;
+	}
+	uint64_t cap = pool_bytes_total(&s->pool);
+	uint64_t u = s->pool.chunks_used * KVT_CHUNK_BYTES;
+	srv_fmt_bytes(used, sizeof(used), u);
+	srv_fmt_bytes(total, sizeof(total), cap);
+	snprintf(line, sizeof(line),
+	         "tenants=%" PRIu32 " sequences=%" PRIu64 " pool=%s/%s "
+	         "(%.0f%%) pressure=%.2f parked=%" PRIu32,
+	         tenants, seqs, used, total, cap ? 100.0 * (double)u / (double)cap
+	                                         : 0.0,
+	         (double)s->pressure, s->n_parked);
+	notify_status(line);
+}
 
 static void srv_cron_cb(uv_timer_t *t)
 {
@@ -754,7 +1295,11 @@ static void srv_cron_cb(uv_timer_t *t)
 	uint64_t now = now_ms();
 	for (struct srv_conn *c = s->conns, *n; c; c = n) {
 		n = c->next;
-		if (!c->st && now - c->born_ms > s->cfg.hello_timeout_ms) {
+		/* A refused peer gets just long enough to hear why. */
+		uint64_t limit = c->denied && s->cfg.hello_timeout_ms >
+		                 SRV_DENIED_MS ? SRV_DENIED_MS
+		                               : s->cfg.hello_timeout_ms;
+		if (!c->st && now - c->born_ms > limit) {
 			LOG(LOG_LVL_INFO, "closing handle channel of pid %" PRIu32
 			    ": no hello", c->pid);
 			srv_conn_close(c);
@@ -770,21 +1315,81 @@ static void srv_cron_cb(uv_timer_t *t)
 			srv_reclaim(s, st, "client process is gone");
 		}
 	}
+	srv_pressure(s);
+	if (s->n_parked)
+		srv_retry_parked(s); /* deadlines, and pages freed meanwhile */
+	srv_publish(s);
+	if (now - s->status_ms >= SRV_STATUS_MS) {
+		s->status_ms = now;
+		srv_status(s);
+	}
+}
+
+static void srv_watchdog_cb(uv_timer_t *t)
+{
+	notify_watchdog();
+}
+
+/* SIGHUP: the file (and the command line over it) again; only mutable
+ * settings change, a bad file changes nothing, tenants stay. */
+static void srv_reload(struct server *s)
+{
+	struct config next;
+	char err[512], applied[512], ignored[512];
+	notify_reloading();
+	int rv = config_build(&next, &s->args, err, sizeof(err));
+	if (rv) {
+		s->st.config_reload_failures_total++;
+		LOG(LOG_LVL_ERR, "SIGHUP: new config refused, the running one is "
+		    "kept: %s", err);
+	} else {
+		if (!next.runtime_dir[0])
+			rundir_resolve(NULL, next.runtime_dir,
+			               sizeof(next.runtime_dir));
+		int n = config_apply_mutable(&s->cfg, &next, applied,
+		                             sizeof(applied), ignored,
+		                             sizeof(ignored));
+		srv_config_changed(s);
+		s->st.config_reloads_total++;
+		LOG(LOG_LVL_NOTICE, "SIGHUP: config reloaded%s%s: %s",
+		    s->args.file ? " from " : " (no --config file)",
+		    s->args.file ? s->args.file : "",
+		    n ? applied : "nothing changed");
+		if (ignored[0])
+			LOG(LOG_LVL_WARNING, "SIGHUP: %s changed but cannot "
+			    "change while kvtrimd runs; restart to apply",
+			    ignored);
+	}
+	notify_ready();
+}
+
+static void srv_hup_cb(uv_signal_t *h, int signum)
+{
+	srv_reload(h->data);
 }
 
 static void srv_stop_loop(struct server *s)
 {
+	/* The HTTP thread first: it may still poke snap_async. */
+	if (s->pub_ready)
+		stats_pub_close(&s->pub);
+	http_stop(s->http);
+	s->http = NULL;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		if (s->tenants[i])
 			srv_reclaim(s, s->tenants[i], "daemon shutting down");
 	while (s->conns)
 		srv_conn_close(s->conns);
-	uv_close((uv_handle_t *)&s->hpoll, NULL);
+	if (s->hpoll_ready)
+		uv_close((uv_handle_t *)&s->hpoll, NULL);
 	uv_close((uv_handle_t *)&s->wake, NULL);
+	uv_close((uv_handle_t *)&s->snap_async, NULL);
 	uv_close((uv_handle_t *)&s->sigterm, NULL);
 	uv_close((uv_handle_t *)&s->sigint, NULL);
+	uv_close((uv_handle_t *)&s->sighup, NULL);
 	uv_close((uv_handle_t *)&s->cron, NULL);
 	uv_close((uv_handle_t *)&s->drain, NULL);
+	uv_close((uv_handle_t *)&s->watchdog, NULL);
 }
 
 static int srv_busy(struct server *s)
@@ -795,7 +1400,7 @@ static int srv_busy(struct server *s)
 	pthread_mutex_unlock(&s->qlock);
 	for (uint32_t i = 0; i < s->n_reqs && !busy; i++)
 		busy = s->reqs[i].sending;
-	return busy;
+	return busy || s->n_parked;
 }
 
 /* Stops nng for good: no callback runs after this returns. */
@@ -815,6 +1420,12 @@ static void srv_close_nng(struct server *s)
 	}
 	s->ready_head = s->ready_tail = NULL;
 	pthread_mutex_unlock(&s->qlock);
+	for (struct srv_req *r = s->parked_head; r; r = r->next) {
+		nng_msg_free(r->msg);
+		r->msg = NULL;
+	}
+	s->parked_head = s->parked_tail = NULL;
+	s->n_parked = 0;
 }
 
 static void srv_drain_cb(uv_timer_t *t)
@@ -834,10 +1445,14 @@ static void srv_signal_cb(uv_signal_t *h, int signum)
 	if (s->draining)
 		return;
 	LOG(LOG_LVL_NOTICE, "signal %d: shutting down", signum);
+	notify_stopping();
 	s->draining = 1;
 	s->drain_started_ms = now_ms();
 	uv_poll_stop(&s->hpoll);
 	nng_listener_close(s->listener);
+	/* Parked requests now get KVT_ESHUTDOWN instead of waiting on. */
+	if (s->n_parked)
+		srv_retry_parked(s);
 	uv_timer_start(&s->drain, srv_drain_cb, SRV_DRAIN_MS, 20);
 }
 
@@ -858,19 +1473,39 @@ static int mkdir_p(const char *path)
 	return 0;
 }
 
-int server_new(const struct config *cfg, struct server **out, char *err,
-               size_t errlen)
+
+/* Hands a socket file to group kvtrim when that group exists, so members
+ * (engines running as other users) can connect; mode stays 0660. */
+static void srv_socket_group(const char *path)
+{
+	struct group g, *r = NULL;
+	char buf[4096];
+	if (getgrnam_r("kvtrim", &g, buf, sizeof(buf), &r) || !r)
+		return;
+	if (chown(path, (uid_t)-1, r->gr_gid))
+		LOG(LOG_LVL_INFO, "cannot give %s to group kvtrim: %s", path,
+		    strerror(errno));
+}
+
+int server_new(const struct config *cfg, const struct config_args *args,
+               struct server **out, char *err, size_t errlen)
 {
 	struct server *s = calloc(1, sizeof(*s));
 	int rv;
+	mode_t old_umask;
 	char url[PATH_MAX + 8];
 	if (!s)
 		return KVT_ENOMEM;
 	s->cfg = *cfg;
+	if (args)
+		s->args = *args;
 	s->hsock = -1;
 	s->next_tenant_id = 1;
 	s->started_ms = now_ms();
 	pthread_mutex_init(&s->qlock, NULL);
+	stats_pub_init(&s->pub);
+	s->pub_ready = 1;
+	srv_allow_refresh(s);
 	if (strcmp(cfg->backend, "cuda") == 0) {
 		snprintf(err, errlen, "--backend cuda: this build has no CUDA "
 		         "backend yet; use --backend cpu");
@@ -888,6 +1523,23 @@ int server_new(const struct config *cfg, struct server **out, char *err,
 		rv = KVT_ENOMEM;
 		goto fail;
 	}
+	if (uv_loop_init(&s->loop)) {
+		rv = KVT_ESYS;
+		goto fail;
+	}
+	s->loop_ready = 1;
+	uv_async_init(&s->loop, &s->wake, srv_wake_cb);
+	s->wake.data = s;
+	uv_async_init(&s->loop, &s->snap_async, srv_snap_async_cb);
+	s->snap_async.data = s;
+	uv_signal_init(&s->loop, &s->sigterm);
+	uv_signal_init(&s->loop, &s->sigint);
+	uv_signal_init(&s->loop, &s->sighup);
+	s->sigterm.data = s->sigint.data = s->sighup.data = s;
+	uv_timer_init(&s->loop, &s->cron);
+	uv_timer_init(&s->loop, &s->drain);
+	uv_timer_init(&s->loop, &s->watchdog);
+	s->cron.data = s->drain.data = s->watchdog.data = s;
 	if (mkdir_p(cfg->runtime_dir)) {
 		snprintf(err, errlen, "cannot create runtime dir %s: %s",
 		         cfg->runtime_dir, strerror(errno));
@@ -896,8 +1548,15 @@ int server_new(const struct config *cfg, struct server **out, char *err,
 	}
 	snprintf(s->ctl_path, sizeof(s->ctl_path), "%s/ctl.ipc", cfg->runtime_dir);
 	snprintf(s->fd_path, sizeof(s->fd_path), "%s/fd.sock", cfg->runtime_dir);
+	snprintf(s->stats_path, sizeof(s->stats_path), "%s/stats.sock",
+	         cfg->runtime_dir);
 
-	if ((rv = handle_listen(s->fd_path, &s->hsock))) {
+	/* Socket files are born 0660: the umask covers the moment between
+	 * bind and the chmod the listeners do afterwards. */
+	old_umask = umask(0117);
+	rv = handle_listen(s->fd_path, &s->hsock);
+	umask(old_umask);
+	if (rv) {
 		snprintf(err, errlen, "cannot listen on %s: %s", s->fd_path,
 		         strerror(errno));
 		goto fail;
@@ -909,19 +1568,23 @@ int server_new(const struct config *cfg, struct server **out, char *err,
 	}
 	s->sock_open = 1;
 	nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, SRV_RECV_MAX);
+	nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, srv_pipe_cb, s);
 	nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, srv_pipe_cb, s);
 	/* A stale socket file of a dead daemon would make listen fail. */
 	unlink(s->ctl_path);
 	snprintf(url, sizeof(url), "ipc://%s", s->ctl_path);
+	old_umask = umask(0117);
 	if ((rv = nng_listener_create(&s->listener, s->sock, url)) ||
 	    (rv = nng_listener_set_int(s->listener, NNG_OPT_IPC_PERMISSIONS,
 	                               0660)) ||
 	    (rv = nng_listener_start(s->listener, 0))) {
+		umask(old_umask);
 		snprintf(err, errlen, "cannot listen on %s: %s", url,
 		         nng_strerror(rv));
 		rv = KVT_ESYS;
 		goto fail;
 	}
+	umask(old_umask);
 	for (uint32_t i = 0; i < cfg->contexts; i++) {
 		struct srv_req *r = &s->reqs[i];
 		r->srv = s;
@@ -933,21 +1596,18 @@ int server_new(const struct config *cfg, struct server **out, char *err,
 		}
 		s->n_reqs = i + 1;
 	}
-	if (uv_loop_init(&s->loop)) {
-		rv = KVT_ESYS;
-		goto fail;
-	}
-	s->loop_ready = 1;
-	uv_async_init(&s->loop, &s->wake, srv_wake_cb);
-	s->wake.data = s;
 	uv_poll_init(&s->loop, &s->hpoll, s->hsock);
 	s->hpoll.data = s;
-	uv_signal_init(&s->loop, &s->sigterm);
-	uv_signal_init(&s->loop, &s->sigint);
-	s->sigterm.data = s->sigint.data = s;
-	uv_timer_init(&s->loop, &s->cron);
-	uv_timer_init(&s->loop, &s->drain);
-	s->cron.data = s->drain.data = s;
+	s->hpoll_ready = 1;
+	/* The stats socket last: the HTTP thread starts serving at once and
+	 * must find a snapshot to render. */
+	srv_publish(s);
+	if ((rv = http_start(s->stats_path, cfg->stats_tcp_port,
+	                     srv_http_render, s, &s->http, err, errlen)))
+		goto fail;
+	srv_socket_group(s->fd_path);
+	srv_socket_group(s->ctl_path);
+	srv_socket_group(s->stats_path);
 	*out = s;
 	return 0;
 fail:
@@ -960,14 +1620,25 @@ int server_run(struct server *s)
 	signal(SIGPIPE, SIG_IGN);
 	uv_signal_start(&s->sigterm, srv_signal_cb, SIGTERM);
 	uv_signal_start(&s->sigint, srv_signal_cb, SIGINT);
+	uv_signal_start(&s->sighup, srv_hup_cb, SIGHUP);
 	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
 	uv_timer_start(&s->cron, srv_cron_cb, SRV_CRON_MS, SRV_CRON_MS);
+	s->watchdog_ms = notify_watchdog_period_ms();
+	if (s->watchdog_ms) {
+		notify_watchdog();
+		uv_timer_start(&s->watchdog, srv_watchdog_cb, s->watchdog_ms,
+		               s->watchdog_ms);
+	}
 	for (uint32_t i = 0; i < s->n_reqs; i++)
 		nng_ctx_recv(s->reqs[i].ctx, s->reqs[i].aio);
 	LOG(LOG_LVL_NOTICE,
 	    "kvtrimd ready: runtime dir %s, backend cpu, pool %" PRIu64
-	    " bytes (%" PRIu64 " chunks)", s->cfg.runtime_dir,
-	    pool_bytes_total(&s->pool), s->pool.chunk_capacity);
+	    " bytes (%" PRIu64 " chunks)%s", s->cfg.runtime_dir,
+	    pool_bytes_total(&s->pool), s->pool.chunk_capacity,
+	    s->watchdog_ms ? ", systemd watchdog on" : "");
+	srv_status(s);
+	s->status_ms = now_ms();
+	notify_ready();
 	uv_run(&s->loop, UV_RUN_DEFAULT);
 	LOG(LOG_LVL_NOTICE, "kvtrimd stopped");
 	return 0;
@@ -977,6 +1648,10 @@ void server_free(struct server *s)
 {
 	if (!s)
 		return;
+	if (s->pub_ready)
+		stats_pub_close(&s->pub);
+	http_stop(s->http);
+	s->http = NULL;
 	srv_close_nng(s);
 	for (uint32_t i = 0; i < s->n_reqs; i++)
 		nng_aio_free(s->reqs[i].aio);
@@ -1001,6 +1676,8 @@ void server_free(struct server *s)
 		unlink(s->ctl_path);
 	free(s->tenants);
 	free(s->reqs);
+	if (s->pub_ready)
+		stats_pub_destroy(&s->pub);
 	pthread_mutex_destroy(&s->qlock);
 	free(s);
 }

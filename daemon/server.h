@@ -17,16 +17,20 @@
 struct server;
 
 /*
- * Creates the runtime directory, the pool and every listening socket.
+ * Creates the runtime directory, the pool and every listening socket
+ * (ctl.ipc, fd.sock, stats.sock; mode 0660, group kvtrim when it exists).
+ * args (may be NULL) is how cfg was built: SIGHUP rebuilds from it.
  * On failure nothing is left behind and err says why.
  */
-int server_new(const struct config *cfg, struct server **out, char *err,
-               size_t errlen);
+int server_new(const struct config *cfg, const struct config_args *args,
+               struct server **out, char *err, size_t errlen);
 
 /*
  * Serves until SIGTERM or SIGINT: then stops accepting, answers new
  * requests with KVT_ESHUTDOWN, lets replies in flight finish, reclaims every
- * tenant and returns 0.
+ * tenant and returns 0.  Tells systemd READY=1 once serving, STATUS= every
+ * second, WATCHDOG=1 when asked, STOPPING=1 at the signal.  SIGHUP reloads
+ * the config (mutable settings only; a bad file is refused and logged).
  */
 int server_run(struct server *s);
 

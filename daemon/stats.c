@@ -1,27 +1,430 @@
 /* stats.c — see stats.h. */
 #include "stats.h"
 
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-#include "kvtrim.h"
+static const double stats_bounds[STATS_NBUCKETS] = {
+#define STATS_B_(x) x,
+	STATS_BUCKETS(STATS_B_)
+#undef STATS_B_
+};
 
-void stats_fill_row(const struct stats *s, struct ipc_row *row)
+/* Error names by number, from the one error list. */
+static const char *err_name(int num)
 {
-#define STATS_ROW_(name, help) codec_row_u64(row, #name, s->name);
-	STATS_COUNTERS(STATS_ROW_)
-#undef STATS_ROW_
-	for (int c = 1; c < 64; c++) {
-		if (!s->errors_by_code[c])
-			continue;
-		char key[IPC_KEY_MAX];
-		snprintf(key, sizeof(key), "errors_%s_total", kvt_errname(-c));
-		codec_row_u64(row, key, s->errors_by_code[c]);
+	switch (num) {
+#define STATS_E_(name, n, text) case n: return #name;
+		KVT_ERRNO_MAP(STATS_E_)
+#undef STATS_E_
+	default:
+		return NULL;
 	}
+}
+
+struct stats_snap *stats_snap_new(uint32_t n)
+{
+	struct stats_snap *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->tenant_list = calloc(n ? n : 1, sizeof(*s->tenant_list));
+	if (!s->tenant_list) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+void stats_snap_free(struct stats_snap *s)
+{
+	if (!s)
+		return;
+	free(s->tenant_list);
+	free(s);
 }
 
 void stats_count_error(struct stats *s, int err)
 {
 	s->errors_total++;
-	if (err < 0 && err > -64)
+	if (err < 0 && err > -STATS_NERR)
 		s->errors_by_code[-err]++;
+}
+
+void stats_observe(struct stats_hist *h, double seconds)
+{
+	int b = 0;
+	while (b < STATS_NBUCKETS && seconds > stats_bounds[b])
+		b++;
+	h->bucket[b]++;
+	h->count++;
+	h->sum += seconds;
+}
+
+/* ------------------------------------------------------------------ rows */
+
+void stats_fill_row(const struct stats_snap *s, struct ipc_row *row)
+{
+	char key[IPC_KEY_MAX];
+	codec_row_str(row, "version", s->version);
+	codec_row_str(row, "backend", s->backend);
+#define STATS_RG_(name, fam, lab, help) codec_row_u64(row, #name, s->name);
+	STATS_GAUGES(STATS_RG_)
+#undef STATS_RG_
+#define STATS_RF_(name, fam, lab, help) codec_row_f64(row, #name, s->name);
+	STATS_FGAUGES(STATS_RF_)
+#undef STATS_RF_
+#define STATS_RC_(name, fam, lab, help) codec_row_u64(row, #name, s->c.name);
+	STATS_COUNTERS(STATS_RC_)
+#undef STATS_RC_
+#define STATS_RH_(name, fam, lab, help)                                        \
+	codec_row_u64(row, #name "_count", s->c.name.count);                   \
+	codec_row_f64(row, #name "_sum_seconds", s->c.name.sum);
+	STATS_HISTOGRAMS(STATS_RH_)
+#undef STATS_RH_
+	for (int c = 1; c < STATS_NERR && row->n < IPC_MAX_COLS; c++) {
+		if (!s->c.errors_by_code[c] || !err_name(c))
+			continue;
+		snprintf(key, sizeof(key), "errors_%s_total", err_name(c));
+		codec_row_u64(row, key, s->c.errors_by_code[c]);
+	}
+}
+
+void stats_fill_tenant_row(const struct stats_tenant *t, struct ipc_row *row)
+{
+	codec_row_u64(row, "id", t->id);
+	codec_row_str(row, "name", t->name);
+	codec_row_str(row, "policy", t->policy);
+#define STATS_TRU_(name, kind, fam, help) codec_row_u64(row, #name, t->name);
+	STATS_TENANT_U64(STATS_TRU_)
+#undef STATS_TRU_
+#define STATS_TRF_(name, kind, fam, help) codec_row_f64(row, #name, t->name);
+	STATS_TENANT_F64(STATS_TRF_)
+#undef STATS_TRF_
+}
+
+/* ------------------------------------------------------------ rendering */
+
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static void prom_label(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\')
+			fputs("\\\\", f);
+		else if (*s == '"')
+			fputs("\\\"", f);
+		else if (*s == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*s, f);
+	}
+}
+
+/* # HELP and # TYPE once per family: *last is the family printed last. */
+static void prom_head(FILE *f, const char **last, const char *fam,
+                      const char *type, const char *help)
+{
+	if (*last && !strcmp(*last, fam))
+		return;
+	*last = fam;
+	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", fam, help, fam,
+	        type);
+}
+
+static void prom_u64(FILE *f, const char *fam, const char *lab, uint64_t v)
+{
+	if (lab[0])
+		fprintf(f, "kvtrim_%s{%s} %" PRIu64 "\n", fam, lab, v);
+	else
+		fprintf(f, "kvtrim_%s %" PRIu64 "\n", fam, v);
+}
+
+static void prom_f64(FILE *f, const char *fam, const char *lab, double v)
+{
+	if (lab[0])
+		fprintf(f, "kvtrim_%s{%s} %.17g\n", fam, lab, v);
+	else
+		fprintf(f, "kvtrim_%s %.17g\n", fam, v);
+}
+
+static void prom_hist(FILE *f, const char *fam, const char *lab,
+                      const struct stats_hist *h)
+{
+	uint64_t cum = 0;
+	const char *sep = lab[0] ? "," : "";
+	for (int b = 0; b <= STATS_NBUCKETS; b++) {
+		cum += h->bucket[b];
+		if (b < STATS_NBUCKETS)
+			fprintf(f, "kvtrim_%s_bucket{%s%sle=\"%g\"} %" PRIu64 "\n",
+			        fam, lab, sep, stats_bounds[b], cum);
+		else
+			fprintf(f, "kvtrim_%s_bucket{%s%sle=\"+Inf\"} %" PRIu64
+			        "\n", fam, lab, sep, cum);
+	}
+	if (lab[0]) {
+		fprintf(f, "kvtrim_%s_sum{%s} %.17g\n", fam, lab, h->sum);
+		fprintf(f, "kvtrim_%s_count{%s} %" PRIu64 "\n", fam, lab,
+		        h->count);
+	} else {
+		fprintf(f, "kvtrim_%s_sum %.17g\n", fam, h->sum);
+		fprintf(f, "kvtrim_%s_count %" PRIu64 "\n", fam, h->count);
+	}
+}
+
+static void prom_tenant_labels(FILE *f, const struct stats_tenant *t)
+{
+	fputs("{tenant=\"", f);
+	prom_label(f, t->name);
+	fprintf(f, "\",id=\"%" PRIu32 "\"}", t->id);
+}
+
+static void render_prom(const struct stats_snap *s, FILE *f)
+{
+	const struct stats_tenant *tl = s->tenant_list;
+	const uint32_t nt = s->n_tenant_list;
+	const char *last = NULL;
+	fputs("# HELP kvtrim_info build and backend of this kvtrimd\n"
+	      "# TYPE kvtrim_info gauge\nkvtrim_info{version=\"", f);
+	prom_label(f, s->version);
+	fputs("\",backend=\"", f);
+	prom_label(f, s->backend);
+	fputs("\"} 1\n", f);
+#define STATS_PG_(name, fam, lab, help)                                        \
+	prom_head(f, &last, fam, "gauge", help);                               \
+	prom_u64(f, fam, lab, s->name);
+	STATS_GAUGES(STATS_PG_)
+#undef STATS_PG_
+#define STATS_PF_(name, fam, lab, help)                                        \
+	prom_head(f, &last, fam, "gauge", help);                               \
+	prom_f64(f, fam, lab, s->name);
+	STATS_FGAUGES(STATS_PF_)
+#undef STATS_PF_
+#define STATS_PC_(name, fam, lab, help)                                        \
+	prom_head(f, &last, fam, "counter", help);                             \
+	prom_u64(f, fam, lab, s->c.name);
+	STATS_COUNTERS(STATS_PC_)
+#undef STATS_PC_
+#define STATS_PH_(name, fam, lab, help)                                        \
+	prom_head(f, &last, fam, "histogram", help);                           \
+	prom_hist(f, fam, lab, &s->c.name);
+	STATS_HISTOGRAMS(STATS_PH_)
+#undef STATS_PH_
+	/* Every known code, zeros included: a series that appears only after
+	 * the first error breaks rate() over the window before it. */
+	fputs("# HELP kvtrim_errors_total error replies by code\n"
+	      "# TYPE kvtrim_errors_total counter\n", f);
+	for (int c = 1; c < STATS_NERR; c++)
+		if (err_name(c))
+			fprintf(f, "kvtrim_errors_total{code=\"%s\"} %" PRIu64
+			        "\n", err_name(c), s->c.errors_by_code[c]);
+	/* Per tenant: one family at a time, a line per tenant. */
+#define STATS_PTU_(name, kind, fam, help)                                      \
+	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", fam, help,    \
+	        fam, kind == STATS_COUNTER ? "counter" : "gauge");             \
+	for (uint32_t i = 0; i < nt; i++) {                                    \
+		fprintf(f, "kvtrim_%s", fam);                                  \
+		prom_tenant_labels(f, &tl[i]);                                 \
+		fprintf(f, " %" PRIu64 "\n", tl[i].name);                      \
+	}
+	STATS_TENANT_U64(STATS_PTU_)
+#undef STATS_PTU_
+#define STATS_PTF_(name, kind, fam, help)                                      \
+	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", fam, help,    \
+	        fam, kind == STATS_COUNTER ? "counter" : "gauge");             \
+	for (uint32_t i = 0; i < nt; i++) {                                    \
+		fprintf(f, "kvtrim_%s", fam);                                  \
+		prom_tenant_labels(f, &tl[i]);                                 \
+		fprintf(f, " %.17g\n", tl[i].name);                            \
+	}
+	STATS_TENANT_F64(STATS_PTF_)
+#undef STATS_PTF_
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
+/* JSON has no NaN or infinity. */
+static void json_f64(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.17g", v);
+	else
+		fputs("null", f);
+}
+
+static void json_hist(FILE *f, const struct stats_hist *h)
+{
+	uint64_t cum = 0;
+	fputs("{\"buckets\":[", f);
+	for (int b = 0; b < STATS_NBUCKETS; b++) {
+		cum += h->bucket[b];
+		fprintf(f, "%s[%g,%" PRIu64 "]", b ? "," : "", stats_bounds[b],
+		        cum);
+	}
+	fprintf(f, "],\"count\":%" PRIu64 ",\"sum\":", h->count);
+	json_f64(f, h->sum);
+	fputc('}', f);
+}
+
+static void render_json(const struct stats_snap *s, FILE *f)
+{
+	fputs("{\"version\":", f);
+	json_str(f, s->version);
+	fputs(",\"backend\":", f);
+	json_str(f, s->backend);
+#define STATS_JG_(name, fam, lab, help)                                        \
+	fprintf(f, ",\"" #name "\":%" PRIu64, s->name);
+	STATS_GAUGES(STATS_JG_)
+#undef STATS_JG_
+#define STATS_JF_(name, fam, lab, help)                                        \
+	fputs(",\"" #name "\":", f);                                           \
+	json_f64(f, s->name);
+	STATS_FGAUGES(STATS_JF_)
+#undef STATS_JF_
+#define STATS_JC_(name, fam, lab, help)                                        \
+	fprintf(f, ",\"" #name "\":%" PRIu64, s->c.name);
+	STATS_COUNTERS(STATS_JC_)
+#undef STATS_JC_
+#define STATS_JH_(name, fam, lab, help)                                        \
+	fputs(",\"" fam "\":", f);                                             \
+	json_hist(f, &s->c.name);
+	STATS_HISTOGRAMS(STATS_JH_)
+#undef STATS_JH_
+	fputs(",\"errors\":{", f);
+	int first = 1;
+	for (int c = 1; c < STATS_NERR; c++)
+		if (err_name(c)) {
+			fprintf(f, "%s\"%s\":%" PRIu64, first ? "" : ",",
+			        err_name(c), s->c.errors_by_code[c]);
+			first = 0;
+		}
+	fputs("},\"tenant_list\":[", f);
+	for (uint32_t i = 0; i < s->n_tenant_list; i++) {
+		const struct stats_tenant *t = &s->tenant_list[i];
+		fprintf(f, "%s{\"id\":%" PRIu32 ",\"name\":", i ? "," : "",
+		        t->id);
+		json_str(f, t->name);
+		fputs(",\"policy\":", f);
+		json_str(f, t->policy);
+#define STATS_JTU_(name, kind, fam, help)                                      \
+		fprintf(f, ",\"" #name "\":%" PRIu64, t->name);
+		STATS_TENANT_U64(STATS_JTU_)
+#undef STATS_JTU_
+#define STATS_JTF_(name, kind, fam, help)                                      \
+		fputs(",\"" #name "\":", f);                                   \
+		json_f64(f, t->name);
+		STATS_TENANT_F64(STATS_JTF_)
+#undef STATS_JTF_
+		fputc('}', f);
+	}
+	fputs("]}\n", f);
+}
+
+int stats_render(const struct stats_snap *s, enum stats_fmt fmt, char **out,
+                 size_t *len)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (!f)
+		return KVT_ENOMEM;
+	if (fmt == STATS_FMT_PROM)
+		render_prom(s, f);
+	else
+		render_json(s, f);
+	int bad = ferror(f);
+	if (fclose(f) || bad) {
+		free(buf);
+		return KVT_ENOMEM;
+	}
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+/* ---------------------------------------------------------- publication */
+
+void stats_pub_init(struct stats_pub *p)
+{
+	pthread_condattr_t ca;
+	memset(p, 0, sizeof(*p));
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&p->cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+void stats_pub_destroy(struct stats_pub *p)
+{
+	stats_snap_free(p->snap);
+	p->snap = NULL;
+	pthread_cond_destroy(&p->cond);
+	pthread_mutex_destroy(&p->lock);
+}
+
+void stats_pub_publish(struct stats_pub *p, struct stats_snap *snap)
+{
+	struct stats_snap *old;
+	pthread_mutex_lock(&p->lock);
+	old = p->snap;
+	p->snap = snap;
+	p->gen++;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	stats_snap_free(old);
+}
+
+void stats_pub_close(struct stats_pub *p)
+{
+	pthread_mutex_lock(&p->lock);
+	p->closed = 1;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+uint64_t stats_pub_gen(struct stats_pub *p)
+{
+	pthread_mutex_lock(&p->lock);
+	uint64_t g = p->gen;
+	pthread_mutex_unlock(&p->lock);
+	return g;
+}
+
+int stats_pub_render(struct stats_pub *p, uint64_t min_gen, int wait_ms,
+                     enum stats_fmt fmt, char **out, size_t *len)
+{
+	struct timespec dl;
+	int rv;
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	dl.tv_sec += wait_ms / 1000;
+	dl.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&p->lock);
+	while (!p->closed && p->gen < min_gen &&
+	       pthread_cond_timedwait(&p->cond, &p->lock, &dl) != ETIMEDOUT)
+		;
+	/* Rendering under the lock keeps the snapshot alive; the loop only
+	 * waits here for as long as one rendering takes. */
+	rv = p->snap ? stats_render(p->snap, fmt, out, len) : KVT_EBUSY;
+	pthread_mutex_unlock(&p->lock);
+	return rv;
 }

@@ -1,42 +1,261 @@
 /*
- * stats.h — the daemon's counters, defined once.  STATS_COUNTERS generates
- * the struct and its rendering into a reply row (kvtrimctl stats), so a
- * counter added here shows everywhere.  Gauges (pool bytes, tenants ...)
- * are computed from live state when a row is rendered, never stored.
- * Threads: loop thread only.
+ * stats.h — the daemon's statistics, defined once.
+ *
+ * Every field is declared in one of the X-macro lists below, and that list
+ * generates the storage, the `kvtrimctl stats` / `tenants` reply rows, the
+ * Prometheus text of GET /metrics and the JSON of GET /stats.  A field added
+ * here shows in all four.
+ *
+ *   STATS_COUNTERS    monotonic counters, kept by the loop in struct stats
+ *   STATS_GAUGES      integer gauges, computed from live state per snapshot
+ *   STATS_FGAUGES     floating-point gauges, likewise
+ *   STATS_HISTOGRAMS  latency histograms (seconds), kept in struct stats
+ *   STATS_TENANT_U64  per-tenant integer fields, labels tenant= and id=
+ *   STATS_TENANT_F64  per-tenant floating-point fields
+ * plus errors by code (one counter per KVT_ERRNO_MAP entry).
+ *
+ * Columns: X(field, family, labels, help) for the global lists and
+ * X(field, kind, family, help) for the tenant lists.  `field` is the struct
+ * member and the key in rows and JSON; `family` the Prometheus name without
+ * its "kvtrim_" prefix (counters end in _total, units are in the name);
+ * `labels` extra Prometheus labels ("" for none).  Fields of one family
+ * must be adjacent, so # HELP / # TYPE are printed once per family.
+ *
+ * Threads: struct stats and snapshots are built and changed by the loop
+ * thread only.  The loop publishes a finished snapshot into a struct
+ * stats_pub (mutex + condition variable); other threads (the HTTP server)
+ * read only the published snapshot, under that mutex.
  */
 #ifndef KVT_STATS_H
 #define KVT_STATS_H
 
+#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "codec.h"
+#include "kvtrim.h"
 
 #define STATS_COUNTERS(X)                                                      \
-	X(requests_total, "control requests received")                         \
-	X(errors_total, "requests answered with an error")                     \
-	X(syncs_total, "sync requests applied")                                \
-	X(sync_items_total, "sequence items in applied syncs")                 \
-	X(sync_us_total, "daemon time spent applying syncs, microseconds")     \
-	X(entries_appended_total, "KV entries committed")                      \
-	X(entries_evicted_total, "KV entries evicted by policies")             \
-	X(tenants_registered_total, "tenants registered")                      \
-	X(tenants_reclaimed_total, "tenants dropped after their client died")  \
-	X(seqs_opened_total, "sequences opened")                               \
-	X(seqs_closed_total, "sequences closed")
+	X(requests_total, "requests_total", "", "control requests received")   \
+	X(errors_total, "error_replies_total", "",                             \
+	  "requests answered with an error")                                   \
+	X(syncs_total, "syncs_total", "", "sync requests applied")             \
+	X(sync_items_total, "sync_items_total", "",                            \
+	  "sequence items in applied syncs")                                   \
+	X(entries_appended_total, "entries_appended_total", "",                \
+	  "KV entries committed")                                              \
+	X(entries_evicted_total, "entries_evicted_total", "",                  \
+	  "KV entries evicted by policies")                                    \
+	X(tenants_registered_total, "tenants_registered_total", "",            \
+	  "tenants registered")                                                \
+	X(tenants_reclaimed_total, "tenants_reclaimed_total", "",              \
+	  "tenants dropped after their client died or left")                   \
+	X(seqs_opened_total, "sequences_opened_total", "", "sequences opened") \
+	X(seqs_closed_total, "sequences_closed_total", "", "sequences closed") \
+	X(chunks_created_total, "chunks_created_total", "",                    \
+	  "2 MiB pool chunks created")                                         \
+	X(chunks_released_total, "chunks_released_total", "",                  \
+	  "2 MiB pool chunks released")                                        \
+	X(auth_refusals_total, "auth_refusals_total", "",                      \
+	  "connections or hellos refused by the uid/gid allow lists")          \
+	X(quota_refusals_total, "quota_refusals_total", "",                    \
+	  "hellos refused for asking more than max_quota")                     \
+	X(pressure_tightenings_total, "pressure_tightenings_total", "",        \
+	  "times a tenant's compression was tightened under memory pressure")  \
+	X(backpressure_waits_total, "backpressure_waits_total", "",            \
+	  "requests parked waiting for pool pages")                            \
+	X(backpressure_resumed_total, "backpressure_resumed_total", "",        \
+	  "parked requests that got their pages and completed")                \
+	X(backpressure_timeouts_total, "backpressure_timeouts_total", "",      \
+	  "parked requests refused with EPOOLFULL after pressure_deadline_ms") \
+	X(config_reloads_total, "config_reloads_total", "",                    \
+	  "config reloads (SIGHUP) applied")                                   \
+	X(config_reload_failures_total, "config_reload_failures_total", "",    \
+	  "config reloads refused (the old config was kept)")                  \
+	X(config_sets_total, "config_sets_total", "",                          \
+	  "settings changed live with kvtrimctl config set")
 
-struct stats {
-#define STATS_FIELD_(name, help) uint64_t name;
-	STATS_COUNTERS(STATS_FIELD_)
-#undef STATS_FIELD_
-	/* errors by code: index = -code */
-	uint64_t errors_by_code[64];
+#define STATS_GAUGES(X)                                                        \
+	X(uptime_seconds, "uptime_seconds", "", "seconds since kvtrimd started")\
+	X(pool_bytes_total, "pool_size_bytes", "", "bytes of the KV pool")     \
+	X(pool_bytes_used, "pool_bytes", "state=\"used\"",                      \
+	  "pool bytes by state: used (chunks held by tenants) or free")         \
+	X(pool_bytes_free, "pool_bytes", "state=\"free\"",                      \
+	  "pool bytes by state: used (chunks held by tenants) or free")         \
+	X(chunks_total, "pool_chunks_capacity", "",                            \
+	  "2 MiB chunks the pool can hold")                                    \
+	X(chunks_used, "pool_chunks", "state=\"used\"", "pool chunks by state") \
+	X(chunks_free, "pool_chunks", "state=\"free\"", "pool chunks by state") \
+	X(kv_bytes_used, "kv_bytes", "",                                       \
+	  "bytes of pages holding KV entries or headroom")                     \
+	X(pages_used, "pages_used", "", "pages in use over all tenants")       \
+	X(tenants, "tenants", "", "registered tenants")                        \
+	X(sequences, "sequences", "", "open sequences")                        \
+	X(entries_kept, "entries_kept", "", "KV entries held over all lists")  \
+	X(clients_connected, "clients_connected", "",                          \
+	  "engine processes connected (handle channels)")                      \
+	X(control_connections, "control_connections", "",                      \
+	  "open control-socket connections (engines and kvtrimctl)")           \
+	X(parked_requests, "backpressure_parked_requests", "",                 \
+	  "requests waiting for pool pages now")
+
+#define STATS_FGAUGES(X)                                                       \
+	X(pool_use_ratio, "pool_use_ratio", "",                                \
+	  "pool chunks in use / capacity")                                     \
+	X(pressure_level, "pressure_level", "",                                \
+	  "0 below high_watermark, rising to 1 at a full pool")
+
+#define STATS_HISTOGRAMS(X)                                                    \
+	X(sync_latency, "sync_latency_seconds", "",                            \
+	  "sync requests: receipt to reply, including any backpressure wait")  \
+	X(scorer_time, "scorer_seconds", "",                                   \
+	  "time in the tenant's sync apply: scoring, decisions and compaction")
+
+#define STATS_TENANT_U64(X)                                                    \
+	X(pid, STATS_GAUGE, "tenant_pid", "process id of the tenant's engine") \
+	X(pages_used, STATS_GAUGE, "tenant_pages_used",                        \
+	  "pages holding entries or headroom")                                 \
+	X(pages_free, STATS_GAUGE, "tenant_pages_free",                        \
+	  "free pages inside the tenant's chunks")                             \
+	X(chunks, STATS_GAUGE, "tenant_chunks", "2 MiB chunks held")           \
+	X(bytes, STATS_GAUGE, "tenant_bytes",                                  \
+	  "bytes of chunks held (what the quota counts)")                      \
+	X(quota_bytes, STATS_GAUGE, "tenant_quota_bytes", "hard quota")        \
+	X(sequences, STATS_GAUGE, "tenant_sequences", "open sequences")        \
+	X(syncs, STATS_COUNTER, "tenant_syncs_total", "syncs applied")         \
+	X(entries_kept, STATS_GAUGE, "tenant_entries_kept",                    \
+	  "KV entries held now")                                               \
+	X(entries_appended, STATS_COUNTER, "tenant_entries_appended_total",    \
+	  "KV entries committed")                                              \
+	X(entries_evicted, STATS_COUNTER, "tenant_entries_evicted_total",      \
+	  "KV entries evicted")                                                \
+	X(priority, STATS_GAUGE, "tenant_priority",                            \
+	  "priority under memory pressure (tenant_priorities)")                \
+	X(draining, STATS_GAUGE, "tenant_draining",                            \
+	  "1 while the tenant admits no new sequences (kvtrimctl drain)")
+
+#define STATS_TENANT_F64(X)                                                    \
+	X(compression_ratio, STATS_GAUGE, "tenant_compression_ratio",          \
+	  "entries appended per entry not evicted (1 = no compression)")       \
+	X(pressure, STATS_GAUGE, "tenant_pressure",                            \
+	  "memory-pressure level applied to the tenant (0..1)")
+
+enum stats_kind { STATS_COUNTER, STATS_GAUGE };
+
+/* Upper bounds of the histogram buckets, seconds (+Inf is implicit). */
+#define STATS_BUCKETS(X)                                                       \
+	X(0.00001) X(0.000025) X(0.00005) X(0.0001) X(0.00025) X(0.0005)       \
+	X(0.001) X(0.0025) X(0.005) X(0.01) X(0.025) X(0.05) X(0.1)            \
+	X(0.25) X(0.5) X(1) X(2.5) X(5)
+
+#define STATS_COUNT_(x) +1
+enum { STATS_NBUCKETS = 0 STATS_BUCKETS(STATS_COUNT_) };
+#undef STATS_COUNT_
+
+#define STATS_NERR 64 /* error codes counted: 1..63 */
+
+struct stats_hist {
+	uint64_t bucket[STATS_NBUCKETS + 1]; /* not cumulative; last = +Inf */
+	uint64_t count;
+	double sum; /* seconds */
 };
 
-/* Appends every counter to row. */
-void stats_fill_row(const struct stats *s, struct ipc_row *row);
+struct stats {
+#define STATS_FIELD_(name, fam, lab, help) uint64_t name;
+	STATS_COUNTERS(STATS_FIELD_)
+#undef STATS_FIELD_
+#define STATS_HFIELD_(name, fam, lab, help) struct stats_hist name;
+	STATS_HISTOGRAMS(STATS_HFIELD_)
+#undef STATS_HFIELD_
+	uint64_t errors_by_code[STATS_NERR]; /* index = -code */
+};
+
+struct stats_tenant {
+	uint32_t id;
+	char name[KVT_NAME_MAX];
+	char policy[KVT_SPEC_MAX];
+#define STATS_TU_(name, kind, fam, help) uint64_t name;
+	STATS_TENANT_U64(STATS_TU_)
+#undef STATS_TU_
+#define STATS_TF_(name, kind, fam, help) double name;
+	STATS_TENANT_F64(STATS_TF_)
+#undef STATS_TF_
+};
+
+/* Everything /metrics, /stats and `kvtrimctl stats` show, at one instant. */
+struct stats_snap {
+	struct stats c;
+#define STATS_G_(name, fam, lab, help) uint64_t name;
+	STATS_GAUGES(STATS_G_)
+#undef STATS_G_
+#define STATS_F_(name, fam, lab, help) double name;
+	STATS_FGAUGES(STATS_F_)
+#undef STATS_F_
+	char version[16];
+	char backend[16];
+	uint32_t n_tenant_list;
+	struct stats_tenant *tenant_list; /* [n_tenant_list], owned by the snapshot */
+};
+
+/* Allocates a zeroed snapshot with room for n tenants; NULL when out of
+ * memory.  stats_snap_free releases it (NULL-safe). */
+struct stats_snap *stats_snap_new(uint32_t n);
+void stats_snap_free(struct stats_snap *s);
 
 /* Counts an error reply of code err (< 0). */
 void stats_count_error(struct stats *s, int err);
+
+/* Adds one observation (seconds) to a histogram. */
+void stats_observe(struct stats_hist *h, double seconds);
+
+/*
+ * Appends the daemon-wide fields of a snapshot to a reply row: gauges,
+ * counters, histogram _count/_sum, then errors_<NAME>_total for codes seen
+ * while the row has room (IPC_MAX_COLS; /metrics always has them all).
+ */
+void stats_fill_row(const struct stats_snap *s, struct ipc_row *row);
+
+/* Appends one tenant's fields (id, name, policy and the tenant lists). */
+void stats_fill_tenant_row(const struct stats_tenant *t, struct ipc_row *row);
+
+enum stats_fmt { STATS_FMT_PROM, STATS_FMT_JSON };
+
+/*
+ * Renders a snapshot as Prometheus text exposition (version 0.0.4) or as
+ * one JSON object.  *out is malloc'ed (free() it).  0 or KVT_ENOMEM.
+ */
+int stats_render(const struct stats_snap *s, enum stats_fmt fmt, char **out,
+                 size_t *len);
+
+/* ---- publication to other threads */
+
+struct stats_pub {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;    /* signalled on each publication and at close */
+	struct stats_snap *snap; /* latest, owned; NULL before the first */
+	uint64_t gen;           /* publications so far */
+	int closed;
+};
+
+void stats_pub_init(struct stats_pub *p);
+void stats_pub_destroy(struct stats_pub *p); /* frees the last snapshot */
+
+/* Loop thread: replaces the published snapshot (takes ownership). */
+void stats_pub_publish(struct stats_pub *p, struct stats_snap *snap);
+
+/* Wakes every waiter for good: stats_pub_render stops waiting. */
+void stats_pub_close(struct stats_pub *p);
+
+/* Publications so far. */
+uint64_t stats_pub_gen(struct stats_pub *p);
+
+/*
+ * Any thread: waits up to wait_ms for publication number min_gen (0 = take
+ * what is there), then renders the latest snapshot.  KVT_EBUSY when nothing
+ * was ever published, KVT_ENOMEM.
+ */
+int stats_pub_render(struct stats_pub *p, uint64_t min_gen, int wait_ms,
+                     enum stats_fmt fmt, char **out, size_t *len);
 
 #endif

@@ -49,6 +49,11 @@ struct tseq {
 	uint32_t *pages;  /* [lists_per_seq][max_pages] page ids */
 	uint32_t *pos;    /* [lists_per_seq][pos_cap] original positions,
 	                     same order as the entries; only [0, len) valid */
+	float *ent;       /* [lists_per_seq][pos_cap][entry_floats] policy
+	                     state per entry, moved like pos; NULL when the
+	                     policy keeps none */
+	uint8_t *state;   /* [n_layers][layer_state_bytes] policy state per
+	                     layer, zeroed at open; NULL when none */
 };
 
 /* One chunk slot of the tenant. */
@@ -94,6 +99,9 @@ struct tenant {
 	uint32_t serial;
 
 	uint64_t syncs, appended, evicted;
+	float pressure;         /* last tenant_set_pressure level */
+	uint32_t ef;            /* pol->entry_floats */
+	size_t sbytes;          /* pol->layer_state_bytes */
 
 	/* Scratch of tenant_sync, grown on demand. */
 	uint8_t *drop;     /* [drop_cap] drop marks of every list of a sync */
@@ -102,7 +110,24 @@ struct tenant {
 	                      then (pass 1 -> 2) the pages it must hold */
 	size_t newlen_cap;
 	uint32_t *moves;   /* [max_tokens][2] compaction plan of one list */
-	void **pagev;      /* [max_pages] page pointers of one list */
+	void **pagev;      /* [n_kv_heads][max_pages] page pointers, one row
+	                      per head of the layer being decided */
+	float *ent_scr;    /* [ent_cap] entry states of every list of a sync:
+	                      what decide() rewrites, committed after pass 3 */
+	size_t ent_cap;
+	uint8_t *state_scr; /* [state_cap] layer states of a sync, likewise */
+	size_t state_cap;
+	struct policy_head *heads; /* [n_kv_heads] */
+	float *in;         /* staged inputs of the new tokens, contiguous:
+	                      x [headroom][d_model], q [headroom][n_heads *
+	                      head_dim], lse [headroom][n_heads]; NULL when
+	                      the policy reads none */
+};
+
+/* What the staged-row accessor of policy_layer needs. */
+struct stage_ctx {
+	struct tenant *t;
+	uint32_t slot, layer, n_seen;
 };
 
 #define NO_CHUNK UINT32_MAX
@@ -151,6 +176,26 @@ static uint32_t *seq_pos(const struct tenant *t, const struct tseq *s,
                          size_t li)
 {
 	return s->pos + li * t->pos_cap;
+}
+
+static float *seq_ent(const struct tenant *t, const struct tseq *s,
+                      size_t li)
+{
+	return s->ent ? s->ent + li * t->pos_cap * t->ef : NULL;
+}
+
+static void *seq_state(const struct tenant *t, const struct tseq *s,
+                       uint32_t layer)
+{
+	return s->state ? s->state + (size_t)layer * t->sbytes : NULL;
+}
+
+/* Base address of page id. */
+static void *page_ptr(const struct tenant *t, uint32_t id)
+{
+	const struct shm_geom *g = &t->g;
+	return (char *)t->chunks[id / g->pages_per_chunk].pc.base +
+	       (size_t)(id % g->pages_per_chunk) * g->page_bytes;
 }
 
 /* Writes the private state of one list into its table record. */
@@ -407,14 +452,26 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		            (unsigned long long)KVT_CHUNK_BYTES);
 
 	struct policy *pol = NULL;
-	rc = policy_create(h->policy[0] ? h->policy : TENANT_DEF_POLICY, &pol,
-	                   err, errlen);
+	struct policy_geom pg = {
+		.n_layers = g.n_layers, .n_heads = g.n_heads,
+		.n_kv_heads = g.n_kv_heads, .head_dim = g.head_dim,
+		.d_model = g.d_model, .page_tokens = g.page_tokens,
+		.dtype = (enum kvt_dtype)h->dtype, .headroom = g.headroom,
+	};
+	rc = policy_create(h->policy[0] ? h->policy : TENANT_DEF_POLICY, &pg,
+	                   &pol, err, errlen);
 	if (rc)
 		return rc;
-	if (pol->ops->needs && !g.stage_tokens) {
+	/* A sync stages up to headroom new rows; lookback rows before them
+	 * must survive in the ring. */
+	if ((pol->ops->needs & POLICY_NEED_STAGED) &&
+	    g.stage_tokens < (uint64_t)g.headroom + pol->lookback) {
 		rc = fail(err, errlen, KVT_EPOLICY,
 		          "policy '%s' needs staged inputs: stage_tokens must be "
-		          "> 0", pol->ops->name);
+		          ">= headroom + %u = %llu, got %u", pol->ops->name,
+		          pol->lookback,
+		          (unsigned long long)g.headroom + pol->lookback,
+		          g.stage_tokens);
 		policy_free(pol);
 		return rc;
 	}
@@ -439,9 +496,16 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	t->seqs = calloc(g.max_seqs, sizeof(*t->seqs));
 	t->lists = calloc((size_t)g.max_seqs * t->lists_per_seq,
 	                  sizeof(*t->lists));
+	t->ef = pol->entry_floats;
+	t->sbytes = pol->layer_state_bytes;
 	t->moves = malloc((size_t)g.max_tokens * 2 * sizeof(uint32_t));
-	t->pagev = malloc((size_t)g.max_pages * sizeof(void *));
-	if (!t->chunks || !t->seqs || !t->lists || !t->moves || !t->pagev) {
+	t->pagev = malloc((size_t)g.n_kv_heads * g.max_pages * sizeof(void *));
+	t->heads = calloc(g.n_kv_heads, sizeof(*t->heads));
+	if (pol->ops->needs & POLICY_NEED_STAGED)
+		t->in = malloc((size_t)g.headroom * g.stage_entry_floats *
+		               sizeof(float));
+	if (!t->chunks || !t->seqs || !t->lists || !t->moves || !t->pagev ||
+	    !t->heads || ((pol->ops->needs & POLICY_NEED_STAGED) && !t->in)) {
 		tenant_free(t);
 		return fail(err, errlen, KVT_ENOMEM, "out of memory");
 	}
@@ -469,7 +533,11 @@ static void seq_release_arrays(struct tseq *s)
 	free(s->n_seen);
 	free(s->pages);
 	free(s->pos);
+	free(s->ent);
+	free(s->state);
 	s->n_seen = s->pages = s->pos = NULL;
+	s->ent = NULL;
+	s->state = NULL;
 }
 
 void tenant_free(struct tenant *t)
@@ -504,12 +572,23 @@ void tenant_free(struct tenant *t)
 	free(t->newlen);
 	free(t->moves);
 	free(t->pagev);
+	free(t->ent_scr);
+	free(t->state_scr);
+	free(t->heads);
+	free(t->in);
 	free(t);
 }
 
 uint32_t tenant_id(const struct tenant *t) { return t->id; }
 const char *tenant_name(const struct tenant *t) { return t->name; }
 const char *tenant_policy_spec(const struct tenant *t) { return t->pol->spec; }
+float tenant_pressure(const struct tenant *t) { return t->pressure; }
+
+void tenant_set_pressure(struct tenant *t, float level)
+{
+	policy_set_pressure(t->pol, level);
+	t->pressure = t->pol->pressure; /* clamped there */
+}
 const struct shm_geom *tenant_geom(const struct tenant *t) { return &t->g; }
 uint64_t tenant_quota(const struct tenant *t) { return t->quota; }
 int tenant_table_fd(const struct tenant *t) { return t->table_fd; }
@@ -548,7 +627,13 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	                  sizeof(uint32_t));
 	s->pos = malloc((size_t)t->lists_per_seq * t->pos_cap *
 	                sizeof(uint32_t));
-	if (!s->n_seen || !s->pages || !s->pos) {
+	if (t->ef)
+		s->ent = malloc((size_t)t->lists_per_seq * t->pos_cap * t->ef *
+		                sizeof(float));
+	if (t->sbytes)
+		s->state = calloc(g->n_layers, t->sbytes);
+	if (!s->n_seen || !s->pages || !s->pos || (t->ef && !s->ent) ||
+	    (t->sbytes && !s->state)) {
 		seq_release_arrays(s);
 		return KVT_ENOMEM;
 	}
@@ -668,7 +753,8 @@ static int validate(struct tenant *t, const struct ipc_sync_item *items,
 			return fail(err, errlen, KVT_EHEADROOM,
 			            "item %u: %u new entries, headroom is %u", i,
 			            it->n_new, g->headroom);
-		if (t->pol->ops->needs && it->n_new > g->stage_tokens)
+		if ((t->pol->ops->needs & POLICY_NEED_STAGED) &&
+		    it->n_new > g->stage_tokens)
 			return fail(err, errlen, KVT_EHEADROOM,
 			            "item %u: %u new entries, staging ring holds "
 			            "%u", i, it->n_new, g->stage_tokens);
@@ -709,6 +795,45 @@ static int grow(void **p, size_t *cap, size_t want, size_t elem)
 	return 0;
 }
 
+/* Staged row of an earlier position, for policies with lookback. */
+static const float *stage_row(void *ctx, uint32_t pos)
+{
+	const struct stage_ctx *c = ctx;
+	const struct tenant *t = c->t;
+	if (pos >= c->n_seen || (uint64_t)pos + t->g.stage_tokens < c->n_seen)
+		return NULL;
+	return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
+}
+
+/*
+ * Copies the staged inputs of positions [first, first + n) out of the ring
+ * (which the client may keep writing) into t->in, contiguous, and points
+ * pl at them.  n <= headroom (validated).
+ */
+static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
+                          uint32_t first, uint32_t n,
+                          struct policy_layer *pl)
+{
+	const struct shm_geom *g = &t->g;
+	size_t nq = (size_t)g->n_heads * g->head_dim;
+	float *x = t->in;
+	float *q = x + (size_t)g->headroom * g->d_model;
+	float *lse = q + (size_t)g->headroom * nq;
+	for (uint32_t k = 0; k < n; k++) {
+		const float *row = shm_stage_at(t->stage, g, slot, layer,
+		                                first + k);
+		memcpy(x + (size_t)k * g->d_model, row,
+		       g->d_model * sizeof(float));
+		memcpy(q + k * nq, row + g->d_model, nq * sizeof(float));
+		memcpy(lse + (size_t)k * g->n_heads, row + g->d_model + nq,
+		       g->n_heads * sizeof(float));
+	}
+	unsigned need = t->pol->ops->needs;
+	pl->x = need & POLICY_NEED_X ? x : NULL;
+	pl->q = need & POLICY_NEED_Q ? q : NULL;
+	pl->lse = need & POLICY_NEED_LSE ? lse : NULL;
+}
+
 int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
                 uint32_t n, char *err, size_t errlen)
 {
@@ -717,47 +842,97 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	int rc = validate(t, items, n, &entries, &nlists, err, errlen);
 	if (rc)
 		return rc;
+	size_t nlayers = nlists / g->n_kv_heads;
 	if (grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
-	    grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)))
+	    grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)) ||
+	    grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
+	         sizeof(float)) ||
+	    grow((void **)&t->state_scr, &t->state_cap,
+	         nlayers * t->sbytes + 1, 1))
 		return fail(err, errlen, KVT_ENOMEM, "out of memory");
 	memset(t->drop, 0, entries);
+	unsigned need = t->pol->ops->needs;
 
 	/*
-	 * Step 2: decisions.  The new entries' positions are written past
-	 * len, where nothing is committed yet, so a refusal leaves no trace.
+	 * Step 2: decisions, one (sequence, layer) at a time.  The new
+	 * entries' positions are written past len, where nothing is committed
+	 * yet; the policy rewrites scratch copies of the entry and layer
+	 * states (t->ent_scr, t->state_scr), committed in step 4.  So a
+	 * refusal here or in step 3 leaves no trace.
 	 */
-	uint64_t need = 0, freed = 0;
-	size_t off = 0, li_all = 0;
+	uint64_t need_pages = 0, freed = 0;
+	size_t off = 0, eoff = 0, li_all = 0, ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot = (uint32_t)it->seq, lo, hi;
 		struct tseq *s = &t->seqs[slot];
 		item_layers(t, it, &lo, &hi);
-		for (uint32_t layer = lo; layer < hi; layer++) {
-			uint32_t seen = s->n_seen[layer] + it->n_new;
+		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
+			uint32_t prev = s->n_seen[layer];
+			uint32_t seen = prev + it->n_new;
+			struct stage_ctx sc = {t, slot, layer, seen};
+			struct policy_layer pl = {
+				.layer = layer,
+				.phase = (enum kvt_phase)it->phase,
+				.n_new = it->n_new, .n_seen = seen,
+				.staged = stage_row, .staged_ctx = &sc,
+				.heads = t->heads,
+				.state = t->sbytes ? t->state_scr +
+				                             ly_all * t->sbytes
+				                   : NULL,
+			};
+			if (t->sbytes)
+				memcpy(pl.state, seq_state(t, s, layer),
+				       t->sbytes);
+			if (need & POLICY_NEED_STAGED)
+				gather_inputs(t, slot, layer, prev, it->n_new,
+				              &pl);
+			size_t off0 = off;
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				const struct tlist *l = tlist_at(t, slot, layer,
 				                                 head);
-				uint32_t *pos = seq_pos(t, s,
-				                        lidx(t, layer, head));
+				size_t li = lidx(t, layer, head);
+				uint32_t *pos = seq_pos(t, s, li);
 				uint32_t len = l->len + it->n_new;
 				for (uint32_t k = 0; k < it->n_new; k++)
-					pos[l->len + k] = s->n_seen[layer] + k;
-				struct policy_list pl = {
-					.pos = pos, .len = len,
-					.n_new = it->n_new, .n_seen = seen,
-					.layer = layer, .head = head,
-					.phase = (enum kvt_phase)it->phase,
+					pos[l->len + k] = prev + k;
+				float *e = t->ef ? t->ent_scr + eoff : NULL;
+				if (e) {
+					size_t old = (size_t)l->len * t->ef;
+					memcpy(e, seq_ent(t, s, li),
+					       old * sizeof(float));
+					memset(e + old, 0, (size_t)it->n_new *
+					       t->ef * sizeof(float));
+				}
+				void **pv = NULL;
+				if (need & POLICY_NEED_KV) {
+					pv = t->pagev + (size_t)head * g->max_pages;
+					const uint32_t *pg = seq_pages(t, s, li);
+					for (uint32_t p = 0; p < l->n_pages; p++)
+						pv[p] = page_ptr(t, pg[p]);
+				}
+				t->heads[head] = (struct policy_head){
+					.pos = pos, .ent = e, .pages = pv,
+					.len = len, .drop = t->drop + off,
 				};
-				uint32_t nd = policy_decide(t->pol, &pl,
-				                            t->drop + off);
-				if (nd > len)
-					nd = len; /* a broken policy */
-				uint32_t nl = len - nd;
-				t->newlen[li_all++] = nl;
-				uint32_t want = pages_for(g, nl);
+				off += len;
+				eoff += (size_t)len * t->ef;
+			}
+			rc = policy_decide(t->pol, &pl);
+			if (rc)
+				return fail(err, errlen, rc, "policy %s: %s",
+				            t->pol->ops->name, kvt_strerror(rc));
+			off = off0;
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				const struct tlist *l = tlist_at(t, slot, layer,
+				                                 head);
+				uint32_t len = l->len + it->n_new, nd = 0;
+				for (uint32_t k = 0; k < len; k++)
+					nd += t->drop[off + k] != 0;
+				uint32_t want = pages_for(g, len - nd);
+				t->newlen[li_all++] = len - nd;
 				if (want > l->n_pages)
-					need += want - l->n_pages;
+					need_pages += want - l->n_pages;
 				else
 					freed += l->n_pages - want;
 				off += len;
@@ -766,44 +941,49 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	}
 
 	/* Step 3: pages; the last step that may fail. */
-	rc = reserve_pages(t, need, freed, err, errlen);
+	rc = reserve_pages(t, need_pages, freed, err, errlen);
 	if (rc)
 		return rc;
 
-	/* Step 4: apply.  Pass 1 compacts and frees, pass 2 allocates, so the
-	 * frees of one list can serve the growth of another. */
+	/* Step 4: apply.  Pass 1 compacts, commits the policy states and
+	 * frees, pass 2 allocates, so the frees of one list can serve the
+	 * growth of another. */
 	uint32_t row_bytes = g->head_dim * g->elem_bytes;
 	off = 0;
+	eoff = 0;
 	li_all = 0;
+	ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot = (uint32_t)it->seq, lo, hi;
 		struct tseq *s = &t->seqs[slot];
 		item_layers(t, it, &lo, &hi);
-		for (uint32_t layer = lo; layer < hi; layer++)
+		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
+			if (t->sbytes)
+				memcpy(seq_state(t, s, layer),
+				       t->state_scr + ly_all * t->sbytes,
+				       t->sbytes);
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				struct tlist *l = tlist_at(t, slot, layer, head);
 				size_t li = lidx(t, layer, head);
 				uint32_t *pos = seq_pos(t, s, li);
 				uint32_t *pg = seq_pages(t, s, li);
 				uint32_t len = l->len + it->n_new, nl;
+				float *e = t->ef ? t->ent_scr + eoff : NULL;
 				const uint8_t *drop = t->drop + off;
 				uint32_t nm = compact_plan(drop, len, t->moves,
 				                           &nl);
 				if (nm) {
-					for (uint32_t p = 0; p < l->n_pages; p++) {
-						uint32_t id = pg[p];
-						t->pagev[p] =
-							(char *)t->chunks[id / g->pages_per_chunk].pc.base +
-							(size_t)(id % g->pages_per_chunk) *
-								g->page_bytes;
-					}
+					for (uint32_t p = 0; p < l->n_pages; p++)
+						t->pagev[p] = page_ptr(t, pg[p]);
 					compact_cpu(t->pagev, g->page_tokens,
 					            row_bytes, t->moves, nm);
-					for (uint32_t m = 0; m < nm; m++)
-						pos[t->moves[2 * m]] =
-							pos[t->moves[2 * m + 1]];
+					policy_move_entries(pos, e, t->ef,
+					                    t->moves, nm);
 				}
+				if (e)
+					memcpy(seq_ent(t, s, li), e,
+					       (size_t)nl * t->ef * sizeof(float));
 				t->appended += it->n_new;
 				t->evicted += len - nl;
 				uint32_t want = pages_for(g, nl);
@@ -815,7 +995,9 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				l->epoch++;
 				t->newlen[li_all++] = want; /* for pass 2 */
 				off += len;
+				eoff += (size_t)len * t->ef;
 			}
+		}
 	}
 	li_all = 0;
 	for (uint32_t i = 0; i < n; i++) {

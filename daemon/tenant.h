@@ -101,6 +101,15 @@ int tenant_flush_events(struct tenant *t,
                         int (*send)(void *ctx, const struct tenant_event *e),
                         void *ctx);
 
+/*
+ * Memory pressure for this tenant's policy, level in [0, 1] (clamped; NaN
+ * is 0): 0 = as configured; budgets shrink to B - floor(B * level / 2),
+ * thresholds rise (policy.h, policy_set_pressure).  Takes effect at the
+ * next sync; decisions already made stay made.  Never fails.
+ */
+void tenant_set_pressure(struct tenant *t, float level);
+float tenant_pressure(const struct tenant *t);
+
 /* Accounting of this tenant (the public struct, filled by the daemon). */
 void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out);
 

@@ -6,16 +6,28 @@
  * and V of every (layer, KV head) through kvt_kv_ptr with a pattern that
  * encodes who wrote it and at which position:
  *
- *   K bytes 0..3  position (uint32 little-endian)
- *   K bytes 4..7  tag = hash(seed, client, sequence index, layer, head)
- *   other bytes   hash(tag, position, byte index, is_v) & 0xff
- *                 (K from byte 8 on, V from byte 0)
+ *   V bytes 0..3  position (uint32 little-endian)
+ *   V bytes 4..7  tag = hash(seed, client, sequence index, layer, head)
+ *   V bytes 8..   hash(tag, position, byte index, 1) & 0xff
+ *   K element e   a float in [-1, 1) from hash(tag, position, e, 0), stored
+ *                 in the tenant dtype (proper keys, so attention-based
+ *                 policies see real weights)
  *
  * so after any amount of compaction every surviving entry can be decoded
- * and checked byte for byte.  With --verify, after every sync the set of
- * positions in each list is compared with an independent model of the
- * policy written here (never the daemon's policy code): a bug shared by the
- * daemon and its checker cannot hide.
+ * and checked byte for byte.  Policies that read staged inputs get x and q
+ * pseudo-random from (seed, position, sequence, layer) and the true lse of
+ * each query head over its list (paged_attention_cpu, like an engine).
+ *
+ * --verify checks the kept positions after every sync.  full and streaming
+ * against an independent model written here (never the daemon's policy
+ * code), so a bug shared by the daemon and its checker cannot hide; every
+ * other policy against an in-process replay of the same policy code on a
+ * shadow copy of each list (positions, per-entry state, layer state, in the
+ * daemon's order), fed the same inputs: the daemon's pages before the sync
+ * and the staged rows.  Learned policies without model= get random seeded
+ * weights written (weights_write) into a scratch directory; the spec sent to
+ * the daemon names them.  --prefill N sends the first N tokens as prefill
+ * syncs (snapkv acts at the first decode sync).
  *
  * Children report their counts through a pipe; the parent prints one
  * summary line and exits 0 only when every child succeeded (a child killed
@@ -34,8 +46,14 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "compact.h"
+#include "kernels.h"
+#include "policy.h"
+#include "weights.h"
 
 #define MAX_REPORTED_MISMATCHES 10 /* per child, on stderr */
 
@@ -49,7 +67,10 @@ struct opts {
 	uint64_t seed, quota;
 	uint32_t kill_after; /* 0: never */
 	uint32_t step_us;    /* pause per step, like an engine's decode step */
+	uint32_t prefill;    /* first N tokens synced as prefill */
 	int verify;
+	struct policy *pol;  /* local instance: needs, lookback, the replay */
+	char scratch[64];    /* generated weights live here ("" = none) */
 };
 
 /* What a child tells the parent; one write, well below PIPE_BUF. */
@@ -131,29 +152,44 @@ static uint32_t get_u32(const uint8_t *p)
 	       (uint32_t)p[3] << 24;
 }
 
+/* The K row of (tag, pos): head_dim floats in [-1, 1) in dtype dt, into
+ * out [row_bytes]; kf [head_dim] float scratch. */
+static void key_row(const uint64_t *bmix, size_t row_bytes, uint32_t tag,
+                    uint32_t pos, uint32_t head_dim, enum kvt_dtype dt,
+                    float *kf, uint8_t *out)
+{
+	for (uint32_t e = 0; e < head_dim; e++)
+		kf[e] = (float)(mix(((uint64_t)tag << 32 | pos) ^ bmix[e]) >> 40) *
+		                (2.0f / 16777216.0f) - 1.0f;
+	dtype_from_f32(kf, dt, out, head_dim);
+}
+
 /* k, v: [row_bytes] each (head_dim elements of the tenant dtype). */
 static void write_entry(const uint64_t *bmix, uint8_t *k, uint8_t *v,
-                        size_t row_bytes, uint32_t tag, uint32_t pos)
+                        size_t row_bytes, uint32_t tag, uint32_t pos,
+                        uint32_t head_dim, enum kvt_dtype dt, float *kf)
 {
-	put_u32(k, pos);
-	put_u32(k + 4, tag);
+	key_row(bmix, row_bytes, tag, pos, head_dim, dt, kf, k);
+	put_u32(v, pos);
+	put_u32(v + 4, tag);
 	for (size_t b = 8; b < row_bytes; b++)
-		k[b] = byte_of(bmix, row_bytes, tag, pos, (uint32_t)b, 0);
-	for (size_t b = 0; b < row_bytes; b++)
 		v[b] = byte_of(bmix, row_bytes, tag, pos, (uint32_t)b, 1);
 }
 
-/* Byte index of the first wrong byte, or -1 when the entry is intact. */
+/* Byte index of the first wrong byte, or -1 when the entry is intact.
+ * kf [head_dim], kb [row_bytes] scratch. */
 static long check_entry(const uint64_t *bmix, const uint8_t *k,
                         const uint8_t *v, size_t row_bytes, uint32_t tag,
-                        uint32_t pos, int *is_v)
+                        uint32_t pos, uint32_t head_dim, enum kvt_dtype dt,
+                        float *kf, uint8_t *kb, int *is_v)
 {
 	*is_v = 0;
-	for (size_t b = 8; b < row_bytes; b++)
-		if (k[b] != byte_of(bmix, row_bytes, tag, pos, (uint32_t)b, 0))
+	key_row(bmix, row_bytes, tag, pos, head_dim, dt, kf, kb);
+	for (size_t b = 0; b < row_bytes; b++)
+		if (k[b] != kb[b])
 			return (long)b;
 	*is_v = 1;
-	for (size_t b = 0; b < row_bytes; b++)
+	for (size_t b = 8; b < row_bytes; b++)
 		if (v[b] != byte_of(bmix, row_bytes, tag, pos, (uint32_t)b, 1))
 			return (long)b;
 	return -1;
@@ -181,11 +217,8 @@ static int model_parse(const char *spec, struct model *m, char *why,
 		m->kind = MODEL_FULL;
 		return 0;
 	}
-	if (!policy_is(spec, "streaming")) {
-		snprintf(why, len, "policy %.*s has no model",
-		         (int)strcspn(spec, ":"), spec);
-		return -1;
-	}
+	if (!policy_is(spec, "streaming"))
+		return 1; /* verified by replaying the policy code */
 	m->kind = MODEL_STREAMING;
 	m->sinks = 4;
 	char args[KVT_SPEC_MAX];
@@ -292,7 +325,25 @@ struct engine {
 	size_t row_bytes; /* head_dim * dtype size */
 	uint32_t page_tokens;
 	int stage;        /* the policy wants staged inputs */
+	uint32_t stage_tokens;
 	struct report r;
+	float *kf;        /* [head_dim] key scratch */
+	uint8_t *kb;      /* [row_bytes] key scratch */
+	float *att;       /* [max_tokens * G] paged_attention scratch */
+	void **pv;        /* [max_pages] page pointers of one list */
+	/* Replay (verify of policies without an independent model): one
+	 * shadow per (sequence, layer, head) list, index
+	 * (j * layers + l) * kv_heads + h, cap entries each. */
+	int replay;
+	uint32_t cap;
+	uint32_t *sh_len;  /* [lists] */
+	uint32_t *sh_pos;  /* [lists][cap] */
+	float *sh_ent;     /* [lists][cap][entry_floats] */
+	uint8_t *sh_drop;  /* [lists][cap] decisions of the pending sync */
+	uint8_t *sh_state; /* [seqs * layers][layer_state_bytes] */
+	uint8_t *want;     /* [steps] expected positions of one list */
+	uint32_t *moves;   /* [cap][2] */
+	float *in;         /* staged rows gathered: x, q, lse of pending */
 };
 
 __attribute__((format(printf, 2, 3))) static void
@@ -320,9 +371,10 @@ mismatch(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 	}
 }
 
-/* Checks one list against the pattern and the model after n_seen tokens. */
+/* Checks one list against the pattern and want[p] (1 = position p must be
+ * present) after n_seen tokens. */
 static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
-                       uint32_t n_seen)
+                       uint32_t n_seen, const uint8_t *want_alive)
 {
 	struct kvt_list list;
 	int rc = kvt_list_get(e->c, e->seqs[j], l, h, &list);
@@ -347,7 +399,7 @@ static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 		}
 		const uint8_t *k = page + row * e->row_bytes;
 		const uint8_t *v = page + (e->page_tokens + row) * e->row_bytes;
-		uint32_t pos = get_u32(k), got_tag = get_u32(k + 4);
+		uint32_t pos = get_u32(v), got_tag = get_u32(v + 4);
 		int is_v;
 		long bad;
 		if (got_tag != tag)
@@ -360,12 +412,13 @@ static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 			mismatch(e, j, l, h, "entry %u: position %u twice", i,
 			         pos);
 		else if ((bad = check_entry(e->bmix, k, v, e->row_bytes, tag,
-		                            pos, &is_v)) >= 0)
+		                            pos, e->o->head_dim, e->o->dtype,
+		                            e->kf, e->kb, &is_v)) >= 0)
 			mismatch(e, j, l, h, "entry %u (position %u): %c byte "
 			         "%ld differs", i, pos, is_v ? 'V' : 'K', bad);
 	}
 	for (uint32_t p = 0; p < n_seen; p++) {
-		int want = e->alive[p];
+		int want = want_alive[p];
 		if (want && !e->seen[p])
 			mismatch(e, j, l, h, "position %u missing (len %u, "
 			         "seen %u)", p, list.len, n_seen);
@@ -377,10 +430,43 @@ static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 	return 0;
 }
 
-/* Writes K/V of position pos for every list of every sequence at k. */
+static uint32_t headroom_of(const struct opts *o)
+{
+	return o->sync_every > o->page_tokens ? o->sync_every : o->page_tokens;
+}
+
+/* Index of the (sequence j, layer l, head h) shadow. */
+static size_t sh_idx(const struct engine *e, uint32_t j, uint32_t l,
+                     uint32_t h)
+{
+	return ((size_t)j * e->o->layers + l) * e->o->kv_heads + h;
+}
+
+/* Page pointers of a list into e->pv; its length in *len. */
+static int list_pages(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
+                      uint32_t *len)
+{
+	struct kvt_list list;
+	int rc = kvt_list_get(e->c, e->seqs[j], l, h, &list);
+	if (rc < 0)
+		return rc;
+	for (uint32_t p = 0; p < list.n_pages; p++)
+		if (!(e->pv[p] = kvt_page_ptr(e->c, list.pages[p])))
+			return KVT_EINVAL;
+	*len = list.len;
+	return 0;
+}
+
+/*
+ * Writes K/V of position pos for every list of every sequence at k, then
+ * the staged inputs: x and q pseudo-random, lse the true log-sum-exp of
+ * each query head over its KV head's list with the k + 1 new entries
+ * appended so far (what the engine's attention computed).
+ */
 static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 {
 	const struct opts *o = e->o;
+	uint32_t G = o->heads / o->kv_heads;
 	for (uint32_t j = 0; j < o->seqs; j++) {
 		for (uint32_t l = 0; l < o->layers; l++) {
 			for (uint32_t h = 0; h < o->kv_heads; h++) {
@@ -395,11 +481,10 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 				}
 				write_entry(e->bmix, kp, vp, e->row_bytes,
 				            tag_of(o->seed, e->client, j, l, h),
-				            pos);
+				            pos, o->head_dim, o->dtype, e->kf);
 			}
 			if (!e->stage)
 				continue;
-			/* Plausible, deterministic scorer inputs. */
 			float *x = kvt_stage_x(e->c, e->seqs[j], l, pos);
 			float *q = kvt_stage_q(e->c, e->seqs[j], l, pos);
 			float *lse = kvt_stage_lse(e->c, e->seqs[j], l, pos);
@@ -414,21 +499,178 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 			for (uint32_t i = 0; i < nx; i++) {
 				x[i] = (float)(mix(base + i) & 0xffff) /
 				               65536.0f - 0.5f;
-				q[i] = (float)(mix(~base + i) & 0xffff) /
-				               65536.0f - 0.5f;
+				/* queries a bit larger than keys, so attention
+				 * is far from uniform */
+				q[i] = ((float)(mix(~base + i) & 0xffff) /
+				                65536.0f - 0.5f) * 6.0f;
 			}
-			for (uint32_t i = 0; i < o->heads; i++)
-				lse[i] = logf((float)pos + 1.0f);
+			for (uint32_t h = 0; h < o->kv_heads; h++) {
+				uint32_t len;
+				int rc = list_pages(e, j, l, h, &len);
+				if (rc < 0) {
+					say(e, "list of seq %u layer %u head %u: "
+					    "%s", j, l, h, kvt_strerror(rc));
+					return rc;
+				}
+				float out[64 * 1024 / sizeof(float)];
+				float *ob = (size_t)G * o->head_dim <=
+				                    sizeof(out) / sizeof(float)
+				            ? out
+				            : NULL;
+				if (!ob)
+					return KVT_EINVAL;
+				paged_attention_cpu(q + (size_t)h * G * o->head_dim,
+				                    G, e->pv, e->page_tokens,
+				                    o->head_dim, o->dtype,
+				                    len + k + 1,
+				                    1.0f / sqrtf((float)o->head_dim),
+				                    ob, lse + (size_t)h * G, e->att);
+			}
 		}
 	}
 	return 0;
 }
 
+/* Staged row of an earlier position for the replay's lookback. */
+struct replay_ctx {
+	struct engine *e;
+	uint32_t j, l, n_seen;
+};
+
+static const float *replay_row(void *ctx, uint32_t pos)
+{
+	const struct replay_ctx *c = ctx;
+	if (pos >= c->n_seen ||
+	    (uint64_t)pos + c->e->stage_tokens < c->n_seen)
+		return NULL;
+	return kvt_stage_x(c->e->c, c->e->seqs[c->j], c->l, pos);
+}
+
+/*
+ * Before a sync of n new tokens (positions [n_seen - n, n_seen)): runs the
+ * policy on each shadow with the daemon's current pages and the staged
+ * rows, leaving the decisions in sh_drop.  Also checks that the daemon's
+ * entries are in the shadow's order, which makes the inputs identical.
+ */
+static int replay_decide(struct engine *e, uint32_t n, uint32_t n_seen,
+                         enum kvt_phase phase)
+{
+	const struct opts *o = e->o;
+	struct policy *p = o->pol;
+	uint32_t ef = p->entry_floats, nkv = o->kv_heads;
+	size_t sb = p->layer_state_bytes;
+	uint32_t d = o->heads * o->head_dim, nq = o->heads * o->head_dim;
+	struct policy_head heads[64];
+	void **pvs = e->pv; /* one row of max pages per head */
+	uint32_t mp = e->cap / e->page_tokens + 2;
+	for (uint32_t j = 0; j < o->seqs; j++)
+		for (uint32_t l = 0; l < o->layers; l++) {
+			float *x = e->in, *q = x + (size_t)n * d,
+			      *lse = q + (size_t)n * nq;
+			for (uint32_t k = 0; k < n && e->stage; k++) {
+				uint32_t pos = n_seen - n + k;
+				memcpy(x + (size_t)k * d,
+				       kvt_stage_x(e->c, e->seqs[j], l, pos),
+				       d * sizeof(float));
+				memcpy(q + (size_t)k * nq,
+				       kvt_stage_q(e->c, e->seqs[j], l, pos),
+				       nq * sizeof(float));
+				memcpy(lse + (size_t)k * o->heads,
+				       kvt_stage_lse(e->c, e->seqs[j], l, pos),
+				       o->heads * sizeof(float));
+			}
+			for (uint32_t h = 0; h < nkv; h++) {
+				size_t si = sh_idx(e, j, l, h);
+				struct kvt_list list;
+				int rc = kvt_list_get(e->c, e->seqs[j], l, h,
+				                      &list);
+				if (rc < 0)
+					return rc;
+				uint32_t len = e->sh_len[si];
+				uint32_t *pos = e->sh_pos + si * e->cap;
+				float *ent = ef ? e->sh_ent + si * e->cap * ef
+				                : NULL;
+				if (list.len != len || len + n > e->cap) {
+					mismatch(e, j, l, h, "daemon holds %u "
+					         "entries, replay %u", list.len,
+					         len);
+					return KVT_EINVAL;
+				}
+				void **pv = pvs + (size_t)h * mp;
+				for (uint32_t pg = 0; pg < list.n_pages; pg++)
+					pv[pg] = kvt_page_ptr(e->c,
+					                      list.pages[pg]);
+				/* same order as the daemon's list */
+				for (uint32_t i = 0; i < len; i++) {
+					const uint8_t *v =
+						(uint8_t *)pv[i / e->page_tokens] +
+						(e->page_tokens +
+						 i % e->page_tokens) * e->row_bytes;
+					if (get_u32(v) != pos[i]) {
+						mismatch(e, j, l, h, "entry %u is "
+						         "position %u, replay "
+						         "has %u", i, get_u32(v),
+						         pos[i]);
+						return KVT_EINVAL;
+					}
+				}
+				for (uint32_t k = 0; k < n; k++)
+					pos[len + k] = n_seen - n + k;
+				if (ent)
+					memset(ent + (size_t)len * ef, 0,
+					       (size_t)n * ef * sizeof(float));
+				uint8_t *drop = e->sh_drop + si * e->cap;
+				memset(drop, 0, len + n);
+				heads[h] = (struct policy_head){
+					.pos = pos, .ent = ent, .pages = pv,
+					.len = len + n, .drop = drop};
+			}
+			struct replay_ctx rc_ = {e, j, l, n_seen};
+			struct policy_layer pl = {
+				.layer = l, .phase = phase, .n_new = n,
+				.n_seen = n_seen,
+				.x = e->stage ? x : NULL,
+				.q = e->stage ? q : NULL,
+				.lse = e->stage ? lse : NULL,
+				.staged = replay_row, .staged_ctx = &rc_,
+				.heads = heads,
+				.state = sb ? e->sh_state +
+				                      ((size_t)j * o->layers + l) * sb
+				            : NULL,
+			};
+			int rc = policy_decide(p, &pl);
+			if (rc < 0) {
+				say(e, "replay: %s", kvt_strerror(rc));
+				return rc;
+			}
+		}
+	return 0;
+}
+
+/* After the sync: the expected positions of list (j, l, h) into e->want,
+ * then the shadow compacts like the daemon. */
+static void replay_commit(struct engine *e, uint32_t j, uint32_t l,
+                          uint32_t h, uint32_t n, uint32_t n_seen)
+{
+	uint32_t ef = e->o->pol->entry_floats;
+	size_t si = sh_idx(e, j, l, h);
+	uint32_t len = e->sh_len[si] + n, nl;
+	uint32_t *pos = e->sh_pos + si * e->cap;
+	const uint8_t *drop = e->sh_drop + si * e->cap;
+	memset(e->want, 0, n_seen);
+	for (uint32_t i = 0; i < len; i++)
+		if (!drop[i])
+			e->want[pos[i]] = 1;
+	uint32_t nm = compact_plan(drop, len, e->moves, &nl);
+	policy_move_entries(pos, ef ? e->sh_ent + si * e->cap * ef : NULL, ef,
+	                    e->moves, nm);
+	e->sh_len[si] = nl;
+}
+
 static int engine_run(struct engine *e)
 {
 	const struct opts *o = e->o;
-	uint32_t headroom = o->sync_every > o->page_tokens ? o->sync_every
-	                                                    : o->page_tokens;
+	uint32_t headroom = headroom_of(o);
 	char name[KVT_NAME_MAX];
 	snprintf(name, sizeof(name), "%s-%u", o->name, e->client);
 	struct kvt_config cfg = {
@@ -442,7 +684,7 @@ static int engine_run(struct engine *e)
 		.max_seqs = o->seqs,
 		.max_tokens = o->steps + headroom,
 		.headroom = headroom,
-		.stage_tokens = e->stage ? headroom : 0,
+		.stage_tokens = e->stage_tokens,
 		.policy = o->policy,
 		.quota_bytes = o->quota,
 	};
@@ -480,12 +722,18 @@ static int engine_run(struct engine *e)
 		if ((rc = append_step(e, s, pending)) < 0)
 			break;
 		pending++;
-		if (pending < o->sync_every && s + 1 < o->steps)
+		enum kvt_phase phase = s < o->prefill ? KVT_PHASE_PREFILL
+		                                      : KVT_PHASE_DECODE;
+		if (pending < o->sync_every && s + 1 < o->steps &&
+		    s + 1 != o->prefill)
 			continue;
+		if (e->replay &&
+		    (rc = replay_decide(e, pending, s + 1, phase)) < 0)
+			break;
 		for (uint32_t j = 0; j < o->seqs; j++)
 			items[j] = (struct kvt_sync_item){
 				.seq = e->seqs[j], .n_new = pending,
-				.phase = KVT_PHASE_DECODE,
+				.phase = phase,
 			};
 		if ((rc = kvt_sync(e->c, items, o->seqs)) < 0) {
 			say(e, "kvt_sync at step %u: %s (%s)", s,
@@ -495,7 +743,22 @@ static int engine_run(struct engine *e)
 		e->r.syncs++;
 		e->r.appended += (uint64_t)pending * o->seqs * o->layers *
 		                 o->kv_heads;
+		uint32_t n = pending;
 		pending = 0;
+		if (e->replay) {
+			for (uint32_t j = 0; j < o->seqs && rc == 0; j++)
+				for (uint32_t l = 0; l < o->layers && rc == 0;
+				     l++)
+					for (uint32_t h = 0;
+					     h < o->kv_heads && rc == 0; h++) {
+						replay_commit(e, j, l, h, n, s + 1);
+						rc = verify_list(e, j, l, h, s + 1,
+						                 e->want);
+					}
+			if (rc < 0)
+				break;
+			continue;
+		}
 		if (!e->model)
 			continue;
 		model_advance(e->alive, &e->alive_seen, e->model, s + 1);
@@ -503,7 +766,8 @@ static int engine_run(struct engine *e)
 			for (uint32_t l = 0; l < o->layers && rc == 0; l++)
 				for (uint32_t h = 0; h < o->kv_heads && rc == 0;
 				     h++)
-					rc = verify_list(e, j, l, h, s + 1);
+					rc = verify_list(e, j, l, h, s + 1,
+					                 e->alive);
 		if (rc < 0)
 			break;
 	}
@@ -535,25 +799,49 @@ out:
 }
 
 static int child_main(const struct opts *o, const struct model *m,
-                      uint32_t client, int wfd)
+                      int has_model, uint32_t client, int wfd)
 {
 	struct engine e = {
 		.o = o,
-		.model = o->verify ? m : NULL,
+		.model = o->verify && has_model ? m : NULL,
+		.replay = o->verify && !has_model,
 		.client = client,
 		.row_bytes = (size_t)o->head_dim * kvt_dtype_size(o->dtype),
 		.page_tokens = o->page_tokens,
 	};
 	e.r.client = client;
-	/* Policies other than the two without inputs get staged inputs. */
-	e.stage = !policy_is(o->policy, "full") &&
-	          !policy_is(o->policy, "streaming");
+	uint32_t headroom = headroom_of(o);
+	e.stage = !!(o->pol->ops->needs & POLICY_NEED_STAGED);
+	e.stage_tokens = e.stage ? headroom + o->pol->lookback : 0;
+	e.cap = o->steps + headroom;
+	size_t lists = (size_t)o->seqs * o->layers * o->kv_heads;
+	uint32_t G = o->heads / o->kv_heads;
+	uint32_t ef = o->pol->entry_floats;
+	size_t sb = o->pol->layer_state_bytes;
+	size_t mp = e.cap / o->page_tokens + 2;
 	e.seqs = calloc(o->seqs, sizeof(*e.seqs));
 	e.seen = calloc(o->steps, 1);
 	e.alive = calloc(o->steps, 1);
 	e.bmix = bmix_init(e.row_bytes);
+	e.kf = calloc(o->head_dim, sizeof(float));
+	e.kb = calloc(e.row_bytes, 1);
+	e.att = calloc((size_t)e.cap * G + 1, sizeof(float));
+	e.pv = calloc(mp * (o->kv_heads < 64 ? o->kv_heads : 64), sizeof(void *));
+	e.want = calloc(o->steps, 1);
+	e.moves = calloc((size_t)e.cap * 2, sizeof(uint32_t));
+	e.in = calloc((size_t)headroom * (2 * o->heads * o->head_dim + o->heads),
+	              sizeof(float));
+	e.sh_len = calloc(lists, sizeof(uint32_t));
+	e.sh_pos = calloc(lists * e.cap, sizeof(uint32_t));
+	e.sh_ent = calloc(lists * e.cap * ef + 1, sizeof(float));
+	e.sh_drop = calloc(lists * e.cap, 1);
+	e.sh_state = calloc((size_t)o->seqs * o->layers * sb + 1, 1);
 	int rc = KVT_ENOMEM;
-	if (e.seqs && e.seen && e.alive && e.bmix)
+	if (o->kv_heads > 64)
+		say(&e, "at most 64 KV heads");
+	else if (e.seqs && e.seen && e.alive && e.bmix && e.kf && e.kb &&
+	         e.att && e.pv && e.want && e.moves && e.in && e.sh_len &&
+	         e.sh_pos && e.sh_ent && e.sh_drop && e.sh_state)
 		rc = engine_run(&e);
 	else
 		say(&e, "out of memory");
@@ -562,6 +850,18 @@ static int child_main(const struct opts *o, const struct model *m,
 	free(e.seen);
 	free(e.alive);
 	free(e.bmix);
+	free(e.kf);
+	free(e.kb);
+	free(e.att);
+	free(e.pv);
+	free(e.want);
+	free(e.moves);
+	free(e.in);
+	free(e.sh_len);
+	free(e.sh_pos);
+	free(e.sh_ent);
+	free(e.sh_drop);
+	free(e.sh_state);
 	ssize_t w = write(wfd, &e.r, sizeof(e.r));
 	close(wfd);
 	if (w != (ssize_t)sizeof(e.r))
@@ -582,6 +882,7 @@ static void usage(FILE *f)
 	        "f32|f16|bf16] [--page-tokens P]\n"
 	        "         [--seed X] [--name PREFIX] [--quota BYTES] "
 	        "[--kill-after-steps N] [--step-us U]\n"
+	        "         [--prefill N]\n"
 	        "\n"
 	        "Forks N synthetic engines (tenants PREFIX-0..N-1); each "
 	        "opens M sequences and\n"
@@ -589,8 +890,12 @@ static void usage(FILE *f)
 	        "checks every entry's\n"
 	        "bytes and the kept positions against loadgen's own model "
 	        "of the policy\n"
-	        "(full, streaming).  Prints one summary line; exit 0 when "
-	        "every engine succeeded.\n"
+	        "(full, streaming) or an in-process replay of the policy "
+	        "code (all others;\n"
+	        "learned policies without model= get random seeded "
+	        "weights).  --prefill N\n"
+	        "syncs the first N tokens as prefill.  Prints one summary "
+	        "line; exit 0 when\nevery engine succeeded.\n"
 	        "Defaults: clients 1, seqs 1, steps 100, policy full, "
 	        "sync-every 1, layers 2,\n"
 	        "heads 4, kv-heads 2, head-dim 16, dtype f32, page-tokens "
@@ -638,6 +943,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		U32_OPT_("--page-tokens", page_tokens, 1, 4096),
 		U32_OPT_("--kill-after-steps", kill_after, 1, 1u << 24),
 		U32_OPT_("--step-us", step_us, 0, 10000000),
+		U32_OPT_("--prefill", prefill, 0, 1u << 24),
 #undef U32_OPT_
 	};
 	for (int i = 1; i < argc; i++) {
@@ -719,16 +1025,178 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* ---------------------------------------------------------------- weights */
+
+/* Uniform in [lo, hi) from (seed, tensor, index). */
+static float frand(uint64_t seed, uint32_t t, uint64_t i, float lo, float hi)
+{
+	uint64_t h = mix(mix(seed ^ 0x5eed) ^ ((uint64_t)t << 40) ^ i);
+	return lo + (hi - lo) * (float)(h >> 40) / 16777216.0f;
+}
+
+struct wbuild {
+	struct weights_tensor t[64 * 8];
+	char names[64 * 8][48];
+	float *data[64 * 8];
+	size_t n;
+	uint64_t seed;
+};
+
+/* Adds a tensor filled uniform in [lo, hi) (lo == hi: constant). */
+static int wb_add(struct wbuild *b, const char *name, uint32_t nd,
+                  uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3,
+                  float lo, float hi)
+{
+	if (b->n == sizeof(b->t) / sizeof(b->t[0]))
+		return -1;
+	uint64_t sh[4] = {s0, s1, s2, s3}, numel = 1;
+	for (uint32_t d = 0; d < nd; d++)
+		numel *= sh[d];
+	float *v = malloc(numel * sizeof(float) + 1);
+	if (!v)
+		return -1;
+	for (uint64_t i = 0; i < numel; i++)
+		v[i] = lo == hi ? lo : frand(b->seed, (uint32_t)b->n, i, lo, hi);
+	snprintf(b->names[b->n], sizeof(b->names[0]), "%s", name);
+	b->t[b->n] = (struct weights_tensor){b->names[b->n], nd,
+	                                     {s0, s1, s2, s3}, v};
+	b->data[b->n++] = v;
+	return 0;
+}
+
+/*
+ * Writes random seeded weights for a learned policy (kvzap: MLP hidden 8,
+ * output bias -4 so about half the entries fall below the default
+ * threshold; fastkvzip: D' 4, 4 sinks; kvpop: r 4, m 8) into o->scratch
+ * and appends model=PATH to spec.  0, or -1 with a message printed.
+ */
+static int gen_weights(struct opts *o, const char *name, char *spec,
+                       size_t len)
+{
+	struct wbuild *b = calloc(1, sizeof(*b));
+	if (!b)
+		return -1;
+	b->seed = o->seed;
+	uint64_t d = (uint64_t)o->heads * o->head_dim, nkv = o->kv_heads;
+	uint64_t G = o->heads / o->kv_heads;
+	int bad = 0;
+	char nm[48];
+	for (uint32_t l = 0; l < o->layers && !bad; l++) {
+#define ADD(fmt, ...)                                                          	(snprintf(nm, sizeof(nm), fmt, l), bad |= wb_add(b, nm, __VA_ARGS__))
+		if (!strcmp(name, "kvzap")) {
+			ADD("kvzap.%u.fc1.weight", 2, 8, d, 0, 0, -1.0f, 1.0f);
+			ADD("kvzap.%u.fc1.bias", 1, 8, 0, 0, 0, -0.5f, 0.5f);
+			ADD("kvzap.%u.fc2.weight", 2, nkv, 8, 0, 0, -1.0f, 1.0f);
+			ADD("kvzap.%u.fc2.bias", 1, nkv, 0, 0, 0, -4.0f, -4.0f);
+		} else if (!strcmp(name, "fastkvzip")) {
+			ADD("fastkvzip.%u.q_proj.weight", 2, nkv * G * 4, d, 0, 0,
+			    -0.5f, 0.5f);
+			ADD("fastkvzip.%u.q_proj.bias", 1, nkv * G * 4, 0, 0, 0,
+			    -0.5f, 0.5f);
+			ADD("fastkvzip.%u.k_proj.weight", 2, nkv * 4, d, 0, 0,
+			    -0.5f, 0.5f);
+			ADD("fastkvzip.%u.q_norm.weight", 1, 4, 0, 0, 0, 1.0f, 1.0f);
+			ADD("fastkvzip.%u.k_norm.weight", 1, 4, 0, 0, 0, 1.0f, 1.0f);
+			ADD("fastkvzip.%u.k_base", 4, nkv, 1, 4, 4, -1.0f, 1.0f);
+			ADD("fastkvzip.%u.b", 3, nkv, 1, G, 0, -0.5f, 0.5f);
+		} else {
+			ADD("kvpop.%u.proj.weight", 2, 4, d, 0, 0, -0.5f, 0.5f);
+			ADD("kvpop.%u.fc1.weight", 2, 8, 5, 0, 0, -1.0f, 1.0f);
+			ADD("kvpop.%u.fc1.bias", 1, 8, 0, 0, 0, -0.5f, 0.5f);
+			ADD("kvpop.%u.fc2.weight", 2, nkv, 8, 0, 0, -1.0f, 1.0f);
+			ADD("kvpop.%u.fc2.bias", 1, nkv, 0, 0, 0, 0.0f, 0.0f);
+		}
+#undef ADD
+	}
+	char path[128], err[KVT_ERRTEXT_MAX] = "";
+	snprintf(path, sizeof(path), "%s/%s.safetensors", o->scratch, name);
+	int rc = bad ? -1 : weights_write(path, b->t, b->n, err, sizeof(err));
+	for (size_t i = 0; i < b->n; i++)
+		free(b->data[i]);
+	free(b);
+	if (rc) {
+		fprintf(stderr, "kvtrim-loadgen: cannot write weights: %s\n",
+		        bad ? "out of memory" : err);
+		return -1;
+	}
+	size_t n = strlen(spec);
+	snprintf(spec + n, len - n, "%smodel=%s", strchr(spec, ':') ? "," : ":",
+	         path);
+	return 0;
+}
+
+static void scratch_remove(const struct opts *o)
+{
+	static const char *const names[] = {"kvzap", "fastkvzip", "kvpop"};
+	char path[128];
+	if (!o->scratch[0])
+		return;
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/%s.safetensors", o->scratch,
+		         names[i]);
+		unlink(path);
+	}
+	rmdir(o->scratch);
+}
+
+/*
+ * Completes the spec (generated weights for a learned policy without
+ * model=) and creates the local policy instance for the geometry.
+ */
+static int prepare_policy(struct opts *o, char *spec, size_t len)
+{
+	snprintf(spec, len, "%s", o->policy);
+	const char *learned = policy_is(spec, "kvzap")       ? "kvzap"
+	                      : policy_is(spec, "fastkvzip") ? "fastkvzip"
+	                      : policy_is(spec, "kvpop")     ? "kvpop"
+	                                                     : NULL;
+	if (learned && !strstr(spec, "model=")) {
+		snprintf(o->scratch, sizeof(o->scratch),
+		         "/tmp/kvtrim-loadgen-XXXXXX");
+		if (!mkdtemp(o->scratch) || chmod(o->scratch, 0755) ||
+		    gen_weights(o, learned, spec, len)) {
+			perror("kvtrim-loadgen: scratch directory");
+			return -1;
+		}
+	}
+	o->policy = spec;
+	uint32_t headroom = headroom_of(o);
+	struct policy_geom ge = {
+		.n_layers = o->layers, .n_heads = o->heads,
+		.n_kv_heads = o->kv_heads, .head_dim = o->head_dim,
+		.d_model = o->heads * o->head_dim,
+		.page_tokens = o->page_tokens, .dtype = o->dtype,
+		.headroom = headroom,
+	};
+	char err[KVT_ERRTEXT_MAX] = "";
+	if (policy_create(spec, &ge, &o->pol, err, sizeof(err))) {
+		fprintf(stderr, "kvtrim-loadgen: policy: %s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o;
 	if (parse_args(argc, argv, &o) < 0)
 		return 2;
+	static char spec[KVT_SPEC_MAX + 160];
+	if (prepare_policy(&o, spec, sizeof(spec)) < 0) {
+		scratch_remove(&o);
+		return 2;
+	}
 	struct model m;
 	char why[256];
-	if (o.verify && model_parse(o.policy, &m, why, sizeof(why)) < 0) {
-		fprintf(stderr, "verify: %s\n", why);
-		return 2;
+	int has_model = 0;
+	if (o.verify) {
+		int mr = model_parse(o.policy, &m, why, sizeof(why));
+		if (mr < 0) {
+			fprintf(stderr, "verify: %s\n", why);
+			scratch_remove(&o);
+			return 2;
+		}
+		has_model = mr == 0;
 	}
 
 	int pfd[2];
@@ -754,7 +1222,7 @@ int main(int argc, char **argv)
 		}
 		if (pid == 0) {
 			close(pfd[0]);
-			int st = child_main(&o, &m, started, pfd[1]);
+			int st = child_main(&o, &m, has_model, started, pfd[1]);
 			fflush(NULL);
 			_exit(st);
 		}
@@ -810,5 +1278,7 @@ int main(int argc, char **argv)
 	free(pids);
 	free(reps);
 	free(got);
+	policy_free(o.pol);
+	scratch_remove(&o);
 	return failed || mismatches ? 1 : 0;
 }

@@ -62,6 +62,8 @@ int codec_op_is_admin(enum ipc_op op)
 	case IPC_OP_CHECK:
 	case IPC_OP_POLICIES:
 	case IPC_OP_CONFIG:
+	case IPC_OP_DRAIN:
+	case IPC_OP_CONFIG_SET:
 		return 1;
 	default:
 		return 0;
@@ -544,6 +546,23 @@ static int dec_sync(struct dec *d, struct ipc_req *req)
 	return 0;
 }
 
+static int dec_drain(struct dec *d, struct ipc_req *req)
+{
+	int rc = key_str(d, "tenant", req->u.drain.tenant,
+	                 sizeof(req->u.drain.tenant), true);
+	if (rc)
+		return rc;
+	if (!req->u.drain.tenant[0])
+		return fail(d, KVT_EPROTO, "tenant is empty");
+	if (has(d, "undo")) {
+		uint64_t v = 0;
+		if ((rc = as_uint(d, take(d, "undo"), 1, &v, "undo")))
+			return rc;
+		req->u.drain.undo = (uint32_t)v;
+	}
+	return 0;
+}
+
 static int dec_req_body(struct dec *d, struct ipc_req *req)
 {
 	const msgpack_object *o = take(d, "op");
@@ -586,6 +605,17 @@ static int dec_req_body(struct dec *d, struct ipc_req *req)
 	case IPC_OP_CONFIG:
 		rc = key_str(d, "key", req->u.filter, sizeof(req->u.filter),
 		             false);
+		break;
+	case IPC_OP_DRAIN:
+		rc = dec_drain(d, req);
+		break;
+	case IPC_OP_CONFIG_SET:
+		if (!(rc = key_str(d, "key", req->u.set.key,
+		                   sizeof(req->u.set.key), true)) &&
+		    !(rc = key_str(d, "value", req->u.set.value,
+		                   sizeof(req->u.set.value), true)) &&
+		    !req->u.set.key[0])
+			rc = fail(d, KVT_EPROTO, "key is empty");
 		break;
 	default:
 		rc = 0;
@@ -964,6 +994,17 @@ static int check_req(const struct ipc_req *req)
 		if (!fits(req->u.filter, sizeof(req->u.filter)))
 			return KVT_EINVAL;
 		break;
+	case IPC_OP_DRAIN:
+		if (!fits(req->u.drain.tenant, sizeof(req->u.drain.tenant)) ||
+		    !req->u.drain.tenant[0] || req->u.drain.undo > 1)
+			return KVT_EINVAL;
+		break;
+	case IPC_OP_CONFIG_SET:
+		if (!fits(req->u.set.key, sizeof(req->u.set.key)) ||
+		    !req->u.set.key[0] ||
+		    !fits(req->u.set.value, sizeof(req->u.set.value)))
+			return KVT_EINVAL;
+		break;
 	default:
 		break;
 	}
@@ -994,6 +1035,8 @@ int codec_req_encode(const struct ipc_req *req, uint8_t **out, size_t *len)
 	case IPC_OP_SYNC: n += 1; break;
 	case IPC_OP_STATS:
 	case IPC_OP_CONFIG: n += req->u.filter[0] ? 1 : 0; break;
+	case IPC_OP_DRAIN: n += req->u.drain.undo ? 2 : 1; break;
+	case IPC_OP_CONFIG_SET: n += 2; break;
 	default: break;
 	}
 
@@ -1052,6 +1095,15 @@ int codec_req_encode(const struct ipc_req *req, uint8_t **out, size_t *len)
 	case IPC_OP_CONFIG:
 		if (req->u.filter[0])
 			kv_s(&e, "key", req->u.filter);
+		break;
+	case IPC_OP_DRAIN:
+		kv_s(&e, "tenant", req->u.drain.tenant);
+		if (req->u.drain.undo)
+			kv_u(&e, "undo", req->u.drain.undo);
+		break;
+	case IPC_OP_CONFIG_SET:
+		kv_s(&e, "key", req->u.set.key);
+		kv_s(&e, "value", req->u.set.value);
 		break;
 	default:
 		break;

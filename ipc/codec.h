@@ -14,9 +14,10 @@
  *                anything else, so old clients get KVT_EVERSION)
  *           "op": str, one of ipc_op names ("hello", "bye", "seq_open",
  *                 "seq_close", "sync", "stats", "tenants", "check",
- *                 "policies", "config")
+ *                 "policies", "config", "drain", "config_set")
  *           "t": uint tenant id, "k": uint token      (all ops except the
- *                admin ops stats/tenants/check/policies/config and hello)
+ *                admin ops stats/tenants/check/policies/config/drain/
+ *                config_set and hello)
  *           hello:     "name" str, "geo" [n_layers, n_heads, n_kv_heads,
  *                      head_dim, d_model], "dtype" uint, "page" uint,
  *                      "seqs" uint, "maxtok" uint, "head" uint (headroom),
@@ -28,6 +29,9 @@
  *                      layer_lo, layer_hi] (1..IPC_MAX_SYNC_ITEMS)
  *           stats:     optional "tenant" str (only that tenant)
  *           config:    optional "key" str
+ *           drain:     "tenant" str (a name, or an id in decimal),
+ *                      optional "undo" uint 0|1 (1 admits again)
+ *           config_set: "key" str, "value" str (< IPC_STR_MAX bytes)
  * reply:    "v": uint, "e": int error (0 or a negative KVT_E* code),
  *           "m": str message (present when e != 0), then per op:
  *           hello:     "t" tenant id, "k" token, "seqs" "maxtok" "head"
@@ -35,12 +39,15 @@
  *                      "quota" uint
  *           seq_open:  "seq" uint
  *           sync:      (nothing else; lengths are in the table segment)
- *           stats, tenants, policies, check, config:
+ *           stats, tenants, policies, check, config, drain, config_set:
  *                      "rows": array of maps str -> (uint | int | float |
  *                      str); stats has one row, tenants one per tenant,
  *                      policies one per policy ({"name","help"}), check one
  *                      row {"ok": 0|1, "violations": uint, "detail": str},
- *                      config one per key ({"key","value","mutable"}).
+ *                      config one per key ({"key","value","mutable"}),
+ *                      drain one per tenant it matched ({"id","name",
+ *                      "draining"}), config_set one row for the key now in
+ *                      force ({"key","value","mutable"}).
  *
  * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), strings
  * longer than their field (KVT_NAME_MAX, KVT_SPEC_MAX ...) are refused.
@@ -71,7 +78,9 @@
 	XX(TENANTS, "tenants")                                                 \
 	XX(CHECK, "check")                                                     \
 	XX(POLICIES, "policies")                                               \
-	XX(CONFIG, "config")
+	XX(CONFIG, "config")                                                   \
+	XX(DRAIN, "drain")                                                     \
+	XX(CONFIG_SET, "config_set")
 
 enum ipc_op {
 	IPC_OP_NONE = 0,
@@ -120,6 +129,14 @@ struct ipc_req {
 		} sync;
 		char filter[KVT_NAME_MAX]; /* stats "tenant", config "key";
 		                              "" when absent */
+		struct {
+			char tenant[KVT_NAME_MAX]; /* name or decimal id */
+			uint32_t undo;             /* 0 drain, 1 admit again */
+		} drain;
+		struct {
+			char key[KVT_NAME_MAX];
+			char value[IPC_STR_MAX];
+		} set; /* config_set */
 	} u;
 };
 

@@ -1,8 +1,7 @@
 /* full.c — the "full" policy: keeps every entry (the no-eviction baseline). */
 #include "policy.h"
 
-static uint32_t full_decide(const struct policy *p, const struct policy_list *l,
-                            uint8_t *drop)
+static int full_decide(struct policy *p, struct policy_layer *l)
 {
 	return 0;
 }

@@ -1,6 +1,7 @@
 /*
  * policy.c — the policy registry, the spec parser and the machinery every
- * policy shares (sinks, recent window, budgets); see policy.h.
+ * policy shares (protection, budgets, pressure, timing, selection,
+ * attention from staged queries, scratch arena); see policy.h.
  */
 #include "policy.h"
 
@@ -12,14 +13,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 /* Each policy file exports its ops; a new policy adds one line here and one
  * to registry[]. */
 extern const struct policy_ops full_ops;
+extern const struct policy_ops random_ops;
 extern const struct policy_ops streaming_ops;
+extern const struct policy_ops h2o_ops;
+extern const struct policy_ops snapkv_ops;
+extern const struct policy_ops tova_ops;
+extern const struct policy_ops kvzap_ops;
+extern const struct policy_ops fastkvzip_ops;
+extern const struct policy_ops kvpop_ops;
 
 static const struct policy_ops *const registry[] = {
-	&full_ops,
-	&streaming_ops,
+	&full_ops,  &random_ops, &streaming_ops,  &h2o_ops,   &snapkv_ops,
+	&tova_ops,  &kvzap_ops,  &fastkvzip_ops,  &kvpop_ops,
 };
 
 #define N_POLICIES (sizeof(registry) / sizeof(registry[0]))
@@ -48,19 +58,30 @@ static int refuse(char *err, size_t errlen, const char *fmt, ...)
 	return KVT_EPOLICY;
 }
 
-/* The common keys, in the bit order of enum policy_key. */
+enum key_type { KT_U32, KT_U64, KT_RATIO, KT_FLOAT, KT_PATH, KT_AGG };
+
+/* The keys, in the bit order of enum policy_key. */
 static const struct {
 	const char *name;
 	unsigned bit;
-} common_keys[] = {
-	{"sinks", POLICY_KEY_SINKS},
-	{"window", POLICY_KEY_WINDOW},
-	{"tokens", POLICY_KEY_TOKENS},
-	{"ratio", POLICY_KEY_RATIO},
+	enum key_type type;
+	const char *what; /* for "bad value" messages */
+} keys[] = {
+	{"sinks", POLICY_KEY_SINKS, KT_U32, "a decimal uint32"},
+	{"window", POLICY_KEY_WINDOW, KT_U32, "a decimal uint32"},
+	{"tokens", POLICY_KEY_TOKENS, KT_U32, "a decimal uint32"},
+	{"ratio", POLICY_KEY_RATIO, KT_RATIO, "a decimal number"},
+	{"threshold", POLICY_KEY_THRESHOLD, KT_FLOAT, "a signed decimal"},
+	{"every", POLICY_KEY_EVERY, KT_U32, "a decimal uint32"},
+	{"delay", POLICY_KEY_DELAY, KT_U32, "a decimal uint32"},
+	{"seed", POLICY_KEY_SEED, KT_U64, "a decimal uint64"},
+	{"model", POLICY_KEY_MODEL, KT_PATH, "a path"},
+	{"agg", POLICY_KEY_AGG, KT_AGG, "max or mean"},
+	{"kernel", POLICY_KEY_KERNEL, KT_U32, "a decimal uint32"},
 };
 
-/* Decimal digits only (no sign, no spaces), fitting in uint32. */
-static int parse_u32(const char *s, size_t n, uint32_t *out)
+/* Decimal digits only (no sign, no spaces), at most max. */
+static int parse_uint(const char *s, size_t n, uint64_t max, uint64_t *out)
 {
 	uint64_t v = 0;
 	if (!n)
@@ -68,19 +89,20 @@ static int parse_u32(const char *s, size_t n, uint32_t *out)
 	for (size_t i = 0; i < n; i++) {
 		if (s[i] < '0' || s[i] > '9')
 			return -1;
-		v = v * 10 + (uint64_t)(s[i] - '0');
-		if (v > UINT32_MAX)
+		unsigned d = (unsigned)(s[i] - '0');
+		if (v > (max - d) / 10)
 			return -1;
+		v = v * 10 + d;
 	}
-	*out = (uint32_t)v;
+	*out = v;
 	return 0;
 }
 
 /*
- * A plain decimal fraction: digits, at most one '.', optional exponent; it
- * must start with a digit or '.' (no sign, no "nan"/"inf", no hex floats).
+ * A plain decimal: digits, at most one '.', optional exponent; it must
+ * start with a digit or '.' (no sign, no "nan"/"inf", no hex floats).
  */
-static int parse_ratio(const char *s, size_t n, double *out)
+static int parse_decimal(const char *s, size_t n, double *out)
 {
 	char buf[64];
 	if (!n || n >= sizeof(buf))
@@ -123,6 +145,100 @@ static int unknown_policy(const char *name, size_t n, char *err,
 	              (int)(n > 64 ? 64 : n), name, known);
 }
 
+/* Parses one value of key k into a; 0, -1 (malformed) or KVT_EPOLICY. */
+static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
+                       size_t vn, struct policy_args *a, char *err,
+                       size_t errlen)
+{
+	uint64_t u = 0;
+	double d = 0;
+	switch (keys[k].type) {
+	case KT_U32:
+		if (parse_uint(v, vn, UINT32_MAX, &u))
+			return -1;
+		break;
+	case KT_U64:
+		if (parse_uint(v, vn, UINT64_MAX, &u))
+			return -1;
+		break;
+	case KT_RATIO:
+		if (parse_decimal(v, vn, &d))
+			return -1;
+		break;
+	case KT_FLOAT: {
+		int neg = vn && v[0] == '-';
+		if (parse_decimal(v + neg, vn - (size_t)neg, &d) ||
+		    !isfinite((float)d))
+			return -1;
+		d = neg ? -d : d;
+		break;
+	}
+	case KT_PATH:
+		if (vn >= sizeof(a->model))
+			return -1;
+		break;
+	case KT_AGG:
+		if (vn == 3 && !memcmp(v, "max", 3))
+			u = POLICY_AGG_MAX;
+		else if (vn == 4 && !memcmp(v, "mean", 4))
+			u = POLICY_AGG_MEAN;
+		else
+			return -1;
+		break;
+	}
+	switch (keys[k].bit) {
+	case POLICY_KEY_SINKS:
+		a->sinks = (uint32_t)u;
+		break;
+	case POLICY_KEY_WINDOW:
+		a->window = (uint32_t)u;
+		break;
+	case POLICY_KEY_TOKENS:
+		if (u < 1)
+			return refuse(err, errlen, "%s: tokens must be >= 1",
+			              ops->name);
+		a->tokens = (uint32_t)u;
+		break;
+	case POLICY_KEY_RATIO:
+		if (!(d >= 0.0 && d < 1.0))
+			return refuse(err, errlen,
+			              "%s: ratio must be in [0, 1), got '%.*s'",
+			              ops->name, (int)vn, v);
+		a->ratio = d;
+		break;
+	case POLICY_KEY_THRESHOLD:
+		a->threshold = (float)d;
+		break;
+	case POLICY_KEY_EVERY:
+		if (u < 1)
+			return refuse(err, errlen, "%s: every must be >= 1",
+			              ops->name);
+		a->every = (uint32_t)u;
+		break;
+	case POLICY_KEY_DELAY:
+		a->delay = (uint32_t)u;
+		break;
+	case POLICY_KEY_SEED:
+		a->seed = u;
+		break;
+	case POLICY_KEY_MODEL:
+		memcpy(a->model, v, vn);
+		a->model[vn] = '\0';
+		break;
+	case POLICY_KEY_AGG:
+		a->agg = (enum policy_agg)u;
+		break;
+	case POLICY_KEY_KERNEL:
+		if (u < 1 || u % 2 == 0)
+			return refuse(err, errlen, "%s: kernel must be odd and "
+			              ">= 1, got %llu", ops->name,
+			              (unsigned long long)u);
+		a->kernel = (uint32_t)u;
+		break;
+	}
+	return 0;
+}
+
 /* Parses one "key=value" of length n into a. */
 static int parse_kv(const struct policy_ops *ops, const char *s, size_t n,
                     struct policy_args *a, char *err, size_t errlen)
@@ -138,15 +254,14 @@ static int parse_kv(const struct policy_ops *ops, const char *s, size_t n,
 	const char *v = eq + 1;
 	size_t vn = n - kn - 1;
 
-	unsigned bit = 0;
-	for (size_t i = 0; i < sizeof(common_keys) / sizeof(common_keys[0]);
-	     i++)
-		if (strlen(common_keys[i].name) == kn &&
-		    !memcmp(common_keys[i].name, s, kn))
-			bit = common_keys[i].bit;
-	if (!bit)
+	size_t k = 0;
+	for (; k < sizeof(keys) / sizeof(keys[0]); k++)
+		if (strlen(keys[k].name) == kn && !memcmp(keys[k].name, s, kn))
+			break;
+	if (k == sizeof(keys) / sizeof(keys[0]))
 		return refuse(err, errlen, "%s: unknown key '%.*s'", ops->name,
 		              (int)kn, s);
+	unsigned bit = keys[k].bit;
 	if (!(ops->keys & bit))
 		return refuse(err, errlen, "%s: key '%.*s' not accepted by "
 		              "this policy", ops->name, (int)kn, s);
@@ -156,41 +271,38 @@ static int parse_kv(const struct policy_ops *ops, const char *s, size_t n,
 	if (!vn)
 		return refuse(err, errlen, "%s: key '%.*s' has no value",
 		              ops->name, (int)kn, s);
-
-	int bad = 0;
-	switch (bit) {
-	case POLICY_KEY_SINKS:
-		bad = parse_u32(v, vn, &a->sinks);
-		break;
-	case POLICY_KEY_WINDOW:
-		bad = parse_u32(v, vn, &a->window);
-		break;
-	case POLICY_KEY_TOKENS:
-		bad = parse_u32(v, vn, &a->tokens);
-		if (!bad && a->tokens < 1)
-			return refuse(err, errlen, "%s: tokens must be >= 1",
-			              ops->name);
-		break;
-	case POLICY_KEY_RATIO:
-		bad = parse_ratio(v, vn, &a->ratio);
-		if (!bad && !(a->ratio >= 0.0 && a->ratio < 1.0))
-			return refuse(err, errlen,
-			              "%s: ratio must be in [0, 1), got '%.*s'",
-			              ops->name, (int)vn, v);
-		break;
-	}
-	if (bad)
+	int rc = parse_value(ops, k, v, vn, a, err, errlen);
+	if (rc == -1)
 		return refuse(err, errlen,
 		              "%s: bad value '%.*s' for '%.*s' (%s)", ops->name,
-		              (int)vn, v, (int)kn, s,
-		              bit == POLICY_KEY_RATIO ? "a decimal number"
-		                                      : "a decimal uint32");
+		              (int)vn, v, (int)kn, s, keys[k].what);
+	if (rc)
+		return rc;
 	a->set |= bit;
 	return 0;
 }
 
-int policy_create(const char *spec, struct policy **out, char *err,
-                  size_t errlen)
+/* Budget keys are exclusive: one of tokens, ratio, threshold. */
+static int check_budget_keys(const struct policy_ops *ops,
+                             struct policy_args *a, char *err, size_t errlen)
+{
+	unsigned b = a->set & (POLICY_KEY_TOKENS | POLICY_KEY_RATIO |
+	                       POLICY_KEY_THRESHOLD);
+	if (b & (b - 1))
+		return refuse(err, errlen, "%s: give one of tokens, ratio, "
+		              "threshold", ops->name);
+	return 0;
+}
+
+static int geom_ok(const struct policy_geom *g)
+{
+	return g && g->n_layers && g->n_heads && g->n_kv_heads &&
+	       g->head_dim && g->d_model && g->page_tokens &&
+	       g->n_heads % g->n_kv_heads == 0 && kvt_dtype_size(g->dtype);
+}
+
+int policy_create(const char *spec, const struct policy_geom *geom,
+                  struct policy **out, char *err, size_t errlen)
 {
 	*out = NULL;
 	if (!spec || !*spec)
@@ -211,6 +323,9 @@ int policy_create(const char *spec, struct policy **out, char *err,
 	const struct policy_ops *ops = find_ops(spec, nlen);
 	if (!ops)
 		return unknown_policy(spec, nlen, err, errlen);
+	if (!geom_ok(geom))
+		return refuse(err, errlen, "%s: invalid model geometry",
+		              ops->name);
 
 	struct policy_args a;
 	memset(&a, 0, sizeof(a));
@@ -235,18 +350,22 @@ int policy_create(const char *spec, struct policy **out, char *err,
 				              ops->name);
 		}
 	}
+	int rc = check_budget_keys(ops, &a, err, errlen);
+	if (rc)
+		return rc;
 
 	struct policy *p = calloc(1, sizeof(*p));
 	if (!p)
 		return KVT_ENOMEM;
 	p->ops = ops;
 	p->args = a;
+	p->geom = *geom;
 	memcpy(p->spec, spec, len + 1);
 	if (ops->init) {
 		char why[KVT_ERRTEXT_MAX] = "";
-		int rc = ops->init(p, why, sizeof(why));
+		rc = ops->init(p, why, sizeof(why));
 		if (rc) {
-			free(p);
+			policy_free(p);
 			if (rc == KVT_EPOLICY)
 				return refuse(err, errlen, "%s", why);
 			if (err && errlen)
@@ -258,17 +377,99 @@ int policy_create(const char *spec, struct policy **out, char *err,
 	return 0;
 }
 
+/* ------------------------------------------------------------ scratch */
+
+struct policy_block {
+	struct policy_block *next;
+	size_t cap, used;
+};
+
+/* Data starts one cache line after the block header. */
+#define BLOCK_HDR 64u
+
+static void free_blocks(struct policy *p)
+{
+	while (p->blocks) {
+		struct policy_block *b = p->blocks;
+		p->blocks = b->next;
+		free(b);
+	}
+}
+
+static struct policy_block *block_new(size_t cap)
+{
+	struct policy_block *b = aligned_alloc(64, BLOCK_HDR + cap);
+	if (b) {
+		b->next = NULL;
+		b->cap = cap;
+		b->used = 0;
+	}
+	return b;
+}
+
+/* Start of a decide(): one block big enough for the largest call seen. */
+static void scratch_reset(struct policy *p)
+{
+	if (p->blocks && p->blocks->next) {
+		free_blocks(p);
+		p->blocks = block_new(p->scratch_peak);
+	}
+	if (p->blocks)
+		p->blocks->used = 0;
+	p->scratch_used = 0;
+}
+
+void *policy_scratch(struct policy *p, size_t bytes)
+{
+	bytes = (bytes + 63) & ~(size_t)63;
+	if (!bytes)
+		bytes = 64;
+	struct policy_block *b = p->blocks;
+	if (!b || b->cap - b->used < bytes) {
+		size_t cap = b ? 2 * b->cap : 1u << 16;
+		if (cap < bytes)
+			cap = bytes;
+		struct policy_block *nb = block_new(cap);
+		if (!nb)
+			return NULL;
+		nb->next = b;
+		p->blocks = b = nb;
+	}
+	void *r = (char *)b + BLOCK_HDR + b->used;
+	b->used += bytes;
+	p->scratch_used += bytes;
+	if (p->scratch_used > p->scratch_peak)
+		p->scratch_peak = p->scratch_used;
+	return r;
+}
+
 void policy_free(struct policy *p)
 {
+	if (!p)
+		return;
+	if (p->ops->fini)
+		p->ops->fini(p);
+	free_blocks(p);
 	free(p);
 }
 
-uint32_t policy_decide(const struct policy *p, const struct policy_list *l,
-                       uint8_t *drop)
+/* ------------------------------------------------------------ decisions */
+
+void policy_set_pressure(struct policy *p, float level)
 {
-	if (!p->ops->decide || !l->len)
+	if (!(level > 0.0f)) /* NaN too */
+		level = 0.0f;
+	if (level > 1.0f)
+		level = 1.0f;
+	p->pressure = level;
+}
+
+int policy_decide(struct policy *p, struct policy_layer *l)
+{
+	if (!p->ops->decide)
 		return 0;
-	return p->ops->decide(p, l, drop);
+	scratch_reset(p);
+	return p->ops->decide(p, l);
 }
 
 int policy_protected(const struct policy_args *a, uint32_t pos,
@@ -281,7 +482,7 @@ int policy_protected(const struct policy_args *a, uint32_t pos,
 	return a->window && pos + (uint64_t)a->window >= n_seen;
 }
 
-uint32_t policy_budget(const struct policy_args *a, uint32_t n_seen)
+uint32_t policy_budget_args(const struct policy_args *a, uint32_t n)
 {
 	/* tokens is >= 1 whenever it was given or defaulted by init(), so 0
 	 * means "no token budget". */
@@ -289,11 +490,113 @@ uint32_t policy_budget(const struct policy_args *a, uint32_t n_seen)
 		return a->tokens;
 	if (a->set & POLICY_KEY_RATIO) {
 		/* kvpress: keep n - floor(R * n), computed in double; the
-		 * product is in [0, n_seen], where truncation is floor. */
-		uint32_t ev = (uint32_t)(a->ratio * (double)n_seen);
-		if (ev > n_seen)
-			ev = n_seen;
-		return n_seen - ev;
+		 * product is in [0, n], where truncation is floor. */
+		uint32_t ev = (uint32_t)(a->ratio * (double)n);
+		if (ev > n)
+			ev = n;
+		return n - ev;
 	}
 	return UINT32_MAX;
+}
+
+uint32_t policy_budget(const struct policy *p, uint32_t n)
+{
+	uint32_t b = policy_budget_args(&p->args, n);
+	if (b == UINT32_MAX || !(p->pressure > 0.0f))
+		return b;
+	/* B - floor(B * level / 2): at most half off, >= 1 when B >= 1. */
+	return b - (uint32_t)((double)b * (double)p->pressure / 2.0);
+}
+
+float policy_threshold(const struct policy *p)
+{
+	float tau = p->args.threshold, lv = p->pressure;
+	switch (p->ops->tau) {
+	case POLICY_TAU_LOG:
+		return tau + 2.0f * lv;
+	case POLICY_TAU_PROB:
+		return tau < 1.0f ? tau + (1.0f - tau) * lv / 2.0f : tau;
+	case POLICY_TAU_NONE:
+		break;
+	}
+	return tau;
+}
+
+int policy_due(const struct policy *p, const struct policy_layer *l)
+{
+	uint32_t e = p->args.every;
+	if (!e)
+		return 1;
+	return l->n_seen / e > (l->n_seen - l->n_new) / e;
+}
+
+int policy_select(struct policy *p, const struct policy_layer *l,
+                  struct policy_head *h, const float *score,
+                  const uint8_t *protect)
+{
+	uint32_t n = h->len;
+	if (!n)
+		return 0;
+	uint8_t *prot = policy_scratch(p, n);
+	uint32_t *sc = policy_scratch(p, (size_t)n * sizeof(uint32_t));
+	if (!prot || !sc)
+		return KVT_ENOMEM;
+	uint32_t np = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		prot[i] = (protect && protect[i]) ||
+		          policy_protected(&p->args, h->pos[i], l->n_seen);
+		np += prot[i];
+	}
+	if (p->args.set & POLICY_KEY_THRESHOLD)
+		return (int)select_threshold_cpu(score, prot, n,
+		                                 policy_threshold(p), h->drop);
+	uint32_t b = policy_budget(p, l->n_seen);
+	if (b == UINT32_MAX) {
+		memset(h->drop, 0, n);
+		return 0;
+	}
+	uint32_t k = b > np ? b - np : 0;
+	return (int)select_topk_cpu(score, h->pos, prot, n, k, h->drop, sc);
+}
+
+float *policy_attn(struct policy *p, uint32_t g, const float *q,
+                   const float *lse, const uint32_t *qpos, uint32_t n_q,
+                   void *const *pages, uint32_t page_tokens,
+                   const uint32_t *kpos, uint32_t len)
+{
+	const struct policy_geom *ge = &p->geom;
+	uint32_t G = ge->n_heads / ge->n_kv_heads, hd = ge->head_dim;
+	float *qg = policy_scratch(p, (size_t)n_q * G * hd * sizeof(float));
+	float *lg = policy_scratch(p, (size_t)n_q * G * sizeof(float));
+	float *w = policy_scratch(p, (size_t)n_q * G * len * sizeof(float));
+	float *ks = policy_scratch(p, (size_t)len * hd * sizeof(float));
+	if (!qg || !lg || !w || !ks)
+		return NULL;
+	/* The G query heads of KV head g are contiguous in a staged row. */
+	for (uint32_t t = 0; t < n_q; t++) {
+		memcpy(qg + (size_t)t * G * hd,
+		       q + ((size_t)t * ge->n_heads + (size_t)g * G) * hd,
+		       (size_t)G * hd * sizeof(float));
+		memcpy(lg + (size_t)t * G,
+		       lse + (size_t)t * ge->n_heads + (size_t)g * G,
+		       (size_t)G * sizeof(float));
+	}
+	if (len)
+		attn_band_cpu(qg, lg, qpos, n_q, G, pages, page_tokens, hd,
+		              ge->dtype, kpos, len,
+		              1.0f / sqrtf((float)hd), w, ks);
+	return w;
+}
+
+void policy_move_entries(uint32_t *pos, float *ent, uint32_t entry_floats,
+                         const uint32_t *moves, uint32_t n_moves)
+{
+	for (uint32_t m = 0; m < n_moves; m++) {
+		uint32_t dst = moves[2 * m], src = moves[2 * m + 1];
+		pos[dst] = pos[src];
+		if (ent && entry_floats)
+			memcpy(ent + (size_t)dst * entry_floats,
+			       ent + (size_t)src * entry_floats,
+			       (size_t)entry_floats * sizeof(float));
+	}
 }

@@ -1,22 +1,49 @@
 /*
  * policy.h — eviction policies: a small vtable plus the machinery every
- * policy shares (spec parsing, sinks, recent window, budgets).
+ * policy shares (spec parsing, sinks, recent window, budgets, pressure,
+ * timing, selection, attention from staged queries, scratch memory).
+ * docs/policies.md states every policy's exact rule.
  *
- * Spec string: "name" or "name:key=value,key=value".  Common keys, parsed
- * once here for every policy (a policy says which it accepts):
- *   sinks=N    first N positions of a sequence are never evicted
- *   window=N   the N most recent positions are never evicted
- *   tokens=N   budget: keep at most N entries per (sequence, layer, head)
- *   ratio=R    budget: evict the fraction R (0 <= R < 1) of the entries
- *              seen, kvpress's "compression_ratio"; keep n - floor(R * n)
+ * Spec string: "name" or "name:key=value,key=value".  Keys, parsed once
+ * here for every policy (each policy says which it accepts):
+ *   sinks=N      first N positions of a sequence are never evicted
+ *   window=N     the N most recent positions are protected (policies give
+ *                it their own meaning on top: kvzap decides an entry when
+ *                it leaves the window, snapkv observes the window)
+ *   tokens=N     budget: keep at most N entries per (sequence, layer, head)
+ *   ratio=R      budget: evict the fraction R (0 <= R < 1) of the entries
+ *                seen, kvpress's "compression_ratio"; keep n - floor(R * n)
+ *   threshold=F  budget: evict entries scoring below F (signed decimal)
+ *   every=N      evict only at syncs where the tokens seen cross a multiple
+ *                of N (scores still accumulate at every sync)
+ *   delay=N      score an entry once N newer tokens have arrived (kvpop)
+ *   seed=N       random seed (random)
+ *   model=PATH   safetensors file or kvpress checkpoint directory (learned
+ *                policies; no ',' or whitespace in PATH)
+ *   agg=max|mean aggregation over the query heads of a KV head (h2o)
+ *   kernel=K     pooling width, odd (snapkv)
  * Unknown keys, repeated keys, malformed numbers and out-of-range values
- * are refused with KVT_EPOLICY and a reason.
+ * are refused with KVT_EPOLICY and a reason; so are weight files that do not
+ * fit the model geometry (policy_create loads them, never the first sync).
  *
- * Contract of decide(): given one list's entries (original positions in
- * list order; the last n_new were committed by this sync) it marks entries
- * to drop with drop[i] = 1 (drop[] arrives zeroed) and returns how many it
- * marked.  It must be a pure function of its input (and the policy's own
- * state), so tests and loadgen can replay it.
+ * Decisions are per (sequence, layer), all KV heads at once (struct
+ * policy_layer): the tenant hands decide() each head's list (positions,
+ * pages, per-entry state), the staged inputs of the n_new new tokens
+ * gathered contiguous, and the layer's state blob; decide() marks drops.
+ *
+ * Contract of decide():
+ *   - The new entries are the last n_new of every head's list, at
+ *     positions [n_seen - n_new, n_seen); their ent rows arrive zeroed.
+ *   - It may rewrite ent rows and the layer state (the tenant passes
+ *     scratch copies and commits them only when the whole sync succeeds,
+ *     so a refused sync leaves no trace), and marks drop[i] = 1 (drop[]
+ *     arrives zeroed).  It returns 0 or a negative KVT_E* (KVT_ENOMEM).
+ *   - Its result is a pure function of the policy (args, weights,
+ *     pressure), the inputs and the states: tests and loadgen replay it.
+ *     The scratch arena (policy_scratch) carries nothing across calls.
+ *   - Staged lse is the natural-log log-sum-exp of each query head's logits
+ *     q . k / sqrt(head_dim) over the keys the engine attended to (its own
+ *     list at the time, causal); attention weights are recovered from it.
  */
 #ifndef KVT_POLICY_H
 #define KVT_POLICY_H
@@ -26,34 +53,92 @@
 
 #include "kvtrim.h"
 
-/* Inputs a policy needs staged by the engine (bit set). */
+/* What decide() needs (bit set). */
 enum policy_need {
-	POLICY_NEED_X = 1u << 0,
-	POLICY_NEED_Q = 1u << 1,
-	POLICY_NEED_LSE = 1u << 2,
+	POLICY_NEED_X = 1u << 0,   /* staged attention input x */
+	POLICY_NEED_Q = 1u << 1,   /* staged post-RoPE queries */
+	POLICY_NEED_LSE = 1u << 2, /* staged log-sum-exp per query head */
+	POLICY_NEED_KV = 1u << 3,  /* the K/V pages of each list */
 };
+#define POLICY_NEED_STAGED (POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE)
 
-/* Which common keys a policy accepts (bit set). */
+/* Which keys a policy accepts (bit set). */
 enum policy_key {
 	POLICY_KEY_SINKS = 1u << 0,
 	POLICY_KEY_WINDOW = 1u << 1,
 	POLICY_KEY_TOKENS = 1u << 2,
 	POLICY_KEY_RATIO = 1u << 3,
+	POLICY_KEY_THRESHOLD = 1u << 4,
+	POLICY_KEY_EVERY = 1u << 5,
+	POLICY_KEY_DELAY = 1u << 6,
+	POLICY_KEY_SEED = 1u << 7,
+	POLICY_KEY_MODEL = 1u << 8,
+	POLICY_KEY_AGG = 1u << 9,
+	POLICY_KEY_KERNEL = 1u << 10,
+};
+
+enum policy_agg { POLICY_AGG_MEAN = 0, POLICY_AGG_MAX = 1 };
+
+/* How pressure raises a threshold (see policy_threshold). */
+enum policy_tau {
+	POLICY_TAU_NONE = 0, /* the policy has no threshold */
+	POLICY_TAU_LOG,      /* log-space score: tau + 2 * level */
+	POLICY_TAU_PROB,     /* probability: tau + (1 - tau) * level / 2 */
 };
 
 struct policy_args {
-	uint32_t sinks, window, tokens;
+	uint32_t sinks, window, tokens, every, delay, kernel;
 	double ratio;
-	unsigned set; /* enum policy_key bits actually given in the spec */
+	float threshold;
+	uint64_t seed;
+	enum policy_agg agg;
+	char model[KVT_SPEC_MAX]; /* "" when not given */
+	/* enum policy_key bits given in the spec; init() adds the RATIO or
+	 * THRESHOLD bit of a budget it defaults (a defaulted tokens budget
+	 * shows as tokens != 0 only). */
+	unsigned set;
 };
 
-struct policy_list {
+/* The model geometry a policy instance works with (fixed at creation). */
+struct policy_geom {
+	uint32_t n_layers, n_heads, n_kv_heads, head_dim, d_model;
+	uint32_t page_tokens;
+	enum kvt_dtype dtype;
+	uint32_t headroom; /* most new entries per sync */
+};
+
+/* One KV head's list as decide() sees it. */
+struct policy_head {
 	const uint32_t *pos; /* [len] original positions, list order */
-	uint32_t len;        /* entries, including the new ones */
-	uint32_t n_new;      /* entries pos[len - n_new .. len) are new */
-	uint32_t n_seen;     /* tokens of this (sequence, layer) seen so far */
-	uint32_t layer, head;
+	float *ent;          /* [len][entry_floats] per-entry state (writable
+	                        scratch; NULL when entry_floats is 0) */
+	void *const *pages;  /* [ceil(len / page_tokens)] page bases, each
+	                        [K: page_tokens x head_dim][V: ...] in dtype;
+	                        NULL unless ops->needs has POLICY_NEED_KV */
+	uint32_t len;        /* entries, the n_new new ones included */
+	uint8_t *drop;       /* [len] zeroed; decide() marks 1 = evict */
+};
+
+/* One (sequence, layer) decision. */
+struct policy_layer {
+	uint32_t layer;
 	enum kvt_phase phase;
+	uint32_t n_new;  /* new tokens, positions [n_seen - n_new, n_seen) */
+	uint32_t n_seen; /* tokens of this (sequence, layer), new included */
+	/* Staged inputs of the new tokens, contiguous; NULL unless needed. */
+	const float *x;   /* [n_new][d_model] */
+	const float *q;   /* [n_new][n_heads][head_dim] */
+	const float *lse; /* [n_new][n_heads] */
+	/*
+	 * Earlier staged rows, for policies with lookback > 0: the ring entry
+	 * [x: d_model][q: n_heads * head_dim][lse: n_heads] of position pos,
+	 * or NULL when the ring no longer (or not yet) holds it.  The tenant
+	 * guarantees positions [n_seen - n_new - lookback, n_seen).
+	 */
+	const float *(*staged)(void *ctx, uint32_t pos);
+	void *staged_ctx;
+	struct policy_head *heads; /* [n_kv_heads] */
+	void *state; /* [layer_state_bytes] writable scratch, zeroed at open */
 };
 
 struct policy;
@@ -63,40 +148,114 @@ struct policy_ops {
 	const char *help;  /* one line for --list-policies */
 	unsigned needs;    /* enum policy_need bits */
 	unsigned keys;     /* enum policy_key bits accepted */
-	/* Validates args beyond ranges and applies defaults. (optional) */
+	enum policy_tau tau;
+	/* Validates args, applies defaults, loads weights, sets
+	 * entry_floats / layer_state_bytes / lookback.  (optional) */
 	int (*init)(struct policy *p, char *err, size_t errlen);
-	uint32_t (*decide)(const struct policy *p, const struct policy_list *l,
-	                   uint8_t *drop);
+	void (*fini)(struct policy *p); /* frees priv (optional) */
+	int (*decide)(struct policy *p, struct policy_layer *l);
 };
+
+struct policy_block; /* scratch arena block (policy.c) */
 
 struct policy {
 	const struct policy_ops *ops;
 	struct policy_args args;
+	struct policy_geom geom;
 	char spec[KVT_SPEC_MAX]; /* as given */
+	/* Set by init() from args and geometry: */
+	uint32_t entry_floats;    /* floats of state per entry */
+	size_t layer_state_bytes; /* state per (sequence, layer) */
+	uint32_t lookback;        /* earlier staged rows decide() reads */
+	float pressure;           /* 0..1, policy_set_pressure */
+	void *priv;               /* the policy's own data (weights) */
+	/* Scratch arena, reset at every decide(). */
+	struct policy_block *blocks;
+	size_t scratch_used, scratch_peak;
 };
 
-/* Parses spec; *out is heap-allocated (policy_free).  KVT_EPOLICY + reason. */
-int policy_create(const char *spec, struct policy **out, char *err,
-                  size_t errlen);
-void policy_free(struct policy *p);
+/*
+ * Parses spec for geom; *out is heap-allocated (policy_free).  KVT_EPOLICY
+ * with a reason for a bad spec or bad weights; KVT_ENOMEM.
+ */
+int policy_create(const char *spec, const struct policy_geom *geom,
+                  struct policy **out, char *err, size_t errlen);
+void policy_free(struct policy *p); /* NULL-safe */
 
-/* Runs decide() on one list; returns the number of entries marked. */
-uint32_t policy_decide(const struct policy *p, const struct policy_list *l,
-                       uint8_t *drop);
+/*
+ * Memory pressure, level in [0, 1] (clamped; NaN = 0).  0 = as configured.
+ * Budgets shrink to B - floor(B * level / 2) (half at level 1, never below
+ * 1); thresholds rise per ops->tau (see policy_threshold).  Policies with
+ * neither ignore it.  Decisions already made stay made.
+ */
+void policy_set_pressure(struct policy *p, float level);
+
+/* Runs decide() on one (sequence, layer); 0 or a negative KVT_E*. */
+int policy_decide(struct policy *p, struct policy_layer *l);
 
 /* Registry, in listing order. */
 size_t policy_count(void);
 const struct policy_ops *policy_at(size_t i);
 
-/*
- * Shared machinery for decide() implementations: 1 when position pos is
- * protected by the sinks or the recent window of a list that has seen
- * n_seen tokens.
- */
+/* ---- shared machinery for decide() implementations */
+
+/* 1 when pos is protected by the sinks or the recent window after n_seen
+ * tokens (the window covers [n_seen - window, n_seen)). */
 int policy_protected(const struct policy_args *a, uint32_t pos,
                      uint32_t n_seen);
 
-/* Budget of a list: entries to keep out of n_seen (UINT32_MAX = none). */
-uint32_t policy_budget(const struct policy_args *a, uint32_t n_seen);
+/* Budget out of n tokens seen, pressure applied (UINT32_MAX = none). */
+uint32_t policy_budget(const struct policy *p, uint32_t n);
+
+/* The configured budget without pressure (UINT32_MAX = none). */
+uint32_t policy_budget_args(const struct policy_args *a, uint32_t n);
+
+/* Threshold with pressure applied: LOG tau + 2 level; PROB
+ * tau + (1 - tau) level / 2. */
+float policy_threshold(const struct policy *p);
+
+/* 1 when evictions are due at this sync: always without every=N, else
+ * when floor(n_seen / N) > floor((n_seen - n_new) / N). */
+int policy_due(const struct policy *p, const struct policy_layer *l);
+
+/*
+ * Scratch memory for the current decide(): 64-byte aligned, valid until it
+ * returns; NULL when out of memory.  Never carries data across calls.
+ */
+void *policy_scratch(struct policy *p, size_t bytes);
+
+/*
+ * Marks drops in one head from per-entry scores (higher = keep):
+ * protected entries (sinks, recent window, and protect[i] != 0 when
+ * protect is not NULL) are never dropped.  With a token/ratio budget B
+ * (counted over the n_seen tokens) the best max(0, B - protected) others
+ * are kept (ties keep the more recent position; NaN ranks lowest); with a
+ * threshold, others scoring below it (or NaN) are dropped.  Returns the
+ * number marked or KVT_ENOMEM.
+ */
+int policy_select(struct policy *p, const struct policy_layer *l,
+                  struct policy_head *h, const float *score /* [len] */,
+                  const uint8_t *protect /* [len] or NULL */);
+
+/*
+ * Attention weights of n_q query rows against the entries of one KV head:
+ * w[t][j][i] for query head j of group g (G = n_heads / n_kv_heads),
+ * causal by position (kpos[i] <= qpos[t]).  q [n_q][n_heads][head_dim] and
+ * lse [n_q][n_heads] are full staged rows (the group is picked here);
+ * pages/page_tokens/kpos/len describe the keys.  Returns scratch
+ * [n_q][G][len] or NULL when out of memory.
+ */
+float *policy_attn(struct policy *p, uint32_t g, const float *q,
+                   const float *lse, const uint32_t *qpos, uint32_t n_q,
+                   void *const *pages, uint32_t page_tokens,
+                   const uint32_t *kpos, uint32_t len);
+
+/*
+ * Applies compaction moves (dst, src pairs as compact_plan writes them) to
+ * a list's per-entry arrays: positions and entry_floats-wide state rows
+ * (ent may be NULL).  Shared by the tenant and loadgen's replay.
+ */
+void policy_move_entries(uint32_t *pos, float *ent, uint32_t entry_floats,
+                         const uint32_t *moves, uint32_t n_moves);
 
 #endif

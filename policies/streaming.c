@@ -3,9 +3,10 @@
  * recent ones, within a budget, decided at every sync of either phase.
  *
  * The rule, exactly (a verifier implements it independently):
- *   B = tokens, or n_seen - floor(ratio * n_seen) (policy_budget).
- *   n_seen <= B: keep all.  Else S' = min(sinks, B), recent = B - S', and an
- *   entry is kept iff pos < S' or pos >= n_seen - recent.
+ *   B = tokens, or n_seen - floor(ratio * n_seen) (policy_budget, pressure
+ *   applied).  n_seen <= B: keep all.  Else S' = min(sinks, B),
+ *   recent = B - S', and an entry is kept iff pos < S' or
+ *   pos >= n_seen - recent.  Every head of the layer gets the same rule.
  */
 #include "policy.h"
 
@@ -23,10 +24,6 @@ static int streaming_init(struct policy *p, char *err, size_t errlen)
 		snprintf(err, errlen, "streaming: give tokens or ratio, not both");
 		return KVT_EPOLICY;
 	}
-	if (has_tokens && a->tokens < 1) {
-		snprintf(err, errlen, "streaming: tokens must be >= 1");
-		return KVT_EPOLICY;
-	}
 	if (!has_tokens && !has_ratio)
 		a->tokens = STREAMING_DEF_TOKENS;
 	if (!(a->set & POLICY_KEY_SINKS))
@@ -34,24 +31,22 @@ static int streaming_init(struct policy *p, char *err, size_t errlen)
 	return 0;
 }
 
-static uint32_t streaming_decide(const struct policy *p,
-                                 const struct policy_list *l, uint8_t *drop)
+static int streaming_decide(struct policy *p, struct policy_layer *l)
 {
-	uint32_t b = policy_budget(&p->args, l->n_seen);
+	uint32_t b = policy_budget(p, l->n_seen);
 	if (l->n_seen <= b)
 		return 0;
 	uint32_t s = p->args.sinks < b ? p->args.sinks : b;
 	uint32_t recent = b - s;
 	uint32_t from = l->n_seen - recent; /* recent <= b < n_seen */
-	uint32_t n = 0;
-	for (uint32_t i = 0; i < l->len; i++) {
-		uint32_t pos = l->pos[i];
-		if (pos < s || pos >= from)
-			continue;
-		drop[i] = 1;
-		n++;
+	for (uint32_t g = 0; g < p->geom.n_kv_heads; g++) {
+		struct policy_head *h = &l->heads[g];
+		for (uint32_t i = 0; i < h->len; i++) {
+			uint32_t pos = h->pos[i];
+			h->drop[i] = !(pos < s || pos >= from);
+		}
 	}
-	return n;
+	return 0;
 }
 
 const struct policy_ops streaming_ops = {

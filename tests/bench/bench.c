@@ -15,6 +15,25 @@
  *   compact_gbps         plan + move of a 50% random eviction on one long
  *                        list (bytes of kept entries moved per second)
  *
+ *
+ * Policies at 8B geometry (d_model 4096, 36 layers, 32 heads, 8 KV heads,
+ * head_dim 128), in process, one thread:
+ *   sgemm_gflops               cblas_sgemm on the KVzap-MLP first-layer
+ *                              shape (16 x 4096 x 512): the floor
+ *   kvzap_mlp_tokens_per_s     scorer_mlp_cpu, hidden 512, 16 tokens a call
+ *   kvzap_mlp_gflops           its FLOP rate (target >= 0.8 x sgemm_gflops)
+ *   kvzap_linear_tokens_per_s  scorer_linear_cpu, 8 outputs
+ *   fastkvzip_tokens_per_s     sink_gate_cpu, D' 16, S 16
+ *   kvpop_tokens_per_s         kvpop's decide() on one layer, 16 new tokens,
+ *                              lists of 512 entries, r 16, m 64 (per layer)
+ *   daemon_us_per_token_<p>    policy_decide() time of one sequence's sync
+ *                              of 16 decode tokens over all 36 layers
+ *                              (lists of 512 entries, f16 pages), / 16:
+ *                              the policy's part of the daemon's CPU time
+ *                              per decoded token; measured by timing the
+ *                              decide calls the tenant makes, not through
+ *                              IPC (compaction is compact_gbps above)
+ *
  * Usage: kvtrim-bench --bin-dir build/bin --out build/bench.txt [--quick]
  */
 #include <errno.h>
@@ -31,8 +50,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cblas.h>
+#include <math.h>
+
 #include "compact.h"
+#include "kernels.h"
 #include "kvtrim.h"
+#include "policy.h"
+#include "weights.h"
 
 static int quick;
 
@@ -315,6 +340,220 @@ static void bench_compact(double *memcpy_gbps, double *gather_gbps,
 	free(moves);
 }
 
+/* ---------------------------------------------------------- policies */
+
+#define B_D 4096u
+#define B_L 36u
+#define B_H 32u
+#define B_KV 8u
+#define B_HD 128u
+#define B_N 16u    /* tokens per sync */
+#define B_LEN 512u /* entries per list */
+
+static float *rnd(size_t n, uint64_t seed, float scale)
+{
+	float *v = malloc(n * sizeof(float) + 1);
+	if (!v)
+		die("out of memory");
+	uint64_t x = seed * 2654435761u + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		v[i] = ((float)(x >> 40) / 16777216.0f - 0.5f) * scale;
+	}
+	return v;
+}
+
+/* Best of reps of fn's duration in us. */
+#define BEST_US(reps, stmt)                                                    	({                                                                     		double best_ = 1e30;                                           		for (int r_ = 0; r_ < (reps); r_++) {                          			double t0_ = now_us();                                 			stmt;                                                  			double dt_ = now_us() - t0_;                           			if (dt_ < best_)                                       				best_ = dt_;                                   		}                                                              		best_;                                                         	})
+
+struct pbench {
+	double sgemm_gflops, mlp_tps, mlp_gflops, lin_tps, fkv_tps, kvpop_tps;
+	const char *names[9];
+	double us_per_token[9];
+	int n;
+};
+
+static void bench_scorers(struct pbench *b)
+{
+	const uint32_t h = 512, n = B_N;
+	float *x = rnd((size_t)n * B_D, 1, 1.0f);
+	float *W1 = rnd((size_t)h * B_D, 2, 0.05f), *b1 = rnd(h, 3, 0.1f);
+	float *W2 = rnd((size_t)B_KV * h, 4, 0.1f), *b2 = rnd(B_KV, 5, 0.1f);
+	float *y = malloc(sizeof(float) * n * h), *hs = malloc(sizeof(float) * n * h);
+	int reps = quick ? 20 : 200;
+	double t = BEST_US(reps, cblas_sgemm(CblasRowMajor, CblasNoTrans,
+	                                     CblasTrans, n, h, B_D, 1.0f, x,
+	                                     B_D, W1, B_D, 0.0f, hs, h));
+	b->sgemm_gflops = 2.0 * n * h * B_D / t / 1e3;
+	t = BEST_US(reps, scorer_mlp_cpu(x, n, B_D, W1, b1, h, W2, b2, B_KV, y,
+	                                 hs));
+	b->mlp_tps = n / t * 1e6;
+	b->mlp_gflops = 2.0 * n * ((double)h * B_D + (double)B_KV * h) / t / 1e3;
+	float *Wl = rnd((size_t)B_KV * B_D, 6, 0.05f);
+	t = BEST_US(reps, scorer_linear_cpu(x, n, B_D, Wl, b2, B_KV, y));
+	b->lin_tps = n / t * 1e6;
+	const uint32_t G = B_H / B_KV, dp = 16, S = 16;
+	float *Wq = rnd((size_t)B_KV * G * dp * B_D, 7, 0.05f);
+	float *cq = rnd((size_t)B_KV * G * dp, 8, 0.1f);
+	float *Wk = rnd((size_t)B_KV * dp * B_D, 9, 0.05f);
+	float *g1 = rnd(dp, 10, 1.0f), *sk = rnd((size_t)B_KV * S * dp, 11, 1.0f);
+	float *bias = rnd((size_t)B_KV * G, 12, 1.0f);
+	float *sc = malloc(sizeof(float) * n * B_KV * (G + 1) * dp);
+	t = BEST_US(reps, sink_gate_cpu(x, n, B_D, B_KV, G, dp, S, Wq, cq, Wk,
+	                                g1, g1, sk, bias, y, sc));
+	b->fkv_tps = n / t * 1e6;
+	free(x); free(W1); free(b1); free(W2); free(b2); free(y); free(hs);
+	free(Wl); free(Wq); free(cq); free(Wk); free(g1); free(sk); free(bias);
+	free(sc);
+}
+
+/* Writes weights for layers [0, L) of a learned policy into path. */
+static void bench_weights(const char *name, const char *path, uint32_t L)
+{
+	struct weights_tensor t[8 * B_L];
+	float *data[8 * B_L];
+	char nm[8 * B_L][48];
+	size_t n = 0;
+	const uint32_t G = B_H / B_KV;
+#define ADD(fmt, nd, s0, s1, s2, s3)                                           	do {                                                                   		snprintf(nm[n], 48, fmt, l);                                   		uint64_t sh_[4] = {s0, s1, s2, s3}, ne_ = 1;                   		for (int d_ = 0; d_ < nd; d_++)                                			ne_ *= sh_[d_];                                        		data[n] = rnd(ne_, n + 100, 0.05f);                            		t[n] = (struct weights_tensor){nm[n], nd, {s0, s1, s2, s3},    		                               data[n]};                       		n++;                                                           	} while (0)
+	for (uint32_t l = 0; l < L; l++) {
+		if (!strcmp(name, "kvzap")) {
+			ADD("kvzap.%u.fc1.weight", 2, 512, B_D, 0, 0);
+			ADD("kvzap.%u.fc1.bias", 1, 512, 0, 0, 0);
+			ADD("kvzap.%u.fc2.weight", 2, B_KV, 512, 0, 0);
+			ADD("kvzap.%u.fc2.bias", 1, B_KV, 0, 0, 0);
+		} else if (!strcmp(name, "fastkvzip")) {
+			ADD("fastkvzip.%u.q_proj.weight", 2, B_KV * G * 16, B_D, 0, 0);
+			ADD("fastkvzip.%u.q_proj.bias", 1, B_KV * G * 16, 0, 0, 0);
+			ADD("fastkvzip.%u.k_proj.weight", 2, B_KV * 16, B_D, 0, 0);
+			ADD("fastkvzip.%u.q_norm.weight", 1, 16, 0, 0, 0);
+			ADD("fastkvzip.%u.k_norm.weight", 1, 16, 0, 0, 0);
+			ADD("fastkvzip.%u.k_base", 4, B_KV, 1, 16, 16);
+			ADD("fastkvzip.%u.b", 3, B_KV, 1, G, 0);
+		} else {
+			ADD("kvpop.%u.proj.weight", 2, 16, B_D, 0, 0);
+			ADD("kvpop.%u.fc1.weight", 2, 64, 17, 0, 0);
+			ADD("kvpop.%u.fc1.bias", 1, 64, 0, 0, 0);
+			ADD("kvpop.%u.fc2.weight", 2, B_KV, 64, 0, 0);
+			ADD("kvpop.%u.fc2.bias", 1, B_KV, 0, 0, 0);
+		}
+	}
+#undef ADD
+	char err[KVT_ERRTEXT_MAX];
+	if (weights_write(path, t, n, err, sizeof(err)))
+		die(err);
+	for (size_t i = 0; i < n; i++)
+		free(data[i]);
+}
+
+/*
+ * Times policy_decide for one sequence's sync of B_N decode tokens over
+ * `layers` layers (lists of B_LEN entries per KV head, f16 pages, staged
+ * inputs random, lse so weights stay finite); returns us per token scaled
+ * to all 36 layers.
+ */
+static double bench_decide(const char *spec, uint32_t layers)
+{
+	struct policy_geom ge = {B_L, B_H, B_KV, B_HD, B_D, 16, KVT_DTYPE_F16,
+	                         B_N};
+	struct policy *p = NULL;
+	char err[KVT_ERRTEXT_MAX];
+	if (policy_create(spec, &ge, &p, err, sizeof(err)))
+		die(err);
+	uint32_t len = B_LEN + B_N, pages = (len + 15) / 16;
+	size_t page_bytes = 2ull * 16 * B_HD * 2;
+	char *mem = malloc(B_KV * pages * page_bytes);
+	float *kf = rnd((size_t)B_KV * pages * 32 * B_HD, 21, 0.2f);
+	dtype_from_f32(kf, KVT_DTYPE_F16, mem, (size_t)B_KV * pages * 32 * B_HD);
+	free(kf);
+	void **pv = malloc(sizeof(void *) * B_KV * pages);
+	uint32_t *pos = malloc(sizeof(uint32_t) * len);
+	uint32_t ef = p->entry_floats ? p->entry_floats : 1;
+	float *ent = calloc((size_t)B_KV * len * ef, sizeof(float));
+	uint8_t *drop = malloc((size_t)B_KV * len);
+	uint8_t *state = calloc(p->layer_state_bytes + 1, 1);
+	float *x = rnd((size_t)B_N * B_D, 22, 1.0f);
+	float *q = rnd((size_t)B_N * B_H * B_HD, 23, 0.2f);
+	float *lse = rnd((size_t)B_N * B_H, 24, 0.0f);
+	for (uint32_t i = 0; i < B_N * B_H; i++)
+		lse[i] = logf((float)len); /* weights ~ 1 / len */
+	for (uint32_t i = 0; i < len; i++)
+		pos[i] = i;
+	for (uint32_t i = 0; i < B_KV * pages; i++)
+		pv[i] = mem + i * page_bytes;
+	struct policy_head heads[B_KV];
+	double best = 1e30;
+	for (int rep = 0; rep < (quick ? 2 : 3); rep++) {
+		double t0 = now_us();
+		for (uint32_t l = 0; l < layers; l++) {
+			for (uint32_t g = 0; g < B_KV; g++) {
+				memset(drop + (size_t)g * len, 0, len);
+				heads[g] = (struct policy_head){
+					pos, p->entry_floats ? ent + (size_t)g * len * ef : NULL,
+					pv + (size_t)g * pages, len,
+					drop + (size_t)g * len};
+			}
+			struct policy_layer pl = {
+				.layer = l, .phase = KVT_PHASE_DECODE,
+				.n_new = B_N, .n_seen = len + 4096, .x = x,
+				.q = q, .lse = lse, .heads = heads,
+				.state = p->layer_state_bytes ? state : NULL};
+			/* n_seen beyond len so window rules see an old list */
+			for (uint32_t i = 0; i < len; i++)
+				pos[i] = 4096 + i;
+			if (policy_decide(p, &pl))
+				die("policy_decide");
+		}
+		double dt = now_us() - t0;
+		if (dt < best)
+			best = dt;
+	}
+	free(mem); free(pv); free(pos); free(ent); free(drop); free(state);
+	free(x); free(q); free(lse);
+	policy_free(p);
+	return best * ((double)B_L / layers) / B_N;
+}
+
+static void bench_policies(struct pbench *b, const char *dir)
+{
+	bench_scorers(b);
+	uint32_t L = quick ? 2 : 4; /* layers timed, scaled to 36 */
+	char wz[600], wf[600], wp[600];
+	snprintf(wz, sizeof(wz), "%s/kvzap.safetensors", dir);
+	snprintf(wf, sizeof(wf), "%s/fastkvzip.safetensors", dir);
+	snprintf(wp, sizeof(wp), "%s/kvpop.safetensors", dir);
+	/* learned weights for all 36 layers (the geometry is checked) */
+	bench_weights("kvzap", wz, B_L);
+	bench_weights("fastkvzip", wf, B_L);
+	bench_weights("kvpop", wp, B_L);
+	char specs[9][700];
+	snprintf(specs[0], 700, "full");
+	snprintf(specs[1], 700, "random:tokens=512");
+	snprintf(specs[2], 700, "streaming:tokens=512");
+	snprintf(specs[3], 700, "h2o:tokens=512");
+	snprintf(specs[4], 700, "snapkv:tokens=512");
+	snprintf(specs[5], 700, "tova:tokens=512");
+	snprintf(specs[6], 700, "kvzap:model=%s", wz);
+	snprintf(specs[7], 700, "fastkvzip:model=%s,every=16", wf);
+	snprintf(specs[8], 700, "kvpop:model=%s,tokens=512,delay=32", wp);
+	static const char *const names[9] = {"full", "random", "streaming",
+	                                      "h2o", "snapkv", "tova", "kvzap",
+	                                      "fastkvzip", "kvpop"};
+	for (int i = 0; i < 9; i++) {
+		b->names[i] = names[i];
+		b->us_per_token[i] = bench_decide(specs[i], L);
+	}
+	b->n = 9;
+	/* kvpop alone on one layer: tokens scored per second */
+	double us = b->us_per_token[8] * B_N / B_L; /* per layer per sync */
+	b->kvpop_tps = B_N / us * 1e6;
+	unlink(wz);
+	unlink(wf);
+	unlink(wp);
+}
+
 int main(int argc, char **argv)
 {
 	const char *bin_dir = "build/bin", *out = "build/bench.txt";
@@ -348,6 +587,9 @@ int main(int argc, char **argv)
 	waitpid(d, &st, 0);
 	double mg, gg, cg;
 	bench_compact(&mg, &gg, &cg);
+	struct pbench pb;
+	memset(&pb, 0, sizeof(pb));
+	bench_policies(&pb, dir);
 
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -370,6 +612,17 @@ int main(int argc, char **argv)
 		fprintf(outs[i], "compact_gbps %.2f\n", cg);
 		fprintf(outs[i], "compact_vs_memcpy %.2f\n", cg / mg);
 		fprintf(outs[i], "compact_vs_gather %.2f\n", cg / gg);
+		fprintf(outs[i], "sgemm_gflops %.1f\n", pb.sgemm_gflops);
+		fprintf(outs[i], "kvzap_mlp_tokens_per_s %.0f\n", pb.mlp_tps);
+		fprintf(outs[i], "kvzap_mlp_gflops %.1f\n", pb.mlp_gflops);
+		fprintf(outs[i], "kvzap_mlp_vs_sgemm %.2f\n",
+		        pb.mlp_gflops / pb.sgemm_gflops);
+		fprintf(outs[i], "kvzap_linear_tokens_per_s %.0f\n", pb.lin_tps);
+		fprintf(outs[i], "fastkvzip_tokens_per_s %.0f\n", pb.fkv_tps);
+		fprintf(outs[i], "kvpop_tokens_per_s %.0f\n", pb.kvpop_tps);
+		for (int k = 0; k < pb.n; k++)
+			fprintf(outs[i], "daemon_us_per_token_%s %.1f\n",
+			        pb.names[k], pb.us_per_token[k]);
 	}
 	fclose(f);
 	return 0;

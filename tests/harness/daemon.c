@@ -33,7 +33,7 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
-void th_daemon_start(struct th_daemon *d, const char *pool,
+void th_daemon_spawn(struct th_daemon *d, const char *pool,
                      const char *const *extra)
 {
 	const char *argv[64];
@@ -53,6 +53,12 @@ void th_daemon_start(struct th_daemon *d, const char *pool,
 	for (int i = 0; extra && extra[i] && n < 62; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
+	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
+	char paths[3][512];
+	for (int i = 0; i < 3; i++) {
+		snprintf(paths[i], sizeof(paths[i]), "%s/%s", d->dir, socks[i]);
+		unlink(paths[i]); /* a killed daemon's leftovers */
+	}
 	pid_t pid = fork();
 	T_ASSERT(pid >= 0);
 	if (pid == 0) {
@@ -65,12 +71,21 @@ void th_daemon_start(struct th_daemon *d, const char *pool,
 		_exit(127);
 	}
 	d->pid = pid;
-	char ctl[512], fds[512];
-	snprintf(ctl, sizeof(ctl), "%s/ctl.ipc", d->dir);
-	snprintf(fds, sizeof(fds), "%s/fd.sock", d->dir);
+}
+
+void th_daemon_start(struct th_daemon *d, const char *pool,
+                     const char *const *extra)
+{
+	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
+	char paths[3][512];
+	th_daemon_spawn(d, pool, extra);
+	pid_t pid = d->pid;
+	for (int i = 0; i < 3; i++)
+		snprintf(paths[i], sizeof(paths[i]), "%s/%s", d->dir, socks[i]);
 	for (int i = 0; i < 500; i++) {
 		struct stat st;
-		if (!stat(ctl, &st) && !stat(fds, &st))
+		if (!stat(paths[0], &st) && !stat(paths[1], &st) &&
+		    !stat(paths[2], &st))
 			return;
 		int status;
 		if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -209,4 +224,58 @@ uint64_t th_stat(const struct th_daemon *d, const char *key)
 		line = nl ? nl + 1 : NULL;
 	}
 	th_fail(__FILE__, __LINE__, "kvtrimctl stats has no '%s':\n%s", key, out);
+}
+
+void th_daemon_kill(struct th_daemon *d)
+{
+	int status;
+	if (d->pid <= 0)
+		return;
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, &status, 0);
+	d->pid = 0;
+}
+
+int th_http(const struct th_daemon *d, const char *method, const char *path,
+            char *out, size_t outlen)
+{
+	static char buf[1 << 18];
+	char dummy[8];
+	if (th_sh(NULL, dummy, sizeof(dummy), "command -v curl") != 0)
+		th_skip("curl is not installed");
+	int rc = th_sh(NULL, buf, sizeof(buf),
+	               "curl -s -m 5 -X %s -w '\\n%%{http_code}' "
+	               "--unix-socket %s/stats.sock http://localhost%s",
+	               method ? method : "GET", d->dir, path);
+	char *nl = strrchr(buf, '\n');
+	if (rc != 0 || !nl)
+		return 0;
+	int code = atoi(nl + 1);
+	*nl = '\0';
+	if (out && outlen)
+		snprintf(out, outlen, "%s", buf);
+	return code;
+}
+
+double th_metric_or(const struct th_daemon *d, const char *series)
+{
+	static char body[1 << 18];
+	if (th_http(d, NULL, "/metrics", body, sizeof(body)) != 200)
+		th_fail(__FILE__, __LINE__, "GET /metrics failed");
+	size_t n = strlen(series);
+	for (char *line = body; line && *line;) {
+		char *nl = strchr(line, '\n');
+		if (!strncmp(line, series, n) && line[n] == ' ')
+			return strtod(line + n + 1, NULL);
+		line = nl ? nl + 1 : NULL;
+	}
+	return -1;
+}
+
+double th_metric(const struct th_daemon *d, const char *series)
+{
+	double v = th_metric_or(d, series);
+	if (v < 0)
+		th_fail(__FILE__, __LINE__, "/metrics has no %s", series);
+	return v;
 }

@@ -22,10 +22,18 @@ const char *th_bin(const char *name);
 
 /*
  * Starts kvtrimd --runtime-dir <tmp>/rt --backend cpu --pool-size pool
- * plus extra args (NULL-terminated, may be NULL) and waits until both
- * sockets exist (fails the test after 5 s).
+ * plus extra args (NULL-terminated, may be NULL) and waits until its three
+ * sockets exist (fails the test after 5 s).  Socket files a killed daemon
+ * left in that directory are removed first, so a restart waits for the
+ * new daemon's.  The daemon inherits the test's environment (set
+ * NOTIFY_SOCKET and the like with setenv before).
  */
 void th_daemon_start(struct th_daemon *d, const char *pool,
+                     const char *const *extra);
+
+/* Like th_daemon_start without the wait: the caller decides when the
+ * daemon is up (e.g. from its READY=1). */
+void th_daemon_spawn(struct th_daemon *d, const char *pool,
                      const char *const *extra);
 
 /* SIGTERM and wait (5 s at most); returns the exit status, -1 if killed. */
@@ -61,5 +69,25 @@ void th_raw_close(uint32_t sock);
 
 /* Reads one numeric key from `kvtrimctl stats` (fails the test if absent). */
 uint64_t th_stat(const struct th_daemon *d, const char *key);
+
+/* SIGKILL and reap (no drain, socket files stay behind). */
+void th_daemon_kill(struct th_daemon *d);
+
+/*
+ * GET path from the stats socket with curl (skips the test when curl is
+ * missing); returns the HTTP status, 0 when no answer came.  The body goes
+ * to out (truncated to outlen).  method NULL means GET.
+ */
+int th_http(const struct th_daemon *d, const char *method, const char *path,
+            char *out, size_t outlen);
+
+/*
+ * The value of one sample of GET /metrics, named exactly as exposed
+ * ("kvtrim_pool_bytes{state=\"used\"}"); fails the test when absent.
+ */
+double th_metric(const struct th_daemon *d, const char *series);
+
+/* Like th_metric, but -1 when the series is absent. */
+double th_metric_or(const struct th_daemon *d, const char *series);
 
 #endif

@@ -1,0 +1,100 @@
+/*
+ * h2o.c — H2O heavy hitters: each entry accumulates the attention it
+ * received from every staged query since it arrived; each KV head keeps
+ * its recent window plus the entries with the most accumulated attention.
+ *
+ * Rule (docs/policies.md):
+ *   state per entry: S[j], j < G, the attention received from query head j
+ *   of the KV head's group, summed over every query seen (prefill and
+ *   decode, the entry's own query included), recovered from staged q/lse.
+ *   score = mean_j S[j] (agg=mean, default, kvpress's group mean) or
+ *   max_j S[j] (agg=max).
+ *   Protected: sinks (default 0) and the recent window: window=N if given,
+ *   else half the budget (H2O's 1:1 heavy:recent split).  Budget tokens
+ *   (default 256) or ratio; top-k of the rest; at every sync or every=N
+ *   (the accumulation runs at every sync regardless).
+ * S is per query head rather than aggregated per query so that agg=max is
+ * H2O's per-head score maxed over the group, not a max per step.
+ */
+#include "policy.h"
+
+#include <stdio.h>
+
+#define H2O_DEF_TOKENS 256u
+
+static int h2o_init(struct policy *p, char *err, size_t errlen)
+{
+	if (!(p->args.set & (POLICY_KEY_TOKENS | POLICY_KEY_RATIO)))
+		p->args.tokens = H2O_DEF_TOKENS;
+	p->entry_floats = p->geom.n_heads / p->geom.n_kv_heads;
+	return 0;
+}
+
+static int h2o_decide(struct policy *p, struct policy_layer *l)
+{
+	const struct policy_geom *ge = &p->geom;
+	uint32_t G = ge->n_heads / ge->n_kv_heads;
+	uint32_t *qpos = policy_scratch(p, (l->n_new + 1) * sizeof(uint32_t));
+	if (!qpos)
+		return KVT_ENOMEM;
+	for (uint32_t t = 0; t < l->n_new; t++)
+		qpos[t] = l->n_seen - l->n_new + t;
+	int due = policy_due(p, l);
+	uint32_t b = policy_budget(p, l->n_seen);
+	uint32_t recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2;
+
+	for (uint32_t g = 0; g < ge->n_kv_heads; g++) {
+		struct policy_head *h = &l->heads[g];
+		uint32_t len = h->len;
+		if (!len)
+			continue;
+		if (l->n_new) {
+			const float *w = policy_attn(p, g, l->q, l->lse, qpos,
+			                             l->n_new, h->pages,
+			                             ge->page_tokens, h->pos,
+			                             len);
+			if (!w)
+				return KVT_ENOMEM;
+			for (uint32_t t = 0; t < l->n_new; t++)
+				for (uint32_t j = 0; j < G; j++) {
+					const float *wr =
+						w + ((size_t)t * G + j) * len;
+					for (uint32_t i = 0; i < len; i++)
+						h->ent[(size_t)i * G + j] += wr[i];
+				}
+		}
+		if (!due)
+			continue;
+		float *s = policy_scratch(p, (size_t)len * sizeof(float));
+		uint8_t *prot = policy_scratch(p, len);
+		if (!s || !prot)
+			return KVT_ENOMEM;
+		for (uint32_t i = 0; i < len; i++) {
+			const float *e = h->ent + (size_t)i * G;
+			float v = e[0];
+			for (uint32_t j = 1; j < G; j++)
+				v = p->args.agg == POLICY_AGG_MAX
+				            ? (e[j] > v ? e[j] : v)
+				            : v + e[j];
+			s[i] = p->args.agg == POLICY_AGG_MAX ? v : v / (float)G;
+			prot[i] = recent &&
+			          h->pos[i] + (uint64_t)recent >= l->n_seen;
+		}
+		int rc = policy_select(p, l, h, s, prot);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+const struct policy_ops h2o_ops = {
+	.name = "h2o",
+	.help = "H2O: accumulated attention received, per KV head "
+	        "(tokens=256 | ratio=R, window=budget/2, agg=mean|max, "
+	        "sinks=0, every=N)",
+	.needs = POLICY_NEED_Q | POLICY_NEED_LSE | POLICY_NEED_KV,
+	.keys = POLICY_KEY_TOKENS | POLICY_KEY_RATIO | POLICY_KEY_WINDOW |
+	        POLICY_KEY_AGG | POLICY_KEY_SINKS | POLICY_KEY_EVERY,
+	.init = h2o_init,
+	.decide = h2o_decide,
+};

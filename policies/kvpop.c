@@ -1,0 +1,260 @@
+/*
+ * kvpop.c — KVpop: a fixed per-head budget; each entry is scored once,
+ * delay tokens after it arrived, by a learned scorer that sees the token's
+ * attention input and the attention the entry received from the delay
+ * queries that followed it; the lowest-scored entries are evicted.
+ *
+ * The paper (arXiv 2607.05061) does not publish the scorer; paper silent,
+ * we chose (docs/policies.md, docs/weights.md), per layer:
+ *   u_i = P x_i                       P [r][d_model], at arrival (kept in a
+ *                                     per-(sequence, layer) ring of
+ *                                     delay + headroom rows)
+ *   a_{i,g} = sum_{t in (i, i+delay]} (1/G) sum_{j in grp(g)} a^j_{t,i}
+ *                                     accumulated per entry from staged q/lse
+ *   z = [u_i ; ln(a_{i,g} + 1e-6)]    r + 1 features
+ *   s_{i,g} = W2[g] . gelu(W1 z + b1) + b2[g]    W1 [m][r+1], W2 [n_kv][m]
+ * Entry state: [a, s].  s is computed at the sync where the query at
+ * position i + delay arrives and never again.
+ * Eviction, per head at every sync (or every=N): unscored entries (age <
+ * delay) and sinks are protected; the best tokens - protected scored ones
+ * stay (ties keep the more recent).  Defaults tokens 256, delay 32, sinks 4.
+ */
+#include "learned.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define KVPOP_DEF_TOKENS 256u
+#define KVPOP_DEF_DELAY 32u
+#define KVPOP_DEF_SINKS 4u
+#define KVPOP_EPS 1e-6f
+
+struct kvpop_layer {
+	const float *P, *W1, *b1, *W2, *b2;
+};
+
+struct kvpop {
+	struct weights *w;
+	uint32_t r, m, ring; /* ring: rows of u kept per (sequence, layer) */
+	struct kvpop_layer *l;
+};
+
+static void kvpop_fini(struct policy *p)
+{
+	struct kvpop *k = p->priv;
+	if (!k)
+		return;
+	weights_free(k->w);
+	free(k->l);
+	free(k);
+	p->priv = NULL;
+}
+
+static int dim0(const struct policy *p, const char *name, uint32_t *out,
+                char *err, size_t errlen)
+{
+	uint32_t nd = 0;
+	uint64_t sh[4] = {0};
+	char why[KVT_ERRTEXT_MAX] = "";
+	int rc = learned_shape(p->args.model, name, &nd, sh, why, sizeof(why));
+	if (rc == KVT_ENOMEM)
+		return rc;
+	if (rc || nd != 2 || !sh[0] || sh[0] > 65536) {
+		snprintf(err, errlen, "kvpop: model %s: %s: %s", p->args.model,
+		         name, rc ? why : "unexpected shape");
+		return KVT_EPOLICY;
+	}
+	*out = (uint32_t)sh[0];
+	return 0;
+}
+
+static int kvpop_init(struct policy *p, char *err, size_t errlen)
+{
+	struct policy_args *a = &p->args;
+	const struct policy_geom *g = &p->geom;
+	if (!(a->set & POLICY_KEY_TOKENS))
+		a->tokens = KVPOP_DEF_TOKENS;
+	if (!(a->set & POLICY_KEY_DELAY))
+		a->delay = KVPOP_DEF_DELAY;
+	if (!(a->set & POLICY_KEY_SINKS))
+		a->sinks = KVPOP_DEF_SINKS;
+	if ((uint64_t)a->delay + g->headroom > (1u << 20)) {
+		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
+		return KVT_EPOLICY;
+	}
+	p->entry_floats = 2;
+
+	struct kvpop *k = calloc(1, sizeof(*k));
+	if (!k)
+		return KVT_ENOMEM;
+	p->priv = k;
+	int rc = learned_load(p, &k->w, err, errlen);
+	if (rc)
+		return rc;
+	if ((rc = dim0(p, "kvpop.0.proj.weight", &k->r, err, errlen)) ||
+	    (rc = dim0(p, "kvpop.0.fc1.weight", &k->m, err, errlen)))
+		return rc;
+	char extra[64];
+	snprintf(extra, sizeof(extra), "kvpop.%u.proj.weight", g->n_layers);
+	if (weights_has(k->w, extra)) {
+		snprintf(err, errlen, "kvpop: model %s has %s: more layers "
+		         "than the model's %u", a->model, extra, g->n_layers);
+		return KVT_EPOLICY;
+	}
+	k->ring = a->delay + g->headroom;
+	p->layer_state_bytes = (size_t)k->ring * k->r * sizeof(float);
+	if (!(k->l = calloc(g->n_layers, sizeof(*k->l))))
+		return KVT_ENOMEM;
+	uint64_t r = k->r, m = k->m, nkv = g->n_kv_heads;
+	uint64_t sp[2] = {r, g->d_model}, s1[2] = {m, r + 1}, sb1[1] = {m};
+	uint64_t s2[2] = {nkv, m}, sb2[1] = {nkv};
+	for (uint32_t l = 0; l < g->n_layers; l++) {
+		struct kvpop_layer *kl = &k->l[l];
+		if (!(kl->P = learned_get(p, k->w, err, errlen, 2, sp,
+		                          "kvpop.%u.proj.weight", l)) ||
+		    !(kl->W1 = learned_get(p, k->w, err, errlen, 2, s1,
+		                           "kvpop.%u.fc1.weight", l)) ||
+		    !(kl->b1 = learned_get(p, k->w, err, errlen, 1, sb1,
+		                           "kvpop.%u.fc1.bias", l)) ||
+		    !(kl->W2 = learned_get(p, k->w, err, errlen, 2, s2,
+		                           "kvpop.%u.fc2.weight", l)) ||
+		    !(kl->b2 = learned_get(p, k->w, err, errlen, 1, sb2,
+		                           "kvpop.%u.fc2.bias", l)))
+			return KVT_EPOLICY;
+	}
+	return 0;
+}
+
+/* s = W2[g] . gelu(W1 [u; f] + b1) + b2[g]; hid: [m] scratch. */
+static float kvpop_score(const struct kvpop *k, const struct kvpop_layer *kl,
+                         uint32_t g, const float *u, float f, float *hid)
+{
+	const float inv_sqrt2 = 0.70710678118654752440f;
+	uint32_t r = k->r;
+	for (uint32_t o = 0; o < k->m; o++) {
+		const float *w = kl->W1 + (size_t)o * (r + 1);
+		float z = kl->b1[o];
+		for (uint32_t c = 0; c < r; c++)
+			z += w[c] * u[c];
+		z += w[r] * f;
+		hid[o] = 0.5f * z * (1.0f + erff(z * inv_sqrt2));
+	}
+	const float *w2 = kl->W2 + (size_t)g * k->m;
+	float s = kl->b2[g];
+	for (uint32_t o = 0; o < k->m; o++)
+		s += w2[o] * hid[o];
+	return s;
+}
+
+static int kvpop_decide(struct policy *p, struct policy_layer *l)
+{
+	const struct policy_geom *ge = &p->geom;
+	const struct kvpop *k = p->priv;
+	const struct kvpop_layer *kl = &k->l[l->layer];
+	uint32_t nkv = ge->n_kv_heads, G = ge->n_heads / nkv, n = l->n_new;
+	uint32_t d = p->args.delay, prev = l->n_seen - n;
+	float *ring = l->state; /* [k->ring][r], row pos % k->ring */
+	size_t row_bytes = (size_t)ge->head_dim * kvt_dtype_size(ge->dtype);
+
+	uint32_t *qpos = policy_scratch(p, (n + 1) * sizeof(uint32_t));
+	float *hid = policy_scratch(p, (k->m + 1) * sizeof(float));
+	if (!qpos || !hid)
+		return KVT_ENOMEM;
+	if (n) {
+		float *u = policy_scratch(p, (size_t)n * k->r * sizeof(float));
+		if (!u)
+			return KVT_ENOMEM;
+		scorer_linear_cpu(l->x, n, ge->d_model, kl->P, NULL, k->r, u);
+		for (uint32_t t = 0; t < n; t++) {
+			qpos[t] = prev + t;
+			memcpy(ring + (size_t)((prev + t) % k->ring) * k->r,
+			       u + (size_t)t * k->r, k->r * sizeof(float));
+		}
+	}
+	int due = policy_due(p, l);
+	for (uint32_t g = 0; g < nkv; g++) {
+		struct policy_head *h = &l->heads[g];
+		uint32_t len = h->len;
+		if (!len)
+			continue;
+		/* Attention from the new queries to the entries still inside
+		 * their delay (pos + d >= prev), through one-row "pages" that
+		 * point at their K rows (attn_band reads K only). */
+		if (n && d) {
+			uint32_t *idx = policy_scratch(p, len * sizeof(uint32_t));
+			uint32_t *kp = policy_scratch(p, len * sizeof(uint32_t));
+			void **rows = policy_scratch(p, len * sizeof(void *));
+			if (!idx || !kp || !rows)
+				return KVT_ENOMEM;
+			uint32_t c = 0;
+			for (uint32_t i = 0; i < len; i++) {
+				if ((uint64_t)h->pos[i] + d < prev)
+					continue;
+				idx[c] = i;
+				kp[c] = h->pos[i];
+				rows[c++] = (char *)h->pages[i / ge->page_tokens] +
+				            (size_t)(i % ge->page_tokens) * row_bytes;
+			}
+			const float *w = c ? policy_attn(p, g, l->q, l->lse,
+			                                 qpos, n, rows, 1, kp, c)
+			                   : NULL;
+			if (c && !w)
+				return KVT_ENOMEM;
+			for (uint32_t e = 0; e < c; e++) {
+				float *acc = &h->ent[(size_t)idx[e] * 2];
+				for (uint32_t t = 0; t < n; t++) {
+					if (qpos[t] <= kp[e] ||
+					    qpos[t] - kp[e] > d)
+						continue;
+					float v = 0.0f;
+					for (uint32_t j = 0; j < G; j++)
+						v += w[((size_t)t * G + j) * c + e];
+					*acc += v / (float)G;
+				}
+			}
+		}
+		/* Score the entries whose delay ends in this sync. */
+		for (uint32_t i = 0; i < len; i++) {
+			uint64_t pd = (uint64_t)h->pos[i] + d;
+			if (pd < prev || pd >= l->n_seen)
+				continue;
+			float *e = &h->ent[(size_t)i * 2];
+			const float *u = ring +
+			        (size_t)(h->pos[i] % k->ring) * k->r;
+			e[1] = kvpop_score(k, kl, g, u, logf(e[0] + KVPOP_EPS),
+			                   hid);
+		}
+		if (!due)
+			continue;
+		float *s = policy_scratch(p, len * sizeof(float));
+		uint8_t *prot = policy_scratch(p, len);
+		if (!s || !prot)
+			return KVT_ENOMEM;
+		for (uint32_t i = 0; i < len; i++) {
+			s[i] = h->ent[(size_t)i * 2 + 1];
+			prot[i] = (uint64_t)h->pos[i] + d >= l->n_seen;
+		}
+		int rc = policy_select(p, l, h, s, prot);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+const struct policy_ops kvpop_ops = {
+	.name = "kvpop",
+	.help = "KVpop: learned delayed scorer on x + attention received, "
+	        "fixed per-head budget (model=PATH, tokens=256, delay=32, "
+	        "sinks=4, every=N)",
+	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |
+	         POLICY_NEED_KV,
+	.keys = POLICY_KEY_MODEL | POLICY_KEY_TOKENS | POLICY_KEY_DELAY |
+	        POLICY_KEY_SINKS | POLICY_KEY_EVERY,
+	.init = kvpop_init,
+	.fini = kvpop_fini,
+	.decide = kvpop_decide,
+};

@@ -1,0 +1,211 @@
+/*
+ * kvzap.c — KVzap (kvpress DMSPress(KVzapPress)): a linear or MLP surrogate
+ * predicts, from the attention input x of each new token, the log KVzip+
+ * score of its entry in every KV head; an entry is evicted when it leaves
+ * the recent window with a predicted score below the threshold, decided
+ * once.
+ *
+ * Rule (docs/policies.md):
+ *   arrival: y = W x + b (linear) or W2 gelu(W1 x + b1) + b2 (MLP, erf
+ *   GELU), y in R^{n_kv}; entry state = y[g] for head g.
+ *   decision: an entry leaves the window at the sync where
+ *   n_seen - n_new <= pos + window < n_seen; it is then dropped iff
+ *   !(score >= tau) (strict <, NaN dropped) and pos >= sinks (default 0).
+ *   Entries that stayed are never revisited (pressure raises tau only for
+ *   later decisions).  Defaults window 128, threshold -4.
+ * Weights (docs/weights.md): kvpress checkpoint directories as they are
+ * (layers.{l}.weight/bias; layers.{l}.0.* and layers.{l}.2.*), or our names
+ * kvzap.{l}.weight/bias and kvzap.{l}.fc1.* / kvzap.{l}.fc2.*.
+ */
+#include "learned.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#define KVZAP_DEF_WINDOW 128u
+#define KVZAP_DEF_THRESHOLD (-4.0f)
+
+struct kvzap {
+	struct weights *w;
+	uint32_t hidden; /* 0: linear */
+	const float **W1, **b1, **W2, **b2; /* [n_layers] each */
+};
+
+static void kvzap_fini(struct policy *p)
+{
+	struct kvzap *z = p->priv;
+	if (!z)
+		return;
+	weights_free(z->w);
+	free(z->W1);
+	free(z->b1);
+	free(z->W2);
+	free(z->b2);
+	free(z);
+	p->priv = NULL;
+}
+
+/* The four naming schemes, by layer-0 probe name. */
+static const struct {
+	const char *probe;              /* layer 0 weight that identifies it */
+	const char *w1, *b1, *w2, *b2;  /* formats with %u = layer */
+	int mlp;
+} schemes[] = {
+	{"layers.0.0.weight", "layers.%u.0.weight", "layers.%u.0.bias",
+	 "layers.%u.2.weight", "layers.%u.2.bias", 1},
+	{"layers.0.weight", "layers.%u.weight", "layers.%u.bias", NULL, NULL,
+	 0},
+	{"kvzap.0.fc1.weight", "kvzap.%u.fc1.weight", "kvzap.%u.fc1.bias",
+	 "kvzap.%u.fc2.weight", "kvzap.%u.fc2.bias", 1},
+	{"kvzap.0.weight", "kvzap.%u.weight", "kvzap.%u.bias", NULL, NULL, 0},
+};
+
+static int kvzap_init(struct policy *p, char *err, size_t errlen)
+{
+	struct policy_args *a = &p->args;
+	const struct policy_geom *g = &p->geom;
+	if (a->set & (POLICY_KEY_TOKENS | POLICY_KEY_RATIO)) {
+		snprintf(err, errlen, "kvzap: the budget is a threshold");
+		return KVT_EPOLICY;
+	}
+	if (!(a->set & POLICY_KEY_WINDOW))
+		a->window = KVZAP_DEF_WINDOW;
+	if (!(a->set & POLICY_KEY_THRESHOLD)) {
+		a->threshold = KVZAP_DEF_THRESHOLD;
+		a->set |= POLICY_KEY_THRESHOLD;
+	}
+	p->entry_floats = 1;
+
+	struct kvzap *z = calloc(1, sizeof(*z));
+	if (!z)
+		return KVT_ENOMEM;
+	p->priv = z;
+	int rc = learned_load(p, &z->w, err, errlen);
+	if (rc)
+		return rc;
+	size_t s = 0, ns = sizeof(schemes) / sizeof(schemes[0]);
+	while (s < ns && !weights_has(z->w, schemes[s].probe))
+		s++;
+	if (s == ns) {
+		snprintf(err, errlen, "kvzap: model %s: no KVzap tensors (want "
+		         "layers.0.weight, layers.0.0.weight, kvzap.0.weight "
+		         "or kvzap.0.fc1.weight)", a->model);
+		return KVT_EPOLICY;
+	}
+	uint32_t d = g->d_model, nkv = g->n_kv_heads;
+	if (schemes[s].mlp) {
+		uint32_t nd = 0;
+		uint64_t sh[4] = {0};
+		char why[KVT_ERRTEXT_MAX] = "";
+		rc = learned_shape(a->model, schemes[s].probe, &nd, sh, why,
+		                   sizeof(why));
+		if (rc == KVT_ENOMEM)
+			return rc;
+		if (rc || nd != 2 || !sh[0] || sh[0] > UINT32_MAX) {
+			snprintf(err, errlen, "kvzap: model %s: %s: %s", a->model,
+			         schemes[s].probe, rc ? why : "not a matrix");
+			return KVT_EPOLICY;
+		}
+		z->hidden = (uint32_t)sh[0];
+	}
+	/* A kvpress config.json, when present, must describe this model. */
+	uint32_t v;
+	if (!weights_config_u32(z->w, "input_dim", &v) && v != d) {
+		snprintf(err, errlen, "kvzap: model %s: input_dim %u, model "
+		         "d_model is %u", a->model, v, d);
+		return KVT_EPOLICY;
+	}
+	if (!weights_config_u32(z->w, "output_dim", &v) && v != nkv) {
+		snprintf(err, errlen, "kvzap: model %s: output_dim %u, model "
+		         "has %u KV heads", a->model, v, nkv);
+		return KVT_EPOLICY;
+	}
+	char extra[64];
+	snprintf(extra, sizeof(extra), schemes[s].w1, g->n_layers);
+	if (weights_has(z->w, extra)) {
+		snprintf(err, errlen, "kvzap: model %s has %s: more layers "
+		         "than the model's %u", a->model, extra, g->n_layers);
+		return KVT_EPOLICY;
+	}
+	size_t nl = g->n_layers;
+	z->W1 = calloc(nl, sizeof(*z->W1));
+	z->b1 = calloc(nl, sizeof(*z->b1));
+	z->W2 = calloc(nl, sizeof(*z->W2));
+	z->b2 = calloc(nl, sizeof(*z->b2));
+	if (!z->W1 || !z->b1 || !z->W2 || !z->b2)
+		return KVT_ENOMEM;
+	uint32_t h = z->hidden, out1 = h ? h : nkv;
+	for (uint32_t l = 0; l < g->n_layers; l++) {
+		uint64_t s1[2] = {out1, d}, s2[1] = {out1};
+		if (!(z->W1[l] = learned_get(p, z->w, err, errlen, 2, s1,
+		                             schemes[s].w1, l)) ||
+		    !(z->b1[l] = learned_get(p, z->w, err, errlen, 1, s2,
+		                             schemes[s].b1, l)))
+			return KVT_EPOLICY;
+		if (!h)
+			continue;
+		uint64_t s3[2] = {nkv, h}, s4[1] = {nkv};
+		if (!(z->W2[l] = learned_get(p, z->w, err, errlen, 2, s3,
+		                             schemes[s].w2, l)) ||
+		    !(z->b2[l] = learned_get(p, z->w, err, errlen, 1, s4,
+		                             schemes[s].b2, l)))
+			return KVT_EPOLICY;
+	}
+	return 0;
+}
+
+static int kvzap_decide(struct policy *p, struct policy_layer *l)
+{
+	const struct policy_geom *ge = &p->geom;
+	const struct kvzap *z = p->priv;
+	uint32_t nkv = ge->n_kv_heads, n = l->n_new, L = l->layer;
+	if (n) {
+		float *y = policy_scratch(p, (size_t)n * nkv * sizeof(float));
+		float *hs = policy_scratch(p, (size_t)n * (z->hidden + 1) *
+		                                 sizeof(float));
+		if (!y || !hs)
+			return KVT_ENOMEM;
+		if (z->hidden)
+			scorer_mlp_cpu(l->x, n, ge->d_model, z->W1[L], z->b1[L],
+			               z->hidden, z->W2[L], z->b2[L], nkv, y, hs);
+		else
+			scorer_linear_cpu(l->x, n, ge->d_model, z->W1[L],
+			                  z->b1[L], nkv, y);
+		for (uint32_t g = 0; g < nkv; g++) {
+			struct policy_head *h = &l->heads[g];
+			for (uint32_t k = 0; k < n && k < h->len; k++)
+				h->ent[h->len - n + k] = y[(size_t)k * nkv + g];
+		}
+	}
+	float tau = policy_threshold(p);
+	uint64_t prev = l->n_seen - n, win = p->args.window;
+	for (uint32_t g = 0; g < nkv; g++) {
+		struct policy_head *h = &l->heads[g];
+		uint8_t *prot = policy_scratch(p, h->len + 1);
+		if (!prot)
+			return KVT_ENOMEM;
+		for (uint32_t i = 0; i < h->len; i++) {
+			uint64_t pw = h->pos[i] + win;
+			prot[i] = !(pw >= prev && pw < l->n_seen) ||
+			          h->pos[i] < p->args.sinks;
+		}
+		select_threshold_cpu(h->ent, prot, h->len, tau, h->drop);
+	}
+	return 0;
+}
+
+const struct policy_ops kvzap_ops = {
+	.name = "kvzap",
+	.help = "KVzap: linear/MLP surrogate of log KVzip+ on x, dropped "
+	        "below threshold when leaving the window (model=PATH, "
+	        "threshold=-4, window=128, sinks=0)",
+	.needs = POLICY_NEED_X,
+	.keys = POLICY_KEY_MODEL | POLICY_KEY_THRESHOLD | POLICY_KEY_WINDOW |
+	        POLICY_KEY_SINKS,
+	.tau = POLICY_TAU_LOG,
+	.init = kvzap_init,
+	.fini = kvzap_fini,
+	.decide = kvzap_decide,
+};

@@ -1,0 +1,156 @@
+/*
+ * snapkv.c — SnapKV: once, at the end of prefill, the last w prompt
+ * queries (the observation window) vote for the prompt entries each KV
+ * head keeps; the decode tokens that follow are never evicted.
+ *
+ * Rule (docs/policies.md):
+ *   When: the first decode sync of the (sequence, layer) — the daemon
+ *   learns that prefill ended when decoding starts; P = n_seen - n_new is
+ *   the prompt length.  Once per (sequence, layer), never again.
+ *   Observation: the staged q/lse of positions [P - w, P), read from the
+ *   ring (lookback w: the tenant needs stage_tokens >= headroom + w).
+ *   s_i = mean over those queries t and the G query heads j of the group
+ *   of a^{j}_{t,i}, for prompt entries i with pos < P - w; then a max pool
+ *   of width kernel over them in position order (stride 1, same padding:
+ *   only existing neighbours count).
+ *   Protected: positions >= P - w (window and decode tokens) and sinks.
+ *   Budget over the prompt: tokens, or P - floor(ratio * P) (default ratio
+ *   0.5), pressure applied; the best B - (protected prompt entries) others
+ *   are kept.  P <= w or P <= B: nothing evicted.
+ */
+#include "policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define SNAPKV_DEF_WINDOW 64u
+#define SNAPKV_DEF_KERNEL 5u
+#define SNAPKV_DEF_RATIO 0.5
+
+struct snapkv_state {
+	uint32_t done; /* 1 once the prompt was compressed */
+};
+
+static int snapkv_init(struct policy *p, char *err, size_t errlen)
+{
+	struct policy_args *a = &p->args;
+	if (!(a->set & POLICY_KEY_WINDOW))
+		a->window = SNAPKV_DEF_WINDOW;
+	if (!a->window) {
+		snprintf(err, errlen, "snapkv: window must be >= 1 (the "
+		         "observation window)");
+		return KVT_EPOLICY;
+	}
+	if (!(a->set & POLICY_KEY_KERNEL))
+		a->kernel = SNAPKV_DEF_KERNEL;
+	if (!(a->set & (POLICY_KEY_TOKENS | POLICY_KEY_RATIO))) {
+		a->ratio = SNAPKV_DEF_RATIO;
+		a->set |= POLICY_KEY_RATIO;
+	}
+	p->layer_state_bytes = sizeof(struct snapkv_state);
+	p->lookback = a->window;
+	return 0;
+}
+
+/* Orders entry indices by position (qsort context through a file static is
+ * avoided: positions are unique, so sort (pos, index) pairs). */
+static int pair_cmp(const void *a, const void *b)
+{
+	const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int snapkv_decide(struct policy *p, struct policy_layer *l)
+{
+	const struct policy_geom *ge = &p->geom;
+	struct snapkv_state *st = l->state;
+	if (st->done || l->phase != KVT_PHASE_DECODE)
+		return 0;
+	st->done = 1;
+	uint32_t P = l->n_seen - l->n_new, w = p->args.window;
+	uint32_t B = policy_budget(p, P);
+	if (P <= w || P <= B)
+		return 0;
+	uint32_t G = ge->n_heads / ge->n_kv_heads, hd = ge->head_dim;
+	size_t qrow = (size_t)ge->n_heads * hd;
+	float *qo = policy_scratch(p, (size_t)w * qrow * sizeof(float));
+	float *lo = policy_scratch(p, (size_t)w * ge->n_heads * sizeof(float));
+	uint32_t *qpos = policy_scratch(p, (size_t)w * sizeof(uint32_t));
+	if (!qo || !lo || !qpos)
+		return KVT_ENOMEM;
+	for (uint32_t t = 0; t < w; t++) {
+		const float *row = l->staged ? l->staged(l->staged_ctx,
+		                                         P - w + t)
+		                             : NULL;
+		if (!row)
+			return 0; /* the ring lost the window: keep all */
+		memcpy(qo + t * qrow, row + ge->d_model, qrow * sizeof(float));
+		memcpy(lo + (size_t)t * ge->n_heads, row + ge->d_model + qrow,
+		       ge->n_heads * sizeof(float));
+		qpos[t] = P - w + t;
+	}
+	uint32_t from = P - w; /* candidates: pos < from */
+	float inv = 1.0f / ((float)w * (float)G);
+	for (uint32_t g = 0; g < ge->n_kv_heads; g++) {
+		struct policy_head *h = &l->heads[g];
+		uint32_t len = h->len;
+		if (!len)
+			continue;
+		const float *att = policy_attn(p, g, qo, lo, qpos, w, h->pages,
+		                               ge->page_tokens, h->pos, len);
+		float *raw = policy_scratch(p, len * sizeof(float));
+		float *s = policy_scratch(p, len * sizeof(float));
+		uint8_t *prot = policy_scratch(p, len);
+		uint64_t *ord = policy_scratch(p, len * sizeof(uint64_t));
+		uint32_t *sc = policy_scratch(p, len * sizeof(uint32_t));
+		if (!att || !raw || !s || !prot || !ord || !sc)
+			return KVT_ENOMEM;
+		uint32_t nc = 0, np = 0;
+		for (uint32_t i = 0; i < len; i++) {
+			uint32_t pos = h->pos[i];
+			prot[i] = pos >= from || pos < p->args.sinks;
+			np += prot[i] && pos < P;
+			s[i] = 0.0f;
+			if (pos >= from)
+				continue;
+			float v = 0.0f;
+			for (uint32_t t = 0; t < w; t++)
+				for (uint32_t j = 0; j < G; j++)
+					v += att[((size_t)t * G + j) * len + i];
+			raw[i] = v * inv;
+			ord[nc++] = (uint64_t)pos << 32 | i;
+		}
+		/* Max pool over candidates in position order. */
+		qsort(ord, nc, sizeof(*ord), pair_cmp);
+		uint32_t r = p->args.kernel / 2;
+		for (uint32_t c = 0; c < nc; c++) {
+			uint32_t a = c > r ? c - r : 0;
+			uint32_t b = c + r < nc ? c + r : nc - 1;
+			float m = raw[(uint32_t)ord[a]];
+			for (uint32_t e = a + 1; e <= b; e++) {
+				float v = raw[(uint32_t)ord[e]];
+				if (v > m || m != m)
+					m = v;
+			}
+			s[(uint32_t)ord[c]] = m;
+		}
+		uint32_t k = B > np ? B - np : 0;
+		select_topk_cpu(s, h->pos, prot, len, k, h->drop, sc);
+	}
+	return 0;
+}
+
+const struct policy_ops snapkv_ops = {
+	.name = "snapkv",
+	.help = "SnapKV: last-window attention, max-pooled, once at the end "
+	        "of prefill (window=64, kernel=5, ratio=0.5 | tokens=N, "
+	        "sinks=0)",
+	.needs = POLICY_NEED_Q | POLICY_NEED_LSE | POLICY_NEED_KV,
+	.keys = POLICY_KEY_WINDOW | POLICY_KEY_KERNEL | POLICY_KEY_TOKENS |
+	        POLICY_KEY_RATIO | POLICY_KEY_SINKS,
+	.init = snapkv_init,
+	.decide = snapkv_decide,
+};
