@@ -232,26 +232,47 @@ static void pipe_gone_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 }
 
 /*
- * Waits for the reply in the socket's default context.  A blocking aio wait
- * wakes on a condition variable, which costs far less than polling nng's
- * notification descriptor; the pipe callback above cancels it when the
- * daemon goes away.
+ * Sends a request, or waits for its reply, in the socket's default context.
+ * A blocking aio wait wakes on a condition variable, which costs far less
+ * than polling nng's notification descriptor; the pipe callback above
+ * cancels it when the daemon goes away.  The pipe may also close between
+ * alive() and the start of the operation, when the callback had nothing to
+ * cancel: it sets gone before cancelling, so checking gone after starting
+ * closes that window.  Any connection-level failure marks the client dead,
+ * so every later call fails at once instead of waiting for a pipe that
+ * will not come back.
  */
-static int wait_reply(kvt_client *c, int timeout_ms, nng_msg **msg)
+static int aio_step(kvt_client *c, int send, int timeout_ms, nng_msg **msg)
 {
 	nng_aio_set_timeout(c->raio, timeout_ms);
-	nng_recv_aio(c->sock, c->raio);
+	if (send) {
+		nng_aio_set_msg(c->raio, *msg);
+		nng_send_aio(c->sock, c->raio);
+	} else {
+		nng_recv_aio(c->sock, c->raio);
+	}
+	if (__atomic_load_n(&c->gone, __ATOMIC_ACQUIRE))
+		nng_aio_cancel(c->raio);
 	nng_aio_wait(c->raio);
 	int rv = nng_aio_result(c->raio);
 	if (rv == 0) {
-		*msg = nng_aio_get_msg(c->raio);
+		if (!send)
+			*msg = nng_aio_get_msg(c->raio);
 		return 0;
 	}
-	if (rv == NNG_ECANCELED || __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE)) {
+	if (send) {
+		/* A failed send leaves the message with the caller. */
+		nng_msg *m = nng_aio_get_msg(c->raio);
+		if (m)
+			nng_msg_free(m);
+		nng_aio_set_msg(c->raio, NULL);
+	}
+	int rc = rv == NNG_ECANCELED ? KVT_ECONN : from_nng(rv);
+	if (rc == KVT_ECONN || __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE)) {
 		c->dead = 1;
 		return KVT_ECONN;
 	}
-	return from_nng(rv);
+	return rc;
 }
 
 /*
@@ -281,14 +302,13 @@ static int rpc(kvt_client *c, const struct ipc_req *req, struct ipc_rep *rep,
 	free(buf);
 	if (rv)
 		return from_nng(rv);
-	if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
-		nng_msg_free(msg);
-		rc = from_nng(rv);
+	if ((rc = aio_step(c, 1, timeout_ms, &msg)) < 0) {
 		set_err(c, "sending %s: %s", codec_op_name(req->op),
-		        nng_strerror(rv));
+		        rc == KVT_ECONN ? "kvtrimd closed the connection"
+		                        : kvt_strerror(rc));
 		return rc;
 	}
-	if ((rc = wait_reply(c, timeout_ms, &msg)) < 0) {
+	if ((rc = aio_step(c, 0, timeout_ms, &msg)) < 0) {
 		set_err(c, "%s: %s", codec_op_name(req->op),
 		        rc == KVT_ECONN ? "kvtrimd closed the connection"
 		                        : "no reply from kvtrimd in time");
@@ -889,6 +909,8 @@ int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
 	}
 	nng_aio_set_timeout(t->aio, c->cfg.timeout_ms);
 	nng_ctx_recv(t->ctx, t->aio);
+	if (__atomic_load_n(&c->gone, __ATOMIC_ACQUIRE))
+		nng_aio_cancel(t->aio); /* see aio_step */
 
 	for (size_t i = 0; i < n; i++) {
 		uint32_t slot;

@@ -4,6 +4,7 @@
  * command line wins over the file, on start and on every SIGHUP reload.
  * Runs in the foreground and logs to stderr (journald under systemd).
  */
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,10 @@ static const char *opt_key(const char *arg, char *buf, size_t len)
 
 int main(int argc, char **argv)
 {
+	/* The loop thread runs every scorer product; OpenBLAS's own thread
+	 * pool would only add hand-offs (and spin) for per-sync batches of a
+	 * few tokens, and compete with the engines for cores. */
+	openblas_set_num_threads(1);
 	struct config cfg;
 	static struct config_args args; /* the server keeps a copy */
 	char err[512], key[64];

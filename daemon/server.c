@@ -1536,6 +1536,14 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	uv_signal_init(&s->loop, &s->sigint);
 	uv_signal_init(&s->loop, &s->sighup);
 	s->sigterm.data = s->sigint.data = s->sighup.data = s;
+	/* Catch signals before any socket exists: a supervisor (or a test)
+	 * that sees the sockets may signal at once, and the default action
+	 * would kill the daemon instead of draining it.  The callbacks run
+	 * once server_run starts the loop. */
+	signal(SIGPIPE, SIG_IGN);
+	uv_signal_start(&s->sigterm, srv_signal_cb, SIGTERM);
+	uv_signal_start(&s->sigint, srv_signal_cb, SIGINT);
+	uv_signal_start(&s->sighup, srv_hup_cb, SIGHUP);
 	uv_timer_init(&s->loop, &s->cron);
 	uv_timer_init(&s->loop, &s->drain);
 	uv_timer_init(&s->loop, &s->watchdog);
@@ -1617,10 +1625,6 @@ fail:
 
 int server_run(struct server *s)
 {
-	signal(SIGPIPE, SIG_IGN);
-	uv_signal_start(&s->sigterm, srv_signal_cb, SIGTERM);
-	uv_signal_start(&s->sigint, srv_signal_cb, SIGINT);
-	uv_signal_start(&s->sighup, srv_hup_cb, SIGHUP);
 	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
 	uv_timer_start(&s->cron, srv_cron_cb, SRV_CRON_MS, SRV_CRON_MS);
 	s->watchdog_ms = notify_watchdog_period_ms();

@@ -881,7 +881,7 @@ static void usage(FILE *f)
 	        "         [--kv-heads H] [--head-dim D] [--dtype "
 	        "f32|f16|bf16] [--page-tokens P]\n"
 	        "         [--seed X] [--name PREFIX] [--quota BYTES] "
-	        "[--kill-after-steps N] [--step-us U]\n"
+	        "[--kill-after-steps N] [--step-us U] [--prefill N]\n"
 	        "         [--prefill N]\n"
 	        "\n"
 	        "Forks N synthetic engines (tenants PREFIX-0..N-1); each "
