@@ -109,8 +109,8 @@ endif
 all: banner $(ALL)
 
 banner:
-	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "nvcc found ($(NVCC)); CUDA backend: not built yet (CPU backend only)"; \
-	 else echo "nvcc not used: CPU backend only"; fi
+	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "nvcc found ($(NVCC)); building libkvtrim-cuda.so (cuda backend, loaded by kvtrimd and libkvtrim with dlopen)"; \
+	 else echo "nvcc not used: CPU backend only (no libkvtrim-cuda.so)"; fi
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -265,6 +265,82 @@ systemd-verify: $(DAEMON)
 	[ -z "$$out" ] || echo "$$out"; \
 	if [ $$rc -ne 0 ] || echo "$$out" | grep -q 'kvtrimd.service'; then \
 	  echo "systemd-verify: FAILED"; exit 1; fi; echo "systemd-verify: ok"
+
+# ---- fuzzing and soak (neither is part of `make test`)
+#
+#   make fuzz [FUZZ_SECONDS=600] [FUZZ_JOBS=1] [FUZZ_MERGE=0]
+#       libFuzzer targets (clang, ASan + UBSan + LeakSanitizer) for the
+#       message codec, the config parser and the safetensors loader, each
+#       run FUZZ_SECONDS on its corpus (tests/fuzz/corpus/<target>), FUZZ_JOBS
+#       at a time; prints runs, coverage and crashes per target and fails on
+#       any crash, leak or timeout.  FUZZ_MERGE=1 minimises the grown corpora
+#       back into tests/fuzz/corpus.  Installs clang and its fuzzer runtime
+#       when they are missing (the normal build does not need them).
+#   make fuzz-seeds    regenerates the seed inputs (build/fuzz/seeds)
+#   make soak [SOAK_ARGS=...]
+#       scripts/soak.sh: 16 verifying engines under memory pressure with
+#       random SIGKILLs; see the script.
+FUZZ_SECONDS ?= 600
+FUZZ_JOBS    ?= 1
+FUZZ_MERGE   ?= 0
+FUZZ_CC      ?= clang
+FUZZ_TARGETS := codec config weights
+FUZZ_B       := build/fuzz
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+                -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu
+FUZZ_HDRS    := $(wildcard include/*.h ipc/*.h daemon/config.h daemon/log.h \
+                  policies/weights.h kernels/cpu/kernels.h)
+FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c ipc/codec.c client/errors.c
+FUZZ_LIB_codec   := -lmsgpackc
+FUZZ_SRC_config  := tests/fuzz/fuzz_config.c daemon/config.c daemon/log.c \
+                    client/errors.c
+FUZZ_LIB_config  :=
+FUZZ_SRC_weights := tests/fuzz/fuzz_weights.c policies/weights.c \
+                    kernels/cpu/dtype.c client/errors.c
+FUZZ_LIB_weights := -lcjson -lm
+FUZZ_BINS := $(addprefix $(FUZZ_B)/fuzz_,$(FUZZ_TARGETS))
+
+.PHONY: fuzz fuzz-deps fuzz-build fuzz-seeds soak
+fuzz-deps:
+	@if ! command -v $(FUZZ_CC) >/dev/null 2>&1 || \
+	    ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
+	      $(FUZZ_CC) -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then \
+	  echo "installing: clang libclang-rt-14-dev (libFuzzer)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$SUDO apt-get install -y -qq clang libclang-rt-14-dev; \
+	fi
+
+$(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDRS) Makefile
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZ  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(FUZZ_SRC_$*) $(FUZZ_LIB_$*)
+$(FUZZ_B)/fuzz_codec: $(FUZZ_SRC_codec)
+$(FUZZ_B)/fuzz_config: $(FUZZ_SRC_config)
+$(FUZZ_B)/fuzz_weights: $(FUZZ_SRC_weights)
+
+$(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c ipc/codec.c policies/weights.c \
+                     kernels/cpu/dtype.c client/errors.c $(FUZZ_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Iipc -Ipolicies \
+	  -Ikernels/cpu -o $@ $(filter %.c,$^) -lmsgpackc -lcjson -lm
+
+fuzz-build: fuzz-deps
+	@$(MAKE) --no-print-directory $(FUZZ_BINS)
+
+fuzz-seeds: $(FUZZ_B)/gen_seeds
+	rm -rf $(FUZZ_B)/seeds && $(FUZZ_B)/gen_seeds $(FUZZ_B)/seeds
+	@echo "seeds in $(FUZZ_B)/seeds (committed corpora: tests/fuzz/corpus)"
+
+fuzz: fuzz-build
+	BIN=$(FUZZ_B) SECONDS_PER_TARGET=$(FUZZ_SECONDS) JOBS=$(FUZZ_JOBS) \
+	  MERGE=$(FUZZ_MERGE) sh tests/fuzz/run.sh $(FUZZ_TARGETS)
+
+soak: deps
+	@$(MAKE) --no-print-directory all
+	B=$(B) sh scripts/soak.sh $(SOAK_ARGS)
 
 clean:
 	rm -rf build

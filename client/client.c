@@ -84,6 +84,7 @@ struct kvt_client {
 	uint32_t tenant;
 	uint64_t token;
 	struct mem mem;
+	void *stream;    /* engine's cudaStream_t (kvt_set_stream), borrowed */
 	struct seq_slot *seqs; /* [cfg.max_seqs] */
 	struct ticket tickets[CLIENT_MAX_TICKETS];
 	uint32_t ticket_gen;
@@ -170,15 +171,35 @@ static void req_init(const kvt_client *c, enum ipc_op op, struct ipc_req *req)
  * packet error, or KVT_ECONN (and marks the client dead) when the daemon
  * hung up.
  */
+/* Confirms the legacy-IPC chunks closed since the last call: only then may
+ * the daemon free them.  A failed send is the daemon's hang-up, which the
+ * next receive reports. */
+static void send_acks(kvt_client *c)
+{
+	for (uint32_t i = 0; i < c->mem.n_acks; i++) {
+		struct handle_ext x;
+		memset(&x, 0, sizeof(x));
+		x.h.magic = HANDLE_MAGIC;
+		x.h.type = HANDLE_CHUNK_CLOSED;
+		x.h.cookie = c->mem.acks[i];
+		if (handle_send_ext(c->hfd, &x, -1) < 0)
+			break;
+	}
+	c->mem.n_acks = 0;
+}
+
 static int drain(kvt_client *c)
 {
 	int first = 0;
 	for (;;) {
-		struct handle_msg m;
+		struct handle_ext m;
 		int fd = -1;
-		int rc = handle_recv(c->hfd, &m, &fd, 0);
-		if (rc == KVT_ETIMEDOUT)
+		int rc = handle_recv_ext(c->hfd, &m, &fd, 0);
+		if (rc == KVT_ETIMEDOUT) {
+			if (c->mem.n_acks)
+				send_acks(c);
 			return first;
+		}
 		if (rc == KVT_ECONN) {
 			c->dead = 1;
 			return KVT_ECONN;
@@ -389,9 +410,9 @@ static void destroy(kvt_client *c)
 static int map_segments(kvt_client *c, int64_t deadline)
 {
 	while (!mem_ready(&c->mem)) {
-		struct handle_msg m;
+		struct handle_ext m;
 		int fd = -1;
-		int rc = handle_recv(c->hfd, &m, &fd, left_ms(deadline));
+		int rc = handle_recv_ext(c->hfd, &m, &fd, left_ms(deadline));
 		if (rc < 0) {
 			if (rc == KVT_ECONN)
 				c->dead = 1;
@@ -613,6 +634,10 @@ void kvt_disconnect(kvt_client *c)
 		nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, t);
 		req_init(c, IPC_OP_BYE, &req);
 		c->mem_live = 0; /* everything is unmapped next anyway */
+		/* Device memory and events are let go before the daemon frees
+		 * them (legacy IPC: the importer must close first). */
+		if (mem_is_device(&c->mem))
+			mem_fini(&c->mem);
 		rpc(c, &req, &rep, t);
 		codec_rep_free(&rep);
 	}
@@ -810,6 +835,30 @@ static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
 	return 0;
 }
 
+/*
+ * Device tenants: the engine's writes so far (on its stream) must land
+ * before the daemon reads or moves entries, and the daemon's compaction
+ * before the engine's next appends or attention on that stream.  No-ops
+ * for host memory.
+ */
+static int device_before_sync(kvt_client *c)
+{
+	char why[KVT_ERRTEXT_MAX - 32];
+	int rc = mem_record_writes(&c->mem, c->stream, why, sizeof(why));
+	if (rc < 0)
+		set_err(c, "%s", why);
+	return rc;
+}
+
+static int device_after_sync(kvt_client *c)
+{
+	char why[KVT_ERRTEXT_MAX - 32];
+	int rc = mem_wait_compact(&c->mem, c->stream, why, sizeof(why));
+	if (rc < 0)
+		set_err(c, "%s", why);
+	return rc;
+}
+
 /* After an accepted sync: the sequence's counter moves on. */
 static void count_sync(kvt_client *c, kvt_seq seq)
 {
@@ -827,11 +876,17 @@ int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
 	int rc = build_sync(c, items, n, &req);
 	if (rc < 0)
 		return rc;
+	if ((rc = device_before_sync(c)) < 0) {
+		free(req.u.sync.items);
+		return rc;
+	}
 	rc = rpc(c, &req, &rep, c->cfg.timeout_ms);
 	free(req.u.sync.items);
 	codec_rep_free(&rep);
 	for (size_t i = 0; rc == 0 && i < n; i++)
 		count_sync(c, items[i].seq);
+	if (rc == 0)
+		rc = device_after_sync(c);
 	return rc;
 }
 
@@ -871,6 +926,10 @@ int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
 	int rc = build_sync(c, items, n, &req);
 	if (rc < 0)
 		return rc;
+	if ((rc = device_before_sync(c)) < 0) {
+		free(req.u.sync.items);
+		return rc;
+	}
 	kvt_seq *seqs = malloc(n * sizeof(*seqs));
 	uint8_t *buf = NULL;
 	size_t len = 0;
@@ -974,7 +1033,26 @@ int kvt_wait(kvt_client *c, kvt_ticket tk)
 	t->seqs = NULL;
 	t->n = 0;
 	t->pending = 0;
+	if (rc == 0)
+		rc = device_after_sync(c);
 	return rc;
+}
+
+/* ---------------------------------------------------------------- device */
+
+int kvt_memory_kind(const kvt_client *c)
+{
+	if (!c)
+		return KVT_EINVAL;
+	return mem_is_device(&c->mem) ? KVT_MEMORY_CUDA : KVT_MEMORY_HOST;
+}
+
+int kvt_set_stream(kvt_client *c, void *stream)
+{
+	if (!c)
+		return KVT_EINVAL;
+	c->stream = stream;
+	return 0;
 }
 
 /* ---------------------------------------------------------------- stats */

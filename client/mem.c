@@ -1,7 +1,16 @@
-/* mem.c — mapping the tenant's segments and chunks; see mem.h. */
+/*
+ * mem.c — mapping the tenant's segments and chunks; see mem.h.
+ *
+ * Device chunks (cuda backend) are imported through the same
+ * libkvtrim-cuda.so the daemon uses, loaded here with dlopen on the first
+ * packet that needs it, so libkvtrim itself never links CUDA and a host
+ * tenant never loads it.
+ */
 #include "mem.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +47,18 @@ int mem_init(struct mem *m, const struct shm_geom *g, uint64_t quota_bytes)
 	return 0;
 }
 
+static void chunk_release(struct mem *m, struct mem_chunk *c)
+{
+	if (!c->base)
+		return;
+	if (c->dev)
+		m->bops->chunk_unmap(m->bctx, &c->bc);
+	else
+		munmap(c->base, c->bytes);
+	c->base = NULL;
+	c->dev = c->ipc = 0;
+}
+
 void mem_fini(struct mem *m)
 {
 	if (m->table)
@@ -45,12 +66,91 @@ void mem_fini(struct mem *m)
 	if (m->stage)
 		munmap(m->stage, m->g.stage_bytes);
 	for (uint32_t i = 0; i < m->n_chunks; i++)
-		if (m->chunks[i].base)
-			munmap(m->chunks[i].base, m->chunks[i].bytes);
+		chunk_release(m, &m->chunks[i]);
+	if (m->bops) {
+		for (int i = 0; i < 2; i++)
+			if (m->ev[i].ev)
+				m->bops->event_free(m->bctx, &m->ev[i]);
+		if (m->bctx)
+			m->bops->ctx_free(m->bctx);
+	}
 	free(m->chunks);
+	free(m->acks);
 	m->table = m->stage = NULL;
 	m->chunks = NULL;
-	m->n_chunks = 0;
+	m->acks = NULL;
+	m->n_chunks = m->n_acks = m->acks_cap = 0;
+	m->bops = NULL;
+	m->bctx = NULL;
+}
+
+int mem_is_device(const struct mem *m) { return m->bops != NULL; }
+
+/* dlopen of path, "" when it does not exist (not an error: try the next). */
+static void *try_open(const char *path)
+{
+	return access(path, F_OK) == 0 ? dlopen(path, RTLD_NOW | RTLD_LOCAL)
+	                               : NULL;
+}
+
+/*
+ * Finds libkvtrim-cuda.so as kvtrimd does (backend.h): $KVTRIM_CUDA_LIB,
+ * else next to libkvtrim itself (dladdr), next to the executable
+ * ($ORIGIN/../lib), then the library path; checks the ABI and probes.
+ */
+static int cuda_open(struct mem *m, char *err, size_t errlen)
+{
+	char path[PATH_MAX + 32], exe[PATH_MAX];
+	const char *env = getenv("KVTRIM_CUDA_LIB");
+	void *h = NULL;
+	Dl_info di;
+	if (env && env[0]) {
+		h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+	} else {
+		if (dladdr((void *)cuda_open, &di) && di.dli_fname &&
+		    strrchr(di.dli_fname, '/')) {
+			snprintf(path, sizeof(path), "%.*s/%s",
+			         (int)(strrchr(di.dli_fname, '/') - di.dli_fname),
+			         di.dli_fname, KVT_BACKEND_CUDA_LIB);
+			h = try_open(path);
+		}
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+		if (!h && n > 0) {
+			exe[n] = '\0';
+			char *slash = strrchr(exe, '/');
+			if (slash) {
+				*slash = '\0';
+				snprintf(path, sizeof(path), "%s/../lib/%s", exe,
+				         KVT_BACKEND_CUDA_LIB);
+				h = try_open(path);
+			}
+		}
+		if (!h)
+			h = dlopen(KVT_BACKEND_CUDA_LIB, RTLD_NOW | RTLD_LOCAL);
+	}
+	if (!h) {
+		const char *dl = dlerror();
+		return fail(err, errlen, KVT_ENOTSUP, "the daemon shares device "
+		            "memory but %s cannot be loaded: %s",
+		            KVT_BACKEND_CUDA_LIB, dl ? dl : "not found");
+	}
+	/* Never dlclose'd: the CUDA runtime does not support unloading. */
+	const struct kvt_backend_ops *ops = dlsym(h, KVT_BACKEND_CUDA_SYMBOL);
+	if (!ops || ops->abi != KVT_BACKEND_ABI)
+		return fail(err, errlen, KVT_ENOTSUP, "%s: no backend of ABI %u",
+		            KVT_BACKEND_CUDA_LIB, KVT_BACKEND_ABI);
+	char why[256];
+	const char *mode = NULL;
+	why[0] = '\0';
+	if (ops->probe(why, sizeof(why)))
+		return fail(err, errlen, KVT_ENOTSUP, "cuda backend: %s", why);
+	/* Device 0: the daemon's device (docs/cuda.md: both processes must
+	 * see the same GPU first, e.g. the same CUDA_VISIBLE_DEVICES). */
+	int rc = ops->ctx_new(0, &m->bctx, &mode, why, sizeof(why));
+	if (rc)
+		return fail(err, errlen, rc, "cuda backend: %s", why);
+	m->bops = ops;
+	return 0;
 }
 
 int mem_ready(const struct mem *m) { return m->table && m->stage; }
@@ -80,6 +180,21 @@ static int map_fd(int fd, uint64_t bytes, int prot, void **out, char *err,
 	return 0;
 }
 
+/* Queues a CHUNK_CLOSED confirmation (client.c sends them). */
+static int ack_push(struct mem *m, uint64_t serial)
+{
+	if (m->n_acks == m->acks_cap) {
+		uint32_t n = m->acks_cap ? 2 * m->acks_cap : 8;
+		uint64_t *a = realloc(m->acks, n * sizeof(*a));
+		if (!a)
+			return KVT_ENOMEM;
+		m->acks = a;
+		m->acks_cap = n;
+	}
+	m->acks[m->n_acks++] = serial;
+	return 0;
+}
+
 /* Makes chunks[] hold at least slot + 1 entries (zeroed when new). */
 static int grow(struct mem *m, uint32_t slot)
 {
@@ -99,9 +214,10 @@ static int grow(struct mem *m, uint32_t slot)
 	return 0;
 }
 
-static int apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
+static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
                  size_t errlen)
 {
+	const struct handle_msg *h = &x->h;
 	const struct shm_geom *g = &m->g;
 	int rc;
 
@@ -152,11 +268,7 @@ static int apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
 			            "no memory for chunk slot %u", h->slot);
 		/* Packets come in order: a grant into an occupied slot
 		 * replaces a chunk that was revoked in the same breath. */
-		if (m->chunks[h->slot].base) {
-			munmap(m->chunks[h->slot].base,
-			       m->chunks[h->slot].bytes);
-			m->chunks[h->slot].base = NULL;
-		}
+		chunk_release(m, &m->chunks[h->slot]);
 		if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE,
 		                 &m->chunks[h->slot].base, err, errlen)))
 			return rc;
@@ -168,9 +280,49 @@ static int apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
 			            "revoke of chunk slot %u beyond the quota's "
 			            "%u slots", h->slot, m->max_chunks);
 		if (h->slot < m->n_chunks && m->chunks[h->slot].base) {
-			munmap(m->chunks[h->slot].base,
-			       m->chunks[h->slot].bytes);
-			m->chunks[h->slot].base = NULL;
+			int ipc = m->chunks[h->slot].ipc;
+			chunk_release(m, &m->chunks[h->slot]);
+			if (ipc && (rc = ack_push(m, h->cookie)))
+				return fail(err, errlen, rc, "out of memory");
+		}
+		return 0;
+	case HANDLE_EVENT:
+		if (h->slot > HANDLE_EVENT_COMPACT || m->ev[h->slot].ev)
+			return fail(err, errlen, KVT_EPROTO,
+			            "event packet for slot %u", h->slot);
+		if (!m->bops && (rc = cuda_open(m, err, errlen)))
+			return rc;
+		if ((rc = m->bops->event_open(m->bctx, x->data,
+		                              &m->ev[h->slot])))
+			return fail(err, errlen, rc, "cuda backend: %s",
+			            m->bops->last_error());
+		return 0;
+	case HANDLE_CHUNK_DEV:
+		if (h->slot >= m->max_chunks)
+			return fail(err, errlen, KVT_EPROTO,
+			            "chunk slot %u beyond the quota's %u slots",
+			            h->slot, m->max_chunks);
+		if (h->size != KVT_CHUNK_BYTES)
+			return fail(err, errlen, KVT_EPROTO,
+			            "chunk of %llu bytes, expected %llu",
+			            (unsigned long long)h->size,
+			            (unsigned long long)KVT_CHUNK_BYTES);
+		if (!m->bops && (rc = cuda_open(m, err, errlen)))
+			return rc;
+		if ((rc = grow(m, h->slot)))
+			return fail(err, errlen, rc,
+			            "no memory for chunk slot %u", h->slot);
+		chunk_release(m, &m->chunks[h->slot]);
+		{
+			struct mem_chunk *c = &m->chunks[h->slot];
+			if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
+			                                h->size, &c->bc)))
+				return fail(err, errlen, rc, "importing a device "
+				            "chunk: %s", m->bops->last_error());
+			c->base = c->bc.base;
+			c->bytes = h->size;
+			c->dev = 1;
+			c->ipc = fd < 0;
 		}
 		return 0;
 	default:
@@ -180,7 +332,35 @@ static int apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
 	}
 }
 
-int mem_apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
+int mem_record_writes(struct mem *m, void *stream, char *err, size_t errlen)
+{
+	if (!m->bops)
+		return 0;
+	if (!m->ev[HANDLE_EVENT_WRITES].ev)
+		return fail(err, errlen, KVT_EPROTO, "no writes event from "
+		            "kvtrimd");
+	int rc = m->bops->event_record(m->bctx, &m->ev[HANDLE_EVENT_WRITES],
+	                               stream);
+	return rc ? fail(err, errlen, rc, "cuda backend: %s",
+	                 m->bops->last_error())
+	          : 0;
+}
+
+int mem_wait_compact(struct mem *m, void *stream, char *err, size_t errlen)
+{
+	if (!m->bops)
+		return 0;
+	if (!m->ev[HANDLE_EVENT_COMPACT].ev)
+		return fail(err, errlen, KVT_EPROTO, "no compaction event from "
+		            "kvtrimd");
+	int rc = m->bops->stream_wait_event(m->bctx, stream,
+	                                    &m->ev[HANDLE_EVENT_COMPACT]);
+	return rc ? fail(err, errlen, rc, "cuda backend: %s",
+	                 m->bops->last_error())
+	          : 0;
+}
+
+int mem_apply(struct mem *m, const struct handle_ext *h, int fd, char *err,
               size_t errlen)
 {
 	int rc = apply(m, h, fd, err, errlen);

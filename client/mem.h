@@ -12,12 +12,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "handle.h"
 #include "shm.h"
 
 struct mem_chunk {
-	void *base;     /* [bytes] read-write mapping, NULL when unmapped */
+	void *base;     /* [bytes] read-write mapping, NULL when unmapped;
+	                   a device address for a device chunk */
 	uint64_t bytes; /* length of the mapping */
+	int dev;        /* imported through the cuda backend (bc below) */
+	int ipc;        /* legacy IPC: the daemon waits for CHUNK_CLOSED */
+	struct kvt_backend_chunk bc;
 };
 
 struct mem {
@@ -27,6 +32,17 @@ struct mem {
 	uint32_t max_chunks;        /* slots the quota allows */
 	uint32_t n_chunks;          /* entries allocated in chunks[] */
 	struct mem_chunk *chunks;   /* [n_chunks], grown on demand */
+
+	/* cuda tenants (the daemon sent EVENT / CHUNK_DEV packets): the
+	 * backend from libkvtrim-cuda.so (dlopen; libkvtrim links no CUDA),
+	 * its context, and the two interprocess events, indexed by
+	 * HANDLE_EVENT_WRITES / HANDLE_EVENT_COMPACT. */
+	const struct kvt_backend_ops *bops; /* NULL: host memory only */
+	void *bctx;
+	struct kvt_backend_event ev[2];
+	/* Serials of closed legacy-IPC chunks to confirm (CHUNK_CLOSED). */
+	uint64_t *acks;
+	uint32_t n_acks, acks_cap;
 };
 
 /*
@@ -37,7 +53,8 @@ struct mem {
  */
 int mem_init(struct mem *m, const struct shm_geom *g, uint64_t quota_bytes);
 
-/* Unmaps everything and frees the slot array; safe twice. */
+/* Unmaps everything (device chunks and events too) and frees the slot
+ * array; safe twice. */
 void mem_fini(struct mem *m);
 
 /*
@@ -48,8 +65,17 @@ void mem_fini(struct mem *m);
  * is in err.  Returns 0, KVT_EPROTO (packet that breaks the contract) or
  * KVT_ESYS (mmap failed).
  */
-int mem_apply(struct mem *m, const struct handle_msg *h, int fd, char *err,
+int mem_apply(struct mem *m, const struct handle_ext *h, int fd, char *err,
               size_t errlen);
+
+/* 1 when the chunks are device memory (cuda backend). */
+int mem_is_device(const struct mem *m);
+
+/* Device tenants: records the "writes" event on stream (the engine's
+ * cudaStream_t, NULL = legacy default stream), or makes stream wait on
+ * the daemon's "compact" event.  0 on a host-memory tenant. */
+int mem_record_writes(struct mem *m, void *stream, char *err, size_t errlen);
+int mem_wait_compact(struct mem *m, void *stream, char *err, size_t errlen);
 
 /* True once both the table and the staging segment are mapped. */
 int mem_ready(const struct mem *m);

@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 1
+#define KVT_BACKEND_ABI 2
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -150,6 +150,16 @@ struct kvt_backend_ops {
 	/* Text of the last failure of this backend in the calling thread
 	 * ("" if none). */
 	const char *(*last_error)(void);
+
+	/* (optional; ABI 2) Copies n regions of `bytes` each, src[i] being an
+	 * address in this process's chunks (host for cpu, device for cuda),
+	 * into host memory at dst + i * dst_stride, after the work already
+	 * queued on stream; returns once the bytes are in dst (blocks the
+	 * calling thread).  The daemon stages the keys that policies read
+	 * (attn_band) this way when host_visible is 0. */
+	int (*read_regions)(void *ctx, void *dst, size_t dst_stride,
+	                    const void *const *src, uint32_t n, size_t bytes,
+	                    void *stream);
 };
 
 /*

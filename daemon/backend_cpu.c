@@ -155,6 +155,18 @@ static int cpu_compact(void *ctx, const struct kvt_backend_compact *lists,
 	return 0;
 }
 
+/* Host memory: a plain copy; there is no queued work to wait for. */
+static int cpu_read_regions(void *ctx, void *dst, size_t dst_stride,
+                            const void *const *src, uint32_t n, size_t bytes,
+                            void *stream)
+{
+	(void)ctx;
+	(void)stream;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy((char *)dst + (size_t)i * dst_stride, src[i], bytes);
+	return 0;
+}
+
 static const char *cpu_last_error(void)
 {
 	return cpu_err;
@@ -175,4 +187,5 @@ const struct kvt_backend_ops backend_cpu = {
 	.chunk_unmap = cpu_chunk_unmap,
 	.compact = cpu_compact,
 	.last_error = cpu_last_error,
+	.read_regions = cpu_read_regions,
 };

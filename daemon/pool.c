@@ -76,6 +76,13 @@ void pool_chunk_free(struct pool *p, struct pool_chunk *c)
 	pool_chunk_clear(c);
 }
 
+const struct kvt_backend_ops *pool_backend(const struct pool *p, void **ctx)
+{
+	if (ctx)
+		*ctx = p->bctx;
+	return pool_ops(p);
+}
+
 uint64_t pool_bytes_total(const struct pool *p)
 {
 	return p->chunk_capacity * KVT_CHUNK_BYTES;

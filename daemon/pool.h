@@ -55,6 +55,10 @@ int pool_chunk_new(struct pool *p, struct pool_chunk *out);
  * chunk (fd 0 is never a memfd here: fields are set to -1 / NULL). */
 void pool_chunk_free(struct pool *p, struct pool_chunk *c);
 
+/* The backend chunks come from (backend_cpu until pool_set_backend) and,
+ * in *ctx, its context. */
+const struct kvt_backend_ops *pool_backend(const struct pool *p, void **ctx);
+
 /* Bytes of the whole pool. */
 uint64_t pool_bytes_total(const struct pool *p);
 

@@ -49,6 +49,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "backend.h"
 #include "codec.h"
 #include "handle.h"
 #include "http.h"
@@ -119,6 +120,11 @@ struct server {
 	struct config_args args; /* how cfg was built, for SIGHUP */
 	uv_loop_t loop;
 	struct pool pool;
+	/* Where KV memory lives (backend.h): the table is static, bctx is
+	 * freed by server_free after every tenant and chunk is gone. */
+	const struct kvt_backend_ops *bops;
+	void *bctx;
+	const char *bmode; /* "memfd" | "vmm" | "ipc" */
 	struct stats st;
 	uint64_t started_ms;
 
@@ -418,14 +424,26 @@ static void srv_conn_close(struct srv_conn *c)
 static void srv_conn_cb(uv_poll_t *p, int status, int events)
 {
 	struct srv_conn *c = p->data;
-	char buf[256];
-	/* Clients never send on this channel; anything readable is either EOF
-	 * (the process closed it or died) or noise, which is discarded. */
+	/*
+	 * Clients send one thing on this channel: CHUNK_CLOSED after closing
+	 * a legacy-IPC chunk (cuda backend).  Anything else readable is EOF
+	 * (the process closed it or died) or noise, which is discarded (a
+	 * packet handle_recv refuses is consumed, its fds closed).
+	 */
 	for (;;) {
-		ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n > 0)
+		struct handle_ext m;
+		int fd = -1;
+		int rc = handle_recv_ext(c->fd, &m, &fd, 0);
+		if (fd >= 0)
+			close(fd);
+		if (rc == 0) {
+			if (m.h.type == HANDLE_CHUNK_CLOSED && c->st)
+				tenant_chunk_closed(c->st->t, m.h.cookie);
 			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0 &&
+		}
+		if (rc == KVT_EPROTO)
+			continue;
+		if (rc == KVT_ETIMEDOUT && status >= 0 &&
 		    !(events & UV_DISCONNECT))
 			return;
 		break;
@@ -491,7 +509,15 @@ static int srv_send_event(void *ctx, const struct tenant_event *e)
 	struct handle_msg m = {.magic = HANDLE_MAGIC,
 	                       .type = (uint16_t)e->type,
 	                       .slot = e->slot,
-	                       .size = e->size};
+	                       .size = e->size,
+	                       .cookie = e->cookie};
+	if (handle_is_ext(m.type)) {
+		struct handle_ext x;
+		x.h = m;
+		memcpy(x.data, e->data, sizeof(x.data));
+		return handle_send_ext(c->fd, &x,
+		                       e->type == HANDLE_CHUNK_DEV ? e->fd : -1);
+	}
 	return handle_send(c->fd, &m, e->type == HANDLE_CHUNK_ADD ? e->fd : -1);
 }
 
@@ -598,6 +624,15 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 		return rv;
 	}
 	const struct shm_geom *g = tenant_geom(st->t);
+	/* Device tenants: the two event handles go first, so the client has
+	 * them (or fails) before its segments complete the hello. */
+	if (tenant_flush_events(st->t, srv_send_event, c)) {
+		tenant_free(st->t);
+		free(st);
+		snprintf(why, wlen, "cannot send event handles over the handle "
+		         "channel");
+		return KVT_ECONN;
+	}
 	struct handle_msg tm = {.magic = HANDLE_MAGIC, .type = HANDLE_TABLE,
 	                        .size = g->table_bytes};
 	struct handle_msg sm = {.magic = HANDLE_MAGIC, .type = HANDLE_STAGE,
@@ -670,7 +705,14 @@ static struct stats_snap *srv_snapshot(struct server *s)
 	snap->c.chunks_released_total = s->pool.chunks_released_total;
 	snprintf(snap->version, sizeof(snap->version), "%d.%d.%d",
 	         KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
-	snprintf(snap->backend, sizeof(snap->backend), "cpu");
+	/* "cpu" (memfd chunks), or "cuda/vmm" / "cuda/ipc": the sharing mode
+	 * rides in the existing backend stat and label. */
+	if (!s->bops || s->bops->host_visible)
+		snprintf(snap->backend, sizeof(snap->backend), "%s",
+		         s->bops ? s->bops->name : "cpu");
+	else
+		snprintf(snap->backend, sizeof(snap->backend), "%s/%s",
+		         s->bops->name, s->bmode ? s->bmode : "?");
 
 	uint64_t total = pool_bytes_total(&s->pool);
 	uint64_t used = s->pool.chunks_used * KVT_CHUNK_BYTES;
@@ -1006,6 +1048,14 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		tenant_stats(st->t, &before);
 		uint64_t t0 = now_us();
 		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
+		if (rv && tenant_failed(st->t)) {
+			/* The device failed after the sync was committed: the
+			 * tenant's K/V cannot be trusted any more. */
+			LOG(LOG_LVL_ERR, "tenant %" PRIu32 ": %s", st->id, why);
+			s->st.tenants_reclaimed_total++;
+			srv_reclaim(s, st, "device failure during compaction");
+			return rv;
+		}
 		if (rv)
 			return rv;
 		stats_observe(&s->st.scorer_time, (double)(now_us() - t0) / 1e6);
@@ -1506,17 +1556,31 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	stats_pub_init(&s->pub);
 	s->pub_ready = 1;
 	srv_allow_refresh(s);
-	if (strcmp(cfg->backend, "cuda") == 0) {
-		snprintf(err, errlen, "--backend cuda: this build has no CUDA "
-		         "backend yet; use --backend cpu");
-		rv = KVT_ENOTSUP;
-		goto fail;
+	{
+		char note[512];
+		/* "auto": cuda where the library loads and sees a device, else
+		 * cpu with the reason in note; "cuda" without them fails. */
+		if ((rv = backend_open(cfg->backend, &s->bops, note,
+		                       sizeof(note)))) {
+			snprintf(err, errlen, "%s", note);
+			goto fail;
+		}
+		if (note[0])
+			LOG(LOG_LVL_NOTICE, "%s", note);
+		if ((rv = s->bops->ctx_new(0, &s->bctx, &s->bmode, note,
+		                           sizeof(note)))) {
+			snprintf(err, errlen, "%s backend: %s", s->bops->name,
+			         note[0] ? note : kvt_strerror(rv));
+			s->bctx = NULL;
+			goto fail;
+		}
 	}
 	if ((rv = pool_init(&s->pool, cfg->pool_size))) {
 		snprintf(err, errlen, "pool_size %" PRIu64 " holds no 2 MiB chunk",
 		         cfg->pool_size);
 		goto fail;
 	}
+	pool_set_backend(&s->pool, s->bops, s->bctx);
 	s->tenants = calloc(cfg->max_tenants, sizeof(*s->tenants));
 	s->reqs = calloc(cfg->contexts, sizeof(*s->reqs));
 	if (!s->tenants || !s->reqs) {
@@ -1636,9 +1700,10 @@ int server_run(struct server *s)
 	for (uint32_t i = 0; i < s->n_reqs; i++)
 		nng_ctx_recv(s->reqs[i].ctx, s->reqs[i].aio);
 	LOG(LOG_LVL_NOTICE,
-	    "kvtrimd ready: runtime dir %s, backend cpu, pool %" PRIu64
+	    "kvtrimd ready: runtime dir %s, backend %s (%s), pool %" PRIu64
 	    " bytes (%" PRIu64 " chunks)%s", s->cfg.runtime_dir,
-	    pool_bytes_total(&s->pool), s->pool.chunk_capacity,
+	    s->bops->name, s->bmode, pool_bytes_total(&s->pool),
+	    s->pool.chunk_capacity,
 	    s->watchdog_ms ? ", systemd watchdog on" : "");
 	srv_status(s);
 	s->status_ms = now_ms();
@@ -1678,6 +1743,9 @@ void server_free(struct server *s)
 	}
 	if (s->ctl_path[0])
 		unlink(s->ctl_path);
+	/* Every tenant and chunk is gone (srv_stop_loop reclaimed them). */
+	if (s->bctx)
+		s->bops->ctx_free(s->bctx);
 	free(s->tenants);
 	free(s->reqs);
 	if (s->pub_ready)

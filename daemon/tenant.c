@@ -59,6 +59,7 @@ struct tseq {
 /* One chunk slot of the tenant. */
 struct tchunk {
 	struct pool_chunk pc; /* pc.base NULL: slot unused */
+	uint64_t serial;      /* names the chunk in REVOKE / CHUNK_CLOSED */
 	uint32_t *free;       /* [pages_per_chunk] stack of free page indexes */
 	uint32_t n_free;
 };
@@ -86,9 +87,32 @@ struct tenant {
 	uint64_t kept;         /* sum of len over open lists */
 	uint32_t alloc_cur;    /* chunk being drained by page_alloc, or -1 */
 
-	/* Revoked chunks, destroyed after their REVOKE event was sent. */
-	struct pool_chunk *dead; /* [dead_cap] */
+	/* Revoked chunks, destroyed after their REVOKE event was sent (legacy
+	 * IPC chunks: after the client said CHUNK_CLOSED). */
+	struct tdead *dead; /* [dead_cap] */
 	uint32_t n_dead, dead_cap;
+	uint64_t chunk_serial; /* last serial given to a chunk */
+
+	/* Backend of the pool's chunks.  dev: they are device memory the
+	 * daemon must never dereference; then stream, events and the
+	 * batched-compaction and key-staging scratch below are used. */
+	const struct kvt_backend_ops *bops;
+	void *bctx;
+	int dev;
+	int ipc_share; /* legacy IPC chunks: freed after CHUNK_CLOSED */
+	int failed;    /* a device call of an apply step failed */
+	void *stream;
+	struct kvt_backend_event ev_writes, ev_compact;
+	struct kvt_backend_compact *blist; /* [blist_cap] lists of one sync */
+	size_t blist_cap;
+	void **bpages;     /* [bpages_cap] their page addresses */
+	size_t bpages_cap;
+	uint32_t *bmoves;  /* [bmoves_cap] their moves, (dst, src) pairs */
+	size_t bmoves_cap;
+	char *kbuf;        /* [kbuf_cap] host copy of one layer's K halves */
+	size_t kbuf_cap;
+	const void **ksrc; /* [ksrc_cap] device addresses of those K halves */
+	size_t ksrc_cap;
 
 	struct tenant_event *ev; /* [ev_cap] queued, in order */
 	uint32_t n_ev, ev_cap;
@@ -122,6 +146,12 @@ struct tenant {
 	                      x [headroom][d_model], q [headroom][n_heads *
 	                      head_dim], lse [headroom][n_heads]; NULL when
 	                      the policy reads none */
+};
+
+/* A revoked chunk not destroyed yet. */
+struct tdead {
+	struct pool_chunk pc;
+	uint64_t serial;
 };
 
 /* What the staged-row accessor of policy_layer needs. */
@@ -359,6 +389,7 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 		for (uint32_t i = 0; i < g->pages_per_chunk; i++)
 			c->free[i] = g->pages_per_chunk - 1 - i;
 		c->n_free = g->pages_per_chunk;
+		c->serial = ++t->chunk_serial;
 		t->free_pages += c->n_free;
 		t->n_chunks++;
 		madev[n_made++] = slot;
@@ -368,13 +399,19 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 		for (uint32_t i = 0; i < n_made; i++)
 			chunk_destroy(t, madev[i]);
 	} else {
-		for (uint32_t i = 0; i < n_made; i++)
-			t->ev[t->n_ev++] = (struct tenant_event){
-				.type = HANDLE_CHUNK_ADD,
+		for (uint32_t i = 0; i < n_made; i++) {
+			const struct pool_chunk *pc = &t->chunks[madev[i]].pc;
+			struct tenant_event *e = &t->ev[t->n_ev++];
+			*e = (struct tenant_event){
+				.type = t->dev ? HANDLE_CHUNK_DEV
+				               : HANDLE_CHUNK_ADD,
 				.slot = madev[i],
-				.fd = t->chunks[madev[i]].pc.fd,
+				.fd = pc->fd,
 				.size = KVT_CHUNK_BYTES,
 			};
+			if (t->dev && pc->fd < 0) /* legacy IPC */
+				memcpy(e->data, pc->ipc, sizeof(e->data));
+		}
 	}
 	if (madev != made)
 		free(madev);
@@ -395,8 +432,8 @@ static void revoke_empty(struct tenant *t)
 			continue;
 		t->ev[t->n_ev++] = (struct tenant_event){
 			.type = HANDLE_CHUNK_REVOKE, .slot = i, .fd = -1,
-			.size = 0};
-		t->dead[t->n_dead++] = c->pc;
+			.size = 0, .cookie = t->dev ? c->serial : 0};
+		t->dead[t->n_dead++] = (struct tdead){c->pc, c->serial};
 		t->free_pages -= c->n_free;
 		c->pc.base = NULL;
 		c->pc.fd = -1;
@@ -409,6 +446,55 @@ static void revoke_empty(struct tenant *t)
 }
 
 /* ------------------------------------------------------------ lifetime */
+
+/*
+ * Device tenant: its stream and the two interprocess events, whose handles
+ * are queued for the client (sent before the segments, see tenant.h).
+ */
+static int device_init(struct tenant *t, char *err, size_t errlen)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	if (!o->stream_new || !o->stream_free || !o->stream_sync ||
+	    !o->event_new || !o->event_free || !o->event_record ||
+	    !o->stream_wait_event || !o->read_regions)
+		return fail(err, errlen, KVT_ENOTSUP, "the %s backend has no "
+		            "streams or events", o->name);
+	t->ipc_share = o->share(t->bctx) == KVT_BACKEND_SHARE_IPC;
+	int rc;
+	if ((rc = o->stream_new(t->bctx, &t->stream)) ||
+	    (rc = o->event_new(t->bctx, &t->ev_writes)) ||
+	    (rc = o->event_new(t->bctx, &t->ev_compact)))
+		return fail(err, errlen, rc, "%s backend: %s", o->name,
+		            o->last_error());
+	if (ensure_room((void **)&t->ev, &t->ev_cap, 2, sizeof(*t->ev)))
+		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	const struct kvt_backend_event *evs[2] = {&t->ev_writes,
+	                                          &t->ev_compact};
+	for (uint32_t i = 0; i < 2; i++) {
+		struct tenant_event *e = &t->ev[t->n_ev++];
+		*e = (struct tenant_event){
+			.type = HANDLE_EVENT,
+			.slot = i ? HANDLE_EVENT_COMPACT : HANDLE_EVENT_WRITES,
+			.fd = -1,
+		};
+		memcpy(e->data, evs[i]->handle, sizeof(e->data));
+	}
+	return 0;
+}
+
+static void device_fini(struct tenant *t)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	if (t->stream) {
+		o->stream_sync(t->bctx, t->stream);
+		o->stream_free(t->bctx, t->stream);
+		t->stream = NULL;
+	}
+	if (t->ev_writes.ev)
+		o->event_free(t->bctx, &t->ev_writes);
+	if (t->ev_compact.ev)
+		o->event_free(t->bctx, &t->ev_compact);
+}
 
 int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
                uint64_t default_quota, struct tenant **out, char *err,
@@ -524,6 +610,12 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	}
 	shm_table_init(t->table, &g);
 	shm_stage_init(t->stage, &g);
+	t->bops = pool_backend(pool, &t->bctx);
+	t->dev = !t->bops->host_visible;
+	if (t->dev && (rc = device_init(t, err, errlen))) {
+		tenant_free(t);
+		return rc;
+	}
 	*out = t;
 	return 0;
 }
@@ -544,13 +636,20 @@ void tenant_free(struct tenant *t)
 {
 	if (!t)
 		return;
+	/* Queued device work first: it may still touch the chunks. */
+	if (t->dev && t->stream)
+		t->bops->stream_sync(t->bctx, t->stream);
 	if (t->chunks)
 		for (uint32_t i = 0; i < t->max_chunks; i++) {
 			pool_chunk_free(t->pool, &t->chunks[i].pc);
 			free(t->chunks[i].free);
 		}
+	/* A client that is gone closed its IPC mappings by exiting; one
+	 * that said bye is past using them (kvt_disconnect). */
 	for (uint32_t i = 0; i < t->n_dead; i++)
-		pool_chunk_free(t->pool, &t->dead[i]);
+		pool_chunk_free(t->pool, &t->dead[i].pc);
+	if (t->dev)
+		device_fini(t);
 	if (t->seqs)
 		for (uint32_t i = 0; i < t->g.max_seqs; i++)
 			seq_release_arrays(&t->seqs[i]);
@@ -576,6 +675,11 @@ void tenant_free(struct tenant *t)
 	free(t->state_scr);
 	free(t->heads);
 	free(t->in);
+	free(t->blist);
+	free(t->bpages);
+	free(t->bmoves);
+	free(t->kbuf);
+	free(t->ksrc);
 	free(t);
 }
 
@@ -834,6 +938,59 @@ static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 	pl->lse = need & POLICY_NEED_LSE ? lse : NULL;
 }
 
+/* Bytes of the K half of a page: what attn_band reads. */
+static size_t key_bytes(const struct tenant *t)
+{
+	return (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
+}
+
+/*
+ * Device tenant, first half of a sync: the scratch the apply step needs
+ * (it cannot fail later) and the stream's wait for the client's writes,
+ * ahead of every key read and move of this sync.
+ */
+static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
+                          char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	if (grow((void **)&t->blist, &t->blist_cap, nlists ? nlists : 1,
+	         sizeof(*t->blist)) ||
+	    grow((void **)&t->bpages, &t->bpages_cap,
+	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
+	    grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
+	         sizeof(*t->bmoves)))
+		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	if (t->pol->ops->needs & POLICY_NEED_KV) {
+		size_t n = (size_t)g->n_kv_heads * g->max_pages;
+		if (grow((void **)&t->kbuf, &t->kbuf_cap, n * key_bytes(t), 1) ||
+		    grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
+			return fail(err, errlen, KVT_ENOMEM, "out of memory");
+	}
+	int rc = t->bops->stream_wait_event(t->bctx, t->stream, &t->ev_writes);
+	if (rc)
+		return fail(err, errlen, rc, "%s backend: %s", t->bops->name,
+		            t->bops->last_error());
+	return 0;
+}
+
+/*
+ * Device tenant, a policy that reads K: the pages holding entries
+ * [0, len) of a list get a host copy of their K half in t->kbuf (copied
+ * per layer by read_regions, after the wait for the client's writes), and
+ * pv points the policy at those copies.  attn_band and kvpop read K rows
+ * only, so the V halves are not copied.
+ */
+static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
+                       void **pv, uint32_t *nk)
+{
+	uint32_t used = (len + t->g.page_tokens - 1) / t->g.page_tokens;
+	for (uint32_t p = 0; p < used; p++) {
+		t->ksrc[*nk] = page_ptr(t, pg[p]);
+		pv[p] = t->kbuf + (size_t)*nk * key_bytes(t);
+		(*nk)++;
+	}
+}
+
 int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
                 uint32_t n, char *err, size_t errlen)
 {
@@ -852,6 +1009,8 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 		return fail(err, errlen, KVT_ENOMEM, "out of memory");
 	memset(t->drop, 0, entries);
 	unsigned need = t->pol->ops->needs;
+	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
+		return rc;
 
 	/*
 	 * Step 2: decisions, one (sequence, layer) at a time.  The new
@@ -888,6 +1047,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				gather_inputs(t, slot, layer, prev, it->n_new,
 				              &pl);
 			size_t off0 = off;
+			uint32_t nk = 0; /* K halves staged for this layer */
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				const struct tlist *l = tlist_at(t, slot, layer,
 				                                 head);
@@ -905,7 +1065,11 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 					       t->ef * sizeof(float));
 				}
 				void **pv = NULL;
-				if (need & POLICY_NEED_KV) {
+				if ((need & POLICY_NEED_KV) && t->dev) {
+					pv = t->pagev + (size_t)head * g->max_pages;
+					stage_keys(t, seq_pages(t, s, li), len,
+					           pv, &nk);
+				} else if (need & POLICY_NEED_KV) {
 					pv = t->pagev + (size_t)head * g->max_pages;
 					const uint32_t *pg = seq_pages(t, s, li);
 					for (uint32_t p = 0; p < l->n_pages; p++)
@@ -918,6 +1082,13 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				off += len;
 				eoff += (size_t)len * t->ef;
 			}
+			if (nk && (rc = t->bops->read_regions(
+				           t->bctx, t->kbuf, key_bytes(t),
+				           (const void *const *)t->ksrc, nk,
+				           key_bytes(t), t->stream)))
+				return fail(err, errlen, rc, "%s backend: "
+				            "staging keys: %s", t->bops->name,
+				            t->bops->last_error());
 			rc = policy_decide(t->pol, &pl);
 			if (rc)
 				return fail(err, errlen, rc, "policy %s: %s",
@@ -949,6 +1120,8 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	 * frees, pass 2 allocates, so the frees of one list can serve the
 	 * growth of another. */
 	uint32_t row_bytes = g->head_dim * g->elem_bytes;
+	uint32_t nb = 0;  /* device: lists batched for one compact call */
+	size_t bp = 0, bm = 0; /* their pages and move pairs so far */
 	off = 0;
 	eoff = 0;
 	li_all = 0;
@@ -973,7 +1146,30 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				const uint8_t *drop = t->drop + off;
 				uint32_t nm = compact_plan(drop, len, t->moves,
 				                           &nl);
-				if (nm) {
+				if (nm && t->dev) {
+					/* The page addresses are taken before
+					 * the frees below; a chunk emptied by
+					 * them is destroyed only after the
+					 * queued compaction (chunk_free syncs
+					 * the device first). */
+					void **bpv = t->bpages + bp;
+					for (uint32_t p = 0; p < l->n_pages; p++)
+						bpv[p] = page_ptr(t, pg[p]);
+					memcpy(t->bmoves + 2 * bm, t->moves,
+					       (size_t)nm * 2 * sizeof(uint32_t));
+					t->blist[nb++] = (struct kvt_backend_compact){
+						.pages = bpv,
+						.n_pages = l->n_pages,
+						.page_tokens = g->page_tokens,
+						.row_bytes = row_bytes,
+						.n_moves = nm,
+						.moves = t->bmoves + 2 * bm,
+					};
+					bp += l->n_pages;
+					bm += nm;
+					policy_move_entries(pos, e, t->ef,
+					                    t->moves, nm);
+				} else if (nm) {
 					for (uint32_t p = 0; p < l->n_pages; p++)
 						t->pagev[p] = page_ptr(t, pg[p]);
 					compact_cpu(t->pagev, g->page_tokens,
@@ -1020,7 +1216,26 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 		s->counter++;
 	}
 	t->syncs++;
+	/*
+	 * Device: one launch for the whole sync, then the event the client's
+	 * stream waits on before it touches the lists again.  Both are only
+	 * queued; a failure here comes after the bookkeeping is committed,
+	 * so the tenant is marked failed and the server drops it.
+	 */
+	int drc = 0;
+	if (t->dev) {
+		if (nb)
+			drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
+		if (!drc)
+			drc = t->bops->event_record(t->bctx, &t->ev_compact,
+			                            t->stream);
+		if (drc)
+			t->failed = 1;
+	}
 	revoke_empty(t);
+	if (drc)
+		return fail(err, errlen, KVT_ESYS, "%s backend: compaction: "
+		            "%s", t->bops->name, t->bops->last_error());
 	return 0;
 }
 
@@ -1041,10 +1256,31 @@ int tenant_flush_events(struct tenant *t,
 		}
 	}
 	t->n_ev = 0;
+	/* Legacy IPC: the exporter must not free memory an importer still
+	 * maps; those wait for CHUNK_CLOSED (tenant_chunk_closed). */
+	if (t->ipc_share)
+		return 0;
 	for (uint32_t i = 0; i < t->n_dead; i++)
-		pool_chunk_free(t->pool, &t->dead[i]);
+		pool_chunk_free(t->pool, &t->dead[i].pc);
 	t->n_dead = 0;
 	return 0;
+}
+
+void tenant_chunk_closed(struct tenant *t, uint64_t serial)
+{
+	if (!t->ipc_share || !serial)
+		return;
+	for (uint32_t i = 0; i < t->n_dead; i++)
+		if (t->dead[i].serial == serial) {
+			pool_chunk_free(t->pool, &t->dead[i].pc);
+			t->dead[i] = t->dead[--t->n_dead];
+			return;
+		}
+}
+
+int tenant_failed(const struct tenant *t)
+{
+	return t->failed;
 }
 
 /* ------------------------------------------------------------ stats, check */

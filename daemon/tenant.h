@@ -39,10 +39,15 @@ struct tenant;
 #define TENANT_DEF_POLICY "full"
 
 struct tenant_event {
-	enum handle_type type; /* HANDLE_CHUNK_ADD or HANDLE_CHUNK_REVOKE */
-	uint32_t slot;
-	int fd;                /* ADD: the chunk's memfd (borrowed), else -1 */
-	uint64_t size;         /* ADD: KVT_CHUNK_BYTES */
+	enum handle_type type; /* HANDLE_CHUNK_ADD or HANDLE_CHUNK_REVOKE (cpu);
+	                          HANDLE_CHUNK_DEV, HANDLE_CHUNK_REVOKE or
+	                          HANDLE_EVENT (cuda) */
+	uint32_t slot;         /* chunk slot; HANDLE_EVENT_* for an EVENT */
+	int fd;                /* ADD, DEV: the chunk's memfd or VMM fd
+	                          (borrowed), else -1 */
+	uint64_t size;         /* ADD, DEV: KVT_CHUNK_BYTES */
+	uint64_t cookie;       /* REVOKE of a device chunk: its serial */
+	uint8_t data[HANDLE_DATA_BYTES]; /* DEV (ipc mode), EVENT: handle */
 };
 
 /*
@@ -54,6 +59,16 @@ struct tenant_event {
 int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
                uint64_t default_quota, struct tenant **out, char *err,
                size_t errlen);
+
+/*
+ * With a backend whose chunks are device memory (host_visible 0), the
+ * tenant also holds a stream and two interprocess events, whose handles
+ * are queued as HANDLE_EVENT packets by tenant_new: the server must flush
+ * them before it sends the segments.  A sync makes the stream wait on the
+ * client's "writes" event, stages the keys its policy reads to host memory,
+ * compacts all its lists in one batched call and records the "compact"
+ * event, which the client's stream waits on.
+ */
 
 /* Releases every chunk back to the pool and frees the tenant.  NULL-safe. */
 void tenant_free(struct tenant *t);
@@ -121,6 +136,18 @@ void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out);
  * number of violations (0 = clean) and describes the first in detail.
  */
 int tenant_check(const struct tenant *t, char *detail, size_t len);
+
+/*
+ * The client closed a legacy-IPC chunk it was told to revoke (packet
+ * CHUNK_CLOSED with the serial from the REVOKE): the chunk is freed now.
+ * Unknown serials are ignored (a confused or hostile client frees nothing
+ * that is not its own and already revoked).
+ */
+void tenant_chunk_closed(struct tenant *t, uint64_t serial);
+
+/* 1 after a device failure inside a sync's apply step: the tenant's K/V
+ * can no longer be trusted and the server drops it. */
+int tenant_failed(const struct tenant *t);
 
 /* Number of chunks the tenant holds (for the pool-level check). */
 uint64_t tenant_chunks(const struct tenant *t);

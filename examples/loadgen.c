@@ -32,10 +32,23 @@
  * Children report their counts through a pipe; the parent prints one
  * summary line and exits 0 only when every child succeeded (a child killed
  * on purpose with --kill-after-steps does not count as a failure).
+ *
+ * Soak options (scripts/soak.sh): --retry-full backs off and retries a sync
+ * or sequence open that the full pool refused (KVT_EPOOLFULL), for up to
+ * 120 s; --expect-kills counts a child killed by SIGKILL from outside as
+ * killed, not failed, and --respawn N starts up to N replacement engines
+ * (tenant PREFIX-i.G) for killed ones; --tolerate-pressure lets --verify
+ * accept extra evictions, which memory pressure causes by shrinking
+ * budgets and raising thresholds: every entry kept must still be intact
+ * and one the policy keeps, and the verifier then adopts the daemon's
+ * extra evictions (counted as pressure_evicted) and checks everything after
+ * against them.  The summary adds sync latency percentiles measured
+ * around kvt_sync (a retried sync counts once, from its first attempt).
  */
 #include "kvtrim.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -69,16 +82,62 @@ struct opts {
 	uint32_t step_us;    /* pause per step, like an engine's decode step */
 	uint32_t prefill;    /* first N tokens synced as prefill */
 	int verify;
+	int retry_full;      /* back off and retry on KVT_EPOOLFULL */
+	int expect_kills;    /* SIGKILLed children are not failures */
+	int tolerate_pressure; /* verify: extra evictions are allowed */
+	uint32_t respawn;    /* replacement engines for killed ones */
 	struct policy *pol;  /* local instance: needs, lookback, the replay */
 	char scratch[64];    /* generated weights live here ("" = none) */
 };
 
+/*
+ * Sync latency histogram: bucket b counts latencies in
+ * [2^(b/4), 2^((b+1)/4)) microseconds (four buckets per octave, so a
+ * percentile read from it is at most 19% high); the last bucket is open.
+ */
+#define LAT_BUCKETS 112
+
 /* What a child tells the parent; one write, well below PIPE_BUF. */
 struct report {
 	uint32_t client;
+	uint32_t gen;   /* 0, or the respawn that ran this client */
 	int32_t status; /* the child's exit status */
 	uint64_t syncs, appended, kept, mismatches;
+	uint64_t full_retries;     /* KVT_EPOOLFULL answers retried */
+	uint64_t pressure_evicted; /* extra evictions (--tolerate-pressure) */
+	uint32_t lat[LAT_BUCKETS]; /* sync latencies, see LAT_BUCKETS */
 };
+
+static uint32_t lat_bucket(double us)
+{
+	if (!(us >= 1.0))
+		return 0;
+	double b = floor(log2(us) * 4.0);
+	return b >= LAT_BUCKETS - 1 ? LAT_BUCKETS - 1 : (uint32_t)b;
+}
+
+/* Upper bound of bucket b in microseconds. */
+static double lat_upper(uint32_t b)
+{
+	return exp2((b + 1) / 4.0);
+}
+
+/* The q-quantile (0..1) of a histogram in microseconds; 0 when empty. */
+static double lat_quantile(const uint64_t *h, double q)
+{
+	uint64_t n = 0, seen = 0;
+	for (uint32_t b = 0; b < LAT_BUCKETS; b++)
+		n += h[b];
+	if (!n)
+		return 0;
+	uint64_t want = (uint64_t)ceil(q * (double)n);
+	if (want < 1)
+		want = 1;
+	for (uint32_t b = 0; b < LAT_BUCKETS; b++)
+		if ((seen += h[b]) >= want)
+			return lat_upper(b);
+	return lat_upper(LAT_BUCKETS - 1);
+}
 
 /* Independent model of the policies loadgen can verify. */
 enum model_kind { MODEL_FULL, MODEL_STREAMING };
@@ -89,6 +148,13 @@ struct model {
 	uint32_t tokens;
 	double ratio;
 };
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 /* ---------------------------------------------------------------- pattern */
 
@@ -371,10 +437,15 @@ mismatch(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 	}
 }
 
-/* Checks one list against the pattern and want[p] (1 = position p must be
- * present) after n_seen tokens. */
+/*
+ * Checks one list against the pattern and want[p] (1 = position p must be
+ * present) after n_seen tokens.  With --tolerate-pressure a wanted position
+ * the daemon evicted is not a mismatch: it is counted and cleared in
+ * want_alive, so the caller's expectation follows the daemon from here on
+ * (eviction is final) and every later list and sync is checked against it.
+ */
 static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
-                       uint32_t n_seen, const uint8_t *want_alive)
+                       uint32_t n_seen, uint8_t *want_alive)
 {
 	struct kvt_list list;
 	int rc = kvt_list_get(e->c, e->seqs[j], l, h, &list);
@@ -419,7 +490,10 @@ static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 	}
 	for (uint32_t p = 0; p < n_seen; p++) {
 		int want = want_alive[p];
-		if (want && !e->seen[p])
+		if (want && !e->seen[p] && e->o->tolerate_pressure) {
+			want_alive[p] = 0;
+			e->r.pressure_evicted++;
+		} else if (want && !e->seen[p])
 			mismatch(e, j, l, h, "position %u missing (len %u, "
 			         "seen %u)", p, list.len, n_seen);
 		else if (!want && e->seen[p])
@@ -647,24 +721,59 @@ static int replay_decide(struct engine *e, uint32_t n, uint32_t n_seen,
 	return 0;
 }
 
-/* After the sync: the expected positions of list (j, l, h) into e->want,
- * then the shadow compacts like the daemon. */
-static void replay_commit(struct engine *e, uint32_t j, uint32_t l,
-                          uint32_t h, uint32_t n, uint32_t n_seen)
+/* After the sync: the expected positions of list (j, l, h) into e->want. */
+static void replay_want(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
+                        uint32_t n, uint32_t n_seen)
 {
-	uint32_t ef = e->o->pol->entry_floats;
 	size_t si = sh_idx(e, j, l, h);
-	uint32_t len = e->sh_len[si] + n, nl;
-	uint32_t *pos = e->sh_pos + si * e->cap;
+	uint32_t len = e->sh_len[si] + n;
+	const uint32_t *pos = e->sh_pos + si * e->cap;
 	const uint8_t *drop = e->sh_drop + si * e->cap;
 	memset(e->want, 0, n_seen);
 	for (uint32_t i = 0; i < len; i++)
 		if (!drop[i])
 			e->want[pos[i]] = 1;
+}
+
+/*
+ * After verify_list: the shadow compacts like the daemon.  Positions
+ * verify_list cleared from e->want (evicted under pressure) are dropped
+ * too, so the shadow holds what the daemon holds, in its order (the next
+ * replay_decide checks that).
+ */
+static void replay_commit(struct engine *e, uint32_t j, uint32_t l,
+                          uint32_t h, uint32_t n)
+{
+	uint32_t ef = e->o->pol->entry_floats;
+	size_t si = sh_idx(e, j, l, h);
+	uint32_t len = e->sh_len[si] + n, nl;
+	uint32_t *pos = e->sh_pos + si * e->cap;
+	uint8_t *drop = e->sh_drop + si * e->cap;
+	for (uint32_t i = 0; i < len; i++)
+		if (!drop[i] && !e->want[pos[i]])
+			drop[i] = 1;
 	uint32_t nm = compact_plan(drop, len, e->moves, &nl);
 	policy_move_entries(pos, ef ? e->sh_ent + si * e->cap * ef : NULL, ef,
 	                    e->moves, nm);
 	e->sh_len[si] = nl;
+}
+
+/*
+ * Before retry k (from 0) of a request the full pool refused, begun at t0:
+ * sleeps 5 ms doubling to 320 ms, plus jitter so refused engines do not
+ * come back in step.  0 to retry; KVT_EPOOLFULL without --retry-full or
+ * once 120 s have passed.
+ */
+static int full_backoff(struct engine *e, uint32_t k, double t0)
+{
+	if (!e->o->retry_full || now_s() - t0 > 120.0)
+		return KVT_EPOOLFULL;
+	uint32_t ms = 5u << (k < 6 ? k : 6);
+	ms += (uint32_t)(mix(((uint64_t)e->client << 32) ^ k ^
+	                     (uint64_t)(t0 * 1e6)) % ms);
+	usleep(ms * 1000u);
+	e->r.full_retries++;
+	return 0;
 }
 
 static int engine_run(struct engine *e)
@@ -672,7 +781,11 @@ static int engine_run(struct engine *e)
 	const struct opts *o = e->o;
 	uint32_t headroom = headroom_of(o);
 	char name[KVT_NAME_MAX];
-	snprintf(name, sizeof(name), "%s-%u", o->name, e->client);
+	if (e->r.gen)
+		snprintf(name, sizeof(name), "%s-%u.%u", o->name, e->client,
+		         e->r.gen);
+	else
+		snprintf(name, sizeof(name), "%s-%u", o->name, e->client);
 	struct kvt_config cfg = {
 		.runtime_dir = o->dir,
 		.tenant = name,
@@ -704,18 +817,26 @@ static int engine_run(struct engine *e)
 		rc = KVT_EHEADROOM;
 		goto out;
 	}
-	for (; opened < o->seqs; opened++)
-		if ((rc = kvt_seq_open(e->c, &e->seqs[opened])) < 0) {
+	for (; opened < o->seqs; opened++) {
+		double t0 = now_s();
+		for (uint32_t k = 0;; k++) {
+			rc = kvt_seq_open(e->c, &e->seqs[opened]);
+			if (rc != KVT_EPOOLFULL || full_backoff(e, k, t0))
+				break;
+		}
+		if (rc < 0) {
 			say(e, "kvt_seq_open: %s (%s)", kvt_strerror(rc),
 			    kvt_last_error(e->c));
 			goto out;
 		}
+	}
 	if (!(items = calloc(o->seqs, sizeof(*items)))) {
 		rc = KVT_ENOMEM;
 		goto out;
 	}
 	for (uint32_t s = 0; s < o->steps; s++) {
-		if (o->kill_after && e->client == 0 && s == o->kill_after)
+		if (o->kill_after && e->client == 0 && !e->r.gen &&
+		    s == o->kill_after)
 			raise(SIGKILL);
 		if (o->step_us)
 			usleep(o->step_us);
@@ -735,7 +856,16 @@ static int engine_run(struct engine *e)
 				.seq = e->seqs[j], .n_new = pending,
 				.phase = phase,
 			};
-		if ((rc = kvt_sync(e->c, items, o->seqs)) < 0) {
+		/* Nothing changed on a refused sync (kvtrim.h), so the same
+		 * items go again; the replay's decisions stand. */
+		double t0 = now_s();
+		for (uint32_t k = 0;; k++) {
+			rc = kvt_sync(e->c, items, o->seqs);
+			if (rc != KVT_EPOOLFULL || full_backoff(e, k, t0))
+				break;
+		}
+		e->r.lat[lat_bucket((now_s() - t0) * 1e6)]++;
+		if (rc < 0) {
 			say(e, "kvt_sync at step %u: %s (%s)", s,
 			    kvt_strerror(rc), kvt_last_error(e->c));
 			break;
@@ -751,9 +881,10 @@ static int engine_run(struct engine *e)
 				     l++)
 					for (uint32_t h = 0;
 					     h < o->kv_heads && rc == 0; h++) {
-						replay_commit(e, j, l, h, n, s + 1);
+						replay_want(e, j, l, h, n, s + 1);
 						rc = verify_list(e, j, l, h, s + 1,
 						                 e->want);
+						replay_commit(e, j, l, h, n);
 					}
 			if (rc < 0)
 				break;
@@ -771,7 +902,8 @@ static int engine_run(struct engine *e)
 		if (rc < 0)
 			break;
 	}
-	if (o->kill_after && e->client == 0 && o->steps == o->kill_after)
+	if (o->kill_after && e->client == 0 && !e->r.gen &&
+	    o->steps == o->kill_after)
 		raise(SIGKILL);
 
 	/* Kept entries also after a failed sync: nothing changed then. */
@@ -799,7 +931,7 @@ out:
 }
 
 static int child_main(const struct opts *o, const struct model *m,
-                      int has_model, uint32_t client, int wfd)
+                      int has_model, uint32_t client, uint32_t gen, int wfd)
 {
 	struct engine e = {
 		.o = o,
@@ -810,6 +942,7 @@ static int child_main(const struct opts *o, const struct model *m,
 		.page_tokens = o->page_tokens,
 	};
 	e.r.client = client;
+	e.r.gen = gen;
 	uint32_t headroom = headroom_of(o);
 	e.stage = !!(o->pol->ops->needs & POLICY_NEED_STAGED);
 	e.stage_tokens = e.stage ? headroom + o->pol->lookback : 0;
@@ -882,7 +1015,8 @@ static void usage(FILE *f)
 	        "f32|f16|bf16] [--page-tokens P]\n"
 	        "         [--seed X] [--name PREFIX] [--quota BYTES] "
 	        "[--kill-after-steps N] [--step-us U] [--prefill N]\n"
-	        "         [--prefill N]\n"
+	        "         [--retry-full] [--expect-kills] [--respawn N] "
+	        "[--tolerate-pressure]\n"
 	        "\n"
 	        "Forks N synthetic engines (tenants PREFIX-0..N-1); each "
 	        "opens M sequences and\n"
@@ -895,7 +1029,14 @@ static void usage(FILE *f)
 	        "learned policies without model= get random seeded "
 	        "weights).  --prefill N\n"
 	        "syncs the first N tokens as prefill.  Prints one summary "
-	        "line; exit 0 when\nevery engine succeeded.\n"
+	        "line (with sync\nlatency percentiles); exit 0 when every "
+	        "engine succeeded.\n"
+	        "Soak: --retry-full backs off and retries requests the full "
+	        "pool refused;\n--expect-kills counts engines SIGKILLed from "
+	        "outside as killed, not failed,\nand --respawn N replaces up "
+	        "to N of them; --tolerate-pressure lets --verify\naccept "
+	        "the extra evictions of memory pressure (kept entries are "
+	        "still checked).\n"
 	        "Defaults: clients 1, seqs 1, steps 100, policy full, "
 	        "sync-every 1, layers 2,\n"
 	        "heads 4, kv-heads 2, head-dim 16, dtype f32, page-tokens "
@@ -944,6 +1085,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		U32_OPT_("--kill-after-steps", kill_after, 1, 1u << 24),
 		U32_OPT_("--step-us", step_us, 0, 10000000),
 		U32_OPT_("--prefill", prefill, 0, 1u << 24),
+		U32_OPT_("--respawn", respawn, 0, 1u << 20),
 #undef U32_OPT_
 	};
 	for (int i = 1; i < argc; i++) {
@@ -961,6 +1103,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			i++;
 		} else if (!strcmp(a, "--verify")) {
 			o->verify = 1;
+		} else if (!strcmp(a, "--retry-full")) {
+			o->retry_full = 1;
+		} else if (!strcmp(a, "--expect-kills")) {
+			o->expect_kills = 1;
+		} else if (!strcmp(a, "--tolerate-pressure")) {
+			o->tolerate_pressure = 1;
 		} else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			usage(stdout);
 			exit(0);
@@ -1011,18 +1159,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		        "of --kv-heads\n");
 		return -1;
 	}
-	if (strlen(o->name) + 12 > KVT_NAME_MAX) {
+	if (strlen(o->name) + 24 > KVT_NAME_MAX) {
 		fprintf(stderr, "kvtrim-loadgen: --name is too long\n");
 		return -1;
 	}
 	return 0;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* ---------------------------------------------------------------- weights */
@@ -1176,6 +1317,57 @@ static int prepare_policy(struct opts *o, char *spec, size_t len)
 	return 0;
 }
 
+/* Sums of the reports of every engine (killed ones send none). */
+struct totals {
+	uint64_t syncs, appended, kept, mismatches, full_retries;
+	uint64_t pressure_evicted;
+	uint64_t lat[LAT_BUCKETS];
+};
+
+/* Forks engine `client` (generation gen); its pid, or -1. */
+static pid_t spawn(const struct opts *o, const struct model *m, int has_model,
+                   uint32_t client, uint32_t gen, const int *pfd)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0) {
+		perror("kvtrim-loadgen: fork");
+		return -1;
+	}
+	if (pid == 0) {
+		close(pfd[0]);
+		int st = child_main(o, m, has_model, client, gen, pfd[1]);
+		fflush(NULL);
+		_exit(st);
+	}
+	return pid;
+}
+
+/* Reads every report waiting in the (non-blocking) pipe into tot; got[i]
+ * marks that the current generation of engine i reported. */
+static void read_reports(int fd, const struct opts *o, const uint32_t *gens,
+                         uint8_t *got, struct totals *tot)
+{
+	struct report r;
+	ssize_t n;
+	while ((n = read(fd, &r, sizeof(r))) != 0) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != (ssize_t)sizeof(r) || r.client >= o->clients)
+			return; /* EAGAIN: none left */
+		if (r.gen == gens[r.client])
+			got[r.client] = 1;
+		tot->syncs += r.syncs;
+		tot->appended += r.appended;
+		tot->kept += r.kept;
+		tot->mismatches += r.mismatches;
+		tot->full_retries += r.full_retries;
+		tot->pressure_evicted += r.pressure_evicted;
+		for (uint32_t b = 0; b < LAT_BUCKETS; b++)
+			tot->lat[b] += r.lat[b];
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o;
@@ -1205,53 +1397,63 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	pid_t *pids = calloc(o.clients, sizeof(*pids));
-	struct report *reps = calloc(o.clients, sizeof(*reps));
+	uint32_t *gens = calloc(o.clients, sizeof(*gens));
 	uint8_t *got = calloc(o.clients, 1);
-	if (!pids || !reps || !got) {
+	if (!pids || !gens || !got) {
 		fprintf(stderr, "kvtrim-loadgen: out of memory\n");
 		return 2;
 	}
 	double t0 = now_s();
-	fflush(NULL);
-	uint32_t started = 0;
+	uint32_t started = 0, running = 0, respawned = 0;
 	for (; started < o.clients; started++) {
-		pid_t pid = fork();
-		if (pid < 0) {
-			perror("kvtrim-loadgen: fork");
+		if ((pids[started] = spawn(&o, &m, has_model, started, 0,
+		                           pfd)) < 0)
 			break;
-		}
-		if (pid == 0) {
-			close(pfd[0]);
-			int st = child_main(&o, &m, has_model, started, pfd[1]);
-			fflush(NULL);
-			_exit(st);
-		}
-		pids[started] = pid;
+		running++;
 	}
-	close(pfd[1]);
-
-	/* Reports until every child has closed its end (exit or kill). */
-	struct report r;
-	ssize_t n;
-	while ((n = read(pfd[0], &r, sizeof(r))) != 0) {
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n != (ssize_t)sizeof(r) || r.client >= o.clients)
-			break;
-		reps[r.client] = r;
-		got[r.client] = 1;
+	/* The read end only polls: reports are written before a child
+	 * exits, so after its waitpid they are all in the pipe.  The write
+	 * end stays open here for engines respawned later. */
+	int fl = fcntl(pfd[0], F_GETFL);
+	if (fl < 0 || fcntl(pfd[0], F_SETFL, fl | O_NONBLOCK) < 0) {
+		perror("kvtrim-loadgen: pipe");
+		return 2;
 	}
-	close(pfd[0]);
 
-	uint64_t syncs = 0, appended = 0, kept = 0, mismatches = 0;
+	struct totals tot = {0};
 	uint32_t killed = 0, failed = started < o.clients;
-	for (uint32_t i = 0; i < started; i++) {
+	while (running) {
 		int st;
-		while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR)
-			;
-		if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && i == 0 &&
-		    o.kill_after) {
+		pid_t pid = waitpid(-1, &st, 0);
+		if (pid < 0) {
+			if (errno == EINTR)
+				continue;
+			perror("kvtrim-loadgen: waitpid");
+			failed += running;
+			break;
+		}
+		read_reports(pfd[0], &o, gens, got, &tot);
+		uint32_t i = 0;
+		while (i < started && pids[i] != pid)
+			i++;
+		if (i == started)
+			continue; /* not an engine of ours */
+		running--;
+		int sigkill = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+		if (sigkill && ((i == 0 && o.kill_after && !gens[i]) ||
+		                o.expect_kills)) {
 			killed++;
+			if (o.expect_kills && respawned < o.respawn) {
+				pid_t np = spawn(&o, &m, has_model, i,
+				                 gens[i] + 1, pfd);
+				if (np > 0) {
+					pids[i] = np;
+					gens[i]++;
+					got[i] = 0;
+					respawned++;
+					running++;
+				}
+			}
 			continue;
 		}
 		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !got[i]) {
@@ -1260,25 +1462,30 @@ int main(int argc, char **argv)
 				        "%d\n", i, WTERMSIG(st));
 			failed++;
 		}
-		syncs += reps[i].syncs;
-		appended += reps[i].appended;
-		kept += reps[i].kept;
-		mismatches += reps[i].mismatches;
 	}
+	read_reports(pfd[0], &o, gens, got, &tot);
+	close(pfd[0]);
+	close(pfd[1]);
+
 	double elapsed = now_s() - t0;
 	const char *verdict = !o.verify ? "off"
-	                      : (mismatches || failed) ? "fail" : "ok";
+	                      : (tot.mismatches || failed) ? "fail" : "ok";
 	printf("loadgen: clients=%u seqs=%u steps=%u policy=%s syncs=%" PRIu64
 	       " appended=%" PRIu64 " kept=%" PRIu64 " evicted=%" PRIu64
 	       " mismatches=%" PRIu64 " verify=%s killed=%u failed=%u "
-	       "elapsed_s=%.3f\n",
-	       o.clients, o.seqs, o.steps, o.policy, syncs, appended, kept,
-	       appended > kept ? appended - kept : 0, mismatches, verdict,
-	       killed, failed, elapsed);
+	       "elapsed_s=%.3f sync_p50_us=%.0f sync_p99_us=%.0f "
+	       "sync_max_us=%.0f full_retries=%" PRIu64 " respawned=%u "
+	       "pressure_evicted=%" PRIu64 "\n",
+	       o.clients, o.seqs, o.steps, o.policy, tot.syncs, tot.appended,
+	       tot.kept, tot.appended > tot.kept ? tot.appended - tot.kept : 0,
+	       tot.mismatches, verdict, killed, failed, elapsed,
+	       lat_quantile(tot.lat, 0.50), lat_quantile(tot.lat, 0.99),
+	       lat_quantile(tot.lat, 1.0), tot.full_retries, respawned,
+	       tot.pressure_evicted);
+	free(gens);
 	free(pids);
-	free(reps);
 	free(got);
 	policy_free(o.pol);
 	scratch_remove(&o);
-	return failed || mismatches ? 1 : 0;
+	return failed || tot.mismatches ? 1 : 0;
 }

@@ -264,6 +264,39 @@ KVT_API int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
 /* Waits for a ticket; returns the sync's result. */
 KVT_API int kvt_wait(kvt_client *c, kvt_ticket t);
 
+/* ---------------------------------------------------------------- device */
+
+/*
+ * Where the pages live.  With kvtrimd --backend cpu they are host memory;
+ * with --backend cuda they are CUDA device memory (VMM or legacy IPC
+ * allocations of the daemon's GPU 0, imported into this process by
+ * libkvtrim through libkvtrim-cuda.so, loaded with dlopen: libkvtrim never
+ * links CUDA).  On a cuda tenant kvt_page_ptr() and kvt_kv_ptr() return
+ * device addresses, for the engine's kernels only; the table (kvt_list
+ * pages) and the staging segment (kvt_stage_*) stay host memory.
+ */
+enum kvt_memory {
+	KVT_MEMORY_HOST = 0,
+	KVT_MEMORY_CUDA = 1,
+};
+
+/* KVT_MEMORY_HOST or KVT_MEMORY_CUDA (fixed at kvt_connect). */
+KVT_API int kvt_memory_kind(const kvt_client *c);
+
+/*
+ * Cuda tenants: the cudaStream_t (passed as void *) on which the engine
+ * writes K/V and runs attention; NULL (the default) is the legacy default
+ * stream.  kvt_sync() and kvt_sync_async() record an interprocess event on
+ * it before the request leaves, so the daemon reads and moves entries only
+ * after the engine's writes queued so far; after a successful reply
+ * (kvt_sync, kvt_wait) the stream is made to wait for the daemon's
+ * compaction, so work queued on it afterwards sees the new lists.  Nothing
+ * blocks the host.  Ownership: the stream stays the engine's; libkvtrim
+ * never creates or destroys it, and it must stay valid until it is
+ * replaced or the client is disconnected.  A no-op (0) on host tenants.
+ */
+KVT_API int kvt_set_stream(kvt_client *c, void *stream);
+
 /* ---------------------------------------------------------------- stats */
 
 struct kvt_tenant_stats {

@@ -642,7 +642,10 @@ int codec_req_decode(const uint8_t *buf, size_t len, struct ipc_req *req,
 		rc = dec_req_body(&d, req);
 	msgpack_unpacked_destroy(&up);
 	if (rc) {
+		/* The op (and t, k) may already be set: clear them too, so a
+		 * failed decode never looks half-filled (found by fuzz_codec). */
 		codec_req_free(req);
+		memset(req, 0, sizeof(*req));
 		return rc;
 	}
 	req->version = IPC_PROTO_VERSION;

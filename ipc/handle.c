@@ -28,12 +28,30 @@
 
 static bool type_known(uint16_t t)
 {
-	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_REVOKE;
+	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_CLOSED;
+}
+
+int handle_is_ext(uint16_t t)
+{
+	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_CHUNK_CLOSED;
 }
 
 static bool type_has_fd(uint16_t t)
 {
 	return t == HANDLE_TABLE || t == HANDLE_STAGE || t == HANDLE_CHUNK_ADD;
+}
+
+/* A device chunk comes with its VMM fd, or (legacy IPC) with none. */
+static bool type_fd_optional(uint16_t t)
+{
+	return t == HANDLE_CHUNK_DEV;
+}
+
+/* Wire size of a packet of type t. */
+static size_t type_len(uint16_t t)
+{
+	return handle_is_ext(t) ? sizeof(struct handle_ext)
+	                        : sizeof(struct handle_msg);
 }
 
 static int fill_addr(const char *path, struct sockaddr_un *sa)
@@ -140,20 +158,23 @@ int handle_connect(const char *path, int *out)
 	return 0;
 }
 
-int handle_send(int sock, const struct handle_msg *m, int fd)
+static int send_packet(int sock, const struct handle_msg *m, size_t len,
+                       int fd)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int))];
 		struct cmsghdr align;
 	} ctl;
-	struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
+	struct iovec iov = {.iov_base = (void *)m, .iov_len = len};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 
 	/* Refuse what the receiver would refuse: a sender bug shows here,
 	 * with its own stack, rather than as a dropped peer. */
 	if (!m || m->magic != HANDLE_MAGIC || !type_known(m->type) ||
-	    m->flags != 0 || type_has_fd(m->type) != (fd >= 0) ||
-	    (type_has_fd(m->type) && m->size == 0))
+	    m->flags != 0 || len != type_len(m->type) ||
+	    (!type_fd_optional(m->type) && type_has_fd(m->type) != (fd >= 0)) ||
+	    ((type_has_fd(m->type) || type_fd_optional(m->type)) &&
+	     m->size == 0))
 		return KVT_EINVAL;
 	if (fd >= 0) {
 		memset(&ctl, 0, sizeof(ctl));
@@ -167,7 +188,7 @@ int handle_send(int sock, const struct handle_msg *m, int fd)
 	}
 	for (;;) {
 		ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL);
-		if (n == (ssize_t)sizeof(*m))
+		if (n == (ssize_t)len)
 			return 0;
 		if (n >= 0) /* cannot happen on SEQPACKET: it is atomic */
 			return KVT_ESYS;
@@ -180,6 +201,20 @@ int handle_send(int sock, const struct handle_msg *m, int fd)
 			return KVT_ECONN;
 		return KVT_ESYS;
 	}
+}
+
+int handle_send(int sock, const struct handle_msg *m, int fd)
+{
+	if (m && handle_is_ext(m->type))
+		return KVT_EINVAL; /* needs its 64 bytes: handle_send_ext */
+	return send_packet(sock, m, sizeof(*m), fd);
+}
+
+int handle_send_ext(int sock, const struct handle_ext *m, int fd)
+{
+	if (!m || !handle_is_ext(m->h.type))
+		return KVT_EINVAL;
+	return send_packet(sock, &m->h, sizeof(*m), fd);
 }
 
 static int64_t now_ms(void)
@@ -215,7 +250,10 @@ static int wait_readable(int sock, int timeout_ms, int64_t deadline)
 	}
 }
 
-int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
+/* Receives into m (room for an extended packet); ext 0 refuses extended
+ * types, which plain handle_recv callers could not use. */
+static int recv_packet(int sock, struct handle_ext *m, int *fd, int timeout_ms,
+                       int ext)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * HANDLE_MAX_FDS)];
@@ -233,6 +271,7 @@ int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
 	memset(m, 0, sizeof(*m));
 	for (;;) {
 		struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+		/* (a plain packet fills only m->h; its data stays zero) */
 		memset(&mh, 0, sizeof(mh));
 		mh.msg_iov = &iov;
 		mh.msg_iovlen = 1;
@@ -277,14 +316,17 @@ int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
 
 	if (n == 0 && nfds == 0) {
 		rc = KVT_ECONN; /* orderly shutdown by the peer */
-	} else if ((size_t)n != sizeof(*m) || (mh.msg_flags & MSG_TRUNC) ||
+	} else if ((size_t)n < sizeof(m->h) || (mh.msg_flags & MSG_TRUNC) ||
 	           (mh.msg_flags & MSG_CTRUNC)) {
 		rc = KVT_EPROTO; /* wrong size, or fds cut off by the kernel */
-	} else if (m->magic != HANDLE_MAGIC || !type_known(m->type) ||
-	           m->flags != 0) {
+	} else if (m->h.magic != HANDLE_MAGIC || !type_known(m->h.type) ||
+	           m->h.flags != 0 || (size_t)n != type_len(m->h.type) ||
+	           (!ext && handle_is_ext(m->h.type))) {
 		rc = KVT_EPROTO;
-	} else if (type_has_fd(m->type)) {
-		rc = (nfds == 1 && m->size > 0) ? 0 : KVT_EPROTO;
+	} else if (type_fd_optional(m->h.type)) {
+		rc = (nfds <= 1 && m->h.size > 0) ? 0 : KVT_EPROTO;
+	} else if (type_has_fd(m->h.type)) {
+		rc = (nfds == 1 && m->h.size > 0) ? 0 : KVT_EPROTO;
 	} else {
 		rc = nfds == 0 ? 0 : KVT_EPROTO;
 	}
@@ -298,6 +340,23 @@ int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
 	if (nfds == 1)
 		*fd = fds[0];
 	return 0;
+}
+
+int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
+{
+	struct handle_ext e;
+	if (!m)
+		return KVT_EINVAL;
+	int rc = recv_packet(sock, &e, fd, timeout_ms, 0);
+	*m = e.h;
+	return rc;
+}
+
+int handle_recv_ext(int sock, struct handle_ext *m, int *fd, int timeout_ms)
+{
+	if (!m)
+		return KVT_EINVAL;
+	return recv_packet(sock, m, fd, timeout_ms, 1);
 }
 
 int handle_peer(int sock, uint32_t *pid, uint32_t *uid, uint32_t *gid)

@@ -16,6 +16,21 @@
  *                                                 client unmaps it
  * Packets are processed in order, so a slot revoked and granted again in one
  * reply is unmapped, then mapped to the new chunk.
+ *
+ * The cuda backend (DESIGN.md section 2) adds packets that carry 64 more
+ * bytes (struct handle_ext; the cpu backend never sends them, so its wire
+ * format is unchanged):
+ *   daemon -> client  EVENT {slot 0|1} + event    before the hello reply:
+ *                     slot 0 (HANDLE_EVENT_WRITES) is recorded by the client
+ *                     after its K/V writes, slot 1 (HANDLE_EVENT_COMPACT) by
+ *                     the daemon after each sync's compaction
+ *   daemon -> client  CHUNK_DEV {slot, size} + fd  a VMM chunk (import it), or
+ *                     CHUNK_DEV {slot, size} + ipc a legacy IPC chunk (no fd;
+ *                                              the handle in data)
+ *   daemon -> client  CHUNK_REVOKE {slot, cookie} as above; cookie = the
+ *                     chunk's serial for device chunks
+ *   client -> daemon  CHUNK_CLOSED {slot, cookie} after closing a legacy IPC
+ *                     chunk: only then may the daemon free it
  */
 #ifndef KVT_HANDLE_H
 #define KVT_HANDLE_H
@@ -30,7 +45,15 @@ enum handle_type {
 	HANDLE_STAGE = 3,
 	HANDLE_CHUNK_ADD = 4,
 	HANDLE_CHUNK_REVOKE = 5,
+	/* Extended packets (struct handle_ext on the wire): */
+	HANDLE_CHUNK_DEV = 6,
+	HANDLE_EVENT = 7,
+	HANDLE_CHUNK_CLOSED = 8,
 };
+
+#define HANDLE_EVENT_WRITES 0u  /* client records, daemon waits */
+#define HANDLE_EVENT_COMPACT 1u /* daemon records, client waits */
+#define HANDLE_DATA_BYTES 64u   /* cudaIpc{Mem,Event}Handle_t */
 
 struct handle_msg {
 	uint32_t magic;  /* HANDLE_MAGIC */
@@ -39,8 +62,17 @@ struct handle_msg {
 	uint32_t slot;   /* chunk slot (CHUNK_*), else 0 */
 	uint32_t reserved;
 	uint64_t size;   /* bytes of the segment/chunk behind the fd */
-	uint64_t cookie; /* WELCOME only */
+	uint64_t cookie; /* WELCOME; REVOKE and CHUNK_CLOSED of device chunks */
 };
+
+/* An extended packet: the header, then 64 bytes (zero when unused). */
+struct handle_ext {
+	struct handle_msg h;
+	uint8_t data[HANDLE_DATA_BYTES];
+};
+
+/* 1 for the types sent as struct handle_ext. */
+int handle_is_ext(uint16_t type);
 
 /*
  * Creates a listening SEQPACKET socket at path (unlinking a stale socket
@@ -62,6 +94,10 @@ int handle_connect(const char *path, int *out);
  */
 int handle_send(int sock, const struct handle_msg *m, int fd);
 
+/* Sends an extended packet (handle_is_ext(m->h.type)); like handle_send.
+ * CHUNK_DEV takes an fd or none; the others none. */
+int handle_send_ext(int sock, const struct handle_ext *m, int fd);
+
 /*
  * Receives one packet.  timeout_ms < 0 waits forever, 0 polls.  A received
  * fd is returned in *fd (close-on-exec), -1 when none came.  Validates magic,
@@ -70,6 +106,10 @@ int handle_send(int sock, const struct handle_msg *m, int fd);
  * KVT_EPROTO or KVT_ESYS.
  */
 int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms);
+
+/* Like handle_recv, but also takes extended packets: m->data holds their
+ * 64 bytes (zeroed for a plain packet). */
+int handle_recv_ext(int sock, struct handle_ext *m, int *fd, int timeout_ms);
 
 /* Peer credentials of a connected socket (SO_PEERCRED). */
 int handle_peer(int sock, uint32_t *pid, uint32_t *uid, uint32_t *gid);

@@ -267,8 +267,13 @@ static int read_tensors(struct weights *w, int fd, uint64_t data_off,
 	float *next = w->arena;
 	for (size_t i = 0; i < w->n && !rv; i++) {
 		struct wtensor *t = &w->t[i];
-		t->data = next;
-		next += t->numel;
+		/* An empty tensor has no storage (data stays NULL): with
+		 * only empty tensors the arena is NULL, and NULL + 0 is
+		 * undefined in C (found by fuzz_weights). */
+		if (t->numel) {
+			t->data = next;
+			next += t->numel;
+		}
 		uint64_t off = data_off + t->begin;
 		if (t->dt == KVT_DTYPE_F32) {
 			rv = read_at(fd, t->data, t->numel * sizeof(float), off);

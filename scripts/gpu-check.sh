@@ -6,8 +6,9 @@
 #   2. runs build/bin/kvtrim-cuda-tests: every CUDA op against its CPU
 #      reference, and the cuda backend (VMM and legacy-IPC chunks,
 #      interprocess events) across two processes;
-#   3. runs the integration tests on the cuda backend when the test harness
-#      honours KVTRIM_BACKEND (else says so in the report);
+#   3. runs the integration tests on the cuda backend (KVTRIM_BACKEND=cuda;
+#      tests that touch pages from the host skip), then two engine
+#      processes (kvtrim-loadgen --clients 2) against one cuda kvtrimd;
 #   4. runs build/bin/kvtrim-cuda-bench: each benchmark beside its floor
 #      measured in the same run (compact and paged attention against a
 #      device-to-device memcpy, the KVzap MLP against bare cuBLAS GEMMs);
@@ -96,10 +97,36 @@ if [ -x "$B/bin/kvtrim-tests" ] && grep -q KVTRIM_BACKEND tests/harness/*.c 2>/d
 	counts integration_cuda "$B/gpu-integration.log" || status=1
 	[ "$rc" -ne 0 ] && status=1
 else
-	# The daemon is wired to the backend by the lead (docs/cuda.md); until
-	# the harness passes --backend from KVTRIM_BACKEND there is nothing to
-	# run here.
 	put integration_cuda not_wired
+fi
+
+# ---- 3b. two engine processes on one cuda daemon (loadgen, 2 clients)
+# loadgen writes K/V through kvt_kv_ptr; on a cuda tenant those are device
+# addresses, so it runs only once loadgen has a device path (it asks
+# kvt_memory_kind).
+if [ -x "$B/bin/kvtrimd" ] && [ -x "$B/bin/kvtrim-loadgen" ] &&
+	grep -q kvt_memory_kind examples/loadgen.c 2>/dev/null; then
+	rt=$(mktemp -d)
+	"$B/bin/kvtrimd" --backend cuda --runtime-dir "$rt" --pool-size 1G \
+		--log-level info 2> "$B/gpu-loadgen-daemon.log" &
+	dpid=$!
+	i=0
+	while [ ! -S "$rt/fd.sock" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+	if timeout 120 "$B/bin/kvtrim-loadgen" --runtime-dir "$rt" --clients 2 \
+		--seqs 4 --steps 200 --policy streaming:sinks=4,tokens=64 \
+		--verify > "$B/gpu-loadgen.log" 2>&1; then
+		put loadgen_cuda_2_clients ok
+	else
+		put loadgen_cuda_2_clients FAILED
+		status=1
+	fi
+	mode=$(sed -n 's/.*backend cuda (\([a-z]*\)).*/\1/p' "$B/gpu-loadgen-daemon.log" | head -1)
+	put loadgen_cuda_share_mode "${mode:-unknown}"
+	kill "$dpid" 2>/dev/null
+	wait "$dpid" 2>/dev/null
+	rm -rf "$rt"
+else
+	put loadgen_cuda_2_clients not_supported_by_loadgen
 fi
 
 # ---- 4. benchmarks with their floors

@@ -165,6 +165,9 @@ struct bc_ctx {
 	size_t stage_cap;
 	cudaEvent_t copied, used; /* after the H2D copy; after the kernels */
 	int staged;               /* events recorded at least once */
+	/* read_regions: source addresses, then the gathered bytes */
+	char *d_gather;
+	size_t gather_cap;
 };
 
 static void bc_fill(char *err, size_t errlen, const char *msg)
@@ -337,6 +340,8 @@ static void bc_ctx_free(void *ctx)
 		cudaFreeHost(c->h_stage);
 	if (c->d_stage)
 		cudaFree(c->d_stage);
+	if (c->d_gather)
+		cudaFree(c->d_gather);
 	if (c->copied)
 		cudaEventDestroy(c->copied);
 	if (c->used)
@@ -771,6 +776,72 @@ static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
 	return rv;
 }
 
+/* ------------------------------------------------------ read_regions */
+
+/* Block b copies region b (bytes) from src[b] to out + b * bytes; 16-byte
+ * units when every address and the size allow, else single bytes. */
+__global__ void bc_gather_kernel(const void *const *src, char *out,
+                                 size_t bytes, int wide)
+{
+	const char *s = (const char *)src[blockIdx.x];
+	char *d = out + (size_t)blockIdx.x * bytes;
+	if (wide) {
+		const uint4 *s4 = (const uint4 *)s;
+		uint4 *d4 = (uint4 *)d;
+		for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x)
+			d4[i] = s4[i];
+	} else {
+		for (size_t i = threadIdx.x; i < bytes; i += blockDim.x)
+			d[i] = s[i];
+	}
+}
+
+/*
+ * One gather kernel into a device buffer, then one strided copy to the
+ * host: a layer's key pages cost two operations instead of one memcpy per
+ * page.  Synchronous on stream (the policies read the bytes right after).
+ */
+static int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
+                           const void *const *src, uint32_t n, size_t bytes,
+                           void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaStream_t s = (cudaStream_t)stream;
+	if (!n || !bytes)
+		return 0;
+	if (!dst || !src || dst_stride < bytes)
+		return KVT_EINVAL;
+	size_t abytes = ((size_t)n * sizeof(void *) + 15) & ~(size_t)15;
+	size_t need = abytes + (size_t)n * bytes;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	if (need > c->gather_cap) {
+		size_t cap = c->gather_cap ? c->gather_cap : (size_t)1 << 20;
+		while (cap < need)
+			cap *= 2;
+		/* the previous read finished: it synchronised its stream */
+		if (c->d_gather)
+			cudaFree(c->d_gather);
+		c->d_gather = NULL;
+		c->gather_cap = 0;
+		BC_CALL(cudaMalloc((void **)&c->d_gather, cap), "cudaMalloc");
+		c->gather_cap = cap;
+	}
+	int wide = bytes % 16 == 0;
+	for (uint32_t i = 0; wide && i < n; i++)
+		wide = ((uintptr_t)src[i] & 15) == 0;
+	BC_CALL(cudaMemcpyAsync(c->d_gather, src, (size_t)n * sizeof(void *),
+	                        cudaMemcpyHostToDevice, s),
+	        "cudaMemcpyAsync");
+	bc_gather_kernel<<<n, 256, 0, s>>>((const void *const *)c->d_gather,
+	                                   c->d_gather + abytes, bytes, wide);
+	BC_CALL(cudaGetLastError(), "gather kernel");
+	BC_CALL(cudaMemcpy2DAsync(dst, dst_stride, c->d_gather + abytes, bytes,
+	                          bytes, n, cudaMemcpyDeviceToHost, s),
+	        "cudaMemcpy2DAsync");
+	BC_CALL(cudaStreamSynchronize(s), "read_regions");
+	return 0;
+}
+
 static const char *bc_last_error(void)
 {
 	return bc_err;
@@ -803,4 +874,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .stream_wait_event = */ bc_stream_wait_event,
 	/* .compact = */ bc_compact,
 	/* .last_error = */ bc_last_error,
+	/* .read_regions = */ bc_read_regions,
 };

@@ -27,6 +27,19 @@ const char *th_bin(const char *name)
 	return b;
 }
 
+const char *th_backend(void)
+{
+	const char *b = getenv("KVTRIM_BACKEND");
+	return b && *b ? b : "cpu";
+}
+
+void th_need_host_pages(void)
+{
+	if (strcmp(th_backend(), "cpu"))
+		th_skip("needs host-mapped pages; KVTRIM_BACKEND is not cpu "
+		        "(pages are device memory)");
+}
+
 static void sleep_ms(int ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -45,7 +58,7 @@ void th_daemon_spawn(struct th_daemon *d, const char *pool,
 	argv[n++] = "--runtime-dir";
 	argv[n++] = d->dir;
 	argv[n++] = "--backend";
-	argv[n++] = "cpu";
+	argv[n++] = th_backend();
 	argv[n++] = "--pool-size";
 	argv[n++] = pool ? pool : "64M";
 	argv[n++] = "--log-level";

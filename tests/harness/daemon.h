@@ -17,11 +17,19 @@ struct th_daemon {
 	char log[300];  /* daemon stderr */
 };
 
+/* The backend the tests run kvtrimd with: $KVTRIM_BACKEND (cpu, cuda or
+ * auto), default "cpu". */
+const char *th_backend(void);
+
+/* Skips the current test when the pool's pages are not host memory the
+ * test process can read and write (KVTRIM_BACKEND=cuda: device memory). */
+void th_need_host_pages(void);
+
 /* Path of a built binary. */
 const char *th_bin(const char *name);
 
 /*
- * Starts kvtrimd --runtime-dir <tmp>/rt --backend cpu --pool-size pool
+ * Starts kvtrimd --runtime-dir <tmp>/rt --backend <th_backend()> --pool-size pool
  * plus extra args (NULL-terminated, may be NULL) and waits until its three
  * sockets exist (fails the test after 5 s).  Socket files a killed daemon
  * left in that directory are removed first, so a restart waits for the

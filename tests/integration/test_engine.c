@@ -33,6 +33,7 @@
 
 static void load_or_skip(const char *name, struct model *m)
 {
+	th_need_host_pages(); /* tinyllm's KV cache is host code */
 	char path[512], err[1024];
 	snprintf(path, sizeof(path), "%s/%s", MODELS_DIR, name);
 	if (access(path, R_OK) != 0) {

@@ -1,0 +1,48 @@
+/*
+ * replay.h — an in-process KV cache with per-(layer, KV head) eviction, for
+ * the two policies kvtrim-eval cannot run in kvtrimd: the KVzip oracle and
+ * the hindsight oracle need the model itself (a reconstruction pass, or
+ * attention maps of queries that have not happened yet), and the daemon
+ * has no way to take externally computed scores.
+ *
+ * It mirrors the daemon-backed engine (examples/tinyllm/engine.c): the same
+ * model_forward, entries appended after the kept ones in token order so a
+ * chunk's causal mask is a length, the same paged_attention_cpu kernel
+ * (over one-entry "pages" that point at the kept rows), float32 storage.
+ * With nothing evicted its logits equal the engine's with policy `full`.
+ * Eviction marks entries dead; selection is done by the caller with the
+ * shared kernels (select_topk_cpu), as the daemon's policies do.
+ */
+#ifndef KVT_EVAL_REPLAY_H
+#define KVT_EVAL_REPLAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+struct replay;
+
+/* A cache of cap positions for model m; KVT_ENOMEM. */
+int replay_open(const struct model *m, uint32_t cap, struct replay **out);
+void replay_close(struct replay *r);
+
+/* Empties the cache (position 0). */
+void replay_reset(struct replay *r);
+
+/* Runs n tokens at the next positions (attention over the live entries);
+ * logits [n][vocab] may be NULL. */
+int replay_step(struct replay *r, const int32_t *tok, uint32_t n,
+                float *logits);
+
+/* Tokens fed so far. */
+uint32_t replay_pos(const struct replay *r);
+
+/* Liveness of (layer, KV head): [replay_pos] flags, 1 = kept; writable
+ * (set 0 to evict; entries never come back). */
+uint8_t *replay_alive(struct replay *r, uint32_t layer, uint32_t kv_head);
+
+/* Live entries over all layers and KV heads. */
+uint64_t replay_kept(const struct replay *r);
+
+#endif

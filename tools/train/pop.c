@@ -1,0 +1,206 @@
+/*
+ * pop.c — KVpop scorer training; see pop.h.
+ */
+#include "pop.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset.h"
+#include "kvtrim.h"
+
+size_t pop_count(const struct pop_params *p)
+{
+	return (size_t)p->r * p->d + (size_t)p->m * (p->r + 1) + p->m +
+	       (size_t)p->n_kv * p->m + p->n_kv;
+}
+
+static void views(const struct pop_params *p, float *flat, float **P,
+                  float **W1, float **b1, float **W2, float **b2)
+{
+	*P = flat;
+	*W1 = *P + (size_t)p->r * p->d;
+	*b1 = *W1 + (size_t)p->m * (p->r + 1);
+	*W2 = *b1 + p->m;
+	*b2 = *W2 + (size_t)p->n_kv * p->m;
+}
+
+int pop_init(struct pop_params *p, uint32_t d, uint32_t n_kv, uint32_t r,
+             uint32_t m, uint64_t seed)
+{
+	memset(p, 0, sizeof(*p));
+	p->d = d;
+	p->n_kv = n_kv;
+	p->r = r;
+	p->m = m;
+	p->flat = calloc(pop_count(p), sizeof(float));
+	if (!p->flat)
+		return KVT_ENOMEM;
+	views(p, p->flat, &p->P, &p->W1, &p->b1, &p->W2, &p->b2);
+	uint64_t st = seed ^ 0x706f70ull;
+	float a0 = 1.0f / sqrtf((float)d), a1 = 1.0f / sqrtf((float)(r + 1)),
+	      a2 = 1.0f / sqrtf((float)m);
+	for (size_t i = 0; i < (size_t)r * d; i++)
+		p->P[i] = (float)(2 * dataset_uniform(&st) - 1) * a0;
+	for (size_t i = 0; i < (size_t)m * (r + 1); i++)
+		p->W1[i] = (float)(2 * dataset_uniform(&st) - 1) * a1;
+	for (uint32_t i = 0; i < m; i++)
+		p->b1[i] = (float)(2 * dataset_uniform(&st) - 1) * a1;
+	for (size_t i = 0; i < (size_t)n_kv * m; i++)
+		p->W2[i] = (float)(2 * dataset_uniform(&st) - 1) * a2;
+	return 0;
+}
+
+void pop_free(struct pop_params *p)
+{
+	free(p->flat);
+	memset(p, 0, sizeof(*p));
+}
+
+/* Forward (and, with grad, backward of the MSE against T scaled by sc)
+ * for n rows; returns the summed squared error. */
+static double run(const struct pop_params *p, const float *X, const float *F,
+                  const float *T, size_t n, float *S, float *grad,
+                  float *U /* [n][r] */, float *dU /* [n][r] */,
+                  float *w /* [3][m + r + 1] */)
+{
+	const uint32_t r = p->r, m = p->m, nkv = p->n_kv;
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)r,
+	            (int)p->d, 1.0f, X, (int)p->d, p->P, (int)p->d, 0.0f, U,
+	            (int)r);
+	float *gP = NULL, *gW1 = NULL, *gb1 = NULL, *gW2 = NULL, *gb2 = NULL;
+	if (grad) {
+		views(p, grad, &gP, &gW1, &gb1, &gW2, &gb2);
+		memset(dU, 0, sizeof(float) * n * r);
+	}
+	float *z = w, *pre = z + r + 1, *hid = pre + m;
+	float sc = 2.0f / (float)(n * nkv);
+	double sse = 0;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(z, U + i * r, sizeof(float) * r);
+		for (uint32_t g = 0; g < nkv; g++) {
+			z[r] = logf(F[i * nkv + g] + POP_FEAT_EPS);
+			for (uint32_t o = 0; o < m; o++) {
+				const float *wr = p->W1 + (size_t)o * (r + 1);
+				float a = p->b1[o];
+				for (uint32_t c = 0; c <= r; c++)
+					a += wr[c] * z[c];
+				pre[o] = a;
+				hid[o] = fit_gelu(a);
+			}
+			const float *w2 = p->W2 + (size_t)g * m;
+			float s = p->b2[g];
+			for (uint32_t o = 0; o < m; o++)
+				s += w2[o] * hid[o];
+			if (S)
+				S[i * nkv + g] = s;
+			if (!T)
+				continue;
+			float e = s - T[i * nkv + g];
+			sse += (double)e * e;
+			if (!grad)
+				continue;
+			float ds = e * sc;
+			gb2[g] += ds;
+			for (uint32_t o = 0; o < m; o++) {
+				gW2[(size_t)g * m + o] += ds * hid[o];
+				float dp = ds * w2[o] * fit_gelu_grad(pre[o]);
+				gb1[o] += dp;
+				float *gw = gW1 + (size_t)o * (r + 1);
+				const float *wr = p->W1 + (size_t)o * (r + 1);
+				for (uint32_t c = 0; c <= r; c++)
+					gw[c] += dp * z[c];
+				for (uint32_t c = 0; c < r; c++)
+					dU[i * r + c] += dp * wr[c];
+			}
+		}
+	}
+	if (grad)
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r,
+		            (int)p->d, (int)n, 1.0f, dU, (int)r, X, (int)p->d,
+		            1.0f, gP, (int)p->d);
+	return sse;
+}
+
+int pop_apply(const struct pop_params *p, const float *X, const float *F,
+              size_t n, float *S)
+{
+	float *U = malloc(sizeof(float) * (n * p->r + 1));
+	float *w = malloc(sizeof(float) * 3 * (p->m + p->r + 1));
+	if (!U || !w) {
+		free(U);
+		free(w);
+		return KVT_ENOMEM;
+	}
+	run(p, X, F, NULL, n, S, NULL, U, NULL, w);
+	free(U);
+	free(w);
+	return 0;
+}
+
+int pop_train(struct pop_params *p, const float *X, const float *F,
+              const float *T, size_t n, const struct fit_mlp_opts *o,
+              double *loss)
+{
+	uint32_t B = o->batch ? o->batch : 512;
+	size_t np = pop_count(p);
+	const uint32_t d = p->d, nkv = p->n_kv;
+	float *grad = malloc(sizeof(float) * np);
+	float *Xb = malloc(sizeof(float) * (size_t)B * d);
+	float *Fb = malloc(sizeof(float) * (size_t)B * nkv);
+	float *Tb = malloc(sizeof(float) * (size_t)B * nkv);
+	float *U = malloc(sizeof(float) * (size_t)B * p->r);
+	float *dU = malloc(sizeof(float) * (size_t)B * p->r);
+	float *w = malloc(sizeof(float) * 3 * (p->m + p->r + 1));
+	uint32_t *idx = malloc(sizeof(uint32_t) * (n + 1));
+	struct fit_adam ad = {0};
+	int rc = KVT_ENOMEM;
+	if (!grad || !Xb || !Fb || !Tb || !U || !dU || !w || !idx || !n ||
+	    fit_adam_init(&ad, np, o->wd))
+		goto out;
+	uint64_t st = o->seed ^ 0x706f7074ull;
+	/* the output offset starts at the target mean */
+	for (uint32_t g = 0; g < nkv; g++) {
+		double s = 0;
+		for (size_t i = 0; i < n; i++)
+			s += T[i * nkv + g];
+		p->b2[g] = (float)(s / (double)n);
+	}
+	for (uint32_t e = 0; e < o->epochs; e++) {
+		double lr = o->lr * 0.5 * (1.0 + cos(M_PI * e / o->epochs));
+		double sse = 0;
+		fit_shuffle(idx, n, &st);
+		for (size_t s = 0; s < n; s += B) {
+			uint32_t b = (uint32_t)(n - s < B ? n - s : B);
+			for (uint32_t r = 0; r < b; r++) {
+				size_t k = idx[s + r];
+				memcpy(Xb + (size_t)r * d, X + k * d,
+				       sizeof(float) * d);
+				memcpy(Fb + (size_t)r * nkv, F + k * nkv,
+				       sizeof(float) * nkv);
+				memcpy(Tb + (size_t)r * nkv, T + k * nkv,
+				       sizeof(float) * nkv);
+			}
+			memset(grad, 0, sizeof(float) * np);
+			sse += run(p, Xb, Fb, Tb, b, NULL, grad, U, dU, w);
+			fit_clip(grad, np, o->clip);
+			fit_adam_step(&ad, p->flat, grad, lr);
+		}
+		if (loss)
+			loss[e] = sse / ((double)n * nkv);
+	}
+	rc = 0;
+out:
+	fit_adam_free(&ad);
+	free(grad);
+	free(Xb);
+	free(Fb);
+	free(Tb);
+	free(U);
+	free(dU);
+	free(w);
+	free(idx);
+	return rc;
+}
