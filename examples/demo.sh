@@ -29,6 +29,27 @@ L2=$!
 $BIN/kvtrim-loadgen --runtime-dir "$DIR" --clients 2 --seqs 4 --steps 300 \
 	--policy full --step-us 3000 --verify --name reference &
 L3=$!
+# The reference engine on a real model, as one more tenant, with a learned
+# policy (Fast KVzip's gate at 75% compression).  Weights: those of
+# `make weights` when present, else a quick training run (seconds).
+MODEL=${KVTRIM_MODEL:-../shared/models/bytes2m.bin}
+ENG=
+if [ -r "$MODEL" ] && [ -x "$BIN/kvtrim-tinyllm" ]; then
+	W=$B/weights/bytes2m
+	if [ ! -e "$W/fastkvzip.safetensors" ]; then
+		W=$DIR/weights
+		echo "== kvtrim-train --quick (no build/weights yet; make weights trains the full scorers)"
+		$BIN/kvtrim-train --model "$MODEL" --out "$W" --seed 1 --quick >"$DIR/train.log" 2>&1 ||
+			{ cat "$DIR/train.log"; exit 1; }
+	fi
+	SPEC="fastkvzip:model=$W/fastkvzip.safetensors,ratio=0.75,window=16,sinks=4,every=16"
+	echo "== kvtrim-tinyllm ($MODEL) generating with $SPEC"
+	$BIN/kvtrim-tinyllm --model "$MODEL" --runtime-dir "$DIR" --tenant engine \
+		--policy "$SPEC" generate --prompt "The kernel" --steps 400 >"$DIR/engine.out" 2>&1 &
+	ENG=$!
+else
+	echo "== no model at $MODEL: the engine tenant is skipped"
+fi
 sleep 0.5
 echo "== kvtrimctl tenants (while running)"
 $BIN/kvtrimctl tenants || true
@@ -38,6 +59,11 @@ rc=0
 wait $L1 || rc=1
 wait $L2 || rc=1
 wait $L3 || rc=1
+if [ -n "$ENG" ]; then
+	wait $ENG || rc=1
+	echo "== engine output (greedy text; the daemon's accounting of its tenant)"
+	cat "$DIR/engine.out"
+fi
 echo "== kvtrimctl check (after the engines left)"
 $BIN/kvtrimctl check || rc=1
 echo "== kvtrimctl stats (after)"

@@ -353,6 +353,26 @@ static void print_token(const struct model *m, int32_t t)
 	}
 }
 
+/*
+ * The daemon's accounting of this engine's tenant: what the policy kept.
+ * Compression counts every kept entry (sinks, windows, pending decisions)
+ * against every entry appended, over all layers and KV heads.
+ */
+static void print_kv_stats(struct runner *r)
+{
+	struct kvt_tenant_stats st;
+	if (!r->e || kvt_stats(engine_client(r->e), &st) != 0)
+		return;
+	printf("entries appended %llu kept %llu evicted %llu",
+	       (unsigned long long)st.entries_appended,
+	       (unsigned long long)st.entries_kept,
+	       (unsigned long long)st.entries_evicted);
+	if (st.entries_appended)
+		printf(" compression %.3f",
+		       1.0 - (double)st.entries_kept / (double)st.entries_appended);
+	putchar('\n');
+}
+
 static int cmd_generate(const struct model *m, struct runner *r,
                         const struct opts *o)
 {
@@ -417,6 +437,8 @@ static int cmd_generate(const struct model *m, struct runner *r,
 		}
 	}
 	putchar('\n');
+	if (!rc)
+		print_kv_stats(r);
 	free(toks);
 	free(logits);
 	return rc ? 1 : 0;
@@ -485,14 +507,7 @@ static int cmd_score(const struct model *m, struct runner *r,
 	nll /= (double)(T - 1);
 	printf("tokens %u predicted %u nll %.6f nats/token (%.4f bits)\n", T,
 	       T - 1, nll, nll / log(2.0));
-	if (r->e) {
-		struct kvt_tenant_stats st;
-		if (kvt_stats(engine_client(r->e), &st) == 0)
-			printf("entries appended %llu kept %llu evicted %llu\n",
-			       (unsigned long long)st.entries_appended,
-			       (unsigned long long)st.entries_kept,
-			       (unsigned long long)st.entries_evicted);
-	}
+	print_kv_stats(r);
 	rc = 0;
 	if (o->dump) {
 		FILE *f = fopen(o->dump, "wb");
