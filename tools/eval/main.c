@@ -981,6 +981,21 @@ static uint32_t tokens_for(double R, uint32_t P, uint32_t T)
 	return n < 1 ? 1 : (uint32_t)lround(n);
 }
 
+/* Prints spec with every occurrence of abs replaced by rel. */
+static void spec_print(FILE *f, const char *spec, const char *abs,
+                       const char *rel)
+{
+	size_t n = strlen(abs);
+	while (*spec) {
+		if (n && !strncmp(spec, abs, n)) {
+			fputs(rel, f);
+			spec += n;
+		} else {
+			fputc(*spec++, f);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
@@ -1251,11 +1266,18 @@ int main(int argc, char **argv)
 		fprintf(f, "# %s: T %u, prefill %u, %u sequences, %u copy "
 		        "cases%s\n", mname, T, P, ev.n, ncases - ev.n,
 		        quick ? " (quick)" : "");
-		for (uint32_t k = 0; k < njobs; k++)
-			fprintf(f, "%s %.3f %s%s%s\n", jobs[k].name,
-			        jobs[k].ratio, jobs[k].spec,
-			        jobs[k].spec_copy[0] ? " | copy: " : "",
-			        jobs[k].spec_copy);
+		/* The daemon needs absolute weight paths; the committed file
+		 * shows them as given (build/weights/...), so it reads the
+		 * same on every machine. */
+		for (uint32_t k = 0; k < njobs; k++) {
+			fprintf(f, "%s %.3f ", jobs[k].name, jobs[k].ratio);
+			spec_print(f, jobs[k].spec, wabs, wdir);
+			if (jobs[k].spec_copy[0]) {
+				fputs(" | copy: ", f);
+				spec_print(f, jobs[k].spec_copy, wabs, wdir);
+			}
+			fputc('\n', f);
+		}
 		fclose(f);
 	}
 	write_md(out, rows, nr);
