@@ -328,9 +328,20 @@ void config_get(const struct config *c, const struct config_entry *e,
 	case CONFIG_U32:
 		snprintf(buf, len, "%" PRIu32, *(const uint32_t *)(const void *)field);
 		break;
-	case CONFIG_RATIO:
-		snprintf(buf, len, "%g", *(const double *)(const void *)field);
+	case CONFIG_RATIO: {
+		/* The shortest text that reads back as the same double.
+		 * "%g" alone lost digits, so a value in force could render
+		 * as text config_set refuses (DBL_MIN as 2.22507e-308, a
+		 * subnormal) or reads as another value (found by
+		 * fuzz_config). */
+		double d = *(const double *)(const void *)field;
+		for (int prec = 6; prec <= 17; prec++) {
+			snprintf(buf, len, "%.*g", prec, d);
+			if (strtod(buf, NULL) == d)
+				break;
+		}
 		break;
+	}
 	}
 }
 

@@ -45,7 +45,7 @@ if [ -r "$MODEL" ] && [ -x "$BIN/kvtrim-tinyllm" ]; then
 	SPEC="fastkvzip:model=$W/fastkvzip.safetensors,ratio=0.75,window=16,sinks=4,every=16"
 	echo "== kvtrim-tinyllm ($MODEL) generating with $SPEC"
 	$BIN/kvtrim-tinyllm --model "$MODEL" --runtime-dir "$DIR" --tenant engine \
-		--policy "$SPEC" generate --prompt "The kernel" --steps 400 >"$DIR/engine.out" 2>&1 &
+		--policy "$SPEC" --stats generate --prompt "The kernel" --steps 400 >"$DIR/engine.out" 2>&1 &
 	ENG=$!
 else
 	echo "== no model at $MODEL: the engine tenant is skipped"

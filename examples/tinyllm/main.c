@@ -28,6 +28,7 @@ static const char usage[] =
 	"  --context N          max entries per list (default min(seq_len, 512))\n"
 	"  --tenant NAME        tenant name in the daemon's stats\n"
 	"  --no-daemon          dense in-process reference, no kvtrimd\n"
+	"  --stats              generate: print what the policy kept (stderr)\n"
 	"modes:\n"
 	"  generate --prompt TEXT --steps N [--temperature T] [--seed S]\n"
 	"           byte models: TEXT is text; token models: ids \"1 42 7\"\n"
@@ -43,6 +44,7 @@ struct opts {
 	const char *model, *mode, *prompt, *input, *dump, *out, *kind;
 	struct engine_opts eo;
 	int no_daemon;
+	int stats; /* generate: print the tenant's accounting to stderr */
 	uint32_t steps, max_bytes, prefill, horizon;
 	int prefill_set;
 	double temperature;
@@ -121,6 +123,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			NEED_U32(o->eo.context);
 		} else if (!strcmp(a, "--no-daemon")) {
 			o->no_daemon = 1;
+		} else if (!strcmp(a, "--stats")) {
+			o->stats = 1;
 		} else if (!strcmp(a, "--prompt")) {
 			NEED_V();
 			o->prompt = v;
@@ -358,19 +362,20 @@ static void print_token(const struct model *m, int32_t t)
  * Compression counts every kept entry (sinks, windows, pending decisions)
  * against every entry appended, over all layers and KV heads.
  */
-static void print_kv_stats(struct runner *r)
+static void print_kv_stats(struct runner *r, FILE *f)
 {
 	struct kvt_tenant_stats st;
 	if (!r->e || kvt_stats(engine_client(r->e), &st) != 0)
 		return;
-	printf("entries appended %llu kept %llu evicted %llu",
+	fprintf(f, "entries appended %llu kept %llu evicted %llu",
 	       (unsigned long long)st.entries_appended,
 	       (unsigned long long)st.entries_kept,
 	       (unsigned long long)st.entries_evicted);
 	if (st.entries_appended)
-		printf(" compression %.3f",
-		       1.0 - (double)st.entries_kept / (double)st.entries_appended);
-	putchar('\n');
+		fprintf(f, " compression %.3f",
+		        1.0 - (double)st.entries_kept /
+		                      (double)st.entries_appended);
+	fputc('\n', f);
 }
 
 static int cmd_generate(const struct model *m, struct runner *r,
@@ -437,8 +442,8 @@ static int cmd_generate(const struct model *m, struct runner *r,
 		}
 	}
 	putchar('\n');
-	if (!rc)
-		print_kv_stats(r);
+	if (!rc && o->stats)
+		print_kv_stats(r, stderr); /* stdout stays the generated text */
 	free(toks);
 	free(logits);
 	return rc ? 1 : 0;
@@ -507,7 +512,7 @@ static int cmd_score(const struct model *m, struct runner *r,
 	nll /= (double)(T - 1);
 	printf("tokens %u predicted %u nll %.6f nats/token (%.4f bits)\n", T,
 	       T - 1, nll, nll / log(2.0));
-	print_kv_stats(r);
+	print_kv_stats(r, stdout);
 	rc = 0;
 	if (o->dump) {
 		FILE *f = fopen(o->dump, "wb");
