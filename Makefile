@@ -33,7 +33,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
               -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
-              -Iexamples/tinyllm -Itests/harness
+              -Iexamples/tinyllm -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
 # depending on what only the daemon uses.
@@ -288,7 +288,7 @@ FUZZ_TARGETS := codec config weights
 FUZZ_B       := build/fuzz
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-                -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu
+                -Iinclude -Iipc -Iclient -Idaemon -Ipolicies -Ikernels/cpu
 FUZZ_HDRS    := $(wildcard include/*.h ipc/*.h daemon/config.h daemon/log.h \
                   policies/weights.h kernels/cpu/kernels.h)
 FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c ipc/codec.c client/errors.c
@@ -324,7 +324,7 @@ $(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c ipc/codec.c policies/weights.c \
                      kernels/cpu/dtype.c client/errors.c $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Iipc -Ipolicies \
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Iipc -Iclient -Ipolicies \
 	  -Ikernels/cpu -o $@ $(filter %.c,$^) -lmsgpackc -lcjson -lm
 
 fuzz-build: fuzz-deps

@@ -1,5 +1,22 @@
-/* errors.c — the error list's strings and dtype sizes (public kvt_ API). */
+/* errors.c — the error list's strings and dtype sizes (public kvt_ API),
+ * and the shared reason formatter (errors.h). */
+#include "errors.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "kvtrim.h"
+
+int errors_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
 
 const char *kvt_strerror(int err)
 {

@@ -6,6 +6,7 @@
  * packet that needs it, so libkvtrim itself never links CUDA and a host
  * tenant never loads it.
  */
+#include "errors.h"
 #include "mem.h"
 
 #include <dlfcn.h>
@@ -18,18 +19,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-__attribute__((format(printf, 4, 5))) static int
-fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 int mem_init(struct mem *m, const struct shm_geom *g, uint64_t quota_bytes)
 {
@@ -130,25 +119,25 @@ static int cuda_open(struct mem *m, char *err, size_t errlen)
 	}
 	if (!h) {
 		const char *dl = dlerror();
-		return fail(err, errlen, KVT_ENOTSUP, "the daemon shares device "
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "the daemon shares device "
 		            "memory but %s cannot be loaded: %s",
 		            KVT_BACKEND_CUDA_LIB, dl ? dl : "not found");
 	}
 	/* Never dlclose'd: the CUDA runtime does not support unloading. */
 	const struct kvt_backend_ops *ops = dlsym(h, KVT_BACKEND_CUDA_SYMBOL);
 	if (!ops || ops->abi != KVT_BACKEND_ABI)
-		return fail(err, errlen, KVT_ENOTSUP, "%s: no backend of ABI %u",
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "%s: no backend of ABI %u",
 		            KVT_BACKEND_CUDA_LIB, KVT_BACKEND_ABI);
 	char why[256];
 	const char *mode = NULL;
 	why[0] = '\0';
 	if (ops->probe(why, sizeof(why)))
-		return fail(err, errlen, KVT_ENOTSUP, "cuda backend: %s", why);
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "cuda backend: %s", why);
 	/* Device 0: the daemon's device (docs/cuda.md: both processes must
 	 * see the same GPU first, e.g. the same CUDA_VISIBLE_DEVICES). */
 	int rc = ops->ctx_new(0, &m->bctx, &mode, why, sizeof(why));
 	if (rc)
-		return fail(err, errlen, rc, "cuda backend: %s", why);
+		return errors_fmt(err, errlen, rc, "cuda backend: %s", why);
 	m->bops = ops;
 	return 0;
 }
@@ -165,16 +154,16 @@ static int map_fd(int fd, uint64_t bytes, int prot, void **out, char *err,
 {
 	struct stat st;
 	if (fstat(fd, &st) < 0)
-		return fail(err, errlen, KVT_ESYS, "fstat of a segment: %s",
+		return errors_fmt(err, errlen, KVT_ESYS, "fstat of a segment: %s",
 		            strerror(errno));
 	if (st.st_size < 0 || (uint64_t)st.st_size < bytes)
-		return fail(err, errlen, KVT_EPROTO,
+		return errors_fmt(err, errlen, KVT_EPROTO,
 		            "segment file holds %llu bytes, %llu announced",
 		            (unsigned long long)st.st_size,
 		            (unsigned long long)bytes);
 	void *p = mmap(NULL, bytes, prot, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
-		return fail(err, errlen, KVT_ESYS, "mmap of %llu bytes: %s",
+		return errors_fmt(err, errlen, KVT_ESYS, "mmap of %llu bytes: %s",
 		            (unsigned long long)bytes, strerror(errno));
 	*out = p;
 	return 0;
@@ -224,10 +213,10 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 	switch (h->type) {
 	case HANDLE_TABLE:
 		if (m->table)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "second table segment");
 		if (fd < 0 || h->size != g->table_bytes)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "table segment of %llu bytes, expected %llu",
 			            (unsigned long long)h->size,
 			            (unsigned long long)g->table_bytes);
@@ -237,17 +226,17 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		if (shm_table_check(m->table, g)) {
 			munmap(m->table, g->table_bytes);
 			m->table = NULL;
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "table header does not match the registered "
 			            "geometry");
 		}
 		return 0;
 	case HANDLE_STAGE:
 		if (m->stage)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "second staging segment");
 		if (fd < 0 || h->size != g->stage_bytes)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "staging segment of %llu bytes, expected %llu",
 			            (unsigned long long)h->size,
 			            (unsigned long long)g->stage_bytes);
@@ -255,16 +244,16 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		              err, errlen);
 	case HANDLE_CHUNK_ADD:
 		if (h->slot >= m->max_chunks)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "chunk slot %u beyond the quota's %u slots",
 			            h->slot, m->max_chunks);
 		if (fd < 0 || h->size != KVT_CHUNK_BYTES)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "chunk of %llu bytes, expected %llu",
 			            (unsigned long long)h->size,
 			            (unsigned long long)KVT_CHUNK_BYTES);
 		if ((rc = grow(m, h->slot)))
-			return fail(err, errlen, rc,
+			return errors_fmt(err, errlen, rc,
 			            "no memory for chunk slot %u", h->slot);
 		/* Packets come in order: a grant into an occupied slot
 		 * replaces a chunk that was revoked in the same breath. */
@@ -276,48 +265,48 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		return 0;
 	case HANDLE_CHUNK_REVOKE:
 		if (h->slot >= m->max_chunks)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "revoke of chunk slot %u beyond the quota's "
 			            "%u slots", h->slot, m->max_chunks);
 		if (h->slot < m->n_chunks && m->chunks[h->slot].base) {
 			int ipc = m->chunks[h->slot].ipc;
 			chunk_release(m, &m->chunks[h->slot]);
 			if (ipc && (rc = ack_push(m, h->cookie)))
-				return fail(err, errlen, rc, "out of memory");
+				return errors_fmt(err, errlen, rc, "out of memory");
 		}
 		return 0;
 	case HANDLE_EVENT:
 		if (h->slot > HANDLE_EVENT_COMPACT || m->ev[h->slot].ev)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "event packet for slot %u", h->slot);
 		if (!m->bops && (rc = cuda_open(m, err, errlen)))
 			return rc;
 		if ((rc = m->bops->event_open(m->bctx, x->data,
 		                              &m->ev[h->slot])))
-			return fail(err, errlen, rc, "cuda backend: %s",
+			return errors_fmt(err, errlen, rc, "cuda backend: %s",
 			            m->bops->last_error());
 		return 0;
 	case HANDLE_CHUNK_DEV:
 		if (h->slot >= m->max_chunks)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "chunk slot %u beyond the quota's %u slots",
 			            h->slot, m->max_chunks);
 		if (h->size != KVT_CHUNK_BYTES)
-			return fail(err, errlen, KVT_EPROTO,
+			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "chunk of %llu bytes, expected %llu",
 			            (unsigned long long)h->size,
 			            (unsigned long long)KVT_CHUNK_BYTES);
 		if (!m->bops && (rc = cuda_open(m, err, errlen)))
 			return rc;
 		if ((rc = grow(m, h->slot)))
-			return fail(err, errlen, rc,
+			return errors_fmt(err, errlen, rc,
 			            "no memory for chunk slot %u", h->slot);
 		chunk_release(m, &m->chunks[h->slot]);
 		{
 			struct mem_chunk *c = &m->chunks[h->slot];
 			if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
 			                                h->size, &c->bc)))
-				return fail(err, errlen, rc, "importing a device "
+				return errors_fmt(err, errlen, rc, "importing a device "
 				            "chunk: %s", m->bops->last_error());
 			c->base = c->bc.base;
 			c->bytes = h->size;
@@ -326,7 +315,7 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		}
 		return 0;
 	default:
-		return fail(err, errlen, KVT_EPROTO,
+		return errors_fmt(err, errlen, KVT_EPROTO,
 		            "unexpected handle packet type %u",
 		            (unsigned)h->type);
 	}
@@ -337,11 +326,11 @@ int mem_record_writes(struct mem *m, void *stream, char *err, size_t errlen)
 	if (!m->bops)
 		return 0;
 	if (!m->ev[HANDLE_EVENT_WRITES].ev)
-		return fail(err, errlen, KVT_EPROTO, "no writes event from "
+		return errors_fmt(err, errlen, KVT_EPROTO, "no writes event from "
 		            "kvtrimd");
 	int rc = m->bops->event_record(m->bctx, &m->ev[HANDLE_EVENT_WRITES],
 	                               stream);
-	return rc ? fail(err, errlen, rc, "cuda backend: %s",
+	return rc ? errors_fmt(err, errlen, rc, "cuda backend: %s",
 	                 m->bops->last_error())
 	          : 0;
 }
@@ -351,11 +340,11 @@ int mem_wait_compact(struct mem *m, void *stream, char *err, size_t errlen)
 	if (!m->bops)
 		return 0;
 	if (!m->ev[HANDLE_EVENT_COMPACT].ev)
-		return fail(err, errlen, KVT_EPROTO, "no compaction event from "
+		return errors_fmt(err, errlen, KVT_EPROTO, "no compaction event from "
 		            "kvtrimd");
 	int rc = m->bops->stream_wait_event(m->bctx, stream,
 	                                    &m->ev[HANDLE_EVENT_COMPACT]);
-	return rc ? fail(err, errlen, rc, "cuda backend: %s",
+	return rc ? errors_fmt(err, errlen, rc, "cuda backend: %s",
 	                 m->bops->last_error())
 	          : 0;
 }

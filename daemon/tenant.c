@@ -18,6 +18,7 @@
  * created by the first half are destroyed again when a later step of it
  * fails, so an error return leaves the tenant exactly as it was.
  */
+#include "errors.h"
 #include "tenant.h"
 
 #include <fcntl.h>
@@ -161,20 +162,6 @@ struct stage_ctx {
 };
 
 #define NO_CHUNK UINT32_MAX
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 static uint32_t pages_for(const struct shm_geom *g, uint32_t len)
 {
@@ -342,11 +329,11 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 	if (need > avail)
 		k = (need - avail + g->pages_per_chunk - 1) / g->pages_per_chunk;
 	if (t->n_chunks + k > t->max_chunks)
-		return fail(err, errlen, KVT_EQUOTA,
+		return errors_fmt(err, errlen, KVT_EQUOTA,
 		            "needs %llu more chunk(s): %u held, quota allows %u",
 		            (unsigned long long)k, t->n_chunks, t->max_chunks);
 	if (t->pool->chunks_used + k > t->pool->chunk_capacity)
-		return fail(err, errlen, KVT_EPOOLFULL,
+		return errors_fmt(err, errlen, KVT_EPOOLFULL,
 		            "needs %llu more chunk(s); the pool has %llu of %llu "
 		            "in use", (unsigned long long)k,
 		            (unsigned long long)t->pool->chunks_used,
@@ -357,13 +344,13 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 	                sizeof(*t->ev)) ||
 	    ensure_room((void **)&t->dead, &t->dead_cap, t->n_dead + worst,
 	                sizeof(*t->dead)))
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 
 	uint32_t made[64], *madev = made;
 	if (k > sizeof(made) / sizeof(made[0])) {
 		madev = malloc((size_t)k * sizeof(*madev));
 		if (!madev)
-			return fail(err, errlen, KVT_ENOMEM, "out of memory");
+			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
 	int rc = 0;
 	uint32_t n_made = 0, slot = 0;
@@ -373,7 +360,7 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 		struct tchunk *c = &t->chunks[slot];
 		c->free = malloc((size_t)g->pages_per_chunk * sizeof(uint32_t));
 		if (!c->free) {
-			rc = fail(err, errlen, KVT_ENOMEM, "out of memory");
+			rc = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 			break;
 		}
 		rc = pool_chunk_new(t->pool, &c->pc);
@@ -381,7 +368,7 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 			free(c->free);
 			c->free = NULL;
 			c->pc.base = NULL;
-			rc = fail(err, errlen, rc, "cannot create a pool chunk: %s",
+			rc = errors_fmt(err, errlen, rc, "cannot create a pool chunk: %s",
 			          kvt_strerror(rc));
 			break;
 		}
@@ -457,17 +444,17 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	if (!o->stream_new || !o->stream_free || !o->stream_sync ||
 	    !o->event_new || !o->event_free || !o->event_record ||
 	    !o->stream_wait_event || !o->read_regions)
-		return fail(err, errlen, KVT_ENOTSUP, "the %s backend has no "
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend has no "
 		            "streams or events", o->name);
 	t->ipc_share = o->share(t->bctx) == KVT_BACKEND_SHARE_IPC;
 	int rc;
 	if ((rc = o->stream_new(t->bctx, &t->stream)) ||
 	    (rc = o->event_new(t->bctx, &t->ev_writes)) ||
 	    (rc = o->event_new(t->bctx, &t->ev_compact)))
-		return fail(err, errlen, rc, "%s backend: %s", o->name,
+		return errors_fmt(err, errlen, rc, "%s backend: %s", o->name,
 		            o->last_error());
 	if (ensure_room((void **)&t->ev, &t->ev_cap, 2, sizeof(*t->ev)))
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	const struct kvt_backend_event *evs[2] = {&t->ev_writes,
 	                                          &t->ev_compact};
 	for (uint32_t i = 0; i < 2; i++) {
@@ -518,7 +505,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		return rc;
 	size_t name_len = strnlen(h->name, KVT_NAME_MAX);
 	if (name_len >= KVT_NAME_MAX)
-		return fail(err, errlen, KVT_EINVAL, "tenant name too long");
+		return errors_fmt(err, errlen, KVT_EINVAL, "tenant name too long");
 
 	uint64_t pool_bytes = pool_bytes_total(pool);
 	uint64_t quota = h->quota_bytes;
@@ -527,12 +514,12 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		                ? default_quota
 		                : pool_bytes;
 	if (quota > pool_bytes)
-		return fail(err, errlen, KVT_EQUOTA,
+		return errors_fmt(err, errlen, KVT_EQUOTA,
 		            "quota of %llu bytes exceeds the pool (%llu bytes)",
 		            (unsigned long long)quota,
 		            (unsigned long long)pool_bytes);
 	if (quota < KVT_CHUNK_BYTES)
-		return fail(err, errlen, KVT_EQUOTA,
+		return errors_fmt(err, errlen, KVT_EQUOTA,
 		            "quota of %llu bytes is below one chunk (%llu bytes)",
 		            (unsigned long long)quota,
 		            (unsigned long long)KVT_CHUNK_BYTES);
@@ -552,7 +539,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	 * must survive in the ring. */
 	if ((pol->ops->needs & POLICY_NEED_STAGED) &&
 	    g.stage_tokens < (uint64_t)g.headroom + pol->lookback) {
-		rc = fail(err, errlen, KVT_EPOLICY,
+		rc = errors_fmt(err, errlen, KVT_EPOLICY,
 		          "policy '%s' needs staged inputs: stage_tokens must be "
 		          ">= headroom + %u = %llu, got %u", pol->ops->name,
 		          pol->lookback,
@@ -565,7 +552,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	struct tenant *t = calloc(1, sizeof(*t));
 	if (!t) {
 		policy_free(pol);
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
 	t->id = id;
 	memcpy(t->name, h->name, name_len);
@@ -593,7 +580,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	if (!t->chunks || !t->seqs || !t->lists || !t->moves || !t->pagev ||
 	    !t->heads || ((pol->ops->needs & POLICY_NEED_STAGED) && !t->in)) {
 		tenant_free(t);
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
 	for (uint32_t i = 0; i < t->max_chunks; i++)
 		t->chunks[i].pc.fd = -1;
@@ -605,7 +592,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	    segment_new("kvtrim-stage", g.stage_bytes, &t->stage_fd,
 	                &t->stage)) {
 		tenant_free(t);
-		return fail(err, errlen, KVT_ESYS,
+		return errors_fmt(err, errlen, KVT_ESYS,
 		            "cannot create the table and staging segments");
 	}
 	shm_table_init(t->table, &g);
@@ -820,7 +807,7 @@ static int validate(struct tenant *t, const struct ipc_sync_item *items,
 {
 	const struct shm_geom *g = &t->g;
 	if (!items || !n)
-		return fail(err, errlen, KVT_EINVAL, "sync without items");
+		return errors_fmt(err, errlen, KVT_EINVAL, "sync without items");
 	if (++t->serial == 0) {
 		/* Wrapped: forget old marks so none can collide. */
 		for (uint32_t i = 0; i < g->max_seqs; i++)
@@ -832,46 +819,46 @@ static int validate(struct tenant *t, const struct ipc_sync_item *items,
 		const struct ipc_sync_item *it = &items[i];
 		int64_t sl = seq_slot(t, it->seq);
 		if (sl < 0)
-			return fail(err, errlen, KVT_ENOSEQ,
+			return errors_fmt(err, errlen, KVT_ENOSEQ,
 			            "item %u: no open sequence %#llx", i,
 			            (unsigned long long)it->seq);
 		struct tseq *s = &t->seqs[sl];
 		if (s->mark == t->serial)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "item %u: sequence %#llx appears twice", i,
 			            (unsigned long long)it->seq);
 		s->mark = t->serial;
 		if (it->counter != s->counter)
-			return fail(err, errlen, KVT_ESTALE,
+			return errors_fmt(err, errlen, KVT_ESTALE,
 			            "item %u: sync counter %u, expected %u", i,
 			            it->counter, s->counter);
 		if (it->phase > KVT_PHASE_DECODE)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "item %u: unknown phase %u", i, it->phase);
 		uint32_t lo, hi;
 		if (item_layers(t, it, &lo, &hi))
-			return fail(err, errlen, KVT_ELAYERS,
+			return errors_fmt(err, errlen, KVT_ELAYERS,
 			            "item %u: layers [%u, %u) not within [0, %u)",
 			            i, it->layer_lo, it->layer_hi, g->n_layers);
 		if (it->n_new > g->headroom)
-			return fail(err, errlen, KVT_EHEADROOM,
+			return errors_fmt(err, errlen, KVT_EHEADROOM,
 			            "item %u: %u new entries, headroom is %u", i,
 			            it->n_new, g->headroom);
 		if ((t->pol->ops->needs & POLICY_NEED_STAGED) &&
 		    it->n_new > g->stage_tokens)
-			return fail(err, errlen, KVT_EHEADROOM,
+			return errors_fmt(err, errlen, KVT_EHEADROOM,
 			            "item %u: %u new entries, staging ring holds "
 			            "%u", i, it->n_new, g->stage_tokens);
 		for (uint32_t layer = lo; layer < hi; layer++) {
 			if ((uint64_t)s->n_seen[layer] + it->n_new > UINT32_MAX)
-				return fail(err, errlen, KVT_ETOOLONG,
+				return errors_fmt(err, errlen, KVT_ETOOLONG,
 				            "item %u: layer %u: positions exhausted",
 				            i, layer);
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				uint32_t len = tlist_at(t, (uint32_t)sl, layer,
 				                        head)->len;
 				if ((uint64_t)len + it->n_new > g->max_tokens)
-					return fail(err, errlen, KVT_ETOOLONG,
+					return errors_fmt(err, errlen, KVT_ETOOLONG,
 					            "item %u: layer %u head %u: "
 					            "%u + %u entries exceed "
 					            "max_tokens %u", i, layer,
@@ -959,16 +946,16 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
 	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
 	    grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
 	         sizeof(*t->bmoves)))
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
 		if (grow((void **)&t->kbuf, &t->kbuf_cap, n * key_bytes(t), 1) ||
 		    grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
-			return fail(err, errlen, KVT_ENOMEM, "out of memory");
+			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
 	int rc = t->bops->stream_wait_event(t->bctx, t->stream, &t->ev_writes);
 	if (rc)
-		return fail(err, errlen, rc, "%s backend: %s", t->bops->name,
+		return errors_fmt(err, errlen, rc, "%s backend: %s", t->bops->name,
 		            t->bops->last_error());
 	return 0;
 }
@@ -1006,7 +993,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	         sizeof(float)) ||
 	    grow((void **)&t->state_scr, &t->state_cap,
 	         nlayers * t->sbytes + 1, 1))
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	memset(t->drop, 0, entries);
 	unsigned need = t->pol->ops->needs;
 	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
@@ -1086,12 +1073,12 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				           t->bctx, t->kbuf, key_bytes(t),
 				           (const void *const *)t->ksrc, nk,
 				           key_bytes(t), t->stream)))
-				return fail(err, errlen, rc, "%s backend: "
+				return errors_fmt(err, errlen, rc, "%s backend: "
 				            "staging keys: %s", t->bops->name,
 				            t->bops->last_error());
 			rc = policy_decide(t->pol, &pl);
 			if (rc)
-				return fail(err, errlen, rc, "policy %s: %s",
+				return errors_fmt(err, errlen, rc, "policy %s: %s",
 				            t->pol->ops->name, kvt_strerror(rc));
 			off = off0;
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
@@ -1234,7 +1221,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	}
 	revoke_empty(t);
 	if (drc)
-		return fail(err, errlen, KVT_ESYS, "%s backend: compaction: "
+		return errors_fmt(err, errlen, KVT_ESYS, "%s backend: compaction: "
 		            "%s", t->bops->name, t->bops->last_error());
 	return 0;
 }

@@ -2,6 +2,7 @@
  * learned.c — loading and checking the weights of the learned policies;
  * see learned.h and docs/weights.md.
  */
+#include "errors.h"
 #include "learned.h"
 
 #include <cjson/cJSON.h>
@@ -17,33 +18,19 @@
 /* Same limit as weights.c: a header beyond it is refused there anyway. */
 #define LEARNED_MAX_HEADER (100u << 20)
 
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return KVT_EPOLICY;
-}
-
 int learned_load(const struct policy *p, struct weights **w, char *err,
                  size_t errlen)
 {
 	*w = NULL;
 	if (!p->args.model[0])
-		return refuse(err, errlen, "%s: model=PATH is required",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: model=PATH is required",
 		              p->ops->name);
 	char why[KVT_ERRTEXT_MAX] = "";
 	int rc = weights_load(p->args.model, w, why, sizeof(why));
 	if (rc == KVT_ENOMEM)
 		return rc;
 	if (rc)
-		return refuse(err, errlen, "%s: model %s: %s", p->ops->name,
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: model %s: %s", p->ops->name,
 		              p->args.model, why);
 	return 0;
 }
@@ -69,14 +56,14 @@ int learned_shape(const char *path, const char *name, uint32_t *ndim,
 	char file[KVT_SPEC_MAX + 32];
 	struct stat st;
 	if (stat(path, &st) < 0)
-		return refuse(err, errlen, "cannot open %s: %s", path,
+		return errors_fmt(err, errlen, KVT_EPOLICY, "cannot open %s: %s", path,
 		              strerror(errno));
 	snprintf(file, sizeof(file), S_ISDIR(st.st_mode)
 	                                     ? "%s/model.safetensors"
 	                                     : "%s", path);
 	int fd = open(file, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return refuse(err, errlen, "cannot open %s: %s", file,
+		return errors_fmt(err, errlen, KVT_EPOLICY, "cannot open %s: %s", file,
 		              strerror(errno));
 	uint8_t b8[8];
 	uint64_t hlen = 0;
@@ -84,19 +71,19 @@ int learned_shape(const char *path, const char *name, uint32_t *ndim,
 	char *hdr = NULL;
 	cJSON *j = NULL;
 	if (read_full(fd, b8, 8)) {
-		rc = refuse(err, errlen, "%s: cannot read the header", file);
+		rc = errors_fmt(err, errlen, KVT_EPOLICY, "%s: cannot read the header", file);
 		goto out;
 	}
 	for (int i = 7; i >= 0; i--)
 		hlen = hlen << 8 | b8[i];
 	if (hlen > LEARNED_MAX_HEADER || !(hdr = malloc(hlen + 1))) {
 		rc = hlen > LEARNED_MAX_HEADER
-		             ? refuse(err, errlen, "%s: header too long", file)
+		             ? errors_fmt(err, errlen, KVT_EPOLICY, "%s: header too long", file)
 		             : KVT_ENOMEM;
 		goto out;
 	}
 	if (read_full(fd, hdr, hlen)) {
-		rc = refuse(err, errlen, "%s: truncated header", file);
+		rc = errors_fmt(err, errlen, KVT_EPOLICY, "%s: truncated header", file);
 		goto out;
 	}
 	hdr[hlen] = '\0';
@@ -105,11 +92,11 @@ int learned_shape(const char *path, const char *name, uint32_t *ndim,
 	const cJSON *sh = t ? cJSON_GetObjectItemCaseSensitive(t, "shape")
 	                    : NULL;
 	if (!j) {
-		rc = refuse(err, errlen, "%s: header is not JSON", file);
+		rc = errors_fmt(err, errlen, KVT_EPOLICY, "%s: header is not JSON", file);
 		goto out;
 	}
 	if (!cJSON_IsArray(sh)) {
-		rc = refuse(err, errlen, "missing tensor %s", name);
+		rc = errors_fmt(err, errlen, KVT_EPOLICY, "missing tensor %s", name);
 		goto out;
 	}
 	int n = cJSON_GetArraySize(sh);
@@ -118,7 +105,7 @@ int learned_shape(const char *path, const char *name, uint32_t *ndim,
 		const cJSON *d = cJSON_GetArrayItem(sh, i);
 		if (!cJSON_IsNumber(d) || d->valuedouble < 0 ||
 		    d->valuedouble > 4294967295.0) {
-			rc = refuse(err, errlen, "tensor %s: bad shape", name);
+			rc = errors_fmt(err, errlen, KVT_EPOLICY, "tensor %s: bad shape", name);
 			goto out;
 		}
 		shape[i] = (uint64_t)d->valuedouble;
@@ -141,7 +128,7 @@ const float *learned_get(const struct policy *p, const struct weights *w,
 	va_end(ap);
 	const float *d = weights_get(w, name, ndim, shape, why, sizeof(why));
 	if (!d)
-		refuse(err, errlen, "%s: model %s: %s", p->ops->name,
+		errors_fmt(err, errlen, KVT_EPOLICY, "%s: model %s: %s", p->ops->name,
 		       p->args.model, why);
 	return d;
 }

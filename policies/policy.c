@@ -3,6 +3,7 @@
  * policy shares (protection, budgets, pressure, timing, selection,
  * attention from staged queries, scratch arena); see policy.h.
  */
+#include "errors.h"
 #include "policy.h"
 
 #include <ctype.h>
@@ -42,20 +43,6 @@ size_t policy_count(void)
 const struct policy_ops *policy_at(size_t i)
 {
 	return i < N_POLICIES ? registry[i] : NULL;
-}
-
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return KVT_EPOLICY;
 }
 
 enum key_type { KT_U32, KT_U64, KT_RATIO, KT_FLOAT, KT_PATH, KT_AGG };
@@ -141,7 +128,7 @@ static int unknown_policy(const char *name, size_t n, char *err,
 		off += (size_t)snprintf(known + off, sizeof(known) - off,
 		                        "%s%s", i ? ", " : "",
 		                        registry[i]->name);
-	return refuse(err, errlen, "unknown policy '%.*s' (known: %s)",
+	return errors_fmt(err, errlen, KVT_EPOLICY, "unknown policy '%.*s' (known: %s)",
 	              (int)(n > 64 ? 64 : n), name, known);
 }
 
@@ -195,13 +182,13 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		break;
 	case POLICY_KEY_TOKENS:
 		if (u < 1)
-			return refuse(err, errlen, "%s: tokens must be >= 1",
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: tokens must be >= 1",
 			              ops->name);
 		a->tokens = (uint32_t)u;
 		break;
 	case POLICY_KEY_RATIO:
 		if (!(d >= 0.0 && d < 1.0))
-			return refuse(err, errlen,
+			return errors_fmt(err, errlen, KVT_EPOLICY,
 			              "%s: ratio must be in [0, 1), got '%.*s'",
 			              ops->name, (int)vn, v);
 		a->ratio = d;
@@ -211,7 +198,7 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		break;
 	case POLICY_KEY_EVERY:
 		if (u < 1)
-			return refuse(err, errlen, "%s: every must be >= 1",
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: every must be >= 1",
 			              ops->name);
 		a->every = (uint32_t)u;
 		break;
@@ -230,7 +217,7 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		break;
 	case POLICY_KEY_KERNEL:
 		if (u < 1 || u % 2 == 0)
-			return refuse(err, errlen, "%s: kernel must be odd and "
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: kernel must be odd and "
 			              ">= 1, got %llu", ops->name,
 			              (unsigned long long)u);
 		a->kernel = (uint32_t)u;
@@ -245,10 +232,10 @@ static int parse_kv(const struct policy_ops *ops, const char *s, size_t n,
 {
 	const char *eq = memchr(s, '=', n);
 	if (!n)
-		return refuse(err, errlen, "%s: empty key=value (stray ',')",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: empty key=value (stray ',')",
 		              ops->name);
 	if (!eq || eq == s)
-		return refuse(err, errlen, "%s: expected key=value, got '%.*s'",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: expected key=value, got '%.*s'",
 		              ops->name, (int)n, s);
 	size_t kn = (size_t)(eq - s);
 	const char *v = eq + 1;
@@ -259,21 +246,21 @@ static int parse_kv(const struct policy_ops *ops, const char *s, size_t n,
 		if (strlen(keys[k].name) == kn && !memcmp(keys[k].name, s, kn))
 			break;
 	if (k == sizeof(keys) / sizeof(keys[0]))
-		return refuse(err, errlen, "%s: unknown key '%.*s'", ops->name,
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: unknown key '%.*s'", ops->name,
 		              (int)kn, s);
 	unsigned bit = keys[k].bit;
 	if (!(ops->keys & bit))
-		return refuse(err, errlen, "%s: key '%.*s' not accepted by "
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: key '%.*s' not accepted by "
 		              "this policy", ops->name, (int)kn, s);
 	if (a->set & bit)
-		return refuse(err, errlen, "%s: key '%.*s' given twice",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: key '%.*s' given twice",
 		              ops->name, (int)kn, s);
 	if (!vn)
-		return refuse(err, errlen, "%s: key '%.*s' has no value",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: key '%.*s' has no value",
 		              ops->name, (int)kn, s);
 	int rc = parse_value(ops, k, v, vn, a, err, errlen);
 	if (rc == -1)
-		return refuse(err, errlen,
+		return errors_fmt(err, errlen, KVT_EPOLICY,
 		              "%s: bad value '%.*s' for '%.*s' (%s)", ops->name,
 		              (int)vn, v, (int)kn, s, keys[k].what);
 	if (rc)
@@ -289,7 +276,7 @@ static int check_budget_keys(const struct policy_ops *ops,
 	unsigned b = a->set & (POLICY_KEY_TOKENS | POLICY_KEY_RATIO |
 	                       POLICY_KEY_THRESHOLD);
 	if (b & (b - 1))
-		return refuse(err, errlen, "%s: give one of tokens, ratio, "
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: give one of tokens, ratio, "
 		              "threshold", ops->name);
 	return 0;
 }
@@ -306,15 +293,15 @@ int policy_create(const char *spec, const struct policy_geom *geom,
 {
 	*out = NULL;
 	if (!spec || !*spec)
-		return refuse(err, errlen, "empty policy spec");
+		return errors_fmt(err, errlen, KVT_EPOLICY, "empty policy spec");
 	size_t len = strnlen(spec, KVT_SPEC_MAX);
 	if (len >= KVT_SPEC_MAX)
-		return refuse(err, errlen, "policy spec longer than %d bytes",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "policy spec longer than %d bytes",
 		              KVT_SPEC_MAX - 1);
 	for (size_t i = 0; i < len; i++)
 		if (isspace((unsigned char)spec[i]) ||
 		    !isprint((unsigned char)spec[i]))
-			return refuse(err, errlen,
+			return errors_fmt(err, errlen, KVT_EPOLICY,
 			              "policy spec must not contain whitespace "
 			              "or control characters");
 
@@ -324,7 +311,7 @@ int policy_create(const char *spec, const struct policy_geom *geom,
 	if (!ops)
 		return unknown_policy(spec, nlen, err, errlen);
 	if (!geom_ok(geom))
-		return refuse(err, errlen, "%s: invalid model geometry",
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: invalid model geometry",
 		              ops->name);
 
 	struct policy_args a;
@@ -333,7 +320,7 @@ int policy_create(const char *spec, const struct policy_geom *geom,
 		const char *s = colon + 1;
 		const char *end = spec + len;
 		if (s == end)
-			return refuse(err, errlen, "%s: empty key list after ':'",
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: empty key list after ':'",
 			              ops->name);
 		for (;;) {
 			const char *comma = memchr(s, ',', (size_t)(end - s));
@@ -346,7 +333,7 @@ int policy_create(const char *spec, const struct policy_geom *geom,
 				break;
 			s = comma + 1;
 			if (s == end)
-				return refuse(err, errlen, "%s: trailing ','",
+				return errors_fmt(err, errlen, KVT_EPOLICY, "%s: trailing ','",
 				              ops->name);
 		}
 	}
@@ -367,7 +354,7 @@ int policy_create(const char *spec, const struct policy_geom *geom,
 		if (rc) {
 			policy_free(p);
 			if (rc == KVT_EPOLICY)
-				return refuse(err, errlen, "%s", why);
+				return errors_fmt(err, errlen, KVT_EPOLICY, "%s", why);
 			if (err && errlen)
 				snprintf(err, errlen, "%s", why);
 			return rc;

@@ -10,6 +10,7 @@
  * tensor.  Data are read with pread into one float32 arena: no mmap, so a
  * file replaced or truncated under a running daemon cannot fault it.
  */
+#include "errors.h"
 #include "weights.h"
 
 #include <cjson/cJSON.h>
@@ -54,18 +55,6 @@ struct weights {
 	float *arena;      /* every tensor's float32 values */
 	cJSON *config;     /* config.json object, or NULL */
 };
-
-__attribute__((format(printf, 4, 5))) static int
-fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 static void shape_str(char *buf, size_t len, uint32_t ndim,
                       const uint64_t *shape)
@@ -130,33 +119,33 @@ static int parse_entry(const cJSON *e, struct wtensor *t, uint64_t data_len,
 {
 	const char *name = e->string;
 	if (!cJSON_IsObject(e))
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: entry is not an object", name);
 	const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
 	const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
 	const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
 	if (!dt)
-		return fail(err, errlen, KVT_EINVAL, "tensor %s has no dtype",
+		return errors_fmt(err, errlen, KVT_EINVAL, "tensor %s has no dtype",
 		            name);
 	if (!sh)
-		return fail(err, errlen, KVT_EINVAL, "tensor %s has no shape",
+		return errors_fmt(err, errlen, KVT_EINVAL, "tensor %s has no shape",
 		            name);
 	if (!of)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s has no data_offsets", name);
 	if (!cJSON_IsString(dt))
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: dtype is not a string", name);
 	if (!parse_dtype(dt->valuestring, &t->dt))
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s has unsupported dtype %s (want F32, "
 		            "F16 or BF16)", name, dt->valuestring);
 	if (!cJSON_IsArray(sh))
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: shape is not an array", name);
 	int nd = cJSON_GetArraySize(sh);
 	if (nd > WEIGHTS_MAX_DIMS)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s has %d dimensions, at most %d supported",
 		            name, nd, WEIGHTS_MAX_DIMS);
 	t->ndim = (uint32_t)nd;
@@ -167,23 +156,23 @@ static int parse_entry(const cJSON *e, struct wtensor *t, uint64_t data_len,
 	{
 		uint64_t v;
 		if (!json_uint(d, WEIGHTS_MAX_INT, &v))
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "tensor %s: shape[%u] is not a non-negative "
 			            "integer", name, i);
 		t->shape[i++] = v;
 		if (v && t->numel > UINT64_MAX / 8 / v)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "tensor %s: shape too large", name);
 		t->numel *= v;
 	}
 	if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 ||
 	    !json_uint(cJSON_GetArrayItem(of, 0), WEIGHTS_MAX_INT, &t->begin) ||
 	    !json_uint(cJSON_GetArrayItem(of, 1), WEIGHTS_MAX_INT, &t->end))
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: data_offsets is not [begin, end] of "
 		            "non-negative integers", name);
 	if (t->end < t->begin)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: data_offsets [%llu, %llu] end before "
 		            "begin", name, (unsigned long long)t->begin,
 		            (unsigned long long)t->end);
@@ -191,7 +180,7 @@ static int parse_entry(const cJSON *e, struct wtensor *t, uint64_t data_len,
 	if (t->end - t->begin != want) {
 		char s[128];
 		shape_str(s, sizeof(s), t->ndim, t->shape);
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: data_offsets [%llu, %llu] span %llu "
 		            "bytes, shape %s of %s needs %llu", name,
 		            (unsigned long long)t->begin,
@@ -200,7 +189,7 @@ static int parse_entry(const cJSON *e, struct wtensor *t, uint64_t data_len,
 		            dt->valuestring, (unsigned long long)want);
 	}
 	if (t->end > data_len)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "tensor %s: data_offsets [%llu, %llu] beyond the "
 		            "%llu-byte data section", name,
 		            (unsigned long long)t->begin,
@@ -226,14 +215,14 @@ static int check_overlaps(struct weights *w, char *err, size_t errlen)
 		return 0;
 	struct wtensor **by = malloc(w->n * sizeof(*by));
 	if (!by)
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	for (size_t i = 0; i < w->n; i++)
 		by[i] = &w->t[i];
 	qsort(by, w->n, sizeof(*by), cmp_begin);
 	int rv = 0;
 	for (size_t i = 1; i < w->n; i++) {
 		if (by[i]->begin < by[i - 1]->end) {
-			rv = fail(err, errlen, KVT_EINVAL,
+			rv = errors_fmt(err, errlen, KVT_EINVAL,
 			          "tensor %s [%llu, %llu) overlaps tensor %s "
 			          "[%llu, %llu)", by[i]->name,
 			          (unsigned long long)by[i]->begin,
@@ -258,7 +247,7 @@ static int read_tensors(struct weights *w, int fd, uint64_t data_off,
 	if (total) {
 		w->arena = malloc(total * sizeof(float));
 		if (!w->arena)
-			return fail(err, errlen, KVT_ENOMEM,
+			return errors_fmt(err, errlen, KVT_ENOMEM,
 			            "out of memory for %llu floats",
 			            (unsigned long long)total);
 	}
@@ -279,7 +268,7 @@ static int read_tensors(struct weights *w, int fd, uint64_t data_off,
 			rv = read_at(fd, t->data, t->numel * sizeof(float), off);
 		} else {
 			if (!stage && !(stage = malloc(WEIGHTS_CHUNK * 2))) {
-				rv = fail(err, errlen, KVT_ENOMEM,
+				rv = errors_fmt(err, errlen, KVT_ENOMEM,
 				          "out of memory");
 				break;
 			}
@@ -295,15 +284,15 @@ static int read_tensors(struct weights *w, int fd, uint64_t data_off,
 			}
 		}
 		if (rv == KVT_ESYS)
-			rv = fail(err, errlen, rv, "%s: read tensor %s: %s",
+			rv = errors_fmt(err, errlen, rv, "%s: read tensor %s: %s",
 			          path, t->name, strerror(errno));
 		else if (rv)
-			rv = fail(err, errlen, rv,
+			rv = errors_fmt(err, errlen, rv,
 			          "%s: file shrank while reading tensor %s",
 			          path, t->name);
 		for (uint64_t j = 0; j < t->numel && !rv; j++) {
 			if (!isfinite(t->data[j]))
-				rv = fail(err, errlen, KVT_EINVAL,
+				rv = errors_fmt(err, errlen, KVT_EINVAL,
 				          "tensor %s has %s at index %llu",
 				          t->name,
 				          isnan(t->data[j]) ? "NaN" : "Inf",
@@ -321,7 +310,7 @@ static int parse_header(struct weights *w, const char *hdr, size_t hlen,
 	const char *end = NULL;
 	cJSON *root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
 	if (!root)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "header is not valid JSON (at byte %td of %zu)",
 		            end ? end - hdr : (ptrdiff_t)0, hlen);
 	int rv = 0;
@@ -329,14 +318,14 @@ static int parse_header(struct weights *w, const char *hdr, size_t hlen,
 	 * else means the length or the writer is wrong. */
 	for (const char *c = end; c && c < hdr + hlen; c++) {
 		if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
-			rv = fail(err, errlen, KVT_EINVAL,
+			rv = errors_fmt(err, errlen, KVT_EINVAL,
 			          "header has bytes after the JSON object (at "
 			          "byte %td of %zu)", c - hdr, hlen);
 			goto out;
 		}
 	}
 	if (!cJSON_IsObject(root)) {
-		rv = fail(err, errlen, KVT_EINVAL,
+		rv = errors_fmt(err, errlen, KVT_EINVAL,
 		          "header JSON is not an object");
 		goto out;
 	}
@@ -349,7 +338,7 @@ static int parse_header(struct weights *w, const char *hdr, size_t hlen,
 	}
 	w->t = calloc(n ? n : 1, sizeof(*w->t));
 	if (!w->t) {
-		rv = fail(err, errlen, KVT_ENOMEM, "out of memory");
+		rv = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 		goto out;
 	}
 	cJSON_ArrayForEach(e, root)
@@ -358,7 +347,7 @@ static int parse_header(struct weights *w, const char *hdr, size_t hlen,
 			continue;
 		for (size_t i = 0; i < w->n; i++) {
 			if (!strcmp(w->t[i].name, e->string)) {
-				rv = fail(err, errlen, KVT_EINVAL,
+				rv = errors_fmt(err, errlen, KVT_EINVAL,
 				          "tensor %s appears twice in the "
 				          "header", e->string);
 				goto out;
@@ -368,7 +357,7 @@ static int parse_header(struct weights *w, const char *hdr, size_t hlen,
 		if ((rv = parse_entry(e, t, data_len, err, errlen)) != 0)
 			goto out;
 		if (!(t->name = strdup(e->string))) {
-			rv = fail(err, errlen, KVT_ENOMEM, "out of memory");
+			rv = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 			goto out;
 		}
 		w->n++;
@@ -384,28 +373,28 @@ static int slurp(const char *path, size_t max, char **out, size_t *len,
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return fail(err, errlen, KVT_ESYS, "cannot open %s: %s", path,
+		return errors_fmt(err, errlen, KVT_ESYS, "cannot open %s: %s", path,
 		            strerror(errno));
 	struct stat st;
 	int rv = 0;
 	char *buf = NULL;
 	if (fstat(fd, &st) < 0) {
-		rv = fail(err, errlen, KVT_ESYS, "cannot stat %s: %s", path,
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot stat %s: %s", path,
 		          strerror(errno));
 		goto out;
 	}
 	if ((uint64_t)st.st_size > max) {
-		rv = fail(err, errlen, KVT_EINVAL, "%s is larger than %zu bytes",
+		rv = errors_fmt(err, errlen, KVT_EINVAL, "%s is larger than %zu bytes",
 		          path, max);
 		goto out;
 	}
 	buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		rv = fail(err, errlen, KVT_ENOMEM, "out of memory");
+		rv = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 		goto out;
 	}
 	if ((rv = read_at(fd, buf, (size_t)st.st_size, 0)) != 0) {
-		rv = fail(err, errlen, rv, "cannot read %s: %s", path,
+		rv = errors_fmt(err, errlen, rv, "cannot read %s: %s", path,
 		          rv == KVT_ESYS ? strerror(errno) : "file shrank");
 		free(buf);
 		buf = NULL;
@@ -430,7 +419,7 @@ static int load_config(struct weights *w, const char *path, char *err,
 	w->config = cJSON_ParseWithLength(buf, len);
 	free(buf);
 	if (!w->config || !cJSON_IsObject(w->config))
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "%s is not a JSON object", path);
 	return 0;
 }
@@ -440,47 +429,47 @@ static int load_file(struct weights *w, const char *path, char *err,
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return fail(err, errlen, KVT_ESYS, "cannot open %s: %s", path,
+		return errors_fmt(err, errlen, KVT_ESYS, "cannot open %s: %s", path,
 		            strerror(errno));
 	int rv = 0;
 	char *hdr = NULL;
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
-		rv = fail(err, errlen, KVT_ESYS, "cannot stat %s: %s", path,
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot stat %s: %s", path,
 		          strerror(errno));
 		goto out;
 	}
 	uint64_t size = (uint64_t)st.st_size;
 	if (size < 8) {
-		rv = fail(err, errlen, KVT_EINVAL,
+		rv = errors_fmt(err, errlen, KVT_EINVAL,
 		          "%s is %llu bytes, shorter than the 8-byte header "
 		          "length", path, (unsigned long long)size);
 		goto out;
 	}
 	uint64_t hlen;
 	if ((rv = read_at(fd, &hlen, 8, 0)) != 0) {
-		rv = fail(err, errlen, rv, "cannot read %s", path);
+		rv = errors_fmt(err, errlen, rv, "cannot read %s", path);
 		goto out;
 	}
 	if (hlen > WEIGHTS_MAX_HEADER) {
-		rv = fail(err, errlen, KVT_EINVAL,
+		rv = errors_fmt(err, errlen, KVT_EINVAL,
 		          "%s: header length %llu is over the 100 MB limit",
 		          path, (unsigned long long)hlen);
 		goto out;
 	}
 	if (hlen > size - 8) {
-		rv = fail(err, errlen, KVT_EINVAL,
+		rv = errors_fmt(err, errlen, KVT_EINVAL,
 		          "%s: header length %llu runs beyond the %llu-byte "
 		          "file", path, (unsigned long long)hlen,
 		          (unsigned long long)size);
 		goto out;
 	}
 	if (!(hdr = malloc(hlen + 1))) {
-		rv = fail(err, errlen, KVT_ENOMEM, "out of memory");
+		rv = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 		goto out;
 	}
 	if ((rv = read_at(fd, hdr, hlen, 8)) != 0) {
-		rv = fail(err, errlen, rv, "cannot read %s header", path);
+		rv = errors_fmt(err, errlen, rv, "cannot read %s header", path);
 		goto out;
 	}
 	hdr[hlen] = 0;
@@ -503,11 +492,11 @@ int weights_load(const char *path, struct weights **out, char *err,
 		err[0] = 0;
 	struct weights *w = calloc(1, sizeof(*w));
 	if (!w)
-		return fail(err, errlen, KVT_ENOMEM, "out of memory");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	struct stat st;
 	int rv;
 	if (stat(path, &st) < 0) {
-		rv = fail(err, errlen, KVT_ESYS, "cannot open %s: %s", path,
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot open %s: %s", path,
 		          strerror(errno));
 		goto fail;
 	}
@@ -516,7 +505,7 @@ int weights_load(const char *path, struct weights **out, char *err,
 		size_t n = strlen(path) + sizeof("/model.safetensors");
 		char *p = malloc(n);
 		if (!p) {
-			rv = fail(err, errlen, KVT_ENOMEM, "out of memory");
+			rv = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 			goto fail;
 		}
 		snprintf(p, n, "%s/config.json", path);
@@ -566,7 +555,7 @@ const float *weights_get(const struct weights *w, const char *name,
 {
 	const struct wtensor *t = find(w, name);
 	if (!t) {
-		fail(err, errlen, KVT_EINVAL, "missing tensor %s", name);
+		errors_fmt(err, errlen, KVT_EINVAL, "missing tensor %s", name);
 		return NULL;
 	}
 	int same = t->ndim == ndim;
@@ -579,7 +568,7 @@ const float *weights_get(const struct weights *w, const char *name,
 			shape_str(want, sizeof(want), ndim, shape);
 		else
 			snprintf(want, sizeof(want), "(%u dims)", ndim);
-		fail(err, errlen, KVT_EINVAL, "tensor %s has shape %s, "
+		errors_fmt(err, errlen, KVT_EINVAL, "tensor %s has shape %s, "
 		     "expected %s", name, have, want);
 		return NULL;
 	}
@@ -662,7 +651,7 @@ static char *build_header(const struct weights_tensor *t, size_t n,
 		*rv = 0;
 out:
 	if (*rv)
-		fail(err, errlen, *rv, "out of memory");
+		errors_fmt(err, errlen, *rv, "out of memory");
 	cJSON_Delete(root);
 	return text;
 }
@@ -673,35 +662,35 @@ static int check_tensors(const struct weights_tensor *t, size_t n, char *err,
 	for (size_t i = 0; i < n; i++) {
 		if (!t[i].name || !t[i].name[0] ||
 		    !strcmp(t[i].name, "__metadata__"))
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "tensor %zu has no usable name", i);
 		if (t[i].ndim > 4)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "tensor %s has %u dimensions, at most 4",
 			            t[i].name, t[i].ndim);
 		uint64_t numel = 1;
 		for (uint32_t d = 0; d < t[i].ndim; d++) {
 			uint64_t v = t[i].shape[d];
 			if (v > (1ull << 40) || (v && numel > (1ull << 40) / v))
-				return fail(err, errlen, KVT_EINVAL,
+				return errors_fmt(err, errlen, KVT_EINVAL,
 				            "tensor %s is too large", t[i].name);
 			numel *= v;
 		}
 		if (numel && !t[i].data)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "tensor %s has no data", t[i].name);
 		/* The reader refuses these; better to fail at the writer,
 		 * next to the trainer step that produced them. */
 		for (uint64_t j = 0; j < numel; j++)
 			if (!isfinite(t[i].data[j]))
-				return fail(err, errlen, KVT_EINVAL,
+				return errors_fmt(err, errlen, KVT_EINVAL,
 				            "tensor %s has %s at index %llu",
 				            t[i].name,
 				            isnan(t[i].data[j]) ? "NaN" : "Inf",
 				            (unsigned long long)j);
 		for (size_t k = 0; k < i; k++)
 			if (!strcmp(t[k].name, t[i].name))
-				return fail(err, errlen, KVT_EINVAL,
+				return errors_fmt(err, errlen, KVT_EINVAL,
 				            "tensor %s appears twice", t[i].name);
 	}
 	return 0;
@@ -723,12 +712,12 @@ int weights_write(const char *path, const struct weights_tensor *t, size_t n,
 	char *tmp = malloc(tlen);
 	FILE *f = NULL;
 	if (!tmp) {
-		rv = fail(err, errlen, KVT_ENOMEM, "out of memory");
+		rv = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 		goto out;
 	}
 	snprintf(tmp, tlen, "%s.tmp", path);
 	if (!(f = fopen(tmp, "wbe"))) {
-		rv = fail(err, errlen, KVT_ESYS, "cannot create %s: %s", tmp,
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot create %s: %s", tmp,
 		          strerror(errno));
 		goto out;
 	}
@@ -749,13 +738,13 @@ int weights_write(const char *path, const struct weights_tensor *t, size_t n,
 	if (fflush(f) != 0 || fsync(fileno(f)) != 0)
 		ok = 0;
 	if (!ok)
-		rv = fail(err, errlen, KVT_ESYS, "cannot write %s: %s", tmp,
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot write %s: %s", tmp,
 		          strerror(errno));
 	if (fclose(f) != 0 && ok)
-		rv = fail(err, errlen, KVT_ESYS, "cannot write %s: %s", tmp,
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot write %s: %s", tmp,
 		          strerror(errno));
 	if (!rv && rename(tmp, path) != 0)
-		rv = fail(err, errlen, KVT_ESYS, "cannot rename %s to %s: %s",
+		rv = errors_fmt(err, errlen, KVT_ESYS, "cannot rename %s to %s: %s",
 		          tmp, path, strerror(errno));
 	if (rv)
 		unlink(tmp);

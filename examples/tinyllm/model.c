@@ -2,6 +2,7 @@
  * model.c — llama2.c checkpoint loader and the shared transformer forward;
  * see model.h.
  */
+#include "errors.h"
 #include "model.h"
 
 #include <cblas.h>
@@ -24,20 +25,6 @@
 #define MAX_HEADS 1024u
 #define MAX_VOCAB (1u << 21)
 #define MAX_SEQ (1u << 20)
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 /* ---------------------------------------------------------------- layout */
 
@@ -75,14 +62,14 @@ static int check_config(struct model_config *c, char *err, size_t errlen)
 	    c->n_layers > MAX_LAYERS || !c->n_heads || c->n_heads > MAX_HEADS ||
 	    !c->n_kv_heads || !c->vocab_size || c->vocab_size > MAX_VOCAB ||
 	    !c->seq_len || c->seq_len > MAX_SEQ)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "bad header: dim %u hidden %u layers %u heads %u "
 		            "kv_heads %u vocab %u seq_len %u (zero or beyond "
 		            "sane bounds)", c->dim, c->hidden_dim, c->n_layers,
 		            c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len);
 	if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads ||
 	    (c->dim / c->n_heads) % 2)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "bad header: dim %u, %u heads, %u KV heads do not "
 		            "give an even head_dim shared by whole groups",
 		            c->dim, c->n_heads, c->n_kv_heads);
@@ -102,10 +89,10 @@ int model_alloc(struct model *m, const struct model_config *cfg, char *err,
 		return rc;
 	struct sizes s = sizes_of(&c);
 	if (s.total > (uint64_t)SIZE_MAX / sizeof(float))
-		return fail(err, errlen, KVT_ENOMEM, "model too large");
+		return errors_fmt(err, errlen, KVT_ENOMEM, "model too large");
 	float *p = calloc((size_t)s.total, sizeof(float));
 	if (!p)
-		return fail(err, errlen, KVT_ENOMEM,
+		return errors_fmt(err, errlen, KVT_ENOMEM,
 		            "cannot allocate %llu floats of weights",
 		            (unsigned long long)s.total);
 	m->cfg = c;
@@ -199,7 +186,7 @@ static int parse_params(const unsigned char *p, size_t off, int legacy,
 	}
 	for (int i = 0; i < 7; i++)
 		if (v[i] <= 0)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "bad header: field %d is %d (dim, hidden, "
 			            "layers, heads, kv_heads, vocab, seq_len "
 			            "must be positive)", i, (int)v[i]);
@@ -220,26 +207,26 @@ static int load_image(const unsigned char *img, size_t len, const char *path,
 	int version, rc;
 	uint32_t gs = 0;
 	if (len < V0_HEADER)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "%s: %zu bytes is too short for a llama2.c header",
 		            path, len);
 	uint32_t magic;
 	memcpy(&magic, img, 4);
 	if (magic == MAGIC_AK42) {
 		if (len < VN_HEADER)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "%s: ak42 header needs %d bytes, file has "
 			            "%zu", path, VN_HEADER, len);
 		version = rd_i32_at(img, 4);
 		if (version != 1 && version != 2)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "%s: unsupported ak42 version %d (1 and 2 "
 			            "are)", path, version);
 		rc = parse_params(img, 8, 0, &c, err, errlen);
 		if (rc)
 			return rc;
 		if (img[36] > 1)
-			return fail(err, errlen, KVT_EINVAL,
+			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "%s: bad header: shared_classifier flag %u",
 			            path, img[36]);
 		c.shared_classifier = img[36];
@@ -247,7 +234,7 @@ static int load_image(const unsigned char *img, size_t len, const char *path,
 			int32_t g;
 			memcpy(&g, img + 37, 4);
 			if (g <= 0 || c.dim % (uint32_t)g)
-				return fail(err, errlen, KVT_EINVAL,
+				return errors_fmt(err, errlen, KVT_EINVAL,
 				            "%s: bad header: Q8_0 group size %d "
 				            "for dim %u", path, (int)g, c.dim);
 			gs = (uint32_t)g;
@@ -275,7 +262,7 @@ static int load_image(const unsigned char *img, size_t len, const char *path,
 		                  s.wo / L, s.w1 / L, s.w2 / L, s.w3 / L};
 		for (size_t i = 0; i < sizeof(per) / sizeof(per[0]); i++)
 			if (per[i] % gs)
-				return fail(err, errlen, KVT_EINVAL,
+				return errors_fmt(err, errlen, KVT_EINVAL,
 				            "%s: bad header: a tensor of %llu "
 				            "values is not whole groups of %u",
 				            path, (unsigned long long)per[i], gs);
@@ -283,7 +270,7 @@ static int load_image(const unsigned char *img, size_t len, const char *path,
 		want = VN_HEADER + 4 * norms + q + 4 * (q / gs);
 	}
 	if (want != len)
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "%s: file is %zu bytes but a v%d checkpoint with "
 		            "this header (dim %u, %u layers, vocab %u, %s "
 		            "classifier) needs %llu: %s", path, len, version,
@@ -345,7 +332,7 @@ static int load_image(const unsigned char *img, size_t len, const char *path,
 	}
 	if (bad || r.off != len) {
 		model_free(m);
-		return fail(err, errlen, KVT_EINVAL,
+		return errors_fmt(err, errlen, KVT_EINVAL,
 		            "%s: internal size mismatch reading v%d tensors",
 		            path, version);
 	}
@@ -357,7 +344,7 @@ int model_load(const char *path, struct model *m, char *err, size_t errlen)
 	memset(m, 0, sizeof(*m));
 	FILE *f = fopen(path, "rb");
 	if (!f)
-		return fail(err, errlen, KVT_ESYS, "%s: %s", path,
+		return errors_fmt(err, errlen, KVT_ESYS, "%s: %s", path,
 		            strerror(errno));
 	unsigned char *img = NULL;
 	long len = -1;
@@ -365,13 +352,13 @@ int model_load(const char *path, struct model *m, char *err, size_t errlen)
 		len = ftell(f);
 	if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
 		fclose(f);
-		return fail(err, errlen, KVT_ESYS, "%s: cannot size the file",
+		return errors_fmt(err, errlen, KVT_ESYS, "%s: cannot size the file",
 		            path);
 	}
 	img = malloc(len ? (size_t)len : 1);
 	if (!img) {
 		fclose(f);
-		return fail(err, errlen, KVT_ENOMEM, "%s: %ld bytes", path,
+		return errors_fmt(err, errlen, KVT_ENOMEM, "%s: %ld bytes", path,
 		            len);
 	}
 	size_t got = fread(img, 1, (size_t)len, f);
@@ -379,7 +366,7 @@ int model_load(const char *path, struct model *m, char *err, size_t errlen)
 	fclose(f);
 	if (got != (size_t)len || rerr) {
 		free(img);
-		return fail(err, errlen, KVT_ESYS, "%s: short read", path);
+		return errors_fmt(err, errlen, KVT_ESYS, "%s: short read", path);
 	}
 	int rc = load_image(img, (size_t)len, path, m, err, errlen);
 	free(img);
