@@ -292,3 +292,21 @@ double th_metric(const struct th_daemon *d, const char *series)
 		th_fail(__FILE__, __LINE__, "/metrics has no %s", series);
 	return v;
 }
+
+struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
+                               const char *policy)
+{
+	struct kvt_config c;
+	memset(&c, 0, sizeof(c));
+	c.runtime_dir = d->dir;
+	c.tenant = name;
+	c.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
+	c.dtype = KVT_DTYPE_F32;
+	c.page_tokens = 4;
+	c.max_seqs = 4;
+	c.max_tokens = 64;
+	c.headroom = 4;
+	c.policy = policy;
+	c.timeout_ms = 3000;
+	return c;
+}

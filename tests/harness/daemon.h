@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "kvtrim.h"
+
 struct th_daemon {
 	pid_t pid;
 	char dir[256];  /* runtime dir */
@@ -97,5 +99,14 @@ double th_metric(const struct th_daemon *d, const char *series);
 
 /* Like th_metric, but -1 when the series is absent. */
 double th_metric_or(const struct th_daemon *d, const char *series);
+
+/*
+ * Registration parameters of the small model the integration tests use:
+ * 2 layers, 4 query heads, 2 KV heads, head_dim 8, d_model 32, f32, pages of
+ * 4 entries (256 bytes), 4 sequences of at most 64 entries, headroom 4,
+ * timeout 3 s.
+ */
+struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
+                               const char *policy);
 
 #endif

@@ -24,25 +24,6 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
-/* A small model: 2 layers, 4 query heads, 2 KV heads, head_dim 8, f32. */
-static struct kvt_config small_cfg(const struct th_daemon *d, const char *name,
-                                   const char *policy)
-{
-	struct kvt_config c;
-	memset(&c, 0, sizeof(c));
-	c.runtime_dir = d->dir;
-	c.tenant = name;
-	c.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
-	c.dtype = KVT_DTYPE_F32;
-	c.page_tokens = 4;
-	c.max_seqs = 4;
-	c.max_tokens = 64;
-	c.headroom = 4;
-	c.policy = policy;
-	c.timeout_ms = 3000;
-	return c;
-}
-
 /* Writes entry k of every list of seq with floats (tag * 1000 + pos) + dim. */
 static void put_token(kvt_client *c, kvt_seq seq, uint32_t k, float tag,
                       uint32_t pos)
@@ -126,7 +107,7 @@ TEST(client, full_policy_keeps_every_entry_bit_exact)
 	kvt_seq seq;
 	char err[KVT_ERRTEXT_MAX];
 	th_daemon_start(&d, "64M", NULL);
-	struct kvt_config cfg = small_cfg(&d, "full-a", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "full-a", "full");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	/* 10 tokens: a sync of 3, then 7 single-token syncs. */
@@ -190,7 +171,7 @@ TEST(client, streaming_keeps_sinks_and_recent_window)
 	kvt_seq seq;
 	char err[KVT_ERRTEXT_MAX];
 	th_daemon_start(&d, "64M", NULL);
-	struct kvt_config cfg = small_cfg(&d, "stream", "streaming:sinks=2,tokens=6");
+	struct kvt_config cfg = th_small_cfg(&d, "stream", "streaming:sinks=2,tokens=6");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	for (uint32_t p = 0; p < 20; p++) {
@@ -590,7 +571,7 @@ TEST(faults, daemon_gone_is_a_typed_error_not_a_hang)
 	kvt_seq seq;
 	char err[KVT_ERRTEXT_MAX];
 	th_daemon_start(&d, "16M", NULL);
-	struct kvt_config cfg = small_cfg(&d, "orphan", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "orphan", "full");
 	cfg.timeout_ms = 1000;
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
@@ -610,7 +591,7 @@ TEST(faults, sigterm_while_clients_connected_exits_zero)
 	char err[KVT_ERRTEXT_MAX];
 	th_daemon_start(&d, "32M", NULL);
 	for (int i = 0; i < 3; i++) {
-		struct kvt_config cfg = small_cfg(&d, "busy", "streaming");
+		struct kvt_config cfg = th_small_cfg(&d, "busy", "streaming");
 		kvt_seq seq;
 		T_OK(kvt_connect(&cfg, &c[i], err));
 		T_OK(kvt_seq_open(c[i], &seq));

@@ -40,25 +40,6 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* 2 layers, 4 query heads, 2 KV heads, head_dim 8: pages of 256 bytes. */
-static struct kvt_config small_cfg(const struct th_daemon *d, const char *name,
-                                   const char *policy)
-{
-	struct kvt_config c;
-	memset(&c, 0, sizeof(c));
-	c.runtime_dir = d->dir;
-	c.tenant = name;
-	c.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
-	c.dtype = KVT_DTYPE_F32;
-	c.page_tokens = 4;
-	c.max_seqs = 4;
-	c.max_tokens = 64;
-	c.headroom = 4;
-	c.policy = policy;
-	c.timeout_ms = 3000;
-	return c;
-}
-
 /*
  * Pages of 256 KiB ([K 256 x 128][V 256 x 128] f32): 8 per 2 MiB chunk.
  * A sequence has 2 layers x 2 KV heads = 4 lists of one page each (the
@@ -207,7 +188,7 @@ TEST(stats, metrics_over_the_unix_socket)
 	T_EQ(th_metric(&d, "kvtrim_clients_connected"), 0);
 
 	/* One tenant, one sequence, five syncs, one refused hello. */
-	struct kvt_config cfg = small_cfg(&d, "svc-a", "streaming:tokens=8");
+	struct kvt_config cfg = th_small_cfg(&d, "svc-a", "streaming:tokens=8");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	for (int i = 0; i < 5; i++) {
@@ -215,7 +196,7 @@ TEST(stats, metrics_over_the_unix_socket)
 		T_OK(kvt_sync(c, &it, 1));
 	}
 	kvt_client *bad;
-	struct kvt_config bcfg = small_cfg(&d, "svc-bad", "no-such-policy");
+	struct kvt_config bcfg = th_small_cfg(&d, "svc-bad", "no-such-policy");
 	T_ERR(kvt_connect(&bcfg, &bad, err), KVT_EPOLICY);
 	struct kvt_tenant_stats ts;
 	T_OK(kvt_stats(c, &ts));
@@ -326,7 +307,7 @@ TEST(stats, fields_are_defined_once_and_shown_everywhere)
 #undef CHECK_
 
 	/* Per-tenant fields: in `tenants`, /stats and /metrics. */
-	struct kvt_config cfg = small_cfg(&d, "fields", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "fields", "full");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_EQ(th_sh(&d, ctl, sizeof(ctl), "%s --json tenants",
 	           th_bin("kvtrimctl")), 0);
@@ -445,7 +426,7 @@ TEST(systemd, notify_ready_status_watchdog_reload_stopping)
 	/* STATUS follows the tenants (refreshed every second). */
 	kvt_client *c;
 	char err[KVT_ERRTEXT_MAX];
-	struct kvt_config cfg = small_cfg(&d, "notified", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "notified", "full");
 	kvt_seq seq;
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
@@ -618,7 +599,7 @@ TEST(systemd, sighup_applies_mutable_keeps_tenants_refuses_bad_files)
 	th_daemon_start(&d, "16M", extra);
 	kvt_client *c;
 	kvt_seq seq;
-	struct kvt_config cfg = small_cfg(&d, "survivor", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "survivor", "full");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	T_EQ(th_stat(&d, "tenants"), 1);
@@ -736,7 +717,7 @@ TEST(ctl, top_refreshes_and_exits_after_iterations)
 	kvt_client *c;
 	kvt_seq seq;
 	th_daemon_start(&d, "32M", NULL);
-	struct kvt_config cfg = small_cfg(&d, "topper", "streaming:tokens=8");
+	struct kvt_config cfg = th_small_cfg(&d, "topper", "streaming:tokens=8");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	T_EQ(th_sh(&d, out, sizeof(out), "%s top --iterations 3 --interval 50",
@@ -804,9 +785,9 @@ TEST(ctl, drain_stops_new_sequences_and_open_ones_continue)
 	kvt_seq seq, seq2;
 	const char *ctl = th_bin("kvtrimctl");
 	th_daemon_start(&d, "32M", NULL);
-	struct kvt_config cfg = small_cfg(&d, "drainme", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "drainme", "full");
 	T_OK(kvt_connect(&cfg, &c, err));
-	struct kvt_config ocfg = small_cfg(&d, "bystander", "full");
+	struct kvt_config ocfg = th_small_cfg(&d, "bystander", "full");
 	T_OK(kvt_connect(&ocfg, &other, err));
 	T_OK(kvt_seq_open(c, &seq));
 
@@ -858,7 +839,7 @@ TEST(quota, max_quota_refuses_larger_hellos_and_caps_defaults)
 	kvt_client *c;
 	const char *extra[] = {"--max-quota", "8M", NULL};
 	th_daemon_start(&d, "32M", extra);
-	struct kvt_config cfg = small_cfg(&d, "greedy", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "greedy", "full");
 	cfg.quota_bytes = 16 << 20;
 	T_ERR(kvt_connect(&cfg, &c, err), KVT_EQUOTA);
 	T_ASSERT(strstr(err, "max_quota"));
@@ -925,7 +906,7 @@ static int connect_as(const struct th_daemon *d, uid_t uid, gid_t gid,
 		if (setgroups((size_t)ngroups, groups) || setgid(gid) ||
 		    setuid(uid))
 			_exit(99);
-		struct kvt_config cfg = small_cfg(d, "other-user", "full");
+		struct kvt_config cfg = th_small_cfg(d, "other-user", "full");
 		int rv = kvt_connect(&cfg, &c, err);
 		if (!rv) {
 			rv = kvt_seq_open(c, &seq);
@@ -972,7 +953,7 @@ TEST(auth, allow_uids_and_gids_decide_registration_and_admin_changes)
 	T_ERR(connect_as(&d, 4444, 0, g0, 1), KVT_EPERM);
 	T_EQ(th_stat(&d, "tenants_registered_total"), 3);
 	/* Root is not on the lists: refused with the reason. */
-	struct kvt_config cfg = small_cfg(&d, "root-engine", "full");
+	struct kvt_config cfg = th_small_cfg(&d, "root-engine", "full");
 	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPERM);
 	T_ASSERT(strstr(err, "not allowed"));
 	T_ASSERT(strstr(err, "allow_uids"));
@@ -1164,7 +1145,7 @@ TEST(pressure, tightening_shrinks_budgets_at_the_next_sync)
 	kvt_seq seq, hs[2];
 	struct kvt_list v;
 	th_daemon_start(&d, "4M", NULL); /* 2 chunks */
-	struct kvt_config cfg = small_cfg(&d, "squeezed", "streaming:tokens=8");
+	struct kvt_config cfg = th_small_cfg(&d, "squeezed", "streaming:tokens=8");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
@@ -1238,7 +1219,7 @@ TEST(faults, sigkill_during_syncs_gives_econn_and_a_restart_serves_again)
 	kvt_client *c, *fresh;
 	kvt_seq seq;
 	th_daemon_start(&d, "16M", NULL);
-	struct kvt_config cfg = small_cfg(&d, "crashy", "streaming:tokens=8");
+	struct kvt_config cfg = th_small_cfg(&d, "crashy", "streaming:tokens=8");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));
 	pid_t daemon_pid = d.pid;
