@@ -1382,6 +1382,30 @@ static void srv_watchdog_cb(uv_timer_t *t)
 
 /* SIGHUP: the file (and the command line over it) again; only mutable
  * settings change, a bad file changes nothing, tenants stay. */
+/* SIGHUP also re-reads every tenant's scorer weights; a tenant whose new
+ * weights do not load keeps its old ones, and nobody is dropped. */
+static void srv_reload_weights(struct server *s)
+{
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
+		struct srv_tenant *st = s->tenants[i];
+		char why[KVT_ERRTEXT_MAX];
+		if (!st)
+			continue;
+		int rv = tenant_reload_policy(st->t, why, sizeof(why));
+		if (rv > 0) {
+			s->st.weights_reloads_total++;
+			LOG(LOG_LVL_NOTICE, "SIGHUP: tenant %" PRIu32 " '%s': "
+			    "weights re-read (%s)", st->id, tenant_name(st->t),
+			    tenant_policy_spec(st->t));
+		} else if (rv < 0) {
+			s->st.weights_reload_failures_total++;
+			LOG(LOG_LVL_ERR, "SIGHUP: tenant %" PRIu32 " '%s' keeps "
+			    "its old weights: %s", st->id, tenant_name(st->t),
+			    why);
+		}
+	}
+}
+
 static void srv_reload(struct server *s)
 {
 	struct config next;
@@ -1410,6 +1434,7 @@ static void srv_reload(struct server *s)
 			    "change while kvtrimd runs; restart to apply",
 			    ignored);
 	}
+	srv_reload_weights(s);
 	notify_ready();
 }
 

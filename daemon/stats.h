@@ -74,7 +74,11 @@
 	X(config_reload_failures_total, "config_reload_failures_total", "",    \
 	  "config reloads refused (the old config was kept)")                  \
 	X(config_sets_total, "config_sets_total", "",                          \
-	  "settings changed live with kvtrimctl config set")
+	  "settings changed live with kvtrimctl config set")                   \
+	X(weights_reloads_total, "weights_reloads_total", "",                  \
+	  "tenant scorer weights re-read on SIGHUP")                           \
+	X(weights_reload_failures_total, "weights_reload_failures_total", "",  \
+	  "weight reloads refused (the tenant kept its old weights)")
 
 #define STATS_GAUGES(X)                                                        \
 	X(uptime_seconds, "uptime_seconds", "", "seconds since kvtrimd started")\

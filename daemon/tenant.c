@@ -673,6 +673,29 @@ void tenant_free(struct tenant *t)
 uint32_t tenant_id(const struct tenant *t) { return t->id; }
 const char *tenant_name(const struct tenant *t) { return t->name; }
 const char *tenant_policy_spec(const struct tenant *t) { return t->pol->spec; }
+int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
+{
+	const struct policy *old = t->pol;
+	struct policy *np;
+	if (!strstr(old->spec, "model="))
+		return 0;
+	int rc = policy_create(old->spec, &old->geom, &np, err, errlen);
+	if (rc)
+		return rc;
+	if (np->entry_floats != old->entry_floats ||
+	    np->layer_state_bytes != old->layer_state_bytes ||
+	    np->lookback != old->lookback) {
+		policy_free(np);
+		return errors_fmt(err, errlen, KVT_EPOLICY,
+		                  "the new weights change the policy's state "
+		                  "layout; re-register the tenant to use them");
+	}
+	policy_set_pressure(np, t->pressure);
+	policy_free(t->pol);
+	t->pol = np;
+	return 1;
+}
+
 float tenant_pressure(const struct tenant *t) { return t->pressure; }
 
 void tenant_set_pressure(struct tenant *t, float level)

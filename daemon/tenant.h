@@ -70,6 +70,16 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
  * event, which the client's stream waits on.
  */
 
+/*
+ * Re-reads the tenant's policy from its spec, the scorer weights files
+ * included (SIGHUP), and swaps it in between two syncs.  The new policy must
+ * fit the running state: the same per-entry and per-layer state sizes and
+ * lookback, else it is refused.  Returns 1 when swapped, 0 when the spec
+ * loads no weights (nothing to re-read), or a negative code with a reason;
+ * on refusal the tenant keeps its old policy unchanged.
+ */
+int tenant_reload_policy(struct tenant *t, char *err, size_t errlen);
+
 /* Releases every chunk back to the pool and frees the tenant.  NULL-safe. */
 void tenant_free(struct tenant *t);
 

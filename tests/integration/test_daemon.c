@@ -17,6 +17,7 @@
 #include "handle.h"
 #include "kvtrim.h"
 #include "test.h"
+#include "weights.h"
 
 static void sleep_ms(int ms)
 {
@@ -656,5 +657,98 @@ TEST_T(badinput, garbage_flood_while_others_verify, 120)
 	T_ASSERT(strstr(out, "mismatches=0"));
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	T_ASSERT(th_stat(&d, "errors_total") >= 300);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* kvzap linear weights for the small model: scores = bias for any x. */
+static void write_kvzap(const char *path, float bias)
+{
+	static float w[2][2 * 32], b[2][2];
+	struct weights_tensor t[4];
+	char names[4][32];
+	for (int l = 0; l < 2; l++) {
+		for (int i = 0; i < 2 * 32; i++)
+			w[l][i] = 0;
+		b[l][0] = b[l][1] = bias;
+		snprintf(names[2 * l], 32, "layers.%d.weight", l);
+		snprintf(names[2 * l + 1], 32, "layers.%d.bias", l);
+		t[2 * l] = (struct weights_tensor){names[2 * l], 2, {2, 32, 0, 0},
+		                                   w[l]};
+		t[2 * l + 1] = (struct weights_tensor){names[2 * l + 1], 1,
+		                                       {2, 0, 0, 0}, b[l]};
+	}
+	char err[256];
+	T_OK(weights_write(path, t, 4, err, sizeof(err)));
+}
+
+static void kvzap_tokens(kvt_client *c, kvt_seq seq, uint32_t *pos, int n)
+{
+	for (int i = 0; i < n; i++, (*pos)++) {
+		put_token(c, seq, 0, 3, *pos);
+		for (uint32_t l = 0; l < 2; l++) {
+			float *x = kvt_stage_x(c, seq, l, *pos);
+			T_ASSERT(x);
+			memset(x, 0, 32 * sizeof(float));
+		}
+		struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
+		T_OK(kvt_sync(c, &it, 1));
+	}
+}
+
+static uint64_t wait_stat(const struct th_daemon *d, const char *key,
+                          uint64_t want)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 100 && (v = th_stat(d, key)) < want; i++)
+		sleep_ms(20);
+	return v;
+}
+
+TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX], path[512], spec[700];
+	snprintf(path, sizeof(path), "%s/kvzap.safetensors", th_tmpdir());
+	write_kvzap(path, 0.0f); /* score 0 >= -4: everything kept */
+	th_daemon_start(&d, "16M", NULL);
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,threshold=-4,window=4",
+	         path);
+	struct kvt_config cfg = th_small_cfg(&d, "reloader", spec);
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	uint32_t pos = 0;
+	kvzap_tokens(c, seq, &pos, 10);
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.entries_evicted, 0);
+
+	/* New weights: every score -10 < -4.  kvzap scores an entry when it
+	 * arrives and decides when it leaves the 4-entry window, so after
+	 * SIGHUP tokens 10..15 arrive with score -10 and, at n_seen 16,
+	 * positions 10 and 11 have left the window (6..9 were scored 0 by
+	 * the old weights and stay): 2 positions x 4 lists. */
+	write_kvzap(path, -10.0f);
+	kill(d.pid, SIGHUP);
+	T_EQ_U64(wait_stat(&d, "weights_reloads_total", 1), 1);
+	kvzap_tokens(c, seq, &pos, 6);
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.entries_evicted, 2 * 4);
+
+	/* A broken file (wrong shape) is refused; the tenant keeps the
+	 * weights it had and goes on evicting with them: 2 more tokens,
+	 * positions 12 and 13 leave the window. */
+	static float bad[3];
+	struct weights_tensor t = {"layers.0.weight", 1, {3, 0, 0, 0}, bad};
+	T_OK(weights_write(path, &t, 1, err, sizeof(err)));
+	kill(d.pid, SIGHUP);
+	T_EQ_U64(wait_stat(&d, "weights_reload_failures_total", 1), 1);
+	T_EQ_U64(th_stat(&d, "tenants"), 1);
+	kvzap_tokens(c, seq, &pos, 2);
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.entries_evicted, 4 * 4);
+	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
 }
