@@ -1058,7 +1058,9 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		}
 		if (rv)
 			return rv;
-		stats_observe(&s->st.scorer_time, (double)(now_us() - t0) / 1e6);
+		stats_observe(&s->st.apply_time, (double)(now_us() - t0) / 1e6);
+		stats_observe(&s->st.scorer_time,
+		              (double)tenant_scorer_ns(st->t) / 1e9);
 		tenant_stats(st->t, &after);
 		s->st.syncs_total++;
 		s->st.sync_items_total += r->u.sync.n;

@@ -113,8 +113,10 @@
 #define STATS_HISTOGRAMS(X)                                                    \
 	X(sync_latency, "sync_latency_seconds", "",                            \
 	  "sync requests: receipt to reply, including any backpressure wait")  \
+	X(apply_time, "sync_apply_seconds", "",                                \
+	  "time in the tenant's sync apply: scoring, decisions, compaction, pages") \
 	X(scorer_time, "scorer_seconds", "",                                   \
-	  "time in the tenant's sync apply: scoring, decisions and compaction")
+	  "time in the policies' scoring and decisions (part of sync_apply)")
 
 #define STATS_TENANT_U64(X)                                                    \
 	X(pid, STATS_GAUGE, "tenant_pid", "process id of the tenant's engine") \

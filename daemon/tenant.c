@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -87,6 +88,7 @@ struct tenant {
 	uint64_t free_pages;   /* sum of n_free over live chunks */
 	uint64_t kept;         /* sum of len over open lists */
 	uint32_t alloc_cur;    /* chunk being drained by page_alloc, or -1 */
+	uint64_t scorer_ns;    /* time in policy_decide during the last sync */
 
 	/* Revoked chunks, destroyed after their REVOKE event was sent (legacy
 	 * IPC chunks: after the client said CHUNK_CLOSED). */
@@ -696,6 +698,8 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 	return 1;
 }
 
+uint64_t tenant_scorer_ns(const struct tenant *t) { return t->scorer_ns; }
+
 float tenant_pressure(const struct tenant *t) { return t->pressure; }
 
 void tenant_set_pressure(struct tenant *t, float level)
@@ -1006,6 +1010,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 {
 	const struct shm_geom *g = &t->g;
 	size_t entries = 0, nlists = 0;
+	t->scorer_ns = 0;
 	int rc = validate(t, items, n, &entries, &nlists, err, errlen);
 	if (rc)
 		return rc;
@@ -1099,7 +1104,13 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				return errors_fmt(err, errlen, rc, "%s backend: "
 				            "staging keys: %s", t->bops->name,
 				            t->bops->last_error());
+			struct timespec d0, d1;
+			clock_gettime(CLOCK_MONOTONIC, &d0);
 			rc = policy_decide(t->pol, &pl);
+			clock_gettime(CLOCK_MONOTONIC, &d1);
+			t->scorer_ns += (uint64_t)((d1.tv_sec - d0.tv_sec) *
+			                           1000000000ll +
+			                           (d1.tv_nsec - d0.tv_nsec));
 			if (rc)
 				return errors_fmt(err, errlen, rc, "policy %s: %s",
 				            t->pol->ops->name, kvt_strerror(rc));

@@ -80,6 +80,10 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
  */
 int tenant_reload_policy(struct tenant *t, char *err, size_t errlen);
 
+/* Nanoseconds the last tenant_sync spent in the policy's scoring and
+ * decisions (the rest of the apply is commits, compaction and pages). */
+uint64_t tenant_scorer_ns(const struct tenant *t);
+
 /* Releases every chunk back to the pool and frees the tenant.  NULL-safe. */
 void tenant_free(struct tenant *t);
 
