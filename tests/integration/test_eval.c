@@ -1,8 +1,11 @@
 /*
  * test_eval.c — kvtrim-train --quick and kvtrim-eval --quick on bytes2m
  * against a real kvtrimd: every policy runs, the csv has the documented
- * columns, and the full cache compared with itself gives KL 0 and top-1
- * agreement 1.  Skips when the shared models are absent.
+ * columns, the full cache compared with itself gives KL 0 and top-1
+ * agreement 1, both kvzap scorers have threshold-sweep rows (no target,
+ * achieved ratio measured), and the needle figures of the full cache are
+ * written per depth, with needle_acc filled only where one reaches the
+ * bar.  Skips when the shared models are absent.
  */
 #include <math.h>
 #include <stdio.h>
@@ -46,31 +49,55 @@ TEST_T(eval, quick_bytes2m, 240)
 	T_ASSERT(f);
 	T_ASSERT(fgets(line, sizeof(line), f));
 	T_EQ_STR(line, "model,policy,target_ratio,achieved_ratio,kl,top1,"
-	               "dnll,copy_acc,needle_acc\n");
+	               "dnll,copy_acc,needle_acc,threshold\n");
 	static const char *const want[] = {
 		"full", "random", "streaming", "h2o", "snapkv", "tova",
 		"kvzap-linear", "kvzap-mlp", "fastkvzip", "kvpop", "kvzip",
 		"oracle"};
-	int seen[12] = {0};
+	int seen[12] = {0}, sweeps[2] = {0}, needles = 0;
 	while (fgets(line, sizeof(line), f)) {
-		char model[64], pol[64];
-		double tg, ach, kl, top1, dnll, copy;
-		int n = sscanf(line, "%63[^,],%63[^,],%lf,%lf,%lf,%lf,%lf,%lf",
-		               model, pol, &tg, &ach, &kl, &top1, &dnll, &copy);
-		if (n != 8)
+		/* 10 fields, empty ones allowed */
+		char fld[10][64];
+		int nf = 0;
+		const char *p = line;
+		for (;;) {
+			size_t len = strcspn(p, ",\n");
+			T_ASSERT(nf < 10 && len < 64);
+			memcpy(fld[nf], p, len);
+			fld[nf++][len] = 0;
+			if (p[len] != ',')
+				break;
+			p += len + 1;
+		}
+		if (nf != 10)
 			th_fail(__FILE__, __LINE__, "bad row: %s", line);
-		T_EQ_STR(model, "bytes2m");
+		const char *pol = fld[1];
+		double ach = atof(fld[3]), kl = atof(fld[4]),
+		       top1 = atof(fld[5]), dnll = atof(fld[6]);
+		T_EQ_STR(fld[0], "bytes2m");
 		for (int i = 0; i < 12; i++)
 			if (!strcmp(pol, want[i]))
 				seen[i] = 1;
+		T_ASSERT(fld[3][0] && fld[4][0] && fld[5][0] && fld[7][0]);
 		T_ASSERT(kl >= 0 && top1 >= 0 && top1 <= 1);
 		T_ASSERT(ach >= 0 && ach < 1);
+		needles += fld[8][0] != 0;
+		int kvzap = !strncmp(pol, "kvzap-", 6);
+		/* the threshold column: kvzap rows only */
+		T_ASSERT(!!fld[9][0] == kvzap);
+		if (!fld[2][0]) {
+			/* a threshold-sweep row: kvzap, achieved ratio measured */
+			T_ASSERT(kvzap);
+			sweeps[!strcmp(pol, "kvzap-mlp")]++;
+			T_ASSERT(ach > 0.1 && kl > 0);
+			continue;
+		}
 		if (!strcmp(pol, "full")) {
 			T_ASSERT(kl < 1e-6);
 			T_ASSERT(top1 == 1.0);
 			T_ASSERT(fabs(dnll) < 1e-5);
 			T_ASSERT(ach == 0.0);
-			T_ASSERT(copy > 0.5); /* the model copies (README) */
+			T_ASSERT(atof(fld[7]) > 0.5); /* the model copies */
 		} else {
 			T_ASSERT(ach > 0.5); /* quick runs at ratio 0.75 */
 			T_ASSERT(kl > 0);
@@ -80,6 +107,28 @@ TEST_T(eval, quick_bytes2m, 240)
 	for (int i = 0; i < 12; i++)
 		if (!seen[i])
 			th_fail(__FILE__, __LINE__, "no row for %s", want[i]);
+	T_ASSERT(sweeps[0] >= 1 && sweeps[1] >= 1);
+	/* needles: the full cache's figures per depth; needle_acc is
+	 * filled exactly when some depth reached the bar */
+	snprintf(path, sizeof(path), "%s/out/needle-bytes2m.txt", th_tmpdir());
+	f = fopen(path, "r");
+	T_ASSERT(f);
+	int depths = 0, pass = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned dep, nc;
+		double dg, ex;
+		char st[16];
+		if (sscanf(line, "full %u %u %lf %lf %15s", &dep, &nc, &dg, &ex,
+		           st) != 5)
+			continue;
+		depths++;
+		T_ASSERT(nc >= 1 && dg >= 0 && dg <= 1 && ex >= 0 && ex <= dg);
+		T_ASSERT(!strcmp(st, dg >= 0.5 ? "pass" : "below"));
+		pass += dg >= 0.5;
+	}
+	fclose(f);
+	T_ASSERT(depths == 4);
+	T_ASSERT(pass ? needles > 0 : needles == 0);
 	snprintf(path, sizeof(path), "%s/out/quality.md", th_tmpdir());
 	T_ASSERT(access(path, R_OK) == 0);
 	th_daemon_stop(&d);

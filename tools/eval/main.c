@@ -27,14 +27,29 @@
  *   - Copy (byte models): BOS, a held-out line of 55-65 bytes, 200 bytes of
  *     held-out filler, the line again; prefill through the filler, decode
  *     the second copy; copy_acc = top-1 accuracy of its bytes from the 9th
- *     on (the protocol of models/README.md).  needle_acc stays empty: the
- *     shipped models do not retrieve key-value needles with a full cache
- *     (models/README.md), and a needle is only reported where full works.
+ *     on (the protocol of models/README.md).
+ *   - Needles (byte models): 16 cases per depth (--quick: 1) of 512 bytes
+ *     of held-out filler (evaluation split) with three distractor records
+ *     `code WXYZ: 12345` and the target `code ABCD: 48213`, then depth =
+ *     50 / 100 / 200 / 400 bytes later the query `code ABCD: ` and the 5
+ *     digits (seeded keys and digits; make_needle).  Prefill stops where
+ *     the query starts; the digits are scored teacher-forced, per-digit
+ *     top-1 and exact (all 5).  The full cache is scored first (from the
+ *     reference logits); only the depths where it reaches NEEDLE_BAR
+ *     per digit (chance 0.1) are run for the policies, and needle_acc is
+ *     the per-digit accuracy over them, else empty.  DIR/needle-<model>.txt
+ *     has the full-cache figures per depth (and the policies' per depth).
  *   - Budgets: ratio policies get ratio=R; kvpop (a token budget) gets the
  *     N whose mean achieved ratio over the scored steps is R; kvzap (a
  *     threshold) gets the tau that achieves R on the TRAINING split under
  *     this protocol (computed offline from its own scores; the achieved
  *     ratio on the evaluation inputs is then measured, not assumed).
+ *   - Sweep: kvzap-linear and kvzap-mlp also run at 6 fixed thresholds
+ *     (--quick: 2) chosen on the training split (sweep_grid: those that
+ *     reach ratios evenly spaced over 0.30 .. 0.95, or 0.01 under the cap
+ *     the window sets, rounded to multiples of 0.25); rows with an empty
+ *     target_ratio, the threshold in the threshold column, the achieved
+ *     ratio measured.
  *   - kvzip and oracle cannot run in the daemon (they need the model, and
  *     the daemon takes no external scores), so they run through
  *     tools/eval/replay.h, an in-process cache with the same forward,
@@ -49,12 +64,15 @@
  *               full-cache run from the queries t in [n, T - 2] (max
  *               over the group's query heads); per-head top-k to the
  *               ratio budget, like the ratio policies.
- * Output: DIR/quality.csv (rows of other models already there are kept),
- * DIR/quality.md, DIR/quality.png (gnuplot, skipped with a note when
- * absent), DIR/specs-<model>.txt (the exact policy specs).
+ * Output: DIR/quality.csv (rows of other models already there are kept;
+ * columns model, policy, target_ratio, achieved_ratio, kl, top1, dnll,
+ * copy_acc, needle_acc, threshold), DIR/quality.md, DIR/quality.png
+ * (gnuplot, skipped with a note when absent), DIR/specs-<model>.txt (the
+ * exact policy specs), DIR/needle-<model>.txt (byte models).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -84,14 +102,32 @@ void openblas_set_num_threads(int n);
 #define COPY_FILLER 200u
 #define COPY_SKIP 8u
 #define KVZIP_SINKS 4u
-#define MAX_JOBS 64
+#define MAX_JOBS 96
+/* Key-value needles (byte models): depths in bytes between the end of the
+ * target record and the start of its query; every case is NEEDLE_LEN
+ * bytes long (BOS included); NEEDLE_DIGITS digits per value. */
+#define NEEDLE_NDEPTH 4
+#define NEEDLE_LEN 512u
+#define NEEDLE_DIGITS 5u
+#define NEEDLE_DISTRACTORS 3u
+#define NEEDLE_BAR 0.5 /* full-cache per-digit accuracy a depth needs */
+#define NEEDLE_SEED 0x6e6565646c652d31ull /* "needle-1" */
+static const uint32_t needle_depth[NEEDLE_NDEPTH] = {50, 100, 200, 400};
+/* kvzap threshold sweep: the grid spans the thresholds that reach these
+ * ratios on the training split */
+#define SWEEP_LO 0.30
+#define SWEEP_HI 0.95
+
+/* What a case is scored by (also the engine a daemon job runs it on). */
+enum ckind { C_MAIN = 0, C_COPY = 1, C_NEEDLE = 2, C_NKIND };
 
 /* One input: tokens, prefill length, and what is scored. */
 struct ecase {
 	int32_t *tok;   /* [T] */
 	uint32_t T, P;
-	int copy;       /* 1: copy case (scored by copy accuracy) */
-	uint32_t c0;    /* copy: first scored target position */
+	enum ckind kind;
+	uint32_t c0;    /* copy / needle: first scored target position */
+	uint32_t di;    /* needle: depth index */
 	float *ref;     /* [T - 1 - P][V] full-cache logits of steps P..T-2 */
 	float *kvzip;   /* [L][n_kv][P] KVzip scores of the prompt */
 };
@@ -102,11 +138,18 @@ struct job {
 	char name[32];
 	double ratio;
 	enum jkind kind;
-	char spec[KVT_SPEC_MAX], spec_copy[KVT_SPEC_MAX];
-	struct engine *e, *ec;
+	int sweep;      /* 1: fixed-threshold sweep row (ratio unused) */
+	double tau;     /* kvzap threshold, NaN for other policies */
+	/* spec[C_MAIN] always; spec[C_COPY] / spec[C_NEEDLE] when those
+	 * cases need their own budget (kvpop), else they run on e[C_MAIN] */
+	char spec[C_NKIND][KVT_SPEC_MAX];
+	struct engine *e[C_NKIND];
 	/* results */
 	double kl, top1, dnll, ach;
 	uint64_t npos, nach, copy_ok, copy_n;
+	uint64_t nd_ok[NEEDLE_NDEPTH], nd_n[NEEDLE_NDEPTH],
+	         nd_exact[NEEDLE_NDEPTH], nd_cases[NEEDLE_NDEPTH];
+	uint32_t case_ok; /* needle digits right in the current case */
 	int failed;
 	char err[600];
 };
@@ -171,15 +214,21 @@ static void score_step(struct job *j, const struct ecase *c, uint32_t t,
 	uint32_t V = M->cfg.vocab_size;
 	const float *rf = c->ref + (size_t)(t - c->P) * V;
 	int32_t y = c->tok[t + 1];
-	if (c->copy) {
+	if (c->kind != C_MAIN) {
 		if (t + 1 < c->c0)
 			return;
 		uint32_t am = 0;
 		for (uint32_t v = 1; v < V; v++)
 			if (lg[v] > lg[am])
 				am = v;
-		j->copy_ok += (int32_t)am == y;
-		j->copy_n++;
+		if (c->kind == C_COPY) {
+			j->copy_ok += (int32_t)am == y;
+			j->copy_n++;
+		} else {
+			j->nd_ok[c->di] += (int32_t)am == y;
+			j->nd_n[c->di]++;
+			j->case_ok += (int32_t)am == y;
+		}
 		return;
 	}
 	double mf = rf[0], me = lg[0];
@@ -213,7 +262,7 @@ static void score_step(struct job *j, const struct ecase *c, uint32_t t,
 static void add_ach(struct job *j, const struct ecase *c, uint64_t kept,
                     uint32_t n_seen)
 {
-	if (c->copy)
+	if (c->kind != C_MAIN)
 		return;
 	const struct model_config *mc = &M->cfg;
 	j->ach += 1.0 - (double)kept / ((double)n_seen * mc->n_layers *
@@ -239,7 +288,7 @@ static uint64_t engine_kept(struct engine *e)
 
 static int run_daemon_case(struct job *j, const struct ecase *c, float *lg)
 {
-	struct engine *e = c->copy && j->ec ? j->ec : j->e;
+	struct engine *e = j->e[c->kind] ? j->e[c->kind] : j->e[C_MAIN];
 	int rc = engine_reset(e);
 	if (!rc)
 		rc = engine_feed(e, c->tok, c->P, KVT_PHASE_PREFILL, NULL);
@@ -425,14 +474,26 @@ static void *worker(void *arg)
 			break;
 		struct job *j = &jobs[k];
 		for (uint32_t i = 0; i < ncases && !j->failed; i++) {
+			const struct ecase *c = &cases[i];
+			j->case_ok = 0;
 			int rc = j->kind == J_DAEMON
-			                 ? run_daemon_case(j, &cases[i], lg)
-			                 : run_replay_case(j, r, &cases[i], lg);
+			                 ? run_daemon_case(j, c, lg)
+			                 : run_replay_case(j, r, c, lg);
 			if (rc)
 				j->failed = 1;
+			else if (c->kind == C_NEEDLE) {
+				j->nd_cases[c->di]++;
+				j->nd_exact[c->di] += j->case_ok == NEEDLE_DIGITS;
+			}
 		}
-		fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name, j->ratio,
-		        j->failed ? ": FAILED: " : "", j->failed ? j->err : "");
+		if (j->sweep)
+			fprintf(stderr, "  %-13s tau %.2f done%s%s\n", j->name,
+			        j->tau, j->failed ? ": FAILED: " : "",
+			        j->failed ? j->err : "");
+		else
+			fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name,
+			        j->ratio, j->failed ? ": FAILED: " : "",
+			        j->failed ? j->err : "");
 	}
 	replay_close(r);
 	free(lg);
@@ -522,7 +583,7 @@ static uint32_t make_copy(struct ecase *out, uint32_t want)
 		uint32_t len = clen[ci];
 		struct ecase *c = &out[s];
 		memset(c, 0, sizeof(*c));
-		c->copy = 1;
+		c->kind = C_COPY;
 		c->T = 1 + len + COPY_FILLER + len;
 		c->P = 1 + len + COPY_FILLER;
 		c->c0 = c->P + COPY_SKIP;
@@ -541,6 +602,123 @@ static uint32_t make_copy(struct ecase *out, uint32_t want)
 	free(clen);
 	free(text);
 	return k;
+}
+
+/* Key-value needle cases from the evaluation text (byte models): NEEDLE_LEN
+ * bytes, BOS then consecutive held-out filler from a seeded offset into
+ * which are set, each on a line of its own (the filler byte before it
+ * becomes a newline), three distractor records `code WXYZ: 12345`, 4-8
+ * filler bytes apart, then the target record `code ABCD: 48213`, then
+ * exactly depth bytes of filler, then the query `code ABCD: ` and the
+ * target's 5 digits, which end the case.  Keys are 4 random uppercase
+ * letters, distinct within a case; digits uniform.  Prefill stops where
+ * the query starts: the query is decoded with the policy active and the
+ * digits are scored teacher-forced (per-digit top-1, and exact = all 5).
+ * Case s has depth needle_depth[s % NEEDLE_NDEPTH]. */
+/* Writes the first n bytes of "code KEY: VALUE\n" (17) at t. */
+static void needle_record(int32_t *t, const char *key, const char *val,
+                          size_t n)
+{
+	char b[32];
+	snprintf(b, sizeof(b), "code %.4s: %.5s\n", key, val);
+	for (size_t i = 0; i < n && b[i]; i++)
+		t[i] = (unsigned char)b[i];
+}
+
+static void make_needle(struct ecase *out, uint32_t want)
+{
+	char *text, err[512];
+	size_t n;
+	if (dataset_text(DATASET_EVAL, &text, &n, err, sizeof(err)))
+		die("%s", err);
+	if (n < 2 * NEEDLE_LEN)
+		die("needles: evaluation text too short");
+	const uint32_t rec = 17; /* "code ABCD: 48213\n" */
+	for (uint32_t s = 0; s < want; s++) {
+		struct ecase *c = &out[s];
+		uint64_t st = NEEDLE_SEED + 0x9e3779b97f4a7c15ull * (s + 1);
+		(void)dataset_rng(&st);
+		char key[NEEDLE_DISTRACTORS + 1][5], val[NEEDLE_DISTRACTORS + 1][6];
+		for (uint32_t k = 0; k <= NEEDLE_DISTRACTORS; k++) {
+			int dup;
+			do {
+				for (int i = 0; i < 4; i++)
+					key[k][i] = (char)('A' +
+					            dataset_rng(&st) % 26);
+				key[k][4] = 0;
+				dup = 0;
+				for (uint32_t q = 0; q < k; q++)
+					dup |= !memcmp(key[q], key[k], 4);
+			} while (dup);
+			for (uint32_t i = 0; i < NEEDLE_DIGITS; i++)
+				val[k][i] = (char)('0' + dataset_rng(&st) % 10);
+			val[k][5] = 0;
+		}
+		uint32_t gap[NEEDLE_DISTRACTORS], gs = 0;
+		for (uint32_t k = 0; k < NEEDLE_DISTRACTORS; k++)
+			gs += gap[k] = 4 + (uint32_t)(dataset_rng(&st) % 5);
+		size_t f = dataset_rng(&st) % (n - NEEDLE_LEN);
+		memset(c, 0, sizeof(*c));
+		c->kind = C_NEEDLE;
+		c->di = s % NEEDLE_NDEPTH;
+		uint32_t depth = needle_depth[c->di];
+		c->T = NEEDLE_LEN;
+		c->c0 = c->T - NEEDLE_DIGITS;
+		c->P = c->c0 - 11; /* "code ABCD: " */
+		uint32_t lead = c->P - depth - rec * (NEEDLE_DISTRACTORS + 1) -
+		                gs - 1;
+		if ((int32_t)lead < 1)
+			die("needles: depth %u does not fit", depth);
+		c->tok = malloc(sizeof(int32_t) * c->T);
+		if (!c->tok)
+			die("out of memory");
+		/* filler everywhere, then the records over it */
+		c->tok[0] = MODEL_BOS;
+		for (uint32_t i = 1; i < c->T; i++)
+			c->tok[i] = (unsigned char)text[f + i - 1];
+		uint32_t at = 1 + lead;
+		for (uint32_t k = 0; k <= NEEDLE_DISTRACTORS; k++) {
+			/* k < NEEDLE_DISTRACTORS: distractor k; last: target */
+			uint32_t r = k < NEEDLE_DISTRACTORS ? k + 1 : 0;
+			c->tok[at - 1] = '\n';
+			needle_record(c->tok + at, key[r], val[r], rec);
+			at += rec + (k < NEEDLE_DISTRACTORS ? gap[k] : depth);
+		}
+		if (at != c->P)
+			die("needles: layout error");
+		c->tok[at - 1] = '\n';
+		/* the query and the digits: the case ends there */
+		needle_record(c->tok + at, key[0], val[0], c->T - at);
+	}
+	free(text);
+}
+
+/* Full-cache needle accuracy per depth from the reference logits. */
+static void needle_full(const struct ecase *c, uint32_t nc, double *digit,
+                        double *exact, uint32_t *per_depth)
+{
+	uint32_t V = M->cfg.vocab_size;
+	uint64_t ok[NEEDLE_NDEPTH] = {0}, ex[NEEDLE_NDEPTH] = {0};
+	memset(per_depth, 0, sizeof(uint32_t) * NEEDLE_NDEPTH);
+	for (uint32_t i = 0; i < nc; i++) {
+		uint32_t k = 0;
+		for (uint32_t t = c[i].c0 - 1; t + 1 < c[i].T; t++) {
+			const float *rf = c[i].ref + (size_t)(t - c[i].P) * V;
+			uint32_t am = 0;
+			for (uint32_t v = 1; v < V; v++)
+				if (rf[v] > rf[am])
+					am = v;
+			k += (int32_t)am == c[i].tok[t + 1];
+		}
+		ok[c[i].di] += k;
+		ex[c[i].di] += k == NEEDLE_DIGITS;
+		per_depth[c[i].di]++;
+	}
+	for (int d = 0; d < NEEDLE_NDEPTH; d++) {
+		digit[d] = per_depth[d] ? (double)ok[d] /
+		           ((double)per_depth[d] * NEEDLE_DIGITS) : NAN;
+		exact[d] = per_depth[d] ? (double)ex[d] / per_depth[d] : NAN;
+	}
 }
 
 /* ------------------------------------------------------------ kvzap tau */
@@ -641,6 +819,8 @@ static float *kvzap_scores(const char *dir, const struct dataset *cal,
 	return s;
 }
 
+static int same_f(float a, float b) { return fabsf(a - b) < 1e-6f; }
+
 /* Bisection of tau for the target ratio (achieved grows with tau). */
 static float kvzap_tau(const float *s, uint32_t ncal, uint32_t T, uint32_t P,
                        uint32_t w, double R)
@@ -654,6 +834,36 @@ static float kvzap_tau(const float *s, uint32_t ncal, uint32_t T, uint32_t P,
 			hi = mid;
 	}
 	return 0.5f * (lo + hi);
+}
+
+/* The sweep's fixed thresholds, chosen on the training split: for npts
+ * ratios evenly spaced from SWEEP_LO to hi (hi = SWEEP_HI or, when the
+ * window caps kvzap below that, 0.01 under the cap), the threshold that
+ * reaches it, rounded to a multiple of SWEEP_ROUND; duplicates once. */
+#define SWEEP_ROUND 0.25
+static uint32_t sweep_grid(const char *name, const float *s, uint32_t ncal,
+                           uint32_t T, uint32_t P, uint32_t w,
+                           uint32_t npts, float *out)
+{
+	double cap = kvzap_ratio(s, ncal, T, P, w, INFINITY);
+	double rhi = cap - 0.01 < SWEEP_HI ? cap - 0.01 : SWEEP_HI;
+	uint32_t n = 0;
+	fprintf(stderr, "kvtrim-eval: %s sweep (training split, cap %.3f):",
+	        name, cap);
+	for (uint32_t i = 0; i < npts; i++) {
+		double r = npts > 1 ? SWEEP_LO + (rhi - SWEEP_LO) * i /
+		                              (npts - 1) : SWEEP_LO;
+		float tau = (float)(SWEEP_ROUND *
+		                    round(kvzap_tau(s, ncal, T, P, w, r) /
+		                          SWEEP_ROUND));
+		if (n && same_f(out[n - 1], tau))
+			continue;
+		out[n++] = tau;
+		fprintf(stderr, " %.2f (%.3f)", tau,
+		        kvzap_ratio(s, ncal, T, P, w, tau));
+	}
+	fputc('\n', stderr);
+	return n;
 }
 
 /* ------------------------------------------------------------ daemon */
@@ -712,10 +922,17 @@ static void start_daemon(const char *argv0, char *rt, size_t rtlen)
 
 /* ------------------------------------------------------------ output */
 
+#define CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl,top1,dnll," \
+	           "copy_acc,needle_acc,threshold"
+
+/* One csv row.  Sweep rows (kvzap at a fixed threshold) have no target;
+ * tau is the kvzap threshold (calibrated or swept), empty otherwise. */
 struct row {
 	char model[64], policy[64];
-	double target, ach, kl, top1, dnll, copy, needle; /* NaN = empty */
+	double target, ach, kl, top1, dnll, copy, needle, tau; /* NaN = empty */
 };
+
+static int is_sweep(const struct row *r) { return isnan(r->target); }
 
 static void fmt_num(char *b, size_t n, double v, const char *f)
 {
@@ -725,12 +942,13 @@ static void fmt_num(char *b, size_t n, double v, const char *f)
 		snprintf(b, n, f, v);
 }
 
+/* Reads a row of this header or of the earlier one (no threshold). */
 static int parse_row(const char *line, struct row *r)
 {
-	char f[9][64];
+	char f[10][64];
 	int k = 0;
 	const char *p = line;
-	while (k < 9) {
+	while (k < 10) {
 		const char *e = strpbrk(p, ",\n");
 		size_t len = e ? (size_t)(e - p) : strlen(p);
 		if (len >= 64)
@@ -742,20 +960,22 @@ static int parse_row(const char *line, struct row *r)
 			break;
 		p = e + 1;
 	}
-	if (k != 9)
+	if (k != 9 && k != 10)
 		return -1;
+	if (k == 9)
+		f[9][0] = 0;
 	snprintf(r->model, sizeof(r->model), "%s", f[0]);
 	snprintf(r->policy, sizeof(r->policy), "%s", f[1]);
-	double *v[7] = {&r->target, &r->ach, &r->kl, &r->top1, &r->dnll,
-	                &r->copy, &r->needle};
-	for (int i = 0; i < 7; i++)
+	double *v[8] = {&r->target, &r->ach, &r->kl, &r->top1, &r->dnll,
+	                &r->copy, &r->needle, &r->tau};
+	for (int i = 0; i < 8; i++)
 		*v[i] = f[2 + i][0] ? strtod(f[2 + i], NULL) : NAN;
 	return 0;
 }
 
 static void write_row(FILE *f, const struct row *r)
 {
-	char b[7][32];
+	char b[8][32];
 	fmt_num(b[0], 32, r->target, "%.3f");
 	fmt_num(b[1], 32, r->ach, "%.4f");
 	fmt_num(b[2], 32, r->kl, "%.6f");
@@ -763,8 +983,9 @@ static void write_row(FILE *f, const struct row *r)
 	fmt_num(b[4], 32, r->dnll, "%.5f");
 	fmt_num(b[5], 32, r->copy, "%.4f");
 	fmt_num(b[6], 32, r->needle, "%.4f");
-	fprintf(f, "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", r->model, r->policy, b[0],
-	        b[1], b[2], b[3], b[4], b[5], b[6]);
+	fmt_num(b[7], 32, r->tau, "%.4f");
+	fprintf(f, "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", r->model, r->policy,
+	        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
 }
 
 static const char *const policy_order[] = {
@@ -773,6 +994,63 @@ static const char *const policy_order[] = {
 #define NPOL (sizeof(policy_order) / sizeof(policy_order[0]))
 
 static int same(double a, double b) { return fabs(a - b) < 1e-6; }
+
+/* Indices of model's sweep rows of policy pol, by threshold. */
+static size_t sweep_rows(const struct row *rows, size_t nr, const char *model,
+                         const char *pol, size_t *idx)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < nr; i++)
+		if (is_sweep(&rows[i]) && !strcmp(rows[i].model, model) &&
+		    !strcmp(rows[i].policy, pol))
+			idx[n++] = i;
+	for (size_t a = 0; a < n; a++)
+		for (size_t b = a + 1; b < n; b++)
+			if (rows[idx[b]].tau < rows[idx[a]].tau) {
+				size_t t = idx[a];
+				idx[a] = idx[b];
+				idx[b] = t;
+			}
+	return n;
+}
+
+/* The needle paragraph of one model, from DIR/needle-<model>.txt. */
+static void md_needles(FILE *f, const char *dir, const char *model)
+{
+	char path[1200], line[512];
+	snprintf(path, sizeof(path), "%s/needle-%s.txt", dir, model);
+	FILE *nf = fopen(path, "r");
+	if (!nf) {
+		fprintf(f, "\nNeedles: not run (token-id model: no text to "
+		           "hold key-value records).\n");
+		return;
+	}
+	int n = 0, npass = 0;
+	fprintf(f, "\nNeedles (full cache, per-digit top-1 / exact, chance "
+	           "0.10 / 0.00):");
+	while (fgets(line, sizeof(line), nf)) {
+		unsigned depth, nc;
+		double dg, ex;
+		char st[16];
+		if (sscanf(line, "full %u %u %lf %lf %15s", &depth, &nc, &dg,
+		           &ex, st) != 5)
+			continue;
+		int pass = !strcmp(st, "pass");
+		npass += pass;
+		fprintf(f, "%s depth %u: %.2f / %.2f (%u cases%s)", n ? ";" : "",
+		        depth, dg, ex, nc, pass ? ", run" : ", below the bar");
+		n++;
+	}
+	fclose(nf);
+	if (!npass)
+		fprintf(f, ". No depth reaches the bar (per digit >= %.2f): "
+		           "the full cache does not retrieve, so needle_acc "
+		           "stays empty for every policy.\n", NEEDLE_BAR);
+	else
+		fprintf(f, ". needle = per-digit accuracy over the depths run "
+		           "(per depth and exact match: needle-%s.txt).\n",
+		        model);
+}
 
 static void write_md(const char *dir, struct row *rows, size_t nr)
 {
@@ -801,16 +1079,37 @@ static void write_md(const char *dir, struct row *rows, size_t nr)
 	        "every kept entry counted (sinks, windows, pending decisions). "
 	        "copy = top-1 accuracy on a held-out line repeated after 200 "
 	        "bytes of filler (byte model only; bytes 9.. of the copy). "
-	        "Needles are not reported: neither model retrieves them with a "
-	        "full cache. kvzap thresholds are calibrated on the training "
+	        "needle (byte model only) = key-value retrieval: 512 bytes of "
+	        "held-out filler (evaluation split) carrying three distractor "
+	        "records `code WXYZ: 12345` and the target record `code ABCD: "
+	        "48213` (seeded random keys of 4 uppercase letters and 5 "
+	        "digits, each record on its own line), then, 50 / 100 / 200 / "
+	        "400 bytes after the target, the query `code ABCD: ` and the "
+	        "5 digits, which end the sequence; prefill stops where the "
+	        "query starts, the query is decoded with the policy active, "
+	        "the digits are scored teacher-forced (per-digit top-1; exact "
+	        "= all 5). The full cache runs it first; a depth is run for "
+	        "the policies only when the full cache's per-digit accuracy "
+	        "there is at least %.2f (chance 0.10), and needle is the "
+	        "per-digit accuracy over those depths, otherwise it stays "
+	        "empty. kvzap thresholds are calibrated on the training "
 	        "split to the target ratio; its achieved ratio on these inputs "
-	        "is what it is. kvpop gets the token budget whose mean achieved "
+	        "is what it is. kvzap is also swept over fixed thresholds, "
+	        "reported with the compression they actually reach (own table "
+	        "per model; dashed curves in quality.png): 6 thresholds per "
+	        "model and scorer, chosen on the training split only, those "
+	        "that reach ratios evenly spaced from %.2f to %.2f there (or "
+	        "0.01 under the cap its 32-entry window sets, mean 1 - 32/n) "
+	        "rounded to multiples of %.2f; the sweep rows have no "
+	        "target. kvpop gets the token budget "
+	        "whose mean achieved "
 	        "ratio is the target. snapkv and kvzip compress the prompt only "
 	        "(decode tokens are kept), so they achieve less than the "
 	        "target. oracle = hindsight (true future attention, in the "
 	        "full run, of the queries still to come), an upper bracket, not a "
 	        "deployable policy. Exact specs: specs-<model>.txt.\n\n"
-	        "Cells: KL / top-1 / dNLL (achieved ratio)[ / copy].\n");
+	        "Cells: KL / top-1 / dNLL (achieved ratio)[ / copy[ / "
+	        "needle]].\n", NEEDLE_BAR, SWEEP_LO, SWEEP_HI, SWEEP_ROUND);
 	char models[8][64];
 	int nm = 0;
 	for (size_t i = 0; i < nr; i++) {
@@ -820,11 +1119,15 @@ static void write_md(const char *dir, struct row *rows, size_t nr)
 		if (!seen && nm < 8)
 			snprintf(models[nm++], 64, "%s", rows[i].model);
 	}
+	size_t *idx = malloc(sizeof(size_t) * (nr + 1));
+	if (!idx)
+		die("out of memory");
 	for (int k = 0; k < nm; k++) {
 		double tg[8];
 		int nt = 0;
 		for (size_t i = 0; i < nr; i++) {
-			if (strcmp(rows[i].model, models[k]) || rows[i].target <= 0)
+			if (strcmp(rows[i].model, models[k]) ||
+			    is_sweep(&rows[i]) || rows[i].target <= 0)
 				continue;
 			int seen = 0;
 			for (int q = 0; q < nt; q++)
@@ -850,7 +1153,8 @@ static void write_md(const char *dir, struct row *rows, size_t nr)
 			int any = 0;
 			for (size_t i = 0; i < nr; i++)
 				any |= !strcmp(rows[i].model, models[k]) &&
-				       !strcmp(rows[i].policy, policy_order[p]);
+				       !strcmp(rows[i].policy, policy_order[p]) &&
+				       !is_sweep(&rows[i]);
 			if (!any)
 				continue;
 			fprintf(f, "| %s |", policy_order[p]);
@@ -870,11 +1174,61 @@ static void write_md(const char *dir, struct row *rows, size_t nr)
 				        r->top1, r->dnll, r->ach);
 				if (!isnan(r->copy))
 					fprintf(f, " / %.3f", r->copy);
+				if (!isnan(r->needle))
+					fprintf(f, " / %.3f", r->needle);
 				fprintf(f, " |");
 			}
 			fprintf(f, "\n");
 		}
+		md_needles(f, dir, models[k]);
+
+		/* the threshold sweep */
+		int hdr = 0, hc = 0, hn = 0;
+		for (size_t i = 0; i < nr; i++)
+			if (is_sweep(&rows[i]) &&
+			    !strcmp(rows[i].model, models[k])) {
+				hdr = 1;
+				hc |= !isnan(rows[i].copy);
+				hn |= !isnan(rows[i].needle);
+			}
+		if (!hdr)
+			continue;
+		fprintf(f, "\n### %s: kvzap threshold sweep\n\n| policy | "
+		           "threshold | achieved ratio | KL | top-1 | dNLL |%s%s"
+		           "\n|---|---|---|---|---|---|%s%s\n", models[k],
+		        hc ? " copy |" : "", hn ? " needle |" : "",
+		        hc ? "---|" : "", hn ? "---|" : "");
+		for (size_t p = 0; p < NPOL; p++) {
+			size_t n = sweep_rows(rows, nr, models[k],
+			                      policy_order[p], idx);
+			for (size_t q = 0; q < n; q++) {
+				const struct row *r = &rows[idx[q]];
+				if (isnan(r->kl)) {
+					fprintf(f, "| %s | %.2f | failed | | | |%s%s\n",
+					        r->policy, r->tau, hc ? " |" : "",
+					        hn ? " |" : "");
+					continue;
+				}
+				fprintf(f, "| %s | %.2f | %.3f | %.4f | %.3f | "
+				           "%.4f |", r->policy, r->tau, r->ach,
+				        r->kl, r->top1, r->dnll);
+				if (hc) {
+					if (isnan(r->copy))
+						fprintf(f, " |");
+					else
+						fprintf(f, " %.3f |", r->copy);
+				}
+				if (hn) {
+					if (isnan(r->needle))
+						fprintf(f, " |");
+					else
+						fprintf(f, " %.3f |", r->needle);
+				}
+				fprintf(f, "\n");
+			}
+		}
 	}
+	free(idx);
 	fclose(f);
 }
 
@@ -898,7 +1252,8 @@ static void write_png(const char *dir, struct row *rows, size_t nr)
 	snprintf(dat, sizeof(dat), "%s/.quality-plot.dat", dir);
 	snprintf(gp, sizeof(gp), "%s/.quality-plot.gp", dir);
 	FILE *d = fopen(dat, "w"), *g = fopen(gp, "w");
-	if (!d || !g)
+	size_t *idx = malloc(sizeof(size_t) * (nr + 1));
+	if (!d || !g || !idx)
 		die("%s: %s", dat, strerror(errno));
 	fprintf(g, "set terminal pngcairo size %d,480 font ',9'\n"
 	           "set output '%s/quality.png'\n"
@@ -910,14 +1265,43 @@ static void write_png(const char *dir, struct row *rows, size_t nr)
 	int block = 0;
 	for (int k = 0; k < nm; k++) {
 		fprintf(g, "set title '%s'\nplot ", models[k]);
-		int first = 1;
+		int first = 1, lt = 0, lt_of[NPOL] = {0};
 		for (size_t p = 1; p < NPOL; p++) {
 			int any = 0;
 			for (size_t i = 0; i < nr; i++) {
 				const struct row *r = &rows[i];
 				if (strcmp(r->model, models[k]) ||
 				    strcmp(r->policy, policy_order[p]) ||
-				    isnan(r->kl) || r->kl <= 0)
+				    is_sweep(r) || isnan(r->kl) || r->kl <= 0)
+					continue;
+				fprintf(d, "%.5f %.8f\n", r->ach, r->kl);
+				any = 1;
+			}
+			if (!any)
+				continue;
+			fprintf(d, "\n\n");
+			lt_of[p] = ++lt;
+			fprintf(g, "%s'%s' index %d using 1:2 with linespoints "
+			           "lt %d title '%s'", first ? "" : ", ", dat,
+			        block, lt, policy_order[p]);
+			block++;
+			first = 0;
+		}
+		/* sweeps: dashed, in their policy's colour, by achieved ratio */
+		for (size_t p = 1; p < NPOL; p++) {
+			size_t n = sweep_rows(rows, nr, models[k],
+			                      policy_order[p], idx);
+			for (size_t a = 0; a < n; a++)
+				for (size_t b = a + 1; b < n; b++)
+					if (rows[idx[b]].ach < rows[idx[a]].ach) {
+						size_t t = idx[a];
+						idx[a] = idx[b];
+						idx[b] = t;
+					}
+			int any = 0;
+			for (size_t q = 0; q < n; q++) {
+				const struct row *r = &rows[idx[q]];
+				if (isnan(r->kl) || r->kl <= 0)
 					continue;
 				fprintf(d, "%.5f %.8f\n", r->ach, r->kl);
 				any = 1;
@@ -926,8 +1310,9 @@ static void write_png(const char *dir, struct row *rows, size_t nr)
 				continue;
 			fprintf(d, "\n\n");
 			fprintf(g, "%s'%s' index %d using 1:2 with linespoints "
-			           "title '%s'", first ? "" : ", ", dat, block,
-			        policy_order[p]);
+			           "lt %d dt 2 pt 6 title '%s sweep'",
+			        first ? "" : ", ", dat, block,
+			        lt_of[p] ? lt_of[p] : ++lt, policy_order[p]);
 			block++;
 			first = 0;
 		}
@@ -938,6 +1323,7 @@ static void write_png(const char *dir, struct row *rows, size_t nr)
 	fprintf(g, "unset multiplot\n");
 	fclose(d);
 	fclose(g);
+	free(idx);
 	char cmd[2600];
 	snprintf(cmd, sizeof(cmd), "gnuplot '%s'", gp);
 	if (system(cmd) != 0)
@@ -955,8 +1341,9 @@ static void usage(FILE *f)
 	           "[--seqs N]\n");
 }
 
-static void add_job(const char *name, double R, enum jkind kind,
-                    const char *spec, const char *spec_copy)
+static struct job *add_job(const char *name, double R, enum jkind kind,
+                           const char *spec, const char *spec_copy,
+                           const char *spec_needle)
 {
 	if (njobs >= MAX_JOBS)
 		die("too many jobs");
@@ -965,9 +1352,12 @@ static void add_job(const char *name, double R, enum jkind kind,
 	snprintf(j->name, sizeof(j->name), "%s", name);
 	j->ratio = R;
 	j->kind = kind;
-	snprintf(j->spec, sizeof(j->spec), "%s", spec ? spec : "");
-	snprintf(j->spec_copy, sizeof(j->spec_copy), "%s",
-	         spec_copy ? spec_copy : "");
+	j->tau = NAN;
+	const char *sp[C_NKIND] = {spec, spec_copy, spec_needle};
+	for (int c = 0; c < C_NKIND; c++)
+		snprintf(j->spec[c], sizeof(j->spec[c]), "%s",
+		         sp[c] ? sp[c] : "");
+	return j;
 }
 
 /* Token budget whose mean achieved ratio over steps [P, T-1) is R. */
@@ -1065,6 +1455,8 @@ int main(int argc, char **argv)
 	if (!nseq)
 		nseq = quick ? 2 : 32;
 	uint32_t ncopy = dataset_is_bytes(&m) ? (quick ? 2 : 24) : 0;
+	uint32_t nneedle = dataset_is_bytes(&m) ? (quick ? 1 : 16) *
+	                   NEEDLE_NDEPTH : 0;
 	static const double full_ratios[] = {0.5, 0.75, 0.875};
 	static const double quick_ratios[] = {0.75};
 	const double *ratios = quick ? quick_ratios : full_ratios;
@@ -1074,7 +1466,7 @@ int main(int argc, char **argv)
 	struct dataset ev;
 	if (dataset_build(&m, DATASET_EVAL, T, nseq, 0, &ev, err, sizeof(err)))
 		die("%s", err);
-	cases = calloc(ev.n + ncopy, sizeof(*cases));
+	cases = calloc(ev.n + ncopy + nneedle, sizeof(*cases));
 	if (!cases)
 		die("out of memory");
 	for (uint32_t i = 0; i < ev.n; i++) {
@@ -1085,23 +1477,66 @@ int main(int argc, char **argv)
 	ncases = ev.n;
 	if (ncopy)
 		ncases += make_copy(cases + ev.n, ncopy);
+	uint32_t ncp = ncases - ev.n;
 	for (uint32_t i = 0; i < ncases; i++) {
 		make_ref(&cases[i]);
 		make_kvzip(&cases[i]);
 	}
+	/* Needles: the full cache first; the cases of a depth where it
+	 * reaches NEEDLE_BAR join the policies' cases, the others go. */
+	double nd_digit[NEEDLE_NDEPTH], nd_exact[NEEDLE_NDEPTH];
+	uint32_t nd_per[NEEDLE_NDEPTH] = {0};
+	int nd_pass[NEEDLE_NDEPTH] = {0};
+	uint32_t nnd = 0;
+	if (nneedle) {
+		struct ecase *nc = cases + ncases;
+		make_needle(nc, nneedle);
+		for (uint32_t i = 0; i < nneedle; i++)
+			make_ref(&nc[i]);
+		needle_full(nc, nneedle, nd_digit, nd_exact, nd_per);
+		for (int d = 0; d < NEEDLE_NDEPTH; d++)
+			nd_pass[d] = nd_digit[d] >= NEEDLE_BAR;
+		for (uint32_t i = 0; i < nneedle; i++) {
+			struct ecase c = nc[i];
+			if (nd_pass[c.di]) {
+				make_kvzip(&c);
+				nc[nnd++] = c;
+			} else {
+				free(c.tok);
+				free(c.ref);
+			}
+		}
+		memset(nc + nnd, 0, sizeof(*nc) * (nneedle - nnd));
+		ncases += nnd;
+		for (int d = 0; d < NEEDLE_NDEPTH; d++)
+			fprintf(stderr, "kvtrim-eval: needle depth %u, full "
+			        "cache: per digit %.3f, exact %.3f (%u cases)%s\n",
+			        needle_depth[d], nd_digit[d], nd_exact[d],
+			        nd_per[d], nd_pass[d] ? "" : ": below the bar, "
+			        "not run");
+	}
 	fprintf(stderr, "kvtrim-eval: %s: %u sequences of %u (prefill %u), "
-	        "%u copy cases; references in %lds\n", mname, ev.n, T, P,
-	        ncases - ev.n, (long)(time(NULL) - t0));
+	        "%u copy cases, %u needle cases; references in %lds\n", mname,
+	        ev.n, T, P, ncp, nnd, (long)(time(NULL) - t0));
 
 	/* ---- jobs */
-	uint32_t cP = 0, cT = 0;
+	uint32_t cP = 0, cT = 0, nP = 0, nT = 0;
 	for (uint32_t i = ev.n; i < ncases; i++) {
-		cP += cases[i].P;
-		cT += cases[i].T;
+		if (cases[i].kind == C_COPY) {
+			cP += cases[i].P;
+			cT += cases[i].T;
+		} else {
+			nP += cases[i].P;
+			nT += cases[i].T;
+		}
 	}
-	if (ncases > ev.n) {
-		cP /= ncases - ev.n;
-		cT /= ncases - ev.n;
+	if (ncp) {
+		cP /= ncp;
+		cT /= ncp;
+	}
+	if (nnd) {
+		nP /= nnd;
+		nT /= nnd;
 	}
 	/* kvzap calibration on the training split */
 	float *zs[2] = {NULL, NULL};
@@ -1126,20 +1561,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
 		        "policies skipped (run make weights)\n", wdir);
 	}
-	add_job("full", 0, J_DAEMON, "full", NULL);
-	char s[KVT_SPEC_MAX], sc[KVT_SPEC_MAX];
+	add_job("full", 0, J_DAEMON, "full", NULL, NULL);
+	char s[KVT_SPEC_MAX], sc[KVT_SPEC_MAX], sn[KVT_SPEC_MAX];
 	for (uint32_t k = 0; k < nrat; k++) {
 		double R = ratios[k];
 		snprintf(s, sizeof(s), "random:ratio=%.4f,seed=1", R);
-		add_job("random", R, J_DAEMON, s, NULL);
+		add_job("random", R, J_DAEMON, s, NULL, NULL);
 		snprintf(s, sizeof(s), "streaming:ratio=%.4f,sinks=4", R);
-		add_job("streaming", R, J_DAEMON, s, NULL);
+		add_job("streaming", R, J_DAEMON, s, NULL, NULL);
 		snprintf(s, sizeof(s), "h2o:ratio=%.4f", R);
-		add_job("h2o", R, J_DAEMON, s, NULL);
+		add_job("h2o", R, J_DAEMON, s, NULL, NULL);
 		snprintf(s, sizeof(s), "snapkv:ratio=%.4f,window=16,kernel=5", R);
-		add_job("snapkv", R, J_DAEMON, s, NULL);
+		add_job("snapkv", R, J_DAEMON, s, NULL, NULL);
 		snprintf(s, sizeof(s), "tova:ratio=%.4f", R);
-		add_job("tova", R, J_DAEMON, s, NULL);
+		add_job("tova", R, J_DAEMON, s, NULL, NULL);
 		for (int v = 0; v < 2; v++) {
 			if (!zs[v])
 				continue;
@@ -1148,13 +1583,14 @@ int main(int argc, char **argv)
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
 			         "window=%u", wabs, zname[v], tau,
 			         RECIPE_KVZAP_WINDOW);
-			add_job(zname[v], R, J_DAEMON, s, NULL);
+			add_job(zname[v], R, J_DAEMON, s, NULL, NULL)->tau =
+				tau;
 		}
 		if (have_w) {
 			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
 			         "safetensors,ratio=%.4f,window=16,sinks=4,"
 			         "every=16", wabs, R);
-			add_job("fastkvzip", R, J_DAEMON, s, NULL);
+			add_job("fastkvzip", R, J_DAEMON, s, NULL, NULL);
 			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
 			         tokens_for(R, P, T), RECIPE_KVPOP_DELAY);
@@ -1162,11 +1598,36 @@ int main(int argc, char **argv)
 			         "tokens=%u,delay=%u,sinks=4", wabs,
 			         cT ? tokens_for(R, cP, cT) : 1,
 			         RECIPE_KVPOP_DELAY);
-			add_job("kvpop", R, J_DAEMON, s, ncopy ? sc : NULL);
+			snprintf(sn, sizeof(sn), "kvpop:model=%s/kvpop.safetensors,"
+			         "tokens=%u,delay=%u,sinks=4", wabs,
+			         nT ? tokens_for(R, nP, nT) : 1,
+			         RECIPE_KVPOP_DELAY);
+			add_job("kvpop", R, J_DAEMON, s, ncp ? sc : NULL,
+			        nnd ? sn : NULL);
 		}
-		add_job("kvzip", R, J_KVZIP, "kvzip (in-process replay)", NULL);
+		add_job("kvzip", R, J_KVZIP, "kvzip (in-process replay)", NULL,
+		        NULL);
 		add_job("oracle", R, J_ORACLE, "hindsight oracle (in-process "
-		        "replay)", NULL);
+		        "replay)", NULL, NULL);
+	}
+	/* kvzap threshold sweep: fixed thresholds from the training split
+	 * (sweep_grid), the achieved ratio measured */
+	for (int v = 0; v < 2; v++) {
+		if (!zs[v])
+			continue;
+		float grid[64];
+		uint32_t ng = sweep_grid(zname[v], zs[v], ncal, T, P,
+		                         RECIPE_KVZAP_WINDOW, quick ? 2 : 6,
+		                         grid);
+		for (uint32_t i = 0; i < ng; i++) {
+			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
+			         "window=%u", wabs, zname[v], grid[i],
+			         RECIPE_KVZAP_WINDOW);
+			struct job *j = add_job(zname[v], 0, J_DAEMON, s, NULL,
+			                        NULL);
+			j->sweep = 1;
+			j->tau = grid[i];
+		}
 	}
 	free(zs[0]);
 	free(zs[1]);
@@ -1184,21 +1645,26 @@ int main(int argc, char **argv)
 		struct job *j = &jobs[k];
 		if (j->kind != J_DAEMON)
 			continue;
-		for (int c = 0; c < 2; c++) {
-			if (c && !j->spec_copy[0])
+		static const char *const sfx[C_NKIND] = {"", "-copy",
+		                                         "-needle"};
+		for (int c = 0; c < C_NKIND; c++) {
+			if (c && !j->spec[c][0])
 				continue;
 			struct engine_opts o;
 			memset(&o, 0, sizeof(o));
 			char tn[64];
-			snprintf(tn, sizeof(tn), "eval-%.31s-%.3f%s", j->name,
-			         j->ratio, c ? "-copy" : "");
+			if (j->sweep)
+				snprintf(tn, sizeof(tn), "eval-%.31s-t%.3f%s",
+				         j->name, j->tau, sfx[c]);
+			else
+				snprintf(tn, sizeof(tn), "eval-%.31s-%.3f%s",
+				         j->name, j->ratio, sfx[c]);
 			o.runtime_dir = rt;
 			o.tenant = tn;
-			o.policy = c ? j->spec_copy : j->spec;
+			o.policy = j->spec[c];
 			o.chunk = CHUNK;
 			o.context = maxT;
-			if (engine_open(&m, &o, c ? &j->ec : &j->e, err,
-			                sizeof(err)))
+			if (engine_open(&m, &o, &j->e[c], err, sizeof(err)))
 				die("%s (%s): %s", j->name, o.policy, err);
 		}
 	}
@@ -1210,10 +1676,9 @@ int main(int argc, char **argv)
 			die("pthread_create failed");
 	for (int i = 0; i < threads; i++)
 		pthread_join(th[i], NULL);
-	for (uint32_t k = 0; k < njobs; k++) {
-		engine_close(jobs[k].e);
-		engine_close(jobs[k].ec);
-	}
+	for (uint32_t k = 0; k < njobs; k++)
+		for (int c = 0; c < C_NKIND; c++)
+			engine_close(jobs[k].e[c]);
 	stop_daemon();
 
 	/* ---- results: merge with other models' rows */
@@ -1239,13 +1704,22 @@ int main(int argc, char **argv)
 		struct row *r = &rows[nr++];
 		snprintf(r->model, sizeof(r->model), "%s", mname);
 		snprintf(r->policy, sizeof(r->policy), "%.31s", j->name);
-		r->target = j->ratio;
+		r->target = j->sweep ? NAN : j->ratio;
+		r->tau = j->tau;
 		r->needle = NAN;
 		bad |= j->failed;
 		if (j->failed || !j->npos) {
 			r->ach = r->kl = r->top1 = r->dnll = r->copy = NAN;
 			continue;
 		}
+		/* needle_acc: per-digit accuracy over the depths where the
+		 * full cache reaches the bar (only those cases were run) */
+		uint64_t ok = 0, nn = 0;
+		for (int d = 0; d < NEEDLE_NDEPTH; d++) {
+			ok += j->nd_ok[d];
+			nn += j->nd_n[d];
+		}
+		r->needle = nn ? (double)ok / nn : NAN;
 		r->ach = j->nach ? j->ach / j->nach : NAN;
 		r->kl = j->kl / j->npos;
 		r->top1 = j->top1 / j->npos;
@@ -1255,8 +1729,7 @@ int main(int argc, char **argv)
 	f = fopen(path, "w");
 	if (!f)
 		die("%s: %s", path, strerror(errno));
-	fprintf(f, "model,policy,target_ratio,achieved_ratio,kl,top1,dnll,"
-	           "copy_acc,needle_acc\n");
+	fprintf(f, CSV_HEADER "\n");
 	for (size_t i = 0; i < nr; i++)
 		write_row(f, &rows[i]);
 	fclose(f);
@@ -1264,19 +1737,66 @@ int main(int argc, char **argv)
 	f = fopen(path, "w");
 	if (f) {
 		fprintf(f, "# %s: T %u, prefill %u, %u sequences, %u copy "
-		        "cases%s\n", mname, T, P, ev.n, ncases - ev.n,
-		        quick ? " (quick)" : "");
+		        "cases, %u of %u needle cases run%s\n", mname, T, P,
+		        ev.n, ncp, nnd, nneedle, quick ? " (quick)" : "");
 		/* The daemon needs absolute weight paths; the committed file
 		 * shows them as given (build/weights/...), so it reads the
 		 * same on every machine. */
 		for (uint32_t k = 0; k < njobs; k++) {
-			fprintf(f, "%s %.3f ", jobs[k].name, jobs[k].ratio);
-			spec_print(f, jobs[k].spec, wabs, wdir);
-			if (jobs[k].spec_copy[0]) {
-				fputs(" | copy: ", f);
-				spec_print(f, jobs[k].spec_copy, wabs, wdir);
-			}
+			const struct job *j = &jobs[k];
+			if (j->sweep)
+				fprintf(f, "%s sweep ", j->name);
+			else
+				fprintf(f, "%s %.3f ", j->name, j->ratio);
+			spec_print(f, j->spec[C_MAIN], wabs, wdir);
+			static const char *const lab[C_NKIND] = {
+				"", " | copy: ", " | needle: "};
+			for (int c = 1; c < C_NKIND; c++)
+				if (j->spec[c][0]) {
+					fputs(lab[c], f);
+					spec_print(f, j->spec[c], wabs, wdir);
+				}
 			fputc('\n', f);
+		}
+		fclose(f);
+	}
+	if (nneedle) {
+		snprintf(path, sizeof(path), "%s/needle-%s.txt", out, mname);
+		f = fopen(path, "w");
+		if (!f)
+			die("%s: %s", path, strerror(errno));
+		fprintf(f, "# %s key-value needles (kvtrim-eval): cases of %u "
+		        "bytes, target + %u distractor records, %u digits; "
+		        "chance %.2f per digit\n# a depth is run for the "
+		        "policies when the full cache's per-digit top-1 "
+		        "accuracy >= %.2f%s\n# full DEPTH CASES DIGIT_ACC "
+		        "EXACT_ACC pass|below\n", mname, NEEDLE_LEN,
+		        NEEDLE_DISTRACTORS, NEEDLE_DIGITS, 0.1, NEEDLE_BAR,
+		        quick ? " (quick)" : "");
+		for (int d = 0; d < NEEDLE_NDEPTH; d++)
+			fprintf(f, "full %u %u %.4f %.4f %s\n", needle_depth[d],
+			        nd_per[d], nd_digit[d], nd_exact[d],
+			        nd_pass[d] ? "pass" : "below");
+		if (nnd)
+			fprintf(f, "# policy TARGET|sweep:TAU DEPTH CASES "
+			        "DIGIT_ACC EXACT_ACC\n");
+		for (uint32_t k = 0; k < njobs && nnd; k++) {
+			const struct job *j = &jobs[k];
+			for (int d = 0; d < NEEDLE_NDEPTH; d++) {
+				if (!j->nd_cases[d])
+					continue;
+				if (j->sweep)
+					fprintf(f, "policy %s sweep:%.4f", j->name,
+					        j->tau);
+				else
+					fprintf(f, "policy %s %.3f", j->name,
+					        j->ratio);
+				fprintf(f, " %u %" PRIu64 " %.4f %.4f\n",
+				        needle_depth[d], j->nd_cases[d],
+				        (double)j->nd_ok[d] / j->nd_n[d],
+				        (double)j->nd_exact[d] /
+				                j->nd_cases[d]);
+			}
 		}
 		fclose(f);
 	}
