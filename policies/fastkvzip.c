@@ -53,25 +53,6 @@ static void fkv_fini(struct policy *p)
 	p->priv = NULL;
 }
 
-/* A dimension of layer 0's tensor name, read from the file header. */
-static int dim_of(const struct policy *p, const char *name, uint32_t want_nd,
-                  uint32_t axis, uint32_t *out, char *err, size_t errlen)
-{
-	uint32_t nd = 0;
-	uint64_t sh[4] = {0};
-	char why[KVT_ERRTEXT_MAX] = "";
-	int rc = learned_shape(p->args.model, name, &nd, sh, why, sizeof(why));
-	if (rc == KVT_ENOMEM)
-		return rc;
-	if (rc || nd != want_nd || !sh[axis] || sh[axis] > 65536) {
-		snprintf(err, errlen, "%s: model %s: %s: %s", p->ops->name,
-		         p->args.model, name, rc ? why : "unexpected shape");
-		return KVT_EPOLICY;
-	}
-	*out = (uint32_t)sh[axis];
-	return 0;
-}
-
 static int fkv_init(struct policy *p, char *err, size_t errlen)
 {
 	struct policy_args *a = &p->args;
@@ -96,18 +77,13 @@ static int fkv_init(struct policy *p, char *err, size_t errlen)
 	int rc = learned_load(p, &f->w, err, errlen);
 	if (rc)
 		return rc;
-	if ((rc = dim_of(p, "fastkvzip.0.q_norm.weight", 1, 0, &f->dp, err,
-	                 errlen)) ||
-	    (rc = dim_of(p, "fastkvzip.0.k_base", 4, 2, &f->S, err, errlen)))
+	if ((rc = learned_dim(p, "fastkvzip.0.q_norm.weight", 1, 0, 65536,
+	                      &f->dp, err, errlen)) ||
+	    (rc = learned_dim(p, "fastkvzip.0.k_base", 4, 2, 65536, &f->S, err,
+	                      errlen)) ||
+	    (rc = learned_layers_fit(p, f->w, "fastkvzip.%u.q_proj.weight",
+	                             err, errlen)))
 		return rc;
-	char extra[64];
-	snprintf(extra, sizeof(extra), "fastkvzip.%u.q_proj.weight",
-	         g->n_layers);
-	if (weights_has(f->w, extra)) {
-		snprintf(err, errlen, "fastkvzip: model %s has %s: more layers "
-		         "than the model's %u", a->model, extra, g->n_layers);
-		return KVT_EPOLICY;
-	}
 	if (!(f->l = calloc(g->n_layers, sizeof(*f->l))))
 		return KVT_ENOMEM;
 	uint64_t nkv = g->n_kv_heads, G = g->n_heads / g->n_kv_heads;

@@ -54,24 +54,6 @@ static void kvpop_fini(struct policy *p)
 	p->priv = NULL;
 }
 
-static int dim0(const struct policy *p, const char *name, uint32_t *out,
-                char *err, size_t errlen)
-{
-	uint32_t nd = 0;
-	uint64_t sh[4] = {0};
-	char why[KVT_ERRTEXT_MAX] = "";
-	int rc = learned_shape(p->args.model, name, &nd, sh, why, sizeof(why));
-	if (rc == KVT_ENOMEM)
-		return rc;
-	if (rc || nd != 2 || !sh[0] || sh[0] > 65536) {
-		snprintf(err, errlen, "kvpop: model %s: %s: %s", p->args.model,
-		         name, rc ? why : "unexpected shape");
-		return KVT_EPOLICY;
-	}
-	*out = (uint32_t)sh[0];
-	return 0;
-}
-
 static int kvpop_init(struct policy *p, char *err, size_t errlen)
 {
 	struct policy_args *a = &p->args;
@@ -95,16 +77,13 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 	int rc = learned_load(p, &k->w, err, errlen);
 	if (rc)
 		return rc;
-	if ((rc = dim0(p, "kvpop.0.proj.weight", &k->r, err, errlen)) ||
-	    (rc = dim0(p, "kvpop.0.fc1.weight", &k->m, err, errlen)))
+	if ((rc = learned_dim(p, "kvpop.0.proj.weight", 2, 0, 65536, &k->r,
+	                      err, errlen)) ||
+	    (rc = learned_dim(p, "kvpop.0.fc1.weight", 2, 0, 65536, &k->m,
+	                      err, errlen)) ||
+	    (rc = learned_layers_fit(p, k->w, "kvpop.%u.proj.weight", err,
+	                             errlen)))
 		return rc;
-	char extra[64];
-	snprintf(extra, sizeof(extra), "kvpop.%u.proj.weight", g->n_layers);
-	if (weights_has(k->w, extra)) {
-		snprintf(err, errlen, "kvpop: model %s has %s: more layers "
-		         "than the model's %u", a->model, extra, g->n_layers);
-		return KVT_EPOLICY;
-	}
 	k->ring = a->delay + g->headroom;
 	p->layer_state_bytes = (size_t)k->ring * k->r * sizeof(float);
 	if (!(k->l = calloc(g->n_layers, sizeof(*k->l))))

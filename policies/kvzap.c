@@ -95,21 +95,10 @@ static int kvzap_init(struct policy *p, char *err, size_t errlen)
 		return KVT_EPOLICY;
 	}
 	uint32_t d = g->d_model, nkv = g->n_kv_heads;
-	if (schemes[s].mlp) {
-		uint32_t nd = 0;
-		uint64_t sh[4] = {0};
-		char why[KVT_ERRTEXT_MAX] = "";
-		rc = learned_shape(a->model, schemes[s].probe, &nd, sh, why,
-		                   sizeof(why));
-		if (rc == KVT_ENOMEM)
-			return rc;
-		if (rc || nd != 2 || !sh[0] || sh[0] > UINT32_MAX) {
-			snprintf(err, errlen, "kvzap: model %s: %s: %s", a->model,
-			         schemes[s].probe, rc ? why : "not a matrix");
-			return KVT_EPOLICY;
-		}
-		z->hidden = (uint32_t)sh[0];
-	}
+	if (schemes[s].mlp &&
+	    (rc = learned_dim(p, schemes[s].probe, 2, 0, UINT32_MAX, &z->hidden,
+	                      err, errlen)))
+		return rc;
 	/* A kvpress config.json, when present, must describe this model. */
 	uint32_t v;
 	if (!weights_config_u32(z->w, "input_dim", &v) && v != d) {
@@ -122,13 +111,8 @@ static int kvzap_init(struct policy *p, char *err, size_t errlen)
 		         "has %u KV heads", a->model, v, nkv);
 		return KVT_EPOLICY;
 	}
-	char extra[64];
-	snprintf(extra, sizeof(extra), schemes[s].w1, g->n_layers);
-	if (weights_has(z->w, extra)) {
-		snprintf(err, errlen, "kvzap: model %s has %s: more layers "
-		         "than the model's %u", a->model, extra, g->n_layers);
-		return KVT_EPOLICY;
-	}
+	if ((rc = learned_layers_fit(p, z->w, schemes[s].w1, err, errlen)))
+		return rc;
 	size_t nl = g->n_layers;
 	z->W1 = calloc(nl, sizeof(*z->W1));
 	z->b1 = calloc(nl, sizeof(*z->b1));

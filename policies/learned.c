@@ -132,3 +132,34 @@ const float *learned_get(const struct policy *p, const struct weights *w,
 		       p->args.model, why);
 	return d;
 }
+
+int learned_dim(const struct policy *p, const char *name, uint32_t ndim,
+                uint32_t axis, uint64_t max, uint32_t *out, char *err,
+                size_t errlen)
+{
+	uint32_t nd = 0;
+	uint64_t sh[4] = {0};
+	char why[KVT_ERRTEXT_MAX] = "";
+	int rc = learned_shape(p->args.model, name, &nd, sh, why, sizeof(why));
+	if (rc == KVT_ENOMEM)
+		return rc;
+	if (rc || nd != ndim || axis >= 4 || !sh[axis] || sh[axis] > max)
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: model %s: %s: %s",
+		                  p->ops->name, p->args.model, name,
+		                  rc ? why : "unexpected shape");
+	*out = (uint32_t)sh[axis];
+	return 0;
+}
+
+int learned_layers_fit(const struct policy *p, const struct weights *w,
+                       const char *fmt, char *err, size_t errlen)
+{
+	char extra[96];
+	snprintf(extra, sizeof(extra), fmt, p->geom.n_layers);
+	if (weights_has(w, extra))
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: model %s has %s: "
+		                  "more layers than the model's %u",
+		                  p->ops->name, p->args.model, extra,
+		                  p->geom.n_layers);
+	return 0;
+}

@@ -29,6 +29,22 @@ int learned_load(const struct policy *p, struct weights **w, char *err,
 int learned_shape(const char *path, const char *name, uint32_t *ndim,
                   uint64_t shape[4], char *err, size_t errlen);
 
+/*
+ * Dimension `axis` of tensor name (which must have ndim dimensions), read
+ * from the file header: how checkpoints tell their hidden sizes.  Refused
+ * unless it is in [1, max].
+ */
+int learned_dim(const struct policy *p, const char *name, uint32_t ndim,
+                uint32_t axis, uint64_t max, uint32_t *out, char *err,
+                size_t errlen);
+
+/*
+ * Refuses a checkpoint trained for a deeper model: one that has the tensor
+ * fmt (with a %u for the layer) for layer n_layers.
+ */
+int learned_layers_fit(const struct policy *p, const struct weights *w,
+                       const char *fmt, char *err, size_t errlen);
+
 /* weights_get() of the tensor named by fmt, with the policy's name and the
  * model path in the reason.  NULL on failure. */
 const float *learned_get(const struct policy *p, const struct weights *w,
