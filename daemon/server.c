@@ -326,24 +326,23 @@ static int srv_allowed(const struct server *s, uint32_t pid, uint32_t uid,
 /* Re-reads the allow lists after a config change (values were validated
  * by the config table, so a parse failure means a name vanished from NSS
  * since: that list then allows nobody, which fails closed). */
+static uint32_t srv_allow_load(const char *key, const char *list, int gids,
+                               uint32_t *ids)
+{
+	int n = config_parse_ids(list, gids, ids, SRV_ALLOW_MAX);
+	if (n < 0 || n > SRV_ALLOW_MAX)
+		LOG(LOG_LVL_WARNING, "%s: %s", key, n < 0 ?
+		    "a name no longer resolves; the list allows nobody" :
+		    "more than 64 entries; the rest are ignored");
+	return n < 0 ? 0 : n > SRV_ALLOW_MAX ? SRV_ALLOW_MAX : (uint32_t)n;
+}
+
 static void srv_allow_refresh(struct server *s)
 {
-	int n = config_parse_ids(s->cfg.allow_uids, 0, s->allow_uid,
-	                         SRV_ALLOW_MAX);
-	s->n_allow_uid = n < 0 ? 0 : n > SRV_ALLOW_MAX ? SRV_ALLOW_MAX
-	                                               : (uint32_t)n;
-	if (n < 0 || n > SRV_ALLOW_MAX)
-		LOG(LOG_LVL_WARNING, "allow_uids: %s", n < 0 ?
-		    "a name no longer resolves; the list allows nobody" :
-		    "more than 64 entries; the rest are ignored");
-	n = config_parse_ids(s->cfg.allow_gids, 1, s->allow_gid,
-	                     SRV_ALLOW_MAX);
-	s->n_allow_gid = n < 0 ? 0 : n > SRV_ALLOW_MAX ? SRV_ALLOW_MAX
-	                                               : (uint32_t)n;
-	if (n < 0 || n > SRV_ALLOW_MAX)
-		LOG(LOG_LVL_WARNING, "allow_gids: %s", n < 0 ?
-		    "a name no longer resolves; the list allows nobody" :
-		    "more than 64 entries; the rest are ignored");
+	s->n_allow_uid = srv_allow_load("allow_uids", s->cfg.allow_uids, 0,
+	                                s->allow_uid);
+	s->n_allow_gid = srv_allow_load("allow_gids", s->cfg.allow_gids, 1,
+	                                s->allow_gid);
 }
 
 /* Checks the control connection's peer (nng reads SO_PEERCRED for us). */
