@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 2
+#define KVT_BACKEND_ABI 3
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -78,6 +78,13 @@ struct kvt_backend_compact {
 	uint32_t row_bytes;    /* head_dim * elem_bytes */
 	uint32_t n_moves;
 	const uint32_t *moves; /* [n_moves][2] (dst, src), host memory */
+};
+
+/* One region of an upload: bytes at byte offset off of a host copy go to
+ * the same offset of its device copy (off and bytes multiples of 4). */
+struct kvt_backend_region {
+	uint64_t off;
+	uint64_t bytes;
 };
 
 struct kvt_backend_ops {
@@ -160,6 +167,26 @@ struct kvt_backend_ops {
 	int (*read_regions)(void *ctx, void *dst, size_t dst_stride,
 	                    const void *const *src, uint32_t n, size_t bytes,
 	                    void *stream);
+
+	/* (optional; ABI 3) Copies bytes from src to dst, either of which
+	 * may be host memory or an address in this process's device memory,
+	 * on stream, and waits for the stream (kvt_memcpy). */
+	int (*copy)(void *ctx, void *dst, const void *src, size_t bytes,
+	            void *stream);
+	/* (optional; ABI 3) Device memory of this process only (not
+	 * shared): zero-filled; mem_free(NULL) does nothing. */
+	int (*mem_new)(void *ctx, size_t bytes, void **out);
+	void (*mem_free)(void *ctx, void *p);
+	/* (optional; ABI 3) Queues on stream the copy of n regions of the
+	 * host buffer `host` to the same offsets of the device buffer `dev`
+	 * (one small upload and one scatter kernel, whatever n).  The host
+	 * bytes are read before it returns, so the caller may change them
+	 * at once; nothing blocks on the device work.  The daemon keeps the
+	 * device copy of each tenant's table this way, the client its
+	 * chunk-base array. */
+	int (*upload_regions)(void *ctx, void *dev, const void *host,
+	                      const struct kvt_backend_region *r, uint32_t n,
+	                      void *stream);
 };
 
 /*

@@ -154,17 +154,29 @@ static int bc_drv_load(void)
 
 /* ------------------------------------------------------------- context */
 
+/* A pinned host buffer copied to a device buffer of the same size for one
+ * launch: host -> device in one copy, whatever the number of items. */
+struct bc_stage {
+	char *h, *d;
+	size_t cap;
+	cudaEvent_t copied, used; /* after the H2D copy; after the kernels */
+	int staged;               /* events recorded at least once */
+};
+
+#define BC_STAGES 8
+
 struct bc_ctx {
 	int device;
 	enum kvt_backend_share share;
 	size_t gran;           /* VMM granularity (vmm mode) */
 	CUmemAllocationProp prop;
 	cudaStream_t stream;   /* zeroing of new chunks */
-	/* compaction staging: pinned host copy -> device copy */
-	char *h_stage, *d_stage;
-	size_t stage_cap;
-	cudaEvent_t copied, used; /* after the H2D copy; after the kernels */
-	int staged;               /* events recorded at least once */
+	/* Staging slots shared by compact and upload_regions (pages and
+	 * moves; descriptors and bytes), used round robin so that one
+	 * tenant's sync never waits for another tenant's queued GPU work
+	 * (bc_stage_take). */
+	struct bc_stage st[BC_STAGES];
+	uint32_t st_next;
 	/* read_regions: source addresses, then the gathered bytes */
 	char *d_gather;
 	size_t gather_cap;
@@ -252,6 +264,40 @@ static int bc_vmm_works(struct bc_ctx *c)
 
 static void bc_ctx_free(void *ctx);
 
+static int bc_stage_init(struct bc_stage *st)
+{
+	BC_CALL(cudaEventCreateWithFlags(&st->copied, cudaEventDisableTiming),
+	        "cudaEventCreate");
+	BC_CALL(cudaEventCreateWithFlags(&st->used, cudaEventDisableTiming),
+	        "cudaEventCreate");
+	return 0;
+}
+
+static int bc_stages_init(struct bc_ctx *c)
+{
+	for (int i = 0; i < BC_STAGES; i++) {
+		int rv = bc_stage_init(&c->st[i]);
+		if (rv)
+			return rv;
+	}
+	return 0;
+}
+
+static void bc_stage_fini(struct bc_stage *st)
+{
+	if (st->staged)
+		cudaEventSynchronize(st->used);
+	if (st->h)
+		cudaFreeHost(st->h);
+	if (st->d)
+		cudaFree(st->d);
+	if (st->copied)
+		cudaEventDestroy(st->copied);
+	if (st->used)
+		cudaEventDestroy(st->used);
+	memset(st, 0, sizeof(*st));
+}
+
 static int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
                       size_t errlen)
 {
@@ -266,12 +312,7 @@ static int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
 	    (rv = bc_cuda(cudaStreamCreateWithFlags(&c->stream,
 	                                            cudaStreamNonBlocking),
 	                  "cudaStreamCreate")) ||
-	    (rv = bc_cuda(cudaEventCreateWithFlags(&c->copied,
-	                                           cudaEventDisableTiming),
-	                  "cudaEventCreate")) ||
-	    (rv = bc_cuda(cudaEventCreateWithFlags(&c->used,
-	                                           cudaEventDisableTiming),
-	                  "cudaEventCreate")) ||
+	    (rv = bc_stages_init(c)) ||
 	    (rv = bc_drv_load()))
 		goto fail;
 
@@ -334,18 +375,10 @@ static void bc_ctx_free(void *ctx)
 	cudaSetDevice(c->device);
 	if (c->stream)
 		cudaStreamSynchronize(c->stream);
-	if (c->staged)
-		cudaEventSynchronize(c->used);
-	if (c->h_stage)
-		cudaFreeHost(c->h_stage);
-	if (c->d_stage)
-		cudaFree(c->d_stage);
+	for (int i = 0; i < BC_STAGES; i++)
+		bc_stage_fini(&c->st[i]);
 	if (c->d_gather)
 		cudaFree(c->d_gather);
-	if (c->copied)
-		cudaEventDestroy(c->copied);
-	if (c->used)
-		cudaEventDestroy(c->used);
 	if (c->stream)
 		cudaStreamDestroy(c->stream);
 	free(c);
@@ -659,25 +692,64 @@ static int bc_stream_wait_event(void *ctx, void *stream,
 
 /* ---------------------------------------------------------- compaction */
 
-/* Grows the staging buffers to at least need bytes (both idle first). */
-static int bc_stage_reserve(struct bc_ctx *c, size_t need)
+/*
+ * A staging slot with at least need bytes, ready to be refilled for a
+ * launch on stream s.  Prefers a slot whose last launch is done (no wait
+ * at all), then one whose pinned bytes have reached the device (s waits
+ * on the device for the launch still reading the device copy; the host
+ * does not block), and only when every slot's copy is still queued behind
+ * other work does the host wait, for the oldest.  So a sync of one tenant
+ * does not stall the daemon behind another tenant's GPU backlog unless
+ * BC_STAGES syncs are in flight.
+ */
+static int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
+                         struct bc_stage **out)
 {
-	if (need <= c->stage_cap)
-		return 0;
-	size_t cap = c->stage_cap ? c->stage_cap : (size_t)1 << 16;
-	while (cap < need)
-		cap *= 2;
-	if (c->staged)
-		BC_CALL(cudaEventSynchronize(c->used), "staging wait");
-	if (c->h_stage)
-		cudaFreeHost(c->h_stage);
-	if (c->d_stage)
-		cudaFree(c->d_stage);
-	c->h_stage = c->d_stage = NULL;
-	c->stage_cap = 0;
-	BC_CALL(cudaMallocHost((void **)&c->h_stage, cap), "cudaMallocHost");
-	BC_CALL(cudaMalloc((void **)&c->d_stage, cap), "cudaMalloc");
-	c->stage_cap = cap;
+	struct bc_stage *st = NULL;
+	for (int pass = 0; pass < 2 && !st; pass++)
+		for (uint32_t k = 0; k < BC_STAGES && !st; k++) {
+			struct bc_stage *x = &c->st[(c->st_next + k) % BC_STAGES];
+			if (!x->staged ||
+			    cudaEventQuery(pass ? x->copied : x->used) ==
+			            cudaSuccess)
+				st = x;
+		}
+	cudaGetLastError(); /* a query's cudaErrorNotReady is not an error */
+	if (!st)
+		st = &c->st[c->st_next % BC_STAGES];
+	c->st_next = (uint32_t)(st - c->st) + 1;
+	if (need > st->cap) {
+		size_t cap = st->cap ? st->cap : (size_t)1 << 16;
+		while (cap < need)
+			cap *= 2;
+		if (st->staged)
+			BC_CALL(cudaEventSynchronize(st->used), "staging wait");
+		if (st->h)
+			cudaFreeHost(st->h);
+		if (st->d)
+			cudaFree(st->d);
+		st->h = st->d = NULL;
+		st->cap = 0;
+		st->staged = 0;
+		BC_CALL(cudaMallocHost((void **)&st->h, cap), "cudaMallocHost");
+		BC_CALL(cudaMalloc((void **)&st->d, cap), "cudaMalloc");
+		st->cap = cap;
+	}
+	if (st->staged) {
+		BC_CALL(cudaEventSynchronize(st->copied), "staging wait");
+		BC_CALL(cudaStreamWaitEvent(s, st->used, 0), "cudaStreamWaitEvent");
+	}
+	*out = st;
+	return 0;
+}
+
+/* Queues the copy of st's first bytes to the device on s. */
+static int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s)
+{
+	BC_CALL(cudaMemcpyAsync(st->d, st->h, bytes, cudaMemcpyHostToDevice, s),
+	        "cudaMemcpyAsync");
+	BC_CALL(cudaEventRecord(st->copied, s), "cudaEventRecord");
+	st->staged = 1;
 	return 0;
 }
 
@@ -717,17 +789,11 @@ static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
 	size_t need = pbytes + (size_t)moves * 3 * sizeof(uint32_t);
 	int rv;
 	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
-	if ((rv = bc_stage_reserve(c, need)))
+	struct bc_stage *st;
+	if ((rv = bc_stage_take(c, need, s, &st)))
 		return rv;
-	/* The previous copy must have left the pinned buffer, and this
-	 * stream must not overwrite the device buffer under a previous
-	 * launch on another stream. */
-	if (c->staged) {
-		BC_CALL(cudaEventSynchronize(c->copied), "staging wait");
-		BC_CALL(cudaStreamWaitEvent(s, c->used, 0), "cudaStreamWaitEvent");
-	}
-	void **hp = (void **)c->h_stage;
-	uint32_t *hm = (uint32_t *)(c->h_stage + pbytes);
+	void **hp = (void **)st->h;
+	uint32_t *hm = (uint32_t *)(st->h + pbytes);
 	uint32_t np = 0, nm = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvt_backend_compact *l = &lists[i];
@@ -742,13 +808,10 @@ static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
 		np += l->n_pages;
 		nm += l->n_moves;
 	}
-	BC_CALL(cudaMemcpyAsync(c->d_stage, c->h_stage, need,
-	                        cudaMemcpyHostToDevice, s),
-	        "cudaMemcpyAsync");
-	BC_CALL(cudaEventRecord(c->copied, s), "cudaEventRecord");
-	c->staged = 1;
-	void *const *dp = (void *const *)c->d_stage;
-	const uint32_t *dm = (const uint32_t *)(c->d_stage + pbytes);
+	if ((rv = bc_stage_send(st, need, s)))
+		return rv;
+	void *const *dp = (void *const *)st->d;
+	const uint32_t *dm = (const uint32_t *)(st->d + pbytes);
 	uint32_t run_m = 0, i = 0;
 	while (i < n) {
 		if (!lists[i].n_moves) {
@@ -770,10 +833,116 @@ static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
 		}
 		run_m += cnt;
 	}
-	cudaError_t e = cudaEventRecord(c->used, s);
+	cudaError_t e = cudaEventRecord(st->used, s);
 	if (!rv)
 		rv = bc_cuda(e, "cudaEventRecord");
 	return rv;
+}
+
+/* ---------------------------------------------------- upload_regions */
+
+/* One region of an upload as the scatter kernel reads it: 4-byte words
+ * at word offset src of the staged bytes go to word offset dst of dev. */
+struct bc_up {
+	uint64_t dst, src, words;
+};
+
+/* Block b copies region b; threads stride over its words. */
+__global__ void bc_scatter_kernel(uint32_t *dev, const struct bc_up *up,
+                                  const uint32_t *bytes)
+{
+	const struct bc_up u = up[blockIdx.x];
+	for (uint64_t i = threadIdx.x; i < u.words; i += blockDim.x)
+		dev[u.dst + i] = bytes[u.src + i];
+}
+
+static int bc_upload_regions(void *ctx, void *dev, const void *host,
+                             const struct kvt_backend_region *r, uint32_t n,
+                             void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaStream_t s = (cudaStream_t)stream;
+	uint64_t words = 0;
+	if (!n)
+		return 0;
+	if (!dev || !host || !r || n > INT32_MAX)
+		return KVT_EINVAL;
+	for (uint32_t i = 0; i < n; i++) {
+		if (r[i].off % 4 || r[i].bytes % 4) {
+			bc_note("upload: region %u (offset %llu, %llu bytes) "
+			        "is not in 4-byte words", i,
+			        (unsigned long long)r[i].off,
+			        (unsigned long long)r[i].bytes);
+			return KVT_EINVAL;
+		}
+		words += r[i].bytes / 4;
+	}
+	size_t dbytes = (size_t)n * sizeof(struct bc_up);
+	size_t need = dbytes + (size_t)words * 4;
+	int rv;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	struct bc_stage *st;
+	if ((rv = bc_stage_take(c, need, s, &st)))
+		return rv;
+	struct bc_up *hu = (struct bc_up *)st->h;
+	uint32_t *hw = (uint32_t *)(st->h + dbytes);
+	uint64_t at = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		hu[i].dst = r[i].off / 4;
+		hu[i].src = at;
+		hu[i].words = r[i].bytes / 4;
+		memcpy(hw + at, (const char *)host + r[i].off, r[i].bytes);
+		at += r[i].bytes / 4;
+	}
+	if ((rv = bc_stage_send(st, need, s)))
+		return rv;
+	bc_scatter_kernel<<<n, 128, 0, s>>>(
+		(uint32_t *)dev, (const struct bc_up *)st->d,
+		(const uint32_t *)(st->d + dbytes));
+	BC_CALL(cudaGetLastError(), "scatter kernel");
+	BC_CALL(cudaEventRecord(st->used, s), "cudaEventRecord");
+	return 0;
+}
+
+/* ------------------------------------------------- copy, private memory */
+
+static int bc_copy(void *ctx, void *dst, const void *src, size_t bytes,
+                   void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	cudaStream_t s = (cudaStream_t)stream;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	/* Unified addressing tells host from device on either side. */
+	BC_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
+	        "cudaMemcpyAsync");
+	BC_CALL(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+	return 0;
+}
+
+static int bc_mem_new(void *ctx, size_t bytes, void **out)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	void *p = NULL;
+	*out = NULL;
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	BC_CALL(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+	cudaError_t e = cudaMemset(p, 0, bytes ? bytes : 1);
+	if (e != cudaSuccess) {
+		cudaFree(p);
+		return bc_cuda(e, "cudaMemset");
+	}
+	*out = p;
+	return 0;
+}
+
+static void bc_mem_free(void *ctx, void *p)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!p)
+		return;
+	cudaSetDevice(c->device);
+	/* cudaFree waits for the device work that may still read p. */
+	cudaFree(p);
 }
 
 /* ------------------------------------------------------ read_regions */
@@ -875,4 +1044,8 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .compact = */ bc_compact,
 	/* .last_error = */ bc_last_error,
 	/* .read_regions = */ bc_read_regions,
+	/* .copy = */ bc_copy,
+	/* .mem_new = */ bc_mem_new,
+	/* .mem_free = */ bc_mem_free,
+	/* .upload_regions = */ bc_upload_regions,
 };
