@@ -656,6 +656,8 @@ const struct kvt_config *kvt_config_of(const kvt_client *c)
 
 /* ---------------------------------------------------------------- sequences */
 
+static int device_after_sync(kvt_client *c);
+
 int kvt_seq_open(kvt_client *c, kvt_seq *out)
 {
 	if (!c || !out)
@@ -675,6 +677,8 @@ int kvt_seq_open(kvt_client *c, kvt_seq *out)
 		} else {
 			c->seqs[slot] = (struct seq_slot){ .id = seq, .open = 1 };
 			*out = seq;
+			/* New pages (and maybe chunks) in the device table. */
+			rc = device_after_sync(c);
 		}
 	}
 	codec_rep_free(&rep);
@@ -700,6 +704,8 @@ int kvt_seq_close(kvt_client *c, kvt_seq seq)
 	/* ENOSEQ: the daemon no longer knows it either; forget it here. */
 	if (rc == 0 || rc == KVT_ENOSEQ)
 		c->seqs[slot].open = 0;
+	if (rc == 0)
+		rc = device_after_sync(c);
 	return rc;
 }
 
@@ -853,7 +859,7 @@ static int device_before_sync(kvt_client *c)
 static int device_after_sync(kvt_client *c)
 {
 	char why[KVT_ERRTEXT_MAX - 32];
-	int rc = mem_wait_compact(&c->mem, c->stream, why, sizeof(why));
+	int rc = mem_device_after(&c->mem, c->stream, why, sizeof(why));
 	if (rc < 0)
 		set_err(c, "%s", why);
 	return rc;
@@ -1053,6 +1059,46 @@ int kvt_set_stream(kvt_client *c, void *stream)
 		return KVT_EINVAL;
 	c->stream = stream;
 	return 0;
+}
+
+int kvt_table_view(kvt_client *c, struct kvt_table_view *out)
+{
+	if (!c || !out)
+		return KVT_EINVAL;
+	return mem_table_view(&c->mem, out);
+}
+
+int kvt_list_record(kvt_client *c, kvt_seq seq, uint32_t layer,
+                    uint32_t kv_head, const struct kvt_list_record **out,
+                    uint32_t *slot)
+{
+	if (!c || !out)
+		return KVT_EINVAL;
+	const struct shm_list *l;
+	struct kvt_table_view v;
+	int rc = list_of(c, seq, layer, kv_head, &l);
+	if (rc < 0 || (rc = mem_table_view(&c->mem, &v)) < 0)
+		return rc;
+	/* Same offset in the view's copy as in the host table. */
+	size_t off = (size_t)((const char *)l - (const char *)c->mem.table);
+	*out = (const struct kvt_list_record *)((const char *)v.table + off);
+	if (slot)
+		*slot = (uint32_t)(seq & 0xffffffffu);
+	return 0;
+}
+
+int kvt_memcpy(kvt_client *c, void *dst, const void *src, size_t bytes)
+{
+	if (!c || ((!dst || !src) && bytes))
+		return KVT_EINVAL;
+	if (!bytes)
+		return 0;
+	char why[KVT_ERRTEXT_MAX - 32];
+	int rc = mem_copy(&c->mem, dst, src, bytes, c->stream, why,
+	                  sizeof(why));
+	if (rc < 0)
+		set_err(c, "%s", why);
+	return rc;
 }
 
 /* ---------------------------------------------------------------- stats */

@@ -36,6 +36,21 @@ int mem_init(struct mem *m, const struct shm_geom *g, uint64_t quota_bytes)
 	return 0;
 }
 
+/* bases[slot] = base, remembering the slot for the device upload. */
+static void base_set(struct mem *m, uint32_t slot, void *base)
+{
+	m->bases[slot] = base;
+	if (m->dirty_lo >= m->dirty_hi) {
+		m->dirty_lo = slot;
+		m->dirty_hi = slot + 1;
+	} else {
+		if (slot < m->dirty_lo)
+			m->dirty_lo = slot;
+		if (slot + 1 > m->dirty_hi)
+			m->dirty_hi = slot + 1;
+	}
+}
+
 static void chunk_release(struct mem *m, struct mem_chunk *c)
 {
 	if (!c->base)
@@ -46,6 +61,7 @@ static void chunk_release(struct mem *m, struct mem_chunk *c)
 		munmap(c->base, c->bytes);
 	c->base = NULL;
 	c->dev = c->ipc = 0;
+	base_set(m, (uint32_t)(c - m->chunks), NULL);
 }
 
 void mem_fini(struct mem *m)
@@ -57,6 +73,9 @@ void mem_fini(struct mem *m)
 	for (uint32_t i = 0; i < m->n_chunks; i++)
 		chunk_release(m, &m->chunks[i]);
 	if (m->bops) {
+		m->bops->chunk_unmap(m->bctx, &m->dtab);
+		m->bops->mem_free(m->bctx, m->d_bases);
+		m->d_bases = NULL;
 		for (int i = 0; i < 2; i++)
 			if (m->ev[i].ev)
 				m->bops->event_free(m->bctx, &m->ev[i]);
@@ -64,11 +83,14 @@ void mem_fini(struct mem *m)
 			m->bops->ctx_free(m->bctx);
 	}
 	free(m->chunks);
+	free(m->bases);
 	free(m->acks);
 	m->table = m->stage = NULL;
 	m->chunks = NULL;
+	m->bases = NULL;
 	m->acks = NULL;
 	m->n_chunks = m->n_acks = m->acks_cap = 0;
+	m->n_dbases = m->dirty_lo = m->dirty_hi = 0;
 	m->bops = NULL;
 	m->bctx = NULL;
 }
@@ -142,7 +164,10 @@ static int cuda_open(struct mem *m, char *err, size_t errlen)
 	return 0;
 }
 
-int mem_ready(const struct mem *m) { return m->table && m->stage; }
+int mem_ready(const struct mem *m)
+{
+	return m->table && m->stage && (!m->bops || m->dtab.base);
+}
 
 /*
  * Maps fd after checking the file really holds `bytes`: touching a shared
@@ -197,8 +222,13 @@ static int grow(struct mem *m, uint32_t slot)
 	struct mem_chunk *c = realloc(m->chunks, n * sizeof(*c));
 	if (!c)
 		return KVT_ENOMEM;
-	memset(c + m->n_chunks, 0, (n - m->n_chunks) * sizeof(*c));
 	m->chunks = c;
+	void **b = realloc(m->bases, n * sizeof(*b));
+	if (!b)
+		return KVT_ENOMEM; /* chunks[] grew; n_chunks did not: fine */
+	m->bases = b;
+	memset(c + m->n_chunks, 0, (n - m->n_chunks) * sizeof(*c));
+	memset(b + m->n_chunks, 0, (n - m->n_chunks) * sizeof(*b));
 	m->n_chunks = (uint32_t)n;
 	return 0;
 }
@@ -262,6 +292,7 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		                 &m->chunks[h->slot].base, err, errlen)))
 			return rc;
 		m->chunks[h->slot].bytes = h->size;
+		base_set(m, h->slot, m->chunks[h->slot].base);
 		return 0;
 	case HANDLE_CHUNK_REVOKE:
 		if (h->slot >= m->max_chunks)
@@ -312,6 +343,46 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 			c->bytes = h->size;
 			c->dev = 1;
 			c->ipc = fd < 0;
+			base_set(m, h->slot, c->base);
+		}
+		return 0;
+	case HANDLE_TABLE_DEV:
+		if (m->dtab.base)
+			return errors_fmt(err, errlen, KVT_EPROTO,
+			                  "second device table");
+		if (h->size != g->table_bytes || !h->slot ||
+		    h->slot > m->max_chunks)
+			return errors_fmt(err, errlen, KVT_EPROTO,
+			                  "device table of %llu bytes for %u chunk "
+			                  "slots, expected %llu bytes and at most "
+			                  "%u slots", (unsigned long long)h->size,
+			                  h->slot,
+			                  (unsigned long long)g->table_bytes,
+			                  m->max_chunks);
+		if (!m->bops && (rc = cuda_open(m, err, errlen)))
+			return rc;
+		{
+			/* The allocation is whole chunks (the granularity). */
+			uint64_t bytes = (h->size + KVT_CHUNK_BYTES - 1) /
+			                 KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+			void *db = NULL;
+			if ((rc = m->bops->mem_new(m->bctx,
+			                           (size_t)h->slot * sizeof(void *),
+			                           &db)))
+				return errors_fmt(err, errlen, rc, "chunk-base array: "
+				                  "%s", m->bops->last_error());
+			if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
+			                                bytes, &m->dtab))) {
+				m->bops->mem_free(m->bctx, db);
+				return errors_fmt(err, errlen, rc, "importing the "
+				                  "device table: %s",
+				                  m->bops->last_error());
+			}
+			m->d_bases = db;
+			m->n_dbases = h->slot;
+			/* The daemon's slots end there: nothing beyond can be
+			 * granted, so the host arrays need not grow further. */
+			m->max_chunks = h->slot;
 		}
 		return 0;
 	default:
@@ -319,6 +390,73 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		            "unexpected handle packet type %u",
 		            (unsigned)h->type);
 	}
+}
+
+int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
+             void *stream, char *err, size_t errlen)
+{
+	if (!m->bops) {
+		memmove(dst, src, bytes);
+		return 0;
+	}
+	int rc = m->bops->copy(m->bctx, dst, src, bytes, stream);
+	if (rc < 0)
+		return errors_fmt(err, errlen, rc, "cuda backend: %s",
+		                  m->bops->last_error());
+	return 0;
+}
+
+int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen)
+{
+	if (!m->bops)
+		return 0;
+	if (m->dirty_lo < m->dirty_hi) {
+		if (!m->d_bases || m->dirty_hi > m->n_dbases)
+			return errors_fmt(err, errlen, KVT_EPROTO, "chunk slot %u "
+			                  "beyond the device table's %u slots",
+			                  m->dirty_hi - 1, m->n_dbases);
+		struct kvt_backend_region r = {
+			.off = (uint64_t)m->dirty_lo * sizeof(void *),
+			.bytes = (uint64_t)(m->dirty_hi - m->dirty_lo) *
+			         sizeof(void *),
+		};
+		/* bases and d_bases share offsets: upload_regions copies
+		 * host + off to dev + off. */
+		int rc = m->bops->upload_regions(m->bctx, m->d_bases, m->bases,
+		                                 &r, 1, stream);
+		if (rc)
+			return errors_fmt(err, errlen, rc, "cuda backend: %s",
+			                  m->bops->last_error());
+		m->dirty_lo = m->dirty_hi = 0;
+	}
+	return mem_wait_compact(m, stream, err, errlen);
+}
+
+int mem_table_view(const struct mem *m, struct kvt_table_view *out)
+{
+	const struct shm_geom *g = &m->g;
+	if (!mem_ready(m))
+		return KVT_EPROTO;
+	const char *t = m->bops ? (const char *)m->dtab.base
+	                        : (const char *)m->table;
+	uint64_t roff = (uint64_t)((const char *)shm_list_at(m->table, g, 0,
+	                                                       0, 0) -
+	                           (const char *)m->table);
+	*out = (struct kvt_table_view){
+		.table = t,
+		.records_offset = roff,
+		.list_stride = g->list_stride,
+		.max_seqs = g->max_seqs,
+		.n_layers = g->n_layers,
+		.n_kv_heads = g->n_kv_heads,
+		.max_pages = g->max_pages,
+		.chunk_bases = m->bops ? (void *const *)m->d_bases
+		                       : (void *const *)m->bases,
+		.n_chunk_slots = m->bops ? m->n_dbases : m->n_chunks,
+		.pages_per_chunk = g->pages_per_chunk,
+		.page_bytes = g->page_bytes,
+	};
+	return 0;
 }
 
 int mem_record_writes(struct mem *m, void *stream, char *err, size_t errlen)

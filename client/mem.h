@@ -32,6 +32,10 @@ struct mem {
 	uint32_t max_chunks;        /* slots the quota allows */
 	uint32_t n_chunks;          /* entries allocated in chunks[] */
 	struct mem_chunk *chunks;   /* [n_chunks], grown on demand */
+	void **bases;               /* [n_chunks] chunks[i].base, contiguous:
+	                               kvt_table_view's chunk_bases on a host
+	                               tenant, the source of d_bases on a
+	                               device tenant */
 
 	/* cuda tenants (the daemon sent EVENT / CHUNK_DEV packets): the
 	 * backend from libkvtrim-cuda.so (dlopen; libkvtrim links no CUDA),
@@ -40,6 +44,13 @@ struct mem {
 	const struct kvt_backend_ops *bops; /* NULL: host memory only */
 	void *bctx;
 	struct kvt_backend_event ev[2];
+	/* The daemon's device copy of the table (TABLE_DEV), and this
+	 * process's chunk bases on the device: d_bases[slot] for slots
+	 * [0, n_dbases), of which [dirty_lo, dirty_hi) still await their
+	 * upload (mem_device_after). */
+	struct kvt_backend_chunk dtab;
+	void **d_bases;
+	uint32_t n_dbases, dirty_lo, dirty_hi;
 	/* Serials of closed legacy-IPC chunks to confirm (CHUNK_CLOSED). */
 	uint64_t *acks;
 	uint32_t n_acks, acks_cap;
@@ -77,7 +88,23 @@ int mem_is_device(const struct mem *m);
 int mem_record_writes(struct mem *m, void *stream, char *err, size_t errlen);
 int mem_wait_compact(struct mem *m, void *stream, char *err, size_t errlen);
 
-/* True once both the table and the staging segment are mapped. */
+/* Device tenants, after a reply whose packets were applied: queues on
+ * stream the upload of changed chunk bases, then the wait for the
+ * daemon's "compact" event (which follows its table update).  0 on a host
+ * tenant. */
+int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen);
+
+/* The table in the pages' memory (kvt_table_view); KVT_EPROTO before the
+ * segments are mapped. */
+int mem_table_view(const struct mem *m, struct kvt_table_view *out);
+
+/* Copies bytes (kvt_memcpy): memcpy on a host tenant, else a copy on
+ * stream and a wait for it.  0 or KVT_ESYS with the reason in err. */
+int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
+             void *stream, char *err, size_t errlen);
+
+/* True once the table and the staging segment are mapped (and, on a
+ * device tenant, the device table imported). */
 int mem_ready(const struct mem *m);
 
 /* Base of page id `page` in its chunk; NULL when that chunk is unmapped. */

@@ -515,12 +515,32 @@ static int srv_send_event(void *ctx, const struct tenant_event *e)
 		x.h = m;
 		memcpy(x.data, e->data, sizeof(x.data));
 		return handle_send_ext(c->fd, &x,
-		                       e->type == HANDLE_CHUNK_DEV ? e->fd : -1);
+		                       e->type == HANDLE_CHUNK_DEV ||
+		                               e->type == HANDLE_TABLE_DEV
+		                               ? e->fd
+		                               : -1);
 	}
 	return handle_send(c->fd, &m, e->type == HANDLE_CHUNK_ADD ? e->fd : -1);
 }
 
 /* ---------------------------------------------------------- requests */
+
+/*
+ * rv from a tenant operation: when a device call failed after the change
+ * was committed (tenant_failed), the tenant's K/V and table cannot be
+ * trusted any more, so it is reclaimed; rv is returned either way.
+ */
+static int srv_device_failed(struct server *s, struct srv_tenant *st, int rv,
+                             const char *op)
+{
+	if (!tenant_failed(st->t))
+		return rv;
+	LOG(LOG_LVL_ERR, "tenant %" PRIu32 ": device failure during %s",
+	    st->id, op);
+	s->st.tenants_reclaimed_total++;
+	srv_reclaim(s, st, "device failure");
+	return rv;
+}
 
 static int srv_auth(struct server *s, const struct ipc_req *r, nng_pipe pipe,
                     struct srv_tenant **out, char *why, size_t wlen)
@@ -1034,12 +1054,12 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 			return KVT_ESHUTDOWN;
 		}
 		if ((rv = tenant_seq_open(st->t, &rep->u.seq)))
-			return rv;
+			return srv_device_failed(s, st, rv, "seq_open");
 		s->st.seqs_opened_total++;
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SEQ_CLOSE:
 		if ((rv = tenant_seq_close(st->t, r->u.seq)))
-			return rv;
+			return srv_device_failed(s, st, rv, "seq_close");
 		s->st.seqs_closed_total++;
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SYNC: {
@@ -1048,12 +1068,8 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		uint64_t t0 = now_us();
 		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
 		if (rv && tenant_failed(st->t)) {
-			/* The device failed after the sync was committed: the
-			 * tenant's K/V cannot be trusted any more. */
 			LOG(LOG_LVL_ERR, "tenant %" PRIu32 ": %s", st->id, why);
-			s->st.tenants_reclaimed_total++;
-			srv_reclaim(s, st, "device failure during compaction");
-			return rv;
+			return srv_device_failed(s, st, rv, "sync");
 		}
 		if (rv)
 			return rv;

@@ -116,6 +116,12 @@ struct tenant {
 	size_t kbuf_cap;
 	const void **ksrc; /* [ksrc_cap] device addresses of those K halves */
 	size_t ksrc_cap;
+	/* Device copy of the table segment, which the engine's kernels read
+	 * (kvt_table_view), and the records mirror() changed since it was
+	 * last brought up to date (table_flush). */
+	struct kvt_backend_chunk dtab;
+	struct kvt_backend_region *dirty; /* [max_seqs * lists_per_seq] */
+	uint32_t n_dirty;
 
 	struct tenant_event *ev; /* [ev_cap] queued, in order */
 	uint32_t n_ev, ev_cap;
@@ -232,6 +238,36 @@ static void mirror(struct tenant *t, uint32_t slot, uint32_t layer,
 		       (size_t)l->n_pages * sizeof(uint32_t));
 	memset(r->pages + l->n_pages, 0,
 	       (size_t)(t->g.max_pages - l->n_pages) * sizeof(uint32_t));
+	/* Each list is mirrored at most once per operation, so the array
+	 * (one entry per list) cannot overflow; the device copy gets the
+	 * header and the valid ids (ids beyond n_pages are unspecified). */
+	if (t->dtab.base && t->n_dirty < t->g.max_seqs * t->lists_per_seq)
+		t->dirty[t->n_dirty++] = (struct kvt_backend_region){
+			.off = (uint64_t)((char *)r - (char *)t->table),
+			.bytes = sizeof(*r) + (uint64_t)l->n_pages * sizeof(uint32_t),
+		};
+}
+
+/*
+ * Device tenants: queues on the tenant's stream the upload of the records
+ * mirror() changed, then the COMPACT event, so the client's stream (which
+ * waits on that event after every reply that changes lists) reads the new
+ * table.  A failure marks the tenant failed (the server drops it).
+ */
+static int table_flush(struct tenant *t)
+{
+	if (!t->dev)
+		return 0;
+	int rc = 0;
+	if (t->n_dirty)
+		rc = t->bops->upload_regions(t->bctx, t->dtab.base, t->table,
+		                             t->dirty, t->n_dirty, t->stream);
+	t->n_dirty = 0;
+	if (!rc)
+		rc = t->bops->event_record(t->bctx, &t->ev_compact, t->stream);
+	if (rc)
+		t->failed = 1;
+	return rc;
 }
 
 /* ------------------------------------------------------------ segments */
@@ -445,7 +481,7 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	const struct kvt_backend_ops *o = t->bops;
 	if (!o->stream_new || !o->stream_free || !o->stream_sync ||
 	    !o->event_new || !o->event_free || !o->event_record ||
-	    !o->stream_wait_event || !o->read_regions)
+	    !o->stream_wait_event || !o->read_regions || !o->upload_regions)
 		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend has no "
 		            "streams or events", o->name);
 	t->ipc_share = o->share(t->bctx) == KVT_BACKEND_SHARE_IPC;
@@ -455,7 +491,7 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	    (rc = o->event_new(t->bctx, &t->ev_compact)))
 		return errors_fmt(err, errlen, rc, "%s backend: %s", o->name,
 		            o->last_error());
-	if (ensure_room((void **)&t->ev, &t->ev_cap, 2, sizeof(*t->ev)))
+	if (ensure_room((void **)&t->ev, &t->ev_cap, 3, sizeof(*t->ev)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	const struct kvt_backend_event *evs[2] = {&t->ev_writes,
 	                                          &t->ev_compact};
@@ -468,6 +504,31 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 		};
 		memcpy(e->data, evs[i]->handle, sizeof(e->data));
 	}
+	/* The device table: a whole number of chunks (the allocation
+	 * granularity), zeroed, then the header; every record starts as the
+	 * zeroed host record does (len 0, no pages). */
+	uint64_t tb = (t->g.table_bytes + KVT_CHUNK_BYTES - 1) /
+	              KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+	struct kvt_backend_region hdr = {0, sizeof(struct shm_table_hdr)};
+	t->dirty = malloc((size_t)t->g.max_seqs * t->lists_per_seq *
+	                  sizeof(*t->dirty));
+	if (!t->dirty)
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	if ((rc = o->chunk_new(t->bctx, tb, &t->dtab)) ||
+	    (rc = o->upload_regions(t->bctx, t->dtab.base, t->table, &hdr, 1,
+	                            t->stream)) ||
+	    (rc = o->event_record(t->bctx, &t->ev_compact, t->stream)))
+		return errors_fmt(err, errlen, rc, "%s backend: device table of "
+		                  "%llu bytes: %s", o->name,
+		                  (unsigned long long)tb, o->last_error());
+	struct tenant_event *e = &t->ev[t->n_ev++];
+	*e = (struct tenant_event){
+		.type = HANDLE_TABLE_DEV,
+		.slot = t->max_chunks, /* sizes the client's chunk-base array */
+		.fd = t->dtab.fd,
+		.size = t->g.table_bytes,
+	};
+	memcpy(e->data, t->dtab.ipc, sizeof(e->data));
 	return 0;
 }
 
@@ -483,6 +544,11 @@ static void device_fini(struct tenant *t)
 		o->event_free(t->bctx, &t->ev_writes);
 	if (t->ev_compact.ev)
 		o->event_free(t->bctx, &t->ev_compact);
+	/* VMM: the driver keeps the memory while the client maps it.  Legacy
+	 * IPC: the client is gone or said bye (as for the chunks). */
+	o->chunk_free(t->bctx, &t->dtab);
+	free(t->dirty);
+	t->dirty = NULL;
 }
 
 int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
@@ -779,7 +845,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 		}
 	revoke_empty(t); /* resets the allocation cursor; nothing is empty */
 	*seq = ((uint64_t)s->gen << 32) | slot;
-	return 0;
+	return table_flush(t) ? KVT_ESYS : 0;
 }
 
 int tenant_seq_close(struct tenant *t, uint64_t seq)
@@ -810,7 +876,7 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 			mirror(t, slot, layer, head);
 	seq_release_arrays(s);
 	revoke_empty(t);
-	return 0;
+	return table_flush(t) ? KVT_ESYS : 0;
 }
 
 /* ------------------------------------------------------------ sync */
@@ -1238,20 +1304,19 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	}
 	t->syncs++;
 	/*
-	 * Device: one launch for the whole sync, then the event the client's
-	 * stream waits on before it touches the lists again.  Both are only
-	 * queued; a failure here comes after the bookkeeping is committed,
+	 * Device: one launch for the whole sync, the upload of the changed
+	 * table records, then the event the client's stream waits on before
+	 * it touches the lists again.  All are only queued; a failure here comes after the bookkeeping is committed,
 	 * so the tenant is marked failed and the server drops it.
 	 */
 	int drc = 0;
 	if (t->dev) {
 		if (nb)
 			drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
-		if (!drc)
-			drc = t->bops->event_record(t->bctx, &t->ev_compact,
-			                            t->stream);
 		if (drc)
 			t->failed = 1;
+		else
+			drc = table_flush(t);
 	}
 	revoke_empty(t);
 	if (drc)
@@ -1346,6 +1411,65 @@ static int test_and_set(uint8_t *bits, uint64_t i)
 	int was = bits[i / 8] >> (i % 8) & 1;
 	bits[i / 8] |= (uint8_t)(1u << (i % 8));
 	return was;
+}
+
+/*
+ * Device tenants: the device copy of the table must equal the host table
+ * in every header field and valid page id, once the queued work is done
+ * (read_regions waits for the tenant's stream).  Read back in batches of
+ * records so the host buffer stays small whatever the table's size.
+ */
+static void check_device_table(const struct tenant *t, struct checker *c)
+{
+	const struct shm_geom *g = &t->g;
+	enum { BATCH = 256 };
+	const void *src[BATCH];
+	uint64_t n = (uint64_t)g->max_seqs * t->lists_per_seq;
+	size_t hdr = sizeof(struct shm_table_hdr);
+	char *buf = malloc(BATCH * g->list_stride);
+	if (!buf) {
+		violation(c, "out of memory reading the device table back");
+		return;
+	}
+	src[0] = t->dtab.base;
+	if (t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr, t->stream))
+		violation(c, "device table: %s", t->bops->last_error());
+	else if (memcmp(buf, t->table, hdr))
+		violation(c, "device table header differs from the table");
+	const char *rec0 = (const char *)shm_list_at(t->table, g, 0, 0, 0);
+	uint64_t roff = (uint64_t)(rec0 - (const char *)t->table);
+	for (uint64_t i = 0; i < n && c->n == 0; i += BATCH) {
+		uint32_t k = (uint32_t)(n - i < BATCH ? n - i : BATCH);
+		for (uint32_t j = 0; j < k; j++)
+			src[j] = (const char *)t->dtab.base + roff +
+			         (i + j) * g->list_stride;
+		if (t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
+		                          g->list_stride, t->stream)) {
+			violation(c, "device table: %s", t->bops->last_error());
+			break;
+		}
+		for (uint32_t j = 0; j < k; j++) {
+			const struct shm_list *h = (const struct shm_list *)(
+				rec0 + (i + j) * g->list_stride);
+			const struct shm_list *d = (const struct shm_list *)(
+				buf + (size_t)j * g->list_stride);
+			uint32_t np = h->n_pages < g->max_pages ? h->n_pages
+			                                        : g->max_pages;
+			if (d->len != h->len || d->n_pages != h->n_pages ||
+			    d->epoch != h->epoch ||
+			    memcmp(d->pages, h->pages, np * sizeof(uint32_t))) {
+				violation(c, "device table record %llu differs "
+				          "from the table (len %u/%u pages "
+				          "%u/%u epoch %llu/%llu)",
+				          (unsigned long long)(i + j), d->len,
+				          h->len, d->n_pages, h->n_pages,
+				          (unsigned long long)d->epoch,
+				          (unsigned long long)h->epoch);
+				break;
+			}
+		}
+	}
+	free(buf);
 }
 
 int tenant_check(const struct tenant *t, char *detail, size_t len)
@@ -1501,6 +1625,8 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 		          (unsigned long long)free_pages,
 		          (unsigned long long)used,
 		          (unsigned long long)live * ppc);
+	if (t->dev && t->dtab.base)
+		check_device_table(t, &c);
 	free(seen);
 	free(base);
 	return c.n;

@@ -272,8 +272,9 @@ KVT_API int kvt_wait(kvt_client *c, kvt_ticket t);
  * allocations of the daemon's GPU 0, imported into this process by
  * libkvtrim through libkvtrim-cuda.so, loaded with dlopen: libkvtrim never
  * links CUDA).  On a cuda tenant kvt_page_ptr() and kvt_kv_ptr() return
- * device addresses, for the engine's kernels only; the table (kvt_list
- * pages) and the staging segment (kvt_stage_*) stay host memory.
+ * device addresses, for the engine's kernels only.  kvt_list_get() reads
+ * the host table; kvt_table_view() gives the device copy of it.  The
+ * staging segment (kvt_stage_*) stays host memory.
  */
 enum kvt_memory {
 	KVT_MEMORY_HOST = 0,
@@ -296,6 +297,67 @@ KVT_API int kvt_memory_kind(const kvt_client *c);
  * replaced or the client is disconnected.  A no-op (0) on host tenants.
  */
 KVT_API int kvt_set_stream(kvt_client *c, void *stream);
+
+/*
+ * Copies bytes between host memory and this client's pages (either
+ * direction, or page to page): a memcpy on a host tenant; on a cuda tenant
+ * a copy on the client's stream (kvt_set_stream) followed by a wait for
+ * that stream, so the bytes are in place when it returns.  Meant for
+ * tools, tests and engines whose K/V is produced on the host; a GPU engine
+ * writes pages with its own kernels.  0 (bytes 0 copies nothing, whatever
+ * the pointers), KVT_EINVAL (NULL client, or a NULL pointer with bytes), or
+ * KVT_ESYS with the CUDA error in kvt_last_error().
+ */
+KVT_API int kvt_memcpy(kvt_client *c, void *dst, const void *src,
+                       size_t bytes);
+
+/*
+ * The whole table as a GPU kernel reads it, in the memory of the pages
+ * (kvt_memory_kind: host memory on a host tenant, device memory on a cuda
+ * tenant, where kvtrimd keeps a device copy of the table segment that its
+ * stream updates before the compaction event the client's stream waits
+ * on).  The list of (sequence slot s, layer l, KV head h) is the record at
+ *
+ *   table + records_offset + ((s * n_layers + l) * n_kv_heads + h) * list_stride
+ *
+ * laid out as struct kvt_list_record; page id p lives at
+ *
+ *   chunk_bases[p / pages_per_chunk] + (p % pages_per_chunk) * page_bytes
+ *
+ * (chunk_bases is this process's own array, kept current by libkvtrim on
+ * the client's stream).  Ids beyond n_pages are unspecified.  Valid until
+ * the next kvt_sync, kvt_wait, kvt_seq_open or kvt_seq_close, which may
+ * move chunk_bases; the contents follow every completed sync.
+ */
+struct kvt_list_record {
+	uint32_t len;     /* committed entries */
+	uint32_t n_pages; /* valid ids in pages[] (headroom included) */
+	uint64_t epoch;
+	uint32_t pages[]; /* [max_pages] page ids */
+};
+
+struct kvt_table_view {
+	const void *table;        /* the table (kvt_memory_kind memory) */
+	uint64_t records_offset;  /* bytes from table to the first record */
+	uint64_t list_stride;     /* bytes between records */
+	uint32_t max_seqs, n_layers, n_kv_heads, max_pages;
+	void *const *chunk_bases; /* [n_chunk_slots] base of each chunk in
+	                             this process, NULL when unmapped; same
+	                             memory kind as table */
+	uint32_t n_chunk_slots;
+	uint32_t pages_per_chunk;
+	uint64_t page_bytes;
+};
+KVT_API int kvt_table_view(kvt_client *c, struct kvt_table_view *out);
+
+/*
+ * The record of one list in the memory kvt_table_view describes, and the
+ * sequence's slot (the s above).  Same validity as kvt_table_view.
+ */
+KVT_API int kvt_list_record(kvt_client *c, kvt_seq seq, uint32_t layer,
+                            uint32_t kv_head,
+                            const struct kvt_list_record **out,
+                            uint32_t *slot);
 
 /* ---------------------------------------------------------------- stats */
 

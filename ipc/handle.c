@@ -28,12 +28,12 @@
 
 static bool type_known(uint16_t t)
 {
-	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_CLOSED;
+	return t >= HANDLE_WELCOME && t <= HANDLE_TABLE_DEV;
 }
 
 int handle_is_ext(uint16_t t)
 {
-	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_CHUNK_CLOSED;
+	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_TABLE_DEV;
 }
 
 static bool type_has_fd(uint16_t t)
@@ -41,10 +41,11 @@ static bool type_has_fd(uint16_t t)
 	return t == HANDLE_TABLE || t == HANDLE_STAGE || t == HANDLE_CHUNK_ADD;
 }
 
-/* A device chunk comes with its VMM fd, or (legacy IPC) with none. */
+/* A device chunk (or the device table) comes with its VMM fd, or
+ * (legacy IPC) with none. */
 static bool type_fd_optional(uint16_t t)
 {
-	return t == HANDLE_CHUNK_DEV;
+	return t == HANDLE_CHUNK_DEV || t == HANDLE_TABLE_DEV;
 }
 
 /* Wire size of a packet of type t. */

@@ -31,6 +31,13 @@
  *                     chunk's serial for device chunks
  *   client -> daemon  CHUNK_CLOSED {slot, cookie} after closing a legacy IPC
  *                     chunk: only then may the daemon free it
+ *   daemon -> client  TABLE_DEV {slot = the tenant's chunk slots, size}
+ *                     + fd or ipc                   before the hello reply,
+ *                     after the EVENTs: the device copy of the table
+ *                     segment (size = its table_bytes; the allocation is
+ *                     that rounded up to KVT_CHUNK_BYTES), imported like a
+ *                     CHUNK_DEV; the daemon updates it on its stream before
+ *                     recording COMPACT
  */
 #ifndef KVT_HANDLE_H
 #define KVT_HANDLE_H
@@ -49,6 +56,7 @@ enum handle_type {
 	HANDLE_CHUNK_DEV = 6,
 	HANDLE_EVENT = 7,
 	HANDLE_CHUNK_CLOSED = 8,
+	HANDLE_TABLE_DEV = 9,
 };
 
 #define HANDLE_EVENT_WRITES 0u  /* client records, daemon waits */

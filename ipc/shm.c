@@ -132,3 +132,13 @@ float *shm_stage_at(void *stage, const struct shm_geom *g, uint32_t slot,
 	                 align_up(sizeof(struct shm_stage_hdr), SHM_ALIGN)) +
 	       idx * g->stage_entry_floats;
 }
+
+/* The public record (kvt_table_view) is this layout under another name. */
+_Static_assert(sizeof(struct shm_list) == sizeof(struct kvt_list_record) &&
+                       offsetof(struct shm_list, n_pages) ==
+                               offsetof(struct kvt_list_record, n_pages) &&
+                       offsetof(struct shm_list, epoch) ==
+                               offsetof(struct kvt_list_record, epoch) &&
+                       offsetof(struct shm_list, pages) ==
+                               offsetof(struct kvt_list_record, pages),
+               "struct shm_list and struct kvt_list_record differ");
