@@ -29,9 +29,21 @@
  * the daemon names them.  --prefill N sends the first N tokens as prefill
  * syncs (snapkv acts at the first decode sync).
  *
+ * Pages in device memory (a tenant of kvtrimd --backend cuda, where
+ * kvt_memory_kind() says KVT_MEMORY_CUDA): every byte goes through
+ * kvt_memcpy.  Each entry's K and V rows are built in a host buffer and
+ * copied to kvt_kv_ptr's addresses (two copies per list and token); to
+ * read a list (--verify, the lse of staged policies, the replay) its pages
+ * are copied into host memory first, one copy per run of consecutive page
+ * ids in one chunk, as each kvt_memcpy waits for the stream.  On host
+ * pages loadgen reads and writes them in place, as before.  The staging
+ * segment is host memory on both.
+ *
  * Children report their counts through a pipe; the parent prints one
- * summary line and exits 0 only when every child succeeded (a child killed
- * on purpose with --kill-after-steps does not count as a failure).
+ * summary line (memory=host|cuda: where the engines' pages were; "mixed"
+ * when engines disagreed) and exits 0 only when every child succeeded (a
+ * child killed on purpose with --kill-after-steps does not count as a
+ * failure).
  *
  * Soak options (scripts/soak.sh): --retry-full backs off and retries a sync
  * or sequence open that the full pool refused (KVT_EPOOLFULL), for up to
@@ -105,6 +117,7 @@ struct report {
 	uint64_t syncs, appended, kept, mismatches;
 	uint64_t full_retries;     /* KVT_EPOOLFULL answers retried */
 	uint64_t pressure_evicted; /* extra evictions (--tolerate-pressure) */
+	int32_t memory; /* kvt_memory_kind of its pages; -1 before connect */
 	uint32_t lat[LAT_BUCKETS]; /* sync latencies, see LAT_BUCKETS */
 };
 
@@ -396,7 +409,17 @@ struct engine {
 	float *kf;        /* [head_dim] key scratch */
 	uint8_t *kb;      /* [row_bytes] key scratch */
 	float *att;       /* [max_tokens * G] paged_attention scratch */
-	void **pv;        /* [max_pages] page pointers of one list */
+	void **pv;        /* [kv_heads][mp] page pointers, one row per list
+	                     (the replay holds a layer's lists at once) */
+	uint32_t mp;      /* page pointers per row of pv */
+	/* Device pages (kvt_memory_kind KVT_MEMORY_CUDA); all NULL/0 on host
+	 * pages, which loadgen reads and writes in place. */
+	int dev;
+	size_t page_bytes; /* 2 * page_tokens * row_bytes */
+	uint8_t *hp;      /* [hp_rows][mp][page_bytes] host copies of pages,
+	                     row r for the pointers of pv row r */
+	uint32_t hp_rows;
+	uint8_t *wrow;    /* [2][row_bytes] K and V of the entry written */
 	/* Replay (verify of policies without an independent model): one
 	 * shadow per (sequence, layer, head) list, index
 	 * (j * layers + l) * kv_heads + h, cap entries each. */
@@ -438,6 +461,49 @@ mismatch(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 }
 
 /*
+ * Host-readable pointers to the n pages ids[] (a list's page ids) in row r
+ * of e->pv, returned in *out; an unmapped id gives NULL.  On host pages
+ * these are the pages themselves.  On device pages they are copies in row
+ * r of e->hp, made with one kvt_memcpy per run of consecutive ids in one
+ * chunk (adjacent in memory), since each call waits for the stream; the
+ * copies hold what the pages held when this ran.  0, or an error (said).
+ */
+static int pages_view(struct engine *e, uint32_t r, const uint32_t *ids,
+                      uint32_t n, void ***out)
+{
+	void **pv = e->pv + (size_t)r * e->mp;
+	if (n > e->mp) {
+		say(e, "a list of %u pages, at most %u expected", n, e->mp);
+		return KVT_EPROTO;
+	}
+	for (uint32_t p = 0; p < n; p++)
+		pv[p] = kvt_page_ptr(e->c, ids[p]);
+	*out = pv;
+	if (!e->dev)
+		return 0;
+	size_t pb = e->page_bytes;
+	uint32_t per_chunk = (uint32_t)(KVT_CHUNK_BYTES / pb);
+	uint8_t *buf = e->hp + (size_t)r * e->mp * pb;
+	for (uint32_t p = 0, q; p < n; p = q) {
+		q = p + 1;
+		if (!pv[p])
+			continue;
+		while (q < n && pv[q] && ids[q] == ids[q - 1] + 1 &&
+		       ids[q] / per_chunk == ids[p] / per_chunk)
+			q++;
+		int rc = kvt_memcpy(e->c, buf + p * pb, pv[p], (q - p) * pb);
+		if (rc < 0) {
+			say(e, "kvt_memcpy of %u pages to the host: %s (%s)",
+			    q - p, kvt_strerror(rc), kvt_last_error(e->c));
+			return rc;
+		}
+		for (uint32_t i = p; i < q; i++)
+			pv[i] = buf + i * pb;
+	}
+	return 0;
+}
+
+/*
  * Checks one list against the pattern and want[p] (1 = position p must be
  * present) after n_seen tokens.  With --tolerate-pressure a wanted position
  * the daemon evicted is not a mismatch: it is counted and cleared in
@@ -453,6 +519,14 @@ static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 		say(e, "kvt_list_get: %s", kvt_strerror(rc));
 		return rc;
 	}
+	/* the pages that hold entries [0, len) */
+	uint32_t np = (uint32_t)(((uint64_t)list.len + e->page_tokens - 1) /
+	                         e->page_tokens);
+	void **pv;
+	if (np > list.n_pages)
+		np = list.n_pages;
+	if ((rc = pages_view(e, 0, list.pages, np, &pv)) < 0)
+		return rc;
 	uint32_t tag = tag_of(e->o->seed, e->client, j, l, h);
 	memset(e->seen, 0, n_seen);
 	for (uint32_t i = 0; i < list.len; i++) {
@@ -462,7 +536,7 @@ static int verify_list(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
 			         list.n_pages);
 			continue;
 		}
-		uint8_t *page = kvt_page_ptr(e->c, list.pages[pi]);
+		const uint8_t *page = pv[pi];
 		if (!page) {
 			mismatch(e, j, l, h, "page %u of entry %u unmapped",
 			         list.pages[pi], i);
@@ -516,19 +590,44 @@ static size_t sh_idx(const struct engine *e, uint32_t j, uint32_t l,
 	return ((size_t)j * e->o->layers + l) * e->o->kv_heads + h;
 }
 
-/* Page pointers of a list into e->pv; its length in *len. */
+/* Host-readable page pointers of a list (pages_view row 0) into *pv; its
+ * length in *len. */
 static int list_pages(struct engine *e, uint32_t j, uint32_t l, uint32_t h,
-                      uint32_t *len)
+                      void ***pv, uint32_t *len)
 {
 	struct kvt_list list;
 	int rc = kvt_list_get(e->c, e->seqs[j], l, h, &list);
-	if (rc < 0)
+	if (rc < 0 ||
+	    (rc = pages_view(e, 0, list.pages, list.n_pages, pv)) < 0)
 		return rc;
 	for (uint32_t p = 0; p < list.n_pages; p++)
-		if (!(e->pv[p] = kvt_page_ptr(e->c, list.pages[p])))
+		if (!(*pv)[p])
 			return KVT_EINVAL;
 	*len = list.len;
 	return 0;
+}
+
+/* Writes K/V of (tag, pos) at kvt_kv_ptr's kp and vp: in place on host
+ * pages, else built in e->wrow and copied (2 kvt_memcpy). */
+static int put_entry(struct engine *e, void *kp, void *vp, uint32_t tag,
+                     uint32_t pos)
+{
+	const struct opts *o = e->o;
+	if (!e->dev) {
+		write_entry(e->bmix, kp, vp, e->row_bytes, tag, pos,
+		            o->head_dim, o->dtype, e->kf);
+		return 0;
+	}
+	uint8_t *k = e->wrow, *v = e->wrow + e->row_bytes;
+	write_entry(e->bmix, k, v, e->row_bytes, tag, pos, o->head_dim,
+	            o->dtype, e->kf);
+	int rc = kvt_memcpy(e->c, kp, k, e->row_bytes);
+	if (rc == 0)
+		rc = kvt_memcpy(e->c, vp, v, e->row_bytes);
+	if (rc < 0)
+		say(e, "kvt_memcpy of an entry to the device: %s (%s)",
+		    kvt_strerror(rc), kvt_last_error(e->c));
+	return rc;
 }
 
 /*
@@ -553,9 +652,10 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 					    kvt_strerror(rc));
 					return rc;
 				}
-				write_entry(e->bmix, kp, vp, e->row_bytes,
-				            tag_of(o->seed, e->client, j, l, h),
-				            pos, o->head_dim, o->dtype, e->kf);
+				uint32_t tag = tag_of(o->seed, e->client, j,
+				                      l, h);
+				if ((rc = put_entry(e, kp, vp, tag, pos)) < 0)
+					return rc;
 			}
 			if (!e->stage)
 				continue;
@@ -580,7 +680,8 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 			}
 			for (uint32_t h = 0; h < o->kv_heads; h++) {
 				uint32_t len;
-				int rc = list_pages(e, j, l, h, &len);
+				void **pv;
+				int rc = list_pages(e, j, l, h, &pv, &len);
 				if (rc < 0) {
 					say(e, "list of seq %u layer %u head %u: "
 					    "%s", j, l, h, kvt_strerror(rc));
@@ -594,7 +695,7 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 				if (!ob)
 					return KVT_EINVAL;
 				paged_attention_cpu(q + (size_t)h * G * o->head_dim,
-				                    G, e->pv, e->page_tokens,
+				                    G, pv, e->page_tokens,
 				                    o->head_dim, o->dtype,
 				                    len + k + 1,
 				                    1.0f / sqrtf((float)o->head_dim),
@@ -635,8 +736,6 @@ static int replay_decide(struct engine *e, uint32_t n, uint32_t n_seen,
 	size_t sb = p->layer_state_bytes;
 	uint32_t d = o->heads * o->head_dim, nq = o->heads * o->head_dim;
 	struct policy_head heads[64];
-	void **pvs = e->pv; /* one row of max pages per head */
-	uint32_t mp = e->cap / e->page_tokens + 2;
 	for (uint32_t j = 0; j < o->seqs; j++)
 		for (uint32_t l = 0; l < o->layers; l++) {
 			float *x = e->in, *q = x + (size_t)n * d,
@@ -670,10 +769,18 @@ static int replay_decide(struct engine *e, uint32_t n, uint32_t n_seen,
 					         len);
 					return KVT_EINVAL;
 				}
-				void **pv = pvs + (size_t)h * mp;
+				/* row h: the policy reads every head's */
+				void **pv;
+				if ((rc = pages_view(e, h, list.pages,
+				                     list.n_pages, &pv)) < 0)
+					return rc;
 				for (uint32_t pg = 0; pg < list.n_pages; pg++)
-					pv[pg] = kvt_page_ptr(e->c,
-					                      list.pages[pg]);
+					if (!pv[pg]) {
+						mismatch(e, j, l, h, "page %u "
+						         "unmapped",
+						         list.pages[pg]);
+						return KVT_EINVAL;
+					}
 				/* same order as the daemon's list */
 				for (uint32_t i = 0; i < len; i++) {
 					const uint8_t *v =
@@ -776,6 +883,41 @@ static int full_backoff(struct engine *e, uint32_t k, double t0)
 	return 0;
 }
 
+/*
+ * After kvt_connect: the page pointer rows (as many pages as a list can
+ * hold under the limits in force) and, on device pages, the host copies
+ * and the write buffer.  0 or KVT_ENOMEM (said).
+ */
+static int engine_buffers(struct engine *e, const struct kvt_config *in_force)
+{
+	const struct opts *o = e->o;
+	int kind = kvt_memory_kind(e->c);
+	uint32_t rows = o->kv_heads; /* at most 64 (child_main) */
+	e->r.memory = kind;
+	e->dev = kind == KVT_MEMORY_CUDA;
+	e->mp = (uint32_t)(((uint64_t)in_force->max_tokens +
+	                    in_force->headroom + e->page_tokens - 1) /
+	                   e->page_tokens);
+	e->pv = calloc((size_t)rows * e->mp, sizeof(void *));
+	if (!e->pv)
+		goto oom;
+	if (!e->dev)
+		return 0;
+	/* Pages are read only to verify or for the lse of staged inputs;
+	 * the replay holds one row per KV head, everything else row 0. */
+	e->page_bytes = 2 * (size_t)e->page_tokens * e->row_bytes;
+	e->hp_rows = e->replay ? rows : e->model || e->stage ? 1 : 0;
+	e->wrow = malloc(2 * e->row_bytes);
+	if (e->hp_rows)
+		e->hp = malloc((size_t)e->hp_rows * e->mp * e->page_bytes);
+	if (!e->wrow || (e->hp_rows && !e->hp))
+		goto oom;
+	return 0;
+oom:
+	say(e, "out of memory for page buffers");
+	return KVT_ENOMEM;
+}
+
 static int engine_run(struct engine *e)
 {
 	const struct opts *o = e->o;
@@ -817,6 +959,8 @@ static int engine_run(struct engine *e)
 		rc = KVT_EHEADROOM;
 		goto out;
 	}
+	if ((rc = engine_buffers(e, in_force)) < 0)
+		goto out;
 	for (; opened < o->seqs; opened++) {
 		double t0 = now_s();
 		for (uint32_t k = 0;; k++) {
@@ -943,6 +1087,7 @@ static int child_main(const struct opts *o, const struct model *m,
 	};
 	e.r.client = client;
 	e.r.gen = gen;
+	e.r.memory = -1;
 	uint32_t headroom = headroom_of(o);
 	e.stage = !!(o->pol->ops->needs & POLICY_NEED_STAGED);
 	e.stage_tokens = e.stage ? headroom + o->pol->lookback : 0;
@@ -951,7 +1096,6 @@ static int child_main(const struct opts *o, const struct model *m,
 	uint32_t G = o->heads / o->kv_heads;
 	uint32_t ef = o->pol->entry_floats;
 	size_t sb = o->pol->layer_state_bytes;
-	size_t mp = e.cap / o->page_tokens + 2;
 	e.seqs = calloc(o->seqs, sizeof(*e.seqs));
 	e.seen = calloc(o->steps, 1);
 	e.alive = calloc(o->steps, 1);
@@ -959,7 +1103,6 @@ static int child_main(const struct opts *o, const struct model *m,
 	e.kf = calloc(o->head_dim, sizeof(float));
 	e.kb = calloc(e.row_bytes, 1);
 	e.att = calloc((size_t)e.cap * G + 1, sizeof(float));
-	e.pv = calloc(mp * (o->kv_heads < 64 ? o->kv_heads : 64), sizeof(void *));
 	e.want = calloc(o->steps, 1);
 	e.moves = calloc((size_t)e.cap * 2, sizeof(uint32_t));
 	e.in = calloc((size_t)headroom * (2 * o->heads * o->head_dim + o->heads),
@@ -973,7 +1116,7 @@ static int child_main(const struct opts *o, const struct model *m,
 	if (o->kv_heads > 64)
 		say(&e, "at most 64 KV heads");
 	else if (e.seqs && e.seen && e.alive && e.bmix && e.kf && e.kb &&
-	         e.att && e.pv && e.want && e.moves && e.in && e.sh_len &&
+	         e.att && e.want && e.moves && e.in && e.sh_len &&
 	         e.sh_pos && e.sh_ent && e.sh_drop && e.sh_state)
 		rc = engine_run(&e);
 	else
@@ -987,6 +1130,8 @@ static int child_main(const struct opts *o, const struct model *m,
 	free(e.kb);
 	free(e.att);
 	free(e.pv);
+	free(e.hp);
+	free(e.wrow);
 	free(e.want);
 	free(e.moves);
 	free(e.in);
@@ -1029,8 +1174,10 @@ static void usage(FILE *f)
 	        "learned policies without model= get random seeded "
 	        "weights).  --prefill N\n"
 	        "syncs the first N tokens as prefill.  Prints one summary "
-	        "line (with sync\nlatency percentiles); exit 0 when every "
-	        "engine succeeded.\n"
+	        "line (with sync\nlatency percentiles and memory=host|cuda, "
+	        "where the pages were: on a cuda\ntenant of kvtrimd --backend "
+	        "cuda they are written and read with kvt_memcpy);\nexit 0 "
+	        "when every engine succeeded.\n"
 	        "Soak: --retry-full backs off and retries requests the full "
 	        "pool refused;\n--expect-kills counts engines SIGKILLed from "
 	        "outside as killed, not failed,\nand --respawn N replaces up "
@@ -1321,6 +1468,7 @@ static int prepare_policy(struct opts *o, char *spec, size_t len)
 struct totals {
 	uint64_t syncs, appended, kept, mismatches, full_retries;
 	uint64_t pressure_evicted;
+	int memory; /* the engines' kvt_memory_kind; -1 none, -2 mixed */
 	uint64_t lat[LAT_BUCKETS];
 };
 
@@ -1363,6 +1511,10 @@ static void read_reports(int fd, const struct opts *o, const uint32_t *gens,
 		tot->mismatches += r.mismatches;
 		tot->full_retries += r.full_retries;
 		tot->pressure_evicted += r.pressure_evicted;
+		if (r.memory >= 0 && tot->memory == -1)
+			tot->memory = r.memory;
+		else if (r.memory >= 0 && r.memory != tot->memory)
+			tot->memory = -2;
 		for (uint32_t b = 0; b < LAT_BUCKETS; b++)
 			tot->lat[b] += r.lat[b];
 	}
@@ -1420,7 +1572,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	struct totals tot = {0};
+	struct totals tot = {.memory = -1};
 	uint32_t killed = 0, failed = started < o.clients;
 	while (running) {
 		int st;
@@ -1470,18 +1622,22 @@ int main(int argc, char **argv)
 	double elapsed = now_s() - t0;
 	const char *verdict = !o.verify ? "off"
 	                      : (tot.mismatches || failed) ? "fail" : "ok";
+	const char *memory = tot.memory == KVT_MEMORY_HOST   ? "host"
+	                     : tot.memory == KVT_MEMORY_CUDA ? "cuda"
+	                     : tot.memory == -2              ? "mixed"
+	                                                     : "unknown";
 	printf("loadgen: clients=%u seqs=%u steps=%u policy=%s syncs=%" PRIu64
 	       " appended=%" PRIu64 " kept=%" PRIu64 " evicted=%" PRIu64
 	       " mismatches=%" PRIu64 " verify=%s killed=%u failed=%u "
 	       "elapsed_s=%.3f sync_p50_us=%.0f sync_p99_us=%.0f "
 	       "sync_max_us=%.0f full_retries=%" PRIu64 " respawned=%u "
-	       "pressure_evicted=%" PRIu64 "\n",
+	       "pressure_evicted=%" PRIu64 " memory=%s\n",
 	       o.clients, o.seqs, o.steps, o.policy, tot.syncs, tot.appended,
 	       tot.kept, tot.appended > tot.kept ? tot.appended - tot.kept : 0,
 	       tot.mismatches, verdict, killed, failed, elapsed,
 	       lat_quantile(tot.lat, 0.50), lat_quantile(tot.lat, 0.99),
 	       lat_quantile(tot.lat, 1.0), tot.full_retries, respawned,
-	       tot.pressure_evicted);
+	       tot.pressure_evicted, memory);
 	free(gens);
 	free(pids);
 	free(got);

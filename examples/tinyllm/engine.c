@@ -24,6 +24,14 @@ struct engine {
 	enum kvt_dtype dtype;
 	void **pagev;          /* [max_pages] mapped pages of one list */
 	float *scratch;        /* [G][max_tokens + headroom] attention logits */
+	/* Cuda tenants: the pages are device memory and this engine's
+	 * attention is CPU code, so K/V go through kvt_memcpy and each
+	 * list's pages are copied into host bounce pages before attention
+	 * (a test path: a GPU engine runs its own kernels on the pages). */
+	int dev;
+	size_t page_bytes;
+	uint8_t *bounce;       /* [max_pages][page_bytes] when dev */
+	uint8_t *row;          /* [2][head_dim * elem] one K and V row */
 	char err[KVT_ERRTEXT_MAX + 64];
 };
 
@@ -90,7 +98,15 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	e->pagev = calloc(e->max_pages, sizeof(void *));
 	e->scratch = malloc(sizeof(float) * cap *
 	                    (mc->n_heads / mc->n_kv_heads));
-	if (!e->pagev || !e->scratch) {
+	e->dev = kvt_memory_kind(e->c) == KVT_MEMORY_CUDA;
+	e->page_bytes = 2 * (size_t)e->page_tokens * mc->head_dim *
+	                kvt_dtype_size(e->dtype);
+	if (e->dev) {
+		e->bounce = malloc(e->max_pages * e->page_bytes);
+		e->row = malloc(2 * (size_t)mc->head_dim *
+		                kvt_dtype_size(e->dtype));
+	}
+	if (!e->pagev || !e->scratch || (e->dev && (!e->bounce || !e->row))) {
 		snprintf(err, errlen, "out of memory");
 		engine_close(e);
 		return KVT_ENOMEM;
@@ -116,6 +132,8 @@ void engine_close(struct engine *e)
 	kvt_disconnect(e->c);
 	free(e->pagev);
 	free(e->scratch);
+	free(e->bounce);
+	free(e->row);
 	free(e);
 }
 
@@ -155,10 +173,17 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 				return seterr(e, rc, "kvt_kv_ptr(layer %u, head "
 				              "%u, +%u): %s", layer, g, t,
 				              kvt_strerror(rc));
+			size_t rb = (size_t)hd * kvt_dtype_size(e->dtype);
+			void *kd = e->dev ? (void *)e->row : kp;
+			void *vd = e->dev ? (void *)(e->row + rb) : vp;
 			dtype_from_f32(k + ((size_t)t * Hkv + g) * hd, e->dtype,
-			               kp, hd);
+			               kd, hd);
 			dtype_from_f32(v + ((size_t)t * Hkv + g) * hd, e->dtype,
-			               vp, hd);
+			               vd, hd);
+			if (e->dev && ((rc = kvt_memcpy(e->c, kp, kd, rb)) < 0 ||
+			               (rc = kvt_memcpy(e->c, vp, vd, rb)) < 0))
+				return seterr(e, rc, "kvt_memcpy: %s",
+				              kvt_last_error(e->c));
 		}
 		struct kvt_list l;
 		rc = kvt_list_get(e->c, e->seq, layer, g, &l);
@@ -179,6 +204,14 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 				return seterr(e, KVT_EPROTO, "page %u of layer "
 				              "%u head %u is not mapped",
 				              l.pages[i], layer, g);
+			if (!e->dev)
+				continue;
+			void *b = e->bounce + (size_t)i * e->page_bytes;
+			if ((rc = kvt_memcpy(e->c, b, e->pagev[i],
+			                     e->page_bytes)) < 0)
+				return seterr(e, rc, "kvt_memcpy: %s",
+				              kvt_last_error(e->c));
+			e->pagev[i] = b;
 		}
 		for (uint32_t t = 0; t < n; t++) {
 			size_t qo = ((size_t)t * H + (size_t)g * G);

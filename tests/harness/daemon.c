@@ -33,13 +33,6 @@ const char *th_backend(void)
 	return b && *b ? b : "cpu";
 }
 
-void th_need_host_pages(void)
-{
-	if (strcmp(th_backend(), "cpu"))
-		th_skip("needs host-mapped pages; KVTRIM_BACKEND is not cpu "
-		        "(pages are device memory)");
-}
-
 static void sleep_ms(int ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

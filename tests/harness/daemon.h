@@ -23,10 +23,6 @@ struct th_daemon {
  * auto), default "cpu". */
 const char *th_backend(void);
 
-/* Skips the current test when the pool's pages are not host memory the
- * test process can read and write (KVTRIM_BACKEND=cuda: device memory). */
-void th_need_host_pages(void);
-
 /* Path of a built binary. */
 const char *th_bin(const char *name);
 

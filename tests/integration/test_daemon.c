@@ -25,22 +25,40 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
-/* Writes entry k of every list of seq with floats (tag * 1000 + pos) + dim. */
+/*
+ * Writes entry k of every list of seq (th_small_cfg) with K floats
+ * (tag * 1000 + pos) + (l * 100 + h * 10) + i / 16 and V their negation,
+ * built on the host and copied with kvt_memcpy, so any backend's pages.
+ */
 static void put_token(kvt_client *c, kvt_seq seq, uint32_t k, float tag,
                       uint32_t pos)
 {
-	th_need_host_pages();
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t h = 0; h < 2; h++) {
 			void *kp, *vp;
+			float kr[8], vr[8];
 			T_OK(kvt_kv_ptr(c, seq, l, h, k, &kp, &vp));
 			for (int i = 0; i < 8; i++) {
-				((float *)kp)[i] = tag * 1000 + (float)pos +
-				                   (float)(l * 100 + h * 10) +
-				                   (float)i / 16;
-				((float *)vp)[i] = -((float *)kp)[i];
+				kr[i] = tag * 1000 + (float)pos +
+				        (float)(l * 100 + h * 10) +
+				        (float)i / 16;
+				vr[i] = -kr[i];
 			}
+			T_OK(kvt_memcpy(c, kp, kr, sizeof(kr)));
+			T_OK(kvt_memcpy(c, vp, vr, sizeof(vr)));
 		}
+}
+
+/* A page of th_small_cfg: K rows 0..3, then V rows 0..3, 8 floats each. */
+#define SMALL_PAGE_FLOATS (2 * 4 * 8)
+
+/* Copies page id `page` into out with kvt_memcpy (any backend). */
+static void get_page(kvt_client *c, uint32_t page,
+                     float out[SMALL_PAGE_FLOATS])
+{
+	void *pg = kvt_page_ptr(c, page);
+	T_ASSERT(pg);
+	T_OK(kvt_memcpy(c, out, pg, SMALL_PAGE_FLOATS * sizeof(float)));
 }
 
 TEST(daemon, starts_reports_and_stops_cleanly)
@@ -130,8 +148,8 @@ TEST(client, full_policy_keeps_every_entry_bit_exact)
 			T_EQ(v.n_pages, 4);
 			unsigned seen = 0;
 			for (uint32_t e = 0; e < v.len; e++) {
-				float *pg = kvt_page_ptr(c, v.pages[e / 4]);
-				T_ASSERT(pg);
+				float pg[SMALL_PAGE_FLOATS];
+				get_page(c, v.pages[e / 4], pg);
 				float *k = pg + (e % 4) * 8;
 				float *vv = pg + (4 + e % 4) * 8;
 				float base = k[0] - (float)(l * 100 + h * 10) - 1000;
@@ -187,7 +205,9 @@ TEST(client, streaming_keeps_sinks_and_recent_window)
 	T_EQ(v.n_pages, 3); /* ceil((6 + 4) / 4) */
 	unsigned seen = 0;
 	for (uint32_t e = 0; e < v.len; e++) {
-		float *k = (float *)kvt_page_ptr(c, v.pages[e / 4]) + (e % 4) * 8;
+		float pg[SMALL_PAGE_FLOATS];
+		get_page(c, v.pages[e / 4], pg);
+		float *k = pg + (e % 4) * 8;
 		uint32_t pos = (uint32_t)(k[0] - 2000 - 110);
 		seen |= 1u << pos;
 		T_ASSERT(k[7] == 2000 + (float)pos + 110 + 7.0f / 16);
@@ -200,9 +220,147 @@ TEST(client, streaming_keeps_sinks_and_recent_window)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
+/*
+ * Bytes of the page checker below: on host pages (the cpu backend) read
+ * with plain loads, independent of kvt_memcpy; on device pages with
+ * kvt_memcpy, the only way there.
+ */
+static void read_bytes(kvt_client *c, uint8_t *out, const uint8_t *page,
+                       size_t n)
+{
+	if (kvt_memory_kind(c) == KVT_MEMORY_HOST) {
+		for (size_t i = 0; i < n; i++)
+			out[i] = page[i];
+		return;
+	}
+	T_OK(kvt_memcpy(c, out, page, n));
+}
+
+/* Byte i of the page contents the memcpy test builds. */
+static uint8_t pat_a(size_t i) { return (uint8_t)(i * 7 + 3); }
+static uint8_t pat_b(size_t i) { return (uint8_t)(255 - i); }
+
+/* Checks every byte of page against want(i) (fails with the first). */
+static void expect_page(kvt_client *c, const uint8_t *page, size_t n,
+                        uint8_t (*want)(size_t))
+{
+	uint8_t got[SMALL_PAGE_FLOATS * sizeof(float)];
+	T_ASSERT(n <= sizeof(got));
+	read_bytes(c, got, page, n);
+	for (size_t i = 0; i < n; i++)
+		if (got[i] != want(i))
+			th_fail(__FILE__, __LINE__, "byte %zu is %u, "
+			        "expected %u", i, got[i], want(i));
+}
+
+/* Page a after the 10 bytes 0xa0.. at offset 37. */
+static uint8_t pat_a2(size_t i)
+{
+	return i >= 37 && i < 47 ? (uint8_t)(0xa0 + i - 37) : pat_a(i);
+}
+
+/* Page b after 16 bytes of page a2 from offset 8 went to offset 100. */
+static uint8_t pat_b2(size_t i)
+{
+	return i >= 100 && i < 116 ? pat_a2(i - 100 + 8) : pat_b(i);
+}
+
+TEST(client, memcpy_moves_exact_bytes_between_host_and_pages)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX];
+	enum { PB = SMALL_PAGE_FLOATS * sizeof(float) }; /* 256 bytes */
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "memcpy", "full");
+	T_OK(kvt_connect(&cfg, &c, err));
+	if (!strcmp(th_backend(), "cpu"))
+		T_EQ(kvt_memory_kind(c), KVT_MEMORY_HOST);
+	T_OK(kvt_seq_open(c, &seq));
+	/* The first page of three lists: a and b are written, n is the
+	 * neighbour nobody writes. */
+	struct kvt_list la, lb, ln;
+	T_OK(kvt_list_get(c, seq, 0, 0, &la));
+	T_OK(kvt_list_get(c, seq, 1, 1, &lb));
+	T_OK(kvt_list_get(c, seq, 0, 1, &ln));
+	T_ASSERT(la.n_pages >= 1 && lb.n_pages >= 1 && ln.n_pages >= 1);
+	uint8_t *pa = kvt_page_ptr(c, la.pages[0]);
+	uint8_t *pb = kvt_page_ptr(c, lb.pages[0]);
+	uint8_t *pn = kvt_page_ptr(c, ln.pages[0]);
+	T_ASSERT(pa && pb && pn && pa != pb && pa != pn && pb != pn);
+	uint8_t n_before[PB], n_after[PB];
+	read_bytes(c, n_before, pn, PB);
+
+	/* host -> page, whole pages */
+	uint8_t src[PB], got[PB];
+	for (size_t i = 0; i < PB; i++)
+		src[i] = pat_a(i);
+	T_OK(kvt_memcpy(c, pa, src, PB));
+	for (size_t i = 0; i < PB; i++)
+		src[i] = pat_b(i);
+	T_OK(kvt_memcpy(c, pb, src, PB));
+	expect_page(c, pa, PB, pat_a);
+	expect_page(c, pb, PB, pat_b);
+
+	/* page -> host, the whole page and a slice at an odd offset */
+	memset(got, 0xee, sizeof(got));
+	T_OK(kvt_memcpy(c, got, pa, PB));
+	for (size_t i = 0; i < PB; i++)
+		T_EQ(got[i], pat_a(i));
+	memset(got, 0xee, sizeof(got));
+	T_OK(kvt_memcpy(c, got + 1, pb + 51, 13));
+	T_EQ(got[0], 0xee);
+	for (size_t i = 0; i < 13; i++)
+		T_EQ(got[1 + i], pat_b(51 + i));
+	T_EQ(got[14], 0xee);
+
+	/* host -> page, 10 bytes at an odd offset: the rest stays */
+	uint8_t ten[10];
+	for (size_t i = 0; i < 10; i++)
+		ten[i] = (uint8_t)(0xa0 + i);
+	T_OK(kvt_memcpy(c, pa + 37, ten, sizeof(ten)));
+	expect_page(c, pa, PB, pat_a2);
+
+	/* page -> page, 16 bytes from a + 8 to b + 100 */
+	T_OK(kvt_memcpy(c, pb + 100, pa + 8, 16));
+	expect_page(c, pa, PB, pat_a2);
+	expect_page(c, pb, PB, pat_b2);
+
+	/* 0 bytes copy nothing; NULL pointers and client are refused */
+	for (size_t i = 0; i < PB; i++)
+		src[i] = 0x55;
+	T_OK(kvt_memcpy(c, pa, src, 0));
+	T_OK(kvt_memcpy(c, pb, pa, 0));
+	memset(got, 0xee, sizeof(got));
+	T_OK(kvt_memcpy(c, got, pa, 0));
+	for (size_t i = 0; i < PB; i++)
+		T_EQ(got[i], 0xee);
+	T_ERR(kvt_memcpy(c, NULL, src, 4), KVT_EINVAL);
+	T_ERR(kvt_memcpy(c, pa, NULL, 4), KVT_EINVAL);
+	T_ERR(kvt_memcpy(c, NULL, NULL, 4), KVT_EINVAL);
+	T_ERR(kvt_memcpy(NULL, pa, src, 4), KVT_EINVAL);
+	T_ERR(kvt_memcpy(NULL, got, pa, 4), KVT_EINVAL);
+	expect_page(c, pa, PB, pat_a2);
+	expect_page(c, pb, PB, pat_b2);
+
+	/* page -> page, a whole page */
+	T_OK(kvt_memcpy(c, pb, pa, PB));
+	expect_page(c, pb, PB, pat_a2);
+	expect_page(c, pa, PB, pat_a2);
+
+	/* The neighbour page saw none of it. */
+	read_bytes(c, n_after, pn, PB);
+	T_ASSERT(!memcmp(n_before, n_after, PB));
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_OK(kvt_seq_close(c, seq));
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
 TEST_T(loadgen, verify_full_and_streaming_many_tenants, 120)
 {
-	th_need_host_pages(); /* loadgen writes pages on the host */
 	struct th_daemon d;
 	char out[8192];
 	th_daemon_start(&d, "128M", NULL);
@@ -521,7 +679,6 @@ TEST(badinput, sync_refusals_change_nothing)
 
 TEST_T(faults, sigkilled_client_pages_return_within_a_second, 120)
 {
-	th_need_host_pages(); /* loadgen writes pages on the host */
 	struct th_daemon d;
 	char out[8192];
 	th_daemon_start(&d, "128M", NULL);
@@ -604,7 +761,6 @@ TEST(faults, sigterm_while_clients_connected_exits_zero)
 
 TEST_T(badinput, garbage_flood_while_others_verify, 120)
 {
-	th_need_host_pages(); /* loadgen writes pages on the host */
 	struct th_daemon d;
 	char out[8192], cmd[1024];
 	th_daemon_start(&d, "64M", NULL);
