@@ -6,12 +6,15 @@
 #   2. runs build/bin/kvtrim-cuda-tests: every CUDA op against its CPU
 #      reference, and the cuda backend (VMM and legacy-IPC chunks,
 #      interprocess events) across two processes;
-#   3. runs the integration tests on the cuda backend (KVTRIM_BACKEND=cuda;
-#      tests that touch pages from the host skip), then two engine
-#      processes (kvtrim-loadgen --clients 2) against one cuda kvtrimd;
+#   3. runs the integration tests on the cuda backend (KVTRIM_BACKEND=cuda:
+#      pages are device memory, which the tests and the tinyllm engine
+#      reach through kvt_memcpy), then two engine processes
+#      (kvtrim-loadgen --clients 2 --verify) against one cuda kvtrimd, in
+#      both sharing modes;
 #   4. runs build/bin/kvtrim-cuda-bench: each benchmark beside its floor
 #      measured in the same run (compact and paged attention against a
-#      device-to-device memcpy, the KVzap MLP against bare cuBLAS GEMMs);
+#      device-to-device memcpy, the KVzap MLP against bare cuBLAS GEMMs),
+#      then the sync round trip on the cuda backend beside bare nng;
 # and writes build/gpu-report.txt as "name value" lines.  Details go to
 # build/gpu-check.log and build/gpu-tests.log.  Exit status 0 when
 # everything that ran passed.
@@ -103,30 +106,52 @@ fi
 # ---- 3b. two engine processes on one cuda daemon (loadgen, 2 clients)
 # loadgen writes K/V through kvt_kv_ptr; on a cuda tenant those are device
 # addresses, so it runs only once loadgen has a device path (it asks
-# kvt_memory_kind).
-if [ -x "$B/bin/kvtrimd" ] && [ -x "$B/bin/kvtrim-loadgen" ] &&
-	grep -q kvt_memory_kind examples/loadgen.c 2>/dev/null; then
+# kvt_memory_kind, moves bytes with kvt_memcpy, and its summary line says
+# memory=cuda when its pages were device memory).
+# Each run: one daemon (sharing mode forced by KVTRIM_CUDA_SHARE: vmm, or
+# the legacy-IPC fallback), two loadgen processes verifying every kept byte
+# after every sync; h2o also exercises the daemon's key staging
+# (read_regions), streaming only compaction.  Then kvtrimctl check (the
+# audit compares each live tenant's device table with its host table) and
+# the pool must be empty again.
+loadgen_run() { # name share policy
 	rt=$(mktemp -d)
-	"$B/bin/kvtrimd" --backend cuda --runtime-dir "$rt" --pool-size 1G \
-		--log-level info 2> "$B/gpu-loadgen-daemon.log" &
+	KVTRIM_CUDA_SHARE=$2 "$B/bin/kvtrimd" --backend cuda --runtime-dir "$rt" \
+		--pool-size 1G --log-level info 2> "$B/gpu-loadgen-$1-daemon.log" &
 	dpid=$!
+	# stats.sock is the last socket kvtrimd creates; stop waiting early
+	# when the daemon exited (its reason is in the log)
 	i=0
-	while [ ! -S "$rt/fd.sock" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-	if timeout 120 "$B/bin/kvtrim-loadgen" --runtime-dir "$rt" --clients 2 \
-		--seqs 4 --steps 200 --policy streaming:sinks=4,tokens=64 \
-		--verify > "$B/gpu-loadgen.log" 2>&1; then
-		put loadgen_cuda_2_clients ok
+	while [ ! -S "$rt/stats.sock" ] && [ $i -lt 100 ] &&
+		kill -0 "$dpid" 2>/dev/null; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+	if timeout 60 "$B/bin/kvtrim-loadgen" --runtime-dir "$rt" --clients 2 \
+		--seqs 4 --steps 200 --policy "$3" \
+		--verify > "$B/gpu-loadgen-$1.log" 2>&1 &&
+		grep -q ' memory=cuda' "$B/gpu-loadgen-$1.log" &&
+		"$B/bin/kvtrimctl" --runtime-dir "$rt" check \
+			>> "$B/gpu-loadgen-$1.log" 2>&1; then
+		put "loadgen_cuda_2_clients_$1" ok
 	else
-		put loadgen_cuda_2_clients FAILED
+		put "loadgen_cuda_2_clients_$1" FAILED
 		status=1
 	fi
-	mode=$(sed -n 's/.*backend cuda (\([a-z]*\)).*/\1/p' "$B/gpu-loadgen-daemon.log" | head -1)
-	put loadgen_cuda_share_mode "${mode:-unknown}"
+	mode=$(sed -n 's/.*backend cuda (\([a-z]*\)).*/\1/p' \
+		"$B/gpu-loadgen-$1-daemon.log" | head -1)
+	put "loadgen_cuda_share_mode_$1" "${mode:-unknown}"
 	kill "$dpid" 2>/dev/null
 	wait "$dpid" 2>/dev/null
 	rm -rf "$rt"
+}
+if [ -x "$B/bin/kvtrimd" ] && [ -x "$B/bin/kvtrim-loadgen" ]; then
+	loadgen_run streaming vmm streaming:sinks=4,tokens=64
+	loadgen_run h2o vmm h2o:tokens=96
+	loadgen_run ipc_streaming ipc streaming:sinks=4,tokens=64
 else
-	put loadgen_cuda_2_clients not_supported_by_loadgen
+	put loadgen_cuda_2_clients not_built
+	status=1
 fi
 
 # ---- 4. benchmarks with their floors
@@ -142,6 +167,22 @@ if [ -x "$B/bin/kvtrim-cuda-bench" ]; then
 	fi
 else
 	put bench not_built
+	status=1
+fi
+
+# ---- 4b. the sync round trip on the cuda backend, beside bare nng and a
+# raw Unix socket measured in the same run (kvtrim-bench --sync-only)
+if [ -x "$B/bin/kvtrim-bench" ]; then
+	if timeout 90 "$B/bin/kvtrim-bench" --bin-dir "$B/bin" --backend cuda \
+		--sync-only --out "$B/gpu-sync.txt" >> "$LOG" 2>&1; then
+		cat "$B/gpu-sync.txt" >> "$tmp"
+		cat "$B/gpu-sync.txt"
+	else
+		put sync_bench FAILED
+		status=1
+	fi
+else
+	put sync_bench not_built
 	status=1
 fi
 

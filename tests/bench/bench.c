@@ -181,6 +181,10 @@ static double bench_nng(const char *dir, int iters)
 
 /* ---------------------------------------------------------- daemon */
 
+/* --backend: the sync lines on another backend (scripts/gpu-check.sh runs
+ * them on cuda with --sync-only). */
+static const char *backend = "cpu";
+
 static pid_t start_daemon(const char *bin_dir, const char *dir)
 {
 	char bin[600], ctl[600];
@@ -188,7 +192,7 @@ static pid_t start_daemon(const char *bin_dir, const char *dir)
 	snprintf(ctl, sizeof(ctl), "%s/ctl.ipc", dir);
 	pid_t pid = fork();
 	if (pid == 0) {
-		execl(bin, bin, "--runtime-dir", dir, "--backend", "cpu",
+		execl(bin, bin, "--runtime-dir", dir, "--backend", backend,
 		      "--pool-size", "1G", "--log-level", "warning", (char *)NULL);
 		_exit(127);
 	}
@@ -936,6 +940,7 @@ static void bench_policies(struct pbench *b, const char *bin_dir,
 int main(int argc, char **argv)
 {
 	const char *bin_dir = "build/bin", *out = "build/bench.txt";
+	int sync_only = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--bin-dir") && i + 1 < argc)
 			bin_dir = argv[++i];
@@ -943,9 +948,14 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else if (!strcmp(argv[i], "--quick"))
 			quick = 1;
+		else if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+			backend = argv[++i];
+		else if (!strcmp(argv[i], "--sync-only"))
+			sync_only = 1;
 		else {
 			fprintf(stderr, "usage: kvtrim-bench [--bin-dir DIR] "
-			        "[--out FILE] [--quick]\n");
+			        "[--out FILE] [--quick] [--backend cpu|cuda] "
+			        "[--sync-only]\n");
 			return 2;
 		}
 	}
@@ -963,11 +973,13 @@ int main(int argc, char **argv)
 	double p50, p99;
 	bench_sync(dir, iters, &p50, &p99);
 	double s64 = bench_sync64(dir, quick ? 300 : 3000);
-	double mg, gg, cg;
-	bench_compact(&mg, &gg, &cg);
+	double mg = 0, gg = 0, cg = 0;
 	struct pbench pb;
 	memset(&pb, 0, sizeof(pb));
-	bench_policies(&pb, bin_dir, dir, d);
+	if (!sync_only) {
+		bench_compact(&mg, &gg, &cg);
+		bench_policies(&pb, bin_dir, dir, d);
+	}
 	kill(d, SIGTERM);
 	int st;
 	waitpid(d, &st, 0);
@@ -988,6 +1000,8 @@ int main(int argc, char **argv)
 		fprintf(outs[i], "sync_rtt_p99_us %.1f\n", p99);
 		fprintf(outs[i], "sync_rtt_vs_nng %.2f\n", p50 / nng);
 		fprintf(outs[i], "sync64_us_per_seq %.2f\n", s64);
+		if (sync_only)
+			continue;
 		fprintf(outs[i], "memcpy_gbps %.2f\n", mg);
 		fprintf(outs[i], "gather_gbps %.2f\n", gg);
 		fprintf(outs[i], "compact_gbps %.2f\n", cg);
