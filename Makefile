@@ -200,6 +200,7 @@ eval: $(TRAIN) $(EVAL) $(DAEMON)
 test check: deps
 	@$(MAKE) --no-print-directory all
 	KVTRIM_BIN_DIR=$(B)/bin $(TESTS)
+	$(CUDA_EMU_TESTS)
 
 bench: deps
 	@$(MAKE) --no-print-directory all
@@ -347,5 +348,6 @@ clean:
 
 # The CUDA backend and kernels (built only when nvcc is found); see the file.
 -include kernels/cuda/cuda.mk
+-include tests/kernels/emu/emu.mk
 
 -include $(shell find build -name '*.d' 2>/dev/null)

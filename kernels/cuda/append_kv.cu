@@ -47,9 +47,9 @@ extern "C" int append_kv_cuda(void *const *pages, uint32_t page_tokens,
 		blocks = 65535u * 4; /* grid-stride beyond */
 	uint32_t shift = common_shift(page_tokens);
 	COMMON_DISPATCH_DT(dt, T,
-		append_kv_kernel<T><<<blocks, threads, 0, s>>>(
-			pages, page_tokens, shift, head_dim, first, k, v,
-			total));
+		KVT_LAUNCH(append_kv_kernel<T>, blocks, threads, 0, s,
+		           pages, page_tokens, shift, head_dim, first, k, v,
+		           total));
 	COMMON_LAUNCHED();
 	return 0;
 }

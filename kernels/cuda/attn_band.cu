@@ -84,9 +84,9 @@ extern "C" int attn_band_cuda(const float *q, const float *lse,
 	dim3 grid(common_cdiv(len, AB_T), common_cdiv(R, AB_T));
 	uint32_t shift = common_shift(page_tokens);
 	COMMON_DISPATCH_DT(dt, T,
-		attn_band_kernel<T><<<grid, 256, 0, s>>>(
-			q, lse, qpos, (uint32_t)R, G, pages, page_tokens,
-			shift, head_dim, kpos, len, scale, w));
+		KVT_LAUNCH(attn_band_kernel<T>, grid, 256, 0, s, q, lse,
+		           qpos, (uint32_t)R, G, pages, page_tokens, shift,
+		           head_dim, kpos, len, scale, w));
 	COMMON_LAUNCHED();
 	return 0;
 }

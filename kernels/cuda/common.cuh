@@ -50,9 +50,37 @@ static inline int common_err(cudaError_t e)
 			return common_err(e_);                                 \
 	} while (0)
 
-/* After a <<<>>> launch: configuration errors surface here; faults inside
- * the kernel surface at the caller's next synchronisation. */
+/* After a launch: configuration errors surface here; faults inside the
+ * kernel surface at the caller's next synchronisation. */
 #define COMMON_LAUNCHED() COMMON_CALL(cudaGetLastError())
+
+/* ------------------------------------------------------------- launch */
+
+/*
+ * kernel<<<grid, block, smem, stream>>>(...), spelled so that g++ can read
+ * it too: the CPU emulator (tests/kernels/emu/, docs/cuda.md) compiles
+ * these files without nvcc and runs the launch on fibers.  A kernel whose
+ * template arguments hold commas goes in parentheses:
+ *   KVT_LAUNCH((k<T, 4>), grid, 128, 0, s, args);
+ */
+#if defined(__CUDACC__)
+#define KVT_LAUNCH(kernel, grid, block, smem, stream, ...)                     \
+	kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#elif defined(KVT_CUDA_EMU)
+#define KVT_LAUNCH(kernel, grid, block, smem, stream, ...)                     \
+	KVT_EMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
+#else
+#error "kernels/cuda/ builds with nvcc, or with g++ under the CUDA emulator"
+#endif
+
+/* The launch's dynamic shared memory as T name[] (its size is the launch's
+ * smem argument).  The emulator keeps __shared__ variables static, and a
+ * static cannot be declared extern, hence the macro. */
+#if defined(__CUDACC__)
+#define KVT_DYN_SHARED(T, name) extern __shared__ T name[]
+#else
+#define KVT_DYN_SHARED(T, name) T *const name = (T *)kvt_emu::dyn_shared()
+#endif
 
 static inline unsigned common_cdiv(uint64_t a, uint64_t b)
 {
@@ -114,7 +142,10 @@ __device__ __forceinline__ float common_to_f(bf16_t x)
 	return __bfloat162float(x);
 }
 
-/* Round to nearest even; NaN stays NaN (as dtype_from_f32). */
+/* Round to nearest even, bit for bit as dtype_from_f32, NaNs included:
+ * the conversion instructions turn every NaN into the canonical 0x7fff,
+ * while the CPU keeps the sign and the top of the payload (f16: quiet bit
+ * set; bf16: truncated, quiet bit set), so NaNs are converted here. */
 template <typename T> __device__ __forceinline__ T common_from_f(float x);
 template <> __device__ __forceinline__ float common_from_f<float>(float x)
 {
@@ -122,10 +153,19 @@ template <> __device__ __forceinline__ float common_from_f<float>(float x)
 }
 template <> __device__ __forceinline__ f16_t common_from_f<f16_t>(float x)
 {
+	if (isnan(x)) {
+		uint32_t u = __float_as_uint(x);
+		return __ushort_as_half((unsigned short)((u >> 16 & 0x8000u) |
+		                                         0x7e00u |
+		                                         (u >> 13 & 0x3ffu)));
+	}
 	return __float2half_rn(x);
 }
 template <> __device__ __forceinline__ bf16_t common_from_f<bf16_t>(float x)
 {
+	if (isnan(x))
+		return __ushort_as_bfloat16(
+			(unsigned short)(__float_as_uint(x) >> 16 | 0x0040u));
 	return __float2bfloat16_rn(x);
 }
 
@@ -142,26 +182,25 @@ __device__ __forceinline__ void common_unpack(uint4 r, float *f, float)
 	f[2] = __uint_as_float(r.z);
 	f[3] = __uint_as_float(r.w);
 }
+/* Element 2i is the low half of word i.  The halves are taken apart with
+ * shifts: reading a uint32_t through a __half2 pointer is undefined
+ * behaviour in C++ (strict aliasing), which g++ optimises on. */
 __device__ __forceinline__ void common_unpack(uint4 r, float *f, f16_t)
 {
 	const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
 	for (int i = 0; i < 4; i++) {
-		__half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
-		float2 v = __half22float2(h);
-		f[2 * i] = v.x;
-		f[2 * i + 1] = v.y;
+		f[2 * i] = __half2float(__ushort_as_half(w[i] & 0xffffu));
+		f[2 * i + 1] = __half2float(__ushort_as_half(w[i] >> 16));
 	}
 }
 __device__ __forceinline__ void common_unpack(uint4 r, float *f, bf16_t)
 {
 	const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-	for (int i = 0; i < 4; i++) {
-		__nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[i]);
-		float2 v = __bfloat1622float2(h);
-		f[2 * i] = v.x;
-		f[2 * i + 1] = v.y;
+	for (int i = 0; i < 4; i++) { /* bf16 is the top half of a float */
+		f[2 * i] = __uint_as_float(w[i] << 16);
+		f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
 	}
 }
 

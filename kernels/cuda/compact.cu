@@ -77,9 +77,9 @@ static int compact_launch(void *const *pages, uint32_t page_tokens,
 		unsigned blocks = common_cdiv(total, threads);                 \
 		if (blocks > cap)                                              \
 			blocks = cap;                                          \
-		compact_kernel<V, MS><<<blocks, threads, 0, s>>>(              \
-			pages, page_tokens, shift, row_bytes, moves, total,    \
-			upr);                                                  \
+		KVT_LAUNCH((compact_kernel<V, MS>), blocks, threads, 0, s,     \
+		           pages, page_tokens, shift, row_bytes, moves, total, \
+		           upr);                                               \
 	} while (0)
 	if (row_bytes % 16 == 0)
 		COMPACT_GO(uint4);

@@ -290,7 +290,7 @@ pa_split_kernel(const pa_args a)
 /* One block per (list, head): merges the slices that hold tokens. */
 static __global__ void pa_combine_kernel(const pa_args a)
 {
-	extern __shared__ float pc_w[]; /* [n_splits] slice weights */
+	KVT_DYN_SHARED(float, pc_w); /* [n_splits] slice weights */
 	__shared__ float pc_L;
 	const uint32_t lg = blockIdx.x, list = lg / a.G;
 	const uint32_t len = a.lens ? a.lens[list] : a.len1;
@@ -370,16 +370,20 @@ static void pa_go(const pa_args &a, dim3 grid, uint32_t gb, cudaStream_t s)
 {
 	switch (gb) {
 	case 1:
-		pa_split_kernel<T, HDMAX, 1><<<grid, PA_THREADS, 0, s>>>(a);
+		KVT_LAUNCH((pa_split_kernel<T, HDMAX, 1>), grid, PA_THREADS, 0,
+		           s, a);
 		break;
 	case 2:
-		pa_split_kernel<T, HDMAX, 2><<<grid, PA_THREADS, 0, s>>>(a);
+		KVT_LAUNCH((pa_split_kernel<T, HDMAX, 2>), grid, PA_THREADS, 0,
+		           s, a);
 		break;
 	case 4:
-		pa_split_kernel<T, HDMAX, 4><<<grid, PA_THREADS, 0, s>>>(a);
+		KVT_LAUNCH((pa_split_kernel<T, HDMAX, 4>), grid, PA_THREADS, 0,
+		           s, a);
 		break;
 	default:
-		pa_split_kernel<T, HDMAX, 8><<<grid, PA_THREADS, 0, s>>>(a);
+		KVT_LAUNCH((pa_split_kernel<T, HDMAX, 8>), grid, PA_THREADS, 0,
+		           s, a);
 		break;
 	}
 }
@@ -429,8 +433,8 @@ static int pa_launch(const float *q, uint32_t G, void *const *pages,
 		else pa_go<T, 256>(a, grid, gb, s));
 	COMMON_LAUNCHED();
 	if (a.n_splits > 1) {
-		pa_combine_kernel<<<n_lists * G, 128,
-		                    a.n_splits * sizeof(float), s>>>(a);
+		KVT_LAUNCH(pa_combine_kernel, n_lists * G, 128,
+		           a.n_splits * sizeof(float), s, a);
 		COMMON_LAUNCHED();
 	}
 	return 0;

@@ -32,7 +32,7 @@ extern "C" int scorer_linear_cuda(cublasHandle_t h, const float *x,
 	unsigned blocks = common_cdiv(total, 256);
 	if (blocks > 65535)
 		blocks = 65535;
-	scorer_linear_bias<<<blocks, 256, 0, s>>>(y, b, total, d_out);
+	KVT_LAUNCH(scorer_linear_bias, blocks, 256, 0, s, y, b, total, d_out);
 	COMMON_LAUNCHED();
 	return 0;
 }

@@ -29,7 +29,8 @@ static int scorer_mlp_epilogue(float *v, const float *b, uint32_t n,
 	unsigned blocks = common_cdiv(total, 256);
 	if (blocks > 65535)
 		blocks = 65535;
-	scorer_mlp_bias_act<<<blocks, 256, 0, s>>>(v, b, total, cols, gelu);
+	KVT_LAUNCH(scorer_mlp_bias_act, blocks, 256, 0, s, v, b, total, cols,
+	           gelu);
 	COMMON_LAUNCHED();
 	return 0;
 }

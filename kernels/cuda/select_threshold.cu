@@ -43,8 +43,8 @@ extern "C" int select_threshold_cuda(const float *score, const uint8_t *protect,
 	unsigned blocks = common_cdiv(n, 256);
 	if (blocks > 4096)
 		blocks = 4096;
-	select_threshold_kernel<<<blocks, 256, 0, s>>>(score, protect, n, tau,
-	                                               drop, n_dropped);
+	KVT_LAUNCH(select_threshold_kernel, blocks, 256, 0, s, score, protect,
+	           n, tau, drop, n_dropped);
 	COMMON_LAUNCHED();
 	return 0;
 }

@@ -7,7 +7,8 @@
  * largest key T (a block histogram per pass, a warp scan picks the digit),
  * then one pass marks candidates with key < T, and of the keys == T keeps
  * only as many as are still wanted, highest indices first like the CPU's
- * order (a block scan in index order).  rank NULL ranks by index.  Each pass reads the list once; lists of a few thousand
+ * order (a block scan in index order).  rank NULL ranks by the index in
+ * the list.  Each pass reads the list once; lists of a few thousand
  * entries stay in L1/L2 across passes.
  * Test: build/bin/kvtrim-cuda-tests select_topk
  */
@@ -80,8 +81,10 @@ select_topk_kernel(const float *__restrict__ score,
 	const uint32_t n = first ? first[list + 1] - off : n1;
 	const uint32_t k = ks ? ks[list] : k1;
 	score += off;
-	rank += off;
 	drop += off;
+	/* NULL stays NULL: the index in the list ranks, as on the CPU */
+	if (rank)
+		rank += off;
 	if (protect)
 		protect += off;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -199,9 +202,8 @@ extern "C" int select_topk_cuda(const float *score, const uint32_t *rank,
 	}
 	if (!score || !drop)
 		return KVT_EINVAL;
-	select_topk_kernel<<<1, ST_THREADS, 0, s>>>(score, rank, protect, NULL,
-	                                            n, NULL, k, drop,
-	                                            n_dropped);
+	KVT_LAUNCH(select_topk_kernel, 1, ST_THREADS, 0, s, score, rank,
+	           protect, NULL, n, NULL, k, drop, n_dropped);
 	COMMON_LAUNCHED();
 	return 0;
 }
@@ -216,8 +218,8 @@ extern "C" int select_topk_batch_cuda(const float *score, const uint32_t *rank,
 		return 0;
 	if (!score || !first || !k || !drop || n_lists > INT32_MAX)
 		return KVT_EINVAL;
-	select_topk_kernel<<<n_lists, ST_THREADS, 0, s>>>(
-		score, rank, protect, first, 0, k, 0, drop, n_dropped);
+	KVT_LAUNCH(select_topk_kernel, n_lists, ST_THREADS, 0, s, score, rank,
+	           protect, first, 0, k, 0, drop, n_dropped);
 	COMMON_LAUNCHED();
 	return 0;
 }

@@ -38,7 +38,8 @@ int select_topk_cuda(const float *score /* [n] */,
  * n_lists independent selections in one launch (one block each): list j
  * is entries [first[j], first[j + 1]) of score/rank/protect/drop and keeps
  * k[j].  first [n_lists + 1], k [n_lists] and n_dropped [n_lists] (or
- * NULL) are device arrays.
+ * NULL) are device arrays.  rank NULL ranks each entry by its index in its
+ * list, as select_topk_cpu on that list with rank NULL.
  */
 int select_topk_batch_cuda(const float *score, const uint32_t *rank,
                            const uint8_t *protect, const uint32_t *first,

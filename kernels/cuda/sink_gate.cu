@@ -90,8 +90,8 @@ extern "C" int sink_gate_cuda(cublasHandle_t h, const float *x, uint32_t n,
 	    (rv = blas_xwt(h, x, n, d_in, Wk, (uint32_t)kcols, K, s)))
 		return rv;
 	uint64_t total = (uint64_t)n * n_kv;
-	sink_gate_kernel<<<common_cdiv(total, 128), 128, 0, s>>>(
-		Q, K, n, n_kv, G, dp, S, cq, gq, gk, sinks, bias, score);
+	KVT_LAUNCH(sink_gate_kernel, common_cdiv(total, 128), 128, 0, s, Q, K,
+	           n, n_kv, G, dp, S, cq, gq, gk, sinks, bias, score);
 	COMMON_LAUNCHED();
 	return 0;
 }

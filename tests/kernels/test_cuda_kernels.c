@@ -4,7 +4,10 @@
  * (chunks, interprocess events, compaction) across two processes.
  * Built into build/bin/kvtrim-cuda-tests (links libkvtrim-cuda.so; the
  * normal kvtrim-tests never links CUDA).  Without a device every test
- * skips with the reason.
+ * skips with the reason.  The same file also builds, against the CPU
+ * emulator of tests/kernels/emu/ (KVT_CUDA_EMU), into
+ * kvtrim-cuda-emu-tests, which runs the kernels without a GPU; the
+ * backend tests skip there.
  *
  * Tolerances (|gpu - cpu| <= atol + rtol * |cpu|, NaN/Inf checked first):
  *   append_kv, compact, select_*      exact (bytes / drop sets equal)
@@ -56,9 +59,11 @@ static void need_device(void)
 {
 	static char why[256];
 	int n = 0;
+#ifndef KVT_CUDA_EMU
 	/* the backend's probe names what is missing (driver, device) */
 	if (kvt_cuda_backend_v1.probe(why, sizeof(why)))
 		T_SKIP(why);
+#endif
 	cudaError_t e = cudaGetDeviceCount(&n);
 	if (e != cudaSuccess) {
 		snprintf(why, sizeof(why), "no CUDA device (%s)",
@@ -237,6 +242,23 @@ static void pools_equal(const char *what, const struct plist *p)
 
 /* ---------------------------------------------------------- append_kv */
 
+/* Puts the float32 values whose f16 / bf16 conversion is easy to get
+ * wrong into v (scattered): NaNs with payloads and signs, infinities,
+ * signed zeros, the f16 overflow edge, f16 subnormals and the round-to-
+ * even ties of both formats. */
+static void put_specials(float *v, size_t n)
+{
+	static const uint32_t SPECIAL[] = {
+		0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fbfe000u,
+		0xffa5a000u, 0x7f800000u, 0xff800000u, 0x80000000u,
+		0x00000000u, 0x477fe000u, 0x477fefffu, 0x477ff000u,
+		0xc77ff000u, 0x33000000u, 0x33000001u, 0x33c00000u,
+		0x387fc000u, 0x38800000u, 0x3f808000u, 0x3f818000u,
+		0x7f7fffffu, 0x00000001u, 0x80000001u, 0x3f800000u};
+	for (size_t j = 0; j < sizeof(SPECIAL) / 4 && j < n; j++)
+		memcpy(&v[(j * 131) % n], &SPECIAL[j], sizeof(float));
+}
+
 TEST_T(cuda, append_kv, 120)
 {
 	need_device();
@@ -255,6 +277,9 @@ TEST_T(cuda, append_kv, 120)
 				float *v = xmalloc((size_t)n * hd * 4);
 				fill(k, (size_t)n * hd, 3.0f);
 				fill(v, (size_t)n * hd, 3.0f);
+				put_specials(k, (size_t)n * hd);
+				put_specials(v + (size_t)n * hd / 2,
+				             (size_t)n * hd - (size_t)n * hd / 2);
 				float *dk = to_dev(k, (size_t)n * hd * 4);
 				float *dv = to_dev(v, (size_t)n * hd * 4);
 				append_kv_cpu(p.hptr, pt, hd, DTS[di], first, k, v, n);
@@ -820,56 +845,73 @@ TEST_T(cuda, select_topk, 120)
 				}
 }
 
+/* Lists of one batch, with index ranks (rank NULL ranks each entry by its
+ * index in its list), repeated ranks and ties, with and without protect. */
 TEST_T(cuda, select_topk_batch, 60)
 {
 	need_device();
 	const uint32_t L = 9;
-	uint32_t first[10], k[9], total = 0;
-	for (uint32_t l = 0; l < L; l++) {
-		first[l] = total;
-		total += l == 4 ? 0 : rnd() % 3000;
-		k[l] = rnd() % 1500;
+	for (int var = 0; var < 3; var++) {
+		uint32_t first[10], k[9], total = 0;
+		for (uint32_t l = 0; l < L; l++) {
+			first[l] = total;
+			total += l == 4 ? 0 : rnd() % 3000;
+			k[l] = rnd() % 1500;
+		}
+		first[L] = total;
+		float *sc = xmalloc(total * 4 + 4);
+		uint32_t *rank = xmalloc(total * 4 + 4);
+		uint32_t *scr = xmalloc(total * 4 + 4);
+		uint8_t *prot = xmalloc(total + 1), *drop = xmalloc(total + 1);
+		uint8_t *gd = xmalloc(total + 1);
+		uint32_t cnt[9], gcnt[9];
+		/* 0: positions as ranks; 1: no ranks, ties; 2: repeated
+		 * ranks, ties, nothing protected */
+		const int no_rank = var == 1, no_prot = var == 2;
+		sel_scores(sc, total, var > 0);
+		for (uint32_t i = 0; i < total; i++) {
+			rank[i] = var == 2 ? rnd() % 5 : i;
+			prot[i] = rnd() % 5 == 0;
+		}
+		for (uint32_t l = 0; l < L; l++)
+			cnt[l] = select_topk_cpu(
+				sc + first[l], no_rank ? NULL : rank + first[l],
+				no_prot ? NULL : prot + first[l],
+				first[l + 1] - first[l], k[l], drop + first[l], scr);
+		float *dsc = to_dev(sc, total * 4);
+		uint32_t *drk = to_dev(rank, total * 4);
+		uint8_t *dpr = to_dev(prot, total), *ddr = dmalloc(total + 1);
+		uint32_t *df = to_dev(first, sizeof(first));
+		uint32_t *dk = to_dev(k, sizeof(k));
+		uint32_t *dc = dmalloc(sizeof(gcnt));
+		T_OK(select_topk_batch_cuda(dsc, no_rank ? NULL : drk,
+		                            no_prot ? NULL : dpr, df, L, dk, ddr,
+		                            dc, 0));
+		CK(cudaDeviceSynchronize());
+		to_host(gd, ddr, total);
+		to_host(gcnt, dc, sizeof(gcnt));
+		for (uint32_t i = 0; i < total; i++)
+			if (gd[i] != drop[i])
+				th_fail(__FILE__, __LINE__,
+				        "topk batch variant %d: drop[%u] cpu %u "
+				        "gpu %u (score %g)",
+				        var, i, drop[i], gd[i], sc[i]);
+		for (uint32_t l = 0; l < L; l++)
+			T_EQ(gcnt[l], cnt[l]);
+		cudaFree(dsc);
+		cudaFree(drk);
+		cudaFree(dpr);
+		cudaFree(ddr);
+		cudaFree(df);
+		cudaFree(dk);
+		cudaFree(dc);
+		free(sc);
+		free(rank);
+		free(scr);
+		free(prot);
+		free(drop);
+		free(gd);
 	}
-	first[L] = total;
-	float *sc = xmalloc(total * 4 + 4);
-	uint32_t *rank = xmalloc(total * 4 + 4), *scr = xmalloc(total * 4 + 4);
-	uint8_t *prot = xmalloc(total + 1), *drop = xmalloc(total + 1);
-	uint8_t *gd = xmalloc(total + 1);
-	uint32_t cnt[9], gcnt[9];
-	sel_scores(sc, total, 0);
-	for (uint32_t i = 0; i < total; i++) {
-		rank[i] = i;
-		prot[i] = rnd() % 5 == 0;
-	}
-	for (uint32_t l = 0; l < L; l++)
-		cnt[l] = select_topk_cpu(sc + first[l], rank + first[l],
-		                         prot + first[l], first[l + 1] - first[l],
-		                         k[l], drop + first[l], scr);
-	float *dsc = to_dev(sc, total * 4);
-	uint32_t *drk = to_dev(rank, total * 4);
-	uint8_t *dpr = to_dev(prot, total), *ddr = dmalloc(total + 1);
-	uint32_t *df = to_dev(first, sizeof(first)), *dk = to_dev(k, sizeof(k));
-	uint32_t *dc = dmalloc(sizeof(gcnt));
-	T_OK(select_topk_batch_cuda(dsc, drk, dpr, df, L, dk, ddr, dc, 0));
-	CK(cudaDeviceSynchronize());
-	to_host(gd, ddr, total);
-	to_host(gcnt, dc, sizeof(gcnt));
-	T_ASSERT(memcmp(gd, drop, total) == 0);
-	for (uint32_t l = 0; l < L; l++)
-		T_EQ(gcnt[l], cnt[l]);
-	cudaFree(dsc);
-	cudaFree(drk);
-	cudaFree(dpr);
-	cudaFree(ddr);
-	cudaFree(df);
-	cudaFree(dk);
-	cudaFree(dc);
-	free(sc);
-	free(rank);
-	free(scr);
-	free(prot);
-	free(drop);
-	free(gd);
 }
 
 TEST_T(cuda, select_threshold, 60)
@@ -912,6 +954,37 @@ TEST_T(cuda, select_threshold, 60)
 
 /* ------------------------------------------------------------- backend */
 
+#ifdef KVT_CUDA_EMU
+/* kvtrim-cuda-emu-tests runs the kernels on the CPU emulator
+ * (tests/kernels/emu/), which has no driver: backend_cuda.cu (VMM and IPC
+ * chunks, interprocess events) is not built into it. */
+#define EMU_NO_BACKEND() T_SKIP("cuda emulator: no backend")
+
+TEST(cuda, backend_probe_and_chunk)
+{
+	EMU_NO_BACKEND();
+}
+
+TEST(cuda, backend_compact)
+{
+	EMU_NO_BACKEND();
+}
+
+TEST(cuda, backend_copy_and_upload_regions)
+{
+	EMU_NO_BACKEND();
+}
+
+TEST(cuda, backend_share_across_processes)
+{
+	EMU_NO_BACKEND();
+}
+
+TEST(cuda, backend_share_legacy_ipc)
+{
+	EMU_NO_BACKEND();
+}
+#else
 static const struct kvt_backend_ops *cuda_ops(void)
 {
 	static char why[256];
@@ -1192,3 +1265,84 @@ TEST_T(cuda, backend_share_legacy_ipc, 60)
 		T_SKIP("no usable CUDA device");
 	cross_process("ipc");
 }
+
+/*
+ * ABI 3: copy (kvt_memcpy), private device memory, and upload_regions (the
+ * daemon's device table, the client's chunk bases).  Expected bytes are
+ * the same regions applied to a host buffer with memcpy.
+ */
+TEST(cuda, backend_copy_and_upload_regions)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx, *s[2];
+	char err[256];
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_OK(o->stream_new(ctx, &s[0]));
+	T_OK(o->stream_new(ctx, &s[1]));
+	const size_t n = 1 << 16;
+	uint8_t *src = xmalloc(n), *want = xmalloc(n), *got = xmalloc(n);
+	for (size_t i = 0; i < n; i++)
+		src[i] = (uint8_t)(rnd() | 1); /* never 0: zeros are "not copied" */
+
+	/* mem_new is zeroed; copy goes host->device, device->device and
+	 * device->host on a stream and waits. */
+	void *p, *q;
+	T_OK(o->mem_new(ctx, n, &p));
+	T_OK(o->mem_new(ctx, n, &q));
+	T_OK(o->copy(ctx, got, p, n, s[0]));
+	for (size_t i = 0; i < n; i++)
+		if (got[i])
+			th_fail(__FILE__, __LINE__, "mem_new byte %zu not zero", i);
+	T_OK(o->copy(ctx, p, src, n, s[0]));
+	T_OK(o->copy(ctx, q, p, n, s[1]));
+	memset(got, 0, n);
+	T_OK(o->copy(ctx, got, q, n, s[1]));
+	T_ASSERT(memcmp(got, src, n) == 0);
+	o->mem_free(ctx, q);
+	o->mem_free(ctx, NULL); /* harmless */
+
+	/* 40 uploads of disjoint random regions, alternating streams (more
+	 * than the staging slots, so slots are reused across streams), each
+	 * source changed right after the call: the device must hold the
+	 * bytes as they were at the call. */
+	void *dev;
+	T_OK(o->mem_new(ctx, n, &dev));
+	memset(want, 0, n);
+	uint64_t at = 0;
+	for (int call = 0; call < 40; call++) {
+		struct kvt_backend_region r[64];
+		uint32_t k = 1 + rnd() % 64;
+		for (uint32_t j = 0; j < k; j++) {
+			uint64_t bytes = 4 * (uint64_t)(rnd() % 9); /* 0..32 */
+			if (at + bytes > n)
+				bytes = 0;
+			r[j] = (struct kvt_backend_region){at, bytes};
+			at += bytes + 4 * (rnd() % 3);
+		}
+		T_OK(o->upload_regions(ctx, dev, src, r, k, s[call % 2]));
+		for (uint32_t j = 0; j < k; j++)
+			memcpy(want + r[j].off, src + r[j].off, r[j].bytes);
+		for (uint32_t j = 0; j < k; j++) /* the caller moves on */
+			memset(src + r[j].off, 0xee, r[j].bytes);
+	}
+	T_OK(o->stream_sync(ctx, s[0]));
+	T_OK(o->copy(ctx, got, dev, n, s[1]));
+	T_ASSERT(memcmp(got, want, n) == 0);
+
+	/* A region that is not in whole words is refused; nothing moves. */
+	struct kvt_backend_region bad[2] = {{0, 8}, {6, 4}};
+	T_ERR(o->upload_regions(ctx, dev, src, bad, 2, s[0]), KVT_EINVAL);
+	T_OK(o->copy(ctx, got, dev, n, s[0]));
+	T_ASSERT(memcmp(got, want, n) == 0);
+	T_OK(o->upload_regions(ctx, dev, src, bad, 0, s[0])); /* n 0 */
+
+	o->mem_free(ctx, dev);
+	o->mem_free(ctx, p);
+	o->stream_free(ctx, s[0]);
+	o->stream_free(ctx, s[1]);
+	o->ctx_free(ctx);
+	free(src);
+	free(want);
+	free(got);
+}
+#endif /* KVT_CUDA_EMU */

@@ -1,0 +1,160 @@
+/*
+ * cuda_runtime_api.h — stand-in for the CUDA runtime API in the CPU
+ * emulation of the kernels (tests/kernels/emu/, docs/cuda.md "CPU emulation
+ * of the kernels").  It declares the part of the runtime that the kernel
+ * files of kernels/cuda/ and tests/kernels/test_cuda_kernels.c call, with the
+ * toolkit's names and error numbers, implemented in
+ * tests/kernels/emu/runtime.cc on host memory: "device" memory is
+ * posix_memalign'd (so ASan sees overruns), streams run synchronously and
+ * there is one emulated device, an sm_90 with 132 multiprocessors (an
+ * H200, so launch plans that depend on the SM count match the real one).
+ * Valid C and C++; including it defines KVT_CUDA_EMU, which the test uses
+ * to skip what the emulator does not provide (the cuda backend).
+ */
+#ifndef KVT_EMU_CUDA_RUNTIME_API_H
+#define KVT_EMU_CUDA_RUNTIME_API_H
+
+#include <stddef.h>
+
+#include "vector_types.h"
+
+#ifndef KVT_CUDA_EMU
+#define KVT_CUDA_EMU 1
+#endif
+
+#define CUDART_VERSION 13000
+
+/* The toolkit's numbers (driver_types.h), so codes print the same. */
+typedef enum cudaError {
+	cudaSuccess = 0,
+	cudaErrorInvalidValue = 1,
+	cudaErrorMemoryAllocation = 2,
+	cudaErrorInitializationError = 3,
+	cudaErrorInvalidConfiguration = 9,
+	cudaErrorInvalidDevicePointer = 17,
+	cudaErrorInvalidMemcpyDirection = 21,
+	cudaErrorInsufficientDriver = 35,
+	cudaErrorNoDevice = 100,
+	cudaErrorInvalidDevice = 101,
+	cudaErrorNoKernelImageForDevice = 209,
+	cudaErrorInvalidResourceHandle = 400,
+	cudaErrorNotReady = 600,
+	cudaErrorIllegalAddress = 700,
+	cudaErrorLaunchOutOfResources = 701,
+	cudaErrorAssert = 710,
+	cudaErrorLaunchFailure = 719,
+	cudaErrorNotSupported = 801,
+	cudaErrorUnknown = 999
+} cudaError_t;
+
+enum cudaMemcpyKind {
+	cudaMemcpyHostToHost = 0,
+	cudaMemcpyHostToDevice = 1,
+	cudaMemcpyDeviceToHost = 2,
+	cudaMemcpyDeviceToDevice = 3,
+	cudaMemcpyDefault = 4
+};
+
+enum cudaDeviceAttr {
+	cudaDevAttrMaxThreadsPerBlock = 1,
+	cudaDevAttrMaxBlockDimX = 2,
+	cudaDevAttrMaxBlockDimY = 3,
+	cudaDevAttrMaxBlockDimZ = 4,
+	cudaDevAttrMaxGridDimX = 5,
+	cudaDevAttrMaxGridDimY = 6,
+	cudaDevAttrMaxGridDimZ = 7,
+	cudaDevAttrMaxSharedMemoryPerBlock = 8,
+	cudaDevAttrWarpSize = 10,
+	cudaDevAttrMultiProcessorCount = 16,
+	cudaDevAttrL2CacheSize = 38,
+	cudaDevAttrComputeCapabilityMajor = 75,
+	cudaDevAttrComputeCapabilityMinor = 76,
+	cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
+
+enum cudaFuncAttribute {
+	cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+	cudaFuncAttributePreferredSharedMemoryCarveout = 9
+};
+
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+#define cudaStreamDefault 0x0
+#define cudaStreamNonBlocking 0x1
+#define cudaEventDefault 0x0
+#define cudaEventBlockingSync 0x1
+#define cudaEventDisableTiming 0x2
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+/* The launch error (configuration, or a fault the emulator found in the
+ * kernel: deadlock, barrier divergence) is returned once, then cleared. */
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDevice(int *dev);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
+                                   int dev);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceReset(void);
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr,
+                                 int value);
+
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
+                       enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                            enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src,
+                         size_t spitch, size_t width, size_t height,
+                         enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemset(void *p, int value, size_t n);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s);
+
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
+                                unsigned int flags);
+
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
+                                 cudaEvent_t end);
+
+#ifdef __cplusplus
+}
+
+/* The runtime's C++ overload: any kernel pointer. */
+template <typename T>
+static inline cudaError_t cudaFuncSetAttribute(T *func,
+                                               enum cudaFuncAttribute attr,
+                                               int value)
+{
+	return cudaFuncSetAttribute((const void *)func, attr, value);
+}
+#endif
+
+#endif

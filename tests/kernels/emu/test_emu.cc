@@ -1,0 +1,473 @@
+/*
+ * test_emu.cc — tests of the CUDA emulator itself (suite cuda_emu of
+ * kvtrim-cuda-emu-tests): a kernel test that passes under the emulator is
+ * only worth something if the emulator's barriers, shuffles and checks do
+ * what the device does, and if it fails loudly where the device would hang
+ * or return garbage.  Expected values are computed here from the CUDA
+ * programming guide's definitions, not by the emulator.
+ *
+ * Run: build/bin/kvtrim-cuda-emu-tests cuda_emu
+ */
+#include <math.h>
+
+#include <vector>
+
+#include "common.cuh"
+#include "cublas_v2.h"
+
+extern "C" {
+#include "kernels.h"
+#include "test.h"
+}
+
+#define CK(x)                                                                  \
+	do {                                                                   \
+		cudaError_t e_ = (x);                                          \
+		if (e_ != cudaSuccess)                                         \
+			th_fail(__FILE__, __LINE__, "%s: %s", #x,              \
+			        cudaGetErrorString(e_));                       \
+	} while (0)
+
+template <typename T> static T *dalloc(size_t n)
+{
+	void *p = nullptr;
+	CK(cudaMalloc(&p, n * sizeof(T)));
+	return (T *)p;
+}
+
+template <typename T> static std::vector<T> download(const T *d, size_t n)
+{
+	std::vector<T> h(n);
+	CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+	return h;
+}
+
+/* ------------------------------------------------------------ shuffles */
+
+#define SH_N 10 /* results per thread */
+
+/* Two warps; every lane records what each warp op gave it. */
+static __global__ void k_shuffles(unsigned *out /* [64][SH_N] */)
+{
+	const unsigned t = threadIdx.x, lane = t & 31, v = 1000 * (t >> 5) + lane;
+	unsigned *o = out + t * SH_N;
+	o[0] = __shfl_xor_sync(0xffffffffu, v, 5);
+	o[1] = __shfl_up_sync(0xffffffffu, v, 3);
+	o[2] = __shfl_down_sync(0xffffffffu, v, 3);
+	o[3] = __shfl_sync(0xffffffffu, v, 7);
+	o[4] = __shfl_xor_sync(0xffffffffu, v, 4, 8);  /* inside groups of 8 */
+	o[5] = __shfl_xor_sync(0xffffffffu, v, 8, 8);  /* later group: own */
+	o[6] = __shfl_up_sync(0xffffffffu, v, 2, 8);
+	o[7] = __shfl_sync(0xffffffffu, v, 9, 8);      /* lane 1 of the group */
+	o[8] = __ballot_sync(0xffffffffu, lane % 3 == 0);
+	/* half a warp at a time, as the lanes of one branch */
+	if (lane < 16)
+		o[9] = __ballot_sync(0x0000ffffu, lane & 1);
+	else
+		o[9] = __ballot_sync(0xffff0000u, !(lane & 1));
+	float f = (float)lane * 0.5f;
+	f += __shfl_xor_sync(0xffffffffu, f, 1);
+	if (f != (float)(lane ^ 1) * 0.5f + (float)lane * 0.5f)
+		o[0] = 0xdeadu; /* floats travel as bits */
+}
+
+TEST(cuda_emu, shuffles_and_votes)
+{
+	unsigned *d = dalloc<unsigned>(64 * SH_N);
+	KVT_LAUNCH(k_shuffles, 1, 64, 0, 0, d);
+	CK(cudaGetLastError());
+	std::vector<unsigned> h = download(d, 64 * SH_N);
+	for (unsigned t = 0; t < 64; t++) {
+		unsigned lane = t & 31, w = 1000 * (t >> 5), g = lane & ~7u;
+		unsigned want[SH_N] = {
+			w + (lane ^ 5),
+			w + (lane >= 3 ? lane - 3 : lane),
+			w + (lane + 3 < 32 ? lane + 3 : lane),
+			w + 7,
+			w + (lane ^ 4),
+			/* an earlier group is read, a later one is not */
+			w + (lane & 8 ? lane ^ 8 : lane),
+			w + ((lane & 7) >= 2 ? lane - 2 : lane),
+			w + g + 1,
+			0x49249249u,
+			lane < 16 ? 0x0000aaaau : 0x55550000u};
+		for (int i = 0; i < SH_N; i++)
+			if (h[t * SH_N + i] != want[i])
+				th_fail(__FILE__, __LINE__,
+				        "thread %u result %d: %#x, expected %#x", t,
+				        i, h[t * SH_N + i], want[i]);
+	}
+	cudaFree(d);
+}
+
+/* ---------------------------------------------------- block and memory */
+
+/* A tree sum in shared memory over a 2-D block, one barrier per level. */
+static __global__ void k_block_sum(const int *in, int *out, int *count)
+{
+	__shared__ int s[256];
+	const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
+	const unsigned b = blockIdx.x + gridDim.x * blockIdx.y;
+	s[t] = in[b * 256 + t];
+	__syncthreads();
+	for (unsigned h = 128; h > 0; h >>= 1) {
+		if (t < h)
+			s[t] += s[t + h];
+		__syncthreads();
+	}
+	if (t == 0)
+		out[b] = s[0];
+	atomicAdd(count, 1);
+}
+
+TEST(cuda_emu, block_barrier_2d_grid)
+{
+	const int nb = 6;
+	std::vector<int> h(nb * 256);
+	for (size_t i = 0; i < h.size(); i++)
+		h[i] = (int)(i * 7 % 1001);
+	int *in = dalloc<int>(h.size()), *out = dalloc<int>(nb);
+	int *cnt = dalloc<int>(1);
+	CK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemset(cnt, 0, 4));
+	KVT_LAUNCH(k_block_sum, dim3(3, 2), dim3(16, 16), 0, 0, in, out, cnt);
+	CK(cudaGetLastError());
+	std::vector<int> o = download(out, nb), c = download(cnt, 1);
+	for (int b = 0; b < nb; b++) {
+		int want = 0;
+		for (int i = 0; i < 256; i++)
+			want += h[b * 256 + i];
+		T_EQ(o[b], want);
+	}
+	T_EQ(c[0], nb * 256);
+}
+
+/* Dynamic shared memory through KVT_DYN_SHARED, sized by the launch. */
+static __global__ void k_dyn(int *out, int n)
+{
+	KVT_DYN_SHARED(int, buf);
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		buf[i] = i * 3;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		int s = 0;
+		for (int i = 0; i < n; i++)
+			s += buf[i];
+		*out = s;
+	}
+}
+
+TEST(cuda_emu, dynamic_shared_memory_limits)
+{
+	int *out = dalloc<int>(1);
+	int n = 1000;
+	KVT_LAUNCH(k_dyn, 1, 128, n * sizeof(int), 0, out, n);
+	CK(cudaGetLastError());
+	T_EQ(download(out, 1)[0], 3 * n * (n - 1) / 2);
+	/* beyond the 48 KiB default without the attribute */
+	n = 20000;
+	KVT_LAUNCH(k_dyn, 1, 128, n * sizeof(int), 0, out, n);
+	T_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+	T_EQ(cudaFuncSetAttribute(k_dyn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                          n * (int)sizeof(int)),
+	     cudaSuccess);
+	KVT_LAUNCH(k_dyn, 1, 128, n * sizeof(int), 0, out, n);
+	CK(cudaGetLastError());
+	T_EQ(download(out, 1)[0], 3 * n * (n - 1) / 2);
+	/* the device has 227 KiB */
+	T_EQ(cudaFuncSetAttribute(k_dyn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	                          228 * 1024),
+	     cudaErrorInvalidValue);
+	cudaGetLastError();
+}
+
+#ifndef __SANITIZE_ADDRESS__
+/* Shared memory, static (here in a template kernel) or dynamic, that no
+ * thread of this block wrote reads as 0xff bytes, not as the previous
+ * block's values (ASan builds keep red zones instead). */
+template <typename T> static __global__ void k_stale(T *out)
+{
+	__shared__ T s[32];
+	KVT_DYN_SHARED(T, dyn);
+	if (blockIdx.x == 0) {
+		s[threadIdx.x] = threadIdx.x;
+		dyn[threadIdx.x] = threadIdx.x + 100;
+	}
+	__syncthreads();
+	out[blockIdx.x * 64 + threadIdx.x] = s[threadIdx.x];
+	out[blockIdx.x * 64 + 32 + threadIdx.x] = dyn[threadIdx.x];
+}
+
+TEST(cuda_emu, shared_memory_starts_as_garbage)
+{
+	unsigned *d = dalloc<unsigned>(128);
+	KVT_LAUNCH(k_stale<unsigned>, 2, 32, 32 * sizeof(unsigned), 0, d);
+	CK(cudaGetLastError());
+	std::vector<unsigned> h = download(d, 128);
+	T_EQ(h[5], 5);
+	T_EQ(h[32 + 5], 105);
+	T_EQ(h[64 + 5], 0xffffffffu);
+	T_EQ(h[96 + 5], 0xffffffffu);
+}
+#endif
+
+/* --------------------------------------------- faults the emulator finds */
+
+/* Each mode is a kernel bug that hangs the device or gives undefined
+ * values; the emulator must end the launch with an error instead. */
+static __global__ void k_bad(int mode)
+{
+	const unsigned lane = threadIdx.x & 31;
+	unsigned v = lane;
+	switch (mode) {
+	case 0: /* barrier after some threads returned */
+		if (threadIdx.x >= 32)
+			return;
+		__syncthreads();
+		break;
+	case 1: /* two different barriers */
+		if (threadIdx.x & 1)
+			__syncthreads();
+		else
+			__syncthreads();
+		break;
+	case 2: /* lanes of a warp in different shuffles */
+		if (lane < 16)
+			v = __shfl_xor_sync(0xffffffffu, v, 1);
+		else
+			v = __shfl_xor_sync(0xffffffffu, v, 2);
+		break;
+	case 3: /* a shuffle waits for a lane that returned */
+		if (lane == 5)
+			return;
+		v = __shfl_xor_sync(0xffffffffu, v, 1);
+		break;
+	case 4: /* the mask does not name the calling lane */
+		v = __shfl_sync(0x0000ffffu, v, 0);
+		break;
+	case 5: /* one lane at __syncthreads, its warp in a shuffle */
+		if (threadIdx.x != 4)
+			v = __shfl_xor_sync(0xffffffffu, v, 1);
+		__syncthreads();
+		break;
+	case 6: /* reading a lane outside the mask */
+		if (lane < 16)
+			v = __shfl_xor_sync(0x0000ffffu, v, 16);
+		break;
+	}
+	(void)v;
+}
+
+TEST(cuda_emu, deadlock_and_divergence_fail_the_launch)
+{
+	for (int mode = 0; mode <= 6; mode++) {
+		fprintf(stderr, "    mode %d (an error report is expected):\n",
+		        mode);
+		KVT_LAUNCH(k_bad, 2, 64, 0, 0, mode);
+		cudaError_t e = cudaGetLastError();
+		if (e != cudaErrorLaunchFailure)
+			th_fail(__FILE__, __LINE__, "mode %d: %s", mode,
+			        cudaGetErrorName(e));
+		/* sticky, as after a device fault */
+		T_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+		T_EQ(cudaDeviceReset(), cudaSuccess);
+	}
+	/* the fibers of failed blocks are reused cleanly */
+	unsigned *d = dalloc<unsigned>(64 * SH_N);
+	KVT_LAUNCH(k_shuffles, 1, 64, 0, 0, d);
+	CK(cudaGetLastError());
+	T_EQ(download(d, 64 * SH_N)[3], 7u);
+}
+
+static __global__ void __launch_bounds__(64) k_bounded(int *p)
+{
+	p[threadIdx.x] = 1;
+}
+
+TEST(cuda_emu, launch_configuration)
+{
+	int *d = dalloc<int>(1024);
+	KVT_LAUNCH(k_bounded, 1, 64, 0, 0, d);
+	CK(cudaGetLastError());
+	KVT_LAUNCH(k_bounded, 1, 128, 0, 0, d);
+	T_EQ(cudaGetLastError(), cudaErrorLaunchOutOfResources);
+	KVT_LAUNCH(k_block_sum, 1, 2048, 0, 0, d, d, d);
+	T_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+	KVT_LAUNCH(k_block_sum, dim3(1, 70000), 256, 0, 0, d, d, d);
+	T_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+	KVT_LAUNCH(k_block_sum, 0, 256, 0, 0, d, d, d);
+	T_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+	KVT_LAUNCH(k_bounded, 1, 64, 0, (cudaStream_t)0x1234, d);
+	T_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+	/* configuration errors are not sticky */
+	T_EQ(cudaDeviceSynchronize(), cudaSuccess);
+	cudaStream_t s;
+	CK(cudaStreamCreate(&s));
+	KVT_LAUNCH(k_bounded, 1, 32, 0, s, d);
+	CK(cudaGetLastError());
+	CK(cudaStreamSynchronize(s));
+	CK(cudaStreamDestroy(s));
+}
+
+TEST(cuda_emu, memory_checks)
+{
+	char host[64];
+	char *d = dalloc<char>(100);
+	T_EQ(cudaMemcpy(d, host, 64, cudaMemcpyHostToDevice), cudaSuccess);
+	/* a host pointer as the device side, an overrun, a bad free */
+	T_EQ(cudaMemcpy(host, host, 64, cudaMemcpyHostToDevice),
+	     cudaErrorInvalidValue);
+	T_EQ(cudaMemcpy(host, d + 50, 64, cudaMemcpyDeviceToHost),
+	     cudaErrorInvalidValue);
+	T_EQ(cudaMemset(d + 1, 0, 100), cudaErrorInvalidValue);
+	T_EQ(cudaFree(d + 1), cudaErrorInvalidValue);
+	T_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+	T_EQ(cudaGetLastError(), cudaSuccess);
+	/* fresh device memory is 0xff bytes: NaN as floats */
+	float *f = dalloc<float>(4);
+	T_ASSERT(isnan(download(f, 4)[2]));
+	T_EQ(cudaFree(d), cudaSuccess);
+	T_EQ(cudaFree(f), cudaSuccess);
+}
+
+/* ---------------------------------------------------------- half types */
+
+/* The emulator converts as the device does, which is dtype.c's rounding
+ * for every non-NaN float (the exhaustive check over all 2^32 inputs was
+ * made once against the toolkit's own conversions; here a sample and the
+ * edges).  NaNs: the device gives the canonical 0x7fff, and the kernels'
+ * common_from_f then gives the CPU's bits. */
+TEST(cuda_emu, half_conversions)
+{
+	/* every top half with the low halves around the rounding points of
+	 * bf16 (bit 15) and f16 (bit 12, and bit 13 for the tie's parity),
+	 * then random floats */
+	static const uint32_t LOW[] = {0,      1,      0x0fff, 0x1000, 0x1001,
+	                               0x2000, 0x2fff, 0x3000, 0x3001, 0x7fff,
+	                               0x8000, 0x8001, 0xa000, 0xb000, 0xffff};
+	const uint32_t n_edge = 65536 * 15;
+	uint64_t x = 0x2545f4914f6cdd1dull;
+	for (uint32_t i = 0; i < n_edge + (1u << 22); i++) {
+		uint32_t u;
+		if (i < n_edge) {
+			u = (i / 15) << 16 | LOW[i % 15];
+		} else {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			u = (uint32_t)x;
+		}
+		float f;
+		memcpy(&f, &u, 4);
+		uint16_t c16, cbf;
+		dtype_from_f32(&f, KVT_DTYPE_F16, &c16, 1);
+		dtype_from_f32(&f, KVT_DTYPE_BF16, &cbf, 1);
+		uint16_t e16 = __half_as_ushort(__float2half_rn(f));
+		uint16_t ebf = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+		uint16_t k16 = __half_as_ushort(common_from_f<f16_t>(f));
+		uint16_t kbf = __bfloat16_as_ushort(common_from_f<bf16_t>(f));
+		if (isnan(f)) {
+			T_EQ(e16, 0x7fff);
+			T_EQ(ebf, 0x7fff);
+		} else if (e16 != c16 || ebf != cbf) {
+			th_fail(__FILE__, __LINE__,
+			        "%#010x: f16 %#06x (cpu %#06x), bf16 %#06x (cpu "
+			        "%#06x)",
+			        u, e16, c16, ebf, cbf);
+		}
+		if (k16 != c16 || kbf != cbf)
+			th_fail(__FILE__, __LINE__,
+			        "common_from_f(%#010x): f16 %#06x (cpu %#06x), "
+			        "bf16 %#06x (cpu %#06x)",
+			        u, k16, c16, kbf, cbf);
+	}
+	for (uint32_t h = 0; h < 65536; h++) {
+		uint16_t h16 = (uint16_t)h;
+		float c, e = __half2float(__ushort_as_half(h16));
+		dtype_to_f32(&h16, KVT_DTYPE_F16, &c, 1);
+		T_ASSERT(isnan(c) ? isnan(e) : memcmp(&c, &e, 4) == 0);
+	}
+}
+
+/* --------------------------------------------------------------- cuBLAS */
+
+/* C = alpha op(A) op(B) + beta C against the column-major definition, for
+ * each transpose, with leading dimensions larger than the rows. */
+TEST(cuda_emu, cublas_sgemm)
+{
+	const int m = 5, n = 3, k = 7, ld = 9;
+	cublasHandle_t h;
+	T_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+	std::vector<float> A(ld * 9), B(ld * 9), C(ld * n);
+	for (size_t i = 0; i < A.size(); i++) {
+		A[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
+		B[i] = (float)((i * 11) % 13) / 6.0f - 1.0f;
+	}
+	for (size_t i = 0; i < C.size(); i++)
+		C[i] = (float)i / 10.0f;
+	float *dA = dalloc<float>(A.size()), *dB = dalloc<float>(B.size());
+	float *dC = dalloc<float>(C.size());
+	CK(cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice));
+	for (int ta = 0; ta < 2; ta++)
+		for (int tb = 0; tb < 2; tb++)
+			for (int zb = 0; zb < 2; zb++) {
+				const float al = 1.5f, be = zb ? 0.0f : 0.25f;
+				if (zb) /* beta 0: C is not read, NaN or not */
+					CK(cudaMemset(dC, 0xff, C.size() * 4));
+				else
+					CK(cudaMemcpy(dC, C.data(), C.size() * 4,
+					              cudaMemcpyHostToDevice));
+				T_EQ(cublasSgemm(h, (cublasOperation_t)ta,
+				                 (cublasOperation_t)tb, m, n, k, &al,
+				                 dA, ld, dB, ld, &be, dC, ld),
+				     CUBLAS_STATUS_SUCCESS);
+				std::vector<float> g = download(dC, C.size());
+				for (int c = 0; c < n; c++)
+					for (int r = 0; r < m; r++) {
+						double s = 0;
+						for (int i = 0; i < k; i++)
+							s += (double)(ta ? A[r * ld + i]
+							                 : A[i * ld + r]) *
+							     (tb ? B[i * ld + c]
+							         : B[c * ld + i]);
+						double want = al * s +
+						              (zb ? 0.0 : be * C[c * ld + r]);
+						if (fabs(g[c * ld + r] - want) > 1e-5)
+							th_fail(__FILE__, __LINE__,
+							        "op %d%d beta %g C[%d][%d]: "
+							        "%g, expected %g",
+							        ta, tb, be, r, c,
+							        g[c * ld + r], want);
+					}
+			}
+	/* arguments cuBLAS refuses, and host memory */
+	const float one = 1.0f, zero = 0.0f;
+	T_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m - 1,
+	                 dB, ld, &zero, dC, ld),
+	     CUBLAS_STATUS_INVALID_VALUE);
+	T_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, A.data(), ld,
+	                 dB, ld, &zero, dC, ld),
+	     CUBLAS_STATUS_EXECUTION_FAILED);
+	/* TF32 keeps 10 mantissa bits: 1 + 2^-20 becomes 1 */
+	float a1 = 1.0f + ldexpf(1.0f, -20), b1 = 1.0f, c1;
+	float *da = dalloc<float>(1), *db = dalloc<float>(1), *dc = dalloc<float>(1);
+	CK(cudaMemcpy(da, &a1, 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(db, &b1, 4, cudaMemcpyHostToDevice));
+	T_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, da, 1, db, 1,
+	                 &zero, dc, 1),
+	     CUBLAS_STATUS_SUCCESS);
+	CK(cudaMemcpy(&c1, dc, 4, cudaMemcpyDeviceToHost));
+	T_ASSERT(c1 == a1);
+	T_EQ(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH),
+	     CUBLAS_STATUS_SUCCESS);
+	T_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, da, 1, db, 1,
+	                 &zero, dc, 1),
+	     CUBLAS_STATUS_SUCCESS);
+	CK(cudaMemcpy(&c1, dc, 4, cudaMemcpyDeviceToHost));
+	T_ASSERT(c1 == 1.0f);
+	T_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+}
+
+/* What wrap.awk would emit for this file. */
+KVT_EMU_BOUNDS("tests/kernels/emu/test_emu.cc", k_bounded, 64);
