@@ -13,11 +13,15 @@
  *        counts the allocation (fd, mappings), so a dead client never
  *        leaves the daemon with memory freed under a mapping.
  *   ipc  cudaMalloc + cudaIpcGetMemHandle where the device or driver
- *        cannot export VMM memory (or KVTRIM_CUDA_SHARE=ipc): 64 handle
- *        bytes instead of an fd; the daemon must not free a chunk before
- *        its client closed it (DESIGN.md: chunks are revoked first).
+ *        cannot export VMM memory, or the driver lacks the cuMem* entry
+ *        points (or KVTRIM_CUDA_SHARE=ipc): 64 handle bytes instead of an
+ *        fd; the daemon must not free a chunk before its client closed it
+ *        (DESIGN.md: chunks are revoked first).
  *
  * Threads: a context is used from one thread at a time.
+ *
+ * The CPU emulator (tests/kernels/emu/, docs/cuda.md) compiles this file
+ * with g++ too: it has no driver API, so it runs the ipc mode.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -34,7 +38,14 @@
 #include "common.cuh"
 #include "compact.cuh"
 
+/* The emulator fills the executable's thread-local block before every
+ * thread block it runs (its __shared__ variables live there) and runs on
+ * one host thread, so there the text is a plain static. */
+#ifdef KVT_CUDA_EMU
+static char bc_err[256];
+#else
 static __thread char bc_err[256];
+#endif
 
 static void bc_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -191,6 +202,7 @@ static void bc_fill(char *err, size_t errlen, const char *msg)
 static int bc_probe(char *err, size_t errlen)
 {
 	bc_fill(err, errlen, "");
+#ifndef KVT_CUDA_EMU /* the emulator is its own driver */
 	/* cudart would load the driver library itself; asking first turns
 	 * "insufficient driver" into the reason an operator can act on. */
 	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -199,6 +211,7 @@ static int bc_probe(char *err, size_t errlen)
 		return KVT_ENOTSUP;
 	}
 	/* kept loaded: the runtime uses it from here on */
+#endif
 	int n = 0;
 	cudaError_t e = cudaGetDeviceCount(&n);
 	if (e == cudaErrorNoDevice || (e == cudaSuccess && n <= 0)) {
@@ -262,6 +275,35 @@ static int bc_vmm_works(struct bc_ctx *c)
 	return ok;
 }
 
+/* Sets *ok to 1 when device can share VMM memory as POSIX fds (attributes,
+ * granularity dividing the chunk size, and a trial export), and fills
+ * c->prop and c->gran for it.  Needs the driver entry points. */
+static int bc_vmm_probe(struct bc_ctx *c, int device, int *ok)
+{
+	CUdevice dev;
+	int vmm = 0, fdok = 0;
+	*ok = 0;
+	BC_CU(drv.deviceGet(&dev, device), "cuDeviceGet");
+	drv.deviceGetAttribute(
+		&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+	drv.deviceGetAttribute(
+		&fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+		dev);
+	memset(&c->prop, 0, sizeof(c->prop));
+	c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	c->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	c->prop.location.id = dev;
+	c->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	c->gran = 0;
+	if (vmm && fdok &&
+	    drv.granularity(&c->gran, &c->prop,
+	                    CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+		c->gran = 0;
+	*ok = vmm && fdok && c->gran && KVT_CHUNK_BYTES % c->gran == 0 &&
+	      bc_vmm_works(c);
+	return 0;
+}
+
 static void bc_ctx_free(void *ctx);
 
 static int bc_stage_init(struct bc_stage *st)
@@ -312,36 +354,21 @@ static int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
 	    (rv = bc_cuda(cudaStreamCreateWithFlags(&c->stream,
 	                                            cudaStreamNonBlocking),
 	                  "cudaStreamCreate")) ||
-	    (rv = bc_stages_init(c)) ||
-	    (rv = bc_drv_load()))
+	    (rv = bc_stages_init(c)))
 		goto fail;
 
 	{
 		const char *force = getenv("KVTRIM_CUDA_SHARE");
-		CUdevice dev;
-		int vmm = 0, fdok = 0;
-		if ((rv = bc_cu(drv.deviceGet(&dev, device), "cuDeviceGet")))
+		int can_vmm = 0;
+		bc_err[0] = '\0';
+		/* A driver without the cuMem* entry points (and the CPU
+		 * emulator, which has no driver API) cannot do VMM, but legacy
+		 * IPC needs only the runtime: fall back to it, as for a device
+		 * without VMM.  bc_err then names the missing entry point,
+		 * which KVTRIM_CUDA_SHARE=vmm reports below. */
+		if (bc_drv_load() == 0 &&
+		    (rv = bc_vmm_probe(c, device, &can_vmm)))
 			goto fail;
-		drv.deviceGetAttribute(
-			&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-			dev);
-		drv.deviceGetAttribute(
-			&fdok,
-			CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-			dev);
-		memset(&c->prop, 0, sizeof(c->prop));
-		c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-		c->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		c->prop.location.id = dev;
-		c->prop.requestedHandleTypes =
-			CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-		c->gran = 0;
-		if (vmm && fdok &&
-		    drv.granularity(&c->gran, &c->prop,
-		                    CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
-			c->gran = 0;
-		int can_vmm = vmm && fdok && c->gran &&
-		              KVT_CHUNK_BYTES % c->gran == 0 && bc_vmm_works(c);
 		if (force && !strcmp(force, "vmm") && !can_vmm) {
 			char msg[sizeof(bc_err) + 96];
 			snprintf(msg, sizeof(msg),
@@ -542,6 +569,11 @@ static int bc_chunk_import(void *ctx, int fd,
 		CUmemGenericAllocationHandle h;
 		CUdeviceptr p;
 		int rv;
+		if (!drv.loaded) { /* ctx_new fell back to ipc mode */
+			bc_note("a VMM chunk (fd) cannot be imported: the "
+			        "driver lacks the cuMem* entry points");
+			return KVT_ENOTSUP;
+		}
 		if (!c->gran || bytes % c->gran) {
 			size_t g = 0;
 			CUmemAllocationProp pr = c->prop;
@@ -896,9 +928,9 @@ static int bc_upload_regions(void *ctx, void *dev, const void *host,
 	}
 	if ((rv = bc_stage_send(st, need, s)))
 		return rv;
-	bc_scatter_kernel<<<n, 128, 0, s>>>(
-		(uint32_t *)dev, (const struct bc_up *)st->d,
-		(const uint32_t *)(st->d + dbytes));
+	KVT_LAUNCH(bc_scatter_kernel, n, 128, 0, s, (uint32_t *)dev,
+	           (const struct bc_up *)st->d,
+	           (const uint32_t *)(st->d + dbytes));
 	BC_CALL(cudaGetLastError(), "scatter kernel");
 	BC_CALL(cudaEventRecord(st->used, s), "cudaEventRecord");
 	return 0;
@@ -926,10 +958,17 @@ static int bc_mem_new(void *ctx, size_t bytes, void **out)
 	*out = NULL;
 	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
 	BC_CALL(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
-	cudaError_t e = cudaMemset(p, 0, bytes ? bytes : 1);
+	/* cudaMemset on device memory may return before it is done, and
+	 * runs on the legacy stream, which the callers' non-blocking streams
+	 * do not wait for: their first upload could land before the zeroes.
+	 * So zero on the context's stream and wait, as chunk_new does. */
+	cudaError_t e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(c->stream);
 	if (e != cudaSuccess) {
+		int rv = bc_cuda(e, "zeroing device memory");
 		cudaFree(p);
-		return bc_cuda(e, "cudaMemset");
+		return rv;
 	}
 	*out = p;
 	return 0;
@@ -1001,8 +1040,9 @@ static int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
 	BC_CALL(cudaMemcpyAsync(c->d_gather, src, (size_t)n * sizeof(void *),
 	                        cudaMemcpyHostToDevice, s),
 	        "cudaMemcpyAsync");
-	bc_gather_kernel<<<n, 256, 0, s>>>((const void *const *)c->d_gather,
-	                                   c->d_gather + abytes, bytes, wide);
+	KVT_LAUNCH(bc_gather_kernel, n, 256, 0, s,
+	           (const void *const *)c->d_gather, c->d_gather + abytes, bytes,
+	           wide);
 	BC_CALL(cudaGetLastError(), "gather kernel");
 	BC_CALL(cudaMemcpy2DAsync(dst, dst_stride, c->d_gather + abytes, bytes,
 	                          bytes, n, cudaMemcpyDeviceToHost, s),

@@ -1,13 +1,15 @@
 /*
  * test_cuda_kernels.c — every CUDA op of kernels/cuda/ against its CPU
  * reference in kernels/cpu/, over many shapes, and the cuda backend
- * (chunks, interprocess events, compaction) across two processes.
- * Built into build/bin/kvtrim-cuda-tests (links libkvtrim-cuda.so; the
- * normal kvtrim-tests never links CUDA).  Without a device every test
- * skips with the reason.  The same file also builds, against the CPU
- * emulator of tests/kernels/emu/ (KVT_CUDA_EMU), into
- * kvtrim-cuda-emu-tests, which runs the kernels without a GPU; the
- * backend tests skip there.
+ * (chunks, interprocess events, compaction, uploads, region reads) within
+ * one process and across two.  Built into build/bin/kvtrim-cuda-tests
+ * (links libkvtrim-cuda.so; the normal kvtrim-tests never links CUDA).
+ * Without a device every test skips with the reason.  The same file also
+ * builds, against the CPU emulator of tests/kernels/emu/ (KVT_CUDA_EMU),
+ * into kvtrim-cuda-emu-tests, which runs the kernels and backend_cuda.cu
+ * (in its legacy-IPC mode: the emulator has no driver API) without a GPU;
+ * only the tests that need two processes to share device memory skip
+ * there, and backend_share_in_one_process runs their steps in one.
  *
  * Tolerances (|gpu - cpu| <= atol + rtol * |cpu|, NaN/Inf checked first):
  *   append_kv, compact, select_*      exact (bytes / drop sets equal)
@@ -21,6 +23,7 @@
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -59,11 +62,9 @@ static void need_device(void)
 {
 	static char why[256];
 	int n = 0;
-#ifndef KVT_CUDA_EMU
 	/* the backend's probe names what is missing (driver, device) */
 	if (kvt_cuda_backend_v1.probe(why, sizeof(why)))
 		T_SKIP(why);
-#endif
 	cudaError_t e = cudaGetDeviceCount(&n);
 	if (e != cudaSuccess) {
 		snprintf(why, sizeof(why), "no CUDA device (%s)",
@@ -954,37 +955,6 @@ TEST_T(cuda, select_threshold, 60)
 
 /* ------------------------------------------------------------- backend */
 
-#ifdef KVT_CUDA_EMU
-/* kvtrim-cuda-emu-tests runs the kernels on the CPU emulator
- * (tests/kernels/emu/), which has no driver: backend_cuda.cu (VMM and IPC
- * chunks, interprocess events) is not built into it. */
-#define EMU_NO_BACKEND() T_SKIP("cuda emulator: no backend")
-
-TEST(cuda, backend_probe_and_chunk)
-{
-	EMU_NO_BACKEND();
-}
-
-TEST(cuda, backend_compact)
-{
-	EMU_NO_BACKEND();
-}
-
-TEST(cuda, backend_copy_and_upload_regions)
-{
-	EMU_NO_BACKEND();
-}
-
-TEST(cuda, backend_share_across_processes)
-{
-	EMU_NO_BACKEND();
-}
-
-TEST(cuda, backend_share_legacy_ipc)
-{
-	EMU_NO_BACKEND();
-}
-#else
 static const struct kvt_backend_ops *cuda_ops(void)
 {
 	static char why[256];
@@ -1008,6 +978,30 @@ TEST(cuda, backend_probe_and_chunk)
 	T_OK(o->ctx_new(0, &ctx, &mode, err, sizeof(err)));
 	T_ASSERT(mode && (!strcmp(mode, "vmm") || !strcmp(mode, "ipc")));
 	fprintf(stderr, "    sharing mode: %s\n", mode);
+#ifdef KVT_CUDA_EMU
+	/* no driver API there: the backend falls back to legacy IPC */
+	T_EQ_STR(mode, "ipc");
+#endif
+	T_EQ(o->share(ctx), !strcmp(mode, "vmm") ? KVT_BACKEND_SHARE_VMM
+	                                         : KVT_BACKEND_SHARE_IPC);
+	if (!getenv("KVTRIM_CUDA_SHARE")) {
+		void *c2;
+		const char *m2 = NULL;
+		/* ipc is what a forced ipc mode gives on any device */
+		setenv("KVTRIM_CUDA_SHARE", "ipc", 1);
+		T_OK(o->ctx_new(0, &c2, &m2, err, sizeof(err)));
+		T_EQ_STR(m2, "ipc");
+		o->ctx_free(c2);
+		/* ipc by necessity: demanding vmm fails and says why */
+		if (!strcmp(mode, "ipc")) {
+			setenv("KVTRIM_CUDA_SHARE", "vmm", 1);
+			T_ERR(o->ctx_new(0, &c2, NULL, err, sizeof(err)),
+			      KVT_ENOTSUP);
+			fprintf(stderr, "    %s\n", err);
+			T_ASSERT(strstr(err, "KVTRIM_CUDA_SHARE=vmm") != NULL);
+		}
+		unsetenv("KVTRIM_CUDA_SHARE");
+	}
 	struct kvt_backend_chunk c;
 	T_OK(o->chunk_new(ctx, KVT_CHUNK_BYTES, &c));
 	T_ASSERT(c.base != NULL);
@@ -1048,7 +1042,7 @@ TEST(cuda, backend_compact)
 			ahp[i] = a.dev + (size_t)a.ids[i] * a.page_bytes;
 		for (uint32_t i = 0; i < 3; i++)
 			bhp[i] = b.dev + (size_t)b.ids[i] * b.page_bytes;
-		struct kvt_backend_compact L[3];
+		struct kvt_backend_compact L[5];
 		uint32_t *mv[2], nl;
 		struct plist *ps[2] = {&a, &b};
 		void **hp[2] = {ahp, bhp};
@@ -1061,22 +1055,32 @@ TEST(cuda, backend_compact)
 			uint32_t nm = compact_plan(drop, len, mv[l], &nl);
 			compact_cpu(ps[l]->hptr, ps[l]->page_tokens,
 			            (uint32_t)ps[l]->row_bytes, mv[l], nm);
-			L[l] = (struct kvt_backend_compact){
+			L[1 + 2 * l] = (struct kvt_backend_compact){
 				hp[l], ps[l]->n_pages, ps[l]->page_tokens,
 				(uint32_t)ps[l]->row_bytes, nm, mv[l]};
 			free(drop);
 		}
-		L[2] = L[0];
-		L[2].n_moves = 0; /* an untouched list */
-		T_OK(o->compact(ctx, L, 3, s));
+		/* untouched lists first, between the two geometries (a run
+		 * goes on across them) and last */
+		L[0] = L[1];
+		L[0].n_moves = 0;
+		L[0].page_tokens = 7;
+		L[2] = L[4] = L[0];
+		T_OK(o->compact(ctx, L, 5, s));
 		T_OK(o->stream_sync(ctx, s));
 		pools_equal("backend compact a", &a);
 		pools_equal("backend compact b", &b);
+		/* nothing to move; no list */
+		T_OK(o->compact(ctx, L, 1, s));
+		T_OK(o->compact(ctx, L, 0, s));
 		/* a move beyond the pages is refused before any launch */
 		uint32_t bad[2] = {0, 5 * 16};
-		struct kvt_backend_compact B = L[0];
+		struct kvt_backend_compact B = L[1];
 		B.moves = bad;
 		B.n_moves = 1;
+		T_ERR(o->compact(ctx, &B, 1, s), KVT_EINVAL);
+		B = L[1];
+		B.pages = NULL;
 		T_ERR(o->compact(ctx, &B, 1, s), KVT_EINVAL);
 		free(mv[0]);
 		free(mv[1]);
@@ -1089,6 +1093,107 @@ TEST(cuda, backend_compact)
 	o->ctx_free(ctx);
 }
 
+#ifdef KVT_CUDA_EMU
+/* Two processes cannot share the emulator's device memory (it is each
+ * process's heap), so the cross-process tests skip there;
+ * backend_share_in_one_process below runs their steps in one process. */
+#define EMU_NO_SHARING()                                                       \
+	T_SKIP("cuda emulator: two processes cannot share emulated device "   \
+	       "memory (backend_share_in_one_process covers one process)")
+
+TEST(cuda, backend_share_across_processes)
+{
+	EMU_NO_SHARING();
+}
+
+TEST(cuda, backend_share_legacy_ipc)
+{
+	EMU_NO_SHARING();
+}
+
+/*
+ * The steps of cross_process below, exporter and importer in one process
+ * (two contexts), which the emulator allows and CUDA does not: an ipc
+ * chunk is imported from its 64 handle bytes, an interprocess event opened
+ * from its handle; each side writes, records, and the other waits and
+ * reads.  The importer closes the chunk before the exporter frees it; the
+ * emulator refuses to free memory still open through a handle, which the
+ * device-memory count at the end would show.
+ */
+TEST(cuda, backend_share_in_one_process)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ex, *im, *se, *si;
+	const char *mode = NULL;
+	char err[256];
+	size_t free0 = 0, free1 = 0, total = 0;
+	CK(cudaMemGetInfo(&free0, &total));
+	T_OK(o->ctx_new(0, &ex, &mode, err, sizeof(err)));
+	T_EQ_STR(mode, "ipc");
+	T_OK(o->ctx_new(0, &im, NULL, err, sizeof(err)));
+	T_OK(o->stream_new(ex, &se));
+	T_OK(o->stream_new(im, &si));
+	struct kvt_backend_chunk c, ic, bad;
+	struct kvt_backend_event e, ie;
+	T_OK(o->chunk_new(ex, KVT_CHUNK_BYTES, &c));
+	T_EQ(c.fd, -1);
+	T_OK(o->event_new(ex, &e));
+	T_EQ(e.owner, 1);
+	T_OK(o->chunk_import(im, -1, c.ipc, c.bytes, &ic));
+	T_ASSERT(ic.base != NULL);
+	T_EQ(ic.fd, -1);
+	T_EQ_U64(ic.bytes, c.bytes);
+	T_OK(o->event_open(im, e.handle, &ie));
+	T_EQ(ie.owner, 0);
+
+	const size_t n = KVT_CHUNK_BYTES;
+	uint8_t *want = xmalloc(n), *got = xmalloc(n);
+	for (size_t i = 0; i < n; i++)
+		want[i] = (uint8_t)rnd();
+	/* exporter writes and records; the importer's stream waits */
+	T_OK(o->copy(ex, c.base, want, n, se));
+	T_OK(o->event_record(ex, &e, se));
+	T_OK(o->stream_wait_event(im, si, &ie));
+	T_OK(o->copy(im, got, ic.base, n, si));
+	T_ASSERT(memcmp(got, want, n) == 0);
+	/* and back: the importer records the event it opened */
+	for (size_t i = 4096; i < 8192; i++)
+		want[i] = (uint8_t)~want[i];
+	T_OK(o->copy(im, (char *)ic.base + 4096, want + 4096, 4096, si));
+	T_OK(o->event_record(im, &ie, si));
+	T_OK(o->stream_wait_event(ex, se, &e));
+	T_OK(o->copy(ex, got, c.base, n, se));
+	T_ASSERT(memcmp(got, want, n) == 0);
+
+	/* ipc mode has no driver VMM: an fd is refused, not crashed on */
+	int fd = open("/dev/null", O_RDONLY);
+	T_ASSERT(fd >= 0);
+	T_ERR(o->chunk_import(im, fd, NULL, KVT_CHUNK_BYTES, &bad), KVT_ENOTSUP);
+	T_ASSERT(bad.base == NULL);
+	close(fd);
+	/* bytes that are no handle are refused */
+	uint8_t junk[KVT_BACKEND_IPC_BYTES];
+	memset(junk, 0x5a, sizeof(junk));
+	T_ASSERT(o->chunk_import(im, -1, junk, KVT_CHUNK_BYTES, &bad) < 0);
+	T_ASSERT(bad.base == NULL);
+	fprintf(stderr, "    %s\n", o->last_error());
+
+	o->event_free(im, &ie);
+	o->chunk_unmap(im, &ic);
+	T_ASSERT(ic.base == NULL);
+	o->stream_free(im, si);
+	o->ctx_free(im);
+	o->event_free(ex, &e);
+	o->chunk_free(ex, &c);
+	o->stream_free(ex, se);
+	o->ctx_free(ex);
+	CK(cudaGetLastError());
+	CK(cudaMemGetInfo(&free1, &total));
+	T_EQ_U64(free1, free0); /* every byte went back, the chunk's too */
+	free(want);
+	free(got);
+}
+#else
 static int send_fd(int sock, int fd, const void *buf, size_t len)
 {
 	struct iovec iov = {(void *)buf, len};
@@ -1265,6 +1370,7 @@ TEST_T(cuda, backend_share_legacy_ipc, 60)
 		T_SKIP("no usable CUDA device");
 	cross_process("ipc");
 }
+#endif /* KVT_CUDA_EMU */
 
 /*
  * ABI 3: copy (kvt_memcpy), private device memory, and upload_regions (the
@@ -1345,4 +1451,227 @@ TEST(cuda, backend_copy_and_upload_regions)
 	free(want);
 	free(got);
 }
-#endif /* KVT_CUDA_EMU */
+
+/*
+ * ABI 2: read_regions gathers regions of chunk memory into a strided host
+ * buffer after the stream's queued work.  The chunk holds a known image;
+ * region i must land at dst + i * stride, and the gaps between regions
+ * keep their sentinel.  The cases cover the 16-byte path (sizes and
+ * addresses multiples of 16), the byte path (odd sizes, or addresses off
+ * by a few bytes), overlapping regions, and growth of the gather buffer
+ * (over 1 MiB at once).
+ */
+TEST(cuda, backend_read_regions)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx, *s;
+	char err[256];
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_OK(o->stream_new(ctx, &s));
+	struct kvt_backend_chunk c;
+	T_OK(o->chunk_new(ctx, KVT_CHUNK_BYTES, &c));
+	const size_t n_img = KVT_CHUNK_BYTES;
+	uint8_t *img = xmalloc(n_img);
+	for (size_t i = 0; i < n_img; i++)
+		img[i] = (uint8_t)rnd();
+	T_OK(o->copy(ctx, c.base, img, n_img, s));
+
+	static const struct {
+		uint32_t n;
+		size_t bytes, gap; /* stride = bytes + gap */
+		uint32_t align;    /* region offsets: multiples of it ... */
+		uint32_t skew;     /* ... plus this */
+	} C[] = {
+		{7, 256, 48, 16, 0},    /* 16-byte path, strided */
+		{5, 100, 0, 4, 0},      /* byte path: odd size, packed */
+		{6, 64, 13, 16, 3},     /* byte path: misaligned sources */
+		{1, 1, 0, 1, 0},        /* one byte */
+		{33, 48, 16, 16, 0},    /* many small */
+		{300, 4096, 32, 16, 0}, /* 1.2 MiB: the gather buffer grows */
+		{9, 4096, 0, 1, 1},     /* after growth, byte path */
+		{2, 16, 0, 16, 0},
+	};
+	for (size_t k = 0; k < sizeof(C) / sizeof(C[0]); k++) {
+		uint32_t n = C[k].n;
+		size_t bytes = C[k].bytes, stride = bytes + C[k].gap;
+		size_t span = (n_img - bytes - C[k].skew) / C[k].align;
+		const void **src = xmalloc(n * sizeof(void *));
+		size_t *off = xmalloc(n * sizeof(size_t));
+		for (uint32_t i = 0; i < n; i++) {
+			off[i] = (rnd() % span) * C[k].align + C[k].skew;
+			src[i] = (const char *)c.base + off[i];
+		}
+		/* work queued before the read: it must see it */
+		uint8_t v = (uint8_t)rnd();
+		CK(cudaMemsetAsync((char *)c.base + off[0], v, bytes,
+		                   (cudaStream_t)s));
+		memset(img + off[0], v, bytes);
+		size_t dn = (size_t)n * stride;
+		uint8_t *dst = xmalloc(dn);
+		memset(dst, 0xa5, dn);
+		T_OK(o->read_regions(ctx, dst, stride, (const void *const *)src,
+		                     n, bytes, s));
+		for (uint32_t i = 0; i < n; i++)
+			for (size_t j = 0; j < stride; j++) {
+				uint8_t w = j < bytes ? img[off[i] + j] : 0xa5;
+				if (dst[(size_t)i * stride + j] != w)
+					th_fail(__FILE__, __LINE__,
+					        "case %zu: region %u byte %zu "
+					        "is %02x, expected %02x",
+					        k, i, j,
+					        dst[(size_t)i * stride + j], w);
+			}
+		free(dst);
+		free(src);
+		free(off);
+	}
+
+	/* nothing to read; bad arguments touch nothing */
+	const void *one[1] = {c.base};
+	uint8_t sent[32];
+	memset(sent, 0xa5, sizeof(sent));
+	T_OK(o->read_regions(ctx, sent, 16, one, 0, 16, s));
+	T_OK(o->read_regions(ctx, sent, 16, one, 1, 0, s));
+	T_ERR(o->read_regions(ctx, sent, 8, one, 1, 16, s), KVT_EINVAL);
+	T_ERR(o->read_regions(ctx, NULL, 16, one, 1, 16, s), KVT_EINVAL);
+	T_ERR(o->read_regions(ctx, sent, 16, NULL, 1, 16, s), KVT_EINVAL);
+	for (size_t i = 0; i < sizeof(sent); i++)
+		T_EQ(sent[i], 0xa5);
+
+	o->chunk_free(ctx, &c);
+	o->stream_free(ctx, s);
+	o->ctx_free(ctx);
+	free(img);
+}
+
+/*
+ * The staging slots under load: compact and upload_regions calls on three
+ * streams, with no synchronisation between them, many more than the eight
+ * slots, so slots are reused across streams while earlier calls may still
+ * be queued; every few calls an upload bigger than a slot makes that slot
+ * grow.  The host arrays of each call (pages, moves, source bytes) are
+ * overwritten right after it returns.  Each stream owns its device buffer
+ * and its page list, so the final bytes are those of the calls applied in
+ * order on the CPU (memcpy and compact_cpu).
+ */
+#define ROT_STREAMS 3
+#define ROT_BYTES ((size_t)256 << 10)
+
+struct rot_stream {
+	void *s, *dev;
+	uint8_t *src, *want; /* [ROT_BYTES] */
+	struct plist p;
+	void **hp; /* host array of the list's device page addresses */
+};
+
+static void rotation_round(const struct kvt_backend_ops *o, void *ctx,
+                           int calls)
+{
+	struct rot_stream R[ROT_STREAMS];
+	for (int k = 0; k < ROT_STREAMS; k++) {
+		struct rot_stream *r = &R[k];
+		T_OK(o->stream_new(ctx, &r->s));
+		T_OK(o->mem_new(ctx, ROT_BYTES, &r->dev));
+		r->src = xmalloc(ROT_BYTES);
+		r->want = xmalloc(ROT_BYTES);
+		memset(r->want, 0, ROT_BYTES); /* mem_new is zeroed */
+		for (size_t i = 0; i < ROT_BYTES; i++)
+			r->src[i] = (uint8_t)rnd();
+		plist_make(&r->p, 4 + k, 16, 64 + 32 * k, DTS[k % 3]);
+		r->hp = xmalloc(r->p.n_pages * sizeof(void *));
+	}
+	for (int call = 0; call < calls; call++) {
+		struct rot_stream *r = &R[call % ROT_STREAMS];
+		if (call % 4 == 3) {
+			/* compaction of the stream's list */
+			struct plist *p = &r->p;
+			uint32_t cap = p->n_pages * p->page_tokens;
+			uint32_t len = cap - rnd() % 5, nl;
+			uint8_t *drop = xmalloc(len);
+			uint32_t *mv = xmalloc((size_t)len * 8);
+			for (uint32_t i = 0; i < len; i++)
+				drop[i] = rnd() % 3 == 0;
+			uint32_t nm = compact_plan(drop, len, mv, &nl);
+			compact_cpu(p->hptr, p->page_tokens,
+			            (uint32_t)p->row_bytes, mv, nm);
+			for (uint32_t i = 0; i < p->n_pages; i++)
+				r->hp[i] = p->dev + (size_t)p->ids[i] * p->page_bytes;
+			struct kvt_backend_compact L = {
+				r->hp, p->n_pages, p->page_tokens,
+				(uint32_t)p->row_bytes, nm, mv};
+			T_OK(o->compact(ctx, &L, 1, r->s));
+			/* the caller reuses its arrays at once */
+			memset(mv, 0xff, (size_t)len * 8);
+			memset(r->hp, 0, p->n_pages * sizeof(void *));
+			free(drop);
+			free(mv);
+			continue;
+		}
+		/* disjoint regions in one call (the scatter kernel's blocks
+		 * run in parallel); later calls overwrite earlier ones */
+		struct kvt_backend_region rg[48];
+		uint32_t k = 1 + rnd() % 48;
+		uint64_t at = 4 * (uint64_t)(rnd() % 1024);
+		for (uint32_t j = 0; j < k; j++) {
+			uint64_t bytes = 4 * (uint64_t)(rnd() % 64);
+			if (call % 7 == 0 && j == 0)
+				bytes = (uint64_t)160 << 10; /* > a 64 KiB slot */
+			if (at + bytes > ROT_BYTES)
+				bytes = 0;
+			rg[j] = (struct kvt_backend_region){at, bytes};
+			at += bytes + 4 * (rnd() % 256);
+		}
+		T_OK(o->upload_regions(ctx, r->dev, r->src, rg, k, r->s));
+		for (uint32_t j = 0; j < k; j++) {
+			memcpy(r->want + rg[j].off, r->src + rg[j].off,
+			       rg[j].bytes);
+			for (uint64_t i = 0; i < rg[j].bytes; i++)
+				r->src[rg[j].off + i] = (uint8_t)rnd();
+		}
+	}
+	uint8_t *got = xmalloc(ROT_BYTES);
+	for (int k = 0; k < ROT_STREAMS; k++) {
+		struct rot_stream *r = &R[k];
+		T_OK(o->stream_sync(ctx, r->s));
+		T_OK(o->copy(ctx, got, r->dev, ROT_BYTES, r->s));
+		for (size_t i = 0; i < ROT_BYTES; i++)
+			if (got[i] != r->want[i])
+				th_fail(__FILE__, __LINE__,
+				        "stream %d: device byte %zu is %02x, "
+				        "expected %02x",
+				        k, i, got[i], r->want[i]);
+		pools_equal("rotation compact", &r->p);
+		o->mem_free(ctx, r->dev);
+		o->stream_free(ctx, r->s);
+		plist_free(&r->p);
+		free(r->hp);
+		free(r->src);
+		free(r->want);
+	}
+	free(got);
+}
+
+TEST(cuda, backend_staging_rotation)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx;
+	char err[256];
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+#ifdef KVT_CUDA_EMU
+	/* Work runs when queued there, so every slot would be free at once.
+	 * With a lag, an event completes only after that many later records.
+	 * Each call records two (copied, used) and takes the oldest slot
+	 * first, whose events are 15 and 14 records old by then: a lag of
+	 * 15 leaves its copy done but its launch not (the stream waits on
+	 * the device), 1000 leaves every slot busy (the host waits). */
+	static const unsigned LAG[] = {0, 15, 1000};
+	for (size_t i = 0; i < sizeof(LAG) / sizeof(LAG[0]); i++) {
+		kvt_emu_set_event_lag(LAG[i]);
+		rotation_round(o, ctx, 60);
+	}
+	kvt_emu_set_event_lag(0);
+#else
+	rotation_round(o, ctx, 60);
+#endif
+	o->ctx_free(ctx);
+}

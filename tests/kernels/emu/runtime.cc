@@ -10,8 +10,10 @@
  * recorded, and copies and memsets check that their device side lies
  * inside one: a host pointer passed as device memory is an error here too.
  * Streams and events are handles; all work runs at once, in order, so a
- * stream is always idle.  Errors are explained on stderr as they are
- * returned.
+ * stream is always idle and a recorded event complete (kvt_emu_set_event_lag
+ * can make queries say otherwise for a while).  Pinned host memory and the
+ * legacy IPC handles of memory and events are emulated within the one
+ * process.  Errors are explained on stderr as they are returned.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -19,8 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <set>
 
 #include "emu.h"
@@ -30,18 +34,44 @@ struct CUstream_st {
 	unsigned flags;
 };
 
+/* What an event and the events opened from its IPC handle share. */
+struct emu_event_state {
+	bool recorded;
+	double ms;           /* CLOCK_MONOTONIC when recorded */
+	cudaStream_t stream; /* of the last record; NULL once it is destroyed */
+	bool pending;        /* the event lag has not let it complete yet */
+	uint64_t tick;       /* record_clock at the last record */
+	unsigned lag;        /* event_lag at the last record */
+	uint64_t ipc;        /* serial of its IPC handle, 0 before one */
+};
+
 struct CUevent_st {
 	unsigned flags;
-	bool recorded;
-	double ms; /* CLOCK_MONOTONIC when recorded */
+	std::shared_ptr<emu_event_state> st;
 };
 
 namespace kvt_emu {
 
 namespace {
 
-std::map<uintptr_t, size_t> allocs; /* base -> bytes */
+struct alloc_rec {
+	size_t bytes;
+	uint64_t serial; /* tells a freed allocation from a later one */
+	int ipc_opens;   /* cudaIpcOpenMemHandle minus cudaIpcCloseMemHandle */
+};
+
+std::map<uintptr_t, alloc_rec> allocs; /* base -> allocation */
+std::map<uintptr_t, size_t> pinned;   /* cudaMallocHost: base -> bytes */
+uint64_t next_serial = 1;
 std::set<const void *> streams, events;
+/* Destroyed events stay allocated, so that their address is not reused
+ * and a later use is reported as what it is. */
+std::set<const void *> dead_events;
+std::map<uint64_t, std::weak_ptr<emu_event_state>> ipc_events;
+/* kvt_emu_set_event_lag: an event completes once event_lag more records
+ * (of any event) followed its own, or when something synchronises it. */
+unsigned event_lag;
+uint64_t record_clock;
 std::map<const void *, int> func_smem; /* kernel -> max dynamic smem */
 cudaError_t last_err = cudaSuccess, sticky_err = cudaSuccess;
 size_t alloc_bytes;
@@ -82,31 +112,51 @@ const char *kind_name(enum cudaMemcpyKind k)
 	return (unsigned)k <= 4 ? n[k] : "?";
 }
 
-/* The device side(s) of a copy of n bytes must be allocations. */
-cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t n,
-                       enum cudaMemcpyKind kind)
+/* The allocation that holds p, or allocs.end(). */
+std::map<uintptr_t, alloc_rec>::iterator alloc_of(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	auto it = allocs.upper_bound(a);
+	if (it == allocs.begin())
+		return allocs.end();
+	--it;
+	return a - it->first < it->second.bytes ? it : allocs.end();
+}
+
+/* The device side(s) of a copy must be allocations: nd bytes from dst, ns
+ * from src (they differ for a 2D copy with two pitches).  With
+ * cudaMemcpyDefault (unified addressing) a side is device memory when its
+ * first byte lies in an allocation, as the driver tells from the address. */
+cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t nd,
+                       size_t ns, enum cudaMemcpyKind kind)
 {
 	if ((unsigned)kind > cudaMemcpyDefault)
 		return fail(cudaErrorInvalidMemcpyDirection, "%s: kind %d", fn,
 		            (int)kind);
-	if (n == 0)
+	if (nd == 0 || ns == 0)
 		return cudaSuccess;
 	if (!dst || !src)
 		return fail(cudaErrorInvalidValue, "%s: NULL pointer", fn);
+	if (kind == cudaMemcpyDefault) {
+		bool d = alloc_of(dst) != allocs.end();
+		bool s = alloc_of(src) != allocs.end();
+		kind = d ? (s ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+		         : (s ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+	}
 	bool dd = kind == cudaMemcpyHostToDevice ||
 	          kind == cudaMemcpyDeviceToDevice;
 	bool sd = kind == cudaMemcpyDeviceToHost ||
 	          kind == cudaMemcpyDeviceToDevice;
-	if (dd && !is_device(dst, n))
+	if (dd && !is_device(dst, nd))
 		return fail(cudaErrorInvalidValue,
 		            "%s(%s): destination %p + %zu bytes is not inside "
 		            "a cudaMalloc allocation",
-		            fn, kind_name(kind), dst, n);
-	if (sd && !is_device(src, n))
+		            fn, kind_name(kind), dst, nd);
+	if (sd && !is_device(src, ns))
 		return fail(cudaErrorInvalidValue,
 		            "%s(%s): source %p + %zu bytes is not inside a "
 		            "cudaMalloc allocation",
-		            fn, kind_name(kind), src, n);
+		            fn, kind_name(kind), src, ns);
 	return cudaSuccess;
 }
 
@@ -115,6 +165,71 @@ cudaError_t check_stream(const char *fn, cudaStream_t s)
 	if (!is_stream(s))
 		return fail(cudaErrorInvalidResourceHandle,
 		            "%s: %p is not a live stream", fn, (void *)s);
+	return cudaSuccess;
+}
+
+cudaError_t check_event(const char *fn, cudaEvent_t e)
+{
+	if (events.count(e))
+		return cudaSuccess;
+	if (dead_events.count(e))
+		return fail(cudaErrorInvalidResourceHandle,
+		            "%s: event %p was destroyed", fn, (void *)e);
+	return fail(cudaErrorInvalidResourceHandle, "%s: %p is not an event",
+	            fn, (void *)e);
+}
+
+bool legacy_stream(cudaStream_t s)
+{
+	return !s || s == cudaStreamLegacy;
+}
+
+/* The events recorded on s are complete once s is synchronised; with all,
+ * every event (cudaDeviceSynchronize, cudaFree).  Synchronising the legacy
+ * stream (NULL) waits for the blocking streams too. */
+void complete_events(cudaStream_t s, bool all)
+{
+	for (const void *p : events) {
+		emu_event_state &st = *((cudaEvent_t)p)->st;
+		cudaStream_t r = st.stream;
+		if (all || r == s ||
+		    (legacy_stream(s) &&
+		     (legacy_stream(r) || r == cudaStreamPerThread ||
+		      !(r->flags & cudaStreamNonBlocking))))
+			st.pending = false;
+	}
+}
+
+/* The handles' layout (64 bytes): a magic, the exporting process, and what
+ * the handle names. */
+struct ipc_bytes {
+	char magic[8];
+	int32_t pid;
+	uint32_t zero;
+	uint64_t base;   /* memory: the allocation */
+	uint64_t serial; /* memory: the allocation's; event: the state's */
+	char pad[CUDA_IPC_HANDLE_SIZE - 32];
+};
+static_assert(sizeof(ipc_bytes) == CUDA_IPC_HANDLE_SIZE, "IPC handle size");
+
+const char IPC_MEM[8] = {'k', 'v', 't', 'e', 'm', 'u', 'M', 'H'};
+const char IPC_EV[8] = {'k', 'v', 't', 'e', 'm', 'u', 'E', 'H'};
+
+/* Decodes a handle of this process. */
+cudaError_t ipc_decode(const char *fn, const char *raw, const char *magic,
+                       ipc_bytes *out)
+{
+	memcpy(out, raw, sizeof(*out));
+	if (memcmp(out->magic, magic, sizeof(out->magic)))
+		return fail(cudaErrorInvalidValue,
+		            "%s: not a handle from cudaIpcGet%sHandle", fn,
+		            magic == IPC_MEM ? "Mem" : "Event");
+	if (out->pid != (int32_t)getpid())
+		return fail(cudaErrorNotSupported,
+		            "%s: the handle comes from process %d; emulated "
+		            "device memory and events are not shared between "
+		            "processes",
+		            fn, (int)out->pid);
 	return cudaSuccess;
 }
 
@@ -150,7 +265,8 @@ bool is_device(const void *p, size_t n)
 	if (it == allocs.begin())
 		return false;
 	--it;
-	return a - it->first <= it->second && n <= it->second - (a - it->first);
+	size_t b = it->second.bytes;
+	return a - it->first <= b && n <= b - (a - it->first);
 }
 
 bool is_stream(cudaStream_t s)
@@ -184,6 +300,8 @@ extern "C" const char *cudaGetErrorString(cudaError_t e)
 		return "initialization error";
 	case cudaErrorInvalidConfiguration:
 		return "invalid configuration argument";
+	case cudaErrorInvalidPitchValue:
+		return "invalid pitch argument";
 	case cudaErrorInvalidDevicePointer:
 		return "invalid device pointer";
 	case cudaErrorInvalidMemcpyDirection:
@@ -228,6 +346,7 @@ extern "C" const char *cudaGetErrorName(cudaError_t e)
 		EMU_NAME(cudaErrorMemoryAllocation)
 		EMU_NAME(cudaErrorInitializationError)
 		EMU_NAME(cudaErrorInvalidConfiguration)
+		EMU_NAME(cudaErrorInvalidPitchValue)
 		EMU_NAME(cudaErrorInvalidDevicePointer)
 		EMU_NAME(cudaErrorInvalidMemcpyDirection)
 		EMU_NAME(cudaErrorInsufficientDriver)
@@ -260,6 +379,41 @@ extern "C" cudaError_t cudaPeekAtLastError(void)
 }
 
 /* ------------------------------------------------------------- device */
+
+extern "C" cudaError_t cudaDriverGetVersion(int *version)
+{
+	if (!version)
+		return fail(cudaErrorInvalidValue, "cudaDriverGetVersion: NULL");
+	*version = CUDART_VERSION;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaRuntimeGetVersion(int *version)
+{
+	if (!version)
+		return fail(cudaErrorInvalidValue, "cudaRuntimeGetVersion: NULL");
+	*version = CUDART_VERSION;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGetDriverEntryPointByVersion(
+	const char *symbol, void **funcPtr, unsigned int cudaVersion,
+	unsigned long long flags,
+	enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+	if (!symbol || !funcPtr)
+		return fail(cudaErrorInvalidValue,
+		            "cudaGetDriverEntryPointByVersion: NULL");
+	*funcPtr = nullptr;
+	if (cudaVersion > CUDART_VERSION)
+		return fail(cudaErrorInvalidValue,
+		            "cudaGetDriverEntryPointByVersion(%s): version %u "
+		            "beyond the driver's %d",
+		            symbol, cudaVersion, CUDART_VERSION);
+	if (driverStatus)
+		*driverStatus = cudaDriverEntryPointSymbolNotFound;
+	return cudaSuccess;
+}
 
 extern "C" cudaError_t cudaGetDeviceCount(int *n)
 {
@@ -345,6 +499,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value,
 extern "C" cudaError_t cudaDeviceSynchronize(void)
 {
 	EMU_STICKY();
+	complete_events(nullptr, true);
 	return cudaSuccess;
 }
 
@@ -393,7 +548,7 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n)
 	if (posix_memalign(&m, 256, n))
 		return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu)", n);
 	memset(m, 0xff, n); /* device memory starts out as garbage */
-	allocs[(uintptr_t)m] = n;
+	allocs[(uintptr_t)m] = alloc_rec{n, next_serial++, 0};
 	alloc_bytes += n;
 	*p = m;
 	return cudaSuccess;
@@ -410,7 +565,15 @@ extern "C" cudaError_t cudaFree(void *p)
 		            "cudaFree(%p): not the start of a cudaMalloc "
 		            "allocation",
 		            p);
-	alloc_bytes -= it->second;
+	/* The exporter must not free what an importer still maps. */
+	if (it->second.ipc_opens)
+		return fail(cudaErrorInvalidValue,
+		            "cudaFree(%p): still open through "
+		            "cudaIpcOpenMemHandle (%d opens not closed; CUDA "
+		            "leaves this undefined)",
+		            p, it->second.ipc_opens);
+	complete_events(nullptr, true); /* cudaFree waits for the device */
+	alloc_bytes -= it->second.bytes;
 	allocs.erase(it);
 	free(p);
 	return cudaSuccess;
@@ -422,14 +585,24 @@ extern "C" cudaError_t cudaMallocHost(void **p, size_t n)
 	if (!p)
 		return fail(cudaErrorInvalidValue, "cudaMallocHost: NULL");
 	*p = nullptr;
-	if (posix_memalign(p, 256, n ? n : 1))
+	void *m = nullptr;
+	if (posix_memalign(&m, 256, n ? n : 1))
 		return fail(cudaErrorMemoryAllocation, "cudaMallocHost(%zu)",
 		            n);
+	memset(m, 0xff, n ? n : 1);
+	pinned[(uintptr_t)m] = n;
+	*p = m;
 	return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaFreeHost(void *p)
 {
+	EMU_STICKY();
+	if (!p)
+		return cudaSuccess;
+	if (!pinned.erase((uintptr_t)p))
+		return fail(cudaErrorInvalidValue,
+		            "cudaFreeHost(%p): not from cudaMallocHost", p);
 	free(p);
 	return cudaSuccess;
 }
@@ -448,7 +621,7 @@ extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                                   enum cudaMemcpyKind kind)
 {
 	EMU_STICKY();
-	cudaError_t e = check_copy("cudaMemcpy", dst, src, n, kind);
+	cudaError_t e = check_copy("cudaMemcpy", dst, src, n, n, kind);
 	if (e == cudaSuccess && n)
 		memcpy(dst, src, n);
 	return e;
@@ -461,7 +634,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 	EMU_STICKY();
 	cudaError_t e = check_stream("cudaMemcpyAsync", s);
 	if (e == cudaSuccess)
-		e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
+		e = check_copy("cudaMemcpyAsync", dst, src, n, n, kind);
 	if (e == cudaSuccess && n)
 		memcpy(dst, src, n);
 	return e;
@@ -473,15 +646,14 @@ extern "C" cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src,
 {
 	EMU_STICKY();
 	if (width > dpitch || width > spitch)
-		return fail(cudaErrorInvalidValue,
+		return fail(cudaErrorInvalidPitchValue,
 		            "cudaMemcpy2D: width %zu beyond a pitch", width);
 	if (!width || !height)
 		return cudaSuccess;
 	size_t span_d = dpitch * (height - 1) + width;
 	size_t span_s = spitch * (height - 1) + width;
-	cudaError_t e = check_copy("cudaMemcpy2D", dst, src, span_d, kind);
-	if (e == cudaSuccess)
-		e = check_copy("cudaMemcpy2D", dst, src, span_s, kind);
+	cudaError_t e =
+		check_copy("cudaMemcpy2D", dst, src, span_d, span_s, kind);
 	if (e != cudaSuccess)
 		return e;
 	for (size_t r = 0; r < height; r++)
@@ -550,6 +722,14 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaStreamDestroy(%p): not a created stream",
 		            (void *)s);
+	/* Its work completes; its events forget it. */
+	for (const void *p : events) {
+		emu_event_state &st = *((cudaEvent_t)p)->st;
+		if (st.stream == s) {
+			st.pending = false;
+			st.stream = nullptr;
+		}
+	}
 	delete s;
 	return cudaSuccess;
 }
@@ -557,7 +737,10 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
 	EMU_STICKY();
-	return check_stream("cudaStreamSynchronize", s);
+	cudaError_t e = check_stream("cudaStreamSynchronize", s);
+	if (e == cudaSuccess)
+		complete_events(s, false);
+	return e;
 }
 
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t s)
@@ -570,10 +753,14 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
                                            unsigned int flags)
 {
 	EMU_STICKY();
-	if (!events.count(e))
-		return fail(cudaErrorInvalidResourceHandle,
-		            "cudaStreamWaitEvent: %p is not an event",
-		            (void *)e);
+	cudaError_t r = check_event("cudaStreamWaitEvent", e);
+	if (r != cudaSuccess)
+		return r;
+	if (flags & ~1u) /* cudaEventWaitDefault, cudaEventWaitExternal */
+		return fail(cudaErrorInvalidValue,
+		            "cudaStreamWaitEvent: flags %#x", flags);
+	/* The stream's later work runs after the event's: all work runs when
+	 * it is queued, so there is nothing to wait for. */
 	return check_stream("cudaStreamWaitEvent", s);
 }
 
@@ -585,7 +772,17 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e,
 	EMU_STICKY();
 	if (!e)
 		return fail(cudaErrorInvalidValue, "cudaEventCreate: NULL");
-	*e = new CUevent_st{flags, false, 0.0};
+	const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming |
+	                       cudaEventInterprocess;
+	if (flags & ~known)
+		return fail(cudaErrorInvalidValue,
+		            "cudaEventCreateWithFlags: flags %#x", flags);
+	if ((flags & cudaEventInterprocess) &&
+	    !(flags & cudaEventDisableTiming))
+		return fail(cudaErrorInvalidValue,
+		            "cudaEventCreateWithFlags: cudaEventInterprocess "
+		            "needs cudaEventDisableTiming");
+	*e = new CUevent_st{flags, std::make_shared<emu_event_state>()};
 	events.insert(*e);
 	return cudaSuccess;
 }
@@ -597,40 +794,55 @@ extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e)
 
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-	if (!events.erase(e))
-		return fail(cudaErrorInvalidResourceHandle,
-		            "cudaEventDestroy(%p): not an event", (void *)e);
-	delete e;
+	cudaError_t r = check_event("cudaEventDestroy", e);
+	if (r != cudaSuccess)
+		return r;
+	events.erase(e);
+	e->st.reset(); /* events opened from its handle keep the state */
+	dead_events.insert(e);
 	return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
 	EMU_STICKY();
-	if (!events.count(e))
-		return fail(cudaErrorInvalidResourceHandle,
-		            "cudaEventRecord: %p is not an event", (void *)e);
-	cudaError_t r = check_stream("cudaEventRecord", s);
+	cudaError_t r = check_event("cudaEventRecord", e);
+	if (r == cudaSuccess)
+		r = check_stream("cudaEventRecord", s);
 	if (r != cudaSuccess)
 		return r;
-	e->recorded = true;
-	e->ms = now_ms();
+	e->st->recorded = true;
+	e->st->ms = now_ms();
+	e->st->stream = s;
+	e->st->tick = ++record_clock;
+	e->st->lag = event_lag;
+	e->st->pending = event_lag > 0;
 	return cudaSuccess;
 }
 
+/* A never-recorded event is complete, as in CUDA. */
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
 	EMU_STICKY();
-	if (!events.count(e))
-		return fail(cudaErrorInvalidResourceHandle,
-		            "cudaEventSynchronize: %p is not an event",
-		            (void *)e);
-	return cudaSuccess;
+	cudaError_t r = check_event("cudaEventSynchronize", e);
+	if (r == cudaSuccess)
+		e->st->pending = false;
+	return r;
 }
 
+/* cudaErrorNotReady is an answer, not an error: cudaGetLastError does
+ * not return it. */
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t e)
 {
-	return cudaEventSynchronize(e);
+	EMU_STICKY();
+	cudaError_t r = check_event("cudaEventQuery", e);
+	if (r != cudaSuccess)
+		return r;
+	emu_event_state &st = *e->st;
+	if (st.pending && record_clock - st.tick < st.lag)
+		return cudaErrorNotReady;
+	st.pending = false;
+	return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
@@ -643,9 +855,136 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 	if ((start->flags | end->flags) & cudaEventDisableTiming)
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaEventElapsedTime: an event without timing");
-	if (!start->recorded || !end->recorded)
+	if (!start->st->recorded || !end->st->recorded)
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaEventElapsedTime: an event not recorded");
-	*ms = (float)(end->ms - start->ms);
+	*ms = (float)(end->st->ms - start->st->ms);
+	return cudaSuccess;
+}
+
+extern "C" unsigned kvt_emu_set_event_lag(unsigned n)
+{
+	unsigned old = event_lag;
+	event_lag = n;
+	return old;
+}
+
+/* ---------------------------------------------------------- legacy IPC */
+
+extern "C" cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle,
+                                           void *devPtr)
+{
+	EMU_STICKY();
+	if (!handle)
+		return fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle: NULL");
+	auto it = alloc_of(devPtr);
+	if (it == allocs.end())
+		return fail(cudaErrorInvalidValue,
+		            "cudaIpcGetMemHandle(%p): not inside a cudaMalloc "
+		            "allocation",
+		            devPtr);
+	ipc_bytes b;
+	memset(&b, 0, sizeof(b));
+	memcpy(b.magic, IPC_MEM, sizeof(b.magic));
+	b.pid = (int32_t)getpid();
+	b.base = it->first;
+	b.serial = it->second.serial;
+	memcpy(handle->reserved, &b, sizeof(b));
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaIpcOpenMemHandle(void **devPtr,
+                                            cudaIpcMemHandle_t handle,
+                                            unsigned int flags)
+{
+	EMU_STICKY();
+	if (!devPtr)
+		return fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: NULL");
+	*devPtr = nullptr;
+	if (flags != cudaIpcMemLazyEnablePeerAccess)
+		return fail(cudaErrorInvalidValue,
+		            "cudaIpcOpenMemHandle: flags %#x (must be "
+		            "cudaIpcMemLazyEnablePeerAccess)",
+		            flags);
+	ipc_bytes b;
+	cudaError_t r = ipc_decode("cudaIpcOpenMemHandle", handle.reserved,
+	                           IPC_MEM, &b);
+	if (r != cudaSuccess)
+		return r;
+	auto it = allocs.find((uintptr_t)b.base);
+	if (it == allocs.end() || it->second.serial != b.serial)
+		return fail(cudaErrorInvalidResourceHandle,
+		            "cudaIpcOpenMemHandle: the allocation at %#llx was "
+		            "freed",
+		            (unsigned long long)b.base);
+	it->second.ipc_opens++;
+	*devPtr = (void *)it->first;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaIpcCloseMemHandle(void *devPtr)
+{
+	EMU_STICKY();
+	auto it = allocs.find((uintptr_t)devPtr);
+	if (it == allocs.end() || !it->second.ipc_opens)
+		return fail(cudaErrorInvalidValue,
+		            "cudaIpcCloseMemHandle(%p): not opened with "
+		            "cudaIpcOpenMemHandle",
+		            devPtr);
+	it->second.ipc_opens--;
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
+                                             cudaEvent_t event)
+{
+	EMU_STICKY();
+	if (!handle)
+		return fail(cudaErrorInvalidValue, "cudaIpcGetEventHandle: NULL");
+	cudaError_t r = check_event("cudaIpcGetEventHandle", event);
+	if (r != cudaSuccess)
+		return r;
+	if (!(event->flags & cudaEventInterprocess))
+		return fail(cudaErrorInvalidResourceHandle,
+		            "cudaIpcGetEventHandle(%p): not created with "
+		            "cudaEventInterprocess",
+		            (void *)event);
+	if (!event->st->ipc) {
+		event->st->ipc = next_serial++;
+		ipc_events[event->st->ipc] = event->st;
+	}
+	ipc_bytes b;
+	memset(&b, 0, sizeof(b));
+	memcpy(b.magic, IPC_EV, sizeof(b.magic));
+	b.pid = (int32_t)getpid();
+	b.serial = event->st->ipc;
+	memcpy(handle->reserved, &b, sizeof(b));
+	return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
+                                              cudaIpcEventHandle_t handle)
+{
+	EMU_STICKY();
+	if (!event)
+		return fail(cudaErrorInvalidValue, "cudaIpcOpenEventHandle: NULL");
+	ipc_bytes b;
+	cudaError_t r = ipc_decode("cudaIpcOpenEventHandle", handle.reserved,
+	                           IPC_EV, &b);
+	if (r != cudaSuccess)
+		return r;
+	auto it = ipc_events.find(b.serial);
+	std::shared_ptr<emu_event_state> st;
+	if (it != ipc_events.end())
+		st = it->second.lock();
+	if (!st) {
+		if (it != ipc_events.end())
+			ipc_events.erase(it);
+		return fail(cudaErrorInvalidResourceHandle,
+		            "cudaIpcOpenEventHandle: its event was destroyed");
+	}
+	*event = new CUevent_st{cudaEventInterprocess | cudaEventDisableTiming,
+	                        st};
+	events.insert(*event);
 	return cudaSuccess;
 }

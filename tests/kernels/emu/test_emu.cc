@@ -330,6 +330,181 @@ TEST(cuda_emu, memory_checks)
 	T_EQ(cudaFree(f), cudaSuccess);
 }
 
+/* cudaMemcpyDefault tells device from host by the address, as unified
+ * addressing does; pinned memory is freed only by cudaFreeHost. */
+TEST(cuda_emu, memcpy_default_and_pinned)
+{
+	char host[64], back[64];
+	for (int i = 0; i < 64; i++)
+		host[i] = (char)i;
+	char *d = dalloc<char>(64), *e = dalloc<char>(64);
+	CK(cudaMemcpy(d, host, 64, cudaMemcpyDefault));
+	CK(cudaMemcpy(e, d, 64, cudaMemcpyDefault));
+	memset(back, 0, sizeof(back));
+	CK(cudaMemcpy(back, e, 64, cudaMemcpyDefault));
+	T_ASSERT(memcmp(back, host, 64) == 0);
+	CK(cudaMemcpy(back, host, 64, cudaMemcpyDefault)); /* host to host */
+	/* a device side that starts inside an allocation must fit in it */
+	T_EQ(cudaMemcpy(d + 32, host, 64, cudaMemcpyDefault),
+	     cudaErrorInvalidValue);
+	T_EQ(cudaMemcpy2D(back, 8, e, 16, 12, 2, cudaMemcpyDefault),
+	     cudaErrorInvalidPitchValue);
+	CK(cudaMemcpy2D(back, 8, e, 16, 8, 4, cudaMemcpyDefault));
+	for (int r = 0; r < 4; r++)
+		T_ASSERT(memcmp(back + 8 * r, host + 16 * r, 8) == 0);
+	/* each side is checked over its own pitch: 8 rows of 8 bytes fill
+	 * the 64 device bytes, while the host side spans 8 * 7 + 8 */
+	char wide[128];
+	memset(wide, 0, sizeof(wide));
+	CK(cudaMemcpy2D(wide, 16, e, 8, 8, 8, cudaMemcpyDeviceToHost));
+	for (int r = 0; r < 8; r++)
+		T_ASSERT(memcmp(wide + 16 * r, host + 8 * r, 8) == 0);
+	T_EQ(cudaMemcpy2D(wide, 16, e, 16, 8, 8, cudaMemcpyDeviceToHost),
+	     cudaErrorInvalidValue); /* the source runs past the 64 bytes */
+	void *p = nullptr;
+	CK(cudaMallocHost(&p, 100));
+	T_ASSERT(p != nullptr && ((uintptr_t)p & 255) == 0);
+	T_EQ(cudaFreeHost(host), cudaErrorInvalidValue);
+	T_EQ(cudaFreeHost(d), cudaErrorInvalidValue);
+	CK(cudaFreeHost(p));
+	T_EQ(cudaFreeHost(p), cudaErrorInvalidValue); /* twice */
+	CK(cudaFreeHost(nullptr));
+	(void)cudaGetLastError();
+	CK(cudaFree(d));
+	CK(cudaFree(e));
+}
+
+/* Events: complete when never recorded, errors once destroyed; the lag
+ * holds recorded events back until later records or a synchronisation;
+ * interprocess events need DisableTiming and share their state with the
+ * events opened from their handle. */
+TEST(cuda_emu, events_and_lag)
+{
+	cudaStream_t s, t;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+	cudaEvent_t a, b, x, y;
+	CK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+	CK(cudaEventQuery(a));
+	CK(cudaEventSynchronize(a));
+	CK(cudaStreamWaitEvent(s, a, 0));
+
+	T_EQ(kvt_emu_set_event_lag(2), 0u);
+	CK(cudaEventRecord(a, s));
+	T_EQ(cudaEventQuery(a), cudaErrorNotReady);
+	T_EQ(cudaGetLastError(), cudaSuccess); /* an answer, not an error */
+	CK(cudaEventRecord(b, t));
+	T_EQ(cudaEventQuery(a), cudaErrorNotReady);
+	CK(cudaEventRecord(b, t));
+	CK(cudaEventQuery(a)); /* two records later */
+	T_EQ(cudaEventQuery(b), cudaErrorNotReady);
+	CK(cudaStreamSynchronize(s)); /* not b's stream */
+	T_EQ(cudaEventQuery(b), cudaErrorNotReady);
+	CK(cudaStreamSynchronize(t));
+	CK(cudaEventQuery(b));
+	CK(cudaEventRecord(a, s));
+	CK(cudaEventSynchronize(a));
+	CK(cudaEventQuery(a));
+	CK(cudaEventRecord(a, s));
+	CK(cudaDeviceSynchronize());
+	CK(cudaEventQuery(a));
+	CK(cudaEventRecord(a, s));
+	CK(cudaStreamDestroy(s)); /* its work completes */
+	CK(cudaEventQuery(a));
+	T_EQ(kvt_emu_set_event_lag(0), 2u);
+
+	CK(cudaEventDestroy(a));
+	T_EQ(cudaEventQuery(a), cudaErrorInvalidResourceHandle);
+	T_EQ(cudaEventSynchronize(a), cudaErrorInvalidResourceHandle);
+	T_EQ(cudaEventRecord(a, t), cudaErrorInvalidResourceHandle);
+	T_EQ(cudaStreamWaitEvent(t, a, 0), cudaErrorInvalidResourceHandle);
+	T_EQ(cudaEventDestroy(a), cudaErrorInvalidResourceHandle);
+
+	cudaIpcEventHandle_t h;
+	T_EQ(cudaEventCreateWithFlags(&x, cudaEventInterprocess),
+	     cudaErrorInvalidValue);
+	T_EQ(cudaIpcGetEventHandle(&h, b), cudaErrorInvalidResourceHandle);
+	CK(cudaEventCreateWithFlags(&x, cudaEventInterprocess |
+	                                    cudaEventDisableTiming));
+	CK(cudaIpcGetEventHandle(&h, x));
+	CK(cudaIpcOpenEventHandle(&y, h));
+	T_ASSERT(y != x);
+	kvt_emu_set_event_lag(1);
+	CK(cudaEventRecord(y, t)); /* the opener records, the exporter sees */
+	T_EQ(cudaEventQuery(x), cudaErrorNotReady);
+	CK(cudaEventSynchronize(x));
+	CK(cudaEventQuery(y));
+	kvt_emu_set_event_lag(0);
+	CK(cudaEventDestroy(x)); /* the opened one lives on */
+	CK(cudaEventRecord(y, t));
+	CK(cudaEventDestroy(y));
+	T_EQ(cudaIpcOpenEventHandle(&y, h), cudaErrorInvalidResourceHandle);
+	/* a handle of another process (a fork) cannot be opened here */
+	int pid;
+	memcpy(&pid, h.reserved + 8, sizeof(pid));
+	pid++;
+	memcpy(h.reserved + 8, &pid, sizeof(pid));
+	T_EQ(cudaIpcOpenEventHandle(&y, h), cudaErrorNotSupported);
+	(void)cudaGetLastError();
+	CK(cudaEventDestroy(b));
+	CK(cudaStreamDestroy(t));
+}
+
+/* Legacy IPC memory within one process: the handle names the allocation
+ * (any address inside it), opens count, and the exporter cannot free
+ * what is still open. */
+TEST(cuda_emu, ipc_memory)
+{
+	char *d = dalloc<char>(1000);
+	cudaIpcMemHandle_t h, h2;
+	char host[8];
+	T_EQ(cudaIpcGetMemHandle(&h, host), cudaErrorInvalidValue);
+	CK(cudaIpcGetMemHandle(&h, d + 100));
+	void *p = nullptr, *q = nullptr;
+	T_EQ(cudaIpcOpenMemHandle(&p, h, 0), cudaErrorInvalidValue);
+	CK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+	CK(cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess));
+	T_ASSERT(p == (void *)d && q == p);
+	T_EQ(cudaFree(d), cudaErrorInvalidValue); /* still open */
+	CK(cudaIpcCloseMemHandle(p));
+	T_EQ(cudaFree(d), cudaErrorInvalidValue);
+	CK(cudaIpcCloseMemHandle(q));
+	T_EQ(cudaIpcCloseMemHandle(q), cudaErrorInvalidValue);
+	CK(cudaFree(d));
+	/* the handle of a freed allocation, even with a new one at its
+	 * address, opens nothing */
+	char *d2 = dalloc<char>(1000);
+	T_EQ(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+	     cudaErrorInvalidResourceHandle);
+	memset(&h2, 0, sizeof(h2));
+	T_EQ(cudaIpcOpenMemHandle(&p, h2, cudaIpcMemLazyEnablePeerAccess),
+	     cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+	CK(cudaFree(d2));
+}
+
+/* No driver API: every entry point is "not found", so code that needs
+ * one (the backend's VMM) takes its fallback. */
+TEST(cuda_emu, no_driver_entry_points)
+{
+	void *fn = (void *)&fn;
+	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSuccess;
+	CK(cudaGetDriverEntryPointByVersion("cuMemCreate", &fn, 12000,
+	                                    cudaEnableDefault, &q));
+	T_ASSERT(fn == nullptr);
+	T_EQ(q, cudaDriverEntryPointSymbolNotFound);
+	T_EQ(cudaGetDriverEntryPointByVersion("cuMemCreate", &fn, 99000,
+	                                      cudaEnableDefault, &q),
+	     cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+	int v = 0;
+	CK(cudaDriverGetVersion(&v));
+	T_EQ(v, CUDART_VERSION);
+	CK(cudaSetDevice(0));
+	CK(cudaFree(nullptr));
+}
+
 /* ---------------------------------------------------------- half types */
 
 /* The emulator converts as the device does, which is dtype.c's rounding

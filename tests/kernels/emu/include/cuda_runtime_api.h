@@ -9,7 +9,13 @@
  * there is one emulated device, an sm_90 with 132 multiprocessors (an
  * H200, so launch plans that depend on the SM count match the real one).
  * Valid C and C++; including it defines KVT_CUDA_EMU, which the test uses
- * to skip what the emulator does not provide (the cuda backend).
+ * to skip what the emulator does not provide (two processes sharing device
+ * memory) and to reach kvt_emu_set_event_lag below.
+ *
+ * The part that kernels/cuda/backend_cuda.cu needs is here too: pinned host
+ * memory, interprocess events and legacy IPC memory handles (usable within
+ * the one process), cudaMemcpyDefault, and a driver-entry-point lookup that
+ * finds nothing (no driver API, so no VMM: the backend uses ipc mode).
  */
 #ifndef KVT_EMU_CUDA_RUNTIME_API_H
 #define KVT_EMU_CUDA_RUNTIME_API_H
@@ -31,6 +37,7 @@ typedef enum cudaError {
 	cudaErrorMemoryAllocation = 2,
 	cudaErrorInitializationError = 3,
 	cudaErrorInvalidConfiguration = 9,
+	cudaErrorInvalidPitchValue = 12,
 	cudaErrorInvalidDevicePointer = 17,
 	cudaErrorInvalidMemcpyDirection = 21,
 	cudaErrorInsufficientDriver = 35,
@@ -87,6 +94,29 @@ typedef struct CUevent_st *cudaEvent_t;
 #define cudaEventDefault 0x0
 #define cudaEventBlockingSync 0x1
 #define cudaEventDisableTiming 0x2
+#define cudaEventInterprocess 0x4
+#define cudaIpcMemLazyEnablePeerAccess 0x1
+
+/* Legacy interprocess handles: 64 opaque bytes, as in the toolkit. */
+#define CUDA_IPC_HANDLE_SIZE 64
+typedef struct cudaIpcEventHandle_st {
+	char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcEventHandle_t;
+typedef struct cudaIpcMemHandle_st {
+	char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcMemHandle_t;
+
+enum cudaGetDriverEntryPointFlags {
+	cudaEnableDefault = 0x0,
+	cudaEnableLegacyStream = 0x1,
+	cudaEnablePerThreadDefaultStream = 0x2
+};
+
+enum cudaDriverEntryPointQueryResult {
+	cudaDriverEntryPointSuccess = 0,
+	cudaDriverEntryPointSymbolNotFound = 1,
+	cudaDriverEntryPointVersionNotSufficent = 2
+};
 
 #ifdef __cplusplus
 extern "C" {
@@ -98,6 +128,23 @@ const char *cudaGetErrorName(cudaError_t e);
  * kernel: deadlock, barrier divergence) is returned once, then cleared. */
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
+
+cudaError_t cudaDriverGetVersion(int *version);
+cudaError_t cudaRuntimeGetVersion(int *version);
+/* There is no driver API: *funcPtr is NULL and *driverStatus
+ * cudaDriverEntryPointSymbolNotFound for every symbol (cudaSuccess, as the
+ * runtime answers for a symbol the driver lacks). */
+#ifdef __cplusplus
+cudaError_t cudaGetDriverEntryPointByVersion(
+	const char *symbol, void **funcPtr, unsigned int cudaVersion,
+	unsigned long long flags,
+	enum cudaDriverEntryPointQueryResult *driverStatus = NULL);
+#else
+cudaError_t cudaGetDriverEntryPointByVersion(
+	const char *symbol, void **funcPtr, unsigned int cudaVersion,
+	unsigned long long flags,
+	enum cudaDriverEntryPointQueryResult *driverStatus);
+#endif
 
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDevice(int *dev);
@@ -143,6 +190,33 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
                                  cudaEvent_t end);
+
+/* Legacy IPC within the one process of the emulator.  A memory handle
+ * names the allocation that holds devPtr; opening it returns that
+ * allocation's base (counted: each open needs its close, and cudaFree of
+ * an allocation still open fails, where CUDA leaves it undefined).  An
+ * event handle opens as a new cudaEvent_t that shares the exporter's
+ * state.  Unlike CUDA, the exporting process may open its own handles;
+ * handles from another process (a fork) are refused: device memory is
+ * not shared between processes here. */
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
+                                 unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void *devPtr);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
+                                  cudaEvent_t event);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
+                                   cudaIpcEventHandle_t handle);
+
+/* Emulator only (not CUDA).  Work runs when it is queued, so every event
+ * is complete once recorded.  With a lag of n, cudaEventQuery answers
+ * cudaErrorNotReady for an event until n more events (any) have been
+ * recorded after it, as if the device ran n records behind the host, or
+ * until the event, its stream or the device is synchronised: code that
+ * polls events (staging buffers reused round robin) then takes its
+ * "still busy" paths.  0, the default, turns it off.  Returns the
+ * previous lag. */
+unsigned kvt_emu_set_event_lag(unsigned n);
 
 #ifdef __cplusplus
 }
