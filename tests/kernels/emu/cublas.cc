@@ -69,6 +69,7 @@ bool on_device(const char *what, const float *p, int rows, int cols, int ld)
 
 extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_INVALID_VALUE;
 	*h = new cublasContext{nullptr, CUBLAS_DEFAULT_MATH};
@@ -77,6 +78,7 @@ extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h)
 
 extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	delete h;
@@ -85,6 +87,7 @@ extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h)
 
 extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (!kvt_emu::is_stream(s)) {
@@ -98,6 +101,7 @@ extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
 
 extern "C" cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t *s)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (!s)
@@ -108,6 +112,7 @@ extern "C" cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t *s)
 
 extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	h->mode = mode;
@@ -117,6 +122,7 @@ extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
 extern "C" cublasStatus_t cublasGetMathMode(cublasHandle_t h,
                                             cublasMath_t *mode)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (!mode)
@@ -127,6 +133,7 @@ extern "C" cublasStatus_t cublasGetMathMode(cublasHandle_t h,
 
 extern "C" const char *cublasGetStatusName(cublasStatus_t st)
 {
+	EMU_API_LOCK();
 	switch (st) {
 	case CUBLAS_STATUS_SUCCESS:
 		return "CUBLAS_STATUS_SUCCESS";
@@ -149,6 +156,7 @@ extern "C" const char *cublasGetStatusName(cublasStatus_t st)
 
 extern "C" const char *cublasGetStatusString(cublasStatus_t st)
 {
+	EMU_API_LOCK();
 	return cublasGetStatusName(st);
 }
 
@@ -159,6 +167,7 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
                                       int ldb, const float *beta, float *C,
                                       int ldc)
 {
+	EMU_API_LOCK();
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (kvt_emu::sticky_error() != cudaSuccess)

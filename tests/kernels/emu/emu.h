@@ -54,12 +54,13 @@
 /* Checked at launch: tests/kernels/emu/wrap.awk registers each kernel's
  * bound after its file (KVT_EMU_BOUNDS). */
 #define __launch_bounds__(...)
-/* Static storage: blocks run one at a time on one host thread.  Outside
- * ASan they are thread_local, which for one thread is the same storage,
- * but puts all of them, template kernels' too, in the executable's TLS
- * block, which fiber.cc fills with 0xff before every block (a section
- * attribute would do, but GCC ignores it on statics in templates).  ASan
- * builds keep plain statics: those get red zones. */
+/* Static storage: blocks run one at a time, on the launching host thread.
+ * Outside ASan they are thread_local, which puts all of them, template
+ * kernels' too, in the TLS block of the emulator's object (the test
+ * executable, or the emulated libkvtrim-cuda.so), which fiber.cc fills
+ * with 0xff before every block (a section attribute would do, but GCC
+ * ignores it on statics in templates).  ASan builds keep plain statics:
+ * those get red zones. */
 #ifdef __SANITIZE_ADDRESS__
 #define __shared__ static
 #else

@@ -9,8 +9,17 @@
 # SANITIZER=address (build/san-address/), and is part of `all`.
 #
 # backend_cuda.cu is in too: the emulator has no driver API, so the
-# backend runs its legacy-IPC mode, with IPC handles opened in the one
-# process; only the tests that share chunks between two processes skip.
+# backend runs its legacy-IPC mode; in the test binary its handles are
+# opened in the one process, and the two tests that fork an importer skip.
+#
+# Outside sanitizer builds it also links the same objects (less the
+# emulator's own tests) into
+#   $(B)/lib/emu/libkvtrim-cuda.so
+# the cuda backend on the emulator as a library kvtrimd and libkvtrim can
+# dlopen (KVTRIM_CUDA_LIB): `make test` runs the integration suite on it,
+# daemon and engines in separate processes sharing emulated device memory
+# through memfds (docs/cuda.md).  It exports what the real library does
+# (kernels/cuda/exports.map) and needs no CUDA library.
 #
 # The binary runs the full shape list of the GPU run; about 21 s on two
 # cores (60 s under ASan).  At run time, KVT_EMU_ORDER=reverse runs a
@@ -29,7 +38,10 @@ EMU_TOBJ := $(B)/obj/emu/tests/kernels/test_cuda_kernels.o
 # C++ for the kernels and the emulator, with the warnings nvcc gives its
 # host compiler (cuda.mk) less -Wunused-parameter, like the C code; no
 # -Wunknown-pragmas, for the kernels' #pragma unroll.
-EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra \
+# -fPIC: the objects go into the test binary and into the emulated
+# libkvtrim-cuda.so alike (the __shared__ thread_locals take the dynamic TLS
+# model, which the linker relaxes to the executable's own in the binary).
+EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC \
                 -Wno-unused-parameter -Wno-unknown-pragmas -pthread -MMD -MP \
                 -I$(EMU_DIR)/include -Iinclude -Idaemon -Ikernels/cpu \
                 -Ikernels/cuda -Itests/harness \
@@ -70,23 +82,53 @@ $(EMU_TOBJ): tests/kernels/test_cuda_kernels.c
 	$(Q)$(CC) -I$(EMU_DIR)/include -Ikernels/cuda $(KVT_CFLAGS) $(CFLAGS) \
 	  -c $< -o $@
 
-# Outside ASan the emulator fills the executable's TLS block before every
-# thread block, so that block must hold the __shared__ variables (C++
-# function-local statics, _ZZ...) and nothing else; the link checks.
+# Outside ASan the emulator fills its own object's TLS block (the
+# executable's, or the emulated library's) before every thread block, so
+# that block must hold the __shared__ variables (C++ function-local
+# statics, _ZZ...) and nothing else; the link checks $@.tmp, and that
+# fiber.cc's tls_anchor opens the block (offset 0): fiber.cc finds the
+# block from its address.
+EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
+	  awk '$$4 == "TLS" && $$8 !~ /^_ZZ/ {print $$8} \
+	       $$4 == "TLS" && $$8 ~ /tls_anchor/ && $$2 !~ /^0+$$/ \
+	       {print $$8 " (not at offset 0)"}'); \
+	if [ -n "$$bad" ]; then \
+	  echo "$@: thread-local variables besides __shared__: $$bad" >&2; \
+	  rm -f $@.tmp; exit 1; \
+	fi; mv $@.tmp $@
+
 $(CUDA_EMU_TESTS): $(EMU_TOBJ) $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
                    $(call obj,$(KERNEL_SRC)) $(ERR_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CXX) $(KVT_LDFLAGS) $(LDFLAGS) -o $@.tmp $^ $(LDLIBS)
-	$(Q)bad=$$(readelf -sW $@.tmp | \
-	  awk '$$4 == "TLS" && $$8 !~ /^_ZZ/ {print $$8}'); \
-	if [ -n "$$bad" ]; then \
-	  echo "$@: thread-local variables besides __shared__: $$bad" >&2; \
-	  rm -f $@.tmp; exit 1; \
-	fi; mv $@.tmp $@
+	$(Q)$(EMU_TLS_CHECK)
+
+# The emulated backend library (plain builds only: it is dlopen'd into
+# kvtrimd and engines that are not built with the sanitizer runtime).
+# `make test` runs the integration suite on it when it is set.
+ifeq ($(SANITIZER),)
+CUDA_EMU_LIB := $(B)/lib/emu/libkvtrim-cuda.so
+
+all: $(CUDA_EMU_LIB)
+
+$(CUDA_EMU_LIB): $(EMU_KOBJ) $(filter-out %/test_emu.o,$(EMU_ROBJ)) \
+                 kernels/cuda/exports.map
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD    $@")
+	$(Q)$(CXX) -shared -Wl,--no-undefined $(KVT_LDFLAGS) $(LDFLAGS) \
+	  -Wl,--version-script=kernels/cuda/exports.map \
+	  -Wl,-soname,libkvtrim-cuda.so -o $@.tmp $(filter %.o,$^) \
+	  $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) \
+	  -pthread
+	$(Q)$(EMU_TLS_CHECK)
+else
+CUDA_EMU_LIB :=
+endif
 
 else
 CUDA_EMU_TESTS :=
+CUDA_EMU_LIB :=
 $(info $(CXX) not found: no kvtrim-cuda-emu-tests)
 endif

@@ -178,8 +178,8 @@ bool reverse;
 #ifdef EMU_ASM
 unsigned mxcsr_cw[2]; /* the host's, for new fibers */
 #endif
-char *shared_tls;   /* the executable's TLS block: the __shared__ */
-size_t shared_size; /* variables outside ASan builds (emu.h) */
+char *shared_tls;   /* the launching thread's block of the emulator's */
+size_t shared_size; /* object: the __shared__ variables outside ASan */
 #ifdef EMU_ASM
 void *host_sp;
 #else
@@ -430,16 +430,42 @@ unsigned warp_lanes(int w)
 /* -------------------------------------------------------------- blocks */
 
 #ifndef EMU_ASAN
-/* Finds the executable's own TLS block (the first object listed).  emu.mk
- * checks at link time that it holds function-local statics only. */
+/* The emulator's own object's TLS block (emu.mk checks at link time that it
+ * holds function-local statics only: the __shared__ variables).  That is
+ * the executable's in kvtrim-cuda-emu-tests, and the library's own in the
+ * emulated libkvtrim-cuda.so, where the process's other TLS (libuv, nng,
+ * OpenBLAS, libc) lives in other objects' blocks and is never touched.
+ * The calling thread's block starts at tls_anchor: the one initialised
+ * thread-local (.tdata, which opens the TLS segment; the other
+ * thread-locals are zero-initialised, .tbss), which emu.mk checks too.
+ * (dl_iterate_phdr's dlpi_tls_data is not used: glibc may answer NULL for
+ * a dlopen'd library's block when the thread's DTV is behind a later
+ * dlopen.) */
+char *tls_anchor(void)
+{
+	static thread_local char anchor = 1;
+	return &anchor;
+}
+
 int find_tls(struct dl_phdr_info *info, size_t, void *)
 {
+	uintptr_t self = (uintptr_t)(void *)&find_tls;
+	bool mine = false;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+		uintptr_t a = info->dlpi_addr + ph.p_vaddr;
+		if (ph.p_type == PT_LOAD && self >= a && self - a < ph.p_memsz)
+			mine = true;
+	}
+	if (!mine)
+		return 0;
 	for (int i = 0; i < info->dlpi_phnum; i++)
-		if (info->dlpi_phdr[i].p_type == PT_TLS) {
-			shared_tls = (char *)info->dlpi_tls_data;
+		if (info->dlpi_phdr[i].p_type == PT_TLS)
 			shared_size = info->dlpi_phdr[i].p_memsz;
-		}
-	return 1; /* the executable only */
+	if (!shared_size)
+		fatal("cannot find the emulator's thread-local block (the "
+		      "__shared__ variables)");
+	return 1;
 }
 #endif
 
@@ -684,18 +710,8 @@ int register_bounds(const char *file, const char *name, long max_threads)
 
 void launch(const launch_desc &d)
 {
-	static pthread_t host;
-	static bool have_host;
-	if (!have_host) {
-		host = pthread_self();
-		have_host = true;
-	} else if (!pthread_equal(host, pthread_self())) {
-		note("%s: launched from a second host thread; the emulator "
-		     "runs kernels from one",
-		     describe(d).c_str());
-		set_error(cudaErrorNotSupported, false);
-		return;
-	}
+	/* Host threads take turns; the launch runs on the caller's. */
+	EMU_API_LOCK();
 	if (L)
 		fatal("a kernel launched a kernel");
 	if (cudaError_t e = sticky_error()) {
@@ -706,6 +722,7 @@ void launch(const launch_desc &d)
 		return;
 	setup_once();
 #ifndef EMU_ASAN
+	shared_tls = tls_anchor(); /* this host thread's __shared__ */
 	install_fault_handler();
 #endif
 #ifdef EMU_ASM

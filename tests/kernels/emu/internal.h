@@ -8,6 +8,8 @@
 
 #include <stddef.h>
 
+#include <mutex>
+
 #include "include/cuda_runtime_api.h"
 
 namespace kvt_emu {
@@ -21,6 +23,16 @@ void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * after a device fault. */
 void set_error(cudaError_t e, bool sticky);
 cudaError_t sticky_error(void);
+
+/* The emulator's state (allocations, streams, events, the fibers of a
+ * launch) belongs to whoever holds this lock: every runtime and cuBLAS
+ * entry point and every launch takes it, so host threads of one process
+ * (kvtrim-eval's engine threads) take turns.  Work still runs
+ * synchronously on the calling thread; __shared__ is that thread's. */
+std::recursive_mutex &big_lock(void);
+#define EMU_API_LOCK()                                                         \
+	std::lock_guard<std::recursive_mutex> emu_api_guard_(                  \
+		kvt_emu::big_lock())
 
 /* 1 when [p, p + n) lies inside one cudaMalloc allocation. */
 bool is_device(const void *p, size_t n);

@@ -3,23 +3,34 @@
  * include/cuda_runtime_api.h; docs/cuda.md, "CPU emulation of the
  * kernels").
  *
- * Device memory is host memory from posix_memalign (256-byte aligned like
- * cudaMalloc's, exact size so that ASan reports the first byte beyond it),
- * filled with 0xff bytes so that a kernel reading memory nobody wrote sees
- * NaN, as it might see garbage on the device.  Every allocation is
- * recorded, and copies and memsets check that their device side lies
- * inside one: a host pointer passed as device memory is an error here too.
- * Streams and events are handles; all work runs at once, in order, so a
- * stream is always idle and a recorded event complete (kvt_emu_set_event_lag
- * can make queries say otherwise for a while).  Pinned host memory and the
- * legacy IPC handles of memory and events are emulated within the one
- * process.  Errors are explained on stderr as they are returned.
+ * Device memory is host memory, filled with 0xff bytes so that a kernel
+ * reading memory nobody wrote sees NaN, as it might see garbage on the
+ * device.  Outside ASan builds each allocation is a memfd mapped
+ * MAP_SHARED (page-aligned), so that another process can map it from its
+ * legacy IPC handle (the handle names the exporter's pid, the fd and the
+ * memfd's serial; the importer opens /proc/<pid>/fd/<fd>).  ASan builds use
+ * posix_memalign at the exact size instead (256-byte aligned like
+ * cudaMalloc's), so that ASan reports the first byte beyond it; their
+ * handles open in the one process only.  Every allocation (and every
+ * imported mapping) is recorded, and copies and memsets check that their
+ * device side lies inside one: a host pointer passed as device memory is
+ * an error here too.  Streams and events are handles; all work runs at
+ * once, in order, so a stream is always idle and a recorded event complete
+ * (kvt_emu_set_event_lag can make queries say otherwise for a while).  An
+ * event opened from another process's handle is a new event that is
+ * always complete: ordering between processes is not modelled.  Errors
+ * are explained on stderr as they are returned.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,9 +69,13 @@ struct alloc_rec {
 	size_t bytes;
 	uint64_t serial; /* tells a freed allocation from a later one */
 	int ipc_opens;   /* cudaIpcOpenMemHandle minus cudaIpcCloseMemHandle */
+	int fd;          /* its memfd, or -1 (ASan builds: heap memory) */
+	size_t map_bytes; /* of the mapping (bytes rounded up to a page) */
+	bool imported;   /* mapped from another process's handle */
+	int32_t pid;     /* imported: the exporter and its serial */
 };
 
-std::map<uintptr_t, alloc_rec> allocs; /* base -> allocation */
+std::map<uintptr_t, alloc_rec> allocs; /* base -> allocation or import */
 std::map<uintptr_t, size_t> pinned;   /* cudaMallocHost: base -> bytes */
 uint64_t next_serial = 1;
 std::set<const void *> streams, events;
@@ -205,17 +220,18 @@ void complete_events(cudaStream_t s, bool all)
 struct ipc_bytes {
 	char magic[8];
 	int32_t pid;
-	uint32_t zero;
+	int32_t fd;      /* memory: the allocation's memfd in pid, or -1 */
 	uint64_t base;   /* memory: the allocation */
 	uint64_t serial; /* memory: the allocation's; event: the state's */
-	char pad[CUDA_IPC_HANDLE_SIZE - 32];
+	uint64_t bytes;  /* memory: the allocation's size */
+	char pad[CUDA_IPC_HANDLE_SIZE - 40];
 };
 static_assert(sizeof(ipc_bytes) == CUDA_IPC_HANDLE_SIZE, "IPC handle size");
 
 const char IPC_MEM[8] = {'k', 'v', 't', 'e', 'm', 'u', 'M', 'H'};
 const char IPC_EV[8] = {'k', 'v', 't', 'e', 'm', 'u', 'E', 'H'};
 
-/* Decodes a handle of this process. */
+/* Decodes a handle (of this process or another). */
 cudaError_t ipc_decode(const char *fn, const char *raw, const char *magic,
                        ipc_bytes *out)
 {
@@ -224,16 +240,108 @@ cudaError_t ipc_decode(const char *fn, const char *raw, const char *magic,
 		return fail(cudaErrorInvalidValue,
 		            "%s: not a handle from cudaIpcGet%sHandle", fn,
 		            magic == IPC_MEM ? "Mem" : "Event");
-	if (out->pid != (int32_t)getpid())
-		return fail(cudaErrorNotSupported,
-		            "%s: the handle comes from process %d; emulated "
-		            "device memory and events are not shared between "
-		            "processes",
-		            fn, (int)out->pid);
 	return cudaSuccess;
 }
 
+/* The name of an allocation's memfd: an importer checks it, so that a
+ * stale handle whose fd number was reused opens nothing. */
+void memfd_name(char *b, size_t n, uint64_t serial)
+{
+	snprintf(b, n, "kvtemu-%llu", (unsigned long long)serial);
+}
+
+size_t page_round(size_t n)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	return (n + pg - 1) / pg * pg;
+}
+
+/*
+ * Maps the allocation of another process from its handle: opens the
+ * exporter's memfd through /proc/<pid>/fd/<fd> (a new open file
+ * description of the same memory) and maps it MAP_SHARED.  The importer
+ * keeps the fd with a shared flock on it until cudaIpcCloseMemHandle, so
+ * that the exporter's cudaFree can tell that another process still has
+ * it open (legacy IPC leaves freeing that undefined; it fails here).
+ */
+cudaError_t ipc_import(const ipc_bytes &b, void **out)
+{
+	for (auto &a : allocs)
+		if (a.second.imported && a.second.pid == b.pid &&
+		    a.second.serial == b.serial) {
+			a.second.ipc_opens++;
+			*out = (void *)a.first;
+			return cudaSuccess;
+		}
+	if (b.fd < 0)
+		return fail(cudaErrorNotSupported,
+		            "cudaIpcOpenMemHandle: the handle comes from "
+		            "process %d, whose device memory is its heap (ASan "
+		            "build): not shared between processes",
+		            (int)b.pid);
+	char path[64], want[64], got[128];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)b.pid, (int)b.fd);
+	memfd_name(want, sizeof(want), b.serial);
+	ssize_t n = readlink(path, got, sizeof(got) - 1);
+	got[n > 0 ? n : 0] = '\0';
+	size_t wl = strlen(want);
+	if (n <= 0 || strncmp(got, "/memfd:", 7) ||
+	    strncmp(got + 7, want, wl) ||
+	    (got[7 + wl] != '\0' && got[7 + wl] != ' '))
+		return fail(cudaErrorInvalidResourceHandle,
+		            "cudaIpcOpenMemHandle: %s is not allocation %llu of "
+		            "process %d (%s): freed, or the process is gone",
+		            path, (unsigned long long)b.serial, (int)b.pid,
+		            n > 0 ? got : strerror(errno));
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return fail(cudaErrorInvalidResourceHandle,
+		            "cudaIpcOpenMemHandle: open %s: %s", path,
+		            strerror(errno));
+	struct stat st;
+	size_t map = page_round((size_t)b.bytes);
+	void *m = MAP_FAILED;
+	if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= b.bytes &&
+	    flock(fd, LOCK_SH | LOCK_NB) == 0)
+		m = mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		         0);
+	if (m == MAP_FAILED) {
+		close(fd);
+		return fail(cudaErrorMapBufferObjectFailed,
+		            "cudaIpcOpenMemHandle: cannot map %s (%llu bytes): "
+		            "%s",
+		            path, (unsigned long long)b.bytes, strerror(errno));
+	}
+	alloc_rec r{(size_t)b.bytes, b.serial, 1, fd, map, true, b.pid};
+	allocs[(uintptr_t)m] = r;
+	*out = m;
+	return cudaSuccess;
+}
+
+/* True when no other process has the memfd open through an IPC handle
+ * (importers hold a shared flock; ipc_import).  An importer that has just
+ * exited may release its lock a moment after its socket closed, which is
+ * what the exporter reacts to: so this waits up to 200 ms for it. */
+bool lock_out_importers(int fd)
+{
+	for (int i = 0; i < 200; i++) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			return true;
+		if (errno != EWOULDBLOCK && errno != EINTR)
+			return true; /* no locks here: nothing to check */
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, nullptr);
+	}
+	return false;
+}
+
 } /* namespace */
+
+std::recursive_mutex &big_lock(void)
+{
+	static std::recursive_mutex m;
+	return m;
+}
 
 void note(const char *fmt, ...)
 {
@@ -289,6 +397,7 @@ using namespace kvt_emu;
 
 extern "C" const char *cudaGetErrorString(cudaError_t e)
 {
+	EMU_API_LOCK();
 	switch (e) {
 	case cudaSuccess:
 		return "no error";
@@ -313,6 +422,8 @@ extern "C" const char *cudaGetErrorString(cudaError_t e)
 		return "no CUDA-capable device is detected";
 	case cudaErrorInvalidDevice:
 		return "invalid device ordinal";
+	case cudaErrorMapBufferObjectFailed:
+		return "mapping of buffer object failed";
 	case cudaErrorNoKernelImageForDevice:
 		return "no kernel image is available for execution on the "
 		       "device";
@@ -337,6 +448,7 @@ extern "C" const char *cudaGetErrorString(cudaError_t e)
 
 extern "C" const char *cudaGetErrorName(cudaError_t e)
 {
+	EMU_API_LOCK();
 #define EMU_NAME(x)                                                            \
 	case x:                                                                \
 		return #x;
@@ -352,6 +464,7 @@ extern "C" const char *cudaGetErrorName(cudaError_t e)
 		EMU_NAME(cudaErrorInsufficientDriver)
 		EMU_NAME(cudaErrorNoDevice)
 		EMU_NAME(cudaErrorInvalidDevice)
+		EMU_NAME(cudaErrorMapBufferObjectFailed)
 		EMU_NAME(cudaErrorNoKernelImageForDevice)
 		EMU_NAME(cudaErrorInvalidResourceHandle)
 		EMU_NAME(cudaErrorNotReady)
@@ -368,6 +481,7 @@ extern "C" const char *cudaGetErrorName(cudaError_t e)
 
 extern "C" cudaError_t cudaGetLastError(void)
 {
+	EMU_API_LOCK();
 	cudaError_t e = last_err;
 	last_err = sticky_err;
 	return e;
@@ -375,6 +489,7 @@ extern "C" cudaError_t cudaGetLastError(void)
 
 extern "C" cudaError_t cudaPeekAtLastError(void)
 {
+	EMU_API_LOCK();
 	return last_err;
 }
 
@@ -382,6 +497,7 @@ extern "C" cudaError_t cudaPeekAtLastError(void)
 
 extern "C" cudaError_t cudaDriverGetVersion(int *version)
 {
+	EMU_API_LOCK();
 	if (!version)
 		return fail(cudaErrorInvalidValue, "cudaDriverGetVersion: NULL");
 	*version = CUDART_VERSION;
@@ -390,6 +506,7 @@ extern "C" cudaError_t cudaDriverGetVersion(int *version)
 
 extern "C" cudaError_t cudaRuntimeGetVersion(int *version)
 {
+	EMU_API_LOCK();
 	if (!version)
 		return fail(cudaErrorInvalidValue, "cudaRuntimeGetVersion: NULL");
 	*version = CUDART_VERSION;
@@ -401,6 +518,7 @@ extern "C" cudaError_t cudaGetDriverEntryPointByVersion(
 	unsigned long long flags,
 	enum cudaDriverEntryPointQueryResult *driverStatus)
 {
+	EMU_API_LOCK();
 	if (!symbol || !funcPtr)
 		return fail(cudaErrorInvalidValue,
 		            "cudaGetDriverEntryPointByVersion: NULL");
@@ -417,6 +535,7 @@ extern "C" cudaError_t cudaGetDriverEntryPointByVersion(
 
 extern "C" cudaError_t cudaGetDeviceCount(int *n)
 {
+	EMU_API_LOCK();
 	if (!n)
 		return fail(cudaErrorInvalidValue, "cudaGetDeviceCount: NULL");
 	*n = 1;
@@ -425,6 +544,7 @@ extern "C" cudaError_t cudaGetDeviceCount(int *n)
 
 extern "C" cudaError_t cudaGetDevice(int *dev)
 {
+	EMU_API_LOCK();
 	if (!dev)
 		return fail(cudaErrorInvalidValue, "cudaGetDevice: NULL");
 	*dev = 0;
@@ -433,6 +553,7 @@ extern "C" cudaError_t cudaGetDevice(int *dev)
 
 extern "C" cudaError_t cudaSetDevice(int dev)
 {
+	EMU_API_LOCK();
 	if (dev != 0)
 		return fail(cudaErrorInvalidDevice,
 		            "cudaSetDevice(%d): the emulator has device 0",
@@ -444,6 +565,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value,
                                               enum cudaDeviceAttr attr,
                                               int dev)
 {
+	EMU_API_LOCK();
 	if (!value)
 		return fail(cudaErrorInvalidValue,
 		            "cudaDeviceGetAttribute: NULL");
@@ -498,6 +620,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value,
 
 extern "C" cudaError_t cudaDeviceSynchronize(void)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	complete_events(nullptr, true);
 	return cudaSuccess;
@@ -506,6 +629,7 @@ extern "C" cudaError_t cudaDeviceSynchronize(void)
 /* As on the device, the only way out of a sticky error. */
 extern "C" cudaError_t cudaDeviceReset(void)
 {
+	EMU_API_LOCK();
 	sticky_err = last_err = cudaSuccess;
 	return cudaSuccess;
 }
@@ -514,6 +638,7 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void *func,
                                             enum cudaFuncAttribute attr,
                                             int value)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!func)
 		return fail(cudaErrorInvalidDevicePointer,
@@ -538,6 +663,7 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void *func,
 
 extern "C" cudaError_t cudaMalloc(void **p, size_t n)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!p)
 		return fail(cudaErrorInvalidValue, "cudaMalloc: NULL");
@@ -545,10 +671,29 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n)
 	if (n == 0)
 		return cudaSuccess;
 	void *m = nullptr;
+	uint64_t serial = next_serial++;
+	int fd = -1;
+	size_t map = 0;
+#ifdef __SANITIZE_ADDRESS__
 	if (posix_memalign(&m, 256, n))
 		return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu)", n);
+#else
+	char name[64];
+	memfd_name(name, sizeof(name), serial);
+	map = page_round(n);
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)n) < 0 ||
+	    (m = mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+	              0)) == MAP_FAILED) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): %s", n,
+		            strerror(e));
+	}
+#endif
 	memset(m, 0xff, n); /* device memory starts out as garbage */
-	allocs[(uintptr_t)m] = alloc_rec{n, next_serial++, 0};
+	allocs[(uintptr_t)m] = alloc_rec{n, serial, 0, fd, map, false, 0};
 	alloc_bytes += n;
 	*p = m;
 	return cudaSuccess;
@@ -556,6 +701,7 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n)
 
 extern "C" cudaError_t cudaFree(void *p)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!p)
 		return cudaSuccess;
@@ -565,6 +711,11 @@ extern "C" cudaError_t cudaFree(void *p)
 		            "cudaFree(%p): not the start of a cudaMalloc "
 		            "allocation",
 		            p);
+	if (it->second.imported)
+		return fail(cudaErrorInvalidValue,
+		            "cudaFree(%p): opened from process %d's IPC handle "
+		            "(cudaIpcCloseMemHandle closes it)",
+		            p, (int)it->second.pid);
 	/* The exporter must not free what an importer still maps. */
 	if (it->second.ipc_opens)
 		return fail(cudaErrorInvalidValue,
@@ -572,15 +723,27 @@ extern "C" cudaError_t cudaFree(void *p)
 		            "cudaIpcOpenMemHandle (%d opens not closed; CUDA "
 		            "leaves this undefined)",
 		            p, it->second.ipc_opens);
+	if (it->second.fd >= 0 && !lock_out_importers(it->second.fd))
+		return fail(cudaErrorInvalidValue,
+		            "cudaFree(%p): another process still has it open "
+		            "through cudaIpcOpenMemHandle (CUDA leaves this "
+		            "undefined)",
+		            p);
 	complete_events(nullptr, true); /* cudaFree waits for the device */
 	alloc_bytes -= it->second.bytes;
+	if (it->second.fd >= 0) {
+		munmap(p, it->second.map_bytes);
+		close(it->second.fd);
+	} else {
+		free(p);
+	}
 	allocs.erase(it);
-	free(p);
 	return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaMallocHost(void **p, size_t n)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!p)
 		return fail(cudaErrorInvalidValue, "cudaMallocHost: NULL");
@@ -597,6 +760,7 @@ extern "C" cudaError_t cudaMallocHost(void **p, size_t n)
 
 extern "C" cudaError_t cudaFreeHost(void *p)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!p)
 		return cudaSuccess;
@@ -609,6 +773,7 @@ extern "C" cudaError_t cudaFreeHost(void *p)
 
 extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
+	EMU_API_LOCK();
 	const size_t total = (size_t)141 << 30; /* an H200's 141 GB */
 	if (free_bytes)
 		*free_bytes = alloc_bytes < total ? total - alloc_bytes : 0;
@@ -620,6 +785,7 @@ extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
                                   enum cudaMemcpyKind kind)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_copy("cudaMemcpy", dst, src, n, n, kind);
 	if (e == cudaSuccess && n)
@@ -631,6 +797,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
                                        enum cudaMemcpyKind kind,
                                        cudaStream_t s)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_stream("cudaMemcpyAsync", s);
 	if (e == cudaSuccess)
@@ -644,6 +811,7 @@ extern "C" cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src,
                                     size_t spitch, size_t width,
                                     size_t height, enum cudaMemcpyKind kind)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (width > dpitch || width > spitch)
 		return fail(cudaErrorInvalidPitchValue,
@@ -668,6 +836,7 @@ extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch,
                                          enum cudaMemcpyKind kind,
                                          cudaStream_t s)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_stream("cudaMemcpy2DAsync", s);
 	if (e != cudaSuccess)
@@ -677,6 +846,7 @@ extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch,
 
 extern "C" cudaError_t cudaMemset(void *p, int value, size_t n)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (n && !is_device(p, n))
 		return fail(cudaErrorInvalidValue,
@@ -691,6 +861,7 @@ extern "C" cudaError_t cudaMemset(void *p, int value, size_t n)
 extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t n,
                                        cudaStream_t s)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_stream("cudaMemsetAsync", s);
 	if (e != cudaSuccess)
@@ -703,6 +874,7 @@ extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t n,
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s,
                                                  unsigned int flags)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!s)
 		return fail(cudaErrorInvalidValue, "cudaStreamCreate: NULL");
@@ -713,11 +885,13 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s,
 
 extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
+	EMU_API_LOCK();
 	return cudaStreamCreateWithFlags(s, cudaStreamDefault);
 }
 
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+	EMU_API_LOCK();
 	if (!s || !streams.erase(s))
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaStreamDestroy(%p): not a created stream",
@@ -736,6 +910,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_stream("cudaStreamSynchronize", s);
 	if (e == cudaSuccess)
@@ -745,6 +920,7 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
 
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t s)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	return check_stream("cudaStreamQuery", s);
 }
@@ -752,6 +928,7 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t s)
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
                                            unsigned int flags)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t r = check_event("cudaStreamWaitEvent", e);
 	if (r != cudaSuccess)
@@ -769,6 +946,7 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e,
                                                 unsigned int flags)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!e)
 		return fail(cudaErrorInvalidValue, "cudaEventCreate: NULL");
@@ -789,11 +967,13 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e,
 
 extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e)
 {
+	EMU_API_LOCK();
 	return cudaEventCreateWithFlags(e, cudaEventDefault);
 }
 
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
+	EMU_API_LOCK();
 	cudaError_t r = check_event("cudaEventDestroy", e);
 	if (r != cudaSuccess)
 		return r;
@@ -805,6 +985,7 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e)
 
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t r = check_event("cudaEventRecord", e);
 	if (r == cudaSuccess)
@@ -823,6 +1004,7 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 /* A never-recorded event is complete, as in CUDA. */
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t r = check_event("cudaEventSynchronize", e);
 	if (r == cudaSuccess)
@@ -834,6 +1016,7 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
  * not return it. */
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t e)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t r = check_event("cudaEventQuery", e);
 	if (r != cudaSuccess)
@@ -848,6 +1031,7 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t e)
 extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
                                             cudaEvent_t end)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!ms || !events.count(start) || !events.count(end))
 		return fail(cudaErrorInvalidResourceHandle,
@@ -864,6 +1048,7 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 
 extern "C" unsigned kvt_emu_set_event_lag(unsigned n)
 {
+	EMU_API_LOCK();
 	unsigned old = event_lag;
 	event_lag = n;
 	return old;
@@ -874,6 +1059,7 @@ extern "C" unsigned kvt_emu_set_event_lag(unsigned n)
 extern "C" cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle,
                                            void *devPtr)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!handle)
 		return fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle: NULL");
@@ -887,8 +1073,15 @@ extern "C" cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle,
 	memset(&b, 0, sizeof(b));
 	memcpy(b.magic, IPC_MEM, sizeof(b.magic));
 	b.pid = (int32_t)getpid();
+	b.fd = it->second.fd;
 	b.base = it->first;
 	b.serial = it->second.serial;
+	b.bytes = it->second.bytes;
+	if (it->second.imported)
+		return fail(cudaErrorInvalidValue,
+		            "cudaIpcGetMemHandle(%p): opened from another "
+		            "process's handle",
+		            devPtr);
 	memcpy(handle->reserved, &b, sizeof(b));
 	return cudaSuccess;
 }
@@ -897,6 +1090,7 @@ extern "C" cudaError_t cudaIpcOpenMemHandle(void **devPtr,
                                             cudaIpcMemHandle_t handle,
                                             unsigned int flags)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!devPtr)
 		return fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: NULL");
@@ -911,8 +1105,11 @@ extern "C" cudaError_t cudaIpcOpenMemHandle(void **devPtr,
 	                           IPC_MEM, &b);
 	if (r != cudaSuccess)
 		return r;
+	if (b.pid != (int32_t)getpid())
+		return ipc_import(b, devPtr);
 	auto it = allocs.find((uintptr_t)b.base);
-	if (it == allocs.end() || it->second.serial != b.serial)
+	if (it == allocs.end() || it->second.imported ||
+	    it->second.serial != b.serial)
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaIpcOpenMemHandle: the allocation at %#llx was "
 		            "freed",
@@ -924,6 +1121,7 @@ extern "C" cudaError_t cudaIpcOpenMemHandle(void **devPtr,
 
 extern "C" cudaError_t cudaIpcCloseMemHandle(void *devPtr)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	auto it = allocs.find((uintptr_t)devPtr);
 	if (it == allocs.end() || !it->second.ipc_opens)
@@ -931,13 +1129,18 @@ extern "C" cudaError_t cudaIpcCloseMemHandle(void *devPtr)
 		            "cudaIpcCloseMemHandle(%p): not opened with "
 		            "cudaIpcOpenMemHandle",
 		            devPtr);
-	it->second.ipc_opens--;
+	if (--it->second.ipc_opens == 0 && it->second.imported) {
+		munmap(devPtr, it->second.map_bytes);
+		close(it->second.fd); /* drops the shared lock */
+		allocs.erase(it);
+	}
 	return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
                                              cudaEvent_t event)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!handle)
 		return fail(cudaErrorInvalidValue, "cudaIpcGetEventHandle: NULL");
@@ -965,6 +1168,7 @@ extern "C" cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
 extern "C" cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
                                               cudaIpcEventHandle_t handle)
 {
+	EMU_API_LOCK();
 	EMU_STICKY();
 	if (!event)
 		return fail(cudaErrorInvalidValue, "cudaIpcOpenEventHandle: NULL");
@@ -973,6 +1177,16 @@ extern "C" cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
 	                           IPC_EV, &b);
 	if (r != cudaSuccess)
 		return r;
+	if (b.pid != (int32_t)getpid()) {
+		/* Another process's event: its records happen there, and all
+		 * work there has run when it is recorded, so this one is a
+		 * new event that is always complete (never recorded here). */
+		*event = new CUevent_st{
+			cudaEventInterprocess | cudaEventDisableTiming,
+			std::make_shared<emu_event_state>()};
+		events.insert(*event);
+		return cudaSuccess;
+	}
 	auto it = ipc_events.find(b.serial);
 	std::shared_ptr<emu_event_state> st;
 	if (it != ipc_events.end())

@@ -42,6 +42,7 @@ typedef enum cudaError {
 	cudaErrorInvalidMemcpyDirection = 21,
 	cudaErrorInsufficientDriver = 35,
 	cudaErrorNoDevice = 100,
+	cudaErrorMapBufferObjectFailed = 205,
 	cudaErrorInvalidDevice = 101,
 	cudaErrorNoKernelImageForDevice = 209,
 	cudaErrorInvalidResourceHandle = 400,
