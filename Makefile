@@ -198,8 +198,9 @@ eval: $(TRAIN) $(EVAL) $(DAEMON)
 # deps first, then a fresh make: on a new machine the pkg-config flags above
 # only exist once deps has installed the packages.
 # The integration suites ("suite." of every TEST in tests/integration/):
-# `make test` runs them once more on the cuda backend under the CPU
-# emulator (tests/kernels/emu/emu.mk, docs/cuda.md).
+# `make test` runs them twice more on the cuda backend under the CPU
+# emulator (tests/kernels/emu/emu.mk, docs/cuda.md): in vmm mode (the
+# default there, as on an H100/H200) and with KVTRIM_CUDA_SHARE=ipc.
 comma := ,
 INTEGRATION_SUITES = $(sort $(shell sed -En \
   's/^TEST(_T)?.([a-z_]+),.*/\2./p' tests/integration/*.c))
@@ -211,10 +212,17 @@ test check: deps
 	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
 	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) $(INTEGRATION_SUITES))
+	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
+	  KVTRIM_CUDA_SHARE=ipc KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
+	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) $(INTEGRATION_SUITES))
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  sh scripts/loadgen-cuda.sh $(B)/bin streaming streaming:sinks=4$(comma)tokens=64)
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  sh scripts/loadgen-cuda.sh $(B)/bin h2o h2o:tokens=96)
+	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
+	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_streaming streaming:sinks=4$(comma)tokens=64 ipc)
+	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
+	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_h2o h2o:tokens=96 ipc)
 
 bench: deps
 	@$(MAKE) --no-print-directory all

@@ -21,7 +21,8 @@
  * Threads: a context is used from one thread at a time.
  *
  * The CPU emulator (tests/kernels/emu/, docs/cuda.md) compiles this file
- * with g++ too: it has no driver API, so it runs the ipc mode.
+ * with g++ too, and emulates the driver's VMM entry points, so both modes
+ * run there (`make test`).
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -38,9 +39,9 @@
 #include "common.cuh"
 #include "compact.cuh"
 
-/* The emulator fills the executable's thread-local block before every
- * thread block it runs (its __shared__ variables live there) and runs on
- * one host thread, so there the text is a plain static. */
+/* The emulator fills its own thread-local block before every thread block
+ * it runs (its __shared__ variables live there) and lets one host thread
+ * at a time in, so there the text is a plain static. */
 #ifdef KVT_CUDA_EMU
 static char bc_err[256];
 #else
@@ -361,9 +362,8 @@ static int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
 		const char *force = getenv("KVTRIM_CUDA_SHARE");
 		int can_vmm = 0;
 		bc_err[0] = '\0';
-		/* A driver without the cuMem* entry points (and the CPU
-		 * emulator, which has no driver API) cannot do VMM, but legacy
-		 * IPC needs only the runtime: fall back to it, as for a device
+		/* A driver without the cuMem* entry points cannot do VMM, but
+		 * legacy IPC needs only the runtime: fall back to it, as for a device
 		 * without VMM.  bc_err then names the missing entry point,
 		 * which KVTRIM_CUDA_SHARE=vmm reports below. */
 		if (bc_drv_load() == 0 &&

@@ -7,9 +7,11 @@
  * Without a device every test skips with the reason.  The same file also
  * builds, against the CPU emulator of tests/kernels/emu/ (KVT_CUDA_EMU),
  * into kvtrim-cuda-emu-tests, which runs the kernels and backend_cuda.cu
- * (in its legacy-IPC mode: the emulator has no driver API) without a GPU;
- * only the tests that need two processes to share device memory skip
- * there, and backend_share_in_one_process runs their steps in one.
+ * without a GPU, in both sharing modes (the emulator has the driver's VMM
+ * calls, tests/kernels/emu/driver.cc), across two processes too;
+ * backend_share_in_one_process and backend_without_vmm test there what a
+ * GPU does not allow (two contexts of one process sharing; a driver
+ * without VMM).
  *
  * Tolerances (|gpu - cpu| <= atol + rtol * |cpu|, NaN/Inf checked first):
  *   append_kv, compact, select_*      exact (bytes / drop sets equal)
@@ -979,8 +981,10 @@ TEST(cuda, backend_probe_and_chunk)
 	T_ASSERT(mode && (!strcmp(mode, "vmm") || !strcmp(mode, "ipc")));
 	fprintf(stderr, "    sharing mode: %s\n", mode);
 #ifdef KVT_CUDA_EMU
-	/* no driver API there: the backend falls back to legacy IPC */
-	T_EQ_STR(mode, "ipc");
+	/* the emulated device has VMM, like an H100/H200; without it, see
+	 * backend_without_vmm */
+	if (!getenv("KVTRIM_CUDA_SHARE"))
+		T_EQ_STR(mode, "vmm");
 #endif
 	T_EQ(o->share(ctx), !strcmp(mode, "vmm") ? KVT_BACKEND_SHARE_VMM
 	                                         : KVT_BACKEND_SHARE_IPC);
@@ -1094,53 +1098,46 @@ TEST(cuda, backend_compact)
 }
 
 #ifdef KVT_CUDA_EMU
-/* Two processes cannot share the emulator's device memory (it is each
- * process's heap), so the cross-process tests skip there;
- * backend_share_in_one_process below runs their steps in one process. */
-#define EMU_NO_SHARING()                                                       \
-	T_SKIP("cuda emulator: two processes cannot share emulated device "   \
-	       "memory (backend_share_in_one_process covers one process)")
-
-TEST(cuda, backend_share_across_processes)
-{
-	EMU_NO_SHARING();
-}
-
-TEST(cuda, backend_share_legacy_ipc)
-{
-	EMU_NO_SHARING();
-}
-
 /*
  * The steps of cross_process below, exporter and importer in one process
- * (two contexts), which the emulator allows and CUDA does not: an ipc
- * chunk is imported from its 64 handle bytes, an interprocess event opened
- * from its handle; each side writes, records, and the other waits and
- * reads.  The importer closes the chunk before the exporter frees it; the
- * emulator refuses to free memory still open through a handle, which the
- * device-memory count at the end would show.
+ * (two contexts), which the emulator allows and CUDA does not, in both
+ * sharing modes: the chunk is imported from its fd (vmm) or its 64 handle
+ * bytes (ipc), an interprocess event opened from its handle; each side
+ * writes, records, and the other waits and reads.  In ipc mode the
+ * importer closes the chunk before the exporter frees it (the emulator
+ * refuses to free memory still open through a handle, which the
+ * device-memory count at the end would show).  In vmm mode the exporter
+ * frees first and the importer still reads the bytes: its mapping holds
+ * the memory, as the driver's reference count does, until it unmaps.
  */
-TEST(cuda, backend_share_in_one_process)
+static void share_in_one_process(const char *share)
 {
 	const struct kvt_backend_ops *o = cuda_ops();
 	void *ex, *im, *se, *si;
 	const char *mode = NULL;
 	char err[256];
 	size_t free0 = 0, free1 = 0, total = 0;
+	const int vmm = !strcmp(share, "vmm");
+	fprintf(stderr, "    mode %s\n", share);
+	setenv("KVTRIM_CUDA_SHARE", share, 1);
 	CK(cudaMemGetInfo(&free0, &total));
 	T_OK(o->ctx_new(0, &ex, &mode, err, sizeof(err)));
-	T_EQ_STR(mode, "ipc");
+	T_EQ_STR(mode, share);
 	T_OK(o->ctx_new(0, &im, NULL, err, sizeof(err)));
 	T_OK(o->stream_new(ex, &se));
 	T_OK(o->stream_new(im, &si));
 	struct kvt_backend_chunk c, ic, bad;
 	struct kvt_backend_event e, ie;
 	T_OK(o->chunk_new(ex, KVT_CHUNK_BYTES, &c));
-	T_EQ(c.fd, -1);
+	if (vmm)
+		T_ASSERT(c.fd >= 0);
+	else
+		T_EQ(c.fd, -1);
 	T_OK(o->event_new(ex, &e));
 	T_EQ(e.owner, 1);
-	T_OK(o->chunk_import(im, -1, c.ipc, c.bytes, &ic));
+	T_OK(o->chunk_import(im, c.fd, vmm ? NULL : c.ipc, c.bytes, &ic));
 	T_ASSERT(ic.base != NULL);
+	T_ASSERT(ic.base != c.base || !vmm); /* a mapping of its own */
 	T_EQ(ic.fd, -1);
 	T_EQ_U64(ic.bytes, c.bytes);
 	T_OK(o->event_open(im, e.handle, &ie));
@@ -1165,12 +1162,19 @@ TEST(cuda, backend_share_in_one_process)
 	T_OK(o->copy(ex, got, c.base, n, se));
 	T_ASSERT(memcmp(got, want, n) == 0);
 
-	/* ipc mode has no driver VMM: an fd is refused, not crashed on */
+	/* an fd that is no VMM export is refused, not crashed on */
 	int fd = open("/dev/null", O_RDONLY);
 	T_ASSERT(fd >= 0);
-	T_ERR(o->chunk_import(im, fd, NULL, KVT_CHUNK_BYTES, &bad), KVT_ENOTSUP);
+	T_ERR(o->chunk_import(im, fd, NULL, KVT_CHUNK_BYTES, &bad), KVT_EINVAL);
 	T_ASSERT(bad.base == NULL);
 	close(fd);
+	fprintf(stderr, "    %s\n", o->last_error());
+	/* a size that is no multiple of the granularity is refused */
+	if (vmm) {
+		T_ERR(o->chunk_import(im, c.fd, NULL, c.bytes - 4096, &bad),
+		      KVT_EINVAL);
+		T_ASSERT(bad.base == NULL);
+	}
 	/* bytes that are no handle are refused */
 	uint8_t junk[KVT_BACKEND_IPC_BYTES];
 	memset(junk, 0x5a, sizeof(junk));
@@ -1178,13 +1182,33 @@ TEST(cuda, backend_share_in_one_process)
 	T_ASSERT(bad.base == NULL);
 	fprintf(stderr, "    %s\n", o->last_error());
 
+	void *ib = ic.base;
 	o->event_free(im, &ie);
-	o->chunk_unmap(im, &ic);
+	if (vmm) {
+		/* the exporter goes first; the importer's mapping still reads
+		 * the bytes, then gives them back when it unmaps */
+		o->event_free(ex, &e);
+		o->chunk_free(ex, &c);
+		T_ASSERT(c.base == NULL);
+		T_EQ(c.fd, -1);
+		memset(got, 0, n);
+		T_OK(o->copy(im, got, ic.base, n, si));
+		T_ASSERT(memcmp(got, want, n) == 0);
+		CK(cudaMemGetInfo(&free1, &total));
+		T_EQ_U64(free0 - free1, n); /* held by the mapping */
+		o->chunk_unmap(im, &ic);
+	} else {
+		o->chunk_unmap(im, &ic);
+		o->event_free(ex, &e);
+		o->chunk_free(ex, &c);
+	}
 	T_ASSERT(ic.base == NULL);
+	/* the unmapped range is no device memory any more */
+	T_EQ(cudaMemcpy(got, ib, 16, cudaMemcpyDeviceToHost),
+	     cudaErrorInvalidValue);
+	(void)cudaGetLastError();
 	o->stream_free(im, si);
 	o->ctx_free(im);
-	o->event_free(ex, &e);
-	o->chunk_free(ex, &c);
 	o->stream_free(ex, se);
 	o->ctx_free(ex);
 	CK(cudaGetLastError());
@@ -1192,8 +1216,73 @@ TEST(cuda, backend_share_in_one_process)
 	T_EQ_U64(free1, free0); /* every byte went back, the chunk's too */
 	free(want);
 	free(got);
+	unsetenv("KVTRIM_CUDA_SHARE");
 }
-#else
+
+TEST(cuda, backend_share_in_one_process)
+{
+	share_in_one_process("vmm");
+	share_in_one_process("ipc");
+}
+
+/*
+ * A driver without VMM (kvt_emu_set_driver, emulator only; the backend
+ * caches the driver entry points, so each case runs in a child of its
+ * own): the backend falls back to legacy IPC, KVTRIM_CUDA_SHARE=vmm fails
+ * and says why, and a VMM chunk (an fd) cannot be imported.
+ */
+static int without_vmm(int level)
+{
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	void *ctx;
+	const char *mode = NULL;
+	char err[256];
+	struct kvt_backend_chunk c;
+	kvt_emu_set_driver(level);
+	unsetenv("KVTRIM_CUDA_SHARE");
+	if (o->ctx_new(0, &ctx, &mode, err, sizeof(err)) || strcmp(mode, "ipc"))
+		return 1;
+	if (o->chunk_new(ctx, KVT_CHUNK_BYTES, &c) || c.fd != -1)
+		return 2;
+	o->chunk_free(ctx, &c);
+	int fd = open("/dev/null", O_RDONLY);
+	int rv = o->chunk_import(ctx, fd, NULL, KVT_CHUNK_BYTES, &c);
+	close(fd);
+	fprintf(stderr, "    import of an fd: %s\n", o->last_error());
+	if (level == KVT_EMU_DRIVER_NONE ? rv != KVT_ENOTSUP : rv >= 0)
+		return 3;
+	o->ctx_free(ctx);
+	setenv("KVTRIM_CUDA_SHARE", "vmm", 1);
+	if (o->ctx_new(0, &ctx, NULL, err, sizeof(err)) != KVT_ENOTSUP)
+		return 4;
+	fprintf(stderr, "    %s\n", err);
+	if (!strstr(err, "KVTRIM_CUDA_SHARE=vmm") ||
+	    !strstr(err, level == KVT_EMU_DRIVER_NONE ? "entry point"
+	                                              : "cannot export"))
+		return 5;
+	return 0;
+}
+
+TEST(cuda, backend_without_vmm)
+{
+	cuda_ops();
+	for (int level = KVT_EMU_DRIVER_NONE; level <= KVT_EMU_DRIVER_NO_VMM;
+	     level++) {
+		pid_t pid = fork();
+		T_ASSERT(pid >= 0);
+		if (pid == 0)
+			_exit(without_vmm(level));
+		int st = 0;
+		T_EQ(waitpid(pid, &st, 0), pid);
+		T_ASSERT(WIFEXITED(st));
+		if (WEXITSTATUS(st))
+			th_fail(__FILE__, __LINE__,
+			        "driver level %d: step %d failed", level,
+			        WEXITSTATUS(st));
+	}
+}
+#endif /* KVT_CUDA_EMU */
+
 static int send_fd(int sock, int fd, const void *buf, size_t len)
 {
 	struct iovec iov = {(void *)buf, len};
@@ -1310,6 +1399,11 @@ static void cross_process(const char *share)
 	T_OK(o->ctx_new(0, &ctx, &mode, err, sizeof(err)));
 	if (share)
 		T_EQ_STR(mode, share);
+#ifdef KVT_CUDA_EMU
+	else
+		T_EQ_STR(mode, "vmm"); /* as on an H100/H200 */
+#endif
+	fprintf(stderr, "    sharing mode: %s\n", mode);
 	T_OK(o->stream_new(ctx, &s));
 	struct kvt_backend_chunk c;
 	struct kvt_backend_event e;
@@ -1358,6 +1452,12 @@ TEST_T(cuda, backend_share_across_processes, 60)
 
 TEST_T(cuda, backend_share_legacy_ipc, 60)
 {
+#if defined(KVT_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
+	/* emulated device memory is the heap under ASan (runtime.cc) */
+	T_SKIP("cuda emulator under ASan: cudaMalloc memory is heap, not "
+	       "shared between processes (backend_share_in_one_process "
+	       "covers ipc)");
+#endif
 	pid_t pid = fork();
 	T_ASSERT(pid >= 0);
 	if (pid == 0) {
@@ -1370,7 +1470,6 @@ TEST_T(cuda, backend_share_legacy_ipc, 60)
 		T_SKIP("no usable CUDA device");
 	cross_process("ipc");
 }
-#endif /* KVT_CUDA_EMU */
 
 /*
  * ABI 3: copy (kvt_memcpy), private device memory, and upload_regions (the

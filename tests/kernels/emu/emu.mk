@@ -8,9 +8,9 @@
 # needs neither nvcc nor any CUDA header or library, works with
 # SANITIZER=address (build/san-address/), and is part of `all`.
 #
-# backend_cuda.cu is in too: the emulator has no driver API, so the
-# backend runs its legacy-IPC mode; in the test binary its handles are
-# opened in the one process, and the two tests that fork an importer skip.
+# backend_cuda.cu is in too, in its vmm mode by default (driver.cc
+# emulates the driver's VMM calls with memfds) and in legacy-IPC mode with
+# KVTRIM_CUDA_SHARE=ipc; the tests that fork an importer run in both.
 #
 # Outside sanitizer builds it also links the same objects (less the
 # emulator's own tests) into

@@ -34,8 +34,23 @@ std::recursive_mutex &big_lock(void);
 	std::lock_guard<std::recursive_mutex> emu_api_guard_(                  \
 		kvt_emu::big_lock())
 
-/* 1 when [p, p + n) lies inside one cudaMalloc allocation. */
+/* 1 when [p, p + n) lies inside one cudaMalloc allocation (or one
+ * accessible cuMemMap mapping, driver.cc). */
 bool is_device(const void *p, size_t n);
+
+/* driver.cc: a VMM mapping made accessible (cuMemSetAccess) is recorded as
+ * device memory, so that copies, memsets and cuBLAS accept it; cudaFree
+ * and cudaIpcGetMemHandle refuse it.  Dropped again at cuMemUnmap or when
+ * access goes back to none.  add_device_bytes counts cuMemCreate's
+ * allocations in cudaMemGetInfo (negative when one is gone). */
+void add_vmm_range(void *base, size_t bytes);
+void drop_vmm_range(void *base);
+void add_device_bytes(long long n);
+/* driver.cc: the emulated driver entry point named symbol, or NULL (not
+ * emulated, or hidden by kvt_emu_set_vmm). */
+void *driver_entry(const char *symbol);
+/* Completes every queued event, as a device-wide synchronisation does. */
+void complete_all_events(void);
 bool is_stream(cudaStream_t s);
 
 /* cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of a kernel, or -1. */

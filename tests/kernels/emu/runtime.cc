@@ -73,6 +73,7 @@ struct alloc_rec {
 	size_t map_bytes; /* of the mapping (bytes rounded up to a page) */
 	bool imported;   /* mapped from another process's handle */
 	int32_t pid;     /* imported: the exporter and its serial */
+	bool vmm;        /* a cuMemMap mapping (driver.cc), not cudaMalloc */
 };
 
 std::map<uintptr_t, alloc_rec> allocs; /* base -> allocation or import */
@@ -312,7 +313,7 @@ cudaError_t ipc_import(const ipc_bytes &b, void **out)
 		            "%s",
 		            path, (unsigned long long)b.bytes, strerror(errno));
 	}
-	alloc_rec r{(size_t)b.bytes, b.serial, 1, fd, map, true, b.pid};
+	alloc_rec r{(size_t)b.bytes, b.serial, 1, fd, map, true, b.pid, false};
 	allocs[(uintptr_t)m] = r;
 	*out = m;
 	return cudaSuccess;
@@ -381,6 +382,29 @@ bool is_stream(cudaStream_t s)
 {
 	return !s || s == cudaStreamLegacy || s == cudaStreamPerThread ||
 	       streams.count(s);
+}
+
+void add_vmm_range(void *base, size_t bytes)
+{
+	allocs[(uintptr_t)base] =
+		alloc_rec{bytes, next_serial++, 0, -1, 0, false, 0, true};
+}
+
+void drop_vmm_range(void *base)
+{
+	auto it = allocs.find((uintptr_t)base);
+	if (it != allocs.end() && it->second.vmm)
+		allocs.erase(it);
+}
+
+void add_device_bytes(long long n)
+{
+	alloc_bytes += (size_t)n;
+}
+
+void complete_all_events(void)
+{
+	complete_events(nullptr, true);
 }
 
 int func_max_dyn_smem(const void *func)
@@ -528,8 +552,10 @@ extern "C" cudaError_t cudaGetDriverEntryPointByVersion(
 		            "cudaGetDriverEntryPointByVersion(%s): version %u "
 		            "beyond the driver's %d",
 		            symbol, cudaVersion, CUDART_VERSION);
+	*funcPtr = driver_entry(symbol);
 	if (driverStatus)
-		*driverStatus = cudaDriverEntryPointSymbolNotFound;
+		*driverStatus = *funcPtr ? cudaDriverEntryPointSuccess
+		                         : cudaDriverEntryPointSymbolNotFound;
 	return cudaSuccess;
 }
 
@@ -693,7 +719,7 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n)
 	}
 #endif
 	memset(m, 0xff, n); /* device memory starts out as garbage */
-	allocs[(uintptr_t)m] = alloc_rec{n, serial, 0, fd, map, false, 0};
+	allocs[(uintptr_t)m] = alloc_rec{n, serial, 0, fd, map, false, 0, false};
 	alloc_bytes += n;
 	*p = m;
 	return cudaSuccess;
@@ -710,6 +736,11 @@ extern "C" cudaError_t cudaFree(void *p)
 		return fail(cudaErrorInvalidValue,
 		            "cudaFree(%p): not the start of a cudaMalloc "
 		            "allocation",
+		            p);
+	if (it->second.vmm)
+		return fail(cudaErrorInvalidValue,
+		            "cudaFree(%p): mapped with cuMemMap (cuMemUnmap "
+		            "unmaps it)",
 		            p);
 	if (it->second.imported)
 		return fail(cudaErrorInvalidValue,
@@ -1082,6 +1113,11 @@ extern "C" cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle,
 		            "cudaIpcGetMemHandle(%p): opened from another "
 		            "process's handle",
 		            devPtr);
+	if (it->second.vmm)
+		return fail(cudaErrorInvalidValue,
+		            "cudaIpcGetMemHandle(%p): a cuMemMap mapping (VMM "
+		            "memory is shared through cuMemExportToShareableHandle)",
+		            devPtr);
 	memcpy(handle->reserved, &b, sizeof(b));
 	return cudaSuccess;
 }
@@ -1108,7 +1144,7 @@ extern "C" cudaError_t cudaIpcOpenMemHandle(void **devPtr,
 	if (b.pid != (int32_t)getpid())
 		return ipc_import(b, devPtr);
 	auto it = allocs.find((uintptr_t)b.base);
-	if (it == allocs.end() || it->second.imported ||
+	if (it == allocs.end() || it->second.imported || it->second.vmm ||
 	    it->second.serial != b.serial)
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaIpcOpenMemHandle: the allocation at %#llx was "

@@ -8,7 +8,10 @@
  *
  * Run: build/bin/kvtrim-cuda-emu-tests cuda_emu
  */
+#include <fcntl.h>
 #include <math.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 
 #include "common.cuh"
 #include "cublas_v2.h"
+#include "cudaTypedefs.h"
 
 extern "C" {
 #include "kernels.h"
@@ -559,13 +563,95 @@ TEST(cuda_emu, ipc_memory_across_processes)
 }
 #endif
 
-/* No driver API: every entry point is "not found", so code that needs
- * one (the backend's VMM) takes its fallback. */
-TEST(cuda_emu, no_driver_entry_points)
+/* ------------------------------------------------------- driver (VMM) */
+
+/* The driver's VMM calls, found as the backend finds them. */
+static struct {
+	PFN_cuGetErrorString_v6000 errstr;
+	PFN_cuDeviceGet_v2000 devget;
+	PFN_cuDeviceGetAttribute_v2000 attr;
+	PFN_cuMemGetAllocationGranularity_v10020 gran;
+	PFN_cuMemCreate_v10020 create;
+	PFN_cuMemRelease_v10020 release;
+	PFN_cuMemExportToShareableHandle_v10020 exp;
+	PFN_cuMemImportFromShareableHandle_v10020 imp;
+	PFN_cuMemAddressReserve_v10020 reserve;
+	PFN_cuMemAddressFree_v10020 afree;
+	PFN_cuMemMap_v10020 map;
+	PFN_cuMemUnmap_v10020 unmap;
+	PFN_cuMemSetAccess_v10020 access;
+} cu;
+
+static void *entry(const char *sym)
+{
+	void *fn = nullptr;
+	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+	CK(cudaGetDriverEntryPointByVersion(sym, &fn, 12000, cudaEnableDefault,
+	                                    &q));
+	if (q != cudaDriverEntryPointSuccess || !fn)
+		th_fail(__FILE__, __LINE__, "%s not found", sym);
+	return fn;
+}
+
+static void load_driver(void)
+{
+#define LOAD(f, sym) cu.f = (decltype(cu.f))entry(sym)
+	LOAD(errstr, "cuGetErrorString");
+	LOAD(devget, "cuDeviceGet");
+	LOAD(attr, "cuDeviceGetAttribute");
+	LOAD(gran, "cuMemGetAllocationGranularity");
+	LOAD(create, "cuMemCreate");
+	LOAD(release, "cuMemRelease");
+	LOAD(exp, "cuMemExportToShareableHandle");
+	LOAD(imp, "cuMemImportFromShareableHandle");
+	LOAD(reserve, "cuMemAddressReserve");
+	LOAD(afree, "cuMemAddressFree");
+	LOAD(map, "cuMemMap");
+	LOAD(unmap, "cuMemUnmap");
+	LOAD(access, "cuMemSetAccess");
+#undef LOAD
+}
+
+#define CU_OK(x) T_EQ((int)(x), (int)CUDA_SUCCESS)
+#define CU_ERR(x, e) T_EQ((int)(x), (int)(e))
+
+static CUmemAllocationProp vmm_prop(void)
+{
+	CUmemAllocationProp p;
+	memset(&p, 0, sizeof(p));
+	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p.location.id = 0;
+	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	return p;
+}
+
+static CUresult set_rw(CUdeviceptr p, size_t n, CUmemAccess_flags f)
+{
+	CUmemAccessDesc d;
+	memset(&d, 0, sizeof(d));
+	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	d.location.id = 0;
+	d.flags = f;
+	return cu.access(p, n, &d, 1);
+}
+
+static __global__ void k_iota(unsigned *p, unsigned n, unsigned base)
+{
+	unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n)
+		p[i] = base + i;
+}
+
+/* The entry points the backend asks for are there, others are not; a
+ * version beyond the driver's is refused; kvt_emu_set_driver takes them
+ * away and gives them back. */
+TEST(cuda_emu, driver_entry_points)
 {
 	void *fn = (void *)&fn;
 	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSuccess;
-	CK(cudaGetDriverEntryPointByVersion("cuMemCreate", &fn, 12000,
+	load_driver();
+	CK(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, 12000,
 	                                    cudaEnableDefault, &q));
 	T_ASSERT(fn == nullptr);
 	T_EQ(q, cudaDriverEntryPointSymbolNotFound);
@@ -573,11 +659,308 @@ TEST(cuda_emu, no_driver_entry_points)
 	                                      cudaEnableDefault, &q),
 	     cudaErrorInvalidValue);
 	(void)cudaGetLastError();
-	int v = 0;
+	T_EQ(kvt_emu_set_driver(KVT_EMU_DRIVER_NONE), KVT_EMU_DRIVER_VMM);
+	CK(cudaGetDriverEntryPointByVersion("cuMemCreate", &fn, 12000,
+	                                    cudaEnableDefault, &q));
+	T_ASSERT(fn == nullptr);
+	T_EQ(q, cudaDriverEntryPointSymbolNotFound);
+	T_EQ(kvt_emu_set_driver(KVT_EMU_DRIVER_NO_VMM), KVT_EMU_DRIVER_NONE);
+	int v = -1;
+	CU_OK(cu.attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+	              0));
+	T_EQ(v, 0);
+	kvt_emu_set_driver(KVT_EMU_DRIVER_VMM);
 	CK(cudaDriverGetVersion(&v));
 	T_EQ(v, CUDART_VERSION);
 	CK(cudaSetDevice(0));
 	CK(cudaFree(nullptr));
+}
+
+/*
+ * Within one process: device, attributes, granularity; create, reserve,
+ * map, access, unmap, free, release, with the arguments the driver
+ * refuses; a mapping is device memory for copies, memsets, kernels and
+ * cuBLAS only while it is accessible; two mappings of one allocation (one
+ * through an exported and imported fd) see the same bytes; the memory
+ * lives while a mapping holds it, after cuMemRelease.
+ */
+TEST(cuda_emu, vmm_in_one_process)
+{
+	load_driver();
+	const size_t G = (size_t)2 << 20;
+	CUdevice dev = -1;
+	int v = 0;
+	const char *str = nullptr;
+	CU_OK(cu.devget(&dev, 0));
+	T_EQ(dev, 0);
+	CU_ERR(cu.devget(&dev, 1), CUDA_ERROR_INVALID_DEVICE);
+	CU_OK(cu.attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+	              0));
+	T_EQ(v, 1);
+	CU_OK(cu.attr(&v,
+	              CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+	              0));
+	T_EQ(v, 1);
+	CU_ERR(cu.attr(&v, (CUdevice_attribute)1, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.errstr(CUDA_ERROR_INVALID_VALUE, &str));
+	T_EQ_STR(str, "invalid argument");
+	CU_ERR(cu.errstr((CUresult)12345, &str), CUDA_ERROR_INVALID_VALUE);
+	T_ASSERT(str == nullptr);
+
+	CUmemAllocationProp prop = vmm_prop(), bad = prop;
+	size_t g = 0;
+	CU_OK(cu.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	T_EQ_U64(g, G);
+	CU_OK(cu.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+	T_EQ_U64(g, G);
+	bad.location.id = 1;
+	CU_ERR(cu.gran(&g, &bad, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+	       CUDA_ERROR_INVALID_DEVICE);
+
+	size_t free0 = 0, free1 = 0, total = 0;
+	CK(cudaMemGetInfo(&free0, &total));
+	CUmemGenericAllocationHandle h = 0, h2 = 0;
+	CU_ERR(cu.create(&h, G + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.create(&h, 0, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.create(&h, G, &prop, 1), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.create(&h, G, &bad, 0), CUDA_ERROR_INVALID_DEVICE);
+	CU_OK(cu.create(&h, 2 * G, &prop, 0));
+	CK(cudaMemGetInfo(&free1, &total));
+	T_EQ_U64(free0 - free1, 2 * G);
+
+	/* export: an fd the caller owns, of a memfd of the size */
+	int fd = -1;
+	CU_ERR(cu.exp(&fd, h, CU_MEM_HANDLE_TYPE_NONE, 0),
+	       CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+	T_ASSERT(fd >= 0);
+	struct stat st;
+	T_EQ(fstat(fd, &st), 0);
+	T_EQ_U64((uint64_t)st.st_size, 2 * G);
+	CUmemAllocationProp noexp = prop;
+	noexp.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	CU_OK(cu.create(&h2, G, &noexp, 0));
+	int fd2 = -1;
+	CU_ERR(cu.exp(&fd2, h2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+	       CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.release(h2));
+	CU_ERR(cu.release(h2), CUDA_ERROR_INVALID_VALUE);
+
+	/* reserve: whole granules, aligned */
+	CUdeviceptr r = 0, r2 = 0;
+	CU_ERR(cu.reserve(&r, G + 1, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.reserve(&r, G, 3 * G, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.reserve(&r, 4 * G, 4 * G, 0, 0));
+	T_EQ_U64(r % (4 * G), 0);
+	CU_OK(cu.reserve(&r2, 2 * G, 0, 0, 0));
+	T_EQ_U64(r2 % G, 0);
+
+	/* map: inside one reservation, offset 0, over no other mapping */
+	CU_ERR(cu.map(r + 3 * G, 2 * G, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.map(r + 4096, 2 * G, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.map(r, 2 * G, G, h, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.map(r, 4 * G, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.map(r, 2 * G, 0, h + 99, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.map(r, 2 * G, 0, h, 0));
+	CU_ERR(cu.map(r + G, 2 * G, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.map(r, 2 * G, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+
+	/* not device memory until access is set; then it is, and holds the
+	 * garbage (0xff) new device memory holds */
+	unsigned *d = (unsigned *)(uintptr_t)r;
+	const unsigned n = (unsigned)(2 * G / 4);
+	std::vector<unsigned> hv(n);
+	T_EQ(cudaMemset(d, 0, 64), cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+	CU_ERR(set_rw(r, G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+	       CUDA_ERROR_INVALID_VALUE); /* part of a mapping */
+	CU_ERR(set_rw(r + 2 * G, 2 * G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+	       CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
+	CU_OK(set_rw(r, 2 * G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	hv = download(d, n);
+	T_EQ(hv[0], 0xffffffffu);
+	T_EQ(hv[n - 1], 0xffffffffu);
+	KVT_LAUNCH(k_iota, (n + 255) / 256, 256, 0, 0, d, n, 7u);
+	CK(cudaGetLastError());
+	hv = download(d, n);
+	for (unsigned i = 0; i < n; i += 4099)
+		T_EQ(hv[i], 7u + i);
+	T_EQ(hv[n - 1], 7u + n - 1);
+	T_EQ(cudaMemcpy(hv.data(), d, 2 * G + 4, cudaMemcpyDeviceToHost),
+	     cudaErrorInvalidValue); /* beyond the mapping */
+	(void)cudaGetLastError();
+	/* a mapping is no cudaMalloc allocation */
+	cudaIpcMemHandle_t ih;
+	T_EQ(cudaFree(d), cudaErrorInvalidValue);
+	T_EQ(cudaIpcGetMemHandle(&ih, d), cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+
+	/* import the fd (the caller keeps it), map it too: same bytes */
+	CUmemGenericAllocationHandle hi = 0;
+	CU_ERR(cu.imp(&hi, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_NONE),
+	       CUDA_ERROR_INVALID_VALUE);
+	int nul = open("/dev/null", O_RDONLY);
+	CU_ERR(cu.imp(&hi, (void *)(uintptr_t)nul,
+	              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+	       CUDA_ERROR_INVALID_VALUE);
+	close(nul);
+	CU_ERR(cu.imp(&hi, (void *)(uintptr_t)9999,
+	              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+	       CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.imp(&hi, (void *)(uintptr_t)fd,
+	             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+	T_EQ(fcntl(fd, F_GETFD), 0); /* still open, still the caller's */
+	close(fd);
+	CUdeviceptr r3 = 0;
+	CU_OK(cu.reserve(&r3, 2 * G, 0, 0, 0));
+	CU_OK(cu.map(r3, 2 * G, 0, hi, 0));
+	CU_OK(set_rw(r3, 2 * G, CU_MEM_ACCESS_FLAGS_PROT_READ));
+	std::vector<unsigned> h3 = download((unsigned *)(uintptr_t)r3, n);
+	T_ASSERT(h3 == hv);
+	CK(cudaMemGetInfo(&free1, &total));
+	T_EQ_U64(free0 - free1, 2 * G); /* one allocation, mapped twice */
+
+	/* released: the mappings keep the memory */
+	CU_OK(cu.release(h));
+	CU_OK(cu.release(hi));
+	CK(cudaMemset(d, 0x11, 4));
+	h3 = download((unsigned *)(uintptr_t)r3, 1);
+	T_EQ(h3[0], 0x11111111u);
+
+	/* access back to none: no device memory any more */
+	CU_OK(set_rw(r3, 2 * G, CU_MEM_ACCESS_FLAGS_PROT_NONE));
+	T_EQ(cudaMemcpy(hv.data(), (void *)(uintptr_t)r3, 4,
+	                cudaMemcpyDeviceToHost),
+	     cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+
+	/* unmap whole mappings only; free reservations once unmapped */
+	CU_ERR(cu.afree(r, 4 * G), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.unmap(r, G), CUDA_ERROR_INVALID_VALUE);
+	CU_ERR(cu.unmap(r, 4 * G), CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.unmap(r, 2 * G));
+	CU_ERR(cu.unmap(r, 2 * G), CUDA_ERROR_INVALID_VALUE);
+	T_EQ(cudaMemset(d, 0, 4), cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+	CK(cudaMemGetInfo(&free1, &total));
+	T_EQ_U64(free0 - free1, 2 * G); /* r3 still maps it */
+	CU_OK(cu.unmap(r3, 2 * G));
+	CK(cudaMemGetInfo(&free1, &total));
+	T_EQ_U64(free1, free0);
+	CU_ERR(cu.afree(r, 2 * G), CUDA_ERROR_INVALID_VALUE); /* size */
+	CU_OK(cu.afree(r, 4 * G));
+	CU_ERR(cu.afree(r, 4 * G), CUDA_ERROR_INVALID_VALUE);
+	CU_OK(cu.afree(r2, 2 * G));
+	CU_OK(cu.afree(r3, 2 * G));
+}
+
+static int send_fd(int sock, int fd)
+{
+	char b = 'f', cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {&b, 1};
+	struct msghdr m;
+	memset(&m, 0, sizeof(m));
+	memset(cbuf, 0, sizeof(cbuf));
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof(cbuf);
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	return sendmsg(sock, &m, 0) == 1 ? 0 : -1;
+}
+
+static int recv_fd(int sock)
+{
+	char b, cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {&b, 1};
+	struct msghdr m;
+	memset(&m, 0, sizeof(m));
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof(cbuf);
+	int fd = -1;
+	if (recvmsg(sock, &m, 0) != 1)
+		return -1;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	if (c && c->cmsg_type == SCM_RIGHTS)
+		memcpy(&fd, CMSG_DATA(c), sizeof(int));
+	return fd;
+}
+
+/* The importer: maps the fd it was sent, checks the exporter's pattern,
+ * writes its own, unmaps. */
+static int vmm_child(int sock, size_t bytes)
+{
+	int fd = recv_fd(sock);
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr r;
+	if (fd < 0 || cu.imp(&h, (void *)(uintptr_t)fd,
+	                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+		return 1;
+	close(fd);
+	if (cu.reserve(&r, bytes, 0, 0, 0) || cu.map(r, bytes, 0, h, 0) ||
+	    cu.release(h) ||
+	    set_rw(r, bytes, CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+		return 2;
+	std::vector<unsigned char> b(bytes);
+	if (cudaMemcpy(b.data(), (void *)(uintptr_t)r, bytes,
+	               cudaMemcpyDeviceToHost) != cudaSuccess)
+		return 3;
+	for (size_t i = 0; i < bytes; i++)
+		if (b[i] != 0x5a)
+			return 4;
+	if (cudaMemset((void *)(uintptr_t)r, 0xa5, bytes) != cudaSuccess ||
+	    cu.unmap(r, bytes) || cu.afree(r, bytes))
+		return 5;
+	return 0;
+}
+
+/* Across processes, the fd passed over SCM_RIGHTS: the child maps the
+ * parent's allocation and both see each other's writes; the parent has
+ * released its handle and unmapped before the child maps (the child's
+ * fd holds the memory meanwhile, like the driver's shareable handle). */
+TEST(cuda_emu, vmm_across_processes)
+{
+	load_driver();
+	const size_t G = (size_t)2 << 20;
+	int sv[2];
+	T_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		close(sv[0]);
+		_exit(vmm_child(sv[1], G));
+	}
+	close(sv[1]);
+	CUmemAllocationProp prop = vmm_prop();
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr r;
+	int fd = -1;
+	CU_OK(cu.create(&h, G, &prop, 0));
+	CU_OK(cu.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+	CU_OK(cu.reserve(&r, G, 0, 0, 0));
+	CU_OK(cu.map(r, G, 0, h, 0));
+	CU_OK(set_rw(r, G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	CK(cudaMemset((void *)(uintptr_t)r, 0x5a, G));
+	T_EQ(send_fd(sv[0], fd), 0);
+	int st = 0;
+	T_EQ(waitpid(pid, &st, 0), pid);
+	T_ASSERT(WIFEXITED(st));
+	T_EQ(WEXITSTATUS(st), 0);
+	std::vector<unsigned char> b = download((unsigned char *)(uintptr_t)r, G);
+	for (size_t i = 0; i < G; i += 4093)
+		T_EQ(b[i], 0xa5);
+	T_EQ(b[G - 1], 0xa5);
+	close(fd);
+	CU_OK(cu.unmap(r, G));
+	CU_OK(cu.afree(r, G));
+	CU_OK(cu.release(h));
+	close(sv[0]);
 }
 
 /* ---------------------------------------------------------- half types */

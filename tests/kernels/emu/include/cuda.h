@@ -4,8 +4,8 @@
  * types and constants of the virtual memory management calls that
  * kernels/cuda/backend_cuda.cu names, with the toolkit's names and numbers.
  * No driver function is declared: the backend reaches them only through
- * cudaGetDriverEntryPointByVersion, which the emulator answers "symbol not
- * found", so the backend runs in its legacy-IPC mode here.
+ * cudaGetDriverEntryPointByVersion, which the emulator answers with its
+ * own VMM calls (tests/kernels/emu/driver.cc).
  */
 #ifndef KVT_EMU_CUDA_H
 #define KVT_EMU_CUDA_H
@@ -18,7 +18,12 @@
 typedef enum cudaError_enum {
 	CUDA_SUCCESS = 0,
 	CUDA_ERROR_INVALID_VALUE = 1,
+	CUDA_ERROR_OUT_OF_MEMORY = 2,
 	CUDA_ERROR_NO_DEVICE = 100,
+	CUDA_ERROR_INVALID_DEVICE = 101,
+	CUDA_ERROR_ALREADY_MAPPED = 208,
+	CUDA_ERROR_NOT_MAPPED = 211,
+	CUDA_ERROR_INVALID_HANDLE = 400,
 	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
 	CUDA_ERROR_UNKNOWN = 999

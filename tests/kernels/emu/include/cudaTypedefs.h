@@ -3,8 +3,8 @@
  * points, in the CPU emulation (tests/kernels/emu/, docs/cuda.md): the
  * PFN_* types that kernels/cuda/backend_cuda.cu casts the results of
  * cudaGetDriverEntryPointByVersion to, with the toolkit's signatures.  The
- * emulator never returns such a pointer (no driver API), so these only
- * have to compile.
+ * emulator's cudaGetDriverEntryPointByVersion returns its own functions of
+ * these types (tests/kernels/emu/driver.cc).
  */
 #ifndef KVT_EMU_CUDA_TYPEDEFS_H
 #define KVT_EMU_CUDA_TYPEDEFS_H

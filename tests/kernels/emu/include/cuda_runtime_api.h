@@ -132,9 +132,13 @@ cudaError_t cudaPeekAtLastError(void);
 
 cudaError_t cudaDriverGetVersion(int *version);
 cudaError_t cudaRuntimeGetVersion(int *version);
-/* There is no driver API: *funcPtr is NULL and *driverStatus
- * cudaDriverEntryPointSymbolNotFound for every symbol (cudaSuccess, as the
- * runtime answers for a symbol the driver lacks). */
+/* The driver API is the VMM calls of tests/kernels/emu/driver.cc (the
+ * cuMem* that kernels/cuda/backend_cuda.cu uses, cuDeviceGet,
+ * cuDeviceGetAttribute, cuGetErrorString): *funcPtr is the emulator's
+ * function and *driverStatus cudaDriverEntryPointSuccess.  Any other
+ * symbol, or any at all after kvt_emu_set_driver(KVT_EMU_DRIVER_NONE),
+ * gives a NULL function and cudaDriverEntryPointSymbolNotFound
+ * (cudaSuccess, as the runtime answers for a symbol the driver lacks). */
 #ifdef __cplusplus
 cudaError_t cudaGetDriverEntryPointByVersion(
 	const char *symbol, void **funcPtr, unsigned int cudaVersion,
@@ -192,14 +196,15 @@ cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
                                  cudaEvent_t end);
 
-/* Legacy IPC within the one process of the emulator.  A memory handle
+/* Legacy IPC.  A memory handle
  * names the allocation that holds devPtr; opening it returns that
  * allocation's base (counted: each open needs its close, and cudaFree of
  * an allocation still open fails, where CUDA leaves it undefined).  An
  * event handle opens as a new cudaEvent_t that shares the exporter's
  * state.  Unlike CUDA, the exporting process may open its own handles;
- * handles from another process (a fork) are refused: device memory is
- * not shared between processes here. */
+ * another process maps the allocation's memfd (ASan builds, whose device
+ * memory is heap, refuse that), and an event opened there is always
+ * complete (runtime.cc). */
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
                                  unsigned int flags);
@@ -218,6 +223,18 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
  * "still busy" paths.  0, the default, turns it off.  Returns the
  * previous lag. */
 unsigned kvt_emu_set_event_lag(unsigned n);
+
+/* Emulator only (not CUDA).  What driver the backend finds:
+ *   KVT_EMU_DRIVER_VMM     the default: the VMM calls, and device 0 reports
+ *                          VMM and POSIX-fd handle support;
+ *   KVT_EMU_DRIVER_NO_VMM  the calls, but the device reports neither
+ *                          (a device or driver without VMM);
+ *   KVT_EMU_DRIVER_NONE    no driver entry point at all.
+ * Returns the previous level.  Set it before anything asks for entry
+ * points: code that caches them (the backend does) keeps what it got. */
+enum { KVT_EMU_DRIVER_NONE = 0, KVT_EMU_DRIVER_NO_VMM = 1,
+       KVT_EMU_DRIVER_VMM = 2 };
+int kvt_emu_set_driver(int level);
 
 #ifdef __cplusplus
 }
