@@ -200,7 +200,10 @@ eval: $(TRAIN) $(EVAL) $(DAEMON)
 # The integration suites ("suite." of every TEST in tests/integration/):
 # `make test` runs them twice more on the cuda backend under the CPU
 # emulator (tests/kernels/emu/emu.mk, docs/cuda.md): in vmm mode (the
-# default there, as on an H100/H200) and with KVTRIM_CUDA_SHARE=ipc.
+# default there, as on an H100/H200) and with KVTRIM_CUDA_SHARE=ipc, the
+# latter with the emulator's host functions deferred
+# (KVT_EMU_HOSTFN_DELAY_US), so syncs that wait for an engine's GPU writes
+# take the parking path (tests/integration/test_device.c).
 comma := ,
 INTEGRATION_SUITES = $(sort $(shell sed -En \
   's/^TEST(_T)?.([a-z_]+),.*/\2./p' tests/integration/*.c))
@@ -213,7 +216,8 @@ test check: deps
 	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) $(INTEGRATION_SUITES))
 	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
-	  KVTRIM_CUDA_SHARE=ipc KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
+	  KVTRIM_CUDA_SHARE=ipc KVT_EMU_HOSTFN_DELAY_US=1000 \
+	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) $(INTEGRATION_SUITES))
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  sh scripts/loadgen-cuda.sh $(B)/bin streaming streaming:sinks=4$(comma)tokens=64)
@@ -222,6 +226,7 @@ test check: deps
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_streaming streaming:sinks=4$(comma)tokens=64 ipc)
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
+	  KVT_EMU_HOSTFN_DELAY_US=1000 \
 	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_h2o h2o:tokens=96 ipc)
 
 bench: deps

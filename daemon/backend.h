@@ -187,6 +187,13 @@ struct kvt_backend_ops {
 	int (*upload_regions)(void *ctx, void *dev, const void *host,
 	                      const struct kvt_backend_region *r, uint32_t n,
 	                      void *stream);
+	/* (optional; ABI 3) Calls fn(arg) once the work queued on stream so
+	 * far is done, from another thread (cuda: a driver thread), or
+	 * before it returns.  fn must be quick and must not call the
+	 * backend.  The daemon uses it to wait for an engine's writes
+	 * without blocking its loop. */
+	int (*stream_notify)(void *ctx, void *stream, void (*fn)(void *),
+	                     void *arg);
 };
 
 /*

@@ -83,7 +83,12 @@ struct srv_req {
 	struct srv_req *next; /* ready queue, then the parked list */
 	uint64_t recv_us;    /* when nng delivered it (set before queueing) */
 	uint64_t park_deadline_ms; /* parked: refuse after this */
+	int dev_wait; /* parked until a tenant's GPU writes are done */
 };
+
+/* srv_dispatch: the sync waits for the engine's GPU writes
+ * (tenant_sync_ready); park it, retry at the wakeup.  Never on the wire. */
+#define SRV_DEVICE_WAIT 1
 
 struct srv_tenant;
 
@@ -524,6 +529,14 @@ static int srv_send_event(void *ctx, const struct tenant_event *e)
 }
 
 /* ---------------------------------------------------------- requests */
+
+/* tenant_sync_ready's wakeup, on a driver thread: the loop retries the
+ * parked requests (srv_wake_cb). */
+static void srv_wake_from_device(void *arg)
+{
+	struct server *s = arg;
+	uv_async_send(&s->wake);
+}
 
 /*
  * rv from a tenant operation: when a device call failed after the change
@@ -1064,6 +1077,8 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SYNC: {
 		struct kvt_tenant_stats before, after;
+		if (!tenant_sync_ready(st->t, srv_wake_from_device, s))
+			return SRV_DEVICE_WAIT;
 		tenant_stats(st->t, &before);
 		uint64_t t0 = now_us();
 		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
@@ -1115,7 +1130,9 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 	enum ipc_op op;
 	int rv;
 
-	if (!parked)
+	int retry = parked || r->dev_wait;
+	r->dev_wait = 0;
+	if (!retry)
 		s->st.requests_total++;
 	memset(&rep, 0, sizeof(rep));
 	rep.version = IPC_PROTO_VERSION;
@@ -1128,6 +1145,15 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 		                  sizeof(why));
 	}
 	codec_req_free(&req);
+	if (rv == SRV_DEVICE_WAIT) {
+		/* Not a pressure wait: no deadline, no backpressure counts;
+		 * the retry is a first try again (parked 0). */
+		r->dev_wait = 1;
+		if (!retry)
+			s->st.device_waits_total++;
+		codec_rep_free(&rep);
+		return SRV_PARK;
+	}
 	if (rv == KVT_EPOOLFULL && !s->draining &&
 	    (op == IPC_OP_SYNC || op == IPC_OP_SEQ_OPEN)) {
 		uint64_t now = now_ms();
@@ -1220,7 +1246,7 @@ static void srv_retry_parked(struct server *s)
 	while (list) {
 		struct srv_req *r = list;
 		list = r->next;
-		if (srv_handle(s, r, 1) == SRV_PARK)
+		if (srv_handle(s, r, !r->dev_wait) == SRV_PARK)
 			srv_park(s, r);
 		else
 			srv_send(r);

@@ -69,6 +69,9 @@
 	  "parked requests that got their pages and completed")                \
 	X(backpressure_timeouts_total, "backpressure_timeouts_total", "",      \
 	  "parked requests refused with EPOOLFULL after pressure_deadline_ms") \
+	X(device_waits_total, "device_waits_total", "",                        \
+	  "syncs parked until the engine's GPU writes were done (cuda, "      \
+	  "policies that read K)")                                             \
 	X(config_reloads_total, "config_reloads_total", "",                    \
 	  "config reloads (SIGHUP) applied")                                   \
 	X(config_reload_failures_total, "config_reload_failures_total", "",    \

@@ -116,6 +116,12 @@ struct tenant {
 	size_t kbuf_cap;
 	const void **ksrc; /* [ksrc_cap] device addresses of those K halves */
 	size_t ksrc_cap;
+	/* tenant_sync_ready: 0 idle, 1 waiting for the engine's writes on
+	 * the stream, 2 they are done (set by writes_done_cb on a driver
+	 * thread, hence atomic); wake(wake_arg) tells the server. */
+	int kv_wait;
+	void (*wake)(void *);
+	void *wake_arg;
 	/* Device copy of the table segment, which the engine's kernels read
 	 * (kvt_table_view), and the records mirror() changed since it was
 	 * last brought up to date (table_flush). */
@@ -880,6 +886,49 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 }
 
 /* ------------------------------------------------------------ sync */
+
+/* Runs on a driver thread (or inline) once the tenant stream passed the
+ * engine's writes: no backend calls here, only the flag and the wakeup. */
+static void writes_done_cb(void *arg)
+{
+	struct tenant *t = arg;
+	__atomic_store_n(&t->kv_wait, 2, __ATOMIC_RELEASE);
+	t->wake(t->wake_arg);
+}
+
+int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	if (!t->dev || !(t->pol->ops->needs & POLICY_NEED_KV) ||
+	    !o->stream_notify)
+		return 1;
+	int st = __atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE);
+	if (st == 1)
+		return 0;
+	if (st == 2) {
+		/* The writes this sync's keys come from were recorded before
+		 * its request left the engine, so before the wait queued for
+		 * it or for an earlier request: they are done. */
+		t->kv_wait = 0;
+		return 1;
+	}
+	t->wake = wake;
+	t->wake_arg = arg;
+	/* 1 first: the callback may run before stream_notify returns. */
+	__atomic_store_n(&t->kv_wait, 1, __ATOMIC_RELEASE);
+	if (o->stream_wait_event(t->bctx, t->stream, &t->ev_writes) ||
+	    o->stream_notify(t->bctx, t->stream, writes_done_cb, t)) {
+		/* The sync will wait on the host instead; it reports a
+		 * device failure itself. */
+		__atomic_store_n(&t->kv_wait, 0, __ATOMIC_RELEASE);
+		return 1;
+	}
+	if (__atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE) == 2) {
+		t->kv_wait = 0;
+		return 1;
+	}
+	return 0;
+}
 
 /* Layer range of an item after defaults; 0 or KVT_ELAYERS. */
 static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,

@@ -108,6 +108,17 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq);
 int tenant_seq_close(struct tenant *t, uint64_t seq);
 
 /*
+ * Device tenants whose policy reads K (the daemon copies keys to the host,
+ * which must wait for the engine's writes): 1 when a sync can run now
+ * without the daemon's thread waiting on the engine's queued GPU work,
+ * else 0 after arranging for wake(arg) to be called (from another thread)
+ * once those writes are done; the caller keeps the request and asks again
+ * then.  Always 1 for host tenants and for policies that do not read K.
+ * Changes nothing a sync or a refusal could observe.
+ */
+int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg);
+
+/*
  * Applies a sync: for each item commits n_new entries of every list of
  * layers [lo, hi) (hi 0 = all), runs the policy, compacts, restores headroom
  * and bumps epochs.  Validates every item first: unknown sequence

@@ -656,6 +656,15 @@ static int bc_stream_sync(void *ctx, void *stream)
 	return 0;
 }
 
+static int bc_stream_notify(void *ctx, void *stream, void (*fn)(void *),
+                            void *arg)
+{
+	(void)ctx;
+	BC_CALL(cudaLaunchHostFunc((cudaStream_t)stream, fn, arg),
+	        "cudaLaunchHostFunc");
+	return 0;
+}
+
 static int bc_event_new(void *ctx, struct kvt_backend_event *out)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
@@ -1088,4 +1097,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .mem_new = */ bc_mem_new,
 	/* .mem_free = */ bc_mem_free,
 	/* .upload_regions = */ bc_upload_regions,
+	/* .stream_notify = */ bc_stream_notify,
 };

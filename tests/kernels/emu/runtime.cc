@@ -34,7 +34,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <set>
 
@@ -644,10 +647,13 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value,
 	return cudaSuccess;
 }
 
+static void hostfn_drain(cudaStream_t s); /* host functions, below */
+
 extern "C" cudaError_t cudaDeviceSynchronize(void)
 {
 	EMU_API_LOCK();
 	EMU_STICKY();
+	hostfn_drain(nullptr);
 	complete_events(nullptr, true);
 	return cudaSuccess;
 }
@@ -760,6 +766,7 @@ extern "C" cudaError_t cudaFree(void *p)
 		            "through cudaIpcOpenMemHandle (CUDA leaves this "
 		            "undefined)",
 		            p);
+	hostfn_drain(nullptr);
 	complete_events(nullptr, true); /* cudaFree waits for the device */
 	alloc_bytes -= it->second.bytes;
 	if (it->second.fd >= 0) {
@@ -923,6 +930,8 @@ extern "C" cudaError_t cudaStreamCreate(cudaStream_t *s)
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
 	EMU_API_LOCK();
+	if (s)
+		hostfn_drain(s); /* a GPU runs them before the stream goes */
 	if (!s || !streams.erase(s))
 		return fail(cudaErrorInvalidResourceHandle,
 		            "cudaStreamDestroy(%p): not a created stream",
@@ -944,8 +953,10 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
 	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_stream("cudaStreamSynchronize", s);
-	if (e == cudaSuccess)
+	if (e == cudaSuccess) {
+		hostfn_drain(s);
 		complete_events(s, false);
+	}
 	return e;
 }
 
@@ -970,6 +981,74 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
 	/* The stream's later work runs after the event's: all work runs when
 	 * it is queued, so there is nothing to wait for. */
 	return check_stream("cudaStreamWaitEvent", s);
+}
+
+/*
+ * Host functions.  By default fn runs before cudaLaunchHostFunc returns.
+ * With KVT_EMU_HOSTFN_DELAY_US=N it runs on a thread of its own N us
+ * later, as a driver thread would once the stream got there, so callers
+ * meet the "not yet" path; a synchronisation of its stream (or of the
+ * device, or a cudaFree) waits for it, as on a GPU.
+ */
+static std::mutex hf_mu;
+static std::condition_variable hf_cv;
+static std::map<cudaStream_t, unsigned> hf_pending; /* by stream */
+
+static long hostfn_delay_us(void)
+{
+	static long d = -1;
+	if (d < 0) {
+		const char *e = getenv("KVT_EMU_HOSTFN_DELAY_US");
+		d = e && *e ? atol(e) : 0;
+		if (d < 0)
+			d = 0;
+	}
+	return d;
+}
+
+/* Waits for the deferred host functions of s (nullptr: of every stream). */
+static void hostfn_drain(cudaStream_t s)
+{
+	std::unique_lock<std::mutex> lk(hf_mu);
+	hf_cv.wait(lk, [s] {
+		if (!s) {
+			for (auto &kv : hf_pending)
+				if (kv.second)
+					return false;
+			return true;
+		}
+		auto it = hf_pending.find(s);
+		return it == hf_pending.end() || it->second == 0;
+	});
+}
+
+extern "C" cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn,
+                                          void *user_data)
+{
+	EMU_API_LOCK();
+	EMU_STICKY();
+	cudaError_t r = check_stream("cudaLaunchHostFunc", s);
+	if (r != cudaSuccess)
+		return r;
+	if (!fn)
+		return fail(cudaErrorInvalidValue, "cudaLaunchHostFunc: NULL fn");
+	long d = hostfn_delay_us();
+	if (!d) {
+		fn(user_data); /* the stream's earlier work is done */
+		return cudaSuccess;
+	}
+	{
+		std::lock_guard<std::mutex> g(hf_mu);
+		hf_pending[s]++;
+	}
+	std::thread([s, fn, user_data, d] {
+		usleep((useconds_t)d);
+		fn(user_data); /* must not call the runtime, as on a GPU */
+		std::lock_guard<std::mutex> g(hf_mu);
+		hf_pending[s]--;
+		hf_cv.notify_all();
+	}).detach();
+	return cudaSuccess;
 }
 
 /* ------------------------------------------------------------- events */

@@ -186,6 +186,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e,
                                 unsigned int flags);
+/* Work runs when queued, so fn runs before this returns (on the calling
+ * thread; on a GPU it runs on a driver thread once the stream gets
+ * there).  fn must not call the runtime, as on a GPU. */
+typedef void (*cudaHostFn_t)(void *user_data);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn,
+                               void *user_data);
 
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags);
