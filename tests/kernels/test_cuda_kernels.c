@@ -50,13 +50,7 @@ extern const struct kvt_backend_ops kvt_cuda_backend_v1;
 
 /* ------------------------------------------------------------ helpers */
 
-#define CK(x)                                                                  \
-	do {                                                                   \
-		cudaError_t e_ = (x);                                          \
-		if (e_ != cudaSuccess)                                         \
-			th_fail(__FILE__, __LINE__, "%s: %s", #x,              \
-			        cudaGetErrorString(e_));                       \
-	} while (0)
+#include "cuda_check.h"
 
 /* Skips the test unless a CUDA device is usable; never touches CUDA
  * before the runner forked (each test initialises its own context). */

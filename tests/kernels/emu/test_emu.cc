@@ -26,13 +26,7 @@ extern "C" {
 #include "test.h"
 }
 
-#define CK(x)                                                                  \
-	do {                                                                   \
-		cudaError_t e_ = (x);                                          \
-		if (e_ != cudaSuccess)                                         \
-			th_fail(__FILE__, __LINE__, "%s: %s", #x,              \
-			        cudaGetErrorString(e_));                       \
-	} while (0)
+#include "cuda_check.h"
 
 template <typename T> static T *dalloc(size_t n)
 {
