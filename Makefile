@@ -197,7 +197,7 @@ eval: $(TRAIN) $(EVAL) $(DAEMON)
 # ---- running
 # deps first, then a fresh make: on a new machine the pkg-config flags above
 # only exist once deps has installed the packages.
-# The integration suites ("suite." of every TEST in tests/integration/):
+# The integration tests (the runner's selector tests/integration/):
 # `make test` runs them twice more on the cuda backend under the CPU
 # emulator (tests/kernels/emu/emu.mk, docs/cuda.md): in vmm mode (the
 # default there, as on an H100/H200) and with KVTRIM_CUDA_SHARE=ipc, the
@@ -205,8 +205,6 @@ eval: $(TRAIN) $(EVAL) $(DAEMON)
 # (KVT_EMU_HOSTFN_DELAY_US), so syncs that wait for an engine's GPU writes
 # take the parking path (tests/integration/test_device.c).
 comma := ,
-INTEGRATION_SUITES = $(sort $(shell sed -En \
-  's/^TEST(_T)?.([a-z_]+),.*/\2./p' tests/integration/*.c))
 
 test check: deps
 	@$(MAKE) --no-print-directory all
@@ -214,11 +212,11 @@ test check: deps
 	$(CUDA_EMU_TESTS)
 	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
 	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) $(INTEGRATION_SUITES))
+	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) tests/integration/)
 	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
 	  KVTRIM_CUDA_SHARE=ipc KVT_EMU_HOSTFN_DELAY_US=1000 \
 	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) $(INTEGRATION_SUITES))
+	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) tests/integration/)
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  sh scripts/loadgen-cuda.sh $(B)/bin streaming streaming:sinks=4$(comma)tokens=64)
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \

@@ -51,17 +51,17 @@ static void base_set(struct mem *m, uint32_t slot, void *base)
 	}
 }
 
-static void chunk_release(struct mem *m, struct mem_chunk *c)
+static void chunk_release(struct mem *m, uint32_t slot)
 {
-	if (!c->base)
+	struct mem_chunk *c = &m->chunks[slot];
+	if (!m->bases[slot])
 		return;
 	if (c->dev)
 		m->bops->chunk_unmap(m->bctx, &c->bc);
 	else
-		munmap(c->base, c->bytes);
-	c->base = NULL;
+		munmap(m->bases[slot], c->bytes);
 	c->dev = c->ipc = 0;
-	base_set(m, (uint32_t)(c - m->chunks), NULL);
+	base_set(m, slot, NULL);
 }
 
 void mem_fini(struct mem *m)
@@ -71,7 +71,7 @@ void mem_fini(struct mem *m)
 	if (m->stage)
 		munmap(m->stage, m->g.stage_bytes);
 	for (uint32_t i = 0; i < m->n_chunks; i++)
-		chunk_release(m, &m->chunks[i]);
+		chunk_release(m, i);
 	if (m->bops) {
 		m->bops->chunk_unmap(m->bctx, &m->dtab);
 		m->bops->mem_free(m->bctx, m->d_bases);
@@ -287,21 +287,24 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 			            "no memory for chunk slot %u", h->slot);
 		/* Packets come in order: a grant into an occupied slot
 		 * replaces a chunk that was revoked in the same breath. */
-		chunk_release(m, &m->chunks[h->slot]);
-		if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE,
-		                 &m->chunks[h->slot].base, err, errlen)))
-			return rc;
-		m->chunks[h->slot].bytes = h->size;
-		base_set(m, h->slot, m->chunks[h->slot].base);
+		chunk_release(m, h->slot);
+		{
+			void *base;
+			if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE,
+			                 &base, err, errlen)))
+				return rc;
+			m->chunks[h->slot].bytes = h->size;
+			base_set(m, h->slot, base);
+		}
 		return 0;
 	case HANDLE_CHUNK_REVOKE:
 		if (h->slot >= m->max_chunks)
 			return errors_fmt(err, errlen, KVT_EPROTO,
 			            "revoke of chunk slot %u beyond the quota's "
 			            "%u slots", h->slot, m->max_chunks);
-		if (h->slot < m->n_chunks && m->chunks[h->slot].base) {
+		if (h->slot < m->n_chunks && m->bases[h->slot]) {
 			int ipc = m->chunks[h->slot].ipc;
-			chunk_release(m, &m->chunks[h->slot]);
+			chunk_release(m, h->slot);
 			if (ipc && (rc = ack_push(m, h->cookie)))
 				return errors_fmt(err, errlen, rc, "out of memory");
 		}
@@ -332,18 +335,17 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		if ((rc = grow(m, h->slot)))
 			return errors_fmt(err, errlen, rc,
 			            "no memory for chunk slot %u", h->slot);
-		chunk_release(m, &m->chunks[h->slot]);
+		chunk_release(m, h->slot);
 		{
 			struct mem_chunk *c = &m->chunks[h->slot];
 			if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
 			                                h->size, &c->bc)))
 				return errors_fmt(err, errlen, rc, "importing a device "
 				            "chunk: %s", m->bops->last_error());
-			c->base = c->bc.base;
 			c->bytes = h->size;
 			c->dev = 1;
 			c->ipc = fd < 0;
-			base_set(m, h->slot, c->base);
+			base_set(m, h->slot, c->bc.base);
 		}
 		return 0;
 	case HANDLE_TABLE_DEV:
@@ -499,8 +501,8 @@ int mem_apply(struct mem *m, const struct handle_ext *h, int fd, char *err,
 void *mem_page(const struct mem *m, uint32_t page)
 {
 	uint32_t slot = page / m->g.pages_per_chunk;
-	if (slot >= m->n_chunks || !m->chunks[slot].base)
+	if (slot >= m->n_chunks || !m->bases[slot])
 		return NULL;
-	return (char *)m->chunks[slot].base +
+	return (char *)m->bases[slot] +
 	       (uint64_t)(page % m->g.pages_per_chunk) * m->g.page_bytes;
 }

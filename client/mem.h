@@ -16,9 +16,8 @@
 #include "handle.h"
 #include "shm.h"
 
+/* Slot i of a tenant's chunks; it is mapped (at bases[i]) or not. */
 struct mem_chunk {
-	void *base;     /* [bytes] read-write mapping, NULL when unmapped;
-	                   a device address for a device chunk */
 	uint64_t bytes; /* length of the mapping */
 	int dev;        /* imported through the cuda backend (bc below) */
 	int ipc;        /* legacy IPC: the daemon waits for CHUNK_CLOSED */
@@ -32,10 +31,12 @@ struct mem {
 	uint32_t max_chunks;        /* slots the quota allows */
 	uint32_t n_chunks;          /* entries allocated in chunks[] */
 	struct mem_chunk *chunks;   /* [n_chunks], grown on demand */
-	void **bases;               /* [n_chunks] chunks[i].base, contiguous:
-	                               kvt_table_view's chunk_bases on a host
-	                               tenant, the source of d_bases on a
-	                               device tenant */
+	void **bases;               /* [n_chunks] where chunk i is mapped
+	                               (read-write; a device address for a
+	                               device chunk), NULL when unmapped;
+	                               contiguous, as kvt_table_view's
+	                               chunk_bases on a host tenant and the
+	                               source of d_bases on a device tenant */
 
 	/* cuda tenants (the daemon sent EVENT / CHUNK_DEV packets): the
 	 * backend from libkvtrim-cuda.so (dlopen; libkvtrim links no CUDA),

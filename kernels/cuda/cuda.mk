@@ -67,7 +67,7 @@ $(B)/obj/tests/kernels/test_cuda_kernels.o: KVT_CFLAGS += -isystem $(CUDA_INC) -
 
 $(CUDA_TESTS): $(B)/obj/tests/kernels/test_cuda_kernels.o \
                $(B)/obj/tests/harness/runner.o \
-               $(call obj,$(KERNEL_SRC)) $(ERR_OBJ) | $(CUDA_SO)
+               $(call obj,$(KERNEL_SRC) ipc/handle.c) $(ERR_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ -L$(B)/lib -lkvtrim-cuda \

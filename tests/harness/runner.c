@@ -22,6 +22,7 @@
 
 struct th_test {
 	const char *suite, *name;
+	const char *file; /* source file, as the compiler named it */
 	th_fn fn;
 	int timeout_s;
 };
@@ -30,10 +31,12 @@ static struct th_test th_tests[TH_MAX_TESTS];
 static int th_n;
 static char th_dir[256];
 
-void th_register(const char *suite, const char *name, th_fn fn, int timeout_s)
+void th_register(const char *suite, const char *name, const char *file,
+                 th_fn fn, int timeout_s)
 {
 	if (th_n < TH_MAX_TESTS)
-		th_tests[th_n++] = (struct th_test){suite, name, fn, timeout_s};
+		th_tests[th_n++] =
+			(struct th_test){suite, name, file, fn, timeout_s};
 }
 
 void th_fail(const char *file, int line, const char *fmt, ...)
@@ -67,7 +70,7 @@ static int matches(const struct th_test *t, int argc, char **argv)
 		return 1;
 	snprintf(full, sizeof(full), "%s.%s", t->suite, t->name);
 	for (int i = 1; i < argc; i++)
-		if (strstr(full, argv[i]))
+		if (strstr(strchr(argv[i], '/') ? t->file : full, argv[i]))
 			return 1;
 	return 0;
 }

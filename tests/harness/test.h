@@ -4,7 +4,9 @@
  * TEST(suite, name) { ... } defines and registers a test.  The runner forks
  * each test into its own process with a timeout (a crash or hang fails that
  * test only), and ends with one line "N passed, N failed, N skipped".
- * Run `build/bin/kvtrim-tests [substring...]` to run a subset.
+ * Run `build/bin/kvtrim-tests [selector...]` to run a subset: a selector
+ * is a substring of "suite.name", or, when it holds a '/', of the test's
+ * source file (`tests/integration/` selects the integration tests).
  *
  * Assertions print file:line and the values, then end the test process.
  */
@@ -21,7 +23,8 @@
 
 typedef void (*th_fn)(void);
 
-void th_register(const char *suite, const char *name, th_fn fn, int timeout_s);
+void th_register(const char *suite, const char *name, const char *file,
+                 th_fn fn, int timeout_s);
 void th_fail(const char *file, int line, const char *fmt, ...)
 	__attribute__((noreturn, format(printf, 3, 4)));
 void th_skip(const char *why) __attribute__((noreturn));
@@ -33,7 +36,8 @@ const char *th_tmpdir(void);
 	static void test_##suite##_##name(void);                               \
 	__attribute__((constructor)) static void reg_##suite##_##name(void)    \
 	{                                                                      \
-		th_register(#suite, #name, test_##suite##_##name, timeout_s);  \
+		th_register(#suite, #name, __FILE__, test_##suite##_##name,    \
+		            timeout_s);                                        \
 	}                                                                      \
 	static void test_##suite##_##name(void)
 #define TEST(suite, name) TEST_T(suite, name, 30)

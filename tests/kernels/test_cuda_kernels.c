@@ -37,6 +37,7 @@
 #include "backend.h"
 #include "compact.cuh"
 #include "compact.h"
+#include "handle.h"
 #include "kernels.h"
 #include "paged_attention.cuh"
 #include "scorer_linear.cuh"
@@ -1277,52 +1278,6 @@ TEST(cuda, backend_without_vmm)
 }
 #endif /* KVT_CUDA_EMU */
 
-static int send_fd(int sock, int fd, const void *buf, size_t len)
-{
-	struct iovec iov = {(void *)buf, len};
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct msghdr m;
-	memset(&m, 0, sizeof(m));
-	memset(cbuf, 0, sizeof(cbuf));
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	if (fd >= 0) {
-		m.msg_control = cbuf;
-		m.msg_controllen = sizeof(cbuf);
-		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof(int));
-	}
-	return sendmsg(sock, &m, 0) == (ssize_t)len ? 0 : -1;
-}
-
-static int recv_fd(int sock, int *fd, void *buf, size_t len)
-{
-	struct iovec iov = {buf, len};
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct msghdr m;
-	memset(&m, 0, sizeof(m));
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = cbuf;
-	m.msg_controllen = sizeof(cbuf);
-	*fd = -1;
-	if (recvmsg(sock, &m, MSG_WAITALL) != (ssize_t)len)
-		return -1;
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	if (c && c->cmsg_type == SCM_RIGHTS)
-		memcpy(fd, CMSG_DATA(c), sizeof(int));
-	return 0;
-}
-
-struct xfer {
-	uint8_t ipc[KVT_BACKEND_IPC_BYTES];
-	uint8_t ev[KVT_BACKEND_IPC_BYTES];
-	uint64_t bytes;
-};
-
 /*
  * Importer in a child process (which has not touched CUDA: forked before
  * the parent initialises it): maps the chunk from the fd or handle, opens
@@ -1332,35 +1287,41 @@ struct xfer {
 static int importer(int sock)
 {
 	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
-	struct xfer x;
-	int fd;
+	struct handle_ext x, xe;
+	int fd, efd;
 	char err[256], go;
 	void *ctx, *s;
-	if (recv_fd(sock, &fd, &x, sizeof(x)))
+	/* the daemon's packets: the chunk (fd, or the IPC handle in data),
+	 * then its event */
+	if (handle_recv_ext(sock, &x, &fd, 10000) ||
+	    x.h.type != HANDLE_CHUNK_DEV ||
+	    handle_recv_ext(sock, &xe, &efd, 10000) ||
+	    xe.h.type != HANDLE_EVENT)
 		return 10;
 	if (o->ctx_new(0, &ctx, NULL, err, sizeof(err)) ||
 	    o->stream_new(ctx, &s))
 		return 11;
 	struct kvt_backend_chunk c;
 	struct kvt_backend_event e;
-	if (o->chunk_import(ctx, fd, x.ipc, x.bytes, &c)) {
+	if (o->chunk_import(ctx, fd, x.data, x.h.size, &c)) {
 		fprintf(stderr, "    import: %s\n", o->last_error());
 		return 12;
 	}
 	if (fd >= 0)
 		close(fd); /* the mapping keeps the memory */
-	if (o->event_open(ctx, x.ev, &e))
+	if (o->event_open(ctx, xe.data, &e))
 		return 13;
 	if (read(sock, &go, 1) != 1) /* exporter recorded its event */
 		return 14;
-	uint8_t *h = malloc(x.bytes);
+	uint64_t bytes = x.h.size;
+	uint8_t *h = malloc(bytes);
 	if (!h || o->stream_wait_event(ctx, s, &e) ||
-	    cudaMemcpyAsync(h, c.base, x.bytes, cudaMemcpyDeviceToHost,
+	    cudaMemcpyAsync(h, c.base, bytes, cudaMemcpyDeviceToHost,
 	                    (cudaStream_t)s) != cudaSuccess ||
 	    o->stream_sync(ctx, s))
 		return 15;
 	int bad = 0;
-	for (uint64_t i = 0; i < x.bytes; i++)
+	for (uint64_t i = 0; i < bytes; i++)
 		bad |= h[i] != 0x5a;
 	free(h);
 	o->event_free(ctx, &e);
@@ -1376,7 +1337,8 @@ static int importer(int sock)
 static void cross_process(const char *share)
 {
 	int sv[2];
-	T_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	/* the handle channel's socket type and packets (ipc/handle.h) */
+	T_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
 	if (share)
 		setenv("KVTRIM_CUDA_SHARE", share, 1);
 	pid_t pid = fork();
@@ -1403,11 +1365,15 @@ static void cross_process(const char *share)
 	struct kvt_backend_event e;
 	T_OK(o->chunk_new(ctx, KVT_CHUNK_BYTES, &c));
 	T_OK(o->event_new(ctx, &e));
-	struct xfer x;
-	memcpy(x.ipc, c.ipc, sizeof(x.ipc));
-	memcpy(x.ev, e.handle, sizeof(x.ev));
-	x.bytes = c.bytes;
-	T_EQ(send_fd(sv[0], c.fd, &x, sizeof(x)), 0);
+	struct handle_ext x = {.h = {.magic = HANDLE_MAGIC,
+	                             .type = HANDLE_CHUNK_DEV,
+	                             .size = c.bytes}};
+	memcpy(x.data, c.ipc, sizeof(x.data));
+	T_OK(handle_send_ext(sv[0], &x, c.fd));
+	x.h.type = HANDLE_EVENT;
+	x.h.size = 0;
+	memcpy(x.data, e.handle, sizeof(x.data));
+	T_OK(handle_send_ext(sv[0], &x, -1));
 	/* write, record, tell: the importer's stream waits on the event,
 	 * not on this process's host thread */
 	CK(cudaMemsetAsync(c.base, 0x5a, c.bytes, (cudaStream_t)s));

@@ -44,7 +44,7 @@ EMU_TOBJ := $(B)/obj/emu/tests/kernels/test_cuda_kernels.o
 EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC \
                 -Wno-unused-parameter -Wno-unknown-pragmas -pthread -MMD -MP \
                 -I$(EMU_DIR)/include -Iinclude -Idaemon -Ikernels/cpu \
-                -Ikernels/cuda -Itests/harness \
+                -Ikernels/cuda -Itests/harness -Iipc \
                 $(shell pkg-config --cflags openblas 2>/dev/null)
 ifneq ($(SANITIZER),)
 EMU_CXXFLAGS += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all \
@@ -99,7 +99,7 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 
 $(CUDA_EMU_TESTS): $(EMU_TOBJ) $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
-                   $(call obj,$(KERNEL_SRC)) $(ERR_OBJ)
+                   $(call obj,$(KERNEL_SRC) ipc/handle.c) $(ERR_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CXX) $(KVT_LDFLAGS) $(LDFLAGS) -o $@.tmp $^ $(LDLIBS)

@@ -22,6 +22,7 @@
 #include "cudaTypedefs.h"
 
 extern "C" {
+#include "handle.h"
 #include "kernels.h"
 #include "test.h"
 }
@@ -848,49 +849,15 @@ TEST(cuda_emu, vmm_in_one_process)
 	CU_OK(cu.afree(r3, 2 * G));
 }
 
-static int send_fd(int sock, int fd)
-{
-	char b = 'f', cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {&b, 1};
-	struct msghdr m;
-	memset(&m, 0, sizeof(m));
-	memset(cbuf, 0, sizeof(cbuf));
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = cbuf;
-	m.msg_controllen = sizeof(cbuf);
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof(int));
-	return sendmsg(sock, &m, 0) == 1 ? 0 : -1;
-}
-
-static int recv_fd(int sock)
-{
-	char b, cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {&b, 1};
-	struct msghdr m;
-	memset(&m, 0, sizeof(m));
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = cbuf;
-	m.msg_controllen = sizeof(cbuf);
-	int fd = -1;
-	if (recvmsg(sock, &m, 0) != 1)
-		return -1;
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	if (c && c->cmsg_type == SCM_RIGHTS)
-		memcpy(&fd, CMSG_DATA(c), sizeof(int));
-	return fd;
-}
-
 /* The importer: maps the fd it was sent, checks the exporter's pattern,
  * writes its own, unmaps. */
 static int vmm_child(int sock, size_t bytes)
 {
-	int fd = recv_fd(sock);
+	struct handle_ext x;
+	int fd = -1;
+	if (handle_recv_ext(sock, &x, &fd, 10000) ||
+	    x.h.type != HANDLE_CHUNK_DEV)
+		return 1;
 	CUmemGenericAllocationHandle h;
 	CUdeviceptr r;
 	if (fd < 0 || cu.imp(&h, (void *)(uintptr_t)fd,
@@ -923,7 +890,8 @@ TEST(cuda_emu, vmm_across_processes)
 	load_driver();
 	const size_t G = (size_t)2 << 20;
 	int sv[2];
-	T_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	/* the handle channel's socket type and packet (ipc/handle.h) */
+	T_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
 	pid_t pid = fork();
 	T_ASSERT(pid >= 0);
 	if (pid == 0) {
@@ -941,7 +909,12 @@ TEST(cuda_emu, vmm_across_processes)
 	CU_OK(cu.map(r, G, 0, h, 0));
 	CU_OK(set_rw(r, G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
 	CK(cudaMemset((void *)(uintptr_t)r, 0x5a, G));
-	T_EQ(send_fd(sv[0], fd), 0);
+	struct handle_ext x;
+	memset(&x, 0, sizeof(x));
+	x.h.magic = HANDLE_MAGIC;
+	x.h.type = HANDLE_CHUNK_DEV;
+	x.h.size = G;
+	T_OK(handle_send_ext(sv[0], &x, fd));
 	int st = 0;
 	T_EQ(waitpid(pid, &st, 0), pid);
 	T_ASSERT(WIFEXITED(st));
