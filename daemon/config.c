@@ -57,6 +57,36 @@ static const struct config_entry config_table[] = {
 	 F(pressure_deadline_ms),
 	 "a request that needs pages the full pool lacks waits this long, then "
 	 "gets EPOOLFULL (0 = at once)"},
+	{"admin_uids", CONFIG_STR, CONFIG_MUTABLE, 0, STR_MAX(admin_uids), "",
+	 F(admin_uids),
+	 "users (ids or names) allowed the admin ops that change something "
+	 "(drain, config set); with admin_gids empty too: the daemon's own uid "
+	 "and root"},
+	{"admin_gids", CONFIG_STR, CONFIG_MUTABLE, 0, STR_MAX(admin_gids), "",
+	 F(admin_gids), "groups whose members are admins (see admin_uids)"},
+	{"acl_from_socket", CONFIG_U32, 0, 0, 1, "0", F(acl_from_socket),
+	 "1: kvtrimctl config set may change allow_* and admin_* (0: only the "
+	 "config file and SIGHUP can)"},
+	{"max_pending_conns", CONFIG_U32, CONFIG_MUTABLE, 1, 65536, "256",
+	 F(max_pending_conns),
+	 "connections of each socket (ctl.ipc, fd.sock) not bound to a tenant; "
+	 "more are refused at accept"},
+	{"max_inflight_per_conn", CONFIG_U32, CONFIG_MUTABLE, 1, 1024, "32",
+	 F(max_inflight_per_conn),
+	 "requests of one control connection in flight at once; a connection "
+	 "that sends more without reading its replies is closed"},
+	{"send_timeout_ms", CONFIG_U32, CONFIG_MUTABLE, 10, 60000, "2000",
+	 F(send_timeout_ms),
+	 "a reply the peer does not take within this closes its connection"},
+	{"stats_max_conns", CONFIG_U32, 0, 1, 4096, "256", F(stats_max_conns),
+	 "HTTP connections to the stats socket at once"},
+	{"stats_header_timeout_ms", CONFIG_U32, 0, 100, 60000, "2000",
+	 F(stats_header_timeout_ms),
+	 "an HTTP request whose headers are not complete after this is closed"},
+	{"tenant_memory_max", CONFIG_SIZE, CONFIG_MUTABLE, 1ull << 16,
+	 1ull << 40, "256M", F(tenant_memory_max),
+	 "daemon memory outside the pool one tenant may cause (table, staging, "
+	 "per-sequence state); a hello whose geometry needs more is refused"},
 	{"tenant_priorities", CONFIG_STR, CONFIG_MUTABLE, 0,
 	 STR_MAX(tenant_priorities), "", F(tenant_priorities),
 	 "name=N,... (N 1..1000, default 1): higher is tightened less under "

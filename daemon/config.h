@@ -27,6 +27,16 @@ struct config {
 	double high_watermark;           /* pool use where pressure starts */
 	uint32_t pressure_deadline_ms;   /* longest backpressure wait */
 	char tenant_priorities[256];     /* "" or "name=N,name=N" */
+	char admin_uids[256];            /* "" or "0,alice": admin changes */
+	char admin_gids[256];            /* "" or "wheel" */
+	uint32_t acl_from_socket;        /* 1: config set may change ACLs */
+	uint32_t max_pending_conns;      /* per socket, without a tenant */
+	uint32_t max_inflight_per_conn;  /* control requests per pipe */
+	uint32_t send_timeout_ms;        /* reply not taken: pipe closed */
+	uint32_t stats_max_conns;        /* HTTP connections at once */
+	uint32_t stats_header_timeout_ms; /* HTTP headers complete by then */
+	uint64_t tenant_memory_max;      /* daemon bytes per tenant, outside
+	                                    the pool */
 };
 
 /* CONFIG_RATIO: a double in (0, 1]; min and max of its entry are unused. */
