@@ -10,11 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "codec.h"
 #include "test.h"
 
 const char *th_bin(const char *name)
@@ -37,6 +40,13 @@ static void sleep_ms(int ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
 	nanosleep(&ts, NULL);
+}
+
+uint64_t th_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 void th_daemon_spawn(struct th_daemon *d, const char *pool,
@@ -162,6 +172,84 @@ int th_sh(const struct th_daemon *d, char *out, size_t outlen,
 		;
 	int st = pclose(p);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int th_silent_peer(const struct th_daemon *d)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	T_ASSERT(strlen(d->dir) + sizeof("/ctl.ipc") <= sizeof(a.sun_path));
+	memcpy(a.sun_path, d->dir, strlen(d->dir));
+	memcpy(a.sun_path + strlen(d->dir), "/ctl.ipc", sizeof("/ctl.ipc"));
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	T_ASSERT(fd >= 0);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)))
+		th_fail(__FILE__, __LINE__, "connect %s: %s", a.sun_path,
+		        strerror(errno));
+	/* SP header: 0, 'S', 'P', version 0, our protocol (req0 = 0x30),
+	 * two reserved bytes.  The daemon's own header is never read. */
+	static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+	T_EQ(write(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+	int fl = fcntl(fd, F_GETFL);
+	fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	return fd;
+}
+
+/* Writes all of buf or gives up at deadline (monotonic ms). */
+static int write_until(int fd, const uint8_t *buf, size_t len,
+                       uint64_t deadline)
+{
+	while (len) {
+		ssize_t n = write(fd, buf, len);
+		if (n > 0) {
+			buf += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			return -1;
+		if (th_now_ms() >= deadline)
+			return -1;
+		sleep_ms(5);
+	}
+	return 0;
+}
+
+uint32_t th_silent_send(int fd, const void *body, size_t len, uint32_t count,
+                        int budget_ms)
+{
+	/* Frame: type 1, u64 big-endian length, then the req0 header (the
+	 * request id, high bit set) and the body. */
+	size_t flen = 9 + 4 + len;
+	uint8_t *f = malloc(flen);
+	T_ASSERT(f);
+	uint64_t plen = 4 + len;
+	f[0] = 1;
+	for (int i = 0; i < 8; i++)
+		f[1 + i] = (uint8_t)(plen >> (56 - 8 * i));
+	memcpy(f + 13, body, len);
+	uint64_t deadline = th_now_ms() + (uint64_t)budget_ms;
+	static uint32_t next_id = 1;
+	uint32_t sent = 0;
+	for (; sent < count; sent++) {
+		uint32_t id = 0x80000000u | next_id++;
+		for (int i = 0; i < 4; i++)
+			f[9 + i] = (uint8_t)(id >> (24 - 8 * i));
+		if (write_until(fd, f, flen, deadline))
+			break;
+	}
+	free(f);
+	return sent;
+}
+
+uint8_t *th_stats_req(size_t *len)
+{
+	struct ipc_req q;
+	uint8_t *buf = NULL;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = IPC_OP_STATS;
+	T_OK(codec_req_encode(&q, &buf, len));
+	return buf;
 }
 
 uint32_t th_raw_conn(const struct th_daemon *d)

@@ -23,6 +23,9 @@ struct th_daemon {
  * auto), default "cpu". */
 const char *th_backend(void);
 
+/* Monotonic clock in milliseconds. */
+uint64_t th_now_ms(void);
+
 /* Path of a built binary. */
 const char *th_bin(const char *name);
 
@@ -72,6 +75,25 @@ uint32_t th_raw_conn(const struct th_daemon *d);
 int th_raw_call(uint32_t sock, const void *buf, size_t len, uint8_t **rep,
                 size_t *replen);
 void th_raw_close(uint32_t sock);
+
+/*
+ * A control-socket peer that never reads: a plain AF_UNIX stream socket
+ * speaking nng's IPC wire format by hand (the SP handshake as a req0 peer,
+ * then length-framed messages each led by a 4-byte request id), so nothing
+ * drains the daemon's replies and its sends to this peer back up, as with
+ * a hostile or wedged client.  th_silent_peer connects and returns the fd
+ * (fails the test when ctl.ipc cannot be reached); th_silent_send writes
+ * `count` copies of body as requests with fresh ids and returns how many
+ * the kernel took before `budget_ms` ran out (the peer's own socket buffer
+ * fills once the daemon stops reading, which is also what the test wants
+ * to see); the caller closes the fd.
+ */
+int th_silent_peer(const struct th_daemon *d);
+uint32_t th_silent_send(int fd, const void *body, size_t len, uint32_t count,
+                        int budget_ms);
+
+/* An encoded {v, op: "stats"} request (malloc'ed; the caller frees it). */
+uint8_t *th_stats_req(size_t *len);
 
 /* Reads one numeric key from `kvtrimctl stats` (fails the test if absent). */
 uint64_t th_stat(const struct th_daemon *d, const char *key);
