@@ -31,6 +31,22 @@ int log_parse_level(const char *s)
 	return -1;
 }
 
+int log_limit_pass(struct log_limit *l, uint32_t interval_ms,
+                   uint64_t *suppressed)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	if (now < l->next_ms) {
+		l->suppressed++;
+		return 0;
+	}
+	l->next_ms = now + interval_ms;
+	*suppressed = l->suppressed;
+	l->suppressed = 0;
+	return 1;
+}
+
 void log_emit(int lvl, const char *fmt, ...)
 {
 	char line[1024];
