@@ -12,9 +12,21 @@
  *
  * Authentication: peers are checked against allow_uids / allow_gids (empty:
  * the daemon's own uid and root) twice — SO_PEERCRED on fd.sock at accept,
- * and the nng pipe's peer uid at hello — and so are the admin ops that
- * change something (drain, config_set).  Read-only admin ops are open to
- * whoever may open the socket (mode 0660).
+ * and the nng pipe's peer uid at hello.  The admin ops that change
+ * something (drain, config_set) are checked against admin_uids /
+ * admin_gids instead (same default): a tenant is not an admin, and the four
+ * lists change from the socket only with acl_from_socket = 1.  Read-only
+ * admin ops are open to whoever may open the socket (mode 0660).
+ *
+ * Control connections (one nng pipe each) are tracked by the loop (struct
+ * srv_pipe) so that no peer can hold the daemon: a reply waits at most
+ * send_timeout_ms for its peer to take it, a connection has at most
+ * max_inflight_per_conn requests in flight (a peer that sends more without
+ * reading is closed), one without a tenant is closed after
+ * hello_timeout_ms without a request, and beyond max_pending_conns such
+ * connections are refused at accept (admins and registered tenants never
+ * are).  One sync touches at most max_sync_lists page lists, which bounds
+ * how long it holds the loop.
  *
  * Memory pressure, in three steps: above high_watermark every tenant gets
  * a pressure level (scaled by its priority, tenant_set_pressure) that
@@ -84,6 +96,8 @@ struct srv_req {
 	uint64_t recv_us;    /* when nng delivered it (set before queueing) */
 	uint64_t park_deadline_ms; /* parked: refuse after this */
 	int dev_wait; /* parked until a tenant's GPU writes are done */
+	uint32_t pipe_id; /* the request's control connection, 0 once done */
+	int send_rv;      /* nng result of the reply's send (done queue) */
 };
 
 /* srv_dispatch: the sync waits for the engine's GPU writes
@@ -115,9 +129,33 @@ struct srv_tenant {
 	int draining;   /* kvtrimctl drain: no new sequences */
 };
 
+struct srv_acl {
+	int configured; /* either list non-empty */
+	uint32_t uid[SRV_ALLOW_MAX], n_uid;
+	uint32_t gid[SRV_ALLOW_MAX], n_gid;
+};
+
 struct srv_pipe_ev {
 	uint32_t pipe_id;
+	int added; /* NNG_PIPE_EV_ADD_POST, else REM_POST */
 	struct srv_pipe_ev *next;
+};
+
+/*
+ * One open control connection (nng pipe), loop thread only.  inflight
+ * counts its requests from receipt until nng took the reply (queued,
+ * handled, parked or being sent); a peer that stops reading its replies
+ * keeps its sends, and so the contexts, waiting: max_inflight_per_conn
+ * bounds how many contexts one connection can hold, and send_timeout_ms
+ * how long.
+ */
+struct srv_pipe {
+	uint32_t id;       /* nng pipe id; 0: free slot */
+	uint32_t inflight;
+	uint64_t last_ms;  /* last request received or reply taken */
+	int bound;         /* a tenant registered on it (no idle deadline) */
+	int kicked;        /* the daemon closed it; requests still queued
+	                      from it are dropped */
 };
 
 struct server {
@@ -139,10 +177,16 @@ struct server {
 	struct srv_req *reqs; /* [cfg.contexts] */
 	uint32_t n_reqs;
 
-	pthread_mutex_t qlock;   /* guards ready_* and pipe_evs */
+	pthread_mutex_t qlock;   /* guards ready_*, done_* and pipe_evs */
 	struct srv_req *ready_head, *ready_tail;
-	struct srv_pipe_ev *pipe_evs;
+	struct srv_req *done_head, *done_tail; /* replies nng finished */
+	struct srv_pipe_ev *pipe_evs, *pipe_evs_tail; /* in order */
 	uv_async_t wake;
+
+	/* Open control connections, open addressing on the pipe id
+	 * (linear probing, at most half full). */
+	struct srv_pipe *pipes; /* [pipes_cap] */
+	uint32_t pipes_cap, n_pipes;
 
 	int hsock;
 	uv_poll_t hpoll;
@@ -157,11 +201,15 @@ struct server {
 	uint32_t n_parked;
 	float pressure; /* pool-wide level, 0..1 */
 
-	/* Parsed allow lists (cfg.allow_uids / allow_gids). */
-	uint32_t allow_uid[SRV_ALLOW_MAX], n_allow_uid;
-	uint32_t allow_gid[SRV_ALLOW_MAX], n_allow_gid;
+	/* Parsed access lists (cfg.allow_* and cfg.admin_*). */
+	pthread_mutex_t acl_lock;
+	struct srv_acl allow, admin;
 
 	int control_conns; /* nng pipes open; atomic (nng threads) */
+	int tenant_pipes;  /* of which a tenant is registered on; atomic,
+	                      written by the loop, read at accept */
+	uint64_t ctl_refused; /* atomic: pipes refused at accept */
+	uint32_t max_pending; /* atomic copy of cfg.max_pending_conns */
 
 	struct stats_pub pub;
 	int pub_ready;
@@ -218,13 +266,24 @@ static void srv_req_cb(void *arg)
 		return;
 	}
 	if (r->sending) {
-		r->sending = 0;
+		/* The loop accounts the reply to its connection and re-arms
+		 * the context (srv_done). */
 		if (rv != 0) {
 			nng_msg_free(nng_aio_get_msg(r->aio));
+			nng_aio_set_msg(r->aio, NULL);
 			if (rv == NNG_ECLOSED)
 				return;
 		}
-		nng_ctx_recv(r->ctx, r->aio);
+		r->send_rv = rv;
+		r->next = NULL;
+		pthread_mutex_lock(&s->qlock);
+		if (s->done_tail)
+			s->done_tail->next = r;
+		else
+			s->done_head = r;
+		s->done_tail = r;
+		pthread_mutex_unlock(&s->qlock);
+		uv_async_send(&s->wake);
 		return;
 	}
 	if (rv != 0) {
@@ -246,23 +305,148 @@ static void srv_req_cb(void *arg)
 	uv_async_send(&s->wake);
 }
 
+static int srv_acl_has(const struct server *s, const struct srv_acl *a,
+                       uint32_t pid, uint32_t uid, uint32_t gid);
+
+/*
+ * ADD_PRE: a connection beyond max_pending_conns that no tenant is
+ * registered on is refused (closed before it joins the socket), unless
+ * its peer is an admin; registered tenants' connections do not count, so
+ * neither they nor kvtrimctl as an admin ever lose their place.
+ * nng runs REM_POST for every pipe that saw ADD_PRE, refused ones included,
+ * which keeps control_conns exact.
+ */
 static void srv_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	struct server *s = arg;
-	if (ev == NNG_PIPE_EV_ADD_POST) {
-		__atomic_add_fetch(&s->control_conns, 1, __ATOMIC_RELAXED);
+	if (ev == NNG_PIPE_EV_ADD_PRE) {
+		int open = __atomic_add_fetch(&s->control_conns, 1,
+		                              __ATOMIC_RELAXED);
+		int bound = __atomic_load_n(&s->tenant_pipes, __ATOMIC_RELAXED);
+		uint32_t max = __atomic_load_n(&s->max_pending,
+		                               __ATOMIC_RELAXED);
+		uint64_t pid = 0, uid = 0, gid = 0;
+		if (open - bound > (int)max &&
+		    (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) ||
+		     nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid) ||
+		     nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) ||
+		     !srv_acl_has(s, &s->admin, (uint32_t)pid, (uint32_t)uid,
+		                  (uint32_t)gid))) {
+			nng_pipe_close(p);
+			__atomic_add_fetch(&s->ctl_refused, 1, __ATOMIC_RELAXED);
+			uv_async_send(&s->wake); /* the loop logs it */
+		}
 		return;
 	}
-	__atomic_sub_fetch(&s->control_conns, 1, __ATOMIC_RELAXED);
+	if (ev == NNG_PIPE_EV_REM_POST)
+		__atomic_sub_fetch(&s->control_conns, 1, __ATOMIC_RELAXED);
 	struct srv_pipe_ev *e = malloc(sizeof(*e));
 	if (!e)
 		return; /* the pid check in cron still reclaims the tenant */
 	e->pipe_id = (uint32_t)nng_pipe_id(p);
+	e->added = ev == NNG_PIPE_EV_ADD_POST;
+	e->next = NULL;
 	pthread_mutex_lock(&s->qlock);
-	e->next = s->pipe_evs;
-	s->pipe_evs = e;
+	if (s->pipe_evs_tail)
+		s->pipe_evs_tail->next = e;
+	else
+		s->pipe_evs = e;
+	s->pipe_evs_tail = e;
 	pthread_mutex_unlock(&s->qlock);
 	uv_async_send(&s->wake);
+}
+
+/* ---------------------------------------------------------- connections */
+
+static uint32_t srv_pipe_slot(const struct server *s, uint32_t id)
+{
+	uint32_t m = s->pipes_cap - 1, i = (id * 2654435761u) & m;
+	while (s->pipes[i].id && s->pipes[i].id != id)
+		i = (i + 1) & m;
+	return i;
+}
+
+static struct srv_pipe *srv_pipe_find(struct server *s, uint32_t id)
+{
+	if (!id || !s->pipes_cap)
+		return NULL;
+	struct srv_pipe *p = &s->pipes[srv_pipe_slot(s, id)];
+	return p->id ? p : NULL;
+}
+
+/* The entry of pipe id, created when missing; NULL only when out of
+ * memory (the connection is then simply not limited). */
+static struct srv_pipe *srv_pipe_get(struct server *s, uint32_t id)
+{
+	struct srv_pipe *p = srv_pipe_find(s, id);
+	if (p)
+		return p;
+	if (2 * (s->n_pipes + 1) > s->pipes_cap) {
+		uint32_t cap = s->pipes_cap ? 2 * s->pipes_cap : 64;
+		struct srv_pipe *old = s->pipes, *nt = calloc(cap, sizeof(*nt));
+		if (!nt)
+			return NULL;
+		uint32_t ocap = s->pipes_cap;
+		s->pipes = nt;
+		s->pipes_cap = cap;
+		for (uint32_t i = 0; i < ocap; i++)
+			if (old[i].id)
+				s->pipes[srv_pipe_slot(s, old[i].id)] = old[i];
+		free(old);
+	}
+	p = &s->pipes[srv_pipe_slot(s, id)];
+	*p = (struct srv_pipe){.id = id, .last_ms = now_ms()};
+	s->n_pipes++;
+	return p;
+}
+
+/* Removes pipe id's entry (backward-shift deletion keeps probes short). */
+static void srv_pipe_del(struct server *s, uint32_t id)
+{
+	if (!srv_pipe_find(s, id))
+		return;
+	uint32_t m = s->pipes_cap - 1, i = srv_pipe_slot(s, id);
+	s->pipes[i].id = 0;
+	s->n_pipes--;
+	for (uint32_t j = (i + 1) & m; s->pipes[j].id; j = (j + 1) & m) {
+		uint32_t home = (s->pipes[j].id * 2654435761u) & m;
+		/* Move j back into the hole at i unless its home lies in
+		 * (i, j] (cyclically). */
+		if (((j - home) & m) >= ((j - i) & m)) {
+			s->pipes[i] = s->pipes[j];
+			s->pipes[j].id = 0;
+			i = j;
+		}
+	}
+}
+
+/* Closes a control connection the daemon gives up on, once (nng then
+ * reports its removal, which reclaims a tenant registered on it). */
+static void srv_pipe_kick(struct server *s, uint32_t id, uint64_t *counter,
+                          const char *why)
+{
+	struct srv_pipe *e = srv_pipe_find(s, id);
+	if (e && e->kicked)
+		return;
+	if (e)
+		e->kicked = 1;
+	nng_pipe p = NNG_PIPE_INITIALIZER;
+	p.id = id;
+	uint64_t pid = 0;
+	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
+	(*counter)++;
+	LOG_EVERY(LOG_LVL_WARNING, 1000, "closing control connection %" PRIu32
+	          " (pid %" PRIu64 "): %s", id, pid, why);
+	nng_pipe_close(p);
+}
+
+/* Marks the connection of a tenant registered (1) or released (0). */
+static void srv_pipe_bind(struct server *s, uint32_t id, int bound)
+{
+	struct srv_pipe *p = srv_pipe_find(s, id);
+	if (p)
+		p->bound = bound;
+	__atomic_add_fetch(&s->tenant_pipes, bound ? 1 : -1, __ATOMIC_RELAXED);
 }
 
 /* ---------------------------------------------------------- tenants */
@@ -309,30 +493,39 @@ static int srv_pid_in_group(uint32_t pid, uint32_t gid)
 }
 
 /*
- * The allow lists: a peer is allowed when its uid is in allow_uids or its
- * primary or a supplementary group is in allow_gids.  With both lists
- * empty, the daemon's own uid and root are allowed (and nobody else).
+ * An access list: a peer is in it when its uid is in uids or its primary
+ * or a supplementary group is in gids.  With both lists empty it holds the
+ * daemon's own uid and root (and nobody else).  Two lists: allow (who may
+ * register a tenant) and admin (who may use the admin ops that change
+ * something: drain, config set); being one does not make a peer the other.
+ * Read from nng threads too (srv_pipe_cb), hence acl_lock.
  */
+static int srv_acl_has(const struct server *s, const struct srv_acl *a,
+                       uint32_t pid, uint32_t uid, uint32_t gid)
+{
+	int in = 0;
+	pthread_mutex_lock((pthread_mutex_t *)&s->acl_lock);
+	if (!a->configured)
+		in = uid == 0 || uid == (uint32_t)geteuid();
+	for (uint32_t i = 0; i < a->n_uid && !in; i++)
+		in = a->uid[i] == uid;
+	for (uint32_t i = 0; i < a->n_gid && !in; i++)
+		in = a->gid[i] == gid || srv_pid_in_group(pid, a->gid[i]);
+	pthread_mutex_unlock((pthread_mutex_t *)&s->acl_lock);
+	return in;
+}
+
 static int srv_allowed(const struct server *s, uint32_t pid, uint32_t uid,
                        uint32_t gid)
 {
-	if (!s->cfg.allow_uids[0] && !s->cfg.allow_gids[0])
-		return uid == 0 || uid == (uint32_t)geteuid();
-	for (uint32_t i = 0; i < s->n_allow_uid; i++)
-		if (s->allow_uid[i] == uid)
-			return 1;
-	for (uint32_t i = 0; i < s->n_allow_gid; i++)
-		if (s->allow_gid[i] == gid ||
-		    srv_pid_in_group(pid, s->allow_gid[i]))
-			return 1;
-	return 0;
+	return srv_acl_has(s, &s->allow, pid, uid, gid);
 }
 
-/* Re-reads the allow lists after a config change (values were validated
- * by the config table, so a parse failure means a name vanished from NSS
- * since: that list then allows nobody, which fails closed). */
-static uint32_t srv_allow_load(const char *key, const char *list, int gids,
-                               uint32_t *ids)
+/* Re-reads one list after a config change (values were validated by the
+ * config table, so a parse failure means a name vanished from NSS since:
+ * that list then holds nobody, which fails closed). */
+static uint32_t srv_acl_load(const char *key, const char *list, int gids,
+                             uint32_t *ids)
 {
 	int n = config_parse_ids(list, gids, ids, SRV_ALLOW_MAX);
 	if (n < 0 || n > SRV_ALLOW_MAX)
@@ -342,17 +535,28 @@ static uint32_t srv_allow_load(const char *key, const char *list, int gids,
 	return n < 0 ? 0 : n > SRV_ALLOW_MAX ? SRV_ALLOW_MAX : (uint32_t)n;
 }
 
-static void srv_allow_refresh(struct server *s)
+static void srv_acl_set(struct srv_acl *a, const char *ukey,
+                        const char *uids, const char *gkey, const char *gids)
 {
-	s->n_allow_uid = srv_allow_load("allow_uids", s->cfg.allow_uids, 0,
-	                                s->allow_uid);
-	s->n_allow_gid = srv_allow_load("allow_gids", s->cfg.allow_gids, 1,
-	                                s->allow_gid);
+	a->configured = uids[0] || gids[0];
+	a->n_uid = srv_acl_load(ukey, uids, 0, a->uid);
+	a->n_gid = srv_acl_load(gkey, gids, 1, a->gid);
 }
 
-/* Checks the control connection's peer (nng reads SO_PEERCRED for us). */
-static int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
-                            char *why, size_t wlen)
+static void srv_allow_refresh(struct server *s)
+{
+	pthread_mutex_lock(&s->acl_lock);
+	srv_acl_set(&s->allow, "allow_uids", s->cfg.allow_uids, "allow_gids",
+	            s->cfg.allow_gids);
+	srv_acl_set(&s->admin, "admin_uids", s->cfg.admin_uids, "admin_gids",
+	            s->cfg.admin_gids);
+	pthread_mutex_unlock(&s->acl_lock);
+}
+
+/* Checks the control connection's peer (nng reads SO_PEERCRED for us)
+ * against the allow list, or the admin list (admin 1). */
+static int srv_pipe_check(struct server *s, nng_pipe p, int admin,
+                          const char *what, char *why, size_t wlen)
 {
 	uint64_t uid = 0, gid = 0, pid = 0;
 	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) ||
@@ -363,13 +567,27 @@ static int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
 		return KVT_EPERM;
 	}
 	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
-	if (srv_allowed(s, (uint32_t)pid, (uint32_t)uid, (uint32_t)gid))
+	if (srv_acl_has(s, admin ? &s->admin : &s->allow, (uint32_t)pid,
+	                (uint32_t)uid, (uint32_t)gid))
 		return 0;
 	snprintf(why, wlen, "%s refused: uid %" PRIu64 " gid %" PRIu64
-	         " is not allowed (allow_uids / allow_gids)", what, uid, gid);
+	         " is not allowed (%s)", what, uid, gid,
+	         admin ? "admin_uids / admin_gids" : "allow_uids / allow_gids");
 	s->st.auth_refusals_total++;
-	LOG(LOG_LVL_WARNING, "%s (pid %" PRIu64 ")", why, pid);
+	LOG_EVERY(LOG_LVL_WARNING, 1000, "%s (pid %" PRIu64 ")", why, pid);
 	return KVT_EPERM;
+}
+
+static int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
+                            char *why, size_t wlen)
+{
+	return srv_pipe_check(s, p, 0, what, why, wlen);
+}
+
+static int srv_pipe_admin(struct server *s, nng_pipe p, const char *what,
+                          char *why, size_t wlen)
+{
+	return srv_pipe_check(s, p, 1, what, why, wlen);
 }
 
 static void srv_conn_close(struct srv_conn *c);
@@ -386,6 +604,7 @@ static void srv_reclaim(struct server *s, struct srv_tenant *st,
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		if (s->tenants[i] == st)
 			s->tenants[i] = NULL;
+	srv_pipe_bind(s, st->pipe_id, 0);
 	tenant_free(st->t);
 	if (st->conn) {
 		st->conn->st = NULL;
@@ -656,6 +875,16 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 		return rv;
 	}
 	const struct shm_geom *g = tenant_geom(st->t);
+	if ((uint64_t)g->n_layers * g->n_kv_heads > s->cfg.max_sync_lists) {
+		snprintf(why, wlen, "a sequence has %" PRIu64 " page lists "
+		         "(n_layers x n_kv_heads), more than one sync may touch "
+		         "(max_sync_lists %" PRIu32 ")",
+		         (uint64_t)g->n_layers * g->n_kv_heads,
+		         s->cfg.max_sync_lists);
+		tenant_free(st->t);
+		free(st);
+		return KVT_EGEOMETRY;
+	}
 	/* Device tenants: the two event handles go first, so the client has
 	 * them (or fails) before its segments complete the hello. */
 	if (tenant_flush_events(st->t, srv_send_event, c)) {
@@ -683,6 +912,7 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	st->conn = c;
 	c->st = st;
 	s->tenants[slot] = st;
+	srv_pipe_bind(s, st->pipe_id, 1);
 	s->st.tenants_registered_total++;
 
 	rep->u.hello.tenant = st->id;
@@ -879,6 +1109,8 @@ static void srv_config_changed(struct server *s)
 	if (lvl >= 0)
 		log_threshold = lvl;
 	srv_allow_refresh(s);
+	__atomic_store_n(&s->max_pending, s->cfg.max_pending_conns,
+	                 __ATOMIC_RELAXED);
 }
 
 static void srv_config_row(const struct server *s,
@@ -900,7 +1132,7 @@ static int srv_config_set(struct server *s, const struct ipc_req *r,
                           size_t wlen)
 {
 	const char *key = r->u.set.key, *val = r->u.set.value;
-	int rv = srv_pipe_allowed(s, pipe, "config_set", why, wlen);
+	int rv = srv_pipe_admin(s, pipe, "config_set", why, wlen);
 	if (rv)
 		return rv;
 	const struct config_entry *e = config_find(key);
@@ -913,6 +1145,12 @@ static int srv_config_set(struct server *s, const struct ipc_req *r,
 		snprintf(why, wlen, "%s cannot change while kvtrimd runs: set it "
 		         "in the config file and restart", key);
 		return KVT_ENOTSUP;
+	}
+	if (!s->cfg.acl_from_socket && (!strncmp(key, "allow_", 6) ||
+	                                !strncmp(key, "admin_", 6))) {
+		snprintf(why, wlen, "%s can change only in the config file "
+		         "(then SIGHUP); acl_from_socket = 1 allows it here", key);
+		return KVT_EPERM;
 	}
 	struct config next = s->cfg;
 	if ((rv = config_set(&next, key, val, why, wlen)) ||
@@ -945,7 +1183,7 @@ static int srv_drain_tenant(struct server *s, const struct ipc_req *r,
 {
 	const char *who = r->u.drain.tenant;
 	uint32_t n = 0;
-	int rv = srv_pipe_allowed(s, pipe, "drain", why, wlen);
+	int rv = srv_pipe_admin(s, pipe, "drain", why, wlen);
 	if (rv)
 		return rv;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
@@ -1039,6 +1277,34 @@ static int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
 	}
 }
 
+/*
+ * The work of one sync follows the page lists it touches; max_sync_lists
+ * bounds it, so one tenant's sync cannot hold the loop (and everyone
+ * else's syncs) for long.  Layer ranges are counted as the sync would
+ * clamp them; their validity is tenant_sync's to judge.
+ */
+static int srv_sync_bounded(const struct server *s,
+                            const struct srv_tenant *st,
+                            const struct ipc_sync_item *items, uint32_t n,
+                            char *why, size_t wlen)
+{
+	const struct shm_geom *g = tenant_geom(st->t);
+	uint64_t lists = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t hi = items[i].layer_hi, lo = items[i].layer_lo;
+		if (!hi || hi > g->n_layers)
+			hi = g->n_layers;
+		lists += (uint64_t)(hi > lo ? hi - lo : 0) * g->n_kv_heads;
+	}
+	if (lists <= s->cfg.max_sync_lists)
+		return 0;
+	snprintf(why, wlen, "this sync touches %" PRIu64 " page lists "
+	         "(items x layers x KV heads), more than max_sync_lists (%"
+	         PRIu32 "): split it into smaller syncs", lists,
+	         s->cfg.max_sync_lists);
+	return KVT_ETOOBIG;
+}
+
 static int srv_dispatch(struct server *s, const struct ipc_req *r,
                         nng_pipe pipe, struct ipc_rep *rep, char *why,
                         size_t wlen)
@@ -1077,6 +1343,9 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SYNC: {
 		struct kvt_tenant_stats before, after;
+		if ((rv = srv_sync_bounded(s, st, r->u.sync.items,
+		                           r->u.sync.n, why, wlen)))
+			return rv;
 		if (!tenant_sync_ready(st->t, srv_wake_from_device, s))
 			return SRV_DEVICE_WAIT;
 		tenant_stats(st->t, &before);
@@ -1176,8 +1445,8 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 		if (parked) {
 			size_t n = strlen(why);
 			s->st.backpressure_timeouts_total++;
-			snprintf(why + n, sizeof(why) - n, " (no pages came free "
-			         "within pressure_deadline_ms)");
+			snprintf(why + n, sizeof(why) - n, "%sno pages came free "
+			         "within pressure_deadline_ms", n ? "; " : "");
 		}
 	} else if (parked && rv == 0) {
 		s->st.backpressure_resumed_total++;
@@ -1212,18 +1481,88 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 	return SRV_REPLY;
 }
 
-/* Sends r's reply (or re-arms its context when there is none). */
-static void srv_send(struct srv_req *r)
+/* Arms r's context for the next request (no deadline: a connection may
+ * stay quiet as long as it likes; idleness is the cron's business). */
+static void srv_recv(struct srv_req *r)
+{
+	r->pipe_id = 0;
+	nng_aio_set_timeout(r->aio, NNG_DURATION_INFINITE);
+	nng_ctx_recv(r->ctx, r->aio);
+}
+
+/* The request r is over (reply taken, or none): its connection has one
+ * fewer in flight. */
+static void srv_req_done(struct server *s, struct srv_req *r)
+{
+	struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
+	if (p) {
+		if (p->inflight)
+			p->inflight--;
+		p->last_ms = now_ms();
+	}
+	srv_recv(r);
+}
+
+/*
+ * Sends r's reply (or re-arms its context when there is none).  The send
+ * waits at most send_timeout_ms for the connection to take it: a peer
+ * that does not read cannot keep the context (srv_done closes it).
+ */
+static void srv_send(struct server *s, struct srv_req *r)
 {
 	nng_msg *rep = r->msg;
 	r->msg = NULL;
 	if (!rep) {
-		nng_ctx_recv(r->ctx, r->aio);
+		srv_req_done(s, r);
 		return;
 	}
 	r->sending = 1;
+	nng_aio_set_timeout(r->aio, (nng_duration)s->cfg.send_timeout_ms);
 	nng_aio_set_msg(r->aio, rep);
 	nng_ctx_send(r->ctx, r->aio);
+}
+
+/* Replies nng has finished with, from the done queue (loop thread). */
+static void srv_done(struct server *s, struct srv_req *list)
+{
+	while (list) {
+		struct srv_req *r = list;
+		list = r->next;
+		r->sending = 0;
+		if (r->send_rv == NNG_ETIMEDOUT)
+			srv_pipe_kick(s, r->pipe_id,
+			              &s->st.ctl_send_timeout_closed_total,
+			              "it did not take a reply within "
+			              "send_timeout_ms");
+		srv_req_done(s, r);
+	}
+}
+
+/*
+ * A new request r: counted against its connection, which is closed when
+ * it already has max_inflight_per_conn requests in flight (the client
+ * library never has more than 17).  0: handle r; -1: r was dropped and
+ * its context re-armed.
+ */
+static int srv_admit(struct server *s, struct srv_req *r)
+{
+	r->pipe_id = (uint32_t)nng_pipe_id(nng_msg_get_pipe(r->msg));
+	struct srv_pipe *p = srv_pipe_get(s, r->pipe_id);
+	if (!p)
+		return 0;
+	if (p->kicked || p->inflight >= s->cfg.max_inflight_per_conn) {
+		srv_pipe_kick(s, r->pipe_id, &s->st.ctl_inflight_closed_total,
+		              "more requests in flight than "
+		              "max_inflight_per_conn (is it reading its "
+		              "replies?)");
+		nng_msg_free(r->msg);
+		r->msg = NULL;
+		srv_recv(r);
+		return -1;
+	}
+	p->inflight++;
+	p->last_ms = now_ms();
+	return 0;
 }
 
 static void srv_park(struct server *s, struct srv_req *r)
@@ -1249,26 +1588,43 @@ static void srv_retry_parked(struct server *s)
 		if (srv_handle(s, r, !r->dev_wait) == SRV_PARK)
 			srv_park(s, r);
 		else
-			srv_send(r);
+			srv_send(s, r);
 	}
 }
 
 static void srv_wake_cb(uv_async_t *a)
 {
 	struct server *s = a->data;
-	struct srv_req *list;
+	struct srv_req *list, *done;
 	struct srv_pipe_ev *evs;
 
 	pthread_mutex_lock(&s->qlock);
 	list = s->ready_head;
 	s->ready_head = s->ready_tail = NULL;
+	done = s->done_head;
+	s->done_head = s->done_tail = NULL;
 	evs = s->pipe_evs;
-	s->pipe_evs = NULL;
+	s->pipe_evs = s->pipe_evs_tail = NULL;
 	pthread_mutex_unlock(&s->qlock);
 
+	uint64_t refused = __atomic_exchange_n(&s->ctl_refused, 0,
+	                                       __ATOMIC_RELAXED);
+	if (refused) {
+		s->st.ctl_refused_total += refused;
+		LOG_EVERY(LOG_LVL_WARNING, 1000, "ctl.ipc: %" PRIu64 " "
+		          "connection(s) refused: max_pending_conns (%" PRIu32
+		          ") connections without a tenant are open", refused,
+		          s->cfg.max_pending_conns);
+	}
 	while (evs) {
 		struct srv_pipe_ev *e = evs;
 		evs = e->next;
+		if (e->added) {
+			srv_pipe_get(s, e->pipe_id);
+			free(e);
+			continue;
+		}
+		srv_pipe_del(s, e->pipe_id);
 		for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 			struct srv_tenant *st = s->tenants[i];
 			if (st && st->pipe_id == e->pipe_id) {
@@ -1278,6 +1634,7 @@ static void srv_wake_cb(uv_async_t *a)
 		}
 		free(e);
 	}
+	srv_done(s, done);
 	/* Waiting requests first: pages freed by the events above go to
 	 * them before newcomers. */
 	if (s->n_parked)
@@ -1286,10 +1643,12 @@ static void srv_wake_cb(uv_async_t *a)
 	while (list) {
 		struct srv_req *r = list;
 		list = r->next;
+		if (srv_admit(s, r))
+			continue;
 		if (srv_handle(s, r, 0) == SRV_PARK)
 			srv_park(s, r);
 		else
-			srv_send(r);
+			srv_send(s, r);
 	}
 	/* Closes, byes and evicting syncs just handled may have freed what
 	 * the parked ones wait for: do not leave that to the next tick. */
@@ -1397,6 +1756,16 @@ static void srv_cron_cb(uv_timer_t *t)
 			    ": no hello", c->pid);
 			srv_conn_close(c);
 		}
+	}
+	/* Control connections without a tenant that sent nothing for
+	 * hello_timeout_ms (kvtrimctl's connections are busy or short). */
+	for (uint32_t i = 0; i < s->pipes_cap; i++) {
+		struct srv_pipe *p = &s->pipes[i];
+		if (p->id && !p->bound && !p->inflight && !p->kicked &&
+		    now - p->last_ms > s->cfg.hello_timeout_ms)
+			srv_pipe_kick(s, p->id, &s->st.ctl_idle_closed_total,
+			              "no request and no tenant within "
+			              "hello_timeout_ms");
 	}
 	/* A process that died while a forked child kept its sockets open
 	 * would otherwise hold its pages: check the peer pid directly. */
@@ -1537,6 +1906,7 @@ static void srv_close_nng(struct server *s)
 		r->msg = NULL;
 	}
 	s->ready_head = s->ready_tail = NULL;
+	s->done_head = s->done_tail = NULL; /* their messages are gone */
 	pthread_mutex_unlock(&s->qlock);
 	for (struct srv_req *r = s->parked_head; r; r = r->next) {
 		nng_msg_free(r->msg);
@@ -1621,6 +1991,7 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	s->next_tenant_id = 1;
 	s->started_ms = now_ms();
 	pthread_mutex_init(&s->qlock, NULL);
+	pthread_mutex_init(&s->acl_lock, NULL);
 	stats_pub_init(&s->pub);
 	s->pub_ready = 1;
 	srv_allow_refresh(s);
@@ -1708,6 +2079,8 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	}
 	s->sock_open = 1;
 	nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, SRV_RECV_MAX);
+	s->max_pending = cfg->max_pending_conns;
+	nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, srv_pipe_cb, s);
 	nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, srv_pipe_cb, s);
 	nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, srv_pipe_cb, s);
 	/* A stale socket file of a dead daemon would make listen fail. */
@@ -1766,7 +2139,7 @@ int server_run(struct server *s)
 		               s->watchdog_ms);
 	}
 	for (uint32_t i = 0; i < s->n_reqs; i++)
-		nng_ctx_recv(s->reqs[i].ctx, s->reqs[i].aio);
+		srv_recv(&s->reqs[i]);
 	LOG(LOG_LVL_NOTICE,
 	    "kvtrimd ready: runtime dir %s, backend %s (%s), pool %" PRIu64
 	    " bytes (%" PRIu64 " chunks)%s", s->cfg.runtime_dir,
@@ -1816,8 +2189,10 @@ void server_free(struct server *s)
 		s->bops->ctx_free(s->bctx);
 	free(s->tenants);
 	free(s->reqs);
+	free(s->pipes);
 	if (s->pub_ready)
 		stats_pub_destroy(&s->pub);
 	pthread_mutex_destroy(&s->qlock);
+	pthread_mutex_destroy(&s->acl_lock);
 	free(s);
 }

@@ -72,6 +72,14 @@
 	X(device_waits_total, "device_waits_total", "",                        \
 	  "syncs parked until the engine's GPU writes were done (cuda, "      \
 	  "policies that read K)")                                             \
+	X(ctl_refused_total, "control_conns_refused_total", "",               \
+	  "control connections refused at accept (max_pending_conns)")        \
+	X(ctl_idle_closed_total, "control_conns_closed_total",                 \
+	  "reason=\"idle\"", "control connections the daemon closed")         \
+	X(ctl_inflight_closed_total, "control_conns_closed_total",             \
+	  "reason=\"inflight\"", "control connections the daemon closed")     \
+	X(ctl_send_timeout_closed_total, "control_conns_closed_total",          \
+	  "reason=\"send_timeout\"", "control connections the daemon closed") \
 	X(config_reloads_total, "config_reloads_total", "",                    \
 	  "config reloads (SIGHUP) applied")                                   \
 	X(config_reload_failures_total, "config_reload_failures_total", "",    \

@@ -11,7 +11,7 @@ TEST(config, defaults_are_documented_values)
 	T_EQ_U64(c.pool_size, 256ull << 20);
 	T_EQ_U64(c.default_quota, 0);
 	T_EQ(c.max_tenants, 64);
-	T_EQ(c.contexts, 64);
+	T_EQ(c.contexts, 256);
 	T_EQ_STR(c.backend, "auto");
 	T_EQ_STR(c.log_level, "notice");
 	T_EQ_STR(c.runtime_dir, "");

@@ -1,0 +1,291 @@
+/*
+ * test_hostile.c — the control plane under hostile and faulty control
+ * clients (ctl.ipc): a peer that never reads its replies, idle
+ * connections that never say hello, and admin rights apart from tenant
+ * rights.  Each test drives the real daemon and checks that a healthy
+ * client keeps being served.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "kvtrim.h"
+#include "test.h"
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+/*
+ * A healthy engine: registers, opens a sequence and syncs it `syncs`
+ * times, each call bounded by the client timeout (3 s in th_small_cfg).
+ * Returns the first error, 0 when every call succeeded.
+ */
+static int healthy_engine(const struct th_daemon *d, const char *name,
+                          int syncs)
+{
+	struct kvt_config cfg = th_small_cfg(d, name, "full");
+	kvt_client *c = NULL;
+	char err[KVT_ERRTEXT_MAX];
+	uint64_t seq;
+	int rv = kvt_connect(&cfg, &c, err);
+	if (rv)
+		return rv;
+	if ((rv = kvt_seq_open(c, &seq)))
+		goto out;
+	for (int i = 0; i < syncs && !rv; i++) {
+		struct kvt_sync_item it = {.seq = seq, .n_new = 1};
+		rv = kvt_sync(c, &it, 1);
+	}
+out:
+	kvt_disconnect(c);
+	return rv;
+}
+
+TEST_T(hostile, never_reading_peer_does_not_freeze_the_control_plane, 60)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "16M", NULL);
+	size_t len;
+	uint8_t *req = th_stats_req(&len);
+	/* Four such peers, each writing far more requests than the daemon
+	 * has contexts, and never reading a byte. */
+	int fds[4];
+	uint32_t sent = 0;
+	for (int i = 0; i < 4; i++) {
+		fds[i] = th_silent_peer(&d);
+		sent += th_silent_send(fds[i], req, len, 1000, 2000);
+	}
+	free(req);
+	T_ASSERT(sent >= 300);
+	/* The daemon closes them; meanwhile everybody else is served. */
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s stats >/dev/null",
+	           th_bin("kvtrimctl")), 0);
+	T_OK(healthy_engine(&d, "healthy", 20));
+	/* The peers' connections were closed by the daemon: reading
+	 * drains whatever replies got through, then EOF (0), or ECONNRESET. */
+	for (int i = 0; i < 4; i++) {
+		uint64_t deadline = th_now_ms() + 10000;
+		int closed = 0;
+		char buf[65536];
+		while (!closed && th_now_ms() < deadline) {
+			ssize_t n = read(fds[i], buf, sizeof(buf));
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+				closed = 1;
+			else if (n < 0)
+				sleep_ms(20);
+		}
+		T_ASSERT(closed);
+		close(fds[i]);
+	}
+	T_EQ(th_stat(&d, "ctl_inflight_closed_total") +
+	     th_stat(&d, "ctl_send_timeout_closed_total"), 4);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* Runs kvtrimctl as uid (group root, so the 0660 sockets open). */
+static int ctl_as(const struct th_daemon *d, unsigned uid, char *out,
+                  size_t len, const char *args)
+{
+	chmod(th_tmpdir(), 0750);
+	return th_sh(d, out, len, "setpriv --reuid %u --regid 0 "
+	             "--clear-groups %s %s", uid, th_bin("kvtrimctl"), args);
+}
+
+TEST(hostile, tenants_are_not_admins_and_acls_change_only_in_the_file)
+{
+	struct th_daemon d;
+	char out[4096];
+	if (geteuid() != 0)
+		T_SKIP("needs root to act as another uid");
+	const char *extra[] = {"--allow-uids", "0,4242", NULL};
+	th_daemon_start(&d, "16M", extra);
+	/* A tenant user (allow_uids) can read, not drain or reconfigure. */
+	T_EQ(ctl_as(&d, 4242, out, sizeof(out), "stats"), 0);
+	T_EQ(ctl_as(&d, 4242, out, sizeof(out), "drain x"), 2);
+	T_ASSERT(strstr(out, "EPERM") && strstr(out, "admin_uids"));
+	T_EQ(ctl_as(&d, 4242, out, sizeof(out),
+	            "config set allow_uids 4242"), 2);
+	T_ASSERT(strstr(out, "EPERM"));
+	/* Even an admin cannot rewrite the access lists from the socket. */
+	static const char *const keys[] = {"allow_uids", "allow_gids",
+	                                   "admin_uids", "admin_gids"};
+	for (int i = 0; i < 4; i++) {
+		char cmd[128];
+		snprintf(cmd, sizeof(cmd), "%s config set %s 4242",
+		         th_bin("kvtrimctl"), keys[i]);
+		T_EQ(th_sh(&d, out, sizeof(out), "%s", cmd), 2);
+		T_ASSERT(strstr(out, "EPERM") && strstr(out, "config file"));
+	}
+	T_EQ(th_sh(&d, out, sizeof(out), "%s config get allow_uids",
+	           th_bin("kvtrimctl")), 0);
+	T_ASSERT(strstr(out, "0,4242"));
+	T_EQ(th_sh(&d, out, sizeof(out), "%s config set log_level info",
+	           th_bin("kvtrimctl")), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+
+	/* admin_uids names the admins; root is then not one, and
+	 * acl_from_socket 1 lets an admin change the lists. */
+	const char *extra2[] = {"--admin-uids", "4242", "--acl-from-socket",
+	                        "1", NULL};
+	th_daemon_start(&d, "16M", extra2);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s drain x", th_bin("kvtrimctl")),
+	     2);
+	T_ASSERT(strstr(out, "EPERM"));
+	T_EQ(ctl_as(&d, 4242, out, sizeof(out), "drain x"), 2);
+	T_ASSERT(strstr(out, "ENOTENANT")); /* allowed; no such tenant */
+	T_EQ(ctl_as(&d, 4242, out, sizeof(out), "config set allow_uids 0"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST_T(hostile, reply_not_taken_in_time_closes_the_connection, 60)
+{
+	struct th_daemon d;
+	/* The in-flight bound out of the way: only the send deadline can
+	 * free the contexts this peer's unread replies hold. */
+	const char *extra[] = {"--max-inflight-per-conn", "1024",
+	                       "--send-timeout-ms", "300", NULL};
+	th_daemon_start(&d, "16M", extra);
+	size_t len;
+	uint8_t *req = th_stats_req(&len);
+	int fd = th_silent_peer(&d);
+	T_ASSERT(th_silent_send(fd, req, len, 1000, 2000) >= 300);
+	free(req);
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s stats >/dev/null",
+	           th_bin("kvtrimctl")), 0);
+	T_OK(healthy_engine(&d, "healthy", 20));
+	T_EQ(th_stat(&d, "ctl_send_timeout_closed_total"), 1);
+	T_EQ(th_stat(&d, "ctl_inflight_closed_total"), 0);
+	close(fd);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(hostile, idle_connections_without_a_tenant_are_closed)
+{
+	struct th_daemon d;
+	const char *extra[] = {"--hello-timeout-ms", "500", NULL};
+	th_daemon_start(&d, "16M", extra);
+	/* A registered tenant idles as long as it likes. */
+	struct kvt_config cfg = th_small_cfg(&d, "idler", "full");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	int fds[50];
+	for (int i = 0; i < 50; i++)
+		fds[i] = th_silent_peer(&d);
+	uint64_t deadline = th_now_ms() + 10000;
+	int closed = 0;
+	while (closed < 50 && th_now_ms() < deadline) {
+		closed = 0;
+		for (int i = 0; i < 50; i++) {
+			char b[64];
+			ssize_t n = recv(fds[i], b, sizeof(b), MSG_PEEK);
+			/* The daemon's SP header may sit unread; past it,
+			 * EOF means closed. */
+			if (n == 8)
+				T_EQ(read(fds[i], b, 8), 8);
+			else if (n == 0)
+				closed++;
+		}
+		sleep_ms(50);
+	}
+	T_EQ(closed, 50);
+	T_EQ(th_stat(&d, "ctl_idle_closed_total"), 50);
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	kvt_disconnect(c);
+	for (int i = 0; i < 50; i++)
+		close(fds[i]);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(hostile, pending_connections_are_bounded_tenants_and_admins_served)
+{
+	struct th_daemon d;
+	const char *extra[] = {"--max-pending-conns", "8", NULL};
+	th_daemon_start(&d, "16M", extra);
+	struct kvt_config cfg = th_small_cfg(&d, "early", "full");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX], out[4096];
+	T_OK(kvt_connect(&cfg, &c, err));
+	/* Silent peers as a non-admin user fill the pending slots; those
+	 * beyond the limit are refused at once. */
+	if (geteuid() != 0)
+		T_SKIP("needs root to act as another uid");
+	chmod(th_tmpdir(), 0750);
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		gid_t g0[] = {0};
+		if (setgroups(1, g0) || setgid(0) || setuid(4242))
+			_exit(99);
+		for (int i = 0; i < 20; i++)
+			th_silent_peer(&d);
+		sleep_ms(3000);
+		_exit(0);
+	}
+	uint64_t deadline = th_now_ms() + 5000;
+	while (th_stat(&d, "ctl_refused_total") < 12 &&
+	       th_now_ms() < deadline)
+		sleep_ms(50);
+	T_ASSERT(th_stat(&d, "ctl_refused_total") >= 12);
+	/* The registered tenant and root's kvtrimctl are still served. */
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	T_EQ(th_sh(&d, out, sizeof(out), "%s stats >/dev/null",
+	           th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	int st;
+	T_EQ(waitpid(pid, &st, 0), pid);
+	T_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(hostile, one_sync_touches_at_most_max_sync_lists)
+{
+	struct th_daemon d;
+	const char *extra[] = {"--max-sync-lists", "8", NULL};
+	th_daemon_start(&d, "16M", extra);
+	/* 2 layers x 2 KV heads: 4 lists a sequence. */
+	struct kvt_config cfg = th_small_cfg(&d, "batcher", "full");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq s[3];
+	for (int i = 0; i < 3; i++)
+		T_OK(kvt_seq_open(c, &s[i]));
+	struct kvt_sync_item it[3];
+	for (int i = 0; i < 3; i++)
+		it[i] = (struct kvt_sync_item){s[i], 1, KVT_PHASE_DECODE, 0, 0};
+	T_ERR(kvt_sync(c, it, 3), KVT_ETOOBIG); /* 12 lists */
+	T_ASSERT(strstr(kvt_last_error(c), "max_sync_lists"));
+	/* Nothing was applied: the same items, two at a time, go through
+	 * with the counters they had, and so does one layer of all three. */
+	T_OK(kvt_sync(c, it, 2));
+	T_OK(kvt_sync(c, &it[2], 1));
+	struct kvt_sync_item l0[3];
+	for (int i = 0; i < 3; i++)
+		l0[i] = (struct kvt_sync_item){s[i], 1, KVT_PHASE_PREFILL, 0, 1};
+	T_OK(kvt_sync(c, l0, 3)); /* 3 x 1 layer x 2 heads = 6 lists */
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+
+	const char *tiny[] = {"--max-sync-lists", "3", NULL};
+	th_daemon_start(&d, "16M", tiny);
+	cfg = th_small_cfg(&d, "too-deep", "full");
+	T_ERR(kvt_connect(&cfg, &c, err), KVT_EGEOMETRY);
+	T_ASSERT(strstr(err, "max_sync_lists"));
+	T_EQ(th_daemon_stop(&d), 0);
+}
