@@ -76,10 +76,10 @@
 	  "control connections refused at accept (max_pending_conns)")        \
 	X(ctl_idle_closed_total, "control_conns_closed_total",                 \
 	  "reason=\"idle\"", "control connections the daemon closed")         \
-	X(ctl_inflight_closed_total, "control_conns_closed_total",             \
-	  "reason=\"inflight\"", "control connections the daemon closed")     \
 	X(ctl_send_timeout_closed_total, "control_conns_closed_total",          \
 	  "reason=\"send_timeout\"", "control connections the daemon closed") \
+	X(ctl_requests_dropped_total, "control_requests_dropped_total", "",    \
+	  "requests dropped unanswered: max_inflight_per_conn in flight")      \
 	X(config_reloads_total, "config_reloads_total", "",                    \
 	  "config reloads (SIGHUP) applied")                                   \
 	X(config_reload_failures_total, "config_reload_failures_total", "",    \
