@@ -83,10 +83,13 @@ static const struct config_entry config_table[] = {
 	 "page lists one sync may touch (items x layers x KV heads); bounds "
 	 "the time one sync holds the daemon's loop"},
 	{"stats_max_conns", CONFIG_U32, 0, 1, 4096, "256", F(stats_max_conns),
-	 "HTTP connections to the stats socket at once"},
+	 "HTTP connections to the stats socket (and to the TCP port) at once; "
+	 "at the limit a new connection closes the one that has waited longest "
+	 "for a complete request"},
 	{"stats_header_timeout_ms", CONFIG_U32, 0, 100, 60000, "2000",
 	 F(stats_header_timeout_ms),
-	 "an HTTP request whose headers are not complete after this is closed"},
+	 "an HTTP connection without complete request headers this long after "
+	 "it opened (or after its previous reply) is closed, trickling or not"},
 	{"tenant_memory_max", CONFIG_SIZE, CONFIG_MUTABLE, 1ull << 16,
 	 1ull << 40, "256M", F(tenant_memory_max),
 	 "daemon memory outside the pool one tenant may cause (table, staging, "

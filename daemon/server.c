@@ -964,6 +964,8 @@ static struct stats_snap *srv_snapshot(struct server *s)
 	snap->c = s->st;
 	snap->c.chunks_created_total = s->pool.chunks_created_total;
 	snap->c.chunks_released_total = s->pool.chunks_released_total;
+	http_counts(s->http, &snap->c.stats_conn_timeouts_total,
+	            &snap->c.stats_conn_drops_total);
 	snprintf(snap->version, sizeof(snap->version), "%d.%d.%d",
 	         KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
 	/* "cpu" (memfd chunks), or "cuda/vmm" / "cuda/ipc": the sharing mode
@@ -2129,7 +2131,12 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	/* The stats socket last: the HTTP thread starts serving at once and
 	 * must find a snapshot to render. */
 	srv_publish(s);
-	if ((rv = http_start(s->stats_path, cfg->stats_tcp_port,
+	if ((rv = http_start(s->stats_path,
+	                     &(struct http_opts){
+	                             .tcp_port = cfg->stats_tcp_port,
+	                             .max_conns = cfg->stats_max_conns,
+	                             .header_timeout_ms =
+	                                     cfg->stats_header_timeout_ms},
 	                     srv_http_render, s, &s->http, err, errlen)))
 		goto fail;
 	srv_socket_group(s->fd_path);

@@ -89,7 +89,13 @@
 	X(weights_reloads_total, "weights_reloads_total", "",                  \
 	  "tenant scorer weights re-read on SIGHUP")                           \
 	X(weights_reload_failures_total, "weights_reload_failures_total", "",  \
-	  "weight reloads refused (the tenant kept its old weights)")
+	  "weight reloads refused (the tenant kept its old weights)")          \
+	X(stats_conn_timeouts_total, "stats_conn_timeouts_total", "",          \
+	  "stats-socket connections closed for no complete request head "     \
+	  "within stats_header_timeout_ms, or a reply not read in 10 s")       \
+	X(stats_conn_drops_total, "stats_conn_drops_total", "",                \
+	  "stats-socket connections closed at stats_max_conns to make room "  \
+	  "(the one waiting longest for a request)")
 
 #define STATS_GAUGES(X)                                                        \
 	X(uptime_seconds, "uptime_seconds", "", "seconds since kvtrimd started")\
