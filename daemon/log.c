@@ -54,3 +54,16 @@ void log_emit(int lvl, const char *fmt, ...)
 	ssize_t w = write(STDERR_FILENO, line, (size_t)n);
 	(void)w;
 }
+
+int log_rate_due(struct log_rate *r, uint64_t now_ms, uint64_t interval_ms,
+                 uint64_t *suppressed)
+{
+	if (now_ms < r->next_ms) {
+		r->suppressed++;
+		return 0;
+	}
+	*suppressed = r->suppressed;
+	r->suppressed = 0;
+	r->next_ms = now_ms + interval_ms;
+	return 1;
+}

@@ -7,6 +7,8 @@
 #ifndef KVT_LOG_H
 #define KVT_LOG_H
 
+#include <stdint.h>
+
 enum log_lvl {
 	LOG_LVL_ERR = 3,
 	LOG_LVL_WARNING = 4,
@@ -23,6 +25,24 @@ void log_emit(int lvl, const char *fmt, ...)
 /* Parses "err|warning|notice|info|debug"; -1 when unknown. */
 int log_parse_level(const char *s);
 const char *log_level_name(int lvl);
+
+/*
+ * Rate limit for records that a hostile peer could repeat at will (one per
+ * refused connection or bad packet): at most one record per interval, and
+ * that record tells how many were held back since the previous one.
+ */
+struct log_rate {
+	uint64_t next_ms;    /* monotonic ms before which records are held */
+	uint64_t suppressed; /* held back since the last record */
+};
+
+/*
+ * 1 when a record may be written now (at now_ms, monotonic): *suppressed
+ * then holds how many were held back before it and the next interval_ms
+ * starts; 0 when this one is counted instead.
+ */
+int log_rate_due(struct log_rate *r, uint64_t now_ms, uint64_t interval_ms,
+                 uint64_t *suppressed);
 
 #define LOG(lvl, ...)                                                          \
 	do {                                                                   \
