@@ -520,22 +520,19 @@ static void srv_conn_cb(uv_poll_t *p, int status, int events)
 		int rc = handle_recv_ext(c->fd, &m, &fd, 0);
 		if (fd >= 0)
 			close(fd); /* clients never send fds */
-		if (rc == KVT_ETIMEDOUT) {
-			if (status >= 0 && !(events & UV_DISCONNECT))
-				return;
-			break;
+		if (rc == KVT_ETIMEDOUT && status >= 0 &&
+		    !(events & UV_DISCONNECT))
+			return; /* all read */
+		if (rc && rc != KVT_EPROTO) {
+			srv_conn_close(c);
+			return;
 		}
-		if (rc && rc != KVT_EPROTO)
-			break;
 		const char *bad = srv_conn_judge(c, rc, &m, why, sizeof(why));
 		if (bad) {
 			srv_conn_violation(c, bad);
 			return;
 		}
-		if (i + 1 == SRV_CONN_BATCH)
-			return;
 	}
-	srv_conn_close(c);
 }
 
 /* The most fd.sock connections without a tenant at once: max_pending_conns,
