@@ -70,7 +70,8 @@ static const struct config_entry config_table[] = {
 	{"max_pending_conns", CONFIG_U32, CONFIG_MUTABLE, 1, 65536, "256",
 	 F(max_pending_conns),
 	 "connections of each socket (ctl.ipc, fd.sock) not bound to a tenant; "
-	 "more are refused at accept"},
+	 "more are refused at accept (fd.sock first closes its oldest one idle "
+	 "for 1 s); lowered at start to fit the open-file limit"},
 	{"max_inflight_per_conn", CONFIG_U32, CONFIG_MUTABLE, 1, 1024, "32",
 	 F(max_inflight_per_conn),
 	 "requests of one control connection in flight at once; a connection "

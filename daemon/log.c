@@ -31,20 +31,11 @@ int log_parse_level(const char *s)
 	return -1;
 }
 
-int log_limit_pass(struct log_limit *l, uint32_t interval_ms,
-                   uint64_t *suppressed)
+uint64_t log_now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-	if (now < l->next_ms) {
-		l->suppressed++;
-		return 0;
-	}
-	l->next_ms = now + interval_ms;
-	*suppressed = l->suppressed;
-	l->suppressed = 0;
-	return 1;
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 void log_emit(int lvl, const char *fmt, ...)
@@ -69,4 +60,17 @@ void log_emit(int lvl, const char *fmt, ...)
 	/* One write per record so lines from concurrent writers never mix. */
 	ssize_t w = write(STDERR_FILENO, line, (size_t)n);
 	(void)w;
+}
+
+int log_rate_due(struct log_rate *r, uint64_t now_ms, uint64_t interval_ms,
+                 uint64_t *suppressed)
+{
+	if (now_ms < r->next_ms) {
+		r->suppressed++;
+		return 0;
+	}
+	*suppressed = r->suppressed;
+	r->suppressed = 0;
+	r->next_ms = now_ms + interval_ms;
+	return 1;
 }

@@ -26,6 +26,24 @@ void log_emit(int lvl, const char *fmt, ...)
 int log_parse_level(const char *s);
 const char *log_level_name(int lvl);
 
+/*
+ * Rate limit for records that a hostile peer could repeat at will (one per
+ * refused connection or bad packet): at most one record per interval, and
+ * that record tells how many were held back since the previous one.
+ */
+struct log_rate {
+	uint64_t next_ms;    /* monotonic ms before which records are held */
+	uint64_t suppressed; /* held back since the last record */
+};
+
+/*
+ * 1 when a record may be written now (at now_ms, monotonic): *suppressed
+ * then holds how many were held back before it and the next interval_ms
+ * starts; 0 when this one is counted instead.
+ */
+int log_rate_due(struct log_rate *r, uint64_t now_ms, uint64_t interval_ms,
+                 uint64_t *suppressed);
+
 #define LOG(lvl, ...)                                                          \
 	do {                                                                   \
 		if ((lvl) <= log_threshold)                                    \
@@ -33,28 +51,18 @@ const char *log_level_name(int lvl);
 	} while (0)
 
 /*
- * A record that a hostile peer could make repeat (a refused connection, a
- * junk packet): LOG_EVERY(lvl, ms, ...) writes at most one record per ms
- * milliseconds from its call site; the first record after a quiet spell
- * is followed by a count of the ones left out.  Each call site keeps its
- * own state, used by one thread (the loop's sites by the loop).
+ * LOG_EVERY(lvl, ms, ...): LOG with a struct log_rate of its own call site
+ * (used by one thread: the loop's sites by the loop); the first record
+ * after a quiet spell is followed by a count of the ones left out.
  */
-struct log_limit {
-	uint64_t next_ms;    /* monotonic; earlier records pass */
-	uint64_t suppressed; /* dropped since the last record written */
-};
-
-/* 1: write the record now (then *suppressed tells how many were left out
- * before it); 0: drop it. */
-int log_limit_pass(struct log_limit *l, uint32_t interval_ms,
-                   uint64_t *suppressed);
+uint64_t log_now_ms(void); /* monotonic */
 
 #define LOG_EVERY(lvl, interval_ms, ...)                                       \
 	do {                                                                   \
-		static struct log_limit lim_;                                  \
+		static struct log_rate lim_;                                   \
 		uint64_t left_;                                                \
 		if ((lvl) <= log_threshold &&                                  \
-		    log_limit_pass(&lim_, (interval_ms), &left_)) {            \
+		    log_rate_due(&lim_, log_now_ms(), (interval_ms), &left_)) {\
 			log_emit((lvl), __VA_ARGS__);                          \
 			if (left_)                                             \
 				log_emit((lvl), "(%llu similar records "      \

@@ -34,6 +34,31 @@ static void usage(FILE *f)
 		        e->flags & CONFIG_MUTABLE ? '*' : ' ', opt, e->help,
 		        e->def[0] ? e->def : "empty");
 	}
+	fprintf(f,
+	        "\nLimits (one misbehaving client cannot starve the others):\n"
+	        "  connections without a tenant: max_pending_conns per socket "
+	        "(fd.sock: at the\n"
+	        "  limit the oldest one idle for 1 s is closed, else the new "
+	        "one), each closed\n"
+	        "  after hello_timeout_ms; control requests: "
+	        "max_inflight_per_conn and\n"
+	        "  send_timeout_ms; stats socket: stats_max_conns and "
+	        "stats_header_timeout_ms.\n"
+	        "  A client that sends on fd.sock anything but CHUNK_CLOSED for "
+	        "a chunk it was\n"
+	        "  told to revoke is disconnected (its tenant is released).\n"
+	        "  Open files: kvtrimd raises its soft RLIMIT_NOFILE to the hard "
+	        "limit and needs\n"
+	        "  pool_size/2M + 4 x max_tenants + 3 + stats_max_conns + 2 x "
+	        "max_pending_conns\n"
+	        "  + 64; under a lower limit it lowers max_pending_conns "
+	        "(warning at start), so\n"
+	        "  registered tenants are not the ones that run out.  A failed "
+	        "accept pauses\n"
+	        "  the listener 100 ms, doubling to 1 s.\n"
+	        "  One kvtrimd per runtime dir: it holds RUNTIME_DIR/kvtrimd.lock "
+	        "(its pid); a\n"
+	        "  second one exits with status 1.\n");
 }
 
 /* "--pool-size" -> "pool_size"; NULL when arg is not an option. */

@@ -59,6 +59,15 @@
 	  "2 MiB pool chunks released")                                        \
 	X(auth_refusals_total, "auth_refusals_total", "",                      \
 	  "connections or hellos refused by the uid/gid allow lists")          \
+	X(handle_accept_failures_total, "handle_accept_failures_total", "",    \
+	  "fd.sock accepts that failed (e.g. out of fds); each pauses the "    \
+	  "listener 100 ms to 1 s")                                            \
+	X(handle_pending_refusals_total, "handle_pending_refusals_total", "",  \
+	  "fd.sock connections closed at accept, or the oldest idle one "      \
+	  "closed, because max_pending_conns had no tenant yet")               \
+	X(handle_violations_total, "handle_violations_total", "",              \
+	  "fd.sock peers disconnected for sending what the protocol never "    \
+	  "asks (junk, a packet before hello, a CHUNK_CLOSED for no chunk)")   \
 	X(quota_refusals_total, "quota_refusals_total", "",                    \
 	  "hellos refused for asking more than max_quota")                     \
 	X(pressure_tightenings_total, "pressure_tightenings_total", "",        \

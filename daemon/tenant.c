@@ -1401,16 +1401,17 @@ int tenant_flush_events(struct tenant *t,
 	return 0;
 }
 
-void tenant_chunk_closed(struct tenant *t, uint64_t serial)
+int tenant_chunk_closed(struct tenant *t, uint64_t serial)
 {
 	if (!t->ipc_share || !serial)
-		return;
+		return KVT_EPROTO;
 	for (uint32_t i = 0; i < t->n_dead; i++)
 		if (t->dead[i].serial == serial) {
 			pool_chunk_free(t->pool, &t->dead[i].pc);
 			t->dead[i] = t->dead[--t->n_dead];
-			return;
+			return 0;
 		}
+	return KVT_EPROTO;
 }
 
 int tenant_failed(const struct tenant *t)

@@ -164,11 +164,13 @@ int tenant_check(const struct tenant *t, char *detail, size_t len);
 
 /*
  * The client closed a legacy-IPC chunk it was told to revoke (packet
- * CHUNK_CLOSED with the serial from the REVOKE): the chunk is freed now.
- * Unknown serials are ignored (a confused or hostile client frees nothing
- * that is not its own and already revoked).
+ * CHUNK_CLOSED with the serial from the REVOKE): the chunk is freed now and
+ * 0 is returned.  A serial that names no revoked chunk still awaiting
+ * CHUNK_CLOSED (unknown, already confirmed, or a tenant that shares no
+ * legacy-IPC chunks) changes nothing and returns KVT_EPROTO: the client
+ * sent what the protocol never asked for, and the server drops it.
  */
-void tenant_chunk_closed(struct tenant *t, uint64_t serial);
+int tenant_chunk_closed(struct tenant *t, uint64_t serial);
 
 /* 1 after a device failure inside a sync's apply step: the tenant's K/V
  * can no longer be trusted and the server drops it. */

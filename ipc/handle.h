@@ -7,6 +7,9 @@
  * Conversation:
  *   daemon -> client  WELCOME {cookie}            right after accept
  *   client -> daemon  (nothing: the client puts cookie in its nng hello)
+ * A client sends nothing on this channel but CHUNK_CLOSED (below); the
+ * daemon disconnects a peer that sends anything else (docs/protocol.md,
+ * "Limits of the handle channel").
  *   daemon -> client  TABLE {size} + fd           before the hello reply
  *   daemon -> client  STAGE {size} + fd           before the hello reply
  *   daemon -> client  CHUNK_ADD {slot, size} + fd whenever the tenant gains

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "rundir.h"
 #include "test.h"
 
 const char *th_bin(const char *name)
@@ -49,6 +52,28 @@ uint64_t th_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* 1 while a live kvtrimd holds dir's lock (rundir_lock): its sockets are
+ * not leftovers then. */
+static int dir_locked(const char *dir)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", dir, RUNDIR_LOCK_NAME);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	int busy = flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+	close(fd); /* drops the lock if the probe took it */
+	return busy;
+}
+
+/* RLIMIT_NOFILE (soft and hard) of the daemons spawned next; 0: inherit. */
+static unsigned long daemon_nofile;
+
+void th_daemon_set_nofile(unsigned long n)
+{
+	daemon_nofile = n;
+}
+
 void th_daemon_spawn(struct th_daemon *d, const char *pool,
                      const char *const *extra)
 {
@@ -71,9 +96,10 @@ void th_daemon_spawn(struct th_daemon *d, const char *pool,
 	argv[n] = NULL;
 	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
 	char paths[3][512];
-	for (int i = 0; i < 3; i++) {
+	/* A killed daemon's leftovers; never a live one's sockets. */
+	for (int i = 0; i < 3 && !dir_locked(d->dir); i++) {
 		snprintf(paths[i], sizeof(paths[i]), "%s/%s", d->dir, socks[i]);
-		unlink(paths[i]); /* a killed daemon's leftovers */
+		unlink(paths[i]);
 	}
 	pid_t pid = fork();
 	T_ASSERT(pid >= 0);
@@ -83,6 +109,9 @@ void th_daemon_spawn(struct th_daemon *d, const char *pool,
 			dup2(fd, 2);
 			close(fd);
 		}
+		struct rlimit rl = {daemon_nofile, daemon_nofile};
+		if (daemon_nofile && setrlimit(RLIMIT_NOFILE, &rl))
+			_exit(126);
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}

@@ -34,7 +34,8 @@ const char *th_bin(const char *name);
  * plus extra args (NULL-terminated, may be NULL) and waits until its three
  * sockets exist (fails the test after 5 s).  Socket files a killed daemon
  * left in that directory are removed first, so a restart waits for the
- * new daemon's.  The daemon inherits the test's environment (set
+ * new daemon's; while a live kvtrimd holds the directory's lock
+ * (kvtrimd.lock) they are its own and stay.  The daemon inherits the test's environment (set
  * NOTIFY_SOCKET and the like with setenv before).
  */
 void th_daemon_start(struct th_daemon *d, const char *pool,
@@ -44,6 +45,12 @@ void th_daemon_start(struct th_daemon *d, const char *pool,
  * daemon is up (e.g. from its READY=1). */
 void th_daemon_spawn(struct th_daemon *d, const char *pool,
                      const char *const *extra);
+
+/*
+ * Daemons spawned after this call run with RLIMIT_NOFILE n, soft and hard
+ * (so kvtrimd cannot raise it); 0 (the default) inherits the test's.
+ */
+void th_daemon_set_nofile(unsigned long n);
 
 /* SIGTERM and wait (5 s at most); returns the exit status, -1 if killed. */
 int th_daemon_stop(struct th_daemon *d);

@@ -1354,3 +1354,30 @@ TEST(tenant, policy_state_untouched_by_refused_sync)
 	sim_free(&s);
 	T_EQ_U64(pool.chunks_used, 0);
 }
+
+TEST(tenant, chunk_closed_refuses_unasked_serials)
+{
+	/* A memfd tenant frees a revoked chunk at its REVOKE: no chunk ever
+	 * awaits CHUNK_CLOSED, so every serial (0, the revoked chunk's, any
+	 * other) is refused and nothing changes. */
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_b("full", 4);
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t a, b;
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_open(s.t, &b));
+	flush(&s);
+	T_OK(tenant_seq_close(s.t, a));
+	flush(&s);
+	T_EQ(s.revokes, 1);
+	T_EQ_U64(pool.chunks_used, 1);
+	const uint64_t serials[] = {0, 1, 2, 3, UINT64_MAX};
+	for (size_t i = 0; i < sizeof(serials) / sizeof(serials[0]); i++)
+		T_ERR(tenant_chunk_closed(s.t, serials[i]), KVT_EPROTO);
+	T_EQ_U64(pool.chunks_used, 1);
+	T_EQ_U64(tenant_chunks(s.t), 1);
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
