@@ -1,17 +1,19 @@
 /*
  * hostile.c — the hostile-client figures of kvtrim-bench (docs/bench.md,
  * "Hostile clients"): a healthy verifying engine's sync latency alone and
- * while one adversary runs beside it, one fresh kvtrimd per phase.
+ * while one adversary runs beside it.  One phase per adversary, each on a
+ * fresh kvtrimd: the engine connects, warms past its budget, measures a
+ * window alone, then the adversary starts and it measures a window beside
+ * it; the ratio compares the two windows of the phase.
  *
  * The healthy engine is bench_small_cfg's tenant (streaming, one sequence)
- * with a 1 s client timeout.  It is connected and warmed past its budget
- * before the adversary starts; then it makes paced decode syncs of one
- * token, each timed, and checks after each that every list holds exactly
- * the positions the streaming rule keeps.  A failed sync, a failed
+ * with a 1 s client timeout.  A window is a count of paced decode syncs
+ * of one token, each timed, after each of which every list must hold
+ * exactly the positions the streaming rule keeps.  A failed sync, a failed
  * reconnect or a wrong list is an error and a sample at the timeout, and
- * the engine reconnects on its next turn; a phase ends after its count of
- * syncs or its deadline, whichever comes first, so a frozen daemon costs a
- * bounded time and shows as errors and a p99 at the cap.
+ * the engine reconnects on its next turn; a window ends after its count or
+ * its deadline, whichever comes first, so a frozen daemon costs a bounded
+ * time and shows as errors and a p99 at the cap.
  *
  * Each adversary is a child process (this binary with --adversary) that
  * reports "ready k=v ..." once in place and "stat k=v ..." as it goes on
@@ -866,27 +868,35 @@ int hostile_adversary_main(int argc, char **argv)
 
 /* ------------------------------------------------ phases */
 
-struct hphase {
-	const char *name;   /* "alone" or an adversary */
-	int metrics;        /* /metrics fetched beside the syncs */
-	int ran;            /* the engine was warm when the phase began */
+/* One measurement window of the healthy engine. */
+struct hwin {
+	double *t;          /* [n] samples, us (kept for the pooled alone) */
+	int n, errors;      /* samples; failed syncs, reconnects and checks,
+	                       and failed /metrics fetches */
 	double p50_us, p99_us;
-	int n, errors;      /* samples; failed syncs and reconnects (and
-	                       failed /metrics fetches) */
-	double m_p99_ms;
+	double m_p99_ms;    /* /metrics, where fetched */
 	int m_errors;
+};
+
+/*
+ * A phase: the engine alone on a fresh daemon (before), then beside the
+ * adversary (beside).  The ratio compares the two windows of one phase,
+ * adjacent in time on the same daemon, so load from other processes that
+ * changes over the run weighs on both alike.
+ */
+struct hphase {
+	const struct hadv *adv;
+	int ran;            /* the engine was warm when the phase began */
+	struct hwin before, beside;
 	int n_kv;
 	struct hkv kv[H_MAX_KV];
 };
 
-/* The engine alone runs first and last: the better of the two is its
- * figure, so a burst of noise from other processes on the machine in one
- * of them does not flatter every ratio. */
 static struct hostile_state {
 	int quick;
 	const char *self;
-	struct hphase alone[2];
 	struct hphase ph[N_ADV];
+	struct hwin alone;  /* every phase's before window, pooled */
 } hs;
 
 static int daemon_up(struct th_daemon *d)
@@ -911,15 +921,34 @@ static int daemon_up(struct th_daemon *d)
 	return 0;
 }
 
-/* The paced, timed syncs of one phase into ph. */
-static void measure(struct hphase *ph, struct heng *e, const char *dir)
+static void win_stats(struct hwin *w)
+{
+	w->p50_us = w->p99_us = NAN;
+	if (!w->n)
+		return;
+	double *tmp = malloc(sizeof(double) * (size_t)w->n);
+	if (!tmp)
+		return;
+	memcpy(tmp, w->t, sizeof(double) * (size_t)w->n);
+	w->p50_us = bench_pct(tmp, w->n, 0.5);
+	w->p99_us = bench_pct(tmp, w->n, 0.99);
+	free(tmp);
+}
+
+/* The paced, timed, verified syncs of one window (what: for messages),
+ * with /metrics fetched in a thread beside them when metrics is set. */
+static void measure(struct hwin *w, const char *what, struct heng *e,
+                    const char *dir, int metrics)
 {
 	int count = hs.quick ? 400 : 2000;
-	double *t = malloc(sizeof(double) * (size_t)count);
 	double deadline = now_ms() + (hs.quick ? 3000 : 10000);
 	double next = bench_now_us(), cap = H_TIMEOUT_MS * 1e3;
-	int i;
-	for (i = 0; t && i < count && now_ms() < deadline; i++) {
+	struct hmetrics m;
+	memset(&m, 0, sizeof(m));
+	m.dir = dir;
+	int fetch = metrics && !pthread_create(&m.th, NULL, metrics_main, &m);
+	w->t = malloc(sizeof(double) * (size_t)count);
+	for (w->n = 0; w->t && w->n < count && now_ms() < deadline; w->n++) {
 		double wait = next - bench_now_us();
 		if (wait > 0)
 			sleep_ms(wait / 1e3);
@@ -929,41 +958,46 @@ static void measure(struct hphase *ph, struct heng *e, const char *dir)
 		if (!rc)
 			rc = heng_step(e, &us);
 		if (rc) {
-			if (!ph->errors)
+			if (!w->errors)
 				fprintf(stderr, "kvtrim-bench: hostile %s: %s "
-				        "(%s)\n", ph->name, kvt_strerror(rc),
+				        "(%s)\n", what, kvt_strerror(rc),
 				        e->c ? kvt_last_error(e->c)
 				             : "reconnect");
-			ph->errors++;
+			w->errors++;
 			us = cap;
 			heng_close(e);
 		}
-		t[i] = us < cap ? us : cap;
+		w->t[w->n] = us < cap ? us : cap;
 	}
-	ph->n = i;
-	if (i) {
-		ph->p50_us = bench_pct(t, i, 0.5);
-		ph->p99_us = bench_pct(t, i, 0.99);
+	win_stats(w);
+	w->m_p99_ms = NAN;
+	if (fetch) {
+		__atomic_store_n(&m.stop, 1, __ATOMIC_RELEASE);
+		pthread_join(m.th, NULL);
+		if (m.n)
+			w->m_p99_ms = bench_pct(m.ms, m.n, 0.99);
+		w->m_errors = m.errors;
+		w->errors += m.errors;
 	}
-	free(t);
 }
 
-static void phase_run(struct hphase *ph, const struct hadv *adv,
-                      const char *tmp_dir)
+static void phase_run(struct hphase *ph, const char *tmp_dir)
 {
+	const struct hadv *adv = ph->adv;
 	struct th_daemon d;
 	struct heng e = {0};
 	struct adv a = {.pid = 0, .rfd = -1};
-	struct hmetrics m;
 	double t0 = now_ms(), us;
-	ph->p50_us = ph->p99_us = ph->m_p99_ms = NAN;
+	char what[64];
+	ph->before.p50_us = ph->before.p99_us = ph->before.m_p99_ms = NAN;
+	ph->beside = ph->before;
 	snprintf(hostile_tmp, sizeof(hostile_tmp), "%s/h-%s", tmp_dir,
-	         ph->name);
+	         adv->name);
 	mkdir(hostile_tmp, 0700);
 	th_daemon_spawn(&d, H_POOL, NULL);
 	if (!daemon_up(&d)) {
 		fprintf(stderr, "kvtrim-bench: hostile %s: kvtrimd did not "
-		        "start (%s)\n", ph->name, d.log);
+		        "start (%s)\n", adv->name, d.log);
 		goto out;
 	}
 	int rc = heng_open(&e, d.dir);
@@ -971,28 +1005,18 @@ static void phase_run(struct hphase *ph, const struct hadv *adv,
 		rc = heng_step(&e, &us);
 	if (rc) {
 		fprintf(stderr, "kvtrim-bench: hostile %s: the engine failed "
-		        "before the adversary: %s\n", ph->name,
+		        "before the adversary: %s\n", adv->name,
 		        kvt_strerror(rc));
 		goto out;
 	}
 	ph->ran = 1;
-	if (adv && (adv_spawn(&a, hs.self, adv->name, d.dir, hs.quick) ||
-	            !adv_wait_ready(&a, hs.quick ? 8000 : 15000)))
+	snprintf(what, sizeof(what), "%s (alone)", adv->name);
+	measure(&ph->before, what, &e, d.dir, adv->metrics);
+	if (adv_spawn(&a, hs.self, adv->name, d.dir, hs.quick) ||
+	    !adv_wait_ready(&a, hs.quick ? 8000 : 15000))
 		fprintf(stderr, "kvtrim-bench: hostile %s: the adversary was "
-		        "not ready in time\n", ph->name);
-	memset(&m, 0, sizeof(m));
-	m.dir = d.dir;
-	int fetch = ph->metrics &&
-	            !pthread_create(&m.th, NULL, metrics_main, &m);
-	measure(ph, &e, d.dir);
-	if (fetch) {
-		__atomic_store_n(&m.stop, 1, __ATOMIC_RELEASE);
-		pthread_join(m.th, NULL);
-		if (m.n)
-			ph->m_p99_ms = bench_pct(m.ms, m.n, 0.99);
-		ph->m_errors = m.errors;
-		ph->errors += m.errors;
-	}
+		        "not ready in time\n", adv->name);
+	measure(&ph->beside, adv->name, &e, d.dir, adv->metrics);
 	adv_stop(&a);
 	ph->n_kv = a.n_kv;
 	memcpy(ph->kv, a.kv, sizeof(a.kv));
@@ -1000,9 +1024,32 @@ out:
 	heng_close(&e);
 	if (d.pid > 0)
 		th_daemon_stop(&d);
-	fprintf(stderr, "kvtrim-bench: hostile %s: %d syncs, p50 %.0f us, "
-	        "p99 %.0f us, %d errors, %.1f s\n", ph->name, ph->n,
-	        ph->p50_us, ph->p99_us, ph->errors, (now_ms() - t0) / 1e3);
+	fprintf(stderr, "kvtrim-bench: hostile %s: alone p99 %.0f us, beside "
+	        "%d syncs, p50 %.0f us, p99 %.0f us, %d errors, %.1f s\n",
+	        adv->name, ph->before.p99_us, ph->beside.n, ph->beside.p50_us,
+	        ph->beside.p99_us, ph->beside.errors, (now_ms() - t0) / 1e3);
+}
+
+/* Pools every phase's before window into hs.alone. */
+static void alone_pool(void)
+{
+	int n = 0;
+	for (size_t i = 0; i < N_ADV; i++)
+		n += hs.ph[i].before.n;
+	hs.alone.t = malloc(sizeof(double) * (size_t)(n ? n : 1));
+	hs.alone.m_p99_ms = NAN;
+	for (size_t i = 0; hs.alone.t && i < N_ADV; i++) {
+		const struct hwin *b = &hs.ph[i].before;
+		memcpy(hs.alone.t + hs.alone.n, b->t,
+		       sizeof(double) * (size_t)b->n);
+		hs.alone.n += b->n;
+		hs.alone.errors += b->errors;
+		if (hs.ph[i].adv->metrics) {
+			hs.alone.m_p99_ms = b->m_p99_ms;
+			hs.alone.m_errors += b->m_errors;
+		}
+	}
+	win_stats(&hs.alone);
 }
 
 void hostile_run(const char *self, const char *bin_dir, const char *tmp_dir,
@@ -1019,52 +1066,45 @@ void hostile_run(const char *self, const char *bin_dir, const char *tmp_dir,
 	setenv("KVTRIM_BACKEND", "cpu", 1);
 	hs.quick = quick;
 	hs.self = self;
-	hs.alone[0] = (struct hphase){.name = "alone", .metrics = 1};
-	hs.alone[1] = hs.alone[0];
-	phase_run(&hs.alone[0], NULL, tmp_dir);
 	for (size_t i = 0; i < N_ADV; i++) {
-		hs.ph[i] = (struct hphase){.name = advs[i].name,
-		                           .metrics = advs[i].metrics};
-		phase_run(&hs.ph[i], &advs[i], tmp_dir);
+		hs.ph[i] = (struct hphase){.adv = &advs[i]};
+		phase_run(&hs.ph[i], tmp_dir);
 	}
-	phase_run(&hs.alone[1], NULL, tmp_dir);
+	alone_pool();
 }
 
-/* The better alone phase, with the errors and fetch failures of both. */
-static struct hphase alone_best(void)
+static void print_win(FILE *f, const char *name, const struct hwin *w,
+                      int ran, int metrics)
 {
-	const struct hphase *a = hs.alone, *b = hs.alone + 1;
-	struct hphase r = !b->ran || (a->ran && !(b->p99_us < a->p99_us))
-	                          ? *a : *b;
-	r.ran = a->ran || b->ran;
-	r.errors = a->errors + b->errors;
-	r.m_errors = a->m_errors + b->m_errors;
-	return r;
+	fprintf(f, "hostile_sync_p50_us_%s %.1f\n", name, w->p50_us);
+	fprintf(f, "hostile_sync_p99_us_%s %.1f\n", name, w->p99_us);
+	if (ran)
+		fprintf(f, "hostile_errors_%s %d\n", name, w->errors);
+	else
+		fprintf(f, "hostile_errors_%s nan\n", name);
+	if (metrics) {
+		fprintf(f, "hostile_metrics_p99_ms_%s %.1f\n", name,
+		        w->m_p99_ms);
+		fprintf(f, "hostile_metrics_errors_%s %d\n", name,
+		        w->m_errors);
+	}
 }
 
 void hostile_print(FILE *f)
 {
-	struct hphase alone = alone_best();
-	for (size_t i = 0; i <= N_ADV && alone.name; i++) {
-		const struct hphase *ph = i ? &hs.ph[i - 1] : &alone;
-		const char *nm = ph->name;
-		fprintf(f, "hostile_sync_p50_us_%s %.1f\n", nm, ph->p50_us);
-		fprintf(f, "hostile_sync_p99_us_%s %.1f\n", nm, ph->p99_us);
-		if (ph->ran)
-			fprintf(f, "hostile_errors_%s %d\n", nm, ph->errors);
-		else
-			fprintf(f, "hostile_errors_%s nan\n", ph->name);
-		if (i)
-			fprintf(f, "hostile_p99_ratio_%s %.2f\n", ph->name,
-			        ph->p99_us / alone.p99_us);
-		if (ph->metrics) {
-			fprintf(f, "hostile_metrics_p99_ms_%s %.1f\n", ph->name,
-			        ph->m_p99_ms);
-			fprintf(f, "hostile_metrics_errors_%s %d\n", ph->name,
-			        ph->m_errors);
-		}
+	if (!hs.self)
+		return;
+	print_win(f, "alone", &hs.alone, hs.alone.n > 0, 1);
+	for (size_t i = 0; i < N_ADV; i++) {
+		const struct hphase *ph = &hs.ph[i];
+		const char *nm = ph->adv->name;
+		print_win(f, nm, &ph->beside, ph->ran, ph->adv->metrics);
+		fprintf(f, "hostile_sync_p99_us_alone_%s %.1f\n", nm,
+		        ph->before.p99_us);
+		fprintf(f, "hostile_p99_ratio_%s %.2f\n", nm,
+		        ph->beside.p99_us / ph->before.p99_us);
 		for (int k = 0; k < ph->n_kv; k++)
-			fprintf(f, "hostile_%s_%s %.15g\n", ph->kv[k].key,
-			        ph->name, ph->kv[k].v);
+			fprintf(f, "hostile_%s_%s %.15g\n", ph->kv[k].key, nm,
+			        ph->kv[k].v);
 	}
 }
