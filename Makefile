@@ -152,7 +152,9 @@ $(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_A)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BENCH): $(B)/obj/tests/bench/bench.o $(CORE_OBJ) $(LIB_A)
+# hostile.c's adversaries use the integration-test helpers (daemon.c).
+$(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/daemon.c) \
+          $(CORE_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)

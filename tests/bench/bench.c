@@ -44,10 +44,20 @@
  *   daemon_prefill_us_per_token_<p>  the daemon's CPU time over the prompt's
  *                                    syncs and the first decode sync
  *                                    (snapkv compresses there) / prompt
- * --quick: prompt 128, budgets 64, one round of 32 tokens (a smoke test;
- * its figures are not comparable).  docs/bench.md explains every line.
+ * Hostile clients (hostile.c): a healthy verifying engine's sync p50/p99
+ * alone and beside each adversary (a never-reading control peer, 5000 idle
+ * connections, a handle-channel flood, the largest tenant the defaults
+ * admit, 32 slow HTTP clients), a fresh kvtrimd per phase:
+ *   hostile_sync_p50_us_<phase>, hostile_sync_p99_us_<phase>,
+ *   hostile_errors_<phase>, hostile_p99_ratio_<adversary> (goal <= 2)
+ * --quick: prompt 128, budgets 64, one round of 32 tokens, 400 hostile
+ * syncs a phase (a smoke test; its figures are not comparable).
+ * docs/bench.md explains every line.
  *
  * Usage: kvtrim-bench --bin-dir build/bin --out build/bench.txt [--quick]
+ *        [--sync-only | --hostile-only]
+ * (kvtrim-bench --adversary NAME --runtime-dir DIR is one of hostile.c's
+ * adversary processes.)
  */
 #include <errno.h>
 #include <nng/nng.h>
@@ -66,6 +76,7 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "bench.h"
 #include "compact.h"
 #include "kernels.h"
 #include "kvtrim.h"
@@ -74,7 +85,7 @@
 
 static int quick;
 
-static double now_us(void)
+double bench_now_us(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -87,7 +98,8 @@ static int cmp_d(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static double pct(double *v, int n, double p)
+/* Sorts v. */
+double bench_pct(double *v, int n, double p)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_d);
 	int i = (int)(p * (n - 1) + 0.5);
@@ -119,16 +131,16 @@ static double bench_uds(int iters)
 	close(sv[1]);
 	double *t = malloc(sizeof(double) * (size_t)iters);
 	for (int i = 0; i < iters + 1000; i++) {
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		if (write(sv[0], buf, sizeof(buf)) != sizeof(buf) ||
 		    read(sv[0], buf, sizeof(buf)) != sizeof(buf))
 			die("uds ping-pong");
 		if (i >= 1000)
-			t[i - 1000] = now_us() - t0;
+			t[i - 1000] = bench_now_us() - t0;
 	}
 	close(sv[0]);
 	waitpid(pid, NULL, 0);
-	double p50 = pct(t, iters, 0.5);
+	double p50 = bench_pct(t, iters, 0.5);
 	free(t);
 	return p50;
 }
@@ -163,18 +175,18 @@ static double bench_nng(const char *dir, int iters)
 		die("nng dial");
 	double *t = malloc(sizeof(double) * (size_t)iters);
 	for (int i = 0; i < iters + 1000; i++) {
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		if (nng_msg_alloc(&m, 64) || nng_sendmsg(s, m, 0) ||
 		    nng_recvmsg(s, &m, 0))
 			die("nng ping-pong");
 		nng_msg_free(m);
 		if (i >= 1000)
-			t[i - 1000] = now_us() - t0;
+			t[i - 1000] = bench_now_us() - t0;
 	}
 	nng_close(s);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	double p50 = pct(t, iters, 0.5);
+	double p50 = bench_pct(t, iters, 0.5);
 	free(t);
 	return p50;
 }
@@ -212,22 +224,28 @@ static pid_t start_daemon(const char *bin_dir, const char *dir)
  * streaming budget of 256 entries is reached early, so every measured sync
  * evicts one entry per list and compacts.
  */
+void bench_small_cfg(struct kvt_config *c, const char *dir, const char *name,
+                     uint32_t seqs)
+{
+	memset(c, 0, sizeof(*c));
+	c->runtime_dir = dir;
+	c->tenant = name;
+	c->geo = (struct kvt_geometry){4, 8, 2, 64, 512};
+	c->dtype = KVT_DTYPE_F16;
+	c->page_tokens = 16;
+	c->max_seqs = seqs;
+	c->max_tokens = 512;
+	c->headroom = 16;
+	c->policy = "streaming:sinks=4,tokens=256";
+	c->timeout_ms = 5000;
+}
+
 static kvt_client *bench_client(const char *dir, uint32_t seqs)
 {
 	struct kvt_config c;
 	kvt_client *cl;
 	char err[KVT_ERRTEXT_MAX] = "";
-	memset(&c, 0, sizeof(c));
-	c.runtime_dir = dir;
-	c.tenant = "bench";
-	c.geo = (struct kvt_geometry){4, 8, 2, 64, 512};
-	c.dtype = KVT_DTYPE_F16;
-	c.page_tokens = 16;
-	c.max_seqs = seqs;
-	c.max_tokens = 512;
-	c.headroom = 16;
-	c.policy = "streaming:sinks=4,tokens=256";
-	c.timeout_ms = 5000;
+	bench_small_cfg(&c, dir, "bench", seqs);
 	int rv = kvt_connect(&c, &cl, err);
 	if (rv) {
 		fprintf(stderr, "kvt_connect: %s: %s\n", kvt_strerror(rv), err);
@@ -245,14 +263,14 @@ static void bench_sync(const char *dir, int iters, double *p50, double *p99)
 	double *t = malloc(sizeof(double) * (size_t)iters);
 	for (int i = 0; i < iters + 300; i++) {
 		struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		if (kvt_sync(c, &it, 1))
 			die("sync");
 		if (i >= 300)
-			t[i - 300] = now_us() - t0;
+			t[i - 300] = bench_now_us() - t0;
 	}
-	*p50 = pct(t, iters, 0.5);
-	*p99 = pct(t, iters, 0.99);
+	*p50 = bench_pct(t, iters, 0.5);
+	*p99 = bench_pct(t, iters, 0.99);
 	free(t);
 	kvt_disconnect(c);
 }
@@ -270,13 +288,13 @@ static double bench_sync64(const char *dir, int iters)
 	}
 	double *t = malloc(sizeof(double) * (size_t)iters);
 	for (int i = 0; i < iters + 300; i++) {
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		if (kvt_sync(c, it, 64))
 			die("sync64");
 		if (i >= 300)
-			t[i - 300] = now_us() - t0;
+			t[i - 300] = bench_now_us() - t0;
 	}
-	double p50 = pct(t, iters, 0.5) / 64;
+	double p50 = bench_pct(t, iters, 0.5) / 64;
 	free(t);
 	kvt_disconnect(c);
 	return p50;
@@ -312,10 +330,10 @@ static void bench_compact(double *memcpy_gbps, double *gather_gbps,
 			x ^= x << 17;
 			drop[i] = x & 1;
 		}
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		n_moves = compact_plan(drop, len, moves, &new_len);
 		compact_cpu(pages, P, row, moves, n_moves);
-		double dt = now_us() - t0;
+		double dt = bench_now_us() - t0;
 		if (dt < best_c)
 			best_c = dt;
 	}
@@ -324,9 +342,9 @@ static void bench_compact(double *memcpy_gbps, double *gather_gbps,
 	memset(src, 3, moved);
 	memset(dst, 4, moved);
 	for (int rep = 0; rep < 5; rep++) {
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		memcpy(dst, src, moved);
-		double dt = now_us() - t0;
+		double dt = bench_now_us() - t0;
 		if (dt < best_m)
 			best_m = dt;
 	}
@@ -337,12 +355,12 @@ static void bench_compact(double *memcpy_gbps, double *gather_gbps,
 	double best_g = 1e30;
 	size_t rows = moved / row, pool_rows = (size_t)n_pages * 2 * P;
 	for (int rep = 0; rep < 5; rep++) {
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		for (size_t i = 0; i < rows; i++) {
 			size_t j = (i * 2654435761u) % pool_rows;
 			memcpy(dst + i * row, mem + j * row, row);
 		}
-		double dt = now_us() - t0;
+		double dt = bench_now_us() - t0;
 		if (dt < best_g)
 			best_g = dt;
 	}
@@ -402,9 +420,9 @@ static float *rnd(size_t n, uint64_t seed, float scale)
 	({                                                                     \
 		double best_ = 1e30;                                           \
 		for (int r_ = 0; r_ < (reps); r_++) {                          \
-			double t0_ = now_us();                                 \
+			double t0_ = bench_now_us();                           \
 			stmt;                                                  \
-			double dt_ = now_us() - t0_;                           \
+			double dt_ = bench_now_us() - t0_;                     \
 			if (dt_ < best_)                                       \
 				best_ = dt_;                                   \
 		}                                                              \
@@ -578,10 +596,10 @@ static double bench_kvpop_decide(const char *spec)
 			.n_seen = len + 4096, .x = x, .q = q, .lse = lse,
 			.heads = heads,
 			.state = p->layer_state_bytes ? state : NULL};
-		double t0 = now_us();
+		double t0 = bench_now_us();
 		if (policy_decide(p, &pl))
 			die("policy_decide");
-		double dt = now_us() - t0;
+		double dt = bench_now_us() - t0;
 		if (dt < best)
 			best = dt;
 	}
@@ -940,7 +958,9 @@ static void bench_policies(struct pbench *b, const char *bin_dir,
 int main(int argc, char **argv)
 {
 	const char *bin_dir = "build/bin", *out = "build/bench.txt";
-	int sync_only = 0;
+	int sync_only = 0, hostile_only = 0;
+	if (argc > 1 && !strcmp(argv[1], "--adversary"))
+		return hostile_adversary_main(argc, argv);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--bin-dir") && i + 1 < argc)
 			bin_dir = argv[++i];
@@ -952,10 +972,12 @@ int main(int argc, char **argv)
 			backend = argv[++i];
 		else if (!strcmp(argv[i], "--sync-only"))
 			sync_only = 1;
+		else if (!strcmp(argv[i], "--hostile-only"))
+			hostile_only = 1;
 		else {
 			fprintf(stderr, "usage: kvtrim-bench [--bin-dir DIR] "
 			        "[--out FILE] [--quick] [--backend cpu|cuda] "
-			        "[--sync-only]\n");
+			        "[--sync-only | --hostile-only]\n");
 			return 2;
 		}
 	}
@@ -967,22 +989,34 @@ int main(int argc, char **argv)
 		die("mkdtemp");
 	int iters = quick ? 2000 : 20000;
 
-	double uds = bench_uds(iters);
-	double nng = bench_nng(dir, iters);
-	pid_t d = start_daemon(bin_dir, dir);
-	double p50, p99;
-	bench_sync(dir, iters, &p50, &p99);
-	double s64 = bench_sync64(dir, quick ? 300 : 3000);
+	double uds = 0, nng = 0, p50 = 0, p99 = 0, s64 = 0;
 	double mg = 0, gg = 0, cg = 0;
 	struct pbench pb;
 	memset(&pb, 0, sizeof(pb));
-	if (!sync_only) {
-		bench_compact(&mg, &gg, &cg);
-		bench_policies(&pb, bin_dir, dir, d);
+	if (!hostile_only) {
+		uds = bench_uds(iters);
+		nng = bench_nng(dir, iters);
+		pid_t d = start_daemon(bin_dir, dir);
+		bench_sync(dir, iters, &p50, &p99);
+		s64 = bench_sync64(dir, quick ? 300 : 3000);
+		if (!sync_only) {
+			bench_compact(&mg, &gg, &cg);
+			bench_policies(&pb, bin_dir, dir, d);
+		}
+		kill(d, SIGTERM);
+		int st;
+		waitpid(d, &st, 0);
 	}
-	kill(d, SIGTERM);
-	int st;
-	waitpid(d, &st, 0);
+	/* The hostile phases re-run this binary as their adversaries. */
+	char self[4096];
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (!sync_only && sl > 0) {
+		self[sl] = '\0';
+		hostile_run(self, bin_dir, dir, quick);
+	} else if (!sync_only) {
+		fprintf(stderr, "kvtrim-bench: no /proc/self/exe: the hostile "
+		        "figures are left out\n");
+	}
 
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -994,6 +1028,10 @@ int main(int argc, char **argv)
 		die("cannot write the output file");
 	FILE *outs[2] = {stdout, f};
 	for (int i = 0; i < 2; i++) {
+		if (hostile_only) {
+			hostile_print(outs[i]);
+			continue;
+		}
 		fprintf(outs[i], "uds_rtt_p50_us %.1f\n", uds);
 		fprintf(outs[i], "nng_rtt_p50_us %.1f\n", nng);
 		fprintf(outs[i], "sync_rtt_p50_us %.1f\n", p50);
@@ -1024,6 +1062,7 @@ int main(int argc, char **argv)
 		for (int k = 0; k < pb.n; k++)
 			fprintf(outs[i], "daemon_prefill_us_per_token_%s %.1f\n",
 			        pb.names[k], pb.prefill_us[k]);
+		hostile_print(outs[i]);
 	}
 	fclose(f);
 	return 0;

@@ -1,0 +1,50 @@
+/*
+ * bench.h — what the parts of kvtrim-bench share: bench.c's clock,
+ * percentile and small tenant, and hostile.c's hostile-client figures.
+ */
+#ifndef KVT_BENCH_H
+#define KVT_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvtrim.h"
+
+/* Monotonic clock in microseconds. */
+double bench_now_us(void);
+
+/* The p-quantile (0..1, nearest rank) of v[0..n); sorts v. */
+double bench_pct(double *v, int n, double p);
+
+/*
+ * The small tenant of the sync lines: 4 layers, 8 query heads, 2 KV heads,
+ * head_dim 64, d_model 512, f16, pages of 16 entries, max_tokens 512,
+ * headroom 16, streaming:sinks=4,tokens=256, timeout 5 s; seqs sequences.
+ * name and dir are kept by pointer.
+ */
+void bench_small_cfg(struct kvt_config *c, const char *dir, const char *name,
+                     uint32_t seqs);
+
+/*
+ * The hostile-client phases (docs/bench.md, "Hostile clients"): a fresh
+ * kvtrimd from bin_dir per phase under tmp_dir, a healthy engine alone
+ * and beside each adversary.  The adversaries run in child processes of
+ * this binary (self: its path), started with --adversary.  Never exits the
+ * process: what a phase could not measure is reported as nan.  quick: fewer
+ * syncs and shorter phases.
+ */
+void hostile_run(const char *self, const char *bin_dir, const char *tmp_dir,
+                 int quick);
+
+/* Writes the "name value" lines of the last hostile_run to f. */
+void hostile_print(FILE *f);
+
+/*
+ * Entry point of an adversary process: argv is
+ * {prog, "--adversary", NAME, "--runtime-dir", DIR, ["--quick"]}; reports
+ * "ready k=v ..." and later "stat k=v ..." lines on fd 3.  Runs until
+ * killed; returns 2 on bad arguments.
+ */
+int hostile_adversary_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,1110 @@
+/*
+ * hostile.c — the hostile-client figures of kvtrim-bench (docs/bench.md,
+ * "Hostile clients"): a healthy verifying engine's sync latency alone and
+ * while one adversary runs beside it.  One phase per adversary, each on a
+ * fresh kvtrimd: the engine connects, warms past its budget, measures a
+ * window alone, then the adversary starts and it measures a window beside
+ * it; the ratio compares the two windows of the phase.
+ *
+ * The healthy engine is bench_small_cfg's tenant (streaming, one sequence)
+ * with a 1 s client timeout.  A window is a count of paced decode syncs
+ * of one token, each timed, after each of which every list must hold
+ * exactly the positions the streaming rule keeps.  A failed sync, a failed
+ * reconnect or a wrong list is an error and a sample at the timeout, and
+ * the engine reconnects on its next turn; a window ends after its count or
+ * its deadline, whichever comes first, so a frozen daemon costs a bounded
+ * time and shows as errors and a p99 at the cap.
+ *
+ * Each adversary is a child process (this binary with --adversary) that
+ * reports "ready k=v ..." once in place and "stat k=v ..." as it goes on
+ * its fd 3; the parent prints every key as hostile_<key>_<adversary>.  A
+ * connection the daemon closes is reopened, so the attack lasts the phase.
+ *
+ * The adversaries use the integration-test helpers of tests/harness
+ * daemon.c (th_silent_peer, th_raw_conn, th_daemon_spawn ...); the runner
+ * hooks those need (th_fail, th_skip, th_tmpdir) are defined here.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "codec.h"
+#include "daemon.h"
+#include "handle.h"
+#include "test.h"
+
+#define H_POOL "1G"
+#define H_TIMEOUT_MS 1000  /* the healthy engine's client timeout: the cap */
+#define H_PACE_US 2000     /* a sync starts at most every 2 ms */
+#define H_WARMUP 300       /* syncs before the adversary: past the budget */
+#define H_SINKS 4u         /* bench_small_cfg's streaming:sinks=4, */
+#define H_BUDGET 256u      /* tokens=256 */
+#define H_HTTP_MS 2000     /* one GET /metrics, at most */
+#define H_METRICS_EVERY_MS 200
+#define H_MAX_FETCH 256
+#define H_MAX_KV 12
+#define H_STAT_EVERY_MS 250
+
+static double now_ms(void)
+{
+	return bench_now_us() / 1e3;
+}
+
+static void sleep_ms(double ms)
+{
+	if (ms <= 0)
+		return;
+	struct timespec ts = {(time_t)(ms / 1e3),
+	                      (long)(fmod(ms, 1e3) * 1e6)};
+	nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------ harness runner hooks */
+
+/* The scratch directory th_daemon_spawn puts rt/ and kvtrimd.log in. */
+static char hostile_tmp[512];
+
+/*
+ * A failed harness helper ends the process it runs in.  In an adversary
+ * that stops the attack (the parent reports what it had); in the bench
+ * itself only th_daemon_spawn's fork can fail that way.
+ */
+void th_fail(const char *file, int line, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "kvtrim-bench: %s:%d: ", file, line);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	_exit(1);
+}
+
+void th_skip(const char *why)
+{
+	fprintf(stderr, "kvtrim-bench: %s\n", why);
+	_exit(1);
+}
+
+const char *th_tmpdir(void)
+{
+	return hostile_tmp;
+}
+
+/* ------------------------------------------------ sockets */
+
+/* A non-blocking connection to dir/name, or -1 (a full backlog: EAGAIN). */
+static int unix_connect(const char *dir, const char *name, int type)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if ((size_t)snprintf(a.sun_path, sizeof(a.sun_path), "%s/%s", dir,
+	                     name) >= sizeof(a.sun_path))
+		return -1;
+	int fd = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* 1 when the peer closed fd (or it failed). */
+static int hung_up(int fd)
+{
+	struct pollfd p = {fd, 0, 0};
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
+/* Waits until fd is ready for events or deadline (ms); 1 when ready. */
+static int wait_fd(int fd, short events, double deadline)
+{
+	for (;;) {
+		double left = deadline - now_ms();
+		if (left <= 0)
+			return 0;
+		struct pollfd p = {fd, events, 0};
+		int n = poll(&p, 1, (int)left + 1);
+		if (n > 0)
+			return 1;
+		if (n < 0 && errno != EINTR)
+			return 0;
+	}
+}
+
+/*
+ * GET path on dir/stats.sock (HTTP/1.1, Connection: close), bounded by
+ * timeout_ms: 1 when the status line says 200 and the server ended the
+ * answer in time, else 0.
+ */
+static int http_get(const char *dir, const char *path, int timeout_ms)
+{
+	double deadline = now_ms() + timeout_ms;
+	int fd = unix_connect(dir, "stats.sock", SOCK_STREAM);
+	if (fd < 0)
+		return 0;
+	char req[256], head[16] = "";
+	int len = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: "
+	                   "localhost\r\nConnection: close\r\n\r\n", path);
+	int off = 0, ok = 0;
+	size_t got = 0;
+	while (off < len && wait_fd(fd, POLLOUT, deadline)) {
+		ssize_t n = send(fd, req + off, (size_t)(len - off),
+		                 MSG_NOSIGNAL);
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			break;
+		off += n > 0 ? (int)n : 0;
+	}
+	while (off == len && wait_fd(fd, POLLIN, deadline)) {
+		char buf[4096];
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n == 0) {
+			ok = !strncmp(head, "HTTP/1.1 200", 12) ||
+			     !strncmp(head, "HTTP/1.0 200", 12);
+			break;
+		}
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			break;
+		for (ssize_t i = 0; i < n && got + 1 < sizeof(head); i++)
+			head[got++] = buf[i];
+	}
+	close(fd);
+	return ok;
+}
+
+/* ------------------------------------------------ the healthy engine */
+
+struct heng {
+	kvt_client *c; /* NULL while disconnected */
+	kvt_seq seq;
+	uint32_t n;    /* tokens synced into seq; position = V element 0 */
+};
+
+static void heng_close(struct heng *e)
+{
+	kvt_disconnect(e->c);
+	e->c = NULL;
+}
+
+static int heng_open(struct heng *e, const char *dir)
+{
+	struct kvt_config cfg;
+	char err[KVT_ERRTEXT_MAX];
+	bench_small_cfg(&cfg, dir, "healthy", 1);
+	cfg.timeout_ms = H_TIMEOUT_MS;
+	e->n = 0;
+	int rc = kvt_connect(&cfg, &e->c, err);
+	if (rc) {
+		e->c = NULL;
+		return rc;
+	}
+	if ((rc = kvt_seq_open(e->c, &e->seq)))
+		heng_close(e);
+	return rc;
+}
+
+/*
+ * Checks every list against the streaming rule (policies/streaming.c):
+ * with n tokens seen, all are kept while n <= 256, else positions < 4 and
+ * >= n - 252, each once.  KVT_EINVARIANT on a mismatch.
+ */
+static int heng_verify(const struct heng *e)
+{
+	static uint8_t seen[1u << 16]; /* [position] */
+	const struct kvt_config *cfg = kvt_config_of(e->c);
+	uint32_t n = e->n, P = cfg->page_tokens, hd = cfg->geo.head_dim;
+	uint32_t want = n < H_BUDGET ? n : H_BUDGET;
+	for (uint32_t l = 0; l < cfg->geo.n_layers; l++)
+		for (uint32_t h = 0; h < cfg->geo.n_kv_heads; h++) {
+			struct kvt_list li;
+			int rc = kvt_list_get(e->c, e->seq, l, h, &li);
+			if (rc)
+				return rc;
+			if (li.len != want)
+				return KVT_EINVARIANT;
+			memset(seen, 0, n);
+			for (uint32_t i = 0; i < li.len; i++) {
+				const uint16_t *pg =
+					kvt_page_ptr(e->c, li.pages[i / P]);
+				if (!pg)
+					return KVT_EINVARIANT;
+				uint32_t pos = pg[(size_t)(P + i % P) * hd];
+				int keep = n <= H_BUDGET || pos < H_SINKS ||
+				           pos >= n - (H_BUDGET - H_SINKS);
+				if (pos >= n || seen[pos] || !keep)
+					return KVT_EINVARIANT;
+				seen[pos] = 1;
+			}
+		}
+	return 0;
+}
+
+/* Appends one token (its position in K's and V's element 0 of every list),
+ * syncs it (*us: the kvt_sync call alone) and verifies. */
+static int heng_step(struct heng *e, double *us)
+{
+	const struct kvt_config *cfg = kvt_config_of(e->c);
+	*us = 0;
+	if (e->n >= UINT16_MAX) /* positions are 16-bit */
+		return KVT_ETOOLONG;
+	for (uint32_t l = 0; l < cfg->geo.n_layers; l++)
+		for (uint32_t h = 0; h < cfg->geo.n_kv_heads; h++) {
+			void *kp, *vp;
+			int rc = kvt_kv_ptr(e->c, e->seq, l, h, 0, &kp, &vp);
+			if (rc)
+				return rc;
+			((uint16_t *)kp)[0] = (uint16_t)e->n;
+			((uint16_t *)vp)[0] = (uint16_t)e->n;
+		}
+	struct kvt_sync_item it = {e->seq, 1, KVT_PHASE_DECODE, 0, 0};
+	double t0 = bench_now_us();
+	int rc = kvt_sync(e->c, &it, 1);
+	*us = bench_now_us() - t0;
+	if (rc)
+		return rc;
+	e->n++;
+	return heng_verify(e);
+}
+
+/* ------------------------------------------------ /metrics in a thread */
+
+struct hmetrics {
+	pthread_t th;
+	const char *dir;
+	int stop;                 /* atomic: set by the engine's thread */
+	double ms[H_MAX_FETCH];   /* each fetch; a failed one = H_HTTP_MS */
+	int n, errors;
+};
+
+static void *metrics_main(void *arg)
+{
+	struct hmetrics *m = arg;
+	while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) &&
+	       m->n < H_MAX_FETCH) {
+		double t0 = now_ms();
+		double ms = H_HTTP_MS;
+		if (http_get(m->dir, "/metrics", H_HTTP_MS))
+			ms = now_ms() - t0;
+		else
+			m->errors++;
+		m->ms[m->n++] = ms < H_HTTP_MS ? ms : H_HTTP_MS;
+		while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) &&
+		       now_ms() < t0 + H_METRICS_EVERY_MS)
+			sleep_ms(10);
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------ adversary processes */
+
+struct hkv {
+	char key[32];
+	double v;
+};
+
+struct adv {
+	pid_t pid;
+	int rfd;         /* read end of the child's fd 3 */
+	char line[512];  /* partial line */
+	size_t len;
+	int ready;
+	int n_kv;
+	struct hkv kv[H_MAX_KV];
+};
+
+static void adv_set(struct adv *a, const char *key, size_t klen, double v)
+{
+	int i = 0;
+	while (i < a->n_kv && (strlen(a->kv[i].key) != klen ||
+	                       strncmp(a->kv[i].key, key, klen)))
+		i++;
+	if (i == a->n_kv) {
+		if (a->n_kv == H_MAX_KV || klen >= sizeof(a->kv[i].key))
+			return;
+		memcpy(a->kv[i].key, key, klen);
+		a->kv[i].key[klen] = '\0';
+		a->n_kv++;
+	}
+	a->kv[i].v = v;
+}
+
+/* One line: "ready k=v ..." or "stat k=v ...". */
+static void adv_line(struct adv *a, char *s)
+{
+	if (!strncmp(s, "ready", 5))
+		a->ready = 1;
+	for (char *tok = strtok(s, " "); tok; tok = strtok(NULL, " ")) {
+		char *eq = strchr(tok, '=');
+		if (eq)
+			adv_set(a, tok, (size_t)(eq - tok),
+			        strtod(eq + 1, NULL));
+	}
+}
+
+/* Reads what the child wrote so far; 0 once it closed its end. */
+static int adv_drain(struct adv *a)
+{
+	for (;;) {
+		char buf[1024];
+		ssize_t n = read(a->rfd, buf, sizeof(buf));
+		if (n == 0)
+			return 0;
+		if (n < 0)
+			return errno == EAGAIN || errno == EINTR;
+		for (ssize_t i = 0; i < n; i++) {
+			if (buf[i] != '\n') {
+				if (a->len + 1 < sizeof(a->line))
+					a->line[a->len++] = buf[i];
+				continue;
+			}
+			a->line[a->len] = '\0';
+			adv_line(a, a->line);
+			a->len = 0;
+		}
+	}
+}
+
+static int adv_spawn(struct adv *a, const char *self, const char *name,
+                     const char *rt, int quick)
+{
+	int p[2];
+	memset(a, 0, sizeof(*a));
+	a->rfd = -1;
+	if (pipe2(p, O_CLOEXEC))
+		return -1;
+	pid_t parent = getpid();
+	a->pid = fork();
+	if (a->pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (a->pid == 0) {
+		/* Dies with the bench; only async-signal-safe calls here. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
+		if (p[1] == 3)
+			fcntl(3, F_SETFD, 0);
+		else if (dup2(p[1], 3) < 0)
+			_exit(127);
+		close_range(4, ~0u, 0);
+		execl(self, self, "--adversary", name, "--runtime-dir", rt,
+		      quick ? "--quick" : (char *)NULL, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	a->rfd = p[0];
+	fcntl(a->rfd, F_SETFL, O_NONBLOCK);
+	return 0;
+}
+
+/* Waits for the child's "ready" line; 1 when it came in budget_ms. */
+static int adv_wait_ready(struct adv *a, double budget_ms)
+{
+	double deadline = now_ms() + budget_ms;
+	while (!a->ready && adv_drain(a) && wait_fd(a->rfd, POLLIN, deadline))
+		;
+	if (!a->ready)
+		adv_drain(a);
+	return a->ready;
+}
+
+/* Kills the child and collects its last figures. */
+static void adv_stop(struct adv *a)
+{
+	if (a->pid > 0) {
+		adv_drain(a);
+		kill(a->pid, SIGKILL);
+		waitpid(a->pid, NULL, 0);
+		a->pid = 0;
+	}
+	if (a->rfd >= 0) {
+		adv_drain(a);
+		close(a->rfd);
+		a->rfd = -1;
+	}
+}
+
+/* --- inside the adversary process */
+
+static double adv_start_ms;
+
+/* One report line on fd 3; dropped when the bench is not reading. */
+static void adv_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void adv_say(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if (n > (int)sizeof(buf) - 2)
+		n = (int)sizeof(buf) - 2;
+	buf[n++] = '\n';
+	if (write(3, buf, (size_t)n) < 0) {
+		/* the bench stopped reading: nothing to do */
+	}
+}
+
+/* Reports every H_STAT_EVERY_MS (last: the time of the last report). */
+static int adv_due(double *last)
+{
+	double t = now_ms();
+	if (t - *last < H_STAT_EVERY_MS)
+		return 0;
+	*last = t;
+	return 1;
+}
+
+/*
+ * never_reading: NR_PEERS control connections that write stats requests
+ * (without a hello) and never read a reply; one the daemon closes is
+ * reopened.  Ready after half a second of writing.
+ */
+#define NR_PEERS 4
+#define NR_BATCH 64      /* requests per peer per turn */
+#define NR_TURN_MS 20    /* th_silent_send's budget per turn */
+
+__attribute__((noreturn))
+static void adv_never_reading(const struct th_daemon *d, int quick)
+{
+	size_t len;
+	uint8_t *req = th_stats_req(&len);
+	(void)quick;
+	int fd[NR_PEERS];
+	unsigned long long sent = 0, closed = 0;
+	for (int i = 0; i < NR_PEERS; i++)
+		fd[i] = th_silent_peer(d);
+	double last = now_ms();
+	int ready = 0;
+	for (;;) {
+		for (int i = 0; i < NR_PEERS; i++) {
+			sent += th_silent_send(fd[i], req, len, NR_BATCH,
+			                       NR_TURN_MS);
+			if (hung_up(fd[i])) {
+				close(fd[i]);
+				closed++;
+				fd[i] = th_silent_peer(d);
+			}
+		}
+		if (!ready && now_ms() - adv_start_ms >= 500) {
+			adv_say("ready requests=%llu closed=%llu", sent,
+			        closed);
+			ready = 1;
+		} else if (ready && adv_due(&last)) {
+			adv_say("stat requests=%llu closed=%llu", sent, closed);
+		}
+	}
+}
+
+/*
+ * idle_5000: 5000 connections, the even ones to ctl.ipc (connect and the
+ * SP header, then silence), the odd ones to fd.sock (connect, never a
+ * hello; the WELCOME is never read).  Fewer when the fd limit is lower
+ * ("open" says how many).  Every 500 ms the ones the daemon closed are
+ * reopened.
+ */
+#define IDLE_N 5000
+#define IDLE_SWEEP_MS 500
+
+static int idle_open(const struct th_daemon *d, int i)
+{
+	return i % 2 ? unix_connect(d->dir, "fd.sock", SOCK_SEQPACKET)
+	             : th_silent_peer(d);
+}
+
+__attribute__((noreturn))
+static void adv_idle(const struct th_daemon *d, int quick)
+{
+	static int fd[IDLE_N];
+	static struct pollfd pf[IDLE_N];
+	struct rlimit rl;
+	int n = IDLE_N, open = 0;
+	unsigned long long closed = 0;
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < (rlim_t)n + 64)
+		n = rl.rlim_cur > 64 ? (int)rl.rlim_cur - 64 : 0;
+	double deadline = now_ms() + (quick ? 4000 : 8000);
+	for (int i = 0; i < n && now_ms() < deadline;) {
+		if ((fd[i] = idle_open(d, i)) < 0) {
+			sleep_ms(1); /* a full backlog: the daemon is behind */
+			continue;
+		}
+		open = ++i;
+	}
+	for (int i = open; i < IDLE_N; i++)
+		fd[i] = -1;
+	adv_say("ready open=%d closed=0", open);
+	double last = now_ms();
+	for (;;) {
+		sleep_ms(IDLE_SWEEP_MS);
+		for (int i = 0; i < open; i++)
+			pf[i] = (struct pollfd){fd[i], 0, 0};
+		poll(pf, (nfds_t)open, 0);
+		for (int i = 0; i < open; i++) {
+			int hup = pf[i].revents & (POLLHUP | POLLERR);
+			if (fd[i] >= 0 && !hup)
+				continue;
+			if (fd[i] >= 0) {
+				close(fd[i]);
+				closed++;
+			}
+			fd[i] = idle_open(d, i);
+		}
+		if (adv_due(&last))
+			adv_say("stat closed=%llu", closed);
+	}
+}
+
+/*
+ * fd_flood: a tenant registered by hand (WELCOME cookie, then a raw
+ * hello on its own control connection) whose process sends well-formed
+ * WELCOME packets, which the protocol never asks a client to send, on its
+ * handle channel as fast as the daemon takes them.  When the daemon drops
+ * it, it registers again.
+ */
+struct raw_reg {
+	int hfd;
+	uint32_t sock;
+};
+
+static int flood_register(const struct th_daemon *d, struct raw_reg *r)
+{
+	char path[600], why[KVT_ERRTEXT_MAX];
+	struct handle_msg m;
+	int fd = -1, rc;
+	snprintf(path, sizeof(path), "%s/fd.sock", d->dir);
+	if ((rc = handle_connect(path, &r->hfd)))
+		return rc;
+	if ((rc = handle_recv(r->hfd, &m, &fd, 2000)) ||
+	    m.type != HANDLE_WELCOME) {
+		if (fd >= 0)
+			close(fd);
+		close(r->hfd);
+		return rc ? rc : KVT_EPROTO;
+	}
+	struct ipc_req q;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = IPC_OP_HELLO;
+	snprintf(q.u.hello.name, sizeof(q.u.hello.name), "hostile-flood");
+	q.u.hello.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
+	q.u.hello.dtype = KVT_DTYPE_F32;
+	q.u.hello.page_tokens = 4;
+	q.u.hello.max_seqs = 1;
+	q.u.hello.max_tokens = 64;
+	q.u.hello.headroom = 4;
+	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "full");
+	q.u.hello.cookie = m.cookie;
+	q.u.hello.pid = (uint32_t)getpid();
+	uint8_t *buf = NULL, *rep = NULL;
+	size_t len = 0, rlen = 0;
+	struct ipc_rep rp;
+	memset(&rp, 0, sizeof(rp));
+	r->sock = th_raw_conn(d);
+	if (!(rc = codec_req_encode(&q, &buf, &len)) &&
+	    !(rc = th_raw_call(r->sock, buf, len, &rep, &rlen)) &&
+	    !(rc = codec_rep_decode(IPC_OP_HELLO, rep, rlen, &rp, why,
+	                            sizeof(why))))
+		rc = rp.err;
+	free(buf);
+	free(rep);
+	codec_rep_free(&rp);
+	if (rc) {
+		close(r->hfd);
+		th_raw_close(r->sock);
+		return rc;
+	}
+	/* The TABLE and STAGE segments came before the reply. */
+	while (!handle_recv(r->hfd, &m, &fd, 0))
+		if (fd >= 0)
+			close(fd);
+	return 0;
+}
+
+__attribute__((noreturn))
+static void adv_fd_flood(const struct th_daemon *d, int quick)
+{
+	struct raw_reg r;
+	struct handle_msg p = {.magic = HANDLE_MAGIC, .type = HANDLE_WELCOME};
+	unsigned long long pkts = 0, closed = 0;
+	int rc;
+	(void)quick;
+	while ((rc = flood_register(d, &r))) {
+		fprintf(stderr, "kvtrim-bench: fd_flood: hello: %s\n",
+		        kvt_strerror(rc));
+		sleep_ms(200);
+	}
+	double t0 = now_ms(), last = t0;
+	int ready = 0;
+	for (unsigned long i = 0;; i++) {
+		ssize_t n = send(r.hfd, &p, sizeof(p),
+		                 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n == (ssize_t)sizeof(p)) {
+			pkts++;
+		} else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			wait_fd(r.hfd, POLLOUT, now_ms() + 100);
+		} else {
+			closed++;
+			close(r.hfd);
+			th_raw_close(r.sock);
+			sleep_ms(50);
+			while (flood_register(d, &r))
+				sleep_ms(200);
+		}
+		if (i % 1024)
+			continue;
+		double t = now_ms();
+		double pps = t > t0 ? pkts / ((t - t0) / 1e3) : 0;
+		if (!ready && t - t0 >= 100) {
+			adv_say("ready packets_per_s=%.0f closed=%llu", pps,
+			        closed);
+			ready = 1;
+		} else if (ready && adv_due(&last)) {
+			adv_say("stat packets_per_s=%.0f closed=%llu", pps,
+			        closed);
+		}
+	}
+}
+
+/*
+ * largest_tenant: the issue's geometry (pages of 4 bytes: head_dim 1, f16,
+ * one entry a page; 256 layers x 256 KV heads = 65536 lists a sequence;
+ * max_tokens 4, streaming:sinks=1,tokens=2 so every sync evicts), with the
+ * largest max_seqs the daemon admits: 65536 (the protocol's limit), halved
+ * until the hello passes (see largest_hello).  It opens up to LT_SEQS
+ * sequences (what it could in the time given) and syncs all of them in one
+ * sync of one token each, in a loop, reporting its own sync time.
+ */
+#define LT_SEQS 256
+#define LT_SEQS_QUICK 32
+#define LT_TIMES 4096
+
+/*
+ * Connects with max_seqs from 65536 down, halving after each refusal;
+ * where not even one sequence passes, with half the layers (lists a
+ * sequence) again.  Stops at the first hello admitted, or when the daemon
+ * is unreachable or does not answer; *refused counts the refusals.
+ */
+static int largest_hello(struct kvt_config *c, kvt_client **cl, int *refused,
+                         char *err)
+{
+	int rc = KVT_EGEOMETRY;
+	for (uint32_t layers = 256; layers; layers /= 2) {
+		c->geo.n_layers = layers;
+		for (uint32_t seqs = 1u << 16; seqs; seqs /= 2) {
+			c->max_seqs = seqs;
+			rc = kvt_connect(c, cl, err);
+			if (!rc || rc == KVT_ECONN || rc == KVT_ETIMEDOUT)
+				return rc;
+			(*refused)++;
+		}
+	}
+	return rc;
+}
+
+__attribute__((noreturn))
+static void adv_largest(const struct th_daemon *d, int quick)
+{
+	static struct kvt_sync_item it[LT_SEQS];
+	static double ms[LT_TIMES];
+	struct kvt_config c;
+	kvt_client *cl = NULL;
+	char err[KVT_ERRTEXT_MAX] = "";
+	int refused = 0;
+	memset(&c, 0, sizeof(c));
+	c.runtime_dir = d->dir;
+	c.tenant = "hostile-largest";
+	c.geo = (struct kvt_geometry){256, 256, 256, 1, 256};
+	c.dtype = KVT_DTYPE_F16;
+	c.page_tokens = 1;
+	c.max_tokens = 4;
+	c.headroom = 1;
+	c.policy = "streaming:sinks=1,tokens=2";
+	c.timeout_ms = 30000;
+	int rc = largest_hello(&c, &cl, &refused, err);
+	if (rc) {
+		fprintf(stderr, "kvtrim-bench: largest_tenant: no hello "
+		        "admitted: %s: %s\n", kvt_strerror(rc), err);
+		adv_say("ready max_seqs=0 refused=%d", refused);
+		for (;;)
+			pause();
+	}
+	uint32_t cap = quick ? LT_SEQS_QUICK : LT_SEQS, n = 0;
+	double deadline = now_ms() + (quick ? 2000 : 6000);
+	while (n < cap && n < c.max_seqs && now_ms() < deadline &&
+	       !kvt_seq_open(cl, &it[n].seq)) {
+		it[n] = (struct kvt_sync_item){it[n].seq, 1, KVT_PHASE_DECODE,
+		                               0, 0};
+		n++;
+	}
+	uint64_t lists = (uint64_t)n * c.geo.n_layers * c.geo.n_kv_heads;
+	adv_say("ready layers=%u max_seqs=%u refused=%d seqs=%u lists=%llu",
+	        c.geo.n_layers, c.max_seqs, refused, n,
+	        (unsigned long long)lists);
+	int syncs = 0, errors = 0;
+	double worst = 0;
+	for (;;) {
+		double t0 = now_ms();
+		rc = n ? kvt_sync(cl, it, n) : KVT_EINVAL;
+		double dt = now_ms() - t0;
+		if (rc) {
+			if (!errors++)
+				fprintf(stderr, "kvtrim-bench: largest_tenant: "
+				        "sync: %s: %s\n", kvt_strerror(rc),
+				        kvt_last_error(cl));
+			adv_say("stat big_errors=%d", errors);
+			if (rc == KVT_ECONN || !n)
+				for (;;)
+					pause();
+			sleep_ms(100);
+			continue;
+		}
+		ms[syncs++ % LT_TIMES] = dt;
+		worst = dt > worst ? dt : worst;
+		double tmp[LT_TIMES];
+		int k = syncs < LT_TIMES ? syncs : LT_TIMES;
+		memcpy(tmp, ms, sizeof(double) * (size_t)k);
+		adv_say("stat big_syncs=%d big_errors=%d big_sync_ms_p50=%.1f "
+		        "big_sync_ms_max=%.1f", syncs, errors,
+		        bench_pct(tmp, k, 0.5), worst);
+	}
+}
+
+/*
+ * slow_http: 32 connections to stats.sock, each sending a partial request
+ * line ("GET /metrics?") and then one byte every 500 ms, never the end of
+ * the headers.  One the daemon closes is reopened at the next tick.
+ */
+#define SL_CONNS 32
+#define SL_TICK_MS 500
+#define SL_SEND (MSG_NOSIGNAL | MSG_DONTWAIT)
+
+static int slow_open(const struct th_daemon *d)
+{
+	static const char part[] = "GET /metrics?";
+	int fd = unix_connect(d->dir, "stats.sock", SOCK_STREAM);
+	if (fd >= 0 && send(fd, part, sizeof(part) - 1, MSG_NOSIGNAL) !=
+	                       (ssize_t)sizeof(part) - 1) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+__attribute__((noreturn))
+static void adv_slow_http(const struct th_daemon *d, int quick)
+{
+	int fd[SL_CONNS], open = 0;
+	unsigned long long closed = 0;
+	(void)quick;
+	for (int i = 0; i < SL_CONNS; i++)
+		open += (fd[i] = slow_open(d)) >= 0;
+	adv_say("ready open=%d closed=0", open);
+	for (;;) {
+		sleep_ms(SL_TICK_MS);
+		for (int i = 0; i < SL_CONNS; i++) {
+			if (fd[i] >= 0 && !hung_up(fd[i]) &&
+			    send(fd[i], "a", 1, SL_SEND) == 1)
+				continue;
+			if (fd[i] >= 0) {
+				close(fd[i]);
+				closed++;
+			}
+			fd[i] = slow_open(d);
+		}
+		adv_say("stat closed=%llu", closed);
+	}
+}
+
+/* metrics: the healthy engine also fetches /metrics in that phase. */
+static const struct hadv {
+	const char *name;
+	void (*run)(const struct th_daemon *d, int quick);
+	int metrics;
+} advs[] = {
+	{"never_reading", adv_never_reading, 0},
+	{"idle_5000", adv_idle, 0},
+	{"fd_flood", adv_fd_flood, 0},
+	{"largest_tenant", adv_largest, 0},
+	{"slow_http", adv_slow_http, 1},
+};
+#define N_ADV (sizeof(advs) / sizeof(advs[0]))
+
+int hostile_adversary_main(int argc, char **argv)
+{
+	struct th_daemon d;
+	if (argc < 5 || strcmp(argv[3], "--runtime-dir"))
+		return 2;
+	memset(&d, 0, sizeof(d));
+	snprintf(d.dir, sizeof(d.dir), "%s", argv[4]);
+	int quick = argc > 5 && !strcmp(argv[5], "--quick");
+	signal(SIGPIPE, SIG_IGN);
+	fcntl(3, F_SETFL, O_NONBLOCK);
+	adv_start_ms = now_ms();
+	for (size_t i = 0; i < N_ADV; i++)
+		if (!strcmp(argv[2], advs[i].name))
+			advs[i].run(&d, quick);
+	return 2;
+}
+
+/* ------------------------------------------------ phases */
+
+/* One measurement window of the healthy engine. */
+struct hwin {
+	double *t;          /* [n] samples, us (kept for the pooled alone) */
+	int n, errors;      /* samples; failed syncs, reconnects and checks,
+	                       and failed /metrics fetches */
+	double p50_us, p99_us;
+	double m_p99_ms;    /* /metrics, where fetched */
+	int m_errors;
+};
+
+/*
+ * A phase: the engine alone on a fresh daemon (before), then beside the
+ * adversary (beside).  The ratio compares the two windows of one phase,
+ * adjacent in time on the same daemon, so load from other processes that
+ * changes over the run weighs on both alike.
+ */
+struct hphase {
+	const struct hadv *adv;
+	int ran;            /* the engine was warm when the phase began */
+	struct hwin before, beside;
+	int n_kv;
+	struct hkv kv[H_MAX_KV];
+};
+
+static struct hostile_state {
+	int quick;
+	const char *self;
+	struct hphase ph[N_ADV];
+	struct hwin alone;  /* every phase's before window, pooled */
+} hs;
+
+static int daemon_up(struct th_daemon *d)
+{
+	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
+	for (int tries = 0; tries < 500; tries++) {
+		int up = 0;
+		for (int i = 0; i < 3; i++) {
+			char p[600];
+			struct stat st;
+			snprintf(p, sizeof(p), "%s/%s", d->dir, socks[i]);
+			up += !stat(p, &st);
+		}
+		if (up == 3)
+			return 1;
+		if (!th_daemon_alive(d)) {
+			d->pid = 0;
+			return 0;
+		}
+		sleep_ms(10);
+	}
+	return 0;
+}
+
+static void win_stats(struct hwin *w)
+{
+	w->p50_us = w->p99_us = NAN;
+	if (!w->n)
+		return;
+	double *tmp = malloc(sizeof(double) * (size_t)w->n);
+	if (!tmp)
+		return;
+	memcpy(tmp, w->t, sizeof(double) * (size_t)w->n);
+	w->p50_us = bench_pct(tmp, w->n, 0.5);
+	w->p99_us = bench_pct(tmp, w->n, 0.99);
+	free(tmp);
+}
+
+/* The paced, timed, verified syncs of one window (what: for messages),
+ * with /metrics fetched in a thread beside them when metrics is set. */
+static void measure(struct hwin *w, const char *what, struct heng *e,
+                    const char *dir, int metrics)
+{
+	int count = hs.quick ? 400 : 2000;
+	double deadline = now_ms() + (hs.quick ? 3000 : 10000);
+	double next = bench_now_us(), cap = H_TIMEOUT_MS * 1e3;
+	struct hmetrics m;
+	memset(&m, 0, sizeof(m));
+	m.dir = dir;
+	int fetch = metrics && !pthread_create(&m.th, NULL, metrics_main, &m);
+	w->t = malloc(sizeof(double) * (size_t)count);
+	for (w->n = 0; w->t && w->n < count && now_ms() < deadline; w->n++) {
+		double wait = next - bench_now_us();
+		if (wait > 0)
+			sleep_ms(wait / 1e3);
+		next = bench_now_us() + H_PACE_US;
+		double us = 0;
+		int rc = e->c ? 0 : heng_open(e, dir);
+		if (!rc)
+			rc = heng_step(e, &us);
+		if (rc) {
+			if (!w->errors)
+				fprintf(stderr, "kvtrim-bench: hostile %s: %s "
+				        "(%s)\n", what, kvt_strerror(rc),
+				        e->c ? kvt_last_error(e->c)
+				             : "reconnect");
+			w->errors++;
+			us = cap;
+			heng_close(e);
+		}
+		w->t[w->n] = us < cap ? us : cap;
+	}
+	win_stats(w);
+	w->m_p99_ms = NAN;
+	if (fetch) {
+		__atomic_store_n(&m.stop, 1, __ATOMIC_RELEASE);
+		pthread_join(m.th, NULL);
+		if (m.n)
+			w->m_p99_ms = bench_pct(m.ms, m.n, 0.99);
+		w->m_errors = m.errors;
+		w->errors += m.errors;
+	}
+}
+
+static void phase_run(struct hphase *ph, const char *tmp_dir)
+{
+	const struct hadv *adv = ph->adv;
+	struct th_daemon d;
+	struct heng e = {0};
+	struct adv a = {.pid = 0, .rfd = -1};
+	double t0 = now_ms(), us;
+	char what[64];
+	ph->before.p50_us = ph->before.p99_us = ph->before.m_p99_ms = NAN;
+	ph->beside = ph->before;
+	snprintf(hostile_tmp, sizeof(hostile_tmp), "%s/h-%s", tmp_dir,
+	         adv->name);
+	mkdir(hostile_tmp, 0700);
+	th_daemon_spawn(&d, H_POOL, NULL);
+	if (!daemon_up(&d)) {
+		fprintf(stderr, "kvtrim-bench: hostile %s: kvtrimd did not "
+		        "start (%s)\n", adv->name, d.log);
+		goto out;
+	}
+	int rc = heng_open(&e, d.dir);
+	for (int i = 0; !rc && i < H_WARMUP; i++)
+		rc = heng_step(&e, &us);
+	if (rc) {
+		fprintf(stderr, "kvtrim-bench: hostile %s: the engine failed "
+		        "before the adversary: %s\n", adv->name,
+		        kvt_strerror(rc));
+		goto out;
+	}
+	ph->ran = 1;
+	snprintf(what, sizeof(what), "%s (alone)", adv->name);
+	measure(&ph->before, what, &e, d.dir, adv->metrics);
+	if (adv_spawn(&a, hs.self, adv->name, d.dir, hs.quick) ||
+	    !adv_wait_ready(&a, hs.quick ? 8000 : 15000))
+		fprintf(stderr, "kvtrim-bench: hostile %s: the adversary was "
+		        "not ready in time\n", adv->name);
+	measure(&ph->beside, adv->name, &e, d.dir, adv->metrics);
+	adv_stop(&a);
+	ph->n_kv = a.n_kv;
+	memcpy(ph->kv, a.kv, sizeof(a.kv));
+out:
+	heng_close(&e);
+	if (d.pid > 0)
+		th_daemon_stop(&d);
+	fprintf(stderr, "kvtrim-bench: hostile %s: alone p99 %.0f us, beside "
+	        "%d syncs, p50 %.0f us, p99 %.0f us, %d errors, %.1f s\n",
+	        adv->name, ph->before.p99_us, ph->beside.n, ph->beside.p50_us,
+	        ph->beside.p99_us, ph->beside.errors, (now_ms() - t0) / 1e3);
+}
+
+/* Pools every phase's before window into hs.alone. */
+static void alone_pool(void)
+{
+	int n = 0;
+	for (size_t i = 0; i < N_ADV; i++)
+		n += hs.ph[i].before.n;
+	hs.alone.t = malloc(sizeof(double) * (size_t)(n ? n : 1));
+	hs.alone.m_p99_ms = NAN;
+	for (size_t i = 0; hs.alone.t && i < N_ADV; i++) {
+		const struct hwin *b = &hs.ph[i].before;
+		memcpy(hs.alone.t + hs.alone.n, b->t,
+		       sizeof(double) * (size_t)b->n);
+		hs.alone.n += b->n;
+		hs.alone.errors += b->errors;
+		if (hs.ph[i].adv->metrics) {
+			hs.alone.m_p99_ms = b->m_p99_ms;
+			hs.alone.m_errors += b->m_errors;
+		}
+	}
+	win_stats(&hs.alone);
+}
+
+void hostile_run(const char *self, const char *bin_dir, const char *tmp_dir,
+                 int quick)
+{
+	struct rlimit rl;
+	/* 5000 idle connections: the adversary and the daemon (which
+	 * inherits this limit) each need that many fds. */
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	setenv("KVTRIM_BIN_DIR", bin_dir, 1);
+	setenv("KVTRIM_BACKEND", "cpu", 1);
+	hs.quick = quick;
+	hs.self = self;
+	for (size_t i = 0; i < N_ADV; i++) {
+		hs.ph[i] = (struct hphase){.adv = &advs[i]};
+		phase_run(&hs.ph[i], tmp_dir);
+	}
+	alone_pool();
+}
+
+static void print_win(FILE *f, const char *name, const struct hwin *w,
+                      int ran, int metrics)
+{
+	fprintf(f, "hostile_sync_p50_us_%s %.1f\n", name, w->p50_us);
+	fprintf(f, "hostile_sync_p99_us_%s %.1f\n", name, w->p99_us);
+	if (ran)
+		fprintf(f, "hostile_errors_%s %d\n", name, w->errors);
+	else
+		fprintf(f, "hostile_errors_%s nan\n", name);
+	if (metrics) {
+		fprintf(f, "hostile_metrics_p99_ms_%s %.1f\n", name,
+		        w->m_p99_ms);
+		fprintf(f, "hostile_metrics_errors_%s %d\n", name,
+		        w->m_errors);
+	}
+}
+
+void hostile_print(FILE *f)
+{
+	if (!hs.self)
+		return;
+	print_win(f, "alone", &hs.alone, hs.alone.n > 0, 1);
+	for (size_t i = 0; i < N_ADV; i++) {
+		const struct hphase *ph = &hs.ph[i];
+		const char *nm = ph->adv->name;
+		print_win(f, nm, &ph->beside, ph->ran, ph->adv->metrics);
+		fprintf(f, "hostile_sync_p99_us_alone_%s %.1f\n", nm,
+		        ph->before.p99_us);
+		fprintf(f, "hostile_p99_ratio_%s %.2f\n", nm,
+		        ph->beside.p99_us / ph->before.p99_us);
+		for (int k = 0; k < ph->n_kv; k++)
+			fprintf(f, "hostile_%s_%s %.15g\n", ph->kv[k].key, nm,
+			        ph->kv[k].v);
+	}
+}
