@@ -1112,7 +1112,7 @@ static const struct {
 	STAT_FIELD_(chunks),       STAT_FIELD_(sequences),
 	STAT_FIELD_(syncs),        STAT_FIELD_(entries_kept),
 	STAT_FIELD_(entries_appended), STAT_FIELD_(entries_evicted),
-	STAT_FIELD_(quota_bytes),
+	STAT_FIELD_(quota_bytes),  STAT_FIELD_(daemon_bytes),
 #undef STAT_FIELD_
 };
 

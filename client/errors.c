@@ -18,6 +18,24 @@ int errors_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
 	return code;
 }
 
+char *errors_quote(char *out, size_t len, const char *s)
+{
+	size_t o = 0;
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		int plain = *p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\';
+		size_t need = plain ? 1 : 4;
+		if (o + need >= len)
+			break;
+		if (plain)
+			out[o] = (char)*p;
+		else
+			snprintf(out + o, 5, "\\x%02x", *p);
+		o += need;
+	}
+	out[o] = '\0';
+	return out;
+}
+
 const char *kvt_strerror(int err)
 {
 	switch (err) {

@@ -13,4 +13,12 @@
 int errors_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+/*
+ * Renders a string that came from a peer for a reason text or a log line:
+ * printable ASCII is kept, '"' and '\\' and every other byte (controls,
+ * ESC, non-ASCII) become \xNN, so the result is one line of printable
+ * ASCII whatever the input.  Truncated to fit out (len >= 1); returns out.
+ */
+char *errors_quote(char *out, size_t len, const char *s);
+
 #endif

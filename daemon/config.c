@@ -28,7 +28,13 @@ static const struct config_entry config_table[] = {
 	 F(pool_size), "bytes of KV memory in the pool (multiple of 2M)"},
 	{"default_quota", CONFIG_SIZE, CONFIG_MUTABLE, 0, 1ull << 40, "0",
 	 F(default_quota),
-	 "pool bytes a tenant may hold when it asks for none (0 = whole pool)"},
+	 "pool bytes a tenant may hold when it asks for none (0 = a fair share: "
+	 "pool_size / expected_tenants in whole 2M chunks, at least one; never "
+	 "more than max_quota)"},
+	{"expected_tenants", CONFIG_U32, CONFIG_MUTABLE, 1, 4096, "4",
+	 F(expected_tenants),
+	 "tenants the pool is shared between: sizes the fair-share default "
+	 "quota (1 = a tenant asking no quota may take the whole pool)"},
 	{"max_tenants", CONFIG_U32, 0, 1, 4096, "64", F(max_tenants),
 	 "registered tenants at once"},
 	{"contexts", CONFIG_U32, 0, 1, 4096, "256", F(contexts),
@@ -92,9 +98,10 @@ static const struct config_entry config_table[] = {
 	 "an HTTP connection without complete request headers this long after "
 	 "it opened (or after its previous reply) is closed, trickling or not"},
 	{"tenant_memory_max", CONFIG_SIZE, CONFIG_MUTABLE, 1ull << 16,
-	 1ull << 40, "256M", F(tenant_memory_max),
-	 "daemon memory outside the pool one tenant may cause (table, staging, "
-	 "per-sequence state); a hello whose geometry needs more is refused"},
+	 1ull << 40, "1G", F(tenant_memory_max),
+	 "daemon memory outside the pool one tenant may cause at its worst "
+	 "(table and staging segments, state of max_seqs open sequences, "
+	 "scratch); a hello whose geometry needs more is refused with EQUOTA"},
 	{"tenant_priorities", CONFIG_STR, CONFIG_MUTABLE, 0,
 	 STR_MAX(tenant_priorities), "", F(tenant_priorities),
 	 "name=N,... (N 1..1000, default 1): higher is tightened less under "

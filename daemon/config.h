@@ -15,7 +15,7 @@ struct config {
 	char runtime_dir[PATH_MAX - 64]; /* leaves room for "/ctl.ipc" */
 	char backend[16];                /* auto | cpu | cuda */
 	uint64_t pool_size;              /* bytes, multiple of 2 MiB */
-	uint64_t default_quota;          /* bytes; 0 = the whole pool */
+	uint64_t default_quota;          /* bytes; 0 = pool / expected_tenants */
 	uint32_t max_tenants;
 	uint32_t contexts;               /* nng contexts = requests in flight */
 	uint32_t hello_timeout_ms;       /* handle channel without hello */
@@ -38,6 +38,7 @@ struct config {
 	uint32_t stats_header_timeout_ms; /* HTTP headers complete by then */
 	uint64_t tenant_memory_max;      /* daemon bytes per tenant, outside
 	                                    the pool */
+	uint32_t expected_tenants;       /* default_quota 0: pool / this */
 };
 
 /* CONFIG_RATIO: a double in (0, 1]; min and max of its entry are unused. */

@@ -56,6 +56,11 @@ void log_emit(int lvl, const char *fmt, ...)
 	va_end(ap);
 	if (n >= (int)sizeof(line) - 1)
 		n = (int)sizeof(line) - 2;
+	/* Messages quote what peers sent (names, keys, values): a control
+	 * byte there must not start a fake record or drive a terminal. */
+	for (int i = 0; i < n; i++)
+		if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+			line[i] = '?';
 	line[n++] = '\n';
 	/* One write per record so lines from concurrent writers never mix. */
 	ssize_t w = write(STDERR_FILENO, line, (size_t)n);

@@ -2,7 +2,9 @@
  * log.h — one-line log records on stderr (journald picks them up under
  * systemd): "2026-11-29T12:00:00.123Z kvtrimd[pid] <level> text".
  * LOG() checks the level before formatting anything, so debug records cost
- * a comparison when disabled.  Levels are RFC 5424 numbers.
+ * a comparison when disabled.  Levels are RFC 5424 numbers.  A record is
+ * always one line: control bytes in the text (a newline or ESC quoted from
+ * a peer) are written as '?'.
  */
 #ifndef KVT_LOG_H
 #define KVT_LOG_H

@@ -1055,15 +1055,20 @@ static int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	struct srv_tenant *st = calloc(1, sizeof(*st));
 	if (!st)
 		return KVT_ENOMEM;
-	/* A hello asking no quota gets default_quota (0: the whole pool),
-	 * never more than max_quota. */
-	uint64_t quota = s->cfg.default_quota ? s->cfg.default_quota
-	                                      : pool_bytes;
-	if (quota > max_quota)
-		quota = max_quota;
-	rv = tenant_new(&s->pool, s->next_tenant_id, h, quota, &st->t, why,
+	/* A hello asking no quota gets default_quota (0: a fair share of the
+	 * pool), never more than max_quota; tenant_memory_max caps the daemon
+	 * memory its geometry may need. */
+	struct tenant_limits lim = {
+		.default_quota = s->cfg.default_quota,
+		.max_quota = s->cfg.max_quota,
+		.expected_tenants = s->cfg.expected_tenants,
+		.memory_max = s->cfg.tenant_memory_max,
+	};
+	rv = tenant_new(&s->pool, s->next_tenant_id, h, &lim, &st->t, why,
 	                wlen);
 	if (rv) {
+		if (lim.memory_need > lim.memory_max)
+			s->st.memory_refusals_total++;
 		free(st);
 		return rv;
 	}
@@ -1211,6 +1216,7 @@ static struct stats_snap *srv_snapshot(struct server *s)
 		t->chunks = ts.chunks;
 		t->bytes = ts.chunks * KVT_CHUNK_BYTES;
 		t->quota_bytes = ts.quota_bytes;
+		t->daemon_bytes = ts.daemon_bytes;
 		t->sequences = ts.sequences;
 		t->syncs = ts.syncs;
 		t->entries_kept = ts.entries_kept;
@@ -1362,12 +1368,20 @@ static int srv_config_set(struct server *s, const struct ipc_req *r,
 	return 0;
 }
 
-/* Does tenant st answer to `who` (its name, or its id in decimal)? */
+/*
+ * Does tenant st answer to `who`?  All digits: the tenant id in decimal;
+ * anything else: the name.  Names never start with a digit
+ * (tenant_name_check), so the two never collide.
+ */
 static int srv_tenant_is(const struct srv_tenant *st, const char *who)
 {
-	char id[16];
-	snprintf(id, sizeof(id), "%" PRIu32, st->id);
-	return !strcmp(tenant_name(st->t), who) || !strcmp(id, who);
+	size_t n = strspn(who, "0123456789");
+	if (n && !who[n]) {
+		errno = 0;
+		unsigned long long id = strtoull(who, NULL, 10);
+		return errno == 0 && id == st->id;
+	}
+	return !strcmp(tenant_name(st->t), who);
 }
 
 /* kvtrimctl drain: every tenant matching stops (or resumes) admitting new
@@ -1384,8 +1398,11 @@ static int srv_drain_tenant(struct server *s, const struct ipc_req *r,
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		n += s->tenants[i] && srv_tenant_is(s->tenants[i], who);
 	if (!n) {
-		snprintf(why, wlen, "no tenant named or numbered '%s' "
-		         "(kvtrimctl tenants lists them)", who);
+		snprintf(why, wlen, "no tenant %s '%s' (kvtrimctl tenants "
+		         "lists them)",
+		         who[0] && !who[strspn(who, "0123456789")] ? "with id"
+		                                                    : "named",
+		         who);
 		return KVT_ENOTENANT;
 	}
 	if (!srv_rows(rep, n))

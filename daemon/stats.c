@@ -109,18 +109,47 @@ void stats_fill_tenant_row(const struct stats_tenant *t, struct ipc_row *row)
 
 /* ------------------------------------------------------------ rendering */
 
-/* A Prometheus label value: backslash, double quote and newline escaped. */
+/*
+ * Length of the well-formed UTF-8 sequence at p (1..4), or 0 when the bytes
+ * there are not one (overlong forms, surrogates and code points above
+ * U+10FFFF included).  Names and specs are checked at hello, but what
+ * reaches /metrics and /stats must be valid whatever a bug lets through.
+ */
+static size_t utf8_len(const unsigned char *p)
+{
+	if (p[0] < 0x80)
+		return 1;
+	size_t n = p[0] >= 0xc2 && p[0] <= 0xdf   ? 2
+	           : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+	           : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+	                                          : 0;
+	for (size_t i = 1; i < n; i++)
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+	if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
+	    (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
+		return 0;
+	return n;
+}
+
+/* A Prometheus label value: backslash, double quote and newline escaped,
+ * other control bytes dropped, bytes that are not UTF-8 as U+FFFD. */
 static void prom_label(FILE *f, const char *s)
 {
-	for (; *s; s++) {
-		if (*s == '\\')
+	const unsigned char *p = (const unsigned char *)s;
+	while (*p) {
+		size_t n = utf8_len(p);
+		if (*p == '\\')
 			fputs("\\\\", f);
-		else if (*s == '"')
+		else if (*p == '"')
 			fputs("\\\"", f);
-		else if (*s == '\n')
+		else if (*p == '\n')
 			fputs("\\n", f);
-		else
-			fputc(*s, f);
+		else if (!n)
+			fputs("\xef\xbf\xbd", f);
+		else if (*p >= 0x20 && *p != 0x7f)
+			fwrite(p, 1, n, f);
+		p += n ? n : 1;
 	}
 }
 
@@ -244,16 +273,23 @@ static void render_prom(const struct stats_snap *s, FILE *f)
 #undef STATS_PTF_
 }
 
+/* A JSON string: quotes, backslashes and controls escaped, bytes that
+ * are not UTF-8 as \ufffd (JSON text must be valid UTF-8). */
 static void json_str(FILE *f, const char *s)
 {
 	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+	const unsigned char *p = (const unsigned char *)s;
+	while (*p) {
+		size_t n = utf8_len(p);
 		if (*p == '"' || *p == '\\')
 			fprintf(f, "\\%c", *p);
-		else if (*p < 0x20)
+		else if (*p < 0x20 || *p == 0x7f)
 			fprintf(f, "\\u%04x", *p);
+		else if (!n)
+			fputs("\\ufffd", f);
 		else
-			fputc(*p, f);
+			fwrite(p, 1, n, f);
+		p += n ? n : 1;
 	}
 	fputc('"', f);
 }

@@ -70,6 +70,9 @@
 	  "asks (junk, a packet before hello, a CHUNK_CLOSED for no chunk)")   \
 	X(quota_refusals_total, "quota_refusals_total", "",                    \
 	  "hellos refused for asking more than max_quota")                     \
+	X(memory_refusals_total, "tenant_memory_refusals_total", "",          \
+	  "hellos refused for needing more daemon memory than "               \
+	  "tenant_memory_max")                                                 \
 	X(pressure_tightenings_total, "pressure_tightenings_total", "",        \
 	  "times a tenant's compression was tightened under memory pressure")  \
 	X(backpressure_waits_total, "backpressure_waits_total", "",            \
@@ -154,6 +157,10 @@
 	X(bytes, STATS_GAUGE, "tenant_bytes",                                  \
 	  "bytes of chunks held (what the quota counts)")                      \
 	X(quota_bytes, STATS_GAUGE, "tenant_quota_bytes", "hard quota")        \
+	X(daemon_bytes, STATS_GAUGE, "tenant_daemon_memory_bytes",            \
+	  "daemon memory outside the pool the tenant may cause at most "       \
+	  "(table, staging, sequence state, scratch; tenant_memory_max caps "  \
+	  "it)")                                                               \
 	X(sequences, STATS_GAUGE, "tenant_sequences", "open sequences")        \
 	X(syncs, STATS_COUNTER, "tenant_syncs_total", "syncs applied")         \
 	X(entries_kept, STATS_GAUGE, "tenant_entries_kept",                    \

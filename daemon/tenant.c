@@ -7,9 +7,11 @@
  *     per sequence slot the original position of every entry and the tokens
  *     seen per layer, per chunk a stack of free page indexes.
  *   - table segment: a mirror of the per-list state, written after every
- *     change.  The daemon never reads it back for a decision, so a client
- *     that scribbles on its copy hurts only itself; tenant_check reports any
- *     disagreement.
+ *     change.  The daemon never reads it back for a decision.  Its memfd is
+ *     sealed with F_SEAL_FUTURE_WRITE once the daemon has its own writable
+ *     mapping, so the client can neither map it writable nor write() it:
+ *     tenant_check's comparison of table and private state sees only the
+ *     daemon's writes.
  *
  * Every entry point works in two halves: a first half that may fail and
  * changes nothing visible (validation, policy decisions into scratch
@@ -22,6 +24,7 @@
 #include "tenant.h"
 
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,8 @@ struct tlist {
 /* One sequence slot. */
 struct tseq {
 	int open;
+	int used;         /* opened at least once: its table records were
+	                     written (tenant_check reads only those) */
 	uint32_t gen;     /* id = gen << 32 | slot; never 0, bumped on close */
 	uint32_t counter; /* syncs accepted since open */
 	uint32_t mark;    /* sync serial, for duplicate detection */
@@ -73,6 +78,7 @@ struct tenant {
 	struct policy *pol;
 	struct pool *pool;
 	uint64_t quota;
+	struct tenant_mem mem;  /* daemon memory it may cause, at admission */
 	uint32_t max_chunks;    /* quota / KVT_CHUNK_BYTES */
 	uint32_t lists_per_seq; /* n_layers * n_kv_heads */
 	uint32_t pos_cap;       /* max_tokens + headroom */
@@ -278,19 +284,32 @@ static int table_flush(struct tenant *t)
 
 /* ------------------------------------------------------------ segments */
 
-static int segment_new(const char *name, uint64_t bytes, int *fd_out,
-                       void **map_out)
+/*
+ * A shared segment of `bytes`, mapped read-write here.  seals are added
+ * after the daemon's own mapping exists, so F_SEAL_FUTURE_WRITE leaves that
+ * mapping writable and refuses every later writable mapping, write() and
+ * hole punch, whoever holds the fd (a reopened /proc/PID/fd path too: seals
+ * belong to the file).  Sealing beats sending an O_RDONLY fd reopened
+ * through /proc: the client could reopen that one read-write.
+ */
+static int segment_new(const char *name, uint64_t bytes, unsigned seals,
+                       int *fd_out, void **map_out)
 {
 	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return KVT_ESYS;
-	if (ftruncate(fd, (off_t)bytes) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
+	if (ftruncate(fd, (off_t)bytes) < 0) {
 		close(fd);
 		return KVT_ESYS;
 	}
 	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED) {
+		close(fd);
+		return KVT_ESYS;
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | seals |
+	                               F_SEAL_SEAL) < 0) {
+		munmap(m, bytes);
 		close(fd);
 		return KVT_ESYS;
 	}
@@ -557,11 +576,228 @@ static void device_fini(struct tenant *t)
 	t->dirty = NULL;
 }
 
+/* ------------------------------------------------------------ admission */
+
+/* Saturating arithmetic: an estimate that wraps would admit anything. */
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+	return a && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+}
+
+static uint64_t mul3(uint64_t a, uint64_t b, uint64_t c)
+{
+	return mul_sat(mul_sat(a, b), c);
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* Per entry of one decide(), bytes of the policies' scratch arena: score,
+ * protection, ranking and index arrays (policy_select, snapkv, tova, kvpop
+ * each stay below this, the arena's 64-byte rounding included). */
+#define TENANT_POLICY_ENTRY_BYTES 64u
+
+/*
+ * Each term mirrors an allocation of this file, at the size it reaches at
+ * its worst (see struct tenant_mem):
+ *   seqs    per open slot (tenant_seq_open): n_seen [n_layers] u32, pages
+ *           [lists][max_pages] u32, pos [lists][pos_cap] u32, ent
+ *           [lists][pos_cap][entry_floats] f32, state [n_layers][state].
+ *   lists   struct tenant, seqs [max_seqs], lists [max_seqs][lists], and on
+ *           a device backend the dirty-record array of the same count.
+ *   chunks  per chunk of the quota: its slot, its free-page stack
+ *           [pages_per_chunk] u32, two events and a revocation (both queues
+ *           grow by doubling), and tenant_check's bitmap and slot bases.
+ *   scratch tenant_new's fixed buffers (moves, pagev, heads, in), the
+ *           scratch of the largest sync (every list of every slot, each at
+ *           max_tokens entries: drop, newlen, ent_scr, state_scr; on a
+ *           device backend blist, bpages, bmoves, and kbuf, ksrc for
+ *           policies that read K), and the policy arena of one decide
+ *           (n_kv_heads lists of max_tokens entries; attention policies add
+ *           their weights [n_q][G][len] and key rows [len][head_dim] f32,
+ *           n_q <= headroom + lookback), twice, as the arena grows by
+ *           doubling.
+ */
+void tenant_memory(const struct shm_geom *g, const struct policy *pol,
+                   uint64_t quota, int dev, struct tenant_mem *out)
+{
+	uint64_t S = g->max_seqs, L = g->n_layers, H = g->n_kv_heads;
+	uint64_t LP = L * H, P = (uint64_t)g->max_tokens + g->headroom;
+	uint64_t MP = g->max_pages, T = g->max_tokens;
+	uint64_t ef = pol->entry_floats, sb = pol->layer_state_bytes;
+	uint64_t C = quota / KVT_CHUNK_BYTES, nl = S * LP;
+	uint64_t E = mul_sat(nl, T); /* entries of the largest sync */
+	unsigned need = pol->ops->needs;
+	memset(out, 0, sizeof(*out));
+
+	out->table = g->table_bytes;
+	if (dev)
+		out->table = add_sat(out->table,
+		                     (g->table_bytes + KVT_CHUNK_BYTES - 1) /
+		                             KVT_CHUNK_BYTES * KVT_CHUNK_BYTES);
+	out->stage = g->stage_bytes;
+
+	uint64_t per_seq = L * 4 + LP * MP * 4;
+	per_seq = add_sat(per_seq, mul_sat(LP * P, 4 + 4 * ef));
+	per_seq = add_sat(per_seq, mul_sat(L, sb));
+	out->seqs = mul_sat(S, per_seq);
+
+	out->lists = sizeof(struct tenant) + S * sizeof(struct tseq) +
+	             nl * sizeof(struct tlist);
+	if (dev)
+		out->lists += nl * sizeof(struct kvt_backend_region);
+
+	uint64_t per_chunk = sizeof(struct tchunk) +
+	                     (uint64_t)g->pages_per_chunk * 4 +
+	                     2 * (2 * sizeof(struct tenant_event) +
+	                          sizeof(struct tdead)) +
+	                     sizeof(uint64_t) + g->pages_per_chunk / 8 + 1;
+	out->chunks = mul_sat(C, per_chunk) + 6 * sizeof(struct tenant_event);
+
+	uint64_t sc = T * 2 * 4 + H * MP * sizeof(void *) +
+	              H * sizeof(struct policy_head);
+	if (need & POLICY_NEED_STAGED)
+		sc = add_sat(sc, mul3(g->headroom, g->stage_entry_floats, 4));
+	sc = add_sat(sc, E);                            /* drop */
+	sc = add_sat(sc, nl * 4);                       /* newlen */
+	sc = add_sat(sc, mul3(E, ef, 4));               /* ent_scr */
+	sc = add_sat(sc, mul3(S, L, sb));               /* state_scr */
+	if (dev) {
+		sc = add_sat(sc, nl * sizeof(struct kvt_backend_compact));
+		sc = add_sat(sc, mul3(nl, MP, sizeof(void *)));
+		sc = add_sat(sc, mul_sat(E, 8));        /* bmoves */
+		if (need & POLICY_NEED_KV)
+			sc = add_sat(sc, mul_sat(H * MP,
+			                         (uint64_t)g->page_tokens *
+			                                 g->head_dim *
+			                                 g->elem_bytes +
+			                                 sizeof(void *)));
+	}
+	uint64_t per_entry = TENANT_POLICY_ENTRY_BYTES;
+	if (need & POLICY_NEED_Q) {
+		uint64_t G = g->n_heads / g->n_kv_heads;
+		uint64_t nq = (uint64_t)g->headroom + pol->lookback;
+		per_entry += (uint64_t)g->head_dim * 4 + nq * G * 4;
+	}
+	sc = add_sat(sc, mul3(2, H * T, per_entry));
+	out->scratch = sc;
+
+	uint64_t tot = 0;
+	const uint64_t parts[] = {out->table, out->stage, out->seqs, out->lists,
+	                          out->chunks, out->scratch};
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+		tot = add_sat(tot, parts[i]);
+	out->total = tot;
+}
+
+/* "1.5 GiB", "12 MiB", "300 B": sizes in reason texts. */
+static const char *human(uint64_t v, char *buf, size_t len)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB",
+	                                   "PiB", "EiB"};
+	double x = (double)v;
+	unsigned u = 0;
+	while (x >= 1024 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
+		x /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%llu B", (unsigned long long)v);
+	else
+		snprintf(buf, len, "%.*f %s", x < 10 ? 1 : 0, x, unit[u]);
+	return buf;
+}
+
+/*
+ * The refusal of a hello whose tenant_memory exceeds the cap: the total,
+ * every part, and what to lower for the largest part (it fits
+ * KVT_ERRTEXT_MAX: the longest form is about 230 bytes).
+ */
+static int memory_refusal(const struct tenant_mem *m, uint64_t max, char *err,
+                          size_t errlen)
+{
+	char b[8][16];
+	const uint64_t part[] = {m->table, m->stage, m->seqs, m->lists,
+	                         m->chunks, m->scratch};
+	static const char *const fix[] = {
+		"lower max_seqs or max_tokens, or raise page_tokens",
+		"lower stage_tokens or max_seqs",
+		"lower max_seqs or max_tokens",
+		"lower max_seqs",
+		"lower quota_bytes, or raise page_tokens",
+		"lower max_seqs or max_tokens",
+	};
+	size_t big = 0;
+	for (size_t i = 1; i < sizeof(part) / sizeof(part[0]); i++)
+		if (part[i] > part[big])
+			big = i;
+	return errors_fmt(err, errlen, KVT_EQUOTA,
+	            "needs %s of daemon memory, over tenant_memory_max %s "
+	            "(table %s, staging %s, sequences %s, lists %s, chunks "
+	            "%s, scratch %s): %s",
+	            human(m->total, b[0], 16), human(max, b[1], 16),
+	            human(m->table, b[2], 16), human(m->stage, b[3], 16),
+	            human(m->seqs, b[4], 16), human(m->lists, b[5], 16),
+	            human(m->chunks, b[6], 16), human(m->scratch, b[7], 16),
+	            fix[big]);
+}
+
+int tenant_name_check(const char *name, char *err, size_t errlen)
+{
+	char q[72]; /* the name escaped, truncated: the reason must fit */
+	size_t n = strnlen(name, KVT_NAME_MAX);
+	if (n >= KVT_NAME_MAX)
+		return errors_fmt(err, errlen, KVT_EINVAL, "tenant name longer "
+		                  "than %d bytes", KVT_NAME_MAX - 1);
+	if (!n)
+		return errors_fmt(err, errlen, KVT_EINVAL, "empty tenant name");
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)name[i];
+		int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		         (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+		         ch == '-' || ch == '@' || ch == ':';
+		if (!ok || (i == 0 && ch >= '0' && ch <= '9')) {
+			errors_quote(q, sizeof(q), name);
+			return errors_fmt(err, errlen, KVT_EINVAL,
+			            "tenant name \"%s\": %s (names are 1..%d "
+			            "bytes of A-Z a-z 0-9 . _ - @ :, not "
+			            "starting with a digit)", q,
+			            ok ? "starts with a digit"
+			               : "byte outside the name characters",
+			            KVT_NAME_MAX - 1);
+		}
+	}
+	return 0;
+}
+
+/*
+ * The quota of a hello asking none: default_quota, or the fair share
+ * pool / expected_tenants in whole chunks (at least one), capped by
+ * max_quota and by the pool.
+ */
+static uint64_t default_quota_of(const struct tenant_limits *lim,
+                                 uint64_t pool_bytes)
+{
+	uint64_t q = lim->default_quota;
+	if (!q) {
+		uint64_t n = lim->expected_tenants ? lim->expected_tenants : 1;
+		q = pool_bytes / n / KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+		if (q < KVT_CHUNK_BYTES)
+			q = KVT_CHUNK_BYTES;
+	}
+	if (lim->max_quota && q > lim->max_quota)
+		q = lim->max_quota;
+	return q < pool_bytes ? q : pool_bytes;
+}
+
 int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
-               uint64_t default_quota, struct tenant **out, char *err,
+               struct tenant_limits *lim, struct tenant **out, char *err,
                size_t errlen)
 {
 	*out = NULL;
+	lim->memory_need = 0;
 	uint32_t page_tokens = h->page_tokens ? h->page_tokens
 	                                      : TENANT_DEF_PAGE_TOKENS;
 	uint32_t max_seqs = h->max_seqs ? h->max_seqs : TENANT_DEF_MAX_SEQS;
@@ -577,16 +813,18 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	                       h->stage_tokens, err, errlen);
 	if (rc)
 		return rc;
-	size_t name_len = strnlen(h->name, KVT_NAME_MAX);
-	if (name_len >= KVT_NAME_MAX)
-		return errors_fmt(err, errlen, KVT_EINVAL, "tenant name too long");
+	char name[KVT_NAME_MAX];
+	if (h->name[0] && (rc = tenant_name_check(h->name, err, errlen)))
+		return rc;
+	if (h->name[0])
+		snprintf(name, sizeof(name), "%s", h->name);
+	else
+		snprintf(name, sizeof(name), "tenant-%" PRIu32, id);
 
 	uint64_t pool_bytes = pool_bytes_total(pool);
 	uint64_t quota = h->quota_bytes;
 	if (!quota)
-		quota = default_quota && default_quota < pool_bytes
-		                ? default_quota
-		                : pool_bytes;
+		quota = default_quota_of(lim, pool_bytes);
 	if (quota > pool_bytes)
 		return errors_fmt(err, errlen, KVT_EQUOTA,
 		            "quota of %llu bytes exceeds the pool (%llu bytes)",
@@ -622,6 +860,15 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		policy_free(pol);
 		return rc;
 	}
+	void *bctx;
+	struct tenant_mem mem;
+	tenant_memory(&g, pol, quota, !pool_backend(pool, &bctx)->host_visible,
+	              &mem);
+	lim->memory_need = mem.total;
+	if (mem.total > lim->memory_max) {
+		policy_free(pol);
+		return memory_refusal(&mem, lim->memory_max, err, errlen);
+	}
 
 	struct tenant *t = calloc(1, sizeof(*t));
 	if (!t) {
@@ -629,7 +876,8 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
 	t->id = id;
-	memcpy(t->name, h->name, name_len);
+	memcpy(t->name, name, sizeof(t->name));
+	t->mem = mem;
 	t->g = g;
 	t->pol = pol;
 	t->pool = pool;
@@ -661,9 +909,9 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	for (uint32_t i = 0; i < g.max_seqs; i++)
 		t->seqs[i].gen = 1;
 
-	if (segment_new("kvtrim-table", g.table_bytes, &t->table_fd,
-	                &t->table) ||
-	    segment_new("kvtrim-stage", g.stage_bytes, &t->stage_fd,
+	if (segment_new("kvtrim-table", g.table_bytes, F_SEAL_FUTURE_WRITE,
+	                &t->table_fd, &t->table) ||
+	    segment_new("kvtrim-stage", g.stage_bytes, 0, &t->stage_fd,
 	                &t->stage)) {
 		tenant_free(t);
 		return errors_fmt(err, errlen, KVT_ESYS,
@@ -836,6 +1084,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	}
 
 	s->open = 1;
+	s->used = 1;
 	s->counter = 0;
 	t->n_open++;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
@@ -1434,6 +1683,12 @@ void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out)
 	out->entries_appended = t->appended;
 	out->entries_evicted = t->evicted;
 	out->quota_bytes = t->quota;
+	out->daemon_bytes = t->mem.total;
+}
+
+const struct tenant_mem *tenant_mem_of(const struct tenant *t)
+{
+	return &t->mem;
 }
 
 struct checker {
@@ -1466,57 +1721,74 @@ static int test_and_set(uint8_t *bits, uint64_t i)
 /*
  * Device tenants: the device copy of the table must equal the host table
  * in every header field and valid page id, once the queued work is done
- * (read_regions waits for the tenant's stream).  Read back in batches of
- * records so the host buffer stays small whatever the table's size.
+ * (read_regions waits for the tenant's stream).  Only the records of slots
+ * that were ever open are read (the others were uploaded zeroed and never
+ * changed), in batches, so the host buffer stays small and the cost
+ * follows the live state whatever the table's size.
  */
+static int device_records_differ(const struct tenant *t, struct checker *c,
+                                 char *buf, uint64_t first, uint32_t k)
+{
+	enum { BATCH = 256 };
+	const struct shm_geom *g = &t->g;
+	const void *src[BATCH];
+	const char *rec0 = (const char *)shm_list_at(t->table, g, 0, 0, 0);
+	uint64_t roff = (uint64_t)(rec0 - (const char *)t->table);
+	for (uint32_t j = 0; j < k; j++)
+		src[j] = (const char *)t->dtab.base + roff +
+		         (first + j) * g->list_stride;
+	if (t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
+	                          g->list_stride, t->stream)) {
+		violation(c, "device table: %s", t->bops->last_error());
+		return 1;
+	}
+	for (uint32_t j = 0; j < k; j++) {
+		const struct shm_list *h = (const struct shm_list *)(
+			rec0 + (first + j) * g->list_stride);
+		const struct shm_list *d = (const struct shm_list *)(
+			buf + (size_t)j * g->list_stride);
+		uint32_t np = h->n_pages < g->max_pages ? h->n_pages
+		                                        : g->max_pages;
+		if (d->len != h->len || d->n_pages != h->n_pages ||
+		    d->epoch != h->epoch ||
+		    memcmp(d->pages, h->pages, np * sizeof(uint32_t))) {
+			violation(c, "device table record %llu differs from "
+			          "the table (len %u/%u pages %u/%u epoch "
+			          "%llu/%llu)", (unsigned long long)(first + j),
+			          d->len, h->len, d->n_pages, h->n_pages,
+			          (unsigned long long)d->epoch,
+			          (unsigned long long)h->epoch);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 static void check_device_table(const struct tenant *t, struct checker *c)
 {
-	const struct shm_geom *g = &t->g;
 	enum { BATCH = 256 };
-	const void *src[BATCH];
-	uint64_t n = (uint64_t)g->max_seqs * t->lists_per_seq;
+	const struct shm_geom *g = &t->g;
+	const void *src[1] = {t->dtab.base};
 	size_t hdr = sizeof(struct shm_table_hdr);
 	char *buf = malloc(BATCH * g->list_stride);
 	if (!buf) {
 		violation(c, "out of memory reading the device table back");
 		return;
 	}
-	src[0] = t->dtab.base;
 	if (t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr, t->stream))
 		violation(c, "device table: %s", t->bops->last_error());
 	else if (memcmp(buf, t->table, hdr))
 		violation(c, "device table header differs from the table");
-	const char *rec0 = (const char *)shm_list_at(t->table, g, 0, 0, 0);
-	uint64_t roff = (uint64_t)(rec0 - (const char *)t->table);
-	for (uint64_t i = 0; i < n && c->n == 0; i += BATCH) {
-		uint32_t k = (uint32_t)(n - i < BATCH ? n - i : BATCH);
-		for (uint32_t j = 0; j < k; j++)
-			src[j] = (const char *)t->dtab.base + roff +
-			         (i + j) * g->list_stride;
-		if (t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
-		                          g->list_stride, t->stream)) {
-			violation(c, "device table: %s", t->bops->last_error());
-			break;
-		}
-		for (uint32_t j = 0; j < k; j++) {
-			const struct shm_list *h = (const struct shm_list *)(
-				rec0 + (i + j) * g->list_stride);
-			const struct shm_list *d = (const struct shm_list *)(
-				buf + (size_t)j * g->list_stride);
-			uint32_t np = h->n_pages < g->max_pages ? h->n_pages
-			                                        : g->max_pages;
-			if (d->len != h->len || d->n_pages != h->n_pages ||
-			    d->epoch != h->epoch ||
-			    memcmp(d->pages, h->pages, np * sizeof(uint32_t))) {
-				violation(c, "device table record %llu differs "
-				          "from the table (len %u/%u pages "
-				          "%u/%u epoch %llu/%llu)",
-				          (unsigned long long)(i + j), d->len,
-				          h->len, d->n_pages, h->n_pages,
-				          (unsigned long long)d->epoch,
-				          (unsigned long long)h->epoch);
+	for (uint32_t slot = 0; slot < g->max_seqs && c->n == 0; slot++) {
+		if (!t->seqs[slot].used)
+			continue;
+		uint64_t first = (uint64_t)slot * t->lists_per_seq;
+		for (uint32_t i = 0; i < t->lists_per_seq; i += BATCH) {
+			uint32_t k = t->lists_per_seq - i < BATCH
+			                     ? t->lists_per_seq - i
+			                     : BATCH;
+			if (device_records_differ(t, c, buf, first + i, k))
 				break;
-			}
 		}
 	}
 	free(buf);
@@ -1581,6 +1853,11 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 	for (uint32_t slot = 0; slot < g->max_seqs; slot++) {
 		const struct tseq *s = &t->seqs[slot];
 		n_open += !!s->open;
+		/* Never opened: its records and lists are the zeroes they were
+		 * created with (nobody but the daemon writes the table), and
+		 * reading them would fault in table pages nothing touched. */
+		if (!s->used)
+			continue;
 		for (uint32_t layer = 0; layer < g->n_layers; layer++)
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				const struct tlist *l = tlist_at(t, slot, layer,

@@ -51,13 +51,66 @@ struct tenant_event {
 };
 
 /*
- * Registers a tenant from a decoded hello: applies defaults, validates the
- * geometry (KVT_EGEOMETRY), parses the policy spec (KVT_EPOLICY), checks the
- * quota (0 means default_quota; more than the pool gives KVT_EQUOTA), and
- * creates the table and staging memfds.  No chunk is created yet.
+ * What registration allows: the server's settings at hello time.
+ */
+struct tenant_limits {
+	uint64_t default_quota;    /* quota of a hello asking none; 0 = the
+	                              fair share, pool / expected_tenants */
+	uint64_t max_quota;        /* caps the default; 0 = the whole pool */
+	uint32_t expected_tenants; /* tenants the pool is shared between
+	                              (0 is taken as 1) */
+	uint64_t memory_max;       /* tenant_memory_max: daemon bytes outside
+	                              the pool one tenant may cause */
+	uint64_t memory_need;      /* out: the hello's estimate (struct
+	                              tenant_mem total), 0 when tenant_new
+	                              refused it before computing it */
+};
+
+/*
+ * Daemon memory outside the pool that one tenant can cause at its worst:
+ * every max_seqs slot open with every list at max_tokens, the largest sync,
+ * and every chunk its quota allows.  Computed from the geometry, the policy
+ * (entry and layer state, staged inputs, lookback), the quota and the
+ * backend; saturates at UINT64_MAX instead of wrapping.
+ */
+struct tenant_mem {
+	uint64_t table;   /* table segment (and its device copy on cuda) */
+	uint64_t stage;   /* staging segment */
+	uint64_t seqs;    /* private arrays of max_seqs open sequences:
+	                     page ids, positions, entry and layer state */
+	uint64_t lists;   /* per-slot and per-list state of all slots */
+	uint64_t chunks;  /* bookkeeping of the quota's chunks: slots, free-page
+	                     stacks, event and revocation queues */
+	uint64_t scratch; /* sync and policy scratch at their largest */
+	uint64_t total;   /* sum of the above */
+};
+
+struct policy;
+void tenant_memory(const struct shm_geom *g, const struct policy *pol,
+                   uint64_t quota, int dev, struct tenant_mem *out);
+
+/*
+ * Tenant names: 1..KVT_NAME_MAX-1 bytes of [A-Za-z0-9._@:-], the first not
+ * a digit, so a name is never mistaken for an id (kvtrimctl drain 12 means
+ * tenant id 12).  0 or KVT_EINVAL with the reason (the name shown escaped).
+ * An empty name is not checked here: tenant_new names it "tenant-<id>".
+ */
+int tenant_name_check(const char *name, char *err, size_t errlen);
+
+/*
+ * Registers a tenant from a decoded hello: applies defaults (an empty name
+ * becomes "tenant-<id>"), validates the name (KVT_EINVAL) and the geometry
+ * (KVT_EGEOMETRY), parses the policy spec (KVT_EPOLICY), checks the quota
+ * (0 asks the default of lim; more than the pool gives KVT_EQUOTA) and the
+ * daemon memory the tenant may cause (struct tenant_mem: more than
+ * lim->memory_max gives KVT_EQUOTA, the text naming the parts and the hello
+ * fields to lower), and creates the table and staging memfds.  No chunk is
+ * created yet.  The table memfd is sealed against writes
+ * (F_SEAL_FUTURE_WRITE) once the daemon mapped it: the client can map it
+ * read-only only, so the daemon's checks see only the daemon's writes.
  */
 int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
-               uint64_t default_quota, struct tenant **out, char *err,
+               struct tenant_limits *lim, struct tenant **out, char *err,
                size_t errlen);
 
 /*
@@ -150,8 +203,12 @@ int tenant_flush_events(struct tenant *t,
 void tenant_set_pressure(struct tenant *t, float level);
 float tenant_pressure(const struct tenant *t);
 
-/* Accounting of this tenant (the public struct, filled by the daemon). */
+/* Accounting of this tenant (the public struct, filled by the daemon);
+ * daemon_bytes is the estimate of struct tenant_mem. */
 void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out);
+
+/* The estimate the tenant was admitted with. */
+const struct tenant_mem *tenant_mem_of(const struct tenant *t);
 
 /*
  * Checks the tenant's invariants: every page of its chunks is either free or
@@ -159,6 +216,10 @@ void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out);
  * holds exactly ceil((len + headroom) / page_tokens) pages and the table
  * segment matches the private state; chunks * 2 MiB <= quota.  Returns the
  * number of violations (0 = clean) and describes the first in detail.
+ * Cost follows the live state: open sequences' lists and pages, and the
+ * record headers of slots that were open once; slots never opened are
+ * all-zero by construction (only the daemon writes the sealed table) and
+ * are not read, so the check faults in no untouched table page.
  */
 int tenant_check(const struct tenant *t, char *detail, size_t len);
 

@@ -126,7 +126,11 @@ struct kvt_geometry {
 struct kvt_config {
 	const char *runtime_dir;  /* NULL: $KVTRIM_RUNTIME_DIR, then
 	                             $XDG_RUNTIME_DIR/kvtrim */
-	const char *tenant;       /* name shown in stats; < KVT_NAME_MAX */
+	const char *tenant;       /* name shown in stats: 1..KVT_NAME_MAX-1
+	                             bytes of [A-Za-z0-9._@:-], not starting
+	                             with a digit (kvtrimd refuses others with
+	                             KVT_EINVAL, so a name never reads as a
+	                             tenant id); NULL or "" = "engine-<pid>" */
 	struct kvt_geometry geo;
 	enum kvt_dtype dtype;
 	uint32_t page_tokens;     /* entries per page (default 16) */
@@ -139,7 +143,9 @@ struct kvt_config {
 	                             0 = none (policies that need no inputs) */
 	const char *policy;       /* spec "name[:k=v,...]"; NULL = "full" */
 	uint64_t quota_bytes;     /* pool bytes this tenant may hold; 0 = the
-	                             daemon's default quota */
+	                             daemon's default quota (its default_quota,
+	                             by default a fair share: pool_size /
+	                             expected_tenants) */
 	int timeout_ms;           /* per call; 0 = 5000 */
 };
 
@@ -152,8 +158,12 @@ typedef uint64_t kvt_seq;            /* sequence id from kvt_seq_open */
  * Connects to kvtrimd, registers a tenant and maps its segments.
  * On success *out owns the connection until kvt_disconnect().  The daemon
  * refuses bad geometry (KVT_EGEOMETRY), a spec that does not parse
- * (KVT_EPOLICY) and a quota larger than the pool (KVT_EQUOTA); the reason is
- * then in *errtext when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
+ * (KVT_EPOLICY), a bad tenant name (KVT_EINVAL), a quota larger than the
+ * pool or than its max_quota (KVT_EQUOTA), and a geometry whose daemon-side
+ * state (table and staging segments, per-sequence arrays, scratch, for
+ * max_seqs open sequences) would exceed its tenant_memory_max (KVT_EQUOTA,
+ * the text naming the parts and which fields to lower); the reason is then
+ * in *errtext when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
  */
 KVT_API int kvt_connect(const struct kvt_config *cfg, kvt_client **out,
                         char *errtext);
@@ -371,7 +381,10 @@ struct kvt_tenant_stats {
 	uint64_t entries_appended;
 	uint64_t entries_evicted;
 	uint64_t quota_bytes;
-	uint64_t reserved[7];
+	uint64_t daemon_bytes; /* daemon memory outside the pool this tenant's
+	                          geometry may need at most (admitted when
+	                          <= kvtrimd's tenant_memory_max) */
+	uint64_t reserved[6];
 };
 
 /* The daemon's accounting for this client's tenant. */

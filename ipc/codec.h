@@ -29,7 +29,8 @@
  *                      layer_lo, layer_hi] (1..IPC_MAX_SYNC_ITEMS)
  *           stats:     optional "tenant" str (only that tenant)
  *           config:    optional "key" str
- *           drain:     "tenant" str (a name, or an id in decimal),
+ *           drain:     "tenant" str (all digits: an id in decimal; else
+ *                      a name, which never starts with a digit),
  *                      optional "undo" uint 0|1 (1 admits again)
  *           config_set: "key" str, "value" str (< IPC_STR_MAX bytes)
  * reply:    "v": uint, "e": int error (0 or a negative KVT_E* code),

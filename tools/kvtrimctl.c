@@ -54,6 +54,8 @@ static void usage(FILE *f)
 	        "  top                     refreshing view of the pool and "
 	        "every tenant\n"
 	        "  tenants                 one line per registered tenant\n"
+	        "  TENANT is an id when all digits, else a name (names never "
+	        "start with a digit)\n"
 	        "  config get [KEY]        settings in force (also: config "
 	        "[KEY])\n"
 	        "  config set KEY VALUE    change a mutable setting now "
@@ -336,16 +338,18 @@ static void plain_table(const struct ipc_rep *rep)
 
 /* ---------------------------------------------------------------- commands */
 
-/* Does a tenants row belong to `who` (its name, or its id in decimal)? */
+/* Does a tenants row belong to `who`?  All digits: its id in decimal;
+ * anything else: its name (names never start with a digit), as kvtrimd
+ * matches `drain`. */
 static int row_is(const struct ipc_row *row, const char *who)
 {
 	const struct ipc_val *name = codec_row_get(row, "name");
 	const struct ipc_val *id = codec_row_get(row, "id");
-	char buf[32];
-	if (name && name->type == IPC_VAL_STR && !strcmp(name->v.s, who))
-		return 1;
-	return id && id->type == IPC_VAL_U64 &&
-	       !strcmp(val_text(id, buf, sizeof(buf)), who);
+	size_t nd = strspn(who, "0123456789");
+	if (nd && !who[nd])
+		return id && id->type == IPC_VAL_U64 &&
+		       id->v.u == strtoull(who, NULL, 10);
+	return name && name->type == IPC_VAL_STR && !strcmp(name->v.s, who);
 }
 
 /*

@@ -10,6 +10,8 @@ TEST(config, defaults_are_documented_values)
 	config_defaults(&c);
 	T_EQ_U64(c.pool_size, 256ull << 20);
 	T_EQ_U64(c.default_quota, 0);
+	T_EQ(c.expected_tenants, 4);
+	T_EQ_U64(c.tenant_memory_max, 1ull << 30);
 	T_EQ(c.max_tenants, 64);
 	T_EQ(c.contexts, 256);
 	T_EQ_STR(c.backend, "auto");

@@ -8,6 +8,7 @@
  * K/V row carries its (slot, layer, head, position), so compaction that loses
  * or mixes bytes shows up.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -15,11 +16,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "policy.h"
 #include "tenant.h"
 #include "test.h"
 
 #define MAX_SLOTS 64
 #define MAX_LOG 64
+
+/*
+ * Registration limits: a hello asking no quota gets q (0: the whole pool,
+ * expected_tenants 1); the daemon-memory cap is kvtrimd's default, 1 GiB.
+ */
+#define LIM(q)                                                                 \
+	(&(struct tenant_limits){.default_quota = (q),                         \
+	                         .expected_tenants = 1,                        \
+	                         .memory_max = 1ull << 30})
 
 struct sim {
 	struct pool *pool;
@@ -110,7 +121,7 @@ static void sim_new(struct sim *s, struct pool *pool,
 	char err[KVT_ERRTEXT_MAX] = "";
 	memset(s, 0, sizeof(*s));
 	s->pool = pool;
-	int rc = tenant_new(pool, 1, h, default_quota, &s->t, err, sizeof(err));
+	int rc = tenant_new(pool, 1, h, LIM(default_quota), &s->t, err, sizeof(err));
 	if (rc)
 		th_fail(__FILE__, __LINE__, "tenant_new: %s: %s",
 		        kvt_errname(rc), err);
@@ -363,7 +374,7 @@ TEST(tenant, new_applies_defaults)
 	h.dtype = KVT_DTYPE_F16;
 	struct tenant *t = NULL;
 	char err[KVT_ERRTEXT_MAX] = "";
-	T_OK(tenant_new(&pool, 7, &h, 4 * KVT_CHUNK_BYTES, &t, err,
+	T_OK(tenant_new(&pool, 7, &h, LIM(4 * KVT_CHUNK_BYTES), &t, err,
 	                sizeof(err)));
 	const struct shm_geom *g = tenant_geom(t);
 	T_EQ(g->page_tokens, 16);
@@ -383,11 +394,24 @@ TEST(tenant, new_applies_defaults)
 	T_EQ(fstat(tenant_table_fd(t), &st), 0);
 	T_EQ_U64((uint64_t)st.st_size, g->table_bytes);
 	int seals = fcntl(tenant_table_fd(t), F_GET_SEALS);
-	T_EQ(seals & (F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
-	     F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+	T_EQ(seals & (F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL |
+	              F_SEAL_FUTURE_WRITE),
+	     F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL | F_SEAL_FUTURE_WRITE);
+	/* The table is read-only for whoever holds its fd; the staging
+	 * segment is the client's to write. */
+	T_ASSERT(mmap(NULL, g->table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+	              tenant_table_fd(t), 0) == MAP_FAILED);
+	T_EQ(errno, EPERM);
+	T_ASSERT(pwrite(tenant_table_fd(t), "x", 1, 0) < 0);
 	T_EQ(fstat(tenant_stage_fd(t), &st), 0);
 	T_EQ_U64((uint64_t)st.st_size, g->stage_bytes);
-	T_ASSERT(fcntl(tenant_stage_fd(t), F_GET_SEALS) & F_SEAL_SHRINK);
+	seals = fcntl(tenant_stage_fd(t), F_GET_SEALS);
+	T_ASSERT(seals & F_SEAL_SHRINK);
+	T_ASSERT(!(seals & (F_SEAL_FUTURE_WRITE | F_SEAL_WRITE)));
+	void *stw = mmap(NULL, g->stage_bytes, PROT_READ | PROT_WRITE,
+	                 MAP_SHARED, tenant_stage_fd(t), 0);
+	T_ASSERT(stw != MAP_FAILED);
+	munmap(stw, g->stage_bytes);
 
 	void *tab = mmap(NULL, g->table_bytes, PROT_READ, MAP_SHARED,
 	                 tenant_table_fd(t), 0);
@@ -414,16 +438,40 @@ TEST(tenant, new_applies_defaults)
 	tenant_free(NULL);
 
 	/* no default quota, or one above the pool: the whole pool */
-	T_OK(tenant_new(&pool, 8, &h, 0, &t, err, sizeof(err)));
+	T_OK(tenant_new(&pool, 8, &h, LIM(0), &t, err, sizeof(err)));
 	T_EQ_U64(tenant_quota(t), 8 * KVT_CHUNK_BYTES);
 	tenant_free(t);
-	T_OK(tenant_new(&pool, 9, &h, 100 * KVT_CHUNK_BYTES, &t, err,
+	T_OK(tenant_new(&pool, 9, &h, LIM(100 * KVT_CHUNK_BYTES), &t, err,
 	                sizeof(err)));
 	T_EQ_U64(tenant_quota(t), 8 * KVT_CHUNK_BYTES);
 	tenant_free(t);
+	/* The fair share: pool / expected_tenants in whole chunks, at least
+	 * one, capped by max_quota; an explicit default_quota wins. */
+	struct tenant_limits lim = {.expected_tenants = 4,
+	                            .memory_max = 1ull << 30};
+	T_OK(tenant_new(&pool, 11, &h, &lim, &t, err, sizeof(err)));
+	T_EQ_U64(tenant_quota(t), 2 * KVT_CHUNK_BYTES); /* 8 / 4 */
+	tenant_free(t);
+	lim.expected_tenants = 3; /* 8 / 3 = 2.67 chunks: 2 */
+	T_OK(tenant_new(&pool, 11, &h, &lim, &t, err, sizeof(err)));
+	T_EQ_U64(tenant_quota(t), 2 * KVT_CHUNK_BYTES);
+	tenant_free(t);
+	lim.expected_tenants = 64; /* below one chunk: one */
+	T_OK(tenant_new(&pool, 11, &h, &lim, &t, err, sizeof(err)));
+	T_EQ_U64(tenant_quota(t), KVT_CHUNK_BYTES);
+	tenant_free(t);
+	lim.expected_tenants = 1;
+	lim.max_quota = 3 * KVT_CHUNK_BYTES;
+	T_OK(tenant_new(&pool, 11, &h, &lim, &t, err, sizeof(err)));
+	T_EQ_U64(tenant_quota(t), 3 * KVT_CHUNK_BYTES);
+	tenant_free(t);
+	lim.default_quota = 5 * KVT_CHUNK_BYTES; /* still capped */
+	T_OK(tenant_new(&pool, 11, &h, &lim, &t, err, sizeof(err)));
+	T_EQ_U64(tenant_quota(t), 3 * KVT_CHUNK_BYTES);
+	tenant_free(t);
 	/* headroom defaults to page_tokens, clamped to max_tokens */
 	h.max_tokens = 5;
-	T_OK(tenant_new(&pool, 10, &h, 0, &t, err, sizeof(err)));
+	T_OK(tenant_new(&pool, 10, &h, LIM(0), &t, err, sizeof(err)));
 	T_EQ(tenant_geom(t)->headroom, 5);
 	tenant_free(t);
 	T_EQ_U64(pool.chunks_used, 0);
@@ -435,7 +483,7 @@ static void new_refused_at(struct pool *pool, const struct ipc_hello *h,
 	struct tenant *t = (struct tenant *)pool; /* must be reset */
 	char err[KVT_ERRTEXT_MAX] = "";
 	struct pool before = *pool;
-	int rc = tenant_new(pool, 1, h, 0, &t, err, sizeof(err));
+	int rc = tenant_new(pool, 1, h, LIM(0), &t, err, sizeof(err));
 	if (rc != code)
 		th_fail(__FILE__, line, "tenant_new gave %s (%s), expected %s",
 		        kvt_errname(rc), err, kvt_errname(code));
@@ -1086,6 +1134,31 @@ TEST(tenant, flush_stops_at_send_error)
 	T_EQ_U64(pool.chunks_used, 0);
 }
 
+/*
+ * The tenant's own read-write mapping of a segment: this test process is
+ * the "daemon", so /proc/self/maps lists it (the rw-s mapping of the
+ * memfd's inode).
+ */
+static uint8_t *daemon_mapping(int fd)
+{
+	struct stat st;
+	T_EQ(fstat(fd, &st), 0);
+	FILE *f = fopen("/proc/self/maps", "r");
+	T_ASSERT(f);
+	char line[512];
+	unsigned long lo = 0, hi, ino;
+	char perm[8];
+	int found = 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perm,
+		               &ino) == 4 &&
+		        ino == (unsigned long)st.st_ino &&
+		        !strcmp(perm, "rw-s");
+	fclose(f);
+	T_ASSERT(found);
+	return (uint8_t *)lo;
+}
+
 TEST(tenant, check_detects_corrupt_table)
 {
 	struct pool pool;
@@ -1099,10 +1172,18 @@ TEST(tenant, check_detects_corrupt_table)
 	uint32_t ctr = 0, seen[2] = {0, 0};
 	STEP(&s, sq, &ctr, 0, 0, 4, seen);
 
+	/* A slot opened and closed again: its records were written. */
+	uint64_t sq2;
+	T_OK(tenant_seq_open(s.t, &sq2));
+	T_OK(tenant_seq_close(s.t, sq2));
+	flush(&s);
+
+	/* The client cannot write the table (sealed); the daemon's own
+	 * mapping, in this same process, stands in for a daemon bug. */
 	const struct shm_geom *g = s.g;
-	uint8_t *rw = mmap(NULL, g->table_bytes, PROT_READ | PROT_WRITE,
-	                   MAP_SHARED, tenant_table_fd(s.t), 0);
-	T_ASSERT(rw != MAP_FAILED);
+	T_ASSERT(mmap(NULL, g->table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+	              tenant_table_fd(s.t), 0) == MAP_FAILED);
+	uint8_t *rw = daemon_mapping(tenant_table_fd(s.t));
 	struct shm_list *l = shm_list_at(rw, g, (uint32_t)sq, 1, 1);
 	T_EQ(l->n_pages, 2);
 	char d[KVT_ERRTEXT_MAX];
@@ -1130,7 +1211,7 @@ TEST(tenant, check_detects_corrupt_table)
 	CLEAN(&s);
 
 	/* a closed slot that claims entries */
-	struct shm_list *c = shm_list_at(rw, g, 3, 0, 0);
+	struct shm_list *c = shm_list_at(rw, g, (uint32_t)sq2, 0, 0);
 	c->len = 1;
 	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
 	c->len = 0;
@@ -1145,7 +1226,6 @@ TEST(tenant, check_detects_corrupt_table)
 	struct ipc_sync_item it = item(sq, ctr, 0, 0, 0);
 	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
 	CLEAN(&s);
-	munmap(rw, g->table_bytes);
 	sim_free(&s);
 }
 
@@ -1287,18 +1367,18 @@ TEST(tenant, policy_refusals_at_registration)
 	/* staged policies need stage_tokens >= headroom (+ lookback) */
 	struct ipc_hello h = hello_a("h2o");
 	h.stage_tokens = 0;
-	T_ERR(tenant_new(&pool, 1, &h, 0, &t, err, sizeof(err)), KVT_EPOLICY);
+	T_ERR(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)), KVT_EPOLICY);
 	T_ASSERT(strstr(err, "stage_tokens"));
 	h = hello_a("snapkv:window=8");
 	h.stage_tokens = 11; /* needs 4 + 8 */
-	T_ERR(tenant_new(&pool, 1, &h, 0, &t, err, sizeof(err)), KVT_EPOLICY);
+	T_ERR(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)), KVT_EPOLICY);
 	h.stage_tokens = 12;
-	T_OK(tenant_new(&pool, 1, &h, 0, &t, err, sizeof(err)));
+	T_OK(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)));
 	tenant_free(t);
 	/* weights are loaded, and refused, at registration */
 	h = hello_a("kvzap:model=/nonexistent/kvzap.safetensors");
 	h.stage_tokens = 4;
-	T_ERR(tenant_new(&pool, 1, &h, 0, &t, err, sizeof(err)), KVT_EPOLICY);
+	T_ERR(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)), KVT_EPOLICY);
 	T_ASSERT(strstr(err, "/nonexistent"));
 	T_ASSERT(t == NULL);
 	T_EQ_U64(pool.chunks_used, 0);
@@ -1378,6 +1458,238 @@ TEST(tenant, chunk_closed_refuses_unasked_serials)
 		T_ERR(tenant_chunk_closed(s.t, serials[i]), KVT_EPROTO);
 	T_EQ_U64(pool.chunks_used, 1);
 	T_EQ_U64(tenant_chunks(s.t), 1);
+	sim_free(&s);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+/* ------------------------------------------------------------ admission */
+
+/*
+ * Geometry M: 4 layers, 8 query heads over 2 KV heads, head_dim 16,
+ * d_model 64, f32, pages of 8 (1 KiB, 2048 per chunk), 3 sequences of 100
+ * entries, headroom 8, a staging ring of 16, a quota of 4 chunks.
+ */
+static struct ipc_hello hello_m(const char *policy)
+{
+	struct ipc_hello h;
+	memset(&h, 0, sizeof(h));
+	strcpy(h.name, "m");
+	h.geo = (struct kvt_geometry){4, 8, 2, 16, 64};
+	h.dtype = KVT_DTYPE_F32;
+	h.page_tokens = 8;
+	h.max_seqs = 3;
+	h.max_tokens = 100;
+	h.headroom = 8;
+	h.stage_tokens = 16;
+	h.quota_bytes = 4 * KVT_CHUNK_BYTES;
+	snprintf(h.policy, sizeof(h.policy), "%s", policy);
+	return h;
+}
+
+TEST(tenant, memory_estimate_matches_hand_calculation)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	char err[KVT_ERRTEXT_MAX] = "";
+	struct tenant *t = NULL;
+	struct ipc_hello h = hello_m("full");
+	T_OK(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)));
+	const struct tenant_mem *m = tenant_mem_of(t);
+	/*
+	 * max_pages = ceil((100 + 8) / 8) = 14; a record is 16 + 14 * 4 = 72
+	 * bytes, 128 aligned; the header 72 bytes, 128 aligned; 3 * 4 * 2 =
+	 * 24 lists.
+	 */
+	T_EQ_U64(m->table, 128 + 24 * 128);
+	/* A staged entry is 64 + 8 * 16 + 8 = 200 floats; 64-byte header. */
+	T_EQ_U64(m->stage, 64 + 3 * 4 * 16 * 200 * 4);
+	/* Per sequence: n_seen 4 * 4, page ids 8 * 14 * 4, positions
+	 * 8 * (100 + 8) * 4; "full" keeps no entry or layer state. */
+	T_EQ_U64(m->seqs, 3 * (4 * 4 + 8 * 14 * 4 + 8 * 108 * 4));
+	/* Per list 16 bytes, plus the tenant's and slots' structs. */
+	T_ASSERT(m->lists >= 24 * 16 && m->lists <= 24 * 16 + 8192);
+	/* Per chunk a free stack of 2048 ids, check's bitmap of 2048 bits
+	 * (+1) and a slot base, plus slot and queue structs. */
+	uint64_t per_chunk = 2048 * 4 + 2048 / 8 + 1 + 8;
+	T_ASSERT(m->chunks >= 4 * per_chunk &&
+	         m->chunks <= 4 * (per_chunk + 1024) + 1024);
+	/* moves 100 * 2 * 4, pagev 2 * 14 * 8, heads, drop 2400 (3 * 8
+	 * lists of 100 entries), newlen 24 * 4, and the policy arena of one
+	 * decide, twice 2 heads * 100 entries * 64 bytes. */
+	T_EQ_U64(m->scratch, 800 + 224 + 2 * sizeof(struct policy_head) +
+	                             2400 + 96 + 2 * 2 * 100 * 64);
+	T_EQ_U64(m->total, m->table + m->stage + m->seqs + m->lists +
+	                           m->chunks + m->scratch);
+	struct kvt_tenant_stats ts;
+	tenant_stats(t, &ts);
+	T_EQ_U64(ts.daemon_bytes, m->total);
+	uint64_t full_lists = m->lists, full_chunks = m->chunks;
+	tenant_free(t);
+
+	/* h2o: entry state of G = 4 floats, staged q and lse, attention
+	 * scratch over headroom queries (lookback 0). */
+	h = hello_m("h2o");
+	T_OK(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)));
+	m = tenant_mem_of(t);
+	T_EQ_U64(m->seqs, 3 * (4 * 4 + 8 * 14 * 4 + 8 * 108 * 4 +
+	                       8 * 108 * 4 * 4));
+	T_EQ_U64(m->lists, full_lists);
+	T_EQ_U64(m->chunks, full_chunks);
+	/* + staged rows of one sync 8 * 200 * 4, entry scratch 2400 * 4 * 4,
+	 * and per entry 64 + head_dim 16 * 4 + 8 queries * 4 heads * 4. */
+	T_EQ_U64(m->scratch, 800 + 224 + 2 * sizeof(struct policy_head) +
+	                             8 * 200 * 4 + 2400 + 96 +
+	                             2400 * 4 * 4 +
+	                             2 * 2 * 100 * (64 + 64 + 8 * 4 * 4));
+	tenant_free(t);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+TEST(tenant, memory_cap_refuses_and_names_the_parts)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	char err[KVT_ERRTEXT_MAX] = "";
+	struct tenant *t = NULL;
+	struct ipc_hello h = hello_m("full");
+	struct tenant_limits lim = {.expected_tenants = 1,
+	                            .memory_max = 1ull << 30};
+	T_OK(tenant_new(&pool, 1, &h, &lim, &t, err, sizeof(err)));
+	uint64_t need = tenant_mem_of(t)->total;
+	T_EQ_U64(lim.memory_need, need);
+	tenant_free(t);
+
+	/* Exactly the need is admitted, a byte less is not. */
+	lim.memory_max = need;
+	T_OK(tenant_new(&pool, 1, &h, &lim, &t, err, sizeof(err)));
+	tenant_free(t);
+	lim.memory_max = need - 1;
+	struct pool before = pool;
+	t = (struct tenant *)&pool;
+	T_ERR(tenant_new(&pool, 1, &h, &lim, &t, err, sizeof(err)),
+	      KVT_EQUOTA);
+	T_ASSERT(t == NULL);
+	T_ASSERT(!memcmp(&before, &pool, sizeof(pool)));
+	T_EQ_U64(lim.memory_need, need);
+	T_ASSERT(strstr(err, "tenant_memory_max"));
+	T_ASSERT(strstr(err, "table") && strstr(err, "staging") &&
+	         strstr(err, "sequences") && strstr(err, "scratch"));
+
+	/*
+	 * The issue's geometry: 4-byte pages (page_tokens 1, head_dim 1,
+	 * f16), 512 sequences of 64 layers x 1024 KV heads.  The table alone
+	 * is 128 + 512 * 65536 * 64 bytes = 2.0 GiB, the page ids and
+	 * positions 2 * 512 * 65536 * (4 + 1) * 4 bytes = 1.25 GiB, a little
+	 * more with n_seen (512 * 64 * 4).
+	 */
+	memset(&h, 0, sizeof(h));
+	strcpy(h.name, "sparse");
+	h.geo = (struct kvt_geometry){64, 1024, 1024, 1, 16};
+	h.dtype = KVT_DTYPE_F16;
+	h.page_tokens = 1;
+	h.max_seqs = 512;
+	h.max_tokens = 4;
+	h.headroom = 1;
+	lim.memory_max = 1ull << 30;
+	T_ERR(tenant_new(&pool, 1, &h, &lim, &t, err, sizeof(err)),
+	      KVT_EQUOTA);
+	T_ASSERT(lim.memory_need > (3ull << 30));
+	T_ASSERT(strstr(err, "table 2.0 GiB"));
+	T_ASSERT(strstr(err, "sequences 1.3 GiB")); /* 1.25 and n_seen */
+	T_ASSERT(strstr(err, "lower max_seqs or max_tokens, or raise "
+	                     "page_tokens"));
+	T_ASSERT(strlen(err) < KVT_ERRTEXT_MAX - 1); /* not truncated */
+	T_EQ_U64(pool.chunks_created_total, 0);
+}
+
+TEST(tenant, names_are_checked_and_defaulted)
+{
+	char err[KVT_ERRTEXT_MAX];
+	const char *good[] = {"a", "engine-12", "x.y_z@host:1", "A-Z.09"};
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+		T_OK(tenant_name_check(good[i], err, sizeof(err)));
+	char longest[KVT_NAME_MAX];
+	memset(longest, 'n', KVT_NAME_MAX - 1);
+	longest[KVT_NAME_MAX - 1] = '\0';
+	T_OK(tenant_name_check(longest, err, sizeof(err)));
+	const char *bad[] = {"", "1", "12", "7up", "a b", "a\nb", "\x1b[2J",
+	                     "caf\xc3\xa9", "\xff\xfe", "a,b", "a=1", "a\"b",
+	                     "a/b"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		err[0] = '\0';
+		T_ERR(tenant_name_check(bad[i], err, sizeof(err)), KVT_EINVAL);
+		T_ASSERT(err[0]);
+		for (const char *p = err; *p; p++) /* printable, one line */
+			T_ASSERT(*p >= 0x20 && *p < 0x7f);
+	}
+	T_ERR(tenant_name_check("\x1b[2J", err, sizeof(err)), KVT_EINVAL);
+	T_ASSERT(strstr(err, "\"\\x1b[2J\""));
+	T_ERR(tenant_name_check("12", err, sizeof(err)), KVT_EINVAL);
+	T_ASSERT(strstr(err, "starts with a digit"));
+
+	/* An empty name is defaulted, a bad one refused, at registration. */
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct tenant *t = NULL;
+	struct ipc_hello h = hello_a("full");
+	h.name[0] = '\0';
+	T_OK(tenant_new(&pool, 42, &h, LIM(0), &t, err, sizeof(err)));
+	T_EQ_STR(tenant_name(t), "tenant-42");
+	tenant_free(t);
+	strcpy(h.name, "a\nb");
+	NEW_REFUSED(&pool, &h, KVT_EINVAL);
+}
+
+/* Pages of [map, map + bytes) in the page cache (mincore). */
+static size_t resident_pages(const void *map, size_t bytes)
+{
+	size_t ps = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + ps - 1) / ps;
+	unsigned char *v = malloc(n);
+	T_ASSERT(v);
+	T_EQ(mincore((void *)map, bytes, v), 0);
+	size_t r = 0;
+	for (size_t i = 0; i < n; i++)
+		r += v[i] & 1;
+	free(v);
+	return r;
+}
+
+TEST(tenant, check_reads_no_untouched_table_page)
+{
+	/*
+	 * 64 slots of 16 layers x 16 KV heads, records of 64 bytes (pages of
+	 * one entry, max_tokens 4, headroom 1: 5 page ids): a 1 MiB table,
+	 * 16 KiB (4 pages) per slot.
+	 */
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h;
+	memset(&h, 0, sizeof(h));
+	strcpy(h.name, "wide");
+	h.geo = (struct kvt_geometry){16, 16, 16, 8, 16};
+	h.dtype = KVT_DTYPE_F32;
+	h.page_tokens = 1;
+	h.max_seqs = 64;
+	h.max_tokens = 4;
+	h.headroom = 1;
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	T_EQ_U64(s.g->table_bytes, 128 + 64 * 256 * 64);
+	uint64_t a, b;
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_open(s.t, &b));
+	T_OK(tenant_seq_close(s.t, b)); /* closed, but its records written */
+	flush(&s);
+	size_t before = resident_pages(s.table, s.g->table_bytes);
+	CLEAN(&s);
+	CLEAN(&s);
+	size_t after = resident_pages(s.table, s.g->table_bytes);
+	/* The header page and two slots' 4 pages each (one more where a
+	 * slot straddles a page); reading all 64 slots would make 257. */
+	T_ASSERT(before <= 10);
+	T_EQ_U64(after, before);
+	T_OK(tenant_seq_close(s.t, a));
+	flush(&s);
 	sim_free(&s);
 	T_EQ_U64(pool.chunks_used, 0);
 }
