@@ -80,8 +80,8 @@ static const struct config_entry config_table[] = {
 	 "for 1 s); lowered at start to fit the open-file limit"},
 	{"max_inflight_per_conn", CONFIG_U32, CONFIG_MUTABLE, 1, 1024, "32",
 	 F(max_inflight_per_conn),
-	 "requests of one control connection in flight at once; a connection "
-	 "that sends more without reading its replies is closed"},
+	 "requests of one control connection in flight at once; more are "
+	 "dropped unanswered"},
 	{"send_timeout_ms", CONFIG_U32, CONFIG_MUTABLE, 10, 60000, "2000",
 	 F(send_timeout_ms),
 	 "a reply the peer does not take within this closes its connection"},
@@ -89,6 +89,10 @@ static const struct config_entry config_table[] = {
 	 F(max_sync_lists),
 	 "page lists one sync may touch (items x layers x KV heads); bounds "
 	 "the time one sync holds the daemon's loop"},
+	{"sync_offload_us", CONFIG_U32, CONFIG_MUTABLE, 0, 10000000, "200",
+	 F(sync_offload_us),
+	 "a tenant whose syncs take longer than this (moving average) runs "
+	 "them on worker threads, so they never hold the loop (0 = always)"},
 	{"stats_max_conns", CONFIG_U32, 0, 1, 4096, "256", F(stats_max_conns),
 	 "HTTP connections to the stats socket (and to the TCP port) at once; "
 	 "at the limit a new connection closes the one that has waited longest "

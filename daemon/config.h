@@ -34,6 +34,7 @@ struct config {
 	uint32_t max_inflight_per_conn;  /* control requests per pipe */
 	uint32_t send_timeout_ms;        /* reply not taken: pipe closed */
 	uint32_t max_sync_lists;         /* lists one sync may touch */
+	uint32_t sync_offload_us;        /* slower syncs run on workers */
 	uint32_t stats_max_conns;        /* HTTP connections at once */
 	uint32_t stats_header_timeout_ms; /* HTTP headers complete by then */
 	uint64_t tenant_memory_max;      /* daemon bytes per tenant, outside

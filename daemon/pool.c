@@ -41,18 +41,26 @@ int pool_chunk_new(struct pool *p, struct pool_chunk *out)
 {
 	struct kvt_backend_chunk bc;
 	pool_chunk_clear(out);
-	if (p->chunks_used >= p->chunk_capacity)
-		return KVT_EPOOLFULL;
+	/* Reserve the capacity first (syncs on worker threads create chunks
+	 * at the same time), then ask the backend. */
+	uint64_t used = __atomic_load_n(&p->chunks_used, __ATOMIC_RELAXED);
+	do {
+		if (used >= p->chunk_capacity)
+			return KVT_EPOOLFULL;
+	} while (!__atomic_compare_exchange_n(&p->chunks_used, &used, used + 1,
+	                                      1, __ATOMIC_ACQ_REL,
+	                                      __ATOMIC_RELAXED));
 	int rv = pool_ops(p)->chunk_new(p->bctx, KVT_CHUNK_BYTES, &bc);
-	if (rv)
+	if (rv) {
+		__atomic_sub_fetch(&p->chunks_used, 1, __ATOMIC_ACQ_REL);
 		return rv;
+	}
 	out->fd = bc.fd;
 	out->base = bc.base;
 	out->bytes = bc.bytes;
 	memcpy(out->ipc, bc.ipc, sizeof(out->ipc));
 	memcpy(out->priv, bc.priv, sizeof(out->priv));
-	p->chunks_used++;
-	p->chunks_created_total++;
+	__atomic_add_fetch(&p->chunks_created_total, 1, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -69,9 +77,9 @@ void pool_chunk_free(struct pool *p, struct pool_chunk *c)
 		memcpy(bc.ipc, c->ipc, sizeof(bc.ipc));
 		memcpy(bc.priv, c->priv, sizeof(bc.priv));
 		pool_ops(p)->chunk_free(p->bctx, &bc);
-		if (p->chunks_used)
-			p->chunks_used--;
-		p->chunks_released_total++;
+		__atomic_sub_fetch(&p->chunks_used, 1, __ATOMIC_ACQ_REL);
+		__atomic_add_fetch(&p->chunks_released_total, 1,
+		                   __ATOMIC_RELAXED);
 	}
 	pool_chunk_clear(c);
 }
@@ -86,4 +94,9 @@ const struct kvt_backend_ops *pool_backend(const struct pool *p, void **ctx)
 uint64_t pool_bytes_total(const struct pool *p)
 {
 	return p->chunk_capacity * KVT_CHUNK_BYTES;
+}
+
+uint64_t pool_chunks_used(const struct pool *p)
+{
+	return __atomic_load_n(&p->chunks_used, __ATOMIC_ACQUIRE);
 }

@@ -10,7 +10,10 @@
  * recycled) when that tenant no longer needs it, so no one else's memory can
  * ever appear behind a descriptor a client still holds.
  *
- * Threads: loop thread only.
+ * Threads: pool_chunk_new and pool_chunk_free may run on several threads
+ * at once (the loop, and syncs on worker threads); the counters are
+ * atomic, read them with pool_chunks_used (or __atomic loads).  The rest
+ * is set up once by the loop before any tenant exists.
  */
 #ifndef KVT_POOL_H
 #define KVT_POOL_H
@@ -58,6 +61,9 @@ void pool_chunk_free(struct pool *p, struct pool_chunk *c);
 /* The backend chunks come from (backend_cpu until pool_set_backend) and,
  * in *ctx, its context. */
 const struct kvt_backend_ops *pool_backend(const struct pool *p, void **ctx);
+
+/* Chunks created and not yet freed (an atomic read). */
+uint64_t pool_chunks_used(const struct pool *p);
 
 /* Bytes of the whole pool. */
 uint64_t pool_bytes_total(const struct pool *p);

@@ -84,6 +84,7 @@
 #define SRV_SNAP_WAIT_MS 250 /* HTTP waits this long for a fresh snapshot */
 #define SRV_ALLOW_MAX 64     /* ids per allow list */
 #define SRV_DENIED_MS 2000   /* a refused fd.sock peer's time for its hello */
+#define SRV_INLINE_LISTS 4096 /* a sync touching more runs on a worker */
 
 /* fd.sock under attack (docs/protocol.md "Limits of the handle channel"). */
 #define SRV_ACCEPT_BATCH 64      /* accepts per poll callback */
@@ -110,12 +111,23 @@ struct srv_req {
 	uint64_t park_deadline_ms; /* parked: refuse after this */
 	int dev_wait; /* parked until a tenant's GPU writes are done */
 	uint32_t pipe_id; /* the request's control connection, 0 once done */
+	int held;         /* it waited for its tenant: a retry, not new */
+	int held_parked;  /* ... and was a backpressure retry then */
 	int send_rv;      /* nng result of the reply's send (done queue) */
 };
 
 /* srv_dispatch: the sync waits for the engine's GPU writes
  * (tenant_sync_ready); park it, retry at the wakeup.  Never on the wire. */
 #define SRV_DEVICE_WAIT 1
+/* srv_dispatch: the sync now runs on a worker thread (struct srv_job),
+ * which owns the request until it ends; no reply yet. */
+#define SRV_ASYNC 2
+/* srv_dispatch: the request's tenant has a sync on a worker; the request
+ * waits in the tenant's queue and is handled again when that ends. */
+#define SRV_TENANT_BUSY 3
+/* srv_dispatch: an admin request that must see no sync running (check);
+ * parked like SRV_DEVICE_WAIT, without its counter. */
+#define SRV_IDLE_WAIT 4
 
 struct srv_tenant;
 
@@ -141,6 +153,34 @@ struct srv_tenant {
 	uint32_t pid;
 	struct srv_conn *conn;
 	int draining;   /* kvtrimctl drain: no new sequences */
+	/*
+	 * busy: one of its syncs runs on a worker thread (srv_job), which
+	 * alone touches st->t until it ends; the loop then reads only what a
+	 * sync does not change (name, spec, geometry), and `cached` for the
+	 * counters.  Its other requests wait in wait_* (in order).
+	 * doomed: released while busy (why); freed when the sync ends.
+	 */
+	int busy;
+	int doomed;
+	char doomed_why[160];
+	int reload_pending; /* SIGHUP came while busy */
+	uint64_t sync_us;   /* moving average of its syncs' apply time */
+	struct kvt_tenant_stats cached;
+	struct srv_req *wait_head, *wait_tail;
+};
+
+/* A sync running on a libuv worker thread for one tenant. */
+struct srv_job {
+	uv_work_t work;
+	struct server *s;
+	struct srv_tenant *st;
+	struct srv_req *r;
+	int parked;          /* r is a backpressure retry */
+	struct ipc_req req;  /* the decoded sync, owned by the job */
+	int rv;
+	char why[KVT_ERRTEXT_MAX];
+	struct kvt_tenant_stats before, after;
+	uint64_t apply_us, scorer_ns;
 };
 
 struct srv_acl {
@@ -224,6 +264,8 @@ struct server {
 
 	struct srv_tenant **tenants; /* [cfg.max_tenants] */
 	uint32_t next_tenant_id;
+
+	uint32_t n_jobs; /* syncs running on worker threads */
 
 	/* Requests waiting for pool pages, oldest first (loop thread). */
 	struct srv_req *parked_head, *parked_tail;
@@ -620,8 +662,17 @@ static int srv_pipe_admin(struct server *s, nng_pipe p, const char *what,
 
 static void srv_conn_close(struct srv_conn *c);
 
-static void srv_reclaim(struct server *s, struct srv_tenant *st,
-                        const char *why)
+/* The tenant's counters: live when no sync of it runs, else as of the
+ * last time they were read live. */
+static void srv_tenant_stats(struct srv_tenant *st,
+                             struct kvt_tenant_stats *out)
+{
+	if (!st->busy)
+		tenant_stats(st->t, &st->cached);
+	*out = st->cached;
+}
+
+static void srv_tenant_free(struct srv_tenant *st, const char *why)
 {
 	struct kvt_tenant_stats ts;
 	tenant_stats(st->t, &ts);
@@ -629,16 +680,35 @@ static void srv_reclaim(struct server *s, struct srv_tenant *st,
 	    "tenant %" PRIu32 " '%s' (pid %" PRIu32 ") released: %s; "
 	    "%" PRIu64 " pages, %" PRIu64 " chunks back to the pool",
 	    st->id, tenant_name(st->t), st->pid, why, ts.pages_used, ts.chunks);
+	tenant_free(st->t);
+	free(st);
+}
+
+/*
+ * Ends a tenant's lease: it leaves the table (its requests from now on get
+ * ENOTENANT), its connections close, and its memory goes back to the pool
+ * now, or, while one of its syncs runs on a worker, when that sync ends.
+ */
+static void srv_reclaim(struct server *s, struct srv_tenant *st,
+                        const char *why)
+{
+	if (st->doomed)
+		return;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		if (s->tenants[i] == st)
 			s->tenants[i] = NULL;
 	srv_pipe_bind(s, st->pipe_id, 0);
-	tenant_free(st->t);
 	if (st->conn) {
 		st->conn->st = NULL;
 		srv_conn_close(st->conn);
+		st->conn = NULL;
 	}
-	free(st);
+	if (st->busy) {
+		st->doomed = 1;
+		snprintf(st->doomed_why, sizeof(st->doomed_why), "%s", why);
+		return;
+	}
+	srv_tenant_free(st, why);
 }
 
 /* ---------------------------------------------------------- handle channel */
@@ -726,6 +796,12 @@ static void srv_conn_cb(uv_poll_t *p, int status, int events)
 {
 	struct srv_conn *c = p->data;
 	char why[80];
+	if (c->st && c->st->busy) {
+		/* Its packets (CHUNK_CLOSED) change the tenant, which a
+		 * worker holds: read them once the sync is over. */
+		uv_poll_stop(p);
+		return;
+	}
 	/*
 	 * At most SRV_CONN_BATCH packets per callback, so that a flood cannot
 	 * hold the loop; the poll is level-triggered and calls again while
@@ -1161,8 +1237,10 @@ static struct stats_snap *srv_snapshot(struct server *s)
 	if (!snap)
 		return NULL;
 	snap->c = s->st;
-	snap->c.chunks_created_total = s->pool.chunks_created_total;
-	snap->c.chunks_released_total = s->pool.chunks_released_total;
+	snap->c.chunks_created_total =
+		__atomic_load_n(&s->pool.chunks_created_total, __ATOMIC_RELAXED);
+	snap->c.chunks_released_total =
+		__atomic_load_n(&s->pool.chunks_released_total, __ATOMIC_RELAXED);
 	http_counts(s->http, &snap->c.stats_conn_timeouts_total,
 	            &snap->c.stats_conn_drops_total);
 	snprintf(snap->version, sizeof(snap->version), "%d.%d.%d",
@@ -1177,18 +1255,18 @@ static struct stats_snap *srv_snapshot(struct server *s)
 		         s->bops->name, s->bmode ? s->bmode : "?");
 
 	uint64_t total = pool_bytes_total(&s->pool);
-	uint64_t used = s->pool.chunks_used * KVT_CHUNK_BYTES;
+	uint64_t used = pool_chunks_used(&s->pool) * KVT_CHUNK_BYTES;
 	snap->uptime_seconds = (now_ms() - s->started_ms) / 1000;
 	snap->pool_bytes_total = total;
 	snap->pool_bytes_used = used;
 	snap->pool_bytes_free = total > used ? total - used : 0;
 	snap->chunks_total = s->pool.chunk_capacity;
-	snap->chunks_used = s->pool.chunks_used;
-	snap->chunks_free = s->pool.chunk_capacity > s->pool.chunks_used
-	                            ? s->pool.chunk_capacity - s->pool.chunks_used
+	snap->chunks_used = pool_chunks_used(&s->pool);
+	snap->chunks_free = s->pool.chunk_capacity > pool_chunks_used(&s->pool)
+	                            ? s->pool.chunk_capacity - pool_chunks_used(&s->pool)
 	                            : 0;
 	snap->pool_use_ratio = s->pool.chunk_capacity
-	                               ? (double)s->pool.chunks_used /
+	                               ? (double)pool_chunks_used(&s->pool) /
 	                                         (double)s->pool.chunk_capacity
 	                               : 0;
 	snap->pressure_level = s->pressure;
@@ -1205,7 +1283,7 @@ static struct stats_snap *srv_snapshot(struct server *s)
 			continue;
 		struct kvt_tenant_stats ts;
 		struct stats_tenant *t = &snap->tenant_list[n++];
-		tenant_stats(st->t, &ts);
+		srv_tenant_stats(st, &ts);
 		t->id = st->id;
 		snprintf(t->name, sizeof(t->name), "%s", tenant_name(st->t));
 		snprintf(t->policy, sizeof(t->policy), "%s",
@@ -1281,21 +1359,21 @@ static void srv_check(struct server *s, struct ipc_row *row)
 		violations += v > 0 ? (uint64_t)v : 0;
 		chunks += tenant_chunks(st->t);
 	}
-	if (chunks != s->pool.chunks_used) {
+	if (chunks != pool_chunks_used(&s->pool)) {
 		if (!violations)
 			snprintf(detail, sizeof(detail),
 			         "tenants hold %" PRIu64 " chunks, pool counts %" PRIu64,
-			         chunks, s->pool.chunks_used);
+			         chunks, pool_chunks_used(&s->pool));
 		violations++;
 	}
-	if (s->pool.chunks_used > s->pool.chunk_capacity) {
+	if (pool_chunks_used(&s->pool) > s->pool.chunk_capacity) {
 		if (!violations)
 			snprintf(detail, sizeof(detail), "pool over capacity");
 		violations++;
 	}
 	codec_row_u64(row, "ok", violations == 0);
 	codec_row_u64(row, "violations", violations);
-	codec_row_u64(row, "chunks_used", s->pool.chunks_used);
+	codec_row_u64(row, "chunks_used", pool_chunks_used(&s->pool));
 	codec_row_str(row, "detail", violations ? detail : "every page is "
 	              "free or in exactly one list; free + used = total");
 }
@@ -1448,6 +1526,8 @@ static int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
 		stats_snap_free(snap);
 		return 0;
 	case IPC_OP_CHECK:
+		if (s->n_jobs)
+			return SRV_IDLE_WAIT; /* a tenant is mid-sync */
 		if (!srv_rows(rep, 1))
 			return KVT_ENOMEM;
 		srv_check(s, &rep->table.rows[0]);
@@ -1498,7 +1578,7 @@ static int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
 static int srv_sync_bounded(const struct server *s,
                             const struct srv_tenant *st,
                             const struct ipc_sync_item *items, uint32_t n,
-                            char *why, size_t wlen)
+                            uint64_t *nlists, char *why, size_t wlen)
 {
 	const struct shm_geom *g = tenant_geom(st->t);
 	uint64_t lists = 0;
@@ -1508,6 +1588,7 @@ static int srv_sync_bounded(const struct server *s,
 			hi = g->n_layers;
 		lists += (uint64_t)(hi > lo ? hi - lo : 0) * g->n_kv_heads;
 	}
+	*nlists = lists;
 	if (lists <= s->cfg.max_sync_lists)
 		return 0;
 	snprintf(why, wlen, "this sync touches %" PRIu64 " page lists "
@@ -1517,9 +1598,96 @@ static int srv_sync_bounded(const struct server *s,
 	return KVT_ETOOBIG;
 }
 
-static int srv_dispatch(struct server *s, const struct ipc_req *r,
-                        nng_pipe pipe, struct ipc_rep *rep, char *why,
-                        size_t wlen)
+/*
+ * Where a sync runs.  The loop serves everyone, so a tenant whose syncs
+ * are expensive (their moving average above sync_offload_us, or this one
+ * touching many lists) runs them on libuv's worker threads, one at a time
+ * per tenant, several tenants at once (UV_THREADPOOL_SIZE, default 4);
+ * cheap ones stay on the loop, where they cost no thread hand-off.
+ */
+static int srv_sync_offload(const struct server *s,
+                            const struct srv_tenant *st, uint64_t lists)
+{
+	return !s->cfg.sync_offload_us || st->sync_us > s->cfg.sync_offload_us ||
+	       lists > SRV_INLINE_LISTS;
+}
+
+/*
+ * What follows a sync's apply, on the loop, wherever it ran: the counters,
+ * the tenant's moving average, the chunk grants it queued (before the
+ * reply), or the drop of a tenant whose device failed.
+ */
+static int srv_sync_finish(struct server *s, struct srv_tenant *st, int rv,
+                           uint32_t items,
+                           const struct kvt_tenant_stats *before,
+                           const struct kvt_tenant_stats *after,
+                           uint64_t apply_us, uint64_t scorer_ns, char *why,
+                           size_t wlen)
+{
+	st->sync_us = (3 * st->sync_us + apply_us) / 4;
+	if (rv && tenant_failed(st->t)) {
+		LOG(LOG_LVL_ERR, "tenant %" PRIu32 ": %s", st->id, why);
+		return srv_device_failed(s, st, rv, "sync");
+	}
+	if (rv)
+		return rv;
+	stats_observe(&s->st.apply_time, (double)apply_us / 1e6);
+	stats_observe(&s->st.scorer_time, (double)scorer_ns / 1e9);
+	s->st.syncs_total++;
+	s->st.sync_items_total += items;
+	s->st.entries_appended_total +=
+		after->entries_appended - before->entries_appended;
+	s->st.entries_evicted_total +=
+		after->entries_evicted - before->entries_evicted;
+	return srv_flush(s, st, why, wlen);
+}
+
+/* Worker thread: the tenant is this job's alone (st->busy). */
+static void srv_job_run(uv_work_t *w)
+{
+	struct srv_job *j = w->data;
+	struct tenant *t = j->st->t;
+	tenant_stats(t, &j->before);
+	uint64_t t0 = now_us();
+	j->rv = tenant_sync(t, j->req.u.sync.items, j->req.u.sync.n, j->why,
+	                    sizeof(j->why));
+	j->apply_us = now_us() - t0;
+	j->scorer_ns = tenant_scorer_ns(t);
+	tenant_stats(t, &j->after);
+}
+
+static void srv_job_done(uv_work_t *w, int status);
+
+/* Hands the sync r (decoded in req, whose items the job takes) to a
+ * worker; nonzero when it cannot (it then runs on the loop). */
+static int srv_job_start(struct server *s, struct srv_tenant *st,
+                         struct srv_req *rq, int parked, struct ipc_req *req)
+{
+	struct srv_job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return -1;
+	j->s = s;
+	j->st = st;
+	j->r = rq;
+	j->parked = parked;
+	j->req = *req;
+	j->work.data = j;
+	tenant_stats(st->t, &st->cached);
+	if (uv_queue_work(&s->loop, &j->work, srv_job_run, srv_job_done)) {
+		free(j);
+		return -1;
+	}
+	req->u.sync.items = NULL; /* the job's now */
+	req->u.sync.n = 0;
+	st->busy = 1;
+	s->n_jobs++;
+	s->st.syncs_offloaded_total++;
+	return 0;
+}
+
+static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
+                        struct ipc_req *r, nng_pipe pipe, struct ipc_rep *rep,
+                        char *why, size_t wlen)
 {
 	struct srv_tenant *st = NULL;
 	int rv;
@@ -1533,6 +1701,18 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		return srv_hello(s, &r->u.hello, pipe, rep, why, wlen);
 	if ((rv = srv_auth(s, r, pipe, &st, why, wlen)))
 		return rv;
+	if (st->busy) {
+		/* Its requests stay in order behind the running sync. */
+		rq->next = NULL;
+		rq->held = 1;
+		rq->held_parked = parked;
+		if (st->wait_tail)
+			st->wait_tail->next = rq;
+		else
+			st->wait_head = rq;
+		st->wait_tail = rq;
+		return SRV_TENANT_BUSY;
+	}
 	switch (r->op) {
 	case IPC_OP_BYE:
 		srv_reclaim(s, st, "client said bye");
@@ -1554,32 +1734,23 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 		s->st.seqs_closed_total++;
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SYNC: {
-		struct kvt_tenant_stats before, after;
+		uint64_t lists;
 		if ((rv = srv_sync_bounded(s, st, r->u.sync.items,
-		                           r->u.sync.n, why, wlen)))
+		                           r->u.sync.n, &lists, why, wlen)))
 			return rv;
 		if (!tenant_sync_ready(st->t, srv_wake_from_device, s))
 			return SRV_DEVICE_WAIT;
+		if (srv_sync_offload(s, st, lists) &&
+		    srv_job_start(s, st, rq, parked, r) == 0)
+			return SRV_ASYNC;
+		struct kvt_tenant_stats before, after;
 		tenant_stats(st->t, &before);
 		uint64_t t0 = now_us();
 		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
-		if (rv && tenant_failed(st->t)) {
-			LOG(LOG_LVL_ERR, "tenant %" PRIu32 ": %s", st->id, why);
-			return srv_device_failed(s, st, rv, "sync");
-		}
-		if (rv)
-			return rv;
-		stats_observe(&s->st.apply_time, (double)(now_us() - t0) / 1e6);
-		stats_observe(&s->st.scorer_time,
-		              (double)tenant_scorer_ns(st->t) / 1e9);
+		uint64_t us = now_us() - t0;
 		tenant_stats(st->t, &after);
-		s->st.syncs_total++;
-		s->st.sync_items_total += r->u.sync.n;
-		s->st.entries_appended_total +=
-			after.entries_appended - before.entries_appended;
-		s->st.entries_evicted_total +=
-			after.entries_evicted - before.entries_evicted;
-		return srv_flush(s, st, why, wlen);
+		return srv_sync_finish(s, st, rv, r->u.sync.n, &before, &after,
+		                       us, tenant_scorer_ns(st->t), why, wlen);
 	}
 	default:
 		snprintf(why, wlen, "operation not handled");
@@ -1589,7 +1760,14 @@ static int srv_dispatch(struct server *s, const struct ipc_req *r,
 
 /* ---------------------------------------------------------- requests */
 
-enum srv_verdict { SRV_REPLY, SRV_PARK };
+/* SRV_HELD: the request belongs to a sync job or waits for its tenant;
+ * whoever holds it replies later. */
+enum srv_verdict { SRV_REPLY, SRV_PARK, SRV_HELD };
+
+static enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
+                                     enum ipc_op op, int rv,
+                                     struct ipc_rep *rep, char *why,
+                                     size_t wlen, int parked);
 
 /*
  * Handles one request.  SRV_PARK: it needs pool pages that may come free,
@@ -1611,8 +1789,9 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 	enum ipc_op op;
 	int rv;
 
-	int retry = parked || r->dev_wait;
+	int retry = parked || r->dev_wait || r->held;
 	r->dev_wait = 0;
+	r->held = 0;
 	if (!retry)
 		s->st.requests_total++;
 	memset(&rep, 0, sizeof(rep));
@@ -1622,19 +1801,37 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 		op = codec_peek_op(body, len);
 	} else {
 		op = req.op;
-		rv = srv_dispatch(s, &req, nng_msg_get_pipe(msg), &rep, why,
-		                  sizeof(why));
+		rv = srv_dispatch(s, r, parked, &req, nng_msg_get_pipe(msg), &rep,
+		                  why, sizeof(why));
 	}
 	codec_req_free(&req);
-	if (rv == SRV_DEVICE_WAIT) {
+	if (rv == SRV_ASYNC || rv == SRV_TENANT_BUSY) {
+		codec_rep_free(&rep);
+		return SRV_HELD;
+	}
+	if (rv == SRV_DEVICE_WAIT || rv == SRV_IDLE_WAIT) {
 		/* Not a pressure wait: no deadline, no backpressure counts;
 		 * the retry is a first try again (parked 0). */
 		r->dev_wait = 1;
-		if (!retry)
+		if (!retry && rv == SRV_DEVICE_WAIT)
 			s->st.device_waits_total++;
 		codec_rep_free(&rep);
 		return SRV_PARK;
 	}
+	return srv_conclude(s, r, op, rv, &rep, why, sizeof(why), parked);
+}
+
+/*
+ * The end of a request's handling, with dispatch's result rv and reply
+ * rep (consumed): parks it under pool pressure, or leaves its encoded reply
+ * in r->msg (NULL when none could be built).
+ */
+static enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
+                                     enum ipc_op op, int rv,
+                                     struct ipc_rep *rep, char *why,
+                                     size_t wlen, int parked)
+{
+	nng_msg *msg = r->msg;
 	if (rv == KVT_EPOOLFULL && !s->draining &&
 	    (op == IPC_OP_SYNC || op == IPC_OP_SEQ_OPEN)) {
 		uint64_t now = now_ms();
@@ -1644,40 +1841,40 @@ static enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 			 * that free pages (close, bye) still get in. */
 			r->park_deadline_ms = now + s->cfg.pressure_deadline_ms;
 			s->st.backpressure_waits_total++;
-			codec_rep_free(&rep);
+			codec_rep_free(rep);
 			LOG(LOG_LVL_INFO, "%s parked for up to %" PRIu32
 			    " ms: %s", codec_op_name(op),
 			    s->cfg.pressure_deadline_ms, why);
 			return SRV_PARK;
 		}
 		if (parked && now < r->park_deadline_ms) {
-			codec_rep_free(&rep);
+			codec_rep_free(rep);
 			return SRV_PARK;
 		}
 		if (parked) {
 			size_t n = strlen(why);
 			s->st.backpressure_timeouts_total++;
-			snprintf(why + n, sizeof(why) - n, "%sno pages came free "
+			snprintf(why + n, wlen - n, "%sno pages came free "
 			         "within pressure_deadline_ms", n ? "; " : "");
 		}
 	} else if (parked && rv == 0) {
 		s->st.backpressure_resumed_total++;
 	}
 	if (rv) {
-		codec_rep_free(&rep);
-		codec_rep_error(&rep, rv, why[0] ? why : kvt_strerror(rv));
+		codec_rep_free(rep);
+		codec_rep_error(rep, rv, why[0] ? why : kvt_strerror(rv));
 		stats_count_error(&s->st, rv);
 		LOG(LOG_LVL_INFO, "request %s refused: %s: %s",
 		    codec_op_name(op) ? codec_op_name(op) : "?", kvt_errname(rv),
-		    rep.msg);
+		    rep->msg);
 	}
 	uint8_t *out = NULL;
 	size_t olen = 0;
-	int erv = codec_rep_encode(op, &rep, &out, &olen);
-	codec_rep_free(&rep);
+	int erv = codec_rep_encode(op, rep, &out, &olen);
+	codec_rep_free(rep);
 	if (erv) {
-		codec_rep_error(&rep, erv, "cannot encode the reply");
-		erv = codec_rep_encode(op, &rep, &out, &olen);
+		codec_rep_error(rep, erv, "cannot encode the reply");
+		erv = codec_rep_encode(op, rep, &out, &olen);
 	}
 	if (op == IPC_OP_SYNC)
 		stats_observe(&s->st.sync_latency,
@@ -1707,12 +1904,12 @@ static void srv_recv(struct srv_req *r)
 static void srv_req_done(struct server *s, struct srv_req *r)
 {
 	struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
-	if (p) {
-		if (p->inflight)
-			p->inflight--;
-		p->last_ms = now_ms();
-	}
 	srv_recv(r);
+	if (!p)
+		return;
+	if (p->inflight)
+		p->inflight--;
+	p->last_ms = now_ms();
 }
 
 /*
@@ -1774,14 +1971,12 @@ static int srv_admit(struct server *s, struct srv_req *r)
 		return 0;
 	if (p->kicked || p->inflight >= s->cfg.max_inflight_per_conn) {
 		/* Not answered: the context goes back to serving others.
-		 * Such a peer is not reading its replies, so one of them
-		 * soon misses send_timeout_ms, which closes it (closing it
-		 * here, while nng still holds its blocked sends, left
-		 * nng 1.5's pipe reaper stuck under load). */
+		 * The connection stays open (it is closed when one of its
+		 * replies misses send_timeout_ms, or when it idles without a
+		 * tenant): closing a pipe from our side while its peer kept
+		 * streaming requests left nng 1.5's pipe reaper stuck under
+		 * load, after which no closed connection was ever released. */
 		s->st.ctl_requests_dropped_total++;
-		LOG_EVERY(LOG_LVL_WARNING, 1000, "control connection %" PRIu32
-		          ": more requests in flight than max_inflight_per_conn"
-		          " (is it reading its replies?); dropped", r->pipe_id);
 		nng_msg_free(r->msg);
 		r->msg = NULL;
 		srv_recv(r);
@@ -1803,6 +1998,15 @@ static void srv_park(struct server *s, struct srv_req *r)
 	s->n_parked++;
 }
 
+static void srv_proceed(struct server *s, struct srv_req *r,
+                        enum srv_verdict v)
+{
+	if (v == SRV_PARK)
+		srv_park(s, r);
+	else if (v == SRV_REPLY)
+		srv_send(s, r);
+}
+
 /* Retries every parked request once, oldest first. */
 static void srv_retry_parked(struct server *s)
 {
@@ -1812,11 +2016,74 @@ static void srv_retry_parked(struct server *s)
 	while (list) {
 		struct srv_req *r = list;
 		list = r->next;
-		if (srv_handle(s, r, !r->dev_wait) == SRV_PARK)
-			srv_park(s, r);
-		else
-			srv_send(s, r);
+		srv_proceed(s, r, srv_handle(s, r, !r->dev_wait));
 	}
+}
+
+static void srv_reload_one(struct server *s, struct srv_tenant *st);
+
+/*
+ * A sync job ended (loop thread): its tenant is the loop's again; the
+ * reply goes out (or the request parks under pressure), then the requests
+ * that waited for the tenant are handled, in order.  A tenant released
+ * meanwhile is freed now and its requests get ENOTENANT.
+ */
+static void srv_job_done(uv_work_t *w, int status)
+{
+	struct srv_job *j = w->data;
+	struct server *s = j->s;
+	struct srv_tenant *st = j->st;
+	struct srv_req *r = j->r, *waiting = st->wait_head;
+	int rv = j->rv;
+	uint32_t items = j->req.u.sync.n;
+	st->wait_head = st->wait_tail = NULL;
+	st->busy = 0;
+	st->cached = j->after;
+	if (st->conn && !st->conn->closing)
+		uv_poll_start(&st->conn->poll, UV_READABLE | UV_DISCONNECT,
+		              srv_conn_cb);
+	s->n_jobs--;
+	codec_req_free(&j->req);
+	if (st->doomed) {
+		snprintf(j->why, sizeof(j->why), "tenant %" PRIu32 " was "
+		         "released while this sync ran (%s)", st->id,
+		         st->doomed_why);
+		rv = KVT_ENOTENANT;
+		srv_tenant_free(st, st->doomed_why);
+	} else {
+		rv = srv_sync_finish(s, st, rv, items, &j->before, &j->after,
+		                     j->apply_us, j->scorer_ns, j->why,
+		                     sizeof(j->why));
+		/* (st is gone if that dropped the tenant.) */
+	}
+	struct ipc_rep rep;
+	memset(&rep, 0, sizeof(rep));
+	rep.version = IPC_PROTO_VERSION;
+	enum srv_verdict v = srv_conclude(s, r, IPC_OP_SYNC, rv, &rep, j->why,
+	                                  sizeof(j->why), j->parked);
+	free(j);
+	if (__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE)) {
+		/* nng is closed: nothing can be sent any more. */
+		nng_msg_free(r->msg);
+		r->msg = NULL;
+		for (struct srv_req *q = waiting; q; q = q->next) {
+			nng_msg_free(q->msg);
+			q->msg = NULL;
+		}
+		return;
+	}
+	srv_proceed(s, r, v);
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
+		if (s->tenants[i] && s->tenants[i]->reload_pending &&
+		    !s->tenants[i]->busy)
+			srv_reload_one(s, s->tenants[i]);
+	while (waiting) {
+		struct srv_req *q = waiting;
+		waiting = q->next;
+		srv_proceed(s, q, srv_handle(s, q, q->held_parked));
+	}
+	if (s->n_parked)
+		srv_retry_parked(s); /* check waits; pages freed */
 }
 
 static void srv_wake_cb(uv_async_t *a)
@@ -1872,10 +2139,7 @@ static void srv_wake_cb(uv_async_t *a)
 		list = r->next;
 		if (srv_admit(s, r))
 			continue;
-		if (srv_handle(s, r, 0) == SRV_PARK)
-			srv_park(s, r);
-		else
-			srv_send(s, r);
+		srv_proceed(s, r, srv_handle(s, r, 0));
 	}
 	/* Closes, byes and evicting syncs just handled may have freed what
 	 * the parked ones wait for: do not leave that to the next tick. */
@@ -1894,7 +2158,7 @@ static void srv_wake_cb(uv_async_t *a)
 static void srv_pressure(struct server *s)
 {
 	double use = s->pool.chunk_capacity
-	                     ? (double)s->pool.chunks_used /
+	                     ? (double)pool_chunks_used(&s->pool) /
 	                               (double)s->pool.chunk_capacity
 	                     : 0;
 	double hw = s->cfg.high_watermark;
@@ -1915,8 +2179,8 @@ static void srv_pressure(struct server *s)
 		}
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 		struct srv_tenant *st = s->tenants[i];
-		if (!st)
-			continue;
+		if (!st || st->busy)
+			continue; /* mid-sync: next tick */
 		float p = (float)(level * min_prio /
 		                  config_priority(&s->cfg, tenant_name(st->t)));
 		float cur = tenant_pressure(st->t);
@@ -1951,12 +2215,12 @@ static void srv_status(struct server *s)
 		if (!st)
 			continue;
 		struct kvt_tenant_stats ts;
-		tenant_stats(st->t, &ts);
+		srv_tenant_stats(st, &ts);
 		tenants++;
 		seqs += ts.sequences;
 	}
 	uint64_t cap = pool_bytes_total(&s->pool);
-	uint64_t u = s->pool.chunks_used * KVT_CHUNK_BYTES;
+	uint64_t u = pool_chunks_used(&s->pool) * KVT_CHUNK_BYTES;
 	srv_fmt_bytes(used, sizeof(used), u);
 	srv_fmt_bytes(total, sizeof(total), cap);
 	snprintf(line, sizeof(line),
@@ -2027,25 +2291,32 @@ static void srv_watchdog_cb(uv_timer_t *t)
  * settings change, a bad file changes nothing, tenants stay. */
 /* SIGHUP also re-reads every tenant's scorer weights; a tenant whose new
  * weights do not load keeps its old ones, and nobody is dropped. */
+static void srv_reload_one(struct server *s, struct srv_tenant *st)
+{
+	char why[KVT_ERRTEXT_MAX];
+	st->reload_pending = 0;
+	int rv = tenant_reload_policy(st->t, why, sizeof(why));
+	if (rv > 0) {
+		s->st.weights_reloads_total++;
+		LOG(LOG_LVL_NOTICE, "SIGHUP: tenant %" PRIu32 " '%s': "
+		    "weights re-read (%s)", st->id, tenant_name(st->t),
+		    tenant_policy_spec(st->t));
+	} else if (rv < 0) {
+		s->st.weights_reload_failures_total++;
+		LOG(LOG_LVL_ERR, "SIGHUP: tenant %" PRIu32 " '%s' keeps "
+		    "its old weights: %s", st->id, tenant_name(st->t), why);
+	}
+}
+
+/* A tenant with a sync on a worker re-reads its weights when that ends. */
 static void srv_reload_weights(struct server *s)
 {
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 		struct srv_tenant *st = s->tenants[i];
-		char why[KVT_ERRTEXT_MAX];
-		if (!st)
-			continue;
-		int rv = tenant_reload_policy(st->t, why, sizeof(why));
-		if (rv > 0) {
-			s->st.weights_reloads_total++;
-			LOG(LOG_LVL_NOTICE, "SIGHUP: tenant %" PRIu32 " '%s': "
-			    "weights re-read (%s)", st->id, tenant_name(st->t),
-			    tenant_policy_spec(st->t));
-		} else if (rv < 0) {
-			s->st.weights_reload_failures_total++;
-			LOG(LOG_LVL_ERR, "SIGHUP: tenant %" PRIu32 " '%s' keeps "
-			    "its old weights: %s", st->id, tenant_name(st->t),
-			    why);
-		}
+		if (st && st->busy)
+			st->reload_pending = 1;
+		else if (st)
+			srv_reload_one(s, st);
 	}
 }
 
@@ -2118,7 +2389,7 @@ static int srv_busy(struct server *s)
 	pthread_mutex_unlock(&s->qlock);
 	for (uint32_t i = 0; i < s->n_reqs && !busy; i++)
 		busy = s->reqs[i].sending;
-	return busy || s->n_parked;
+	return busy || s->n_parked || s->n_jobs;
 }
 
 /* Stops nng for good: no callback runs after this returns. */

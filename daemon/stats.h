@@ -90,6 +90,8 @@
 	  "reason=\"idle\"", "control connections the daemon closed")         \
 	X(ctl_send_timeout_closed_total, "control_conns_closed_total",          \
 	  "reason=\"send_timeout\"", "control connections the daemon closed") \
+	X(syncs_offloaded_total, "syncs_offloaded_total", "",                  \
+	  "syncs run on a worker thread (sync_offload_us)")                    \
 	X(ctl_requests_dropped_total, "control_requests_dropped_total", "",    \
 	  "requests dropped unanswered: max_inflight_per_conn in flight")      \
 	X(config_reloads_total, "config_reloads_total", "",                    \

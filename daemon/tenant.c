@@ -395,11 +395,11 @@ static int reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 		return errors_fmt(err, errlen, KVT_EQUOTA,
 		            "needs %llu more chunk(s): %u held, quota allows %u",
 		            (unsigned long long)k, t->n_chunks, t->max_chunks);
-	if (t->pool->chunks_used + k > t->pool->chunk_capacity)
+	if (pool_chunks_used(t->pool) + k > t->pool->chunk_capacity)
 		return errors_fmt(err, errlen, KVT_EPOOLFULL,
 		            "needs %llu more chunk(s); the pool has %llu of %llu "
 		            "in use", (unsigned long long)k,
-		            (unsigned long long)t->pool->chunks_used,
+		            (unsigned long long)pool_chunks_used(t->pool),
 		            (unsigned long long)t->pool->chunk_capacity);
 	/* Every live chunk may be revoked at the end; each new one is added. */
 	uint32_t worst = t->n_chunks + (uint32_t)k;

@@ -691,8 +691,10 @@ static void adv_fd_flood(const struct th_daemon *d, int quick)
  * max_tokens 4, streaming:sinks=1,tokens=2 so every sync evicts), with the
  * largest max_seqs the daemon admits: 65536 (the protocol's limit), halved
  * until the hello passes (see largest_hello).  It opens up to LT_SEQS
- * sequences (what it could in the time given) and syncs all of them in one
- * sync of one token each, in a loop, reporting its own sync time.
+ * sequences (what it could in the time given) and syncs all of them, one
+ * token each, in a loop, reporting the time of each round: in one sync, or
+ * in as few as the daemon's max_sync_lists allows (a sync refused with
+ * ETOOBIG is split in two, and so on).
  */
 #define LT_SEQS 256
 #define LT_SEQS_QUICK 32
@@ -761,11 +763,21 @@ static void adv_largest(const struct th_daemon *d, int quick)
 	        c.geo.n_layers, c.max_seqs, refused, n,
 	        (unsigned long long)lists);
 	int syncs = 0, errors = 0;
+	uint32_t batch = n;
 	double worst = 0;
 	for (;;) {
 		double t0 = now_ms();
-		rc = n ? kvt_sync(cl, it, n) : KVT_EINVAL;
+		rc = n ? 0 : KVT_EINVAL;
+		for (uint32_t off = 0; off < n && !rc; off += batch)
+			rc = kvt_sync(cl, it + off,
+			              n - off < batch ? n - off : batch);
 		double dt = now_ms() - t0;
+		if (rc == KVT_ETOOBIG && batch > 1) {
+			/* Nothing of that sync was applied: smaller ones. */
+			batch /= 2;
+			adv_say("stat big_batch=%u", batch);
+			continue;
+		}
 		if (rc) {
 			if (!errors++)
 				fprintf(stderr, "kvtrim-bench: largest_tenant: "
