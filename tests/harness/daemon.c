@@ -39,7 +39,7 @@ const char *th_backend(void)
 	return b && *b ? b : "cpu";
 }
 
-static void sleep_ms(int ms)
+void th_sleep_ms(int ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
 	nanosleep(&ts, NULL);
@@ -139,7 +139,7 @@ void th_daemon_start(struct th_daemon *d, const char *pool,
 			th_fail(__FILE__, __LINE__, "kvtrimd exited at start:\n%s",
 			        out);
 		}
-		sleep_ms(10);
+		th_sleep_ms(10);
 	}
 	th_fail(__FILE__, __LINE__, "kvtrimd did not create its sockets in 5 s");
 }
@@ -161,7 +161,7 @@ int th_daemon_stop(struct th_daemon *d)
 			d->pid = 0;
 			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 		}
-		sleep_ms(10);
+		th_sleep_ms(10);
 	}
 	kill(d->pid, SIGKILL);
 	waitpid(d->pid, &status, 0);
@@ -238,7 +238,7 @@ static int write_until(int fd, const uint8_t *buf, size_t len,
 			return -1;
 		if (th_now_ms() >= deadline)
 			return -1;
-		sleep_ms(5);
+		th_sleep_ms(5);
 	}
 	return 0;
 }

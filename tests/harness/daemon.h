@@ -23,8 +23,9 @@ struct th_daemon {
  * auto), default "cpu". */
 const char *th_backend(void);
 
-/* Monotonic clock in milliseconds. */
+/* Monotonic clock in milliseconds; a sleep of ms milliseconds. */
 uint64_t th_now_ms(void);
+void th_sleep_ms(int ms);
 
 /* Path of a built binary. */
 const char *th_bin(const char *name);

@@ -23,12 +23,6 @@
 #include "kvtrim.h"
 #include "test.h"
 
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
 /*
  * A healthy engine: registers, opens a sequence and syncs it `syncs`
  * times, each call bounded by the client timeout (3 s in th_small_cfg).
@@ -62,7 +56,7 @@ static uint64_t wait_connections(const struct th_daemon *d, uint64_t n)
 	uint64_t deadline = th_now_ms() + 5000, cc;
 	while ((cc = th_stat(d, "control_connections")) > n &&
 	       th_now_ms() < deadline)
-		sleep_ms(50);
+		th_sleep_ms(50);
 	return cc;
 }
 
@@ -101,7 +95,7 @@ TEST_T(hostile, never_reading_peer_does_not_freeze_the_control_plane, 60)
 			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
 				closed = 1;
 			else if (n < 0)
-				sleep_ms(20);
+				th_sleep_ms(20);
 		}
 		T_ASSERT(closed);
 		close(fds[i]);
@@ -219,7 +213,7 @@ TEST(hostile, idle_connections_without_a_tenant_are_closed)
 			else if (n == 0)
 				closed++;
 		}
-		sleep_ms(50);
+		th_sleep_ms(50);
 	}
 	T_EQ(closed, 50);
 	T_EQ(th_stat(&d, "ctl_idle_closed_total"), 50);
@@ -253,13 +247,13 @@ TEST(hostile, pending_connections_are_bounded_tenants_and_admins_served)
 			_exit(99);
 		for (int i = 0; i < 20; i++)
 			th_silent_peer(&d);
-		sleep_ms(3000);
+		th_sleep_ms(3000);
 		_exit(0);
 	}
 	uint64_t deadline = th_now_ms() + 5000;
 	while (th_stat(&d, "ctl_refused_total") < 12 &&
 	       th_now_ms() < deadline)
-		sleep_ms(50);
+		th_sleep_ms(50);
 	T_ASSERT(th_stat(&d, "ctl_refused_total") >= 12);
 	/* The registered tenant and root's kvtrimctl are still served. */
 	kvt_seq seq;
@@ -383,7 +377,7 @@ TEST_T(hostile, a_heavy_tenants_syncs_do_not_delay_the_others, 120)
 	uint64_t deadline = th_now_ms() + 60000;
 	while (th_stat(&d, "syncs_offloaded_total") == 0 &&
 	       th_now_ms() < deadline)
-		sleep_ms(10);
+		th_sleep_ms(10);
 	uint64_t worst = 0;
 	int n = 0;
 	/* While the heavy tenant runs (its first sync returned before the
@@ -400,7 +394,7 @@ TEST_T(hostile, a_heavy_tenants_syncs_do_not_delay_the_others, 120)
 			T_OK(kvt_seq_close(c, seq));
 			T_OK(kvt_seq_open(c, &seq));
 		}
-		sleep_ms(5);
+		th_sleep_ms(5);
 	}
 	T_EQ(pthread_join(th, NULL), 0);
 	T_OK(h.rv);

@@ -25,19 +25,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static void fd_sock_path(const struct th_daemon *d, char *out, size_t len)
 {
 	snprintf(out, len, "%s/fd.sock", d->dir);
@@ -142,7 +129,7 @@ static uint64_t wait_stat(const struct th_daemon *d, const char *key,
                           uint64_t want, int ms)
 {
 	uint64_t v = 0;
-	for (double end = now_ms() + ms; now_ms() < end; sleep_ms(50))
+	for (double end = (double)th_now_ms() + ms; (double)th_now_ms() < end; th_sleep_ms(50))
 		if ((v = th_stat(d, key)) == want)
 			break;
 	return v;
@@ -153,7 +140,7 @@ static int hung_up(int fd, int ms)
 {
 	struct handle_msg m;
 	int got = -1;
-	for (double end = now_ms() + ms; now_ms() < end;) {
+	for (double end = (double)th_now_ms() + ms; (double)th_now_ms() < end;) {
 		int rc = handle_recv(fd, &m, &got, 100);
 		if (got >= 0)
 			close(got);
@@ -193,15 +180,15 @@ TEST_T(hostile_fd, idle_flood_beyond_the_fd_limit, 90)
 
 	/* Open them all within 15 s; a full backlog is retried. */
 	int n = 0;
-	for (double end = now_ms() + 15000; n < FLOOD_CONNS && now_ms() < end;) {
+	for (double end = (double)th_now_ms() + 15000; n < FLOOD_CONNS && (double)th_now_ms() < end;) {
 		int fd = idle_conn(path);
 		if (fd < 0) {
-			sleep_ms(5);
+			th_sleep_ms(5);
 			continue;
 		}
 		conns[n++] = fd;
 	}
-	sleep_ms(1500); /* every idle one is now past the 1 s grace */
+	th_sleep_ms(1500); /* every idle one is now past the 1 s grace */
 	T_ASSERT(log_count(&d, "accept failed") < 100);
 	T_EQ(n, FLOOD_CONNS);
 
@@ -244,8 +231,8 @@ static int junk_flood(int fd, kvt_client *healthy, kvt_seq seq)
 	unsigned char junk[16];
 	memset(junk, 0xa5, sizeof(junk));
 	int sent = 0;
-	for (double end = now_ms() + 20000; sent < JUNK_PACKETS &&
-	                                    now_ms() < end;) {
+	for (double end = (double)th_now_ms() + 20000; sent < JUNK_PACKETS &&
+	                                    (double)th_now_ms() < end;) {
 		ssize_t w = send(fd, junk, sizeof(junk),
 		                 MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {

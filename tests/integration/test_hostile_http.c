@@ -22,19 +22,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Fails the test unless want fds (plus slack) fit under RLIMIT_NOFILE,
  * raising the soft limit to the hard one if needed. */
 static void need_fds(rlim_t want)
@@ -75,9 +62,9 @@ static int slow_connect(const struct th_daemon *d, const char *head,
 		}
 		int e = errno;
 		close(fd);
-		if (e != EAGAIN || now_ms() >= until_ms)
+		if (e != EAGAIN || (double)th_now_ms() >= until_ms)
 			return -1;
-		sleep_ms(10);
+		th_sleep_ms(10);
 	}
 }
 
@@ -121,7 +108,7 @@ static void *trickle_main(void *arg)
 			if (t->fds[i] >= 0)
 				(void)!send(t->fds[i], "a", 1,
 				            MSG_NOSIGNAL | MSG_DONTWAIT);
-		sleep_ms(300);
+		th_sleep_ms(300);
 	}
 	return NULL;
 }
@@ -147,7 +134,7 @@ TEST(hostile_http, many_slow_connections_do_not_block_metrics)
 
 	need_fds(N_SLOW);
 	th_daemon_start(&d, "16M", NULL);
-	double until = now_ms() + 3000;
+	double until = (double)th_now_ms() + 3000;
 	for (int i = 0; i < N_SLOW; i++) {
 		fds[i] = slow_connect(&d, "GET /metr", until);
 		connected += fds[i] >= 0;
@@ -158,16 +145,16 @@ TEST(hostile_http, many_slow_connections_do_not_block_metrics)
 	pthread_t th;
 	T_ASSERT(pthread_create(&th, NULL, trickle_main, &t) == 0);
 
-	double t0 = now_ms();
+	double t0 = (double)th_now_ms();
 	int code = th_http(&d, NULL, "/metrics", body, sizeof(body));
-	double took = now_ms() - t0;
+	double took = (double)th_now_ms() - t0;
 	T_EQ(code, 200);
 	T_ASSERT(strstr(body, "kvtrim_uptime_seconds"));
 	T_ASSERT(took < 4000);
 	char out[8192];
-	t0 = now_ms();
+	t0 = (double)th_now_ms();
 	T_EQ(th_sh(&d, out, sizeof(out), "%s stats", th_bin("kvtrimctl")), 0);
-	T_ASSERT(now_ms() - t0 < 4000);
+	T_ASSERT((double)th_now_ms() - t0 < 4000);
 	T_EQ(connected, N_SLOW);
 
 	/* None of the 300 ever completes a request: each is closed once,
@@ -178,7 +165,7 @@ TEST(hostile_http, many_slow_connections_do_not_block_metrics)
 		dr = th_stat(&d, "stats_conn_drops_total");
 		if (to + dr >= N_SLOW)
 			break;
-		sleep_ms(100);
+		th_sleep_ms(100);
 	}
 	T_EQ_U64(to + dr, N_SLOW);
 	for (int i = 0; i < N_SLOW; i++)
@@ -207,26 +194,26 @@ TEST(hostile_http, trickling_headers_are_cut_at_the_deadline)
 	struct th_daemon d;
 	th_daemon_start(&d, "16M", extra);
 
-	double t0 = now_ms();
+	double t0 = (double)th_now_ms();
 	int fd = slow_connect(&d, "GET /metrics HTTP/1.1\r\nX-Slow: ",
 	                      t0 + 2000);
 	T_ASSERT(fd >= 0);
 	double closed_at = -1;
 	char b[256];
 	ssize_t got = 0;
-	while (now_ms() - t0 < 6000) {
+	while ((double)th_now_ms() - t0 < 6000) {
 		struct pollfd p = {.fd = fd, .events = POLLIN};
 		if (poll(&p, 1, 300) > 0) {
 			got = recv(fd, b, sizeof(b), MSG_DONTWAIT);
 			if (got <= 0 && !(got < 0 && errno == EAGAIN)) {
-				closed_at = now_ms() - t0;
+				closed_at = (double)th_now_ms() - t0;
 				break;
 			}
 			T_ASSERT(got < 0); /* no bytes: no response */
 		}
 		if (send(fd, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
 		    errno != EAGAIN) {
-			closed_at = now_ms() - t0;
+			closed_at = (double)th_now_ms() - t0;
 			break;
 		}
 	}
@@ -260,7 +247,7 @@ TEST(hostile_http, incomplete_connections_beyond_the_limit_leave_room)
 	struct th_daemon d;
 	th_daemon_start(&d, "16M", extra);
 
-	double until = now_ms() + 3000;
+	double until = (double)th_now_ms() + 3000;
 	for (int i = 0; i < N_IDLE; i++) {
 		fds[i] = slow_connect(&d, i % 2 ? "GET /metrics HTTP/1.1\r\n"
 		                                : "", until);
@@ -270,15 +257,15 @@ TEST(hostile_http, incomplete_connections_beyond_the_limit_leave_room)
 	 * so that curl's connection comes after all 40 (checked after the
 	 * request, which is the point). */
 	int early = 0;
-	until = now_ms() + 3000; /* for all: the old 10 s idle timeout is out */
+	until = (double)th_now_ms() + 3000; /* for all: the old 10 s idle timeout is out */
 	for (int i = 0; i < N_IDLE - MAX_CONNS; i++) {
-		double left = until - now_ms();
+		double left = until - (double)th_now_ms();
 		early += closed_by_peer(fds[i], left > 0 ? (int)left : 0);
 	}
 
-	double t0 = now_ms();
+	double t0 = (double)th_now_ms();
 	T_EQ(th_http(&d, NULL, "/metrics", NULL, 0), 200);
-	T_ASSERT(now_ms() - t0 < 4000);
+	T_ASSERT((double)th_now_ms() - t0 < 4000);
 	T_EQ(early, N_IDLE - MAX_CONNS);
 
 	T_ASSERT(closed_by_peer(fds[N_IDLE - MAX_CONNS], 3000));
