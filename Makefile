@@ -69,7 +69,7 @@ POLICY_SRC  := $(wildcard policies/*.c)
 KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
 TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
 TINY_SRC    := $(filter-out examples/tinyllm/main.c,$(wildcard examples/tinyllm/*.c))
-# engine/: the model-format modules (GGUF reader, model cache); the
+# engine/: the model-format modules (GGUF reader, tokenizer, model cache); the
 # reference engine itself moves here from examples/tinyllm later.
 ENGINE_SRC  := $(wildcard engine/*.c)
 
