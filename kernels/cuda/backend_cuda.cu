@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,6 +193,11 @@ struct bc_ctx {
 	/* read_regions: source addresses, then the gathered bytes */
 	char *d_gather;
 	size_t gather_cap;
+	/* Guards st[], st_next and d_gather: the daemon calls compact,
+	 * upload_regions and read_regions from several threads at once
+	 * (syncs on worker threads); the rest of the ops use no shared
+	 * state of the context. */
+	pthread_mutex_t lock;
 };
 
 static void bc_fill(char *err, size_t errlen, const char *msg)
@@ -349,6 +355,7 @@ static int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
 	struct bc_ctx *c = (struct bc_ctx *)calloc(1, sizeof(*c));
 	if (!c)
 		return KVT_ENOMEM;
+	pthread_mutex_init(&c->lock, NULL);
 	c->device = device;
 	if ((rv = bc_cuda(cudaSetDevice(device), "cudaSetDevice")) ||
 	    (rv = bc_cuda(cudaFree(0), "CUDA context")) ||
@@ -408,6 +415,7 @@ static void bc_ctx_free(void *ctx)
 		cudaFree(c->d_gather);
 	if (c->stream)
 		cudaStreamDestroy(c->stream);
+	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
 
@@ -800,8 +808,9 @@ static int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s)
  * of its list's page 0, (dst, src, first) as compact_batch_cuda wants.
  * Everything goes to the device in one copy from pinned memory.
  */
-static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
-                      uint32_t n, void *stream)
+static int bc_compact_locked(void *ctx,
+                             const struct kvt_backend_compact *lists,
+                             uint32_t n, void *stream)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	cudaStream_t s = (cudaStream_t)stream;
@@ -897,9 +906,9 @@ __global__ void bc_scatter_kernel(uint32_t *dev, const struct bc_up *up,
 		dev[u.dst + i] = bytes[u.src + i];
 }
 
-static int bc_upload_regions(void *ctx, void *dev, const void *host,
-                             const struct kvt_backend_region *r, uint32_t n,
-                             void *stream)
+static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
+                                    const struct kvt_backend_region *r,
+                                    uint32_t n, void *stream)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	cudaStream_t s = (cudaStream_t)stream;
@@ -1018,9 +1027,9 @@ __global__ void bc_gather_kernel(const void *const *src, char *out,
  * host: a layer's key pages cost two operations instead of one memcpy per
  * page.  Synchronous on stream (the policies read the bytes right after).
  */
-static int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
-                           const void *const *src, uint32_t n, size_t bytes,
-                           void *stream)
+static int bc_read_regions_locked(void *ctx, void *dst, size_t dst_stride,
+                                  const void *const *src, uint32_t n,
+                                  size_t bytes, void *stream)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	cudaStream_t s = (cudaStream_t)stream;
@@ -1058,6 +1067,41 @@ static int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
 	        "cudaMemcpy2DAsync");
 	BC_CALL(cudaStreamSynchronize(s), "read_regions");
 	return 0;
+}
+
+/* The three ops that use the context's staging slots and gather buffer,
+ * each whole under its lock. */
+static int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
+                      uint32_t n, void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	pthread_mutex_lock(&c->lock);
+	int rv = bc_compact_locked(ctx, lists, n, stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
+}
+
+static int bc_upload_regions(void *ctx, void *dev, const void *host,
+                             const struct kvt_backend_region *r, uint32_t n,
+                             void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	pthread_mutex_lock(&c->lock);
+	int rv = bc_upload_regions_locked(ctx, dev, host, r, n, stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
+}
+
+static int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
+                           const void *const *src, uint32_t n, size_t bytes,
+                           void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	pthread_mutex_lock(&c->lock);
+	int rv = bc_read_regions_locked(ctx, dst, dst_stride, src, n, bytes,
+	                                stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
 }
 
 static const char *bc_last_error(void)
