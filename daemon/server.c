@@ -56,6 +56,8 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -85,6 +87,7 @@
 #define SRV_ALLOW_MAX 64     /* ids per allow list */
 #define SRV_DENIED_MS 2000   /* a refused fd.sock peer's time for its hello */
 #define SRV_INLINE_LISTS 4096 /* a sync touching more runs on a worker */
+#define SRV_WORKER_NICE 10    /* workers' priority below the loop's */
 
 /* fd.sock under attack (docs/protocol.md "Limits of the handle channel"). */
 #define SRV_ACCEPT_BATCH 64      /* accepts per poll callback */
@@ -1642,9 +1645,20 @@ static int srv_sync_finish(struct server *s, struct srv_tenant *st, int rv,
 	return srv_flush(s, st, why, wlen);
 }
 
-/* Worker thread: the tenant is this job's alone (st->busy). */
+/*
+ * Worker thread: the tenant is this job's alone (st->busy).  Workers run
+ * at a lower priority than the loop (nice SRV_WORKER_NICE): where cores are
+ * short, a heavy tenant's syncs take the cycles the loop leaves, not the
+ * other way round.
+ */
 static void srv_job_run(uv_work_t *w)
 {
+	static _Thread_local int niced;
+	if (!niced) {
+		niced = 1;
+		setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid),
+		            SRV_WORKER_NICE);
+	}
 	struct srv_job *j = w->data;
 	struct tenant *t = j->st->t;
 	tenant_stats(t, &j->before);
