@@ -43,6 +43,7 @@
  */
 #include "server.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <grp.h>
 #include <inttypes.h>
@@ -60,6 +61,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -88,6 +90,11 @@
 #define SRV_DENIED_MS 2000   /* a refused fd.sock peer's time for its hello */
 #define SRV_INLINE_LISTS 4096 /* a sync touching more runs on a worker */
 #define SRV_WORKER_NICE 10    /* workers' priority below the loop's */
+#define SRV_QUIET_MS 200      /* a connection this long silent is safe to
+                                 close (srv_pipe_reap) */
+#define SRV_KICK_BATCH 64     /* processes shut down per cron tick */
+#define SRV_CLOSE_WAIT_MS 3000 /* shutdown: for connections to drain */
+#define SRV_NNG_CLOSE_MS 5000  /* shutdown: for nng_close */
 
 /* fd.sock under attack (docs/protocol.md "Limits of the handle channel"). */
 #define SRV_ACCEPT_BATCH 64      /* accepts per poll callback */
@@ -211,8 +218,13 @@ struct srv_pipe {
 	uint32_t inflight;
 	uint64_t last_ms;  /* last request received or reply taken */
 	int bound;         /* a tenant registered on it (no idle deadline) */
-	int kicked;        /* the daemon closed it; requests still queued
-	                      from it are dropped */
+	int kicked;        /* the daemon gave up on it: its requests are
+	                      dropped unread, and it is closed (now, or once
+	                      it is quiet: srv_pipe_kick) */
+	uint64_t rx_ms;    /* last message of any kind from it */
+	uint32_t pid;      /* its peer process (read once, at the kick) */
+	uint64_t *close_counter; /* a close still due: what to count */
+	const char *close_why;
 };
 
 struct server {
@@ -269,6 +281,9 @@ struct server {
 	uint32_t next_tenant_id;
 
 	uint32_t n_jobs; /* syncs running on worker threads */
+	/* srv_nng_close: nng_close returned (under qlock), or not in time. */
+	pthread_cond_t close_cv;
+	int nng_closed, nng_wedged;
 
 	/* Requests waiting for pool pages, oldest first (loop thread). */
 	struct srv_req *parked_head, *parked_tail;
@@ -494,23 +509,114 @@ static void srv_pipe_del(struct server *s, uint32_t id)
 	}
 }
 
-/* Closes a control connection the daemon gives up on, once (nng then
- * reports its removal, which reclaims a tenant registered on it). */
+/*
+ * Shuts down for reading, at the socket, the accepted ctl.ipc connections
+ * of the processes in pids[n] (n 0: of every process).  nng then reads what
+ * they had queued, meets EOF and closes those pipes itself, from its own
+ * receive callback; their writes fail, so a flooding peer stops.  Returns
+ * how many.  It scans the process's descriptors: cron and shutdown only.
+ */
+static uint32_t srv_ctl_shutdown(const struct server *s, const uint32_t *pids,
+                                 uint32_t n)
+{
+	uint32_t done = 0;
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		int fd = atoi(e->d_name), acc = 0, hit = !n;
+		struct sockaddr_un a;
+		struct ucred cr;
+		socklen_t al = sizeof(a), il = sizeof(acc), cl = sizeof(cr);
+		if (fd <= 2 || fd == dirfd(d) ||
+		    getsockname(fd, (struct sockaddr *)&a, &al) ||
+		    a.sun_family != AF_UNIX || al <= sizeof(sa_family_t) ||
+		    strncmp(a.sun_path, s->ctl_path, sizeof(a.sun_path)) ||
+		    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &il) || acc)
+			continue;
+		if (n && !getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl))
+			for (uint32_t i = 0; i < n && !hit; i++)
+				hit = pids[i] == (uint32_t)cr.pid;
+		if (hit)
+			done += shutdown(fd, SHUT_RD) == 0;
+	}
+	closedir(d);
+	return done;
+}
+
+/* Does process pid hold a registered tenant? */
+static int srv_pid_has_tenant(const struct server *s, uint32_t pid)
+{
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
+		if (s->tenants[i] && s->tenants[i]->pid == pid)
+			return 1;
+	return 0;
+}
+
+/*
+ * Gives up on a control connection, once: its requests are dropped from
+ * now on, and the cron closes it (srv_pipe_reap; nng then reports its
+ * removal, which reclaims a tenant registered on it).
+ */
 static void srv_pipe_kick(struct server *s, uint32_t id, uint64_t *counter,
                           const char *why)
 {
 	struct srv_pipe *e = srv_pipe_find(s, id);
 	if (!e || e->kicked)
 		return; /* gone already, or closing */
-	e->kicked = 1;
 	nng_pipe p = NNG_PIPE_INITIALIZER;
-	p.id = id;
 	uint64_t pid = 0;
+	p.id = id;
 	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
-	(*counter)++;
-	LOG_EVERY(LOG_LVL_WARNING, 1000, "closing control connection %" PRIu32
-	          " (pid %" PRIu64 "): %s", id, pid, why);
-	nng_pipe_close(p);
+	e->kicked = 1;
+	e->pid = (uint32_t)pid;
+	e->close_counter = counter;
+	e->close_why = why;
+}
+
+/*
+ * Closes the connections kicked since the last tick.  nng 1.5 can hang its
+ * pipe reaper for good (no closed connection is released again, and
+ * nng_close never returns) when it closes a pipe whose peer is streaming
+ * requests: nng_pipe_close races the transport's receive re-arm, which is
+ * then dropped.  So the connections of a process without a tenant are shut
+ * down at the socket instead (srv_ctl_shutdown: nng closes them from the
+ * EOF, in order); those of a process that holds a tenant (the fd of one of
+ * them cannot be told apart) get nng_pipe_close once they sent nothing for
+ * SRV_QUIET_MS, and stay muted until then.
+ */
+static void srv_pipe_reap(struct server *s, uint64_t now)
+{
+	uint32_t pids[SRV_KICK_BATCH], n = 0;
+	for (uint32_t i = 0; i < s->pipes_cap; i++) {
+		struct srv_pipe *e = &s->pipes[i];
+		if (!e->id || !e->close_counter)
+			continue;
+		int socket = e->pid && !srv_pid_has_tenant(s, e->pid);
+		if (socket) {
+			uint32_t k = 0;
+			while (k < n && pids[k] != e->pid)
+				k++;
+			if (k == n && n == SRV_KICK_BATCH)
+				continue; /* next tick */
+			if (k == n)
+				pids[n++] = e->pid;
+		} else if (now - e->rx_ms < SRV_QUIET_MS) {
+			continue;
+		}
+		(*e->close_counter)++;
+		LOG_EVERY(LOG_LVL_WARNING, 1000, "closing control connection %"
+		          PRIu32 " (pid %" PRIu32 "): %s", e->id, e->pid,
+		          e->close_why);
+		e->close_counter = NULL;
+		if (!socket) {
+			nng_pipe p = NNG_PIPE_INITIALIZER;
+			p.id = e->id;
+			nng_pipe_close(p);
+		}
+	}
+	if (n)
+		srv_ctl_shutdown(s, pids, n);
 }
 
 /* Marks the connection of a tenant registered (1) or released (0). */
@@ -1983,6 +2089,7 @@ static int srv_admit(struct server *s, struct srv_req *r)
 	}
 	if (!p && !(p = srv_pipe_get(s, r->pipe_id)))
 		return 0;
+	p->rx_ms = now_ms();
 	if (p->kicked || p->inflight >= s->cfg.max_inflight_per_conn) {
 		/* Not answered: the context goes back to serving others.
 		 * The connection stays open (it is closed when one of its
@@ -2275,6 +2382,7 @@ static void srv_cron_cb(uv_timer_t *t)
 			              "no request and no tenant within "
 			              "hello_timeout_ms");
 	}
+	srv_pipe_reap(s, now);
 	srv_accept_resume(s, now);
 	/* A process that died while a forked child kept its sockets open
 	 * would otherwise hold its pages: check the peer pid directly. */
@@ -2406,13 +2514,68 @@ static int srv_busy(struct server *s)
 	return busy || s->n_parked || s->n_jobs;
 }
 
-/* Stops nng for good: no callback runs after this returns. */
+static void *srv_nng_close_main(void *arg)
+{
+	struct server *s = arg;
+	nng_close(s->sock);
+	pthread_mutex_lock(&s->qlock);
+	s->nng_closed = 1;
+	pthread_cond_signal(&s->close_cv);
+	pthread_mutex_unlock(&s->qlock);
+	return NULL;
+}
+
+/*
+ * nng_close, given SRV_NNG_CLOSE_MS.  A peer can wedge nng 1.5's pipe
+ * reaper (srv_pipe_reap), and then nng_close never returns.  The daemon
+ * then logs it, leaves nng as it is (its threads may still use the
+ * contexts: server_free frees none of them) and goes on shutting down, so
+ * it still exits instead of hanging until systemd kills it.  Returns
+ * nonzero when nng was left so.
+ */
+static int srv_nng_close(struct server *s)
+{
+	pthread_t th;
+	struct timespec until;
+	int rc = 0;
+	if (pthread_create(&th, NULL, srv_nng_close_main, s)) {
+		nng_close(s->sock);
+		return 0;
+	}
+	pthread_detach(th);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += SRV_NNG_CLOSE_MS / 1000;
+	pthread_mutex_lock(&s->qlock);
+	while (!s->nng_closed && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&s->close_cv, &s->qlock, &until);
+	s->nng_wedged = !s->nng_closed;
+	pthread_mutex_unlock(&s->qlock);
+	if (s->nng_wedged)
+		LOG(LOG_LVL_ERR, "nng did not close the control socket within "
+		    "%d s (a peer wedged nng 1.5's pipe reaper); exiting "
+		    "without waiting for it", SRV_NNG_CLOSE_MS / 1000);
+	return s->nng_wedged;
+}
+
+/* Stops nng for good: no callback runs after this returns (unless nng
+ * was left wedged: s->nng_wedged). */
 static void srv_close_nng(struct server *s)
 {
 	__atomic_store_n(&s->stopping, 1, __ATOMIC_RELEASE);
 	if (s->sock_open) {
-		nng_close(s->sock);
+		/* Connections still streaming requests would race nng_close's
+		 * pipe closes (srv_pipe_reap): end them at the socket first
+		 * and give nng time to read what they queued and close them
+		 * from the EOF. */
+		srv_ctl_shutdown(s, NULL, 0);
+		for (int i = 0; i < SRV_CLOSE_WAIT_MS / 10 &&
+		                __atomic_load_n(&s->control_conns,
+		                                __ATOMIC_RELAXED) > 0;
+		     i++)
+			usleep(10000);
 		s->sock_open = 0;
+		if (srv_nng_close(s))
+			return;
 	}
 	for (uint32_t i = 0; i < s->n_reqs; i++)
 		nng_aio_stop(s->reqs[i].aio);
@@ -2591,6 +2754,7 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	s->next_tenant_id = 1;
 	s->started_ms = now_ms();
 	pthread_mutex_init(&s->qlock, NULL);
+	pthread_cond_init(&s->close_cv, NULL);
 	pthread_mutex_init(&s->acl_lock, NULL);
 	stats_pub_init(&s->pub);
 	s->pub_ready = 1;
@@ -2773,7 +2937,7 @@ void server_free(struct server *s)
 	http_stop(s->http);
 	s->http = NULL;
 	srv_close_nng(s);
-	for (uint32_t i = 0; i < s->n_reqs; i++)
+	for (uint32_t i = 0; i < s->n_reqs && !s->nng_wedged; i++)
 		nng_aio_free(s->reqs[i].aio);
 	while (s->pipe_evs) {
 		struct srv_pipe_ev *e = s->pipe_evs;
@@ -2801,12 +2965,15 @@ void server_free(struct server *s)
 	if (s->bctx)
 		s->bops->ctx_free(s->bctx);
 	free(s->tenants);
-	free(s->reqs);
 	free(s->pipes);
 	if (s->pub_ready)
 		stats_pub_destroy(&s->pub);
-	pthread_mutex_destroy(&s->qlock);
 	pthread_mutex_destroy(&s->acl_lock);
 	rundir_unlock(s->cfg.runtime_dir, s->lock_fd);
+	if (s->nng_wedged)
+		return; /* nng's threads may still touch reqs, qlock, s */
+	free(s->reqs);
+	pthread_mutex_destroy(&s->qlock);
+	pthread_cond_destroy(&s->close_cv);
 	free(s);
 }
