@@ -1,0 +1,140 @@
+/*
+ * test_contract.c — the contract between libkvtrim and an engine, against
+ * the real daemon and the built (or installed) library: engines of a killed
+ * kvtrim-loadgen die with it, the static library exposes only kvt_*
+ * symbols, an install into a prefix is self-contained and usable through
+ * pkg-config, and a handle outlives its daemon (issue 14).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "kvtrim.h"
+#include "test.h"
+
+/* ------------------------------------------------------------- helpers */
+
+/* The parent pid of process pid from /proc (-1 when it is gone). */
+static pid_t proc_ppid(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* "pid (comm) state ppid ...": comm may hold spaces, so after the
+	 * last ')'. */
+	char *p = strrchr(buf, ')');
+	char state;
+	int ppid;
+	if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2)
+		return -1;
+	return ppid;
+}
+
+/* Up to max children of parent (from /proc); their count. */
+static int children_of(pid_t parent, pid_t *out, int max)
+{
+	DIR *dir = opendir("/proc");
+	T_ASSERT(dir);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(dir)) && n < max) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 0)
+			continue;
+		if (proc_ppid((pid_t)pid) == parent)
+			out[n++] = (pid_t)pid;
+	}
+	closedir(dir);
+	return n;
+}
+
+/* --------------------------------------------------- loadgen (item 7) */
+
+/*
+ * kvtrim-loadgen with 4 engines is SIGKILLed mid-run: its engines must die
+ * with it (they would otherwise run for their whole 100000 steps, holding
+ * pool pages).  The test process is a child subreaper, so the orphaned
+ * engines are reparented here and their end is seen by reaping them.
+ */
+TEST_T(contract, loadgen_engines_die_with_a_sigkilled_parent, 60)
+{
+	enum { ENGINES = 4 };
+	T_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	char log[512];
+	snprintf(log, sizeof(log), "%s/loadgen.out", th_tmpdir());
+	pid_t lg = fork();
+	T_ASSERT(lg >= 0);
+	if (lg == 0) {
+		if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr))
+			_exit(127);
+		execl(th_bin("kvtrim-loadgen"), "kvtrim-loadgen",
+		      "--runtime-dir", d.dir, "--clients", "4", "--seqs", "2",
+		      "--steps", "100000", "--step-us", "10000", "--policy",
+		      "streaming:tokens=16", "--name", "orphan", (char *)NULL);
+		_exit(127);
+	}
+	/* Every engine registered and holds pages (10 s at most). */
+	uint64_t t0 = th_now_ms();
+	while (th_stat(&d, "tenants") < ENGINES ||
+	       th_stat(&d, "pool_bytes_used") == 0) {
+		if (th_now_ms() - t0 > 10000) {
+			kill(lg, SIGKILL);
+			th_fail(__FILE__, __LINE__, "loadgen engines did not "
+			        "register within 10 s");
+		}
+		th_sleep_ms(50);
+	}
+	pid_t eng[ENGINES + 1];
+	T_EQ(children_of(lg, eng, ENGINES + 1), ENGINES);
+
+	T_EQ(kill(lg, SIGKILL), 0);
+	int st;
+	T_EQ(waitpid(lg, &st, 0), lg);
+	T_ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+
+	/* Each engine ends within 3 s (reaped here, as their subreaper). */
+	int left = ENGINES;
+	t0 = th_now_ms();
+	while (left && th_now_ms() - t0 < 3000) {
+		for (int i = 0; i < ENGINES; i++)
+			if (eng[i] > 0 && waitpid(eng[i], &st, WNOHANG) ==
+			                          eng[i]) {
+				eng[i] = 0;
+				left--;
+			}
+		if (left)
+			th_sleep_ms(20);
+	}
+	if (left) {
+		for (int i = 0; i < ENGINES; i++)
+			if (eng[i] > 0) {
+				kill(eng[i], SIGKILL);
+				waitpid(eng[i], &st, 0);
+			}
+		th_fail(__FILE__, __LINE__, "%d of %d engines still ran 3 s "
+		        "after loadgen was SIGKILLed", left, ENGINES);
+	}
+	/* The daemon reclaims their tenants: the pool is empty again. */
+	t0 = th_now_ms();
+	while ((th_stat(&d, "pool_bytes_used") || th_stat(&d, "tenants")) &&
+	       th_now_ms() - t0 < 3000)
+		th_sleep_ms(50);
+	T_EQ_U64(th_stat(&d, "pool_bytes_used"), 0);
+	T_EQ_U64(th_stat(&d, "tenants"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
