@@ -85,6 +85,7 @@ ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
 
 LIB_SO  := $(B)/lib/libkvtrim.so
 LIB_A   := $(B)/lib/libkvtrim.a
+LIB_INT := $(B)/obj/libkvtrim-internal.a
 LIB_PC  := $(B)/lib/kvtrim.pc
 DAEMON  := $(B)/bin/kvtrimd
 CTL     := $(B)/bin/kvtrimctl
@@ -128,7 +129,21 @@ $(LIB_SO): $(CLIENT_OBJ) $(IPC_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) -shared $(KVT_LDFLAGS) $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 -o $@ $^ $(LDLIBS)
 
+# The installed static library exposes only kvt_* (as libkvtrim.so does), so
+# an engine with its own mem_init or codec_* links against it: the client and
+# ipc objects (built with -fvisibility=hidden, KVT_API marks the public
+# functions) become one relocatable object whose hidden symbols are made
+# local.  The programs of this tree use the internal functions too and
+# link the plain archive of the same objects, $(LIB_INT), never installed.
 $(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR    $@")
+	$(Q)rm -f $@ $(B)/lib/kvtrim.o && \
+	  ld -r -o $(B)/lib/kvtrim.o $^ && \
+	  objcopy --localize-hidden $(B)/lib/kvtrim.o && \
+	  ar rcs $@ $(B)/lib/kvtrim.o && rm -f $(B)/lib/kvtrim.o
+
+$(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR    $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -146,44 +161,44 @@ $(DAEMON): $(B)/obj/daemon/main.o $(CORE_OBJ) $(IPC_OBJ) $(ERR_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_A)
+$(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # loadgen replays policies in process to verify the daemon, so it links the
 # policies and kernels (not the daemon).
-$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_A)
+$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # hostile.c's adversaries use the integration-test helpers (daemon.c).
 $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/daemon.c) \
-          $(CORE_OBJ) $(LIB_A)
+          $(CORE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The reference engine (examples/tinyllm): its model code is also linked
 # into the tests.
-$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_A)
+$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(TESTS): $(TRAINLIB_OBJ)
 
-$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -61,6 +61,43 @@ static int children_of(pid_t parent, pid_t *out, int max)
 	return n;
 }
 
+/*
+ * The folder of the built libraries: $KVTRIM_LIB_DIR, else lib/ beside the
+ * folder of this test binary (build/lib, or build/san-X/lib).
+ */
+static const char *lib_dir(void)
+{
+	static char dir[512];
+	const char *env = getenv("KVTRIM_LIB_DIR");
+	if (env && *env) {
+		snprintf(dir, sizeof(dir), "%s", env);
+		return dir;
+	}
+	char exe[480];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	T_ASSERT(n > 0);
+	exe[n] = '\0';
+	char *slash = strrchr(exe, '/');
+	T_ASSERT(slash);
+	*slash = '\0';
+	snprintf(dir, sizeof(dir), "%s/../lib", exe);
+	return dir;
+}
+
+/* Writes text to file name in the test's scratch dir; its path. */
+static const char *scratch_file(const char *name, const char *text)
+{
+	static char path[4][512];
+	static int i;
+	char *p = path[i++ % 4];
+	snprintf(p, 512, "%s/%s", th_tmpdir(), name);
+	FILE *f = fopen(p, "w");
+	T_ASSERT(f);
+	T_ASSERT(fputs(text, f) >= 0);
+	T_EQ(fclose(f), 0);
+	return p;
+}
+
 /* --------------------------------------------------- loadgen (item 7) */
 
 /*
@@ -137,4 +174,55 @@ TEST_T(contract, loadgen_engines_die_with_a_sigkilled_parent, 60)
 	T_EQ_U64(th_stat(&d, "pool_bytes_used"), 0);
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
 	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* --------------------------------------------- static library (item 5) */
+
+/*
+ * An engine whose own functions share names with libkvtrim's internals: it
+ * must link statically against libkvtrim.a (whose globals are only kvt_*)
+ * and call into it.
+ */
+static const char engine_with_clashes[] =
+	"#include <stdio.h>\n"
+	"#include \"kvtrim.h\"\n"
+	"int mem_init(void) { return 1; }\n"
+	"int codec_req_encode(void) { return 2; }\n"
+	"int handle_connect(void) { return 3; }\n"
+	"int main(void)\n"
+	"{\n"
+	"\tconst char *s = kvt_strerror(KVT_ECONN);\n"
+	"\tprintf(\"own=%d text=%s\\n\", mem_init() + codec_req_encode() +\n"
+	"\t       handle_connect(), s);\n"
+	"\treturn 0;\n"
+	"}\n";
+
+TEST_T(contract, static_library_exports_only_kvt_symbols, 60)
+{
+	char out[8192];
+	const char *lib = lib_dir();
+	/* Every defined global of the archive is kvt_*: the list of the
+	 * others is empty (nm's lines are "address type name"). */
+	T_EQ(th_sh(NULL, out, sizeof(out),
+	           "nm -g --defined-only %s/libkvtrim.a | "
+	           "awk 'NF == 3 && $3 !~ /^kvt_/ { print $3 }'", lib), 0);
+	if (out[0])
+		th_fail(__FILE__, __LINE__, "libkvtrim.a exports:\n%s", out);
+	/* ... and it does define the public functions. */
+	T_EQ(th_sh(NULL, out, sizeof(out),
+	           "nm -g --defined-only %s/libkvtrim.a | "
+	           "grep -c ' T kvt_strerror$'", lib), 0);
+	T_EQ(atoi(out), 1);
+
+	const char *src = scratch_file("engine.c", engine_with_clashes);
+	int rc = th_sh(NULL, out, sizeof(out),
+	               "cc -std=c11 -Iinclude -o %s/engine %s %s/libkvtrim.a "
+	               "-lnng -lmsgpackc -lpthread", th_tmpdir(), src, lib);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "static link failed (%d):\n%s", rc,
+		        out);
+	T_EQ(th_sh(NULL, out, sizeof(out), "%s/engine", th_tmpdir()), 0);
+	/* 1 + 2 + 3 from the engine's own functions, the text from
+	 * include/kvtrim.h's table. */
+	T_EQ_STR(out, "own=6 text=cannot reach the daemon or connection lost\n");
 }
