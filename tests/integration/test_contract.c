@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -242,4 +243,101 @@ TEST_T(contract, static_library_exports_only_kvt_symbols, 60)
 	 * include/kvtrim.h's table; no daemon in /nonexistent. */
 	T_EQ_STR(out, "own=6 text=cannot reach the daemon or connection lost\n"
 	              "connect=ECONN\n");
+}
+
+/* ------------------------------------------------------ install (item 6) */
+
+/*
+ * `make install-files` (the copying half of `make install`, the build being
+ * done) into a scratch prefix writes everything under it, /etc included
+ * (SYSCONFDIR is PREFIX/etc), installs the docs README.md links to and the
+ * cuda backend when it was built; an engine built with pkg-config against
+ * the prefix and run with only LD_LIBRARY_PATH=PREFIX/lib connects to the
+ * real daemon; so does one linked against the build tree (libkvtrim.so.0,
+ * the SONAME, is there).
+ */
+TEST_T(contract, install_into_a_prefix_and_build_an_engine_with_pkg_config,
+       120)
+{
+	char out[8192];
+	if (th_sh(NULL, out, sizeof(out),
+	          "command -v make && command -v pkg-config") != 0)
+		T_SKIP("make or pkg-config missing");
+	const char *lib = lib_dir();
+	char pre[512];
+	snprintf(pre, sizeof(pre), "%s/prefix", th_tmpdir());
+	struct stat st;
+	int etc_before = stat("/etc/kvtrim", &st) == 0;
+	int rc = th_sh(NULL, out, sizeof(out),
+	               "make --no-print-directory install-files PREFIX=%s "
+	               "DESTDIR= B=%s/..", pre, lib);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "install failed (%d):\n%s", rc, out);
+	if (!etc_before)
+		T_ASSERT(stat("/etc/kvtrim", &st) != 0);
+	static const char *const want[] = {
+		"etc/kvtrim/kvtrimd.conf", "bin/kvtrimd", "bin/kvtrimctl",
+		"lib/libkvtrim.so.0", "lib/libkvtrim.so", "lib/libkvtrim.a",
+		"lib/pkgconfig/kvtrim.pc", "include/kvtrim.h",
+		"share/doc/kvtrim/README.md",
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		char p[700];
+		snprintf(p, sizeof(p), "%s/%s", pre, want[i]);
+		if (stat(p, &st) != 0)
+			th_fail(__FILE__, __LINE__, "not installed: %s", p);
+	}
+	/* The unit starts the installed daemon on the installed config. */
+	T_EQ(th_sh(NULL, out, sizeof(out),
+	           "grep -c '^ExecStart=%s/bin/kvtrimd --config "
+	           "%s/etc/kvtrim/kvtrimd.conf' "
+	           "%s/lib/systemd/system/kvtrimd.service", pre, pre, pre), 0);
+	/* Every docs/ link of the installed README resolves beside it. */
+	T_EQ(th_sh(NULL, out, sizeof(out),
+	           "cd %s/share/doc/kvtrim && n=0 && for f in $(grep -o "
+	           "'](docs/[^)]*)' README.md | sed 's/^](//; s/)$//'); do "
+	           "n=$((n+1)); [ -e \"$f\" ] || echo \"missing $f\"; done; "
+	           "echo links=$n", pre), 0);
+	T_ASSERT(!strstr(out, "missing"));
+	T_ASSERT(!strstr(out, "links=0\n"));
+	/* The cuda backend where the daemon looks for it (../lib beside
+	 * bin/kvtrimd), when this build has one. */
+	char cuda[600];
+	snprintf(cuda, sizeof(cuda), "%s/libkvtrim-cuda.so", lib);
+	if (stat(cuda, &st) == 0) {
+		snprintf(cuda, sizeof(cuda), "%s/lib/libkvtrim-cuda.so", pre);
+		T_EQ(stat(cuda, &st), 0);
+	}
+
+	/* An engine built against the prefix with pkg-config only. */
+	const char *src = scratch_file("engine.c", tiny_engine);
+	rc = th_sh(NULL, out, sizeof(out),
+	           "PKG_CONFIG_PATH=%s/lib/pkgconfig cc -std=c11 -o %s/engine "
+	           "%s $(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags "
+	           "--libs kvtrim)", pre, th_tmpdir(), src, pre);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "engine build failed (%d):\n%s", rc,
+		        out);
+	struct th_daemon d;
+	th_daemon_start(&d, "16M", NULL);
+	T_EQ(th_sh(NULL, out, sizeof(out), "LD_LIBRARY_PATH=%s/lib ldd "
+	           "%s/engine | grep -c '%s/lib/libkvtrim.so.0'", pre,
+	           th_tmpdir(), pre), 0);
+	T_EQ(th_sh(NULL, out, sizeof(out), "LD_LIBRARY_PATH=%s/lib %s/engine %s",
+	           pre, th_tmpdir(), d.dir), 0);
+	T_EQ_STR(out, "own=6 text=cannot reach the daemon or connection lost\n"
+	              "connect=ok\n");
+
+	/* The same engine linked against the build tree starts too. */
+	rc = th_sh(NULL, out, sizeof(out),
+	           "cc -std=c11 -Iinclude -o %s/engine-bt %s -L%s -lkvtrim",
+	           th_tmpdir(), src, lib);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "build-tree link failed (%d):\n%s",
+		        rc, out);
+	T_EQ(th_sh(NULL, out, sizeof(out), "LD_LIBRARY_PATH=%s %s/engine-bt %s",
+	           lib, th_tmpdir(), d.dir), 0);
+	T_EQ_STR(out, "own=6 text=cannot reach the daemon or connection lost\n"
+	              "connect=ok\n");
+	T_EQ(th_daemon_stop(&d), 0);
 }
