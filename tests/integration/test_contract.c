@@ -341,3 +341,84 @@ TEST_T(contract, install_into_a_prefix_and_build_an_engine_with_pkg_config,
 	              "connect=ok\n");
 	T_EQ(th_daemon_stop(&d), 0);
 }
+
+/* ------------------------------------------- a handle after its daemon (4) */
+
+/*
+ * Once the daemon is gone the handle stays valid: every call that needs the
+ * daemon returns KVT_ECONN, again and again (no crash, no nng panic), until
+ * kvt_disconnect frees it; a new kvt_connect to the daemon restarted on the
+ * same runtime dir then works (the reconnect path of include/kvtrim.h).
+ */
+TEST_T(contract, handle_after_daemon_death_gives_econn_until_reconnect, 60)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "survivor", "full");
+	kvt_client *c;
+	char why[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, why));
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	struct kvt_sync_item it = {.seq = seq, .n_new = 1};
+	T_OK(kvt_sync(c, &it, 1));
+	/* The config the handle holds stays readable throughout. */
+	T_EQ(kvt_config_of(c)->max_seqs, 4);
+
+	/* A sync in flight when the daemon dies. */
+	kvt_ticket pend;
+	it.n_new = 1;
+	T_OK(kvt_sync_async(c, &it, 1, &pend));
+	th_daemon_kill(&d);
+	int wr = kvt_wait(c, pend);
+	T_ASSERT(wr == 0 || wr == KVT_ECONN);
+	for (int round = 0; round < 3; round++) {
+		kvt_seq s2;
+		struct kvt_tenant_stats ts;
+		kvt_ticket t;
+		it.n_new = 0;
+		T_ERR(kvt_sync(c, &it, 1), KVT_ECONN);
+		T_ERR(kvt_sync_async(c, &it, 1, &t), KVT_ECONN);
+		T_ERR(kvt_seq_open(c, &s2), KVT_ECONN);
+		T_ERR(kvt_stats(c, &ts), KVT_ECONN);
+		T_ERR(kvt_seq_close(c, seq), KVT_ECONN);
+		/* The data plane says so too (the pages would be the dead
+		 * daemon's). */
+		void *kp, *vp;
+		struct kvt_list l;
+		struct kvt_table_view tv;
+		const struct kvt_list_record *rec;
+		char buf[4] = {0}, dst[4];
+		T_ERR(kvt_kv_ptr(c, seq, 0, 0, 0, &kp, &vp), KVT_ECONN);
+		T_ERR(kvt_list_get(c, seq, 0, 0, &l), KVT_ECONN);
+		T_ERR(kvt_table_view(c, &tv), KVT_ECONN);
+		T_ERR(kvt_list_record(c, seq, 0, 0, &rec, NULL), KVT_ECONN);
+		T_ERR(kvt_memcpy(c, dst, buf, sizeof(buf)), KVT_ECONN);
+		T_ERR(kvt_set_stream(c, NULL), KVT_ECONN);
+		T_ASSERT(kvt_page_ptr(c, 0) == NULL);
+		T_ASSERT(kvt_memory_kind(c) == KVT_MEMORY_HOST ||
+		         kvt_memory_kind(c) == KVT_MEMORY_CUDA);
+		T_ASSERT(strstr(kvt_last_error(c), "kvtrimd"));
+		/* A daemon restarted on the same dir does not revive the
+		 * handle: its tenant died with the old daemon. */
+		if (round == 1) {
+			th_daemon_start(&d, "16M", NULL);
+			T_ERR(kvt_seq_open(c, &s2), KVT_ECONN);
+			T_ERR(kvt_sync(c, &it, 1), KVT_ECONN);
+			T_EQ_U64(th_stat(&d, "tenants"), 0);
+		}
+		T_EQ(kvt_config_of(c)->max_seqs, 4);
+	}
+	kvt_disconnect(c);
+
+	/* Reconnect: a new client on the restarted daemon, same dir. */
+	cfg = th_small_cfg(&d, "survivor", "full");
+	T_OK(kvt_connect(&cfg, &c, why));
+	T_OK(kvt_seq_open(c, &seq));
+	it = (struct kvt_sync_item){.seq = seq, .n_new = 1};
+	T_OK(kvt_sync(c, &it, 1));
+	T_OK(kvt_seq_close(c, seq));
+	kvt_disconnect(c);
+	T_EQ_U64(th_stat(&d, "pool_bytes_used"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
