@@ -7,7 +7,7 @@
 #   make deps          install the Debian packages the project needs
 #   make models        fetch the public models into $KVTRIM_MODELS
 #                      (default ~/.cache/kvtrim/models); see scripts/models.sh
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local   (SYSCONFDIR: PREFIX/etc, /etc for /usr)
 #   make clean
 # Options: SANITIZER=address|undefined|thread  USE_CUDA=auto|yes|no  V=1
 
@@ -84,7 +84,9 @@ TINY_OBJ   := $(call obj,$(TINY_SRC))
 ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
 
 LIB_SO  := $(B)/lib/libkvtrim.so
+LIB_SO0 := $(B)/lib/libkvtrim.so.0
 LIB_A   := $(B)/lib/libkvtrim.a
+LIB_INT := $(B)/obj/libkvtrim-internal.a
 LIB_PC  := $(B)/lib/kvtrim.pc
 DAEMON  := $(B)/bin/kvtrimd
 CTL     := $(B)/bin/kvtrimctl
@@ -93,7 +95,7 @@ BENCH   := $(B)/bin/kvtrim-bench
 TESTS   := $(B)/bin/kvtrim-tests
 TINYLLM := $(B)/bin/kvtrim-tinyllm
 
-ALL := $(LIB_SO) $(LIB_A) $(LIB_PC) $(DAEMON) $(CTL) $(LOADGEN) $(BENCH) $(TESTS)
+ALL := $(LIB_SO) $(LIB_SO0) $(LIB_A) $(LIB_PC) $(DAEMON) $(CTL) $(LOADGEN) $(BENCH) $(TESTS)
 ifneq ($(wildcard examples/tinyllm/main.c),)
 ALL += $(TINYLLM)
 endif
@@ -128,7 +130,26 @@ $(LIB_SO): $(CLIENT_OBJ) $(IPC_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) -shared $(KVT_LDFLAGS) $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 -o $@ $^ $(LDLIBS)
 
+# The name the SONAME gives, so a program linked against the build tree
+# starts (LD_LIBRARY_PATH=build/lib).
+$(LIB_SO0): $(LIB_SO)
+	$(Q)ln -sf libkvtrim.so $@
+
+# The installed static library exposes only kvt_* (as libkvtrim.so does), so
+# an engine with its own mem_init or codec_* links against it: the client and
+# ipc objects (built with -fvisibility=hidden, KVT_API marks the public
+# functions) become one relocatable object whose hidden symbols are made
+# local.  The programs of this tree use the internal functions too and
+# link the plain archive of the same objects, $(LIB_INT), never installed.
 $(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR    $@")
+	$(Q)rm -f $@ $(B)/lib/kvtrim.o && \
+	  ld -r -o $(B)/lib/kvtrim.o $^ && \
+	  objcopy --localize-hidden $(B)/lib/kvtrim.o && \
+	  ar rcs $@ $(B)/lib/kvtrim.o && rm -f $(B)/lib/kvtrim.o
+
+$(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR    $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -146,44 +167,44 @@ $(DAEMON): $(B)/obj/daemon/main.o $(CORE_OBJ) $(IPC_OBJ) $(ERR_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_A)
+$(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # loadgen replays policies in process to verify the daemon, so it links the
 # policies and kernels (not the daemon).
-$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_A)
+$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # hostile.c's adversaries use the integration-test helpers (daemon.c).
 $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/daemon.c) \
-          $(CORE_OBJ) $(LIB_A)
+          $(CORE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The reference engine (examples/tinyllm): its model code is also linked
 # into the tests.
-$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_A)
+$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(TESTS): $(TRAINLIB_OBJ)
 
-$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_A)
+$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -268,22 +289,44 @@ models:
 
 # systemd files go where systemd looks for PREFIX (/usr/local/lib/systemd/
 # system is searched, like /usr/lib/...); the unit's paths follow PREFIX and
-# SYSCONFDIR.  An existing kvtrimd.conf is never overwritten.
+# SYSCONFDIR.  SYSCONFDIR is $(PREFIX)/etc, /etc for PREFIX=/usr (as GNU
+# packages do), so an unprivileged install into a prefix writes nothing
+# outside it.  An existing kvtrimd.conf is never overwritten.
+# libkvtrim-cuda.so, when it was built, goes to $(PREFIX)/lib: the
+# installed kvtrimd and libkvtrim look for it in ../lib beside the
+# executable (daemon/backend.c, client/mem.c).  The docs go to
+# share/doc/kvtrim with README.md, so its docs/ links resolve.
+# `install` builds first; `install-files` only copies what $(B) holds
+# (the integration test installs into a scratch prefix with it).
+ifeq ($(PREFIX),/usr)
 SYSCONFDIR     ?= /etc
+else
+SYSCONFDIR     ?= $(PREFIX)/etc
+endif
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR    ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR    ?= $(PREFIX)/lib/tmpfiles.d
+DOCDIR         ?= $(PREFIX)/share/doc/kvtrim
+DOC_FILES      := $(wildcard docs/*.md)
+DOC_RESULTS    := $(wildcard docs/results/quality.md docs/results/quality.csv \
+                    docs/results/quality.png)
+.PHONY: install-files
 install: all
+	@$(MAKE) --no-print-directory install-files
+install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(DAEMON) $(CTL) $(LOADGEN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libkvtrim.so.0
 	ln -sf libkvtrim.so.0 $(DESTDIR)$(PREFIX)/lib/libkvtrim.so
-	install -m 644 $(LIB_PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	$(if $(wildcard $(B)/lib/libkvtrim-cuda.so),install -m 755 \
+	  $(B)/lib/libkvtrim-cuda.so $(DESTDIR)$(PREFIX)/lib/)
+	printf '$(PC_TEXT)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim.pc
+	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim.pc
 	install -m 644 include/kvtrim.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 	  $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/kvtrim \
-	  $(DESTDIR)$(PREFIX)/share/doc/kvtrim
+	  $(DESTDIR)$(DOCDIR)/docs/results
 	sed -e 's|/usr/local/|$(PREFIX)/|g' -e 's|/etc/|$(SYSCONFDIR)/|g' \
 	  systemd/kvtrimd.service > $(DESTDIR)$(SYSTEMDUNITDIR)/kvtrimd.service
 	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/kvtrimd.service
@@ -293,7 +336,9 @@ install: all
 	chmod 644 $(DESTDIR)$(TMPFILESDIR)/kvtrim.conf
 	[ -e $(DESTDIR)$(SYSCONFDIR)/kvtrim/kvtrimd.conf ] || \
 	  install -m 644 systemd/kvtrimd.conf $(DESTDIR)$(SYSCONFDIR)/kvtrim/kvtrimd.conf
-	install -m 644 $(wildcard DESIGN.md README.md) $(DESTDIR)$(PREFIX)/share/doc/kvtrim/
+	install -m 644 $(wildcard DESIGN.md README.md) $(DESTDIR)$(DOCDIR)/
+	install -m 644 $(DOC_FILES) $(DESTDIR)$(DOCDIR)/docs/
+	install -m 644 $(DOC_RESULTS) $(DESTDIR)$(DOCDIR)/docs/results/
 	@echo "systemd: run systemd-sysusers and systemd-tmpfiles --create, then"
 	@echo "         systemctl daemon-reload && systemctl enable --now kvtrimd"
 

@@ -233,6 +233,17 @@ static int alive(kvt_client *c)
 }
 
 /*
+ * alive() for the calls that take a const client or never talk to the
+ * daemon (the data plane): once the daemon is known gone they too answer
+ * KVT_ECONN (or NULL), so every call on a lost handle says so until
+ * kvt_disconnect (include/kvtrim.h, "Lost connection").
+ */
+static int lost(const kvt_client *c)
+{
+	return c->dead || __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
+}
+
+/*
  * Runs on an nng thread when the control pipe to the daemon closes (the
  * daemon exited or died): fails every wait at once instead of letting it
  * run into its timeout.  The socket would dial a restarted daemon again,
@@ -367,6 +378,8 @@ static int list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
                    uint32_t kv_head, const struct shm_list **out)
 {
 	uint32_t slot;
+	if (lost(c))
+		return KVT_ECONN;
 	int rc = seq_lookup(c, seq, &slot);
 	if (rc < 0)
 		return rc;
@@ -730,7 +743,7 @@ int kvt_list_get(const kvt_client *c, kvt_seq seq, uint32_t layer,
 
 void *kvt_page_ptr(const kvt_client *c, uint32_t page)
 {
-	return c ? mem_page(&c->mem, page) : NULL;
+	return c && !lost(c) ? mem_page(&c->mem, page) : NULL;
 }
 
 int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
@@ -770,7 +783,7 @@ static float *stage_entry(const kvt_client *c, kvt_seq seq, uint32_t layer,
                           uint32_t pos)
 {
 	uint32_t slot;
-	if (!c || !c->mem.g.stage_tokens || !c->mem.stage ||
+	if (!c || lost(c) || !c->mem.g.stage_tokens || !c->mem.stage ||
 	    seq_lookup(c, seq, &slot) < 0 || c->seqs[slot].busy ||
 	    layer >= c->mem.g.n_layers)
 		return NULL;
@@ -1057,6 +1070,8 @@ int kvt_set_stream(kvt_client *c, void *stream)
 {
 	if (!c)
 		return KVT_EINVAL;
+	if (!alive(c))
+		return KVT_ECONN;
 	c->stream = stream;
 	return 0;
 }
@@ -1065,6 +1080,8 @@ int kvt_table_view(kvt_client *c, struct kvt_table_view *out)
 {
 	if (!c || !out)
 		return KVT_EINVAL;
+	if (!alive(c))
+		return KVT_ECONN;
 	return mem_table_view(&c->mem, out);
 }
 
@@ -1091,6 +1108,8 @@ int kvt_memcpy(kvt_client *c, void *dst, const void *src, size_t bytes)
 {
 	if (!c || ((!dst || !src) && bytes))
 		return KVT_EINVAL;
+	if (!alive(c))
+		return KVT_ECONN;
 	if (!bytes)
 		return 0;
 	char why[KVT_ERRTEXT_MAX - 32];

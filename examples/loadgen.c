@@ -39,11 +39,12 @@
  * pages loadgen reads and writes them in place, as before.  The staging
  * segment is host memory on both.
  *
- * Children report their counts through a pipe; the parent prints one
- * summary line (memory=host|cuda: where the engines' pages were; "mixed"
- * when engines disagreed) and exits 0 only when every child succeeded (a
- * child killed on purpose with --kill-after-steps does not count as a
- * failure).
+ * Engines die with loadgen (PR_SET_PDEATHSIG): a SIGKILLed loadgen leaves
+ * no engine running.  Children report their counts through a pipe; the
+ * parent prints one summary line (memory=host|cuda: where the engines'
+ * pages were; "mixed" when engines disagreed) and exits 0 only when every
+ * child succeeded (a child killed on purpose with --kill-after-steps does
+ * not count as a failure).
  *
  * Soak options (scripts/soak.sh): --retry-full backs off and retries a sync
  * or sequence open that the full pool refused (KVT_EPOOLFULL), for up to
@@ -69,6 +70,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
@@ -1472,10 +1474,17 @@ struct totals {
 	uint64_t lat[LAT_BUCKETS];
 };
 
-/* Forks engine `client` (generation gen); its pid, or -1. */
+/*
+ * Forks engine `client` (generation gen); its pid, or -1.  An engine dies
+ * with loadgen: killed with SIGKILL when the parent dies (even by SIGKILL,
+ * which the parent cannot forward), so no engine runs on for its whole run
+ * holding pool pages.  A parent that died between fork and the prctl is
+ * caught by the getppid check (the child was already reparented).
+ */
 static pid_t spawn(const struct opts *o, const struct model *m, int has_model,
                    uint32_t client, uint32_t gen, const int *pfd)
 {
+	pid_t parent = getpid();
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid < 0) {
@@ -1483,6 +1492,9 @@ static pid_t spawn(const struct opts *o, const struct model *m, int has_model,
 		return -1;
 	}
 	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 ||
+		    getppid() != parent)
+			_exit(1);
 		close(pfd[0]);
 		int st = child_main(o, m, has_model, client, gen, pfd[1]);
 		fflush(NULL);

@@ -171,6 +171,23 @@ KVT_API int kvt_connect(const struct kvt_config *cfg, kvt_client **out,
 /*
  * Unregisters and unmaps everything.  All sequences are closed and their
  * pages return to the pool.  Safe with NULL.  Never fails visibly.
+ * kvt_disconnect frees the handle (as nng_close and uv_close end theirs):
+ * c must not be used afterwards, by any call, kvt_disconnect included; a
+ * call on a freed handle is a use after free that no library can detect.
+ *
+ * Lost connection.  Once the daemon is gone (it exited, crashed or was
+ * killed; the first call that notices returns KVT_ECONN) the handle stays
+ * valid but dead: every later call on it returns KVT_ECONN (kvt_page_ptr
+ * and kvt_stage_* return NULL) until the engine calls kvt_disconnect, which
+ * is still required to release it.  kvt_last_error, kvt_config_of and
+ * kvt_memory_kind keep answering.  A sync whose kvt_wait gives KVT_ECONN
+ * may or may not have been applied; it does not matter, as the tenant and
+ * all its sequences died with the daemon.  The handle never revives, not
+ * even when a kvtrimd is restarted on the same runtime dir: to reconnect,
+ * kvt_disconnect the dead handle, then kvt_connect a new client (the same
+ * kvt_config serves) once the new daemon is up (kvt_connect returns
+ * KVT_ECONN until its sockets exist; retry with a backoff), and reopen and
+ * refill the sequences: no KV data survives a daemon restart.
  */
 KVT_API void kvt_disconnect(kvt_client *c);
 
