@@ -93,8 +93,11 @@
 #define SRV_QUIET_MS 200      /* a connection this long silent is safe to
                                  close (srv_pipe_reap) */
 #define SRV_KICK_BATCH 64     /* processes shut down per cron tick */
+#define SRV_DISCARD_READS 64  /* reads of a shut connection's queue */
 #define SRV_CLOSE_WAIT_MS 3000 /* shutdown: for connections to drain */
 #define SRV_NNG_CLOSE_MS 5000  /* shutdown: for nng_close */
+#define SRV_RELEASE_MS 10000   /* a close nng has not released by then is
+                                  counted as unreleased */
 
 /* fd.sock under attack (docs/protocol.md "Limits of the handle channel"). */
 #define SRV_ACCEPT_BATCH 64      /* accepts per poll callback */
@@ -222,9 +225,10 @@ struct srv_pipe {
 	                      dropped unread, and it is closed (now, or once
 	                      it is quiet: srv_pipe_kick) */
 	uint64_t rx_ms;    /* last message of any kind from it */
-	uint32_t pid;      /* its peer process (read once, at the kick) */
+	uint32_t pid;      /* its peer process (0: unknown) */
 	uint64_t *close_counter; /* a close still due: what to count */
 	const char *close_why;
+	uint64_t closed_ms; /* when the daemon closed it (0: it did not) */
 };
 
 struct server {
@@ -297,6 +301,9 @@ struct server {
 	int control_conns; /* nng pipes open; atomic (nng threads) */
 	int tenant_pipes;  /* of which a tenant is registered on; atomic,
 	                      written by the loop, read at accept */
+	int closing_pipes; /* of which the daemon closed and nng has not
+	                      released yet; atomic, likewise */
+	uint64_t unreleased; /* closed over SRV_RELEASE_MS ago (cron) */
 	uint64_t ctl_refused; /* atomic: pipes refused at accept */
 	uint32_t max_pending; /* atomic copy of srv_pending_max() for ctl.ipc */
 
@@ -415,7 +422,9 @@ static void srv_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 		uint32_t max = __atomic_load_n(&s->max_pending,
 		                               __ATOMIC_RELAXED);
 		uint64_t pid = 0, uid = 0, gid = 0;
-		if (open - bound > (int)max &&
+		int closing = __atomic_load_n(&s->closing_pipes,
+		                              __ATOMIC_RELAXED);
+		if (open - bound - closing > (int)max &&
 		    (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) ||
 		     nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid) ||
 		     nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) ||
@@ -485,6 +494,11 @@ static struct srv_pipe *srv_pipe_get(struct server *s, uint32_t id)
 	}
 	p = &s->pipes[srv_pipe_slot(s, id)];
 	*p = (struct srv_pipe){.id = id, .last_ms = now_ms()};
+	nng_pipe np = NNG_PIPE_INITIALIZER;
+	uint64_t pid = 0;
+	np.id = id;
+	if (nng_pipe_get_uint64(np, NNG_OPT_IPC_PEER_PID, &pid) == 0)
+		p->pid = (uint32_t)pid;
 	s->n_pipes++;
 	return p;
 }
@@ -537,8 +551,19 @@ static uint32_t srv_ctl_shutdown(const struct server *s, const uint32_t *pids,
 		if (n && !getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl))
 			for (uint32_t i = 0; i < n && !hit; i++)
 				hit = pids[i] == (uint32_t)cr.pid;
-		if (hit)
-			done += shutdown(fd, SHUT_RD) == 0;
+		if (!hit)
+			continue;
+		/* What the peer queued is discarded first: nng then meets
+		 * EOF (or a cut frame) at its next read and closes the pipe
+		 * from that error at once, rather than reading on while the
+		 * peer's own close (EPIPE on our blocked reply) closes it
+		 * from elsewhere, which is the race that wedges nng. */
+		char junk[16384];
+		for (int k = 0; k < SRV_DISCARD_READS &&
+		                recv(fd, junk, sizeof(junk), MSG_DONTWAIT) > 0;
+		     k++)
+			;
+		done += shutdown(fd, SHUT_RD) == 0;
 	}
 	closedir(d);
 	return done;
@@ -564,12 +589,7 @@ static void srv_pipe_kick(struct server *s, uint32_t id, uint64_t *counter,
 	struct srv_pipe *e = srv_pipe_find(s, id);
 	if (!e || e->kicked)
 		return; /* gone already, or closing */
-	nng_pipe p = NNG_PIPE_INITIALIZER;
-	uint64_t pid = 0;
-	p.id = id;
-	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
 	e->kicked = 1;
-	e->pid = (uint32_t)pid;
 	e->close_counter = counter;
 	e->close_why = why;
 }
@@ -585,9 +605,21 @@ static void srv_pipe_kick(struct server *s, uint32_t id, uint64_t *counter,
  * them cannot be told apart) get nng_pipe_close once they sent nothing for
  * SRV_QUIET_MS, and stay muted until then.
  */
+/* e was closed by the daemon: it no longer counts against
+ * max_pending_conns, whether or not nng ever reports its removal. */
+static void srv_pipe_closed(struct server *s, struct srv_pipe *e,
+                            uint64_t now)
+{
+	if (e->closed_ms)
+		return;
+	e->closed_ms = now ? now : 1;
+	__atomic_add_fetch(&s->closing_pipes, 1, __ATOMIC_RELAXED);
+}
+
 static void srv_pipe_reap(struct server *s, uint64_t now)
 {
 	uint32_t pids[SRV_KICK_BATCH], n = 0;
+	uint64_t *why_of[SRV_KICK_BATCH]; /* the counter of pids[k]'s kick */
 	for (uint32_t i = 0; i < s->pipes_cap; i++) {
 		struct srv_pipe *e = &s->pipes[i];
 		if (!e->id || !e->close_counter)
@@ -599,8 +631,10 @@ static void srv_pipe_reap(struct server *s, uint64_t now)
 				k++;
 			if (k == n && n == SRV_KICK_BATCH)
 				continue; /* next tick */
-			if (k == n)
+			if (k == n) {
+				why_of[n] = e->close_counter;
 				pids[n++] = e->pid;
+			}
 		} else if (now - e->rx_ms < SRV_QUIET_MS) {
 			continue;
 		}
@@ -609,14 +643,30 @@ static void srv_pipe_reap(struct server *s, uint64_t now)
 		          PRIu32 " (pid %" PRIu32 "): %s", e->id, e->pid,
 		          e->close_why);
 		e->close_counter = NULL;
+		srv_pipe_closed(s, e, now);
 		if (!socket) {
 			nng_pipe p = NNG_PIPE_INITIALIZER;
 			p.id = e->id;
 			nng_pipe_close(p);
 		}
 	}
-	if (n)
-		srv_ctl_shutdown(s, pids, n);
+	if (!n)
+		return;
+	srv_ctl_shutdown(s, pids, n);
+	/* That closed every connection of those processes (none holds a
+	 * tenant): the ones not kicked themselves count with their
+	 * process's reason, and drop their requests from now on. */
+	for (uint32_t i = 0; i < s->pipes_cap; i++) {
+		struct srv_pipe *e = &s->pipes[i];
+		for (uint32_t k = 0; e->id && !e->kicked && k < n; k++)
+			if (e->pid == pids[k]) {
+				e->kicked = 1;
+				(*why_of[k])++;
+			}
+		for (uint32_t k = 0; e->id && !e->closed_ms && k < n; k++)
+			if (e->pid == pids[k])
+				srv_pipe_closed(s, e, now);
+	}
 }
 
 /* Marks the connection of a tenant registered (1) or released (0). */
@@ -1383,6 +1433,7 @@ static struct stats_snap *srv_snapshot(struct server *s)
 		snap->clients_connected += !c->closing;
 	int cc = __atomic_load_n(&s->control_conns, __ATOMIC_RELAXED);
 	snap->control_connections = cc > 0 ? (uint64_t)cc : 0;
+	snap->control_unreleased = s->unreleased;
 	snap->parked_requests = s->n_parked;
 
 	n = 0;
@@ -2239,6 +2290,10 @@ static void srv_wake_cb(uv_async_t *a)
 			free(e);
 			continue;
 		}
+		struct srv_pipe *gone = srv_pipe_find(s, e->pipe_id);
+		if (gone && gone->closed_ms)
+			__atomic_sub_fetch(&s->closing_pipes, 1,
+			                   __ATOMIC_RELAXED);
 		srv_pipe_del(s, e->pipe_id);
 		for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 			struct srv_tenant *st = s->tenants[i];
@@ -2383,6 +2438,18 @@ static void srv_cron_cb(uv_timer_t *t)
 			              "hello_timeout_ms");
 	}
 	srv_pipe_reap(s, now);
+	uint64_t unreleased = 0;
+	for (uint32_t i = 0; i < s->pipes_cap; i++)
+		unreleased += s->pipes[i].id && s->pipes[i].closed_ms &&
+		              now - s->pipes[i].closed_ms > SRV_RELEASE_MS;
+	if (unreleased > s->unreleased)
+		LOG_EVERY(LOG_LVL_ERR, 60000, "%" PRIu64 " control connections "
+		          "closed over %d s ago were never released by nng "
+		          "(nng 1.5's pipe reaper is wedged, see "
+		          "docs/design-changes.md): kvtrimd goes on serving; "
+		          "restart it to free them", unreleased,
+		          SRV_RELEASE_MS / 1000);
+	s->unreleased = unreleased;
 	srv_accept_resume(s, now);
 	/* A process that died while a forked child kept its sockets open
 	 * would otherwise hold its pages: check the peer pid directly. */

@@ -132,6 +132,10 @@
 	  "engine processes connected (handle channels)")                      \
 	X(control_connections, "control_connections", "",                      \
 	  "open control-socket connections (engines and kvtrimctl)")           \
+	X(control_unreleased, "control_conns_unreleased", "",                  \
+	  "connections the daemon closed over 10 s ago that nng never "       \
+	  "released; nonzero: nng 1.5's pipe reaper is wedged and frees no "  \
+	  "closed connection any more (restart kvtrimd)")                     \
 	X(parked_requests, "backpressure_parked_requests", "",                 \
 	  "requests waiting for pool pages now")
 

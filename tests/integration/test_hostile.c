@@ -49,6 +49,16 @@ out:
 	return rv;
 }
 
+/* Waits (5 s at most) until counter key reaches at least n; returns it. */
+static uint64_t wait_stat(const struct th_daemon *d, const char *key,
+                          uint64_t n)
+{
+	uint64_t deadline = th_now_ms() + 5000, v;
+	while ((v = th_stat(d, key)) < n && th_now_ms() < deadline)
+		th_sleep_ms(50);
+	return v;
+}
+
 /* Waits (5 s at most) until the daemon counts at most n control
  * connections (kvtrimctl's own included); returns the last count. */
 static uint64_t wait_connections(const struct th_daemon *d, uint64_t n)
@@ -179,8 +189,8 @@ TEST_T(hostile, reply_not_taken_in_time_closes_the_connection, 60)
 	T_EQ(th_sh(&d, out, sizeof(out), "%s stats >/dev/null",
 	           th_bin("kvtrimctl")), 0);
 	T_OK(healthy_engine(&d, "healthy", 20));
-	T_EQ(th_stat(&d, "ctl_send_timeout_closed_total"), 1);
-	T_EQ(th_stat(&d, "ctl_requests_dropped_total"), 0);
+	T_EQ(wait_stat(&d, "ctl_send_timeout_closed_total", 1), 1);
+	T_EQ(th_stat(&d, "ctl_idle_closed_total"), 0); /* not idle: slow */
 	close(fd);
 	T_EQ(wait_connections(&d, 1), 1);
 	T_EQ(th_daemon_stop(&d), 0);
@@ -411,5 +421,37 @@ TEST_T(hostile, a_heavy_tenants_syncs_do_not_delay_the_others, 120)
 		T_SKIP("the heavy sync is too quick on this machine to tell");
 	T_ASSERT(th_stat(&d, "syncs_offloaded_total") >= 12);
 	T_ASSERT(worst < h.min_ms / 2);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST_T(hostile, a_reconnecting_flood_leaves_nothing_behind, 90)
+{
+	/* kvtrim-bench's never_reading adversary: four connections writing
+	 * requests as fast as the socket takes them, never reading, each
+	 * reopened when the daemon closes it; 6 s of it. */
+	struct th_daemon d;
+	const char *extra[] = {"--hello-timeout-ms", "1000", NULL};
+	th_daemon_start(&d, "16M", extra);
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "timeout -s KILL 6 %s --adversary "
+	           "never_reading --runtime-dir %s >/dev/null 2>&1; true",
+	           th_bin("kvtrim-bench"), d.dir), 0);
+	T_ASSERT(th_stat(&d, "ctl_send_timeout_closed_total") +
+	         th_stat(&d, "ctl_idle_closed_total") >= 8);
+	/* New engines still get in, and run. */
+	T_OK(healthy_engine(&d, "after", 5));
+	/* Every connection closed was released by nng, or, where nng 1.5
+	 * wedged its pipe reaper (docs/design-changes.md: then no
+	 * connection closed since is released), that is reported within
+	 * 10 s; either way the daemon serves on and stops cleanly. */
+	uint64_t deadline = th_now_ms() + 15000, open, lost = 0;
+	while ((open = th_stat(&d, "control_connections")) > 1 &&
+	       !(lost = th_stat(&d, "control_unreleased")) &&
+	       th_now_ms() < deadline)
+		th_sleep_ms(200);
+	fprintf(stderr, "    control connections %" PRIu64 ", unreleased %"
+	        PRIu64 "\n", open, lost);
+	T_ASSERT(open <= 1 || lost > 0);
+	T_OK(healthy_engine(&d, "later", 5));
 	T_EQ(th_daemon_stop(&d), 0);
 }
