@@ -94,8 +94,8 @@
                                  close (srv_pipe_reap) */
 #define SRV_KICK_BATCH 64     /* processes shut down per cron tick */
 #define SRV_DISCARD_READS 64  /* reads of a shut connection's queue */
-#define SRV_CLOSE_WAIT_MS 3000 /* shutdown: for connections to drain */
-#define SRV_NNG_CLOSE_MS 5000  /* shutdown: for nng_close */
+#define SRV_CLOSE_WAIT_MS 1500 /* shutdown: for connections to drain */
+#define SRV_NNG_CLOSE_MS 2000  /* shutdown: for nng_close */
 #define SRV_RELEASE_MS 10000   /* a close nng has not released by then is
                                   counted as unreleased */
 
@@ -2635,7 +2635,8 @@ static void srv_close_nng(struct server *s)
 		 * and give nng time to read what they queued and close them
 		 * from the EOF. */
 		srv_ctl_shutdown(s, NULL, 0);
-		for (int i = 0; i < SRV_CLOSE_WAIT_MS / 10 &&
+		/* (Known wedged: nothing would come back.) */
+		for (int i = 0; !s->unreleased && i < SRV_CLOSE_WAIT_MS / 10 &&
 		                __atomic_load_n(&s->control_conns,
 		                                __ATOMIC_RELAXED) > 0;
 		     i++)
