@@ -99,6 +99,16 @@ static const char *scratch_file(const char *name, const char *text)
 	return p;
 }
 
+/* Programs the tests build link the libraries of this build, which a
+ * sanitizer build instruments: they take the same sanitizer. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ENGINE_CC "cc -fsanitize=address "
+#elif defined(__SANITIZE_THREAD__)
+#define ENGINE_CC "cc -fsanitize=thread "
+#else
+#define ENGINE_CC "cc "
+#endif
+
 /* --------------------------------------------------- loadgen (item 7) */
 
 /*
@@ -233,7 +243,7 @@ TEST_T(contract, static_library_exports_only_kvt_symbols, 60)
 
 	const char *src = scratch_file("engine.c", tiny_engine);
 	int rc = th_sh(NULL, out, sizeof(out),
-	               "cc -std=c11 -Iinclude -o %s/engine %s %s/libkvtrim.a "
+	               ENGINE_CC "-std=c11 -Iinclude -o %s/engine %s %s/libkvtrim.a "
 	               "-lnng -lmsgpackc -lpthread", th_tmpdir(), src, lib);
 	if (rc)
 		th_fail(__FILE__, __LINE__, "static link failed (%d):\n%s", rc,
@@ -312,7 +322,7 @@ TEST_T(contract, install_into_a_prefix_and_build_an_engine_with_pkg_config,
 	/* An engine built against the prefix with pkg-config only. */
 	const char *src = scratch_file("engine.c", tiny_engine);
 	rc = th_sh(NULL, out, sizeof(out),
-	           "PKG_CONFIG_PATH=%s/lib/pkgconfig cc -std=c11 -o %s/engine "
+	           "PKG_CONFIG_PATH=%s/lib/pkgconfig " ENGINE_CC "-std=c11 -o %s/engine "
 	           "%s $(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags "
 	           "--libs kvtrim)", pre, th_tmpdir(), src, pre);
 	if (rc)
@@ -330,7 +340,7 @@ TEST_T(contract, install_into_a_prefix_and_build_an_engine_with_pkg_config,
 
 	/* The same engine linked against the build tree starts too. */
 	rc = th_sh(NULL, out, sizeof(out),
-	           "cc -std=c11 -Iinclude -o %s/engine-bt %s -L%s -lkvtrim",
+	           ENGINE_CC "-std=c11 -Iinclude -o %s/engine-bt %s -L%s -lkvtrim",
 	           th_tmpdir(), src, lib);
 	if (rc)
 		th_fail(__FILE__, __LINE__, "build-tree link failed (%d):\n%s",
