@@ -588,19 +588,12 @@ struct raw_reg {
 
 static int flood_register(const struct th_daemon *d, struct raw_reg *r)
 {
-	char path[600], why[KVT_ERRTEXT_MAX];
+	char why[KVT_ERRTEXT_MAX];
 	struct handle_msg m;
+	uint64_t cookie;
 	int fd = -1, rc;
-	snprintf(path, sizeof(path), "%s/fd.sock", d->dir);
-	if ((rc = handle_connect(path, &r->hfd)))
+	if ((rc = th_raw_welcome(d, &r->hfd, &cookie)))
 		return rc;
-	if ((rc = handle_recv(r->hfd, &m, &fd, 2000)) ||
-	    m.type != HANDLE_WELCOME) {
-		if (fd >= 0)
-			close(fd);
-		close(r->hfd);
-		return rc ? rc : KVT_EPROTO;
-	}
 	struct ipc_req q;
 	memset(&q, 0, sizeof(q));
 	q.version = IPC_PROTO_VERSION;
@@ -613,20 +606,12 @@ static int flood_register(const struct th_daemon *d, struct raw_reg *r)
 	q.u.hello.max_tokens = 64;
 	q.u.hello.headroom = 4;
 	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "full");
-	q.u.hello.cookie = m.cookie;
+	q.u.hello.cookie = cookie;
 	q.u.hello.pid = (uint32_t)getpid();
-	uint8_t *buf = NULL, *rep = NULL;
-	size_t len = 0, rlen = 0;
 	struct ipc_rep rp;
-	memset(&rp, 0, sizeof(rp));
 	r->sock = th_raw_conn(d);
-	if (!(rc = codec_req_encode(&q, &buf, &len)) &&
-	    !(rc = th_raw_call(r->sock, buf, len, &rep, &rlen)) &&
-	    !(rc = codec_rep_decode(IPC_OP_HELLO, rep, rlen, &rp, why,
-	                            sizeof(why))))
+	if (!(rc = th_raw_request(d, r->sock, &q, &rp, why, sizeof(why))))
 		rc = rp.err;
-	free(buf);
-	free(rep);
 	codec_rep_free(&rp);
 	if (rc) {
 		close(r->hfd);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "handle.h"
 #include "rundir.h"
 #include "test.h"
 
@@ -268,6 +269,45 @@ uint32_t th_silent_send(int fd, const void *body, size_t len, uint32_t count,
 	}
 	free(f);
 	return sent;
+}
+
+int th_raw_welcome(const struct th_daemon *d, int *hfd, uint64_t *cookie)
+{
+	char path[600];
+	struct handle_msg m;
+	int fd = -1, rc;
+	snprintf(path, sizeof(path), "%s/fd.sock", d->dir);
+	if ((rc = handle_connect(path, hfd)))
+		return rc;
+	if ((rc = handle_recv(*hfd, &m, &fd, 2000)) ||
+	    m.type != HANDLE_WELCOME) {
+		if (fd >= 0)
+			close(fd);
+		close(*hfd);
+		*hfd = -1;
+		return rc ? rc : KVT_EPROTO;
+	}
+	*cookie = m.cookie;
+	return 0;
+}
+
+int th_raw_request(const struct th_daemon *d, uint32_t sock,
+                   const struct ipc_req *q, struct ipc_rep *r, char *why,
+                   size_t wlen)
+{
+	uint8_t *buf = NULL, *rep = NULL;
+	size_t len = 0, rl = 0;
+	int rc;
+	memset(r, 0, sizeof(*r));
+	if (!(rc = codec_req_encode(q, &buf, &len)) &&
+	    !(rc = sock ? th_raw_call(sock, buf, len, &rep, &rl)
+	                : th_raw_req(d, buf, len, &rep, &rl)))
+		rc = codec_rep_decode(q->op, rep, rl, r, why, wlen);
+	else
+		snprintf(why, wlen, "no reply: %s", kvt_strerror(rc));
+	free(buf);
+	free(rep);
+	return rc;
 }
 
 uint8_t *th_stats_req(size_t *len)

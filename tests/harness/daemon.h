@@ -100,6 +100,25 @@ int th_silent_peer(const struct th_daemon *d);
 uint32_t th_silent_send(int fd, const void *body, size_t len, uint32_t count,
                         int budget_ms);
 
+/*
+ * The first step of a registration by hand: connects to fd.sock and reads
+ * its WELCOME.  0 with *hfd open and *cookie set, or a negative code with
+ * nothing left open (never fails the test: the bench's adversaries use it).
+ */
+int th_raw_welcome(const struct th_daemon *d, int *hfd, uint64_t *cookie);
+
+/*
+ * Encodes q, sends it on the raw connection sock (0: a fresh one for this
+ * request) and decodes the reply into *r (the caller frees it with
+ * codec_rep_free; its code is r->err).  Returns 0 when a reply was
+ * decoded, else a negative code (why says which); never fails the test.
+ */
+struct ipc_req;
+struct ipc_rep;
+int th_raw_request(const struct th_daemon *d, uint32_t sock,
+                   const struct ipc_req *q, struct ipc_rep *r, char *why,
+                   size_t wlen);
+
 /* An encoded {v, op: "stats"} request (malloc'ed; the caller frees it). */
 uint8_t *th_stats_req(size_t *len);
 

@@ -415,17 +415,10 @@ static int raw_error(const struct th_daemon *d, const void *buf, size_t len,
 static int raw_req_on(const struct th_daemon *d, uint32_t sock,
                       const struct ipc_req *q, struct ipc_rep *r)
 {
-	uint8_t *buf, *rep;
-	size_t len, rl;
 	char why[256];
-	T_OK(codec_req_encode(q, &buf, &len));
-	if (sock)
-		T_OK(th_raw_call(sock, buf, len, &rep, &rl));
-	else
-		T_OK(th_raw_req(d, buf, len, &rep, &rl));
-	free(buf);
-	T_OK(codec_rep_decode(q->op, rep, rl, r, why, sizeof(why)));
-	free(rep);
+	int rc = th_raw_request(d, sock, q, r, why, sizeof(why));
+	if (rc)
+		th_fail(__FILE__, __LINE__, "%s", why);
 	return r->err;
 }
 
@@ -494,13 +487,8 @@ static void raw_hello(const struct th_daemon *d, struct raw_tenant *rt,
                       struct ipc_rep *rep, const char *policy, uint64_t quota,
                       int expect)
 {
-	char path[600];
-	struct handle_msg m;
-	int fd;
-	snprintf(path, sizeof(path), "%s/fd.sock", d->dir);
-	T_OK(handle_connect(path, &rt->hfd));
-	T_OK(handle_recv(rt->hfd, &m, &fd, 2000));
-	T_EQ(m.type, HANDLE_WELCOME);
+	uint64_t cookie;
+	T_OK(th_raw_welcome(d, &rt->hfd, &cookie));
 	struct ipc_req q;
 	memset(&q, 0, sizeof(q));
 	q.version = IPC_PROTO_VERSION;
@@ -513,7 +501,7 @@ static void raw_hello(const struct th_daemon *d, struct raw_tenant *rt,
 	q.u.hello.headroom = 4;
 	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "%s", policy);
 	q.u.hello.quota_bytes = quota;
-	q.u.hello.cookie = m.cookie;
+	q.u.hello.cookie = cookie;
 	q.u.hello.pid = (uint32_t)getpid();
 	rt->sock = th_raw_conn(d);
 	T_EQ(raw_req_on(d, rt->sock, &q, rep), expect);

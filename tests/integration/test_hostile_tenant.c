@@ -61,15 +61,12 @@ struct raw_tenant {
 static int raw_hello(const struct th_daemon *d, const char *name,
                      struct raw_tenant *rt, char *msg)
 {
-	char path[600], why[256];
-	struct handle_msg m;
+	char why[256];
+	uint64_t cookie;
 	int fd;
 	memset(rt, 0, sizeof(*rt));
 	rt->table_fd = rt->stage_fd = -1;
-	snprintf(path, sizeof(path), "%s/fd.sock", d->dir);
-	T_OK(handle_connect(path, &rt->hfd));
-	T_OK(handle_recv(rt->hfd, &m, &fd, 2000));
-	T_EQ(m.type, HANDLE_WELCOME);
+	T_OK(th_raw_welcome(d, &rt->hfd, &cookie));
 
 	struct ipc_req q;
 	memset(&q, 0, sizeof(q));
@@ -82,17 +79,12 @@ static int raw_hello(const struct th_daemon *d, const char *name,
 	q.u.hello.max_tokens = 64;
 	q.u.hello.headroom = 4;
 	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "full");
-	q.u.hello.cookie = m.cookie;
+	q.u.hello.cookie = cookie;
 	q.u.hello.pid = (uint32_t)getpid();
-	uint8_t *buf, *rep;
-	size_t len, rl;
-	T_OK(codec_req_encode(&q, &buf, &len));
-	rt->sock = th_raw_conn(d);
-	T_OK(th_raw_call(rt->sock, buf, len, &rep, &rl));
-	free(buf);
 	struct ipc_rep r;
-	T_OK(codec_rep_decode(IPC_OP_HELLO, rep, rl, &r, why, sizeof(why)));
-	free(rep);
+	rt->sock = th_raw_conn(d);
+	if (th_raw_request(d, rt->sock, &q, &r, why, sizeof(why)))
+		th_fail(__FILE__, __LINE__, "hello: %s", why);
 	snprintf(msg, KVT_ERRTEXT_MAX, "%s", r.msg);
 	int e = r.err;
 	if (!e) {
