@@ -1,0 +1,281 @@
+/*
+ * tenant_check.c — the invariant checker (tenant_check, tenant.h): every
+ * page free or in exactly one list, the running totals, the table records
+ * against the private state, and on a device tenant the device copy of the
+ * table against the host table.  It reads the state only; its cost
+ * follows the live state (slots never opened are not read).
+ */
+#include "tenant_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct checker {
+	int n;
+	char *detail;
+	size_t len;
+};
+
+static void violation(struct checker *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void violation(struct checker *c, const char *fmt, ...)
+{
+	if (!c->n++ && c->detail && c->len) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(c->detail, c->len, fmt, ap);
+		va_end(ap);
+	}
+}
+
+/* Sets bit i; returns whether it was already set. */
+static int test_and_set(uint8_t *bits, uint64_t i)
+{
+	int was = bits[i / 8] >> (i % 8) & 1;
+	bits[i / 8] |= (uint8_t)(1u << (i % 8));
+	return was;
+}
+
+/*
+ * Device tenants: the device copy of the table must equal the host table
+ * in every header field and valid page id, once the queued work is done
+ * (read_regions waits for the tenant's stream).  Only the records of slots
+ * that were ever open are read (the others were uploaded zeroed and never
+ * changed), in batches, so the host buffer stays small and the cost
+ * follows the live state whatever the table's size.
+ */
+static int device_records_differ(const struct tenant *t, struct checker *c,
+                                 char *buf, uint64_t first, uint32_t k)
+{
+	enum { BATCH = 256 };
+	const struct shm_geom *g = &t->g;
+	const void *src[BATCH];
+	const char *rec0 = (const char *)shm_list_at(t->table, g, 0, 0, 0);
+	uint64_t roff = (uint64_t)(rec0 - (const char *)t->table);
+	for (uint32_t j = 0; j < k; j++)
+		src[j] = (const char *)t->dtab.base + roff +
+		         (first + j) * g->list_stride;
+	if (t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
+	                          g->list_stride, t->stream)) {
+		violation(c, "device table: %s", t->bops->last_error());
+		return 1;
+	}
+	for (uint32_t j = 0; j < k; j++) {
+		const struct shm_list *h = (const struct shm_list *)(
+			rec0 + (first + j) * g->list_stride);
+		const struct shm_list *d = (const struct shm_list *)(
+			buf + (size_t)j * g->list_stride);
+		uint32_t np = h->n_pages < g->max_pages ? h->n_pages
+		                                        : g->max_pages;
+		if (d->len != h->len || d->n_pages != h->n_pages ||
+		    d->epoch != h->epoch ||
+		    memcmp(d->pages, h->pages, np * sizeof(uint32_t))) {
+			violation(c, "device table record %llu differs from "
+			          "the table (len %u/%u pages %u/%u epoch "
+			          "%llu/%llu)", (unsigned long long)(first + j),
+			          d->len, h->len, d->n_pages, h->n_pages,
+			          (unsigned long long)d->epoch,
+			          (unsigned long long)h->epoch);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void check_device_table(const struct tenant *t, struct checker *c)
+{
+	enum { BATCH = 256 };
+	const struct shm_geom *g = &t->g;
+	const void *src[1] = {t->dtab.base};
+	size_t hdr = sizeof(struct shm_table_hdr);
+	char *buf = malloc(BATCH * g->list_stride);
+	if (!buf) {
+		violation(c, "out of memory reading the device table back");
+		return;
+	}
+	if (t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr, t->stream))
+		violation(c, "device table: %s", t->bops->last_error());
+	else if (memcmp(buf, t->table, hdr))
+		violation(c, "device table header differs from the table");
+	for (uint32_t slot = 0; slot < g->max_seqs && c->n == 0; slot++) {
+		if (!t->seqs[slot].used)
+			continue;
+		uint64_t first = (uint64_t)slot * t->lists_per_seq;
+		for (uint32_t i = 0; i < t->lists_per_seq; i += BATCH) {
+			uint32_t k = t->lists_per_seq - i < BATCH
+			                     ? t->lists_per_seq - i
+			                     : BATCH;
+			if (device_records_differ(t, c, buf, first + i, k))
+				break;
+		}
+	}
+	free(buf);
+}
+
+int tenant_check(const struct tenant *t, char *detail, size_t len)
+{
+	const struct shm_geom *g = &t->g;
+	struct checker c = {0, detail, len};
+	if (detail && len)
+		detail[0] = '\0';
+	uint32_t ppc = g->pages_per_chunk;
+	/*
+	 * One bit per page of the live chunks: base[slot] is the first bit of
+	 * a live slot's pages, UINT64_MAX for a slot without a chunk.
+	 */
+	uint64_t *base = malloc((size_t)t->max_chunks * sizeof(*base));
+	uint64_t nbits = 0;
+	for (uint32_t i = 0; base && i < t->max_chunks; i++) {
+		base[i] = t->chunks[i].pc.base ? nbits : UINT64_MAX;
+		nbits += t->chunks[i].pc.base ? ppc : 0;
+	}
+	uint8_t *seen = calloc(nbits / 8 + 1, 1); /* [nbits] bits */
+	if (!base || !seen) {
+		free(base);
+		free(seen);
+		return KVT_ENOMEM;
+	}
+
+	if (shm_table_check(t->table, g))
+		violation(&c, "table header does not match the geometry");
+	uint32_t live = 0;
+	uint64_t free_pages = 0, used = 0, kept = 0;
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		const struct tchunk *ch = &t->chunks[i];
+		if (!ch->pc.base)
+			continue;
+		live++;
+		if (ch->n_free > ppc) {
+			violation(&c, "chunk %u: %u free pages of %u", i,
+			          ch->n_free, ppc);
+			continue;
+		}
+		free_pages += ch->n_free;
+		for (uint32_t k = 0; k < ch->n_free; k++) {
+			uint32_t idx = ch->free[k];
+			if (idx >= ppc)
+				violation(&c, "chunk %u: free index %u out of "
+				          "range", i, idx);
+			else if (test_and_set(seen, base[i] + idx))
+				violation(&c, "page %llu free twice",
+				          (unsigned long long)i * ppc + idx);
+		}
+	}
+	if (live != t->n_chunks)
+		violation(&c, "%u live chunks, counted %u", live, t->n_chunks);
+	if ((uint64_t)live * KVT_CHUNK_BYTES > t->quota)
+		violation(&c, "%u chunks exceed the quota of %llu bytes", live,
+		          (unsigned long long)t->quota);
+
+	uint32_t n_open = 0;
+	for (uint32_t slot = 0; slot < g->max_seqs; slot++) {
+		const struct tseq *s = &t->seqs[slot];
+		n_open += !!s->open;
+		/* Never opened: its records and lists are the zeroes they were
+		 * created with (nobody but the daemon writes the table), and
+		 * reading them would fault in table pages nothing touched. */
+		if (!s->used)
+			continue;
+		for (uint32_t layer = 0; layer < g->n_layers; layer++)
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				const struct tlist *l = tlist_at(t, slot, layer,
+				                                 head);
+				const struct shm_list *r = shm_list_at(
+					t->table, g, slot, layer, head);
+				if (r->len != l->len || r->n_pages != l->n_pages ||
+				    r->epoch != l->epoch)
+					violation(&c, "seq slot %u layer %u head "
+					          "%u: table says len %u pages "
+					          "%u epoch %llu, daemon %u %u "
+					          "%llu", slot, layer, head,
+					          r->len, r->n_pages,
+					          (unsigned long long)r->epoch,
+					          l->len, l->n_pages,
+					          (unsigned long long)l->epoch);
+				if (!s->open) {
+					if (l->len || l->n_pages)
+						violation(&c, "closed slot %u holds "
+						          "entries", slot);
+					continue;
+				}
+				size_t li = lidx(t, layer, head);
+				const uint32_t *pg = seq_pages(t, s, li);
+				const uint32_t *pos = seq_pos(t, s, li);
+				if (l->len > g->max_tokens)
+					violation(&c, "slot %u layer %u head %u: "
+					          "len %u > max_tokens", slot,
+					          layer, head, l->len);
+				if (l->n_pages != pages_for(g, l->len))
+					violation(&c, "slot %u layer %u head %u: "
+					          "%u pages for len %u, want %u",
+					          slot, layer, head, l->n_pages,
+					          l->len, pages_for(g, l->len));
+				kept += l->len;
+				if (l->n_pages > g->max_pages)
+					continue;
+				used += l->n_pages;
+				for (uint32_t p = 0; p < l->n_pages; p++) {
+					uint32_t id = pg[p];
+					if (r->n_pages == l->n_pages &&
+					    r->pages[p] != id)
+						violation(&c, "slot %u layer %u "
+						          "head %u: table page "
+						          "%u is %u, daemon %u",
+						          slot, layer, head, p,
+						          r->pages[p], id);
+					if (id / ppc >= t->max_chunks ||
+					    base[id / ppc] == UINT64_MAX)
+						violation(&c, "page id %u not in "
+						          "a live chunk", id);
+					else if (test_and_set(seen, base[id / ppc] +
+					                      id % ppc))
+						violation(&c, "page %u used "
+						          "twice or also free", id);
+				}
+				for (uint32_t e = 0; e < l->len && e < t->pos_cap;
+				     e++)
+					if (pos[e] >= s->n_seen[layer]) {
+						violation(&c, "slot %u layer %u "
+						          "head %u: position %u "
+						          "not below n_seen %u",
+						          slot, layer, head,
+						          pos[e],
+						          s->n_seen[layer]);
+						break;
+					}
+			}
+	}
+	if (n_open != t->n_open)
+		violation(&c, "%u open sequences, counted %u", n_open,
+		          t->n_open);
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		if (!t->chunks[i].pc.base)
+			continue;
+		for (uint32_t k = 0; k < ppc; k++)
+			if (!(seen[(base[i] + k) / 8] >> ((base[i] + k) % 8) & 1)) {
+				violation(&c, "page %llu neither free nor in "
+				          "a list",
+				          (unsigned long long)i * ppc + k);
+				break;
+			}
+	}
+	if (free_pages != t->free_pages || kept != t->kept)
+		violation(&c, "running totals: free %llu (counted %llu), kept "
+		          "%llu (counted %llu)", (unsigned long long)free_pages,
+		          (unsigned long long)t->free_pages,
+		          (unsigned long long)kept,
+		          (unsigned long long)t->kept);
+	if (free_pages + used != (uint64_t)live * ppc)
+		violation(&c, "free %llu + used %llu != %llu pages",
+		          (unsigned long long)free_pages,
+		          (unsigned long long)used,
+		          (unsigned long long)live * ppc);
+	if (t->dev && t->dtab.base)
+		check_device_table(t, &c);
+	free(seen);
+	free(base);
+	return c.n;
+}

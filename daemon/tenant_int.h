@@ -1,0 +1,303 @@
+/*
+ * tenant_int.h — what the files of the tenant module share, private to them
+ * (tenant.h is the interface the server uses).  Include it only from:
+ *
+ *   tenant.c        lifecycle: admission (name, quota, the daemon-memory
+ *                   estimate), the table and staging segments, the device
+ *                   stream and events, free, accessors and stats
+ *   tenant_pages.c  chunks and pages: allocation from the pool, the free
+ *                   page stacks, revocation, the event queue and its flush
+ *   tenant_seq.c    sequences, and the table records mirroring their lists
+ *   tenant_sync.c   the sync: validation, decisions, then application
+ *   tenant_check.c  the invariant checker
+ *
+ * State and who owns it:
+ *   - private (authoritative): per list len, n_pages, epoch and page ids,
+ *     per sequence slot the original position of every entry and the tokens
+ *     seen per layer, per chunk a stack of free page indexes.
+ *   - table segment: a mirror of the per-list state, written after every
+ *     change.  The daemon never reads it back for a decision.  Its memfd is
+ *     sealed with F_SEAL_FUTURE_WRITE once the daemon has its own writable
+ *     mapping, so the client can neither map it writable nor write() it:
+ *     tenant_check's comparison of table and private state sees only the
+ *     daemon's writes.
+ *
+ * Every entry point works in two halves: a first half that may fail and
+ * changes nothing visible (validation, policy decisions into scratch
+ * buffers, page accounting, creating the chunks the operation will need,
+ * reserving event queue room), and a second half that cannot fail.  Chunks
+ * created by the first half are destroyed again when a later step of it
+ * fails, so an error return leaves the tenant exactly as it was.  The
+ * helpers below say which half they belong to.
+ *
+ * Threads: loop thread only (writes_done_cb in tenant_sync.c excepted).
+ */
+#ifndef KVT_TENANT_INT_H
+#define KVT_TENANT_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "pool.h"
+#include "shm.h"
+#include "tenant.h"
+
+/* Per list state; the table record mirrors it. */
+struct tlist {
+	uint32_t len;     /* committed entries */
+	uint32_t n_pages; /* pages held = ceil((len + headroom) / page_tokens) */
+	uint64_t epoch;   /* bumped by every change, monotonic per slot */
+};
+
+/* One sequence slot. */
+struct tseq {
+	int open;
+	int used;         /* opened at least once: its table records were
+	                     written (tenant_check reads only those) */
+	uint32_t gen;     /* id = gen << 32 | slot; never 0, bumped on close */
+	uint32_t counter; /* syncs accepted since open */
+	uint32_t mark;    /* sync serial, for duplicate detection */
+	/* Allocated while open: */
+	uint32_t *n_seen; /* [n_layers] tokens seen per layer */
+	uint32_t *pages;  /* [lists_per_seq][max_pages] page ids */
+	uint32_t *pos;    /* [lists_per_seq][pos_cap] original positions,
+	                     same order as the entries; only [0, len) valid */
+	float *ent;       /* [lists_per_seq][pos_cap][entry_floats] policy
+	                     state per entry, moved like pos; NULL when the
+	                     policy keeps none */
+	uint8_t *state;   /* [n_layers][layer_state_bytes] policy state per
+	                     layer, zeroed at open; NULL when none */
+};
+
+/* One chunk slot of the tenant. */
+struct tchunk {
+	struct pool_chunk pc; /* pc.base NULL: slot unused */
+	uint64_t serial;      /* names the chunk in REVOKE / CHUNK_CLOSED */
+	uint32_t *free;       /* [pages_per_chunk] stack of free page indexes */
+	uint32_t n_free;
+};
+
+struct tenant {
+	uint32_t id;
+	char name[KVT_NAME_MAX];
+	struct shm_geom g;
+	struct policy *pol;
+	struct pool *pool;
+	uint64_t quota;
+	struct tenant_mem mem;  /* daemon memory it may cause, at admission */
+	uint32_t max_chunks;    /* quota / KVT_CHUNK_BYTES */
+	uint32_t lists_per_seq; /* n_layers * n_kv_heads */
+	uint32_t pos_cap;       /* max_tokens + headroom */
+
+	int table_fd, stage_fd;
+	void *table; /* [g.table_bytes] read-write mapping */
+	void *stage; /* [g.stage_bytes] read-write mapping */
+
+	struct tchunk *chunks; /* [max_chunks] */
+	uint32_t n_chunks;     /* live chunk slots */
+	/* Running totals, so tenant_stats (called around every sync) costs
+	 * nothing; tenant_check recomputes and compares them. */
+	uint64_t free_pages;   /* sum of n_free over live chunks */
+	uint64_t kept;         /* sum of len over open lists */
+	uint32_t alloc_cur;    /* chunk being drained by tenant_page_alloc,
+	                          or TENANT_NO_CHUNK */
+	uint64_t scorer_ns;    /* time in policy_decide during the last sync */
+
+	/* Revoked chunks, destroyed after their REVOKE event was sent (legacy
+	 * IPC chunks: after the client said CHUNK_CLOSED). */
+	struct tdead *dead; /* [dead_cap] */
+	uint32_t n_dead, dead_cap;
+	uint64_t chunk_serial; /* last serial given to a chunk */
+
+	/* Backend of the pool's chunks.  dev: they are device memory the
+	 * daemon must never dereference; then stream, events and the
+	 * batched-compaction and key-staging scratch below are used. */
+	const struct kvt_backend_ops *bops;
+	void *bctx;
+	int dev;
+	int ipc_share; /* legacy IPC chunks: freed after CHUNK_CLOSED */
+	int failed;    /* a device call of an apply step failed */
+	void *stream;
+	struct kvt_backend_event ev_writes, ev_compact;
+	struct kvt_backend_compact *blist; /* [blist_cap] lists of one sync */
+	size_t blist_cap;
+	void **bpages;     /* [bpages_cap] their page addresses */
+	size_t bpages_cap;
+	uint32_t *bmoves;  /* [bmoves_cap] their moves, (dst, src) pairs */
+	size_t bmoves_cap;
+	char *kbuf;        /* [kbuf_cap] host copy of one layer's K halves */
+	size_t kbuf_cap;
+	const void **ksrc; /* [ksrc_cap] device addresses of those K halves */
+	size_t ksrc_cap;
+	/* tenant_sync_ready: 0 idle, 1 waiting for the engine's writes on
+	 * the stream, 2 they are done (set by writes_done_cb on a driver
+	 * thread, hence atomic); wake(wake_arg) tells the server. */
+	int kv_wait;
+	void (*wake)(void *);
+	void *wake_arg;
+	/* Device copy of the table segment, which the engine's kernels read
+	 * (kvt_table_view), and the records tenant_mirror() changed since it
+	 * was last brought up to date (tenant_table_flush). */
+	struct kvt_backend_chunk dtab;
+	struct kvt_backend_region *dirty; /* [max_seqs * lists_per_seq] */
+	uint32_t n_dirty;
+
+	struct tenant_event *ev; /* [ev_cap] queued, in order */
+	uint32_t n_ev, ev_cap;
+
+	struct tseq *seqs;   /* [max_seqs] */
+	struct tlist *lists; /* [max_seqs][lists_per_seq] */
+	uint32_t n_open;
+	uint32_t serial;
+
+	uint64_t syncs, appended, evicted;
+	float pressure;         /* last tenant_set_pressure level */
+	uint32_t ef;            /* pol->entry_floats */
+	size_t sbytes;          /* pol->layer_state_bytes */
+
+	/* Scratch of tenant_sync, grown on demand. */
+	uint8_t *drop;     /* [drop_cap] drop marks of every list of a sync */
+	size_t drop_cap;
+	uint32_t *newlen;  /* [newlen_cap] per list of a sync: its new length,
+	                      then (pass 1 -> 2) the pages it must hold */
+	size_t newlen_cap;
+	uint32_t *moves;   /* [max_tokens][2] compaction plan of one list */
+	void **pagev;      /* [n_kv_heads][max_pages] page pointers, one row
+	                      per head of the layer being decided */
+	float *ent_scr;    /* [ent_cap] entry states of every list of a sync:
+	                      what decide() rewrites, committed after pass 3 */
+	size_t ent_cap;
+	uint8_t *state_scr; /* [state_cap] layer states of a sync, likewise */
+	size_t state_cap;
+	struct policy_head *heads; /* [n_kv_heads] */
+	float *in;         /* staged inputs of the new tokens, contiguous:
+	                      x [headroom][d_model], q [headroom][n_heads *
+	                      head_dim], lse [headroom][n_heads]; NULL when
+	                      the policy reads none */
+};
+
+/* A revoked chunk not destroyed yet. */
+struct tdead {
+	struct pool_chunk pc;
+	uint64_t serial;
+};
+
+#define TENANT_NO_CHUNK UINT32_MAX /* alloc_cur: no chunk being drained */
+
+/* ------------------------------------------------------------ indexing */
+
+/* Pages a list of len entries holds: ceil((len + headroom) / page_tokens). */
+static inline uint32_t pages_for(const struct shm_geom *g, uint32_t len)
+{
+	return (uint32_t)(((uint64_t)len + g->headroom + g->page_tokens - 1) /
+	                  g->page_tokens);
+}
+
+static inline struct tlist *tlist_at(const struct tenant *t, uint32_t slot,
+                                     uint32_t layer, uint32_t head)
+{
+	return &t->lists[((size_t)slot * t->g.n_layers + layer) *
+	                         t->g.n_kv_heads +
+	                 head];
+}
+
+/* Index of (layer, head) inside a sequence's arrays. */
+static inline size_t lidx(const struct tenant *t, uint32_t layer,
+                          uint32_t head)
+{
+	return (size_t)layer * t->g.n_kv_heads + head;
+}
+
+static inline uint32_t *seq_pages(const struct tenant *t,
+                                  const struct tseq *s, size_t li)
+{
+	return s->pages + li * t->g.max_pages;
+}
+
+static inline uint32_t *seq_pos(const struct tenant *t, const struct tseq *s,
+                                size_t li)
+{
+	return s->pos + li * t->pos_cap;
+}
+
+static inline float *seq_ent(const struct tenant *t, const struct tseq *s,
+                             size_t li)
+{
+	return s->ent ? s->ent + li * t->pos_cap * t->ef : NULL;
+}
+
+static inline void *seq_state(const struct tenant *t, const struct tseq *s,
+                              uint32_t layer)
+{
+	return s->state ? s->state + (size_t)layer * t->sbytes : NULL;
+}
+
+/* Base address of page id (a device address on a device tenant: never
+ * dereferenced there). */
+static inline void *page_ptr(const struct tenant *t, uint32_t id)
+{
+	const struct shm_geom *g = &t->g;
+	return (char *)t->chunks[id / g->pages_per_chunk].pc.base +
+	       (size_t)(id % g->pages_per_chunk) * g->page_bytes;
+}
+
+/* ---------------------------------------------------- tenant_pages.c */
+
+/*
+ * First half of every page-changing operation: makes sure `need` pages can
+ * be allocated once `freed` pages have been returned, creating chunks now if
+ * the free pages do not suffice (KVT_EQUOTA past the quota, KVT_EPOOLFULL
+ * past the pool, with a reason in err when err is not NULL).  Also reserves
+ * room for every event and dead chunk the operation can produce, so the
+ * second half cannot fail.  On error nothing changed.  On success the ADD
+ * events are queued.
+ */
+int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
+                         char *err, size_t errlen);
+
+/*
+ * Second half: takes one free page (the caller's tenant_reserve_pages made
+ * sure there is one), draining the fullest chunk first, and gives a page
+ * back.  Neither fails.
+ */
+uint32_t tenant_page_alloc(struct tenant *t);
+void tenant_page_free(struct tenant *t, uint32_t id);
+
+/*
+ * End of every page-changing operation: revokes the chunks that are now
+ * completely free (REVOKE queued, memory destroyed by tenant_flush_events)
+ * and resets the allocation cursor.  Uses the room tenant_reserve_pages
+ * reserved; cannot fail.
+ */
+void tenant_revoke_empty(struct tenant *t);
+
+/* Grows *arr (of *cap elements of elem bytes) by doubling to hold at least
+ * want; KVT_ENOMEM leaves it as it was. */
+int tenant_ensure_room(void **arr, uint32_t *cap, uint32_t want, size_t elem);
+
+/* ------------------------------------------------------ tenant_seq.c */
+
+/* The open slot a sequence id names, or -1. */
+int64_t tenant_seq_slot(const struct tenant *t, uint64_t seq);
+
+/* Frees a slot's per-sequence arrays and NULLs them (NULL-safe each). */
+void tenant_seq_release(struct tseq *s);
+
+/*
+ * Writes the private state of one list into its table record, and on a
+ * device tenant notes the record for tenant_table_flush.  Call it at most
+ * once per list per operation (the dirty array holds one entry per list).
+ */
+void tenant_mirror(struct tenant *t, uint32_t slot, uint32_t layer,
+                   uint32_t head);
+
+/*
+ * Device tenants, at the end of an operation that changed lists: queues
+ * the upload of the records tenant_mirror noted, then the COMPACT event.
+ * 0 on a host tenant; a failure marks the tenant failed (the server drops
+ * it) and returns the backend's code.
+ */
+int tenant_table_flush(struct tenant *t);
+
+#endif

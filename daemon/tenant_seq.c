@@ -1,0 +1,168 @@
+/*
+ * tenant_seq.c — sequences and their page lists: opening (headroom pages
+ * for every list), closing (pages back, generation bumped), and the table
+ * segment's records that mirror every list, with their upload to the
+ * device copy of the table on a device tenant.  See tenant_int.h.
+ */
+#include "tenant_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ table records */
+
+/* Writes the private state of one list into its table record. */
+void tenant_mirror(struct tenant *t, uint32_t slot, uint32_t layer,
+                   uint32_t head)
+{
+	const struct tlist *l = tlist_at(t, slot, layer, head);
+	struct shm_list *r = shm_list_at(t->table, &t->g, slot, layer, head);
+	r->len = l->len;
+	r->n_pages = l->n_pages;
+	r->epoch = l->epoch;
+	if (t->seqs[slot].open)
+		memcpy(r->pages,
+		       seq_pages(t, &t->seqs[slot], lidx(t, layer, head)),
+		       (size_t)l->n_pages * sizeof(uint32_t));
+	memset(r->pages + l->n_pages, 0,
+	       (size_t)(t->g.max_pages - l->n_pages) * sizeof(uint32_t));
+	/* Each list is mirrored at most once per operation, so the array
+	 * (one entry per list) cannot overflow; the device copy gets the
+	 * header and the valid ids (ids beyond n_pages are unspecified). */
+	if (t->dtab.base && t->n_dirty < t->g.max_seqs * t->lists_per_seq)
+		t->dirty[t->n_dirty++] = (struct kvt_backend_region){
+			.off = (uint64_t)((char *)r - (char *)t->table),
+			.bytes = sizeof(*r) + (uint64_t)l->n_pages * sizeof(uint32_t),
+		};
+}
+
+/*
+ * Device tenants: queues on the tenant's stream the upload of the records
+ * tenant_mirror() changed, then the COMPACT event, so the client's stream
+ * (which waits on that event after every reply that changes lists) reads
+ * the new table.  A failure marks the tenant failed (the server drops it).
+ */
+int tenant_table_flush(struct tenant *t)
+{
+	if (!t->dev)
+		return 0;
+	int rc = 0;
+	if (t->n_dirty)
+		rc = t->bops->upload_regions(t->bctx, t->dtab.base, t->table,
+		                             t->dirty, t->n_dirty, t->stream);
+	t->n_dirty = 0;
+	if (!rc)
+		rc = t->bops->event_record(t->bctx, &t->ev_compact, t->stream);
+	if (rc)
+		t->failed = 1;
+	return rc;
+}
+
+/* ------------------------------------------------------------ sequences */
+
+/* The open slot an id names, or -1. */
+int64_t tenant_seq_slot(const struct tenant *t, uint64_t seq)
+{
+	uint32_t slot = (uint32_t)seq, gen = (uint32_t)(seq >> 32);
+	if (slot >= t->g.max_seqs || !t->seqs[slot].open ||
+	    t->seqs[slot].gen != gen)
+		return -1;
+	return slot;
+}
+
+void tenant_seq_release(struct tseq *s)
+{
+	free(s->n_seen);
+	free(s->pages);
+	free(s->pos);
+	free(s->ent);
+	free(s->state);
+	s->n_seen = s->pages = s->pos = NULL;
+	s->ent = NULL;
+	s->state = NULL;
+}
+
+int tenant_seq_open(struct tenant *t, uint64_t *seq)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t slot = 0;
+	while (slot < g->max_seqs && t->seqs[slot].open)
+		slot++;
+	if (slot == g->max_seqs)
+		return KVT_ESEQLIMIT;
+
+	struct tseq *s = &t->seqs[slot];
+	s->n_seen = calloc(g->n_layers, sizeof(uint32_t));
+	s->pages = calloc((size_t)t->lists_per_seq * g->max_pages,
+	                  sizeof(uint32_t));
+	s->pos = malloc((size_t)t->lists_per_seq * t->pos_cap *
+	                sizeof(uint32_t));
+	if (t->ef)
+		s->ent = malloc((size_t)t->lists_per_seq * t->pos_cap * t->ef *
+		                sizeof(float));
+	if (t->sbytes)
+		s->state = calloc(g->n_layers, t->sbytes);
+	if (!s->n_seen || !s->pages || !s->pos || (t->ef && !s->ent) ||
+	    (t->sbytes && !s->state)) {
+		tenant_seq_release(s);
+		return KVT_ENOMEM;
+	}
+	uint32_t per_list = pages_for(g, 0);
+	int rc = tenant_reserve_pages(t, (uint64_t)per_list * t->lists_per_seq,
+	                              0, NULL, 0);
+	if (rc) {
+		tenant_seq_release(s);
+		return rc;
+	}
+
+	s->open = 1;
+	s->used = 1;
+	s->counter = 0;
+	t->n_open++;
+	for (uint32_t layer = 0; layer < g->n_layers; layer++)
+		for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+			struct tlist *l = tlist_at(t, slot, layer, head);
+			uint32_t *pg = seq_pages(t, s, lidx(t, layer, head));
+			for (uint32_t i = 0; i < per_list; i++)
+				pg[i] = tenant_page_alloc(t);
+			l->len = 0;
+			l->n_pages = per_list;
+			l->epoch++;
+			tenant_mirror(t, slot, layer, head);
+		}
+	/* Resets the allocation cursor; nothing is empty. */
+	tenant_revoke_empty(t);
+	*seq = ((uint64_t)s->gen << 32) | slot;
+	return tenant_table_flush(t) ? KVT_ESYS : 0;
+}
+
+int tenant_seq_close(struct tenant *t, uint64_t seq)
+{
+	int64_t sl = tenant_seq_slot(t, seq);
+	if (sl < 0)
+		return KVT_ENOSEQ;
+	uint32_t slot = (uint32_t)sl;
+	struct tseq *s = &t->seqs[slot];
+	for (uint32_t layer = 0; layer < t->g.n_layers; layer++)
+		for (uint32_t head = 0; head < t->g.n_kv_heads; head++) {
+			struct tlist *l = tlist_at(t, slot, layer, head);
+			uint32_t *pg = seq_pages(t, s, lidx(t, layer, head));
+			for (uint32_t i = 0; i < l->n_pages; i++)
+				tenant_page_free(t, pg[i]);
+			t->kept -= l->len;
+			l->len = 0;
+			l->n_pages = 0;
+			l->epoch++;
+		}
+	s->open = 0;
+	/* Generation 0 is never issued, so id 0 is never valid. */
+	s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1;
+	s->counter = 0;
+	t->n_open--;
+	for (uint32_t layer = 0; layer < t->g.n_layers; layer++)
+		for (uint32_t head = 0; head < t->g.n_kv_heads; head++)
+			tenant_mirror(t, slot, layer, head);
+	tenant_seq_release(s);
+	tenant_revoke_empty(t);
+	return tenant_table_flush(t) ? KVT_ESYS : 0;
+}

@@ -1,0 +1,518 @@
+/*
+ * tenant_sync.c — the sync of a tenant (tenant_sync, tenant.h), in the
+ * order that keeps a refusal invisible:
+ *   1. validate: every check that needs no policy decision, for every item,
+ *      before anything else;
+ *   2. decide: the policy runs on scratch copies of positions, entry and
+ *      layer states; the drop marks say each list's new length;
+ *   3. reserve the pages the new lengths need: the last step that may fail;
+ *   4. apply: compact each list along compact_plan()'s moves (on the host,
+ *      or batched into one backend call on a device tenant), commit the
+ *      policy states, free pages, then allocate, mirror the table records
+ *      and bump the counters.
+ * Also the device-side preparation of a sync (tenant_sync_ready's wait for
+ * the engine's writes, the stream's wait, keys staged to host memory).
+ */
+#include "errors.h"
+#include "tenant_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "compact.h"
+#include "policy.h"
+
+/* What the staged-row accessor of policy_layer needs. */
+struct stage_ctx {
+	struct tenant *t;
+	uint32_t slot, layer, n_seen;
+};
+
+/* Runs on a driver thread (or inline) once the tenant stream passed the
+ * engine's writes: no backend calls here, only the flag and the wakeup. */
+static void writes_done_cb(void *arg)
+{
+	struct tenant *t = arg;
+	__atomic_store_n(&t->kv_wait, 2, __ATOMIC_RELEASE);
+	t->wake(t->wake_arg);
+}
+
+int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	if (!t->dev || !(t->pol->ops->needs & POLICY_NEED_KV) ||
+	    !o->stream_notify)
+		return 1;
+	int st = __atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE);
+	if (st == 1)
+		return 0;
+	if (st == 2) {
+		/* The writes this sync's keys come from were recorded before
+		 * its request left the engine, so before the wait queued for
+		 * it or for an earlier request: they are done. */
+		t->kv_wait = 0;
+		return 1;
+	}
+	t->wake = wake;
+	t->wake_arg = arg;
+	/* 1 first: the callback may run before stream_notify returns. */
+	__atomic_store_n(&t->kv_wait, 1, __ATOMIC_RELEASE);
+	if (o->stream_wait_event(t->bctx, t->stream, &t->ev_writes) ||
+	    o->stream_notify(t->bctx, t->stream, writes_done_cb, t)) {
+		/* The sync will wait on the host instead; it reports a
+		 * device failure itself. */
+		__atomic_store_n(&t->kv_wait, 0, __ATOMIC_RELEASE);
+		return 1;
+	}
+	if (__atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE) == 2) {
+		t->kv_wait = 0;
+		return 1;
+	}
+	return 0;
+}
+
+/* Layer range of an item after defaults; 0 or KVT_ELAYERS. */
+static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
+                       uint32_t *lo, uint32_t *hi)
+{
+	*lo = it->layer_lo;
+	*hi = it->layer_hi ? it->layer_hi : t->g.n_layers;
+	if (*lo >= *hi || *hi > t->g.n_layers)
+		return KVT_ELAYERS;
+	return 0;
+}
+
+/* Step 1: every check that needs no policy decision.  Returns the number of
+ * list entries (len + n_new summed over lists) the decisions need. */
+static int validate(struct tenant *t, const struct ipc_sync_item *items,
+                    uint32_t n, size_t *entries, size_t *lists, char *err,
+                    size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	if (!items || !n)
+		return errors_fmt(err, errlen, KVT_EINVAL, "sync without items");
+	if (++t->serial == 0) {
+		/* Wrapped: forget old marks so none can collide. */
+		for (uint32_t i = 0; i < g->max_seqs; i++)
+			t->seqs[i].mark = 0;
+		t->serial = 1;
+	}
+	size_t ent = 0, nl = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		int64_t sl = tenant_seq_slot(t, it->seq);
+		if (sl < 0)
+			return errors_fmt(err, errlen, KVT_ENOSEQ,
+			            "item %u: no open sequence %#llx", i,
+			            (unsigned long long)it->seq);
+		struct tseq *s = &t->seqs[sl];
+		if (s->mark == t->serial)
+			return errors_fmt(err, errlen, KVT_EINVAL,
+			            "item %u: sequence %#llx appears twice", i,
+			            (unsigned long long)it->seq);
+		s->mark = t->serial;
+		if (it->counter != s->counter)
+			return errors_fmt(err, errlen, KVT_ESTALE,
+			            "item %u: sync counter %u, expected %u", i,
+			            it->counter, s->counter);
+		if (it->phase > KVT_PHASE_DECODE)
+			return errors_fmt(err, errlen, KVT_EINVAL,
+			            "item %u: unknown phase %u", i, it->phase);
+		uint32_t lo, hi;
+		if (item_layers(t, it, &lo, &hi))
+			return errors_fmt(err, errlen, KVT_ELAYERS,
+			            "item %u: layers [%u, %u) not within [0, %u)",
+			            i, it->layer_lo, it->layer_hi, g->n_layers);
+		if (it->n_new > g->headroom)
+			return errors_fmt(err, errlen, KVT_EHEADROOM,
+			            "item %u: %u new entries, headroom is %u", i,
+			            it->n_new, g->headroom);
+		if ((t->pol->ops->needs & POLICY_NEED_STAGED) &&
+		    it->n_new > g->stage_tokens)
+			return errors_fmt(err, errlen, KVT_EHEADROOM,
+			            "item %u: %u new entries, staging ring holds "
+			            "%u", i, it->n_new, g->stage_tokens);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			if ((uint64_t)s->n_seen[layer] + it->n_new > UINT32_MAX)
+				return errors_fmt(err, errlen, KVT_ETOOLONG,
+				            "item %u: layer %u: positions exhausted",
+				            i, layer);
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				uint32_t len = tlist_at(t, (uint32_t)sl, layer,
+				                        head)->len;
+				if ((uint64_t)len + it->n_new > g->max_tokens)
+					return errors_fmt(err, errlen, KVT_ETOOLONG,
+					            "item %u: layer %u head %u: "
+					            "%u + %u entries exceed "
+					            "max_tokens %u", i, layer,
+					            head, len, it->n_new,
+					            g->max_tokens);
+				ent += (size_t)len + it->n_new;
+				nl++;
+			}
+		}
+	}
+	*entries = ent;
+	*lists = nl;
+	return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t want, size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	void *q = realloc(*p, want * elem);
+	if (!q)
+		return KVT_ENOMEM;
+	*p = q;
+	*cap = want;
+	return 0;
+}
+
+/* Staged row of an earlier position, for policies with lookback. */
+static const float *stage_row(void *ctx, uint32_t pos)
+{
+	const struct stage_ctx *c = ctx;
+	const struct tenant *t = c->t;
+	if (pos >= c->n_seen || (uint64_t)pos + t->g.stage_tokens < c->n_seen)
+		return NULL;
+	return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
+}
+
+/*
+ * Copies the staged inputs of positions [first, first + n) out of the ring
+ * (which the client may keep writing) into t->in, contiguous, and points
+ * pl at them.  n <= headroom (validated).
+ */
+static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
+                          uint32_t first, uint32_t n,
+                          struct policy_layer *pl)
+{
+	const struct shm_geom *g = &t->g;
+	size_t nq = (size_t)g->n_heads * g->head_dim;
+	float *x = t->in;
+	float *q = x + (size_t)g->headroom * g->d_model;
+	float *lse = q + (size_t)g->headroom * nq;
+	for (uint32_t k = 0; k < n; k++) {
+		const float *row = shm_stage_at(t->stage, g, slot, layer,
+		                                first + k);
+		memcpy(x + (size_t)k * g->d_model, row,
+		       g->d_model * sizeof(float));
+		memcpy(q + k * nq, row + g->d_model, nq * sizeof(float));
+		memcpy(lse + (size_t)k * g->n_heads, row + g->d_model + nq,
+		       g->n_heads * sizeof(float));
+	}
+	unsigned need = t->pol->ops->needs;
+	pl->x = need & POLICY_NEED_X ? x : NULL;
+	pl->q = need & POLICY_NEED_Q ? q : NULL;
+	pl->lse = need & POLICY_NEED_LSE ? lse : NULL;
+}
+
+/* Bytes of the K half of a page: what attn_band reads. */
+static size_t key_bytes(const struct tenant *t)
+{
+	return (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
+}
+
+/*
+ * Device tenant, first half of a sync: the scratch the apply step needs
+ * (it cannot fail later) and the stream's wait for the client's writes,
+ * ahead of every key read and move of this sync.
+ */
+static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
+                          char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	if (grow((void **)&t->blist, &t->blist_cap, nlists ? nlists : 1,
+	         sizeof(*t->blist)) ||
+	    grow((void **)&t->bpages, &t->bpages_cap,
+	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
+	    grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
+	         sizeof(*t->bmoves)))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	if (t->pol->ops->needs & POLICY_NEED_KV) {
+		size_t n = (size_t)g->n_kv_heads * g->max_pages;
+		if (grow((void **)&t->kbuf, &t->kbuf_cap, n * key_bytes(t), 1) ||
+		    grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
+			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	}
+	int rc = t->bops->stream_wait_event(t->bctx, t->stream, &t->ev_writes);
+	if (rc)
+		return errors_fmt(err, errlen, rc, "%s backend: %s", t->bops->name,
+		            t->bops->last_error());
+	return 0;
+}
+
+/*
+ * Device tenant, a policy that reads K: the pages holding entries
+ * [0, len) of a list get a host copy of their K half in t->kbuf (copied
+ * per layer by read_regions, after the wait for the client's writes), and
+ * pv points the policy at those copies.  attn_band and kvpop read K rows
+ * only, so the V halves are not copied.
+ */
+static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
+                       void **pv, uint32_t *nk)
+{
+	uint32_t used = (len + t->g.page_tokens - 1) / t->g.page_tokens;
+	for (uint32_t p = 0; p < used; p++) {
+		t->ksrc[*nk] = page_ptr(t, pg[p]);
+		pv[p] = t->kbuf + (size_t)*nk * key_bytes(t);
+		(*nk)++;
+	}
+}
+
+int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
+                uint32_t n, char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	size_t entries = 0, nlists = 0;
+	t->scorer_ns = 0;
+	int rc = validate(t, items, n, &entries, &nlists, err, errlen);
+	if (rc)
+		return rc;
+	size_t nlayers = nlists / g->n_kv_heads;
+	if (grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
+	    grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)) ||
+	    grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
+	         sizeof(float)) ||
+	    grow((void **)&t->state_scr, &t->state_cap,
+	         nlayers * t->sbytes + 1, 1))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	memset(t->drop, 0, entries);
+	unsigned need = t->pol->ops->needs;
+	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
+		return rc;
+
+	/*
+	 * Step 2: decisions, one (sequence, layer) at a time.  The new
+	 * entries' positions are written past len, where nothing is committed
+	 * yet; the policy rewrites scratch copies of the entry and layer
+	 * states (t->ent_scr, t->state_scr), committed in step 4.  So a
+	 * refusal here or in step 3 leaves no trace.
+	 */
+	uint64_t need_pages = 0, freed = 0;
+	size_t off = 0, eoff = 0, li_all = 0, ly_all = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		struct tseq *s = &t->seqs[slot];
+		item_layers(t, it, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
+			uint32_t prev = s->n_seen[layer];
+			uint32_t seen = prev + it->n_new;
+			struct stage_ctx sc = {t, slot, layer, seen};
+			struct policy_layer pl = {
+				.layer = layer,
+				.phase = (enum kvt_phase)it->phase,
+				.n_new = it->n_new, .n_seen = seen,
+				.staged = stage_row, .staged_ctx = &sc,
+				.heads = t->heads,
+				.state = t->sbytes ? t->state_scr +
+				                             ly_all * t->sbytes
+				                   : NULL,
+			};
+			if (t->sbytes)
+				memcpy(pl.state, seq_state(t, s, layer),
+				       t->sbytes);
+			if (need & POLICY_NEED_STAGED)
+				gather_inputs(t, slot, layer, prev, it->n_new,
+				              &pl);
+			size_t off0 = off;
+			uint32_t nk = 0; /* K halves staged for this layer */
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				const struct tlist *l = tlist_at(t, slot, layer,
+				                                 head);
+				size_t li = lidx(t, layer, head);
+				uint32_t *pos = seq_pos(t, s, li);
+				uint32_t len = l->len + it->n_new;
+				for (uint32_t k = 0; k < it->n_new; k++)
+					pos[l->len + k] = prev + k;
+				float *e = t->ef ? t->ent_scr + eoff : NULL;
+				if (e) {
+					size_t old = (size_t)l->len * t->ef;
+					memcpy(e, seq_ent(t, s, li),
+					       old * sizeof(float));
+					memset(e + old, 0, (size_t)it->n_new *
+					       t->ef * sizeof(float));
+				}
+				void **pv = NULL;
+				if ((need & POLICY_NEED_KV) && t->dev) {
+					pv = t->pagev + (size_t)head * g->max_pages;
+					stage_keys(t, seq_pages(t, s, li), len,
+					           pv, &nk);
+				} else if (need & POLICY_NEED_KV) {
+					pv = t->pagev + (size_t)head * g->max_pages;
+					const uint32_t *pg = seq_pages(t, s, li);
+					for (uint32_t p = 0; p < l->n_pages; p++)
+						pv[p] = page_ptr(t, pg[p]);
+				}
+				t->heads[head] = (struct policy_head){
+					.pos = pos, .ent = e, .pages = pv,
+					.len = len, .drop = t->drop + off,
+				};
+				off += len;
+				eoff += (size_t)len * t->ef;
+			}
+			if (nk && (rc = t->bops->read_regions(
+				           t->bctx, t->kbuf, key_bytes(t),
+				           (const void *const *)t->ksrc, nk,
+				           key_bytes(t), t->stream)))
+				return errors_fmt(err, errlen, rc, "%s backend: "
+				            "staging keys: %s", t->bops->name,
+				            t->bops->last_error());
+			struct timespec d0, d1;
+			clock_gettime(CLOCK_MONOTONIC, &d0);
+			rc = policy_decide(t->pol, &pl);
+			clock_gettime(CLOCK_MONOTONIC, &d1);
+			t->scorer_ns += (uint64_t)((d1.tv_sec - d0.tv_sec) *
+			                           1000000000ll +
+			                           (d1.tv_nsec - d0.tv_nsec));
+			if (rc)
+				return errors_fmt(err, errlen, rc, "policy %s: %s",
+				            t->pol->ops->name, kvt_strerror(rc));
+			off = off0;
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				const struct tlist *l = tlist_at(t, slot, layer,
+				                                 head);
+				uint32_t len = l->len + it->n_new, nd = 0;
+				for (uint32_t k = 0; k < len; k++)
+					nd += t->drop[off + k] != 0;
+				uint32_t want = pages_for(g, len - nd);
+				t->newlen[li_all++] = len - nd;
+				if (want > l->n_pages)
+					need_pages += want - l->n_pages;
+				else
+					freed += l->n_pages - want;
+				off += len;
+			}
+		}
+	}
+
+	/* Step 3: pages; the last step that may fail. */
+	rc = tenant_reserve_pages(t, need_pages, freed, err, errlen);
+	if (rc)
+		return rc;
+
+	/* Step 4: apply.  Pass 1 compacts, commits the policy states and
+	 * frees, pass 2 allocates, so the frees of one list can serve the
+	 * growth of another. */
+	uint32_t row_bytes = g->head_dim * g->elem_bytes;
+	uint32_t nb = 0;  /* device: lists batched for one compact call */
+	size_t bp = 0, bm = 0; /* their pages and move pairs so far */
+	off = 0;
+	eoff = 0;
+	li_all = 0;
+	ly_all = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		struct tseq *s = &t->seqs[slot];
+		item_layers(t, it, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
+			if (t->sbytes)
+				memcpy(seq_state(t, s, layer),
+				       t->state_scr + ly_all * t->sbytes,
+				       t->sbytes);
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				struct tlist *l = tlist_at(t, slot, layer, head);
+				size_t li = lidx(t, layer, head);
+				uint32_t *pos = seq_pos(t, s, li);
+				uint32_t *pg = seq_pages(t, s, li);
+				uint32_t len = l->len + it->n_new, nl;
+				float *e = t->ef ? t->ent_scr + eoff : NULL;
+				const uint8_t *drop = t->drop + off;
+				uint32_t nm = compact_plan(drop, len, t->moves,
+				                           &nl);
+				if (nm && t->dev) {
+					/* The page addresses are taken before
+					 * the frees below; a chunk emptied by
+					 * them is destroyed only after the
+					 * queued compaction (chunk_free syncs
+					 * the device first). */
+					void **bpv = t->bpages + bp;
+					for (uint32_t p = 0; p < l->n_pages; p++)
+						bpv[p] = page_ptr(t, pg[p]);
+					memcpy(t->bmoves + 2 * bm, t->moves,
+					       (size_t)nm * 2 * sizeof(uint32_t));
+					t->blist[nb++] = (struct kvt_backend_compact){
+						.pages = bpv,
+						.n_pages = l->n_pages,
+						.page_tokens = g->page_tokens,
+						.row_bytes = row_bytes,
+						.n_moves = nm,
+						.moves = t->bmoves + 2 * bm,
+					};
+					bp += l->n_pages;
+					bm += nm;
+					policy_move_entries(pos, e, t->ef,
+					                    t->moves, nm);
+				} else if (nm) {
+					for (uint32_t p = 0; p < l->n_pages; p++)
+						t->pagev[p] = page_ptr(t, pg[p]);
+					compact_cpu(t->pagev, g->page_tokens,
+					            row_bytes, t->moves, nm);
+					policy_move_entries(pos, e, t->ef,
+					                    t->moves, nm);
+				}
+				if (e)
+					memcpy(seq_ent(t, s, li), e,
+					       (size_t)nl * t->ef * sizeof(float));
+				t->appended += it->n_new;
+				t->evicted += len - nl;
+				uint32_t want = pages_for(g, nl);
+				while (l->n_pages > want)
+					tenant_page_free(t, pg[--l->n_pages]);
+				t->kept += nl;
+				t->kept -= l->len;
+				l->len = nl;
+				l->epoch++;
+				t->newlen[li_all++] = want; /* for pass 2 */
+				off += len;
+				eoff += (size_t)len * t->ef;
+			}
+		}
+	}
+	li_all = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		struct tseq *s = &t->seqs[slot];
+		item_layers(t, it, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				struct tlist *l = tlist_at(t, slot, layer, head);
+				uint32_t *pg = seq_pages(t, s,
+				                         lidx(t, layer, head));
+				uint32_t want = t->newlen[li_all++];
+				while (l->n_pages < want)
+					pg[l->n_pages++] = tenant_page_alloc(t);
+				tenant_mirror(t, slot, layer, head);
+			}
+			s->n_seen[layer] += it->n_new;
+		}
+		s->counter++;
+	}
+	t->syncs++;
+	/*
+	 * Device: one launch for the whole sync, the upload of the changed
+	 * table records, then the event the client's stream waits on before
+	 * it touches the lists again.  All are only queued; a failure here
+	 * comes after the bookkeeping is committed, so the tenant is marked
+	 * failed and the server drops it.
+	 */
+	int drc = 0;
+	if (t->dev) {
+		if (nb)
+			drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
+		if (drc)
+			t->failed = 1;
+		else
+			drc = tenant_table_flush(t);
+	}
+	tenant_revoke_empty(t);
+	if (drc)
+		return errors_fmt(err, errlen, KVT_ESYS, "%s backend: compaction: "
+		            "%s", t->bops->name, t->bops->last_error());
+	return 0;
+}
