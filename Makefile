@@ -172,9 +172,10 @@ $(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_INT)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# loadgen replays policies in process to verify the daemon, so it links the
-# policies and kernels (not the daemon).
-$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_INT)
+# loadgen (examples/loadgen/) replays policies in process to verify the
+# daemon, so it links the policies and kernels (not the daemon).
+LOADGEN_OBJ := $(call obj,$(wildcard examples/loadgen/*.c))
+$(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
