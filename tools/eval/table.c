@@ -94,6 +94,20 @@ static size_t sweep_rows(const struct row *rows, size_t nr, const char *model,
 	return n;
 }
 
+/* The models of the rows (at most 8), in order of first appearance. */
+static int models_of(const struct row *rows, size_t nr, char models[8][64])
+{
+	int nm = 0;
+	for (size_t i = 0; i < nr; i++) {
+		int seen = 0;
+		for (int k = 0; k < nm; k++)
+			seen |= !strcmp(models[k], rows[i].model);
+		if (!seen && nm < 8)
+			snprintf(models[nm++], 64, "%s", rows[i].model);
+	}
+	return nm;
+}
+
 /* The needle paragraph of one model, from DIR/needle-<model>.txt. */
 static void md_needles(FILE *f, const char *dir, const char *model)
 {
@@ -191,14 +205,7 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 	        "Cells: KL / top-1 / dNLL (achieved ratio)[ / copy[ / "
 	        "needle]].\n", NEEDLE_BAR, SWEEP_LO, SWEEP_HI, SWEEP_ROUND);
 	char models[8][64];
-	int nm = 0;
-	for (size_t i = 0; i < nr; i++) {
-		int seen = 0;
-		for (int k = 0; k < nm; k++)
-			seen |= !strcmp(models[k], rows[i].model);
-		if (!seen && nm < 8)
-			snprintf(models[nm++], 64, "%s", rows[i].model);
-	}
+	int nm = models_of(rows, nr, models);
 	size_t *idx = malloc(sizeof(size_t) * (nr + 1));
 	if (!idx)
 		eval_die("out of memory");
@@ -320,14 +327,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr)
 		return;
 	}
 	char models[8][64];
-	int nm = 0;
-	for (size_t i = 0; i < nr; i++) {
-		int seen = 0;
-		for (int k = 0; k < nm; k++)
-			seen |= !strcmp(models[k], rows[i].model);
-		if (!seen && nm < 8)
-			snprintf(models[nm++], 64, "%s", rows[i].model);
-	}
+	int nm = models_of(rows, nr, models);
 	char dat[1200], gp[1200];
 	snprintf(dat, sizeof(dat), "%s/.quality-plot.dat", dir);
 	snprintf(gp, sizeof(gp), "%s/.quality-plot.gp", dir);
