@@ -172,9 +172,10 @@ $(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_INT)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# loadgen replays policies in process to verify the daemon, so it links the
-# policies and kernels (not the daemon).
-$(LOADGEN): $(B)/obj/examples/loadgen.o $(POLICY_OBJ) $(LIB_INT)
+# loadgen (examples/loadgen/) replays policies in process to verify the
+# daemon, so it links the policies and kernels (not the daemon).
+LOADGEN_OBJ := $(call obj,$(wildcard examples/loadgen/*.c))
+$(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -388,7 +389,9 @@ FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
                 -Iinclude -Iipc -Iclient -Idaemon -Ipolicies -Ikernels/cpu
 FUZZ_HDRS    := $(wildcard include/*.h ipc/*.h daemon/config.h daemon/log.h \
                   policies/weights.h kernels/cpu/kernels.h)
-FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c ipc/codec.c client/errors.c
+CODEC_SRC        := ipc/codec.c ipc/codec_decode.c ipc/codec_encode.c \
+                    ipc/codec_scan.c ipc/codec_row.c
+FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c $(CODEC_SRC) client/errors.c
 FUZZ_LIB_codec   := -lmsgpackc
 FUZZ_SRC_config  := tests/fuzz/fuzz_config.c daemon/config.c daemon/log.c \
                     client/errors.c
@@ -417,7 +420,7 @@ $(FUZZ_B)/fuzz_codec: $(FUZZ_SRC_codec)
 $(FUZZ_B)/fuzz_config: $(FUZZ_SRC_config)
 $(FUZZ_B)/fuzz_weights: $(FUZZ_SRC_weights)
 
-$(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c ipc/codec.c policies/weights.c \
+$(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c $(CODEC_SRC) policies/weights.c \
                      kernels/cpu/dtype.c client/errors.c $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")

@@ -1,0 +1,150 @@
+/*
+ * eval.h — what the files of kvtrim-eval (tools/eval/) share: the protocol's
+ * constants, the cases (inputs) and the jobs (one policy at one budget),
+ * the csv rows, and each file's functions.  The protocol itself is
+ * described in main.c.
+ *
+ *   main.c    options, the cases and jobs of a run, the results files
+ *   eval.c    dying cleanly: the kvtrimd a run started, signals
+ *   cases.c   the inputs: evaluation sequences, copy and needle cases,
+ *             their full-cache references and KVzip scores
+ *   kvzap.c   kvzap's thresholds from the training split (calibration
+ *             and the sweep grid)
+ *   run.c     the worker threads: a job's cases through kvtrimd or the
+ *             in-process replay (kvzip, oracle), scored against the
+ *             reference
+ *   table.c   quality.csv rows, quality.md and quality.png
+ */
+#ifndef KVT_EVAL_H
+#define KVT_EVAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvtrim.h"
+
+struct dataset;
+struct engine;
+struct model;
+
+#define CHUNK 64u
+#define COPY_FILLER 200u
+#define COPY_SKIP 8u
+#define KVZIP_SINKS 4u
+#define MAX_JOBS 96
+/* Key-value needles (byte models): depths in bytes between the end of the
+ * target record and the start of its query; every case is NEEDLE_LEN
+ * bytes long (BOS included); NEEDLE_DIGITS digits per value. */
+#define NEEDLE_NDEPTH 4
+#define NEEDLE_LEN 512u
+#define NEEDLE_DIGITS 5u
+#define NEEDLE_DISTRACTORS 3u
+#define NEEDLE_BAR 0.5 /* full-cache per-digit accuracy a depth needs */
+#define NEEDLE_SEED 0x6e6565646c652d31ull /* "needle-1" */
+/* kvzap threshold sweep: the grid spans the thresholds that reach these
+ * ratios on the training split */
+#define SWEEP_LO 0.30
+#define SWEEP_HI 0.95
+#define SWEEP_ROUND 0.25 /* swept thresholds are multiples of it */
+
+/* What a case is scored by (also the engine a daemon job runs it on). */
+enum ckind { C_MAIN = 0, C_COPY = 1, C_NEEDLE = 2, C_NKIND };
+
+/* One input: tokens, prefill length, and what is scored. */
+struct ecase {
+	int32_t *tok;   /* [T] */
+	uint32_t T, P;
+	enum ckind kind;
+	uint32_t c0;    /* copy / needle: first scored target position */
+	uint32_t di;    /* needle: depth index */
+	float *ref;     /* [T - 1 - P][V] full-cache logits of steps P..T-2 */
+	float *kvzip;   /* [L][n_kv][P] KVzip scores of the prompt */
+};
+
+enum jkind { J_DAEMON, J_KVZIP, J_ORACLE };
+
+struct job {
+	char name[32];
+	double ratio;
+	enum jkind kind;
+	int sweep;      /* 1: fixed-threshold sweep row (ratio unused) */
+	double tau;     /* kvzap threshold, NaN for other policies */
+	/* spec[C_MAIN] always; spec[C_COPY] / spec[C_NEEDLE] when those
+	 * cases need their own budget (kvpop), else they run on e[C_MAIN] */
+	char spec[C_NKIND][KVT_SPEC_MAX];
+	struct engine *e[C_NKIND];
+	/* results */
+	double kl, top1, dnll, ach;
+	uint64_t npos, nach, copy_ok, copy_n;
+	uint64_t nd_ok[NEEDLE_NDEPTH], nd_n[NEEDLE_NDEPTH],
+	         nd_exact[NEEDLE_NDEPTH], nd_cases[NEEDLE_NDEPTH];
+	uint32_t case_ok; /* needle digits right in the current case */
+	int failed;
+	char err[600];
+};
+
+/* One csv row.  Sweep rows (kvzap at a fixed threshold) have no target;
+ * tau is the kvzap threshold (calibrated or swept), empty otherwise. */
+struct row {
+	char model[64], policy[64];
+	double target, ach, kl, top1, dnll, copy, needle, tau; /* NaN = empty */
+};
+
+/* eval.c */
+/* Prints "kvtrim-eval: " and the message, stops the daemon this run
+ * started (eval_daemon_start), exits 1. */
+void eval_die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
+                                                   noreturn));
+/* Starts kvtrimd (beside this executable) on a fresh runtime directory,
+ * written to rt; waits until its sockets exist.  Dies on failure. */
+void eval_daemon_start(const char *argv0, char *rt, size_t rtlen);
+void eval_daemon_stop(void);
+/* SIGINT / SIGTERM handler: the daemon must not outlive the run. */
+void eval_on_signal(int sig);
+
+/* cases.c */
+/* Needle depths in bytes; case s has depth s % NEEDLE_NDEPTH. */
+extern const uint32_t cases_needle_depth[NEEDLE_NDEPTH];
+void cases_ref(const struct model *M, struct ecase *c);
+void cases_kvzip(const struct model *M, struct ecase *c);
+uint32_t cases_copy(struct ecase *out, uint32_t want);
+void cases_needle(struct ecase *out, uint32_t want);
+void cases_needle_full(const struct model *M, const struct ecase *c,
+                       uint32_t nc, double *digit, double *exact,
+                       uint32_t *per_depth);
+
+/* kvzap.c */
+float *kvzap_scores(const struct model *M, const char *dir,
+                    const struct dataset *cal, char *err, size_t errlen);
+float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
+                uint32_t T, uint32_t P, uint32_t w, double R);
+uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
+                          const float *s, uint32_t ncal, uint32_t T,
+                          uint32_t P, uint32_t w, uint32_t npts, float *out);
+
+/* run.c */
+/* What the worker threads share: they take jobs in order under lock. */
+struct run_pool {
+	const struct model *M;
+	const struct ecase *cases;
+	uint32_t ncases;
+	struct job *jobs;
+	uint32_t njobs;
+	pthread_mutex_t lock;
+	uint32_t next; /* the next job to take */
+};
+/* A worker thread (arg: the struct run_pool): runs jobs until none is
+ * left. */
+void *run_worker(void *arg);
+
+/* table.c */
+#define TABLE_CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl," \
+	                 "top1,dnll,copy_acc,needle_acc,threshold"
+int table_parse_row(const char *line, struct row *r);
+void table_write_row(FILE *f, const struct row *r);
+void table_write_md(const char *dir, struct row *rows, size_t nr);
+void table_write_png(const char *dir, struct row *rows, size_t nr);
+
+#endif

@@ -1,0 +1,310 @@
+/*
+ * run.c — the worker threads of kvtrim-eval: each job's cases run through
+ * its tenant of kvtrimd (the reference engine) or, for kvzip and the
+ * hindsight oracle, through the in-process replay (replay.h); every decode
+ * prediction is scored against the full-cache reference.
+ */
+#include "eval.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "kernels.h"
+#include "model.h"
+#include "replay.h"
+
+/* Adds the comparison of one prediction to job j. */
+static void score_step(const struct model *M, struct job *j,
+                       const struct ecase *c, uint32_t t, const float *lg)
+{
+	uint32_t V = M->cfg.vocab_size;
+	const float *rf = c->ref + (size_t)(t - c->P) * V;
+	int32_t y = c->tok[t + 1];
+	if (c->kind != C_MAIN) {
+		if (t + 1 < c->c0)
+			return;
+		uint32_t am = 0;
+		for (uint32_t v = 1; v < V; v++)
+			if (lg[v] > lg[am])
+				am = v;
+		if (c->kind == C_COPY) {
+			j->copy_ok += (int32_t)am == y;
+			j->copy_n++;
+		} else {
+			j->nd_ok[c->di] += (int32_t)am == y;
+			j->nd_n[c->di]++;
+			j->case_ok += (int32_t)am == y;
+		}
+		return;
+	}
+	double mf = rf[0], me = lg[0];
+	uint32_t af = 0, ae = 0;
+	for (uint32_t v = 1; v < V; v++) {
+		if (rf[v] > mf) {
+			mf = rf[v];
+			af = v;
+		}
+		if (lg[v] > me) {
+			me = lg[v];
+			ae = v;
+		}
+	}
+	double zf = 0, ze = 0;
+	for (uint32_t v = 0; v < V; v++) {
+		zf += exp(rf[v] - mf);
+		ze += exp(lg[v] - me);
+	}
+	double lzf = mf + log(zf), lze = me + log(ze), kl = 0;
+	for (uint32_t v = 0; v < V; v++) {
+		double lpf = rf[v] - lzf, lpe = lg[v] - lze;
+		kl += exp(lpf) * (lpf - lpe);
+	}
+	j->kl += kl > 0 ? kl : 0;
+	j->top1 += af == ae;
+	j->dnll += (lze - lg[y]) - (lzf - rf[y]);
+	j->npos++;
+}
+
+static void add_ach(const struct model *M, struct job *j, const struct ecase *c,
+                    uint64_t kept, uint32_t n_seen)
+{
+	if (c->kind != C_MAIN)
+		return;
+	const struct model_config *mc = &M->cfg;
+	j->ach += 1.0 - (double)kept / ((double)n_seen * mc->n_layers *
+	                                mc->n_kv_heads);
+	j->nach++;
+}
+
+static uint64_t engine_kept(const struct model *M, struct engine *e)
+{
+	const struct model_config *mc = &M->cfg;
+	uint64_t s = 0;
+	for (uint32_t l = 0; l < mc->n_layers; l++)
+		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
+			struct kvt_list li;
+			if (kvt_list_get(engine_client(e), engine_seq(e), l, g,
+			                 &li) == 0)
+				s += li.len;
+		}
+	return s;
+}
+
+static int run_daemon_case(const struct model *M, struct job *j,
+                           const struct ecase *c, float *lg)
+{
+	struct engine *e = j->e[c->kind] ? j->e[c->kind] : j->e[C_MAIN];
+	int rc = engine_reset(e);
+	if (!rc)
+		rc = engine_feed(e, c->tok, c->P, KVT_PHASE_PREFILL, NULL);
+	for (uint32_t t = c->P; !rc && t + 1 < c->T; t++) {
+		rc = engine_step(e, c->tok + t, 1, KVT_PHASE_DECODE, lg);
+		if (rc)
+			break;
+		score_step(M, j, c, t, lg);
+		add_ach(M, j, c, engine_kept(M, e), t + 1);
+	}
+	if (rc)
+		snprintf(j->err, sizeof(j->err), "%s", engine_error(e));
+	return rc;
+}
+
+/* Per-head top-k of the hindsight scores to the ratio budget. */
+static int evict_oracle(const struct model *M, struct replay *r,
+                        const struct ecase *c, const float *suf, double R)
+{
+	const struct model_config *mc = &M->cfg;
+	uint32_t n = replay_pos(r);
+	uint32_t B = n - (uint32_t)floor(R * n);
+	float *s = malloc(sizeof(float) * n);
+	uint32_t *rank = malloc(sizeof(uint32_t) * n),
+	         *idx = malloc(sizeof(uint32_t) * n),
+	         *sc = malloc(sizeof(uint32_t) * n);
+	uint8_t *drop = malloc(n);
+	if (!s || !rank || !idx || !sc || !drop) {
+		free(s);
+		free(rank);
+		free(idx);
+		free(sc);
+		free(drop);
+		return KVT_ENOMEM;
+	}
+	for (uint32_t l = 0; l < mc->n_layers; l++)
+		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
+			uint8_t *al = replay_alive(r, l, g);
+			uint32_t G = mc->n_heads / mc->n_kv_heads, T = c->T;
+			uint32_t k = 0;
+			for (uint32_t i = 0; i < n; i++)
+				if (al[i]) {
+					/* attention still to come: queries
+					 * t >= n, best head of the group */
+					float best = 0;
+					for (uint32_t h = g * G; h < (g + 1) * G;
+					     h++) {
+						float v = n < T ? suf[(((size_t)l *
+						        mc->n_heads + h) * T + n) *
+						        T + i] : 0;
+						best = v > best ? v : best;
+					}
+					s[k] = best;
+					rank[k] = i;
+					idx[k++] = i;
+				}
+			if (k <= B)
+				continue;
+			select_topk_cpu(s, rank, NULL, k, B, drop, sc);
+			for (uint32_t e = 0; e < k; e++)
+				if (drop[e])
+					al[idx[e]] = 0;
+		}
+	free(s);
+	free(rank);
+	free(idx);
+	free(sc);
+	free(drop);
+	return 0;
+}
+
+/* One top-k over every layer and KV head of the prompt (KVzip pair
+ * level), first KVZIP_SINKS positions protected. */
+static int evict_kvzip(const struct model *M, struct replay *r,
+                       const struct ecase *c, double R)
+{
+	const struct model_config *mc = &M->cfg;
+	uint32_t P = c->P, nl = mc->n_layers * mc->n_kv_heads;
+	size_t n = (size_t)nl * P;
+	float *s = malloc(sizeof(float) * n);
+	uint32_t *rank = malloc(sizeof(uint32_t) * n),
+	         *sc = malloc(sizeof(uint32_t) * n);
+	uint8_t *prot = malloc(n), *drop = malloc(n);
+	int rc = KVT_ENOMEM;
+	if (!s || !rank || !sc || !prot || !drop)
+		goto out;
+	uint64_t np = 0;
+	for (size_t e = 0; e < n; e++) {
+		uint32_t i = (uint32_t)(e % P);
+		s[e] = c->kvzip[e];
+		rank[e] = i;
+		prot[e] = i < KVZIP_SINKS;
+		np += prot[e];
+	}
+	uint64_t B = (uint64_t)(P - (uint32_t)floor(R * P)) * nl;
+	uint32_t k = B > np ? (uint32_t)(B - np) : 0;
+	select_topk_cpu(s, rank, prot, (uint32_t)n, k, drop, sc);
+	for (uint32_t li = 0; li < nl; li++) {
+		uint8_t *al = replay_alive(r, li / mc->n_kv_heads,
+		                           li % mc->n_kv_heads);
+		for (uint32_t i = 0; i < P; i++)
+			if (drop[(size_t)li * P + i])
+				al[i] = 0;
+	}
+	rc = 0;
+out:
+	free(s);
+	free(rank);
+	free(sc);
+	free(prot);
+	free(drop);
+	return rc;
+}
+
+static int run_replay_case(const struct model *M, struct job *j,
+                           struct replay *r, const struct ecase *c, float *lg)
+{
+	int rc = 0;
+	float *suf = NULL;
+	struct model_dense dn;
+	if (j->kind == J_ORACLE) {
+		/* suffix sums of the full run's attention maps over the
+		 * scored queries: suf[l][h][n][i] = sum_{t = n}^{T - 2}
+		 * a^h_{t,i} (the maps buffer is reused in place) */
+		const struct model_config *mc = &M->cfg;
+		uint32_t T = c->T;
+		if (model_dense_init(&dn, M, T, 1) ||
+		    model_dense_step(&dn, c->tok, T, NULL))
+			eval_die("hindsight pass failed");
+		suf = dn.maps;
+		for (size_t lh = 0; lh < (size_t)mc->n_layers * mc->n_heads;
+		     lh++) {
+			float *mp = suf + lh * T * T;
+			for (uint32_t i = 0; i < T; i++)
+				mp[(size_t)(T - 1) * T + i] = 0;
+			for (uint32_t t = T - 1; t-- > 0;)
+				for (uint32_t i = 0; i < T; i++)
+					mp[(size_t)t * T + i] +=
+						mp[(size_t)(t + 1) * T + i];
+		}
+	}
+	replay_reset(r);
+	for (uint32_t i = 0; i < c->P && !rc; i += CHUNK) {
+		uint32_t k = c->P - i < CHUNK ? c->P - i : CHUNK;
+		rc = replay_step(r, c->tok + i, k, NULL);
+		if (!rc && j->kind == J_ORACLE)
+			rc = evict_oracle(M, r, c, suf, j->ratio);
+	}
+	if (!rc && j->kind == J_KVZIP)
+		rc = evict_kvzip(M, r, c, j->ratio);
+	for (uint32_t t = c->P; !rc && t + 1 < c->T; t++) {
+		rc = replay_step(r, c->tok + t, 1, lg);
+		if (!rc && j->kind == J_ORACLE)
+			rc = evict_oracle(M, r, c, suf, j->ratio);
+		if (rc)
+			break;
+		score_step(M, j, c, t, lg);
+		add_ach(M, j, c, replay_kept(r), t + 1);
+	}
+	if (rc)
+		snprintf(j->err, sizeof(j->err), "replay: %s", kvt_strerror(rc));
+	if (suf)
+		model_dense_free(&dn);
+	return rc;
+}
+
+void *run_worker(void *arg)
+{
+	struct run_pool *pool = arg;
+	const struct model *M = pool->M;
+	const struct ecase *cases = pool->cases;
+	uint32_t ncases = pool->ncases;
+	uint32_t maxT = 0;
+	for (uint32_t i = 0; i < ncases; i++)
+		maxT = cases[i].T > maxT ? cases[i].T : maxT;
+	float *lg = malloc(sizeof(float) * M->cfg.vocab_size);
+	struct replay *r = NULL;
+	if (!lg || replay_open(M, maxT, &r))
+		eval_die("out of memory");
+	for (;;) {
+		pthread_mutex_lock(&pool->lock);
+		uint32_t k = pool->next++;
+		pthread_mutex_unlock(&pool->lock);
+		if (k >= pool->njobs)
+			break;
+		struct job *j = &pool->jobs[k];
+		for (uint32_t i = 0; i < ncases && !j->failed; i++) {
+			const struct ecase *c = &cases[i];
+			j->case_ok = 0;
+			int rc = j->kind == J_DAEMON
+			                 ? run_daemon_case(M, j, c, lg)
+			                 : run_replay_case(M, j, r, c, lg);
+			if (rc)
+				j->failed = 1;
+			else if (c->kind == C_NEEDLE) {
+				j->nd_cases[c->di]++;
+				j->nd_exact[c->di] += j->case_ok == NEEDLE_DIGITS;
+			}
+		}
+		if (j->sweep)
+			fprintf(stderr, "  %-13s tau %.2f done%s%s\n", j->name,
+			        j->tau, j->failed ? ": FAILED: " : "",
+			        j->failed ? j->err : "");
+		else
+			fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name,
+			        j->ratio, j->failed ? ": FAILED: " : "",
+			        j->failed ? j->err : "");
+	}
+	replay_close(r);
+	free(lg);
+	return NULL;
+}
