@@ -23,7 +23,7 @@ CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
 # the user (NVCCFLAGS=-Werror=all-warnings).
 KVT_NVCCFLAGS := -std=c++17 -O3 $(CUDA_GENCODE) \
                  -Xcompiler -Wall,-Wextra,-fPIC \
-                 -Iinclude -Idaemon -Ikernels/cpu -Ikernels/cuda
+                 -Iinclude -Icore -Idaemon -Ikernels/cpu -Ikernels/cuda
 
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(B)/obj/%.o,$(CUDA_SRC))
@@ -67,7 +67,7 @@ $(B)/obj/tests/kernels/test_cuda_kernels.o: KVT_CFLAGS += -isystem $(CUDA_INC) -
 
 $(CUDA_TESTS): $(B)/obj/tests/kernels/test_cuda_kernels.o \
                $(B)/obj/tests/harness/runner.o \
-               $(call obj,$(KERNEL_SRC) ipc/handle.c) $(ERR_OBJ) | $(CUDA_SO)
+               $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ -L$(B)/lib -lkvtrim-cuda \

@@ -43,7 +43,7 @@ EMU_TOBJ := $(B)/obj/emu/tests/kernels/test_cuda_kernels.o
 # model, which the linker relaxes to the executable's own in the binary).
 EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC \
                 -Wno-unused-parameter -Wno-unknown-pragmas -pthread -MMD -MP \
-                -I$(EMU_DIR)/include -Iinclude -Idaemon -Ikernels/cpu \
+                -I$(EMU_DIR)/include -Iinclude -Icore -Idaemon -Ikernels/cpu \
                 -Ikernels/cuda -Itests/harness -Iipc \
                 $(shell pkg-config --cflags openblas 2>/dev/null)
 ifneq ($(SANITIZER),)
@@ -99,7 +99,7 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 
 $(CUDA_EMU_TESTS): $(EMU_TOBJ) $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
-                   $(call obj,$(KERNEL_SRC) ipc/handle.c) $(ERR_OBJ)
+                   $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CXX) $(KVT_LDFLAGS) $(LDFLAGS) -o $@.tmp $^ $(LDLIBS)
