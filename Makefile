@@ -34,7 +34,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 # every project flag); the project's own go into KVT_CFLAGS / KVT_LDFLAGS.
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
-              -MMD -MP -Iinclude -Icore -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
+              -MMD -MP -Iinclude -Icore -Iipc -Ibackend -Idaemon -Ipolicies -Ikernels/cpu \
               -Iexamples/tinyllm -Iengine -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
@@ -66,6 +66,9 @@ endif
 # every other folder uses; it goes into libkvtrim and everything else.
 CORE_SRC    := $(wildcard core/*.c)
 IPC_SRC     := $(wildcard ipc/*.c)
+# backend/: the cpu backend and the loader of the cuda one (libkvtrim-cuda.so,
+# backend/cuda/cuda.mk); kvtrimd links them.
+BACKEND_SRC := $(wildcard backend/*.c)
 CLIENT_SRC  := $(wildcard client/*.c)
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 POLICY_SRC  := $(wildcard policies/*.c)
@@ -81,7 +84,7 @@ obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 CORE_OBJ   := $(call obj,$(CORE_SRC))
 IPC_OBJ    := $(call obj,$(IPC_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
-DAEMON_OBJ := $(call obj,$(DAEMON_SRC) $(POLICY_SRC) $(KERNEL_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC) $(BACKEND_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
 TINY_OBJ   := $(call obj,$(TINY_SRC))
 ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
@@ -297,7 +300,7 @@ models:
 # outside it.  An existing kvtrimd.conf is never overwritten.
 # libkvtrim-cuda.so, when it was built, goes to $(PREFIX)/lib: the
 # installed kvtrimd and libkvtrim look for it in ../lib beside the
-# executable (daemon/backend.c, client/mem.c).  The docs go to
+# executable (backend/loader.c, client/mem.c).  The docs go to
 # share/doc/kvtrim with README.md, so its docs/ links resolve.
 # `install` builds first; `install-files` only copies what $(B) holds
 # (the integration test installs into a scratch prefix with it).
@@ -437,7 +440,7 @@ clean:
 	rm -rf build
 
 # The CUDA backend and kernels (built only when nvcc is found); see the file.
--include kernels/cuda/cuda.mk
+-include backend/cuda/cuda.mk
 -include tests/kernels/emu/emu.mk
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,5 +1,5 @@
 /*
- * backend_cuda.cu — the cuda backend of daemon/backend.h, the one symbol
+ * backend_cuda.cu — the cuda backend of backend/backend.h, the one symbol
  * libkvtrim-cuda.so exports (kvt_cuda_backend_v1).  kvtrimd loads it with
  * dlopen, so only this library links the CUDA runtime and cuBLAS; the
  * driver API (cuMem*) is reached through cudaGetDriverEntryPointByVersion,

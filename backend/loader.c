@@ -1,5 +1,5 @@
 /*
- * backend.c — picks the backend at start (see backend.h).  The cuda
+ * loader.c — picks the backend at start (see backend.h).  The cuda
  * backend is a separate shared object found and loaded here with dlopen,
  * so this file, and everything linked with it, needs no CUDA library: a
  * machine without driver, toolkit or GPU gets a clear refusal for
