@@ -34,7 +34,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 # every project flag); the project's own go into KVT_CFLAGS / KVT_LDFLAGS.
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
-              -MMD -MP -Iinclude -Iipc -Idaemon -Ipolicies -Ikernels/cpu \
+              -MMD -MP -Iinclude -Icore -Iipc -Ibackend -Idaemon -Ipolicies -Ikernels/cpu \
               -Iexamples/tinyllm -Iengine -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
@@ -62,7 +62,13 @@ HAVE_CUDA := 0
 endif
 
 # ---- sources
+# core/: the ground floor (errors, dtypes, page arithmetic, clocks) that
+# every other folder uses; it goes into libkvtrim and everything else.
+CORE_SRC    := $(wildcard core/*.c)
 IPC_SRC     := $(wildcard ipc/*.c)
+# backend/: the cpu backend and the loader of the cuda one (libkvtrim-cuda.so,
+# backend/cuda/cuda.mk); kvtrimd links them.
+BACKEND_SRC := $(wildcard backend/*.c)
 CLIENT_SRC  := $(wildcard client/*.c)
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 POLICY_SRC  := $(wildcard policies/*.c)
@@ -75,10 +81,10 @@ ENGINE_SRC  := $(wildcard engine/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
+CORE_OBJ   := $(call obj,$(CORE_SRC))
 IPC_OBJ    := $(call obj,$(IPC_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
-CORE_OBJ   := $(call obj,$(DAEMON_SRC) $(POLICY_SRC) $(KERNEL_SRC))
-ERR_OBJ    := $(call obj,client/errors.c)
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC) $(BACKEND_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
 TINY_OBJ   := $(call obj,$(TINY_SRC))
 ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
@@ -125,7 +131,7 @@ $(B)/obj/%.o: %.c
 	@$(if $(Q),echo "  CC    $<")
 	$(Q)$(CC) $(KVT_CFLAGS) $(CFLAGS) -c $< -o $@
 
-$(LIB_SO): $(CLIENT_OBJ) $(IPC_OBJ)
+$(LIB_SO): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) -shared $(KVT_LDFLAGS) $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 -o $@ $^ $(LDLIBS)
@@ -137,11 +143,11 @@ $(LIB_SO0): $(LIB_SO)
 
 # The installed static library exposes only kvt_* (as libkvtrim.so does), so
 # an engine with its own mem_init or codec_* links against it: the client and
-# ipc objects (built with -fvisibility=hidden, KVT_API marks the public
+# ipc and core objects (built with -fvisibility=hidden, KVT_API marks the public
 # functions) become one relocatable object whose hidden symbols are made
 # local.  The programs of this tree use the internal functions too and
 # link the plain archive of the same objects, $(LIB_INT), never installed.
-$(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ)
+$(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR    $@")
 	$(Q)rm -f $@ $(B)/lib/kvtrim.o && \
@@ -149,7 +155,7 @@ $(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ)
 	  objcopy --localize-hidden $(B)/lib/kvtrim.o && \
 	  ar rcs $@ $(B)/lib/kvtrim.o && rm -f $(B)/lib/kvtrim.o
 
-$(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ)
+$(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR    $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -162,7 +168,7 @@ $(LIB_PC): FORCE
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 FORCE:
 
-$(DAEMON): $(B)/obj/daemon/main.o $(CORE_OBJ) $(IPC_OBJ) $(ERR_OBJ)
+$(DAEMON): $(B)/obj/daemon/main.o $(DAEMON_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -182,7 +188,7 @@ $(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 
 # hostile.c's adversaries use the integration-test helpers (daemon.c).
 $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/daemon.c) \
-          $(CORE_OBJ) $(LIB_INT)
+          $(DAEMON_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -194,7 +200,7 @@ $(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(CORE_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_INT)
+$(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -304,7 +310,7 @@ models-if-reachable:
 # outside it.  An existing kvtrimd.conf is never overwritten.
 # libkvtrim-cuda.so, when it was built, goes to $(PREFIX)/lib: the
 # installed kvtrimd and libkvtrim look for it in ../lib beside the
-# executable (daemon/backend.c, client/mem.c).  The docs go to
+# executable (backend/loader.c, client/mem.c).  The docs go to
 # share/doc/kvtrim with README.md, so its docs/ links resolve.
 # `install` builds first; `install-files` only copies what $(B) holds
 # (the integration test installs into a scratch prefix with it).
@@ -382,23 +388,27 @@ FUZZ_SECONDS ?= 600
 FUZZ_JOBS    ?= 1
 FUZZ_MERGE   ?= 0
 FUZZ_CC      ?= clang
-FUZZ_TARGETS := codec config weights
+FUZZ_TARGETS := codec config weights gguf
 FUZZ_B       := build/fuzz
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-                -Iinclude -Iipc -Iclient -Idaemon -Ipolicies -Ikernels/cpu
-FUZZ_HDRS    := $(wildcard include/*.h ipc/*.h daemon/config.h daemon/log.h \
-                  policies/weights.h kernels/cpu/kernels.h)
+                -Iinclude -Icore -Iipc -Idaemon -Ipolicies -Ikernels/cpu -Iengine
+FUZZ_HDRS    := $(wildcard include/*.h core/*.h ipc/*.h daemon/config.h daemon/log.h \
+                  policies/weights.h kernels/cpu/kernels.h engine/gguf.h \
+                  engine/tokenizer.h)
 CODEC_SRC        := ipc/codec.c ipc/codec_decode.c ipc/codec_encode.c \
                     ipc/codec_scan.c ipc/codec_row.c
-FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c $(CODEC_SRC) client/errors.c
+FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c $(CODEC_SRC) core/errors.c
 FUZZ_LIB_codec   := -lmsgpackc
 FUZZ_SRC_config  := tests/fuzz/fuzz_config.c daemon/config.c daemon/log.c \
-                    client/errors.c
+                    core/errors.c core/now.c
 FUZZ_LIB_config  :=
 FUZZ_SRC_weights := tests/fuzz/fuzz_weights.c policies/weights.c \
-                    kernels/cpu/dtype.c client/errors.c
+                    core/dtype.c core/errors.c
 FUZZ_LIB_weights := -lcjson -lm
+FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(wildcard engine/gguf*.c) \
+                    engine/tokenizer.c core/dtype.c core/errors.c
+FUZZ_LIB_gguf    := -lm
 FUZZ_BINS := $(addprefix $(FUZZ_B)/fuzz_,$(FUZZ_TARGETS))
 
 .PHONY: fuzz fuzz-deps fuzz-build fuzz-seeds soak
@@ -419,12 +429,13 @@ $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDRS) Makefile
 $(FUZZ_B)/fuzz_codec: $(FUZZ_SRC_codec)
 $(FUZZ_B)/fuzz_config: $(FUZZ_SRC_config)
 $(FUZZ_B)/fuzz_weights: $(FUZZ_SRC_weights)
+$(FUZZ_B)/fuzz_gguf: $(FUZZ_SRC_gguf)
 
 $(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c $(CODEC_SRC) policies/weights.c \
-                     kernels/cpu/dtype.c client/errors.c $(FUZZ_HDRS)
+                     core/dtype.c core/errors.c $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Iipc -Iclient -Ipolicies \
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Icore -Iipc -Ipolicies \
 	  -Ikernels/cpu -o $@ $(filter %.c,$^) -lmsgpackc -lcjson -lm
 
 fuzz-build: fuzz-deps
@@ -446,7 +457,7 @@ clean:
 	rm -rf build
 
 # The CUDA backend and kernels (built only when nvcc is found); see the file.
--include kernels/cuda/cuda.mk
+-include backend/cuda/cuda.mk
 -include tests/kernels/emu/emu.mk
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -8,6 +8,7 @@
  */
 #include "errors.h"
 #include "mem.h"
+#include "page.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -500,9 +501,9 @@ int mem_apply(struct mem *m, const struct handle_ext *h, int fd, char *err,
 
 void *mem_page(const struct mem *m, uint32_t page)
 {
-	uint32_t slot = page / m->g.pages_per_chunk;
+	uint32_t slot = page_chunk(page, m->g.pages_per_chunk);
 	if (slot >= m->n_chunks || !m->bases[slot])
 		return NULL;
 	return (char *)m->bases[slot] +
-	       (uint64_t)(page % m->g.pages_per_chunk) * m->g.page_bytes;
+	       page_offset(page, m->g.pages_per_chunk, m->g.page_bytes);
 }

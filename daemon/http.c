@@ -68,10 +68,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include <uv.h>
 
 #include "kvtrim.h"
 #include "log.h"
+#include "now.h"
 
 #define HTTP_CONN_TIMEOUT_S 10      /* idle: no byte moved for this long */
 #define HTTP_REPLY_TIMEOUT_MS 10000 /* rule 2 */
@@ -125,11 +125,6 @@ struct http {
 	char path[PATH_MAX];
 };
 
-static uint64_t http_now_ms(void)
-{
-	return uv_hrtime() / 1000000;
-}
-
 /* ------------------------------------------------------- connection lists */
 
 static void http_list_add(struct http_list *l, struct http_conn *c)
@@ -168,7 +163,7 @@ static void http_conn_move(struct http_lsn *l, struct http_conn *c,
 {
 	http_list_del(http_list_of(l, c), c);
 	c->state = st;
-	c->since_ms = http_now_ms();
+	c->since_ms = now_ms();
 	http_list_add(http_list_of(l, c), c);
 }
 
@@ -227,7 +222,7 @@ static void http_notify(void *cls, struct MHD_Connection *mc, void **sctx,
 	*sctx = c;
 	c->mc = mc;
 	c->state = HTTP_WAITING;
-	c->since_ms = http_now_ms();
+	c->since_ms = now_ms();
 	http_list_add(&l->waiting, c);
 	if (++l->live > l->h->max_conns)
 		http_conn_close(l, l->waiting.head, &l->h->dropped);
@@ -263,7 +258,7 @@ static void http_sweep(struct http_lsn *l, uint64_t now)
 static void http_log(void *cls, const char *fmt, va_list ap)
 {
 	struct http *h = cls;
-	uint64_t now = http_now_ms();
+	uint64_t now = now_ms();
 	if (now < h->mhd_next_ms) {
 		h->mhd_suppressed++;
 		return;
@@ -460,16 +455,16 @@ static void *http_main(void *arg)
 				p[n++] = (struct pollfd){.fd = h->lsn[i].epfd,
 				                         .events = POLLIN};
 		/* Errors (EINTR) only mean another pass. */
-		(void)poll(p, n, http_wait_ms(h, http_now_ms()));
+		(void)poll(p, n, http_wait_ms(h, now_ms()));
 		if (p[0].revents)
 			return NULL;
 		for (int i = 0; i < 2; i++) {
 			if (!h->lsn[i].d)
 				continue;
 			MHD_run(h->lsn[i].d);
-			http_sweep(&h->lsn[i], http_now_ms());
+			http_sweep(&h->lsn[i], now_ms());
 		}
-		http_report(h, http_now_ms());
+		http_report(h, now_ms());
 	}
 }
 

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "errors.h"
-#include "kernels.h"
+#include "dtype.h"
 #include "kvtrim.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

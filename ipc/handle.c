@@ -17,10 +17,10 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvtrim.h"
+#include "now.h"
 
 /* Room for more fds than any packet may carry, so that extra fds arrive
  * (and get closed) instead of being cut off with MSG_CTRUNC. */
@@ -218,13 +218,6 @@ int handle_send_ext(int sock, const struct handle_ext *m, int fd)
 	return send_packet(sock, &m->h, sizeof(*m), fd);
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Waits until sock is readable; 0, KVT_ETIMEDOUT or KVT_ESYS.  A deadline
  * (not a fixed timeout per poll) keeps EINTR from stretching the wait. */
 static int wait_readable(int sock, int timeout_ms, int64_t deadline)
@@ -233,7 +226,7 @@ static int wait_readable(int sock, int timeout_ms, int64_t deadline)
 		struct pollfd p = {.fd = sock, .events = POLLIN};
 		int left = -1;
 		if (timeout_ms >= 0) {
-			int64_t d = deadline - now_ms();
+			int64_t d = deadline - (int64_t)now_ms();
 			left = d > 0 ? (int)d : 0;
 		}
 		int r = poll(&p, 1, left);
@@ -262,7 +255,7 @@ static int recv_packet(int sock, struct handle_ext *m, int *fd, int timeout_ms,
 	} ctl;
 	int fds[HANDLE_MAX_FDS];
 	int nfds = 0, rc;
-	int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+	int64_t deadline = timeout_ms > 0 ? (int64_t)now_ms() + timeout_ms : 0;
 	ssize_t n;
 	struct msghdr mh;
 

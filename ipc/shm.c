@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "page.h"
+
 #define SHM_ALIGN 64u
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -57,7 +59,7 @@ int shm_geom_init(struct shm_geom *g, const struct kvt_geometry *geo,
 	g->headroom = headroom;
 	g->stage_tokens = stage_tokens;
 	g->elem_bytes = (uint32_t)es;
-	g->page_bytes = 2ull * page_tokens * geo->head_dim * es;
+	g->page_bytes = page_nbytes(page_tokens, geo->head_dim, es);
 	if (g->page_bytes > KVT_CHUNK_BYTES)
 		return bad(err, errlen, "one page is larger than a 2 MiB chunk");
 	g->pages_per_chunk = (uint32_t)(KVT_CHUNK_BYTES / g->page_bytes);

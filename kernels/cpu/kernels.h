@@ -18,15 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h" /* the ops convert pages with dtype_to_f32 / _from_f32 */
 #include "kvtrim.h"
-
-/* ---------------------------------------------------------------- dtype */
-
-/* Converts n elements of dtype dt to float32 (f16 is IEEE half, bf16 the top
- * half of a float32). */
-void dtype_to_f32(const void *src, enum kvt_dtype dt, float *dst, size_t n);
-/* float32 to dtype, round to nearest even; NaN stays NaN. */
-void dtype_from_f32(const float *src, enum kvt_dtype dt, void *dst, size_t n);
 
 /* ---------------------------------------------------------------- append_kv */
 

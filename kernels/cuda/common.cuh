@@ -118,7 +118,7 @@ static inline int common_sm_count(void)
 /* ------------------------------------------------------------- dtypes */
 
 /* Bytes per element, 0 for an unknown dtype (kvt_dtype_size lives in
- * libkvtrim, which this library does not link). */
+ * core/dtype.c, which this library does not link). */
 static inline uint32_t common_dt_size(enum kvt_dtype dt)
 {
 	switch (dt) {

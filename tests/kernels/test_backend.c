@@ -1,5 +1,5 @@
 /*
- * test_backend.c — backend selection (daemon/backend.c) in the normal
+ * test_backend.c — backend selection (backend/loader.c) in the normal
  * suite, which links no CUDA: "cuda" must fail with a clear reason where
  * there is no library, driver or device, "auto" must then pick cpu, and
  * the cpu backend's chunks behave as the pool's always did.  On a GPU host

@@ -3,7 +3,7 @@
  * emulator (docs/cuda.md, "CPU emulation of the kernels"), which
  * cudaGetDriverEntryPointByVersion (runtime.cc) hands out under their
  * driver names, with the PFN_* types of include/cudaTypedefs.h: what
- * kernels/cuda/backend_cuda.cu needs for its vmm mode.
+ * backend/cuda/ needs for its vmm mode.
  *
  *   cuMemCreate               a memfd of the size (MFD_CLOEXEC), filled
  *                             with 0xff bytes like cudaMalloc's memory

@@ -1,5 +1,5 @@
 # tests/kernels/emu/emu.mk — the CUDA kernels on the CPU, included by the
-# top-level Makefile after kernels/cuda/cuda.mk.  Builds
+# top-level Makefile after backend/cuda/cuda.mk.  Builds
 #   $(B)/bin/kvtrim-cuda-emu-tests
 # the same tests/kernels/test_cuda_kernels.c as kvtrim-cuda-tests, but
 # against kernels/cuda/*.cu compiled by g++ under the emulator of this
@@ -8,9 +8,10 @@
 # needs neither nvcc nor any CUDA header or library, works with
 # SANITIZER=address (build/san-address/), and is part of `all`.
 #
-# backend_cuda.cu is in too, in its vmm mode by default (driver.cc
-# emulates the driver's VMM calls with memfds) and in legacy-IPC mode with
-# KVTRIM_CUDA_SHARE=ipc; the tests that fork an importer run in both.
+# The cuda backend (backend/cuda/*.cu) is in too, in its vmm mode by
+# default (driver.cc emulates the driver's VMM calls with memfds) and in
+# legacy-IPC mode with KVTRIM_CUDA_SHARE=ipc; the tests that fork an
+# importer run in both.
 #
 # Outside sanitizer builds it also links the same objects (less the
 # emulator's own tests) into
@@ -19,7 +20,7 @@
 # dlopen (KVTRIM_CUDA_LIB): `make test` runs the integration suite on it,
 # daemon and engines in separate processes sharing emulated device memory
 # through memfds (docs/cuda.md).  It exports what the real library does
-# (kernels/cuda/exports.map) and needs no CUDA library.
+# (backend/cuda/exports.map) and needs no CUDA library.
 #
 # The binary runs the full shape list of the GPU run; about 21 s on two
 # cores (60 s under ASan).  At run time, KVT_EMU_ORDER=reverse runs a
@@ -29,9 +30,8 @@
 CXX ?= g++
 
 EMU_DIR  := tests/kernels/emu
-EMU_KSRC := $(wildcard kernels/cuda/*.cu)
-EMU_KOBJ := $(patsubst kernels/cuda/%.cu,$(B)/obj/emu/kernels/cuda/%.o, \
-              $(EMU_KSRC))
+EMU_KSRC := $(wildcard kernels/cuda/*.cu backend/cuda/*.cu)
+EMU_KOBJ := $(patsubst %.cu,$(B)/obj/emu/%.o,$(EMU_KSRC))
 EMU_ROBJ := $(patsubst %.cc,$(B)/obj/%.o,$(wildcard $(EMU_DIR)/*.cc))
 EMU_TOBJ := $(B)/obj/emu/tests/kernels/test_cuda_kernels.o
 
@@ -43,7 +43,7 @@ EMU_TOBJ := $(B)/obj/emu/tests/kernels/test_cuda_kernels.o
 # model, which the linker relaxes to the executable's own in the binary).
 EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC \
                 -Wno-unused-parameter -Wno-unknown-pragmas -pthread -MMD -MP \
-                -I$(EMU_DIR)/include -Iinclude -Idaemon -Ikernels/cpu \
+                -I$(EMU_DIR)/include -Iinclude -Icore -Ibackend -Ikernels/cpu \
                 -Ikernels/cuda -Itests/harness -Iipc \
                 $(shell pkg-config --cflags openblas 2>/dev/null)
 ifneq ($(SANITIZER),)
@@ -60,13 +60,13 @@ all: $(CUDA_EMU_TESTS)
 
 # The wrapper is the .cu plus its __launch_bounds__ (see wrap.awk); kept,
 # or make would delete it as an intermediate and rebuild it next time.
-.PRECIOUS: $(B)/obj/emu/kernels/cuda/%.cc
-$(B)/obj/emu/kernels/cuda/%.cc: kernels/cuda/%.cu $(EMU_DIR)/wrap.awk
+.PRECIOUS: $(B)/obj/emu/%.cc
+$(B)/obj/emu/%.cc: %.cu $(EMU_DIR)/wrap.awk
 	@mkdir -p $(dir $@)
 	$(Q)awk -f $(EMU_DIR)/wrap.awk $< > $@.tmp && mv $@.tmp $@
 
-$(B)/obj/emu/kernels/cuda/%.o: $(B)/obj/emu/kernels/cuda/%.cc
-	@$(if $(Q),echo "  EMU   kernels/cuda/$*.cu")
+$(B)/obj/emu/%.o: $(B)/obj/emu/%.cc
+	@$(if $(Q),echo "  EMU   $*.cu")
 	$(Q)$(CXX) -x c++ -include $(EMU_DIR)/emu.h -iquote . $(EMU_CXXFLAGS) \
 	  $(CFLAGS) -c $< -o $@
 
@@ -99,7 +99,7 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 
 $(CUDA_EMU_TESTS): $(EMU_TOBJ) $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
-                   $(call obj,$(KERNEL_SRC) ipc/handle.c) $(ERR_OBJ)
+                   $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CXX) $(KVT_LDFLAGS) $(LDFLAGS) -o $@.tmp $^ $(LDLIBS)
@@ -114,11 +114,11 @@ CUDA_EMU_LIB := $(B)/lib/emu/libkvtrim-cuda.so
 all: $(CUDA_EMU_LIB)
 
 $(CUDA_EMU_LIB): $(EMU_KOBJ) $(filter-out %/test_emu.o,$(EMU_ROBJ)) \
-                 kernels/cuda/exports.map
+                 backend/cuda/exports.map
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CXX) -shared -Wl,--no-undefined $(KVT_LDFLAGS) $(LDFLAGS) \
-	  -Wl,--version-script=kernels/cuda/exports.map \
+	  -Wl,--version-script=backend/cuda/exports.map \
 	  -Wl,-soname,libkvtrim-cuda.so -o $@.tmp $(filter %.o,$^) \
 	  $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas) \
 	  -pthread

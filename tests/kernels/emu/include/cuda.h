@@ -2,7 +2,7 @@
  * cuda.h — stand-in for the CUDA driver API header in the CPU emulation
  * (tests/kernels/emu/, docs/cuda.md "CPU emulation of the kernels"): the
  * types and constants of the virtual memory management calls that
- * kernels/cuda/backend_cuda.cu names, with the toolkit's names and numbers.
+ * backend/cuda/ names, with the toolkit's names and numbers.
  * No driver function is declared: the backend reaches them only through
  * cudaGetDriverEntryPointByVersion, which the emulator answers with its
  * own VMM calls (tests/kernels/emu/driver.cc).

@@ -1,7 +1,7 @@
 /*
  * cudaTypedefs.h — stand-in for the toolkit's typedefs of driver entry
  * points, in the CPU emulation (tests/kernels/emu/, docs/cuda.md): the
- * PFN_* types that kernels/cuda/backend_cuda.cu casts the results of
+ * PFN_* types that backend/cuda/ casts the results of
  * cudaGetDriverEntryPointByVersion to, with the toolkit's signatures.  The
  * emulator's cudaGetDriverEntryPointByVersion returns its own functions of
  * these types (tests/kernels/emu/driver.cc).

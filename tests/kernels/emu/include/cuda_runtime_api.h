@@ -12,7 +12,7 @@
  * to skip what the emulator does not provide (two processes sharing device
  * memory) and to reach kvt_emu_set_event_lag below.
  *
- * The part that kernels/cuda/backend_cuda.cu needs is here too: pinned host
+ * The part that backend/cuda/ needs is here too: pinned host
  * memory, interprocess events and legacy IPC memory handles (usable within
  * the one process), cudaMemcpyDefault, and a driver-entry-point lookup that
  * finds nothing (no driver API, so no VMM: the backend uses ipc mode).
@@ -133,7 +133,7 @@ cudaError_t cudaPeekAtLastError(void);
 cudaError_t cudaDriverGetVersion(int *version);
 cudaError_t cudaRuntimeGetVersion(int *version);
 /* The driver API is the VMM calls of tests/kernels/emu/driver.cc (the
- * cuMem* that kernels/cuda/backend_cuda.cu uses, cuDeviceGet,
+ * cuMem* that backend/cuda/ uses, cuDeviceGet,
  * cuDeviceGetAttribute, cuGetErrorString): *funcPtr is the emulator's
  * function and *driverStatus cudaDriverEntryPointSuccess.  Any other
  * symbol, or any at all after kvt_emu_set_driver(KVT_EMU_DRIVER_NONE),

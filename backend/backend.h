@@ -2,9 +2,9 @@
  * backend.h — where kvtrimd's KV memory lives and how it is shared: one
  * const table of function pointers per backend (DESIGN.md section 2).
  *
- *   cpu   daemon/backend_cpu.c, always built in.  A chunk is a sealed memfd
+ *   cpu   backend/cpu.c, always built in.  A chunk is a sealed memfd
  *         mapped into the daemon; the owning client maps the same fd.
- *   cuda  libkvtrim-cuda.so (kernels/cuda/backend_cuda.cu), loaded with
+ *   cuda  libkvtrim-cuda.so (backend/cuda/), loaded with
  *         dlopen by backend_open() so that kvtrimd and libkvtrim never link
  *         libcuda or libcudart and start on any machine.  A chunk is a
  *         CUDA VMM allocation exported as a POSIX fd ("vmm" mode), or a
@@ -212,7 +212,7 @@ struct kvt_backend_ops {
 int backend_open(const char *name, const struct kvt_backend_ops **out,
                  char *err, size_t errlen);
 
-/* The cpu backend (daemon/backend_cpu.c). */
+/* The cpu backend (backend/cpu.c). */
 extern const struct kvt_backend_ops backend_cpu;
 
 #ifdef __cplusplus

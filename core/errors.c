@@ -1,5 +1,5 @@
-/* errors.c — the error list's strings and dtype sizes (public kvt_ API),
- * and the shared reason formatter (errors.h). */
+/* errors.c — the error list's strings (public kvt_ API) and the shared
+ * reason formatter (errors.h). */
 #include "errors.h"
 
 #include <stdarg.h>
@@ -62,16 +62,4 @@ const char *kvt_errname(int err)
 #undef KVT_ERR_NAME_
 	}
 	return "E?";
-}
-
-size_t kvt_dtype_size(enum kvt_dtype dt)
-{
-	switch (dt) {
-	case KVT_DTYPE_F32:
-		return 4;
-	case KVT_DTYPE_F16:
-	case KVT_DTYPE_BF16:
-		return 2;
-	}
-	return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * backend_cpu.c — the cpu backend (see backend.h): pool chunks are sealed
+ * cpu.c — the cpu backend (see backend.h): pool chunks are sealed
  * memfds mapped into the daemon and, by the owning tenant only, into its
  * client; compaction runs compact_cpu in the calling thread.  No device,
  * no streams, no events.

@@ -1,7 +1,7 @@
-# kernels/cuda/cuda.mk — the CUDA backend and kernels, included by the
-# top-level Makefile.  Built only when nvcc is found (HAVE_CUDA=1; USE_CUDA=
-# yes|no|auto decides), into:
-#   $(B)/lib/libkvtrim-cuda.so    kernels + backend_cuda (dlopen'd by kvtrimd;
+# backend/cuda/cuda.mk — the CUDA backend (backend/cuda/) and kernels
+# (kernels/cuda/), included by the top-level Makefile.  Built only when nvcc
+# is found (HAVE_CUDA=1; USE_CUDA=yes|no|auto decides), into:
+#   $(B)/lib/libkvtrim-cuda.so    kernels + the backend (dlopen'd by kvtrimd;
 #                                 exports kvt_cuda_backend_v1 and *_cuda only)
 #   $(B)/bin/kvtrim-cuda-tests    CPU-vs-CUDA kernel tests (skip without GPU)
 #   $(B)/bin/kvtrim-cuda-bench    GPU benchmarks against their floors
@@ -23,9 +23,9 @@ CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
 # the user (NVCCFLAGS=-Werror=all-warnings).
 KVT_NVCCFLAGS := -std=c++17 -O3 $(CUDA_GENCODE) \
                  -Xcompiler -Wall,-Wextra,-fPIC \
-                 -Iinclude -Idaemon -Ikernels/cpu -Ikernels/cuda
+                 -Iinclude -Icore -Ibackend -Ikernels/cpu -Ikernels/cuda
 
-CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
+CUDA_SRC   := $(wildcard kernels/cuda/*.cu backend/cuda/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(B)/obj/%.o,$(CUDA_SRC))
 CUDA_SO    := $(B)/lib/libkvtrim-cuda.so
 CUDA_TESTS := $(B)/bin/kvtrim-cuda-tests
@@ -49,16 +49,21 @@ $(B)/obj/kernels/cuda/%.o: kernels/cuda/%.cu
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
+$(B)/obj/backend/cuda/%.o: backend/cuda/%.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
 $(B)/obj/tests/kernels/bench_cuda.o: tests/kernels/bench_cuda.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
-$(CUDA_SO): $(CUDA_OBJ) kernels/cuda/exports.map
+$(CUDA_SO): $(CUDA_OBJ) backend/cuda/exports.map
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(NVCC) -shared -cudart shared -o $@ $(CUDA_OBJ) \
-	  -Xlinker --version-script=kernels/cuda/exports.map \
+	  -Xlinker --version-script=backend/cuda/exports.map \
 	  -Xlinker -soname,libkvtrim-cuda.so \
 	  -Xlinker -rpath,$(CUDA_LIBDIR) -lcublas
 
@@ -67,7 +72,7 @@ $(B)/obj/tests/kernels/test_cuda_kernels.o: KVT_CFLAGS += -isystem $(CUDA_INC) -
 
 $(CUDA_TESTS): $(B)/obj/tests/kernels/test_cuda_kernels.o \
                $(B)/obj/tests/harness/runner.o \
-               $(call obj,$(KERNEL_SRC) ipc/handle.c) $(ERR_OBJ) | $(CUDA_SO)
+               $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ -L$(B)/lib -lkvtrim-cuda \

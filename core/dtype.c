@@ -1,14 +1,28 @@
 /*
- * dtype.c — float32 <-> f16 / bf16 conversion (CPU reference); see kernels.h.
+ * dtype.c — element sizes (kvt_dtype_size, public) and float32 <-> f16 /
+ * bf16 conversion (CPU reference); see dtype.h.
  *
  * Pure bit manipulation, so results do not depend on the FPU rounding mode
  * or on F16C being present, and the CUDA twins (__float2half_rn,
  * __float2bfloat16_rn) must match it bit for bit.  Tested in
  * tests/unit/test_kernels.c (`kvtrim-tests kernels`).
  */
-#include "kernels.h"
+#include "dtype.h"
 
+#include <stdint.h>
 #include <string.h>
+
+size_t kvt_dtype_size(enum kvt_dtype dt)
+{
+	switch (dt) {
+	case KVT_DTYPE_F32:
+		return 4;
+	case KVT_DTYPE_F16:
+	case KVT_DTYPE_BF16:
+		return 2;
+	}
+	return 0;
+}
 
 static inline uint32_t f32_bits(float f)
 {

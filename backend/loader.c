@@ -1,5 +1,5 @@
 /*
- * backend.c — picks the backend at start (see backend.h).  The cuda
+ * loader.c — picks the backend at start (see backend.h).  The cuda
  * backend is a separate shared object found and loaded here with dlopen,
  * so this file, and everything linked with it, needs no CUDA library: a
  * machine without driver, toolkit or GPU gets a clear refusal for
@@ -9,24 +9,12 @@
 
 #include <dlfcn.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static void berr(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void berr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
+#include "errors.h"
 
 /* dlopen's message, shortened to what an operator needs: a missing driver
  * library is named as such. */
@@ -81,9 +69,9 @@ static int cuda_load(const struct kvt_backend_ops **out, char *err,
 		h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
 		if (!h) {
 			cuda_dl_reason(dlerror(), reason, sizeof(reason));
-			berr(err, errlen, "cuda backend: %s (KVTRIM_CUDA_LIB=%s)",
-			     reason, env);
-			return KVT_ENOTSUP;
+			return errors_fmt(err, errlen, KVT_ENOTSUP,
+			                  "cuda backend: %s (KVTRIM_CUDA_LIB=%s)",
+			                  reason, env);
 		}
 	} else {
 		if (beside_exe(KVT_BACKEND_CUDA_LIB, path, sizeof(path)) == 0 &&
@@ -108,21 +96,22 @@ static int cuda_load(const struct kvt_backend_ops **out, char *err,
 			}
 		}
 		if (!h) {
-			berr(err, errlen, "cuda backend: %s", reason);
-			return KVT_ENOTSUP;
+			return errors_fmt(err, errlen, KVT_ENOTSUP,
+			                  "cuda backend: %s", reason);
 		}
 	}
 	const struct kvt_backend_ops *ops = dlsym(h, KVT_BACKEND_CUDA_SYMBOL);
 	if (!ops) {
-		berr(err, errlen, "cuda backend: %s has no symbol %s",
-		     KVT_BACKEND_CUDA_LIB, KVT_BACKEND_CUDA_SYMBOL);
 		dlclose(h);
-		return KVT_ENOTSUP;
+		return errors_fmt(err, errlen, KVT_ENOTSUP,
+		                  "cuda backend: %s has no symbol %s",
+		                  KVT_BACKEND_CUDA_LIB, KVT_BACKEND_CUDA_SYMBOL);
 	}
 	if (ops->abi != KVT_BACKEND_ABI) {
-		berr(err, errlen, "cuda backend: %s was built for another "
-		     "kvtrimd (backend ABI %u, expected %u)",
-		     KVT_BACKEND_CUDA_LIB, ops->abi, KVT_BACKEND_ABI);
+		/* the text first: ops lives in the library dlclose unmaps */
+		errors_fmt(err, errlen, KVT_ENOTSUP, "cuda backend: %s was built "
+		           "for another kvtrimd (backend ABI %u, expected %u)",
+		           KVT_BACKEND_CUDA_LIB, ops->abi, KVT_BACKEND_ABI);
 		dlclose(h);
 		return KVT_ENOTSUP;
 	}
@@ -142,13 +131,12 @@ static int cuda_usable(const struct kvt_backend_ops **out, char *err,
 		return rv;
 	why[0] = '\0';
 	if ((rv = ops->probe(why, sizeof(why)))) {
-		berr(err, errlen, "cuda backend: %s",
-		     why[0] ? why : "probe failed");
-		return KVT_ENOTSUP;
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "cuda backend: %s",
+		                  why[0] ? why : "probe failed");
 	}
 	if (ops->device_count(&n) || n <= 0) {
-		berr(err, errlen, "cuda backend: no CUDA device");
-		return KVT_ENOTSUP;
+		return errors_fmt(err, errlen, KVT_ENOTSUP,
+		                  "cuda backend: no CUDA device");
 	}
 	*out = ops;
 	return 0;
@@ -163,9 +151,9 @@ int backend_open(const char *name, const struct kvt_backend_ops **out,
 		char why[384];
 		if (cuda_usable(out, why, sizeof(why)) == 0)
 			return 0;
-		berr(err, errlen, "%s; using the cpu backend", why);
 		*out = &backend_cpu;
-		return 0;
+		return errors_fmt(err, errlen, 0, "%s; using the cpu backend",
+		                  why);
 	}
 	if (!strcmp(name, "cpu")) {
 		*out = &backend_cpu;
@@ -173,6 +161,6 @@ int backend_open(const char *name, const struct kvt_backend_ops **out,
 	}
 	if (!strcmp(name, "cuda"))
 		return cuda_usable(out, err, errlen);
-	berr(err, errlen, "unknown backend '%s' (auto, cpu or cuda)", name);
-	return KVT_EINVAL;
+	return errors_fmt(err, errlen, KVT_EINVAL,
+	                  "unknown backend '%s' (auto, cpu or cuda)", name);
 }

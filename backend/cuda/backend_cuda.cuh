@@ -1,0 +1,167 @@
+/*
+ * backend_cuda.cuh — what the files of the cuda backend (backend/cuda/)
+ * share: the context, the driver entry points, the error text and the ops
+ * each file implements for the table in backend_cuda.cu.  Internal to
+ * libkvtrim-cuda.so: exports.map keeps every bc_* symbol local, so the
+ * library still exports only kvt_cuda_backend_v1 and the kernels'
+ * launchers.
+ *
+ * Errors: every int function returns 0 or a negative KVT_E* code and, on
+ * failure, leaves the reason in bc_err (bc_note), which last_error()
+ * returns.  Threads: see backend_cuda.cu.
+ */
+#ifndef KVT_BACKEND_CUDA_CUH
+#define KVT_BACKEND_CUDA_CUH
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "common.cuh"
+
+/* ------------------------------------------------------------ errors */
+
+/* The text of the last failure (backend_cuda.cu).  The emulator fills its
+ * own thread-local block before every thread block it runs (its
+ * __shared__ variables live there) and lets one host thread at a time in,
+ * so there the text is a plain global. */
+#ifdef KVT_CUDA_EMU
+extern char bc_err[256];
+#else
+extern __thread char bc_err[256];
+#endif
+
+/* Writes the reason into bc_err. */
+void bc_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* 0 for cudaSuccess; else notes "what: error string", clears a non-sticky
+ * error and returns its KVT_E* code (common_err). */
+int bc_cuda(cudaError_t e, const char *what);
+/* The same for a driver API result. */
+int bc_cu(CUresult r, const char *what);
+
+#define BC_CALL(expr, what)                                                    \
+	do {                                                                   \
+		int rv_ = bc_cuda((expr), (what));                             \
+		if (rv_)                                                       \
+			return rv_;                                            \
+	} while (0)
+
+#define BC_CU(expr, what)                                                      \
+	do {                                                                   \
+		int rv_ = bc_cu((expr), (what));                               \
+		if (rv_)                                                       \
+			return rv_;                                            \
+	} while (0)
+
+/* -------------------------------------------------------- driver API */
+
+/* The driver's cuMem* entry points (driver.cu), reached through
+ * cudaGetDriverEntryPointByVersion so that no file links libcuda. */
+struct bc_drv {
+	int loaded;
+	PFN_cuGetErrorString_v6000 getErrorString;
+	PFN_cuDeviceGet_v2000 deviceGet;
+	PFN_cuDeviceGetAttribute_v2000 deviceGetAttribute;
+	PFN_cuMemGetAllocationGranularity_v10020 granularity;
+	PFN_cuMemCreate_v10020 create;
+	PFN_cuMemRelease_v10020 release;
+	PFN_cuMemExportToShareableHandle_v10020 exportHandle;
+	PFN_cuMemImportFromShareableHandle_v10020 importHandle;
+	PFN_cuMemAddressReserve_v10020 reserve;
+	PFN_cuMemAddressFree_v10020 addressFree;
+	PFN_cuMemMap_v10020 map;
+	PFN_cuMemUnmap_v10020 unmap;
+	PFN_cuMemSetAccess_v10020 setAccess;
+};
+extern struct bc_drv bc_drv;
+
+/* Fills bc_drv once; KVT_ENOTSUP (bc_err names the entry point) when the
+ * driver lacks one: the context then shares in ipc mode. */
+int bc_drv_load(void);
+
+/* ----------------------------------------------------------- context */
+
+/* A pinned host buffer copied to a device buffer of the same size for one
+ * launch: host -> device in one copy, whatever the number of items. */
+struct bc_stage {
+	char *h, *d;
+	size_t cap;
+	cudaEvent_t copied, used; /* after the H2D copy; after the kernels */
+	int staged;               /* events recorded at least once */
+};
+
+#define BC_STAGES 8
+
+struct bc_ctx {
+	int device;
+	enum kvt_backend_share share;
+	size_t gran;           /* VMM granularity (vmm mode) */
+	CUmemAllocationProp prop;
+	cudaStream_t stream;   /* zeroing of new chunks */
+	/* Staging slots shared by compact and upload_regions (pages and
+	 * moves; descriptors and bytes), used round robin so that one
+	 * tenant's sync never waits for another tenant's queued GPU work
+	 * (bc_stage_take). */
+	struct bc_stage st[BC_STAGES];
+	uint32_t st_next;
+	/* read_regions: source addresses, then the gathered bytes */
+	char *d_gather;
+	size_t gather_cap;
+	/* Guards st[], st_next and d_gather: the daemon calls compact,
+	 * upload_regions and read_regions from several threads at once
+	 * (syncs on worker threads); the rest of the ops use no shared
+	 * state of the context. */
+	pthread_mutex_t lock;
+};
+
+/* ---------------------------------------------- the ops (backend.h) */
+
+/* context.cu */
+int bc_probe(char *err, size_t errlen);
+int bc_device_count(int *out);
+int bc_ctx_new(int device, void **ctxp, const char **mode, char *err,
+               size_t errlen);
+void bc_ctx_free(void *ctx);
+enum kvt_backend_share bc_share(void *ctx);
+
+/* share.cu: chunks exported and imported, in vmm or ipc mode */
+int bc_chunk_new(void *ctx, uint64_t bytes, struct kvt_backend_chunk *out);
+void bc_chunk_free(void *ctx, struct kvt_backend_chunk *ch);
+int bc_chunk_import(void *ctx, int fd,
+                    const uint8_t ipc[KVT_BACKEND_IPC_BYTES], uint64_t bytes,
+                    struct kvt_backend_chunk *out);
+void bc_chunk_unmap(void *ctx, struct kvt_backend_chunk *ch);
+
+/* streams.cu: streams and interprocess events */
+int bc_stream_new(void *ctx, void **stream);
+void bc_stream_free(void *ctx, void *stream);
+int bc_stream_sync(void *ctx, void *stream);
+int bc_stream_notify(void *ctx, void *stream, void (*fn)(void *), void *arg);
+int bc_event_new(void *ctx, struct kvt_backend_event *out);
+int bc_event_open(void *ctx, const uint8_t handle[KVT_BACKEND_IPC_BYTES],
+                  struct kvt_backend_event *out);
+void bc_event_free(void *ctx, struct kvt_backend_event *e);
+int bc_event_record(void *ctx, struct kvt_backend_event *e, void *stream);
+int bc_stream_wait_event(void *ctx, void *stream, struct kvt_backend_event *e);
+
+/* ops.cu: compaction, uploads, reads and copies */
+int bc_compact(void *ctx, const struct kvt_backend_compact *lists, uint32_t n,
+               void *stream);
+int bc_upload_regions(void *ctx, void *dev, const void *host,
+                      const struct kvt_backend_region *r, uint32_t n,
+                      void *stream);
+int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
+                    const void *const *src, uint32_t n, size_t bytes,
+                    void *stream);
+int bc_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream);
+int bc_mem_new(void *ctx, size_t bytes, void **out);
+void bc_mem_free(void *ctx, void *p);
+
+/* backend_cuda.cu */
+const char *bc_last_error(void);
+
+#endif

@@ -1,0 +1,182 @@
+/*
+ * seq.c — sequences (open, close) and libkvtrim's data plane: list records,
+ * page and K/V pointers, staged inputs, all read from the shared segments
+ * without a round trip.  A sequence whose sync is in flight (kvt_sync_async)
+ * is busy: its records may change under the caller until kvt_wait.  See
+ * client.h.
+ */
+#include "client.h"
+
+#include <string.h>
+
+#include "shm.h"
+
+int client_seq_lookup(const kvt_client *c, kvt_seq seq, uint32_t *slot)
+{
+	uint32_t s = (uint32_t)(seq & 0xffffffffu);
+	if (s >= c->cfg.max_seqs || !c->seqs[s].open || c->seqs[s].id != seq)
+		return KVT_ENOSEQ;
+	*slot = s;
+	return 0;
+}
+
+/* The list record of an open, idle sequence, after checking every index. */
+int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                          uint32_t kv_head, const struct shm_list **out)
+{
+	uint32_t slot;
+	if (client_lost(c))
+		return KVT_ECONN;
+	int rc = client_seq_lookup(c, seq, &slot);
+	if (rc < 0)
+		return rc;
+	if (c->seqs[slot].busy)
+		return KVT_EBUSY;
+	if (layer >= c->mem.g.n_layers || kv_head >= c->mem.g.n_kv_heads)
+		return KVT_EINVAL;
+	*out = shm_list_at(c->mem.table, &c->mem.g, slot, layer, kv_head);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- sequences */
+
+int kvt_seq_open(kvt_client *c, kvt_seq *out)
+{
+	if (!c || !out)
+		return KVT_EINVAL;
+	struct ipc_req req;
+	struct ipc_rep rep;
+	client_req_init(c, IPC_OP_SEQ_OPEN, &req);
+	int rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
+	if (rc == 0) {
+		uint64_t seq = rep.u.seq;
+		uint32_t slot = (uint32_t)(seq & 0xffffffffu);
+		if (slot >= c->cfg.max_seqs) {
+			client_set_err(c, "kvtrimd returned sequence %llu "
+			               "outside max_seqs %u",
+			               (unsigned long long)seq, c->cfg.max_seqs);
+			rc = KVT_EPROTO;
+		} else {
+			c->seqs[slot] = (struct seq_slot){ .id = seq, .open = 1 };
+			*out = seq;
+			/* New pages (and maybe chunks) in the device table. */
+			rc = client_device_after(c);
+		}
+	}
+	codec_rep_free(&rep);
+	return rc;
+}
+
+int kvt_seq_close(kvt_client *c, kvt_seq seq)
+{
+	if (!c)
+		return KVT_EINVAL;
+	uint32_t slot;
+	int rc = client_seq_lookup(c, seq, &slot);
+	if (rc < 0)
+		return rc;
+	if (c->seqs[slot].busy)
+		return KVT_EBUSY;
+	struct ipc_req req;
+	struct ipc_rep rep;
+	client_req_init(c, IPC_OP_SEQ_CLOSE, &req);
+	req.u.seq = seq;
+	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
+	codec_rep_free(&rep);
+	/* ENOSEQ: the daemon no longer knows it either; forget it here. */
+	if (rc == 0 || rc == KVT_ENOSEQ)
+		c->seqs[slot].open = 0;
+	if (rc == 0)
+		rc = client_device_after(c);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- data plane */
+
+int kvt_list_get(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                 uint32_t kv_head, struct kvt_list *out)
+{
+	if (!c || !out)
+		return KVT_EINVAL;
+	const struct shm_list *l;
+	int rc = client_list_of(c, seq, layer, kv_head, &l);
+	if (rc < 0)
+		return rc;
+	out->len = l->len;
+	out->n_pages = l->n_pages < c->mem.g.max_pages ? l->n_pages
+	                                                : c->mem.g.max_pages;
+	out->epoch = l->epoch;
+	out->pages = l->pages;
+	return 0;
+}
+
+void *kvt_page_ptr(const kvt_client *c, uint32_t page)
+{
+	return c && !client_lost(c) ? mem_page(&c->mem, page) : NULL;
+}
+
+int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
+               uint32_t kv_head, uint32_t k, void **k_out, void **v_out)
+{
+	if (!c)
+		return KVT_EINVAL;
+	const struct shm_geom *g = &c->mem.g;
+	const struct shm_list *l;
+	int rc = client_list_of(c, seq, layer, kv_head, &l);
+	if (rc < 0)
+		return rc;
+	if (k >= g->headroom)
+		return KVT_EHEADROOM;
+	uint64_t e = (uint64_t)l->len + k;
+	uint64_t pi = e / g->page_tokens;
+	uint32_t n_pages = l->n_pages < g->max_pages ? l->n_pages
+	                                             : g->max_pages;
+	/* The daemon promises headroom pages after every sync; a missing
+	 * page or an unmapped chunk means it broke the contract. */
+	if (pi >= n_pages)
+		return KVT_EPROTO;
+	char *page = mem_page(&c->mem, l->pages[pi]);
+	if (!page)
+		return KVT_EPROTO;
+	uint64_t row_bytes = (uint64_t)g->head_dim * g->elem_bytes;
+	uint64_t row = e % g->page_tokens;
+	if (k_out)
+		*k_out = page + row * row_bytes;
+	if (v_out)
+		*v_out = page + (g->page_tokens + row) * row_bytes;
+	return 0;
+}
+
+/* Entry [x][q][lse] of (seq, layer, pos), or NULL. */
+static float *stage_entry(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                          uint32_t pos)
+{
+	uint32_t slot;
+	if (!c || client_lost(c) || !c->mem.g.stage_tokens || !c->mem.stage ||
+	    client_seq_lookup(c, seq, &slot) < 0 || c->seqs[slot].busy ||
+	    layer >= c->mem.g.n_layers)
+		return NULL;
+	return shm_stage_at(c->mem.stage, &c->mem.g, slot, layer, pos);
+}
+
+float *kvt_stage_x(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                   uint32_t pos)
+{
+	return stage_entry(c, seq, layer, pos);
+}
+
+float *kvt_stage_q(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                   uint32_t pos)
+{
+	float *e = stage_entry(c, seq, layer, pos);
+	return e ? e + c->mem.g.d_model : NULL;
+}
+
+float *kvt_stage_lse(const kvt_client *c, kvt_seq seq, uint32_t layer,
+                     uint32_t pos)
+{
+	float *e = stage_entry(c, seq, layer, pos);
+	return e ? e + c->mem.g.d_model +
+	                   (uint64_t)c->mem.g.n_heads * c->mem.g.head_dim
+	         : NULL;
+}

@@ -1,0 +1,259 @@
+/*
+ * sync.c — kvt_sync (one round trip) and kvt_sync_async / kvt_wait (one nng
+ * context per ticket, at most CLIENT_MAX_TICKETS in flight), and on device
+ * tenants the ordering around a sync: the engine's writes recorded before
+ * it, the chunk bases uploaded and the daemon's compaction waited for after
+ * it.  See client.h.
+ */
+#include "client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/protocol/reqrep0/req.h> /* NNG_OPT_REQ_RESENDTIME */
+
+/* ---------------------------------------------------------------- sync */
+
+/*
+ * Checks items against the local sequence table and builds the request
+ * (req->u.sync.items is malloc'ed: free it).  Each item carries its
+ * sequence's counter.  A sequence listed twice is passed on: the daemon
+ * refuses it with a precise reason.
+ */
+static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
+                      size_t n, struct ipc_req *req)
+{
+	if (!items || n == 0 || n > IPC_MAX_SYNC_ITEMS)
+		return KVT_EINVAL;
+	client_req_init(c, IPC_OP_SYNC, req);
+	struct ipc_sync_item *w = malloc(n * sizeof(*w));
+	if (!w)
+		return KVT_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t slot;
+		int rc = client_seq_lookup(c, items[i].seq, &slot);
+		if (rc == 0 && c->seqs[slot].busy)
+			rc = KVT_EBUSY;
+		if (rc == 0 && items[i].phase > KVT_PHASE_DECODE)
+			rc = KVT_EINVAL;
+		if (rc < 0) {
+			free(w);
+			return rc;
+		}
+		w[i] = (struct ipc_sync_item){
+			.seq = items[i].seq,
+			.counter = c->seqs[slot].counter,
+			.n_new = items[i].n_new,
+			.phase = items[i].phase,
+			.layer_lo = items[i].layer_lo,
+			.layer_hi = items[i].layer_hi,
+		};
+	}
+	req->u.sync.n = (uint32_t)n;
+	req->u.sync.items = w;
+	return 0;
+}
+
+/*
+ * Device tenants: the engine's writes so far (on its stream) must land
+ * before the daemon reads or moves entries, and the daemon's compaction
+ * before the engine's next appends or attention on that stream.  No-ops
+ * for host memory.
+ */
+static int device_before_sync(kvt_client *c)
+{
+	char why[KVT_ERRTEXT_MAX - 32];
+	int rc = mem_record_writes(&c->mem, c->stream, why, sizeof(why));
+	if (rc < 0)
+		client_set_err(c, "%s", why);
+	return rc;
+}
+
+int client_device_after(kvt_client *c)
+{
+	char why[KVT_ERRTEXT_MAX - 32];
+	int rc = mem_device_after(&c->mem, c->stream, why, sizeof(why));
+	if (rc < 0)
+		client_set_err(c, "%s", why);
+	return rc;
+}
+
+/* After an accepted sync: the sequence's counter moves on. */
+static void count_sync(kvt_client *c, kvt_seq seq)
+{
+	uint32_t slot;
+	if (client_seq_lookup(c, seq, &slot) == 0)
+		c->seqs[slot].counter++;
+}
+
+int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
+{
+	if (!c)
+		return KVT_EINVAL;
+	struct ipc_req req;
+	struct ipc_rep rep;
+	int rc = build_sync(c, items, n, &req);
+	if (rc < 0)
+		return rc;
+	if ((rc = device_before_sync(c)) < 0) {
+		free(req.u.sync.items);
+		return rc;
+	}
+	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
+	free(req.u.sync.items);
+	codec_rep_free(&rep);
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		count_sync(c, items[i].seq);
+	if (rc == 0)
+		rc = client_device_after(c);
+	return rc;
+}
+
+static int ticket_prepare(kvt_client *c, struct ticket *t)
+{
+	if (t->ready)
+		return 0;
+	int rv = nng_ctx_open(&t->ctx, c->sock);
+	if (rv)
+		return client_from_nng(rv);
+	if ((rv = nng_ctx_set_ms(t->ctx, NNG_OPT_REQ_RESENDTIME,
+	                         NNG_DURATION_INFINITE)) ||
+	    (rv = nng_aio_alloc(&t->aio, NULL, NULL))) {
+		nng_ctx_close(t->ctx);
+		return client_from_nng(rv);
+	}
+	t->ready = 1;
+	return 0;
+}
+
+int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
+                   size_t n, kvt_ticket *out)
+{
+	if (!c || !out)
+		return KVT_EINVAL;
+	if (!client_alive(c))
+		return KVT_ECONN;
+	int idx = -1;
+	for (int i = 0; i < CLIENT_MAX_TICKETS && idx < 0; i++)
+		if (!c->tickets[i].pending)
+			idx = i;
+	if (idx < 0)
+		return KVT_EBUSY;
+	struct ticket *t = &c->tickets[idx];
+
+	struct ipc_req req;
+	int rc = build_sync(c, items, n, &req);
+	if (rc < 0)
+		return rc;
+	if ((rc = device_before_sync(c)) < 0) {
+		free(req.u.sync.items);
+		return rc;
+	}
+	kvt_seq *seqs = malloc(n * sizeof(*seqs));
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	nng_msg *msg = NULL;
+	if (!seqs)
+		rc = KVT_ENOMEM;
+	else if ((rc = ticket_prepare(c, t)) == 0 &&
+	         (rc = codec_req_encode(&req, &buf, &len)) == 0) {
+		int rv = nng_msg_alloc(&msg, 0);
+		if (rv == 0 && (rv = nng_msg_append(msg, buf, len)) != 0)
+			nng_msg_free(msg);
+		rc = client_from_nng(rv);
+	}
+	free(buf);
+	free(req.u.sync.items);
+	if (rc < 0) {
+		free(seqs);
+		return rc;
+	}
+
+	/* The send completes once the request is handed to the pipe; only
+	 * the reply is left to wait for. */
+	nng_aio_set_msg(t->aio, msg);
+	nng_aio_set_timeout(t->aio, c->cfg.timeout_ms);
+	nng_ctx_send(t->ctx, t->aio);
+	nng_aio_wait(t->aio);
+	int rv = nng_aio_result(t->aio);
+	if (rv) {
+		/* A failed send hands the request back to the aio. */
+		if ((msg = nng_aio_get_msg(t->aio)) != NULL)
+			nng_msg_free(msg);
+		nng_aio_set_msg(t->aio, NULL);
+		free(seqs);
+		client_set_err(c, "sending sync: %s", nng_strerror(rv));
+		return client_from_nng(rv);
+	}
+	nng_aio_set_timeout(t->aio, c->cfg.timeout_ms);
+	nng_ctx_recv(t->ctx, t->aio);
+	if (__atomic_load_n(&c->gone, __ATOMIC_ACQUIRE))
+		nng_aio_cancel(t->aio); /* see aio_step */
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t slot;
+		seqs[i] = items[i].seq;
+		if (client_seq_lookup(c, seqs[i], &slot) == 0)
+			c->seqs[slot].busy = 1;
+	}
+	t->seqs = seqs;
+	t->n = (uint32_t)n;
+	t->pending = 1;
+	if (++c->ticket_gen >= (1u << (32 - CLIENT_TICKET_BITS)))
+		c->ticket_gen = 1;
+	t->gen = c->ticket_gen;
+	*out = (t->gen << CLIENT_TICKET_BITS) | (uint32_t)idx;
+	return 0;
+}
+
+int kvt_wait(kvt_client *c, kvt_ticket tk)
+{
+	if (!c)
+		return KVT_EINVAL;
+	uint32_t idx = tk & ((1u << CLIENT_TICKET_BITS) - 1);
+	struct ticket *t = &c->tickets[idx];
+	if (!t->pending || t->gen != tk >> CLIENT_TICKET_BITS)
+		return KVT_EINVAL;
+
+	nng_aio_wait(t->aio);
+	int rv = nng_aio_result(t->aio);
+	int rc;
+	struct ipc_rep rep;
+	memset(&rep, 0, sizeof(rep));
+	if (rv) {
+		rc = client_from_nng(rv);
+		client_set_err(c, "sync: %s", nng_strerror(rv));
+	} else {
+		nng_msg *msg = nng_aio_get_msg(t->aio);
+		nng_aio_set_msg(t->aio, NULL);
+		char why[KVT_ERRTEXT_MAX - 32];
+		rc = codec_rep_decode(IPC_OP_SYNC, nng_msg_body(msg),
+		                      nng_msg_len(msg), &rep, why, sizeof(why));
+		nng_msg_free(msg);
+		if (rc < 0)
+			client_set_err(c, "bad sync reply: %s", why);
+		else if ((rc = client_rep_code(rep.err)) < 0)
+			snprintf(c->last_error, sizeof(c->last_error), "%s",
+			         rep.msg[0] ? rep.msg : kvt_strerror(rc));
+	}
+	codec_rep_free(&rep);
+	if (c->mem_live && !c->dead && client_drain(c) == KVT_ECONN &&
+	    rc == KVT_ETIMEDOUT)
+		rc = KVT_ECONN; /* no reply because the daemon is gone */
+
+	for (uint32_t i = 0; i < t->n; i++) {
+		uint32_t slot;
+		if (client_seq_lookup(c, t->seqs[i], &slot) == 0)
+			c->seqs[slot].busy = 0;
+		if (rc == 0)
+			count_sync(c, t->seqs[i]);
+	}
+	free(t->seqs);
+	t->seqs = NULL;
+	t->n = 0;
+	t->pending = 0;
+	if (rc == 0)
+		rc = client_device_after(c);
+	return rc;
+}
