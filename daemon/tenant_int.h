@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "page.h"
 #include "pool.h"
 #include "shm.h"
 #include "tenant.h"
@@ -238,8 +239,8 @@ static inline void *seq_state(const struct tenant *t, const struct tseq *s,
 static inline void *page_ptr(const struct tenant *t, uint32_t id)
 {
 	const struct shm_geom *g = &t->g;
-	return (char *)t->chunks[id / g->pages_per_chunk].pc.base +
-	       (size_t)(id % g->pages_per_chunk) * g->page_bytes;
+	return (char *)t->chunks[page_chunk(id, g->pages_per_chunk)].pc.base +
+	       page_offset(id, g->pages_per_chunk, g->page_bytes);
 }
 
 /* ---------------------------------------------------- tenant_pages.c */

@@ -18,9 +18,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "compact.h"
+#include "now.h"
 #include "policy.h"
 
 /* What the staged-row accessor of policy_layer needs. */
@@ -361,13 +361,9 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				return errors_fmt(err, errlen, rc, "%s backend: "
 				            "staging keys: %s", t->bops->name,
 				            t->bops->last_error());
-			struct timespec d0, d1;
-			clock_gettime(CLOCK_MONOTONIC, &d0);
+			uint64_t d0 = now_ns();
 			rc = policy_decide(t->pol, &pl);
-			clock_gettime(CLOCK_MONOTONIC, &d1);
-			t->scorer_ns += (uint64_t)((d1.tv_sec - d0.tv_sec) *
-			                           1000000000ll +
-			                           (d1.tv_nsec - d0.tv_nsec));
+			t->scorer_ns += now_ns() - d0;
 			if (rc)
 				return errors_fmt(err, errlen, rc, "policy %s: %s",
 				            t->pol->ops->name, kvt_strerror(rc));
