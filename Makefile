@@ -173,7 +173,7 @@ $(DAEMON): $(B)/obj/daemon/main.o $(DAEMON_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(CTL): $(B)/obj/tools/kvtrimctl.o $(LIB_INT)
+$(CTL): $(call obj,$(wildcard tools/ctl/*.c)) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
