@@ -92,11 +92,11 @@ CTL     := $(B)/bin/kvtrimctl
 LOADGEN := $(B)/bin/kvtrim-loadgen
 BENCH   := $(B)/bin/kvtrim-bench
 TESTS   := $(B)/bin/kvtrim-tests
-TINYLLM := $(B)/bin/kvtrim-tinyllm
+ENGINE_BIN := $(B)/bin/kvtrim-engine
 
 ALL := $(LIB_SO) $(LIB_SO0) $(LIB_A) $(LIB_PC) $(DAEMON) $(CTL) $(LOADGEN) $(BENCH) $(TESTS)
 ifneq ($(wildcard tools/engine/main.c),)
-ALL += $(TINYLLM)
+ALL += $(ENGINE_BIN)
 endif
 
 # Scorer training and quality evaluation (tools/train, tools/eval); the
@@ -187,7 +187,7 @@ $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/dae
 
 # The reference engine's command line (tools/engine); the engine itself
 # (engine/) is also linked into the tests and the tools.
-$(TINYLLM): $(B)/obj/tools/engine/main.o $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
+$(ENGINE_BIN): $(B)/obj/tools/engine/main.o $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -64,7 +64,7 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	struct kvt_config cfg;
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.runtime_dir = o->runtime_dir;
-	cfg.tenant = o->tenant ? o->tenant : "tinyllm";
+	cfg.tenant = o->tenant ? o->tenant : "engine";
 	cfg.geo = (struct kvt_geometry){mc->n_layers, mc->n_heads,
 	                                mc->n_kv_heads, mc->head_dim, mc->dim};
 	cfg.dtype = o->dtype;

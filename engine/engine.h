@@ -38,7 +38,7 @@
 
 struct engine_opts {
 	const char *runtime_dir;  /* NULL: libkvtrim's default */
-	const char *tenant;       /* NULL: "tinyllm" */
+	const char *tenant;       /* NULL: "engine" */
 	const char *policy;       /* NULL: "full" */
 	enum kvt_dtype dtype;     /* K/V storage (f32 default) */
 	uint32_t page_tokens;     /* 0: 16 */

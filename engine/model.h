@@ -1,6 +1,6 @@
 /*
  * model.h — llama2.c checkpoints: loader and the transformer forward of the
- * reference engine (examples/tinyllm).
+ * reference engine (engine/).
  *
  * Architecture (llama2.c run.c): token embedding; per layer
  *   x  = RMSNorm_att(h)                  (the attention input, "x" of

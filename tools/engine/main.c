@@ -1,5 +1,5 @@
 /*
- * main.c — kvtrim-tinyllm, the reference engine's command line.  All the
+ * main.c — kvtrim-engine, the reference engine's command line.  All the
  * work is in model.c (loader, forward), engine.c (KV cache in kvtrimd) and
  * oracle.c; this file parses options and prints.
  */
@@ -15,7 +15,7 @@
 #include "oracle.h"
 
 static const char usage[] =
-	"usage: kvtrim-tinyllm [options] MODE [mode options]\n"
+	"usage: kvtrim-engine [options] MODE [mode options]\n"
 	"options:\n"
 	"  --model PATH         llama2.c checkpoint (default $KVTRIM_MODEL,\n"
 	"                       else ../shared/models/bytes2m.bin)\n"
@@ -72,7 +72,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 #define NEED_V()                                                               \
 	do {                                                                   \
 		if (!v) {                                                      \
-			fprintf(stderr, "kvtrim-tinyllm: %s needs a value\n", \
+			fprintf(stderr, "kvtrim-engine: %s needs a value\n", \
 			        a);                                            \
 			return -1;                                             \
 		}                                                              \
@@ -82,7 +82,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	do {                                                                   \
 		NEED_V();                                                      \
 		if (parse_u32(v, &n)) {                                        \
-			fprintf(stderr, "kvtrim-tinyllm: %s: bad number "     \
+			fprintf(stderr, "kvtrim-engine: %s: bad number "     \
 			        "'%s'\n", a, v);                               \
 			return -1;                                             \
 		}                                                              \
@@ -109,7 +109,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			else if (!strcmp(v, "bf16"))
 				o->eo.dtype = KVT_DTYPE_BF16;
 			else {
-				fprintf(stderr, "kvtrim-tinyllm: --dtype %s: "
+				fprintf(stderr, "kvtrim-engine: --dtype %s: "
 				        "f32, f16 or bf16\n", v);
 				return -1;
 			}
@@ -135,7 +135,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			char *end;
 			o->temperature = strtod(v, &end);
 			if (end == v || *end || !(o->temperature >= 0)) {
-				fprintf(stderr, "kvtrim-tinyllm: bad "
+				fprintf(stderr, "kvtrim-engine: bad "
 				        "--temperature '%s'\n", v);
 				return -1;
 			}
@@ -144,7 +144,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			char *end;
 			o->seed = strtoull(v, &end, 10);
 			if (end == v || *end) {
-				fprintf(stderr, "kvtrim-tinyllm: bad --seed "
+				fprintf(stderr, "kvtrim-engine: bad --seed "
 				        "'%s'\n", v);
 				return -1;
 			}
@@ -171,12 +171,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			fputs(usage, stdout);
 			return 1;
 		} else if (a[0] == '-') {
-			fprintf(stderr, "kvtrim-tinyllm: unknown option %s\n", a);
+			fprintf(stderr, "kvtrim-engine: unknown option %s\n", a);
 			return -1;
 		} else if (!o->mode) {
 			o->mode = a;
 		} else {
-			fprintf(stderr, "kvtrim-tinyllm: unexpected '%s'\n", a);
+			fprintf(stderr, "kvtrim-engine: unexpected '%s'\n", a);
 			return -1;
 		}
 		i += u;
@@ -236,7 +236,7 @@ static int read_input(const struct model *m, const char *path, uint32_t max,
 {
 	FILE *f = fopen(path, "rb");
 	if (!f) {
-		fprintf(stderr, "kvtrim-tinyllm: %s: %s\n", path,
+		fprintf(stderr, "kvtrim-engine: %s: %s\n", path,
 		        strerror(errno));
 		return -1;
 	}
@@ -258,7 +258,7 @@ static int read_input(const struct model *m, const char *path, uint32_t max,
 	}
 	fclose(f);
 	if (!buf) {
-		fprintf(stderr, "kvtrim-tinyllm: out of memory\n");
+		fprintf(stderr, "kvtrim-engine: out of memory\n");
 		return -1;
 	}
 	buf[len] = 0;
@@ -271,7 +271,7 @@ static int read_input(const struct model *m, const char *path, uint32_t max,
 			(*out)[i] = (unsigned char)buf[i];
 		*n = (uint32_t)len;
 	} else if (parse_ids(buf, m->cfg.vocab_size, out, n)) {
-		fprintf(stderr, "kvtrim-tinyllm: %s: expected token ids in "
+		fprintf(stderr, "kvtrim-engine: %s: expected token ids in "
 		        "[0, %u) separated by spaces\n", path,
 		        m->cfg.vocab_size);
 		rc = -1;
@@ -397,7 +397,7 @@ static int cmd_generate(const struct model *m, struct runner *r,
 		int32_t *ids;
 		uint32_t k;
 		if (parse_ids(p, V, &ids, &k)) {
-			fprintf(stderr, "kvtrim-tinyllm: --prompt: token ids "
+			fprintf(stderr, "kvtrim-engine: --prompt: token ids "
 			        "in [0, %u)\n", V);
 			return 2;
 		}
@@ -418,7 +418,7 @@ static int cmd_generate(const struct model *m, struct runner *r,
 	}
 	int rc = runner_feed(r, toks, n, KVT_PHASE_PREFILL, logits, V);
 	if (rc) {
-		fprintf(stderr, "kvtrim-tinyllm: prefill: %s\n",
+		fprintf(stderr, "kvtrim-engine: prefill: %s\n",
 		        runner_error(r, rc));
 		free(toks);
 		free(logits);
@@ -436,7 +436,7 @@ static int cmd_generate(const struct model *m, struct runner *r,
 			break;
 		rc = runner_feed(r, &t, 1, KVT_PHASE_DECODE, last, V);
 		if (rc) {
-			fprintf(stderr, "\nkvtrim-tinyllm: decode step %u: "
+			fprintf(stderr, "\nkvtrim-engine: decode step %u: "
 			        "%s\n", s, runner_error(r, rc));
 			break;
 		}
@@ -454,7 +454,7 @@ static int cmd_score(const struct model *m, struct runner *r,
 {
 	const uint32_t V = m->cfg.vocab_size;
 	if (!o->input) {
-		fprintf(stderr, "kvtrim-tinyllm: score needs --input FILE\n");
+		fprintf(stderr, "kvtrim-engine: score needs --input FILE\n");
 		return 2;
 	}
 	int32_t *in;
@@ -478,7 +478,7 @@ static int cmd_score(const struct model *m, struct runner *r,
 	memcpy(toks + 1, in, (T - 1) * sizeof(int32_t));
 	free(in);
 	if (T < 2) {
-		fprintf(stderr, "kvtrim-tinyllm: %s: nothing to score\n",
+		fprintf(stderr, "kvtrim-engine: %s: nothing to score\n",
 		        o->input);
 		free(toks);
 		free(logits);
@@ -492,7 +492,7 @@ static int cmd_score(const struct model *m, struct runner *r,
 		rc = runner_feed(r, toks + pre, T - pre, KVT_PHASE_DECODE,
 		                 logits + (size_t)pre * V, V);
 	if (rc) {
-		fprintf(stderr, "kvtrim-tinyllm: score: %s\n",
+		fprintf(stderr, "kvtrim-engine: score: %s\n",
 		        runner_error(r, rc));
 		free(toks);
 		free(logits);
@@ -517,7 +517,7 @@ static int cmd_score(const struct model *m, struct runner *r,
 	if (o->dump) {
 		FILE *f = fopen(o->dump, "wb");
 		if (!f || fwrite(logits, sizeof(float) * V, T, f) != T) {
-			fprintf(stderr, "kvtrim-tinyllm: %s: write failed\n",
+			fprintf(stderr, "kvtrim-engine: %s: write failed\n",
 			        o->dump);
 			rc = 1;
 		}
@@ -534,12 +534,12 @@ static int cmd_oracle(const struct model *m, const struct opts *o,
 {
 	enum oracle_kind kind;
 	if (!o->kind || oracle_kind_parse(o->kind, &kind)) {
-		fprintf(stderr, "kvtrim-tinyllm: oracle needs --kind "
+		fprintf(stderr, "kvtrim-engine: oracle needs --kind "
 		        "kvzip|kvzip+|future\n");
 		return 2;
 	}
 	if (!o->input || !o->out) {
-		fprintf(stderr, "kvtrim-tinyllm: oracle needs --input FILE "
+		fprintf(stderr, "kvtrim-engine: oracle needs --input FILE "
 		        "and --out F.bin\n");
 		return 2;
 	}
@@ -583,11 +583,11 @@ static int cmd_oracle(const struct model *m, const struct opts *o,
 	free(in);
 	char err[512];
 	if (rc) {
-		fprintf(stderr, "kvtrim-tinyllm: oracle: %s\n",
+		fprintf(stderr, "kvtrim-engine: oracle: %s\n",
 		        kvt_strerror(rc));
 	} else if ((rc = oracle_write(o->out, kind, m, T, horizon, scores, err,
 	                              sizeof(err)))) {
-		fprintf(stderr, "kvtrim-tinyllm: %s\n", err);
+		fprintf(stderr, "kvtrim-engine: %s\n", err);
 	} else {
 		printf("oracle %s: %u layers x %u KV heads x %u entries -> %s\n",
 		       oracle_kind_name(kind), c->n_layers, c->n_kv_heads, T,
@@ -610,7 +610,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(o.mode, "generate") && strcmp(o.mode, "score") &&
 	    strcmp(o.mode, "oracle") && strcmp(o.mode, "info")) {
-		fprintf(stderr, "kvtrim-tinyllm: unknown mode '%s'\n%s", o.mode,
+		fprintf(stderr, "kvtrim-engine: unknown mode '%s'\n%s", o.mode,
 		        usage);
 		return 2;
 	}
@@ -619,7 +619,7 @@ int main(int argc, char **argv)
 	const char *path = model_default_path(o.model);
 	int rc = model_load(path, &m, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "kvtrim-tinyllm: %s\n", err);
+		fprintf(stderr, "kvtrim-engine: %s\n", err);
 		return 1;
 	}
 	uint32_t context = o.eo.context ? o.eo.context : model_context(&m);
@@ -645,7 +645,7 @@ int main(int argc, char **argv)
 			rc = engine_open(&m, &o.eo, &r.e, err, sizeof(err));
 		}
 		if (rc) {
-			fprintf(stderr, "kvtrim-tinyllm: %s\n",
+			fprintf(stderr, "kvtrim-engine: %s\n",
 			        o.no_daemon ? kvt_strerror(rc) : err);
 			model_free(&m);
 			return 1;

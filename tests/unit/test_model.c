@@ -1,5 +1,5 @@
 /*
- * test_tinyllm.c — the reference engine's model code without a daemon:
+ * test_model.c — the reference engine's model code without a daemon:
  * loader (every format, and its refusals on files written here), RMSNorm
  * and RoPE on hand-computed cases, the batched forward against a naive
  * token-by-token double-precision forward written here, and the oracles
@@ -266,7 +266,7 @@ static void truncate_copy(const char *src, const char *dst, long drop,
 
 /* ---------------------------------------------------------------- loader */
 
-TEST(tinyllm, loads_every_format)
+TEST(model, loads_every_format)
 {
 	char err[512];
 	struct model m, l;
@@ -291,7 +291,7 @@ TEST(tinyllm, loads_every_format)
 	}
 }
 
-TEST(tinyllm, loader_refuses_truncated_oversized_and_bad_headers)
+TEST(model, loader_refuses_truncated_oversized_and_bad_headers)
 {
 	char err[512];
 	struct model m, l;
@@ -363,7 +363,7 @@ TEST(tinyllm, loader_refuses_truncated_oversized_and_bad_headers)
 
 /* ---------------------------------------------------------------- ops */
 
-TEST(tinyllm, rmsnorm_hand_computed)
+TEST(model, rmsnorm_hand_computed)
 {
 	float x[4] = {3, 4, 1, -1}, w[2] = {1, 2}, o[4];
 	model_rmsnorm(o, x, w, 2, 2);
@@ -374,7 +374,7 @@ TEST(tinyllm, rmsnorm_hand_computed)
 	T_ASSERT(fabs(o[3] + 2 * r1) < 1e-6);
 }
 
-TEST(tinyllm, rope_hand_computed)
+TEST(model, rope_hand_computed)
 {
 	/* head_dim 4: pair 0 turns by pos rad, pair 1 by pos * 10000^-0.5 */
 	float v[8] = {1, 0, 0, 1, 2, 3, 4, 5};
@@ -551,7 +551,7 @@ static void tiny_tokens(int32_t *t, int T, uint32_t V)
 
 /* ---------------------------------------------------------------- forward */
 
-TEST(tinyllm, forward_matches_naive_and_chunking)
+TEST(model, forward_matches_naive_and_chunking)
 {
 	struct model m;
 	for (int shared = 0; shared <= 1; shared++) {
@@ -593,7 +593,7 @@ TEST(tinyllm, forward_matches_naive_and_chunking)
 
 /* ---------------------------------------------------------------- oracles */
 
-TEST(tinyllm, oracles_match_naive_maps)
+TEST(model, oracles_match_naive_maps)
 {
 	struct model m;
 	tiny_model(&m, 1, 5);
