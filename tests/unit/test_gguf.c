@@ -1,6 +1,6 @@
 /*
  * test_gguf.c — the GGUF reader (engine/gguf.c) and the model cache
- * (engine/models.c, scripts/models.sh).
+ * (engine/model_files.c, scripts/models.sh).
  *
  * Small GGUF files are written by the test itself: every metadata type,
  * every tensor type with values dequantised by hand below, alignment 64,
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
-#include "models.h"
+#include "model_files.h"
 #include "test.h"
 
 /* ---------------------------------------------------------------- builder */
@@ -1168,35 +1168,35 @@ TEST(gguf, llama_check)
 
 /* ---------------------------------------------------------------- models */
 
-TEST(gguf, models_dir_rule)
+TEST(gguf, model_files_dir_rule)
 {
 	char buf[512], err[KVT_ERRTEXT_MAX];
 	setenv("KVTRIM_MODELS", "/m", 1);
 	setenv("XDG_CACHE_HOME", "/x", 1);
 	setenv("HOME", "/h", 1);
-	T_OK(models_dir(buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_dir(buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, "/m");
 	setenv("KVTRIM_MODELS", "", 1); /* empty counts as unset */
-	T_OK(models_dir(buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_dir(buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, "/x/kvtrim/models");
 	unsetenv("XDG_CACHE_HOME");
-	T_OK(models_dir(buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_dir(buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, "/h/.cache/kvtrim/models");
 	unsetenv("HOME");
-	T_ERR(models_dir(buf, sizeof(buf), err, sizeof(err)), KVT_EINVAL);
-	T_ERR(models_dir(buf, 4, err, sizeof(err)), KVT_EINVAL);
+	T_ERR(model_files_dir(buf, sizeof(buf), err, sizeof(err)), KVT_EINVAL);
+	T_ERR(model_files_dir(buf, 4, err, sizeof(err)), KVT_EINVAL);
 
-	/* models_find wants the file and its stamp. */
+	/* model_files_find wants the file and its stamp. */
 	setenv("KVTRIM_MODELS", th_tmpdir(), 1);
-	T_ERR(models_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
+	T_ERR(model_files_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
 	      KVT_EINVAL);
 	T_ASSERT(strstr(err, "make models"));
 	write_bytes(tmp_path("m.gguf"), "x", 1);
-	T_ERR(models_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
+	T_ERR(model_files_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
 	      KVT_EINVAL);
 	T_ASSERT(strstr(err, "not verified"));
 	write_bytes(tmp_path("m.gguf.sha256"), "x", 1);
-	T_OK(models_find("m.gguf", buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_find("m.gguf", buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, tmp_path("m.gguf"));
 }
 
@@ -1230,7 +1230,7 @@ TEST_T(gguf, models_script_offline, 90)
 	fclose(f);
 	text[n] = 0;
 	T_ASSERT(strstr(text, "unavailable"));
-	snprintf(path, sizeof(path), "%s/cache/%s", th_tmpdir(), MODELS_SMOLLM2);
+	snprintf(path, sizeof(path), "%s/cache/%s", th_tmpdir(), MODEL_FILES_SMOLLM2);
 	T_ASSERT(access(path, F_OK) != 0);
 	/* A cached file of the wrong content is removed, never kept. */
 	write_bytes(path, "not a model", 11);
@@ -1241,7 +1241,7 @@ TEST_T(gguf, models_script_offline, 90)
 	write_bytes(path, "stand-in", 8);
 	snprintf(stamp, sizeof(stamp), "%s.sha256", path);
 	const char *line = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70"
-	                   "ea373728110db53  " MODELS_SMOLLM2 "\n";
+	                   "ea373728110db53  " MODEL_FILES_SMOLLM2 "\n";
 	write_bytes(stamp, line, strlen(line));
 	T_EQ(models_sh_offline(), 0);
 }
@@ -1432,7 +1432,7 @@ static void check_types(const struct gguf *g, char *rest)
 static struct gguf *open_smollm2(char *path, size_t len)
 {
 	char err[KVT_ERRTEXT_MAX], why[KVT_ERRTEXT_MAX + 32];
-	if (models_find(MODELS_SMOLLM2, path, len, err, sizeof(err)) < 0) {
+	if (model_files_find(MODEL_FILES_SMOLLM2, path, len, err, sizeof(err)) < 0) {
 		snprintf(why, sizeof(why), "%s", err);
 		T_SKIP(why);
 	}

@@ -1,7 +1,7 @@
 /*
- * models.c — the model cache directory; see models.h.
+ * model_files.c — the model cache directory; see model_files.h.
  */
-#include "models.h"
+#include "model_files.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +16,7 @@ static const char *env(const char *name)
 	return v && *v ? v : NULL;
 }
 
-int models_dir(char *buf, size_t len, char *err, size_t errlen)
+int model_files_dir(char *buf, size_t len, char *err, size_t errlen)
 {
 	const char *m = env("KVTRIM_MODELS"), *x = env("XDG_CACHE_HOME");
 	const char *h = env("HOME");
@@ -37,11 +37,11 @@ int models_dir(char *buf, size_t len, char *err, size_t errlen)
 	return 0;
 }
 
-int models_find(const char *name, char *buf, size_t len, char *err,
+int model_files_find(const char *name, char *buf, size_t len, char *err,
                 size_t errlen)
 {
 	char dir[4096], stamp[4200];
-	int rc = models_dir(dir, sizeof(dir), err, errlen);
+	int rc = model_files_dir(dir, sizeof(dir), err, errlen);
 	if (rc < 0)
 		return rc;
 	int n = snprintf(buf, len, "%s/%s", dir, name);
