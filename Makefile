@@ -187,7 +187,7 @@ $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/dae
 
 # The reference engine's command line (tools/engine); the engine itself
 # (engine/) is also linked into the tests and the tools.
-$(ENGINE_BIN): $(B)/obj/tools/engine/main.o $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
+$(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "errors.h"
@@ -57,5 +58,26 @@ int model_files_find(const char *name, char *buf, size_t len, char *err,
 		return errors_fmt(err, errlen, KVT_EINVAL,
 		                  "%s is not verified (no %s): run `make "
 		                  "models`", buf, stamp);
+	return 0;
+}
+
+/* Short names of the models `make models` fetches. */
+static const struct {
+	const char *name, *file;
+} KNOWN[] = {
+	{"smollm2", MODEL_FILES_SMOLLM2},
+};
+
+int model_files_resolve(const char *arg, char *buf, size_t len, char *err,
+                        size_t errlen)
+{
+	for (size_t i = 0; i < sizeof(KNOWN) / sizeof(KNOWN[0]); i++)
+		if (!strcmp(arg, KNOWN[i].name))
+			return model_files_find(KNOWN[i].file, buf, len, err,
+			                        errlen);
+	int n = snprintf(buf, len, "%s", arg);
+	if (n < 0 || (size_t)n >= len)
+		return errors_fmt(err, errlen, KVT_EINVAL,
+		                  "model path too long");
 	return 0;
 }

@@ -32,4 +32,13 @@ int model_files_dir(char *buf, size_t len, char *err, size_t errlen);
 int model_files_find(const char *name, char *buf, size_t len, char *err,
                 size_t errlen);
 
+/*
+ * The file a --model argument names: a known model's short name
+ * ("smollm2": MODEL_FILES_SMOLLM2 in the cache, through model_files_find,
+ * so a missing model says to run `make models`), else the argument itself
+ * as a path.  Writes it into buf; 0 or KVT_EINVAL with a reason.
+ */
+int model_files_resolve(const char *arg, char *buf, size_t len, char *err,
+                        size_t errlen);
+
 #endif

@@ -366,19 +366,22 @@ TEST(model, loader_refuses_truncated_oversized_and_bad_headers)
 TEST(model, rmsnorm_hand_computed)
 {
 	float x[4] = {3, 4, 1, -1}, w[2] = {1, 2}, o[4];
-	model_rmsnorm(o, x, w, 2, 2);
+	model_rmsnorm(o, x, w, 2, 2, 1e-5f);
 	double r0 = 1.0 / sqrt(12.5 + 1e-5), r1 = 1.0 / sqrt(1.0 + 1e-5);
 	T_ASSERT(fabs(o[0] - 3 * r0) < 1e-6);
 	T_ASSERT(fabs(o[1] - 8 * r0) < 1e-6);
 	T_ASSERT(fabs(o[2] - 1 * r1) < 1e-6);
 	T_ASSERT(fabs(o[3] + 2 * r1) < 1e-6);
+	/* eps is the caller's: 0.5 moves the second row visibly */
+	model_rmsnorm(o, x, w, 2, 2, 0.5f);
+	T_ASSERT(fabs(o[2] - 1 / sqrt(1.5)) < 1e-6);
 }
 
 TEST(model, rope_hand_computed)
 {
 	/* head_dim 4: pair 0 turns by pos rad, pair 1 by pos * 10000^-0.5 */
 	float v[8] = {1, 0, 0, 1, 2, 3, 4, 5};
-	model_rope(v, 2, 4, 3);
+	model_rope(v, 2, 4, 3, 10000.0f);
 	double a = 3.0, b = 0.03;
 	double want[8] = {cos(a), sin(a), -sin(b), cos(b),
 	                  2 * cos(a) - 3 * sin(a), 2 * sin(a) + 3 * cos(a),
@@ -386,8 +389,13 @@ TEST(model, rope_hand_computed)
 	for (int i = 0; i < 8; i++)
 		T_ASSERT(fabs(v[i] - want[i]) < 1e-5);
 	float z[4] = {0.5f, -0.25f, 2, 1};
-	model_rope(z, 1, 4, 0); /* position 0 is the identity */
+	model_rope(z, 1, 4, 0, 10000.0f); /* position 0 is the identity */
 	T_ASSERT(z[0] == 0.5f && z[1] == -0.25f && z[2] == 2 && z[3] == 1);
+	/* SmolLM2's theta 100000: pair 1 turns by pos * 100000^-0.5 */
+	float u[4] = {0, 0, 1, 0};
+	model_rope(u, 1, 4, 5, 100000.0f);
+	double c = 5.0 / sqrt(100000.0);
+	T_ASSERT(fabs(u[2] - cos(c)) < 1e-6 && fabs(u[3] - sin(c)) < 1e-6);
 }
 
 /* ---------------------------------------------------------------- naive */
