@@ -18,98 +18,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gb.h"
 #include "gguf.h"
 #include "model_files.h"
 #include "test.h"
 
-/* ---------------------------------------------------------------- builder */
-
-/* A growing byte buffer the tests write GGUF files into. */
-struct gb {
-	uint8_t *p;
-	size_t len, cap;
-};
-
-static void gb_put(struct gb *b, const void *d, size_t n)
-{
-	if (b->len + n > b->cap) {
-		b->cap = (b->len + n) * 2 + 64;
-		b->p = realloc(b->p, b->cap);
-		T_ASSERT(b->p);
-	}
-	memcpy(b->p + b->len, d, n);
-	b->len += n;
-}
-
-static void gb_u8(struct gb *b, uint8_t v) { gb_put(b, &v, 1); }
-static void gb_u16(struct gb *b, uint16_t v) { gb_put(b, &v, 2); }
-static void gb_u32(struct gb *b, uint32_t v) { gb_put(b, &v, 4); }
-static void gb_u64(struct gb *b, uint64_t v) { gb_put(b, &v, 8); }
-static void gb_f32(struct gb *b, float v) { gb_put(b, &v, 4); }
-
-static void gb_str(struct gb *b, const char *s)
-{
-	gb_u64(b, strlen(s));
-	gb_put(b, s, strlen(s));
-}
-
-static void gb_hdr(struct gb *b, uint32_t version, uint64_t n_t, uint64_t n_kv)
-{
-	gb_put(b, "GGUF", 4);
-	gb_u32(b, version);
-	gb_u64(b, n_t);
-	gb_u64(b, n_kv);
-}
-
-static void gb_key(struct gb *b, const char *key, uint32_t type)
-{
-	gb_str(b, key);
-	gb_u32(b, type);
-}
-
-static void gb_kv_u32(struct gb *b, const char *key, uint32_t v)
-{
-	gb_key(b, key, GGUF_TYPE_UINT32);
-	gb_u32(b, v);
-}
-
-static void gb_kv_str(struct gb *b, const char *key, const char *v)
-{
-	gb_key(b, key, GGUF_TYPE_STRING);
-	gb_str(b, v);
-}
-
-static void gb_tinfo(struct gb *b, const char *name, uint32_t n_dims,
-                     const uint64_t *ne, uint32_t type, uint64_t off)
-{
-	gb_str(b, name);
-	gb_u32(b, n_dims);
-	for (uint32_t i = 0; i < n_dims; i++)
-		gb_u64(b, ne[i]);
-	gb_u32(b, type);
-	gb_u64(b, off);
-}
-
-static void gb_pad(struct gb *b, size_t align)
-{
-	while (b->len % align)
-		gb_u8(b, 0);
-}
-
-/* Puts n bytes of d at offset off of b (zero-filling any gap). */
-static void gb_at(struct gb *b, size_t off, const void *d, size_t n)
-{
-	while (b->len < off)
-		gb_u8(b, 0);
-	T_ASSERT(b->len == off);
-	gb_put(b, d, n);
-}
-
-static void gb_free(struct gb *b)
-{
-	free(b->p);
-	memset(b, 0, sizeof(*b));
-}
+/* ---------------------------------------------------------------- helpers */
 
 /* Opens the bytes of b from an exact-size heap copy (so ASan sees any read
  * past the end); returns the code, with the reason in err. */
