@@ -487,7 +487,8 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 		memcpy(h + (size_t)t * d, m->tok_emb + (size_t)tokens[t] * d,
 		       d * sizeof(float));
 	for (uint32_t l = 0; l < c->n_layers; l++) {
-		model_rmsnorm(x, h, m->rms_att + (size_t)l * d, n, d, c->rms_eps);
+		model_rmsnorm(x, h, m->rms_att + (size_t)l * d, n, d,
+		              c->rms_eps);
 		model_matmul(q, x, m->wq + (size_t)l * d * d, n, d, d);
 		model_matmul(k, x, m->wk + (size_t)l * kv * d, n, d, kv);
 		model_matmul(v, x, m->wv + (size_t)l * kv * d, n, d, kv);
@@ -503,7 +504,8 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 		model_matmul(tmp, att, m->wo + (size_t)l * d * d, n, d, d);
 		for (size_t i = 0; i < nd; i++)
 			h[i] += tmp[i];
-		model_rmsnorm(x, h, m->rms_ffn + (size_t)l * d, n, d, c->rms_eps);
+		model_rmsnorm(x, h, m->rms_ffn + (size_t)l * d, n, d,
+		              c->rms_eps);
 		model_matmul(hb, x, m->w1 + (size_t)l * hid * d, n, d, hid);
 		model_matmul(hb2, x, m->w3 + (size_t)l * hid * d, n, d, hid);
 		for (size_t i = 0; i < nh; i++) {

@@ -146,7 +146,8 @@ static void put_data(struct gb *d, const float *x, uint64_t n, uint32_t type)
 static uint64_t type_bytes(uint32_t type, uint64_t n)
 {
 	uint32_t blck, bytes;
-	T_ASSERT(gguf_type_block((enum gguf_ggml_type)type, &blck, &bytes) == 0);
+	T_ASSERT(gguf_type_block((enum gguf_ggml_type)type, &blck,
+	                         &bytes) == 0);
 	return n / blck * bytes;
 }
 
@@ -196,8 +197,8 @@ static void byte_token(uint8_t b, char out[3])
 	                b >= 0xae;
 	if (!printable) {
 		for (unsigned i = 0; i < b; i++)
-			k += !((i >= '!' && i <= '~') || (i >= 0xa1 && i <= 0xac) ||
-			       i >= 0xae);
+			k += !((i >= '!' && i <= '~') ||
+			       (i >= 0xa1 && i <= 0xac) || i >= 0xae);
 		cp = 256 + k;
 	}
 	if (cp < 0x80) {

@@ -111,12 +111,20 @@ static void run(const struct th_daemon *d, struct outs *r, const char *fmt,
 	slurp("stderr", r->e, sizeof(r->e));
 }
 
-/* Runs cmd, expecting exit status code, an empty stdout and a stderr
- * holding word. */
+/* Runs the command, expecting exit status code, an empty stdout and a
+ * stderr holding word. */
 static void refused(const struct th_daemon *d, int code, const char *word,
-                    const char *cmd)
+                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void refused(const struct th_daemon *d, int code, const char *word,
+                    const char *fmt, ...)
 {
 	static struct outs r;
+	char cmd[3000];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
 	run(d, &r, "%s", cmd);
 	if (r.rc != code || r.olen || !strstr(r.e, word))
 		th_fail(__FILE__, __LINE__, "%s: exit %d (expected %d), stdout "
@@ -135,7 +143,8 @@ TEST_T(engine_gguf, tiny_text_modes_daemon_equals_dense, 120)
 
 	run(NULL, &a, "%s --model %s info", bin, mdl);
 	T_EQ(a.rc, 0);
-	T_ASSERT(strstr(a.o, "gguf dim 32 hidden 64 layers 2 heads 4 kv_heads 2"));
+	T_ASSERT(strstr(a.o, "gguf dim 32 hidden 64 layers 2 heads 4 "
+	                     "kv_heads 2"));
 	T_ASSERT(strstr(a.o, "context 64, bos none, tokenizer 258 tokens, end "
 	                     "of turn 257"));
 
@@ -186,7 +195,6 @@ TEST_T(engine_gguf, bad_input_refused, 120)
 	const char *bin = th_bin("kvtrim-engine");
 	const char *mdl = tiny_gguf("tiny.gguf", (struct gb_llama_opts){
 		.tokenizer = 1});
-	char cmd[2048];
 	struct th_daemon d;
 	th_daemon_start(&d, "64M", NULL);
 
@@ -196,51 +204,44 @@ TEST_T(engine_gguf, bad_input_refused, 120)
 	const char *shape = tiny_gguf("shape.gguf", (struct gb_llama_opts){
 		.reshape = "blk.1.ffn_down.weight"});
 	const char *cut = tmp_path("cut.gguf");
-	snprintf(cmd, sizeof(cmd), "head -c 3000 %s > %s", mdl, cut);
-	T_EQ(th_sh(NULL, NULL, 0, "%s", cmd), 0);
+	T_EQ(th_sh(NULL, NULL, 0, "head -c 3000 %s > %s", mdl, cut), 0);
 	/* n_kv's high bytes set: 2^63 keys claimed */
 	const char *bad = tmp_path("count.gguf");
-	snprintf(cmd, sizeof(cmd), "{ head -c 20 %s; printf '\\377\\377\\377"
-	         "\\177'; tail -c +25 %s; } > %s", mdl, mdl, bad);
-	T_EQ(th_sh(NULL, NULL, 0, "%s", cmd), 0);
+	T_EQ(th_sh(NULL, NULL, 0, "{ head -c 20 %s; printf '\\377\\377\\377"
+	           "\\177'; tail -c +25 %s; } > %s", mdl, mdl, bad), 0);
 	const struct {
 		const char *path, *word;
 	} files[] = {
 		{cut, "cut.gguf"}, {bad, "count.gguf"}, {q5, "Q5_0"},
 		{shape, "blk.1.ffn_down.weight"},
 	};
-	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
-		snprintf(cmd, sizeof(cmd), "%s --model %s --runtime-dir %s chat "
-		         "--prompt hi", bin, files[i].path, d.dir);
-		refused(&d, 1, files[i].word, cmd);
-	}
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+		refused(&d, 1, files[i].word, "%s --model %s --runtime-dir %s "
+		        "chat --prompt hi", bin, files[i].path, d.dir);
 	/* the cached model missing: the `make models` hint */
-	snprintf(cmd, sizeof(cmd), "KVTRIM_MODELS=%s %s --model smollm2 info",
-	         th_tmpdir(), bin);
-	refused(NULL, 1, "make models", cmd);
+	refused(NULL, 1, "make models", "KVTRIM_MODELS=%s %s --model smollm2 "
+	        "info", th_tmpdir(), bin);
 
 	/* prompts: invalid UTF-8 (through the daemon and without) */
-	snprintf(cmd, sizeof(cmd), "%s --model %s --runtime-dir %s chat "
-	         "--prompt \"$(printf 'caf\\303')\"", bin, mdl, d.dir);
-	refused(&d, 2, "UTF-8", cmd);
-	snprintf(cmd, sizeof(cmd), "%s --model %s --no-daemon generate "
-	         "--prompt \"$(printf 'a\\377b')\" --steps 2", bin, mdl);
-	refused(NULL, 2, "UTF-8", cmd);
+	refused(&d, 2, "UTF-8",
+	        "%s --model %s --runtime-dir %s chat "
+	        "--prompt \"$(printf 'caf\\303')\"", bin, mdl, d.dir);
+	refused(NULL, 2, "UTF-8",
+	        "%s --model %s --no-daemon generate "
+	        "--prompt \"$(printf 'a\\377b')\" --steps 2", bin, mdl);
 	/* longer than the context (64) or than --context */
-	snprintf(cmd, sizeof(cmd), "%s --model %s --runtime-dir %s chat "
-	         "--prompt \"$(printf '%%070d' 0)\"", bin, mdl, d.dir);
-	refused(&d, 2, "no room for an answer", cmd);
-	snprintf(cmd, sizeof(cmd), "%s --model %s --no-daemon --context 16 "
-	         "generate --prompt 'seventeen bytes..' --steps 2", bin, mdl);
-	refused(NULL, 2, "the context 16", cmd);
-	snprintf(cmd, sizeof(cmd), "%s --model %s --no-daemon chat --prompt "
-	         "hi --max-tokens 0", bin, mdl);
-	refused(NULL, 2, "--max-tokens", cmd);
+	refused(&d, 2, "no room for an answer",
+	        "%s --model %s --runtime-dir %s chat "
+	        "--prompt \"$(printf '%%070d' 0)\"", bin, mdl, d.dir);
+	refused(NULL, 2, "the context 16",
+	        "%s --model %s --no-daemon --context 16 "
+	        "generate --prompt 'seventeen bytes..' --steps 2", bin, mdl);
+	refused(NULL, 2, "--max-tokens", "%s --model %s --no-daemon chat "
+	        "--prompt hi --max-tokens 0", bin, mdl);
 	/* a model without a tokenizer has no chat */
 	const char *notok = tiny_gguf("notok.gguf", (struct gb_llama_opts){0});
-	snprintf(cmd, sizeof(cmd), "%s --model %s --no-daemon chat --prompt "
-	         "hi", bin, notok);
-	refused(NULL, 2, "tokenizer", cmd);
+	refused(NULL, 2, "tokenizer", "%s --model %s --no-daemon chat "
+	        "--prompt hi", bin, notok);
 	/* the daemon is unharmed */
 	T_ASSERT(th_daemon_alive(&d));
 	T_EQ(th_daemon_stop(&d), 0);

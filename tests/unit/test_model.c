@@ -403,7 +403,8 @@ TEST(model, gguf_loads_the_same_model_as_llama2c)
 	char err[512];
 	const uint32_t types[] = {GGUF_GGML_F32, GGUF_GGML_F16, GGUF_GGML_Q8_0};
 	const size_t V = gguf_cfg.vocab_size, T = 20;
-	float *la = malloc(sizeof(float) * V * T), *lg = malloc(sizeof(float) * V * T);
+	float *la = malloc(sizeof(float) * V * T);
+	float *lg = malloc(sizeof(float) * V * T);
 	T_ASSERT(la && lg);
 	for (int shared = 0; shared <= 1; shared++) {
 		struct model src, a, g;

@@ -30,7 +30,8 @@ static const char usage[] =
 	"  --dtype f32|f16|bf16 K/V storage type in the pool (default f32)\n"
 	"  --page-tokens N      entries per page (default 16)\n"
 	"  --chunk N            prefill chunk = headroom (default 64)\n"
-	"  --stage-tokens N     staging ring (default = context)\n"
+	"  --stage-tokens N     staging ring (default min(context, 512),\n"
+	"                       at least chunk)\n"
 	"  --context N          max entries per list (default: a GGUF's\n"
 	"                       context_length, else min(seq_len, 512))\n"
 	"  --tenant NAME        tenant name in the daemon's stats\n"
@@ -285,10 +286,11 @@ int main(int argc, char **argv)
 	}
 	static const char *const modes[] = {"generate", "chat", "score",
 	                                    "oracle", "info"};
+	const size_t nm = sizeof(modes) / sizeof(modes[0]);
 	size_t mi = 0;
-	while (mi < sizeof(modes) / sizeof(modes[0]) && strcmp(o.mode, modes[mi]))
+	while (mi < nm && strcmp(o.mode, modes[mi]))
 		mi++;
-	if (mi == sizeof(modes) / sizeof(modes[0])) {
+	if (mi == nm) {
 		fprintf(stderr, "kvtrim-engine: unknown mode '%s'\n%s", o.mode,
 		        usage);
 		return 2;
@@ -314,7 +316,9 @@ int main(int argc, char **argv)
 		ret = run_oracle(&rm, &o.r);
 	} else {
 		struct runner r;
-		ret = run_open(&r, &m, &o.r);
+		ret = run_check(&rm, o.mode, &o.r);
+		if (!ret)
+			ret = run_open(&r, &m, &o.r);
 		if (!ret) {
 			if (!strcmp(o.mode, "generate"))
 				ret = run_generate(&rm, &r, &o.r);

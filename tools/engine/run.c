@@ -143,8 +143,9 @@ static int read_text(const struct run_model *rm, const char *path,
 	}
 	if (max && len > max) {
 		len = max;
-		while (rm->tok && len && ((unsigned char)buf[len] & 0xc0) == 0x80)
-			len--;
+		while (rm->tok && len &&
+		       ((unsigned char)buf[len] & 0xc0) == 0x80)
+			len--; /* not inside a UTF-8 character */
 	}
 	buf[len] = 0;
 	*out = buf;
@@ -164,6 +165,31 @@ static int input_ids(const struct run_model *rm, const char *text,
 }
 
 /* ---------------------------------------------------------------- runner */
+
+int run_check(const struct run_model *rm, const char *mode,
+              const struct run_opts *o)
+{
+	if (!strcmp(mode, "chat")) {
+		if (!rm->tok) {
+			errp("chat needs a model with a tokenizer (a GGUF "
+			     "file)%s%s", rm->tok_why ? ": " : "",
+			     rm->tok_why ? rm->tok_why : "");
+			return 2;
+		}
+		if (!o->prompt) {
+			errp("chat needs --prompt TEXT");
+			return 2;
+		}
+		if (!o->max_tokens) {
+			errp("chat: --max-tokens must be at least 1");
+			return 2;
+		}
+	} else if (!strcmp(mode, "score") && !o->input) {
+		errp("score needs --input FILE");
+		return 2;
+	}
+	return 0;
+}
 
 int run_open(struct runner *r, const struct model *m, struct run_opts *o)
 {
@@ -397,24 +423,14 @@ int run_chat(const struct run_model *rm, struct runner *r,
 {
 	const uint32_t V = rm->m->cfg.vocab_size;
 	char err[KVT_ERRTEXT_MAX];
-	if (!rm->tok) {
-		errp("chat needs a model with a tokenizer (a GGUF file)%s%s",
-		     rm->tok_why ? ": " : "", rm->tok_why ? rm->tok_why : "");
-		return 2;
-	}
-	if (!o->prompt) {
-		errp("chat needs --prompt TEXT");
-		return 2;
-	}
-	if (!o->max_tokens) {
-		errp("chat: --max-tokens must be at least 1");
-		return 2;
-	}
+	int ret = run_check(rm, "chat", o);
+	if (ret)
+		return ret;
 	struct tok_ids ids = {0}, ans = {0};
 	float *last = NULL;
 	char *text = NULL;
 	size_t tlen;
-	int ret = 1;
+	ret = 1;
 	if (rm->m->bos >= 0 && ids_push(&ids, rm->m->bos))
 		goto oom;
 	struct tok_msg msg = {"user", o->prompt};
@@ -503,10 +519,8 @@ int run_score(const struct run_model *rm, struct runner *r,
               const struct run_opts *o)
 {
 	const uint32_t V = rm->m->cfg.vocab_size;
-	if (!o->input) {
-		errp("score needs --input FILE");
+	if (run_check(rm, "score", o))
 		return 2;
-	}
 	char *text;
 	size_t len;
 	if (read_text(rm, o->input, rm->tok ? o->max_bytes : 0, &text, &len))

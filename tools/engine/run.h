@@ -53,6 +53,11 @@ struct runner {
 	uint32_t chunk;
 };
 
+/* Checks what mode needs before anything is opened: a tokenizer and
+ * --prompt for chat, --input for score, ...; 0 or 2 (the reason printed). */
+int run_check(const struct run_model *rm, const char *mode,
+              const struct run_opts *o);
+
 /* Opens the backend o asks for with o->eo.context positions; 0 or 1 (the
  * reason printed). */
 int run_open(struct runner *r, const struct model *m, struct run_opts *o);
