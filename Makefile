@@ -35,7 +35,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
               -MMD -MP -Iinclude -Icore -Iipc -Ibackend -Idaemon -Ipolicies -Ikernels/cpu \
-              -Iexamples/tinyllm -Iengine -Iclient -Itests/harness
+              -Iengine -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
 # depending on what only the daemon uses.
@@ -74,9 +74,9 @@ DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 POLICY_SRC  := $(wildcard policies/*.c)
 KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
 TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
-TINY_SRC    := $(filter-out examples/tinyllm/main.c,$(wildcard examples/tinyllm/*.c))
-# engine/: the model-format modules (GGUF reader, tokenizer, model cache); the
-# reference engine itself moves here from examples/tinyllm later.
+# engine/: the reference engine as a component (model loaders, forward,
+# the engine with its KV cache in kvtrimd, oracles, GGUF reader, tokenizer,
+# model files); its command line is tools/engine/main.c.
 ENGINE_SRC  := $(wildcard engine/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
@@ -86,7 +86,6 @@ IPC_OBJ    := $(call obj,$(IPC_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC) $(BACKEND_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
-TINY_OBJ   := $(call obj,$(TINY_SRC))
 ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
 
 LIB_SO  := $(B)/lib/libkvtrim.so
@@ -99,11 +98,11 @@ CTL     := $(B)/bin/kvtrimctl
 LOADGEN := $(B)/bin/kvtrim-loadgen
 BENCH   := $(B)/bin/kvtrim-bench
 TESTS   := $(B)/bin/kvtrim-tests
-TINYLLM := $(B)/bin/kvtrim-tinyllm
+ENGINE_BIN := $(B)/bin/kvtrim-engine
 
 ALL := $(LIB_SO) $(LIB_SO0) $(LIB_A) $(LIB_PC) $(DAEMON) $(CTL) $(LOADGEN) $(BENCH) $(TESTS)
-ifneq ($(wildcard examples/tinyllm/main.c),)
-ALL += $(TINYLLM)
+ifneq ($(wildcard tools/engine/main.c),)
+ALL += $(ENGINE_BIN)
 endif
 
 # Scorer training and quality evaluation (tools/train, tools/eval); the
@@ -193,25 +192,25 @@ $(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/harness/dae
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# The reference engine (examples/tinyllm): its model code is also linked
-# into the tests.
-$(TINYLLM): $(B)/obj/examples/tinyllm/main.o $(TINY_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
+# The reference engine's command line (tools/engine); the engine itself
+# (engine/) is also linked into the tests and the tools.
+$(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(TINY_OBJ) $(ENGINE_OBJ) $(LIB_INT)
+$(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(ENGINE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(TESTS): $(TRAINLIB_OBJ)
 
-$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_INT)
+$(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(TINY_OBJ) $(POLICY_OBJ) $(LIB_INT)
+$(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)

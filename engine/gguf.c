@@ -1,5 +1,8 @@
 /*
- * gguf.c — GGUF v3 reader and dequantisation; see gguf.h.
+ * gguf.c — GGUF v3 container reader: header, metadata, tensor infos,
+ * indexes and typed look-ups; see gguf.h.  The tensor types and their
+ * dequantisation are in gguf_quant.c, the llama architecture check in
+ * gguf_llama.c.
  *
  * Parsing walks a bounds-checked cursor over the whole file: every read
  * first checks the bytes left, and every count is compared with the bytes
@@ -7,11 +10,6 @@
  * corrupt header fails with a reason instead of a huge allocation or a
  * read past the map.  Tensor data are checked only once the header (and so
  * the data section's start) is known.
- *
- * The block layouts and the dequantisation formulas follow ggml's reference
- * CPU code (ggml-quants.c, dequantize_row_*), in the same order of float
- * operations, so values match ggml and the gguf Python package bit for
- * bit.
  */
 #include "gguf.h"
 
@@ -25,7 +23,6 @@
 #include <unistd.h>
 
 #include "errors.h"
-#include "dtype.h"
 #include "kvtrim.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -59,55 +56,6 @@ struct gguf {
 
 /* ---------------------------------------------------------------- types */
 
-struct ttype {
-	const char *name;
-	uint32_t blck;  /* elements per block */
-	uint32_t bytes; /* bytes per block */
-	int deq;        /* gguf_dequant() handles it */
-};
-
-/* Indexed by ggml_type; a NULL name is a number unknown here. */
-static const struct ttype TTYPES[] = {
-	[GGUF_GGML_F32] = {"F32", 1, 4, 1},
-	[GGUF_GGML_F16] = {"F16", 1, 2, 1},
-	[GGUF_GGML_Q4_0] = {"Q4_0", 32, 18, 1},
-	[GGUF_GGML_Q4_1] = {"Q4_1", 32, 20, 1},
-	[GGUF_GGML_Q5_0] = {"Q5_0", 32, 22, 0},
-	[GGUF_GGML_Q5_1] = {"Q5_1", 32, 24, 0},
-	[GGUF_GGML_Q8_0] = {"Q8_0", 32, 34, 1},
-	[GGUF_GGML_Q8_1] = {"Q8_1", 32, 36, 0},
-	[GGUF_GGML_Q2_K] = {"Q2_K", 256, 84, 0},
-	[GGUF_GGML_Q3_K] = {"Q3_K", 256, 110, 0},
-	[GGUF_GGML_Q4_K] = {"Q4_K", 256, 144, 1},
-	[GGUF_GGML_Q5_K] = {"Q5_K", 256, 176, 0},
-	[GGUF_GGML_Q6_K] = {"Q6_K", 256, 210, 1},
-	[GGUF_GGML_Q8_K] = {"Q8_K", 256, 292, 0},
-	[GGUF_GGML_I8] = {"I8", 1, 1, 0},
-	[GGUF_GGML_I16] = {"I16", 1, 2, 0},
-	[GGUF_GGML_I32] = {"I32", 1, 4, 0},
-	[GGUF_GGML_I64] = {"I64", 1, 8, 0},
-	[GGUF_GGML_F64] = {"F64", 1, 8, 0},
-	[GGUF_GGML_BF16] = {"BF16", 1, 2, 1},
-};
-#define N_TTYPES (sizeof(TTYPES) / sizeof(TTYPES[0]))
-
-static const struct ttype *ttype(uint32_t t)
-{
-	return t < N_TTYPES && TTYPES[t].name ? &TTYPES[t] : NULL;
-}
-
-const char *gguf_type_name(enum gguf_ggml_type t)
-{
-	const struct ttype *tt = ttype((uint32_t)t);
-	return tt ? tt->name : NULL;
-}
-
-int gguf_can_dequant(enum gguf_ggml_type t)
-{
-	const struct ttype *tt = ttype((uint32_t)t);
-	return tt && tt->deq;
-}
-
 static const char *const VTYPES[] = {
 	"uint8", "int8",  "uint16", "int16", "uint32", "int32",   "float32",
 	"bool",  "string", "array", "uint64", "int64", "float64",
@@ -137,7 +85,6 @@ static int vsize(uint32_t t)
 		return -1;
 	}
 }
-
 /* ---------------------------------------------------------------- cursor */
 
 struct cur {
@@ -411,20 +358,20 @@ static int rd_tensor(struct cur *c, struct gguf_tensor *t, uint64_t i)
 	if ((rc = rd_u32(c, &type, "tensor type")) < 0 ||
 	    (rc = rd_u64(c, &t->offset, "tensor offset")) < 0)
 		return rc;
-	const struct ttype *tt = ttype(type);
-	if (!tt)
+	uint32_t blck, bytes;
+	if (gguf_type_block((enum gguf_ggml_type)type, &blck, &bytes) < 0)
 		return errors_fmt(c->err, c->errlen, KVT_ENOTSUP,
 		                  "tensor %s has unknown tensor type %u", t->name,
 		                  type);
 	t->type = (enum gguf_ggml_type)type;
-	if (t->ne[0] % tt->blck)
+	if (t->ne[0] % blck)
 		return errors_fmt(c->err, c->errlen, KVT_EINVAL,
 		                  "tensor %s: row of %llu elements is not a "
 		                  "whole number of %s blocks of %u", t->name,
-		                  (unsigned long long)t->ne[0], tt->name,
-		                  tt->blck);
+		                  (unsigned long long)t->ne[0],
+		                  gguf_type_name(t->type), blck);
 	/* n_elem < 2^63 and bytes/blck <= 36, so this cannot overflow. */
-	t->n_bytes = t->n_elem / tt->blck * tt->bytes;
+	t->n_bytes = t->n_elem / blck * bytes;
 	return 0;
 }
 
@@ -890,356 +837,5 @@ int gguf_get_arr(const struct gguf *g, const char *key, enum gguf_type elem,
 		                      : "",
 		                  gguf_value_type_name(elem));
 	*out = v;
-	return 0;
-}
-
-/* ---------------------------------------------------------------- dequant */
-
-#define QK 32    /* elements of a Q4_0 / Q4_1 / Q8_0 block */
-#define QK_K 256 /* elements of a K-quant super-block */
-
-static float f16_at(const uint8_t *p)
-{
-	uint16_t h;
-	float f;
-	memcpy(&h, p, 2);
-	dtype_to_f32(&h, KVT_DTYPE_F16, &f, 1);
-	return f;
-}
-
-/* block_q4_0: f16 d; u8 qs[16]: y[j] = (lo(qs[j]) - 8) d, y[j+16] = (hi - 8) d */
-static void deq_q4_0(const uint8_t *b, float *y)
-{
-	const float d = f16_at(b);
-	const uint8_t *qs = b + 2;
-	for (int j = 0; j < QK / 2; j++) {
-		const int x0 = (qs[j] & 0x0f) - 8, x1 = (qs[j] >> 4) - 8;
-		y[j] = x0 * d;
-		y[j + QK / 2] = x1 * d;
-	}
-}
-
-/* block_q4_1: f16 d, m; u8 qs[16]: y[j] = lo(qs[j]) d + m, y[j+16] = hi d + m */
-static void deq_q4_1(const uint8_t *b, float *y)
-{
-	const float d = f16_at(b), m = f16_at(b + 2);
-	const uint8_t *qs = b + 4;
-	for (int j = 0; j < QK / 2; j++) {
-		const float x0 = (float)(qs[j] & 0x0f), x1 = (float)(qs[j] >> 4);
-		y[j] = x0 * d + m;
-		y[j + QK / 2] = x1 * d + m;
-	}
-}
-
-/* block_q8_0: f16 d; i8 qs[32]: y[j] = qs[j] d */
-static void deq_q8_0(const uint8_t *b, float *y)
-{
-	const float d = f16_at(b);
-	const int8_t *qs = (const int8_t *)(b + 2);
-	for (int j = 0; j < QK; j++)
-		y[j] = qs[j] * d;
-}
-
-/* The 6-bit scale and min of sub-block j of a Q4_K block (ggml's
- * get_scale_min_k4): scales[12] packs 8 pairs. */
-static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
-{
-	if (j < 4) {
-		*d = q[j] & 63;
-		*m = q[j + 4] & 63;
-	} else {
-		*d = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
-		*m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-	}
-}
-
-/* block_q4_K: f16 d, dmin; u8 scales[12]; u8 qs[128]: 8 sub-blocks of 32,
- * y = d sc_s q - dmin m_s (q the low nibbles for even s, high for odd). */
-static void deq_q4_k(const uint8_t *b, float *y)
-{
-	const float d = f16_at(b), min = f16_at(b + 2);
-	const uint8_t *scales = b + 4, *q = b + 16;
-	int is = 0;
-	for (int j = 0; j < QK_K; j += 64) {
-		uint8_t sc, m;
-		scale_min_k4(is, scales, &sc, &m);
-		const float d1 = d * sc, m1 = min * m;
-		scale_min_k4(is + 1, scales, &sc, &m);
-		const float d2 = d * sc, m2 = min * m;
-		for (int l = 0; l < 32; l++)
-			*y++ = d1 * (q[l] & 0x0f) - m1;
-		for (int l = 0; l < 32; l++)
-			*y++ = d2 * (q[l] >> 4) - m2;
-		q += 32;
-		is += 2;
-	}
-}
-
-/* block_q6_K: u8 ql[128] (low 4 bits), u8 qh[64] (high 2 bits), i8
- * scales[16], f16 d: y = d scale_s (q - 32), 16 sub-blocks of 16. */
-static void deq_q6_k(const uint8_t *b, float *y)
-{
-	const uint8_t *ql = b, *qh = b + 128;
-	const int8_t *sc = (const int8_t *)(b + 192);
-	const float d = f16_at(b + 208);
-	for (int n = 0; n < QK_K; n += 128) {
-		for (int l = 0; l < 32; l++) {
-			int is = l / 16;
-			const int q1 = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32;
-			const int q2 = ((ql[l + 32] & 0xf) |
-			                (((qh[l] >> 2) & 3) << 4)) - 32;
-			const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-			const int q4 = ((ql[l + 32] >> 4) |
-			                (((qh[l] >> 6) & 3) << 4)) - 32;
-			y[l] = d * sc[is] * q1;
-			y[l + 32] = d * sc[is + 2] * q2;
-			y[l + 64] = d * sc[is + 4] * q3;
-			y[l + 96] = d * sc[is + 6] * q4;
-		}
-		y += 128;
-		ql += 64;
-		qh += 32;
-		sc += 8;
-	}
-}
-
-/* F16 / BF16 runs; the source may be unaligned (alignment 1 is legal), so
- * it is copied into an aligned staging buffer first. */
-static void deq_half(const uint8_t *src, enum kvt_dtype dt, float *dst,
-                     uint64_t n)
-{
-	uint16_t tmp[1024];
-	while (n) {
-		size_t k = n < 1024 ? (size_t)n : 1024;
-		memcpy(tmp, src, k * 2);
-		dtype_to_f32(tmp, dt, dst, k);
-		src += k * 2;
-		dst += k;
-		n -= k;
-	}
-}
-
-typedef void (*deq_block_fn)(const uint8_t *b, float *y);
-
-static deq_block_fn block_fn(enum gguf_ggml_type t)
-{
-	switch (t) {
-	case GGUF_GGML_Q4_0: return deq_q4_0;
-	case GGUF_GGML_Q4_1: return deq_q4_1;
-	case GGUF_GGML_Q8_0: return deq_q8_0;
-	case GGUF_GGML_Q4_K: return deq_q4_k;
-	case GGUF_GGML_Q6_K: return deq_q6_k;
-	default: return NULL;
-	}
-}
-
-int gguf_dequant(const struct gguf_tensor *t, uint64_t first, uint64_t n,
-                 float *dst, char *err, size_t errlen)
-{
-	const struct ttype *tt = ttype((uint32_t)t->type);
-	if (!tt || !tt->deq)
-		return errors_fmt(err, errlen, KVT_ENOTSUP,
-		                  "tensor %s: cannot dequantise type %s", t->name,
-		                  tt ? tt->name : "unknown");
-	if (first > t->n_elem || n > t->n_elem - first)
-		return errors_fmt(err, errlen, KVT_EINVAL,
-		                  "tensor %s: range [%llu, +%llu) outside its "
-		                  "%llu elements", t->name,
-		                  (unsigned long long)first,
-		                  (unsigned long long)n,
-		                  (unsigned long long)t->n_elem);
-	const uint8_t *src = t->data;
-	switch (t->type) {
-	case GGUF_GGML_F32:
-		memcpy(dst, src + first * 4, n * 4);
-		return 0;
-	case GGUF_GGML_F16:
-		deq_half(src + first * 2, KVT_DTYPE_F16, dst, n);
-		return 0;
-	case GGUF_GGML_BF16:
-		deq_half(src + first * 2, KVT_DTYPE_BF16, dst, n);
-		return 0;
-	default:
-		break;
-	}
-	deq_block_fn fn = block_fn(t->type);
-	float tmp[QK_K];
-	uint64_t bk = tt->blck, blk = first / bk, skip = first % bk;
-	while (n) {
-		const uint8_t *b = src + blk * tt->bytes;
-		if (skip == 0 && n >= bk) {
-			fn(b, dst);
-			dst += bk;
-			n -= bk;
-		} else { /* a partial block at either end */
-			uint64_t k = bk - skip < n ? bk - skip : n;
-			fn(b, tmp);
-			memcpy(dst, tmp + skip, k * sizeof(float));
-			dst += k;
-			n -= k;
-			skip = 0;
-		}
-		blk++;
-	}
-	return 0;
-}
-
-/* ---------------------------------------------------------------- llama */
-
-/* Checks that tensor name exists with ne = {ne0, ne1} (ne1 == 0: 1-D) and a
- * type gguf_dequant() handles. */
-static int want_tensor(const struct gguf *g, const char *name, uint64_t ne0,
-                       uint64_t ne1, char *err, size_t errlen)
-{
-	const struct gguf_tensor *t = gguf_tensor_find(g, name);
-	uint32_t nd = ne1 ? 2 : 1;
-	if (!t)
-		return errors_fmt(err, errlen, KVT_EGEOMETRY,
-		                  "missing tensor %s", name);
-	if (t->n_dims != nd || t->ne[0] != ne0 || (ne1 && t->ne[1] != ne1))
-		return errors_fmt(err, errlen, KVT_EGEOMETRY,
-		                  "tensor %s has %u dims {%llu, %llu, ...}, "
-		                  "expected {%llu%s%.0llu} from the "
-		                  "hyperparameters", name, t->n_dims,
-		                  (unsigned long long)t->ne[0],
-		                  (unsigned long long)t->ne[1],
-		                  (unsigned long long)ne0, ne1 ? ", " : "",
-		                  (unsigned long long)ne1);
-	if (!gguf_can_dequant(t->type))
-		return errors_fmt(err, errlen, KVT_ENOTSUP,
-		                  "tensor %s has type %s, which this reader "
-		                  "cannot dequantise", name,
-		                  gguf_type_name(t->type));
-	return 0;
-}
-
-static int llama_hparams(const struct gguf *g, struct gguf_llama *hp,
-                         char *err, size_t errlen)
-{
-	int rc;
-	if ((rc = gguf_get_u32(g, "llama.embedding_length", &hp->n_embd, err,
-	                       errlen)) < 0 ||
-	    (rc = gguf_get_u32(g, "llama.block_count", &hp->n_layer, err,
-	                       errlen)) < 0 ||
-	    (rc = gguf_get_u32(g, "llama.attention.head_count", &hp->n_head,
-	                       err, errlen)) < 0 ||
-	    (rc = gguf_get_u32(g, "llama.feed_forward_length", &hp->n_ff, err,
-	                       errlen)) < 0 ||
-	    (rc = gguf_get_u32(g, "llama.context_length", &hp->n_ctx, err,
-	                       errlen)) < 0 ||
-	    (rc = gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon",
-	                       &hp->rms_eps, err, errlen)) < 0)
-		return rc;
-	hp->n_head_kv = hp->n_head;
-	if (gguf_find(g, "llama.attention.head_count_kv") &&
-	    (rc = gguf_get_u32(g, "llama.attention.head_count_kv",
-	                       &hp->n_head_kv, err, errlen)) < 0)
-		return rc;
-	hp->rope_theta = 10000.0f;
-	if (gguf_find(g, "llama.rope.freq_base") &&
-	    (rc = gguf_get_f32(g, "llama.rope.freq_base", &hp->rope_theta, err,
-	                       errlen)) < 0)
-		return rc;
-	if (!hp->n_embd || !hp->n_layer || !hp->n_head || !hp->n_head_kv ||
-	    !hp->n_ff || !hp->n_ctx || hp->n_head % hp->n_head_kv ||
-	    hp->n_embd % hp->n_head || !(hp->rms_eps > 0) ||
-	    !(hp->rope_theta > 0))
-		return errors_fmt(err, errlen, KVT_EINVAL,
-		                  "inconsistent llama hyperparameters: "
-		                  "n_embd %u n_layer %u n_head %u n_head_kv %u "
-		                  "n_ff %u n_ctx %u eps %g theta %g", hp->n_embd,
-		                  hp->n_layer, hp->n_head, hp->n_head_kv,
-		                  hp->n_ff, hp->n_ctx, (double)hp->rms_eps,
-		                  (double)hp->rope_theta);
-	hp->head_dim = hp->n_embd / hp->n_head;
-	/* Models whose head size is not n_embd / n_head, or that rotate only
-	 * part of each head, say so in these keys: not supported. */
-	static const char *const same[] = {"llama.rope.dimension_count",
-	                                   "llama.attention.key_length",
-	                                   "llama.attention.value_length"};
-	for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++) {
-		uint32_t v;
-		if (!gguf_find(g, same[i]))
-			continue;
-		if ((rc = gguf_get_u32(g, same[i], &v, err, errlen)) < 0)
-			return rc;
-		if (v != hp->head_dim)
-			return errors_fmt(err, errlen, KVT_ENOTSUP,
-			                  "%s is %u, not n_embd / n_head = %u: "
-			                  "not supported", same[i], v,
-			                  hp->head_dim);
-	}
-	const struct gguf_value *toks = gguf_find(g, "tokenizer.ggml.tokens");
-	if (gguf_find(g, "llama.vocab_size")) {
-		if ((rc = gguf_get_u32(g, "llama.vocab_size", &hp->n_vocab, err,
-		                       errlen)) < 0)
-			return rc;
-	} else if (toks && toks->type == GGUF_TYPE_ARRAY &&
-	           toks->v.arr.n <= UINT32_MAX) {
-		hp->n_vocab = (uint32_t)toks->v.arr.n;
-	}
-	if (!hp->n_vocab)
-		return errors_fmt(err, errlen, KVT_EINVAL,
-		                  "no vocabulary size: neither llama.vocab_size "
-		                  "nor a tokenizer.ggml.tokens array");
-	return 0;
-}
-
-static int llama_layer(const struct gguf *g, const struct gguf_llama *hp,
-                       uint32_t l, char *err, size_t errlen)
-{
-	const uint64_t e = hp->n_embd, q = (uint64_t)hp->n_head * hp->head_dim;
-	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
-	const uint64_t ff = hp->n_ff;
-	const struct {
-		const char *suffix;
-		uint64_t ne0, ne1; /* ggml order: ne0 is the row length (in) */
-	} want[] = {
-		{"attn_norm.weight", e, 0},   {"attn_q.weight", e, q},
-		{"attn_k.weight", e, kv},     {"attn_v.weight", e, kv},
-		{"attn_output.weight", q, e}, {"ffn_norm.weight", e, 0},
-		{"ffn_gate.weight", e, ff},   {"ffn_up.weight", e, ff},
-		{"ffn_down.weight", ff, e},
-	};
-	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-		char name[GGUF_MAX_NAME + 1];
-		snprintf(name, sizeof(name), "blk.%u.%s", l, want[i].suffix);
-		int rc = want_tensor(g, name, want[i].ne0, want[i].ne1, err,
-		                     errlen);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
-int gguf_llama_check(const struct gguf *g, struct gguf_llama *hp, char *err,
-                     size_t errlen)
-{
-	struct gguf_str arch;
-	struct gguf_llama h;
-	memset(&h, 0, sizeof(h));
-	int rc = gguf_get_str(g, "general.architecture", &arch, err, errlen);
-	if (rc < 0)
-		return rc;
-	if (!gguf_str_eq(arch, "llama"))
-		return errors_fmt(err, errlen, KVT_ENOTSUP,
-		                  "architecture \"%.*s\" is not supported (only "
-		                  "llama)", (int)(arch.len < 64 ? arch.len : 64),
-		                  arch.p);
-	if ((rc = llama_hparams(g, &h, err, errlen)) < 0 ||
-	    (rc = want_tensor(g, "token_embd.weight", h.n_embd, h.n_vocab, err,
-	                      errlen)) < 0 ||
-	    (rc = want_tensor(g, "output_norm.weight", h.n_embd, 0, err,
-	                      errlen)) < 0)
-		return rc;
-	h.tied = gguf_tensor_find(g, "output.weight") == NULL;
-	if (!h.tied && (rc = want_tensor(g, "output.weight", h.n_embd,
-	                                 h.n_vocab, err, errlen)) < 0)
-		return rc;
-	for (uint32_t l = 0; l < h.n_layer; l++)
-		if ((rc = llama_layer(g, &h, l, err, errlen)) < 0)
-			return rc;
-	if (hp)
-		*hp = h;
 	return 0;
 }

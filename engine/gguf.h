@@ -3,7 +3,8 @@
  * / ggml: metadata, tensor infos and tensor data, with dequantisation to
  * float32.  No engine code: the engine reads hyperparameters and tensors
  * through this interface.  Tested in tests/unit/test_gguf.c
- * (`kvtrim-tests gguf`).
+ * (`kvtrim-tests gguf`).  The reader is gguf.c; the tensor types and the
+ * dequantisation gguf_quant.c; the llama architecture check gguf_llama.c.
  *
  * File layout (all little-endian):
  *   "GGUF" u32 version u64 n_tensors u64 n_kv
@@ -185,8 +186,14 @@ const struct gguf_tensor *gguf_tensor_at(const struct gguf *g, size_t i);
 const struct gguf_tensor *gguf_tensor_find(const struct gguf *g,
                                            const char *name);
 
+/* Tensor types (gguf_quant.c). */
+
 /* "Q4_1", ... or NULL for a type unknown here. */
 const char *gguf_type_name(enum gguf_ggml_type t);
+/* Elements and bytes of one block of type t (1 and the element size for
+ * unquantised types): 0, or KVT_ENOTSUP for a type unknown here.  The
+ * reader sizes tensor data with it. */
+int gguf_type_block(enum gguf_ggml_type t, uint32_t *elems, uint32_t *bytes);
 const char *gguf_value_type_name(enum gguf_type t);
 /* 1 when gguf_dequant() handles t. */
 int gguf_can_dequant(enum gguf_ggml_type t);

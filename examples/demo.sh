@@ -34,7 +34,7 @@ L3=$!
 # `make weights` when present, else a quick training run (seconds).
 MODEL=${KVTRIM_MODEL:-../shared/models/bytes2m.bin}
 ENG=
-if [ -r "$MODEL" ] && [ -x "$BIN/kvtrim-tinyllm" ]; then
+if [ -r "$MODEL" ] && [ -x "$BIN/kvtrim-engine" ]; then
 	W=$B/weights/bytes2m
 	if [ ! -e "$W/fastkvzip.safetensors" ]; then
 		W=$DIR/weights
@@ -43,8 +43,8 @@ if [ -r "$MODEL" ] && [ -x "$BIN/kvtrim-tinyllm" ]; then
 			{ cat "$DIR/train.log"; exit 1; }
 	fi
 	SPEC="fastkvzip:model=$W/fastkvzip.safetensors,ratio=0.75,window=16,sinks=4,every=16"
-	echo "== kvtrim-tinyllm ($MODEL) generating with $SPEC"
-	$BIN/kvtrim-tinyllm --model "$MODEL" --runtime-dir "$DIR" --tenant engine \
+	echo "== kvtrim-engine ($MODEL) generating with $SPEC"
+	$BIN/kvtrim-engine --model "$MODEL" --runtime-dir "$DIR" --tenant engine \
 		--policy "$SPEC" --stats generate --prompt "The kernel" --steps 400 >"$DIR/engine.out" 2>&1 &
 	ENG=$!
 else

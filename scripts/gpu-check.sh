@@ -7,7 +7,7 @@
 #      reference, and the cuda backend (VMM and legacy-IPC chunks,
 #      interprocess events) across two processes;
 #   3. runs the integration tests on the cuda backend (KVTRIM_BACKEND=cuda:
-#      pages are device memory, which the tests and the tinyllm engine
+#      pages are device memory, which the tests and the reference engine
 #      reach through kvt_memcpy), then two engine processes
 #      (kvtrim-loadgen --clients 2 --verify) against one cuda kvtrimd, in
 #      both sharing modes;

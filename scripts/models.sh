@@ -10,7 +10,7 @@
 # never kept.
 #
 # Cache: $KVTRIM_MODELS, default ${XDG_CACHE_HOME:-$HOME/.cache}/kvtrim/models
-# (engine/models.c resolves the same directory for the engine and tests).
+# (engine/model_files.c resolves the same directory for the engine and tests).
 # Beside each model a stamp <file>.sha256 records the verified hash, so a
 # later run only compares the stamp (no 100 MB read) and returns at once.
 # Remove the stamp to have the file hashed again.

@@ -1,8 +1,8 @@
 /*
- * test_engine.c — the reference engine (examples/tinyllm) against the real
+ * test_engine.c — the reference engine (engine/) against the real
  * kvtrimd: with policy `full` its logits must equal the dense in-process
  * forward, for both shipped models; an evicting policy must run and show
- * evictions; the kvtrim-tinyllm command line must agree with --no-daemon.
+ * evictions; the kvtrim-engine command line must agree with --no-daemon.
  *
  * The models live outside the repository (../shared/models from the repo
  * root, where the test runner is started); tests skip when they are absent.
@@ -299,7 +299,7 @@ TEST_T(engine, cli_agrees_with_no_daemon, 120)
 	load_or_skip("bytes2m.bin", &m);
 	model_free(&m);
 	char a[8192], b[8192];
-	const char *bin = th_bin("kvtrim-tinyllm");
+	const char *bin = th_bin("kvtrim-engine");
 	const char *mdl = MODELS_DIR "/bytes2m.bin";
 	struct th_daemon d;
 	th_daemon_start(&d, "64M", NULL);
@@ -345,7 +345,7 @@ TEST_T(engine, oracle_cli_writes_scores, 120)
 	struct model m;
 	load_or_skip("bytes2m.bin", &m);
 	char out[4096], path[512];
-	const char *bin = th_bin("kvtrim-tinyllm");
+	const char *bin = th_bin("kvtrim-engine");
 	const char *kinds[3] = {"kvzip", "kvzip+", "future"};
 	const uint32_t want_T[3] = {255, 255, 301};
 	for (int k = 0; k < 3; k++) {

@@ -1,6 +1,6 @@
 /*
  * test_gguf.c — the GGUF reader (engine/gguf.c) and the model cache
- * (engine/models.c, scripts/models.sh).
+ * (engine/model_files.c, scripts/models.sh).
  *
  * Small GGUF files are written by the test itself: every metadata type,
  * every tensor type with values dequantised by hand below, alignment 64,
@@ -18,98 +18,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gb.h"
 #include "gguf.h"
-#include "models.h"
+#include "model_files.h"
 #include "test.h"
 
-/* ---------------------------------------------------------------- builder */
-
-/* A growing byte buffer the tests write GGUF files into. */
-struct gb {
-	uint8_t *p;
-	size_t len, cap;
-};
-
-static void gb_put(struct gb *b, const void *d, size_t n)
-{
-	if (b->len + n > b->cap) {
-		b->cap = (b->len + n) * 2 + 64;
-		b->p = realloc(b->p, b->cap);
-		T_ASSERT(b->p);
-	}
-	memcpy(b->p + b->len, d, n);
-	b->len += n;
-}
-
-static void gb_u8(struct gb *b, uint8_t v) { gb_put(b, &v, 1); }
-static void gb_u16(struct gb *b, uint16_t v) { gb_put(b, &v, 2); }
-static void gb_u32(struct gb *b, uint32_t v) { gb_put(b, &v, 4); }
-static void gb_u64(struct gb *b, uint64_t v) { gb_put(b, &v, 8); }
-static void gb_f32(struct gb *b, float v) { gb_put(b, &v, 4); }
-
-static void gb_str(struct gb *b, const char *s)
-{
-	gb_u64(b, strlen(s));
-	gb_put(b, s, strlen(s));
-}
-
-static void gb_hdr(struct gb *b, uint32_t version, uint64_t n_t, uint64_t n_kv)
-{
-	gb_put(b, "GGUF", 4);
-	gb_u32(b, version);
-	gb_u64(b, n_t);
-	gb_u64(b, n_kv);
-}
-
-static void gb_key(struct gb *b, const char *key, uint32_t type)
-{
-	gb_str(b, key);
-	gb_u32(b, type);
-}
-
-static void gb_kv_u32(struct gb *b, const char *key, uint32_t v)
-{
-	gb_key(b, key, GGUF_TYPE_UINT32);
-	gb_u32(b, v);
-}
-
-static void gb_kv_str(struct gb *b, const char *key, const char *v)
-{
-	gb_key(b, key, GGUF_TYPE_STRING);
-	gb_str(b, v);
-}
-
-static void gb_tinfo(struct gb *b, const char *name, uint32_t n_dims,
-                     const uint64_t *ne, uint32_t type, uint64_t off)
-{
-	gb_str(b, name);
-	gb_u32(b, n_dims);
-	for (uint32_t i = 0; i < n_dims; i++)
-		gb_u64(b, ne[i]);
-	gb_u32(b, type);
-	gb_u64(b, off);
-}
-
-static void gb_pad(struct gb *b, size_t align)
-{
-	while (b->len % align)
-		gb_u8(b, 0);
-}
-
-/* Puts n bytes of d at offset off of b (zero-filling any gap). */
-static void gb_at(struct gb *b, size_t off, const void *d, size_t n)
-{
-	while (b->len < off)
-		gb_u8(b, 0);
-	T_ASSERT(b->len == off);
-	gb_put(b, d, n);
-}
-
-static void gb_free(struct gb *b)
-{
-	free(b->p);
-	memset(b, 0, sizeof(*b));
-}
+/* ---------------------------------------------------------------- helpers */
 
 /* Opens the bytes of b from an exact-size heap copy (so ASan sees any read
  * past the end); returns the code, with the reason in err. */
@@ -1168,35 +1082,35 @@ TEST(gguf, llama_check)
 
 /* ---------------------------------------------------------------- models */
 
-TEST(gguf, models_dir_rule)
+TEST(gguf, model_files_dir_rule)
 {
 	char buf[512], err[KVT_ERRTEXT_MAX];
 	setenv("KVTRIM_MODELS", "/m", 1);
 	setenv("XDG_CACHE_HOME", "/x", 1);
 	setenv("HOME", "/h", 1);
-	T_OK(models_dir(buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_dir(buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, "/m");
 	setenv("KVTRIM_MODELS", "", 1); /* empty counts as unset */
-	T_OK(models_dir(buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_dir(buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, "/x/kvtrim/models");
 	unsetenv("XDG_CACHE_HOME");
-	T_OK(models_dir(buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_dir(buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, "/h/.cache/kvtrim/models");
 	unsetenv("HOME");
-	T_ERR(models_dir(buf, sizeof(buf), err, sizeof(err)), KVT_EINVAL);
-	T_ERR(models_dir(buf, 4, err, sizeof(err)), KVT_EINVAL);
+	T_ERR(model_files_dir(buf, sizeof(buf), err, sizeof(err)), KVT_EINVAL);
+	T_ERR(model_files_dir(buf, 4, err, sizeof(err)), KVT_EINVAL);
 
-	/* models_find wants the file and its stamp. */
+	/* model_files_find wants the file and its stamp. */
 	setenv("KVTRIM_MODELS", th_tmpdir(), 1);
-	T_ERR(models_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
+	T_ERR(model_files_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
 	      KVT_EINVAL);
 	T_ASSERT(strstr(err, "make models"));
 	write_bytes(tmp_path("m.gguf"), "x", 1);
-	T_ERR(models_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
+	T_ERR(model_files_find("m.gguf", buf, sizeof(buf), err, sizeof(err)),
 	      KVT_EINVAL);
 	T_ASSERT(strstr(err, "not verified"));
 	write_bytes(tmp_path("m.gguf.sha256"), "x", 1);
-	T_OK(models_find("m.gguf", buf, sizeof(buf), err, sizeof(err)));
+	T_OK(model_files_find("m.gguf", buf, sizeof(buf), err, sizeof(err)));
 	T_EQ_STR(buf, tmp_path("m.gguf"));
 }
 
@@ -1230,7 +1144,7 @@ TEST_T(gguf, models_script_offline, 90)
 	fclose(f);
 	text[n] = 0;
 	T_ASSERT(strstr(text, "unavailable"));
-	snprintf(path, sizeof(path), "%s/cache/%s", th_tmpdir(), MODELS_SMOLLM2);
+	snprintf(path, sizeof(path), "%s/cache/%s", th_tmpdir(), MODEL_FILES_SMOLLM2);
 	T_ASSERT(access(path, F_OK) != 0);
 	/* A cached file of the wrong content is removed, never kept. */
 	write_bytes(path, "not a model", 11);
@@ -1241,7 +1155,7 @@ TEST_T(gguf, models_script_offline, 90)
 	write_bytes(path, "stand-in", 8);
 	snprintf(stamp, sizeof(stamp), "%s.sha256", path);
 	const char *line = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70"
-	                   "ea373728110db53  " MODELS_SMOLLM2 "\n";
+	                   "ea373728110db53  " MODEL_FILES_SMOLLM2 "\n";
 	write_bytes(stamp, line, strlen(line));
 	T_EQ(models_sh_offline(), 0);
 }
@@ -1432,7 +1346,7 @@ static void check_types(const struct gguf *g, char *rest)
 static struct gguf *open_smollm2(char *path, size_t len)
 {
 	char err[KVT_ERRTEXT_MAX], why[KVT_ERRTEXT_MAX + 32];
-	if (models_find(MODELS_SMOLLM2, path, len, err, sizeof(err)) < 0) {
+	if (model_files_find(MODEL_FILES_SMOLLM2, path, len, err, sizeof(err)) < 0) {
 		snprintf(why, sizeof(why), "%s", err);
 		T_SKIP(why);
 	}

@@ -10,7 +10,7 @@
 #include <errno.h>
 
 #include "gguf.h"
-#include "models.h"
+#include "model_files.h"
 #include "test.h"
 #include "tokenizer.h"
 
@@ -19,7 +19,7 @@
 static struct tok *load_smollm2(void)
 {
 	char path[4200], err[KVT_ERRTEXT_MAX], why[KVT_ERRTEXT_MAX + 32];
-	if (models_find(MODELS_SMOLLM2, path, sizeof(path), err,
+	if (model_files_find(MODEL_FILES_SMOLLM2, path, sizeof(path), err,
 	                sizeof(err)) < 0) {
 		snprintf(why, sizeof(why), "%s", err);
 		T_SKIP(why);

@@ -23,8 +23,13 @@
  *
  * Registration: geometry from the model, max_tokens = context, headroom =
  * chunk (a whole chunk is appended between two syncs), stage_tokens =
- * max(context, chunk) unless given (a sync may carry at most stage_tokens
- * new entries, and policies with a lookback read earlier rows of the ring).
+ * max(min(context, ENGINE_STAGE_MAX), chunk) unless given (a sync may carry
+ * at most stage_tokens new entries, and policies with a lookback read
+ * earlier rows of the ring; the daemon refuses a policy whose lookback does
+ * not fit).  The cap keeps long-context models affordable: a staged token
+ * of SmolLM2 is 30 layers x (576 + 576 + 9) floats, 136 KiB, so a ring of
+ * its whole 8192-token context would be 1.1 GiB, over the daemon's
+ * default tenant_memory_max.
  * Inputs are always staged; a policy that reads none ignores them.
  */
 #ifndef KVT_TINYLLM_ENGINE_H
@@ -36,15 +41,18 @@
 #include "kvtrim.h"
 #include "model.h"
 
+#define ENGINE_STAGE_MAX 512 /* default staging ring cap, tokens */
+
 struct engine_opts {
 	const char *runtime_dir;  /* NULL: libkvtrim's default */
-	const char *tenant;       /* NULL: "tinyllm" */
+	const char *tenant;       /* NULL: "engine" */
 	const char *policy;       /* NULL: "full" */
 	enum kvt_dtype dtype;     /* K/V storage (f32 default) */
 	uint32_t page_tokens;     /* 0: 16 */
 	uint32_t context;         /* max_tokens per list; 0: model_context() */
 	uint32_t chunk;           /* prefill chunk = headroom; 0: 64 */
-	uint32_t stage_tokens;    /* 0: max(context, chunk) */
+	uint32_t stage_tokens;    /* 0: max(min(context, ENGINE_STAGE_MAX),
+	                             chunk) */
 	uint64_t quota_bytes;     /* 0: the daemon's default */
 	int timeout_ms;           /* 0: 10000 */
 };

@@ -1,9 +1,10 @@
 /*
  * model.c — llama2.c checkpoint loader and the shared transformer forward;
- * see model.h.
+ * see model.h.  GGUF files are read by model_gguf.c.
  */
 #include "errors.h"
 #include "model.h"
+#include "model_gguf.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -73,6 +74,18 @@ static int check_config(struct model_config *c, char *err, size_t errlen)
 		            "bad header: dim %u, %u heads, %u KV heads do not "
 		            "give an even head_dim shared by whole groups",
 		            c->dim, c->n_heads, c->n_kv_heads);
+	if (c->rope_theta == 0)
+		c->rope_theta = MODEL_ROPE_THETA;
+	if (c->rms_eps == 0)
+		c->rms_eps = MODEL_RMS_EPS;
+	if (!(c->rope_theta > 0) || !isfinite(c->rope_theta) ||
+	    !(c->rms_eps > 0) || !isfinite(c->rms_eps) ||
+	    c->usable_ctx > c->seq_len)
+		return errors_fmt(err, errlen, KVT_EINVAL,
+		            "bad config: rope theta %g, rms eps %g (positive, "
+		            "finite), usable context %u (at most seq_len %u)",
+		            (double)c->rope_theta, (double)c->rms_eps,
+		            c->usable_ctx, c->seq_len);
 	c->head_dim = c->dim / c->n_heads;
 	c->kv_dim = c->n_kv_heads * c->head_dim;
 	return 0;
@@ -96,6 +109,7 @@ int model_alloc(struct model *m, const struct model_config *cfg, char *err,
 		            "cannot allocate %llu floats of weights",
 		            (unsigned long long)s.total);
 	m->cfg = c;
+	m->bos = MODEL_BOS;
 	m->data = p;
 	m->tok_emb = p;    p += s.emb;
 	m->rms_att = p;    p += s.rms_att;
@@ -346,6 +360,11 @@ int model_load(const char *path, struct model *m, char *err, size_t errlen)
 	if (!f)
 		return errors_fmt(err, errlen, KVT_ESYS, "%s: %s", path,
 		            strerror(errno));
+	char magic[4];
+	if (fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4)) {
+		fclose(f);
+		return model_gguf_load_file(path, m, err, errlen);
+	}
 	unsigned char *img = NULL;
 	long len = -1;
 	if (fseek(f, 0, SEEK_END) == 0)
@@ -385,6 +404,8 @@ const char *model_default_path(const char *explicit_path)
 
 uint32_t model_context(const struct model *m)
 {
+	if (m->cfg.usable_ctx)
+		return m->cfg.usable_ctx;
 	return m->cfg.seq_len < MODEL_USABLE_CTX ? m->cfg.seq_len
 	                                         : MODEL_USABLE_CTX;
 }
@@ -392,7 +413,7 @@ uint32_t model_context(const struct model *m)
 /* ---------------------------------------------------------------- ops */
 
 void model_rmsnorm(float *out, const float *x, const float *w, uint32_t n,
-                   uint32_t dim)
+                   uint32_t dim, float eps)
 {
 	for (uint32_t r = 0; r < n; r++) {
 		const float *xr = x + (size_t)r * dim;
@@ -401,18 +422,18 @@ void model_rmsnorm(float *out, const float *x, const float *w, uint32_t n,
 		for (uint32_t j = 0; j < dim; j++)
 			ss += xr[j] * xr[j];
 		ss /= (float)dim;
-		ss += MODEL_RMS_EPS;
+		ss += eps;
 		ss = 1.0f / sqrtf(ss);
 		for (uint32_t j = 0; j < dim; j++)
 			o[j] = w[j] * (ss * xr[j]);
 	}
 }
 
-void model_rope(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t pos)
+void model_rope(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t pos,
+                float theta)
 {
 	for (uint32_t i = 0; i < head_dim; i += 2) {
-		float freq = 1.0f / powf(MODEL_ROPE_THETA,
-		                         (float)i / (float)head_dim);
+		float freq = 1.0f / powf(theta, (float)i / (float)head_dim);
 		float a = (float)pos * freq;
 		float c = cosf(a), s = sinf(a);
 		for (uint32_t h = 0; h < n_heads; h++) {
@@ -466,14 +487,16 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 		memcpy(h + (size_t)t * d, m->tok_emb + (size_t)tokens[t] * d,
 		       d * sizeof(float));
 	for (uint32_t l = 0; l < c->n_layers; l++) {
-		model_rmsnorm(x, h, m->rms_att + (size_t)l * d, n, d);
+		model_rmsnorm(x, h, m->rms_att + (size_t)l * d, n, d,
+		              c->rms_eps);
 		model_matmul(q, x, m->wq + (size_t)l * d * d, n, d, d);
 		model_matmul(k, x, m->wk + (size_t)l * kv * d, n, d, kv);
 		model_matmul(v, x, m->wv + (size_t)l * kv * d, n, d, kv);
 		for (uint32_t t = 0; t < n; t++) {
-			model_rope(q + (size_t)t * d, c->n_heads, hd, pos0 + t);
+			model_rope(q + (size_t)t * d, c->n_heads, hd, pos0 + t,
+			           c->rope_theta);
 			model_rope(k + (size_t)t * kv, c->n_kv_heads, hd,
-			           pos0 + t);
+			           pos0 + t, c->rope_theta);
 		}
 		rc = a->attend(a->ctx, l, pos0, n, x, q, k, v, att, lse);
 		if (rc)
@@ -481,7 +504,8 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 		model_matmul(tmp, att, m->wo + (size_t)l * d * d, n, d, d);
 		for (size_t i = 0; i < nd; i++)
 			h[i] += tmp[i];
-		model_rmsnorm(x, h, m->rms_ffn + (size_t)l * d, n, d);
+		model_rmsnorm(x, h, m->rms_ffn + (size_t)l * d, n, d,
+		              c->rms_eps);
 		model_matmul(hb, x, m->w1 + (size_t)l * hid * d, n, d, hid);
 		model_matmul(hb2, x, m->w3 + (size_t)l * hid * d, n, d, hid);
 		for (size_t i = 0; i < nh; i++) {
@@ -494,7 +518,7 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 			h[i] += tmp[i];
 	}
 	if (logits) {
-		model_rmsnorm(x, h, m->rms_final, n, d);
+		model_rmsnorm(x, h, m->rms_final, n, d, c->rms_eps);
 		model_matmul(logits, x, m->wcls, n, d, c->vocab_size);
 	}
 out:

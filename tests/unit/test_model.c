@@ -1,16 +1,21 @@
 /*
- * test_tinyllm.c — the reference engine's model code without a daemon:
+ * test_model.c — the reference engine's model code without a daemon:
  * loader (every format, and its refusals on files written here), RMSNorm
  * and RoPE on hand-computed cases, the batched forward against a naive
  * token-by-token double-precision forward written here, and the oracles
  * (KVzip, KVzip+, future attention) against the same naive computation,
- * on a tiny random model built in memory.
+ * on a tiny random model built in memory; and llama GGUF files
+ * (engine/model_gguf.c) written by tests/harness/gb.c: the same weights
+ * load to the same model as through a llama2.c checkpoint, the
+ * hyperparameters come from the metadata, bad files are refused.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gb.h"
+#include "gguf.h"
 #include "model.h"
 #include "oracle.h"
 #include "test.h"
@@ -266,7 +271,7 @@ static void truncate_copy(const char *src, const char *dst, long drop,
 
 /* ---------------------------------------------------------------- loader */
 
-TEST(tinyllm, loads_every_format)
+TEST(model, loads_every_format)
 {
 	char err[512];
 	struct model m, l;
@@ -291,7 +296,7 @@ TEST(tinyllm, loads_every_format)
 	}
 }
 
-TEST(tinyllm, loader_refuses_truncated_oversized_and_bad_headers)
+TEST(model, loader_refuses_truncated_oversized_and_bad_headers)
 {
 	char err[512];
 	struct model m, l;
@@ -361,24 +366,201 @@ TEST(tinyllm, loader_refuses_truncated_oversized_and_bad_headers)
 	      KVT_ESYS);
 }
 
+/* ---------------------------------------------------------------- GGUF */
+
+/* dim 32 so that Q8_0 rows are whole blocks. */
+static const struct model_config gguf_cfg = {
+	.dim = 32, .hidden_dim = 64, .n_layers = 2, .n_heads = 4,
+	.n_kv_heads = 2, .vocab_size = 40, .seq_len = 96,
+};
+
+static void gguf_file(const char *path, const struct model *m,
+                      const struct gb_llama_opts *o)
+{
+	struct gb b = {0};
+	gb_llama(&b, m, o);
+	gb_write(&b, path);
+	gb_free(&b);
+}
+
+static void logits_of(const struct model *m, float *out, uint32_t T)
+{
+	int32_t t[24];
+	T_ASSERT(T <= 24);
+	for (uint32_t i = 0; i < T; i++)
+		t[i] = (int32_t)((i * 7 + 3) % m->cfg.vocab_size);
+	T_OK(model_dense_forward(m, t, T, out));
+}
+
+/*
+ * The same weights written as a llama2.c checkpoint and as GGUF files in
+ * F32, F16 and Q8_0 (values exact in each: multiples of 2^-9) load to the
+ * same model and give the same logits; what the test expects is the
+ * weights it wrote, not what a loader computed.
+ */
+TEST(model, gguf_loads_the_same_model_as_llama2c)
+{
+	char err[512];
+	const uint32_t types[] = {GGUF_GGML_F32, GGUF_GGML_F16, GGUF_GGML_Q8_0};
+	const size_t V = gguf_cfg.vocab_size, T = 20;
+	float *la = malloc(sizeof(float) * V * T);
+	float *lg = malloc(sizeof(float) * V * T);
+	T_ASSERT(la && lg);
+	for (int shared = 0; shared <= 1; shared++) {
+		struct model src, a, g;
+		struct model_config c = gguf_cfg;
+		c.shared_classifier = (uint32_t)shared;
+		T_OK(model_alloc(&src, &c, err, sizeof(err)));
+		gb_llama_fill(&src, 11 + (uint64_t)shared);
+		write_v0(tmp_path("m.bin"), &src);
+		T_OK(model_load(tmp_path("m.bin"), &a, err, sizeof(err)));
+		same_model(&src, &a);
+		logits_of(&a, la, T);
+		for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+			struct gb_llama_opts o = {.type = types[i]};
+			gguf_file(tmp_path("m.gguf"), &src, &o);
+			if (model_load(tmp_path("m.gguf"), &g, err, sizeof(err)))
+				th_fail(__FILE__, __LINE__, "%s", err);
+			T_EQ(g.version, MODEL_GGUF);
+			same_model(&a, &g);
+			T_EQ(g.cfg.n_layers, 2);
+			T_EQ(g.cfg.n_heads, 4);
+			T_EQ(g.cfg.hidden_dim, 64);
+			T_ASSERT(g.cfg.rope_theta == 10000.0f);
+			T_ASSERT(g.cfg.rms_eps == 1e-5f);
+			T_EQ(g.bos, -1); /* no add_bos_token: no BOS */
+			T_EQ(a.bos, MODEL_BOS);
+			T_EQ(model_context(&g), 96); /* context_length */
+			logits_of(&g, lg, T);
+			T_ASSERT(!memcmp(la, lg, sizeof(float) * V * T));
+			model_free(&g);
+		}
+		model_free(&a);
+		model_free(&src);
+	}
+	free(la);
+	free(lg);
+}
+
+TEST(model, gguf_hyperparameters_from_the_metadata)
+{
+	char err[512];
+	struct model src, g, h;
+	T_OK(model_alloc(&src, &gguf_cfg, err, sizeof(err)));
+	gb_llama_fill(&src, 5);
+	/* SmolLM2's theta and a context above MODEL_USABLE_CTX */
+	struct gb_llama_opts o = {.rope_theta = 100000.0f, .context = 4096};
+	gguf_file(tmp_path("t.gguf"), &src, &o);
+	T_OK(model_load(tmp_path("t.gguf"), &g, err, sizeof(err)));
+	T_ASSERT(g.cfg.rope_theta == 100000.0f);
+	T_EQ(g.cfg.seq_len, 4096);
+	T_EQ(model_context(&g), 4096);
+	o.rope_theta = 10000.0f;
+	gguf_file(tmp_path("h.gguf"), &src, &o);
+	T_OK(model_load(tmp_path("h.gguf"), &h, err, sizeof(err)));
+	/* theta matters from position 1 on, never at position 0 */
+	const size_t V = gguf_cfg.vocab_size;
+	float lg[24 * 40], lh[24 * 40];
+	logits_of(&g, lg, 8);
+	logits_of(&h, lh, 8);
+	T_ASSERT(!memcmp(lg, lh, V * sizeof(float)));
+	T_ASSERT(memcmp(lg + 7 * V, lh + 7 * V, V * sizeof(float)));
+	model_free(&g);
+	model_free(&h);
+
+	o = (struct gb_llama_opts){.tokenizer = 0, .add_bos = 1, .bos_id = 3};
+	gguf_file(tmp_path("b.gguf"), &src, &o);
+	T_OK(model_load(tmp_path("b.gguf"), &g, err, sizeof(err)));
+	T_EQ(g.bos, 3);
+	model_free(&g);
+	o.bos_id = 40; /* outside the vocabulary of 40 */
+	gguf_file(tmp_path("b.gguf"), &src, &o);
+	T_ERR(model_load(tmp_path("b.gguf"), &g, err, sizeof(err)), KVT_EINVAL);
+	T_ASSERT(strstr(err, "bos_token_id 40"));
+	model_free(&src);
+}
+
+/* Expects path refused with code and a reason naming the file and word. */
+static void refused(const char *path, int code, const char *word)
+{
+	char err[512] = "";
+	struct model m;
+	T_ERR(model_load(path, &m, err, sizeof(err)), code);
+	if (!strstr(err, word) || !strstr(err, path))
+		th_fail(__FILE__, __LINE__, "reason \"%s\" lacks \"%s\" or the "
+		        "path", err, word);
+	T_ASSERT(m.data == NULL && m.wq == NULL);
+}
+
+TEST(model, gguf_bad_files_refused)
+{
+	char err[512];
+	struct model src;
+	T_OK(model_alloc(&src, &gguf_cfg, err, sizeof(err)));
+	gb_llama_fill(&src, 9);
+	struct gb b = {0};
+	gb_llama(&b, &src, &(struct gb_llama_opts){.type = GGUF_GGML_Q8_0});
+	/* truncated: inside the header, inside the data */
+	const size_t cuts[] = {10, 200, b.len / 2, b.len - 1};
+	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+		struct gb c = {0};
+		gb_put(&c, b.p, cuts[i]);
+		gb_write(&c, tmp_path("cut.gguf"));
+		gb_free(&c);
+		refused(tmp_path("cut.gguf"), KVT_EINVAL, "cut.gguf");
+	}
+	/* a corrupt version and a corrupt tensor count */
+	b.p[4] = 7;
+	gb_write(&b, tmp_path("v7.gguf"));
+	refused(tmp_path("v7.gguf"), KVT_EVERSION, "7");
+	b.p[4] = 3;
+	b.p[15] = 0x7f;
+	gb_write(&b, tmp_path("count.gguf"));
+	refused(tmp_path("count.gguf"), KVT_EINVAL, "count.gguf");
+	gb_free(&b);
+
+	const struct {
+		struct gb_llama_opts o;
+		int code;
+		const char *word;
+	} v[] = {
+		{{.retype = "blk.0.attn_q.weight", .retype_to = GGUF_GGML_Q5_0},
+		 KVT_ENOTSUP, "Q5_0"},
+		{{.reshape = "blk.1.ffn_up.weight"}, KVT_EGEOMETRY,
+		 "blk.1.ffn_up.weight"},
+		{{.reshape = "token_embd.weight"}, KVT_EGEOMETRY,
+		 "token_embd.weight"},
+		{{.scaling = "linear"}, KVT_ENOTSUP, "RoPE scaling \"linear\""},
+		{{.poison = "blk.1.attn_norm.weight"}, KVT_EINVAL, "not finite"},
+	};
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		gguf_file(tmp_path("bad.gguf"), &src, &v[i].o);
+		refused(tmp_path("bad.gguf"), v[i].code, v[i].word);
+	}
+	model_free(&src);
+}
+
 /* ---------------------------------------------------------------- ops */
 
-TEST(tinyllm, rmsnorm_hand_computed)
+TEST(model, rmsnorm_hand_computed)
 {
 	float x[4] = {3, 4, 1, -1}, w[2] = {1, 2}, o[4];
-	model_rmsnorm(o, x, w, 2, 2);
+	model_rmsnorm(o, x, w, 2, 2, 1e-5f);
 	double r0 = 1.0 / sqrt(12.5 + 1e-5), r1 = 1.0 / sqrt(1.0 + 1e-5);
 	T_ASSERT(fabs(o[0] - 3 * r0) < 1e-6);
 	T_ASSERT(fabs(o[1] - 8 * r0) < 1e-6);
 	T_ASSERT(fabs(o[2] - 1 * r1) < 1e-6);
 	T_ASSERT(fabs(o[3] + 2 * r1) < 1e-6);
+	/* eps is the caller's: 0.5 moves the second row visibly */
+	model_rmsnorm(o, x, w, 2, 2, 0.5f);
+	T_ASSERT(fabs(o[2] - 1 / sqrt(1.5)) < 1e-6);
 }
 
-TEST(tinyllm, rope_hand_computed)
+TEST(model, rope_hand_computed)
 {
 	/* head_dim 4: pair 0 turns by pos rad, pair 1 by pos * 10000^-0.5 */
 	float v[8] = {1, 0, 0, 1, 2, 3, 4, 5};
-	model_rope(v, 2, 4, 3);
+	model_rope(v, 2, 4, 3, 10000.0f);
 	double a = 3.0, b = 0.03;
 	double want[8] = {cos(a), sin(a), -sin(b), cos(b),
 	                  2 * cos(a) - 3 * sin(a), 2 * sin(a) + 3 * cos(a),
@@ -386,8 +568,13 @@ TEST(tinyllm, rope_hand_computed)
 	for (int i = 0; i < 8; i++)
 		T_ASSERT(fabs(v[i] - want[i]) < 1e-5);
 	float z[4] = {0.5f, -0.25f, 2, 1};
-	model_rope(z, 1, 4, 0); /* position 0 is the identity */
+	model_rope(z, 1, 4, 0, 10000.0f); /* position 0 is the identity */
 	T_ASSERT(z[0] == 0.5f && z[1] == -0.25f && z[2] == 2 && z[3] == 1);
+	/* SmolLM2's theta 100000: pair 1 turns by pos * 100000^-0.5 */
+	float u[4] = {0, 0, 1, 0};
+	model_rope(u, 1, 4, 5, 100000.0f);
+	double c = 5.0 / sqrt(100000.0);
+	T_ASSERT(fabs(u[2] - cos(c)) < 1e-6 && fabs(u[3] - sin(c)) < 1e-6);
 }
 
 /* ---------------------------------------------------------------- naive */
@@ -551,7 +738,7 @@ static void tiny_tokens(int32_t *t, int T, uint32_t V)
 
 /* ---------------------------------------------------------------- forward */
 
-TEST(tinyllm, forward_matches_naive_and_chunking)
+TEST(model, forward_matches_naive_and_chunking)
 {
 	struct model m;
 	for (int shared = 0; shared <= 1; shared++) {
@@ -593,7 +780,7 @@ TEST(tinyllm, forward_matches_naive_and_chunking)
 
 /* ---------------------------------------------------------------- oracles */
 
-TEST(tinyllm, oracles_match_naive_maps)
+TEST(model, oracles_match_naive_maps)
 {
 	struct model m;
 	tiny_model(&m, 1, 5);

@@ -1,6 +1,7 @@
 /*
- * model.h — llama2.c checkpoints: loader and the transformer forward of the
- * reference engine (examples/tinyllm).
+ * model.h — the models of the reference engine (engine/): llama2.c
+ * checkpoints and llama-architecture GGUF files (model_gguf.c), one
+ * float32 layout for both, and the transformer forward.
  *
  * Architecture (llama2.c run.c): token embedding; per layer
  *   x  = RMSNorm_att(h)                  (the attention input, "x" of
@@ -8,8 +9,12 @@
  *   q, k, v = x Wq^T, x Wk^T, x Wv^T;   RoPE on q and k
  *   h += Wo attention(q, k, v)           (GQA: head h reads KV head h / G)
  *   h += W2 (silu(W1 n) * W3 n),  n = RMSNorm_ffn(h)
- * then RMSNorm_final and the classifier.  RMSNorm eps 1e-5; RoPE rotates
- * adjacent pairs (2i, 2i+1) of each head by pos * 10000^(-2i / head_dim).
+ * then RMSNorm_final and the classifier.  RoPE rotates adjacent pairs
+ * (2i, 2i+1) of each head by pos * theta^(-2i / head_dim).  llama2.c
+ * checkpoints have RMSNorm eps 1e-5 and theta 10000; a GGUF file says its
+ * own (SmolLM2: 1e-5 and 100000).  llama.cpp's converter permutes the q
+ * and k rows of HF checkpoints so that this adjacent-pair rotation gives
+ * HF's rotate-half one; a GGUF's q/k are used as they are stored.
  *
  * The forward is one function for every engine: model_forward() runs the
  * n new tokens of one step (prefill chunk or one decode token) batched
@@ -18,9 +23,11 @@
  * floating-point operation.  That is what lets the tests demand equal
  * logits to 1e-5.
  *
- * Weights are float32, row-major, [out][in] like the checkpoint.  A model
- * owns one buffer holding every tensor (v2 checkpoints are dequantized at
- * load).  Errors are negative KVT_E* codes with a reason in err.
+ * Weights are float32, row-major, [out][in] like the checkpoint (and like
+ * a GGUF tensor, whose ne[0] is the row length).  A model owns one buffer
+ * holding every tensor (v2 checkpoints and quantised GGUF tensors are
+ * dequantized at load).  Errors are negative KVT_E* codes with a reason in
+ * err.
  */
 #ifndef KVT_TINYLLM_MODEL_H
 #define KVT_TINYLLM_MODEL_H
@@ -30,10 +37,11 @@
 
 #include "kvtrim.h"
 
-#define MODEL_BOS 1           /* BOS token id of both shipped models */
-#define MODEL_USABLE_CTX 512  /* positions the shipped models were trained on */
-#define MODEL_RMS_EPS 1e-5f
-#define MODEL_ROPE_THETA 10000.0f
+#define MODEL_BOS 1           /* BOS token id of both llama2.c models */
+#define MODEL_USABLE_CTX 512  /* positions the llama2.c models were trained on */
+#define MODEL_RMS_EPS 1e-5f       /* llama2.c's; the default of model_alloc */
+#define MODEL_ROPE_THETA 10000.0f /* llama2.c's; the default of model_alloc */
+#define MODEL_GGUF 3          /* struct model version of a GGUF file */
 
 struct model_config {
 	uint32_t dim;        /* d_model */
@@ -44,6 +52,10 @@ struct model_config {
 	uint32_t vocab_size;
 	uint32_t seq_len;    /* as the header says (not necessarily usable) */
 	uint32_t shared_classifier; /* 1: the classifier is tok_emb */
+	float rope_theta;    /* RoPE base; 0: MODEL_ROPE_THETA */
+	float rms_eps;       /* RMSNorm epsilon; 0: MODEL_RMS_EPS */
+	uint32_t usable_ctx; /* positions the engines use (model_context);
+	                        0: min(seq_len, MODEL_USABLE_CTX) */
 	/* derived by model_alloc */
 	uint32_t head_dim;   /* dim / n_heads */
 	uint32_t kv_dim;     /* n_kv_heads * head_dim */
@@ -51,7 +63,10 @@ struct model_config {
 
 struct model {
 	struct model_config cfg;
-	int version;       /* checkpoint format: 0 legacy, 1 fp32, 2 Q8_0 */
+	int version;       /* llama2.c format 0 legacy, 1 fp32, 2 Q8_0, or
+	                      MODEL_GGUF */
+	int32_t bos;       /* token id put before every input, or -1: none
+	                      (MODEL_BOS for llama2.c models) */
 	float *data;       /* owns every tensor below */
 	float *tok_emb;    /* [vocab][dim] */
 	float *rms_att;    /* [L][dim] */
@@ -69,19 +84,21 @@ struct model {
 
 /*
  * Checks a configuration (positive sizes within sane bounds, dim divisible
- * by n_heads, n_heads by n_kv_heads, even head_dim), fills the derived
- * fields and allocates zeroed tensors.  For tests and the loader.
+ * by n_heads, n_heads by n_kv_heads, even head_dim, a positive finite
+ * theta and eps), fills the defaults and derived fields and allocates
+ * zeroed tensors; bos is MODEL_BOS.  For tests and the loaders.
  */
 int model_alloc(struct model *m, const struct model_config *cfg, char *err,
                 size_t errlen);
 
 /*
- * Loads a llama2.c checkpoint: legacy v0 (7 int32 header, negative vocab =
- * separate classifier, freq_cis tables skipped), or "ak42" version 1
- * (float32) or 2 (Q8_0 groups, dequantized here).  The file length must be
- * exactly what the header implies; anything else is refused with
- * KVT_EINVAL (bad header, truncated or oversized file) or KVT_ESYS (cannot
- * read) and a reason.
+ * Loads a model file: a GGUF file (it starts with "GGUF"; see
+ * model_gguf.h for what is checked) or a llama2.c checkpoint: legacy v0
+ * (7 int32 header, negative vocab = separate classifier, freq_cis tables
+ * skipped), or "ak42" version 1 (float32) or 2 (Q8_0 groups, dequantized
+ * here).  A checkpoint's length must be exactly what the header implies;
+ * anything else is refused with KVT_EINVAL (bad header, truncated or
+ * oversized file) or KVT_ESYS (cannot read) and a reason.
  */
 int model_load(const char *path, struct model *m, char *err, size_t errlen);
 
@@ -95,18 +112,21 @@ void model_free(struct model *m);
  */
 const char *model_default_path(const char *explicit_path);
 
-/* Context the engines use: min(header seq_len, MODEL_USABLE_CTX). */
+/* Context the engines use: cfg.usable_ctx (a GGUF's context_length),
+ * else min(header seq_len, MODEL_USABLE_CTX). */
 uint32_t model_context(const struct model *m);
 
 /* ---------------------------------------------------------------- ops */
 
 /* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for n rows of dim. */
 void model_rmsnorm(float *out /* [n][dim] */, const float *x /* [n][dim] */,
-                   const float *w /* [dim] */, uint32_t n, uint32_t dim);
+                   const float *w /* [dim] */, uint32_t n, uint32_t dim,
+                   float eps);
 
-/* Rotates v in place for position pos: pairs (2i, 2i+1) of each head. */
+/* Rotates v in place for position pos: pairs (2i, 2i+1) of each head by
+ * pos * theta^(-2i / head_dim). */
 void model_rope(float *v /* [n_heads][head_dim] */, uint32_t n_heads,
-                uint32_t head_dim, uint32_t pos);
+                uint32_t head_dim, uint32_t pos, float theta);
 
 /*
  * y = x W^T through cblas_sgemm.  Note: OpenBLAS (0.3.21 here) picks

@@ -73,7 +73,7 @@ int oracle_future(const struct model *m, const int32_t *tokens, uint32_t T,
                   uint32_t horizon, float *out);
 
 /*
- * File format of `kvtrim-tinyllm oracle --out F`: a 32-byte header of
+ * File format of `kvtrim-engine oracle --out F`: a 32-byte header of
  * little-endian uint32 {magic 0x4f54564b ("KVTO"), version 1, kind,
  * n_layers, n_kv_heads, T, horizon (0 unless future), first (position of
  * the first scored entry: 0)}, then float32 [n_layers][n_kv_heads][T].

@@ -64,7 +64,7 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	struct kvt_config cfg;
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.runtime_dir = o->runtime_dir;
-	cfg.tenant = o->tenant ? o->tenant : "tinyllm";
+	cfg.tenant = o->tenant ? o->tenant : "engine";
 	cfg.geo = (struct kvt_geometry){mc->n_layers, mc->n_heads,
 	                                mc->n_kv_heads, mc->head_dim, mc->dim};
 	cfg.dtype = o->dtype;
@@ -72,12 +72,14 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	cfg.max_seqs = 1;
 	cfg.max_tokens = o->context ? o->context : model_context(m);
 	cfg.headroom = e->chunk;
-	/* The ring covers the whole context by default, so policies that
-	 * look back at earlier staged rows (snapkv's window, delayed
-	 * decisions) find them; for these models it is a few MB. */
+	/* The ring covers the whole context of the llama2.c models (at most
+	 * 512 positions, a few MB), so policies that look back at earlier
+	 * staged rows (snapkv's window, delayed decisions) find them; longer
+	 * contexts get ENGINE_STAGE_MAX rows (engine.h). */
+	uint32_t ring = cfg.max_tokens < ENGINE_STAGE_MAX ? cfg.max_tokens
+	                                                  : ENGINE_STAGE_MAX;
 	cfg.stage_tokens = o->stage_tokens ? o->stage_tokens
-	                   : cfg.max_tokens > e->chunk ? cfg.max_tokens
-	                                               : e->chunk;
+	                   : ring > e->chunk ? ring : e->chunk;
 	cfg.policy = o->policy ? o->policy : "full";
 	cfg.quota_bytes = o->quota_bytes;
 	cfg.timeout_ms = o->timeout_ms ? o->timeout_ms : 10000;

@@ -1,10 +1,11 @@
 /*
- * models.c — the model cache directory; see models.h.
+ * model_files.c — the model cache directory; see model_files.h.
  */
-#include "models.h"
+#include "model_files.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "errors.h"
@@ -16,7 +17,7 @@ static const char *env(const char *name)
 	return v && *v ? v : NULL;
 }
 
-int models_dir(char *buf, size_t len, char *err, size_t errlen)
+int model_files_dir(char *buf, size_t len, char *err, size_t errlen)
 {
 	const char *m = env("KVTRIM_MODELS"), *x = env("XDG_CACHE_HOME");
 	const char *h = env("HOME");
@@ -37,11 +38,11 @@ int models_dir(char *buf, size_t len, char *err, size_t errlen)
 	return 0;
 }
 
-int models_find(const char *name, char *buf, size_t len, char *err,
+int model_files_find(const char *name, char *buf, size_t len, char *err,
                 size_t errlen)
 {
 	char dir[4096], stamp[4200];
-	int rc = models_dir(dir, sizeof(dir), err, errlen);
+	int rc = model_files_dir(dir, sizeof(dir), err, errlen);
 	if (rc < 0)
 		return rc;
 	int n = snprintf(buf, len, "%s/%s", dir, name);
@@ -57,5 +58,26 @@ int models_find(const char *name, char *buf, size_t len, char *err,
 		return errors_fmt(err, errlen, KVT_EINVAL,
 		                  "%s is not verified (no %s): run `make "
 		                  "models`", buf, stamp);
+	return 0;
+}
+
+/* Short names of the models `make models` fetches. */
+static const struct {
+	const char *name, *file;
+} KNOWN[] = {
+	{"smollm2", MODEL_FILES_SMOLLM2},
+};
+
+int model_files_resolve(const char *arg, char *buf, size_t len, char *err,
+                        size_t errlen)
+{
+	for (size_t i = 0; i < sizeof(KNOWN) / sizeof(KNOWN[0]); i++)
+		if (!strcmp(arg, KNOWN[i].name))
+			return model_files_find(KNOWN[i].file, buf, len, err,
+			                        errlen);
+	int n = snprintf(buf, len, "%s", arg);
+	if (n < 0 || (size_t)n >= len)
+		return errors_fmt(err, errlen, KVT_EINVAL,
+		                  "model path too long");
 	return 0;
 }
