@@ -1,0 +1,441 @@
+/*
+ * fdchan.c — the handle channel fd.sock (AF_UNIX SOCK_SEQPACKET,
+ * handle.h): accepting connections, what clients send on them, the events
+ * (chunk grants and revocations, device handles) the daemon sends, and the
+ * fd budget.
+ *
+ * A new connection gets WELCOME with its cookie and waits for the hello
+ * that names it (lease.c binds a tenant to it); the cron closes it when no
+ * hello came within hello_timeout_ms.  Its peer (SO_PEERCRED) is checked
+ * against the allow list at accept; a refused one is kept open until its
+ * hello, so that the client learns why (KVT_EPERM), not just EOF.
+ *
+ * Under attack (docs/protocol.md "Limits of the handle channel"): accepts
+ * and reads come in bounded batches, so that a flood cannot hold the loop;
+ * a failed accept (out of fds) pauses the listener, 100 ms doubling to 1 s;
+ * at max_pending_conns connections without a tenant, the oldest one past
+ * its grace is evicted for a newcomer, else the newcomer is refused; the
+ * fd budget lowers max_pending_conns where the open-file limit leaves no
+ * room, so that pending connections run out of fds first, never the
+ * registered tenants.  Repeated warnings: one per SRV_LOG_EVERY_MS.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "handle.h"
+#include "server_int.h"
+
+#define SRV_DENIED_MS 2000   /* a refused fd.sock peer's time for its hello */
+#define SRV_ACCEPT_BATCH 64      /* accepts per poll callback */
+#define SRV_ACCEPT_PAUSE_MIN_MS 100  /* after a failed accept, doubling ... */
+#define SRV_ACCEPT_PAUSE_MAX_MS 1000 /* ... to this while accept keeps failing */
+#define SRV_CONN_BATCH 16        /* client packets read per poll callback */
+#define SRV_PENDING_GRACE_MS 1000 /* a pending conn younger than this is not
+                                     evicted for a newcomer */
+#define SRV_PENDING_FLOOR 8      /* max_pending_conns never lowered below */
+#define SRV_FD_PER_TENANT 4      /* handle channel, nng pipe, table, stage */
+#define SRV_FD_SPARE 64          /* stdio, lock, loop, nng, MHD, driver */
+#define SRV_LOG_EVERY_MS 5000    /* repeated warnings: one per interval */
+
+/* ---------------------------------------------------------- connections */
+
+static void srv_conn_closed_cb(uv_handle_t *h)
+{
+	struct srv_conn *c = h->data;
+	close(c->fd);
+	free(c);
+}
+
+void srv_conn_close(struct srv_conn *c)
+{
+	struct server *s = c->srv;
+	if (c->closing)
+		return;
+	c->closing = 1;
+	if (c->st) {
+		struct srv_tenant *st = c->st;
+		st->conn = NULL;
+		c->st = NULL;
+		s->st.tenants_reclaimed_total++;
+		srv_reclaim(s, st, c->close_why[0] ? c->close_why
+		                                   : "handle channel closed");
+	}
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		s->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	else
+		s->conns_tail = c->prev;
+	s->n_conns--;
+	uv_close((uv_handle_t *)&c->poll, srv_conn_closed_cb);
+}
+
+/*
+ * Judges one packet a client sent (rc from handle_recv_ext): NULL when the
+ * protocol asked for it, else what was wrong, in why.  Clients send one
+ * thing on this channel: CHUNK_CLOSED, after closing a legacy-IPC chunk the
+ * daemon revoked (tenant_chunk_closed frees it); anything else, or one
+ * naming no chunk that awaits it, is a broken or hostile client.
+ */
+static const char *srv_conn_judge(struct srv_conn *c, int rc,
+                                  const struct handle_ext *m, char *why,
+                                  size_t wlen)
+{
+	if (rc == KVT_EPROTO)
+		snprintf(why, wlen, "a malformed packet");
+	else if (!c->st)
+		snprintf(why, wlen, "a packet (type %u) before its hello",
+		         (unsigned)m->h.type);
+	else if (m->h.type != HANDLE_CHUNK_CLOSED)
+		snprintf(why, wlen, "a packet of type %u, which clients never "
+		         "send", (unsigned)m->h.type);
+	else if (tenant_chunk_closed(c->st->t, m->h.cookie))
+		snprintf(why, wlen, "CHUNK_CLOSED %" PRIu64 " for no chunk "
+		         "awaiting it", m->h.cookie);
+	else
+		return NULL;
+	return why;
+}
+
+/* Disconnects a peer that broke the protocol; its tenant's lease ends
+ * (srv_reclaim logs that once), a peer without one is logged rate
+ * limited. */
+static void srv_conn_violation(struct srv_conn *c, const char *what)
+{
+	struct server *s = c->srv;
+	uint64_t held;
+	s->st.handle_violations_total++;
+	if (c->st)
+		snprintf(c->close_why, sizeof(c->close_why), "it sent %s on "
+		         "the handle channel", what);
+	else if (log_rate_due(&s->violation_log, now_ms(), SRV_LOG_EVERY_MS,
+	                      &held))
+		LOG(LOG_LVL_WARNING, "fd.sock: closed the connection of pid %"
+		    PRIu32 ": it sent %s (%" PRIu64 " more such closes not "
+		    "logged)", c->pid, what, held);
+	srv_conn_close(c);
+}
+
+static void srv_conn_cb(uv_poll_t *p, int status, int events)
+{
+	struct srv_conn *c = p->data;
+	char why[80];
+	if (c->st && c->st->busy) {
+		/* Its packets (CHUNK_CLOSED) change the tenant, which a
+		 * worker holds: read them once the sync is over. */
+		uv_poll_stop(p);
+		return;
+	}
+	/*
+	 * At most SRV_CONN_BATCH packets per callback, so that a flood cannot
+	 * hold the loop; the poll is level-triggered and calls again while
+	 * packets are queued.  A read error, EOF (the process closed it or
+	 * died) or a hang-up with nothing left to read closes the channel.
+	 */
+	for (int i = 0; i < SRV_CONN_BATCH; i++) {
+		struct handle_ext m;
+		int fd = -1;
+		int rc = handle_recv_ext(c->fd, &m, &fd, 0);
+		if (fd >= 0)
+			close(fd); /* clients never send fds */
+		if (rc == KVT_ETIMEDOUT && status >= 0 &&
+		    !(events & UV_DISCONNECT))
+			return; /* all read */
+		if (rc && rc != KVT_EPROTO) {
+			srv_conn_close(c);
+			return;
+		}
+		const char *bad = srv_conn_judge(c, rc, &m, why, sizeof(why));
+		if (bad) {
+			srv_conn_violation(c, bad);
+			return;
+		}
+	}
+}
+
+void srv_conn_resume(struct srv_conn *c)
+{
+	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, srv_conn_cb);
+}
+
+/* A handle channel without a tenant after hello_timeout_ms is closed. */
+void srv_conn_cron(struct server *s, uint64_t now)
+{
+	uint64_t held;
+	for (struct srv_conn *c = s->conns, *n; c; c = n) {
+		n = c->next;
+		/* A refused peer gets just long enough to hear why. */
+		uint64_t limit = c->denied && s->cfg.hello_timeout_ms >
+		                 SRV_DENIED_MS ? SRV_DENIED_MS
+		                               : s->cfg.hello_timeout_ms;
+		if (!c->st && now - c->born_ms > limit) {
+			if (log_rate_due(&s->hello_log, now, SRV_LOG_EVERY_MS,
+			                 &held))
+				LOG(LOG_LVL_INFO, "closing handle channel of pid %"
+				    PRIu32 ": no hello (%" PRIu64 " more such "
+				    "closes not logged)", c->pid, held);
+			srv_conn_close(c);
+		}
+	}
+}
+
+int srv_send_event(void *ctx, const struct tenant_event *e)
+{
+	struct srv_conn *c = ctx;
+	struct handle_msg m = {.magic = HANDLE_MAGIC,
+	                       .type = (uint16_t)e->type,
+	                       .slot = e->slot,
+	                       .size = e->size,
+	                       .cookie = e->cookie};
+	if (handle_is_ext(m.type)) {
+		struct handle_ext x;
+		x.h = m;
+		memcpy(x.data, e->data, sizeof(x.data));
+		return handle_send_ext(c->fd, &x,
+		                       e->type == HANDLE_CHUNK_DEV ||
+		                               e->type == HANDLE_TABLE_DEV
+		                               ? e->fd
+		                               : -1);
+	}
+	return handle_send(c->fd, &m, e->type == HANDLE_CHUNK_ADD ? e->fd : -1);
+}
+
+/* ---------------------------------------------------------- accept */
+
+/* The most fd.sock connections without a tenant at once: max_pending_conns,
+ * lowered when the open-file limit leaves no room (srv_fd_budget). */
+uint32_t srv_pending_max(const struct server *s)
+{
+	return s->cfg.max_pending_conns < s->pending_cap
+	               ? s->cfg.max_pending_conns
+	               : s->pending_cap;
+}
+
+/* fd.sock connections that have no tenant (yet). */
+static uint32_t srv_pending(const struct server *s)
+{
+	uint32_t bound = 0;
+	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
+		bound += s->tenants[i] && s->tenants[i]->conn;
+	return s->n_conns > bound ? s->n_conns - bound : 0;
+}
+
+/* A connection closed at accept, or evicted: counted, logged rate
+ * limited. */
+static void srv_pending_refused(struct server *s, uint64_t now,
+                                const char *what)
+{
+	uint64_t held;
+	s->st.handle_pending_refusals_total++;
+	if (log_rate_due(&s->refuse_log, now, SRV_LOG_EVERY_MS, &held))
+		LOG(LOG_LVL_WARNING, "fd.sock: %" PRIu32 " connections without "
+		    "a tenant (max_pending_conns, in force %" PRIu32 "): %s "
+		    "(%" PRIu64 " more not logged)", srv_pending(s),
+		    srv_pending_max(s), what, held);
+}
+
+/*
+ * Room for one more connection without a tenant?  At the limit, the oldest
+ * pending one that has had SRV_PENDING_GRACE_MS for its hello is closed to
+ * make room: idle connections cannot lock newcomers out until the hello
+ * deadline, and a client in the middle of its hello (a few ms) is not
+ * evicted.  0 when every pending connection is younger: the new one is
+ * refused.
+ */
+static int srv_pending_room(struct server *s, uint64_t now)
+{
+	if (s->n_conns < srv_pending_max(s) ||
+	    srv_pending(s) < srv_pending_max(s))
+		return 1;
+	for (struct srv_conn *c = s->conns_tail; c; c = c->prev) {
+		if (c->st)
+			continue;
+		if (now - c->born_ms < SRV_PENDING_GRACE_MS)
+			return 0; /* older ones come first: none is due */
+		srv_conn_close(c);
+		srv_pending_refused(s, now, "the oldest was closed for a "
+		                    "newcomer");
+		return 1;
+	}
+	return 0;
+}
+
+static void srv_accept_cb(uv_poll_t *p, int status, int events);
+
+/*
+ * accept failed (EMFILE / ENFILE when out of fds, or anything else): the
+ * listener is not polled for a while (level-triggered, it would call again
+ * at once, forever), 100 ms doubling to 1 s while failures go on; cron
+ * resumes it (srv_accept_resume).  Logged once per SRV_LOG_EVERY_MS.
+ */
+static void srv_accept_pause(struct server *s, int err)
+{
+	uint64_t now = now_ms(), held;
+	s->st.handle_accept_failures_total++;
+	s->accept_pause_ms = !s->accept_pause_ms ? SRV_ACCEPT_PAUSE_MIN_MS
+	                     : s->accept_pause_ms * 2 > SRV_ACCEPT_PAUSE_MAX_MS
+	                             ? SRV_ACCEPT_PAUSE_MAX_MS
+	                             : s->accept_pause_ms * 2;
+	uv_poll_stop(&s->hpoll);
+	s->accept_paused = 1;
+	s->accept_resume_ms = now + s->accept_pause_ms;
+	if (log_rate_due(&s->accept_log, now, SRV_LOG_EVERY_MS, &held))
+		LOG(LOG_LVL_WARNING, "fd.sock accept failed: %s (open-file "
+		    "limit %" PRIu64 "); not accepting for %" PRIu32 " ms "
+		    "(%" PRIu64 " more failures not logged)", strerror(err),
+		    s->fd_limit, s->accept_pause_ms, held);
+}
+
+void srv_accept_start(struct server *s)
+{
+	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
+}
+
+void srv_accept_resume(struct server *s, uint64_t now)
+{
+	if (!s->accept_paused || s->draining || now < s->accept_resume_ms)
+		return;
+	s->accept_paused = 0;
+	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
+}
+
+/* A new handle channel: WELCOME with its cookie, then it waits for its
+ * hello (cron closes it after hello_timeout_ms). */
+static void srv_conn_open(struct server *s, int fd, uint64_t now)
+{
+	struct srv_conn *c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->srv = s;
+	c->fd = fd;
+	c->cookie = random_u64();
+	c->born_ms = now;
+	if (handle_peer(fd, &c->pid, &c->uid, &c->gid) ||
+	    !srv_allowed(s, c->pid, c->uid, c->gid)) {
+		uint64_t held;
+		/* Kept open until its hello (or the hello timeout) so the
+		 * client learns why (KVT_EPERM), not just EOF. */
+		c->denied = 1;
+		s->st.auth_refusals_total++;
+		if (log_rate_due(&s->denied_log, now, SRV_LOG_EVERY_MS, &held))
+			LOG(LOG_LVL_WARNING, "fd.sock: pid %" PRIu32 " uid %"
+			    PRIu32 " gid %" PRIu32 " is not allowed "
+			    "(allow_uids / allow_gids); its hello will be "
+			    "refused (%" PRIu64 " more refusals not logged)",
+			    c->pid, c->uid, c->gid, held);
+	}
+	struct handle_msg m = {.magic = HANDLE_MAGIC,
+	                       .type = HANDLE_WELCOME,
+	                       .cookie = c->cookie};
+	if (handle_send(fd, &m, -1) || uv_poll_init(&s->loop, &c->poll, fd)) {
+		close(fd);
+		free(c);
+		return;
+	}
+	c->poll.data = c;
+	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, srv_conn_cb);
+	c->next = s->conns;
+	if (s->conns)
+		s->conns->prev = c;
+	else
+		s->conns_tail = c;
+	s->conns = c;
+	s->n_conns++;
+	LOG(LOG_LVL_DEBUG, "handle channel from pid %" PRIu32, c->pid);
+}
+
+static void srv_accept_cb(uv_poll_t *p, int status, int events)
+{
+	struct server *s = p->data;
+	(void)status;
+	(void)events;
+	/* A bounded batch: the poll calls again while connections queue. */
+	for (int i = 0; i < SRV_ACCEPT_BATCH; i++) {
+		int fd;
+		int rv = handle_accept(s->hsock, &fd);
+		if (rv == KVT_EBUSY)
+			return;
+		if (rv) {
+			srv_accept_pause(s, errno);
+			return;
+		}
+		s->accept_pause_ms = 0;
+		uint64_t now = now_ms();
+		if (!srv_pending_room(s, now)) {
+			close(fd);
+			srv_pending_refused(s, now, "a new one was closed at "
+			                    "accept");
+			continue;
+		}
+		srv_conn_open(s, fd, now);
+	}
+}
+
+/* ---------------------------------------------------------- fd budget */
+
+/* The soft open-file limit raised to the hard one (as redis and nginx do);
+ * returns the limit in force. */
+static uint64_t srv_raise_nofile(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return UINT64_MAX; /* unknown: no budget enforced */
+	if (rl.rlim_cur != rl.rlim_max) {
+		struct rlimit up = rl;
+		/* An infinite hard limit is refused above fs.nr_open. */
+		up.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576
+		                                           : rl.rlim_max;
+		if (up.rlim_cur > rl.rlim_cur && !setrlimit(RLIMIT_NOFILE, &up))
+			rl.rlim_cur = up.rlim_cur;
+	}
+	return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX
+	                                    : (uint64_t)rl.rlim_cur;
+}
+
+/*
+ * The fd budget: what the configuration may hold open at once is one fd per
+ * pool chunk (chunk memfds / VMM exports stay open for the chunk's life),
+ * SRV_FD_PER_TENANT per tenant for max_tenants, the listeners, the stats
+ * socket's stats_max_conns, 2 * max_pending_conns (ctl.ipc and fd.sock)
+ * and SRV_FD_SPARE.  When the open-file limit is lower, max_pending_conns
+ * is lowered (pending_cap) so that connections without a tenant run out
+ * first, never the registered tenants, and one warning says so.
+ */
+void srv_fd_budget(struct server *s)
+{
+	const struct config *c = &s->cfg;
+	uint64_t lim = srv_raise_nofile();
+	uint32_t listeners = 3 + (c->stats_tcp_port ? 1 : 0);
+	uint64_t rest = s->pool.chunk_capacity +
+	                (uint64_t)SRV_FD_PER_TENANT * c->max_tenants +
+	                listeners + c->stats_max_conns + SRV_FD_SPARE;
+	uint64_t need = rest + 2ull * c->max_pending_conns;
+	uint64_t cap = lim > rest ? (lim - rest) / 2 : 0;
+
+	s->fd_limit = lim;
+	if (cap < SRV_PENDING_FLOOR)
+		cap = SRV_PENDING_FLOOR;
+	s->pending_cap = cap > UINT32_MAX ? UINT32_MAX : (uint32_t)cap;
+	if (lim >= need)
+		return;
+	LOG(LOG_LVL_WARNING, "open-file limit %" PRIu64 " is below the %"
+	    PRIu64 " this configuration needs (%" PRIu64 " pool chunks + %d x "
+	    "%" PRIu32 " max_tenants + %" PRIu32 " listeners + %" PRIu32
+	    " stats_max_conns + 2 x %" PRIu32 " max_pending_conns + %d "
+	    "spare): max_pending_conns is lowered to %" PRIu32 "%s; raise "
+	    "LimitNOFILE= / ulimit -n", lim, need, s->pool.chunk_capacity,
+	    SRV_FD_PER_TENANT, c->max_tenants, listeners, c->stats_max_conns,
+	    c->max_pending_conns, SRV_FD_SPARE, s->pending_cap,
+	    lim < rest + 2ull * SRV_PENDING_FLOOR
+	            ? ", and even registered tenants may run out of fds "
+	              "(or lower pool_size, max_tenants, stats_max_conns)"
+	            : "");
+}

@@ -1,0 +1,520 @@
+/*
+ * server_int.h — kvtrimd's server, private to daemon/: the state all its
+ * parts share and the functions one part calls in another.  main.c sees
+ * only server.h; everything not declared here is static to its file.
+ *
+ * The server is one module (prefix srv_), one file per concern:
+ *
+ *   server.c    lifecycle: server_new / run / free, the cron tick, the
+ *               systemd watchdog, SIGHUP reload, the SIGTERM / SIGINT
+ *               drain and shutdown, the runtime dir and its lock
+ *   ctl.c       the nng control socket ctl.ipc: its contexts, the queues
+ *               from nng's threads to the loop, receive and send, the
+ *               in-flight limit and send timeout per connection, nng_close
+ *   pipes.c     the control connections (nng pipes): their table, pipe
+ *               events, the refusal at accept, idle and kicked connections
+ *               and how they are closed around nng 1.5.2's pipe-reaper race
+ *   fdchan.c    the handle channel fd.sock: accept and its back-off, the
+ *               pending connections and their eviction, the fd budget,
+ *               packets from clients, events to them
+ *   auth.c      who may do what: the allow and admin lists, peer
+ *               credentials, a request's tenant token
+ *   lease.c     a tenant's lease: hello (registration), lookup, release
+ *   dispatch.c  one request, from its decode to its encoded reply
+ *   jobs.c      syncs offloaded to libuv's worker threads (srv_job_*)
+ *   pressure.c  pool pressure, and the requests parked for pages
+ *   admin.c     the admin ops (stats, tenants, check, policies, config,
+ *               drain, config set)
+ *   snapshot.c  stats snapshots for kvtrimctl and HTTP; systemd STATUS=
+ *
+ * Request path: an nng context receives (nng thread, ctl.c) -> s->ready_*
+ * -> the loop admits it against its connection (ctl.c), decodes,
+ * validates and applies it (dispatch.c), sends any chunk grants over the
+ * client's handle channel (lease.c), encodes the reply -> nng_ctx_send ->
+ * the send completion (nng thread) queues it on s->done_*, and the loop
+ * re-arms the receive.
+ *
+ * Threads: libuv's loop thread owns every field below unless its comment
+ * says otherwise: qlock guards the queues nng's threads fill, acl_lock the
+ * access lists they read, and the fields marked atomic are accessed with
+ * __atomic builtins.  A tenant with a sync on a worker thread is that
+ * worker's alone until the sync ends (struct srv_tenant, busy).  Every
+ * function declared here runs on the loop thread unless its comment says
+ * otherwise.
+ */
+#ifndef KVT_SERVER_INT_H
+#define KVT_SERVER_INT_H
+
+#include <limits.h>
+#include <nng/nng.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/random.h>
+#include <time.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "codec.h"
+#include "config.h"
+#include "kvtrim.h"
+#include "log.h"
+#include "pool.h"
+#include "server.h"
+#include "stats.h"
+#include "tenant.h"
+
+#define SRV_ALLOW_MAX 64     /* ids per allow list */
+
+struct server;
+
+/* One nng context (ctl.c) and the request it is serving. */
+struct srv_req {
+	struct server *srv;
+	nng_ctx ctx;
+	nng_aio *aio;
+	int sending;
+	nng_msg *msg;        /* received request, owned by the loop */
+	struct srv_req *next; /* ready queue, then the parked list */
+	uint64_t recv_us;    /* when nng delivered it (set before queueing) */
+	uint64_t park_deadline_ms; /* parked: refuse after this */
+	int dev_wait; /* parked until a tenant's GPU writes are done */
+	uint32_t pipe_id; /* the request's control connection, 0 once done */
+	int held;         /* it waited for its tenant: a retry, not new */
+	int held_parked;  /* ... and was a backpressure retry then */
+	int send_rv;      /* nng result of the reply's send (done queue) */
+};
+
+/* srv_dispatch: the sync waits for the engine's GPU writes
+ * (tenant_sync_ready); park it, retry at the wakeup.  Never on the wire. */
+#define SRV_DEVICE_WAIT 1
+/* srv_dispatch: the sync now runs on a worker thread (struct srv_job in
+ * jobs.c), which owns the request until it ends; no reply yet. */
+#define SRV_ASYNC 2
+/* srv_dispatch: the request's tenant has a sync on a worker; the request
+ * waits in the tenant's queue and is handled again when that ends. */
+#define SRV_TENANT_BUSY 3
+/* srv_dispatch: an admin request that must see no sync running (check);
+ * parked like SRV_DEVICE_WAIT, without its counter. */
+#define SRV_IDLE_WAIT 4
+
+struct srv_tenant;
+
+/* One handle-channel connection on fd.sock (fdchan.c). */
+struct srv_conn {
+	struct server *srv;
+	int fd;
+	uv_poll_t poll;
+	uint64_t cookie;
+	uint32_t pid, uid, gid;
+	int denied;      /* peer not in the allow lists: its hello is refused */
+	uint64_t born_ms;
+	struct srv_tenant *st; /* bound tenant, NULL until hello */
+	struct srv_conn *prev, *next;
+	int closing;
+	char close_why[128]; /* why the daemon closes it ("": the peer did) */
+};
+
+/* A registered tenant and its lease (lease.c). */
+struct srv_tenant {
+	struct tenant *t;
+	uint32_t id;
+	uint64_t token;
+	uint32_t pipe_id;
+	uint32_t pid;
+	struct srv_conn *conn;
+	int draining;   /* kvtrimctl drain: no new sequences */
+	/*
+	 * busy: one of its syncs runs on a worker thread (srv_job), which
+	 * alone touches st->t until it ends; the loop then reads only what a
+	 * sync does not change (name, spec, geometry), and `cached` for the
+	 * counters.  Its other requests wait in wait_* (in order).
+	 * doomed: released while busy (why); freed when the sync ends.
+	 */
+	int busy;
+	int doomed;
+	char doomed_why[160];
+	int reload_pending; /* SIGHUP came while busy */
+	uint64_t sync_us;   /* moving average of its syncs' apply time */
+	struct kvt_tenant_stats cached;
+	struct srv_req *wait_head, *wait_tail;
+};
+
+/* An access list, parsed (auth.c). */
+struct srv_acl {
+	int configured; /* either list non-empty */
+	uint32_t uid[SRV_ALLOW_MAX], n_uid;
+	uint32_t gid[SRV_ALLOW_MAX], n_gid;
+};
+
+/* A pipe event nng reported, queued for the loop (pipes.c). */
+struct srv_pipe_ev {
+	uint32_t pipe_id;
+	int added; /* NNG_PIPE_EV_ADD_POST, else REM_POST */
+	struct srv_pipe_ev *next;
+};
+
+/*
+ * One open control connection (nng pipe), loop thread only.  inflight
+ * counts its requests from receipt until nng took the reply (queued,
+ * handled, parked or being sent); a peer that stops reading its replies
+ * keeps its sends, and so the contexts, waiting: max_inflight_per_conn
+ * bounds how many contexts one connection can hold, and send_timeout_ms
+ * how long.
+ */
+struct srv_pipe {
+	uint32_t id;       /* nng pipe id; 0: free slot */
+	uint32_t inflight;
+	uint64_t last_ms;  /* last request received or reply taken */
+	int bound;         /* a tenant registered on it (no idle deadline) */
+	int kicked;        /* the daemon gave up on it: its requests are
+	                      dropped unread, and it is closed (now, or once
+	                      it is quiet: srv_pipe_kick) */
+	uint64_t rx_ms;    /* last message of any kind from it */
+	uint32_t pid;      /* its peer process (0: unknown) */
+	uint64_t *close_counter; /* a close still due: what to count */
+	const char *close_why;
+	uint64_t closed_ms; /* when the daemon closed it (0: it did not) */
+};
+
+struct server {
+	struct config cfg;
+	struct config_args args; /* how cfg was built, for SIGHUP */
+	uv_loop_t loop;
+	struct pool pool;
+	/* Where KV memory lives (backend.h): the table is static, bctx is
+	 * freed by server_free after every tenant and chunk is gone. */
+	const struct kvt_backend_ops *bops;
+	void *bctx;
+	const char *bmode; /* "memfd" | "vmm" | "ipc" */
+	struct stats st;
+	uint64_t started_ms;
+
+	nng_socket sock;
+	nng_listener listener;
+	int sock_open;
+	struct srv_req *reqs; /* [cfg.contexts] */
+	uint32_t n_reqs;
+
+	pthread_mutex_t qlock;   /* guards ready_*, done_* and pipe_evs */
+	struct srv_req *ready_head, *ready_tail;
+	struct srv_req *done_head, *done_tail; /* replies nng finished */
+	struct srv_pipe_ev *pipe_evs, *pipe_evs_tail; /* in order */
+	uv_async_t wake;
+
+	/* Open control connections, open addressing on the pipe id
+	 * (linear probing, at most half full). */
+	struct srv_pipe *pipes; /* [pipes_cap] */
+	uint32_t pipes_cap, n_pipes;
+
+	int hsock;
+	uv_poll_t hpoll;
+	int hpoll_ready;
+	struct srv_conn *conns;     /* newest first */
+	struct srv_conn *conns_tail; /* oldest */
+	uint32_t n_conns;           /* fd.sock connections, with or without a
+	                               tenant */
+	/* Accept back-off: after a failed accept (out of fds, say) the
+	 * listener is not polled until accept_resume_ms (cron restarts it). */
+	int accept_paused;
+	uint64_t accept_resume_ms;
+	uint32_t accept_pause_ms;   /* 0, or 100 doubling to 1000 */
+	struct log_rate accept_log, refuse_log, violation_log, denied_log,
+	                hello_log; /* repeatable warnings (fdchan.c) */
+	/* fd budget (srv_fd_budget): the open-file limit in force and the
+	 * most max_pending_conns it leaves room for. */
+	uint64_t fd_limit;
+	uint32_t pending_cap;
+	int lock_fd; /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
+
+	struct srv_tenant **tenants; /* [cfg.max_tenants] */
+	uint32_t next_tenant_id;
+
+	uint32_t n_jobs; /* syncs running on worker threads */
+	/* ctl.c: nng_close returned (under qlock), or not in time. */
+	pthread_cond_t close_cv;
+	int nng_closed, nng_wedged;
+
+	/* Requests waiting for pool pages, oldest first (loop thread). */
+	struct srv_req *parked_head, *parked_tail;
+	uint32_t n_parked;
+	float pressure; /* pool-wide level, 0..1 */
+
+	/* Parsed access lists (cfg.allow_* and cfg.admin_*). */
+	pthread_mutex_t acl_lock;
+	struct srv_acl allow, admin;
+
+	int control_conns; /* nng pipes open; atomic (nng threads) */
+	int tenant_pipes;  /* of which a tenant is registered on; atomic,
+	                      written by the loop, read at accept */
+	int closing_pipes; /* of which the daemon closed and nng has not
+	                      released yet; atomic, likewise */
+	uint64_t unreleased; /* closed over SRV_RELEASE_MS ago (pipes.c) */
+	uint64_t ctl_refused; /* atomic: pipes refused at accept */
+	uint32_t max_pending; /* atomic copy of srv_pending_max() for ctl.ipc */
+
+	struct stats_pub pub;
+	int pub_ready;
+	struct http *http;
+	uv_async_t snap_async;  /* HTTP thread asks for a fresh snapshot */
+
+	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t cron, drain, watchdog;
+	uint64_t watchdog_ms;   /* 0: systemd expects no pings */
+	uint64_t status_ms;     /* last STATUS= */
+	int draining;
+	volatile int stopping; /* set before nng_close: callbacks stop re-arming */
+	uint64_t drain_started_ms;
+	int loop_ready;
+
+	char ctl_path[PATH_MAX], fd_path[PATH_MAX], stats_path[PATH_MAX];
+};
+
+/* What srv_handle and srv_conclude decided about a request: reply now,
+ * park, or SRV_HELD: the request belongs to a sync job or waits for its
+ * tenant; whoever holds it replies later. */
+enum srv_verdict { SRV_REPLY, SRV_PARK, SRV_HELD };
+
+/* Clocks (monotonic) and a random cookie or token. */
+static inline uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static inline uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static inline uint64_t random_u64(void)
+{
+	uint64_t v = 0;
+	while (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+		;
+	return v;
+}
+
+/* ---------------------------------------------------------- ctl.c */
+
+/* Opens the rep0 socket with its pipe notifications (pipes.c), listens on
+ * ctl_path (mode 0660) and opens cfg.contexts contexts.  On failure returns
+ * a KVT_E* code, err says why; what was opened is s's (server_free closes
+ * it). */
+int srv_ctl_open(struct server *s, char *err, size_t errlen);
+
+/* s->wake: drains what nng's threads queued (pipe events, finished
+ * replies, new requests) and handles it, in that order. */
+void srv_wake_cb(uv_async_t *a);
+
+/* Arms r's context for its next request. */
+void srv_recv(struct srv_req *r);
+
+/* Sends r's reply (r->msg, taken), or re-arms r when it has none; the send
+ * waits at most send_timeout_ms for the peer. */
+void srv_send(struct server *s, struct srv_req *r);
+
+/* Stops nng for good and frees every request message it left with the
+ * loop; after it no nng callback runs, unless s->nng_wedged is set. */
+void srv_close_nng(struct server *s);
+
+/* ---------------------------------------------------------- pipes.c */
+
+/* nng's pipe notifications; runs on nng threads. */
+void srv_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg);
+
+/* Applies the pipe events evs (in order, consumed) and logs the refusals
+ * at accept counted since the last call. */
+void srv_pipe_events(struct server *s, struct srv_pipe_ev *evs);
+
+/* The entry of pipe id, or NULL. */
+struct srv_pipe *srv_pipe_find(struct server *s, uint32_t id);
+
+/* The entry of pipe id, created when missing; NULL only when out of
+ * memory. */
+struct srv_pipe *srv_pipe_get(struct server *s, uint32_t id);
+
+/* Gives up on control connection id, once: its requests are dropped from
+ * now on, and the cron closes it; *counter is bumped then, why logged. */
+void srv_pipe_kick(struct server *s, uint32_t id, uint64_t *counter,
+                   const char *why);
+
+/* A tenant was registered on pipe id (bound 1) or released from it (0). */
+void srv_pipe_bind(struct server *s, uint32_t id, int bound);
+
+/* Shuts down for reading the ctl.ipc connections of the processes in
+ * pids[n] (n 0: all); returns how many.  Scans /proc/self/fd. */
+uint32_t srv_ctl_shutdown(const struct server *s, const uint32_t *pids,
+                          uint32_t n);
+
+/* Cron: kicks idle connections without a tenant, closes the kicked ones,
+ * counts the closes nng never released. */
+void srv_pipe_cron(struct server *s, uint64_t now);
+
+/* ---------------------------------------------------------- fdchan.c */
+
+/* Starts polling fd.sock for connections. */
+void srv_accept_start(struct server *s);
+
+/* Cron: polls fd.sock again once an accept back-off is over. */
+void srv_accept_resume(struct server *s, uint64_t now);
+
+/* Closes a handle channel (once) and ends the lease of its tenant. */
+void srv_conn_close(struct srv_conn *c);
+
+/* Polls c again, after a sync on a worker held its tenant. */
+void srv_conn_resume(struct srv_conn *c);
+
+/* Cron: closes the handle channels that sent no hello in time. */
+void srv_conn_cron(struct server *s, uint64_t now);
+
+/* The most connections without a tenant at once (max_pending_conns, lowered
+ * to what the fd budget leaves room for). */
+uint32_t srv_pending_max(const struct server *s);
+
+/* tenant_flush_events' callback: sends event e over ctx (a struct
+ * srv_conn *); a KVT_E* code when it cannot. */
+int srv_send_event(void *ctx, const struct tenant_event *e);
+
+/* Raises the open-file limit and sets fd_limit and pending_cap from it. */
+void srv_fd_budget(struct server *s);
+
+/* ---------------------------------------------------------- auth.c */
+
+/* Is the peer (pid, uid, gid) in list a?  Any thread (takes acl_lock). */
+int srv_acl_has(const struct server *s, const struct srv_acl *a,
+                uint32_t pid, uint32_t uid, uint32_t gid);
+
+/* ... in the allow list (who may register a tenant)? */
+int srv_allowed(const struct server *s, uint32_t pid, uint32_t uid,
+                uint32_t gid);
+
+/* Re-parses s->allow and s->admin from s->cfg. */
+void srv_allow_refresh(struct server *s);
+
+/* 0 when control connection p's peer is in the allow list (srv_pipe_allowed)
+ * or the admin list (srv_pipe_admin), else KVT_EPERM with why naming what
+ * was refused; counted and logged. */
+int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
+                     char *why, size_t wlen);
+int srv_pipe_admin(struct server *s, nng_pipe p, const char *what,
+                   char *why, size_t wlen);
+
+/* Request r's tenant, in *out, when its id and token match and it came on
+ * the tenant's own control connection; else KVT_ENOTENANT. */
+int srv_auth(struct server *s, const struct ipc_req *r, nng_pipe pipe,
+             struct srv_tenant **out, char *why, size_t wlen);
+
+/* ---------------------------------------------------------- lease.c */
+
+/* The registered tenant with that id, or NULL. */
+struct srv_tenant *srv_find_tenant(struct server *s, uint32_t id);
+
+/* Does process pid hold a registered tenant? */
+int srv_pid_has_tenant(const struct server *s, uint32_t pid);
+
+/* st's counters, live or as of the start of its running sync. */
+void srv_tenant_stats(struct srv_tenant *st, struct kvt_tenant_stats *out);
+
+/* Frees st and its memory (logged with why); it must be out of the table
+ * and idle. */
+void srv_tenant_free(struct srv_tenant *st, const char *why);
+
+/* Ends st's lease (why is logged): now, or when its running sync ends. */
+void srv_reclaim(struct server *s, struct srv_tenant *st, const char *why);
+
+/* IPC_OP_HELLO: registers a tenant on the handle channel named by h's
+ * cookie and on control connection pipe; fills rep. */
+int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
+              struct ipc_rep *rep, char *why, size_t wlen);
+
+/* rv of a tenant operation, returned; st is reclaimed when its device
+ * failed (tenant_failed). */
+int srv_device_failed(struct server *s, struct srv_tenant *st, int rv,
+                      const char *op);
+
+/* Sends st's queued events before the reply; KVT_ECONN (and st reclaimed)
+ * when they cannot go. */
+int srv_flush(struct server *s, struct srv_tenant *st, char *why,
+              size_t wlen);
+
+/* ---------------------------------------------------------- dispatch.c */
+
+/* Handles request r (parked: this is a backpressure retry). */
+enum srv_verdict srv_handle(struct server *s, struct srv_req *r, int parked);
+
+/* The end of a request's handling with result rv and reply rep (consumed):
+ * parks it under pool pressure, or encodes its reply into r->msg. */
+enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
+                              enum ipc_op op, int rv, struct ipc_rep *rep,
+                              char *why, size_t wlen, int parked);
+
+/* Acts on a verdict: parks r, sends its reply, or (SRV_HELD) nothing. */
+void srv_proceed(struct server *s, struct srv_req *r, enum srv_verdict v);
+
+/* ---------------------------------------------------------- jobs.c */
+
+/* Should st's sync touching lists page lists run on a worker? */
+int srv_sync_offload(const struct server *s, const struct srv_tenant *st,
+                     uint64_t lists);
+
+/* Hands the sync rq (decoded in req, whose items it takes) to a worker;
+ * nonzero when it cannot (it then runs on the loop). */
+int srv_job_start(struct server *s, struct srv_tenant *st,
+                  struct srv_req *rq, int parked, struct ipc_req *req);
+
+/* What follows a sync's apply (rv), wherever it ran: counters, chunk
+ * grants, or the drop of a tenant whose device failed. */
+int srv_sync_finish(struct server *s, struct srv_tenant *st, int rv,
+                    uint32_t items, const struct kvt_tenant_stats *before,
+                    const struct kvt_tenant_stats *after, uint64_t apply_us,
+                    uint64_t scorer_ns, char *why, size_t wlen);
+
+/* ---------------------------------------------------------- pressure.c */
+
+/* Cron: the pool-wide pressure level, and each tenant's share of it. */
+void srv_pressure(struct server *s);
+
+/* Adds r to the parked requests (last). */
+void srv_park(struct server *s, struct srv_req *r);
+
+/* Retries every parked request once, oldest first. */
+void srv_retry_parked(struct server *s);
+
+/* ---------------------------------------------------------- admin.c */
+
+/* An admin op (codec_op_is_admin); SRV_IDLE_WAIT when it must wait for
+ * the running syncs. */
+int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
+              struct ipc_rep *rep, char *why, size_t wlen);
+
+/* ---------------------------------------------------------- snapshot.c */
+
+/* A snapshot of live state (stats_snap_free frees it), NULL when out of
+ * memory. */
+struct stats_snap *srv_snapshot(struct server *s);
+
+/* Publishes a fresh snapshot for the HTTP thread. */
+void srv_publish(struct server *s);
+
+/* s->snap_async: the HTTP thread asked for a fresh snapshot. */
+void srv_snap_async_cb(uv_async_t *a);
+
+/* http_start's renderer; runs on the HTTP thread. */
+int srv_http_render(void *ctx, enum stats_fmt fmt, char **out, size_t *len);
+
+/* Tells systemd STATUS= (tenants, sequences, pool, pressure). */
+void srv_status(struct server *s);
+
+/* ---------------------------------------------------------- server.c */
+
+/* After s->cfg changed (config set, SIGHUP): what is derived from it. */
+void srv_config_changed(struct server *s);
+
+/* Re-reads st's scorer weights (SIGHUP); st must be idle. */
+void srv_reload_one(struct server *s, struct srv_tenant *st);
+
+#endif
