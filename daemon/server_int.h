@@ -59,6 +59,7 @@
 #include "config.h"
 #include "kvtrim.h"
 #include "log.h"
+#include "now.h"
 #include "pool.h"
 #include "server.h"
 #include "stats.h"
@@ -275,21 +276,7 @@ struct server {
  * tenant; whoever holds it replies later. */
 enum srv_verdict { SRV_REPLY, SRV_PARK, SRV_HELD };
 
-/* Clocks (monotonic) and a random cookie or token. */
-static inline uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static inline uint64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
-
+/* A random cookie or token (clocks: core/now.h). */
 static inline uint64_t random_u64(void)
 {
 	uint64_t v = 0;
