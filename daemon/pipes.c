@@ -22,11 +22,13 @@
  * (s->unreleased) and logged.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include "server_int.h"
 
@@ -210,6 +212,38 @@ void srv_pipe_bind(struct server *s, uint32_t id, int bound)
 
 /* ---------------------------------------------------------- closing */
 
+/* srv_ctl_shutdown on one descriptor: 1 when fd is an accepted ctl.ipc
+ * connection of one of pids[n] (n 0: of any) and was shut down. */
+static int ctl_shutdown_one(const struct server *s, int fd,
+                            const uint32_t *pids, uint32_t n)
+{
+	int acc = 0, hit = !n;
+	struct sockaddr_un a;
+	struct ucred cr;
+	socklen_t al = sizeof(a), il = sizeof(acc), cl = sizeof(cr);
+	if (getsockname(fd, (struct sockaddr *)&a, &al) ||
+	    a.sun_family != AF_UNIX || al <= sizeof(sa_family_t) ||
+	    strncmp(a.sun_path, s->ctl_path, sizeof(a.sun_path)) ||
+	    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &il) || acc)
+		return 0;
+	if (n && !getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl))
+		for (uint32_t i = 0; i < n && !hit; i++)
+			hit = pids[i] == (uint32_t)cr.pid;
+	if (!hit)
+		return 0;
+	/* What the peer queued is discarded first: nng then meets EOF (or
+	 * a cut frame) at its next read and closes the pipe from that error
+	 * at once, rather than reading on while the peer's own close (EPIPE
+	 * on our blocked reply) closes it from elsewhere, which is the race
+	 * that wedges nng. */
+	char junk[16384];
+	for (int k = 0; k < SRV_DISCARD_READS &&
+	                recv(fd, junk, sizeof(junk), MSG_DONTWAIT) > 0;
+	     k++)
+		;
+	return shutdown(fd, SHUT_RD) == 0;
+}
+
 /*
  * Shuts down for reading, at the socket, the accepted ctl.ipc connections
  * of the processes in pids[n] (n 0: of every process).  nng then reads what
@@ -225,32 +259,18 @@ uint32_t srv_ctl_shutdown(const struct server *s, const uint32_t *pids,
 	if (!d)
 		return 0;
 	for (struct dirent *e; (e = readdir(d));) {
-		int fd = atoi(e->d_name), acc = 0, hit = !n;
-		struct sockaddr_un a;
-		struct ucred cr;
-		socklen_t al = sizeof(a), il = sizeof(acc), cl = sizeof(cr);
-		if (fd <= 2 || fd == dirfd(d) ||
-		    getsockname(fd, (struct sockaddr *)&a, &al) ||
-		    a.sun_family != AF_UNIX || al <= sizeof(sa_family_t) ||
-		    strncmp(a.sun_path, s->ctl_path, sizeof(a.sun_path)) ||
-		    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &il) || acc)
+		int fd = atoi(e->d_name);
+		if (fd <= 2 || fd == dirfd(d))
 			continue;
-		if (n && !getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl))
-			for (uint32_t i = 0; i < n && !hit; i++)
-				hit = pids[i] == (uint32_t)cr.pid;
-		if (!hit)
+		/* nng's threads may close fd at any moment and the number
+		 * may then name a new socket (another peer's): every check
+		 * and action below is on a duplicate, which holds the
+		 * socket it was made from whatever happens to fd. */
+		int dup = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+		if (dup < 0)
 			continue;
-		/* What the peer queued is discarded first: nng then meets
-		 * EOF (or a cut frame) at its next read and closes the pipe
-		 * from that error at once, rather than reading on while the
-		 * peer's own close (EPIPE on our blocked reply) closes it
-		 * from elsewhere, which is the race that wedges nng. */
-		char junk[16384];
-		for (int k = 0; k < SRV_DISCARD_READS &&
-		                recv(fd, junk, sizeof(junk), MSG_DONTWAIT) > 0;
-		     k++)
-			;
-		done += shutdown(fd, SHUT_RD) == 0;
+		done += ctl_shutdown_one(s, dup, pids, n);
+		close(dup);
 	}
 	closedir(d);
 	return done;
