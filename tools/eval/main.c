@@ -12,7 +12,7 @@
  *     sequences of T = 512 tokens (--quick: 256) starting at BOS.
  *   - Each policy is one tenant of one kvtrimd (all registered at once,
  *     `--threads` of them stepping concurrently): the reference engine
- *     (examples/tinyllm/engine.h) prefills P = 384 tokens (--quick: 192) in
+ *     (engine/engine.h) prefills P = 384 tokens (--quick: 192) in
  *     chunks of 64 (the policy compresses as it would: at prefill syncs,
  *     at the end of prefill, ...), then decodes the rest one token per
  *     sync, teacher-forced, policy active.

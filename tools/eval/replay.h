@@ -5,7 +5,7 @@
  * attention maps of queries that have not happened yet), and the daemon
  * has no way to take externally computed scores.
  *
- * It mirrors the daemon-backed engine (examples/tinyllm/engine.c): the same
+ * It mirrors the daemon-backed engine (engine/engine.c): the same
  * model_forward, entries appended after the kept ones in token order so a
  * chunk's causal mask is a length, the same paged_attention_cpu kernel
  * (over one-entry "pages" that point at the kept rows), float32 storage.
