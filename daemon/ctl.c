@@ -11,6 +11,11 @@
  * only the queues (under qlock) and the wake-up; libuv may coalesce
  * wake-ups, so the loop drains whole queues each time.
  *
+ * Two classes: requests of connections a tenant registered on are handled
+ * as they come; those of connections without one (hellos, kvtrimctl, any
+ * member of the group) wait in s->low_* and get SRV_LOW_SLICE per wake-up,
+ * so a flood of those delays no tenant's sync by more than a slice.
+ *
  * No peer can hold the daemon's contexts: a reply waits at most
  * send_timeout_ms for its peer to take it (the connection is then kicked,
  * pipes.c), and a connection has at most max_inflight_per_conn requests in
@@ -34,6 +39,10 @@
 #define SRV_RECV_MAX (4u * IPC_MAX_MSG)
 #define SRV_CLOSE_WAIT_MS 1500 /* shutdown: for connections to drain */
 #define SRV_NNG_CLOSE_MS 2000  /* shutdown: for nng_close */
+/* Requests of connections without a tenant handled per wake-up, after
+ * every tenant's: a flood from such peers delays a tenant's request by at
+ * most this many cheap requests, not by the whole flood. */
+#define SRV_LOW_SLICE 8
 
 /* ---------------------------------------------------------- nng side */
 
@@ -260,8 +269,29 @@ void srv_wake_cb(uv_async_t *a)
 		list = r->next;
 		if (srv_admit(s, r))
 			continue;
+		struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
+		if (p && !p->bound) {
+			r->next = NULL;
+			if (s->low_tail)
+				s->low_tail->next = r;
+			else
+				s->low_head = r;
+			s->low_tail = r;
+			continue;
+		}
 		srv_proceed(s, r, srv_handle(s, r, 0));
 	}
+	for (int k = 0; k < SRV_LOW_SLICE && s->low_head; k++) {
+		struct srv_req *r = s->low_head;
+		if (!(s->low_head = r->next))
+			s->low_tail = NULL;
+		srv_proceed(s, r, srv_handle(s, r, 0));
+		handled = 1;
+	}
+	/* More left: come back after the loop's other events, taking the
+	 * tenants' new requests first. */
+	if (s->low_head)
+		uv_async_send(&s->wake);
 	/* Closes, byes and evicting syncs just handled may have freed what
 	 * the parked ones wait for: do not leave that to the next tick. */
 	if (handled && s->n_parked)
@@ -349,5 +379,10 @@ void srv_close_nng(struct server *s)
 		r->msg = NULL;
 	}
 	s->parked_head = s->parked_tail = NULL;
+	for (struct srv_req *r = s->low_head; r; r = r->next) {
+		nng_msg_free(r->msg);
+		r->msg = NULL;
+	}
+	s->low_head = s->low_tail = NULL;
 	s->n_parked = 0;
 }

@@ -187,6 +187,7 @@ static int srv_busy(struct server *s)
 	pthread_mutex_lock(&s->qlock);
 	busy = s->ready_head != NULL;
 	pthread_mutex_unlock(&s->qlock);
+	busy = busy || s->low_head;
 	for (uint32_t i = 0; i < s->n_reqs && !busy; i++)
 		busy = s->reqs[i].sending;
 	return busy || s->n_parked || s->n_jobs;

@@ -202,6 +202,10 @@ struct server {
 	struct srv_req *done_head, *done_tail; /* replies nng finished */
 	struct srv_pipe_ev *pipe_evs, *pipe_evs_tail; /* in order */
 	uv_async_t wake;
+	/* Admitted requests of connections without a tenant (kvtrimctl,
+	 * hellos, anyone in the group), loop thread only: handled after
+	 * every tenant's request, SRV_LOW_SLICE per wake-up (ctl.c). */
+	struct srv_req *low_head, *low_tail;
 
 	/* Open control connections, open addressing on the pipe id
 	 * (linear probing, at most half full). */
