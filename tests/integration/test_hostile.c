@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nng/nng.h>
+
 #include "daemon.h"
 #include "kvtrim.h"
 #include "test.h"
@@ -456,6 +458,12 @@ TEST_T(hostile, a_reconnecting_flood_leaves_nothing_behind, 90)
 	fprintf(stderr, "    control connections %" PRIu64 ", unreleased %"
 	        PRIu64 "\n", open, lost);
 	T_ASSERT(open <= 1 || lost > 0);
+	/* The nng this tree links (the same as the daemon's, from one
+	 * Makefile): from 1.6 on the race is fixed, and nothing may stay. */
+	if (NNG_MAJOR_VERSION > 1 || NNG_MINOR_VERSION >= 6) {
+		T_EQ(lost, 0);
+		T_ASSERT(open <= 1);
+	}
 	T_OK(healthy_engine(&d, "later", 5));
 	T_EQ(th_daemon_stop(&d), 0);
 }
