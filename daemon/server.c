@@ -1465,6 +1465,7 @@ static struct stats_snap *srv_snapshot(struct server *s)
 		t->compression_ratio = srv_ratio(ts.entries_appended,
 		                                 ts.entries_evicted);
 		t->pressure = tenant_pressure(st->t);
+		t->budget = ts.budget;
 
 		snap->kv_bytes_used +=
 			ts.pages_used * tenant_geom(st->t)->page_bytes;
@@ -1920,6 +1921,8 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
 		uint64_t us = now_us() - t0;
 		tenant_stats(st->t, &after);
+		if (!rv)
+			tenant_sync_reply(st->t, rep);
 		return srv_sync_finish(s, st, rv, r->u.sync.n, &before, &after,
 		                       us, tenant_scorer_ns(st->t), why, wlen);
 	}
@@ -2231,6 +2234,8 @@ static void srv_job_done(uv_work_t *w, int status)
 	struct ipc_rep rep;
 	memset(&rep, 0, sizeof(rep));
 	rep.version = IPC_PROTO_VERSION;
+	if (!rv)
+		tenant_sync_reply(st->t, &rep);
 	enum srv_verdict v = srv_conclude(s, r, IPC_OP_SYNC, rv, &rep, j->why,
 	                                  sizeof(j->why), j->parked);
 	free(j);
