@@ -16,7 +16,6 @@
  */
 #include "client.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,12 +371,14 @@ int kvt_stats(kvt_client *c, struct kvt_tenant_stats *out)
 				val_u64(codec_row_get(row, stat_fields[f].key),
 				        (uint64_t *)((char *)out +
 				                     stat_fields[f].off));
-			/* the row has the level (float) the metrics show */
+			/* the row has the level (float) the metrics show;
+			 * rounded without libm, which libkvtrim.a users
+			 * need not link */
 			const struct ipc_val *pv = codec_row_get(row, "pressure");
 			if (pv && pv->type == IPC_VAL_F64 && pv->v.f > 0 &&
 			    pv->v.f <= 1)
-				out->pressure_ppm = (uint64_t)llrint(
-					pv->v.f * IPC_PRESS_ONE);
+				out->pressure_ppm = (uint64_t)(
+					pv->v.f * IPC_PRESS_ONE + 0.5);
 			rc = 0;
 			break;
 		}
