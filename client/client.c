@@ -331,6 +331,7 @@ static const struct {
 	STAT_FIELD_(syncs),        STAT_FIELD_(entries_kept),
 	STAT_FIELD_(entries_appended), STAT_FIELD_(entries_evicted),
 	STAT_FIELD_(quota_bytes),  STAT_FIELD_(daemon_bytes),
+	STAT_FIELD_(budget),
 #undef STAT_FIELD_
 };
 
@@ -370,6 +371,14 @@ int kvt_stats(kvt_client *c, struct kvt_tenant_stats *out)
 				val_u64(codec_row_get(row, stat_fields[f].key),
 				        (uint64_t *)((char *)out +
 				                     stat_fields[f].off));
+			/* the row has the level (float) the metrics show;
+			 * rounded without libm, which libkvtrim.a users
+			 * need not link */
+			const struct ipc_val *pv = codec_row_get(row, "pressure");
+			if (pv && pv->type == IPC_VAL_F64 && pv->v.f > 0 &&
+			    pv->v.f <= 1)
+				out->pressure_ppm = (uint64_t)(
+					pv->v.f * IPC_PRESS_ONE + 0.5);
 			rc = 0;
 			break;
 		}

@@ -34,6 +34,11 @@
 struct seq_slot {
 	kvt_seq id;       /* (generation << 32) | slot, from the daemon */
 	uint32_t counter; /* syncs the daemon accepted for this sequence */
+	uint32_t room;    /* headroom in force: what open or the last accepted
+	                     sync left room for (kvt_kv_ptr's bound) */
+	uint32_t want;    /* kvt_seq_headroom: asked of each sync, 0 = the
+	                     registration's */
+	uint32_t sent;    /* the room the sync in flight asked (want resolved) */
 	uint8_t open;
 	uint8_t busy;     /* an async sync of this sequence is in flight */
 };
@@ -73,6 +78,7 @@ struct kvt_client {
 	struct seq_slot *seqs; /* [cfg.max_seqs] */
 	struct ticket tickets[CLIENT_MAX_TICKETS];
 	uint32_t ticket_gen;
+	struct kvt_sync_info last_sync; /* what the last accepted sync applied */
 };
 
 /* ---------------------------------------------------------------- rpc.c */
@@ -119,6 +125,13 @@ int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
                    uint32_t kv_head, const struct shm_list **out);
 
 /* ---------------------------------------------------------------- sync.c */
+
+/* After an accepted sync of seq: its counter moves on and its room
+ * becomes what the sync asked. */
+void client_count_sync(kvt_client *c, kvt_seq seq);
+
+/* After an accepted sync: keeps what its reply says was applied. */
+void client_note_sync(kvt_client *c, const struct ipc_rep *rep);
 
 /* Device tenants, after a reply that may have changed chunks or the
  * table: queues the chunk-base upload and the wait for the daemon's

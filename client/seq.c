@@ -57,7 +57,8 @@ int kvt_seq_open(kvt_client *c, kvt_seq *out)
 			               (unsigned long long)seq, c->cfg.max_seqs);
 			rc = KVT_EPROTO;
 		} else {
-			c->seqs[slot] = (struct seq_slot){ .id = seq, .open = 1 };
+			c->seqs[slot] = (struct seq_slot){
+				.id = seq, .open = 1, .room = c->cfg.headroom};
 			*out = seq;
 			/* New pages (and maybe chunks) in the device table. */
 			rc = client_device_after(c);
@@ -89,6 +90,25 @@ int kvt_seq_close(kvt_client *c, kvt_seq seq)
 	if (rc == 0)
 		rc = client_device_after(c);
 	return rc;
+}
+
+int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries)
+{
+	if (!c)
+		return KVT_EINVAL;
+	if (client_lost(c))
+		return KVT_ECONN;
+	uint32_t slot;
+	int rc = client_seq_lookup(c, seq, &slot);
+	if (rc < 0)
+		return rc;
+	if (entries > c->cfg.headroom) {
+		client_set_err(c, "headroom %u beyond the registration's %u",
+		               entries, c->cfg.headroom);
+		return KVT_EHEADROOM;
+	}
+	c->seqs[slot].want = entries;
+	return 0;
 }
 
 /* ---------------------------------------------------------------- data plane */
@@ -125,7 +145,9 @@ int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
 	int rc = client_list_of(c, seq, layer, kv_head, &l);
 	if (rc < 0)
 		return rc;
-	if (k >= g->headroom)
+	uint32_t slot = 0;
+	client_seq_lookup(c, seq, &slot); /* open: client_list_of said so */
+	if (k >= c->seqs[slot].room)
 		return KVT_EHEADROOM;
 	uint64_t e = (uint64_t)l->len + k;
 	uint64_t pi = e / g->page_tokens;

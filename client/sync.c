@@ -41,14 +41,17 @@ static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
 			free(w);
 			return rc;
 		}
+		struct seq_slot *s = &c->seqs[slot];
 		w[i] = (struct ipc_sync_item){
 			.seq = items[i].seq,
-			.counter = c->seqs[slot].counter,
+			.counter = s->counter,
 			.n_new = items[i].n_new,
 			.phase = items[i].phase,
 			.layer_lo = items[i].layer_lo,
 			.layer_hi = items[i].layer_hi,
+			.headroom = s->want,
 		};
+		s->sent = s->want ? s->want : c->cfg.headroom;
 	}
 	req->u.sync.n = (uint32_t)n;
 	req->u.sync.items = w;
@@ -79,12 +82,28 @@ int client_device_after(kvt_client *c)
 	return rc;
 }
 
-/* After an accepted sync: the sequence's counter moves on. */
-static void count_sync(kvt_client *c, kvt_seq seq)
+void client_count_sync(kvt_client *c, kvt_seq seq)
 {
 	uint32_t slot;
-	if (client_seq_lookup(c, seq, &slot) == 0)
+	if (client_seq_lookup(c, seq, &slot) == 0) {
 		c->seqs[slot].counter++;
+		c->seqs[slot].room = c->seqs[slot].sent;
+	}
+}
+
+void client_note_sync(kvt_client *c, const struct ipc_rep *rep)
+{
+	c->last_sync.pressure = (float)rep->u.sync.press / (float)IPC_PRESS_ONE;
+	c->last_sync.budget = rep->u.sync.budget;
+	c->last_sync.syncs++;
+}
+
+int kvt_last_sync(const kvt_client *c, struct kvt_sync_info *out)
+{
+	if (!c || !out)
+		return KVT_EINVAL;
+	*out = c->last_sync;
+	return 0;
 }
 
 int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
@@ -102,9 +121,11 @@ int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
 	}
 	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
 	free(req.u.sync.items);
+	if (rc == 0)
+		client_note_sync(c, &rep);
 	codec_rep_free(&rep);
 	for (size_t i = 0; rc == 0 && i < n; i++)
-		count_sync(c, items[i].seq);
+		client_count_sync(c, items[i].seq);
 	if (rc == 0)
 		rc = client_device_after(c);
 	return rc;
@@ -236,6 +257,8 @@ int kvt_wait(kvt_client *c, kvt_ticket tk)
 		else if ((rc = client_rep_code(rep.err)) < 0)
 			snprintf(c->last_error, sizeof(c->last_error), "%s",
 			         rep.msg[0] ? rep.msg : kvt_strerror(rc));
+		else
+			client_note_sync(c, &rep);
 	}
 	codec_rep_free(&rep);
 	if (c->mem_live && !c->dead && client_drain(c) == KVT_ECONN &&
@@ -247,7 +270,7 @@ int kvt_wait(kvt_client *c, kvt_ticket tk)
 		if (client_seq_lookup(c, t->seqs[i], &slot) == 0)
 			c->seqs[slot].busy = 0;
 		if (rc == 0)
-			count_sync(c, t->seqs[i]);
+			client_count_sync(c, t->seqs[i]);
 	}
 	free(t->seqs);
 	t->seqs = NULL;

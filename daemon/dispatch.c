@@ -118,6 +118,8 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
 		uint64_t us = now_us() - t0;
 		tenant_stats(st->t, &after);
+		if (!rv)
+			tenant_sync_reply(st->t, rep);
 		return srv_sync_finish(s, st, rv, r->u.sync.n, &before, &after,
 		                       us, tenant_scorer_ns(st->t), why, wlen);
 	}

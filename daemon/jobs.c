@@ -168,6 +168,8 @@ static void srv_job_done(uv_work_t *w, int status)
 	struct ipc_rep rep;
 	memset(&rep, 0, sizeof(rep));
 	rep.version = IPC_PROTO_VERSION;
+	if (!rv)
+		tenant_sync_reply(st->t, &rep);
 	enum srv_verdict v = srv_conclude(s, r, IPC_OP_SYNC, rv, &rep, j->why,
 	                                  sizeof(j->why), j->parked);
 	free(j);

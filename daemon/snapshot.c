@@ -108,6 +108,7 @@ struct stats_snap *srv_snapshot(struct server *s)
 		t->compression_ratio = srv_ratio(ts.entries_appended,
 		                                 ts.entries_evicted);
 		t->pressure = tenant_pressure(st->t);
+		t->budget = ts.budget;
 
 		snap->kv_bytes_used +=
 			ts.pages_used * tenant_geom(st->t)->page_bytes;

@@ -178,7 +178,10 @@
 	X(priority, STATS_GAUGE, "tenant_priority",                            \
 	  "priority under memory pressure (tenant_priorities)")                \
 	X(draining, STATS_GAUGE, "tenant_draining",                            \
-	  "1 while the tenant admits no new sequences (kvtrimctl drain)")
+	  "1 while the tenant admits no new sequences (kvtrimctl drain)")     \
+	X(budget, STATS_GAUGE, "tenant_budget_entries",                        \
+	  "entries per list the policy's budget allowed at the last sync, "   \
+	  "pressure applied (0: no entry budget)")
 
 #define STATS_TENANT_F64(X)                                                    \
 	X(compression_ratio, STATS_GAUGE, "tenant_compression_ratio",          \

@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -607,6 +608,8 @@ void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out)
 	out->entries_evicted = t->evicted;
 	out->quota_bytes = t->quota;
 	out->daemon_bytes = t->mem.total;
+	out->pressure_ppm = (uint64_t)llrint((double)t->pressure * IPC_PRESS_ONE);
+	out->budget = t->sync_budget;
 }
 
 const struct tenant_mem *tenant_mem_of(const struct tenant *t)

@@ -8,7 +8,10 @@
  *
  * Pages: the tenant owns chunks (slots 0..n) carved into pages of
  * geom.page_bytes; page id = slot * pages_per_chunk + index.  Each list
- * holds ceil((len + headroom) / page_tokens) pages after every operation.
+ * holds ceil((len + room) / page_tokens) pages after every operation, room
+ * being its sequence's headroom in force: the registration's headroom at
+ * open, then whatever each sync asked for (ipc_sync_item.headroom, at most
+ * the registration's, 0 = the registration's).
  * The daemon keeps each entry's original position privately (the engine
  * does not need it: keys are stored after RoPE).
  *
@@ -176,14 +179,26 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg);
  * layers [lo, hi) (hi 0 = all), runs the policy, compacts, restores headroom
  * and bumps epochs.  Validates every item first: unknown sequence
  * (KVT_ENOSEQ), the same sequence twice (KVT_EINVAL), counter != syncs so far
- * (KVT_ESTALE), bad layer range (KVT_ELAYERS), n_new > headroom
- * (KVT_EHEADROOM), n_new > stage_tokens when the policy needs staged inputs
- * (KVT_EHEADROOM), len beyond max_tokens (KVT_ETOOLONG), pages that cannot
- * be had (KVT_EQUOTA / KVT_EPOOLFULL).  On success each item's sequence
- * counter is incremented.
+ * (KVT_ESTALE), bad layer range (KVT_ELAYERS), n_new beyond the headroom in
+ * force or a headroom asked beyond the registration's (KVT_EHEADROOM),
+ * n_new > stage_tokens when the policy needs staged inputs (KVT_EHEADROOM),
+ * len beyond max_tokens (KVT_ETOOLONG), staged inputs the policy refuses
+ * (not finite or never staged: KVT_EINVAL naming item, sequence, layer,
+ * position and input; policy_decide), pages that cannot be had (KVT_EQUOTA
+ * / KVT_EPOOLFULL).  On success each item's sequence counter is
+ * incremented, its lists keep room for the item's headroom, and the
+ * staging rows of the positions it may append next are marked unstaged.
  */
 int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
                 uint32_t n, char *err, size_t errlen);
+
+/*
+ * After a successful tenant_sync: the sync reply's fields, what that sync
+ * applied: the pressure level (IPC_PRESS_ONE = 1) and the entries per list
+ * its policy's budget allowed (for ratio budgets at the longest
+ * (sequence, layer) of the sync; 0 when the policy has no entry budget).
+ */
+void tenant_sync_reply(const struct tenant *t, struct ipc_rep *rep);
 
 /*
  * Hands queued events to send() in order; after the last one, destroys the
@@ -204,7 +219,8 @@ void tenant_set_pressure(struct tenant *t, float level);
 float tenant_pressure(const struct tenant *t);
 
 /* Accounting of this tenant (the public struct, filled by the daemon);
- * daemon_bytes is the estimate of struct tenant_mem. */
+ * daemon_bytes is the estimate of struct tenant_mem, pressure_ppm the level
+ * in force now, budget the one the last sync applied (tenant_sync_reply). */
 void tenant_stats(const struct tenant *t, struct kvt_tenant_stats *out);
 
 /* The estimate the tenant was admitted with. */

@@ -208,11 +208,13 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 					violation(&c, "slot %u layer %u head %u: "
 					          "len %u > max_tokens", slot,
 					          layer, head, l->len);
-				if (l->n_pages != pages_for(g, l->len))
+				if (l->n_pages != pages_for(g, l->len, s->room) ||
+				    s->room > g->headroom)
 					violation(&c, "slot %u layer %u head %u: "
-					          "%u pages for len %u, want %u",
-					          slot, layer, head, l->n_pages,
-					          l->len, pages_for(g, l->len));
+					          "%u pages for len %u and room %u, "
+					          "want %u", slot, layer, head,
+					          l->n_pages, l->len, s->room,
+					          pages_for(g, l->len, s->room));
 				kept += l->len;
 				if (l->n_pages > g->max_pages)
 					continue;

@@ -47,7 +47,8 @@
 /* Per list state; the table record mirrors it. */
 struct tlist {
 	uint32_t len;     /* committed entries */
-	uint32_t n_pages; /* pages held = ceil((len + headroom) / page_tokens) */
+	uint32_t n_pages; /* pages held = ceil((len + room) / page_tokens),
+	                     room the sequence's headroom in force */
 	uint64_t epoch;   /* bumped by every change, monotonic per slot */
 };
 
@@ -58,6 +59,9 @@ struct tseq {
 	                     written (tenant_check reads only those) */
 	uint32_t gen;     /* id = gen << 32 | slot; never 0, bumped on close */
 	uint32_t counter; /* syncs accepted since open */
+	uint32_t room;    /* headroom in force: entries every list has room
+	                     for until the next sync (the registration's at
+	                     open, then what each sync asked; <= g.headroom) */
 	uint32_t mark;    /* sync serial, for duplicate detection */
 	/* Allocated while open: */
 	uint32_t *n_seen; /* [n_layers] tokens seen per layer */
@@ -154,6 +158,8 @@ struct tenant {
 
 	uint64_t syncs, appended, evicted;
 	float pressure;         /* last tenant_set_pressure level */
+	uint32_t sync_press;    /* the last sync's pressure, IPC_PRESS_ONE = 1 */
+	uint32_t sync_budget;   /* and its budget per list (0: none) */
 	uint32_t ef;            /* pol->entry_floats */
 	size_t sbytes;          /* pol->layer_state_bytes */
 
@@ -188,10 +194,12 @@ struct tdead {
 
 /* ------------------------------------------------------------ indexing */
 
-/* Pages a list of len entries holds: ceil((len + headroom) / page_tokens). */
-static inline uint32_t pages_for(const struct shm_geom *g, uint32_t len)
+/* Pages a list of len entries holds when its sequence keeps room for
+ * `room` more: ceil((len + room) / page_tokens). */
+static inline uint32_t pages_for(const struct shm_geom *g, uint32_t len,
+                                 uint32_t room)
 {
-	return (uint32_t)(((uint64_t)len + g->headroom + g->page_tokens - 1) /
+	return (uint32_t)(((uint64_t)len + room + g->page_tokens - 1) /
 	                  g->page_tokens);
 }
 
@@ -276,6 +284,18 @@ void tenant_revoke_empty(struct tenant *t);
 /* Grows *arr (of *cap elements of elem bytes) by doubling to hold at least
  * want; KVT_ENOMEM leaves it as it was. */
 int tenant_ensure_room(void **arr, uint32_t *cap, uint32_t want, size_t elem);
+
+/* ----------------------------------------------------- tenant_sync.c */
+
+/*
+ * Writes POLICY_UNSTAGED into the staging ring rows of positions
+ * [from, from + n) of (slot, layer), in the inputs the policy reads, so a
+ * row the engine does not stage before the sync that commits it is refused
+ * (policy.h).  Called at open and after every sync for the positions the
+ * sequence may append next; a no-op for policies reading no staged input.
+ */
+void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
+                         uint32_t from, uint32_t n);
 
 /* ------------------------------------------------------ tenant_seq.c */
 

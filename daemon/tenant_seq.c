@@ -107,7 +107,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 		tenant_seq_release(s);
 		return KVT_ENOMEM;
 	}
-	uint32_t per_list = pages_for(g, 0);
+	uint32_t per_list = pages_for(g, 0, g->headroom);
 	int rc = tenant_reserve_pages(t, (uint64_t)per_list * t->lists_per_seq,
 	                              0, NULL, 0);
 	if (rc) {
@@ -118,6 +118,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	s->open = 1;
 	s->used = 1;
 	s->counter = 0;
+	s->room = g->headroom;
 	t->n_open++;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
 		for (uint32_t head = 0; head < g->n_kv_heads; head++) {
@@ -130,6 +131,8 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 			l->epoch++;
 			tenant_mirror(t, slot, layer, head);
 		}
+	for (uint32_t layer = 0; layer < g->n_layers; layer++)
+		tenant_stage_poison(t, slot, layer, 0, s->room);
 	/* Resets the allocation cursor; nothing is empty. */
 	tenant_revoke_empty(t);
 	*seq = ((uint64_t)s->gen << 32) | slot;

@@ -8,14 +8,17 @@
  *   3. reserve the pages the new lengths need: the last step that may fail;
  *   4. apply: compact each list along compact_plan()'s moves (on the host,
  *      or batched into one backend call on a device tenant), commit the
- *      policy states, free pages, then allocate, mirror the table records
- *      and bump the counters.
+ *      policy states, free pages, then allocate (room for each item's
+ *      headroom: the one it asked, else the registration's), mirror the
+ *      table records, bump the counters and mark the staging rows of the
+ *      next positions unstaged.
  * Also the device-side preparation of a sync (tenant_sync_ready's wait for
  * the engine's writes, the stream's wait, keys staged to host memory).
  */
 #include "errors.h"
 #include "tenant_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +75,12 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
 	return 0;
 }
 
+/* The headroom an item asks its sequence to keep after the sync. */
+static uint32_t item_room(const struct tenant *t, const struct ipc_sync_item *it)
+{
+	return it->headroom ? it->headroom : t->g.headroom;
+}
+
 /* Layer range of an item after defaults; 0 or KVT_ELAYERS. */
 static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
                        uint32_t *lo, uint32_t *hi)
@@ -124,10 +133,16 @@ static int validate(struct tenant *t, const struct ipc_sync_item *items,
 			return errors_fmt(err, errlen, KVT_ELAYERS,
 			            "item %u: layers [%u, %u) not within [0, %u)",
 			            i, it->layer_lo, it->layer_hi, g->n_layers);
-		if (it->n_new > g->headroom)
+		if (it->n_new > s->room)
 			return errors_fmt(err, errlen, KVT_EHEADROOM,
-			            "item %u: %u new entries, headroom is %u", i,
-			            it->n_new, g->headroom);
+			            "item %u: %u new entries, headroom is %u%s", i,
+			            it->n_new, s->room, s->room < g->headroom ?
+			            " (as the last sync asked)" : "");
+		if (it->headroom > g->headroom)
+			return errors_fmt(err, errlen, KVT_EHEADROOM,
+			            "item %u: asks headroom %u after the sync, "
+			            "the registration's is %u", i, it->headroom,
+			            g->headroom);
 		if ((t->pol->ops->needs & POLICY_NEED_STAGED) &&
 		    it->n_new > g->stage_tokens)
 			return errors_fmt(err, errlen, KVT_EHEADROOM,
@@ -168,6 +183,35 @@ static int grow(void **p, size_t *cap, size_t want, size_t elem)
 	*p = q;
 	*cap = want;
 	return 0;
+}
+
+void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
+                         uint32_t from, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	unsigned need = t->pol->ops->needs;
+	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens)
+		return;
+	const float u = policy_unstaged();
+	size_t nq = (size_t)g->n_heads * g->head_dim;
+	for (uint32_t k = 0; k < n; k++) {
+		float *row = shm_stage_at(t->stage, g, slot, layer, from + k);
+		float *q = row + g->d_model, *lse = q + nq;
+		if (need & POLICY_NEED_X)
+			row[0] = u;
+		for (uint32_t h = 0; h < g->n_heads; h++) {
+			if (need & POLICY_NEED_Q)
+				q[(size_t)h * g->head_dim] = u;
+			if (need & POLICY_NEED_LSE)
+				lse[h] = u;
+		}
+	}
+}
+
+void tenant_sync_reply(const struct tenant *t, struct ipc_rep *rep)
+{
+	rep->u.sync.press = t->sync_press;
+	rep->u.sync.budget = t->sync_budget;
 }
 
 /* Staged row of an earlier position, for policies with lookback. */
@@ -292,6 +336,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	 * refusal here or in step 3 leaves no trace.
 	 */
 	uint64_t need_pages = 0, freed = 0;
+	uint32_t most_seen = 0; /* for the budget the reply reports */
 	size_t off = 0, eoff = 0, li_all = 0, ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
@@ -302,6 +347,8 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 			uint32_t prev = s->n_seen[layer];
 			uint32_t seen = prev + it->n_new;
 			struct stage_ctx sc = {t, slot, layer, seen};
+			if (seen > most_seen)
+				most_seen = seen;
 			struct policy_layer pl = {
 				.layer = layer,
 				.phase = (enum kvt_phase)it->phase,
@@ -365,8 +412,11 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 			rc = policy_decide(t->pol, &pl);
 			t->scorer_ns += now_ns() - d0;
 			if (rc)
-				return errors_fmt(err, errlen, rc, "policy %s: %s",
-				            t->pol->ops->name, kvt_strerror(rc));
+				return errors_fmt(err, errlen, rc, "item %u: "
+				            "sequence %#llx: policy %s: %s", i,
+				            (unsigned long long)it->seq,
+				            t->pol->ops->name, t->pol->why[0]
+				            ? t->pol->why : kvt_strerror(rc));
 			off = off0;
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				const struct tlist *l = tlist_at(t, slot, layer,
@@ -374,7 +424,8 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				uint32_t len = l->len + it->n_new, nd = 0;
 				for (uint32_t k = 0; k < len; k++)
 					nd += t->drop[off + k] != 0;
-				uint32_t want = pages_for(g, len - nd);
+				uint32_t want = pages_for(g, len - nd,
+				                          item_room(t, it));
 				t->newlen[li_all++] = len - nd;
 				if (want > l->n_pages)
 					need_pages += want - l->n_pages;
@@ -456,7 +507,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 					       (size_t)nl * t->ef * sizeof(float));
 				t->appended += it->n_new;
 				t->evicted += len - nl;
-				uint32_t want = pages_for(g, nl);
+				uint32_t want = pages_for(g, nl, item_room(t, it));
 				while (l->n_pages > want)
 					tenant_page_free(t, pg[--l->n_pages]);
 				t->kept += nl;
@@ -486,10 +537,16 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 				tenant_mirror(t, slot, layer, head);
 			}
 			s->n_seen[layer] += it->n_new;
+			tenant_stage_poison(t, slot, layer, s->n_seen[layer],
+			                    item_room(t, it));
 		}
+		s->room = item_room(t, it);
 		s->counter++;
 	}
 	t->syncs++;
+	uint32_t b = policy_budget(t->pol, most_seen);
+	t->sync_budget = b == UINT32_MAX ? 0 : b;
+	t->sync_press = (uint32_t)lrintf(t->pol->pressure * (float)IPC_PRESS_ONE);
 	/*
 	 * Device: one launch for the whole sync, the upload of the changed
 	 * table records, then the event the client's stream waits on before

@@ -231,9 +231,20 @@ KVT_API int kvt_list_get(const kvt_client *c, kvt_seq seq, uint32_t layer,
 KVT_API void *kvt_page_ptr(const kvt_client *c, uint32_t page);
 
 /*
- * Where to write K and V of entry len + k of a list (0 <= k < headroom):
- * *k_out and *v_out each point at head_dim dtype elements.  Returns
- * KVT_EHEADROOM when k is beyond the headroom.
+ * Where to write K and V of entry len + k of a list (0 <= k < headroom,
+ * the sequence's headroom in force: see kvt_seq_headroom): *k_out and
+ * *v_out each point at head_dim dtype elements.  Returns KVT_EHEADROOM when
+ * k is beyond the headroom.
+ *
+ * Contract: before a sync commits n_new entries, the engine has written K
+ * and V of entries len .. len + n_new - 1 of every list the sync names.
+ * The daemon commits whatever bytes those rows hold: a row never written
+ * holds zeros (a fresh page) or the stale bytes of an entry compaction
+ * moved away, and the entry then takes part in attention like any other.
+ * kvtrimd does not check it: on a cuda tenant the pages are device memory
+ * it reads only for policies that need keys, and on the cpu backend the
+ * only cheap test (an all-zero row) misses stale rows, refuses a valid
+ * all-zero key, and would cost a write into every headroom row per sync.
  */
 KVT_API int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
                        uint32_t kv_head, uint32_t k, void **k_out,
@@ -246,6 +257,14 @@ KVT_API int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
  * RMSNorm), q is [n_heads][head_dim] (post-RoPE queries), lse is [n_heads]
  * (log-sum-exp of each query head's attention logits).  NULL when the tenant
  * has no staging (stage_tokens 0) or an argument is out of range.
+ *
+ * Contract: before a sync commits n_new entries, the engine has staged
+ * every input its policy reads (docs/policies.md) of every new position,
+ * as finite numbers.  A sync whose staged inputs hold a NaN or an infinity,
+ * or a row the engine never staged (kvtrimd marks the rows of the next
+ * positions at open and after every sync), is refused with KVT_EINVAL, the
+ * text naming the item, sequence, layer, position and input, and changes
+ * nothing: the engine may fix the rows and sync again.
  */
 KVT_API float *kvt_stage_x(const kvt_client *c, kvt_seq seq, uint32_t layer,
                            uint32_t pos);
@@ -255,6 +274,22 @@ KVT_API float *kvt_stage_lse(const kvt_client *c, kvt_seq seq, uint32_t layer,
                              uint32_t pos);
 
 /* ---------------------------------------------------------------- sync */
+
+/*
+ * Headroom of a sequence's next appends.  Every list keeps room for
+ * `entries` new entries after each following sync of seq (1 ..
+ * kvt_config.headroom; 0, the default, = kvt_config.headroom): ask for what
+ * the next append needs (a prefill chunk of 300, then 1 per decode step)
+ * and the lists hold ceil((len + entries) / page_tokens) pages, not the
+ * registration's worst case for their whole life.  It is sent with each
+ * sync of seq and takes effect when that sync is accepted: the headroom in
+ * force (kvt_kv_ptr's bound, n_new's bound at the next sync) is the
+ * registration's after kvt_seq_open, then what the last accepted sync
+ * asked.  So set it before the sync that precedes the change: before the
+ * last prefill sync to 1 for decode.  KVT_EHEADROOM beyond the
+ * registration's headroom, KVT_ENOSEQ for an unknown sequence.
+ */
+KVT_API int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries);
 
 /*
  * One sequence's part of a sync: n_new entries were appended to every list
@@ -290,6 +325,26 @@ KVT_API int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
 
 /* Waits for a ticket; returns the sync's result. */
 KVT_API int kvt_wait(kvt_client *c, kvt_ticket t);
+
+/*
+ * What the daemon applied at the last accepted sync of this client
+ * (kvt_sync, or the kvt_wait that completed last): under pool pressure
+ * budgets shrink to B - floor(B * pressure / 2) and thresholds rise
+ * (docs/policies.md), and this is where an engine sees it.
+ */
+struct kvt_sync_info {
+	float pressure;  /* memory-pressure level its decisions applied, 0..1
+	                    (to 1e-6) */
+	uint32_t budget; /* entries per (sequence, layer, KV head) list the
+	                    policy's budget allowed, pressure applied: for a
+	                    tokens budget the same for every list, for a ratio
+	                    budget that of the sync's longest (sequence,
+	                    layer); 0 when the policy has no entry budget
+	                    (full, threshold=) */
+	uint64_t syncs;  /* accepted syncs of this client so far (0: none, and
+	                    the fields above are 0) */
+};
+KVT_API int kvt_last_sync(const kvt_client *c, struct kvt_sync_info *out);
 
 /* ---------------------------------------------------------------- device */
 
@@ -401,7 +456,13 @@ struct kvt_tenant_stats {
 	uint64_t daemon_bytes; /* daemon memory outside the pool this tenant's
 	                          geometry may need at most (admitted when
 	                          <= kvtrimd's tenant_memory_max) */
-	uint64_t reserved[6];
+	uint64_t pressure_ppm; /* memory-pressure level in force now (the next
+	                          sync applies it), in millionths: 1000000 =
+	                          level 1, where budgets are halved */
+	uint64_t budget;       /* entries per list the policy's budget allowed
+	                          at the tenant's last sync, pressure applied
+	                          (0: no entry budget; see kvt_last_sync) */
+	uint64_t reserved[4];
 };
 
 /* The daemon's accounting for this client's tenant. */

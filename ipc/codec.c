@@ -83,8 +83,9 @@ const struct codec_field codec_geo_fields[CODEC_GEO_N] = {
 	U32(GEO_, "d_model", d_model),
 };
 
-/* A sync item: [seq, counter, n_new, phase, layer_lo, layer_hi].  The
- * phase's range is checked after the tuple (its own message). */
+/* A sync item: [seq, counter, n_new, phase, layer_lo, layer_hi] and,
+ * when nonzero, headroom.  The phase's range is checked after the tuple
+ * (its own message); headroom's against the geometry by the tenant. */
 const struct codec_field codec_item_fields[CODEC_ITEM_N] = {
 	U64(ITEM_, "seq", seq),
 	U32(ITEM_, "counter", counter),
@@ -92,6 +93,7 @@ const struct codec_field codec_item_fields[CODEC_ITEM_N] = {
 	U32(ITEM_, "phase", phase),
 	U32(ITEM_, "layer_lo", layer_lo),
 	U32(ITEM_, "layer_hi", layer_hi),
+	U32(ITEM_, "headroom", headroom),
 };
 
 /* Request bodies, after "v", "op" and the credentials "t", "k". */
@@ -164,6 +166,11 @@ static const struct codec_field rep_seq_open[] = {
 	U64(RP_, "seq", u.seq),
 	END_,
 };
+static const struct codec_field rep_sync[] = {
+	UINT_(RP_, "press", u.sync.press, IPC_PRESS_ONE, F_OPT),
+	UINT_(RP_, "budget", u.sync.budget, UINT32_MAX, F_OPT),
+	END_,
+};
 static const struct codec_field rep_table[] = { /* every admin op */
 	KIND_(RP_, "rows", F_ROWS, table),
 	END_,
@@ -171,6 +178,7 @@ static const struct codec_field rep_table[] = { /* every admin op */
 const struct codec_field *const codec_rep_fields[IPC_OP_COUNT] = {
 	[IPC_OP_HELLO] = rep_hello,
 	[IPC_OP_SEQ_OPEN] = rep_seq_open,
+	[IPC_OP_SYNC] = rep_sync,
 	[IPC_OP_STATS] = rep_table,
 	[IPC_OP_TENANTS] = rep_table,
 	[IPC_OP_CHECK] = rep_table,

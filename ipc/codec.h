@@ -26,7 +26,10 @@
  *           seq_open:  (nothing else)
  *           seq_close: "seq" uint
  *           sync:      "items": array of [seq, counter, n_new, phase,
- *                      layer_lo, layer_hi] (1..IPC_MAX_SYNC_ITEMS)
+ *                      layer_lo, layer_hi] or [..., layer_hi, headroom]
+ *                      (1..IPC_MAX_SYNC_ITEMS); headroom, entries the
+ *                      sequence's lists keep room for after this sync,
+ *                      is sent only when nonzero (0 = the registration's)
  *           stats:     optional "tenant" str (only that tenant)
  *           config:    optional "key" str
  *           drain:     "tenant" str (all digits: an id in decimal; else
@@ -39,7 +42,12 @@
  *                      "stage" "page" uint (the values in force),
  *                      "quota" uint
  *           seq_open:  "seq" uint
- *           sync:      (nothing else; lengths are in the table segment)
+ *           sync:      "press" uint, optional: the memory-pressure level
+ *                      the sync's decisions applied, in millionths
+ *                      (0..1000000; absent = 0); "budget" uint, optional:
+ *                      entries per list the policy's budget allowed,
+ *                      pressure applied (absent = no entry budget);
+ *                      lengths are in the table segment
  *           stats, tenants, policies, check, config, drain, config_set:
  *                      "rows": array of maps str -> (uint | int | float |
  *                      str); stats has one row, tenants one per tenant,
@@ -114,7 +122,11 @@ struct ipc_sync_item {
 	uint32_t n_new;
 	uint32_t phase;   /* enum kvt_phase; decoder checks the range */
 	uint32_t layer_lo, layer_hi; /* raw; range checks need the geometry */
+	uint32_t headroom; /* room kept after this sync; 0 = registration's
+	                      (optional 7th tuple field, sent when nonzero) */
 };
+
+#define IPC_PRESS_ONE 1000000u /* "press" of pressure level 1 */
 
 struct ipc_req {
 	uint32_t version;
@@ -172,6 +184,10 @@ struct ipc_rep {
 			uint64_t quota_bytes;
 		} hello;
 		uint64_t seq; /* seq_open */
+		struct {
+			uint32_t press;  /* level * IPC_PRESS_ONE, rounded */
+			uint32_t budget; /* entries per list; 0 = none */
+		} sync;
 	} u;
 	/* stats, tenants, policies, check, config.  Outside the union so that
 	 * codec_rep_free can always release rows (NULL for other replies). */

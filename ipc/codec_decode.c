@@ -326,12 +326,13 @@ static int dec_items(struct dec *d, const msgpack_object *o,
 			return fail(d, KVT_EPROTO,
 			            "sync item %" PRIu32 " is %s, not an array", i,
 			            type_name(it->type));
-		if (it->via.array.size != CODEC_ITEM_N)
+		uint32_t nf = it->via.array.size;
+		if (nf != CODEC_ITEM_MIN && nf != CODEC_ITEM_N)
 			return fail(d, KVT_EPROTO,
 			            "sync item %" PRIu32 " has %" PRIu32
-			            " fields, expected %d", i, it->via.array.size,
-			            CODEC_ITEM_N);
-		for (size_t k = 0; k < CODEC_ITEM_N; k++) {
+			            " fields, expected %d or %d", i, nf,
+			            CODEC_ITEM_MIN, CODEC_ITEM_N);
+		for (size_t k = 0; k < nf; k++) {
 			const struct codec_field *f = &codec_item_fields[k];
 			uint64_t x = 0;
 			snprintf(what, sizeof(what), "sync item %" PRIu32 ": %s",

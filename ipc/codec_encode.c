@@ -179,8 +179,12 @@ static void enc_fields(struct enc *e, const struct codec_field *f,
 			const struct ipc_req *req = base;
 			e_array(e, req->u.sync.n);
 			for (uint32_t i = 0; i < req->u.sync.n; i++) {
-				e_array(e, CODEC_ITEM_N);
-				for (size_t k = 0; k < CODEC_ITEM_N; k++)
+				/* headroom, the last field, only when set */
+				size_t nf = req->u.sync.items[i].headroom
+				                    ? CODEC_ITEM_N
+				                    : CODEC_ITEM_MIN;
+				e_array(e, (uint32_t)nf);
+				for (size_t k = 0; k < nf; k++)
 					e_uint(e, codec_field_get(
 						&codec_item_fields[k],
 						&req->u.sync.items[i]));

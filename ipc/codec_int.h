@@ -64,8 +64,10 @@ extern const struct codec_field *const codec_rep_fields[IPC_OP_COUNT];
 /* "geo": [n_layers, n_heads, n_kv_heads, head_dim, d_model]. */
 #define CODEC_GEO_N 5
 extern const struct codec_field codec_geo_fields[CODEC_GEO_N];
-/* A sync item: [seq, counter, n_new, phase, layer_lo, layer_hi]. */
-#define CODEC_ITEM_N 6
+/* A sync item: [seq, counter, n_new, phase, layer_lo, layer_hi] and an
+ * optional headroom: CODEC_ITEM_MIN or CODEC_ITEM_N fields. */
+#define CODEC_ITEM_N 7
+#define CODEC_ITEM_MIN 6
 extern const struct codec_field codec_item_fields[CODEC_ITEM_N];
 
 /* The F_UINT field f of the struct at base. */

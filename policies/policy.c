@@ -451,10 +451,99 @@ void policy_set_pressure(struct policy *p, float level)
 	p->pressure = level;
 }
 
+/* ------------------------------------------------------------ inputs */
+
+float policy_unstaged(void)
+{
+	uint32_t b = POLICY_UNSTAGED_BITS;
+	float f;
+	memcpy(&f, &b, sizeof(f));
+	return f;
+}
+
+/*
+ * Checks rows [n][width] (stride apart) of one input (x, q or lse) of
+ * positions pos0..: 0, or KVT_EINVAL with p->why.  unit: floats per query
+ * head (q: head_dim, lse: 1), 0 for x (named by element).
+ */
+static int check_input(struct policy *p, const char *name, const float *v,
+                       uint32_t n, size_t width, size_t stride,
+                       uint32_t unit, uint32_t layer, uint32_t pos0)
+{
+	for (uint32_t t = 0; t < n; t++) {
+		const float *r = v + (size_t)t * stride;
+		for (size_t i = 0; i < width; i++) {
+			if (isfinite(r[i]))
+				continue;
+			uint32_t bits;
+			memcpy(&bits, &r[i], sizeof(bits));
+			int unstaged = bits == POLICY_UNSTAGED_BITS;
+			char el[48];
+			if (!unit && unstaged)
+				snprintf(el, sizeof(el), "%s", name);
+			else if (!unit)
+				snprintf(el, sizeof(el), "%s[%zu]", name, i);
+			else if (unit == 1 || unstaged)
+				snprintf(el, sizeof(el), "%s of query head %zu",
+				         name, i / unit);
+			else
+				snprintf(el, sizeof(el), "%s of query head %zu "
+				         "[%zu]", name, i / unit, i % unit);
+			if (unstaged)
+				return errors_fmt(p->why, sizeof(p->why), KVT_EINVAL,
+				                  "layer %u, position %u: %s was "
+				                  "never staged (kvt_stage_%s)", layer,
+				                  pos0 + t, el, name);
+			return errors_fmt(p->why, sizeof(p->why), KVT_EINVAL,
+			                  "layer %u, position %u: staged %s is %s",
+			                  layer, pos0 + t, el,
+			                  isnan(r[i]) ? "NaN"
+			                  : r[i] > 0 ? "+Inf" : "-Inf");
+		}
+	}
+	return 0;
+}
+
+/* The inputs p reads of n rows: x [n][xs], q [n][qs], lse [n][ls] strides. */
+static int check_inputs(struct policy *p, const float *x, const float *q,
+                        const float *lse, uint32_t n, size_t xs, size_t qs,
+                        size_t ls, uint32_t layer, uint32_t pos0)
+{
+	const struct policy_geom *g = &p->geom;
+	unsigned need = p->ops->needs;
+	size_t nq = (size_t)g->n_heads * g->head_dim;
+	int rc = 0;
+	if ((need & POLICY_NEED_X) && x)
+		rc = check_input(p, "x", x, n, g->d_model, xs, 0, layer, pos0);
+	if (!rc && (need & POLICY_NEED_Q) && q)
+		rc = check_input(p, "q", q, n, nq, qs, g->head_dim, layer, pos0);
+	if (!rc && (need & POLICY_NEED_LSE) && lse)
+		rc = check_input(p, "lse", lse, n, g->n_heads, ls, 1, layer,
+		                 pos0);
+	return rc;
+}
+
+int policy_check_row(struct policy *p, uint32_t layer, uint32_t pos,
+                     const float *row)
+{
+	const struct policy_geom *g = &p->geom;
+	size_t nq = (size_t)g->n_heads * g->head_dim;
+	p->why[0] = '\0';
+	return check_inputs(p, row, row + g->d_model, row + g->d_model + nq, 1,
+	                    0, 0, 0, layer, pos);
+}
+
 int policy_decide(struct policy *p, struct policy_layer *l)
 {
+	const struct policy_geom *g = &p->geom;
+	p->why[0] = '\0';
 	if (!p->ops->decide)
 		return 0;
+	int rc = check_inputs(p, l->x, l->q, l->lse, l->n_new, g->d_model,
+	                      (size_t)g->n_heads * g->head_dim, g->n_heads,
+	                      l->layer, l->n_seen - l->n_new);
+	if (rc)
+		return rc;
 	scratch_reset(p);
 	return p->ops->decide(p, l);
 }

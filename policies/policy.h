@@ -44,6 +44,10 @@
  *   - Staged lse is the natural-log log-sum-exp of each query head's logits
  *     q . k / sqrt(head_dim) over the keys the engine attended to (its own
  *     list at the time, causal); attention weights are recovered from it.
+ *   - Its inputs are checked: policy_decide calls decide() only when every
+ *     staged input the policy reads (ops->needs) of every new token is
+ *     finite and was staged (see POLICY_UNSTAGED); else it refuses with
+ *     KVT_EINVAL and p->why, and nothing was decided.
  */
 #ifndef KVT_POLICY_H
 #define KVT_POLICY_H
@@ -172,6 +176,8 @@ struct policy {
 	/* Scratch arena, reset at every decide(). */
 	struct policy_block *blocks;
 	size_t scratch_used, scratch_peak;
+	/* Why the last policy_decide refused its inputs ("" otherwise). */
+	char why[KVT_ERRTEXT_MAX];
 };
 
 /*
@@ -190,8 +196,37 @@ void policy_free(struct policy *p); /* NULL-safe */
  */
 void policy_set_pressure(struct policy *p, float level);
 
-/* Runs decide() on one (sequence, layer); 0 or a negative KVT_E*. */
+/*
+ * Staged inputs that are not numbers are refused, never scored: a NaN or an
+ * infinity in x, q or lse would rank its entries at random (a NaN score
+ * ranks lowest, an infinite one highest) and silently change what is kept.
+ * Rows the engine never staged are refused likewise: the tenant writes
+ * POLICY_UNSTAGED (a quiet NaN whose payload says "never staged") into x[0],
+ * the first element of every query head's q and every lse of the ring rows
+ * of the positions a sequence may append next, at open and after every
+ * sync, so a row the engine skipped still holds it when its sync comes
+ * (stage_tokens >= headroom + lookback keeps the rows a policy looks back
+ * at out of reach).
+ */
+#define POLICY_UNSTAGED_BITS 0x7fc57a6eu
+float policy_unstaged(void); /* the float with POLICY_UNSTAGED_BITS */
+
+/*
+ * Runs decide() on one (sequence, layer); 0 or a negative KVT_E*.  First
+ * checks every input the policy reads (ops->needs) of the n_new new tokens:
+ * a non-finite or never-staged float gives KVT_EINVAL with p->why naming
+ * the layer, the position, the input (x element, or q / lse of a query
+ * head) and what was wrong, and decide() does not run.
+ */
 int policy_decide(struct policy *p, struct policy_layer *l);
+
+/*
+ * The same check for one ring row [x: d_model][q: n_heads * head_dim]
+ * [lse: n_heads] of position pos, for policies reading earlier rows
+ * (lookback): 0, or KVT_EINVAL with p->why.
+ */
+int policy_check_row(struct policy *p, uint32_t layer, uint32_t pos,
+                     const float *row);
 
 /* Registry, in listing order. */
 size_t policy_count(void);

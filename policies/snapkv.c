@@ -87,6 +87,11 @@ static int snapkv_decide(struct policy *p, struct policy_layer *l)
 		                             : NULL;
 		if (!row)
 			return 0; /* the ring lost the window: keep all */
+		/* Checked when they were new; checked again, as the engine
+		 * can still write the ring since. */
+		int rc = policy_check_row(p, l->layer, P - w + t, row);
+		if (rc)
+			return rc;
 		memcpy(qo + t * qrow, row + ge->d_model, qrow * sizeof(float));
 		memcpy(lo + (size_t)t * ge->n_heads, row + ge->d_model + qrow,
 		       ge->n_heads * sizeof(float));

@@ -73,7 +73,8 @@ static int req_eq(const struct ipc_req *a, const struct ipc_req *b)
 			if (x->seq != y->seq || x->counter != y->counter ||
 			    x->n_new != y->n_new || x->phase != y->phase ||
 			    x->layer_lo != y->layer_lo ||
-			    x->layer_hi != y->layer_hi)
+			    x->layer_hi != y->layer_hi ||
+			    x->headroom != y->headroom)
 				return 0;
 		}
 		return 1;
@@ -127,6 +128,9 @@ static int rep_eq(enum ipc_op op, const struct ipc_rep *a,
 		       a->u.hello.quota_bytes == b->u.hello.quota_bytes;
 	if (op == IPC_OP_SEQ_OPEN)
 		return a->u.seq == b->u.seq;
+	if (op == IPC_OP_SYNC)
+		return a->u.sync.press == b->u.sync.press &&
+		       a->u.sync.budget == b->u.sync.budget;
 	for (uint32_t r = 0; r < a->table.n; r++) {
 		const struct ipc_row *x = &a->table.rows[r],
 		                     *y = &b->table.rows[r];

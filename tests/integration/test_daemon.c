@@ -586,7 +586,7 @@ TEST(badinput, sync_refusals_change_nothing)
 	uint64_t seq = rep.u.seq;
 	codec_rep_free(&rep);
 
-	struct ipc_sync_item it = {seq, 0, 2, KVT_PHASE_PREFILL, 0, 0};
+	struct ipc_sync_item it = {seq, 0, 2, KVT_PHASE_PREFILL, 0, 0, 0};
 	q = tq(&rt, IPC_OP_SYNC);
 	q.u.sync.n = 1;
 	q.u.sync.items = &it;
@@ -620,7 +620,8 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ENOSEQ);
 	codec_rep_free(&rep);
 	/* Two items of the same sequence, the first valid: nothing applies. */
-	struct ipc_sync_item two[2] = {{seq, 1, 1, 1, 0, 0}, {seq, 1, 1, 1, 0, 0}};
+	struct ipc_sync_item two[2] = {{seq, 1, 1, 1, 0, 0, 0},
+	                               {seq, 1, 1, 1, 0, 0, 0}};
 	q.u.sync.n = 2;
 	q.u.sync.items = two;
 	T_EQ(RT_REQ(&rt, &q, &rep), KVT_EINVAL);
@@ -634,7 +635,7 @@ TEST(badinput, sync_refusals_change_nothing)
 	/* A second tenant cannot name the first one's sequence. */
 	raw_hello(&d, &other, &rep, "full", 0, 0);
 	codec_rep_free(&rep);
-	struct ipc_sync_item foreign = {seq, 0, 1, 1, 0, 0};
+	struct ipc_sync_item foreign = {seq, 0, 1, 1, 0, 0, 0};
 	q = tq(&other, IPC_OP_SYNC);
 	q.u.sync.n = 1;
 	q.u.sync.items = &foreign;
@@ -649,7 +650,7 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ_U64(th_stat(&d, "entries_kept"), appended);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	/* And the valid next sync still works. */
-	it = (struct ipc_sync_item){seq, 1, 1, KVT_PHASE_DECODE, 0, 0};
+	it = (struct ipc_sync_item){seq, 1, 1, KVT_PHASE_DECODE, 0, 0, 0};
 	q = tq(&rt, IPC_OP_SYNC);
 	q.u.sync.n = 1;
 	q.u.sync.items = &it;

@@ -671,17 +671,15 @@ TEST(policy, h2o_edges)
 	FX_EXPECT(&f, 0, 3, 4, 5, 6, 7, 8);
 	policy_free(f.p);
 
-	/* NaN lse poisons what it touches; NaN ranks below everything */
+	/* a NaN lse is refused before anything is scored (test
+	 * policy.inputs_refused has every policy and input) */
 	fx_init(&f, "h2o:tokens=2,window=0", 2, 1);
 	float lse[3][FX_H] = {{0, 0}, {NAN, NAN}, {0, 0}};
 	const float a[3][FX_KV] = {{.5f}, {.5f}, {.5f}};
-	T_OK(fx_sync(&f, 3, KVT_PHASE_PREFILL, a, NULL, NULL, lse));
-	/* query 1 (NaN) touches entries 0, 1: both NaN; entry 2 is clean */
-	T_EQ(f.len[0], 2);
-	uint8_t has2 = 0;
-	for (uint32_t i = 0; i < 2; i++)
-		has2 |= f.pos[0][i] == 2;
-	T_ASSERT(has2);
+	T_ERR(fx_sync(&f, 3, KVT_PHASE_PREFILL, a, NULL, NULL, lse),
+	      KVT_EINVAL);
+	T_ASSERT(strstr(f.p->why, "layer 0, position 1: staged lse of query "
+	                          "head 0 is NaN"));
 	policy_free(f.p);
 
 	/* window longer than the sequence: everything protected */
@@ -944,16 +942,17 @@ TEST(policy, kvzap_linear_rule)
 	FX_EXPECT(&f, 1, 1, 2, 4, 5);
 	policy_free(f.p);
 
-	/* NaN inputs: dropped when they leave; window 0 decides at arrival */
+	/* window 0 decides at arrival; a NaN x is refused before it is
+	 * scored (policy.inputs_refused) */
 	snprintf(spec, sizeof(spec), "kvzap:model=%s,window=0,threshold=0", w);
 	fx_init(&f, spec, 2, 2);
-	fx_step(&f, a, (const float[FX_D]){NAN, 1.0f});
-	/* 0 * NaN is NaN: both heads' scores are NaN and dropped, leaving
-	 * zero-length lists */
-	T_EQ(f.len[0], 0);
-	T_EQ(f.len[1], 0);
+	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL,
+	              (const float[1][FX_D]){{NAN, 1.0f}}, NULL, NULL),
+	      KVT_EINVAL);
+	f.n_seen = 0;
+	f.len[0] = f.len[1] = 0;
 	fx_step(&f, a, (const float[FX_D]){0.0f, -1.0f});
-	FX_EXPECT(&f, 0, 1); /* 0 >= 0 keeps */
+	FX_EXPECT(&f, 0, 0); /* 0 >= 0 keeps */
 	T_EQ(f.len[1], 0);
 	policy_free(f.p);
 
@@ -1265,4 +1264,141 @@ TEST(policy, kvpop_weight_refusals)
 	struct policy_geom g2 = geom(2, 2); /* fc2 must be [2][1] */
 	kvpop_weights(w, 1.0f, 0.0f, 0);
 	refused_why(spec, &g2, "shape", __LINE__);
+}
+
+/* ------------------------------------------------------------ inputs */
+
+/*
+ * A policy reading staged inputs: two finite tokens pass; then a sync whose
+ * token 1 (position 3) carries `bad` at index 1 of input `which` (0 x, 1 q,
+ * 2 lse) is refused with KVT_EINVAL and a reason containing needle, before
+ * decide() ran (the layer state is untouched); the same sync with the
+ * input fixed then passes.
+ */
+static void bad_input_(const char *spec, uint32_t H, uint32_t nkv, int which,
+                       float bad, const char *needle, int line)
+{
+	struct fx f;
+	fx_init(&f, spec, H, nkv);
+	float x[2][FX_D], q[2][FX_H], lse[2][FX_H];
+	for (uint32_t k = 0; k < 2; k++) {
+		for (uint32_t d = 0; d < FX_D; d++)
+			x[k][d] = 0.5f;
+		for (uint32_t j = 0; j < FX_H; j++) {
+			q[k][j] = 1.0f;
+			lse[k][j] = 0.0f;
+		}
+	}
+	const float a[2][FX_KV] = {{.5f, .5f}, {.5f, .5f}};
+	T_OK(fx_sync(&f, 2, KVT_PHASE_PREFILL, a, x, q, lse));
+	uint32_t n_seen = f.n_seen, len[FX_KV];
+	memcpy(len, f.len, sizeof(len));
+	static uint8_t state[sizeof(f.state)];
+	memcpy(state, f.state, sizeof(state));
+	float *slot = which == 0 ? &x[1][1] : which == 1 ? &q[1][1] : &lse[1][1];
+	float good = *slot;
+	*slot = bad;
+	int rc = fx_sync(&f, 2, KVT_PHASE_PREFILL, a, x, q, lse);
+	if (rc != KVT_EINVAL || !strstr(f.p->why, needle))
+		th_fail(__FILE__, line, "%s: gave %s (%s), expected EINVAL "
+		        "with '%s'", spec, kvt_errname(rc), f.p->why, needle);
+	if (memcmp(state, f.state, sizeof(state)))
+		th_fail(__FILE__, line, "%s: layer state changed", spec);
+	/* The fixture appended before deciding; a tenant commits nothing
+	 * of a refused sync, so rewind it the same way. */
+	f.n_seen = n_seen;
+	memcpy(f.len, len, sizeof(len));
+	*slot = good;
+	rc = fx_sync(&f, 2, KVT_PHASE_PREFILL, a, x, q, lse);
+	if (rc || f.p->why[0])
+		th_fail(__FILE__, line, "%s: fixed sync gave %s (%s)", spec,
+		        kvt_errname(rc), f.p->why);
+	policy_free(f.p);
+}
+#define bad_input(spec, H, nkv, which, bad, needle)                           \
+	bad_input_(spec, H, nkv, which, bad, needle, __LINE__)
+
+TEST(policy, inputs_refused)
+{
+	const char *wz = tmp_path("kvzap.safetensors");
+	const char *wf = tmp_path("fkv.safetensors");
+	const char *wp = tmp_path("kvpop.safetensors");
+	kvzap_linear(wz, 0, 0, 0);
+	fkv_weights(wf, 0, 1.0f);
+	kvpop_weights(wp, 1.0f, 0.0f, 0);
+	char kvzap[600], fkv[600], kvpop[600];
+	snprintf(kvzap, sizeof(kvzap), "kvzap:model=%s,window=1", wz);
+	snprintf(fkv, sizeof(fkv), "fastkvzip:model=%s", wf);
+	snprintf(kvpop, sizeof(kvpop), "kvpop:model=%s,tokens=3,delay=2", wp);
+	const float nan = NAN, inf = INFINITY, un = policy_unstaged();
+	/* every policy that reads an input, for each input it reads
+	 * (head_dim 1: a q element is named by its head alone) */
+	const struct {
+		const char *spec;
+		uint32_t H, nkv;
+		unsigned inputs; /* bit 0 x, 1 q, 2 lse */
+	} pol[] = {
+		{"h2o:tokens=8", 2, 1, 6},  {"snapkv:window=1", 2, 1, 6},
+		{"tova:tokens=8", 2, 1, 6}, {kvzap, 2, 2, 1},
+		{fkv, 2, 2, 1},             {kvpop, 2, 1, 7},
+	};
+	static const char *const what[3][3] = {
+		{"layer 0, position 3: staged x[1] is NaN",
+		 "layer 0, position 3: staged x[1] is +Inf",
+		 "layer 0, position 3: x was never staged (kvt_stage_x)"},
+		{"layer 0, position 3: staged q of query head 1 is NaN",
+		 "layer 0, position 3: staged q of query head 1 is -Inf",
+		 "layer 0, position 3: q of query head 1 was never staged "
+		 "(kvt_stage_q)"},
+		{"layer 0, position 3: staged lse of query head 1 is NaN",
+		 "layer 0, position 3: staged lse of query head 1 is +Inf",
+		 "layer 0, position 3: lse of query head 1 was never staged "
+		 "(kvt_stage_lse)"},
+	};
+	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++)
+		for (int in = 0; in < 3; in++) {
+			if (!(pol[i].inputs & (1u << in)))
+				continue;
+			bad_input(pol[i].spec, pol[i].H, pol[i].nkv, in, nan,
+			          what[in][0]);
+			bad_input(pol[i].spec, pol[i].H, pol[i].nkv, in,
+			          in == 1 ? -inf : inf, what[in][1]);
+			bad_input(pol[i].spec, pol[i].H, pol[i].nkv, in, un,
+			          what[in][2]);
+		}
+	/* x's marker sits in x[0] (what the tenant writes) */
+	struct fx f;
+	fx_init(&f, kvzap, 2, 2);
+	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL,
+	              (const float[1][FX_D]){{un, 1, 1, 1}}, NULL, NULL),
+	      KVT_EINVAL);
+	T_EQ_STR(f.p->why, "layer 0, position 0: x was never staged "
+	                   "(kvt_stage_x)");
+	policy_free(f.p);
+	/* inputs a policy does not read are not checked */
+	fx_init(&f, "h2o:tokens=8", 2, 1);
+	T_OK(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL,
+	             (const float[1][FX_D]){{nan, un, inf, 0}}, NULL, NULL));
+	policy_free(f.p);
+	/* the full policy reads nothing */
+	fx_init(&f, "full", 2, 1);
+	T_OK(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL, NULL,
+	             (const float[1][FX_H]){{nan, un}}, NULL));
+	policy_free(f.p);
+}
+
+TEST(policy, snapkv_rechecks_its_window)
+{
+	/* snapkv reads the window rows from the ring at the first decode
+	 * sync; one rewritten with a NaN since its own sync is refused */
+	struct fx f;
+	fx_init(&f, "snapkv:window=2,kernel=1,tokens=2", 2, 1);
+	const float a[6][FX_KV] = {{.5f}, {.5f}, {.5f}, {.5f}, {.5f}, {.5f}};
+	T_OK(fx_sync(&f, 6, KVT_PHASE_PREFILL, a, NULL, NULL, NULL));
+	f.stage[4][FX_D + 2 + 1] = NAN; /* lse of query head 1, position 4 */
+	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, a, NULL, NULL, NULL),
+	      KVT_EINVAL);
+	T_EQ_STR(f.p->why, "layer 0, position 4: staged lse of query head 1 "
+	                   "is NaN");
+	policy_free(f.p);
 }

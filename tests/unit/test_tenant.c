@@ -1428,8 +1428,12 @@ TEST(tenant, policy_state_untouched_by_refused_sync)
 	snap_take(&s, &sn);
 	uint32_t seen[2] = {0, 0};
 	append(&s, seq, 0, 2, 64, seen);
+	void *stage = stage_map(&s); /* h2o refuses rows never staged */
+	for (uint32_t pos = 0; pos < 64; pos++)
+		stage_uniform(&s, stage, seq, pos);
 	struct ipc_sync_item it = item(seq, 0, 64, 0, 0);
 	REFUSE(&s, &sn, &it, 1, KVT_EQUOTA);
+	munmap(stage, s.g->stage_bytes);
 	free(sn.table);
 	sim_free(&s);
 	T_EQ_U64(pool.chunks_used, 0);

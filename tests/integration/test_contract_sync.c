@@ -1,0 +1,312 @@
+/*
+ * test_contract_sync.c — what a sync promises an engine, against the real
+ * daemon (issue 14): staged inputs that are not numbers, or were never
+ * staged, are refused with a reason and change nothing (item 3); the sync
+ * reply, kvt_last_sync, kvt_stats and the stats show the pressure and the
+ * budget applied (item 3); a sequence's headroom follows its next append
+ * (kvt_seq_headroom), so lists hold the pages the work needs (item 9).
+ * Expected page counts are ceil((len + headroom) / page_tokens), by hand.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "kvtrim.h"
+#include "test.h"
+
+/* Writes K and V of n new entries of every list of seq (small geometry:
+ * head_dim 8, f32), through kvt_memcpy so a cuda tenant works too. */
+static void append(kvt_client *c, kvt_seq seq, uint32_t n)
+{
+	const struct kvt_config *cfg = kvt_config_of(c);
+	float row[8];
+	for (uint32_t l = 0; l < cfg->geo.n_layers; l++)
+		for (uint32_t h = 0; h < cfg->geo.n_kv_heads; h++)
+			for (uint32_t k = 0; k < n; k++) {
+				void *kp, *vp;
+				T_OK(kvt_kv_ptr(c, seq, l, h, k, &kp, &vp));
+				for (uint32_t j = 0; j < 8; j++)
+					row[j] = 0.05f * (float)(j + k + 1);
+				T_OK(kvt_memcpy(c, kp, row, sizeof(row)));
+				T_OK(kvt_memcpy(c, vp, row, sizeof(row)));
+			}
+}
+
+/* Stages finite x, q and lse for positions [from, from + n) of every layer. */
+static void stage(kvt_client *c, kvt_seq seq, uint32_t from, uint32_t n)
+{
+	const struct kvt_config *cfg = kvt_config_of(c);
+	const struct kvt_geometry *g = &cfg->geo;
+	for (uint32_t l = 0; l < g->n_layers; l++)
+		for (uint32_t p = from; p < from + n; p++) {
+			float *x = kvt_stage_x(c, seq, l, p);
+			float *q = kvt_stage_q(c, seq, l, p);
+			float *lse = kvt_stage_lse(c, seq, l, p);
+			T_ASSERT(x && q && lse);
+			for (uint32_t i = 0; i < g->d_model; i++)
+				x[i] = 0.25f;
+			for (uint32_t i = 0; i < g->n_heads * g->head_dim; i++)
+				q[i] = 0.1f;
+			for (uint32_t i = 0; i < g->n_heads; i++)
+				lse[i] = logf((float)(p + 1));
+		}
+}
+
+/* len and epoch of every list of seq, layer-major. */
+static void lists_of(kvt_client *c, kvt_seq seq, uint32_t *len,
+                     uint64_t *epoch)
+{
+	const struct kvt_geometry *g = &kvt_config_of(c)->geo;
+	for (uint32_t l = 0; l < g->n_layers; l++)
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, seq, l, h, &li));
+			len[l * g->n_kv_heads + h] = li.len;
+			epoch[l * g->n_kv_heads + h] = li.epoch;
+		}
+}
+
+/* A sync refused with KVT_EINVAL whose reason holds needle, after which
+ * every list of seq is as it was and the tenant counted no sync. */
+static void refused_(kvt_client *c, kvt_seq seq, uint32_t n_new,
+                     const char *needle, int line)
+{
+	uint32_t len0[4], len1[4];
+	uint64_t ep0[4], ep1[4];
+	struct kvt_tenant_stats s0, s1;
+	lists_of(c, seq, len0, ep0);
+	T_OK(kvt_stats(c, &s0));
+	struct kvt_sync_item it = {.seq = seq, .n_new = n_new};
+	int rc = kvt_sync(c, &it, 1);
+	if (rc != KVT_EINVAL || !strstr(kvt_last_error(c), needle))
+		th_fail(__FILE__, line, "sync gave %s (%s), expected EINVAL "
+		        "with '%s'", kvt_errname(rc), kvt_last_error(c), needle);
+	lists_of(c, seq, len1, ep1);
+	T_OK(kvt_stats(c, &s1));
+	if (memcmp(len0, len1, sizeof(len0)) || memcmp(ep0, ep1, sizeof(ep0)) ||
+	    s1.syncs != s0.syncs || s1.entries_appended != s0.entries_appended)
+		th_fail(__FILE__, line, "the refused sync changed something");
+}
+#define refused(c, seq, n, needle) refused_(c, seq, n, needle, __LINE__)
+
+TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "stager",
+	                                     "h2o:tokens=6,window=2");
+	cfg.stage_tokens = 4;
+	kvt_client *c;
+	char why[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, why));
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
+	append(c, seq, 4);
+	stage(c, seq, 0, 4);
+	T_OK(kvt_sync(c, &it, 1));
+
+	/* A NaN in one query of layer 1: layer 0 was fine, yet nothing of
+	 * the sync is applied. */
+	append(c, seq, 4);
+	stage(c, seq, 4, 4);
+	float *q = kvt_stage_q(c, seq, 1, 6);
+	q[2 * 8 + 3] = NAN;
+	refused(c, seq, 4, "policy h2o: layer 1, position 6: staged q of "
+	                   "query head 2 [3] is NaN");
+	q[2 * 8 + 3] = 0.1f;
+	T_OK(kvt_sync(c, &it, 1)); /* the same sync, fixed: counter kept */
+	struct kvt_list l;
+	T_OK(kvt_list_get(c, seq, 1, 0, &l));
+	T_EQ(l.len, 6); /* 8 entries, budget 6 */
+
+	/* Rows never staged: the daemon marked them after the last sync. */
+	it.n_new = 1;
+	append(c, seq, 1);
+	refused(c, seq, 1, "layer 0, position 8: q of query head 0 was never "
+	                   "staged (kvt_stage_q)");
+	stage(c, seq, 8, 1);
+	kvt_stage_lse(c, seq, 0, 8)[3] = INFINITY;
+	refused(c, seq, 1, "layer 0, position 8: staged lse of query head 3 "
+	                   "is +Inf");
+	stage(c, seq, 8, 1);
+	T_OK(kvt_sync(c, &it, 1));
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.syncs, 3);
+	T_EQ_U64(ts.entries_appended, 9 * 4); /* 9 entries in 4 lists */
+
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* Waits up to ms for a metric to reach want; its last value. */
+static double wait_metric(const struct th_daemon *d, const char *series,
+                          double want, int ms)
+{
+	double v = -1;
+	for (int waited = 0; waited <= ms; waited += 50) {
+		if ((v = th_metric_or(d, series)) >= want)
+			break;
+		th_sleep_ms(50);
+	}
+	return v;
+}
+
+TEST(contract_sync, sync_reports_the_pressure_and_budget_applied)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "4M", NULL); /* 2 chunks */
+	struct kvt_config cfg = th_small_cfg(&d, "squeezed",
+	                                     "streaming:tokens=8,sinks=0");
+	cfg.quota_bytes = KVT_CHUNK_BYTES;
+	kvt_client *c;
+	char why[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, why));
+	struct kvt_sync_info si;
+	T_OK(kvt_last_sync(c, &si));
+	T_EQ_U64(si.syncs, 0);
+	T_EQ(si.budget, 0);
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq)); /* one chunk of two */
+	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
+	T_OK(kvt_sync(c, &it, 1));
+	T_OK(kvt_last_sync(c, &si));
+	T_EQ_U64(si.syncs, 1);
+	T_ASSERT(si.pressure == 0.0f);
+	T_EQ(si.budget, 8);
+
+	/* high_watermark 0.25: a half-full pool is level (0.5 - 0.25) /
+	 * (1 - 0.25) = 1/3, so the budget of 8 becomes 8 - floor(8 / 3 / 2)
+	 * = 7, and the level travels as 333333 millionths. */
+	char out[8192];
+	const char *ctl = th_bin("kvtrimctl");
+	T_EQ(th_sh(&d, out, sizeof(out), "%s config set high_watermark 0.25",
+	           ctl), 0);
+	T_ASSERT(wait_metric(&d, "kvtrim_tenant_pressure{tenant=\"squeezed\","
+	                         "id=\"1\"}", 0.33, 5000) >= 0.33);
+	kvt_ticket tk;
+	T_OK(kvt_sync_async(c, &it, 1, &tk));
+	T_OK(kvt_wait(c, tk));
+	T_OK(kvt_last_sync(c, &si));
+	T_EQ_U64(si.syncs, 2);
+	T_ASSERT(fabsf(si.pressure - 1.0f / 3.0f) < 1e-6f);
+	T_EQ(si.budget, 7);
+	struct kvt_list l;
+	T_OK(kvt_list_get(c, seq, 0, 0, &l));
+	T_EQ(l.len, 7);
+
+	/* The same in kvt_stats, /metrics and kvtrimctl. */
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.pressure_ppm, 333333);
+	T_EQ_U64(ts.budget, 7);
+	T_EQ(th_metric(&d, "kvtrim_tenant_budget_entries{tenant=\"squeezed\","
+	                   "id=\"1\"}"), 7);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s --json tenants", ctl), 0);
+	T_ASSERT(strstr(out, "\"budget\":7"));
+
+	/* full has no entry budget */
+	kvt_disconnect(c);
+	cfg = th_small_cfg(&d, "whole", "full");
+	T_OK(kvt_connect(&cfg, &c, why));
+	T_OK(kvt_seq_open(c, &seq));
+	it.seq = seq;
+	T_OK(kvt_sync(c, &it, 1));
+	T_OK(kvt_last_sync(c, &si));
+	T_EQ(si.budget, 0);
+	T_EQ_U64(si.syncs, 1);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* Pages held by every list of seq (4 lists), summed. */
+static uint64_t pages_held(kvt_client *c, kvt_seq seq)
+{
+	uint64_t n = 0;
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < 2; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, seq, l, h, &li));
+			n += li.n_pages;
+		}
+	return n;
+}
+
+/*
+ * A 300-token prefill chunk, then 10 decode steps of 1, pages of 16, on 4
+ * lists.  With the registration's headroom of 300 throughout every list
+ * ends at ceil((310 + 300) / 16) = 39 pages; asking headroom 1 before the
+ * prefill sync leaves ceil((310 + 1) / 16) = 20.
+ */
+static uint64_t prefill_then_decode(const struct th_daemon *d, int per_sync)
+{
+	struct kvt_config cfg = th_small_cfg(d, per_sync ? "lean" : "fat",
+	                                     "full");
+	cfg.page_tokens = 16;
+	cfg.headroom = 300;
+	cfg.max_tokens = 1024;
+	kvt_client *c;
+	char why[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, why));
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	T_EQ_U64(pages_held(c, seq), 4 * 19); /* ceil(300 / 16) */
+	struct kvt_sync_item it = {.seq = seq, .n_new = 300};
+	append(c, seq, 300);
+	if (per_sync)
+		T_OK(kvt_seq_headroom(c, seq, 1));
+	T_OK(kvt_sync(c, &it, 1));
+	T_EQ_U64(pages_held(c, seq), per_sync ? 4 * 19 : 4 * 38);
+	it.n_new = 1;
+	for (int step = 0; step < 10; step++) {
+		append(c, seq, 1);
+		T_OK(kvt_sync(c, &it, 1));
+	}
+	uint64_t held = pages_held(c, seq);
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.pages_used, held); /* the tenant's only lists */
+	if (per_sync) {
+		/* Room for one: a second entry has no place, and a sync of
+		 * two is refused, naming the headroom in force. */
+		void *kp, *vp;
+		T_ERR(kvt_kv_ptr(c, seq, 0, 0, 1, &kp, &vp), KVT_EHEADROOM);
+		it.n_new = 2;
+		T_ERR(kvt_sync(c, &it, 1), KVT_EHEADROOM);
+		T_ASSERT(strstr(kvt_last_error(c), "headroom is 1 (as the last "
+		                                   "sync asked)"));
+		T_ERR(kvt_seq_headroom(c, seq, 301), KVT_EHEADROOM);
+		/* The next chunk: back to the registration's room, at the
+		 * sync before it. */
+		T_OK(kvt_seq_headroom(c, seq, 0));
+		it.n_new = 1;
+		append(c, seq, 1);
+		T_OK(kvt_sync(c, &it, 1));
+		T_EQ_U64(pages_held(c, seq), 4 * 39); /* ceil((311+300)/16) */
+		T_OK(kvt_kv_ptr(c, seq, 0, 0, 299, &kp, &vp));
+		append(c, seq, 300);
+		it.n_new = 300;
+		T_OK(kvt_sync(c, &it, 1));
+		struct kvt_list li;
+		T_OK(kvt_list_get(c, seq, 1, 1, &li));
+		T_EQ(li.len, 611);
+	}
+	char out[4096];
+	T_EQ(th_sh(d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	return held;
+}
+
+TEST(contract_sync, per_sync_headroom_follows_the_next_append)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	T_EQ_U64(prefill_then_decode(&d, 0), 4 * 39);
+	T_EQ_U64(prefill_then_decode(&d, 1), 4 * 20);
+	T_EQ_U64(th_stat(&d, "pool_bytes_used"), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}
