@@ -54,11 +54,19 @@ static void destroy(kvt_client *c)
 		if (m)
 			nng_msg_free(m);
 		nng_ctx_close(t->ctx);
+	}
+	/* The pipe callback (client_pipe_gone, an nng thread) cancels the
+	 * tickets' aios: they are freed only once nng_close has returned,
+	 * which is after every pipe callback ran. */
+	if (c->sock_open)
+		nng_close(c->sock);
+	for (int i = 0; i < CLIENT_MAX_TICKETS; i++) {
+		struct ticket *t = &c->tickets[i];
+		if (!t->ready)
+			continue;
 		nng_aio_free(t->aio);
 		free(t->seqs);
 	}
-	if (c->sock_open)
-		nng_close(c->sock); /* returns after the pipe callbacks ran */
 	if (c->raio)
 		nng_aio_free(c->raio);
 	if (c->hfd >= 0)
