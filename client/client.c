@@ -125,6 +125,7 @@ static int hello(kvt_client *c, const struct kvt_config *cfg,
 		c->cfg.headroom = rep.u.hello.headroom;
 		c->cfg.stage_tokens = rep.u.hello.stage_tokens;
 		c->cfg.quota_bytes = rep.u.hello.quota_bytes;
+		c->inputs = rep.u.hello.inputs;
 	}
 	codec_rep_free(&rep);
 	return rc;
@@ -319,6 +320,11 @@ const struct kvt_config *kvt_config_of(const kvt_client *c)
 	return c ? &c->cfg : NULL;
 }
 
+uint32_t kvt_policy_inputs(const kvt_client *c)
+{
+	return c ? c->inputs : 0;
+}
+
 /* ---------------------------------------------------------------- stats */
 
 static const struct {
@@ -349,8 +355,13 @@ static int val_u64(const struct ipc_val *v, uint64_t *out)
 
 int kvt_stats(kvt_client *c, struct kvt_tenant_stats *out)
 {
-	if (!c || !out)
+	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if (!out) {
+		client_set_err(c, "kvt_stats: out is NULL");
+		return KVT_EINVAL;
+	}
 	struct ipc_req req;
 	struct ipc_rep rep;
 	client_req_init(c, IPC_OP_TENANTS, &req);

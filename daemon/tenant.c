@@ -543,6 +543,14 @@ void tenant_free(struct tenant *t)
 uint32_t tenant_id(const struct tenant *t) { return t->id; }
 const char *tenant_name(const struct tenant *t) { return t->name; }
 const char *tenant_policy_spec(const struct tenant *t) { return t->pol->spec; }
+uint32_t tenant_policy_inputs(const struct tenant *t)
+{
+	uint32_t n = t->pol->ops->needs;
+	return (n & POLICY_NEED_X ? KVT_INPUT_X : 0) |
+	       (n & POLICY_NEED_Q ? KVT_INPUT_Q : 0) |
+	       (n & POLICY_NEED_LSE ? KVT_INPUT_LSE : 0) |
+	       (n & POLICY_NEED_KV ? KVT_INPUT_KV : 0);
+}
 int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 {
 	const struct policy *old = t->pol;

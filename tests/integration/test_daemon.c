@@ -87,8 +87,19 @@ TEST(daemon, list_policies_and_bad_options)
 	char out[4096];
 	T_EQ(th_sh(NULL, out, sizeof(out), "%s --list-policies",
 	           th_bin("kvtrimd")), 0);
-	T_ASSERT(strstr(out, "full\n"));
-	T_ASSERT(strstr(out, "streaming\n"));
+	/* One line per policy: name, parameters with their defaults, and
+	 * what it reads (issue 14 item 8: no running daemon needed). */
+	T_ASSERT(!strncmp(out, "full ", 5));
+	T_ASSERT(strstr(out, "\nstreaming "));
+	T_ASSERT(strstr(out, "tokens=256"));     /* h2o's default */
+	T_ASSERT(strstr(out, "threshold=-4"));   /* kvzap's */
+	const char *kz = strstr(out, "\nkvzap ");
+	T_ASSERT(kz);
+	const char *eol = strchr(kz + 1, '\n');
+	T_ASSERT(eol);
+	T_ASSERT(strstr(kz, "reads x\n") == eol - strlen("reads x"));
+	T_ASSERT(strstr(out, "reads q, lse, K/V pages\n"));
+	T_ASSERT(strstr(out, "reads nothing\n"));
 	T_EQ(th_sh(NULL, out, sizeof(out), "%s --pool-size 12Q",
 	           th_bin("kvtrimd")), 2);
 	T_ASSERT(strstr(out, "pool_size"));
@@ -631,9 +642,17 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ENOTENANT);
 	codec_rep_free(&rep);
 
-	/* A second tenant cannot name the first one's sequence. */
+	/* A second tenant cannot name the first one's sequence, even with
+	 * a sequence of its own in the same slot and generation (sequence
+	 * ids carry their tenant, issue 14 item 2). */
 	raw_hello(&d, &other, &rep, "full", 0, 0);
 	codec_rep_free(&rep);
+	q = tq(&other, IPC_OP_SEQ_OPEN);
+	T_OK(RT_REQ(&other, &q, &rep));
+	uint64_t own = rep.u.seq;
+	codec_rep_free(&rep);
+	T_ASSERT(own != seq);
+	T_EQ(own & 0xffff, seq & 0xffff); /* the same slot */
 	struct ipc_sync_item foreign = {seq, 0, 1, 1, 0, 0};
 	q = tq(&other, IPC_OP_SYNC);
 	q.u.sync.n = 1;
@@ -643,6 +662,15 @@ TEST(badinput, sync_refusals_change_nothing)
 	q = tq(&other, IPC_OP_SEQ_CLOSE);
 	q.u.seq = seq;
 	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	q = tq(&other, IPC_OP_SEQ_QUERY);
+	q.u.seq = seq;
+	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	q.u.seq = own; /* its own sequence is untouched */
+	T_OK(RT_REQ(&other, &q, &rep));
+	T_EQ(rep.u.query.syncs, 0);
+	T_EQ(rep.u.query.len_hi, 0);
 	codec_rep_free(&rep);
 
 	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
