@@ -141,7 +141,10 @@ struct kvt_config {
 	                             syncs (default page_tokens) */
 	uint32_t stage_tokens;    /* staging ring length per (sequence, layer);
 	                             0 = none (policies that need no inputs) */
-	const char *policy;       /* spec "name[:k=v,...]"; NULL = "full" */
+	const char *policy;       /* spec "name[:k=v,...]"; NULL = "full";
+	                             a relative model= path is made absolute
+	                             against the working directory at
+	                             kvt_connect (docs/weights.md) */
 	uint64_t quota_bytes;     /* pool bytes this tenant may hold; 0 = the
 	                             daemon's default quota (its default_quota,
 	                             by default a fair share: pool_size /

@@ -924,3 +924,42 @@ TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
 }
+
+/*
+ * model= paths (issue 14 item 8, docs/weights.md "Paths"): the daemon runs
+ * in another directory than the engine, and a relative path means the
+ * engine's: libkvtrim sends it absolute (kvt_config_of shows it), so the
+ * weights load; the daemon itself refuses a relative path (the raw hello
+ * is tenant.relative_model_paths_are_refused's).
+ */
+TEST(reload, relative_model_path_is_the_engines)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX], path[512], want[600], here[512];
+	snprintf(path, sizeof(path), "%s/w", th_tmpdir());
+	T_EQ(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/w/kvzap.safetensors", th_tmpdir());
+	write_kvzap(path, 0.0f);
+	th_daemon_start(&d, "16M", NULL); /* in the test's directory */
+	T_ASSERT(getcwd(here, sizeof(here)));
+	T_EQ(chdir(th_tmpdir()), 0);
+	struct kvt_config cfg = th_small_cfg(&d, "relative",
+	        "kvzap:threshold=-4,model=w/kvzap.safetensors,window=4");
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, &c, err));
+	snprintf(want, sizeof(want), "kvzap:threshold=-4,model=%s/w/"
+	         "kvzap.safetensors,window=4", th_tmpdir());
+	T_EQ_STR(kvt_config_of(c)->policy, want);
+	kvt_disconnect(c);
+	/* Too long once absolute: refused before the daemon is asked. */
+	char spec[KVT_SPEC_MAX];
+	memset(spec, 'a', sizeof(spec));
+	memcpy(spec, "kvzap:model=", 12);
+	spec[sizeof(spec) - 1 - (strlen(th_tmpdir()) / 2)] = '\0';
+	cfg.policy = spec;
+	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPOLICY);
+	T_ASSERT(strstr(err, "longer than 255"));
+	T_EQ(chdir(here), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}

@@ -1499,6 +1499,30 @@ TEST(tenant, policy_refusals_at_registration)
 	T_EQ_U64(pool.chunks_used, 0);
 }
 
+/* model= paths must be absolute (docs/weights.md "Paths"): the daemon's
+ * working directory means nothing to the engine that wrote the spec. */
+TEST(tenant, relative_model_paths_are_refused)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	static const char *const bad[] = {
+		"kvzap:model=kvzap.safetensors",
+		"kvzap:threshold=-4,model=./w/kvzap.safetensors,window=4",
+		"fastkvzip:model=../gate",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct ipc_hello h = hello_a(bad[i]);
+		struct tenant *t = NULL;
+		char err[KVT_ERRTEXT_MAX] = "";
+		h.stage_tokens = 4;
+		T_ERR(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)),
+		      KVT_EPOLICY);
+		T_ASSERT(strstr(err, "relative path"));
+		T_ASSERT(t == NULL);
+	}
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
 TEST(tenant, pressure_tightens_budgets)
 {
 	struct pool pool;
