@@ -16,7 +16,8 @@
  *
  * Threads: a kvt_client is not thread-safe; use it from one thread at a time.
  * Blocking: every call that talks to the daemon blocks for at most the
- * client's timeout (kvt_config.timeout_ms) and returns KVT_ETIMEDOUT after it.
+ * client's timeout (kvt_config.timeout_ms) and returns KVT_ETIMEDOUT after it
+ * (what a timed-out sync leaves, and how to resolve it: kvt_sync).
  * Errors: every function returning int returns 0 (or a count >= 0) on success
  * and a negative KVT_E* code on failure; kvt_strerror() names it.  The codes
  * are stable: they travel on the wire.
