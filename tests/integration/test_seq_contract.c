@@ -6,7 +6,8 @@
  * generation (item 2); and the smaller promises of item 8 (kvt_last_error
  * always about the last call, the one-sync-per-sequence rule with a
  * reason, a sync of zero items, a drained tenant's code text, const
- * accessors).
+ * accessors, kvtrimctl stats of a shared name, the policy's inputs in the
+ * connect reply).
  */
 #include <signal.h>
 #include <stdio.h>
