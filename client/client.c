@@ -133,9 +133,52 @@ static int hello(kvt_client *c, const struct kvt_config *cfg,
 		c->cfg.headroom = rep.u.hello.headroom;
 		c->cfg.stage_tokens = rep.u.hello.stage_tokens;
 		c->cfg.quota_bytes = rep.u.hello.quota_bytes;
+		c->inputs = rep.u.hello.inputs;
 	}
 	codec_rep_free(&rep);
 	return rc;
+}
+
+/*
+ * kvtrimd opens model= weights itself, as its own user and from its own
+ * working directory, and refuses relative paths: a relative one is made
+ * absolute here, against the engine's working directory, which is what
+ * the engine's user means by it (docs/weights.md, "Paths").
+ */
+static int absolute_models(kvt_client *c)
+{
+	const char *colon = strchr(c->policy, ':');
+	if (!colon || !strstr(colon, "model="))
+		return 0;
+	char out[KVT_SPEC_MAX], cwd[PATH_MAX] = "";
+	size_t n = (size_t)(colon + 1 - c->policy);
+	memcpy(out, c->policy, n);
+	for (const char *p = colon + 1; *p;) {
+		size_t len = strcspn(p, ",");
+		int rel = len > 6 && !strncmp(p, "model=", 6) && p[6] != '/';
+		if (rel && !cwd[0] && !getcwd(cwd, sizeof(cwd))) {
+			client_set_err(c, "policy %s: cannot make model=%.*s "
+			               "absolute: getcwd failed", c->policy,
+			               (int)(len - 6), p + 6);
+			return KVT_ESYS;
+		}
+		const char *sep = p[len] ? "," : "";
+		int w = rel ? snprintf(out + n, sizeof(out) - n,
+		                       "model=%s/%.*s%s", cwd, (int)(len - 6),
+		                       p + 6, sep)
+		            : snprintf(out + n, sizeof(out) - n, "%.*s%s",
+		                       (int)len, p, sep);
+		if (w < 0 || (size_t)w >= sizeof(out) - n) {
+			client_set_err(c, "policy spec with model= made "
+			               "absolute (against %s) is longer than %d "
+			               "bytes", cwd, KVT_SPEC_MAX - 1);
+			return KVT_EPOLICY;
+		}
+		n += (size_t)w;
+		p += len + (p[len] ? 1 : 0);
+	}
+	memcpy(c->policy, out, n + 1);
+	return 0;
 }
 
 static int open_socket(kvt_client *c)
@@ -273,7 +316,9 @@ int kvt_connect(const struct kvt_config *cfg, kvt_client **out, char *errtext)
 		c->cfg.policy = c->policy;
 		if (!c->cfg.timeout_ms)
 			c->cfg.timeout_ms = CLIENT_DEF_TIMEOUT_MS;
-		rc = connect_steps(c, cfg);
+		rc = absolute_models(c);
+		if (rc == 0)
+			rc = connect_steps(c, cfg);
 	}
 	if (rc < 0) {
 		if (errtext)
@@ -327,6 +372,11 @@ const struct kvt_config *kvt_config_of(const kvt_client *c)
 	return c ? &c->cfg : NULL;
 }
 
+uint32_t kvt_policy_inputs(const kvt_client *c)
+{
+	return c ? c->inputs : 0;
+}
+
 /* ---------------------------------------------------------------- stats */
 
 static const struct {
@@ -358,8 +408,13 @@ static int val_u64(const struct ipc_val *v, uint64_t *out)
 
 int kvt_stats(kvt_client *c, struct kvt_tenant_stats *out)
 {
-	if (!c || !out)
+	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if (!out) {
+		client_set_err(c, "kvt_stats: out is NULL");
+		return KVT_EINVAL;
+	}
 	struct ipc_req req;
 	struct ipc_rep rep;
 	client_req_init(c, IPC_OP_TENANTS, &req);

@@ -32,7 +32,8 @@
 #define CLIENT_TICKET_BITS 4  /* low bits of a ticket: its slot */
 
 struct seq_slot {
-	kvt_seq id;       /* (generation << 32) | slot, from the daemon */
+	kvt_seq id;       /* from the daemon: tenant, generation, slot
+	                     (ipc/seqid.h) */
 	uint32_t counter; /* syncs the daemon accepted for this sequence */
 	uint32_t room;    /* headroom in force: what open or the last accepted
 	                     sync left room for (kvt_kv_ptr's bound) */
@@ -41,6 +42,10 @@ struct seq_slot {
 	uint32_t sent;    /* the room the sync in flight asked (want resolved) */
 	uint8_t open;
 	uint8_t busy;     /* an async sync of this sequence is in flight */
+	uint8_t doubt;    /* a sync of it ended without a verdict (timed out,
+	                     unreadable reply): refused until kvt_seq_query
+	                     learns whether the daemon applied it, which
+	                     carries `counter` then */
 };
 
 /* One in-flight kvt_sync_async: its own nng context, so replies of
@@ -73,6 +78,7 @@ struct kvt_client {
 
 	uint32_t tenant;
 	uint64_t token;
+	uint32_t inputs; /* KVT_INPUT_* bits of the policy, from the hello */
 	struct mem mem;
 	void *stream;    /* engine's cudaStream_t (kvt_set_stream), borrowed */
 	struct seq_slot *seqs; /* [cfg.max_seqs] */
@@ -86,6 +92,10 @@ struct kvt_client {
 /* Formats the reason of the last failure into c->last_error. */
 __attribute__((format(printf, 2, 3))) void
 client_set_err(kvt_client *c, const char *fmt, ...);
+
+/* At the start of every call on a mutable client: kvt_last_error then
+ * tells about this call only ("" when it succeeds). */
+void client_begin(kvt_client *c);
 
 /* nng error -> KVT_E* (connection-level failures are KVT_ECONN). */
 int client_from_nng(int rv);
@@ -120,9 +130,14 @@ int client_rpc(kvt_client *c, const struct ipc_req *req, struct ipc_rep *rep,
 /* The slot of an open sequence, or KVT_ENOSEQ. */
 int client_seq_lookup(const kvt_client *c, kvt_seq seq, uint32_t *slot);
 
-/* The list record of an open, idle sequence, after checking every index. */
+/* The list record of an open, idle sequence, after checking every index;
+ * KVT_EBUSY while a sync of it is in flight or in doubt. */
 int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
                    uint32_t kv_head, const struct shm_list **out);
+
+/* After a sync of seq failed with rc: a timeout or an unreadable reply
+ * leaves it in doubt (struct seq_slot), other codes change nothing. */
+void client_seq_doubt(kvt_client *c, kvt_seq seq, int rc);
 
 /* ---------------------------------------------------------------- sync.c */
 

@@ -19,22 +19,23 @@ int kvt_set_stream(kvt_client *c, void *stream)
 {
 	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
 	if (!client_alive(c))
 		return KVT_ECONN;
 	c->stream = stream;
 	return 0;
 }
 
-int kvt_table_view(kvt_client *c, struct kvt_table_view *out)
+int kvt_table_view(const kvt_client *c, struct kvt_table_view *out)
 {
 	if (!c || !out)
 		return KVT_EINVAL;
-	if (!client_alive(c))
+	if (client_lost(c))
 		return KVT_ECONN;
 	return mem_table_view(&c->mem, out);
 }
 
-int kvt_list_record(kvt_client *c, kvt_seq seq, uint32_t layer,
+int kvt_list_record(const kvt_client *c, kvt_seq seq, uint32_t layer,
                     uint32_t kv_head, const struct kvt_list_record **out,
                     uint32_t *slot)
 {
@@ -42,21 +43,29 @@ int kvt_list_record(kvt_client *c, kvt_seq seq, uint32_t layer,
 		return KVT_EINVAL;
 	const struct shm_list *l;
 	struct kvt_table_view v;
+	uint32_t s;
 	int rc = client_list_of(c, seq, layer, kv_head, &l);
-	if (rc < 0 || (rc = mem_table_view(&c->mem, &v)) < 0)
+	if (rc < 0 || (rc = mem_table_view(&c->mem, &v)) < 0 ||
+	    (rc = client_seq_lookup(c, seq, &s)) < 0)
 		return rc;
 	/* Same offset in the view's copy as in the host table. */
 	size_t off = (size_t)((const char *)l - (const char *)c->mem.table);
 	*out = (const struct kvt_list_record *)((const char *)v.table + off);
 	if (slot)
-		*slot = (uint32_t)(seq & 0xffffffffu);
+		*slot = s;
 	return 0;
 }
 
 int kvt_memcpy(kvt_client *c, void *dst, const void *src, size_t bytes)
 {
-	if (!c || ((!dst || !src) && bytes))
+	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if ((!dst || !src) && bytes) {
+		client_set_err(c, "kvt_memcpy: NULL %s with %zu bytes",
+		               dst ? "src" : "dst", bytes);
+		return KVT_EINVAL;
+	}
 	if (!client_alive(c))
 		return KVT_ECONN;
 	if (!bytes)

@@ -22,6 +22,11 @@ client_set_err(kvt_client *c, const char *fmt, ...)
 	va_end(ap);
 }
 
+void client_begin(kvt_client *c)
+{
+	c->last_error[0] = '\0';
+}
+
 int client_from_nng(int rv)
 {
 	switch (rv) {

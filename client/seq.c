@@ -1,19 +1,21 @@
 /*
  * seq.c — sequences (open, close) and libkvtrim's data plane: list records,
  * page and K/V pointers, staged inputs, all read from the shared segments
- * without a round trip.  A sequence whose sync is in flight (kvt_sync_async)
- * is busy: its records may change under the caller until kvt_wait.  See
- * client.h.
+ * without a round trip, and the query that resolves a sync left in doubt.
+ * A sequence whose sync is in flight (kvt_sync_async) is busy: its records
+ * may change under the caller until kvt_wait; one in doubt likewise until
+ * kvt_seq_query.  See client.h.
  */
 #include "client.h"
 
 #include <string.h>
 
+#include "seqid.h"
 #include "shm.h"
 
 int client_seq_lookup(const kvt_client *c, kvt_seq seq, uint32_t *slot)
 {
-	uint32_t s = (uint32_t)(seq & 0xffffffffu);
+	uint32_t s = seqid_slot(seq);
 	if (s >= c->cfg.max_seqs || !c->seqs[s].open || c->seqs[s].id != seq)
 		return KVT_ENOSEQ;
 	*slot = s;
@@ -30,7 +32,7 @@ int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
 	int rc = client_seq_lookup(c, seq, &slot);
 	if (rc < 0)
 		return rc;
-	if (c->seqs[slot].busy)
+	if (c->seqs[slot].busy || c->seqs[slot].doubt)
 		return KVT_EBUSY;
 	if (layer >= c->mem.g.n_layers || kv_head >= c->mem.g.n_kv_heads)
 		return KVT_EINVAL;
@@ -38,23 +40,38 @@ int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
 	return 0;
 }
 
+void client_seq_doubt(kvt_client *c, kvt_seq seq, int rc)
+{
+	uint32_t slot;
+	if ((rc == KVT_ETIMEDOUT || rc == KVT_EPROTO) &&
+	    client_seq_lookup(c, seq, &slot) == 0)
+		c->seqs[slot].doubt = 1;
+}
+
 /* ---------------------------------------------------------------- sequences */
 
 int kvt_seq_open(kvt_client *c, kvt_seq *out)
 {
-	if (!c || !out)
+	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if (!out) {
+		client_set_err(c, "kvt_seq_open: out is NULL");
+		return KVT_EINVAL;
+	}
 	struct ipc_req req;
 	struct ipc_rep rep;
 	client_req_init(c, IPC_OP_SEQ_OPEN, &req);
 	int rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
 	if (rc == 0) {
 		uint64_t seq = rep.u.seq;
-		uint32_t slot = (uint32_t)(seq & 0xffffffffu);
-		if (slot >= c->cfg.max_seqs) {
-			client_set_err(c, "kvtrimd returned sequence %llu "
-			               "outside max_seqs %u",
-			               (unsigned long long)seq, c->cfg.max_seqs);
+		uint32_t slot = seqid_slot(seq);
+		if (slot >= c->cfg.max_seqs ||
+		    !seqid_of_tenant(seq, c->tenant)) {
+			client_set_err(c, "kvtrimd returned sequence %#llx "
+			               "outside max_seqs %u or not of tenant %u",
+			               (unsigned long long)seq, c->cfg.max_seqs,
+			               c->tenant);
 			rc = KVT_EPROTO;
 		} else {
 			c->seqs[slot] = (struct seq_slot){
@@ -68,16 +85,35 @@ int kvt_seq_open(kvt_client *c, kvt_seq *out)
 	return rc;
 }
 
+/* The slot of seq for a call that changes it: KVT_ENOSEQ, or KVT_EBUSY
+ * while its async sync is in flight, with the reason in last_error. */
+static int seq_idle(kvt_client *c, const char *call, kvt_seq seq,
+                    uint32_t *slot)
+{
+	if (client_seq_lookup(c, seq, slot) < 0) {
+		client_set_err(c, "%s: no open sequence %#llx on this client "
+		               "(closed, never opened, or another client's)",
+		               call, (unsigned long long)seq);
+		return KVT_ENOSEQ;
+	}
+	if (c->seqs[*slot].busy) {
+		client_set_err(c, "%s: sequence %#llx has a sync in flight "
+		               "(kvt_sync_async): kvt_wait its ticket first",
+		               call, (unsigned long long)seq);
+		return KVT_EBUSY;
+	}
+	return 0;
+}
+
 int kvt_seq_close(kvt_client *c, kvt_seq seq)
 {
 	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
 	uint32_t slot;
-	int rc = client_seq_lookup(c, seq, &slot);
+	int rc = seq_idle(c, "kvt_seq_close", seq, &slot);
 	if (rc < 0)
 		return rc;
-	if (c->seqs[slot].busy)
-		return KVT_EBUSY;
 	struct ipc_req req;
 	struct ipc_rep rep;
 	client_req_init(c, IPC_OP_SEQ_CLOSE, &req);
@@ -109,6 +145,64 @@ int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries)
 	}
 	c->seqs[slot].want = entries;
 	return 0;
+}
+
+int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
+{
+	if (!c)
+		return KVT_EINVAL;
+	client_begin(c);
+	uint32_t slot;
+	int rc = seq_idle(c, "kvt_seq_query", seq, &slot);
+	if (rc < 0)
+		return rc;
+	if (!out) {
+		client_set_err(c, "kvt_seq_query: out is NULL");
+		return KVT_EINVAL;
+	}
+	struct ipc_req req;
+	struct ipc_rep rep;
+	client_req_init(c, IPC_OP_SEQ_QUERY, &req);
+	req.u.seq = seq;
+	/* The daemon answers after every older request of this tenant, so
+	 * a sync that timed out was applied or refused by then, or never
+	 * arrived. */
+	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
+	struct seq_slot *s = &c->seqs[slot];
+	if (rc == 0) {
+		const struct ipc_seq_state *q = &rep.u.query;
+		/* Only this client syncs the sequence and one sync at most
+		 * was in doubt: the daemon is at counter or counter + 1. */
+		if (q->syncs != s->counter &&
+		    !(s->doubt && q->syncs == s->counter + 1)) {
+			client_set_err(c, "kvt_seq_query: kvtrimd counts %u "
+			               "syncs of sequence %#llx, this client %u",
+			               q->syncs, (unsigned long long)seq,
+			               s->counter);
+			rc = KVT_EPROTO;
+		} else {
+			*out = (struct kvt_seq_info){
+				.syncs = q->syncs,
+				.seen_min = q->seen_lo,
+				.seen_max = q->seen_hi,
+				.len_min = q->len_lo,
+				.len_max = q->len_hi,
+				.last_sync = !s->doubt ? -1
+				             : q->syncs == s->counter + 1 ? 1 : 0,
+			};
+			/* An applied sync left the room it asked for. */
+			if (s->doubt && q->syncs == s->counter + 1)
+				s->room = s->sent;
+			s->counter = q->syncs;
+			s->doubt = 0;
+			/* An applied sync's chunks and compaction. */
+			rc = client_device_after(c);
+		}
+	} else if (rc == KVT_ENOSEQ) {
+		s->open = 0; /* the daemon no longer knows it either */
+	}
+	codec_rep_free(&rep);
+	return rc;
 }
 
 /* ---------------------------------------------------------------- data plane */
@@ -176,7 +270,7 @@ static float *stage_entry(const kvt_client *c, kvt_seq seq, uint32_t layer,
 	uint32_t slot;
 	if (!c || client_lost(c) || !c->mem.g.stage_tokens || !c->mem.stage ||
 	    client_seq_lookup(c, seq, &slot) < 0 || c->seqs[slot].busy ||
-	    layer >= c->mem.g.n_layers)
+	    c->seqs[slot].doubt || layer >= c->mem.g.n_layers)
 		return NULL;
 	return shm_stage_at(c->mem.stage, &c->mem.g, slot, layer, pos);
 }

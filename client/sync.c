@@ -16,6 +16,42 @@
 /* ---------------------------------------------------------------- sync */
 
 /*
+ * Item i of a sync, against the local sequence table: an open sequence of
+ * this client (KVT_ENOSEQ), not in flight (KVT_EBUSY: one sync per
+ * sequence at a time), not in doubt (KVT_ESTALE), a known phase.
+ */
+static int sync_item_check(kvt_client *c, const struct kvt_sync_item *items,
+                           size_t i)
+{
+	uint32_t slot;
+	unsigned long long id = (unsigned long long)items[i].seq;
+	if (client_seq_lookup(c, items[i].seq, &slot) < 0) {
+		client_set_err(c, "sync item %zu: no open sequence %#llx on "
+		               "this client (closed, never opened, or another "
+		               "client's)", i, id);
+		return KVT_ENOSEQ;
+	}
+	if (c->seqs[slot].busy) {
+		client_set_err(c, "sync item %zu: sequence %#llx has a sync in "
+		               "flight; one sync per sequence at a time: "
+		               "kvt_wait its ticket first", i, id);
+		return KVT_EBUSY;
+	}
+	if (c->seqs[slot].doubt) {
+		client_set_err(c, "sync item %zu: the last sync of sequence "
+		               "%#llx ended without a verdict: kvt_seq_query "
+		               "it to learn whether it was applied", i, id);
+		return KVT_ESTALE;
+	}
+	if (items[i].phase > KVT_PHASE_DECODE) {
+		client_set_err(c, "sync item %zu: unknown phase %u", i,
+		               items[i].phase);
+		return KVT_EINVAL;
+	}
+	return 0;
+}
+
+/*
  * Checks items against the local sequence table and builds the request
  * (req->u.sync.items is malloc'ed: free it).  Each item carries its
  * sequence's counter.  A sequence listed twice is passed on: the daemon
@@ -24,23 +60,23 @@
 static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
                       size_t n, struct ipc_req *req)
 {
-	if (!items || n == 0 || n > IPC_MAX_SYNC_ITEMS)
+	if (!items || n > IPC_MAX_SYNC_ITEMS) {
+		client_set_err(c, "sync: %s", !items ? "items is NULL"
+		               : "more than 4096 items");
 		return KVT_EINVAL;
+	}
 	client_req_init(c, IPC_OP_SYNC, req);
 	struct ipc_sync_item *w = malloc(n * sizeof(*w));
 	if (!w)
 		return KVT_ENOMEM;
 	for (size_t i = 0; i < n; i++) {
-		uint32_t slot;
-		int rc = client_seq_lookup(c, items[i].seq, &slot);
-		if (rc == 0 && c->seqs[slot].busy)
-			rc = KVT_EBUSY;
-		if (rc == 0 && items[i].phase > KVT_PHASE_DECODE)
-			rc = KVT_EINVAL;
+		int rc = sync_item_check(c, items, i);
 		if (rc < 0) {
 			free(w);
 			return rc;
 		}
+		uint32_t slot;
+		client_seq_lookup(c, items[i].seq, &slot);
 		struct seq_slot *s = &c->seqs[slot];
 		w[i] = (struct ipc_sync_item){
 			.seq = items[i].seq,
@@ -110,6 +146,9 @@ int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
 {
 	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if (n == 0)
+		return 0; /* nothing appended: nothing to tell the daemon */
 	struct ipc_req req;
 	struct ipc_rep rep;
 	int rc = build_sync(c, items, n, &req);
@@ -124,8 +163,11 @@ int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
 	if (rc == 0)
 		client_note_sync(c, &rep);
 	codec_rep_free(&rep);
-	for (size_t i = 0; rc == 0 && i < n; i++)
-		client_count_sync(c, items[i].seq);
+	for (size_t i = 0; i < n; i++)
+		if (rc == 0)
+			client_count_sync(c, items[i].seq);
+		else
+			client_seq_doubt(c, items[i].seq, rc);
 	if (rc == 0)
 		rc = client_device_after(c);
 	return rc;
@@ -151,16 +193,28 @@ static int ticket_prepare(kvt_client *c, struct ticket *t)
 int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
                    size_t n, kvt_ticket *out)
 {
-	if (!c || !out)
+	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if (!out) {
+		client_set_err(c, "kvt_sync_async: out is NULL");
+		return KVT_EINVAL;
+	}
+	if (n == 0) {
+		*out = KVT_TICKET_NONE; /* kvt_wait answers 0 at once */
+		return 0;
+	}
 	if (!client_alive(c))
 		return KVT_ECONN;
 	int idx = -1;
 	for (int i = 0; i < CLIENT_MAX_TICKETS && idx < 0; i++)
 		if (!c->tickets[i].pending)
 			idx = i;
-	if (idx < 0)
+	if (idx < 0) {
+		client_set_err(c, "kvt_sync_async: %d syncs in flight already: "
+		               "kvt_wait one first", CLIENT_MAX_TICKETS);
 		return KVT_EBUSY;
+	}
 	struct ticket *t = &c->tickets[idx];
 
 	struct ipc_req req;
@@ -205,6 +259,8 @@ int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
 		nng_aio_set_msg(t->aio, NULL);
 		free(seqs);
 		client_set_err(c, "sending sync: %s", nng_strerror(rv));
+		for (size_t i = 0; i < n; i++)
+			client_seq_doubt(c, items[i].seq, client_from_nng(rv));
 		return client_from_nng(rv);
 	}
 	nng_aio_set_timeout(t->aio, c->cfg.timeout_ms);
@@ -232,10 +288,16 @@ int kvt_wait(kvt_client *c, kvt_ticket tk)
 {
 	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
+	if (tk == KVT_TICKET_NONE)
+		return 0; /* the ticket of a sync of no items */
 	uint32_t idx = tk & ((1u << CLIENT_TICKET_BITS) - 1);
 	struct ticket *t = &c->tickets[idx];
-	if (!t->pending || t->gen != tk >> CLIENT_TICKET_BITS)
+	if (!t->pending || t->gen != tk >> CLIENT_TICKET_BITS) {
+		client_set_err(c, "kvt_wait: ticket %u is not in flight (never "
+		               "issued, or waited for already)", tk);
 		return KVT_EINVAL;
+	}
 
 	nng_aio_wait(t->aio);
 	int rv = nng_aio_result(t->aio);
@@ -271,6 +333,8 @@ int kvt_wait(kvt_client *c, kvt_ticket tk)
 			c->seqs[slot].busy = 0;
 		if (rc == 0)
 			client_count_sync(c, t->seqs[i]);
+		else
+			client_seq_doubt(c, t->seqs[i], rc);
 	}
 	free(t->seqs);
 	t->seqs = NULL;

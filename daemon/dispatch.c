@@ -1,9 +1,10 @@
 /*
  * dispatch.c — one request on the loop: decode, validate, route to its
- * handler (hello, admin, the tenant ops: bye, seq_open, seq_close, sync),
- * and the verdict: a reply encoded into the request's message, a park
- * (pool pressure, or a wait for the engine's GPU writes or for idle
- * syncs), or held (a sync job or the tenant's queue owns it).
+ * handler (hello, admin, the tenant ops: bye, seq_open, seq_close,
+ * seq_query, sync), and the verdict: a reply encoded into the request's
+ * message, a park (pool pressure, or a wait for the engine's GPU writes,
+ * for idle syncs, or a seq_query's for its tenant's older parked
+ * requests), or held (a sync job or the tenant's queue owns it).
  *
  * Every request is validated from scratch on each try, so a tenant that
  * vanished meanwhile gets its typed error, not a stale decision.  One sync
@@ -54,6 +55,22 @@ static int srv_sync_bounded(const struct server *s,
 	return KVT_ETOOBIG;
 }
 
+/*
+ * 1 when an older request of st's connection is parked (pool pressure, or
+ * waiting for the engine's GPU writes): a seq_query must not answer before
+ * it, or it would report "not applied" for a sync that still may be.  The
+ * parked list holds only requests older than the one being handled (a
+ * retry detaches the list and re-parks in order, srv_retry_parked).
+ */
+static int srv_tenant_parked(const struct server *s,
+                             const struct srv_tenant *st)
+{
+	for (const struct srv_req *r = s->parked_head; r; r = r->next)
+		if (r->pipe_id == st->pipe_id)
+			return 1;
+	return 0;
+}
+
 static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
                         struct ipc_req *r, nng_pipe pipe, struct ipc_rep *rep,
                         char *why, size_t wlen)
@@ -102,6 +119,15 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			return srv_device_failed(s, st, rv, "seq_close");
 		s->st.seqs_closed_total++;
 		return srv_flush(s, st, why, wlen);
+	case IPC_OP_SEQ_QUERY:
+		/* Answered after every older request of the tenant: those
+		 * on a worker (busy, above) and parked ones. */
+		if (srv_tenant_parked(s, st))
+			return SRV_IDLE_WAIT;
+		if ((rv = tenant_seq_query(st->t, r->u.seq, &rep->u.query)))
+			snprintf(why, wlen, "no open sequence %#llx on tenant "
+			         "%u", (unsigned long long)r->u.seq, st->id);
+		return rv;
 	case IPC_OP_SYNC: {
 		uint64_t lists;
 		if ((rv = srv_sync_bounded(s, st, r->u.sync.items,

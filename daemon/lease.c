@@ -239,6 +239,7 @@ int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	rep->u.hello.stage_tokens = g->stage_tokens;
 	rep->u.hello.page_tokens = g->page_tokens;
 	rep->u.hello.quota_bytes = tenant_quota(st->t);
+	rep->u.hello.inputs = tenant_policy_inputs(st->t);
 	LOG(LOG_LVL_NOTICE,
 	    "tenant %" PRIu32 " '%s' registered (pid %" PRIu32 ", policy '%s', "
 	    "quota %" PRIu64 " bytes, page %" PRIu64 " bytes)",

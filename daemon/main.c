@@ -79,6 +79,30 @@ static const char *opt_key(const char *arg, char *buf, size_t len)
 	return buf;
 }
 
+/* One line of --list-policies: the name, its parameters and defaults (as
+ * kvtrimctl policies shows them), and what it reads at every sync. */
+static void list_policy(const struct policy_ops *o)
+{
+	static const struct {
+		uint32_t bit;
+		const char *what;
+	} in[] = {
+		{POLICY_NEED_X, "x"},
+		{POLICY_NEED_Q, "q"},
+		{POLICY_NEED_LSE, "lse"},
+		{POLICY_NEED_KV, "K/V pages"},
+	};
+	char reads[64] = "";
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++)
+		if (o->needs & in[i].bit) {
+			size_t n = strlen(reads);
+			snprintf(reads + n, sizeof(reads) - n, "%s%s",
+			         n ? ", " : "", in[i].what);
+		}
+	printf("%-12s %s; reads %s\n", o->name, o->help,
+	       reads[0] ? reads : "nothing");
+}
+
 int main(int argc, char **argv)
 {
 	/* The loop thread runs every scorer product; OpenBLAS's own thread
@@ -101,7 +125,7 @@ int main(int argc, char **argv)
 		}
 		if (!strcmp(argv[i], "--list-policies")) {
 			for (size_t p = 0; p < policy_count(); p++)
-				printf("%s\n", policy_at(p)->name);
+				list_policy(policy_at(p));
 			return 0;
 		}
 		if (!strcmp(argv[i], "--config")) {

@@ -353,6 +353,20 @@ static uint64_t default_quota_of(const struct tenant_limits *lim,
 	return q < pool_bytes ? q : pool_bytes;
 }
 
+/* The first model= value of a spec ("name:k=v,...") that is not an
+ * absolute path, or NULL (docs/weights.md, "Paths"). */
+static const char *relative_model(const char *spec)
+{
+	const char *p = strchr(spec, ':');
+	while (p) {
+		p++;
+		if (!strncmp(p, "model=", 6) && p[6] != '/')
+			return p + 6;
+		p = strchr(p, ',');
+	}
+	return NULL;
+}
+
 int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
                struct tenant_limits *lim, struct tenant **out, char *err,
                size_t errlen)
@@ -396,6 +410,15 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		            "quota of %llu bytes is below one chunk (%llu bytes)",
 		            (unsigned long long)quota,
 		            (unsigned long long)KVT_CHUNK_BYTES);
+
+	const char *rel = relative_model(h->policy);
+	if (rel)
+		return errors_fmt(err, errlen, KVT_EPOLICY,
+		            "model=%.*s is a relative path: kvtrimd opens weights "
+		            "itself, as its own user and from its own working "
+		            "directory, so give an absolute one (libkvtrim makes "
+		            "relative paths absolute against the engine's)",
+		            (int)strcspn(rel, ","), rel);
 
 	struct policy *pol = NULL;
 	struct policy_geom pg = {
@@ -544,6 +567,14 @@ void tenant_free(struct tenant *t)
 uint32_t tenant_id(const struct tenant *t) { return t->id; }
 const char *tenant_name(const struct tenant *t) { return t->name; }
 const char *tenant_policy_spec(const struct tenant *t) { return t->pol->spec; }
+uint32_t tenant_policy_inputs(const struct tenant *t)
+{
+	uint32_t n = t->pol->ops->needs;
+	return (n & POLICY_NEED_X ? KVT_INPUT_X : 0) |
+	       (n & POLICY_NEED_Q ? KVT_INPUT_Q : 0) |
+	       (n & POLICY_NEED_LSE ? KVT_INPUT_LSE : 0) |
+	       (n & POLICY_NEED_KV ? KVT_INPUT_KV : 0);
+}
 int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 {
 	const struct policy *old = t->pol;

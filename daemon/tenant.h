@@ -146,6 +146,8 @@ void tenant_free(struct tenant *t);
 uint32_t tenant_id(const struct tenant *t);
 const char *tenant_name(const struct tenant *t);
 const char *tenant_policy_spec(const struct tenant *t);
+/* What its policy reads: kvtrim.h's KVT_INPUT_* bits (the hello reply). */
+uint32_t tenant_policy_inputs(const struct tenant *t);
 const struct shm_geom *tenant_geom(const struct tenant *t);
 uint64_t tenant_quota(const struct tenant *t);
 int tenant_table_fd(const struct tenant *t); /* size: geom.table_bytes */
@@ -154,14 +156,24 @@ int tenant_stage_fd(const struct tenant *t); /* size: geom.stage_bytes */
 /*
  * Opens a sequence: allocates headroom pages for each of its lists.
  * KVT_ESEQLIMIT when all max_seqs slots are open; KVT_EQUOTA / KVT_EPOOLFULL
- * when the pages cannot be had (nothing allocated then).  Sequence ids are
- * (generation << 32) | slot, so an id of a closed sequence never matches a
- * later one in the same slot.
+ * when the pages cannot be had (nothing allocated then).  Sequence ids hold
+ * the tenant's id, the slot's generation and the slot (ipc/seqid.h), so an
+ * id of another tenant, or of a closed sequence, names no open sequence
+ * (KVT_ENOSEQ wherever an id is taken).
  */
 int tenant_seq_open(struct tenant *t, uint64_t *seq);
 
 /* Closes a sequence and frees its pages; KVT_ENOSEQ for an unknown id. */
 int tenant_seq_close(struct tenant *t, uint64_t seq);
+
+/*
+ * What the tenant holds for an open sequence: its sync counter, the tokens
+ * appended per layer and the committed entries per list (lowest and
+ * highest of each), so a client whose sync timed out learns whether it was
+ * applied.  KVT_ENOSEQ for an unknown id.  Changes nothing.
+ */
+int tenant_seq_query(const struct tenant *t, uint64_t seq,
+                     struct ipc_seq_state *out);
 
 /*
  * Device tenants whose policy reads K (the daemon copies keys to the host,

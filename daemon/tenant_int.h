@@ -41,6 +41,7 @@
 #include "backend.h"
 #include "page.h"
 #include "pool.h"
+#include "seqid.h"
 #include "shm.h"
 #include "tenant.h"
 
@@ -57,7 +58,8 @@ struct tseq {
 	int open;
 	int used;         /* opened at least once: its table records were
 	                     written (tenant_check reads only those) */
-	uint32_t gen;     /* id = gen << 32 | slot; never 0, bumped on close */
+	uint32_t gen;     /* in the id (ipc/seqid.h); never 0, bumped on
+	                     close, at most SEQID_GEN_MAX */
 	uint32_t counter; /* syncs accepted since open */
 	uint32_t room;    /* headroom in force: entries every list has room
 	                     for until the next sync (the registration's at

@@ -2,7 +2,8 @@
  * tenant_seq.c — sequences and their page lists: opening (headroom pages
  * for every list), closing (pages back, generation bumped), and the table
  * segment's records that mirror every list, with their upload to the
- * device copy of the table on a device tenant.  See tenant_int.h.
+ * device copy of the table on a device tenant, and the query of one
+ * sequence's counter and lengths.  See tenant_int.h.
  */
 #include "tenant_int.h"
 
@@ -60,12 +61,13 @@ int tenant_table_flush(struct tenant *t)
 
 /* ------------------------------------------------------------ sequences */
 
-/* The open slot an id names, or -1. */
+/* The open slot an id names, or -1: another tenant's id (ipc/seqid.h),
+ * a closed sequence's and a reused slot's old ids name none. */
 int64_t tenant_seq_slot(const struct tenant *t, uint64_t seq)
 {
-	uint32_t slot = (uint32_t)seq, gen = (uint32_t)(seq >> 32);
-	if (slot >= t->g.max_seqs || !t->seqs[slot].open ||
-	    t->seqs[slot].gen != gen)
+	uint32_t slot = seqid_slot(seq), gen = seqid_gen(seq);
+	if (!seqid_of_tenant(seq, t->id) || slot >= t->g.max_seqs ||
+	    !t->seqs[slot].open || t->seqs[slot].gen != gen)
 		return -1;
 	return slot;
 }
@@ -135,7 +137,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 		tenant_stage_poison(t, slot, layer, 0, s->room);
 	/* Resets the allocation cursor; nothing is empty. */
 	tenant_revoke_empty(t);
-	*seq = ((uint64_t)s->gen << 32) | slot;
+	*seq = seqid_make(t->id, s->gen, slot);
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
 }
 
@@ -158,8 +160,8 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 			l->epoch++;
 		}
 	s->open = 0;
-	/* Generation 0 is never issued, so id 0 is never valid. */
-	s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1;
+	/* Generation 0 is never issued; the id holds SEQID_GEN_BITS of it. */
+	s->gen = s->gen == SEQID_GEN_MAX ? 1 : s->gen + 1;
 	s->counter = 0;
 	t->n_open--;
 	for (uint32_t layer = 0; layer < t->g.n_layers; layer++)
@@ -168,4 +170,30 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 	tenant_seq_release(s);
 	tenant_revoke_empty(t);
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
+}
+
+int tenant_seq_query(const struct tenant *t, uint64_t seq,
+                     struct ipc_seq_state *out)
+{
+	int64_t sl = tenant_seq_slot(t, seq);
+	if (sl < 0)
+		return KVT_ENOSEQ;
+	uint32_t slot = (uint32_t)sl;
+	const struct tseq *s = &t->seqs[slot];
+	*out = (struct ipc_seq_state){
+		.syncs = s->counter,
+		.seen_lo = UINT32_MAX,
+		.len_lo = UINT32_MAX,
+	};
+	for (uint32_t layer = 0; layer < t->g.n_layers; layer++) {
+		uint32_t n = s->n_seen[layer];
+		out->seen_lo = n < out->seen_lo ? n : out->seen_lo;
+		out->seen_hi = n > out->seen_hi ? n : out->seen_hi;
+		for (uint32_t head = 0; head < t->g.n_kv_heads; head++) {
+			uint32_t len = tlist_at(t, slot, layer, head)->len;
+			out->len_lo = len < out->len_lo ? len : out->len_lo;
+			out->len_hi = len > out->len_hi ? len : out->len_hi;
+		}
+	}
+	return 0;
 }

@@ -340,7 +340,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	size_t off = 0, eoff = 0, li_all = 0, ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		uint32_t slot = seqid_slot(it->seq), lo, hi;
 		struct tseq *s = &t->seqs[slot];
 		item_layers(t, it, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
@@ -453,7 +453,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		uint32_t slot = seqid_slot(it->seq), lo, hi;
 		struct tseq *s = &t->seqs[slot];
 		item_layers(t, it, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
@@ -523,7 +523,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 	li_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot = (uint32_t)it->seq, lo, hi;
+		uint32_t slot = seqid_slot(it->seq), lo, hi;
 		struct tseq *s = &t->seqs[slot];
 		item_layers(t, it, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++) {

@@ -16,7 +16,8 @@
  *
  * Threads: a kvt_client is not thread-safe; use it from one thread at a time.
  * Blocking: every call that talks to the daemon blocks for at most the
- * client's timeout (kvt_config.timeout_ms) and returns KVT_ETIMEDOUT after it.
+ * client's timeout (kvt_config.timeout_ms) and returns KVT_ETIMEDOUT after it
+ * (what a timed-out sync leaves, and how to resolve it: kvt_sync).
  * Errors: every function returning int returns 0 (or a count >= 0) on success
  * and a negative KVT_E* code on failure; kvt_strerror() names it.  The codes
  * are stable: they travel on the wire.
@@ -59,7 +60,7 @@ extern "C" {
 	XX(EQUOTA, 12, "tenant quota exceeded")                                \
 	XX(EPOOLFULL, 13, "memory pool exhausted")                             \
 	XX(ETOOLONG, 14, "sequence longer than max_tokens")                    \
-	XX(ESHUTDOWN, 15, "daemon is shutting down")                           \
+	XX(ESHUTDOWN, 15, "daemon shutting down, or tenant drained")           \
 	XX(ECONN, 16, "cannot reach the daemon or connection lost")            \
 	XX(ETIMEDOUT, 17, "timed out")                                         \
 	XX(ESYS, 18, "system call failed")                                     \
@@ -141,7 +142,10 @@ struct kvt_config {
 	                             syncs (default page_tokens) */
 	uint32_t stage_tokens;    /* staging ring length per (sequence, layer);
 	                             0 = none (policies that need no inputs) */
-	const char *policy;       /* spec "name[:k=v,...]"; NULL = "full" */
+	const char *policy;       /* spec "name[:k=v,...]"; NULL = "full";
+	                             a relative model= path is made absolute
+	                             against the working directory at
+	                             kvt_connect (docs/weights.md) */
 	uint64_t quota_bytes;     /* pool bytes this tenant may hold; 0 = the
 	                             daemon's default quota (its default_quota,
 	                             by default a fair share: pool_size /
@@ -150,7 +154,11 @@ struct kvt_config {
 };
 
 typedef struct kvt_client kvt_client; /* opaque */
-typedef uint64_t kvt_seq;            /* sequence id from kvt_seq_open */
+/* Sequence id from kvt_seq_open, opaque and never 0.  It names its tenant
+ * and its slot's generation too: another client's id, and the id of a
+ * closed sequence (even once its slot is reused), are unknown (KVT_ENOSEQ)
+ * to every call, so mixing up the ids of two clients changes nothing. */
+typedef uint64_t kvt_seq;
 
 /* ---------------------------------------------------------------- session */
 
@@ -191,19 +199,82 @@ KVT_API int kvt_connect(const struct kvt_config *cfg, kvt_client **out,
  */
 KVT_API void kvt_disconnect(kvt_client *c);
 
-/* The text of the daemon's last error reply on this client ("" if none). */
+/*
+ * The reason of the last failed call on c: the daemon's text, or
+ * libkvtrim's own for what it refused itself.  Every call that takes a
+ * mutable client clears it first, so after a call that succeeded it is "".
+ * The calls that take a const client (kvt_list_get, kvt_page_ptr,
+ * kvt_kv_ptr, kvt_stage_*, kvt_table_view, kvt_list_record, and the
+ * accessors) neither set nor clear it: their codes say it all.
+ */
 KVT_API const char *kvt_last_error(const kvt_client *c);
 
 /* Registered parameters after defaults were applied (read-only). */
 KVT_API const struct kvt_config *kvt_config_of(const kvt_client *c);
 
+/* What the tenant's policy reads, as kvt_policy_inputs() reports it. */
+enum kvt_input {
+	KVT_INPUT_X = 1u << 0,   /* kvt_stage_x */
+	KVT_INPUT_Q = 1u << 1,   /* kvt_stage_q */
+	KVT_INPUT_LSE = 1u << 2, /* kvt_stage_lse */
+	KVT_INPUT_KV = 1u << 3,  /* the K/V pages (always written anyway) */
+};
+
+/*
+ * The KVT_INPUT_* bits of what the tenant's policy reads at every sync,
+ * from kvtrimd at kvt_connect: an engine stages exactly the inputs whose
+ * bit is set (none for "full" or "streaming"); the others are never read.
+ * 0 for NULL.
+ */
+KVT_API uint32_t kvt_policy_inputs(const kvt_client *c);
+
 /* ---------------------------------------------------------------- sequences */
 
-/* Opens a sequence: every (layer, head) list starts empty with headroom. */
+/*
+ * Opens a sequence: every (layer, head) list starts empty with headroom.
+ * One that timed out (KVT_ETIMEDOUT) may have opened a sequence this
+ * client never learns of: its slot stays taken until kvt_disconnect.
+ */
 KVT_API int kvt_seq_open(kvt_client *c, kvt_seq *out);
 
-/* Closes a sequence and returns its pages to the pool. */
+/*
+ * Closes a sequence and returns its pages to the pool.  KVT_EBUSY while
+ * a kvt_sync_async of it is in flight (kvt_wait first).  Closing a
+ * sequence in doubt (see kvt_sync) is allowed.  After KVT_ETIMEDOUT the
+ * sequence stays open here; close it again (KVT_ENOSEQ then means the
+ * daemon had closed it, and libkvtrim forgets it too).
+ */
 KVT_API int kvt_seq_close(kvt_client *c, kvt_seq seq);
+
+/*
+ * What kvtrimd holds for one sequence, from kvt_seq_query.
+ */
+struct kvt_seq_info {
+	uint32_t syncs;     /* syncs applied to it since kvt_seq_open */
+	uint32_t seen_min;  /* entries appended since open (n_new summed),
+	                       in the layer with fewest ... */
+	uint32_t seen_max;  /* ... and most (they differ only after syncs of
+	                       part of the layers) */
+	uint32_t len_min;   /* committed entries (kvt_list.len) of its */
+	uint32_t len_max;   /* shortest and longest list */
+	int32_t last_sync;  /* the sync that left it in doubt (kvt_sync):
+	                       1 applied, 0 not applied; -1 none was */
+};
+
+/*
+ * Asks the daemon where a sequence stands, and resynchronises libkvtrim
+ * with it: this is how a sync that ended in doubt (KVT_ETIMEDOUT, see
+ * kvt_sync) is resolved without closing the sequence.  The daemon answers
+ * only after every older request of this client was applied or refused,
+ * so out->last_sync is final: 1, the sync was applied (its entries are
+ * committed; append after them), 0, it was not (the appended entries are
+ * still at len + k; sync them again).  Then the sequence is usable again.
+ * Safe on any open, idle sequence; KVT_EBUSY while an async sync of it is
+ * in flight, KVT_ENOSEQ for an unknown id.  A query that times out itself
+ * changes nothing: ask again.
+ */
+KVT_API int kvt_seq_query(kvt_client *c, kvt_seq seq,
+                          struct kvt_seq_info *out);
 
 /* ---------------------------------------------------------------- data plane */
 
@@ -308,22 +379,51 @@ struct kvt_sync_item {
  * the policy.  All items are validated before anything changes: on an error
  * no sequence changed.  Blocks until the daemon replied.  The library adds
  * each sequence's sync counter, so a resent or stale sync is refused
- * (KVT_ESTALE) rather than committed twice.
+ * (KVT_ESTALE) rather than committed twice.  n 0 is a no-op (0; items may
+ * then be NULL).
+ *
+ * One sync per sequence at a time: a sequence whose kvt_sync_async is in
+ * flight is refused by kvt_sync, kvt_sync_async and kvt_seq_close with
+ * KVT_EBUSY (and by kvt_list_get, kvt_kv_ptr with KVT_EBUSY, kvt_stage_*
+ * with NULL) until kvt_wait.
+ *
+ * What the engine may assume after the result of kvt_sync, or of kvt_wait
+ * for kvt_sync_async (whose own return is 0 or one of the codes below):
+ *   0             applied to every item.
+ *   KVT_ETIMEDOUT unknown: the daemon may apply it later or may not (it
+ *   KVT_EPROTO    was stopped or overloaded; the reply was unreadable).
+ *                 Every sequence of the sync is then in doubt: kvt_sync
+ *                 and kvt_sync_async of it return KVT_ESTALE, its lists
+ *                 read KVT_EBUSY (kvt_stage_* NULL), until kvt_seq_query
+ *                 says whether it was applied and makes it usable again.
+ *                 Sequences of the client not in that sync are unaffected.
+ *   KVT_ECONN     the daemon is gone, and every sequence with it (see
+ *                 kvt_disconnect); applied or not does not matter.
+ *   any other     not applied: nothing changed, on the daemon (which
+ *                 validates every item before it changes anything) nor
+ *                 here; the reason is in kvt_last_error.
  */
 KVT_API int kvt_sync(kvt_client *c, const struct kvt_sync_item *items,
                      size_t n);
 
 typedef uint32_t kvt_ticket;
 
+/* The ticket of a sync of no items: kvt_wait answers 0 at once.  Never
+ * the ticket of a real sync. */
+#define KVT_TICKET_NONE ((kvt_ticket)0)
+
 /*
  * Starts a sync and returns at once with a ticket; kvt_wait() completes it.
  * Until then the lists of those sequences must not be read or appended to.
- * At most 16 syncs are in flight per client (KVT_EBUSY beyond).
+ * At most 16 syncs are in flight per client (KVT_EBUSY beyond), one per
+ * sequence (see kvt_sync).  Results as for kvt_sync; n 0 gives
+ * KVT_TICKET_NONE.
  */
 KVT_API int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
                            size_t n, kvt_ticket *out);
 
-/* Waits for a ticket; returns the sync's result. */
+/* Waits for a ticket; returns the sync's result (see kvt_sync).  KVT_EINVAL
+ * for a ticket not in flight (never issued, or waited for already). */
 KVT_API int kvt_wait(kvt_client *c, kvt_ticket t);
 
 /*
@@ -408,8 +508,9 @@ KVT_API int kvt_memcpy(kvt_client *c, void *dst, const void *src,
  *
  * (chunk_bases is this process's own array, kept current by libkvtrim on
  * the client's stream).  Ids beyond n_pages are unspecified.  Valid until
- * the next kvt_sync, kvt_wait, kvt_seq_open or kvt_seq_close, which may
- * move chunk_bases; the contents follow every completed sync.
+ * the next kvt_sync, kvt_wait, kvt_seq_open, kvt_seq_close or
+ * kvt_seq_query, which may move chunk_bases; the contents follow every
+ * completed sync.
  */
 struct kvt_list_record {
 	uint32_t len;     /* committed entries */
@@ -430,14 +531,14 @@ struct kvt_table_view {
 	uint32_t pages_per_chunk;
 	uint64_t page_bytes;
 };
-KVT_API int kvt_table_view(kvt_client *c, struct kvt_table_view *out);
+KVT_API int kvt_table_view(const kvt_client *c, struct kvt_table_view *out);
 
 /*
  * The record of one list in the memory kvt_table_view describes, and the
  * sequence's slot (the s above).  Same validity as kvt_table_view.
  */
-KVT_API int kvt_list_record(kvt_client *c, kvt_seq seq, uint32_t layer,
-                            uint32_t kv_head,
+KVT_API int kvt_list_record(const kvt_client *c, kvt_seq seq,
+                            uint32_t layer, uint32_t kv_head,
                             const struct kvt_list_record **out,
                             uint32_t *slot);
 

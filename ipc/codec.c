@@ -143,6 +143,7 @@ static const struct codec_field req_config_set[] = {
 const struct codec_field *const codec_req_fields[IPC_OP_COUNT] = {
 	[IPC_OP_HELLO] = req_hello,
 	[IPC_OP_SEQ_CLOSE] = req_seq_close,
+	[IPC_OP_SEQ_QUERY] = req_seq_close, /* the same body: "seq" */
 	[IPC_OP_SYNC] = req_sync,
 	[IPC_OP_STATS] = req_stats,
 	[IPC_OP_CONFIG] = req_config,
@@ -160,6 +161,7 @@ static const struct codec_field rep_hello[] = {
 	U32(RP_, "stage", u.hello.stage_tokens),
 	U32(RP_, "page", u.hello.page_tokens),
 	U64(RP_, "quota", u.hello.quota_bytes),
+	UINT_(RP_, "inputs", u.hello.inputs, 15, 0),
 	END_,
 };
 static const struct codec_field rep_seq_open[] = {
@@ -171,6 +173,14 @@ static const struct codec_field rep_sync[] = {
 	UINT_(RP_, "budget", u.sync.budget, UINT32_MAX, F_OPT),
 	END_,
 };
+static const struct codec_field rep_seq_query[] = {
+	U32(RP_, "syncs", u.query.syncs),
+	U32(RP_, "seen_lo", u.query.seen_lo),
+	U32(RP_, "seen_hi", u.query.seen_hi),
+	U32(RP_, "len_lo", u.query.len_lo),
+	U32(RP_, "len_hi", u.query.len_hi),
+	END_,
+};
 static const struct codec_field rep_table[] = { /* every admin op */
 	KIND_(RP_, "rows", F_ROWS, table),
 	END_,
@@ -179,6 +189,7 @@ const struct codec_field *const codec_rep_fields[IPC_OP_COUNT] = {
 	[IPC_OP_HELLO] = rep_hello,
 	[IPC_OP_SEQ_OPEN] = rep_seq_open,
 	[IPC_OP_SYNC] = rep_sync,
+	[IPC_OP_SEQ_QUERY] = rep_seq_query,
 	[IPC_OP_STATS] = rep_table,
 	[IPC_OP_TENANTS] = rep_table,
 	[IPC_OP_CHECK] = rep_table,

@@ -7,14 +7,17 @@
  * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
  * reason; it never returns a half-filled message as success.
  *
- * Wire format (protocol version 1).  Every message is one msgpack map with
+ * Wire format (protocol version 2: sequence ids carry their tenant,
+ * ipc/seqid.h, and seq_query was added; version 1 peers are refused with
+ * KVT_EVERSION at their first request).  Every message is one msgpack map with
  * short string keys:
  *
  * request:  "v": uint version (== IPC_PROTO_VERSION; checked first, before
  *                anything else, so old clients get KVT_EVERSION)
  *           "op": str, one of ipc_op names ("hello", "bye", "seq_open",
  *                 "seq_close", "sync", "stats", "tenants", "check",
- *                 "policies", "config", "drain", "config_set")
+ *                 "policies", "config", "drain", "config_set",
+ *                 "seq_query")
  *           "t": uint tenant id, "k": uint token      (all ops except the
  *                admin ops stats/tenants/check/policies/config/drain/
  *                config_set and hello)
@@ -25,6 +28,7 @@
  *                      "cookie" uint (handle-channel cookie), "pid" uint
  *           seq_open:  (nothing else)
  *           seq_close: "seq" uint
+ *           seq_query: "seq" uint
  *           sync:      "items": array of [seq, counter, n_new, phase,
  *                      layer_lo, layer_hi] or [..., layer_hi, headroom]
  *                      (1..IPC_MAX_SYNC_ITEMS); headroom, entries the
@@ -40,7 +44,8 @@
  *           "m": str message (present when e != 0), then per op:
  *           hello:     "t" tenant id, "k" token, "seqs" "maxtok" "head"
  *                      "stage" "page" uint (the values in force),
- *                      "quota" uint
+ *                      "quota" uint, "inputs" uint (what the policy
+ *                      reads: kvtrim.h's KVT_INPUT_* bits)
  *           seq_open:  "seq" uint
  *           sync:      "press" uint, optional: the memory-pressure level
  *                      the sync's decisions applied, in millionths
@@ -48,6 +53,10 @@
  *                      entries per list the policy's budget allowed,
  *                      pressure applied (absent = no entry budget);
  *                      lengths are in the table segment
+ *           seq_query: "syncs" (the sequence's sync counter), "seen_lo",
+ *                      "seen_hi" (tokens appended, fewest and most over
+ *                      layers), "len_lo", "len_hi" (committed entries,
+ *                      shortest and longest list), all uint
  *           stats, tenants, policies, check, config, drain, config_set:
  *                      "rows": array of maps str -> (uint | int | float |
  *                      str); stats has one row, tenants one per tenant,
@@ -69,7 +78,7 @@
 
 #include "kvtrim.h"
 
-#define IPC_PROTO_VERSION 1u
+#define IPC_PROTO_VERSION 2u
 #define IPC_MAX_MSG (1u << 20)
 #define IPC_MAX_SYNC_ITEMS 4096u
 #define IPC_MAX_ROWS 4096u
@@ -89,7 +98,8 @@
 	XX(POLICIES, "policies")                                               \
 	XX(CONFIG, "config")                                                   \
 	XX(DRAIN, "drain")                                                     \
-	XX(CONFIG_SET, "config_set")
+	XX(CONFIG_SET, "config_set")                                           \
+	XX(SEQ_QUERY, "seq_query")
 
 enum ipc_op {
 	IPC_OP_NONE = 0,
@@ -128,6 +138,14 @@ struct ipc_sync_item {
 
 #define IPC_PRESS_ONE 1000000u /* "press" of pressure level 1 */
 
+/* A sequence as the daemon holds it (the seq_query reply). */
+struct ipc_seq_state {
+	uint32_t syncs;            /* its sync counter: syncs applied */
+	uint32_t seen_lo, seen_hi; /* tokens appended per layer: fewest, most */
+	uint32_t len_lo, len_hi;   /* committed entries per list: shortest,
+	                              longest */
+};
+
 struct ipc_req {
 	uint32_t version;
 	enum ipc_op op;
@@ -135,7 +153,7 @@ struct ipc_req {
 	uint64_t token;
 	union {
 		struct ipc_hello hello;
-		uint64_t seq; /* seq_close */
+		uint64_t seq; /* seq_close, seq_query */
 		struct {
 			uint32_t n;
 			struct ipc_sync_item *items; /* [n], owned by the req */
@@ -182,12 +200,14 @@ struct ipc_rep {
 			uint32_t max_seqs, max_tokens, headroom, stage_tokens;
 			uint32_t page_tokens;
 			uint64_t quota_bytes;
+			uint32_t inputs; /* KVT_INPUT_* bits */
 		} hello;
 		uint64_t seq; /* seq_open */
 		struct {
 			uint32_t press;  /* level * IPC_PRESS_ONE, rounded */
 			uint32_t budget; /* entries per list; 0 = none */
 		} sync;
+		struct ipc_seq_state query; /* seq_query */
 	} u;
 	/* stats, tenants, policies, check, config.  Outside the union so that
 	 * codec_rep_free can always release rows (NULL for other replies). */

@@ -63,6 +63,7 @@ static int req_eq(const struct ipc_req *a, const struct ipc_req *b)
 		       x->cookie == y->cookie && x->pid == y->pid;
 	}
 	case IPC_OP_SEQ_CLOSE:
+	case IPC_OP_SEQ_QUERY:
 		return a->u.seq == b->u.seq;
 	case IPC_OP_SYNC:
 		if (a->u.sync.n != b->u.sync.n)
@@ -125,12 +126,15 @@ static int rep_eq(enum ipc_op op, const struct ipc_rep *a,
 		       a->u.hello.headroom == b->u.hello.headroom &&
 		       a->u.hello.stage_tokens == b->u.hello.stage_tokens &&
 		       a->u.hello.page_tokens == b->u.hello.page_tokens &&
-		       a->u.hello.quota_bytes == b->u.hello.quota_bytes;
+		       a->u.hello.quota_bytes == b->u.hello.quota_bytes &&
+		       a->u.hello.inputs == b->u.hello.inputs;
 	if (op == IPC_OP_SEQ_OPEN)
 		return a->u.seq == b->u.seq;
 	if (op == IPC_OP_SYNC)
 		return a->u.sync.press == b->u.sync.press &&
 		       a->u.sync.budget == b->u.sync.budget;
+	if (op == IPC_OP_SEQ_QUERY)
+		return !memcmp(&a->u.query, &b->u.query, sizeof(a->u.query));
 	for (uint32_t r = 0; r < a->table.n; r++) {
 		const struct ipc_row *x = &a->table.rows[r],
 		                     *y = &b->table.rows[r];

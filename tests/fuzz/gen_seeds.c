@@ -120,6 +120,9 @@ static void gen_codec(void)
 	r.op = IPC_OP_SEQ_CLOSE;
 	r.u.seq = 7;
 	seed_req("req-seq_close", &r);
+	r.op = IPC_OP_SEQ_QUERY;
+	r.u.seq = 0x0000010000010003ull;
+	seed_req("req-seq_query", &r);
 
 	struct ipc_sync_item items[3] = {
 		{1, 0, 16, KVT_PHASE_PREFILL, 0, 1},
@@ -175,8 +178,15 @@ static void gen_codec(void)
 			p.u.hello.stage_tokens = 32;
 			p.u.hello.page_tokens = 16;
 			p.u.hello.quota_bytes = 128u << 20;
+			p.u.hello.inputs = KVT_INPUT_X | KVT_INPUT_KV;
 		} else if (op == IPC_OP_SEQ_OPEN) {
 			p.u.seq = 12;
+		} else if (op == IPC_OP_SEQ_QUERY) {
+			p.u.query.syncs = 21;
+			p.u.query.seen_lo = 300;
+			p.u.query.seen_hi = 301;
+			p.u.query.len_lo = 64;
+			p.u.query.len_hi = 65;
 		} else if (codec_op_is_admin((enum ipc_op)op)) {
 			rows = calloc(2, sizeof(*rows));
 			if (!rows)
@@ -199,15 +209,16 @@ static void gen_codec(void)
 		seed_rep(name, (enum ipc_op)op, &p);
 	}
 
-	/* Near misses: the error paths right next to valid messages. */
-	static const uint8_t v2[] = {0x82, 0xa1, 'v', 0x02, 0xa2, 'o', 'p',
+	/* Near misses: the error paths right next to valid messages (v1 is
+	 * the old protocol version, refused). */
+	static const uint8_t v1[] = {0x82, 0xa1, 'v', 0x01, 0xa2, 'o', 'p',
 	                             0xa3, 'b', 'y', 'e'};
-	static const uint8_t unk[] = {0x82, 0xa1, 'v', 0x01, 0xa2, 'o', 'p',
+	static const uint8_t unk[] = {0x82, 0xa1, 'v', 0x02, 0xa2, 'o', 'p',
 	                              0xa3, 'f', 'o', 'o'};
-	static const uint8_t trail[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p',
+	static const uint8_t trail[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p',
 	                                0xa3, 'b', 'y', 'e', 0xa1, 't', 0x01,
 	                                0xa1, 'k', 0x02, 0xc0};
-	put("codec", "bad-version", v2, sizeof(v2));
+	put("codec", "bad-version", v1, sizeof(v1));
 	put("codec", "bad-op", unk, sizeof(unk));
 	put("codec", "bad-trailing", trail, sizeof(trail));
 }

@@ -87,8 +87,19 @@ TEST(daemon, list_policies_and_bad_options)
 	char out[4096];
 	T_EQ(th_sh(NULL, out, sizeof(out), "%s --list-policies",
 	           th_bin("kvtrimd")), 0);
-	T_ASSERT(strstr(out, "full\n"));
-	T_ASSERT(strstr(out, "streaming\n"));
+	/* One line per policy: name, parameters with their defaults, and
+	 * what it reads (issue 14 item 8: no running daemon needed). */
+	T_ASSERT(!strncmp(out, "full ", 5));
+	T_ASSERT(strstr(out, "\nstreaming "));
+	T_ASSERT(strstr(out, "tokens=256"));     /* h2o's default */
+	T_ASSERT(strstr(out, "threshold=-4"));   /* kvzap's */
+	const char *kz = strstr(out, "\nkvzap ");
+	T_ASSERT(kz);
+	const char *eol = strchr(kz + 1, '\n');
+	T_ASSERT(eol);
+	T_ASSERT(strstr(kz, "reads x\n") == eol - strlen("reads x"));
+	T_ASSERT(strstr(out, "reads q, lse, K/V pages\n"));
+	T_ASSERT(strstr(out, "reads nothing\n"));
 	T_EQ(th_sh(NULL, out, sizeof(out), "%s --pool-size 12Q",
 	           th_bin("kvtrimd")), 2);
 	T_ASSERT(strstr(out, "pool_size"));
@@ -452,14 +463,20 @@ TEST(badinput, garbage_truncated_oversized_unknown_version)
 	const uint8_t v99[] = {0x82, 0xa1, 'v', 99, 0xa2, 'o', 'p',
 	                       0xa5, 's', 't', 'a', 't', 's'};
 	T_EQ(raw_error(&d, v99, sizeof(v99), msg), KVT_EVERSION);
-	/* {"v": 1, "op": "launch"} */
-	const uint8_t unk[] = {0x82, 0xa1, 'v', 1, 0xa2, 'o', 'p',
-	                       0xa6, 'l', 'a', 'u', 'n', 'c', 'h'};
+	/* {"v": 2, "op": "launch"} */
+	const uint8_t unk[] = {0x82, 0xa1, 'v', IPC_PROTO_VERSION, 0xa2, 'o',
+	                       'p', 0xa6, 'l', 'a', 'u', 'n', 'c', 'h'};
 	T_EQ(raw_error(&d, unk, sizeof(unk), msg), KVT_EUNKNOWNOP);
+	/* A version 1 client (sequence ids without their tenant) is refused
+	 * at its first request, its hello (docs/protocol.md, Versions). */
+	const uint8_t v1[] = {0x82, 0xa1, 'v', 1, 0xa2, 'o', 'p',
+	                      0xa5, 'h', 'e', 'l', 'l', 'o'};
+	T_EQ(raw_error(&d, v1, sizeof(v1), msg), KVT_EVERSION);
+	T_ASSERT(strstr(msg, "protocol version 1, this side speaks 2"));
 
 	/* The daemon still serves: stats answer, errors were counted. */
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
-	T_ASSERT(th_stat(&d, "errors_total") >= 5);
+	T_ASSERT(th_stat(&d, "errors_total") >= 6);
 	T_ASSERT(th_daemon_alive(&d));
 	T_EQ(th_daemon_stop(&d), 0);
 }
@@ -632,9 +649,17 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ENOTENANT);
 	codec_rep_free(&rep);
 
-	/* A second tenant cannot name the first one's sequence. */
+	/* A second tenant cannot name the first one's sequence, even with
+	 * a sequence of its own in the same slot and generation (sequence
+	 * ids carry their tenant, issue 14 item 2). */
 	raw_hello(&d, &other, &rep, "full", 0, 0);
 	codec_rep_free(&rep);
+	q = tq(&other, IPC_OP_SEQ_OPEN);
+	T_OK(RT_REQ(&other, &q, &rep));
+	uint64_t own = rep.u.seq;
+	codec_rep_free(&rep);
+	T_ASSERT(own != seq);
+	T_EQ(own & 0xffff, seq & 0xffff); /* the same slot */
 	struct ipc_sync_item foreign = {seq, 0, 1, 1, 0, 0, 0};
 	q = tq(&other, IPC_OP_SYNC);
 	q.u.sync.n = 1;
@@ -644,6 +669,15 @@ TEST(badinput, sync_refusals_change_nothing)
 	q = tq(&other, IPC_OP_SEQ_CLOSE);
 	q.u.seq = seq;
 	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	q = tq(&other, IPC_OP_SEQ_QUERY);
+	q.u.seq = seq;
+	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
+	codec_rep_free(&rep);
+	q.u.seq = own; /* its own sequence is untouched */
+	T_OK(RT_REQ(&other, &q, &rep));
+	T_EQ(rep.u.query.syncs, 0);
+	T_EQ(rep.u.query.len_hi, 0);
 	codec_rep_free(&rep);
 
 	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
@@ -895,5 +929,44 @@ TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
 	T_OK(kvt_stats(c, &ts));
 	T_EQ_U64(ts.entries_evicted, 4 * 4);
 	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/*
+ * model= paths (issue 14 item 8, docs/weights.md "Paths"): the daemon runs
+ * in another directory than the engine, and a relative path means the
+ * engine's: libkvtrim sends it absolute (kvt_config_of shows it), so the
+ * weights load; the daemon itself refuses a relative path (the raw hello
+ * is tenant.relative_model_paths_are_refused's).
+ */
+TEST(reload, relative_model_path_is_the_engines)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX], path[512], want[600], here[512];
+	snprintf(path, sizeof(path), "%s/w", th_tmpdir());
+	T_EQ(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/w/kvzap.safetensors", th_tmpdir());
+	write_kvzap(path, 0.0f);
+	th_daemon_start(&d, "16M", NULL); /* in the test's directory */
+	T_ASSERT(getcwd(here, sizeof(here)));
+	T_EQ(chdir(th_tmpdir()), 0);
+	struct kvt_config cfg = th_small_cfg(&d, "relative",
+	        "kvzap:threshold=-4,model=w/kvzap.safetensors,window=4");
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, &c, err));
+	snprintf(want, sizeof(want), "kvzap:threshold=-4,model=%s/w/"
+	         "kvzap.safetensors,window=4", th_tmpdir());
+	T_EQ_STR(kvt_config_of(c)->policy, want);
+	kvt_disconnect(c);
+	/* Too long once absolute: refused before the daemon is asked. */
+	char spec[KVT_SPEC_MAX];
+	memset(spec, 'a', sizeof(spec));
+	memcpy(spec, "kvzap:model=", 12);
+	spec[sizeof(spec) - 1 - (strlen(th_tmpdir()) / 2)] = '\0';
+	cfg.policy = spec;
+	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPOLICY);
+	T_ASSERT(strstr(err, "longer than 255"));
+	T_EQ(chdir(here), 0);
 	T_EQ(th_daemon_stop(&d), 0);
 }

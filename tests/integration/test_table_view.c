@@ -13,6 +13,7 @@
 
 #include "daemon.h"
 #include "kvtrim.h"
+#include "seqid.h"
 #include "test.h"
 
 /* 64-token pages of 128 f32 dims: 64 KiB a page, 32 pages a chunk, so a
@@ -51,7 +52,7 @@ static void check_seq(kvt_client *c, const struct kvt_table_view *v,
 			uint32_t slot = UINT32_MAX;
 			struct kvt_list lg;
 			T_OK(kvt_list_record(c, seq, l, h, &dr, &slot));
-			T_EQ(slot, (uint32_t)(seq & 0xffffffffu));
+			T_EQ(slot, seqid_slot(seq));
 			T_ASSERT((const void *)dr == rec_at(v, slot, l, h));
 			T_OK(kvt_memcpy(c, r, dr, rbytes));
 			T_OK(kvt_list_get(c, seq, l, h, &lg));
@@ -121,7 +122,7 @@ TEST(table_view, describes_lists_and_pages_on_any_backend)
 		check_seq(c, &v, bases, s[i], 3 * (10 + 15 * (uint32_t)i));
 
 	/* A closed sequence's records read empty in the same memory. */
-	uint32_t slot1 = (uint32_t)(s[1] & 0xffffffffu);
+	uint32_t slot1 = seqid_slot(s[1]);
 	T_OK(kvt_seq_close(c, s[1]));
 	T_OK(kvt_table_view(c, &v));
 	struct kvt_list_record r;

@@ -41,7 +41,7 @@ static void mp_req(struct mp *m, size_t n, const char *op)
 {
 	mp_init(m);
 	mp_map(m, n);
-	mp_ku(m, "v", 1);
+	mp_ku(m, "v", IPC_PROTO_VERSION);
 	mp_ks(m, "op", op);
 }
 
@@ -436,6 +436,7 @@ TEST(codec, rep_hello_roundtrip)
 	in.u.hello.stage_tokens = 32;
 	in.u.hello.page_tokens = 16;
 	in.u.hello.quota_bytes = 1ull << 40;
+	in.u.hello.inputs = KVT_INPUT_Q | KVT_INPUT_LSE;
 	rep_roundtrip(IPC_OP_HELLO, &in, &out);
 	T_EQ_STR(out.msg, "");
 	T_EQ(out.u.hello.tenant, 12);
@@ -446,6 +447,7 @@ TEST(codec, rep_hello_roundtrip)
 	T_EQ(out.u.hello.stage_tokens, 32);
 	T_EQ(out.u.hello.page_tokens, 16);
 	T_EQ_U64(out.u.hello.quota_bytes, 1ull << 40);
+	T_EQ(out.u.hello.inputs, KVT_INPUT_Q | KVT_INPUT_LSE);
 	/* Must not free the token as if it were rows. */
 	codec_rep_free(&out);
 	T_EQ_U64(out.u.hello.token, 0xdeadbeefcafef00dull);
@@ -553,7 +555,7 @@ TEST(codec, rep_float32_and_signed_forms)
 	struct mp m;
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_s(&m, "e");
 	msgpack_pack_int8(&m.pk, 0);
 	mp_s(&m, "rows");
@@ -701,7 +703,7 @@ TEST(codec, exact_bytes_of_a_request)
 	T_OK(codec_req_encode(&q, &buf, &len));
 	static const uint8_t want[] = {
 		0x85,                               /* map of 5 */
-		0xa1, 'v', 0x01,                    /* "v": 1 */
+		0xa1, 'v', 0x02,                    /* "v": 2 */
 		0xa2, 'o', 'p', 0xa9, 's', 'e', 'q', '_', 'c', 'l', 'o', 's',
 		'e',                                /* "op": "seq_close" */
 		0xa1, 't', 0x05,                    /* "t": 5 */
@@ -730,7 +732,7 @@ TEST(codec, exact_bytes_of_an_error_reply)
 	codec_rep_error(&r, KVT_ESTALE, "old");
 	T_OK(codec_rep_encode(IPC_OP_SYNC, &r, &buf, &len));
 	static const uint8_t want[] = {
-		0x83, 0xa1, 'v', 0x01, 0xa1, 'e', 0xf6, /* -10 negative fixint */
+		0x83, 0xa1, 'v', 0x02, 0xa1, 'e', 0xf6, /* -10 negative fixint */
 		0xa1, 'm', 0xa3, 'o', 'l', 'd',
 	};
 	T_EQ(len, sizeof(want));
@@ -764,7 +766,7 @@ TEST(codec, handbuilt_hello_any_key_order)
 	mp_u(&m, 256);
 	mp_ks(&m, "name", "tiny");
 	mp_ks(&m, "op", "hello");
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	struct ipc_req q;
 	accept_req(&m, &q);
 	T_EQ(q.op, IPC_OP_HELLO);
@@ -925,9 +927,9 @@ TEST(codec, refuse_version)
 	struct mp m;
 	mp_init(&m);
 	mp_map(&m, 2);
-	mp_ku(&m, "v", 2);
+	mp_ku(&m, "v", 1); /* the old protocol (sequence ids without tenant) */
 	mp_ks(&m, "op", "bye");
-	refuse_req(&m, KVT_EVERSION, "version 2");
+	refuse_req(&m, KVT_EVERSION, "version 1");
 
 	/* Version is judged before anything else: unknown keys, unknown op,
 	 * even trailing bytes of a future format. */
@@ -977,13 +979,13 @@ TEST(codec, refuse_op)
 
 	mp_init(&m);
 	mp_map(&m, 2);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "op", 1);
 	refuse_req(&m, KVT_EPROTO, "op");
 
 	mp_init(&m);
 	mp_map(&m, 1);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	refuse_req(&m, KVT_EPROTO, "\"op\"");
 }
 
@@ -1290,7 +1292,7 @@ TEST(codec, refuse_keys)
 	mp_ks(&m, "op", "stats");
 	refuse_req(&m, KVT_EPROTO, "duplicate key \"op\"");
 	mp_req(&m, 3, "check");
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	refuse_req(&m, KVT_EPROTO, "duplicate key \"v\"");
 	/* non-string key */
 	mp_req(&m, 3, "check");
@@ -1344,21 +1346,21 @@ TEST(codec, refuse_replies)
 	/* e positive, e wrong type, e missing */
 	mp_init(&m);
 	mp_map(&m, 2);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 3);
 	refuse_rep(IPC_OP_BYE, &m, KVT_EPROTO, "positive");
 	mp_init(&m);
 	mp_map(&m, 2);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ks(&m, "e", "0");
 	refuse_rep(IPC_OP_BYE, &m, KVT_EPROTO, "not an integer");
 	mp_init(&m);
 	mp_map(&m, 1);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	refuse_rep(IPC_OP_BYE, &m, KVT_EPROTO, "missing key \"e\"");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_s(&m, "e");
 	mp_i(&m, (int64_t)INT32_MIN - 1);
 	mp_ks(&m, "m", "x");
@@ -1366,19 +1368,19 @@ TEST(codec, refuse_replies)
 	/* error without m; success with m; error with payload */
 	mp_init(&m);
 	mp_map(&m, 2);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_s(&m, "e");
 	mp_i(&m, KVT_ENOSEQ);
 	refuse_rep(IPC_OP_SEQ_CLOSE, &m, KVT_EPROTO, "missing key \"m\"");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_ks(&m, "m", "fine");
 	refuse_rep(IPC_OP_BYE, &m, KVT_EPROTO, "unknown key \"m\"");
 	mp_init(&m);
 	mp_map(&m, 4);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_s(&m, "e");
 	mp_i(&m, KVT_ESEQLIMIT);
 	mp_ks(&m, "m", "full");
@@ -1387,25 +1389,25 @@ TEST(codec, refuse_replies)
 	/* hello reply missing a field */
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_ku(&m, "t", 1);
 	refuse_rep(IPC_OP_HELLO, &m, KVT_EPROTO, "missing key \"k\"");
 	/* rows: wrong types, bad rows */
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_ku(&m, "rows", 0);
 	refuse_rep(IPC_OP_STATS, &m, KVT_EPROTO, "rows is");
 	mp_init(&m);
 	mp_map(&m, 2);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	refuse_rep(IPC_OP_CHECK, &m, KVT_EPROTO, "missing key \"rows\"");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_s(&m, "rows");
 	mp_arr(&m, 2);
@@ -1417,7 +1419,7 @@ TEST(codec, refuse_replies)
 	refuse_rep(IPC_OP_CHECK, &m, KVT_EPROTO, "row 1: \"list\"");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_s(&m, "rows");
 	mp_arr(&m, 1);
@@ -1427,7 +1429,7 @@ TEST(codec, refuse_replies)
 	refuse_rep(IPC_OP_CONFIG, &m, KVT_EPROTO, "row 0: duplicate key");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_s(&m, "rows");
 	mp_arr(&m, 1);
@@ -1440,7 +1442,7 @@ TEST(codec, refuse_replies)
 	refuse_rep(IPC_OP_STATS, &m, KVT_EPROTO, "65 columns");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_s(&m, "rows");
 	mp_arr(&m, 1);
@@ -1452,7 +1454,7 @@ TEST(codec, refuse_replies)
 	refuse_rep(IPC_OP_STATS, &m, KVT_EPROTO, "too long");
 	mp_init(&m);
 	mp_map(&m, 3);
-	mp_ku(&m, "v", 1);
+	mp_ku(&m, "v", IPC_PROTO_VERSION);
 	mp_ku(&m, "e", 0);
 	mp_s(&m, "rows");
 	mp_arr(&m, IPC_MAX_ROWS + 1);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "policy.h"
+#include "seqid.h"
 #include "tenant.h"
 #include "test.h"
 
@@ -115,13 +116,16 @@ static struct ipc_hello hello_b(const char *policy, uint64_t quota_chunks)
 	return h;
 }
 
-static void sim_new(struct sim *s, struct pool *pool,
-                    const struct ipc_hello *h, uint64_t default_quota)
+/* A tenant of id `id` on pool, with its table mapped as a client would. */
+static void sim_new_id(struct sim *s, struct pool *pool,
+                       const struct ipc_hello *h, uint64_t default_quota,
+                       uint32_t id)
 {
 	char err[KVT_ERRTEXT_MAX] = "";
 	memset(s, 0, sizeof(*s));
 	s->pool = pool;
-	int rc = tenant_new(pool, 1, h, LIM(default_quota), &s->t, err, sizeof(err));
+	int rc = tenant_new(pool, id, h, LIM(default_quota), &s->t, err,
+	                    sizeof(err));
 	if (rc)
 		th_fail(__FILE__, __LINE__, "tenant_new: %s: %s",
 		        kvt_errname(rc), err);
@@ -130,6 +134,12 @@ static void sim_new(struct sim *s, struct pool *pool,
 	               tenant_table_fd(s->t), 0);
 	T_ASSERT(m != MAP_FAILED);
 	s->table = m;
+}
+
+static void sim_new(struct sim *s, struct pool *pool,
+                    const struct ipc_hello *h, uint64_t default_quota)
+{
+	sim_new_id(s, pool, h, default_quota, 1);
 }
 
 static void sim_free(struct sim *s)
@@ -147,7 +157,7 @@ static void sim_free(struct sim *s)
 static const struct shm_list *lst(const struct sim *s, uint64_t seq,
                                   uint32_t layer, uint32_t head)
 {
-	return shm_list_at((void *)s->table, s->g, (uint32_t)seq, layer, head);
+	return shm_list_at((void *)s->table, s->g, seqid_slot(seq), layer, head);
 }
 
 static uint8_t *page_ptr(const struct sim *s, uint32_t id)
@@ -191,7 +201,7 @@ static void check_clean_at(const struct sim *s, int line)
 static void append(const struct sim *s, uint64_t seq, uint32_t lo,
                    uint32_t hi, uint32_t n_new, const uint32_t *n_seen)
 {
-	uint32_t slot = (uint32_t)seq;
+	uint32_t slot = seqid_slot(seq);
 	for (uint32_t layer = lo; layer < hi; layer++)
 		for (uint32_t head = 0; head < s->g->n_kv_heads; head++) {
 			const struct shm_list *l = lst(s, seq, layer, head);
@@ -253,7 +263,7 @@ static void verify_at(const struct sim *s, uint64_t seq, uint32_t layer,
                       int line)
 {
 	const struct shm_list *l = lst(s, seq, layer, head);
-	uint32_t slot = (uint32_t)seq;
+	uint32_t slot = seqid_slot(seq);
 	uint32_t P = s->g->page_tokens;
 	if (l->len != n)
 		th_fail(__FILE__, line, "layer %u head %u: len %u, expected %u",
@@ -537,7 +547,7 @@ TEST(tenant, open_close_returns_pages)
 
 	uint64_t s1, s2, s3;
 	T_OK(tenant_seq_open(s.t, &s1));
-	T_EQ_U64(s1, 1ull << 32); /* slot 0, generation 1 */
+	T_EQ_U64(s1, seqid_make(1, 1, 0)); /* tenant 1, gen 1, slot 0 */
 	CLEAN(&s);
 	tenant_stats(s.t, &st);
 	/* 2 layers x 2 heads, ceil((0 + 4) / 4) = 1 page each */
@@ -560,7 +570,7 @@ TEST(tenant, open_close_returns_pages)
 	T_EQ(s.log_slot[0], 0);
 
 	T_OK(tenant_seq_open(s.t, &s2));
-	T_EQ_U64(s2, (1ull << 32) | 1);
+	T_EQ_U64(s2, seqid_make(1, 1, 1));
 	CLEAN(&s);
 	tenant_stats(s.t, &st);
 	T_EQ_U64(st.pages_used, 8);
@@ -619,12 +629,12 @@ TEST(tenant, open_close_returns_pages)
 
 	/* same slot, new generation; old ids stay dead */
 	T_OK(tenant_seq_open(s.t, &s3));
-	T_EQ_U64(s3, 2ull << 32);
+	T_EQ_U64(s3, seqid_make(1, 2, 0));
 	T_ERR(tenant_seq_close(s.t, s1), KVT_ENOSEQ);
 	struct ipc_sync_item it = item(s1, 0, 1, 0, 0);
 	T_ERR(tenant_sync(s.t, &it, 1, NULL, 0), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(s.t, 0), KVT_ENOSEQ);
-	T_ERR(tenant_seq_close(s.t, (1ull << 32) | 99), KVT_ENOSEQ);
+	T_ERR(tenant_seq_close(s.t, seqid_make(1, 1, 99)), KVT_ENOSEQ);
 	flush(&s);
 	T_EQ(s.adds, 2);
 	T_EQ(s.log_slot[2], 0);
@@ -632,6 +642,111 @@ TEST(tenant, open_close_returns_pages)
 	CLEAN(&s);
 	sim_free(&s);
 	T_EQ_U64(pool.chunks_used, 0);
+}
+
+/*
+ * Issue 14, item 2: two tenants with a sequence in the same slot and
+ * generation get different ids, and neither can sync, close or query the
+ * other's (ENOSEQ with a reason, nothing changed on either side); the id
+ * of a closed sequence stays unknown once its slot is reused.
+ */
+TEST(tenant, sequence_ids_carry_their_tenant)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 8 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim a, b;
+	sim_new_id(&a, &pool, &h, 0, 1);
+	sim_new_id(&b, &pool, &h, 0, 2);
+	uint64_t sa, sb;
+	T_OK(tenant_seq_open(a.t, &sa));
+	T_OK(tenant_seq_open(b.t, &sb));
+	T_EQ(seqid_slot(sa), 0);
+	T_EQ(seqid_slot(sb), 0);
+	T_ASSERT(sa != sb);
+	struct ipc_sync_item it = item(sa, 0, 3, 0, 0);
+	T_OK(tenant_sync(a.t, &it, 1, NULL, 0));
+	flush(&a);
+	flush(&b);
+
+	struct snap na, nb;
+	snap_take(&a, &na);
+	snap_take(&b, &nb);
+	/* b's counter is 0 like a's was, so only the tenant tells them
+	 * apart. */
+	it = item(sa, 0, 1, 0, 0);
+	REFUSE(&b, &nb, &it, 1, KVT_ENOSEQ);
+	it = item(sb, 1, 1, 0, 0);
+	REFUSE(&a, &na, &it, 1, KVT_ENOSEQ);
+	struct ipc_seq_state q;
+	T_ERR(tenant_seq_query(b.t, sa, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(a.t, sb, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_close(b.t, sa), KVT_ENOSEQ);
+	T_ERR(tenant_seq_close(a.t, sb), KVT_ENOSEQ);
+	SAME(&a, &na);
+	SAME(&b, &nb);
+	free(na.table);
+	free(nb.table);
+	T_OK(tenant_seq_query(a.t, sa, &q));
+	T_EQ(q.syncs, 1);
+	T_EQ(q.len_hi, 3);
+	T_OK(tenant_seq_query(b.t, sb, &q));
+	T_EQ(q.syncs, 0);
+	T_EQ(q.len_hi, 0);
+
+	/* A stale id after its slot was reused. */
+	T_OK(tenant_seq_close(a.t, sa));
+	uint64_t sa2;
+	T_OK(tenant_seq_open(a.t, &sa2));
+	T_EQ(seqid_slot(sa2), 0);
+	T_ASSERT(sa2 != sa);
+	flush(&a);
+	snap_take(&a, &na);
+	it = item(sa, 0, 1, 0, 0);
+	REFUSE(&a, &na, &it, 1, KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(a.t, sa, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_close(a.t, sa), KVT_ENOSEQ);
+	SAME(&a, &na);
+	free(na.table);
+	sim_free(&a);
+	sim_free(&b);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+/*
+ * tenant_seq_query: the counter, tokens seen per layer and list lengths,
+ * here after a sync of layer 0 only (3 new) and one of both layers (2
+ * new) under "full", which keeps everything: layer 0 saw 5, layer 1 saw 2.
+ */
+TEST(tenant, seq_query_counts_and_lengths)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t id;
+	struct ipc_seq_state q;
+	T_OK(tenant_seq_open(s.t, &id));
+	T_OK(tenant_seq_query(s.t, id, &q));
+	T_EQ(q.syncs, 0);
+	T_EQ(q.seen_lo, 0);
+	T_EQ(q.seen_hi, 0);
+	T_EQ(q.len_lo, 0);
+	T_EQ(q.len_hi, 0);
+	struct ipc_sync_item it = item(id, 0, 3, 0, 1);
+	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
+	it = item(id, 1, 2, 0, 0);
+	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
+	T_OK(tenant_seq_query(s.t, id, &q));
+	T_EQ(q.syncs, 2);
+	T_EQ(q.seen_lo, 2);
+	T_EQ(q.seen_hi, 5);
+	T_EQ(q.len_lo, 2);
+	T_EQ(q.len_hi, 5);
+	flush(&s);
+	CLEAN(&s);
+	sim_free(&s);
 }
 
 TEST(tenant, seq_limit)
@@ -651,7 +766,7 @@ TEST(tenant, seq_limit)
 	SAME(&s, &sn);
 	T_OK(tenant_seq_close(s.t, id[2]));
 	T_OK(tenant_seq_open(s.t, &x));
-	T_EQ_U64(x, (2ull << 32) | 2);
+	T_EQ_U64(x, seqid_make(1, 2, 2));
 	CLEAN(&s);
 	sim_free(&s);
 }
@@ -863,13 +978,13 @@ TEST(tenant, sync_refusals_change_nothing)
 	/* unknown sequences */
 	it[0] = item(s3, 0, 1, 0, 0);
 	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* closed */
-	it[0] = item((1ull << 32) | 99, 0, 1, 0, 0);
+	it[0] = item(seqid_make(1, 1, 99), 0, 1, 0, 0);
 	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* slot beyond max_seqs */
 	it[0] = item(0, 0, 1, 0, 0);
 	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* garbage */
 	it[0] = item(~0ull, 0, 1, 0, 0);
 	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ);
-	it[0] = item((5ull << 32) | (uint32_t)s1, c1, 1, 0, 0);
+	it[0] = item(seqid_make(1, 5, seqid_slot(s1)), c1, 1, 0, 0);
 	REFUSE(&s, &sn, it, 1, KVT_ENOSEQ); /* open slot, wrong generation */
 	it[0] = item(s1, c1, 1, 0, 0);
 	it[1] = item(0, 0, 1, 0, 0);
@@ -1184,7 +1299,7 @@ TEST(tenant, check_detects_corrupt_table)
 	T_ASSERT(mmap(NULL, g->table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
 	              tenant_table_fd(s.t), 0) == MAP_FAILED);
 	uint8_t *rw = daemon_mapping(tenant_table_fd(s.t));
-	struct shm_list *l = shm_list_at(rw, g, (uint32_t)sq, 1, 1);
+	struct shm_list *l = shm_list_at(rw, g, seqid_slot(sq), 1, 1);
 	T_EQ(l->n_pages, 2);
 	char d[KVT_ERRTEXT_MAX];
 
@@ -1211,7 +1326,7 @@ TEST(tenant, check_detects_corrupt_table)
 	CLEAN(&s);
 
 	/* a closed slot that claims entries */
-	struct shm_list *c = shm_list_at(rw, g, (uint32_t)sq2, 0, 0);
+	struct shm_list *c = shm_list_at(rw, g, seqid_slot(sq2), 0, 0);
 	c->len = 1;
 	T_ASSERT(tenant_check(s.t, d, sizeof(d)) > 0);
 	c->len = 0;
@@ -1322,7 +1437,7 @@ static void stage_uniform(const struct sim *s, void *stage, uint64_t seq,
                           uint32_t pos)
 {
 	for (uint32_t layer = 0; layer < s->g->n_layers; layer++) {
-		float *row = shm_stage_at(stage, s->g, (uint32_t)seq, layer, pos);
+		float *row = shm_stage_at(stage, s->g, seqid_slot(seq), layer, pos);
 		memset(row, 0, s->g->stage_entry_floats * sizeof(float));
 	}
 }
@@ -1381,6 +1496,30 @@ TEST(tenant, policy_refusals_at_registration)
 	T_ERR(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)), KVT_EPOLICY);
 	T_ASSERT(strstr(err, "/nonexistent"));
 	T_ASSERT(t == NULL);
+	T_EQ_U64(pool.chunks_used, 0);
+}
+
+/* model= paths must be absolute (docs/weights.md "Paths"): the daemon's
+ * working directory means nothing to the engine that wrote the spec. */
+TEST(tenant, relative_model_paths_are_refused)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	static const char *const bad[] = {
+		"kvzap:model=kvzap.safetensors",
+		"kvzap:threshold=-4,model=./w/kvzap.safetensors,window=4",
+		"fastkvzip:model=../gate",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct ipc_hello h = hello_a(bad[i]);
+		struct tenant *t = NULL;
+		char err[KVT_ERRTEXT_MAX] = "";
+		h.stage_tokens = 4;
+		T_ERR(tenant_new(&pool, 1, &h, LIM(0), &t, err, sizeof(err)),
+		      KVT_EPOLICY);
+		T_ASSERT(strstr(err, "relative path"));
+		T_ASSERT(t == NULL);
+	}
 	T_EQ_U64(pool.chunks_used, 0);
 }
 

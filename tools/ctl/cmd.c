@@ -34,6 +34,7 @@ static int row_is(const struct ipc_row *row, const char *who)
  * Daemon-wide stats, or one tenant's row.  The tenant's row comes from the
  * tenants op, filtered here: it carries every per-tenant counter, and the
  * filter then works whatever the daemon does with stats' optional "tenant".
+ * A name several tenants share is refused (exit 2) with their ids.
  */
 int cmd_stats(struct ctl *c, const char *tenant)
 {
@@ -44,11 +45,31 @@ int cmd_stats(struct ctl *c, const char *tenant)
 		return 2;
 	}
 	const struct ipc_row *row = NULL;
-	for (uint32_t i = 0; i < rep.table.n && !row; i++)
-		if (!tenant || row_is(&rep.table.rows[i], tenant))
+	uint32_t n = 0;
+	char ids[256] = "";
+	for (uint32_t i = 0; i < rep.table.n; i++) {
+		if (tenant && !row_is(&rep.table.rows[i], tenant))
+			continue;
+		if (!row)
 			row = &rep.table.rows[i];
+		const struct ipc_val *id = codec_row_get(&rep.table.rows[i],
+		                                         "id");
+		size_t at = strlen(ids);
+		if (id && id->type == IPC_VAL_U64 && at < sizeof(ids) - 24)
+			snprintf(ids + at, sizeof(ids) - at, "%s%" PRIu64,
+			         n ? ", " : "", id->v.u);
+		n++;
+		if (!tenant)
+			break;
+	}
 	int rc = 0;
-	if (!row) {
+	if (n > 1) {
+		/* Names may repeat; one of them picked silently would show
+		 * another engine's counters. */
+		fprintf(stderr, "kvtrimctl: stats: %u tenants are named %s "
+		        "(ids %s): give the id\n", (unsigned)n, tenant, ids);
+		rc = 2;
+	} else if (!row) {
 		if (tenant)
 			fprintf(stderr, "kvtrimctl: stats: no tenant named %s\n",
 			        tenant);
