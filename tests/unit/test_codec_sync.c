@@ -92,10 +92,10 @@ TEST(codec_sync, reply_carries_pressure_and_budget)
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	T_OK(codec_rep_encode(IPC_OP_SYNC, &r, &buf, &len));
-	/* {"v": 1, "e": 0, "press": 333333 (uint32 0x00051615),
+	/* {"v": 2, "e": 0, "press": 333333 (uint32 0x00051615),
 	 *  "budget": 7} */
 	static const uint8_t want[] = {
-		0x84, 0xa1, 'v', 0x01, 0xa1, 'e', 0x00,
+		0x84, 0xa1, 'v', 0x02, 0xa1, 'e', 0x00,
 		0xa5, 'p', 'r', 'e', 's', 's', 0xce, 0x00, 0x05, 0x16, 0x15,
 		0xa6, 'b', 'u', 'd', 'g', 'e', 't', 0x07,
 	};
@@ -111,7 +111,7 @@ TEST(codec_sync, reply_carries_pressure_and_budget)
 	/* both absent (no pressure, no entry budget): the reply of before */
 	memset(&r, 0, sizeof(r));
 	T_OK(codec_rep_encode(IPC_OP_SYNC, &r, &buf, &len));
-	static const uint8_t bare[] = {0x82, 0xa1, 'v', 0x01, 0xa1, 'e', 0x00};
+	static const uint8_t bare[] = {0x82, 0xa1, 'v', 0x02, 0xa1, 'e', 0x00};
 	T_EQ(len, sizeof(bare));
 	T_ASSERT(!memcmp(buf, bare, len));
 	T_OK(codec_rep_decode(IPC_OP_SYNC, buf, len, &out, why, sizeof(why)));
