@@ -83,7 +83,9 @@ obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
 CORE_OBJ   := $(call obj,$(CORE_SRC))
 IPC_OBJ    := $(call obj,$(IPC_SRC))
-CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+# libkvtrim runs kvt_attention on host tenants with the CPU kernel; the
+# object is hidden there like the rest (only kvt_* is exported).
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC) kernels/cpu/paged_attention.c)
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC) $(BACKEND_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
 TINY_OBJ   := $(call obj,$(TINY_SRC))

@@ -12,6 +12,7 @@
  *   sync.c     kvt_sync, kvt_sync_async and kvt_wait (one nng context per
  *              ticket), and the device ordering around them
  *   device.c   the cuda-facing calls (stream, table view, memcpy)
+ *   attention.c kvt_attention (the CPU kernel, or the backend's op)
  *
  * Threads: a kvt_client is used from one thread at a time; only `gone` is
  * written from an nng thread (client_pipe_gone), atomically.
@@ -73,6 +74,11 @@ struct kvt_client {
 	struct seq_slot *seqs; /* [cfg.max_seqs] */
 	struct ticket tickets[CLIENT_MAX_TICKETS];
 	uint32_t ticket_gen;
+	/* kvt_attention on a host tenant (attention.c), allocated on first
+	 * use: page addresses [n_kv_heads][max_pages] and logits
+	 * [G][max_pages * page_tokens]. */
+	void **attn_pages;
+	float *attn_logits;
 };
 
 /* ---------------------------------------------------------------- rpc.c */
@@ -117,6 +123,11 @@ int client_seq_lookup(const kvt_client *c, kvt_seq seq, uint32_t *slot);
 /* The list record of an open, idle sequence, after checking every index. */
 int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
                    uint32_t kv_head, const struct shm_list **out);
+
+/* ---------------------------------------------------------------- attention.c */
+
+/* Frees kvt_attention's host buffers (safe when none were allocated). */
+void client_attention_free(kvt_client *c);
 
 /* ---------------------------------------------------------------- sync.c */
 
