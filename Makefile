@@ -163,7 +163,7 @@ $(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The prefix is baked in, so the file is rewritten whenever PREFIX changes.
-PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: -lnng -lmsgpackc -lpthread\nCflags: -I$${includedir}\n
+PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: -lnng -lmsgpackc -lpthread -lm\nCflags: -I$${includedir}\n
 $(LIB_PC): FORCE
 	@mkdir -p $(dir $@)
 	@printf '$(PC_TEXT)' > $@.tmp
