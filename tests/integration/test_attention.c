@@ -74,10 +74,41 @@ static void kind_free(struct mem_kind *k, void *p)
 		free(p);
 }
 
+static void kind_free3(struct mem_kind *k, void *a, void *b, void *c)
+{
+	kind_free(k, a);
+	kind_free(k, b);
+	kind_free(k, c);
+}
+
 static void kind_close(struct mem_kind *k)
 {
 	if (k->ops)
 		k->ops->ctx_free(k->ctx);
+}
+
+/* A daemon, one tenant on it, its memory kind and one open sequence. */
+struct fix {
+	struct th_daemon d;
+	kvt_client *c;
+	struct mem_kind k;
+	kvt_seq s;
+};
+
+/* Connects cfg (from th_small_cfg(&f->d, ...) after th_daemon_start). */
+static void fix_connect(struct fix *f, const struct kvt_config *cfg)
+{
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(cfg, &f->c, err));
+	kind_open(&f->k, f->c);
+	T_OK(kvt_seq_open(f->c, &f->s));
+}
+
+static void fix_stop(struct fix *f)
+{
+	kind_close(&f->k);
+	kvt_disconnect(f->c);
+	T_EQ(th_daemon_stop(&f->d), 0);
 }
 
 /* Deterministic values in [-1, 1). */
@@ -214,9 +245,7 @@ static double check_layer(struct mem_kind *k, kvt_seq s, uint32_t layer,
 		free(V);
 		free(w);
 	}
-	kind_free(k, dq);
-	kind_free(k, dout);
-	kind_free(k, dlse);
+	kind_free3(k, dq, dout, dlse);
 	free(q);
 	free(out);
 	free(lse);
@@ -232,36 +261,28 @@ static void run_chunks(enum kvt_dtype dt, uint32_t H, uint32_t Hkv,
                        uint32_t max_tokens, uint32_t headroom,
                        const uint32_t *chunks, uint32_t n_chunks)
 {
-	struct th_daemon d;
-	char err[KVT_ERRTEXT_MAX];
-	th_daemon_start(&d, "64M", NULL);
-	struct kvt_config cfg = th_small_cfg(&d, "attn", policy);
+	struct fix f;
+	th_daemon_start(&f.d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&f.d, "attn", policy);
 	cfg.geo = (struct kvt_geometry){2, H, Hkv, hd, 32};
 	cfg.dtype = dt;
 	cfg.page_tokens = page_tokens;
 	cfg.max_tokens = max_tokens;
 	cfg.headroom = headroom;
-	kvt_client *c;
-	T_OK(kvt_connect(&cfg, &c, err));
-	struct mem_kind k;
-	kind_open(&k, c);
-	kvt_seq s;
-	T_OK(kvt_seq_open(c, &s));
+	fix_connect(&f, &cfg);
 	/* Errors of the float kernels over the same stored values only. */
 	double tol = 2e-5 * sqrt((double)hd) + 1e-5;
 	for (uint32_t i = 0; i < n_chunks; i++) {
 		uint32_t n = chunks[i];
-		append_random(c, s, n);
+		append_random(f.c, f.s, n);
 		for (uint32_t l = 0; l < cfg.geo.n_layers; l++)
-			check_layer(&k, s, l, n, tol);
-		struct kvt_sync_item it = {.seq = s, .n_new = n,
+			check_layer(&f.k, f.s, l, n, tol);
+		struct kvt_sync_item it = {.seq = f.s, .n_new = n,
 		                           .phase = n > 1 ? KVT_PHASE_PREFILL
 		                                          : KVT_PHASE_DECODE};
-		T_OK(kvt_sync(c, &it, 1));
+		T_OK(kvt_sync(f.c, &it, 1));
 	}
-	kind_close(&k);
-	kvt_disconnect(c);
-	T_EQ(th_daemon_stop(&d), 0);
+	fix_stop(&f);
 }
 
 static const uint32_t mixed[] = {5, 1, 8, 3, 1, 1, 7, 2, 8, 8, 4};
@@ -306,16 +327,13 @@ TEST_T(attention, long_lists_match_naive, 120)
  * so out is its V row and lse its scaled logit (by hand). */
 TEST(attention, empty_list_and_first_token)
 {
-	struct th_daemon d;
-	char err[KVT_ERRTEXT_MAX];
-	th_daemon_start(&d, "64M", NULL);
-	struct kvt_config cfg = th_small_cfg(&d, "attn0", "full");
-	kvt_client *c;
-	T_OK(kvt_connect(&cfg, &c, err));
-	struct mem_kind k;
-	kind_open(&k, c);
-	kvt_seq s;
-	T_OK(kvt_seq_open(c, &s));
+	struct fix f;
+	th_daemon_start(&f.d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&f.d, "attn0", "full");
+	fix_connect(&f, &cfg);
+	kvt_client *c = f.c;
+	kvt_seq s = f.s;
+	struct mem_kind *k = &f.k;
 	struct kvt_list li;
 	T_OK(kvt_list_get(c, s, 0, 0, &li));
 	T_EQ(li.len, 0);
@@ -338,9 +356,9 @@ TEST(attention, empty_list_and_first_token)
 	float q[4][8] = {{0}}, out[4][8], lse[4];
 	for (int j = 0; j < 4; j++)
 		q[j][0] = 2.0f;
-	float *dq = kind_alloc(&k, sizeof(q));
-	float *dout = kind_alloc(&k, sizeof(out));
-	float *dlse = kind_alloc(&k, sizeof(lse));
+	float *dq = kind_alloc(k, sizeof(q));
+	float *dout = kind_alloc(k, sizeof(out));
+	float *dlse = kind_alloc(k, sizeof(lse));
 	T_OK(kvt_memcpy(c, dq, q, sizeof(q)));
 	T_OK(kvt_attention(c, s, 1, 1, dq, dout, dlse));
 	T_OK(kvt_memcpy(c, out, dout, sizeof(out)));
@@ -353,27 +371,20 @@ TEST(attention, empty_list_and_first_token)
 			T_ASSERT(fabsf(out[j][i] - (float)((h + 1) * (i + 1))) <
 			         1e-6f);
 	}
-	kind_free(&k, dq);
-	kind_free(&k, dout);
-	kind_free(&k, dlse);
-	kind_close(&k);
-	kvt_disconnect(c);
-	T_EQ(th_daemon_stop(&d), 0);
+	kind_free3(k, dq, dout, dlse);
+	fix_stop(&f);
 }
 
 /* Every bad argument: its code, a reason, and out / lse untouched. */
 TEST(attention, bad_arguments_change_nothing)
 {
-	struct th_daemon d;
-	char err[KVT_ERRTEXT_MAX];
-	th_daemon_start(&d, "64M", NULL);
-	struct kvt_config cfg = th_small_cfg(&d, "attnbad", "full");
-	kvt_client *c;
-	T_OK(kvt_connect(&cfg, &c, err));
-	struct mem_kind k;
-	kind_open(&k, c);
-	kvt_seq s, closed;
-	T_OK(kvt_seq_open(c, &s));
+	struct fix f;
+	th_daemon_start(&f.d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&f.d, "attnbad", "full");
+	fix_connect(&f, &cfg);
+	kvt_client *c = f.c;
+	kvt_seq s = f.s, closed;
+	struct mem_kind *k = &f.k;
 	T_OK(kvt_seq_open(c, &closed));
 	T_OK(kvt_seq_close(c, closed));
 	append_random(c, s, 4);
@@ -382,8 +393,8 @@ TEST(attention, bad_arguments_change_nothing)
 	float sentinel[4 * 4 * 8], back[4 * 4 * 8];
 	for (size_t i = 0; i < sizeof(sentinel) / sizeof(float); i++)
 		sentinel[i] = 1234.5f;
-	float *dq = kind_alloc(&k, qb), *dout = kind_alloc(&k, qb);
-	float *dlse = kind_alloc(&k, lb);
+	float *dq = kind_alloc(k, qb), *dout = kind_alloc(k, qb);
+	float *dlse = kind_alloc(k, lb);
 	T_OK(kvt_memcpy(c, dq, sentinel, qb));
 	T_OK(kvt_memcpy(c, dout, sentinel, qb));
 	T_OK(kvt_memcpy(c, dlse, sentinel, lb));
@@ -400,7 +411,7 @@ TEST(attention, bad_arguments_change_nothing)
 	T_ERR(kvt_attention(c, s, 0, 1, dq, NULL, dlse), KVT_EINVAL);
 	T_ERR(kvt_attention(c, s, 0, 1, dq, dout, NULL), KVT_EINVAL);
 	T_ASSERT(strstr(kvt_last_error(c), "NULL"));
-	if (k.ops) {
+	if (k->ops) {
 		/* host memory passed to a cuda tenant */
 		T_ERR(kvt_attention(c, s, 0, 1, sentinel, dout, dlse),
 		      KVT_EINVAL);
@@ -425,11 +436,7 @@ TEST(attention, bad_arguments_change_nothing)
 	T_OK(kvt_memcpy(c, back, dlse, lb));
 	T_ASSERT(back[0] != 1234.5f && isfinite(back[0]));
 
-	kind_free(&k, dq);
-	kind_free(&k, dout);
-	kind_free(&k, dlse);
-	kind_close(&k);
-	kvt_disconnect(c);
 	T_ERR(kvt_attention(NULL, 1, 0, 0, NULL, NULL, NULL), KVT_EINVAL);
-	T_EQ(th_daemon_stop(&d), 0);
+	kind_free3(k, dq, dout, dlse);
+	fix_stop(&f);
 }
