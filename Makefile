@@ -100,7 +100,9 @@ obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
 CORE_OBJ   := $(call obj,$(CORE_SRC))
 IPC_OBJ    := $(call obj,$(IPC_SRC))
-CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+# libkvtrim runs kvt_attention on host tenants with the CPU kernel; the
+# object is hidden there like the rest (only kvt_* is exported).
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC) kernels/cpu/paged_attention.c)
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC) $(BACKEND_SRC) $(POLICY_SRC) $(KERNEL_SRC))
 POLICY_OBJ := $(call obj,$(POLICY_SRC) $(KERNEL_SRC))
 ENGINE_OBJ := $(call obj,$(ENGINE_SRC))
@@ -183,7 +185,7 @@ $(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The prefix is baked in, so the file is rewritten whenever PREFIX changes.
-PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: $(if $(NNG_A),,-lnng )-lmsgpackc -lpthread\nCflags: -I$${includedir}\n
+PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: $(if $(NNG_A),,-lnng )-lmsgpackc -lpthread -lm\nCflags: -I$${includedir}\n
 $(LIB_PC): FORCE
 	@mkdir -p $(dir $@)
 	@printf '$(PC_TEXT)' > $@.tmp

@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 3
+#define KVT_BACKEND_ABI 4
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -85,6 +85,32 @@ struct kvt_backend_compact {
 struct kvt_backend_region {
 	uint64_t off;
 	uint64_t bytes;
+};
+
+/*
+ * One kvt_attention call on the device (ABI 4): n query tokens of one
+ * (sequence, layer) over its n_kv_heads lists, read from the device copy
+ * of the table.  Everything but this struct is device memory.
+ */
+struct kvt_backend_attention {
+	const void *records;      /* the list record (struct kvt_list_record)
+	                             of KV head 0; head h's is at
+	                             records + h * list_stride */
+	uint64_t list_stride;
+	void *const *chunk_bases; /* [n_chunk_slots] chunk bases, NULL when
+	                             unmapped */
+	uint32_t n_chunk_slots, pages_per_chunk;
+	uint64_t page_bytes;
+	uint32_t max_pages;       /* page ids a record holds */
+	uint32_t page_tokens, head_dim, n_heads, n_kv_heads;
+	enum kvt_dtype dtype;
+	uint32_t n;               /* query tokens, >= 1 */
+	uint32_t max_len;         /* longest list + n (the caller checked
+	                             every record on the host) */
+	float scale;
+	const float *q;           /* [n][n_heads][head_dim] */
+	float *out;               /* [n][n_heads][head_dim] */
+	float *lse;               /* [n][n_heads] */
 };
 
 struct kvt_backend_ops {
@@ -194,6 +220,19 @@ struct kvt_backend_ops {
 	 * without blocking its loop. */
 	int (*stream_notify)(void *ctx, void *stream, void (*fn)(void *),
 	                     void *arg);
+	/* (optional; ABI 4) Queues on stream the causal attention of
+	 * kvt_attention (kvtrim.h): token k of a->n reads the first
+	 * len + k + 1 entries of each list, len being the record's; the page
+	 * addresses are resolved on the device from the records and
+	 * chunk_bases, so nothing crosses from the host but the launch.
+	 * KVT_EINVAL when q, out or lse is not device memory, KVT_ENOTSUP
+	 * for head_dim > 256; returns without blocking on the device work.
+	 * A record naming a page outside the mapped chunks (a broken
+	 * daemon) makes its list attend over nothing (out 0, lse -inf)
+	 * rather than fault.  The cpu table leaves it NULL: libkvtrim runs
+	 * paged_attention_cpu itself. */
+	int (*attention)(void *ctx, const struct kvt_backend_attention *a,
+	                 void *stream);
 };
 
 /*

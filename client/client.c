@@ -72,6 +72,7 @@ static void destroy(kvt_client *c)
 	if (c->hfd >= 0)
 		close(c->hfd);
 	mem_fini(&c->mem);
+	client_attention_free(c);
 	free(c->seqs);
 	free(c);
 }

@@ -12,6 +12,7 @@
  *   sync.c     kvt_sync, kvt_sync_async and kvt_wait (one nng context per
  *              ticket), and the device ordering around them
  *   device.c   the cuda-facing calls (stream, table view, memcpy)
+ *   attention.c kvt_attention (the CPU kernel, or the backend's op)
  *
  * Threads: a kvt_client is used from one thread at a time; only `gone` is
  * written from an nng thread (client_pipe_gone), atomically.
@@ -85,6 +86,11 @@ struct kvt_client {
 	struct ticket tickets[CLIENT_MAX_TICKETS];
 	uint32_t ticket_gen;
 	struct kvt_sync_info last_sync; /* what the last accepted sync applied */
+	/* kvt_attention on a host tenant (attention.c), allocated on first
+	 * use: page addresses [n_kv_heads][max_pages] and logits
+	 * [G][max_pages * page_tokens]. */
+	void **attn_pages;
+	float *attn_logits;
 };
 
 /* ---------------------------------------------------------------- rpc.c */
@@ -138,6 +144,11 @@ int client_list_of(const kvt_client *c, kvt_seq seq, uint32_t layer,
 /* After a sync of seq failed with rc: a timeout or an unreadable reply
  * leaves it in doubt (struct seq_slot), other codes change nothing. */
 void client_seq_doubt(kvt_client *c, kvt_seq seq, int rc);
+
+/* ---------------------------------------------------------------- attention.c */
+
+/* Frees kvt_attention's host buffers (safe when none were allocated). */
+void client_attention_free(kvt_client *c);
 
 /* ---------------------------------------------------------------- sync.c */
 

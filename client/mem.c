@@ -409,6 +409,19 @@ int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
 	return 0;
 }
 
+int mem_attention(struct mem *m, const struct kvt_backend_attention *a,
+                  void *stream, char *err, size_t errlen)
+{
+	if (!m->bops || !m->bops->attention)
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "no device "
+		                  "attention in this backend");
+	int rc = m->bops->attention(m->bctx, a, stream);
+	if (rc < 0)
+		return errors_fmt(err, errlen, rc, "cuda backend: %s",
+		                  m->bops->last_error());
+	return 0;
+}
+
 int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen)
 {
 	if (!m->bops)

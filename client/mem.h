@@ -104,6 +104,12 @@ int mem_table_view(const struct mem *m, struct kvt_table_view *out);
 int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
              void *stream, char *err, size_t errlen);
 
+/* Device tenants: queues the backend's attention op (kvt_attention) on
+ * stream.  KVT_ENOTSUP on a host tenant or a library without the op, else
+ * the op's code with the reason in err. */
+int mem_attention(struct mem *m, const struct kvt_backend_attention *a,
+                  void *stream, char *err, size_t errlen);
+
 /* True once the table and the staging segment are mapped (and, on a
  * device tenant, the device table imported). */
 int mem_ready(const struct mem *m);

@@ -542,6 +542,50 @@ KVT_API int kvt_list_record(const kvt_client *c, kvt_seq seq,
                             const struct kvt_list_record **out,
                             uint32_t *slot);
 
+/* ---------------------------------------------------------------- attention */
+
+/*
+ * The attention an engine runs in one layer for n new tokens of a
+ * sequence, over that layer's lists, after writing their K and V
+ * (kvt_kv_ptr, k < n) and before the sync that commits them: the new
+ * entries sit at len .. len + n - 1 of each KV head's list (len: its
+ * committed length, which may differ between heads), and token k of the n
+ * (0 <= k < n) sees the first len + k + 1 entries (causal inside the
+ * chunk, so a prefill of n tokens at once equals n single steps).  Query
+ * head h reads KV head h / (n_heads / n_kv_heads); with
+ * scale = 1 / sqrt(head_dim), over those entries i:
+ *   out[k][h][:] = sum_i softmax_i(q[k][h] . K_i * scale) V_i
+ *   lse[k][h]    = log sum_i exp(q[k][h] . K_i * scale)   (natural log)
+ * Shapes, float32 (pages in the tenant's dtype, f32, f16 or bf16):
+ *   q   [n][n_heads][head_dim]   post-RoPE queries (as kvt_stage_q wants)
+ *   out [n][n_heads][head_dim]
+ *   lse [n][n_heads]             (as kvt_stage_lse wants)
+ * out and lse must not overlap q.
+ *
+ * Memory and timing follow kvt_memory_kind, where the engine computes:
+ * on a host tenant q, out and lse are host memory and the CPU kernel has
+ * written out and lse when the call returns; on a cuda tenant they are
+ * CUDA device memory of this process (KVT_EINVAL otherwise), and the CUDA
+ * kernel is queued on the client's stream (kvt_set_stream) after the work
+ * already queued there (the engine's K/V writes) and returns at once:
+ * out and lse are ready for work queued on that stream afterwards.  It
+ * reads the device copy of the table, so no bytes cross between host and
+ * device; head_dim up to 256 there (KVT_ENOTSUP beyond).
+ *
+ * n 0 computes nothing (q, out and lse may then be NULL).  Every argument
+ * is checked before anything is computed; an error writes nothing and
+ * kvt_last_error says why: KVT_EINVAL (NULL client, NULL pointer with
+ * n > 0, layer out of range, on cuda a pointer that is not device
+ * memory), KVT_ENOSEQ (not an open sequence), KVT_EBUSY (its sync is in
+ * flight), KVT_EHEADROOM (n beyond the headroom), KVT_EPROTO (a list
+ * without the pages of its len + n entries: a daemon bug), KVT_ENOMEM
+ * (host buffers, allocated on the first call), KVT_ESYS (CUDA error),
+ * KVT_ECONN (daemon gone).
+ */
+KVT_API int kvt_attention(kvt_client *c, kvt_seq seq, uint32_t layer,
+                          uint32_t n, const float *q, float *out,
+                          float *lse);
+
 /* ---------------------------------------------------------------- stats */
 
 struct kvt_tenant_stats {

@@ -30,6 +30,7 @@
  *   share.cu     chunks: VMM export and import as fds, legacy IPC
  *   streams.cu   streams and interprocess events
  *   ops.cu       compaction, uploads, reads and copies (the staging slots)
+ *   attention.cu kvt_attention's causal paged attention (ABI 4)
  * around the private header backend_cuda.cuh.
  */
 #include <stdarg.h>
@@ -98,4 +99,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .mem_free = */ bc_mem_free,
 	/* .upload_regions = */ bc_upload_regions,
 	/* .stream_notify = */ bc_stream_notify,
+	/* .attention = */ bc_attention,
 };

@@ -111,9 +111,16 @@ struct bc_ctx {
 	/* read_regions: source addresses, then the gathered bytes */
 	char *d_gather;
 	size_t gather_cap;
-	/* Guards st[], st_next and d_gather: the daemon calls compact,
-	 * upload_regions and read_regions from several threads at once
-	 * (syncs on worker threads); the rest of the ops use no shared
+	/* attention (attention.cu): resolved page addresses, per-list
+	 * offsets and lengths, split-K partials; attn_used follows the last
+	 * call that read it. */
+	char *d_attn;
+	size_t attn_cap;
+	cudaEvent_t attn_used;
+	int attn_recorded;
+	/* Guards st[], st_next, d_gather and d_attn: the daemon calls
+	 * compact, upload_regions and read_regions from several threads at
+	 * once (syncs on worker threads); the rest of the ops use no shared
 	 * state of the context. */
 	pthread_mutex_t lock;
 };
@@ -160,6 +167,10 @@ int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
 int bc_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream);
 int bc_mem_new(void *ctx, size_t bytes, void **out);
 void bc_mem_free(void *ctx, void *p);
+
+/* attention.cu: kvt_attention on the device */
+int bc_attention(void *ctx, const struct kvt_backend_attention *a,
+                 void *stream);
 
 /* backend_cuda.cu */
 const char *bc_last_error(void);

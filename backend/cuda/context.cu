@@ -225,6 +225,12 @@ void bc_ctx_free(void *ctx)
 		bc_stage_fini(&c->st[i]);
 	if (c->d_gather)
 		cudaFree(c->d_gather);
+	if (c->attn_recorded)
+		cudaEventSynchronize(c->attn_used);
+	if (c->d_attn)
+		cudaFree(c->d_attn);
+	if (c->attn_used)
+		cudaEventDestroy(c->attn_used);
 	if (c->stream)
 		cudaStreamDestroy(c->stream);
 	pthread_mutex_destroy(&c->lock);

@@ -3,7 +3,9 @@
 # is found (HAVE_CUDA=1; USE_CUDA=yes|no|auto decides), into:
 #   $(B)/lib/libkvtrim-cuda.so    kernels + the backend (dlopen'd by kvtrimd;
 #                                 exports kvt_cuda_backend_v1 and *_cuda only)
-#   $(B)/bin/kvtrim-cuda-tests    CPU-vs-CUDA kernel tests (skip without GPU)
+#   $(B)/bin/kvtrim-cuda-tests    CPU-vs-CUDA kernel and backend tests
+#                                 (tests/kernels/test_cuda_*.c; skip
+#                                 without GPU)
 #   $(B)/bin/kvtrim-cuda-bench    GPU benchmarks against their floors
 # kvtrimd and libkvtrim never link CUDA; `make gpu-check` runs
 # scripts/gpu-check.sh on a GPU host.
@@ -71,6 +73,7 @@ $(CUDA_SO): $(CUDA_OBJ) backend/cuda/exports.map
 $(B)/obj/tests/kernels/test_cuda_kernels.o: KVT_CFLAGS += -isystem $(CUDA_INC) -Ikernels/cuda
 
 $(CUDA_TESTS): $(B)/obj/tests/kernels/test_cuda_kernels.o \
+               $(B)/obj/tests/kernels/test_cuda_attention.o \
                $(B)/obj/tests/harness/runner.o \
                $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)

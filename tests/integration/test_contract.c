@@ -244,7 +244,7 @@ TEST_T(contract, static_library_exports_only_kvt_symbols, 60)
 	const char *src = scratch_file("engine.c", tiny_engine);
 	int rc = th_sh(NULL, out, sizeof(out),
 	               ENGINE_CC "-std=c11 -Iinclude -o %s/engine %s %s/libkvtrim.a "
-	               "-lnng -lmsgpackc -lpthread", th_tmpdir(), src, lib);
+	               "-lnng -lmsgpackc -lpthread -lm", th_tmpdir(), src, lib);
 	if (rc)
 		th_fail(__FILE__, __LINE__, "static link failed (%d):\n%s", rc,
 		        out);

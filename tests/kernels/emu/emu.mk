@@ -1,7 +1,7 @@
 # tests/kernels/emu/emu.mk — the CUDA kernels on the CPU, included by the
 # top-level Makefile after backend/cuda/cuda.mk.  Builds
 #   $(B)/bin/kvtrim-cuda-emu-tests
-# the same tests/kernels/test_cuda_kernels.c as kvtrim-cuda-tests, but
+# the same tests/kernels/test_cuda_*.c as kvtrim-cuda-tests, but
 # against kernels/cuda/*.cu compiled by g++ under the emulator of this
 # directory (docs/cuda.md, "CPU emulation of the kernels"), so the kernels
 # run, and are compared with kernels/cpu, on a machine without a GPU.  It
@@ -97,7 +97,10 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 	  rm -f $@.tmp; exit 1; \
 	fi; mv $@.tmp $@
 
-$(CUDA_EMU_TESTS): $(EMU_TOBJ) $(EMU_KOBJ) $(EMU_ROBJ) \
+# test_cuda_attention.c uses no CUDA header: the generic rule's object
+# serves both test binaries.
+$(CUDA_EMU_TESTS): $(EMU_TOBJ) $(B)/obj/tests/kernels/test_cuda_attention.o \
+                   $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
                    $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ)
 	@mkdir -p $(dir $@)

@@ -779,6 +779,33 @@ extern "C" cudaError_t cudaFree(void *p)
 	return cudaSuccess;
 }
 
+extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a,
+                                               const void *p)
+{
+	EMU_API_LOCK();
+	EMU_STICKY();
+	if (!a)
+		return fail(cudaErrorInvalidValue,
+		            "cudaPointerGetAttributes: NULL");
+	memset(a, 0, sizeof(*a));
+	uintptr_t u = (uintptr_t)p;
+	auto it = pinned.upper_bound(u);
+	bool host = it != pinned.begin() &&
+	            (--it, u - it->first < (it->second ? it->second : 1));
+	if (p && is_device(p, 1)) {
+		a->type = cudaMemoryTypeDevice;
+		a->devicePointer = (void *)p;
+	} else if (p && host) {
+		a->type = cudaMemoryTypeHost;
+		a->hostPointer = (void *)p;
+	} else {
+		a->type = cudaMemoryTypeUnregistered;
+		a->device = -2; /* as CUDA reports an unregistered address */
+		a->hostPointer = (void *)p;
+	}
+	return cudaSuccess;
+}
+
 extern "C" cudaError_t cudaMallocHost(void **p, size_t n)
 {
 	EMU_API_LOCK();

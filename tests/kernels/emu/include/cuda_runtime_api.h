@@ -107,6 +107,20 @@ typedef struct cudaIpcMemHandle_st {
 	char reserved[CUDA_IPC_HANDLE_SIZE];
 } cudaIpcMemHandle_t;
 
+/* cudaPointerGetAttributes: what memory an address is in. */
+enum cudaMemoryType {
+	cudaMemoryTypeUnregistered = 0,
+	cudaMemoryTypeHost = 1,
+	cudaMemoryTypeDevice = 2,
+	cudaMemoryTypeManaged = 3
+};
+struct cudaPointerAttributes {
+	enum cudaMemoryType type;
+	int device;
+	void *devicePointer;
+	void *hostPointer;
+};
+
 enum cudaGetDriverEntryPointFlags {
 	cudaEnableDefault = 0x0,
 	cudaEnableLegacyStream = 0x1,
@@ -162,6 +176,10 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr,
                                  int value);
 
 cudaError_t cudaMalloc(void **p, size_t n);
+/* Device for an address inside an allocation or import, Host inside a
+ * cudaMallocHost block, else Unregistered (success, as CUDA 11+). */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a,
+                                     const void *p);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t n);
 cudaError_t cudaFreeHost(void *p);
