@@ -15,9 +15,13 @@
 struct engine {
 	const struct model *m;
 	kvt_client *c;
-	kvt_seq seq;
-	int seq_open;
-	uint32_t pos;          /* tokens fed (next original position) */
+	uint32_t batch;        /* sequences */
+	kvt_seq *seq;          /* [batch] */
+	uint8_t *seq_open;     /* [batch] */
+	uint32_t *pos;         /* [batch] tokens fed (next original position) */
+	uint32_t *bpos;        /* [batch] positions of a batched step */
+	struct kvt_sync_item *items; /* [batch] one batched sync */
+	uint32_t cur;          /* the sequence engine_attend serves */
 	uint32_t chunk;        /* = headroom */
 	uint32_t page_tokens;
 	uint32_t max_pages;    /* page pointers one list can need */
@@ -58,6 +62,7 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 		return KVT_ENOMEM;
 	}
 	e->m = m;
+	e->batch = o->batch ? o->batch : 1;
 	e->chunk = o->chunk ? o->chunk : 64;
 	e->dtype = o->dtype;
 
@@ -69,7 +74,7 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	                                mc->n_kv_heads, mc->head_dim, mc->dim};
 	cfg.dtype = o->dtype;
 	cfg.page_tokens = o->page_tokens ? o->page_tokens : 16;
-	cfg.max_seqs = 1;
+	cfg.max_seqs = e->batch;
 	cfg.max_tokens = o->context ? o->context : model_context(m);
 	cfg.headroom = e->chunk;
 	/* The ring covers the whole context of the llama2.c models (at most
@@ -98,6 +103,11 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	uint64_t cap = (uint64_t)reg->max_tokens + reg->headroom;
 	e->max_pages = (uint32_t)((cap + e->page_tokens - 1) / e->page_tokens);
 	e->pagev = calloc(e->max_pages, sizeof(void *));
+	e->seq = calloc(e->batch, sizeof(*e->seq));
+	e->seq_open = calloc(e->batch, 1);
+	e->pos = calloc(e->batch, sizeof(*e->pos));
+	e->bpos = calloc(e->batch, sizeof(*e->bpos));
+	e->items = calloc(e->batch, sizeof(*e->items));
 	e->scratch = malloc(sizeof(float) * cap *
 	                    (mc->n_heads / mc->n_kv_heads));
 	e->dev = kvt_memory_kind(e->c) == KVT_MEMORY_CUDA;
@@ -108,19 +118,23 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 		e->row = malloc(2 * (size_t)mc->head_dim *
 		                kvt_dtype_size(e->dtype));
 	}
-	if (!e->pagev || !e->scratch || (e->dev && (!e->bounce || !e->row))) {
+	if (!e->pagev || !e->scratch || !e->seq || !e->seq_open || !e->pos ||
+	    !e->bpos || !e->items || (e->dev && (!e->bounce || !e->row))) {
 		snprintf(err, errlen, "out of memory");
 		engine_close(e);
 		return KVT_ENOMEM;
 	}
-	rc = kvt_seq_open(e->c, &e->seq);
-	if (rc < 0) {
-		snprintf(err, errlen, "kvt_seq_open: %s: %s", kvt_strerror(rc),
-		         kvt_last_error(e->c));
-		engine_close(e);
-		return rc;
+	for (uint32_t s = 0; s < e->batch; s++) {
+		rc = kvt_seq_open(e->c, &e->seq[s]);
+		if (rc < 0) {
+			snprintf(err, errlen, "kvt_seq_open (sequence %u of %u): "
+			         "%s: %s", s, e->batch, kvt_strerror(rc),
+			         kvt_last_error(e->c));
+			engine_close(e);
+			return rc;
+		}
+		e->seq_open[s] = 1;
 	}
-	e->seq_open = 1;
 	*out = e;
 	return 0;
 }
@@ -129,9 +143,15 @@ void engine_close(struct engine *e)
 {
 	if (!e)
 		return;
-	if (e->seq_open)
-		kvt_seq_close(e->c, e->seq);
+	for (uint32_t s = 0; e->seq_open && s < e->batch; s++)
+		if (e->seq_open[s])
+			kvt_seq_close(e->c, e->seq[s]);
 	kvt_disconnect(e->c);
+	free(e->seq);
+	free(e->seq_open);
+	free(e->pos);
+	free(e->bpos);
+	free(e->items);
 	free(e->pagev);
 	free(e->scratch);
 	free(e->bounce);
@@ -142,25 +162,34 @@ void engine_close(struct engine *e)
 int engine_reset(struct engine *e)
 {
 	e->err[0] = 0;
-	if (e->seq_open) {
-		kvt_seq_close(e->c, e->seq);
-		e->seq_open = 0;
+	for (uint32_t s = 0; s < e->batch; s++) {
+		if (e->seq_open[s]) {
+			kvt_seq_close(e->c, e->seq[s]);
+			e->seq_open[s] = 0;
+		}
+		e->pos[s] = 0;
 	}
-	e->pos = 0;
-	int rc = kvt_seq_open(e->c, &e->seq);
-	if (rc < 0)
-		return seterr(e, rc, "kvt_seq_open: %s: %s", kvt_strerror(rc),
-		              kvt_last_error(e->c));
-	e->seq_open = 1;
+	for (uint32_t s = 0; s < e->batch; s++) {
+		int rc = kvt_seq_open(e->c, &e->seq[s]);
+		if (rc < 0)
+			return seterr(e, rc, "kvt_seq_open: %s: %s",
+			              kvt_strerror(rc), kvt_last_error(e->c));
+		e->seq_open[s] = 1;
+	}
 	return 0;
 }
 
-/* The model_attn callback: append, attend over pages, stage. */
-static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
-                         const float *x, const float *q, const float *k,
-                         const float *v, float *out, float *lse)
+/*
+ * Append, attend over pages, stage: the n tokens of sequence s at
+ * positions pos0.. (the rows of x, q, k, v, out, lse given here are
+ * theirs).
+ */
+static int attend_seq(struct engine *e, uint32_t s, uint32_t layer,
+                      uint32_t pos0, uint32_t n, const float *x,
+                      const float *q, const float *k, const float *v,
+                      float *out, float *lse)
 {
-	struct engine *e = ctx;
+	const kvt_seq seq = e->seq[s];
 	const struct model_config *mc = &e->m->cfg;
 	const uint32_t hd = mc->head_dim, H = mc->n_heads,
 	               Hkv = mc->n_kv_heads, G = H / Hkv;
@@ -170,7 +199,7 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 	for (uint32_t g = 0; g < Hkv; g++) {
 		for (uint32_t t = 0; t < n; t++) {
 			void *kp, *vp;
-			rc = kvt_kv_ptr(e->c, e->seq, layer, g, t, &kp, &vp);
+			rc = kvt_kv_ptr(e->c, seq, layer, g, t, &kp, &vp);
 			if (rc < 0)
 				return seterr(e, rc, "kvt_kv_ptr(layer %u, head "
 				              "%u, +%u): %s", layer, g, t,
@@ -188,7 +217,7 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 				              kvt_last_error(e->c));
 		}
 		struct kvt_list l;
-		rc = kvt_list_get(e->c, e->seq, layer, g, &l);
+		rc = kvt_list_get(e->c, seq, layer, g, &l);
 		if (rc < 0)
 			return seterr(e, rc, "kvt_list_get: %s",
 			              kvt_strerror(rc));
@@ -224,9 +253,9 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 		}
 	}
 	for (uint32_t t = 0; t < n; t++) {
-		float *sx = kvt_stage_x(e->c, e->seq, layer, pos0 + t);
-		float *sq = kvt_stage_q(e->c, e->seq, layer, pos0 + t);
-		float *sl = kvt_stage_lse(e->c, e->seq, layer, pos0 + t);
+		float *sx = kvt_stage_x(e->c, seq, layer, pos0 + t);
+		float *sq = kvt_stage_q(e->c, seq, layer, pos0 + t);
+		float *sl = kvt_stage_lse(e->c, seq, layer, pos0 + t);
 		if (!sx || !sq || !sl)
 			continue; /* tenant without staging */
 		memcpy(sx, x + (size_t)t * mc->dim, mc->dim * sizeof(float));
@@ -236,47 +265,138 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 	return 0;
 }
 
-int engine_step(struct engine *e, const int32_t *tokens, uint32_t n,
-                enum kvt_phase phase, float *logits)
+/* The model_attn callback of a step of one sequence (e->cur). */
+static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
+                         const float *x, const float *q, const float *k,
+                         const float *v, float *out, float *lse)
+{
+	struct engine *e = ctx;
+	return attend_seq(e, e->cur, layer, pos0, n, x, q, k, v, out, lse);
+}
+
+/* The model_attn callback of a batched step: token row c is sequence c's
+ * new token, at e->bpos[c] (the pos0 given is that of row 0). */
+static int engine_attend_batch(void *ctx, uint32_t layer, uint32_t pos0,
+                               uint32_t n, const float *x, const float *q,
+                               const float *k, const float *v, float *out,
+                               float *lse)
+{
+	struct engine *e = ctx;
+	const struct model_config *mc = &e->m->cfg;
+	const size_t H = mc->n_heads, hd = mc->head_dim, kv = mc->kv_dim;
+	(void)pos0;
+	for (uint32_t c = 0; c < n; c++) {
+		int rc = attend_seq(e, c, layer, e->bpos[c], 1,
+		                    x + (size_t)c * mc->dim, q + c * H * hd,
+		                    k + c * kv, v + c * kv, out + c * H * hd,
+		                    lse + c * H);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int engine_step_seq(struct engine *e, uint32_t s, const int32_t *tokens,
+                    uint32_t n, enum kvt_phase phase, float *logits)
 {
 	e->err[0] = 0;
-	if (!e->seq_open)
+	if (s >= e->batch)
+		return seterr(e, KVT_EINVAL, "sequence %u of a batch of %u", s,
+		              e->batch);
+	if (!e->seq_open[s])
 		return seterr(e, KVT_ENOSEQ, "no open sequence");
 	if (n == 0 || n > e->chunk)
 		return seterr(e, KVT_EINVAL, "step of %u tokens (1..%u)", n,
 		              e->chunk);
+	e->cur = s;
 	struct model_attn a = {engine_attend, e};
-	int rc = model_forward(e->m, tokens, n, e->pos, &a, logits);
+	int rc = model_forward(e->m, tokens, n, e->pos[s], &a, logits);
 	if (rc < 0) {
 		if (!e->err[0])
 			seterr(e, rc, "forward: %s", kvt_strerror(rc));
 		return rc;
 	}
-	struct kvt_sync_item it = {e->seq, n, (uint32_t)phase, 0, 0};
+	struct kvt_sync_item it = {e->seq[s], n, (uint32_t)phase, 0, 0};
 	rc = kvt_sync(e->c, &it, 1);
 	if (rc < 0)
-		return seterr(e, rc, "kvt_sync at position %u: %s: %s", e->pos,
-		              kvt_strerror(rc), kvt_last_error(e->c));
-	e->pos += n;
+		return seterr(e, rc, "kvt_sync at position %u: %s: %s",
+		              e->pos[s], kvt_strerror(rc), kvt_last_error(e->c));
+	e->pos[s] += n;
 	return 0;
 }
 
-int engine_feed(struct engine *e, const int32_t *tokens, uint32_t n,
+int engine_step(struct engine *e, const int32_t *tokens, uint32_t n,
                 enum kvt_phase phase, float *logits)
+{
+	return engine_step_seq(e, 0, tokens, n, phase, logits);
+}
+
+int engine_step_batch(struct engine *e, const int32_t *tokens,
+                      enum kvt_phase phase, float *logits)
+{
+	e->err[0] = 0;
+	for (uint32_t s = 0; s < e->batch; s++) {
+		if (!e->seq_open[s])
+			return seterr(e, KVT_ENOSEQ, "sequence %u is not open",
+			              s);
+		e->bpos[s] = e->pos[s];
+		e->items[s] = (struct kvt_sync_item){e->seq[s], 1,
+		                                     (uint32_t)phase, 0, 0};
+	}
+	struct model_attn a = {engine_attend_batch, e};
+	int rc = model_forward_pos(e->m, tokens, e->batch, e->bpos, &a,
+	                           logits);
+	if (rc < 0) {
+		if (!e->err[0])
+			seterr(e, rc, "forward: %s", kvt_strerror(rc));
+		return rc;
+	}
+	rc = kvt_sync(e->c, e->items, e->batch);
+	if (rc < 0)
+		return seterr(e, rc, "kvt_sync of a batch of %u: %s: %s",
+		              e->batch, kvt_strerror(rc), kvt_last_error(e->c));
+	for (uint32_t s = 0; s < e->batch; s++)
+		e->pos[s]++;
+	return 0;
+}
+
+int engine_feed_seq(struct engine *e, uint32_t s, const int32_t *tokens,
+                    uint32_t n, enum kvt_phase phase, float *logits)
 {
 	uint32_t step = phase == KVT_PHASE_PREFILL ? e->chunk : 1;
 	size_t V = e->m->cfg.vocab_size;
 	for (uint32_t i = 0; i < n; i += step) {
 		uint32_t k = n - i < step ? n - i : step;
-		int rc = engine_step(e, tokens + i, k, phase,
-		                     logits ? logits + (size_t)i * V : NULL);
+		int rc = engine_step_seq(e, s, tokens + i, k, phase,
+		                         logits ? logits + (size_t)i * V : NULL);
 		if (rc < 0)
 			return rc;
 	}
 	return 0;
 }
 
-uint32_t engine_pos(const struct engine *e) { return e->pos; }
+int engine_feed(struct engine *e, const int32_t *tokens, uint32_t n,
+                enum kvt_phase phase, float *logits)
+{
+	return engine_feed_seq(e, 0, tokens, n, phase, logits);
+}
+
+void engine_seq_advance(struct engine *e, uint32_t s, uint32_t n)
+{
+	if (s < e->batch)
+		e->pos[s] += n;
+}
+
+uint32_t engine_batch(const struct engine *e) { return e->batch; }
+uint32_t engine_pos(const struct engine *e) { return e->pos[0]; }
+uint32_t engine_pos_of(const struct engine *e, uint32_t s)
+{
+	return s < e->batch ? e->pos[s] : 0;
+}
 kvt_client *engine_client(const struct engine *e) { return e->c; }
-kvt_seq engine_seq(const struct engine *e) { return e->seq; }
+kvt_seq engine_seq(const struct engine *e) { return e->seq[0]; }
+kvt_seq engine_seq_of(const struct engine *e, uint32_t s)
+{
+	return s < e->batch ? e->seq[s] : 0;
+}
 const char *engine_error(const struct engine *e) { return e->err; }

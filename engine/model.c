@@ -454,8 +454,11 @@ void model_matmul(float *y, const float *x, const float *W, uint32_t n,
 
 /* ---------------------------------------------------------------- forward */
 
-int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
-                  uint32_t pos0, const struct model_attn *a, float *logits)
+/* Token t sits at position pos ? pos[t] : pos0 + t; everything else is
+ * the same arithmetic for both entry points. */
+static int forward(const struct model *m, const int32_t *tokens, uint32_t n,
+                   uint32_t pos0, const uint32_t *pos,
+                   const struct model_attn *a, float *logits)
 {
 	const struct model_config *c = &m->cfg;
 	const uint32_t d = c->dim, kv = c->kv_dim, hid = c->hidden_dim,
@@ -493,10 +496,11 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 		model_matmul(k, x, m->wk + (size_t)l * kv * d, n, d, kv);
 		model_matmul(v, x, m->wv + (size_t)l * kv * d, n, d, kv);
 		for (uint32_t t = 0; t < n; t++) {
-			model_rope(q + (size_t)t * d, c->n_heads, hd, pos0 + t,
+			uint32_t p = pos ? pos[t] : pos0 + t;
+			model_rope(q + (size_t)t * d, c->n_heads, hd, p,
 			           c->rope_theta);
-			model_rope(k + (size_t)t * kv, c->n_kv_heads, hd,
-			           pos0 + t, c->rope_theta);
+			model_rope(k + (size_t)t * kv, c->n_kv_heads, hd, p,
+			           c->rope_theta);
 		}
 		rc = a->attend(a->ctx, l, pos0, n, x, q, k, v, att, lse);
 		if (rc)
@@ -524,6 +528,19 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
 out:
 	free(buf);
 	return rc;
+}
+
+int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
+                  uint32_t pos0, const struct model_attn *a, float *logits)
+{
+	return forward(m, tokens, n, pos0, NULL, a, logits);
+}
+
+int model_forward_pos(const struct model *m, const int32_t *tokens,
+                      uint32_t n, const uint32_t *pos,
+                      const struct model_attn *a, float *logits)
+{
+	return forward(m, tokens, n, n ? pos[0] : 0, pos, a, logits);
 }
 
 /* ---------------------------------------------------------------- dense */

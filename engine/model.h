@@ -173,6 +173,19 @@ int model_forward(const struct model *m, const int32_t *tokens, uint32_t n,
                   float *logits /* [n][vocab] */);
 
 /*
+ * model_forward for n tokens at positions of their own: token t (of any
+ * sequence) at pos[t], as a batched decode step of n sequences needs (one
+ * token each, every weight matrix read once for all of them).  attend gets
+ * pos0 = pos[0]; a callback serving several sequences knows from its ctx
+ * which sequence (and position) each token row is.  With pos[t] = pos0 + t
+ * it computes exactly what model_forward does.
+ */
+int model_forward_pos(const struct model *m, const int32_t *tokens,
+                      uint32_t n, const uint32_t *pos /* [n] */,
+                      const struct model_attn *a,
+                      float *logits /* [n][vocab] */);
+
+/*
  * The dense reference cache: every entry kept, contiguous float32.
  * Optionally records what the oracles need: attention maps and the
  * attention inputs x of every layer (pointers NULL = not recorded).

@@ -50,12 +50,21 @@
  * admit, 32 slow HTTP clients), a fresh kvtrimd per phase:
  *   hostile_sync_p50_us_<phase>, hostile_sync_p99_us_<phase>,
  *   hostile_errors_<phase>, hostile_p99_ratio_<adversary> (goal <= 2)
+ * SmolLM2-135M-Instruct (smollm2.c, skipped when `make models` has not
+ * cached it): the engine's prefill tokens/s beside its sgemm floor, and
+ * the decode step of a batch of 8 sequences at 1k, 4k and 8k contexts with
+ * the full cache and with streaming and snapkv evicting 75%, with the KV
+ * bytes each holds in the pool:
+ *   smollm2_prefill_tokens_per_s, smollm2_prefill_sgemm_tokens_per_s,
+ *   smollm2_decode_ms_<p>_<ctx>, smollm2_kv_bytes_<p>_<ctx>,
+ *   smollm2_decode_speedup_<p>_<ctx>, smollm2_kv_ratio_<p>_<ctx>
  * --quick: prompt 128, budgets 64, one round of 32 tokens, 400 hostile
- * syncs a phase (a smoke test; its figures are not comparable).
+ * syncs a phase, SmolLM2 at 1k only (a smoke test; its figures are not
+ * comparable).
  * docs/bench.md explains every line.
  *
  * Usage: kvtrim-bench --bin-dir build/bin --out build/bench.txt [--quick]
- *        [--sync-only | --hostile-only]
+ *        [--sync-only | --hostile-only | --smollm2-only]
  * (kvtrim-bench --adversary NAME --runtime-dir DIR is one of hostile.c's
  * adversary processes.)
  */
@@ -958,7 +967,7 @@ static void bench_policies(struct pbench *b, const char *bin_dir,
 int main(int argc, char **argv)
 {
 	const char *bin_dir = "build/bin", *out = "build/bench.txt";
-	int sync_only = 0, hostile_only = 0;
+	int sync_only = 0, hostile_only = 0, smollm2_only = 0;
 	if (argc > 1 && !strcmp(argv[1], "--adversary"))
 		return hostile_adversary_main(argc, argv);
 	for (int i = 1; i < argc; i++) {
@@ -974,10 +983,13 @@ int main(int argc, char **argv)
 			sync_only = 1;
 		else if (!strcmp(argv[i], "--hostile-only"))
 			hostile_only = 1;
+		else if (!strcmp(argv[i], "--smollm2-only"))
+			smollm2_only = 1;
 		else {
 			fprintf(stderr, "usage: kvtrim-bench [--bin-dir DIR] "
 			        "[--out FILE] [--quick] [--backend cpu|cuda] "
-			        "[--sync-only | --hostile-only]\n");
+			        "[--sync-only | --hostile-only | "
+			        "--smollm2-only]\n");
 			return 2;
 		}
 	}
@@ -993,7 +1005,7 @@ int main(int argc, char **argv)
 	double mg = 0, gg = 0, cg = 0;
 	struct pbench pb;
 	memset(&pb, 0, sizeof(pb));
-	if (!hostile_only) {
+	if (!hostile_only && !smollm2_only) {
 		uds = bench_uds(iters);
 		nng = bench_nng(dir, iters);
 		pid_t d = start_daemon(bin_dir, dir);
@@ -1010,13 +1022,15 @@ int main(int argc, char **argv)
 	/* The hostile phases re-run this binary as their adversaries. */
 	char self[4096];
 	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (!sync_only && sl > 0) {
+	if (!sync_only && !smollm2_only && sl > 0) {
 		self[sl] = '\0';
 		hostile_run(self, bin_dir, dir, quick);
-	} else if (!sync_only) {
+	} else if (!sync_only && !smollm2_only) {
 		fprintf(stderr, "kvtrim-bench: no /proc/self/exe: the hostile "
 		        "figures are left out\n");
 	}
+	if (!sync_only && !hostile_only)
+		smollm2_run(bin_dir, dir, quick);
 
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -1030,6 +1044,10 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 2; i++) {
 		if (hostile_only) {
 			hostile_print(outs[i]);
+			continue;
+		}
+		if (smollm2_only) {
+			smollm2_print(outs[i]);
 			continue;
 		}
 		fprintf(outs[i], "uds_rtt_p50_us %.1f\n", uds);
@@ -1063,6 +1081,7 @@ int main(int argc, char **argv)
 			fprintf(outs[i], "daemon_prefill_us_per_token_%s %.1f\n",
 			        pb.names[k], pb.prefill_us[k]);
 		hostile_print(outs[i]);
+		smollm2_print(outs[i]);
 	}
 	fclose(f);
 	return 0;

@@ -1,6 +1,7 @@
 /*
  * bench.h — what the parts of kvtrim-bench share: bench.c's clock,
- * percentile and small tenant, and hostile.c's hostile-client figures.
+ * percentile and small tenant, hostile.c's hostile-client figures and
+ * smollm2.c's SmolLM2 figures.
  */
 #ifndef KVT_BENCH_H
 #define KVT_BENCH_H
@@ -46,5 +47,19 @@ void hostile_print(FILE *f);
  * killed; returns 2 on bad arguments.
  */
 int hostile_adversary_main(int argc, char **argv);
+
+/*
+ * The SmolLM2-135M-Instruct lines (smollm2.c, docs/bench.md "SmolLM2"): a
+ * fresh kvtrimd from bin_dir under tmp_dir/smollm2, the engine's prefill
+ * beside its sgemm floor, batched decode steps at long contexts with the
+ * full cache and with policies evicting 75%.  Skipped with the reason
+ * (stderr, and a comment line in the output) when the model is not in the
+ * cache.  Never exits the process: what it could not measure is nan.
+ * quick: a prefill of 128 tokens and the 1k context only.
+ */
+void smollm2_run(const char *bin_dir, const char *tmp_dir, int quick);
+
+/* Writes the "name value" lines of the last smollm2_run to f. */
+void smollm2_print(FILE *f);
 
 #endif
