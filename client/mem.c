@@ -234,6 +234,25 @@ static int grow(struct mem *m, uint32_t slot)
 	return 0;
 }
 
+/* Unmaps chunk slot (a CHUNK_REVOKE, or one bit of a CHUNK_REVOKE_SET);
+ * a legacy IPC chunk's cookie is acknowledged (CHUNK_CLOSED). */
+static int chunk_revoke(struct mem *m, uint32_t slot, uint64_t cookie,
+                        char *err, size_t errlen)
+{
+	if (slot >= m->max_chunks)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "revoke of chunk slot %u beyond the quota's %u slots",
+		            slot, m->max_chunks);
+	if (slot < m->n_chunks && m->bases[slot]) {
+		int ipc = m->chunks[slot].ipc;
+		chunk_release(m, slot);
+		int rc;
+		if (ipc && (rc = ack_push(m, cookie)))
+			return errors_fmt(err, errlen, rc, "out of memory");
+	}
+	return 0;
+}
+
 static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
                  size_t errlen)
 {
@@ -299,16 +318,26 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		}
 		return 0;
 	case HANDLE_CHUNK_REVOKE:
-		if (h->slot >= m->max_chunks)
+		return chunk_revoke(m, h->slot, h->cookie, err, errlen);
+	case HANDLE_CHUNK_REVOKE_SET:
+		/* Checked whole before any chunk goes: a bad packet changes
+		 * nothing. */
+		if (h->slot % HANDLE_REVOKE_SET_SLOTS)
 			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "revoke of chunk slot %u beyond the quota's "
-			            "%u slots", h->slot, m->max_chunks);
-		if (h->slot < m->n_chunks && m->bases[h->slot]) {
-			int ipc = m->chunks[h->slot].ipc;
-			chunk_release(m, h->slot);
-			if (ipc && (rc = ack_push(m, h->cookie)))
-				return errors_fmt(err, errlen, rc, "out of memory");
-		}
+			            "revoke set at slot %u, not a multiple of %u",
+			            h->slot, HANDLE_REVOKE_SET_SLOTS);
+		for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++)
+			if ((x->data[i / 8] >> (i % 8) & 1) &&
+			    (uint64_t)h->slot + i >= m->max_chunks)
+				return errors_fmt(err, errlen, KVT_EPROTO,
+				            "revoke of chunk slot %llu beyond the "
+				            "quota's %u slots",
+				            (unsigned long long)h->slot + i,
+				            m->max_chunks);
+		for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++)
+			if ((x->data[i / 8] >> (i % 8) & 1) &&
+			    (rc = chunk_revoke(m, h->slot + i, 0, err, errlen)))
+				return rc;
 		return 0;
 	case HANDLE_EVENT:
 		if (h->slot > HANDLE_EVENT_COMPACT || m->ev[h->slot].ev)

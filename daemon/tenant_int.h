@@ -152,6 +152,9 @@ struct tenant {
 
 	struct tenant_event *ev; /* [ev_cap] queued, in order */
 	uint32_t n_ev, ev_cap;
+	uint32_t revoke_set; /* tenant_revoke_empty: index in ev of the
+	                        CHUNK_REVOKE_SET being filled, or
+	                        TENANT_NO_CHUNK */
 
 	struct tseq *seqs;   /* [max_seqs] */
 	struct tlist *lists; /* [max_seqs][lists_per_seq] */

@@ -165,6 +165,33 @@ int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 }
 
 /*
+ * Queues the revoke of chunk slot: into the CHUNK_REVOKE_SET of its window
+ * queued last when there is one (t->revoke_set; slots come in increasing
+ * order), else a new set; legacy IPC chunks get a CHUNK_REVOKE each (the
+ * client acknowledges each cookie).  ev has room for one event per chunk.
+ */
+static void revoke_event(struct tenant *t, uint32_t slot, uint64_t cookie)
+{
+	if (t->ipc_share) {
+		t->ev[t->n_ev++] = (struct tenant_event){
+			.type = HANDLE_CHUNK_REVOKE, .slot = slot, .fd = -1,
+			.cookie = cookie};
+		return;
+	}
+	uint32_t base = slot - slot % HANDLE_REVOKE_SET_SLOTS, bit = slot - base;
+	struct tenant_event *e = t->revoke_set != TENANT_NO_CHUNK
+	                                 ? &t->ev[t->revoke_set]
+	                                 : NULL;
+	if (!e || e->slot != base) {
+		t->revoke_set = t->n_ev;
+		e = &t->ev[t->n_ev++];
+		*e = (struct tenant_event){.type = HANDLE_CHUNK_REVOKE_SET,
+		                           .slot = base, .fd = -1};
+	}
+	e->data[bit / 8] |= (uint8_t)(1u << (bit % 8));
+}
+
+/*
  * End of every page-changing operation: chunks that are now completely free
  * are revoked.  The slot becomes reusable at once (the client processes the
  * REVOKE before any later ADD of the same slot); the memory is destroyed in
@@ -172,13 +199,12 @@ int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
  */
 void tenant_revoke_empty(struct tenant *t)
 {
+	t->revoke_set = TENANT_NO_CHUNK;
 	for (uint32_t i = 0; i < t->max_chunks; i++) {
 		struct tchunk *c = &t->chunks[i];
 		if (!c->pc.base || c->n_free != t->g.pages_per_chunk)
 			continue;
-		t->ev[t->n_ev++] = (struct tenant_event){
-			.type = HANDLE_CHUNK_REVOKE, .slot = i, .fd = -1,
-			.size = 0, .cookie = t->dev ? c->serial : 0};
+		revoke_event(t, i, t->dev ? c->serial : 0);
 		t->dead[t->n_dead++] = (struct tdead){c->pc, c->serial};
 		t->free_pages -= c->n_free;
 		c->pc.base = NULL;

@@ -28,12 +28,12 @@
 
 static bool type_known(uint16_t t)
 {
-	return t >= HANDLE_WELCOME && t <= HANDLE_TABLE_DEV;
+	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_REVOKE_SET;
 }
 
 int handle_is_ext(uint16_t t)
 {
-	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_TABLE_DEV;
+	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_CHUNK_REVOKE_SET;
 }
 
 static bool type_has_fd(uint16_t t)

@@ -17,6 +17,16 @@
  *                                                 that first uses it
  *   daemon -> client  CHUNK_REVOKE {slot}         when a chunk emptied; the
  *                                                 client unmaps it
+ *   daemon -> client  CHUNK_REVOKE_SET {slot} + 64 bytes (a struct
+ *                     handle_ext): the chunks slot + i for every bit i set
+ *                     in data (bit i is byte i / 8, bit i % 8; slot a
+ *                     multiple of HANDLE_REVOKE_SET_SLOTS), revoked as
+ *                     CHUNK_REVOKE would.  One sync that empties hundreds of
+ *                     chunks (a batch of long prompts compressed at once)
+ *                     sends a few of these instead of a packet per chunk,
+ *                     which would overflow the socket's send buffer: the
+ *                     client reads the channel only after the reply.  Not
+ *                     for legacy IPC chunks, whose revokes carry cookies.
  * Packets are processed in order, so a slot revoked and granted again in one
  * reply is unmapped, then mapped to the new chunk.
  *
@@ -60,11 +70,13 @@ enum handle_type {
 	HANDLE_EVENT = 7,
 	HANDLE_CHUNK_CLOSED = 8,
 	HANDLE_TABLE_DEV = 9,
+	HANDLE_CHUNK_REVOKE_SET = 10,
 };
 
 #define HANDLE_EVENT_WRITES 0u  /* client records, daemon waits */
 #define HANDLE_EVENT_COMPACT 1u /* daemon records, client waits */
 #define HANDLE_DATA_BYTES 64u   /* cudaIpc{Mem,Event}Handle_t */
+#define HANDLE_REVOKE_SET_SLOTS (8u * HANDLE_DATA_BYTES) /* per packet */
 
 struct handle_msg {
 	uint32_t magic;  /* HANDLE_MAGIC */

@@ -40,6 +40,7 @@ struct sim {
 	const uint8_t *table;      /* [g->table_bytes] read-only, like a client */
 	uint8_t *chunk[MAX_SLOTS]; /* [KVT_CHUNK_BYTES] each, from CHUNK_ADD */
 	int adds, revokes;
+	int revoke_sets; /* CHUNK_REVOKE_SET packets (each logged per slot) */
 	int n_log;
 	int log_type[MAX_LOG];
 	uint32_t log_slot[MAX_LOG];
@@ -52,6 +53,19 @@ static int sim_send(void *ctx, const struct tenant_event *e)
 	if (s->fail_sends > 0) {
 		s->fail_sends--;
 		return KVT_ECONN;
+	}
+	if (e->type == HANDLE_CHUNK_REVOKE_SET) {
+		/* Each set bit as a REVOKE of its own, in slot order. */
+		T_EQ(e->slot % HANDLE_REVOKE_SET_SLOTS, 0);
+		for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++) {
+			if (!(e->data[i / 8] >> (i % 8) & 1))
+				continue;
+			struct tenant_event one = {.type = HANDLE_CHUNK_REVOKE,
+			                           .slot = e->slot + i, .fd = -1};
+			sim_send(ctx, &one);
+		}
+		s->revoke_sets++;
+		return 0;
 	}
 	T_ASSERT(e->slot < MAX_SLOTS);
 	if (s->n_log < MAX_LOG) {
@@ -314,6 +328,7 @@ struct snap {
 	struct pool pool;
 	uint64_t chunks;
 	int adds, revokes;
+	int revoke_sets; /* CHUNK_REVOKE_SET packets (each logged per slot) */
 };
 
 static void snap_take(const struct sim *s, struct snap *sn)
