@@ -190,6 +190,53 @@ TEST_T(engine_gguf, tiny_text_modes_daemon_equals_dense, 120)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
+/* chat --prompt-file F --question Q: F's text without its trailing newline,
+ * a blank line, Q; --summary's accounting against a hand count. */
+TEST_T(engine_gguf, tiny_chat_prompt_file_and_summary, 120)
+{
+	const char *bin = th_bin("kvtrim-engine");
+	const char *mdl = tiny_gguf("tiny.gguf", (struct gb_llama_opts){
+		.tokenizer = 1});
+	const char *doc = tmp_path("doc.txt");
+	static struct outs a, b;
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	T_EQ(th_sh(NULL, NULL, 0, "printf 'hello there\n' > %s", doc), 0);
+
+	run(&d, &a, "%s --model %s --runtime-dir %s --chunk 16 --summary chat "
+	    "--prompt-file %s --question 'why?' --max-tokens 12", bin, mdl,
+	    d.dir, doc);
+	run(NULL, &b, "%s --model %s --no-daemon --summary chat --prompt "
+	    "\"$(printf 'hello there\n\nwhy?')\" --max-tokens 12", bin, mdl);
+	if (a.rc || b.rc)
+		th_fail(__FILE__, __LINE__, "exit %d / %d: %s / %s", a.rc,
+		        b.rc, a.e, b.e);
+	T_EQ(a.olen, b.olen);
+	T_ASSERT(!memcmp(a.o, b.o, a.olen));
+	/* the byte tokenizer: 11 + 2 + 4 bytes, and the template's
+	 * <|im_start|> "user\n" <|im_end|> "\n" <|im_start|> "assistant\n" */
+	const double P = 11 + 2 + 4 + 1 + 5 + 1 + 1 + 1 + 10;
+	T_EQ(field(a.e, "prompt_tokens="), P);
+	T_EQ(field(b.e, "prompt_tokens="), P);
+	/* every answer token is fed back but a cut answer's last */
+	double n = field(a.e, "answer_tokens="), nd = field(a.e,
+	                                                    "decode_tokens=");
+	T_EQ(nd, strstr(a.e, "ended=eot") ? n : n - 1);
+	/* 2 layers x 2 KV heads, nothing evicted; a page is 16 entries of K
+	 * and V, 8 floats each: 1024 bytes */
+	T_EQ(field(a.e, "entries_appended="), 4 * (P + nd));
+	T_EQ(field(a.e, "entries_kept="), 4 * (P + nd));
+	T_EQ(field(a.e, "entries_evicted="), 0);
+	T_EQ(field(a.e, "page_bytes="), 1024);
+	T_EQ(field(a.e, "kv_bytes="), 1024 * field(a.e, "pages_used="));
+	/* each list: its entries, then one page of headroom (a chunk of 16) */
+	T_EQ(field(a.e, "pages_used="), 4 * (ceil((P + nd) / 16) + 1));
+	T_ASSERT(strstr(a.e, "kept_fraction=1.000"));
+	/* without the daemon there is no pool to count */
+	T_ASSERT(!strstr(b.e, "kv_bytes"));
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
 TEST_T(engine_gguf, bad_input_refused, 120)
 {
 	const char *bin = th_bin("kvtrim-engine");
@@ -238,6 +285,27 @@ TEST_T(engine_gguf, bad_input_refused, 120)
 	        "generate --prompt 'seventeen bytes..' --steps 2", bin, mdl);
 	refused(NULL, 2, "--max-tokens", "%s --model %s --no-daemon chat "
 	        "--prompt hi --max-tokens 0", bin, mdl);
+	/* --prompt-file: missing, a NUL byte, invalid UTF-8, longer than the
+	 * context, given with --prompt, outside chat */
+	const char *nul = tmp_path("nul.txt"), *lat = tmp_path("latin1.txt");
+	const char *big = tmp_path("big.txt"), *ok = tmp_path("ok.txt");
+	T_EQ(th_sh(NULL, NULL, 0, "printf 'a\\000b' > %s; printf 'caf\\351' > "
+	           "%s; printf '%%070d' 0 > %s; echo hi > %s", nul, lat, big,
+	           ok), 0);
+	refused(&d, 2, "no-such.txt: No such file", "%s --model %s "
+	        "--runtime-dir %s chat --prompt-file %s/no-such.txt", bin, mdl,
+	        d.dir, th_tmpdir());
+	refused(NULL, 2, "NUL byte at offset 1", "%s --model %s --no-daemon "
+	        "chat --prompt-file %s", bin, mdl, nul);
+	refused(&d, 2, "UTF-8", "%s --model %s --runtime-dir %s chat "
+	        "--prompt-file %s --question x", bin, mdl, d.dir, lat);
+	refused(&d, 2, "no room for an answer", "%s --model %s --runtime-dir "
+	        "%s --summary chat --prompt-file %s --question 'and?'", bin,
+	        mdl, d.dir, big);
+	refused(NULL, 2, "give one", "%s --model %s --no-daemon chat --prompt "
+	        "hi --prompt-file %s", bin, mdl, ok);
+	refused(NULL, 2, "chat's", "%s --model %s --no-daemon generate "
+	        "--prompt-file %s --steps 2", bin, mdl, ok);
 	/* a model without a tokenizer has no chat */
 	const char *notok = tiny_gguf("notok.gguf", (struct gb_llama_opts){0});
 	refused(NULL, 2, "tokenizer", "%s --model %s --no-daemon chat "
@@ -302,5 +370,58 @@ TEST_T(engine_gguf, smollm2_score_english_text, 240)
 	    "--max-bytes 400 --prefill 40", bin, ENGLISH);
 	T_ASSERT(a.rc == 0 && b.rc == 0);
 	T_ASSERT(fabs(field(a.o, " nll ") - field(b.o, " nll ")) < 1e-5);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/*
+ * A document of about 350 tokens (the Gettysburg Address with the sentence
+ * examples/demo.sh plants in its document) and a question about that
+ * sentence, through the daemon:
+ * with the full cache the answer names it; with snapkv ratio=0.75 the
+ * daemon keeps, per list, P - floor(0.75 P) prompt entries (P the prompt's
+ * tokens) and every decode token (docs/policies.md).  The compressed
+ * answer is printed, not judged: that is the demo's and the eval's part.
+ */
+TEST_T(engine_gguf, smollm2_document_question_full_and_snapkv, 300)
+{
+	smollm2_or_skip();
+	const char *bin = th_bin("kvtrim-engine");
+	const char *doc = tmp_path("gettysburg.txt");
+	static struct outs a, b;
+	struct th_daemon d;
+	th_daemon_start(&d, "256M", NULL);
+	T_EQ(th_sh(NULL, NULL, 0, "{ sed -n 1,3p %s; echo; echo 'The first "
+	           "kvtrimd ever started ran on a test machine named "
+	           "Marigold.'; echo; sed -n 5p "
+	           "%s; } > %s", ENGLISH, ENGLISH, doc), 0);
+	const char *q = "What was the name of the test machine the first "
+	                "kvtrimd ran on?";
+	run(&d, &a, "%s --model smollm2 --runtime-dir %s --summary chat "
+	    "--prompt-file %s --question '%s' --max-tokens 24", bin, d.dir,
+	    doc, q);
+	if (a.rc || !strstr(a.o, "Marigold"))
+		th_fail(__FILE__, __LINE__, "exit %d, answer \"%s\", stderr %s",
+		        a.rc, a.o, a.e);
+	printf("    full: %s    %s", a.o, a.e);
+	run(&d, &b, "%s --model smollm2 --runtime-dir %s --tenant qa-snapkv "
+	    "--policy snapkv:ratio=0.75 --summary chat --prompt-file %s "
+	    "--question '%s' --max-tokens 24", bin, d.dir, doc, q);
+	T_EQ(b.rc, 0);
+	printf("    snapkv:ratio=0.75: %s    %s", b.o, b.e);
+	/* 30 layers x 3 KV heads; a page is 16 entries of K and V of 64
+	 * floats: 8192 bytes */
+	const double L = 90, P = field(a.e, "prompt_tokens=");
+	T_ASSERT(P > 300 && P < 400);
+	T_EQ(field(b.e, "prompt_tokens="), P);
+	double nd = field(a.e, "decode_tokens=");
+	T_EQ(field(a.e, "entries_appended="), L * (P + nd));
+	T_EQ(field(a.e, "entries_kept="), L * (P + nd));
+	T_EQ(field(a.e, "page_bytes="), 8192);
+	T_EQ(field(a.e, "kv_bytes="), 8192 * field(a.e, "pages_used="));
+	nd = field(b.e, "decode_tokens=");
+	T_EQ(field(b.e, "entries_appended="), L * (P + nd));
+	T_EQ(field(b.e, "entries_kept="), L * (P - floor(0.75 * P) + nd));
+	T_EQ(field(b.e, "kv_bytes="), 8192 * field(b.e, "pages_used="));
+	T_ASSERT(field(b.e, "kv_bytes=") < 0.5 * field(a.e, "kv_bytes="));
 	T_EQ(th_daemon_stop(&d), 0);
 }

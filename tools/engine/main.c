@@ -39,11 +39,16 @@ static const char usage[] =
 	"  --stats              generate, chat: print what the policy kept\n"
 	"                       (stderr)\n"
 	"  --timing             prefill and decode tokens/s (stderr)\n"
+	"  --summary            chat: one line of key=value on stderr:\n"
+	"                       tokens, prefill and decode tokens/s, and\n"
+	"                       the daemon's kv_bytes and entries kept\n"
 	"  --temperature T      sampling temperature (default 0: greedy)\n"
 	"  --seed S             sampling seed\n"
 	"modes:\n"
-	"  chat --prompt TEXT [--max-tokens N (default 256)]\n"
-	"           answers TEXT as the user's turn of the model's chat\n"
+	"  chat --prompt TEXT|--prompt-file FILE [--question TEXT]\n"
+	"       [--max-tokens N (default 256)]\n"
+	"           answers TEXT (or FILE's text, then a blank line and the\n"
+	"           question) as the user's turn of the model's chat\n"
 	"           template; stops at the end of turn; needs a tokenizer\n"
 	"  generate --prompt TEXT --steps N\n"
 	"           continues TEXT: through the tokenizer, as bytes for byte\n"
@@ -138,6 +143,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		} else if (!strcmp(a, "--prompt")) {
 			NEED_V();
 			o->r.prompt = v;
+		} else if (!strcmp(a, "--prompt-file")) {
+			NEED_V();
+			o->r.prompt_file = v;
+		} else if (!strcmp(a, "--question")) {
+			NEED_V();
+			o->r.question = v;
+		} else if (!strcmp(a, "--summary")) {
+			o->r.summary = 1;
 		} else if (!strcmp(a, "--timing")) {
 			o->r.timing = 1;
 		} else if (!strcmp(a, "--max-tokens")) {
@@ -316,7 +329,13 @@ int main(int argc, char **argv)
 		ret = run_oracle(&rm, &o.r);
 	} else {
 		struct runner r;
-		ret = run_check(&rm, o.mode, &o.r);
+		char *prompt = NULL;
+		ret = 0;
+		if (!strcmp(o.mode, "chat") &&
+		    !(ret = run_prompt(&o.r, &prompt)) && prompt)
+			o.r.prompt = prompt;
+		if (!ret)
+			ret = run_check(&rm, o.mode, &o.r);
 		if (!ret)
 			ret = run_open(&r, &m, &o.r);
 		if (!ret) {
@@ -328,6 +347,7 @@ int main(int argc, char **argv)
 				ret = run_score(&rm, &r, &o.r);
 			run_close(&r);
 		}
+		free(prompt);
 	}
 	tok_free(tok);
 	model_free(&m);

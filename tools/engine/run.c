@@ -110,14 +110,16 @@ static int text_ids(const struct run_model *rm, const char *text, size_t len,
 }
 
 /* Reads the whole file (NUL-terminated); at most max bytes when max, cut
- * back to a UTF-8 character boundary for tokenizer models. */
+ * back to a UTF-8 character boundary for tokenizer models (rm may be NULL
+ * when max is 0).  0, 1 (out of memory) or 2 (the file cannot be opened
+ * or read). */
 static int read_text(const struct run_model *rm, const char *path,
                      uint32_t max, char **out, size_t *n)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f) {
 		errp("%s: %s", path, strerror(errno));
-		return 1;
+		return 2;
 	}
 	size_t cap = 4096, len = 0, got;
 	char *buf = malloc(cap + 1);
@@ -134,12 +136,12 @@ static int read_text(const struct run_model *rm, const char *path,
 			cap *= 2;
 		}
 	}
-	int rerr = ferror(f);
+	int rerr = ferror(f) ? errno : 0;
 	fclose(f);
 	if (!buf || rerr) {
-		errp("%s: %s", path, buf ? "read error" : "out of memory");
+		errp("%s: %s", path, buf ? strerror(rerr) : "out of memory");
 		free(buf);
-		return 1;
+		return buf ? 2 : 1;
 	}
 	if (max && len > max) {
 		len = max;
@@ -164,6 +166,59 @@ static int input_ids(const struct run_model *rm, const char *text,
 	return text_ids(rm, text, len, what, out);
 }
 
+int run_prompt(const struct run_opts *o, char **text)
+{
+	char *doc = NULL;
+	size_t dlen = 0;
+	*text = NULL;
+	if (o->prompt && o->prompt_file) {
+		errp("chat: --prompt and --prompt-file: give one of them");
+		return 2;
+	}
+	if (o->prompt_file) {
+		int rc = read_text(NULL, o->prompt_file, 0, &doc, &dlen);
+		if (rc)
+			return rc;
+		/* the template takes C strings: a NUL would cut the text */
+		if (memchr(doc, 0, dlen)) {
+			errp("%s: holds a NUL byte at offset %zu: not text",
+			     o->prompt_file,
+			     (size_t)((char *)memchr(doc, 0, dlen) - doc));
+			free(doc);
+			return 2;
+		}
+	} else if (o->prompt) {
+		dlen = strlen(o->prompt);
+		if (!(doc = strdup(o->prompt)))
+			goto oom;
+	}
+	if (!o->question) {
+		*text = doc;
+		return 0;
+	}
+	size_t qlen = strlen(o->question);
+	char *t = malloc(dlen + 2 + qlen + 1);
+	if (!t)
+		goto oom;
+	size_t n = 0;
+	if (doc) {
+		/* a trailing newline of the file is part of the blank line */
+		while (dlen && doc[dlen - 1] == '\n')
+			dlen--;
+		memcpy(t, doc, dlen);
+		memcpy(t + dlen, "\n\n", 2);
+		n = dlen + 2;
+	}
+	memcpy(t + n, o->question, qlen + 1);
+	free(doc);
+	*text = t;
+	return 0;
+oom:
+	free(doc);
+	errp("out of memory");
+	return 1;
+}
+
 /* ---------------------------------------------------------------- runner */
 
 int run_check(const struct run_model *rm, const char *mode,
@@ -177,13 +232,17 @@ int run_check(const struct run_model *rm, const char *mode,
 			return 2;
 		}
 		if (!o->prompt) {
-			errp("chat needs --prompt TEXT");
+			errp("chat needs --prompt TEXT or --prompt-file FILE");
 			return 2;
 		}
 		if (!o->max_tokens) {
 			errp("chat: --max-tokens must be at least 1");
 			return 2;
 		}
+	} else if (o->prompt_file || o->question || o->summary) {
+		errp("%s: --prompt-file, --question and --summary are chat's",
+		     mode);
+		return 2;
 	} else if (!strcmp(mode, "score") && !o->input) {
 		errp("score needs --input FILE");
 		return 2;
@@ -332,6 +391,45 @@ static void print_kv_stats(struct runner *r, FILE *f)
 	fputc('\n', f);
 }
 
+/*
+ * --summary: chat's run as one line of key=value pairs on stderr, for
+ * scripts (examples/demo.sh prints a table of them).  Rates are tokens
+ * per second of the prefill (the whole prompt) and of the decode steps
+ * (answer tokens fed back, each one forward of one token).  With the
+ * daemon, its accounting of the tenant at the end of the run: the pages
+ * the sequence holds in the pool times the pool's page size (what
+ * kvtrimctl stats counts as kv_bytes) and the entries kept against those
+ * appended, over all layers and KV heads.  Without it the kv keys are
+ * absent.
+ */
+static void print_summary(struct runner *r, size_t prompt, size_t answer,
+                          int ended, uint32_t nd, double tp, double td)
+{
+	fprintf(stderr, "summary: prompt_tokens=%zu answer_tokens=%zu "
+	        "ended=%s prefill_s=%.3f prefill_tokens_per_s=%.1f "
+	        "decode_tokens=%u decode_s=%.3f decode_tokens_per_s=%.1f",
+	        prompt, answer, ended ? "eot" : "cut", tp,
+	        tp > 0 ? (double)prompt / tp : 0.0, nd, td,
+	        td > 0 ? nd / td : 0.0);
+	struct kvt_tenant_stats st;
+	struct kvt_table_view v;
+	if (r->e && !kvt_stats(engine_client(r->e), &st) &&
+	    !kvt_table_view(engine_client(r->e), &v))
+		fprintf(stderr, " pages_used=%llu page_bytes=%llu kv_bytes=%llu "
+		        "entries_appended=%llu entries_kept=%llu "
+		        "entries_evicted=%llu kept_fraction=%.3f",
+		        (unsigned long long)st.pages_used,
+		        (unsigned long long)v.page_bytes,
+		        (unsigned long long)(st.pages_used * v.page_bytes),
+		        (unsigned long long)st.entries_appended,
+		        (unsigned long long)st.entries_kept,
+		        (unsigned long long)st.entries_evicted,
+		        st.entries_appended ? (double)st.entries_kept /
+		                                      (double)st.entries_appended
+		                            : 1.0);
+	fputc('\n', stderr);
+}
+
 static void print_timing(uint32_t np, double tp, uint32_t nd, double td)
 {
 	fprintf(stderr, "prefill %u tokens %.3f s (%.1f tokens/s), decode %u "
@@ -436,7 +534,8 @@ int run_chat(const struct run_model *rm, struct runner *r,
 	struct tok_msg msg = {"user", o->prompt};
 	int rc = tok_chat(rm->tok, &msg, 1, 1, &ids, err, sizeof(err));
 	if (rc < 0) {
-		errp("chat: --prompt: %s", err);
+		errp("chat: %s: %s", o->prompt_file ? o->prompt_file :
+		     "--prompt", err);
 		ret = rc == KVT_ENOMEM ? 1 : 2;
 		goto out;
 	}
@@ -486,11 +585,14 @@ int run_chat(const struct run_model *rm, struct runner *r,
 	if (!ended)
 		errp("chat: the answer was cut at %zu tokens (%s)", ans.n,
 		     cap == o->max_tokens ? "--max-tokens" : "the context");
+	/* decode steps: every answer token but a cut answer's last */
+	uint32_t nd = (uint32_t)(ans.n - (ans.n && !ended));
 	if (o->timing)
-		print_timing((uint32_t)ids.n, t1 - t0,
-		             (uint32_t)(ans.n - (ans.n && !ended)), t2 - t1);
+		print_timing((uint32_t)ids.n, t1 - t0, nd, t2 - t1);
 	if (o->stats)
 		print_kv_stats(r, stderr);
+	if (o->summary)
+		print_summary(r, ids.n, ans.n, ended, nd, t1 - t0, t2 - t1);
 	ret = 0;
 	goto out;
 oom:

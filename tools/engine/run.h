@@ -29,10 +29,13 @@ struct tok;
 
 struct run_opts {
 	const char *prompt, *input, *dump, *out, *kind;
+	const char *prompt_file; /* chat: the user turn from a file */
+	const char *question;    /* chat: appended after a blank line */
 	struct engine_opts eo; /* eo.context: the context in use */
 	int no_daemon;
 	int stats;  /* generate, chat: the tenant's accounting on stderr */
 	int timing; /* prefill and decode tokens/s on stderr */
+	int summary; /* chat: one key=value line of the run on stderr */
 	uint32_t steps, max_bytes, prefill, horizon, max_tokens;
 	int prefill_set;
 	double temperature;
@@ -52,6 +55,17 @@ struct runner {
 	struct model_dense dn;
 	uint32_t chunk;
 };
+
+/*
+ * Assembles chat's user turn into *text (the caller frees it): --prompt
+ * TEXT or the contents of --prompt-file FILE (one of them), then, when
+ * --question is given, a blank line and the question.  A document with the
+ * question after it is the shape SnapKV-like policies expect: the last
+ * prompt tokens (the question) vote for what is kept.  *text is NULL when
+ * neither was given (run_check says so).  0, 1 (out of memory) or 2 (both
+ * given, the file unreadable or holding a NUL byte; reason printed).
+ */
+int run_prompt(const struct run_opts *o, char **text);
 
 /* Checks what mode needs before anything is opened: a tokenizer and
  * --prompt for chat, --input for score, ...; 0 or 2 (the reason printed). */
