@@ -242,14 +242,26 @@ $(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(ENGINE_OBJ)
 
 # Learned scorers for every model present (build/weights/<model>/), and the
 # quality tables (docs/results/quality.{csv,md,png}); see scripts/eval.sh.
+# weights: the llama2.c models of MODELS_DIR, then SmolLM2 when the model
+# cache holds it (verified by `make models`: the .sha256 stamp; the cache
+# rule of engine/model_files.h), about 25 minutes on two cores
+# (docs/weights.md); never fetches.
 MODELS_DIR ?= ../shared/models
 MODELS := $(basename $(notdir $(wildcard $(MODELS_DIR)/bytes2m.bin $(MODELS_DIR)/stories260K.bin)))
+WEIGHTS_JOBS ?= 2
 .PHONY: weights eval
 weights: $(TRAIN)
 	@for m in $(MODELS); do \
 	  echo "kvtrim-train $$m"; \
 	  $(TRAIN) --model $(MODELS_DIR)/$$m.bin --out $(B)/weights/$$m --seed 1 || exit 1; \
 	done
+	@d=$${KVTRIM_MODELS:-$${XDG_CACHE_HOME:-$$HOME/.cache}/kvtrim/models}; \
+	if [ -r "$$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then \
+	  echo "kvtrim-train smollm2"; \
+	  $(TRAIN) --model smollm2 --out $(B)/weights/smollm2 --seed 1 --jobs $(WEIGHTS_JOBS) || exit 1; \
+	else \
+	  echo "kvtrim-train smollm2: skipped, not in $$d (make models)"; \
+	fi
 
 eval: models-if-reachable $(TRAIN) $(EVAL) $(DAEMON)
 	B=$(B) MODELS_DIR=$(MODELS_DIR) sh scripts/eval.sh

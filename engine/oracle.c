@@ -1,14 +1,24 @@
 /*
  * oracle.c — KVzip, KVzip+ and future-attention targets from dense
- * attention maps; see oracle.h for the definitions.
+ * attention; see oracle.h for the definitions.
+ *
+ * The pass (oracle_run) hands model_forward an attention callback that
+ * sees the whole sequence at once (pos0 0, n tokens): per query head it
+ * forms S = Q K^T / sqrt(hd) with one sgemm, the causal softmax row by row
+ * (max subtracted, sum in double, as the engine's dense attention), the
+ * output P V with a second sgemm, and then reduces P into the requested
+ * targets before the next head overwrites it.
  */
 #include "oracle.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "tokenizer.h"
 
 int oracle_kind_parse(const char *s, enum oracle_kind *out)
 {
@@ -44,148 +54,260 @@ uint32_t oracle_default_sep(const struct model *m, int32_t *sep)
 	return 1;
 }
 
+int oracle_repeat_sep(const struct tok *t, int32_t *sep, uint32_t *n,
+                      char *err, size_t errlen)
+{
+	static const char prompt[] = "\n\nRepeat the previous context exactly.";
+	int chatml = tok_find(t, "<|im_start|>") >= 0 &&
+	             tok_find(t, "<|im_end|>") >= 0;
+	const char *turn = chatml ? "<|im_end|>\n<|im_start|>assistant\n"
+	                          : "\n";
+	struct tok_ids ids = {0};
+	int rc = tok_encode(t, prompt, strlen(prompt), 0, &ids, err, errlen);
+	if (!rc)
+		rc = tok_encode(t, turn, strlen(turn), TOK_SPECIAL, &ids, err,
+		                errlen);
+	if (!rc && ids.n > ORACLE_SEP_MAX) {
+		snprintf(err, errlen, "oracle: the repeat prompt takes %zu "
+		         "tokens, more than %d", ids.n, ORACLE_SEP_MAX);
+		rc = KVT_EINVAL;
+	}
+	if (!rc) {
+		memcpy(sep, ids.v, ids.n * sizeof(int32_t));
+		*n = (uint32_t)ids.n;
+	}
+	free(ids.v);
+	return rc;
+}
+
 uint32_t oracle_kvzip_max_ctx(uint32_t context, uint32_t n_sep)
 {
 	return context < 1 + n_sep ? 0 : (context - 1 - n_sep) / 2;
 }
 
-/* Dense pass of tokens[0..T) recording maps, x and v. */
-static int record(const struct model *m, const int32_t *tokens, uint32_t T,
-                  struct model_dense *dn)
+uint32_t oracle_max_ctx(const struct model *m, uint32_t context,
+                        uint32_t n_sep)
 {
-	int rc = model_dense_init(dn, m, T, 1);
-	if (rc)
-		return rc;
-	rc = model_dense_step(dn, tokens, T, NULL);
-	if (rc)
-		model_dense_free(dn);
+	uint32_t b = m->bos >= 0;
+	return context < b + n_sep ? 0 : (context - b - n_sep) / 2;
+}
+
+uint32_t oracle_scored(const struct model *m, uint32_t n_ctx)
+{
+	return (m->bos >= 0) + n_ctx;
+}
+
+/* ---------------------------------------------------------------- pass */
+
+struct pass {
+	const struct model *m;
+	const struct oracle_req *r;
+	float *S;   /* [n][n] probabilities of the current head */
+	float *U;   /* [scored][d] W_O^h v_i of the current head */
+	float *nv;  /* [scored] ||W_O^h v_i|| */
+	float *inx; /* [n] 1 / ||x_j|| */
+};
+
+/* KVzip and KVzip+ maxima of head h (group g) over the copy queries. */
+static void reduce_kvzip(struct pass *p, uint32_t l, uint32_t h, uint32_t g,
+                         const float *v)
+{
+	const struct oracle_req *r = p->r;
+	const struct model_config *c = &p->m->cfg;
+	const uint32_t n = r->n, T = r->scored, Hkv = c->n_kv_heads,
+	               hd = c->head_dim, d = c->dim;
+	if (r->kvzip_plus) {
+		/* U = V_g W_O^h^T: W_O^h = columns h*hd.. of wo [d][d] */
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T,
+		            (int)d, (int)hd, 1.0f, v + (size_t)g * hd,
+		            (int)(Hkv * hd),
+		            p->m->wo + (size_t)l * d * d + (size_t)h * hd,
+		            (int)d, 0.0f, p->U, (int)d);
+		for (uint32_t i = 0; i < T; i++) {
+			const float *u = p->U + (size_t)i * d;
+			double ss = 0.0;
+			for (uint32_t e = 0; e < d; e++)
+				ss += (double)u[e] * u[e];
+			p->nv[i] = (float)sqrt(ss);
+		}
+	}
+	float *oz = r->kvzip ? r->kvzip + ((size_t)l * Hkv + g) * T : NULL;
+	float *op = r->kvzip_plus ? r->kvzip_plus + ((size_t)l * Hkv + g) * T
+	                          : NULL;
+	for (uint32_t j = r->q0; j < n; j++) {
+		const float *row = p->S + (size_t)j * n;
+		if (oz)
+			for (uint32_t i = 0; i < T; i++)
+				oz[i] = row[i] > oz[i] ? row[i] : oz[i];
+		if (op) {
+			float ix = p->inx[j];
+			for (uint32_t i = 0; i < T; i++) {
+				float a = row[i] * p->nv[i] * ix;
+				op[i] = a > op[i] ? a : op[i];
+			}
+		}
+	}
+}
+
+static void reduce_windows(struct pass *p, uint32_t l, uint32_t g)
+{
+	const struct oracle_req *r = p->r;
+	const struct model_config *c = &p->m->cfg;
+	const uint32_t n = r->n, G = c->n_heads / c->n_kv_heads;
+	for (uint32_t w = 0; w < r->n_win; w++) {
+		const struct oracle_win *wn = &r->win[w];
+		float *o = wn->out + ((size_t)l * c->n_kv_heads + g) * r->rows;
+		for (uint32_t i = 0; i < r->rows; i++) {
+			uint64_t a = (uint64_t)i + wn->lo + 1,
+			         b = (uint64_t)i + wn->hi;
+			if (b > r->plain - 1)
+				b = r->plain - 1;
+			double s = 0.0;
+			for (uint64_t t = a; t <= b; t++)
+				s += p->S[t * n + i];
+			if (wn->mean)
+				o[i] += (float)(s / G);
+			else if ((float)s > o[i])
+				o[i] = (float)s;
+		}
+	}
+}
+
+static int pass_attend(void *ctx, uint32_t l, uint32_t pos0, uint32_t n,
+                       const float *x, const float *q, const float *k,
+                       const float *v, float *out, float *lse)
+{
+	struct pass *p = ctx;
+	const struct oracle_req *r = p->r;
+	const struct model_config *c = &p->m->cfg;
+	const uint32_t H = c->n_heads, Hkv = c->n_kv_heads, G = H / Hkv,
+	               hd = c->head_dim, d = c->dim;
+	if (pos0 != 0 || n != r->n)
+		return KVT_EINVAL; /* the pass runs in one step */
+	const float scale = 1.0f / sqrtf((float)hd);
+	if (r->xs)
+		memcpy(r->xs + (size_t)l * r->xs_rows * d, x,
+		       sizeof(float) * r->xs_rows * d);
+	if (r->kvzip_plus)
+		for (uint32_t j = r->q0; j < n; j++) {
+			const float *xj = x + (size_t)j * d;
+			double ss = 0.0;
+			for (uint32_t e = 0; e < d; e++)
+				ss += (double)xj[e] * xj[e];
+			p->inx[j] = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+		}
+	size_t per = (size_t)Hkv * r->scored;
+	if (r->kvzip)
+		memset(r->kvzip + l * per, 0, per * sizeof(float));
+	if (r->kvzip_plus)
+		memset(r->kvzip_plus + l * per, 0, per * sizeof(float));
+	for (uint32_t w = 0; w < r->n_win; w++)
+		memset(r->win[w].out + (size_t)l * Hkv * r->rows, 0,
+		       sizeof(float) * Hkv * r->rows);
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t g = h / G;
+		float *S = p->S;
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n,
+		            (int)n, (int)hd, scale, q + (size_t)h * hd,
+		            (int)(H * hd), k + (size_t)g * hd, (int)(Hkv * hd),
+		            0.0f, S, (int)n);
+		for (uint32_t t = 0; t < n; t++) {
+			float *s = S + (size_t)t * n, mx = -INFINITY;
+			for (uint32_t i = 0; i <= t; i++)
+				mx = s[i] > mx ? s[i] : mx;
+			double sum = 0.0;
+			for (uint32_t i = 0; i <= t; i++) {
+				s[i] = expf(s[i] - mx);
+				sum += s[i];
+			}
+			float inv = (float)(1.0 / sum);
+			for (uint32_t i = 0; i <= t; i++)
+				s[i] *= inv;
+			for (uint32_t i = t + 1; i < n; i++)
+				s[i] = 0.0f;
+			lse[(size_t)t * H + h] = mx + (float)log(sum);
+		}
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n,
+		            (int)hd, (int)n, 1.0f, S, (int)n, v + (size_t)g * hd,
+		            (int)(Hkv * hd), 0.0f, out + (size_t)h * hd,
+		            (int)(H * hd));
+		if (r->kvzip || r->kvzip_plus)
+			reduce_kvzip(p, l, h, g, v);
+		reduce_windows(p, l, g);
+	}
+	if (r->kvzip_plus)
+		for (size_t i = 0; i < per; i++) {
+			float *o = r->kvzip_plus + l * per + i;
+			*o = logf(*o > 1e-30f ? *o : 1e-30f);
+		}
+	return 0;
+}
+
+int oracle_run(const struct model *m, const struct oracle_req *r)
+{
+	const struct model_config *c = &m->cfg;
+	int kz = r->kvzip || r->kvzip_plus;
+	if (!r->n || (kz && (r->q0 >= r->n || !r->scored ||
+	                     r->scored > r->q0)) ||
+	    (r->n_win && (r->n_win > ORACLE_WIN_MAX || !r->rows ||
+	                  r->rows > r->plain || r->plain > r->n)) ||
+	    (r->xs && r->xs_rows > r->n))
+		return KVT_EINVAL;
+	for (uint32_t w = 0; w < r->n_win; w++)
+		if (!r->win[w].out || r->win[w].lo >= r->win[w].hi)
+			return KVT_EINVAL;
+	struct pass p = {m, r, NULL, NULL, NULL, NULL};
+	p.S = malloc(sizeof(float) * (size_t)r->n * r->n);
+	if (r->kvzip_plus) {
+		p.U = malloc(sizeof(float) * (size_t)r->scored * c->dim);
+		p.nv = malloc(sizeof(float) * r->scored);
+		p.inx = malloc(sizeof(float) * r->n);
+	}
+	int rc = KVT_ENOMEM;
+	if (p.S && (!r->kvzip_plus || (p.U && p.nv && p.inx))) {
+		struct model_attn a = {pass_attend, &p};
+		rc = model_forward(m, r->tokens, r->n, 0, &a, r->logits);
+	}
+	free(p.S);
+	free(p.U);
+	free(p.nv);
+	free(p.inx);
 	return rc;
 }
 
 int oracle_kvzip(const struct model *m, const int32_t *ctx, uint32_t n_ctx,
                  const int32_t *sep, uint32_t n_sep, int plus, float *out)
 {
-	const struct model_config *c = &m->cfg;
 	if (!n_ctx)
 		return KVT_EINVAL;
-	const uint32_t T = 1 + n_ctx, N = 1 + 2 * n_ctx + n_sep;
-	const uint32_t j0 = 1 + n_ctx + n_sep; /* first query of the copy */
-	const uint32_t H = c->n_heads, Hkv = c->n_kv_heads, G = H / Hkv,
-	               hd = c->head_dim, d = c->dim;
+	const uint32_t b = m->bos >= 0, T = b + n_ctx, j0 = T + n_sep,
+	               N = j0 + n_ctx;
 	int32_t *seq = malloc(sizeof(int32_t) * N);
-	float *nv = malloc(sizeof(float) * (size_t)H * T);    /* [H][T] */
-	float *inx = malloc(sizeof(float) * N);               /* [N] */
-	if (!seq || !nv || !inx) {
-		free(seq);
-		free(nv);
-		free(inx);
+	if (!seq)
 		return KVT_ENOMEM;
-	}
-	seq[0] = MODEL_BOS;
-	memcpy(seq + 1, ctx, n_ctx * sizeof(int32_t));
-	memcpy(seq + 1 + n_ctx, sep, n_sep * sizeof(int32_t));
+	if (b)
+		seq[0] = m->bos;
+	memcpy(seq + b, ctx, n_ctx * sizeof(int32_t));
+	memcpy(seq + T, sep, n_sep * sizeof(int32_t));
 	memcpy(seq + j0, ctx, n_ctx * sizeof(int32_t));
-	struct model_dense dn;
-	int rc = record(m, seq, N, &dn);
-	if (rc)
-		goto out;
-
-	for (uint32_t l = 0; l < c->n_layers; l++) {
-		if (plus) {
-			/* ||W_O^h v_i||: W_O^h = columns h*hd.. of wo [d][d] */
-			const float *wo = m->wo + (size_t)l * d * d;
-			for (uint32_t h = 0; h < H; h++) {
-				const float *vb = dn.v + ((size_t)l * Hkv + h / G) *
-				                                 N * hd;
-				for (uint32_t i = 0; i < T; i++) {
-					const float *vi = vb + (size_t)i * hd;
-					double ss = 0.0;
-					for (uint32_t r = 0; r < d; r++) {
-						const float *w = wo + (size_t)r * d +
-						                 (size_t)h * hd;
-						double u = 0.0;
-						for (uint32_t e = 0; e < hd; e++)
-							u += (double)w[e] * vi[e];
-						ss += u * u;
-					}
-					nv[(size_t)h * T + i] = (float)sqrt(ss);
-				}
-			}
-			for (uint32_t j = j0; j < N; j++) {
-				const float *x = dn.xs + ((size_t)l * N + j) * d;
-				double ss = 0.0;
-				for (uint32_t e = 0; e < d; e++)
-					ss += (double)x[e] * x[e];
-				inx[j] = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
-			}
-		}
-		for (uint32_t g = 0; g < Hkv; g++) {
-			float *o = out + ((size_t)l * Hkv + g) * T;
-			for (uint32_t i = 0; i < T; i++)
-				o[i] = 0.0f;
-			for (uint32_t h = g * G; h < (g + 1) * G; h++) {
-				const float *map = dn.maps +
-				                   (size_t)(l * H + h) * N * N;
-				for (uint32_t j = j0; j < N; j++) {
-					const float *row = map + (size_t)j * N;
-					for (uint32_t i = 0; i < T; i++) {
-						float a = row[i];
-						if (plus)
-							a *= nv[(size_t)h * T + i] *
-							     inx[j];
-						if (a > o[i])
-							o[i] = a;
-					}
-				}
-			}
-			if (plus)
-				for (uint32_t i = 0; i < T; i++)
-					o[i] = logf(o[i] > 1e-30f ? o[i]
-					                          : 1e-30f);
-		}
-	}
-	model_dense_free(&dn);
-out:
+	struct oracle_req r = {.tokens = seq, .n = N, .scored = T, .q0 = j0};
+	if (plus)
+		r.kvzip_plus = out;
+	else
+		r.kvzip = out;
+	int rc = oracle_run(m, &r);
 	free(seq);
-	free(nv);
-	free(inx);
 	return rc;
 }
 
 int oracle_future(const struct model *m, const int32_t *tokens, uint32_t T,
                   uint32_t horizon, float *out)
 {
-	const struct model_config *c = &m->cfg;
 	if (!T || !horizon)
 		return KVT_EINVAL;
-	const uint32_t H = c->n_heads, Hkv = c->n_kv_heads, G = H / Hkv;
-	struct model_dense dn;
-	int rc = record(m, tokens, T, &dn);
-	if (rc)
-		return rc;
-	for (uint32_t l = 0; l < c->n_layers; l++)
-		for (uint32_t g = 0; g < Hkv; g++) {
-			float *o = out + ((size_t)l * Hkv + g) * T;
-			for (uint32_t i = 0; i < T; i++) {
-				uint32_t end = (uint64_t)i + horizon < T - 1
-				                       ? i + horizon
-				                       : T - 1;
-				float best = 0.0f;
-				for (uint32_t h = g * G; h < (g + 1) * G; h++) {
-					const float *map =
-						dn.maps +
-						(size_t)(l * H + h) * T * T;
-					double s = 0.0;
-					for (uint32_t t = i + 1; t <= end; t++)
-						s += map[(size_t)t * T + i];
-					if ((float)s > best)
-						best = (float)s;
-				}
-				o[i] = best;
-			}
-		}
-	model_dense_free(&dn);
-	return 0;
+	struct oracle_req r = {.tokens = tokens, .n = T, .rows = T, .plain = T,
+	                       .n_win = 1, .win = {{0, horizon, 0, out}}};
+	return oracle_run(m, &r);
 }
 
 int oracle_write(const char *path, enum oracle_kind kind,

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer.h"
+
 uint64_t dataset_rng(uint64_t *s)
 {
 	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -33,10 +35,16 @@ int dataset_is_bytes(const struct model *m)
 	return m->cfg.vocab_size == 256;
 }
 
-int dataset_text(enum dataset_split split, char **out, size_t *n, char *err,
-                 size_t errlen)
+const char *dataset_corpus_path(void)
 {
-	const char *path = dataset_text_path();
+	const char *p = getenv("KVTRIM_TRAIN_TEXT");
+	return p && *p ? p : "../shared/corpus/train-man.txt";
+}
+
+/* The whole file at path: malloc'ed bytes in *out, length in *n. */
+static int read_all(const char *path, char **out, size_t *n, char *err,
+                    size_t errlen)
+{
 	*out = NULL;
 	*n = 0;
 	FILE *f = fopen(path, "rb");
@@ -60,19 +68,38 @@ int dataset_text(enum dataset_split split, char **out, size_t *n, char *err,
 		buf = nb;
 		cap *= 2;
 	}
+	int bad = ferror(f);
 	fclose(f);
 	if (!buf) {
 		snprintf(err, errlen, "out of memory");
 		return KVT_ENOMEM;
 	}
+	if (bad) {
+		free(buf);
+		snprintf(err, errlen, "%s: read error", path);
+		return KVT_ESYS;
+	}
+	*out = buf;
+	*n = len;
+	return 0;
+}
+
+int dataset_text(enum dataset_split split, char **out, size_t *n, char *err,
+                 size_t errlen)
+{
+	char *buf;
+	size_t len;
+	int rc = read_all(dataset_text_path(), &buf, &len, err, errlen);
+	if (rc)
+		return rc;
 	/* The cut: first newline at or after 60 % (inclusive in train). */
 	size_t cut = (size_t)(len * DATASET_TRAIN_FRACTION);
 	while (cut < len && buf[cut] != '\n')
 		cut++;
 	if (cut < len)
 		cut++;
-	size_t a = split == DATASET_TRAIN ? 0 : cut;
-	size_t b = split == DATASET_TRAIN ? cut : len;
+	size_t a = split == DATASET_EVAL ? cut : 0;
+	size_t b = split == DATASET_EVAL ? len : cut;
 	memmove(buf, buf + a, b - a);
 	*out = buf;
 	*n = b - a;
@@ -130,6 +157,11 @@ int dataset_build(const struct model *m, enum dataset_split split,
 		         len, max_n);
 		return KVT_EINVAL;
 	}
+	if (m->version == MODEL_GGUF) {
+		snprintf(err, errlen, "dataset: a GGUF model's windows come "
+		         "from its tokenizer (dataset_build_tok)");
+		return KVT_EINVAL;
+	}
 	out->len = len;
 	if (dataset_is_bytes(m)) {
 		char *text;
@@ -181,6 +213,105 @@ int dataset_build(const struct model *m, enum dataset_split split,
 	}
 	out->n = max_n;
 	return 0;
+}
+
+/* Tokens of text[0..n) from its start until at least want of them (or the
+ * end): the chunk grows until it holds enough.  *used: the bytes of the
+ * first want tokens (byte-level BPE: a token's bytes are its text). */
+static int tok_window(const struct tok *t, const char *text, size_t n,
+                      uint32_t want, struct tok_ids *ids, size_t *used,
+                      char *err, size_t errlen)
+{
+	size_t chunk = (size_t)want * 6;
+	for (;;) {
+		if (chunk > n)
+			chunk = n;
+		/* end the chunk at a line end so no piece is cut */
+		size_t e = chunk;
+		while (e < n && text[e - 1] != '\n')
+			e++;
+		ids->n = 0;
+		int rc = tok_encode(t, text, e, 0, ids, err, errlen);
+		if (rc)
+			return rc;
+		if (ids->n >= want || e == n) {
+			size_t u = 0, k = ids->n < want ? ids->n : want;
+			for (size_t i = 0; i < k; i++) {
+				size_t bl = 0;
+				(void)tok_token_bytes(t, ids->v[i], &bl);
+				u += bl;
+			}
+			*used = u;
+			return 0;
+		}
+		chunk = e * 2;
+	}
+}
+
+int dataset_build_tok(const struct model *m, const struct tok *t,
+                      enum dataset_split split, uint32_t len, uint32_t max_n,
+                      struct dataset *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof(*out));
+	const uint32_t b = m->bos >= 0;
+	if (len < 2 + b || !max_n) {
+		snprintf(err, errlen, "dataset: bad length %u or count %u",
+		         len, max_n);
+		return KVT_EINVAL;
+	}
+	char *text;
+	size_t n;
+	int rc = split == DATASET_TRAIN
+	                 ? read_all(dataset_corpus_path(), &text, &n, err,
+	                            errlen)
+	                 : dataset_text(split, &text, &n, err, errlen);
+	if (rc)
+		return rc;
+	out->tok = malloc(sizeof(int32_t) * (size_t)max_n * len);
+	struct tok_ids ids = {0};
+	if (!out->tok) {
+		free(text);
+		return KVT_ENOMEM;
+	}
+	out->len = len;
+	size_t at = 0; /* end of the previous window's bytes */
+	for (uint32_t k = 0; k < max_n && !rc; k++) {
+		size_t s = (size_t)((double)k * n / max_n);
+		if (s < at)
+			s = at;
+		while (s > 0 && s < n && text[s - 1] != '\n')
+			s++;
+		if (s >= n)
+			break;
+		size_t used;
+		rc = tok_window(t, text + s, n - s, len - b, &ids, &used, err,
+		                errlen);
+		if (rc) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", err);
+			snprintf(err, errlen, "dataset: the text from byte %zu: "
+			         "%s", s, why);
+			break;
+		}
+		if (ids.n < len - b)
+			break; /* the part ran out */
+		int32_t *w = out->tok + (size_t)out->n * len;
+		if (b)
+			w[0] = m->bos;
+		memcpy(w + b, ids.v, sizeof(int32_t) * (len - b));
+		out->n++;
+		at = s + used;
+	}
+	free(ids.v);
+	free(text);
+	if (!rc && !out->n) {
+		snprintf(err, errlen, "dataset: the text part holds no window "
+		         "of %u tokens", len);
+		rc = KVT_EINVAL;
+	}
+	if (rc)
+		dataset_free(out);
+	return rc;
 }
 
 void dataset_free(struct dataset *d)

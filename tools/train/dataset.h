@@ -13,6 +13,21 @@
  * overlap and, when there are more than asked for, are taken evenly spaced
  * over the part (so they are not all from its first documents).
  *
+ * Models with a tokenizer (GGUF, SmolLM2; dataset_build_tok): text through
+ * the model's tokenizer, BOS first only when the model has one (m->bos >=
+ * 0; SmolLM2 has none).  The parts:
+ *   train    ../shared/corpus/train-man.txt ($KVTRIM_TRAIN_TEXT), whole:
+ *            rendered man pages, none of them in the held-out text
+ *   heldout  bytes [0, cut) of the held-out text above: kvtrim-train's
+ *            held-out fit metrics only
+ *   eval     bytes [cut, end) of it: kvtrim-eval's measurements only
+ * Window k of n starts at the first line start at or after byte
+ * k * part / n of its part (later, at the first line start after the
+ * previous window's text, when that ran past it), and holds the first len
+ * tokens of the text from there; windows never overlap and never cross their part's end
+ * (fewer come back when the part runs out).  Each window is tokenized on
+ * its own, so the sub-sample never tokenizes the whole 3 MB.
+ *
  * Token-id models (stories260K, whose tokenizer is not available): every
  * sequence is sampled from the model itself at temperature 1, starting at
  * BOS and continuing through later BOS tokens (new stories), len tokens.
@@ -34,12 +49,19 @@
 #define DATASET_TRAIN_FRACTION 0.6
 #define DATASET_EVAL_SEED 0x6576616c2d6b7674ull /* "eval-kvt" */
 
-enum dataset_split { DATASET_TRAIN = 0, DATASET_EVAL = 1 };
+enum dataset_split {
+	DATASET_TRAIN = 0,
+	DATASET_EVAL = 1,
+	DATASET_HELDOUT = 2, /* models with a tokenizer only (above) */
+};
+
+struct tok;
 
 struct dataset {
 	uint32_t n;    /* sequences */
 	uint32_t len;  /* tokens per sequence */
-	int32_t *tok;  /* [n][len], tok[k * len] == MODEL_BOS */
+	int32_t *tok;  /* [n][len]; tok[k * len] is the model's BOS when it
+	                  has one */
 };
 
 /* splitmix64 step: the one generator of both tools (deterministic,
@@ -52,6 +74,10 @@ double dataset_uniform(uint64_t *state);
  * ../shared/models/bytes2m-valid.txt (relative to the repository root). */
 const char *dataset_text_path(void);
 
+/* Path of the training text of models with a tokenizer:
+ * $KVTRIM_TRAIN_TEXT, else ../shared/corpus/train-man.txt. */
+const char *dataset_corpus_path(void);
+
 /*
  * Reads the text part of split (byte models): malloc'ed bytes in *out,
  * length in *n.  KVT_ESYS when the file cannot be read.
@@ -63,11 +89,22 @@ int dataset_text(enum dataset_split split, char **out, size_t *n, char *err,
  * Builds up to max_n sequences of len tokens of split for model m (byte
  * text or model samples, see above).  Byte models give fewer when the part
  * holds fewer windows.  seed is used by training splits of token-id
- * models only.
+ * models only.  A GGUF model is refused (KVT_EINVAL): its sequences come
+ * from dataset_build_tok.
  */
 int dataset_build(const struct model *m, enum dataset_split split,
                   uint32_t len, uint32_t max_n, uint64_t seed,
                   struct dataset *out, char *err, size_t errlen);
+
+/*
+ * The windows of split (train, heldout or eval) for a model with the
+ * tokenizer t (see above): up to max_n sequences of len tokens.
+ * KVT_ESYS when a text cannot be read, KVT_EINVAL when the part holds no
+ * window or the text does not tokenize (with the byte offset).
+ */
+int dataset_build_tok(const struct model *m, const struct tok *t,
+                      enum dataset_split split, uint32_t len, uint32_t max_n,
+                      struct dataset *out, char *err, size_t errlen);
 
 void dataset_free(struct dataset *d);
 

@@ -3,22 +3,28 @@
  * own oracles and writes them where the policies load them.
  *
  *   kvtrim-train --model M --out DIR [--seed S] [--quick] [--windows N]
+ *                [--heldout N] [--jobs N] [--window W] [--rows N]
  *
- * Data (dataset.h): training sequences of the model's context length
- * (512); never the evaluation split.  Per sequence and layer:
- *   - KVzip / KVzip+ targets (oracle.h) of its first 1 + n_ctx positions,
- *     n_ctx = the longest context whose reconstruction pretext
- *     [BOS] ctx sep ctx fits the context (254 bytes for bytes2m);
- *   - attention inputs x (post input-RMSNorm) from a dense pass over the
- *     whole sequence (causal, so the first positions equal the pretext's);
- *   - KVpop features and targets from the same pass's attention maps:
- *     a_{i,g} = sum_{t in (i, i+d]} mean_{h in grp(g)} a^h_{t,i}  (what
- *     the policy accumulates during the delay d) and the target
- *     y_{i,g} = max_{h in grp(g)} sum_{t in (i+d, i+d+N]} a^h_{t,i}, the
- *     future attention after the decision (horizon N), for every i whose
- *     horizon fits the sequence.
- * The last 10 % of the sequences are held out: the R^2 / Spearman printed
- * per layer are on them.
+ * M: a llama2.c checkpoint, a llama GGUF file, or a model name of
+ * model_files.h ("smollm2").  Data (dataset.h, collect.h): windows of W
+ * tokens, never the evaluation split; per window the KVzip / KVzip+
+ * targets (oracle.h) of its first entries and the KVpop feature and target
+ * from its attention, with the attention inputs x.
+ *   byte / llama2.c models: W = the model's context (512); KVzip on the
+ *     longest ctx whose pretext fits it (254 bytes for bytes2m); every row
+ *     used; the last 10 % of the --windows windows (default 192) held out.
+ *   models with a tokenizer (SmolLM2): W = --window (default
+ *     RECIPE_TOK_WINDOW, 512 tokens), the whole window is the KVzip
+ *     context (pretext 2 W + the repeat prompt); training windows from
+ *     ../shared/corpus/train-man.txt (default RECIPE_TOK_WINDOWS), held-out
+ *     windows from the first part of ../shared/models/bytes2m-valid.txt
+ *     (default RECIPE_TOK_HELDOUT; never the part kvtrim-eval measures
+ *     on); --rows (default RECIPE_TOK_ROWS) sampled rows per window for
+ *     each of the KVzap and KVpop sets.
+ * The R^2 / Spearman printed per layer are on the held-out windows, as is
+ * the copy check (how often the model's top-1 prediction on the repeated
+ * copy is the context token: the KVzip targets mean something only if the
+ * model does repeat).
  *
  * Models (recipe.h), written under DIR:
  *   kvzap-linear/  config.json + model.safetensors  ridge, alpha 1, on
@@ -28,29 +34,39 @@
  *   fastkvzip.safetensors   sink-attention gate, BCE on KVzip (gate.h)
  *   kvpop.safetensors       KVpop scorer on ln future attention (pop.h)
  *   fit.txt                 the fit table printed on stdout
- * Deterministic for a given seed: one thread, fixed shapes, seeded
- * shuffles and inits.
+ *   fit.csv                 the same, one row per layer
+ * Progress (windows, tokens, layer, elapsed, ETA) goes to stderr: one
+ * rewritten line on a terminal, else a line at most every 10 s.
+ * Deterministic for a given seed: BLAS on one thread, fixed shapes,
+ * seeded samples, shuffles and inits; --jobs N runs the oracle passes of
+ * N windows at once, each on one thread into rows it owns, then the fits
+ * of N layers at once, each on one thread, so the output does not depend
+ * on N.
  */
-#include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
+#include <unistd.h>
 
+#include "collect.h"
 #include "dataset.h"
 #include "fit.h"
 #include "gate.h"
+#include "gguf.h"
 #include "kernels.h"
 #include "model.h"
+#include "model_files.h"
+#include "now.h"
 #include "oracle.h"
 #include "pop.h"
 #include "recipe.h"
-#include "weights.h"
+#include "save.h"
+#include "tokenizer.h"
 
 void openblas_set_num_threads(int n);
 
@@ -71,453 +87,599 @@ static void say(const char *fmt, ...)
 	fflush(stdout);
 }
 
-static int mkdirs(const char *path)
+/* ---------------------------------------------------------------- progress */
+
+struct progress {
+	uint64_t t0, last; /* ms */
+	int tty, open;     /* open: a \r line is on the terminal */
+	uint32_t per;      /* tokens per window */
+};
+
+static void hms(char *b, size_t n, double s)
 {
-	char b[1024];
-	snprintf(b, sizeof(b), "%s", path);
-	for (char *p = b + 1; *p; p++)
-		if (*p == '/') {
-			*p = 0;
-			if (mkdir(b, 0755) < 0 && errno != EEXIST)
-				return -1;
-			*p = '/';
-		}
-	return mkdir(b, 0755) < 0 && errno != EEXIST ? -1 : 0;
+	long v = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
+	snprintf(b, n, "%ldm%02lds", v / 60, v % 60);
 }
+
+/* Prints "what done/total, elapsed, ETA" when it is time to. */
+static void progress_say(struct progress *pg, const char *what, uint32_t done,
+                         uint32_t total, const char *extra)
+{
+	uint64_t t = now_ms();
+	if (done < total && t - pg->last < (pg->tty ? 500u : 10000u))
+		return;
+	pg->last = t;
+	double el = (double)(t - pg->t0) / 1e3;
+	char e[32], eta[32];
+	hms(e, sizeof(e), el);
+	hms(eta, sizeof(eta), done ? el / done * (total - done) : 0);
+	fprintf(stderr, "%skvtrim-train: %s %u/%u%s, elapsed %s, ETA %s%s",
+	        pg->tty ? "\r" : "", what, done, total, extra, e, eta,
+	        pg->tty ? "\033[K" : "\n");
+	pg->open = pg->tty;
+	if (pg->tty && done == total) {
+		fputc('\n', stderr);
+		pg->open = 0;
+	}
+	fflush(stderr);
+}
+
+static void on_window(void *ctx, uint32_t done, uint32_t n_win)
+{
+	struct progress *pg = ctx;
+	char x[64];
+	snprintf(x, sizeof(x), " windows (%llu tokens)",
+	         (unsigned long long)done * pg->per);
+	progress_say(pg, "oracles", done, n_win, x);
+}
+
+/* ---------------------------------------------------------------- setup */
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrim-train --model M --out DIR [--seed S] "
-	           "[--quick] [--windows N]\n");
+	           "[--quick] [--windows N] [--heldout N] [--jobs N] "
+	           "[--window W] [--rows N]\n");
 }
 
-/* Per-layer sample arrays (train and held-out halves share a buffer:
- * rows [0, n_tr) train, [n_tr, n) held out). */
-struct set {
-	size_t n, n_tr;
-	float *x;  /* [L][n][d] */
-	float *y1; /* [L][n][n_kv] */
-	float *y2; /* [L][n][n_kv] */
+/* The tokenizer of a GGUF model (NULL for llama2.c checkpoints). */
+static int load_tok(const char *path, const struct model *m, struct tok **t,
+                    char *err, size_t errlen)
+{
+	*t = NULL;
+	if (m->version != MODEL_GGUF)
+		return 0;
+	struct gguf *g;
+	int rc = gguf_open(path, &g, err, errlen);
+	if (rc < 0)
+		return rc;
+	if (!gguf_find(g, "tokenizer.ggml.model")) {
+		snprintf(err, errlen, "%.900s: no tokenizer in the file", path);
+		rc = KVT_EINVAL;
+	} else if ((rc = tok_load(g, t, err, errlen)) == 0 &&
+	           tok_vocab_size(*t) > m->cfg.vocab_size) {
+		snprintf(err, errlen, "%.900s: the tokenizer has more tokens than "
+		         "the model", path);
+		tok_free(*t);
+		*t = NULL;
+		rc = KVT_EINVAL;
+	}
+	gguf_close(g);
+	return rc;
+}
+
+struct opts {
+	uint64_t seed;
+	int quick;
+	uint32_t windows, heldout, jobs, window, rows;
 };
 
-static int set_alloc(struct set *s, uint32_t L, size_t n, uint32_t d,
-                     uint32_t nkv)
+/* The windows: n_tr training ones then n_ho held-out ones, in *ptr. */
+struct data {
+	struct dataset tr, ho;
+	const int32_t **ptr;
+	uint32_t n_tr, n_ho;
+};
+
+static void data_free(struct data *dt)
 {
-	s->n = n;
-	s->x = malloc(sizeof(float) * L * n * d + 1);
-	s->y1 = malloc(sizeof(float) * L * n * nkv + 1);
-	s->y2 = malloc(sizeof(float) * L * n * nkv + 1);
-	return s->x && s->y1 && s->y2 ? 0 : KVT_ENOMEM;
+	dataset_free(&dt->tr);
+	dataset_free(&dt->ho);
+	free(dt->ptr);
 }
 
-static void set_free(struct set *s)
+static int setup(const struct model *m, const struct tok *t,
+                 const struct opts *o, struct collect_geom *g,
+                 struct data *dt, char *err, size_t errlen)
 {
-	free(s->x);
-	free(s->y1);
-	free(s->y2);
+	const uint32_t ctx = model_context(m), b = m->bos >= 0;
+	memset(g, 0, sizeof(*g));
+	memset(dt, 0, sizeof(*dt));
+	g->D = RECIPE_KVPOP_DELAY;
+	g->N = RECIPE_KVPOP_HORIZON;
+	int rc;
+	if (t) {
+		if ((rc = oracle_repeat_sep(t, g->sep, &g->n_sep, err,
+		                            errlen)))
+			return rc;
+		g->W = o->window ? o->window : RECIPE_TOK_WINDOW;
+		g->n_ctx = g->W - b;
+		if (g->W <= b ||
+		    oracle_max_ctx(m, ctx, g->n_sep) < g->n_ctx) {
+			snprintf(err, errlen, "window %u: the pretext does not "
+			         "fit the context %u", g->W, ctx);
+			return KVT_EINVAL;
+		}
+	} else {
+		g->n_sep = oracle_default_sep(m, g->sep);
+		g->W = ctx;
+		g->n_ctx = oracle_max_ctx(m, ctx, g->n_sep);
+	}
+	g->T = oracle_scored(m, g->n_ctx);
+	if (g->W <= g->D + g->N + 1 || !g->n_ctx) {
+		snprintf(err, errlen, "window %u: too short for the KVpop "
+		         "delay %u and horizon %u", g->W, g->D, g->N);
+		return KVT_EINVAL;
+	}
+	g->npw = g->W - g->D - g->N;
+	uint32_t rows = o->rows ? o->rows : t ? RECIPE_TOK_ROWS : 0;
+	g->nz = rows && rows < g->T ? rows : g->T;
+	g->np = rows && rows < g->npw ? rows : g->npw;
+	if (t) {
+		uint32_t nt = o->windows ? o->windows
+		              : o->quick ? 4 : RECIPE_TOK_WINDOWS;
+		uint32_t nh = o->heldout ? o->heldout
+		              : o->quick ? 2 : RECIPE_TOK_HELDOUT;
+		if ((rc = dataset_build_tok(m, t, DATASET_TRAIN, g->W, nt,
+		                            &dt->tr, err, errlen)) ||
+		    (rc = dataset_build_tok(m, t, DATASET_HELDOUT, g->W, nh,
+		                            &dt->ho, err, errlen)))
+			goto fail;
+		dt->n_tr = dt->tr.n;
+		dt->n_ho = dt->ho.n;
+	} else {
+		uint32_t nw = o->windows ? o->windows : o->quick ? 6 : 192;
+		if ((rc = dataset_build(m, DATASET_TRAIN, g->W, nw, o->seed,
+		                        &dt->tr, err, errlen)))
+			goto fail;
+		if (dt->tr.n < 2) {
+			snprintf(err, errlen, "too little data");
+			rc = KVT_EINVAL;
+			goto fail;
+		}
+		dt->n_ho = dt->tr.n / 10 ? dt->tr.n / 10 : 1;
+		dt->n_tr = dt->tr.n - dt->n_ho;
+	}
+	uint32_t n = dt->n_tr + dt->n_ho;
+	dt->ptr = malloc(sizeof(*dt->ptr) * n);
+	if (!dt->ptr) {
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	for (uint32_t w = 0; w < n; w++)
+		dt->ptr[w] = w < dt->tr.n ? dt->tr.tok + (size_t)w * g->W
+		                          : dt->ho.tok +
+		                                    (size_t)(w - dt->tr.n) * g->W;
+	return 0;
+fail:
+	data_free(dt);
+	return rc;
 }
 
-static int write_kvzap(const char *dir, const struct model_config *c,
-                       uint32_t hidden, float *const *W1, float *const *b1,
-                       float *const *W2, float *const *b2, char *err,
-                       size_t errlen)
-{
-	if (mkdirs(dir) < 0) {
-		snprintf(err, errlen, "%.900s: %s", dir, strerror(errno));
-		return KVT_ESYS;
-	}
-	uint32_t L = c->n_layers, per = hidden ? 4 : 2;
-	struct weights_tensor *t = calloc((size_t)L * per, sizeof(*t));
-	char(*names)[48] = calloc((size_t)L * per, sizeof(*names));
-	if (!t || !names) {
-		free(t);
-		free(names);
-		return KVT_ENOMEM;
-	}
-	size_t k = 0;
-	for (uint32_t l = 0; l < L; l++) {
-		uint32_t o1 = hidden ? hidden : c->n_kv_heads;
-		snprintf(names[k], 48, hidden ? "layers.%u.0.weight"
-		                              : "layers.%u.weight", l);
-		t[k] = (struct weights_tensor){names[k], 2, {o1, c->dim}, W1[l]};
-		k++;
-		snprintf(names[k], 48, hidden ? "layers.%u.0.bias"
-		                              : "layers.%u.bias", l);
-		t[k] = (struct weights_tensor){names[k], 1, {o1}, b1[l]};
-		k++;
-		if (!hidden)
-			continue;
-		snprintf(names[k], 48, "layers.%u.2.weight", l);
-		t[k] = (struct weights_tensor){names[k], 2,
-		                               {c->n_kv_heads, hidden}, W2[l]};
-		k++;
-		snprintf(names[k], 48, "layers.%u.2.bias", l);
-		t[k] = (struct weights_tensor){names[k], 1, {c->n_kv_heads},
-		                               b2[l]};
-		k++;
-	}
-	char path[1024];
-	snprintf(path, sizeof(path), "%.1000s/model.safetensors", dir);
-	int rc = weights_write(path, t, k, err, errlen);
-	free(t);
-	free(names);
-	if (rc)
-		return rc;
-	snprintf(path, sizeof(path), "%.1000s/config.json", dir);
-	FILE *f = fopen(path, "w");
-	if (!f) {
-		snprintf(err, errlen, "%.900s: %s", path, strerror(errno));
-		return KVT_ESYS;
-	}
-	char hd[16] = "null";
-	if (hidden)
-		snprintf(hd, sizeof(hd), "%u", hidden);
-	fprintf(f, "{\"input_dim\": %u, \"output_dim\": %u, \"hidden_dim\": "
-	           "%s, \"n_modules\": %u}\n", c->dim, c->n_kv_heads, hd, L);
-	return fclose(f) ? KVT_ESYS : 0;
-}
+/* ---------------------------------------------------------------- fits */
 
-/* Pools the held-out rows of one layer: column-major over heads. */
+/* R^2 and Spearman of n * k held-out predictions, pooled over heads. */
 static void metrics(const float *pred, const float *y, size_t n, uint32_t k,
                     double *r2, double *rho)
 {
-	float *a = malloc(sizeof(float) * n * k + 1);
-	float *b = malloc(sizeof(float) * n * k + 1);
-	if (!a || !b) {
-		*r2 = *rho = NAN;
-		free(a);
-		free(b);
-		return;
-	}
-	for (size_t i = 0; i < n * k; i++) {
-		a[i] = pred[i];
-		b[i] = y[i];
-	}
-	*r2 = fit_r2(a, b, n * k);
-	*rho = fit_spearman(a, b, n * k);
-	free(a);
-	free(b);
+	*r2 = fit_r2(pred, y, n * k);
+	*rho = fit_spearman(pred, y, n * k);
 }
+
+/* What the fits produce, per layer. */
+struct learned {
+	uint32_t L, hid;
+	float **lW, **lb;              /* ridge [n_kv][d], [n_kv] */
+	float **mW1, **mb1, **mW2, **mb2; /* MLP */
+	struct gate_params *gp;
+	struct pop_params *pp;
+	double (*m)[14];               /* per-layer metrics (fit.csv), then
+	                                  MLP loss first / last epoch, gate
+	                                  BCE first / last 5 % of steps */
+};
+
+static void learned_free(struct learned *lr)
+{
+	float **arr[6] = {lr->lW, lr->lb, lr->mW1, lr->mb1, lr->mW2, lr->mb2};
+	for (int a = 0; a < 6; a++) {
+		for (uint32_t l = 0; arr[a] && l < lr->L; l++)
+			free(arr[a][l]);
+		free(arr[a]);
+	}
+	for (uint32_t l = 0; l < lr->L; l++) {
+		if (lr->gp)
+			gate_free(&lr->gp[l]);
+		if (lr->pp)
+			pop_free(&lr->pp[l]);
+	}
+	free(lr->gp);
+	free(lr->pp);
+	free(lr->m);
+}
+
+static int learned_alloc(struct learned *lr, const struct model_config *c)
+{
+	const uint32_t L = c->n_layers, d = c->dim, nkv = c->n_kv_heads;
+	memset(lr, 0, sizeof(*lr));
+	lr->L = L;
+	lr->hid = d / RECIPE_KVZAP_HIDDEN_DIV;
+	float ***arr[6] = {&lr->lW, &lr->lb, &lr->mW1, &lr->mb1, &lr->mW2,
+	                   &lr->mb2};
+	size_t sz[6] = {(size_t)nkv * d, nkv, (size_t)lr->hid * d, lr->hid,
+	                (size_t)nkv * lr->hid, nkv};
+	for (int a = 0; a < 6; a++) {
+		if (!(*arr[a] = calloc(L, sizeof(float *))))
+			return KVT_ENOMEM;
+		for (uint32_t l = 0; l < L; l++)
+			if (!((*arr[a])[l] = malloc(sizeof(float) * sz[a])))
+				return KVT_ENOMEM;
+	}
+	lr->gp = calloc(L, sizeof(*lr->gp));
+	lr->pp = calloc(L, sizeof(*lr->pp));
+	lr->m = calloc(L, sizeof(*lr->m));
+	return lr->gp && lr->pp && lr->m ? 0 : KVT_ENOMEM;
+}
+
+/* Fits layer l's four scorers on the training rows and measures them on
+ * the held-out rows; X* are the layer's x in float32. */
+static int fit_layer(const struct model_config *c, const struct opts *o,
+                     uint32_t l, const struct collect_set *z,
+                     const struct collect_set *p, size_t zt, size_t pt,
+                     const float *XZ, const float *XP, float *pred,
+                     double *mloss /* [epochs] */, struct learned *lr)
+{
+	const uint32_t d = c->dim, nkv = c->n_kv_heads,
+	               G = c->n_heads / nkv, hid = lr->hid;
+	const float *Yp = z->y1 + (size_t)l * z->n * nkv;
+	const float *Yz = z->y2 + (size_t)l * z->n * nkv;
+	const float *PF = p->y1 + (size_t)l * p->n * nkv;
+	const float *PT = p->y2 + (size_t)l * p->n * nkv;
+	const size_t nh = z->n - zt, nph = p->n - pt;
+	const float *Xh = XZ + zt * d;
+	double *r = lr->m[l];
+	struct fit_mlp_opts mo = {o->quick ? 3 : 15, 512, 5e-3, 0.01, 1.0,
+	                          o->seed};
+	struct fit_mlp_opts po = {o->quick ? 3 : 10, 512, 5e-3, 0.01, 1.0,
+	                          o->seed};
+	struct gate_opts go = {o->quick ? 60 : recipe_fkv_steps(d), 1000, 0.2,
+	                       0.9, o->seed};
+	int rc = fit_ridge(XZ, Yp, zt, d, nkv, 1.0, lr->lW[l], lr->lb[l]);
+	if (rc)
+		return rc;
+	scorer_linear_cpu(Xh, (uint32_t)nh, d, lr->lW[l], lr->lb[l], nkv, pred);
+	metrics(pred, Yp + zt * nkv, nh, nkv, &r[0], &r[1]);
+
+	if ((rc = fit_mlp(XZ, Yp, zt, d, hid, nkv, &mo, lr->mW1[l], lr->mb1[l],
+	                  lr->mW2[l], lr->mb2[l], mloss)) ||
+	    (rc = fit_mlp_apply(Xh, nh, d, hid, nkv, lr->mW1[l], lr->mb1[l],
+	                        lr->mW2[l], lr->mb2[l], pred)))
+		return rc;
+	metrics(pred, Yp + zt * nkv, nh, nkv, &r[2], &r[3]);
+
+	double lf = 0, ll = 0;
+	if ((rc = gate_init(&lr->gp[l], d, nkv, G, recipe_fkv_dp(d),
+	                    RECIPE_FKV_SINKS, o->seed + l)) ||
+	    (rc = gate_train(&lr->gp[l], XZ, Yz, zt, &go, &lf, &ll)))
+		return rc;
+	r[6] = gate_loss(&lr->gp[l], Xh, Yz + zt * nkv, nh, NULL, pred);
+	metrics(pred, Yz + zt * nkv, nh, nkv, &r[4], &r[5]);
+
+	if ((rc = pop_init(&lr->pp[l], d, nkv, RECIPE_KVPOP_R, RECIPE_KVPOP_M,
+	                   o->seed + 100 + l)) ||
+	    (rc = pop_train(&lr->pp[l], XP, PF, PT, pt, &po, NULL)) ||
+	    (rc = pop_apply(&lr->pp[l], XP + pt * d, PF + pt * nkv, nph, pred)))
+		return rc;
+	metrics(pred, PT + pt * nkv, nph, nkv, &r[7], &r[8]);
+	r[9] = fit_spearman(PF + pt * nkv, PT + pt * nkv, nph * nkv);
+	r[10] = mloss[0];
+	r[11] = mloss[mo.epochs - 1];
+	r[12] = lf;
+	r[13] = ll;
+	return 0;
+}
+
+static void say_layer(const struct learned *lr, uint32_t l)
+{
+	const double *r = lr->m[l];
+	char b[4][64];
+	snprintf(b[0], 64, "%.3f / %.3f", r[0], r[1]);
+	snprintf(b[1], 64, "%.3f / %.3f", r[2], r[3]);
+	snprintf(b[2], 64, "%.3f / %.3f (%.3f)", r[4], r[5], r[6]);
+	snprintf(b[3], 64, "%.3f / %.3f", r[7], r[8]);
+	say("%-5u %-15s %-15s %-24s %-15s %.3f\n", l, b[0], b[1], b[2], b[3],
+	    r[9]);
+	say("      mlp loss %.4f -> %.4f; gate train bce %.4f -> %.4f\n",
+	    r[10], r[11], r[12], r[13]);
+}
+
+/* The fit stage: layers handed out to jobs workers; each layer's fits run
+ * on one thread from the same inputs, so the results do not depend on
+ * jobs.  Lines are printed in layer order as soon as they can be. */
+struct fits {
+	const struct model_config *c;
+	const struct opts *o;
+	const struct collect_set *z, *p;
+	size_t zt, pt;
+	struct learned *lr;
+	struct progress *pg;
+	pthread_mutex_t mu;
+	uint32_t next, printed, done;
+	unsigned char *ready; /* [L] */
+	int rc;
+	uint32_t bad; /* the layer that failed */
+};
+
+static void *fit_worker(void *arg)
+{
+	struct fits *f = arg;
+	const uint32_t d = f->c->dim, nkv = f->c->n_kv_heads,
+	               L = f->c->n_layers;
+	size_t nh = f->z->n - f->zt, nph = f->p->n - f->pt;
+	float *XZ = malloc(sizeof(float) * f->z->n * d);
+	float *XP = malloc(sizeof(float) * f->p->n * d);
+	float *pred = malloc(sizeof(float) * (nh > nph ? nh : nph) * nkv + 1);
+	double *mloss = calloc(64, sizeof(double));
+	int rc = XZ && XP && pred && mloss ? 0 : KVT_ENOMEM;
+	pthread_mutex_lock(&f->mu);
+	if (rc && !f->rc)
+		f->rc = rc;
+	while (!f->rc && f->next < L) {
+		uint32_t l = f->next++;
+		pthread_mutex_unlock(&f->mu);
+		collect_layer_x(f->z, l, d, XZ);
+		collect_layer_x(f->p, l, d, XP);
+		rc = fit_layer(f->c, f->o, l, f->z, f->p, f->zt, f->pt, XZ, XP,
+		               pred, mloss, f->lr);
+		pthread_mutex_lock(&f->mu);
+		if (rc) {
+			if (!f->rc) {
+				f->rc = rc;
+				f->bad = l;
+			}
+			break;
+		}
+		f->ready[l] = 1;
+		f->done++;
+		while (f->printed < L && f->ready[f->printed])
+			say_layer(f->lr, f->printed++);
+		progress_say(f->pg, "fits: layer", f->done, L, "");
+	}
+	pthread_mutex_unlock(&f->mu);
+	free(XZ);
+	free(XP);
+	free(pred);
+	free(mloss);
+	return NULL;
+}
+
+static int fit_all(struct fits *f, uint32_t jobs)
+{
+	f->ready = calloc(f->c->n_layers, 1);
+	if (!f->ready)
+		return KVT_ENOMEM;
+	pthread_mutex_init(&f->mu, NULL);
+	pthread_t th[16];
+	uint32_t started = 0;
+	for (uint32_t i = 1; i < jobs && i < 16; i++) {
+		if (pthread_create(&th[i], NULL, fit_worker, f))
+			break;
+		started = i;
+	}
+	fit_worker(f);
+	for (uint32_t i = 1; i <= started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&f->mu);
+	free(f->ready);
+	return f->rc;
+}
+
+static int write_csv(const char *out, const struct learned *lr)
+{
+	char path[1100];
+	snprintf(path, sizeof(path), "%s/fit.csv", out);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -1;
+	fprintf(f, "layer,kvzap_linear_r2,kvzap_linear_spearman,kvzap_mlp_r2,"
+	           "kvzap_mlp_spearman,fastkvzip_r2,fastkvzip_spearman,"
+	           "fastkvzip_bce,kvpop_r2,kvpop_spearman,delay_spearman\n");
+	for (uint32_t l = 0; l < lr->L; l++) {
+		const double *r = lr->m[l];
+		fprintf(f, "%u", l);
+		for (int k = 0; k < 10; k++)
+			fprintf(f, ",%.4f", r[k]);
+		fputc('\n', f);
+	}
+	return fclose(f) ? -1 : 0;
+}
+
+/* Mean / min / max over layers of metric k. */
+static void summary(const struct learned *lr, const char *name, int k2,
+                    int kr)
+{
+	double s2 = 0, sr = 0, lo = INFINITY, hi = -INFINITY;
+	for (uint32_t l = 0; l < lr->L; l++) {
+		s2 += lr->m[l][k2];
+		sr += lr->m[l][kr];
+		lo = fmin(lo, lr->m[l][k2]);
+		hi = fmax(hi, lr->m[l][k2]);
+	}
+	say("  %-13s R2 mean %.3f (layers %.3f .. %.3f), Spearman mean "
+	    "%.3f\n", name, s2 / lr->L, lo, hi, sr / lr->L);
+}
+
+/* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
 {
-	int rc_main = 1;
-	const char *model_path = NULL, *out = NULL;
-	uint64_t seed = 1;
-	int quick = 0;
-	uint32_t windows = 0;
+	const char *model_arg = NULL, *out = NULL;
+	struct opts o = {.seed = 1, .jobs = 1};
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
 		{"out", required_argument, 0, 'o'},
 		{"seed", required_argument, 0, 's'},
 		{"quick", no_argument, 0, 'q'},
 		{"windows", required_argument, 0, 'w'},
+		{"heldout", required_argument, 0, 'H'},
+		{"jobs", required_argument, 0, 'j'},
+		{"window", required_argument, 0, 'W'},
+		{"rows", required_argument, 0, 'r'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:s:qw:h", lo, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "m:o:s:qw:H:j:W:r:h", lo, NULL)) !=
+	       -1) {
 		switch (ch) {
-		case 'm': model_path = optarg; break;
+		case 'm': model_arg = optarg; break;
 		case 'o': out = optarg; break;
-		case 's': seed = strtoull(optarg, NULL, 0); break;
-		case 'q': quick = 1; break;
-		case 'w': windows = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 's': o.seed = strtoull(optarg, NULL, 0); break;
+		case 'q': o.quick = 1; break;
+		case 'w': o.windows = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'H': o.heldout = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'j': o.jobs = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'W': o.window = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'r': o.rows = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (!out || optind != argc) {
+	if (!out || optind != argc || !o.jobs || o.jobs > 16) {
 		usage(stderr);
 		return 2;
 	}
 	openblas_set_num_threads(1);
-	char err[1024];
+	char err[1024], path[1024];
+	const char *model_path = model_default_path(model_arg);
+	if (model_arg && model_files_resolve(model_arg, path, sizeof(path),
+	                                     err, sizeof(err))) {
+		fprintf(stderr, "kvtrim-train: %s\n", err);
+		return 1;
+	}
+	if (model_arg)
+		model_path = path;
 	struct model m;
-	model_path = model_default_path(model_path);
+	struct tok *tk = NULL;
 	if (model_load(model_path, &m, err, sizeof(err))) {
 		fprintf(stderr, "kvtrim-train: %s\n", err);
 		return 1;
 	}
-	if (mkdirs(out) < 0) {
-		fprintf(stderr, "kvtrim-train: %s: %s\n", out, strerror(errno));
-		return 1;
+	int rc_main = 1;
+	struct collect_geom g;
+	struct data dt = {0};
+	struct collect_set z = {0}, p = {0};
+	struct learned lr = {0};
+	if (load_tok(model_path, &m, &tk, err, sizeof(err)) ||
+	    setup(&m, tk, &o, &g, &dt, err, sizeof(err)))
+		goto fail;
+	if (save_mkdirs(out) < 0) {
+		snprintf(err, sizeof(err), "%s: %s", out, strerror(errno));
+		goto fail;
 	}
 	const struct model_config *c = &m.cfg;
-	const uint32_t L = c->n_layers, H = c->n_heads, nkv = c->n_kv_heads,
-	               G = H / nkv, d = c->dim, ctx = model_context(&m);
-	const uint32_t D = RECIPE_KVPOP_DELAY, N = RECIPE_KVPOP_HORIZON;
-	int32_t sep[ORACLE_SEP_MAX];
-	uint32_t nsep = oracle_default_sep(&m, sep);
-	uint32_t nctx = oracle_kvzip_max_ctx(ctx, nsep), T = 1 + nctx;
-	if (!windows)
-		windows = quick ? 6 : 192;
-	struct dataset ds;
-	time_t t0 = time(NULL);
-	if (dataset_build(&m, DATASET_TRAIN, ctx, windows, seed, &ds, err,
-	                  sizeof(err))) {
-		fprintf(stderr, "kvtrim-train: %s\n", err);
-		return 1;
+	const uint32_t L = c->n_layers, d = c->dim, nkv = c->n_kv_heads;
+	const uint32_t nw = dt.n_tr + dt.n_ho;
+	char fp[1100];
+	snprintf(fp, sizeof(fp), "%s/fit.txt", out);
+	fit_out = fopen(fp, "w");
+	say("kvtrim-train: model %s (d %u, %u layers, %u heads, %u KV heads), "
+	    "seed %llu%s\n", model_path, d, L, c->n_heads, nkv,
+	    (unsigned long long)o.seed, o.quick ? ", quick" : "");
+	say("data: %u training windows of %u tokens (%llu tokens, %s), %u "
+	    "held out (%s)\n", dt.n_tr, g.W,
+	    (unsigned long long)dt.n_tr * g.W,
+	    tk ? dataset_corpus_path() : dataset_text_path(), dt.n_ho,
+	    tk ? "the first part of the held-out text"
+	       : "the last windows of the same text");
+	say("      KVzip ctx %u tokens + a separator of %u, %u entries; "
+	    "KVpop delay %u horizon %u, %u entries per window; rows per "
+	    "window %u KVzap, %u KVpop\n", g.n_ctx, g.n_sep, g.T, g.D, g.N,
+	    g.npw, g.nz, g.np);
+	if (collect_alloc(&m, &g, nw, &z, &p)) {
+		snprintf(err, sizeof(err), "out of memory for %u windows", nw);
+		goto fail;
 	}
-	if (ds.n < 2 || ctx <= D + N + 1) {
-		fprintf(stderr, "kvtrim-train: too little data\n");
-		return 1;
-	}
-	uint32_t nho = ds.n / 10 ? ds.n / 10 : 1, ntr = ds.n - nho;
-	uint32_t npw = ctx - D - N; /* kvpop rows per sequence */
-	struct set z = {0}, p = {0};
-	if (set_alloc(&z, L, (size_t)ds.n * T, d, nkv) ||
-	    set_alloc(&p, L, (size_t)ds.n * npw, d, nkv)) {
-		fprintf(stderr, "kvtrim-train: out of memory\n");
-		return 1;
-	}
-	z.n_tr = (size_t)ntr * T;
-	p.n_tr = (size_t)ntr * npw;
-	float *kz = malloc(sizeof(float) * L * nkv * T);
-	float *kzp = malloc(sizeof(float) * L * nkv * T);
-	if (!kz || !kzp)
-		return 1;
-	char fitpath[1100];
-	snprintf(fitpath, sizeof(fitpath), "%s/fit.txt", out);
-	fit_out = fopen(fitpath, "w");
-	say("kvtrim-train: model %s (d %u, %u layers, %u KV heads), seed %llu"
-	    "%s\n", model_path, d, L, nkv, (unsigned long long)seed,
-	    quick ? ", quick" : "");
-	say("data: %u training sequences of %u tokens (%u held out), "
-	    "KVzip ctx %u, KVpop delay %u horizon %u\n", ds.n, ctx, nho, nctx,
-	    D, N);
-	for (uint32_t w = 0; w < ds.n; w++) {
-		const int32_t *tok = ds.tok + (size_t)w * ctx;
-		int rc = oracle_kvzip(&m, tok + 1, nctx, sep, nsep, 0, kz);
-		if (!rc)
-			rc = oracle_kvzip(&m, tok + 1, nctx, sep, nsep, 1, kzp);
-		struct model_dense dn;
-		if (!rc)
-			rc = model_dense_init(&dn, &m, ctx, 1);
-		if (!rc) {
-			rc = model_dense_step(&dn, tok, ctx, NULL);
-			if (rc)
-				model_dense_free(&dn);
-		}
-		if (rc) {
-			fprintf(stderr, "kvtrim-train: oracle: %s\n",
-			        kvt_strerror(rc));
-			return 1;
-		}
-		for (uint32_t l = 0; l < L; l++) {
-			size_t zo = (size_t)l * z.n + (size_t)w * T;
-			memcpy(z.x + zo * d, dn.xs + (size_t)l * ctx * d,
-			       sizeof(float) * T * d);
-			for (uint32_t i = 0; i < T; i++)
-				for (uint32_t g = 0; g < nkv; g++) {
-					size_t src = ((size_t)l * nkv + g) * T + i;
-					z.y1[(zo + i) * nkv + g] = kzp[src];
-					z.y2[(zo + i) * nkv + g] = kz[src];
-				}
-			size_t po = (size_t)l * p.n + (size_t)w * npw;
-			memcpy(p.x + po * d, dn.xs + (size_t)l * ctx * d,
-			       sizeof(float) * npw * d);
-			for (uint32_t i = 0; i < npw; i++)
-				for (uint32_t g = 0; g < nkv; g++) {
-					double a = 0, best = 0;
-					for (uint32_t h = g * G; h < (g + 1) * G;
-					     h++) {
-						const float *mp =
-							dn.maps + ((size_t)l * H + h) *
-							                  ctx * ctx;
-						double s1 = 0, s2 = 0;
-						for (uint32_t t = i + 1; t <= i + D; t++)
-							s1 += mp[(size_t)t * ctx + i];
-						for (uint32_t t = i + D + 1;
-						     t <= i + D + N; t++)
-							s2 += mp[(size_t)t * ctx + i];
-						a += s1 / G;
-						best = s2 > best ? s2 : best;
-					}
-					p.y1[(po + i) * nkv + g] = (float)a;
-					p.y2[(po + i) * nkv + g] = logf(
-						(float)best + POP_TARGET_EPS);
-				}
-		}
-		model_dense_free(&dn);
-	}
-	say("oracles: %ld s\n", (long)(time(NULL) - t0));
+	struct progress pg = {now_ms(), 0, isatty(2), 0, g.W};
+	double copy;
+	if (collect_run(&m, &g, dt.ptr, nw, o.seed, o.jobs, dt.n_tr, &z, &p,
+	                &copy, on_window, &pg, err, sizeof(err)))
+		goto fail;
+	say("oracles: %.0f s; the model repeats the held-out contexts with "
+	    "top-1 agreement %.3f\n", (double)(now_ms() - pg.t0) / 1e3, copy);
 
-	/* ---- fits */
-	uint32_t hid = d / RECIPE_KVZAP_HIDDEN_DIV, dp = recipe_fkv_dp(d),
-	         S = RECIPE_FKV_SINKS;
-	float **lW = calloc(L, sizeof(float *)), **lb = calloc(L, sizeof(float *));
-	float **mW1 = calloc(L, sizeof(float *)), **mb1 = calloc(L, sizeof(float *));
-	float **mW2 = calloc(L, sizeof(float *)), **mb2 = calloc(L, sizeof(float *));
-	struct gate_params *gp = calloc(L, sizeof(*gp));
-	struct pop_params *pp = calloc(L, sizeof(*pp));
-	size_t nh = z.n - z.n_tr, nph = p.n - p.n_tr;
-	float *pred = malloc(sizeof(float) * (nh > nph ? nh : nph) * nkv + 1);
-	if (!lW || !lb || !mW1 || !mb1 || !mW2 || !mb2 || !gp || !pp || !pred)
-		return 1;
-	struct fit_mlp_opts mo = {quick ? 3 : 15, 512, 5e-3, 0.01, 1.0, seed};
-	struct fit_mlp_opts po = {quick ? 3 : 10, 512, 5e-3, 0.01, 1.0, seed};
-	struct gate_opts go = {quick ? 60 : 2000, 1000, 0.2, 0.9, seed};
+	size_t zt = (size_t)dt.n_tr * g.nz, pt = (size_t)dt.n_tr * g.np;
+	if (learned_alloc(&lr, c)) {
+		snprintf(err, sizeof(err), "out of memory");
+		goto fail;
+	}
 	say("held-out fit per layer (R2 / Spearman against the oracle; "
 	    "KVzap on log KVzip+, Fast KVzip on KVzip, KVpop on "
 	    "ln future attention; 'delay' = Spearman of the raw delay "
 	    "attention alone)\n");
 	say("%-5s %-15s %-15s %-24s %-15s %s\n", "layer", "kvzap-linear",
 	    "kvzap-mlp", "fastkvzip (bce)", "kvpop", "delay");
-	double *mloss = calloc(mo.epochs > po.epochs ? mo.epochs : po.epochs,
-	                       sizeof(double));
-	for (uint32_t l = 0; l < L; l++) {
-		const float *X = z.x + (size_t)l * z.n * d;
-		const float *Yp = z.y1 + (size_t)l * z.n * nkv;
-		const float *Yz = z.y2 + (size_t)l * z.n * nkv;
-		const float *Xh = X + z.n_tr * d;
-		double r2[4], rho[5];
-		lW[l] = malloc(sizeof(float) * nkv * d);
-		lb[l] = malloc(sizeof(float) * nkv);
-		mW1[l] = malloc(sizeof(float) * hid * d);
-		mb1[l] = malloc(sizeof(float) * hid);
-		mW2[l] = malloc(sizeof(float) * nkv * hid);
-		mb2[l] = malloc(sizeof(float) * nkv);
-		if (fit_ridge(X, Yp, z.n_tr, d, nkv, 1.0, lW[l], lb[l])) {
-			fprintf(stderr, "kvtrim-train: ridge failed\n");
-			return 1;
-		}
-		scorer_linear_cpu(Xh, (uint32_t)nh, d, lW[l], lb[l], nkv, pred);
-		metrics(pred, Yp + z.n_tr * nkv, nh, nkv, &r2[0], &rho[0]);
-
-		if (fit_mlp(X, Yp, z.n_tr, d, hid, nkv, &mo, mW1[l], mb1[l],
-		            mW2[l], mb2[l], mloss) ||
-		    fit_mlp_apply(Xh, nh, d, hid, nkv, mW1[l], mb1[l], mW2[l],
-		                  mb2[l], pred)) {
-			fprintf(stderr, "kvtrim-train: mlp failed\n");
-			return 1;
-		}
-		metrics(pred, Yp + z.n_tr * nkv, nh, nkv, &r2[1], &rho[1]);
-
-		double lf = 0, ll = 0;
-		if (gate_init(&gp[l], d, nkv, G, dp, S, seed + l) ||
-		    gate_train(&gp[l], X, Yz, z.n_tr, &go, &lf, &ll)) {
-			fprintf(stderr, "kvtrim-train: gate failed\n");
-			return 1;
-		}
-		double hb = gate_loss(&gp[l], Xh, Yz + z.n_tr * nkv, nh, NULL,
-		                      pred);
-		metrics(pred, Yz + z.n_tr * nkv, nh, nkv, &r2[2], &rho[2]);
-
-		const float *PX = p.x + (size_t)l * p.n * d;
-		const float *PF = p.y1 + (size_t)l * p.n * nkv;
-		const float *PT = p.y2 + (size_t)l * p.n * nkv;
-		if (pop_init(&pp[l], d, nkv, RECIPE_KVPOP_R, RECIPE_KVPOP_M,
-		             seed + 100 + l) ||
-		    pop_train(&pp[l], PX, PF, PT, p.n_tr, &po, NULL) ||
-		    pop_apply(&pp[l], PX + p.n_tr * d, PF + p.n_tr * nkv, nph,
-		              pred)) {
-			fprintf(stderr, "kvtrim-train: kvpop failed\n");
-			return 1;
-		}
-		metrics(pred, PT + p.n_tr * nkv, nph, nkv, &r2[3], &rho[3]);
-		rho[4] = fit_spearman(PF + p.n_tr * nkv, PT + p.n_tr * nkv,
-		                      nph * nkv);
-		char b[4][64];
-		snprintf(b[0], 64, "%.3f / %.3f", r2[0], rho[0]);
-		snprintf(b[1], 64, "%.3f / %.3f", r2[1], rho[1]);
-		snprintf(b[2], 64, "%.3f / %.3f (%.3f)", r2[2], rho[2], hb);
-		snprintf(b[3], 64, "%.3f / %.3f", r2[3], rho[3]);
-		say("%-5u %-15s %-15s %-24s %-15s %.3f\n", l, b[0], b[1], b[2],
-		    b[3], rho[4]);
-		say("      mlp loss %.4f -> %.4f; gate train bce %.4f -> %.4f\n",
-		    mloss[0], mloss[mo.epochs - 1], lf, ll);
+	uint64_t tf = now_ms();
+	struct progress pf = {tf, 0, pg.tty, 0, 0};
+	struct fits fs = {.c = c, .o = &o, .z = &z, .p = &p, .zt = zt,
+	                  .pt = pt, .lr = &lr, .pg = &pf};
+	int frc = fit_all(&fs, o.jobs);
+	if (frc) {
+		snprintf(err, sizeof(err), "layer %u: fit failed: %s", fs.bad,
+		         kvt_strerror(frc));
+		goto fail;
 	}
+	say("summary over %u layers (held out):\n", L);
+	summary(&lr, "kvzap-linear", 0, 1);
+	summary(&lr, "kvzap-mlp", 2, 3);
+	summary(&lr, "fastkvzip", 4, 5);
+	summary(&lr, "kvpop", 7, 8);
+	say("fits: %.0f s\n", (double)(now_ms() - tf) / 1e3);
 
-	/* ---- write */
-	char dir[1100], path[1100];
+	char dir[1100];
 	snprintf(dir, sizeof(dir), "%s/kvzap-linear", out);
-	if (write_kvzap(dir, c, 0, lW, lb, NULL, NULL, err, sizeof(err)))
-		goto werr;
+	if (save_kvzap(dir, c, 0, lr.lW, lr.lb, NULL, NULL, err, sizeof(err)))
+		goto fail;
 	snprintf(dir, sizeof(dir), "%s/kvzap-mlp", out);
-	if (write_kvzap(dir, c, hid, mW1, mb1, mW2, mb2, err, sizeof(err)))
-		goto werr;
-	{
-		struct weights_tensor *t = calloc((size_t)L * 7, sizeof(*t));
-		char(*nm)[48] = calloc((size_t)L * 7, sizeof(*nm));
-		size_t k = 0;
-		uint64_t nq = (uint64_t)nkv * G * dp;
-		for (uint32_t l = 0; l < L; l++) {
-			const struct gate_params *g = &gp[l];
-#define T1(fmt, nd, s0, s1, s2, s3, ptr)                                        \
-	do {                                                                   \
-		snprintf(nm[k], 48, fmt, l);                                   \
-		t[k] = (struct weights_tensor){nm[k], nd, {s0, s1, s2, s3},    \
-		                               ptr};                           \
-		k++;                                                           \
-	} while (0)
-			T1("fastkvzip.%u.q_proj.weight", 2, nq, d, 0, 0, g->Wq);
-			T1("fastkvzip.%u.q_proj.bias", 1, nq, 0, 0, 0, g->cq);
-			T1("fastkvzip.%u.k_proj.weight", 2, (uint64_t)nkv * dp, d,
-			   0, 0, g->Wk);
-			T1("fastkvzip.%u.q_norm.weight", 1, dp, 0, 0, 0, g->gq);
-			T1("fastkvzip.%u.k_norm.weight", 1, dp, 0, 0, 0, g->gk);
-			T1("fastkvzip.%u.k_base", 4, nkv, 1, S, dp, g->sinks);
-			T1("fastkvzip.%u.b", 3, nkv, 1, G, 0, g->bias);
-		}
-		snprintf(path, sizeof(path), "%s/fastkvzip.safetensors", out);
-		int rc = weights_write(path, t, k, err, sizeof(err));
-		k = 0;
-		for (uint32_t l = 0; l < L && !rc; l++) {
-			const struct pop_params *q = &pp[l];
-			T1("kvpop.%u.proj.weight", 2, q->r, d, 0, 0, q->P);
-			T1("kvpop.%u.fc1.weight", 2, q->m, q->r + 1, 0, 0, q->W1);
-			T1("kvpop.%u.fc1.bias", 1, q->m, 0, 0, 0, q->b1);
-			T1("kvpop.%u.fc2.weight", 2, nkv, q->m, 0, 0, q->W2);
-			T1("kvpop.%u.fc2.bias", 1, nkv, 0, 0, 0, q->b2);
-		}
-#undef T1
-		snprintf(path, sizeof(path), "%s/kvpop.safetensors", out);
-		if (!rc)
-			rc = weights_write(path, t, k, err, sizeof(err));
-		free(t);
-		free(nm);
-		if (rc)
-			goto werr;
+	if (save_kvzap(dir, c, lr.hid, lr.mW1, lr.mb1, lr.mW2, lr.mb2, err,
+	               sizeof(err)))
+		goto fail;
+	snprintf(fp, sizeof(fp), "%s/fastkvzip.safetensors", out);
+	if (save_fastkvzip(fp, c, lr.gp, err, sizeof(err)))
+		goto fail;
+	snprintf(fp, sizeof(fp), "%s/kvpop.safetensors", out);
+	if (save_kvpop(fp, c, lr.pp, err, sizeof(err)))
+		goto fail;
+	if (write_csv(out, &lr)) {
+		snprintf(err, sizeof(err), "%s/fit.csv: %s", out,
+		         strerror(errno));
+		goto fail;
 	}
 	say("wrote %s/{kvzap-linear,kvzap-mlp}/, fastkvzip.safetensors, "
-	    "kvpop.safetensors in %ld s\n", out, (long)(time(NULL) - t0));
-	if (fit_out)
-		fclose(fit_out);
-	fit_out = NULL;
+	    "kvpop.safetensors, fit.txt, fit.csv in %.0f s\n", out,
+	    (double)(now_ms() - pg.t0) / 1e3);
 	rc_main = 0;
 	goto done;
-werr:
+fail:
 	fprintf(stderr, "kvtrim-train: %s\n", err);
 done:
 	/* Everything is released, so LeakSanitizer (make SANITIZER=address
 	 * test runs this tool) only ever reports real leaks. */
 	if (fit_out)
 		fclose(fit_out);
-	for (uint32_t l = 0; l < L; l++) {
-		free(lW[l]);
-		free(lb[l]);
-		free(mW1[l]);
-		free(mb1[l]);
-		free(mW2[l]);
-		free(mb2[l]);
-		gate_free(&gp[l]);
-		pop_free(&pp[l]);
-	}
-	free(lW);
-	free(lb);
-	free(mW1);
-	free(mb1);
-	free(mW2);
-	free(mb2);
-	free(gp);
-	free(pp);
-	free(pred);
-	free(mloss);
-	free(kz);
-	free(kzp);
-	set_free(&z);
-	set_free(&p);
-	dataset_free(&ds);
+	learned_free(&lr);
+	collect_free(&z);
+	collect_free(&p);
+	data_free(&dt);
+	tok_free(tk);
 	model_free(&m);
 	return rc_main;
 }

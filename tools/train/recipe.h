@@ -1,7 +1,8 @@
 /*
  * recipe.h — the hyper-parameters kvtrim-train trains with and kvtrim-eval
  * runs the learned policies with, in one place so the two cannot drift.
- * Scaled to 512-position models as methods.md section 17.1 suggests.
+ * Scaled to 512-position models as methods.md section 17.1 suggests; the
+ * windows of models with a tokenizer are 512 tokens too.
  */
 #ifndef KVT_TRAIN_RECIPE_H
 #define KVT_TRAIN_RECIPE_H
@@ -18,11 +19,28 @@
 #define RECIPE_KVZAP_HIDDEN_DIV 8u
 #define RECIPE_KVZAP_WINDOW 32u
 
-/* Fast KVzip gate: S sink keys; D' = 8 for d_model >= 128, else 4. */
+/* Fast KVzip gate: S sink keys; D' = 16 (the released gates') for
+ * d_model >= 512, 8 for d_model >= 128, else 4; SGD steps of 1000 tokens:
+ * 2000 for the small models, 400 for d_model >= 512, where a step costs
+ * ten times more and 30 layers must fit the training's time budget. */
 #define RECIPE_FKV_SINKS 16u
 static inline uint32_t recipe_fkv_dp(uint32_t d_model)
 {
-	return d_model >= 128 ? 8u : 4u;
+	return d_model >= 512 ? 16u : d_model >= 128 ? 8u : 4u;
 }
+static inline uint32_t recipe_fkv_steps(uint32_t d_model)
+{
+	return d_model >= 512 ? 400u : 2000u;
+}
+
+/* Models with a tokenizer (SmolLM2): windows of W tokens, all of them the
+ * KVzip context; training windows (train-man.txt) and held-out windows
+ * (bytes2m-valid.txt, first part); rows sampled per window per set (the
+ * KVzap paper samples 500 of each ~1000-token text).  Sized so SmolLM2's
+ * training takes under 30 minutes on two cores (docs/weights.md). */
+#define RECIPE_TOK_WINDOW 512u
+#define RECIPE_TOK_WINDOWS 64u
+#define RECIPE_TOK_HELDOUT 8u
+#define RECIPE_TOK_ROWS 192u
 
 #endif
