@@ -14,6 +14,7 @@
  * chunks of 2 MiB per sync, 40 syncs = 640 chunks.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon.h"
@@ -22,6 +23,10 @@
 
 TEST_T(revoke, closing_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 {
+	const char *share = getenv("KVTRIM_CUDA_SHARE");
+	if (!strcmp(th_backend(), "cuda") && share && !strcmp(share, "ipc"))
+		T_SKIP("legacy IPC chunks are revoked one packet each (their "
+		       "cookies are acknowledged): docs/protocol.md");
 	struct th_daemon d;
 	const char *extra[] = {"--tenant-memory-max", "2G", NULL};
 	th_daemon_start(&d, "1400M", extra);
