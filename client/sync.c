@@ -142,6 +142,19 @@ int kvt_last_sync(const kvt_client *c, struct kvt_sync_info *out)
 	return 0;
 }
 
+/* build_sync, then the device ordering before the request goes out;
+ * on an error nothing is left to free. */
+static int prepare_sync(kvt_client *c, const struct kvt_sync_item *items,
+                        size_t n, struct ipc_req *req)
+{
+	int rc = build_sync(c, items, n, req);
+	if (rc < 0)
+		return rc;
+	if ((rc = device_before_sync(c)) < 0)
+		free(req->u.sync.items);
+	return rc;
+}
+
 int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
 {
 	if (!c)
@@ -151,13 +164,9 @@ int kvt_sync(kvt_client *c, const struct kvt_sync_item *items, size_t n)
 		return 0; /* nothing appended: nothing to tell the daemon */
 	struct ipc_req req;
 	struct ipc_rep rep;
-	int rc = build_sync(c, items, n, &req);
+	int rc = prepare_sync(c, items, n, &req);
 	if (rc < 0)
 		return rc;
-	if ((rc = device_before_sync(c)) < 0) {
-		free(req.u.sync.items);
-		return rc;
-	}
 	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
 	free(req.u.sync.items);
 	if (rc == 0)
@@ -218,13 +227,9 @@ int kvt_sync_async(kvt_client *c, const struct kvt_sync_item *items,
 	struct ticket *t = &c->tickets[idx];
 
 	struct ipc_req req;
-	int rc = build_sync(c, items, n, &req);
+	int rc = prepare_sync(c, items, n, &req);
 	if (rc < 0)
 		return rc;
-	if ((rc = device_before_sync(c)) < 0) {
-		free(req.u.sync.items);
-		return rc;
-	}
 	kvt_seq *seqs = malloc(n * sizeof(*seqs));
 	uint8_t *buf = NULL;
 	size_t len = 0;
