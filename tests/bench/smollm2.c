@@ -397,6 +397,32 @@ static int s2_stage(struct s2_fill *f, uint32_t s, uint32_t pos, uint32_t l)
 	return 0;
 }
 
+/* Outside snapkv's window: q = 0, whose lse over the n entries counted so
+ * far is exactly log(n) (every logit is 0).  Policies refuse syncs with
+ * inputs never staged, and these rows are never read. */
+static int s2_stage_flat(struct s2_fill *f, uint32_t s, uint32_t pos,
+                         uint32_t l)
+{
+	const struct model_config *c = &f->m->cfg;
+	const uint32_t H = c->n_heads, KV = c->n_kv_heads, G = H / KV;
+	kvt_client *cl = engine_client(f->e);
+	kvt_seq seq = engine_seq_of(f->e, s);
+	float *q = kvt_stage_q(cl, seq, l, pos);
+	float *lse = kvt_stage_lse(cl, seq, l, pos);
+	if (!q || !lse)
+		return -1;
+	memset(q, 0, sizeof(float) * H * c->head_dim);
+	for (uint32_t h = 0; h < H; h++) {
+		const uint32_t *cnt = f->cnt + ((size_t)s * c->n_layers * KV +
+		                                (size_t)l * KV + h / G) * S2_R;
+		double n = 0;
+		for (uint32_t r = 0; r < S2_R; r++)
+			n += cnt[r];
+		lse[h] = (float)log(n);
+	}
+	return 0;
+}
+
 /*
  * Writes P synthetic entries into every list of every sequence, syncing
  * S2_FILL_CHUNK at a time (phase prefill).  One sequence after the other,
@@ -433,8 +459,10 @@ static int s2_fill(struct s2_fill *f, uint32_t P)
 						f->cnt[((size_t)s * L * KV + li) *
 						       S2_R + r]++;
 					}
-					if (f->stage && pos + S2_WINDOW >= P &&
-					    s2_stage(f, s, pos, l))
+					if (f->stage &&
+					    (pos + S2_WINDOW >= P
+					             ? s2_stage(f, s, pos, l)
+					             : s2_stage_flat(f, s, pos, l)))
 						return -1;
 				}
 			}
