@@ -224,11 +224,11 @@ $(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_O
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(ENGINE_OBJ) $(LIB_INT)
+$(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(ENGINE_OBJ) $(TRAINLIB_OBJ) \
+          $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
-$(TESTS): $(TRAINLIB_OBJ)
 
 $(TRAIN): $(B)/obj/tools/train/main.o $(TRAINLIB_OBJ) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)

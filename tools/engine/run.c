@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "file.h"
 #include "kvtrim.h"
 #include "oracle.h"
 #include "tokenizer.h"
@@ -116,32 +117,12 @@ static int text_ids(const struct run_model *rm, const char *text, size_t len,
 static int read_text(const struct run_model *rm, const char *path,
                      uint32_t max, char **out, size_t *n)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		errp("%s: %s", path, strerror(errno));
-		return 2;
-	}
-	size_t cap = 4096, len = 0, got;
-	char *buf = malloc(cap + 1);
-	while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
-		len += got;
-		if (len == cap) {
-			char *nb = realloc(buf, 2 * cap + 1);
-			if (!nb) {
-				free(buf);
-				buf = NULL;
-				break;
-			}
-			buf = nb;
-			cap *= 2;
-		}
-	}
-	int rerr = ferror(f) ? errno : 0;
-	fclose(f);
-	if (!buf || rerr) {
-		errp("%s: %s", path, buf ? strerror(rerr) : "out of memory");
-		free(buf);
-		return buf ? 2 : 1;
+	char *buf, why[KVT_ERRTEXT_MAX + 64];
+	size_t len;
+	int rc = file_read_all(path, &buf, &len, why, sizeof(why));
+	if (rc < 0) {
+		errp("%s", why);
+		return rc == KVT_ENOMEM ? 1 : 2;
 	}
 	if (max && len > max) {
 		len = max;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "file.h"
 #include "tokenizer.h"
 
 uint64_t dataset_rng(uint64_t *s)
@@ -41,55 +42,12 @@ const char *dataset_corpus_path(void)
 	return p && *p ? p : "../shared/corpus/train-man.txt";
 }
 
-/* The whole file at path: malloc'ed bytes in *out, length in *n. */
-static int read_all(const char *path, char **out, size_t *n, char *err,
-                    size_t errlen)
-{
-	*out = NULL;
-	*n = 0;
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		return KVT_ESYS;
-	}
-	size_t cap = 1 << 20, len = 0;
-	char *buf = malloc(cap);
-	while (buf) {
-		size_t r = fread(buf + len, 1, cap - len, f);
-		len += r;
-		if (len < cap)
-			break;
-		char *nb = realloc(buf, cap * 2);
-		if (!nb) {
-			free(buf);
-			buf = NULL;
-			break;
-		}
-		buf = nb;
-		cap *= 2;
-	}
-	int bad = ferror(f);
-	fclose(f);
-	if (!buf) {
-		snprintf(err, errlen, "out of memory");
-		return KVT_ENOMEM;
-	}
-	if (bad) {
-		free(buf);
-		snprintf(err, errlen, "%s: read error", path);
-		return KVT_ESYS;
-	}
-	*out = buf;
-	*n = len;
-	return 0;
-}
-
 int dataset_text(enum dataset_split split, char **out, size_t *n, char *err,
                  size_t errlen)
 {
 	char *buf;
 	size_t len;
-	int rc = read_all(dataset_text_path(), &buf, &len, err, errlen);
+	int rc = file_read_all(dataset_text_path(), &buf, &len, err, errlen);
 	if (rc)
 		return rc;
 	/* The cut: first newline at or after 60 % (inclusive in train). */
@@ -262,8 +220,8 @@ int dataset_build_tok(const struct model *m, const struct tok *t,
 	char *text;
 	size_t n;
 	int rc = split == DATASET_TRAIN
-	                 ? read_all(dataset_corpus_path(), &text, &n, err,
-	                            errlen)
+	                 ? file_read_all(dataset_corpus_path(), &text, &n, err,
+	                                 errlen)
 	                 : dataset_text(split, &text, &n, err, errlen);
 	if (rc)
 		return rc;
