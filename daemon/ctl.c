@@ -204,8 +204,9 @@ static void srv_done(struct server *s, struct srv_req *list)
 /*
  * A new request r: counted against its connection; one beyond
  * max_inflight_per_conn in flight (the client library never has more than
- * 17) is dropped unanswered.  0: handle r; -1: r was dropped and its
- * context re-armed.
+ * 17) is dropped unanswered.  0: handle r now; 1: r's connection has no
+ * tenant, r waits in the low class; -1: r was dropped and its context
+ * re-armed.
  */
 static int srv_admit(struct server *s, struct srv_req *r)
 {
@@ -239,7 +240,7 @@ static int srv_admit(struct server *s, struct srv_req *r)
 	}
 	p->inflight++;
 	p->last_ms = now_ms();
-	return 0;
+	return !p->bound;
 }
 
 void srv_wake_cb(uv_async_t *a)
@@ -267,10 +268,10 @@ void srv_wake_cb(uv_async_t *a)
 	while (list) {
 		struct srv_req *r = list;
 		list = r->next;
-		if (srv_admit(s, r))
+		int cls = srv_admit(s, r);
+		if (cls < 0)
 			continue;
-		struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
-		if (p && !p->bound) {
+		if (cls) {
 			r->next = NULL;
 			if (s->low_tail)
 				s->low_tail->next = r;
