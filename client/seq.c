@@ -132,6 +132,7 @@ int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries)
 {
 	if (!c)
 		return KVT_EINVAL;
+	client_begin(c);
 	if (client_lost(c))
 		return KVT_ECONN;
 	uint32_t slot;
