@@ -107,16 +107,23 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(kill(d.pid, SIGCONT), 0);
 	memset(&info, 0x5a, sizeof(info));
 	T_OK(kvt_seq_query(c, seq, &info));
-	T_EQ(info.last_sync, 1);
-	T_EQ(info.syncs, 2);
-	T_EQ(info.seen_min, 5);
-	T_EQ(info.seen_max, 5);
-	T_EQ(info.len_min, 5);
-	T_EQ(info.len_max, 5);
-	T_EQ(seq_len(c, seq), 5);
+	/* Applied (the request was on the wire before the call gave up: the
+	 * usual case) or not (under heavy load nng may still have held it
+	 * when the call timed out): the query must say which, and the
+	 * counts must agree with what it says. */
+	T_ASSERT(info.last_sync == 1 || info.last_sync == 0);
+	uint32_t a = (uint32_t)info.last_sync, len = 2 + 3 * a;
+	T_EQ(info.syncs, 1 + a);
+	T_EQ(info.seen_min, len);
+	T_EQ(info.seen_max, len);
+	T_EQ(info.len_min, len);
+	T_EQ(info.len_max, len);
+	T_EQ(seq_len(c, seq), len);
 	it = one(seq, 1);
 	T_OK(kvt_sync(c, &it, 1));
-	T_EQ(seq_len(c, seq), 6);
+	T_EQ(seq_len(c, seq), len + 1);
+	uint32_t syncs = 2 + a;
+	len += 1;
 
 	/* 2. A sync the daemon refuses once it runs again (5 > headroom 4;
 	 * the library does not check n_new): not applied. */
@@ -126,11 +133,13 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(kill(d.pid, SIGCONT), 0);
 	T_OK(kvt_seq_query(c, seq, &info));
 	T_EQ(info.last_sync, 0);
-	T_EQ(info.syncs, 3);
-	T_EQ(info.len_max, 6);
+	T_EQ(info.syncs, syncs);
+	T_EQ(info.len_max, len);
 	it = one(seq, 4);
 	T_OK(kvt_sync(c, &it, 1));
-	T_EQ(seq_len(c, seq), 10);
+	syncs++;
+	len += 4;
+	T_EQ(seq_len(c, seq), len);
 
 	/* 3. Async: kvt_wait times out, then the same resolution. */
 	T_EQ(kill(d.pid, SIGSTOP), 0);
@@ -140,23 +149,24 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_ERR(kvt_wait(c, tk), KVT_ETIMEDOUT);
 	T_EQ(kill(d.pid, SIGCONT), 0);
 	T_OK(kvt_seq_query(c, seq, &info));
-	T_EQ(info.last_sync, 1);
-	T_EQ(info.syncs, 5);
-	T_EQ(info.len_max, 12);
+	T_ASSERT(info.last_sync == 1 || info.last_sync == 0); /* see case 1 */
+	a = (uint32_t)info.last_sync;
+	T_EQ(info.syncs, syncs + a);
+	T_EQ(info.len_max, len + 2 * a);
 	/* A sequence still in doubt is refused as one item among others. */
 	T_ERR(kvt_sync(c, two, 2), KVT_ESTALE);
 	T_OK(kvt_seq_query(c, other, &info));
-	T_EQ(info.last_sync, 1);
-	T_EQ(info.syncs, 1);
-	T_EQ(seq_len(c, other), 3);
+	T_EQ(info.last_sync, (int)a); /* one request: both or neither */
+	T_EQ(info.syncs, a);
+	T_EQ(seq_len(c, other), 3 * a);
 	two[0] = one(seq, 1);
 	two[1] = one(other, 1);
 	for (int i = 0; i < 3; i++)
 		T_OK(kvt_sync(c, two, 2));
-	T_EQ(seq_len(c, seq), 15);
-	T_EQ(seq_len(c, other), 6);
+	T_EQ(seq_len(c, seq), len + 2 * a + 3);
+	T_EQ(seq_len(c, other), 3 * a + 3);
 	T_OK(kvt_seq_query(c, seq, &info));
-	T_EQ(info.syncs, 8);
+	T_EQ(info.syncs, syncs + a + 3);
 	T_EQ(info.last_sync, -1);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	T_OK(kvt_seq_close(c, seq));
