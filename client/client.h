@@ -41,12 +41,15 @@ struct seq_slot {
 	uint32_t want;    /* kvt_seq_headroom: asked of each sync, 0 = the
 	                     registration's */
 	uint32_t sent;    /* the room the sync in flight asked (want resolved) */
+	uint64_t sent_no; /* the number of its last sync sent (the one in
+	                     flight or in doubt): what kvt_seq_query asks
+	                     about */
 	uint8_t open;
 	uint8_t busy;     /* an async sync of this sequence is in flight */
 	uint8_t doubt;    /* a sync of it ended without a verdict (timed out,
 	                     unreadable reply): refused until kvt_seq_query
-	                     learns whether the daemon applied it, which
-	                     carries `counter` then */
+	                     learns whether the daemon applied it (and
+	                     makes sure a late arrival is refused) */
 };
 
 /* One in-flight kvt_sync_async: its own nng context, so replies of
@@ -85,6 +88,9 @@ struct kvt_client {
 	struct seq_slot *seqs; /* [cfg.max_seqs] */
 	struct ticket tickets[CLIENT_MAX_TICKETS];
 	uint32_t ticket_gen;
+	uint64_t sync_no;  /* the last sync number issued: every sync request
+	                      carries the next ("n"), so the daemon can tell
+	                      one from another (kvt_seq_query) */
 	struct kvt_sync_info last_sync; /* what the last accepted sync applied */
 	/* kvt_attention on a host tenant (attention.c), allocated on first
 	 * use: page addresses [n_kv_heads][max_pages] and logits

@@ -163,23 +163,25 @@ int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 	}
 	struct ipc_req req;
 	struct ipc_rep rep;
-	client_req_init(c, IPC_OP_SEQ_QUERY, &req);
-	req.u.seq = seq;
-	/* The daemon answers after every older request of this tenant, so
-	 * a sync that timed out was applied or refused by then, or never
-	 * arrived. */
-	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
 	struct seq_slot *s = &c->seqs[slot];
+	client_req_init(c, IPC_OP_SEQ_QUERY, &req);
+	req.u.query.seq = seq;
+	/* The sync in doubt, by number: the daemon answers whether it was
+	 * applied, and voids it when not, so a copy still on its way is
+	 * refused when it arrives and the answer stays final. */
+	req.u.query.after = s->doubt ? s->sent_no : 0;
+	rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
 	if (rc == 0) {
 		const struct ipc_seq_state *q = &rep.u.query;
-		/* Only this client syncs the sequence and one sync at most
-		 * was in doubt: the daemon is at counter or counter + 1. */
-		if (q->syncs != s->counter &&
-		    !(s->doubt && q->syncs == s->counter + 1)) {
+		int applied = s->doubt && q->last == s->sent_no;
+		/* Only this client syncs the sequence: the daemon's counter
+		 * is ours, plus one when the sync in doubt was applied. */
+		if (q->syncs != s->counter + (uint32_t)applied) {
 			client_set_err(c, "kvt_seq_query: kvtrimd counts %u "
-			               "syncs of sequence %#llx, this client %u",
-			               q->syncs, (unsigned long long)seq,
-			               s->counter);
+			               "syncs of sequence %#llx, this client "
+			               "%u%s", q->syncs, (unsigned long long)seq,
+			               s->counter, applied ? " and one applied"
+			               : "");
 			rc = KVT_EPROTO;
 		} else {
 			*out = (struct kvt_seq_info){
@@ -188,11 +190,10 @@ int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 				.seen_max = q->seen_hi,
 				.len_min = q->len_lo,
 				.len_max = q->len_hi,
-				.last_sync = !s->doubt ? -1
-				             : q->syncs == s->counter + 1 ? 1 : 0,
+				.last_sync = !s->doubt ? -1 : applied,
 			};
 			/* An applied sync left the room it asked for. */
-			if (s->doubt && q->syncs == s->counter + 1)
+			if (applied)
 				s->room = s->sent;
 			s->counter = q->syncs;
 			s->doubt = 0;

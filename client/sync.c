@@ -89,6 +89,12 @@ static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
 		};
 		s->sent = s->want ? s->want : c->cfg.headroom;
 	}
+	req->u.sync.no = ++c->sync_no;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t slot;
+		client_seq_lookup(c, items[i].seq, &slot);
+		c->seqs[slot].sent_no = req->u.sync.no;
+	}
 	req->u.sync.n = (uint32_t)n;
 	req->u.sync.items = w;
 	return 0;

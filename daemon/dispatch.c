@@ -124,9 +124,11 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		 * on a worker (busy, above) and parked ones. */
 		if (srv_tenant_parked(s, st))
 			return SRV_IDLE_WAIT;
-		if ((rv = tenant_seq_query(st->t, r->u.seq, &rep->u.query)))
+		if ((rv = tenant_seq_query(st->t, r->u.query.seq,
+		                           r->u.query.after, &rep->u.query)))
 			snprintf(why, wlen, "no open sequence %#llx on tenant "
-			         "%u", (unsigned long long)r->u.seq, st->id);
+			         "%u", (unsigned long long)r->u.query.seq,
+			         st->id);
 		return rv;
 	case IPC_OP_SYNC: {
 		uint64_t lists;
@@ -141,7 +143,8 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		struct kvt_tenant_stats before, after;
 		tenant_stats(st->t, &before);
 		uint64_t t0 = now_us();
-		rv = tenant_sync(st->t, r->u.sync.items, r->u.sync.n, why, wlen);
+		rv = tenant_sync(st->t, r->u.sync.no, r->u.sync.items, r->u.sync.n,
+		                 why, wlen);
 		uint64_t us = now_us() - t0;
 		tenant_stats(st->t, &after);
 		if (!rv)

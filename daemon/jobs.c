@@ -96,8 +96,8 @@ static void srv_job_run(uv_work_t *w)
 	struct tenant *t = j->st->t;
 	tenant_stats(t, &j->before);
 	uint64_t t0 = now_us();
-	j->rv = tenant_sync(t, j->req.u.sync.items, j->req.u.sync.n, j->why,
-	                    sizeof(j->why));
+	j->rv = tenant_sync(t, j->req.u.sync.no, j->req.u.sync.items,
+	                    j->req.u.sync.n, j->why, sizeof(j->why));
 	j->apply_us = now_us() - t0;
 	j->scorer_ns = tenant_scorer_ns(t);
 	tenant_stats(t, &j->after);

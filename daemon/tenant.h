@@ -168,11 +168,20 @@ int tenant_seq_close(struct tenant *t, uint64_t seq);
 
 /*
  * What the tenant holds for an open sequence: its sync counter, the tokens
- * appended per layer and the committed entries per list (lowest and
- * highest of each), so a client whose sync timed out learns whether it was
- * applied.  KVT_ENOSEQ for an unknown id.  Changes nothing.
+ * appended per layer, the committed entries per list (lowest and highest
+ * of each) and the number of the last sync applied to it, so a client
+ * whose sync `after` timed out learns whether it was applied.
+ *
+ * The answer must stay true: requests of one client can reach the loop
+ * out of order (nng hands them to several contexts), and one the client
+ * gave up on may still be on its way.  So when sync `after` (nonzero) was
+ * not applied to seq, it is voided here: a sync of seq numbered up to
+ * `after` that arrives later is refused (tenant_sync).  The client sends
+ * at most one sync per sequence at a time, so nothing else it still
+ * waits for is caught.  KVT_ENOSEQ for an unknown id; otherwise changes
+ * only that mark.
  */
-int tenant_seq_query(const struct tenant *t, uint64_t seq,
+int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t after,
                      struct ipc_seq_state *out);
 
 /*
@@ -191,18 +200,21 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg);
  * layers [lo, hi) (hi 0 = all), runs the policy, compacts, restores headroom
  * and bumps epochs.  Validates every item first: unknown sequence
  * (KVT_ENOSEQ), the same sequence twice (KVT_EINVAL), counter != syncs so far
- * (KVT_ESTALE), bad layer range (KVT_ELAYERS), n_new beyond the headroom in
+ * (KVT_ESTALE), a sync number `no` (the client's, the request's "n")
+ * a seq_query voided for one of its sequences (KVT_ESTALE, see
+ * tenant_seq_query), bad layer range (KVT_ELAYERS), n_new beyond the headroom in
  * force or a headroom asked beyond the registration's (KVT_EHEADROOM),
  * n_new > stage_tokens when the policy needs staged inputs (KVT_EHEADROOM),
  * len beyond max_tokens (KVT_ETOOLONG), staged inputs the policy refuses
  * (not finite or never staged: KVT_EINVAL naming item, sequence, layer,
  * position and input; policy_decide), pages that cannot be had (KVT_EQUOTA
  * / KVT_EPOOLFULL).  On success each item's sequence counter is
- * incremented, its lists keep room for the item's headroom, and the
+ * incremented, its last sync number set to no, its lists keep room for the item's headroom, and the
  * staging rows of the positions it may append next are marked unstaged.
  */
-int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
-                uint32_t n, char *err, size_t errlen);
+int tenant_sync(struct tenant *t, uint64_t no,
+                const struct ipc_sync_item *items, uint32_t n, char *err,
+                size_t errlen);
 
 /*
  * After a successful tenant_sync: the sync reply's fields, what that sync

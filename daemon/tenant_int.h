@@ -65,6 +65,11 @@ struct tseq {
 	                     for until the next sync (the registration's at
 	                     open, then what each sync asked; <= g.headroom) */
 	uint32_t mark;    /* sync serial, for duplicate detection */
+	uint64_t last_no; /* the client's number ("n") of the last sync
+	                     applied to it; 0 when none since open */
+	uint64_t void_no; /* a seq_query gave up the client's sync of this
+	                     number (it had not arrived): syncs numbered up
+	                     to it are refused; 0 when none */
 	/* Allocated while open: */
 	uint32_t *n_seen; /* [n_layers] tokens seen per layer */
 	uint32_t *pages;  /* [lists_per_seq][max_pages] page ids */

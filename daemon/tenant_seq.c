@@ -120,6 +120,8 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	s->open = 1;
 	s->used = 1;
 	s->counter = 0;
+	s->last_no = 0;
+	s->void_no = 0;
 	s->room = g->headroom;
 	t->n_open++;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
@@ -172,16 +174,20 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
 }
 
-int tenant_seq_query(const struct tenant *t, uint64_t seq,
+int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t after,
                      struct ipc_seq_state *out)
 {
 	int64_t sl = tenant_seq_slot(t, seq);
 	if (sl < 0)
 		return KVT_ENOSEQ;
 	uint32_t slot = (uint32_t)sl;
-	const struct tseq *s = &t->seqs[slot];
+	struct tseq *s = &t->seqs[slot];
+	/* Not applied by now: never, so that the answer below stays true. */
+	if (after && s->last_no != after && after > s->void_no)
+		s->void_no = after;
 	*out = (struct ipc_seq_state){
 		.syncs = s->counter,
+		.last = s->last_no,
 		.seen_lo = UINT32_MAX,
 		.len_lo = UINT32_MAX,
 	};

@@ -94,8 +94,9 @@ static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
 
 /* Step 1: every check that needs no policy decision.  Returns the number of
  * list entries (len + n_new summed over lists) the decisions need. */
-static int validate(struct tenant *t, const struct ipc_sync_item *items,
-                    uint32_t n, size_t *entries, size_t *lists, char *err,
+static int validate(struct tenant *t, uint64_t no,
+                    const struct ipc_sync_item *items, uint32_t n,
+                    size_t *entries, size_t *lists, char *err,
                     size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
@@ -121,6 +122,12 @@ static int validate(struct tenant *t, const struct ipc_sync_item *items,
 			            "item %u: sequence %#llx appears twice", i,
 			            (unsigned long long)it->seq);
 		s->mark = t->serial;
+		if (s->void_no && no <= s->void_no)
+			return errors_fmt(err, errlen, KVT_ESTALE,
+			            "item %u: sync %llu of sequence %#llx was "
+			            "given up: kvt_seq_query answered that it "
+			            "was not applied", i, (unsigned long long)no,
+			            (unsigned long long)it->seq);
 		if (it->counter != s->counter)
 			return errors_fmt(err, errlen, KVT_ESTALE,
 			            "item %u: sync counter %u, expected %u", i,
@@ -306,13 +313,14 @@ static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
 	}
 }
 
-int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
-                uint32_t n, char *err, size_t errlen)
+int tenant_sync(struct tenant *t, uint64_t no,
+                const struct ipc_sync_item *items, uint32_t n, char *err,
+                size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	size_t entries = 0, nlists = 0;
 	t->scorer_ns = 0;
-	int rc = validate(t, items, n, &entries, &nlists, err, errlen);
+	int rc = validate(t, no, items, n, &entries, &nlists, err, errlen);
 	if (rc)
 		return rc;
 	size_t nlayers = nlists / g->n_kv_heads;
@@ -542,6 +550,7 @@ int tenant_sync(struct tenant *t, const struct ipc_sync_item *items,
 		}
 		s->room = item_room(t, it);
 		s->counter++;
+		s->last_no = no;
 	}
 	t->syncs++;
 	uint32_t b = policy_budget(t->pol, most_seen);

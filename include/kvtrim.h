@@ -264,11 +264,12 @@ struct kvt_seq_info {
 /*
  * Asks the daemon where a sequence stands, and resynchronises libkvtrim
  * with it: this is how a sync that ended in doubt (KVT_ETIMEDOUT, see
- * kvt_sync) is resolved without closing the sequence.  The daemon answers
- * only after every older request of this client was applied or refused,
- * so out->last_sync is final: 1, the sync was applied (its entries are
- * committed; append after them), 0, it was not (the appended entries are
- * still at len + k; sync them again).  Then the sequence is usable again.
+ * kvt_sync) is resolved without closing the sequence.  The query names
+ * that sync (each sync request carries a number), and out->last_sync is
+ * final: 1, the sync was applied (its entries are committed; append after
+ * them), 0, it was not (the appended entries are still at len + k; sync
+ * them again), and the daemon refuses that request should it still
+ * arrive, so it never applies later.  Then the sequence is usable again.
  * Safe on any open, idle sequence; KVT_EBUSY while an async sync of it is
  * in flight, KVT_ENOSEQ for an unknown id.  A query that times out itself
  * changes nothing: ask again.

@@ -116,7 +116,13 @@ static const struct codec_field req_seq_close[] = {
 	U64(RQ_, "seq", u.seq),
 	END_,
 };
+static const struct codec_field req_seq_query[] = {
+	U64(RQ_, "seq", u.query.seq),
+	U64(RQ_, "after", u.query.after),
+	END_,
+};
 static const struct codec_field req_sync[] = {
+	U64(RQ_, "n", u.sync.no),
 	KIND_(RQ_, "items", F_ITEMS, u.sync),
 	END_,
 };
@@ -143,7 +149,7 @@ static const struct codec_field req_config_set[] = {
 const struct codec_field *const codec_req_fields[IPC_OP_COUNT] = {
 	[IPC_OP_HELLO] = req_hello,
 	[IPC_OP_SEQ_CLOSE] = req_seq_close,
-	[IPC_OP_SEQ_QUERY] = req_seq_close, /* the same body: "seq" */
+	[IPC_OP_SEQ_QUERY] = req_seq_query,
 	[IPC_OP_SYNC] = req_sync,
 	[IPC_OP_STATS] = req_stats,
 	[IPC_OP_CONFIG] = req_config,
@@ -179,6 +185,7 @@ static const struct codec_field rep_seq_query[] = {
 	U32(RP_, "seen_hi", u.query.seen_hi),
 	U32(RP_, "len_lo", u.query.len_lo),
 	U32(RP_, "len_hi", u.query.len_hi),
+	U64(RP_, "last", u.query.last),
 	END_,
 };
 static const struct codec_field rep_table[] = { /* every admin op */

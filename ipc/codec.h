@@ -7,9 +7,10 @@
  * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
  * reason; it never returns a half-filled message as success.
  *
- * Wire format (protocol version 2: sequence ids carry their tenant,
- * ipc/seqid.h, and seq_query was added; version 1 peers are refused with
- * KVT_EVERSION at their first request).  Every message is one msgpack map with
+ * Wire format (protocol version 3: syncs are numbered and seq_query names
+ * the one in doubt, docs/protocol.md; version 2 added tenant-carrying
+ * sequence ids, ipc/seqid.h, and seq_query; peers of other versions are
+ * refused with KVT_EVERSION at their first request).  Every message is one msgpack map with
  * short string keys:
  *
  * request:  "v": uint version (== IPC_PROTO_VERSION; checked first, before
@@ -28,8 +29,10 @@
  *                      "cookie" uint (handle-channel cookie), "pid" uint
  *           seq_open:  (nothing else)
  *           seq_close: "seq" uint
- *           seq_query: "seq" uint
- *           sync:      "items": array of [seq, counter, n_new, phase,
+ *           seq_query: "seq" uint, "after" uint (the number of the
+ *                      sync in doubt, 0 when none)
+ *           sync:      "n" uint (the client's number for this sync),
+ *                      "items": array of [seq, counter, n_new, phase,
  *                      layer_lo, layer_hi] or [..., layer_hi, headroom]
  *                      (1..IPC_MAX_SYNC_ITEMS); headroom, entries the
  *                      sequence's lists keep room for after this sync,
@@ -56,7 +59,9 @@
  *           seq_query: "syncs" (the sequence's sync counter), "seen_lo",
  *                      "seen_hi" (tokens appended, fewest and most over
  *                      layers), "len_lo", "len_hi" (committed entries,
- *                      shortest and longest list), all uint
+ *                      shortest and longest list), "last" (the "n" of
+ *                      the last sync applied to it, 0 when none), all
+ *                      uint
  *           stats, tenants, policies, check, config, drain, config_set:
  *                      "rows": array of maps str -> (uint | int | float |
  *                      str); stats has one row, tenants one per tenant,
@@ -78,7 +83,7 @@
 
 #include "kvtrim.h"
 
-#define IPC_PROTO_VERSION 2u
+#define IPC_PROTO_VERSION 3u
 #define IPC_MAX_MSG (1u << 20)
 #define IPC_MAX_SYNC_ITEMS 4096u
 #define IPC_MAX_ROWS 4096u
@@ -144,6 +149,8 @@ struct ipc_seq_state {
 	uint32_t seen_lo, seen_hi; /* tokens appended per layer: fewest, most */
 	uint32_t len_lo, len_hi;   /* committed entries per list: shortest,
 	                              longest */
+	uint64_t last;             /* number of the last sync applied to it
+	                              (the request's "n"), 0 when none */
 };
 
 struct ipc_req {
@@ -153,8 +160,15 @@ struct ipc_req {
 	uint64_t token;
 	union {
 		struct ipc_hello hello;
-		uint64_t seq; /* seq_close, seq_query */
+		uint64_t seq; /* seq_close */
 		struct {
+			uint64_t seq;
+			uint64_t after; /* the number of the client's sync of seq
+			                   left in doubt, 0 when none */
+		} query; /* seq_query */
+		struct {
+			uint64_t no; /* the client's number for this sync:
+			                increasing, never 0 */
 			uint32_t n;
 			struct ipc_sync_item *items; /* [n], owned by the req */
 		} sync;

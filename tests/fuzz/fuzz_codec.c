@@ -63,10 +63,12 @@ static int req_eq(const struct ipc_req *a, const struct ipc_req *b)
 		       x->cookie == y->cookie && x->pid == y->pid;
 	}
 	case IPC_OP_SEQ_CLOSE:
-	case IPC_OP_SEQ_QUERY:
 		return a->u.seq == b->u.seq;
+	case IPC_OP_SEQ_QUERY:
+		return a->u.query.seq == b->u.query.seq &&
+		       a->u.query.after == b->u.query.after;
 	case IPC_OP_SYNC:
-		if (a->u.sync.n != b->u.sync.n)
+		if (a->u.sync.n != b->u.sync.n || a->u.sync.no != b->u.sync.no)
 			return 0;
 		for (uint32_t i = 0; i < a->u.sync.n; i++) {
 			const struct ipc_sync_item *x = &a->u.sync.items[i],

@@ -121,7 +121,8 @@ static void gen_codec(void)
 	r.u.seq = 7;
 	seed_req("req-seq_close", &r);
 	r.op = IPC_OP_SEQ_QUERY;
-	r.u.seq = 0x0000010000010003ull;
+	r.u.query.seq = 0x0000010000010003ull;
+	r.u.query.after = 41;
 	seed_req("req-seq_query", &r);
 
 	struct ipc_sync_item items[3] = {
@@ -130,6 +131,7 @@ static void gen_codec(void)
 		{UINT64_MAX, UINT32_MAX, 4, KVT_PHASE_DECODE, 1, 2},
 	};
 	r.op = IPC_OP_SYNC;
+	r.u.sync.no = 17;
 	r.u.sync.n = 3;
 	r.u.sync.items = items;
 	seed_req("req-sync", &r);
@@ -187,6 +189,7 @@ static void gen_codec(void)
 			p.u.query.seen_hi = 301;
 			p.u.query.len_lo = 64;
 			p.u.query.len_hi = 65;
+			p.u.query.last = 1234;
 		} else if (codec_op_is_admin((enum ipc_op)op)) {
 			rows = calloc(2, sizeof(*rows));
 			if (!rows)

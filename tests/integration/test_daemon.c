@@ -463,7 +463,7 @@ TEST(badinput, garbage_truncated_oversized_unknown_version)
 	const uint8_t v99[] = {0x82, 0xa1, 'v', 99, 0xa2, 'o', 'p',
 	                       0xa5, 's', 't', 'a', 't', 's'};
 	T_EQ(raw_error(&d, v99, sizeof(v99), msg), KVT_EVERSION);
-	/* {"v": 2, "op": "launch"} */
+	/* {"v": 3, "op": "launch"} */
 	const uint8_t unk[] = {0x82, 0xa1, 'v', IPC_PROTO_VERSION, 0xa2, 'o',
 	                       'p', 0xa6, 'l', 'a', 'u', 'n', 'c', 'h'};
 	T_EQ(raw_error(&d, unk, sizeof(unk), msg), KVT_EUNKNOWNOP);
@@ -472,7 +472,12 @@ TEST(badinput, garbage_truncated_oversized_unknown_version)
 	const uint8_t v1[] = {0x82, 0xa1, 'v', 1, 0xa2, 'o', 'p',
 	                      0xa5, 'h', 'e', 'l', 'l', 'o'};
 	T_EQ(raw_error(&d, v1, sizeof(v1), msg), KVT_EVERSION);
-	T_ASSERT(strstr(msg, "protocol version 1, this side speaks 2"));
+	T_ASSERT(strstr(msg, "protocol version 1, this side speaks 3"));
+	/* So is a version 2 one (syncs without numbers). */
+	const uint8_t v2[] = {0x82, 0xa1, 'v', 2, 0xa2, 'o', 'p',
+	                      0xa5, 'h', 'e', 'l', 'l', 'o'};
+	T_EQ(raw_error(&d, v2, sizeof(v2), msg), KVT_EVERSION);
+	T_ASSERT(strstr(msg, "protocol version 2, this side speaks 3"));
 
 	/* The daemon still serves: stats answer, errors were counted. */
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
@@ -605,6 +610,7 @@ TEST(badinput, sync_refusals_change_nothing)
 
 	struct ipc_sync_item it = {seq, 0, 2, KVT_PHASE_PREFILL, 0, 0, 0};
 	q = tq(&rt, IPC_OP_SYNC);
+	q.u.sync.no = 7;
 	q.u.sync.n = 1;
 	q.u.sync.items = &it;
 	T_OK(RT_REQ(&rt, &q, &rep));
@@ -671,10 +677,10 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
 	codec_rep_free(&rep);
 	q = tq(&other, IPC_OP_SEQ_QUERY);
-	q.u.seq = seq;
+	q.u.query.seq = seq;
 	T_EQ(RT_REQ(&other, &q, &rep), KVT_ENOSEQ);
 	codec_rep_free(&rep);
-	q.u.seq = own; /* its own sequence is untouched */
+	q.u.query.seq = own; /* its own sequence is untouched */
 	T_OK(RT_REQ(&other, &q, &rep));
 	T_EQ(rep.u.query.syncs, 0);
 	T_EQ(rep.u.query.len_hi, 0);
@@ -683,14 +689,38 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
 	T_EQ_U64(th_stat(&d, "entries_kept"), appended);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
-	/* And the valid next sync still works. */
+	/* A query that names sync 50 before it arrives (as when nng hands
+	 * a late request to the loop after the query): "not applied" (last
+	 * is the first sync's 7), and sync 50 is refused when it comes; the
+	 * next number is applied. */
+	q = tq(&rt, IPC_OP_SEQ_QUERY);
+	q.u.query.seq = seq;
+	q.u.query.after = 50;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	T_EQ_U64(rep.u.query.last, 7);
+	T_EQ(rep.u.query.syncs, 1);
+	codec_rep_free(&rep);
 	it = (struct ipc_sync_item){seq, 1, 1, KVT_PHASE_DECODE, 0, 0, 0};
 	q = tq(&rt, IPC_OP_SYNC);
+	q.u.sync.no = 50;
 	q.u.sync.n = 1;
 	q.u.sync.items = &it;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ESTALE);
+	T_ASSERT(strstr(rep.msg, "given up"));
+	codec_rep_free(&rep);
+	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
+	/* And the valid next sync still works. */
+	q.u.sync.no = 51;
 	T_OK(RT_REQ(&rt, &q, &rep));
 	codec_rep_free(&rep);
 	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended + 4);
+	q = tq(&rt, IPC_OP_SEQ_QUERY);
+	q.u.query.seq = seq;
+	q.u.query.after = 51;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	T_EQ_U64(rep.u.query.last, 51);
+	T_EQ(rep.u.query.syncs, 2);
+	codec_rep_free(&rep);
 	close(rt.hfd);
 	th_raw_close(rt.sock);
 	close(other.hfd);

@@ -703,7 +703,7 @@ TEST(codec, exact_bytes_of_a_request)
 	T_OK(codec_req_encode(&q, &buf, &len));
 	static const uint8_t want[] = {
 		0x85,                               /* map of 5 */
-		0xa1, 'v', 0x02,                    /* "v": 2 */
+		0xa1, 'v', 0x03,                    /* "v": 3 */
 		0xa2, 'o', 'p', 0xa9, 's', 'e', 'q', '_', 'c', 'l', 'o', 's',
 		'e',                                /* "op": "seq_close" */
 		0xa1, 't', 0x05,                    /* "t": 5 */
@@ -732,7 +732,7 @@ TEST(codec, exact_bytes_of_an_error_reply)
 	codec_rep_error(&r, KVT_ESTALE, "old");
 	T_OK(codec_rep_encode(IPC_OP_SYNC, &r, &buf, &len));
 	static const uint8_t want[] = {
-		0x83, 0xa1, 'v', 0x02, 0xa1, 'e', 0xf6, /* -10 negative fixint */
+		0x83, 0xa1, 'v', 0x03, 0xa1, 'e', 0xf6, /* -10 negative fixint */
 		0xa1, 'm', 0xa3, 'o', 'l', 'd',
 	};
 	T_EQ(len, sizeof(want));
@@ -930,6 +930,11 @@ TEST(codec, refuse_version)
 	mp_ku(&m, "v", 1); /* the old protocol (sequence ids without tenant) */
 	mp_ks(&m, "op", "bye");
 	refuse_req(&m, KVT_EVERSION, "version 1");
+	mp_init(&m);
+	mp_map(&m, 2);
+	mp_ku(&m, "v", 2); /* syncs without numbers */
+	mp_ks(&m, "op", "bye");
+	refuse_req(&m, KVT_EVERSION, "protocol version 2, this side speaks 3");
 
 	/* Version is judged before anything else: unknown keys, unknown op,
 	 * even trailing bytes of a future format. */
@@ -992,9 +997,10 @@ TEST(codec, refuse_op)
 /* A sync request whose single item is written by item(). */
 static void sync_with(struct mp *m, void (*item)(struct mp *))
 {
-	mp_req(m, 5, "sync");
+	mp_req(m, 6, "sync");
 	mp_ku(m, "t", 1);
 	mp_ku(m, "k", 2);
+	mp_ku(m, "n", 1);
 	mp_s(m, "items");
 	mp_arr(m, 1);
 	item(m);
@@ -1065,9 +1071,10 @@ TEST(codec, refuse_sync_items)
 	refuse_req(&m, KVT_EPROTO, "sync item 0 is a map");
 
 	/* The failing item's index is reported. */
-	mp_req(&m, 5, "sync");
+	mp_req(&m, 6, "sync");
 	mp_ku(&m, "t", 1);
 	mp_ku(&m, "k", 2);
+	mp_ku(&m, "n", 1);
 	mp_s(&m, "items");
 	mp_arr(&m, 4);
 	for (int i = 0; i < 3; i++)
@@ -1076,32 +1083,45 @@ TEST(codec, refuse_sync_items)
 	refuse_req(&m, KVT_EPROTO, "sync item 3: layer_hi");
 
 	/* Empty and too many. */
-	mp_req(&m, 5, "sync");
+	mp_req(&m, 6, "sync");
 	mp_ku(&m, "t", 1);
 	mp_ku(&m, "k", 2);
+	mp_ku(&m, "n", 1);
 	mp_s(&m, "items");
 	mp_arr(&m, 0);
 	refuse_req(&m, KVT_EPROTO, "empty");
 
-	mp_req(&m, 5, "sync");
+	mp_req(&m, 6, "sync");
 	mp_ku(&m, "t", 1);
 	mp_ku(&m, "k", 2);
+	mp_ku(&m, "n", 1);
 	mp_s(&m, "items");
 	mp_arr(&m, IPC_MAX_SYNC_ITEMS + 1);
 	for (uint32_t i = 0; i <= IPC_MAX_SYNC_ITEMS; i++)
 		mp_item(&m, i, 0, 1, 0, 0, 0);
 	refuse_req(&m, KVT_EPROTO, "4097");
 
-	mp_req(&m, 5, "sync");
+	mp_req(&m, 6, "sync");
 	mp_ku(&m, "t", 1);
 	mp_ku(&m, "k", 2);
+	mp_ku(&m, "n", 1);
 	mp_ku(&m, "items", 1);
 	refuse_req(&m, KVT_EPROTO, "items");
 
-	mp_req(&m, 4, "sync");
+	mp_req(&m, 5, "sync");
 	mp_ku(&m, "t", 1);
 	mp_ku(&m, "k", 2);
+	mp_ku(&m, "n", 1);
 	refuse_req(&m, KVT_EPROTO, "missing key \"items\"");
+
+	/* Every sync is numbered (kvt_seq_query names one by it). */
+	mp_req(&m, 5, "sync");
+	mp_ku(&m, "t", 1);
+	mp_ku(&m, "k", 2);
+	mp_s(&m, "items");
+	mp_arr(&m, 1);
+	mp_item(&m, 1, 0, 1, 0, 0, 0);
+	refuse_req(&m, KVT_EPROTO, "missing key \"n\"");
 }
 
 TEST(codec, refuse_missing_credentials)

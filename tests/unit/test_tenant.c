@@ -249,7 +249,7 @@ static void step_at(struct sim *s, uint64_t seq, uint32_t *counter,
 	uint32_t h = hi ? hi : s->g->n_layers;
 	append(s, seq, lo, h, n_new, n_seen);
 	struct ipc_sync_item it = item(seq, *counter, n_new, lo, hi);
-	int rc = tenant_sync(s->t, &it, 1, err, sizeof(err));
+	int rc = tenant_sync(s->t, 0, &it, 1, err, sizeof(err));
 	if (rc)
 		th_fail(__FILE__, line, "tenant_sync: %s: %s", kvt_errname(rc),
 		        err);
@@ -368,7 +368,7 @@ static void refuse_at(struct sim *s, const struct snap *sn,
                       int line)
 {
 	char err[KVT_ERRTEXT_MAX] = "";
-	int rc = tenant_sync(s->t, items, n, err, sizeof(err));
+	int rc = tenant_sync(s->t, 0, items, n, err, sizeof(err));
 	if (rc != code)
 		th_fail(__FILE__, line, "tenant_sync gave %s (%s), expected %s",
 		        kvt_errname(rc), err, kvt_errname(code));
@@ -647,7 +647,7 @@ TEST(tenant, open_close_returns_pages)
 	T_EQ_U64(s3, seqid_make(1, 2, 0));
 	T_ERR(tenant_seq_close(s.t, s1), KVT_ENOSEQ);
 	struct ipc_sync_item it = item(s1, 0, 1, 0, 0);
-	T_ERR(tenant_sync(s.t, &it, 1, NULL, 0), KVT_ENOSEQ);
+	T_ERR(tenant_sync(s.t, 0, &it, 1, NULL, 0), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(s.t, 0), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(s.t, seqid_make(1, 1, 99)), KVT_ENOSEQ);
 	flush(&s);
@@ -680,7 +680,7 @@ TEST(tenant, sequence_ids_carry_their_tenant)
 	T_EQ(seqid_slot(sb), 0);
 	T_ASSERT(sa != sb);
 	struct ipc_sync_item it = item(sa, 0, 3, 0, 0);
-	T_OK(tenant_sync(a.t, &it, 1, NULL, 0));
+	T_OK(tenant_sync(a.t, 0, &it, 1, NULL, 0));
 	flush(&a);
 	flush(&b);
 
@@ -694,18 +694,18 @@ TEST(tenant, sequence_ids_carry_their_tenant)
 	it = item(sb, 1, 1, 0, 0);
 	REFUSE(&a, &na, &it, 1, KVT_ENOSEQ);
 	struct ipc_seq_state q;
-	T_ERR(tenant_seq_query(b.t, sa, &q), KVT_ENOSEQ);
-	T_ERR(tenant_seq_query(a.t, sb, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(b.t, sa, 0, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(a.t, sb, 0, &q), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(b.t, sa), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(a.t, sb), KVT_ENOSEQ);
 	SAME(&a, &na);
 	SAME(&b, &nb);
 	free(na.table);
 	free(nb.table);
-	T_OK(tenant_seq_query(a.t, sa, &q));
+	T_OK(tenant_seq_query(a.t, sa, 0, &q));
 	T_EQ(q.syncs, 1);
 	T_EQ(q.len_hi, 3);
-	T_OK(tenant_seq_query(b.t, sb, &q));
+	T_OK(tenant_seq_query(b.t, sb, 0, &q));
 	T_EQ(q.syncs, 0);
 	T_EQ(q.len_hi, 0);
 
@@ -719,7 +719,7 @@ TEST(tenant, sequence_ids_carry_their_tenant)
 	snap_take(&a, &na);
 	it = item(sa, 0, 1, 0, 0);
 	REFUSE(&a, &na, &it, 1, KVT_ENOSEQ);
-	T_ERR(tenant_seq_query(a.t, sa, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(a.t, sa, 0, &q), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(a.t, sa), KVT_ENOSEQ);
 	SAME(&a, &na);
 	free(na.table);
@@ -743,22 +743,82 @@ TEST(tenant, seq_query_counts_and_lengths)
 	uint64_t id;
 	struct ipc_seq_state q;
 	T_OK(tenant_seq_open(s.t, &id));
-	T_OK(tenant_seq_query(s.t, id, &q));
+	T_OK(tenant_seq_query(s.t, id, 0, &q));
 	T_EQ(q.syncs, 0);
 	T_EQ(q.seen_lo, 0);
 	T_EQ(q.seen_hi, 0);
 	T_EQ(q.len_lo, 0);
 	T_EQ(q.len_hi, 0);
 	struct ipc_sync_item it = item(id, 0, 3, 0, 1);
-	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
+	T_OK(tenant_sync(s.t, 0, &it, 1, NULL, 0));
 	it = item(id, 1, 2, 0, 0);
-	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
-	T_OK(tenant_seq_query(s.t, id, &q));
+	T_OK(tenant_sync(s.t, 0, &it, 1, NULL, 0));
+	T_OK(tenant_seq_query(s.t, id, 0, &q));
 	T_EQ(q.syncs, 2);
 	T_EQ(q.seen_lo, 2);
 	T_EQ(q.seen_hi, 5);
 	T_EQ(q.len_lo, 2);
 	T_EQ(q.len_hi, 5);
+	flush(&s);
+	CLEAN(&s);
+	sim_free(&s);
+}
+
+/*
+ * A query names the sync in doubt by its number: applied, `last` is that
+ * number; not (it has not arrived), the query voids it, and when it does
+ * arrive, late, it is refused as a whole (both sequences of it), changes
+ * nothing, and the next sync, numbered higher, is applied.  Queries that
+ * name no sync (after 0) or one already applied void nothing.
+ */
+TEST(tenant, seq_query_voids_the_sync_it_names)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t a, b;
+	struct ipc_seq_state q;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_open(s.t, &b));
+	struct ipc_sync_item it[2] = {item(a, 0, 3, 0, 0), item(b, 0, 2, 0, 0)};
+	T_OK(tenant_sync(s.t, 5, it, 2, NULL, 0));
+	/* 5 was applied: the query says so and voids nothing. */
+	T_OK(tenant_seq_query(s.t, a, 5, &q));
+	T_EQ_U64(q.last, 5);
+	T_EQ(q.syncs, 1);
+	T_OK(tenant_seq_query(s.t, b, 0, &q));
+	T_EQ_U64(q.last, 5);
+	/* 7 is asked about before it arrives: not applied, voided. */
+	T_OK(tenant_seq_query(s.t, a, 7, &q));
+	T_EQ_U64(q.last, 5);
+	T_EQ(q.syncs, 1);
+	it[0] = item(a, 1, 1, 0, 0);
+	it[1] = item(b, 1, 1, 0, 0);
+	T_ERR(tenant_sync(s.t, 7, it, 2, err, sizeof(err)), KVT_ESTALE);
+	T_ASSERT(strstr(err, "given up"));
+	T_OK(tenant_seq_query(s.t, b, 7, &q)); /* b was in 7 too */
+	T_EQ(q.syncs, 1);
+	T_EQ(q.len_lo, 2);
+	T_OK(tenant_seq_query(s.t, a, 0, &q));
+	T_EQ(q.syncs, 1);
+	T_EQ(q.len_lo, 3);
+	/* An older number is void too; the next one is applied. */
+	T_ERR(tenant_sync(s.t, 6, it, 2, NULL, 0), KVT_ESTALE);
+	T_OK(tenant_sync(s.t, 8, it, 2, NULL, 0));
+	T_OK(tenant_seq_query(s.t, a, 8, &q));
+	T_EQ_U64(q.last, 8);
+	T_EQ(q.syncs, 2);
+	T_EQ(q.len_lo, 4);
+	/* Closing and reopening forgets both marks. */
+	T_OK(tenant_seq_close(s.t, a));
+	T_OK(tenant_seq_open(s.t, &a));
+	T_OK(tenant_seq_query(s.t, a, 0, &q));
+	T_EQ_U64(q.last, 0);
+	it[0] = item(a, 0, 1, 0, 0);
+	T_OK(tenant_sync(s.t, 1, it, 1, NULL, 0));
 	flush(&s);
 	CLEAN(&s);
 	sim_free(&s);
@@ -872,7 +932,7 @@ TEST(tenant, sync_streaming_keeps_expected_bytes)
 		append(&s, b, 0, 2, 2, sb);
 		struct ipc_sync_item its[2] = {item(a, ca, 1, 0, 0),
 		                               item(b, cb, 2, 0, 0)};
-		if (tenant_sync(s.t, its, 2, err, sizeof(err)))
+		if (tenant_sync(s.t, 0, its, 2, err, sizeof(err)))
 			th_fail(__FILE__, __LINE__, "sync %u: %s", i, err);
 		ca++, cb++;
 		sa[0] = sa[1] = i;
@@ -1059,7 +1119,7 @@ TEST(tenant, sync_refusals_change_nothing)
 	it[1] = item(s2, c2, 1, 0, 0);
 	append(&s, s1, 0, 2, 1, n1);
 	append(&s, s2, 0, 2, 1, n2);
-	T_OK(tenant_sync(s.t, it, 2, NULL, 0));
+	T_OK(tenant_sync(s.t, 0, it, 2, NULL, 0));
 	CLEAN(&s);
 	const uint32_t w1[6] = {0, 1, 6, 7, 8, 9};
 	VERIFY_ALL(&s, s1, w1, 6);
@@ -1100,7 +1160,7 @@ TEST(tenant, sync_too_long)
 	free(sn.table);
 
 	it[0] = item(s1, c1, 0, 0, 0); /* a full list may still sync */
-	T_OK(tenant_sync(s.t, it, 1, NULL, 0));
+	T_OK(tenant_sync(s.t, 0, it, 1, NULL, 0));
 	CLEAN(&s);
 	sim_free(&s);
 }
@@ -1129,7 +1189,7 @@ TEST(tenant, quota_refusals)
 	it[0] = item(s1, 0, 1, 0, 0);
 	REFUSE(&s, &sn, it, 1, KVT_EQUOTA);
 	it[0] = item(s1, 0, 0, 0, 0);
-	T_OK(tenant_sync(s.t, it, 1, NULL, 0));
+	T_OK(tenant_sync(s.t, 0, it, 1, NULL, 0));
 	CLEAN(&s);
 	free(sn.table);
 	sim_free(&s);
@@ -1354,7 +1414,7 @@ TEST(tenant, check_detects_corrupt_table)
 	/* the daemon never trusted the table: the next sync repairs it */
 	l->pages[0] = 12345;
 	struct ipc_sync_item it = item(sq, ctr, 0, 0, 0);
-	T_OK(tenant_sync(s.t, &it, 1, NULL, 0));
+	T_OK(tenant_sync(s.t, 0, &it, 1, NULL, 0));
 	CLEAN(&s);
 	sim_free(&s);
 }
@@ -1400,7 +1460,7 @@ TEST(tenant, random_ops_keep_invariants)
 				who[n] = j;
 				its[n++] = item(id[j], ctr[j], nn, lo, hi);
 			}
-			if (tenant_sync(s.t, its, n, err, sizeof(err)))
+			if (tenant_sync(s.t, 0, its, n, err, sizeof(err)))
 				th_fail(__FILE__, __LINE__, "op %d: %s", op,
 				        err);
 			for (uint32_t i = 0; i < n; i++) {
