@@ -88,9 +88,14 @@ struct kvt_client {
 	struct seq_slot *seqs; /* [cfg.max_seqs] */
 	struct ticket tickets[CLIENT_MAX_TICKETS];
 	uint32_t ticket_gen;
-	uint64_t sync_no;  /* the last sync number issued: every sync request
-	                      carries the next ("n"), so the daemon can tell
-	                      one from another (kvt_seq_query) */
+	uint64_t req_no;   /* the last request number issued: every sync and
+	                      seq_open carries the next ("n"), so the daemon
+	                      can tell one from another (kvt_seq_query,
+	                      kvt_seq_open's undo) */
+	uint64_t open_undo; /* the first seq_open since the last one with a
+	                       verdict that ended without one (0: none): the
+	                       next open asks the daemon to close what those
+	                       opened */
 	struct kvt_sync_info last_sync; /* what the last accepted sync applied */
 	/* kvt_attention on a host tenant (attention.c), allocated on first
 	 * use: page addresses [n_kv_heads][max_pages] and logits

@@ -62,7 +62,18 @@ int kvt_seq_open(kvt_client *c, kvt_seq *out)
 	struct ipc_req req;
 	struct ipc_rep rep;
 	client_req_init(c, IPC_OP_SEQ_OPEN, &req);
+	req.u.open.no = ++c->req_no;
+	req.u.open.undo = c->open_undo;
 	int rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
+	/* Without a verdict the daemon may have opened a sequence whose id
+	 * never came back: the next open has it closed.  Any verdict means
+	 * this request, undo included, was handled. */
+	if (rc == KVT_ETIMEDOUT || rc == KVT_EPROTO) {
+		if (!c->open_undo)
+			c->open_undo = req.u.open.no;
+	} else if (rc != KVT_ECONN) {
+		c->open_undo = 0;
+	}
 	if (rc == 0) {
 		uint64_t seq = rep.u.seq;
 		uint32_t slot = seqid_slot(seq);

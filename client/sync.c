@@ -89,7 +89,7 @@ static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
 		};
 		s->sent = s->want ? s->want : c->cfg.headroom;
 	}
-	req->u.sync.no = ++c->sync_no;
+	req->u.sync.no = ++c->req_no;
 	for (size_t i = 0; i < n; i++) {
 		uint32_t slot;
 		client_seq_lookup(c, items[i].seq, &slot);

@@ -103,7 +103,21 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 	case IPC_OP_BYE:
 		srv_reclaim(s, st, "client said bye");
 		return 0;
-	case IPC_OP_SEQ_OPEN:
+	case IPC_OP_SEQ_OPEN: {
+		uint32_t undone;
+		rv = tenant_seq_reconcile(st->t, r->u.open.no, r->u.open.undo,
+		                          &undone);
+		s->st.seqs_closed_total += undone;
+		if (rv == KVT_ESTALE) {
+			snprintf(why, wlen, "seq_open %llu arrived after a later "
+			         "one: its client had given it up",
+			         (unsigned long long)r->u.open.no);
+			return rv;
+		}
+		if (rv)
+			return srv_device_failed(s, st, rv, "seq_open");
+		if (undone && (rv = srv_flush(s, st, why, wlen)))
+			return rv;
 		if (st->draining) {
 			snprintf(why, wlen, "tenant '%s' is draining: no new "
 			         "sequences (open ones continue)",
@@ -114,6 +128,7 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			return srv_device_failed(s, st, rv, "seq_open");
 		s->st.seqs_opened_total++;
 		return srv_flush(s, st, why, wlen);
+	}
 	case IPC_OP_SEQ_CLOSE:
 		if ((rv = tenant_seq_close(st->t, r->u.seq)))
 			return srv_device_failed(s, st, rv, "seq_close");

@@ -163,6 +163,23 @@ int tenant_stage_fd(const struct tenant *t); /* size: geom.stage_bytes */
  */
 int tenant_seq_open(struct tenant *t, uint64_t *seq);
 
+/*
+ * Before a seq_open numbered `no` (the client's request number): the
+ * client's earlier opens that ended without a verdict (timed out), from
+ * number `undo` (0: none) on.  Each of those the daemon did apply opened a
+ * sequence the client never learnt the id of: those sequences, the ones
+ * opened by requests numbered in [undo, no), are closed, and *closed says
+ * how many.  A client opens one sequence at a time (kvt_client is used by
+ * one thread), so an open numbered below the latest one seen is one the
+ * client gave up on, arriving late: KVT_ESTALE, nothing done (the same
+ * number again is the retry of a parked open).  The number then becomes
+ * the tenant's latest, and tenant_seq_open gives it to the sequence it
+ * opens.  Runs even when the open itself is then refused
+ * (draining, no slot): undoing frees what the client cannot use.
+ */
+int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
+                         uint32_t *closed);
+
 /* Closes a sequence and frees its pages; KVT_ENOSEQ for an unknown id. */
 int tenant_seq_close(struct tenant *t, uint64_t seq);
 

@@ -70,6 +70,8 @@ struct tseq {
 	uint64_t void_no; /* a seq_query gave up the client's sync of this
 	                     number (it had not arrived): syncs numbered up
 	                     to it are refused; 0 when none */
+	uint64_t open_no; /* the client's number of the seq_open that opened
+	                     it (0: unnumbered) */
 	/* Allocated while open: */
 	uint32_t *n_seen; /* [n_layers] tokens seen per layer */
 	uint32_t *pages;  /* [lists_per_seq][max_pages] page ids */
@@ -165,6 +167,8 @@ struct tenant {
 	struct tlist *lists; /* [max_seqs][lists_per_seq] */
 	uint32_t n_open;
 	uint32_t serial;
+	uint64_t open_no;       /* the client's number of its latest seq_open
+	                           (tenant_seq_reconcile), 0 before any */
 
 	uint64_t syncs, appended, evicted;
 	float pressure;         /* last tenant_set_pressure level */

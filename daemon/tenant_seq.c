@@ -122,6 +122,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	s->counter = 0;
 	s->last_no = 0;
 	s->void_no = 0;
+	s->open_no = t->open_no;
 	s->room = g->headroom;
 	t->n_open++;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
@@ -141,6 +142,26 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	tenant_revoke_empty(t);
 	*seq = seqid_make(t->id, s->gen, slot);
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
+}
+
+int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
+                         uint32_t *closed)
+{
+	*closed = 0;
+	if (no && no < t->open_no)
+		return KVT_ESTALE;
+	for (uint32_t i = 0; undo && i < t->g.max_seqs; i++) {
+		const struct tseq *s = &t->seqs[i];
+		if (!s->open || s->open_no < undo || s->open_no >= no)
+			continue;
+		int rc = tenant_seq_close(t, seqid_make(t->id, s->gen, i));
+		if (rc)
+			return rc;
+		(*closed)++;
+	}
+	if (no)
+		t->open_no = no;
+	return 0;
 }
 
 int tenant_seq_close(struct tenant *t, uint64_t seq)

@@ -232,8 +232,10 @@ KVT_API uint32_t kvt_policy_inputs(const kvt_client *c);
 
 /*
  * Opens a sequence: every (layer, head) list starts empty with headroom.
- * One that timed out (KVT_ETIMEDOUT) may have opened a sequence this
- * client never learns of: its slot stays taken until kvt_disconnect.
+ * One that timed out (KVT_ETIMEDOUT) may have opened a sequence whose id
+ * this client never learnt: the next kvt_seq_open has kvtrimd close it
+ * first (and refuse the timed-out request should it arrive only then), so
+ * its slot and pages come back.
  */
 KVT_API int kvt_seq_open(kvt_client *c, kvt_seq *out);
 

@@ -116,6 +116,11 @@ static const struct codec_field req_seq_close[] = {
 	U64(RQ_, "seq", u.seq),
 	END_,
 };
+static const struct codec_field req_seq_open[] = {
+	U64(RQ_, "n", u.open.no),
+	U64(RQ_, "undo", u.open.undo),
+	END_,
+};
 static const struct codec_field req_seq_query[] = {
 	U64(RQ_, "seq", u.query.seq),
 	U64(RQ_, "after", u.query.after),
@@ -148,6 +153,7 @@ static const struct codec_field req_config_set[] = {
 };
 const struct codec_field *const codec_req_fields[IPC_OP_COUNT] = {
 	[IPC_OP_HELLO] = req_hello,
+	[IPC_OP_SEQ_OPEN] = req_seq_open,
 	[IPC_OP_SEQ_CLOSE] = req_seq_close,
 	[IPC_OP_SEQ_QUERY] = req_seq_query,
 	[IPC_OP_SYNC] = req_sync,

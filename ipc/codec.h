@@ -7,8 +7,9 @@
  * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
  * reason; it never returns a half-filled message as success.
  *
- * Wire format (protocol version 3: syncs are numbered and seq_query names
- * the one in doubt, docs/protocol.md; version 2 added tenant-carrying
+ * Wire format (protocol version 3: syncs and opens are numbered, seq_query
+ * names the sync in doubt and seq_open the opens in doubt,
+ * docs/protocol.md; version 2 added tenant-carrying
  * sequence ids, ipc/seqid.h, and seq_query; peers of other versions are
  * refused with KVT_EVERSION at their first request).  Every message is one msgpack map with
  * short string keys:
@@ -27,7 +28,10 @@
  *                      "seqs" uint, "maxtok" uint, "head" uint (headroom),
  *                      "stage" uint, "policy" str, "quota" uint,
  *                      "cookie" uint (handle-channel cookie), "pid" uint
- *           seq_open:  (nothing else)
+ *           seq_open:  "n" uint (the client's number for this open),
+ *                      "undo" uint (its first open since the last verdict
+ *                      that ended without one, 0 when none: the daemon
+ *                      closes what those opened)
  *           seq_close: "seq" uint
  *           seq_query: "seq" uint, "after" uint (the number of the
  *                      sync in doubt, 0 when none)
@@ -161,6 +165,12 @@ struct ipc_req {
 	union {
 		struct ipc_hello hello;
 		uint64_t seq; /* seq_close */
+		struct {
+			uint64_t no;   /* the client's number for this open */
+			uint64_t undo; /* the first of its opens since the last
+			                  verdict that ended without one, 0 when
+			                  none (tenant_seq_reconcile) */
+		} open; /* seq_open */
 		struct {
 			uint64_t seq;
 			uint64_t after; /* the number of the client's sync of seq

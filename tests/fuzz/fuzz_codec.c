@@ -62,6 +62,9 @@ static int req_eq(const struct ipc_req *a, const struct ipc_req *b)
 		       x->quota_bytes == y->quota_bytes &&
 		       x->cookie == y->cookie && x->pid == y->pid;
 	}
+	case IPC_OP_SEQ_OPEN:
+		return a->u.open.no == b->u.open.no &&
+		       a->u.open.undo == b->u.open.undo;
 	case IPC_OP_SEQ_CLOSE:
 		return a->u.seq == b->u.seq;
 	case IPC_OP_SEQ_QUERY:

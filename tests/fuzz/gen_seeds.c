@@ -116,7 +116,10 @@ static void gen_codec(void)
 	r.op = IPC_OP_BYE;
 	seed_req("req-bye", &r);
 	r.op = IPC_OP_SEQ_OPEN;
+	r.u.open.no = 5;
+	r.u.open.undo = 3;
 	seed_req("req-seq_open", &r);
+	r.u.open.undo = 0;
 	r.op = IPC_OP_SEQ_CLOSE;
 	r.u.seq = 7;
 	seed_req("req-seq_close", &r);

@@ -175,6 +175,56 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
+/* ------------------------------------------------ timed-out opens (8) */
+
+/*
+ * A kvt_seq_open that times out while kvtrimd is stopped may still open a
+ * sequence once it runs again, whose id the client never learns.  With
+ * max_seqs 2 and one sequence open, that lost one took the last slot:
+ * before, every later open failed with ESEQLIMIT until disconnect.  Now
+ * the next open has the daemon close it first: the open succeeds and the
+ * tenant holds exactly the client's two sequences.
+ */
+TEST_T(seq_contract, timed_out_open_is_closed_by_the_next_open, 60)
+{
+	struct th_daemon d;
+	char err[KVT_ERRTEXT_MAX], out[4096];
+	kvt_client *c;
+	kvt_seq a, b;
+	struct kvt_tenant_stats st;
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = quick_cfg(&d, "lost-open");
+	cfg.max_seqs = 2;
+	cfg.timeout_ms = 1500; /* see timed_out_sync_is_resolved_by_a_query */
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &a));
+	T_EQ(kill(d.pid, SIGSTOP), 0);
+	kvt_seq lost = 0;
+	T_ERR(kvt_seq_open(c, &lost), KVT_ETIMEDOUT);
+	T_EQ(lost, 0);
+	T_EQ(kill(d.pid, SIGCONT), 0);
+	/* A round trip: the lost open, when it reached the daemon, has been
+	 * applied by the time the answer comes. */
+	T_OK(kvt_stats(c, &st));
+	fprintf(stderr, "    the timed-out open %s applied\n",
+	        st.sequences == 2 ? "was" : "was not");
+	T_ASSERT(st.sequences == 1 || st.sequences == 2);
+	T_OK(kvt_seq_open(c, &b));
+	T_ASSERT(b != a);
+	T_OK(kvt_stats(c, &st));
+	T_EQ_U64(st.sequences, 2);
+	struct kvt_sync_item it = one(b, 1);
+	T_OK(kvt_sync(c, &it, 1));
+	T_EQ(seq_len(c, b), 1);
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_OK(kvt_seq_close(c, a));
+	T_OK(kvt_seq_close(c, b));
+	T_OK(kvt_stats(c, &st));
+	T_EQ_U64(st.sequences, 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
 /* --------------------------------------------- ids carry the tenant (2) */
 
 /*

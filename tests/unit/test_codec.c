@@ -252,11 +252,17 @@ TEST(codec, session_ops_roundtrip)
 		in.tenant = UINT32_MAX;
 		in.token = 0xfeedfacecafebeefull;
 		in.u.seq = UINT64_MAX - 1;
+		if (ops[i] == IPC_OP_SEQ_OPEN)
+			in.u.open.undo = 3;
 		req_roundtrip(&in, &out);
+		if (ops[i] == IPC_OP_SEQ_OPEN)
+			T_EQ_U64(out.u.open.undo, 3);
 		T_EQ_U64(out.tenant, UINT32_MAX);
 		T_EQ_U64(out.token, 0xfeedfacecafebeefull);
 		if (ops[i] == IPC_OP_SEQ_CLOSE)
 			T_EQ_U64(out.u.seq, UINT64_MAX - 1);
+		else if (ops[i] == IPC_OP_SEQ_OPEN) /* "n", "undo" */
+			T_EQ_U64(out.u.open.no, UINT64_MAX - 1);
 		else
 			T_EQ_U64(out.u.seq, 0);
 		codec_req_free(&out);

@@ -824,6 +824,59 @@ TEST(tenant, seq_query_voids_the_sync_it_names)
 	sim_free(&s);
 }
 
+/*
+ * Opens without a verdict: the next open names the first of them (undo)
+ * and the sequences they opened, and only those, are closed; a late copy
+ * of an open numbered below the latest is refused; the same number again
+ * (a parked open's retry) is not.
+ */
+TEST(tenant, seq_reconcile_closes_what_lost_opens_opened)
+{
+	struct pool pool;
+	T_OK(pool_init(&pool, 4 * KVT_CHUNK_BYTES));
+	struct ipc_hello h = hello_a("full");
+	struct sim s;
+	sim_new(&s, &pool, &h, 0);
+	uint64_t a, lost1, lost2, b, c;
+	uint32_t closed;
+	struct ipc_seq_state q;
+	struct kvt_tenant_stats st;
+	T_OK(tenant_seq_reconcile(s.t, 1, 0, &closed));
+	T_OK(tenant_seq_open(s.t, &a));         /* its reply arrived */
+	T_OK(tenant_seq_reconcile(s.t, 4, 0, &closed));
+	T_OK(tenant_seq_open(s.t, &lost1));     /* open 4: timed out */
+	T_OK(tenant_seq_reconcile(s.t, 6, 4, &closed));
+	T_EQ(closed, 1);                         /* lost1 */
+	T_OK(tenant_seq_open(s.t, &lost2));     /* open 6: timed out too */
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.sequences, 2);
+	/* Open 9 still names 4, the first without a verdict. */
+	T_OK(tenant_seq_reconcile(s.t, 9, 4, &closed));
+	T_EQ(closed, 1);                         /* lost2 */
+	T_OK(tenant_seq_open(s.t, &b));
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.sequences, 2);               /* a and b */
+	T_ERR(tenant_seq_query(s.t, lost1, 0, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(s.t, lost2, 0, &q), KVT_ENOSEQ);
+	T_OK(tenant_seq_query(s.t, a, 0, &q));
+	T_OK(tenant_seq_query(s.t, b, 0, &q));
+	/* A late copy of 6: refused, nothing opened or closed. */
+	T_ERR(tenant_seq_reconcile(s.t, 6, 0, &closed), KVT_ESTALE);
+	T_EQ(closed, 0);
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.sequences, 2);
+	/* 9 again (a retry): allowed, and b (opened by 9) stays. */
+	T_OK(tenant_seq_reconcile(s.t, 9, 4, &closed));
+	T_EQ(closed, 0);
+	T_OK(tenant_seq_reconcile(s.t, 10, 0, &closed));
+	T_OK(tenant_seq_open(s.t, &c));
+	tenant_stats(s.t, &st);
+	T_EQ_U64(st.sequences, 3);
+	flush(&s);
+	CLEAN(&s);
+	sim_free(&s);
+}
+
 TEST(tenant, seq_limit)
 {
 	struct pool pool;
