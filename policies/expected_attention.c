@@ -43,6 +43,7 @@
 #define EA_DEF_RATIO 0.5
 #define EA_DEF_FUTURE 512u
 #define EA_DEF_THETA 10000.0
+#define EA_BLOCK 64u /* keys per K S' product */
 
 struct ea_state {
 	uint32_t done; /* 1 once the prompt was compressed */
@@ -178,9 +179,11 @@ static void ea_stats(const struct policy *p, const float *qs, size_t stride,
 
 /*
  * Adds (1/G) softmax_i(z_i) over the candidates (cand[i]) of one query
- * head to acc [len]; keys [len][hd] f32; z [len], ks [len][hd] scratch.
- * k^T S' k takes K S' from one sgemm (S' is symmetric, so the kernel's
- * K S'^T is K S'), the products summed in double.
+ * head to acc [len]; keys [len][hd] f32; z [len], ks [EA_BLOCK][hd]
+ * scratch.  k^T S' k takes K S' from an sgemm per block of EA_BLOCK keys
+ * (S' is symmetric, so the kernel's K S'^T is K S'; blocks keep the
+ * scratch per entry within what tenant_memory allows), the products
+ * summed in double.
  */
 static void ea_expect(const struct policy *p, const float *keys,
                       const uint8_t *cand, uint32_t len, const double *mu,
@@ -188,14 +191,16 @@ static void ea_expect(const struct policy *p, const float *keys,
                       double *acc)
 {
 	uint32_t hd = p->geom.head_dim;
-	if (p->args.cov)
-		scorer_linear_cpu(keys, len, hd, S, NULL, hd, ks);
 	double zmax = -INFINITY;
 	for (uint32_t i = 0; i < len; i++) {
+		const float *k = keys + (size_t)i * hd;
+		if (p->args.cov && i % EA_BLOCK == 0)
+			scorer_linear_cpu(k, len - i < EA_BLOCK ? len - i
+			                                        : EA_BLOCK,
+			                  hd, S, NULL, hd, ks);
 		if (!cand[i])
 			continue;
-		const float *k = keys + (size_t)i * hd;
-		const float *kS = ks + (size_t)i * hd;
+		const float *kS = ks + (size_t)(i % EA_BLOCK) * hd;
 		double lin = 0.0, quad = 0.0;
 		for (uint32_t d = 0; d < hd; d++)
 			lin += mu[d] * k[d];
@@ -267,7 +272,8 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 		float *vr = policy_scratch(p, (size_t)hd * sizeof(float));
 		double *z = policy_scratch(p, (size_t)len * sizeof(double));
 		double *acc = policy_scratch(p, (size_t)len * sizeof(double));
-		float *ks = policy_scratch(p, (size_t)len * hd * sizeof(float));
+		float *ks = policy_scratch(p, (size_t)EA_BLOCK * hd *
+		                                  sizeof(float));
 		float *s = policy_scratch(p, (size_t)len * sizeof(float));
 		uint8_t *cand = policy_scratch(p, len);
 		uint8_t *prot = policy_scratch(p, len);
@@ -316,10 +322,10 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 
 const struct policy_ops expected_attention_ops = {
 	.name = "expected_attention",
-	.help = "Expected Attention: future queries' mean/covariance (recent "
-	        "staged q, averaged future RoPE), x value norm, once at the "
-	        "end of prefill (window=64, ratio=0.5 | tokens=N, sinks=4, "
-	        "future=512, theta=10000, cov=1, vnorm=1, eps=0)",
+	.help = "Expected Attention: recent staged queries' mean/covariance "
+	        "under averaged future RoPE, times the value norm, once at "
+	        "the end of prefill (window=64, ratio=0.5 | tokens=N, "
+	        "sinks=4, future=512, theta=10000, cov=1, vnorm=1, eps=0)",
 	.needs = POLICY_NEED_Q | POLICY_NEED_KV,
 	.keys = POLICY_KEY_WINDOW | POLICY_KEY_TOKENS | POLICY_KEY_RATIO |
 	        POLICY_KEY_SINKS | POLICY_KEY_FUTURE | POLICY_KEY_THETA |

@@ -9,7 +9,9 @@
  *   sinks=N      first N positions of a sequence are never evicted
  *   window=N     the N most recent positions are protected (policies give
  *                it their own meaning on top: kvzap decides an entry when
- *                it leaves the window, snapkv observes the window)
+ *                it leaves the window, snapkv observes the window,
+ *                expected_attention takes its statistics from it and
+ *                protects nothing with it)
  *   tokens=N     budget: keep at most N entries per (sequence, layer, head)
  *   ratio=R      budget: evict the fraction R (0 <= R < 1) of the entries
  *                seen, kvpress's "compression_ratio"; keep n - floor(R * n)

@@ -534,17 +534,14 @@ TEST(baselines, expected_attention_matches_naive)
 		ea_run(&cases[i]);
 }
 
-TEST(baselines, expected_attention_by_hand)
+/*
+ * Equal keys 0.5, value t of norm (t * 5) % 6 + 1 (one nonzero element),
+ * random queries of 2 heads; a prompt of 8 in one prefill sync, then one
+ * decode token, for spec.
+ */
+static void ea_equal_keys(struct bx *b, const char *spec)
 {
-	/*
-	 * Equal keys: every candidate has the same expected attention
-	 * 1 / 6 (6 candidates, sinks 2), so with vnorm the value norms
-	 * decide: norms 1..6 at 2..7 by (pos * 5) % 6 + 1 -> keep the
-	 * largest two of the budget B 4 - 2 sinks.
-	 */
-	struct bx b;
-	bx_init(&b, "expected_attention:window=4,sinks=2,tokens=4", 1, 2, 1);
-	float k[9][BX_HD], v[9][BX_HD], q[9][2][BX_HD];
+	static float k[9][BX_HD], v[9][BX_HD], q[9][2][BX_HD];
 	for (uint32_t t = 0; t < 9; t++) {
 		for (uint32_t d = 0; d < BX_HD; d++) {
 			k[t][d] = 0.5f;
@@ -554,43 +551,43 @@ TEST(baselines, expected_attention_by_hand)
 		}
 		v[t][t % BX_HD] = (float)((t * 5) % 6 + 1);
 	}
-	/* norms at 2..7: 5, 4, 3, 2, 1, 6 -> keep 2 (5) and 7 (6) */
-	T_OK(bx_sync(&b, 0, 8, KVT_PHASE_PREFILL, &k[0][0], &v[0][0],
+	bx_init(b, spec, 1, 2, 1);
+	T_OK(bx_sync(b, 0, 8, KVT_PHASE_PREFILL, &k[0][0], &v[0][0],
 	             &q[0][0][0], NULL));
-	T_OK(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, k[8], v[8], &q[8][0][0],
+	T_OK(bx_sync(b, 0, 1, KVT_PHASE_DECODE, k[8], v[8], &q[8][0][0],
 	             NULL));
+}
+
+TEST(baselines, expected_attention_by_hand)
+{
+	/*
+	 * Equal keys: every candidate has the same expected attention
+	 * 1 / 6 (6 candidates, sinks 2), so with vnorm the value norms
+	 * decide.  Norms at 2..7: 5, 4, 3, 2, 1, 6; budget 4 - 2 sinks:
+	 * keep 2 (5) and 7 (6).
+	 */
+	struct bx b;
+	ea_equal_keys(&b, "expected_attention:window=4,sinks=2,tokens=4");
 	BX_EXPECT(&b, 0, 0, 0, 1, 2, 7, 8);
 	/* once only: later decode syncs never evict */
 	for (uint32_t t = 0; t < 3; t++)
-		T_OK(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, k[8], v[8],
-		             &q[8][0][0], NULL));
+		T_OK(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, NULL, NULL, NULL,
+		             NULL));
 	T_EQ(b.len[0][0], 8);
 	policy_free(b.p);
 
 	/* without vnorm all candidates tie: ties keep the more recent */
-	bx_init(&b, "expected_attention:window=4,sinks=2,tokens=4,vnorm=0", 1,
-	        2, 1);
-	T_OK(bx_sync(&b, 0, 8, KVT_PHASE_PREFILL, &k[0][0], &v[0][0],
-	             &q[0][0][0], NULL));
-	T_OK(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, k[8], v[8], &q[8][0][0],
-	             NULL));
+	ea_equal_keys(&b, "expected_attention:window=4,sinks=2,tokens=4,"
+	                  "vnorm=0");
 	BX_EXPECT(&b, 0, 0, 0, 1, 6, 7, 8);
 	policy_free(b.p);
 
 	/* prompt within the budget, or nothing to learn from (all sinks):
 	 * keep all */
-	bx_init(&b, "expected_attention:window=4,sinks=2,tokens=8", 1, 2, 1);
-	T_OK(bx_sync(&b, 0, 8, KVT_PHASE_PREFILL, &k[0][0], &v[0][0],
-	             &q[0][0][0], NULL));
-	T_OK(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, k[8], v[8], &q[8][0][0],
-	             NULL));
+	ea_equal_keys(&b, "expected_attention:window=4,sinks=2,tokens=8");
 	T_EQ(b.len[0][0], 9);
 	policy_free(b.p);
-	bx_init(&b, "expected_attention:window=4,sinks=8,tokens=2", 1, 2, 1);
-	T_OK(bx_sync(&b, 0, 8, KVT_PHASE_PREFILL, &k[0][0], &v[0][0],
-	             &q[0][0][0], NULL));
-	T_OK(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, k[8], v[8], &q[8][0][0],
-	             NULL));
+	ea_equal_keys(&b, "expected_attention:window=4,sinks=8,tokens=2");
 	T_EQ(b.len[0][0], 9);
 	policy_free(b.p);
 }
