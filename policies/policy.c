@@ -27,10 +27,14 @@ extern const struct policy_ops tova_ops;
 extern const struct policy_ops kvzap_ops;
 extern const struct policy_ops fastkvzip_ops;
 extern const struct policy_ops kvpop_ops;
+extern const struct policy_ops knorm_ops;
+extern const struct policy_ops expected_attention_ops;
+extern const struct policy_ops pyramidkv_ops;
 
 static const struct policy_ops *const registry[] = {
 	&full_ops,  &random_ops, &streaming_ops,  &h2o_ops,   &snapkv_ops,
-	&tova_ops,  &kvzap_ops,  &fastkvzip_ops,  &kvpop_ops,
+	&tova_ops,  &kvzap_ops,  &fastkvzip_ops,  &kvpop_ops, &knorm_ops,
+	&expected_attention_ops, &pyramidkv_ops,
 };
 
 #define N_POLICIES (sizeof(registry) / sizeof(registry[0]))
@@ -45,7 +49,9 @@ const struct policy_ops *policy_at(size_t i)
 	return i < N_POLICIES ? registry[i] : NULL;
 }
 
-enum key_type { KT_U32, KT_U64, KT_RATIO, KT_FLOAT, KT_PATH, KT_AGG };
+enum key_type {
+	KT_U32, KT_U64, KT_RATIO, KT_FLOAT, KT_PATH, KT_AGG, KT_BOOL
+};
 
 /* The keys, in the bit order of enum policy_key. */
 static const struct {
@@ -65,6 +71,12 @@ static const struct {
 	{"model", POLICY_KEY_MODEL, KT_PATH, "a path"},
 	{"agg", POLICY_KEY_AGG, KT_AGG, "max or mean"},
 	{"kernel", POLICY_KEY_KERNEL, KT_U32, "a decimal uint32"},
+	{"beta", POLICY_KEY_BETA, KT_U32, "a decimal uint32"},
+	{"future", POLICY_KEY_FUTURE, KT_U32, "a decimal uint32"},
+	{"theta", POLICY_KEY_THETA, KT_RATIO, "a decimal number"},
+	{"cov", POLICY_KEY_COV, KT_BOOL, "0 or 1"},
+	{"vnorm", POLICY_KEY_VNORM, KT_BOOL, "0 or 1"},
+	{"eps", POLICY_KEY_EPS, KT_RATIO, "a decimal number"},
 };
 
 /* Decimal digits only (no sign, no spaces), at most max. */
@@ -172,6 +184,11 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		else
 			return -1;
 		break;
+	case KT_BOOL:
+		if (vn != 1 || (v[0] != '0' && v[0] != '1'))
+			return -1;
+		u = (uint64_t)(v[0] - '0');
+		break;
 	}
 	switch (keys[k].bit) {
 	case POLICY_KEY_SINKS:
@@ -221,6 +238,33 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 			              ">= 1, got %llu", ops->name,
 			              (unsigned long long)u);
 		a->kernel = (uint32_t)u;
+		break;
+	case POLICY_KEY_BETA:
+		if (u < 1)
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: beta must be >= 1",
+			              ops->name);
+		a->beta = (uint32_t)u;
+		break;
+	case POLICY_KEY_FUTURE:
+		if (u < 1)
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: future must be >= 1",
+			              ops->name);
+		a->future = (uint32_t)u;
+		break;
+	case POLICY_KEY_THETA:
+		if (!(d > 0.0))
+			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: theta must be > 0, "
+			              "got '%.*s'", ops->name, (int)vn, v);
+		a->theta = d;
+		break;
+	case POLICY_KEY_COV:
+		a->cov = (uint8_t)u;
+		break;
+	case POLICY_KEY_VNORM:
+		a->vnorm = (uint8_t)u;
+		break;
+	case POLICY_KEY_EPS:
+		a->eps = d;
 		break;
 	}
 	return 0;
@@ -575,13 +619,17 @@ uint32_t policy_budget_args(const struct policy_args *a, uint32_t n)
 	return UINT32_MAX;
 }
 
-uint32_t policy_budget(const struct policy *p, uint32_t n)
+uint32_t policy_press(const struct policy *p, uint32_t b)
 {
-	uint32_t b = policy_budget_args(&p->args, n);
 	if (b == UINT32_MAX || !(p->pressure > 0.0f))
 		return b;
 	/* B - floor(B * level / 2): at most half off, >= 1 when B >= 1. */
 	return b - (uint32_t)((double)b * (double)p->pressure / 2.0);
+}
+
+uint32_t policy_budget(const struct policy *p, uint32_t n)
+{
+	return policy_press(p, policy_budget_args(&p->args, n));
 }
 
 float policy_threshold(const struct policy *p)

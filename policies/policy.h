@@ -9,7 +9,9 @@
  *   sinks=N      first N positions of a sequence are never evicted
  *   window=N     the N most recent positions are protected (policies give
  *                it their own meaning on top: kvzap decides an entry when
- *                it leaves the window, snapkv observes the window)
+ *                it leaves the window, snapkv observes the window,
+ *                expected_attention takes its statistics from it and
+ *                protects nothing with it)
  *   tokens=N     budget: keep at most N entries per (sequence, layer, head)
  *   ratio=R      budget: evict the fraction R (0 <= R < 1) of the entries
  *                seen, kvpress's "compression_ratio"; keep n - floor(R * n)
@@ -21,7 +23,15 @@
  *   model=PATH   safetensors file or kvpress checkpoint directory (learned
  *                policies; no ',' or whitespace in PATH)
  *   agg=max|mean aggregation over the query heads of a KV head (h2o)
- *   kernel=K     pooling width, odd (snapkv)
+ *   kernel=K     pooling width, odd (snapkv, pyramidkv)
+ *   beta=N       pyramid steepness, >= 1 (pyramidkv)
+ *   future=N     future positions whose RoPE is averaged, >= 1
+ *                (expected_attention)
+ *   theta=F      RoPE base of the engine's model, > 0 (expected_attention)
+ *   cov=0|1      use the query covariance (expected_attention)
+ *   vnorm=0|1    weight scores by the value norm (expected_attention)
+ *   eps=F        added to scores before the value norm, >= 0
+ *                (expected_attention)
  * Unknown keys, repeated keys, malformed numbers and out-of-range values
  * are refused with KVT_EPOLICY and a reason; so are weight files that do not
  * fit the model geometry (policy_create loads them, never the first sync).
@@ -79,6 +89,12 @@ enum policy_key {
 	POLICY_KEY_MODEL = 1u << 8,
 	POLICY_KEY_AGG = 1u << 9,
 	POLICY_KEY_KERNEL = 1u << 10,
+	POLICY_KEY_BETA = 1u << 11,
+	POLICY_KEY_FUTURE = 1u << 12,
+	POLICY_KEY_THETA = 1u << 13,
+	POLICY_KEY_COV = 1u << 14,
+	POLICY_KEY_VNORM = 1u << 15,
+	POLICY_KEY_EPS = 1u << 16,
 };
 
 enum policy_agg { POLICY_AGG_MEAN = 0, POLICY_AGG_MAX = 1 };
@@ -92,7 +108,10 @@ enum policy_tau {
 
 struct policy_args {
 	uint32_t sinks, window, tokens, every, delay, kernel;
+	uint32_t beta, future;
 	double ratio;
+	double theta, eps;
+	uint8_t cov, vnorm; /* 0 or 1 */
 	float threshold;
 	uint64_t seed;
 	enum policy_agg agg;
@@ -244,6 +263,10 @@ uint32_t policy_budget(const struct policy *p, uint32_t n);
 
 /* The configured budget without pressure (UINT32_MAX = none). */
 uint32_t policy_budget_args(const struct policy_args *a, uint32_t n);
+
+/* Pressure applied to a budget b a policy computed itself:
+ * b - floor(b * level / 2) (UINT32_MAX stays). */
+uint32_t policy_press(const struct policy *p, uint32_t b);
 
 /* Threshold with pressure applied: LOG tau + 2 level; PROB
  * tau + (1 - tau) level / 2. */

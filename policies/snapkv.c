@@ -17,8 +17,10 @@
  *   Budget over the prompt: tokens, or P - floor(ratio * P) (default ratio
  *   0.5), pressure applied; the best B - (protected prompt entries) others
  *   are kept.  P <= w or P <= B: nothing evicted.
+ * pyramidkv (pyramidkv.c) runs the same compression with its own per-layer
+ * budget: snapkv_init_args and snapkv_compress (snapkv.h) are shared.
  */
-#include "policy.h"
+#include "snapkv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,14 +36,14 @@ struct snapkv_state {
 	uint32_t done; /* 1 once the prompt was compressed */
 };
 
-static int snapkv_init(struct policy *p, char *err, size_t errlen)
+int snapkv_init_args(struct policy *p, char *err, size_t errlen)
 {
 	struct policy_args *a = &p->args;
 	if (!(a->set & POLICY_KEY_WINDOW))
 		a->window = SNAPKV_DEF_WINDOW;
 	if (!a->window) {
-		snprintf(err, errlen, "snapkv: window must be >= 1 (the "
-		         "observation window)");
+		snprintf(err, errlen, "%s: window must be >= 1 (the "
+		         "observation window)", p->ops->name);
 		return KVT_EPOLICY;
 	}
 	if (!(a->set & POLICY_KEY_KERNEL))
@@ -63,7 +65,8 @@ static int pair_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int snapkv_decide(struct policy *p, struct policy_layer *l)
+int snapkv_compress(struct policy *p, struct policy_layer *l,
+                    snapkv_budget_fn budget)
 {
 	const struct policy_geom *ge = &p->geom;
 	struct snapkv_state *st = l->state;
@@ -71,7 +74,7 @@ static int snapkv_decide(struct policy *p, struct policy_layer *l)
 		return 0;
 	st->done = 1;
 	uint32_t P = l->n_seen - l->n_new, w = p->args.window;
-	uint32_t B = policy_budget(p, P);
+	uint32_t B = budget(p, l->layer, P);
 	if (P <= w || P <= B)
 		return 0;
 	uint32_t G = ge->n_heads / ge->n_kv_heads, hd = ge->head_dim;
@@ -148,6 +151,18 @@ static int snapkv_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* SnapKV's budget: the configured one over the prompt, every layer alike. */
+static uint32_t snapkv_budget(const struct policy *p, uint32_t layer,
+                              uint32_t P)
+{
+	return policy_budget(p, P);
+}
+
+static int snapkv_decide(struct policy *p, struct policy_layer *l)
+{
+	return snapkv_compress(p, l, snapkv_budget);
+}
+
 const struct policy_ops snapkv_ops = {
 	.name = "snapkv",
 	.help = "SnapKV: last-window attention, max-pooled, once at the end "
@@ -156,6 +171,6 @@ const struct policy_ops snapkv_ops = {
 	.needs = POLICY_NEED_Q | POLICY_NEED_LSE | POLICY_NEED_KV,
 	.keys = POLICY_KEY_WINDOW | POLICY_KEY_KERNEL | POLICY_KEY_TOKENS |
 	        POLICY_KEY_RATIO | POLICY_KEY_SINKS,
-	.init = snapkv_init,
+	.init = snapkv_init_args,
 	.decide = snapkv_decide,
 };

@@ -225,14 +225,15 @@ TEST(policy, registry)
 {
 	static const char *const names[] = {"full", "random", "streaming",
 	                                    "h2o", "snapkv", "tova", "kvzap",
-	                                    "fastkvzip", "kvpop"};
-	T_EQ(policy_count(), 9);
-	for (size_t i = 0; i < 9; i++) {
+	                                    "fastkvzip", "kvpop", "knorm",
+	                                    "expected_attention", "pyramidkv"};
+	T_EQ(policy_count(), 12);
+	for (size_t i = 0; i < 12; i++) {
 		T_EQ_STR(policy_at(i)->name, names[i]);
 		T_ASSERT(policy_at(i)->help && policy_at(i)->help[0]);
 		T_ASSERT(policy_at(i)->decide);
 	}
-	T_ASSERT(policy_at(9) == NULL);
+	T_ASSERT(policy_at(12) == NULL);
 }
 
 TEST(policy, parse_full)
@@ -304,7 +305,8 @@ TEST(policy, unknown_name_message)
 	char err[KVT_ERRTEXT_MAX] = "";
 	T_ERR(policy_create("x", &ge, &p, err, sizeof(err)), KVT_EPOLICY);
 	T_EQ_STR(err, "unknown policy 'x' (known: full, random, streaming, "
-	              "h2o, snapkv, tova, kvzap, fastkvzip, kvpop)");
+	              "h2o, snapkv, tova, kvzap, fastkvzip, kvpop, knorm, "
+	              "expected_attention, pyramidkv)");
 	T_ASSERT(p == NULL);
 }
 
