@@ -99,7 +99,7 @@ static void list_policy(const struct policy_ops *o)
 			snprintf(reads + n, sizeof(reads) - n, "%s%s",
 			         n ? ", " : "", in[i].what);
 		}
-	printf("%-12s %s; reads %s\n", o->name, o->help,
+	printf("%-18s %s; reads %s\n", o->name, o->help,
 	       reads[0] ? reads : "nothing");
 }
 
