@@ -257,7 +257,8 @@ static int connect_steps(kvt_client *c, const struct kvt_config *cfg)
 	if ((rc = shm_geom_init(&g, &c->cfg.geo, c->cfg.dtype,
 	                        c->cfg.page_tokens, c->cfg.max_seqs,
 	                        c->cfg.max_tokens, c->cfg.headroom,
-	                        c->cfg.stage_tokens, why, sizeof(why))) < 0) {
+	                        c->cfg.stage_tokens, c->inputs, why,
+	                        sizeof(why))) < 0) {
 		client_set_err(c, "kvtrimd accepted a layout the client cannot "
 		               "use: %s", why);
 		return KVT_EPROTO;

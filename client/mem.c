@@ -290,8 +290,17 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 			            "staging segment of %llu bytes, expected %llu",
 			            (unsigned long long)h->size,
 			            (unsigned long long)g->stage_bytes);
-		return map_fd(fd, h->size, PROT_READ | PROT_WRITE, &m->stage,
-		              err, errlen);
+		if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE,
+		                 &m->stage, err, errlen)))
+			return rc;
+		if (shm_stage_check(m->stage, g)) {
+			munmap(m->stage, g->stage_bytes);
+			m->stage = NULL;
+			return errors_fmt(err, errlen, KVT_EPROTO,
+			            "staging header does not match the registered "
+			            "geometry and the policy's inputs");
+		}
+		return 0;
 	case HANDLE_CHUNK_ADD:
 		if (h->slot >= m->max_chunks)
 			return errors_fmt(err, errlen, KVT_EPROTO,

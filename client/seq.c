@@ -277,35 +277,38 @@ int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
 }
 
 /* Entry [x][q][lse] of (seq, layer, pos), or NULL. */
+/* The part `input` (KVT_INPUT_*) of a staging entry, NULL when the policy
+ * does not read it (the layout then has no room for it). */
 static float *stage_entry(const kvt_client *c, kvt_seq seq, uint32_t layer,
-                          uint32_t pos)
+                          uint32_t pos, uint32_t input)
 {
 	uint32_t slot;
 	if (!c || client_lost(c) || !c->mem.g.stage_tokens || !c->mem.stage ||
+	    !(c->mem.g.stage_inputs & input) ||
 	    client_seq_lookup(c, seq, &slot) < 0 || c->seqs[slot].busy ||
 	    c->seqs[slot].doubt || layer >= c->mem.g.n_layers)
 		return NULL;
-	return shm_stage_at(c->mem.stage, &c->mem.g, slot, layer, pos);
+	const struct shm_geom *g = &c->mem.g;
+	float *e = shm_stage_at(c->mem.stage, g, slot, layer, pos);
+	return e + (input == KVT_INPUT_Q     ? g->stage_q_off
+	            : input == KVT_INPUT_LSE ? g->stage_lse_off
+	                                     : 0);
 }
 
 float *kvt_stage_x(const kvt_client *c, kvt_seq seq, uint32_t layer,
                    uint32_t pos)
 {
-	return stage_entry(c, seq, layer, pos);
+	return stage_entry(c, seq, layer, pos, KVT_INPUT_X);
 }
 
 float *kvt_stage_q(const kvt_client *c, kvt_seq seq, uint32_t layer,
                    uint32_t pos)
 {
-	float *e = stage_entry(c, seq, layer, pos);
-	return e ? e + c->mem.g.d_model : NULL;
+	return stage_entry(c, seq, layer, pos, KVT_INPUT_Q);
 }
 
 float *kvt_stage_lse(const kvt_client *c, kvt_seq seq, uint32_t layer,
                      uint32_t pos)
 {
-	float *e = stage_entry(c, seq, layer, pos);
-	return e ? e + c->mem.g.d_model +
-	                   (uint64_t)c->mem.g.n_heads * c->mem.g.head_dim
-	         : NULL;
+	return stage_entry(c, seq, layer, pos, KVT_INPUT_LSE);
 }

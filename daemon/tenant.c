@@ -159,6 +159,16 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
  * each stay below this, the arena's 64-byte rounding included). */
 #define TENANT_POLICY_ENTRY_BYTES 64u
 
+/* Floats of a row of every staged part: the sync's gathered inputs
+ * (t->in) are laid out by part whatever the staging segment holds. */
+static uint64_t stage_all_floats(const struct shm_geom *g)
+{
+	uint64_t q_off, lse_off, n;
+	shm_stage_layout(SHM_STAGE_ALL, g->d_model, g->n_heads, g->head_dim,
+	                 &q_off, &lse_off, &n);
+	return n;
+}
+
 /*
  * Each term mirrors an allocation of the tenant module (tenant.c,
  * tenant_seq.c, tenant_pages.c, tenant_sync.c, tenant_check.c), at the size
@@ -220,7 +230,7 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 	uint64_t sc = T * 2 * 4 + H * MP * sizeof(void *) +
 	              H * sizeof(struct policy_head);
 	if (need & POLICY_NEED_STAGED)
-		sc = add_sat(sc, mul3(g->headroom, g->stage_entry_floats, 4));
+		sc = add_sat(sc, mul3(g->headroom, stage_all_floats(g), 4));
 	sc = add_sat(sc, E);                            /* drop */
 	sc = add_sat(sc, nl * 4);                       /* newlen */
 	sc = add_sat(sc, mul3(E, ef, 4));               /* ent_scr */
@@ -383,9 +393,11 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	                    : page_tokens < max_tokens ? page_tokens
 	                                               : max_tokens;
 	struct shm_geom g;
+	/* Every staged part for now: the policy, created from this geometry,
+	 * says which it reads, and the layout is redone with those below. */
 	int rc = shm_geom_init(&g, &h->geo, (enum kvt_dtype)h->dtype,
 	                       page_tokens, max_seqs, max_tokens, headroom,
-	                       h->stage_tokens, err, errlen);
+	                       h->stage_tokens, SHM_STAGE_ALL, err, errlen);
 	if (rc)
 		return rc;
 	char name[KVT_NAME_MAX];
@@ -444,6 +456,15 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		policy_free(pol);
 		return rc;
 	}
+	/* The staging segment holds only what the policy reads (the same
+	 * checks passed above; only the entry layout changes). */
+	rc = shm_geom_init(&g, &h->geo, (enum kvt_dtype)h->dtype, page_tokens,
+	                   max_seqs, max_tokens, headroom, h->stage_tokens,
+	                   policy_inputs_of(pol->ops->needs), err, errlen);
+	if (rc) {
+		policy_free(pol);
+		return rc;
+	}
 	void *bctx;
 	struct tenant_mem mem;
 	tenant_memory(&g, pol, quota, !pool_backend(pool, &bctx)->host_visible,
@@ -481,7 +502,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	t->pagev = malloc((size_t)g.n_kv_heads * g.max_pages * sizeof(void *));
 	t->heads = calloc(g.n_kv_heads, sizeof(*t->heads));
 	if (pol->ops->needs & POLICY_NEED_STAGED)
-		t->in = malloc((size_t)g.headroom * g.stage_entry_floats *
+		t->in = malloc((size_t)g.headroom * stage_all_floats(&g) *
 		               sizeof(float));
 	if (!t->chunks || !t->seqs || !t->lists || !t->moves || !t->pagev ||
 	    !t->heads || ((pol->ops->needs & POLICY_NEED_STAGED) && !t->in)) {
@@ -569,11 +590,7 @@ const char *tenant_name(const struct tenant *t) { return t->name; }
 const char *tenant_policy_spec(const struct tenant *t) { return t->pol->spec; }
 uint32_t tenant_policy_inputs(const struct tenant *t)
 {
-	uint32_t n = t->pol->ops->needs;
-	return (n & POLICY_NEED_X ? KVT_INPUT_X : 0) |
-	       (n & POLICY_NEED_Q ? KVT_INPUT_Q : 0) |
-	       (n & POLICY_NEED_LSE ? KVT_INPUT_LSE : 0) |
-	       (n & POLICY_NEED_KV ? KVT_INPUT_KV : 0);
+	return policy_inputs_of(t->pol->ops->needs);
 }
 int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 {

@@ -200,10 +200,9 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens)
 		return;
 	const float u = policy_unstaged();
-	size_t nq = (size_t)g->n_heads * g->head_dim;
 	for (uint32_t k = 0; k < n; k++) {
 		float *row = shm_stage_at(t->stage, g, slot, layer, from + k);
-		float *q = row + g->d_model, *lse = q + nq;
+		float *q = row + g->stage_q_off, *lse = row + g->stage_lse_off;
 		if (need & POLICY_NEED_X)
 			row[0] = u;
 		for (uint32_t h = 0; h < g->n_heads; h++) {
@@ -232,8 +231,9 @@ static const float *stage_row(void *ctx, uint32_t pos)
 }
 
 /*
- * Copies the staged inputs of positions [first, first + n) out of the ring
- * (which the client may keep writing) into t->in, contiguous, and points
+ * Copies the staged inputs the policy reads of positions [first, first + n)
+ * out of the ring (which the client may keep writing) into t->in,
+ * contiguous ([headroom] rows of each part, stage_all_floats), and points
  * pl at them.  n <= headroom (validated).
  */
 static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
@@ -245,16 +245,21 @@ static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 	float *x = t->in;
 	float *q = x + (size_t)g->headroom * g->d_model;
 	float *lse = q + (size_t)g->headroom * nq;
+	unsigned need = t->pol->ops->needs;
 	for (uint32_t k = 0; k < n; k++) {
 		const float *row = shm_stage_at(t->stage, g, slot, layer,
 		                                first + k);
-		memcpy(x + (size_t)k * g->d_model, row,
-		       g->d_model * sizeof(float));
-		memcpy(q + k * nq, row + g->d_model, nq * sizeof(float));
-		memcpy(lse + (size_t)k * g->n_heads, row + g->d_model + nq,
-		       g->n_heads * sizeof(float));
+		if (need & POLICY_NEED_X)
+			memcpy(x + (size_t)k * g->d_model, row,
+			       g->d_model * sizeof(float));
+		if (need & POLICY_NEED_Q)
+			memcpy(q + k * nq, row + g->stage_q_off,
+			       nq * sizeof(float));
+		if (need & POLICY_NEED_LSE)
+			memcpy(lse + (size_t)k * g->n_heads,
+			       row + g->stage_lse_off,
+			       g->n_heads * sizeof(float));
 	}
-	unsigned need = t->pol->ops->needs;
 	pl->x = need & POLICY_NEED_X ? x : NULL;
 	pl->q = need & POLICY_NEED_Q ? q : NULL;
 	pl->lse = need & POLICY_NEED_LSE ? lse : NULL;

@@ -253,14 +253,19 @@ static int attend_seq(struct engine *e, uint32_t s, uint32_t layer,
 		}
 	}
 	for (uint32_t t = 0; t < n; t++) {
+		/* Each part only when the policy reads it (NULL otherwise,
+		 * and for tenants without staging). */
 		float *sx = kvt_stage_x(e->c, seq, layer, pos0 + t);
 		float *sq = kvt_stage_q(e->c, seq, layer, pos0 + t);
 		float *sl = kvt_stage_lse(e->c, seq, layer, pos0 + t);
-		if (!sx || !sq || !sl)
-			continue; /* tenant without staging */
-		memcpy(sx, x + (size_t)t * mc->dim, mc->dim * sizeof(float));
-		memcpy(sq, q + (size_t)t * H * hd, (size_t)H * hd * sizeof(float));
-		memcpy(sl, lse + (size_t)t * H, H * sizeof(float));
+		if (sx)
+			memcpy(sx, x + (size_t)t * mc->dim,
+			       mc->dim * sizeof(float));
+		if (sq)
+			memcpy(sq, q + (size_t)t * H * hd,
+			       (size_t)H * hd * sizeof(float));
+		if (sl)
+			memcpy(sl, lse + (size_t)t * H, H * sizeof(float));
 	}
 	return 0;
 }

@@ -330,7 +330,10 @@ KVT_API int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
  * (pos % stage_tokens): x is [d_model] (attention input after the input
  * RMSNorm), q is [n_heads][head_dim] (post-RoPE queries), lse is [n_heads]
  * (log-sum-exp of each query head's attention logits).  NULL when the tenant
- * has no staging (stage_tokens 0) or an argument is out of range.
+ * has no staging (stage_tokens 0), when its policy does not read that input
+ * (kvt_policy_inputs: the staging segment holds only what it reads, so
+ * kvzap, reading x, stages d_model floats per token), or an argument is out
+ * of range.
  *
  * Contract: before a sync commits n_new entries, the engine has staged
  * every input its policy reads (docs/policies.md) of every new position,

@@ -20,7 +20,8 @@ static int bad(char *err, size_t errlen, const char *why)
 int shm_geom_init(struct shm_geom *g, const struct kvt_geometry *geo,
                   enum kvt_dtype dtype, uint32_t page_tokens,
                   uint32_t max_seqs, uint32_t max_tokens, uint32_t headroom,
-                  uint32_t stage_tokens, char *err, size_t errlen)
+                  uint32_t stage_tokens, uint32_t stage_inputs, char *err,
+                  size_t errlen)
 {
 	memset(g, 0, sizeof(*g));
 	if (!geo->n_layers || !geo->n_heads || !geo->n_kv_heads ||
@@ -70,14 +71,28 @@ int shm_geom_init(struct shm_geom *g, const struct kvt_geometry *geo,
 	uint64_t n_lists = (uint64_t)max_seqs * g->n_layers * g->n_kv_heads;
 	g->table_bytes = align_up(sizeof(struct shm_table_hdr), SHM_ALIGN) +
 	                 n_lists * g->list_stride;
-	g->stage_entry_floats = (uint64_t)g->d_model +
-	                        (uint64_t)g->n_heads * g->head_dim + g->n_heads;
+	g->stage_inputs = stage_inputs & SHM_STAGE_ALL;
+	shm_stage_layout(g->stage_inputs, g->d_model, g->n_heads, g->head_dim,
+	                 &g->stage_q_off, &g->stage_lse_off,
+	                 &g->stage_entry_floats);
 	g->stage_bytes = align_up(sizeof(struct shm_stage_hdr), SHM_ALIGN) +
 	                 (uint64_t)max_seqs * g->n_layers * stage_tokens *
 	                         g->stage_entry_floats * sizeof(float);
 	if (g->table_bytes > (64ull << 30) || g->stage_bytes > (64ull << 30))
 		return bad(err, errlen, "segments would exceed 64 GiB");
 	return 0;
+}
+
+void shm_stage_layout(uint32_t inputs, uint32_t d_model, uint32_t n_heads,
+                      uint32_t head_dim, uint64_t *q_off, uint64_t *lse_off,
+                      uint64_t *floats)
+{
+	uint64_t n = inputs & KVT_INPUT_X ? d_model : 0;
+	*q_off = n;
+	n += inputs & KVT_INPUT_Q ? (uint64_t)n_heads * head_dim : 0;
+	*lse_off = n;
+	n += inputs & KVT_INPUT_LSE ? n_heads : 0;
+	*floats = n;
 }
 
 void shm_table_init(void *table, const struct shm_geom *g)
@@ -101,6 +116,19 @@ void shm_stage_init(void *stage, const struct shm_geom *g)
 	h->n_layers = g->n_layers;
 	h->stage_tokens = g->stage_tokens;
 	h->entry_floats = (uint32_t)g->stage_entry_floats;
+	h->inputs = g->stage_inputs;
+}
+
+int shm_stage_check(const void *stage, const struct shm_geom *g)
+{
+	const struct shm_stage_hdr *h = stage;
+	if (h->magic != SHM_STAGE_MAGIC || h->version != SHM_VERSION ||
+	    h->max_seqs != g->max_seqs || h->n_layers != g->n_layers ||
+	    h->stage_tokens != g->stage_tokens ||
+	    h->entry_floats != g->stage_entry_floats ||
+	    h->inputs != g->stage_inputs)
+		return KVT_EPROTO;
+	return 0;
 }
 
 int shm_table_check(const void *table, const struct shm_geom *g)

@@ -10,7 +10,10 @@
  *
  * Staging segment (one per tenant; client writes, daemon reads):
  *   struct shm_stage_hdr, then for each (slot, layer) a ring of stage_tokens
- *   float32 entries [x: d_model][q: n_heads * head_dim][lse: n_heads].
+ *   float32 entries [x: d_model][q: n_heads * head_dim][lse: n_heads], each
+ *   part present only when the tenant's policy reads it (stage_inputs, the
+ *   KVT_INPUT_* bits the daemon tells the client at hello): kvzap, which
+ *   reads x only, stages d_model floats per token, not x + q + lse.
  *
  * Pool chunk (KVT_CHUNK_BYTES, one memfd each): pages_per_chunk pages of
  * page_bytes; page id p lives in the tenant's chunk slot p / pages_per_chunk
@@ -27,7 +30,10 @@
 
 #define SHM_TABLE_MAGIC 0x4b565454u /* "KVTT" */
 #define SHM_STAGE_MAGIC 0x4b565453u /* "KVTS" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u /* 2: staging entries hold only stage_inputs */
+
+/* The staged inputs there are (kvtrim.h's KVT_INPUT_* bits). */
+#define SHM_STAGE_ALL (KVT_INPUT_X | KVT_INPUT_Q | KVT_INPUT_LSE)
 
 /* The parameters that fix every size and offset of a tenant's layout. */
 struct shm_geom {
@@ -39,7 +45,12 @@ struct shm_geom {
 	uint64_t page_bytes;      /* 2 * page_tokens * head_dim * elem_bytes */
 	uint64_t list_stride;     /* bytes per list record, 64-byte aligned */
 	uint64_t table_bytes;     /* whole table segment */
-	uint64_t stage_entry_floats; /* d_model + n_heads * head_dim + n_heads */
+	uint32_t stage_inputs;    /* parts of a staging entry: KVT_INPUT_X, _Q,
+	                             _LSE bits (SHM_STAGE_ALL masked) */
+	uint64_t stage_q_off;     /* floats before q in an entry (x's size
+	                             when staged, else 0) */
+	uint64_t stage_lse_off;   /* floats before lse (x's and q's) */
+	uint64_t stage_entry_floats; /* floats of the staged parts */
 	uint64_t stage_bytes;     /* whole staging segment (>= one header) */
 };
 
@@ -60,19 +71,35 @@ struct shm_list {
 struct shm_stage_hdr {
 	uint32_t magic, version;
 	uint32_t max_seqs, n_layers, stage_tokens, entry_floats;
-	uint64_t reserved[5];
+	uint32_t inputs;          /* stage_inputs */
+	uint32_t reserved32;
+	uint64_t reserved[4];
 };
 
 /*
  * Fills g from registration parameters (defaults already applied) and checks
  * them: non-zero sizes, n_heads % n_kv_heads == 0, a page fits a chunk,
- * dtype known, sizes that do not overflow.  Returns 0 or KVT_EGEOMETRY with
- * a reason in err.
+ * dtype known, sizes that do not overflow.  stage_inputs (KVT_INPUT_* bits;
+ * others ignored) says which parts a staging entry holds.  Returns 0 or
+ * KVT_EGEOMETRY with a reason in err.
  */
 int shm_geom_init(struct shm_geom *g, const struct kvt_geometry *geo,
                   enum kvt_dtype dtype, uint32_t page_tokens,
                   uint32_t max_seqs, uint32_t max_tokens, uint32_t headroom,
-                  uint32_t stage_tokens, char *err, size_t errlen);
+                  uint32_t stage_tokens, uint32_t stage_inputs, char *err,
+                  size_t errlen);
+
+/*
+ * The layout of one staging entry holding the parts `inputs` (KVT_INPUT_*
+ * bits) of a model: floats before q and before lse, and in all.  The one
+ * definition both sides and the policies read rows by.
+ */
+void shm_stage_layout(uint32_t inputs, uint32_t d_model, uint32_t n_heads,
+                      uint32_t head_dim, uint64_t *q_off, uint64_t *lse_off,
+                      uint64_t *floats);
+
+/* Checks a mapped staging header against g; 0 or KVT_EPROTO. */
+int shm_stage_check(const void *stage, const struct shm_geom *g);
 
 /* Writes the table header of a fresh (zeroed) table segment. */
 void shm_table_init(void *table, const struct shm_geom *g);
@@ -87,7 +114,8 @@ int shm_table_check(const void *table, const struct shm_geom *g);
 struct shm_list *shm_list_at(void *table, const struct shm_geom *g,
                              uint32_t slot, uint32_t layer, uint32_t head);
 
-/* Staged entry of (slot, layer, pos): [x][q][lse] floats; no bounds checks. */
+/* Staged entry of (slot, layer, pos): its parts at 0 (x), stage_q_off and
+ * stage_lse_off, those of stage_inputs only; no bounds checks. */
 float *shm_stage_at(void *stage, const struct shm_geom *g, uint32_t slot,
                     uint32_t layer, uint32_t pos);
 

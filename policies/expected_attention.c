@@ -257,7 +257,7 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 		if (rc_)
 			return rc_;
 		float *q = qs + t * qrow;
-		memcpy(q, row + ge->d_model, qrow * sizeof(float));
+		memcpy(q, policy_row_q(p, row), qrow * sizeof(float));
 		for (uint32_t j = 0; j < H; j++)
 			ea_unrope(p, q + (size_t)j * hd, from + t);
 	}

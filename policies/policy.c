@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "shm.h"
 
 /* Each policy file exports its ops; a new policy adds one line here and one
  * to registry[]. */
@@ -567,14 +568,40 @@ static int check_inputs(struct policy *p, const float *x, const float *q,
 	return rc;
 }
 
+uint32_t policy_inputs_of(unsigned needs)
+{
+	return (needs & POLICY_NEED_X ? KVT_INPUT_X : 0) |
+	       (needs & POLICY_NEED_Q ? KVT_INPUT_Q : 0) |
+	       (needs & POLICY_NEED_LSE ? KVT_INPUT_LSE : 0) |
+	       (needs & POLICY_NEED_KV ? KVT_INPUT_KV : 0);
+}
+
+/* Offset of a part (KVT_INPUT_Q or _LSE) in p's staged rows. */
+static uint64_t row_off(const struct policy *p, uint32_t part)
+{
+	const struct policy_geom *g = &p->geom;
+	uint64_t q_off, lse_off, n;
+	shm_stage_layout(policy_inputs_of(p->ops->needs), g->d_model,
+	                 g->n_heads, g->head_dim, &q_off, &lse_off, &n);
+	return part == KVT_INPUT_Q ? q_off : lse_off;
+}
+
+const float *policy_row_q(const struct policy *p, const float *row)
+{
+	return row + row_off(p, KVT_INPUT_Q);
+}
+
+const float *policy_row_lse(const struct policy *p, const float *row)
+{
+	return row + row_off(p, KVT_INPUT_LSE);
+}
+
 int policy_check_row(struct policy *p, uint32_t layer, uint32_t pos,
                      const float *row)
 {
-	const struct policy_geom *g = &p->geom;
-	size_t nq = (size_t)g->n_heads * g->head_dim;
 	p->why[0] = '\0';
-	return check_inputs(p, row, row + g->d_model, row + g->d_model + nq, 1,
-	                    0, 0, 0, layer, pos);
+	return check_inputs(p, row, policy_row_q(p, row), policy_row_lse(p, row),
+	                    1, 0, 0, 0, layer, pos);
 }
 
 int policy_decide(struct policy *p, struct policy_layer *l)

@@ -240,12 +240,23 @@ float policy_unstaged(void); /* the float with POLICY_UNSTAGED_BITS */
 int policy_decide(struct policy *p, struct policy_layer *l);
 
 /*
- * The same check for one ring row [x: d_model][q: n_heads * head_dim]
- * [lse: n_heads] of position pos, for policies reading earlier rows
- * (lookback): 0, or KVT_EINVAL with p->why.
+ * The same check for one ring row of position pos (the staged parts the
+ * policy reads: policy_row_q / policy_row_lse), for policies reading
+ * earlier rows (lookback): 0, or KVT_EINVAL with p->why.
  */
 int policy_check_row(struct policy *p, uint32_t layer, uint32_t pos,
                      const float *row);
+
+/*
+ * A staged row holds only the inputs the policy reads (ipc/shm.h's
+ * staging layout, from policy_inputs_of(needs)): its q and lse parts.
+ * Only for a policy that reads them.
+ */
+const float *policy_row_q(const struct policy *p, const float *row);
+const float *policy_row_lse(const struct policy *p, const float *row);
+
+/* The KVT_INPUT_* bits (kvtrim.h) of a policy's needs. */
+uint32_t policy_inputs_of(unsigned needs);
 
 /* Registry, in listing order. */
 size_t policy_count(void);

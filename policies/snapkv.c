@@ -95,8 +95,9 @@ int snapkv_compress(struct policy *p, struct policy_layer *l,
 		int rc = policy_check_row(p, l->layer, P - w + t, row);
 		if (rc)
 			return rc;
-		memcpy(qo + t * qrow, row + ge->d_model, qrow * sizeof(float));
-		memcpy(lo + (size_t)t * ge->n_heads, row + ge->d_model + qrow,
+		memcpy(qo + t * qrow, policy_row_q(p, row),
+		       qrow * sizeof(float));
+		memcpy(lo + (size_t)t * ge->n_heads, policy_row_lse(p, row),
 		       ge->n_heads * sizeof(float));
 		qpos[t] = P - w + t;
 	}

@@ -143,10 +143,14 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 			}
 			if (!e->stage)
 				continue;
-			float *x = kvt_stage_x(e->c, e->seqs[j], l, pos);
-			float *q = kvt_stage_q(e->c, e->seqs[j], l, pos);
-			float *lse = kvt_stage_lse(e->c, e->seqs[j], l, pos);
-			if (!x || !q || !lse) {
+			/* Made whole here (lse needs q), staged in the
+			 * parts the policy reads (the others are NULL). */
+			uint32_t nx = o->heads * o->head_dim;
+			float *x = e->gen, *q = x + nx, *lse = q + nx;
+			float *sx = kvt_stage_x(e->c, e->seqs[j], l, pos);
+			float *sq = kvt_stage_q(e->c, e->seqs[j], l, pos);
+			float *sl = kvt_stage_lse(e->c, e->seqs[j], l, pos);
+			if (!sx && !sq && !sl) {
 				engine_say(e, "no staging entry for seq %u "
 				           "layer %u", j, l);
 				return KVT_EINVAL;
@@ -154,7 +158,6 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 			uint64_t base = pattern_mix(o->seed ^
 			                            ((uint64_t)pos << 20) ^
 			                            ((uint64_t)j << 8) ^ l);
-			uint32_t nx = o->heads * o->head_dim;
 			for (uint32_t i = 0; i < nx; i++) {
 				x[i] = (float)(pattern_mix(base + i) & 0xffff) /
 				               65536.0f - 0.5f;
@@ -187,6 +190,12 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 				                    1.0f / sqrtf((float)o->head_dim),
 				                    ob, lse + (size_t)h * G, e->att);
 			}
+			if (sx)
+				memcpy(sx, x, nx * sizeof(float));
+			if (sq)
+				memcpy(sq, q, nx * sizeof(float));
+			if (sl)
+				memcpy(sl, lse, o->heads * sizeof(float));
 		}
 	}
 	return 0;
@@ -432,6 +441,8 @@ int engine_main(const struct opts *o, const struct model *m, int has_model,
 	e.att = calloc((size_t)e.cap * G + 1, sizeof(float));
 	e.want = calloc(o->steps, 1);
 	e.moves = calloc((size_t)e.cap * 2, sizeof(uint32_t));
+	e.gen = calloc(2 * (size_t)o->heads * o->head_dim + o->heads,
+	               sizeof(float));
 	e.in = calloc((size_t)headroom * (2 * o->heads * o->head_dim + o->heads),
 	              sizeof(float));
 	e.sh_len = calloc(lists, sizeof(uint32_t));
@@ -443,7 +454,7 @@ int engine_main(const struct opts *o, const struct model *m, int has_model,
 	if (o->kv_heads > 64)
 		engine_say(&e, "at most 64 KV heads");
 	else if (e.seqs && e.seen && e.alive && e.bmix && e.kf && e.kb &&
-	         e.att && e.want && e.moves && e.in && e.sh_len &&
+	         e.att && e.want && e.moves && e.in && e.gen && e.sh_len &&
 	         e.sh_pos && e.sh_ent && e.sh_drop && e.sh_state)
 		rc = engine_run(&e);
 	else
@@ -462,6 +473,7 @@ int engine_main(const struct opts *o, const struct model *m, int has_model,
 	free(e.want);
 	free(e.moves);
 	free(e.in);
+	free(e.gen);
 	free(e.sh_len);
 	free(e.sh_pos);
 	free(e.sh_ent);

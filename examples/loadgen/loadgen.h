@@ -128,6 +128,8 @@ struct engine {
 	uint8_t *want;     /* [steps] expected positions of one list */
 	uint32_t *moves;   /* [cap][2] */
 	float *in;         /* staged rows gathered: x, q, lse of pending */
+	float *gen;        /* [2 * heads * head_dim + heads] one token's x, q,
+	                      lse as made, before the staged parts get them */
 };
 
 

@@ -31,7 +31,14 @@ static const float *replay_row(void *ctx, uint32_t pos)
 	if (pos >= c->n_seen ||
 	    (uint64_t)pos + c->e->stage_tokens < c->n_seen)
 		return NULL;
-	return kvt_stage_x(c->e->c, c->e->seqs[c->j], c->l, pos);
+	/* The row starts at its first staged part (x, else q, else lse:
+	 * the layout of ipc/shm.h), which policy_row_q / _lse count from. */
+	kvt_client *k = c->e->c;
+	kvt_seq s = c->e->seqs[c->j];
+	const float *r = kvt_stage_x(k, s, c->l, pos);
+	if (!r)
+		r = kvt_stage_q(k, s, c->l, pos);
+	return r ? r : kvt_stage_lse(k, s, c->l, pos);
 }
 
 /*
@@ -55,15 +62,24 @@ int replay_decide(struct engine *e, uint32_t n, uint32_t n_seen,
 			      *lse = q + (size_t)n * nq;
 			for (uint32_t k = 0; k < n && e->stage; k++) {
 				uint32_t pos = n_seen - n + k;
-				memcpy(x + (size_t)k * d,
-				       kvt_stage_x(e->c, e->seqs[j], l, pos),
-				       d * sizeof(float));
-				memcpy(q + (size_t)k * nq,
-				       kvt_stage_q(e->c, e->seqs[j], l, pos),
-				       nq * sizeof(float));
-				memcpy(lse + (size_t)k * o->heads,
-				       kvt_stage_lse(e->c, e->seqs[j], l, pos),
-				       o->heads * sizeof(float));
+				/* The parts the policy reads; the others are
+				 * not staged (NULL) and it never looks. */
+				const float *sx = kvt_stage_x(e->c, e->seqs[j],
+				                              l, pos);
+				const float *sq = kvt_stage_q(e->c, e->seqs[j],
+				                              l, pos);
+				const float *sl = kvt_stage_lse(e->c,
+				                                e->seqs[j], l,
+				                                pos);
+				if (sx)
+					memcpy(x + (size_t)k * d, sx,
+					       d * sizeof(float));
+				if (sq)
+					memcpy(q + (size_t)k * nq, sq,
+					       nq * sizeof(float));
+				if (sl)
+					memcpy(lse + (size_t)k * o->heads, sl,
+					       o->heads * sizeof(float));
 			}
 			for (uint32_t h = 0; h < nkv; h++) {
 				size_t si = sh_idx(e, j, l, h);

@@ -913,6 +913,64 @@ static uint64_t wait_stat(const struct th_daemon *d, const char *key,
 	return v;
 }
 
+/* Bytes of this process's mapping of the memfd named `name`, 0 if none. */
+static uint64_t mapped_bytes(const char *name)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	uint64_t total = 0;
+	T_ASSERT(f);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long lo, hi;
+		if (strstr(line, name) &&
+		    sscanf(line, "%llx-%llx", &lo, &hi) == 2)
+			total += hi - lo;
+	}
+	fclose(f);
+	return total;
+}
+
+/*
+ * Issue 14, item 8: kvzap reads only x, so its tenant stages only x: the
+ * staging segment holds 4 sequences x 2 layers x 8 rows x d_model 32
+ * floats + the 64-byte header = 8256 bytes (3 pages mapped), where x, q
+ * (4 heads x 8) and lse (4) took 4 x 2 x 8 x 68 x 4 + 64 = 17472 (5
+ * pages); kvt_stage_q and kvt_stage_lse have no room to give.  The sync
+ * still works on x alone.
+ */
+TEST(reload, kvzap_stages_x_only)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX], path[512], spec[700];
+	snprintf(path, sizeof(path), "%s/kvzap-x.safetensors", th_tmpdir());
+	write_kvzap(path, 0.0f);
+	th_daemon_start(&d, "16M", NULL);
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,threshold=-4,window=4",
+	         path);
+	struct kvt_config cfg = th_small_cfg(&d, "x-only", spec);
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_EQ(kvt_policy_inputs(c), KVT_INPUT_X);
+	T_EQ_U64(mapped_bytes("kvtrim-stage"), 3 * 4096);
+	T_OK(kvt_seq_open(c, &seq));
+	T_ASSERT(kvt_stage_x(c, seq, 1, 7));
+	T_ASSERT(!kvt_stage_q(c, seq, 0, 0));
+	T_ASSERT(!kvt_stage_lse(c, seq, 0, 0));
+	/* Row 1 of layer 0 begins d_model floats after row 0. */
+	char *r0 = (char *)kvt_stage_x(c, seq, 0, 0);
+	T_EQ((char *)kvt_stage_x(c, seq, 0, 1) - r0,
+	     32 * (ptrdiff_t)sizeof(float));
+	uint32_t pos = 0;
+	kvzap_tokens(c, seq, &pos, 10);
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.syncs, 10);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
 TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
 {
 	struct th_daemon d;

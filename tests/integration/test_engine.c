@@ -177,10 +177,12 @@ static void full_matches_dense(const char *name)
 			                  &li));
 			T_EQ(li.len, NPOS);
 		}
-	/* Staged q and lse of the last token recover its attention weights
-	 * over the list (every entry kept, itself included): they sum to 1
-	 * for every layer and query head. */
-	check_staged(&m, e, NPOS - 1);
+	/* "full" reads no staged input, so its tenant stages none: the
+	 * staging segment has no room for any. */
+	T_EQ(kvt_policy_inputs(engine_client(e)), 0);
+	T_ASSERT(!kvt_stage_x(engine_client(e), engine_seq(e), 0, 0));
+	T_ASSERT(!kvt_stage_q(engine_client(e), engine_seq(e), 0, 0));
+	T_ASSERT(!kvt_stage_lse(engine_client(e), engine_seq(e), 0, 0));
 
 	/* the whole sequence as prefill chunks: chunk tokens see earlier
 	 * tokens of their own chunk through the uncommitted entries */
@@ -188,6 +190,20 @@ static void full_matches_dense(const char *name)
 	feed(e, tok, NPOS, NPOS, got, V);
 	dense_sched(&m, tok, NPOS, NPOS, ref);
 	double dpre = max_diff(got, ref, n);
+	engine_close(e);
+
+	/* Staged q and lse of the last token recover its attention weights
+	 * over the list (every entry kept, itself included): they sum to 1
+	 * for every layer and query head.  h2o reads q and lse (not x) and
+	 * keeps everything under a budget above NPOS. */
+	open_engine(&d, &m, "h2o:tokens=4096", KVT_DTYPE_F32, &e);
+	T_EQ(kvt_policy_inputs(engine_client(e)) &
+	             (KVT_INPUT_X | KVT_INPUT_Q | KVT_INPUT_LSE),
+	     KVT_INPUT_Q | KVT_INPUT_LSE);
+	feed(e, tok, NPOS, CHUNK, got, V);
+	T_ASSERT(max_diff(got, bat, n) <= 1e-3);
+	check_staged(&m, e, NPOS - 1);
+	T_ASSERT(!kvt_stage_x(engine_client(e), engine_seq(e), 0, NPOS - 1));
 	engine_close(e);
 	T_EQ(th_daemon_stop(&d), 0);
 	fprintf(stderr, "    %s: max |logit diff| engine vs dense: %.3g "

@@ -17,8 +17,8 @@ static struct shm_geom geom(void)
 	struct shm_geom g;
 	char why[128];
 	struct kvt_geometry geo = {2, 4, 2, 8, 32};
-	T_OK(shm_geom_init(&g, &geo, KVT_DTYPE_F32, 4, 2, 16, 4, 0, why,
-	                   sizeof(why)));
+	T_OK(shm_geom_init(&g, &geo, KVT_DTYPE_F32, 4, 2, 16, 4, 0,
+	                   SHM_STAGE_ALL, why, sizeof(why)));
 	return g;
 }
 
@@ -79,7 +79,17 @@ TEST(mem, chunk_bases_follow_grants_and_revocations)
 	shm_table_init(tm, &g);
 	struct handle_ext x = pkt(HANDLE_TABLE, 0, g.table_bytes);
 	T_OK(mem_apply(&m, &x, tfd, err, sizeof(err)));
+	/* A staging header that does not match the geometry (zeroed) is
+	 * refused, like a table's; the daemon's is taken. */
 	x = pkt(HANDLE_STAGE, 0, g.stage_bytes);
+	T_ERR(mem_apply(&m, &x, sfd, err, sizeof(err)), KVT_EPROTO);
+	T_ASSERT(strstr(err, "staging header"));
+	sfd = memfd_of(g.stage_bytes); /* mem_apply took the first */
+	void *sm = mmap(NULL, g.stage_bytes, PROT_READ | PROT_WRITE,
+	                MAP_SHARED, sfd, 0);
+	T_ASSERT(sm != MAP_FAILED);
+	shm_stage_init(sm, &g);
+	munmap(sm, g.stage_bytes);
 	T_OK(mem_apply(&m, &x, sfd, err, sizeof(err)));
 	T_ASSERT(mem_ready(&m));
 

@@ -16,6 +16,7 @@
 
 #include "compact.h"
 #include "policy.h"
+#include "shm.h"
 #include "test.h"
 #include "weights.h"
 
@@ -36,8 +37,11 @@ struct fx {
 	void *pages[FX_KV][FX_MAX / FX_PT];
 	uint8_t drop[FX_KV][FX_MAX];
 	_Alignas(16) uint8_t state[4096];
-	/* staged rows by position: [x: FX_D][q: n_heads][lse: n_heads] */
+	/* staged rows by position: [x: FX_D][q: n_heads][lse: n_heads], the
+	 * parts the policy reads only (ipc/shm.h), q at qo and lse at lo */
 	float stage[FX_MAX][FX_D + 2 * FX_H];
+	uint32_t inputs;
+	uint64_t qo, lo;
 };
 
 static struct policy *make_g(const char *spec, const struct policy_geom *ge)
@@ -73,6 +77,9 @@ static void fx_init(struct fx *f, const char *spec, uint32_t n_heads,
 	f->p = make_g(spec, &f->ge);
 	T_ASSERT(f->p->layer_state_bytes <= sizeof(f->state));
 	T_ASSERT(f->p->entry_floats <= 8);
+	uint64_t n;
+	f->inputs = policy_inputs_of(f->p->ops->needs);
+	shm_stage_layout(f->inputs, FX_D, n_heads, 1, &f->qo, &f->lo, &n);
 	for (uint32_t h = 0; h < FX_KV; h++)
 		for (uint32_t pg = 0; pg < FX_MAX / FX_PT; pg++)
 			f->pages[h][pg] = f->kv[h] + pg * 2 * FX_PT;
@@ -100,12 +107,18 @@ static int fx_sync(struct fx *f, uint32_t n, enum kvt_phase phase,
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t pos = f->n_seen + k;
 		float *row = f->stage[pos];
-		for (uint32_t d = 0; d < FX_D; d++)
-			row[d] = xs[k][d] = x ? x[k][d] : 0.0f;
+		for (uint32_t d = 0; d < FX_D; d++) {
+			xs[k][d] = x ? x[k][d] : 0.0f;
+			if (f->inputs & KVT_INPUT_X)
+				row[d] = xs[k][d];
+		}
 		for (uint32_t j = 0; j < H; j++) {
-			row[FX_D + j] = qs[k * H + j] = q ? q[k][j] : 1.0f;
-			row[FX_D + H + j] = ls[k * H + j] =
-				lse ? lse[k][j] : 0.0f;
+			qs[k * H + j] = q ? q[k][j] : 1.0f;
+			ls[k * H + j] = lse ? lse[k][j] : 0.0f;
+			if (f->inputs & KVT_INPUT_Q)
+				row[f->qo + j] = qs[k * H + j];
+			if (f->inputs & KVT_INPUT_LSE)
+				row[f->lo + j] = ls[k * H + j];
 		}
 		for (uint32_t h = 0; h < nkv; h++) {
 			uint32_t e = f->len[h] + k;
@@ -744,7 +757,7 @@ TEST(policy, tova_heads_differ)
 	/* build the lists by hand: no decision yet (budget 2 of 4 would
 	 * evict), so place entries directly */
 	for (uint32_t k = 0; k < 4; k++) {
-		f.stage[k][FX_D] = f.stage[k][FX_D + 1] = 1.0f;
+		f.stage[k][f.qo] = f.stage[k][f.qo + 1] = 1.0f;
 		for (uint32_t h = 0; h < 2; h++) {
 			if (h == 1 && k == 1)
 				continue;
@@ -1397,7 +1410,7 @@ TEST(policy, snapkv_rechecks_its_window)
 	fx_init(&f, "snapkv:window=2,kernel=1,tokens=2", 2, 1);
 	const float a[6][FX_KV] = {{.5f}, {.5f}, {.5f}, {.5f}, {.5f}, {.5f}};
 	T_OK(fx_sync(&f, 6, KVT_PHASE_PREFILL, a, NULL, NULL, NULL));
-	f.stage[4][FX_D + 2 + 1] = NAN; /* lse of query head 1, position 4 */
+	f.stage[4][f.lo + 1] = NAN; /* lse of query head 1, position 4 */
 	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, a, NULL, NULL, NULL),
 	      KVT_EINVAL);
 	T_EQ_STR(f.p->why, "layer 0, position 4: staged lse of query head 1 "

@@ -17,6 +17,7 @@
 #include "compact.h"
 #include "kernels.h"
 #include "policy.h"
+#include "shm.h"
 #include "test.h"
 
 #define BX_MAX 64 /* entries per list */
@@ -40,8 +41,11 @@ struct bx {
 	float kv[BX_L][BX_KV][BX_MAX / BX_PT][2 * BX_PT * BX_HD];
 	uint8_t drop[BX_L][BX_KV][BX_MAX];
 	_Alignas(16) uint8_t state[BX_L][256];
-	/* staged rows by position: [x: BX_D][q: H][head_dim][lse: H] */
+	/* staged rows by position: [x: BX_D][q: H][head_dim][lse: H], the
+	 * parts the policy reads only (ipc/shm.h), q at qo and lse at lo */
 	float stage[BX_L][BX_MAX][BX_ROW];
+	uint32_t inputs;
+	uint64_t qo, lo;
 };
 
 static struct policy_geom bgeom(uint32_t n_layers, uint32_t H, uint32_t nkv)
@@ -71,6 +75,9 @@ static void bx_init(struct bx *b, const char *spec, uint32_t n_layers,
 	b->p = bmake(spec, &b->ge);
 	T_ASSERT(b->p->layer_state_bytes <= sizeof(b->state[0]));
 	T_ASSERT(b->p->entry_floats <= 1);
+	uint64_t n;
+	b->inputs = policy_inputs_of(b->p->ops->needs);
+	shm_stage_layout(b->inputs, BX_D, H, BX_HD, &b->qo, &b->lo, &n);
 }
 
 static const float *bx_row(void *ctx, uint32_t pos)
@@ -106,14 +113,22 @@ static int bx_sync(struct bx *b, uint32_t l, uint32_t n, enum kvt_phase ph,
 	for (uint32_t t = 0; t < n; t++) {
 		uint32_t pos = b->n_seen[l] + t;
 		float *row = b->stage[l][pos];
-		for (uint32_t d = 0; d < BX_D; d++)
-			row[d] = xs[t * BX_D + d] = 0.0f;
-		for (uint32_t i = 0; i < H * BX_HD; i++)
-			row[BX_D + i] = qs[t * H * BX_HD + i] =
+		for (uint32_t d = 0; d < BX_D; d++) {
+			xs[t * BX_D + d] = 0.0f;
+			if (b->inputs & KVT_INPUT_X)
+				row[d] = 0.0f;
+		}
+		for (uint32_t i = 0; i < H * BX_HD; i++) {
+			qs[t * H * BX_HD + i] =
 				q ? q[(size_t)t * H * BX_HD + i] : 0.0f;
-		for (uint32_t j = 0; j < H; j++)
-			row[BX_D + H * BX_HD + j] = ls[t * H + j] =
-				lse ? lse[t * H + j] : 0.0f;
+			if (b->inputs & KVT_INPUT_Q)
+				row[b->qo + i] = qs[t * H * BX_HD + i];
+		}
+		for (uint32_t j = 0; j < H; j++) {
+			ls[t * H + j] = lse ? lse[t * H + j] : 0.0f;
+			if (b->inputs & KVT_INPUT_LSE)
+				row[b->lo + j] = ls[t * H + j];
+		}
 		for (uint32_t h = 0; h < nkv; h++) {
 			uint32_t e = b->len[l][h] + t;
 			T_ASSERT(e < BX_MAX);
@@ -599,7 +614,7 @@ TEST(baselines, expected_attention_rechecks_its_window)
 	struct bx b;
 	bx_init(&b, "expected_attention:window=4,sinks=0,tokens=2", 1, 2, 1);
 	T_OK(bx_sync(&b, 0, 8, KVT_PHASE_PREFILL, NULL, NULL, NULL, NULL));
-	b.stage[0][6][BX_D + 1] = NAN;
+	b.stage[0][6][b.qo + 1] = NAN;
 	T_ERR(bx_sync(&b, 0, 1, KVT_PHASE_DECODE, NULL, NULL, NULL, NULL),
 	      KVT_EINVAL);
 	T_ASSERT(strstr(b.p->why, "position 6"));

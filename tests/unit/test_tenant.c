@@ -1772,8 +1772,10 @@ TEST(tenant, memory_estimate_matches_hand_calculation)
 	 * 24 lists.
 	 */
 	T_EQ_U64(m->table, 128 + 24 * 128);
-	/* A staged entry is 64 + 8 * 16 + 8 = 200 floats; 64-byte header. */
-	T_EQ_U64(m->stage, 64 + 3 * 4 * 16 * 200 * 4);
+	/* "full" reads no staged input: its staging segment is the 64-byte
+	 * header only (the entry of every part would be 64 + 8 * 16 + 8 =
+	 * 200 floats). */
+	T_EQ_U64(m->stage, 64);
 	/* Per sequence: n_seen 4 * 4, page ids 8 * 14 * 4, positions
 	 * 8 * (100 + 8) * 4; "full" keeps no entry or layer state. */
 	T_EQ_U64(m->seqs, 3 * (4 * 4 + 8 * 14 * 4 + 8 * 108 * 4));
@@ -1806,7 +1808,10 @@ TEST(tenant, memory_estimate_matches_hand_calculation)
 	                       8 * 108 * 4 * 4));
 	T_EQ_U64(m->lists, full_lists);
 	T_EQ_U64(m->chunks, full_chunks);
-	/* + staged rows of one sync 8 * 200 * 4, entry scratch 2400 * 4 * 4,
+	/* h2o reads q and lse: staged entries of 8 * 16 + 8 = 136 floats,
+	 * no x. */
+	T_EQ_U64(m->stage, 64 + 3 * 4 * 16 * 136 * 4);
+	/* + staged rows of one sync 8 * 200 * 4 (gathered by part), entry scratch 2400 * 4 * 4,
 	 * and per entry 64 + head_dim 16 * 4 + 8 queries * 4 heads * 4. */
 	T_EQ_U64(m->scratch, 800 + 224 + 2 * sizeof(struct policy_head) +
 	                             8 * 200 * 4 + 2400 + 96 +
