@@ -178,11 +178,12 @@ TEST(stats, metrics_over_the_unix_socket)
 
 	T_EQ(th_http(&d, NULL, "/metrics", body, sizeof(body)), 200);
 	check_exposition(body);
-	T_ASSERT(strstr(body, "# TYPE kvtrim_pool_bytes gauge\n"));
-	T_ASSERT(strstr(body, "kvtrim_pool_bytes{state=\"used\"} 0\n"));
-	T_ASSERT(strstr(body, "kvtrim_pool_bytes{state=\"free\"} 67108864\n"));
+	T_ASSERT(strstr(body, "# TYPE kvtrim_pool_bytes_used gauge\n"));
+	T_ASSERT(strstr(body, "\nkvtrim_pool_bytes_used 0\n"));
+	T_ASSERT(strstr(body, "\nkvtrim_pool_bytes_free 67108864\n"));
 	T_ASSERT(strstr(body, "kvtrim_pool_chunks_capacity 32\n"));
-	T_ASSERT(strstr(body, "kvtrim_errors_total{code=\"ESTALE\"} 0\n"));
+	T_ASSERT(strstr(body, "# TYPE kvtrim_errors_ESTALE_total counter\n"));
+	T_ASSERT(strstr(body, "\nkvtrim_errors_ESTALE_total 0\n"));
 	T_ASSERT(strstr(body, "# TYPE kvtrim_sync_latency_seconds histogram\n"));
 	T_ASSERT(strstr(body, "kvtrim_sync_latency_seconds_bucket{le=\"+Inf\"} 0\n"));
 	T_ASSERT(strstr(body, "# TYPE kvtrim_scorer_seconds histogram\n"));
@@ -203,8 +204,8 @@ TEST(stats, metrics_over_the_unix_socket)
 	T_OK(kvt_stats(c, &ts));
 
 	/* Fresh on request: no waiting for a cron tick. */
-	T_EQ(th_metric(&d, "kvtrim_pool_bytes{state=\"used\"}"), 2 << 20);
-	T_EQ(th_metric(&d, "kvtrim_pool_chunks{state=\"used\"}"), 1);
+	T_EQ(th_metric(&d, "kvtrim_pool_bytes_used"), 2 << 20);
+	T_EQ(th_metric(&d, "kvtrim_pool_chunks_used"), 1);
 	T_EQ(th_metric(&d, "kvtrim_tenants"), 1);
 	T_EQ(th_metric(&d, "kvtrim_clients_connected"), 1);
 	T_EQ(th_metric(&d, "kvtrim_syncs_total"), 5);
@@ -213,7 +214,7 @@ TEST(stats, metrics_over_the_unix_socket)
 	     5);
 	T_EQ(th_metric(&d, "kvtrim_scorer_seconds_count"), 5);
 	T_ASSERT(th_metric(&d, "kvtrim_sync_latency_seconds_sum") > 0);
-	T_EQ(th_metric(&d, "kvtrim_errors_total{code=\"EPOLICY\"}"), 1);
+	T_EQ(th_metric(&d, "kvtrim_errors_EPOLICY_total"), 1);
 	T_EQ(th_metric(&d, "kvtrim_error_replies_total"), 1);
 	const char *lab = "{tenant=\"svc-a\",id=\"1\"}";
 	snprintf(series, sizeof(series), "kvtrim_tenant_pages_used%s", lab);
@@ -258,9 +259,9 @@ TEST(stats, json_404_405_and_socket_mode)
 
 	T_EQ(th_http(&d, NULL, "/stats", body, sizeof(body)), 200);
 	T_ASSERT(body[0] == '{');
-	T_ASSERT(strstr(body, "\"pool_bytes_total\":33554432"));
+	T_ASSERT(strstr(body, "\"pool_size_bytes\":33554432"));
 	T_ASSERT(strstr(body, "\"tenant_list\":[]"));
-	T_ASSERT(strstr(body, "\"errors\":{\"EINVAL\":0"));
+	T_ASSERT(strstr(body, ",\"errors_EINVAL_total\":0,"));
 	T_ASSERT(strstr(body, "\"sync_latency_seconds\":{\"buckets\":[["));
 	T_EQ(th_http(&d, NULL, "/nope", body, sizeof(body)), 404);
 	T_ASSERT(strstr(body, "/metrics"));
@@ -287,10 +288,10 @@ TEST(stats, fields_are_defined_once_and_shown_everywhere)
 	for (const char *p = ctl; *p; p++)
 		lines += *p == '\n';
 	int expect = 2; /* version, backend */
-#define COUNT_(name, fam, lab, help) expect++;
+#define COUNT_(name, help) expect++;
 	STATS_GAUGES(COUNT_) STATS_FGAUGES(COUNT_) STATS_COUNTERS(COUNT_)
 #undef COUNT_
-#define COUNT2_(name, fam, lab, help) expect += 2;
+#define COUNT2_(name, help) expect += 2;
 	STATS_HISTOGRAMS(COUNT2_)
 #undef COUNT2_
 	T_EQ(lines, expect);
@@ -298,12 +299,12 @@ TEST(stats, fields_are_defined_once_and_shown_everywhere)
 	T_EQ(th_http(&d, NULL, "/metrics", body, sizeof(body)), 200);
 	static char json[1 << 18];
 	T_EQ(th_http(&d, NULL, "/stats", json, sizeof(json)), 200);
-#define CHECK_(name, fam, lab, help)                                           \
+#define CHECK_(name, help)                                                     \
 	snprintf(want, sizeof(want), "\n" #name " ");                          \
 	T_ASSERT(strstr(ctl, want));                                           \
 	snprintf(want, sizeof(want), "\"" #name "\":");                        \
 	T_ASSERT(strstr(json, want));                                          \
-	snprintf(want, sizeof(want), "\nkvtrim_%s", fam);                      \
+	snprintf(want, sizeof(want), "\nkvtrim_" #name " ");                   \
 	T_ASSERT(strstr(body, want));
 	STATS_GAUGES(CHECK_) STATS_FGAUGES(CHECK_) STATS_COUNTERS(CHECK_)
 #undef CHECK_
@@ -315,12 +316,12 @@ TEST(stats, fields_are_defined_once_and_shown_everywhere)
 	           th_bin("kvtrimctl")), 0);
 	T_EQ(th_http(&d, NULL, "/metrics", body, sizeof(body)), 200);
 	T_EQ(th_http(&d, NULL, "/stats", json, sizeof(json)), 200);
-#define TCHECK_(name, kind, fam, help)                                         \
-	snprintf(want, sizeof(want), "\"" #name "\":");                        \
+#define TCHECK_(field, kind, name, help)                                       \
+	snprintf(want, sizeof(want), "\"" name "\":");                         \
 	T_ASSERT(strstr(ctl, want));                                           \
 	T_ASSERT(strstr(json, want));                                          \
-	snprintf(want, sizeof(want), "\nkvtrim_%s{tenant=\"fields\",id=\"1\"} ",\
-	         fam);                                                         \
+	snprintf(want, sizeof(want),                                           \
+	         "\nkvtrim_tenant_" name "{tenant=\"fields\",id=\"1\"} ");  \
 	T_ASSERT(strstr(body, want));
 	STATS_TENANT_U64(TCHECK_) STATS_TENANT_F64(TCHECK_)
 #undef TCHECK_
@@ -877,7 +878,7 @@ TEST(quota, quotas_are_hard)
 	T_ASSERT(now_ms() - t0 < 500);
 	struct kvt_sync_item it = {s[0], 1, KVT_PHASE_DECODE, 0, 0};
 	T_ERR(kvt_sync(c, &it, 1), KVT_EQUOTA);
-	T_EQ(th_stat(&d, "chunks_used"), 1);
+	T_EQ(th_stat(&d, "pool_chunks_used"), 1);
 	T_EQ(th_stat(&d, "backpressure_waits_total"), 0);
 	char out[4096];
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
@@ -1021,7 +1022,7 @@ TEST(pressure, backpressure_parks_until_pages_free)
 	T_OK(kvt_connect(&cfg, &a, err));
 	for (int i = 0; i < 4; i++)
 		T_OK(kvt_seq_open(a, &s[i]));
-	T_EQ(th_stat(&d, "chunks_used"), 2);
+	T_EQ(th_stat(&d, "pool_chunks_used"), 2);
 	T_EQ(write(go[1], "g", 1), 1);
 	T_EQ(wait_metric(&d, "kvtrim_backpressure_waits_total", 1, 3000), 1);
 	T_EQ(th_metric(&d, "kvtrim_backpressure_parked_requests"), 1);
@@ -1035,7 +1036,7 @@ TEST(pressure, backpressure_parks_until_pages_free)
 	T_ASSERT(r[1] >= 150 && r[1] < 3000);
 	T_EQ(th_metric(&d, "kvtrim_backpressure_resumed_total"), 1);
 	T_EQ(th_metric(&d, "kvtrim_backpressure_timeouts_total"), 0);
-	T_EQ(th_metric(&d, "kvtrim_errors_total{code=\"EPOOLFULL\"}"), 0);
+	T_EQ(th_metric(&d, "kvtrim_errors_EPOOLFULL_total"), 0);
 	int st;
 	waitpid(b, &st, 0);
 	char out[4096];
@@ -1063,7 +1064,7 @@ static void fill_pool(const struct th_daemon *d, const char *name,
 	T_OK(kvt_connect(&cfg, a, err));
 	T_OK(kvt_seq_open(*a, &as[0]));
 	T_OK(kvt_seq_open(*a, &as[1]));
-	T_EQ(th_stat(d, "chunks_used"), 2);
+	T_EQ(th_stat(d, "pool_chunks_used"), 2);
 }
 
 TEST(pressure, backpressure_times_out_with_epoolfull_and_never_overcommits)
@@ -1095,9 +1096,9 @@ TEST(pressure, backpressure_times_out_with_epoolfull_and_never_overcommits)
 	T_EQ(v.len, 0);
 	T_EQ(th_metric(&d, "kvtrim_backpressure_waits_total"), 2);
 	T_EQ(th_metric(&d, "kvtrim_backpressure_timeouts_total"), 2);
-	T_EQ(th_metric(&d, "kvtrim_errors_total{code=\"EPOOLFULL\"}"), 2);
-	T_EQ(th_metric(&d, "kvtrim_pool_chunks{state=\"used\"}"), 2);
-	T_EQ(th_metric(&d, "kvtrim_pool_chunks{state=\"free\"}"), 0);
+	T_EQ(th_metric(&d, "kvtrim_errors_EPOOLFULL_total"), 2);
+	T_EQ(th_metric(&d, "kvtrim_pool_chunks_used"), 2);
+	T_EQ(th_metric(&d, "kvtrim_pool_chunks_free"), 0);
 	T_EQ(wait_metric(&d, "kvtrim_pressure_level", 1, 1000), 1);
 	T_ASSERT(th_metric(&d, "kvtrim_pressure_tightenings_total") >= 1);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
