@@ -176,8 +176,8 @@ static void prom_hist(FILE *f, const char *name, const struct stats_hist *h)
 			fprintf(f, "kvtrim_%s_bucket{le=\"%g\"} %" PRIu64 "\n",
 			        name, stats_bounds[b], cum);
 		else
-			fprintf(f, "kvtrim_%s_bucket{le=\"+Inf\"} %" PRIu64 "\n",
-			        name, cum);
+			fprintf(f, "kvtrim_%s_bucket{le=\"+Inf\"} %" PRIu64
+			        "\n", name, cum);
 	}
 	fprintf(f, "kvtrim_%s_sum %.17g\n", name, h->sum);
 	fprintf(f, "kvtrim_%s_count %" PRIu64 "\n", name, h->count);
@@ -226,8 +226,8 @@ static void render_prom(const struct stats_snap *s, FILE *f)
 	for (int c = 1; c < STATS_NERR; c++)
 		if (err_name(c)) {
 			err_key(key, sizeof(key), c);
-			fprintf(f, "# HELP kvtrim_%s error replies with code %s\n"
-			        "# TYPE kvtrim_%s counter\nkvtrim_%s %" PRIu64
+			fprintf(f, "# HELP kvtrim_%s error replies with code "
+			        "%s\n# TYPE kvtrim_%s counter\nkvtrim_%s %" PRIu64
 			        "\n", key, err_name(c), key, key,
 			        s->c.errors_by_code[c]);
 		}

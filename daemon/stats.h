@@ -74,7 +74,8 @@
 	X(handle_violations_total,                                             \
 	  "fd.sock peers disconnected for sending what the protocol never "    \
 	  "asks (junk, a packet before hello, a CHUNK_CLOSED for no chunk)")   \
-	X(quota_refusals_total, "hellos refused for asking more than max_quota") \
+	X(quota_refusals_total,                                                \
+	  "hellos refused for asking more than max_quota")                     \
 	X(tenant_memory_refusals_total,                                        \
 	  "hellos refused for needing more daemon memory than "               \
 	  "tenant_memory_max")                                                 \
@@ -103,7 +104,8 @@
 	X(config_reloads_total, "config reloads (SIGHUP) applied")             \
 	X(config_reload_failures_total,                                        \
 	  "config reloads refused (the old config was kept)")                  \
-	X(config_sets_total, "settings changed live with kvtrimctl config set") \
+	X(config_sets_total,                                                   \
+	  "settings changed live with kvtrimctl config set")                   \
 	X(weights_reloads_total, "tenant scorer weights re-read on SIGHUP")    \
 	X(weights_reload_failures_total,                                       \
 	  "weight reloads refused (the tenant kept its old weights)")          \
@@ -147,7 +149,8 @@
 	  "time in the tenant's sync apply: scoring, decisions, compaction, "  \
 	  "pages")                                                             \
 	X(scorer_seconds,                                                      \
-	  "time in the policies' scoring and decisions (part of sync_apply)")
+	  "time in the policies' scoring and decisions (part of "             \
+	  "sync_apply_seconds)")
 
 #define STATS_TENANT_U64(X)                                                    \
 	X(pid, STATS_GAUGE, "pid", "process id of the tenant's engine")        \

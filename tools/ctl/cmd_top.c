@@ -179,11 +179,11 @@ int cmd_top(struct ctl *c)
 				const struct top_prev *p =
 					top_find(prev, n_prev, id);
 				char held[32], srate[32];
+				uint64_t sy = row_u64(r, "syncs_total");
 				fmt_bytes(held, sizeof(held), row_u64(r, "bytes"));
 				if (p && dt > 0)
 					snprintf(srate, sizeof(srate), "%.0f",
-					         (double)(row_u64(r, "syncs_total") -
-					                  p->syncs) / dt);
+					         (double)(sy - p->syncs) / dt);
 				else
 					snprintf(srate, sizeof(srate), "-");
 				printf("%5" PRIu64 " %-16.16s %7" PRIu64
@@ -210,7 +210,8 @@ int cmd_top(struct ctl *c)
 			for (uint32_t i = 0; i < tn.table.n; i++)
 				np[i] = (struct top_prev){
 					row_u64(&tn.table.rows[i], "id"),
-					row_u64(&tn.table.rows[i], "syncs_total"),
+					row_u64(&tn.table.rows[i],
+					        "syncs_total"),
 					row_u64(&tn.table.rows[i],
 					        "entries_evicted_total")};
 			free(prev);
