@@ -381,17 +381,24 @@ uint32_t kvt_policy_inputs(const kvt_client *c)
 
 /* ---------------------------------------------------------------- stats */
 
+/* Row keys of the `tenants` reply (kvtrimd's one name of each figure, as
+ * in /metrics) and the members of struct kvt_tenant_stats they fill. */
 static const struct {
 	const char *key;
 	size_t off;
 } stat_fields[] = {
-#define STAT_FIELD_(f) { #f, offsetof(struct kvt_tenant_stats, f) }
-	STAT_FIELD_(pages_used),   STAT_FIELD_(pages_free),
-	STAT_FIELD_(chunks),       STAT_FIELD_(sequences),
-	STAT_FIELD_(syncs),        STAT_FIELD_(entries_kept),
-	STAT_FIELD_(entries_appended), STAT_FIELD_(entries_evicted),
-	STAT_FIELD_(quota_bytes),  STAT_FIELD_(daemon_bytes),
-	STAT_FIELD_(budget),
+#define STAT_FIELD_(f, key) { key, offsetof(struct kvt_tenant_stats, f) }
+	STAT_FIELD_(pages_used, "pages_used"),
+	STAT_FIELD_(pages_free, "pages_free"),
+	STAT_FIELD_(chunks, "chunks"),
+	STAT_FIELD_(sequences, "sequences"),
+	STAT_FIELD_(syncs, "syncs_total"),
+	STAT_FIELD_(entries_kept, "entries_kept"),
+	STAT_FIELD_(entries_appended, "entries_appended_total"),
+	STAT_FIELD_(entries_evicted, "entries_evicted_total"),
+	STAT_FIELD_(quota_bytes, "quota_bytes"),
+	STAT_FIELD_(daemon_bytes, "daemon_memory_bytes"),
+	STAT_FIELD_(budget, "budget_entries"),
 #undef STAT_FIELD_
 };
 

@@ -56,7 +56,7 @@ static void srv_check(struct server *s, struct ipc_row *row)
 	}
 	codec_row_u64(row, "ok", violations == 0);
 	codec_row_u64(row, "violations", violations);
-	codec_row_u64(row, "chunks_used", pool_chunks_used(&s->pool));
+	codec_row_u64(row, "pool_chunks_used", pool_chunks_used(&s->pool));
 	codec_row_str(row, "detail", violations ? detail : "every page is "
 	              "free or in exactly one list; free + used = total");
 }

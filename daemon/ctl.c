@@ -194,7 +194,7 @@ static void srv_done(struct server *s, struct srv_req *list)
 		r->sending = 0;
 		if (r->send_rv == NNG_ETIMEDOUT)
 			srv_pipe_kick(s, r->pipe_id,
-			              &s->st.ctl_send_timeout_closed_total,
+			              &s->st.control_conns_closed_send_timeout_total,
 			              "it did not take a reply within "
 			              "send_timeout_ms");
 		srv_req_done(s, r);
@@ -232,7 +232,7 @@ static int srv_admit(struct server *s, struct srv_req *r)
 		 * tenant): closing a pipe from our side while its peer kept
 		 * streaming requests left nng 1.5's pipe reaper stuck under
 		 * load, after which no closed connection was ever released. */
-		s->st.ctl_requests_dropped_total++;
+		s->st.control_requests_dropped_total++;
 		nng_msg_free(r->msg);
 		r->msg = NULL;
 		srv_recv(r);

@@ -107,7 +107,7 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		uint32_t undone;
 		rv = tenant_seq_reconcile(st->t, r->u.open.no, r->u.open.undo,
 		                          &undone);
-		s->st.seqs_closed_total += undone;
+		s->st.sequences_closed_total += undone;
 		if (rv == KVT_ESTALE) {
 			snprintf(why, wlen, "seq_open %llu arrived after a later "
 			         "one: its client had given it up",
@@ -126,13 +126,13 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		}
 		if ((rv = tenant_seq_open(st->t, &rep->u.seq)))
 			return srv_device_failed(s, st, rv, "seq_open");
-		s->st.seqs_opened_total++;
+		s->st.sequences_opened_total++;
 		return srv_flush(s, st, why, wlen);
 	}
 	case IPC_OP_SEQ_CLOSE:
 		if ((rv = tenant_seq_close(st->t, r->u.seq)))
 			return srv_device_failed(s, st, rv, "seq_close");
-		s->st.seqs_closed_total++;
+		s->st.sequences_closed_total++;
 		return srv_flush(s, st, why, wlen);
 	case IPC_OP_SEQ_QUERY:
 		/* Answered after every older request of the tenant: those
@@ -281,7 +281,7 @@ enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
 		erv = codec_rep_encode(op, rep, &out, &olen);
 	}
 	if (op == IPC_OP_SYNC)
-		stats_observe(&s->st.sync_latency,
+		stats_observe(&s->st.sync_latency_seconds,
 		              (double)(now_us() - r->recv_us) / 1e6);
 	nng_msg_clear(msg);
 	if (erv || nng_msg_append(msg, out, olen)) {

@@ -67,8 +67,8 @@ int srv_sync_finish(struct server *s, struct srv_tenant *st, int rv,
 	}
 	if (rv)
 		return rv;
-	stats_observe(&s->st.apply_time, (double)apply_us / 1e6);
-	stats_observe(&s->st.scorer_time, (double)scorer_ns / 1e9);
+	stats_observe(&s->st.sync_apply_seconds, (double)apply_us / 1e6);
+	stats_observe(&s->st.scorer_seconds, (double)scorer_ns / 1e9);
 	s->st.syncs_total++;
 	s->st.sync_items_total += items;
 	s->st.entries_appended_total +=

@@ -186,7 +186,7 @@ int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	                wlen);
 	if (rv) {
 		if (lim.memory_need > lim.memory_max)
-			s->st.memory_refusals_total++;
+			s->st.tenant_memory_refusals_total++;
 		free(st);
 		return rv;
 	}

@@ -171,7 +171,7 @@ void srv_pipe_events(struct server *s, struct srv_pipe_ev *evs)
 	uint64_t refused = __atomic_exchange_n(&s->ctl_refused, 0,
 	                                       __ATOMIC_RELAXED);
 	if (refused) {
-		s->st.ctl_refused_total += refused;
+		s->st.control_conns_refused_total += refused;
 		LOG_EVERY(LOG_LVL_WARNING, 1000, "ctl.ipc: %" PRIu64 " "
 		          "connection(s) refused: max_pending_conns (%" PRIu32
 		          ") connections without a tenant are open", refused,
@@ -377,7 +377,7 @@ void srv_pipe_cron(struct server *s, uint64_t now)
 		struct srv_pipe *p = &s->pipes[i];
 		if (p->id && !p->bound && !p->inflight && !p->kicked &&
 		    now - p->last_ms > s->cfg.hello_timeout_ms)
-			srv_pipe_kick(s, p->id, &s->st.ctl_idle_closed_total,
+			srv_pipe_kick(s, p->id, &s->st.control_conns_closed_idle_total,
 			              "no request and no tenant within "
 			              "hello_timeout_ms");
 	}

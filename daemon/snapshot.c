@@ -59,14 +59,15 @@ struct stats_snap *srv_snapshot(struct server *s)
 	uint64_t total = pool_bytes_total(&s->pool);
 	uint64_t used = pool_chunks_used(&s->pool) * KVT_CHUNK_BYTES;
 	snap->uptime_seconds = (now_ms() - s->started_ms) / 1000;
-	snap->pool_bytes_total = total;
+	snap->pool_size_bytes = total;
 	snap->pool_bytes_used = used;
 	snap->pool_bytes_free = total > used ? total - used : 0;
-	snap->chunks_total = s->pool.chunk_capacity;
-	snap->chunks_used = pool_chunks_used(&s->pool);
-	snap->chunks_free = s->pool.chunk_capacity > pool_chunks_used(&s->pool)
-	                            ? s->pool.chunk_capacity - pool_chunks_used(&s->pool)
-	                            : 0;
+	snap->pool_chunks_capacity = s->pool.chunk_capacity;
+	snap->pool_chunks_used = pool_chunks_used(&s->pool);
+	snap->pool_chunks_free =
+		s->pool.chunk_capacity > pool_chunks_used(&s->pool)
+			? s->pool.chunk_capacity - pool_chunks_used(&s->pool)
+			: 0;
 	snap->pool_use_ratio = s->pool.chunk_capacity
 	                               ? (double)pool_chunks_used(&s->pool) /
 	                                         (double)s->pool.chunk_capacity
@@ -76,8 +77,8 @@ struct stats_snap *srv_snapshot(struct server *s)
 		snap->clients_connected += !c->closing;
 	int cc = __atomic_load_n(&s->control_conns, __ATOMIC_RELAXED);
 	snap->control_connections = cc > 0 ? (uint64_t)cc : 0;
-	snap->control_unreleased = s->unreleased;
-	snap->parked_requests = s->n_parked;
+	snap->control_conns_unreleased = s->unreleased;
+	snap->backpressure_parked_requests = s->n_parked;
 
 	n = 0;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
@@ -110,7 +111,7 @@ struct stats_snap *srv_snapshot(struct server *s)
 		t->pressure = tenant_pressure(st->t);
 		t->budget = ts.budget;
 
-		snap->kv_bytes_used +=
+		snap->kv_bytes +=
 			ts.pages_used * tenant_geom(st->t)->page_bytes;
 		snap->pages_used += ts.pages_used;
 		snap->sequences += ts.sequences;

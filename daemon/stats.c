@@ -27,6 +27,13 @@ static const char *err_name(int num)
 	}
 }
 
+/* The one name of code c's counter, errors_<NAME>_total, in buf. */
+static const char *err_key(char *buf, size_t len, int c)
+{
+	snprintf(buf, len, "errors_%s_total", err_name(c));
+	return buf;
+}
+
 struct stats_snap *stats_snap_new(uint32_t n)
 {
 	struct stats_snap *s = calloc(1, sizeof(*s));
@@ -50,7 +57,7 @@ void stats_snap_free(struct stats_snap *s)
 
 void stats_count_error(struct stats *s, int err)
 {
-	s->errors_total++;
+	s->error_replies_total++;
 	if (err < 0 && err > -STATS_NERR)
 		s->errors_by_code[-err]++;
 }
@@ -72,25 +79,25 @@ void stats_fill_row(const struct stats_snap *s, struct ipc_row *row)
 	char key[IPC_KEY_MAX];
 	codec_row_str(row, "version", s->version);
 	codec_row_str(row, "backend", s->backend);
-#define STATS_RG_(name, fam, lab, help) codec_row_u64(row, #name, s->name);
+#define STATS_RG_(name, help) codec_row_u64(row, #name, s->name);
 	STATS_GAUGES(STATS_RG_)
 #undef STATS_RG_
-#define STATS_RF_(name, fam, lab, help) codec_row_f64(row, #name, s->name);
+#define STATS_RF_(name, help) codec_row_f64(row, #name, s->name);
 	STATS_FGAUGES(STATS_RF_)
 #undef STATS_RF_
-#define STATS_RC_(name, fam, lab, help) codec_row_u64(row, #name, s->c.name);
+#define STATS_RC_(name, help) codec_row_u64(row, #name, s->c.name);
 	STATS_COUNTERS(STATS_RC_)
 #undef STATS_RC_
-#define STATS_RH_(name, fam, lab, help)                                        \
+#define STATS_RH_(name, help)                                                  \
 	codec_row_u64(row, #name "_count", s->c.name.count);                   \
-	codec_row_f64(row, #name "_sum_seconds", s->c.name.sum);
+	codec_row_f64(row, #name "_sum", s->c.name.sum);
 	STATS_HISTOGRAMS(STATS_RH_)
 #undef STATS_RH_
 	for (int c = 1; c < STATS_NERR && row->n < IPC_MAX_COLS; c++) {
 		if (!s->c.errors_by_code[c] || !err_name(c))
 			continue;
-		snprintf(key, sizeof(key), "errors_%s_total", err_name(c));
-		codec_row_u64(row, key, s->c.errors_by_code[c]);
+		codec_row_u64(row, err_key(key, sizeof(key), c),
+		              s->c.errors_by_code[c]);
 	}
 }
 
@@ -99,10 +106,10 @@ void stats_fill_tenant_row(const struct stats_tenant *t, struct ipc_row *row)
 	codec_row_u64(row, "id", t->id);
 	codec_row_str(row, "name", t->name);
 	codec_row_str(row, "policy", t->policy);
-#define STATS_TRU_(name, kind, fam, help) codec_row_u64(row, #name, t->name);
+#define STATS_TRU_(field, kind, name, help) codec_row_u64(row, name, t->field);
 	STATS_TENANT_U64(STATS_TRU_)
 #undef STATS_TRU_
-#define STATS_TRF_(name, kind, fam, help) codec_row_f64(row, #name, t->name);
+#define STATS_TRF_(field, kind, name, help) codec_row_f64(row, name, t->field);
 	STATS_TENANT_F64(STATS_TRF_)
 #undef STATS_TRF_
 }
@@ -153,55 +160,27 @@ static void prom_label(FILE *f, const char *s)
 	}
 }
 
-/* # HELP and # TYPE once per family: *last is the family printed last. */
-static void prom_head(FILE *f, const char **last, const char *fam,
-                      const char *type, const char *help)
+static void prom_head(FILE *f, const char *name, const char *type,
+                      const char *help)
 {
-	if (*last && !strcmp(*last, fam))
-		return;
-	*last = fam;
-	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", fam, help, fam,
-	        type);
+	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", name, help,
+	        name, type);
 }
 
-static void prom_u64(FILE *f, const char *fam, const char *lab, uint64_t v)
-{
-	if (lab[0])
-		fprintf(f, "kvtrim_%s{%s} %" PRIu64 "\n", fam, lab, v);
-	else
-		fprintf(f, "kvtrim_%s %" PRIu64 "\n", fam, v);
-}
-
-static void prom_f64(FILE *f, const char *fam, const char *lab, double v)
-{
-	if (lab[0])
-		fprintf(f, "kvtrim_%s{%s} %.17g\n", fam, lab, v);
-	else
-		fprintf(f, "kvtrim_%s %.17g\n", fam, v);
-}
-
-static void prom_hist(FILE *f, const char *fam, const char *lab,
-                      const struct stats_hist *h)
+static void prom_hist(FILE *f, const char *name, const struct stats_hist *h)
 {
 	uint64_t cum = 0;
-	const char *sep = lab[0] ? "," : "";
 	for (int b = 0; b <= STATS_NBUCKETS; b++) {
 		cum += h->bucket[b];
 		if (b < STATS_NBUCKETS)
-			fprintf(f, "kvtrim_%s_bucket{%s%sle=\"%g\"} %" PRIu64 "\n",
-			        fam, lab, sep, stats_bounds[b], cum);
+			fprintf(f, "kvtrim_%s_bucket{le=\"%g\"} %" PRIu64 "\n",
+			        name, stats_bounds[b], cum);
 		else
-			fprintf(f, "kvtrim_%s_bucket{%s%sle=\"+Inf\"} %" PRIu64
-			        "\n", fam, lab, sep, cum);
+			fprintf(f, "kvtrim_%s_bucket{le=\"+Inf\"} %" PRIu64
+			        "\n", name, cum);
 	}
-	if (lab[0]) {
-		fprintf(f, "kvtrim_%s_sum{%s} %.17g\n", fam, lab, h->sum);
-		fprintf(f, "kvtrim_%s_count{%s} %" PRIu64 "\n", fam, lab,
-		        h->count);
-	} else {
-		fprintf(f, "kvtrim_%s_sum %.17g\n", fam, h->sum);
-		fprintf(f, "kvtrim_%s_count %" PRIu64 "\n", fam, h->count);
-	}
+	fprintf(f, "kvtrim_%s_sum %.17g\n", name, h->sum);
+	fprintf(f, "kvtrim_%s_count %" PRIu64 "\n", name, h->count);
 }
 
 static void prom_tenant_labels(FILE *f, const struct stats_tenant *t)
@@ -215,59 +194,71 @@ static void render_prom(const struct stats_snap *s, FILE *f)
 {
 	const struct stats_tenant *tl = s->tenant_list;
 	const uint32_t nt = s->n_tenant_list;
-	const char *last = NULL;
+	char key[IPC_KEY_MAX];
 	fputs("# HELP kvtrim_info build and backend of this kvtrimd\n"
 	      "# TYPE kvtrim_info gauge\nkvtrim_info{version=\"", f);
 	prom_label(f, s->version);
 	fputs("\",backend=\"", f);
 	prom_label(f, s->backend);
 	fputs("\"} 1\n", f);
-#define STATS_PG_(name, fam, lab, help)                                        \
-	prom_head(f, &last, fam, "gauge", help);                               \
-	prom_u64(f, fam, lab, s->name);
+#define STATS_PG_(name, help)                                                  \
+	prom_head(f, #name, "gauge", help);                                    \
+	fprintf(f, "kvtrim_" #name " %" PRIu64 "\n", s->name);
 	STATS_GAUGES(STATS_PG_)
 #undef STATS_PG_
-#define STATS_PF_(name, fam, lab, help)                                        \
-	prom_head(f, &last, fam, "gauge", help);                               \
-	prom_f64(f, fam, lab, s->name);
+#define STATS_PF_(name, help)                                                  \
+	prom_head(f, #name, "gauge", help);                                    \
+	fprintf(f, "kvtrim_" #name " %.17g\n", s->name);
 	STATS_FGAUGES(STATS_PF_)
 #undef STATS_PF_
-#define STATS_PC_(name, fam, lab, help)                                        \
-	prom_head(f, &last, fam, "counter", help);                             \
-	prom_u64(f, fam, lab, s->c.name);
+#define STATS_PC_(name, help)                                                  \
+	prom_head(f, #name, "counter", help);                                  \
+	fprintf(f, "kvtrim_" #name " %" PRIu64 "\n", s->c.name);
 	STATS_COUNTERS(STATS_PC_)
 #undef STATS_PC_
-#define STATS_PH_(name, fam, lab, help)                                        \
-	prom_head(f, &last, fam, "histogram", help);                           \
-	prom_hist(f, fam, lab, &s->c.name);
+#define STATS_PH_(name, help)                                                  \
+	prom_head(f, #name, "histogram", help);                                \
+	prom_hist(f, #name, &s->c.name);
 	STATS_HISTOGRAMS(STATS_PH_)
 #undef STATS_PH_
 	/* Every known code, zeros included: a series that appears only after
 	 * the first error breaks rate() over the window before it. */
-	fputs("# HELP kvtrim_errors_total error replies by code\n"
-	      "# TYPE kvtrim_errors_total counter\n", f);
 	for (int c = 1; c < STATS_NERR; c++)
-		if (err_name(c))
-			fprintf(f, "kvtrim_errors_total{code=\"%s\"} %" PRIu64
-			        "\n", err_name(c), s->c.errors_by_code[c]);
-	/* Per tenant: one family at a time, a line per tenant. */
-#define STATS_PTU_(name, kind, fam, help)                                      \
-	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", fam, help,    \
-	        fam, kind == STATS_COUNTER ? "counter" : "gauge");             \
+		if (err_name(c)) {
+			err_key(key, sizeof(key), c);
+			fprintf(f, "# HELP kvtrim_%s error replies with code "
+			        "%s\n# TYPE kvtrim_%s counter\nkvtrim_%s %" PRIu64
+			        "\n", key, err_name(c), key, key,
+			        s->c.errors_by_code[c]);
+		}
+	/* Per tenant: one metric at a time, a line per tenant; first the
+	 * strings of its row as labels of kvtrim_tenant_info. */
+	fputs("# HELP kvtrim_tenant_info name, id and policy of each tenant\n"
+	      "# TYPE kvtrim_tenant_info gauge\n", f);
+	for (uint32_t i = 0; i < nt; i++) {
+		fputs("kvtrim_tenant_info{tenant=\"", f);
+		prom_label(f, tl[i].name);
+		fprintf(f, "\",id=\"%" PRIu32 "\",policy=\"", tl[i].id);
+		prom_label(f, tl[i].policy);
+		fputs("\"} 1\n", f);
+	}
+#define STATS_PTU_(field, kind, name, help)                                    \
+	prom_head(f, "tenant_" name,                                           \
+	          kind == STATS_COUNTER ? "counter" : "gauge", help);          \
 	for (uint32_t i = 0; i < nt; i++) {                                    \
-		fprintf(f, "kvtrim_%s", fam);                                  \
+		fputs("kvtrim_tenant_" name, f);                               \
 		prom_tenant_labels(f, &tl[i]);                                 \
-		fprintf(f, " %" PRIu64 "\n", tl[i].name);                      \
+		fprintf(f, " %" PRIu64 "\n", tl[i].field);                     \
 	}
 	STATS_TENANT_U64(STATS_PTU_)
 #undef STATS_PTU_
-#define STATS_PTF_(name, kind, fam, help)                                      \
-	fprintf(f, "# HELP kvtrim_%s %s\n# TYPE kvtrim_%s %s\n", fam, help,    \
-	        fam, kind == STATS_COUNTER ? "counter" : "gauge");             \
+#define STATS_PTF_(field, kind, name, help)                                    \
+	prom_head(f, "tenant_" name,                                           \
+	          kind == STATS_COUNTER ? "counter" : "gauge", help);          \
 	for (uint32_t i = 0; i < nt; i++) {                                    \
-		fprintf(f, "kvtrim_%s", fam);                                  \
+		fputs("kvtrim_tenant_" name, f);                               \
 		prom_tenant_labels(f, &tl[i]);                                 \
-		fprintf(f, " %.17g\n", tl[i].name);                            \
+		fprintf(f, " %.17g\n", tl[i].field);                           \
 	}
 	STATS_TENANT_F64(STATS_PTF_)
 #undef STATS_PTF_
@@ -319,37 +310,35 @@ static void json_hist(FILE *f, const struct stats_hist *h)
 
 static void render_json(const struct stats_snap *s, FILE *f)
 {
+	char key[IPC_KEY_MAX];
 	fputs("{\"version\":", f);
 	json_str(f, s->version);
 	fputs(",\"backend\":", f);
 	json_str(f, s->backend);
-#define STATS_JG_(name, fam, lab, help)                                        \
+#define STATS_JG_(name, help)                                                  \
 	fprintf(f, ",\"" #name "\":%" PRIu64, s->name);
 	STATS_GAUGES(STATS_JG_)
 #undef STATS_JG_
-#define STATS_JF_(name, fam, lab, help)                                        \
+#define STATS_JF_(name, help)                                                  \
 	fputs(",\"" #name "\":", f);                                           \
 	json_f64(f, s->name);
 	STATS_FGAUGES(STATS_JF_)
 #undef STATS_JF_
-#define STATS_JC_(name, fam, lab, help)                                        \
+#define STATS_JC_(name, help)                                                  \
 	fprintf(f, ",\"" #name "\":%" PRIu64, s->c.name);
 	STATS_COUNTERS(STATS_JC_)
 #undef STATS_JC_
-#define STATS_JH_(name, fam, lab, help)                                        \
-	fputs(",\"" fam "\":", f);                                             \
+#define STATS_JH_(name, help)                                                  \
+	fputs(",\"" #name "\":", f);                                           \
 	json_hist(f, &s->c.name);
 	STATS_HISTOGRAMS(STATS_JH_)
 #undef STATS_JH_
-	fputs(",\"errors\":{", f);
-	int first = 1;
 	for (int c = 1; c < STATS_NERR; c++)
-		if (err_name(c)) {
-			fprintf(f, "%s\"%s\":%" PRIu64, first ? "" : ",",
-			        err_name(c), s->c.errors_by_code[c]);
-			first = 0;
-		}
-	fputs("},\"tenant_list\":[", f);
+		if (err_name(c))
+			fprintf(f, ",\"%s\":%" PRIu64,
+			        err_key(key, sizeof(key), c),
+			        s->c.errors_by_code[c]);
+	fputs(",\"tenant_list\":[", f);
 	for (uint32_t i = 0; i < s->n_tenant_list; i++) {
 		const struct stats_tenant *t = &s->tenant_list[i];
 		fprintf(f, "%s{\"id\":%" PRIu32 ",\"name\":", i ? "," : "",
@@ -357,13 +346,13 @@ static void render_json(const struct stats_snap *s, FILE *f)
 		json_str(f, t->name);
 		fputs(",\"policy\":", f);
 		json_str(f, t->policy);
-#define STATS_JTU_(name, kind, fam, help)                                      \
-		fprintf(f, ",\"" #name "\":%" PRIu64, t->name);
+#define STATS_JTU_(field, kind, name, help)                                    \
+		fprintf(f, ",\"" name "\":%" PRIu64, t->field);
 		STATS_TENANT_U64(STATS_JTU_)
 #undef STATS_JTU_
-#define STATS_JTF_(name, kind, fam, help)                                      \
-		fputs(",\"" #name "\":", f);                                   \
-		json_f64(f, t->name);
+#define STATS_JTF_(field, kind, name, help)                                    \
+		fputs(",\"" name "\":", f);                                    \
+		json_f64(f, t->field);
 		STATS_TENANT_F64(STATS_JTF_)
 #undef STATS_JTF_
 		fputc('}', f);

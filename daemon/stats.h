@@ -12,14 +12,27 @@
  *   STATS_HISTOGRAMS  latency histograms (seconds), kept in struct stats
  *   STATS_TENANT_U64  per-tenant integer fields, labels tenant= and id=
  *   STATS_TENANT_F64  per-tenant floating-point fields
- * plus errors by code (one counter per KVT_ERRNO_MAP entry).
+ * plus errors by code (one counter per KVT_ERRNO_MAP entry) and two info
+ * metrics carrying the strings as labels: kvtrim_info{version, backend}
+ * and kvtrim_tenant_info{tenant, id, policy}.
  *
- * Columns: X(field, family, labels, help) for the global lists and
- * X(field, kind, family, help) for the tenant lists.  `field` is the struct
- * member and the key in rows and JSON; `family` the Prometheus name without
- * its "kvtrim_" prefix (counters end in _total, units are in the name);
- * `labels` extra Prometheus labels ("" for none).  Fields of one family
- * must be adjacent, so # HELP / # TYPE are printed once per family.
+ * One name per statistic: it is the key of the `kvtrimctl stats` /
+ * `tenants` row, the key in the /stats JSON and, with the prefix
+ * "kvtrim_" (tenants: "kvtrim_tenant_"), the Prometheus metric, so an
+ * operator who reads a figure in one finds it by that name in the others.
+ * Counters end in _total, units are in the name.  No metric has labels of
+ * its own (a breakdown is one metric per part, e.g. pool_bytes_used /
+ * pool_bytes_free): only the tenant's tenant= and id= and a histogram's
+ * le=, so a row key never needs a label to name its series.
+ *
+ * Columns: X(name, help) for the global lists (`name` is the member of
+ * struct stats or struct stats_snap and the name above); X(field, kind,
+ * name, help) for the tenant lists, whose `field` is the member (it
+ * mirrors struct kvt_tenant_stats, public API, so it keeps its spelling)
+ * and `name` the string used everywhere else.  A histogram `name` shows as
+ * rows name_count and name_sum, in /metrics as name_bucket / _sum / _count
+ * and in JSON as one object {buckets, count, sum}.  Errors by code are
+ * errors_<NAME>_total (NAME from KVT_ERRNO_MAP) in all three.
  *
  * Threads: struct stats and snapshots are built and changed by the loop
  * thread only.  The loop publishes a finished snapshot into a struct
@@ -37,156 +50,141 @@
 #include "kvtrim.h"
 
 #define STATS_COUNTERS(X)                                                      \
-	X(requests_total, "requests_total", "", "control requests received")   \
-	X(errors_total, "error_replies_total", "",                             \
-	  "requests answered with an error")                                   \
-	X(syncs_total, "syncs_total", "", "sync requests applied")             \
-	X(sync_items_total, "sync_items_total", "",                            \
-	  "sequence items in applied syncs")                                   \
-	X(entries_appended_total, "entries_appended_total", "",                \
-	  "KV entries committed")                                              \
-	X(entries_evicted_total, "entries_evicted_total", "",                  \
-	  "KV entries evicted by policies")                                    \
-	X(tenants_registered_total, "tenants_registered_total", "",            \
-	  "tenants registered")                                                \
-	X(tenants_reclaimed_total, "tenants_reclaimed_total", "",              \
+	X(requests_total, "control requests received")                         \
+	X(error_replies_total, "requests answered with an error")              \
+	X(syncs_total, "sync requests applied")                                \
+	X(sync_items_total, "sequence items in applied syncs")                 \
+	X(entries_appended_total, "KV entries committed")                      \
+	X(entries_evicted_total, "KV entries evicted by policies")             \
+	X(tenants_registered_total, "tenants registered")                      \
+	X(tenants_reclaimed_total,                                             \
 	  "tenants dropped after their client died or left")                   \
-	X(seqs_opened_total, "sequences_opened_total", "", "sequences opened") \
-	X(seqs_closed_total, "sequences_closed_total", "", "sequences closed") \
-	X(chunks_created_total, "chunks_created_total", "",                    \
-	  "2 MiB pool chunks created")                                         \
-	X(chunks_released_total, "chunks_released_total", "",                  \
-	  "2 MiB pool chunks released")                                        \
-	X(auth_refusals_total, "auth_refusals_total", "",                      \
+	X(sequences_opened_total, "sequences opened")                          \
+	X(sequences_closed_total, "sequences closed")                          \
+	X(chunks_created_total, "2 MiB pool chunks created")                   \
+	X(chunks_released_total, "2 MiB pool chunks released")                 \
+	X(auth_refusals_total,                                                 \
 	  "connections or hellos refused by the uid/gid allow lists")          \
-	X(handle_accept_failures_total, "handle_accept_failures_total", "",    \
+	X(handle_accept_failures_total,                                        \
 	  "fd.sock accepts that failed (e.g. out of fds); each pauses the "    \
 	  "listener 100 ms to 1 s")                                            \
-	X(handle_pending_refusals_total, "handle_pending_refusals_total", "",  \
+	X(handle_pending_refusals_total,                                       \
 	  "fd.sock connections closed at accept, or the oldest idle one "      \
 	  "closed, because max_pending_conns had no tenant yet")               \
-	X(handle_violations_total, "handle_violations_total", "",              \
+	X(handle_violations_total,                                             \
 	  "fd.sock peers disconnected for sending what the protocol never "    \
 	  "asks (junk, a packet before hello, a CHUNK_CLOSED for no chunk)")   \
-	X(quota_refusals_total, "quota_refusals_total", "",                    \
+	X(quota_refusals_total,                                                \
 	  "hellos refused for asking more than max_quota")                     \
-	X(memory_refusals_total, "tenant_memory_refusals_total", "",          \
+	X(tenant_memory_refusals_total,                                        \
 	  "hellos refused for needing more daemon memory than "               \
 	  "tenant_memory_max")                                                 \
-	X(pressure_tightenings_total, "pressure_tightenings_total", "",        \
+	X(pressure_tightenings_total,                                          \
 	  "times a tenant's compression was tightened under memory pressure")  \
-	X(backpressure_waits_total, "backpressure_waits_total", "",            \
-	  "requests parked waiting for pool pages")                            \
-	X(backpressure_resumed_total, "backpressure_resumed_total", "",        \
+	X(backpressure_waits_total, "requests parked waiting for pool pages")  \
+	X(backpressure_resumed_total,                                          \
 	  "parked requests that got their pages and completed")                \
-	X(backpressure_timeouts_total, "backpressure_timeouts_total", "",      \
+	X(backpressure_timeouts_total,                                         \
 	  "parked requests refused with EPOOLFULL after pressure_deadline_ms") \
-	X(device_waits_total, "device_waits_total", "",                        \
+	X(device_waits_total,                                                  \
 	  "syncs parked until the engine's GPU writes were done (cuda, "      \
 	  "policies that read K)")                                             \
-	X(ctl_refused_total, "control_conns_refused_total", "",               \
+	X(control_conns_refused_total,                                         \
 	  "control connections refused at accept (max_pending_conns)")        \
-	X(ctl_idle_closed_total, "control_conns_closed_total",                 \
-	  "reason=\"idle\"", "control connections the daemon closed")         \
-	X(ctl_send_timeout_closed_total, "control_conns_closed_total",          \
-	  "reason=\"send_timeout\"", "control connections the daemon closed") \
-	X(syncs_offloaded_total, "syncs_offloaded_total", "",                  \
+	X(control_conns_closed_idle_total,                                     \
+	  "control connections the daemon closed for sending no request and " \
+	  "having no tenant within hello_timeout_ms")                          \
+	X(control_conns_closed_send_timeout_total,                             \
+	  "control connections the daemon closed for not taking a reply "     \
+	  "within send_timeout_ms")                                            \
+	X(syncs_offloaded_total,                                               \
 	  "syncs run on a worker thread (sync_offload_us)")                    \
-	X(ctl_requests_dropped_total, "control_requests_dropped_total", "",    \
+	X(control_requests_dropped_total,                                      \
 	  "requests dropped unanswered: max_inflight_per_conn in flight")      \
-	X(config_reloads_total, "config_reloads_total", "",                    \
-	  "config reloads (SIGHUP) applied")                                   \
-	X(config_reload_failures_total, "config_reload_failures_total", "",    \
+	X(config_reloads_total, "config reloads (SIGHUP) applied")             \
+	X(config_reload_failures_total,                                        \
 	  "config reloads refused (the old config was kept)")                  \
-	X(config_sets_total, "config_sets_total", "",                          \
+	X(config_sets_total,                                                   \
 	  "settings changed live with kvtrimctl config set")                   \
-	X(weights_reloads_total, "weights_reloads_total", "",                  \
-	  "tenant scorer weights re-read on SIGHUP")                           \
-	X(weights_reload_failures_total, "weights_reload_failures_total", "",  \
+	X(weights_reloads_total, "tenant scorer weights re-read on SIGHUP")    \
+	X(weights_reload_failures_total,                                       \
 	  "weight reloads refused (the tenant kept its old weights)")          \
-	X(stats_conn_timeouts_total, "stats_conn_timeouts_total", "",          \
+	X(stats_conn_timeouts_total,                                           \
 	  "stats-socket connections closed for no complete request head "     \
 	  "within stats_header_timeout_ms, or a reply not read in 10 s")       \
-	X(stats_conn_drops_total, "stats_conn_drops_total", "",                \
+	X(stats_conn_drops_total,                                              \
 	  "stats-socket connections closed at stats_max_conns to make room "  \
 	  "(the one waiting longest for a request)")
 
 #define STATS_GAUGES(X)                                                        \
-	X(uptime_seconds, "uptime_seconds", "", "seconds since kvtrimd started")\
-	X(pool_bytes_total, "pool_size_bytes", "", "bytes of the KV pool")     \
-	X(pool_bytes_used, "pool_bytes", "state=\"used\"",                      \
-	  "pool bytes by state: used (chunks held by tenants) or free")         \
-	X(pool_bytes_free, "pool_bytes", "state=\"free\"",                      \
-	  "pool bytes by state: used (chunks held by tenants) or free")         \
-	X(chunks_total, "pool_chunks_capacity", "",                            \
-	  "2 MiB chunks the pool can hold")                                    \
-	X(chunks_used, "pool_chunks", "state=\"used\"", "pool chunks by state") \
-	X(chunks_free, "pool_chunks", "state=\"free\"", "pool chunks by state") \
-	X(kv_bytes_used, "kv_bytes", "",                                       \
-	  "bytes of pages holding KV entries or headroom")                     \
-	X(pages_used, "pages_used", "", "pages in use over all tenants")       \
-	X(tenants, "tenants", "", "registered tenants")                        \
-	X(sequences, "sequences", "", "open sequences")                        \
-	X(entries_kept, "entries_kept", "", "KV entries held over all lists")  \
-	X(clients_connected, "clients_connected", "",                          \
-	  "engine processes connected (handle channels)")                      \
-	X(control_connections, "control_connections", "",                      \
+	X(uptime_seconds, "seconds since kvtrimd started")                     \
+	X(pool_size_bytes, "bytes of the KV pool")                             \
+	X(pool_bytes_used, "pool bytes in chunks held by tenants")             \
+	X(pool_bytes_free, "pool bytes not in any chunk")                      \
+	X(pool_chunks_capacity, "2 MiB chunks the pool can hold")              \
+	X(pool_chunks_used, "2 MiB chunks held by tenants")                    \
+	X(pool_chunks_free, "2 MiB chunks the pool can still create")          \
+	X(kv_bytes, "bytes of pages holding KV entries or headroom")           \
+	X(pages_used, "pages in use over all tenants")                         \
+	X(tenants, "registered tenants")                                       \
+	X(sequences, "open sequences")                                         \
+	X(entries_kept, "KV entries held over all lists")                      \
+	X(clients_connected, "engine processes connected (handle channels)")   \
+	X(control_connections,                                                 \
 	  "open control-socket connections (engines and kvtrimctl)")           \
-	X(control_unreleased, "control_conns_unreleased", "",                  \
+	X(control_conns_unreleased,                                            \
 	  "connections the daemon closed over 10 s ago that nng never "       \
 	  "released; nonzero: nng 1.5's pipe reaper is wedged and frees no "  \
 	  "closed connection any more (restart kvtrimd)")                     \
-	X(parked_requests, "backpressure_parked_requests", "",                 \
-	  "requests waiting for pool pages now")
+	X(backpressure_parked_requests, "requests waiting for pool pages now")
 
 #define STATS_FGAUGES(X)                                                       \
-	X(pool_use_ratio, "pool_use_ratio", "",                                \
-	  "pool chunks in use / capacity")                                     \
-	X(pressure_level, "pressure_level", "",                                \
-	  "0 below high_watermark, rising to 1 at a full pool")
+	X(pool_use_ratio, "pool chunks in use / capacity")                     \
+	X(pressure_level, "0 below high_watermark, rising to 1 at a full pool")
 
 #define STATS_HISTOGRAMS(X)                                                    \
-	X(sync_latency, "sync_latency_seconds", "",                            \
+	X(sync_latency_seconds,                                                \
 	  "sync requests: receipt to reply, including any backpressure wait")  \
-	X(apply_time, "sync_apply_seconds", "",                                \
-	  "time in the tenant's sync apply: scoring, decisions, compaction, pages") \
-	X(scorer_time, "scorer_seconds", "",                                   \
-	  "time in the policies' scoring and decisions (part of sync_apply)")
+	X(sync_apply_seconds,                                                  \
+	  "time in the tenant's sync apply: scoring, decisions, compaction, "  \
+	  "pages")                                                             \
+	X(scorer_seconds,                                                      \
+	  "time in the policies' scoring and decisions (part of "             \
+	  "sync_apply_seconds)")
 
 #define STATS_TENANT_U64(X)                                                    \
-	X(pid, STATS_GAUGE, "tenant_pid", "process id of the tenant's engine") \
-	X(pages_used, STATS_GAUGE, "tenant_pages_used",                        \
+	X(pid, STATS_GAUGE, "pid", "process id of the tenant's engine")        \
+	X(pages_used, STATS_GAUGE, "pages_used",                               \
 	  "pages holding entries or headroom")                                 \
-	X(pages_free, STATS_GAUGE, "tenant_pages_free",                        \
+	X(pages_free, STATS_GAUGE, "pages_free",                               \
 	  "free pages inside the tenant's chunks")                             \
-	X(chunks, STATS_GAUGE, "tenant_chunks", "2 MiB chunks held")           \
-	X(bytes, STATS_GAUGE, "tenant_bytes",                                  \
+	X(chunks, STATS_GAUGE, "chunks", "2 MiB chunks held")                  \
+	X(bytes, STATS_GAUGE, "bytes",                                         \
 	  "bytes of chunks held (what the quota counts)")                      \
-	X(quota_bytes, STATS_GAUGE, "tenant_quota_bytes", "hard quota")        \
-	X(daemon_bytes, STATS_GAUGE, "tenant_daemon_memory_bytes",            \
+	X(quota_bytes, STATS_GAUGE, "quota_bytes", "hard quota")               \
+	X(daemon_bytes, STATS_GAUGE, "daemon_memory_bytes",                    \
 	  "daemon memory outside the pool the tenant may cause at most "       \
 	  "(table, staging, sequence state, scratch; tenant_memory_max caps "  \
 	  "it)")                                                               \
-	X(sequences, STATS_GAUGE, "tenant_sequences", "open sequences")        \
-	X(syncs, STATS_COUNTER, "tenant_syncs_total", "syncs applied")         \
-	X(entries_kept, STATS_GAUGE, "tenant_entries_kept",                    \
-	  "KV entries held now")                                               \
-	X(entries_appended, STATS_COUNTER, "tenant_entries_appended_total",    \
+	X(sequences, STATS_GAUGE, "sequences", "open sequences")               \
+	X(syncs, STATS_COUNTER, "syncs_total", "syncs applied")                \
+	X(entries_kept, STATS_GAUGE, "entries_kept", "KV entries held now")    \
+	X(entries_appended, STATS_COUNTER, "entries_appended_total",           \
 	  "KV entries committed")                                              \
-	X(entries_evicted, STATS_COUNTER, "tenant_entries_evicted_total",      \
+	X(entries_evicted, STATS_COUNTER, "entries_evicted_total",             \
 	  "KV entries evicted")                                                \
-	X(priority, STATS_GAUGE, "tenant_priority",                            \
+	X(priority, STATS_GAUGE, "priority",                                   \
 	  "priority under memory pressure (tenant_priorities)")                \
-	X(draining, STATS_GAUGE, "tenant_draining",                            \
+	X(draining, STATS_GAUGE, "draining",                                   \
 	  "1 while the tenant admits no new sequences (kvtrimctl drain)")     \
-	X(budget, STATS_GAUGE, "tenant_budget_entries",                        \
+	X(budget, STATS_GAUGE, "budget_entries",                               \
 	  "entries per list the policy's budget allowed at the last sync, "   \
 	  "pressure applied (0: no entry budget)")
 
 #define STATS_TENANT_F64(X)                                                    \
-	X(compression_ratio, STATS_GAUGE, "tenant_compression_ratio",          \
+	X(compression_ratio, STATS_GAUGE, "compression_ratio",                 \
 	  "entries appended per entry not evicted (1 = no compression)")       \
-	X(pressure, STATS_GAUGE, "tenant_pressure",                            \
+	X(pressure, STATS_GAUGE, "pressure",                                   \
 	  "memory-pressure level applied to the tenant (0..1)")
 
 enum stats_kind { STATS_COUNTER, STATS_GAUGE };
@@ -210,10 +208,10 @@ struct stats_hist {
 };
 
 struct stats {
-#define STATS_FIELD_(name, fam, lab, help) uint64_t name;
+#define STATS_FIELD_(name, help) uint64_t name;
 	STATS_COUNTERS(STATS_FIELD_)
 #undef STATS_FIELD_
-#define STATS_HFIELD_(name, fam, lab, help) struct stats_hist name;
+#define STATS_HFIELD_(name, help) struct stats_hist name;
 	STATS_HISTOGRAMS(STATS_HFIELD_)
 #undef STATS_HFIELD_
 	uint64_t errors_by_code[STATS_NERR]; /* index = -code */
@@ -223,10 +221,10 @@ struct stats_tenant {
 	uint32_t id;
 	char name[KVT_NAME_MAX];
 	char policy[KVT_SPEC_MAX];
-#define STATS_TU_(name, kind, fam, help) uint64_t name;
+#define STATS_TU_(field, kind, name, help) uint64_t field;
 	STATS_TENANT_U64(STATS_TU_)
 #undef STATS_TU_
-#define STATS_TF_(name, kind, fam, help) double name;
+#define STATS_TF_(field, kind, name, help) double field;
 	STATS_TENANT_F64(STATS_TF_)
 #undef STATS_TF_
 };
@@ -234,10 +232,10 @@ struct stats_tenant {
 /* Everything /metrics, /stats and `kvtrimctl stats` show, at one instant. */
 struct stats_snap {
 	struct stats c;
-#define STATS_G_(name, fam, lab, help) uint64_t name;
+#define STATS_G_(name, help) uint64_t name;
 	STATS_GAUGES(STATS_G_)
 #undef STATS_G_
-#define STATS_F_(name, fam, lab, help) double name;
+#define STATS_F_(name, help) double name;
 	STATS_FGAUGES(STATS_F_)
 #undef STATS_F_
 	char version[16];
@@ -260,7 +258,8 @@ void stats_observe(struct stats_hist *h, double seconds);
 /*
  * Appends the daemon-wide fields of a snapshot to a reply row: gauges,
  * counters, histogram _count/_sum, then errors_<NAME>_total for codes seen
- * while the row has room (IPC_MAX_COLS; /metrics always has them all).
+ * while the row has room (IPC_MAX_COLS; /metrics and /stats always have
+ * them all).
  */
 void stats_fill_row(const struct stats_snap *s, struct ipc_row *row);
 

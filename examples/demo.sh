@@ -168,7 +168,7 @@ fi
 echo "== kvtrimctl check (after the engines left)"
 $BIN/kvtrimctl check || rc=1
 echo "== kvtrimctl stats (after)"
-$BIN/kvtrimctl stats | grep -E '^(pool_bytes|chunks_used|syncs_total|entries_appended_total|entries_evicted_total|sync_us_total)'
+$BIN/kvtrimctl stats | grep -E '^(pool_size_bytes|pool_bytes|pool_chunks_used|syncs_total|entries_appended_total|entries_evicted_total|sync_us_total)'
 echo "== stopping kvtrimd (SIGTERM)"
 kill -TERM "$DPID"
 if wait "$DPID"; then echo "kvtrimd exited 0"; else echo "kvtrimd exit status $?"; rc=1; fi

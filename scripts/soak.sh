@@ -89,7 +89,7 @@ done
 (
 	while :; do
 		ctl stats 2>/dev/null | awk '$1 == "pool_use_ratio" || $1 == "pressure_level" ||
-			$1 == "parked_requests" || $1 == "tenants" { printf "%s=%s ", $1, $2 } END { print "" }'
+			$1 == "backpressure_parked_requests" || $1 == "tenants" { printf "%s=%s ", $1, $2 } END { print "" }'
 		sleep 0.5
 	done
 ) >"$DIR/samples" &
@@ -189,11 +189,11 @@ fi
 
 echo "soak: summary"
 echo "  duration            ${secs} s (load phase)"
-echo "  syncs               $syncs ($(echo "$syncs $secs" | awk '{ printf "%.0f", $1 / $2 }')/s), errors_total $(s errors_total)"
+echo "  syncs               $syncs ($(echo "$syncs $secs" | awk '{ printf "%.0f", $1 / $2 }')/s), error_replies_total $(s error_replies_total)"
 echo "  sync latency        daemon p50 $(hq 0.5), p99 $(hq 0.99); loadgen worst group p50 $(lgq sync_p50_us) us, p99 $(lgq sync_p99_us) us (incl. backoff)"
 echo "  kills survived      $kills (engines respawned $respawned, tenants reclaimed $(s tenants_reclaimed_total))"
 echo "  pressure            peak pool use $(pk pool_use_ratio), peak level $(pk pressure_level), tightenings $tight"
-echo "  backpressure        parked $waits, resumed $resumed, EPOOLFULL after deadline $timeouts, peak parked $(pk parked_requests); engine retries $retries"
+echo "  backpressure        parked $waits, resumed $resumed, EPOOLFULL after deadline $timeouts, peak parked $(pk backpressure_parked_requests); engine retries $retries"
 echo "  verify              extra evictions under pressure accepted $pevict; mismatches $(sed -n 's/.* mismatches=\([0-9]*\).*/\1/p' "$DIR"/lg-*.out | awk '{ t += $1 } END { print t + 0 }')"
 echo "  after exit          pool_bytes_used $used, check $(ctl check 2>&1), chunks created/released $(s chunks_created_total)/$(s chunks_released_total)"
 if [ $fail = 0 ]; then echo "soak: PASS"; else echo "soak: FAIL"; fi

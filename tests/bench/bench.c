@@ -40,7 +40,7 @@
  *   daemon_sync_us_per_token_<p>     cross-check: the daemon's own sync
  *                                    time over that round (kvtrimctl stats:
  *                                    sync_us_total, else
- *                                    apply_time_sum_seconds), wall clock
+ *                                    sync_apply_seconds_sum), wall clock
  *   daemon_prefill_us_per_token_<p>  the daemon's CPU time over the prompt's
  *                                    syncs and the first decode sync
  *                                    (snapkv compresses there) / prompt
@@ -656,7 +656,7 @@ static double dcpu_us(const struct dcpu *d)
 
 /*
  * The daemon's own sync time so far, us, from `kvtrimctl stats`:
- * sync_us_total where the daemon has it, else apply_time_sum_seconds (the
+ * sync_us_total where the daemon has it, else sync_apply_seconds_sum (the
  * time in the tenant's sync apply).  NAN when neither could be read.
  */
 static double ctl_sync_us(const char *bin_dir, const char *dir)
@@ -673,7 +673,7 @@ static double ctl_sync_us(const char *bin_dir, const char *dir)
 			continue;
 		if (!strcmp(key, "sync_us_total"))
 			us = v;
-		else if (!strcmp(key, "apply_time_sum_seconds"))
+		else if (!strcmp(key, "sync_apply_seconds_sum"))
 			alt = v * 1e6;
 	}
 	pclose(p);

@@ -138,7 +138,8 @@ int th_http(const struct th_daemon *d, const char *method, const char *path,
 
 /*
  * The value of one sample of GET /metrics, named exactly as exposed
- * ("kvtrim_pool_bytes{state=\"used\"}"); fails the test when absent.
+ * ("kvtrim_tenant_sequences{tenant=\"a\",id=\"1\"}"); fails the test when
+ * absent.
  */
 double th_metric(const struct th_daemon *d, const char *series);
 

@@ -213,7 +213,7 @@ TEST(contract_sync, sync_reports_the_pressure_and_budget_applied)
 	T_EQ(th_metric(&d, "kvtrim_tenant_budget_entries{tenant=\"squeezed\","
 	                   "id=\"1\"}"), 7);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s --json tenants", ctl), 0);
-	T_ASSERT(strstr(out, "\"budget\":7"));
+	T_ASSERT(strstr(out, "\"budget_entries\":7"));
 
 	/* full has no entry budget */
 	kvt_disconnect(c);

@@ -66,10 +66,10 @@ TEST(daemon, starts_reports_and_stops_cleanly)
 	struct th_daemon d;
 	char out[8192];
 	th_daemon_start(&d, "64M", NULL);
-	T_EQ_U64(th_stat(&d, "pool_bytes_total"), 64ull << 20);
+	T_EQ_U64(th_stat(&d, "pool_size_bytes"), 64ull << 20);
 	T_EQ_U64(th_stat(&d, "pool_bytes_used"), 0);
 	T_EQ_U64(th_stat(&d, "pool_bytes_free"), 64ull << 20);
-	T_EQ_U64(th_stat(&d, "chunks_total"), 32);
+	T_EQ_U64(th_stat(&d, "pool_chunks_capacity"), 32);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s policies", th_bin("kvtrimctl")), 0);
 	T_ASSERT(strstr(out, "streaming"));
@@ -190,7 +190,7 @@ TEST(client, full_policy_keeps_every_entry_bit_exact)
 	T_EQ_U64(ts.pages_used, 0);
 	kvt_disconnect(c);
 	sleep_ms(100);
-	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 0);
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
@@ -398,7 +398,7 @@ TEST_T(loadgen, verify_full_and_streaming_many_tenants, 120)
 	if (rc)
 		th_fail(__FILE__, __LINE__, "loadgen ratio: %d\n%s", rc, out);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
-	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 0);
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
@@ -481,7 +481,7 @@ TEST(badinput, garbage_truncated_oversized_unknown_version)
 
 	/* The daemon still serves: stats answer, errors were counted. */
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
-	T_ASSERT(th_stat(&d, "errors_total") >= 6);
+	T_ASSERT(th_stat(&d, "error_replies_total") >= 6);
 	T_ASSERT(th_daemon_alive(&d));
 	T_EQ(th_daemon_stop(&d), 0);
 }
@@ -584,7 +584,7 @@ TEST(badinput, registration_refusals_change_nothing)
 	raw_hello(&d, &rt, &rep, "full", 0, 0);
 	codec_rep_free(&rep);
 	T_EQ_U64(th_stat(&d, "tenants"), 1);
-	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 0);
 	close(rt.hfd);
 	th_raw_close(rt.sock);
 	sleep_ms(200);
@@ -770,7 +770,7 @@ TEST_T(faults, sigkilled_client_pages_return_within_a_second, 120)
 	if (!WIFEXITED(st) || WEXITSTATUS(st))
 		th_fail(__FILE__, __LINE__, "healthy loadgen failed:\n%s", out);
 	T_ASSERT(strstr(out, "mismatches=0"));
-	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 0);
 	T_ASSERT(th_stat(&d, "tenants_reclaimed_total") >= 1);
 	T_EQ(th_daemon_stop(&d), 0);
 }
@@ -865,7 +865,7 @@ TEST_T(badinput, garbage_flood_while_others_verify, 120)
 		th_fail(__FILE__, __LINE__, "engines failed:\n%s", out);
 	T_ASSERT(strstr(out, "mismatches=0"));
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
-	T_ASSERT(th_stat(&d, "errors_total") >= 300);
+	T_ASSERT(th_stat(&d, "error_replies_total") >= 300);
 	T_EQ(th_daemon_stop(&d), 0);
 }
 

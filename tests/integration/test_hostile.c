@@ -112,9 +112,9 @@ TEST_T(hostile, never_reading_peer_does_not_freeze_the_control_plane, 60)
 		T_ASSERT(closed);
 		close(fds[i]);
 	}
-	T_EQ(th_stat(&d, "ctl_send_timeout_closed_total") +
-	     th_stat(&d, "ctl_idle_closed_total"), 4);
-	T_ASSERT(th_stat(&d, "ctl_requests_dropped_total") > 0);
+	T_EQ(th_stat(&d, "control_conns_closed_send_timeout_total") +
+	     th_stat(&d, "control_conns_closed_idle_total"), 4);
+	T_ASSERT(th_stat(&d, "control_requests_dropped_total") > 0);
 	T_EQ(wait_connections(&d, 1), 1);
 	T_EQ(th_daemon_stop(&d), 0);
 }
@@ -190,13 +190,14 @@ TEST_T(hostile, reply_not_taken_in_time_closes_the_connection, 60)
 	char out[4096];
 	T_EQ(th_sh(&d, out, sizeof(out), "%s stats >/dev/null",
 	           th_bin("kvtrimctl")), 0);
-	T_EQ(wait_stat(&d, "ctl_send_timeout_closed_total", 1), 1);
+	T_EQ(wait_stat(&d, "control_conns_closed_send_timeout_total", 1), 1);
 	/* The engine only after the closure: it runs in this process, the
 	 * silent peer's, and the daemon shuts the untenanted connections of
 	 * the process whose connection it closes (server_int.h,
 	 * srv_ctl_shutdown), which a hello in flight then is. */
 	T_OK(healthy_engine(&d, "healthy", 20));
-	T_EQ(th_stat(&d, "ctl_idle_closed_total"), 0); /* not idle: slow */
+	/* not idle: slow */
+	T_EQ(th_stat(&d, "control_conns_closed_idle_total"), 0);
 	close(fd);
 	T_EQ(wait_connections(&d, 1), 1);
 	T_EQ(th_daemon_stop(&d), 0);
@@ -232,7 +233,7 @@ TEST(hostile, idle_connections_without_a_tenant_are_closed)
 		th_sleep_ms(50);
 	}
 	T_EQ(closed, 50);
-	T_EQ(th_stat(&d, "ctl_idle_closed_total"), 50);
+	T_EQ(th_stat(&d, "control_conns_closed_idle_total"), 50);
 	kvt_seq seq;
 	T_OK(kvt_seq_open(c, &seq));
 	kvt_disconnect(c);
@@ -267,10 +268,10 @@ TEST(hostile, pending_connections_are_bounded_tenants_and_admins_served)
 		_exit(0);
 	}
 	uint64_t deadline = th_now_ms() + 5000;
-	while (th_stat(&d, "ctl_refused_total") < 12 &&
+	while (th_stat(&d, "control_conns_refused_total") < 12 &&
 	       th_now_ms() < deadline)
 		th_sleep_ms(50);
-	T_ASSERT(th_stat(&d, "ctl_refused_total") >= 12);
+	T_ASSERT(th_stat(&d, "control_conns_refused_total") >= 12);
 	/* The registered tenant and root's kvtrimctl are still served. */
 	kvt_seq seq;
 	T_OK(kvt_seq_open(c, &seq));
@@ -442,8 +443,8 @@ TEST_T(hostile, a_reconnecting_flood_leaves_nothing_behind, 90)
 	T_EQ(th_sh(&d, out, sizeof(out), "timeout -s KILL 6 %s --adversary "
 	           "never_reading --runtime-dir %s >/dev/null 2>&1; true",
 	           th_bin("kvtrim-bench"), d.dir), 0);
-	T_ASSERT(th_stat(&d, "ctl_send_timeout_closed_total") +
-	         th_stat(&d, "ctl_idle_closed_total") >= 8);
+	T_ASSERT(th_stat(&d, "control_conns_closed_send_timeout_total") +
+	         th_stat(&d, "control_conns_closed_idle_total") >= 8);
 	/* New engines still get in, and run. */
 	T_OK(healthy_engine(&d, "after", 5));
 	/* Every connection closed was released by nng, or, where nng 1.5
@@ -452,7 +453,7 @@ TEST_T(hostile, a_reconnecting_flood_leaves_nothing_behind, 90)
 	 * 10 s; either way the daemon serves on and stops cleanly. */
 	uint64_t deadline = th_now_ms() + 15000, open, lost = 0;
 	while ((open = th_stat(&d, "control_connections")) > 1 &&
-	       !(lost = th_stat(&d, "control_unreleased")) &&
+	       !(lost = th_stat(&d, "control_conns_unreleased")) &&
 	       th_now_ms() < deadline)
 		th_sleep_ms(200);
 	fprintf(stderr, "    control connections %" PRIu64 ", unreleased %"

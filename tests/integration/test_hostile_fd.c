@@ -270,13 +270,13 @@ TEST_T(hostile_fd, junk_flood_disconnects_the_sender, 60)
 	T_OK(kvt_seq_open(flooder, &fs));
 	T_OK(step(flooder, fs));
 	T_EQ_U64(th_stat(&d, "tenants"), 2);
-	T_EQ_U64(th_stat(&d, "chunks_used"), 2);
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 2);
 
 	int sent = junk_flood(hfd, healthy, hs);
 	T_ASSERT(sent >= 0); /* the daemon hung up */
 	T_ASSERT(sent < JUNK_PACKETS);
 	T_EQ_U64(wait_stat(&d, "tenants", 1, 5000), 1);
-	T_EQ_U64(th_stat(&d, "chunks_used"), 1); /* its chunk came back */
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 1); /* its chunk came back */
 	T_EQ_U64(th_stat(&d, "handle_violations_total"), 1);
 	T_EQ(log_count(&d, "'flooder' (pid"), 1);
 	T_EQ(log_count(&d, "it sent a malformed packet"), 1);
@@ -331,7 +331,7 @@ TEST(hostile_fd, unasked_packets_disconnect)
 	T_OK(handle_send_ext(hfd, &x, -1));
 	T_EQ_U64(wait_stat(&d, "tenants", 0, 5000), 0);
 	T_EQ_U64(th_stat(&d, "handle_violations_total"), 2);
-	T_EQ_U64(th_stat(&d, "chunks_used"), 0);
+	T_EQ_U64(th_stat(&d, "pool_chunks_used"), 0);
 	T_EQ(log_count(&d, "CHUNK_CLOSED 12345 for no chunk awaiting it"), 1);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	kvt_disconnect(c);

@@ -188,7 +188,7 @@ TEST(hostile_tenant, geometry_beyond_tenant_memory_max_is_refused)
 	T_ASSERT(strstr(err, "sequences") && strstr(err, "staging"));
 	T_ASSERT(strstr(err, "lower max_seqs"));
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
-	T_EQ_U64(th_stat(&d, "memory_refusals_total"), 1);
+	T_EQ_U64(th_stat(&d, "tenant_memory_refusals_total"), 1);
 	/* Refused before anything was made: no segment, no list array. */
 	T_ASSERT(rss_kib(d.pid) - rss0 < 8 * 1024);
 
@@ -215,7 +215,7 @@ TEST(hostile_tenant, geometry_beyond_tenant_memory_max_is_refused)
 	T_EQ(th_sh(&d, out, sizeof(out), "%s --json tenants",
 	           th_bin("kvtrimctl")), 0);
 	char want[128];
-	snprintf(want, sizeof(want), "\"daemon_bytes\":%llu",
+	snprintf(want, sizeof(want), "\"daemon_memory_bytes\":%llu",
 	         (unsigned long long)ts.daemon_bytes);
 	T_ASSERT(strstr(out, want));
 	snprintf(want, sizeof(want),

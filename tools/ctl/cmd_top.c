@@ -126,7 +126,7 @@ int cmd_top(struct ctl *c)
 			qsort(tn.table.rows, tn.table.n, sizeof(*tn.table.rows),
 			      top_cmp);
 		uint64_t syncs = row_u64(g, "syncs_total");
-		uint64_t errs = row_u64(g, "errors_total");
+		uint64_t errs = row_u64(g, "error_replies_total");
 		if (c->json) {
 			fputs("{\"stats\":", stdout);
 			out_json_row(g);
@@ -138,7 +138,7 @@ int cmd_top(struct ctl *c)
 			uint64_t up = row_u64(g, "uptime_seconds");
 			fmt_bytes(used, sizeof(used), row_u64(g, "pool_bytes_used"));
 			fmt_bytes(total, sizeof(total),
-			          row_u64(g, "pool_bytes_total"));
+			          row_u64(g, "pool_size_bytes"));
 			if (dt > 0) {
 				snprintf(rate, sizeof(rate), "%.0f",
 				         (double)(syncs - prev_syncs) / dt);
@@ -161,7 +161,7 @@ int cmd_top(struct ctl *c)
 			       row_u64(g, "tenants"), row_u64(g, "sequences"),
 			       row_u64(g, "clients_connected"),
 			       row_f64(g, "pressure_level"),
-			       row_u64(g, "parked_requests"));
+			       row_u64(g, "backpressure_parked_requests"));
 			printf("syncs/s %s  errors/s %s  evicted %" PRIu64
 			       "  backpressure waits %" PRIu64 " timeouts %"
 			       PRIu64 "\n\n", rate, erate,
@@ -179,11 +179,11 @@ int cmd_top(struct ctl *c)
 				const struct top_prev *p =
 					top_find(prev, n_prev, id);
 				char held[32], srate[32];
+				uint64_t sy = row_u64(r, "syncs_total");
 				fmt_bytes(held, sizeof(held), row_u64(r, "bytes"));
 				if (p && dt > 0)
 					snprintf(srate, sizeof(srate), "%.0f",
-					         (double)(row_u64(r, "syncs") -
-					                  p->syncs) / dt);
+					         (double)(sy - p->syncs) / dt);
 				else
 					snprintf(srate, sizeof(srate), "-");
 				printf("%5" PRIu64 " %-16.16s %7" PRIu64
@@ -210,9 +210,10 @@ int cmd_top(struct ctl *c)
 			for (uint32_t i = 0; i < tn.table.n; i++)
 				np[i] = (struct top_prev){
 					row_u64(&tn.table.rows[i], "id"),
-					row_u64(&tn.table.rows[i], "syncs"),
 					row_u64(&tn.table.rows[i],
-					        "entries_evicted")};
+					        "syncs_total"),
+					row_u64(&tn.table.rows[i],
+					        "entries_evicted_total")};
 			free(prev);
 			prev = np;
 			n_prev = tn.table.n;
