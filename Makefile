@@ -125,7 +125,7 @@ ALL += $(ENGINE_BIN)
 endif
 
 # Scorer training and quality evaluation (tools/train, tools/eval); the
-# non-main files of tools/train are also linked into the tests.
+# non-main files of both are also linked into the tests.
 TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(wildcard tools/train/*.c)))
 EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(wildcard tools/eval/*.c)))
 TRAIN := $(B)/bin/kvtrim-train
@@ -225,7 +225,7 @@ $(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_O
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(ENGINE_OBJ) $(TRAINLIB_OBJ) \
-          $(LIB_INT)
+          $(EVALLIB_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)

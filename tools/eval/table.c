@@ -53,6 +53,25 @@ int table_parse_row(const char *line, struct row *r)
 	return 0;
 }
 
+size_t table_read_others(const char *path, const char *model, struct row *rows,
+                         size_t max)
+{
+	size_t nr = 0;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	char line[1024];
+	while (fgets(line, sizeof(line), f) && nr < max) {
+		if (!strncmp(line, "model,", 6))
+			continue;
+		if (table_parse_row(line, &rows[nr]) == 0 &&
+		    strcmp(rows[nr].model, model))
+			nr++;
+	}
+	fclose(f);
+	return nr;
+}
+
 void table_write_row(FILE *f, const struct row *r)
 {
 	char b[8][32];
@@ -68,10 +87,11 @@ void table_write_row(FILE *f, const struct row *r)
 	        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
 }
 
-static const char *const policy_order[] = {
+const char *const table_policy_order[] = {
 	"full", "random", "streaming", "h2o", "snapkv", "tova",
 	"kvzap-linear", "kvzap-mlp", "fastkvzip", "kvpop", "kvzip", "oracle"};
-#define NPOL (sizeof(policy_order) / sizeof(policy_order[0]))
+#define NPOL (sizeof(table_policy_order) / sizeof(table_policy_order[0]))
+const size_t table_npolicy = NPOL;
 
 static int same(double a, double b) { return fabs(a - b) < 1e-6; }
 
@@ -240,16 +260,16 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 			int any = 0;
 			for (size_t i = 0; i < nr; i++)
 				any |= !strcmp(rows[i].model, models[k]) &&
-				       !strcmp(rows[i].policy, policy_order[p]) &&
+				       !strcmp(rows[i].policy, table_policy_order[p]) &&
 				       !is_sweep(&rows[i]);
 			if (!any)
 				continue;
-			fprintf(f, "| %s |", policy_order[p]);
+			fprintf(f, "| %s |", table_policy_order[p]);
 			for (int q = 0; q < nt; q++) {
 				const struct row *r = NULL;
 				for (size_t i = 0; i < nr; i++)
 					if (!strcmp(rows[i].model, models[k]) &&
-					    !strcmp(rows[i].policy, policy_order[p]) &&
+					    !strcmp(rows[i].policy, table_policy_order[p]) &&
 					    (same(rows[i].target, tg[q]) ||
 					     rows[i].target == 0))
 						r = &rows[i];
@@ -287,7 +307,7 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 		        hc ? "---|" : "", hn ? "---|" : "");
 		for (size_t p = 0; p < NPOL; p++) {
 			size_t n = sweep_rows(rows, nr, models[k],
-			                      policy_order[p], idx);
+			                      table_policy_order[p], idx);
 			for (size_t q = 0; q < n; q++) {
 				const struct row *r = &rows[idx[q]];
 				if (isnan(r->kl)) {
@@ -319,7 +339,7 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 	fclose(f);
 }
 
-void table_write_png(const char *dir, struct row *rows, size_t nr)
+void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 {
 	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
 		fprintf(stderr, "kvtrim-eval: gnuplot not found, quality.png "
@@ -341,20 +361,35 @@ void table_write_png(const char *dir, struct row *rows, size_t nr)
 	           "set logscale y\nset key left top font ',8'\n"
 	           "set xlabel 'achieved compression ratio'\n"
 	           "set ylabel 'mean next-token KL vs full (nats)'\n"
-	           "set grid\n", 640 * nm, dir, nm);
+	           "set grid\n%s", 640 * nm, dir, nm,
+	        merge ? "set xrange [0:1]\n" : "");
 	int block = 0;
 	for (int k = 0; k < nm; k++) {
 		fprintf(g, "set title '%s'\nplot ", models[k]);
 		int first = 1, lt = 0, lt_of[NPOL] = {0};
 		for (size_t p = 1; p < NPOL; p++) {
 			int any = 0;
+			size_t n = 0;
 			for (size_t i = 0; i < nr; i++) {
 				const struct row *r = &rows[i];
 				if (strcmp(r->model, models[k]) ||
-				    strcmp(r->policy, policy_order[p]) ||
-				    is_sweep(r) || isnan(r->kl) || r->kl <= 0)
+				    strcmp(r->policy, table_policy_order[p]) ||
+				    (is_sweep(r) && !merge) || isnan(r->kl) ||
+				    r->kl <= 0)
 					continue;
-				fprintf(d, "%.5f %.8f\n", r->ach, r->kl);
+				idx[n++] = i;
+			}
+			/* by achieved ratio, so a merged curve is a line */
+			for (size_t a = 0; a < n; a++)
+				for (size_t b = a + 1; b < n; b++)
+					if (rows[idx[b]].ach < rows[idx[a]].ach) {
+						size_t t = idx[a];
+						idx[a] = idx[b];
+						idx[b] = t;
+					}
+			for (size_t q = 0; q < n; q++) {
+				fprintf(d, "%.5f %.8f\n", rows[idx[q]].ach,
+				        rows[idx[q]].kl);
 				any = 1;
 			}
 			if (!any)
@@ -363,14 +398,14 @@ void table_write_png(const char *dir, struct row *rows, size_t nr)
 			lt_of[p] = ++lt;
 			fprintf(g, "%s'%s' index %d using 1:2 with linespoints "
 			           "lt %d title '%s'", first ? "" : ", ", dat,
-			        block, lt, policy_order[p]);
+			        block, lt, table_policy_order[p]);
 			block++;
 			first = 0;
 		}
 		/* sweeps: dashed, in their policy's colour, by achieved ratio */
-		for (size_t p = 1; p < NPOL; p++) {
+		for (size_t p = 1; p < NPOL && !merge; p++) {
 			size_t n = sweep_rows(rows, nr, models[k],
-			                      policy_order[p], idx);
+			                      table_policy_order[p], idx);
 			for (size_t a = 0; a < n; a++)
 				for (size_t b = a + 1; b < n; b++)
 					if (rows[idx[b]].ach < rows[idx[a]].ach) {
@@ -392,7 +427,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr)
 			fprintf(g, "%s'%s' index %d using 1:2 with linespoints "
 			           "lt %d dt 2 pt 6 title '%s sweep'",
 			        first ? "" : ", ", dat, block,
-			        lt_of[p] ? lt_of[p] : ++lt, policy_order[p]);
+			        lt_of[p] ? lt_of[p] : ++lt, table_policy_order[p]);
 			block++;
 			first = 0;
 		}
