@@ -72,10 +72,13 @@ TEST(eval_ctx, kvzap_threshold_protocol1_by_hand)
 		for (uint32_t i = 0; i < n; i++)
 			s[e * n + i] = (float)i;
 	/* 0.25 (2 of 8 dropped) needs tau just above 1 */
-	float tau = kvzap_tau(&m, s, 1, n, n, 2, 0.25);
+	float tau = kvzap_tau(&m, s, 1, n, n, 2, 0, 0.25);
 	T_ASSERT(tau > 1.0f && tau < 1.001f);
-	tau = kvzap_tau(&m, s, 1, n, n, 2, 0.5);
+	tau = kvzap_tau(&m, s, 1, n, n, 2, 0, 0.5);
 	T_ASSERT(tau > 3.0f && tau < 3.001f);
+	/* sinks 1: entry 0 is never dropped, 0.25 needs entries 1 and 2 */
+	tau = kvzap_tau(&m, s, 1, n, n, 2, 1, 0.25);
+	T_ASSERT(tau > 2.0f && tau < 2.001f);
 	model_free(&m);
 }
 

@@ -288,6 +288,16 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 		return rc;
 	kvt_client *cl = engine_client(e);
 	kvt_seq s = engine_seq(e);
+	/* a cuda tenant's pages are device memory: through kvt_memcpy, and
+	 * read back one page at a time into host memory */
+	const int dev = kvt_memory_kind(cl) == KVT_MEMORY_CUDA;
+	const uint32_t pt = kvt_config_of(cl)->page_tokens;
+	float *bounce = dev ? malloc(2 * (size_t)pt * rb) : NULL;
+	if (dev && !bounce) {
+		snprintf(err, errlen, "out of memory");
+		rc = KVT_ENOMEM;
+		goto out;
+	}
 	for (uint32_t l = 0; l < mc->n_layers; l++) {
 		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
 			const float *K = ctx_cache_k(w->full, l, g),
@@ -301,8 +311,19 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 					         kvt_strerror(rc));
 					goto out;
 				}
-				memcpy(kp, K + (size_t)t * hd, rb);
-				memcpy(vp, V + (size_t)t * hd, rb);
+				if (dev) {
+					if ((rc = kvt_memcpy(cl, kp, K + (size_t)t * hd,
+					                     rb)) < 0 ||
+					    (rc = kvt_memcpy(cl, vp, V + (size_t)t * hd,
+					                     rb)) < 0) {
+						snprintf(err, errlen, "kvt_memcpy: %s",
+						         kvt_last_error(cl));
+						goto out;
+					}
+				} else {
+					memcpy(kp, K + (size_t)t * hd, rb);
+					memcpy(vp, V + (size_t)t * hd, rb);
+				}
 			}
 		}
 		for (uint32_t t = 0; t < P; t++) {
@@ -336,7 +357,6 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 		goto out;
 	}
 	engine_seq_advance(e, 0, P);
-	uint32_t pt = kvt_config_of(cl)->page_tokens;
 	for (uint32_t l = 0; l < mc->n_layers; l++)
 		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
 			struct kvt_list li;
@@ -349,16 +369,28 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 				goto out;
 			}
 			float *K = ctx_cache_k(c, l, g), *V = ctx_cache_v(c, l, g);
+			const float *pg = NULL;
 			for (uint32_t i = 0; i < li.len; i++) {
-				const float *pg = kvt_page_ptr(cl, li.pages[i / pt]);
-				if (!pg) {
-					snprintf(err, errlen, "page %u of layer %u "
-					         "head %u is not mapped",
-					         li.pages[i / pt], l, g);
-					rc = KVT_EPROTO;
-					goto out;
-				}
 				uint32_t r = i % pt;
+				if (r == 0) {
+					pg = kvt_page_ptr(cl, li.pages[i / pt]);
+					if (!pg) {
+						snprintf(err, errlen, "page %u of layer "
+						         "%u head %u is not mapped",
+						         li.pages[i / pt], l, g);
+						rc = KVT_EPROTO;
+						goto out;
+					}
+					if (dev && (rc = kvt_memcpy(cl, bounce, pg,
+					                            2 * (size_t)pt *
+					                            rb)) < 0) {
+						snprintf(err, errlen, "kvt_memcpy: %s",
+						         kvt_last_error(cl));
+						goto out;
+					}
+					if (dev)
+						pg = bounce;
+				}
 				memcpy(K + (size_t)i * hd, pg + (size_t)r * hd, rb);
 				memcpy(V + (size_t)i * hd,
 				       pg + ((size_t)pt + r) * hd, rb);
@@ -368,6 +400,7 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 	rc = 0;
 out:
 	engine_close(e);
+	free(bounce);
 	return rc;
 }
 

@@ -45,10 +45,11 @@
  *     decided).
  *   - Budgets at target ratios 0.5 / 0.75 / 0.875 (--quick: 0.75): ratio
  *     policies ratio=R (B = P - floor(R P) per list), kvpop tokens=B;
- *     kvzap (a threshold) the tau that achieves R on the TRAINING split
- *     under this protocol (8 windows, --quick 2, of P tokens of
- *     train-man.txt; kvzap.c), and a sweep of 4 fixed thresholds (--quick
- *     2) chosen there (kvzap_sweep_grid), the achieved ratio measured.
+ *     kvzap (a threshold; window 32, sinks 4 as kvpress's KVzapPress) the
+ *     tau that achieves R on the TRAINING split under this protocol (8
+ *     windows, --quick 2, of P tokens of train-man.txt; kvzap.c), and a
+ *     sweep of 4 fixed thresholds (--quick 2) chosen there
+ *     (kvzap_sweep_grid), the achieved ratio measured.
  *   - In process (ctx.c), because they need the model: kvzip = KVzip's
  *     scores (the pretext ctx, KVzip's repeat prompt, ctx; max over the
  *     copy's queries and the group's heads), one top-k over all layers
@@ -107,6 +108,11 @@ void openblas_set_num_threads(int n);
 #define CTX_CAL 8u
 #define CTX_SWEEP 4u
 #define CTX_HELD 2u /* windows held at once */
+/* kvzap's protected first positions: kvpress KVzapPress n_sink = 4 (the
+ * spec's default is 0, as the paper's DMSPress; without them the scorer's
+ * low log-KVzip+ for the first token, whose value vector is small, drops
+ * the attention sink in the early layers) */
+#define CTX_KVZAP_SINKS 4u
 
 /* The ratio policies of the daemon: name and spec format (%.4f the
  * ratio).  A new one is a line here (and a name in table_policy_order for
@@ -495,10 +501,11 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 			if (!zs[v])
 				continue;
 			float tau = kvzap_tau(M, zs[v], ncal, P, P,
-			                      RECIPE_KVZAP_WINDOW, R);
+			                      RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS,
+			                      R);
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u", a->wabs, zname[v], tau,
-			         RECIPE_KVZAP_WINDOW);
+			         "window=%u,sinks=%u", a->wabs, zname[v], tau,
+			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
 			eval_add_job(jobs, &njobs, zname[v], R, J_DAEMON, s, NULL,
 			             NULL)->tau = tau;
 		}
@@ -525,11 +532,12 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 		float grid[64];
 		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, P, P,
 		                               RECIPE_KVZAP_WINDOW,
+		                               CTX_KVZAP_SINKS,
 		                               a->quick ? 2 : CTX_SWEEP, grid);
 		for (uint32_t i = 0; i < ng; i++) {
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u", a->wabs, zname[v], grid[i],
-			         RECIPE_KVZAP_WINDOW);
+			         "window=%u,sinks=%u", a->wabs, zname[v], grid[i],
+			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
 			struct job *j = eval_add_job(jobs, &njobs, zname[v], 0,
 			                             J_DAEMON, s, NULL, NULL);
 			j->sweep = 1;

@@ -141,14 +141,16 @@ void kvzap_score(struct kvzap_scorer *z, const float *xs, uint32_t T,
 void kvzap_close(struct kvzap_scorer *z);
 /* Scores [cal][L][n_kv][T] of the calibration sequences (dense forward).
  * kvzap_tau / kvzap_sweep_grid: T == P is protocol 1 (scores of the
- * context, one decision after its prefill). */
+ * context, one decision after its prefill, positions < sinks kept); the
+ * decode protocol (T > P) has sinks 0. */
 float *kvzap_scores(const struct model *M, const char *dir,
                     const struct dataset *cal, char *err, size_t errlen);
 float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
-                uint32_t T, uint32_t P, uint32_t w, double R);
+                uint32_t T, uint32_t P, uint32_t w, uint32_t sinks, double R);
 uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T,
-                          uint32_t P, uint32_t w, uint32_t npts, float *out);
+                          uint32_t P, uint32_t w, uint32_t sinks,
+                          uint32_t npts, float *out);
 
 /* run.c */
 /* One prediction against the reference's: KL(ref || lg) in nats, whether

@@ -22,9 +22,11 @@
  * its scores s [cal][L][n_kv][T] exactly: after the sync of step t the
  * entries i <= t - w were decided (dropped iff s < tau), the window
  * (t - w, t] is kept.  T == P is protocol 1 (context compression): one
- * decision after the prefill of the T entries, those below T - w decided. */
+ * decision after the prefill of the T entries, those in [sinks, T - w)
+ * decided (the decode protocol has no sinks: sinks must be 0 there). */
 static double kvzap_ratio(const struct model *M, const float *s, uint32_t ncal,
-                          uint32_t T, uint32_t P, uint32_t w, float tau)
+                          uint32_t T, uint32_t P, uint32_t w, uint32_t sinks,
+                          float tau)
 {
 	const struct model_config *mc = &M->cfg;
 	size_t nl = (size_t)mc->n_layers * mc->n_kv_heads;
@@ -35,7 +37,7 @@ static double kvzap_ratio(const struct model *M, const float *s, uint32_t ncal,
 		for (size_t e = 0; e < ncal * nl; e++) {
 			const float *x = s + e * T;
 			uint32_t dropped = 0;
-			for (uint32_t i = 0; i < dec; i++)
+			for (uint32_t i = sinks; i < dec; i++)
 				dropped += !(x[i] >= tau);
 			acc += (double)dropped / T;
 		}
@@ -202,12 +204,12 @@ static int same_f(float a, float b) { return fabsf(a - b) < 1e-6f; }
 /* Bisection of tau for the target ratio (achieved grows with tau): the
  * upper end, which reaches R (the midpoint may round onto a score). */
 float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
-                uint32_t T, uint32_t P, uint32_t w, double R)
+                uint32_t T, uint32_t P, uint32_t w, uint32_t sinks, double R)
 {
 	float lo = -60.0f, hi = 20.0f;
 	for (int it = 0; it < 60; it++) {
 		float mid = 0.5f * (lo + hi);
-		if (kvzap_ratio(M, s, ncal, T, P, w, mid) < R)
+		if (kvzap_ratio(M, s, ncal, T, P, w, sinks, mid) < R)
 			lo = mid;
 		else
 			hi = mid;
@@ -221,9 +223,9 @@ float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
  * reaches it, rounded to a multiple of SWEEP_ROUND; duplicates once. */
 uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T, uint32_t P,
-                          uint32_t w, uint32_t npts, float *out)
+                          uint32_t w, uint32_t sinks, uint32_t npts, float *out)
 {
-	double cap = kvzap_ratio(M, s, ncal, T, P, w, INFINITY);
+	double cap = kvzap_ratio(M, s, ncal, T, P, w, sinks, INFINITY);
 	double rhi = cap - 0.01 < SWEEP_HI ? cap - 0.01 : SWEEP_HI;
 	uint32_t n = 0;
 	fprintf(stderr, "kvtrim-eval: %s sweep (training split, cap %.3f):",
@@ -232,13 +234,13 @@ uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
 		double r = npts > 1 ? SWEEP_LO + (rhi - SWEEP_LO) * i /
 		                              (npts - 1) : SWEEP_LO;
 		float tau = (float)(SWEEP_ROUND *
-		                    round(kvzap_tau(M, s, ncal, T, P, w, r) /
+		                    round(kvzap_tau(M, s, ncal, T, P, w, sinks, r) /
 		                          SWEEP_ROUND));
 		if (n && same_f(out[n - 1], tau))
 			continue;
 		out[n++] = tau;
 		fprintf(stderr, " %.2f (%.3f)", tau,
-		        kvzap_ratio(M, s, ncal, T, P, w, tau));
+		        kvzap_ratio(M, s, ncal, T, P, w, sinks, tau));
 	}
 	fputc('\n', stderr);
 	return n;

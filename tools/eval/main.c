@@ -365,7 +365,7 @@ int main(int argc, char **argv)
 			if (!zs[v])
 				continue;
 			float tau = kvzap_tau(M, zs[v], ncal, T, P,
-			                      RECIPE_KVZAP_WINDOW, R);
+			                      RECIPE_KVZAP_WINDOW, 0, R);
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
 			         "window=%u", wabs, zname[v], tau,
 			         RECIPE_KVZAP_WINDOW);
@@ -403,7 +403,7 @@ int main(int argc, char **argv)
 			continue;
 		float grid[64];
 		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, T, P,
-		                               RECIPE_KVZAP_WINDOW,
+		                               RECIPE_KVZAP_WINDOW, 0,
 		                               quick ? 2 : 6, grid);
 		for (uint32_t i = 0; i < ng; i++) {
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
