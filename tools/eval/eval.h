@@ -184,6 +184,8 @@ int table_parse_row(const char *line, struct row *r);
 size_t table_read_others(const char *path, const char *model, struct row *rows,
                          size_t max);
 void table_write_row(FILE *f, const struct row *r);
+/* DIR/quality.md opened for writing (dies when it cannot be). */
+FILE *table_open_md(const char *dir);
 void table_write_md(const char *dir, struct row *rows, size_t nr);
 /* merge: a policy's sweep rows join its curve (protocol 1) instead of
  * being dashed curves of their own. */
