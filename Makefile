@@ -125,7 +125,7 @@ ALL += $(ENGINE_BIN)
 endif
 
 # Scorer training and quality evaluation (tools/train, tools/eval); the
-# non-main files of tools/train are also linked into the tests.
+# non-main files of both are also linked into the tests.
 TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(wildcard tools/train/*.c)))
 EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(wildcard tools/eval/*.c)))
 TRAIN := $(B)/bin/kvtrim-train
@@ -225,7 +225,7 @@ $(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_O
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(TESTS): $(call obj,$(TEST_SRC)) $(DAEMON_OBJ) $(ENGINE_OBJ) $(TRAINLIB_OBJ) \
-          $(LIB_INT)
+          $(EVALLIB_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -241,7 +241,8 @@ $(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(ENGINE_OBJ)
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # Learned scorers for every model present (build/weights/<model>/), and the
-# quality tables (docs/results/quality.{csv,md,png}); see scripts/eval.sh.
+# quality tables (docs/results/quality.{csv,md,png}, SmolLM2's in
+# docs/results/smollm2/); see scripts/eval.sh.
 # weights: the llama2.c models of MODELS_DIR, then SmolLM2 when the model
 # cache holds it (verified by `make models`: the .sha256 stamp; the cache
 # rule of engine/model_files.h), about 25 minutes on two cores
@@ -264,7 +265,7 @@ weights: $(TRAIN)
 	fi
 
 eval: models-if-reachable $(TRAIN) $(EVAL) $(DAEMON)
-	B=$(B) MODELS_DIR=$(MODELS_DIR) sh scripts/eval.sh
+	B=$(B) MODELS_DIR=$(MODELS_DIR) WEIGHTS_JOBS=$(WEIGHTS_JOBS) sh scripts/eval.sh
 
 # ---- running
 # deps first, then a fresh make: on a new machine the pkg-config flags above

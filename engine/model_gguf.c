@@ -11,6 +11,7 @@
 #include "gguf.h"
 #include "kvtrim.h"
 #include "model.h"
+#include "tokenizer.h"
 
 /* Dequantises tensor name (n floats, as gguf_llama_check sized it) into
  * dst and refuses non-finite values: a flipped exponent bit in an f16
@@ -156,6 +157,32 @@ int model_gguf_load_file(const char *path, struct model *m, char *err,
 		return rc; /* gguf_open's reasons name the path */
 	char why[KVT_ERRTEXT_MAX];
 	rc = model_gguf_load(g, m, why, sizeof(why));
+	gguf_close(g);
+	if (rc < 0)
+		return errors_fmt(err, errlen, rc, "%s: %s", path, why);
+	return 0;
+}
+
+int model_gguf_tok_file(const char *path, const struct model *m,
+                        struct tok **out, char *err, size_t errlen)
+{
+	struct gguf *g = NULL;
+	*out = NULL;
+	int rc = gguf_open(path, &g, err, errlen);
+	if (rc < 0)
+		return rc;
+	char why[KVT_ERRTEXT_MAX];
+	if (!gguf_find(g, "tokenizer.ggml.model"))
+		rc = errors_fmt(why, sizeof(why), KVT_EINVAL,
+		                "no tokenizer in the file");
+	else if ((rc = tok_load(g, out, why, sizeof(why))) == 0 &&
+	         tok_vocab_size(*out) > m->cfg.vocab_size) {
+		rc = errors_fmt(why, sizeof(why), KVT_EINVAL, "the tokenizer has "
+		                "%u tokens, the model's vocabulary %u",
+		                tok_vocab_size(*out), m->cfg.vocab_size);
+		tok_free(*out);
+		*out = NULL;
+	}
 	gguf_close(g);
 	if (rc < 0)
 		return errors_fmt(err, errlen, rc, "%s: %s", path, why);

@@ -32,6 +32,7 @@
 
 struct gguf;
 struct model;
+struct tok;
 
 /* Builds *m from an open GGUF file; g may be closed afterwards. */
 int model_gguf_load(const struct gguf *g, struct model *m, char *err,
@@ -40,5 +41,14 @@ int model_gguf_load(const struct gguf *g, struct model *m, char *err,
 /* gguf_open(path) + model_gguf_load; the reasons name path. */
 int model_gguf_load_file(const char *path, struct model *m, char *err,
                          size_t errlen);
+
+/*
+ * The tokenizer of the GGUF file path, for the model m loaded from it
+ * (tok_load on its metadata).  KVT_EINVAL when the file has no
+ * tokenizer.ggml.model or the tokenizer has more tokens than m's
+ * vocabulary; tok_load's codes otherwise.  The reasons name path.
+ */
+int model_gguf_tok_file(const char *path, const struct model *m,
+                        struct tok **out, char *err, size_t errlen);
 
 #endif

@@ -3,11 +3,15 @@
 # scorers when build/weights/<model>/ lacks them (kvtrim-train, seed 1),
 # then runs kvtrim-eval, which merges its rows into docs/results/quality.csv
 # and regenerates quality.md / quality.png.  The training fit table is
-# copied beside them as fit-<model>.txt.
+# copied beside them as fit-<model>.txt.  Then SmolLM2, when the model
+# cache holds it (verified by `make models`: the .sha256 stamp, the rule of
+# engine/model_files.h): its weights in build/weights/smollm2 (kvtrim-train
+# --jobs WEIGHTS_JOBS, about 17 minutes when missing), kvtrim-eval's
+# protocol 1 into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt).
 #
 # Environment: B (build dir, default build), MODELS_DIR (default
 # ../shared/models), OUT (default docs/results), EVAL_ARGS (extra
-# kvtrim-eval arguments, e.g. --quick).
+# kvtrim-eval arguments, e.g. --quick), WEIGHTS_JOBS (default 2).
 set -eu
 B=${B:-build}
 MODELS_DIR=${MODELS_DIR:-../shared/models}
@@ -29,4 +33,19 @@ for m in bytes2m stories260K; do
 	"$B/bin/kvtrim-eval" --model "$f" --out "$OUT" --weights "$w" ${EVAL_ARGS:-}
 	ran=$((ran + 1))
 done
+d=${KVTRIM_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrim/models}
+if [ -r "$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then
+	w="$B/weights/smollm2"
+	if [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
+		"$B/bin/kvtrim-train" --model smollm2 --out "$w" --seed 1 \
+			--jobs "${WEIGHTS_JOBS:-2}"
+	fi
+	mkdir -p "$OUT/smollm2"
+	[ -e "$w/fit.txt" ] && cp "$w/fit.txt" "$OUT/smollm2/fit.txt"
+	# shellcheck disable=SC2086
+	"$B/bin/kvtrim-eval" --model smollm2 --out "$OUT/smollm2" --weights "$w" ${EVAL_ARGS:-}
+	ran=$((ran + 1))
+else
+	echo "eval: SmolLM2 not in $d (make models), skipped"
+fi
 [ "$ran" -gt 0 ] || echo "eval: no model found in $MODELS_DIR"

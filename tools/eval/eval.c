@@ -1,15 +1,18 @@
 /*
  * eval.c — how kvtrim-eval ends: the kvtrimd it started (when no
  * --runtime-dir was given) and its scratch directory never outlive it,
- * whether it dies on an error or is interrupted.
+ * whether it dies on an error or is interrupted.  Also the one way jobs
+ * are added (eval_add_job), for both protocols.
  */
 #include "eval.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -107,4 +110,23 @@ void eval_daemon_start(const char *argv0, char *rt, size_t rtlen)
 		nanosleep(&ts, NULL);
 	}
 	eval_die("%s did not start in 5 s", bin);
+}
+
+struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
+                         double R, enum jkind kind, const char *spec,
+                         const char *spec_copy, const char *spec_needle)
+{
+	if (*n >= MAX_JOBS)
+		eval_die("too many jobs");
+	struct job *j = &jobs[(*n)++];
+	memset(j, 0, sizeof(*j));
+	snprintf(j->name, sizeof(j->name), "%s", name);
+	j->ratio = R;
+	j->kind = kind;
+	j->tau = NAN;
+	const char *sp[C_NKIND] = {spec, spec_copy, spec_needle};
+	for (int c = 0; c < C_NKIND; c++)
+		snprintf(j->spec[c], sizeof(j->spec[c]), "%s",
+		         sp[c] ? sp[c] : "");
+	return j;
 }

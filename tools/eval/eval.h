@@ -14,6 +14,12 @@
  *             in-process replay (kvzip, oracle), scored against the
  *             reference
  *   table.c   quality.csv rows, quality.md and quality.png
+ *   ctxmain.c protocol 1 (context compression) for models with a
+ *             tokenizer (SmolLM2): its windows, jobs and results
+ *   ctx.c     protocol 1's machinery (ctx.h): the in-process cache, the
+ *             full-cache reference of a window, a policy's run on it
+ *   ctxtable.c protocol 1's quality.md
+ *   curve.c   reading a policy's curve at an achieved ratio
  */
 #ifndef KVT_EVAL_H
 #define KVT_EVAL_H
@@ -48,6 +54,9 @@ struct model;
 #define SWEEP_LO 0.30
 #define SWEEP_HI 0.95
 #define SWEEP_ROUND 0.25 /* swept thresholds are multiples of it */
+/* Protocol 1: staging rows a tenant keeps beyond its context, for the
+ * lookback of policies that read earlier rows (snapkv's window). */
+#define CTX_LOOKBACK 64u
 
 /* What a case is scored by (also the engine a daemon job runs it on). */
 enum ckind { C_MAIN = 0, C_COPY = 1, C_NEEDLE = 2, C_NKIND };
@@ -93,6 +102,11 @@ struct row {
 };
 
 /* eval.c */
+/* Appends a job to jobs[*n] (dies beyond MAX_JOBS); spec_copy and
+ * spec_needle may be NULL. */
+struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
+                         double R, enum jkind kind, const char *spec,
+                         const char *spec_copy, const char *spec_needle);
 /* Prints "kvtrim-eval: " and the message, stops the daemon this run
  * started (eval_daemon_start), exits 1. */
 void eval_die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
@@ -116,15 +130,37 @@ void cases_needle_full(const struct model *M, const struct ecase *c,
                        uint32_t *per_depth);
 
 /* kvzap.c */
+/* A kvzap scorer (linear or MLP, kvpress checkpoint dir) for sequences of
+ * up to T rows per call; reason in err. */
+struct kvzap_scorer;
+int kvzap_open(const struct model *M, const char *dir, uint32_t T,
+               struct kvzap_scorer **out, char *err, size_t errlen);
+/* Scores of the attention inputs xs [L][T][d_model]: out [L][n_kv][T]. */
+void kvzap_score(struct kvzap_scorer *z, const float *xs, uint32_t T,
+                 float *out);
+void kvzap_close(struct kvzap_scorer *z);
+/* Scores [cal][L][n_kv][T] of the calibration sequences (dense forward).
+ * kvzap_tau / kvzap_sweep_grid: T == P is protocol 1 (scores of the
+ * context, one decision after its prefill, positions < sinks kept); the
+ * decode protocol (T > P) has sinks 0. */
 float *kvzap_scores(const struct model *M, const char *dir,
                     const struct dataset *cal, char *err, size_t errlen);
 float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
-                uint32_t T, uint32_t P, uint32_t w, double R);
+                uint32_t T, uint32_t P, uint32_t w, uint32_t sinks, double R);
 uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T,
-                          uint32_t P, uint32_t w, uint32_t npts, float *out);
+                          uint32_t P, uint32_t w, uint32_t sinks,
+                          uint32_t npts, float *out);
 
 /* run.c */
+/* One prediction against the reference's: KL(ref || lg) in nats, whether
+ * the argmaxes agree, and the NLL increase of the true token y. */
+void run_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
+                 double *kl, int *top1, double *dnll);
+/* KVzip's selection at ratio R over scores [nl][P] (one top-k over every
+ * list, positions < KVZIP_SINKS protected): drop [nl][P]. KVT_ENOMEM. */
+int run_kvzip_drop(const float *scores, uint32_t nl, uint32_t P, double R,
+                   uint8_t *drop);
 /* What the worker threads share: they take jobs in order under lock. */
 struct run_pool {
 	const struct model *M;
@@ -143,8 +179,43 @@ void *run_worker(void *arg);
 #define TABLE_CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl," \
 	                 "top1,dnll,copy_acc,needle_acc,threshold"
 int table_parse_row(const char *line, struct row *r);
+/* The rows of path (quality.csv) of models other than model, at most
+ * max, into rows; 0 when there is no file. */
+size_t table_read_others(const char *path, const char *model, struct row *rows,
+                         size_t max);
 void table_write_row(FILE *f, const struct row *r);
+/* DIR/quality.md opened for writing (dies when it cannot be). */
+FILE *table_open_md(const char *dir);
 void table_write_md(const char *dir, struct row *rows, size_t nr);
-void table_write_png(const char *dir, struct row *rows, size_t nr);
+/* merge: a policy's sweep rows join its curve (protocol 1) instead of
+ * being dashed curves of their own. */
+void table_write_png(const char *dir, struct row *rows, size_t nr,
+                     int merge);
+/* The md order of the policies (others follow in order of appearance). */
+extern const char *const table_policy_order[];
+extern const size_t table_npolicy;
+
+/* ctxtable.c */
+/* Protocol 1's quality.md of model's rows; what (a line) says how the run
+ * was made (windows, lengths, time). */
+void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
+                       const char *model, const char *what);
+
+/* curve.c */
+/* The curve through the points (x[i], y[i]) at x0: linear between the
+ * nearest points on either side (points at the same x: their mean), y[i]
+ * NaN ignored; NaN outside [min x, max x]. */
+double curve_at(const double *x, const double *y, size_t n, double x0);
+
+/* ctxmain.c */
+/* What main.c hands protocol 1. */
+struct ctx_args {
+	const char *argv0, *model_path, *mname, *out;
+	const char *wdir, *wabs; /* weights as given / absolute ("" none) */
+	const char *rt;          /* --runtime-dir or NULL */
+	int quick, threads;
+	uint32_t nseq;           /* --seqs, 0 = default */
+};
+int ctx_main(const struct model *M, const struct ctx_args *a);
 
 #endif

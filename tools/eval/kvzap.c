@@ -1,8 +1,10 @@
 /*
  * kvzap.c — kvzap's thresholds, chosen on the training split only: its
- * scorers' scores on calibration sequences, the ratio a threshold achieves
- * under the protocol (exact, from the scores), the threshold for a target
- * ratio and the grid of the threshold sweep.
+ * scorers (kvzap_open / kvzap_score: the daemon's scorer kernels on the
+ * attention inputs of a sequence) and their scores on calibration
+ * sequences, the ratio a threshold achieves under the protocol (exact, from
+ * the scores; either protocol), the threshold for a target ratio and the
+ * grid of the threshold sweep.
  */
 #include "eval.h"
 
@@ -19,14 +21,28 @@
 /* kvzap's achieved ratio on the protocol for threshold tau, computed from
  * its scores s [cal][L][n_kv][T] exactly: after the sync of step t the
  * entries i <= t - w were decided (dropped iff s < tau), the window
- * (t - w, t] is kept. */
+ * (t - w, t] is kept.  T == P is protocol 1 (context compression): one
+ * decision after the prefill of the T entries, those in [sinks, T - w)
+ * decided (the decode protocol has no sinks: sinks must be 0 there). */
 static double kvzap_ratio(const struct model *M, const float *s, uint32_t ncal,
-                          uint32_t T, uint32_t P, uint32_t w, float tau)
+                          uint32_t T, uint32_t P, uint32_t w, uint32_t sinks,
+                          float tau)
 {
 	const struct model_config *mc = &M->cfg;
 	size_t nl = (size_t)mc->n_layers * mc->n_kv_heads;
 	double acc = 0;
 	uint64_t cnt = 0;
+	if (T <= P) {
+		uint32_t dec = T > w ? T - w : 0;
+		for (size_t e = 0; e < ncal * nl; e++) {
+			const float *x = s + e * T;
+			uint32_t dropped = 0;
+			for (uint32_t i = sinks; i < dec; i++)
+				dropped += !(x[i] >= tau);
+			acc += (double)dropped / T;
+		}
+		return ncal ? acc / ((double)ncal * nl) : 0;
+	}
 	uint32_t *below = malloc(sizeof(uint32_t) * (T + 1));
 	for (uint32_t q = 0; q < ncal; q++) {
 		/* below[i] = dropped decided entries among positions < i */
@@ -52,81 +68,153 @@ static double kvzap_ratio(const struct model *M, const float *s, uint32_t ncal,
 	return cnt ? acc / cnt : 0;
 }
 
+struct kvzap_scorer {
+	const struct model *M;
+	struct weights *w;
+	int mlp;
+	uint32_t hid;
+	/* per layer: W1 [o1][d], b1 [o1], W2 [nkv][hid], b2 [nkv] (MLP only
+	 * the last two); o1 = hid (MLP) or nkv (linear) */
+	const float **W1, **b1, **W2, **b2;
+	float *y, *hs; /* [cap][nkv], [cap][hid + 1] */
+	uint32_t cap;
+};
+
+void kvzap_close(struct kvzap_scorer *z)
+{
+	if (!z)
+		return;
+	weights_free(z->w);
+	free(z->W1);
+	free(z->b1);
+	free(z->W2);
+	free(z->b2);
+	free(z->y);
+	free(z->hs);
+	free(z);
+}
+
+int kvzap_open(const struct model *M, const char *dir, uint32_t T,
+               struct kvzap_scorer **out, char *err, size_t errlen)
+{
+	const struct model_config *mc = &M->cfg;
+	const uint32_t L = mc->n_layers, nkv = mc->n_kv_heads, d = mc->dim;
+	struct kvzap_scorer *z = calloc(1, sizeof(*z));
+	*out = NULL;
+	if (!z)
+		return KVT_ENOMEM;
+	z->M = M;
+	int rc = weights_load(dir, &z->w, err, errlen);
+	if (rc) {
+		free(z);
+		return rc;
+	}
+	z->mlp = weights_has(z->w, "layers.0.0.weight");
+	if (z->mlp && weights_config_u32(z->w, "hidden_dim", &z->hid)) {
+		snprintf(err, errlen, "%.900s: no hidden_dim", dir);
+		kvzap_close(z);
+		return KVT_EINVAL;
+	}
+	z->W1 = calloc(L, sizeof(float *));
+	z->b1 = calloc(L, sizeof(float *));
+	z->W2 = calloc(L, sizeof(float *));
+	z->b2 = calloc(L, sizeof(float *));
+	z->cap = T;
+	z->y = malloc(sizeof(float) * T * nkv);
+	z->hs = malloc(sizeof(float) * T * (z->hid + 1));
+	if (!z->W1 || !z->b1 || !z->W2 || !z->b2 || !z->y || !z->hs) {
+		kvzap_close(z);
+		return KVT_ENOMEM;
+	}
+	for (uint32_t l = 0; l < L; l++) {
+		char n1[64], n2[64], n3[64], n4[64];
+		snprintf(n1, 64, z->mlp ? "layers.%u.0.weight" : "layers.%u.weight", l);
+		snprintf(n2, 64, z->mlp ? "layers.%u.0.bias" : "layers.%u.bias", l);
+		snprintf(n3, 64, "layers.%u.2.weight", l);
+		snprintf(n4, 64, "layers.%u.2.bias", l);
+		uint32_t o1 = z->mlp ? z->hid : nkv;
+		uint64_t s1[2] = {o1, d}, s2[1] = {o1}, s3[2] = {nkv, z->hid},
+		         s4[1] = {nkv};
+		z->W1[l] = weights_get(z->w, n1, 2, s1, err, errlen);
+		z->b1[l] = weights_get(z->w, n2, 1, s2, err, errlen);
+		if (z->mlp) {
+			z->W2[l] = weights_get(z->w, n3, 2, s3, err, errlen);
+			z->b2[l] = weights_get(z->w, n4, 1, s4, err, errlen);
+		}
+		if (!z->W1[l] || !z->b1[l] ||
+		    (z->mlp && (!z->W2[l] || !z->b2[l]))) {
+			kvzap_close(z);
+			return KVT_EINVAL;
+		}
+	}
+	*out = z;
+	return 0;
+}
+
+void kvzap_score(struct kvzap_scorer *z, const float *xs, uint32_t T,
+                 float *out)
+{
+	const struct model_config *mc = &z->M->cfg;
+	const uint32_t nkv = mc->n_kv_heads, d = mc->dim;
+	for (uint32_t l = 0; l < mc->n_layers; l++) {
+		const float *x = xs + (size_t)l * T * d;
+		for (uint32_t i0 = 0; i0 < T; i0 += z->cap) {
+			uint32_t n = T - i0 < z->cap ? T - i0 : z->cap;
+			const float *xi = x + (size_t)i0 * d;
+			if (z->mlp)
+				scorer_mlp_cpu(xi, n, d, z->W1[l], z->b1[l], z->hid,
+				               z->W2[l], z->b2[l], nkv, z->y, z->hs);
+			else
+				scorer_linear_cpu(xi, n, d, z->W1[l], z->b1[l],
+				                  nkv, z->y);
+			for (uint32_t g = 0; g < nkv; g++)
+				for (uint32_t i = 0; i < n; i++)
+					out[((size_t)l * nkv + g) * T + i0 + i] =
+						z->y[(size_t)i * nkv + g];
+		}
+	}
+}
+
 /* Scores of the kvzap model dir on ncal training sequences. */
 float *kvzap_scores(const struct model *M, const char *dir,
                     const struct dataset *cal, char *err, size_t errlen)
 {
 	const struct model_config *mc = &M->cfg;
-	struct weights *w;
-	if (weights_load(dir, &w, err, errlen))
+	const uint32_t L = mc->n_layers, nkv = mc->n_kv_heads, T = cal->len;
+	struct kvzap_scorer *z;
+	if (kvzap_open(M, dir, T, &z, err, errlen))
 		return NULL;
-	uint32_t hid = 0, L = mc->n_layers, nkv = mc->n_kv_heads, d = mc->dim,
-	         T = cal->len;
-	int mlp = weights_has(w, "layers.0.0.weight");
-	if (mlp && weights_config_u32(w, "hidden_dim", &hid)) {
-		snprintf(err, errlen, "%.900s: no hidden_dim", dir);
-		weights_free(w);
-		return NULL;
-	}
 	float *s = malloc(sizeof(float) * cal->n * L * nkv * T);
-	float *y = malloc(sizeof(float) * T * nkv);
-	float *hs = malloc(sizeof(float) * T * (hid + 1));
-	if (!s || !y || !hs)
+	if (!s)
 		eval_die("out of memory");
 	for (uint32_t q = 0; q < cal->n; q++) {
 		struct model_dense dn;
 		if (model_dense_init(&dn, M, T, 1) ||
 		    model_dense_step(&dn, cal->tok + (size_t)q * T, T, NULL))
 			eval_die("calibration forward failed");
-		for (uint32_t l = 0; l < L; l++) {
-			char n1[64], n2[64], n3[64], n4[64];
-			snprintf(n1, 64, mlp ? "layers.%u.0.weight" : "layers.%u.weight", l);
-			snprintf(n2, 64, mlp ? "layers.%u.0.bias" : "layers.%u.bias", l);
-			snprintf(n3, 64, "layers.%u.2.weight", l);
-			snprintf(n4, 64, "layers.%u.2.bias", l);
-			uint32_t o1 = mlp ? hid : nkv;
-			uint64_t s1[2] = {o1, d}, s2[1] = {o1}, s3[2] = {nkv, hid},
-			         s4[1] = {nkv};
-			const float *W1 = weights_get(w, n1, 2, s1, err, errlen);
-			const float *b1 = weights_get(w, n2, 1, s2, err, errlen);
-			const float *W2 = mlp ? weights_get(w, n3, 2, s3, err, errlen) : NULL;
-			const float *b2 = mlp ? weights_get(w, n4, 1, s4, err, errlen) : NULL;
-			if (!W1 || !b1 || (mlp && (!W2 || !b2)))
-				eval_die("%s: %s", dir, err);
-			const float *x = dn.xs + (size_t)l * T * d;
-			if (mlp)
-				scorer_mlp_cpu(x, T, d, W1, b1, hid, W2, b2, nkv,
-				               y, hs);
-			else
-				scorer_linear_cpu(x, T, d, W1, b1, nkv, y);
-			for (uint32_t g = 0; g < nkv; g++)
-				for (uint32_t i = 0; i < T; i++)
-					s[(((size_t)q * L + l) * nkv + g) * T + i] =
-						y[(size_t)i * nkv + g];
-		}
+		kvzap_score(z, dn.xs, T, s + (size_t)q * L * nkv * T);
 		model_dense_free(&dn);
 	}
-	free(y);
-	free(hs);
-	weights_free(w);
+	kvzap_close(z);
 	return s;
 }
 
 static int same_f(float a, float b) { return fabsf(a - b) < 1e-6f; }
 
-/* Bisection of tau for the target ratio (achieved grows with tau). */
+/* Bisection of tau for the target ratio (achieved grows with tau): the
+ * upper end, which reaches R (the midpoint may round onto a score). */
 float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
-                uint32_t T, uint32_t P, uint32_t w, double R)
+                uint32_t T, uint32_t P, uint32_t w, uint32_t sinks, double R)
 {
 	float lo = -60.0f, hi = 20.0f;
 	for (int it = 0; it < 60; it++) {
 		float mid = 0.5f * (lo + hi);
-		if (kvzap_ratio(M, s, ncal, T, P, w, mid) < R)
+		if (kvzap_ratio(M, s, ncal, T, P, w, sinks, mid) < R)
 			lo = mid;
 		else
 			hi = mid;
 	}
-	return 0.5f * (lo + hi);
+	return hi;
 }
 
 /* The sweep's fixed thresholds, chosen on the training split: for npts
@@ -135,9 +223,9 @@ float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
  * reaches it, rounded to a multiple of SWEEP_ROUND; duplicates once. */
 uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T, uint32_t P,
-                          uint32_t w, uint32_t npts, float *out)
+                          uint32_t w, uint32_t sinks, uint32_t npts, float *out)
 {
-	double cap = kvzap_ratio(M, s, ncal, T, P, w, INFINITY);
+	double cap = kvzap_ratio(M, s, ncal, T, P, w, sinks, INFINITY);
 	double rhi = cap - 0.01 < SWEEP_HI ? cap - 0.01 : SWEEP_HI;
 	uint32_t n = 0;
 	fprintf(stderr, "kvtrim-eval: %s sweep (training split, cap %.3f):",
@@ -146,13 +234,13 @@ uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
 		double r = npts > 1 ? SWEEP_LO + (rhi - SWEEP_LO) * i /
 		                              (npts - 1) : SWEEP_LO;
 		float tau = (float)(SWEEP_ROUND *
-		                    round(kvzap_tau(M, s, ncal, T, P, w, r) /
+		                    round(kvzap_tau(M, s, ncal, T, P, w, sinks, r) /
 		                          SWEEP_ROUND));
 		if (n && same_f(out[n - 1], tau))
 			continue;
 		out[n++] = tau;
 		fprintf(stderr, " %.2f (%.3f)", tau,
-		        kvzap_ratio(M, s, ncal, T, P, w, tau));
+		        kvzap_ratio(M, s, ncal, T, P, w, sinks, tau));
 	}
 	fputc('\n', stderr);
 	return n;

@@ -5,8 +5,8 @@
  *   kvtrim-eval --model M --out DIR [--quick] [--weights WDIR]
  *               [--runtime-dir RT] [--threads N] [--seqs N]
  *
- * Protocol (methods.md section 17; every number is full cache vs evicted
- * run on the same tokens):
+ * Protocol of the byte and token-id models (methods.md section 17; every
+ * number is full cache vs evicted run on the same tokens):
  *   - Inputs: the evaluation split of dataset.h (bytes2m: the last 40 % of
  *     bytes2m-valid.txt; stories260K: samples of the fixed eval stream),
  *     sequences of T = 512 tokens (--quick: 256) starting at BOS.
@@ -70,6 +70,9 @@
  * (gnuplot, skipped with a note when absent), DIR/specs-<model>.txt (the
  * exact policy specs), DIR/needle-<model>.txt (byte models).
  *
+ * Models with a tokenizer (GGUF: SmolLM2, `--model smollm2`) are measured
+ * under protocol 1, context compression, instead: ctxmain.c.
+ *
  * This file holds the options, the cases and jobs of a run and the results
  * files; eval.h lists the other files of tools/eval/.
  */
@@ -92,6 +95,7 @@
 #include "../train/recipe.h"
 #include "engine.h"
 #include "model.h"
+#include "model_files.h"
 
 void openblas_set_num_threads(int n);
 
@@ -112,19 +116,8 @@ static struct job *add_job(const char *name, double R, enum jkind kind,
                            const char *spec, const char *spec_copy,
                            const char *spec_needle)
 {
-	if (njobs >= MAX_JOBS)
-		eval_die("too many jobs");
-	struct job *j = &jobs[njobs++];
-	memset(j, 0, sizeof(*j));
-	snprintf(j->name, sizeof(j->name), "%s", name);
-	j->ratio = R;
-	j->kind = kind;
-	j->tau = NAN;
-	const char *sp[C_NKIND] = {spec, spec_copy, spec_needle};
-	for (int c = 0; c < C_NKIND; c++)
-		snprintf(j->spec[c], sizeof(j->spec[c]), "%s",
-		         sp[c] ? sp[c] : "");
-	return j;
+	return eval_add_job(jobs, &njobs, name, R, kind, spec, spec_copy,
+	                    spec_needle);
 }
 
 /* Token budget whose mean achieved ratio over steps [P, T-1) is R. */
@@ -194,13 +187,27 @@ int main(int argc, char **argv)
 	openblas_set_num_threads(1);
 	char err[1024];
 	static struct model m;
+	/* a known model's short name (smollm2) names the model and its
+	 * weights directory; a path names them by its file */
+	char mpath[PATH_MAX], mname[64];
+	if (model_path) {
+		if (model_files_resolve(model_path, mpath, sizeof(mpath), err,
+		                        sizeof(err)))
+			eval_die("%s", err);
+		if (strcmp(mpath, model_path) && !strchr(model_path, '/'))
+			snprintf(mname, sizeof(mname), "%s", model_path);
+		else
+			mname[0] = 0;
+		model_path = mpath;
+	} else {
+		mname[0] = 0;
+	}
 	model_path = model_default_path(model_path);
 	if (model_load(model_path, &m, err, sizeof(err)))
 		eval_die("%s", err);
 	const struct model *M = &m;
 	const struct model_config *mc = &m.cfg;
-	char mname[64];
-	{
+	if (!mname[0]) {
 		const char *b = strrchr(model_path, '/');
 		snprintf(mname, sizeof(mname), "%s", b ? b + 1 : model_path);
 		char *dot = strrchr(mname, '.');
@@ -216,6 +223,18 @@ int main(int argc, char **argv)
 	int have_w = realpath(wdir, wabs) != NULL;
 	if (mkdir(out, 0755) < 0 && errno != EEXIST)
 		eval_die("%s: %s", out, strerror(errno));
+	if (m.version == MODEL_GGUF) {
+		/* a model with a tokenizer: protocol 1 (ctxmain.c) */
+		struct ctx_args ca = {
+			.argv0 = argv[0], .model_path = model_path,
+			.mname = mname, .out = out, .wdir = wdir,
+			.wabs = have_w ? wabs : "", .rt = rt_arg,
+			.quick = quick, .threads = threads, .nseq = nseq,
+		};
+		int rc = ctx_main(M, &ca);
+		model_free(&m);
+		return rc;
+	}
 
 	const uint32_t T = quick ? 256 : model_context(&m);
 	const uint32_t P = quick ? 192 : T * 3 / 4;
@@ -346,7 +365,7 @@ int main(int argc, char **argv)
 			if (!zs[v])
 				continue;
 			float tau = kvzap_tau(M, zs[v], ncal, T, P,
-			                      RECIPE_KVZAP_WINDOW, R);
+			                      RECIPE_KVZAP_WINDOW, 0, R);
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
 			         "window=%u", wabs, zname[v], tau,
 			         RECIPE_KVZAP_WINDOW);
@@ -384,7 +403,7 @@ int main(int argc, char **argv)
 			continue;
 		float grid[64];
 		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, T, P,
-		                               RECIPE_KVZAP_WINDOW,
+		                               RECIPE_KVZAP_WINDOW, 0,
 		                               quick ? 2 : 6, grid);
 		for (uint32_t i = 0; i < ng; i++) {
 			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
@@ -456,19 +475,8 @@ int main(int argc, char **argv)
 	char path[1200];
 	snprintf(path, sizeof(path), "%s/quality.csv", out);
 	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
-	size_t nr = 0;
-	FILE *f = fopen(path, "r");
-	if (f) {
-		char line[1024];
-		while (fgets(line, sizeof(line), f) && nr < 1024) {
-			if (!strncmp(line, "model,", 6))
-				continue;
-			if (table_parse_row(line, &rows[nr]) == 0 &&
-			    strcmp(rows[nr].model, mname))
-				nr++;
-		}
-		fclose(f);
-	}
+	size_t nr = table_read_others(path, mname, rows, 1024);
+	FILE *f;
 	int bad = 0;
 	for (uint32_t k = 0; k < njobs; k++) {
 		struct job *j = &jobs[k];
@@ -573,7 +581,7 @@ int main(int argc, char **argv)
 		fclose(f);
 	}
 	table_write_md(out, rows, nr);
-	table_write_png(out, rows, nr);
+	table_write_png(out, rows, nr, 0);
 	for (size_t i = 0; i < nr; i++)
 		if (!strcmp(rows[i].model, mname))
 			table_write_row(stdout, &rows[i]);

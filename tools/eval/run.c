@@ -15,6 +15,36 @@
 #include "model.h"
 #include "replay.h"
 
+void run_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
+                 double *kl_out, int *top1_out, double *dnll_out)
+{
+	double mf = rf[0], me = lg[0];
+	uint32_t af = 0, ae = 0;
+	for (uint32_t v = 1; v < V; v++) {
+		if (rf[v] > mf) {
+			mf = rf[v];
+			af = v;
+		}
+		if (lg[v] > me) {
+			me = lg[v];
+			ae = v;
+		}
+	}
+	double zf = 0, ze = 0;
+	for (uint32_t v = 0; v < V; v++) {
+		zf += exp(rf[v] - mf);
+		ze += exp(lg[v] - me);
+	}
+	double lzf = mf + log(zf), lze = me + log(ze), kl = 0;
+	for (uint32_t v = 0; v < V; v++) {
+		double lpf = rf[v] - lzf, lpe = lg[v] - lze;
+		kl += exp(lpf) * (lpf - lpe);
+	}
+	*kl_out = kl > 0 ? kl : 0;
+	*top1_out = af == ae;
+	*dnll_out = (lze - lg[y]) - (lzf - rf[y]);
+}
+
 /* Adds the comparison of one prediction to job j. */
 static void score_step(const struct model *M, struct job *j,
                        const struct ecase *c, uint32_t t, const float *lg)
@@ -39,31 +69,12 @@ static void score_step(const struct model *M, struct job *j,
 		}
 		return;
 	}
-	double mf = rf[0], me = lg[0];
-	uint32_t af = 0, ae = 0;
-	for (uint32_t v = 1; v < V; v++) {
-		if (rf[v] > mf) {
-			mf = rf[v];
-			af = v;
-		}
-		if (lg[v] > me) {
-			me = lg[v];
-			ae = v;
-		}
-	}
-	double zf = 0, ze = 0;
-	for (uint32_t v = 0; v < V; v++) {
-		zf += exp(rf[v] - mf);
-		ze += exp(lg[v] - me);
-	}
-	double lzf = mf + log(zf), lze = me + log(ze), kl = 0;
-	for (uint32_t v = 0; v < V; v++) {
-		double lpf = rf[v] - lzf, lpe = lg[v] - lze;
-		kl += exp(lpf) * (lpf - lpe);
-	}
-	j->kl += kl > 0 ? kl : 0;
-	j->top1 += af == ae;
-	j->dnll += (lze - lg[y]) - (lzf - rf[y]);
+	double kl, dnll;
+	int top1;
+	run_compare(rf, lg, V, y, &kl, &top1, &dnll);
+	j->kl += kl;
+	j->top1 += top1;
+	j->dnll += dnll;
 	j->npos++;
 }
 
@@ -167,25 +178,21 @@ static int evict_oracle(const struct model *M, struct replay *r,
 	return 0;
 }
 
-/* One top-k over every layer and KV head of the prompt (KVzip pair
- * level), first KVZIP_SINKS positions protected. */
-static int evict_kvzip(const struct model *M, struct replay *r,
-                       const struct ecase *c, double R)
+int run_kvzip_drop(const float *scores, uint32_t nl, uint32_t P, double R,
+                   uint8_t *drop)
 {
-	const struct model_config *mc = &M->cfg;
-	uint32_t P = c->P, nl = mc->n_layers * mc->n_kv_heads;
 	size_t n = (size_t)nl * P;
 	float *s = malloc(sizeof(float) * n);
 	uint32_t *rank = malloc(sizeof(uint32_t) * n),
 	         *sc = malloc(sizeof(uint32_t) * n);
-	uint8_t *prot = malloc(n), *drop = malloc(n);
+	uint8_t *prot = malloc(n);
 	int rc = KVT_ENOMEM;
-	if (!s || !rank || !sc || !prot || !drop)
+	if (!s || !rank || !sc || !prot)
 		goto out;
 	uint64_t np = 0;
 	for (size_t e = 0; e < n; e++) {
 		uint32_t i = (uint32_t)(e % P);
-		s[e] = c->kvzip[e];
+		s[e] = scores[e];
 		rank[e] = i;
 		prot[e] = i < KVZIP_SINKS;
 		np += prot[e];
@@ -193,19 +200,31 @@ static int evict_kvzip(const struct model *M, struct replay *r,
 	uint64_t B = (uint64_t)(P - (uint32_t)floor(R * P)) * nl;
 	uint32_t k = B > np ? (uint32_t)(B - np) : 0;
 	select_topk_cpu(s, rank, prot, (uint32_t)n, k, drop, sc);
-	for (uint32_t li = 0; li < nl; li++) {
-		uint8_t *al = replay_alive(r, li / mc->n_kv_heads,
-		                           li % mc->n_kv_heads);
-		for (uint32_t i = 0; i < P; i++)
-			if (drop[(size_t)li * P + i])
-				al[i] = 0;
-	}
 	rc = 0;
 out:
 	free(s);
 	free(rank);
 	free(sc);
 	free(prot);
+	return rc;
+}
+
+/* One top-k over every layer and KV head of the prompt (KVzip pair
+ * level), first KVZIP_SINKS positions protected. */
+static int evict_kvzip(const struct model *M, struct replay *r,
+                       const struct ecase *c, double R)
+{
+	const struct model_config *mc = &M->cfg;
+	uint32_t P = c->P, nl = mc->n_layers * mc->n_kv_heads;
+	uint8_t *drop = malloc((size_t)nl * P);
+	int rc = drop ? run_kvzip_drop(c->kvzip, nl, P, R, drop) : KVT_ENOMEM;
+	for (uint32_t li = 0; !rc && li < nl; li++) {
+		uint8_t *al = replay_alive(r, li / mc->n_kv_heads,
+		                           li % mc->n_kv_heads);
+		for (uint32_t i = 0; i < P; i++)
+			if (drop[(size_t)li * P + i])
+				al[i] = 0;
+	}
 	free(drop);
 	return rc;
 }

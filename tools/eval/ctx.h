@@ -1,0 +1,145 @@
+/*
+ * ctx.h — the machinery of protocol 1 of kvtrim-eval, context compression
+ * (ctxmain.c's header describes the protocol and its choices): an
+ * in-process KV cache whose lists the kept entries of a policy are loaded
+ * into, the full-cache reference of one window, and one policy's run on a
+ * window (through kvtrimd, or from keep flags computed in process).
+ *
+ * The cache.  One list per (layer, KV head), float32 rows K [cap][hd] and
+ * V [cap][hd], entries in no particular order (keys are post-RoPE, so
+ * attention does not depend on order).  A step of n tokens at positions
+ * pos0.. runs model_forward (model.h) with an attention that appends the
+ * n new rows after each list's len entries and attends with BLAS: per
+ * query head S = scale Q K^T over the len + n rows, row t causal over the
+ * first len + t + 1 (softmax in float, sum in double), out = S V.  The same
+ * call on the same rows gives the same bits, so a policy that keeps every
+ * entry in arrival order reproduces the reference exactly (KL 0), and a
+ * policy's continuation differs from the reference only by what it kept.
+ * A tap records, for one step, the attention inputs x, the post-RoPE
+ * queries q and lse of the new tokens (what kvtrimd's policies read from
+ * the staging ring), and a reduction of the attention probabilities of a
+ * band of the step's rows onto the first ncols entries of every list (the
+ * KVzip and hindsight oracles).
+ *
+ * Errors are negative KVT_E* codes; ctx_run_daemon also writes a reason.
+ */
+#ifndef KVT_EVAL_CTX_H
+#define KVT_EVAL_CTX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+struct ctx_cache;
+
+/* What one step records (pointers NULL: not recorded). */
+struct ctx_tap {
+	float *x;    /* [L][n][dim] attention inputs of the n new tokens */
+	float *q;    /* [L][n][n_heads][hd] post-RoPE queries */
+	float *lse;  /* [L][n][n_heads] */
+	/* red[l][g][i], i < ncols: over the step's rows r in [r0, r1), the
+	 * max (max = 1) or the sum (max = 0) of a^h_{r,i}, then the max over
+	 * the query heads h of KV head g.  Set by the step (not accumulated
+	 * across steps). */
+	uint32_t r0, r1, ncols;
+	int max;
+	float *red;  /* [L][n_kv][ncols] */
+};
+
+/* A cache of cap entries per list for model m; KVT_ENOMEM. */
+int ctx_cache_open(const struct model *m, uint32_t cap, struct ctx_cache **out);
+void ctx_cache_close(struct ctx_cache *c);
+
+/* Every list to its first n entries (0: empty).  The first n rows are the
+ * first n appended only while nothing was evicted. */
+void ctx_cache_truncate(struct ctx_cache *c, uint32_t n);
+
+/* Rows of list (layer, kv_head): K [cap][hd], V [cap][hd]; *len is its
+ * length (writable: a caller that filled rows sets it, <= cap). */
+float *ctx_cache_k(struct ctx_cache *c, uint32_t layer, uint32_t kv_head);
+float *ctx_cache_v(struct ctx_cache *c, uint32_t layer, uint32_t kv_head);
+uint32_t *ctx_cache_len(struct ctx_cache *c, uint32_t layer, uint32_t kv_head);
+
+/* Entries over all lists. */
+uint64_t ctx_cache_kept(const struct ctx_cache *c);
+
+/* n tokens at positions pos0.. (tap may be NULL); logits [n][vocab] may
+ * be NULL.  KVT_ETOOLONG when a list would exceed cap. */
+int ctx_cache_step(struct ctx_cache *c, const int32_t *tok, uint32_t n,
+                   uint32_t pos0, const struct ctx_tap *tap, float *logits);
+
+/* ------------------------------------------------------------ a window */
+
+/*
+ * The full-cache reference of one window tok[0, T): context [0, P), the
+ * continuation [P, T).  Built by ctx_window_build:
+ *   1. prefill of the context in one step (x, q, lse recorded for the
+ *      daemon's staging ring; the cache then holds its P entries);
+ *   2. when sep is given, KVzip's reconstruction: sep then the context
+ *      again as one step on that cache; kvzip[l][g][i] = max over the
+ *      copy's queries and the group's heads of a_{j,i} (oracle.h's KVzip
+ *      score, the pretext ctx sep ctx; no BOS: the model has none);
+ *      the cache is cut back to the context afterwards;
+ *   3. the continuation tok[P, T-1) as one step: ref = its logits, the
+ *      predictions of tok[P+1, T); hind[l][g][i] = max over the group's
+ *      heads of the attention entry i receives from those queries (the
+ *      hindsight oracle's score); cut back to the context again.
+ */
+struct ctx_window {
+	const int32_t *tok; /* [T] */
+	uint32_t P, T;
+	struct ctx_cache *full; /* the P context entries, arrival order */
+	float *x, *q, *lse;     /* prefill records, ctx_tap layout, n = P */
+	float *ref;             /* [T-1-P][vocab] */
+	float *kvzip;           /* [L][n_kv][P], NULL without sep */
+	float *hind;            /* [L][n_kv][P] */
+};
+
+int ctx_window_build(const struct model *m, const int32_t *tok, uint32_t P,
+                     uint32_t T, const int32_t *sep, uint32_t n_sep,
+                     struct ctx_window *w);
+void ctx_window_free(struct ctx_window *w);
+
+/* ------------------------------------------------------------ a run */
+
+/* One run's comparison with the reference over the T-1-P predictions. */
+struct ctx_score {
+	double kl, top1, dnll; /* sums over the predictions */
+	uint64_t npos;
+	uint64_t kept;         /* entries kept of the P L n_kv */
+};
+
+/*
+ * Through kvtrimd: registers tenant `tenant` with policy `spec` on the
+ * runtime directory rt (NULL: libkvtrim's default), appends the window's
+ * P context entries (K/V rows of w->full) with their staged x, q, lse,
+ * syncs them as one prefill sync and then a decode sync of no new entry
+ * (prompt-only policies such as snapkv decide at the first decode sync),
+ * reads every list back (kvt_list_get, kvt_page_ptr) into c and
+ * disconnects.  Reason in err.
+ */
+int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
+                    const char *rt, const char *tenant, const char *spec,
+                    struct ctx_cache *c, char *err, size_t errlen);
+
+/* The context entries of w with keep[l][g][i] set, in position order,
+ * into c. */
+void ctx_load_keep(const struct model *m, const struct ctx_window *w,
+                   const uint8_t *keep /* [L][n_kv][P] */,
+                   struct ctx_cache *c);
+
+/* Keep flags at ratio R: kvzip = one top-k over all lists of the KVzip
+ * scores, the first KVZIP_SINKS positions protected (KVzip's pair level);
+ * oracle = per list top-k of the hindsight scores, P - floor(R P) each. */
+int ctx_keep_kvzip(const struct model *m, const struct ctx_window *w,
+                   double R, uint8_t *keep);
+int ctx_keep_oracle(const struct model *m, const struct ctx_window *w,
+                    double R, uint8_t *keep);
+
+/* The continuation on c (loaded with a policy's context entries):
+ * predictions compared with w->ref into s.  lg [T-1-P][vocab] scratch. */
+int ctx_continue(const struct model *m, const struct ctx_window *w,
+                 struct ctx_cache *c, float *lg, struct ctx_score *s);
+
+#endif

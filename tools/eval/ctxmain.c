@@ -1,0 +1,597 @@
+/*
+ * ctxmain.c — protocol 1 of kvtrim-eval: context compression, the protocol
+ * of kvpress and of the KVzip / KVzap papers, for models with a tokenizer
+ * (SmolLM2: `kvtrim-eval --model smollm2 --out docs/results/smollm2`).
+ *
+ * Protocol (every number is a policy's run against the full cache on the
+ * same tokens):
+ *   - Text: 16 windows (--quick: 2; --seqs N) of P = 1024 context and
+ *     C = 128 continuation tokens (--quick: 256 + 32) of the held-out
+ *     text's evaluation split (dataset.h: the last 40 % of
+ *     bytes2m-valid.txt through the model's tokenizer; no BOS: SmolLM2
+ *     has none).
+ *   - Prefill: the context in ONE step (ctx.h), so every prefill hidden
+ *     state is that of the full cache.  The policy then compresses each
+ *     layer once.  Choice: the context is synced with kvtrimd once, all
+ *     layers together, after the whole prefill, rather than per layer
+ *     right after that layer's attention (kvt_sync_item's layer range
+ *     would allow it).  With a one-step prefill the two are the same
+ *     computation: no prefill attention of any layer reads another
+ *     layer's cache, and every layer's prefill attention has run over its
+ *     full cache before the sync.  Per-layer syncs would matter only for
+ *     a chunked prefill, where they could not help anyway (the first
+ *     chunk's sync would compress a part of the context).
+ *   - Policies run in a real kvtrimd, one tenant per (policy, window),
+ *     registered when the run reaches it and closed after: the window's
+ *     context entries (K/V as the prefill computed them, float32) are
+ *     appended with their staged x, q and lse, committed by one prefill
+ *     sync, then one decode sync of no new entry follows: prompt-only
+ *     policies (snapkv) decide at the first decode sync, and the others
+ *     have nothing new to decide there.  The kept entries are read back
+ *     (kvt_list_get, kvt_page_ptr) into an in-process cache.
+ *   - Decode: the continuation tok[P, T-1) teacher-forced as one step on
+ *     that cache, positions continuing at P, WITHOUT further compression
+ *     (the daemon is not consulted again; the continuation's entries are
+ *     all kept).  Its predictions (of tok[P+1, T)) are scored; the
+ *     prediction of tok[P] comes from the prefill, the same for every
+ *     policy, and is not.
+ *   - Reference: the same continuation on the full cache (ctx.h: the same
+ *     attention call on the same rows, so `full` scores KL 0, top-1 1).
+ *   - Metrics per run: kl = mean KL(p_full || p_policy) in nats, top1 =
+ *     argmax agreement, dnll = mean increase of -ln p(true token) in
+ *     nats/token, over the C - 1 predictions of every window; achieved =
+ *     mean over windows of 1 - kept / (P x layers x KV heads), every
+ *     kept entry counted (sinks, windows, entries a policy had not yet
+ *     decided).
+ *   - Budgets at target ratios 0.5 / 0.75 / 0.875 (--quick: 0.75): ratio
+ *     policies ratio=R (B = P - floor(R P) per list), kvpop tokens=B;
+ *     kvzap (a threshold; window 32, sinks 4 as kvpress's KVzapPress) the
+ *     tau that achieves R on the TRAINING split under this protocol (8
+ *     windows, --quick 2, of P tokens of train-man.txt; kvzap.c), and a
+ *     sweep of 4 fixed thresholds (--quick 2) chosen there
+ *     (kvzap_sweep_grid), the achieved ratio measured.
+ *   - In process (ctx.c), because they need the model: kvzip = KVzip's
+ *     scores (the pretext ctx, KVzip's repeat prompt, ctx; max over the
+ *     copy's queries and the group's heads), one top-k over all layers
+ *     and KV heads, the first 4 positions protected; oracle = hindsight:
+ *     each context entry scored by the attention the continuation's
+ *     queries pay it in the full-cache run (max over the group's heads of
+ *     the sum over queries), per-list top-k to B.  Both load their kept
+ *     entries into the same in-process cache and decode the same way.
+ *   - Comparisons at equal achieved compression (ctxtable.c, curve.c):
+ *     each policy's runs (targets and sweep) are one curve of (achieved,
+ *     metric), read at 0.5 / 0.75 / 0.875 achieved by linear
+ *     interpolation between measured points ("n/a" outside them); raw
+ *     rows in the csv.  Bounds in every table: full, random, kvzip,
+ *     oracle.
+ *   - Scheduling: the tasks are, per window, its reference (prefill,
+ *     KVzip's reconstruction, the reference continuation) then one run
+ *     per job; `--threads` workers take them in order (a run waits for
+ *     its window's reference; at most two windows are held), one BLAS
+ *     thread each, so every run computes the same bits whatever ran
+ *     beside it.
+ * TODO (issue 11, not built here): the pass-key needle and copy tasks of
+ * protocol 1 (chat template, lengths where the full cache reaches 0.7),
+ * and protocol 2 (decoding-time compression, 256 + 1024 tokens).
+ *
+ * Output in DIR: quality.csv (rows of other models kept; the columns of
+ * TABLE_CSV_HEADER, copy and needle empty), quality.md, quality.png (one
+ * curve per policy, KL against achieved compression), specs-<model>.txt
+ * (the exact specs, the run's size and time).
+ */
+#include "eval.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../train/dataset.h"
+#include "../train/recipe.h"
+#include "ctx.h"
+#include "model_gguf.h"
+#include "now.h"
+#include "oracle.h"
+#include "tokenizer.h"
+
+void openblas_set_num_threads(int n);
+
+#define CTX_P 1024u
+#define CTX_C 128u
+#define CTX_WINDOWS 16u
+#define CTX_QUICK_P 256u
+#define CTX_QUICK_C 32u
+#define CTX_QUICK_WINDOWS 2u
+#define CTX_CAL 8u
+#define CTX_SWEEP 4u
+#define CTX_HELD 2u /* windows held at once */
+/* kvzap's protected first positions: kvpress KVzapPress n_sink = 4 (the
+ * spec's default is 0, as the paper's DMSPress; without them the scorer's
+ * low log-KVzip+ for the first token, whose value vector is small, drops
+ * the attention sink in the early layers) */
+#define CTX_KVZAP_SINKS 4u
+
+/* The ratio policies of the daemon: name and spec format (%.4f the
+ * ratio).  A new one is a line here (and a name in table_policy_order for
+ * its place in the tables). */
+static const struct {
+	const char *name, *fmt;
+} ratio_policies[] = {
+	{"random", "random:ratio=%.4f,seed=1"},
+	{"streaming", "streaming:ratio=%.4f,sinks=4"},
+	{"h2o", "h2o:ratio=%.4f"},
+	{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
+	{"tova", "tova:ratio=%.4f"},
+};
+#define NRATIO (sizeof(ratio_policies) / sizeof(ratio_policies[0]))
+
+static const char *const zname[2] = {"kvzap-linear", "kvzap-mlp"};
+
+/* ------------------------------------------------------------ the pool */
+
+struct win_slot {
+	struct ctx_window w;
+	int ready;          /* reference built */
+	uint32_t left;      /* runs still to finish on it */
+};
+
+struct pool {
+	const struct model *M;
+	const struct ctx_args *a;
+	const struct dataset *ev;
+	const int32_t *sep;
+	uint32_t nsep, P, T, nwin;
+	struct job *jobs;
+	uint32_t njobs;
+	const char *rt;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct win_slot *win;  /* [nwin] */
+	uint32_t released;     /* windows freed so far (in order) */
+	uint64_t next, ntask;  /* tasks: per window, 1 + njobs */
+	uint64_t done_ref, done_run;
+	double t_ref, t_run;   /* seconds spent, for the ETA */
+	uint64_t t0, last;     /* ms */
+};
+
+static void hms(char *b, size_t n, double s)
+{
+	long v = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
+	snprintf(b, n, "%ldm%02lds", v / 60, v % 60);
+}
+
+/* Under lock: the progress line (at most every 10 s, and at the end). */
+static void progress(struct pool *p)
+{
+	uint64_t t = now_ms();
+	uint64_t nref = p->nwin, nrun = (uint64_t)p->nwin * p->njobs;
+	int end = p->done_ref == nref && p->done_run == nrun;
+	if (!end && t - p->last < 10000)
+		return;
+	p->last = t;
+	double ar = p->done_ref ? p->t_ref / p->done_ref : 0,
+	       aj = p->done_run ? p->t_run / p->done_run : ar / 8;
+	double left = ((nref - p->done_ref) * ar + (nrun - p->done_run) * aj) /
+	              p->a->threads;
+	char e[32], eta[32];
+	hms(e, sizeof(e), (double)(t - p->t0) / 1e3);
+	hms(eta, sizeof(eta), left);
+	fprintf(stderr, "kvtrim-eval: %s context compression: references "
+	        "%llu/%u windows, runs %llu/%llu, elapsed %s, ETA %s\n",
+	        p->a->mname, (unsigned long long)p->done_ref, p->nwin,
+	        (unsigned long long)p->done_run, (unsigned long long)nrun, e,
+	        eta);
+}
+
+/* One run of job j on window w: its kept entries into c, the
+ * continuation.  Reason in err. */
+static int run_one(struct pool *p, const struct job *j, uint32_t wi,
+                   const struct ctx_window *w, struct ctx_cache *c,
+                   uint8_t *keep, float *lg, struct ctx_score *s, char *err,
+                   size_t errlen)
+{
+	const struct model *M = p->M;
+	int rc;
+	ctx_cache_truncate(c, 0);
+	if (j->kind == J_DAEMON) {
+		char tn[64];
+		snprintf(tn, sizeof(tn), "ctx-%.24s-%u-w%u", j->name,
+		         (unsigned)(j - p->jobs), wi);
+		rc = ctx_load_daemon(M, w, p->rt, tn, j->spec[C_MAIN], c, err,
+		                     errlen);
+		if (rc)
+			return rc;
+	} else {
+		rc = j->kind == J_KVZIP ? ctx_keep_kvzip(M, w, j->ratio, keep)
+		                        : ctx_keep_oracle(M, w, j->ratio, keep);
+		if (rc) {
+			snprintf(err, errlen, "keep flags: %s", kvt_strerror(rc));
+			return rc;
+		}
+		ctx_load_keep(M, w, keep, c);
+	}
+	rc = ctx_continue(M, w, c, lg, s);
+	if (rc)
+		snprintf(err, errlen, "continuation: %s", kvt_strerror(rc));
+	return rc;
+}
+
+static void *worker(void *arg)
+{
+	struct pool *p = arg;
+	const struct model *M = p->M;
+	const struct model_config *mc = &M->cfg;
+	const uint32_t P = p->P, nc = p->T - 1 - P;
+	const double denom = (double)P * mc->n_layers * mc->n_kv_heads;
+	struct ctx_cache *c;
+	uint8_t *keep = malloc((size_t)mc->n_layers * mc->n_kv_heads * P);
+	float *lg = malloc(sizeof(float) * nc * mc->vocab_size);
+	if (!keep || !lg || ctx_cache_open(M, p->T, &c))
+		eval_die("out of memory");
+	pthread_mutex_lock(&p->lock);
+	while (p->next < p->ntask) {
+		uint64_t task = p->next++;
+		uint32_t wi = (uint32_t)(task / (1 + p->njobs)),
+		         k = (uint32_t)(task % (1 + p->njobs));
+		struct win_slot *ws = &p->win[wi];
+		uint64_t t0 = now_ms();
+		if (k == 0) {
+			/* the reference: once the window CTX_HELD before
+			 * it is gone */
+			while (wi >= CTX_HELD && p->released <= wi - CTX_HELD)
+				pthread_cond_wait(&p->cond, &p->lock);
+			t0 = now_ms();
+			pthread_mutex_unlock(&p->lock);
+			int rc = ctx_window_build(M, p->ev->tok +
+			                          (size_t)wi * p->T, P, p->T,
+			                          p->sep, p->nsep, &ws->w);
+			if (rc)
+				eval_die("window %u: reference: %s", wi,
+				         kvt_strerror(rc));
+			pthread_mutex_lock(&p->lock);
+			ws->ready = 1;
+			p->done_ref++;
+			p->t_ref += (double)(now_ms() - t0) / 1e3;
+			pthread_cond_broadcast(&p->cond);
+			progress(p);
+			continue;
+		}
+		struct job *j = &p->jobs[k - 1];
+		while (!ws->ready)
+			pthread_cond_wait(&p->cond, &p->lock);
+		t0 = now_ms();
+		int skip = j->failed;
+		pthread_mutex_unlock(&p->lock);
+		struct ctx_score s;
+		char err[600] = "";
+		int rc = skip ? 0 : run_one(p, j, wi, &ws->w, c, keep, lg, &s,
+		                            err, sizeof(err));
+		pthread_mutex_lock(&p->lock);
+		if (!skip && rc) {
+			j->failed = 1;
+			snprintf(j->err, sizeof(j->err), "window %u: %s", wi, err);
+			fprintf(stderr, "  %-13s %.3f FAILED: %s\n", j->name,
+			        j->ratio, j->err);
+		} else if (!skip) {
+			j->kl += s.kl;
+			j->top1 += s.top1;
+			j->dnll += s.dnll;
+			j->npos += s.npos;
+			j->ach += 1.0 - (double)s.kept / denom;
+			j->nach++;
+		}
+		p->done_run++;
+		p->t_run += (double)(now_ms() - t0) / 1e3;
+		if (--ws->left == 0) {
+			/* windows are released in order: runs of a
+			 * window finish before the reference of the
+			 * window CTX_HELD after it is built */
+			while (p->released < p->nwin &&
+			       p->win[p->released].left == 0 &&
+			       p->win[p->released].ready) {
+				ctx_window_free(&p->win[p->released].w);
+				p->released++;
+			}
+			pthread_cond_broadcast(&p->cond);
+		}
+		progress(p);
+	}
+	pthread_mutex_unlock(&p->lock);
+	ctx_cache_close(c);
+	free(keep);
+	free(lg);
+	return NULL;
+}
+
+/* ------------------------------------------------------------ kvzap */
+
+/*
+ * kvzap's calibration on the training split (ncal windows of P tokens of
+ * train-man.txt): the scores of both scorers under protocol 1, in zs[v]
+ * (NULL where a scorer is missing).
+ */
+static void calibrate(const struct model *M, const struct tok *t,
+                      const char *wabs, uint32_t P, uint32_t ncal,
+                      float *zs[2], uint32_t *nout)
+{
+	const struct model_config *mc = &M->cfg;
+	const size_t per = (size_t)mc->n_layers * mc->n_kv_heads * P;
+	char err[1024];
+	struct kvzap_scorer *z[2] = {NULL, NULL};
+	for (int v = 0; v < 2; v++) {
+		char d[PATH_MAX + 32];
+		snprintf(d, sizeof(d), "%s/%s", wabs, zname[v]);
+		zs[v] = NULL;
+		if (kvzap_open(M, d, P, &z[v], err, sizeof(err)))
+			fprintf(stderr, "kvtrim-eval: %s: %s (skipped)\n",
+			        zname[v], err);
+	}
+	*nout = 0;
+	if (!z[0] && !z[1])
+		return;
+	struct dataset cal;
+	if (dataset_build_tok(M, t, DATASET_TRAIN, P, ncal, &cal, err,
+	                      sizeof(err)))
+		eval_die("%s", err);
+	struct ctx_cache *c;
+	float *xs = malloc(sizeof(float) * mc->n_layers * P * mc->dim);
+	if (!xs || ctx_cache_open(M, P, &c))
+		eval_die("out of memory");
+	for (int v = 0; v < 2; v++)
+		if (z[v] && !(zs[v] = malloc(sizeof(float) * per * cal.n)))
+			eval_die("out of memory");
+	uint64_t t0 = now_ms();
+	for (uint32_t q = 0; q < cal.n; q++) {
+		struct ctx_tap tp = {.x = xs};
+		ctx_cache_truncate(c, 0);
+		if (ctx_cache_step(c, cal.tok + (size_t)q * P, P, 0, &tp, NULL))
+			eval_die("calibration forward failed");
+		for (int v = 0; v < 2; v++)
+			if (z[v])
+				kvzap_score(z[v], xs, P, zs[v] + per * q);
+	}
+	fprintf(stderr, "kvtrim-eval: kvzap calibration: %u training windows "
+	        "of %u tokens in %.0fs\n", cal.n, P,
+	        (double)(now_ms() - t0) / 1e3);
+	*nout = cal.n;
+	ctx_cache_close(c);
+	free(xs);
+	dataset_free(&cal);
+	kvzap_close(z[0]);
+	kvzap_close(z[1]);
+}
+
+/* ------------------------------------------------------------ results */
+
+static void write_specs(const char *out, const struct ctx_args *a,
+                        const struct job *jobs, uint32_t njobs,
+                        const char *what)
+{
+	char path[1200];
+	snprintf(path, sizeof(path), "%s/specs-%s.txt", out, a->mname);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, "# %s\n", what);
+	for (uint32_t k = 0; k < njobs; k++) {
+		const struct job *j = &jobs[k];
+		if (j->sweep)
+			fprintf(f, "%s sweep ", j->name);
+		else
+			fprintf(f, "%s %.3f ", j->name, j->ratio);
+		/* the committed file shows the weights as given
+		 * (build/weights/...), the same on every machine */
+		const char *sp = j->spec[C_MAIN];
+		size_t n = strlen(a->wabs);
+		while (*sp) {
+			if (n && !strncmp(sp, a->wabs, n)) {
+				fputs(a->wdir, f);
+				sp += n;
+			} else {
+				fputc(*sp++, f);
+			}
+		}
+		fputc('\n', f);
+	}
+	fclose(f);
+}
+
+static int write_results(const struct ctx_args *a, const struct job *jobs,
+                         uint32_t njobs, const char *what)
+{
+	char path[1200];
+	snprintf(path, sizeof(path), "%s/quality.csv", a->out);
+	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
+	if (!rows)
+		eval_die("out of memory");
+	size_t nr = table_read_others(path, a->mname, rows, 1024);
+	int bad = 0;
+	for (uint32_t k = 0; k < njobs; k++) {
+		const struct job *j = &jobs[k];
+		struct row *r = &rows[nr++];
+		snprintf(r->model, sizeof(r->model), "%s", a->mname);
+		snprintf(r->policy, sizeof(r->policy), "%.31s", j->name);
+		r->target = j->sweep ? NAN : j->ratio;
+		r->tau = j->tau;
+		r->copy = r->needle = NAN;
+		bad |= j->failed;
+		if (j->failed || !j->npos) {
+			r->ach = r->kl = r->top1 = r->dnll = NAN;
+			continue;
+		}
+		r->ach = j->ach / j->nach;
+		r->kl = j->kl / j->npos;
+		r->top1 = j->top1 / j->npos;
+		r->dnll = j->dnll / j->npos;
+	}
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, TABLE_CSV_HEADER "\n");
+	for (size_t i = 0; i < nr; i++)
+		table_write_row(f, &rows[i]);
+	fclose(f);
+	ctxtable_write_md(a->out, rows, nr, a->mname, what);
+	table_write_png(a->out, rows, nr, 1);
+	for (size_t i = 0; i < nr; i++)
+		if (!strcmp(rows[i].model, a->mname))
+			table_write_row(stdout, &rows[i]);
+	free(rows);
+	return bad;
+}
+
+/* ------------------------------------------------------------ the run */
+
+int ctx_main(const struct model *M, const struct ctx_args *a)
+{
+	const struct model_config *mc = &M->cfg;
+	char err[1024];
+	uint64_t t0 = now_ms();
+	struct tok *tk;
+	if (model_gguf_tok_file(a->model_path, M, &tk, err, sizeof(err)))
+		eval_die("%s", err);
+	int32_t sep[ORACLE_SEP_MAX];
+	uint32_t nsep;
+	if (oracle_repeat_sep(tk, sep, &nsep, err, sizeof(err)))
+		eval_die("%s", err);
+	const uint32_t P = a->quick ? CTX_QUICK_P : CTX_P,
+	               C = a->quick ? CTX_QUICK_C : CTX_C, T = P + C;
+	const uint32_t nwant = a->nseq ? a->nseq
+	                       : a->quick ? CTX_QUICK_WINDOWS : CTX_WINDOWS;
+	if (P + nsep + P > model_context(M))
+		eval_die("KVzip's pretext of %u tokens exceeds the context %u",
+		         P + nsep + P, model_context(M));
+	static const double full_ratios[] = {0.5, 0.75, 0.875};
+	static const double quick_ratios[] = {0.75};
+	const double *ratios = a->quick ? quick_ratios : full_ratios;
+	const uint32_t nrat = a->quick ? 1 : 3;
+	struct dataset ev;
+	if (dataset_build_tok(M, tk, DATASET_EVAL, T, nwant, &ev, err,
+	                      sizeof(err)))
+		eval_die("%s", err);
+	if (ev.n < nwant)
+		fprintf(stderr, "kvtrim-eval: the evaluation split holds %u "
+		        "windows of %u tokens, not %u\n", ev.n, T, nwant);
+
+	/* ---- jobs */
+	static struct job jobs[MAX_JOBS];
+	uint32_t njobs = 0;
+	float *zs[2] = {NULL, NULL};
+	uint32_t ncal = 0;
+	int have_w = a->wabs[0] != 0;
+	if (have_w)
+		calibrate(M, tk, a->wabs, P, a->quick ? 2 : CTX_CAL, zs, &ncal);
+	else
+		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
+		        "policies skipped (run make weights)\n", a->wdir);
+	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
+	char s[KVT_SPEC_MAX];
+	for (uint32_t q = 0; q < nrat; q++) {
+		double R = ratios[q];
+		uint32_t B = P - (uint32_t)floor(R * P);
+		for (size_t i = 0; i < NRATIO; i++) {
+			snprintf(s, sizeof(s), ratio_policies[i].fmt, R);
+			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
+			             J_DAEMON, s, NULL, NULL);
+		}
+		for (int v = 0; v < 2; v++) {
+			if (!zs[v])
+				continue;
+			float tau = kvzap_tau(M, zs[v], ncal, P, P,
+			                      RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS,
+			                      R);
+			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
+			         "window=%u,sinks=%u", a->wabs, zname[v], tau,
+			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
+			eval_add_job(jobs, &njobs, zname[v], R, J_DAEMON, s, NULL,
+			             NULL)->tau = tau;
+		}
+		if (have_w) {
+			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
+			         "safetensors,ratio=%.4f,window=16,sinks=4,"
+			         "every=16", a->wabs, R);
+			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
+			             NULL, NULL);
+			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
+			         "tokens=%u,delay=%u,sinks=4", a->wabs, B,
+			         RECIPE_KVPOP_DELAY);
+			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
+			             NULL);
+		}
+		eval_add_job(jobs, &njobs, "kvzip", R, J_KVZIP,
+		             "kvzip (in-process)", NULL, NULL);
+		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE,
+		             "hindsight oracle (in-process)", NULL, NULL);
+	}
+	for (int v = 0; v < 2; v++) {
+		if (!zs[v])
+			continue;
+		float grid[64];
+		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, P, P,
+		                               RECIPE_KVZAP_WINDOW,
+		                               CTX_KVZAP_SINKS,
+		                               a->quick ? 2 : CTX_SWEEP, grid);
+		for (uint32_t i = 0; i < ng; i++) {
+			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
+			         "window=%u,sinks=%u", a->wabs, zname[v], grid[i],
+			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
+			struct job *j = eval_add_job(jobs, &njobs, zname[v], 0,
+			                             J_DAEMON, s, NULL, NULL);
+			j->sweep = 1;
+			j->tau = grid[i];
+		}
+		free(zs[v]);
+	}
+
+	/* ---- the pool */
+	char rt[400];
+	if (a->rt)
+		snprintf(rt, sizeof(rt), "%s", a->rt);
+	else
+		eval_daemon_start(a->argv0, rt, sizeof(rt));
+	openblas_set_num_threads(1);
+	struct pool p = {
+		.M = M, .a = a, .ev = &ev, .sep = sep, .nsep = nsep, .P = P,
+		.T = T, .nwin = ev.n, .jobs = jobs, .njobs = njobs, .rt = rt,
+		.lock = PTHREAD_MUTEX_INITIALIZER,
+		.cond = PTHREAD_COND_INITIALIZER,
+		.ntask = (uint64_t)ev.n * (1 + njobs), .t0 = now_ms(),
+	};
+	p.last = p.t0;
+	p.win = calloc(ev.n, sizeof(*p.win));
+	if (!p.win)
+		eval_die("out of memory");
+	for (uint32_t w = 0; w < ev.n; w++)
+		p.win[w].left = njobs;
+	fprintf(stderr, "kvtrim-eval: %s: %u windows of %u + %u tokens, %u "
+	        "jobs, %d threads, kvtrimd on %s\n", a->mname, ev.n, P, C,
+	        njobs, a->threads, rt);
+	pthread_t th[16];
+	for (int i = 0; i < a->threads; i++)
+		if (pthread_create(&th[i], NULL, worker, &p))
+			eval_die("pthread_create failed");
+	for (int i = 0; i < a->threads; i++)
+		pthread_join(th[i], NULL);
+	eval_daemon_stop();
+	for (uint32_t w = p.released; w < ev.n; w++)
+		ctx_window_free(&p.win[w].w);
+	free(p.win);
+
+	double secs = (double)(now_ms() - t0) / 1e3;
+	char what[512];
+	snprintf(what, sizeof(what), "%s, protocol 1 (context compression): "
+	         "%u windows of %u context + %u continuation tokens%s, %u "
+	         "kvzap calibration windows; %u jobs; %.1f minutes with %d "
+	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
+	         ncal, njobs, secs / 60, a->threads);
+	write_specs(a->out, a, jobs, njobs, what);
+	int bad = write_results(a, jobs, njobs, what);
+	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname, secs);
+	dataset_free(&ev);
+	tok_free(tk);
+	(void)mc;
+	return bad ? 1 : 0;
+}
