@@ -125,6 +125,10 @@ static const struct {
 	{"h2o", "h2o:ratio=%.4f"},
 	{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
 	{"tova", "tova:ratio=%.4f"},
+	{"knorm", "knorm:ratio=%.4f"},
+	/* SmolLM2's RoPE base (the daemon is not told it) */
+	{"expected_attention", "expected_attention:ratio=%.4f,theta=100000"},
+	{"pyramidkv", "pyramidkv:ratio=%.4f,window=16,kernel=5"},
 };
 #define NRATIO (sizeof(ratio_policies) / sizeof(ratio_policies[0]))
 

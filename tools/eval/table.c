@@ -88,7 +88,8 @@ void table_write_row(FILE *f, const struct row *r)
 }
 
 const char *const table_policy_order[] = {
-	"full", "random", "streaming", "h2o", "snapkv", "tova",
+	"full", "random", "streaming", "h2o", "snapkv", "tova", "knorm",
+	"expected_attention", "pyramidkv",
 	"kvzap-linear", "kvzap-mlp", "fastkvzip", "kvpop", "kvzip", "oracle"};
 #define NPOL (sizeof(table_policy_order) / sizeof(table_policy_order[0]))
 const size_t table_npolicy = NPOL;
