@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <signal.h>
@@ -459,4 +460,23 @@ struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
 	c.policy = policy;
 	c.timeout_ms = 3000;
 	return c;
+}
+
+void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
+                  const float *qv)
+{
+	const struct kvt_geometry *g = &kvt_config_of(c)->geo;
+	uint32_t in = kvt_policy_inputs(c);
+	float *x = kvt_stage_x(c, s, l, p);
+	float *q = kvt_stage_q(c, s, l, p);
+	float *lse = kvt_stage_lse(c, s, l, p);
+	T_EQ(!!x, !!(in & KVT_INPUT_X));
+	T_EQ(!!q, !!(in & KVT_INPUT_Q));
+	T_EQ(!!lse, !!(in & KVT_INPUT_LSE));
+	for (uint32_t i = 0; x && i < g->d_model; i++)
+		x[i] = 0.25f;
+	for (uint32_t i = 0; q && i < g->n_heads * g->head_dim; i++)
+		q[i] = qv ? qv[i] : 0.1f;
+	for (uint32_t i = 0; lse && i < g->n_heads; i++)
+		lse[i] = logf((float)(p + 1));
 }

@@ -152,6 +152,15 @@ double th_metric_or(const struct th_daemon *d, const char *series);
  * 4 entries (256 bytes), 4 sequences of at most 64 entries, headroom 4,
  * timeout 3 s.
  */
+/*
+ * Stages one token's inputs (position p, layer l): x = 0.25 each, q = q[i]
+ * (NULL: 0.1 each; [n_heads * head_dim]), lse = ln(p + 1), each only in
+ * the parts the tenant's policy reads, and asserts exactly those parts
+ * are there (kvt_policy_inputs; the others have no room: NULL).
+ */
+void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
+                  const float *q);
+
 struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
                                const char *policy);
 

@@ -355,3 +355,16 @@ void gb_llama_fill(struct model *m, uint64_t seed)
 		for (uint64_t j = 0; t[i].p && j < t[i].n; j++)
 			t[i].p[j] = (t[i].norm ? 1.0f : 0.0f) + q9();
 }
+
+void gb_tiny_llama(struct model *m, uint32_t seed)
+{
+	char err[256];
+	struct model_config c = {
+		.dim = 64, .hidden_dim = 128, .n_layers = 3, .n_heads = 4,
+		.n_kv_heads = 2, .vocab_size = 300, .seq_len = 256,
+		.shared_classifier = 1,
+	};
+	T_OK(model_alloc(m, &c, err, sizeof(err)));
+	gb_llama_fill(m, seed);
+	m->bos = -1;
+}

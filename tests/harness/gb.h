@@ -91,4 +91,12 @@ void gb_llama(struct gb *b, const struct model *m,
  * value, from seed. */
 void gb_llama_fill(struct model *m, uint64_t seed);
 
+/*
+ * A tiny GGUF-like llama (dim 64, 3 layers, 4 heads over 2 KV heads,
+ * vocab 300, seq_len 256, shared classifier, no BOS: like SmolLM2, its
+ * KVzip pretext is ctx sep ctx), weights from gb_llama_fill(seed).  For
+ * the eval tests, unit and integration.
+ */
+void gb_tiny_llama(struct model *m, uint32_t seed);
+
 #endif

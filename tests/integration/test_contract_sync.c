@@ -39,24 +39,8 @@ static void stage(kvt_client *c, kvt_seq seq, uint32_t from, uint32_t n)
 	const struct kvt_config *cfg = kvt_config_of(c);
 	const struct kvt_geometry *g = &cfg->geo;
 	for (uint32_t l = 0; l < g->n_layers; l++)
-		for (uint32_t p = from; p < from + n; p++) {
-			/* Exactly the parts the policy reads are
-			 * staged (the others have no room: NULL). */
-			uint32_t in = kvt_policy_inputs(c);
-			float *x = kvt_stage_x(c, seq, l, p);
-			float *q = kvt_stage_q(c, seq, l, p);
-			float *lse = kvt_stage_lse(c, seq, l, p);
-			T_EQ(!!x, !!(in & KVT_INPUT_X));
-			T_EQ(!!q, !!(in & KVT_INPUT_Q));
-			T_EQ(!!lse, !!(in & KVT_INPUT_LSE));
-			for (uint32_t i = 0; x && i < g->d_model; i++)
-				x[i] = 0.25f;
-			uint32_t nq = g->n_heads * g->head_dim;
-			for (uint32_t i = 0; q && i < nq; i++)
-				q[i] = 0.1f;
-			for (uint32_t i = 0; lse && i < g->n_heads; i++)
-				lse[i] = logf((float)(p + 1));
-		}
+		for (uint32_t p = from; p < from + n; p++)
+			th_stage_row(c, seq, l, p, NULL);
 }
 
 /* len and epoch of every list of seq, layer-major. */

@@ -24,15 +24,7 @@
 
 static void tiny(struct model *m)
 {
-	char err[256];
-	struct model_config c = {
-		.dim = 64, .hidden_dim = 128, .n_layers = 3, .n_heads = 4,
-		.n_kv_heads = 2, .vocab_size = 300, .seq_len = 256,
-		.shared_classifier = 1,
-	};
-	T_OK(model_alloc(m, &c, err, sizeof(err)));
-	gb_llama_fill(m, 7);
-	m->bos = -1; /* like SmolLM2: the pretext is ctx sep ctx */
+	gb_tiny_llama(m, 7);
 }
 
 static void tokens(int32_t *tok, uint32_t n, uint32_t seed)
