@@ -18,7 +18,7 @@
 #include "errors.h"
 #include "gguf.h"
 #include "kvtrim.h"
-#include "unicode_tables.h"
+#include "unicode.h"
 
 #define TOKTYPE_CONTROL 3
 #define TOKTYPE_USER 4
@@ -48,117 +48,6 @@ struct tok {
 	char *system_default; /* the template's default system prompt, or NULL */
 	int chatml;           /* the template is ChatML */
 };
-
-/* ---------------------------------------------------------------- utf-8 */
-
-/* Decodes the code point at s[i..n); returns its length, 0 when invalid. */
-static size_t utf8_at(const uint8_t *s, size_t n, size_t i, uint32_t *cp)
-{
-	uint8_t c = s[i];
-	size_t len;
-	uint32_t v, min;
-	if (c < 0x80) {
-		*cp = c;
-		return 1;
-	} else if ((c & 0xe0) == 0xc0) {
-		len = 2, v = c & 0x1f, min = 0x80;
-	} else if ((c & 0xf0) == 0xe0) {
-		len = 3, v = c & 0x0f, min = 0x800;
-	} else if ((c & 0xf8) == 0xf0) {
-		len = 4, v = c & 0x07, min = 0x10000;
-	} else {
-		return 0;
-	}
-	if (n - i < len)
-		return 0;
-	for (size_t k = 1; k < len; k++) {
-		if ((s[i + k] & 0xc0) != 0x80)
-			return 0;
-		v = v << 6 | (s[i + k] & 0x3f);
-	}
-	if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
-		return 0;
-	*cp = v;
-	return len;
-}
-
-static int utf8_check(const char *text, size_t len, char *err, size_t errlen)
-{
-	uint32_t cp;
-	for (size_t i = 0; i < len;) {
-		size_t k = utf8_at((const uint8_t *)text, len, i, &cp);
-		if (!k)
-			return errors_fmt(err, errlen, KVT_EINVAL,
-			                  "invalid UTF-8 at byte %zu (0x%02x)", i,
-			                  (uint8_t)text[i]);
-		i += k;
-	}
-	return 0;
-}
-
-static size_t utf8_put(uint32_t cp, char *out)
-{
-	if (cp < 0x80) {
-		out[0] = (char)cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		out[0] = (char)(0xc0 | cp >> 6);
-		out[1] = (char)(0x80 | (cp & 0x3f));
-		return 2;
-	}
-	out[0] = (char)(0xe0 | cp >> 12);
-	out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-	out[2] = (char)(0x80 | (cp & 0x3f));
-	return 3; /* byte characters are all below U+0800 */
-}
-
-/* ---------------------------------------------------------------- classes */
-
-static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t cp)
-{
-	size_t lo = 0, hi = n;
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-		if (cp < r[mid][0])
-			hi = mid;
-		else if (cp > r[mid][1])
-			lo = mid + 1;
-		else
-			return 1;
-	}
-	return 0;
-}
-
-static int is_letter(uint32_t cp)
-{
-	if (cp < 0x80)
-		return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
-	return in_ranges(UNI_LETTER, sizeof(UNI_LETTER) / sizeof(UNI_LETTER[0]),
-	                 cp);
-}
-
-static int is_number(uint32_t cp)
-{
-	if (cp < 0x80)
-		return cp >= '0' && cp <= '9';
-	return in_ranges(UNI_NUMBER, sizeof(UNI_NUMBER) / sizeof(UNI_NUMBER[0]),
-	                 cp);
-}
-
-/* \s: the Unicode White_Space property. */
-static int is_space(uint32_t cp)
-{
-	return (cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 ||
-	       cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
-	       cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-	       cp == 0x3000;
-}
-
-static int is_other(uint32_t cp)
-{
-	return !is_space(cp) && !is_letter(cp) && !is_number(cp);
-}
 
 /* GPT-2's byte characters: printable Latin-1 bytes stand for themselves,
  * the other 68 bytes for U+0100 upwards in byte order. */
@@ -283,7 +172,7 @@ static int decode_text(struct tok *t, uint32_t id, const int *rev)
 		return KVT_ENOMEM;
 	for (size_t i = 0; i < n;) {
 		uint32_t cp;
-		size_t k = utf8_at(s, n, i, &cp);
+		size_t k = unicode_utf8_at(s, n, i, &cp);
 		if (!k) { /* not UTF-8: keep the byte */
 			out[o++] = (char)s[i++];
 			continue;
@@ -363,7 +252,7 @@ static int load_bytes(struct tok *t, char *err, size_t errlen)
 	for (int b = 0; b < 256; b++) {
 		char s[4];
 		uint32_t c = byte_char((uint8_t)b);
-		size_t k = utf8_put(c, s);
+		size_t k = unicode_utf8_put(c, s);
 		rev[c] = b;
 		/* SmolLM2 lacks 21 bytes (control characters and bytes no
 		 * valid UTF-8 of its planes holds); tok_encode refuses them. */
@@ -709,7 +598,8 @@ static size_t gpt2_match(const uint32_t *c, size_t n, size_t i)
 			return 3;
 	}
 	size_t k = c[i] == ' ' ? i + 1 : i; /* " ?" */
-	int (*cls[3])(uint32_t) = {is_letter, is_number, is_other};
+	int (*cls[3])(uint32_t) = {unicode_is_letter, unicode_is_number,
+	                           unicode_is_other};
 	for (int q = 0; q < 3 && k < n; q++) {
 		if (!cls[q](c[k]))
 			continue;
@@ -721,7 +611,7 @@ static size_t gpt2_match(const uint32_t *c, size_t n, size_t i)
 	/* \s+(?!\S) then \s+: a run of spaces gives its last one to the
 	 * word after it. */
 	size_t e = i;
-	while (e < n && is_space(c[e]))
+	while (e < n && unicode_is_space(c[e]))
 		e++;
 	if (e == i) /* unreachable: every code point is in one class */
 		return 1;
@@ -762,14 +652,14 @@ static int encode_plain(const struct tok *t, struct scratch *s,
 	int rc = x.cp && x.off ? 0 : KVT_ENOMEM;
 	for (size_t i = 0; rc == 0 && i < len;) {
 		x.off[x.n] = i;
-		i += utf8_at(p, len, i, &x.cp[x.n]); /* validated by the caller */
+		i += unicode_utf8_at(p, len, i, &x.cp[x.n]); /* validated by the caller */
 		x.n++;
 	}
 	if (rc == 0)
 		x.off[x.n] = len;
 	size_t run = 0;
 	for (size_t i = 0; rc == 0 && i <= x.n; i++) {
-		if (i < x.n && !is_number(x.cp[i]))
+		if (i < x.n && !unicode_is_number(x.cp[i]))
 			continue;
 		rc = encode_run(t, s, &x, run, i, out);
 		if (rc == 0 && i < x.n)
@@ -823,7 +713,7 @@ static int encode(const struct tok *t, const char *text, size_t len,
 int tok_encode(const struct tok *t, const char *text, size_t len,
                unsigned flags, struct tok_ids *out, char *err, size_t errlen)
 {
-	int rc = utf8_check(text, len, err, errlen);
+	int rc = unicode_utf8_check(text, len, err, errlen);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < len; i++)
@@ -914,11 +804,11 @@ int tok_chat(const struct tok *t, const struct tok_msg *msgs, size_t n,
 	/* Refuse invalid UTF-8 before anything is appended. */
 	for (size_t i = 0; i < n; i++) {
 		char why[KVT_ERRTEXT_MAX];
-		if (utf8_check(msgs[i].role, strlen(msgs[i].role), why,
+		if (unicode_utf8_check(msgs[i].role, strlen(msgs[i].role), why,
 		               sizeof(why)) < 0)
 			return errors_fmt(err, errlen, KVT_EINVAL,
 			                  "message %zu role: %s", i, why);
-		if (utf8_check(msgs[i].content, strlen(msgs[i].content), why,
+		if (unicode_utf8_check(msgs[i].content, strlen(msgs[i].content), why,
 		               sizeof(why)) < 0)
 			return errors_fmt(err, errlen, KVT_EINVAL,
 			                  "message %zu content: %s", i, why);
