@@ -82,8 +82,10 @@ static int map_segments(kvt_client *c, int64_t deadline)
 {
 	while (!mem_ready(&c->mem)) {
 		struct handle_ext m;
-		int fd = -1;
-		int rc = handle_recv_ext(c->hfd, &m, &fd, left_ms(deadline));
+		int fds[HANDLE_SET_FDS];
+		uint32_t nfd = 0;
+		int rc = handle_recv_set(c->hfd, &m, fds, &nfd,
+		                         left_ms(deadline));
 		if (rc < 0) {
 			if (rc == KVT_ECONN)
 				c->dead = 1;
@@ -92,7 +94,8 @@ static int map_segments(kvt_client *c, int64_t deadline)
 			return rc;
 		}
 		char why[KVT_ERRTEXT_MAX - 32];
-		if ((rc = mem_apply(&c->mem, &m, fd, why, sizeof(why))) < 0) {
+		if ((rc = mem_apply_fds(&c->mem, &m, fds, nfd, why,
+		                        sizeof(why))) < 0) {
 			client_set_err(c, "handle channel: %s", why);
 			return rc;
 		}

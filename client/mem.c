@@ -550,6 +550,29 @@ int mem_apply(struct mem *m, const struct handle_ext *h, int fd, char *err,
 	return rc;
 }
 
+int mem_apply_fds(struct mem *m, const struct handle_ext *h, const int *fds,
+                  uint32_t n, char *err, size_t errlen)
+{
+	if (!handle_is_set(h->h.type))
+		return mem_apply(m, h, n ? fds[0] : -1, err, errlen);
+	/* A grant set: each chunk as its own CHUNK_ADD / CHUNK_DEV, in slot
+	 * order (handle_recv_set checked one fd per bit).  The first error
+	 * is kept; the other chunks still map. */
+	int first = 0;
+	uint32_t k = 0;
+	for (uint32_t bit = 0; bit < HANDLE_SET_SLOTS && k < n; bit++) {
+		if (!(h->data[bit / 8] & (1u << (bit % 8))))
+			continue;
+		struct handle_ext one = {.h = h->h};
+		one.h.type = handle_set_member(h->h.type);
+		one.h.slot = h->h.slot + bit;
+		int rc = mem_apply(m, &one, fds[k++], err, errlen);
+		if (rc && !first)
+			first = rc;
+	}
+	return first;
+}
+
 void *mem_page(const struct mem *m, uint32_t page)
 {
 	uint32_t slot = page_chunk(page, m->g.pages_per_chunk);

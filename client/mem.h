@@ -77,6 +77,12 @@ void mem_fini(struct mem *m);
  * is in err.  Returns 0, KVT_EPROTO (packet that breaks the contract) or
  * KVT_ESYS (mmap failed).
  */
+/* Like mem_apply for a packet from handle_recv_set: fds[n] its fds (a grant
+ * set maps each chunk as its own CHUNK_ADD / CHUNK_DEV would); consumes
+ * every fd; the first error is returned, the other chunks still apply. */
+int mem_apply_fds(struct mem *m, const struct handle_ext *h, const int *fds,
+                  uint32_t n, char *err, size_t errlen);
+
 int mem_apply(struct mem *m, const struct handle_ext *h, int fd, char *err,
               size_t errlen);
 

@@ -105,8 +105,9 @@ int client_drain(kvt_client *c)
 	int first = 0;
 	for (;;) {
 		struct handle_ext m;
-		int fd = -1;
-		int rc = handle_recv_ext(c->hfd, &m, &fd, 0);
+		int fds[HANDLE_SET_FDS];
+		uint32_t nfd = 0;
+		int rc = handle_recv_set(c->hfd, &m, fds, &nfd, 0);
 		if (rc == KVT_ETIMEDOUT) {
 			if (c->mem.n_acks)
 				send_acks(c);
@@ -122,7 +123,7 @@ int client_drain(kvt_client *c)
 			return first ? first : rc;
 		}
 		char why[KVT_ERRTEXT_MAX - 32];
-		rc = mem_apply(&c->mem, &m, fd, why, sizeof(why));
+		rc = mem_apply_fds(&c->mem, &m, fds, nfd, why, sizeof(why));
 		if (rc < 0) {
 			client_set_err(c, "handle channel: %s", why);
 			if (!first)

@@ -185,9 +185,9 @@ void srv_conn_cron(struct server *s, uint64_t now)
 	}
 }
 
-int srv_send_event(void *ctx, const struct tenant_event *e)
+/* One event as its own packet. */
+static int send_one(struct srv_conn *c, const struct tenant_event *e)
 {
-	struct srv_conn *c = ctx;
 	struct handle_msg m = {.magic = HANDLE_MAGIC,
 	                       .type = (uint16_t)e->type,
 	                       .slot = e->slot,
@@ -204,6 +204,68 @@ int srv_send_event(void *ctx, const struct tenant_event *e)
 		                               : -1);
 	}
 	return handle_send(c->fd, &m, e->type == HANDLE_CHUNK_ADD ? e->fd : -1);
+}
+
+/*
+ * A request's events on their way out: consecutive grants of chunks with
+ * an fd (CHUNK_ADD, VMM CHUNK_DEV) of one window, in increasing slot order,
+ * go as one CHUNK_ADD_SET / CHUNK_DEV_SET of up to HANDLE_SET_FDS, so a
+ * request that gains hundreds of chunks fits the socket's send buffer.
+ * Any other event sends the set being filled first: order is kept.
+ */
+struct evout {
+	struct srv_conn *c;
+	struct handle_ext set; /* being filled when n > 0 */
+	int fds[HANDLE_SET_FDS];
+	uint32_t n, last_bit;
+};
+
+static int evout_flush(struct evout *o)
+{
+	if (!o->n)
+		return 0;
+	int rc = handle_send_set(o->c->fd, &o->set, o->fds, o->n);
+	o->n = 0;
+	return rc;
+}
+
+static int evout_send(void *ctx, const struct tenant_event *e)
+{
+	struct evout *o = ctx;
+	uint16_t st = e->type == HANDLE_CHUNK_ADD ? HANDLE_CHUNK_ADD_SET
+	              : e->type == HANDLE_CHUNK_DEV && e->fd >= 0
+	                      ? HANDLE_CHUNK_DEV_SET
+	                      : 0;
+	int rc;
+	if (!st) {
+		if ((rc = evout_flush(o)))
+			return rc;
+		return send_one(o->c, e);
+	}
+	uint32_t base = e->slot - e->slot % HANDLE_SET_SLOTS;
+	uint32_t bit = e->slot - base;
+	if (o->n && (o->set.h.type != st || o->set.h.slot != base ||
+	             o->set.h.size != e->size || bit <= o->last_bit ||
+	             o->n == HANDLE_SET_FDS) &&
+	    (rc = evout_flush(o)))
+		return rc;
+	if (!o->n) {
+		memset(&o->set, 0, sizeof(o->set));
+		o->set.h = (struct handle_msg){.magic = HANDLE_MAGIC, .type = st,
+		                               .slot = base, .size = e->size};
+	}
+	o->set.data[bit / 8] |= (uint8_t)(1u << (bit % 8));
+	o->fds[o->n++] = e->fd;
+	o->last_bit = bit;
+	return 0;
+}
+
+int srv_send_events(struct srv_conn *c, struct tenant *t)
+{
+	struct evout o = {.c = c};
+	int rc = tenant_flush_events(t, evout_send, &o);
+	int frc = evout_flush(&o);
+	return rc ? rc : frc;
 }
 
 /* ---------------------------------------------------------- accept */

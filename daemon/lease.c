@@ -104,7 +104,7 @@ int srv_device_failed(struct server *s, struct srv_tenant *st, int rv,
 int srv_flush(struct server *s, struct srv_tenant *st, char *why,
               size_t wlen)
 {
-	int rv = tenant_flush_events(st->t, srv_send_event, st->conn);
+	int rv = srv_send_events(st->conn, st->t);
 	if (rv) {
 		snprintf(why, wlen, "handle channel to the client failed (%s)",
 		         kvt_strerror(rv));
@@ -203,7 +203,7 @@ int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	}
 	/* Device tenants: the two event handles go first, so the client has
 	 * them (or fails) before its segments complete the hello. */
-	if (tenant_flush_events(st->t, srv_send_event, c)) {
+	if (srv_send_events(c, st->t)) {
 		tenant_free(st->t);
 		free(st);
 		snprintf(why, wlen, "cannot send event handles over the handle "

@@ -366,9 +366,9 @@ void srv_conn_cron(struct server *s, uint64_t now);
  * to what the fd budget leaves room for). */
 uint32_t srv_pending_max(const struct server *s);
 
-/* tenant_flush_events' callback: sends event e over ctx (a struct
- * srv_conn *); a KVT_E* code when it cannot. */
-int srv_send_event(void *ctx, const struct tenant_event *e);
+/* Sends t's queued events over c's handle channel (tenant_flush_events),
+ * grants of one window coalesced into sets; 0 or the first KVT_E*. */
+int srv_send_events(struct srv_conn *c, struct tenant *t);
 
 /* Raises the open-file limit and sets fd_limit and pending_cap from it. */
 void srv_fd_budget(struct server *s);

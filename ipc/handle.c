@@ -1,6 +1,7 @@
 /*
  * handle.c — the handle channel: fixed-size packets over AF_UNIX
- * SOCK_SEQPACKET, each carrying at most one fd by SCM_RIGHTS; see handle.h.
+ * SOCK_SEQPACKET, each carrying at most one fd by SCM_RIGHTS (a grant set
+ * up to HANDLE_SET_FDS); see handle.h.
  *
  * SEQPACKET keeps packet boundaries and is reliable, so one sendmsg is one
  * recvmsg and an fd always arrives with the packet that announces it.
@@ -24,16 +25,43 @@
 
 /* Room for more fds than any packet may carry, so that extra fds arrive
  * (and get closed) instead of being cut off with MSG_CTRUNC. */
-#define HANDLE_MAX_FDS 8
+#define HANDLE_MAX_FDS ((int)HANDLE_SET_FDS + 8)
 
 static bool type_known(uint16_t t)
 {
-	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_REVOKE_SET;
+	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_DEV_SET;
 }
 
 int handle_is_ext(uint16_t t)
 {
-	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_CHUNK_REVOKE_SET;
+	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_CHUNK_DEV_SET;
+}
+
+int handle_is_set(uint16_t t)
+{
+	return t == HANDLE_CHUNK_ADD_SET || t == HANDLE_CHUNK_DEV_SET;
+}
+
+uint16_t handle_set_member(uint16_t t)
+{
+	return t == HANDLE_CHUNK_DEV_SET ? HANDLE_CHUNK_DEV : HANDLE_CHUNK_ADD;
+}
+
+/* Bits set in a set's bitmap. */
+static uint32_t set_count(const uint8_t *data)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < HANDLE_DATA_BYTES; i++)
+		n += (uint32_t)__builtin_popcount(data[i]);
+	return n;
+}
+
+/* A grant set's header and bitmap agree with n fds. */
+static bool set_valid(const struct handle_ext *m, uint32_t n)
+{
+	return m->h.slot % HANDLE_SET_SLOTS == 0 && m->h.size > 0 &&
+	       m->h.cookie == 0 && n >= 1 && n <= HANDLE_SET_FDS &&
+	       set_count(m->data) == n;
 }
 
 static bool type_has_fd(uint16_t t)
@@ -159,33 +187,27 @@ int handle_connect(const char *path, int *out)
 	return 0;
 }
 
-static int send_packet(int sock, const struct handle_msg *m, size_t len,
-                       int fd)
+/* Sends m (len bytes) with nfd fds (fds[0] when nfd is 1). */
+static int send_fds(int sock, const struct handle_msg *m, size_t len,
+                    const int *fds, uint32_t nfd)
 {
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(sizeof(int) * HANDLE_SET_FDS)];
 		struct cmsghdr align;
 	} ctl;
 	struct iovec iov = {.iov_base = (void *)m, .iov_len = len};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-
-	/* Refuse what the receiver would refuse: a sender bug shows here,
-	 * with its own stack, rather than as a dropped peer. */
-	if (!m || m->magic != HANDLE_MAGIC || !type_known(m->type) ||
-	    m->flags != 0 || len != type_len(m->type) ||
-	    (!type_fd_optional(m->type) && type_has_fd(m->type) != (fd >= 0)) ||
-	    ((type_has_fd(m->type) || type_fd_optional(m->type)) &&
-	     m->size == 0))
+	if (nfd > HANDLE_SET_FDS)
 		return KVT_EINVAL;
-	if (fd >= 0) {
+	if (nfd) {
 		memset(&ctl, 0, sizeof(ctl));
 		mh.msg_control = ctl.buf;
-		mh.msg_controllen = sizeof(ctl.buf);
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfd);
 		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+		c->cmsg_len = CMSG_LEN(sizeof(int) * nfd);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfd);
 	}
 	for (;;) {
 		ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL);
@@ -204,6 +226,21 @@ static int send_packet(int sock, const struct handle_msg *m, size_t len,
 	}
 }
 
+static int send_packet(int sock, const struct handle_msg *m, size_t len,
+                       int fd)
+{
+	/* Refuse what the receiver would refuse: a sender bug shows here,
+	 * with its own stack, rather than as a dropped peer. */
+	if (!m || m->magic != HANDLE_MAGIC || !type_known(m->type) ||
+	    handle_is_set(m->type) ||
+	    m->flags != 0 || len != type_len(m->type) ||
+	    (!type_fd_optional(m->type) && type_has_fd(m->type) != (fd >= 0)) ||
+	    ((type_has_fd(m->type) || type_fd_optional(m->type)) &&
+	     m->size == 0))
+		return KVT_EINVAL;
+	return send_fds(sock, m, len, &fd, fd >= 0 ? 1 : 0);
+}
+
 int handle_send(int sock, const struct handle_msg *m, int fd)
 {
 	if (m && handle_is_ext(m->type))
@@ -216,6 +253,18 @@ int handle_send_ext(int sock, const struct handle_ext *m, int fd)
 	if (!m || !handle_is_ext(m->h.type))
 		return KVT_EINVAL;
 	return send_packet(sock, &m->h, sizeof(*m), fd);
+}
+
+int handle_send_set(int sock, const struct handle_ext *m, const int *fds,
+                    uint32_t n)
+{
+	if (!m || !fds || m->h.magic != HANDLE_MAGIC ||
+	    !handle_is_set(m->h.type) || m->h.flags != 0 || !set_valid(m, n))
+		return KVT_EINVAL;
+	for (uint32_t i = 0; i < n; i++)
+		if (fds[i] < 0)
+			return KVT_EINVAL;
+	return send_fds(sock, &m->h, sizeof(*m), fds, n);
 }
 
 /* Waits until sock is readable; 0, KVT_ETIMEDOUT or KVT_ESYS.  A deadline
@@ -244,10 +293,14 @@ static int wait_readable(int sock, int timeout_ms, int64_t deadline)
 	}
 }
 
-/* Receives into m (room for an extended packet); ext 0 refuses extended
- * types, which plain handle_recv callers could not use. */
-static int recv_packet(int sock, struct handle_ext *m, int *fd, int timeout_ms,
-                       int ext)
+/* What a receiver takes: plain packets only, extended ones too, or grant
+ * sets as well. */
+enum accept { ACC_PLAIN, ACC_EXT, ACC_SET };
+
+/* Receives into m (room for an extended packet) and out[*nout] (room for
+ * HANDLE_SET_FDS); `acc` says which types the caller can use. */
+static int recv_packet(int sock, struct handle_ext *m, int *out,
+                       uint32_t *nout, int timeout_ms, enum accept acc)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * HANDLE_MAX_FDS)];
@@ -259,9 +312,9 @@ static int recv_packet(int sock, struct handle_ext *m, int *fd, int timeout_ms,
 	ssize_t n;
 	struct msghdr mh;
 
-	if (!m || !fd)
+	if (!m || !out || !nout)
 		return KVT_EINVAL;
-	*fd = -1;
+	*nout = 0;
 	memset(m, 0, sizeof(*m));
 	for (;;) {
 		struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
@@ -315,8 +368,11 @@ static int recv_packet(int sock, struct handle_ext *m, int *fd, int timeout_ms,
 		rc = KVT_EPROTO; /* wrong size, or fds cut off by the kernel */
 	} else if (m->h.magic != HANDLE_MAGIC || !type_known(m->h.type) ||
 	           m->h.flags != 0 || (size_t)n != type_len(m->h.type) ||
-	           (!ext && handle_is_ext(m->h.type))) {
+	           (acc == ACC_PLAIN && handle_is_ext(m->h.type)) ||
+	           (acc != ACC_SET && handle_is_set(m->h.type))) {
 		rc = KVT_EPROTO;
+	} else if (handle_is_set(m->h.type)) {
+		rc = set_valid(m, (uint32_t)nfds) ? 0 : KVT_EPROTO;
 	} else if (type_fd_optional(m->h.type)) {
 		rc = (nfds <= 1 && m->h.size > 0) ? 0 : KVT_EPROTO;
 	} else if (type_has_fd(m->h.type)) {
@@ -331,26 +387,39 @@ static int recv_packet(int sock, struct handle_ext *m, int *fd, int timeout_ms,
 		memset(m, 0, sizeof(*m));
 		return rc;
 	}
-	if (nfds == 1)
-		*fd = fds[0];
+	memcpy(out, fds, (size_t)nfds * sizeof(int)); /* <= HANDLE_SET_FDS */
+	*nout = (uint32_t)nfds;
 	return 0;
 }
 
 int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms)
 {
 	struct handle_ext e;
-	if (!m)
+	int fds[HANDLE_SET_FDS];
+	uint32_t n;
+	if (!m || !fd)
 		return KVT_EINVAL;
-	int rc = recv_packet(sock, &e, fd, timeout_ms, 0);
+	int rc = recv_packet(sock, &e, fds, &n, timeout_ms, ACC_PLAIN);
 	*m = e.h;
+	*fd = n ? fds[0] : -1;
 	return rc;
 }
 
 int handle_recv_ext(int sock, struct handle_ext *m, int *fd, int timeout_ms)
 {
-	if (!m)
+	int fds[HANDLE_SET_FDS];
+	uint32_t n;
+	if (!m || !fd)
 		return KVT_EINVAL;
-	return recv_packet(sock, m, fd, timeout_ms, 1);
+	int rc = recv_packet(sock, m, fds, &n, timeout_ms, ACC_EXT);
+	*fd = n ? fds[0] : -1;
+	return rc;
+}
+
+int handle_recv_set(int sock, struct handle_ext *m, int *fds, uint32_t *n,
+                    int timeout_ms)
+{
+	return recv_packet(sock, m, fds, n, timeout_ms, ACC_SET);
 }
 
 int handle_peer(int sock, uint32_t *pid, uint32_t *uid, uint32_t *gid)

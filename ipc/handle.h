@@ -27,6 +27,17 @@
  *                     which would overflow the socket's send buffer: the
  *                     client reads the channel only after the reply.  Not
  *                     for legacy IPC chunks, whose revokes carry cookies.
+ *   daemon -> client  CHUNK_ADD_SET {slot, size} + 64 bytes + fds: the
+ *                     chunks slot + i for every bit i set in data (as in
+ *                     CHUNK_REVOKE_SET), each granted as CHUNK_ADD would,
+ *                     their memfds attached in increasing slot order, one
+ *                     per bit, 1 to HANDLE_SET_FDS of them.  CHUNK_DEV_SET
+ *                     is the same for VMM chunks (CHUNK_DEV with an fd).
+ *                     One request that gains hundreds of chunks (a batch of
+ *                     long prompts prefilled at once) sends a few of these:
+ *                     a packet per chunk would overflow the send buffer
+ *                     (about 200 packets), as revokes would.  Legacy IPC
+ *                     chunks (no fd) still get a CHUNK_DEV each.
  * Packets are processed in order, so a slot revoked and granted again in one
  * reply is unmapped, then mapped to the new chunk.
  *
@@ -71,12 +82,24 @@ enum handle_type {
 	HANDLE_CHUNK_CLOSED = 8,
 	HANDLE_TABLE_DEV = 9,
 	HANDLE_CHUNK_REVOKE_SET = 10,
+	HANDLE_CHUNK_ADD_SET = 11,
+	HANDLE_CHUNK_DEV_SET = 12,
 };
 
 #define HANDLE_EVENT_WRITES 0u  /* client records, daemon waits */
 #define HANDLE_EVENT_COMPACT 1u /* daemon records, client waits */
 #define HANDLE_DATA_BYTES 64u   /* cudaIpc{Mem,Event}Handle_t */
 #define HANDLE_REVOKE_SET_SLOTS (8u * HANDLE_DATA_BYTES) /* per packet */
+#define HANDLE_SET_SLOTS HANDLE_REVOKE_SET_SLOTS /* window of any set */
+/* fds one CHUNK_ADD_SET / CHUNK_DEV_SET carries at most (SCM_RIGHTS takes
+ * up to 253): 64 x ~200 packets of send buffer = ~25 GiB of grants. */
+#define HANDLE_SET_FDS 64u
+
+/* 1 for CHUNK_ADD_SET and CHUNK_DEV_SET. */
+int handle_is_set(uint16_t type);
+
+/* The single-chunk type a set grants as: CHUNK_ADD or CHUNK_DEV. */
+uint16_t handle_set_member(uint16_t type);
 
 struct handle_msg {
 	uint32_t magic;  /* HANDLE_MAGIC */
@@ -121,6 +144,12 @@ int handle_send(int sock, const struct handle_msg *m, int fd);
  * CHUNK_DEV takes an fd or none; the others none. */
 int handle_send_ext(int sock, const struct handle_ext *m, int fd);
 
+/* Sends a grant set (handle_is_set): fds[n] in increasing slot order, n
+ * the bits set in m->data, 1 <= n <= HANDLE_SET_FDS, m->h.slot a multiple
+ * of HANDLE_SET_SLOTS; else KVT_EINVAL.  Like handle_send otherwise. */
+int handle_send_set(int sock, const struct handle_ext *m, const int *fds,
+                    uint32_t n);
+
 /*
  * Receives one packet.  timeout_ms < 0 waits forever, 0 polls.  A received
  * fd is returned in *fd (close-on-exec), -1 when none came.  Validates magic,
@@ -131,8 +160,15 @@ int handle_send_ext(int sock, const struct handle_ext *m, int fd);
 int handle_recv(int sock, struct handle_msg *m, int *fd, int timeout_ms);
 
 /* Like handle_recv, but also takes extended packets: m->data holds their
- * 64 bytes (zeroed for a plain packet). */
+ * 64 bytes (zeroed for a plain packet).  Refuses grant sets (EPROTO). */
 int handle_recv_ext(int sock, struct handle_ext *m, int *fd, int timeout_ms);
+
+/* Like handle_recv_ext, and takes grant sets too: fds[*n] (room for
+ * HANDLE_SET_FDS) are the fds that came, in the packet's slot order for a
+ * set (checked: one per bit of data, slot a window's first), at most one
+ * otherwise. */
+int handle_recv_set(int sock, struct handle_ext *m, int *fds, uint32_t *n,
+                    int timeout_ms);
 
 /* Peer credentials of a connected socket (SO_PEERCRED). */
 int handle_peer(int sock, uint32_t *pid, uint32_t *uid, uint32_t *gid);

@@ -66,3 +66,71 @@ TEST_T(revoke, closing_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	T_EQ(th_daemon_stop(&d), 0);
 }
+
+/*
+ * The other direction: one request that gains 640 chunks.  A sequence of
+ * headroom 40 x 64 tokens opens with 40 pages in each of its 256 lists:
+ * 10240 pages of 128 KiB = 640 chunks, all granted before the seq_open
+ * reply.  A CHUNK_ADD (or VMM CHUNK_DEV) per chunk overflowed the send
+ * buffer and lost the tenant (ECONN); grants now go as CHUNK_ADD_SET /
+ * CHUNK_DEV_SET packets of up to 64 fds.  Every chunk is usable: an entry
+ * written at the far end of the headroom of the last list commits and
+ * reads back.
+ */
+TEST_T(revoke, opening_a_sequence_of_640_chunks_keeps_the_tenant, 120)
+{
+	const char *share = getenv("KVTRIM_CUDA_SHARE");
+	if (!strcmp(th_backend(), "cuda") && share && !strcmp(share, "ipc"))
+		T_SKIP("legacy IPC chunks are granted one packet each (no fd "
+		       "to batch): docs/protocol.md");
+	struct th_daemon d;
+	const char *extra[] = {"--tenant-memory-max", "2G", NULL};
+	th_daemon_start(&d, "1400M", extra);
+	struct kvt_config cfg = th_small_cfg(&d, "deep", "full");
+	cfg.geo = (struct kvt_geometry){32, 8, 8, 256, 2048};
+	cfg.page_tokens = 64;
+	cfg.headroom = 40 * 64;
+	cfg.max_seqs = 1;
+	cfg.max_tokens = 41 * 64;
+	cfg.quota_bytes = 1400ull << 20;
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	if (kvt_connect(&cfg, &c, err) < 0)
+		th_fail(__FILE__, __LINE__, "kvt_connect: %s", err);
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	struct kvt_tenant_stats st;
+	T_OK(kvt_stats(c, &st));
+	T_EQ_U64(st.pages_used, 40 * 256);
+	T_EQ_U64(st.chunks, 640);
+	/* Entry 2559 of list (layer 31, head 7): the last page of the last
+	 * list, in the last chunk granted. */
+	void *kp, *vp;
+	float k[256], v[256], back[256];
+	for (int i = 0; i < 256; i++) {
+		k[i] = (float)i;
+		v[i] = -(float)i;
+	}
+	T_OK(kvt_kv_ptr(c, seq, 31, 7, 40 * 64 - 1, &kp, &vp));
+	T_OK(kvt_memcpy(c, kp, k, sizeof(k)));
+	T_OK(kvt_memcpy(c, vp, v, sizeof(v)));
+	/* Room for one more entry afterwards (41 pages a list, 656 chunks,
+	 * within the quota's 700), not another 2560. */
+	T_OK(kvt_seq_headroom(c, seq, 1));
+	struct kvt_sync_item it = {.seq = seq, .n_new = 40 * 64};
+	T_OK(kvt_sync(c, &it, 1));
+	struct kvt_list l;
+	T_OK(kvt_list_get(c, seq, 31, 7, &l));
+	T_EQ(l.len, 40 * 64);
+	const char *page = kvt_page_ptr(c, l.pages[39]);
+	T_ASSERT(page);
+	T_OK(kvt_memcpy(c, back, page + 63 * sizeof(k), sizeof(back)));
+	T_ASSERT(!memcmp(back, k, sizeof(k)));
+	T_OK(kvt_seq_close(c, seq));
+	T_OK(kvt_stats(c, &st));
+	T_EQ_U64(st.chunks, 0);
+	kvt_disconnect(c);
+	char out[256];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	T_EQ(th_daemon_stop(&d), 0);
+}

@@ -447,3 +447,65 @@ TEST(handle, peer_on_socketpair)
 	close(sv[1]);
 	T_ERR(handle_peer(sv[0], &pid, &uid, &gid), KVT_ESYS);
 }
+
+/*
+ * A grant set: chunks 512 + {3, 9, 200} in one packet, their memfds in
+ * slot order; each received fd maps its own sender's bytes.  The plain
+ * receivers refuse a set (closing its fds), and a set whose fds do not
+ * match its bitmap, or whose slot is not a window's first, is refused
+ * without leaking; the sender refuses the same.
+ */
+TEST(handle, chunk_add_set_carries_fds_in_slot_order)
+{
+	int sv[2];
+	pair(sv);
+	size_t size = 64 << 10;
+	int base = count_fds();
+	int fds[3] = {make_memfd(size, 3), make_memfd(size, 9),
+	              make_memfd(size, 200)};
+	struct handle_ext x;
+	memset(&x, 0, sizeof(x));
+	x.h = msg(HANDLE_CHUNK_ADD_SET, 512, size);
+	x.data[0] = 1u << 3 | 1u << 1; /* bits 3 and 1: two bits ... */
+	T_ERR(handle_send_set(sv[0], &x, fds, 3), KVT_EINVAL); /* ... 3 fds */
+	x.data[0] = 1u << 3;
+	x.data[1] = 1u << 1;           /* 9 */
+	x.data[25] = 1u << 0;          /* 200 */
+	x.h.slot = 513;
+	T_ERR(handle_send_set(sv[0], &x, fds, 3), KVT_EINVAL);
+	x.h.slot = 512;
+	T_OK(handle_send_set(sv[0], &x, fds, 3));
+	struct handle_ext got;
+	int rfds[HANDLE_SET_FDS];
+	uint32_t n = 99;
+	T_OK(handle_recv_set(sv[1], &got, rfds, &n, 1000));
+	T_EQ(got.h.type, HANDLE_CHUNK_ADD_SET);
+	T_EQ(got.h.slot, 512);
+	T_EQ(n, 3);
+	const uint8_t seeds[3] = {3, 9, 200};
+	for (int i = 0; i < 3; i++) {
+		uint8_t *p = mmap(NULL, size, PROT_READ, MAP_SHARED, rfds[i],
+		                  0);
+		T_ASSERT(p != MAP_FAILED);
+		T_EQ(p[1000], (uint8_t)(seeds[i] + 1000 * 31));
+		munmap(p, size);
+		close(rfds[i]);
+	}
+	/* A plain receiver cannot use a set: refused, fds closed. */
+	T_OK(handle_send_set(sv[0], &x, fds, 3));
+	int rfd = -2;
+	T_ERR(handle_recv_ext(sv[1], &got, &rfd, 1000), KVT_EPROTO);
+	T_EQ(rfd, -1);
+	/* Raw: a bitmap of 3 with 2 fds, and slot 7: refused, no leak. */
+	raw_send(sv[0], &x, sizeof(x), fds, 2);
+	T_ERR(handle_recv_set(sv[1], &got, rfds, &n, 1000), KVT_EPROTO);
+	T_EQ(n, 0);
+	x.h.slot = 7;
+	raw_send(sv[0], &x, sizeof(x), fds, 3);
+	T_ERR(handle_recv_set(sv[1], &got, rfds, &n, 1000), KVT_EPROTO);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	T_EQ(count_fds(), base);
+	close(sv[0]);
+	close(sv[1]);
+}
