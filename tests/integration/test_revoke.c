@@ -93,6 +93,8 @@ TEST_T(revoke, opening_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 	cfg.max_seqs = 1;
 	cfg.max_tokens = 41 * 64;
 	cfg.quota_bytes = 1400ull << 20;
+	/* The open makes 640 chunks: seconds on the CUDA emulator's VMM. */
+	cfg.timeout_ms = 60000;
 	kvt_client *c;
 	char err[KVT_ERRTEXT_MAX];
 	if (kvt_connect(&cfg, &c, err) < 0)
