@@ -267,6 +267,19 @@ weights: $(TRAIN)
 eval: models-if-reachable $(TRAIN) $(EVAL) $(DAEMON)
 	B=$(B) MODELS_DIR=$(MODELS_DIR) WEIGHTS_JOBS=$(WEIGHTS_JOBS) sh scripts/eval.sh
 
+# parity: kvtrim's protocol 1 against kvpress on SmolLM2 (issue 11; not part
+# of `make test`): scripts/kvpress_venv.sh makes its venv (pinned kvpress,
+# transformers, gguf), scripts/kvpress_parity.py runs kvtrim-eval
+# --dump-kept and kvpress on the same token ids, report in
+# $(B)/parity/kvpress.md (docs/results/smollm2/kvpress.md is a copy).
+PARITY_WINDOWS ?= 2
+.PHONY: parity
+parity: $(EVAL) $(DAEMON)
+	@d=$${KVTRIM_MODELS:-$${XDG_CACHE_HOME:-$$HOME/.cache}/kvtrim/models}; \
+	py=$$(sh scripts/kvpress_venv.sh) && \
+	$$py scripts/kvpress_parity.py --gguf $$d/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --eval $(EVAL) --out $(B)/parity --windows $(PARITY_WINDOWS)
+
 # ---- running
 # deps first, then a fresh make: on a new machine the pkg-config flags above
 # only exist once deps has installed the packages.

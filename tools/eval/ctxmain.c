@@ -479,6 +479,8 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	if (ev.n < nwant)
 		fprintf(stderr, "kvtrim-eval: the evaluation split holds %u "
 		        "windows of %u tokens, not %u\n", ev.n, T, nwant);
+	if (a->dump) /* the kvpress parity's dump (ctxdump.c) */
+		return ctxdump_main(M, a, tk, &ev, sep, nsep, P, T);
 
 	/* ---- jobs */
 	static struct job jobs[MAX_JOBS];

@@ -20,6 +20,8 @@
  *             full-cache reference of a window, a policy's run on it
  *   ctxtable.c protocol 1's quality.md
  *   curve.c   reading a policy's curve at an achieved ratio
+ *   ctxdump.c protocol 1's kept positions for the kvpress parity
+ *             (--dump-kept)
  */
 #ifndef KVT_EVAL_H
 #define KVT_EVAL_H
@@ -215,7 +217,17 @@ struct ctx_args {
 	const char *rt;          /* --runtime-dir or NULL */
 	int quick, threads;
 	uint32_t nseq;           /* --seqs, 0 = default */
+	const char *dump;        /* --dump-kept DIR or NULL */
 };
 int ctx_main(const struct model *M, const struct ctx_args *a);
+
+/* ctxdump.c */
+/* --dump-kept: protocol 1's windows ev (P context + T - P tokens each),
+ * run by the parity's policies, written to a->dump (ctxdump.c's header
+ * has the files); frees ev and tk.  Dies on failure. */
+struct tok;
+int ctxdump_main(const struct model *M, const struct ctx_args *a,
+                 struct tok *tk, struct dataset *ev, const int32_t *sep, uint32_t nsep,
+                 uint32_t P, uint32_t T);
 
 #endif

@@ -4,6 +4,7 @@
  *
  *   kvtrim-eval --model M --out DIR [--quick] [--weights WDIR]
  *               [--runtime-dir RT] [--threads N] [--seqs N]
+ *               [--dump-kept DIR]   (protocol 1's kept positions: ctxdump.c)
  *
  * Protocol of the byte and token-id models (methods.md section 17; every
  * number is full cache vs evicted run on the same tokens):
@@ -109,7 +110,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
-	           "[--seqs N]\n");
+	           "[--seqs N] [--dump-kept DIR]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -149,7 +150,7 @@ static void spec_print(FILE *f, const char *spec, const char *abs,
 int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
-	           *rt_arg = NULL;
+	           *rt_arg = NULL, *dump = NULL;
 	int quick = 0, threads = 2;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
@@ -160,10 +161,11 @@ int main(int argc, char **argv)
 		{"runtime-dir", required_argument, 0, 'r'},
 		{"threads", required_argument, 0, 't'},
 		{"seqs", required_argument, 0, 's'},
+		{"dump-kept", required_argument, 0, 'd'}, /* ctxdump.c */
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -173,6 +175,7 @@ int main(int argc, char **argv)
 		case 'r': rt_arg = optarg; break;
 		case 't': threads = atoi(optarg); break;
 		case 's': nseq = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'd': dump = out = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -230,6 +233,7 @@ int main(int argc, char **argv)
 			.mname = mname, .out = out, .wdir = wdir,
 			.wabs = have_w ? wabs : "", .rt = rt_arg,
 			.quick = quick, .threads = threads, .nseq = nseq,
+			.dump = dump,
 		};
 		int rc = ctx_main(M, &ca);
 		model_free(&m);

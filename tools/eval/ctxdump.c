@@ -1,0 +1,395 @@
+/*
+ * ctxdump.c — `kvtrim-eval --model smollm2 --dump-kept DIR [--seqs N]
+ * [--quick]`: what protocol 1 decides, written out for an independent
+ * implementation to compare with (scripts/kvpress_parity.py, `make
+ * parity`): the windows' token ids and, per policy and ratio, which
+ * context entries each (layer, KV head) kept and the continuation's KL /
+ * top-1 / NLL increase per window.
+ *
+ * The windows, the prefill, the daemon round trip and the continuation are
+ * protocol 1's own (ctxmain.c, ctx.h: the first N windows of the same
+ * split, the same P + C).  The policies are run with the parameters that
+ * make kvtrim's rule the kvpress press it is compared with (listed in
+ * parity[] below: e.g. snapkv's window 16, h2o without its recent window,
+ * expected_attention's statistics over the last 64 queries, the most the
+ * staging ring holds), not always the evaluation's (specs-smollm2.txt).  kvzip is protocol 1's
+ * in-process KVzip (ctx_keep_kvzip).
+ *
+ * Kept positions: the daemon returns entries, not positions; each kept K/V
+ * row is found again, bit for bit, among the window's P context rows (the
+ * float32 rows the prefill computed and the daemon copied unchanged),
+ * scanning forward from the last match (lists keep arrival order) and
+ * then from the start.  A row found nowhere is an error (KVT_EPROTO).
+ *
+ * KVzap: when DIR/kvzap-linear or DIR/kvzap-mlp holds a kvpress checkpoint
+ * (KVzapModel.save_pretrained), window 0's attention inputs x and the C
+ * scorer's scores of them (tools/eval/kvzap.c, the daemon's kernels) are
+ * written, and the checkpoint is run in kvtrimd as the kvzap policy on
+ * window 0 at a threshold of the scores' median (window 32, sinks 4): its
+ * kept entries show the daemon loaded and scored that checkpoint.
+ *
+ * Files in DIR (little endian, C order):
+ *   index.json         geometry, the repeat prompt `sep`, every run: policy,
+ *                      ratio, spec, keep file, per-window kl / top1 / dnll
+ *                      (means over the npos predictions) and kept entries
+ *   tokens.i32         int32 [windows][T]
+ *   ref_top1.i32       int32 [windows][T-1-P], argmax of the full cache's
+ *                      prediction of tok[P+1 ..]
+ *   keep-NAME-R.u8     uint8 [windows][L][n_kv][P], 1 = kept
+ *   x0.f32             float32 [L][P][dim], window 0 (with a kvzap dir)
+ *   kvzap-V.scores.f32 float32 [L][n_kv][P], window 0
+ *   keep-kvzap-V.u8    uint8 [L][n_kv][P], window 0
+ * Progress on stderr, one line per window.
+ */
+#include "eval.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../train/dataset.h"
+#include "ctx.h"
+#include "now.h"
+#include "tokenizer.h"
+
+/* The kvtrim spec of each compared press (%.4f the ratio).  kvpress names in scripts/kvpress_parity.py. */
+static const struct {
+	const char *name, *fmt;
+} parity[] = {
+	{"streaming", "streaming:ratio=%.4f,sinks=4"},
+	{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
+	{"tova", "tova:ratio=%.4f"},
+	/* h2o's prefill rule without its recent window: ObservedAttention */
+	{"h2o", "h2o:ratio=%.4f,window=0"},
+	{"knorm", "knorm:ratio=%.4f"},
+	/* statistics of the last 64 queries: the most protocol 1's staging
+	 * ring holds (CTX_LOOKBACK); kvpress takes all but the sinks */
+	{"expected_attention", "expected_attention:ratio=%.4f,theta=100000,"
+	                       "window=64"},
+};
+#define NPAR (sizeof(parity) / sizeof(parity[0]))
+#define NRUN (NPAR + 1) /* + kvzip */
+#define KVZAP_WINDOW 32u
+#define KVZAP_SINKS 4u
+
+static const char *const zver[2] = {"kvzap-linear", "kvzap-mlp"};
+
+struct drun {
+	char name[32], spec[KVT_SPEC_MAX], file[64];
+	double ratio;
+	FILE *keep;
+	double *kl, *top1, *dnll; /* [windows] means */
+	uint64_t *kept;           /* [windows] */
+	uint64_t npos;
+};
+
+static FILE *open_in(const char *dir, const char *name, const char *mode)
+{
+	char p[PATH_MAX + 64];
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	FILE *f = fopen(p, mode);
+	if (!f)
+		eval_die("%s: %s", p, strerror(errno));
+	return f;
+}
+
+static void put(FILE *f, const void *b, size_t sz, size_t n)
+{
+	if (fwrite(b, sz, n, f) != n)
+		eval_die("dump: write failed: %s", strerror(errno));
+}
+
+/* The keep flags of c's lists: each kept row found among w's P rows. */
+static int keep_of(const struct model *M, const struct ctx_window *w,
+                   struct ctx_cache *c, uint8_t *keep)
+{
+	const struct model_config *mc = &M->cfg;
+	const uint32_t P = w->P, hd = mc->head_dim;
+	const size_t rb = sizeof(float) * hd;
+	memset(keep, 0, (size_t)mc->n_layers * mc->n_kv_heads * P);
+	for (uint32_t l = 0; l < mc->n_layers; l++)
+		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
+			uint8_t *kp = keep + ((size_t)l * mc->n_kv_heads + g) * P;
+			const float *K = ctx_cache_k(c, l, g),
+			            *V = ctx_cache_v(c, l, g),
+			            *FK = ctx_cache_k(w->full, l, g),
+			            *FV = ctx_cache_v(w->full, l, g);
+			uint32_t n = *ctx_cache_len(c, l, g), at = 0;
+			for (uint32_t i = 0; i < n; i++) {
+				const float *k = K + (size_t)i * hd,
+				            *v = V + (size_t)i * hd;
+				uint32_t t, found = 0;
+				for (uint32_t s = 0; s < P && !found; s++) {
+					t = (at + s) % P;
+					found = !memcmp(FK + (size_t)t * hd, k, rb) &&
+					        !memcmp(FV + (size_t)t * hd, v, rb);
+				}
+				if (!found || kp[t])
+					return KVT_EPROTO;
+				kp[t] = 1;
+				at = t + 1;
+			}
+		}
+	return 0;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * KVzap on window 0 for every checkpoint in DIR: x, the C scores, the
+ * daemon's kept flags at the median threshold.  Writes the index's
+ * "kvzap" member.
+ */
+static void dump_kvzap(const struct model *M, const char *dir,
+                       const struct ctx_window *w, const char *rt,
+                       struct ctx_cache *c, uint8_t *keep, FILE *ix)
+{
+	const struct model_config *mc = &M->cfg;
+	const uint32_t P = w->P, L = mc->n_layers;
+	const size_t nl = (size_t)L * mc->n_kv_heads;
+	int wrote_x = 0;
+	fprintf(ix, ",\n \"kvzap\": [");
+	for (int v = 0, first = 1; v < 2; v++) {
+		char d[PATH_MAX + 64], abs[PATH_MAX], err[1200];
+		snprintf(d, sizeof(d), "%s/%s/config.json", dir, zver[v]);
+		FILE *probe = fopen(d, "r");
+		if (!probe)
+			continue;
+		fclose(probe);
+		snprintf(d, sizeof(d), "%s/%s", dir, zver[v]);
+		if (!realpath(d, abs))
+			eval_die("%s: %s", d, strerror(errno));
+		if (!wrote_x) {
+			FILE *f = open_in(dir, "x0.f32", "wb");
+			put(f, w->x, sizeof(float), (size_t)L * P * mc->dim);
+			fclose(f);
+			wrote_x = 1;
+		}
+		struct kvzap_scorer *z;
+		if (kvzap_open(M, abs, P, &z, err, sizeof(err)))
+			eval_die("%s: %s", abs, err);
+		float *s = malloc(sizeof(float) * nl * P),
+		      *srt = malloc(sizeof(float) * nl * P);
+		if (!s || !srt)
+			eval_die("out of memory");
+		kvzap_score(z, w->x, P, s);
+		kvzap_close(z);
+		char fn[64];
+		snprintf(fn, sizeof(fn), "%s.scores.f32", zver[v]);
+		FILE *f = open_in(dir, fn, "wb");
+		put(f, s, sizeof(float), nl * P);
+		fclose(f);
+		/* the median of the decided entries' scores */
+		size_t n = 0;
+		for (size_t li = 0; li < nl; li++)
+			for (uint32_t i = KVZAP_SINKS; i + KVZAP_WINDOW < P; i++)
+				srt[n++] = s[li * P + i];
+		qsort(srt, n, sizeof(float), cmp_float);
+		float tau = srt[n / 2];
+		char spec[KVT_SPEC_MAX];
+		if (strlen(abs) > 180) /* the spec must hold it */
+			eval_die("%s: path longer than 180 bytes", abs);
+		snprintf(spec, sizeof(spec), "kvzap:model=%.180s,threshold=%.6f,"
+		         "window=%u,sinks=%u", abs, tau, KVZAP_WINDOW,
+		         KVZAP_SINKS);
+		ctx_cache_truncate(c, 0);
+		int rc = ctx_load_daemon(M, w, rt, zver[v], spec, c, err,
+		                         sizeof(err));
+		if (!rc)
+			rc = keep_of(M, w, c, keep);
+		if (rc)
+			eval_die("%s in kvtrimd: %s", zver[v], rc == KVT_EPROTO &&
+			         !err[0] ? "a kept row is no context row" : err);
+		snprintf(fn, sizeof(fn), "keep-%s.u8", zver[v]);
+		f = open_in(dir, fn, "wb");
+		put(f, keep, 1, nl * P);
+		fclose(f);
+		fprintf(ix, "%s\n  {\"name\": \"%s\", \"dir\": \"%s\", "
+		        "\"scores\": \"%s.scores.f32\", \"keep\": \"%s\", "
+		        "\"threshold\": %.9g, \"window\": %u, \"sinks\": %u, "
+		        "\"spec\": \"kvzap:model=DIR/%s,threshold=%.6f,"
+		        "window=%u,sinks=%u\"}", first ? "" : ",", zver[v],
+		        zver[v], zver[v], fn, tau, KVZAP_WINDOW, KVZAP_SINKS,
+		        zver[v], tau, KVZAP_WINDOW, KVZAP_SINKS);
+		first = 0;
+		free(s);
+		free(srt);
+	}
+	fprintf(ix, "]");
+	if (wrote_x)
+		fprintf(ix, ",\n \"x0\": \"x0.f32\"");
+}
+
+static void json_doubles(FILE *f, const char *key, const double *v,
+                         uint32_t n)
+{
+	fprintf(f, ", \"%s\": [", key);
+	for (uint32_t i = 0; i < n; i++)
+		fprintf(f, "%s%.9g", i ? ", " : "", v[i]);
+	fputc(']', f);
+}
+
+int ctxdump_main(const struct model *M, const struct ctx_args *a,
+                 struct tok *tk, struct dataset *ev, const int32_t *sep, uint32_t nsep,
+                 uint32_t P, uint32_t T)
+{
+	const struct model_config *mc = &M->cfg;
+	const char *dir = a->dump;
+	const uint32_t nw = ev->n, nc = T - 1 - P, V = mc->vocab_size;
+	const size_t nl = (size_t)mc->n_layers * mc->n_kv_heads;
+	static const double full_ratios[] = {0.5, 0.75, 0.875};
+	static const double quick_ratios[] = {0.75};
+	const double *ratios = a->quick ? quick_ratios : full_ratios;
+	const uint32_t nrat = a->quick ? 1 : 3, nrun = NRUN * nrat;
+	uint64_t t0 = now_ms();
+
+	struct drun *runs = calloc(nrun, sizeof(*runs));
+	uint8_t *keep = malloc(nl * P);
+	float *lg = malloc(sizeof(float) * nc * V);
+	int32_t *top = malloc(sizeof(int32_t) * nc);
+	struct ctx_cache *c;
+	if (!runs || !keep || !lg || !top || ctx_cache_open(M, T, &c))
+		eval_die("out of memory");
+	for (uint32_t q = 0, k = 0; q < nrat; q++)
+		for (uint32_t i = 0; i < NRUN; i++, k++) {
+			struct drun *r = &runs[k];
+			r->ratio = ratios[q];
+			snprintf(r->name, sizeof(r->name), "%s",
+			         i < NPAR ? parity[i].name : "kvzip");
+			if (i < NPAR)
+				snprintf(r->spec, sizeof(r->spec), parity[i].fmt,
+				         r->ratio);
+			else
+				snprintf(r->spec, sizeof(r->spec),
+				         "kvzip (in-process)");
+			snprintf(r->file, sizeof(r->file), "keep-%s-%.3f.u8",
+			         r->name, r->ratio);
+			r->keep = open_in(dir, r->file, "wb");
+			r->kl = calloc(nw, sizeof(double));
+			r->top1 = calloc(nw, sizeof(double));
+			r->dnll = calloc(nw, sizeof(double));
+			r->kept = calloc(nw, sizeof(uint64_t));
+			if (!r->kl || !r->top1 || !r->dnll || !r->kept)
+				eval_die("out of memory");
+		}
+	char rt[400];
+	if (a->rt)
+		snprintf(rt, sizeof(rt), "%s", a->rt);
+	else
+		eval_daemon_start(a->argv0, rt, sizeof(rt));
+	FILE *ftok = open_in(dir, "tokens.i32", "wb"),
+	     *ftop = open_in(dir, "ref_top1.i32", "wb"),
+	     *ix = open_in(dir, "index.json", "w");
+	put(ftok, ev->tok, sizeof(int32_t), (size_t)nw * T);
+	fclose(ftok);
+	fprintf(ix, "{\"model\": \"%s\", \"P\": %u, \"T\": %u, \"windows\": "
+	        "%u, \"layers\": %u, \"kv_heads\": %u, \"heads\": %u, "
+	        "\"head_dim\": %u, \"dim\": %u, \"vocab\": %u,\n \"sep\": [",
+	        a->mname, P, T, nw, mc->n_layers, mc->n_kv_heads, mc->n_heads,
+	        mc->head_dim, mc->dim, V);
+	for (uint32_t i = 0; i < nsep; i++)
+		fprintf(ix, "%s%d", i ? ", " : "", sep[i]);
+	fprintf(ix, "],\n \"tokens\": \"tokens.i32\", \"ref_top1\": "
+	        "\"ref_top1.i32\"");
+
+	for (uint32_t wi = 0; wi < nw; wi++) {
+		struct ctx_window w;
+		int rc = ctx_window_build(M, ev->tok + (size_t)wi * T, P, T, sep,
+		                          nsep, &w);
+		if (rc)
+			eval_die("window %u: reference: %s", wi, kvt_strerror(rc));
+		for (uint32_t t = 0; t < nc; t++) {
+			const float *r = w.ref + (size_t)t * V;
+			uint32_t b = 0;
+			for (uint32_t v = 1; v < V; v++)
+				b = r[v] > r[b] ? v : b;
+			top[t] = (int32_t)b;
+		}
+		put(ftop, top, sizeof(int32_t), nc);
+		for (uint32_t k = 0; k < nrun; k++) {
+			struct drun *r = &runs[k];
+			char err[600] = "", tn[64];
+			ctx_cache_truncate(c, 0);
+			if (strcmp(r->name, "kvzip")) {
+				snprintf(tn, sizeof(tn), "dump-%.24s-%u-w%u", r->name,
+				         k, wi);
+				rc = ctx_load_daemon(M, &w, rt, tn, r->spec, c, err,
+				                     sizeof(err));
+				if (!rc && (rc = keep_of(M, &w, c, keep)))
+					snprintf(err, sizeof(err), "a kept row is "
+					         "no context row");
+			} else {
+				rc = ctx_keep_kvzip(M, &w, r->ratio, keep);
+				if (!rc)
+					ctx_load_keep(M, &w, keep, c);
+				else
+					snprintf(err, sizeof(err), "%s",
+					         kvt_strerror(rc));
+			}
+			struct ctx_score s;
+			if (!rc && (rc = ctx_continue(M, &w, c, lg, &s)))
+				snprintf(err, sizeof(err), "continuation: %s",
+				         kvt_strerror(rc));
+			if (rc)
+				eval_die("window %u, %s %.3f: %s", wi, r->name,
+				         r->ratio, err);
+			put(r->keep, keep, 1, nl * P);
+			r->kl[wi] = s.kl / s.npos;
+			r->top1[wi] = s.top1 / s.npos;
+			r->dnll[wi] = s.dnll / s.npos;
+			r->kept[wi] = s.kept;
+			r->npos = s.npos;
+		}
+		if (wi == 0)
+			dump_kvzap(M, dir, &w, rt, c, keep, ix);
+		ctx_window_free(&w);
+		fprintf(stderr, "kvtrim-eval: dump: window %u/%u, %u runs, "
+		        "elapsed %.0fs\n", wi + 1, nw, nrun,
+		        (double)(now_ms() - t0) / 1e3);
+	}
+	if (!a->rt)
+		eval_daemon_stop();
+	fclose(ftop);
+
+	fprintf(ix, ",\n \"runs\": [");
+	for (uint32_t k = 0; k < nrun; k++) {
+		struct drun *r = &runs[k];
+		fclose(r->keep);
+		fprintf(ix, "%s\n  {\"policy\": \"%s\", \"ratio\": %.4f, "
+		        "\"spec\": \"%s\", \"keep\": \"%s\", \"npos\": %llu",
+		        k ? "," : "", r->name, r->ratio, r->spec, r->file,
+		        (unsigned long long)r->npos);
+		json_doubles(ix, "kl", r->kl, nw);
+		json_doubles(ix, "top1", r->top1, nw);
+		json_doubles(ix, "dnll", r->dnll, nw);
+		fprintf(ix, ", \"kept\": [");
+		for (uint32_t i = 0; i < nw; i++)
+			fprintf(ix, "%s%llu", i ? ", " : "",
+			        (unsigned long long)r->kept[i]);
+		fprintf(ix, "]}");
+		free(r->kl);
+		free(r->top1);
+		free(r->dnll);
+		free(r->kept);
+	}
+	fprintf(ix, "]}\n");
+	if (fclose(ix))
+		eval_die("%s/index.json: %s", dir, strerror(errno));
+	fprintf(stderr, "kvtrim-eval: dump: %u windows, %u runs in %s (%.0fs)\n",
+	        nw, nrun, dir, (double)(now_ms() - t0) / 1e3);
+	ctx_cache_close(c);
+	free(runs);
+	free(keep);
+	free(lg);
+	free(top);
+	dataset_free(ev);
+	tok_free(tk);
+	return 0;
+}
