@@ -228,6 +228,22 @@ static struct tok *smollm2_tok(struct model *m)
 	return t;
 }
 
+/* The evaluation split's text into *text; its length. */
+static size_t eval_text(char **text)
+{
+	char err[1024];
+	size_t n;
+	T_OK(dataset_text(DATASET_EVAL, text, &n, err, sizeof(err)));
+	return n;
+}
+
+static void done(char *text, struct tok *t, struct model *m)
+{
+	free(text);
+	tok_free(t);
+	model_free(m);
+}
+
 /* The decoded text of ids[n] into *out (malloc'd). */
 static void text_of(const struct tok *t, const int32_t *ids, size_t n,
                     char **out)
@@ -252,8 +268,7 @@ TEST_T(eval_task, needle_planted_at_its_depth, 120)
 	struct model m;
 	struct tok *t = smollm2_tok(&m);
 	char *text, err[1024];
-	size_t n;
-	T_OK(dataset_text(DATASET_EVAL, &text, &n, err, sizeof(err)));
+	size_t n = eval_text(&text);
 	static const char pre[] = "I will quiz you about the pass key.\n\n";
 	static const char q[] = "\n\nWhat is the pass key?";
 	static const double depth[3] = {0.1, 0.5, 0.9};
@@ -301,9 +316,7 @@ TEST_T(eval_task, needle_planted_at_its_depth, 120)
 		free(s);
 		ctxtask_case_free(&c);
 	}
-	free(text);
-	tok_free(t);
-	model_free(&m);
+	done(text, t, &m);
 }
 
 TEST_T(eval_task, copy_line_first_and_not_in_filler, 120)
@@ -311,8 +324,7 @@ TEST_T(eval_task, copy_line_first_and_not_in_filler, 120)
 	struct model m;
 	struct tok *t = smollm2_tok(&m);
 	char *text, err[1024];
-	size_t n;
-	T_OK(dataset_text(DATASET_EVAL, &text, &n, err, sizeof(err)));
+	size_t n = eval_text(&text);
 	for (uint32_t k = 0; k < 4; k++) {
 		struct ctxtask_case c;
 		if (ctxtask_case_build(t, text, n, CTXTASK_COPY, 512, 0,
@@ -333,9 +345,7 @@ TEST_T(eval_task, copy_line_first_and_not_in_filler, 120)
 		free(s);
 		ctxtask_case_free(&c);
 	}
-	free(text);
-	tok_free(t);
-	model_free(&m);
+	done(text, t, &m);
 }
 
 TEST_T(eval_task, needle_score_by_the_digits, 60)

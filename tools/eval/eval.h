@@ -20,6 +20,7 @@
  *             full-cache reference of a window, a policy's run on it
  *   ctxtable.c protocol 1's quality.md
  *   ctxtask.c  protocol 1's needle and copy tasks (ctxtask.h);
+ *             ctxtask_case.c their cases;
  *             ctxtasktab.c their tables
  *   curve.c   reading a policy's curve at an achieved ratio
  */
