@@ -70,14 +70,18 @@
  *     its window's reference; at most two windows are held), one BLAS
  *     thread each, so every run computes the same bits whatever ran
  *     beside it.
- * TODO (issue 11, not built here): the pass-key needle and copy tasks of
- * protocol 1 (chat template, lengths where the full cache reaches 0.7),
- * and protocol 2 (decoding-time compression, 256 + 1024 tokens).
+ *   - Tasks: after the windows, the pass-key needle and the copy task
+ *     (ctxtask.c: chat prompts, greedy answers, the full cache first at
+ *     every length) on the same daemon, with the jobs of their length
+ *     (make_jobs).
+ * TODO (issue 11, not built here): protocol 2 (decoding-time
+ * compression, 256 + 1024 tokens).
  *
  * Output in DIR: quality.csv (rows of other models kept; the columns of
  * TABLE_CSV_HEADER, copy and needle empty), quality.md, quality.png (one
  * curve per policy, KL against achieved compression), specs-<model>.txt
- * (the exact specs, the run's size and time).
+ * (the exact specs, the run's size and time); the tasks' needle.csv /
+ * needle.md and copy.csv / copy.md (ctxtasktab.c).
  */
 #include "eval.h"
 
@@ -92,6 +96,7 @@
 #include "../train/dataset.h"
 #include "../train/recipe.h"
 #include "ctx.h"
+#include "ctxtask.h"
 #include "model_gguf.h"
 #include "now.h"
 #include "oracle.h"
@@ -198,25 +203,12 @@ static int run_one(struct pool *p, const struct job *j, uint32_t wi,
                    size_t errlen)
 {
 	const struct model *M = p->M;
-	int rc;
-	ctx_cache_truncate(c, 0);
-	if (j->kind == J_DAEMON) {
-		char tn[64];
-		snprintf(tn, sizeof(tn), "ctx-%.24s-%u-w%u", j->name,
-		         (unsigned)(j - p->jobs), wi);
-		rc = ctx_load_daemon(M, w, p->rt, tn, j->spec[C_MAIN], c, err,
-		                     errlen);
-		if (rc)
-			return rc;
-	} else {
-		rc = j->kind == J_KVZIP ? ctx_keep_kvzip(M, w, j->ratio, keep)
-		                        : ctx_keep_oracle(M, w, j->ratio, keep);
-		if (rc) {
-			snprintf(err, errlen, "keep flags: %s", kvt_strerror(rc));
-			return rc;
-		}
-		ctx_load_keep(M, w, keep, c);
-	}
+	char tn[64];
+	snprintf(tn, sizeof(tn), "ctx-%.24s-%u-w%u", j->name,
+	         (unsigned)(j - p->jobs), wi);
+	int rc = ctxtask_load(M, j, tn, w, p->rt, c, keep, err, errlen);
+	if (rc)
+		return rc;
 	rc = ctx_continue(M, w, c, lg, s);
 	if (rc)
 		snprintf(err, errlen, "continuation: %s", kvt_strerror(rc));
@@ -368,6 +360,92 @@ static void calibrate(const struct model *M, const struct tok *t,
 	kvzap_close(z[1]);
 }
 
+/* ------------------------------------------------------------ jobs */
+
+/* What the jobs are made of (make_jobs). */
+struct jobs_in {
+	const struct model *M;
+	const struct ctx_args *a;
+	float *zs[2];         /* kvzap's calibration scores (NULL: none) */
+	uint32_t ncal, calP;  /* their windows, of calP tokens */
+	const double *ratios;
+	uint32_t nrat;
+};
+
+/* The jobs for contexts of P tokens into jobs (a ctxtask_jobs_fn, also
+ * used by the tasks at their lengths): kvzap's thresholds from the
+ * calibration, kvpop's token budget from P. */
+static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
+{
+	const struct jobs_in *in = arg;
+	const struct model *M = in->M;
+	const struct ctx_args *a = in->a;
+	float *const *zs = in->zs;
+	const uint32_t ncal = in->ncal, nrat = in->nrat;
+	const double *ratios = in->ratios;
+	const int have_w = a->wabs[0] != 0;
+	uint32_t njobs = 0;
+	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
+	char s[KVT_SPEC_MAX];
+	for (uint32_t q = 0; q < nrat; q++) {
+		double R = ratios[q];
+		uint32_t B = P - (uint32_t)floor(R * P);
+		for (size_t i = 0; i < NRATIO; i++) {
+			snprintf(s, sizeof(s), ratio_policies[i].fmt, R);
+			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
+			             J_DAEMON, s, NULL, NULL);
+		}
+		for (int v = 0; v < 2; v++) {
+			if (!zs[v])
+				continue;
+			float tau = kvzap_tau(M, zs[v], ncal, in->calP, in->calP,
+			                      RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS,
+			                      R);
+			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
+			         "window=%u,sinks=%u", a->wabs, zname[v], tau,
+			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
+			eval_add_job(jobs, &njobs, zname[v], R, J_DAEMON, s, NULL,
+			             NULL)->tau = tau;
+		}
+		if (have_w) {
+			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
+			         "safetensors,ratio=%.4f,window=16,sinks=4,"
+			         "every=16", a->wabs, R);
+			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
+			             NULL, NULL);
+			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
+			         "tokens=%u,delay=%u,sinks=4", a->wabs, B,
+			         RECIPE_KVPOP_DELAY);
+			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
+			             NULL);
+		}
+		eval_add_job(jobs, &njobs, "kvzip", R, J_KVZIP,
+		             "kvzip (in-process)", NULL, NULL);
+		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE,
+		             "hindsight oracle (in-process)", NULL, NULL);
+	}
+	for (int v = 0; v < 2; v++) {
+		if (!zs[v])
+			continue;
+		float grid[64];
+		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal,
+		                               in->calP, in->calP,
+		                               RECIPE_KVZAP_WINDOW,
+		                               CTX_KVZAP_SINKS,
+		                               a->quick ? 2 : CTX_SWEEP, grid);
+		for (uint32_t i = 0; i < ng; i++) {
+			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
+			         "window=%u,sinks=%u", a->wabs, zname[v], grid[i],
+			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
+			struct job *j = eval_add_job(jobs, &njobs, zname[v], 0,
+			                             J_DAEMON, s, NULL, NULL);
+			j->sweep = 1;
+			j->tau = grid[i];
+		}
+	}
+	return njobs;
+}
+
 /* ------------------------------------------------------------ results */
 
 static void write_specs(const char *out, const struct ctx_args *a,
@@ -493,64 +571,10 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	else
 		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
 		        "policies skipped (run make weights)\n", a->wdir);
-	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
-	char s[KVT_SPEC_MAX];
-	for (uint32_t q = 0; q < nrat; q++) {
-		double R = ratios[q];
-		uint32_t B = P - (uint32_t)floor(R * P);
-		for (size_t i = 0; i < NRATIO; i++) {
-			snprintf(s, sizeof(s), ratio_policies[i].fmt, R);
-			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
-			             J_DAEMON, s, NULL, NULL);
-		}
-		for (int v = 0; v < 2; v++) {
-			if (!zs[v])
-				continue;
-			float tau = kvzap_tau(M, zs[v], ncal, P, P,
-			                      RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS,
-			                      R);
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u,sinks=%u", a->wabs, zname[v], tau,
-			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
-			eval_add_job(jobs, &njobs, zname[v], R, J_DAEMON, s, NULL,
-			             NULL)->tau = tau;
-		}
-		if (have_w) {
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=16", a->wabs, R);
-			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
-			             NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", a->wabs, B,
-			         RECIPE_KVPOP_DELAY);
-			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
-			             NULL);
-		}
-		eval_add_job(jobs, &njobs, "kvzip", R, J_KVZIP,
-		             "kvzip (in-process)", NULL, NULL);
-		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE,
-		             "hindsight oracle (in-process)", NULL, NULL);
-	}
-	for (int v = 0; v < 2; v++) {
-		if (!zs[v])
-			continue;
-		float grid[64];
-		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, P, P,
-		                               RECIPE_KVZAP_WINDOW,
-		                               CTX_KVZAP_SINKS,
-		                               a->quick ? 2 : CTX_SWEEP, grid);
-		for (uint32_t i = 0; i < ng; i++) {
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u,sinks=%u", a->wabs, zname[v], grid[i],
-			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
-			struct job *j = eval_add_job(jobs, &njobs, zname[v], 0,
-			                             J_DAEMON, s, NULL, NULL);
-			j->sweep = 1;
-			j->tau = grid[i];
-		}
-		free(zs[v]);
-	}
+	struct jobs_in jin = {.M = M, .a = a, .zs = {zs[0], zs[1]},
+	                      .ncal = ncal, .calP = P, .ratios = ratios,
+	                      .nrat = nrat};
+	njobs = make_jobs(&jin, P, jobs);
 
 	/* ---- the pool */
 	char rt[400];
@@ -581,12 +605,20 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 			eval_die("pthread_create failed");
 	for (int i = 0; i < a->threads; i++)
 		pthread_join(th[i], NULL);
-	eval_daemon_stop();
 	for (uint32_t w = p.released; w < ev.n; w++)
 		ctx_window_free(&p.win[w].w);
 	free(p.win);
-
 	double secs = (double)(now_ms() - t0) / 1e3;
+
+	/* ---- the needle and copy tasks (ctxtask.c), on the same daemon */
+	struct ctxtask_args ta = {.M = M, .a = a, .tk = tk, .sep = sep,
+	                          .nsep = nsep, .rt = rt, .jobs = make_jobs,
+	                          .jobs_arg = &jin};
+	int tbad = ctxtask_main(&ta);
+	eval_daemon_stop();
+	free(zs[0]);
+	free(zs[1]);
+
 	char what[512];
 	snprintf(what, sizeof(what), "%s, protocol 1 (context compression): "
 	         "%u windows of %u context + %u continuation tokens%s, %u "
@@ -594,8 +626,9 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
 	         ncal, njobs, secs / 60, a->threads);
 	write_specs(a->out, a, jobs, njobs, what);
-	int bad = write_results(a, jobs, njobs, what);
-	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname, secs);
+	int bad = write_results(a, jobs, njobs, what) | tbad;
+	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname,
+	        (double)(now_ms() - t0) / 1e3);
 	dataset_free(&ev);
 	tok_free(tk);
 	(void)mc;

@@ -2,7 +2,8 @@
  * ctxtable.c — quality.md of protocol 1 (context compression, ctxmain.c):
  * the policies compared at equal ACHIEVED compression (each policy's runs
  * read as one curve at 0.5 / 0.75 / 0.875 achieved, curve.c), then every
- * run as measured.  Bounds (full, random, kvzip, oracle) in every table.
+ * run as measured, and the links to the tasks' files (ctxtask.c).
+ * Bounds (full, random, kvzip, oracle) in every table.
  */
 #include "eval.h"
 
@@ -14,7 +15,7 @@
 static const double at[] = {0.5, 0.75, 0.875};
 #define NAT (sizeof(at) / sizeof(at[0]))
 
-static int is_bound(const char *p)
+int ctxtable_is_bound(const char *p)
 {
 	return !strcmp(p, "full") || !strcmp(p, "random") ||
 	       !strcmp(p, "kvzip") || !strcmp(p, "oracle");
@@ -119,7 +120,7 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 			yt[n] = r->top1;
 			yd[n++] = r->dnll;
 		}
-		fprintf(f, "| %s%s |", pol[p], is_bound(pol[p]) ? " (bound)" : "");
+		fprintf(f, "| %s%s |", pol[p], ctxtable_is_bound(pol[p]) ? " (bound)" : "");
 		if (!strcmp(pol[p], "full")) {
 			/* no compression: its own run, in every column */
 			for (size_t q = 0; q < NAT; q++)
@@ -171,6 +172,9 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 				           "%.4f |\n", r->policy, t, th, r->ach,
 				        r->kl, r->top1, r->dnll);
 		}
+	fprintf(f, "\n## Tasks\n\nThe pass-key needle and the copy task under "
+	           "this protocol (chat prompts, greedy answers; ctxtask.c): "
+	           "[needle.md](needle.md), [copy.md](copy.md).\n");
 	free(x);
 	fclose(f);
 }

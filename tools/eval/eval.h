@@ -19,6 +19,9 @@
  *   ctx.c     protocol 1's machinery (ctx.h): the in-process cache, the
  *             full-cache reference of a window, a policy's run on it
  *   ctxtable.c protocol 1's quality.md
+ *   ctxtask.c  protocol 1's needle and copy tasks (ctxtask.h);
+ *             ctxtask_case.c their cases;
+ *             ctxtasktab.c their tables
  *   curve.c   reading a policy's curve at an achieved ratio
  *   ctxdump.c protocol 1's kept positions for the kvpress parity
  *             (--dump-kept)
@@ -202,6 +205,8 @@ extern const size_t table_npolicy;
  * was made (windows, lengths, time). */
 void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
                        const char *model, const char *what);
+/* 1 for the policies that bound the others (full, random, kvzip, oracle). */
+int ctxtable_is_bound(const char *policy);
 
 /* curve.c */
 /* The curve through the points (x[i], y[i]) at x0: linear between the
