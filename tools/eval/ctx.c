@@ -282,6 +282,10 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 	o.context = P;
 	o.chunk = P;
 	o.stage_tokens = P + CTX_LOOKBACK;
+	/* One sync scores a whole context (h2o: every prefill query against
+	 * every key, 30 layers): seconds on a loaded 2-core machine, which the
+	 * engine's 10 s default timed out.  An offline evaluation waits. */
+	o.timeout_ms = CTX_SYNC_TIMEOUT_MS;
 	struct engine *e;
 	int rc = engine_open(m, &o, &e, err, errlen);
 	if (rc)

@@ -62,6 +62,7 @@ struct model;
 /* Protocol 1: staging rows a tenant keeps beyond its context, for the
  * lookback of policies that read earlier rows (snapkv's window). */
 #define CTX_LOOKBACK 64u
+#define CTX_SYNC_TIMEOUT_MS 600000 /* one sync of a whole context: see ctx.c */
 
 /* What a case is scored by (also the engine a daemon job runs it on). */
 enum ckind { C_MAIN = 0, C_COPY = 1, C_NEEDLE = 2, C_NKIND };
