@@ -614,7 +614,7 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	struct ctxtask_args ta = {.M = M, .a = a, .tk = tk, .sep = sep,
 	                          .nsep = nsep, .rt = rt, .jobs = make_jobs,
 	                          .jobs_arg = &jin};
-	int tbad = ctxtask_main(&ta);
+	int tbad = a->notasks ? 0 : ctxtask_main(&ta);
 	eval_daemon_stop();
 	free(zs[0]);
 	free(zs[1]);

@@ -7,10 +7,12 @@
  */
 #include "eval.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const double at[] = {0.5, 0.75, 0.875};
 #define NAT (sizeof(at) / sizeof(at[0]))
@@ -172,9 +174,15 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 				           "%.4f |\n", r->policy, t, th, r->ach,
 				        r->kl, r->top1, r->dnll);
 		}
-	fprintf(f, "\n## Tasks\n\nThe pass-key needle and the copy task under "
-	           "this protocol (chat prompts, greedy answers; ctxtask.c): "
-	           "[needle.md](needle.md), [copy.md](copy.md).\n");
+	/* Linked when this run (or an earlier one in dir) made them:
+	 * --no-tasks skips the tasks. */
+	char tp[PATH_MAX];
+	snprintf(tp, sizeof(tp), "%s/needle.md", dir);
+	if (!access(tp, R_OK))
+		fprintf(f, "\n## Tasks\n\nThe pass-key needle and the copy task "
+		           "under this protocol (chat prompts, greedy answers; "
+		           "ctxtask.c): [needle.md](needle.md), "
+		           "[copy.md](copy.md).\n");
 	free(x);
 	fclose(f);
 }

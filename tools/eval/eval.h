@@ -222,6 +222,7 @@ struct ctx_args {
 	const char *wdir, *wabs; /* weights as given / absolute ("" none) */
 	const char *rt;          /* --runtime-dir or NULL */
 	int quick, threads;
+	int notasks;             /* --no-tasks: protocol 1's windows only */
 	uint32_t nseq;           /* --seqs, 0 = default */
 	const char *dump;        /* --dump-kept DIR or NULL */
 };

@@ -5,6 +5,7 @@
  *   kvtrim-eval --model M --out DIR [--quick] [--weights WDIR]
  *               [--runtime-dir RT] [--threads N] [--seqs N]
  *               [--dump-kept DIR]   (protocol 1's kept positions: ctxdump.c)
+ *               [--no-tasks]        (SmolLM2: protocol 1 without the needle and copy tasks)
  *
  * Protocol of the byte and token-id models (methods.md section 17; every
  * number is full cache vs evicted run on the same tokens):
@@ -110,7 +111,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
-	           "[--seqs N] [--dump-kept DIR]\n");
+	           "[--seqs N] [--dump-kept DIR] [--no-tasks]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -151,7 +152,7 @@ int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
 	           *rt_arg = NULL, *dump = NULL;
-	int quick = 0, threads = 2;
+	int quick = 0, threads = 2, notasks = 0;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
@@ -162,10 +163,11 @@ int main(int argc, char **argv)
 		{"threads", required_argument, 0, 't'},
 		{"seqs", required_argument, 0, 's'},
 		{"dump-kept", required_argument, 0, 'd'}, /* ctxdump.c */
+		{"no-tasks", no_argument, 0, 'n'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:nh", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -176,6 +178,7 @@ int main(int argc, char **argv)
 		case 't': threads = atoi(optarg); break;
 		case 's': nseq = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'd': dump = out = optarg; break;
+		case 'n': notasks = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -233,6 +236,7 @@ int main(int argc, char **argv)
 			.mname = mname, .out = out, .wdir = wdir,
 			.wabs = have_w ? wabs : "", .rt = rt_arg,
 			.quick = quick, .threads = threads, .nseq = nseq,
+			.notasks = notasks,
 			.dump = dump,
 		};
 		int rc = ctx_main(M, &ca);
