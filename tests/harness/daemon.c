@@ -480,3 +480,9 @@ void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
 	for (uint32_t i = 0; lse && i < g->n_heads; i++)
 		lse[i] = logf((float)(p + 1));
 }
+
+void th_need_heldout(void)
+{
+	if (access(TH_HELDOUT, R_OK))
+		th_skip(TH_HELDOUT " (the held-out text) not found");
+}

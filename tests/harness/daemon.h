@@ -152,6 +152,11 @@ double th_metric_or(const struct th_daemon *d, const char *series);
  * 4 entries (256 bytes), 4 sequences of at most 64 entries, headroom 4,
  * timeout 3 s.
  */
+/* The held-out text (../shared/models/bytes2m-valid.txt, shared data that a
+ * fresh clone lacks): returns when it is readable, else skips the test. */
+#define TH_HELDOUT "../shared/models/bytes2m-valid.txt"
+void th_need_heldout(void);
+
 /*
  * Stages one token's inputs (position p, layer l): x = 0.25 each, q = q[i]
  * (NULL: 0.1 each; [n_heads * head_dim]), lse = ln(p + 1), each only in

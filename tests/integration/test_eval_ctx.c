@@ -155,9 +155,7 @@ TEST_T(eval_ctx_daemon, quick_smollm2, 300)
 		T_SKIP("kvtrim-eval not built");
 	/* The held-out text (its evaluation split) is shared data, not in
 	 * the repository: a fresh clone skips, as eval.quick_bytes2m does. */
-	if (access("../shared/models/bytes2m-valid.txt", R_OK))
-		T_SKIP("../shared/models/bytes2m-valid.txt (the held-out text) "
-		       "not found");
+	th_need_heldout();
 	struct th_daemon d;
 	th_daemon_start(&d, "512M", NULL);
 	static char out[32768];

@@ -52,6 +52,7 @@ TEST_T(eval_dump, quick_smollm2_kept_positions, 300)
 		T_SKIP(err);
 	if (access(th_bin("kvtrim-eval"), X_OK))
 		T_SKIP("kvtrim-eval not built");
+	th_need_heldout();
 	struct th_daemon d;
 	th_daemon_start(&d, "512M", NULL);
 	static char out[32768];

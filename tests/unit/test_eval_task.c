@@ -17,6 +17,7 @@
 
 #include "../../tools/eval/ctxtask.h"
 #include "../../tools/train/dataset.h"
+#include "daemon.h"
 #include "gb.h"
 #include "model.h"
 #include "model_files.h"
@@ -233,6 +234,7 @@ static size_t eval_text(char **text)
 {
 	char err[1024];
 	size_t n;
+	th_need_heldout();
 	T_OK(dataset_text(DATASET_EVAL, text, &n, err, sizeof(err)));
 	return n;
 }
