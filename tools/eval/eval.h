@@ -19,6 +19,9 @@
  *   ctx.c     protocol 1's machinery (ctx.h): the in-process cache, the
  *             full-cache reference of a window, a policy's run on it
  *   ctxtable.c protocol 1's quality.md
+ *   dec2.c    protocol 2 (decoding-time compression) for models with a
+ *             tokenizer (dec2.h): every policy decoding in lockstep,
+ *             batched; dec2main.c its windows, jobs and results files
  *   curve.c   reading a policy's curve at an achieved ratio
  */
 #ifndef KVT_EVAL_H
@@ -141,8 +144,8 @@ void kvzap_score(struct kvzap_scorer *z, const float *xs, uint32_t T,
 void kvzap_close(struct kvzap_scorer *z);
 /* Scores [cal][L][n_kv][T] of the calibration sequences (dense forward).
  * kvzap_tau / kvzap_sweep_grid: T == P is protocol 1 (scores of the
- * context, one decision after its prefill, positions < sinks kept); the
- * decode protocol (T > P) has sinks 0. */
+ * context, one decision after its prefill), T > P a decode protocol (a
+ * decision at every sync); positions < sinks are kept in both. */
 float *kvzap_scores(const struct model *M, const char *dir,
                     const struct dataset *cal, char *err, size_t errlen);
 float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
@@ -161,6 +164,14 @@ void run_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
  * list, positions < KVZIP_SINKS protected): drop [nl][P]. KVT_ENOMEM. */
 int run_kvzip_drop(const float *scores, uint32_t nl, uint32_t P, double R,
                    uint8_t *drop);
+/* The hindsight oracle's eviction after a sync of n = replay_pos(r)
+ * tokens: per (layer, KV head) the n - floor(R n) live entries with the
+ * best score, the max over the group's query heads h of
+ * s[l * sl + h * sh + i] (entry i; s NULL: every score 0; ties as
+ * select_topk_cpu), are kept, the others die.  KVT_ENOMEM. */
+struct replay;
+int run_oracle_evict(const struct model *M, struct replay *r, double R,
+                     const float *s, size_t sl, size_t sh);
 /* What the worker threads share: they take jobs in order under lock. */
 struct run_pool {
 	const struct model *M;
@@ -200,6 +211,10 @@ extern const size_t table_npolicy;
  * was made (windows, lengths, time). */
 void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
                        const char *model, const char *what);
+/* Its two tables (at equal achieved compression; every run, read from
+ * the file named csv) into f. */
+void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
+                           const char *model, const char *csv);
 
 /* curve.c */
 /* The curve through the points (x[i], y[i]) at x0: linear between the
