@@ -3,6 +3,7 @@
  * the policies compared at equal ACHIEVED compression (each policy's runs
  * read as one curve at 0.5 / 0.75 / 0.875 achieved, curve.c), then every
  * run as measured.  Bounds (full, random, kvzip, oracle) in every table.
+ * The two tables are also protocol 2's (dec2.c: ctxtable_write_tables).
  */
 #include "eval.h"
 
@@ -88,13 +89,24 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 	        "continuation's queries pay each entry in the full-cache run, "
 	        "per-head top-k) run in process; oracle is a bound, not a "
 	        "deployable policy. Exact specs: specs-%s.txt.\n\n"
+	        "Decoding-time compression (protocol 2, every policy active "
+	        "while generating): [protocol2.md](protocol2.md).\n\n",
+	        model, model, what, model);
+	ctxtable_write_tables(f, rows, nr, model, "quality.csv");
+	fclose(f);
+}
+
+void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
+                           const char *model, const char *csv)
+{
+	fprintf(f,
 	        "## At equal achieved compression\n\n"
 	        "Each policy's runs (every target and threshold) form one "
 	        "curve of (achieved, metric); the cells read it at the "
 	        "achieved ratio of the column by linear interpolation between "
 	        "the nearest runs on either side (n/a: the curve does not "
 	        "reach it; no extrapolation). Cells: KL / top-1 / dNLL. Bounds "
-	        "are marked.\n\n| policy |", model, model, what, model);
+	        "are marked.\n\n| policy |");
 	for (size_t q = 0; q < NAT; q++)
 		fprintf(f, " achieved %.3f |", at[q]);
 	fprintf(f, "\n|---|");
@@ -144,11 +156,11 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 		}
 		fprintf(f, "\n");
 	}
-	fprintf(f, "\n## Runs\n\nEvery run as measured (quality.csv): the "
+	fprintf(f, "\n## Runs\n\nEvery run as measured (%s): the "
 	           "target ratio (empty for a threshold-sweep run), kvzap's "
 	           "threshold, the achieved ratio.\n\n| policy | target | "
 	           "threshold | achieved | KL | top-1 | dNLL |\n"
-	           "|---|---|---|---|---|---|---|\n");
+	           "|---|---|---|---|---|---|---|\n", csv);
 	for (size_t p = 0; p < np; p++)
 		for (size_t i = 0; i < nr; i++) {
 			const struct row *r = &rows[i];
@@ -172,5 +184,4 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 				        r->kl, r->top1, r->dnll);
 		}
 	free(x);
-	fclose(f);
 }
