@@ -3,7 +3,7 @@
  * cache, on held-out inputs, through one real kvtrimd.
  *
  *   kvtrim-eval --model M --out DIR [--quick] [--weights WDIR]
- *               [--runtime-dir RT] [--threads N] [--seqs N]
+ *               [--runtime-dir RT] [--threads N] [--seqs N] [--protocol 1|2]
  *
  * Protocol of the byte and token-id models (methods.md section 17; every
  * number is full cache vs evicted run on the same tokens):
@@ -71,7 +71,9 @@
  * exact policy specs), DIR/needle-<model>.txt (byte models).
  *
  * Models with a tokenizer (GGUF: SmolLM2, `--model smollm2`) are measured
- * under protocol 1, context compression, instead: ctxmain.c.
+ * under protocol 1, context compression, instead (ctxmain.c), or with
+ * `--protocol 2` under protocol 2, decoding-time compression (dec2.c).
+ * The byte models have the protocol above only (--protocol 1).
  *
  * This file holds the options, the cases and jobs of a run and the results
  * files; eval.h lists the other files of tools/eval/.
@@ -93,6 +95,7 @@
 
 #include "../train/dataset.h"
 #include "../train/recipe.h"
+#include "dec2.h"
 #include "engine.h"
 #include "model.h"
 #include "model_files.h"
@@ -109,7 +112,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
-	           "[--seqs N]\n");
+	           "[--seqs N] [--protocol 1|2]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -118,17 +121,6 @@ static struct job *add_job(const char *name, double R, enum jkind kind,
 {
 	return eval_add_job(jobs, &njobs, name, R, kind, spec, spec_copy,
 	                    spec_needle);
-}
-
-/* Token budget whose mean achieved ratio over steps [P, T-1) is R. */
-static uint32_t tokens_for(double R, uint32_t P, uint32_t T)
-{
-	double s = 0;
-	for (uint32_t t = P; t + 1 < T; t++)
-		s += 1.0 / (t + 1);
-	s /= (T - 1 - P);
-	double n = (1.0 - R) / s;
-	return n < 1 ? 1 : (uint32_t)lround(n);
 }
 
 /* Prints spec with every occurrence of abs replaced by rel. */
@@ -150,7 +142,7 @@ int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
 	           *rt_arg = NULL;
-	int quick = 0, threads = 2;
+	int quick = 0, threads = 2, protocol = 1;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
@@ -160,10 +152,11 @@ int main(int argc, char **argv)
 		{"runtime-dir", required_argument, 0, 'r'},
 		{"threads", required_argument, 0, 't'},
 		{"seqs", required_argument, 0, 's'},
+		{"protocol", required_argument, 0, 'p'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:p:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -173,11 +166,13 @@ int main(int argc, char **argv)
 		case 'r': rt_arg = optarg; break;
 		case 't': threads = atoi(optarg); break;
 		case 's': nseq = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'p': protocol = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (!out || optind != argc || threads < 1 || threads > 16) {
+	if (!out || optind != argc || threads < 1 || threads > 16 ||
+	    (protocol != 1 && protocol != 2)) {
 		usage(stderr);
 		return 2;
 	}
@@ -223,15 +218,20 @@ int main(int argc, char **argv)
 	int have_w = realpath(wdir, wabs) != NULL;
 	if (mkdir(out, 0755) < 0 && errno != EEXIST)
 		eval_die("%s: %s", out, strerror(errno));
+	if (protocol == 2 && m.version != MODEL_GGUF)
+		eval_die("--protocol 2 is for models with a tokenizer (GGUF); "
+		         "%s decodes with the policy active under its own "
+		         "protocol already", mname);
 	if (m.version == MODEL_GGUF) {
-		/* a model with a tokenizer: protocol 1 (ctxmain.c) */
+		/* a model with a tokenizer: protocol 1 (ctxmain.c) or 2
+		 * (dec2.c) */
 		struct ctx_args ca = {
 			.argv0 = argv[0], .model_path = model_path,
 			.mname = mname, .out = out, .wdir = wdir,
 			.wabs = have_w ? wabs : "", .rt = rt_arg,
 			.quick = quick, .threads = threads, .nseq = nseq,
 		};
-		int rc = ctx_main(M, &ca);
+		int rc = protocol == 2 ? dec2_main(M, &ca) : ctx_main(M, &ca);
 		model_free(&m);
 		return rc;
 	}
@@ -379,14 +379,14 @@ int main(int argc, char **argv)
 			add_job("fastkvzip", R, J_DAEMON, s, NULL, NULL);
 			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         tokens_for(R, P, T), RECIPE_KVPOP_DELAY);
+			         dec2_budget(R, P, T), RECIPE_KVPOP_DELAY);
 			snprintf(sc, sizeof(sc), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         cT ? tokens_for(R, cP, cT) : 1,
+			         cT ? dec2_budget(R, cP, cT) : 1,
 			         RECIPE_KVPOP_DELAY);
 			snprintf(sn, sizeof(sn), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         nT ? tokens_for(R, nP, nT) : 1,
+			         nT ? dec2_budget(R, nP, nT) : 1,
 			         RECIPE_KVPOP_DELAY);
 			add_job("kvpop", R, J_DAEMON, s, ncp ? sc : NULL,
 			        nnd ? sn : NULL);
