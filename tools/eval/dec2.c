@@ -86,7 +86,7 @@
 
 /* eval_daemon_start's --pool-size; 80 % of it is shared by the groups
  * that run at once */
-#define D2_POOL (1024ull << 20)
+#define D2_POOL (2048ull << 20)
 #define D2_PAGE 16u /* engine_opts.page_tokens 0 */
 
 /* ------------------------------------------------------------ a group */
