@@ -39,67 +39,10 @@ void openblas_set_num_threads(int n);
 
 static const char *const zname[2] = {"kvzap-linear", "kvzap-mlp"};
 
-/*
- * kvzap's calibration on the training split: ncal windows of T tokens of
- * train-man.txt through the full-cache forward (one step, ctx.h), both
- * scorers' scores [ncal][L][n_kv][T] in zs[v] (NULL: scorer missing).
- */
-static void calibrate(const struct model *M, const struct tok *tk,
-                      const char *wabs, uint32_t T, uint32_t want,
-                      float *zs[2], uint32_t *ncal)
-{
-	const struct model_config *mc = &M->cfg;
-	const size_t per = (size_t)mc->n_layers * mc->n_kv_heads * T;
-	char err[1024], d[PATH_MAX + 32];
-	struct kvzap_scorer *z[2] = {NULL, NULL};
-	*ncal = 0;
-	for (int v = 0; v < 2; v++) {
-		zs[v] = NULL;
-		snprintf(d, sizeof(d), "%s/%s", wabs, zname[v]);
-		if (kvzap_open(M, d, T, &z[v], err, sizeof(err)))
-			fprintf(stderr, "kvtrim-eval: %s: %s (skipped)\n",
-			        zname[v], err);
-	}
-	if (!z[0] && !z[1])
-		return;
-	struct dataset cal;
-	if (dataset_build_tok(M, tk, DATASET_TRAIN, T, want, &cal, err,
-	                      sizeof(err)))
-		eval_die("%s", err);
-	struct ctx_cache *c;
-	float *xs = malloc(sizeof(float) * mc->n_layers * T * mc->dim);
-	if (!xs || ctx_cache_open(M, T, &c))
-		eval_die("out of memory");
-	for (int v = 0; v < 2; v++)
-		if (z[v] && !(zs[v] = malloc(sizeof(float) * per * cal.n)))
-			eval_die("out of memory");
-	uint64_t t0 = now_ms();
-	for (uint32_t q = 0; q < cal.n; q++) {
-		struct ctx_tap tp = {.x = xs};
-		ctx_cache_truncate(c, 0);
-		if (ctx_cache_step(c, cal.tok + (size_t)q * T, T, 0, &tp, NULL))
-			eval_die("calibration forward failed");
-		for (int v = 0; v < 2; v++)
-			if (z[v])
-				kvzap_score(z[v], xs, T, zs[v] + per * q);
-	}
-	fprintf(stderr, "kvtrim-eval: kvzap calibration: %u training windows "
-	        "of %u tokens in %.0fs\n", cal.n, T,
-	        (double)(now_ms() - t0) / 1e3);
-	*ncal = cal.n;
-	ctx_cache_close(c);
-	free(xs);
-	dataset_free(&cal);
-	kvzap_close(z[0]);
-	kvzap_close(z[1]);
-}
-
 /* ------------------------------------------------------------ results */
 
-/* spec with the absolute weights directory shown as given (the file reads
- * the same on every machine). */
-static void spec_print(FILE *f, const char *spec, const char *abs,
-                       const char *rel)
+void dec2_spec_print(FILE *f, const char *spec, const char *abs,
+                     const char *rel)
 {
 	size_t n = strlen(abs);
 	while (*spec) {
@@ -238,7 +181,7 @@ static int write_results(const struct ctx_args *a, const struct job *jobs,
 			fprintf(f, "%s sweep ", jobs[k].name);
 		else
 			fprintf(f, "%s %.3f ", jobs[k].name, jobs[k].ratio);
-		spec_print(f, jobs[k].spec[C_MAIN], a->wabs, a->wdir);
+		dec2_spec_print(f, jobs[k].spec[C_MAIN], a->wabs, a->wdir);
 		fputc('\n', f);
 	}
 	fclose(f);
@@ -329,7 +272,7 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 	float *zs[2] = {NULL, NULL};
 	int have_w = a->wabs[0] != 0;
 	if (have_w)
-		calibrate(M, tk, a->wabs, T, a->quick ? 1 : D2_CAL, zs, &ncal);
+		ctx_calibrate(M, tk, a->wabs, T, a->quick ? 1 : D2_CAL, zs, &ncal);
 	else
 		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
 		        "policies skipped (run make weights)\n", a->wdir);

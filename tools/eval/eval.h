@@ -232,5 +232,13 @@ struct ctx_args {
 	uint32_t nseq;           /* --seqs, 0 = default */
 };
 int ctx_main(const struct model *M, const struct ctx_args *a);
+/* kvzap's calibration: ncal windows of P tokens of the training split
+ * (train-man.txt) through the full-cache forward; the scores [ncal][L]
+ * [n_kv][P] of the scorers wabs/kvzap-linear and wabs/kvzap-mlp in zs[0],
+ * zs[1] (NULL where one is missing, reason on stderr), *nout windows. */
+struct tok;
+void ctx_calibrate(const struct model *M, const struct tok *t,
+                   const char *wabs, uint32_t P, uint32_t ncal, float *zs[2],
+                   uint32_t *nout);
 
 #endif

@@ -123,21 +123,6 @@ static struct job *add_job(const char *name, double R, enum jkind kind,
 	                    spec_needle);
 }
 
-/* Prints spec with every occurrence of abs replaced by rel. */
-static void spec_print(FILE *f, const char *spec, const char *abs,
-                       const char *rel)
-{
-	size_t n = strlen(abs);
-	while (*spec) {
-		if (n && !strncmp(spec, abs, n)) {
-			fputs(rel, f);
-			spec += n;
-		} else {
-			fputc(*spec++, f);
-		}
-	}
-}
-
 int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
@@ -527,13 +512,13 @@ int main(int argc, char **argv)
 				fprintf(f, "%s sweep ", j->name);
 			else
 				fprintf(f, "%s %.3f ", j->name, j->ratio);
-			spec_print(f, j->spec[C_MAIN], wabs, wdir);
+			dec2_spec_print(f, j->spec[C_MAIN], wabs, wdir);
 			static const char *const lab[C_NKIND] = {
 				"", " | copy: ", " | needle: "};
 			for (int c = 1; c < C_NKIND; c++)
 				if (j->spec[c][0]) {
 					fputs(lab[c], f);
-					spec_print(f, j->spec[c], wabs, wdir);
+					dec2_spec_print(f, j->spec[c], wabs, wdir);
 				}
 			fputc('\n', f);
 		}
