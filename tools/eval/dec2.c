@@ -23,10 +23,11 @@
  *     sequence per window; the hindsight oracle runs in process (it needs
  *     the future).  Reference: the dense forward, an in-process cache
  *     keeping every entry (replay.h) on the same tokens.
- *   - Batching: a group's rows (the references of the windows and the
- *     windows of up to 8 jobs) decode in lockstep, one model_forward_pos
- *     per step for all of them (every weight matrix read once for the
- *     group), each row attending over its own cache: a daemon row over
+ *   - Batching: a group's rows (the windows of up to 10 jobs) decode in
+ *     lockstep, one model_forward_pos per step for all of them (every
+ *     weight matrix read and packed once for the group: at a few rows
+ *     OpenBLAS spends more time packing the weights than multiplying),
+ *     each row attending over its own cache: a daemon row over
  *     its tenant's pages (appended through kvt_kv_ptr, x / q / lse staged,
  *     engine.c's steps for one token; host pages, f32), an in-process row
  *     over its replay cache.  Then one sync per tenant (B = windows
@@ -34,8 +35,11 @@
  *     eviction.  Groups are packed so their pages fit the eval daemon's
  *     pool beside the other threads' groups (no memory pressure: a sync
  *     where the daemon applied any fails its job), and `--threads`
- *     groups run at once.  OpenBLAS picks kernels by the number of rows
- *     and a row's position among them (model.h), so `full` matches the
+ *     groups run at once.  The first group also decodes the reference
+ *     (rows of their own, counted as a job) and stores its logits, step
+ *     by step; every group scores against them, waiting for a step not
+ *     stored yet.  OpenBLAS picks kernels by the number of rows and a
+ *     row's position among them (model.h), so `full` matches the
  *     reference to float rounding (KL about 1e-12), not bit for bit.
  *   - Metrics per job: kl = mean KL(p_ref || p_policy) in nats, top1 =
  *     argmax agreement, dnll = mean increase of -ln p(true token), over
@@ -60,15 +64,16 @@
  *     per-list top-k to n - floor(R n) (run_oracle_evict).  Those suffix
  *     sums are totals minus prefixes: the totals come from the reference
  *     rows of the first group (replay_tap over its whole decode), the
- *     prefixes from the oracle group's own reference rows as it decodes;
- *     so the oracle group runs after the first one has finished.
+ *     prefixes from reference rows of the oracle jobs' own group as it
+ *     decodes; so that group starts once the first one has finished.
  *   - Comparisons at equal achieved compression (ctxtable_write_tables,
  *     curve.c) as protocol 1's: each policy's runs one curve, read at
  *     0.5 / 0.75 / 0.875 achieved, "n/a" outside.
  * This file: the run (dec2_run); dec2main.c: the windows, the jobs and
- * the results.  Output in DIR: protocol2.csv (TABLE_CSV_HEADER, copy and needle empty;
- * rows of other models kept), protocol2.md, protocol2.png (one curve per
- * policy, KL against achieved), specs-<model>-protocol2.txt.
+ * the results.  Output in DIR: protocol2.csv (TABLE_CSV_HEADER, copy and
+ * needle empty; rows of other models kept), protocol2.md, protocol2.png
+ * (one curve per policy, KL against achieved),
+ * specs-<model>-protocol2.txt.
  */
 #include "dec2.h"
 
@@ -651,9 +656,11 @@ int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs)
 		free(p.tot);
 		return KVT_ENOMEM;
 	}
-	/* group 0: the references (stored for every group; the oracle's
-	 * totals); then the daemon jobs packed in order; the oracle jobs
-	 * last, once the totals are known */
+	/* group 0 holds the references (stored for every group; the
+	 * oracle's totals), the jobs follow in order, daemon jobs first,
+	 * packed by count and pages; references count as a job; the
+	 * oracle jobs need references of their own and the totals, so they
+	 * are never in group 0 */
 	p.g[p.ng++].producer = 1;
 	for (uint32_t k = 0; k < njobs; k++)
 		if (jobs[k].kind == J_DAEMON)
@@ -661,22 +668,20 @@ int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs)
 	for (uint32_t k = 0, o = 0; k < njobs; k++)
 		if (jobs[k].kind == J_ORACLE)
 			lst[nl + o++] = &jobs[k];
-	for (uint32_t k = 0; k < nl; k++) {
+	for (uint32_t k = 0; k < nl + nor; k++) {
 		struct group *g = &p.g[p.ng - 1];
+		int orc = lst[k]->kind == J_ORACLE;
 		uint64_t b = job_bytes(s, lst[k]);
-		if (g->producer || g->nj == cap_j ||
+		uint32_t units = g->nj + (g->producer || g->oracle) + 1 +
+		                 (orc && !g->oracle);
+		if (units > cap_j || (orc && g->producer) ||
 		    (g->nj && g->bytes + b > cap_b))
 			g = &p.g[p.ng++];
 		if (!g->jobs)
 			g->jobs = &lst[k];
 		g->nj++;
 		g->bytes += b;
-	}
-	if (nor) {
-		struct group *g = &p.g[p.ng++];
-		g->jobs = &lst[nl];
-		g->nj = nor;
-		g->oracle = 1;
+		g->oracle |= orc;
 	}
 	for (uint32_t gi = 0; gi < p.ng; gi++)
 		p.total += (uint64_t)s->nwin * C *

@@ -35,10 +35,11 @@ struct dec2_set {
 	uint32_t nwin, P, T;  /* P >= 1, T >= P + 2 */
 	const char *rt;       /* kvtrimd's runtime directory */
 	int threads;          /* groups run at once (>= 1) */
-	/* grouping: daemon jobs share a batched forward in groups of at
-	 * most group_jobs jobs whose pages (estimated from their ratios)
-	 * fit group_bytes; 0: DEC2_GROUP_JOBS, and the eval daemon's pool
-	 * shared by the threads */
+	/* grouping: jobs share a batched forward in groups of at most
+	 * group_jobs (the references of a group count as one) whose daemon
+	 * pages (estimated from their ratios) fit group_bytes; 0:
+	 * DEC2_GROUP_JOBS, and 80 % of the eval daemon's pool shared by the
+	 * threads */
 	uint32_t group_jobs;
 	uint64_t group_bytes;
 	double oracle_extra;  /* an oracle job keeps n - floor(r n) entries
@@ -46,7 +47,7 @@ struct dec2_set {
 	const char *label;    /* progress lines on stderr, or NULL: none */
 };
 
-#define DEC2_GROUP_JOBS 8u
+#define DEC2_GROUP_JOBS 10u
 
 /* 0, KVT_EINVAL (bad set or a J_KVZIP job), KVT_ENOMEM; job results as
  * above. */
