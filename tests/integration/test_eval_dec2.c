@@ -276,9 +276,9 @@ TEST_T(eval_dec2, quick_smollm2, 300)
 			T_ASSERT(kl < 1e-6 && top1 == 1 && ach == 0);
 			continue;
 		}
-		/* asked for R + mean(1/n): at least R achieved, at most
-		 * mean(1/n) = 0.021 more (32 + 32 tokens) */
-		T_ASSERT(fabs(tg - 0.75) < 1e-9 && ach >= 0.75 && ach < 0.772);
+		/* one target, the lowest: asked for R, a budget rounded
+		 * up, at most mean(1/n) = 0.021 under R (32 + 32 tokens) */
+		T_ASSERT(fabs(tg - 0.75) < 1e-9 && ach <= 0.75 && ach > 0.728);
 		T_ASSERT(kl > 0 && top1 > 0 && top1 < 1);
 		if (!strcmp(pol, "random"))
 			kl_rand = kl;

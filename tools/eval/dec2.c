@@ -367,8 +367,10 @@ static int oracle_step(const struct dec2_set *s, const double *tot,
 		if (!rw->j || rw->w != w || rw->j->kind != J_ORACLE ||
 		    rw->j->failed)
 			continue;
-		int rc = run_oracle_evict(s->M, rw->r,
-		                          rw->j->ratio + s->oracle_extra, sc,
+		/* its budget: spec "oracle:ratio=F", else the job's ratio */
+		const char *rs = strstr(rw->j->spec[C_MAIN], "ratio=");
+		double R = rs ? strtod(rs + 6, NULL) : rw->j->ratio;
+		int rc = run_oracle_evict(s->M, rw->r, R, sc,
 		                          mc->n_heads * T, T);
 		if (rc)
 			return rc;

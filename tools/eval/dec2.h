@@ -10,8 +10,9 @@
  * step feeding token t predicts token t+1, so every window gives T-1-P
  * predictions.  Jobs are J_DAEMON (spec[C_MAIN] in a kvtrimd tenant on
  * runtime directory rt, one sequence per window, one sync per step with
- * the policy active) or J_ORACLE (the hindsight oracle at job->ratio, in
- * process); J_KVZIP is refused (a prompt-only bound, not part of this
+ * the policy active) or J_ORACLE (the hindsight oracle in process,
+ * keeping n - floor(r n) entries of n, r from "ratio=F" in spec[C_MAIN],
+ * else job->ratio); J_KVZIP is refused (a prompt-only bound, not part of this
  * protocol).  Per job it adds, over every prediction of every window, KL
  * (reference || job) into kl, top-1 agreement into top1 and the NLL
  * increase of the true token into dnll (npos predictions), and after
@@ -42,8 +43,6 @@ struct dec2_set {
 	 * threads */
 	uint32_t group_jobs;
 	uint64_t group_bytes;
-	double oracle_extra;  /* an oracle job keeps n - floor(r n) entries
-	                         of n, r = its ratio + oracle_extra */
 	const char *label;    /* progress lines on stderr, or NULL: none */
 };
 

@@ -279,9 +279,12 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
 	for (uint32_t q = 0; q < nrat; q++) {
 		/* a budget n - floor(r n) drops up to one entry less than
-		 * r n: asked for r = R + mean(1 / n), the mean achieved ratio
-		 * is at least R, so the curves reach the table's column R */
-		double R = ratios[q], Rs = R + dec2_inv_seen(P, T);
+		 * r n, so a run asked for R achieves a little under R: the
+		 * curves must bracket the table's columns, so the lowest
+		 * target asks for R (at most R achieved) and the others for
+		 * R + mean(1 / n) (at least R) */
+		double R = ratios[q],
+		       Rs = q ? R + dec2_inv_seen(P, T) : R;
 		for (size_t i = 0; i < NRATIO; i++) {
 			snprintf(s, sizeof(s), ratio_policies[i].fmt, Rs);
 			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
@@ -300,9 +303,12 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 			             NULL)->tau = tau;
 		}
 		if (have_w) {
+			/* deciding at every sync, as every other policy
+			 * here (every=16 would leave up to 15 entries over
+			 * the budget: its curve could not reach R) */
 			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
 			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=16", a->wabs, Rs);
+			         "every=1", a->wabs, Rs);
 			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
 			             NULL, NULL);
 			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
@@ -311,8 +317,8 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}
-		snprintf(s, sizeof(s), "hindsight oracle (in-process), "
-		         "ratio=%.4f", Rs);
+		snprintf(s, sizeof(s), "oracle:ratio=%.4f (hindsight, in "
+		         "process)", Rs);
 		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE, s, NULL,
 		             NULL);
 	}
@@ -348,7 +354,6 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 	struct dec2_set set = {
 		.M = M, .tok = ev.tok, .nwin = ev.n, .P = P, .T = T, .rt = rt,
 		.threads = a->threads, .label = label,
-		.oracle_extra = dec2_inv_seen(P, T),
 	};
 	int rc = dec2_run(&set, jobs, njobs);
 	eval_daemon_stop();
