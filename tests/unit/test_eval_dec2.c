@@ -36,6 +36,14 @@ TEST(eval_dec2, budget_by_hand)
 	T_EQ(dec2_budget(0.9, 2, 5), 1);
 	/* R = 0: N = 24/7 = 3.43 -> 3 */
 	T_EQ(dec2_budget(0.0, 2, 5), 3);
+	/* exactly, with every entry kept while n <= N: the mean of
+	 * max(0, 1 - N/3) and max(0, 1 - N/4) is 17/24 (N = 1), 5/12
+	 * (N = 2), 1/8 (N = 3), 0 (N = 4) */
+	T_EQ(dec2_tokens(0.5, 2, 5, 1), 1);  /* at least 0.5 */
+	T_EQ(dec2_tokens(0.5, 2, 5, 0), 2);  /* at most 0.5 */
+	T_EQ(dec2_tokens(0.125, 2, 5, 1), 3);
+	T_EQ(dec2_tokens(0.125, 2, 5, 0), 3);
+	T_EQ(dec2_tokens(0.9, 2, 5, 1), 1);  /* out of reach: 1 */
 }
 
 TEST(eval_dec2, kvzap_decode_threshold_with_sinks_by_hand)

@@ -53,7 +53,7 @@
  *     windows of T tokens of train-man.txt; kvzap.c), and a sweep of 3
  *     fixed thresholds chosen there; fastkvzip ratio=r deciding at every
  *     sync (every=1); kvpop the token budget whose mean achieved ratio is
- *     r (dec2_budget); the oracle ratio=r; targets R = 0.5, 0.75, 0.875
+ *     at most / at least R (dec2_tokens); the oracle ratio=r; targets R = 0.5, 0.75, 0.875
  *     (--quick: 0.75).  A budget n - floor(r n) achieves a little under
  *     r, so the lowest target asks for r = R and the others for r = R +
  *     mean(1/n) (0.0016): each policy's runs bracket the table's
@@ -718,6 +718,22 @@ double dec2_inv_seen(uint32_t P, uint32_t T)
 	for (uint32_t t = P; t + 1 < T; t++)
 		s += 1.0 / (t + 1);
 	return s / (T - 1 - P);
+}
+
+uint32_t dec2_tokens(double R, uint32_t P, uint32_t T, int up)
+{
+	uint32_t best = up ? 1 : T;
+	for (uint32_t N = 1; N <= T; N++) {
+		double a = 0;
+		for (uint32_t n = P + 1; n < T; n++)
+			a += n > N ? 1.0 - (double)N / n : 0;
+		a /= T - 1 - P;
+		if (up && a >= R)
+			best = N;
+		if (!up && a <= R)
+			return N;
+	}
+	return best;
 }
 
 uint32_t dec2_budget(double R, uint32_t P, uint32_t T)

@@ -57,6 +57,11 @@ int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs);
  * kvpop's budget (a token count) for a target ratio. */
 uint32_t dec2_budget(double R, uint32_t P, uint32_t T);
 
+/* The same budget exactly (every entry kept while n <= N, so the mean of
+ * max(0, 1 - N / n)): the largest N achieving at least R when up, else
+ * the smallest achieving at most R (kvpop's budget under protocol 2). */
+uint32_t dec2_tokens(double R, uint32_t P, uint32_t T, int up);
+
 /* The mean over those syncs of 1 / n. */
 double dec2_inv_seen(uint32_t P, uint32_t T);
 

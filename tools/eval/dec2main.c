@@ -123,7 +123,8 @@ static void write_md(const char *dir, const struct row *rows, size_t nr,
 	        "of the tokens seen, r = R for the lowest target and R + "
 	        "mean(1/n) for the others (a budget n - floor(r n) achieves "
 	        "a little under r: so the runs bracket every column); kvpop "
-	        "the token budget whose mean achieved ratio is r; kvzap's "
+	        "the token budget whose mean achieved ratio is at most R "
+	        "(lowest target) or at least R (the others); kvzap's "
 	        "threshold is "
 	        "calibrated on the training split (train-man.txt) under this "
 	        "protocol and swept over fixed thresholds chosen there. oracle "
@@ -317,7 +318,7 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 			             NULL, NULL);
 			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", a->wabs,
-			         dec2_budget(Rs, P, T), RECIPE_KVPOP_DELAY);
+			         dec2_tokens(R, P, T, q > 0), RECIPE_KVPOP_DELAY);
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}
