@@ -7,7 +7,9 @@
 # cache holds it (verified by `make models`: the .sha256 stamp, the rule of
 # engine/model_files.h): its weights in build/weights/smollm2 (kvtrim-train
 # --jobs WEIGHTS_JOBS, about 17 minutes when missing), kvtrim-eval's
-# protocol 1 into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt).
+# protocol 1 into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt),
+# then its protocol 2 (decoding-time compression, about 30 minutes) beside
+# it (protocol2.csv / .md / .png, specs-smollm2-protocol2.txt).
 #
 # Environment: B (build dir, default build), MODELS_DIR (default
 # ../shared/models), OUT (default docs/results), EVAL_ARGS (extra
@@ -44,6 +46,8 @@ if [ -r "$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then
 	[ -e "$w/fit.txt" ] && cp "$w/fit.txt" "$OUT/smollm2/fit.txt"
 	# shellcheck disable=SC2086
 	"$B/bin/kvtrim-eval" --model smollm2 --out "$OUT/smollm2" --weights "$w" ${EVAL_ARGS:-}
+	# shellcheck disable=SC2086
+	"$B/bin/kvtrim-eval" --model smollm2 --protocol 2 --out "$OUT/smollm2" --weights "$w" ${EVAL_ARGS:-}
 	ran=$((ran + 1))
 else
 	echo "eval: SmolLM2 not in $d (make models), skipped"

@@ -309,9 +309,9 @@ static void *worker(void *arg)
  * train-man.txt): the scores of both scorers under protocol 1, in zs[v]
  * (NULL where a scorer is missing).
  */
-static void calibrate(const struct model *M, const struct tok *t,
-                      const char *wabs, uint32_t P, uint32_t ncal,
-                      float *zs[2], uint32_t *nout)
+void ctx_calibrate(const struct model *M, const struct tok *t,
+                   const char *wabs, uint32_t P, uint32_t ncal, float *zs[2],
+                   uint32_t *nout)
 {
 	const struct model_config *mc = &M->cfg;
 	const size_t per = (size_t)mc->n_layers * mc->n_kv_heads * P;
@@ -567,7 +567,7 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	uint32_t ncal = 0;
 	int have_w = a->wabs[0] != 0;
 	if (have_w)
-		calibrate(M, tk, a->wabs, P, a->quick ? 2 : CTX_CAL, zs, &ncal);
+		ctx_calibrate(M, tk, a->wabs, P, a->quick ? 2 : CTX_CAL, zs, &ncal);
 	else
 		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
 		        "policies skipped (run make weights)\n", a->wdir);

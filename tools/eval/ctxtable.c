@@ -4,6 +4,7 @@
  * read as one curve at 0.5 / 0.75 / 0.875 achieved, curve.c), then every
  * run as measured, and the links to the tasks' files (ctxtask.c).
  * Bounds (full, random, kvzip, oracle) in every table.
+ * The two tables are also protocol 2's (dec2.c: ctxtable_write_tables).
  */
 #include "eval.h"
 
@@ -91,13 +92,33 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 	        "continuation's queries pay each entry in the full-cache run, "
 	        "per-head top-k) run in process; oracle is a bound, not a "
 	        "deployable policy. Exact specs: specs-%s.txt.\n\n"
+	        "Decoding-time compression (protocol 2, every policy active "
+	        "while generating): [protocol2.md](protocol2.md).\n\n",
+	        model, model, what, model);
+	ctxtable_write_tables(f, rows, nr, model, "quality.csv");
+	/* Linked when this run (or an earlier one in dir) made them:
+	 * --no-tasks skips the tasks. */
+	char tp[PATH_MAX];
+	snprintf(tp, sizeof(tp), "%s/needle.md", dir);
+	if (!access(tp, R_OK))
+		fprintf(f, "\n## Tasks\n\nThe pass-key needle and the copy task "
+		           "under this protocol (chat prompts, greedy answers; "
+		           "ctxtask.c): [needle.md](needle.md), "
+		           "[copy.md](copy.md).\n");
+	fclose(f);
+}
+
+void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
+                           const char *model, const char *csv)
+{
+	fprintf(f,
 	        "## At equal achieved compression\n\n"
 	        "Each policy's runs (every target and threshold) form one "
 	        "curve of (achieved, metric); the cells read it at the "
 	        "achieved ratio of the column by linear interpolation between "
 	        "the nearest runs on either side (n/a: the curve does not "
 	        "reach it; no extrapolation). Cells: KL / top-1 / dNLL. Bounds "
-	        "are marked.\n\n| policy |", model, model, what, model);
+	        "are marked.\n\n| policy |");
 	for (size_t q = 0; q < NAT; q++)
 		fprintf(f, " achieved %.3f |", at[q]);
 	fprintf(f, "\n|---|");
@@ -147,11 +168,11 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 		}
 		fprintf(f, "\n");
 	}
-	fprintf(f, "\n## Runs\n\nEvery run as measured (quality.csv): the "
+	fprintf(f, "\n## Runs\n\nEvery run as measured (%s): the "
 	           "target ratio (empty for a threshold-sweep run), kvzap's "
 	           "threshold, the achieved ratio.\n\n| policy | target | "
 	           "threshold | achieved | KL | top-1 | dNLL |\n"
-	           "|---|---|---|---|---|---|---|\n");
+	           "|---|---|---|---|---|---|---|\n", csv);
 	for (size_t p = 0; p < np; p++)
 		for (size_t i = 0; i < nr; i++) {
 			const struct row *r = &rows[i];
@@ -174,15 +195,5 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
 				           "%.4f |\n", r->policy, t, th, r->ach,
 				        r->kl, r->top1, r->dnll);
 		}
-	/* Linked when this run (or an earlier one in dir) made them:
-	 * --no-tasks skips the tasks. */
-	char tp[PATH_MAX];
-	snprintf(tp, sizeof(tp), "%s/needle.md", dir);
-	if (!access(tp, R_OK))
-		fprintf(f, "\n## Tasks\n\nThe pass-key needle and the copy task "
-		           "under this protocol (chat prompts, greedy answers; "
-		           "ctxtask.c): [needle.md](needle.md), "
-		           "[copy.md](copy.md).\n");
 	free(x);
-	fclose(f);
 }

@@ -88,7 +88,7 @@ void eval_daemon_start(const char *argv0, char *rt, size_t rtlen)
 			close(fd);
 		}
 		execl(bin, bin, "--runtime-dir", rt, "--backend", "cpu",
-		      "--pool-size", "1024M", "--high-watermark", "1",
+		      "--pool-size", "2048M", "--high-watermark", "1",
 		      "--log-level", "warning", (char *)NULL);
 		_exit(127);
 	}

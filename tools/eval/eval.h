@@ -22,6 +22,9 @@
  *   ctxtask.c  protocol 1's needle and copy tasks (ctxtask.h);
  *             ctxtask_case.c their cases;
  *             ctxtasktab.c their tables
+ *   dec2.c    protocol 2 (decoding-time compression) for models with a
+ *             tokenizer (dec2.h): every policy decoding in lockstep,
+ *             batched; dec2main.c its windows, jobs and results files
  *   curve.c   reading a policy's curve at an achieved ratio
  *   ctxdump.c protocol 1's kept positions for the kvpress parity
  *             (--dump-kept)
@@ -147,8 +150,8 @@ void kvzap_score(struct kvzap_scorer *z, const float *xs, uint32_t T,
 void kvzap_close(struct kvzap_scorer *z);
 /* Scores [cal][L][n_kv][T] of the calibration sequences (dense forward).
  * kvzap_tau / kvzap_sweep_grid: T == P is protocol 1 (scores of the
- * context, one decision after its prefill, positions < sinks kept); the
- * decode protocol (T > P) has sinks 0. */
+ * context, one decision after its prefill), T > P a decode protocol (a
+ * decision at every sync); positions < sinks are kept in both. */
 float *kvzap_scores(const struct model *M, const char *dir,
                     const struct dataset *cal, char *err, size_t errlen);
 float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
@@ -167,6 +170,14 @@ void run_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
  * list, positions < KVZIP_SINKS protected): drop [nl][P]. KVT_ENOMEM. */
 int run_kvzip_drop(const float *scores, uint32_t nl, uint32_t P, double R,
                    uint8_t *drop);
+/* The hindsight oracle's eviction after a sync of n = replay_pos(r)
+ * tokens: per (layer, KV head) the n - floor(R n) live entries with the
+ * best score, the max over the group's query heads h of
+ * s[l * sl + h * sh + i] (entry i; s NULL: every score 0; ties as
+ * select_topk_cpu), are kept, the others die.  KVT_ENOMEM. */
+struct replay;
+int run_oracle_evict(const struct model *M, struct replay *r, double R,
+                     const float *s, size_t sl, size_t sh);
 /* What the worker threads share: they take jobs in order under lock. */
 struct run_pool {
 	const struct model *M;
@@ -208,6 +219,10 @@ void ctxtable_write_md(const char *dir, const struct row *rows, size_t nr,
                        const char *model, const char *what);
 /* 1 for the policies that bound the others (full, random, kvzip, oracle). */
 int ctxtable_is_bound(const char *policy);
+/* Its two tables (at equal achieved compression; every run, read from
+ * the file named csv) into f. */
+void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
+                           const char *model, const char *csv);
 
 /* curve.c */
 /* The curve through the points (x[i], y[i]) at x0: linear between the
@@ -227,6 +242,14 @@ struct ctx_args {
 	const char *dump;        /* --dump-kept DIR or NULL */
 };
 int ctx_main(const struct model *M, const struct ctx_args *a);
+/* kvzap's calibration: ncal windows of P tokens of the training split
+ * (train-man.txt) through the full-cache forward; the scores [ncal][L]
+ * [n_kv][P] of the scorers wabs/kvzap-linear and wabs/kvzap-mlp in zs[0],
+ * zs[1] (NULL where one is missing, reason on stderr), *nout windows. */
+struct tok;
+void ctx_calibrate(const struct model *M, const struct tok *t,
+                   const char *wabs, uint32_t P, uint32_t ncal, float *zs[2],
+                   uint32_t *nout);
 
 /* ctxdump.c */
 /* --dump-kept: protocol 1's windows ev (P context + T - P tokens each),

@@ -21,9 +21,9 @@
 /* kvzap's achieved ratio on the protocol for threshold tau, computed from
  * its scores s [cal][L][n_kv][T] exactly: after the sync of step t the
  * entries i <= t - w were decided (dropped iff s < tau), the window
- * (t - w, t] is kept.  T == P is protocol 1 (context compression): one
- * decision after the prefill of the T entries, those in [sinks, T - w)
- * decided (the decode protocol has no sinks: sinks must be 0 there). */
+ * (t - w, t] is kept; positions < sinks are never dropped.  T == P is
+ * protocol 1 (context compression): one decision after the prefill of the
+ * T entries, those in [sinks, T - w) decided. */
 static double kvzap_ratio(const struct model *M, const float *s, uint32_t ncal,
                           uint32_t T, uint32_t P, uint32_t w, uint32_t sinks,
                           float tau)
@@ -52,7 +52,7 @@ static double kvzap_ratio(const struct model *M, const float *s, uint32_t ncal,
 			uint32_t run = 0;
 			for (uint32_t i = 0; i < T; i++) {
 				below[i] += run;
-				run += !(x[i] >= tau);
+				run += i >= sinks && !(x[i] >= tau);
 			}
 			below[T] += run;
 		}

@@ -3,7 +3,7 @@
  * cache, on held-out inputs, through one real kvtrimd.
  *
  *   kvtrim-eval --model M --out DIR [--quick] [--weights WDIR]
- *               [--runtime-dir RT] [--threads N] [--seqs N]
+ *               [--runtime-dir RT] [--threads N] [--seqs N] [--protocol 1|2]
  *               [--dump-kept DIR]   (protocol 1's kept positions: ctxdump.c)
  *               [--no-tasks]        (SmolLM2: protocol 1 without the needle and copy tasks)
  *
@@ -73,7 +73,9 @@
  * exact policy specs), DIR/needle-<model>.txt (byte models).
  *
  * Models with a tokenizer (GGUF: SmolLM2, `--model smollm2`) are measured
- * under protocol 1, context compression, instead: ctxmain.c.
+ * under protocol 1, context compression, instead (ctxmain.c), or with
+ * `--protocol 2` under protocol 2, decoding-time compression (dec2.c).
+ * The byte models have the protocol above only (--protocol 1).
  *
  * This file holds the options, the cases and jobs of a run and the results
  * files; eval.h lists the other files of tools/eval/.
@@ -95,6 +97,7 @@
 
 #include "../train/dataset.h"
 #include "../train/recipe.h"
+#include "dec2.h"
 #include "engine.h"
 #include "model.h"
 #include "model_files.h"
@@ -111,7 +114,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
-	           "[--seqs N] [--dump-kept DIR] [--no-tasks]\n");
+	           "[--seqs N] [--protocol 1|2] [--dump-kept DIR] "
+	           "[--no-tasks]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -122,37 +126,11 @@ static struct job *add_job(const char *name, double R, enum jkind kind,
 	                    spec_needle);
 }
 
-/* Token budget whose mean achieved ratio over steps [P, T-1) is R. */
-static uint32_t tokens_for(double R, uint32_t P, uint32_t T)
-{
-	double s = 0;
-	for (uint32_t t = P; t + 1 < T; t++)
-		s += 1.0 / (t + 1);
-	s /= (T - 1 - P);
-	double n = (1.0 - R) / s;
-	return n < 1 ? 1 : (uint32_t)lround(n);
-}
-
-/* Prints spec with every occurrence of abs replaced by rel. */
-static void spec_print(FILE *f, const char *spec, const char *abs,
-                       const char *rel)
-{
-	size_t n = strlen(abs);
-	while (*spec) {
-		if (n && !strncmp(spec, abs, n)) {
-			fputs(rel, f);
-			spec += n;
-		} else {
-			fputc(*spec++, f);
-		}
-	}
-}
-
 int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
 	           *rt_arg = NULL, *dump = NULL;
-	int quick = 0, threads = 2, notasks = 0;
+	int quick = 0, threads = 2, notasks = 0, protocol = 1;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
@@ -164,10 +142,11 @@ int main(int argc, char **argv)
 		{"seqs", required_argument, 0, 's'},
 		{"dump-kept", required_argument, 0, 'd'}, /* ctxdump.c */
 		{"no-tasks", no_argument, 0, 'n'},
+		{"protocol", required_argument, 0, 'p'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:nh", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:np:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -179,11 +158,13 @@ int main(int argc, char **argv)
 		case 's': nseq = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'd': dump = out = optarg; break;
 		case 'n': notasks = 1; break;
+		case 'p': protocol = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (!out || optind != argc || threads < 1 || threads > 16) {
+	if (!out || optind != argc || threads < 1 || threads > 16 ||
+	    (protocol != 1 && protocol != 2)) {
 		usage(stderr);
 		return 2;
 	}
@@ -229,8 +210,13 @@ int main(int argc, char **argv)
 	int have_w = realpath(wdir, wabs) != NULL;
 	if (mkdir(out, 0755) < 0 && errno != EEXIST)
 		eval_die("%s: %s", out, strerror(errno));
+	if (protocol == 2 && m.version != MODEL_GGUF)
+		eval_die("--protocol 2 is for models with a tokenizer (GGUF); "
+		         "%s decodes with the policy active under its own "
+		         "protocol already", mname);
 	if (m.version == MODEL_GGUF) {
-		/* a model with a tokenizer: protocol 1 (ctxmain.c) */
+		/* a model with a tokenizer: protocol 1 (ctxmain.c) or 2
+		 * (dec2.c) */
 		struct ctx_args ca = {
 			.argv0 = argv[0], .model_path = model_path,
 			.mname = mname, .out = out, .wdir = wdir,
@@ -239,7 +225,7 @@ int main(int argc, char **argv)
 			.notasks = notasks,
 			.dump = dump,
 		};
-		int rc = ctx_main(M, &ca);
+		int rc = protocol == 2 ? dec2_main(M, &ca) : ctx_main(M, &ca);
 		model_free(&m);
 		return rc;
 	}
@@ -387,14 +373,14 @@ int main(int argc, char **argv)
 			add_job("fastkvzip", R, J_DAEMON, s, NULL, NULL);
 			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         tokens_for(R, P, T), RECIPE_KVPOP_DELAY);
+			         dec2_budget(R, P, T), RECIPE_KVPOP_DELAY);
 			snprintf(sc, sizeof(sc), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         cT ? tokens_for(R, cP, cT) : 1,
+			         cT ? dec2_budget(R, cP, cT) : 1,
 			         RECIPE_KVPOP_DELAY);
 			snprintf(sn, sizeof(sn), "kvpop:model=%s/kvpop.safetensors,"
 			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         nT ? tokens_for(R, nP, nT) : 1,
+			         nT ? dec2_budget(R, nP, nT) : 1,
 			         RECIPE_KVPOP_DELAY);
 			add_job("kvpop", R, J_DAEMON, s, ncp ? sc : NULL,
 			        nnd ? sn : NULL);
@@ -535,13 +521,13 @@ int main(int argc, char **argv)
 				fprintf(f, "%s sweep ", j->name);
 			else
 				fprintf(f, "%s %.3f ", j->name, j->ratio);
-			spec_print(f, j->spec[C_MAIN], wabs, wdir);
+			dec2_spec_print(f, j->spec[C_MAIN], wabs, wdir);
 			static const char *const lab[C_NKIND] = {
 				"", " | copy: ", " | needle: "};
 			for (int c = 1; c < C_NKIND; c++)
 				if (j->spec[c][0]) {
 					fputs(lab[c], f);
-					spec_print(f, j->spec[c], wabs, wdir);
+					dec2_spec_print(f, j->spec[c], wabs, wdir);
 				}
 			fputc('\n', f);
 		}

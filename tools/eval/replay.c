@@ -16,7 +16,9 @@ struct replay {
 	                     entry is a page of page_tokens 1 */
 	uint8_t *alive;   /* [L][n_kv][cap] */
 	void **pages;     /* [cap] */
+	uint32_t *idx;    /* [cap] position of each entry of pages */
 	float *scratch;   /* [G][cap] */
+	double *tap;      /* replay_tap's sums, or NULL */
 };
 
 int replay_open(const struct model *m, uint32_t cap, struct replay **out)
@@ -31,8 +33,9 @@ int replay_open(const struct model *m, uint32_t cap, struct replay **out)
 	r->kv = malloc(sizeof(float) * lists * cap * 2 * c->head_dim);
 	r->alive = calloc(lists * cap, 1);
 	r->pages = malloc(sizeof(void *) * cap);
+	r->idx = malloc(sizeof(uint32_t) * cap);
 	r->scratch = malloc(sizeof(float) * cap * (c->n_heads / c->n_kv_heads));
-	if (!r->kv || !r->alive || !r->pages || !r->scratch) {
+	if (!r->kv || !r->alive || !r->pages || !r->idx || !r->scratch) {
 		replay_close(r);
 		return KVT_ENOMEM;
 	}
@@ -47,6 +50,7 @@ void replay_close(struct replay *r)
 	free(r->kv);
 	free(r->alive);
 	free(r->pages);
+	free(r->idx);
 	free(r->scratch);
 	free(r);
 }
@@ -76,8 +80,10 @@ static int attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 		uint8_t *al = r->alive + li * r->cap;
 		uint32_t len = 0;
 		for (uint32_t i = 0; i < pos0; i++)
-			if (al[i])
+			if (al[i]) {
+				r->idx[len] = i;
 				r->pages[len++] = base + (size_t)i * 2 * hd;
+			}
 		for (uint32_t t = 0; t < n; t++) {
 			float *row = base + (size_t)(pos0 + t) * 2 * hd;
 			memcpy(row, k + ((size_t)t * nkv + g) * hd,
@@ -85,17 +91,38 @@ static int attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 			memcpy(row + hd, v + ((size_t)t * nkv + g) * hd,
 			       sizeof(float) * hd);
 			al[pos0 + t] = 1;
+			r->idx[len + t] = pos0 + t;
 			r->pages[len + t] = row;
 		}
 		for (uint32_t t = 0; t < n; t++) {
 			size_t qo = (size_t)t * H + (size_t)g * G;
+			uint32_t nv = len + t + 1;
 			paged_attention_cpu(q + qo * hd, G, r->pages, 1, hd,
-			                    KVT_DTYPE_F32, len + t + 1, scale,
+			                    KVT_DTYPE_F32, nv, scale,
 			                    out + qo * hd, lse + qo, r->scratch);
+			/* the kernel leaves the probabilities in scratch
+			 * [G][nv] */
+			for (uint32_t j = 0; r->tap && j < G; j++) {
+				double *acc = r->tap + ((size_t)layer * H +
+				                        (size_t)g * G + j) * r->cap;
+				const float *pr = r->scratch + (size_t)j * nv;
+				for (uint32_t e = 0; e < nv; e++)
+					acc[r->idx[e]] += pr[e];
+			}
 		}
 	}
 	return 0;
 }
+
+int replay_attend_row(struct replay *r, uint32_t layer, const float *q,
+                      const float *k, const float *v, float *out, float *lse)
+{
+	return attend(r, layer, r->pos, 1, NULL, q, k, v, out, lse);
+}
+
+void replay_advance(struct replay *r, uint32_t n) { r->pos += n; }
+
+void replay_tap(struct replay *r, double *acc) { r->tap = acc; }
 
 int replay_step(struct replay *r, const int32_t *tok, uint32_t n,
                 float *logits)

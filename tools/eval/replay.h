@@ -12,6 +12,12 @@
  * With nothing evicted its logits equal the engine's with policy `full`.
  * Eviction marks entries dead; selection is done by the caller with the
  * shared kernels (select_topk_cpu), as the daemon's policies do.
+ *
+ * Several caches can decode in one batched forward (model_forward_pos, one
+ * token row per cache, mixed with rows served by other caches): the
+ * callback hands row c to replay_attend_row of that row's cache, and each
+ * cache then moves on with replay_advance.  The arithmetic of a row is
+ * replay_step's for that token.
  */
 #ifndef KVT_EVAL_REPLAY_H
 #define KVT_EVAL_REPLAY_H
@@ -34,6 +40,26 @@ void replay_reset(struct replay *r);
  * logits [n][vocab] may be NULL. */
 int replay_step(struct replay *r, const int32_t *tok, uint32_t n,
                 float *logits);
+
+/*
+ * Attention of the token at position replay_pos(r) of one layer, for a
+ * batched forward (q [n_heads][hd], k and v [n_kv][hd] of that token;
+ * out [n_heads][hd], lse [n_heads]): appended and attended as replay_step
+ * does.  Call replay_advance(r, 1) once every layer has run.
+ */
+int replay_attend_row(struct replay *r, uint32_t layer, const float *q,
+                      const float *k, const float *v, float *out, float *lse);
+void replay_advance(struct replay *r, uint32_t n);
+
+/*
+ * While acc is set, every query row attended (replay_step and
+ * replay_attend_row) adds its attention probabilities to it:
+ * acc[(layer * n_heads + h) * cap + i] += a^h_{row, i} for every live
+ * entry i (its position) of query head h, the row's own entry included.
+ * NULL stops it.  The hindsight oracle of the decode protocol sums the
+ * attention a full-cache run pays each entry this way.
+ */
+void replay_tap(struct replay *r, double *acc /* [L][n_heads][cap] */);
 
 /* Tokens fed so far. */
 uint32_t replay_pos(const struct replay *r);

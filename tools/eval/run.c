@@ -122,58 +122,55 @@ static int run_daemon_case(const struct model *M, struct job *j,
 	return rc;
 }
 
-/* Per-head top-k of the hindsight scores to the ratio budget. */
-static int evict_oracle(const struct model *M, struct replay *r,
-                        const struct ecase *c, const float *suf, double R)
+int run_oracle_evict(const struct model *M, struct replay *r, double R,
+                     const float *s, size_t sl, size_t sh)
 {
 	const struct model_config *mc = &M->cfg;
 	uint32_t n = replay_pos(r);
 	uint32_t B = n - (uint32_t)floor(R * n);
-	float *s = malloc(sizeof(float) * n);
+	float *sc = malloc(sizeof(float) * n);
 	uint32_t *rank = malloc(sizeof(uint32_t) * n),
 	         *idx = malloc(sizeof(uint32_t) * n),
-	         *sc = malloc(sizeof(uint32_t) * n);
+	         *scr = malloc(sizeof(uint32_t) * n);
 	uint8_t *drop = malloc(n);
-	if (!s || !rank || !idx || !sc || !drop) {
-		free(s);
+	if (!sc || !rank || !idx || !scr || !drop) {
+		free(sc);
 		free(rank);
 		free(idx);
-		free(sc);
+		free(scr);
 		free(drop);
 		return KVT_ENOMEM;
 	}
 	for (uint32_t l = 0; l < mc->n_layers; l++)
 		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
 			uint8_t *al = replay_alive(r, l, g);
-			uint32_t G = mc->n_heads / mc->n_kv_heads, T = c->T;
+			uint32_t G = mc->n_heads / mc->n_kv_heads;
 			uint32_t k = 0;
 			for (uint32_t i = 0; i < n; i++)
 				if (al[i]) {
-					/* attention still to come: queries
-					 * t >= n, best head of the group */
+					/* best head of the group */
 					float best = 0;
 					for (uint32_t h = g * G; h < (g + 1) * G;
 					     h++) {
-						float v = n < T ? suf[(((size_t)l *
-						        mc->n_heads + h) * T + n) *
-						        T + i] : 0;
+						float v = s ? s[l * sl + h * sh + i]
+						            : 0;
 						best = v > best ? v : best;
 					}
-					s[k] = best;
+					sc[k] = best;
 					rank[k] = i;
 					idx[k++] = i;
 				}
 			if (k <= B)
 				continue;
-			select_topk_cpu(s, rank, NULL, k, B, drop, sc);
+			select_topk_cpu(sc, rank, NULL, k, B, drop, scr);
 			for (uint32_t e = 0; e < k; e++)
 				if (drop[e])
 					al[idx[e]] = 0;
 		}
-	free(s);
+	free(sc);
 	free(rank);
 	free(idx);
-	free(sc);
+	free(scr);
 	free(drop);
 	return 0;
 }
@@ -227,6 +224,18 @@ static int evict_kvzip(const struct model *M, struct replay *r,
 	}
 	free(drop);
 	return rc;
+}
+
+/* The oracle after a sync of n = replay_pos(r) tokens: the attention the
+ * entries still receive from the queries t in [n, T - 2] (suffix sums,
+ * suf[l][h][n][i]). */
+static int evict_oracle(const struct model *M, struct replay *r,
+                        const struct ecase *c, const float *suf, double R)
+{
+	const size_t T = c->T, H = M->cfg.n_heads;
+	uint32_t n = replay_pos(r);
+	return run_oracle_evict(M, r, R, n < T ? suf + (size_t)n * T : NULL,
+	                        H * T * T, T * T);
 }
 
 static int run_replay_case(const struct model *M, struct job *j,

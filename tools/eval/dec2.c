@@ -1,0 +1,743 @@
+/*
+ * dec2.c — protocol 2 of kvtrim-eval: decoding-time compression, every
+ * policy active while generating, for models with a tokenizer (SmolLM2:
+ * `kvtrim-eval --model smollm2 --protocol 2 --out docs/results/smollm2`).
+ *
+ * Protocol (every number is a policy's run against the full cache on the
+ * same tokens; dec2.h has dec2_run's contract):
+ *   - Text: 4 windows (--quick: 2; --seqs N) of P = 256 context tokens and
+ *     C = 1024 continuation tokens, plus the one the last step predicts
+ *     (T = P + C + 1; --quick: 32 + 32), of the held-out text's evaluation
+ *     split (dataset.h: the last 40 % of bytes2m-valid.txt through the
+ *     model's tokenizer; no BOS: SmolLM2 has none).  Why 4: a window costs
+ *     about 1024 x (jobs + references) rows of a 135M forward (about 5 ms
+ *     each on one core of this machine with the rows of a group batched,
+ *     plus attention and the daemon's policies); 4 windows of 37 jobs
+ *     take about 30 minutes on its 2 cores.
+ *   - Prefill: the context as one step of P tokens and ONE prefill sync
+ *     (the policy may compress the prompt there); then C decode steps,
+ *     tokens P .. T-2 teacher-forced, ONE sync per step with the policy
+ *     active.  The prefill's prediction of token P is the same for every
+ *     policy and is not scored; the C decode predictions are.
+ *   - Policies run in a real kvtrimd, one tenant per job with one
+ *     sequence per window; the hindsight oracle runs in process (it needs
+ *     the future).  Reference: the dense forward, an in-process cache
+ *     keeping every entry (replay.h) on the same tokens.
+ *   - Batching: a group's rows (the windows of up to 10 jobs) decode in
+ *     lockstep, one model_forward_pos per step for all of them (every
+ *     weight matrix read and packed once for the group: at a few rows
+ *     OpenBLAS spends more time packing the weights than multiplying),
+ *     each row attending over its own cache: a daemon row over
+ *     its tenant's pages (appended through kvt_kv_ptr, x / q / lse staged,
+ *     engine.c's steps for one token; host pages, f32), an in-process row
+ *     over its replay cache.  Then one sync per tenant (B = windows
+ *     items, started together, kvt_sync_async), the scoring, the oracle's
+ *     eviction.  Groups are packed so their pages fit the eval daemon's
+ *     pool beside the other threads' groups (no memory pressure: a sync
+ *     where the daemon applied any fails its job), and `--threads`
+ *     groups run at once.  The first group also decodes the reference
+ *     (rows of their own, counted as a job) and stores its logits, step
+ *     by step; every group scores against them, waiting for a step not
+ *     stored yet.  OpenBLAS picks kernels by the number of rows and a
+ *     row's position among them (model.h), so `full` matches the
+ *     reference to float rounding (KL about 1e-12), not bit for bit.
+ *   - Metrics per job: kl = mean KL(p_ref || p_policy) in nats, top1 =
+ *     argmax agreement, dnll = mean increase of -ln p(true token), over
+ *     the C predictions of every window; achieved = mean over the decode
+ *     syncs of 1 - kept / (n x layers x KV heads), n the tokens seen,
+ *     every kept entry counted (sinks, windows, entries not yet decided),
+ *     as the byte models' decode protocol (main.c).
+ *   - Policies: random, streaming, h2o, tova, knorm at ratio=r of the
+ *     tokens seen (every sync); kvzap (threshold; window 32, 4 sinks) the
+ *     tau that achieves R on the TRAINING split under this protocol (4
+ *     windows of T tokens of train-man.txt; kvzap.c), and a sweep of 3
+ *     fixed thresholds chosen there; fastkvzip ratio=r deciding at every
+ *     sync (every=1); kvpop the token budget whose mean achieved ratio is
+ *     at most / at least R (dec2_tokens); the oracle ratio=r; targets R = 0.5, 0.75, 0.875
+ *     (--quick: 0.75).  A budget n - floor(r n) achieves a little under
+ *     r, so the lowest target asks for r = R and the others for r = R +
+ *     mean(1/n) (0.0016): each policy's runs bracket the table's
+ *     columns.  Prompt-only policies (snapkv, pyramidkv,
+ *     expected_attention, and the kvzip oracle) compress only the P prompt
+ *     entries and keep every decode token: their achieved ratio here is
+ *     at most R P mean(1/n), 0.35 at R = 0.875, below every column of the
+ *     tables, so they are not run (protocol 1 measures them).
+ *   - oracle (hindsight, a bound, not deployable): after every sync of n
+ *     tokens each live entry is scored by the attention the full cache's
+ *     queries t in [n, T-2] pay it (max over the group's query heads),
+ *     per-list top-k to n - floor(R n) (run_oracle_evict).  Those suffix
+ *     sums are totals minus prefixes: the totals come from the reference
+ *     rows of the first group (replay_tap over its whole decode), the
+ *     prefixes from reference rows of the oracle jobs' own group as it
+ *     decodes; so that group starts once the first one has finished.
+ *   - Comparisons at equal achieved compression (ctxtable_write_tables,
+ *     curve.c) as protocol 1's: each policy's runs one curve, read at
+ *     0.5 / 0.75 / 0.875 achieved, "n/a" outside.
+ * This file: the run (dec2_run); dec2main.c: the windows, the jobs and
+ * the results.  Output in DIR: protocol2.csv (TABLE_CSV_HEADER, copy and
+ * needle empty; rows of other models kept), protocol2.md, protocol2.png
+ * (one curve per policy, KL against achieved),
+ * specs-<model>-protocol2.txt.
+ */
+#include "dec2.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "kernels.h"
+#include "now.h"
+#include "replay.h"
+
+/* eval_daemon_start's --pool-size; 80 % of it is shared by the groups
+ * that run at once */
+#define D2_POOL (2048ull << 20)
+#define D2_PAGE 16u /* engine_opts.page_tokens 0 */
+
+/* ------------------------------------------------------------ a group */
+
+/* One row of a group's batched forward: window w of job j (NULL: the
+ * window's reference). */
+struct d2row {
+	struct job *j;
+	uint32_t w;
+	kvt_client *cl;   /* daemon rows */
+	kvt_seq seq;
+	uint32_t pt;      /* page tokens */
+	struct replay *r; /* reference and oracle rows */
+};
+
+struct group {
+	struct job **jobs;       /* [nj] */
+	uint32_t nj;
+	int producer;            /* group 0: the references only, stored */
+	int oracle;              /* the oracle jobs and references */
+	uint64_t bytes;          /* estimated daemon pages */
+};
+
+struct pool {
+	const struct dec2_set *s;
+	struct group *g;
+	uint32_t ng, next;
+	/* the producer's: logits of the reference, one row per window and
+	 * decode step, as they come; the oracle's totals at its end */
+	float *ref;              /* [nwin][T-1-P][V] */
+	uint32_t ref_steps;      /* steps stored */
+	double *tot;             /* [nwin][L][H][T] */
+	int state;               /* 0 running, 1 done, -1 failed */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint64_t done, total;    /* row-steps */
+	uint64_t t0, last;       /* ms */
+};
+
+/* What a running group's forward needs (the attention callback's ctx). */
+struct run {
+	struct pool *p;
+	struct d2row *rows;      /* [nrows]: references first (row w), if
+	                            the group has them */
+	uint32_t nrows, *live, nlive;
+	struct engine **e;       /* [nj] daemon jobs' engines */
+	void **pagev;            /* [max_pages] */
+	uint32_t max_pages;
+	float *scratch;          /* [G][T + 1] */
+	uint32_t t;              /* position of the step */
+};
+
+static void hms(char *b, size_t n, double s)
+{
+	long v = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
+	snprintf(b, n, "%ldm%02lds", v / 60, v % 60);
+}
+
+/* Under lock: the progress line, at most every 10 s and at the end. */
+static void progress(struct pool *p, uint32_t gi)
+{
+	uint64_t t = now_ms();
+	if (!p->s->label || (p->done < p->total && t - p->last < 10000))
+		return;
+	p->last = t;
+	double el = (double)(t - p->t0) / 1e3,
+	       left = p->done ? el * (double)(p->total - p->done) / p->done : 0;
+	char e[32], eta[32];
+	hms(e, sizeof(e), el);
+	hms(eta, sizeof(eta), left);
+	fprintf(stderr, "kvtrim-eval: %s decoding-time compression: group "
+	        "%u/%u, row-steps %llu/%llu (%.0f%%), elapsed %s, ETA %s\n",
+	        p->s->label, gi + 1, p->ng, (unsigned long long)p->done,
+	        (unsigned long long)p->total,
+	        100.0 * (double)p->done / (double)(p->total ? p->total : 1), e,
+	        eta);
+}
+
+static void fail(struct job *j, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void fail(struct job *j, const char *fmt, ...)
+{
+	if (j->failed)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(j->err, sizeof(j->err), fmt, ap);
+	va_end(ap);
+	j->failed = 1;
+	fprintf(stderr, "  %-13s %.3f FAILED: %s\n", j->name, j->ratio, j->err);
+}
+
+/*
+ * A daemon row's token at position pos of layer l: K and V appended at
+ * entry len of each list, attention over the list's first len + 1
+ * entries (its pages), x / q / lse staged (engine.c's attend_seq, one
+ * token, f32 host pages).  Reason in err.
+ */
+static int attend_daemon(struct run *u, const struct d2row *rw, uint32_t l,
+                         uint32_t pos, const float *x, const float *q,
+                         const float *k, const float *v, float *out,
+                         float *lse, char *err, size_t errlen)
+{
+	const struct model_config *mc = &u->p->s->M->cfg;
+	const uint32_t hd = mc->head_dim, H = mc->n_heads,
+	               nkv = mc->n_kv_heads, G = H / nkv;
+	const float scale = 1.0f / sqrtf((float)hd);
+	const size_t rb = sizeof(float) * hd;
+	for (uint32_t h = 0; h < nkv; h++) {
+		void *kp, *vp;
+		struct kvt_list li;
+		int rc = kvt_kv_ptr(rw->cl, rw->seq, l, h, 0, &kp, &vp);
+		if (rc < 0) {
+			snprintf(err, errlen, "kvt_kv_ptr(layer %u, head %u): %s",
+			         l, h, kvt_strerror(rc));
+			return rc;
+		}
+		memcpy(kp, k + (size_t)h * hd, rb);
+		memcpy(vp, v + (size_t)h * hd, rb);
+		rc = kvt_list_get(rw->cl, rw->seq, l, h, &li);
+		if (rc < 0) {
+			snprintf(err, errlen, "kvt_list_get: %s", kvt_strerror(rc));
+			return rc;
+		}
+		uint32_t need = (li.len + 1 + rw->pt - 1) / rw->pt;
+		if (need > li.n_pages || need > u->max_pages) {
+			snprintf(err, errlen, "list of layer %u head %u has %u "
+			         "pages, %u needed", l, h, li.n_pages, need);
+			return KVT_EPROTO;
+		}
+		for (uint32_t i = 0; i < need; i++)
+			if (!(u->pagev[i] = kvt_page_ptr(rw->cl, li.pages[i]))) {
+				snprintf(err, errlen, "page %u of layer %u head %u "
+				         "is not mapped", li.pages[i], l, h);
+				return KVT_EPROTO;
+			}
+		paged_attention_cpu(q + (size_t)h * G * hd, G, u->pagev, rw->pt,
+		                    hd, KVT_DTYPE_F32, li.len + 1, scale,
+		                    out + (size_t)h * G * hd, lse + (size_t)h * G,
+		                    u->scratch);
+	}
+	float *sx = kvt_stage_x(rw->cl, rw->seq, l, pos),
+	      *sq = kvt_stage_q(rw->cl, rw->seq, l, pos),
+	      *sl = kvt_stage_lse(rw->cl, rw->seq, l, pos);
+	if (sx)
+		memcpy(sx, x, sizeof(float) * mc->dim);
+	if (sq)
+		memcpy(sq, q, sizeof(float) * H * hd);
+	if (sl)
+		memcpy(sl, lse, sizeof(float) * H);
+	return 0;
+}
+
+/* The model_attn callback of a group's step: live row c is rows[live[c]].
+ * A daemon row that fails fails its job (its output is zeroed; the job's
+ * rows leave the group at the next step); the other rows go on. */
+static int attend(void *ctx, uint32_t l, uint32_t pos0, uint32_t n,
+                  const float *x, const float *q, const float *k,
+                  const float *v, float *out, float *lse)
+{
+	struct run *u = ctx;
+	const struct model_config *mc = &u->p->s->M->cfg;
+	const size_t H = mc->n_heads, hd = mc->head_dim, kv = mc->kv_dim,
+	             d = mc->dim;
+	(void)pos0;
+	for (uint32_t c = 0; c < n; c++) {
+		struct d2row *rw = &u->rows[u->live[c]];
+		float *o = out + c * H * hd, *ls = lse + c * H;
+		int rc;
+		if (rw->r) {
+			rc = replay_attend_row(rw->r, l, q + c * H * hd, k + c * kv,
+			                       v + c * kv, o, ls);
+			if (rc)
+				return rc; /* the cache is full: a bug */
+			continue;
+		}
+		if (rw->j->failed) {
+			memset(o, 0, sizeof(float) * H * hd);
+			memset(ls, 0, sizeof(float) * H);
+			continue;
+		}
+		char err[300];
+		rc = attend_daemon(u, rw, l, u->t, x + c * d, q + c * H * hd,
+		                   k + c * kv, v + c * kv, o, ls, err,
+		                   sizeof(err));
+		if (rc) {
+			fail(rw->j, "window %u, position %u: %s", rw->w, u->t, err);
+			memset(o, 0, sizeof(float) * H * hd);
+			memset(ls, 0, sizeof(float) * H);
+		}
+	}
+	return 0;
+}
+
+/* Daemon entries kept by a row's lists. */
+static uint64_t kept_daemon(const struct model *M, const struct d2row *rw)
+{
+	const struct model_config *mc = &M->cfg;
+	uint64_t s = 0;
+	for (uint32_t l = 0; l < mc->n_layers; l++)
+		for (uint32_t h = 0; h < mc->n_kv_heads; h++) {
+			struct kvt_list li;
+			if (kvt_list_get(rw->cl, rw->seq, l, h, &li) == 0)
+				s += li.len;
+		}
+	return s;
+}
+
+/* Registration and prefill of a daemon job: engine e (one sequence per
+ * window), the rows of its windows.  0, or the job failed. */
+static int open_daemon(const struct dec2_set *s, struct job *j, uint32_t gi,
+                       uint32_t k, struct engine **e, struct d2row *rows)
+{
+	char err[1024], tn[64];
+	struct engine_opts o;
+	memset(&o, 0, sizeof(o));
+	snprintf(tn, sizeof(tn), "p2-%.24s-g%u-%u", j->name, gi, k);
+	o.runtime_dir = s->rt;
+	o.tenant = tn;
+	o.policy = j->spec[C_MAIN];
+	o.context = s->T;
+	o.chunk = s->P;
+	o.stage_tokens = s->P + CTX_LOOKBACK;
+	o.batch = s->nwin;
+	if (engine_open(s->M, &o, e, err, sizeof(err))) {
+		fail(j, "%s", err);
+		return -1;
+	}
+	kvt_client *cl = engine_client(*e);
+	if (kvt_memory_kind(cl) != KVT_MEMORY_HOST) {
+		fail(j, "protocol 2 reads the pages in host memory: run "
+		     "kvtrimd with --backend cpu");
+		return -1;
+	}
+	for (uint32_t w = 0; w < s->nwin; w++) {
+		struct d2row *rw = &rows[w];
+		rw->cl = cl;
+		rw->seq = engine_seq_of(*e, w);
+		rw->pt = kvt_config_of(cl)->page_tokens;
+		/* decode appends one entry per sync: asked before the
+		 * prefill sync, in force after it */
+		int rc = kvt_seq_headroom(cl, rw->seq, 1);
+		if (!rc)
+			rc = engine_feed_seq(*e, w, s->tok + (size_t)w * s->T,
+			                     s->P, KVT_PHASE_PREFILL, NULL);
+		if (rc) {
+			fail(j, "prefill of window %u: %s: %s", w,
+			     kvt_strerror(rc), engine_error(*e)[0]
+			     ? engine_error(*e) : kvt_last_error(cl));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* The oracle rows of window w after a sync of n tokens: scores sc
+ * [L][H][T] = totals - prefixes of the reference's attention. */
+static int oracle_step(const struct dec2_set *s, const double *tot,
+                       const double *pre, float *sc, struct d2row *rows,
+                       uint32_t nrows, uint32_t w, uint32_t n)
+{
+	const struct model_config *mc = &s->M->cfg;
+	const size_t T = s->T, LH = (size_t)mc->n_layers * mc->n_heads;
+	const double *tw = tot + (size_t)w * LH * T,
+	             *pw = pre ? pre + (size_t)w * LH * T : NULL;
+	for (size_t lh = 0; lh < LH; lh++)
+		for (uint32_t i = 0; i < n; i++)
+			sc[lh * T + i] = (float)(tw[lh * T + i] -
+			                         (pw ? pw[lh * T + i] : 0));
+	for (uint32_t c = 0; c < nrows; c++) {
+		struct d2row *rw = &rows[c];
+		if (!rw->j || rw->w != w || rw->j->kind != J_ORACLE ||
+		    rw->j->failed)
+			continue;
+		/* its budget: spec "oracle:ratio=F", else the job's ratio */
+		const char *rs = strstr(rw->j->spec[C_MAIN], "ratio=");
+		double R = rs ? strtod(rs + 6, NULL) : rw->j->ratio;
+		int rc = run_oracle_evict(s->M, rw->r, R, sc,
+		                          mc->n_heads * T, T);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Runs group gi to its end; its jobs' results added up. */
+static void run_group(struct pool *p, uint32_t gi)
+{
+	const struct dec2_set *s = p->s;
+	const struct model *M = s->M;
+	const struct model_config *mc = &M->cfg;
+	const struct group *g = &p->g[gi];
+	const uint32_t nw = s->nwin, P = s->P, T = s->T, V = mc->vocab_size;
+	const size_t LHT = (size_t)mc->n_layers * mc->n_heads * T,
+	             C = T - 1 - P;
+	const double lists = (double)mc->n_layers * mc->n_kv_heads;
+	uint64_t t0 = now_ms();
+	/* references: the producer's are THE reference (stored, scored
+	 * against by every group); the oracle group's give its prefixes */
+	const uint32_t nref = g->producer || g->oracle ? nw : 0;
+	struct run u = {.p = p, .nrows = nref + nw * g->nj};
+	if (g->oracle) {
+		pthread_mutex_lock(&p->lock);
+		while (p->state == 0)
+			pthread_cond_wait(&p->cond, &p->lock);
+		pthread_mutex_unlock(&p->lock);
+	}
+	u.max_pages = (T + 1 + D2_PAGE - 1) / D2_PAGE + 1;
+	u.rows = calloc(u.nrows, sizeof(*u.rows));
+	u.live = malloc(sizeof(uint32_t) * u.nrows);
+	u.e = calloc(g->nj + 1, sizeof(*u.e));
+	u.pagev = calloc(u.max_pages, sizeof(void *));
+	u.scratch = malloc(sizeof(float) * (T + 1) *
+	                   (mc->n_heads / mc->n_kv_heads));
+	int32_t *tok = malloc(sizeof(int32_t) * u.nrows);
+	kvt_ticket *tk = malloc(sizeof(kvt_ticket) * (g->nj + 1));
+	uint32_t *pos = malloc(sizeof(uint32_t) * u.nrows);
+	float *lg = malloc(sizeof(float) * u.nrows * V);
+	const int tap = g->oracle || (g->producer && p->tot);
+	double *acc = tap ? calloc(nw * LHT, sizeof(double)) : NULL;
+	float *sc = g->oracle ? malloc(sizeof(float) * LHT) : NULL;
+	if (!u.rows || !u.live || !u.e || !u.pagev || !u.scratch || !tok ||
+	    !pos || !tk || !lg || (tap && !acc) ||
+	    (g->oracle && !sc))
+		eval_die("out of memory");
+	/* ---- the rows, prefilled */
+	for (uint32_t w = 0; w < nref; w++) {
+		struct d2row *rw = &u.rows[w];
+		rw->w = w;
+		if (replay_open(M, T, &rw->r))
+			eval_die("out of memory");
+		if (replay_step(rw->r, s->tok + (size_t)w * T, P, NULL))
+			eval_die("reference prefill of window %u failed", w);
+		if (acc)
+			replay_tap(rw->r, acc + (size_t)w * LHT);
+	}
+	for (uint32_t k = 0; k < g->nj; k++) {
+		struct job *j = g->jobs[k];
+		struct d2row *rw = &u.rows[nref + nw * k];
+		for (uint32_t w = 0; w < nw; w++) {
+			rw[w].j = j;
+			rw[w].w = w;
+		}
+		if (j->kind == J_DAEMON) {
+			open_daemon(s, j, gi, k, &u.e[k], rw);
+			continue;
+		}
+		for (uint32_t w = 0; w < nw; w++) {
+			if (replay_open(M, T, &rw[w].r))
+				eval_die("out of memory");
+			if (replay_step(rw[w].r, s->tok + (size_t)w * T, P, NULL))
+				eval_die("oracle prefill of window %u failed", w);
+		}
+	}
+	for (uint32_t k = 0; p->state < 0 && k < g->nj; k++)
+		fail(g->jobs[k], "no reference: its group failed");
+	for (uint32_t w = 0; g->oracle && p->state > 0 && w < nw; w++)
+		if (oracle_step(s, p->tot, NULL, sc, u.rows, u.nrows, w, P))
+			eval_die("out of memory");
+	/* ---- the decode steps */
+	int broken = 0;
+	for (uint32_t t = P; t + 1 < T && !broken; t++) {
+		u.t = t;
+		u.nlive = 0;
+		for (uint32_t c = 0; c < u.nrows; c++) {
+			const struct d2row *rw = &u.rows[c];
+			if (rw->j && (rw->j->failed || (!rw->r && !rw->cl)))
+				continue;
+			tok[u.nlive] = s->tok[(size_t)rw->w * T + t];
+			pos[u.nlive] = t;
+			u.live[u.nlive++] = c;
+		}
+		struct model_attn a = {attend, &u};
+		int rc = model_forward_pos(M, tok, u.nlive, pos, &a, lg);
+		if (rc) {
+			for (uint32_t k = 0; k < g->nj; k++)
+				fail(g->jobs[k], "forward at position %u: %s", t,
+				     kvt_strerror(rc));
+			broken = 1;
+			break;
+		}
+		if (g->producer) {
+			for (uint32_t w = 0; w < nw; w++)
+				memcpy(p->ref + ((size_t)w * C + (t - P)) * V,
+				       lg + (size_t)w * V, sizeof(float) * V);
+			pthread_mutex_lock(&p->lock);
+			p->ref_steps = t - P + 1;
+			pthread_cond_broadcast(&p->cond);
+			pthread_mutex_unlock(&p->lock);
+		}
+		/* one sync per tenant, all started before any is waited for */
+		struct kvt_sync_item it[64]; /* nwin <= 64 (dec2_run) */
+		for (uint32_t k = 0; k < g->nj; k++) {
+			struct job *j = g->jobs[k];
+			if (j->kind != J_DAEMON || j->failed)
+				continue;
+			for (uint32_t w = 0; w < nw; w++)
+				it[w] = (struct kvt_sync_item){
+					engine_seq_of(u.e[k], w), 1,
+					KVT_PHASE_DECODE, 0, 0};
+			kvt_client *cl = engine_client(u.e[k]);
+			rc = kvt_sync_async(cl, it, nw, &tk[k]);
+			if (rc < 0)
+				fail(j, "sync at position %u: %s: %s", t,
+				     kvt_strerror(rc), kvt_last_error(cl));
+		}
+		for (uint32_t c = 0; c < u.nlive; c++)
+			if (u.rows[u.live[c]].r)
+				replay_advance(u.rows[u.live[c]].r, 1);
+		/* the scores, while the daemon decides, once the producer
+		 * has stored the step's reference */
+		pthread_mutex_lock(&p->lock);
+		while (!g->producer && p->state == 0 && p->ref_steps <= t - P)
+			pthread_cond_wait(&p->cond, &p->lock);
+		int noref = !g->producer && p->ref_steps <= t - P;
+		pthread_mutex_unlock(&p->lock);
+		for (uint32_t c = 0; c < u.nlive; c++) {
+			const struct d2row *rw = &u.rows[u.live[c]];
+			if (!rw->j || rw->j->failed)
+				continue;
+			if (noref) {
+				fail(rw->j, "no reference: its group failed");
+				continue;
+			}
+			/* a job is touched by its group only: no lock */
+			double kl, dnll;
+			int top1;
+			run_compare(p->ref + ((size_t)rw->w * C + (t - P)) * V,
+			            lg + (size_t)c * V, V,
+			            s->tok[(size_t)rw->w * T + t + 1], &kl, &top1,
+			            &dnll);
+			rw->j->kl += kl;
+			rw->j->top1 += top1;
+			rw->j->dnll += dnll;
+			rw->j->npos++;
+		}
+		for (uint32_t k = 0; k < g->nj; k++) {
+			struct job *j = g->jobs[k];
+			if (j->kind != J_DAEMON || j->failed)
+				continue;
+			kvt_client *cl = engine_client(u.e[k]);
+			struct kvt_sync_info si;
+			rc = kvt_wait(cl, tk[k]);
+			if (rc < 0)
+				fail(j, "sync at position %u: %s: %s", t,
+				     kvt_strerror(rc), kvt_last_error(cl));
+			else if (kvt_last_sync(cl, &si) == 0 && si.pressure > 0)
+				fail(j, "the daemon applied memory pressure %.3f "
+				     "at position %u: not the policy's decisions",
+				     si.pressure, t);
+		}
+		for (uint32_t w = 0; g->oracle && p->state > 0 && w < nw; w++)
+			if (oracle_step(s, p->tot, acc, sc, u.rows, u.nrows, w,
+			                t + 1))
+				eval_die("out of memory");
+		/* achieved after the sync: n = t + 1 tokens seen */
+		for (uint32_t c = nref; c < u.nrows; c++) {
+			const struct d2row *rw = &u.rows[c];
+			if (rw->j->failed || (!rw->r && !rw->cl))
+				continue;
+			uint64_t kept = rw->r ? replay_kept(rw->r)
+			                      : kept_daemon(M, rw);
+			rw->j->ach += 1.0 - (double)kept / ((t + 1) * lists);
+			rw->j->nach++;
+		}
+		pthread_mutex_lock(&p->lock);
+		p->done += u.nrows;
+		progress(p, gi);
+		pthread_mutex_unlock(&p->lock);
+	}
+	/* ---- the end */
+	if (g->producer) {
+		pthread_mutex_lock(&p->lock);
+		if (acc)
+			memcpy(p->tot, acc, sizeof(double) * nw * LHT);
+		p->state = broken ? -1 : 1;
+		pthread_cond_broadcast(&p->cond);
+		pthread_mutex_unlock(&p->lock);
+	}
+	for (uint32_t k = 0; k < g->nj; k++)
+		engine_close(u.e[k]);
+	for (uint32_t c = 0; c < u.nrows; c++)
+		replay_close(u.rows[c].r);
+	if (s->label) {
+		pthread_mutex_lock(&p->lock);
+		fprintf(stderr, "kvtrim-eval: group %u/%u (%u jobs, %u rows) "
+		        "done in %.0fs\n", gi + 1, p->ng, g->nj, u.nrows,
+		        (double)(now_ms() - t0) / 1e3);
+		pthread_mutex_unlock(&p->lock);
+	}
+	free(u.rows);
+	free(u.live);
+	free(u.e);
+	free(u.pagev);
+	free(u.scratch);
+	free(tok);
+	free(tk);
+	free(pos);
+	free(lg);
+	free(acc);
+	free(sc);
+}
+
+static void *worker(void *arg)
+{
+	struct pool *p = arg;
+	pthread_mutex_lock(&p->lock);
+	while (p->next < p->ng) {
+		uint32_t gi = p->next++;
+		pthread_mutex_unlock(&p->lock);
+		run_group(p, gi);
+		pthread_mutex_lock(&p->lock);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+/* Pages a daemon job's tenant may hold at its end: every list at
+ * T - floor(R T) entries (sweeps at SWEEP_LO) plus the headroom entry. */
+static uint64_t job_bytes(const struct dec2_set *s, const struct job *j)
+{
+	const struct model_config *mc = &s->M->cfg;
+	if (j->kind != J_DAEMON)
+		return 0;
+	double R = j->sweep ? SWEEP_LO : j->ratio;
+	uint64_t kept = s->T - (uint32_t)floor(R * s->T) + 1;
+	uint64_t pages = (kept + D2_PAGE - 1) / D2_PAGE + 1;
+	return (uint64_t)s->nwin * mc->n_layers * mc->n_kv_heads * pages * 2 *
+	       D2_PAGE * mc->head_dim * sizeof(float);
+}
+
+int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs)
+{
+	if (!s->M || !s->tok || !s->nwin || s->P < 1 || s->T < s->P + 2 ||
+	    s->threads < 1 || s->nwin > 64)
+		return KVT_EINVAL;
+	uint32_t cap_j = s->group_jobs ? s->group_jobs : DEC2_GROUP_JOBS;
+	if (cap_j > DEC2_GROUP_JOBS * 2)
+		return KVT_EINVAL;
+	uint64_t cap_b = s->group_bytes ? s->group_bytes
+	                                : D2_POOL / 10 * 8 / (uint64_t)s->threads;
+	const struct model_config *mc = &s->M->cfg;
+	const size_t C = s->T - 1 - s->P;
+	struct pool p = {
+		.s = s, .lock = PTHREAD_MUTEX_INITIALIZER,
+		.cond = PTHREAD_COND_INITIALIZER,
+	};
+	uint32_t nl = 0, nor = 0;
+	for (uint32_t k = 0; k < njobs; k++) {
+		if (jobs[k].kind == J_KVZIP)
+			return KVT_EINVAL;
+		nor += jobs[k].kind == J_ORACLE;
+	}
+	p.g = calloc(njobs + 2, sizeof(*p.g));
+	struct job **lst = calloc(njobs + 1, sizeof(*lst));
+	p.ref = malloc(sizeof(float) * s->nwin * C * mc->vocab_size);
+	p.tot = nor ? malloc(sizeof(double) * s->nwin * mc->n_layers *
+	                     mc->n_heads * s->T) : NULL;
+	if (!p.g || !lst || !p.ref || (nor && !p.tot)) {
+		free(p.g);
+		free(lst);
+		free(p.ref);
+		free(p.tot);
+		return KVT_ENOMEM;
+	}
+	/* group 0 holds the references (stored for every group; the
+	 * oracle's totals), the jobs follow in order, daemon jobs first,
+	 * packed by count and pages; references count as a job; the
+	 * oracle jobs need references of their own and the totals, so they
+	 * are never in group 0 */
+	p.g[p.ng++].producer = 1;
+	for (uint32_t k = 0; k < njobs; k++)
+		if (jobs[k].kind == J_DAEMON)
+			lst[nl++] = &jobs[k];
+	for (uint32_t k = 0, o = 0; k < njobs; k++)
+		if (jobs[k].kind == J_ORACLE)
+			lst[nl + o++] = &jobs[k];
+	for (uint32_t k = 0; k < nl + nor; k++) {
+		struct group *g = &p.g[p.ng - 1];
+		int orc = lst[k]->kind == J_ORACLE;
+		uint64_t b = job_bytes(s, lst[k]);
+		uint32_t units = g->nj + (g->producer || g->oracle) + 1 +
+		                 (orc && !g->oracle);
+		if (units > cap_j || (orc && g->producer) ||
+		    (g->nj && g->bytes + b > cap_b))
+			g = &p.g[p.ng++];
+		if (!g->jobs)
+			g->jobs = &lst[k];
+		g->nj++;
+		g->bytes += b;
+		g->oracle |= orc;
+	}
+	for (uint32_t gi = 0; gi < p.ng; gi++)
+		p.total += (uint64_t)s->nwin * C *
+		           ((p.g[gi].producer || p.g[gi].oracle) + p.g[gi].nj);
+	if (s->label)
+		fprintf(stderr, "kvtrim-eval: %s: %u jobs in %u groups of at "
+		        "most %u, %u windows of %u + %u tokens, %d threads\n",
+		        s->label, njobs, p.ng, cap_j, s->nwin, s->P,
+		        s->T - 1 - s->P, s->threads);
+	p.t0 = p.last = now_ms();
+	pthread_t th[16];
+	int nt = s->threads < 16 ? s->threads : 16;
+	for (int i = 0; i < nt; i++)
+		if (pthread_create(&th[i], NULL, worker, &p))
+			eval_die("pthread_create failed");
+	for (int i = 0; i < nt; i++)
+		pthread_join(th[i], NULL);
+	free(p.ref);
+	free(p.tot);
+	free(p.g);
+	free(lst);
+	return 0;
+}
+
+double dec2_inv_seen(uint32_t P, uint32_t T)
+{
+	double s = 0;
+	for (uint32_t t = P; t + 1 < T; t++)
+		s += 1.0 / (t + 1);
+	return s / (T - 1 - P);
+}
+
+uint32_t dec2_tokens(double R, uint32_t P, uint32_t T, int up)
+{
+	uint32_t best = up ? 1 : T;
+	for (uint32_t N = 1; N <= T; N++) {
+		double a = 0;
+		for (uint32_t n = P + 1; n < T; n++)
+			a += n > N ? 1.0 - (double)N / n : 0;
+		a /= T - 1 - P;
+		if (up && a >= R)
+			best = N;
+		if (!up && a <= R)
+			return N;
+	}
+	return best;
+}
+
+uint32_t dec2_budget(double R, uint32_t P, uint32_t T)
+{
+	double n = (1.0 - R) / dec2_inv_seen(P, T);
+	return n < 1 ? 1 : (uint32_t)lround(n);
+}
