@@ -377,6 +377,9 @@ DOCDIR         ?= $(PREFIX)/share/doc/kvtrim
 DOC_FILES      := $(wildcard docs/*.md)
 DOC_RESULTS    := $(wildcard docs/results/quality.md docs/results/quality.csv \
                     docs/results/quality.png)
+# SmolLM2's result pages (README links them), every table and picture
+DOC_RESULTS_SMOL := $(wildcard docs/results/smollm2/*.md docs/results/smollm2/*.csv \
+                    docs/results/smollm2/*.png docs/results/smollm2/*.txt)
 .PHONY: install-files
 install: all
 	@$(MAKE) --no-print-directory install-files
@@ -393,7 +396,7 @@ install-files:
 	install -m 644 include/kvtrim.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 	  $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/kvtrim \
-	  $(DESTDIR)$(DOCDIR)/docs/results
+	  $(DESTDIR)$(DOCDIR)/docs/results $(DESTDIR)$(DOCDIR)/docs/results/smollm2
 	sed -e 's|/usr/local/|$(PREFIX)/|g' -e 's|/etc/|$(SYSCONFDIR)/|g' \
 	  systemd/kvtrimd.service > $(DESTDIR)$(SYSTEMDUNITDIR)/kvtrimd.service
 	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/kvtrimd.service
@@ -406,6 +409,8 @@ install-files:
 	install -m 644 $(wildcard DESIGN.md README.md) $(DESTDIR)$(DOCDIR)/
 	install -m 644 $(DOC_FILES) $(DESTDIR)$(DOCDIR)/docs/
 	install -m 644 $(DOC_RESULTS) $(DESTDIR)$(DOCDIR)/docs/results/
+	$(if $(DOC_RESULTS_SMOL),install -m 644 $(DOC_RESULTS_SMOL) \
+	  $(DESTDIR)$(DOCDIR)/docs/results/smollm2/)
 	@echo "systemd: run systemd-sysusers and systemd-tmpfiles --create, then"
 	@echo "         systemctl daemon-reload && systemctl enable --now kvtrimd"
 
