@@ -15,6 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "pace.h"
 #include "server_int.h"
 
 #define SRV_INLINE_LISTS 4096 /* a sync touching more runs on a worker */
@@ -82,7 +83,8 @@ int srv_sync_finish(struct server *s, struct srv_tenant *st, int rv,
  * Worker thread: the tenant is this job's alone (st->busy).  Workers run
  * at a lower priority than the loop (nice SRV_WORKER_NICE): where cores are
  * short, a heavy tenant's syncs take the cycles the loop leaves, not the
- * other way round.
+ * other way round.  Priority alone does not preempt a busy worker before
+ * the scheduler's tick, so they also yield every PACE_US of work (pace.h).
  */
 static void srv_job_run(uv_work_t *w)
 {
@@ -91,6 +93,7 @@ static void srv_job_run(uv_work_t *w)
 		niced = 1;
 		setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid),
 		            SRV_WORKER_NICE);
+		pace_start(PACE_US);
 	}
 	struct srv_job *j = w->data;
 	struct tenant *t = j->st->t;

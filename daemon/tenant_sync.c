@@ -24,6 +24,7 @@
 
 #include "compact.h"
 #include "now.h"
+#include "pace.h"
 #include "policy.h"
 
 /* What the staged-row accessor of policy_layer needs. */
@@ -161,6 +162,7 @@ static int validate(struct tenant *t, uint64_t no,
 				            "item %u: layer %u: positions exhausted",
 				            i, layer);
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				pace_point();
 				uint32_t len = tlist_at(t, (uint32_t)sl, layer,
 				                        head)->len;
 				if ((uint64_t)len + it->n_new > g->max_tokens)
@@ -381,6 +383,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 			size_t off0 = off;
 			uint32_t nk = 0; /* K halves staged for this layer */
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				pace_point();
 				const struct tlist *l = tlist_at(t, slot, layer,
 				                                 head);
 				size_t li = lidx(t, layer, head);
@@ -421,6 +424,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				return errors_fmt(err, errlen, rc, "%s backend: "
 				            "staging keys: %s", t->bops->name,
 				            t->bops->last_error());
+			pace_point_slow(); /* the policy's work is per layer */
 			uint64_t d0 = now_ns();
 			rc = policy_decide(t->pol, &pl);
 			t->scorer_ns += now_ns() - d0;
@@ -475,6 +479,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				       t->state_scr + ly_all * t->sbytes,
 				       t->sbytes);
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				pace_point();
 				struct tlist *l = tlist_at(t, slot, layer, head);
 				size_t li = lidx(t, layer, head);
 				uint32_t *pos = seq_pos(t, s, li);
@@ -541,6 +546,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 		item_layers(t, it, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++) {
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				pace_point();
 				struct tlist *l = tlist_at(t, slot, layer, head);
 				uint32_t *pg = seq_pages(t, s,
 				                         lidx(t, layer, head));

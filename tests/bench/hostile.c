@@ -20,6 +20,9 @@
  * its fd 3; the parent prints every key as hostile_<key>_<adversary>.  A
  * connection the daemon closes is reopened, so the attack lasts the phase.
  *
+ * KVTRIM_BENCH_HOSTILE=name[,name...] runs only those phases (a
+ * developer's knob: `make bench` runs them all).
+ *
  * The adversaries use the integration-test helpers of tests/harness
  * daemon.c (th_silent_peer, th_raw_conn, th_daemon_spawn ...); the runner
  * hooks those need (th_fail, th_skip, th_tmpdir) are defined here.
@@ -832,6 +835,34 @@ static void adv_slow_http(const struct th_daemon *d, int quick)
 	}
 }
 
+/*
+ * cpu_hog: no client of the daemon at all, one process spinning at nice 10
+ * (the priority of kvtrimd's sync workers, daemon/jobs.c) in the pattern
+ * of the largest tenant's worker (busy for HOG_BUSY_MS, a 1 ms pause) but
+ * without its yields (daemon/pace.h).  The floor beside largest_tenant:
+ * what one core taken by a CPU-bound neighbour costs the healthy engine
+ * on this machine, whatever the daemon does.
+ */
+#define HOG_BUSY_MS 350
+
+__attribute__((noreturn))
+static void adv_cpu_hog(const struct th_daemon *d, int quick)
+{
+	(void)d;
+	(void)quick;
+	setpriority(PRIO_PROCESS, 0, 10);
+	adv_say("ready nice=10");
+	volatile uint64_t x = 0;
+	for (;;) {
+		double t0 = now_ms();
+		while (now_ms() - t0 < HOG_BUSY_MS)
+			for (int i = 0; i < 1000; i++)
+				x += (uint64_t)i;
+		sleep_ms(1);
+		adv_say("stat spins=%llu", (unsigned long long)(x & 0xffff));
+	}
+}
+
 /* metrics: the healthy engine also fetches /metrics in that phase. */
 static const struct hadv {
 	const char *name;
@@ -842,6 +873,7 @@ static const struct hadv {
 	{"idle_5000", adv_idle, 0},
 	{"fd_flood", adv_fd_flood, 0},
 	{"largest_tenant", adv_largest, 0},
+	{"cpu_hog", adv_cpu_hog, 0},
 	{"slow_http", adv_slow_http, 1},
 };
 #define N_ADV (sizeof(advs) / sizeof(advs[0]))
@@ -1063,9 +1095,11 @@ void hostile_run(const char *self, const char *bin_dir, const char *tmp_dir,
 	setenv("KVTRIM_BACKEND", "cpu", 1);
 	hs.quick = quick;
 	hs.self = self;
+	const char *only = getenv("KVTRIM_BENCH_HOSTILE");
 	for (size_t i = 0; i < N_ADV; i++) {
 		hs.ph[i] = (struct hphase){.adv = &advs[i]};
-		phase_run(&hs.ph[i], tmp_dir);
+		if (!only || !*only || strstr(only, advs[i].name))
+			phase_run(&hs.ph[i], tmp_dir);
 	}
 	alone_pool();
 }
