@@ -91,6 +91,9 @@ DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 POLICY_SRC  := $(wildcard policies/*.c)
 KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
 TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
+# The kernel and backend tests that include the CUDA headers: the real ones
+# (backend/cuda/cuda.mk) or the emulator's (tests/kernels/emu/emu.mk).
+CUDA_KTEST_SRC := tests/kernels/test_cuda_kernels.c tests/kernels/test_cuda_backend.c
 # engine/: the reference engine as a component (model loaders, forward,
 # the engine with its KV cache in kvtrimd, oracles, GGUF reader, tokenizer,
 # model files); its command line is tools/engine/main.c.

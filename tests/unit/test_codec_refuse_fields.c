@@ -1,7 +1,7 @@
 /*
- * test_codec_refuse_fields.c — refusals of single fields with their exact codes:
- * every hello field out of bounds, unknown and repeated keys, trailing
- * bytes, and malformed replies.
+ * test_codec_refuse_fields.c — refusals of single fields with their exact
+ * codes: every hello field out of bounds, unknown and repeated keys,
+ * trailing bytes, and malformed replies.
  */
 #include "codec_fixture.h"
 /* A hello request with one key replaced (value written by val()) or, when

@@ -1,7 +1,7 @@
 /*
- * test_tenant_admission.c — admission of a tenant: the memory estimate against a
- * hand calculation, the memory cap and the reason naming its parts, names
- * checked and defaulted.
+ * test_tenant_admission.c — admission of a tenant: the memory estimate
+ * against a hand calculation, the memory cap and the reason naming its
+ * parts, names checked and defaulted.
  *
  * The simulated client (struct sim) and its checks are tenant_fixture.h's.
  */
