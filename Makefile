@@ -101,6 +101,9 @@ DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 POLICY_SRC  := $(wildcard policies/*.c)
 KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
 TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
+# The kernel and backend tests that include the CUDA headers: the real ones
+# (backend/cuda/cuda.mk) or the emulator's (tests/kernels/emu/emu.mk).
+CUDA_KTEST_SRC := tests/kernels/test_cuda_kernels.c tests/kernels/test_cuda_backend.c
 # engine/: the reference engine as a component (model loaders, forward,
 # the engine with its KV cache in kvtrimd, oracles, GGUF reader, tokenizer,
 # model files); its command line is tools/engine/main.c.
@@ -229,7 +232,8 @@ $(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # hostile.c's adversaries use the integration-test helpers (daemon.c).
-$(BENCH): $(call obj,tests/bench/bench.c tests/bench/hostile.c tests/bench/smollm2.c tests/harness/daemon.c) \
+$(BENCH): $(call obj,tests/bench/bench.c tests/bench/bench_policy.c tests/bench/hostile.c \
+                    tests/bench/smollm2.c tests/harness/daemon.c) \
           $(DAEMON_OBJ) $(ENGINE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")

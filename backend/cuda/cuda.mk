@@ -70,9 +70,9 @@ $(CUDA_SO): $(CUDA_OBJ) backend/cuda/exports.map
 	  -Xlinker -rpath,$(CUDA_LIBDIR) -lcublas
 
 # C test, compiled by the generic rule with the CUDA headers added.
-$(B)/obj/tests/kernels/test_cuda_kernels.o: KVT_CFLAGS += -isystem $(CUDA_INC) -Ikernels/cuda
+$(call obj,$(CUDA_KTEST_SRC)): KVT_CFLAGS += -isystem $(CUDA_INC) -Ikernels/cuda
 
-$(CUDA_TESTS): $(B)/obj/tests/kernels/test_cuda_kernels.o \
+$(CUDA_TESTS): $(call obj,$(CUDA_KTEST_SRC)) \
                $(B)/obj/tests/kernels/test_cuda_attention.o \
                $(B)/obj/tests/harness/runner.o \
                $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ) | $(CUDA_SO)

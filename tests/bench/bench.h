@@ -1,13 +1,14 @@
 /*
  * bench.h — what the parts of kvtrim-bench share: bench.c's clock,
- * percentile and small tenant, hostile.c's hostile-client figures and
- * smollm2.c's SmolLM2 figures.
+ * percentile, small tenant and bench_die, bench_policy.c's policy figures,
+ * hostile.c's hostile-client figures and smollm2.c's SmolLM2 figures.
  */
 #ifndef KVT_BENCH_H
 #define KVT_BENCH_H
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "kvtrim.h"
 
@@ -25,6 +26,30 @@ double bench_pct(double *v, int n, double p);
  */
 void bench_small_cfg(struct kvt_config *c, const char *dir, const char *name,
                      uint32_t seqs);
+
+/* Prints "kvtrim-bench: what" to stderr and exits 1: the figures of
+ * bench.c and bench_policy.c cannot be measured without what failed. */
+void bench_die(const char *what);
+
+/* The policy figures (bench_policy.c; docs/bench.md, "Scorer kernels" and
+ * "Daemon CPU per decoded token"). */
+#define BENCH_N_POL 9
+struct bench_policy {
+	double sgemm_gflops, mlp_tps, mlp_gflops, lin_tps, fkv_tps, kvpop_tps;
+	const char *names[BENCH_N_POL];
+	double us_per_token[BENCH_N_POL]; /* daemon CPU per decoded token */
+	double sync_us[BENCH_N_POL];      /* the daemon's own sync time, likewise */
+	double prefill_us[BENCH_N_POL];   /* daemon CPU per prompt token */
+	int n;
+};
+
+/*
+ * Measures the scorer kernels in process, then every policy through the
+ * running kvtrimd `daemon` (its runtime dir: dir; kvtrimctl from bin_dir),
+ * into b.  quick: a short prompt, small budgets, one round.
+ */
+void bench_policy_run(struct bench_policy *b, const char *bin_dir,
+                      const char *dir, pid_t daemon, int quick);
 
 /*
  * The hostile-client phases (docs/bench.md, "Hostile clients"): a fresh

@@ -33,7 +33,7 @@ EMU_DIR  := tests/kernels/emu
 EMU_KSRC := $(wildcard kernels/cuda/*.cu backend/cuda/*.cu)
 EMU_KOBJ := $(patsubst %.cu,$(B)/obj/emu/%.o,$(EMU_KSRC))
 EMU_ROBJ := $(patsubst %.cc,$(B)/obj/%.o,$(wildcard $(EMU_DIR)/*.cc))
-EMU_TOBJ := $(B)/obj/emu/tests/kernels/test_cuda_kernels.o
+EMU_TOBJ := $(patsubst %.c,$(B)/obj/emu/%.o,$(CUDA_KTEST_SRC))
 
 # C++ for the kernels and the emulator, with the warnings nvcc gives its
 # host compiler (cuda.mk) less -Wunused-parameter, like the C code; no
@@ -75,8 +75,8 @@ $(B)/obj/$(EMU_DIR)/%.o: $(EMU_DIR)/%.cc
 	@$(if $(Q),echo "  CXX   $<")
 	$(Q)$(CXX) $(EMU_CXXFLAGS) $(CFLAGS) -c $< -o $@
 
-# The test as it is, with the stand-in CUDA headers first on the path.
-$(EMU_TOBJ): tests/kernels/test_cuda_kernels.c
+# The tests as they are, with the stand-in CUDA headers first on the path.
+$(EMU_TOBJ): $(B)/obj/emu/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $< (cuda emulator)")
 	$(Q)$(CC) -I$(EMU_DIR)/include -Ikernels/cuda $(KVT_CFLAGS) $(CFLAGS) \
