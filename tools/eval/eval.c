@@ -2,7 +2,7 @@
  * eval.c — how kvtrim-eval ends: the kvtrimd it started (when no
  * --runtime-dir was given) and its scratch directory never outlive it,
  * whether it dies on an error or is interrupted.  Also the one way jobs
- * are added (eval_add_job), for both protocols.
+ * are added (eval_add_job), for every protocol.
  */
 #include "eval.h"
 
@@ -110,6 +110,15 @@ void eval_daemon_start(const char *argv0, char *rt, size_t rtlen)
 		nanosleep(&ts, NULL);
 	}
 	eval_die("%s did not start in 5 s", bin);
+}
+
+void eval_runtime_dir(const char *given, const char *argv0, char *rt,
+                      size_t rtlen)
+{
+	if (given)
+		snprintf(rt, rtlen, "%s", given);
+	else
+		eval_daemon_start(argv0, rt, rtlen);
 }
 
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,

@@ -1,7 +1,9 @@
 /*
  * table.c — kvtrim-eval's results: quality.csv rows (read back, so rows of
- * other models are kept, and written), quality.md (one table per model,
- * the needle paragraph, the kvzap sweep) and quality.png (gnuplot).
+ * other models are kept, and written; the rows of protocols 1 and 2 from
+ * their jobs), quality.md (one table per model, the needle paragraph, the
+ * kvzap sweep), quality.png (gnuplot) and the specs files (every job's
+ * spec as run, the same for every protocol).
  */
 #include "eval.h"
 
@@ -85,6 +87,101 @@ void table_write_row(FILE *f, const struct row *r)
 	fmt_num(b[7], 32, r->tau, "%.4f");
 	fprintf(f, "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", r->model, r->policy,
 	        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+}
+
+void table_write_csv(const char *path, const struct row *rows, size_t nr)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, TABLE_CSV_HEADER "\n");
+	for (size_t i = 0; i < nr; i++)
+		table_write_row(f, &rows[i]);
+	fclose(f);
+}
+
+void table_print_model(const struct row *rows, size_t nr, const char *model)
+{
+	for (size_t i = 0; i < nr; i++)
+		if (!strcmp(rows[i].model, model))
+			table_write_row(stdout, &rows[i]);
+}
+
+struct row *table_job_rows(const char *path, const char *model,
+                           const struct job *jobs, uint32_t njobs,
+                           size_t *nout, int *bad)
+{
+	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
+	if (!rows)
+		eval_die("out of memory");
+	size_t nr = table_read_others(path, model, rows, 1024);
+	*bad = 0;
+	for (uint32_t k = 0; k < njobs; k++) {
+		const struct job *j = &jobs[k];
+		struct row *r = &rows[nr++];
+		snprintf(r->model, sizeof(r->model), "%s", model);
+		snprintf(r->policy, sizeof(r->policy), "%.31s", j->name);
+		r->target = j->sweep ? NAN : j->ratio;
+		r->tau = j->tau;
+		r->copy = r->needle = NAN;
+		*bad |= j->failed;
+		if (j->failed || !j->npos || !j->nach) {
+			r->ach = r->kl = r->top1 = r->dnll = NAN;
+			continue;
+		}
+		r->ach = j->ach / j->nach;
+		r->kl = j->kl / j->npos;
+		r->top1 = j->top1 / j->npos;
+		r->dnll = j->dnll / j->npos;
+	}
+	*nout = nr;
+	return rows;
+}
+
+/* spec with every occurrence of abs replaced by rel. */
+static void spec_print(FILE *f, const char *spec, const char *abs,
+                       const char *rel)
+{
+	size_t n = strlen(abs);
+	while (*spec) {
+		if (n && !strncmp(spec, abs, n)) {
+			fputs(rel, f);
+			spec += n;
+		} else {
+			fputc(*spec++, f);
+		}
+	}
+}
+
+void table_write_spec(FILE *f, const struct job *j, const char *wabs,
+                      const char *wdir)
+{
+	static const char *const lab[C_NKIND] = {"", " | copy: ",
+	                                         " | needle: "};
+	if (j->sweep)
+		fprintf(f, "%s sweep ", j->name);
+	else
+		fprintf(f, "%s %.3f ", j->name, j->ratio);
+	spec_print(f, j->spec[C_MAIN], wabs, wdir);
+	for (int c = 1; c < C_NKIND; c++)
+		if (j->spec[c][0]) {
+			fputs(lab[c], f);
+			spec_print(f, j->spec[c], wabs, wdir);
+		}
+	fputc('\n', f);
+}
+
+void table_write_specs(const char *path, const char *what,
+                       const struct job *jobs, uint32_t njobs,
+                       const char *wabs, const char *wdir)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, "# %s\n", what);
+	for (uint32_t k = 0; k < njobs; k++)
+		table_write_spec(f, &jobs[k], wabs, wdir);
+	fclose(f);
 }
 
 const char *const table_policy_order[] = {
