@@ -251,6 +251,16 @@ void table_write_png(const char *dir, struct row *rows, size_t nr,
 /* The md order of the policies (others follow in order of appearance). */
 extern const char *const table_policy_order[];
 extern const size_t table_npolicy;
+/* names[nn] (with repeats) as the md lists them: those of
+ * table_policy_order first, in its order, then the others in order of
+ * appearance, each once, at most max, into out; their count. */
+size_t table_order(const char *const *names, size_t nn, const char **out,
+                   size_t max);
+/* The achieved ratios the md tables are read at (curve_at), and the
+ * header cells of those columns with the separator line after them. */
+#define TABLE_NAT 3
+extern const double table_at[TABLE_NAT];
+void table_md_at_header(FILE *f);
 
 /* ctxtable.c */
 /* Protocol 1's quality.md of model's rows; what (a line) says how the run

@@ -191,7 +191,54 @@ const char *const table_policy_order[] = {
 #define NPOL (sizeof(table_policy_order) / sizeof(table_policy_order[0]))
 const size_t table_npolicy = NPOL;
 
+size_t table_order(const char *const *names, size_t nn, const char **out,
+                   size_t max)
+{
+	size_t n = 0;
+	for (size_t p = 0; p < NPOL && n < max; p++)
+		for (size_t i = 0; i < nn; i++)
+			if (!strcmp(names[i], table_policy_order[p])) {
+				out[n++] = table_policy_order[p];
+				break;
+			}
+	for (size_t i = 0; i < nn && n < max; i++) {
+		int seen = 0;
+		for (size_t k = 0; k < n; k++)
+			seen |= !strcmp(out[k], names[i]);
+		if (!seen)
+			out[n++] = names[i];
+	}
+	return n;
+}
+
+const double table_at[TABLE_NAT] = {0.5, 0.75, 0.875};
+
+void table_md_at_header(FILE *f)
+{
+	for (size_t q = 0; q < TABLE_NAT; q++)
+		fprintf(f, " achieved %.3f |", table_at[q]);
+	fprintf(f, "\n|---|");
+	for (size_t q = 0; q < TABLE_NAT; q++)
+		fprintf(f, "---|");
+	fprintf(f, "\n");
+}
+
 static int same(double a, double b) { return fabs(a - b) < 1e-6; }
+
+/* Sorts the row indices idx[n] by threshold (by_tau) or achieved ratio. */
+static void sort_rows(const struct row *rows, size_t *idx, size_t n,
+                      int by_tau)
+{
+	for (size_t a = 0; a < n; a++)
+		for (size_t b = a + 1; b < n; b++) {
+			const struct row *ra = &rows[idx[a]], *rb = &rows[idx[b]];
+			if (by_tau ? rb->tau < ra->tau : rb->ach < ra->ach) {
+				size_t t = idx[a];
+				idx[a] = idx[b];
+				idx[b] = t;
+			}
+		}
+}
 
 /* Indices of model's sweep rows of policy pol, by threshold. */
 static size_t sweep_rows(const struct row *rows, size_t nr, const char *model,
@@ -202,13 +249,7 @@ static size_t sweep_rows(const struct row *rows, size_t nr, const char *model,
 		if (is_sweep(&rows[i]) && !strcmp(rows[i].model, model) &&
 		    !strcmp(rows[i].policy, pol))
 			idx[n++] = i;
-	for (size_t a = 0; a < n; a++)
-		for (size_t b = a + 1; b < n; b++)
-			if (rows[idx[b]].tau < rows[idx[a]].tau) {
-				size_t t = idx[a];
-				idx[a] = idx[b];
-				idx[b] = t;
-			}
+	sort_rows(rows, idx, n, 1);
 	return n;
 }
 
@@ -443,18 +484,6 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 	fclose(f);
 }
 
-/* Sorts the row indices idx[n] by achieved ratio. */
-static void sort_by_ach(const struct row *rows, size_t *idx, size_t n)
-{
-	for (size_t a = 0; a < n; a++)
-		for (size_t b = a + 1; b < n; b++)
-			if (rows[idx[b]].ach < rows[idx[a]].ach) {
-				size_t t = idx[a];
-				idx[a] = idx[b];
-				idx[b] = t;
-			}
-}
-
 void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 {
 	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -496,7 +525,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 				idx[n++] = i;
 			}
 			/* by achieved ratio, so a merged curve is a line */
-			sort_by_ach(rows, idx, n);
+			sort_rows(rows, idx, n, 0);
 			for (size_t q = 0; q < n; q++) {
 				fprintf(d, "%.5f %.8f\n", rows[idx[q]].ach,
 				        rows[idx[q]].kl);
@@ -516,7 +545,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 		for (size_t p = 1; p < NPOL && !merge; p++) {
 			size_t n = sweep_rows(rows, nr, models[k],
 			                      table_policy_order[p], idx);
-			sort_by_ach(rows, idx, n);
+			sort_rows(rows, idx, n, 0);
 			int any = 0;
 			for (size_t q = 0; q < n; q++) {
 				const struct row *r = &rows[idx[q]];
