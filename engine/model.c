@@ -430,6 +430,18 @@ void model_rmsnorm(float *out, const float *x, const float *w, uint32_t n,
 	}
 }
 
+double model_logits_z(const float *l, uint32_t V, float *mx)
+{
+	float m = l[0];
+	for (uint32_t i = 1; i < V; i++)
+		m = l[i] > m ? l[i] : m;
+	double z = 0;
+	for (uint32_t i = 0; i < V; i++)
+		z += exp((double)l[i] - m);
+	*mx = m;
+	return z;
+}
+
 void model_rope(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t pos,
                 float theta)
 {
