@@ -122,9 +122,7 @@ void openblas_set_num_threads(int n);
 /* The ratio policies of the daemon: name and spec format (%.4f the
  * ratio).  A new one is a line here (and a name in table_policy_order for
  * its place in the tables). */
-static const struct {
-	const char *name, *fmt;
-} ratio_policies[] = {
+static const struct eval_ratio_policy ratio_policies[] = {
 	{"random", "random:ratio=%.4f,seed=1"},
 	{"streaming", "streaming:ratio=%.4f,sinks=4"},
 	{"h2o", "h2o:ratio=%.4f"},
@@ -415,25 +413,15 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 	for (uint32_t q = 0; q < nrat; q++) {
 		double R = ratios[q];
 		uint32_t B = P - (uint32_t)floor(R * P);
-		for (size_t i = 0; i < NRATIO; i++) {
-			snprintf(s, sizeof(s), ratio_policies[i].fmt, R);
-			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
-			             J_DAEMON, s, NULL, NULL);
-		}
+		eval_add_ratio_jobs(jobs, &njobs, ratio_policies, NRATIO, R, R);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
 				                 ncal, in->calP, in->calP,
 				                 CTX_KVZAP_SINKS, R);
 		if (have_w) {
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=16", a->wabs, R);
-			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
-			             NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", a->wabs, B,
-			         RECIPE_KVPOP_DELAY);
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, R, 16);
+			eval_kvpop_spec(s, sizeof(s), a->wabs, B);
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}

@@ -180,9 +180,7 @@ static int write_results(const struct ctx_args *a, const struct job *jobs,
 
 /* The ratio policies that decide at every sync (spec format, %.4f the
  * ratio); the prompt-only ones are protocol 1's only. */
-static const struct {
-	const char *name, *fmt;
-} ratio_policies[] = {
+static const struct eval_ratio_policy ratio_policies[] = {
 	{"random", "random:ratio=%.4f,seed=1"},
 	{"streaming", "streaming:ratio=%.4f,sinks=4"},
 	{"h2o", "h2o:ratio=%.4f"},
@@ -224,11 +222,7 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 		 * R + mean(1 / n) (at least R) */
 		double R = ratios[q],
 		       Rs = q ? R + dec2_inv_seen(P, T) : R;
-		for (size_t i = 0; i < NRATIO; i++) {
-			snprintf(s, sizeof(s), ratio_policies[i].fmt, Rs);
-			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
-			             J_DAEMON, s, NULL, NULL);
-		}
+		eval_add_ratio_jobs(jobs, &njobs, ratio_policies, NRATIO, R, Rs);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
@@ -237,14 +231,9 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 			/* deciding at every sync, as every other policy
 			 * here (every=16 would leave up to 15 entries over
 			 * the budget: its curve could not reach R) */
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=1", a->wabs, Rs);
-			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
-			             NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", a->wabs,
-			         dec2_tokens(R, P, T, q > 0), RECIPE_KVPOP_DELAY);
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, Rs, 1);
+			eval_kvpop_spec(s, sizeof(s), a->wabs,
+			                dec2_tokens(R, P, T, q > 0));
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}

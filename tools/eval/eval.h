@@ -116,6 +116,22 @@ struct row {
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
                          double R, enum jkind kind, const char *spec,
                          const char *spec_copy, const char *spec_needle);
+/* A daemon policy whose budget is a ratio: its name and its spec format
+ * (one %.4f, the ratio). */
+struct eval_ratio_policy {
+	const char *name, *fmt;
+};
+/* A job of target R per policy of pol[np], each asked for the ratio Rs. */
+void eval_add_ratio_jobs(struct job *jobs, uint32_t *n,
+                         const struct eval_ratio_policy *pol, size_t np,
+                         double R, double Rs);
+/* The fastkvzip job of the weights in wabs at target R, asked for the
+ * ratio Rs, deciding every `every` syncs. */
+void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
+                        double R, double Rs, uint32_t every);
+/* kvpop's spec with the weights in wabs and a budget of tokens per list
+ * (delay RECIPE_KVPOP_DELAY, 4 sinks). */
+void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
 /* Prints "kvtrim-eval: " and the message, stops the daemon this run
  * started (eval_daemon_start), exits 1. */
 void eval_die(const char *fmt, ...) __attribute__((format(printf, 1, 2),

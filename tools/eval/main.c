@@ -344,36 +344,26 @@ int main(int argc, char **argv)
 	char s[KVT_SPEC_MAX], sc[KVT_SPEC_MAX], sn[KVT_SPEC_MAX];
 	for (uint32_t k = 0; k < nrat; k++) {
 		double R = ratios[k];
-		snprintf(s, sizeof(s), "random:ratio=%.4f,seed=1", R);
-		add_job("random", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "streaming:ratio=%.4f,sinks=4", R);
-		add_job("streaming", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "h2o:ratio=%.4f", R);
-		add_job("h2o", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "snapkv:ratio=%.4f,window=16,kernel=5", R);
-		add_job("snapkv", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "tova:ratio=%.4f", R);
-		add_job("tova", R, J_DAEMON, s, NULL, NULL);
+		static const struct eval_ratio_policy rp[] = {
+			{"random", "random:ratio=%.4f,seed=1"},
+			{"streaming", "streaming:ratio=%.4f,sinks=4"},
+			{"h2o", "h2o:ratio=%.4f"},
+			{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
+			{"tova", "tova:ratio=%.4f"},
+		};
+		eval_add_ratio_jobs(jobs, &njobs, rp, sizeof(rp) / sizeof(rp[0]),
+		                    R, R);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, wabs, v, zs[v],
 				                 ncal, T, P, -1, R);
 		if (have_w) {
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=16", wabs, R);
-			add_job("fastkvzip", R, J_DAEMON, s, NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         dec2_budget(R, P, T), RECIPE_KVPOP_DELAY);
-			snprintf(sc, sizeof(sc), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         cT ? dec2_budget(R, cP, cT) : 1,
-			         RECIPE_KVPOP_DELAY);
-			snprintf(sn, sizeof(sn), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         nT ? dec2_budget(R, nP, nT) : 1,
-			         RECIPE_KVPOP_DELAY);
+			eval_add_fastkvzip(jobs, &njobs, wabs, R, R, 16);
+			eval_kvpop_spec(s, sizeof(s), wabs, dec2_budget(R, P, T));
+			eval_kvpop_spec(sc, sizeof(sc), wabs,
+			                cT ? dec2_budget(R, cP, cT) : 1);
+			eval_kvpop_spec(sn, sizeof(sn), wabs,
+			                nT ? dec2_budget(R, nP, nT) : 1);
 			add_job("kvpop", R, J_DAEMON, s, ncp ? sc : NULL,
 			        nnd ? sn : NULL);
 		}

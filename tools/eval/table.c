@@ -213,15 +213,19 @@ size_t table_order(const char *const *names, size_t nn, const char **out,
 
 const double table_at[TABLE_NAT] = {0.5, 0.75, 0.875};
 
-void table_md_at_header(FILE *f)
+/* The header cells " what v |" of the columns v[n], then the separator
+ * line. */
+static void md_cols(FILE *f, const char *what, const double *v, size_t n)
 {
-	for (size_t q = 0; q < TABLE_NAT; q++)
-		fprintf(f, " achieved %.3f |", table_at[q]);
+	for (size_t q = 0; q < n; q++)
+		fprintf(f, " %s %.3f |", what, v[q]);
 	fprintf(f, "\n|---|");
-	for (size_t q = 0; q < TABLE_NAT; q++)
+	for (size_t q = 0; q < n; q++)
 		fprintf(f, "---|");
 	fprintf(f, "\n");
 }
+
+void table_md_at_header(FILE *f) { md_cols(f, "achieved", table_at, TABLE_NAT); }
 
 static int same(double a, double b) { return fabs(a - b) < 1e-6; }
 
@@ -395,12 +399,7 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 					tg[b] = t;
 				}
 		fprintf(f, "\n## %s\n\n| policy |", models[k]);
-		for (int q = 0; q < nt; q++)
-			fprintf(f, " ratio %.3f |", tg[q]);
-		fprintf(f, "\n|---|");
-		for (int q = 0; q < nt; q++)
-			fprintf(f, "---|");
-		fprintf(f, "\n");
+		md_cols(f, "ratio", tg, (size_t)nt);
 		for (size_t p = 0; p < NPOL; p++) {
 			int any = 0;
 			for (size_t i = 0; i < nr; i++)
