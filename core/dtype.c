@@ -12,17 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-size_t kvt_dtype_size(enum kvt_dtype dt)
-{
-	switch (dt) {
-	case KVT_DTYPE_F32:
-		return 4;
-	case KVT_DTYPE_F16:
-	case KVT_DTYPE_BF16:
-		return 2;
-	}
-	return 0;
-}
+size_t kvt_dtype_size(enum kvt_dtype dt) { return dtype_size(dt); }
 
 static inline uint32_t f32_bits(float f)
 {

@@ -16,6 +16,27 @@
 
 #include "kvtrim.h"
 
+/* Bytes of one element, 0 for an unknown dtype: kvt_dtype_size itself,
+ * inline so that the CUDA code, which does not link core, includes the
+ * same definition (kernels/cuda/common.cuh: plain C, also C++). */
+static inline size_t dtype_size(enum kvt_dtype dt)
+{
+	switch (dt) {
+	case KVT_DTYPE_F32:
+		return 4;
+	case KVT_DTYPE_F16:
+	case KVT_DTYPE_BF16:
+		return 2;
+	}
+	return 0;
+}
+
+/* C linkage also for C++ (the CUDA code includes this header through
+ * kernels/cuda/common.cuh). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Converts n elements of dtype dt to float32; src and dst may be the same
  * buffer only for KVT_DTYPE_F32. */
 void dtype_to_f32(const void *src /* [n] of dt */, enum kvt_dtype dt,
@@ -23,5 +44,9 @@ void dtype_to_f32(const void *src /* [n] of dt */, enum kvt_dtype dt,
 /* float32 to dtype, round to nearest even; NaN stays NaN. */
 void dtype_from_f32(const float *src /* [n] */, enum kvt_dtype dt,
                     void *dst /* [n] of dt */, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -3,6 +3,7 @@
  * see model.h.  GGUF files are read by model_gguf.c.
  */
 #include "errors.h"
+#include "kernels.h"
 #include "model.h"
 #include "model_gguf.h"
 
@@ -429,6 +430,18 @@ void model_rmsnorm(float *out, const float *x, const float *w, uint32_t n,
 	}
 }
 
+double model_logits_z(const float *l, uint32_t V, float *mx)
+{
+	float m = l[0];
+	for (uint32_t i = 1; i < V; i++)
+		m = l[i] > m ? l[i] : m;
+	double z = 0;
+	for (uint32_t i = 0; i < V; i++)
+		z += exp((double)l[i] - m);
+	*mx = m;
+	return z;
+}
+
 void model_rope(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t pos,
                 float theta)
 {
@@ -582,10 +595,9 @@ void model_dense_free(struct model_dense *dn)
 
 /*
  * Plain causal attention over the contiguous cache: the new tokens' K/V
- * are stored first, so token c sees positions 0..pos0+c.  Max-subtracted
- * softmax with the sum in double, the arithmetic of paged_attention_cpu,
- * so the dense reference and the paged engine differ only where their
- * data do.
+ * are stored first, so token c sees positions 0..pos0+c.  The softmax is
+ * paged_attention_cpu's own (paged_attention_softmax_cpu), so the dense
+ * reference and the paged engine differ only where their data do.
  */
 static int dense_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
                         const float *x, const float *q, const float *k,
@@ -618,29 +630,19 @@ static int dense_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 			                                  cap * hd;
 			const float *vb = dn->v + ((size_t)layer * Hkv + g) *
 			                                  cap * hd;
-			float mx = -INFINITY;
 			for (uint32_t i = 0; i <= p; i++) {
 				float dot = 0.0f;
 				for (uint32_t j = 0; j < hd; j++)
 					dot += qh[j] * kb[(size_t)i * hd + j];
 				s[i] = dot * scale;
-				if (s[i] > mx)
-					mx = s[i];
 			}
-			double sum = 0.0;
-			for (uint32_t i = 0; i <= p; i++) {
-				s[i] = expf(s[i] - mx);
-				sum += s[i];
-			}
-			float inv = (float)(1.0 / sum);
-			for (uint32_t i = 0; i <= p; i++)
-				s[i] *= inv;
+			lse[(size_t)t * H + h] =
+				paged_attention_softmax_cpu(s, p + 1);
 			float *o = out + ((size_t)t * H + h) * hd;
 			memset(o, 0, hd * sizeof(float));
 			for (uint32_t i = 0; i <= p; i++)
 				for (uint32_t j = 0; j < hd; j++)
 					o[j] += s[i] * vb[(size_t)i * hd + j];
-			lse[(size_t)t * H + h] = mx + (float)log(sum);
 			if (dn->maps)
 				memcpy(dn->maps + (((size_t)layer * H + h) * cap +
 				                   p) * cap,

@@ -123,6 +123,10 @@ void model_rmsnorm(float *out /* [n][dim] */, const float *x /* [n][dim] */,
                    const float *w /* [dim] */, uint32_t n, uint32_t dim,
                    float eps);
 
+/* The softmax normaliser of logits l[V] in double: sum of exp(l[i] - mx)
+ * with *mx the largest logit (ln Z = mx + log of it). */
+double model_logits_z(const float *l /* [V] */, uint32_t V, float *mx);
+
 /* Rotates v in place for position pos: pairs (2i, 2i+1) of each head by
  * pos * theta^(-2i / head_dim). */
 void model_rope(float *v /* [n_heads][head_dim] */, uint32_t n_heads,

@@ -60,24 +60,25 @@ static const struct {
 	unsigned bit;
 	enum key_type type;
 	const char *what; /* for "bad value" messages */
+	int min1;         /* 0 is refused: "<name> must be >= 1" */
 } keys[] = {
-	{"sinks", POLICY_KEY_SINKS, KT_U32, "a decimal uint32"},
-	{"window", POLICY_KEY_WINDOW, KT_U32, "a decimal uint32"},
-	{"tokens", POLICY_KEY_TOKENS, KT_U32, "a decimal uint32"},
-	{"ratio", POLICY_KEY_RATIO, KT_RATIO, "a decimal number"},
-	{"threshold", POLICY_KEY_THRESHOLD, KT_FLOAT, "a signed decimal"},
-	{"every", POLICY_KEY_EVERY, KT_U32, "a decimal uint32"},
-	{"delay", POLICY_KEY_DELAY, KT_U32, "a decimal uint32"},
-	{"seed", POLICY_KEY_SEED, KT_U64, "a decimal uint64"},
-	{"model", POLICY_KEY_MODEL, KT_PATH, "a path"},
-	{"agg", POLICY_KEY_AGG, KT_AGG, "max or mean"},
-	{"kernel", POLICY_KEY_KERNEL, KT_U32, "a decimal uint32"},
-	{"beta", POLICY_KEY_BETA, KT_U32, "a decimal uint32"},
-	{"future", POLICY_KEY_FUTURE, KT_U32, "a decimal uint32"},
-	{"theta", POLICY_KEY_THETA, KT_RATIO, "a decimal number"},
-	{"cov", POLICY_KEY_COV, KT_BOOL, "0 or 1"},
-	{"vnorm", POLICY_KEY_VNORM, KT_BOOL, "0 or 1"},
-	{"eps", POLICY_KEY_EPS, KT_RATIO, "a decimal number"},
+	{"sinks", POLICY_KEY_SINKS, KT_U32, "a decimal uint32", 0},
+	{"window", POLICY_KEY_WINDOW, KT_U32, "a decimal uint32", 0},
+	{"tokens", POLICY_KEY_TOKENS, KT_U32, "a decimal uint32", 1},
+	{"ratio", POLICY_KEY_RATIO, KT_RATIO, "a decimal number", 0},
+	{"threshold", POLICY_KEY_THRESHOLD, KT_FLOAT, "a signed decimal", 0},
+	{"every", POLICY_KEY_EVERY, KT_U32, "a decimal uint32", 1},
+	{"delay", POLICY_KEY_DELAY, KT_U32, "a decimal uint32", 0},
+	{"seed", POLICY_KEY_SEED, KT_U64, "a decimal uint64", 0},
+	{"model", POLICY_KEY_MODEL, KT_PATH, "a path", 0},
+	{"agg", POLICY_KEY_AGG, KT_AGG, "max or mean", 0},
+	{"kernel", POLICY_KEY_KERNEL, KT_U32, "a decimal uint32", 0},
+	{"beta", POLICY_KEY_BETA, KT_U32, "a decimal uint32", 1},
+	{"future", POLICY_KEY_FUTURE, KT_U32, "a decimal uint32", 1},
+	{"theta", POLICY_KEY_THETA, KT_RATIO, "a decimal number", 0},
+	{"cov", POLICY_KEY_COV, KT_BOOL, "0 or 1", 0},
+	{"vnorm", POLICY_KEY_VNORM, KT_BOOL, "0 or 1", 0},
+	{"eps", POLICY_KEY_EPS, KT_RATIO, "a decimal number", 0},
 };
 
 /* Decimal digits only (no sign, no spaces), at most max. */
@@ -191,6 +192,9 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		u = (uint64_t)(v[0] - '0');
 		break;
 	}
+	if (keys[k].min1 && u < 1)
+		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: %s must be >= 1",
+		                  ops->name, keys[k].name);
 	switch (keys[k].bit) {
 	case POLICY_KEY_SINKS:
 		a->sinks = (uint32_t)u;
@@ -199,9 +203,6 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		a->window = (uint32_t)u;
 		break;
 	case POLICY_KEY_TOKENS:
-		if (u < 1)
-			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: tokens must be >= 1",
-			              ops->name);
 		a->tokens = (uint32_t)u;
 		break;
 	case POLICY_KEY_RATIO:
@@ -215,9 +216,6 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		a->threshold = (float)d;
 		break;
 	case POLICY_KEY_EVERY:
-		if (u < 1)
-			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: every must be >= 1",
-			              ops->name);
 		a->every = (uint32_t)u;
 		break;
 	case POLICY_KEY_DELAY:
@@ -241,15 +239,9 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		a->kernel = (uint32_t)u;
 		break;
 	case POLICY_KEY_BETA:
-		if (u < 1)
-			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: beta must be >= 1",
-			              ops->name);
 		a->beta = (uint32_t)u;
 		break;
 	case POLICY_KEY_FUTURE:
-		if (u < 1)
-			return errors_fmt(err, errlen, KVT_EPOLICY, "%s: future must be >= 1",
-			              ops->name);
 		a->future = (uint32_t)u;
 		break;
 	case POLICY_KEY_THETA:

@@ -47,6 +47,13 @@ void paged_attention_cpu(const float *q /* [G][head_dim] */, uint32_t G,
                          uint32_t head_dim, enum kvt_dtype dt, uint32_t len,
                          float scale, float *out /* [G][head_dim] */,
                          float *lse /* [G] */, float *scratch);
+/*
+ * Its softmax, in place: the scaled logits s[n] become probabilities
+ * (max subtracted, the sum in double); returns the lse (natural log;
+ * -INFINITY for n 0).  Dense references call it so that they compute
+ * paged_attention_cpu's arithmetic exactly.
+ */
+float paged_attention_softmax_cpu(float *s /* [n] */, uint32_t n);
 
 /*
  * Attention weights of n_q staged queries against the entries of one

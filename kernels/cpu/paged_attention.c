@@ -6,6 +6,8 @@
  * Three passes over the list: logits, a max-subtracted softmax so no expf
  * can overflow, then the weighted sum of value rows.  The lse it returns
  * is what attn_band_cpu later uses to recover weights without a dense map.
+ * The softmax is also the one of the dense twins (engine/model.c,
+ * tools/eval/ctx.c): paged_attention_softmax_cpu.
  *
  * Arithmetic contract: every float result is what the plain scalar loops
  * give (and what the dense twin in engine/model.c, dense_attend, computes,
@@ -150,6 +152,22 @@ static inline void axpy(float *o, float p, const float *v, uint32_t m)
 		o[d] += p * v[d];
 }
 
+float paged_attention_softmax_cpu(float *s, uint32_t n)
+{
+	float mx = -INFINITY;
+	for (uint32_t i = 0; i < n; i++)
+		mx = s[i] > mx ? s[i] : mx;
+	double sum = 0.0;
+	for (uint32_t i = 0; i < n; i++) {
+		s[i] = expf(s[i] - mx);
+		sum += s[i];
+	}
+	float inv = (float)(1.0 / sum);
+	for (uint32_t i = 0; i < n; i++)
+		s[i] *= inv;
+	return mx + (float)log(sum);
+}
+
 void paged_attention_cpu(const float *q, uint32_t G, void *const *pages,
                          uint32_t page_tokens, uint32_t head_dim,
                          enum kvt_dtype dt, uint32_t len, float scale,
@@ -178,18 +196,7 @@ void paged_attention_cpu(const float *q, uint32_t G, void *const *pages,
 		float *s = scratch + (size_t)g * len;
 		for (uint32_t i = 0; i < len; i++)
 			s[i] *= scale;
-		float mx = s[0];
-		for (uint32_t i = 1; i < len; i++)
-			mx = s[i] > mx ? s[i] : mx;
-		double sum = 0.0;
-		for (uint32_t i = 0; i < len; i++) {
-			s[i] = expf(s[i] - mx);
-			sum += s[i];
-		}
-		float inv = (float)(1.0 / sum);
-		for (uint32_t i = 0; i < len; i++)
-			s[i] *= inv;
-		lse[g] = mx + (float)log(sum);
+		lse[g] = paged_attention_softmax_cpu(s, len);
 	}
 
 	/* out[g] = sum_i p[g][i] v_i. */

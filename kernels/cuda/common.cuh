@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "kvtrim.h"
 
 /* ------------------------------------------------------------- errors */
@@ -118,18 +119,11 @@ static inline int common_sm_count(void)
 /* ------------------------------------------------------------- dtypes */
 
 /* Bytes per element, 0 for an unknown dtype (kvt_dtype_size lives in
- * core/dtype.c, which this library does not link). */
+ * core/dtype.c, which this library does not link: its inline body,
+ * dtype_size in core/dtype.h). */
 static inline uint32_t common_dt_size(enum kvt_dtype dt)
 {
-	switch (dt) {
-	case KVT_DTYPE_F32:
-		return 4;
-	case KVT_DTYPE_F16:
-	case KVT_DTYPE_BF16:
-		return 2;
-	default:
-		return 0;
-	}
+	return (uint32_t)dtype_size(dt);
 }
 
 typedef __half f16_t;

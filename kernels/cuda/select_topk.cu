@@ -32,30 +32,32 @@ __device__ __forceinline__ uint64_t st_key(float sc, uint32_t rank)
 	return (uint64_t)u << 32 | rank;
 }
 
-/* Exclusive prefix sum of v over the block in thread order; *total gets
- * the block's sum.  Every thread of the block must call it. */
-__device__ uint32_t st_scan(uint32_t v, uint32_t *total)
+/* Inclusive prefix sum of x over the warp in lane order.  Every lane of
+ * the warp must call it. */
+__device__ __forceinline__ uint32_t st_warp_scan(uint32_t x, int lane)
 {
-	__shared__ uint32_t wsum[ST_WARPS];
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	uint32_t x = v;
 #pragma unroll
 	for (int o = 1; o < 32; o <<= 1) {
 		uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
 		if (lane >= o)
 			x += y;
 	}
+	return x;
+}
+
+/* Exclusive prefix sum of v over the block in thread order; *total gets
+ * the block's sum.  Every thread of the block must call it. */
+__device__ uint32_t st_scan(uint32_t v, uint32_t *total)
+{
+	__shared__ uint32_t wsum[ST_WARPS];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	uint32_t x = st_warp_scan(v, lane);
 	if (lane == 31)
 		wsum[warp] = x;
 	__syncthreads();
 	if (warp == 0) {
-		uint32_t w = lane < ST_WARPS ? wsum[lane] : 0;
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			uint32_t y = __shfl_up_sync(0xffffffffu, w, o);
-			if (lane >= o)
-				w += y;
-		}
+		uint32_t w = st_warp_scan(lane < ST_WARPS ? wsum[lane] : 0,
+		                          lane);
 		if (lane < ST_WARPS)
 			wsum[lane] = w; /* inclusive */
 	}
@@ -126,13 +128,7 @@ select_topk_kernel(const float *__restrict__ score,
 					c[j] = hist[255 - 8 * lane - j];
 					sum += c[j];
 				}
-				uint32_t inc = sum;
-#pragma unroll
-				for (int o = 1; o < 32; o <<= 1) {
-					uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
-					if (lane >= o)
-						inc += y;
-				}
+				uint32_t inc = st_warp_scan(sum, lane);
 				uint32_t exc = inc - sum;
 				unsigned hit = __ballot_sync(0xffffffffu,
 				                             exc < want && inc >= want);

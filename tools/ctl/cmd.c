@@ -40,10 +40,8 @@ int cmd_stats(struct ctl *c, const char *tenant)
 {
 	struct ipc_rep rep;
 	if (ctl_call(c, tenant ? IPC_OP_TENANTS : IPC_OP_STATS, NULL,
-	             &rep) < 0) {
-		codec_rep_free(&rep);
+	             &rep) < 0)
 		return 2;
-	}
 	const struct ipc_row *row = NULL;
 	uint32_t n = 0;
 	char ids[256] = "";
@@ -89,10 +87,8 @@ int cmd_stats(struct ctl *c, const char *tenant)
 int cmd_rows(struct ctl *c, enum ipc_op op, const char *filter)
 {
 	struct ipc_rep rep;
-	if (ctl_call(c, op, filter, &rep) < 0) {
-		codec_rep_free(&rep);
+	if (ctl_call(c, op, filter, &rep) < 0)
 		return 2;
-	}
 	if (c->json) {
 		out_json_rows(&rep);
 	} else if (op == IPC_OP_POLICIES) {
@@ -124,10 +120,8 @@ int cmd_rows(struct ctl *c, enum ipc_op op, const char *filter)
 int cmd_check(struct ctl *c)
 {
 	struct ipc_rep rep;
-	if (ctl_call(c, IPC_OP_CHECK, NULL, &rep) < 0) {
-		codec_rep_free(&rep);
+	if (ctl_call(c, IPC_OP_CHECK, NULL, &rep) < 0)
 		return 2;
-	}
 	if (rep.table.n < 1) {
 		fprintf(stderr, "kvtrimctl: check: empty reply\n");
 		codec_rep_free(&rep);
@@ -168,10 +162,8 @@ int cmd_config_set(struct ctl *c, const char *key, const char *val)
 	}
 	snprintf(req.u.set.key, sizeof(req.u.set.key), "%s", key);
 	snprintf(req.u.set.value, sizeof(req.u.set.value), "%s", val);
-	if (ctl_send(c, &req, &rep) < 0) {
-		codec_rep_free(&rep);
+	if (ctl_send(c, &req, &rep) < 0)
 		return 2;
-	}
 	if (c->json) {
 		out_json_rows(&rep);
 	} else {
@@ -196,10 +188,8 @@ int cmd_drain(struct ctl *c, const char *tenant)
 	req.op = IPC_OP_DRAIN;
 	snprintf(req.u.drain.tenant, sizeof(req.u.drain.tenant), "%s", tenant);
 	req.u.drain.undo = (uint32_t)c->undo;
-	if (ctl_send(c, &req, &rep) < 0) {
-		codec_rep_free(&rep);
+	if (ctl_send(c, &req, &rep) < 0)
 		return 2;
-	}
 	if (c->json) {
 		out_json_rows(&rep);
 	} else {

@@ -103,13 +103,11 @@ int cmd_top(struct ctl *c)
 			nanosleep(&ts, NULL);
 		}
 		if (ctl_call(c, IPC_OP_STATS, NULL, &st) < 0) {
-			codec_rep_free(&st);
 			rc = 2;
 			break;
 		}
 		if (ctl_call(c, IPC_OP_TENANTS, NULL, &tn) < 0) {
 			codec_rep_free(&st);
-			codec_rep_free(&tn);
 			rc = 2;
 			break;
 		}

@@ -47,8 +47,9 @@ int ctl_call(struct ctl *c, enum ipc_op op, const char *filter,
 	return ctl_send(c, &req, rep);
 }
 
-int ctl_send(struct ctl *c, const struct ipc_req *rq,
-                    struct ipc_rep *rep)
+/* ctl_send without the free on failure. */
+static int send_once(struct ctl *c, const struct ipc_req *rq,
+                     struct ipc_rep *rep)
 {
 	struct ipc_req req = *rq;
 	enum ipc_op op = req.op;
@@ -92,4 +93,12 @@ int ctl_send(struct ctl *c, const struct ipc_req *rq,
 		return -1;
 	}
 	return 0;
+}
+
+int ctl_send(struct ctl *c, const struct ipc_req *rq, struct ipc_rep *rep)
+{
+	int rc = send_once(c, rq, rep);
+	if (rc < 0)
+		codec_rep_free(rep);
+	return rc;
 }

@@ -37,7 +37,8 @@ struct ctl {
 /* ctl.c: dials ctl.ipc (0, or -1 after printing why). */
 int ctl_open(struct ctl *c);
 /* One admin request; 0 with *rep filled (codec_rep_free it) or -1 after
- * printing why (encode, send, receive, decode or an error reply). */
+ * printing why (encode, send, receive, decode or an error reply), *rep
+ * then already freed. */
 int ctl_send(struct ctl *c, const struct ipc_req *rq, struct ipc_rep *rep);
 /* ctl_send of a request with only op and an optional filter. */
 int ctl_call(struct ctl *c, enum ipc_op op, const char *filter,

@@ -589,12 +589,8 @@ out:
 /* -log softmax(l)[want] in double. */
 static double nll_of(const float *l, uint32_t V, int32_t want)
 {
-	float mx = l[0];
-	for (uint32_t i = 1; i < V; i++)
-		mx = l[i] > mx ? l[i] : mx;
-	double s = 0;
-	for (uint32_t i = 0; i < V; i++)
-		s += exp((double)l[i] - mx);
+	float mx;
+	double s = model_logits_z(l, V, &mx);
 	return log(s) + mx - l[want];
 }
 

@@ -100,20 +100,10 @@ uint64_t ctx_cache_kept(const struct ctx_cache *c)
  * returns the lse. */
 static float softmax_row(float *s, uint32_t nv, uint32_t N)
 {
-	float mx = -INFINITY;
-	for (uint32_t i = 0; i < nv; i++)
-		mx = s[i] > mx ? s[i] : mx;
-	double sum = 0.0;
-	for (uint32_t i = 0; i < nv; i++) {
-		s[i] = expf(s[i] - mx);
-		sum += s[i];
-	}
-	float inv = (float)(1.0 / sum);
-	for (uint32_t i = 0; i < nv; i++)
-		s[i] *= inv;
+	float lse = paged_attention_softmax_cpu(s, nv);
 	for (uint32_t i = nv; i < N; i++)
 		s[i] = 0.0f;
-	return mx + (float)log(sum);
+	return lse;
 }
 
 /* The model_attn callback: append, attend with BLAS, tap. */

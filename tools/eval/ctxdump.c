@@ -280,10 +280,7 @@ int ctxdump_main(const struct model *M, const struct ctx_args *a,
 				eval_die("out of memory");
 		}
 	char rt[400];
-	if (a->rt)
-		snprintf(rt, sizeof(rt), "%s", a->rt);
-	else
-		eval_daemon_start(a->argv0, rt, sizeof(rt));
+	eval_runtime_dir(a->rt, a->argv0, rt, sizeof(rt));
 	FILE *ftok = open_in(dir, "tokens.i32", "wb"),
 	     *ftop = open_in(dir, "ref_top1.i32", "wb"),
 	     *ix = open_in(dir, "index.json", "w");

@@ -122,9 +122,7 @@ void openblas_set_num_threads(int n);
 /* The ratio policies of the daemon: name and spec format (%.4f the
  * ratio).  A new one is a line here (and a name in table_policy_order for
  * its place in the tables). */
-static const struct {
-	const char *name, *fmt;
-} ratio_policies[] = {
+static const struct eval_ratio_policy ratio_policies[] = {
 	{"random", "random:ratio=%.4f,seed=1"},
 	{"streaming", "streaming:ratio=%.4f,sinks=4"},
 	{"h2o", "h2o:ratio=%.4f"},
@@ -137,7 +135,6 @@ static const struct {
 };
 #define NRATIO (sizeof(ratio_policies) / sizeof(ratio_policies[0]))
 
-static const char *const zname[2] = {"kvzap-linear", "kvzap-mlp"};
 
 /* ------------------------------------------------------------ the pool */
 
@@ -304,28 +301,54 @@ static void *worker(void *arg)
 
 /* ------------------------------------------------------------ kvzap */
 
+/* ------------------------------------------------------------ both
+ * protocols' windows, targets and calibration */
+
+uint32_t ctx_windows(const struct model *M, const struct tok *tk,
+                     const struct ctx_args *a, uint32_t T, uint32_t def,
+                     struct dataset *ev, const double **ratios)
+{
+	static const double full_ratios[] = {0.5, 0.75, 0.875};
+	static const double quick_ratios[] = {0.75};
+	char err[1024];
+	const uint32_t nwant = a->nseq ? a->nseq : def;
+	if (dataset_build_tok(M, tk, DATASET_EVAL, T, nwant, ev, err,
+	                      sizeof(err)))
+		eval_die("%s", err);
+	if (ev->n < nwant)
+		fprintf(stderr, "kvtrim-eval: the evaluation split holds %u "
+		        "windows of %u tokens, not %u\n", ev->n, T, nwant);
+	*ratios = a->quick ? quick_ratios : full_ratios;
+	return a->quick ? 1 : 3;
+}
+
 /*
  * kvzap's calibration on the training split (ncal windows of P tokens of
  * train-man.txt): the scores of both scorers under protocol 1, in zs[v]
  * (NULL where a scorer is missing).
  */
 void ctx_calibrate(const struct model *M, const struct tok *t,
-                   const char *wabs, uint32_t P, uint32_t ncal, float *zs[2],
-                   uint32_t *nout)
+                   const struct ctx_args *a, uint32_t P, uint32_t ncal,
+                   float *zs[2], uint32_t *nout)
 {
 	const struct model_config *mc = &M->cfg;
 	const size_t per = (size_t)mc->n_layers * mc->n_kv_heads * P;
 	char err[1024];
 	struct kvzap_scorer *z[2] = {NULL, NULL};
+	zs[0] = zs[1] = NULL;
+	*nout = 0;
+	if (!a->wabs[0]) {
+		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
+		        "policies skipped (run make weights)\n", a->wdir);
+		return;
+	}
 	for (int v = 0; v < 2; v++) {
 		char d[PATH_MAX + 32];
-		snprintf(d, sizeof(d), "%s/%s", wabs, zname[v]);
-		zs[v] = NULL;
+		snprintf(d, sizeof(d), "%s/%s", a->wabs, kvzap_names[v]);
 		if (kvzap_open(M, d, P, &z[v], err, sizeof(err)))
 			fprintf(stderr, "kvtrim-eval: %s: %s (skipped)\n",
-			        zname[v], err);
+			        kvzap_names[v], err);
 	}
-	*nout = 0;
 	if (!z[0] && !z[1])
 		return;
 	struct dataset cal;
@@ -390,32 +413,15 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 	for (uint32_t q = 0; q < nrat; q++) {
 		double R = ratios[q];
 		uint32_t B = P - (uint32_t)floor(R * P);
-		for (size_t i = 0; i < NRATIO; i++) {
-			snprintf(s, sizeof(s), ratio_policies[i].fmt, R);
-			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
-			             J_DAEMON, s, NULL, NULL);
-		}
-		for (int v = 0; v < 2; v++) {
-			if (!zs[v])
-				continue;
-			float tau = kvzap_tau(M, zs[v], ncal, in->calP, in->calP,
-			                      RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS,
-			                      R);
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u,sinks=%u", a->wabs, zname[v], tau,
-			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
-			eval_add_job(jobs, &njobs, zname[v], R, J_DAEMON, s, NULL,
-			             NULL)->tau = tau;
-		}
+		eval_add_ratio_jobs(jobs, &njobs, ratio_policies, NRATIO, R, R);
+		for (int v = 0; v < 2; v++)
+			if (zs[v])
+				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
+				                 ncal, in->calP, in->calP,
+				                 CTX_KVZAP_SINKS, R);
 		if (have_w) {
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=16", a->wabs, R);
-			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
-			             NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", a->wabs, B,
-			         RECIPE_KVPOP_DELAY);
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, R, 16);
+			eval_kvpop_spec(s, sizeof(s), a->wabs, B);
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}
@@ -424,103 +430,31 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE,
 		             "hindsight oracle (in-process)", NULL, NULL);
 	}
-	for (int v = 0; v < 2; v++) {
-		if (!zs[v])
-			continue;
-		float grid[64];
-		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal,
-		                               in->calP, in->calP,
-		                               RECIPE_KVZAP_WINDOW,
-		                               CTX_KVZAP_SINKS,
-		                               a->quick ? 2 : CTX_SWEEP, grid);
-		for (uint32_t i = 0; i < ng; i++) {
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u,sinks=%u", a->wabs, zname[v], grid[i],
-			         RECIPE_KVZAP_WINDOW, CTX_KVZAP_SINKS);
-			struct job *j = eval_add_job(jobs, &njobs, zname[v], 0,
-			                             J_DAEMON, s, NULL, NULL);
-			j->sweep = 1;
-			j->tau = grid[i];
-		}
-	}
+	for (int v = 0; v < 2; v++)
+		if (zs[v])
+			kvzap_add_sweep(jobs, &njobs, M, a->wabs, v, zs[v], ncal,
+			                in->calP, in->calP, CTX_KVZAP_SINKS,
+			                a->quick ? 2 : CTX_SWEEP);
 	return njobs;
 }
 
 /* ------------------------------------------------------------ results */
 
-static void write_specs(const char *out, const struct ctx_args *a,
-                        const struct job *jobs, uint32_t njobs,
-                        const char *what)
-{
-	char path[1200];
-	snprintf(path, sizeof(path), "%s/specs-%s.txt", out, a->mname);
-	FILE *f = fopen(path, "w");
-	if (!f)
-		eval_die("%s: %s", path, strerror(errno));
-	fprintf(f, "# %s\n", what);
-	for (uint32_t k = 0; k < njobs; k++) {
-		const struct job *j = &jobs[k];
-		if (j->sweep)
-			fprintf(f, "%s sweep ", j->name);
-		else
-			fprintf(f, "%s %.3f ", j->name, j->ratio);
-		/* the committed file shows the weights as given
-		 * (build/weights/...), the same on every machine */
-		const char *sp = j->spec[C_MAIN];
-		size_t n = strlen(a->wabs);
-		while (*sp) {
-			if (n && !strncmp(sp, a->wabs, n)) {
-				fputs(a->wdir, f);
-				sp += n;
-			} else {
-				fputc(*sp++, f);
-			}
-		}
-		fputc('\n', f);
-	}
-	fclose(f);
-}
-
 static int write_results(const struct ctx_args *a, const struct job *jobs,
                          uint32_t njobs, const char *what)
 {
 	char path[1200];
+	snprintf(path, sizeof(path), "%s/specs-%s.txt", a->out, a->mname);
+	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
 	snprintf(path, sizeof(path), "%s/quality.csv", a->out);
-	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
-	if (!rows)
-		eval_die("out of memory");
-	size_t nr = table_read_others(path, a->mname, rows, 1024);
-	int bad = 0;
-	for (uint32_t k = 0; k < njobs; k++) {
-		const struct job *j = &jobs[k];
-		struct row *r = &rows[nr++];
-		snprintf(r->model, sizeof(r->model), "%s", a->mname);
-		snprintf(r->policy, sizeof(r->policy), "%.31s", j->name);
-		r->target = j->sweep ? NAN : j->ratio;
-		r->tau = j->tau;
-		r->copy = r->needle = NAN;
-		bad |= j->failed;
-		if (j->failed || !j->npos) {
-			r->ach = r->kl = r->top1 = r->dnll = NAN;
-			continue;
-		}
-		r->ach = j->ach / j->nach;
-		r->kl = j->kl / j->npos;
-		r->top1 = j->top1 / j->npos;
-		r->dnll = j->dnll / j->npos;
-	}
-	FILE *f = fopen(path, "w");
-	if (!f)
-		eval_die("%s: %s", path, strerror(errno));
-	fprintf(f, TABLE_CSV_HEADER "\n");
-	for (size_t i = 0; i < nr; i++)
-		table_write_row(f, &rows[i]);
-	fclose(f);
+	size_t nr;
+	int bad;
+	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
+	                                  &bad);
+	table_write_csv(path, rows, nr);
 	ctxtable_write_md(a->out, rows, nr, a->mname, what);
 	table_write_png(a->out, rows, nr, 1);
-	for (size_t i = 0; i < nr; i++)
-		if (!strcmp(rows[i].model, a->mname))
-			table_write_row(stdout, &rows[i]);
+	table_print_model(rows, nr, a->mname);
 	free(rows);
 	return bad;
 }
@@ -541,22 +475,14 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 		eval_die("%s", err);
 	const uint32_t P = a->quick ? CTX_QUICK_P : CTX_P,
 	               C = a->quick ? CTX_QUICK_C : CTX_C, T = P + C;
-	const uint32_t nwant = a->nseq ? a->nseq
-	                       : a->quick ? CTX_QUICK_WINDOWS : CTX_WINDOWS;
 	if (P + nsep + P > model_context(M))
 		eval_die("KVzip's pretext of %u tokens exceeds the context %u",
 		         P + nsep + P, model_context(M));
-	static const double full_ratios[] = {0.5, 0.75, 0.875};
-	static const double quick_ratios[] = {0.75};
-	const double *ratios = a->quick ? quick_ratios : full_ratios;
-	const uint32_t nrat = a->quick ? 1 : 3;
 	struct dataset ev;
-	if (dataset_build_tok(M, tk, DATASET_EVAL, T, nwant, &ev, err,
-	                      sizeof(err)))
-		eval_die("%s", err);
-	if (ev.n < nwant)
-		fprintf(stderr, "kvtrim-eval: the evaluation split holds %u "
-		        "windows of %u tokens, not %u\n", ev.n, T, nwant);
+	const double *ratios;
+	const uint32_t nrat = ctx_windows(M, tk, a, T, a->quick ?
+	                                  CTX_QUICK_WINDOWS : CTX_WINDOWS,
+	                                  &ev, &ratios);
 	if (a->dump) /* the kvpress parity's dump (ctxdump.c) */
 		return ctxdump_main(M, a, tk, &ev, sep, nsep, P, T);
 
@@ -565,12 +491,7 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	uint32_t njobs = 0;
 	float *zs[2] = {NULL, NULL};
 	uint32_t ncal = 0;
-	int have_w = a->wabs[0] != 0;
-	if (have_w)
-		ctx_calibrate(M, tk, a->wabs, P, a->quick ? 2 : CTX_CAL, zs, &ncal);
-	else
-		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
-		        "policies skipped (run make weights)\n", a->wdir);
+	ctx_calibrate(M, tk, a, P, a->quick ? 2 : CTX_CAL, zs, &ncal);
 	struct jobs_in jin = {.M = M, .a = a, .zs = {zs[0], zs[1]},
 	                      .ncal = ncal, .calP = P, .ratios = ratios,
 	                      .nrat = nrat};
@@ -578,10 +499,7 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 
 	/* ---- the pool */
 	char rt[400];
-	if (a->rt)
-		snprintf(rt, sizeof(rt), "%s", a->rt);
-	else
-		eval_daemon_start(a->argv0, rt, sizeof(rt));
+	eval_runtime_dir(a->rt, a->argv0, rt, sizeof(rt));
 	openblas_set_num_threads(1);
 	struct pool p = {
 		.M = M, .a = a, .ev = &ev, .sep = sep, .nsep = nsep, .P = P,
@@ -625,7 +543,6 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	         "kvzap calibration windows; %u jobs; %.1f minutes with %d "
 	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
 	         ncal, njobs, secs / 60, a->threads);
-	write_specs(a->out, a, jobs, njobs, what);
 	int bad = write_results(a, jobs, njobs, what) | tbad;
 	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname,
 	        (double)(now_ms() - t0) / 1e3);

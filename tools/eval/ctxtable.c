@@ -15,8 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static const double at[] = {0.5, 0.75, 0.875};
-#define NAT (sizeof(at) / sizeof(at[0]))
 
 int ctxtable_is_bound(const char *p)
 {
@@ -24,28 +22,20 @@ int ctxtable_is_bound(const char *p)
 	       !strcmp(p, "kvzip") || !strcmp(p, "oracle");
 }
 
-/* The policies of model's rows: table_policy_order first, then the
- * others in order of appearance (at most max). */
+/* The policies of model's rows in table order (table_order), at most
+ * max. */
 static size_t policies_of(const struct row *rows, size_t nr,
                           const char *model, const char **out, size_t max)
 {
-	size_t n = 0;
-	for (size_t p = 0; p < table_npolicy; p++)
-		for (size_t i = 0; i < nr; i++)
-			if (!strcmp(rows[i].model, model) &&
-			    !strcmp(rows[i].policy, table_policy_order[p])) {
-				out[n++] = table_policy_order[p];
-				break;
-			}
-	for (size_t i = 0; i < nr && n < max; i++) {
-		if (strcmp(rows[i].model, model))
-			continue;
-		int seen = 0;
-		for (size_t k = 0; k < n; k++)
-			seen |= !strcmp(out[k], rows[i].policy);
-		if (!seen)
-			out[n++] = rows[i].policy;
-	}
+	const char **names = malloc(sizeof(*names) * (nr + 1));
+	if (!names)
+		eval_die("out of memory");
+	size_t k = 0;
+	for (size_t i = 0; i < nr; i++)
+		if (!strcmp(rows[i].model, model))
+			names[k++] = rows[i].policy;
+	size_t n = table_order(names, k, out, max);
+	free(names);
 	return n;
 }
 
@@ -119,12 +109,7 @@ void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
 	        "the nearest runs on either side (n/a: the curve does not "
 	        "reach it; no extrapolation). Cells: KL / top-1 / dNLL. Bounds "
 	        "are marked.\n\n| policy |");
-	for (size_t q = 0; q < NAT; q++)
-		fprintf(f, " achieved %.3f |", at[q]);
-	fprintf(f, "\n|---|");
-	for (size_t q = 0; q < NAT; q++)
-		fprintf(f, "---|");
-	fprintf(f, "\n");
+	table_md_at_header(f);
 	const char *pol[128];
 	size_t np = policies_of(rows, nr, model, pol, 128);
 	double *x = malloc(sizeof(double) * (nr + 1) * 4);
@@ -146,7 +131,7 @@ void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
 		fprintf(f, "| %s%s |", pol[p], ctxtable_is_bound(pol[p]) ? " (bound)" : "");
 		if (!strcmp(pol[p], "full")) {
 			/* no compression: its own run, in every column */
-			for (size_t q = 0; q < NAT; q++)
+			for (size_t q = 0; q < TABLE_NAT; q++)
 				if (n)
 					fprintf(f, " %.4f / %.3f / %.4f (achieved "
 					        "%.3f) |", ykl[0], yt[0], yd[0],
@@ -156,11 +141,11 @@ void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
 			fprintf(f, "\n");
 			continue;
 		}
-		for (size_t q = 0; q < NAT; q++) {
+		for (size_t q = 0; q < TABLE_NAT; q++) {
 			char a[32], b[32], c[32];
-			fmt_or(a, sizeof(a), curve_at(x, ykl, n, at[q]), "%.4f");
-			fmt_or(b, sizeof(b), curve_at(x, yt, n, at[q]), "%.3f");
-			fmt_or(c, sizeof(c), curve_at(x, yd, n, at[q]), "%.4f");
+			fmt_or(a, sizeof(a), curve_at(x, ykl, n, table_at[q]), "%.4f");
+			fmt_or(b, sizeof(b), curve_at(x, yt, n, table_at[q]), "%.3f");
+			fmt_or(c, sizeof(c), curve_at(x, yd, n, table_at[q]), "%.4f");
 			if (!strcmp(a, "n/a"))
 				fprintf(f, " n/a |");
 			else

@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const double at[] = {0.5, 0.75, 0.875};
-#define NAT (sizeof(at) / sizeof(at[0]))
 
 #define CSV_HEADER "part,length,depth,policy,target_ratio,threshold," \
 	           "achieved_ratio,correct,trials,accuracy,ci_lo,ci_hi," \
@@ -150,21 +148,11 @@ static void write_csv(const char *dir, const struct ctxtask_result *R)
 static uint32_t policies(const struct job *jobs, uint32_t nj,
                          const char **out, uint32_t max)
 {
-	uint32_t n = 0;
-	for (size_t p = 0; p < table_npolicy && n < max; p++)
-		for (uint32_t k = 0; k < nj; k++)
-			if (!strcmp(jobs[k].name, table_policy_order[p])) {
-				out[n++] = table_policy_order[p];
-				break;
-			}
-	for (uint32_t k = 0; k < nj && n < max; k++) {
-		int seen = 0;
-		for (uint32_t i = 0; i < n; i++)
-			seen |= !strcmp(out[i], jobs[k].name);
-		if (!seen)
-			out[n++] = jobs[k].name;
-	}
-	return n;
+	const char *names[MAX_JOBS];
+	for (uint32_t k = 0; k < nj && k < MAX_JOBS; k++)
+		names[k] = jobs[k].name;
+	return (uint32_t)table_order(names, nj < MAX_JOBS ? nj : MAX_JOBS,
+	                             out, max);
 }
 
 static void md_intro(FILE *f, const struct ctxtask_result *R,
@@ -283,12 +271,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 	        "[95 %% interval].\n\n| policy |", R->len[R->run[ri].li],
 	        ds[0] ? ", depths " : "", ds, (unsigned long long)rf.n,
 	        rf.n ? rf.tokens / rf.n : 0.0, b);
-	for (size_t q = 0; q < NAT; q++)
-		fprintf(f, " achieved %.3f |", at[q]);
-	fprintf(f, "\n|---|");
-	for (size_t q = 0; q < NAT; q++)
-		fprintf(f, "---|");
-	fprintf(f, "\n");
+	table_md_at_header(f);
 	const char *pol[MAX_JOBS];
 	uint32_t np = policies(jobs, nj, pol, MAX_JOBS);
 	double x[MAX_JOBS], y[MAX_JOBS], ylo[MAX_JOBS], yhi[MAX_JOBS];
@@ -306,19 +289,19 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 		}
 		fprintf(f, "| %s%s |", pol[p], ctxtable_is_bound(pol[p])
 		                                ? " (bound)" : "");
-		for (size_t q = 0; q < NAT; q++) {
+		for (size_t q = 0; q < TABLE_NAT; q++) {
 			if (!strcmp(pol[p], "full")) {
 				fmt_cell(b, sizeof(b), &one);
 				fprintf(f, " %s |", n ? b : "failed");
 				continue;
 			}
-			double v = curve_at(x, y, n, at[q]);
+			double v = curve_at(x, y, n, table_at[q]);
 			if (isnan(v))
 				fprintf(f, " n/a |");
 			else
 				fprintf(f, " %.2f [%.2f, %.2f] |", v,
-				        curve_at(x, ylo, n, at[q]),
-				        curve_at(x, yhi, n, at[q]));
+				        curve_at(x, ylo, n, table_at[q]),
+				        curve_at(x, yhi, n, table_at[q]));
 		}
 		fprintf(f, "\n");
 	}

@@ -67,11 +67,6 @@ double dec2_inv_seen(uint32_t P, uint32_t T);
 
 /* dec2main.c: kvtrim-eval --protocol 2 for a model with a tokenizer
  * (main.c). */
-/* Prints spec with every occurrence of abs (the weights directory as the
- * daemon needs it, absolute) replaced by rel (as given): the specs files
- * read the same on every machine. */
-void dec2_spec_print(FILE *f, const char *spec, const char *abs,
-                     const char *rel);
 int dec2_main(const struct model *M, const struct ctx_args *a);
 
 #endif

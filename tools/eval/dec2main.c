@@ -37,23 +37,8 @@ void openblas_set_num_threads(int n);
 
 /* ------------------------------------------------------------ kvzap */
 
-static const char *const zname[2] = {"kvzap-linear", "kvzap-mlp"};
 
 /* ------------------------------------------------------------ results */
-
-void dec2_spec_print(FILE *f, const char *spec, const char *abs,
-                     const char *rel)
-{
-	size_t n = strlen(abs);
-	while (*spec) {
-		if (n && !strncmp(spec, abs, n)) {
-			fputs(rel, f);
-			spec += n;
-		} else {
-			fputc(*spec++, f);
-		}
-	}
-}
 
 /* The goal of issue 11 read off the curves: kvpop against h2o, tova and
  * streaming on KL at achieved 0.75. */
@@ -177,55 +162,16 @@ static int write_results(const struct ctx_args *a, const struct job *jobs,
 	char path[1200];
 	snprintf(path, sizeof(path), "%s/specs-%s-protocol2.txt", a->out,
 	         a->mname);
-	FILE *f = fopen(path, "w");
-	if (!f)
-		eval_die("%s: %s", path, strerror(errno));
-	fprintf(f, "# %s\n", what);
-	for (uint32_t k = 0; k < njobs; k++) {
-		if (jobs[k].sweep)
-			fprintf(f, "%s sweep ", jobs[k].name);
-		else
-			fprintf(f, "%s %.3f ", jobs[k].name, jobs[k].ratio);
-		dec2_spec_print(f, jobs[k].spec[C_MAIN], a->wabs, a->wdir);
-		fputc('\n', f);
-	}
-	fclose(f);
+	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
 	snprintf(path, sizeof(path), "%s/protocol2.csv", a->out);
-	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
-	if (!rows)
-		eval_die("out of memory");
-	size_t nr = table_read_others(path, a->mname, rows, 1024);
-	int bad = 0;
-	for (uint32_t k = 0; k < njobs; k++) {
-		const struct job *j = &jobs[k];
-		struct row *r = &rows[nr++];
-		snprintf(r->model, sizeof(r->model), "%s", a->mname);
-		snprintf(r->policy, sizeof(r->policy), "%.31s", j->name);
-		r->target = j->sweep ? NAN : j->ratio;
-		r->tau = j->tau;
-		r->copy = r->needle = NAN;
-		bad |= j->failed;
-		if (j->failed || !j->npos || !j->nach) {
-			r->ach = r->kl = r->top1 = r->dnll = NAN;
-			continue;
-		}
-		r->ach = j->ach / j->nach;
-		r->kl = j->kl / j->npos;
-		r->top1 = j->top1 / j->npos;
-		r->dnll = j->dnll / j->npos;
-	}
-	f = fopen(path, "w");
-	if (!f)
-		eval_die("%s: %s", path, strerror(errno));
-	fprintf(f, TABLE_CSV_HEADER "\n");
-	for (size_t i = 0; i < nr; i++)
-		table_write_row(f, &rows[i]);
-	fclose(f);
+	size_t nr;
+	int bad;
+	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
+	                                  &bad);
+	table_write_csv(path, rows, nr);
 	write_md(a->out, rows, nr, a->mname, what);
 	write_png(a->out, rows, nr, a->mname);
-	for (size_t i = 0; i < nr; i++)
-		if (!strcmp(rows[i].model, a->mname))
-			table_write_row(stdout, &rows[i]);
+	table_print_model(rows, nr, a->mname);
 	free(rows);
 	return bad;
 }
@@ -234,9 +180,7 @@ static int write_results(const struct ctx_args *a, const struct job *jobs,
 
 /* The ratio policies that decide at every sync (spec format, %.4f the
  * ratio); the prompt-only ones are protocol 1's only. */
-static const struct {
-	const char *name, *fmt;
-} ratio_policies[] = {
+static const struct eval_ratio_policy ratio_policies[] = {
 	{"random", "random:ratio=%.4f,seed=1"},
 	{"streaming", "streaming:ratio=%.4f,sinks=4"},
 	{"h2o", "h2o:ratio=%.4f"},
@@ -254,33 +198,21 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 		eval_die("%s", err);
 	const uint32_t P = a->quick ? D2_QUICK_P : D2_P,
 	               C = a->quick ? D2_QUICK_C : D2_C, T = P + C + 1;
-	const uint32_t nwant = a->nseq ? a->nseq
-	                       : a->quick ? D2_QUICK_WINDOWS : D2_WINDOWS;
 	if (T > model_context(M))
 		eval_die("windows of %u tokens exceed the context %u", T,
 		         model_context(M));
-	static const double full_ratios[] = {0.5, 0.75, 0.875};
-	static const double quick_ratios[] = {0.75};
-	const double *ratios = a->quick ? quick_ratios : full_ratios;
-	const uint32_t nrat = a->quick ? 1 : 3;
 	struct dataset ev;
-	if (dataset_build_tok(M, tk, DATASET_EVAL, T, nwant, &ev, err,
-	                      sizeof(err)))
-		eval_die("%s", err);
-	if (ev.n < nwant)
-		fprintf(stderr, "kvtrim-eval: the evaluation split holds %u "
-		        "windows of %u tokens, not %u\n", ev.n, T, nwant);
+	const double *ratios;
+	const uint32_t nrat = ctx_windows(M, tk, a, T, a->quick ?
+	                                  D2_QUICK_WINDOWS : D2_WINDOWS,
+	                                  &ev, &ratios);
 
 	/* ---- jobs */
 	static struct job jobs[MAX_JOBS];
 	uint32_t njobs = 0, ncal = 0;
 	float *zs[2] = {NULL, NULL};
-	int have_w = a->wabs[0] != 0;
-	if (have_w)
-		ctx_calibrate(M, tk, a->wabs, T, a->quick ? 1 : D2_CAL, zs, &ncal);
-	else
-		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
-		        "policies skipped (run make weights)\n", a->wdir);
+	const int have_w = a->wabs[0] != 0;
+	ctx_calibrate(M, tk, a, T, a->quick ? 1 : D2_CAL, zs, &ncal);
 	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
 	for (uint32_t q = 0; q < nrat; q++) {
 		/* a budget n - floor(r n) drops up to one entry less than
@@ -290,35 +222,18 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 		 * R + mean(1 / n) (at least R) */
 		double R = ratios[q],
 		       Rs = q ? R + dec2_inv_seen(P, T) : R;
-		for (size_t i = 0; i < NRATIO; i++) {
-			snprintf(s, sizeof(s), ratio_policies[i].fmt, Rs);
-			eval_add_job(jobs, &njobs, ratio_policies[i].name, R,
-			             J_DAEMON, s, NULL, NULL);
-		}
-		for (int v = 0; v < 2; v++) {
-			if (!zs[v])
-				continue;
-			float tau = kvzap_tau(M, zs[v], ncal, T, P,
-			                      RECIPE_KVZAP_WINDOW, D2_KVZAP_SINKS,
-			                      R);
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u,sinks=%u", a->wabs, zname[v], tau,
-			         RECIPE_KVZAP_WINDOW, D2_KVZAP_SINKS);
-			eval_add_job(jobs, &njobs, zname[v], R, J_DAEMON, s, NULL,
-			             NULL)->tau = tau;
-		}
+		eval_add_ratio_jobs(jobs, &njobs, ratio_policies, NRATIO, R, Rs);
+		for (int v = 0; v < 2; v++)
+			if (zs[v])
+				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
+				                 ncal, T, P, D2_KVZAP_SINKS, R);
 		if (have_w) {
 			/* deciding at every sync, as every other policy
 			 * here (every=16 would leave up to 15 entries over
 			 * the budget: its curve could not reach R) */
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=1", a->wabs, Rs);
-			eval_add_job(jobs, &njobs, "fastkvzip", R, J_DAEMON, s,
-			             NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", a->wabs,
-			         dec2_tokens(R, P, T, q > 0), RECIPE_KVPOP_DELAY);
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, Rs, 1);
+			eval_kvpop_spec(s, sizeof(s), a->wabs,
+			                dec2_tokens(R, P, T, q > 0));
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}
@@ -328,31 +243,16 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 		             NULL);
 	}
 	for (int v = 0; v < 2; v++) {
-		if (!zs[v])
-			continue;
-		float grid[64];
-		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, T, P,
-		                               RECIPE_KVZAP_WINDOW,
-		                               D2_KVZAP_SINKS,
-		                               a->quick ? 1 : D2_SWEEP, grid);
-		for (uint32_t i = 0; i < ng; i++) {
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u,sinks=%u", a->wabs, zname[v], grid[i],
-			         RECIPE_KVZAP_WINDOW, D2_KVZAP_SINKS);
-			struct job *j = eval_add_job(jobs, &njobs, zname[v], 0,
-			                             J_DAEMON, s, NULL, NULL);
-			j->sweep = 1;
-			j->tau = grid[i];
-		}
+		if (zs[v])
+			kvzap_add_sweep(jobs, &njobs, M, a->wabs, v, zs[v], ncal,
+			                T, P, D2_KVZAP_SINKS,
+			                a->quick ? 1 : D2_SWEEP);
 		free(zs[v]);
 	}
 
 	/* ---- the run */
 	char rt[400];
-	if (a->rt)
-		snprintf(rt, sizeof(rt), "%s", a->rt);
-	else
-		eval_daemon_start(a->argv0, rt, sizeof(rt));
+	eval_runtime_dir(a->rt, a->argv0, rt, sizeof(rt));
 	openblas_set_num_threads(1);
 	char label[96];
 	snprintf(label, sizeof(label), "%s", a->mname);

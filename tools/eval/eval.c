@@ -2,7 +2,8 @@
  * eval.c — how kvtrim-eval ends: the kvtrimd it started (when no
  * --runtime-dir was given) and its scratch directory never outlive it,
  * whether it dies on an error or is interrupted.  Also the one way jobs
- * are added (eval_add_job), for both protocols.
+ * are added (eval_add_job), for every protocol, with the specs of the jobs
+ * the protocols share (ratio policies, fastkvzip, kvpop).
  */
 #include "eval.h"
 
@@ -18,6 +19,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "../train/recipe.h"
 
 static pid_t daemon_pid;
 static char rt_tmp[256];
@@ -112,6 +115,15 @@ void eval_daemon_start(const char *argv0, char *rt, size_t rtlen)
 	eval_die("%s did not start in 5 s", bin);
 }
 
+void eval_runtime_dir(const char *given, const char *argv0, char *rt,
+                      size_t rtlen)
+{
+	if (given)
+		snprintf(rt, rtlen, "%s", given);
+	else
+		eval_daemon_start(argv0, rt, rtlen);
+}
+
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
                          double R, enum jkind kind, const char *spec,
                          const char *spec_copy, const char *spec_needle)
@@ -129,4 +141,30 @@ struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
 		snprintf(j->spec[c], sizeof(j->spec[c]), "%s",
 		         sp[c] ? sp[c] : "");
 	return j;
+}
+
+void eval_add_ratio_jobs(struct job *jobs, uint32_t *n,
+                         const struct eval_ratio_policy *pol, size_t np,
+                         double R, double Rs)
+{
+	char s[KVT_SPEC_MAX];
+	for (size_t i = 0; i < np; i++) {
+		snprintf(s, sizeof(s), pol[i].fmt, Rs);
+		eval_add_job(jobs, n, pol[i].name, R, J_DAEMON, s, NULL, NULL);
+	}
+}
+
+void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
+                        double R, double Rs, uint32_t every)
+{
+	char s[KVT_SPEC_MAX];
+	snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
+	         "ratio=%.4f,window=16,sinks=4,every=%u", wabs, Rs, every);
+	eval_add_job(jobs, n, "fastkvzip", R, J_DAEMON, s, NULL, NULL);
+}
+
+void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
+{
+	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
+	         "sinks=4", wabs, tokens, RECIPE_KVPOP_DELAY);
 }

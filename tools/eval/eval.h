@@ -116,6 +116,22 @@ struct row {
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
                          double R, enum jkind kind, const char *spec,
                          const char *spec_copy, const char *spec_needle);
+/* A daemon policy whose budget is a ratio: its name and its spec format
+ * (one %.4f, the ratio). */
+struct eval_ratio_policy {
+	const char *name, *fmt;
+};
+/* A job of target R per policy of pol[np], each asked for the ratio Rs. */
+void eval_add_ratio_jobs(struct job *jobs, uint32_t *n,
+                         const struct eval_ratio_policy *pol, size_t np,
+                         double R, double Rs);
+/* The fastkvzip job of the weights in wabs at target R, asked for the
+ * ratio Rs, deciding every `every` syncs. */
+void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
+                        double R, double Rs, uint32_t every);
+/* kvpop's spec with the weights in wabs and a budget of tokens per list
+ * (delay RECIPE_KVPOP_DELAY, 4 sinks). */
+void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
 /* Prints "kvtrim-eval: " and the message, stops the daemon this run
  * started (eval_daemon_start), exits 1. */
 void eval_die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
@@ -123,6 +139,10 @@ void eval_die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
 /* Starts kvtrimd (beside this executable) on a fresh runtime directory,
  * written to rt; waits until its sockets exist.  Dies on failure. */
 void eval_daemon_start(const char *argv0, char *rt, size_t rtlen);
+/* The runtime directory of the run into rt: given (--runtime-dir) when
+ * not NULL, else a kvtrimd's that eval_daemon_start starts. */
+void eval_runtime_dir(const char *given, const char *argv0, char *rt,
+                      size_t rtlen);
 void eval_daemon_stop(void);
 /* SIGINT / SIGTERM handler: the daemon must not outlive the run. */
 void eval_on_signal(int sig);
@@ -160,6 +180,20 @@ uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T,
                           uint32_t P, uint32_t w, uint32_t sinks,
                           uint32_t npts, float *out);
+/* The scorers' names: their weights' folders and their jobs' names,
+ * [0] linear, [1] MLP. */
+extern const char *const kvzap_names[2];
+/* The job of scorer v (scores s of ncal calibration sequences, window
+ * RECIPE_KVZAP_WINDOW) at the threshold that achieves R, or the jobs of
+ * its sweep of npts thresholds (sweep_grid; no target, j->sweep set).
+ * sinks < 0: no sinks in the spec and none in the calibration (the
+ * policy's default, 0). */
+void kvzap_add_target(struct job *jobs, uint32_t *n, const struct model *M,
+                      const char *wabs, int v, const float *s, uint32_t ncal,
+                      uint32_t T, uint32_t P, int sinks, double R);
+void kvzap_add_sweep(struct job *jobs, uint32_t *n, const struct model *M,
+                     const char *wabs, int v, const float *s, uint32_t ncal,
+                     uint32_t T, uint32_t P, int sinks, uint32_t npts);
 
 /* run.c */
 /* One prediction against the reference's: KL(ref || lg) in nats, whether
@@ -201,6 +235,28 @@ int table_parse_row(const char *line, struct row *r);
 size_t table_read_others(const char *path, const char *model, struct row *rows,
                          size_t max);
 void table_write_row(FILE *f, const struct row *r);
+/* Writes rows to path (TABLE_CSV_HEADER first); dies when it cannot. */
+void table_write_csv(const char *path, const struct row *rows, size_t nr);
+/* Prints model's rows on stdout (csv, no header). */
+void table_print_model(const struct row *rows, size_t nr, const char *model);
+/* The rows of path of models other than model (table_read_others), then
+ * model's, one per job (protocols 1 and 2: no copy or needle; NaN where
+ * the job failed or measured nothing), *nout in all, calloc'd; *bad: a job
+ * failed.  Dies out of memory. */
+struct row *table_job_rows(const char *path, const char *model,
+                           const struct job *jobs, uint32_t njobs,
+                           size_t *nout, int *bad);
+/* One line of a specs file: the job's name, its target ratio or "sweep",
+ * its spec, then its copy and needle specs where it has them; every
+ * occurrence of wabs (the weights directory as the daemon needs it,
+ * absolute) printed as wdir (as given), so the committed files read the
+ * same on every machine. */
+void table_write_spec(FILE *f, const struct job *j, const char *wabs,
+                      const char *wdir);
+/* A specs file: "# what", then a line per job; dies when it cannot. */
+void table_write_specs(const char *path, const char *what,
+                       const struct job *jobs, uint32_t njobs,
+                       const char *wabs, const char *wdir);
 /* DIR/quality.md opened for writing (dies when it cannot be). */
 FILE *table_open_md(const char *dir);
 void table_write_md(const char *dir, struct row *rows, size_t nr);
@@ -211,6 +267,16 @@ void table_write_png(const char *dir, struct row *rows, size_t nr,
 /* The md order of the policies (others follow in order of appearance). */
 extern const char *const table_policy_order[];
 extern const size_t table_npolicy;
+/* names[nn] (with repeats) as the md lists them: those of
+ * table_policy_order first, in its order, then the others in order of
+ * appearance, each once, at most max, into out; their count. */
+size_t table_order(const char *const *names, size_t nn, const char **out,
+                   size_t max);
+/* The achieved ratios the md tables are read at (curve_at), and the
+ * header cells of those columns with the separator line after them. */
+#define TABLE_NAT 3
+extern const double table_at[TABLE_NAT];
+void table_md_at_header(FILE *f);
 
 /* ctxtable.c */
 /* Protocol 1's quality.md of model's rows; what (a line) says how the run
@@ -242,14 +308,22 @@ struct ctx_args {
 	const char *dump;        /* --dump-kept DIR or NULL */
 };
 int ctx_main(const struct model *M, const struct ctx_args *a);
+/* Both protocols' windows and targets: the evaluation split's windows of
+ * T tokens (a->nseq of them, else def; fewer where the split holds fewer,
+ * said on stderr) into ev, the target ratios (--quick: 0.75, else 0.5,
+ * 0.75, 0.875) in *ratios, their count returned.  Dies on failure. */
+struct tok;
+uint32_t ctx_windows(const struct model *M, const struct tok *tk,
+                     const struct ctx_args *a, uint32_t T, uint32_t def,
+                     struct dataset *ev, const double **ratios);
 /* kvzap's calibration: ncal windows of P tokens of the training split
  * (train-man.txt) through the full-cache forward; the scores [ncal][L]
- * [n_kv][P] of the scorers wabs/kvzap-linear and wabs/kvzap-mlp in zs[0],
- * zs[1] (NULL where one is missing, reason on stderr), *nout windows. */
-struct tok;
+ * [n_kv][P] of the scorers a->wabs/kvzap-linear and a->wabs/kvzap-mlp in
+ * zs[0], zs[1] (NULL where one is missing, reason on stderr; both where
+ * there are no weights: said on stderr), *nout windows. */
 void ctx_calibrate(const struct model *M, const struct tok *t,
-                   const char *wabs, uint32_t P, uint32_t ncal, float *zs[2],
-                   uint32_t *nout);
+                   const struct ctx_args *a, uint32_t P, uint32_t ncal,
+                   float *zs[2], uint32_t *nout);
 
 /* ctxdump.c */
 /* --dump-kept: protocol 1's windows ev (P context + T - P tokens each),

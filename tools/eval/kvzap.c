@@ -4,7 +4,8 @@
  * attention inputs of a sequence) and their scores on calibration
  * sequences, the ratio a threshold achieves under the protocol (exact, from
  * the scores; either protocol), the threshold for a target ratio and the
- * grid of the threshold sweep.
+ * grid of the threshold sweep; the kvzap jobs of every protocol
+ * (kvzap_add_target, kvzap_add_sweep), so their specs are written once.
  */
 #include "eval.h"
 
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "../train/dataset.h"
+#include "../train/recipe.h"
 #include "kernels.h"
 #include "model.h"
 #include "weights.h"
@@ -244,4 +246,44 @@ uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
 	}
 	fputc('\n', stderr);
 	return n;
+}
+
+const char *const kvzap_names[2] = {"kvzap-linear", "kvzap-mlp"};
+
+/* One kvzap job of scorer v at threshold tau; sinks < 0 leaves sinks out
+ * of the spec (the policy's default, 0: protocol 0's specs). */
+static struct job *add_job(struct job *jobs, uint32_t *n, const char *wabs,
+                           int v, double R, float tau, int sinks)
+{
+	char s[KVT_SPEC_MAX], tail[32] = "";
+	if (sinks >= 0)
+		snprintf(tail, sizeof(tail), ",sinks=%d", sinks);
+	snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,window=%u%s",
+	         wabs, kvzap_names[v], tau, RECIPE_KVZAP_WINDOW, tail);
+	struct job *j = eval_add_job(jobs, n, kvzap_names[v], R, J_DAEMON, s,
+	                             NULL, NULL);
+	j->tau = tau;
+	return j;
+}
+
+void kvzap_add_target(struct job *jobs, uint32_t *n, const struct model *M,
+                      const char *wabs, int v, const float *s, uint32_t ncal,
+                      uint32_t T, uint32_t P, int sinks, double R)
+{
+	float tau = kvzap_tau(M, s, ncal, T, P, RECIPE_KVZAP_WINDOW,
+	                      sinks > 0 ? (uint32_t)sinks : 0, R);
+	add_job(jobs, n, wabs, v, R, tau, sinks);
+}
+
+void kvzap_add_sweep(struct job *jobs, uint32_t *n, const struct model *M,
+                     const char *wabs, int v, const float *s, uint32_t ncal,
+                     uint32_t T, uint32_t P, int sinks, uint32_t npts)
+{
+	float grid[64];
+	uint32_t ng = kvzap_sweep_grid(M, kvzap_names[v], s, ncal, T, P,
+	                               RECIPE_KVZAP_WINDOW,
+	                               sinks > 0 ? (uint32_t)sinks : 0, npts,
+	                               grid);
+	for (uint32_t i = 0; i < ng; i++)
+		add_job(jobs, n, wabs, v, 0, grid[i], sinks)->sweep = 1;
 }

@@ -321,7 +321,6 @@ int main(int argc, char **argv)
 	/* kvzap calibration on the training split */
 	float *zs[2] = {NULL, NULL};
 	uint32_t ncal = quick ? 2 : 16;
-	static const char *const zname[2] = {"kvzap-linear", "kvzap-mlp"};
 	if (have_w) {
 		struct dataset cal;
 		if (dataset_build(&m, DATASET_TRAIN, T, ncal, 1, &cal, err,
@@ -330,11 +329,11 @@ int main(int argc, char **argv)
 		ncal = cal.n;
 		for (int v = 0; v < 2; v++) {
 			char d[PATH_MAX + 32];
-			snprintf(d, sizeof(d), "%s/%s", wabs, zname[v]);
+			snprintf(d, sizeof(d), "%s/%s", wabs, kvzap_names[v]);
 			zs[v] = kvzap_scores(M, d, &cal, err, sizeof(err));
 			if (!zs[v])
 				fprintf(stderr, "kvtrim-eval: %s: %s (skipped)\n",
-				        zname[v], err);
+				        kvzap_names[v], err);
 		}
 		dataset_free(&cal);
 	} else {
@@ -345,43 +344,26 @@ int main(int argc, char **argv)
 	char s[KVT_SPEC_MAX], sc[KVT_SPEC_MAX], sn[KVT_SPEC_MAX];
 	for (uint32_t k = 0; k < nrat; k++) {
 		double R = ratios[k];
-		snprintf(s, sizeof(s), "random:ratio=%.4f,seed=1", R);
-		add_job("random", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "streaming:ratio=%.4f,sinks=4", R);
-		add_job("streaming", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "h2o:ratio=%.4f", R);
-		add_job("h2o", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "snapkv:ratio=%.4f,window=16,kernel=5", R);
-		add_job("snapkv", R, J_DAEMON, s, NULL, NULL);
-		snprintf(s, sizeof(s), "tova:ratio=%.4f", R);
-		add_job("tova", R, J_DAEMON, s, NULL, NULL);
-		for (int v = 0; v < 2; v++) {
-			if (!zs[v])
-				continue;
-			float tau = kvzap_tau(M, zs[v], ncal, T, P,
-			                      RECIPE_KVZAP_WINDOW, 0, R);
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u", wabs, zname[v], tau,
-			         RECIPE_KVZAP_WINDOW);
-			add_job(zname[v], R, J_DAEMON, s, NULL, NULL)->tau =
-				tau;
-		}
+		static const struct eval_ratio_policy rp[] = {
+			{"random", "random:ratio=%.4f,seed=1"},
+			{"streaming", "streaming:ratio=%.4f,sinks=4"},
+			{"h2o", "h2o:ratio=%.4f"},
+			{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
+			{"tova", "tova:ratio=%.4f"},
+		};
+		eval_add_ratio_jobs(jobs, &njobs, rp, sizeof(rp) / sizeof(rp[0]),
+		                    R, R);
+		for (int v = 0; v < 2; v++)
+			if (zs[v])
+				kvzap_add_target(jobs, &njobs, M, wabs, v, zs[v],
+				                 ncal, T, P, -1, R);
 		if (have_w) {
-			snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip."
-			         "safetensors,ratio=%.4f,window=16,sinks=4,"
-			         "every=16", wabs, R);
-			add_job("fastkvzip", R, J_DAEMON, s, NULL, NULL);
-			snprintf(s, sizeof(s), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         dec2_budget(R, P, T), RECIPE_KVPOP_DELAY);
-			snprintf(sc, sizeof(sc), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         cT ? dec2_budget(R, cP, cT) : 1,
-			         RECIPE_KVPOP_DELAY);
-			snprintf(sn, sizeof(sn), "kvpop:model=%s/kvpop.safetensors,"
-			         "tokens=%u,delay=%u,sinks=4", wabs,
-			         nT ? dec2_budget(R, nP, nT) : 1,
-			         RECIPE_KVPOP_DELAY);
+			eval_add_fastkvzip(jobs, &njobs, wabs, R, R, 16);
+			eval_kvpop_spec(s, sizeof(s), wabs, dec2_budget(R, P, T));
+			eval_kvpop_spec(sc, sizeof(sc), wabs,
+			                cT ? dec2_budget(R, cP, cT) : 1);
+			eval_kvpop_spec(sn, sizeof(sn), wabs,
+			                nT ? dec2_budget(R, nP, nT) : 1);
 			add_job("kvpop", R, J_DAEMON, s, ncp ? sc : NULL,
 			        nnd ? sn : NULL);
 		}
@@ -392,23 +374,10 @@ int main(int argc, char **argv)
 	}
 	/* kvzap threshold sweep: fixed thresholds from the training split
 	 * (sweep_grid), the achieved ratio measured */
-	for (int v = 0; v < 2; v++) {
-		if (!zs[v])
-			continue;
-		float grid[64];
-		uint32_t ng = kvzap_sweep_grid(M, zname[v], zs[v], ncal, T, P,
-		                               RECIPE_KVZAP_WINDOW, 0,
-		                               quick ? 2 : 6, grid);
-		for (uint32_t i = 0; i < ng; i++) {
-			snprintf(s, sizeof(s), "kvzap:model=%s/%s,threshold=%.4f,"
-			         "window=%u", wabs, zname[v], grid[i],
-			         RECIPE_KVZAP_WINDOW);
-			struct job *j = add_job(zname[v], 0, J_DAEMON, s, NULL,
-			                        NULL);
-			j->sweep = 1;
-			j->tau = grid[i];
-		}
-	}
+	for (int v = 0; v < 2; v++)
+		if (zs[v])
+			kvzap_add_sweep(jobs, &njobs, M, wabs, v, zs[v], ncal, T,
+			                P, -1, quick ? 2 : 6);
 	free(zs[0]);
 	free(zs[1]);
 
@@ -417,10 +386,7 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < ncases; i++)
 		maxT = cases[i].T > maxT ? cases[i].T : maxT;
 	char rt[400];
-	if (rt_arg)
-		snprintf(rt, sizeof(rt), "%s", rt_arg);
-	else
-		eval_daemon_start(argv[0], rt, sizeof(rt));
+	eval_runtime_dir(rt_arg, argv[0], rt, sizeof(rt));
 	for (uint32_t k = 0; k < njobs; k++) {
 		struct job *j = &jobs[k];
 		if (j->kind != J_DAEMON)
@@ -499,38 +465,15 @@ int main(int argc, char **argv)
 		r->dnll = j->dnll / j->npos;
 		r->copy = j->copy_n ? (double)j->copy_ok / j->copy_n : NAN;
 	}
-	f = fopen(path, "w");
-	if (!f)
-		eval_die("%s: %s", path, strerror(errno));
-	fprintf(f, TABLE_CSV_HEADER "\n");
-	for (size_t i = 0; i < nr; i++)
-		table_write_row(f, &rows[i]);
-	fclose(f);
+	table_write_csv(path, rows, nr);
 	snprintf(path, sizeof(path), "%s/specs-%s.txt", out, mname);
 	f = fopen(path, "w");
 	if (f) {
 		fprintf(f, "# %s: T %u, prefill %u, %u sequences, %u copy "
 		        "cases, %u of %u needle cases run%s\n", mname, T, P,
 		        ev.n, ncp, nnd, nneedle, quick ? " (quick)" : "");
-		/* The daemon needs absolute weight paths; the committed file
-		 * shows them as given (build/weights/...), so it reads the
-		 * same on every machine. */
-		for (uint32_t k = 0; k < njobs; k++) {
-			const struct job *j = &jobs[k];
-			if (j->sweep)
-				fprintf(f, "%s sweep ", j->name);
-			else
-				fprintf(f, "%s %.3f ", j->name, j->ratio);
-			dec2_spec_print(f, j->spec[C_MAIN], wabs, wdir);
-			static const char *const lab[C_NKIND] = {
-				"", " | copy: ", " | needle: "};
-			for (int c = 1; c < C_NKIND; c++)
-				if (j->spec[c][0]) {
-					fputs(lab[c], f);
-					dec2_spec_print(f, j->spec[c], wabs, wdir);
-				}
-			fputc('\n', f);
-		}
+		for (uint32_t k = 0; k < njobs; k++)
+			table_write_spec(f, &jobs[k], wabs, wdir);
 		fclose(f);
 	}
 	if (nneedle) {
@@ -576,9 +519,7 @@ int main(int argc, char **argv)
 	}
 	table_write_md(out, rows, nr);
 	table_write_png(out, rows, nr, 0);
-	for (size_t i = 0; i < nr; i++)
-		if (!strcmp(rows[i].model, mname))
-			table_write_row(stdout, &rows[i]);
+	table_print_model(rows, nr, mname);
 	fprintf(stderr, "kvtrim-eval: %s done in %lds\n", mname,
 	        (long)(time(NULL) - t0));
 	free(rows);

@@ -1,7 +1,9 @@
 /*
  * table.c — kvtrim-eval's results: quality.csv rows (read back, so rows of
- * other models are kept, and written), quality.md (one table per model,
- * the needle paragraph, the kvzap sweep) and quality.png (gnuplot).
+ * other models are kept, and written; the rows of protocols 1 and 2 from
+ * their jobs), quality.md (one table per model, the needle paragraph, the
+ * kvzap sweep), quality.png (gnuplot) and the specs files (every job's
+ * spec as run, the same for every protocol).
  */
 #include "eval.h"
 
@@ -87,6 +89,101 @@ void table_write_row(FILE *f, const struct row *r)
 	        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
 }
 
+void table_write_csv(const char *path, const struct row *rows, size_t nr)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, TABLE_CSV_HEADER "\n");
+	for (size_t i = 0; i < nr; i++)
+		table_write_row(f, &rows[i]);
+	fclose(f);
+}
+
+void table_print_model(const struct row *rows, size_t nr, const char *model)
+{
+	for (size_t i = 0; i < nr; i++)
+		if (!strcmp(rows[i].model, model))
+			table_write_row(stdout, &rows[i]);
+}
+
+struct row *table_job_rows(const char *path, const char *model,
+                           const struct job *jobs, uint32_t njobs,
+                           size_t *nout, int *bad)
+{
+	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
+	if (!rows)
+		eval_die("out of memory");
+	size_t nr = table_read_others(path, model, rows, 1024);
+	*bad = 0;
+	for (uint32_t k = 0; k < njobs; k++) {
+		const struct job *j = &jobs[k];
+		struct row *r = &rows[nr++];
+		snprintf(r->model, sizeof(r->model), "%s", model);
+		snprintf(r->policy, sizeof(r->policy), "%.31s", j->name);
+		r->target = j->sweep ? NAN : j->ratio;
+		r->tau = j->tau;
+		r->copy = r->needle = NAN;
+		*bad |= j->failed;
+		if (j->failed || !j->npos || !j->nach) {
+			r->ach = r->kl = r->top1 = r->dnll = NAN;
+			continue;
+		}
+		r->ach = j->ach / j->nach;
+		r->kl = j->kl / j->npos;
+		r->top1 = j->top1 / j->npos;
+		r->dnll = j->dnll / j->npos;
+	}
+	*nout = nr;
+	return rows;
+}
+
+/* spec with every occurrence of abs replaced by rel. */
+static void spec_print(FILE *f, const char *spec, const char *abs,
+                       const char *rel)
+{
+	size_t n = strlen(abs);
+	while (*spec) {
+		if (n && !strncmp(spec, abs, n)) {
+			fputs(rel, f);
+			spec += n;
+		} else {
+			fputc(*spec++, f);
+		}
+	}
+}
+
+void table_write_spec(FILE *f, const struct job *j, const char *wabs,
+                      const char *wdir)
+{
+	static const char *const lab[C_NKIND] = {"", " | copy: ",
+	                                         " | needle: "};
+	if (j->sweep)
+		fprintf(f, "%s sweep ", j->name);
+	else
+		fprintf(f, "%s %.3f ", j->name, j->ratio);
+	spec_print(f, j->spec[C_MAIN], wabs, wdir);
+	for (int c = 1; c < C_NKIND; c++)
+		if (j->spec[c][0]) {
+			fputs(lab[c], f);
+			spec_print(f, j->spec[c], wabs, wdir);
+		}
+	fputc('\n', f);
+}
+
+void table_write_specs(const char *path, const char *what,
+                       const struct job *jobs, uint32_t njobs,
+                       const char *wabs, const char *wdir)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, "# %s\n", what);
+	for (uint32_t k = 0; k < njobs; k++)
+		table_write_spec(f, &jobs[k], wabs, wdir);
+	fclose(f);
+}
+
 const char *const table_policy_order[] = {
 	"full", "random", "streaming", "h2o", "snapkv", "tova", "knorm",
 	"expected_attention", "pyramidkv",
@@ -94,7 +191,58 @@ const char *const table_policy_order[] = {
 #define NPOL (sizeof(table_policy_order) / sizeof(table_policy_order[0]))
 const size_t table_npolicy = NPOL;
 
+size_t table_order(const char *const *names, size_t nn, const char **out,
+                   size_t max)
+{
+	size_t n = 0;
+	for (size_t p = 0; p < NPOL && n < max; p++)
+		for (size_t i = 0; i < nn; i++)
+			if (!strcmp(names[i], table_policy_order[p])) {
+				out[n++] = table_policy_order[p];
+				break;
+			}
+	for (size_t i = 0; i < nn && n < max; i++) {
+		int seen = 0;
+		for (size_t k = 0; k < n; k++)
+			seen |= !strcmp(out[k], names[i]);
+		if (!seen)
+			out[n++] = names[i];
+	}
+	return n;
+}
+
+const double table_at[TABLE_NAT] = {0.5, 0.75, 0.875};
+
+/* The header cells " what v |" of the columns v[n], then the separator
+ * line. */
+static void md_cols(FILE *f, const char *what, const double *v, size_t n)
+{
+	for (size_t q = 0; q < n; q++)
+		fprintf(f, " %s %.3f |", what, v[q]);
+	fprintf(f, "\n|---|");
+	for (size_t q = 0; q < n; q++)
+		fprintf(f, "---|");
+	fprintf(f, "\n");
+}
+
+void table_md_at_header(FILE *f) { md_cols(f, "achieved", table_at, TABLE_NAT); }
+
 static int same(double a, double b) { return fabs(a - b) < 1e-6; }
+
+/* Sorts the row indices idx[n] by threshold (by_tau) or achieved ratio. */
+static void sort_rows(const struct row *rows, size_t *idx, size_t n,
+                      int by_tau)
+{
+	for (size_t a = 0; a < n; a++)
+		for (size_t b = a + 1; b < n; b++) {
+			const struct row *ra = &rows[idx[a]], *rb = &rows[idx[b]];
+			if (by_tau ? rb->tau < ra->tau : rb->ach < ra->ach) {
+				size_t t = idx[a];
+				idx[a] = idx[b];
+				idx[b] = t;
+			}
+		}
+}
 
 /* Indices of model's sweep rows of policy pol, by threshold. */
 static size_t sweep_rows(const struct row *rows, size_t nr, const char *model,
@@ -105,13 +253,7 @@ static size_t sweep_rows(const struct row *rows, size_t nr, const char *model,
 		if (is_sweep(&rows[i]) && !strcmp(rows[i].model, model) &&
 		    !strcmp(rows[i].policy, pol))
 			idx[n++] = i;
-	for (size_t a = 0; a < n; a++)
-		for (size_t b = a + 1; b < n; b++)
-			if (rows[idx[b]].tau < rows[idx[a]].tau) {
-				size_t t = idx[a];
-				idx[a] = idx[b];
-				idx[b] = t;
-			}
+	sort_rows(rows, idx, n, 1);
 	return n;
 }
 
@@ -257,12 +399,7 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 					tg[b] = t;
 				}
 		fprintf(f, "\n## %s\n\n| policy |", models[k]);
-		for (int q = 0; q < nt; q++)
-			fprintf(f, " ratio %.3f |", tg[q]);
-		fprintf(f, "\n|---|");
-		for (int q = 0; q < nt; q++)
-			fprintf(f, "---|");
-		fprintf(f, "\n");
+		md_cols(f, "ratio", tg, (size_t)nt);
 		for (size_t p = 0; p < NPOL; p++) {
 			int any = 0;
 			for (size_t i = 0; i < nr; i++)
@@ -346,18 +483,6 @@ void table_write_md(const char *dir, struct row *rows, size_t nr)
 	fclose(f);
 }
 
-/* Sorts the row indices idx[n] by achieved ratio. */
-static void sort_by_ach(const struct row *rows, size_t *idx, size_t n)
-{
-	for (size_t a = 0; a < n; a++)
-		for (size_t b = a + 1; b < n; b++)
-			if (rows[idx[b]].ach < rows[idx[a]].ach) {
-				size_t t = idx[a];
-				idx[a] = idx[b];
-				idx[b] = t;
-			}
-}
-
 void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 {
 	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -399,7 +524,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 				idx[n++] = i;
 			}
 			/* by achieved ratio, so a merged curve is a line */
-			sort_by_ach(rows, idx, n);
+			sort_rows(rows, idx, n, 0);
 			for (size_t q = 0; q < n; q++) {
 				fprintf(d, "%.5f %.8f\n", rows[idx[q]].ach,
 				        rows[idx[q]].kl);
@@ -419,7 +544,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 		for (size_t p = 1; p < NPOL && !merge; p++) {
 			size_t n = sweep_rows(rows, nr, models[k],
 			                      table_policy_order[p], idx);
-			sort_by_ach(rows, idx, n);
+			sort_rows(rows, idx, n, 0);
 			int any = 0;
 			for (size_t q = 0; q < n; q++) {
 				const struct row *r = &rows[idx[q]];

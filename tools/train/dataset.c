@@ -83,12 +83,8 @@ static int sample_seq(const struct model *m, uint32_t len, uint64_t st,
 		rc = model_dense_step(&dn, tok + t, 1, lg);
 		if (rc)
 			break;
-		float mx = lg[0];
-		for (uint32_t v = 1; v < V; v++)
-			mx = lg[v] > mx ? lg[v] : mx;
-		double z = 0;
-		for (uint32_t v = 0; v < V; v++)
-			z += exp((double)lg[v] - mx);
+		float mx;
+		double z = model_logits_z(lg, V, &mx);
 		double u = dataset_uniform(&st) * z, c = 0;
 		uint32_t pick = V - 1;
 		for (uint32_t v = 0; v < V; v++) {
