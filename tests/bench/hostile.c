@@ -15,17 +15,18 @@
  * its deadline, whichever comes first, so a frozen daemon costs a bounded
  * time and shows as errors and a p99 at the cap.
  *
- * Each adversary is a child process (this binary with --adversary) that
- * reports "ready k=v ..." once in place and "stat k=v ..." as it goes on
- * its fd 3; the parent prints every key as hostile_<key>_<adversary>.  A
- * connection the daemon closes is reopened, so the attack lasts the phase.
+ * Each adversary (hostile_adv.c) is a child process (this binary with
+ * --adversary) that reports "ready k=v ..." once in place and "stat k=v
+ * ..." as it goes on its fd 3; the parent prints every key as
+ * hostile_<key>_<adversary>.
  *
  * KVTRIM_BENCH_HOSTILE=name[,name...] runs only those phases (a
  * developer's knob: `make bench` runs them all).
  *
  * The adversaries use the integration-test helpers of tests/harness
  * daemon.c (th_silent_peer, th_raw_conn, th_daemon_spawn ...); the runner
- * hooks those need (th_fail, th_skip, th_tmpdir) are defined here.
+ * hooks those need (th_fail, th_skip, th_tmpdir) are defined here, for
+ * both sides.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +50,7 @@
 #include "codec.h"
 #include "daemon.h"
 #include "handle.h"
+#include "hostile.h"
 #include "test.h"
 
 #define H_POOL "1G"
@@ -61,14 +63,13 @@
 #define H_METRICS_EVERY_MS 200
 #define H_MAX_FETCH 256
 #define H_MAX_KV 12
-#define H_STAT_EVERY_MS 250
 
-static double now_ms(void)
+double hostile_now_ms(void)
 {
 	return bench_now_us() / 1e3;
 }
 
-static void sleep_ms(double ms)
+void hostile_sleep_ms(double ms)
 {
 	if (ms <= 0)
 		return;
@@ -112,7 +113,7 @@ const char *th_tmpdir(void)
 /* ------------------------------------------------ sockets */
 
 /* A non-blocking connection to dir/name, or -1 (a full backlog: EAGAIN). */
-static int unix_connect(const char *dir, const char *name, int type)
+int hostile_unix_connect(const char *dir, const char *name, int type)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	if ((size_t)snprintf(a.sun_path, sizeof(a.sun_path), "%s/%s", dir,
@@ -129,17 +130,17 @@ static int unix_connect(const char *dir, const char *name, int type)
 }
 
 /* 1 when the peer closed fd (or it failed). */
-static int hung_up(int fd)
+int hostile_hung_up(int fd)
 {
 	struct pollfd p = {fd, 0, 0};
 	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
 }
 
 /* Waits until fd is ready for events or deadline (ms); 1 when ready. */
-static int wait_fd(int fd, short events, double deadline)
+int hostile_wait_fd(int fd, short events, double deadline)
 {
 	for (;;) {
-		double left = deadline - now_ms();
+		double left = deadline - hostile_now_ms();
 		if (left <= 0)
 			return 0;
 		struct pollfd p = {fd, events, 0};
@@ -158,8 +159,8 @@ static int wait_fd(int fd, short events, double deadline)
  */
 static int http_get(const char *dir, const char *path, int timeout_ms)
 {
-	double deadline = now_ms() + timeout_ms;
-	int fd = unix_connect(dir, "stats.sock", SOCK_STREAM);
+	double deadline = hostile_now_ms() + timeout_ms;
+	int fd = hostile_unix_connect(dir, "stats.sock", SOCK_STREAM);
 	if (fd < 0)
 		return 0;
 	char req[256], head[16] = "";
@@ -167,14 +168,14 @@ static int http_get(const char *dir, const char *path, int timeout_ms)
 	                   "localhost\r\nConnection: close\r\n\r\n", path);
 	int off = 0, ok = 0;
 	size_t got = 0;
-	while (off < len && wait_fd(fd, POLLOUT, deadline)) {
+	while (off < len && hostile_wait_fd(fd, POLLOUT, deadline)) {
 		ssize_t n = send(fd, req + off, (size_t)(len - off),
 		                 MSG_NOSIGNAL);
 		if (n < 0 && errno != EAGAIN && errno != EINTR)
 			break;
 		off += n > 0 ? (int)n : 0;
 	}
-	while (off == len && wait_fd(fd, POLLIN, deadline)) {
+	while (off == len && hostile_wait_fd(fd, POLLIN, deadline)) {
 		char buf[4096];
 		ssize_t n = read(fd, buf, sizeof(buf));
 		if (n == 0) {
@@ -300,16 +301,16 @@ static void *metrics_main(void *arg)
 	struct hmetrics *m = arg;
 	while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) &&
 	       m->n < H_MAX_FETCH) {
-		double t0 = now_ms();
+		double t0 = hostile_now_ms();
 		double ms = H_HTTP_MS;
 		if (http_get(m->dir, "/metrics", H_HTTP_MS))
-			ms = now_ms() - t0;
+			ms = hostile_now_ms() - t0;
 		else
 			m->errors++;
 		m->ms[m->n++] = ms < H_HTTP_MS ? ms : H_HTTP_MS;
 		while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) &&
-		       now_ms() < t0 + H_METRICS_EVERY_MS)
-			sleep_ms(10);
+		       hostile_now_ms() < t0 + H_METRICS_EVERY_MS)
+			hostile_sleep_ms(10);
 	}
 	return NULL;
 }
@@ -421,8 +422,8 @@ static int adv_spawn(struct adv *a, const char *self, const char *name,
 /* Waits for the child's "ready" line; 1 when it came in budget_ms. */
 static int adv_wait_ready(struct adv *a, double budget_ms)
 {
-	double deadline = now_ms() + budget_ms;
-	while (!a->ready && adv_drain(a) && wait_fd(a->rfd, POLLIN, deadline))
+	double deadline = hostile_now_ms() + budget_ms;
+	while (!a->ready && adv_drain(a) && hostile_wait_fd(a->rfd, POLLIN, deadline))
 		;
 	if (!a->ready)
 		adv_drain(a);
@@ -445,456 +446,6 @@ static void adv_stop(struct adv *a)
 	}
 }
 
-/* --- inside the adversary process */
-
-static double adv_start_ms;
-
-/* One report line on fd 3; dropped when the bench is not reading. */
-static void adv_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void adv_say(const char *fmt, ...)
-{
-	char buf[512];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
-	va_end(ap);
-	if (n < 0)
-		return;
-	if (n > (int)sizeof(buf) - 2)
-		n = (int)sizeof(buf) - 2;
-	buf[n++] = '\n';
-	if (write(3, buf, (size_t)n) < 0) {
-		/* the bench stopped reading: nothing to do */
-	}
-}
-
-/* Reports every H_STAT_EVERY_MS (last: the time of the last report). */
-static int adv_due(double *last)
-{
-	double t = now_ms();
-	if (t - *last < H_STAT_EVERY_MS)
-		return 0;
-	*last = t;
-	return 1;
-}
-
-/*
- * never_reading: NR_PEERS control connections that write stats requests
- * (without a hello) and never read a reply; one the daemon closes is
- * reopened.  Ready after half a second of writing.
- */
-#define NR_PEERS 4
-#define NR_BATCH 64      /* requests per peer per turn */
-#define NR_TURN_MS 20    /* th_silent_send's budget per turn */
-
-__attribute__((noreturn))
-static void adv_never_reading(const struct th_daemon *d, int quick)
-{
-	size_t len;
-	uint8_t *req = th_stats_req(&len);
-	(void)quick;
-	int fd[NR_PEERS];
-	unsigned long long sent = 0, closed = 0;
-	for (int i = 0; i < NR_PEERS; i++)
-		fd[i] = th_silent_peer(d);
-	double last = now_ms();
-	int ready = 0;
-	for (;;) {
-		for (int i = 0; i < NR_PEERS; i++) {
-			sent += th_silent_send(fd[i], req, len, NR_BATCH,
-			                       NR_TURN_MS);
-			if (hung_up(fd[i])) {
-				close(fd[i]);
-				closed++;
-				fd[i] = th_silent_peer(d);
-			}
-		}
-		if (!ready && now_ms() - adv_start_ms >= 500) {
-			adv_say("ready requests=%llu closed=%llu", sent,
-			        closed);
-			ready = 1;
-		} else if (ready && adv_due(&last)) {
-			adv_say("stat requests=%llu closed=%llu", sent, closed);
-		}
-	}
-}
-
-/*
- * idle_5000: 5000 connections, the even ones to ctl.ipc (connect and the
- * SP header, then silence), the odd ones to fd.sock (connect, never a
- * hello; the WELCOME is never read).  Fewer when the fd limit is lower
- * ("open" says how many).  Every 500 ms the ones the daemon closed are
- * reopened.
- */
-#define IDLE_N 5000
-#define IDLE_SWEEP_MS 500
-
-static int idle_open(const struct th_daemon *d, int i)
-{
-	return i % 2 ? unix_connect(d->dir, "fd.sock", SOCK_SEQPACKET)
-	             : th_silent_peer(d);
-}
-
-__attribute__((noreturn))
-static void adv_idle(const struct th_daemon *d, int quick)
-{
-	static int fd[IDLE_N];
-	static struct pollfd pf[IDLE_N];
-	struct rlimit rl;
-	int n = IDLE_N, open = 0;
-	unsigned long long closed = 0;
-	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < (rlim_t)n + 64)
-		n = rl.rlim_cur > 64 ? (int)rl.rlim_cur - 64 : 0;
-	double deadline = now_ms() + (quick ? 4000 : 8000);
-	for (int i = 0; i < n && now_ms() < deadline;) {
-		if ((fd[i] = idle_open(d, i)) < 0) {
-			sleep_ms(1); /* a full backlog: the daemon is behind */
-			continue;
-		}
-		open = ++i;
-	}
-	for (int i = open; i < IDLE_N; i++)
-		fd[i] = -1;
-	adv_say("ready open=%d closed=0", open);
-	double last = now_ms();
-	for (;;) {
-		sleep_ms(IDLE_SWEEP_MS);
-		for (int i = 0; i < open; i++)
-			pf[i] = (struct pollfd){fd[i], 0, 0};
-		poll(pf, (nfds_t)open, 0);
-		for (int i = 0; i < open; i++) {
-			int hup = pf[i].revents & (POLLHUP | POLLERR);
-			if (fd[i] >= 0 && !hup)
-				continue;
-			if (fd[i] >= 0) {
-				close(fd[i]);
-				closed++;
-			}
-			fd[i] = idle_open(d, i);
-		}
-		if (adv_due(&last))
-			adv_say("stat closed=%llu", closed);
-	}
-}
-
-/*
- * fd_flood: a tenant registered by hand (WELCOME cookie, then a raw
- * hello on its own control connection) whose process sends well-formed
- * WELCOME packets, which the protocol never asks a client to send, on its
- * handle channel as fast as the daemon takes them.  When the daemon drops
- * it, it registers again.
- */
-struct raw_reg {
-	int hfd;
-	uint32_t sock;
-};
-
-static int flood_register(const struct th_daemon *d, struct raw_reg *r)
-{
-	char why[KVT_ERRTEXT_MAX];
-	struct handle_msg m;
-	uint64_t cookie;
-	int fd = -1, rc;
-	if ((rc = th_raw_welcome(d, &r->hfd, &cookie)))
-		return rc;
-	struct ipc_req q;
-	memset(&q, 0, sizeof(q));
-	q.version = IPC_PROTO_VERSION;
-	q.op = IPC_OP_HELLO;
-	snprintf(q.u.hello.name, sizeof(q.u.hello.name), "hostile-flood");
-	q.u.hello.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
-	q.u.hello.dtype = KVT_DTYPE_F32;
-	q.u.hello.page_tokens = 4;
-	q.u.hello.max_seqs = 1;
-	q.u.hello.max_tokens = 64;
-	q.u.hello.headroom = 4;
-	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "full");
-	q.u.hello.cookie = cookie;
-	q.u.hello.pid = (uint32_t)getpid();
-	struct ipc_rep rp;
-	r->sock = th_raw_conn(d);
-	if (!(rc = th_raw_request(d, r->sock, &q, &rp, why, sizeof(why))))
-		rc = rp.err;
-	codec_rep_free(&rp);
-	if (rc) {
-		close(r->hfd);
-		th_raw_close(r->sock);
-		return rc;
-	}
-	/* The TABLE and STAGE segments came before the reply. */
-	while (!handle_recv(r->hfd, &m, &fd, 0))
-		if (fd >= 0)
-			close(fd);
-	return 0;
-}
-
-__attribute__((noreturn))
-static void adv_fd_flood(const struct th_daemon *d, int quick)
-{
-	struct raw_reg r;
-	struct handle_msg p = {.magic = HANDLE_MAGIC, .type = HANDLE_WELCOME};
-	unsigned long long pkts = 0, closed = 0;
-	int rc;
-	(void)quick;
-	while ((rc = flood_register(d, &r))) {
-		fprintf(stderr, "kvtrim-bench: fd_flood: hello: %s\n",
-		        kvt_strerror(rc));
-		sleep_ms(200);
-	}
-	double t0 = now_ms(), last = t0;
-	int ready = 0;
-	for (unsigned long i = 0;; i++) {
-		ssize_t n = send(r.hfd, &p, sizeof(p),
-		                 MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (n == (ssize_t)sizeof(p)) {
-			pkts++;
-		} else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-			wait_fd(r.hfd, POLLOUT, now_ms() + 100);
-		} else {
-			closed++;
-			close(r.hfd);
-			th_raw_close(r.sock);
-			sleep_ms(50);
-			while (flood_register(d, &r))
-				sleep_ms(200);
-		}
-		if (i % 1024)
-			continue;
-		double t = now_ms();
-		double pps = t > t0 ? pkts / ((t - t0) / 1e3) : 0;
-		if (!ready && t - t0 >= 100) {
-			adv_say("ready packets_per_s=%.0f closed=%llu", pps,
-			        closed);
-			ready = 1;
-		} else if (ready && adv_due(&last)) {
-			adv_say("stat packets_per_s=%.0f closed=%llu", pps,
-			        closed);
-		}
-	}
-}
-
-/*
- * largest_tenant: the issue's geometry (pages of 4 bytes: head_dim 1, f16,
- * one entry a page; 256 layers x 256 KV heads = 65536 lists a sequence;
- * max_tokens 4, streaming:sinks=1,tokens=2 so every sync evicts), with the
- * largest max_seqs the daemon admits: 65536 (the protocol's limit), halved
- * until the hello passes (see largest_hello).  It opens up to LT_SEQS
- * sequences (what it could in the time given) and syncs all of them, one
- * token each, in a loop, reporting the time of each round: in one sync, or
- * in as few as the daemon's max_sync_lists allows (a sync refused with
- * ETOOBIG is split in two, and so on).
- */
-#define LT_SEQS 256
-#define LT_SEQS_QUICK 32
-#define LT_TIMES 4096
-
-/*
- * Connects with max_seqs from 65536 down, halving after each refusal;
- * where not even one sequence passes, with half the layers (lists a
- * sequence) again.  Stops at the first hello admitted, or when the daemon
- * is unreachable or does not answer; *refused counts the refusals.
- */
-static int largest_hello(struct kvt_config *c, kvt_client **cl, int *refused,
-                         char *err)
-{
-	int rc = KVT_EGEOMETRY;
-	for (uint32_t layers = 256; layers; layers /= 2) {
-		c->geo.n_layers = layers;
-		for (uint32_t seqs = 1u << 16; seqs; seqs /= 2) {
-			c->max_seqs = seqs;
-			rc = kvt_connect(c, cl, err);
-			if (!rc || rc == KVT_ECONN || rc == KVT_ETIMEDOUT)
-				return rc;
-			(*refused)++;
-		}
-	}
-	return rc;
-}
-
-__attribute__((noreturn))
-static void adv_largest(const struct th_daemon *d, int quick)
-{
-	static struct kvt_sync_item it[LT_SEQS];
-	static double ms[LT_TIMES];
-	struct kvt_config c;
-	kvt_client *cl = NULL;
-	char err[KVT_ERRTEXT_MAX] = "";
-	int refused = 0;
-	memset(&c, 0, sizeof(c));
-	c.runtime_dir = d->dir;
-	c.tenant = "hostile-largest";
-	c.geo = (struct kvt_geometry){256, 256, 256, 1, 256};
-	c.dtype = KVT_DTYPE_F16;
-	c.page_tokens = 1;
-	c.max_tokens = 4;
-	c.headroom = 1;
-	c.policy = "streaming:sinks=1,tokens=2";
-	c.timeout_ms = 30000;
-	int rc = largest_hello(&c, &cl, &refused, err);
-	if (rc) {
-		fprintf(stderr, "kvtrim-bench: largest_tenant: no hello "
-		        "admitted: %s: %s\n", kvt_strerror(rc), err);
-		adv_say("ready max_seqs=0 refused=%d", refused);
-		for (;;)
-			pause();
-	}
-	uint32_t cap = quick ? LT_SEQS_QUICK : LT_SEQS, n = 0;
-	double deadline = now_ms() + (quick ? 2000 : 6000);
-	while (n < cap && n < c.max_seqs && now_ms() < deadline &&
-	       !kvt_seq_open(cl, &it[n].seq)) {
-		it[n] = (struct kvt_sync_item){it[n].seq, 1, KVT_PHASE_DECODE,
-		                               0, 0};
-		n++;
-	}
-	uint64_t lists = (uint64_t)n * c.geo.n_layers * c.geo.n_kv_heads;
-	adv_say("ready layers=%u max_seqs=%u refused=%d seqs=%u lists=%llu",
-	        c.geo.n_layers, c.max_seqs, refused, n,
-	        (unsigned long long)lists);
-	int syncs = 0, errors = 0;
-	uint32_t batch = n;
-	double worst = 0;
-	for (;;) {
-		double t0 = now_ms();
-		rc = n ? 0 : KVT_EINVAL;
-		for (uint32_t off = 0; off < n && !rc; off += batch)
-			rc = kvt_sync(cl, it + off,
-			              n - off < batch ? n - off : batch);
-		double dt = now_ms() - t0;
-		if (rc == KVT_ETOOBIG && batch > 1) {
-			/* Nothing of that sync was applied: smaller ones. */
-			batch /= 2;
-			adv_say("stat big_batch=%u", batch);
-			continue;
-		}
-		if (rc) {
-			if (!errors++)
-				fprintf(stderr, "kvtrim-bench: largest_tenant: "
-				        "sync: %s: %s\n", kvt_strerror(rc),
-				        kvt_last_error(cl));
-			adv_say("stat big_errors=%d", errors);
-			if (rc == KVT_ECONN || !n)
-				for (;;)
-					pause();
-			sleep_ms(100);
-			continue;
-		}
-		ms[syncs++ % LT_TIMES] = dt;
-		worst = dt > worst ? dt : worst;
-		double tmp[LT_TIMES];
-		int k = syncs < LT_TIMES ? syncs : LT_TIMES;
-		memcpy(tmp, ms, sizeof(double) * (size_t)k);
-		adv_say("stat big_syncs=%d big_errors=%d big_sync_ms_p50=%.1f "
-		        "big_sync_ms_max=%.1f", syncs, errors,
-		        bench_pct(tmp, k, 0.5), worst);
-	}
-}
-
-/*
- * slow_http: 32 connections to stats.sock, each sending a partial request
- * line ("GET /metrics?") and then one byte every 500 ms, never the end of
- * the headers.  One the daemon closes is reopened at the next tick.
- */
-#define SL_CONNS 32
-#define SL_TICK_MS 500
-#define SL_SEND (MSG_NOSIGNAL | MSG_DONTWAIT)
-
-static int slow_open(const struct th_daemon *d)
-{
-	static const char part[] = "GET /metrics?";
-	int fd = unix_connect(d->dir, "stats.sock", SOCK_STREAM);
-	if (fd >= 0 && send(fd, part, sizeof(part) - 1, MSG_NOSIGNAL) !=
-	                       (ssize_t)sizeof(part) - 1) {
-		close(fd);
-		fd = -1;
-	}
-	return fd;
-}
-
-__attribute__((noreturn))
-static void adv_slow_http(const struct th_daemon *d, int quick)
-{
-	int fd[SL_CONNS], open = 0;
-	unsigned long long closed = 0;
-	(void)quick;
-	for (int i = 0; i < SL_CONNS; i++)
-		open += (fd[i] = slow_open(d)) >= 0;
-	adv_say("ready open=%d closed=0", open);
-	for (;;) {
-		sleep_ms(SL_TICK_MS);
-		for (int i = 0; i < SL_CONNS; i++) {
-			if (fd[i] >= 0 && !hung_up(fd[i]) &&
-			    send(fd[i], "a", 1, SL_SEND) == 1)
-				continue;
-			if (fd[i] >= 0) {
-				close(fd[i]);
-				closed++;
-			}
-			fd[i] = slow_open(d);
-		}
-		adv_say("stat closed=%llu", closed);
-	}
-}
-
-/*
- * cpu_hog: no client of the daemon at all, one process spinning at nice 10
- * (the priority of kvtrimd's sync workers, daemon/jobs.c) in the pattern
- * of the largest tenant's worker (busy for HOG_BUSY_MS, a 1 ms pause) but
- * without its yields (daemon/pace.h).  The floor beside largest_tenant:
- * what one core taken by a CPU-bound neighbour costs the healthy engine
- * on this machine, whatever the daemon does.
- */
-#define HOG_BUSY_MS 350
-
-__attribute__((noreturn))
-static void adv_cpu_hog(const struct th_daemon *d, int quick)
-{
-	(void)d;
-	(void)quick;
-	setpriority(PRIO_PROCESS, 0, 10);
-	adv_say("ready nice=10");
-	volatile uint64_t x = 0;
-	for (;;) {
-		double t0 = now_ms();
-		while (now_ms() - t0 < HOG_BUSY_MS)
-			for (int i = 0; i < 1000; i++)
-				x += (uint64_t)i;
-		sleep_ms(1);
-		adv_say("stat spins=%llu", (unsigned long long)(x & 0xffff));
-	}
-}
-
-/* metrics: the healthy engine also fetches /metrics in that phase. */
-static const struct hadv {
-	const char *name;
-	void (*run)(const struct th_daemon *d, int quick);
-	int metrics;
-} advs[] = {
-	{"never_reading", adv_never_reading, 0},
-	{"idle_5000", adv_idle, 0},
-	{"fd_flood", adv_fd_flood, 0},
-	{"largest_tenant", adv_largest, 0},
-	{"cpu_hog", adv_cpu_hog, 0},
-	{"slow_http", adv_slow_http, 1},
-};
-#define N_ADV (sizeof(advs) / sizeof(advs[0]))
-
-int hostile_adversary_main(int argc, char **argv)
-{
-	struct th_daemon d;
-	if (argc < 5 || strcmp(argv[3], "--runtime-dir"))
-		return 2;
-	memset(&d, 0, sizeof(d));
-	snprintf(d.dir, sizeof(d.dir), "%s", argv[4]);
-	int quick = argc > 5 && !strcmp(argv[5], "--quick");
-	signal(SIGPIPE, SIG_IGN);
-	fcntl(3, F_SETFL, O_NONBLOCK);
-	adv_start_ms = now_ms();
-	for (size_t i = 0; i < N_ADV; i++)
-		if (!strcmp(argv[2], advs[i].name))
-			advs[i].run(&d, quick);
-	return 2;
-}
-
 /* ------------------------------------------------ phases */
 
 /* One measurement window of the healthy engine. */
@@ -914,7 +465,7 @@ struct hwin {
  * changes over the run weighs on both alike.
  */
 struct hphase {
-	const struct hadv *adv;
+	const struct hostile_adv *adv;
 	int ran;            /* the engine was warm when the phase began */
 	struct hwin before, beside;
 	int n_kv;
@@ -924,7 +475,7 @@ struct hphase {
 static struct hostile_state {
 	int quick;
 	const char *self;
-	struct hphase ph[N_ADV];
+	struct hphase ph[HOSTILE_N_ADV];
 	struct hwin alone;  /* every phase's before window, pooled */
 } hs;
 
@@ -945,7 +496,7 @@ static int daemon_up(struct th_daemon *d)
 			d->pid = 0;
 			return 0;
 		}
-		sleep_ms(10);
+		hostile_sleep_ms(10);
 	}
 	return 0;
 }
@@ -970,17 +521,17 @@ static void measure(struct hwin *w, const char *what, struct heng *e,
                     const char *dir, int metrics)
 {
 	int count = hs.quick ? 400 : 2000;
-	double deadline = now_ms() + (hs.quick ? 3000 : 10000);
+	double deadline = hostile_now_ms() + (hs.quick ? 3000 : 10000);
 	double next = bench_now_us(), cap = H_TIMEOUT_MS * 1e3;
 	struct hmetrics m;
 	memset(&m, 0, sizeof(m));
 	m.dir = dir;
 	int fetch = metrics && !pthread_create(&m.th, NULL, metrics_main, &m);
 	w->t = malloc(sizeof(double) * (size_t)count);
-	for (w->n = 0; w->t && w->n < count && now_ms() < deadline; w->n++) {
+	for (w->n = 0; w->t && w->n < count && hostile_now_ms() < deadline; w->n++) {
 		double wait = next - bench_now_us();
 		if (wait > 0)
-			sleep_ms(wait / 1e3);
+			hostile_sleep_ms(wait / 1e3);
 		next = bench_now_us() + H_PACE_US;
 		double us = 0;
 		int rc = e->c ? 0 : heng_open(e, dir);
@@ -1012,11 +563,11 @@ static void measure(struct hwin *w, const char *what, struct heng *e,
 
 static void phase_run(struct hphase *ph, const char *tmp_dir)
 {
-	const struct hadv *adv = ph->adv;
+	const struct hostile_adv *adv = ph->adv;
 	struct th_daemon d;
 	struct heng e = {0};
 	struct adv a = {.pid = 0, .rfd = -1};
-	double t0 = now_ms(), us;
+	double t0 = hostile_now_ms(), us;
 	char what[64];
 	ph->before.p50_us = ph->before.p99_us = ph->before.m_p99_ms = NAN;
 	ph->beside = ph->before;
@@ -1056,18 +607,18 @@ out:
 	fprintf(stderr, "kvtrim-bench: hostile %s: alone p99 %.0f us, beside "
 	        "%d syncs, p50 %.0f us, p99 %.0f us, %d errors, %.1f s\n",
 	        adv->name, ph->before.p99_us, ph->beside.n, ph->beside.p50_us,
-	        ph->beside.p99_us, ph->beside.errors, (now_ms() - t0) / 1e3);
+	        ph->beside.p99_us, ph->beside.errors, (hostile_now_ms() - t0) / 1e3);
 }
 
 /* Pools every phase's before window into hs.alone. */
 static void alone_pool(void)
 {
 	int n = 0;
-	for (size_t i = 0; i < N_ADV; i++)
+	for (size_t i = 0; i < HOSTILE_N_ADV; i++)
 		n += hs.ph[i].before.n;
 	hs.alone.t = malloc(sizeof(double) * (size_t)(n ? n : 1));
 	hs.alone.m_p99_ms = NAN;
-	for (size_t i = 0; hs.alone.t && i < N_ADV; i++) {
+	for (size_t i = 0; hs.alone.t && i < HOSTILE_N_ADV; i++) {
 		const struct hwin *b = &hs.ph[i].before;
 		memcpy(hs.alone.t + hs.alone.n, b->t,
 		       sizeof(double) * (size_t)b->n);
@@ -1096,9 +647,9 @@ void hostile_run(const char *self, const char *bin_dir, const char *tmp_dir,
 	hs.quick = quick;
 	hs.self = self;
 	const char *only = getenv("KVTRIM_BENCH_HOSTILE");
-	for (size_t i = 0; i < N_ADV; i++) {
-		hs.ph[i] = (struct hphase){.adv = &advs[i]};
-		if (!only || !*only || strstr(only, advs[i].name))
+	for (size_t i = 0; i < HOSTILE_N_ADV; i++) {
+		hs.ph[i] = (struct hphase){.adv = &hostile_advs[i]};
+		if (!only || !*only || strstr(only, hostile_advs[i].name))
 			phase_run(&hs.ph[i], tmp_dir);
 	}
 	alone_pool();
@@ -1126,7 +677,7 @@ void hostile_print(FILE *f)
 	if (!hs.self)
 		return;
 	print_win(f, "alone", &hs.alone, hs.alone.n > 0, 1);
-	for (size_t i = 0; i < N_ADV; i++) {
+	for (size_t i = 0; i < HOSTILE_N_ADV; i++) {
 		const struct hphase *ph = &hs.ph[i];
 		const char *nm = ph->adv->name;
 		print_win(f, nm, &ph->beside, ph->ran, ph->adv->metrics);

@@ -1,0 +1,472 @@
+/*
+ * hostile_adv.c — the adversaries of kvtrim-bench's hostile-client phases
+ * (hostile.c, docs/bench.md "Hostile clients"), each the body of a child
+ * process of this binary (kvtrim-bench --adversary NAME --runtime-dir DIR
+ * [--quick]).  Each reports "ready k=v ..." once in place and "stat k=v
+ * ..." as it goes on its fd 3, and runs until killed; a connection the
+ * daemon closes is reopened, so the attack lasts the phase.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "codec.h"
+#include "daemon.h"
+#include "handle.h"
+#include "hostile.h"
+
+#define H_STAT_EVERY_MS 250
+
+static double adv_start_ms;
+
+/* One report line on fd 3; dropped when the bench is not reading. */
+static void adv_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void adv_say(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if (n > (int)sizeof(buf) - 2)
+		n = (int)sizeof(buf) - 2;
+	buf[n++] = '\n';
+	if (write(3, buf, (size_t)n) < 0) {
+		/* the bench stopped reading: nothing to do */
+	}
+}
+
+/* Reports every H_STAT_EVERY_MS (last: the time of the last report). */
+static int adv_due(double *last)
+{
+	double t = hostile_now_ms();
+	if (t - *last < H_STAT_EVERY_MS)
+		return 0;
+	*last = t;
+	return 1;
+}
+
+/*
+ * never_reading: NR_PEERS control connections that write stats requests
+ * (without a hello) and never read a reply; one the daemon closes is
+ * reopened.  Ready after half a second of writing.
+ */
+#define NR_PEERS 4
+#define NR_BATCH 64      /* requests per peer per turn */
+#define NR_TURN_MS 20    /* th_silent_send's budget per turn */
+
+__attribute__((noreturn))
+static void adv_never_reading(const struct th_daemon *d, int quick)
+{
+	size_t len;
+	uint8_t *req = th_stats_req(&len);
+	(void)quick;
+	int fd[NR_PEERS];
+	unsigned long long sent = 0, closed = 0;
+	for (int i = 0; i < NR_PEERS; i++)
+		fd[i] = th_silent_peer(d);
+	double last = hostile_now_ms();
+	int ready = 0;
+	for (;;) {
+		for (int i = 0; i < NR_PEERS; i++) {
+			sent += th_silent_send(fd[i], req, len, NR_BATCH,
+			                       NR_TURN_MS);
+			if (hostile_hung_up(fd[i])) {
+				close(fd[i]);
+				closed++;
+				fd[i] = th_silent_peer(d);
+			}
+		}
+		if (!ready && hostile_now_ms() - adv_start_ms >= 500) {
+			adv_say("ready requests=%llu closed=%llu", sent,
+			        closed);
+			ready = 1;
+		} else if (ready && adv_due(&last)) {
+			adv_say("stat requests=%llu closed=%llu", sent, closed);
+		}
+	}
+}
+
+/*
+ * idle_5000: 5000 connections, the even ones to ctl.ipc (connect and the
+ * SP header, then silence), the odd ones to fd.sock (connect, never a
+ * hello; the WELCOME is never read).  Fewer when the fd limit is lower
+ * ("open" says how many).  Every 500 ms the ones the daemon closed are
+ * reopened.
+ */
+#define IDLE_N 5000
+#define IDLE_SWEEP_MS 500
+
+static int idle_open(const struct th_daemon *d, int i)
+{
+	return i % 2 ? hostile_unix_connect(d->dir, "fd.sock", SOCK_SEQPACKET)
+	             : th_silent_peer(d);
+}
+
+__attribute__((noreturn))
+static void adv_idle(const struct th_daemon *d, int quick)
+{
+	static int fd[IDLE_N];
+	static struct pollfd pf[IDLE_N];
+	struct rlimit rl;
+	int n = IDLE_N, open = 0;
+	unsigned long long closed = 0;
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < (rlim_t)n + 64)
+		n = rl.rlim_cur > 64 ? (int)rl.rlim_cur - 64 : 0;
+	double deadline = hostile_now_ms() + (quick ? 4000 : 8000);
+	for (int i = 0; i < n && hostile_now_ms() < deadline;) {
+		if ((fd[i] = idle_open(d, i)) < 0) {
+			hostile_sleep_ms(1); /* a full backlog: the daemon is behind */
+			continue;
+		}
+		open = ++i;
+	}
+	for (int i = open; i < IDLE_N; i++)
+		fd[i] = -1;
+	adv_say("ready open=%d closed=0", open);
+	double last = hostile_now_ms();
+	for (;;) {
+		hostile_sleep_ms(IDLE_SWEEP_MS);
+		for (int i = 0; i < open; i++)
+			pf[i] = (struct pollfd){fd[i], 0, 0};
+		poll(pf, (nfds_t)open, 0);
+		for (int i = 0; i < open; i++) {
+			int hup = pf[i].revents & (POLLHUP | POLLERR);
+			if (fd[i] >= 0 && !hup)
+				continue;
+			if (fd[i] >= 0) {
+				close(fd[i]);
+				closed++;
+			}
+			fd[i] = idle_open(d, i);
+		}
+		if (adv_due(&last))
+			adv_say("stat closed=%llu", closed);
+	}
+}
+
+/*
+ * fd_flood: a tenant registered by hand (WELCOME cookie, then a raw
+ * hello on its own control connection) whose process sends well-formed
+ * WELCOME packets, which the protocol never asks a client to send, on its
+ * handle channel as fast as the daemon takes them.  When the daemon drops
+ * it, it registers again.
+ */
+struct raw_reg {
+	int hfd;
+	uint32_t sock;
+};
+
+static int flood_register(const struct th_daemon *d, struct raw_reg *r)
+{
+	char why[KVT_ERRTEXT_MAX];
+	struct handle_msg m;
+	uint64_t cookie;
+	int fd = -1, rc;
+	if ((rc = th_raw_welcome(d, &r->hfd, &cookie)))
+		return rc;
+	struct ipc_req q;
+	memset(&q, 0, sizeof(q));
+	q.version = IPC_PROTO_VERSION;
+	q.op = IPC_OP_HELLO;
+	snprintf(q.u.hello.name, sizeof(q.u.hello.name), "hostile-flood");
+	q.u.hello.geo = (struct kvt_geometry){2, 4, 2, 8, 32};
+	q.u.hello.dtype = KVT_DTYPE_F32;
+	q.u.hello.page_tokens = 4;
+	q.u.hello.max_seqs = 1;
+	q.u.hello.max_tokens = 64;
+	q.u.hello.headroom = 4;
+	snprintf(q.u.hello.policy, sizeof(q.u.hello.policy), "full");
+	q.u.hello.cookie = cookie;
+	q.u.hello.pid = (uint32_t)getpid();
+	struct ipc_rep rp;
+	r->sock = th_raw_conn(d);
+	if (!(rc = th_raw_request(d, r->sock, &q, &rp, why, sizeof(why))))
+		rc = rp.err;
+	codec_rep_free(&rp);
+	if (rc) {
+		close(r->hfd);
+		th_raw_close(r->sock);
+		return rc;
+	}
+	/* The TABLE and STAGE segments came before the reply. */
+	while (!handle_recv(r->hfd, &m, &fd, 0))
+		if (fd >= 0)
+			close(fd);
+	return 0;
+}
+
+__attribute__((noreturn))
+static void adv_fd_flood(const struct th_daemon *d, int quick)
+{
+	struct raw_reg r;
+	struct handle_msg p = {.magic = HANDLE_MAGIC, .type = HANDLE_WELCOME};
+	unsigned long long pkts = 0, closed = 0;
+	int rc;
+	(void)quick;
+	while ((rc = flood_register(d, &r))) {
+		fprintf(stderr, "kvtrim-bench: fd_flood: hello: %s\n",
+		        kvt_strerror(rc));
+		hostile_sleep_ms(200);
+	}
+	double t0 = hostile_now_ms(), last = t0;
+	int ready = 0;
+	for (unsigned long i = 0;; i++) {
+		ssize_t n = send(r.hfd, &p, sizeof(p),
+		                 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n == (ssize_t)sizeof(p)) {
+			pkts++;
+		} else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			hostile_wait_fd(r.hfd, POLLOUT, hostile_now_ms() + 100);
+		} else {
+			closed++;
+			close(r.hfd);
+			th_raw_close(r.sock);
+			hostile_sleep_ms(50);
+			while (flood_register(d, &r))
+				hostile_sleep_ms(200);
+		}
+		if (i % 1024)
+			continue;
+		double t = hostile_now_ms();
+		double pps = t > t0 ? pkts / ((t - t0) / 1e3) : 0;
+		if (!ready && t - t0 >= 100) {
+			adv_say("ready packets_per_s=%.0f closed=%llu", pps,
+			        closed);
+			ready = 1;
+		} else if (ready && adv_due(&last)) {
+			adv_say("stat packets_per_s=%.0f closed=%llu", pps,
+			        closed);
+		}
+	}
+}
+
+/*
+ * largest_tenant: the issue's geometry (pages of 4 bytes: head_dim 1, f16,
+ * one entry a page; 256 layers x 256 KV heads = 65536 lists a sequence;
+ * max_tokens 4, streaming:sinks=1,tokens=2 so every sync evicts), with the
+ * largest max_seqs the daemon admits: 65536 (the protocol's limit), halved
+ * until the hello passes (see largest_hello).  It opens up to LT_SEQS
+ * sequences (what it could in the time given) and syncs all of them, one
+ * token each, in a loop, reporting the time of each round: in one sync, or
+ * in as few as the daemon's max_sync_lists allows (a sync refused with
+ * ETOOBIG is split in two, and so on).
+ */
+#define LT_SEQS 256
+#define LT_SEQS_QUICK 32
+#define LT_TIMES 4096
+
+/*
+ * Connects with max_seqs from 65536 down, halving after each refusal;
+ * where not even one sequence passes, with half the layers (lists a
+ * sequence) again.  Stops at the first hello admitted, or when the daemon
+ * is unreachable or does not answer; *refused counts the refusals.
+ */
+static int largest_hello(struct kvt_config *c, kvt_client **cl, int *refused,
+                         char *err)
+{
+	int rc = KVT_EGEOMETRY;
+	for (uint32_t layers = 256; layers; layers /= 2) {
+		c->geo.n_layers = layers;
+		for (uint32_t seqs = 1u << 16; seqs; seqs /= 2) {
+			c->max_seqs = seqs;
+			rc = kvt_connect(c, cl, err);
+			if (!rc || rc == KVT_ECONN || rc == KVT_ETIMEDOUT)
+				return rc;
+			(*refused)++;
+		}
+	}
+	return rc;
+}
+
+__attribute__((noreturn))
+static void adv_largest(const struct th_daemon *d, int quick)
+{
+	static struct kvt_sync_item it[LT_SEQS];
+	static double ms[LT_TIMES];
+	struct kvt_config c;
+	kvt_client *cl = NULL;
+	char err[KVT_ERRTEXT_MAX] = "";
+	int refused = 0;
+	memset(&c, 0, sizeof(c));
+	c.runtime_dir = d->dir;
+	c.tenant = "hostile-largest";
+	c.geo = (struct kvt_geometry){256, 256, 256, 1, 256};
+	c.dtype = KVT_DTYPE_F16;
+	c.page_tokens = 1;
+	c.max_tokens = 4;
+	c.headroom = 1;
+	c.policy = "streaming:sinks=1,tokens=2";
+	c.timeout_ms = 30000;
+	int rc = largest_hello(&c, &cl, &refused, err);
+	if (rc) {
+		fprintf(stderr, "kvtrim-bench: largest_tenant: no hello "
+		        "admitted: %s: %s\n", kvt_strerror(rc), err);
+		adv_say("ready max_seqs=0 refused=%d", refused);
+		for (;;)
+			pause();
+	}
+	uint32_t cap = quick ? LT_SEQS_QUICK : LT_SEQS, n = 0;
+	double deadline = hostile_now_ms() + (quick ? 2000 : 6000);
+	while (n < cap && n < c.max_seqs && hostile_now_ms() < deadline &&
+	       !kvt_seq_open(cl, &it[n].seq)) {
+		it[n] = (struct kvt_sync_item){it[n].seq, 1, KVT_PHASE_DECODE,
+		                               0, 0};
+		n++;
+	}
+	uint64_t lists = (uint64_t)n * c.geo.n_layers * c.geo.n_kv_heads;
+	adv_say("ready layers=%u max_seqs=%u refused=%d seqs=%u lists=%llu",
+	        c.geo.n_layers, c.max_seqs, refused, n,
+	        (unsigned long long)lists);
+	int syncs = 0, errors = 0;
+	uint32_t batch = n;
+	double worst = 0;
+	for (;;) {
+		double t0 = hostile_now_ms();
+		rc = n ? 0 : KVT_EINVAL;
+		for (uint32_t off = 0; off < n && !rc; off += batch)
+			rc = kvt_sync(cl, it + off,
+			              n - off < batch ? n - off : batch);
+		double dt = hostile_now_ms() - t0;
+		if (rc == KVT_ETOOBIG && batch > 1) {
+			/* Nothing of that sync was applied: smaller ones. */
+			batch /= 2;
+			adv_say("stat big_batch=%u", batch);
+			continue;
+		}
+		if (rc) {
+			if (!errors++)
+				fprintf(stderr, "kvtrim-bench: largest_tenant: "
+				        "sync: %s: %s\n", kvt_strerror(rc),
+				        kvt_last_error(cl));
+			adv_say("stat big_errors=%d", errors);
+			if (rc == KVT_ECONN || !n)
+				for (;;)
+					pause();
+			hostile_sleep_ms(100);
+			continue;
+		}
+		ms[syncs++ % LT_TIMES] = dt;
+		worst = dt > worst ? dt : worst;
+		double tmp[LT_TIMES];
+		int k = syncs < LT_TIMES ? syncs : LT_TIMES;
+		memcpy(tmp, ms, sizeof(double) * (size_t)k);
+		adv_say("stat big_syncs=%d big_errors=%d big_sync_ms_p50=%.1f "
+		        "big_sync_ms_max=%.1f", syncs, errors,
+		        bench_pct(tmp, k, 0.5), worst);
+	}
+}
+
+/*
+ * slow_http: 32 connections to stats.sock, each sending a partial request
+ * line ("GET /metrics?") and then one byte every 500 ms, never the end of
+ * the headers.  One the daemon closes is reopened at the next tick.
+ */
+#define SL_CONNS 32
+#define SL_TICK_MS 500
+#define SL_SEND (MSG_NOSIGNAL | MSG_DONTWAIT)
+
+static int slow_open(const struct th_daemon *d)
+{
+	static const char part[] = "GET /metrics?";
+	int fd = hostile_unix_connect(d->dir, "stats.sock", SOCK_STREAM);
+	if (fd >= 0 && send(fd, part, sizeof(part) - 1, MSG_NOSIGNAL) !=
+	                       (ssize_t)sizeof(part) - 1) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+__attribute__((noreturn))
+static void adv_slow_http(const struct th_daemon *d, int quick)
+{
+	int fd[SL_CONNS], open = 0;
+	unsigned long long closed = 0;
+	(void)quick;
+	for (int i = 0; i < SL_CONNS; i++)
+		open += (fd[i] = slow_open(d)) >= 0;
+	adv_say("ready open=%d closed=0", open);
+	for (;;) {
+		hostile_sleep_ms(SL_TICK_MS);
+		for (int i = 0; i < SL_CONNS; i++) {
+			if (fd[i] >= 0 && !hostile_hung_up(fd[i]) &&
+			    send(fd[i], "a", 1, SL_SEND) == 1)
+				continue;
+			if (fd[i] >= 0) {
+				close(fd[i]);
+				closed++;
+			}
+			fd[i] = slow_open(d);
+		}
+		adv_say("stat closed=%llu", closed);
+	}
+}
+
+/*
+ * cpu_hog: no client of the daemon at all, one process spinning at nice 10
+ * (the priority of kvtrimd's sync workers, daemon/jobs.c) in the pattern
+ * of the largest tenant's worker (busy for HOG_BUSY_MS, a 1 ms pause) but
+ * without its yields (daemon/pace.h).  The floor beside largest_tenant:
+ * what one core taken by a CPU-bound neighbour costs the healthy engine
+ * on this machine, whatever the daemon does.
+ */
+#define HOG_BUSY_MS 350
+
+__attribute__((noreturn))
+static void adv_cpu_hog(const struct th_daemon *d, int quick)
+{
+	(void)d;
+	(void)quick;
+	setpriority(PRIO_PROCESS, 0, 10);
+	adv_say("ready nice=10");
+	volatile uint64_t x = 0;
+	for (;;) {
+		double t0 = hostile_now_ms();
+		while (hostile_now_ms() - t0 < HOG_BUSY_MS)
+			for (int i = 0; i < 1000; i++)
+				x += (uint64_t)i;
+		hostile_sleep_ms(1);
+		adv_say("stat spins=%llu", (unsigned long long)(x & 0xffff));
+	}
+}
+
+const struct hostile_adv hostile_advs[] = {
+	{"never_reading", adv_never_reading, 0},
+	{"idle_5000", adv_idle, 0},
+	{"fd_flood", adv_fd_flood, 0},
+	{"largest_tenant", adv_largest, 0},
+	{"cpu_hog", adv_cpu_hog, 0},
+	{"slow_http", adv_slow_http, 1},
+};
+_Static_assert(sizeof(hostile_advs) / sizeof(hostile_advs[0]) == HOSTILE_N_ADV,
+               "HOSTILE_N_ADV (hostile.h) counts the adversaries");
+
+int hostile_adversary_main(int argc, char **argv)
+{
+	struct th_daemon d;
+	if (argc < 5 || strcmp(argv[3], "--runtime-dir"))
+		return 2;
+	memset(&d, 0, sizeof(d));
+	snprintf(d.dir, sizeof(d.dir), "%s", argv[4]);
+	int quick = argc > 5 && !strcmp(argv[5], "--quick");
+	signal(SIGPIPE, SIG_IGN);
+	fcntl(3, F_SETFL, O_NONBLOCK);
+	adv_start_ms = hostile_now_ms();
+	for (size_t i = 0; i < HOSTILE_N_ADV; i++)
+		if (!strcmp(argv[2], hostile_advs[i].name))
+			hostile_advs[i].run(&d, quick);
+	return 2;
+}
+
