@@ -440,18 +440,28 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 
 /* ------------------------------------------------------------ results */
 
+struct row *ctx_write_rows(const struct ctx_args *a, const struct job *jobs,
+                           uint32_t njobs, const char *what,
+                           const char *tag, const char *csv, size_t *nr,
+                           int *bad)
+{
+	char path[1200];
+	snprintf(path, sizeof(path), "%s/specs-%s%s.txt", a->out, a->mname,
+	         tag);
+	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
+	snprintf(path, sizeof(path), "%s/%s", a->out, csv);
+	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, nr, bad);
+	table_write_csv(path, rows, *nr);
+	return rows;
+}
+
 static int write_results(const struct ctx_args *a, const struct job *jobs,
                          uint32_t njobs, const char *what)
 {
-	char path[1200];
-	snprintf(path, sizeof(path), "%s/specs-%s.txt", a->out, a->mname);
-	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
-	snprintf(path, sizeof(path), "%s/quality.csv", a->out);
 	size_t nr;
 	int bad;
-	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
-	                                  &bad);
-	table_write_csv(path, rows, nr);
+	struct row *rows = ctx_write_rows(a, jobs, njobs, what, "",
+	                                  "quality.csv", &nr, &bad);
 	ctxtable_write_md(a->out, rows, nr, a->mname, what);
 	table_write_png(a->out, rows, nr, 1);
 	table_print_model(rows, nr, a->mname);

@@ -159,16 +159,10 @@ static void write_png(const char *dir, const struct row *rows, size_t nr,
 static int write_results(const struct ctx_args *a, const struct job *jobs,
                          uint32_t njobs, const char *what)
 {
-	char path[1200];
-	snprintf(path, sizeof(path), "%s/specs-%s-protocol2.txt", a->out,
-	         a->mname);
-	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
-	snprintf(path, sizeof(path), "%s/protocol2.csv", a->out);
 	size_t nr;
 	int bad;
-	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
-	                                  &bad);
-	table_write_csv(path, rows, nr);
+	struct row *rows = ctx_write_rows(a, jobs, njobs, what, "-protocol2",
+	                                  "protocol2.csv", &nr, &bad);
 	write_md(a->out, rows, nr, a->mname, what);
 	write_png(a->out, rows, nr, a->mname);
 	table_print_model(rows, nr, a->mname);
