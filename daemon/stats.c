@@ -242,26 +242,24 @@ static void render_prom(const struct stats_snap *s, FILE *f)
 		prom_label(f, tl[i].policy);
 		fputs("\"} 1\n", f);
 	}
+/* One family per field: every tenant's value, printed with fmt. */
+#define STATS_PT_(field, kind, name, help, fmt)                                \
+	prom_head(f, "tenant_" name,                                           \
+	          kind == STATS_COUNTER ? "counter" : "gauge", help);          \
+	for (uint32_t i = 0; i < nt; i++) {                                    \
+		fputs("kvtrim_tenant_" name, f);                               \
+		prom_tenant_labels(f, &tl[i]);                                 \
+		fprintf(f, fmt, tl[i].field);                                  \
+	}
 #define STATS_PTU_(field, kind, name, help)                                    \
-	prom_head(f, "tenant_" name,                                           \
-	          kind == STATS_COUNTER ? "counter" : "gauge", help);          \
-	for (uint32_t i = 0; i < nt; i++) {                                    \
-		fputs("kvtrim_tenant_" name, f);                               \
-		prom_tenant_labels(f, &tl[i]);                                 \
-		fprintf(f, " %" PRIu64 "\n", tl[i].field);                     \
-	}
-	STATS_TENANT_U64(STATS_PTU_)
-#undef STATS_PTU_
+	STATS_PT_(field, kind, name, help, " %" PRIu64 "\n")
 #define STATS_PTF_(field, kind, name, help)                                    \
-	prom_head(f, "tenant_" name,                                           \
-	          kind == STATS_COUNTER ? "counter" : "gauge", help);          \
-	for (uint32_t i = 0; i < nt; i++) {                                    \
-		fputs("kvtrim_tenant_" name, f);                               \
-		prom_tenant_labels(f, &tl[i]);                                 \
-		fprintf(f, " %.17g\n", tl[i].field);                           \
-	}
+	STATS_PT_(field, kind, name, help, " %.17g\n")
+	STATS_TENANT_U64(STATS_PTU_)
 	STATS_TENANT_F64(STATS_PTF_)
 #undef STATS_PTF_
+#undef STATS_PTU_
+#undef STATS_PT_
 }
 
 /* A JSON string: quotes, backslashes and controls escaped, bytes that

@@ -93,6 +93,18 @@ static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
 	return 0;
 }
 
+/* The per-item prologue of steps 2 and 4, on an item validate() passed:
+ * its sequence, slot and layer range. */
+static inline struct tseq *item_seq(struct tenant *t,
+                                    const struct ipc_sync_item *it,
+                                    uint32_t *slot, uint32_t *lo,
+                                    uint32_t *hi)
+{
+	*slot = seqid_slot(it->seq);
+	item_layers(t, it, lo, hi);
+	return &t->seqs[*slot];
+}
+
 /* Step 1: every check that needs no policy decision.  Returns the number of
  * list entries (len + n_new summed over lists) the decisions need. */
 static int validate(struct tenant *t, uint64_t no,
@@ -355,9 +367,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	size_t off = 0, eoff = 0, li_all = 0, ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot = seqid_slot(it->seq), lo, hi;
-		struct tseq *s = &t->seqs[slot];
-		item_layers(t, it, &lo, &hi);
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
 			uint32_t prev = s->n_seen[layer];
 			uint32_t seen = prev + it->n_new;
@@ -470,9 +481,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	ly_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot = seqid_slot(it->seq), lo, hi;
-		struct tseq *s = &t->seqs[slot];
-		item_layers(t, it, &lo, &hi);
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
 			if (t->sbytes)
 				memcpy(seq_state(t, s, layer),
@@ -541,9 +551,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	li_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot = seqid_slot(it->seq), lo, hi;
-		struct tseq *s = &t->seqs[slot];
-		item_layers(t, it, &lo, &hi);
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++) {
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				pace_point();

@@ -21,8 +21,8 @@
  */
 #include "learned.h"
 
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -37,21 +37,9 @@ struct fkv_layer {
 };
 
 struct fkv {
-	struct weights *w;
+	struct learned_priv lp; /* layers: struct fkv_layer [n_layers] */
 	uint32_t dp, S;
-	struct fkv_layer *l; /* [n_layers] */
 };
-
-static void fkv_fini(struct policy *p)
-{
-	struct fkv *f = p->priv;
-	if (!f)
-		return;
-	weights_free(f->w);
-	free(f->l);
-	free(f);
-	p->priv = NULL;
-}
 
 static int fkv_init(struct policy *p, char *err, size_t errlen)
 {
@@ -70,46 +58,36 @@ static int fkv_init(struct policy *p, char *err, size_t errlen)
 	}
 	p->entry_floats = 1;
 
-	struct fkv *f = calloc(1, sizeof(*f));
-	if (!f)
-		return KVT_ENOMEM;
-	p->priv = f;
-	int rc = learned_load(p, &f->w, err, errlen);
+	int rc = learned_open(p, sizeof(struct fkv), err, errlen);
+	struct fkv *f = p->priv;
 	if (rc)
 		return rc;
 	if ((rc = learned_dim(p, "fastkvzip.0.q_norm.weight", 1, 0, 65536,
 	                      &f->dp, err, errlen)) ||
 	    (rc = learned_dim(p, "fastkvzip.0.k_base", 4, 2, 65536, &f->S, err,
 	                      errlen)) ||
-	    (rc = learned_layers_fit(p, f->w, "fastkvzip.%u.q_proj.weight",
+	    (rc = learned_layers_fit(p, f->lp.w, "fastkvzip.%u.q_proj.weight",
 	                             err, errlen)))
 		return rc;
-	if (!(f->l = calloc(g->n_layers, sizeof(*f->l))))
-		return KVT_ENOMEM;
 	uint64_t nkv = g->n_kv_heads, G = g->n_heads / g->n_kv_heads;
 	uint64_t dp = f->dp, S = f->S, d = g->d_model;
-	uint64_t swq[2] = {nkv * G * dp, d}, scq[1] = {nkv * G * dp};
-	uint64_t swk[2] = {nkv * dp, d}, sg[1] = {dp};
-	uint64_t ssk[4] = {nkv, 1, S, dp}, sb[3] = {nkv, 1, G};
-	for (uint32_t l = 0; l < g->n_layers; l++) {
-		struct fkv_layer *fl = &f->l[l];
-		if (!(fl->Wq = learned_get(p, f->w, err, errlen, 2, swq,
-		                           "fastkvzip.%u.q_proj.weight", l)) ||
-		    !(fl->cq = learned_get(p, f->w, err, errlen, 1, scq,
-		                           "fastkvzip.%u.q_proj.bias", l)) ||
-		    !(fl->Wk = learned_get(p, f->w, err, errlen, 2, swk,
-		                           "fastkvzip.%u.k_proj.weight", l)) ||
-		    !(fl->gq = learned_get(p, f->w, err, errlen, 1, sg,
-		                           "fastkvzip.%u.q_norm.weight", l)) ||
-		    !(fl->gk = learned_get(p, f->w, err, errlen, 1, sg,
-		                           "fastkvzip.%u.k_norm.weight", l)) ||
-		    !(fl->sinks = learned_get(p, f->w, err, errlen, 4, ssk,
-		                              "fastkvzip.%u.k_base", l)) ||
-		    !(fl->bias = learned_get(p, f->w, err, errlen, 3, sb,
-		                             "fastkvzip.%u.b", l)))
-			return KVT_EPOLICY;
-	}
-	return 0;
+	const struct learned_tensor t[] = {
+		{"fastkvzip.%u.q_proj.weight", 2, {nkv * G * dp, d},
+		 offsetof(struct fkv_layer, Wq)},
+		{"fastkvzip.%u.q_proj.bias", 1, {nkv * G * dp},
+		 offsetof(struct fkv_layer, cq)},
+		{"fastkvzip.%u.k_proj.weight", 2, {nkv * dp, d},
+		 offsetof(struct fkv_layer, Wk)},
+		{"fastkvzip.%u.q_norm.weight", 1, {dp},
+		 offsetof(struct fkv_layer, gq)},
+		{"fastkvzip.%u.k_norm.weight", 1, {dp},
+		 offsetof(struct fkv_layer, gk)},
+		{"fastkvzip.%u.k_base", 4, {nkv, 1, S, dp},
+		 offsetof(struct fkv_layer, sinks)},
+		{"fastkvzip.%u.b", 3, {nkv, 1, G}, offsetof(struct fkv_layer, bias)},
+	};
+	return learned_get_layers(p, sizeof(struct fkv_layer), t,
+	                          sizeof(t) / sizeof(t[0]), err, errlen);
 }
 
 static int fkv_decide(struct policy *p, struct policy_layer *l)
@@ -118,7 +96,7 @@ static int fkv_decide(struct policy *p, struct policy_layer *l)
 	const struct fkv *f = p->priv;
 	uint32_t nkv = ge->n_kv_heads, G = ge->n_heads / nkv, n = l->n_new;
 	if (n) {
-		const struct fkv_layer *fl = &f->l[l->layer];
+		const struct fkv_layer *fl = learned_layer(p, l->layer);
 		float *s = policy_scratch(p, (size_t)n * nkv * sizeof(float));
 		float *sc = policy_scratch(p, (size_t)n * nkv * (G + 1) *
 		                                 f->dp * sizeof(float));
@@ -188,6 +166,6 @@ const struct policy_ops fastkvzip_ops = {
 	        POLICY_KEY_EVERY,
 	.tau = POLICY_TAU_PROB,
 	.init = fkv_init,
-	.fini = fkv_fini,
+	.fini = learned_fini,
 	.decide = fkv_decide,
 };

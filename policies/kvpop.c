@@ -22,8 +22,8 @@
 #include "learned.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -38,21 +38,9 @@ struct kvpop_layer {
 };
 
 struct kvpop {
-	struct weights *w;
+	struct learned_priv lp; /* layers: struct kvpop_layer [n_layers] */
 	uint32_t r, m, ring; /* ring: rows of u kept per (sequence, layer) */
-	struct kvpop_layer *l;
 };
-
-static void kvpop_fini(struct policy *p)
-{
-	struct kvpop *k = p->priv;
-	if (!k)
-		return;
-	weights_free(k->w);
-	free(k->l);
-	free(k);
-	p->priv = NULL;
-}
 
 static int kvpop_init(struct policy *p, char *err, size_t errlen)
 {
@@ -70,42 +58,32 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 	}
 	p->entry_floats = 2;
 
-	struct kvpop *k = calloc(1, sizeof(*k));
-	if (!k)
-		return KVT_ENOMEM;
-	p->priv = k;
-	int rc = learned_load(p, &k->w, err, errlen);
+	int rc = learned_open(p, sizeof(struct kvpop), err, errlen);
+	struct kvpop *k = p->priv;
 	if (rc)
 		return rc;
 	if ((rc = learned_dim(p, "kvpop.0.proj.weight", 2, 0, 65536, &k->r,
 	                      err, errlen)) ||
 	    (rc = learned_dim(p, "kvpop.0.fc1.weight", 2, 0, 65536, &k->m,
 	                      err, errlen)) ||
-	    (rc = learned_layers_fit(p, k->w, "kvpop.%u.proj.weight", err,
+	    (rc = learned_layers_fit(p, k->lp.w, "kvpop.%u.proj.weight", err,
 	                             errlen)))
 		return rc;
 	k->ring = a->delay + g->headroom;
 	p->layer_state_bytes = (size_t)k->ring * k->r * sizeof(float);
-	if (!(k->l = calloc(g->n_layers, sizeof(*k->l))))
-		return KVT_ENOMEM;
 	uint64_t r = k->r, m = k->m, nkv = g->n_kv_heads;
-	uint64_t sp[2] = {r, g->d_model}, s1[2] = {m, r + 1}, sb1[1] = {m};
-	uint64_t s2[2] = {nkv, m}, sb2[1] = {nkv};
-	for (uint32_t l = 0; l < g->n_layers; l++) {
-		struct kvpop_layer *kl = &k->l[l];
-		if (!(kl->P = learned_get(p, k->w, err, errlen, 2, sp,
-		                          "kvpop.%u.proj.weight", l)) ||
-		    !(kl->W1 = learned_get(p, k->w, err, errlen, 2, s1,
-		                           "kvpop.%u.fc1.weight", l)) ||
-		    !(kl->b1 = learned_get(p, k->w, err, errlen, 1, sb1,
-		                           "kvpop.%u.fc1.bias", l)) ||
-		    !(kl->W2 = learned_get(p, k->w, err, errlen, 2, s2,
-		                           "kvpop.%u.fc2.weight", l)) ||
-		    !(kl->b2 = learned_get(p, k->w, err, errlen, 1, sb2,
-		                           "kvpop.%u.fc2.bias", l)))
-			return KVT_EPOLICY;
-	}
-	return 0;
+	const struct learned_tensor t[] = {
+		{"kvpop.%u.proj.weight", 2, {r, g->d_model},
+		 offsetof(struct kvpop_layer, P)},
+		{"kvpop.%u.fc1.weight", 2, {m, r + 1},
+		 offsetof(struct kvpop_layer, W1)},
+		{"kvpop.%u.fc1.bias", 1, {m}, offsetof(struct kvpop_layer, b1)},
+		{"kvpop.%u.fc2.weight", 2, {nkv, m},
+		 offsetof(struct kvpop_layer, W2)},
+		{"kvpop.%u.fc2.bias", 1, {nkv}, offsetof(struct kvpop_layer, b2)},
+	};
+	return learned_get_layers(p, sizeof(struct kvpop_layer), t,
+	                          sizeof(t) / sizeof(t[0]), err, errlen);
 }
 
 /* s = W2[g] . gelu(W1 [u; f] + b1) + b2[g]; hid: [m] scratch. */
@@ -133,7 +111,7 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 {
 	const struct policy_geom *ge = &p->geom;
 	const struct kvpop *k = p->priv;
-	const struct kvpop_layer *kl = &k->l[l->layer];
+	const struct kvpop_layer *kl = learned_layer(p, l->layer);
 	uint32_t nkv = ge->n_kv_heads, G = ge->n_heads / nkv, n = l->n_new;
 	uint32_t d = p->args.delay, prev = l->n_seen - n;
 	float *ring = l->state; /* [k->ring][r], row pos % k->ring */
@@ -234,6 +212,6 @@ const struct policy_ops kvpop_ops = {
 	.keys = POLICY_KEY_MODEL | POLICY_KEY_TOKENS | POLICY_KEY_DELAY |
 	        POLICY_KEY_SINKS | POLICY_KEY_EVERY,
 	.init = kvpop_init,
-	.fini = kvpop_fini,
+	.fini = learned_fini,
 	.decide = kvpop_decide,
 };

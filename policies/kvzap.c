@@ -19,33 +19,24 @@
  */
 #include "learned.h"
 
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "kernels.h"
 
 #define KVZAP_DEF_WINDOW 128u
 #define KVZAP_DEF_THRESHOLD (-4.0f)
 
-struct kvzap {
-	struct weights *w;
-	uint32_t hidden; /* 0: linear */
-	const float **W1, **b1, **W2, **b2; /* [n_layers] each */
+/* o1 = hidden (MLP) or n_kv (linear) */
+struct kvzap_layer {
+	const float *W1, *b1; /* [o1][d_model], [o1] */
+	const float *W2, *b2; /* [n_kv][hidden], [n_kv]; MLP only */
 };
 
-static void kvzap_fini(struct policy *p)
-{
-	struct kvzap *z = p->priv;
-	if (!z)
-		return;
-	weights_free(z->w);
-	free(z->W1);
-	free(z->b1);
-	free(z->W2);
-	free(z->b2);
-	free(z);
-	p->priv = NULL;
-}
+struct kvzap {
+	struct learned_priv lp; /* layers: struct kvzap_layer [n_layers] */
+	uint32_t hidden; /* 0: linear */
+};
 
 /* The four naming schemes, by layer-0 probe name. */
 static const struct {
@@ -78,15 +69,12 @@ static int kvzap_init(struct policy *p, char *err, size_t errlen)
 	}
 	p->entry_floats = 1;
 
-	struct kvzap *z = calloc(1, sizeof(*z));
-	if (!z)
-		return KVT_ENOMEM;
-	p->priv = z;
-	int rc = learned_load(p, &z->w, err, errlen);
+	int rc = learned_open(p, sizeof(struct kvzap), err, errlen);
+	struct kvzap *z = p->priv;
 	if (rc)
 		return rc;
 	size_t s = 0, ns = sizeof(schemes) / sizeof(schemes[0]);
-	while (s < ns && !weights_has(z->w, schemes[s].probe))
+	while (s < ns && !weights_has(z->lp.w, schemes[s].probe))
 		s++;
 	if (s == ns) {
 		snprintf(err, errlen, "kvzap: model %s: no KVzap tensors (want "
@@ -101,62 +89,48 @@ static int kvzap_init(struct policy *p, char *err, size_t errlen)
 		return rc;
 	/* A kvpress config.json, when present, must describe this model. */
 	uint32_t v;
-	if (!weights_config_u32(z->w, "input_dim", &v) && v != d) {
+	if (!weights_config_u32(z->lp.w, "input_dim", &v) && v != d) {
 		snprintf(err, errlen, "kvzap: model %s: input_dim %u, model "
 		         "d_model is %u", a->model, v, d);
 		return KVT_EPOLICY;
 	}
-	if (!weights_config_u32(z->w, "output_dim", &v) && v != nkv) {
+	if (!weights_config_u32(z->lp.w, "output_dim", &v) && v != nkv) {
 		snprintf(err, errlen, "kvzap: model %s: output_dim %u, model "
 		         "has %u KV heads", a->model, v, nkv);
 		return KVT_EPOLICY;
 	}
-	if ((rc = learned_layers_fit(p, z->w, schemes[s].w1, err, errlen)))
+	if ((rc = learned_layers_fit(p, z->lp.w, schemes[s].w1, err, errlen)))
 		return rc;
-	size_t nl = g->n_layers;
-	z->W1 = calloc(nl, sizeof(*z->W1));
-	z->b1 = calloc(nl, sizeof(*z->b1));
-	z->W2 = calloc(nl, sizeof(*z->W2));
-	z->b2 = calloc(nl, sizeof(*z->b2));
-	if (!z->W1 || !z->b1 || !z->W2 || !z->b2)
-		return KVT_ENOMEM;
 	uint32_t h = z->hidden, out1 = h ? h : nkv;
-	for (uint32_t l = 0; l < g->n_layers; l++) {
-		uint64_t s1[2] = {out1, d}, s2[1] = {out1};
-		if (!(z->W1[l] = learned_get(p, z->w, err, errlen, 2, s1,
-		                             schemes[s].w1, l)) ||
-		    !(z->b1[l] = learned_get(p, z->w, err, errlen, 1, s2,
-		                             schemes[s].b1, l)))
-			return KVT_EPOLICY;
-		if (!h)
-			continue;
-		uint64_t s3[2] = {nkv, h}, s4[1] = {nkv};
-		if (!(z->W2[l] = learned_get(p, z->w, err, errlen, 2, s3,
-		                             schemes[s].w2, l)) ||
-		    !(z->b2[l] = learned_get(p, z->w, err, errlen, 1, s4,
-		                             schemes[s].b2, l)))
-			return KVT_EPOLICY;
-	}
-	return 0;
+	const struct learned_tensor t[] = {
+		{schemes[s].w1, 2, {out1, d}, offsetof(struct kvzap_layer, W1)},
+		{schemes[s].b1, 1, {out1}, offsetof(struct kvzap_layer, b1)},
+		{schemes[s].w2, 2, {nkv, h}, offsetof(struct kvzap_layer, W2)},
+		{schemes[s].b2, 1, {nkv}, offsetof(struct kvzap_layer, b2)},
+	};
+	/* The linear scheme has the first two only. */
+	return learned_get_layers(p, sizeof(struct kvzap_layer), t, h ? 4 : 2,
+	                          err, errlen);
 }
 
 static int kvzap_decide(struct policy *p, struct policy_layer *l)
 {
 	const struct policy_geom *ge = &p->geom;
 	const struct kvzap *z = p->priv;
-	uint32_t nkv = ge->n_kv_heads, n = l->n_new, L = l->layer;
+	uint32_t nkv = ge->n_kv_heads, n = l->n_new;
 	if (n) {
 		float *y = policy_scratch(p, (size_t)n * nkv * sizeof(float));
 		float *hs = policy_scratch(p, (size_t)n * (z->hidden + 1) *
 		                                 sizeof(float));
 		if (!y || !hs)
 			return KVT_ENOMEM;
+		const struct kvzap_layer *zl = learned_layer(p, l->layer);
 		if (z->hidden)
-			scorer_mlp_cpu(l->x, n, ge->d_model, z->W1[L], z->b1[L],
-			               z->hidden, z->W2[L], z->b2[L], nkv, y, hs);
+			scorer_mlp_cpu(l->x, n, ge->d_model, zl->W1, zl->b1,
+			               z->hidden, zl->W2, zl->b2, nkv, y, hs);
 		else
-			scorer_linear_cpu(l->x, n, ge->d_model, z->W1[L],
-			                  z->b1[L], nkv, y);
+			scorer_linear_cpu(l->x, n, ge->d_model, zl->W1, zl->b1,
+			                  nkv, y);
 		for (uint32_t g = 0; g < nkv; g++) {
 			struct policy_head *h = &l->heads[g];
 			for (uint32_t k = 0; k < n && k < h->len; k++)
@@ -190,6 +164,6 @@ const struct policy_ops kvzap_ops = {
 	        POLICY_KEY_SINKS,
 	.tau = POLICY_TAU_LOG,
 	.init = kvzap_init,
-	.fini = kvzap_fini,
+	.fini = learned_fini,
 	.decide = kvzap_decide,
 };

@@ -1,6 +1,7 @@
 /*
- * learned.c — loading and checking the weights of the learned policies;
- * see learned.h and docs/weights.md.
+ * learned.c — the private state of the learned policies (open, per-layer
+ * tensors, fini) and loading and checking their weights; see learned.h and
+ * docs/weights.md.
  */
 #include "errors.h"
 #include "learned.h"
@@ -33,6 +34,46 @@ int learned_load(const struct policy *p, struct weights **w, char *err,
 		return errors_fmt(err, errlen, KVT_EPOLICY, "%s: model %s: %s", p->ops->name,
 		              p->args.model, why);
 	return 0;
+}
+
+int learned_open(struct policy *p, size_t size, char *err, size_t errlen)
+{
+	struct learned_priv *lp = calloc(1, size);
+	if (!lp)
+		return KVT_ENOMEM;
+	p->priv = lp;
+	return learned_load(p, &lp->w, err, errlen);
+}
+
+int learned_get_layers(struct policy *p, size_t layer_size,
+                       const struct learned_tensor *t, size_t n, char *err,
+                       size_t errlen)
+{
+	struct learned_priv *lp = p->priv;
+	if (!(lp->layers = calloc(p->geom.n_layers, layer_size)))
+		return KVT_ENOMEM;
+	lp->layer_size = layer_size;
+	for (uint32_t l = 0; l < p->geom.n_layers; l++) {
+		char *ls = (char *)lp->layers + (size_t)l * layer_size;
+		for (size_t i = 0; i < n; i++) {
+			const float **d = (const float **)(ls + t[i].off);
+			if (!(*d = learned_get(p, lp->w, err, errlen, t[i].ndim,
+			                       t[i].shape, t[i].fmt, l)))
+				return KVT_EPOLICY;
+		}
+	}
+	return 0;
+}
+
+void learned_fini(struct policy *p)
+{
+	struct learned_priv *lp = p->priv;
+	if (!lp)
+		return;
+	weights_free(lp->w);
+	free(lp->layers);
+	free(lp);
+	p->priv = NULL;
 }
 
 static int read_full(int fd, void *buf, size_t n)

@@ -1,6 +1,9 @@
 /*
  * learned.h — what the learned policies (kvzap, fastkvzip, kvpop) share:
- * loading model=PATH, reading a tensor's shape (to learn the hidden sizes a
+ * their private state's head (struct learned_priv: the weights and the
+ * per-layer tensor table, opened by learned_open, filled by
+ * learned_get_layers, freed by learned_fini, their ops->fini), loading
+ * model=PATH, reading a tensor's shape (to learn the hidden sizes a
  * checkpoint was trained with) and fetching per-layer tensors with a
  * reason that names the policy, the file and the tensor.
  *
@@ -15,6 +18,54 @@
 
 #include "policy.h"
 #include "weights.h"
+
+/*
+ * The first member of a learned policy's p->priv: the weights of
+ * model=PATH and the per-layer tensor pointers, an array of the policy's
+ * own layer struct (const float * members only).
+ */
+struct learned_priv {
+	struct weights *w;
+	void *layers;      /* [n_layers][layer_size] bytes */
+	size_t layer_size;
+};
+
+/* One tensor of every layer, for learned_get_layers. */
+struct learned_tensor {
+	const char *fmt;   /* name, with a %u for the layer */
+	uint32_t ndim;
+	uint64_t shape[4]; /* [ndim] used */
+	size_t off;        /* offsetof its const float * in the layer struct */
+};
+
+/*
+ * Allocates p->priv (size bytes, zeroed; it starts with struct
+ * learned_priv) and loads model=PATH into its w (learned_load).  A failure
+ * may leave p->priv set: learned_fini frees what there is.
+ */
+int learned_open(struct policy *p, size_t size, char *err, size_t errlen);
+
+/*
+ * Allocates the layer table ([n_layers] structs of layer_size bytes) and
+ * fetches the n tensors t of every layer into it, layer by layer in
+ * table order (learned_get); KVT_EPOLICY with the reason of the first
+ * missing or misshapen one, or KVT_ENOMEM.
+ */
+int learned_get_layers(struct policy *p, size_t layer_size,
+                       const struct learned_tensor *t, size_t n, char *err,
+                       size_t errlen);
+
+/* The layer struct of layer (learned_get_layers filled it). */
+static inline const void *learned_layer(const struct policy *p,
+                                        uint32_t layer)
+{
+	const struct learned_priv *lp = p->priv;
+	return (const char *)lp->layers + (size_t)layer * lp->layer_size;
+}
+
+/* ops->fini of the learned policies: the weights, the layer table and
+ * p->priv. */
+void learned_fini(struct policy *p);
 
 /* Loads p->args.model (required) into *w. */
 int learned_load(const struct policy *p, struct weights **w, char *err,

@@ -84,37 +84,71 @@ int cmd_stats(struct ctl *c, const char *tenant)
 	return rc;
 }
 
+/* ------------------------------------------------------------- row replies */
+
+/* The plain renderings of one row of the replies that have their own. */
+static void policy_row(const struct ctl *c, const struct ipc_row *row)
+{
+	const struct ipc_val *n = codec_row_get(row, "name");
+	const struct ipc_val *h = codec_row_get(row, "help");
+	printf("%-12s %s\n", n && n->type == IPC_VAL_STR ? n->v.s : "?",
+	       h && h->type == IPC_VAL_STR ? h->v.s : "");
+}
+
+static void config_row(const struct ctl *c, const struct ipc_row *row)
+{
+	const struct ipc_val *k = codec_row_get(row, "key");
+	const struct ipc_val *v = codec_row_get(row, "value");
+	char buf[IPC_STR_MAX];
+	printf("%s %s\n", k && k->type == IPC_VAL_STR ? k->v.s : "?",
+	       v ? out_val_text(v, buf, sizeof(buf)) : "");
+}
+
+/* config set answers the key and its new value, both strings. */
+static void config_set_row(const struct ctl *c, const struct ipc_row *row)
+{
+	const struct ipc_val *k = codec_row_get(row, "key");
+	const struct ipc_val *v = codec_row_get(row, "value");
+	printf("%s %s\n", k && k->type == IPC_VAL_STR ? k->v.s : "?",
+	       v && v->type == IPC_VAL_STR ? v->v.s : "?");
+}
+
+static void drain_row(const struct ctl *c, const struct ipc_row *row)
+{
+	const struct ipc_val *id = codec_row_get(row, "id");
+	const struct ipc_val *n = codec_row_get(row, "name");
+	printf("tenant %" PRIu64 " '%s' %s\n",
+	       id && id->type == IPC_VAL_U64 ? id->v.u : 0,
+	       n && n->type == IPC_VAL_STR ? n->v.s : "?",
+	       c->undo ? "admits new sequences again"
+	               : "draining: no new sequences, open ones continue");
+}
+
+/* Prints a reply and frees it: its rows as JSON with --json, else each
+ * row through plain (NULL: the generic table); exit status 0. */
+static int print_rows(const struct ctl *c, struct ipc_rep *rep,
+                      void (*plain)(const struct ctl *c,
+                                    const struct ipc_row *row))
+{
+	if (c->json)
+		out_json_rows(rep);
+	else if (!plain)
+		out_plain_table(rep);
+	else
+		for (uint32_t i = 0; i < rep->table.n; i++)
+			plain(c, &rep->table.rows[i]);
+	codec_rep_free(rep);
+	return 0;
+}
+
 int cmd_rows(struct ctl *c, enum ipc_op op, const char *filter)
 {
 	struct ipc_rep rep;
 	if (ctl_call(c, op, filter, &rep) < 0)
 		return 2;
-	if (c->json) {
-		out_json_rows(&rep);
-	} else if (op == IPC_OP_POLICIES) {
-		for (uint32_t i = 0; i < rep.table.n; i++) {
-			const struct ipc_row *row = &rep.table.rows[i];
-			const struct ipc_val *n = codec_row_get(row, "name");
-			const struct ipc_val *h = codec_row_get(row, "help");
-			printf("%-12s %s\n",
-			       n && n->type == IPC_VAL_STR ? n->v.s : "?",
-			       h && h->type == IPC_VAL_STR ? h->v.s : "");
-		}
-	} else if (op == IPC_OP_CONFIG) {
-		for (uint32_t i = 0; i < rep.table.n; i++) {
-			const struct ipc_row *row = &rep.table.rows[i];
-			const struct ipc_val *k = codec_row_get(row, "key");
-			const struct ipc_val *v = codec_row_get(row, "value");
-			char buf[IPC_STR_MAX];
-			printf("%s %s\n",
-			       k && k->type == IPC_VAL_STR ? k->v.s : "?",
-			       v ? out_val_text(v, buf, sizeof(buf)) : "");
-		}
-	} else {
-		out_plain_table(&rep);
-	}
-	codec_rep_free(&rep);
-	return 0;
+	return print_rows(c, &rep, op == IPC_OP_POLICIES ? policy_row
+	                           : op == IPC_OP_CONFIG ? config_row
+	                                                 : NULL);
 }
 
 int cmd_check(struct ctl *c)
@@ -164,20 +198,7 @@ int cmd_config_set(struct ctl *c, const char *key, const char *val)
 	snprintf(req.u.set.value, sizeof(req.u.set.value), "%s", val);
 	if (ctl_send(c, &req, &rep) < 0)
 		return 2;
-	if (c->json) {
-		out_json_rows(&rep);
-	} else {
-		for (uint32_t i = 0; i < rep.table.n; i++) {
-			const struct ipc_val *k =
-				codec_row_get(&rep.table.rows[i], "key");
-			const struct ipc_val *v =
-				codec_row_get(&rep.table.rows[i], "value");
-			printf("%s %s\n", k && k->type == IPC_VAL_STR ? k->v.s : "?",
-			       v && v->type == IPC_VAL_STR ? v->v.s : "?");
-		}
-	}
-	codec_rep_free(&rep);
-	return 0;
+	return print_rows(c, &rep, config_set_row);
 }
 
 int cmd_drain(struct ctl *c, const char *tenant)
@@ -190,23 +211,7 @@ int cmd_drain(struct ctl *c, const char *tenant)
 	req.u.drain.undo = (uint32_t)c->undo;
 	if (ctl_send(c, &req, &rep) < 0)
 		return 2;
-	if (c->json) {
-		out_json_rows(&rep);
-	} else {
-		for (uint32_t i = 0; i < rep.table.n; i++) {
-			const struct ipc_row *row = &rep.table.rows[i];
-			const struct ipc_val *id = codec_row_get(row, "id");
-			const struct ipc_val *n = codec_row_get(row, "name");
-			printf("tenant %" PRIu64 " '%s' %s\n",
-			       id && id->type == IPC_VAL_U64 ? id->v.u : 0,
-			       n && n->type == IPC_VAL_STR ? n->v.s : "?",
-			       c->undo ? "admits new sequences again"
-			               : "draining: no new sequences, open ones "
-			                 "continue");
-		}
-	}
-	codec_rep_free(&rep);
-	return 0;
+	return print_rows(c, &rep, drain_row);
 }
 
 

@@ -440,23 +440,32 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 
 /* ------------------------------------------------------------ results */
 
-static int write_results(const struct ctx_args *a, const struct job *jobs,
-                         uint32_t njobs, const char *what)
+int ctx_write_results(const struct ctx_args *a, const struct job *jobs,
+                      uint32_t njobs, const char *what, const char *tag,
+                      const char *csv, ctx_md_fn md, ctx_png_fn png)
 {
 	char path[1200];
-	snprintf(path, sizeof(path), "%s/specs-%s.txt", a->out, a->mname);
+	snprintf(path, sizeof(path), "%s/specs-%s%s.txt", a->out, a->mname,
+	         tag);
 	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
-	snprintf(path, sizeof(path), "%s/quality.csv", a->out);
+	snprintf(path, sizeof(path), "%s/%s", a->out, csv);
 	size_t nr;
 	int bad;
 	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
 	                                  &bad);
 	table_write_csv(path, rows, nr);
-	ctxtable_write_md(a->out, rows, nr, a->mname, what);
-	table_write_png(a->out, rows, nr, 1);
+	md(a->out, rows, nr, a->mname, what);
+	png(a->out, rows, nr, a->mname);
 	table_print_model(rows, nr, a->mname);
 	free(rows);
 	return bad;
+}
+
+/* quality.png: the sweep rows merged into their policies' curves. */
+static void write_png(const char *dir, struct row *rows, size_t nr,
+                      const char *model)
+{
+	table_write_png(dir, rows, nr, 1);
 }
 
 /* ------------------------------------------------------------ the run */
@@ -543,7 +552,8 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	         "kvzap calibration windows; %u jobs; %.1f minutes with %d "
 	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
 	         ncal, njobs, secs / 60, a->threads);
-	int bad = write_results(a, jobs, njobs, what) | tbad;
+	int bad = ctx_write_results(a, jobs, njobs, what, "", "quality.csv",
+	                            ctxtable_write_md, write_png) | tbad;
 	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname,
 	        (double)(now_ms() - t0) / 1e3);
 	dataset_free(&ev);

@@ -128,7 +128,7 @@ static void write_md(const char *dir, const struct row *rows, size_t nr,
 
 /* protocol2.png: table_write_png's plot (it writes DIR/quality.png) made
  * in a scratch directory and moved. */
-static void write_png(const char *dir, const struct row *rows, size_t nr,
+static void write_png(const char *dir, struct row *rows, size_t nr,
                       const char *model)
 {
 	char sd[1200], from[1300], to[1300];
@@ -154,26 +154,6 @@ static void write_png(const char *dir, const struct row *rows, size_t nr,
 		fprintf(stderr, "kvtrim-eval: %s: %s\n", to, strerror(errno));
 	rmdir(sd);
 	free(mine);
-}
-
-static int write_results(const struct ctx_args *a, const struct job *jobs,
-                         uint32_t njobs, const char *what)
-{
-	char path[1200];
-	snprintf(path, sizeof(path), "%s/specs-%s-protocol2.txt", a->out,
-	         a->mname);
-	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
-	snprintf(path, sizeof(path), "%s/protocol2.csv", a->out);
-	size_t nr;
-	int bad;
-	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
-	                                  &bad);
-	table_write_csv(path, rows, nr);
-	write_md(a->out, rows, nr, a->mname, what);
-	write_png(a->out, rows, nr, a->mname);
-	table_print_model(rows, nr, a->mname);
-	free(rows);
-	return bad;
 }
 
 /* ------------------------------------------------------------ the run */
@@ -271,7 +251,8 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 	         "%u kvzap calibration windows; %u jobs; %.1f minutes with %d "
 	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
 	         ncal, njobs, secs / 60, a->threads);
-	int bad = write_results(a, jobs, njobs, what);
+	int bad = ctx_write_results(a, jobs, njobs, what, "-protocol2",
+	                            "protocol2.csv", write_md, write_png);
 	fprintf(stderr, "kvtrim-eval: %s protocol 2 done in %.0fs\n", a->mname,
 	        secs);
 	dataset_free(&ev);

@@ -316,6 +316,18 @@ struct tok;
 uint32_t ctx_windows(const struct model *M, const struct tok *tk,
                      const struct ctx_args *a, uint32_t T, uint32_t def,
                      struct dataset *ev, const double **ratios);
+/* The results of protocols 1 and 2, in this order: OUT/specs-MODEL<tag>.txt
+ * (table_write_specs), OUT/<csv> (table_job_rows, then table_write_csv),
+ * the protocol's md and png (md(OUT, rows, nr, MODEL, what), png(OUT,
+ * rows, nr, MODEL)) and the model's rows on stdout.  Returns bad as
+ * table_job_rows says (a job failed).  Dies on failure. */
+typedef void (*ctx_md_fn)(const char *dir, const struct row *rows, size_t nr,
+                          const char *model, const char *what);
+typedef void (*ctx_png_fn)(const char *dir, struct row *rows, size_t nr,
+                           const char *model);
+int ctx_write_results(const struct ctx_args *a, const struct job *jobs,
+                      uint32_t njobs, const char *what, const char *tag,
+                      const char *csv, ctx_md_fn md, ctx_png_fn png);
 /* kvzap's calibration: ncal windows of P tokens of the training split
  * (train-man.txt) through the full-cache forward; the scores [ncal][L]
  * [n_kv][P] of the scorers a->wabs/kvzap-linear and a->wabs/kvzap-mlp in

@@ -252,6 +252,16 @@ double fit_clip(float *g, size_t n, double clip)
 	return s;
 }
 
+void fit_col_mean(const float *Y, size_t n, uint32_t k, float *mean)
+{
+	for (uint32_t c = 0; c < k; c++) {
+		double m = 0;
+		for (size_t r = 0; r < n; r++)
+			m += Y[r * k + c];
+		mean[c] = (float)(m / (double)n);
+	}
+}
+
 void fit_shuffle(uint32_t *idx, size_t n, uint64_t *state)
 {
 	for (size_t i = 0; i < n; i++)
@@ -337,12 +347,7 @@ int fit_mlp(const float *X, const float *Y, size_t n, uint32_t d, uint32_t h,
 		pb1[i] = (float)(2 * dataset_uniform(&st) - 1) * a1;
 	for (size_t i = 0; i < (size_t)k * h; i++)
 		pW2[i] = (float)(2 * dataset_uniform(&st) - 1) * a2;
-	for (uint32_t c = 0; c < k; c++) {
-		double m = 0;
-		for (size_t r = 0; r < n; r++)
-			m += Y[r * k + c];
-		pb2[c] = (float)(m / (double)n);
-	}
+	fit_col_mean(Y, n, k, pb2);
 	for (uint32_t e = 0; e < o->epochs; e++) {
 		double lr = o->lr * 0.5 * (1.0 + cos(M_PI * e / o->epochs));
 		double lsum = 0;

@@ -89,6 +89,11 @@ int fit_mlp_apply(const float *X, size_t n, uint32_t d, uint32_t h,
                   uint32_t k, const float *W1, const float *b1,
                   const float *W2, const float *b2, float *Y /* [n][k] */);
 
+/* Column means of Y, accumulated in double: the trainers start their
+ * output offsets there. */
+void fit_col_mean(const float *Y /* [n][k] */, size_t n, uint32_t k,
+                  float *mean /* [k] */);
+
 /* Fisher-Yates permutation of [0, n) from the generator state. */
 void fit_shuffle(uint32_t *idx /* [n] */, size_t n, uint64_t *state);
 

@@ -162,12 +162,7 @@ int pop_train(struct pop_params *p, const float *X, const float *F,
 		goto out;
 	uint64_t st = o->seed ^ 0x706f7074ull;
 	/* the output offset starts at the target mean */
-	for (uint32_t g = 0; g < nkv; g++) {
-		double s = 0;
-		for (size_t i = 0; i < n; i++)
-			s += T[i * nkv + g];
-		p->b2[g] = (float)(s / (double)n);
-	}
+	fit_col_mean(T, n, nkv, p->b2);
 	for (uint32_t e = 0; e < o->epochs; e++) {
 		double lr = o->lr * 0.5 * (1.0 + cos(M_PI * e / o->epochs));
 		double sse = 0;
