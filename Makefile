@@ -159,11 +159,13 @@ banner:
 	@echo "nng: $(NNG_WHICH)"
 	@echo "libuv: $(UV_WHICH)"
 
+# A text inside '...' for the shell.
+shq = $(subst ','\'',$(1))
 # Which nng and libuv the objects are compiled against (their headers'
 # struct layouts differ between versions): a change rebuilds every object.
 $(B)/deps.which: FORCE
 	@mkdir -p $(dir $@)
-	@printf '%s\n%s\n' '$(NNG_WHICH)' '$(UV_WHICH)' > $@.tmp
+	@printf '%s\n%s\n' '$(call shq,$(NNG_WHICH))' '$(call shq,$(UV_WHICH))' > $@.tmp
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 
 $(B)/obj/%.o: %.c $(B)/deps.which
