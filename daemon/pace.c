@@ -11,6 +11,7 @@
 _Thread_local uint32_t pace_calls;
 static _Thread_local uint32_t pace_budget_us; /* 0: this thread never yields */
 static _Thread_local uint64_t pace_last_us;
+static _Thread_local uint64_t pace_n_yields;
 
 void pace_start(uint32_t budget_us)
 {
@@ -26,5 +27,11 @@ void pace_point_slow(void)
 	if (t - pace_last_us < pace_budget_us)
 		return;
 	sched_yield();
+	pace_n_yields++;
 	pace_last_us = now_us();
+}
+
+uint64_t pace_yields(void)
+{
+	return pace_n_yields;
 }

@@ -28,6 +28,9 @@ void pace_start(uint32_t budget_us);
 
 void pace_point_slow(void);
 
+/* Yields this thread made so far (for tests and diagnosis). */
+uint64_t pace_yields(void);
+
 /* A boundary of the work: yields when this thread's budget is spent.
  * Reads the clock once every 64 calls. */
 static inline void pace_point(void)
