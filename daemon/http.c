@@ -397,7 +397,11 @@ static int unix_listen(const char *path, char *err, size_t errlen)
 	int rv = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	int e = errno;
 	umask(old);
-	if (rv < 0 || listen(fd, 64) < 0) {
+	/* The full backlog (net.core.somaxconn): a scrape that arrives in a
+	 * burst of connects (a slowloris opening hundreds at once) must be
+	 * queued, not refused with EAGAIN before MHD could accept it; the
+	 * connection rules (http_notify) then make room for it. */
+	if (rv < 0 || listen(fd, SOMAXCONN) < 0) {
 		snprintf(err, errlen, "cannot listen on %s: %s", path,
 		         strerror(rv < 0 ? e : errno));
 		if (rv == 0)

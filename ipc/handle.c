@@ -128,7 +128,10 @@ int handle_listen(const char *path, int *out)
 		return KVT_ESYS;
 	if (bind(s, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto fail;
-	if (chmod(path, 0660) < 0 || listen(s, 128) < 0) {
+	/* The full backlog (net.core.somaxconn): a burst of connects (engines
+	 * starting together, or a flood the accept path sheds) is queued for
+	 * the daemon to judge, not refused by the kernel. */
+	if (chmod(path, 0660) < 0 || listen(s, SOMAXCONN) < 0) {
 		int e = errno;
 		unlink(path);
 		errno = e;
