@@ -213,3 +213,57 @@ TEST_T(eval_ctx_daemon, quick_smollm2, 300)
 	T_ASSERT(na > 0); /* one ratio: 0.5 and 0.875 are not reached */
 	th_daemon_stop(&d);
 }
+
+/*
+ * fastkvzip-global's threshold is chosen on the training split from the
+ * gate's scores computed in kvtrim-eval (fkvgate.c), and applied by the
+ * daemon's fastkvzip policy: the two must compute the same scores, or
+ * the achieved ratio misses the target.  Needs trained weights (make
+ * weights), so only where they are.  --only keeps the run to two jobs.
+ */
+TEST_T(eval_ctx_daemon, fastkvzip_global_reaches_its_target, 300)
+{
+	char path[1024], err[1024];
+	const char *w = "build/weights/smollm2";
+	if (model_files_resolve("smollm2", path, sizeof(path), err,
+	                        sizeof(err)))
+		T_SKIP(err);
+	if (access(th_bin("kvtrim-eval"), X_OK))
+		T_SKIP("kvtrim-eval not built");
+	th_need_heldout();
+	snprintf(path, sizeof(path), "%s/fastkvzip.safetensors", w);
+	if (access(path, R_OK))
+		T_SKIP("no trained SmolLM2 weights (make weights)");
+	struct th_daemon d;
+	th_daemon_start(&d, "512M", NULL);
+	static char out[32768];
+	int rc = th_sh(&d, out, sizeof(out), "%s --model smollm2 --out %s/out "
+	               "--weights %s --runtime-dir %s --quick --no-tasks "
+	               "--only full,fastkvzip-global", th_bin("kvtrim-eval"),
+	               th_tmpdir(), w, d.dir);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "kvtrim-eval: %d\n%s", rc, out);
+	char p[512], line[1024], pol[64];
+	snprintf(p, sizeof(p), "%s/out/quality.csv", th_tmpdir());
+	FILE *f = fopen(p, "r");
+	T_ASSERT(f);
+	int rows = 0, global = 0;
+	while (fgets(line, sizeof(line), f)) {
+		double tg, ach, kl, top1;
+		if (sscanf(line, "smollm2,%63[^,],%lf,%lf,%lf,%lf", pol, &tg, &ach,
+		           &kl, &top1) != 5)
+			continue;
+		rows++;
+		if (strcmp(pol, "fastkvzip-global"))
+			continue;
+		global++;
+		/* quick: target 0.75 on 2 windows the calibration never saw */
+		T_ASSERT(fabs(tg - 0.75) < 1e-9);
+		T_ASSERT(fabs(ach - 0.75) < 0.05);
+		T_ASSERT(kl > 0 && top1 > 0 && top1 < 1);
+	}
+	fclose(f);
+	T_EQ(rows, 2); /* --only: full and the one fastkvzip-global job */
+	T_EQ(global, 1);
+	T_EQ(th_daemon_stop(&d), 0);
+}

@@ -118,6 +118,8 @@ void openblas_set_num_threads(int n);
  * low log-KVzip+ for the first token, whose value vector is small, drops
  * the attention sink in the early layers) */
 #define CTX_KVZAP_SINKS 4u
+#define CTX_FKV_WINDOW 16u /* eval_add_fastkvzip's window and sinks */
+#define CTX_FKV_SINKS 4u
 
 /* The ratio policies of the daemon: name and spec format (%.4f the
  * ratio).  A new one is a line here (and a name in table_policy_order for
@@ -329,13 +331,16 @@ uint32_t ctx_windows(const struct model *M, const struct tok *tk,
  */
 void ctx_calibrate(const struct model *M, const struct tok *t,
                    const struct ctx_args *a, uint32_t P, uint32_t ncal,
-                   float *zs[2], uint32_t *nout)
+                   float *zs[2], float **gs, uint32_t *nout)
 {
 	const struct model_config *mc = &M->cfg;
 	const size_t per = (size_t)mc->n_layers * mc->n_kv_heads * P;
 	char err[1024];
 	struct kvzap_scorer *z[2] = {NULL, NULL};
+	struct fkv_gate *fg = NULL;
 	zs[0] = zs[1] = NULL;
+	if (gs)
+		*gs = NULL;
 	*nout = 0;
 	if (!a->wabs[0]) {
 		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
@@ -349,7 +354,14 @@ void ctx_calibrate(const struct model *M, const struct tok *t,
 			fprintf(stderr, "kvtrim-eval: %s: %s (skipped)\n",
 			        kvzap_names[v], err);
 	}
-	if (!z[0] && !z[1])
+	if (gs) {
+		char f[PATH_MAX + 32];
+		snprintf(f, sizeof(f), "%s/fastkvzip.safetensors", a->wabs);
+		if (fkv_gate_open(M, f, P, &fg, err, sizeof(err)))
+			fprintf(stderr, "kvtrim-eval: fastkvzip-global: %s "
+			        "(skipped)\n", err);
+	}
+	if (!z[0] && !z[1] && !fg)
 		return;
 	struct dataset cal;
 	if (dataset_build_tok(M, t, DATASET_TRAIN, P, ncal, &cal, err,
@@ -362,6 +374,8 @@ void ctx_calibrate(const struct model *M, const struct tok *t,
 	for (int v = 0; v < 2; v++)
 		if (z[v] && !(zs[v] = malloc(sizeof(float) * per * cal.n)))
 			eval_die("out of memory");
+	if (fg && !(*gs = malloc(sizeof(float) * per * cal.n)))
+		eval_die("out of memory");
 	uint64_t t0 = now_ms();
 	for (uint32_t q = 0; q < cal.n; q++) {
 		struct ctx_tap tp = {.x = xs};
@@ -371,6 +385,8 @@ void ctx_calibrate(const struct model *M, const struct tok *t,
 		for (int v = 0; v < 2; v++)
 			if (z[v])
 				kvzap_score(z[v], xs, P, zs[v] + per * q);
+		if (fg)
+			fkv_gate_score(fg, xs, P, *gs + per * q);
 	}
 	fprintf(stderr, "kvtrim-eval: kvzap calibration: %u training windows "
 	        "of %u tokens in %.0fs\n", cal.n, P,
@@ -381,19 +397,67 @@ void ctx_calibrate(const struct model *M, const struct tok *t,
 	dataset_free(&cal);
 	kvzap_close(z[0]);
 	kvzap_close(z[1]);
+	fkv_gate_close(fg);
 }
 
 /* ------------------------------------------------------------ jobs */
+
+/* Keeps the jobs whose name is in the comma-separated list (--only), in
+ * order; returns how many. */
+static uint32_t only_jobs(struct job *jobs, uint32_t n, const char *list)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		size_t len = strlen(jobs[i].name);
+		for (const char *p = list; p && *p;) {
+			const char *c = strchr(p, ',');
+			size_t pl = c ? (size_t)(c - p) : strlen(p);
+			if (pl == len && !strncmp(p, jobs[i].name, len)) {
+				if (k != i)
+					jobs[k] = jobs[i];
+				k++;
+				break;
+			}
+			p = c ? c + 1 : NULL;
+		}
+	}
+	if (!k)
+		eval_die("--only %s: no job of those names", list);
+	return k;
+}
 
 /* What the jobs are made of (make_jobs). */
 struct jobs_in {
 	const struct model *M;
 	const struct ctx_args *a;
 	float *zs[2];         /* kvzap's calibration scores (NULL: none) */
+	float *gs;            /* Fast KVzip's gate's, likewise */
 	uint32_t ncal, calP;  /* their windows, of calP tokens */
 	const double *ratios;
 	uint32_t nrat;
 };
+
+/*
+ * Fast KVzip as its paper evicts: one threshold F for every layer (an
+ * entry outside the sinks and the window is dropped iff its gate score is
+ * below F), chosen on the training split for the target R exactly as
+ * kvzap's (kvzap_tau on the gate's scores gs: the rule is kvzap's under
+ * this protocol).  The `fastkvzip` jobs keep each layer's budget instead
+ * (kvpress layerwise): the two rows show what the budget rule is worth.
+ */
+static void ctx_add_fastkvzip_global(struct job *jobs, uint32_t *n,
+                                     const struct model *M, const char *wabs,
+                                     const float *gs, uint32_t ncal,
+                                     uint32_t P, double R)
+{
+	char s[KVT_SPEC_MAX];
+	float F = kvzap_tau(M, gs, ncal, P, P, CTX_FKV_WINDOW, CTX_FKV_SINKS, R);
+	snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
+	         "threshold=%.9g,window=%u,sinks=%u", wabs, F, CTX_FKV_WINDOW,
+	         CTX_FKV_SINKS);
+	eval_add_job(jobs, n, "fastkvzip-global", R, J_DAEMON, s, NULL,
+	             NULL)->tau = F;
+}
 
 /* The jobs for contexts of P tokens into jobs (a ctxtask_jobs_fn, also
  * used by the tasks at their lengths): kvzap's thresholds from the
@@ -419,6 +483,9 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
 				                 ncal, in->calP, in->calP,
 				                 CTX_KVZAP_SINKS, R);
+		if (in->gs)
+			ctx_add_fastkvzip_global(jobs, &njobs, M, a->wabs, in->gs,
+			                         ncal, in->calP, R);
 		if (have_w) {
 			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, R, 16);
 			eval_kvpop_spec(s, sizeof(s), a->wabs, B);
@@ -498,13 +565,15 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	/* ---- jobs */
 	static struct job jobs[MAX_JOBS];
 	uint32_t njobs = 0;
-	float *zs[2] = {NULL, NULL};
+	float *zs[2] = {NULL, NULL}, *gs = NULL;
 	uint32_t ncal = 0;
-	ctx_calibrate(M, tk, a, P, a->quick ? 2 : CTX_CAL, zs, &ncal);
-	struct jobs_in jin = {.M = M, .a = a, .zs = {zs[0], zs[1]},
+	ctx_calibrate(M, tk, a, P, a->quick ? 2 : CTX_CAL, zs, &gs, &ncal);
+	struct jobs_in jin = {.M = M, .a = a, .zs = {zs[0], zs[1]}, .gs = gs,
 	                      .ncal = ncal, .calP = P, .ratios = ratios,
 	                      .nrat = nrat};
 	njobs = make_jobs(&jin, P, jobs);
+	if (a->only)
+		njobs = only_jobs(jobs, njobs, a->only);
 
 	/* ---- the pool */
 	char rt[400];
@@ -545,6 +614,7 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	eval_daemon_stop();
 	free(zs[0]);
 	free(zs[1]);
+	free(gs);
 
 	char what[512];
 	snprintf(what, sizeof(what), "%s, protocol 1 (context compression): "

@@ -192,7 +192,7 @@ int dec2_main(const struct model *M, const struct ctx_args *a)
 	uint32_t njobs = 0, ncal = 0;
 	float *zs[2] = {NULL, NULL};
 	const int have_w = a->wabs[0] != 0;
-	ctx_calibrate(M, tk, a, T, a->quick ? 1 : D2_CAL, zs, &ncal);
+	ctx_calibrate(M, tk, a, T, a->quick ? 1 : D2_CAL, zs, NULL, &ncal);
 	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
 	for (uint32_t q = 0; q < nrat; q++) {
 		/* a budget n - floor(r n) drops up to one entry less than

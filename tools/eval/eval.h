@@ -104,7 +104,8 @@ struct job {
 };
 
 /* One csv row.  Sweep rows (kvzap at a fixed threshold) have no target;
- * tau is the kvzap threshold (calibrated or swept), empty otherwise. */
+ * tau is the kvzap or fastkvzip-global threshold (calibrated or swept),
+ * empty otherwise. */
 struct row {
 	char model[64], policy[64];
 	double target, ach, kl, top1, dnll, copy, needle, tau; /* NaN = empty */
@@ -194,6 +195,17 @@ void kvzap_add_target(struct job *jobs, uint32_t *n, const struct model *M,
 void kvzap_add_sweep(struct job *jobs, uint32_t *n, const struct model *M,
                      const char *wabs, int v, const float *s, uint32_t ncal,
                      uint32_t T, uint32_t P, int sinks, uint32_t npts);
+
+/* fkvgate.c */
+/* Fast KVzip's gate (the fastkvzip.safetensors at path, the daemon's
+ * kernel) for sequences of up to T rows per call; reason in err. */
+struct fkv_gate;
+int fkv_gate_open(const struct model *M, const char *path, uint32_t T,
+                  struct fkv_gate **out, char *err, size_t errlen);
+/* Scores of the attention inputs xs [L][T][d_model]: out [L][n_kv][T]. */
+void fkv_gate_score(struct fkv_gate *f, const float *xs, uint32_t T,
+                    float *out);
+void fkv_gate_close(struct fkv_gate *f);
 
 /* run.c */
 /* One prediction against the reference's: KL(ref || lg) in nats, whether
@@ -306,6 +318,8 @@ struct ctx_args {
 	int notasks;             /* --no-tasks: protocol 1's windows only */
 	uint32_t nseq;           /* --seqs, 0 = default */
 	const char *dump;        /* --dump-kept DIR or NULL */
+	const char *only;        /* --only a,b,...: protocol 1 runs only the
+	                          * jobs of those names (NULL: all) */
 };
 int ctx_main(const struct model *M, const struct ctx_args *a);
 /* Both protocols' windows and targets: the evaluation split's windows of
@@ -332,10 +346,12 @@ int ctx_write_results(const struct ctx_args *a, const struct job *jobs,
  * (train-man.txt) through the full-cache forward; the scores [ncal][L]
  * [n_kv][P] of the scorers a->wabs/kvzap-linear and a->wabs/kvzap-mlp in
  * zs[0], zs[1] (NULL where one is missing, reason on stderr; both where
- * there are no weights: said on stderr), *nout windows. */
+ * there are no weights: said on stderr), *nout windows.  gs, when not
+ * NULL, receives Fast KVzip's gate scores of the same windows likewise
+ * (a->wabs/fastkvzip.safetensors; NULL where it is missing). */
 void ctx_calibrate(const struct model *M, const struct tok *t,
                    const struct ctx_args *a, uint32_t P, uint32_t ncal,
-                   float *zs[2], uint32_t *nout);
+                   float *zs[2], float **gs, uint32_t *nout);
 
 /* ctxdump.c */
 /* --dump-kept: protocol 1's windows ev (P context + T - P tokens each),

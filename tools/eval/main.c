@@ -6,6 +6,7 @@
  *               [--runtime-dir RT] [--threads N] [--seqs N] [--protocol 1|2]
  *               [--dump-kept DIR]   (protocol 1's kept positions: ctxdump.c)
  *               [--no-tasks]        (SmolLM2: protocol 1 without the needle and copy tasks)
+ *               [--only NAMES]      (SmolLM2 protocol 1: only the jobs named, comma-separated)
  *
  * Protocol of the byte and token-id models (methods.md section 17; every
  * number is full cache vs evicted run on the same tokens):
@@ -115,7 +116,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
 	           "[--seqs N] [--protocol 1|2] [--dump-kept DIR] "
-	           "[--no-tasks]\n");
+	           "[--no-tasks] [--only NAME,...]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -129,7 +130,7 @@ static struct job *add_job(const char *name, double R, enum jkind kind,
 int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
-	           *rt_arg = NULL, *dump = NULL;
+	           *rt_arg = NULL, *dump = NULL, *only = NULL;
 	int quick = 0, threads = 2, notasks = 0, protocol = 1;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
@@ -143,10 +144,11 @@ int main(int argc, char **argv)
 		{"dump-kept", required_argument, 0, 'd'}, /* ctxdump.c */
 		{"no-tasks", no_argument, 0, 'n'},
 		{"protocol", required_argument, 0, 'p'},
+		{"only", required_argument, 0, 'O'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:np:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:np:O:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -159,6 +161,7 @@ int main(int argc, char **argv)
 		case 'd': dump = out = optarg; break;
 		case 'n': notasks = 1; break;
 		case 'p': protocol = atoi(optarg); break;
+		case 'O': only = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -222,7 +225,7 @@ int main(int argc, char **argv)
 			.mname = mname, .out = out, .wdir = wdir,
 			.wabs = have_w ? wabs : "", .rt = rt_arg,
 			.quick = quick, .threads = threads, .nseq = nseq,
-			.notasks = notasks,
+			.notasks = notasks, .only = only,
 			.dump = dump,
 		};
 		int rc = protocol == 2 ? dec2_main(M, &ca) : ctx_main(M, &ca);
