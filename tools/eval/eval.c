@@ -168,3 +168,12 @@ void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
 	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
 	         "sinks=4", wabs, tokens, RECIPE_KVPOP_DELAY);
 }
+
+void eval_put_scores(float *out, const float *y, uint32_t layer,
+                     uint32_t nkv, uint32_t T, uint32_t i0, uint32_t n)
+{
+	for (uint32_t g = 0; g < nkv; g++)
+		for (uint32_t i = 0; i < n; i++)
+			out[((size_t)layer * nkv + g) * T + i0 + i] =
+				y[(size_t)i * nkv + g];
+}

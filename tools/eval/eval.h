@@ -159,6 +159,12 @@ void cases_needle_full(const struct model *M, const struct ecase *c,
                        uint32_t nc, double *digit, double *exact,
                        uint32_t *per_depth);
 
+/* Scores y [n][nkv] of rows i0 .. i0 + n of one layer into out
+ * [L][nkv][T] (the scorers' kernels write token-major, the calibration
+ * reads head-major). */
+void eval_put_scores(float *out, const float *y, uint32_t layer,
+                     uint32_t nkv, uint32_t T, uint32_t i0, uint32_t n);
+
 /* kvzap.c */
 /* A kvzap scorer (linear or MLP, kvpress checkpoint dir) for sequences of
  * up to T rows per call; reason in err. */

@@ -134,10 +134,7 @@ void fkv_gate_score(struct fkv_gate *f, const float *xs, uint32_t T,
 			              f->S, f->Wq[l], f->cq[l], f->Wk[l], f->gq[l],
 			              f->gk[l], f->sinks[l], f->bias[l], f->score,
 			              f->scratch);
-			for (uint32_t g = 0; g < nkv; g++)
-				for (uint32_t i = 0; i < n; i++)
-					out[((size_t)l * nkv + g) * T + i0 + i] =
-						f->score[(size_t)i * nkv + g];
+			eval_put_scores(out, f->score, l, nkv, T, i0, n);
 		}
 	}
 }

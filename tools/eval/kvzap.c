@@ -169,10 +169,7 @@ void kvzap_score(struct kvzap_scorer *z, const float *xs, uint32_t T,
 			else
 				scorer_linear_cpu(xi, n, d, z->W1[l], z->b1[l],
 				                  nkv, z->y);
-			for (uint32_t g = 0; g < nkv; g++)
-				for (uint32_t i = 0; i < n; i++)
-					out[((size_t)l * nkv + g) * T + i0 + i] =
-						z->y[(size_t)i * nkv + g];
+			eval_put_scores(out, z->y, l, nkv, T, i0, n);
 		}
 	}
 }
