@@ -90,21 +90,37 @@ static int fkv_init(struct policy *p, char *err, size_t errlen)
 	                          sizeof(t) / sizeof(t[0]), err, errlen);
 }
 
-static int fkv_decide(struct policy *p, struct policy_layer *l)
+size_t fastkvzip_gate_scratch(const struct policy *p, uint32_t n)
 {
 	const struct policy_geom *ge = &p->geom;
 	const struct fkv *f = p->priv;
-	uint32_t nkv = ge->n_kv_heads, G = ge->n_heads / nkv, n = l->n_new;
+	return (size_t)n * ge->n_kv_heads *
+	       (ge->n_heads / ge->n_kv_heads + 1) * f->dp;
+}
+
+void fastkvzip_gate(const struct policy *p, uint32_t layer, const float *x,
+                    uint32_t n, float *score, float *scratch)
+{
+	const struct policy_geom *ge = &p->geom;
+	const struct fkv *f = p->priv;
+	const struct fkv_layer *fl = learned_layer(p, layer);
+	uint32_t nkv = ge->n_kv_heads;
+	sink_gate_cpu(x, n, ge->d_model, nkv, ge->n_heads / nkv, f->dp, f->S,
+	              fl->Wq, fl->cq, fl->Wk, fl->gq, fl->gk, fl->sinks,
+	              fl->bias, score, scratch);
+}
+
+static int fkv_decide(struct policy *p, struct policy_layer *l)
+{
+	const struct policy_geom *ge = &p->geom;
+	uint32_t nkv = ge->n_kv_heads, n = l->n_new;
 	if (n) {
-		const struct fkv_layer *fl = learned_layer(p, l->layer);
 		float *s = policy_scratch(p, (size_t)n * nkv * sizeof(float));
-		float *sc = policy_scratch(p, (size_t)n * nkv * (G + 1) *
-		                                 f->dp * sizeof(float));
+		float *sc = policy_scratch(p, fastkvzip_gate_scratch(p, n) *
+		                                 sizeof(float));
 		if (!s || !sc)
 			return KVT_ENOMEM;
-		sink_gate_cpu(l->x, n, ge->d_model, nkv, G, f->dp, f->S,
-		              fl->Wq, fl->cq, fl->Wk, fl->gq, fl->gk,
-		              fl->sinks, fl->bias, s, sc);
+		fastkvzip_gate(p, l->layer, l->x, n, s, sc);
 		for (uint32_t g = 0; g < nkv; g++) {
 			struct policy_head *h = &l->heads[g];
 			for (uint32_t k = 0; k < n && k < h->len; k++)

@@ -103,4 +103,15 @@ const float *learned_get(const struct policy *p, const struct weights *w,
                          const uint64_t *shape, const char *fmt, ...)
 	__attribute__((format(printf, 7, 8)));
 
+/*
+ * Fast KVzip's gate of policy p (a fastkvzip policy, policy_create) for n
+ * attention inputs x [n][d_model] of one layer: score [n][n_kv], as the
+ * policy stores them at arrival.  scratch: fastkvzip_gate_scratch(p, n)
+ * floats.  For callers outside the daemon that need the same numbers (the
+ * eval's threshold calibration, tools/eval/fkvgate.c).
+ */
+size_t fastkvzip_gate_scratch(const struct policy *p, uint32_t n);
+void fastkvzip_gate(const struct policy *p, uint32_t layer, const float *x,
+                    uint32_t n, float *score, float *scratch);
+
 #endif
