@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "model_files.h"
 #include "handle.h"
 #include "rundir.h"
 #include "test.h"
@@ -485,4 +486,15 @@ void th_need_heldout(void)
 {
 	if (access(TH_HELDOUT, R_OK))
 		th_skip(TH_HELDOUT " (the held-out text) not found");
+}
+
+void th_need_smollm2_eval(void)
+{
+	char path[1024], err[1024];
+	if (model_files_resolve("smollm2", path, sizeof(path), err,
+	                        sizeof(err)))
+		th_skip(err);
+	if (access(th_bin("kvtrim-eval"), X_OK))
+		th_skip("kvtrim-eval not built");
+	th_need_heldout();
 }

@@ -156,6 +156,9 @@ double th_metric_or(const struct th_daemon *d, const char *series);
  * fresh clone lacks): returns when it is readable, else skips the test. */
 #define TH_HELDOUT "../shared/models/bytes2m-valid.txt"
 void th_need_heldout(void);
+/* Skips unless kvtrim-eval can run on SmolLM2: the model in its cache
+ * (model_files_resolve), kvtrim-eval built, the held-out text there. */
+void th_need_smollm2_eval(void);
 
 /*
  * Stages one token's inputs (position p, layer l): x = 0.25 each, q = q[i]

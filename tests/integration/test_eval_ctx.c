@@ -147,15 +147,9 @@ TEST_T(eval_ctx_daemon, snapkv_decides_at_the_empty_decode_sync, 60)
 
 TEST_T(eval_ctx_daemon, quick_smollm2, 300)
 {
-	char path[1024], err[1024];
-	if (model_files_resolve("smollm2", path, sizeof(path), err,
-	                        sizeof(err)))
-		T_SKIP(err);
-	if (access(th_bin("kvtrim-eval"), X_OK))
-		T_SKIP("kvtrim-eval not built");
-	/* The held-out text (its evaluation split) is shared data, not in
-	 * the repository: a fresh clone skips, as eval.quick_bytes2m does. */
-	th_need_heldout();
+	/* SmolLM2, kvtrim-eval and the held-out text (shared data, not in the
+	 * repository: a fresh clone skips). */
+	th_need_smollm2_eval();
 	struct th_daemon d;
 	th_daemon_start(&d, "512M", NULL);
 	static char out[32768];
@@ -223,14 +217,9 @@ TEST_T(eval_ctx_daemon, quick_smollm2, 300)
  */
 TEST_T(eval_ctx_daemon, fastkvzip_global_reaches_its_target, 300)
 {
-	char path[1024], err[1024];
+	char path[1024];
 	const char *w = "build/weights/smollm2";
-	if (model_files_resolve("smollm2", path, sizeof(path), err,
-	                        sizeof(err)))
-		T_SKIP(err);
-	if (access(th_bin("kvtrim-eval"), X_OK))
-		T_SKIP("kvtrim-eval not built");
-	th_need_heldout();
+	th_need_smollm2_eval();
 	snprintf(path, sizeof(path), "%s/fastkvzip.safetensors", w);
 	if (access(path, R_OK))
 		T_SKIP("no trained SmolLM2 weights (make weights)");
