@@ -89,7 +89,6 @@
 #include <string.h>
 
 #include "engine.h"
-#include "kernels.h"
 #include "now.h"
 #include "replay.h"
 
@@ -107,7 +106,6 @@ struct d2row {
 	uint32_t w;
 	kvt_client *cl;   /* daemon rows */
 	kvt_seq seq;
-	uint32_t pt;      /* page tokens */
 	struct replay *r; /* reference and oracle rows */
 };
 
@@ -142,9 +140,6 @@ struct run {
 	                            the group has them */
 	uint32_t nrows, *live, nlive;
 	struct engine **e;       /* [nj] daemon jobs' engines */
-	void **pagev;            /* [max_pages] */
-	uint32_t max_pages;
-	float *scratch;          /* [G][T + 1] */
 	uint32_t t;              /* position of the step */
 };
 
@@ -191,23 +186,21 @@ static void fail(struct job *j, const char *fmt, ...)
 
 /*
  * A daemon row's token at position pos of layer l: K and V appended at
- * entry len of each list, attention over the list's first len + 1
- * entries (its pages), x / q / lse staged (engine.c's attend_seq, one
- * token, f32 host pages).  Reason in err.
+ * entry len of each list, attention over the lists' first len + 1
+ * entries (kvt_attention: the library's CPU kernel on a host tenant's
+ * pages), x / q / lse staged (as engine.c's attend_seq for one token).
+ * Reason in err.
  */
-static int attend_daemon(struct run *u, const struct d2row *rw, uint32_t l,
-                         uint32_t pos, const float *x, const float *q,
-                         const float *k, const float *v, float *out,
-                         float *lse, char *err, size_t errlen)
+static int attend_daemon(const struct run *u, const struct d2row *rw,
+                         uint32_t l, uint32_t pos, const float *x,
+                         const float *q, const float *k, const float *v,
+                         float *out, float *lse, char *err, size_t errlen)
 {
 	const struct model_config *mc = &u->p->s->M->cfg;
-	const uint32_t hd = mc->head_dim, H = mc->n_heads,
-	               nkv = mc->n_kv_heads, G = H / nkv;
-	const float scale = 1.0f / sqrtf((float)hd);
+	const uint32_t hd = mc->head_dim, H = mc->n_heads;
 	const size_t rb = sizeof(float) * hd;
-	for (uint32_t h = 0; h < nkv; h++) {
+	for (uint32_t h = 0; h < mc->n_kv_heads; h++) {
 		void *kp, *vp;
-		struct kvt_list li;
 		int rc = kvt_kv_ptr(rw->cl, rw->seq, l, h, 0, &kp, &vp);
 		if (rc < 0) {
 			snprintf(err, errlen, "kvt_kv_ptr(layer %u, head %u): %s",
@@ -216,27 +209,12 @@ static int attend_daemon(struct run *u, const struct d2row *rw, uint32_t l,
 		}
 		memcpy(kp, k + (size_t)h * hd, rb);
 		memcpy(vp, v + (size_t)h * hd, rb);
-		rc = kvt_list_get(rw->cl, rw->seq, l, h, &li);
-		if (rc < 0) {
-			snprintf(err, errlen, "kvt_list_get: %s", kvt_strerror(rc));
-			return rc;
-		}
-		uint32_t need = (li.len + 1 + rw->pt - 1) / rw->pt;
-		if (need > li.n_pages || need > u->max_pages) {
-			snprintf(err, errlen, "list of layer %u head %u has %u "
-			         "pages, %u needed", l, h, li.n_pages, need);
-			return KVT_EPROTO;
-		}
-		for (uint32_t i = 0; i < need; i++)
-			if (!(u->pagev[i] = kvt_page_ptr(rw->cl, li.pages[i]))) {
-				snprintf(err, errlen, "page %u of layer %u head %u "
-				         "is not mapped", li.pages[i], l, h);
-				return KVT_EPROTO;
-			}
-		paged_attention_cpu(q + (size_t)h * G * hd, G, u->pagev, rw->pt,
-		                    hd, KVT_DTYPE_F32, li.len + 1, scale,
-		                    out + (size_t)h * G * hd, lse + (size_t)h * G,
-		                    u->scratch);
+	}
+	int rc = kvt_attention(rw->cl, rw->seq, l, 1, q, out, lse);
+	if (rc < 0) {
+		snprintf(err, errlen, "kvt_attention(layer %u): %s", l,
+		         kvt_last_error(rw->cl));
+		return rc;
 	}
 	float *sx = kvt_stage_x(rw->cl, rw->seq, l, pos),
 	      *sq = kvt_stage_q(rw->cl, rw->seq, l, pos),
@@ -335,7 +313,6 @@ static int open_daemon(const struct dec2_set *s, struct job *j, uint32_t gi,
 		struct d2row *rw = &rows[w];
 		rw->cl = cl;
 		rw->seq = engine_seq_of(*e, w);
-		rw->pt = kvt_config_of(cl)->page_tokens;
 		/* decode appends one entry per sync: asked before the
 		 * prefill sync, in force after it */
 		int rc = kvt_seq_headroom(cl, rw->seq, 1);
@@ -404,13 +381,9 @@ static void run_group(struct pool *p, uint32_t gi)
 			pthread_cond_wait(&p->cond, &p->lock);
 		pthread_mutex_unlock(&p->lock);
 	}
-	u.max_pages = (T + 1 + D2_PAGE - 1) / D2_PAGE + 1;
 	u.rows = calloc(u.nrows, sizeof(*u.rows));
 	u.live = malloc(sizeof(uint32_t) * u.nrows);
 	u.e = calloc(g->nj + 1, sizeof(*u.e));
-	u.pagev = calloc(u.max_pages, sizeof(void *));
-	u.scratch = malloc(sizeof(float) * (T + 1) *
-	                   (mc->n_heads / mc->n_kv_heads));
 	int32_t *tok = malloc(sizeof(int32_t) * u.nrows);
 	kvt_ticket *tk = malloc(sizeof(kvt_ticket) * (g->nj + 1));
 	uint32_t *pos = malloc(sizeof(uint32_t) * u.nrows);
@@ -418,7 +391,7 @@ static void run_group(struct pool *p, uint32_t gi)
 	const int tap = g->oracle || (g->producer && p->tot);
 	double *acc = tap ? calloc(nw * LHT, sizeof(double)) : NULL;
 	float *sc = g->oracle ? malloc(sizeof(float) * LHT) : NULL;
-	if (!u.rows || !u.live || !u.e || !u.pagev || !u.scratch || !tok ||
+	if (!u.rows || !u.live || !u.e || !tok ||
 	    !pos || !tk || !lg || (tap && !acc) ||
 	    (g->oracle && !sc))
 		eval_die("out of memory");
@@ -590,8 +563,6 @@ static void run_group(struct pool *p, uint32_t gi)
 	free(u.rows);
 	free(u.live);
 	free(u.e);
-	free(u.pagev);
-	free(u.scratch);
 	free(tok);
 	free(tk);
 	free(pos);
