@@ -29,7 +29,7 @@
  *     OpenBLAS spends more time packing the weights than multiplying),
  *     each row attending over its own cache: a daemon row over
  *     its tenant's pages (appended through kvt_kv_ptr, x / q / lse staged,
- *      kvt_attention over them; host pages, f32), an in-process row
+ *     kvt_attention over them; host pages, f32), an in-process row
  *     over its replay cache.  Then one sync per tenant (B = windows
  *     items, started together, kvt_sync_async), the scoring, the oracle's
  *     eviction.  Groups are packed so their pages fit the eval daemon's
