@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 4
+#define KVT_BACKEND_ABI 5
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -111,6 +111,39 @@ struct kvt_backend_attention {
 	const float *q;           /* [n][n_heads][head_dim] */
 	float *out;               /* [n][n_heads][head_dim] */
 	float *lse;               /* [n][n_heads] */
+};
+
+/*
+ * Where one tenant's pages are in device memory, for ops that resolve page
+ * ids on the device (ABI 5): the device copy of the table (record r at
+ * records + r * list_stride, laid out as struct kvt_list_record) and a
+ * device array of this process's chunk bases.  Everything it points at is
+ * device memory; the struct itself is host memory.
+ */
+struct kvt_backend_paged {
+	const void *records;
+	uint64_t list_stride;
+	uint32_t max_pages;       /* page ids a record holds */
+	void *const *chunk_bases; /* [n_chunk_slots], NULL when unmapped */
+	uint32_t n_chunk_slots, pages_per_chunk;
+	uint64_t page_bytes;
+	uint32_t page_tokens;
+	uint32_t row_bytes;       /* head_dim * elem_bytes */
+};
+
+/*
+ * One list of compact_drops (ABI 5): its record, its length before the
+ * drops (the sync's new entries included) and its drops, n_drop strictly
+ * ascending entry indices < len at drops[drop_off ..].  Compaction then
+ * does what compact_plan() plans from the same marks: the i-th dropped
+ * index below the new length len - n_drop receives the i-th kept entry at
+ * or above it.
+ */
+struct kvt_backend_drops {
+	uint32_t record;
+	uint32_t len;
+	uint32_t n_drop;
+	uint32_t drop_off;
 };
 
 struct kvt_backend_ops {
@@ -233,6 +266,20 @@ struct kvt_backend_ops {
 	 * paged_attention_cpu itself. */
 	int (*attention)(void *ctx, const struct kvt_backend_attention *a,
 	                 void *stream);
+	/* (optional; ABI 5) Compacts n lists of one tenant from their drop
+	 * indices alone, on stream, asynchronously: the moves and the page
+	 * addresses are worked out on the device from the device table and
+	 * chunk bases in *pg, which the stream must already see as they
+	 * were before this sync's changes.  What crosses from the host is
+	 * sized by the drops (4 bytes each, plus 24 per list with moves),
+	 * never by the lists' lengths.  KVT_EINVAL (last_error says which
+	 * list) for drops that are not strictly ascending or not below
+	 * len, or a record index beyond n_records; the host arrays may be
+	 * reused once it returns. */
+	int (*compact_drops)(void *ctx, const struct kvt_backend_paged *pg,
+	                     uint32_t n_records,
+	                     const struct kvt_backend_drops *lists, uint32_t n,
+	                     const uint32_t *drops, void *stream);
 };
 
 /*

@@ -31,6 +31,7 @@
  *   streams.cu   streams and interprocess events
  *   ops.cu       compaction, uploads, reads and copies (the staging slots)
  *   attention.cu kvt_attention's causal paged attention (ABI 4)
+ *   compact_drops.cu compaction from drop indices (ABI 5)
  * around the private header backend_cuda.cuh.
  */
 #include <stdarg.h>
@@ -100,4 +101,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .upload_regions = */ bc_upload_regions,
 	/* .stream_notify = */ bc_stream_notify,
 	/* .attention = */ bc_attention,
+	/* .compact_drops = */ bc_compact_drops,
 };

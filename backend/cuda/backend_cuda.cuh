@@ -168,6 +168,19 @@ int bc_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream);
 int bc_mem_new(void *ctx, size_t bytes, void **out);
 void bc_mem_free(void *ctx, void *p);
 
+/* ops.cu: the pinned staging slots.  bc_stage_take picks a slot of at
+ * least need bytes for a launch on s (the caller holds c->lock);
+ * bc_stage_send queues the copy of its first bytes to the device on s;
+ * the caller records st->used after the kernels that read st->d. */
+int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
+                  struct bc_stage **out);
+int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s);
+
+/* compact_drops.cu: compaction from drop indices (ABI 5) */
+int bc_compact_drops(void *ctx, const struct kvt_backend_paged *pg,
+                     uint32_t n_records, const struct kvt_backend_drops *lists,
+                     uint32_t n, const uint32_t *drops, void *stream);
+
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,
                  void *stream);

@@ -25,8 +25,8 @@
  * does not stall the daemon behind another tenant's GPU backlog unless
  * BC_STAGES syncs are in flight.
  */
-static int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
-                         struct bc_stage **out)
+int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
+                  struct bc_stage **out)
 {
 	struct bc_stage *st = NULL;
 	for (int pass = 0; pass < 2 && !st; pass++)
@@ -67,7 +67,7 @@ static int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
 }
 
 /* Queues the copy of st's first bytes to the device on s. */
-static int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s)
+int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s)
 {
 	BC_CALL(cudaMemcpyAsync(st->d, st->h, bytes, cudaMemcpyHostToDevice, s),
 	        "cudaMemcpyAsync");

@@ -1,0 +1,238 @@
+/*
+ * compact_drops.cu — the cuda backend's `compact_drops` op (backend.h,
+ * ABI 5): a sync's compaction worked out on the device from each list's
+ * drop indices, so that what crosses from the host is sized by the drops,
+ * not by the lists.
+ *
+ * The older `compact` op takes compact_plan()'s (dst, src) moves and every
+ * list's page addresses from the host: 8 bytes per page of every list that
+ * moves anything (16 KB per list at 32K tokens in 16-token pages) plus 12
+ * per move.  Here the host sends 24 bytes per list that moves and 4 per
+ * drop; one warp per move finds its source and the page addresses itself:
+ *
+ *   - the list's drops d[0 .. m) are ascending; with new length
+ *     L = len - m, the holes are d[0 .. h) (those below L) and the tail
+ *     drops t = d[h .. m);
+ *   - hole j receives the (j+1)-th kept entry at or above L, which is
+ *     L + j + k for the smallest k with k = m - h or t[k] - k > L + j
+ *     (t[k] - k never decreases, so k is a binary search): exactly the
+ *     pairing of compact_plan() (ascending holes with ascending sources);
+ *   - the page of entry e is record->pages[e / page_tokens] in the device
+ *     table, at chunk_bases[id / pages_per_chunk] + (id % pages_per_chunk)
+ *     * page_bytes; a page id beyond the record or in an unmapped chunk
+ *     skips the move (a daemon bug must not fault the context).
+ *
+ * The table and chunk bases are read as the stream sees them, before the
+ * sync's own table upload.  The op validates every list on the host first
+ * and stages its arguments in one of the context's pinned slots (ops.cu's
+ * bc_stage_take), under the context's lock.
+ * Test: kvtrim-cuda-tests compact_drops (against compact_plan + compact_cpu).
+ */
+#include <string.h>
+
+#include "backend_cuda.cuh"
+#include "common.cuh"
+
+/* A list as the kernel reads it: the host's struct plus where its moves
+ * start in the launch and how many there are (holes below the new length). */
+struct bc_drop_list {
+	uint32_t record, len, n_drop, drop_off, move_off, n_moves;
+};
+
+#define BC_DROPS_THREADS 256
+
+/* The list holding move w: the last one whose move_off <= w. */
+__device__ static uint32_t bc_drops_find(const bc_drop_list *l, uint32_t n,
+                                         uint32_t w)
+{
+	uint32_t lo = 0, hi = n; /* l[lo].move_off <= w < l[hi].move_off */
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (l[mid].move_off <= w)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Address of entry e's K row, or NULL when its page is not mapped. */
+__device__ static char *bc_drops_row(const kvt_backend_paged &pg,
+                                     const struct kvt_list_record *r,
+                                     uint32_t e)
+{
+	uint32_t p = e / pg.page_tokens;
+	if (p >= r->n_pages || p >= pg.max_pages)
+		return NULL;
+	uint32_t id = r->pages[p], slot = id / pg.pages_per_chunk;
+	char *base = slot < pg.n_chunk_slots ? (char *)pg.chunk_bases[slot]
+	                                     : NULL;
+	if (!base)
+		return NULL;
+	return base + (uint64_t)(id % pg.pages_per_chunk) * pg.page_bytes +
+	       (uint64_t)(e % pg.page_tokens) * pg.row_bytes;
+}
+
+/* One warp per move, every lane working out the same addresses (the loads
+ * are broadcasts), then the lanes copy the K and V rows in units of V. */
+template <typename V>
+__global__ void bc_drops_kernel(const kvt_backend_paged pg,
+                                const bc_drop_list *lists, uint32_t n_lists,
+                                const uint32_t *drops, uint32_t total)
+{
+	const uint32_t lane = threadIdx.x % 32;
+	const uint32_t upr = pg.row_bytes / (uint32_t)sizeof(V);
+	const uint64_t v_off = (uint64_t)pg.page_tokens * pg.row_bytes;
+	const uint64_t warps = (uint64_t)gridDim.x * (blockDim.x / 32);
+	for (uint64_t w = (uint64_t)blockIdx.x * (blockDim.x / 32) +
+	                  threadIdx.x / 32;
+	     w < total; w += warps) {
+		const bc_drop_list l = lists[bc_drops_find(lists, n_lists,
+		                                           (uint32_t)w)];
+		const uint32_t j = (uint32_t)w - l.move_off;
+		const uint32_t *d = drops + l.drop_off;
+		const uint32_t L = l.len - l.n_drop;
+		const uint32_t *t = d + l.n_moves;
+		uint32_t lo = 0, hi = l.n_drop - l.n_moves;
+		while (lo < hi) { /* smallest k with t[k] - k > L + j */
+			uint32_t mid = lo + (hi - lo) / 2;
+			if (t[mid] - mid > L + j)
+				hi = mid;
+			else
+				lo = mid + 1;
+		}
+		const struct kvt_list_record *r =
+			(const struct kvt_list_record *)((const char *)pg.records +
+			                                 (uint64_t)l.record *
+			                                         pg.list_stride);
+		char *dst = bc_drops_row(pg, r, d[j]);
+		const char *src = bc_drops_row(pg, r, L + j + lo);
+		if (!dst || !src)
+			continue;
+		for (uint32_t u = lane; u < 2 * upr; u += 32) {
+			uint64_t off = u < upr ? (uint64_t)u * sizeof(V)
+			                       : v_off + (uint64_t)(u - upr) *
+			                                         sizeof(V);
+			*(V *)(dst + off) = *(const V *)(src + off);
+		}
+	}
+}
+
+/* Checks one list; its holes below the new length in *moves. */
+static int bc_drops_check(const struct kvt_backend_drops *l, uint32_t i,
+                          uint32_t n_records, const uint32_t *drops,
+                          uint32_t *moves)
+{
+	if (l->record >= n_records || l->n_drop > l->len) {
+		bc_note("compact_drops: list %u: record %u of %u, %u drops of "
+		        "%u entries", i, l->record, n_records, l->n_drop, l->len);
+		return KVT_EINVAL;
+	}
+	const uint32_t *d = drops + l->drop_off, nl = l->len - l->n_drop;
+	uint32_t h = 0;
+	for (uint32_t k = 0; k < l->n_drop; k++) {
+		if (d[k] >= l->len || (k && d[k] <= d[k - 1])) {
+			bc_note("compact_drops: list %u: drop %u (entry %u) is not "
+			        "ascending below its length %u", i, k, d[k],
+			        l->len);
+			return KVT_EINVAL;
+		}
+		h += d[k] < nl;
+	}
+	*moves = h;
+	return 0;
+}
+
+static int bc_compact_drops_locked(struct bc_ctx *c,
+                                   const struct kvt_backend_paged *pg,
+                                   uint32_t n_records,
+                                   const struct kvt_backend_drops *lists,
+                                   uint32_t n, const uint32_t *drops,
+                                   cudaStream_t s)
+{
+	uint64_t total = 0, nd = 0;
+	uint32_t nl = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t h;
+		int rv = bc_drops_check(&lists[i], i, n_records, drops, &h);
+		if (rv)
+			return rv;
+		if (h) {
+			total += h;
+			nd += lists[i].n_drop;
+			nl++;
+		}
+	}
+	if (!total)
+		return 0;
+	if (total > UINT32_MAX || nd > UINT32_MAX || !pg || !pg->records ||
+	    !pg->chunk_bases || !pg->page_tokens || !pg->row_bytes ||
+	    !pg->pages_per_chunk)
+		return KVT_EINVAL;
+	size_t lbytes = ((size_t)nl * sizeof(bc_drop_list) + 15) & ~(size_t)15;
+	size_t need = lbytes + (size_t)nd * sizeof(uint32_t);
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	struct bc_stage *st;
+	int rv = bc_stage_take(c, need, s, &st);
+	if (rv)
+		return rv;
+	bc_drop_list *hl = (bc_drop_list *)st->h;
+	uint32_t *hd = (uint32_t *)(st->h + lbytes);
+	uint32_t k = 0, mo = 0, doff = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvt_backend_drops *l = &lists[i];
+		uint32_t h;
+		(void)bc_drops_check(l, i, n_records, drops, &h);
+		if (!h)
+			continue;
+		hl[k++] = (bc_drop_list){l->record, l->len, l->n_drop, doff, mo,
+		                         h};
+		memcpy(hd + doff, drops + l->drop_off,
+		       (size_t)l->n_drop * sizeof(uint32_t));
+		doff += l->n_drop;
+		mo += h;
+	}
+	if ((rv = bc_stage_send(st, need, s)))
+		return rv;
+	const bc_drop_list *dl = (const bc_drop_list *)st->d;
+	const uint32_t *dd = (const uint32_t *)(st->d + lbytes);
+	int sms = common_sm_count();
+	unsigned cap = (unsigned)(sms > 0 ? sms : 132) * 16;
+	unsigned blocks = common_cdiv(total, BC_DROPS_THREADS / 32);
+	if (blocks > cap)
+		blocks = cap;
+	const kvt_backend_paged p = *pg;
+	if (p.row_bytes % 16 == 0 && p.page_bytes % 16 == 0)
+		KVT_LAUNCH(bc_drops_kernel<uint4>, blocks, BC_DROPS_THREADS, 0, s,
+		           p, dl, nl, dd, (uint32_t)total);
+	else if (p.row_bytes % 4 == 0 && p.page_bytes % 4 == 0)
+		KVT_LAUNCH(bc_drops_kernel<uint32_t>, blocks, BC_DROPS_THREADS, 0,
+		           s, p, dl, nl, dd, (uint32_t)total);
+	else if (p.row_bytes % 2 == 0 && p.page_bytes % 2 == 0)
+		KVT_LAUNCH(bc_drops_kernel<uint16_t>, blocks, BC_DROPS_THREADS, 0,
+		           s, p, dl, nl, dd, (uint32_t)total);
+	else
+		KVT_LAUNCH(bc_drops_kernel<uint8_t>, blocks, BC_DROPS_THREADS, 0,
+		           s, p, dl, nl, dd, (uint32_t)total);
+	cudaError_t e = cudaGetLastError();
+	cudaError_t e2 = cudaEventRecord(st->used, s);
+	if (e != cudaSuccess)
+		return bc_cuda(e, "compact_drops kernel");
+	return bc_cuda(e2, "cudaEventRecord");
+}
+
+int bc_compact_drops(void *ctx, const struct kvt_backend_paged *pg,
+                     uint32_t n_records, const struct kvt_backend_drops *lists,
+                     uint32_t n, const uint32_t *drops, void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!n)
+		return 0;
+	if (!lists || !drops)
+		return KVT_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	int rv = bc_compact_drops_locked(c, pg, n_records, lists, n, drops,
+	                                 (cudaStream_t)stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
+}

@@ -1,0 +1,215 @@
+/*
+ * test_cuda_drops.c — the cuda backend's compact_drops op (backend.h, ABI
+ * 5: a sync's compaction from drop indices, moves and page addresses
+ * worked out on the device) on a table and pages built by hand in device
+ * memory, against compact_plan + compact_cpu (kernels/cpu/compact.c) run
+ * on a host image of the same chunk from the same drop marks: the whole
+ * chunk must come back byte for byte.  Lists of several lengths and drop
+ * patterns in one call (none, tail only, all, all but one, random), row
+ * sizes that take the 16-, 4-, 2- and 1-byte copy paths, records whose
+ * page order differs from address order, a page of an unmapped chunk slot
+ * (that move is skipped, nothing faults), and the refusals (drops not
+ * ascending, beyond the length, a record out of range), which change
+ * nothing.  Built into kvtrim-cuda-tests and, under the CPU emulator,
+ * kvtrim-cuda-emu-tests; skips without a device.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "compact.h"
+#include "test.h"
+
+extern const struct kvt_backend_ops kvt_cuda_backend_v1;
+
+static uint32_t seed = 11;
+static uint32_t urnd(void)
+{
+	seed = seed * 1664525u + 1013904223u;
+	return seed >> 8;
+}
+
+#define DR_LISTS 7
+#define DR_PAGES 9 /* pages per list */
+
+struct dr {
+	const struct kvt_backend_ops *o;
+	void *ctx;
+	uint32_t pt, row, max_pages, ppc;
+	uint64_t page_bytes, stride, chunk_bytes;
+	void *chunk, **d_bases, *d_rec;
+	uint8_t *h_chunk, *h_rec;
+};
+
+static struct kvt_list_record *dr_rec(struct dr *f, uint32_t i)
+{
+	return (struct kvt_list_record *)(f->h_rec + i * f->stride);
+}
+
+/* One chunk of DR_LISTS * DR_PAGES pages of random bytes; list i owns
+ * pages i * DR_PAGES .. in reversed order. */
+static void dr_init(struct dr *f, uint32_t pt, uint32_t row)
+{
+	char err[256];
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	if (o->probe(err, sizeof(err)))
+		T_SKIP(err);
+	memset(f, 0, sizeof(*f));
+	f->o = o;
+	T_OK(o->ctx_new(0, &f->ctx, NULL, err, sizeof(err)));
+	T_ASSERT(o->compact_drops != NULL);
+	f->pt = pt;
+	f->row = row;
+	f->max_pages = DR_PAGES;
+	f->ppc = DR_LISTS * DR_PAGES;
+	f->page_bytes = 2ull * pt * row;
+	f->stride = (sizeof(struct kvt_list_record) +
+	             DR_PAGES * sizeof(uint32_t) + 63) / 64 * 64;
+	f->chunk_bytes = f->ppc * f->page_bytes;
+	T_OK(o->mem_new(f->ctx, f->chunk_bytes, &f->chunk));
+	T_OK(o->mem_new(f->ctx, 2 * sizeof(void *), (void **)&f->d_bases));
+	T_OK(o->mem_new(f->ctx, DR_LISTS * f->stride, &f->d_rec));
+	void *bases[2] = {f->chunk, NULL}; /* slot 1: unmapped */
+	T_OK(o->copy(f->ctx, f->d_bases, bases, sizeof(bases), NULL));
+	f->h_chunk = malloc(f->chunk_bytes);
+	f->h_rec = calloc(DR_LISTS, f->stride);
+	T_ASSERT(f->h_chunk && f->h_rec);
+	for (uint64_t i = 0; i < f->chunk_bytes; i++)
+		f->h_chunk[i] = (uint8_t)urnd();
+	T_OK(o->copy(f->ctx, f->chunk, f->h_chunk, f->chunk_bytes, NULL));
+	for (uint32_t i = 0; i < DR_LISTS; i++) {
+		struct kvt_list_record *r = dr_rec(f, i);
+		r->n_pages = DR_PAGES;
+		for (uint32_t p = 0; p < DR_PAGES; p++)
+			r->pages[p] = i * DR_PAGES + (DR_PAGES - 1 - p);
+	}
+}
+
+static void dr_fini(struct dr *f)
+{
+	f->o->mem_free(f->ctx, f->chunk);
+	f->o->mem_free(f->ctx, f->d_bases);
+	f->o->mem_free(f->ctx, f->d_rec);
+	f->o->ctx_free(f->ctx);
+	free(f->h_chunk);
+	free(f->h_rec);
+}
+
+static struct kvt_backend_paged dr_paged(struct dr *f)
+{
+	return (struct kvt_backend_paged){
+		.records = f->d_rec, .list_stride = f->stride,
+		.max_pages = f->max_pages, .chunk_bases = f->d_bases,
+		.n_chunk_slots = 2, .pages_per_chunk = f->ppc,
+		.page_bytes = f->page_bytes, .page_tokens = f->pt,
+		.row_bytes = f->row,
+	};
+}
+
+/* Drop marks of list i, pattern by i; the list holds len entries. */
+static void dr_marks(uint32_t i, uint32_t len, uint8_t *drop)
+{
+	for (uint32_t e = 0; e < len; e++) {
+		switch (i % 6) {
+		case 0: drop[e] = 0; break;                   /* none */
+		case 1: drop[e] = e >= len - len / 3; break;  /* tail only */
+		case 2: drop[e] = 1; break;                   /* all */
+		case 3: drop[e] = e != len / 2; break;        /* all but one */
+		default: drop[e] = urnd() % 3 == 0; break;    /* random */
+		}
+	}
+}
+
+/* Applies the same marks on the host image with compact_plan +
+ * compact_cpu, and on the device with compact_drops; compares chunks. */
+static void dr_run(struct dr *f)
+{
+	uint32_t cap = DR_PAGES * f->pt;
+	uint8_t *drop = malloc(cap);
+	uint32_t *moves = malloc(2 * cap * sizeof(uint32_t));
+	uint32_t *drops = malloc(DR_LISTS * cap * sizeof(uint32_t));
+	struct kvt_backend_drops lists[DR_LISTS];
+	T_ASSERT(drop && moves && drops);
+	uint32_t nd = 0;
+	for (uint32_t i = 0; i < DR_LISTS; i++) {
+		struct kvt_list_record *r = dr_rec(f, i);
+		uint32_t len = 1 + urnd() % cap, nl;
+		r->len = len;
+		dr_marks(i, len, drop);
+		lists[i] = (struct kvt_backend_drops){i, len, 0, nd};
+		for (uint32_t e = 0; e < len; e++)
+			if (drop[e])
+				drops[nd + lists[i].n_drop++] = e;
+		nd += lists[i].n_drop;
+		uint32_t nm = compact_plan(drop, len, moves, &nl);
+		void *pv[DR_PAGES];
+		for (uint32_t p = 0; p < DR_PAGES; p++)
+			pv[p] = f->h_chunk + r->pages[p] * f->page_bytes;
+		compact_cpu(pv, f->pt, f->row, moves, nm);
+	}
+	T_OK(f->o->copy(f->ctx, f->d_rec, f->h_rec, DR_LISTS * f->stride,
+	                NULL));
+	struct kvt_backend_paged pg = dr_paged(f);
+	T_OK(f->o->compact_drops(f->ctx, &pg, DR_LISTS, lists, DR_LISTS, drops,
+	                         NULL));
+	uint8_t *got = malloc(f->chunk_bytes);
+	T_ASSERT(got);
+	T_OK(f->o->copy(f->ctx, got, f->chunk, f->chunk_bytes, NULL));
+	T_ASSERT(memcmp(got, f->h_chunk, f->chunk_bytes) == 0);
+	free(got);
+	free(drop);
+	free(moves);
+	free(drops);
+}
+
+TEST(cuda, backend_compact_drops_matches_plan)
+{
+	/* (page_tokens, row_bytes): 16-, 4-, 2- and 1-byte units */
+	static const uint32_t shapes[][2] = {
+		{16, 256}, {5, 128}, {7, 20}, {1, 12}, {3, 6}, {4, 5},
+	};
+	for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+		struct dr f;
+		dr_init(&f, shapes[k][0], shapes[k][1]);
+		for (int round = 0; round < 3; round++)
+			dr_run(&f);
+		dr_fini(&f);
+	}
+}
+
+TEST(cuda, backend_compact_drops_refuses_and_skips_unmapped)
+{
+	struct dr f;
+	dr_init(&f, 4, 16);
+	struct kvt_list_record *r = dr_rec(&f, 0);
+	r->len = 12;
+	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+	struct kvt_backend_paged pg = dr_paged(&f);
+	uint8_t *got = malloc(f.chunk_bytes);
+	T_ASSERT(got);
+	const uint32_t unsorted[] = {3, 1}, beyond[] = {2, 12}, ok[] = {1, 2};
+	struct kvt_backend_drops l = {0, 12, 2, 0};
+	T_EQ(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 1, unsorted, NULL),
+	     KVT_EINVAL);
+	T_ASSERT(strstr(f.o->last_error(), "ascending") != NULL);
+	T_EQ(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 1, beyond, NULL),
+	     KVT_EINVAL);
+	struct kvt_backend_drops far = {DR_LISTS, 12, 2, 0};
+	T_EQ(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &far, 1, ok, NULL),
+	     KVT_EINVAL);
+	T_ASSERT(strstr(f.o->last_error(), "record") != NULL);
+	T_OK(f.o->copy(f.ctx, got, f.chunk, f.chunk_bytes, NULL));
+	T_ASSERT(memcmp(got, f.h_chunk, f.chunk_bytes) == 0);
+
+	/* List 0's third page (entries 8..11, the sources of both holes)
+	 * moves to an id of the unmapped slot 1: the moves are skipped. */
+	r->pages[2] = f.ppc + 3;
+	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+	T_OK(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 1, ok, NULL));
+	T_OK(f.o->copy(f.ctx, got, f.chunk, f.chunk_bytes, NULL));
+	T_ASSERT(memcmp(got, f.h_chunk, f.chunk_bytes) == 0);
+	/* n 0 and lists without holes do nothing */
+	T_OK(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 0, ok, NULL));
+	free(got);
+	dr_fini(&f);
+}
