@@ -95,7 +95,7 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	uint64_t tb = (t->g.table_bytes + KVT_CHUNK_BYTES - 1) /
 	              KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
 	struct kvt_backend_region hdr = {0, sizeof(struct shm_table_hdr)};
-	t->dirty = malloc((size_t)t->g.max_seqs * t->lists_per_seq *
+	t->dirty = malloc((size_t)2 * t->g.max_seqs * t->lists_per_seq *
 	                  sizeof(*t->dirty));
 	if (!t->dirty)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
@@ -106,6 +106,18 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 		return errors_fmt(err, errlen, rc, "%s backend: device table of "
 		                  "%llu bytes: %s", o->name,
 		                  (unsigned long long)tb, o->last_error());
+	/* Compaction from drop indices resolves pages on the device through
+	 * the daemon's chunk bases (tenant_sync keeps them current). */
+	if (o->compact_drops && o->mem_new && o->mem_free) {
+		size_t bb = (size_t)(t->max_chunks ? t->max_chunks : 1) *
+		            sizeof(void *);
+		t->hbases = calloc(1, bb);
+		if (!t->hbases)
+			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+		if ((rc = o->mem_new(t->bctx, bb, (void **)&t->dbases)))
+			return errors_fmt(err, errlen, rc, "%s backend: chunk "
+			                  "bases: %s", o->name, o->last_error());
+	}
 	struct tenant_event *e = &t->ev[t->n_ev++];
 	*e = (struct tenant_event){
 		.type = HANDLE_TABLE_DEV,
@@ -134,6 +146,15 @@ static void device_fini(struct tenant *t)
 	o->chunk_free(t->bctx, &t->dtab);
 	free(t->dirty);
 	t->dirty = NULL;
+	if (t->dbases)
+		o->mem_free(t->bctx, t->dbases);
+	t->dbases = NULL;
+	free(t->hbases);
+	t->hbases = NULL;
+	free(t->bdl);
+	free(t->bdrops);
+	t->bdl = NULL;
+	t->bdrops = NULL;
 }
 
 /* ------------------------------------------------------------ admission */
@@ -177,14 +198,15 @@ static uint64_t stage_all_floats(const struct shm_geom *g)
  *           [lists][max_pages] u32, pos [lists][pos_cap] u32, ent
  *           [lists][pos_cap][entry_floats] f32, state [n_layers][state].
  *   lists   struct tenant, seqs [max_seqs], lists [max_seqs][lists], and on
- *           a device backend the dirty-record array of the same count.
+ *           a device backend the dirty-region array (two per list).
  *   chunks  per chunk of the quota: its slot, its free-page stack
  *           [pages_per_chunk] u32, two events and a revocation (both queues
  *           grow by doubling), and tenant_check's bitmap and slot bases.
  *   scratch tenant_new's fixed buffers (moves, pagev, heads, in), the
  *           scratch of the largest sync (every list of every slot, each at
  *           max_tokens entries: drop, newlen, ent_scr, state_scr; on a
- *           device backend blist, bpages, bmoves, and kbuf, ksrc for
+ *           device backend blist, bpages, bmoves, bdl, bdrops, hbases
+ *           [chunks], and kbuf, ksrc for
  *           policies that read K), and the policy arena of one decide
  *           (n_kv_heads lists of max_tokens entries; attention policies add
  *           their weights [n_q][G][len] and key rows [len][head_dim] f32,
@@ -218,7 +240,7 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 	out->lists = sizeof(struct tenant) + S * sizeof(struct tseq) +
 	             nl * sizeof(struct tlist);
 	if (dev)
-		out->lists += nl * sizeof(struct kvt_backend_region);
+		out->lists += 2 * nl * sizeof(struct kvt_backend_region);
 
 	uint64_t per_chunk = sizeof(struct tchunk) +
 	                     (uint64_t)g->pages_per_chunk * 4 +
@@ -239,6 +261,10 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 		sc = add_sat(sc, nl * sizeof(struct kvt_backend_compact));
 		sc = add_sat(sc, mul3(nl, MP, sizeof(void *)));
 		sc = add_sat(sc, mul_sat(E, 8));        /* bmoves */
+		/* compact_drops: bdl, bdrops, hbases */
+		sc = add_sat(sc, nl * sizeof(struct kvt_backend_drops));
+		sc = add_sat(sc, mul_sat(E, 4));
+		sc = add_sat(sc, C * sizeof(void *));
 		if (need & POLICY_NEED_KV)
 			sc = add_sat(sc, mul_sat(H * MP,
 			                         (uint64_t)g->page_tokens *

@@ -154,8 +154,18 @@ struct tenant {
 	 * (kvt_table_view), and the records tenant_mirror() changed since it
 	 * was last brought up to date (tenant_table_flush). */
 	struct kvt_backend_chunk dtab;
-	struct kvt_backend_region *dirty; /* [max_seqs * lists_per_seq] */
+	struct kvt_backend_region *dirty; /* [2 * max_seqs * lists_per_seq] */
 	uint32_t n_dirty;
+	/* Backends with compact_drops: the daemon's own chunk bases in device
+	 * memory, which that op resolves page ids through, and the host copy
+	 * of what was last uploaded there (tenant_sync brings it up to date
+	 * before each compaction; NULL without the op). */
+	void **dbases;     /* device [max_chunks] */
+	void **hbases;     /* [max_chunks] */
+	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
+	size_t bdl_cap;
+	uint32_t *bdrops;  /* [bdrops_cap] their drop indices, ascending */
+	size_t bdrops_cap;
 
 	struct tenant_event *ev; /* [ev_cap] queued, in order */
 	uint32_t n_ev, ev_cap;

@@ -12,29 +12,51 @@
 
 /* ------------------------------------------------------------ table records */
 
-/* Writes the private state of one list into its table record. */
+/*
+ * Writes the private state of one list into its table record.  On a
+ * device tenant the record's changed parts are queued for upload: the
+ * header, and the page ids from the first one that differs from what the
+ * record held (which is what the device copy holds: every change is
+ * uploaded).  Compaction keeps a list's pages and only frees or adds at
+ * its end, so a sync uploads a few ids per list, not all of them.
+ */
 void tenant_mirror(struct tenant *t, uint32_t slot, uint32_t layer,
                    uint32_t head)
 {
 	const struct tlist *l = tlist_at(t, slot, layer, head);
 	struct shm_list *r = shm_list_at(t->table, &t->g, slot, layer, head);
+	const uint32_t *pg = t->seqs[slot].open
+	                     ? seq_pages(t, &t->seqs[slot], lidx(t, layer, head))
+	                     : NULL;
+	uint32_t np = pg ? l->n_pages : 0, same = 0;
+	while (same < np && same < r->n_pages && r->pages[same] == pg[same])
+		same++;
 	r->len = l->len;
 	r->n_pages = l->n_pages;
 	r->epoch = l->epoch;
-	if (t->seqs[slot].open)
-		memcpy(r->pages,
-		       seq_pages(t, &t->seqs[slot], lidx(t, layer, head)),
-		       (size_t)l->n_pages * sizeof(uint32_t));
-	memset(r->pages + l->n_pages, 0,
-	       (size_t)(t->g.max_pages - l->n_pages) * sizeof(uint32_t));
-	/* Each list is mirrored at most once per operation, so the array
-	 * (one entry per list) cannot overflow; the device copy gets the
-	 * header and the valid ids (ids beyond n_pages are unspecified). */
-	if (t->dtab.base && t->n_dirty < t->g.max_seqs * t->lists_per_seq)
+	if (np)
+		memcpy(r->pages, pg, (size_t)np * sizeof(uint32_t));
+	memset(r->pages + np, 0,
+	       (size_t)(t->g.max_pages - np) * sizeof(uint32_t));
+	/* Each list is mirrored at most once per operation and takes at most
+	 * two regions, so the array (two per list) cannot overflow; ids
+	 * beyond n_pages are unspecified on the device. */
+	if (!t->dtab.base || t->n_dirty + 2 > 2 * t->g.max_seqs * t->lists_per_seq)
+		return;
+	uint64_t off = (uint64_t)((char *)r - (char *)t->table);
+	uint64_t tail = (uint64_t)(l->n_pages - (same < l->n_pages ? same
+	                                                         : l->n_pages)) *
+	                sizeof(uint32_t);
+	if (same == 0) {
 		t->dirty[t->n_dirty++] = (struct kvt_backend_region){
-			.off = (uint64_t)((char *)r - (char *)t->table),
-			.bytes = sizeof(*r) + (uint64_t)l->n_pages * sizeof(uint32_t),
-		};
+			off, sizeof(*r) + tail};
+		return;
+	}
+	t->dirty[t->n_dirty++] = (struct kvt_backend_region){off, sizeof(*r)};
+	if (tail)
+		t->dirty[t->n_dirty++] = (struct kvt_backend_region){
+			off + sizeof(*r) + (uint64_t)same * sizeof(uint32_t),
+			tail};
 }
 
 /*

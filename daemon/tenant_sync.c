@@ -299,7 +299,12 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
 	    grow((void **)&t->bpages, &t->bpages_cap,
 	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
 	    grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
-	         sizeof(*t->bmoves)))
+	         sizeof(*t->bmoves)) ||
+	    (t->dbases &&
+	     (grow((void **)&t->bdl, &t->bdl_cap, nlists ? nlists : 1,
+	           sizeof(*t->bdl)) ||
+	      grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
+	           sizeof(*t->bdrops)))))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
@@ -330,6 +335,45 @@ static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
 		pv[p] = t->kbuf + (size_t)*nk * key_bytes(t);
 		(*nk)++;
 	}
+}
+
+/*
+ * Device tenant with compact_drops: queues the compaction of the sync's
+ * nb lists that move (t->bdl, t->bdrops), after bringing the device copy
+ * of the daemon's chunk bases up to date (chunks taken since the last
+ * sync; the compaction reads only pages of chunks that existed before
+ * it, and revoked chunks are destroyed only after the queued work).
+ */
+static int compact_on_device(struct tenant *t, uint32_t nb)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	int changed = 0;
+	for (uint32_t i = 0; i < t->max_chunks; i++)
+		if (t->hbases[i] != t->chunks[i].pc.base) {
+			t->hbases[i] = t->chunks[i].pc.base;
+			changed = 1;
+		}
+	struct kvt_backend_region all = {0, (uint64_t)t->max_chunks *
+	                                        sizeof(void *)};
+	int rc = changed ? o->upload_regions(t->bctx, t->dbases, t->hbases,
+	                                     &all, 1, t->stream)
+	                 : 0;
+	if (rc)
+		return rc;
+	const struct shm_geom *g = &t->g;
+	const struct kvt_backend_paged pg = {
+		.records = shm_list_at(t->dtab.base, g, 0, 0, 0),
+		.list_stride = g->list_stride,
+		.max_pages = g->max_pages,
+		.chunk_bases = t->dbases,
+		.n_chunk_slots = t->max_chunks,
+		.pages_per_chunk = g->pages_per_chunk,
+		.page_bytes = g->page_bytes,
+		.page_tokens = g->page_tokens,
+		.row_bytes = g->head_dim * g->elem_bytes,
+	};
+	return o->compact_drops(t->bctx, &pg, g->max_seqs * t->lists_per_seq,
+	                        t->bdl, nb, t->bdrops, t->stream);
 }
 
 int tenant_sync(struct tenant *t, uint64_t no,
@@ -499,7 +543,21 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				const uint8_t *drop = t->drop + off;
 				uint32_t nm = compact_plan(drop, len, t->moves,
 				                           &nl);
-				if (nm && t->dev) {
+				if (nm && t->dbases) {
+					/* Only the drop indices go to the
+					 * device (compact_drops). */
+					t->bdl[nb++] = (struct kvt_backend_drops){
+						.record = (uint32_t)(slot *
+						          t->lists_per_seq + li),
+						.len = len, .n_drop = len - nl,
+						.drop_off = (uint32_t)bm,
+					};
+					for (uint32_t k = 0; k < len; k++)
+						if (drop[k])
+							t->bdrops[bm++] = k;
+					policy_move_entries(pos, e, t->ef,
+					                    t->moves, nm);
+				} else if (nm && t->dev) {
 					/* The page addresses are taken before
 					 * the frees below; a chunk emptied by
 					 * them is destroyed only after the
@@ -585,7 +643,9 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	 */
 	int drc = 0;
 	if (t->dev) {
-		if (nb)
+		if (nb && t->dbases)
+			drc = compact_on_device(t, nb);
+		else if (nb)
 			drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
 		if (drc)
 			t->failed = 1;
