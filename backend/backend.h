@@ -146,6 +146,25 @@ struct kvt_backend_drops {
 	uint32_t drop_off;
 };
 
+/*
+ * A learned scorer of rows of x (ABI 5; policy.h's struct policy_scorer
+ * for every layer): y [d_out] = W1 x + b1 (hidden 0), or
+ * W2 gelu(W1 x + b1) + b2 (exact erf GELU).  The arrays hold one host
+ * pointer per layer; scorer_new copies the weights to the device.
+ */
+struct kvt_backend_scorer {
+	uint32_t n_layers, d_in, hidden, d_out;
+	const float *const *W1, *const *b1; /* [n_layers] */
+	const float *const *W2, *const *b2; /* [n_layers]; hidden > 0 only */
+};
+
+/* n rows of x, [n][d_in] float32 in device memory, scored with layer's
+ * weights. */
+struct kvt_backend_score_job {
+	uint32_t layer, n;
+	const float *x;
+};
+
 struct kvt_backend_ops {
 	uint32_t abi;      /* KVT_BACKEND_ABI */
 	const char *name;  /* "cpu" | "cuda" */
@@ -280,6 +299,27 @@ struct kvt_backend_ops {
 	                     uint32_t n_records,
 	                     const struct kvt_backend_drops *lists, uint32_t n,
 	                     const uint32_t *drops, void *stream);
+	/* (optional; ABI 5) Queues on stream the store of the 4-byte value
+	 * at the n_words word offsets pattern[] of each of n_rows rows of
+	 * the device buffer dev, row r starting at byte offset rows[r]
+	 * (a multiple of 4): what crosses is 4 bytes per pattern word and 8
+	 * per row.  The host arrays are read before it returns.  The daemon
+	 * marks device staging rows unstaged this way. */
+	int (*fill_words)(void *ctx, void *dev, uint32_t value,
+	                  const uint32_t *pattern, uint32_t n_words,
+	                  const uint64_t *rows, uint32_t n_rows, void *stream);
+	/* (optional; ABI 5) A scorer on the device: scorer_new uploads its
+	 * weights (blocking) into *out, scorer_free releases it (NULL: no-op).
+	 * scorer_run scores n jobs in order after the work queued on stream,
+	 * through cuBLAS SGEMMs, and copies the scores to the host, out
+	 * [sum of n][d_out]: the only bytes that cross, 4 per score.  It
+	 * returns once out is filled (blocks the calling thread). */
+	int (*scorer_new)(void *ctx, const struct kvt_backend_scorer *s,
+	                  void **out);
+	void (*scorer_free)(void *ctx, void *sc);
+	int (*scorer_run)(void *ctx, void *sc,
+	                  const struct kvt_backend_score_job *jobs, uint32_t n,
+	                  float *out, void *stream);
 };
 
 /*

@@ -75,6 +75,7 @@ void mem_fini(struct mem *m)
 		chunk_release(m, i);
 	if (m->bops) {
 		m->bops->chunk_unmap(m->bctx, &m->dtab);
+		m->bops->chunk_unmap(m->bctx, &m->dstage);
 		m->bops->mem_free(m->bctx, m->d_bases);
 		m->d_bases = NULL;
 		for (int i = 0; i < 2; i++)
@@ -425,6 +426,26 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 			 * granted, so the host arrays need not grow further. */
 			m->max_chunks = h->slot;
 		}
+		return 0;
+	case HANDLE_STAGE_DEV:
+		if (m->dstage.base)
+			return errors_fmt(err, errlen, KVT_EPROTO,
+			                  "second device staging segment");
+		if (h->size != g->stage_bytes || !g->stage_entry_floats)
+			return errors_fmt(err, errlen, KVT_EPROTO,
+			                  "device staging segment of %llu bytes, "
+			                  "expected %llu (and staged inputs)",
+			                  (unsigned long long)h->size,
+			                  (unsigned long long)g->stage_bytes);
+		if (!m->bops && (rc = cuda_open(m, err, errlen)))
+			return rc;
+		if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
+		                                (h->size + KVT_CHUNK_BYTES - 1) /
+		                                KVT_CHUNK_BYTES * KVT_CHUNK_BYTES,
+		                                &m->dstage)))
+			return errors_fmt(err, errlen, rc, "importing the device "
+			                  "staging segment: %s",
+			                  m->bops->last_error());
 		return 0;
 	default:
 		return errors_fmt(err, errlen, KVT_EPROTO,

@@ -50,6 +50,9 @@ struct mem {
 	 * [0, n_dbases), of which [dirty_lo, dirty_hi) still await their
 	 * upload (mem_device_after). */
 	struct kvt_backend_chunk dtab;
+	/* The staging segment in device memory (STAGE_DEV; base NULL when
+	 * the rows are those of the host segment). */
+	struct kvt_backend_chunk dstage;
 	void **d_bases;
 	uint32_t n_dbases, dirty_lo, dirty_hi;
 	/* Serials of closed legacy-IPC chunks to confirm (CHUNK_CLOSED). */

@@ -289,7 +289,10 @@ static float *stage_entry(const kvt_client *c, kvt_seq seq, uint32_t layer,
 	    c->seqs[slot].doubt || layer >= c->mem.g.n_layers)
 		return NULL;
 	const struct shm_geom *g = &c->mem.g;
-	float *e = shm_stage_at(c->mem.stage, g, slot, layer, pos);
+	/* Device staging has the host segment's layout (ipc/shm.h). */
+	float *e = shm_stage_at(c->mem.dstage.base ? c->mem.dstage.base
+	                                           : c->mem.stage,
+	                        g, slot, layer, pos);
 	return e + (input == KVT_INPUT_Q     ? g->stage_q_off
 	            : input == KVT_INPUT_LSE ? g->stage_lse_off
 	                                     : 0);

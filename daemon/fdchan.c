@@ -199,7 +199,8 @@ static int send_one(struct srv_conn *c, const struct tenant_event *e)
 		memcpy(x.data, e->data, sizeof(x.data));
 		return handle_send_ext(c->fd, &x,
 		                       e->type == HANDLE_CHUNK_DEV ||
-		                               e->type == HANDLE_TABLE_DEV
+		                               e->type == HANDLE_TABLE_DEV ||
+		                               e->type == HANDLE_STAGE_DEV
 		                               ? e->fd
 		                               : -1);
 	}

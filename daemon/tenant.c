@@ -58,6 +58,95 @@ static int segment_new(const char *name, uint64_t bytes, unsigned seals,
 /* ------------------------------------------------------------ device */
 
 /*
+ * A policy that reads x alone through a scorer the device can run (kvzap):
+ * its weights go to the device once, and syncs score x where it is staged
+ * (tenant_int.h, dscorer).
+ */
+static int scorer_dev_init(struct tenant *t, char *err, size_t errlen)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	const struct policy *p = t->pol;
+	uint32_t L = t->g.n_layers;
+	if (!p->ops->scorer || p->ops->needs != POLICY_NEED_X || p->lookback ||
+	    !o->scorer_new || !o->scorer_free || !o->scorer_run)
+		return 0;
+	const float **w = calloc(4 * (size_t)L, sizeof(*w));
+	if (!w)
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	struct policy_scorer ps = {0};
+	for (uint32_t l = 0; l < L; l++) {
+		p->ops->scorer(p, l, &ps);
+		w[l] = ps.W1;
+		w[L + l] = ps.b1;
+		w[2 * L + l] = ps.W2;
+		w[3 * L + l] = ps.b2;
+	}
+	const struct kvt_backend_scorer d = {
+		.n_layers = L, .d_in = ps.d_in, .hidden = ps.hidden,
+		.d_out = ps.d_out, .W1 = w, .b1 = w + L, .W2 = w + 2 * L,
+		.b2 = w + 3 * L,
+	};
+	int rc = o->scorer_new(t->bctx, &d, &t->dscorer);
+	free(w);
+	if (rc)
+		return errors_fmt(err, errlen, rc, "%s backend: scorer of policy "
+		                  "%s: %s", o->name, p->ops->name, o->last_error());
+	return 0;
+}
+
+/*
+ * Device staging (see tenant_int.h): the rows in device memory, sent to the
+ * client after the device table, the host copies a sync reads them into,
+ * and the pattern of words that mark a row unstaged (those of
+ * tenant_stage_poison: x[0], each query head's q[0] and lse).  Only for
+ * policies that read staged inputs, on backends with fill_words.
+ */
+static int stage_dev_init(struct tenant *t, char *err, size_t errlen)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	const struct shm_geom *g = &t->g;
+	unsigned need = t->pol->ops->needs;
+	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens ||
+	    !g->stage_entry_floats || !o->fill_words)
+		return 0;
+	uint32_t rows = g->headroom + t->pol->lookback;
+	t->ring = malloc((size_t)rows * g->stage_entry_floats * sizeof(float));
+	t->rsrc = malloc((size_t)rows * sizeof(*t->rsrc));
+	t->ppat = malloc((1 + 2 * (size_t)g->n_heads) * sizeof(uint32_t));
+	t->prow = malloc(TENANT_POISON_ROWS * sizeof(uint64_t));
+	if (!t->ring || !t->rsrc || !t->ppat || !t->prow ||
+	    tenant_ensure_room((void **)&t->ev, &t->ev_cap, t->n_ev + 1,
+	                       sizeof(*t->ev)))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	if (need & POLICY_NEED_X)
+		t->ppat[t->n_ppat++] = 0;
+	for (uint32_t h = 0; h < g->n_heads; h++) {
+		if (need & POLICY_NEED_Q)
+			t->ppat[t->n_ppat++] =
+				(uint32_t)(g->stage_q_off + (uint64_t)h * g->head_dim);
+		if (need & POLICY_NEED_LSE)
+			t->ppat[t->n_ppat++] = (uint32_t)(g->stage_lse_off + h);
+	}
+	uint64_t sb = (g->stage_bytes + KVT_CHUNK_BYTES - 1) / KVT_CHUNK_BYTES *
+	              KVT_CHUNK_BYTES;
+	int rc = o->chunk_new(t->bctx, sb, &t->dstage);
+	if (rc)
+		return errors_fmt(err, errlen, rc, "%s backend: device staging "
+		                  "of %llu bytes: %s", o->name,
+		                  (unsigned long long)sb, o->last_error());
+	if ((rc = scorer_dev_init(t, err, errlen)))
+		return rc;
+	struct tenant_event *e = &t->ev[t->n_ev++];
+	*e = (struct tenant_event){
+		.type = HANDLE_STAGE_DEV,
+		.fd = t->dstage.fd,
+		.size = g->stage_bytes,
+	};
+	memcpy(e->data, t->dstage.ipc, sizeof(e->data));
+	return 0;
+}
+
+/*
  * Device tenant: its stream and the two interprocess events, whose handles
  * are queued for the client (sent before the segments, see tenant.h).
  */
@@ -126,7 +215,7 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 		.size = t->g.table_bytes,
 	};
 	memcpy(e->data, t->dtab.ipc, sizeof(e->data));
-	return 0;
+	return stage_dev_init(t, err, errlen);
 }
 
 static void device_fini(struct tenant *t)
@@ -144,6 +233,22 @@ static void device_fini(struct tenant *t)
 	/* VMM: the driver keeps the memory while the client maps it.  Legacy
 	 * IPC: the client is gone or said bye (as for the chunks). */
 	o->chunk_free(t->bctx, &t->dtab);
+	o->chunk_free(t->bctx, &t->dstage);
+	if (t->dscorer)
+		o->scorer_free(t->bctx, t->dscorer);
+	t->dscorer = NULL;
+	free(t->jobs);
+	free(t->pre);
+	t->jobs = NULL;
+	t->pre = NULL;
+	free(t->ring);
+	free(t->rsrc);
+	free(t->ppat);
+	free(t->prow);
+	t->ring = NULL;
+	t->rsrc = NULL;
+	t->ppat = NULL;
+	t->prow = NULL;
 	free(t->dirty);
 	t->dirty = NULL;
 	if (t->dbases)
@@ -206,7 +311,8 @@ static uint64_t stage_all_floats(const struct shm_geom *g)
  *           scratch of the largest sync (every list of every slot, each at
  *           max_tokens entries: drop, newlen, ent_scr, state_scr; on a
  *           device backend blist, bpages, bmoves, bdl, bdrops, hbases
- *           [chunks], and kbuf, ksrc for
+ *           [chunks], device staging's ring, rsrc, prow, ppat, and kbuf,
+ *           ksrc for
  *           policies that read K), and the policy arena of one decide
  *           (n_kv_heads lists of max_tokens entries; attention policies add
  *           their weights [n_q][G][len] and key rows [len][head_dim] f32,
@@ -231,6 +337,10 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 		                     (g->table_bytes + KVT_CHUNK_BYTES - 1) /
 		                             KVT_CHUNK_BYTES * KVT_CHUNK_BYTES);
 	out->stage = g->stage_bytes;
+	if (dev && (need & POLICY_NEED_STAGED) && g->stage_entry_floats)
+		out->stage = add_sat(out->stage,
+		                     (g->stage_bytes + KVT_CHUNK_BYTES - 1) /
+		                             KVT_CHUNK_BYTES * KVT_CHUNK_BYTES);
 
 	uint64_t per_seq = L * 4 + LP * MP * 4;
 	per_seq = add_sat(per_seq, mul_sat(LP * P, 4 + 4 * ef));
@@ -265,6 +375,14 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 		sc = add_sat(sc, nl * sizeof(struct kvt_backend_drops));
 		sc = add_sat(sc, mul_sat(E, 4));
 		sc = add_sat(sc, C * sizeof(void *));
+		if (need == POLICY_NEED_X) /* device scorer: pre, jobs */
+			sc = add_sat(sc, mul_sat(E, 4) + 2 * S * L * 24);
+		if ((need & POLICY_NEED_STAGED) && g->stage_entry_floats)
+			sc = add_sat(sc, mul_sat((uint64_t)g->headroom +
+			                                 pol->lookback,
+			                         g->stage_entry_floats * 4 + 8) +
+			                         TENANT_POISON_ROWS * 8 +
+			                         (1 + 2 * (uint64_t)g->n_heads) * 4);
 		if (need & POLICY_NEED_KV)
 			sc = add_sat(sc, mul_sat(H * MP,
 			                         (uint64_t)g->page_tokens *

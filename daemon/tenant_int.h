@@ -160,6 +160,31 @@ struct tenant {
 	 * memory, which that op resolves page ids through, and the host copy
 	 * of what was last uploaded there (tenant_sync brings it up to date
 	 * before each compaction; NULL without the op). */
+	/* Device staging (policies that read staged inputs on a device
+	 * backend with fill_words; base NULL otherwise): the staging rows in
+	 * device memory, the host segment keeping only its header.  A sync
+	 * copies the rows its policy may read (the new ones and lookback
+	 * before them) into ring with read_regions; the rows of the next
+	 * positions are marked unstaged on the device, the pattern ppat of
+	 * word offsets in each row of prow, flushed with the table. */
+	struct kvt_backend_chunk dstage;
+	float *ring;         /* [headroom + lookback][stage_entry_floats] */
+	const void **rsrc;   /* [headroom + lookback] their device rows */
+	uint32_t ring_first, ring_n; /* positions ring holds */
+	uint32_t *ppat;      /* [n_ppat] words of a row marked unstaged */
+	uint32_t n_ppat;
+	uint64_t *prow;      /* [TENANT_POISON_ROWS] byte offsets of rows */
+	uint32_t n_prow;
+	/* Device staging and a policy whose only input is x scored by its
+	 * scorer (ops->scorer, kvzap): the scorer on the device, and per
+	 * sync the jobs (rows of x in device staging) and their scores
+	 * [rows][n_kv_heads], passed to decide() as policy_layer.pre; x is
+	 * then never copied to the host.  NULL without. */
+	void *dscorer;
+	struct kvt_backend_score_job *jobs; /* [jobs_cap] */
+	size_t jobs_cap;
+	float *pre;          /* [pre_cap] */
+	size_t pre_cap;
 	void **dbases;     /* device [max_chunks] */
 	void **hbases;     /* [max_chunks] */
 	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
@@ -318,6 +343,13 @@ int tenant_ensure_room(void **arr, uint32_t *cap, uint32_t want, size_t elem);
  * (policy.h).  Called at open and after every sync for the positions the
  * sequence may append next; a no-op for policies reading no staged input.
  */
+/* Rows of device staging marked unstaged per fill_words call at most. */
+#define TENANT_POISON_ROWS 4096u
+
+/* Device staging: queues the marks tenant_stage_poison collected (the
+ * table flush calls it before recording COMPACT); 0 or a KVT_E*. */
+int tenant_stage_poison_flush(struct tenant *t);
+
 void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
                          uint32_t from, uint32_t n);
 

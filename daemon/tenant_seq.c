@@ -69,8 +69,8 @@ int tenant_table_flush(struct tenant *t)
 {
 	if (!t->dev)
 		return 0;
-	int rc = 0;
-	if (t->n_dirty)
+	int rc = tenant_stage_poison_flush(t);
+	if (!rc && t->n_dirty)
 		rc = t->bops->upload_regions(t->bctx, t->dtab.base, t->table,
 		                             t->dirty, t->n_dirty, t->stream);
 	t->n_dirty = 0;

@@ -45,8 +45,9 @@ static void writes_done_cb(void *arg)
 int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
 {
 	const struct kvt_backend_ops *o = t->bops;
-	if (!t->dev || !(t->pol->ops->needs & POLICY_NEED_KV) ||
-	    !o->stream_notify)
+	/* Keys and device staging rows are read after the engine's writes. */
+	if (!t->dev || !o->stream_notify ||
+	    (!(t->pol->ops->needs & POLICY_NEED_KV) && !t->dstage.base))
 		return 1;
 	int st = __atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE);
 	if (st == 1)
@@ -213,6 +214,20 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 	unsigned need = t->pol->ops->needs;
 	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens)
 		return;
+	if (t->dstage.base) {
+		/* Marked on the device with the next table flush. */
+		for (uint32_t k = 0; k < n; k++) {
+			if (t->n_prow == TENANT_POISON_ROWS &&
+			    tenant_stage_poison_flush(t))
+				t->failed = 1;
+			const float *row = shm_stage_at(t->dstage.base, g, slot,
+			                                layer, from + k);
+			t->prow[t->n_prow++] = (uint64_t)((const char *)row -
+			                                  (const char *)
+			                                  t->dstage.base);
+		}
+		return;
+	}
 	const float u = policy_unstaged();
 	for (uint32_t k = 0; k < n; k++) {
 		float *row = shm_stage_at(t->stage, g, slot, layer, from + k);
@@ -228,20 +243,61 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 	}
 }
 
+int tenant_stage_poison_flush(struct tenant *t)
+{
+	if (!t->n_prow)
+		return 0;
+	int rc = t->bops->fill_words(t->bctx, t->dstage.base,
+	                             POLICY_UNSTAGED_BITS, t->ppat, t->n_ppat,
+	                             t->prow, t->n_prow, t->stream);
+	t->n_prow = 0;
+	return rc;
+}
+
 void tenant_sync_reply(const struct tenant *t, struct ipc_rep *rep)
 {
 	rep->u.sync.press = t->sync_press;
 	rep->u.sync.budget = t->sync_budget;
 }
 
-/* Staged row of an earlier position, for policies with lookback. */
+/*
+ * Staged row of an earlier position, for policies with lookback: from the
+ * ring of the host segment, or on device staging from the host copy of
+ * the rows this sync may read (fetch_rows).
+ */
 static const float *stage_row(void *ctx, uint32_t pos)
 {
 	const struct stage_ctx *c = ctx;
 	const struct tenant *t = c->t;
 	if (pos >= c->n_seen || (uint64_t)pos + t->g.stage_tokens < c->n_seen)
 		return NULL;
+	if (t->dstage.base)
+		return pos >= t->ring_first && pos - t->ring_first < t->ring_n
+		       ? t->ring + (size_t)(pos - t->ring_first) *
+		                           t->g.stage_entry_floats
+		       : NULL;
 	return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
+}
+
+/*
+ * Device staging: copies the rows of positions [first - lookback, first +
+ * n) (from 0) of (slot, layer) into t->ring, after the engine's writes
+ * (the stream waited on them), in one read_regions: all a decision may
+ * read of the staged inputs (policy.h: the tenant guarantees those).
+ */
+static int fetch_rows(struct tenant *t, uint32_t slot, uint32_t layer,
+                      uint32_t first, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t lb = t->pol->lookback;
+	uint32_t lo = first > lb ? first - lb : 0;
+	t->ring_first = lo;
+	t->ring_n = first + n - lo;
+	for (uint32_t k = 0; k < t->ring_n; k++)
+		t->rsrc[k] = shm_stage_at(t->dstage.base, g, slot, layer, lo + k);
+	size_t rb = g->stage_entry_floats * sizeof(float);
+	return t->bops->read_regions(t->bctx, t->ring, rb, t->rsrc, t->ring_n,
+	                             rb, t->stream);
 }
 
 /*
@@ -261,8 +317,11 @@ static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 	float *lse = q + (size_t)g->headroom * nq;
 	unsigned need = t->pol->ops->needs;
 	for (uint32_t k = 0; k < n; k++) {
-		const float *row = shm_stage_at(t->stage, g, slot, layer,
-		                                first + k);
+		const float *row =
+			t->dstage.base
+			? t->ring + (size_t)(first + k - t->ring_first) *
+			                    g->stage_entry_floats
+			: shm_stage_at(t->stage, g, slot, layer, first + k);
 		if (need & POLICY_NEED_X)
 			memcpy(x + (size_t)k * g->d_model, row,
 			       g->d_model * sizeof(float));
@@ -304,7 +363,12 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
 	     (grow((void **)&t->bdl, &t->bdl_cap, nlists ? nlists : 1,
 	           sizeof(*t->bdl)) ||
 	      grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
-	           sizeof(*t->bdrops)))))
+	           sizeof(*t->bdrops)))) ||
+	    (t->dscorer &&
+	     (grow((void **)&t->jobs, &t->jobs_cap,
+	           2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->jobs)) ||
+	      grow((void **)&t->pre, &t->pre_cap, entries + 1,
+	           sizeof(*t->pre)))))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
@@ -376,6 +440,41 @@ static int compact_on_device(struct tenant *t, uint32_t nb)
 	                        t->bdl, nb, t->bdrops, t->stream);
 }
 
+/*
+ * Device scorer (tenant_int.h, dscorer): scores the new rows of x of every
+ * (item, layer) of the sync where they are staged, in one scorer_run,
+ * into t->pre in the order the decide loop takes them.  A (sequence,
+ * layer)'s rows are contiguous in its ring but where they wrap: two jobs.
+ */
+static int score_on_device(struct tenant *t,
+                           const struct ipc_sync_item *items, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t nj = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			uint32_t prev = s->n_seen[layer], r = prev % g->stage_tokens;
+			uint32_t n1 = g->stage_tokens - r < it->n_new
+			              ? g->stage_tokens - r : it->n_new;
+			for (uint32_t part = 0; part < 2; part++) {
+				uint32_t k = part ? it->n_new - n1 : n1;
+				if (!k)
+					continue;
+				t->jobs[nj++] = (struct kvt_backend_score_job){
+					.layer = layer, .n = k,
+					.x = shm_stage_at(t->dstage.base, g, slot,
+					                  layer, prev + (part ? n1 : 0)),
+				};
+			}
+		}
+	}
+	return t->bops->scorer_run(t->bctx, t->dscorer, t->jobs, nj, t->pre,
+	                           t->stream);
+}
+
 int tenant_sync(struct tenant *t, uint64_t no,
                 const struct ipc_sync_item *items, uint32_t n, char *err,
                 size_t errlen)
@@ -398,6 +497,10 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	unsigned need = t->pol->ops->needs;
 	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
+	if (t->dscorer && (rc = score_on_device(t, items, n)))
+		return errors_fmt(err, errlen, rc, "%s backend: scoring staged "
+		            "x: %s", t->bops->name, t->bops->last_error());
+	size_t pre_at = 0; /* rows of t->pre taken so far */
 
 	/*
 	 * Step 2: decisions, one (sequence, layer) at a time.  The new
@@ -432,7 +535,16 @@ int tenant_sync(struct tenant *t, uint64_t no,
 			if (t->sbytes)
 				memcpy(pl.state, seq_state(t, s, layer),
 				       t->sbytes);
-			if (need & POLICY_NEED_STAGED)
+			if (t->dscorer) {
+				pl.pre = t->pre + pre_at * g->n_kv_heads;
+				pre_at += it->n_new;
+			} else if (t->dstage.base &&
+			           (rc = fetch_rows(t, slot, layer, prev,
+			                            it->n_new)))
+				return errors_fmt(err, errlen, rc, "%s backend: "
+				            "reading staged rows: %s",
+				            t->bops->name, t->bops->last_error());
+			if ((need & POLICY_NEED_STAGED) && !t->dscorer)
 				gather_inputs(t, slot, layer, prev, it->n_new,
 				              &pl);
 			size_t off0 = off;

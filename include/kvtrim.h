@@ -333,7 +333,12 @@ KVT_API int kvt_kv_ptr(const kvt_client *c, kvt_seq seq, uint32_t layer,
  * has no staging (stage_tokens 0), when its policy does not read that input
  * (kvt_policy_inputs: the staging segment holds only what it reads, so
  * kvzap, reading x, stages d_model floats per token), or an argument is out
- * of range.
+ * of range.  The memory is that of the pages (kvt_memory_kind): on a cuda
+ * tenant the staging rows are device memory, which the engine's kernels
+ * write in place on its stream (kvt_set_stream) before the sync (or
+ * kvt_memcpy from the host); kvtrimd reads them itself, after the
+ * sync's writes event, so no staged byte crosses to the host on the
+ * engine's side.
  *
  * Contract: before a sync commits n_new entries, the engine has staged
  * every input its policy reads (docs/policies.md) of every new position,
@@ -462,7 +467,7 @@ KVT_API int kvt_last_sync(const kvt_client *c, struct kvt_sync_info *out);
  * links CUDA).  On a cuda tenant kvt_page_ptr() and kvt_kv_ptr() return
  * device addresses, for the engine's kernels only.  kvt_list_get() reads
  * the host table; kvt_table_view() gives the device copy of it.  The
- * staging segment (kvt_stage_*) stays host memory.
+ * staging rows (kvt_stage_*) are device memory too.
  */
 enum kvt_memory {
 	KVT_MEMORY_HOST = 0,

@@ -29,12 +29,12 @@
 
 static bool type_known(uint16_t t)
 {
-	return t >= HANDLE_WELCOME && t <= HANDLE_CHUNK_DEV_SET;
+	return t >= HANDLE_WELCOME && t <= HANDLE_STAGE_DEV;
 }
 
 int handle_is_ext(uint16_t t)
 {
-	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_CHUNK_DEV_SET;
+	return t >= HANDLE_CHUNK_DEV && t <= HANDLE_STAGE_DEV;
 }
 
 int handle_is_set(uint16_t t)
@@ -69,11 +69,12 @@ static bool type_has_fd(uint16_t t)
 	return t == HANDLE_TABLE || t == HANDLE_STAGE || t == HANDLE_CHUNK_ADD;
 }
 
-/* A device chunk (or the device table) comes with its VMM fd, or
- * (legacy IPC) with none. */
+/* A device chunk (or the device table or staging) comes with its VMM
+ * fd, or (legacy IPC) with none. */
 static bool type_fd_optional(uint16_t t)
 {
-	return t == HANDLE_CHUNK_DEV || t == HANDLE_TABLE_DEV;
+	return t == HANDLE_CHUNK_DEV || t == HANDLE_TABLE_DEV ||
+	       t == HANDLE_STAGE_DEV;
 }
 
 /* Wire size of a packet of type t. */

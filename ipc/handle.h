@@ -62,6 +62,14 @@
  *                     that rounded up to KVT_CHUNK_BYTES), imported like a
  *                     CHUNK_DEV; the daemon updates it on its stream before
  *                     recording COMPACT
+ *   STAGE_DEV         daemon -> client, cuda backend, after TABLE_DEV, for a
+ *                     policy that reads staged inputs: the staging segment
+ *                     in device memory (size = its stage_bytes, the
+ *                     allocation that rounded up to KVT_CHUNK_BYTES; the
+ *                     same layout as the host segment), imported like a
+ *                     CHUNK_DEV; kvt_stage_* then point into it, the engine
+ *                     writes it on its stream and the daemon reads it on
+ *                     the tenant's stream after the writes event
  */
 #ifndef KVT_HANDLE_H
 #define KVT_HANDLE_H
@@ -84,6 +92,7 @@ enum handle_type {
 	HANDLE_CHUNK_REVOKE_SET = 10,
 	HANDLE_CHUNK_ADD_SET = 11,
 	HANDLE_CHUNK_DEV_SET = 12,
+	HANDLE_STAGE_DEV = 13,
 };
 
 #define HANDLE_EVENT_WRITES 0u  /* client records, daemon waits */

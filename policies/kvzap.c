@@ -118,7 +118,14 @@ static int kvzap_decide(struct policy *p, struct policy_layer *l)
 	const struct policy_geom *ge = &p->geom;
 	const struct kvzap *z = p->priv;
 	uint32_t nkv = ge->n_kv_heads, n = l->n_new;
-	if (n) {
+	if (n && l->pre) {
+		for (uint32_t g = 0; g < nkv; g++) {
+			struct policy_head *h = &l->heads[g];
+			for (uint32_t k = 0; k < n && k < h->len; k++)
+				h->ent[h->len - n + k] =
+					l->pre[(size_t)k * nkv + g];
+		}
+	} else if (n) {
 		float *y = policy_scratch(p, (size_t)n * nkv * sizeof(float));
 		float *hs = policy_scratch(p, (size_t)n * (z->hidden + 1) *
 		                                 sizeof(float));
@@ -154,6 +161,18 @@ static int kvzap_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+static void kvzap_scorer(const struct policy *p, uint32_t layer,
+                         struct policy_scorer *out)
+{
+	const struct kvzap *z = p->priv;
+	const struct kvzap_layer *zl = learned_layer(p, layer);
+	*out = (struct policy_scorer){
+		.d_in = p->geom.d_model, .hidden = z->hidden,
+		.d_out = p->geom.n_kv_heads,
+		.W1 = zl->W1, .b1 = zl->b1, .W2 = zl->W2, .b2 = zl->b2,
+	};
+}
+
 const struct policy_ops kvzap_ops = {
 	.name = "kvzap",
 	.help = "KVzap: linear/MLP surrogate of log KVzip+ on x, dropped "
@@ -166,4 +185,5 @@ const struct policy_ops kvzap_ops = {
 	.init = kvzap_init,
 	.fini = learned_fini,
 	.decide = kvzap_decide,
+	.scorer = kvzap_scorer,
 };

@@ -607,6 +607,18 @@ int policy_decide(struct policy *p, struct policy_layer *l)
 	                      l->layer, l->n_seen - l->n_new);
 	if (rc)
 		return rc;
+	for (size_t i = 0; l->pre && i < (size_t)l->n_new * g->n_kv_heads; i++)
+		if (!isfinite(l->pre[i])) {
+			snprintf(p->why, sizeof(p->why), "layer %u, position %u: "
+			         "the score of staged x for KV head %u is %s (x "
+			         "not finite, or never staged: kvt_stage_x)",
+			         l->layer,
+			         l->n_seen - l->n_new + (uint32_t)(i / g->n_kv_heads),
+			         (uint32_t)(i % g->n_kv_heads),
+			         isnan(l->pre[i]) ? "NaN"
+			         : l->pre[i] > 0 ? "+Inf" : "-Inf");
+			return KVT_EINVAL;
+		}
 	scratch_reset(p);
 	return p->ops->decide(p, l);
 }

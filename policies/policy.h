@@ -162,6 +162,27 @@ struct policy_layer {
 	void *staged_ctx;
 	struct policy_head *heads; /* [n_kv_heads] */
 	void *state; /* [layer_state_bytes] writable scratch, zeroed at open */
+	/*
+	 * The new entries' scores, [n_new][n_kv_heads], when the tenant had
+	 * the policy's scorer (ops->scorer) run elsewhere, on the device that
+	 * holds the staged x; x is then NULL and decide() uses these instead
+	 * of scoring.  NULL otherwise.  policy_decide refuses non-finite ones
+	 * (a non-finite or never-staged x scores NaN or +-Inf).
+	 */
+	const float *pre;
+};
+
+/*
+ * A policy's per-entry scorer of the new tokens' x, as another device can
+ * run it (kvzap): for each row, y [d_out] = W1 x + b1 (hidden 0), or
+ * W2 gelu(W1 x + b1) + b2 with the exact erf GELU; one layer's weights,
+ * host memory owned by the policy.  d_out is n_kv_heads: y[g] is the
+ * score of the row's entry in KV head g, what decide() takes as pre.
+ */
+struct policy_scorer {
+	uint32_t d_in, hidden, d_out;
+	const float *W1, *b1; /* [hidden or d_out][d_in], [hidden or d_out] */
+	const float *W2, *b2; /* [d_out][hidden], [d_out]; hidden > 0 only */
 };
 
 struct policy;
@@ -177,6 +198,10 @@ struct policy_ops {
 	int (*init)(struct policy *p, char *err, size_t errlen);
 	void (*fini)(struct policy *p); /* frees priv (optional) */
 	int (*decide)(struct policy *p, struct policy_layer *l);
+	/* (optional) Layer l's scorer of x, for a tenant that scores on the
+	 * device and passes the scores as policy_layer.pre. */
+	void (*scorer)(const struct policy *p, uint32_t layer,
+	               struct policy_scorer *out);
 };
 
 struct policy_block; /* scratch arena block (policy.c) */

@@ -32,6 +32,8 @@
  *   ops.cu       compaction, uploads, reads and copies (the staging slots)
  *   attention.cu kvt_attention's causal paged attention (ABI 4)
  *   compact_drops.cu compaction from drop indices (ABI 5)
+ *   fill.cu      a value at a pattern of words in many rows (ABI 5)
+ *   scorer.cu    learned scorers with device weights (ABI 5)
  * around the private header backend_cuda.cuh.
  */
 #include <stdarg.h>
@@ -102,4 +104,8 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .stream_notify = */ bc_stream_notify,
 	/* .attention = */ bc_attention,
 	/* .compact_drops = */ bc_compact_drops,
+	/* .fill_words = */ bc_fill_words,
+	/* .scorer_new = */ bc_scorer_new,
+	/* .scorer_free = */ bc_scorer_free,
+	/* .scorer_run = */ bc_scorer_run,
 };

@@ -181,6 +181,17 @@ int bc_compact_drops(void *ctx, const struct kvt_backend_paged *pg,
                      uint32_t n_records, const struct kvt_backend_drops *lists,
                      uint32_t n, const uint32_t *drops, void *stream);
 
+/* fill.cu: a value at a pattern of words in many rows (ABI 5) */
+int bc_fill_words(void *ctx, void *dev, uint32_t value,
+                  const uint32_t *pattern, uint32_t n_words,
+                  const uint64_t *rows, uint32_t n_rows, void *stream);
+
+/* scorer.cu: learned scorers with device weights (ABI 5) */
+int bc_scorer_new(void *ctx, const struct kvt_backend_scorer *d, void **out);
+void bc_scorer_free(void *ctx, void *sp);
+int bc_scorer_run(void *ctx, void *sp, const struct kvt_backend_score_job *jobs,
+                  uint32_t n, float *out, void *stream);
+
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,
                  void *stream);

@@ -113,6 +113,12 @@ static int put_entry(struct engine *e, void *kp, void *vp, uint32_t tag,
 	return rc;
 }
 
+float *engine_shadow(struct engine *e, uint32_t j, uint32_t l, uint32_t pos)
+{
+	return e->shadow + (((size_t)j * e->o->layers + l) * e->stage_tokens +
+	                    pos % e->stage_tokens) * e->sfloats;
+}
+
 /*
  * Writes K/V of position pos for every list of every sequence at k, then
  * the staged inputs: x and q pseudo-random, lse the true log-sum-exp of
@@ -190,12 +196,23 @@ static int append_step(struct engine *e, uint32_t pos, uint32_t k)
 				                    1.0f / sqrtf((float)o->head_dim),
 				                    ob, lse + (size_t)h * G, e->att);
 			}
+			/* The parts are contiguous in the entry, which starts
+			 * at the first of them: one copy (kvt_memcpy: device
+			 * memory on a cuda tenant), and the replay's copy. */
+			float *row = engine_shadow(e, j, l, pos), *w = row;
 			if (sx)
-				memcpy(sx, x, nx * sizeof(float));
+				memcpy(w, x, nx * sizeof(float)), w += nx;
 			if (sq)
-				memcpy(sq, q, nx * sizeof(float));
+				memcpy(w, q, nx * sizeof(float)), w += nx;
 			if (sl)
-				memcpy(sl, lse, o->heads * sizeof(float));
+				memcpy(w, lse, o->heads * sizeof(float));
+			int rc = kvt_memcpy(e->c, sx ? sx : sq ? sq : sl, row,
+			                e->sfloats * sizeof(float));
+			if (rc < 0) {
+				engine_say(e, "kvt_memcpy of staged inputs: %s (%s)",
+				           kvt_strerror(rc), kvt_last_error(e->c));
+				return rc;
+			}
 		}
 	}
 	return 0;
@@ -443,6 +460,12 @@ int engine_main(const struct opts *o, const struct model *m, int has_model,
 	e.moves = calloc((size_t)e.cap * 2, sizeof(uint32_t));
 	e.gen = calloc(2 * (size_t)o->heads * o->head_dim + o->heads,
 	               sizeof(float));
+	uint32_t in = policy_inputs_of(o->pol->ops->needs);
+	e.sfloats = (in & KVT_INPUT_X ? o->heads * o->head_dim : 0) +
+	            (in & KVT_INPUT_Q ? o->heads * o->head_dim : 0) +
+	            (in & KVT_INPUT_LSE ? o->heads : 0);
+	e.shadow = calloc((size_t)o->seqs * o->layers * e.stage_tokens *
+	                  e.sfloats + 1, sizeof(float));
 	e.in = calloc((size_t)headroom * (2 * o->heads * o->head_dim + o->heads),
 	              sizeof(float));
 	e.sh_len = calloc(lists, sizeof(uint32_t));
@@ -454,12 +477,14 @@ int engine_main(const struct opts *o, const struct model *m, int has_model,
 	if (o->kv_heads > 64)
 		engine_say(&e, "at most 64 KV heads");
 	else if (e.seqs && e.seen && e.alive && e.bmix && e.kf && e.kb &&
-	         e.att && e.want && e.moves && e.in && e.gen && e.sh_len &&
+	         e.att && e.want && e.moves && e.in && e.gen && e.shadow &&
+	         e.sh_len &&
 	         e.sh_pos && e.sh_ent && e.sh_drop && e.sh_state)
 		rc = engine_run(&e);
 	else
 		engine_say(&e, "out of memory");
 	e.r.status = rc < 0 ? 2 : e.r.mismatches ? 1 : 0;
+	free(e.shadow);
 	free(e.seqs);
 	free(e.seen);
 	free(e.alive);

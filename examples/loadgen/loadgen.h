@@ -130,6 +130,13 @@ struct engine {
 	float *in;         /* staged rows gathered: x, q, lse of pending */
 	float *gen;        /* [2 * heads * head_dim + heads] one token's x, q,
 	                      lse as made, before the staged parts get them */
+	/* What loadgen staged, as the staging entries hold it (ipc/shm.h:
+	 * the policy's parts x, q, lse in that order): the replay reads
+	 * these, since the staging rows are device memory on a cuda tenant.
+	 * Entry of (sequence j, layer l, position p) at
+	 * ((j * layers + l) * stage_tokens + p % stage_tokens) * sfloats. */
+	float *shadow;
+	uint32_t sfloats;
 };
 
 
@@ -170,6 +177,9 @@ int engine_main(const struct opts *o, const struct model *m, int has_model,
                 uint32_t client, uint32_t gen, int wfd);
 __attribute__((format(printf, 2, 3)))
 void engine_say(const struct engine *e, const char *fmt, ...);
+/* The shadow entry of what loadgen staged for (sequence j, layer l,
+ * position pos); stage_tokens must be non-zero. */
+float *engine_shadow(struct engine *e, uint32_t j, uint32_t l, uint32_t pos);
 int engine_pages_view(struct engine *e, uint32_t r, const uint32_t *ids,
                       uint32_t n, void ***out);
 

@@ -31,14 +31,9 @@ static const float *replay_row(void *ctx, uint32_t pos)
 	if (pos >= c->n_seen ||
 	    (uint64_t)pos + c->e->stage_tokens < c->n_seen)
 		return NULL;
-	/* The row starts at its first staged part (x, else q, else lse:
-	 * the layout of ipc/shm.h), which policy_row_q / _lse count from. */
-	kvt_client *k = c->e->c;
-	kvt_seq s = c->e->seqs[c->j];
-	const float *r = kvt_stage_x(k, s, c->l, pos);
-	if (!r)
-		r = kvt_stage_q(k, s, c->l, pos);
-	return r ? r : kvt_stage_lse(k, s, c->l, pos);
+	/* The shadow entry is laid out as the staging one (x, else q,
+	 * else lse first), which policy_row_q / _lse count from. */
+	return engine_shadow(c->e, c->j, c->l, pos);
 }
 
 /*
@@ -62,15 +57,19 @@ int replay_decide(struct engine *e, uint32_t n, uint32_t n_seen,
 			      *lse = q + (size_t)n * nq;
 			for (uint32_t k = 0; k < n && e->stage; k++) {
 				uint32_t pos = n_seen - n + k;
-				/* The parts the policy reads; the others are
-				 * not staged (NULL) and it never looks. */
-				const float *sx = kvt_stage_x(e->c, e->seqs[j],
-				                              l, pos);
-				const float *sq = kvt_stage_q(e->c, e->seqs[j],
-				                              l, pos);
-				const float *sl = kvt_stage_lse(e->c,
-				                                e->seqs[j], l,
-				                                pos);
+				/* The parts the policy reads, from what loadgen
+				 * staged (the others are not there and it never
+				 * looks). */
+				uint32_t in = policy_inputs_of(p->ops->needs);
+				const float *sx = engine_shadow(e, j, l, pos);
+				const float *sq = sx + (in & KVT_INPUT_X ? d : 0);
+				const float *sl = sq + (in & KVT_INPUT_Q ? nq : 0);
+				if (!(in & KVT_INPUT_X))
+					sx = NULL;
+				if (!(in & KVT_INPUT_Q))
+					sq = NULL;
+				if (!(in & KVT_INPUT_LSE))
+					sl = NULL;
 				if (sx)
 					memcpy(x + (size_t)k * d, sx,
 					       d * sizeof(float));

@@ -474,12 +474,32 @@ void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
 	T_EQ(!!x, !!(in & KVT_INPUT_X));
 	T_EQ(!!q, !!(in & KVT_INPUT_Q));
 	T_EQ(!!lse, !!(in & KVT_INPUT_LSE));
-	for (uint32_t i = 0; x && i < g->d_model; i++)
-		x[i] = 0.25f;
-	for (uint32_t i = 0; q && i < g->n_heads * g->head_dim; i++)
-		q[i] = qv ? qv[i] : 0.1f;
-	for (uint32_t i = 0; lse && i < g->n_heads; i++)
-		lse[i] = logf((float)(p + 1));
+	uint32_t nq = g->n_heads * g->head_dim;
+	float *row = malloc(sizeof(float) * (g->d_model + nq + g->n_heads));
+	T_ASSERT(row);
+	for (uint32_t i = 0; i < g->d_model; i++)
+		row[i] = 0.25f;
+	for (uint32_t i = 0; i < nq; i++)
+		row[g->d_model + i] = qv ? qv[i] : 0.1f;
+	for (uint32_t i = 0; i < g->n_heads; i++)
+		row[g->d_model + nq + i] = logf((float)(p + 1));
+	if (x)
+		th_put(c, x, row, sizeof(float) * g->d_model);
+	if (q)
+		th_put(c, q, row + g->d_model, sizeof(float) * nq);
+	if (lse)
+		th_put(c, lse, row + g->d_model + nq, sizeof(float) * g->n_heads);
+	free(row);
+}
+
+void th_put(kvt_client *c, void *dst, const void *src, size_t bytes)
+{
+	T_OK(kvt_memcpy(c, dst, src, bytes));
+}
+
+void th_put_f32(kvt_client *c, float *dst, float v)
+{
+	th_put(c, dst, &v, sizeof(v));
 }
 
 void th_need_heldout(void)

@@ -169,6 +169,16 @@ void th_need_smollm2_eval(void);
 void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
                   const float *q);
 
+/*
+ * Writes bytes of host memory into a tenant's pages or staging rows (or
+ * reads them back: either side may be host memory) through kvt_memcpy,
+ * which on a cuda tenant is a device copy: staging rows and pages are
+ * device memory there (kvt_stage_*, kvt_kv_ptr), never to be dereferenced
+ * by the test.  th_put_f32 stores one float.
+ */
+void th_put(kvt_client *c, void *dst, const void *src, size_t bytes);
+void th_put_f32(kvt_client *c, float *dst, float v);
+
 struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
                                const char *policy);
 

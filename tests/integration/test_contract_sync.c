@@ -102,10 +102,10 @@ TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
 	append(c, seq, 4);
 	stage(c, seq, 4, 4);
 	float *q = kvt_stage_q(c, seq, 1, 6);
-	q[2 * 8 + 3] = NAN;
+	th_put_f32(c, q + 2 * 8 + 3, NAN);
 	refused(c, seq, 4, "policy h2o: layer 1, position 6: staged q of "
 	                   "query head 2 [3] is NaN");
-	q[2 * 8 + 3] = 0.1f;
+	th_put_f32(c, q + 2 * 8 + 3, 0.1f);
 	T_OK(kvt_sync(c, &it, 1)); /* the same sync, fixed: counter kept */
 	struct kvt_list l;
 	T_OK(kvt_list_get(c, seq, 1, 0, &l));
@@ -117,7 +117,7 @@ TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
 	refused(c, seq, 1, "layer 0, position 8: q of query head 0 was never "
 	                   "staged (kvt_stage_q)");
 	stage(c, seq, 8, 1);
-	kvt_stage_lse(c, seq, 0, 8)[3] = INFINITY;
+	th_put_f32(c, kvt_stage_lse(c, seq, 0, 8) + 3, INFINITY);
 	refused(c, seq, 1, "layer 0, position 8: staged lse of query head 3 "
 	                   "is +Inf");
 	stage(c, seq, 8, 1);

@@ -430,8 +430,9 @@ static void kvzap_tokens(kvt_client *c, kvt_seq seq, uint32_t *pos, int n)
 		put_token(c, seq, 0, 3, *pos);
 		for (uint32_t l = 0; l < 2; l++) {
 			float *x = kvt_stage_x(c, seq, l, *pos);
+			static const float zero[32];
 			T_ASSERT(x);
-			memset(x, 0, 32 * sizeof(float));
+			th_put(c, x, zero, sizeof(zero));
 		}
 		struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
 		T_OK(kvt_sync(c, &it, 1));

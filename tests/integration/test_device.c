@@ -37,6 +37,8 @@ TEST(device, key_reading_syncs_park_instead_of_blocking)
 	 * their presence to run its attention. */
 	const struct kvt_config *rc = kvt_config_of(c[0]);
 	size_t qn = (size_t)rc->geo.n_heads * rc->geo.head_dim;
+	float *zero = calloc(qn, sizeof(float));
+	T_ASSERT(zero);
 	uint32_t pos = 0;
 	for (int step = 0; step < 10; step++) {
 		for (int i = 0; i < 2; i++) {
@@ -47,9 +49,9 @@ TEST(device, key_reading_syncs_park_instead_of_blocking)
 					float *lse = kvt_stage_lse(c[i], s[i], l,
 					                           pos + k);
 					T_ASSERT(q && lse);
-					memset(q, 0, qn * sizeof(float));
-					for (uint32_t h = 0; h < rc->geo.n_heads; h++)
-						lse[h] = 0;
+					th_put(c[i], q, zero, qn * sizeof(float));
+					th_put(c[i], lse, zero, rc->geo.n_heads *
+					                        sizeof(float));
 				}
 			struct kvt_sync_item it = {.seq = s[i], .n_new = 4,
 			                           .phase = KVT_PHASE_DECODE};
@@ -57,6 +59,7 @@ TEST(device, key_reading_syncs_park_instead_of_blocking)
 		}
 		pos += 4;
 	}
+	free(zero);
 	/* h2o keeps its budget of 8 of the 40 entries */
 	for (int i = 0; i < 2; i++)
 		for (uint32_t l = 0; l < rc->geo.n_layers; l++)

@@ -123,10 +123,15 @@ static void check_staged(const struct model *m, struct engine *e,
 	uint32_t hd = c->head_dim, G = c->n_heads / c->n_kv_heads;
 	kvt_client *cl = engine_client(e);
 	uint32_t pt = kvt_config_of(cl)->page_tokens;
+	float q[4096], lse[64];
+	T_ASSERT(c->n_heads * hd <= 4096 && c->n_heads <= 64);
 	for (uint32_t l = 0; l < c->n_layers; l++) {
-		const float *q = kvt_stage_q(cl, engine_seq(e), l, pos);
-		const float *lse = kvt_stage_lse(cl, engine_seq(e), l, pos);
-		T_ASSERT(q && lse);
+		const float *sq = kvt_stage_q(cl, engine_seq(e), l, pos);
+		const float *sl = kvt_stage_lse(cl, engine_seq(e), l, pos);
+		T_ASSERT(sq && sl);
+		/* staging rows may be device memory */
+		th_put(cl, q, sq, sizeof(float) * c->n_heads * hd);
+		th_put(cl, lse, sl, sizeof(float) * c->n_heads);
 		for (uint32_t h = 0; h < c->n_heads; h++) {
 			struct kvt_list li;
 			T_OK(kvt_list_get(cl, engine_seq(e), l, h / G, &li));

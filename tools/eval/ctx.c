@@ -325,13 +325,17 @@ int ctx_load_daemon(const struct model *m, const struct ctx_window *w,
 			      *sq = kvt_stage_q(cl, s, l, t),
 			      *sl = kvt_stage_lse(cl, s, l, t);
 			size_t r = (size_t)l * P + t;
-			if (sx)
-				memcpy(sx, w->x + r * d, sizeof(float) * d);
-			if (sq)
-				memcpy(sq, w->q + r * H * hd,
-				       sizeof(float) * H * hd);
-			if (sl)
-				memcpy(sl, w->lse + r * H, sizeof(float) * H);
+			/* kvt_memcpy: device memory on a cuda tenant */
+			if ((sx && (rc = kvt_memcpy(cl, sx, w->x + r * d,
+			                            sizeof(float) * d))) ||
+			    (sq && (rc = kvt_memcpy(cl, sq, w->q + r * H * hd,
+			                            sizeof(float) * H * hd))) ||
+			    (sl && (rc = kvt_memcpy(cl, sl, w->lse + r * H,
+			                            sizeof(float) * H)))) {
+				snprintf(err, errlen, "staging: %s",
+				         kvt_last_error(cl));
+				goto out;
+			}
 		}
 	}
 	/* the continuation is not appended: one entry of headroom is

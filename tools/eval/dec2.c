@@ -219,12 +219,14 @@ static int attend_daemon(const struct run *u, const struct d2row *rw,
 	float *sx = kvt_stage_x(rw->cl, rw->seq, l, pos),
 	      *sq = kvt_stage_q(rw->cl, rw->seq, l, pos),
 	      *sl = kvt_stage_lse(rw->cl, rw->seq, l, pos);
-	if (sx)
-		memcpy(sx, x, sizeof(float) * mc->dim);
-	if (sq)
-		memcpy(sq, q, sizeof(float) * H * hd);
-	if (sl)
-		memcpy(sl, lse, sizeof(float) * H);
+	/* kvt_memcpy: the rows are device memory on a cuda tenant */
+	if ((sx && (rc = kvt_memcpy(rw->cl, sx, x, sizeof(float) * mc->dim))) ||
+	    (sq && (rc = kvt_memcpy(rw->cl, sq, q, sizeof(float) * H * hd))) ||
+	    (sl && (rc = kvt_memcpy(rw->cl, sl, lse, sizeof(float) * H)))) {
+		snprintf(err, errlen, "staging (layer %u): %s", l,
+		         kvt_last_error(rw->cl));
+		return rc;
+	}
 	return 0;
 }
 

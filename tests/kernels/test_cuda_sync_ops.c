@@ -1,6 +1,11 @@
 /*
- * test_cuda_drops.c — the cuda backend's compact_drops op (backend.h, ABI
- * 5: a sync's compaction from drop indices, moves and page addresses
+ * test_cuda_sync_ops.c — the cuda backend's ops of a device sync (backend.h,
+ * ABI 5).  fill_words: a value at a pattern of word offsets in many rows,
+ * against the same stores on a host image.  scorer_new / scorer_run: a
+ * linear and an MLP scorer of three layers over jobs of device rows,
+ * against scorer_linear_cpu / scorer_mlp_cpu (tolerance of the scorers in
+ * docs/cuda.md: atol 1e-4, rtol 1e-4), and its refusals.  compact_drops (a sync's
+ * compaction from drop indices, moves and page addresses
  * worked out on the device) on a table and pages built by hand in device
  * memory, against compact_plan + compact_cpu (kernels/cpu/compact.c) run
  * on a host image of the same chunk from the same drop marks: the whole
@@ -10,14 +15,16 @@
  * page order differs from address order, a page of an unmapped chunk slot
  * (that move is skipped, nothing faults), and the refusals (drops not
  * ascending, beyond the length, a record out of range), which change
- * nothing.  Built into kvtrim-cuda-tests and, under the CPU emulator,
+ * nothing.  Both built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests; skips without a device.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "compact.h"
+#include "kernels.h"
 #include "test.h"
 
 extern const struct kvt_backend_ops kvt_cuda_backend_v1;
@@ -212,4 +219,139 @@ TEST(cuda, backend_compact_drops_refuses_and_skips_unmapped)
 	T_OK(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 0, ok, NULL));
 	free(got);
 	dr_fini(&f);
+}
+
+TEST(cuda, backend_fill_words_stores_the_pattern)
+{
+	char err[256];
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	if (o->probe(err, sizeof(err)))
+		T_SKIP(err);
+	void *ctx, *dev;
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_ASSERT(o->fill_words != NULL);
+	enum { WORDS = 4096 };
+	uint32_t *img = malloc(WORDS * 4), *got = malloc(WORDS * 4);
+	T_ASSERT(img && got);
+	for (uint32_t i = 0; i < WORDS; i++)
+		img[i] = urnd();
+	T_OK(o->mem_new(ctx, WORDS * 4, &dev));
+	T_OK(o->copy(ctx, dev, img, WORDS * 4, NULL));
+	/* 1500 rows (more than a launch's blocks) at scattered offsets,
+	 * some overlapping, and a pattern longer than a block */
+	const uint32_t n_rows = 1500, n_words = 200;
+	uint64_t *rows = malloc(n_rows * sizeof(uint64_t));
+	uint32_t pat[200];
+	T_ASSERT(rows);
+	for (uint32_t w = 0; w < n_words; w++)
+		pat[w] = (w * 7) % 331;
+	for (uint32_t r = 0; r < n_rows; r++) {
+		rows[r] = 4ull * (urnd() % (WORDS - 331));
+		for (uint32_t w = 0; w < n_words; w++)
+			img[rows[r] / 4 + pat[w]] = 0x7fc57a6eu;
+	}
+	T_OK(o->fill_words(ctx, dev, 0x7fc57a6eu, pat, n_words, rows, n_rows,
+	                   NULL));
+	T_OK(o->copy(ctx, got, dev, WORDS * 4, NULL));
+	T_ASSERT(memcmp(got, img, WORDS * 4) == 0);
+	/* a row not in whole words is refused and nothing is stored */
+	rows[0] = 6;
+	T_EQ(o->fill_words(ctx, dev, 1, pat, n_words, rows, 2, NULL),
+	     KVT_EINVAL);
+	T_OK(o->copy(ctx, got, dev, WORDS * 4, NULL));
+	T_ASSERT(memcmp(got, img, WORDS * 4) == 0);
+	T_OK(o->fill_words(ctx, dev, 1, pat, 0, rows, 0, NULL));
+	o->mem_free(ctx, dev);
+	o->ctx_free(ctx);
+	free(rows);
+	free(img);
+	free(got);
+}
+
+static float frnd(void)
+{
+	return (float)(urnd() % 20001) / 10000.0f - 1.0f;
+}
+
+static void scorer_case(const struct kvt_backend_ops *o, void *ctx,
+                        uint32_t hidden)
+{
+	enum { L = 3, D = 40, O = 3, ROWS = 70 };
+	uint32_t o1 = hidden ? hidden : O;
+	float *w[4][L];
+	size_t sz[4] = {(size_t)o1 * D, o1, (size_t)O * hidden, O};
+	for (int k = 0; k < 4; k++)
+		for (int l = 0; l < L; l++) {
+			w[k][l] = malloc(sz[k] * sizeof(float) + 4);
+			T_ASSERT(w[k][l]);
+			for (size_t i = 0; i < sz[k]; i++)
+				w[k][l][i] = frnd() * (k % 2 ? 1.0f : 0.3f);
+		}
+	const struct kvt_backend_scorer d = {
+		.n_layers = L, .d_in = D, .hidden = hidden, .d_out = O,
+		.W1 = (const float *const *)w[0], .b1 = (const float *const *)w[1],
+		.W2 = (const float *const *)w[2], .b2 = (const float *const *)w[3],
+	};
+	void *sc;
+	T_OK(o->scorer_new(ctx, &d, &sc));
+	float *hx = malloc(ROWS * D * sizeof(float)), *dx;
+	T_ASSERT(hx);
+	for (size_t i = 0; i < ROWS * D; i++)
+		hx[i] = frnd() * 2.0f;
+	T_OK(o->mem_new(ctx, ROWS * D * sizeof(float), (void **)&dx));
+	T_OK(o->copy(ctx, dx, hx, ROWS * D * sizeof(float), NULL));
+	/* jobs over parts of the rows, layers in any order, one empty */
+	const struct kvt_backend_score_job jobs[] = {
+		{2, 5, dx}, {0, 0, NULL}, {1, 30, dx + 5 * D}, {0, 35, dx + 35 * D},
+		{2, 70, dx},
+	};
+	const uint32_t nj = sizeof(jobs) / sizeof(jobs[0]);
+	float got[140 * O], want[140 * O], hs[70 * 64];
+	T_ASSERT(hidden <= 64);
+	T_OK(o->scorer_run(ctx, sc, jobs, nj, got, NULL));
+	size_t at = 0;
+	for (uint32_t j = 0; j < nj; j++) {
+		uint32_t l = jobs[j].layer, n = jobs[j].n;
+		if (!n)
+			continue;
+		const float *x = hx + (jobs[j].x - dx);
+		if (hidden)
+			scorer_mlp_cpu(x, n, D, w[0][l], w[1][l], hidden, w[2][l],
+			               w[3][l], O, want + at * O, hs);
+		else
+			scorer_linear_cpu(x, n, D, w[0][l], w[1][l], O,
+			                  want + at * O);
+		at += n;
+	}
+	T_EQ(at, 140);
+	for (size_t i = 0; i < at * O; i++)
+		T_ASSERT(fabsf(got[i] - want[i]) <= 1e-4f + 1e-4f * fabsf(want[i]));
+	const struct kvt_backend_score_job bad = {L, 1, dx};
+	T_EQ(o->scorer_run(ctx, sc, &bad, 1, got, NULL), KVT_EINVAL);
+	T_OK(o->scorer_run(ctx, sc, jobs, 0, got, NULL));
+	o->scorer_free(ctx, sc);
+	o->scorer_free(ctx, NULL);
+	o->mem_free(ctx, dx);
+	free(hx);
+	for (int k = 0; k < 4; k++)
+		for (int l = 0; l < L; l++)
+			free(w[k][l]);
+}
+
+TEST(cuda, backend_scorer_matches_cpu)
+{
+	char err[256];
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	if (o->probe(err, sizeof(err)))
+		T_SKIP(err);
+	void *ctx, *sc;
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_ASSERT(o->scorer_new && o->scorer_run && o->scorer_free);
+	scorer_case(o, ctx, 0);
+	scorer_case(o, ctx, 9);
+	/* refusals: nothing to score with */
+	const struct kvt_backend_scorer none = {0};
+	T_EQ(o->scorer_new(ctx, &none, &sc), KVT_EINVAL);
+	T_ASSERT(sc == NULL);
+	o->ctx_free(ctx);
 }
