@@ -29,7 +29,8 @@
  *   context.cu   probe, device count, contexts and their sharing mode
  *   share.cu     chunks: VMM export and import as fds, legacy IPC
  *   streams.cu   streams and interprocess events
- *   ops.cu       compaction, uploads, reads and copies (the staging slots)
+ *   ops.cu       compaction, uploads, reads and copies (the staging slots),
+ *                and the count of the bytes they move (traffic, ABI 5)
  *   attention.cu kvt_attention's causal paged attention (ABI 4)
  * around the private header backend_cuda.cuh.
  */
@@ -100,4 +101,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .upload_regions = */ bc_upload_regions,
 	/* .stream_notify = */ bc_stream_notify,
 	/* .attention = */ bc_attention,
+	/* .traffic = */ bc_traffic,
 };
