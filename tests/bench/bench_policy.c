@@ -24,7 +24,7 @@
 #include "kernels.h"
 #include "kvtrim.h"
 #include "policy.h"
-#include "weights.h"
+#include "rndweights.h"
 
 /* --quick (bench_policy_run's quick): smaller budgets and fewer rounds. */
 static int quick;
@@ -114,76 +114,19 @@ static void bench_scorers(struct bench_policy *b)
 	free(sc);
 }
 
-/* Tensors of one weights file under construction. */
-struct wset {
-	struct weights_tensor t[8 * B_L];
-	float *data[8 * B_L];
-	char nm[8 * B_L][48];
-	size_t n;
-};
-
-/* Adds tensor fmt(l) of shape s (nd dims): uniform in [-scale/2, scale/2)
- * plus offset, seeded by its index. */
-static void wset_add(struct wset *w, const char *fmt, uint32_t l, uint32_t nd,
-                     uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3,
-                     float scale, float offset)
-{
-	size_t i = w->n++;
-	uint64_t sh[4] = {s0, s1, s2, s3}, ne = 1;
-	for (uint32_t d = 0; d < nd; d++)
-		ne *= sh[d];
-	snprintf(w->nm[i], sizeof(w->nm[i]), fmt, l);
-	w->data[i] = rnd(ne, i + 100, scale);
-	for (uint64_t k = 0; k < ne; k++)
-		w->data[i][k] += offset;
-	w->t[i] = (struct weights_tensor){w->nm[i], nd, {s0, s1, s2, s3},
-	                                  w->data[i]};
-}
-
 /*
  * Writes random seeded weights of a learned policy for all 36 layers into
- * path, shapes per docs/weights.md: kvzap MLP hidden 512 (output bias -4,
- * so about half the entries fall below the default threshold), fastkvzip
- * D' 16 S 16 (the released gates), kvpop r 16 m 64.
+ * path (rndweights.h): kvzap MLP hidden 512 (output bias -4, so about half
+ * the entries fall below the default threshold), fastkvzip D' 16 S 16 (the
+ * released gates), kvpop r 16 m 64.
  */
 static void bench_weights(const char *name, const char *path)
 {
-	struct wset *w = calloc(1, sizeof(*w));
-	if (!w)
-		bench_die("out of memory");
-	for (uint32_t l = 0; l < B_L; l++) {
-		if (!strcmp(name, "kvzap")) {
-			wset_add(w, "kvzap.%u.fc1.weight", l, 2, 512, B_D, 0, 0, 0.05f, 0);
-			wset_add(w, "kvzap.%u.fc1.bias", l, 1, 512, 0, 0, 0, 0.1f, 0);
-			wset_add(w, "kvzap.%u.fc2.weight", l, 2, B_KV, 512, 0, 0, 0.05f, 0);
-			wset_add(w, "kvzap.%u.fc2.bias", l, 1, B_KV, 0, 0, 0, 0.0f, -4.0f);
-		} else if (!strcmp(name, "fastkvzip")) {
-			wset_add(w, "fastkvzip.%u.q_proj.weight", l, 2, B_KV * B_G * 16,
-			         B_D, 0, 0, 0.05f, 0);
-			wset_add(w, "fastkvzip.%u.q_proj.bias", l, 1, B_KV * B_G * 16, 0,
-			         0, 0, 0.1f, 0);
-			wset_add(w, "fastkvzip.%u.k_proj.weight", l, 2, B_KV * 16, B_D,
-			         0, 0, 0.05f, 0);
-			wset_add(w, "fastkvzip.%u.q_norm.weight", l, 1, 16, 0, 0, 0,
-			         0.2f, 1.0f);
-			wset_add(w, "fastkvzip.%u.k_norm.weight", l, 1, 16, 0, 0, 0,
-			         0.2f, 1.0f);
-			wset_add(w, "fastkvzip.%u.k_base", l, 4, B_KV, 1, 16, 16, 2.0f, 0);
-			wset_add(w, "fastkvzip.%u.b", l, 3, B_KV, 1, B_G, 0, 1.0f, 0);
-		} else {
-			wset_add(w, "kvpop.%u.proj.weight", l, 2, 16, B_D, 0, 0, 0.05f, 0);
-			wset_add(w, "kvpop.%u.fc1.weight", l, 2, 64, 17, 0, 0, 0.5f, 0);
-			wset_add(w, "kvpop.%u.fc1.bias", l, 1, 64, 0, 0, 0, 0.1f, 0);
-			wset_add(w, "kvpop.%u.fc2.weight", l, 2, B_KV, 64, 0, 0, 0.5f, 0);
-			wset_add(w, "kvpop.%u.fc2.bias", l, 1, B_KV, 0, 0, 0, 0.1f, 0);
-		}
-	}
+	const struct kvt_geometry g = {B_L, B_H, B_KV, B_HD, B_D};
 	char err[KVT_ERRTEXT_MAX];
-	if (weights_write(path, w->t, w->n, err, sizeof(err)))
+	if (th_random_weights(name, &g, &TH_WSHAPE_FULL, 0, path, err,
+	                      sizeof(err)))
 		bench_die(err);
-	for (size_t i = 0; i < w->n; i++)
-		free(w->data[i]);
-	free(w);
 }
 
 /*
