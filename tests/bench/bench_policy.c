@@ -45,8 +45,7 @@ static uint64_t mix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
-/* n floats uniform in [-scale/2, scale/2) from a xorshift seeded by seed. */
-static void fill_rnd(float *v, size_t n, uint64_t seed, float scale)
+void bench_fill_rnd(float *v, size_t n, uint64_t seed, float scale)
 {
 	uint64_t x = mix64(seed) | 1;
 	for (size_t i = 0; i < n; i++) {
@@ -62,7 +61,7 @@ static float *rnd(size_t n, uint64_t seed, float scale)
 	float *v = malloc(n * sizeof(float) + 1);
 	if (!v)
 		bench_die("out of memory");
-	fill_rnd(v, n, seed, scale);
+	bench_fill_rnd(v, n, seed, scale);
 	return v;
 }
 
@@ -228,6 +227,28 @@ static double dcpu_us(const struct dcpu *d)
 	return (double)(ut + st) * 1e6 / (double)sysconf(_SC_CLK_TCK);
 }
 
+void bench_ctl_stats(const char *bin_dir, const char *dir,
+                     const char *const *keys, double *vals, int n)
+{
+	char cmd[1400], line[256], key[128];
+	for (int i = 0; i < n; i++)
+		vals[i] = NAN;
+	snprintf(cmd, sizeof(cmd), "'%s/kvtrimctl' --runtime-dir '%s' stats "
+	         "2>/dev/null", bin_dir, dir);
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return;
+	double v;
+	while (fgets(line, sizeof(line), p)) {
+		if (sscanf(line, "%127s %lf", key, &v) != 2)
+			continue;
+		for (int i = 0; i < n; i++)
+			if (!strcmp(key, keys[i]))
+				vals[i] = v;
+	}
+	pclose(p);
+}
+
 /*
  * The daemon's own sync time so far, us, from `kvtrimctl stats`:
  * sync_us_total where the daemon has it, else sync_apply_seconds_sum (the
@@ -235,23 +256,11 @@ static double dcpu_us(const struct dcpu *d)
  */
 static double ctl_sync_us(const char *bin_dir, const char *dir)
 {
-	char cmd[1400], line[256], key[128];
-	snprintf(cmd, sizeof(cmd), "'%s/kvtrimctl' --runtime-dir '%s' stats "
-	         "2>/dev/null", bin_dir, dir);
-	FILE *p = popen(cmd, "r");
-	if (!p)
-		return NAN;
-	double v, us = NAN, alt = NAN;
-	while (fgets(line, sizeof(line), p)) {
-		if (sscanf(line, "%127s %lf", key, &v) != 2)
-			continue;
-		if (!strcmp(key, "sync_us_total"))
-			us = v;
-		else if (!strcmp(key, "sync_apply_seconds_sum"))
-			alt = v * 1e6;
-	}
-	pclose(p);
-	return isnan(us) ? alt : us;
+	static const char *const keys[] = {"sync_us_total",
+	                                   "sync_apply_seconds_sum"};
+	double v[2];
+	bench_ctl_stats(bin_dir, dir, keys, v, 2);
+	return isnan(v[0]) ? v[1] * 1e6 : v[0];
 }
 
 /*
@@ -295,10 +304,10 @@ static void deng_init(struct deng *e)
 	/* keys in [-1, 1): with queries in [-3, 3) the logits q.k/sqrt(hd)
 	 * have a standard deviation near 1, so attention is far from
 	 * uniform */
-	fill_rnd(tmp, nr, 31, 2.0f);
+	bench_fill_rnd(tmp, nr, 31, 2.0f);
 	dtype_from_f32(tmp, KVT_DTYPE_F16, e->kb, nr);
 	dtype_to_f32(e->kb, KVT_DTYPE_F16, e->kf, nr);
-	fill_rnd(tmp, nr, 32, 2.0f);
+	bench_fill_rnd(tmp, nr, 32, 2.0f);
 	dtype_from_f32(tmp, KVT_DTYPE_F16, e->vb, nr);
 	for (size_t r = 0; r < nr / B_HD; r++)
 		e->vb[r * B_HD] = (uint16_t)(r % D_R);
@@ -360,14 +369,14 @@ static void deng_step(struct deng *e, uint32_t n, enum kvt_phase phase)
 				float *x = kvt_stage_x(e->c, e->seq, l, pos);
 				if (!x)
 					bench_die("kvt_stage_x");
-				fill_rnd(x, B_D, seed * 2, 3.4f); /* RMS ~ 1 */
+				bench_fill_rnd(x, B_D, seed * 2, 3.4f); /* RMS ~ 1 */
 			}
 			if (!(e->needs & (POLICY_NEED_Q | POLICY_NEED_LSE)))
 				continue;
 			float *q = kvt_stage_q(e->c, e->seq, l, pos);
 			if (!q)
 				bench_die("kvt_stage_q");
-			fill_rnd(q, (size_t)B_H * B_HD, seed * 2 + 1, 6.0f);
+			bench_fill_rnd(q, (size_t)B_H * B_HD, seed * 2 + 1, 6.0f);
 			for (uint32_t h = 0; h < B_KV; h++)
 				memcpy(e->qh + (((size_t)h * n + k) * B_G) * B_HD,
 				       q + (size_t)h * B_G * B_HD,
