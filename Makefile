@@ -235,8 +235,9 @@ $(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 
 # hostile.c's adversaries use the integration-test helpers (daemon.c).
 $(BENCH): $(call obj,tests/bench/bench.c tests/bench/bench_policy.c tests/bench/hostile.c \
-                    tests/bench/hostile_adv.c \
-                    tests/bench/smollm2.c tests/harness/daemon.c) \
+                    tests/bench/hostile_adv.c tests/bench/traffic.c \
+                    tests/bench/smollm2.c tests/harness/daemon.c \
+                    tests/harness/rndweights.c) \
           $(DAEMON_OBJ) $(ENGINE_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")

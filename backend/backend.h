@@ -285,6 +285,15 @@ struct kvt_backend_ops {
 	 * paged_attention_cpu itself. */
 	int (*attention)(void *ctx, const struct kvt_backend_attention *a,
 	                 void *stream);
+	/* (optional; ABI 5) The bytes the context's ops copied so far from
+	 * host to device (*h2d) and from device to host (*d2h), counted as
+	 * each copy is queued: compact's and upload_regions' staged upload,
+	 * read_regions' addresses and gathered bytes, copy (by which side is
+	 * device memory; device-to-device counts nothing).  Monotonic, from
+	 * any thread.  The daemon reports them (device_h2d_bytes_total,
+	 * device_d2h_bytes_total).  The cpu table leaves it NULL: nothing
+	 * crosses. */
+	int (*traffic)(void *ctx, uint64_t *h2d, uint64_t *d2h);
 	/* (optional; ABI 5) Compacts n lists of one tenant from their drop
 	 * indices alone, on stream, asynchronously: the moves and the page
 	 * addresses are worked out on the device from the device table and

@@ -45,6 +45,13 @@ struct stats_snap *srv_snapshot(struct server *s)
 		__atomic_load_n(&s->pool.chunks_released_total, __ATOMIC_RELAXED);
 	http_counts(s->http, &snap->c.stats_conn_timeouts_total,
 	            &snap->c.stats_conn_drops_total);
+	/* The backend counts what its ops copy (cuda); the cpu table has no
+	 * traffic op and nothing crosses. */
+	if (s->bops && s->bops->traffic && s->bctx &&
+	    s->bops->traffic(s->bctx, &snap->c.device_h2d_bytes_total,
+	                     &snap->c.device_d2h_bytes_total))
+		snap->c.device_h2d_bytes_total = snap->c.device_d2h_bytes_total =
+			0;
 	snprintf(snap->version, sizeof(snap->version), "%d.%d.%d",
 	         KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
 	/* "cpu" (memfd chunks), or "cuda/vmm" / "cuda/ipc": the sharing mode

@@ -99,6 +99,12 @@
 	  "within send_timeout_ms")                                            \
 	X(syncs_offloaded_total,                                               \
 	  "syncs run on a worker thread (sync_offload_us)")                    \
+	X(device_h2d_bytes_total,                                              \
+	  "bytes the daemon's backend ops copied from host to device memory " \
+	  "(cuda; 0 on cpu)")                                                  \
+	X(device_d2h_bytes_total,                                              \
+	  "bytes the daemon's backend ops copied from device to host memory " \
+	  "(cuda; 0 on cpu)")                                                  \
 	X(control_requests_dropped_total,                                      \
 	  "requests dropped unanswered: max_inflight_per_conn in flight")      \
 	X(config_reloads_total, "config reloads (SIGHUP) applied")             \

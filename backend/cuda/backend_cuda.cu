@@ -29,7 +29,8 @@
  *   context.cu   probe, device count, contexts and their sharing mode
  *   share.cu     chunks: VMM export and import as fds, legacy IPC
  *   streams.cu   streams and interprocess events
- *   ops.cu       compaction, uploads, reads and copies (the staging slots)
+ *   ops.cu       compaction, uploads, reads and copies (the staging slots),
+ *                and the count of the bytes they move (traffic, ABI 5)
  *   attention.cu kvt_attention's causal paged attention (ABI 4)
  *   compact_drops.cu compaction from drop indices (ABI 5)
  *   fill.cu      a value at a pattern of words in many rows (ABI 5)
@@ -103,6 +104,7 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .upload_regions = */ bc_upload_regions,
 	/* .stream_notify = */ bc_stream_notify,
 	/* .attention = */ bc_attention,
+	/* .traffic = */ bc_traffic,
 	/* .compact_drops = */ bc_compact_drops,
 	/* .fill_words = */ bc_fill_words,
 	/* .scorer_new = */ bc_scorer_new,

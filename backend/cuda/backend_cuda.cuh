@@ -118,12 +118,23 @@ struct bc_ctx {
 	size_t attn_cap;
 	cudaEvent_t attn_used;
 	int attn_recorded;
+	/* Bytes the ops copied host -> device and device -> host (traffic;
+	 * bc_count), added atomically: copy runs outside the lock. */
+	uint64_t h2d, d2h;
 	/* Guards st[], st_next, d_gather and d_attn: the daemon calls
 	 * compact, upload_regions and read_regions from several threads at
 	 * once (syncs on worker threads); the rest of the ops use no shared
 	 * state of the context. */
 	pthread_mutex_t lock;
 };
+
+/* Counts bytes an op queued for copying between host and device (the
+ * traffic op reads the sums).  Every copy site calls it once. */
+static inline void bc_count(struct bc_ctx *c, uint64_t h2d, uint64_t d2h)
+{
+	__atomic_fetch_add(&c->h2d, h2d, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&c->d2h, d2h, __ATOMIC_RELAXED);
+}
 
 /* ---------------------------------------------- the ops (backend.h) */
 
@@ -155,7 +166,7 @@ void bc_event_free(void *ctx, struct kvt_backend_event *e);
 int bc_event_record(void *ctx, struct kvt_backend_event *e, void *stream);
 int bc_stream_wait_event(void *ctx, void *stream, struct kvt_backend_event *e);
 
-/* ops.cu: compaction, uploads, reads and copies */
+/* ops.cu: compaction, uploads, reads, copies and their byte counts */
 int bc_compact(void *ctx, const struct kvt_backend_compact *lists, uint32_t n,
                void *stream);
 int bc_upload_regions(void *ctx, void *dev, const void *host,
@@ -167,6 +178,7 @@ int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
 int bc_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream);
 int bc_mem_new(void *ctx, size_t bytes, void **out);
 void bc_mem_free(void *ctx, void *p);
+int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h);
 
 /* ops.cu: the pinned staging slots.  bc_stage_take picks a slot of at
  * least need bytes for a launch on s (the caller holds c->lock);
@@ -174,7 +186,8 @@ void bc_mem_free(void *ctx, void *p);
  * the caller records st->used after the kernels that read st->d. */
 int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
                   struct bc_stage **out);
-int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s);
+int bc_stage_send(struct bc_ctx *c, struct bc_stage *st, size_t bytes,
+                  cudaStream_t s);
 
 /* compact_drops.cu: compaction from drop indices (ABI 5) */
 int bc_compact_drops(void *ctx, const struct kvt_backend_paged *pg,

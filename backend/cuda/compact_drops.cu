@@ -192,7 +192,7 @@ static int bc_compact_drops_locked(struct bc_ctx *c,
 		doff += l->n_drop;
 		mo += h;
 	}
-	if ((rv = bc_stage_send(st, need, s)))
+	if ((rv = bc_stage_send(c, st, need, s)))
 		return rv;
 	const bc_drop_list *dl = (const bc_drop_list *)st->d;
 	const uint32_t *dd = (const uint32_t *)(st->d + lbytes);

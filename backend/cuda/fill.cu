@@ -45,7 +45,7 @@ static int bc_fill_words_locked(struct bc_ctx *c, void *dev, uint32_t value,
 		return rv;
 	memcpy(st->h, rows, rbytes);
 	memcpy(st->h + rbytes, pattern, (size_t)n_words * sizeof(uint32_t));
-	if ((rv = bc_stage_send(st, need, s)))
+	if ((rv = bc_stage_send(c, st, need, s)))
 		return rv;
 	unsigned blocks = n_rows < 1024 ? n_rows : 1024;
 	KVT_LAUNCH(bc_fill_kernel, blocks, BC_FILL_THREADS, 0, s, (char *)dev,

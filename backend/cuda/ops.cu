@@ -5,8 +5,9 @@
  * uploads stage their arguments in the context's pinned slots, round
  * robin, so a sync of one tenant does not wait for another's queued GPU
  * work; the three ops that use the slots or the gather buffer hold the
- * context's lock (the daemon calls them from several threads).  See
- * backend_cuda.cuh.
+ * context's lock (the daemon calls them from several threads).  Every
+ * host <-> device copy is counted where it is queued (bc_count; the
+ * traffic op).  See backend_cuda.cuh.
  */
 #include <string.h>
 
@@ -67,10 +68,12 @@ int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
 }
 
 /* Queues the copy of st's first bytes to the device on s. */
-int bc_stage_send(struct bc_stage *st, size_t bytes, cudaStream_t s)
+int bc_stage_send(struct bc_ctx *c, struct bc_stage *st, size_t bytes,
+                  cudaStream_t s)
 {
 	BC_CALL(cudaMemcpyAsync(st->d, st->h, bytes, cudaMemcpyHostToDevice, s),
 	        "cudaMemcpyAsync");
+	bc_count(c, bytes, 0);
 	BC_CALL(cudaEventRecord(st->copied, s), "cudaEventRecord");
 	st->staged = 1;
 	return 0;
@@ -132,7 +135,7 @@ static int bc_compact_locked(void *ctx,
 		np += l->n_pages;
 		nm += l->n_moves;
 	}
-	if ((rv = bc_stage_send(st, need, s)))
+	if ((rv = bc_stage_send(c, st, need, s)))
 		return rv;
 	void *const *dp = (void *const *)st->d;
 	const uint32_t *dm = (const uint32_t *)(st->d + pbytes);
@@ -218,7 +221,7 @@ static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
 		memcpy(hw + at, (const char *)host + r[i].off, r[i].bytes);
 		at += r[i].bytes / 4;
 	}
-	if ((rv = bc_stage_send(st, need, s)))
+	if ((rv = bc_stage_send(c, st, need, s)))
 		return rv;
 	KVT_LAUNCH(bc_scatter_kernel, n, 128, 0, s, (uint32_t *)dev,
 	           (const struct bc_up *)st->d,
@@ -230,6 +233,19 @@ static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
 
 /* ------------------------------------------------- copy, private memory */
 
+/* 1 when p is device memory of this process as unified addressing tells
+ * (what cudaMemcpyDefault decides from), for copy's count. */
+static int bc_is_device(const void *p)
+{
+	cudaPointerAttributes at;
+	if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return at.type == cudaMemoryTypeDevice ||
+	       at.type == cudaMemoryTypeManaged;
+}
+
 int bc_copy(void *ctx, void *dst, const void *src, size_t bytes,
             void *stream)
 {
@@ -239,7 +255,21 @@ int bc_copy(void *ctx, void *dst, const void *src, size_t bytes,
 	/* Unified addressing tells host from device on either side. */
 	BC_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
 	        "cudaMemcpyAsync");
+	if (bytes) {
+		int dd = bc_is_device(dst), sd = bc_is_device(src);
+		bc_count(c, dd && !sd ? bytes : 0, sd && !dd ? bytes : 0);
+	}
 	BC_CALL(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+	return 0;
+}
+
+int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!c || !h2d || !d2h)
+		return KVT_EINVAL;
+	*h2d = __atomic_load_n(&c->h2d, __ATOMIC_RELAXED);
+	*d2h = __atomic_load_n(&c->d2h, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -332,6 +362,7 @@ static int bc_read_regions_locked(void *ctx, void *dst, size_t dst_stride,
 	BC_CALL(cudaMemcpyAsync(c->d_gather, src, (size_t)n * sizeof(void *),
 	                        cudaMemcpyHostToDevice, s),
 	        "cudaMemcpyAsync");
+	bc_count(c, (size_t)n * sizeof(void *), 0);
 	KVT_LAUNCH(bc_gather_kernel, n, 256, 0, s,
 	           (const void *const *)c->d_gather, c->d_gather + abytes, bytes,
 	           wide);
@@ -339,6 +370,7 @@ static int bc_read_regions_locked(void *ctx, void *dst, size_t dst_stride,
 	BC_CALL(cudaMemcpy2DAsync(dst, dst_stride, c->d_gather + abytes, bytes,
 	                          bytes, n, cudaMemcpyDeviceToHost, s),
 	        "cudaMemcpy2DAsync");
+	bc_count(c, 0, (size_t)n * bytes);
 	BC_CALL(cudaStreamSynchronize(s), "read_regions");
 	return 0;
 }

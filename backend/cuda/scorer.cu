@@ -83,11 +83,13 @@ int bc_scorer_new(void *ctx, const struct kvt_backend_scorer *d, void **out)
 		for (int k = 0; !rv && k < 4; k++) {
 			if (part[k].n && !part[k].src)
 				rv = KVT_EINVAL;
-			else if (part[k].n)
+			else if (part[k].n) {
 				rv = bc_cuda(cudaMemcpy(w, part[k].src,
 				                        part[k].n * sizeof(float),
 				                        cudaMemcpyHostToDevice),
 				             "weights upload");
+				bc_count(c, part[k].n * sizeof(float), 0);
+			}
 			w += part[k].n;
 		}
 	}
@@ -164,6 +166,7 @@ int bc_scorer_run(void *ctx, void *sp, const struct kvt_backend_score_job *jobs,
 	BC_CALL(cudaMemcpyAsync(out, s->y, rows * s->d_out * sizeof(float),
 	                        cudaMemcpyDeviceToHost, st),
 	        "cudaMemcpyAsync");
+	bc_count(c, 0, rows * s->d_out * sizeof(float));
 	BC_CALL(cudaStreamSynchronize(st), "scorer_run");
 	return 0;
 }

@@ -67,8 +67,14 @@
  * comparable).
  * docs/bench.md explains every line.
  *
+ * Host <-> device traffic (traffic.c, skipped when the emulated cuda
+ * library is not built): every policy on kvtrimd --backend cuda under the
+ * CPU emulator at the 8B geometry, 2 sequences, syncing every 16 tokens:
+ *   cuda_host_bytes_per_token_<p> = cuda_daemon_bytes_per_token_<p> +
+ *   cuda_stage_bytes_per_token_<p>, beside cuda_host_bytes_target 4096
+ *
  * Usage: kvtrim-bench --bin-dir build/bin --out build/bench.txt [--quick]
- *        [--sync-only | --hostile-only | --smollm2-only]
+ *        [--sync-only | --hostile-only | --smollm2-only | --traffic-only]
  * (kvtrim-bench --adversary NAME --runtime-dir DIR is one of hostile.c's
  * adversary processes.)
  */
@@ -210,25 +216,56 @@ static double bench_nng(const char *dir, int iters)
  * them on cuda with --sync-only). */
 static const char *backend = "cpu";
 
-static pid_t start_daemon(const char *bin_dir, const char *dir)
+pid_t bench_spawn_daemon(const char *bin_dir, const char *dir,
+                         const char *const *args)
 {
-	char bin[600], ctl[600];
+	char bin[700];
+	const char *argv[24];
+	int n = 0;
 	snprintf(bin, sizeof(bin), "%s/kvtrimd", bin_dir);
-	snprintf(ctl, sizeof(ctl), "%s/ctl.ipc", dir);
+	argv[n++] = bin;
+	argv[n++] = "--runtime-dir";
+	argv[n++] = dir;
+	argv[n++] = "--log-level";
+	argv[n++] = "warning";
+	for (int i = 0; args && args[i] && n < 23; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
 	pid_t pid = fork();
 	if (pid == 0) {
-		execl(bin, bin, "--runtime-dir", dir, "--backend", backend,
-		      "--pool-size", "1G", "--log-level", "warning", (char *)NULL);
+		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
-	for (int i = 0; i < 500; i++) {
-		struct stat st;
-		if (!stat(ctl, &st))
+	if (pid < 0)
+		return -1;
+	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
+	for (int tries = 0; tries < 1000; tries++) {
+		int up = 0;
+		for (int i = 0; i < 3; i++) {
+			char p[800];
+			struct stat st;
+			snprintf(p, sizeof(p), "%s/%s", dir, socks[i]);
+			up += !stat(p, &st);
+		}
+		if (up == 3)
 			return pid;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
 		usleep(10000);
 	}
-	bench_die("kvtrimd did not start");
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
 	return -1;
+}
+
+static pid_t start_daemon(const char *bin_dir, const char *dir)
+{
+	const char *const args[] = {"--backend", backend, "--pool-size", "1G",
+	                            NULL};
+	pid_t pid = bench_spawn_daemon(bin_dir, dir, args);
+	if (pid < 0)
+		bench_die("kvtrimd did not start");
+	return pid;
 }
 
 /*
@@ -391,7 +428,7 @@ static void bench_compact(double *memcpy_gbps, double *gather_gbps,
 int main(int argc, char **argv)
 {
 	const char *bin_dir = "build/bin", *out = "build/bench.txt";
-	int sync_only = 0, hostile_only = 0, smollm2_only = 0;
+	int sync_only = 0, hostile_only = 0, smollm2_only = 0, traffic_only = 0;
 	if (argc > 1 && !strcmp(argv[1], "--adversary"))
 		return hostile_adversary_main(argc, argv);
 	for (int i = 1; i < argc; i++) {
@@ -409,11 +446,13 @@ int main(int argc, char **argv)
 			hostile_only = 1;
 		else if (!strcmp(argv[i], "--smollm2-only"))
 			smollm2_only = 1;
+		else if (!strcmp(argv[i], "--traffic-only"))
+			traffic_only = 1;
 		else {
 			fprintf(stderr, "usage: kvtrim-bench [--bin-dir DIR] "
 			        "[--out FILE] [--quick] [--backend cpu|cuda] "
 			        "[--sync-only | --hostile-only | "
-			        "--smollm2-only]\n");
+			        "--smollm2-only | --traffic-only]\n");
 			return 2;
 		}
 	}
@@ -424,12 +463,15 @@ int main(int argc, char **argv)
 	if (!mkdtemp(dir))
 		bench_die("mkdtemp");
 	int iters = quick ? 2000 : 20000;
+	/* --traffic-only runs only the cuda traffic lines */
+	if (traffic_only)
+		hostile_only = smollm2_only = sync_only = 0;
 
 	double uds = 0, nng = 0, p50 = 0, p99 = 0, s64 = 0;
 	double mg = 0, gg = 0, cg = 0;
 	struct bench_policy pb;
 	memset(&pb, 0, sizeof(pb));
-	if (!hostile_only && !smollm2_only) {
+	if (!hostile_only && !smollm2_only && !traffic_only) {
 		uds = bench_uds(iters);
 		nng = bench_nng(dir, iters);
 		pid_t d = start_daemon(bin_dir, dir);
@@ -446,15 +488,17 @@ int main(int argc, char **argv)
 	/* The hostile phases re-run this binary as their adversaries. */
 	char self[4096];
 	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (!sync_only && !smollm2_only && sl > 0) {
+	if (!sync_only && !smollm2_only && !traffic_only && sl > 0) {
 		self[sl] = '\0';
 		hostile_run(self, bin_dir, dir, quick);
-	} else if (!sync_only && !smollm2_only) {
+	} else if (!sync_only && !smollm2_only && !traffic_only) {
 		fprintf(stderr, "kvtrim-bench: no /proc/self/exe: the hostile "
 		        "figures are left out\n");
 	}
-	if (!sync_only && !hostile_only)
+	if (!sync_only && !hostile_only && !traffic_only)
 		smollm2_run(bin_dir, dir, quick);
+	if (!sync_only && !hostile_only && !smollm2_only)
+		traffic_run(bin_dir, dir, quick);
 
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -472,6 +516,10 @@ int main(int argc, char **argv)
 		}
 		if (smollm2_only) {
 			smollm2_print(outs[i]);
+			continue;
+		}
+		if (traffic_only) {
+			traffic_print(outs[i]);
 			continue;
 		}
 		fprintf(outs[i], "uds_rtt_p50_us %.1f\n", uds);
@@ -506,6 +554,7 @@ int main(int argc, char **argv)
 			        pb.names[k], pb.prefill_us[k]);
 		hostile_print(outs[i]);
 		smollm2_print(outs[i]);
+		traffic_print(outs[i]);
 	}
 	fclose(f);
 	return 0;

@@ -6,6 +6,7 @@
 #ifndef KVT_BENCH_H
 #define KVT_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -27,9 +28,28 @@ double bench_pct(double *v, int n, double p);
 void bench_small_cfg(struct kvt_config *c, const char *dir, const char *name,
                      uint32_t seqs);
 
+/*
+ * Starts kvtrimd from bin_dir on runtime dir dir (--log-level warning) plus
+ * args (NULL-terminated, e.g. {"--backend", "cpu", "--pool-size", "1G",
+ * NULL}) and waits until its three sockets exist (10 s at most).  Its pid,
+ * or -1 when it exited or never came up (then it is killed and reaped).
+ */
+pid_t bench_spawn_daemon(const char *bin_dir, const char *dir,
+                         const char *const *args);
+
 /* Prints "kvtrim-bench: what" to stderr and exits 1: the figures of
  * bench.c and bench_policy.c cannot be measured without what failed. */
 void bench_die(const char *what);
+
+/* n floats uniform in [-scale/2, scale/2) from a xorshift seeded by seed
+ * (bench_policy.c). */
+void bench_fill_rnd(float *v, size_t n, uint64_t seed, float scale);
+
+/* Reads numeric keys of `kvtrimctl stats` (kvtrimctl from bin_dir, the
+ * daemon of runtime dir dir) into vals; NAN for a key absent or when
+ * kvtrimctl could not run. */
+void bench_ctl_stats(const char *bin_dir, const char *dir,
+                     const char *const *keys, double *vals, int n);
 
 /* The policy figures (bench_policy.c; docs/bench.md, "Scorer kernels" and
  * "Daemon CPU per decoded token"). */
@@ -86,5 +106,19 @@ void smollm2_run(const char *bin_dir, const char *tmp_dir, int quick);
 
 /* Writes the "name value" lines of the last smollm2_run to f. */
 void smollm2_print(FILE *f);
+
+/*
+ * The host <-> device bytes per decoded token of every policy on the
+ * emulated cuda daemon (traffic.c, docs/bench.md "Host-device traffic"): a
+ * fresh kvtrimd --backend cuda on bin_dir/../lib/emu/libkvtrim-cuda.so
+ * under tmp_dir/traffic.  Skipped with the reason (stderr, and a comment
+ * line in the output) when that library is missing.  Never exits the
+ * process: a policy it could not measure is nan.  quick: a shorter prompt
+ * and fewer decode tokens.
+ */
+void traffic_run(const char *bin_dir, const char *tmp_dir, int quick);
+
+/* Writes the "name value" lines of the last traffic_run to f. */
+void traffic_print(FILE *f);
 
 #endif

@@ -24,7 +24,7 @@
 #include "kernels.h"
 #include "kvtrim.h"
 #include "policy.h"
-#include "weights.h"
+#include "rndweights.h"
 
 /* --quick (bench_policy_run's quick): smaller budgets and fewer rounds. */
 static int quick;
@@ -45,8 +45,7 @@ static uint64_t mix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
-/* n floats uniform in [-scale/2, scale/2) from a xorshift seeded by seed. */
-static void fill_rnd(float *v, size_t n, uint64_t seed, float scale)
+void bench_fill_rnd(float *v, size_t n, uint64_t seed, float scale)
 {
 	uint64_t x = mix64(seed) | 1;
 	for (size_t i = 0; i < n; i++) {
@@ -62,7 +61,7 @@ static float *rnd(size_t n, uint64_t seed, float scale)
 	float *v = malloc(n * sizeof(float) + 1);
 	if (!v)
 		bench_die("out of memory");
-	fill_rnd(v, n, seed, scale);
+	bench_fill_rnd(v, n, seed, scale);
 	return v;
 }
 
@@ -114,76 +113,19 @@ static void bench_scorers(struct bench_policy *b)
 	free(sc);
 }
 
-/* Tensors of one weights file under construction. */
-struct wset {
-	struct weights_tensor t[8 * B_L];
-	float *data[8 * B_L];
-	char nm[8 * B_L][48];
-	size_t n;
-};
-
-/* Adds tensor fmt(l) of shape s (nd dims): uniform in [-scale/2, scale/2)
- * plus offset, seeded by its index. */
-static void wset_add(struct wset *w, const char *fmt, uint32_t l, uint32_t nd,
-                     uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3,
-                     float scale, float offset)
-{
-	size_t i = w->n++;
-	uint64_t sh[4] = {s0, s1, s2, s3}, ne = 1;
-	for (uint32_t d = 0; d < nd; d++)
-		ne *= sh[d];
-	snprintf(w->nm[i], sizeof(w->nm[i]), fmt, l);
-	w->data[i] = rnd(ne, i + 100, scale);
-	for (uint64_t k = 0; k < ne; k++)
-		w->data[i][k] += offset;
-	w->t[i] = (struct weights_tensor){w->nm[i], nd, {s0, s1, s2, s3},
-	                                  w->data[i]};
-}
-
 /*
  * Writes random seeded weights of a learned policy for all 36 layers into
- * path, shapes per docs/weights.md: kvzap MLP hidden 512 (output bias -4,
- * so about half the entries fall below the default threshold), fastkvzip
- * D' 16 S 16 (the released gates), kvpop r 16 m 64.
+ * path (rndweights.h): kvzap MLP hidden 512 (output bias -4, so about half
+ * the entries fall below the default threshold), fastkvzip D' 16 S 16 (the
+ * released gates), kvpop r 16 m 64.
  */
 static void bench_weights(const char *name, const char *path)
 {
-	struct wset *w = calloc(1, sizeof(*w));
-	if (!w)
-		bench_die("out of memory");
-	for (uint32_t l = 0; l < B_L; l++) {
-		if (!strcmp(name, "kvzap")) {
-			wset_add(w, "kvzap.%u.fc1.weight", l, 2, 512, B_D, 0, 0, 0.05f, 0);
-			wset_add(w, "kvzap.%u.fc1.bias", l, 1, 512, 0, 0, 0, 0.1f, 0);
-			wset_add(w, "kvzap.%u.fc2.weight", l, 2, B_KV, 512, 0, 0, 0.05f, 0);
-			wset_add(w, "kvzap.%u.fc2.bias", l, 1, B_KV, 0, 0, 0, 0.0f, -4.0f);
-		} else if (!strcmp(name, "fastkvzip")) {
-			wset_add(w, "fastkvzip.%u.q_proj.weight", l, 2, B_KV * B_G * 16,
-			         B_D, 0, 0, 0.05f, 0);
-			wset_add(w, "fastkvzip.%u.q_proj.bias", l, 1, B_KV * B_G * 16, 0,
-			         0, 0, 0.1f, 0);
-			wset_add(w, "fastkvzip.%u.k_proj.weight", l, 2, B_KV * 16, B_D,
-			         0, 0, 0.05f, 0);
-			wset_add(w, "fastkvzip.%u.q_norm.weight", l, 1, 16, 0, 0, 0,
-			         0.2f, 1.0f);
-			wset_add(w, "fastkvzip.%u.k_norm.weight", l, 1, 16, 0, 0, 0,
-			         0.2f, 1.0f);
-			wset_add(w, "fastkvzip.%u.k_base", l, 4, B_KV, 1, 16, 16, 2.0f, 0);
-			wset_add(w, "fastkvzip.%u.b", l, 3, B_KV, 1, B_G, 0, 1.0f, 0);
-		} else {
-			wset_add(w, "kvpop.%u.proj.weight", l, 2, 16, B_D, 0, 0, 0.05f, 0);
-			wset_add(w, "kvpop.%u.fc1.weight", l, 2, 64, 17, 0, 0, 0.5f, 0);
-			wset_add(w, "kvpop.%u.fc1.bias", l, 1, 64, 0, 0, 0, 0.1f, 0);
-			wset_add(w, "kvpop.%u.fc2.weight", l, 2, B_KV, 64, 0, 0, 0.5f, 0);
-			wset_add(w, "kvpop.%u.fc2.bias", l, 1, B_KV, 0, 0, 0, 0.1f, 0);
-		}
-	}
+	const struct kvt_geometry g = {B_L, B_H, B_KV, B_HD, B_D};
 	char err[KVT_ERRTEXT_MAX];
-	if (weights_write(path, w->t, w->n, err, sizeof(err)))
+	if (th_random_weights(name, &g, &TH_WSHAPE_FULL, 0, path, err,
+	                      sizeof(err)))
 		bench_die(err);
-	for (size_t i = 0; i < w->n; i++)
-		free(w->data[i]);
-	free(w);
 }
 
 /*
@@ -285,6 +227,28 @@ static double dcpu_us(const struct dcpu *d)
 	return (double)(ut + st) * 1e6 / (double)sysconf(_SC_CLK_TCK);
 }
 
+void bench_ctl_stats(const char *bin_dir, const char *dir,
+                     const char *const *keys, double *vals, int n)
+{
+	char cmd[1400], line[256], key[128];
+	for (int i = 0; i < n; i++)
+		vals[i] = NAN;
+	snprintf(cmd, sizeof(cmd), "'%s/kvtrimctl' --runtime-dir '%s' stats "
+	         "2>/dev/null", bin_dir, dir);
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return;
+	double v;
+	while (fgets(line, sizeof(line), p)) {
+		if (sscanf(line, "%127s %lf", key, &v) != 2)
+			continue;
+		for (int i = 0; i < n; i++)
+			if (!strcmp(key, keys[i]))
+				vals[i] = v;
+	}
+	pclose(p);
+}
+
 /*
  * The daemon's own sync time so far, us, from `kvtrimctl stats`:
  * sync_us_total where the daemon has it, else sync_apply_seconds_sum (the
@@ -292,23 +256,11 @@ static double dcpu_us(const struct dcpu *d)
  */
 static double ctl_sync_us(const char *bin_dir, const char *dir)
 {
-	char cmd[1400], line[256], key[128];
-	snprintf(cmd, sizeof(cmd), "'%s/kvtrimctl' --runtime-dir '%s' stats "
-	         "2>/dev/null", bin_dir, dir);
-	FILE *p = popen(cmd, "r");
-	if (!p)
-		return NAN;
-	double v, us = NAN, alt = NAN;
-	while (fgets(line, sizeof(line), p)) {
-		if (sscanf(line, "%127s %lf", key, &v) != 2)
-			continue;
-		if (!strcmp(key, "sync_us_total"))
-			us = v;
-		else if (!strcmp(key, "sync_apply_seconds_sum"))
-			alt = v * 1e6;
-	}
-	pclose(p);
-	return isnan(us) ? alt : us;
+	static const char *const keys[] = {"sync_us_total",
+	                                   "sync_apply_seconds_sum"};
+	double v[2];
+	bench_ctl_stats(bin_dir, dir, keys, v, 2);
+	return isnan(v[0]) ? v[1] * 1e6 : v[0];
 }
 
 /*
@@ -352,10 +304,10 @@ static void deng_init(struct deng *e)
 	/* keys in [-1, 1): with queries in [-3, 3) the logits q.k/sqrt(hd)
 	 * have a standard deviation near 1, so attention is far from
 	 * uniform */
-	fill_rnd(tmp, nr, 31, 2.0f);
+	bench_fill_rnd(tmp, nr, 31, 2.0f);
 	dtype_from_f32(tmp, KVT_DTYPE_F16, e->kb, nr);
 	dtype_to_f32(e->kb, KVT_DTYPE_F16, e->kf, nr);
-	fill_rnd(tmp, nr, 32, 2.0f);
+	bench_fill_rnd(tmp, nr, 32, 2.0f);
 	dtype_from_f32(tmp, KVT_DTYPE_F16, e->vb, nr);
 	for (size_t r = 0; r < nr / B_HD; r++)
 		e->vb[r * B_HD] = (uint16_t)(r % D_R);
@@ -417,14 +369,14 @@ static void deng_step(struct deng *e, uint32_t n, enum kvt_phase phase)
 				float *x = kvt_stage_x(e->c, e->seq, l, pos);
 				if (!x)
 					bench_die("kvt_stage_x");
-				fill_rnd(x, B_D, seed * 2, 3.4f); /* RMS ~ 1 */
+				bench_fill_rnd(x, B_D, seed * 2, 3.4f); /* RMS ~ 1 */
 			}
 			if (!(e->needs & (POLICY_NEED_Q | POLICY_NEED_LSE)))
 				continue;
 			float *q = kvt_stage_q(e->c, e->seq, l, pos);
 			if (!q)
 				bench_die("kvt_stage_q");
-			fill_rnd(q, (size_t)B_H * B_HD, seed * 2 + 1, 6.0f);
+			bench_fill_rnd(q, (size_t)B_H * B_HD, seed * 2 + 1, 6.0f);
 			for (uint32_t h = 0; h < B_KV; h++)
 				memcpy(e->qh + (((size_t)h * n + k) * B_G) * B_HD,
 				       q + (size_t)h * B_G * B_HD,

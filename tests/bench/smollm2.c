@@ -123,35 +123,9 @@ static float s2_rnd(uint64_t *st, float a)
 
 static pid_t s2_daemon(const char *bin_dir, const char *dir)
 {
-	char bin[700];
-	snprintf(bin, sizeof(bin), "%s/kvtrimd", bin_dir);
-	pid_t pid = fork();
-	if (pid == 0) {
-		execl(bin, bin, "--runtime-dir", dir, "--backend", "cpu",
-		      "--pool-size", S2_POOL, "--tenant-memory-max", "4G",
-		      "--log-level", "warning", (char *)NULL);
-		_exit(127);
-	}
-	if (pid < 0)
-		return -1;
-	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
-	for (int tries = 0; tries < 1000; tries++) {
-		int up = 0;
-		for (int i = 0; i < 3; i++) {
-			char p[800];
-			struct stat st;
-			snprintf(p, sizeof(p), "%s/%s", dir, socks[i]);
-			up += !stat(p, &st);
-		}
-		if (up == 3)
-			return pid;
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return -1;
-		usleep(10000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
+	const char *const args[] = {"--backend", "cpu", "--pool-size", S2_POOL,
+	                            "--tenant-memory-max", "4G", NULL};
+	return bench_spawn_daemon(bin_dir, dir, args);
 }
 
 static int s2_open(const struct model *m, const char *dir, const char *tenant,

@@ -799,3 +799,131 @@ TEST(cuda, backend_staging_rotation)
 #endif
 	o->ctx_free(ctx);
 }
+
+/*
+ * ABI 5: traffic counts the bytes the context's ops copy between host and
+ * device, over a mix of them on two streams: copies in every direction
+ * (device-to-device and host-to-host count nothing), uploads (one larger
+ * than a staging slot, so the slot grows), a compaction, a read of
+ * regions, and refused calls (which move nothing).  Under the emulator the
+ * backend's sums must equal the emulator's own count of the same window
+ * (kvt_emu_traffic, every cudaMemcpy* of the process; the test copies
+ * nothing itself in between); everywhere, device -> host is exactly what
+ * copy and read_regions deliver, and host -> device at least the payload
+ * (copied bytes, region bytes, page addresses and moves, read addresses).
+ */
+TEST(cuda, backend_traffic_counts)
+{
+	const struct kvt_backend_ops *o = cuda_ops();
+	void *ctx, *s[2];
+	char err[256];
+	uint64_t h0, d0, h1, d1;
+	T_ASSERT(o->traffic != NULL);
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_ERR(o->traffic(ctx, NULL, &d0), KVT_EINVAL);
+	T_OK(o->traffic(ctx, &h0, &d0));
+	T_EQ_U64(h0, 0); /* a fresh context moved nothing */
+	T_EQ_U64(d0, 0);
+	T_OK(o->stream_new(ctx, &s[0]));
+	T_OK(o->stream_new(ctx, &s[1]));
+	const size_t n = (size_t)256 << 10;
+	uint8_t *src = xmalloc(n), *got = xmalloc(n);
+	for (size_t i = 0; i < n; i++)
+		src[i] = (uint8_t)rnd();
+	void *dev, *dev2;
+	T_OK(o->mem_new(ctx, n, &dev));
+	T_OK(o->mem_new(ctx, n, &dev2));
+	struct kvt_backend_chunk ch;
+	T_OK(o->chunk_new(ctx, KVT_CHUNK_BYTES, &ch));
+	struct plist a;
+	plist_make(&a, 5, 16, 128, KVT_DTYPE_F16);
+	void **ahp = xmalloc(5 * sizeof(void *));
+	for (uint32_t i = 0; i < 5; i++)
+		ahp[i] = a.dev + (size_t)a.ids[i] * a.page_bytes;
+	uint32_t len = 5 * 16 - 3, nl;
+	uint8_t *drop = xmalloc(len);
+	for (uint32_t i = 0; i < len; i++)
+		drop[i] = rnd() % 2;
+	uint32_t *mv = xmalloc((size_t)len * 8);
+	uint32_t nm = compact_plan(drop, len, mv, &nl);
+	T_ASSERT(nm > 0);
+
+	uint64_t e_h0 = 0, e_d0 = 0, e_h1 = 0, e_d1 = 0;
+#ifdef KVT_CUDA_EMU
+	kvt_emu_traffic(&e_h0, &e_d0);
+#endif
+	T_OK(o->traffic(ctx, &h0, &d0));
+	uint64_t pay_h = 0, want_d = 0;
+	/* copies */
+	T_OK(o->copy(ctx, dev, src, 1000, s[0]));
+	pay_h += 1000;
+	T_OK(o->copy(ctx, got, dev, 600, s[1]));
+	want_d += 600;
+	T_OK(o->copy(ctx, dev2, dev, 4096, s[0])); /* device to device */
+	T_OK(o->copy(ctx, got, src, 100, s[0]));   /* host to host */
+	T_OK(o->copy(ctx, dev, src, 0, s[0]));
+	T_OK(o->copy(ctx, (char *)ch.base + 64, src, 256, s[1])); /* a chunk */
+	pay_h += 256;
+	/* uploads, the last one past a 64 KiB slot */
+	for (int call = 0; call < 12; call++) {
+		struct kvt_backend_region r[16];
+		uint32_t k = 1 + rnd() % 16;
+		uint64_t at = 0;
+		for (uint32_t j = 0; j < k; j++) {
+			uint64_t b = 4 * (uint64_t)(rnd() % 40);
+			if (call == 11 && j == 0)
+				b = (uint64_t)160 << 10;
+			r[j] = (struct kvt_backend_region){at, b};
+			at += b + 4 * (rnd() % 8);
+			pay_h += b;
+		}
+		T_OK(o->upload_regions(ctx, dev, src, r, k, s[call % 2]));
+	}
+	/* a compaction of one list: page addresses and moves go up */
+	struct kvt_backend_compact L = {ahp, 5, 16, (uint32_t)a.row_bytes, nm,
+	                                mv};
+	T_OK(o->compact(ctx, &L, 1, s[0]));
+	pay_h += 5 * sizeof(void *) + (uint64_t)nm * 8;
+	/* a read of 7 regions of 256 bytes: addresses up, bytes down */
+	const void *rs[7];
+	for (int i = 0; i < 7; i++)
+		rs[i] = (const char *)ch.base + 4096 * (size_t)i;
+	T_OK(o->read_regions(ctx, got, 300, rs, 7, 256, s[1]));
+	pay_h += 7 * sizeof(void *);
+	want_d += 7 * 256;
+	/* refused calls move nothing */
+	struct kvt_backend_region bad[2] = {{0, 8}, {6, 4}};
+	T_ERR(o->upload_regions(ctx, dev, src, bad, 2, s[0]), KVT_EINVAL);
+	T_ERR(o->read_regions(ctx, got, 8, rs, 1, 16, s[0]), KVT_EINVAL);
+	uint32_t far[2] = {0, 5 * 16};
+	struct kvt_backend_compact B = L;
+	B.moves = far;
+	B.n_moves = 1;
+	T_ERR(o->compact(ctx, &B, 1, s[0]), KVT_EINVAL);
+	T_OK(o->traffic(ctx, &h1, &d1));
+#ifdef KVT_CUDA_EMU
+	kvt_emu_traffic(&e_h1, &e_d1);
+	T_EQ_U64(h1 - h0, e_h1 - e_h0);
+	T_EQ_U64(d1 - d0, e_d1 - e_d0);
+#else
+	(void)e_h0; (void)e_d0; (void)e_h1; (void)e_d1;
+#endif
+	T_EQ_U64(d1 - d0, want_d);
+	if (h1 - h0 < pay_h)
+		th_fail(__FILE__, __LINE__, "host -> device %" PRIu64
+		        " bytes, below the payload of %" PRIu64,
+		        h1 - h0, pay_h);
+	T_OK(o->stream_sync(ctx, s[0]));
+	free(drop);
+	free(mv);
+	free(ahp);
+	plist_free(&a);
+	o->chunk_free(ctx, &ch);
+	o->mem_free(ctx, dev);
+	o->mem_free(ctx, dev2);
+	o->stream_free(ctx, s[0]);
+	o->stream_free(ctx, s[1]);
+	o->ctx_free(ctx);
+	free(src);
+	free(got);
+}

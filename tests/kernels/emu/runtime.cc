@@ -19,7 +19,11 @@
  * (kvt_emu_set_event_lag can make queries say otherwise for a while).  An
  * event opened from another process's handle is a new event that is
  * always complete: ordering between processes is not modelled.  Errors
- * are explained on stderr as they are returned.
+ * are explained on stderr as they are returned.  The bytes of every copy
+ * between host and device are counted by direction (kvt_emu_traffic), the
+ * side that is device memory told from the address as cudaMemcpyDefault
+ * does; device-to-device and host-to-host copies, and memsets, move no
+ * byte across and are not counted.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -94,6 +98,8 @@ uint64_t record_clock;
 std::map<const void *, int> func_smem; /* kernel -> max dynamic smem */
 cudaError_t last_err = cudaSuccess, sticky_err = cudaSuccess;
 size_t alloc_bytes;
+/* Bytes copied host -> device and device -> host (kvt_emu_traffic). */
+uint64_t traffic_h2d, traffic_d2h;
 
 /* Must precede any other work: after a fault the device is unusable. */
 #define EMU_STICKY()                                                           \
@@ -177,6 +183,20 @@ cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t nd,
 		            "cudaMalloc allocation",
 		            fn, kind_name(kind), src, ns);
 	return cudaSuccess;
+}
+
+/* Counts a copy that check_copy let through: n bytes from src to dst,
+ * host -> device or device -> host as the addresses tell (the copy's kind
+ * was checked against them; a host side is any address outside the
+ * allocations, pinned or not). */
+void count_copy(void *dst, const void *src, size_t n)
+{
+	bool d = alloc_of(dst) != allocs.end();
+	bool s = alloc_of(src) != allocs.end();
+	if (d && !s)
+		traffic_h2d += n;
+	else if (s && !d)
+		traffic_d2h += n;
 }
 
 cudaError_t check_stream(const char *fn, cudaStream_t s)
@@ -853,8 +873,10 @@ extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
 	EMU_API_LOCK();
 	EMU_STICKY();
 	cudaError_t e = check_copy("cudaMemcpy", dst, src, n, n, kind);
-	if (e == cudaSuccess && n)
+	if (e == cudaSuccess && n) {
 		memcpy(dst, src, n);
+		count_copy(dst, src, n);
+	}
 	return e;
 }
 
@@ -867,8 +889,10 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
 	cudaError_t e = check_stream("cudaMemcpyAsync", s);
 	if (e == cudaSuccess)
 		e = check_copy("cudaMemcpyAsync", dst, src, n, n, kind);
-	if (e == cudaSuccess && n)
+	if (e == cudaSuccess && n) {
 		memcpy(dst, src, n);
+		count_copy(dst, src, n);
+	}
 	return e;
 }
 
@@ -892,6 +916,7 @@ extern "C" cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src,
 	for (size_t r = 0; r < height; r++)
 		memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch,
 		       width);
+	count_copy(dst, src, width * height); /* the rows, not the pitch */
 	return cudaSuccess;
 }
 
@@ -1181,6 +1206,15 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 		            "cudaEventElapsedTime: an event not recorded");
 	*ms = (float)(end->st->ms - start->st->ms);
 	return cudaSuccess;
+}
+
+extern "C" void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h)
+{
+	EMU_API_LOCK();
+	if (h2d)
+		*h2d = traffic_h2d;
+	if (d2h)
+		*d2h = traffic_d2h;
 }
 
 extern "C" unsigned kvt_emu_set_event_lag(unsigned n)

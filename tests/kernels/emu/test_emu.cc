@@ -375,6 +375,50 @@ TEST(cuda_emu, memcpy_default_and_pinned)
 	CK(cudaFree(e));
 }
 
+/* kvt_emu_traffic counts host <-> device bytes by direction, from the
+ * addresses whatever kind the copy names: device-to-device, host-to-host,
+ * memsets, empty and refused copies count nothing; a 2D copy counts its
+ * rows' bytes (width x height), not the pitches.  Expected sums by hand. */
+TEST(cuda_emu, traffic_counts_host_device_bytes)
+{
+	char host[256], back[256];
+	memset(host, 7, sizeof(host));
+	char *d = dalloc<char>(256), *e = dalloc<char>(256);
+	void *pin = nullptr;
+	CK(cudaMallocHost(&pin, 64));
+	cudaStream_t s;
+	CK(cudaStreamCreate(&s));
+	uint64_t h0 = 1, d0 = 1, h1 = 0, d1 = 0;
+	kvt_emu_traffic(&h0, &d0);
+	CK(cudaMemcpy(d, host, 100, cudaMemcpyHostToDevice));        /* h 100 */
+	CK(cudaMemcpyAsync(e, pin, 64, cudaMemcpyDefault, s));        /* h 64 */
+	CK(cudaMemcpy(back, d, 40, cudaMemcpyDeviceToHost));          /* d 40 */
+	CK(cudaMemcpy(e, d, 64, cudaMemcpyDeviceToDevice));           /* 0 */
+	CK(cudaMemcpyAsync(e + 64, d, 64, cudaMemcpyDefault, s));     /* 0 */
+	CK(cudaMemcpy(back, host, 32, cudaMemcpyDefault));            /* 0 */
+	CK(cudaMemcpy(back, host, 32, cudaMemcpyHostToHost));         /* 0 */
+	CK(cudaMemset(d, 0, 256));                                     /* 0 */
+	CK(cudaMemsetAsync(e, 0, 256, s));                             /* 0 */
+	CK(cudaMemcpy(d, host, 0, cudaMemcpyHostToDevice));           /* 0 */
+	CK(cudaMemcpy2D(back, 8, e, 16, 8, 4, cudaMemcpyDeviceToHost)); /* d 32 */
+	CK(cudaMemcpy2DAsync(d, 16, host, 4, 4, 3, cudaMemcpyDefault,
+	                     s));                                      /* h 12 */
+	/* refused: an overrun, a host pointer as the device side */
+	T_EQ(cudaMemcpy(d + 200, host, 100, cudaMemcpyHostToDevice),
+	     cudaErrorInvalidValue);
+	T_EQ(cudaMemcpy(back, host, 16, cudaMemcpyDeviceToHost),
+	     cudaErrorInvalidValue);
+	(void)cudaGetLastError();
+	kvt_emu_traffic(&h1, nullptr);
+	kvt_emu_traffic(nullptr, &d1);
+	T_EQ_U64(h1 - h0, 100 + 64 + 12);
+	T_EQ_U64(d1 - d0, 40 + 32);
+	CK(cudaStreamDestroy(s));
+	CK(cudaFreeHost(pin));
+	CK(cudaFree(d));
+	CK(cudaFree(e));
+}
+
 /* Events: complete when never recorded, errors once destroyed; the lag
  * holds recorded events back until later records or a synchronisation;
  * interprocess events need DisableTiming and share their state with the

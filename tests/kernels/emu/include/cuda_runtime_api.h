@@ -21,6 +21,7 @@
 #define KVT_EMU_CUDA_RUNTIME_API_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "vector_types.h"
 
@@ -247,6 +248,15 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
  * "still busy" paths.  0, the default, turns it off.  Returns the
  * previous lag. */
 unsigned kvt_emu_set_event_lag(unsigned n);
+
+/* Emulator only (not CUDA).  The bytes this process copied so far from
+ * host to device (*h2d) and from device to host (*d2h), over every
+ * cudaMemcpy, cudaMemcpyAsync, cudaMemcpy2D and cudaMemcpy2DAsync (a 2D
+ * copy counts width x height).  The direction comes from the addresses, as
+ * cudaMemcpyDefault tells it: a side is device memory when its first byte
+ * lies in an allocation (or a mapping); device-to-device and host-to-host
+ * copies count nothing, nor do memsets.  Either pointer may be NULL. */
+void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h);
 
 /* Emulator only (not CUDA).  What driver the backend finds:
  *   KVT_EMU_DRIVER_VMM     the default: the VMM calls, and device 0 reports

@@ -1,0 +1,294 @@
+/*
+ * traffic.c — kvtrim-bench's host <-> device lines (docs/bench.md,
+ * "Host-device traffic"; issue 12's target: at most 4 KB per decoded token
+ * per sequence for every policy).  A fresh kvtrimd --backend cuda on the
+ * CPU emulator's library (build/lib/emu/libkvtrim-cuda.so), and for every
+ * policy kvtrimd lists a synthetic engine at the 8B geometry (32 layers,
+ * 32 query heads, 8 KV heads, head_dim 128, d_model 4096, f16 pages of 16
+ * entries) with 2 sequences: a prompt of 256 tokens (128 quick) in
+ * prefill syncs of 128, then 64 decode tokens (32 quick) syncing every 16,
+ * budgets of 128 entries so that the policies evict.  The engine writes
+ * K/V with kvt_memcpy (what a GPU engine's kernels would write in place)
+ * and stages the inputs the policy reads (kvt_policy_inputs).
+ *
+ *   cuda_daemon_bytes_per_token_<p>  the daemon's device_h2d_bytes_total +
+ *                                    device_d2h_bytes_total over the decode
+ *                                    syncs / (decoded tokens x sequences)
+ *   cuda_stage_bytes_per_token_<p>   what a GPU engine must copy to the
+ *                                    host per token while the staging
+ *                                    segment is host memory: the staged
+ *                                    floats of the policy's inputs (x
+ *                                    d_model, q n_heads x head_dim, lse
+ *                                    n_heads) x 4 x layers
+ *   cuda_host_bytes_per_token_<p>    their sum
+ *   cuda_host_bytes_target           4096
+ *
+ * KVTRIM_BENCH_TRAFFIC=name[,name...] measures only those policies.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "dtype.h"
+#include "kvtrim.h"
+#include "rndweights.h"
+
+#define T_L 32u
+#define T_H 32u
+#define T_KV 8u
+#define T_HD 128u
+#define T_D 4096u
+#define T_SEQS 2u
+#define T_CHUNK 128u /* a prefill sync; the headroom */
+#define T_EVERY 16u  /* decode tokens a sync */
+#define T_BUDGET 128u
+#define T_MAXPOL 32
+
+static struct {
+	int ran;
+	char skipped[800];
+	int n;
+	char names[T_MAXPOL][32];
+	double daemon[T_MAXPOL], stage[T_MAXPOL];
+} ts;
+
+/* The policies kvtrimd lists (`kvtrimd --list-policies`: a name first on
+ * each line), into ts.names. */
+static void list_policies(const char *bin_dir)
+{
+	char cmd[700], line[512];
+	snprintf(cmd, sizeof(cmd), "'%s/kvtrimd' --list-policies 2>/dev/null",
+	         bin_dir);
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return;
+	const char *only = getenv("KVTRIM_BENCH_TRAFFIC");
+	while (fgets(line, sizeof(line), p) && ts.n < T_MAXPOL) {
+		char nm[32];
+		if (sscanf(line, "%31s", nm) != 1)
+			continue;
+		if (only && *only && !strstr(only, nm))
+			continue;
+		snprintf(ts.names[ts.n++], sizeof(ts.names[0]), "%s", nm);
+	}
+	pclose(p);
+}
+
+/* device_h2d_bytes_total + device_d2h_bytes_total now; NAN if unread. */
+static double daemon_bytes(const char *bin_dir, const char *dir)
+{
+	static const char *const keys[] = {"device_h2d_bytes_total",
+	                                   "device_d2h_bytes_total"};
+	double v[2];
+	bench_ctl_stats(bin_dir, dir, keys, v, 2);
+	return v[0] + v[1];
+}
+
+/*
+ * Appends n tokens at position pos to both sequences: K/V of every list
+ * with kvt_memcpy (rows from a small table of f16 rows), the staged inputs
+ * the policy reads, then one sync of both.  0 or the sync's code.
+ */
+static int step(kvt_client *c, const kvt_seq *seq, uint32_t pos, uint32_t n,
+                enum kvt_phase phase, const uint16_t *rows)
+{
+	const size_t rb = T_HD * 2;
+	static float q[T_H * T_HD];
+	for (uint32_t s = 0; s < T_SEQS; s++)
+		for (uint32_t k = 0; k < n; k++) {
+			uint32_t p = pos + k;
+			for (uint32_t l = 0; l < T_L; l++) {
+				for (uint32_t h = 0; h < T_KV; h++) {
+					void *kp, *vp;
+					const uint16_t *r =
+						rows + ((p + l + h) % 64) * T_HD;
+					if (kvt_kv_ptr(c, seq[s], l, h, k, &kp,
+					               &vp) ||
+					    kvt_memcpy(c, kp, r, rb) ||
+					    kvt_memcpy(c, vp, r + 64 * T_HD, rb))
+						return KVT_EINVAL;
+				}
+				float *x = kvt_stage_x(c, seq[s], l, p);
+				float *sq = kvt_stage_q(c, seq[s], l, p);
+				float *lse = kvt_stage_lse(c, seq[s], l, p);
+				uint64_t seed = ((uint64_t)p << 8) ^ l;
+				if (x)
+					bench_fill_rnd(x, T_D, seed, 1.0f);
+				if (sq) {
+					bench_fill_rnd(q, T_H * T_HD, ~seed, 1.0f);
+					memcpy(sq, q, sizeof(q));
+				}
+				/* finite, near the log of the list's length */
+				for (uint32_t h = 0; lse && h < T_H; h++)
+					lse[h] = logf((float)(p + 1)) + 0.1f *
+					         (float)(h % 5);
+			}
+		}
+	struct kvt_sync_item it[T_SEQS];
+	for (uint32_t s = 0; s < T_SEQS; s++)
+		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
+	return kvt_sync(c, it, T_SEQS);
+}
+
+/* The spec of one policy: budgets of T_BUDGET, learned ones on random
+ * weights (rndweights.h) at path.  0, or -1 when it does not fit. */
+static int spec_of(const char *nm, const char *path, char *spec, size_t n)
+{
+	int k;
+	if (!strcmp(nm, "full"))
+		k = snprintf(spec, n, "full");
+	else if (!strcmp(nm, "kvzap")) /* window 128, threshold -4 */
+		k = snprintf(spec, n, "kvzap:model=%s", path);
+	else if (!strcmp(nm, "fastkvzip") || !strcmp(nm, "kvpop"))
+		k = snprintf(spec, n, "%s:model=%s,tokens=%u", nm, path,
+		             T_BUDGET);
+	else
+		k = snprintf(spec, n, "%s:tokens=%u", nm, T_BUDGET);
+	return k >= 0 && (size_t)k < n ? 0 : -1;
+}
+
+/* One policy on the running daemon: *daemon_b and *stage_b per decoded
+ * token per sequence, or NAN with the reason on stderr. */
+static void run_policy(const char *bin_dir, const char *dir, const char *nm,
+                       uint32_t prompt, uint32_t dec, const uint16_t *rows,
+                       double *daemon_b, double *stage_b)
+{
+	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
+	char tenant[KVT_NAME_MAX];
+	const struct kvt_geometry g = {T_L, T_H, T_KV, T_HD, T_D};
+	*daemon_b = *stage_b = NAN;
+	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
+	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
+	              !strcmp(nm, "kvpop");
+	if (learned && th_random_weights(nm, &g, &TH_WSHAPE_FULL, 0, path, err,
+	                                 sizeof(err))) {
+		fprintf(stderr, "kvtrim-bench: traffic %s: %s\n", nm, err);
+		return;
+	}
+	if (spec_of(nm, path, spec, sizeof(spec))) {
+		fprintf(stderr, "kvtrim-bench: traffic %s: the spec does not "
+		        "fit (path %s)\n", nm, path);
+		return;
+	}
+	snprintf(tenant, sizeof(tenant), "traffic-%s", nm);
+	struct kvt_config c = {
+		.runtime_dir = dir, .tenant = tenant, .geo = g,
+		.dtype = KVT_DTYPE_F16, .page_tokens = 16, .max_seqs = T_SEQS,
+		.max_tokens = 1024, .headroom = T_CHUNK,
+		/* the headroom plus the largest lookback (snapkv's window) */
+		.stage_tokens = T_CHUNK + 64, .policy = spec,
+		.timeout_ms = 600000};
+	kvt_client *cl = NULL;
+	kvt_seq seq[T_SEQS];
+	int rv = kvt_connect(&c, &cl, err);
+	if (learned)
+		unlink(path);
+	if (rv) {
+		fprintf(stderr, "kvtrim-bench: traffic %s: kvt_connect: %s: %s\n",
+		        nm, kvt_strerror(rv), err);
+		return;
+	}
+	for (uint32_t s = 0; s < T_SEQS && !rv; s++)
+		rv = kvt_seq_open(cl, &seq[s]);
+	uint32_t pos = 0;
+	for (; !rv && pos < prompt; pos += T_CHUNK)
+		rv = step(cl, seq, pos, T_CHUNK, KVT_PHASE_PREFILL, rows);
+	/* the first decode sync (snapkv compresses the prompt there) is not
+	 * part of the steady state measured */
+	if (!rv)
+		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
+	pos += T_EVERY;
+	double b0 = daemon_bytes(bin_dir, dir);
+	for (uint32_t i = 0; !rv && i < dec; i += T_EVERY, pos += T_EVERY)
+		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
+	double b1 = daemon_bytes(bin_dir, dir);
+	if (rv) {
+		fprintf(stderr, "kvtrim-bench: traffic %s: %s: %s\n", nm,
+		        kvt_strerror(rv), kvt_last_error(cl));
+	} else {
+		uint32_t in = kvt_policy_inputs(cl);
+		/* kvtrim.h: the staging segment is host memory, so a GPU
+		 * engine copies every staged float across */
+		double fl = ((in & KVT_INPUT_X) ? T_D : 0) +
+		            ((in & KVT_INPUT_Q) ? T_H * T_HD : 0) +
+		            ((in & KVT_INPUT_LSE) ? T_H : 0);
+		*stage_b = fl * 4 * T_L;
+		*daemon_b = (b1 - b0) / ((double)dec * T_SEQS);
+	}
+	kvt_disconnect(cl);
+}
+
+void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
+{
+	char lib[700], dir[700];
+	memset(&ts, 0, sizeof(ts));
+	snprintf(lib, sizeof(lib), "%s/../lib/emu/libkvtrim-cuda.so", bin_dir);
+	if (access(lib, R_OK)) {
+		snprintf(ts.skipped, sizeof(ts.skipped), "%s not built (make "
+		         "builds it where g++ is found)", lib);
+		fprintf(stderr, "kvtrim-bench: cuda traffic lines skipped: %s\n",
+		        ts.skipped);
+		return;
+	}
+	char *abs = realpath(lib, NULL);
+	snprintf(dir, sizeof(dir), "%s/traffic", tmp_dir);
+	mkdir(dir, 0700);
+	/* daemon and client both load the emulated library */
+	setenv("KVTRIM_CUDA_EMU", "1", 1);
+	setenv("KVTRIM_CUDA_LIB", abs ? abs : lib, 1);
+	free(abs);
+	list_policies(bin_dir);
+	const char *const args[] = {"--backend", "cuda", "--pool-size", "1G",
+	                            NULL};
+	pid_t d = bench_spawn_daemon(bin_dir, dir, args);
+	if (d < 0) {
+		snprintf(ts.skipped, sizeof(ts.skipped), "kvtrimd --backend "
+		         "cuda did not start on %s", lib);
+		fprintf(stderr, "kvtrim-bench: cuda traffic lines skipped: %s\n",
+		        ts.skipped);
+	} else {
+		/* 64 K rows then 64 V rows, f16 of the pattern */
+		uint16_t *rows = malloc(128 * T_HD * sizeof(uint16_t));
+		float *f = malloc(128 * T_HD * sizeof(float));
+		bench_fill_rnd(f, 128 * T_HD, 7, 1.0f);
+		dtype_from_f32(f, KVT_DTYPE_F16, rows, 128 * T_HD);
+		free(f);
+		uint32_t prompt = quick ? T_CHUNK : 2 * T_CHUNK;
+		uint32_t dec = quick ? 2 * T_EVERY : 4 * T_EVERY;
+		for (int i = 0; i < ts.n; i++)
+			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows,
+			           &ts.daemon[i], &ts.stage[i]);
+		free(rows);
+		ts.ran = 1;
+		kill(d, SIGTERM);
+		waitpid(d, NULL, 0);
+	}
+	unsetenv("KVTRIM_CUDA_EMU");
+	unsetenv("KVTRIM_CUDA_LIB");
+}
+
+void traffic_print(FILE *f)
+{
+	if (ts.skipped[0]) {
+		fprintf(f, "# cuda traffic lines skipped: %s\n", ts.skipped);
+		return;
+	}
+	if (!ts.ran)
+		return;
+	fprintf(f, "cuda_host_bytes_target 4096\n");
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_host_bytes_per_token_%s %.0f\n", ts.names[i],
+		        ts.daemon[i] + ts.stage[i]);
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_daemon_bytes_per_token_%s %.0f\n", ts.names[i],
+		        ts.daemon[i]);
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_stage_bytes_per_token_%s %.0f\n", ts.names[i],
+		        ts.stage[i]);
+}
