@@ -147,16 +147,59 @@ struct kvt_backend_drops {
 };
 
 /*
- * A learned scorer of rows of x (ABI 5; policy.h's struct policy_scorer
- * for every layer): y [d_out] = W1 x + b1 (hidden 0), or
- * W2 gelu(W1 x + b1) + b2 (exact erf GELU).  The arrays hold one host
- * pointer per layer; scorer_new copies the weights to the device.
+ * A learned scorer of rows of x (ABI 5), one score per row and KV head, of
+ * one of three kinds, with per layer KVT_SCORER_TENSORS weight tensors (the
+ * unused ones NULL), float32, in this order:
+ *   LINEAR     W [d_out][d_in], b [d_out]:             y = W x + b
+ *   MLP        W1 [hidden][d_in], b1 [hidden], W2 [d_out][hidden], b2
+ *              [d_out]:                         y = W2 gelu(W1 x + b1) + b2
+ *              (exact erf GELU; KVzap)
+ *   SINK_GATE  Wq, cq, Wk, gq, gk, sinks, bias of kernels.h's
+ *              sink_gate_cpu, d_out = n_kv (Fast KVzip)
+ * w holds n_layers rows of KVT_SCORER_TENSORS host pointers; scorer_new
+ * copies the weights to the device.  kvt_scorer_floats gives a tensor's
+ * size: the one definition of the layouts for both sides.
  */
-struct kvt_backend_scorer {
-	uint32_t n_layers, d_in, hidden, d_out;
-	const float *const *W1, *const *b1; /* [n_layers] */
-	const float *const *W2, *const *b2; /* [n_layers]; hidden > 0 only */
+enum kvt_scorer_kind {
+	KVT_SCORER_LINEAR = 1,
+	KVT_SCORER_MLP = 2,
+	KVT_SCORER_SINK_GATE = 3,
 };
+#define KVT_SCORER_TENSORS 7
+
+struct kvt_backend_scorer {
+	uint32_t kind;         /* enum kvt_scorer_kind */
+	uint32_t n_layers, d_in, d_out;
+	uint32_t hidden;       /* MLP */
+	uint32_t G, dp, S;     /* SINK_GATE: query heads per KV head, gate
+	                          width, sink keys */
+	const float *const *w; /* [n_layers][KVT_SCORER_TENSORS] */
+};
+
+/* Floats of tensor k (0 .. KVT_SCORER_TENSORS-1) of one layer of s; 0 for
+ * a tensor the kind does not have. */
+static inline uint64_t kvt_scorer_floats(const struct kvt_backend_scorer *s,
+                                         uint32_t k)
+{
+	uint64_t d = s->d_in, o = s->d_out, h = s->hidden;
+	uint64_t gd = (uint64_t)s->d_out * s->G * s->dp;
+	switch (s->kind) {
+	case KVT_SCORER_LINEAR:
+		return k == 0 ? o * d : k == 1 ? o : 0;
+	case KVT_SCORER_MLP:
+		return k == 0 ? h * d : k == 1 ? h : k == 2 ? o * h
+		       : k == 3 ? o : 0;
+	case KVT_SCORER_SINK_GATE: {
+		const uint64_t n[KVT_SCORER_TENSORS] = {
+			gd * d, gd, o * s->dp * d, s->dp, s->dp,
+			o * s->S * s->dp, o * s->G,
+		};
+		return k < KVT_SCORER_TENSORS ? n[k] : 0;
+	}
+	default:
+		return 0;
+	}
+}
 
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
  * weights. */

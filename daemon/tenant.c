@@ -58,7 +58,8 @@ static int segment_new(const char *name, uint64_t bytes, unsigned seals,
 /* ------------------------------------------------------------ device */
 
 /*
- * A policy that reads x alone through a scorer the device can run (kvzap):
+ * A policy that reads x alone through a scorer the device can run (kvzap,
+ * fastkvzip):
  * its weights go to the device once, and syncs score x where it is staged
  * (tenant_int.h, dscorer).
  */
@@ -70,22 +71,14 @@ static int scorer_dev_init(struct tenant *t, char *err, size_t errlen)
 	if (!p->ops->scorer || p->ops->needs != POLICY_NEED_X || p->lookback ||
 	    !o->scorer_new || !o->scorer_free || !o->scorer_run)
 		return 0;
-	const float **w = calloc(4 * (size_t)L, sizeof(*w));
+	const float **w = calloc((size_t)L * KVT_SCORER_TENSORS, sizeof(*w));
 	if (!w)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	struct policy_scorer ps = {0};
-	for (uint32_t l = 0; l < L; l++) {
-		p->ops->scorer(p, l, &ps);
-		w[l] = ps.W1;
-		w[L + l] = ps.b1;
-		w[2 * L + l] = ps.W2;
-		w[3 * L + l] = ps.b2;
-	}
-	const struct kvt_backend_scorer d = {
-		.n_layers = L, .d_in = ps.d_in, .hidden = ps.hidden,
-		.d_out = ps.d_out, .W1 = w, .b1 = w + L, .W2 = w + 2 * L,
-		.b2 = w + 3 * L,
-	};
+	struct kvt_backend_scorer d = {0};
+	for (uint32_t l = 0; l < L; l++)
+		p->ops->scorer(p, l, &d, w + (size_t)l * KVT_SCORER_TENSORS);
+	d.n_layers = L;
+	d.w = w;
 	int rc = o->scorer_new(t->bctx, &d, &t->dscorer);
 	free(w);
 	if (rc)

@@ -110,11 +110,35 @@ void fastkvzip_gate(const struct policy *p, uint32_t layer, const float *x,
 	              fl->bias, score, scratch);
 }
 
+static void fkv_scorer(const struct policy *p, uint32_t layer,
+                       struct kvt_backend_scorer *out, const float **w)
+{
+	const struct policy_geom *ge = &p->geom;
+	const struct fkv *f = p->priv;
+	const struct fkv_layer *fl = learned_layer(p, layer);
+	*out = (struct kvt_backend_scorer){
+		.kind = KVT_SCORER_SINK_GATE, .d_in = ge->d_model,
+		.d_out = ge->n_kv_heads, .G = ge->n_heads / ge->n_kv_heads,
+		.dp = f->dp, .S = f->S,
+	};
+	const float *t[KVT_SCORER_TENSORS] = {fl->Wq, fl->cq, fl->Wk, fl->gq,
+	                                      fl->gk, fl->sinks, fl->bias};
+	for (uint32_t k = 0; k < KVT_SCORER_TENSORS; k++)
+		w[k] = t[k];
+}
+
 static int fkv_decide(struct policy *p, struct policy_layer *l)
 {
 	const struct policy_geom *ge = &p->geom;
 	uint32_t nkv = ge->n_kv_heads, n = l->n_new;
-	if (n) {
+	if (n && l->pre) {
+		for (uint32_t g = 0; g < nkv; g++) {
+			struct policy_head *h = &l->heads[g];
+			for (uint32_t k = 0; k < n && k < h->len; k++)
+				h->ent[h->len - n + k] =
+					l->pre[(size_t)k * nkv + g];
+		}
+	} else if (n) {
 		float *s = policy_scratch(p, (size_t)n * nkv * sizeof(float));
 		float *sc = policy_scratch(p, fastkvzip_gate_scratch(p, n) *
 		                                 sizeof(float));
@@ -184,4 +208,5 @@ const struct policy_ops fastkvzip_ops = {
 	.init = fkv_init,
 	.fini = learned_fini,
 	.decide = fkv_decide,
+	.scorer = fkv_scorer,
 };

@@ -162,15 +162,18 @@ static int kvzap_decide(struct policy *p, struct policy_layer *l)
 }
 
 static void kvzap_scorer(const struct policy *p, uint32_t layer,
-                         struct policy_scorer *out)
+                         struct kvt_backend_scorer *out, const float **w)
 {
 	const struct kvzap *z = p->priv;
 	const struct kvzap_layer *zl = learned_layer(p, layer);
-	*out = (struct policy_scorer){
-		.d_in = p->geom.d_model, .hidden = z->hidden,
-		.d_out = p->geom.n_kv_heads,
-		.W1 = zl->W1, .b1 = zl->b1, .W2 = zl->W2, .b2 = zl->b2,
+	*out = (struct kvt_backend_scorer){
+		.kind = z->hidden ? KVT_SCORER_MLP : KVT_SCORER_LINEAR,
+		.d_in = p->geom.d_model, .d_out = p->geom.n_kv_heads,
+		.hidden = z->hidden,
 	};
+	const float *t[KVT_SCORER_TENSORS] = {zl->W1, zl->b1, zl->W2, zl->b2};
+	for (uint32_t k = 0; k < KVT_SCORER_TENSORS; k++)
+		w[k] = t[k];
 }
 
 const struct policy_ops kvzap_ops = {

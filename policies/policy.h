@@ -65,6 +65,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "kvtrim.h"
 
 /* What decide() needs (bit set). */
@@ -172,19 +173,6 @@ struct policy_layer {
 	const float *pre;
 };
 
-/*
- * A policy's per-entry scorer of the new tokens' x, as another device can
- * run it (kvzap): for each row, y [d_out] = W1 x + b1 (hidden 0), or
- * W2 gelu(W1 x + b1) + b2 with the exact erf GELU; one layer's weights,
- * host memory owned by the policy.  d_out is n_kv_heads: y[g] is the
- * score of the row's entry in KV head g, what decide() takes as pre.
- */
-struct policy_scorer {
-	uint32_t d_in, hidden, d_out;
-	const float *W1, *b1; /* [hidden or d_out][d_in], [hidden or d_out] */
-	const float *W2, *b2; /* [d_out][hidden], [d_out]; hidden > 0 only */
-};
-
 struct policy;
 
 struct policy_ops {
@@ -198,10 +186,14 @@ struct policy_ops {
 	int (*init)(struct policy *p, char *err, size_t errlen);
 	void (*fini)(struct policy *p); /* frees priv (optional) */
 	int (*decide)(struct policy *p, struct policy_layer *l);
-	/* (optional) Layer l's scorer of x, for a tenant that scores on the
-	 * device and passes the scores as policy_layer.pre. */
+	/* (optional) The policy's per-entry scorer of the new tokens' x, as
+	 * a device can run it (backend.h's struct kvt_backend_scorer, d_out
+	 * = n_kv_heads: the scores decide() takes as policy_layer.pre):
+	 * fills the kind and sizes of *out (not n_layers or w) and the
+	 * KVT_SCORER_TENSORS host pointers of layer's weights in w, which
+	 * the policy owns. */
 	void (*scorer)(const struct policy *p, uint32_t layer,
-	               struct policy_scorer *out);
+	               struct kvt_backend_scorer *out, const float **w);
 };
 
 struct policy_block; /* scratch arena block (policy.c) */

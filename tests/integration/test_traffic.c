@@ -45,14 +45,14 @@ static const struct tpol {
 	const char *spec;
 	int asserted; /* the bound holds: its device path has landed */
 } POL[] = {
-	{"full", "full", 0},
-	{"random", "random:tokens=512", 0},
-	{"streaming", "streaming:sinks=2,tokens=512", 0},
+	{"full", "full", 1},
+	{"random", "random:tokens=512", 1},
+	{"streaming", "streaming:sinks=2,tokens=512", 1},
 	{"h2o", "h2o:tokens=512", 0},
 	{"snapkv", "snapkv:window=4,tokens=512", 0},
 	{"tova", "tova:tokens=512", 0},
-	{"kvzap", "kvzap:model=%s,window=4", 0},
-	{"fastkvzip", "fastkvzip:model=%s,tokens=512,window=4,sinks=1,every=4", 0},
+	{"kvzap", "kvzap:model=%s,window=4", 1},
+	{"fastkvzip", "fastkvzip:model=%s,tokens=512,window=4,sinks=1,every=4", 1},
 	{"kvpop", "kvpop:model=%s,tokens=512,delay=4,sinks=1", 0},
 	{"knorm", "knorm:tokens=512", 0},
 	{"expected_attention", "expected_attention:window=4,tokens=512,sinks=1",

@@ -4,7 +4,8 @@
  * against the same stores on a host image.  scorer_new / scorer_run: a
  * linear and an MLP scorer of three layers over jobs of device rows,
  * against scorer_linear_cpu / scorer_mlp_cpu (tolerance of the scorers in
- * docs/cuda.md: atol 1e-4, rtol 1e-4), and its refusals.  compact_drops (a sync's
+ * docs/cuda.md: atol 1e-4, rtol 1e-4), Fast KVzip's sink gate against
+ * sink_gate_cpu (atol 2e-5, rtol 1e-4), and the refusals.  compact_drops (a sync's
  * compaction from drop indices, moves and page addresses
  * worked out on the device) on a table and pages built by hand in device
  * memory, against compact_plan + compact_cpu (kernels/cpu/compact.c) run
@@ -287,10 +288,14 @@ static void scorer_case(const struct kvt_backend_ops *o, void *ctx,
 			for (size_t i = 0; i < sz[k]; i++)
 				w[k][l][i] = frnd() * (k % 2 ? 1.0f : 0.3f);
 		}
+	const float *wl[L][KVT_SCORER_TENSORS] = {{0}};
+	for (int l = 0; l < L; l++)
+		for (int k = 0; k < (hidden ? 4 : 2); k++)
+			wl[l][k] = w[k][l];
 	const struct kvt_backend_scorer d = {
+		.kind = hidden ? KVT_SCORER_MLP : KVT_SCORER_LINEAR,
 		.n_layers = L, .d_in = D, .hidden = hidden, .d_out = O,
-		.W1 = (const float *const *)w[0], .b1 = (const float *const *)w[1],
-		.W2 = (const float *const *)w[2], .b2 = (const float *const *)w[3],
+		.w = &wl[0][0],
 	};
 	void *sc;
 	T_OK(o->scorer_new(ctx, &d, &sc));
@@ -338,6 +343,52 @@ static void scorer_case(const struct kvt_backend_ops *o, void *ctx,
 			free(w[k][l]);
 }
 
+/* Fast KVzip's gate: 2 layers, d_in 24, 2 KV heads of G 2, dp 8, 3 sinks;
+ * tolerance of sink_gate in docs/cuda.md (atol 2e-5, rtol 1e-4). */
+static void gate_case(const struct kvt_backend_ops *o, void *ctx)
+{
+	enum { L = 2, D = 24, KV = 2, G = 2, DP = 8, S = 3, ROWS = 19 };
+	struct kvt_backend_scorer d = {
+		.kind = KVT_SCORER_SINK_GATE, .n_layers = L, .d_in = D,
+		.d_out = KV, .G = G, .dp = DP, .S = S,
+	};
+	float *w[L][KVT_SCORER_TENSORS];
+	for (int l = 0; l < L; l++)
+		for (uint32_t k = 0; k < KVT_SCORER_TENSORS; k++) {
+			uint64_t n = kvt_scorer_floats(&d, k);
+			w[l][k] = malloc(n * sizeof(float));
+			T_ASSERT(w[l][k]);
+			for (uint64_t i = 0; i < n; i++)
+				w[l][k][i] = k == 3 || k == 4 ? 1.0f + 0.2f * frnd()
+				                              : frnd() * 0.5f;
+		}
+	d.w = (const float *const *)&w[0][0];
+	void *sc;
+	T_OK(o->scorer_new(ctx, &d, &sc));
+	float hx[ROWS * D], *dx;
+	for (size_t i = 0; i < ROWS * D; i++)
+		hx[i] = frnd();
+	T_OK(o->mem_new(ctx, sizeof(hx), (void **)&dx));
+	T_OK(o->copy(ctx, dx, hx, sizeof(hx), NULL));
+	const struct kvt_backend_score_job jobs[] = {{1, ROWS, dx},
+	                                             {0, 7, dx + 3 * D}};
+	float got[(ROWS + 7) * KV], want[(ROWS + 7) * KV];
+	float scr[ROWS * KV * (G + 1) * DP];
+	T_OK(o->scorer_run(ctx, sc, jobs, 2, got, NULL));
+	const float *const *w1 = d.w + KVT_SCORER_TENSORS, *const *w0 = d.w;
+	sink_gate_cpu(hx, ROWS, D, KV, G, DP, S, w1[0], w1[1], w1[2], w1[3],
+	              w1[4], w1[5], w1[6], want, scr);
+	sink_gate_cpu(hx + 3 * D, 7, D, KV, G, DP, S, w0[0], w0[1], w0[2],
+	              w0[3], w0[4], w0[5], w0[6], want + ROWS * KV, scr);
+	for (size_t i = 0; i < (ROWS + 7) * KV; i++)
+		T_ASSERT(fabsf(got[i] - want[i]) <= 2e-5f + 1e-4f * fabsf(want[i]));
+	o->scorer_free(ctx, sc);
+	o->mem_free(ctx, dx);
+	for (int l = 0; l < L; l++)
+		for (uint32_t k = 0; k < KVT_SCORER_TENSORS; k++)
+			free(w[l][k]);
+}
+
 TEST(cuda, backend_scorer_matches_cpu)
 {
 	char err[256];
@@ -349,6 +400,7 @@ TEST(cuda, backend_scorer_matches_cpu)
 	T_ASSERT(o->scorer_new && o->scorer_run && o->scorer_free);
 	scorer_case(o, ctx, 0);
 	scorer_case(o, ctx, 9);
+	gate_case(o, ctx);
 	/* refusals: nothing to score with */
 	const struct kvt_backend_scorer none = {0};
 	T_EQ(o->scorer_new(ctx, &none, &sc), KVT_EINVAL);
