@@ -171,7 +171,8 @@ static int bc_compact_locked(void *ctx,
 /* One region of an upload as the scatter kernel reads it: 4-byte words
  * at word offset src of the staged bytes go to word offset dst of dev. */
 struct bc_up {
-	uint64_t dst, src, words;
+	uint64_t dst;
+	uint32_t src, words; /* the staged bytes of one call fit 2^32 words */
 };
 
 /* Block b copies region b; threads stride over its words. */
@@ -204,6 +205,10 @@ static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
 		}
 		words += r[i].bytes / 4;
 	}
+	if (words > UINT32_MAX) {
+		bc_note("upload: %llu words in one call", (unsigned long long)words);
+		return KVT_EINVAL;
+	}
 	size_t dbytes = (size_t)n * sizeof(struct bc_up);
 	size_t need = dbytes + (size_t)words * 4;
 	int rv;
@@ -216,8 +221,8 @@ static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
 	uint64_t at = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		hu[i].dst = r[i].off / 4;
-		hu[i].src = at;
-		hu[i].words = r[i].bytes / 4;
+		hu[i].src = (uint32_t)at;
+		hu[i].words = (uint32_t)(r[i].bytes / 4);
 		memcpy(hw + at, (const char *)host + r[i].off, r[i].bytes);
 		at += r[i].bytes / 4;
 	}
