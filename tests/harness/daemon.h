@@ -42,6 +42,13 @@ const char *th_bin(const char *name);
 void th_daemon_start(struct th_daemon *d, const char *pool,
                      const char *const *extra);
 
+/* th_daemon_start with an explicit backend ("cpu", "cuda") and runtime
+ * directory <tmp>/name (log <tmp>/kvtrimd-name.log), so one test can run
+ * daemons of both backends side by side; name "rt" is th_daemon_start's. */
+void th_daemon_start_as(struct th_daemon *d, const char *backend,
+                        const char *name, const char *pool,
+                        const char *const *extra);
+
 /* Like th_daemon_start without the wait: the caller decides when the
  * daemon is up (e.g. from its READY=1). */
 void th_daemon_spawn(struct th_daemon *d, const char *pool,
