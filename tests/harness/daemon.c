@@ -516,6 +516,19 @@ void th_need_heldout(void)
 		th_skip(TH_HELDOUT " (the held-out text) not found");
 }
 
+void th_skip_emulated_engine(const char *what)
+{
+	const char *emu = getenv("KVTRIM_CUDA_EMU");
+	if (strcmp(th_backend(), "cuda") || !emu || !*emu)
+		return;
+	char why[512];
+	snprintf(why, sizeof(why), "%s through the engine on the emulated "
+	         "cuda backend: its attention kernel on the CPU emulator is "
+	         "too slow for this (runs on the cpu pass and on a GPU)",
+	         what);
+	th_skip(why);
+}
+
 void th_need_smollm2_eval(void)
 {
 	char path[1024], err[1024];

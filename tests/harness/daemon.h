@@ -176,6 +176,18 @@ void th_need_smollm2_eval(void);
 void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
                   const float *q);
 
+/*
+ * Skips the test on the emulated cuda backend (KVTRIM_BACKEND=cuda with
+ * KVTRIM_CUDA_EMU set, the cuda passes of `make test`), saying `what` it
+ * runs: for tests that feed a model hundreds of tokens through the
+ * reference engine on a daemon, whose attention there is the CUDA kernel
+ * on the CPU emulator, some 40 times slower than the CPU kernel (a
+ * SmolLM2 prefill of 530 tokens: about 340 s).  The engine on the cuda
+ * backend is checked there on bytes2m (engine_backends); on a GPU these
+ * tests run.
+ */
+void th_skip_emulated_engine(const char *what);
+
 struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
                                const char *policy);
 
