@@ -507,8 +507,9 @@ KVT_API int kvt_memcpy(kvt_client *c, void *dst, const void *src,
  * kvt_memcpy and kvt_attention use it).  Zero-filled.  *out gets the
  * address (NULL on failure).  The client owns the buffer: kvt_buffer_free
  * gives it back, and kvt_disconnect frees every buffer still allocated.
- * 0, KVT_EINVAL (NULL client or out, bytes 0), KVT_ENOMEM, KVT_ESYS (CUDA
- * error), KVT_ECONN (daemon gone); the reason in kvt_last_error().
+ * 0, KVT_EINVAL (NULL client or out, bytes 0), KVT_ENOMEM (host memory),
+ * KVT_ESYS (a CUDA error, device memory exhausted included), KVT_ECONN
+ * (daemon gone); the reason in kvt_last_error().
  */
 KVT_API int kvt_buffer_alloc(kvt_client *c, size_t bytes, void **out);
 
