@@ -71,6 +71,7 @@ static void destroy(kvt_client *c)
 		nng_aio_free(c->raio);
 	if (c->hfd >= 0)
 		close(c->hfd);
+	client_buffers_free(c);
 	mem_fini(&c->mem);
 	client_attention_free(c);
 	free(c->seqs);
@@ -359,8 +360,10 @@ void kvt_disconnect(kvt_client *c)
 		c->mem_live = 0; /* everything is unmapped next anyway */
 		/* Device memory and events are let go before the daemon frees
 		 * them (legacy IPC: the importer must close first). */
-		if (mem_is_device(&c->mem))
+		if (mem_is_device(&c->mem)) {
+			client_buffers_free(c);
 			mem_fini(&c->mem);
+		}
 		client_rpc(c, &req, &rep, t);
 		codec_rep_free(&rep);
 	}

@@ -13,6 +13,8 @@
  *              ticket), and the device ordering around them
  *   device.c   the cuda-facing calls (stream, table view, memcpy)
  *   attention.c kvt_attention (the CPU kernel, or the backend's op)
+ *   buffer.c   kvt_buffer_alloc / kvt_buffer_free (memory of the pages'
+ *              kind for an engine's q, out and lse)
  *
  * Threads: a kvt_client is used from one thread at a time; only `gone` is
  * written from an nng thread (client_pipe_gone), atomically.
@@ -64,6 +66,12 @@ struct ticket {
 	kvt_seq *seqs;    /* [n] sequences of the sync, for the counters */
 };
 
+/* One buffer of kvt_buffer_alloc. */
+struct client_buffer {
+	void *p;
+	int dev; /* device memory (mem_buffer_free's kind) */
+};
+
 struct kvt_client {
 	struct kvt_config cfg; /* values in force; strings point below */
 	char dir[PATH_MAX];
@@ -102,7 +110,12 @@ struct kvt_client {
 	 * [G][max_pages * page_tokens]. */
 	void **attn_pages;
 	float *attn_logits;
+	/* kvt_buffer_alloc's live buffers (buffer.c), in no order: what
+	 * kvt_buffer_free accepts and kvt_disconnect frees. */
+	struct client_buffer *bufs; /* [bufs_cap], the first n_bufs live */
+	uint32_t n_bufs, bufs_cap;
 };
+
 
 /* ---------------------------------------------------------------- rpc.c */
 
@@ -160,6 +173,12 @@ void client_seq_doubt(kvt_client *c, kvt_seq seq, int rc);
 
 /* Frees kvt_attention's host buffers (safe when none were allocated). */
 void client_attention_free(kvt_client *c);
+
+/* ---------------------------------------------------------------- buffer.c */
+
+/* Frees every buffer kvt_buffer_alloc gave and the list; before mem_fini,
+ * which ends the backend context device buffers belong to.  Safe twice. */
+void client_buffers_free(kvt_client *c);
 
 /* ---------------------------------------------------------------- sync.c */
 

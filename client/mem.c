@@ -481,6 +481,37 @@ int mem_attention(struct mem *m, const struct kvt_backend_attention *a,
 	return 0;
 }
 
+int mem_buffer_new(struct mem *m, size_t bytes, void **out, char *err,
+                   size_t errlen)
+{
+	*out = NULL;
+	if (m->bops) {
+		int rc = m->bops->mem_new(m->bctx, bytes, out);
+		if (rc < 0)
+			return errors_fmt(err, errlen, rc, "cuda backend: %s",
+			                  m->bops->last_error());
+		return 0;
+	}
+	/* aligned_alloc wants a multiple of the alignment; 64 bytes is a
+	 * cache line and what the CPU kernels' vector loads like. */
+	size_t whole = (bytes + 63) & ~(size_t)63;
+	void *p = whole >= bytes ? aligned_alloc(64, whole) : NULL;
+	if (!p)
+		return errors_fmt(err, errlen, KVT_ENOMEM, "no memory for %zu "
+		                  "bytes", bytes);
+	memset(p, 0, whole);
+	*out = p;
+	return 0;
+}
+
+void mem_buffer_free(struct mem *m, void *p, int dev)
+{
+	if (!dev)
+		free(p);
+	else if (m->bops)
+		m->bops->mem_free(m->bctx, p);
+}
+
 int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen)
 {
 	if (!m->bops)

@@ -119,6 +119,16 @@ int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
 int mem_attention(struct mem *m, const struct kvt_backend_attention *a,
                   void *stream, char *err, size_t errlen);
 
+/* Private memory of the pages' kind (kvt_buffer_alloc), zero-filled: on
+ * a device tenant the backend's mem_new (device memory of this process,
+ * shared with no one), else 64-byte aligned host memory.  0, KVT_ENOMEM,
+ * or the backend's code, with the reason in err.  mem_buffer_free gives
+ * back what mem_buffer_new returned, by the same memory kind (dev: the
+ * tenant was a device tenant then), before mem_fini. */
+int mem_buffer_new(struct mem *m, size_t bytes, void **out, char *err,
+                   size_t errlen);
+void mem_buffer_free(struct mem *m, void *p, int dev);
+
 /* True once the table and the staging segment are mapped (and, on a
  * device tenant, the device table imported). */
 int mem_ready(const struct mem *m);

@@ -4,7 +4,6 @@
  */
 #include "engine.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,19 +22,16 @@ struct engine {
 	struct kvt_sync_item *items; /* [batch] one batched sync */
 	uint32_t cur;          /* the sequence engine_attend serves */
 	uint32_t chunk;        /* = headroom */
-	uint32_t page_tokens;
-	uint32_t max_pages;    /* page pointers one list can need */
 	enum kvt_dtype dtype;
-	void **pagev;          /* [max_pages] mapped pages of one list */
-	float *scratch;        /* [G][max_tokens + headroom] attention logits */
-	/* Cuda tenants: the pages are device memory and this engine's
-	 * attention is CPU code, so K/V go through kvt_memcpy and each
-	 * list's pages are copied into host bounce pages before attention
-	 * (a test path: a GPU engine runs its own kernels on the pages). */
+	/* Cuda tenants: the pages are device memory and this engine computes
+	 * on the host, so K/V rows go through kvt_memcpy, and kvt_attention
+	 * (which takes device memory there) gets q, out and lse in device
+	 * buffers that kvt_memcpy fills and empties (a test path: a GPU
+	 * engine keeps them on the device). */
 	int dev;
-	size_t page_bytes;
-	uint8_t *bounce;       /* [max_pages][page_bytes] when dev */
 	uint8_t *row;          /* [2][head_dim * elem] one K and V row */
+	float *dq, *dout;      /* [chunk][n_heads][head_dim] device */
+	float *dlse;           /* [chunk][n_heads] device */
 	char err[KVT_ERRTEXT_MAX + 64];
 };
 
@@ -98,31 +94,37 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 		return rc;
 	}
 	const struct kvt_config *reg = kvt_config_of(e->c);
-	e->page_tokens = reg->page_tokens;
 	e->chunk = reg->headroom < e->chunk ? reg->headroom : e->chunk;
-	uint64_t cap = (uint64_t)reg->max_tokens + reg->headroom;
-	e->max_pages = (uint32_t)((cap + e->page_tokens - 1) / e->page_tokens);
-	e->pagev = calloc(e->max_pages, sizeof(void *));
 	e->seq = calloc(e->batch, sizeof(*e->seq));
 	e->seq_open = calloc(e->batch, 1);
 	e->pos = calloc(e->batch, sizeof(*e->pos));
 	e->bpos = calloc(e->batch, sizeof(*e->bpos));
 	e->items = calloc(e->batch, sizeof(*e->items));
-	e->scratch = malloc(sizeof(float) * cap *
-	                    (mc->n_heads / mc->n_kv_heads));
 	e->dev = kvt_memory_kind(e->c) == KVT_MEMORY_CUDA;
-	e->page_bytes = 2 * (size_t)e->page_tokens * mc->head_dim *
-	                kvt_dtype_size(e->dtype);
-	if (e->dev) {
-		e->bounce = malloc(e->max_pages * e->page_bytes);
+	if (e->dev)
 		e->row = malloc(2 * (size_t)mc->head_dim *
 		                kvt_dtype_size(e->dtype));
-	}
-	if (!e->pagev || !e->scratch || !e->seq || !e->seq_open || !e->pos ||
-	    !e->bpos || !e->items || (e->dev && (!e->bounce || !e->row))) {
+	if (!e->seq || !e->seq_open || !e->pos || !e->bpos || !e->items ||
+	    (e->dev && !e->row)) {
 		snprintf(err, errlen, "out of memory");
 		engine_close(e);
 		return KVT_ENOMEM;
+	}
+	if (e->dev) {
+		/* A step attends at most chunk tokens of one sequence (a
+		 * batched step one token per sequence, one at a time). */
+		size_t qb = (size_t)e->chunk * mc->n_heads * mc->head_dim *
+		            sizeof(float);
+		if ((rc = kvt_buffer_alloc(e->c, qb, (void **)&e->dq)) < 0 ||
+		    (rc = kvt_buffer_alloc(e->c, qb, (void **)&e->dout)) < 0 ||
+		    (rc = kvt_buffer_alloc(e->c, (size_t)e->chunk *
+		                           mc->n_heads * sizeof(float),
+		                           (void **)&e->dlse)) < 0) {
+			snprintf(err, errlen, "kvt_buffer_alloc: %s: %s",
+			         kvt_strerror(rc), kvt_last_error(e->c));
+			engine_close(e);
+			return rc;
+		}
 	}
 	for (uint32_t s = 0; s < e->batch; s++) {
 		rc = kvt_seq_open(e->c, &e->seq[s]);
@@ -146,15 +148,15 @@ void engine_close(struct engine *e)
 	for (uint32_t s = 0; e->seq_open && s < e->batch; s++)
 		if (e->seq_open[s])
 			kvt_seq_close(e->c, e->seq[s]);
+	kvt_buffer_free(e->c, e->dq);
+	kvt_buffer_free(e->c, e->dout);
+	kvt_buffer_free(e->c, e->dlse);
 	kvt_disconnect(e->c);
 	free(e->seq);
 	free(e->seq_open);
 	free(e->pos);
 	free(e->bpos);
 	free(e->items);
-	free(e->pagev);
-	free(e->scratch);
-	free(e->bounce);
 	free(e->row);
 	free(e);
 }
@@ -179,6 +181,30 @@ int engine_reset(struct engine *e)
 	return 0;
 }
 
+/* kvt_attention of the n tokens of seq in layer over host q, out, lse; on
+ * a cuda tenant through the device buffers (kvt_memcpy waits for the
+ * stream, so out and lse are in place when it returns). */
+static int attend(struct engine *e, kvt_seq seq, uint32_t layer, uint32_t n,
+                  const float *q, float *out, float *lse)
+{
+	const struct model_config *mc = &e->m->cfg;
+	const size_t qb = (size_t)n * mc->n_heads * mc->head_dim *
+	                  sizeof(float);
+	const size_t lb = (size_t)n * mc->n_heads * sizeof(float);
+	int rc;
+	if (!e->dev)
+		rc = kvt_attention(e->c, seq, layer, n, q, out, lse);
+	else if ((rc = kvt_memcpy(e->c, e->dq, q, qb)) >= 0 &&
+	         (rc = kvt_attention(e->c, seq, layer, n, e->dq, e->dout,
+	                             e->dlse)) >= 0 &&
+	         (rc = kvt_memcpy(e->c, out, e->dout, qb)) >= 0)
+		rc = kvt_memcpy(e->c, lse, e->dlse, lb);
+	if (rc < 0)
+		return seterr(e, rc, "attention in layer %u: %s: %s", layer,
+		              kvt_strerror(rc), kvt_last_error(e->c));
+	return 0;
+}
+
 /*
  * Append, attend over pages, stage: the n tokens of sequence s at
  * positions pos0.. (the rows of x, q, k, v, out, lse given here are
@@ -192,8 +218,7 @@ static int attend_seq(struct engine *e, uint32_t s, uint32_t layer,
 	const kvt_seq seq = e->seq[s];
 	const struct model_config *mc = &e->m->cfg;
 	const uint32_t hd = mc->head_dim, H = mc->n_heads,
-	               Hkv = mc->n_kv_heads, G = H / Hkv;
-	const float scale = 1.0f / sqrtf((float)hd);
+	               Hkv = mc->n_kv_heads;
 	int rc;
 
 	for (uint32_t g = 0; g < Hkv; g++) {
@@ -216,42 +241,9 @@ static int attend_seq(struct engine *e, uint32_t s, uint32_t layer,
 				return seterr(e, rc, "kvt_memcpy: %s",
 				              kvt_last_error(e->c));
 		}
-		struct kvt_list l;
-		rc = kvt_list_get(e->c, seq, layer, g, &l);
-		if (rc < 0)
-			return seterr(e, rc, "kvt_list_get: %s",
-			              kvt_strerror(rc));
-		/* kvt_kv_ptr succeeded for entry len + n - 1, so the pages
-		 * covering [0, len + n) exist; map them all once. */
-		uint32_t need = (l.len + n + e->page_tokens - 1) /
-		                e->page_tokens;
-		if (need > l.n_pages || need > e->max_pages)
-			return seterr(e, KVT_EPROTO, "list of layer %u head %u "
-			              "has %u pages, %u needed", layer, g,
-			              l.n_pages, need);
-		for (uint32_t i = 0; i < need; i++) {
-			e->pagev[i] = kvt_page_ptr(e->c, l.pages[i]);
-			if (!e->pagev[i])
-				return seterr(e, KVT_EPROTO, "page %u of layer "
-				              "%u head %u is not mapped",
-				              l.pages[i], layer, g);
-			if (!e->dev)
-				continue;
-			void *b = e->bounce + (size_t)i * e->page_bytes;
-			if ((rc = kvt_memcpy(e->c, b, e->pagev[i],
-			                     e->page_bytes)) < 0)
-				return seterr(e, rc, "kvt_memcpy: %s",
-				              kvt_last_error(e->c));
-			e->pagev[i] = b;
-		}
-		for (uint32_t t = 0; t < n; t++) {
-			size_t qo = ((size_t)t * H + (size_t)g * G);
-			paged_attention_cpu(q + qo * hd, G, e->pagev,
-			                    e->page_tokens, hd, e->dtype,
-			                    l.len + t + 1, scale, out + qo * hd,
-			                    lse + qo, e->scratch);
-		}
 	}
+	if ((rc = attend(e, seq, layer, n, q, out, lse)) < 0)
+		return rc;
 	for (uint32_t t = 0; t < n; t++) {
 		/* Each part only when the policy reads it (NULL otherwise,
 		 * and for tenants without staging). */

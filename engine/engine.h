@@ -8,8 +8,14 @@
  * KV head its attention callback
  *   1. appends K (post-RoPE) and V of the n new tokens at list entries
  *      len .. len+n-1 through kvt_kv_ptr (converted to the tenant dtype),
- *   2. attends with paged_attention_cpu, one call per (new token, KV head)
- *      for the G query heads of that KV head, scale 1/sqrt(head_dim),
+ *   2. attends with kvt_attention over the layer's lists (scale
+ *      1/sqrt(head_dim)): on a host tenant in place on the model's q, out
+ *      and lse (libkvtrim's paged_attention_cpu, per new token and KV
+ *      head); on a cuda tenant q goes to a device buffer
+ *      (kvt_buffer_alloc) with kvt_memcpy, the CUDA kernel runs on the
+ *      client's stream, and out and lse come back with kvt_memcpy (K/V
+ *      rows go to the device pages with kvt_memcpy too: this engine
+ *      computes on the host),
  *   3. stages x (post input-RMSNorm), q (post-RoPE) and lse of every new
  *      token at its original position (kvt_stage_x/q/lse),
  * and after the last layer one kvt_sync commits the n entries

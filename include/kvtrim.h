@@ -505,6 +505,28 @@ KVT_API int kvt_memcpy(kvt_client *c, void *dst, const void *src,
                        size_t bytes);
 
 /*
+ * A buffer of `bytes` in the pages' memory kind (kvt_memory_kind), for an
+ * engine that computes on the host yet hands kvt_attention its q, out and
+ * lse: on a host tenant 64-byte aligned host memory, on a cuda tenant
+ * device memory of this process (shared with no one; the engine's kernels,
+ * kvt_memcpy and kvt_attention use it).  Zero-filled.  *out gets the
+ * address (NULL on failure).  The client owns the buffer: kvt_buffer_free
+ * gives it back, and kvt_disconnect frees every buffer still allocated.
+ * 0, KVT_EINVAL (NULL client or out, bytes 0), KVT_ENOMEM (host memory),
+ * KVT_ESYS (a CUDA error, device memory exhausted included), KVT_ECONN
+ * (daemon gone); the reason in kvt_last_error().
+ */
+KVT_API int kvt_buffer_alloc(kvt_client *c, size_t bytes, void **out);
+
+/*
+ * Frees a buffer of kvt_buffer_alloc on this client; p NULL does nothing.
+ * Works on a dead client too (the memory is this process's).  KVT_EINVAL,
+ * changing nothing, for a NULL client or a p that is not a live buffer of
+ * this client (never allocated here, freed already, or inside a buffer).
+ */
+KVT_API int kvt_buffer_free(kvt_client *c, void *p);
+
+/*
  * The whole table as a GPU kernel reads it, in the memory of the pages
  * (kvt_memory_kind: host memory on a host tenant, device memory on a cuda
  * tenant, where kvtrimd keeps a device copy of the table segment that its

@@ -77,19 +77,26 @@ void th_daemon_set_nofile(unsigned long n)
 	daemon_nofile = n;
 }
 
-void th_daemon_spawn(struct th_daemon *d, const char *pool,
+/* th_daemon_spawn with the backend and the runtime dir's name (under the
+ * test's scratch dir; its log beside it) given. */
+static void spawn_as(struct th_daemon *d, const char *backend,
+                     const char *name, const char *pool,
                      const char *const *extra)
 {
 	const char *argv[64];
 	int n = 0;
 	memset(d, 0, sizeof(*d));
-	snprintf(d->dir, sizeof(d->dir), "%s/rt", th_tmpdir());
-	snprintf(d->log, sizeof(d->log), "%s/kvtrimd.log", th_tmpdir());
+	snprintf(d->dir, sizeof(d->dir), "%s/%s", th_tmpdir(), name);
+	if (!strcmp(name, "rt"))
+		snprintf(d->log, sizeof(d->log), "%s/kvtrimd.log", th_tmpdir());
+	else
+		snprintf(d->log, sizeof(d->log), "%s/kvtrimd-%s.log",
+		         th_tmpdir(), name);
 	argv[n++] = th_bin("kvtrimd");
 	argv[n++] = "--runtime-dir";
 	argv[n++] = d->dir;
 	argv[n++] = "--backend";
-	argv[n++] = th_backend();
+	argv[n++] = backend;
 	argv[n++] = "--pool-size";
 	argv[n++] = pool ? pool : "64M";
 	argv[n++] = "--log-level";
@@ -121,12 +128,18 @@ void th_daemon_spawn(struct th_daemon *d, const char *pool,
 	d->pid = pid;
 }
 
-void th_daemon_start(struct th_daemon *d, const char *pool,
+void th_daemon_spawn(struct th_daemon *d, const char *pool,
                      const char *const *extra)
+{
+	spawn_as(d, th_backend(), "rt", pool, extra);
+}
+
+/* Waits until the sockets of a spawned daemon exist (fails the test when
+ * it exits first or after 5 s). */
+static void wait_sockets(struct th_daemon *d)
 {
 	static const char *const socks[] = {"ctl.ipc", "fd.sock", "stats.sock"};
 	char paths[3][512];
-	th_daemon_spawn(d, pool, extra);
 	pid_t pid = d->pid;
 	for (int i = 0; i < 3; i++)
 		snprintf(paths[i], sizeof(paths[i]), "%s/%s", d->dir, socks[i]);
@@ -145,6 +158,21 @@ void th_daemon_start(struct th_daemon *d, const char *pool,
 		th_sleep_ms(10);
 	}
 	th_fail(__FILE__, __LINE__, "kvtrimd did not create its sockets in 5 s");
+}
+
+void th_daemon_start(struct th_daemon *d, const char *pool,
+                     const char *const *extra)
+{
+	th_daemon_spawn(d, pool, extra);
+	wait_sockets(d);
+}
+
+void th_daemon_start_as(struct th_daemon *d, const char *backend,
+                        const char *name, const char *pool,
+                        const char *const *extra)
+{
+	spawn_as(d, backend, name, pool, extra);
+	wait_sockets(d);
 }
 
 int th_daemon_alive(const struct th_daemon *d)
@@ -506,6 +534,19 @@ void th_need_heldout(void)
 {
 	if (access(TH_HELDOUT, R_OK))
 		th_skip(TH_HELDOUT " (the held-out text) not found");
+}
+
+void th_skip_emulated_engine(const char *what)
+{
+	const char *emu = getenv("KVTRIM_CUDA_EMU");
+	if (strcmp(th_backend(), "cuda") || !emu || !*emu)
+		return;
+	char why[512];
+	snprintf(why, sizeof(why), "%s through the engine on the emulated "
+	         "cuda backend: its attention kernel on the CPU emulator is "
+	         "too slow for this (runs on the cpu pass and on a GPU)",
+	         what);
+	th_skip(why);
 }
 
 void th_need_smollm2_eval(void)

@@ -42,6 +42,13 @@ const char *th_bin(const char *name);
 void th_daemon_start(struct th_daemon *d, const char *pool,
                      const char *const *extra);
 
+/* th_daemon_start with an explicit backend ("cpu", "cuda") and runtime
+ * directory <tmp>/name (log <tmp>/kvtrimd-name.log), so one test can run
+ * daemons of both backends side by side; name "rt" is th_daemon_start's. */
+void th_daemon_start_as(struct th_daemon *d, const char *backend,
+                        const char *name, const char *pool,
+                        const char *const *extra);
+
 /* Like th_daemon_start without the wait: the caller decides when the
  * daemon is up (e.g. from its READY=1). */
 void th_daemon_spawn(struct th_daemon *d, const char *pool,
@@ -178,6 +185,18 @@ void th_stage_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t p,
  */
 void th_put(kvt_client *c, void *dst, const void *src, size_t bytes);
 void th_put_f32(kvt_client *c, float *dst, float v);
+
+/*
+ * Skips the test on the emulated cuda backend (KVTRIM_BACKEND=cuda with
+ * KVTRIM_CUDA_EMU set, the cuda passes of `make test`), saying `what` it
+ * runs: for tests that feed a model hundreds of tokens through the
+ * reference engine on a daemon, whose attention there is the CUDA kernel
+ * on the CPU emulator, some 40 times slower than the CPU kernel (a
+ * SmolLM2 prefill of 530 tokens: about 340 s).  The engine on the cuda
+ * backend is checked there on bytes2m (engine_backends); on a GPU these
+ * tests run.
+ */
+void th_skip_emulated_engine(const char *what);
 
 struct kvt_config th_small_cfg(const struct th_daemon *d, const char *name,
                                const char *policy);

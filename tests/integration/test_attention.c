@@ -9,82 +9,41 @@
  * Expected values come from a naive double-precision attention written
  * here, over the entries read back through kvt_list_get and kvt_page_ptr
  * (kvt_memcpy to the host on a cuda tenant), and for the first token by
- * hand (one entry: out is its V row, lse its scaled logit).  On a cuda
- * tenant q, out and lse are device memory from the same libkvtrim-cuda.so
- * libkvtrim loaded (KVTRIM_CUDA_LIB), allocated through its backend table.
+ * hand (one entry: out is its V row, lse its scaled logit).  q, out and
+ * lse are kvt_buffer_alloc buffers: device memory on a cuda tenant.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
 #include "daemon.h"
 #include "dtype.h"
 #include "kvtrim.h"
 #include "test.h"
 
-/* Buffers where the tenant computes: host memory, or device memory from
- * the cuda backend's mem_new. */
+/* Buffers where the tenant computes (kvt_buffer_alloc: host memory, or
+ * device memory of this process on a cuda tenant). */
 struct mem_kind {
 	kvt_client *c;
-	const struct kvt_backend_ops *ops; /* NULL on a host tenant */
-	void *ctx;
 };
 
 static void kind_open(struct mem_kind *k, kvt_client *c)
 {
-	memset(k, 0, sizeof(*k));
 	k->c = c;
-	if (kvt_memory_kind(c) != KVT_MEMORY_CUDA)
-		return;
-	char path[600];
-	const char *lib = getenv("KVTRIM_CUDA_LIB");
-	if (!lib || !*lib) {
-		snprintf(path, sizeof(path), "%s/../lib/%s", th_bin(""),
-		         KVT_BACKEND_CUDA_LIB);
-		lib = path;
-	}
-	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-	if (!h)
-		th_fail(__FILE__, __LINE__, "dlopen %s: %s", lib, dlerror());
-	k->ops = dlsym(h, KVT_BACKEND_CUDA_SYMBOL);
-	T_ASSERT(k->ops && k->ops->mem_new);
-	char err[256];
-	const char *mode;
-	T_OK(k->ops->ctx_new(0, &k->ctx, &mode, err, sizeof(err)));
 }
 
 static void *kind_alloc(struct mem_kind *k, size_t bytes)
 {
 	void *p = NULL;
-	if (k->ops)
-		T_OK(k->ops->mem_new(k->ctx, bytes, &p));
-	else
-		p = calloc(1, bytes ? bytes : 1);
-	T_ASSERT(p);
+	T_OK(kvt_buffer_alloc(k->c, bytes ? bytes : 1, &p));
 	return p;
-}
-
-static void kind_free(struct mem_kind *k, void *p)
-{
-	if (k->ops)
-		k->ops->mem_free(k->ctx, p);
-	else
-		free(p);
 }
 
 static void kind_free3(struct mem_kind *k, void *a, void *b, void *c)
 {
-	kind_free(k, a);
-	kind_free(k, b);
-	kind_free(k, c);
-}
-
-static void kind_close(struct mem_kind *k)
-{
-	if (k->ops)
-		k->ops->ctx_free(k->ctx);
+	T_OK(kvt_buffer_free(k->c, a));
+	T_OK(kvt_buffer_free(k->c, b));
+	T_OK(kvt_buffer_free(k->c, c));
 }
 
 /* A daemon, one tenant on it, its memory kind and one open sequence. */
@@ -106,7 +65,6 @@ static void fix_connect(struct fix *f, const struct kvt_config *cfg)
 
 static void fix_stop(struct fix *f)
 {
-	kind_close(&f->k);
 	kvt_disconnect(f->c);
 	T_EQ(th_daemon_stop(&f->d), 0);
 }
@@ -411,7 +369,7 @@ TEST(attention, bad_arguments_change_nothing)
 	T_ERR(kvt_attention(c, s, 0, 1, dq, NULL, dlse), KVT_EINVAL);
 	T_ERR(kvt_attention(c, s, 0, 1, dq, dout, NULL), KVT_EINVAL);
 	T_ASSERT(strstr(kvt_last_error(c), "NULL"));
-	if (k->ops) {
+	if (kvt_memory_kind(c) == KVT_MEMORY_CUDA) {
 		/* host memory passed to a cuda tenant */
 		T_ERR(kvt_attention(c, s, 0, 1, sentinel, dout, dlse),
 		      KVT_EINVAL);

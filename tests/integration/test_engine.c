@@ -14,6 +14,12 @@
  * and differ only in where K/V live and in the attention kernel; the fully
  * batched dense forward is compared too, with the looser bound that
  * OpenBLAS's size-dependent kernels allow (see model.h, model_matmul).
+ * On a cuda tenant the attention kernel is the CUDA one, hence a looser
+ * bound there (logit_tol).
+ *
+ * engine_backends: on the cuda passes, the engine on a cuda daemon against
+ * the same engine on a cpu daemon, with `full` and with KVzap on random
+ * seeded weights: the same kept sets and logits within LOGIT_TOL_CUDA.
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +32,7 @@
 #include "kvtrim.h"
 #include "model.h"
 #include "test.h"
+#include "weights.h"
 
 #define MODELS_DIR "../shared/models"
 #define NPOS 300
@@ -62,6 +69,26 @@ static void valid_tokens(int32_t *tok, uint32_t n)
 		tok[i] = c;
 	}
 	fclose(f);
+}
+
+/*
+ * The largest logit difference allowed between two forwards that differ
+ * only in the attention kernel's arithmetic.  The dense reference uses the
+ * CPU kernel's own softmax (model.c), so on a host tenant (cpu backend)
+ * only OpenBLAS's summation order differs: 1e-5.  On a cuda tenant
+ * kvt_attention runs the CUDA kernel (split-K slices merged by their lse,
+ * a base-2 exponent, another summation order), whose outputs differ from
+ * the CPU kernel's by a few float ulps (tests/kernels: within 2e-4 +
+ * 1e-3 |out| per element, far less in practice); through the layers that
+ * grows to at most 2.9e-5 in these models' logits on the emulator.  1e-4
+ * leaves room for a GPU's fused multiply-adds and its exp2f.
+ */
+#define LOGIT_TOL_HOST 1e-5
+#define LOGIT_TOL_CUDA 1e-4
+static double logit_tol(struct engine *e)
+{
+	return kvt_memory_kind(engine_client(e)) == KVT_MEMORY_CUDA
+	               ? LOGIT_TOL_CUDA : LOGIT_TOL_HOST;
 }
 
 static double max_diff(const float *a, const float *b, size_t n)
@@ -172,6 +199,7 @@ static void full_matches_dense(const char *name)
 	th_daemon_start(&d, "64M", NULL);
 	struct engine *e;
 	open_engine(&d, &m, "full", KVT_DTYPE_F32, &e);
+	const double tol = logit_tol(e);
 	feed(e, tok, NPOS, CHUNK, got, V);
 	double dstep = max_diff(got, ref, n), dbat = max_diff(got, bat, n);
 	/* every entry kept: each list holds all NPOS */
@@ -214,8 +242,8 @@ static void full_matches_dense(const char *name)
 	fprintf(stderr, "    %s: max |logit diff| engine vs dense: %.3g "
 	        "(prefill %d + decode), %.3g (all prefill); vs batched dense "
 	        "forward %.3g\n", name, dstep, CHUNK, dpre, dbat);
-	T_ASSERT(dstep <= 1e-5);
-	T_ASSERT(dpre <= 1e-5);
+	T_ASSERT(dstep <= tol);
+	T_ASSERT(dpre <= tol);
 	T_ASSERT(dbat <= 1e-3);
 	free(ref);
 	free(bat);
@@ -250,7 +278,7 @@ TEST_T(engine, streaming_evicts_and_matches_until_the_budget, 120)
 	feed(e, tok, NPOS, CHUNK, got, V);
 	/* Nothing is evicted before a list exceeds 64 entries, and token 64
 	 * attends before its sync evicts: positions 0..64 match exactly. */
-	T_ASSERT(max_diff(got, ref, (CHUNK + 1) * V) <= 1e-5);
+	T_ASSERT(max_diff(got, ref, (CHUNK + 1) * V) <= logit_tol(e));
 	double later = max_diff(got + (CHUNK + 1) * V, ref + (CHUNK + 1) * V,
 	                        n - (CHUNK + 1) * V);
 	T_ASSERT(later > 1e-3);
@@ -395,4 +423,181 @@ TEST_T(engine, oracle_cli_writes_scores, 120)
 		free(s);
 	}
 	model_free(&m);
+}
+
+/* ---------------------------------------------------------------- backends */
+
+/*
+ * The engine on a cuda daemon against the same engine on a cpu daemon
+ * (issue 12): same model, tokens and policy, one daemon of each backend
+ * side by side (th_daemon_start_as).  On cuda the engine's attention is
+ * the CUDA kernel (kvt_attention on device buffers); on cpu the CPU
+ * kernel.  Logits must agree within LOGIT_TOL_CUDA (see logit_tol), and
+ * the kept sets must be the same: every list as long, holding the same
+ * keys in the same order (a different kept entry would show as a key
+ * differing by O(1); the same one differs by the rounding of the layers
+ * below it, 1e-4 covers it as it covers the logits).  Runs on the cuda
+ * passes of `make test` (KVTRIM_BACKEND=cuda, the emulated backend) and
+ * on a GPU (gpu-check); skips on the cpu pass.
+ */
+#define NCMP 160
+
+/* Random seeded linear KVzap weights for m (kvzap.{l}.weight [n_kv][dim]
+ * uniform in [-0.1, 0.1) from a fixed LCG, bias -4): scores spread around
+ * the default threshold -4, so about half the entries leaving the window
+ * are evicted. */
+static void write_kvzap(const struct model *m, const char *path)
+{
+	const uint32_t L = m->cfg.n_layers, nkv = m->cfg.n_kv_heads;
+	const uint32_t dim = m->cfg.dim;
+	float *w = malloc(sizeof(float) * L * nkv * dim);
+	float *b = malloc(sizeof(float) * L * nkv);
+	struct weights_tensor *t = calloc(2 * L, sizeof(*t));
+	char (*names)[32] = calloc(2 * L, sizeof(*names));
+	T_ASSERT(w && b && t && names);
+	uint32_t st = 20240612u;
+	for (size_t i = 0; i < (size_t)L * nkv * dim; i++) {
+		st = st * 1664525u + 1013904223u;
+		w[i] = 0.2f * ((float)(st >> 8) / (float)(1u << 24) - 0.5f);
+	}
+	for (size_t i = 0; i < (size_t)L * nkv; i++)
+		b[i] = -4.0f;
+	for (uint32_t l = 0; l < L; l++) {
+		snprintf(names[2 * l], 32, "kvzap.%u.weight", l);
+		snprintf(names[2 * l + 1], 32, "kvzap.%u.bias", l);
+		t[2 * l] = (struct weights_tensor){names[2 * l], 2, {nkv, dim},
+		                                   w + (size_t)l * nkv * dim};
+		t[2 * l + 1] = (struct weights_tensor){names[2 * l + 1], 1,
+		                                       {nkv}, b + l * nkv};
+	}
+	char err[256];
+	T_OK(weights_write(path, t, 2 * L, err, sizeof(err)));
+	free(w);
+	free(b);
+	free(t);
+	free(names);
+}
+
+/* What one backend's run leaves: logits [NCMP][V], per list (layer, KV
+ * head) its length and keys [NCMP][head_dim], the tenant's counts. */
+struct backend_run {
+	int kind; /* kvt_memory_kind */
+	float *logits;
+	uint32_t *len;
+	float *keys;
+	uint64_t appended, evicted;
+};
+
+static void run_on(const char *backend, const struct model *m,
+                   const char *policy, const int32_t *tok,
+                   struct backend_run *r)
+{
+	const struct model_config *mc = &m->cfg;
+	const uint32_t lists = mc->n_layers * mc->n_kv_heads, hd = mc->head_dim;
+	r->logits = malloc(sizeof(float) * NCMP * mc->vocab_size);
+	r->len = calloc(lists, sizeof(uint32_t));
+	r->keys = calloc((size_t)lists * NCMP * hd, sizeof(float));
+	T_ASSERT(r->logits && r->len && r->keys);
+	struct th_daemon d;
+	th_daemon_start_as(&d, backend, backend, "64M", NULL);
+	struct engine *e;
+	open_engine(&d, m, policy, KVT_DTYPE_F32, &e);
+	kvt_client *c = engine_client(e);
+	r->kind = kvt_memory_kind(c);
+	feed(e, tok, NCMP, CHUNK, r->logits, mc->vocab_size);
+	uint32_t pt = kvt_config_of(c)->page_tokens;
+	for (uint32_t l = 0; l < mc->n_layers; l++)
+		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
+			uint32_t li_ = l * mc->n_kv_heads + g;
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, engine_seq(e), l, g, &li));
+			T_ASSERT(li.len <= NCMP);
+			r->len[li_] = li.len;
+			for (uint32_t i = 0; i < li.len; i++) {
+				const float *page = kvt_page_ptr(c,
+				                                 li.pages[i / pt]);
+				T_ASSERT(page);
+				/* kvt_memcpy: the page may be device memory */
+				T_OK(kvt_memcpy(c, r->keys + ((size_t)li_ * NCMP +
+				                              i) * hd,
+				                page + (size_t)(i % pt) * hd,
+				                hd * sizeof(float)));
+			}
+		}
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	r->appended = ts.entries_appended;
+	r->evicted = ts.entries_evicted;
+	engine_close(e);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+static void backend_run_free(struct backend_run *r)
+{
+	free(r->logits);
+	free(r->len);
+	free(r->keys);
+}
+
+static void cuda_matches_cpu(const char *policy, int evicts)
+{
+	if (strcmp(th_backend(), "cuda"))
+		T_SKIP("compares the engine on a cuda daemon with one on a cpu "
+		       "daemon: runs on the cuda passes (KVTRIM_BACKEND=cuda)");
+	struct model m;
+	load_or_skip("bytes2m.bin", &m);
+	int32_t tok[NCMP];
+	valid_tokens(tok, NCMP);
+	char spec[600], path[512];
+	snprintf(path, sizeof(path), "%s/kvzap.safetensors", th_tmpdir());
+	if (!strcmp(policy, "kvzap")) {
+		write_kvzap(&m, path);
+		snprintf(spec, sizeof(spec), "kvzap:model=%s,window=16", path);
+	} else {
+		snprintf(spec, sizeof(spec), "%s", policy);
+	}
+	struct backend_run cpu, cuda;
+	run_on("cpu", &m, spec, tok, &cpu);
+	run_on("cuda", &m, spec, tok, &cuda);
+	T_EQ(cpu.kind, KVT_MEMORY_HOST);
+	T_EQ(cuda.kind, KVT_MEMORY_CUDA);
+
+	const struct model_config *mc = &m.cfg;
+	const uint32_t lists = mc->n_layers * mc->n_kv_heads;
+	T_EQ_U64(cuda.appended, (uint64_t)lists * NCMP);
+	T_EQ_U64(cuda.appended, cpu.appended);
+	T_EQ_U64(cuda.evicted, cpu.evicted);
+	if (evicts)
+		T_ASSERT(cpu.evicted > lists * NCMP / 8 &&
+		         cpu.evicted < lists * NCMP * 7 / 8);
+	else
+		T_EQ_U64(cpu.evicted, 0);
+	double dkey = 0;
+	for (uint32_t i = 0; i < lists; i++) {
+		T_EQ(cuda.len[i], cpu.len[i]);
+		size_t o = (size_t)i * NCMP * mc->head_dim;
+		dkey = fmax(dkey, max_diff(cuda.keys + o, cpu.keys + o,
+		                           (size_t)cpu.len[i] * mc->head_dim));
+	}
+	double dlog = max_diff(cuda.logits, cpu.logits,
+	                       (size_t)NCMP * mc->vocab_size);
+	fprintf(stderr, "    %s: %llu of %llu entries evicted on both; max "
+	        "|diff| cuda vs cpu: logits %.3g, kept keys %.3g\n", policy,
+	        (unsigned long long)cpu.evicted,
+	        (unsigned long long)cpu.appended, dlog, dkey);
+	T_ASSERT(dlog <= LOGIT_TOL_CUDA);
+	T_ASSERT(dkey <= LOGIT_TOL_CUDA);
+	backend_run_free(&cpu);
+	backend_run_free(&cuda);
+	model_free(&m);
+}
+
+TEST_T(engine_backends, cuda_full_matches_cpu, 120)
+{
+	cuda_matches_cpu("full", 0);
+}
+
+TEST_T(engine_backends, cuda_kvzap_matches_cpu, 120)
+{
+	cuda_matches_cpu("kvzap", 1);
 }

@@ -351,6 +351,7 @@ TEST_T(engine_gguf, smollm2_chat_answers_through_the_daemon, 180)
 TEST_T(engine_gguf, smollm2_score_english_text, 240)
 {
 	smollm2_or_skip();
+	th_skip_emulated_engine("a SmolLM2 prefill of 530 tokens");
 	const char *bin = th_bin("kvtrim-engine");
 	static struct outs a, b;
 	struct th_daemon d;
@@ -385,6 +386,7 @@ TEST_T(engine_gguf, smollm2_score_english_text, 240)
 TEST_T(engine_gguf, smollm2_document_question_full_and_snapkv, 300)
 {
 	smollm2_or_skip();
+	th_skip_emulated_engine("two SmolLM2 prompts of 388 tokens");
 	const char *bin = th_bin("kvtrim-engine");
 	const char *doc = tmp_path("gettysburg.txt");
 	static struct outs a, b;

@@ -26,6 +26,8 @@ TEST_T(eval, quick_bytes2m, 240)
 	if (access(th_bin("kvtrim-eval"), X_OK) ||
 	    access(th_bin("kvtrim-train"), X_OK))
 		T_SKIP("kvtrim-eval / kvtrim-train not built");
+	th_skip_emulated_engine("kvtrim-eval --quick on bytes2m (every "
+	                        "policy over its held-out windows)");
 	struct th_daemon d;
 	const char *extra[] = {"--high-watermark", "1", NULL};
 	th_daemon_start(&d, "512M", extra);
