@@ -380,7 +380,9 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 			sc = add_sat(sc, mul_sat(H * MP,
 			                         (uint64_t)g->page_tokens *
 			                                 g->head_dim *
-			                                 g->elem_bytes +
+			                                 g->elem_bytes *
+			                                 (need & POLICY_NEED_V ? 2
+			                                                       : 1) +
 			                                 sizeof(void *)));
 	}
 	uint64_t per_entry = TENANT_POLICY_ENTRY_BYTES;

@@ -338,10 +338,13 @@ static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 	pl->lse = need & POLICY_NEED_LSE ? lse : NULL;
 }
 
-/* Bytes of the K half of a page: what attn_band reads. */
+/* Bytes of a page a device tenant stages for its policy: the K half
+ * (what attn_band and kvpop read), or the whole page for a policy that
+ * reads V too (expected_attention's value norm). */
 static size_t key_bytes(const struct tenant *t)
 {
-	return (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
+	size_t k = (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
+	return t->pol->ops->needs & POLICY_NEED_V ? 2 * k : k;
 }
 
 /*
@@ -388,7 +391,8 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
  * [0, len) of a list get a host copy of their K half in t->kbuf (copied
  * per layer by read_regions, after the wait for the client's writes), and
  * pv points the policy at those copies.  attn_band and kvpop read K rows
- * only, so the V halves are not copied.
+ * only, so the V halves are copied only for a policy that reads them
+ * (POLICY_NEED_V, key_bytes).
  */
 static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
                        void **pv, uint32_t *nk)

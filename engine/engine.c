@@ -250,14 +250,15 @@ static int attend_seq(struct engine *e, uint32_t s, uint32_t layer,
 		float *sx = kvt_stage_x(e->c, seq, layer, pos0 + t);
 		float *sq = kvt_stage_q(e->c, seq, layer, pos0 + t);
 		float *sl = kvt_stage_lse(e->c, seq, layer, pos0 + t);
-		if (sx)
-			memcpy(sx, x + (size_t)t * mc->dim,
-			       mc->dim * sizeof(float));
-		if (sq)
-			memcpy(sq, q + (size_t)t * H * hd,
-			       (size_t)H * hd * sizeof(float));
-		if (sl)
-			memcpy(sl, lse + (size_t)t * H, H * sizeof(float));
+		/* kvt_memcpy: device memory on a cuda tenant */
+		if ((sx && (rc = kvt_memcpy(e->c, sx, x + (size_t)t * mc->dim,
+		                            mc->dim * sizeof(float))) < 0) ||
+		    (sq && (rc = kvt_memcpy(e->c, sq, q + (size_t)t * H * hd,
+		                            (size_t)H * hd * sizeof(float))) < 0) ||
+		    (sl && (rc = kvt_memcpy(e->c, sl, lse + (size_t)t * H,
+		                            H * sizeof(float))) < 0))
+			return seterr(e, rc, "staging (layer %u): %s", layer,
+			              kvt_last_error(e->c));
 	}
 	return 0;
 }

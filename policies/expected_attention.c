@@ -326,7 +326,7 @@ const struct policy_ops expected_attention_ops = {
 	        "under averaged future RoPE, times the value norm, once at "
 	        "the end of prefill (window=64, ratio=0.5 | tokens=N, "
 	        "sinks=4, future=512, theta=10000, cov=1, vnorm=1, eps=0)",
-	.needs = POLICY_NEED_Q | POLICY_NEED_KV,
+	.needs = POLICY_NEED_Q | POLICY_NEED_KV | POLICY_NEED_V,
 	.keys = POLICY_KEY_WINDOW | POLICY_KEY_TOKENS | POLICY_KEY_RATIO |
 	        POLICY_KEY_SINKS | POLICY_KEY_FUTURE | POLICY_KEY_THETA |
 	        POLICY_KEY_COV | POLICY_KEY_VNORM | POLICY_KEY_EPS,

@@ -74,6 +74,9 @@ enum policy_need {
 	POLICY_NEED_Q = 1u << 1,   /* staged post-RoPE queries */
 	POLICY_NEED_LSE = 1u << 2, /* staged log-sum-exp per query head */
 	POLICY_NEED_KV = 1u << 3,  /* the K/V pages of each list */
+	POLICY_NEED_V = 1u << 4,   /* with KV: it reads the V halves too (a
+	                              device tenant then stages whole pages
+	                              to the host, not their K halves) */
 };
 #define POLICY_NEED_STAGED (POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE)
 

@@ -257,7 +257,7 @@ TEST(baselines, defaults_and_keys)
 	T_EQ(p->args.cov, 1);
 	T_EQ(p->args.vnorm, 1);
 	T_ASSERT(p->args.eps == 0.0);
-	T_EQ(p->ops->needs, POLICY_NEED_Q | POLICY_NEED_KV);
+	T_EQ(p->ops->needs, POLICY_NEED_Q | POLICY_NEED_KV | POLICY_NEED_V);
 	policy_free(p);
 	p = bmake("expected_attention:window=8,tokens=5,sinks=0,future=7,"
 	          "theta=500000,cov=0,vnorm=0,eps=1e-3", &ge);
