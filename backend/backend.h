@@ -201,6 +201,14 @@ static inline uint64_t kvt_scorer_floats(const struct kvt_backend_scorer *s,
 	}
 }
 
+/* One list of key_norms (ABI 5): entries first .. first + n - 1 of the
+ * list whose record is `record`; the norm of entry first + k goes to
+ * out[out_off + k * out_stride]. */
+struct kvt_backend_norm_job {
+	uint32_t record, first, n;
+	uint32_t out_off, out_stride;
+};
+
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
  * weights. */
 struct kvt_backend_score_job {
@@ -372,6 +380,21 @@ struct kvt_backend_ops {
 	int (*scorer_run)(void *ctx, void *sc,
 	                  const struct kvt_backend_score_job *jobs, uint32_t n,
 	                  float *out, void *stream);
+	/* (optional; ABI 5) The L2 norm of the K row of each entry the jobs
+	 * name (knorm's score), from the pages as the stream sees them:
+	 * dtype pages of head_dim, page ids resolved on the device through
+	 * *pg as compact_drops does, the sum of squares in double in entry
+	 * order, then sqrt and rounding to float, as the cpu policy does,
+	 * so the norms are the same bits.  An entry of a page beyond its
+	 * record or of an unmapped chunk gets NaN.  Copies the norms to the
+	 * host, out (every out_off + k * out_stride the jobs name): what
+	 * crosses is 20 bytes a job and 4 a norm.  Blocks until out is
+	 * filled. */
+	int (*key_norms)(void *ctx, const struct kvt_backend_paged *pg,
+	                 uint32_t n_records, enum kvt_dtype dtype,
+	                 uint32_t head_dim,
+	                 const struct kvt_backend_norm_job *jobs, uint32_t n,
+	                 float *out, uint32_t out_floats, void *stream);
 };
 
 /*

@@ -200,6 +200,7 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 			return errors_fmt(err, errlen, rc, "%s backend: chunk "
 			                  "bases: %s", o->name, o->last_error());
 	}
+	t->dnorms = t->dbases && t->pol->ops->new_key_norms && o->key_norms;
 	struct tenant_event *e = &t->ev[t->n_ev++];
 	*e = (struct tenant_event){
 		.type = HANDLE_TABLE_DEV,
@@ -231,8 +232,10 @@ static void device_fini(struct tenant *t)
 		o->scorer_free(t->bctx, t->dscorer);
 	t->dscorer = NULL;
 	free(t->jobs);
+	free(t->njobs);
 	free(t->pre);
 	t->jobs = NULL;
+	t->njobs = NULL;
 	t->pre = NULL;
 	free(t->ring);
 	free(t->rsrc);
@@ -370,6 +373,9 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 		sc = add_sat(sc, C * sizeof(void *));
 		if (need == POLICY_NEED_X) /* device scorer: pre, jobs */
 			sc = add_sat(sc, mul_sat(E, 4) + 2 * S * L * 24);
+		if (pol->ops->new_key_norms) /* device norms: pre, njobs */
+			sc = add_sat(sc, mul_sat(E, 4) +
+			                 nl * sizeof(struct kvt_backend_norm_job));
 		if ((need & POLICY_NEED_STAGED) && g->stage_entry_floats)
 			sc = add_sat(sc, mul_sat((uint64_t)g->headroom +
 			                                 pol->lookback,

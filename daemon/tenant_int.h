@@ -183,6 +183,12 @@ struct tenant {
 	void *dscorer;
 	struct kvt_backend_score_job *jobs; /* [jobs_cap] */
 	size_t jobs_cap;
+	/* A policy that reads only its new keys' norms (knorm) on a backend
+	 * with key_norms: they are computed on the device into pre too, and
+	 * no key is copied to the host. */
+	int dnorms;
+	struct kvt_backend_norm_job *njobs; /* [njobs_cap] */
+	size_t njobs_cap;
 	float *pre;          /* [pre_cap] */
 	size_t pre_cap;
 	void **dbases;     /* device [max_chunks] */

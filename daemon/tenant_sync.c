@@ -368,10 +368,14 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
 	      grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
 	           sizeof(*t->bdrops)))) ||
 	    (t->dscorer &&
-	     (grow((void **)&t->jobs, &t->jobs_cap,
-	           2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->jobs)) ||
-	      grow((void **)&t->pre, &t->pre_cap, entries + 1,
-	           sizeof(*t->pre)))))
+	     grow((void **)&t->jobs, &t->jobs_cap,
+	          2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->jobs))) ||
+	    (t->dnorms &&
+	     grow((void **)&t->njobs, &t->njobs_cap, nlists + 1,
+	          sizeof(*t->njobs))) ||
+	    ((t->dscorer || t->dnorms) &&
+	     grow((void **)&t->pre, &t->pre_cap, entries + 1,
+	          sizeof(*t->pre))))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
@@ -412,9 +416,10 @@ static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
  * sync; the compaction reads only pages of chunks that existed before
  * it, and revoked chunks are destroyed only after the queued work).
  */
-static int compact_on_device(struct tenant *t, uint32_t nb)
+/* Queues the upload of the daemon's chunk bases when a chunk came or went
+ * since the last one (the ops that resolve page ids read them). */
+static int bases_sync(struct tenant *t)
 {
-	const struct kvt_backend_ops *o = t->bops;
 	int changed = 0;
 	for (uint32_t i = 0; i < t->max_chunks; i++)
 		if (t->hbases[i] != t->chunks[i].pc.base) {
@@ -423,13 +428,17 @@ static int compact_on_device(struct tenant *t, uint32_t nb)
 		}
 	struct kvt_backend_region all = {0, (uint64_t)t->max_chunks *
 	                                        sizeof(void *)};
-	int rc = changed ? o->upload_regions(t->bctx, t->dbases, t->hbases,
-	                                     &all, 1, t->stream)
-	                 : 0;
-	if (rc)
-		return rc;
+	return changed ? t->bops->upload_regions(t->bctx, t->dbases, t->hbases,
+	                                         &all, 1, t->stream)
+	               : 0;
+}
+
+/* Where the tenant's pages are on the device, as the ops that resolve page
+ * ids there take it. */
+static struct kvt_backend_paged paged_of(const struct tenant *t)
+{
 	const struct shm_geom *g = &t->g;
-	const struct kvt_backend_paged pg = {
+	return (struct kvt_backend_paged){
 		.records = shm_list_at(t->dtab.base, g, 0, 0, 0),
 		.list_stride = g->list_stride,
 		.max_pages = g->max_pages,
@@ -440,8 +449,53 @@ static int compact_on_device(struct tenant *t, uint32_t nb)
 		.page_tokens = g->page_tokens,
 		.row_bytes = g->head_dim * g->elem_bytes,
 	};
-	return o->compact_drops(t->bctx, &pg, g->max_seqs * t->lists_per_seq,
-	                        t->bdl, nb, t->bdrops, t->stream);
+}
+
+static int compact_on_device(struct tenant *t, uint32_t nb)
+{
+	int rc = bases_sync(t);
+	if (rc)
+		return rc;
+	const struct kvt_backend_paged pg = paged_of(t);
+	return t->bops->compact_drops(t->bctx, &pg,
+	                              t->g.max_seqs * t->lists_per_seq, t->bdl,
+	                              nb, t->bdrops, t->stream);
+}
+
+/*
+ * Device norms (tenant_int.h, dnorms): the norms of the new entries' keys
+ * of every list of the sync, computed where the keys are, into t->pre as
+ * [n_new][n_kv_heads] per (item, layer) in the decide loop's order.
+ */
+static int norms_on_device(struct tenant *t,
+                           const struct ipc_sync_item *items, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t nj = 0, at = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot, lo, hi;
+		(void)item_seq(t, it, &slot, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++) {
+			for (uint32_t head = 0; head < g->n_kv_heads; head++)
+				t->njobs[nj++] = (struct kvt_backend_norm_job){
+					.record = (uint32_t)(slot * t->lists_per_seq +
+					                     lidx(t, layer, head)),
+					.first = tlist_at(t, slot, layer, head)->len,
+					.n = it->n_new,
+					.out_off = at + head,
+					.out_stride = g->n_kv_heads,
+				};
+			at += it->n_new * g->n_kv_heads;
+		}
+	}
+	int rc = bases_sync(t);
+	if (rc)
+		return rc;
+	const struct kvt_backend_paged pg = paged_of(t);
+	return t->bops->key_norms(t->bctx, &pg, g->max_seqs * t->lists_per_seq,
+	                          t->pol->geom.dtype, g->head_dim, t->njobs,
+	                          nj, t->pre, at, t->stream);
 }
 
 /*
@@ -504,6 +558,9 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	if (t->dscorer && (rc = score_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: scoring staged "
 		            "x: %s", t->bops->name, t->bops->last_error());
+	if (t->dnorms && (rc = norms_on_device(t, items, n)))
+		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
+		            t->bops->name, t->bops->last_error());
 	size_t pre_at = 0; /* rows of t->pre taken so far */
 
 	/*
@@ -539,7 +596,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 			if (t->sbytes)
 				memcpy(pl.state, seq_state(t, s, layer),
 				       t->sbytes);
-			if (t->dscorer) {
+			if (t->dscorer || t->dnorms) {
 				pl.pre = t->pre + pre_at * g->n_kv_heads;
 				pre_at += it->n_new;
 			} else if (t->dstage.base &&
@@ -571,7 +628,9 @@ int tenant_sync(struct tenant *t, uint64_t no,
 					       t->ef * sizeof(float));
 				}
 				void **pv = NULL;
-				if ((need & POLICY_NEED_KV) && t->dev) {
+				if ((need & POLICY_NEED_KV) && t->dnorms) {
+					pv = NULL; /* decide() takes pre */
+				} else if ((need & POLICY_NEED_KV) && t->dev) {
 					pv = t->pagev + (size_t)head * g->max_pages;
 					stage_keys(t, seq_pages(t, s, li), len,
 					           pv, &nk);

@@ -12,6 +12,8 @@
  *   of either phase, or every=N (the norms are taken at every sync).
  * The norm is kept per entry rather than re-read from the pages at each
  * sync: a key never changes, and the pages of old entries stay untouched.
+ * A cuda tenant computes the new norms on the device (key_norms, the same
+ * bits) and passes them as policy_layer.pre.
  */
 #include "policy.h"
 
@@ -42,7 +44,10 @@ static int knorm_decide(struct policy *p, struct policy_layer *l)
 	for (uint32_t g = 0; g < ge->n_kv_heads; g++) {
 		struct policy_head *h = &l->heads[g];
 		uint32_t n = l->n_new < h->len ? l->n_new : h->len;
-		for (uint32_t i = h->len - n; i < h->len; i++) {
+		for (uint32_t i = h->len - n; l->pre && i < h->len; i++)
+			h->ent[i] = l->pre[(size_t)(i - (h->len - n)) *
+			                           ge->n_kv_heads + g];
+		for (uint32_t i = h->len - n; !l->pre && i < h->len; i++) {
 			const char *page = h->pages[i / pt];
 			dtype_to_f32(page + (size_t)(i % pt) * rb, ge->dtype, k,
 			             hd);
@@ -75,4 +80,5 @@ const struct policy_ops knorm_ops = {
 	        POLICY_KEY_WINDOW | POLICY_KEY_EVERY,
 	.init = knorm_init,
 	.decide = knorm_decide,
+	.new_key_norms = 1,
 };

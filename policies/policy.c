@@ -607,7 +607,8 @@ int policy_decide(struct policy *p, struct policy_layer *l)
 	                      l->layer, l->n_seen - l->n_new);
 	if (rc)
 		return rc;
-	for (size_t i = 0; l->pre && i < (size_t)l->n_new * g->n_kv_heads; i++)
+	for (size_t i = 0; l->pre && (p->ops->needs & POLICY_NEED_X) &&
+	                   i < (size_t)l->n_new * g->n_kv_heads; i++)
 		if (!isfinite(l->pre[i])) {
 			snprintf(p->why, sizeof(p->why), "layer %u, position %u: "
 			         "the score of staged x for KV head %u is %s (x "

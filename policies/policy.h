@@ -168,10 +168,12 @@ struct policy_layer {
 	void *state; /* [layer_state_bytes] writable scratch, zeroed at open */
 	/*
 	 * The new entries' scores, [n_new][n_kv_heads], when the tenant had
-	 * the policy's scorer (ops->scorer) run elsewhere, on the device that
-	 * holds the staged x; x is then NULL and decide() uses these instead
-	 * of scoring.  NULL otherwise.  policy_decide refuses non-finite ones
-	 * (a non-finite or never-staged x scores NaN or +-Inf).
+	 * them computed elsewhere, on the device that holds the inputs: the
+	 * policy's scorer of x (ops->scorer; x is then NULL) or its keys'
+	 * norms (ops->new_key_norms; pages NULL).  decide() uses these
+	 * instead of scoring.  NULL otherwise.  For a policy that reads x,
+	 * policy_decide refuses non-finite ones (a non-finite or
+	 * never-staged x scores NaN or +-Inf), as it would refuse such an x.
 	 */
 	const float *pre;
 };
@@ -197,6 +199,11 @@ struct policy_ops {
 	 * the policy owns. */
 	void (*scorer)(const struct policy *p, uint32_t layer,
 	               struct kvt_backend_scorer *out, const float **w);
+	/* 1: of the pages, decide() reads only the L2 norms of the new
+	 * entries' keys (knorm), which a device tenant may compute where the
+	 * keys are and pass as policy_layer.pre ([n_new][n_kv_heads] norms;
+	 * pages NULL). */
+	int new_key_norms;
 };
 
 struct policy_block; /* scratch arena block (policy.c) */

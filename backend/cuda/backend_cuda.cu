@@ -35,6 +35,7 @@
  *   compact_drops.cu compaction from drop indices (ABI 5)
  *   fill.cu      a value at a pattern of words in many rows (ABI 5)
  *   scorer.cu    learned scorers with device weights (ABI 5)
+ *   key_norms.cu knorm's key norms (ABI 5)
  * around the private header backend_cuda.cuh.
  */
 #include <stdarg.h>
@@ -110,4 +111,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .scorer_new = */ bc_scorer_new,
 	/* .scorer_free = */ bc_scorer_free,
 	/* .scorer_run = */ bc_scorer_run,
+	/* .key_norms = */ bc_key_norms,
 };

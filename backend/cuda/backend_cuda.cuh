@@ -205,6 +205,12 @@ void bc_scorer_free(void *ctx, void *sp);
 int bc_scorer_run(void *ctx, void *sp, const struct kvt_backend_score_job *jobs,
                   uint32_t n, float *out, void *stream);
 
+/* key_norms.cu: knorm's key norms on the device (ABI 5) */
+int bc_key_norms(void *ctx, const struct kvt_backend_paged *pg,
+                 uint32_t n_records, enum kvt_dtype dtype, uint32_t head_dim,
+                 const struct kvt_backend_norm_job *jobs, uint32_t n,
+                 float *out, uint32_t out_floats, void *stream);
+
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,
                  void *stream);

@@ -54,7 +54,7 @@ static const struct tpol {
 	{"kvzap", "kvzap:model=%s,window=4", 1},
 	{"fastkvzip", "fastkvzip:model=%s,tokens=512,window=4,sinks=1,every=4", 1},
 	{"kvpop", "kvpop:model=%s,tokens=512,delay=4,sinks=1", 0},
-	{"knorm", "knorm:tokens=512", 0},
+	{"knorm", "knorm:tokens=512", 1},
 	{"expected_attention", "expected_attention:window=4,tokens=512,sinks=1",
 	 0},
 	{"pyramidkv", "pyramidkv:window=4,tokens=512", 0},

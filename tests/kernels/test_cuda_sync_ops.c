@@ -5,7 +5,10 @@
  * linear and an MLP scorer of three layers over jobs of device rows,
  * against scorer_linear_cpu / scorer_mlp_cpu (tolerance of the scorers in
  * docs/cuda.md: atol 1e-4, rtol 1e-4), Fast KVzip's sink gate against
- * sink_gate_cpu (atol 2e-5, rtol 1e-4), and the refusals.  compact_drops (a sync's
+ * sink_gate_cpu (atol 2e-5, rtol 1e-4), and the refusals.  key_norms:
+ * knorm's key norms of entries of several lists, bit for bit against a
+ * naive double-precision loop over the host image, NaN for a page of an
+ * unmapped chunk, and its refusals.  compact_drops (a sync's
  * compaction from drop indices, moves and page addresses
  * worked out on the device) on a table and pages built by hand in device
  * memory, against compact_plan + compact_cpu (kernels/cpu/compact.c) run
@@ -406,4 +409,57 @@ TEST(cuda, backend_scorer_matches_cpu)
 	T_EQ(o->scorer_new(ctx, &none, &sc), KVT_EINVAL);
 	T_ASSERT(sc == NULL);
 	o->ctx_free(ctx);
+}
+
+TEST(cuda, backend_key_norms_match_double_loop)
+{
+	enum { HD = 16, PT = 4 };
+	struct dr f;
+	dr_init(&f, PT, HD * sizeof(float));
+	T_ASSERT(f.o->key_norms != NULL);
+	float *img = (float *)f.h_chunk;
+	for (uint64_t i = 0; i < f.chunk_bytes / sizeof(float); i++)
+		img[i] = (float)(urnd() % 20001) / 1000.0f - 10.0f;
+	T_OK(f.o->copy(f.ctx, f.chunk, f.h_chunk, f.chunk_bytes, NULL));
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		dr_rec(&f, i)->len = DR_PAGES * PT;
+	dr_rec(&f, 3)->pages[3] = f.ppc + 2; /* entries 12..15: unmapped, NaN */
+	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+	struct kvt_backend_paged pg = dr_paged(&f);
+	/* list i: entries 3i .. 3i + 9, norms interleaved with stride 2 */
+	struct kvt_backend_norm_job jobs[DR_LISTS];
+	enum { N = 10 };
+	float got[2 * N * DR_LISTS];
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		jobs[i] = (struct kvt_backend_norm_job){
+			i, 3 * i, N, (i / 2) * 2 * N + i % 2, 2};
+	T_OK(f.o->key_norms(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, jobs,
+	                    DR_LISTS, got, 2 * N * DR_LISTS, NULL));
+	uint32_t nan_seen = 0;
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		for (uint32_t k = 0; k < N; k++) {
+			uint32_t e = 3 * i + k;
+			const struct kvt_list_record *r = dr_rec(&f, i);
+			float g = got[jobs[i].out_off + k * 2];
+			if (r->pages[e / PT] >= f.ppc) {
+				T_ASSERT(isnan(g));
+				nan_seen++;
+				continue;
+			}
+			const float *row = (const float *)(f.h_chunk +
+			        r->pages[e / PT] * f.page_bytes) + (e % PT) * HD;
+			double ss = 0;
+			for (uint32_t d = 0; d < HD; d++)
+				ss += (double)row[d] * row[d];
+			float w = (float)sqrt(ss);
+			T_ASSERT(memcmp(&g, &w, sizeof(g)) == 0);
+		}
+	T_EQ(nan_seen, 4);
+	struct kvt_backend_norm_job bad = {DR_LISTS, 0, 1, 0, 1};
+	T_EQ(f.o->key_norms(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, &bad, 1,
+	                    got, 4, NULL), KVT_EINVAL);
+	bad = (struct kvt_backend_norm_job){0, 0, 5, 0, 1};
+	T_EQ(f.o->key_norms(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, &bad, 1,
+	                    got, 4, NULL), KVT_EINVAL); /* beyond out */
+	dr_fini(&f);
 }
