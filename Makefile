@@ -319,13 +319,7 @@ parity: $(EVAL) $(DAEMON)
 comma := ,
 # Then kvtrim-loadgen --verify for every policy on the emulated cuda
 # backend: streaming and h2o in both sharing modes (200 steps), and one
-# vmm run of each other policy, 96 steps, budgets small enough that each
-# evicts (snapkv, pyramidkv and expected_attention decide at the first
-# decode sync, so they prefill 32 tokens first).
-# $(call loadgen_cuda,NAME,SPEC[,LOADGEN ARGS]):
-loadgen_cuda = $(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-  sh scripts/loadgen-cuda.sh $(B)/bin $(1) $(2) vmm --steps 96 $(3))
-
+# vmm run of each other policy (scripts/loadgen-policies.sh).
 test check: deps models-if-reachable
 	@$(MAKE) --no-print-directory all
 	KVTRIM_BIN_DIR=$(B)/bin $(TESTS)
@@ -346,16 +340,8 @@ test check: deps models-if-reachable
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  KVT_EMU_HOSTFN_DELAY_US=1000 \
 	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_h2o h2o:tokens=96 ipc)
-	$(call loadgen_cuda,full,full)
-	$(call loadgen_cuda,random,random:tokens=24)
-	$(call loadgen_cuda,snapkv,snapkv:window=8$(comma)tokens=16,--prefill 32)
-	$(call loadgen_cuda,tova,tova:tokens=24)
-	$(call loadgen_cuda,kvzap,kvzap:window=8)
-	$(call loadgen_cuda,fastkvzip,fastkvzip:window=8$(comma)every=16)
-	$(call loadgen_cuda,kvpop,kvpop:tokens=24$(comma)delay=8)
-	$(call loadgen_cuda,knorm,knorm:tokens=24)
-	$(call loadgen_cuda,pyramidkv,pyramidkv:window=8$(comma)tokens=16,--prefill 32)
-	$(call loadgen_cuda,expected_attention,expected_attention:window=8$(comma)tokens=16,--prefill 32)
+	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
+	  sh scripts/loadgen-policies.sh $(B)/bin)
 
 bench: deps models-if-reachable
 	@$(MAKE) --no-print-directory all

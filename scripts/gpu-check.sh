@@ -11,7 +11,8 @@
 #      reach through kvt_memcpy), then two engine processes
 #      (kvtrim-loadgen --clients 2 --verify) against one cuda kvtrimd, in
 #      both sharing modes;
-#   4. runs build/bin/kvtrim-cuda-bench: each benchmark beside its floor
+#   4. runs build/bin/kvtrim-cuda-bench: each benchmark beside its floor;
+#      then kvtrim-bench --sync-only and --traffic-only on this GPU
 #      measured in the same run (compact and paged attention against a
 #      device-to-device memcpy, the KVzap MLP against bare cuBLAS GEMMs),
 #      then the sync round trip on the cuda backend beside bare nng;
@@ -128,6 +129,11 @@ if [ -x "$B/bin/kvtrimd" ] && [ -x "$B/bin/kvtrim-loadgen" ]; then
 		cat "$B/gpu-loadgen-$1.txt" >> "$tmp"
 		cat "$B/gpu-loadgen-$1.txt"
 	done
+	# every other policy, as `make test` runs them on the emulator
+	sh scripts/loadgen-policies.sh "$B/bin" > "$B/gpu-loadgen-all.txt" \
+		2> "$B/gpu-loadgen-all.log" || status=1
+	grep -v share_mode "$B/gpu-loadgen-all.txt" >> "$tmp"
+	grep -v share_mode "$B/gpu-loadgen-all.txt"
 else
 	put loadgen_cuda_2_clients not_built
 	status=1
@@ -162,6 +168,25 @@ if [ -x "$B/bin/kvtrim-bench" ]; then
 	fi
 else
 	put sync_bench not_built
+	status=1
+fi
+
+# ---- 4c. host <-> device bytes and the daemon's CPU per decoded token
+# per sequence at the 8B geometry, every policy, on this GPU (kvtrim-bench
+# --traffic-only with KVTRIM_BENCH_CUDA_LIB; targets: 4096 bytes and 5 us)
+if [ -x "$B/bin/kvtrim-bench" ] && [ -f "$B/lib/libkvtrim-cuda.so" ]; then
+	if KVTRIM_BENCH_CUDA_LIB=$(cd "$B/lib" && pwd)/libkvtrim-cuda.so \
+		timeout 300 "$B/bin/kvtrim-bench" --bin-dir "$B/bin" \
+		--traffic-only --out "$B/gpu-traffic.txt" >> "$LOG" 2>&1; then
+		sed -n 's/^cuda_host_bytes_per_token_/gpu_host_bytes_per_token_/p
+			s/^cuda_daemon_cpu_us_per_token_/gpu_daemon_us_per_token_/p' \
+			"$B/gpu-traffic.txt" | tee -a "$tmp"
+	else
+		put traffic_bench FAILED
+		status=1
+	fi
+else
+	put traffic_bench not_built
 	status=1
 fi
 

@@ -22,6 +22,14 @@
  *                                    back shows)
  *   cuda_host_bytes_per_token_<p>    their sum
  *   cuda_host_bytes_target           4096
+ *   cuda_daemon_cpu_us_per_token_<p> the daemon's CPU time over the decode
+ *                                    syncs (/proc/PID/schedstat) / (decoded
+ *                                    tokens x sequences); on the emulator
+ *                                    (cuda_daemon_cpu_backend emulator) it
+ *                                    includes every emulated kernel
+ *
+ * KVTRIM_BENCH_CUDA_LIB=PATH runs on that (real) libkvtrim-cuda.so instead
+ * of the emulated one: scripts/gpu-check.sh on a GPU host.
  *
  * KVTRIM_BENCH_TRAFFIC=name[,name...] measures only those policies.
  */
@@ -55,7 +63,8 @@ static struct {
 	char skipped[800];
 	int n;
 	char names[T_MAXPOL][32];
-	double daemon[T_MAXPOL], stage[T_MAXPOL];
+	double daemon[T_MAXPOL], stage[T_MAXPOL], cpu_us[T_MAXPOL];
+	int emu; /* the library is the emulator's */
 } ts;
 
 /* The policies kvtrimd lists (`kvtrimd --list-policies`: a name first on
@@ -155,16 +164,32 @@ static int spec_of(const char *nm, const char *path, char *spec, size_t n)
 	return k >= 0 && (size_t)k < n ? 0 : -1;
 }
 
-/* One policy on the running daemon: *daemon_b and *stage_b per decoded
- * token per sequence, or NAN with the reason on stderr. */
+/* Nanoseconds process pid has run on a CPU (/proc/PID/schedstat, first
+ * field), NAN when unreadable. */
+static double cpu_ns(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+	FILE *f = fopen(path, "r");
+	unsigned long long ns;
+	int ok = f && fscanf(f, "%llu", &ns) == 1;
+	if (f)
+		fclose(f);
+	return ok ? (double)ns : NAN;
+}
+
+/* One policy on the running daemon (process d): *daemon_b and *stage_b
+ * per decoded token per sequence, and the daemon's CPU time per decoded
+ * token per sequence in *cpu_us, or NAN with the reason on stderr. */
 static void run_policy(const char *bin_dir, const char *dir, const char *nm,
                        uint32_t prompt, uint32_t dec, const uint16_t *rows,
-                       double *daemon_b, double *stage_b)
+                       pid_t d, double *daemon_b, double *stage_b,
+                       double *cpu_us)
 {
 	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
 	char tenant[KVT_NAME_MAX];
 	const struct kvt_geometry g = {T_L, T_H, T_KV, T_HD, T_D};
-	*daemon_b = *stage_b = NAN;
+	*daemon_b = *stage_b = *cpu_us = NAN;
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
 	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
 	              !strcmp(nm, "kvpop");
@@ -206,10 +231,10 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 	if (!rv)
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	pos += T_EVERY;
-	double b0 = daemon_bytes(bin_dir, dir);
+	double b0 = daemon_bytes(bin_dir, dir), c0 = cpu_ns(d);
 	for (uint32_t i = 0; !rv && i < dec; i += T_EVERY, pos += T_EVERY)
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
-	double b1 = daemon_bytes(bin_dir, dir);
+	double c1 = cpu_ns(d), b1 = daemon_bytes(bin_dir, dir);
 	if (rv) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s: %s\n", nm,
 		        kvt_strerror(rv), kvt_last_error(cl));
@@ -220,6 +245,7 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		 * float, 524288 bytes a token for x alone at this geometry) */
 		*stage_b = 0;
 		*daemon_b = (b1 - b0) / ((double)dec * T_SEQS);
+		*cpu_us = (c1 - c0) / 1e3 / ((double)dec * T_SEQS);
 	}
 	kvt_disconnect(cl);
 }
@@ -228,7 +254,14 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 {
 	char lib[700], dir[700];
 	memset(&ts, 0, sizeof(ts));
-	snprintf(lib, sizeof(lib), "%s/../lib/emu/libkvtrim-cuda.so", bin_dir);
+	/* KVTRIM_BENCH_CUDA_LIB: the real library, on a GPU host
+	 * (scripts/gpu-check.sh) */
+	const char *real = getenv("KVTRIM_BENCH_CUDA_LIB");
+	ts.emu = !real || !*real;
+	snprintf(lib, sizeof(lib), "%s", !ts.emu ? real : "");
+	if (ts.emu)
+		snprintf(lib, sizeof(lib), "%s/../lib/emu/libkvtrim-cuda.so",
+		         bin_dir);
 	if (access(lib, R_OK)) {
 		snprintf(ts.skipped, sizeof(ts.skipped), "%s not built (make "
 		         "builds it where g++ is found)", lib);
@@ -239,8 +272,10 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 	char *abs = realpath(lib, NULL);
 	snprintf(dir, sizeof(dir), "%s/traffic", tmp_dir);
 	mkdir(dir, 0700);
-	/* daemon and client both load the emulated library */
-	setenv("KVTRIM_CUDA_EMU", "1", 1);
+	/* daemon and client both load the library (the emulated one by
+	 * default) */
+	if (ts.emu)
+		setenv("KVTRIM_CUDA_EMU", "1", 1);
 	setenv("KVTRIM_CUDA_LIB", abs ? abs : lib, 1);
 	free(abs);
 	list_policies(bin_dir);
@@ -262,8 +297,8 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		uint32_t prompt = quick ? T_CHUNK : 2 * T_CHUNK;
 		uint32_t dec = quick ? 2 * T_EVERY : 4 * T_EVERY;
 		for (int i = 0; i < ts.n; i++)
-			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows,
-			           &ts.daemon[i], &ts.stage[i]);
+			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows, d,
+			           &ts.daemon[i], &ts.stage[i], &ts.cpu_us[i]);
 		free(rows);
 		ts.ran = 1;
 		kill(d, SIGTERM);
@@ -291,4 +326,11 @@ void traffic_print(FILE *f)
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_stage_bytes_per_token_%s %.0f\n", ts.names[i],
 		        ts.stage[i]);
+	/* On the emulator the daemon's CPU also runs every kernel: these say
+	 * nothing of a GPU host's, where scripts/gpu-check.sh reports them as
+	 * gpu_daemon_us_per_token_<p> (target 5). */
+	fprintf(f, "cuda_daemon_cpu_backend %s\n", ts.emu ? "emulator" : "gpu");
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_daemon_cpu_us_per_token_%s %.1f\n", ts.names[i],
+		        ts.cpu_us[i]);
 }

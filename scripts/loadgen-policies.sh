@@ -1,0 +1,31 @@
+#!/bin/sh
+# loadgen-policies.sh BIN_DIR — kvtrim-loadgen --verify on the cuda backend
+# for every policy but the two scripts/loadgen-cuda.sh runs of its own
+# callers (streaming, h2o): one vmm run each of 96 steps, budgets small
+# enough that each evicts (snapkv, pyramidkv and expected_attention decide
+# at the first decode sync, so they prefill 32 tokens first; kvzap's and
+# fastkvzip's random seeded weights score around 0, hence kvzap's
+# threshold 0).  The kept sets must equal an in-process replay of the cpu
+# policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
+# failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
+# library, scripts/gpu-check.sh on a GPU.
+B=${1:?usage: loadgen-policies.sh BIN_DIR}
+status=0
+while read -r name spec args; do
+	[ -n "$name" ] || continue
+	# shellcheck disable=SC2086
+	sh "$(dirname "$0")/loadgen-cuda.sh" "$B" "$name" "$spec" vmm \
+		--steps 96 $args || status=1
+done <<'RUNS'
+full full
+random random:tokens=24
+snapkv snapkv:window=8,tokens=16 --prefill 32
+tova tova:tokens=24
+kvzap kvzap:threshold=0,window=8
+fastkvzip fastkvzip:window=8,every=16
+kvpop kvpop:tokens=24,delay=8
+knorm knorm:tokens=24
+pyramidkv pyramidkv:window=8,tokens=16 --prefill 32
+expected_attention expected_attention:window=8,tokens=16 --prefill 32
+RUNS
+exit $status
