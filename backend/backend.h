@@ -201,6 +201,15 @@ static inline uint64_t kvt_scorer_floats(const struct kvt_backend_scorer *s,
 	}
 }
 
+/* Rows of fill_words (ABI 5): row r (< rows) of block b (< blocks)
+ * starts at byte first + b * block_stride + r * row_stride of the buffer
+ * (all multiples of 4): the ring rows of several positions of several
+ * layers of one sequence in device staging. */
+struct kvt_backend_fill_run {
+	uint64_t first, block_stride;
+	uint32_t rows, row_stride, blocks, reserved;
+};
+
 /* One list of key_norms (ABI 5): entries first .. first + n - 1 of the
  * list whose record is `record`; the norm of entry first + k goes to
  * out[out_off + k * out_stride]. */
@@ -360,14 +369,15 @@ struct kvt_backend_ops {
 	                     const struct kvt_backend_drops *lists, uint32_t n,
 	                     const uint32_t *drops, void *stream);
 	/* (optional; ABI 5) Queues on stream the store of the 4-byte value
-	 * at the n_words word offsets pattern[] of each of n_rows rows of
-	 * the device buffer dev, row r starting at byte offset rows[r]
-	 * (a multiple of 4): what crosses is 4 bytes per pattern word and 8
-	 * per row.  The host arrays are read before it returns.  The daemon
-	 * marks device staging rows unstaged this way. */
+	 * at the n_words word offsets pattern[] of every row the runs name
+	 * in the device buffer dev (struct kvt_backend_fill_run): what
+	 * crosses is 4 bytes per pattern word and 32 per run, whatever the
+	 * number of rows.  The host arrays are read before it returns.  The
+	 * daemon marks device staging rows unstaged this way. */
 	int (*fill_words)(void *ctx, void *dev, uint32_t value,
 	                  const uint32_t *pattern, uint32_t n_words,
-	                  const uint64_t *rows, uint32_t n_rows, void *stream);
+	                  const struct kvt_backend_fill_run *runs,
+	                  uint32_t n_runs, void *stream);
 	/* (optional; ABI 5) A scorer on the device: scorer_new uploads its
 	 * weights (blocking) into *out, scorer_free releases it (NULL: no-op).
 	 * scorer_run scores n jobs in order after the work queued on stream,

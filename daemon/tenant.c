@@ -106,8 +106,8 @@ static int stage_dev_init(struct tenant *t, char *err, size_t errlen)
 	t->ring = malloc((size_t)rows * g->stage_entry_floats * sizeof(float));
 	t->rsrc = malloc((size_t)rows * sizeof(*t->rsrc));
 	t->ppat = malloc((1 + 2 * (size_t)g->n_heads) * sizeof(uint32_t));
-	t->prow = malloc(TENANT_POISON_ROWS * sizeof(uint64_t));
-	if (!t->ring || !t->rsrc || !t->ppat || !t->prow ||
+	t->prun = malloc(TENANT_POISON_RUNS * sizeof(*t->prun));
+	if (!t->ring || !t->rsrc || !t->ppat || !t->prun ||
 	    tenant_ensure_room((void **)&t->ev, &t->ev_cap, t->n_ev + 1,
 	                       sizeof(*t->ev)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
@@ -240,11 +240,11 @@ static void device_fini(struct tenant *t)
 	free(t->ring);
 	free(t->rsrc);
 	free(t->ppat);
-	free(t->prow);
+	free(t->prun);
 	t->ring = NULL;
 	t->rsrc = NULL;
 	t->ppat = NULL;
-	t->prow = NULL;
+	t->prun = NULL;
 	free(t->dirty);
 	t->dirty = NULL;
 	if (t->dbases)
@@ -307,7 +307,7 @@ static uint64_t stage_all_floats(const struct shm_geom *g)
  *           scratch of the largest sync (every list of every slot, each at
  *           max_tokens entries: drop, newlen, ent_scr, state_scr; on a
  *           device backend blist, bpages, bmoves, bdl, bdrops, hbases
- *           [chunks], device staging's ring, rsrc, prow, ppat, and kbuf,
+ *           [chunks], device staging's ring, rsrc, prun, ppat, and kbuf,
  *           ksrc for
  *           policies that read K), and the policy arena of one decide
  *           (n_kv_heads lists of max_tokens entries; attention policies add
@@ -380,7 +380,8 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 			sc = add_sat(sc, mul_sat((uint64_t)g->headroom +
 			                                 pol->lookback,
 			                         g->stage_entry_floats * 4 + 8) +
-			                         TENANT_POISON_ROWS * 8 +
+			                         TENANT_POISON_RUNS *
+			                                 sizeof(struct kvt_backend_fill_run) +
 			                         (1 + 2 * (uint64_t)g->n_heads) * 4);
 		if (need & POLICY_NEED_KV)
 			sc = add_sat(sc, mul_sat(H * MP,

@@ -166,15 +166,19 @@ struct tenant {
 	 * copies the rows its policy may read (the new ones and lookback
 	 * before them) into ring with read_regions; the rows of the next
 	 * positions are marked unstaged on the device, the pattern ppat of
-	 * word offsets in each row of prow, flushed with the table. */
+	 * word offsets in each row the runs prun name (one or two per
+	 * sequence, all layers at once), flushed with the table. */
 	struct kvt_backend_chunk dstage;
 	float *ring;         /* [headroom + lookback][stage_entry_floats] */
 	const void **rsrc;   /* [headroom + lookback] their device rows */
 	uint32_t ring_first, ring_n; /* positions ring holds */
 	uint32_t *ppat;      /* [n_ppat] words of a row marked unstaged */
 	uint32_t n_ppat;
-	uint64_t *prow;      /* [TENANT_POISON_ROWS] byte offsets of rows */
-	uint32_t n_prow;
+	struct kvt_backend_fill_run *prun; /* [TENANT_POISON_RUNS] */
+	uint32_t n_prun;
+	/* the last tenant_stage_poison call, which the next may extend by a
+	 * layer: its slot, layer, first position, rows, and runs (1 or 2) */
+	uint32_t pslot, player, pfrom, pn, pruns;
 	/* Device staging and a policy whose only input is x scored by its
 	 * scorer (ops->scorer, kvzap): the scorer on the device, and per
 	 * sync the jobs (rows of x in device staging) and their scores
@@ -349,8 +353,9 @@ int tenant_ensure_room(void **arr, uint32_t *cap, uint32_t want, size_t elem);
  * (policy.h).  Called at open and after every sync for the positions the
  * sequence may append next; a no-op for policies reading no staged input.
  */
-/* Rows of device staging marked unstaged per fill_words call at most. */
-#define TENANT_POISON_ROWS 4096u
+/* Runs of device staging rows marked unstaged per fill_words call at
+ * most (a full buffer is flushed early). */
+#define TENANT_POISON_RUNS 1024u
 
 /* Device staging: queues the marks tenant_stage_poison collected (the
  * table flush calls it before recording COMPACT); 0 or a KVT_E*. */

@@ -207,6 +207,58 @@ static int grow(void **p, size_t *cap, size_t want, size_t elem)
 	return 0;
 }
 
+/*
+ * Device staging: the rows of positions [from, from + n) of (slot, layer)
+ * as fill runs, contiguous in the ring but where it wraps, queued for the
+ * next table flush.  The call after a call for the same slot, positions
+ * and the previous layer (what a sync and an open make, layer after
+ * layer) adds a block to its runs instead: a sequence's marks are one or
+ * two runs, not one row per position and layer.
+ */
+static void poison_runs(struct tenant *t, uint32_t slot, uint32_t layer,
+                        uint32_t from, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	if (!n)
+		return;
+	if (t->n_prun && t->pslot == slot && t->pfrom == from && t->pn == n &&
+	    layer == t->player + 1) {
+		for (uint32_t k = 0; k < t->pruns; k++)
+			t->prun[t->n_prun - 1 - k].blocks++;
+		t->player = layer;
+		return;
+	}
+	if (t->n_prun + 2 > TENANT_POISON_RUNS && tenant_stage_poison_flush(t))
+		t->failed = 1;
+	const char *base = t->dstage.base;
+	uint64_t eb = g->stage_entry_floats * sizeof(float);
+	uint64_t ls = layer + 1 < g->n_layers
+	              ? (uint64_t)((const char *)shm_stage_at(t->dstage.base, g,
+	                                                      slot, layer + 1, 0) -
+	                           (const char *)shm_stage_at(t->dstage.base, g,
+	                                                      slot, layer, 0))
+	              : 0;
+	uint32_t r0 = from % g->stage_tokens;
+	uint32_t n1 = g->stage_tokens - r0 < n ? g->stage_tokens - r0 : n;
+	t->pruns = 0;
+	for (uint32_t part = 0; part < 2; part++) {
+		uint32_t k = part ? n - n1 : n1;
+		if (!k)
+			continue;
+		const char *row = (const char *)shm_stage_at(
+			t->dstage.base, g, slot, layer, from + (part ? n1 : 0));
+		t->prun[t->n_prun++] = (struct kvt_backend_fill_run){
+			.first = (uint64_t)(row - base), .block_stride = ls,
+			.rows = k, .row_stride = (uint32_t)eb, .blocks = 1,
+		};
+		t->pruns++;
+	}
+	t->pslot = slot;
+	t->player = layer;
+	t->pfrom = from;
+	t->pn = n;
+}
+
 void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
                          uint32_t from, uint32_t n)
 {
@@ -215,17 +267,7 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens)
 		return;
 	if (t->dstage.base) {
-		/* Marked on the device with the next table flush. */
-		for (uint32_t k = 0; k < n; k++) {
-			if (t->n_prow == TENANT_POISON_ROWS &&
-			    tenant_stage_poison_flush(t))
-				t->failed = 1;
-			const float *row = shm_stage_at(t->dstage.base, g, slot,
-			                                layer, from + k);
-			t->prow[t->n_prow++] = (uint64_t)((const char *)row -
-			                                  (const char *)
-			                                  t->dstage.base);
-		}
+		poison_runs(t, slot, layer, from, n);
 		return;
 	}
 	const float u = policy_unstaged();
@@ -245,12 +287,12 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 
 int tenant_stage_poison_flush(struct tenant *t)
 {
-	if (!t->n_prow)
+	if (!t->n_prun)
 		return 0;
 	int rc = t->bops->fill_words(t->bctx, t->dstage.base,
 	                             POLICY_UNSTAGED_BITS, t->ppat, t->n_ppat,
-	                             t->prow, t->n_prow, t->stream);
-	t->n_prow = 0;
+	                             t->prun, t->n_prun, t->stream);
+	t->n_prun = 0;
 	return rc;
 }
 

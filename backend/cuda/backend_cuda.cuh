@@ -197,7 +197,8 @@ int bc_compact_drops(void *ctx, const struct kvt_backend_paged *pg,
 /* fill.cu: a value at a pattern of words in many rows (ABI 5) */
 int bc_fill_words(void *ctx, void *dev, uint32_t value,
                   const uint32_t *pattern, uint32_t n_words,
-                  const uint64_t *rows, uint32_t n_rows, void *stream);
+                  const struct kvt_backend_fill_run *runs, uint32_t n_runs,
+                  void *stream);
 
 /* scorer.cu: learned scorers with device weights (ABI 5) */
 int bc_scorer_new(void *ctx, const struct kvt_backend_scorer *d, void **out);

@@ -1,7 +1,8 @@
 /*
  * test_cuda_sync_ops.c — the cuda backend's ops of a device sync (backend.h,
- * ABI 5).  fill_words: a value at a pattern of word offsets in many rows,
- * against the same stores on a host image.  scorer_new / scorer_run: a
+ * ABI 5).  fill_words: a value at a pattern of word offsets in the rows
+ * of many runs (blocks of evenly spaced rows), against the same stores on
+ * a host image.  scorer_new / scorer_run: a
  * linear and an MLP scorer of three layers over jobs of device rows,
  * against scorer_linear_cpu / scorer_mlp_cpu (tolerance of the scorers in
  * docs/cuda.md: atol 1e-4, rtol 1e-4), Fast KVzip's sink gate against
@@ -234,40 +235,54 @@ TEST(cuda, backend_fill_words_stores_the_pattern)
 	void *ctx, *dev;
 	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
 	T_ASSERT(o->fill_words != NULL);
-	enum { WORDS = 4096 };
+	enum { WORDS = 65536 };
 	uint32_t *img = malloc(WORDS * 4), *got = malloc(WORDS * 4);
 	T_ASSERT(img && got);
 	for (uint32_t i = 0; i < WORDS; i++)
 		img[i] = urnd();
 	T_OK(o->mem_new(ctx, WORDS * 4, &dev));
 	T_OK(o->copy(ctx, dev, img, WORDS * 4, NULL));
-	/* 1500 rows (more than a launch's blocks) at scattered offsets,
-	 * some overlapping, and a pattern longer than a block */
-	const uint32_t n_rows = 1500, n_words = 200;
-	uint64_t *rows = malloc(n_rows * sizeof(uint64_t));
-	uint32_t pat[200];
-	T_ASSERT(rows);
-	for (uint32_t w = 0; w < n_words; w++)
+	/* 300 runs of up to 6 blocks of up to 12 rows, scattered and some
+	 * overlapping (more rows than a launch's blocks), a pattern longer
+	 * than a block of threads */
+	enum { RUNS = 300, NW = 200 };
+	struct kvt_backend_fill_run *runs = malloc(RUNS * sizeof(*runs));
+	uint32_t pat[NW];
+	T_ASSERT(runs);
+	for (uint32_t w = 0; w < NW; w++)
 		pat[w] = (w * 7) % 331;
-	for (uint32_t r = 0; r < n_rows; r++) {
-		rows[r] = 4ull * (urnd() % (WORDS - 331));
-		for (uint32_t w = 0; w < n_words; w++)
-			img[rows[r] / 4 + pat[w]] = 0x7fc57a6eu;
+	uint32_t rows = 0;
+	for (uint32_t i = 0; i < RUNS; i++) {
+		struct kvt_backend_fill_run *r = &runs[i];
+		*r = (struct kvt_backend_fill_run){
+			.first = 4ull * (urnd() % 20000),
+			.block_stride = 4ull * (400 + urnd() % 2000),
+			.rows = i % 17 ? 1 + urnd() % 12 : 0,
+			.row_stride = 4u * (1 + urnd() % 40),
+			.blocks = 1 + urnd() % 6,
+		};
+		for (uint32_t b = 0; b < r->blocks; b++)
+			for (uint32_t k = 0; k < r->rows; k++, rows++) {
+				uint64_t w0 = (r->first + b * r->block_stride +
+				               (uint64_t)k * r->row_stride) / 4;
+				T_ASSERT(w0 + 331 < WORDS);
+				for (uint32_t w = 0; w < NW; w++)
+					img[w0 + pat[w]] = 0x7fc57a6eu;
+			}
 	}
-	T_OK(o->fill_words(ctx, dev, 0x7fc57a6eu, pat, n_words, rows, n_rows,
-	                   NULL));
+	T_ASSERT(rows > 1024);
+	T_OK(o->fill_words(ctx, dev, 0x7fc57a6eu, pat, NW, runs, RUNS, NULL));
 	T_OK(o->copy(ctx, got, dev, WORDS * 4, NULL));
 	T_ASSERT(memcmp(got, img, WORDS * 4) == 0);
-	/* a row not in whole words is refused and nothing is stored */
-	rows[0] = 6;
-	T_EQ(o->fill_words(ctx, dev, 1, pat, n_words, rows, 2, NULL),
-	     KVT_EINVAL);
+	/* a run not in whole words is refused and nothing is stored */
+	runs[1].row_stride = 6;
+	T_EQ(o->fill_words(ctx, dev, 1, pat, NW, runs, 2, NULL), KVT_EINVAL);
 	T_OK(o->copy(ctx, got, dev, WORDS * 4, NULL));
 	T_ASSERT(memcmp(got, img, WORDS * 4) == 0);
-	T_OK(o->fill_words(ctx, dev, 1, pat, 0, rows, 0, NULL));
+	T_OK(o->fill_words(ctx, dev, 1, pat, 0, runs, 0, NULL));
 	o->mem_free(ctx, dev);
 	o->ctx_free(ctx);
-	free(rows);
+	free(runs);
 	free(img);
 	free(got);
 }
