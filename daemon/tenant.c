@@ -59,15 +59,16 @@ static int segment_new(const char *name, uint64_t bytes, unsigned seals,
 
 /*
  * A policy that reads x alone through a scorer the device can run (kvzap,
- * fastkvzip):
- * its weights go to the device once, and syncs score x where it is staged
- * (tenant_int.h, dscorer).
+ * fastkvzip): its weights go to the device at registration and at each
+ * reload (tenant_reload_policy), and syncs score x where it is staged
+ * (tenant_int.h, dscorer).  *out stays NULL for any other policy.
  */
-static int scorer_dev_init(struct tenant *t, char *err, size_t errlen)
+static int scorer_dev_new(const struct tenant *t, const struct policy *p,
+                          void **out, char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
-	const struct policy *p = t->pol;
 	uint32_t L = t->g.n_layers;
+	*out = NULL;
 	if (!p->ops->scorer || p->ops->needs != POLICY_NEED_X || p->lookback ||
 	    !o->scorer_new || !o->scorer_free || !o->scorer_run)
 		return 0;
@@ -79,7 +80,7 @@ static int scorer_dev_init(struct tenant *t, char *err, size_t errlen)
 		p->ops->scorer(p, l, &d, w + (size_t)l * KVT_SCORER_TENSORS);
 	d.n_layers = L;
 	d.w = w;
-	int rc = o->scorer_new(t->bctx, &d, &t->dscorer);
+	int rc = o->scorer_new(t->bctx, &d, out);
 	free(w);
 	if (rc)
 		return errors_fmt(err, errlen, rc, "%s backend: scorer of policy "
@@ -127,7 +128,7 @@ static int stage_dev_init(struct tenant *t, char *err, size_t errlen)
 		return errors_fmt(err, errlen, rc, "%s backend: device staging "
 		                  "of %llu bytes: %s", o->name,
 		                  (unsigned long long)sb, o->last_error());
-	if ((rc = scorer_dev_init(t, err, errlen)))
+	if ((rc = scorer_dev_new(t, t->pol, &t->dscorer, err, errlen)))
 		return rc;
 	struct tenant_event *e = &t->ev[t->n_ev++];
 	*e = (struct tenant_event){
@@ -754,6 +755,17 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 		return errors_fmt(err, errlen, KVT_EPOLICY,
 		                  "the new weights change the policy's state "
 		                  "layout; re-register the tenant to use them");
+	}
+	/* A device scorer holds a copy of the weights: the new one first, so
+	 * that a failure keeps the tenant as it was. */
+	void *sc = NULL;
+	if (t->dscorer && (rc = scorer_dev_new(t, np, &sc, err, errlen))) {
+		policy_free(np);
+		return rc;
+	}
+	if (t->dscorer) {
+		t->bops->scorer_free(t->bctx, t->dscorer);
+		t->dscorer = sc;
 	}
 	policy_set_pressure(np, t->pressure);
 	policy_free(t->pol);

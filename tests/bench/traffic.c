@@ -23,7 +23,7 @@
  *   cuda_host_bytes_per_token_<p>    their sum
  *   cuda_host_bytes_target           4096
  *   cuda_daemon_cpu_us_per_token_<p> the daemon's CPU time over the decode
- *                                    syncs (/proc/PID/schedstat) / (decoded
+ *                                    syncs (every thread's schedstat) / (decoded
  *                                    tokens x sequences); on the emulator
  *                                    (cuda_daemon_cpu_backend emulator) it
  *                                    includes every emulated kernel
@@ -33,6 +33,7 @@
  *
  * KVTRIM_BENCH_TRAFFIC=name[,name...] measures only those policies.
  */
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -164,18 +165,34 @@ static int spec_of(const char *nm, const char *path, char *spec, size_t n)
 	return k >= 0 && (size_t)k < n ? 0 : -1;
 }
 
-/* Nanoseconds process pid has run on a CPU (/proc/PID/schedstat, first
- * field), NAN when unreadable. */
+/* Nanoseconds every thread of process pid has run on a CPU so far (the
+ * first field of /proc/PID/task/TID/schedstat; the loop, the sync
+ * workers, nng's and the driver's threads), NAN when unreadable.  A
+ * thread that exits in between drops out of the sum: the daemon's threads
+ * live as long as it does. */
 static double cpu_ns(pid_t pid)
 {
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
-	FILE *f = fopen(path, "r");
-	unsigned long long ns;
-	int ok = f && fscanf(f, "%llu", &ns) == 1;
-	if (f)
-		fclose(f);
-	return ok ? (double)ns : NAN;
+	char path[96];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *dir = opendir(path);
+	if (!dir)
+		return NAN;
+	double sum = 0;
+	struct dirent *de;
+	while ((de = readdir(dir))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat",
+		         (int)pid, de->d_name);
+		FILE *f = fopen(path, "r");
+		unsigned long long ns;
+		if (f && fscanf(f, "%llu", &ns) == 1)
+			sum += (double)ns;
+		if (f)
+			fclose(f);
+	}
+	closedir(dir);
+	return sum;
 }
 
 /* One policy on the running daemon (process d): *daemon_b and *stage_b
