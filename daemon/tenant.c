@@ -232,31 +232,16 @@ static void device_fini(struct tenant *t)
 	if (t->dscorer)
 		o->scorer_free(t->bctx, t->dscorer);
 	t->dscorer = NULL;
-	free(t->jobs);
-	free(t->njobs);
-	free(t->pre);
-	t->jobs = NULL;
-	t->njobs = NULL;
-	t->pre = NULL;
-	free(t->ring);
-	free(t->rsrc);
-	free(t->ppat);
-	free(t->prun);
-	t->ring = NULL;
-	t->rsrc = NULL;
-	t->ppat = NULL;
-	t->prun = NULL;
-	free(t->dirty);
-	t->dirty = NULL;
 	if (t->dbases)
 		o->mem_free(t->bctx, t->dbases);
 	t->dbases = NULL;
-	free(t->hbases);
-	t->hbases = NULL;
-	free(t->bdl);
-	free(t->bdrops);
-	t->bdl = NULL;
-	t->bdrops = NULL;
+	/* the device path's host scratch; tenant_free frees t next */
+	void *scratch[] = {t->jobs, t->njobs, t->pre, t->ring, t->rsrc,
+	                   t->ppat, t->prun, t->dirty, t->hbases, t->bdl,
+	                   t->bdrops};
+	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
+		free(scratch[i]);
+	t->dirty = NULL;
 }
 
 /* ------------------------------------------------------------ admission */

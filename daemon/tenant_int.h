@@ -172,6 +172,9 @@ struct tenant {
 	float *ring;         /* [headroom + lookback][stage_entry_floats] */
 	const void **rsrc;   /* [headroom + lookback] their device rows */
 	uint32_t ring_first, ring_n; /* positions ring holds */
+	uint32_t ring_lb;    /* of which the first ring_lb are lookback rows, */
+	int ring_lb_ok;      /* read (stage_row reads them when first asked) */
+	int ring_err;        /* a failed lazy read: fails the sync */
 	uint32_t *ppat;      /* [n_ppat] words of a row marked unstaged */
 	uint32_t n_ppat;
 	struct kvt_backend_fill_run *prun; /* [TENANT_POISON_RUNS] */

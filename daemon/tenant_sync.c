@@ -303,43 +303,70 @@ void tenant_sync_reply(const struct tenant *t, struct ipc_rep *rep)
 }
 
 /*
+ * Device staging: reads the n rows of (slot, layer) from position pos into
+ * t->ring at row pos - ring_first, in one read_regions after the engine's
+ * writes (the stream waited on them).
+ */
+static int ring_read(struct tenant *t, uint32_t slot, uint32_t layer,
+                     uint32_t pos, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	for (uint32_t k = 0; k < n; k++)
+		t->rsrc[k] = shm_stage_at(t->dstage.base, g, slot, layer, pos + k);
+	size_t rb = g->stage_entry_floats * sizeof(float);
+	return t->bops->read_regions(t->bctx, t->ring + (size_t)(pos -
+	                                                          t->ring_first) *
+	                                                 g->stage_entry_floats,
+	                             rb, t->rsrc, n, rb, t->stream);
+}
+
+/*
  * Staged row of an earlier position, for policies with lookback: from the
  * ring of the host segment, or on device staging from the host copy of
- * the rows this sync may read (fetch_rows).
+ * the rows this sync may read (fetch_rows), the lookback rows read on the
+ * first call that wants one (most syncs of snapkv or expected_attention
+ * decide nothing and read none).  A failed read gives NULL and leaves its
+ * code in t->ring_err, which fails the sync.
  */
 static const float *stage_row(void *ctx, uint32_t pos)
 {
 	const struct stage_ctx *c = ctx;
-	const struct tenant *t = c->t;
+	struct tenant *t = c->t;
 	if (pos >= c->n_seen || (uint64_t)pos + t->g.stage_tokens < c->n_seen)
 		return NULL;
-	if (t->dstage.base)
-		return pos >= t->ring_first && pos - t->ring_first < t->ring_n
-		       ? t->ring + (size_t)(pos - t->ring_first) *
-		                           t->g.stage_entry_floats
-		       : NULL;
-	return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
+	if (!t->dstage.base)
+		return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
+	if (pos < t->ring_first || pos - t->ring_first >= t->ring_n)
+		return NULL;
+	if (pos - t->ring_first < t->ring_lb && !t->ring_lb_ok) {
+		int rc = ring_read(t, c->slot, c->layer, t->ring_first,
+		                   t->ring_lb);
+		if (rc) {
+			t->ring_err = rc;
+			return NULL;
+		}
+		t->ring_lb_ok = 1;
+	}
+	return t->ring + (size_t)(pos - t->ring_first) * t->g.stage_entry_floats;
 }
 
 /*
- * Device staging: copies the rows of positions [first - lookback, first +
- * n) (from 0) of (slot, layer) into t->ring, after the engine's writes
- * (the stream waited on them), in one read_regions: all a decision may
- * read of the staged inputs (policy.h: the tenant guarantees those).
+ * Device staging: copies the rows of the new positions [first, first + n)
+ * of (slot, layer) into t->ring, after the lookback rows [first -
+ * lookback, first) (from 0) that stage_row reads if the policy asks: all a
+ * decision may read of the staged inputs (policy.h: the tenant guarantees
+ * those).
  */
 static int fetch_rows(struct tenant *t, uint32_t slot, uint32_t layer,
                       uint32_t first, uint32_t n)
 {
-	const struct shm_geom *g = &t->g;
 	uint32_t lb = t->pol->lookback;
-	uint32_t lo = first > lb ? first - lb : 0;
-	t->ring_first = lo;
-	t->ring_n = first + n - lo;
-	for (uint32_t k = 0; k < t->ring_n; k++)
-		t->rsrc[k] = shm_stage_at(t->dstage.base, g, slot, layer, lo + k);
-	size_t rb = g->stage_entry_floats * sizeof(float);
-	return t->bops->read_regions(t->bctx, t->ring, rb, t->rsrc, t->ring_n,
-	                             rb, t->stream);
+	t->ring_lb = first > lb ? lb : first;
+	t->ring_first = first - t->ring_lb;
+	t->ring_n = t->ring_lb + n;
+	t->ring_lb_ok = t->ring_lb == 0;
+	t->ring_err = 0;
+	return ring_read(t, slot, layer, first, n);
 }
 
 /*
@@ -700,6 +727,10 @@ int tenant_sync(struct tenant *t, uint64_t no,
 			uint64_t d0 = now_ns();
 			rc = policy_decide(t->pol, &pl);
 			t->scorer_ns += now_ns() - d0;
+			if (t->dstage.base && t->ring_err)
+				return errors_fmt(err, errlen, t->ring_err, "%s "
+				            "backend: reading staged rows: %s",
+				            t->bops->name, t->bops->last_error());
 			if (rc)
 				return errors_fmt(err, errlen, rc, "item %u: "
 				            "sequence %#llx: policy %s: %s", i,

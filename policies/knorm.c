@@ -41,12 +41,11 @@ static int knorm_decide(struct policy *p, struct policy_layer *l)
 	if (!k)
 		return KVT_ENOMEM;
 	int due = policy_due(p, l);
+	if (l->pre)
+		policy_take_pre(p, l);
 	for (uint32_t g = 0; g < ge->n_kv_heads; g++) {
 		struct policy_head *h = &l->heads[g];
 		uint32_t n = l->n_new < h->len ? l->n_new : h->len;
-		for (uint32_t i = h->len - n; l->pre && i < h->len; i++)
-			h->ent[i] = l->pre[(size_t)(i - (h->len - n)) *
-			                           ge->n_kv_heads + g];
 		for (uint32_t i = h->len - n; !l->pre && i < h->len; i++) {
 			const char *page = h->pages[i / pt];
 			dtype_to_f32(page + (size_t)(i % pt) * rb, ge->dtype, k,

@@ -119,12 +119,7 @@ static int kvzap_decide(struct policy *p, struct policy_layer *l)
 	const struct kvzap *z = p->priv;
 	uint32_t nkv = ge->n_kv_heads, n = l->n_new;
 	if (n && l->pre) {
-		for (uint32_t g = 0; g < nkv; g++) {
-			struct policy_head *h = &l->heads[g];
-			for (uint32_t k = 0; k < n && k < h->len; k++)
-				h->ent[h->len - n + k] =
-					l->pre[(size_t)k * nkv + g];
-		}
+		policy_take_pre(p, l);
 	} else if (n) {
 		float *y = policy_scratch(p, (size_t)n * nkv * sizeof(float));
 		float *hs = policy_scratch(p, (size_t)n * (z->hidden + 1) *

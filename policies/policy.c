@@ -756,3 +756,14 @@ void policy_move_entries(uint32_t *pos, float *ent, uint32_t entry_floats,
 			       (size_t)entry_floats * sizeof(float));
 	}
 }
+
+void policy_take_pre(const struct policy *p, struct policy_layer *l)
+{
+	const uint32_t nkv = p->geom.n_kv_heads, n = l->n_new;
+	for (uint32_t g = 0; g < nkv; g++) {
+		struct policy_head *h = &l->heads[g];
+		for (uint32_t k = 0; k < n && k < h->len; k++)
+			h->ent[(size_t)(h->len - n + k) * p->entry_floats] =
+				l->pre[(size_t)k * nkv + g];
+	}
+}

@@ -347,6 +347,13 @@ float *policy_attn(struct policy *p, uint32_t g, const float *q,
                    const uint32_t *kpos, uint32_t len);
 
 /*
+ * Stores l->pre (the new entries' scores computed on a device,
+ * [n_new][n_kv_heads]) as the first state float of each head's new
+ * entries, what a policy that scores an entry once at arrival keeps.
+ */
+void policy_take_pre(const struct policy *p, struct policy_layer *l);
+
+/*
  * Applies compaction moves (dst, src pairs as compact_plan writes them) to
  * a list's per-entry arrays: positions and entry_floats-wide state rows
  * (ent may be NULL).  Shared by the tenant and loadgen's replay.
