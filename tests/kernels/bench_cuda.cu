@@ -20,6 +20,19 @@
  *                             8 (KVzap MLP of Qwen3-8B, FP32)
  *   kvzap_gemm_tokens_per_s   the two cuBLAS SGEMMs of the same shapes alone
  *   kvzap_mlp_vs_gemm         ratio of the two
+ *   gpu_scorer_us_per_token_kvzap      the same per decoded token per
+ *                             sequence: 32 layers x one row each
+ *                             (32e6 / kvzap_mlp_tokens_per_s), what the
+ *                             daemon's scorer_run spends on the device;
+ *                             gpu_scorer_floor_us_per_token_kvzap from the
+ *                             GEMMs alone
+ *   gpu_scorer_us_per_token_fastkvzip  sink_gate_cuda likewise (8192 rows,
+ *                             4096 -> 8 KV heads x 4 x 16 queries and 8 x 16
+ *                             keys, 16 sinks, Fast KVzip on Qwen3-8B), and
+ *                             gpu_scorer_floor_us_per_token_fastkvzip from
+ *                             its two projection GEMMs alone
+ *   (target: 1% of an 8B decode step at batch 64, about 0.5 us a token and
+ *   sequence)
  *
  * Errors exit (a benchmark, not the daemon).  Times are the median of
  * repeats after a warm-up, measured with CUDA events.
@@ -37,6 +50,7 @@ extern "C" {
 }
 #include "paged_attention.cuh"
 #include "scorer_mlp.cuh"
+#include "sink_gate.cuh"
 
 #define CK(x)                                                                  \
 	do {                                                                   \
@@ -285,6 +299,56 @@ static void bench_kvzap(cudaStream_t s, double *mlp_tps, double *gemm_tps)
 	*gemm_tps = n / (gms * 1e-3);
 }
 
+/* Fast KVzip's gate on n rows of Qwen3-8B's x, and its two projection
+ * GEMMs alone: rows per second of each. */
+static void bench_gate(cudaStream_t s, double *gate_rps, double *gemm_rps)
+{
+	const uint32_t n = 8192, d = 4096, kv = 8, G = 4, dp = 16, S = 16;
+	const size_t nq = (size_t)kv * G * dp, nk = (size_t)kv * dp;
+	float *x, *Wq, *cq, *Wk, *gq, *gk, *sk, *bias, *score, *scr;
+	CK(cudaMalloc(&x, (size_t)n * d * 4));
+	CK(cudaMalloc(&Wq, nq * d * 4));
+	CK(cudaMalloc(&cq, nq * 4));
+	CK(cudaMalloc(&Wk, nk * d * 4));
+	CK(cudaMalloc(&gq, dp * 4));
+	CK(cudaMalloc(&gk, dp * 4));
+	CK(cudaMalloc(&sk, (size_t)kv * S * dp * 4));
+	CK(cudaMalloc(&bias, (size_t)kv * G * 4));
+	CK(cudaMalloc(&score, (size_t)n * kv * 4));
+	CK(cudaMalloc(&scr, (size_t)n * kv * (G + 1) * dp * 4));
+	float *all[] = {x, Wq, cq, Wk, gq, gk, sk, bias};
+	size_t sz[] = {(size_t)n * d, nq * d, nq, nk * d, dp, dp,
+	               (size_t)kv * S * dp, (size_t)kv * G};
+	for (int i = 0; i < 8; i++)
+		CK(cudaMemset(all[i], 0, sz[i] * 4));
+	cublasHandle_t hb;
+	if (cublasCreate(&hb) != CUBLAS_STATUS_SUCCESS) {
+		fprintf(stderr, "cublasCreate failed\n");
+		exit(1);
+	}
+	cublasSetStream(hb, s);
+	float ms = time_ms([&] {
+		OK(sink_gate_cuda(hb, x, n, d, kv, G, dp, S, Wq, cq, Wk, gq, gk, sk,
+		                  bias, score, scr, s));
+	}, 20, s);
+	const float one = 1.f, zero = 0.f;
+	float gms = time_ms([&] {
+		cublasSetStream(hb, s);
+		cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)nq, (int)n, (int)d,
+		            &one, Wq, (int)d, x, (int)d, &zero, scr, (int)nq);
+		cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)n, (int)d,
+		            &one, Wk, (int)d, x, (int)d, &zero,
+		            scr + (size_t)n * nq, (int)nk);
+	}, 20, s);
+	cublasDestroy(hb);
+	for (int i = 0; i < 8; i++)
+		CK(cudaFree(all[i]));
+	CK(cudaFree(score));
+	CK(cudaFree(scr));
+	*gate_rps = n / (ms * 1e-3);
+	*gemm_rps = n / (gms * 1e-3);
+}
+
 int main(int argc, char **argv)
 {
 	for (int i = 1; i < argc; i++) {
@@ -324,6 +388,13 @@ int main(int argc, char **argv)
 	report("kvzap_mlp_tokens_per_s", mt);
 	report("kvzap_gemm_tokens_per_s", gt);
 	report("kvzap_mlp_vs_gemm", mt / gt);
+	/* per decoded token per sequence: one row in each of 32 layers */
+	report("gpu_scorer_us_per_token_kvzap", 32e6 / mt);
+	report("gpu_scorer_floor_us_per_token_kvzap", 32e6 / gt);
+	double gr, ggr;
+	bench_gate(s, &gr, &ggr);
+	report("gpu_scorer_us_per_token_fastkvzip", 32e6 / gr);
+	report("gpu_scorer_floor_us_per_token_fastkvzip", 32e6 / ggr);
 	CK(cudaStreamDestroy(s));
 	if (out_f)
 		fclose(out_f);
