@@ -405,8 +405,7 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 			return rc;
 		{
 			/* The allocation is whole chunks (the granularity). */
-			uint64_t bytes = (h->size + KVT_CHUNK_BYTES - 1) /
-			                 KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+			uint64_t bytes = shm_whole_chunks(h->size);
 			void *db = NULL;
 			if ((rc = m->bops->mem_new(m->bctx,
 			                           (size_t)h->slot * sizeof(void *),
@@ -440,8 +439,7 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 		if (!m->bops && (rc = cuda_open(m, err, errlen)))
 			return rc;
 		if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
-		                                (h->size + KVT_CHUNK_BYTES - 1) /
-		                                KVT_CHUNK_BYTES * KVT_CHUNK_BYTES,
+		                                shm_whole_chunks(h->size),
 		                                &m->dstage)))
 			return errors_fmt(err, errlen, rc, "importing the device "
 			                  "staging segment: %s",

@@ -121,8 +121,7 @@ static int stage_dev_init(struct tenant *t, char *err, size_t errlen)
 		if (need & POLICY_NEED_LSE)
 			t->ppat[t->n_ppat++] = (uint32_t)(g->stage_lse_off + h);
 	}
-	uint64_t sb = (g->stage_bytes + KVT_CHUNK_BYTES - 1) / KVT_CHUNK_BYTES *
-	              KVT_CHUNK_BYTES;
+	uint64_t sb = shm_whole_chunks(g->stage_bytes);
 	int rc = o->chunk_new(t->bctx, sb, &t->dstage);
 	if (rc)
 		return errors_fmt(err, errlen, rc, "%s backend: device staging "
@@ -175,8 +174,7 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	/* The device table: a whole number of chunks (the allocation
 	 * granularity), zeroed, then the header; every record starts as the
 	 * zeroed host record does (len 0, no pages). */
-	uint64_t tb = (t->g.table_bytes + KVT_CHUNK_BYTES - 1) /
-	              KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+	uint64_t tb = shm_whole_chunks(t->g.table_bytes);
 	struct kvt_backend_region hdr = {0, sizeof(struct shm_table_hdr)};
 	t->dirty = malloc((size_t)2 * t->g.max_seqs * t->lists_per_seq *
 	                  sizeof(*t->dirty));
@@ -316,13 +314,11 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 	out->table = g->table_bytes;
 	if (dev)
 		out->table = add_sat(out->table,
-		                     (g->table_bytes + KVT_CHUNK_BYTES - 1) /
-		                             KVT_CHUNK_BYTES * KVT_CHUNK_BYTES);
+		                     shm_whole_chunks(g->table_bytes));
 	out->stage = g->stage_bytes;
 	if (dev && (need & POLICY_NEED_STAGED) && g->stage_entry_floats)
 		out->stage = add_sat(out->stage,
-		                     (g->stage_bytes + KVT_CHUNK_BYTES - 1) /
-		                             KVT_CHUNK_BYTES * KVT_CHUNK_BYTES);
+		                     shm_whole_chunks(g->stage_bytes));
 
 	uint64_t per_seq = L * 4 + LP * MP * 4;
 	per_seq = add_sat(per_seq, mul_sat(LP * P, 4 + 4 * ef));

@@ -410,7 +410,7 @@ static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 /* Bytes of a page a device tenant stages for its policy: the K half
  * (what attn_band and kvpop read), or the whole page for a policy that
  * reads V too (expected_attention's value norm). */
-static size_t key_bytes(const struct tenant *t)
+static size_t staged_page_bytes(const struct tenant *t)
 {
 	size_t k = (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
 	return t->pol->ops->needs & POLICY_NEED_V ? 2 * k : k;
@@ -448,7 +448,8 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
-		if (grow((void **)&t->kbuf, &t->kbuf_cap, n * key_bytes(t), 1) ||
+		if (grow((void **)&t->kbuf, &t->kbuf_cap,
+		         n * staged_page_bytes(t), 1) ||
 		    grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
 			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
@@ -465,7 +466,7 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
  * per layer by read_regions, after the wait for the client's writes), and
  * pv points the policy at those copies.  attn_band and kvpop read K rows
  * only, so the V halves are copied only for a policy that reads them
- * (POLICY_NEED_V, key_bytes).
+ * (POLICY_NEED_V, staged_page_bytes).
  */
 static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
                        void **pv, uint32_t *nk)
@@ -473,7 +474,7 @@ static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
 	uint32_t used = (len + t->g.page_tokens - 1) / t->g.page_tokens;
 	for (uint32_t p = 0; p < used; p++) {
 		t->ksrc[*nk] = page_ptr(t, pg[p]);
-		pv[p] = t->kbuf + (size_t)*nk * key_bytes(t);
+		pv[p] = t->kbuf + (size_t)*nk * staged_page_bytes(t);
 		(*nk)++;
 	}
 }
@@ -717,9 +718,9 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				eoff += (size_t)len * t->ef;
 			}
 			if (nk && (rc = t->bops->read_regions(
-				           t->bctx, t->kbuf, key_bytes(t),
+				           t->bctx, t->kbuf, staged_page_bytes(t),
 				           (const void *const *)t->ksrc, nk,
-				           key_bytes(t), t->stream)))
+				           staged_page_bytes(t), t->stream)))
 				return errors_fmt(err, errlen, rc, "%s backend: "
 				            "staging keys: %s", t->bops->name,
 				            t->bops->last_error());

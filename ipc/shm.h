@@ -76,6 +76,14 @@ struct shm_stage_hdr {
 	uint64_t reserved[4];
 };
 
+/* bytes rounded up to whole KVT_CHUNK_BYTES: the allocation of a device
+ * segment (device table, device staging), whose size is the
+ * granularity's multiple. */
+static inline uint64_t shm_whole_chunks(uint64_t bytes)
+{
+	return (bytes + KVT_CHUNK_BYTES - 1) / KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+}
+
 /*
  * Fills g from registration parameters (defaults already applied) and checks
  * them: non-zero sizes, n_heads % n_kv_heads == 0, a page fits a chunk,

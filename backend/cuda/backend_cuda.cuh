@@ -136,6 +136,27 @@ static inline void bc_count(struct bc_ctx *c, uint64_t h2d, uint64_t d2h)
 	__atomic_fetch_add(&c->d2h, d2h, __ATOMIC_RELAXED);
 }
 
+/* Device code of the ops that resolve page ids themselves (compact_drops,
+ * key_norms): the address of entry e's K row of the list whose record is
+ * r, through the tenant's device table and chunk bases in pg, or NULL
+ * when its page is beyond the record or in an unmapped chunk (a daemon
+ * bug must not fault the context). */
+static __device__ __forceinline__ char *
+bc_entry_row(const kvt_backend_paged &pg, const struct kvt_list_record *r,
+             uint32_t e)
+{
+	uint32_t p = e / pg.page_tokens;
+	if (p >= r->n_pages || p >= pg.max_pages)
+		return NULL;
+	uint32_t id = r->pages[p], slot = id / pg.pages_per_chunk;
+	char *base = slot < pg.n_chunk_slots ? (char *)pg.chunk_bases[slot]
+	                                     : NULL;
+	if (!base)
+		return NULL;
+	return base + (uint64_t)(id % pg.pages_per_chunk) * pg.page_bytes +
+	       (uint64_t)(e % pg.page_tokens) * pg.row_bytes;
+}
+
 /* ---------------------------------------------- the ops (backend.h) */
 
 /* context.cu */

@@ -30,6 +30,8 @@
  */
 #include <string.h>
 
+#include <algorithm>
+
 #include "backend_cuda.cuh"
 #include "common.cuh"
 
@@ -54,23 +56,6 @@ __device__ static uint32_t bc_drops_find(const bc_drop_list *l, uint32_t n,
 			hi = mid;
 	}
 	return lo;
-}
-
-/* Address of entry e's K row, or NULL when its page is not mapped. */
-__device__ static char *bc_drops_row(const kvt_backend_paged &pg,
-                                     const struct kvt_list_record *r,
-                                     uint32_t e)
-{
-	uint32_t p = e / pg.page_tokens;
-	if (p >= r->n_pages || p >= pg.max_pages)
-		return NULL;
-	uint32_t id = r->pages[p], slot = id / pg.pages_per_chunk;
-	char *base = slot < pg.n_chunk_slots ? (char *)pg.chunk_bases[slot]
-	                                     : NULL;
-	if (!base)
-		return NULL;
-	return base + (uint64_t)(id % pg.pages_per_chunk) * pg.page_bytes +
-	       (uint64_t)(e % pg.page_tokens) * pg.row_bytes;
 }
 
 /* One warp per move, every lane working out the same addresses (the loads
@@ -105,8 +90,8 @@ __global__ void bc_drops_kernel(const kvt_backend_paged pg,
 			(const struct kvt_list_record *)((const char *)pg.records +
 			                                 (uint64_t)l.record *
 			                                         pg.list_stride);
-		char *dst = bc_drops_row(pg, r, d[j]);
-		const char *src = bc_drops_row(pg, r, L + j + lo);
+		char *dst = bc_entry_row(pg, r, d[j]);
+		const char *src = bc_entry_row(pg, r, L + j + lo);
 		if (!dst || !src)
 			continue;
 		for (uint32_t u = lane; u < 2 * upr; u += 32) {
@@ -181,8 +166,9 @@ static int bc_compact_drops_locked(struct bc_ctx *c,
 	uint32_t k = 0, mo = 0, doff = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvt_backend_drops *l = &lists[i];
-		uint32_t h;
-		(void)bc_drops_check(l, i, n_records, drops, &h);
+		/* checked above: the holes are the drops below the new length */
+		const uint32_t *d = drops + l->drop_off, nlen = l->len - l->n_drop;
+		uint32_t h = (uint32_t)(std::lower_bound(d, d + l->n_drop, nlen) - d);
 		if (!h)
 			continue;
 		hl[k++] = (bc_drop_list){l->record, l->len, l->n_drop, doff, mo,

@@ -5,8 +5,8 @@
  * host instead of the K halves of every page of every list (what the
  * attention policies still stage, read_regions).
  *
- * One thread per entry: its page id from the device table record, its
- * chunk base from the daemon's device array (as compact_drops.cu), the K
+ * One thread per entry: its K row through the device table record and the
+ * daemon's device array of chunk bases (bc_entry_row, as compact_drops), the K
  * row converted to float and squared and summed in double in index
  * order, sqrt, rounded to float.  The products of two floats are exact in
  * double and the sum runs in the same order as policies/knorm.c's, so the
@@ -37,25 +37,15 @@ __global__ void bc_norm_kernel(const kvt_backend_paged pg, uint32_t head_dim,
 		(const struct kvt_list_record *)((const char *)pg.records +
 		                                 (uint64_t)jb.record * pg.list_stride);
 	for (uint32_t k = threadIdx.x; k < jb.n; k += blockDim.x) {
-		uint32_t e = jb.first + k, p = e / pg.page_tokens;
+		const T *row = (const T *)bc_entry_row(pg, r, jb.first + k);
 		float v = nanf("");
-		if (p < r->n_pages && p < pg.max_pages) {
-			uint32_t id = r->pages[p], slot = id / pg.pages_per_chunk;
-			const char *base = slot < pg.n_chunk_slots
-			                   ? (const char *)pg.chunk_bases[slot]
-			                   : NULL;
-			if (base) {
-				const T *row = (const T *)(base +
-				        (uint64_t)(id % pg.pages_per_chunk) *
-				                pg.page_bytes +
-				        (uint64_t)(e % pg.page_tokens) * pg.row_bytes);
-				double ss = 0.0;
-				for (uint32_t d = 0; d < head_dim; d++) {
-					double x = (double)common_to_f(row[d]);
-					ss += x * x;
-				}
-				v = (float)sqrt(ss);
+		if (row) {
+			double ss = 0.0;
+			for (uint32_t d = 0; d < head_dim; d++) {
+				double x = (double)common_to_f(row[d]);
+				ss += x * x;
 			}
+			v = (float)sqrt(ss);
 		}
 		out[jb.out_off + (uint64_t)k * jb.out_stride] = v;
 	}
