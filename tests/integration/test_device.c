@@ -4,8 +4,9 @@
  * loop for the engine's GPU writes; it parks the sync until the writes
  * are done (device_waits_total) and answers it then.  Under the CPU
  * emulator with KVT_EMU_HOSTFN_DELAY_US set, the "writes done" callback
- * comes late on purpose, so every such sync is parked; on the cpu backend
- * none is.  Expected lengths are h2o's budget by hand.
+ * comes late on purpose, so every such sync is parked (on a loaded host
+ * the callback may beat the daemon's look at it now and then); on the cpu
+ * backend none is.  Expected lengths are h2o's budget by hand.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,11 @@ TEST(device, key_reading_syncs_park_instead_of_blocking)
 		T_EQ_U64(waits, 0);
 	else if (getenv("KVTRIM_CUDA_EMU") && getenv("KVT_EMU_HOSTFN_DELAY_US") &&
 	         atol(getenv("KVT_EMU_HOSTFN_DELAY_US")) >= 1000)
-		T_EQ_U64(waits, 20); /* every sync, once */
+		/* every sync parks once, unless the daemon's thread lost the
+		 * CPU for the whole delay between queueing the callback and
+		 * looking at it (a loaded host: CI beside a build); never
+		 * more than once */
+		T_ASSERT(waits >= 15 && waits <= 20);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	for (int i = 0; i < 2; i++)
 		kvt_disconnect(c[i]);
