@@ -459,6 +459,30 @@ static void ctx_add_fastkvzip_global(struct job *jobs, uint32_t *n,
 	             NULL)->tau = F;
 }
 
+/* Its sweep of npts fixed thresholds, chosen on the training split as
+ * kvzap's (kvzap_sweep_grid, three significant digits: the gate's scores
+ * are probabilities), so its curve brackets every column of the table. */
+static void ctx_add_fastkvzip_sweep(struct job *jobs, uint32_t *n,
+                                    const struct model *M, const char *wabs,
+                                    const float *gs, uint32_t ncal,
+                                    uint32_t P, uint32_t npts)
+{
+	float grid[64];
+	uint32_t ng = kvzap_sweep_grid(M, "fastkvzip-global", gs, ncal, P, P,
+	                               CTX_FKV_WINDOW, CTX_FKV_SINKS, npts, 0,
+	                               grid);
+	for (uint32_t i = 0; i < ng; i++) {
+		char s[KVT_SPEC_MAX];
+		snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
+		         "threshold=%.9g,window=%u,sinks=%u", wabs, grid[i],
+		         CTX_FKV_WINDOW, CTX_FKV_SINKS);
+		struct job *j = eval_add_job(jobs, n, "fastkvzip-global", 0,
+		                             J_DAEMON, s, NULL, NULL);
+		j->tau = grid[i];
+		j->sweep = 1;
+	}
+}
+
 /* The jobs for contexts of P tokens into jobs (a ctxtask_jobs_fn, also
  * used by the tasks at their lengths): kvzap's thresholds from the
  * calibration, kvpop's token budget from P. */
@@ -502,6 +526,9 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 			kvzap_add_sweep(jobs, &njobs, M, a->wabs, v, zs[v], ncal,
 			                in->calP, in->calP, CTX_KVZAP_SINKS,
 			                a->quick ? 2 : CTX_SWEEP);
+	if (in->gs)
+		ctx_add_fastkvzip_sweep(jobs, &njobs, M, a->wabs, in->gs, ncal,
+		                        in->calP, a->quick ? 2 : CTX_SWEEP);
 	return njobs;
 }
 

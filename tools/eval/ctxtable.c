@@ -109,7 +109,7 @@ void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
 	        "the nearest runs on either side (n/a: the curve does not "
 	        "reach it; no extrapolation). Cells: KL / top-1 / dNLL. Bounds "
 	        "are marked.\n\n| policy |");
-	table_md_at_header(f);
+	table_md_at_header(f, 0);
 	const char *pol[128];
 	size_t np = policies_of(rows, nr, model, pol, 128);
 	double *x = malloc(sizeof(double) * (nr + 1) * 4);
@@ -171,7 +171,7 @@ void ctxtable_write_tables(FILE *f, const struct row *rows, size_t nr,
 			if (isnan(r->tau))
 				th[0] = 0;
 			else
-				snprintf(th, sizeof(th), "%.2f", r->tau);
+				snprintf(th, sizeof(th), "%.4g", r->tau);
 			if (isnan(r->kl))
 				fprintf(f, "| %s | %s | %s | failed | | | |\n",
 				        r->policy, t, th);

@@ -271,7 +271,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 	        "[95 %% interval].\n\n| policy |", R->len[R->run[ri].li],
 	        ds[0] ? ", depths " : "", ds, (unsigned long long)rf.n,
 	        rf.n ? rf.tokens / rf.n : 0.0, b);
-	table_md_at_header(f);
+	table_md_at_header(f, CTXTASK_AT0);
 	const char *pol[MAX_JOBS];
 	uint32_t np = policies(jobs, nj, pol, MAX_JOBS);
 	double x[MAX_JOBS], y[MAX_JOBS], ylo[MAX_JOBS], yhi[MAX_JOBS];
@@ -289,7 +289,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 		}
 		fprintf(f, "| %s%s |", pol[p], ctxtable_is_bound(pol[p])
 		                                ? " (bound)" : "");
-		for (size_t q = 0; q < TABLE_NAT; q++) {
+		for (size_t q = CTXTASK_AT0; q < TABLE_NAT; q++) {
 			if (!strcmp(pol[p], "full")) {
 				fmt_cell(b, sizeof(b), &one);
 				fprintf(f, " %s |", n ? b : "failed");
@@ -335,7 +335,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 			if (!j->sweep)
 				snprintf(t, sizeof(t), "%.3f", j->ratio);
 			if (!isnan(j->tau))
-				snprintf(th, sizeof(th), "%.2f", j->tau);
+				snprintf(th, sizeof(th), "%.4g", j->tau);
 			if (isnan(job_ach(&res[k]))) {
 				fprintf(f, "| %s | %s | %s | failed | |", j->name, t,
 				        th);

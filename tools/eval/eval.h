@@ -186,7 +186,7 @@ float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
 uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T,
                           uint32_t P, uint32_t w, uint32_t sinks,
-                          uint32_t npts, float *out);
+                          uint32_t npts, double step, float *out);
 /* The scorers' names: their weights' folders and their jobs' names,
  * [0] linear, [1] MLP. */
 extern const char *const kvzap_names[2];
@@ -291,10 +291,11 @@ extern const size_t table_npolicy;
 size_t table_order(const char *const *names, size_t nn, const char **out,
                    size_t max);
 /* The achieved ratios the md tables are read at (curve_at), and the
- * header cells of those columns with the separator line after them. */
+ * header cells of those columns from table_at[q0] on, with the separator
+ * line after them. */
 #define TABLE_NAT 3
 extern const double table_at[TABLE_NAT];
-void table_md_at_header(FILE *f);
+void table_md_at_header(FILE *f, size_t q0);
 
 /* ctxtable.c */
 /* Protocol 1's quality.md of model's rows; what (a line) says how the run

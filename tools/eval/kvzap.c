@@ -216,13 +216,27 @@ float kvzap_tau(const struct model *M, const float *s, uint32_t ncal,
 	return hi;
 }
 
+/* Rounds a swept threshold: to a multiple of step, or (step 0) to three
+ * significant digits, for scores that are not on a log scale (Fast
+ * KVzip's gate is a probability: 0.0067 and 0.022 are one step apart). */
+static float sweep_round(double tau, double step)
+{
+	if (step > 0)
+		return (float)(step * round(tau / step));
+	if (tau == 0 || !isfinite(tau))
+		return (float)tau;
+	double e = pow(10, floor(log10(fabs(tau))) - 2);
+	return (float)(e * round(tau / e));
+}
+
 /* The sweep's fixed thresholds, chosen on the training split: for npts
  * ratios evenly spaced from SWEEP_LO to hi (hi = SWEEP_HI or, when the
- * window caps kvzap below that, 0.01 under the cap), the threshold that
- * reaches it, rounded to a multiple of SWEEP_ROUND; duplicates once. */
+ * window caps the rule below that, 0.01 under the cap), the threshold
+ * that reaches it, rounded by sweep_round(step); duplicates once. */
 uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
                           const float *s, uint32_t ncal, uint32_t T, uint32_t P,
-                          uint32_t w, uint32_t sinks, uint32_t npts, float *out)
+                          uint32_t w, uint32_t sinks, uint32_t npts,
+                          double step, float *out)
 {
 	double cap = kvzap_ratio(M, s, ncal, T, P, w, sinks, INFINITY);
 	double rhi = cap - 0.01 < SWEEP_HI ? cap - 0.01 : SWEEP_HI;
@@ -232,13 +246,12 @@ uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
 	for (uint32_t i = 0; i < npts; i++) {
 		double r = npts > 1 ? SWEEP_LO + (rhi - SWEEP_LO) * i /
 		                              (npts - 1) : SWEEP_LO;
-		float tau = (float)(SWEEP_ROUND *
-		                    round(kvzap_tau(M, s, ncal, T, P, w, sinks, r) /
-		                          SWEEP_ROUND));
+		float tau = sweep_round(kvzap_tau(M, s, ncal, T, P, w, sinks, r),
+		                        step);
 		if (n && same_f(out[n - 1], tau))
 			continue;
 		out[n++] = tau;
-		fprintf(stderr, " %.2f (%.3f)", tau,
+		fprintf(stderr, " %.3g (%.3f)", tau,
 		        kvzap_ratio(M, s, ncal, T, P, w, sinks, tau));
 	}
 	fputc('\n', stderr);
@@ -280,7 +293,7 @@ void kvzap_add_sweep(struct job *jobs, uint32_t *n, const struct model *M,
 	uint32_t ng = kvzap_sweep_grid(M, kvzap_names[v], s, ncal, T, P,
 	                               RECIPE_KVZAP_WINDOW,
 	                               sinks > 0 ? (uint32_t)sinks : 0, npts,
-	                               grid);
+	                               SWEEP_ROUND, grid);
 	for (uint32_t i = 0; i < ng; i++)
 		add_job(jobs, n, wabs, v, 0, grid[i], sinks)->sweep = 1;
 }
