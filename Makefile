@@ -475,12 +475,13 @@ FUZZ_SECONDS ?= 600
 FUZZ_JOBS    ?= 1
 FUZZ_MERGE   ?= 0
 FUZZ_CC      ?= clang
-FUZZ_TARGETS := codec config weights gguf
+FUZZ_TARGETS := codec config weights gguf spwire
 FUZZ_B       := build/fuzz
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
                 -Iinclude -Icore -Iipc -Idaemon -Ipolicies -Ikernels/cpu -Iengine
 FUZZ_HDRS    := $(wildcard include/*.h core/*.h ipc/*.h daemon/config.h daemon/log.h \
+                  daemon/spwire.h \
                   policies/weights.h kernels/cpu/kernels.h engine/gguf.h \
                   engine/tokenizer.h)
 CODEC_SRC        := ipc/codec.c ipc/codec_decode.c ipc/codec_encode.c \
@@ -496,6 +497,8 @@ FUZZ_LIB_weights := -lcjson -lm
 FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(wildcard engine/gguf*.c) \
                     engine/tokenizer.c core/dtype.c core/errors.c
 FUZZ_LIB_gguf    := -lm
+FUZZ_SRC_spwire  := tests/fuzz/fuzz_spwire.c daemon/spwire.c
+FUZZ_LIB_spwire  :=
 FUZZ_BINS := $(addprefix $(FUZZ_B)/fuzz_,$(FUZZ_TARGETS))
 
 .PHONY: fuzz fuzz-deps fuzz-build fuzz-seeds soak

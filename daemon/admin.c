@@ -76,8 +76,8 @@ static void srv_config_row(const struct server *s,
  * config_validate the whole result; only then is anything applied.
  */
 static int srv_config_set(struct server *s, const struct ipc_req *r,
-                          nng_pipe pipe, struct ipc_rep *rep, char *why,
-                          size_t wlen)
+                          const struct srv_pipe *pipe, struct ipc_rep *rep,
+                          char *why, size_t wlen)
 {
 	const char *key = r->u.set.key, *val = r->u.set.value;
 	int rv = srv_pipe_admin(s, pipe, "config_set", why, wlen);
@@ -134,8 +134,8 @@ static int srv_tenant_is(const struct srv_tenant *st, const char *who)
 /* kvtrimctl drain: every tenant matching stops (or resumes) admitting new
  * sequences; its open sequences are untouched. */
 static int srv_drain_tenant(struct server *s, const struct ipc_req *r,
-                            nng_pipe pipe, struct ipc_rep *rep, char *why,
-                            size_t wlen)
+                            const struct srv_pipe *pipe,
+                            struct ipc_rep *rep, char *why, size_t wlen)
 {
 	const char *who = r->u.drain.tenant;
 	uint32_t n = 0;
@@ -171,8 +171,9 @@ static int srv_drain_tenant(struct server *s, const struct ipc_req *r,
 	return 0;
 }
 
-int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
-              struct ipc_rep *rep, char *why, size_t wlen)
+int srv_admin(struct server *s, const struct ipc_req *r,
+              const struct srv_pipe *pipe, struct ipc_rep *rep, char *why,
+              size_t wlen)
 {
 	uint32_t n = 0;
 	struct stats_snap *snap;

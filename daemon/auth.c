@@ -3,7 +3,8 @@
  *
  * Peers are checked against allow_uids / allow_gids (empty: the daemon's
  * own uid and root) twice: SO_PEERCRED on fd.sock at accept (fdchan.c),
- * and the nng pipe's peer uid at hello (lease.c).  The admin ops that
+ * and the control connection's (read at its accept, ctl.c) at hello
+ * (lease.c).  The admin ops that
  * change something (drain, config_set) are checked against admin_uids /
  * admin_gids instead (same default): a tenant is not an admin, and the
  * four lists change from the socket only with acl_from_socket = 1
@@ -59,7 +60,7 @@ static int srv_pid_in_group(uint32_t pid, uint32_t gid)
  * daemon's own uid and root (and nobody else).  Two lists: allow (who may
  * register a tenant) and admin (who may use the admin ops that change
  * something: drain, config set); being one does not make a peer the other.
- * Read from nng threads too (srv_pipe_cb), hence acl_lock.
+ * Read by the HTTP thread too, hence acl_lock.
  */
 int srv_acl_has(const struct server *s, const struct srv_acl *a,
                 uint32_t pid, uint32_t uid, uint32_t gid)
@@ -114,50 +115,42 @@ void srv_allow_refresh(struct server *s)
 	pthread_mutex_unlock(&s->acl_lock);
 }
 
-/* Checks the control connection's peer (nng reads SO_PEERCRED for us)
+/* Checks the control connection's peer (SO_PEERCRED, read at accept)
  * against the allow list, or the admin list (admin 1). */
-static int srv_pipe_check(struct server *s, nng_pipe p, int admin,
-                          const char *what, char *why, size_t wlen)
+static int srv_pipe_check(struct server *s, const struct srv_pipe *p,
+                          int admin, const char *what, char *why,
+                          size_t wlen)
 {
-	uint64_t uid = 0, gid = 0, pid = 0;
-	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) ||
-	    nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid)) {
-		snprintf(why, wlen, "%s refused: the peer's credentials cannot "
-		         "be read", what);
-		s->st.auth_refusals_total++;
-		return KVT_EPERM;
-	}
-	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
-	if (srv_acl_has(s, admin ? &s->admin : &s->allow, (uint32_t)pid,
-	                (uint32_t)uid, (uint32_t)gid))
+	if (srv_acl_has(s, admin ? &s->admin : &s->allow, p->pid, p->uid,
+	                p->gid))
 		return 0;
-	snprintf(why, wlen, "%s refused: uid %" PRIu64 " gid %" PRIu64
-	         " is not allowed (%s)", what, uid, gid,
+	snprintf(why, wlen, "%s refused: uid %" PRIu32 " gid %" PRIu32
+	         " is not allowed (%s)", what, p->uid, p->gid,
 	         admin ? "admin_uids / admin_gids" : "allow_uids / allow_gids");
 	s->st.auth_refusals_total++;
-	LOG_EVERY(LOG_LVL_WARNING, 1000, "%s (pid %" PRIu64 ")", why, pid);
+	LOG_EVERY(LOG_LVL_WARNING, 1000, "%s (pid %" PRIu32 ")", why, p->pid);
 	return KVT_EPERM;
 }
 
-int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
-                     char *why, size_t wlen)
+int srv_pipe_allowed(struct server *s, const struct srv_pipe *p,
+                     const char *what, char *why, size_t wlen)
 {
 	return srv_pipe_check(s, p, 0, what, why, wlen);
 }
 
-int srv_pipe_admin(struct server *s, nng_pipe p, const char *what,
-                   char *why, size_t wlen)
+int srv_pipe_admin(struct server *s, const struct srv_pipe *p,
+                   const char *what, char *why, size_t wlen)
 {
 	return srv_pipe_check(s, p, 1, what, why, wlen);
 }
 
 /* The tenant a request names, when it is that tenant's. */
-int srv_auth(struct server *s, const struct ipc_req *r, nng_pipe pipe,
-             struct srv_tenant **out, char *why, size_t wlen)
+int srv_auth(struct server *s, const struct ipc_req *r,
+             const struct srv_pipe *pipe, struct srv_tenant **out,
+             char *why, size_t wlen)
 {
 	struct srv_tenant *st = srv_find_tenant(s, r->tenant);
-	if (!st || st->token != r->token ||
-	    st->pipe_id != (uint32_t)nng_pipe_id(pipe)) {
+	if (!st || st->token != r->token || st->pipe_id != pipe->id) {
 		snprintf(why, wlen, "tenant %" PRIu32 " is not registered on "
 		         "this connection", r->tenant);
 		return KVT_ENOTENANT;

@@ -80,11 +80,12 @@ static const struct config_entry config_table[] = {
 	 "for 1 s); lowered at start to fit the open-file limit"},
 	{"max_inflight_per_conn", CONFIG_U32, CONFIG_MUTABLE, 1, 1024, "32",
 	 F(max_inflight_per_conn),
-	 "requests of one control connection in flight at once; more are "
-	 "dropped unanswered"},
+	 "requests of one control connection unanswered at once; the "
+	 "connection is not read beyond that until replies go out"},
 	{"send_timeout_ms", CONFIG_U32, CONFIG_MUTABLE, 10, 60000, "2000",
 	 F(send_timeout_ms),
-	 "a reply the peer does not take within this closes its connection"},
+	 "replies waiting this long without the peer taking a byte close "
+	 "its connection"},
 	{"max_sync_lists", CONFIG_U32, CONFIG_MUTABLE, 1, 1u << 24, "65536",
 	 F(max_sync_lists),
 	 "page lists one sync may touch (items x layers x KV heads); bounds "

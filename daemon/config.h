@@ -17,7 +17,7 @@ struct config {
 	uint64_t pool_size;              /* bytes, multiple of 2 MiB */
 	uint64_t default_quota;          /* bytes; 0 = pool / expected_tenants */
 	uint32_t max_tenants;
-	uint32_t contexts;               /* nng contexts = requests in flight */
+	uint32_t contexts;               /* requests being served at once */
 	uint32_t hello_timeout_ms;       /* handle channel without hello */
 	char log_level[16];
 	uint32_t stats_tcp_port;         /* 0 = no TCP listener */

@@ -1,291 +1,394 @@
 /*
- * ctl.c — the nng control socket ctl.ipc (rep0): its contexts, the queues
- * between nng's threads and the loop, receive, admission and send, and
- * closing it.
+ * ctl.c — the control socket ctl.ipc, served on the loop: nng's SP req/rep
+ * wire over a Unix stream socket (what nng's ipc:// transport speaks, so
+ * libkvtrim and kvtrimctl dial it with nng's req0), accept, reading under
+ * flow control, the pool of requests, the low class, replies and closing.
  *
- * Each of cfg.contexts contexts (struct srv_req) serves one request at a
- * time: receive (nng thread, srv_req_cb) -> s->ready_* -> srv_wake_cb on
- * the loop admits it against its connection (srv_admit) and handles it
- * (dispatch.c) -> srv_send -> the send completion (nng thread) ->
- * s->done_* -> srv_done, which re-arms the receive.  nng's callbacks touch
- * only the queues (under qlock) and the wake-up; libuv may coalesce
- * wake-ups, so the loop drains whole queues each time.
+ * Why not nng's rep0 here: it reads every connection as fast as its
+ * contexts free up and offers no way to stop reading one of them.  A peer
+ * that writes requests and never reads its replies then costs the daemon
+ * the reading and dropping of everything it writes (about a core on the
+ * 2-core CI machine, on the threads that serve the tenants too), or holds
+ * its contexts.  Serving the wire on the loop, the daemon simply stops
+ * reading a connection that has max_inflight_per_conn requests unanswered
+ * or SRV_UNSENT_MAX bytes of replies the kernel has not taken: the peer's
+ * writes then block in its own socket, and it costs nothing more.
+ * docs/design-changes.md has the trade.
  *
- * Two classes: requests of connections a tenant registered on are handled
- * as they come; those of connections without one (hellos, kvtrimctl, any
- * member of the group) wait in s->low_* and get SRV_LOW_SLICE per wake-up,
- * so a flood of those delays no tenant's sync by more than a slice.
+ * The wire itself (hello, frames, the req0 backtrace) is spwire.h's.
  *
- * No peer can hold the daemon's contexts: a reply waits at most
- * send_timeout_ms for its peer to take it (the connection is then kicked,
- * pipes.c), and a connection has at most max_inflight_per_conn requests in
- * flight; more are dropped unanswered.
- *
- * Closing: a peer can wedge nng 1.5.2's pipe reaper, after which nng_close
- * never returns (pipes.c).  srv_close_nng ends the connections at the
- * socket first, gives nng_close SRV_NNG_CLOSE_MS, and goes on without it.
+ * Requests: a frame read takes a request from the pool (cfg.contexts of
+ * them); with none free, the connection waits on s->starved_* and is read
+ * again when one comes back.  A connection a tenant registered on is
+ * handled at once; the others' requests (hellos, kvtrimctl, any member of
+ * the group) wait in s->low_* and get SRV_LOW_SLICE per turn of the loop,
+ * so a flood of those delays no tenant's sync by more than a slice.  A
+ * reply is queued on its connection's write queue and its request goes
+ * back to the pool at once: no peer can hold the daemon's requests by not
+ * reading.
  */
 #include <errno.h>
-#include <nng/nng.h>
-#include <nng/protocol/reqrep0/rep.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "handle.h"
 #include "server_int.h"
+#include "spwire.h"
 
-/* nng drops a connection whose message exceeds this; messages between
- * IPC_MAX_MSG and this size get a KVT_ETOOBIG reply instead. */
+/* A frame longer than this closes its connection (as nng's RECVMAXSZ did);
+ * messages between IPC_MAX_MSG and this size get a KVT_ETOOBIG reply. */
 #define SRV_RECV_MAX (4u * IPC_MAX_MSG)
-#define SRV_CLOSE_WAIT_MS 1500 /* shutdown: for connections to drain */
-#define SRV_NNG_CLOSE_MS 2000  /* shutdown: for nng_close */
-/* Requests of connections without a tenant handled per wake-up, after
- * every tenant's: a flood from such peers delays a tenant's request by at
- * most this many cheap requests, not by the whole flood. */
+/* Requests of connections without a tenant handled per turn of the loop,
+ * after every tenant's. */
 #define SRV_LOW_SLICE 8
+#define SRV_RX_CHUNK 65536u /* read at least this much at a time */
+#define SRV_CACCEPT_BATCH 64
+#define SRV_CACCEPT_PAUSE_MIN_MS 100
+#define SRV_CACCEPT_PAUSE_MAX_MS 1000
+#define SRV_CLOG_EVERY_MS 1000
+#define SRV_LISTEN_BACKLOG 512
 
-/* ---------------------------------------------------------- nng side */
 
-/* Runs on nng threads: only the queue and the wake-up are touched here. */
-static void srv_req_cb(void *arg)
+/* ---------------------------------------------------------- the pool */
+
+static struct srv_req *srv_req_take(struct server *s)
 {
-	struct srv_req *r = arg;
-	struct server *s = r->srv;
-	int rv = nng_aio_result(r->aio);
-
-	if (__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE)) {
-		if (r->sending || rv == 0)
-			nng_msg_free(nng_aio_get_msg(r->aio));
-		r->sending = 0;
-		return;
-	}
-	if (r->sending) {
-		/* The loop accounts the reply to its connection and re-arms
-		 * the context (srv_done). */
-		if (rv != 0) {
-			nng_msg_free(nng_aio_get_msg(r->aio));
-			nng_aio_set_msg(r->aio, NULL);
-			if (rv == NNG_ECLOSED)
-				return;
-		}
-		r->send_rv = rv;
-		r->next = NULL;
-		pthread_mutex_lock(&s->qlock);
-		if (s->done_tail)
-			s->done_tail->next = r;
-		else
-			s->done_head = r;
-		s->done_tail = r;
-		pthread_mutex_unlock(&s->qlock);
-		uv_async_send(&s->wake);
-		return;
-	}
-	if (rv != 0) {
-		if (rv == NNG_ECLOSED)
-			return;
-		nng_ctx_recv(r->ctx, r->aio);
-		return;
-	}
-	r->msg = nng_aio_get_msg(r->aio);
+	struct srv_req *r = s->req_free;
+	if (!r)
+		return NULL;
+	s->req_free = r->next;
+	s->n_free--;
 	r->next = NULL;
-	r->recv_us = now_us();
-	pthread_mutex_lock(&s->qlock);
-	if (s->ready_tail)
-		s->ready_tail->next = r;
+	return r;
+}
+
+/* Back to the pool; a connection waiting for one is read again. */
+static void srv_req_put(struct server *s, struct srv_req *r)
+{
+	if (r->low && s->n_low_held)
+		s->n_low_held--;
+	free(r->msg);
+	memset(r, 0, sizeof(*r));
+	r->srv = s;
+	r->next = s->req_free;
+	s->req_free = r;
+	s->n_free++;
+	if (!s->starved_head || s->pumping_starved)
+		return;
+	/* In order, while requests last; a pump that takes the last one
+	 * leaves its connection (and those after it) waiting. */
+	s->pumping_starved = 1;
+	/* Each waiting connection once: one that is refused again (the low
+	 * class at its share) goes back to the end of the line. */
+	uint32_t turns = 0;
+	for (struct srv_pipe *p = s->starved_head; p; p = p->starved_next)
+		turns++;
+	while (s->starved_head && s->n_free && turns--) {
+		struct srv_pipe *p = s->starved_head;
+		if (!(s->starved_head = p->starved_next))
+			s->starved_tail = NULL;
+		p->starved = 0;
+		p->starved_next = NULL;
+		srv_pipe_pump(s, p);
+	}
+	s->pumping_starved = 0;
+}
+
+/* ---------------------------------------------------------- reading */
+
+/* Is p at one of its bounds (then it is not read)? */
+static int srv_pipe_full(const struct server *s, const struct srv_pipe *p)
+{
+	return p->inflight >= s->cfg.max_inflight_per_conn ||
+	       uv_stream_get_write_queue_size((const uv_stream_t *)&p->h) >
+	               SRV_UNSENT_MAX;
+}
+
+static void srv_starve(struct server *s, struct srv_pipe *p)
+{
+	if (p->starved)
+		return;
+	p->starved = 1;
+	p->starved_next = NULL;
+	if (s->starved_tail)
+		s->starved_tail->starved_next = p;
 	else
-		s->ready_head = r;
-	s->ready_tail = r;
-	pthread_mutex_unlock(&s->qlock);
+		s->starved_head = p;
+	s->starved_tail = p;
+}
+
+/* A request of a connection without a tenant: the low class, served by
+ * srv_wake_cb after the tenants' requests of this turn. */
+static void srv_low_push(struct server *s, struct srv_req *r)
+{
+	r->next = NULL;
+	if (s->low_tail)
+		s->low_tail->next = r;
+	else
+		s->low_head = r;
+	s->low_tail = r;
 	uv_async_send(&s->wake);
 }
 
-int srv_ctl_open(struct server *s, char *err, size_t errlen)
+/*
+ * Takes p's next frame: 1 taken (or the SP header), 0 more bytes needed
+ * (rx_need says how many), -1 no free request (p waits on s->starved_*),
+ * -2 p was closed (a protocol error).
+ */
+static int srv_take_frame(struct server *s, struct srv_pipe *p)
 {
-	char url[PATH_MAX + 8];
-	mode_t old_umask;
-	int rv;
-	if ((rv = nng_rep0_open(&s->sock))) {
-		snprintf(err, errlen, "nng: %s", nng_strerror(rv));
-		return KVT_ESYS;
-	}
-	s->sock_open = 1;
-	nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, SRV_RECV_MAX);
-	s->max_pending = srv_pending_max(s);
-	nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, srv_pipe_cb, s);
-	nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, srv_pipe_cb, s);
-	nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, srv_pipe_cb, s);
-	/* A stale socket file of a dead daemon would make listen fail. */
-	unlink(s->ctl_path);
-	snprintf(url, sizeof(url), "ipc://%s", s->ctl_path);
-	/* Born 0660 (see server_new). */
-	old_umask = umask(0117);
-	if ((rv = nng_listener_create(&s->listener, s->sock, url)) ||
-	    (rv = nng_listener_set_int(s->listener, NNG_OPT_IPC_PERMISSIONS,
-	                               0660)) ||
-	    (rv = nng_listener_start(s->listener, 0))) {
-		umask(old_umask);
-		snprintf(err, errlen, "cannot listen on %s: %s", url,
-		         nng_strerror(rv));
-		return KVT_ESYS;
-	}
-	umask(old_umask);
-	for (uint32_t i = 0; i < s->cfg.contexts; i++) {
-		struct srv_req *r = &s->reqs[i];
-		r->srv = s;
-		if ((rv = nng_ctx_open(&r->ctx, s->sock)) ||
-		    (rv = nng_aio_alloc(&r->aio, srv_req_cb, r))) {
-			snprintf(err, errlen, "nng: %s", nng_strerror(rv));
-			return KVT_ESYS;
+	const uint8_t *b = p->rx + p->rx_off;
+	uint32_t avail = p->rx_len - p->rx_off;
+	if (!p->greeted) {
+		int h = spw_hello(b, avail, SPW_REQ0);
+		if (h == SPW_MORE) {
+			p->rx_need = SPW_HELLO_LEN;
+			return 0;
 		}
-		s->n_reqs = i + 1;
+		if (h == SPW_BAD) {
+			srv_pipe_close(s, p, &s->st.control_conns_closed_protocol_total,
+			               "not an SP req0 peer");
+			return -2;
+		}
+		p->greeted = 1;
+		p->rx_off += SPW_HELLO_LEN;
+		p->rx_need = 0;
+		return 1;
 	}
-	return 0;
-}
-
-/* ---------------------------------------------------------- loop side */
-
-/* Arms r's context for the next request (no deadline: a connection may
- * stay quiet as long as it likes; idleness is the cron's business). */
-void srv_recv(struct srv_req *r)
-{
-	r->pipe_id = 0;
-	nng_aio_set_timeout(r->aio, NNG_DURATION_INFINITE);
-	nng_ctx_recv(r->ctx, r->aio);
-}
-
-/* The request r is over (reply taken, or none): its connection has one
- * fewer in flight. */
-static void srv_req_done(struct server *s, struct srv_req *r)
-{
-	struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
-	srv_recv(r);
-	if (!p)
-		return;
-	if (p->inflight)
-		p->inflight--;
-	p->last_ms = now_ms();
-}
-
-/*
- * Sends r's reply (or re-arms its context when there is none).  The send
- * waits at most send_timeout_ms for the connection to take it: a peer
- * that does not read cannot keep the context (srv_done closes it).
- */
-void srv_send(struct server *s, struct srv_req *r)
-{
-	nng_msg *rep = r->msg;
-	r->msg = NULL;
-	if (!rep) {
-		srv_req_done(s, r);
-		return;
+	uint64_t need, len;
+	const uint8_t *m;
+	const char *why;
+	int f = spw_frame(b, avail, SRV_RECV_MAX, &need, &m, &len, &why);
+	if (f == SPW_BAD) {
+		srv_pipe_close(s, p, &s->st.control_conns_closed_protocol_total,
+		               why);
+		return -2;
 	}
-	r->sending = 1;
-	nng_aio_set_timeout(r->aio, (nng_duration)s->cfg.send_timeout_ms);
-	nng_aio_set_msg(r->aio, rep);
-	nng_ctx_send(r->ctx, r->aio);
-}
-
-/* Replies nng has finished with, from the done queue (loop thread). */
-static void srv_done(struct server *s, struct srv_req *list)
-{
-	while (list) {
-		struct srv_req *r = list;
-		list = r->next;
-		r->sending = 0;
-		if (r->send_rv == NNG_ETIMEDOUT)
-			srv_pipe_kick(s, r->pipe_id,
-			              &s->st.control_conns_closed_send_timeout_total,
-			              "it did not take a reply within "
-			              "send_timeout_ms");
-		srv_req_done(s, r);
-	}
-}
-
-/*
- * A new request r: counted against its connection; one beyond
- * max_inflight_per_conn in flight (the client library never has more than
- * 17) is dropped unanswered.  0: handle r now; 1: r's connection has no
- * tenant, r waits in the low class; -1: r was dropped and its context
- * re-armed.
- */
-static int srv_admit(struct server *s, struct srv_req *r)
-{
-	nng_pipe np = nng_msg_get_pipe(r->msg);
-	uint64_t pid;
-	r->pipe_id = (uint32_t)nng_pipe_id(np);
-	struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
-	if (!p && nng_pipe_get_uint64(np, NNG_OPT_IPC_PEER_PID, &pid)) {
-		/* Its connection is gone (its removal was handled): nobody
-		 * would read the reply. */
-		nng_msg_free(r->msg);
-		r->msg = NULL;
-		srv_recv(r);
-		return -1;
-	}
-	if (!p && !(p = srv_pipe_get(s, r->pipe_id)))
+	if (f == SPW_MORE) {
+		p->rx_need = (uint32_t)need;
 		return 0;
-	p->rx_ms = now_ms();
-	if (p->kicked || p->inflight >= s->cfg.max_inflight_per_conn) {
-		/* Not answered: the context goes back to serving others.
-		 * The connection stays open (it is closed when one of its
-		 * replies misses send_timeout_ms, or when it idles without a
-		 * tenant): closing a pipe from our side while its peer kept
-		 * streaming requests left nng 1.5's pipe reaper stuck under
-		 * load, after which no closed connection was ever released. */
+	}
+	uint32_t bt = spw_backtrace(m, len);
+	if (!bt) {
+		/* Malformed, or too many hops: dropped, as nng's rep0 does. */
 		s->st.control_requests_dropped_total++;
-		nng_msg_free(r->msg);
-		r->msg = NULL;
-		srv_recv(r);
+		p->rx_off += (uint32_t)need;
+		p->rx_need = 0;
+		return 1;
+	}
+	/* Connections without a tenant hold at most half the pool, so a
+	 * tenant's request always finds one free soon. */
+	struct srv_req *r = !p->bound && s->n_low_held >= (s->n_reqs + 1) / 2
+	                            ? NULL
+	                            : srv_req_take(s);
+	if (!r) {
+		srv_starve(s, p);
 		return -1;
 	}
+	size_t n = (size_t)len - bt;
+	r->msg = malloc(n ? n : 1);
+	if (!r->msg) {
+		/* Not read now: retried when memory or a request frees. */
+		srv_req_put(s, r);
+		srv_starve(s, p);
+		return -1;
+	}
+	memcpy(r->msg, m + bt, n);
+	r->len = n;
+	memcpy(r->bt, m, bt);
+	r->btlen = bt;
+	r->pipe_id = p->id;
+	r->recv_us = now_us();
+	r->low = !p->bound;
+	s->n_low_held += r->low;
+	p->rx_off += (uint32_t)need;
+	p->rx_need = 0;
 	p->inflight++;
 	p->last_ms = now_ms();
-	return !p->bound;
+	if (p->bound)
+		srv_proceed(s, r, srv_handle(s, r, 0));
+	else
+		srv_low_push(s, r);
+	return 1;
 }
+
+static void srv_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct srv_pipe *p = h->data;
+	(void)suggested;
+	if (p->rx_off == p->rx_len)
+		p->rx_off = p->rx_len = 0;
+	uint32_t want = p->rx_need > SRV_RX_CHUNK ? p->rx_need : SRV_RX_CHUNK;
+	if (p->rx_cap - p->rx_len < SRV_RX_CHUNK ||
+	    p->rx_cap - p->rx_off < want) {
+		if (p->rx_off) {
+			memmove(p->rx, p->rx + p->rx_off, p->rx_len - p->rx_off);
+			p->rx_len -= p->rx_off;
+			p->rx_off = 0;
+		}
+		uint32_t cap = p->rx_len + SRV_RX_CHUNK;
+		if (cap < want)
+			cap = want;
+		if (cap > p->rx_cap) {
+			uint8_t *nb = realloc(p->rx, cap);
+			if (nb) {
+				p->rx = nb;
+				p->rx_cap = cap;
+			}
+		}
+	}
+	buf->base = (char *)p->rx + p->rx_len;
+	buf->len = p->rx_cap - p->rx_len;
+}
+
+static void srv_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+	struct srv_pipe *p = st->data;
+	struct server *s = p->srv;
+	(void)buf;
+	if (n == UV_ENOBUFS) {
+		/* Out of memory for the buffer: not read until the cron's
+		 * next try (srv_pipe_cron), rather than at once, forever. */
+		uv_read_stop(st);
+		p->reading = 0;
+		return;
+	}
+	if (n < 0) {
+		srv_pipe_close(s, p, NULL, n == UV_EOF ? "" : uv_strerror((int)n));
+		return;
+	}
+	p->rx_len += (uint32_t)n;
+	srv_pipe_pump(s, p);
+}
+
+void srv_pipe_pump(struct server *s, struct srv_pipe *p)
+{
+	if (p->closing || p->pumping)
+		return;
+	p->pumping = 1;
+	int got = 1;
+	while (!p->closing && !p->starved && !srv_pipe_full(s, p) &&
+	       (got = srv_take_frame(s, p)) > 0)
+		;
+	p->pumping = 0;
+	if (p->closing)
+		return;
+	int want = !p->starved && !srv_pipe_full(s, p);
+	if (!want && p->reading)
+		s->st.control_reads_paused_total++;
+	if (want != p->reading) {
+		if (want)
+			uv_read_start((uv_stream_t *)&p->h, srv_alloc_cb,
+			              srv_read_cb);
+		else
+			uv_read_stop((uv_stream_t *)&p->h);
+		p->reading = want;
+	}
+	/* A shrunk buffer keeps no idle megabytes. */
+	if (p->rx_off == p->rx_len && p->rx_cap > 2 * SRV_RX_CHUNK) {
+		free(p->rx);
+		p->rx = NULL;
+		p->rx_off = p->rx_len = p->rx_cap = 0;
+	}
+	(void)got;
+}
+
+/* ---------------------------------------------------------- replies */
+
+struct srv_wr {
+	uv_write_t w;
+	uint8_t head[SPW_HEAD_LEN + 4 * SPW_BT_MAX];
+	uint8_t *body;
+};
+
+static void srv_write_cb(uv_write_t *w, int status)
+{
+	struct srv_wr *q = (struct srv_wr *)w;
+	struct srv_pipe *p = w->handle->data;
+	struct server *s = p->srv;
+	free(q->body);
+	free(q);
+	if (status == UV_ECANCELED || p->closing)
+		return;
+	if (status) {
+		srv_pipe_close(s, p, NULL, uv_strerror(status));
+		return;
+	}
+	uint64_t now = now_ms();
+	p->last_ms = now;
+	p->stall_ms = uv_stream_get_write_queue_size((uv_stream_t *)&p->h)
+	                      ? now : 0;
+	srv_pipe_pump(s, p);
+}
+
+/* Queues body[len] (taken) with the backtrace bt[btlen] on p. */
+static void srv_write(struct server *s, struct srv_pipe *p, const uint8_t *bt,
+                      uint32_t btlen, uint8_t *body, size_t len)
+{
+	struct srv_wr *q = malloc(sizeof(*q));
+	if (!q) {
+		free(body);
+		srv_pipe_close(s, p, NULL, "out of memory for a reply");
+		return;
+	}
+	spw_head_put(q->head, (uint64_t)btlen + len);
+	memcpy(q->head + SPW_HEAD_LEN, bt, btlen);
+	q->body = body;
+	uv_buf_t bufs[2] = {uv_buf_init((char *)q->head, SPW_HEAD_LEN + btlen),
+	                    uv_buf_init((char *)body, (unsigned)len)};
+	int was = uv_stream_get_write_queue_size((uv_stream_t *)&p->h) > 0;
+	int rv = uv_write(&q->w, (uv_stream_t *)&p->h, bufs, len ? 2 : 1,
+	                  srv_write_cb);
+	if (rv) {
+		free(body);
+		free(q);
+		srv_pipe_close(s, p, NULL, uv_strerror(rv));
+		return;
+	}
+	if (!was && uv_stream_get_write_queue_size((uv_stream_t *)&p->h))
+		p->stall_ms = now_ms();
+}
+
+void srv_send(struct server *s, struct srv_req *r)
+{
+	struct srv_pipe *p = srv_pipe_find(s, r->pipe_id);
+	if (p && r->msg && !s->stopping) {
+		srv_write(s, p, r->bt, r->btlen, r->msg, r->len);
+		r->msg = NULL;
+	}
+	if (p && p->inflight)
+		p->inflight--;
+	srv_req_put(s, r);
+	if (p)
+		srv_pipe_pump(s, p);
+}
+
+/* ---------------------------------------------------------- the low class */
 
 void srv_wake_cb(uv_async_t *a)
 {
 	struct server *s = a->data;
-	struct srv_req *list, *done;
-	struct srv_pipe_ev *evs;
-
-	pthread_mutex_lock(&s->qlock);
-	list = s->ready_head;
-	s->ready_head = s->ready_tail = NULL;
-	done = s->done_head;
-	s->done_head = s->done_tail = NULL;
-	evs = s->pipe_evs;
-	s->pipe_evs = s->pipe_evs_tail = NULL;
-	pthread_mutex_unlock(&s->qlock);
-
-	srv_pipe_events(s, evs);
-	srv_done(s, done);
-	/* Waiting requests first: pages freed by the events above go to
-	 * them before newcomers. */
+	/* Waiting requests first: pages freed since go to them before
+	 * newcomers (a device wake-up lands here too). */
 	if (s->n_parked)
 		srv_retry_parked(s);
-	int handled = list != NULL;
-	while (list) {
-		struct srv_req *r = list;
-		list = r->next;
-		int cls = srv_admit(s, r);
-		if (cls < 0)
-			continue;
-		if (cls) {
-			r->next = NULL;
-			if (s->low_tail)
-				s->low_tail->next = r;
-			else
-				s->low_head = r;
-			s->low_tail = r;
-			continue;
-		}
-		srv_proceed(s, r, srv_handle(s, r, 0));
-	}
+	int handled = 0;
 	for (int k = 0; k < SRV_LOW_SLICE && s->low_head; k++) {
 		struct srv_req *r = s->low_head;
 		if (!(s->low_head = r->next))
 			s->low_tail = NULL;
+		r->next = NULL;
+		if (!srv_pipe_find(s, r->pipe_id)) {
+			/* Its connection is gone: nobody would read it. */
+			srv_send(s, r);
+			continue;
+		}
 		srv_proceed(s, r, srv_handle(s, r, 0));
 		handled = 1;
 	}
@@ -293,97 +396,223 @@ void srv_wake_cb(uv_async_t *a)
 	 * tenants' new requests first. */
 	if (s->low_head)
 		uv_async_send(&s->wake);
-	/* Closes, byes and evicting syncs just handled may have freed what
-	 * the parked ones wait for: do not leave that to the next tick. */
+	/* Closes and byes just handled may have freed what the parked ones
+	 * wait for: do not leave that to the next tick. */
 	if (handled && s->n_parked)
 		srv_retry_parked(s);
 }
 
-/* ---------------------------------------------------------- closing */
+/* ---------------------------------------------------------- accept */
 
-static void *srv_nng_close_main(void *arg)
+static void srv_caccept_cb(uv_poll_t *h, int status, int events);
+
+/* accept failed (out of fds, say): the listener is not polled for a while
+ * (level-triggered, it would call again at once), 100 ms doubling to 1 s
+ * while failures go on; logged once per SRV_CLOG_EVERY_MS. */
+static void srv_caccept_pause(struct server *s, int err)
 {
-	struct server *s = arg;
-	nng_close(s->sock);
-	pthread_mutex_lock(&s->qlock);
-	s->nng_closed = 1;
-	pthread_cond_signal(&s->close_cv);
-	pthread_mutex_unlock(&s->qlock);
-	return NULL;
+	uint64_t now = now_ms(), held;
+	s->st.control_accept_failures_total++;
+	s->caccept_pause_ms = !s->caccept_pause_ms ? SRV_CACCEPT_PAUSE_MIN_MS
+	                      : s->caccept_pause_ms * 2 > SRV_CACCEPT_PAUSE_MAX_MS
+	                              ? SRV_CACCEPT_PAUSE_MAX_MS
+	                              : s->caccept_pause_ms * 2;
+	uv_poll_stop(&s->cpoll);
+	s->caccept_paused = 1;
+	s->caccept_resume_ms = now + s->caccept_pause_ms;
+	if (log_rate_due(&s->caccept_log, now, SRV_CLOG_EVERY_MS, &held))
+		LOG(LOG_LVL_WARNING, "ctl.ipc accept failed: %s (open-file "
+		    "limit %" PRIu64 "); not accepting for %" PRIu32 " ms "
+		    "(%" PRIu64 " more failures not logged)", strerror(err),
+		    s->fd_limit, s->caccept_pause_ms, held);
 }
 
-/*
- * nng_close, given SRV_NNG_CLOSE_MS.  A peer can wedge nng 1.5's pipe
- * reaper (srv_pipe_reap), and then nng_close never returns.  The daemon
- * then logs it, leaves nng as it is (its threads may still use the
- * contexts: server_free frees none of them) and goes on shutting down, so
- * it still exits instead of hanging until systemd kills it.  Returns
- * nonzero when nng was left so.
- */
-static int srv_nng_close(struct server *s)
+void srv_ctl_start(struct server *s)
 {
-	pthread_t th;
-	struct timespec until;
-	int rc = 0;
-	if (pthread_create(&th, NULL, srv_nng_close_main, s)) {
-		nng_close(s->sock);
-		return 0;
+	if (s->cpoll_ready)
+		uv_poll_start(&s->cpoll, UV_READABLE, srv_caccept_cb);
+}
+
+void srv_ctl_stop_accepting(struct server *s)
+{
+	if (s->cpoll_ready)
+		uv_poll_stop(&s->cpoll);
+	s->caccept_paused = 0;
+}
+
+void srv_ctl_accept_resume(struct server *s, uint64_t now)
+{
+	if (!s->caccept_paused || s->draining || now < s->caccept_resume_ms)
+		return;
+	s->caccept_paused = 0;
+	srv_ctl_start(s);
+}
+
+/* A new connection fd (non-blocking, close-on-exec): our SP header, then
+ * it is read; unless the pending connections are at their bound. */
+static void srv_pipe_open(struct server *s, int fd)
+{
+	uint32_t pid = 0, uid = 0, gid = 0;
+	if (handle_peer(fd, &pid, &uid, &gid) ||
+	    !srv_pipe_room(s, pid, uid, gid)) {
+		close(fd);
+		return;
 	}
-	pthread_detach(th);
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += SRV_NNG_CLOSE_MS / 1000;
-	pthread_mutex_lock(&s->qlock);
-	while (!s->nng_closed && rc != ETIMEDOUT)
-		rc = pthread_cond_timedwait(&s->close_cv, &s->qlock, &until);
-	s->nng_wedged = !s->nng_closed;
-	pthread_mutex_unlock(&s->qlock);
-	if (s->nng_wedged)
-		LOG(LOG_LVL_ERR, "nng did not close the control socket within "
-		    "%d s (a peer wedged nng 1.5's pipe reaper); exiting "
-		    "without waiting for it", SRV_NNG_CLOSE_MS / 1000);
-	return s->nng_wedged;
+	struct srv_pipe *p = calloc(1, sizeof(*p));
+	if (!p) {
+		close(fd);
+		return;
+	}
+	p->srv = s;
+	p->pid = pid;
+	p->uid = uid;
+	p->gid = gid;
+	p->born_ms = p->last_ms = now_ms();
+	do
+		p->id = ++s->next_pipe_id;
+	while (!p->id || srv_pipe_find(s, p->id));
+	if (uv_pipe_init(&s->loop, &p->h, 0)) {
+		close(fd);
+		free(p);
+		return;
+	}
+	p->h.data = p;
+	if (uv_pipe_open(&p->h, fd)) {
+		close(fd);
+		srv_pipe_close(s, p, NULL, NULL);
+		return;
+	}
+	if (srv_pipe_add(s, p)) {
+		/* (the handle owns fd: its close closes it) */
+		srv_pipe_close(s, p, NULL, NULL);
+		return;
+	}
+	struct srv_wr *q = malloc(sizeof(*q));
+	if (!q) {
+		srv_pipe_close(s, p, NULL, "out of memory");
+		return;
+	}
+	spw_hello_put(q->head, SPW_REP0);
+	q->body = NULL;
+	uv_buf_t b = uv_buf_init((char *)q->head, SPW_HELLO_LEN);
+	if (uv_write(&q->w, (uv_stream_t *)&p->h, &b, 1, srv_write_cb)) {
+		free(q);
+		srv_pipe_close(s, p, NULL, "cannot send the SP header");
+		return;
+	}
+	srv_pipe_pump(s, p);
 }
 
-/* Stops nng for good: no callback runs after this returns (unless nng
- * was left wedged: s->nng_wedged). */
-void srv_close_nng(struct server *s)
+static void srv_caccept_cb(uv_poll_t *h, int status, int events)
+{
+	struct server *s = h->data;
+	(void)status;
+	(void)events;
+	/* A bounded batch: the poll calls again while connections queue. */
+	for (int i = 0; i < SRV_CACCEPT_BATCH && !s->draining; i++) {
+		int fd;
+		int rv = handle_accept(s->csock, &fd);
+		if (rv == KVT_EBUSY)
+			return;
+		if (rv) {
+			srv_caccept_pause(s, errno);
+			return;
+		}
+		s->caccept_pause_ms = 0;
+		srv_pipe_open(s, fd);
+	}
+}
+
+/* ---------------------------------------------------------- open, close */
+
+int srv_ctl_open(struct server *s, char *err, size_t errlen)
+{
+	struct sockaddr_un a;
+	memset(&a, 0, sizeof(a));
+	a.sun_family = AF_UNIX;
+	if (strlen(s->ctl_path) >= sizeof(a.sun_path)) {
+		snprintf(err, errlen, "socket path too long: %s", s->ctl_path);
+		return KVT_EINVAL;
+	}
+	memcpy(a.sun_path, s->ctl_path, strlen(s->ctl_path));
+	s->csock = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+	                  0);
+	if (s->csock < 0) {
+		snprintf(err, errlen, "socket: %s", strerror(errno));
+		return KVT_ESYS;
+	}
+	/* A stale socket file of a dead daemon would make bind fail (the
+	 * runtime dir's lock is ours: no live daemon owns it). */
+	unlink(s->ctl_path);
+	mode_t old = umask(0117); /* born 0660 (see server_new) */
+	int rv = bind(s->csock, (struct sockaddr *)&a, sizeof(a));
+	umask(old);
+	if (rv || chmod(s->ctl_path, 0660) ||
+	    listen(s->csock, SRV_LISTEN_BACKLOG)) {
+		snprintf(err, errlen, "cannot listen on %s: %s", s->ctl_path,
+		         strerror(errno));
+		return KVT_ESYS;
+	}
+	if (uv_poll_init(&s->loop, &s->cpoll, s->csock)) {
+		snprintf(err, errlen, "cannot poll %s", s->ctl_path);
+		return KVT_ESYS;
+	}
+	s->cpoll.data = s;
+	s->cpoll_ready = 1;
+	for (uint32_t i = 0; i < s->cfg.contexts; i++) {
+		struct srv_req *r = &s->reqs[i];
+		r->srv = s;
+		r->next = s->req_free;
+		s->req_free = r;
+	}
+	s->n_reqs = s->n_free = s->cfg.contexts;
+	return 0;
+}
+
+int srv_ctl_writing(const struct server *s)
+{
+	for (uint32_t i = 0; i < s->pipes_cap; i++) {
+		const struct srv_pipe *p = s->pipes[i];
+		if (p && uv_stream_get_write_queue_size(
+		                 (const uv_stream_t *)&p->h))
+			return 1;
+	}
+	return 0;
+}
+
+static void srv_free_list(struct server *s, struct srv_req **head,
+                          struct srv_req **tail)
+{
+	for (struct srv_req *r = *head, *n; r; r = n) {
+		n = r->next;
+		free(r->msg);
+		r->msg = NULL;
+	}
+	*head = NULL;
+	if (tail)
+		*tail = NULL;
+	(void)s;
+}
+
+void srv_ctl_close(struct server *s)
 {
 	__atomic_store_n(&s->stopping, 1, __ATOMIC_RELEASE);
-	if (s->sock_open) {
-		/* Connections still streaming requests would race nng_close's
-		 * pipe closes (srv_pipe_reap): end them at the socket first
-		 * and give nng time to read what they queued and close them
-		 * from the EOF. */
-		srv_ctl_shutdown(s, NULL, 0);
-		/* (Known wedged: nothing would come back.) */
-		for (int i = 0; !s->unreleased && i < SRV_CLOSE_WAIT_MS / 10 &&
-		                __atomic_load_n(&s->control_conns,
-		                                __ATOMIC_RELAXED) > 0;
-		     i++)
-			usleep(10000);
-		s->sock_open = 0;
-		if (srv_nng_close(s))
-			return;
+	/* (Each close shifts the table: the first left, until none is.) */
+	while (s->n_pipes) {
+		uint32_t i = 0;
+		while (!s->pipes[i])
+			i++;
+		srv_pipe_close(s, s->pipes[i], NULL, "daemon shutting down");
 	}
-	for (uint32_t i = 0; i < s->n_reqs; i++)
-		nng_aio_stop(s->reqs[i].aio);
-	pthread_mutex_lock(&s->qlock);
-	for (struct srv_req *r = s->ready_head; r; r = r->next) {
-		nng_msg_free(r->msg);
-		r->msg = NULL;
-	}
-	s->ready_head = s->ready_tail = NULL;
-	s->done_head = s->done_tail = NULL; /* their messages are gone */
-	pthread_mutex_unlock(&s->qlock);
-	for (struct srv_req *r = s->parked_head; r; r = r->next) {
-		nng_msg_free(r->msg);
-		r->msg = NULL;
-	}
-	s->parked_head = s->parked_tail = NULL;
-	for (struct srv_req *r = s->low_head; r; r = r->next) {
-		nng_msg_free(r->msg);
-		r->msg = NULL;
-	}
-	s->low_head = s->low_tail = NULL;
+	s->starved_head = s->starved_tail = NULL;
+	srv_free_list(s, &s->low_head, &s->low_tail);
+	srv_free_list(s, &s->parked_head, &s->parked_tail);
 	s->n_parked = 0;
+	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
+		uv_close((uv_handle_t *)&s->cpoll, NULL);
+	if (s->csock >= 0) {
+		/* libuv's poll handle does not own the descriptor */
+		close(s->csock);
+		s->csock = -1;
+	}
 }

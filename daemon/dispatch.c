@@ -72,8 +72,8 @@ static int srv_tenant_parked(const struct server *s,
 }
 
 static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
-                        struct ipc_req *r, nng_pipe pipe, struct ipc_rep *rep,
-                        char *why, size_t wlen)
+                        struct ipc_req *r, const struct srv_pipe *pipe,
+                        struct ipc_rep *rep, char *why, size_t wlen)
 {
 	struct srv_tenant *st = NULL;
 	int rv;
@@ -187,11 +187,18 @@ enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 	struct ipc_req req;
 	struct ipc_rep rep;
 	char why[KVT_ERRTEXT_MAX] = "";
-	nng_msg *msg = r->msg;
-	const uint8_t *body = nng_msg_body(msg);
-	size_t len = nng_msg_len(msg);
+	const uint8_t *body = r->msg;
+	size_t len = r->len;
 	enum ipc_op op;
 	int rv;
+	const struct srv_pipe *pipe = srv_pipe_find(s, r->pipe_id);
+	if (!pipe) {
+		/* Its connection closed meanwhile (its tenant was reclaimed
+		 * then): nobody would read a reply. */
+		free(r->msg);
+		r->msg = NULL;
+		return SRV_REPLY;
+	}
 
 	int retry = parked || r->dev_wait || r->held;
 	r->dev_wait = 0;
@@ -205,8 +212,8 @@ enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 		op = codec_peek_op(body, len);
 	} else {
 		op = req.op;
-		rv = srv_dispatch(s, r, parked, &req, nng_msg_get_pipe(msg), &rep,
-		                  why, sizeof(why));
+		rv = srv_dispatch(s, r, parked, &req, pipe, &rep, why,
+		                  sizeof(why));
 	}
 	codec_req_free(&req);
 	if (rv == SRV_ASYNC || rv == SRV_TENANT_BUSY) {
@@ -235,7 +242,6 @@ enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
                               struct ipc_rep *rep, char *why,
                               size_t wlen, int parked)
 {
-	nng_msg *msg = r->msg;
 	if (rv == KVT_EPOOLFULL && !s->draining &&
 	    (op == IPC_OP_SYNC || op == IPC_OP_SEQ_OPEN)) {
 		uint64_t now = now_ms();
@@ -283,14 +289,13 @@ enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
 	if (op == IPC_OP_SYNC)
 		stats_observe(&s->st.sync_latency_seconds,
 		              (double)(now_us() - r->recv_us) / 1e6);
-	nng_msg_clear(msg);
-	if (erv || nng_msg_append(msg, out, olen)) {
+	/* The reply takes the request's place (none when it could not be
+	 * encoded: the peer's request then times out). */
+	free(r->msg);
+	r->msg = erv ? NULL : out;
+	r->len = erv ? 0 : olen;
+	if (erv)
 		free(out);
-		nng_msg_free(msg);
-		r->msg = NULL;
-		return SRV_REPLY;
-	}
-	free(out);
 	return SRV_REPLY;
 }
 

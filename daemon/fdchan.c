@@ -37,8 +37,10 @@
 #define SRV_PENDING_GRACE_MS 1000 /* a pending conn younger than this is not
                                      evicted for a newcomer */
 #define SRV_PENDING_FLOOR 8      /* max_pending_conns never lowered below */
-#define SRV_FD_PER_TENANT 4      /* handle channel, nng pipe, table, stage */
-#define SRV_FD_SPARE 64          /* stdio, lock, loop, nng, MHD, driver */
+#define SRV_FD_PER_TENANT 4      /* handle channel, control connection,
+                                    table, stage */
+#define SRV_FD_SPARE 64          /* stdio, lock, loop, listeners, MHD,
+                                    driver */
 #define SRV_LOG_EVERY_MS 5000    /* repeated warnings: one per interval */
 
 /* ---------------------------------------------------------- connections */

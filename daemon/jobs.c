@@ -177,11 +177,11 @@ static void srv_job_done(uv_work_t *w, int status)
 	                                  sizeof(j->why), j->parked);
 	free(j);
 	if (__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE)) {
-		/* nng is closed: nothing can be sent any more. */
-		nng_msg_free(r->msg);
+		/* ctl.ipc is closed: nothing can be sent any more. */
+		free(r->msg);
 		r->msg = NULL;
 		for (struct srv_req *q = waiting; q; q = q->next) {
-			nng_msg_free(q->msg);
+			free(q->msg);
 			q->msg = NULL;
 		}
 		return;

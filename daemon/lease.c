@@ -2,8 +2,8 @@
  * lease.c — a tenant's lease: registration at hello, lookup, the events
  * sent before a reply, and release.
  *
- * A tenant is bound to one handle-channel connection and one nng pipe,
- * both from the same process (peer pid checked at hello).  When either
+ * A tenant is bound to one handle-channel connection and one control
+ * connection, both from the same process (peer pid checked at hello).  When either
  * closes, or the process is gone (cron), the tenant is reclaimed at once:
  * it leaves the table, its connections close and its memory goes back to
  * the pool; while one of its syncs runs on a worker (jobs.c), it is freed
@@ -115,7 +115,8 @@ int srv_flush(struct server *s, struct srv_tenant *st, char *why,
 	return 0;
 }
 
-int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
+int srv_hello(struct server *s, const struct ipc_hello *h,
+              const struct srv_pipe *pipe,
               struct ipc_rep *rep, char *why, size_t wlen)
 {
 	struct srv_conn *c;
@@ -151,12 +152,10 @@ int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 		s->st.quota_refusals_total++;
 		return KVT_EQUOTA;
 	}
-	uint64_t ppid = 0;
-	if (nng_pipe_get_uint64(pipe, NNG_OPT_IPC_PEER_PID, &ppid) == 0 &&
-	    ppid != c->pid) {
-		snprintf(why, wlen, "control connection (pid %" PRIu64 ") and "
+	if (pipe->pid != c->pid) {
+		snprintf(why, wlen, "control connection (pid %" PRIu32 ") and "
 		         "handle channel (pid %" PRIu32 ") are different "
-		         "processes", ppid, c->pid);
+		         "processes", pipe->pid, c->pid);
 		return KVT_EPERM;
 	}
 	uint32_t slot = s->cfg.max_tenants;
@@ -223,7 +222,7 @@ int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
 	}
 	st->id = s->next_tenant_id++;
 	st->token = random_u64();
-	st->pipe_id = (uint32_t)nng_pipe_id(pipe);
+	st->pipe_id = pipe->id;
 	st->pid = c->pid;
 	st->conn = c;
 	c->st = st;

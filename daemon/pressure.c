@@ -4,7 +4,7 @@
  * In three steps: above high_watermark every tenant gets a pressure level
  * (scaled by its priority, tenant_set_pressure) that shrinks its policy's
  * budgets at its next sync; a seq_open or sync that still finds the pool
- * full is parked (its nng context simply does not answer yet; the loop
+ * full is parked (its request simply is not answered yet; the loop
  * goes on) and retried as pages come free; after pressure_deadline_ms it
  * is refused with KVT_EPOOLFULL (the decision is srv_conclude's,
  * dispatch.c).  Nothing is ever over-committed: the pool's capacity is

@@ -11,9 +11,9 @@
  *
  * Shutdown: at the signal both listeners stop, parked requests get
  * KVT_ESHUTDOWN and new requests too (dispatch.c); the drain timer lets
- * the replies in flight finish (at most 5 s), then closes nng (ctl.c,
- * which copes with a wedged nng), reclaims every tenant and closes the
- * loop's handles, which ends uv_run.
+ * the replies in flight finish (at most 5 s), then closes ctl.ipc and its
+ * connections (ctl.c), reclaims every tenant and closes the loop's
+ * handles, which ends uv_run.
  */
 #include <errno.h>
 #include <grp.h>
@@ -44,8 +44,6 @@ void srv_config_changed(struct server *s)
 	if (lvl >= 0)
 		log_threshold = lvl;
 	srv_allow_refresh(s);
-	__atomic_store_n(&s->max_pending, srv_pending_max(s),
-	                 __ATOMIC_RELAXED);
 }
 
 /* ---------------------------------------------------------- timers */
@@ -58,6 +56,7 @@ static void srv_cron_cb(uv_timer_t *t)
 	srv_conn_cron(s, now);
 	srv_pipe_cron(s, now);
 	srv_accept_resume(s, now);
+	srv_ctl_accept_resume(s, now);
 	/* A process that died while a forked child kept its sockets open
 	 * would otherwise hold its pages: check the peer pid directly. */
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
@@ -183,14 +182,7 @@ static void srv_stop_loop(struct server *s)
 
 static int srv_busy(struct server *s)
 {
-	int busy = 0;
-	pthread_mutex_lock(&s->qlock);
-	busy = s->ready_head != NULL;
-	pthread_mutex_unlock(&s->qlock);
-	busy = busy || s->low_head;
-	for (uint32_t i = 0; i < s->n_reqs && !busy; i++)
-		busy = s->reqs[i].sending;
-	return busy || s->n_parked || s->n_jobs;
+	return s->low_head || s->n_parked || s->n_jobs || srv_ctl_writing(s);
 }
 
 static void srv_drain_cb(uv_timer_t *t)
@@ -199,7 +191,7 @@ static void srv_drain_cb(uv_timer_t *t)
 	/* Replies in flight finish first, but never wait forever. */
 	if (srv_busy(s) && now_ms() - s->drain_started_ms < 5000)
 		return;
-	srv_close_nng(s);
+	srv_ctl_close(s);
 	uv_timer_stop(t);
 	srv_stop_loop(s);
 }
@@ -214,7 +206,7 @@ static void srv_signal_cb(uv_signal_t *h, int signum)
 	s->draining = 1;
 	s->drain_started_ms = now_ms();
 	uv_poll_stop(&s->hpoll);
-	nng_listener_close(s->listener);
+	srv_ctl_stop_accepting(s);
 	/* Parked requests now get KVT_ESHUTDOWN instead of waiting on. */
 	if (s->n_parked)
 		srv_retry_parked(s);
@@ -291,11 +283,10 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	if (args)
 		s->args = *args;
 	s->hsock = -1;
+	s->csock = -1;
 	s->lock_fd = -1;
 	s->next_tenant_id = 1;
 	s->started_ms = now_ms();
-	pthread_mutex_init(&s->qlock, NULL);
-	pthread_cond_init(&s->close_cv, NULL);
 	pthread_mutex_init(&s->acl_lock, NULL);
 	stats_pub_init(&s->pub);
 	s->pub_ready = 1;
@@ -418,8 +409,7 @@ int server_run(struct server *s)
 		uv_timer_start(&s->watchdog, srv_watchdog_cb, s->watchdog_ms,
 		               s->watchdog_ms);
 	}
-	for (uint32_t i = 0; i < s->n_reqs; i++)
-		srv_recv(&s->reqs[i]);
+	srv_ctl_start(s);
 	LOG(LOG_LVL_NOTICE,
 	    "kvtrimd ready: runtime dir %s, backend %s (%s), pool %" PRIu64
 	    " bytes (%" PRIu64 " chunks)%s", s->cfg.runtime_dir,
@@ -442,14 +432,8 @@ void server_free(struct server *s)
 		stats_pub_close(&s->pub);
 	http_stop(s->http);
 	s->http = NULL;
-	srv_close_nng(s);
-	for (uint32_t i = 0; i < s->n_reqs && !s->nng_wedged; i++)
-		nng_aio_free(s->reqs[i].aio);
-	while (s->pipe_evs) {
-		struct srv_pipe_ev *e = s->pipe_evs;
-		s->pipe_evs = e->next;
-		free(e);
-	}
+	if (s->loop_ready)
+		srv_ctl_close(s);
 	if (s->loop_ready) {
 		if (!uv_is_closing((uv_handle_t *)&s->wake)) {
 			/* server_run never ran: close what server_new opened. */
@@ -476,10 +460,6 @@ void server_free(struct server *s)
 		stats_pub_destroy(&s->pub);
 	pthread_mutex_destroy(&s->acl_lock);
 	rundir_unlock(s->cfg.runtime_dir, s->lock_fd);
-	if (s->nng_wedged)
-		return; /* nng's threads may still touch reqs, qlock, s */
 	free(s->reqs);
-	pthread_mutex_destroy(&s->qlock);
-	pthread_cond_destroy(&s->close_cv);
 	free(s);
 }

@@ -1,11 +1,11 @@
 /*
- * server.h — kvtrimd's event loop: the nng control socket, the handle
- * channel, tenants and their leases, signals, and the cron timer.
+ * server.h — kvtrimd's event loop: the control socket (nng's SP req/rep
+ * wire, served on the loop), the handle channel, tenants and their
+ * leases, signals, and the cron timer.
  *
- * Threads: libuv's loop thread owns every piece of state.  nng completes
- * requests on its own threads; those callbacks only push the context onto a
- * mutex-protected queue and wake the loop with uv_async_send (libuv may
- * coalesce wake-ups, so the loop drains the whole queue each time).
+ * Threads: libuv's loop thread owns every piece of state.  Syncs offloaded
+ * to worker threads own their tenant until they end and report back
+ * through the loop (jobs.c); a driver thread only wakes the loop.
  */
 #ifndef KVT_SERVER_H
 #define KVT_SERVER_H

@@ -8,12 +8,13 @@
  *   server.c    lifecycle: server_new / run / free, the cron tick, the
  *               systemd watchdog, SIGHUP reload, the SIGTERM / SIGINT
  *               drain and shutdown, the runtime dir and its lock
- *   ctl.c       the nng control socket ctl.ipc: its contexts, the queues
- *               from nng's threads to the loop, receive and send, the
- *               in-flight limit and send timeout per connection, nng_close
- *   pipes.c     the control connections (nng pipes): their table, pipe
- *               events, the refusal at accept, idle and kicked connections
- *               and how they are closed around nng 1.5.2's pipe-reaper race
+ *   ctl.c       the control socket ctl.ipc, served on the loop: nng's SP
+ *               req/rep wire (its IPC framing), accept and its back-off,
+ *               reading under flow control, requests and their pool, the
+ *               low class, replies, closing
+ *   pipes.c     the control connections: their table, the refusal at
+ *               accept, the limits (in flight, unsent replies, send
+ *               timeout, idle without a tenant) and closing them
  *   fdchan.c    the handle channel fd.sock: accept and its back-off, the
  *               pending connections and their eviction, the fd budget,
  *               packets from clients, events to them
@@ -27,17 +28,18 @@
  *               drain, config set)
  *   snapshot.c  stats snapshots for kvtrimctl and HTTP; systemd STATUS=
  *
- * Request path: an nng context receives (nng thread, ctl.c) -> s->ready_*
- * -> the loop admits it against its connection (ctl.c), decodes,
- * validates and applies it (dispatch.c), sends any chunk grants over the
- * client's handle channel (lease.c), encodes the reply -> nng_ctx_send ->
- * the send completion (nng thread) queues it on s->done_*, and the loop
- * re-arms the receive.
+ * Request path: the loop reads a connection (ctl.c), takes a request from
+ * the pool for each whole frame, admits it against its connection,
+ * decodes, validates and applies it (dispatch.c), sends any chunk grants
+ * over the client's handle channel (lease.c), encodes the reply and queues
+ * it on the connection; the request goes back to the pool at once.  A
+ * connection that has max_inflight_per_conn requests unanswered, or
+ * replies unsent above SRV_UNSENT_MAX, is not read until that drains: a
+ * peer that never reads stops itself, at no cost to anyone else.
  *
  * Threads: libuv's loop thread owns every field below unless its comment
- * says otherwise: qlock guards the queues nng's threads fill, acl_lock the
- * access lists they read, and the fields marked atomic are accessed with
- * __atomic builtins.  A tenant with a sync on a worker thread is that
+ * says otherwise: acl_lock guards the access lists other threads read,
+ * and the fields marked atomic are accessed with __atomic builtins.  A tenant with a sync on a worker thread is that
  * worker's alone until the sync ends (struct srv_tenant, busy).  Every
  * function declared here runs on the loop thread unless its comment says
  * otherwise.
@@ -46,7 +48,6 @@
 #define KVT_SERVER_INT_H
 
 #include <limits.h>
-#include <nng/nng.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +63,7 @@
 #include "now.h"
 #include "pool.h"
 #include "server.h"
+#include "spwire.h"
 #include "stats.h"
 #include "tenant.h"
 
@@ -69,21 +71,24 @@
 
 struct server;
 
-/* One nng context (ctl.c) and the request it is serving. */
+/* One request being served (ctl.c: the pool of cfg.contexts). */
 struct srv_req {
 	struct server *srv;
-	nng_ctx ctx;
-	nng_aio *aio;
-	int sending;
-	nng_msg *msg;        /* received request, owned by the loop */
-	struct srv_req *next; /* ready queue, then the parked list */
-	uint64_t recv_us;    /* when nng delivered it (set before queueing) */
+	uint8_t *msg;        /* request body, then its encoded reply (NULL:
+	                        none); malloc'd, owned by the loop */
+	size_t len;
+	uint8_t bt[4 * SPW_BT_MAX]; /* its SP backtrace (spwire.h), sent back
+	                               before the reply */
+	uint32_t btlen;
+	int low;             /* read from a connection without a tenant */
+	struct srv_req *next; /* the free list, the low class, the parked
+	                         list, or its tenant's wait queue */
+	uint64_t recv_us;    /* when its frame was read */
 	uint64_t park_deadline_ms; /* parked: refuse after this */
 	int dev_wait; /* parked until a tenant's GPU writes are done */
 	uint32_t pipe_id; /* the request's control connection, 0 once done */
 	int held;         /* it waited for its tenant: a retry, not new */
 	int held_parked;  /* ... and was a backpressure retry then */
-	int send_rv;      /* nng result of the reply's send (done queue) */
 };
 
 /* srv_dispatch: the sync waits for the engine's GPU writes
@@ -148,34 +153,39 @@ struct srv_acl {
 	uint32_t gid[SRV_ALLOW_MAX], n_gid;
 };
 
-/* A pipe event nng reported, queued for the loop (pipes.c). */
-struct srv_pipe_ev {
-	uint32_t pipe_id;
-	int added; /* NNG_PIPE_EV_ADD_POST, else REM_POST */
-	struct srv_pipe_ev *next;
-};
-
 /*
- * One open control connection (nng pipe), loop thread only.  inflight
- * counts its requests from receipt until nng took the reply (queued,
- * handled, parked or being sent); a peer that stops reading its replies
- * keeps its sends, and so the contexts, waiting: max_inflight_per_conn
- * bounds how many contexts one connection can hold, and send_timeout_ms
- * how long.
+ * One open control connection on ctl.ipc, loop thread only.  inflight
+ * counts its requests from their frame until their reply is queued
+ * (handled, parked, held or on a worker); the replies queued and not yet
+ * taken by the kernel are the handle's write queue.  Either above its
+ * bound (max_inflight_per_conn, SRV_UNSENT_MAX), the connection is not
+ * read (ctl.c, srv_pipe_pump).  Its memory lives until libuv's close
+ * callback; it leaves the table (srv_pipe_find) when the close starts.
  */
+#define SRV_UNSENT_MAX (256u << 10) /* bytes of replies the kernel has not
+                                       taken, beyond which a connection
+                                       is not read */
+
 struct srv_pipe {
-	uint32_t id;       /* nng pipe id; 0: free slot */
+	uv_pipe_t h;       /* h.data: this */
+	struct server *srv;
+	uint32_t id;       /* from 1, never reused while the daemon runs */
+	uint32_t pid, uid, gid; /* SO_PEERCRED at accept */
+	uint64_t born_ms;
+	uint64_t last_ms;  /* last request read or reply written */
 	uint32_t inflight;
-	uint64_t last_ms;  /* last request received or reply taken */
 	int bound;         /* a tenant registered on it (no idle deadline) */
-	int kicked;        /* the daemon gave up on it: its requests are
-	                      dropped unread, and it is closed (now, or once
-	                      it is quiet: srv_pipe_kick) */
-	uint64_t rx_ms;    /* last message of any kind from it */
-	uint32_t pid;      /* its peer process (0: unknown) */
-	uint64_t *close_counter; /* a close still due: what to count */
-	const char *close_why;
-	uint64_t closed_ms; /* when the daemon closed it (0: it did not) */
+	int closing;       /* uv_close called: out of the table */
+	int greeted;       /* the peer's SP header came */
+	int reading;       /* uv_read_start in force */
+	int pumping;       /* srv_pipe_pump is on the stack */
+	int starved;       /* on s->starved_*: a frame waits for a request */
+	struct srv_pipe *starved_next;
+	uint64_t stall_ms; /* replies unsent and none written since (0) */
+	/* What was read and not yet taken as frames: rx[rx_off, rx_len). */
+	uint8_t *rx;
+	uint32_t rx_off, rx_len, rx_cap;
+	uint32_t rx_need;  /* bytes from rx_off the next frame needs */
 };
 
 struct server {
@@ -191,16 +201,28 @@ struct server {
 	struct stats st;
 	uint64_t started_ms;
 
-	nng_socket sock;
-	nng_listener listener;
-	int sock_open;
-	struct srv_req *reqs; /* [cfg.contexts] */
+	/* ctl.ipc (ctl.c): the listening socket, polled, with the accept
+	 * back-off of fdchan.c's kind. */
+	int csock;
+	uv_poll_t cpoll;
+	int cpoll_ready;
+	int caccept_paused;
+	uint64_t caccept_resume_ms;
+	uint32_t caccept_pause_ms;
+	struct log_rate caccept_log, crefuse_log;
+	struct srv_req *reqs; /* [n_reqs = cfg.contexts], the pool */
 	uint32_t n_reqs;
-
-	pthread_mutex_t qlock;   /* guards ready_*, done_* and pipe_evs */
-	struct srv_req *ready_head, *ready_tail;
-	struct srv_req *done_head, *done_tail; /* replies nng finished */
-	struct srv_pipe_ev *pipe_evs, *pipe_evs_tail; /* in order */
+	struct srv_req *req_free; /* free ones */
+	uint32_t n_free;
+	uint32_t n_low_held; /* held by connections without a tenant: at
+	                        most n_reqs / 2 (ctl.c) */
+	/* Connections with a whole frame waiting for a free request, in
+	 * order (srv_pipe_pump). */
+	struct srv_pipe *starved_head, *starved_tail;
+	int pumping_starved;
+	uint32_t next_pipe_id;
+	/* Device wake-ups (a driver thread) and the low class's next slice:
+	 * srv_wake_cb. */
 	uv_async_t wake;
 	/* Admitted requests of connections without a tenant (kvtrimctl,
 	 * hellos, anyone in the group), loop thread only: handled after
@@ -209,8 +231,10 @@ struct server {
 
 	/* Open control connections, open addressing on the pipe id
 	 * (linear probing, at most half full). */
-	struct srv_pipe *pipes; /* [pipes_cap] */
+	struct srv_pipe **pipes; /* [pipes_cap] */
 	uint32_t pipes_cap, n_pipes;
+	uint32_t n_bound_pipes; /* of which a tenant is registered on */
+	uint32_t n_closing;     /* closed, their close callback not run */
 
 	int hsock;
 	uv_poll_t hpoll;
@@ -236,9 +260,6 @@ struct server {
 	uint32_t next_tenant_id;
 
 	uint32_t n_jobs; /* syncs running on worker threads */
-	/* ctl.c: nng_close returned (under qlock), or not in time. */
-	pthread_cond_t close_cv;
-	int nng_closed, nng_wedged;
 
 	/* Requests waiting for pool pages, oldest first (loop thread). */
 	struct srv_req *parked_head, *parked_tail;
@@ -249,14 +270,6 @@ struct server {
 	pthread_mutex_t acl_lock;
 	struct srv_acl allow, admin;
 
-	int control_conns; /* nng pipes open; atomic (nng threads) */
-	int tenant_pipes;  /* of which a tenant is registered on; atomic,
-	                      written by the loop, read at accept */
-	int closing_pipes; /* of which the daemon closed and nng has not
-	                      released yet; atomic, likewise */
-	uint64_t unreleased; /* closed over SRV_RELEASE_MS ago (pipes.c) */
-	uint64_t ctl_refused; /* atomic: pipes refused at accept */
-	uint32_t max_pending; /* atomic copy of srv_pending_max() for ctl.ipc */
 
 	struct stats_pub pub;
 	int pub_ready;
@@ -268,7 +281,7 @@ struct server {
 	uint64_t watchdog_ms;   /* 0: systemd expects no pings */
 	uint64_t status_ms;     /* last STATUS= */
 	int draining;
-	volatile int stopping; /* set before nng_close: callbacks stop re-arming */
+	volatile int stopping; /* ctl.ipc closed: nothing can be sent */
 	uint64_t drain_started_ms;
 	int loop_ready;
 
@@ -291,58 +304,61 @@ static inline uint64_t random_u64(void)
 
 /* ---------------------------------------------------------- ctl.c */
 
-/* Opens the rep0 socket with its pipe notifications (pipes.c), listens on
- * ctl_path (mode 0660) and opens cfg.contexts contexts.  On failure returns
- * a KVT_E* code, err says why; what was opened is s's (server_free closes
- * it). */
+/* Listens on ctl_path (mode 0660, SOCK_STREAM: nng's ipc:// transport)
+ * and makes the pool of cfg.contexts requests.  On failure returns a
+ * KVT_E* code, err says why; what was opened is s's (srv_ctl_close). */
 int srv_ctl_open(struct server *s, char *err, size_t errlen);
 
-/* s->wake: drains what nng's threads queued (pipe events, finished
- * replies, new requests) and handles it, in that order. */
+/* Starts polling ctl.ipc for connections; stops (the drain). */
+void srv_ctl_start(struct server *s);
+void srv_ctl_stop_accepting(struct server *s);
+
+/* Cron: polls ctl.ipc again once an accept back-off is over. */
+void srv_ctl_accept_resume(struct server *s, uint64_t now);
+
+/* s->wake: retries the parked requests, then the low class's next slice. */
 void srv_wake_cb(uv_async_t *a);
 
-/* Arms r's context for its next request. */
-void srv_recv(struct srv_req *r);
-
-/* Sends r's reply (r->msg, taken), or re-arms r when it has none; the send
- * waits at most send_timeout_ms for the peer. */
+/* Queues r's reply (r->msg, taken; none when NULL or its connection is
+ * gone) and returns r to the pool. */
 void srv_send(struct server *s, struct srv_req *r);
 
-/* Stops nng for good and frees every request message it left with the
- * loop; after it no nng callback runs, unless s->nng_wedged is set. */
-void srv_close_nng(struct server *s);
+/* Reads what p holds and can take (whole frames while p is within its
+ * bounds and requests are free), then reads p again or not. */
+void srv_pipe_pump(struct server *s, struct srv_pipe *p);
+
+/* Are replies still to be written on some connection? */
+int srv_ctl_writing(const struct server *s);
+
+/* Closes ctl.ipc and every connection, and frees every request message
+ * the loop holds; nothing is sent after it (s->stopping). */
+void srv_ctl_close(struct server *s);
 
 /* ---------------------------------------------------------- pipes.c */
 
-/* nng's pipe notifications; runs on nng threads. */
-void srv_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg);
-
-/* Applies the pipe events evs (in order, consumed) and logs the refusals
- * at accept counted since the last call. */
-void srv_pipe_events(struct server *s, struct srv_pipe_ev *evs);
-
-/* The entry of pipe id, or NULL. */
+/* The open connection of id, or NULL (also once its close started). */
 struct srv_pipe *srv_pipe_find(struct server *s, uint32_t id);
 
-/* The entry of pipe id, created when missing; NULL only when out of
- * memory. */
-struct srv_pipe *srv_pipe_get(struct server *s, uint32_t id);
+/* Enters p (a new connection) into the table; nonzero when out of memory. */
+int srv_pipe_add(struct server *s, struct srv_pipe *p);
 
-/* Gives up on control connection id, once: its requests are dropped from
- * now on, and the cron closes it; *counter is bumped then, why logged. */
-void srv_pipe_kick(struct server *s, uint32_t id, uint64_t *counter,
-                   const char *why);
+/* Is there room for one more connection without a tenant from this peer
+ * (max_pending_conns; admins always)?  0: refuse it (counted, logged). */
+int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid);
+
+/* Closes p, once: out of the table at once, a tenant registered on it
+ * reclaimed, its unanswered requests counted as dropped; counter (may be
+ * NULL: the peer closed) bumped and why logged; freed by libuv's close
+ * callback. */
+void srv_pipe_close(struct server *s, struct srv_pipe *p, uint64_t *counter,
+                    const char *why);
 
 /* A tenant was registered on pipe id (bound 1) or released from it (0). */
 void srv_pipe_bind(struct server *s, uint32_t id, int bound);
 
-/* Shuts down for reading the ctl.ipc connections of the processes in
- * pids[n] (n 0: all); returns how many.  Scans /proc/self/fd. */
-uint32_t srv_ctl_shutdown(const struct server *s, const uint32_t *pids,
-                          uint32_t n);
-
-/* Cron: kicks idle connections without a tenant, closes the kicked ones,
- * counts the closes nng never released. */
+/* Cron: closes the connections without a tenant that sent nothing for
+ * hello_timeout_ms, and those whose replies waited send_timeout_ms
+ * without a byte taken. */
 void srv_pipe_cron(struct server *s, uint64_t now);
 
 /* ---------------------------------------------------------- fdchan.c */
@@ -389,14 +405,15 @@ void srv_allow_refresh(struct server *s);
 /* 0 when control connection p's peer is in the allow list (srv_pipe_allowed)
  * or the admin list (srv_pipe_admin), else KVT_EPERM with why naming what
  * was refused; counted and logged. */
-int srv_pipe_allowed(struct server *s, nng_pipe p, const char *what,
-                     char *why, size_t wlen);
-int srv_pipe_admin(struct server *s, nng_pipe p, const char *what,
-                   char *why, size_t wlen);
+int srv_pipe_allowed(struct server *s, const struct srv_pipe *p,
+                     const char *what, char *why, size_t wlen);
+int srv_pipe_admin(struct server *s, const struct srv_pipe *p,
+                   const char *what, char *why, size_t wlen);
 
 /* Request r's tenant, in *out, when its id and token match and it came on
  * the tenant's own control connection; else KVT_ENOTENANT. */
-int srv_auth(struct server *s, const struct ipc_req *r, nng_pipe pipe,
+int srv_auth(struct server *s, const struct ipc_req *r,
+             const struct srv_pipe *pipe,
              struct srv_tenant **out, char *why, size_t wlen);
 
 /* ---------------------------------------------------------- lease.c */
@@ -419,7 +436,8 @@ void srv_reclaim(struct server *s, struct srv_tenant *st, const char *why);
 
 /* IPC_OP_HELLO: registers a tenant on the handle channel named by h's
  * cookie and on control connection pipe; fills rep. */
-int srv_hello(struct server *s, const struct ipc_hello *h, nng_pipe pipe,
+int srv_hello(struct server *s, const struct ipc_hello *h,
+              const struct srv_pipe *pipe,
               struct ipc_rep *rep, char *why, size_t wlen);
 
 /* rv of a tenant operation, returned; st is reclaimed when its device
@@ -479,7 +497,8 @@ void srv_retry_parked(struct server *s);
 
 /* An admin op (codec_op_is_admin); SRV_IDLE_WAIT when it must wait for
  * the running syncs. */
-int srv_admin(struct server *s, const struct ipc_req *r, nng_pipe pipe,
+int srv_admin(struct server *s, const struct ipc_req *r,
+              const struct srv_pipe *pipe,
               struct ipc_rep *rep, char *why, size_t wlen);
 
 /* ---------------------------------------------------------- snapshot.c */

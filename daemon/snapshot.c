@@ -82,9 +82,7 @@ struct stats_snap *srv_snapshot(struct server *s)
 	snap->pressure_level = s->pressure;
 	for (struct srv_conn *c = s->conns; c; c = c->next)
 		snap->clients_connected += !c->closing;
-	int cc = __atomic_load_n(&s->control_conns, __ATOMIC_RELAXED);
-	snap->control_connections = cc > 0 ? (uint64_t)cc : 0;
-	snap->control_conns_unreleased = s->unreleased;
+	snap->control_connections = s->n_pipes;
 	snap->backpressure_parked_requests = s->n_parked;
 
 	n = 0;

@@ -106,7 +106,18 @@
 	  "bytes the daemon's backend ops copied from device to host memory " \
 	  "(cuda; 0 on cpu)")                                                  \
 	X(control_requests_dropped_total,                                      \
-	  "requests dropped unanswered: max_inflight_per_conn in flight")      \
+	  "control requests read and never answered: their connection "      \
+	  "closed first, or they were malformed")                              \
+	X(control_reads_paused_total,                                          \
+	  "times the daemon stopped reading a control connection: "           \
+	  "max_inflight_per_conn requests unanswered or its unsent replies "  \
+	  "above 256 KiB (it is read again as they drain)")                   \
+	X(control_conns_closed_protocol_total,                                 \
+	  "control connections closed for breaking the SP wire (bad header, " \
+	  "frame type or a frame above 4 MiB)")                                \
+	X(control_accept_failures_total,                                       \
+	  "ctl.ipc accepts that failed (out of fds, say; the listener then "  \
+	  "pauses 100 ms doubling to 1 s)")                                    \
 	X(config_reloads_total, "config reloads (SIGHUP) applied")             \
 	X(config_reload_failures_total,                                        \
 	  "config reloads refused (the old config was kept)")                  \
@@ -138,10 +149,6 @@
 	X(clients_connected, "engine processes connected (handle channels)")   \
 	X(control_connections,                                                 \
 	  "open control-socket connections (engines and kvtrimctl)")           \
-	X(control_conns_unreleased,                                            \
-	  "connections the daemon closed over 10 s ago that nng never "       \
-	  "released; nonzero: nng 1.5's pipe reaper is wedged and frees no "  \
-	  "closed connection any more (restart kvtrimd)")                     \
 	X(backpressure_parked_requests, "requests waiting for pool pages now")
 
 #define STATS_FGAUGES(X)                                                       \

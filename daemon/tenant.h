@@ -189,9 +189,9 @@ int tenant_seq_close(struct tenant *t, uint64_t seq);
  * of each) and the number of the last sync applied to it, so a client
  * whose sync `after` timed out learns whether it was applied.
  *
- * The answer must stay true: requests of one client can reach the loop
- * out of order (nng hands them to several contexts), and one the client
- * gave up on may still be on its way.  So when sync `after` (nonzero) was
+ * The answer must stay true: requests of one client can be handled out
+ * of order (parked, or held behind a sync on a worker), and one the
+ * client gave up on may still be on its way.  So when sync `after` (nonzero) was
  * not applied to seq, it is voided here: a sync of seq numbered up to
  * `after` that arrives later is refused (tenant_sync).  The client sends
  * at most one sync per sequence at a time, so nothing else it still

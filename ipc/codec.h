@@ -91,7 +91,7 @@
 #define IPC_MAX_MSG (1u << 20)
 #define IPC_MAX_SYNC_ITEMS 4096u
 #define IPC_MAX_ROWS 4096u
-#define IPC_MAX_COLS 64u
+#define IPC_MAX_COLS 96u
 #define IPC_STR_MAX 256u /* longest string value in a row, with NUL */
 #define IPC_KEY_MAX 48u  /* longest key in a row, with NUL */
 
