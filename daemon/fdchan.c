@@ -105,14 +105,63 @@ static const char *srv_conn_judge(struct srv_conn *c, int rc,
 	return why;
 }
 
+/* ---------------------------------------------------------- the bar */
+
+#define SRV_BAR_MIN_MS 1000
+#define SRV_BAR_MAX_MS 60000
+#define SRV_BAR_FORGET_MS 600000 /* quiet this long: the next bar is short */
+
+/* Bars pid after a violation: 1 s, doubling to 60 s while violations go
+ * on (each re-registration that breaks the protocol again).  A full table
+ * replaces the bar that ends first. */
+static void srv_bar(struct server *s, uint32_t pid, uint64_t now)
+{
+	struct srv_barred *b = NULL, *first = &s->barred[0];
+	for (int i = 0; i < SRV_BARRED_MAX && !b; i++)
+		if (s->barred[i].pid == pid)
+			b = &s->barred[i];
+	for (int i = 0; i < SRV_BARRED_MAX && !b; i++) {
+		struct srv_barred *e = &s->barred[i];
+		if (!e->pid || now - e->last_ms > SRV_BAR_FORGET_MS)
+			b = e;
+		else if (e->until_ms < first->until_ms)
+			first = e;
+	}
+	if (!b) {
+		b = first;
+		b->pid = 0;
+	}
+	int fresh = b->pid != pid || now - b->last_ms > SRV_BAR_FORGET_MS;
+	b->backoff_ms = fresh ? SRV_BAR_MIN_MS
+	                : b->backoff_ms * 2 > SRV_BAR_MAX_MS ? SRV_BAR_MAX_MS
+	                                                     : b->backoff_ms * 2;
+	b->pid = pid;
+	b->last_ms = now;
+	b->until_ms = now + b->backoff_ms;
+}
+
+/* How long pid is barred still (0: not). */
+static uint64_t srv_barred_left(const struct server *s, uint32_t pid,
+                                uint64_t now)
+{
+	for (int i = 0; i < SRV_BARRED_MAX; i++)
+		if (s->barred[i].pid == pid && now < s->barred[i].until_ms)
+			return s->barred[i].until_ms - now;
+	return 0;
+}
+
 /* Disconnects a peer that broke the protocol; its tenant's lease ends
  * (srv_reclaim logs that once), a peer without one is logged rate
- * limited. */
+ * limited.  Its process is barred from registering for a while: a client
+ * that breaks the protocol and registers again at once (a loop of
+ * registrations costs every tenant time on the loop) gets its hellos
+ * refused, cheaply, until the bar ends. */
 static void srv_conn_violation(struct srv_conn *c, const char *what)
 {
 	struct server *s = c->srv;
 	uint64_t held;
 	s->st.handle_violations_total++;
+	srv_bar(s, c->pid, now_ms());
 	if (c->st)
 		snprintf(c->close_why, sizeof(c->close_why), "it sent %s on "
 		         "the handle channel", what);
@@ -173,7 +222,8 @@ void srv_conn_cron(struct server *s, uint64_t now)
 	for (struct srv_conn *c = s->conns, *n; c; c = n) {
 		n = c->next;
 		/* A refused peer gets just long enough to hear why. */
-		uint64_t limit = c->denied && s->cfg.hello_timeout_ms >
+		uint64_t limit = (c->denied || c->barred_ms) &&
+		                 s->cfg.hello_timeout_ms >
 		                 SRV_DENIED_MS ? SRV_DENIED_MS
 		                               : s->cfg.hello_timeout_ms;
 		if (!c->st && now - c->born_ms > limit) {
@@ -396,6 +446,9 @@ static void srv_conn_open(struct server *s, int fd, uint64_t now)
 			    "(allow_uids / allow_gids); its hello will be "
 			    "refused (%" PRIu64 " more refusals not logged)",
 			    c->pid, c->uid, c->gid, held);
+	} else if ((c->barred_ms = srv_barred_left(s, c->pid, now))) {
+		/* Kept open, as a denied one, to tell it why at its hello. */
+		s->st.handle_barred_refusals_total++;
 	}
 	struct handle_msg m = {.magic = HANDLE_MAGIC,
 	                       .type = HANDLE_WELCOME,

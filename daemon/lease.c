@@ -139,6 +139,13 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
 		LOG(LOG_LVL_WARNING, "%s (pid %" PRIu32 ")", why, c->pid);
 		return KVT_EPERM;
 	}
+	if (c->barred_ms) {
+		snprintf(why, wlen, "hello refused: this process (pid %" PRIu32
+		         ") broke the handle-channel protocol moments ago; it "
+		         "may register again in %" PRIu64 " ms", c->pid,
+		         c->barred_ms);
+		return KVT_EPERM;
+	}
 	int rv = srv_pipe_allowed(s, pipe, "hello", why, wlen);
 	if (rv)
 		return rv;

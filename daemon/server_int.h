@@ -114,11 +114,23 @@ struct srv_conn {
 	uint64_t cookie;
 	uint32_t pid, uid, gid;
 	int denied;      /* peer not in the allow lists: its hello is refused */
+	uint64_t barred_ms; /* >0: its process is barred (srv_barred) for
+	                       this long still: its hello is refused */
 	uint64_t born_ms;
 	struct srv_tenant *st; /* bound tenant, NULL until hello */
 	struct srv_conn *prev, *next;
 	int closing;
 	char close_why[128]; /* why the daemon closes it ("": the peer did) */
+};
+
+/* A process the daemon disconnected for breaking the handle protocol
+ * (fdchan.c): its registrations are refused until until_ms, for 1 s
+ * doubling to 60 s while it goes on (reset after 10 quiet minutes). */
+#define SRV_BARRED_MAX 64
+struct srv_barred {
+	uint32_t pid;       /* 0: free */
+	uint32_t backoff_ms;
+	uint64_t until_ms, last_ms;
 };
 
 /* A registered tenant and its lease (lease.c). */
@@ -256,6 +268,7 @@ struct server {
 	uint32_t pending_cap;
 	int lock_fd; /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
 
+	struct srv_barred barred[SRV_BARRED_MAX];
 	struct srv_tenant **tenants; /* [cfg.max_tenants] */
 	uint32_t next_tenant_id;
 

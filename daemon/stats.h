@@ -105,6 +105,9 @@
 	X(device_d2h_bytes_total,                                              \
 	  "bytes the daemon's backend ops copied from device to host memory " \
 	  "(cuda; 0 on cpu)")                                                  \
+	X(handle_barred_refusals_total,                                        \
+	  "handle channels of a process barred for breaking the handle "      \
+	  "protocol (1 s doubling to 60 s); their hellos are refused")        \
 	X(control_requests_dropped_total,                                      \
 	  "control requests read and never answered: their connection "      \
 	  "closed first, or they were malformed")                              \

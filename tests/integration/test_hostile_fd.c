@@ -317,10 +317,18 @@ TEST(hostile_fd, unasked_packets_disconnect)
 	close(fd);
 	T_EQ_U64(th_stat(&d, "handle_violations_total"), 1);
 
+	/* The process that broke the protocol is barred from registering,
+	 * 1 s the first time: told why, and nothing is created. */
 	struct kvt_config cfg = th_small_cfg(&d, "confused", "full");
 	kvt_client *c;
 	kvt_seq seq;
 	int hfd;
+	char err[KVT_ERRTEXT_MAX];
+	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPERM);
+	T_ASSERT(strstr(err, "broke the handle-channel protocol"));
+	T_EQ_U64(th_stat(&d, "tenants"), 0);
+	T_EQ_U64(th_stat(&d, "handle_barred_refusals_total"), 1);
+	th_sleep_ms(1100);
 	c = connect_find_hfd(&d, &cfg, &hfd);
 	T_OK(kvt_seq_open(c, &seq));
 	struct handle_ext x;
