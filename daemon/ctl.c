@@ -48,6 +48,13 @@
  * after every tenant's. */
 #define SRV_LOW_SLICE 8
 #define SRV_RX_CHUNK 65536u /* read at least this much at a time */
+/* A buffer above SRV_RX_BIG (a frame of more than 64 KiB on its way):
+ * connections without a tenant may hold SRV_RX_BIG_MAX of them at once,
+ * so a crowd of unregistered peers announcing 4 MiB frames cannot make
+ * the daemon hold 4 MiB for each; the others wait (read again by the
+ * cron) until one is done. */
+#define SRV_RX_BIG (2 * SRV_RX_CHUNK)
+#define SRV_RX_BIG_MAX 8u
 #define SRV_CACCEPT_BATCH 64
 #define SRV_CACCEPT_PAUSE_MIN_MS 100
 #define SRV_CACCEPT_PAUSE_MAX_MS 1000
@@ -235,11 +242,19 @@ static void srv_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 		uint32_t cap = p->rx_len + SRV_RX_CHUNK;
 		if (cap < want)
 			cap = want;
+		struct server *s = p->srv;
+		int big = cap > SRV_RX_BIG && !p->big && !p->bound;
+		if (big && s->n_big_rx >= SRV_RX_BIG_MAX)
+			cap = p->rx_cap; /* waits: ENOBUFS when full */
 		if (cap > p->rx_cap) {
 			uint8_t *nb = realloc(p->rx, cap);
 			if (nb) {
 				p->rx = nb;
 				p->rx_cap = cap;
+				if (big) {
+					p->big = 1;
+					s->n_big_rx++;
+				}
 			}
 		}
 	}
@@ -291,10 +306,13 @@ void srv_pipe_pump(struct server *s, struct srv_pipe *p)
 		p->reading = want;
 	}
 	/* A shrunk buffer keeps no idle megabytes. */
-	if (p->rx_off == p->rx_len && p->rx_cap > 2 * SRV_RX_CHUNK) {
+	if (p->rx_off == p->rx_len && p->rx_cap > SRV_RX_BIG) {
 		free(p->rx);
 		p->rx = NULL;
 		p->rx_off = p->rx_len = p->rx_cap = 0;
+		if (p->big && s->n_big_rx)
+			s->n_big_rx--;
+		p->big = 0;
 	}
 	(void)got;
 }

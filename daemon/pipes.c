@@ -151,6 +151,9 @@ void srv_pipe_close(struct server *s, struct srv_pipe *p, uint64_t *counter,
 		p->starved = 0;
 	}
 	srv_pipe_del(s, p->id);
+	if (p->big && s->n_big_rx)
+		s->n_big_rx--;
+	p->big = 0;
 	if (p->bound) {
 		/* Its tenant's reclaim below unbinds by id, which no longer
 		 * finds it: the count is kept here. */

@@ -198,6 +198,7 @@ struct srv_pipe {
 	uint8_t *rx;
 	uint32_t rx_off, rx_len, rx_cap;
 	uint32_t rx_need;  /* bytes from rx_off the next frame needs */
+	int big;           /* counted in s->n_big_rx (ctl.c, SRV_RX_BIG) */
 };
 
 struct server {
@@ -232,6 +233,8 @@ struct server {
 	 * order (srv_pipe_pump). */
 	struct srv_pipe *starved_head, *starved_tail;
 	int pumping_starved;
+	uint32_t n_big_rx; /* connections without a tenant holding a big
+	                      receive buffer (ctl.c) */
 	uint32_t next_pipe_id;
 	/* Device wake-ups (a driver thread) and the low class's next slice:
 	 * srv_wake_cb. */

@@ -559,3 +559,18 @@ void th_need_smollm2_eval(void)
 		th_skip("kvtrim-eval not built");
 	th_need_heldout();
 }
+
+long th_rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	T_ASSERT(f);
+	long kib = -1;
+	while (kib < 0 && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) != 1)
+			kib = -1;
+	fclose(f);
+	T_ASSERT(kib > 0);
+	return kib;
+}

@@ -132,6 +132,9 @@ uint8_t *th_stats_req(size_t *len);
 /* Reads one numeric key from `kvtrimctl stats` (fails the test if absent). */
 uint64_t th_stat(const struct th_daemon *d, const char *key);
 
+/* Process pid's resident set (VmRSS), in KiB. */
+long th_rss_kib(pid_t pid);
+
 /* SIGKILL and reap (no drain, socket files stay behind). */
 void th_daemon_kill(struct th_daemon *d);
 

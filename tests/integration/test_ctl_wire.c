@@ -8,6 +8,7 @@
  * (src/sp/transport/ipc in nng's tree), not from the daemon's code.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
@@ -259,5 +260,51 @@ TEST_T(ctl_wire, a_slow_reader_gets_every_reply_in_order, 60)
 	T_EQ(th_stat(&d, "control_conns_closed_send_timeout_total"), 0);
 	close(fd);
 	free(q);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* Peers without a tenant announcing big frames and sending them slowly:
+ * at most SRV_RX_BIG_MAX (8) of them get a big buffer at once (ctl.c);
+ * the others wait (until one is done, or the idle deadline closes the
+ * trickling ones), and the daemon's memory does not grow with their
+ * number.  Everyone else is served meanwhile. */
+TEST_T(ctl_wire, many_big_frames_in_flight_are_bounded, 60)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "16M", NULL);
+	enum { PEERS = 32 };
+	const size_t flen = 3u << 20; /* under 4 x IPC_MAX_MSG */
+	uint8_t *junk = calloc(1, flen);
+	T_ASSERT(junk);
+	long rss0 = th_rss_kib(d.pid);
+	int fds[PEERS];
+	for (int i = 0; i < PEERS; i++) {
+		fds[i] = raw_connect(&d);
+		put_all(fds[i], req0_hdr, sizeof(req0_hdr));
+		put_frame(fds[i], 1, NULL, flen, 0);
+		/* all but its last byte, as much as the daemon takes */
+		int fl = fcntl(fds[i], F_GETFL);
+		fcntl(fds[i], F_SETFL, fl | O_NONBLOCK);
+		size_t off = 0;
+		uint64_t deadline = th_now_ms() + 300;
+		while (off < flen - 1 && th_now_ms() < deadline) {
+			ssize_t n = write(fds[i], junk + off, flen - 1 - off);
+			if (n > 0)
+				off += (size_t)n;
+			else
+				th_sleep_ms(5);
+		}
+	}
+	long grew = th_rss_kib(d.pid) - rss0;
+	fprintf(stderr, "    daemon RSS grew by %ld KiB with %d peers half "
+	        "way through 3 MiB frames\n", grew, PEERS);
+	/* 8 x 3 MiB, and room for the rest; 32 x 3 MiB without the bound */
+	T_ASSERT(grew < 40 * 1024);
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s stats >/dev/null",
+	           th_bin("kvtrimctl")), 0);
+	for (int i = 0; i < PEERS; i++)
+		close(fds[i]);
+	free(junk);
 	T_EQ(th_daemon_stop(&d), 0);
 }

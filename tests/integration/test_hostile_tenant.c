@@ -26,22 +26,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-/* Resident memory of a process in KiB (VmRSS of /proc/PID/status). */
-static long rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	FILE *f = fopen(path, "r");
-	T_ASSERT(f);
-	long kib = -1;
-	while (kib < 0 && fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kib) != 1)
-			kib = -1;
-	fclose(f);
-	T_ASSERT(kib > 0);
-	return kib;
-}
-
 /* A tenant registered by hand: its handle channel, its control pipe, and
  * the table and staging fds the daemon sent after the hello. */
 struct raw_tenant {
@@ -164,7 +148,7 @@ TEST(hostile_tenant, geometry_beyond_tenant_memory_max_is_refused)
 	char err[KVT_ERRTEXT_MAX], out[8192];
 	kvt_client *c = NULL;
 	th_daemon_start(&d, "256M", NULL);
-	long rss0 = rss_kib(d.pid);
+	long rss0 = th_rss_kib(d.pid);
 
 	/*
 	 * The issue's geometry: 4-byte pages (page_tokens 1, head_dim 1, f16)
@@ -190,7 +174,7 @@ TEST(hostile_tenant, geometry_beyond_tenant_memory_max_is_refused)
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
 	T_EQ_U64(th_stat(&d, "tenant_memory_refusals_total"), 1);
 	/* Refused before anything was made: no segment, no list array. */
-	T_ASSERT(rss_kib(d.pid) - rss0 < 8 * 1024);
+	T_ASSERT(th_rss_kib(d.pid) - rss0 < 8 * 1024);
 
 	/*
 	 * Realistic engines stay admitted: an 8B model (32 layers, 8 KV
@@ -265,11 +249,11 @@ TEST(hostile_tenant, check_reads_only_live_state)
 	struct kvt_sync_item it = {seq, 1, KVT_PHASE_PREFILL, 0, 0};
 	T_OK(kvt_sync(c, &it, 1));
 
-	long rss0 = rss_kib(d.pid);
+	long rss0 = th_rss_kib(d.pid);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	/* Walking the 1023 slots never opened would fault in 64 MiB. */
-	long grew = rss_kib(d.pid) - rss0;
+	long grew = th_rss_kib(d.pid) - rss0;
 	if (grew > 8 * 1024)
 		th_fail(__FILE__, __LINE__, "check grew the daemon's RSS by "
 		        "%ld KiB", grew);
