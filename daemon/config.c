@@ -78,6 +78,10 @@ static const struct config_entry config_table[] = {
 	 "connections of each socket (ctl.ipc, fd.sock) not bound to a tenant; "
 	 "more are refused at accept (fd.sock first closes its oldest one idle "
 	 "for 1 s); lowered at start to fit the open-file limit"},
+	{"max_pending_per_pid", CONFIG_U32, CONFIG_MUTABLE, 1, 65536, "64",
+	 F(max_pending_per_pid),
+	 "of those, what one process may hold on each socket; its further "
+	 "ones are refused at accept (they close nobody else's)"},
 	{"max_inflight_per_conn", CONFIG_U32, CONFIG_MUTABLE, 1, 1024, "32",
 	 F(max_inflight_per_conn),
 	 "requests of one control connection unanswered at once; the "

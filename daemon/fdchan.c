@@ -341,6 +341,15 @@ static uint32_t srv_pending(const struct server *s)
 	return s->n_conns > bound ? s->n_conns - bound : 0;
 }
 
+/* fd.sock connections of process pid that have no tenant (yet). */
+static uint32_t srv_pending_of(const struct server *s, uint32_t pid)
+{
+	uint32_t n = 0;
+	for (const struct srv_conn *c = s->conns; c; c = c->next)
+		n += !c->st && !c->closing && c->pid == pid;
+	return n;
+}
+
 /* A connection closed at accept, or evicted: counted, logged rate
  * limited. */
 static void srv_pending_refused(struct server *s, uint64_t now,
@@ -487,6 +496,18 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 		}
 		s->accept_pause_ms = 0;
 		uint64_t now = now_ms();
+		uint32_t pid, uid, gid;
+		if (!handle_peer(fd, &pid, &uid, &gid) &&
+		    srv_pending_of(s, pid) >= s->cfg.max_pending_per_pid) {
+			/* Refused before it can close another's (the
+			 * eviction below): one process's flood of idle
+			 * connections costs an accept and a close each. */
+			close(fd);
+			srv_pending_refused(s, now, "a new one of a process "
+			                    "holding max_pending_per_pid was "
+			                    "closed at accept");
+			continue;
+		}
 		if (!srv_pending_room(s, now)) {
 			close(fd);
 			srv_pending_refused(s, now, "a new one was closed at "

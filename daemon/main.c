@@ -36,10 +36,11 @@ static void usage(FILE *f)
 	}
 	fprintf(f,
 	        "\nLimits (one misbehaving client cannot starve the others):\n"
-	        "  connections without a tenant: max_pending_conns per socket "
-	        "(fd.sock: at the\n"
-	        "  limit the oldest one idle for 1 s is closed, else the new "
-	        "one), each closed\n"
+	        "  connections without a tenant: max_pending_conns per socket, "
+	        "max_pending_per_pid\n"
+	        "  of them per process (fd.sock: at the limit the oldest one "
+	        "idle for 1 s is\n"
+	        "  closed, else the new one), each closed\n"
 	        "  after hello_timeout_ms; control requests: "
 	        "max_inflight_per_conn and\n"
 	        "  send_timeout_ms; stats socket: stats_max_conns and "

@@ -21,6 +21,7 @@
 
 
 #include "daemon.h"
+#include "handle.h"
 #include "kvtrim.h"
 #include "test.h"
 
@@ -454,5 +455,60 @@ TEST_T(hostile, a_reconnecting_flood_leaves_nothing_behind, 90)
 	/* Every connection it opened is gone (kvtrimctl's own stays). */
 	T_EQ(wait_connections(&d, 1), 1);
 	T_OK(healthy_engine(&d, "later", 5));
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* One process with many idle connections on both sockets gets
+ * max_pending_per_pid of each and no more: the rest are refused at
+ * accept and evict nobody, so another process's engine gets in. */
+TEST_T(hostile, one_process_holds_at_most_max_pending_per_pid, 60)
+{
+	struct th_daemon d;
+	const char *extra[] = {"--max-pending-per-pid", "10", NULL};
+	th_daemon_start(&d, "16M", extra);
+	/* Root is an admin by default, and admins are exempt: the flooding
+	 * process is another uid (group root, so the 0660 sockets open). */
+	if (geteuid() != 0)
+		T_SKIP("needs root to act as another uid");
+	chmod(th_tmpdir(), 0750);
+	int go[2];
+	T_EQ(pipe(go), 0);
+	pid_t pid = fork();
+	T_ASSERT(pid >= 0);
+	if (pid == 0) {
+		close(go[0]);
+		gid_t g0[] = {0};
+		if (setgroups(1, g0) || setgid(0) || setuid(4242))
+			_exit(99);
+		char path[600];
+		snprintf(path, sizeof(path), "%s/fd.sock", d.dir);
+		for (int i = 0; i < 40; i++) {
+			th_silent_peer(&d);
+			int fd;
+			if (handle_connect(path, &fd))
+				_exit(98);
+		}
+		if (write(go[1], "x", 1) != 1)
+			_exit(97);
+		th_sleep_ms(4000);
+		_exit(0);
+	}
+	close(go[1]);
+	char b;
+	T_EQ(read(go[0], &b, 1), 1);
+	close(go[0]);
+	uint64_t deadline = th_now_ms() + 5000;
+	while ((th_stat(&d, "control_conns_refused_total") < 30 ||
+	        th_stat(&d, "handle_pending_refusals_total") < 30) &&
+	       th_now_ms() < deadline)
+		th_sleep_ms(50);
+	T_EQ(th_stat(&d, "control_conns_refused_total"), 30);
+	T_EQ(th_stat(&d, "handle_pending_refusals_total"), 30);
+	/* 10 of its own, kvtrimctl's for th_stat */
+	T_ASSERT(th_stat(&d, "control_connections") <= 11);
+	T_OK(healthy_engine(&d, "other", 5));
+	int st;
+	T_EQ(waitpid(pid, &st, 0), pid);
+	T_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	T_EQ(th_daemon_stop(&d), 0);
 }
