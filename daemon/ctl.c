@@ -55,7 +55,7 @@
  * cron) until one is done. */
 #define SRV_RX_BIG (2 * SRV_RX_CHUNK)
 #define SRV_RX_BIG_MAX 8u
-#define SRV_CACCEPT_BATCH 64
+#define SRV_CACCEPT_BATCH 16
 #define SRV_CACCEPT_PAUSE_MIN_MS 100
 #define SRV_CACCEPT_PAUSE_MAX_MS 1000
 #define SRV_CLOG_EVERY_MS 1000

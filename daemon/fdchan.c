@@ -30,7 +30,9 @@
 #include "server_int.h"
 
 #define SRV_DENIED_MS 2000   /* a refused fd.sock peer's time for its hello */
-#define SRV_ACCEPT_BATCH 64      /* accepts per poll callback */
+#define SRV_ACCEPT_BATCH 16      /* accepts per poll callback: a burst of
+                                    connections interleaves with the
+                                    tenants' requests */
 #define SRV_ACCEPT_PAUSE_MIN_MS 100  /* after a failed accept, doubling ... */
 #define SRV_ACCEPT_PAUSE_MAX_MS 1000 /* ... to this while accept keeps failing */
 #define SRV_CONN_BATCH 16        /* client packets read per poll callback */

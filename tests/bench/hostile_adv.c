@@ -110,8 +110,17 @@ static void adv_never_reading(const struct th_daemon *d, int quick)
 
 static int idle_open(const struct th_daemon *d, int i)
 {
-	return i % 2 ? hostile_unix_connect(d->dir, "fd.sock", SOCK_SEQPACKET)
-	             : th_silent_peer(d);
+	if (i % 2)
+		return hostile_unix_connect(d->dir, "fd.sock", SOCK_SEQPACKET);
+	/* ctl.ipc: connect and the SP header (th_silent_peer's), without
+	 * its asserts: the daemon may refuse it at accept, and the sweep
+	 * then reopens it. */
+	static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+	int fd = hostile_unix_connect(d->dir, "ctl.ipc", SOCK_STREAM);
+	if (fd >= 0 && send(fd, hdr, sizeof(hdr), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+		/* refused already: reported hung up at the next sweep */
+	}
+	return fd;
 }
 
 __attribute__((noreturn))
