@@ -495,7 +495,8 @@ FUZZ_SRC_weights := tests/fuzz/fuzz_weights.c policies/weights.c \
                     core/dtype.c core/errors.c
 FUZZ_LIB_weights := -lcjson -lm
 FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(wildcard engine/gguf*.c) \
-                    engine/tokenizer.c core/dtype.c core/errors.c
+                    engine/tokenizer.c engine/unicode.c core/dtype.c \
+                    core/errors.c
 FUZZ_LIB_gguf    := -lm
 FUZZ_SRC_spwire  := tests/fuzz/fuzz_spwire.c daemon/spwire.c
 FUZZ_LIB_spwire  :=
