@@ -447,14 +447,20 @@ static void srv_caccept_pause(struct server *s, int err)
 
 void srv_ctl_start(struct server *s)
 {
-	if (s->cpoll_ready)
+	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
 		uv_poll_start(&s->cpoll, UV_READABLE, srv_caccept_cb);
 }
 
 void srv_ctl_stop_accepting(struct server *s)
 {
-	if (s->cpoll_ready)
-		uv_poll_stop(&s->cpoll);
+	/* Closed, not just unpolled: a client dialling during the drain is
+	 * refused at once instead of waiting in the backlog. */
+	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
+		uv_close((uv_handle_t *)&s->cpoll, NULL);
+	if (s->csock >= 0) {
+		close(s->csock);
+		s->csock = -1;
+	}
 	s->caccept_paused = 0;
 }
 
