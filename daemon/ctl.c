@@ -75,17 +75,10 @@ static struct srv_req *srv_req_take(struct server *s)
 	return r;
 }
 
-/* Back to the pool; a connection waiting for one is read again. */
-static void srv_req_put(struct server *s, struct srv_req *r)
+/* Reads the connections waiting for a request again, in order, while
+ * requests are free. */
+static void srv_pump_starved(struct server *s)
 {
-	if (r->low && s->n_low_held)
-		s->n_low_held--;
-	free(r->msg);
-	memset(r, 0, sizeof(*r));
-	r->srv = s;
-	r->next = s->req_free;
-	s->req_free = r;
-	s->n_free++;
 	if (!s->starved_head || s->pumping_starved)
 		return;
 	/* In order, while requests last; a pump that takes the last one
@@ -105,6 +98,20 @@ static void srv_req_put(struct server *s, struct srv_req *r)
 		srv_pipe_pump(s, p);
 	}
 	s->pumping_starved = 0;
+}
+
+/* Back to the pool; a connection waiting for one is read again. */
+static void srv_req_put(struct server *s, struct srv_req *r)
+{
+	if (r->low && s->n_low_held)
+		s->n_low_held--;
+	free(r->msg);
+	memset(r, 0, sizeof(*r));
+	r->srv = s;
+	r->next = s->req_free;
+	s->req_free = r;
+	s->n_free++;
+	srv_pump_starved(s);
 }
 
 /* ---------------------------------------------------------- reading */
@@ -464,8 +471,11 @@ void srv_ctl_stop_accepting(struct server *s)
 	s->caccept_paused = 0;
 }
 
-void srv_ctl_accept_resume(struct server *s, uint64_t now)
+void srv_ctl_cron(struct server *s, uint64_t now)
 {
+	/* (A connection starved by a failed allocation, with every request
+	 * free, has nothing else to wake it.) */
+	srv_pump_starved(s);
 	if (!s->caccept_paused || s->draining || now < s->caccept_resume_ms)
 		return;
 	s->caccept_paused = 0;

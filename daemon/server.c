@@ -56,7 +56,7 @@ static void srv_cron_cb(uv_timer_t *t)
 	srv_conn_cron(s, now);
 	srv_pipe_cron(s, now);
 	srv_accept_resume(s, now);
-	srv_ctl_accept_resume(s, now);
+	srv_ctl_cron(s, now);
 	/* A process that died while a forked child kept its sockets open
 	 * would otherwise hold its pages: check the peer pid directly. */
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {

@@ -329,8 +329,9 @@ int srv_ctl_open(struct server *s, char *err, size_t errlen);
 void srv_ctl_start(struct server *s);
 void srv_ctl_stop_accepting(struct server *s);
 
-/* Cron: polls ctl.ipc again once an accept back-off is over. */
-void srv_ctl_accept_resume(struct server *s, uint64_t now);
+/* Cron: reads the connections waiting for a request again, and polls
+ * ctl.ipc again once an accept back-off is over. */
+void srv_ctl_cron(struct server *s, uint64_t now);
 
 /* s->wake: retries the parked requests, then the low class's next slice. */
 void srv_wake_cb(uv_async_t *a);
