@@ -80,12 +80,16 @@ static void adv_never_reading(const struct th_daemon *d, int quick)
 	int ready = 0;
 	for (;;) {
 		for (int i = 0; i < NR_PEERS; i++) {
+			if (fd[i] < 0) { /* refused: try again next turn */
+				fd[i] = th_silent_peer_try(d);
+				continue;
+			}
 			sent += th_silent_send(fd[i], req, len, NR_BATCH,
 			                       NR_TURN_MS);
 			if (hostile_hung_up(fd[i])) {
 				close(fd[i]);
 				closed++;
-				fd[i] = th_silent_peer(d);
+				fd[i] = th_silent_peer_try(d);
 			}
 		}
 		if (!ready && hostile_now_ms() - adv_start_ms >= 500) {

@@ -234,7 +234,10 @@ int th_sh(const struct th_daemon *d, char *out, size_t outlen,
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-int th_silent_peer(const struct th_daemon *d)
+/* th_silent_peer's connection; *why says what failed when it returns
+ * -1 (the daemon may refuse a connection at accept, before the header is
+ * written: then the write fails). */
+static int silent_peer(const struct th_daemon *d, const char **why)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	T_ASSERT(strlen(d->dir) + sizeof("/ctl.ipc") <= sizeof(a.sun_path));
@@ -242,16 +245,38 @@ int th_silent_peer(const struct th_daemon *d)
 	memcpy(a.sun_path + strlen(d->dir), "/ctl.ipc", sizeof("/ctl.ipc"));
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	T_ASSERT(fd >= 0);
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)))
-		th_fail(__FILE__, __LINE__, "connect %s: %s", a.sun_path,
-		        strerror(errno));
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		*why = "connect";
+		close(fd);
+		return -1;
+	}
 	/* SP header: 0, 'S', 'P', version 0, our protocol (req0 = 0x30),
 	 * two reserved bytes.  The daemon's own header is never read. */
 	static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
-	T_EQ(write(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+	if (send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL) != (ssize_t)sizeof(hdr)) {
+		*why = "write of the SP header";
+		close(fd);
+		return -1;
+	}
 	int fl = fcntl(fd, F_GETFL);
 	fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 	return fd;
+}
+
+int th_silent_peer(const struct th_daemon *d)
+{
+	const char *why = "";
+	int fd = silent_peer(d, &why);
+	if (fd < 0)
+		th_fail(__FILE__, __LINE__, "silent peer on %s/ctl.ipc: %s: %s",
+		        d->dir, why, strerror(errno));
+	return fd;
+}
+
+int th_silent_peer_try(const struct th_daemon *d)
+{
+	const char *why;
+	return silent_peer(d, &why);
 }
 
 /* Writes all of buf or gives up at deadline (monotonic ms). */

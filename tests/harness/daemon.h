@@ -97,13 +97,16 @@ void th_raw_close(uint32_t sock);
  * then length-framed messages each led by a 4-byte request id), so nothing
  * drains the daemon's replies and its sends to this peer back up, as with
  * a hostile or wedged client.  th_silent_peer connects and returns the fd
- * (fails the test when ctl.ipc cannot be reached); th_silent_send writes
+ * (fails the test when ctl.ipc cannot be reached); th_silent_peer_try
+ * returns -1 instead (a peer the daemon refuses at accept may see its
+ * header's write fail); th_silent_send writes
  * `count` copies of body as requests with fresh ids and returns how many
  * the kernel took before `budget_ms` ran out (the peer's own socket buffer
  * fills once the daemon stops reading, which is also what the test wants
  * to see); the caller closes the fd.
  */
 int th_silent_peer(const struct th_daemon *d);
+int th_silent_peer_try(const struct th_daemon *d);
 uint32_t th_silent_send(int fd, const void *body, size_t len, uint32_t count,
                         int budget_ms);
 

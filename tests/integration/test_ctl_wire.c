@@ -41,7 +41,7 @@ static void put_all(int fd, const void *buf, size_t len)
 {
 	const uint8_t *b = buf;
 	while (len) {
-		ssize_t n = write(fd, b, len);
+		ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
 		T_ASSERT(n > 0);
 		b += n;
 		len -= (size_t)n;
@@ -90,13 +90,17 @@ static const uint8_t req0_hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
 static void put_frame(int fd, uint8_t type, const void *body, uint64_t len,
                       size_t have)
 {
-	uint8_t h[9];
-	h[0] = type;
+	/* One write: a daemon that closes at the head must not make the
+	 * body's write fail. */
+	uint8_t *f = malloc(9 + have);
+	T_ASSERT(f);
+	f[0] = type;
 	for (int i = 0; i < 8; i++)
-		h[1 + i] = (uint8_t)(len >> (56 - 8 * i));
-	put_all(fd, h, sizeof(h));
+		f[1 + i] = (uint8_t)(len >> (56 - 8 * i));
 	if (have)
-		put_all(fd, body, have);
+		memcpy(f + 9, body, have);
+	put_all(fd, f, 9 + have);
+	free(f);
 }
 
 /* A stats request with request id id (top bit set by the caller). */
