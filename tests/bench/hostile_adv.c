@@ -238,19 +238,25 @@ static void adv_fd_flood(const struct th_daemon *d, int quick)
 	for (unsigned long i = 0;; i++) {
 		ssize_t n = send(r.hfd, &p, sizeof(p),
 		                 MSG_DONTWAIT | MSG_NOSIGNAL);
+		int dropped = 0;
 		if (n == (ssize_t)sizeof(p)) {
 			pkts++;
 		} else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
 			hostile_wait_fd(r.hfd, POLLOUT, hostile_now_ms() + 100);
 		} else {
 			closed++;
+			dropped = 1;
 			close(r.hfd);
 			th_raw_close(r.sock);
 			hostile_sleep_ms(50);
+			/* (a daemon that bars a violating process refuses
+			 * these for a while: each refusal is quiet here) */
 			while (flood_register(d, &r))
 				hostile_sleep_ms(200);
 		}
-		if (i % 1024)
+		/* Reported by time after each drop too: registering again
+		 * may take seconds once the daemon bars the process. */
+		if (i % 1024 && !dropped)
 			continue;
 		double t = hostile_now_ms();
 		double pps = t > t0 ? pkts / ((t - t0) / 1e3) : 0;
