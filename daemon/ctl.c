@@ -56,9 +56,6 @@
 #define SRV_RX_BIG (2 * SRV_RX_CHUNK)
 #define SRV_RX_BIG_MAX 8u
 #define SRV_CACCEPT_BATCH 16
-#define SRV_CACCEPT_PAUSE_MIN_MS 100
-#define SRV_CACCEPT_PAUSE_MAX_MS 1000
-#define SRV_CLOG_EVERY_MS 1000
 #define SRV_LISTEN_BACKLOG 512
 
 
@@ -431,27 +428,6 @@ void srv_wake_cb(uv_async_t *a)
 
 static void srv_caccept_cb(uv_poll_t *h, int status, int events);
 
-/* accept failed (out of fds, say): the listener is not polled for a while
- * (level-triggered, it would call again at once), 100 ms doubling to 1 s
- * while failures go on; logged once per SRV_CLOG_EVERY_MS. */
-static void srv_caccept_pause(struct server *s, int err)
-{
-	uint64_t now = now_ms(), held;
-	s->st.control_accept_failures_total++;
-	s->caccept_pause_ms = !s->caccept_pause_ms ? SRV_CACCEPT_PAUSE_MIN_MS
-	                      : s->caccept_pause_ms * 2 > SRV_CACCEPT_PAUSE_MAX_MS
-	                              ? SRV_CACCEPT_PAUSE_MAX_MS
-	                              : s->caccept_pause_ms * 2;
-	uv_poll_stop(&s->cpoll);
-	s->caccept_paused = 1;
-	s->caccept_resume_ms = now + s->caccept_pause_ms;
-	if (log_rate_due(&s->caccept_log, now, SRV_CLOG_EVERY_MS, &held))
-		LOG(LOG_LVL_WARNING, "ctl.ipc accept failed: %s (open-file "
-		    "limit %" PRIu64 "); not accepting for %" PRIu32 " ms "
-		    "(%" PRIu64 " more failures not logged)", strerror(err),
-		    s->fd_limit, s->caccept_pause_ms, held);
-}
-
 void srv_ctl_start(struct server *s)
 {
 	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
@@ -468,7 +444,7 @@ void srv_ctl_stop_accepting(struct server *s)
 		close(s->csock);
 		s->csock = -1;
 	}
-	s->caccept_paused = 0;
+	s->caccept.paused = 0;
 }
 
 void srv_ctl_cron(struct server *s, uint64_t now)
@@ -476,10 +452,8 @@ void srv_ctl_cron(struct server *s, uint64_t now)
 	/* (A connection starved by a failed allocation, with every request
 	 * free, has nothing else to wake it.) */
 	srv_pump_starved(s);
-	if (!s->caccept_paused || s->draining || now < s->caccept_resume_ms)
-		return;
-	s->caccept_paused = 0;
-	srv_ctl_start(s);
+	if (srv_backoff_over(&s->caccept, s, now))
+		srv_ctl_start(s);
 }
 
 /* A new connection fd (non-blocking, close-on-exec): our SP header, then
@@ -549,10 +523,12 @@ static void srv_caccept_cb(uv_poll_t *h, int status, int events)
 		if (rv == KVT_EBUSY)
 			return;
 		if (rv) {
-			srv_caccept_pause(s, errno);
+			srv_accept_failed(s, &s->caccept, &s->cpoll, "ctl.ipc",
+			                  &s->st.control_accept_failures_total,
+			                  errno);
 			return;
 		}
-		s->caccept_pause_ms = 0;
+		s->caccept.pause_ms = 0;
 		srv_pipe_open(s, fd);
 	}
 }

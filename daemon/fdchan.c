@@ -398,24 +398,36 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events);
  * accept failed (EMFILE / ENFILE when out of fds, or anything else): the
  * listener is not polled for a while (level-triggered, it would call again
  * at once, forever), 100 ms doubling to 1 s while failures go on; cron
- * resumes it (srv_accept_resume).  Logged once per SRV_LOG_EVERY_MS.
+ * resumes it (srv_backoff_over).  Logged once per SRV_LOG_EVERY_MS.  Both
+ * listeners (fd.sock here, ctl.ipc in ctl.c) use it.
  */
-static void srv_accept_pause(struct server *s, int err)
+void srv_accept_failed(struct server *s, struct srv_backoff *b,
+                       uv_poll_t *poll, const char *name, uint64_t *counter,
+                       int err)
 {
 	uint64_t now = now_ms(), held;
-	s->st.handle_accept_failures_total++;
-	s->accept_pause_ms = !s->accept_pause_ms ? SRV_ACCEPT_PAUSE_MIN_MS
-	                     : s->accept_pause_ms * 2 > SRV_ACCEPT_PAUSE_MAX_MS
-	                             ? SRV_ACCEPT_PAUSE_MAX_MS
-	                             : s->accept_pause_ms * 2;
-	uv_poll_stop(&s->hpoll);
-	s->accept_paused = 1;
-	s->accept_resume_ms = now + s->accept_pause_ms;
-	if (log_rate_due(&s->accept_log, now, SRV_LOG_EVERY_MS, &held))
-		LOG(LOG_LVL_WARNING, "fd.sock accept failed: %s (open-file "
-		    "limit %" PRIu64 "); not accepting for %" PRIu32 " ms "
-		    "(%" PRIu64 " more failures not logged)", strerror(err),
-		    s->fd_limit, s->accept_pause_ms, held);
+	(*counter)++;
+	b->pause_ms = !b->pause_ms ? SRV_ACCEPT_PAUSE_MIN_MS
+	              : b->pause_ms * 2 > SRV_ACCEPT_PAUSE_MAX_MS
+	                      ? SRV_ACCEPT_PAUSE_MAX_MS
+	                      : b->pause_ms * 2;
+	uv_poll_stop(poll);
+	b->paused = 1;
+	b->resume_ms = now + b->pause_ms;
+	if (log_rate_due(&b->log, now, SRV_LOG_EVERY_MS, &held))
+		LOG(LOG_LVL_WARNING, "%s accept failed: %s (open-file limit %"
+		    PRIu64 "); not accepting for %" PRIu32 " ms (%" PRIu64
+		    " more failures not logged)", name, strerror(err),
+		    s->fd_limit, b->pause_ms, held);
+}
+
+int srv_backoff_over(struct srv_backoff *b, const struct server *s,
+                     uint64_t now)
+{
+	if (!b->paused || s->draining || now < b->resume_ms)
+		return 0;
+	b->paused = 0;
+	return 1;
 }
 
 void srv_accept_start(struct server *s)
@@ -425,9 +437,8 @@ void srv_accept_start(struct server *s)
 
 void srv_accept_resume(struct server *s, uint64_t now)
 {
-	if (!s->accept_paused || s->draining || now < s->accept_resume_ms)
+	if (!srv_backoff_over(&s->haccept, s, now))
 		return;
-	s->accept_paused = 0;
 	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
 }
 
@@ -493,10 +504,12 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 		if (rv == KVT_EBUSY)
 			return;
 		if (rv) {
-			srv_accept_pause(s, errno);
+			srv_accept_failed(s, &s->haccept, &s->hpoll, "fd.sock",
+			                  &s->st.handle_accept_failures_total,
+			                  errno);
 			return;
 		}
-		s->accept_pause_ms = 0;
+		s->haccept.pause_ms = 0;
 		uint64_t now = now_ms();
 		uint32_t pid, uid, gid;
 		if (!handle_peer(fd, &pid, &uid, &gid) &&

@@ -123,6 +123,16 @@ struct srv_conn {
 	char close_why[128]; /* why the daemon closes it ("": the peer did) */
 };
 
+/* A listener's accept back-off (fdchan.c, srv_accept_failed): after a
+ * failed accept it is not polled for pause_ms, 100 doubling to 1000 while
+ * accepts keep failing; 0 again after one succeeds. */
+struct srv_backoff {
+	int paused;
+	uint64_t resume_ms;
+	uint32_t pause_ms;
+	struct log_rate log;
+};
+
 /* A process the daemon disconnected for breaking the handle protocol
  * (fdchan.c): its registrations are refused until until_ms, for 1 s
  * doubling to 60 s while it goes on (reset after 10 quiet minutes). */
@@ -219,10 +229,8 @@ struct server {
 	int csock;
 	uv_poll_t cpoll;
 	int cpoll_ready;
-	int caccept_paused;
-	uint64_t caccept_resume_ms;
-	uint32_t caccept_pause_ms;
-	struct log_rate caccept_log, crefuse_log;
+	struct srv_backoff caccept;
+	struct log_rate crefuse_log;
 	struct srv_req *reqs; /* [n_reqs = cfg.contexts], the pool */
 	uint32_t n_reqs;
 	struct srv_req *req_free; /* free ones */
@@ -259,11 +267,9 @@ struct server {
 	uint32_t n_conns;           /* fd.sock connections, with or without a
 	                               tenant */
 	/* Accept back-off: after a failed accept (out of fds, say) the
-	 * listener is not polled until accept_resume_ms (cron restarts it). */
-	int accept_paused;
-	uint64_t accept_resume_ms;
-	uint32_t accept_pause_ms;   /* 0, or 100 doubling to 1000 */
-	struct log_rate accept_log, refuse_log, violation_log, denied_log,
+	 * listener is not polled until its resume time (cron restarts it). */
+	struct srv_backoff haccept;
+	struct log_rate refuse_log, violation_log, denied_log,
 	                hello_log; /* repeatable warnings (fdchan.c) */
 	/* fd budget (srv_fd_budget): the open-file limit in force and the
 	 * most max_pending_conns it leaves room for. */
@@ -382,6 +388,16 @@ void srv_pipe_cron(struct server *s, uint64_t now);
 
 /* Starts polling fd.sock for connections. */
 void srv_accept_start(struct server *s);
+
+/* A failed accept (errno err) on the listener polled by poll, named name:
+ * *counter bumped, poll stopped for b's next pause, logged once a second
+ * at most.  srv_backoff_over: is b's pause over at now (it is then
+ * cleared)? */
+void srv_accept_failed(struct server *s, struct srv_backoff *b,
+                       uv_poll_t *poll, const char *name, uint64_t *counter,
+                       int err);
+int srv_backoff_over(struct srv_backoff *b, const struct server *s,
+                     uint64_t now);
 
 /* Cron: polls fd.sock again once an accept back-off is over. */
 void srv_accept_resume(struct server *s, uint64_t now);

@@ -237,7 +237,7 @@ int th_sh(const struct th_daemon *d, char *out, size_t outlen,
 /* th_silent_peer's connection; *why says what failed when it returns
  * -1 (the daemon may refuse a connection at accept, before the header is
  * written: then the write fails). */
-static int silent_peer(const struct th_daemon *d, const char **why)
+int th_ctl_connect(const struct th_daemon *d)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	T_ASSERT(strlen(d->dir) + sizeof("/ctl.ipc") <= sizeof(a.sun_path));
@@ -246,8 +246,17 @@ static int silent_peer(const struct th_daemon *d, const char **why)
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	T_ASSERT(fd >= 0);
 	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-		*why = "connect";
 		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int silent_peer(const struct th_daemon *d, const char **why)
+{
+	int fd = th_ctl_connect(d);
+	if (fd < 0) {
+		*why = "connect";
 		return -1;
 	}
 	/* SP header: 0, 'S', 'P', version 0, our protocol (req0 = 0x30),

@@ -106,6 +106,9 @@ void th_raw_close(uint32_t sock);
  * to see); the caller closes the fd.
  */
 int th_silent_peer(const struct th_daemon *d);
+/* A blocking stream connection to ctl.ipc, nothing sent; -1 when it
+ * cannot connect. */
+int th_ctl_connect(const struct th_daemon *d);
 int th_silent_peer_try(const struct th_daemon *d);
 uint32_t th_silent_send(int fd, const void *body, size_t len, uint32_t count,
                         int budget_ms);

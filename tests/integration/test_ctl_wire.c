@@ -27,13 +27,8 @@
 /* A blocking connection to ctl.ipc with no SP header sent yet. */
 static int raw_connect(const struct th_daemon *d)
 {
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	T_ASSERT(strlen(d->dir) + sizeof("/ctl.ipc") <= sizeof(a.sun_path));
-	memcpy(a.sun_path, d->dir, strlen(d->dir));
-	memcpy(a.sun_path + strlen(d->dir), "/ctl.ipc", sizeof("/ctl.ipc"));
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int fd = th_ctl_connect(d);
 	T_ASSERT(fd >= 0);
-	T_EQ(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
 	return fd;
 }
 
