@@ -619,16 +619,18 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 		eval_die("out of memory");
 	for (uint32_t w = 0; w < ev.n; w++)
 		p.win[w].left = njobs;
-	fprintf(stderr, "kvtrim-eval: %s: %u windows of %u + %u tokens, %u "
-	        "jobs, %d threads, kvtrimd on %s\n", a->mname, ev.n, P, C,
-	        njobs, a->threads, rt);
+	if (!a->tasksonly)
+		fprintf(stderr, "kvtrim-eval: %s: %u windows of %u + %u "
+		        "tokens, %u jobs, %d threads, kvtrimd on %s\n",
+		        a->mname, ev.n, P, C, njobs, a->threads, rt);
 	pthread_t th[16];
-	for (int i = 0; i < a->threads; i++)
+	const int nth = a->tasksonly ? 0 : a->threads;
+	for (int i = 0; i < nth; i++)
 		if (pthread_create(&th[i], NULL, worker, &p))
 			eval_die("pthread_create failed");
-	for (int i = 0; i < a->threads; i++)
+	for (int i = 0; i < nth; i++)
 		pthread_join(th[i], NULL);
-	for (uint32_t w = p.released; w < ev.n; w++)
+	for (uint32_t w = p.released; w < ev.n && nth; w++)
 		ctx_window_free(&p.win[w].w);
 	free(p.win);
 	double secs = (double)(now_ms() - t0) / 1e3;
@@ -649,8 +651,11 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	         "kvzap calibration windows; %u jobs; %.1f minutes with %d "
 	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
 	         ncal, njobs, secs / 60, a->threads);
-	int bad = ctx_write_results(a, jobs, njobs, what, "", "quality.csv",
-	                            ctxtable_write_md, write_png) | tbad;
+	int bad = tbad;
+	if (!a->tasksonly)
+		bad |= ctx_write_results(a, jobs, njobs, what, "",
+		                         "quality.csv", ctxtable_write_md,
+		                         write_png);
 	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname,
 	        (double)(now_ms() - t0) / 1e3);
 	dataset_free(&ev);

@@ -60,9 +60,9 @@
  *     reconstruction) is shared by all its jobs; a job's needle answer
  *     costs one step when it is the reference's (ctxtask_needle_answer).
  *   - Budgets as the windows of ctxmain.c get them (its jobs, with kvpop's
- *     token budget for the task's length, without kvzap's threshold
- *     sweep: its calibrated thresholds already span the targets); the
- *     achieved ratio is measured per case (1 - kept / (P layers KV
+ *     token budget for the task's length; which of them run:
+ *     task_job_wanted, a run on each side of every column for the
+ *     threshold policies); the achieved ratio is measured per case (1 - kept / (P layers KV
  *     heads)); the tables
  *     compare the policies at equal achieved compression (curve.c),
  *     accuracies with Wilson 95 % intervals and trial counts.
@@ -645,6 +645,35 @@ static void free_cases(struct tpool *p)
 	free(p->cell);
 }
 
+/*
+ * Whether job k of jobs[nj] runs in the tasks (each job costs about as
+ * much as a case's prefill, so not all of them do).  A budgeted policy
+ * runs its targets from table_at[CTXTASK_AT0] on (0.75, 0.875): its
+ * achieved ratio is its target, so those columns are its runs.  A
+ * threshold policy (kvzap, fastkvzip-global: tau set) reaches its target
+ * only roughly (0.754 for 0.75, 0.871 for 0.875 on the needle's cases),
+ * so a column needs a run on each side of it: its calibrated targets
+ * from 0.5 on, and the sweep's most aggressive threshold (achieved about
+ * 0.95), which brackets 0.875 from above; the rest of its sweep is left
+ * out.
+ */
+static int task_job_wanted(const struct job *jobs, uint32_t nj, uint32_t k)
+{
+	const struct job *j = &jobs[k];
+	if (j->sweep) {
+		for (uint32_t i = 0; i < nj; i++)
+			if (jobs[i].sweep && !strcmp(jobs[i].name, j->name) &&
+			    jobs[i].tau > j->tau)
+				return 0;
+		return 1;
+	}
+	if (!j->ratio)
+		return 1;
+	if (isfinite(j->tau))
+		return j->ratio > 0.5 - 1e-9;
+	return j->ratio > table_at[CTXTASK_AT0] - 1e-9;
+}
+
 /* The policies at length li, the depths don: fresh cases, the jobs of
  * that length (quick: a few). */
 static void run_length(const struct ctxtask_args *ta,
@@ -663,13 +692,12 @@ static void run_length(const struct ctxtask_args *ta,
 		eval_die("out of memory");
 	uint32_t nj = ta->jobs(ta->jobs_arg, R->len[li], jobs), kept = 0;
 	for (uint32_t k = 0; k < nj; k++) {
-		/* no kvzap sweep: its calibrated thresholds span the
-		 * targets, and each job costs as much as a case's prefill */
-		int take = !R->quick && !jobs[k].sweep &&
-		           (!jobs[k].ratio ||
-		            jobs[k].ratio > table_at[CTXTASK_AT0] - 1e-9);
-		for (size_t q = 0; !take && q < 5; q++)
-			take = !strcmp(jobs[k].name, quick_jobs[q]);
+		int take = 0;
+		if (R->quick)
+			for (size_t q = 0; !take && q < 5; q++)
+				take = !strcmp(jobs[k].name, quick_jobs[q]);
+		else
+			take = task_job_wanted(jobs, nj, k);
 		if (take)
 			jobs[kept++] = jobs[k];
 	}

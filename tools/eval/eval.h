@@ -323,6 +323,8 @@ struct ctx_args {
 	const char *rt;          /* --runtime-dir or NULL */
 	int quick, threads;
 	int notasks;             /* --no-tasks: protocol 1's windows only */
+	int tasksonly;           /* --tasks-only: the needle and copy tasks
+	                          * only; quality.* are left as they are */
 	uint32_t nseq;           /* --seqs, 0 = default */
 	const char *dump;        /* --dump-kept DIR or NULL */
 	const char *only;        /* --only a,b,...: protocol 1 runs only the

@@ -6,6 +6,7 @@
  *               [--runtime-dir RT] [--threads N] [--seqs N] [--protocol 1|2]
  *               [--dump-kept DIR]   (protocol 1's kept positions: ctxdump.c)
  *               [--no-tasks]        (SmolLM2: protocol 1 without the needle and copy tasks)
+ *               [--tasks-only]      (SmolLM2: the needle and copy tasks alone; quality.* untouched)
  *               [--only NAMES]      (SmolLM2 protocol 1: only the jobs named, comma-separated)
  *
  * Protocol of the byte and token-id models (methods.md section 17; every
@@ -116,7 +117,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
 	           "[--seqs N] [--protocol 1|2] [--dump-kept DIR] "
-	           "[--no-tasks] [--only NAME,...]\n");
+	           "[--no-tasks | --tasks-only] [--only NAME,...]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -131,7 +132,7 @@ int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
 	           *rt_arg = NULL, *dump = NULL, *only = NULL;
-	int quick = 0, threads = 2, notasks = 0, protocol = 1;
+	int quick = 0, threads = 2, notasks = 0, tasksonly = 0, protocol = 1;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
@@ -143,12 +144,13 @@ int main(int argc, char **argv)
 		{"seqs", required_argument, 0, 's'},
 		{"dump-kept", required_argument, 0, 'd'}, /* ctxdump.c */
 		{"no-tasks", no_argument, 0, 'n'},
+		{"tasks-only", no_argument, 0, 'T'},
 		{"protocol", required_argument, 0, 'p'},
 		{"only", required_argument, 0, 'O'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:np:O:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:nTp:O:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -160,6 +162,7 @@ int main(int argc, char **argv)
 		case 's': nseq = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'd': dump = out = optarg; break;
 		case 'n': notasks = 1; break;
+		case 'T': tasksonly = 1; break;
 		case 'p': protocol = atoi(optarg); break;
 		case 'O': only = optarg; break;
 		case 'h': usage(stdout); return 0;
@@ -167,7 +170,8 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!out || optind != argc || threads < 1 || threads > 16 ||
-	    (protocol != 1 && protocol != 2)) {
+	    (protocol != 1 && protocol != 2) || (notasks && tasksonly) ||
+	    (tasksonly && protocol != 1)) {
 		usage(stderr);
 		return 2;
 	}
@@ -225,7 +229,8 @@ int main(int argc, char **argv)
 			.mname = mname, .out = out, .wdir = wdir,
 			.wabs = have_w ? wabs : "", .rt = rt_arg,
 			.quick = quick, .threads = threads, .nseq = nseq,
-			.notasks = notasks, .only = only,
+			.notasks = notasks, .tasksonly = tasksonly,
+			.only = only,
 			.dump = dump,
 		};
 		int rc = protocol == 2 ? dec2_main(M, &ca) : ctx_main(M, &ca);
