@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 5
+#define KVT_BACKEND_ABI 6
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -216,6 +216,40 @@ struct kvt_backend_fill_run {
 struct kvt_backend_norm_job {
 	uint32_t record, first, n;
 	uint32_t out_off, out_stride;
+};
+
+/*
+ * SnapKV's end-of-prefill selection on the device (window_select, ABI 6),
+ * for one (sequence, layer): its observation window, the queries of
+ * positions [P - w, P) staged in device staging, against each of its
+ * lists (one per KV head).  Entry i of every list holds position i (the
+ * caller checks that nothing was evicted before).  The rule is
+ * policies/snapkv.c's: an entry i < P - w scores the mean over the window's
+ * queries t and the G query heads of its KV head of exp(q . k_i * scale -
+ * lse) (0 where i > P - w + t), max-pooled over kernel neighbours in index
+ * order; entries i >= P - w and i < sinks are protected; of the others the
+ * best `keep` stay (ties keep the higher index).
+ */
+struct kvt_backend_window {
+	const float *ring;     /* device: the ring of the (sequence, layer):
+	                          row r at ring + r * row_floats */
+	uint32_t stage_tokens; /* rows in the ring: position p is row
+	                          p % stage_tokens */
+	uint32_t row_floats, q_off, lse_off; /* a row and its parts */
+	uint32_t P, w, n_new;  /* prompt, window, new tokens of the sync (their
+	                          rows are checked with the window's) */
+	uint32_t kernel, sinks;
+	uint32_t first_list, n_lists; /* its lists: lists[first_list ..],
+	                                 KV head g at first_list + g; 0
+	                                 lists (and w 0): its rows are only
+	                                 checked */
+};
+
+/* One list of window_select: its record, its entries (the new ones
+ * included), the unprotected entries it keeps, the drops that leaves
+ * (the caller's count, checked), and where their indices go. */
+struct kvt_backend_window_list {
+	uint32_t record, len, keep, n_drop, drop_off;
 };
 
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
@@ -405,6 +439,30 @@ struct kvt_backend_ops {
 	                 uint32_t head_dim,
 	                 const struct kvt_backend_norm_job *jobs, uint32_t n,
 	                 float *out, uint32_t out_floats, void *stream);
+	/* (optional; ABI 6) SnapKV's selection (struct kvt_backend_window)
+	 * of n_win windows, after the work queued on stream: keys read
+	 * through *pg as key_norms does, the window's q and lse read in
+	 * device staging, the logits by cuBLAS SGEMM (the cpu policy's
+	 * cblas_sgemm call, transposed), the rest in the cpu policy's
+	 * order.  Writes out[w] = 1 when a q or lse value of window w's rows
+	 * [P - w, P + n_new) is not finite (its lists' results are then
+	 * meaningless: the caller decides on the host, which refuses with
+	 * the reason), else 0; out[n_win + l] = the drops list l made; and
+	 * its drop indices, ascending, at out[n_win + n_lists + drop_off].
+	 * What crosses: those words (device to host) and nothing else.
+	 * KVT_EINVAL for a record beyond n_records, a list beyond n_lists,
+	 * an output beyond out_words, kernel even, w 0 or w > P, head_dim 0
+	 * or n_heads not a multiple of n_kv_heads.  Blocks until out is
+	 * filled. */
+	int (*window_select)(void *ctx, const struct kvt_backend_paged *pg,
+	                     uint32_t n_records, enum kvt_dtype dtype,
+	                     uint32_t n_heads, uint32_t n_kv_heads,
+	                     uint32_t head_dim,
+	                     const struct kvt_backend_window *win,
+	                     uint32_t n_win,
+	                     const struct kvt_backend_window_list *lists,
+	                     uint32_t n_lists, uint32_t *out,
+	                     uint32_t out_words, void *stream);
 };
 
 /*

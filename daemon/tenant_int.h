@@ -198,6 +198,21 @@ struct tenant {
 	size_t njobs_cap;
 	float *pre;          /* [pre_cap] */
 	size_t pre_cap;
+	/* SnapKV's selection on the device (tenant_window.c: snapkv and
+	 * pyramidkv on a backend with window_select): per (item, layer) of
+	 * a sync its way (enum tenant_win) and window index, the windows,
+	 * their lists and the op's output words. */
+	uint8_t *wmode;    /* [wl_cap] */
+	uint32_t *wwin;    /* [wl_cap] */
+	size_t wl_cap;
+	struct kvt_backend_window *wins;       /* [wins_cap] */
+	size_t wins_cap;
+	struct kvt_backend_window_list *wlists; /* [wlists_cap] */
+	size_t wlists_cap;
+	uint32_t *wout;    /* [wout_cap] */
+	size_t wout_cap;
+	uint32_t n_wins, n_wlists;
+	int wactive;       /* this sync was planned (tenant_window_plan) */
 	void **dbases;     /* device [max_chunks] */
 	void **hbases;     /* [max_chunks] */
 	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
@@ -303,6 +318,82 @@ static inline void *seq_state(const struct tenant *t, const struct tseq *s,
 {
 	return s->state ? s->state + (size_t)layer * t->sbytes : NULL;
 }
+
+/* The headroom an item asks its sequence to keep after the sync. */
+static inline uint32_t item_room(const struct tenant *t, const struct ipc_sync_item *it)
+{
+	return it->headroom ? it->headroom : t->g.headroom;
+}
+
+/* Layer range of an item after defaults; 0 or KVT_ELAYERS. */
+static inline int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
+                       uint32_t *lo, uint32_t *hi)
+{
+	*lo = it->layer_lo;
+	*hi = it->layer_hi ? it->layer_hi : t->g.n_layers;
+	if (*lo >= *hi || *hi > t->g.n_layers)
+		return KVT_ELAYERS;
+	return 0;
+}
+
+/* The per-item prologue of steps 2 and 4, on an item validate() passed:
+ * its sequence, slot and layer range. */
+static inline struct tseq *item_seq(struct tenant *t,
+                                    const struct ipc_sync_item *it,
+                                    uint32_t *slot, uint32_t *lo,
+                                    uint32_t *hi)
+{
+	*slot = seqid_slot(it->seq);
+	item_layers(t, it, lo, hi);
+	return &t->seqs[*slot];
+}
+
+struct policy_layer;
+
+/* How a (sequence, layer) of a sync is decided (tenant_window.c). */
+enum tenant_win {
+	TENANT_WIN_HOST = 0, /* policy_decide on the host, as always */
+	TENANT_WIN_DEVICE,   /* window_select's drops */
+	TENANT_WIN_KEEP,     /* the rule keeps all; only its rows checked */
+};
+
+/*
+ * Device tenant of a policy with a window rule (snapkv, pyramidkv) on a
+ * backend with window_select (any other tenant: nothing, every layer
+ * stays on the host): before the decisions, picks the way of each
+ * (item, layer) of the sync (t->wmode, t->wwin) and runs the device's
+ * selection for those it can take: where the policy decides now and every
+ * list still holds each position at its index; the others stay on the
+ * host.  t->state_scr is used as scratch (the decision loop refills it).
+ * 0, or KVT_ENOMEM / a backend error with the reason in err.
+ */
+int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
+                       uint32_t n, char *err, size_t errlen);
+
+/*
+ * In the decision loop, for the (item, layer) ly of the sync whose heads
+ * are set up (t->heads): 1 when the device decided it (the policy's
+ * state marked as decide() would, the drops marked in the heads), 0 when
+ * the host decides (also when the device found a staged row that is not
+ * finite: the host then refuses with the reason).
+ */
+int tenant_window_take(struct tenant *t, size_t ly, struct policy_layer *pl);
+
+/* Whether the (item, layer) ly of this sync goes to the host. */
+static inline int tenant_window_host(const struct tenant *t, size_t ly)
+{
+	return !t->wactive || t->wmode[ly] == TENANT_WIN_HOST ||
+	       t->wout[t->wwin[ly]] != 0;
+}
+
+/* Device tenant with compact_drops (tenant_sync.c): queues the upload of
+ * the daemon's chunk bases when a chunk came or went since the last one
+ * (the ops that resolve page ids read them); 0 or a backend error. */
+int tenant_bases_sync(struct tenant *t);
+
+/* Where the tenant's pages are on the device, as the ops that resolve page
+ * ids there take it (tenant_sync.c). */
+struct kvt_backend_paged tenant_paged(const struct tenant *t);
 
 /* Base address of page id (a device address on a device tenant: never
  * dereferenced there). */

@@ -77,35 +77,6 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
 	return 0;
 }
 
-/* The headroom an item asks its sequence to keep after the sync. */
-static uint32_t item_room(const struct tenant *t, const struct ipc_sync_item *it)
-{
-	return it->headroom ? it->headroom : t->g.headroom;
-}
-
-/* Layer range of an item after defaults; 0 or KVT_ELAYERS. */
-static int item_layers(const struct tenant *t, const struct ipc_sync_item *it,
-                       uint32_t *lo, uint32_t *hi)
-{
-	*lo = it->layer_lo;
-	*hi = it->layer_hi ? it->layer_hi : t->g.n_layers;
-	if (*lo >= *hi || *hi > t->g.n_layers)
-		return KVT_ELAYERS;
-	return 0;
-}
-
-/* The per-item prologue of steps 2 and 4, on an item validate() passed:
- * its sequence, slot and layer range. */
-static inline struct tseq *item_seq(struct tenant *t,
-                                    const struct ipc_sync_item *it,
-                                    uint32_t *slot, uint32_t *lo,
-                                    uint32_t *hi)
-{
-	*slot = seqid_slot(it->seq);
-	item_layers(t, it, lo, hi);
-	return &t->seqs[*slot];
-}
-
 /* Step 1: every check that needs no policy decision.  Returns the number of
  * list entries (len + n_new summed over lists) the decisions need. */
 static int validate(struct tenant *t, uint64_t no,
@@ -486,9 +457,8 @@ static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
  * sync; the compaction reads only pages of chunks that existed before
  * it, and revoked chunks are destroyed only after the queued work).
  */
-/* Queues the upload of the daemon's chunk bases when a chunk came or went
- * since the last one (the ops that resolve page ids read them). */
-static int bases_sync(struct tenant *t)
+/* tenant_int.h */
+int tenant_bases_sync(struct tenant *t)
 {
 	int changed = 0;
 	for (uint32_t i = 0; i < t->max_chunks; i++)
@@ -503,9 +473,8 @@ static int bases_sync(struct tenant *t)
 	               : 0;
 }
 
-/* Where the tenant's pages are on the device, as the ops that resolve page
- * ids there take it. */
-static struct kvt_backend_paged paged_of(const struct tenant *t)
+/* tenant_int.h */
+struct kvt_backend_paged tenant_paged(const struct tenant *t)
 {
 	const struct shm_geom *g = &t->g;
 	return (struct kvt_backend_paged){
@@ -523,10 +492,10 @@ static struct kvt_backend_paged paged_of(const struct tenant *t)
 
 static int compact_on_device(struct tenant *t, uint32_t nb)
 {
-	int rc = bases_sync(t);
+	int rc = tenant_bases_sync(t);
 	if (rc)
 		return rc;
-	const struct kvt_backend_paged pg = paged_of(t);
+	const struct kvt_backend_paged pg = tenant_paged(t);
 	return t->bops->compact_drops(t->bctx, &pg,
 	                              t->g.max_seqs * t->lists_per_seq, t->bdl,
 	                              nb, t->bdrops, t->stream);
@@ -559,10 +528,10 @@ static int norms_on_device(struct tenant *t,
 			at += it->n_new * g->n_kv_heads;
 		}
 	}
-	int rc = bases_sync(t);
+	int rc = tenant_bases_sync(t);
 	if (rc)
 		return rc;
-	const struct kvt_backend_paged pg = paged_of(t);
+	const struct kvt_backend_paged pg = tenant_paged(t);
 	return t->bops->key_norms(t->bctx, &pg, g->max_seqs * t->lists_per_seq,
 	                          t->pol->geom.dtype, g->head_dim, t->njobs,
 	                          nj, t->pre, at, t->stream);
@@ -631,6 +600,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	if (t->dnorms && (rc = norms_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
 		            t->bops->name, t->bops->last_error());
+	if ((rc = tenant_window_plan(t, items, n, err, errlen)))
+		return rc;
 	size_t pre_at = 0; /* rows of t->pre taken so far */
 
 	/*
@@ -666,16 +637,21 @@ int tenant_sync(struct tenant *t, uint64_t no,
 			if (t->sbytes)
 				memcpy(pl.state, seq_state(t, s, layer),
 				       t->sbytes);
+			/* a policy that decides nothing now reads nothing:
+			 * no rows or keys are staged for it, nor for one the
+			 * device decides (tenant_window.c) */
+			const int dec = policy_decides(t->pol, &pl) &&
+			                tenant_window_host(t, ly_all);
 			if (t->dscorer || t->dnorms) {
 				pl.pre = t->pre + pre_at * g->n_kv_heads;
 				pre_at += it->n_new;
-			} else if (t->dstage.base &&
+			} else if (dec && t->dstage.base &&
 			           (rc = fetch_rows(t, slot, layer, prev,
 			                            it->n_new)))
 				return errors_fmt(err, errlen, rc, "%s backend: "
 				            "reading staged rows: %s",
 				            t->bops->name, t->bops->last_error());
-			if ((need & POLICY_NEED_STAGED) && !t->dscorer)
+			if (dec && (need & POLICY_NEED_STAGED) && !t->dscorer)
 				gather_inputs(t, slot, layer, prev, it->n_new,
 				              &pl);
 			size_t off0 = off;
@@ -698,7 +674,9 @@ int tenant_sync(struct tenant *t, uint64_t no,
 					       t->ef * sizeof(float));
 				}
 				void **pv = NULL;
-				if ((need & POLICY_NEED_KV) && t->dnorms) {
+				if (!dec) {
+					/* decide() does not run */
+				} else if ((need & POLICY_NEED_KV) && t->dnorms) {
 					pv = NULL; /* decide() takes pre */
 				} else if ((need & POLICY_NEED_KV) && t->dev) {
 					pv = t->pagev + (size_t)head * g->max_pages;
@@ -726,7 +704,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				            t->bops->last_error());
 			pace_point_slow(); /* the policy's work is per layer */
 			uint64_t d0 = now_ns();
-			rc = policy_decide(t->pol, &pl);
+			rc = tenant_window_take(t, ly_all, &pl)
+			     ? 0 : policy_decide(t->pol, &pl);
 			t->scorer_ns += now_ns() - d0;
 			if (t->dstage.base && t->ring_err)
 				return errors_fmt(err, errlen, t->ring_err, "%s "

@@ -220,6 +220,14 @@ static void ea_expect(const struct policy *p, const float *keys,
 			acc[i] += z[i] / sum / G;
 }
 
+/* Once per (sequence, layer), at its first decode sync. */
+static int ea_decides(const struct policy *p, const struct policy_layer *l)
+{
+	const struct ea_state *st = l->state;
+	(void)p;
+	return !st->done && l->phase == KVT_PHASE_DECODE;
+}
+
 static int ea_decide(struct policy *p, struct policy_layer *l)
 {
 	const struct policy_geom *ge = &p->geom;
@@ -332,4 +340,5 @@ const struct policy_ops expected_attention_ops = {
 	        POLICY_KEY_COV | POLICY_KEY_VNORM | POLICY_KEY_EPS,
 	.init = ea_init,
 	.decide = ea_decide,
+	.decides = ea_decides,
 };

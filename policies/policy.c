@@ -596,11 +596,16 @@ int policy_check_row(struct policy *p, uint32_t layer, uint32_t pos,
 	                    1, 0, 0, 0, layer, pos);
 }
 
+int policy_decides(const struct policy *p, const struct policy_layer *l)
+{
+	return p->ops->decide && (!p->ops->decides || p->ops->decides(p, l));
+}
+
 int policy_decide(struct policy *p, struct policy_layer *l)
 {
 	const struct policy_geom *g = &p->geom;
 	p->why[0] = '\0';
-	if (!p->ops->decide)
+	if (!policy_decides(p, l))
 		return 0;
 	int rc = check_inputs(p, l->x, l->q, l->lse, l->n_new, g->d_model,
 	                      (size_t)g->n_heads * g->head_dim, g->n_heads,

@@ -180,6 +180,13 @@ struct policy_layer {
 
 struct policy;
 
+/* SnapKV's window rule for one (sequence, layer), as a device runs it
+ * (policy_ops.window, backend.h's struct kvt_backend_window). */
+struct policy_window {
+	uint32_t w, kernel, sinks;
+	uint32_t budget; /* prompt entries kept, pressure applied */
+};
+
 struct policy_ops {
 	const char *name;
 	const char *help;  /* one line for --list-policies */
@@ -199,6 +206,25 @@ struct policy_ops {
 	 * the policy owns. */
 	void (*scorer)(const struct policy *p, uint32_t layer,
 	               struct kvt_backend_scorer *out, const float **w);
+	/* (optional) 0 when decide() reads nothing and changes nothing at
+	 * this sync: l's layer, phase, n_new, n_seen and state are set,
+	 * heads and inputs not yet.  The tenant then stages nothing for it
+	 * (no keys, no staged rows: on a device tenant nothing crosses),
+	 * and policy_decide neither checks the inputs nor calls decide().
+	 * NULL: it decides at every sync.  The prompt-only policies
+	 * (snapkv, pyramidkv, expected_attention) decide once per
+	 * (sequence, layer), at the first decode sync. */
+	int (*decides)(const struct policy *p, const struct policy_layer *l);
+	/* (optional) For a policy whose decision is SnapKV's window
+	 * selection (snapkv, pyramidkv), which a device can run where the
+	 * keys and queries are (backend window_select): at a sync where it
+	 * decides, with every entry at the position of its index, marks the
+	 * decision made in l->state as decide() would and fills *w; returns
+	 * 1 when the prompt is to be compressed by that rule, 0 when
+	 * decide() would keep everything (a prompt not longer than the
+	 * window or within the budget). */
+	int (*window)(struct policy *p, struct policy_layer *l,
+	              struct policy_window *w);
 	/* 1: of the pages, decide() reads only the L2 norms of the new
 	 * entries' keys (knorm), which a device tenant may compute where the
 	 * keys are and pass as policy_layer.pre ([n_new][n_kv_heads] norms;
@@ -257,8 +283,13 @@ void policy_set_pressure(struct policy *p, float level);
 #define POLICY_UNSTAGED_BITS 0x7fc57a6eu
 float policy_unstaged(void); /* the float with POLICY_UNSTAGED_BITS */
 
+/* 1 when decide() may read its inputs or change state at this sync
+ * (ops->decides; always without it). */
+int policy_decides(const struct policy *p, const struct policy_layer *l);
+
 /*
- * Runs decide() on one (sequence, layer); 0 or a negative KVT_E*.  First
+ * Runs decide() on one (sequence, layer); 0 or a negative KVT_E*.  Nothing
+ * at a sync where the policy does not decide (policy_decides).  First
  * checks every input the policy reads (ops->needs) of the n_new new tokens:
  * a non-finite or never-staged float gives KVT_EINVAL with p->why naming
  * the layer, the position, the input (x element, or q / lse of a query

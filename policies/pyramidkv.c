@@ -62,6 +62,12 @@ static int pyramidkv_decide(struct policy *p, struct policy_layer *l)
 	return snapkv_compress(p, l, pyramidkv_budget);
 }
 
+static int pyramidkv_window(struct policy *p, struct policy_layer *l,
+                            struct policy_window *w)
+{
+	return snapkv_window(p, l, w, pyramidkv_budget);
+}
+
 const struct policy_ops pyramidkv_ops = {
 	.name = "pyramidkv",
 	.help = "PyramidKV: SnapKV scores, per-layer budgets falling linearly "
@@ -72,4 +78,6 @@ const struct policy_ops pyramidkv_ops = {
 	        POLICY_KEY_RATIO | POLICY_KEY_SINKS | POLICY_KEY_BETA,
 	.init = pyramidkv_init,
 	.decide = pyramidkv_decide,
+	.decides = snapkv_decides,
+	.window = pyramidkv_window,
 };

@@ -65,6 +65,26 @@ static int pair_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+int snapkv_decides(const struct policy *p, const struct policy_layer *l)
+{
+	const struct snapkv_state *st = l->state;
+	(void)p;
+	return !st->done && l->phase == KVT_PHASE_DECODE;
+}
+
+int snapkv_window(struct policy *p, struct policy_layer *l,
+                  struct policy_window *w, snapkv_budget_fn budget)
+{
+	struct snapkv_state *st = l->state;
+	uint32_t P = l->n_seen - l->n_new;
+	st->done = 1;
+	*w = (struct policy_window){.w = p->args.window,
+	                            .kernel = p->args.kernel,
+	                            .sinks = p->args.sinks,
+	                            .budget = budget(p, l->layer, P)};
+	return P > w->w && P > w->budget;
+}
+
 int snapkv_compress(struct policy *p, struct policy_layer *l,
                     snapkv_budget_fn budget)
 {
@@ -164,6 +184,12 @@ static int snapkv_decide(struct policy *p, struct policy_layer *l)
 	return snapkv_compress(p, l, snapkv_budget);
 }
 
+static int snapkv_window_op(struct policy *p, struct policy_layer *l,
+                            struct policy_window *w)
+{
+	return snapkv_window(p, l, w, snapkv_budget);
+}
+
 const struct policy_ops snapkv_ops = {
 	.name = "snapkv",
 	.help = "SnapKV: last-window attention, max-pooled, once at the end "
@@ -174,4 +200,6 @@ const struct policy_ops snapkv_ops = {
 	        POLICY_KEY_RATIO | POLICY_KEY_SINKS,
 	.init = snapkv_init_args,
 	.decide = snapkv_decide,
+	.decides = snapkv_decides,
+	.window = snapkv_window_op,
 };

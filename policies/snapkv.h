@@ -21,6 +21,14 @@ int snapkv_init_args(struct policy *p, char *err, size_t errlen);
 typedef uint32_t (*snapkv_budget_fn)(const struct policy *p, uint32_t layer,
                                      uint32_t P);
 
+/* decides() of both: at the first decode sync of the (sequence, layer)
+ * only, while the prompt is not compressed yet. */
+int snapkv_decides(const struct policy *p, const struct policy_layer *l);
+
+/* window() of both, with their budget (policy_ops.window). */
+int snapkv_window(struct policy *p, struct policy_layer *l,
+                  struct policy_window *w, snapkv_budget_fn budget);
+
 /*
  * decide() of both: at the first decode sync of the (sequence, layer),
  * once, scores the prompt entries by the observation window's attention

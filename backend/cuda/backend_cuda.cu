@@ -36,6 +36,7 @@
  *   fill.cu      a value at a pattern of words in many rows (ABI 5)
  *   scorer.cu    learned scorers with device weights (ABI 5)
  *   key_norms.cu knorm's key norms (ABI 5)
+ *   window_select.cu SnapKV's selection (ABI 6)
  * around the private header backend_cuda.cuh.
  */
 #include <stdarg.h>
@@ -112,4 +113,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .scorer_free = */ bc_scorer_free,
 	/* .scorer_run = */ bc_scorer_run,
 	/* .key_norms = */ bc_key_norms,
+	/* .window_select = */ bc_window_select,
 };

@@ -118,6 +118,12 @@ struct bc_ctx {
 	size_t attn_cap;
 	cudaEvent_t attn_used;
 	int attn_recorded;
+	/* window_select (window_select.cu): its scratch and cuBLAS handle
+	 * (a cublasHandle_t), made on first use; the op waits for its work,
+	 * so nothing is queued on them between calls. */
+	char *d_win;
+	size_t win_cap;
+	void *win_blas;
 	/* Bytes the ops copied host -> device and device -> host (traffic;
 	 * bc_count), added atomically: copy runs outside the lock. */
 	uint64_t h2d, d2h;
@@ -232,6 +238,15 @@ int bc_key_norms(void *ctx, const struct kvt_backend_paged *pg,
                  uint32_t n_records, enum kvt_dtype dtype, uint32_t head_dim,
                  const struct kvt_backend_norm_job *jobs, uint32_t n,
                  float *out, uint32_t out_floats, void *stream);
+
+/* window_select.cu: SnapKV's selection on the device (ABI 6) */
+int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
+                     uint32_t n_records, enum kvt_dtype dtype,
+                     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                     const struct kvt_backend_window *win, uint32_t n_win,
+                     const struct kvt_backend_window_list *lists,
+                     uint32_t n_lists, uint32_t *out, uint32_t out_words,
+                     void *stream);
 
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,

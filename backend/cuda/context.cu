@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cublas_v2.h>
+
 #include "backend_cuda.cuh"
 
 static void bc_fill(char *err, size_t errlen, const char *msg)
@@ -231,6 +233,10 @@ void bc_ctx_free(void *ctx)
 		cudaFree(c->d_attn);
 	if (c->attn_used)
 		cudaEventDestroy(c->attn_used);
+	if (c->d_win)
+		cudaFree(c->d_win);
+	if (c->win_blas)
+		cublasDestroy((cublasHandle_t)c->win_blas);
 	if (c->stream)
 		cudaStreamDestroy(c->stream);
 	pthread_mutex_destroy(&c->lock);

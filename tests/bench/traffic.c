@@ -22,6 +22,13 @@
  *                                    back shows)
  *   cuda_host_bytes_per_token_<p>    their sum
  *   cuda_host_bytes_target           4096
+ *   cuda_prompt_sync_bytes_<p>       the same count over the first decode
+ *                                    sync alone, per sequence: where the
+ *                                    prompt-only policies (snapkv,
+ *                                    pyramidkv, expected_attention) decide,
+ *                                    once, and still read the prompt's
+ *                                    keys on the host (outside the
+ *                                    per-token figure)
  *   cuda_daemon_cpu_us_per_token_<p> the daemon's CPU time over the decode
  *                                    syncs (every thread's schedstat) / (decoded
  *                                    tokens x sequences); on the emulator
@@ -65,6 +72,7 @@ static struct {
 	int n;
 	char names[T_MAXPOL][32];
 	double daemon[T_MAXPOL], stage[T_MAXPOL], cpu_us[T_MAXPOL];
+	double first[T_MAXPOL]; /* the first decode sync, per sequence */
 	int emu; /* the library is the emulator's */
 } ts;
 
@@ -201,12 +209,12 @@ static double cpu_ns(pid_t pid)
 static void run_policy(const char *bin_dir, const char *dir, const char *nm,
                        uint32_t prompt, uint32_t dec, const uint16_t *rows,
                        pid_t d, double *daemon_b, double *stage_b,
-                       double *cpu_us)
+                       double *cpu_us, double *first_b)
 {
 	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
 	char tenant[KVT_NAME_MAX];
 	const struct kvt_geometry g = {T_L, T_H, T_KV, T_HD, T_D};
-	*daemon_b = *stage_b = *cpu_us = NAN;
+	*daemon_b = *stage_b = *cpu_us = *first_b = NAN;
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
 	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
 	              !strcmp(nm, "kvpop");
@@ -244,7 +252,8 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 	for (; !rv && pos < prompt; pos += T_CHUNK)
 		rv = step(cl, seq, pos, T_CHUNK, KVT_PHASE_PREFILL, rows);
 	/* the first decode sync (snapkv compresses the prompt there) is not
-	 * part of the steady state measured */
+	 * part of the steady state measured; its own line */
+	double f0 = daemon_bytes(bin_dir, dir);
 	if (!rv)
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	pos += T_EVERY;
@@ -262,6 +271,7 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		 * float, 524288 bytes a token for x alone at this geometry) */
 		*stage_b = 0;
 		*daemon_b = (b1 - b0) / ((double)dec * T_SEQS);
+		*first_b = (b0 - f0) / T_SEQS;
 		*cpu_us = (c1 - c0) / 1e3 / ((double)dec * T_SEQS);
 	}
 	kvt_disconnect(cl);
@@ -315,7 +325,8 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		uint32_t dec = quick ? 2 * T_EVERY : 4 * T_EVERY;
 		for (int i = 0; i < ts.n; i++)
 			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows, d,
-			           &ts.daemon[i], &ts.stage[i], &ts.cpu_us[i]);
+			           &ts.daemon[i], &ts.stage[i], &ts.cpu_us[i],
+			           &ts.first[i]);
 		free(rows);
 		ts.ran = 1;
 		kill(d, SIGTERM);
@@ -343,6 +354,9 @@ void traffic_print(FILE *f)
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_stage_bytes_per_token_%s %.0f\n", ts.names[i],
 		        ts.stage[i]);
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_prompt_sync_bytes_%s %.0f\n", ts.names[i],
+		        ts.first[i]);
 	/* On the emulator the daemon's CPU also runs every kernel: these say
 	 * nothing of a GPU host's, where scripts/gpu-check.sh reports them as
 	 * gpu_daemon_us_per_token_<p> (target 5). */

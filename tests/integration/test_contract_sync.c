@@ -60,14 +60,14 @@ static void lists_of(kvt_client *c, kvt_seq seq, uint32_t *len,
 /* A sync refused with KVT_EINVAL whose reason holds needle, after which
  * every list of seq is as it was and the tenant counted no sync. */
 static void refused_(kvt_client *c, kvt_seq seq, uint32_t n_new,
-                     const char *needle, int line)
+                     enum kvt_phase ph, const char *needle, int line)
 {
 	uint32_t len0[4], len1[4];
 	uint64_t ep0[4], ep1[4];
 	struct kvt_tenant_stats s0, s1;
 	lists_of(c, seq, len0, ep0);
 	T_OK(kvt_stats(c, &s0));
-	struct kvt_sync_item it = {.seq = seq, .n_new = n_new};
+	struct kvt_sync_item it = {.seq = seq, .n_new = n_new, .phase = ph};
 	int rc = kvt_sync(c, &it, 1);
 	if (rc != KVT_EINVAL || !strstr(kvt_last_error(c), needle))
 		th_fail(__FILE__, line, "sync gave %s (%s), expected EINVAL "
@@ -78,7 +78,10 @@ static void refused_(kvt_client *c, kvt_seq seq, uint32_t n_new,
 	    s1.syncs != s0.syncs || s1.entries_appended != s0.entries_appended)
 		th_fail(__FILE__, line, "the refused sync changed something");
 }
-#define refused(c, seq, n, needle) refused_(c, seq, n, needle, __LINE__)
+#define refused(c, seq, n, needle)                                             \
+	refused_(c, seq, n, KVT_PHASE_PREFILL, needle, __LINE__)
+#define refused_decode(c, seq, n, needle)                                      \
+	refused_(c, seq, n, KVT_PHASE_DECODE, needle, __LINE__)
 
 TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
 {
@@ -127,6 +130,91 @@ TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
 	T_EQ_U64(ts.syncs, 3);
 	T_EQ_U64(ts.entries_appended, 9 * 4); /* 9 entries in 4 lists */
 
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/*
+ * snapkv decides once, at the first decode sync, from the window's rows
+ * (positions [P - w, P)) and the new token's: those are checked there and
+ * a bad one refuses the sync with its reason, on every backend (on cuda the
+ * device's selection finds it and the host path names it); a row it never
+ * reads (a prompt row before the window, a decode row after the decision)
+ * is not checked.  The kept entries, by hand: keys repeat per batch of 4
+ * (entry k of a batch: 0.05 (j + k + 1)), q is 0.1 everywhere, so key k
+ * scores higher with k; window 2 (positions 6, 7) protected, budget 4 of
+ * the prompt of 8: the best 2 of positions 0..5 are 3 (k 3) and 2 (k 2);
+ * with the new entry 8 (k 0) every list keeps first key elements {0.05,
+ * 0.15, 0.15, 0.2, 0.2}.
+ */
+TEST(contract_sync, snapkv_checks_the_rows_it_reads_where_it_decides)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "snapper",
+	                                     "snapkv:window=2,kernel=1,tokens=4");
+	cfg.stage_tokens = 8;
+	kvt_client *c;
+	char why[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, why));
+	kvt_seq seq;
+	T_OK(kvt_seq_open(c, &seq));
+	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
+	for (uint32_t p = 0; p < 8; p += 4) {
+		append(c, seq, 4);
+		stage(c, seq, p, 4);
+		if (p == 0) /* never read: before the window */
+			th_put_f32(c, kvt_stage_q(c, seq, 1, 2) + 5, NAN);
+		T_OK(kvt_sync(c, &it, 1));
+	}
+	append(c, seq, 1);
+	stage(c, seq, 8, 1);
+	float *lse7 = kvt_stage_lse(c, seq, 1, 7);
+	th_put_f32(c, lse7 + 1, NAN);
+	refused_decode(c, seq, 1, "layer 1, position 7: staged lse of query "
+	                          "head 1 is NaN");
+	th_put_f32(c, lse7 + 1, logf(8.0f));
+	th_put_f32(c, kvt_stage_q(c, seq, 0, 8), INFINITY); /* the new row */
+	refused_decode(c, seq, 1, "layer 0, position 8: staged q of query "
+	                          "head 0 [0] is +Inf");
+	stage(c, seq, 8, 1);
+	it.n_new = 1;
+	it.phase = KVT_PHASE_DECODE;
+	T_OK(kvt_sync(c, &it, 1));
+	const struct kvt_geometry *g = &cfg.geo;
+	for (uint32_t l = 0; l < g->n_layers; l++)
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, seq, l, h, &li));
+			T_EQ(li.len, 5);
+			float first[5];
+			for (uint32_t e = 0; e < 5; e++) {
+				char *pg = kvt_page_ptr(c, li.pages[e / 4]);
+				T_OK(kvt_memcpy(c, &first[e],
+				                pg + (e % 4) * 8 * sizeof(float),
+				                sizeof(float)));
+			}
+			for (uint32_t a = 0; a < 5; a++) /* sort */
+				for (uint32_t b = a + 1; b < 5; b++)
+					if (first[b] < first[a]) {
+						float x = first[a];
+						first[a] = first[b];
+						first[b] = x;
+					}
+			const float want[5] = {0.05f, 0.15f, 0.15f, 0.2f, 0.2f};
+			for (uint32_t e = 0; e < 5; e++)
+				T_ASSERT(fabsf(first[e] - want[e]) < 1e-6f);
+		}
+	/* after the decision its decode rows are not read */
+	append(c, seq, 1);
+	stage(c, seq, 9, 1);
+	th_put_f32(c, kvt_stage_q(c, seq, 0, 9), NAN);
+	T_OK(kvt_sync(c, &it, 1));
+	struct kvt_list li;
+	T_OK(kvt_list_get(c, seq, 0, 0, &li));
+	T_EQ(li.len, 6);
 	char out[4096];
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	kvt_disconnect(c);

@@ -20,7 +20,9 @@
  * page order differs from address order, a page of an unmapped chunk slot
  * (that move is skipped, nothing faults), and the refusals (drops not
  * ascending, beyond the length, a record out of range), which change
- * nothing.  Both built into kvtrim-cuda-tests and, under the CPU emulator,
+ * nothing.  window_select (SnapKV's selection, ABI 6) against the rule
+ * computed in double on the host image, a flagged NaN row, the refusals.
+ * Both built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests; skips without a device.
  */
 #include <math.h>
@@ -476,5 +478,158 @@ TEST(cuda, backend_key_norms_match_double_loop)
 	bad = (struct kvt_backend_norm_job){0, 0, 5, 0, 1};
 	T_EQ(f.o->key_norms(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, &bad, 1,
 	                    got, 4, NULL), KVT_EINVAL); /* beyond out */
+	dr_fini(&f);
+}
+
+/* The rule of struct kvt_backend_window in double, for list li of the
+ * fixture: its drop marks. */
+static void window_naive(const struct dr *f, const struct kvt_list_record *r,
+                         const float *ring, uint32_t row_floats,
+                         uint32_t stage_tokens, uint32_t g, uint32_t G,
+                         uint32_t hd, uint32_t P, uint32_t w, uint32_t n_new,
+                         uint32_t kernel, uint32_t sinks, uint32_t keep,
+                         uint8_t *drop)
+{
+	const uint32_t len = P + n_new, from = P - w, H = G * 2;
+	double raw[64], s[64];
+	T_ASSERT(len <= 64);
+	for (uint32_t i = 0; i < from; i++) {
+		const float *k = (const float *)(f->h_chunk + r->pages[i / f->pt] *
+		                                 f->page_bytes) + (i % f->pt) * hd;
+		double v = 0;
+		for (uint32_t t = 0; t < w; t++) {
+			const float *row = ring + ((P - w + t) % stage_tokens) *
+			                   row_floats;
+			for (uint32_t j = 0; j < G; j++) {
+				const float *q = row + (g * G + j) * hd;
+				double dot = 0;
+				for (uint32_t d = 0; d < hd; d++)
+					dot += (double)q[d] * k[d];
+				if (i <= from + t)
+					v += exp(dot / sqrt((double)hd) -
+					         row[H * hd + g * G + j]);
+			}
+		}
+		raw[i] = v / (w * G);
+	}
+	uint32_t cand[64], nc = 0;
+	for (uint32_t i = 0; i < len; i++) {
+		if (i < from) {
+			uint32_t a = i > kernel / 2 ? i - kernel / 2 : 0;
+			uint32_t b = i + kernel / 2 < from ? i + kernel / 2 : from - 1;
+			s[i] = raw[a];
+			for (uint32_t e = a + 1; e <= b; e++)
+				s[i] = raw[e] > s[i] ? raw[e] : s[i];
+		}
+		drop[i] = 0;
+		if (i < from && i >= sinks)
+			cand[nc++] = i;
+	}
+	/* best first: score, then the higher index */
+	for (uint32_t a = 0; a < nc; a++)
+		for (uint32_t b = a + 1; b < nc; b++)
+			if (s[cand[b]] > s[cand[a]] ||
+			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
+				uint32_t x = cand[a];
+				cand[a] = cand[b];
+				cand[b] = x;
+			}
+	for (uint32_t c = keep; c < nc; c++)
+		drop[cand[c]] = 1;
+}
+
+TEST(cuda, backend_window_select_matches_naive)
+{
+	/* Two lists (KV heads) of 36 f32 entries of head_dim 8 (the
+	 * fixture's lists 0 and 1), 2 query heads each; a prompt of 32, 4
+	 * new entries, window 4, kernel 3, sinks 1, keep 10 of the 27
+	 * unprotected: the drops must be the rule's computed in double.  A
+	 * window whose rows hold a NaN is flagged; the refusals. */
+	enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, ST = 16, P = 32,
+	       W = 4, NN = 4, KEEP = 10 };
+	struct dr f;
+	dr_init(&f, PT, HD * sizeof(float));
+	if (!f.o->window_select)
+		T_SKIP("no window_select");
+	float *img = (float *)f.h_chunk;
+	for (uint64_t i = 0; i < f.chunk_bytes / sizeof(float); i++)
+		img[i] = (float)(urnd() % 2001) / 1000.0f - 1.0f;
+	T_OK(f.o->copy(f.ctx, f.chunk, f.h_chunk, f.chunk_bytes, NULL));
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		dr_rec(&f, i)->len = P + NN;
+	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+	const uint32_t rf = H * HD + H;
+	float ring[ST * (H * HD + H)];
+	for (uint32_t r = 0; r < ST; r++)
+		for (uint32_t e = 0; e < rf; e++)
+			ring[r * rf + e] = e < H * HD
+			        ? (float)(urnd() % 2001) / 1000.0f - 1.0f
+			        : 0.25f * (float)(urnd() % 8);
+	void *dring;
+	T_OK(f.o->mem_new(f.ctx, sizeof(ring), &dring));
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	struct kvt_backend_paged pg = dr_paged(&f);
+	struct kvt_backend_window win[2] = {
+		{.ring = dring, .stage_tokens = ST, .row_floats = rf,
+		 .q_off = 0, .lse_off = H * HD, .P = P, .w = W, .n_new = NN,
+		 .kernel = 3, .sinks = 1, .first_list = 0, .n_lists = NKV},
+	};
+	uint8_t want[NKV][P + NN];
+	uint32_t nd[NKV];
+	struct kvt_backend_window_list lists[NKV];
+	uint32_t off = 0;
+	for (uint32_t g = 0; g < NKV; g++) {
+		window_naive(&f, dr_rec(&f, g), ring, rf, ST, g, G, HD, P, W, NN,
+		             3, 1, KEEP, want[g]);
+		nd[g] = 0;
+		for (uint32_t i = 0; i < P + NN; i++)
+			nd[g] += want[g][i];
+		T_EQ(nd[g], 27 - KEEP);
+		lists[g] = (struct kvt_backend_window_list){g, P + NN, KEEP,
+		                                             nd[g], off};
+		off += nd[g];
+	}
+	uint32_t out[1 + NKV + 64];
+	T_OK(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, win, 1, lists, NKV, out, 1 + NKV + off,
+	                        NULL));
+	T_EQ(out[0], 0);
+	for (uint32_t g = 0; g < NKV; g++) {
+		T_EQ(out[1 + g], nd[g]);
+		uint32_t k = 0;
+		for (uint32_t i = 0; i < P + NN; i++)
+			if (want[g][i])
+				T_EQ(out[1 + NKV + lists[g].drop_off + k++], i);
+	}
+	/* a NaN in a new row's lse: flagged; a check-only window too */
+	ring[((P + 1) % ST) * rf + H * HD + 3] = NAN;
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	win[1] = win[0];
+	win[1].w = 0;
+	win[1].n_lists = 0;
+	T_OK(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, win, 2, lists, NKV, out, 2 + NKV + off,
+	                        NULL));
+	T_EQ(out[0], 1);
+	T_EQ(out[1], 1);
+	/* refusals */
+	struct kvt_backend_window bad = win[0];
+	bad.kernel = 2;
+	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, &bad, 1, lists, NKV, out, 1 + NKV + off,
+	                        NULL), KVT_EINVAL);
+	bad = win[0];
+	bad.w = P + 1;
+	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, &bad, 1, lists, NKV, out, 1 + NKV + off,
+	                        NULL), KVT_EINVAL);
+	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, win, 1, lists, NKV, out, NKV + off, NULL),
+	     KVT_EINVAL); /* beyond out */
+	lists[1].record = DR_LISTS;
+	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, win, 1, lists, NKV, out, 1 + NKV + off,
+	                        NULL), KVT_EINVAL);
+	f.o->mem_free(f.ctx, dring);
 	dr_fini(&f);
 }

@@ -580,6 +580,69 @@ TEST(policy, tova_heads_differ)
 
 /* ------------------------------------------------------------ snapkv */
 
+TEST(policy, prompt_only_policies_read_only_when_they_decide)
+{
+	/* snapkv, pyramidkv and expected_attention decide once, at the
+	 * first decode sync (policy_decides); at every other sync they read
+	 * nothing, so the tenant stages nothing and an input that is not a
+	 * number is not looked at.  h2o reads at every sync. */
+	static const char *const once[] = {
+		"snapkv:window=2,kernel=1,tokens=5",
+		"pyramidkv:window=2,kernel=1,tokens=5",
+		"expected_attention:window=2,tokens=5,sinks=0"};
+	const float a[8][FX_KV] = {{.1f}, {.5f}, {.2f}, {.9f}, {.3f}, {.4f},
+	                           {.5f}, {.5f}};
+	const float d1[1][FX_KV] = {{.5f}};
+	const float nanq[1][FX_H] = {{NAN, NAN}};
+	float q8[8][FX_H];
+	for (int k = 0; k < 8; k++)
+		q8[k][0] = q8[k][1] = k == 2 ? NAN : 1.0f; /* outside the window */
+	for (size_t i = 0; i < sizeof(once) / sizeof(once[0]); i++) {
+		struct policy_geom ge = geom(FX_H, 1);
+		ge.head_dim = 2; /* expected_attention rotates pairs */
+		struct policy *p = make_g(once[i], &ge);
+		uint32_t st[16] = {0};
+		T_ASSERT(p->layer_state_bytes <= sizeof(st));
+		struct policy_layer l = {.phase = KVT_PHASE_PREFILL, .n_new = 8,
+		                         .n_seen = 8, .state = st};
+		T_EQ(policy_decides(p, &l), 0);
+		l.phase = KVT_PHASE_DECODE;
+		T_EQ(policy_decides(p, &l), 1);
+		st[0] = 1; /* compressed already */
+		T_EQ(policy_decides(p, &l), 0);
+		policy_free(p);
+		if (i == 2)
+			break; /* the fixture's head_dim 1 is snapkv's only */
+		struct fx f;
+		fx_init(&f, once[i], FX_H, 1);
+		/* a NaN query at a prefill sync, outside the window it reads
+		 * later: never read, not refused */
+		T_OK(fx_sync(&f, 8, KVT_PHASE_PREFILL, a, NULL, q8, NULL));
+		T_OK(fx_sync(&f, 1, KVT_PHASE_DECODE, d1, NULL, NULL, NULL));
+		uint32_t kept = f.len[0];
+		T_ASSERT(kept < 9); /* it compressed the prompt */
+		/* after the decision: decode rows are never read */
+		T_OK(fx_sync(&f, 1, KVT_PHASE_DECODE, d1, NULL, nanq, NULL));
+		T_EQ(f.len[0], kept + 1);
+		policy_free(f.p);
+	}
+	/* the window's rows are read at the decision: a NaN there refuses */
+	struct fx f;
+	fx_init(&f, once[0], FX_H, 1);
+	for (int k = 0; k < 8; k++)
+		q8[k][0] = q8[k][1] = k == 7 ? NAN : 1.0f;
+	T_OK(fx_sync(&f, 8, KVT_PHASE_PREFILL, a, NULL, q8, NULL));
+	T_EQ(fx_sync(&f, 1, KVT_PHASE_DECODE, d1, NULL, NULL, NULL), KVT_EINVAL);
+	policy_free(f.p);
+	/* h2o reads at every sync */
+	fx_init(&f, "h2o:tokens=5", FX_H, 1);
+	struct policy_layer l = {.phase = KVT_PHASE_PREFILL, .n_new = 1,
+	                         .n_seen = 1};
+	T_EQ(policy_decides(f.p, &l), 1);
+	T_EQ(fx_sync(&f, 1, KVT_PHASE_DECODE, d1, NULL, nanq, NULL), KVT_EINVAL);
+	policy_free(f.p);
+}
+
 TEST(policy, snapkv_end_of_prefill)
 {
 	/*

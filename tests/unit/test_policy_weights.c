@@ -454,11 +454,15 @@ TEST(policy, kvpop_weight_refusals)
  * token 1 (position 3) carries `bad` at index 1 of input `which` (0 x, 1 q,
  * 2 lse) is refused with KVT_EINVAL and a reason containing needle, before
  * decide() ran (the layer state is untouched); the same sync with the
- * input fixed then passes.
+ * input fixed then passes.  The second sync is a decode sync for a policy
+ * that decides only there (snapkv: policy_decides; at a sync where it
+ * decides nothing it reads, and so checks, nothing).
  */
 static void bad_input_(const char *spec, uint32_t H, uint32_t nkv, int which,
                        float bad, const char *needle, int line)
 {
+	const enum kvt_phase ph = strncmp(spec, "snapkv", 6)
+	                          ? KVT_PHASE_PREFILL : KVT_PHASE_DECODE;
 	struct fx f;
 	fx_init(&f, spec, H, nkv);
 	float x[2][FX_D], q[2][FX_H], lse[2][FX_H];
@@ -479,7 +483,7 @@ static void bad_input_(const char *spec, uint32_t H, uint32_t nkv, int which,
 	float *slot = which == 0 ? &x[1][1] : which == 1 ? &q[1][1] : &lse[1][1];
 	float good = *slot;
 	*slot = bad;
-	int rc = fx_sync(&f, 2, KVT_PHASE_PREFILL, a, x, q, lse);
+	int rc = fx_sync(&f, 2, ph, a, x, q, lse);
 	if (rc != KVT_EINVAL || !strstr(f.p->why, needle))
 		th_fail(__FILE__, line, "%s: gave %s (%s), expected EINVAL "
 		        "with '%s'", spec, kvt_errname(rc), f.p->why, needle);
@@ -490,7 +494,7 @@ static void bad_input_(const char *spec, uint32_t H, uint32_t nkv, int which,
 	f.n_seen = n_seen;
 	memcpy(f.len, len, sizeof(len));
 	*slot = good;
-	rc = fx_sync(&f, 2, KVT_PHASE_PREFILL, a, x, q, lse);
+	rc = fx_sync(&f, 2, ph, a, x, q, lse);
 	if (rc || f.p->why[0])
 		th_fail(__FILE__, line, "%s: fixed sync gave %s (%s)", spec,
 		        kvt_errname(rc), f.p->why);

@@ -1,0 +1,384 @@
+/*
+ * window_select.cu — the cuda backend's `window_select` op (backend.h, ABI
+ * 6): SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed
+ * where the keys and the window's queries are, so that only the drop
+ * indices (4 bytes each) come to the host instead of the K halves of every
+ * page of the prompt and the window's rows (what read_regions staged).
+ *
+ * Per window (one (sequence, layer)) one check of its rows, and per list:
+ *   1. gather: the window's q rows of the list's query heads [w][G][hd]
+ *      and lse [w][G] out of device staging, and the list's keys [len][hd]
+ *      as float32 out of its pages (bc_entry_row, as key_norms);
+ *   2. the logits [w * G][len] = scale * q . k by one cuBLAS SGEMM, the
+ *      call policies/snapkv.c's attn_band_cpu makes with cblas_sgemm
+ *      (row-major q k^T there, its column-major transpose here: the same
+ *      product, and on the CPU emulator, whose cuBLAS is OpenBLAS, the
+ *      same bits);
+ *   3. one block: exp(logit - lse), causal by position (= index), summed
+ *      over t then the group's heads in that order and scaled, max-pooled
+ *      in index order, sinks and the window protected: the cpu policy's
+ *      float operations one for one;
+ *   4. select_topk_cuda (rank = index = position), then the dropped
+ *      indices in order into the output, and their count beside it.
+ * Everything runs on the caller's stream; the output crosses in one copy
+ * and the op waits for it.  The scratch is one device buffer of the
+ * context, grown for the largest list, reused list after list (the op
+ * holds the context's lock and waits before it returns).
+ * Tests: the emulated passes of `make test` (kvtrim-loadgen --verify for
+ * snapkv and pyramidkv against the cpu policy's replay, traffic.sync_bound_
+ * snapkv / _pyramidkv, device.window_select_refuses_a_bad_window_row).
+ */
+#include <cublas_v2.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend_cuda.cuh"
+#include "blas.cuh"
+#include "common.cuh"
+#include "select_topk.cuh"
+
+#define BC_WIN_THREADS 256
+
+/* Row of position p of a window's ring. */
+static __device__ __forceinline__ const float *
+bc_win_row(const kvt_backend_window &w, uint32_t p)
+{
+	return w.ring + (uint64_t)(p % w.stage_tokens) * w.row_floats;
+}
+
+/* out[j] = 1 when a q or lse value of window j's rows [P - w, P + n_new)
+ * is not finite (the cpu policy refuses such a sync). */
+__global__ void bc_win_check(const kvt_backend_window *wins, uint32_t n_heads,
+                             uint32_t head_dim, uint32_t *out)
+{
+	__shared__ uint32_t bad;
+	const kvt_backend_window w = wins[blockIdx.x];
+	if (threadIdx.x == 0)
+		bad = 0;
+	__syncthreads();
+	const uint32_t nq = n_heads * head_dim, per = nq + n_heads;
+	const uint64_t n = (uint64_t)(w.w + w.n_new) * per;
+	uint32_t mine = 0;
+	for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
+		const float *row = bc_win_row(w, w.P - w.w + (uint32_t)(e / per));
+		uint32_t k = (uint32_t)(e % per);
+		float v = k < nq ? row[w.q_off + k] : row[w.lse_off + k - nq];
+		mine |= !isfinite(v);
+	}
+	if (mine)
+		atomicOr(&bad, 1u);
+	__syncthreads();
+	if (threadIdx.x == 0)
+		out[blockIdx.x] = bad;
+}
+
+/* Step 1 for list (record) of KV head g: qg [w][G][hd], lg [w][G], keys
+ * [len][hd]; a key of a page beyond its record or of an unmapped chunk
+ * reads as NaN (a daemon bug must not fault the context). */
+template <typename T>
+__global__ void bc_win_gather(const kvt_backend_paged pg, uint32_t record,
+                              uint32_t len, const kvt_backend_window *wins,
+                              uint32_t wi, uint32_t g, uint32_t G,
+                              uint32_t head_dim, float *qg, float *lg,
+                              float *keys)
+{
+	const kvt_backend_window w = wins[wi];
+	const struct kvt_list_record *r =
+		(const struct kvt_list_record *)((const char *)pg.records +
+		                                 (uint64_t)record * pg.list_stride);
+	const uint64_t nk = (uint64_t)len * head_dim,
+	               nq = (uint64_t)w.w * G * head_dim, nl = (uint64_t)w.w * G;
+	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	     e < nk + nq + nl; e += (uint64_t)gridDim.x * blockDim.x) {
+		if (e < nk) {
+			uint32_t i = (uint32_t)(e / head_dim),
+			         d = (uint32_t)(e % head_dim);
+			const T *row = (const T *)bc_entry_row(pg, r, i);
+			keys[e] = row ? common_to_f(row[d]) : nanf("");
+		} else if (e < nk + nq) {
+			uint64_t q = e - nk;
+			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
+			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
+			const float *row = bc_win_row(w, w.P - w.w + t);
+			qg[q] = row[w.q_off + (uint64_t)g * G * head_dim + rest];
+		} else {
+			uint64_t q = e - nk - nq;
+			uint32_t t = (uint32_t)(q / G), j = (uint32_t)(q % G);
+			lg[q] = bc_win_row(w, w.P - w.w + t)[w.lse_off + g * G + j];
+		}
+	}
+}
+
+/* Step 3, one block: logits [w * G][len] into scores s [len] and protect
+ * [len], as snapkv.c computes them (raw in scratch). */
+__global__ void bc_win_score(const kvt_backend_window *wins, uint32_t wi,
+                             uint32_t len, uint32_t G, const float *logit,
+                             const float *lg, float inv, float *raw,
+                             float *s, uint8_t *prot)
+{
+	const kvt_backend_window w = wins[wi];
+	const uint32_t from = w.P - w.w; /* candidates: i < from */
+	for (uint32_t i = threadIdx.x; i < from && i < len; i += blockDim.x) {
+		float v = 0.0f;
+		for (uint32_t t = 0; t < w.w; t++)
+			for (uint32_t j = 0; j < G; j++) {
+				const uint32_t r = t * G + j;
+				float a = i <= from + t
+				          ? expf(logit[(uint64_t)r * len + i] - lg[r])
+				          : 0.0f;
+				v += a;
+			}
+		raw[i] = v * inv;
+	}
+	__syncthreads();
+	const uint32_t nc = from < len ? from : len, rad = w.kernel / 2;
+	for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) {
+		prot[i] = i >= from || i < w.sinks;
+		if (i >= nc) {
+			s[i] = 0.0f;
+			continue;
+		}
+		uint32_t a = i > rad ? i - rad : 0;
+		uint32_t b = i + rad < nc ? i + rad : nc - 1;
+		float m = raw[a];
+		for (uint32_t e = a + 1; e <= b; e++) {
+			float v = raw[e];
+			if (v > m || m != m)
+				m = v;
+		}
+		s[i] = m;
+	}
+}
+
+/* Step 4's tail, one thread: the dropped indices in order at idx, their
+ * count at *count (at most cap written). */
+__global__ void bc_win_indices(const uint8_t *drop, uint32_t len, uint32_t *idx,
+                               uint32_t cap, uint32_t *count)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	uint32_t c = 0;
+	for (uint32_t i = 0; i < len; i++)
+		if (drop[i]) {
+			if (c < cap)
+				idx[c] = i;
+			c++;
+		}
+	*count = c;
+}
+
+/* Grows the context's window scratch to need bytes (nothing is queued on
+ * it: the op waits for its work before it returns). */
+static int bc_win_scratch(struct bc_ctx *c, size_t need)
+{
+	if (need <= c->win_cap)
+		return 0;
+	size_t cap = c->win_cap ? c->win_cap : (size_t)1 << 20;
+	while (cap < need)
+		cap *= 2;
+	if (c->d_win)
+		cudaFree(c->d_win);
+	c->d_win = NULL;
+	c->win_cap = 0;
+	BC_CALL(cudaMalloc((void **)&c->d_win, cap), "cudaMalloc");
+	c->win_cap = cap;
+	return 0;
+}
+
+static size_t bc_al(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static int bc_window_check_args(uint32_t n_records, uint32_t n_heads,
+                                uint32_t nkv, uint32_t hd,
+                                const struct kvt_backend_window *win,
+                                uint32_t n_win,
+                                const struct kvt_backend_window_list *lists,
+                                uint32_t n_lists, uint32_t out_words)
+{
+	if (!hd || !nkv || n_heads % nkv) {
+		bc_note("window_select: %u query heads on %u KV heads, "
+		        "head_dim %u", n_heads, nkv, hd);
+		return KVT_EINVAL;
+	}
+	for (uint32_t j = 0; j < n_win; j++) {
+		const struct kvt_backend_window *w = &win[j];
+		/* a window of no lists only has its rows checked */
+		int sel = w->n_lists != 0;
+		if (!w->ring || !w->stage_tokens || (sel && !w->w) ||
+		    w->w > w->P || (sel && !(w->kernel & 1)) ||
+		    (sel && w->n_lists != nkv) || w->first_list > n_lists ||
+		    w->n_lists > n_lists - w->first_list ||
+		    w->q_off + (uint64_t)n_heads * hd > w->row_floats ||
+		    w->lse_off + (uint64_t)n_heads > w->row_floats ||
+		    w->w + (uint64_t)w->n_new > w->stage_tokens) {
+			bc_note("window_select: window %u: P %u, w %u, new %u, "
+			        "kernel %u, lists %u + %u of %u", j, w->P, w->w,
+			        w->n_new, w->kernel, w->first_list, w->n_lists,
+			        n_lists);
+			return KVT_EINVAL;
+		}
+	}
+	for (uint32_t l = 0; l < n_lists; l++) {
+		const struct kvt_backend_window_list *L = &lists[l];
+		if (L->record >= n_records ||
+		    (uint64_t)n_win + n_lists + L->drop_off + L->n_drop >
+		            out_words) {
+			bc_note("window_select: list %u: record %u of %u, drops "
+			        "%u + %u beyond %u words", l, L->record,
+			        n_records, L->drop_off, L->n_drop, out_words);
+			return KVT_EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int bc_window_select_locked(struct bc_ctx *c,
+                                   const struct kvt_backend_paged *pg,
+                                   enum kvt_dtype dt, uint32_t n_heads,
+                                   uint32_t nkv, uint32_t hd,
+                                   const struct kvt_backend_window *win,
+                                   uint32_t n_win,
+                                   const struct kvt_backend_window_list *lists,
+                                   uint32_t n_lists, uint32_t *out,
+                                   uint32_t out_words, cudaStream_t s)
+{
+	const uint32_t G = n_heads / nkv;
+	/* scratch: windows, out, then per list keys, qg, lg, logits, raw, s,
+	 * prot, drop (the largest list's sizes) */
+	uint64_t maxlen = 1, maxw = 1;
+	for (uint32_t l = 0; l < n_lists; l++)
+		maxlen = lists[l].len > maxlen ? lists[l].len : maxlen;
+	for (uint32_t j = 0; j < n_win; j++)
+		maxw = win[j].w > maxw ? win[j].w : maxw;
+	const size_t o_win = 0,
+	             o_out = o_win + bc_al((size_t)n_win * sizeof(*win)),
+	             o_keys = o_out + bc_al((size_t)out_words * 4),
+	             o_qg = o_keys + bc_al(maxlen * hd * 4),
+	             o_lg = o_qg + bc_al(maxw * G * hd * 4),
+	             o_logit = o_lg + bc_al(maxw * G * 4),
+	             o_raw = o_logit + bc_al(maxw * G * maxlen * 4),
+	             o_s = o_raw + bc_al(maxlen * 4),
+	             o_prot = o_s + bc_al(maxlen * 4),
+	             o_drop = o_prot + bc_al(maxlen),
+	             need = o_drop + bc_al(maxlen);
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	int rv = bc_win_scratch(c, need);
+	if (rv)
+		return rv;
+	if (!c->win_blas) {
+		cublasHandle_t h;
+		if ((rv = blas_err(cublasCreate(&h)))) {
+			bc_note("window_select: cublasCreate failed");
+			return rv;
+		}
+		c->win_blas = h;
+	}
+	cublasHandle_t h = (cublasHandle_t)c->win_blas;
+	char *d = c->d_win;
+	kvt_backend_window *dwin = (kvt_backend_window *)(d + o_win);
+	uint32_t *dout = (uint32_t *)(d + o_out);
+	float *keys = (float *)(d + o_keys), *qg = (float *)(d + o_qg),
+	      *lg = (float *)(d + o_lg), *logit = (float *)(d + o_logit),
+	      *raw = (float *)(d + o_raw), *sc = (float *)(d + o_s);
+	uint8_t *prot = (uint8_t *)(d + o_prot), *drop = (uint8_t *)(d + o_drop);
+	/* the windows' descriptors go to the device in one copy (sizeof
+	 * *win a (sequence, layer)), counted like every other */
+	cudaError_t e = cudaMemcpyAsync(dwin, win, (size_t)n_win * sizeof(*win),
+	                                cudaMemcpyHostToDevice, s);
+	if (e != cudaSuccess)
+		return bc_cuda(e, "window_select");
+	bc_count(c, (uint64_t)n_win * sizeof(*win), 0);
+	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
+	        "window_select");
+	KVT_LAUNCH(bc_win_check, n_win, BC_WIN_THREADS, 0, s, dwin, n_heads, hd,
+	           dout);
+	BC_CALL(cudaGetLastError(), "window_select");
+	const float scale = 1.0f / sqrtf((float)hd);
+	const kvt_backend_paged p = *pg;
+	for (uint32_t j = 0; j < n_win; j++) {
+		const struct kvt_backend_window *w = &win[j];
+		const float inv = 1.0f / ((float)w->w * (float)G);
+		for (uint32_t g = 0; g < w->n_lists; g++) {
+			const uint32_t li = w->first_list + g;
+			const struct kvt_backend_window_list *L = &lists[li];
+			if (!L->len)
+				continue;
+			uint64_t tot = (uint64_t)L->len * hd +
+			               (uint64_t)w->w * G * (hd + 1);
+			uint32_t blocks = (uint32_t)((tot + BC_WIN_THREADS - 1) /
+			                             BC_WIN_THREADS);
+			if (blocks > 4096)
+				blocks = 4096;
+			if (dt == KVT_DTYPE_F16)
+				KVT_LAUNCH(bc_win_gather<f16_t>, blocks,
+				           BC_WIN_THREADS, 0, s, p, L->record,
+				           L->len, dwin, j, g, G, hd, qg, lg, keys);
+			else if (dt == KVT_DTYPE_BF16)
+				KVT_LAUNCH(bc_win_gather<bf16_t>, blocks,
+				           BC_WIN_THREADS, 0, s, p, L->record,
+				           L->len, dwin, j, g, G, hd, qg, lg, keys);
+			else
+				KVT_LAUNCH(bc_win_gather<float>, blocks,
+				           BC_WIN_THREADS, 0, s, p, L->record,
+				           L->len, dwin, j, g, G, hd, qg, lg, keys);
+			BC_CALL(cudaGetLastError(), "window_select gather");
+			/* logit [w G][len] = scale qg keys^T, as blas_xwt */
+			if ((rv = blas_err(cublasSetStream(h, s))))
+				return rv;
+			const float zero = 0.0f;
+			if ((rv = blas_err(cublasSgemm(
+				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L->len,
+				     (int)(w->w * G), (int)hd, &scale, keys,
+				     (int)hd, qg, (int)hd, &zero, logit,
+				     (int)L->len)))) {
+				bc_note("window_select: cublasSgemm failed");
+				return rv;
+			}
+			KVT_LAUNCH(bc_win_score, 1, BC_WIN_THREADS, 0, s, dwin, j,
+			           L->len, G, logit, lg, inv, raw, sc, prot);
+			BC_CALL(cudaGetLastError(), "window_select score");
+			if ((rv = select_topk_cuda(sc, NULL, prot, L->len, L->keep,
+			                           drop, NULL, NULL, s)))
+				return rv;
+			KVT_LAUNCH(bc_win_indices, 1, 32, 0, s, drop, L->len,
+			           dout + n_win + n_lists + L->drop_off, L->n_drop,
+			           dout + n_win + li);
+			BC_CALL(cudaGetLastError(), "window_select indices");
+		}
+	}
+	e = cudaMemcpyAsync(out, dout, (size_t)out_words * 4,
+	                    cudaMemcpyDeviceToHost, s);
+	if (e == cudaSuccess)
+		bc_count(c, 0, (uint64_t)out_words * 4);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(s);
+	return bc_cuda(e, "window_select");
+}
+
+int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
+                     uint32_t n_records, enum kvt_dtype dtype,
+                     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                     const struct kvt_backend_window *win, uint32_t n_win,
+                     const struct kvt_backend_window_list *lists,
+                     uint32_t n_lists, uint32_t *out, uint32_t out_words,
+                     void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!n_win)
+		return 0;
+	if (!pg || !win || !out || (n_lists && !lists) || !pg->records ||
+	    !pg->chunk_bases || !pg->page_tokens || !pg->pages_per_chunk ||
+	    (dtype != KVT_DTYPE_F32 && dtype != KVT_DTYPE_F16 &&
+	     dtype != KVT_DTYPE_BF16) ||
+	    (uint64_t)n_win + n_lists > out_words)
+		return KVT_EINVAL;
+	int rv = bc_window_check_args(n_records, n_heads, n_kv_heads, head_dim,
+	                              win, n_win, lists, n_lists, out_words);
+	if (rv)
+		return rv;
+	pthread_mutex_lock(&c->lock);
+	rv = bc_window_select_locked(c, pg, dtype, n_heads, n_kv_heads,
+	                             head_dim, win, n_win, lists, n_lists, out,
+	                             out_words, (cudaStream_t)stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
+}

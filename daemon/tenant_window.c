@@ -1,0 +1,228 @@
+/*
+ * tenant_window.c — SnapKV's end-of-prefill selection run on the device
+ * (snapkv, pyramidkv: policy_ops.window; the backend's window_select,
+ * backend/cuda/window_select.cu), so that the sync where such a policy
+ * decides moves drop indices to the host instead of the prompt's keys and
+ * the window's rows (issue 12: what crosses is sized by the decisions).
+ *
+ * A (sequence, layer) goes to the device when the policy decides at this
+ * sync (policy_decides), when each of its lists holds the prompt with
+ * every position at its index (nothing was evicted yet: the device rule
+ * ranks and masks by index; tenant_window_plan checks the host's
+ * positions, which cost nothing to read), and when the ring still holds
+ * the window.  Anything else stays on the host, as does a layer whose
+ * rows the device found not finite: the host path then refuses the sync
+ * with the reason, exactly as on the cpu backend.  The device's drops are
+ * what the cpu policy's would be: the same rule, the same float
+ * operations (window_select.cu); kvtrim-loadgen --verify checks it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "policy.h"
+#include "tenant_int.h"
+
+static int grow_to(void **p, size_t *cap, size_t want, size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	size_t n = *cap ? *cap : 16;
+	while (n < want)
+		n *= 2;
+	void *q = realloc(*p, n * elem);
+	if (!q)
+		return KVT_ENOMEM;
+	*p = q;
+	*cap = n;
+	return 0;
+}
+
+/* 1 when every list of (slot, layer) holds exactly prev entries, entry k at
+ * position k. */
+static int identity(const struct tenant *t, const struct tseq *s,
+                    uint32_t slot, uint32_t layer, uint32_t prev)
+{
+	for (uint32_t h = 0; h < t->g.n_kv_heads; h++) {
+		if (tlist_at(t, slot, layer, h)->len != prev)
+			return 0;
+		const uint32_t *pos = seq_pos(t, s, lidx(t, layer, h));
+		for (uint32_t k = 0; k < prev; k++)
+			if (pos[k] != k)
+				return 0;
+	}
+	return 1;
+}
+
+/* Adds the window of (slot, layer) and, with lists, one list per KV head
+ * from rule w over a prompt of P entries and n_new new ones; returns the
+ * window's index.  The arrays have room (tenant_window_plan). */
+static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
+                           uint32_t P, uint32_t n_new,
+                           const struct policy_window *w, int lists,
+                           uint32_t *drops)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t wi = t->n_wins++;
+	t->wins[wi] = (struct kvt_backend_window){
+		.ring = shm_stage_at(t->dstage.base, g, slot, layer, 0),
+		.stage_tokens = g->stage_tokens,
+		.row_floats = g->stage_entry_floats,
+		.q_off = g->stage_q_off, .lse_off = g->stage_lse_off,
+		.P = P, .w = lists ? w->w : 0, .n_new = n_new,
+		.kernel = w->kernel, .sinks = w->sinks,
+		.first_list = t->n_wlists, .n_lists = lists ? g->n_kv_heads : 0,
+	};
+	if (!lists)
+		return wi;
+	/* snapkv.c's counts with position = index: candidates [0, from),
+	 * the window and the new entries protected, sinks too */
+	uint32_t from = P - w->w, ms = w->sinks < from ? w->sinks : from;
+	uint32_t np = w->w + ms;
+	uint32_t keep = w->budget > np ? w->budget - np : 0;
+	uint32_t unprot = from - ms;
+	uint32_t nd = unprot > keep ? unprot - keep : 0;
+	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+		t->wlists[t->n_wlists++] = (struct kvt_backend_window_list){
+			.record = (uint32_t)(slot * t->lists_per_seq +
+			                     lidx(t, layer, h)),
+			.len = P + n_new, .keep = keep, .n_drop = nd,
+			.drop_off = *drops,
+		};
+		*drops += nd;
+	}
+	return wi;
+}
+
+/* Room for nly layers' ways, as many windows, nly * n_kv_heads lists and
+ * the output words (entries: the sync's entries, a bound on the drops). */
+static int make_room(struct tenant *t, size_t nly, size_t entries)
+{
+	size_t cap = t->wl_cap;
+	if (grow_to((void **)&t->wmode, &cap, nly + 1, 1))
+		return KVT_ENOMEM;
+	cap = t->wl_cap;
+	if (grow_to((void **)&t->wwin, &cap, nly + 1, sizeof(*t->wwin)))
+		return KVT_ENOMEM;
+	t->wl_cap = cap;
+	size_t nl = nly * t->g.n_kv_heads + 1;
+	if (grow_to((void **)&t->wins, &t->wins_cap, nly + 1, sizeof(*t->wins)) ||
+	    grow_to((void **)&t->wlists, &t->wlists_cap, nl,
+	            sizeof(*t->wlists)) ||
+	    grow_to((void **)&t->wout, &t->wout_cap, nly + nl + entries + 1,
+	            sizeof(*t->wout)))
+		return KVT_ENOMEM;
+	return 0;
+}
+
+int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
+                       uint32_t n, char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	struct policy *pol = t->pol;
+	t->wactive = 0;
+	t->n_wins = t->n_wlists = 0;
+	if (!t->dev || !t->dbases || !t->dstage.base || !pol->ops->window ||
+	    !t->bops->window_select)
+		return 0;
+	size_t nly = 0, entries = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t slot, lo, hi;
+		(void)item_seq(t, &items[i], &slot, &lo, &hi);
+		nly += hi - lo;
+		for (uint32_t layer = lo; layer < hi; layer++)
+			for (uint32_t h = 0; h < g->n_kv_heads; h++)
+				entries += tlist_at(t, slot, layer, h)->len +
+				           items[i].n_new;
+	}
+	if (make_room(t, nly, entries))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	uint32_t drops = 0;
+	size_t ly = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++, ly++) {
+			uint32_t prev = s->n_seen[layer];
+			struct policy_layer pl = {
+				.layer = layer,
+				.phase = (enum kvt_phase)it->phase,
+				.n_new = it->n_new, .n_seen = prev + it->n_new,
+				.state = t->state_scr,
+			};
+			t->wmode[ly] = TENANT_WIN_HOST;
+			if (t->sbytes)
+				memcpy(pl.state, seq_state(t, s, layer),
+				       t->sbytes);
+			if (!policy_decides(pol, &pl) ||
+			    !identity(t, s, slot, layer, prev))
+				continue;
+			struct policy_window w;
+			int lists = pol->ops->window(pol, &pl, &w);
+			/* the host reads the window through the ring; one
+			 * it no longer holds keeps all there */
+			if (lists && (uint64_t)prev - w.w + g->stage_tokens <
+			                     (uint64_t)prev + it->n_new)
+				continue;
+			t->wwin[ly] = add_window(t, slot, layer, prev,
+			                         it->n_new, &w, lists, &drops);
+			t->wmode[ly] = lists ? TENANT_WIN_DEVICE
+			                     : TENANT_WIN_KEEP;
+		}
+	}
+	t->wactive = 1;
+	if (!t->n_wins)
+		return 0;
+	uint32_t words = t->n_wins + t->n_wlists + drops;
+	int rc = tenant_bases_sync(t);
+	const struct kvt_backend_paged pg = tenant_paged(t);
+	if (!rc)
+		rc = t->bops->window_select(
+			t->bctx, &pg, g->max_seqs * t->lists_per_seq,
+			pol->geom.dtype, g->n_heads, g->n_kv_heads, g->head_dim,
+			t->wins, t->n_wins, t->wlists, t->n_wlists, t->wout,
+			words, t->stream);
+	if (rc)
+		return errors_fmt(err, errlen, rc, "%s backend: window "
+		                  "selection: %s", t->bops->name,
+		                  t->bops->last_error());
+	/* the device's counts against the rule's: an invariant */
+	for (uint32_t w = 0; w < t->n_wins; w++) {
+		const struct kvt_backend_window *win = &t->wins[w];
+		for (uint32_t k = 0; !t->wout[w] && k < win->n_lists; k++) {
+			const uint32_t l = win->first_list + k;
+			const struct kvt_backend_window_list *L = &t->wlists[l];
+			const uint32_t *idx = t->wout + t->n_wins + t->n_wlists +
+			                      L->drop_off;
+			int ok = t->wout[t->n_wins + l] == L->n_drop;
+			for (uint32_t d = 0; ok && d < L->n_drop; d++)
+				ok = idx[d] < L->len && (!d || idx[d] > idx[d - 1]);
+			if (!ok)
+				return errors_fmt(err, errlen, KVT_ESYS, "%s "
+				                  "backend: window selection: list "
+				                  "%u dropped %u entries (the rule: "
+				                  "%u), or not in order",
+				                  t->bops->name, l,
+				                  t->wout[t->n_wins + l], L->n_drop);
+		}
+	}
+	return 0;
+}
+
+int tenant_window_take(struct tenant *t, size_t ly, struct policy_layer *pl)
+{
+	if (tenant_window_host(t, ly))
+		return 0;
+	struct policy_window w;
+	(void)t->pol->ops->window(t->pol, pl, &w); /* marks it decided */
+	const struct kvt_backend_window *win = &t->wins[t->wwin[ly]];
+	const uint32_t *idx = t->wout + t->n_wins + t->n_wlists;
+	for (uint32_t k = 0; k < win->n_lists; k++) {
+		const struct kvt_backend_window_list *l =
+			&t->wlists[win->first_list + k];
+		for (uint32_t d = 0; d < l->n_drop; d++)
+			pl->heads[k].drop[idx[l->drop_off + d]] = 1;
+	}
+	return 1;
+}
