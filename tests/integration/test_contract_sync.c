@@ -83,18 +83,25 @@ static void refused_(kvt_client *c, kvt_seq seq, uint32_t n_new,
 #define refused_decode(c, seq, n, needle)                                      \
 	refused_(c, seq, n, KVT_PHASE_DECODE, needle, __LINE__)
 
+/* A daemon of 16M and one tenant of the small geometry with policy and
+ * stage_tokens, with one sequence open. */
+static void start_one(struct th_daemon *d, const char *policy,
+                      uint32_t stage_tokens, kvt_client **c, kvt_seq *seq)
+{
+	th_daemon_start(d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(d, "stager", policy);
+	cfg.stage_tokens = stage_tokens;
+	char why[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, c, why));
+	T_OK(kvt_seq_open(*c, seq));
+}
+
 TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
 {
 	struct th_daemon d;
-	th_daemon_start(&d, "16M", NULL);
-	struct kvt_config cfg = th_small_cfg(&d, "stager",
-	                                     "h2o:tokens=6,window=2");
-	cfg.stage_tokens = 4;
 	kvt_client *c;
-	char why[KVT_ERRTEXT_MAX];
-	T_OK(kvt_connect(&cfg, &c, why));
 	kvt_seq seq;
-	T_OK(kvt_seq_open(c, &seq));
+	start_one(&d, "h2o:tokens=6,window=2", 4, &c, &seq);
 	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
 	append(c, seq, 4);
 	stage(c, seq, 0, 4);
@@ -152,15 +159,9 @@ TEST(contract_sync, bad_staged_inputs_refused_and_nothing_changes)
 TEST(contract_sync, snapkv_checks_the_rows_it_reads_where_it_decides)
 {
 	struct th_daemon d;
-	th_daemon_start(&d, "16M", NULL);
-	struct kvt_config cfg = th_small_cfg(&d, "snapper",
-	                                     "snapkv:window=2,kernel=1,tokens=4");
-	cfg.stage_tokens = 8;
 	kvt_client *c;
-	char why[KVT_ERRTEXT_MAX];
-	T_OK(kvt_connect(&cfg, &c, why));
 	kvt_seq seq;
-	T_OK(kvt_seq_open(c, &seq));
+	start_one(&d, "snapkv:window=2,kernel=1,tokens=4", 8, &c, &seq);
 	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
 	for (uint32_t p = 0; p < 8; p += 4) {
 		append(c, seq, 4);
@@ -183,7 +184,7 @@ TEST(contract_sync, snapkv_checks_the_rows_it_reads_where_it_decides)
 	it.n_new = 1;
 	it.phase = KVT_PHASE_DECODE;
 	T_OK(kvt_sync(c, &it, 1));
-	const struct kvt_geometry *g = &cfg.geo;
+	const struct kvt_geometry *g = &kvt_config_of(c)->geo;
 	for (uint32_t l = 0; l < g->n_layers; l++)
 		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 			struct kvt_list li;
