@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 6
+#define KVT_BACKEND_ABI 7
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -252,6 +252,41 @@ struct kvt_backend_window_list {
 	uint32_t record, len, keep, n_drop, drop_off;
 };
 
+/*
+ * Expected Attention's end-of-prefill selection on the device
+ * (expected_select, ABI 7) for one (sequence, layer): the statistics of
+ * the queries of positions [from, P) staged in device staging (q only)
+ * stand for the future queries, against each of its lists (one per KV
+ * head), entry i at position i (the caller checks that nothing was
+ * evicted before).  The rule is policies/expected_attention.c's, its
+ * operations in its order: each q un-rotated from its position (RoPE of
+ * base theta, float), mean and (cov) covariance in double, both rotated by
+ * the mean rotation of positions [P, P + future); z_i = mu' . k_i /
+ * sqrt(d) + (cov) k_i^T S' k_i / (2 d) (K S' by SGEMM in blocks of 64
+ * keys), softmax over the candidates sinks <= i < P per query head, the
+ * mean over the G heads of the KV head, (vnorm) times ||v_i|| after adding
+ * eps.  Entries outside the candidates are protected; of the candidates
+ * the best `keep` stay (ties keep the higher index).
+ */
+struct kvt_backend_expected {
+	const float *ring;     /* device: the ring of the (sequence, layer):
+	                          row r at ring + r * row_floats */
+	uint32_t stage_tokens; /* rows in the ring: position p is row
+	                          p % stage_tokens */
+	uint32_t row_floats, q_off; /* a row and its q */
+	uint32_t P, from, n_new; /* prompt, first query of the statistics,
+	                            new tokens of the sync (the q of rows
+	                            [from, P + n_new) are checked) */
+	uint32_t sinks, future;
+	float theta;           /* RoPE base, as the policy rounds it */
+	uint32_t cov, vnorm;   /* 0 or 1 */
+	double eps;
+	uint32_t first_list, n_lists; /* its lists: lists[first_list ..],
+	                                 KV head g at first_list + g; 0
+	                                 lists (and from = P): its rows are
+	                                 only checked */
+};
+
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
  * weights. */
 struct kvt_backend_score_job {
@@ -463,6 +498,29 @@ struct kvt_backend_ops {
 	                     const struct kvt_backend_window_list *lists,
 	                     uint32_t n_lists, uint32_t *out,
 	                     uint32_t out_words, void *stream);
+	/* (optional; ABI 7) Expected Attention's selection (struct
+	 * kvt_backend_expected) of n_win windows, as window_select: keys
+	 * and values read through *pg, the window's q read in device
+	 * staging, K S' by cuBLAS SGEMM in blocks of 64 keys (the cpu
+	 * policy's cblas_sgemm calls, transposed), the rest in the cpu
+	 * policy's order.  The lists' keep, n_drop and drop_off and the
+	 * output words mean what they mean for window_select; out[w] = 1
+	 * when a q value of window w's rows [from, P + n_new) is not finite.
+	 * What crosses: the descriptors (host to device), those words
+	 * (device to host), nothing else.  KVT_EINVAL for a record beyond
+	 * n_records, a list beyond n_lists, an output beyond out_words,
+	 * from > P, lists with from = P or from < sinks, future 0, theta
+	 * not > 0, rows beyond the ring, head_dim 0 or odd, or n_heads not
+	 * a multiple of n_kv_heads.  Blocks until out is filled. */
+	int (*expected_select)(void *ctx, const struct kvt_backend_paged *pg,
+	                       uint32_t n_records, enum kvt_dtype dtype,
+	                       uint32_t n_heads, uint32_t n_kv_heads,
+	                       uint32_t head_dim,
+	                       const struct kvt_backend_expected *win,
+	                       uint32_t n_win,
+	                       const struct kvt_backend_window_list *lists,
+	                       uint32_t n_lists, uint32_t *out,
+	                       uint32_t out_words, void *stream);
 };
 
 /*

@@ -236,8 +236,8 @@ static void device_fini(struct tenant *t)
 	/* the device path's host scratch; tenant_free frees t next */
 	void *scratch[] = {t->jobs, t->njobs, t->pre, t->ring, t->rsrc,
 	                   t->ppat, t->prun, t->dirty, t->hbases, t->bdl,
-	                   t->bdrops, t->wmode, t->wwin, t->wins, t->wlists,
-	                   t->wout};
+	                   t->bdrops, t->wmode, t->wwin, t->wins, t->ewins,
+	                   t->wlists, t->wout};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
 		free(scratch[i]);
 	t->dirty = NULL;

@@ -198,15 +198,20 @@ struct tenant {
 	size_t njobs_cap;
 	float *pre;          /* [pre_cap] */
 	size_t pre_cap;
-	/* SnapKV's selection on the device (tenant_window.c: snapkv and
-	 * pyramidkv on a backend with window_select): per (item, layer) of
-	 * a sync its way (enum tenant_win) and window index, the windows,
-	 * their lists and the op's output words. */
+	/* End-of-prefill selection on the device (tenant_window.c: snapkv
+	 * and pyramidkv on a backend with window_select, expected_attention
+	 * on one with expected_select): per (item, layer) of a sync its way
+	 * (enum tenant_win) and window index, the windows of the rule the
+	 * policy's window hook names (wrule: SnapKV's in wins, Expected
+	 * Attention's in ewins), their lists and the op's output words. */
 	uint8_t *wmode;    /* [wl_cap] */
 	uint32_t *wwin;    /* [wl_cap] */
 	size_t wl_cap;
-	struct kvt_backend_window *wins;       /* [wins_cap] */
+	struct kvt_backend_window *wins;    /* [wins_cap] */
 	size_t wins_cap;
+	struct kvt_backend_expected *ewins; /* [ewins_cap] */
+	size_t ewins_cap;
+	int wrule;         /* enum policy_window_rule of this sync's windows */
 	struct kvt_backend_window_list *wlists; /* [wlists_cap] */
 	size_t wlists_cap;
 	uint32_t *wout;    /* [wout_cap] */
@@ -353,13 +358,14 @@ struct policy_layer;
 /* How a (sequence, layer) of a sync is decided (tenant_window.c). */
 enum tenant_win {
 	TENANT_WIN_HOST = 0, /* policy_decide on the host, as always */
-	TENANT_WIN_DEVICE,   /* window_select's drops */
+	TENANT_WIN_DEVICE,   /* window_select's or expected_select's drops */
 	TENANT_WIN_KEEP,     /* the rule keeps all; only its rows checked */
 };
 
 /*
- * Device tenant of a policy with a window rule (snapkv, pyramidkv) on a
- * backend with window_select (any other tenant: nothing, every layer
+ * Device tenant of a policy with a window rule (snapkv, pyramidkv on a
+ * backend with window_select; expected_attention on a backend with
+ * expected_select; any other tenant: nothing, every layer
  * stays on the host): before the decisions, picks the way of each
  * (item, layer) of the sync (t->wmode, t->wwin) and runs the device's
  * selection for those it can take: where the policy decides now and every

@@ -1,20 +1,23 @@
 /*
- * tenant_window.c — SnapKV's end-of-prefill selection run on the device
- * (snapkv, pyramidkv: policy_ops.window; the backend's window_select,
- * backend/cuda/window_select.cu), so that the sync where such a policy
- * decides moves drop indices to the host instead of the prompt's keys and
- * the window's rows (issue 12: what crosses is sized by the decisions).
+ * tenant_window.c — the end-of-prefill selections run on the device, so
+ * that the sync where such a policy decides moves drop indices to the host
+ * instead of the prompt's keys (and values) and the window's rows (issue
+ * 12: what crosses is sized by the decisions): SnapKV's (snapkv,
+ * pyramidkv: policy_ops.window, rule POLICY_WINDOW_SNAPKV; the backend's
+ * window_select, backend/cuda/window_select.cu) and Expected Attention's
+ * (expected_attention: rule POLICY_WINDOW_EXPECTED; the backend's
+ * expected_select, backend/cuda/expected_select.cu).
  *
  * A (sequence, layer) goes to the device when the policy decides at this
  * sync (policy_decides), when each of its lists holds the prompt with
- * every position at its index (nothing was evicted yet: the device rule
- * ranks and masks by index; tenant_window_plan checks the host's
+ * every position at its index (nothing was evicted yet: the device rules
+ * rank and mask by index; tenant_window_plan checks the host's
  * positions, which cost nothing to read), and when the ring still holds
  * the window.  Anything else stays on the host, as does a layer whose
  * rows the device found not finite: the host path then refuses the sync
  * with the reason, exactly as on the cpu backend.  The device's drops are
  * what the cpu policy's would be: the same rule, the same float
- * operations (window_select.cu); kvtrim-loadgen --verify checks it.
+ * operations; kvtrim-loadgen --verify checks it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +57,40 @@ static int identity(const struct tenant *t, const struct tseq *s,
 	return 1;
 }
 
+/* Drops of one list, from the rule's counts with position = index:
+ * SnapKV's (snapkv.c: candidates [0, from), the window and the new
+ * entries protected, sinks too) or Expected Attention's
+ * (expected_attention.c: candidates [sinks, P), the sinks counting
+ * against the budget, everything else protected; from >= sinks and
+ * from < P when it compresses).  *keep: the candidates kept. */
+static uint32_t rule_drops(const struct policy_window *w, uint32_t P,
+                           uint32_t *keep)
+{
+	if (w->rule == POLICY_WINDOW_EXPECTED) {
+		uint32_t nc = P - w->sinks;
+		*keep = w->budget > w->sinks ? w->budget - w->sinks : 0;
+		return nc > *keep ? nc - *keep : 0;
+	}
+	uint32_t from = P - w->w, ms = w->sinks < from ? w->sinks : from;
+	uint32_t np = w->w + ms;
+	*keep = w->budget > np ? w->budget - np : 0;
+	uint32_t unprot = from - ms;
+	return unprot > *keep ? unprot - *keep : 0;
+}
+
+/* The first list and the number of lists of window wi. */
+static void win_lists(const struct tenant *t, uint32_t wi, uint32_t *first,
+                      uint32_t *n)
+{
+	if (t->wrule == POLICY_WINDOW_EXPECTED) {
+		*first = t->ewins[wi].first_list;
+		*n = t->ewins[wi].n_lists;
+	} else {
+		*first = t->wins[wi].first_list;
+		*n = t->wins[wi].n_lists;
+	}
+}
+
 /* Adds the window of (slot, layer) and, with lists, one list per KV head
  * from rule w over a prompt of P entries and n_new new ones; returns the
  * window's index.  The arrays have room (tenant_window_plan). */
@@ -64,24 +101,31 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
 {
 	const struct shm_geom *g = &t->g;
 	uint32_t wi = t->n_wins++;
-	t->wins[wi] = (struct kvt_backend_window){
-		.ring = shm_stage_at(t->dstage.base, g, slot, layer, 0),
-		.stage_tokens = g->stage_tokens,
-		.row_floats = g->stage_entry_floats,
-		.q_off = g->stage_q_off, .lse_off = g->stage_lse_off,
-		.P = P, .w = lists ? w->w : 0, .n_new = n_new,
-		.kernel = w->kernel, .sinks = w->sinks,
-		.first_list = t->n_wlists, .n_lists = lists ? g->n_kv_heads : 0,
-	};
+	const float *ring = shm_stage_at(t->dstage.base, g, slot, layer, 0);
+	const uint32_t nl = lists ? g->n_kv_heads : 0;
+	if (w->rule == POLICY_WINDOW_EXPECTED)
+		t->ewins[wi] = (struct kvt_backend_expected){
+			.ring = ring, .stage_tokens = g->stage_tokens,
+			.row_floats = g->stage_entry_floats,
+			.q_off = g->stage_q_off,
+			.P = P, .from = lists ? P - w->w : P, .n_new = n_new,
+			.sinks = w->sinks, .future = w->future,
+			.theta = (float)w->theta, .cov = w->cov,
+			.vnorm = w->vnorm, .eps = w->eps,
+			.first_list = t->n_wlists, .n_lists = nl,
+		};
+	else
+		t->wins[wi] = (struct kvt_backend_window){
+			.ring = ring, .stage_tokens = g->stage_tokens,
+			.row_floats = g->stage_entry_floats,
+			.q_off = g->stage_q_off, .lse_off = g->stage_lse_off,
+			.P = P, .w = lists ? w->w : 0, .n_new = n_new,
+			.kernel = w->kernel, .sinks = w->sinks,
+			.first_list = t->n_wlists, .n_lists = nl,
+		};
 	if (!lists)
 		return wi;
-	/* snapkv.c's counts with position = index: candidates [0, from),
-	 * the window and the new entries protected, sinks too */
-	uint32_t from = P - w->w, ms = w->sinks < from ? w->sinks : from;
-	uint32_t np = w->w + ms;
-	uint32_t keep = w->budget > np ? w->budget - np : 0;
-	uint32_t unprot = from - ms;
-	uint32_t nd = unprot > keep ? unprot - keep : 0;
+	uint32_t keep, nd = rule_drops(w, P, &keep);
 	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 		t->wlists[t->n_wlists++] = (struct kvt_backend_window_list){
 			.record = (uint32_t)(slot * t->lists_per_seq +
@@ -106,7 +150,10 @@ static int make_room(struct tenant *t, size_t nly, size_t entries)
 		return KVT_ENOMEM;
 	t->wl_cap = cap;
 	size_t nl = nly * t->g.n_kv_heads + 1;
-	if (grow_to((void **)&t->wins, &t->wins_cap, nly + 1, sizeof(*t->wins)) ||
+	if (grow_to((void **)&t->wins, &t->wins_cap, nly + 1,
+	            sizeof(*t->wins)) ||
+	    grow_to((void **)&t->ewins, &t->ewins_cap, nly + 1,
+	            sizeof(*t->ewins)) ||
 	    grow_to((void **)&t->wlists, &t->wlists_cap, nl,
 	            sizeof(*t->wlists)) ||
 	    grow_to((void **)&t->wout, &t->wout_cap, nly + nl + entries + 1,
@@ -123,7 +170,7 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 	t->wactive = 0;
 	t->n_wins = t->n_wlists = 0;
 	if (!t->dev || !t->dbases || !t->dstage.base || !pol->ops->window ||
-	    !t->bops->window_select)
+	    (!t->bops->window_select && !t->bops->expected_select))
 		return 0;
 	size_t nly = 0, entries = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -139,6 +186,7 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	uint32_t drops = 0;
 	size_t ly = 0;
+	t->wrule = -1; /* the rule of the first window (one policy: one rule) */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot, lo, hi;
@@ -165,6 +213,12 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 			if (lists && (uint64_t)prev - w.w + g->stage_tokens <
 			                     (uint64_t)prev + it->n_new)
 				continue;
+			const int has = w.rule == POLICY_WINDOW_EXPECTED
+			                ? t->bops->expected_select != NULL
+			                : t->bops->window_select != NULL;
+			if (!has || (t->wrule >= 0 && t->wrule != (int)w.rule))
+				continue; /* no such op: the host decides */
+			t->wrule = (int)w.rule;
 			t->wwin[ly] = add_window(t, slot, layer, prev,
 			                         it->n_new, &w, lists, &drops);
 			t->wmode[ly] = lists ? TENANT_WIN_DEVICE
@@ -177,21 +231,27 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 	uint32_t words = t->n_wins + t->n_wlists + drops;
 	int rc = tenant_bases_sync(t);
 	const struct kvt_backend_paged pg = tenant_paged(t);
-	if (!rc)
+	const uint32_t nrec = g->max_seqs * t->lists_per_seq;
+	if (!rc && t->wrule == POLICY_WINDOW_EXPECTED)
+		rc = t->bops->expected_select(
+			t->bctx, &pg, nrec, pol->geom.dtype, g->n_heads,
+			g->n_kv_heads, g->head_dim, t->ewins, t->n_wins,
+			t->wlists, t->n_wlists, t->wout, words, t->stream);
+	else if (!rc)
 		rc = t->bops->window_select(
-			t->bctx, &pg, g->max_seqs * t->lists_per_seq,
-			pol->geom.dtype, g->n_heads, g->n_kv_heads, g->head_dim,
-			t->wins, t->n_wins, t->wlists, t->n_wlists, t->wout,
-			words, t->stream);
+			t->bctx, &pg, nrec, pol->geom.dtype, g->n_heads,
+			g->n_kv_heads, g->head_dim, t->wins, t->n_wins,
+			t->wlists, t->n_wlists, t->wout, words, t->stream);
 	if (rc)
 		return errors_fmt(err, errlen, rc, "%s backend: window "
 		                  "selection: %s", t->bops->name,
 		                  t->bops->last_error());
 	/* the device's counts against the rule's: an invariant */
 	for (uint32_t w = 0; w < t->n_wins; w++) {
-		const struct kvt_backend_window *win = &t->wins[w];
-		for (uint32_t k = 0; !t->wout[w] && k < win->n_lists; k++) {
-			const uint32_t l = win->first_list + k;
+		uint32_t first, nl;
+		win_lists(t, w, &first, &nl);
+		for (uint32_t k = 0; !t->wout[w] && k < nl; k++) {
+			const uint32_t l = first + k;
 			const struct kvt_backend_window_list *L = &t->wlists[l];
 			const uint32_t *idx = t->wout + t->n_wins + t->n_wlists +
 			                      L->drop_off;
@@ -216,11 +276,11 @@ int tenant_window_take(struct tenant *t, size_t ly, struct policy_layer *pl)
 		return 0;
 	struct policy_window w;
 	(void)t->pol->ops->window(t->pol, pl, &w); /* marks it decided */
-	const struct kvt_backend_window *win = &t->wins[t->wwin[ly]];
+	uint32_t first, nl;
+	win_lists(t, t->wwin[ly], &first, &nl);
 	const uint32_t *idx = t->wout + t->n_wins + t->n_wlists;
-	for (uint32_t k = 0; k < win->n_lists; k++) {
-		const struct kvt_backend_window_list *l =
-			&t->wlists[win->first_list + k];
+	for (uint32_t k = 0; k < nl; k++) {
+		const struct kvt_backend_window_list *l = &t->wlists[first + k];
 		for (uint32_t d = 0; d < l->n_drop; d++)
 			pl->heads[k].drop[idx[l->drop_off + d]] = 1;
 	}

@@ -28,6 +28,10 @@
  *   Defaults: window 64, sinks 4, future 512, theta 10000, cov 1, vnorm 1,
  *   eps 0 (kvpress's, but for the window and the ratio).
  * Statistics and scores are computed in double, but for K S' (sgemm).
+ * On a device tenant the same rule runs on the device (ea_window, the
+ * backend's expected_select: backend/cuda/expected_select.cu repeats these
+ * operations in this order, so the kept sets are the same bits on the CPU
+ * emulator); a change here must be made there too.
  */
 #include "policy.h"
 
@@ -328,6 +332,30 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy_ops.window: the rule ea_decide applies at this sync, for the
+ * device (backend expected_select, daemon/tenant_window.c). */
+static int ea_window(struct policy *p, struct policy_layer *l,
+                     struct policy_window *w)
+{
+	const struct policy_args *a = &p->args;
+	struct ea_state *st = l->state;
+	uint32_t P = l->n_seen - l->n_new;
+	uint32_t from = P > a->window ? P - a->window : 0;
+	if (from < a->sinks)
+		from = a->sinks;
+	st->done = 1;
+	*w = (struct policy_window){
+		.rule = POLICY_WINDOW_EXPECTED,
+		.w = from < P ? P - from : 0,
+		.sinks = a->sinks,
+		.budget = policy_budget(p, P),
+		.future = a->future,
+		.theta = a->theta, .eps = a->eps,
+		.cov = a->cov, .vnorm = a->vnorm,
+	};
+	return P > w->budget && from < P;
+}
+
 const struct policy_ops expected_attention_ops = {
 	.name = "expected_attention",
 	.help = "Expected Attention: recent staged queries' mean/covariance "
@@ -341,4 +369,5 @@ const struct policy_ops expected_attention_ops = {
 	.init = ea_init,
 	.decide = ea_decide,
 	.decides = ea_decides,
+	.window = ea_window,
 };

@@ -180,11 +180,25 @@ struct policy_layer {
 
 struct policy;
 
-/* SnapKV's window rule for one (sequence, layer), as a device runs it
- * (policy_ops.window, backend.h's struct kvt_backend_window). */
+/* Which end-of-prefill rule policy_ops.window describes. */
+enum policy_window_rule {
+	POLICY_WINDOW_SNAPKV = 0, /* backend window_select */
+	POLICY_WINDOW_EXPECTED,   /* backend expected_select */
+};
+
+/* A window rule for one (sequence, layer), as a device runs it
+ * (policy_ops.window): SnapKV's (backend.h's struct kvt_backend_window) or
+ * Expected Attention's (struct kvt_backend_expected). */
 struct policy_window {
+	enum policy_window_rule rule;
+	/* the staged rows the rule reads: positions [P - w, P) (Expected
+	 * Attention: its statistics' queries, from = P - w) */
 	uint32_t w, kernel, sinks;
 	uint32_t budget; /* prompt entries kept, pressure applied */
+	/* POLICY_WINDOW_EXPECTED only */
+	uint32_t future;
+	double theta, eps;
+	uint8_t cov, vnorm;
 };
 
 struct policy_ops {
@@ -215,14 +229,15 @@ struct policy_ops {
 	 * (snapkv, pyramidkv, expected_attention) decide once per
 	 * (sequence, layer), at the first decode sync. */
 	int (*decides)(const struct policy *p, const struct policy_layer *l);
-	/* (optional) For a policy whose decision is SnapKV's window
-	 * selection (snapkv, pyramidkv), which a device can run where the
-	 * keys and queries are (backend window_select): at a sync where it
+	/* (optional) For a policy whose decision is a window rule a device
+	 * can run where the keys and queries are: SnapKV's selection
+	 * (snapkv, pyramidkv: backend window_select) or Expected Attention's
+	 * (expected_attention: backend expected_select).  At a sync where it
 	 * decides, with every entry at the position of its index, marks the
 	 * decision made in l->state as decide() would and fills *w; returns
 	 * 1 when the prompt is to be compressed by that rule, 0 when
 	 * decide() would keep everything (a prompt not longer than the
-	 * window or within the budget). */
+	 * window, no query to learn from, or within the budget). */
 	int (*window)(struct policy *p, struct policy_layer *l,
 	              struct policy_window *w);
 	/* 1: of the pages, decide() reads only the L2 norms of the new

@@ -24,9 +24,11 @@
  * and the op waits for it.  The scratch is one device buffer of the
  * context, grown for the largest list, reused list after list (the op
  * holds the context's lock and waits before it returns).
- * Tests: the emulated passes of `make test` (kvtrim-loadgen --verify for
- * snapkv and pyramidkv against the cpu policy's replay, traffic.sync_bound_
- * snapkv / _pyramidkv, device.window_select_refuses_a_bad_window_row).
+ * Tests: cuda.backend_window_select_matches_naive (test_cuda_sync_ops.c:
+ * the rule in double, a flagged row, the refusals), and the emulated passes
+ * of `make test` (kvtrim-loadgen --verify for snapkv and pyramidkv against
+ * the cpu policy's replay, traffic.sync_bound_snapkv / _pyramidkv,
+ * contract_sync.snapkv_checks_the_rows_it_reads_where_it_decides).
  */
 #include <cublas_v2.h>
 #include <math.h>
@@ -35,6 +37,7 @@
 #include "backend_cuda.cuh"
 #include "blas.cuh"
 #include "common.cuh"
+#include "prompt_select.cuh"
 #include "select_topk.cuh"
 
 #define BC_WIN_THREADS 256
@@ -150,25 +153,8 @@ __global__ void bc_win_score(const kvt_backend_window *wins, uint32_t wi,
 	}
 }
 
-/* Step 4's tail, one thread: the dropped indices in order at idx, their
- * count at *count (at most cap written). */
-__global__ void bc_win_indices(const uint8_t *drop, uint32_t len, uint32_t *idx,
-                               uint32_t cap, uint32_t *count)
-{
-	if (threadIdx.x != 0 || blockIdx.x != 0)
-		return;
-	uint32_t c = 0;
-	for (uint32_t i = 0; i < len; i++)
-		if (drop[i]) {
-			if (c < cap)
-				idx[c] = i;
-			c++;
-		}
-	*count = c;
-}
-
 /* Grows the context's window scratch to need bytes (nothing is queued on
- * it: the op waits for its work before it returns). */
+ * it: the ops that use it wait for their work before they return). */
 static int bc_win_scratch(struct bc_ctx *c, size_t need)
 {
 	if (need <= c->win_cap)
@@ -185,7 +171,20 @@ static int bc_win_scratch(struct bc_ctx *c, size_t need)
 	return 0;
 }
 
-static size_t bc_al(size_t b) { return (b + 255) & ~(size_t)255; }
+int bc_win_prepare(struct bc_ctx *c, size_t need)
+{
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	int rv = bc_win_scratch(c, need);
+	if (rv || c->win_blas)
+		return rv;
+	cublasHandle_t h;
+	if ((rv = blas_err(cublasCreate(&h)))) {
+		bc_note("cublasCreate failed");
+		return rv;
+	}
+	c->win_blas = h;
+	return 0;
+}
 
 static int bc_window_check_args(uint32_t n_records, uint32_t n_heads,
                                 uint32_t nkv, uint32_t hd,
@@ -217,18 +216,8 @@ static int bc_window_check_args(uint32_t n_records, uint32_t n_heads,
 			return KVT_EINVAL;
 		}
 	}
-	for (uint32_t l = 0; l < n_lists; l++) {
-		const struct kvt_backend_window_list *L = &lists[l];
-		if (L->record >= n_records ||
-		    (uint64_t)n_win + n_lists + L->drop_off + L->n_drop >
-		            out_words) {
-			bc_note("window_select: list %u: record %u of %u, drops "
-			        "%u + %u beyond %u words", l, L->record,
-			        n_records, L->drop_off, L->n_drop, out_words);
-			return KVT_EINVAL;
-		}
-	}
-	return 0;
+	return bc_ps_check_lists("window_select", n_records, lists, n_lists,
+	                         n_win, out_words);
 }
 
 static int bc_window_select_locked(struct bc_ctx *c,
@@ -250,28 +239,19 @@ static int bc_window_select_locked(struct bc_ctx *c,
 	for (uint32_t j = 0; j < n_win; j++)
 		maxw = win[j].w > maxw ? win[j].w : maxw;
 	const size_t o_win = 0,
-	             o_out = o_win + bc_al((size_t)n_win * sizeof(*win)),
-	             o_keys = o_out + bc_al((size_t)out_words * 4),
-	             o_qg = o_keys + bc_al(maxlen * hd * 4),
-	             o_lg = o_qg + bc_al(maxw * G * hd * 4),
-	             o_logit = o_lg + bc_al(maxw * G * 4),
-	             o_raw = o_logit + bc_al(maxw * G * maxlen * 4),
-	             o_s = o_raw + bc_al(maxlen * 4),
-	             o_prot = o_s + bc_al(maxlen * 4),
-	             o_drop = o_prot + bc_al(maxlen),
-	             need = o_drop + bc_al(maxlen);
-	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
-	int rv = bc_win_scratch(c, need);
+	             o_out = o_win + bc_ps_al((size_t)n_win * sizeof(*win)),
+	             o_keys = o_out + bc_ps_al((size_t)out_words * 4),
+	             o_qg = o_keys + bc_ps_al(maxlen * hd * 4),
+	             o_lg = o_qg + bc_ps_al(maxw * G * hd * 4),
+	             o_logit = o_lg + bc_ps_al(maxw * G * 4),
+	             o_raw = o_logit + bc_ps_al(maxw * G * maxlen * 4),
+	             o_s = o_raw + bc_ps_al(maxlen * 4),
+	             o_prot = o_s + bc_ps_al(maxlen * 4),
+	             o_drop = o_prot + bc_ps_al(maxlen),
+	             need = o_drop + bc_ps_al(maxlen);
+	int rv = bc_win_prepare(c, need);
 	if (rv)
 		return rv;
-	if (!c->win_blas) {
-		cublasHandle_t h;
-		if ((rv = blas_err(cublasCreate(&h)))) {
-			bc_note("window_select: cublasCreate failed");
-			return rv;
-		}
-		c->win_blas = h;
-	}
 	cublasHandle_t h = (cublasHandle_t)c->win_blas;
 	char *d = c->d_win;
 	kvt_backend_window *dwin = (kvt_backend_window *)(d + o_win);
@@ -339,19 +319,13 @@ static int bc_window_select_locked(struct bc_ctx *c,
 			if ((rv = select_topk_cuda(sc, NULL, prot, L->len, L->keep,
 			                           drop, NULL, NULL, s)))
 				return rv;
-			KVT_LAUNCH(bc_win_indices, 1, 32, 0, s, drop, L->len,
+			KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L->len,
 			           dout + n_win + n_lists + L->drop_off, L->n_drop,
 			           dout + n_win + li);
 			BC_CALL(cudaGetLastError(), "window_select indices");
 		}
 	}
-	e = cudaMemcpyAsync(out, dout, (size_t)out_words * 4,
-	                    cudaMemcpyDeviceToHost, s);
-	if (e == cudaSuccess)
-		bc_count(c, 0, (uint64_t)out_words * 4);
-	if (e == cudaSuccess)
-		e = cudaStreamSynchronize(s);
-	return bc_cuda(e, "window_select");
+	return bc_ps_finish(c, out, dout, out_words, s, "window_select");
 }
 
 int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
@@ -365,13 +339,11 @@ int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	if (!n_win)
 		return 0;
-	if (!pg || !win || !out || (n_lists && !lists) || !pg->records ||
-	    !pg->chunk_bases || !pg->page_tokens || !pg->pages_per_chunk ||
-	    (dtype != KVT_DTYPE_F32 && dtype != KVT_DTYPE_F16 &&
-	     dtype != KVT_DTYPE_BF16) ||
-	    (uint64_t)n_win + n_lists > out_words)
-		return KVT_EINVAL;
-	int rv = bc_window_check_args(n_records, n_heads, n_kv_heads, head_dim,
+	int rv = bc_ps_check_call("window_select", pg, win, n_win, lists, n_lists,
+	                          dtype, out, out_words);
+	if (rv)
+		return rv;
+	rv = bc_window_check_args(n_records, n_heads, n_kv_heads, head_dim,
 	                              win, n_win, lists, n_lists, out_words);
 	if (rv)
 		return rv;

@@ -22,8 +22,7 @@
  * Table-driven: a policy whose row is not `asserted` yet has its figures
  * printed (every sync: bytes, bound, lists, new, dropped) and SKIPs with
  * "not yet device-resident (issue 12)"; flip its flag when its device path
- * lands.  A prompt-only policy (ONCE) is asserted at every sync but its
- * one decision sync, whose bytes are printed.  Runs in the emulated cuda passes of `make test`; skips on the
+ * lands.  Runs in the emulated cuda passes of `make test`; skips on the
  * cpu backend, where nothing crosses (device_*_bytes_total stay 0; the
  * stats test checks that they exist).
  */
@@ -39,19 +38,12 @@
 #include "rndweights.h"
 #include "test.h"
 
-#define ONCE 2
-
 /* One row per registered policy; spec's %s is a learned policy's weights
  * file.  Windows and lookbacks of 4, budgets of 512. */
 static const struct tpol {
 	const char *name;
 	const char *spec;
-	/* 1: the bound holds at every sync (its device path has landed);
-	 * ONCE: at every sync but the one where it decides, the first decode
-	 * sync (a prompt-only policy: its other syncs stage nothing, and
-	 * that one still copies the prompt's keys to the host, whose bytes
-	 * are printed); 0: printed only. */
-	int asserted;
+	int asserted; /* the bound holds: its device path has landed */
 } POL[] = {
 	{"full", "full", 1},
 	{"random", "random:tokens=512", 1},
@@ -64,7 +56,7 @@ static const struct tpol {
 	{"kvpop", "kvpop:model=%s,tokens=512,delay=4,sinks=1", 0},
 	{"knorm", "knorm:tokens=512", 1},
 	{"expected_attention", "expected_attention:window=4,tokens=512,sinks=1",
-	 ONCE},
+	 1},
 	{"pyramidkv", "pyramidkv:window=4,tokens=512", 1},
 };
 #define N_POL (sizeof(POL) / sizeof(POL[0]))
@@ -173,7 +165,7 @@ static void run_policy(const char *name)
 
 	const uint32_t lists = cfg.geo.n_layers * cfg.geo.n_kv_heads;
 	uint64_t before = device_bytes(&d), ev0 = evicted(c);
-	uint64_t worst = 0, worst_bound = 0, over = 0, once = 0;
+	uint64_t worst = 0, worst_bound = 0, over = 0;
 	uint32_t pos = 0;
 	for (uint32_t k = 0; k < T_NPREFILL + T_NDECODE; k++) {
 		int pre = k < T_NPREFILL;
@@ -191,17 +183,10 @@ static void run_policy(const char *name)
 		fprintf(stderr, "    traffic %s sync %u: %" PRIu64 " B (bound "
 		        "%" PRIu64 "; lists %u, new %u, dropped %" PRIu64 ")\n",
 		        tp->name, k, bytes, bound, lists, n * lists, dropped);
-		if (tp->asserted == ONCE && k == T_NPREFILL) {
-			fprintf(stderr, "    traffic %s: its decision sync (%u) "
-			        "is not bounded yet: keys read on the host\n",
-			        tp->name, k);
-			once = bytes;
-		} else if (bytes > bound) {
+		if (bytes > bound)
 			over++;
-		}
-		if (!(tp->asserted == ONCE && k == T_NPREFILL) &&
-		    (!worst_bound || (double)bytes / bound >
-		                             (double)worst / worst_bound)) {
+		if (!worst_bound || (double)bytes / bound >
+		                            (double)worst / worst_bound) {
 			worst = bytes;
 			worst_bound = bound;
 		}
@@ -214,11 +199,7 @@ static void run_policy(const char *name)
 	static char why[512];
 	snprintf(why, sizeof(why), "%s: worst sync %" PRIu64 " B against a "
 	         "bound of %" PRIu64 " B, %" PRIu64 " of %u syncs over",
-	         tp->name, worst, worst_bound, over, T_NPREFILL + T_NDECODE -
-	         (tp->asserted == ONCE));
-	if (tp->asserted == ONCE)
-		fprintf(stderr, "    %s; its decision sync %" PRIu64 " B\n", why,
-		        once);
+	         tp->name, worst, worst_bound, over, T_NPREFILL + T_NDECODE);
 	if (tp->asserted && over)
 		th_fail(__FILE__, __LINE__, "%s", why);
 	if (!tp->asserted) {

@@ -20,8 +20,9 @@
  * page order differs from address order, a page of an unmapped chunk slot
  * (that move is skipped, nothing faults), and the refusals (drops not
  * ascending, beyond the length, a record out of range), which change
- * nothing.  window_select (SnapKV's selection, ABI 6) against the rule
- * computed in double on the host image, a flagged NaN row, the refusals.
+ * nothing.  window_select (SnapKV's selection, ABI 6) and expected_select
+ * (Expected Attention's, ABI 7) against their rules computed in double on
+ * the host image, a flagged NaN row, the refusals.
  * Both built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests; skips without a device.
  */
@@ -630,6 +631,249 @@ TEST(cuda, backend_window_select_matches_naive)
 	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
 	                        HD, win, 1, lists, NKV, out, 1 + NKV + off,
 	                        NULL), KVT_EINVAL);
+	f.o->mem_free(f.ctx, dring);
+	dr_fini(&f);
+}
+
+/* Expected Attention's rule (struct kvt_backend_expected) in double for
+ * list r of KV head g (H query heads, G a group), the ring's q rows at
+ * row_floats apart: its drop marks [P + n_new]. */
+static void expected_naive(const struct dr *f, const struct kvt_list_record *r,
+                           const float *ring, uint32_t row_floats,
+                           uint32_t g, uint32_t G, uint32_t hd,
+                           const struct kvt_backend_expected *w,
+                           uint32_t keep, uint8_t *drop)
+{
+	enum { MAXL = 128, MAXD = 16, MAXN = 16 };
+	const uint32_t P = w->P, N = P - w->from, len = P + w->n_new;
+	const uint32_t half = hd / 2;
+	T_ASSERT(len <= MAXL && hd <= MAXD && N <= MAXN);
+	double rc[MAXD], wk[MAXD / 2], acc[MAXL] = {0}, s[MAXL];
+	for (uint32_t k = 0; k < half; k++) {
+		wk[k] = pow(w->theta, -(double)(2 * k) / hd);
+		double c = 0, sn = 0;
+		for (uint32_t t = 0; t < w->future; t++) {
+			c += cos((P + t) * wk[k]);
+			sn += sin((P + t) * wk[k]);
+		}
+		rc[2 * k] = c / w->future;
+		rc[2 * k + 1] = sn / w->future;
+	}
+	const float *pg0 = (const float *)f->h_chunk;
+	for (uint32_t j = 0; j < G; j++) {
+		double qs[MAXN][MAXD], m[MAXD] = {0}, C[MAXD][MAXD] = {{0}};
+		double mu[MAXD], S[MAXD][MAXD], z[MAXL];
+		for (uint32_t t = 0; t < N; t++) {
+			uint32_t pos = w->from + t;
+			const float *q = ring + (pos % w->stage_tokens) * row_floats +
+			                 w->q_off + (g * G + j) * hd;
+			for (uint32_t k = 0; k < half; k++) {
+				double c = cos(pos * wk[k]), sn = sin(pos * wk[k]);
+				qs[t][2 * k] = q[2 * k] * c + q[2 * k + 1] * sn;
+				qs[t][2 * k + 1] = -q[2 * k] * sn + q[2 * k + 1] * c;
+			}
+			for (uint32_t d = 0; d < hd; d++)
+				m[d] += qs[t][d] / N;
+		}
+		for (uint32_t t = 0; t < N; t++)
+			for (uint32_t a = 0; a < hd; a++)
+				for (uint32_t b = 0; b < hd; b++)
+					C[a][b] += (qs[t][a] - m[a]) *
+					           (qs[t][b] - m[b]) / N;
+		/* R: 2x2 blocks [[c, -s], [s, c]]; mu = R m, S = R C R^T */
+		for (uint32_t a = 0; a < hd; a++) {
+			uint32_t k = a / 2;
+			double c = rc[2 * k], sn = rc[2 * k + 1];
+			mu[a] = a % 2 ? sn * m[a - 1] + c * m[a]
+			              : c * m[a] - sn * m[a + 1];
+		}
+		for (uint32_t a = 0; a < hd; a++)
+			for (uint32_t b = 0; b < hd; b++) {
+				double v = 0;
+				for (uint32_t x = 0; x < hd; x++)
+					for (uint32_t y = 0; y < hd; y++) {
+						double ra = x / 2 != a / 2 ? 0
+						        : a % 2 == x % 2 ? rc[a / 2 * 2]
+						        : a % 2 ? rc[a / 2 * 2 + 1]
+						        : -rc[a / 2 * 2 + 1];
+						double rb = y / 2 != b / 2 ? 0
+						        : b % 2 == y % 2 ? rc[b / 2 * 2]
+						        : b % 2 ? rc[b / 2 * 2 + 1]
+						        : -rc[b / 2 * 2 + 1];
+						v += ra * C[x][y] * rb;
+					}
+				S[a][b] = v;
+			}
+		double zmax = -INFINITY, sum = 0;
+		for (uint32_t i = w->sinks; i < P; i++) {
+			const float *k = pg0 + (r->pages[i / f->pt] * f->page_bytes +
+			                        (i % f->pt) * f->row) / sizeof(float);
+			double lin = 0, quad = 0;
+			for (uint32_t a = 0; a < hd; a++) {
+				lin += mu[a] * k[a];
+				for (uint32_t b = 0; b < hd; b++)
+					quad += k[a] * S[a][b] * k[b];
+			}
+			z[i] = lin / sqrt(hd) + (w->cov ? quad / (2.0 * hd) : 0);
+			zmax = z[i] > zmax ? z[i] : zmax;
+		}
+		for (uint32_t i = w->sinks; i < P; i++)
+			sum += exp(z[i] - zmax);
+		for (uint32_t i = w->sinks; i < P; i++)
+			acc[i] += exp(z[i] - zmax) / sum / G;
+	}
+	uint32_t cand[MAXL], nc = 0;
+	for (uint32_t i = 0; i < len; i++) {
+		drop[i] = 0;
+		if (i < w->sinks || i >= P)
+			continue;
+		const float *v = pg0 + (r->pages[i / f->pt] * f->page_bytes +
+		                        (f->pt + i % f->pt) * f->row) /
+		                       sizeof(float);
+		double ss = 0;
+		for (uint32_t d = 0; d < hd; d++)
+			ss += (double)v[d] * v[d];
+		s[i] = w->vnorm ? (acc[i] + w->eps) * sqrt(ss) : acc[i];
+		cand[nc++] = i;
+	}
+	/* best first: score, then the higher index */
+	for (uint32_t a = 0; a < nc; a++)
+		for (uint32_t b = a + 1; b < nc; b++)
+			if (s[cand[b]] > s[cand[a]] ||
+			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
+				uint32_t x = cand[a];
+				cand[a] = cand[b];
+				cand[b] = x;
+			}
+	for (uint32_t c = keep; c < nc; c++)
+		drop[cand[c]] = 1;
+}
+
+TEST(cuda, backend_expected_select_matches_naive)
+{
+	/* Three windows (cov and vnorm; no cov; vnorm off with eps) of two
+	 * lists each (KV heads; the fixture's lists 0 to 5), 2 query heads
+	 * a group, f32 entries of head_dim 8 in pages of 8: a prompt of 64
+	 * (K S' in two SGEMM blocks: 64 and 4 keys), 4 new entries, the
+	 * statistics of the last 6 queries, sinks 2 (so 62 candidates), keep
+	 * 20: the drops must be the rule's computed in double.  A window
+	 * whose rows hold a NaN is flagged, a check-only window too; the
+	 * refusals. */
+	enum { HD = 8, PT = 8, G = 2, NKV = 2, H = G * NKV, ST = 16, P = 64,
+	       W = 6, NN = 4, SINKS = 2, KEEP = 20, NW = 3 };
+	struct dr f;
+	dr_init(&f, PT, HD * sizeof(float));
+	if (!f.o->expected_select)
+		T_SKIP("no expected_select");
+	float *img = (float *)f.h_chunk;
+	for (uint64_t i = 0; i < f.chunk_bytes / sizeof(float); i++)
+		img[i] = (float)(urnd() % 2001) / 1000.0f - 1.0f;
+	T_OK(f.o->copy(f.ctx, f.chunk, f.h_chunk, f.chunk_bytes, NULL));
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		dr_rec(&f, i)->len = P + NN;
+	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+	const uint32_t rf = H * HD + 3; /* q at 3: other parts before it */
+	float ring[ST * (H * HD + 3)];
+	for (uint32_t e = 0; e < ST * rf; e++)
+		ring[e] = (float)(urnd() % 2001) / 500.0f - 2.0f;
+	void *dring;
+	T_OK(f.o->mem_new(f.ctx, sizeof(ring), &dring));
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	struct kvt_backend_paged pg = dr_paged(&f);
+	struct kvt_backend_expected win[NW + 1];
+	for (uint32_t j = 0; j < NW; j++)
+		win[j] = (struct kvt_backend_expected){
+			.ring = dring, .stage_tokens = ST, .row_floats = rf,
+			.q_off = 3, .P = P, .from = P - W, .n_new = NN,
+			.sinks = SINKS, .future = 40, .theta = 10000.0f,
+			.cov = j != 1, .vnorm = j != 2, .eps = j == 2 ? 0.01 : 0,
+			.first_list = j * NKV, .n_lists = NKV,
+		};
+	uint8_t want[NW * NKV][P + NN];
+	struct kvt_backend_window_list lists[NW * NKV];
+	const uint32_t nd = P - SINKS - KEEP;
+	for (uint32_t l = 0; l < NW * NKV; l++) {
+		expected_naive(&f, dr_rec(&f, l), ring, rf, l % NKV, G, HD,
+		               &win[l / NKV], KEEP, want[l]);
+		lists[l] = (struct kvt_backend_window_list){l, P + NN, KEEP, nd,
+		                                             l * nd};
+	}
+	enum { WORDS = NW + 1 + NW * NKV + NW * NKV * (P - SINKS - KEEP) };
+	uint32_t out[WORDS];
+	T_OK(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, win, NW, lists, NW * NKV, out,
+	                          WORDS - 1, NULL));
+	for (uint32_t j = 0; j < NW; j++)
+		T_EQ(out[j], 0);
+	for (uint32_t l = 0; l < NW * NKV; l++) {
+		T_EQ(out[NW + l], nd);
+		uint32_t k = 0;
+		for (uint32_t i = 0; i < P + NN; i++)
+			if (want[l][i])
+				T_EQ(out[NW + NW * NKV + lists[l].drop_off + k++],
+				     i);
+		T_EQ(k, nd);
+	}
+	/* a NaN in a new row's q: flagged, in the check-only window too
+	 * (and a NaN in a row outside q, which neither reads) */
+	ring[((P + 2) % ST) * rf + 3 + 5] = NAN;
+	ring[((P - 1) % ST) * rf + 1] = NAN;
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	win[NW] = win[0];
+	win[NW].from = P;
+	win[NW].n_lists = 0;
+	struct kvt_backend_expected two[2] = {win[0], win[NW]};
+	T_OK(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, two, 2, lists, NKV, out,
+	                          2 + NKV + NKV * nd, NULL));
+	T_EQ(out[0], 1);
+	T_EQ(out[1], 1);
+	/* the NaN before P only touches window 0 (its statistics' rows) */
+	ring[((P + 2) % ST) * rf + 3 + 5] = 1.0f;
+	ring[((P - 1) % ST) * rf + 3 + 2] = NAN;
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	T_OK(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, two, 2, lists, NKV, out,
+	                          2 + NKV + NKV * nd, NULL));
+	T_EQ(out[0], 1);
+	T_EQ(out[1], 0);
+	/* q finite again: the NaN outside q stays unread, same drops */
+	ring[((P - 1) % ST) * rf + 3 + 2] = 0.5f;
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	T_OK(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, two, 2, lists, NKV, out,
+	                          2 + NKV + NKV * nd, NULL));
+	T_EQ(out[0], 0);
+	T_EQ(out[1], 0);
+	T_EQ(out[2], nd);
+	T_EQ(out[3], nd);
+	/* refusals */
+	const uint32_t words = NW + NW * NKV + NW * NKV * nd;
+	struct kvt_backend_expected bad = win[0];
+	bad.from = P + 1;
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, &bad, 1, lists, NKV, out, words, NULL),
+	     KVT_EINVAL);
+	bad = win[0];
+	bad.future = 0;
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, &bad, 1, lists, NKV, out, words, NULL),
+	     KVT_EINVAL);
+	bad = win[0];
+	bad.from = P - ST; /* rows beyond the ring */
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, &bad, 1, lists, NKV, out, words, NULL),
+	     KVT_EINVAL);
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD - 1, win, 1, lists, NKV, out, words, NULL),
+	     KVT_EINVAL); /* odd head_dim */
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, win, NW, lists, NW * NKV, out, words - 1,
+	                          NULL), KVT_EINVAL); /* beyond out */
+	lists[1].record = DR_LISTS;
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, win, 1, lists, NKV, out, words, NULL),
+	     KVT_EINVAL);
 	f.o->mem_free(f.ctx, dring);
 	dr_fini(&f);
 }

@@ -1,0 +1,96 @@
+/*
+ * prompt_select.cuh — what the two end-of-prefill selections on the device
+ * share (window_select.cu: SnapKV's; expected_select.cu: Expected
+ * Attention's): their output layout (a flag per window, a count per list,
+ * then the lists' drop indices, backend.h), the checks of their calls and
+ * lists against it, the kernel that writes a list's drops there, its copy
+ * to the host, and the rounding of their scratch offsets.  Internal to libkvtrim-cuda.so; each
+ * file includes its own static copy.
+ */
+#ifndef KVT_CUDA_PROMPT_SELECT_CUH
+#define KVT_CUDA_PROMPT_SELECT_CUH
+
+#include "backend_cuda.cuh"
+
+/* A scratch offset rounded up to 256 bytes. */
+static inline size_t bc_ps_al(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* One thread: the dropped indices of drop [len] in order at idx, their
+ * count at *count (at most cap written). */
+static __global__ void bc_ps_indices(const uint8_t *drop, uint32_t len,
+                                     uint32_t *idx, uint32_t cap,
+                                     uint32_t *count)
+{
+	if (threadIdx.x != 0 || blockIdx.x != 0)
+		return;
+	uint32_t c = 0;
+	for (uint32_t i = 0; i < len; i++)
+		if (drop[i]) {
+			if (c < cap)
+				idx[c] = i;
+			c++;
+		}
+	*count = c;
+}
+
+/* KVT_EINVAL (noted, op naming the op) for a list whose record
+ * is beyond n_records or whose drops end beyond out_words, after the
+ * n_win flags and n_lists counts. */
+static inline int bc_ps_check_lists(const char *op, uint32_t n_records,
+                                    const struct kvt_backend_window_list *lists,
+                                    uint32_t n_lists, uint32_t n_win,
+                                    uint32_t out_words)
+{
+	for (uint32_t l = 0; l < n_lists; l++) {
+		const struct kvt_backend_window_list *L = &lists[l];
+		if (L->record >= n_records ||
+		    (uint64_t)n_win + n_lists + L->drop_off + L->n_drop >
+		            out_words) {
+			bc_note("%s: list %u: record %u of %u, drops %u + %u "
+			        "beyond %u words", op, l, L->record, n_records,
+			        L->drop_off, L->n_drop, out_words);
+			return KVT_EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* KVT_EINVAL (noted) for a NULL argument, a page table the ops cannot
+ * resolve through, an unknown dtype, or flags and counts beyond
+ * out_words. */
+static inline int bc_ps_check_call(const char *op,
+                                   const struct kvt_backend_paged *pg,
+                                   const void *win, uint32_t n_win,
+                                   const void *lists, uint32_t n_lists,
+                                   enum kvt_dtype dtype, const uint32_t *out,
+                                   uint32_t out_words)
+{
+	if (!pg || !win || !out || (n_lists && !lists) || !pg->records ||
+	    !pg->chunk_bases || !pg->page_tokens || !pg->pages_per_chunk ||
+	    (dtype != KVT_DTYPE_F32 && dtype != KVT_DTYPE_F16 &&
+	     dtype != KVT_DTYPE_BF16) ||
+	    (uint64_t)n_win + n_lists > out_words) {
+		bc_note("%s: a NULL argument, dtype %d or %u windows and %u "
+		        "lists in %u words", op, (int)dtype, n_win, n_lists,
+		        out_words);
+		return KVT_EINVAL;
+	}
+	return 0;
+}
+
+/* The output words' one copy to the host after the work queued on s
+ * (counted), and the wait for it. */
+static inline int bc_ps_finish(struct bc_ctx *c, uint32_t *out,
+                               const uint32_t *dout, uint32_t out_words,
+                               cudaStream_t s, const char *op)
+{
+	cudaError_t e = cudaMemcpyAsync(out, dout, (size_t)out_words * 4,
+	                                cudaMemcpyDeviceToHost, s);
+	if (e == cudaSuccess)
+		bc_count(c, 0, (uint64_t)out_words * 4);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(s);
+	return bc_cuda(e, op);
+}
+
+#endif
