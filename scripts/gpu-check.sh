@@ -11,11 +11,14 @@
 #      reach through kvt_memcpy), then two engine processes
 #      (kvtrim-loadgen --clients 2 --verify) against one cuda kvtrimd, in
 #      both sharing modes;
-#   4. runs build/bin/kvtrim-cuda-bench: each benchmark beside its floor;
-#      then kvtrim-bench --sync-only and --traffic-only on this GPU
-#      measured in the same run (compact and paged attention against a
-#      device-to-device memcpy, the KVzap MLP against bare cuBLAS GEMMs),
-#      then the sync round trip on the cuda backend beside bare nng;
+#   4. runs build/bin/kvtrim-cuda-bench: each benchmark beside its floor
+#      measured in the same run (compact, paged attention and the backend's
+#      attention op against a device-to-device memcpy, the KVzap MLP and
+#      the Fast KVzip gate against bare cuBLAS GEMMs, key_norms against a
+#      copy of the same K bytes, window_select and expected_select against
+#      the logits' SGEMMs); then kvtrim-bench --sync-only and
+#      --traffic-only on this GPU: the sync round trip on the cuda backend
+#      beside bare nng, and the host <-> device bytes per token;
 # and writes build/gpu-report.txt as "name value" lines.  Details go to
 # build/gpu-check.log and build/gpu-tests.log.  Exit status 0 when
 # everything that ran passed.
@@ -72,7 +75,7 @@ else
 	status=1
 fi
 put build_seconds $(( $(date +%s) - tb ))
-put cuda_build_warnings "$(grep -E '(kernels/cuda|tests/kernels).*warning' "$LOG" | wc -l)"
+put cuda_build_warnings "$(grep -cE '(kernels/cuda|tests/kernels).*warning' "$LOG")"
 if [ -x "$B/bin/kvtrimd" ]; then
 	put daemon_links_cuda "$(ldd "$B/bin/kvtrimd" | grep -c -E 'libcuda|libcudart|libcublas')"
 fi
@@ -139,9 +142,12 @@ else
 	status=1
 fi
 
-# ---- 4. benchmarks with their floors
+# ---- 4. benchmarks with their floors: every line kvtrim-cuda-bench
+# prints goes to the report (--out appends them as they come, so a
+# failure keeps the lines before it), the gpu_kvt_attention_*,
+# gpu_key_norms_* and gpu_*_select_* lines of the backend's ops included
 if [ -x "$B/bin/kvtrim-cuda-bench" ]; then
-	timeout 150 "$B/bin/kvtrim-cuda-bench" --out "$tmp" >> "$LOG" 2>&1
+	timeout 240 "$B/bin/kvtrim-cuda-bench" --out "$tmp" >> "$LOG" 2>&1
 	rc=$?
 	if [ "$rc" -eq 77 ]; then
 		put bench skipped_no_device

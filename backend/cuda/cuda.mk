@@ -56,7 +56,8 @@ $(B)/obj/backend/cuda/%.o: backend/cuda/%.cu
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
-$(B)/obj/tests/kernels/bench_cuda.o: tests/kernels/bench_cuda.cu
+$(B)/obj/tests/kernels/bench_cuda.o $(B)/obj/tests/kernels/bench_cuda_ops.o: \
+$(B)/obj/tests/kernels/%.o: tests/kernels/%.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
@@ -83,6 +84,7 @@ $(CUDA_TESTS): $(call obj,$(CUDA_KTEST_SRC)) \
 	  -L$(CUDA_LIBDIR) -lcublas -lcudart $(CUDA_RPATH) $(LDLIBS)
 
 $(CUDA_BENCH): $(B)/obj/tests/kernels/bench_cuda.o \
+               $(B)/obj/tests/kernels/bench_cuda_ops.o \
                $(call obj,kernels/cpu/compact.c) | $(CUDA_SO)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")

@@ -34,46 +34,51 @@
  *   (target: 1% of an 8B decode step at batch 64, about 0.5 us a token and
  *   sequence)
  *
+ * Through the cuda backend's ops (kvt_cuda_backend_v1, one context), on
+ * device tables and chunk-base arrays built by hand as the daemon and the
+ * client keep them (records of struct kvt_list_record, page ids scattered
+ * over 2 MiB chunk slots of one pool):
+ *   gpu_kvt_attention_gbps    the `attention` op (what kvt_attention runs
+ *                             on a cuda tenant: page ids resolved on the
+ *                             device, then paged_attention_batch_cuda) at
+ *                             the paged_attention_* geometry: one decode
+ *                             step of one layer = 64 calls, one per
+ *                             sequence, n 1 over its 8 lists of 32768
+ *                             entries; K+V bytes read per second
+ *   gpu_kvt_attention_us      the 64 calls
+ *   gpu_kvt_attention_vs_memcpy  ratio to d2d_memcpy_gbps (target 0.6)
+ *   gpu_key_norms_us_per_token   the `key_norms` op (knorm) for 64
+ *                             sequences x 256 lists (32 layers x 8 KV
+ *                             heads), one new entry each (a sync every
+ *                             token), f16 head_dim 128, whole call / 64;
+ *   gpu_key_norms_floor_us_per_token  a device-to-device copy of the same
+ *                             K bytes (16384 rows of 256 B), queued and
+ *                             waited for like the call, / 64
+ *   gpu_window_select_ms_per_seq    the `window_select` op (SnapKV's
+ *                             end-of-prefill selection) of one sequence:
+ *                             32 windows (layers) x 8 lists, prompt 4096,
+ *                             16 new tokens, window 64, kernel 5, keep
+ *                             half the prompt; the whole call
+ *   gpu_expected_select_ms_per_seq  the `expected_select` op (Expected
+ *                             Attention's: the last 64 queries, sinks 4,
+ *                             future 512, cov and vnorm) likewise
+ *   gpu_prompt_select_floor_ms_per_seq  one cuBLAS SGEMM of window_select's
+ *                             logits shape per list, 256 of [w G = 256]
+ *                             [128] x [128][len 4112], queued and waited for
+ * The last five time synchronous ops (they copy their output to the host
+ * and wait): host wall clock around the whole call, descriptor upload,
+ * kernels, copy back and wait included (an upper bound on their device
+ * time), and their floors the same way.
+ *
  * Errors exit (a benchmark, not the daemon).  Times are the median of
- * repeats after a warm-up, measured with CUDA events.
+ * repeats after a warm-up, measured with CUDA events (the host wall clock
+ * for the synchronous ops).
  */
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench_cuda.cuh"
 
-#include "compact.cuh"
-extern "C" {
-#include "compact.h" /* compact_plan: a C header without guards */
-}
-#include "paged_attention.cuh"
-#include "scorer_mlp.cuh"
-#include "sink_gate.cuh"
+FILE *out_f;
 
-#define CK(x)                                                                  \
-	do {                                                                   \
-		cudaError_t e_ = (x);                                          \
-		if (e_ != cudaSuccess) {                                       \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, \
-			        #x, cudaGetErrorString(e_));                   \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
-#define OK(x)                                                                  \
-	do {                                                                   \
-		int r_ = (x);                                                  \
-		if (r_) {                                                      \
-			fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__,   \
-			        __LINE__, #x, r_);                             \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
-
-static FILE *out_f;
-
-static void report(const char *name, double v)
+void report(const char *name, double v)
 {
 	printf("%s %.6g\n", name, v);
 	fflush(stdout);
@@ -84,7 +89,7 @@ static void report(const char *name, double v)
 }
 
 static uint64_t rs = 0x2545f4914f6cdd1dull;
-static uint32_t rnd(void)
+uint32_t rnd(void)
 {
 	rs ^= rs << 13;
 	rs ^= rs >> 7;
@@ -92,43 +97,13 @@ static uint32_t rnd(void)
 	return (uint32_t)(rs >> 16);
 }
 
-static void shuffle(uint32_t *v, uint32_t n)
+void shuffle(uint32_t *v, uint32_t n)
 {
 	for (uint32_t i = n; i > 1; i--) {
 		uint32_t j = rnd() % i, t = v[i - 1];
 		v[i - 1] = v[j];
 		v[j] = t;
 	}
-}
-
-static int cmp_f(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Median milliseconds of reps runs of fn(arg) on stream s. */
-template <typename F> static float time_ms(F fn, int reps, cudaStream_t s)
-{
-	cudaEvent_t a, b;
-	float t[64];
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	fn(); /* warm-up */
-	CK(cudaStreamSynchronize(s));
-	if (reps > 64)
-		reps = 64;
-	for (int i = 0; i < reps; i++) {
-		CK(cudaEventRecord(a, s));
-		fn();
-		CK(cudaEventRecord(b, s));
-		CK(cudaEventSynchronize(b));
-		CK(cudaEventElapsedTime(&t[i], a, b));
-	}
-	CK(cudaEventDestroy(a));
-	CK(cudaEventDestroy(b));
-	qsort(t, (size_t)reps, sizeof(float), cmp_f);
-	return t[reps / 2];
 }
 
 static double bench_memcpy(cudaStream_t s)
@@ -395,6 +370,40 @@ int main(int argc, char **argv)
 	bench_gate(s, &gr, &ggr);
 	report("gpu_scorer_us_per_token_fastkvzip", 32e6 / gr);
 	report("gpu_scorer_floor_us_per_token_fastkvzip", 32e6 / ggr);
+
+	/* the backend's ops, on one context of the library's table */
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	char err[256];
+	const char *mode = NULL;
+	void *ctx = NULL;
+	if (o->abi != KVT_BACKEND_ABI || !o->attention || !o->key_norms ||
+	    !o->window_select || !o->expected_select) {
+		fprintf(stderr, "kvtrim-cuda-bench: the cuda backend (ABI %u, "
+		        "built for %u) lacks an op\n", o->abi,
+		        (unsigned)KVT_BACKEND_ABI);
+		return 1;
+	}
+	if (o->probe(err, sizeof(err)) ||
+	    o->ctx_new(0, &ctx, &mode, err, sizeof(err))) {
+		fprintf(stderr, "kvtrim-cuda-bench: cuda backend: %s\n", err);
+		return 1;
+	}
+	printf("# cuda backend context, %s mode\n", mode ? mode : "?");
+	double kus;
+	double ka = bench_kvt_attention(o, ctx, s, &kus);
+	report("gpu_kvt_attention_gbps", ka);
+	report("gpu_kvt_attention_us", kus);
+	report("gpu_kvt_attention_vs_memcpy", ka / mem);
+	double knf;
+	double kn = bench_key_norms(o, ctx, s, &knf);
+	report("gpu_key_norms_us_per_token", kn);
+	report("gpu_key_norms_floor_us_per_token", knf);
+	double wms, ems, pfm;
+	bench_prompt_select(o, ctx, s, &wms, &ems, &pfm);
+	report("gpu_window_select_ms_per_seq", wms);
+	report("gpu_expected_select_ms_per_seq", ems);
+	report("gpu_prompt_select_floor_ms_per_seq", pfm);
+	o->ctx_free(ctx);
 	CK(cudaStreamDestroy(s));
 	if (out_f)
 		fclose(out_f);
