@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 7
+#define KVT_BACKEND_ABI 8
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -287,6 +287,44 @@ struct kvt_backend_expected {
 	                                 only checked */
 };
 
+/*
+ * H2O's accumulated attention on the device (attn_select, ABI 8): the
+ * per-entry state of a tenant's lists lives in device memory (state, one
+ * mem_new buffer): for list record r and half h (0 or 1) the entries
+ * [cap] positions (uint32) then [cap][G] floats S, the attention each of
+ * the G query heads of the list's KV head gave the entry, at
+ * (uint32_t *)state + (r * 2 + h) * cap * (1 + G).  A job reads the half
+ * `cur` and writes the other, so the caller commits a sync by flipping
+ * cur and a refused sync leaves no trace.  The rule is policies/h2o.c's:
+ * the new entries get position n_seen - n_new + k and S 0; every entry i
+ * adds, per query head j in t order, exp(scale q_t . k_i - lse_t) where
+ * pos_i <= position of q_t (else 0), the logits by one SGEMM as
+ * attn_band_cpu; when due, score = mean (sum in j order / G) or max over
+ * j, protected: pos < sinks, window (pos + window >= n_seen) and recent
+ * (pos + recent >= n_seen; 0 for none); of the others the best keep stay
+ * (ties keep the higher position), then the state half is compacted as
+ * compact_drops compacts the pages.
+ */
+struct kvt_backend_attn {
+	void *state;           /* device: the tenant's state (above) */
+	uint32_t cap;          /* entries per half */
+	uint32_t stage_tokens, row_floats, q_off, lse_off; /* device staging */
+	uint32_t agg;          /* 0 mean, 1 max */
+	uint32_t sinks, window; /* 0: none */
+};
+
+/* One list of attn_select: ring of its (sequence, layer) in device
+ * staging, its record and KV head g, the half holding its state, its
+ * length before the sync, the new entries, the tokens seen after them,
+ * whether a selection is due, recent, the unprotected entries kept, the
+ * drops (the caller's count, checked) and where their indices go. */
+struct kvt_backend_attn_job {
+	const float *ring;
+	uint32_t record, g, cur;
+	uint32_t len, n_new, n_seen;
+	uint32_t due, recent, keep, n_drop, drop_off;
+};
+
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
  * weights. */
 struct kvt_backend_score_job {
@@ -521,6 +559,25 @@ struct kvt_backend_ops {
 	                       const struct kvt_backend_window_list *lists,
 	                       uint32_t n_lists, uint32_t *out,
 	                       uint32_t out_words, void *stream);
+	/* (optional; ABI 8) H2O's accumulation and selection (struct
+	 * kvt_backend_attn) of n jobs, after the work queued on stream: keys
+	 * read through *pg, the new rows' q and lse in device staging, the
+	 * state read in each job's half cur and written (compacted by its
+	 * drops) in the other.  Writes out[j] = 1 when a q or lse value of
+	 * job j's new rows (every query head) is not finite (its results
+	 * are then meaningless: the caller refuses the sync), else 0;
+	 * out[n + j] = the drops job j made; its drop indices, ascending, at
+	 * out[2 n + drop_off].  What crosses: the jobs (host to device),
+	 * those words (device to host).  KVT_EINVAL for a record beyond
+	 * n_records, an output beyond out_words, len + n_new beyond cap,
+	 * rows beyond the ring, head_dim 0 or n_heads not a multiple of
+	 * n_kv_heads.  Blocks until out is filled. */
+	int (*attn_select)(void *ctx, const struct kvt_backend_paged *pg,
+	                   uint32_t n_records, enum kvt_dtype dtype,
+	                   uint32_t n_heads, uint32_t n_kv_heads,
+	                   uint32_t head_dim, const struct kvt_backend_attn *a,
+	                   const struct kvt_backend_attn_job *jobs, uint32_t n,
+	                   uint32_t *out, uint32_t out_words, void *stream);
 };
 
 /*

@@ -208,7 +208,9 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 		.size = t->g.table_bytes,
 	};
 	memcpy(e->data, t->dtab.ipc, sizeof(e->data));
-	return stage_dev_init(t, err, errlen);
+	if ((rc = stage_dev_init(t, err, errlen)))
+		return rc;
+	return tenant_attn_init(t, err, errlen);
 }
 
 static void device_fini(struct tenant *t)
@@ -230,6 +232,7 @@ static void device_fini(struct tenant *t)
 	if (t->dscorer)
 		o->scorer_free(t->bctx, t->dscorer);
 	t->dscorer = NULL;
+	tenant_attn_fini(t);
 	if (t->dbases)
 		o->mem_free(t->bctx, t->dbases);
 	t->dbases = NULL;

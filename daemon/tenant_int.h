@@ -218,6 +218,24 @@ struct tenant {
 	size_t wout_cap;
 	uint32_t n_wins, n_wlists;
 	int wactive;       /* this sync was planned (tenant_window_plan) */
+	/* H2O's rule on the device (tenant_attn.c: a policy with an attn
+	 * hook on a backend with attn_select): the per-entry state in device
+	 * memory (backend.h's struct kvt_backend_attn, two halves a record),
+	 * the half each record's state is in, and per sync each (item,
+	 * layer)'s way (enum tenant_attn), the jobs and the output words. */
+	void *astate;      /* device, NULL when the host decides */
+	uint8_t *acur;     /* [max_seqs * lists_per_seq] */
+	uint8_t *amode;    /* [amode_cap] */
+	size_t amode_cap;
+	uint32_t *afirst;  /* [afirst_cap] the first job of each (item, layer),
+	                      then the end */
+	size_t afirst_cap;
+	struct kvt_backend_attn_job *ajobs; /* [ajobs_cap] */
+	size_t ajobs_cap;
+	uint32_t *aout;    /* [aout_cap] */
+	size_t aout_cap;
+	uint32_t n_ajobs;
+	int aactive;       /* this sync was planned (tenant_attn_plan) */
 	void **dbases;     /* device [max_chunks] */
 	void **hbases;     /* [max_chunks] */
 	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
@@ -391,6 +409,70 @@ static inline int tenant_window_host(const struct tenant *t, size_t ly)
 	return !t->wactive || t->wmode[ly] == TENANT_WIN_HOST ||
 	       t->wout[t->wwin[ly]] != 0;
 }
+
+/* How a (sequence, layer) of a sync is decided (tenant_attn.c). */
+enum tenant_attn {
+	TENANT_ATTN_HOST = 0, /* policy_decide on the host */
+	TENANT_ATTN_DEVICE,   /* attn_select's drops */
+	TENANT_ATTN_FLAGGED,  /* the device found a new row not finite: the
+	                         host path refuses the sync */
+};
+
+/* Allocates the device state of H2O's rule when the tenant's policy has
+ * an attn hook and the backend attn_select (device_init); 0 or an error
+ * with the reason in err.  tenant_attn_fini frees it. */
+int tenant_attn_init(struct tenant *t, char *err, size_t errlen);
+void tenant_attn_fini(struct tenant *t);
+
+/*
+ * Before the decisions of a sync of such a tenant: one attn_select call
+ * for every list of the sync (the state accumulated and, where due, the
+ * selection and the state's compaction, into the half not current), the
+ * counts checked against the host's.  0, or an error with the reason.
+ */
+int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
+                     uint32_t n, char *err, size_t errlen);
+
+/* In the decision loop: 1 when the device decided (item, layer) ly (its
+ * drops marked in pl's heads), else 0. */
+int tenant_attn_take(struct tenant *t, size_t ly, struct policy_layer *pl);
+
+/* After the sync's last check: the new halves become current. */
+void tenant_attn_commit(struct tenant *t);
+
+static inline int tenant_attn_mode(const struct tenant *t, size_t ly)
+{
+	return t->aactive ? t->amode[ly] : TENANT_ATTN_HOST;
+}
+
+/* Whether the host decides (item, layer) ly of this sync. */
+static inline int tenant_attn_host(const struct tenant *t, size_t ly)
+{
+	return tenant_attn_mode(t, ly) != TENANT_ATTN_DEVICE;
+}
+
+/* The (item, layer)s of a sync validate() passed, and its entries (every
+ * list's len + n_new: a bound on its drops). */
+static inline void tenant_sync_extent(struct tenant *t,
+                                      const struct ipc_sync_item *items,
+                                      uint32_t n, size_t *nly,
+                                      size_t *entries)
+{
+	*nly = *entries = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t slot, lo, hi;
+		(void)item_seq(t, &items[i], &slot, &lo, &hi);
+		*nly += hi - lo;
+		for (uint32_t layer = lo; layer < hi; layer++)
+			for (uint32_t h = 0; h < t->g.n_kv_heads; h++)
+				*entries += tlist_at(t, slot, layer, h)->len +
+				            items[i].n_new;
+	}
+}
+
+/* Grows *p to at least want elements of elem bytes (*cap counts them);
+ * KVT_ENOMEM leaves it as it was (tenant_sync.c). */
+int tenant_grow(void **p, size_t *cap, size_t want, size_t elem);
 
 /* Device tenant with compact_drops (tenant_sync.c): queues the upload of
  * the daemon's chunk bases when a chunk came or went since the last one

@@ -166,7 +166,8 @@ static int validate(struct tenant *t, uint64_t no,
 	return 0;
 }
 
-static int grow(void **p, size_t *cap, size_t want, size_t elem)
+/* tenant_int.h */
+int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
 {
 	if (want <= *cap)
 		return 0;
@@ -396,32 +397,32 @@ static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
                           char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
-	if (grow((void **)&t->blist, &t->blist_cap, nlists ? nlists : 1,
+	if (tenant_grow((void **)&t->blist, &t->blist_cap, nlists ? nlists : 1,
 	         sizeof(*t->blist)) ||
-	    grow((void **)&t->bpages, &t->bpages_cap,
+	    tenant_grow((void **)&t->bpages, &t->bpages_cap,
 	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
-	    grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
+	    tenant_grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
 	         sizeof(*t->bmoves)) ||
 	    (t->dbases &&
-	     (grow((void **)&t->bdl, &t->bdl_cap, nlists ? nlists : 1,
+	     (tenant_grow((void **)&t->bdl, &t->bdl_cap, nlists ? nlists : 1,
 	           sizeof(*t->bdl)) ||
-	      grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
+	      tenant_grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
 	           sizeof(*t->bdrops)))) ||
 	    (t->dscorer &&
-	     grow((void **)&t->jobs, &t->jobs_cap,
+	     tenant_grow((void **)&t->jobs, &t->jobs_cap,
 	          2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->jobs))) ||
 	    (t->dnorms &&
-	     grow((void **)&t->njobs, &t->njobs_cap, nlists + 1,
+	     tenant_grow((void **)&t->njobs, &t->njobs_cap, nlists + 1,
 	          sizeof(*t->njobs))) ||
 	    ((t->dscorer || t->dnorms) &&
-	     grow((void **)&t->pre, &t->pre_cap, entries + 1,
+	     tenant_grow((void **)&t->pre, &t->pre_cap, entries + 1,
 	          sizeof(*t->pre))))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
-		if (grow((void **)&t->kbuf, &t->kbuf_cap,
+		if (tenant_grow((void **)&t->kbuf, &t->kbuf_cap,
 		         n * staged_page_bytes(t), 1) ||
-		    grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
+		    tenant_grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
 			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
 	int rc = t->bops->stream_wait_event(t->bctx, t->stream, &t->ev_writes);
@@ -583,11 +584,11 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	if (rc)
 		return rc;
 	size_t nlayers = nlists / g->n_kv_heads;
-	if (grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
-	    grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)) ||
-	    grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
+	if (tenant_grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
+	    tenant_grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)) ||
+	    tenant_grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
 	         sizeof(float)) ||
-	    grow((void **)&t->state_scr, &t->state_cap,
+	    tenant_grow((void **)&t->state_scr, &t->state_cap,
 	         nlayers * t->sbytes + 1, 1))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	memset(t->drop, 0, entries);
@@ -600,7 +601,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	if (t->dnorms && (rc = norms_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
 		            t->bops->name, t->bops->last_error());
-	if ((rc = tenant_window_plan(t, items, n, err, errlen)))
+	if ((rc = tenant_window_plan(t, items, n, err, errlen)) ||
+	    (rc = tenant_attn_plan(t, items, n, err, errlen)))
 		return rc;
 	size_t pre_at = 0; /* rows of t->pre taken so far */
 
@@ -639,9 +641,10 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				       t->sbytes);
 			/* a policy that decides nothing now reads nothing:
 			 * no rows or keys are staged for it, nor for one the
-			 * device decides (tenant_window.c) */
+			 * device decides (tenant_window.c, tenant_attn.c) */
 			const int dec = policy_decides(t->pol, &pl) &&
-			                tenant_window_host(t, ly_all);
+			                tenant_window_host(t, ly_all) &&
+			                tenant_attn_host(t, ly_all);
 			if (t->dscorer || t->dnorms) {
 				pl.pre = t->pre + pre_at * g->n_kv_heads;
 				pre_at += it->n_new;
@@ -665,7 +668,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				uint32_t len = l->len + it->n_new;
 				for (uint32_t k = 0; k < it->n_new; k++)
 					pos[l->len + k] = prev + k;
-				float *e = t->ef ? t->ent_scr + eoff : NULL;
+				float *e = t->ef && tenant_attn_host(t, ly_all)
+				           ? t->ent_scr + eoff : NULL;
 				if (e) {
 					size_t old = (size_t)l->len * t->ef;
 					memcpy(e, seq_ent(t, s, li),
@@ -704,7 +708,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				            t->bops->last_error());
 			pace_point_slow(); /* the policy's work is per layer */
 			uint64_t d0 = now_ns();
-			rc = tenant_window_take(t, ly_all, &pl)
+			rc = tenant_window_take(t, ly_all, &pl) ||
+			     tenant_attn_take(t, ly_all, &pl)
 			     ? 0 : policy_decide(t->pol, &pl);
 			t->scorer_ns += now_ns() - d0;
 			if (t->dstage.base && t->ring_err)
@@ -717,6 +722,10 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				            (unsigned long long)it->seq,
 				            t->pol->ops->name, t->pol->why[0]
 				            ? t->pol->why : kvt_strerror(rc));
+			if (tenant_attn_mode(t, ly_all) == TENANT_ATTN_FLAGGED)
+				return errors_fmt(err, errlen, KVT_EINVAL, "item %u: "
+				            "layer %u: a staged q or lse is not "
+				            "finite (device)", i, layer);
 			off = off0;
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				const struct tlist *l = tlist_at(t, slot, layer,
@@ -740,6 +749,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	rc = tenant_reserve_pages(t, need_pages, freed, err, errlen);
 	if (rc)
 		return rc;
+	tenant_attn_commit(t); /* the device's entry states of this sync */
 
 	/* Step 4: apply.  Pass 1 compacts, commits the policy states and
 	 * frees, pass 2 allocates, so the frees of one list can serve the
@@ -767,7 +777,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				uint32_t *pos = seq_pos(t, s, li);
 				uint32_t *pg = seq_pages(t, s, li);
 				uint32_t len = l->len + it->n_new, nl;
-				float *e = t->ef ? t->ent_scr + eoff : NULL;
+				float *e = t->ef && tenant_attn_host(t, ly_all)
+				           ? t->ent_scr + eoff : NULL;
 				const uint8_t *drop = t->drop + off;
 				uint32_t nm = compact_plan(drop, len, t->moves,
 				                           &nl);

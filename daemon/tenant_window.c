@@ -26,21 +26,6 @@
 #include "policy.h"
 #include "tenant_int.h"
 
-static int grow_to(void **p, size_t *cap, size_t want, size_t elem)
-{
-	if (want <= *cap)
-		return 0;
-	size_t n = *cap ? *cap : 16;
-	while (n < want)
-		n *= 2;
-	void *q = realloc(*p, n * elem);
-	if (!q)
-		return KVT_ENOMEM;
-	*p = q;
-	*cap = n;
-	return 0;
-}
-
 /* 1 when every list of (slot, layer) holds exactly prev entries, entry k at
  * position k. */
 static int identity(const struct tenant *t, const struct tseq *s,
@@ -143,20 +128,20 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
 static int make_room(struct tenant *t, size_t nly, size_t entries)
 {
 	size_t cap = t->wl_cap;
-	if (grow_to((void **)&t->wmode, &cap, nly + 1, 1))
+	if (tenant_grow((void **)&t->wmode, &cap, nly + 1, 1))
 		return KVT_ENOMEM;
 	cap = t->wl_cap;
-	if (grow_to((void **)&t->wwin, &cap, nly + 1, sizeof(*t->wwin)))
+	if (tenant_grow((void **)&t->wwin, &cap, nly + 1, sizeof(*t->wwin)))
 		return KVT_ENOMEM;
 	t->wl_cap = cap;
 	size_t nl = nly * t->g.n_kv_heads + 1;
-	if (grow_to((void **)&t->wins, &t->wins_cap, nly + 1,
+	if (tenant_grow((void **)&t->wins, &t->wins_cap, nly + 1,
 	            sizeof(*t->wins)) ||
-	    grow_to((void **)&t->ewins, &t->ewins_cap, nly + 1,
+	    tenant_grow((void **)&t->ewins, &t->ewins_cap, nly + 1,
 	            sizeof(*t->ewins)) ||
-	    grow_to((void **)&t->wlists, &t->wlists_cap, nl,
+	    tenant_grow((void **)&t->wlists, &t->wlists_cap, nl,
 	            sizeof(*t->wlists)) ||
-	    grow_to((void **)&t->wout, &t->wout_cap, nly + nl + entries + 1,
+	    tenant_grow((void **)&t->wout, &t->wout_cap, nly + nl + entries + 1,
 	            sizeof(*t->wout)))
 		return KVT_ENOMEM;
 	return 0;
@@ -172,16 +157,8 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 	if (!t->dev || !t->dbases || !t->dstage.base || !pol->ops->window ||
 	    (!t->bops->window_select && !t->bops->expected_select))
 		return 0;
-	size_t nly = 0, entries = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t slot, lo, hi;
-		(void)item_seq(t, &items[i], &slot, &lo, &hi);
-		nly += hi - lo;
-		for (uint32_t layer = lo; layer < hi; layer++)
-			for (uint32_t h = 0; h < g->n_kv_heads; h++)
-				entries += tlist_at(t, slot, layer, h)->len +
-				           items[i].n_new;
-	}
+	size_t nly, entries;
+	tenant_sync_extent(t, items, n, &nly, &entries);
 	if (make_room(t, nly, entries))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	uint32_t drops = 0;

@@ -87,6 +87,20 @@ static int h2o_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy.h: the rule h2o_decide applies, for a device to run it. */
+static int h2o_attn(const struct policy *p, const struct policy_layer *l,
+                    struct policy_attn_rule *r)
+{
+	uint32_t b = policy_budget(p, l->n_seen);
+	*r = (struct policy_attn_rule){
+		.agg = p->args.agg, .sinks = p->args.sinks,
+		.window = p->args.window,
+		.recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2,
+		.budget = b, .due = policy_due(p, l),
+	};
+	return 1;
+}
+
 const struct policy_ops h2o_ops = {
 	.name = "h2o",
 	.help = "H2O: accumulated attention received, per KV head "
@@ -97,4 +111,5 @@ const struct policy_ops h2o_ops = {
 	        POLICY_KEY_AGG | POLICY_KEY_SINKS | POLICY_KEY_EVERY,
 	.init = h2o_init,
 	.decide = h2o_decide,
+	.attn = h2o_attn,
 };

@@ -201,6 +201,16 @@ struct policy_window {
 	uint8_t cov, vnorm;
 };
 
+/* H2O's accumulated-attention rule for one (sequence, layer), as a device
+ * runs it (policy_ops.attn; backend.h's struct kvt_backend_attn). */
+struct policy_attn_rule {
+	enum policy_agg agg;
+	uint32_t sinks, window; /* policy_protected's; window 0: none */
+	uint32_t recent;  /* also protected: pos + recent >= n_seen (0: none) */
+	uint32_t budget;  /* policy_budget at n_seen, pressure applied */
+	int due;          /* policy_due: a selection at this sync */
+};
+
 struct policy_ops {
 	const char *name;
 	const char *help;  /* one line for --list-policies */
@@ -240,6 +250,15 @@ struct policy_ops {
 	 * window, no query to learn from, or within the budget). */
 	int (*window)(struct policy *p, struct policy_layer *l,
 	              struct policy_window *w);
+	/* (optional) For a policy whose decision is H2O's rule (h2o: per
+	 * entry and query head of the group the attention received from
+	 * every staged query, entry_floats = G, scored by agg, top-k under
+	 * the budget with sinks, window and recent protected), which a
+	 * device may run where the keys, queries and entry states are
+	 * (backend attn_select): fills *r for l (layer, phase, n_new and
+	 * n_seen set) and returns 1. */
+	int (*attn)(const struct policy *p, const struct policy_layer *l,
+	            struct policy_attn_rule *r);
 	/* 1: of the pages, decide() reads only the L2 norms of the new
 	 * entries' keys (knorm), which a device tenant may compute where the
 	 * keys are and pass as policy_layer.pre ([n_new][n_kv_heads] norms;

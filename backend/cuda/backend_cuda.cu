@@ -115,4 +115,5 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .key_norms = */ bc_key_norms,
 	/* .window_select = */ bc_window_select,
 	/* .expected_select = */ bc_expected_select,
+	/* .attn_select = */ bc_attn_select,
 };

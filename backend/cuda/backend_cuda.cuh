@@ -265,6 +265,12 @@ int bc_expected_select(void *ctx, const struct kvt_backend_paged *pg,
                        const struct kvt_backend_window_list *lists,
                        uint32_t n_lists, uint32_t *out, uint32_t out_words,
                        void *stream);
+int bc_attn_select(void *ctx, const struct kvt_backend_paged *pg,
+                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
+                   uint32_t n_kv_heads, uint32_t head_dim,
+                   const struct kvt_backend_attn *a,
+                   const struct kvt_backend_attn_job *jobs, uint32_t n,
+                   uint32_t *out, uint32_t out_words, void *stream);
 
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,

@@ -48,7 +48,7 @@ static const struct tpol {
 	{"full", "full", 1},
 	{"random", "random:tokens=512", 1},
 	{"streaming", "streaming:sinks=2,tokens=512", 1},
-	{"h2o", "h2o:tokens=512", 0},
+	{"h2o", "h2o:tokens=512", 1},
 	{"snapkv", "snapkv:window=4,tokens=512", 1},
 	{"tova", "tova:tokens=512", 0},
 	{"kvzap", "kvzap:model=%s,window=4", 1},

@@ -97,11 +97,11 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 	  rm -f $@.tmp; exit 1; \
 	fi; mv $@.tmp $@
 
-# test_cuda_attention.c and test_cuda_sync_ops.c use no CUDA header: the
-# generic rule's objects
-# serve both test binaries.
+# test_cuda_attention.c, test_cuda_sync_ops.c and test_cuda_h2o.c use no
+# CUDA header: the generic rule's objects serve both test binaries.
 $(CUDA_EMU_TESTS): $(EMU_TOBJ) $(B)/obj/tests/kernels/test_cuda_attention.o \
                    $(B)/obj/tests/kernels/test_cuda_sync_ops.o \
+                   $(B)/obj/tests/kernels/test_cuda_h2o.o \
                    $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
                    $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ)

@@ -1,0 +1,376 @@
+/*
+ * attn_select.cu — the cuda backend's `attn_select` op (backend.h, ABI 8):
+ * H2O's accumulated attention (policies/h2o.c) computed where the keys,
+ * the staged queries and the per-entry state are, so that a sync moves
+ * only the drop indices (4 bytes each) to the host instead of the K
+ * halves of every page of every list (what read_regions staged).
+ *
+ * Per job (one list):
+ *   1. gather: the list's keys [len + n_new][hd] as float32 out of its
+ *      pages (bc_entry_row), the new rows' q of its query heads
+ *      [n_new][G][hd] and lse [n_new][G] out of device staging; the state
+ *      of the old entries copied from the half `cur` to the other one,
+ *      the new entries' positions and zero S written there;
+ *   2. the logits [n_new * G][len] = scale * q . k by one cuBLAS SGEMM,
+ *      attn_band_cpu's cblas_sgemm call transposed into column order (on
+ *      the CPU emulator, whose cuBLAS is OpenBLAS, the same bits);
+ *   3. one thread per entry: S[j] += (pos <= qpos_t) ? expf(logit - lse)
+ *      : 0.0f in t order, then (when due) the score and the protection,
+ *      h2o_decide's float operations one for one;
+ *   4. when due: select_topk_cuda (rank = position), the dropped indices
+ *      in order into the output, their count beside it, and the new half
+ *      compacted by the same pairing as compact_drops (hole j gets the
+ *      (j+1)-th kept entry at or above the new length).
+ * One check per job of its new rows (every query head's q and lse, what
+ * policy_decide checks): a flag comes back and the caller refuses.
+ * The scratch is the context's window scratch (window_select.cu's
+ * bc_win_prepare), grown for the largest job; the op holds the context's
+ * lock and waits for the output before it returns.
+ * Test: cuda.backend_attn_select_matches_h2o (test_cuda_h2o.c), and the
+ * emulated passes of `make test` (kvtrim-loadgen --verify for h2o,
+ * traffic.sync_bound_h2o).
+ */
+#include <cublas_v2.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend_cuda.cuh"
+#include "blas.cuh"
+#include "common.cuh"
+#include "prompt_select.cuh"
+#include "select_topk.cuh"
+
+#define BC_H2O_THREADS 256
+
+static __device__ __forceinline__ const float *
+bc_h2o_row(const kvt_backend_attn &a, const kvt_backend_attn_job &j,
+           uint32_t p)
+{
+	return j.ring + (uint64_t)(p % a.stage_tokens) * a.row_floats;
+}
+
+/* Half h of record r: positions [cap], then S [cap][G]. */
+static __host__ __device__ __forceinline__ uint32_t *
+bc_h2o_half(const kvt_backend_attn &a, uint32_t G, uint32_t r, uint32_t h)
+{
+	return (uint32_t *)a.state +
+	       ((uint64_t)r * 2 + h) * a.cap * (uint64_t)(1 + G);
+}
+
+/* out = 1 when a q or lse value of the job's new rows is not finite. */
+__global__ void bc_h2o_check(const kvt_backend_attn a,
+                             const kvt_backend_attn_job j, uint32_t n_heads,
+                             uint32_t head_dim, uint32_t *out)
+{
+	__shared__ uint32_t bad;
+	if (threadIdx.x == 0)
+		bad = 0;
+	__syncthreads();
+	const uint32_t nq = n_heads * head_dim, per = nq + n_heads;
+	const uint64_t n = (uint64_t)j.n_new * per;
+	uint32_t mine = 0;
+	for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
+		const float *row = bc_h2o_row(a, j, j.n_seen - j.n_new +
+		                                        (uint32_t)(e / per));
+		uint32_t k = (uint32_t)(e % per);
+		float v = k < nq ? row[a.q_off + k] : row[a.lse_off + k - nq];
+		mine |= !isfinite(v);
+	}
+	if (mine)
+		atomicOr(&bad, 1u);
+	__syncthreads();
+	if (threadIdx.x == 0)
+		*out = bad;
+}
+
+/* Step 1 (L = len + n_new entries). */
+template <typename T>
+__global__ void bc_h2o_gather(const kvt_backend_paged pg,
+                              const kvt_backend_attn a,
+                              const kvt_backend_attn_job j, uint32_t G,
+                              uint32_t head_dim, float *qg, float *lg,
+                              float *keys)
+{
+	const struct kvt_list_record *r =
+		(const struct kvt_list_record *)((const char *)pg.records +
+		                                 (uint64_t)j.record *
+		                                         pg.list_stride);
+	const uint32_t L = j.len + j.n_new;
+	const uint32_t *src = bc_h2o_half(a, G, j.record, j.cur);
+	uint32_t *dst = bc_h2o_half(a, G, j.record, j.cur ^ 1u);
+	const float *ss = (const float *)(src + a.cap);
+	float *sd = (float *)(dst + a.cap);
+	const uint64_t nk = j.n_new ? (uint64_t)L * head_dim : 0,
+	               nq = (uint64_t)j.n_new * G * head_dim,
+	               nl = (uint64_t)j.n_new * G, ns = (uint64_t)L * (1 + G);
+	const uint32_t first = j.n_seen - j.n_new;
+	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	     e < nk + nq + nl + ns; e += (uint64_t)gridDim.x * blockDim.x) {
+		if (e < nk) {
+			uint32_t i = (uint32_t)(e / head_dim),
+			         d = (uint32_t)(e % head_dim);
+			const T *row = (const T *)bc_entry_row(pg, r, i);
+			keys[e] = row ? common_to_f(row[d]) : nanf("");
+		} else if (e < nk + nq) {
+			uint64_t q = e - nk;
+			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
+			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
+			qg[q] = bc_h2o_row(a, j, first + t)
+				[a.q_off + (uint64_t)j.g * G * head_dim + rest];
+		} else if (e < nk + nq + nl) {
+			uint64_t q = e - nk - nq;
+			uint32_t t = (uint32_t)(q / G), h = (uint32_t)(q % G);
+			lg[q] = bc_h2o_row(a, j, first + t)[a.lse_off + j.g * G + h];
+		} else {
+			uint64_t q = e - nk - nq - nl;
+			uint32_t i = (uint32_t)(q / (1 + G)),
+			         k = (uint32_t)(q % (1 + G));
+			if (k == 0)
+				dst[i] = i < j.len ? src[i] : first + (i - j.len);
+			else
+				sd[(uint64_t)i * G + k - 1] =
+					i < j.len ? ss[(uint64_t)i * G + k - 1] : 0.0f;
+		}
+	}
+}
+
+/* Step 3: the accumulation, then (due) score s and protection prot. */
+__global__ void bc_h2o_accum(const kvt_backend_attn a,
+                             const kvt_backend_attn_job j, uint32_t G,
+                             const float *logit, const float *lg, float *s,
+                             uint8_t *prot)
+{
+	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
+	uint32_t *pos = bc_h2o_half(a, G, j.record, j.cur ^ 1u);
+	float *S = (float *)(pos + a.cap);
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < L;
+	     i += gridDim.x * blockDim.x) {
+		const uint32_t p = pos[i];
+		float *e = S + (uint64_t)i * G;
+		for (uint32_t h = 0; h < G; h++) {
+			float v = e[h];
+			for (uint32_t t = 0; t < j.n_new; t++) {
+				const uint32_t row = t * G + h;
+				float w = p <= first + t
+				          ? expf(logit[(uint64_t)row * L + i] - lg[row])
+				          : 0.0f;
+				v += w;
+			}
+			e[h] = v;
+		}
+		if (!j.due)
+			continue;
+		float v = e[0];
+		for (uint32_t h = 1; h < G; h++)
+			v = a.agg ? (e[h] > v ? e[h] : v) : v + e[h];
+		s[i] = a.agg ? v : v / (float)G;
+		prot[i] = (j.recent && p + (uint64_t)j.recent >= j.n_seen) ||
+		          p < a.sinks ||
+		          (a.window && p + (uint64_t)a.window >= j.n_seen);
+	}
+}
+
+/* Step 4's compaction of the new half: one thread per drop d[k] below
+ * the new length (a hole), as compact_drops pairs them. */
+__global__ void bc_h2o_compact(const kvt_backend_attn a,
+                               const kvt_backend_attn_job j, uint32_t G,
+                               const uint32_t *d, const uint32_t *count)
+{
+	const uint32_t L = j.len + j.n_new;
+	const uint32_t m = *count < j.n_drop ? *count : j.n_drop;
+	if (m > L)
+		return;
+	const uint32_t NL = L - m;
+	uint32_t h = 0, hi = m; /* holes: d[k] < NL */
+	while (h < hi) {
+		uint32_t mid = h + (hi - h) / 2;
+		if (d[mid] < NL)
+			h = mid + 1;
+		else
+			hi = mid;
+	}
+	uint32_t *pos = bc_h2o_half(a, G, j.record, j.cur ^ 1u);
+	float *S = (float *)(pos + a.cap);
+	const uint32_t *t = d + h;
+	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < h;
+	     k += gridDim.x * blockDim.x) {
+		uint32_t lo = 0, up = m - h;
+		while (lo < up) { /* smallest q with t[q] - q > NL + k */
+			uint32_t mid = lo + (up - lo) / 2;
+			if (t[mid] - mid > NL + k)
+				up = mid;
+			else
+				lo = mid + 1;
+		}
+		const uint32_t src = NL + k + lo, dst = d[k];
+		pos[dst] = pos[src];
+		for (uint32_t q = 0; q < G; q++)
+			S[(uint64_t)dst * G + q] = S[(uint64_t)src * G + q];
+	}
+}
+
+static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
+                              uint32_t nkv, uint32_t hd,
+                              const struct kvt_backend_attn *a,
+                              const struct kvt_backend_attn_job *jobs,
+                              uint32_t n, uint32_t out_words)
+{
+	if (!hd || !nkv || n_heads % nkv || !a->state || !a->stage_tokens ||
+	    a->q_off + (uint64_t)n_heads * hd > a->row_floats ||
+	    a->lse_off + (uint64_t)n_heads > a->row_floats) {
+		bc_note("attn_select: %u query heads on %u KV heads, head_dim "
+		        "%u, or no state or ring", n_heads, nkv, hd);
+		return KVT_EINVAL;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		const struct kvt_backend_attn_job *j = &jobs[k];
+		if (!j->ring || j->record >= n_records || j->g >= nkv ||
+		    j->cur > 1 || (uint64_t)j->len + j->n_new > a->cap ||
+		    j->n_new > j->n_seen || j->n_new > a->stage_tokens ||
+		    j->n_drop > j->len + j->n_new ||
+		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
+			bc_note("attn_select: job %u: record %u of %u, KV head %u, "
+			        "%u + %u entries of %u, seen %u, drops %u + %u of "
+			        "%u words", k, j->record, n_records, j->g, j->len,
+			        j->n_new, a->cap, j->n_seen, j->drop_off,
+			        j->n_drop, out_words);
+			return KVT_EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int bc_attn_select_locked(struct bc_ctx *c,
+                                 const struct kvt_backend_paged *pg,
+                                 enum kvt_dtype dt, uint32_t n_heads,
+                                 uint32_t nkv, uint32_t hd,
+                                 const struct kvt_backend_attn *a,
+                                 const struct kvt_backend_attn_job *jobs,
+                                 uint32_t n, uint32_t *out,
+                                 uint32_t out_words, cudaStream_t s)
+{
+	const uint32_t G = n_heads / nkv;
+	uint64_t maxL = 1, maxN = 1;
+	for (uint32_t k = 0; k < n; k++) {
+		uint64_t L = (uint64_t)jobs[k].len + jobs[k].n_new;
+		maxL = L > maxL ? L : maxL;
+		maxN = jobs[k].n_new > maxN ? jobs[k].n_new : maxN;
+	}
+	const size_t o_out = 0,
+	             o_keys = o_out + bc_ps_al((size_t)out_words * 4),
+	             o_qg = o_keys + bc_ps_al(maxL * hd * 4),
+	             o_lg = o_qg + bc_ps_al(maxN * G * hd * 4),
+	             o_logit = o_lg + bc_ps_al(maxN * G * 4),
+	             o_s = o_logit + bc_ps_al(maxN * G * maxL * 4),
+	             o_prot = o_s + bc_ps_al(maxL * 4),
+	             o_drop = o_prot + bc_ps_al(maxL),
+	             need = o_drop + bc_ps_al(maxL);
+	int rv = bc_win_prepare(c, need);
+	if (rv)
+		return rv;
+	cublasHandle_t h = (cublasHandle_t)c->win_blas;
+	char *d = c->d_win;
+	uint32_t *dout = (uint32_t *)(d + o_out);
+	float *keys = (float *)(d + o_keys), *qg = (float *)(d + o_qg),
+	      *lg = (float *)(d + o_lg), *logit = (float *)(d + o_logit),
+	      *sc = (float *)(d + o_s);
+	uint8_t *prot = (uint8_t *)(d + o_prot), *drop = (uint8_t *)(d + o_drop);
+	/* the jobs reach the device as launch arguments: counted as the
+	 * descriptors they are */
+	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
+	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
+	        "attn_select");
+	const float scale = 1.0f / sqrtf((float)hd);
+	const kvt_backend_paged p = *pg;
+	const kvt_backend_attn A = *a;
+	for (uint32_t k = 0; k < n; k++) {
+		const kvt_backend_attn_job J = jobs[k];
+		const uint32_t L = J.len + J.n_new;
+		if (!L)
+			continue;
+		KVT_LAUNCH(bc_h2o_check, 1, BC_H2O_THREADS, 0, s, A, J, n_heads,
+		           hd, dout + k);
+		uint64_t tot = (J.n_new ? (uint64_t)L * hd : 0) +
+		               (uint64_t)J.n_new * G * (hd + 1) +
+		               (uint64_t)L * (1 + G);
+		uint32_t blocks = (uint32_t)((tot + BC_H2O_THREADS - 1) /
+		                             BC_H2O_THREADS);
+		if (blocks > 4096)
+			blocks = 4096;
+		if (dt == KVT_DTYPE_F16)
+			KVT_LAUNCH(bc_h2o_gather<f16_t>, blocks, BC_H2O_THREADS, 0,
+			           s, p, A, J, G, hd, qg, lg, keys);
+		else if (dt == KVT_DTYPE_BF16)
+			KVT_LAUNCH(bc_h2o_gather<bf16_t>, blocks, BC_H2O_THREADS,
+			           0, s, p, A, J, G, hd, qg, lg, keys);
+		else
+			KVT_LAUNCH(bc_h2o_gather<float>, blocks, BC_H2O_THREADS, 0,
+			           s, p, A, J, G, hd, qg, lg, keys);
+		BC_CALL(cudaGetLastError(), "attn_select gather");
+		if (J.n_new) {
+			/* logit [n_new G][L] = scale qg keys^T, as
+			 * attn_band_cpu's cblas_sgemm */
+			if ((rv = blas_err(cublasSetStream(h, s))))
+				return rv;
+			const float zero = 0.0f;
+			if ((rv = blas_err(cublasSgemm(
+				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
+				     (int)(J.n_new * G), (int)hd, &scale, keys,
+				     (int)hd, qg, (int)hd, &zero, logit, (int)L)))) {
+				bc_note("attn_select: cublasSgemm failed");
+				return rv;
+			}
+		}
+		uint32_t eb = (L + BC_H2O_THREADS - 1) / BC_H2O_THREADS;
+		KVT_LAUNCH(bc_h2o_accum, eb > 4096 ? 4096 : eb, BC_H2O_THREADS, 0,
+		           s, A, J, G, logit, lg, sc, prot);
+		BC_CALL(cudaGetLastError(), "attn_select accumulate");
+		if (!J.due)
+			continue;
+		const uint32_t *pos = bc_h2o_half(A, G, J.record, J.cur ^ 1u);
+		if ((rv = select_topk_cuda(sc, pos, prot, L, J.keep, drop, NULL,
+		                           NULL, s)))
+			return rv;
+		uint32_t *idx = dout + 2 * n + J.drop_off;
+		KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L, idx, J.n_drop,
+		           dout + n + k);
+		BC_CALL(cudaGetLastError(), "attn_select indices");
+		if (J.n_drop) {
+			uint32_t cb = (J.n_drop + BC_H2O_THREADS - 1) /
+			              BC_H2O_THREADS;
+			KVT_LAUNCH(bc_h2o_compact, cb > 4096 ? 4096 : cb,
+			           BC_H2O_THREADS, 0, s, A, J, G, idx, dout + n + k);
+			BC_CALL(cudaGetLastError(), "attn_select compact");
+		}
+	}
+	return bc_ps_finish(c, out, dout, out_words, s, "attn_select");
+}
+
+int bc_attn_select(void *ctx, const struct kvt_backend_paged *pg,
+                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
+                   uint32_t n_kv_heads, uint32_t head_dim,
+                   const struct kvt_backend_attn *a,
+                   const struct kvt_backend_attn_job *jobs, uint32_t n,
+                   uint32_t *out, uint32_t out_words, void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!n)
+		return 0;
+	if (!a || !jobs) {
+		bc_note("attn_select: a NULL argument");
+		return KVT_EINVAL;
+	}
+	int rv = bc_ps_check_call("attn_select", pg, jobs, 0, NULL, 0, dtype,
+	                          out, out_words);
+	if (!rv)
+		rv = bc_attn_check_args(n_records, n_heads, n_kv_heads, head_dim,
+		                        a, jobs, n, out_words);
+	if (rv)
+		return rv;
+	pthread_mutex_lock(&c->lock);
+	rv = bc_attn_select_locked(c, pg, dtype, n_heads, n_kv_heads, head_dim,
+	                           a, jobs, n, out, out_words,
+	                           (cudaStream_t)stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
+}
