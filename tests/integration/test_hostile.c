@@ -115,8 +115,12 @@ TEST_T(hostile, never_reading_peer_does_not_freeze_the_control_plane, 60)
 	T_EQ(th_stat(&d, "control_conns_closed_send_timeout_total") +
 	     th_stat(&d, "control_conns_closed_idle_total"), 4);
 	T_ASSERT(th_stat(&d, "control_reads_paused_total") >= 4);
-	/* What they wrote and the daemon never read or answered. */
-	T_ASSERT(th_stat(&d, "control_requests_dropped_total") > 0);
+	/* control_requests_dropped_total is not asserted here: it counts the
+	 * requests the daemon had read or taken in when it closed a peer,
+	 * not those still in the kernel's socket buffer, so whether a pause
+	 * fell on a frame boundary with every request read answered decides
+	 * it (a CI-like run saw 0 once, in an emulated pass).  ctl_wire's
+	 * tests count drops where they are deterministic. */
 	T_EQ(wait_connections(&d, 1), 1);
 	T_EQ(th_daemon_stop(&d), 0);
 }
