@@ -204,9 +204,10 @@ struct tenant {
 	 * (enum tenant_win) and window index, the windows of the rule the
 	 * policy's window hook names (wrule: SnapKV's in wins, Expected
 	 * Attention's in ewins), their lists and the op's output words. */
-	uint8_t *wmode;    /* [wl_cap] */
-	uint32_t *wwin;    /* [wl_cap] */
-	size_t wl_cap;
+	uint8_t *wmode;    /* [wmode_cap] */
+	size_t wmode_cap;
+	uint32_t *wwin;    /* [wwin_cap] */
+	size_t wwin_cap;
 	struct kvt_backend_window *wins;    /* [wins_cap] */
 	size_t wins_cap;
 	struct kvt_backend_expected *ewins; /* [ewins_cap] */

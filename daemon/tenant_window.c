@@ -127,13 +127,10 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
  * the output words (entries: the sync's entries, a bound on the drops). */
 static int make_room(struct tenant *t, size_t nly, size_t entries)
 {
-	size_t cap = t->wl_cap;
-	if (tenant_grow((void **)&t->wmode, &cap, nly + 1, 1))
+	if (tenant_grow((void **)&t->wmode, &t->wmode_cap, nly + 1, 1) ||
+	    tenant_grow((void **)&t->wwin, &t->wwin_cap, nly + 1,
+	                sizeof(*t->wwin)))
 		return KVT_ENOMEM;
-	cap = t->wl_cap;
-	if (tenant_grow((void **)&t->wwin, &cap, nly + 1, sizeof(*t->wwin)))
-		return KVT_ENOMEM;
-	t->wl_cap = cap;
 	size_t nl = nly * t->g.n_kv_heads + 1;
 	if (tenant_grow((void **)&t->wins, &t->wins_cap, nly + 1,
 	            sizeof(*t->wins)) ||

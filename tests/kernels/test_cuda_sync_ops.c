@@ -482,6 +482,24 @@ TEST(cuda, backend_key_norms_match_double_loop)
 	dr_fini(&f);
 }
 
+/* The naive rules' selection: of the nc candidates cand[] (scores s by
+ * index), the best keep stay (score, then the higher index), the others
+ * are marked in drop. */
+static void naive_keep_best(const double *s, uint32_t *cand, uint32_t nc,
+                            uint32_t keep, uint8_t *drop)
+{
+	for (uint32_t a = 0; a < nc; a++)
+		for (uint32_t b = a + 1; b < nc; b++)
+			if (s[cand[b]] > s[cand[a]] ||
+			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
+				uint32_t x = cand[a];
+				cand[a] = cand[b];
+				cand[b] = x;
+			}
+	for (uint32_t c = keep; c < nc; c++)
+		drop[cand[c]] = 1;
+}
+
 /* The rule of struct kvt_backend_window in double, for list li of the
  * fixture: its drop marks. */
 static void window_naive(const struct dr *f, const struct kvt_list_record *r,
@@ -526,17 +544,7 @@ static void window_naive(const struct dr *f, const struct kvt_list_record *r,
 		if (i < from && i >= sinks)
 			cand[nc++] = i;
 	}
-	/* best first: score, then the higher index */
-	for (uint32_t a = 0; a < nc; a++)
-		for (uint32_t b = a + 1; b < nc; b++)
-			if (s[cand[b]] > s[cand[a]] ||
-			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
-				uint32_t x = cand[a];
-				cand[a] = cand[b];
-				cand[b] = x;
-			}
-	for (uint32_t c = keep; c < nc; c++)
-		drop[cand[c]] = 1;
+	naive_keep_best(s, cand, nc, keep, drop);
 }
 
 TEST(cuda, backend_window_select_matches_naive)
@@ -736,17 +744,7 @@ static void expected_naive(const struct dr *f, const struct kvt_list_record *r,
 		s[i] = w->vnorm ? (acc[i] + w->eps) * sqrt(ss) : acc[i];
 		cand[nc++] = i;
 	}
-	/* best first: score, then the higher index */
-	for (uint32_t a = 0; a < nc; a++)
-		for (uint32_t b = a + 1; b < nc; b++)
-			if (s[cand[b]] > s[cand[a]] ||
-			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
-				uint32_t x = cand[a];
-				cand[a] = cand[b];
-				cand[b] = x;
-			}
-	for (uint32_t c = keep; c < nc; c++)
-		drop[cand[c]] = 1;
+	naive_keep_best(s, cand, nc, keep, drop);
 }
 
 TEST(cuda, backend_expected_select_matches_naive)
