@@ -37,6 +37,7 @@
 #include "backend_cuda.cuh"
 #include "blas.cuh"
 #include "common.cuh"
+#include "entry_state.cuh"
 #include "prompt_select.cuh"
 #include "select_topk.cuh"
 
@@ -53,34 +54,7 @@ bc_h2o_row(const kvt_backend_attn &a, const kvt_backend_attn_job &j,
 static __host__ __device__ __forceinline__ uint32_t *
 bc_h2o_half(const kvt_backend_attn &a, uint32_t G, uint32_t r, uint32_t h)
 {
-	return (uint32_t *)a.state +
-	       ((uint64_t)r * 2 + h) * a.cap * (uint64_t)(1 + G);
-}
-
-/* out = 1 when a q or lse value of the job's new rows is not finite. */
-__global__ void bc_h2o_check(const kvt_backend_attn a,
-                             const kvt_backend_attn_job j, uint32_t n_heads,
-                             uint32_t head_dim, uint32_t *out)
-{
-	__shared__ uint32_t bad;
-	if (threadIdx.x == 0)
-		bad = 0;
-	__syncthreads();
-	const uint32_t nq = n_heads * head_dim, per = nq + n_heads;
-	const uint64_t n = (uint64_t)j.n_new * per;
-	uint32_t mine = 0;
-	for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
-		const float *row = bc_h2o_row(a, j, j.n_seen - j.n_new +
-		                                        (uint32_t)(e / per));
-		uint32_t k = (uint32_t)(e % per);
-		float v = k < nq ? row[a.q_off + k] : row[a.lse_off + k - nq];
-		mine |= !isfinite(v);
-	}
-	if (mine)
-		atomicOr(&bad, 1u);
-	__syncthreads();
-	if (threadIdx.x == 0)
-		*out = bad;
+	return bc_es_half(a.state, a.cap, G, r, h);
 }
 
 /* Step 1 (L = len + n_new entries). */
@@ -170,45 +144,6 @@ __global__ void bc_h2o_accum(const kvt_backend_attn a,
 	}
 }
 
-/* Step 4's compaction of the new half: one thread per drop d[k] below
- * the new length (a hole), as compact_drops pairs them. */
-__global__ void bc_h2o_compact(const kvt_backend_attn a,
-                               const kvt_backend_attn_job j, uint32_t G,
-                               const uint32_t *d, const uint32_t *count)
-{
-	const uint32_t L = j.len + j.n_new;
-	const uint32_t m = *count < j.n_drop ? *count : j.n_drop;
-	if (m > L)
-		return;
-	const uint32_t NL = L - m;
-	uint32_t h = 0, hi = m; /* holes: d[k] < NL */
-	while (h < hi) {
-		uint32_t mid = h + (hi - h) / 2;
-		if (d[mid] < NL)
-			h = mid + 1;
-		else
-			hi = mid;
-	}
-	uint32_t *pos = bc_h2o_half(a, G, j.record, j.cur ^ 1u);
-	float *S = (float *)(pos + a.cap);
-	const uint32_t *t = d + h;
-	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < h;
-	     k += gridDim.x * blockDim.x) {
-		uint32_t lo = 0, up = m - h;
-		while (lo < up) { /* smallest q with t[q] - q > NL + k */
-			uint32_t mid = lo + (up - lo) / 2;
-			if (t[mid] - mid > NL + k)
-				up = mid;
-			else
-				lo = mid + 1;
-		}
-		const uint32_t src = NL + k + lo, dst = d[k];
-		pos[dst] = pos[src];
-		for (uint32_t q = 0; q < G; q++)
-			S[(uint64_t)dst * G + q] = S[(uint64_t)src * G + q];
-	}
-}
-
 static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
                               uint32_t nkv, uint32_t hd,
                               const struct kvt_backend_attn *a,
@@ -288,8 +223,9 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 		const uint32_t L = J.len + J.n_new;
 		if (!L)
 			continue;
-		KVT_LAUNCH(bc_h2o_check, 1, BC_H2O_THREADS, 0, s, A, J, n_heads,
-		           hd, dout + k);
+		KVT_LAUNCH(bc_es_check, 1, BC_H2O_THREADS, 0, s, J.ring,
+		           A.stage_tokens, A.row_floats, J.n_seen - J.n_new,
+		           J.n_new, 0, A.q_off, A.lse_off, n_heads, hd, dout + k);
 		uint64_t tot = (J.n_new ? (uint64_t)L * hd : 0) +
 		               (uint64_t)J.n_new * G * (hd + 1) +
 		               (uint64_t)L * (1 + G);
@@ -335,13 +271,9 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 		KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L, idx, J.n_drop,
 		           dout + n + k);
 		BC_CALL(cudaGetLastError(), "attn_select indices");
-		if (J.n_drop) {
-			uint32_t cb = (J.n_drop + BC_H2O_THREADS - 1) /
-			              BC_H2O_THREADS;
-			KVT_LAUNCH(bc_h2o_compact, cb > 4096 ? 4096 : cb,
-			           BC_H2O_THREADS, 0, s, A, J, G, idx, dout + n + k);
-			BC_CALL(cudaGetLastError(), "attn_select compact");
-		}
+		bc_es_compact_launch(A.state, A.cap, G, J.record, J.cur ^ 1u, L,
+		                     J.n_drop, idx, dout + n + k, BC_H2O_THREADS, s);
+		BC_CALL(cudaGetLastError(), "attn_select compact");
 	}
 	return bc_ps_finish(c, out, dout, out_words, s, "attn_select");
 }

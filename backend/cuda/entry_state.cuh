@@ -1,0 +1,120 @@
+/*
+ * entry_state.cuh — what the device selections that keep per-entry state
+ * between syncs share (attn_select.cu: H2O's; tova_select.cu: TOVA's;
+ * pop_select.cu: KVpop's): the two halves of a record's state (positions
+ * [cap], then [cap][F] floats; a sync reads one half and writes the
+ * other, so a refused sync leaves no trace), the check of a sync's new
+ * staged rows, and the compaction of a half by a job's drops, pairing
+ * holes and tail entries as compact_drops pairs the pages (backend.h).
+ * Internal to libkvtrim-cuda.so; each file includes its own static copy.
+ */
+#ifndef KVT_CUDA_ENTRY_STATE_CUH
+#define KVT_CUDA_ENTRY_STATE_CUH
+
+#include "backend_cuda.cuh"
+
+/* Half h of record r in state: positions [cap], then [cap][F] floats. */
+static __host__ __device__ __forceinline__ uint32_t *
+bc_es_half(void *state, uint32_t cap, uint32_t F, uint32_t r, uint32_t h)
+{
+	return (uint32_t *)state + ((uint64_t)r * 2 + h) * cap * (uint64_t)(1 + F);
+}
+
+/* Row of position p in a staging ring of stage_tokens rows. */
+static __device__ __forceinline__ const float *
+bc_es_row(const float *ring, uint32_t stage_tokens, uint32_t row_floats,
+          uint32_t p)
+{
+	return ring + (uint64_t)(p % stage_tokens) * row_floats;
+}
+
+/* One block: *out = 1 when a value of the rows [first, first + n) of the
+ * ring is not finite among x (x_floats at 0; 0: not read), q (n_heads *
+ * head_dim at q_off) and lse (n_heads at lse_off), else 0 — what
+ * policy_decide checks. */
+static __global__ void bc_es_check(const float *ring, uint32_t stage_tokens,
+                                   uint32_t row_floats, uint32_t first,
+                                   uint32_t n, uint32_t x_floats,
+                                   uint32_t q_off, uint32_t lse_off,
+                                   uint32_t n_heads, uint32_t head_dim,
+                                   uint32_t *out)
+{
+	__shared__ uint32_t bad;
+	if (threadIdx.x == 0)
+		bad = 0;
+	__syncthreads();
+	const uint32_t nq = n_heads * head_dim, per = x_floats + nq + n_heads;
+	const uint64_t tot = (uint64_t)n * per;
+	uint32_t mine = 0;
+	for (uint64_t e = threadIdx.x; e < tot; e += blockDim.x) {
+		const float *row = bc_es_row(ring, stage_tokens, row_floats,
+		                             first + (uint32_t)(e / per));
+		uint32_t k = (uint32_t)(e % per);
+		float v = k < x_floats ? row[k]
+		          : k < x_floats + nq ? row[q_off + k - x_floats]
+		          : row[lse_off + k - x_floats - nq];
+		mine |= !isfinite(v);
+	}
+	if (mine)
+		atomicOr(&bad, 1u);
+	__syncthreads();
+	if (threadIdx.x == 0)
+		*out = bad;
+}
+
+/* The half `half` of record r compacted by the ascending drops d (their
+ * count at *count, at most n_drop read) of its L entries: one thread per
+ * drop below the new length (a hole) takes the (k+1)-th kept entry at or
+ * above it, as compact_drops pairs them. */
+static __global__ void bc_es_compact(void *state, uint32_t cap, uint32_t F,
+                                     uint32_t r, uint32_t half, uint32_t L,
+                                     uint32_t n_drop, const uint32_t *d,
+                                     const uint32_t *count)
+{
+	const uint32_t m = *count < n_drop ? *count : n_drop;
+	if (m > L)
+		return;
+	const uint32_t NL = L - m;
+	uint32_t h = 0, hi = m; /* holes: d[k] < NL */
+	while (h < hi) {
+		uint32_t mid = h + (hi - h) / 2;
+		if (d[mid] < NL)
+			h = mid + 1;
+		else
+			hi = mid;
+	}
+	uint32_t *pos = bc_es_half(state, cap, F, r, half);
+	float *S = (float *)(pos + cap);
+	const uint32_t *t = d + h;
+	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < h;
+	     k += gridDim.x * blockDim.x) {
+		uint32_t lo = 0, up = m - h;
+		while (lo < up) { /* smallest q with t[q] - q > NL + k */
+			uint32_t mid = lo + (up - lo) / 2;
+			if (t[mid] - mid > NL + k)
+				up = mid;
+			else
+				lo = mid + 1;
+		}
+		const uint32_t src = NL + k + lo, dst = d[k];
+		pos[dst] = pos[src];
+		for (uint32_t q = 0; q < F; q++)
+			S[(uint64_t)dst * F + q] = S[(uint64_t)src * F + q];
+	}
+}
+
+/* Launches bc_es_compact for n_drop drops with `threads` per block. */
+static inline void bc_es_compact_launch(void *state, uint32_t cap, uint32_t F,
+                                        uint32_t r, uint32_t half, uint32_t L,
+                                        uint32_t n_drop, const uint32_t *d,
+                                        const uint32_t *count,
+                                        uint32_t threads, cudaStream_t s)
+{
+	if (!n_drop)
+		return;
+	uint32_t cb = (n_drop + threads - 1) / threads;
+	KVT_LAUNCH(bc_es_compact, cb > 4096 ? 4096 : cb, threads, 0, s, state,
+	           cap, F, r, half, L, n_drop, d, count);
+}
+
+#endif
