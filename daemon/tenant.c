@@ -741,10 +741,17 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 		                  "the new weights change the policy's state "
 		                  "layout; re-register the tenant to use them");
 	}
-	/* A device scorer holds a copy of the weights: the new one first, so
-	 * that a failure keeps the tenant as it was. */
+	/* A device scorer and KVpop's device tensors hold a copy of the
+	 * weights: the new ones first, so that a failure keeps the tenant as
+	 * it was. */
 	void *sc = NULL;
 	if (t->dscorer && (rc = scorer_dev_new(t, np, &sc, err, errlen))) {
+		policy_free(np);
+		return rc;
+	}
+	if ((rc = tenant_attn_reload(t, np, err, errlen))) {
+		if (sc)
+			t->bops->scorer_free(t->bctx, sc);
 		policy_free(np);
 		return rc;
 	}

@@ -1,25 +1,32 @@
 /*
- * tenant_attn.c — H2O's rule run on the device (h2o: policy_ops.attn; the
- * backend's attn_select, backend/cuda/attn_select.cu), so that a sync
- * moves the decisions (a job per list up, a flag, a count and the drop
- * indices down) instead of the K halves of every page of every list
- * (issue 12: what crosses is sized by the decisions, not by the lists).
+ * tenant_attn.c — the attention-based rules run on the device (a policy's
+ * policy_ops.attn, enum policy_attn_kind: h2o by the backend's
+ * attn_select, tova by tova_select, kvpop by pop_select; backend/cuda/
+ * attn_select.cu, tova_select.cu, pop_select.cu), so that a sync moves
+ * the decisions (a job per list up, a flag, a count and the drop indices
+ * down) instead of the K halves of every page of every list (issue 12:
+ * what crosses is sized by the decisions, not by the lists).
  *
- * The per-entry state (each entry's position and the attention each query
- * head of its group gave it) lives in device memory, two halves a list
+ * The per-entry state (positions, and H2O's attention per query head or
+ * KVpop's attention and score) lives in device memory, two halves a
  * record: a sync reads the current half and writes the other, compacted
  * by its drops as compact_drops compacts the pages; the sync's commit
  * flips the halves (tenant_attn_commit), so a refused sync leaves no
- * trace.  Every sync of such a tenant goes to the device from its first
- * one, so the host's entry states (t->ent_scr, seq_ent) are never used.
- * The host works out each list's drop count from its own positions and
- * the rule (as policy_select counts), and the device's counts are checked
- * against it.  A new row the device finds not finite sends its (sequence,
- * layer) to the host path, which refuses the sync with the cpu backend's
- * reason (policy_decide's input check; tenant_sync refuses it itself
- * should the host find the rows finite).  The drops are what the cpu
- * policy's would be: the same float operations (kvtrim-loadgen --verify).
+ * trace.  A record is a list, or for TOVA a (sequence, layer): TOVA's
+ * lists of a layer always hold the same positions (its drops are shared),
+ * so one array stands for them.  KVpop's u = P x of the tokens in their
+ * delay and its weights are on the device too.  Every sync of such a
+ * tenant goes to the device from its first one, so the host's entry and
+ * layer states (t->ent_scr, seq_ent, seq_state) are never used.  The host
+ * works out each job's drop count from its own positions and the rule (as
+ * policy_select counts), and the device's counts are checked against it.
+ * A new row the device finds not finite sends its (sequence, layer) to
+ * the host path, which refuses the sync with the cpu backend's reason
+ * (policy_decide's input check; tenant_sync refuses it itself should the
+ * host find the rows finite).  The drops are what the cpu policy's would
+ * be: the same float operations (kvtrim-loadgen --verify).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,14 +40,103 @@ static uint32_t group(const struct tenant *t)
 	return t->g.n_heads / t->g.n_kv_heads;
 }
 
+/* The rule of the tenant's policy (at a sync with nothing seen): its
+ * kind; 0 when the backend has no op for it. */
+static int attn_rule(const struct tenant *t, struct policy_attn_rule *r)
+{
+	const struct policy *p = t->pol;
+	const struct kvt_backend_ops *o = t->bops;
+	struct policy_layer pl = {0};
+	if (!p->ops->attn || !p->ops->attn(p, &pl, r))
+		return 0;
+	switch (r->kind) {
+	case POLICY_ATTN_H2O:
+		return o->attn_select != NULL;
+	case POLICY_ATTN_TOVA:
+		return o->tova_select != NULL;
+	case POLICY_ATTN_KVPOP:
+		return o->pop_select && p->ops->pop_weights;
+	}
+	return 0;
+}
+
+static size_t job_size(int kind)
+{
+	return kind == POLICY_ATTN_TOVA ? sizeof(struct kvt_backend_tova_job)
+	       : kind == POLICY_ATTN_KVPOP ? sizeof(struct kvt_backend_pop_job)
+	       : sizeof(struct kvt_backend_attn_job);
+}
+
+/* KVpop's tensors of every layer of p, in pop_select's layout, copied to
+ * a new device buffer *out; its widths in *r, *m. */
+static int pop_upload(struct tenant *t, const struct policy *p, void **out,
+                      uint32_t *r, uint32_t *m, char *err, size_t errlen)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	const uint32_t nkv = t->g.n_kv_heads, d = p->geom.d_model;
+	struct policy_pop_weights w;
+	p->ops->pop_weights(p, 0, &w);
+	*r = w.r;
+	*m = w.m;
+	const uint64_t lf = kvt_pop_layer_floats(w.r, w.m, d, nkv);
+	const size_t bytes = (size_t)(lf * t->g.n_layers * sizeof(float));
+	float *h = malloc(bytes ? bytes : 1);
+	if (!h)
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	for (uint32_t l = 0; l < t->g.n_layers; l++) {
+		p->ops->pop_weights(p, l, &w);
+		float *dst = h + l * lf;
+		const struct {
+			const float *src;
+			uint64_t n;
+		} part[] = {
+			{w.P, (uint64_t)w.r * d}, {w.W1, (uint64_t)w.m * (w.r + 1)},
+			{w.b1, w.m}, {w.W2, (uint64_t)nkv * w.m}, {w.b2, nkv},
+		};
+		for (size_t k = 0; k < sizeof(part) / sizeof(part[0]); k++) {
+			memcpy(dst, part[k].src, part[k].n * sizeof(float));
+			dst += part[k].n;
+		}
+	}
+	int rc = o->mem_new(t->bctx, bytes ? bytes : 4, out);
+	if (!rc && (rc = o->copy(t->bctx, *out, h, bytes, NULL))) {
+		o->mem_free(t->bctx, *out);
+		*out = NULL;
+	}
+	free(h);
+	if (rc)
+		return errors_fmt(err, errlen, rc, "%s backend: kvpop's weights "
+		                  "(%zu bytes): %s", o->name, bytes,
+		                  o->last_error());
+	return 0;
+}
+
+static void attn_free_device(struct tenant *t)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	void *dev[] = {t->astate, t->au, t->aweights};
+	for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
+		if (dev[k])
+			o->mem_free(t->bctx, dev[k]);
+	t->astate = t->au = t->aweights = NULL;
+	free(t->acur);
+	t->acur = NULL;
+}
+
 int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
-	if (!t->dbases || !t->dstage.base || !t->pol->ops->attn ||
-	    !o->attn_select || !o->mem_new || !o->mem_free)
+	struct policy_attn_rule r;
+	if (!t->dbases || !t->dstage.base || !o->mem_new || !o->mem_free ||
+	    !attn_rule(t, &r))
 		return 0;
-	size_t nrec = (size_t)t->g.max_seqs * t->lists_per_seq;
-	size_t bytes = nrec * 2 * t->g.max_tokens * (1 + group(t)) *
+	const struct shm_geom *g = &t->g;
+	t->akind = (int)r.kind;
+	t->afloats = r.kind == POLICY_ATTN_H2O ? group(t)
+	             : r.kind == POLICY_ATTN_KVPOP ? 2 : 0;
+	size_t nrec = (size_t)g->max_seqs * (r.kind == POLICY_ATTN_TOVA
+	                                     ? g->n_layers : t->lists_per_seq);
+	size_t bytes = nrec * 2 * g->max_tokens * (1 + t->afloats) *
 	               sizeof(float);
 	t->acur = calloc(nrec ? nrec : 1, 1);
 	if (!t->acur)
@@ -48,30 +144,69 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	/* Device memory outside the pool, like the device table: when it is
 	 * not to be had, the tenant still registers and decides on the host
 	 * (its keys then cross, as before this path existed). */
-	if (o->mem_new(t->bctx, bytes ? bytes : 4, &t->astate)) {
-		LOG(LOG_LVL_WARNING, "tenant %s: no device memory for h2o's "
-		    "entry states (%zu bytes: %s); it decides on the host",
-		    t->name, bytes, o->last_error());
+	char why[256] = "";
+	int rc = o->mem_new(t->bctx, bytes ? bytes : 4, &t->astate);
+	if (rc) {
 		t->astate = NULL;
-		free(t->acur);
-		t->acur = NULL;
+		snprintf(why, sizeof(why), "%zu bytes of entry states: %s",
+		         bytes, o->last_error());
+	} else if (r.kind == POLICY_ATTN_KVPOP) {
+		t->aring = r.delay + g->headroom;
+		if (!(rc = pop_upload(t, t->pol, &t->aweights, &t->ar, &t->am,
+		                      why, sizeof(why)))) {
+			size_t ub = (size_t)g->max_seqs * g->n_layers * t->aring *
+			            t->ar * sizeof(float);
+			if ((rc = o->mem_new(t->bctx, ub ? ub : 4,
+			                     (void **)&t->au))) {
+				t->au = NULL;
+				snprintf(why, sizeof(why), "%zu bytes of u rings: "
+				         "%s", ub, o->last_error());
+			}
+		}
 	}
+	if (rc) {
+		LOG(LOG_LVL_WARNING, "tenant %s: no device memory for %s's "
+		    "state (%s); it decides on the host", t->name,
+		    t->pol->ops->name, why);
+		attn_free_device(t);
+	}
+	return 0;
+}
+
+int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
+                       size_t errlen)
+{
+	if (!t->astate || t->akind != POLICY_ATTN_KVPOP)
+		return 0;
+	void *w = NULL;
+	uint32_t r, m;
+	int rc = pop_upload(t, np, &w, &r, &m, err, errlen);
+	if (!rc && r != t->ar) {
+		t->bops->mem_free(t->bctx, w);
+		return errors_fmt(err, errlen, KVT_EPOLICY, "the new weights "
+		                  "change u's width (%u, was %u); re-register the "
+		                  "tenant to use them", r, t->ar);
+	}
+	if (rc)
+		return rc;
+	t->bops->mem_free(t->bctx, t->aweights);
+	t->aweights = w;
+	t->am = m;
 	return 0;
 }
 
 void tenant_attn_fini(struct tenant *t)
 {
-	if (t->astate)
-		t->bops->mem_free(t->bctx, t->astate);
-	t->astate = NULL;
-	free(t->acur);
+	attn_free_device(t);
 	free(t->amode);
 	free(t->afirst);
-	t->afirst = NULL;
 	free(t->ajobs);
+	free(t->abjobs);
 	free(t->aout);
-	t->acur = t->amode = NULL;
+	t->amode = NULL;
+	t->afirst = NULL;
 	t->ajobs = NULL;
+	t->abjobs = NULL;
 	t->aout = NULL;
 }
 
@@ -83,6 +218,163 @@ static int protected(const struct policy_attn_rule *r, uint32_t p,
 	       p < r->sinks || (r->window && p + (uint64_t)r->window >= n_seen);
 }
 
+/* What the host knows of one list before the device runs: the drops the
+ * rule makes (due: of L = len + n_new entries, the old ones at pos, the
+ * new ones at prev ..), the unprotected entries kept, and (KVpop) the
+ * entries in the band of the new queries. */
+struct list_plan {
+	uint32_t keep, n_drop, n_band;
+};
+
+static struct list_plan plan_list(const struct policy_attn_rule *r, int due,
+                                  const uint32_t *pos, uint32_t len,
+                                  uint32_t n_new, uint32_t prev)
+{
+	struct list_plan lp = {0};
+	const uint32_t seen = prev + n_new, L = len + n_new;
+	if (r->kind == POLICY_ATTN_KVPOP && n_new && r->delay) {
+		for (uint32_t k = 0; k < len; k++)
+			lp.n_band += pos[k] + (uint64_t)r->delay >= prev;
+		lp.n_band += n_new;
+	}
+	if (!due)
+		return lp;
+	uint32_t np = 0;
+	for (uint32_t k = 0; k < len; k++)
+		np += protected(r, pos[k], seen);
+	for (uint32_t k = 0; k < n_new; k++)
+		np += protected(r, prev + k, seen);
+	lp.keep = r->budget > np ? r->budget - np : 0;
+	lp.n_drop = L - np > lp.keep ? L - np - lp.keep : 0;
+	return lp;
+}
+
+/* The jobs of one (item, layer) into t->ajobs and t->abjobs; *drops
+ * counts the output words of their indices. */
+static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
+                      uint32_t slot, struct tseq *s, uint32_t layer,
+                      const struct policy_attn_rule *r, uint32_t *drops,
+                      char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	const uint32_t prev = s->n_seen[layer], seen = prev + it->n_new;
+	const int due = r->due && r->budget != UINT32_MAX;
+	const float *ring = shm_stage_at(t->dstage.base, g, slot, layer, 0);
+	const uint32_t lrec = (uint32_t)(slot * t->lists_per_seq +
+	                                 lidx(t, layer, 0));
+	const uint32_t srec = slot * g->n_layers + layer;
+	if (t->akind == POLICY_ATTN_TOVA) {
+		const uint32_t len = tlist_at(t, slot, layer, 0)->len;
+		for (uint32_t h = 1; h < g->n_kv_heads; h++)
+			if (tlist_at(t, slot, layer, h)->len != len)
+				return errors_fmt(err, errlen, KVT_ESYS, "tova: "
+				                  "layer %u: its lists' lengths "
+				                  "differ (an invariant)", layer);
+		if (!it->n_new)
+			return 0; /* no query: nothing changes */
+		struct list_plan lp = plan_list(r, due, seq_pos(t, s,
+		                                lidx(t, layer, 0)), len,
+		                                it->n_new, prev);
+		struct kvt_backend_tova_job *bj = t->abjobs;
+		bj[t->n_ajobs] = (struct kvt_backend_tova_job){
+			.ring = ring, .record = lrec, .srec = srec,
+			.cur = t->acur[srec], .len = len, .n_new = it->n_new,
+			.n_seen = seen, .due = (uint32_t)due, .keep = lp.keep,
+			.n_drop = lp.n_drop, .drop_off = *drops,
+		};
+		t->ajobs[t->n_ajobs++] = (struct tenant_ajob){
+			.rec = srec, .g = TENANT_AJOB_ALL, .L = len + it->n_new,
+			.n_drop = lp.n_drop, .drop_off = *drops,
+		};
+		*drops += lp.n_drop;
+		return 0;
+	}
+	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+		const size_t li = lidx(t, layer, h);
+		const uint32_t len = tlist_at(t, slot, layer, h)->len;
+		const uint32_t L = len + it->n_new;
+		if (!L || (!it->n_new && !due))
+			continue; /* nothing changes */
+		struct list_plan lp = plan_list(r, due, seq_pos(t, s, li), len,
+		                                it->n_new, prev);
+		const uint32_t rec = lrec + h;
+		if (t->akind == POLICY_ATTN_KVPOP) {
+			struct kvt_backend_pop_job *bj = t->abjobs;
+			bj[t->n_ajobs] = (struct kvt_backend_pop_job){
+				.ring = ring, .layer = layer, .record = rec,
+				.cur = t->acur[rec],
+				.proj = h == 0 && it->n_new, .len = len,
+				.n_new = it->n_new, .n_seen = seen,
+				.n_band = lp.n_band, .due = (uint32_t)due,
+				.keep = lp.keep, .n_drop = lp.n_drop,
+				.drop_off = *drops,
+			};
+		} else {
+			struct kvt_backend_attn_job *bj = t->abjobs;
+			bj[t->n_ajobs] = (struct kvt_backend_attn_job){
+				.ring = ring, .record = rec, .g = h,
+				.cur = t->acur[rec], .len = len,
+				.n_new = it->n_new, .n_seen = seen,
+				.due = (uint32_t)due, .recent = r->recent,
+				.keep = lp.keep, .n_drop = lp.n_drop,
+				.drop_off = *drops,
+			};
+		}
+		t->ajobs[t->n_ajobs++] = (struct tenant_ajob){
+			.rec = rec, .g = h, .L = L, .n_drop = lp.n_drop,
+			.drop_off = *drops,
+		};
+		*drops += lp.n_drop;
+	}
+	return 0;
+}
+
+/* The rule's op over the planned jobs, into t->aout. */
+static int run_op(struct tenant *t, const struct policy_attn_rule *r,
+                  uint32_t words)
+{
+	const struct shm_geom *g = &t->g;
+	const struct kvt_backend_ops *o = t->bops;
+	const struct kvt_backend_paged pg = tenant_paged(t);
+	const uint32_t nr = g->max_seqs * t->lists_per_seq, nj = t->n_ajobs;
+	const enum kvt_dtype dt = t->pol->geom.dtype;
+	if (t->akind == POLICY_ATTN_TOVA) {
+		const struct kvt_backend_tova a = {
+			.state = t->astate, .cap = g->max_tokens,
+			.stage_tokens = g->stage_tokens,
+			.row_floats = g->stage_entry_floats,
+			.q_off = g->stage_q_off, .lse_off = g->stage_lse_off,
+			.sinks = r->sinks, .window = r->window,
+		};
+		return o->tova_select(t->bctx, &pg, nr, dt, g->n_heads,
+		                      g->n_kv_heads, g->head_dim, &a, t->abjobs,
+		                      nj, t->aout, words, t->stream);
+	}
+	if (t->akind == POLICY_ATTN_KVPOP) {
+		const struct kvt_backend_pop a = {
+			.state = t->astate, .u = t->au, .weights = t->aweights,
+			.cap = g->max_tokens, .stage_tokens = g->stage_tokens,
+			.row_floats = g->stage_entry_floats,
+			.q_off = g->stage_q_off, .lse_off = g->stage_lse_off,
+			.d_model = t->pol->geom.d_model, .r = t->ar, .m = t->am,
+			.ring = t->aring, .delay = r->delay, .sinks = r->sinks,
+		};
+		return o->pop_select(t->bctx, &pg, nr, dt, g->n_heads,
+		                     g->n_kv_heads, g->head_dim, &a, t->abjobs,
+		                     nj, t->aout, words, t->stream);
+	}
+	const struct kvt_backend_attn a = {
+		.state = t->astate, .cap = g->max_tokens,
+		.stage_tokens = g->stage_tokens,
+		.row_floats = g->stage_entry_floats, .q_off = g->stage_q_off,
+		.lse_off = g->stage_lse_off, .agg = (uint32_t)r->agg,
+		.sinks = r->sinks, .window = r->window,
+	};
+	return o->attn_select(t->bctx, &pg, nr, dt, g->n_heads, g->n_kv_heads,
+	                      g->head_dim, &a, t->abjobs, nj, t->aout, words,
+	                      t->stream);
+}
+
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen)
 {
@@ -90,28 +382,30 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	struct policy *pol = t->pol;
 	t->aactive = 0;
 	t->n_ajobs = 0;
-	if (!t->astate || !pol->ops->attn)
+	if (!t->astate)
 		return 0;
 	size_t nly, entries;
 	tenant_sync_extent(t, items, n, &nly, &entries);
 	size_t nj = nly * g->n_kv_heads + 1;
 	if (tenant_grow((void **)&t->amode, &t->amode_cap, nly + 1, 1) ||
 	    tenant_grow((void **)&t->afirst, &t->afirst_cap, nly + 1,
-	            sizeof(*t->afirst)) ||
-	    tenant_grow((void **)&t->ajobs, &t->ajobs_cap, nj, sizeof(*t->ajobs)) ||
+	                sizeof(*t->afirst)) ||
+	    tenant_grow((void **)&t->ajobs, &t->ajobs_cap, nj,
+	                sizeof(*t->ajobs)) ||
+	    tenant_grow(&t->abjobs, &t->abjobs_cap, nj, job_size(t->akind)) ||
 	    tenant_grow((void **)&t->aout, &t->aout_cap, 2 * nj + entries + 1,
-	            sizeof(*t->aout)))
+	                sizeof(*t->aout)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	struct policy_attn_rule r = {0};
 	uint32_t drops = 0;
 	size_t ly = 0;
+	int rc = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot, lo, hi;
 		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++, ly++) {
-			const uint32_t prev = s->n_seen[layer],
-			               seen = prev + it->n_new;
+			const uint32_t seen = s->n_seen[layer] + it->n_new;
 			struct policy_layer pl = {
 				.layer = layer,
 				.phase = (enum kvt_phase)it->phase,
@@ -120,79 +414,45 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 			t->amode[ly] = TENANT_ATTN_DEVICE;
 			t->afirst[ly] = t->n_ajobs;
 			(void)pol->ops->attn(pol, &pl, &r);
-			const int due = r.due && r.budget != UINT32_MAX;
-			for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-				const size_t li = lidx(t, layer, h);
-				const uint32_t len = tlist_at(t, slot, layer, h)->len;
-				const uint32_t L = len + it->n_new;
-				if (!L || (!it->n_new && !due))
-					continue; /* nothing changes */
-				uint32_t np = 0, keep = 0, nd = 0;
-				if (due) {
-					const uint32_t *pos = seq_pos(t, s, li);
-					for (uint32_t k = 0; k < len; k++)
-						np += protected(&r, pos[k], seen);
-					for (uint32_t k = 0; k < it->n_new; k++)
-						np += protected(&r, prev + k, seen);
-					keep = r.budget > np ? r.budget - np : 0;
-					nd = L - np > keep ? L - np - keep : 0;
-				}
-				const uint32_t rec = (uint32_t)(slot *
-				                                t->lists_per_seq + li);
-				t->ajobs[t->n_ajobs++] = (struct kvt_backend_attn_job){
-					.ring = shm_stage_at(t->dstage.base, g, slot,
-					                     layer, 0),
-					.record = rec, .g = h, .cur = t->acur[rec],
-					.len = len, .n_new = it->n_new, .n_seen = seen,
-					.due = (uint32_t)due, .recent = r.recent,
-					.keep = keep, .n_drop = nd, .drop_off = drops,
-				};
-				drops += nd;
-			}
+			if ((rc = plan_layer(t, it, slot, s, layer, &r, &drops,
+			                     err, errlen)))
+				return rc;
 		}
 	}
 	t->afirst[ly] = t->n_ajobs;
 	t->aactive = 1;
 	if (!t->n_ajobs)
 		return 0;
-	const struct kvt_backend_attn a = {
-		.state = t->astate, .cap = g->max_tokens,
-		.stage_tokens = g->stage_tokens,
-		.row_floats = g->stage_entry_floats, .q_off = g->stage_q_off,
-		.lse_off = g->stage_lse_off, .agg = (uint32_t)r.agg,
-		.sinks = r.sinks, .window = r.window,
-	};
-	const uint32_t nja = t->n_ajobs, words = 2 * nja + drops;
-	int rc = tenant_bases_sync(t);
-	const struct kvt_backend_paged pg = tenant_paged(t);
+	const uint32_t nja = t->n_ajobs;
+	rc = tenant_bases_sync(t);
 	if (!rc)
-		rc = t->bops->attn_select(t->bctx, &pg,
-		                          g->max_seqs * t->lists_per_seq,
-		                          pol->geom.dtype, g->n_heads,
-		                          g->n_kv_heads, g->head_dim, &a, t->ajobs,
-		                          nja, t->aout, words, t->stream);
-	if (rc)
-		return errors_fmt(err, errlen, rc, "%s backend: attention "
-		                  "selection: %s", t->bops->name,
+		rc = run_op(t, &r, 2 * nja + drops);
+	if (rc) {
+		t->aactive = 0;
+		return errors_fmt(err, errlen, rc, "%s backend: %s's selection: "
+		                  "%s", t->bops->name, pol->ops->name,
 		                  t->bops->last_error());
+	}
 	/* the layers of a flagged job go to the host, which refuses them;
 	 * the device's counts against the host's: an invariant */
 	for (ly = 0; ly < nly; ly++)
 		for (uint32_t j = t->afirst[ly]; j < t->afirst[ly + 1]; j++) {
-			const struct kvt_backend_attn_job *J = &t->ajobs[j];
+			const struct tenant_ajob *J = &t->ajobs[j];
 			const uint32_t *idx = t->aout + 2 * nja + J->drop_off;
 			int ok = t->aout[nja + j] == J->n_drop;
 			for (uint32_t d = 0; ok && d < J->n_drop; d++)
-				ok = idx[d] < J->len + J->n_new &&
-				     (!d || idx[d] > idx[d - 1]);
+				ok = idx[d] < J->L && (!d || idx[d] > idx[d - 1]);
 			if (t->aout[j])
 				t->amode[ly] = TENANT_ATTN_FLAGGED;
-			else if (!ok)
-				return errors_fmt(err, errlen, KVT_ESYS, "%s backend: "
-				                  "attention selection: job %u dropped "
-				                  "%u entries (the rule: %u), or not in "
-				                  "order", t->bops->name, j,
+			else if (!ok) {
+				t->aactive = 0;
+				return errors_fmt(err, errlen, KVT_ESYS, "%s "
+				                  "backend: %s's selection: job %u "
+				                  "dropped %u entries (the rule: "
+				                  "%u), or not in order",
+				                  t->bops->name, pol->ops->name, j,
 				                  t->aout[nja + j], J->n_drop);
+			}
 		}
 	return 0;
 }
@@ -203,9 +463,12 @@ int tenant_attn_take(struct tenant *t, size_t ly, struct policy_layer *pl)
 		return 0;
 	const uint32_t *idx = t->aout + 2 * t->n_ajobs;
 	for (uint32_t j = t->afirst[ly]; j < t->afirst[ly + 1]; j++) {
-		const struct kvt_backend_attn_job *J = &t->ajobs[j];
-		for (uint32_t d = 0; d < J->n_drop; d++)
-			pl->heads[J->g].drop[idx[J->drop_off + d]] = 1;
+		const struct tenant_ajob *J = &t->ajobs[j];
+		uint32_t h = J->g == TENANT_AJOB_ALL ? 0 : J->g;
+		uint32_t end = J->g == TENANT_AJOB_ALL ? t->g.n_kv_heads : h + 1;
+		for (; h < end; h++)
+			for (uint32_t d = 0; d < J->n_drop; d++)
+				pl->heads[h].drop[idx[J->drop_off + d]] = 1;
 	}
 	return 1;
 }
@@ -215,6 +478,6 @@ void tenant_attn_commit(struct tenant *t)
 	if (!t->aactive)
 		return;
 	for (uint32_t j = 0; j < t->n_ajobs; j++)
-		t->acur[t->ajobs[j].record] ^= 1;
+		t->acur[t->ajobs[j].rec] ^= 1;
 	t->n_ajobs = 0; /* once; the apply step still reads amode */
 }

@@ -92,6 +92,15 @@ struct tchunk {
 	uint32_t n_free;
 };
 
+/* A job of a device attention rule as the host checks and applies it
+ * (tenant_attn.c): its state record, the KV head whose list it decides
+ * (TENANT_AJOB_ALL: every list of the layer, TOVA), its entries with the
+ * new ones, its drops (the host's count) and where their indices are. */
+struct tenant_ajob {
+	uint32_t rec, g, L, n_drop, drop_off;
+};
+#define TENANT_AJOB_ALL UINT32_MAX
+
 struct tenant {
 	uint32_t id;
 	char name[KVT_NAME_MAX];
@@ -219,20 +228,33 @@ struct tenant {
 	size_t wout_cap;
 	uint32_t n_wins, n_wlists;
 	int wactive;       /* this sync was planned (tenant_window_plan) */
-	/* H2O's rule on the device (tenant_attn.c: a policy with an attn
-	 * hook on a backend with attn_select): the per-entry state in device
-	 * memory (backend.h's struct kvt_backend_attn, two halves a record),
-	 * the half each record's state is in, and per sync each (item,
-	 * layer)'s way (enum tenant_attn), the jobs and the output words. */
+	/* An attention-based rule on the device (tenant_attn.c: a policy
+	 * with an attn hook on a backend with its op: h2o attn_select, tova
+	 * tova_select, kvpop pop_select): the rule's kind, the per-entry
+	 * state in device memory (backend.h: two halves a record of
+	 * positions and afloats floats each; records are lists, or (slot,
+	 * layer)s for TOVA), the half each record's state is in, KVpop's u
+	 * rings and weights on the device, and per sync each (item, layer)'s
+	 * way (enum tenant_attn), the jobs (the backend's, and the host's
+	 * view of each) and the output words. */
+	int akind;         /* enum policy_attn_kind */
+	uint32_t afloats;
 	void *astate;      /* device, NULL when the host decides */
-	uint8_t *acur;     /* [max_seqs * lists_per_seq] */
+	uint8_t *acur;     /* [max_seqs * lists_per_seq], or [max_seqs *
+	                      n_layers] for TOVA */
+	float *au;         /* device: KVpop's u rings [max_seqs * n_layers]
+	                      [aring][ar] */
+	void *aweights;    /* device: KVpop's tensors, every layer */
+	uint32_t ar, am, aring; /* KVpop: u's width, the MLP's, ring rows */
 	uint8_t *amode;    /* [amode_cap] */
 	size_t amode_cap;
 	uint32_t *afirst;  /* [afirst_cap] the first job of each (item, layer),
 	                      then the end */
 	size_t afirst_cap;
-	struct kvt_backend_attn_job *ajobs; /* [ajobs_cap] */
+	struct tenant_ajob *ajobs; /* [ajobs_cap] */
 	size_t ajobs_cap;
+	void *abjobs;      /* [abjobs_cap] the backend's jobs of the kind */
+	size_t abjobs_cap;
 	uint32_t *aout;    /* [aout_cap] */
 	size_t aout_cap;
 	uint32_t n_ajobs;
@@ -419,17 +441,22 @@ enum tenant_attn {
 	                         host path refuses the sync */
 };
 
-/* Allocates the device state of H2O's rule when the tenant's policy has
- * an attn hook and the backend attn_select (device_init); 0 or an error
+/* Allocates the device state of the policy's attention rule when it has
+ * an attn hook and the backend the rule's op (device_init); 0 or an error
  * with the reason in err.  tenant_attn_fini frees it. */
 int tenant_attn_init(struct tenant *t, char *err, size_t errlen);
 void tenant_attn_fini(struct tenant *t);
 
+/* tenant_reload_policy: np's weights to the device (KVpop), the old ones
+ * kept on failure; 0 or an error with the reason. */
+int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
+                       size_t errlen);
+
 /*
- * Before the decisions of a sync of such a tenant: one attn_select call
- * for every list of the sync (the state accumulated and, where due, the
- * selection and the state's compaction, into the half not current), the
- * counts checked against the host's.  0, or an error with the reason.
+ * Before the decisions of a sync of such a tenant: one call of the rule's
+ * op for every list (TOVA: (sequence, layer)) of the sync (the state
+ * updated and, where due, the selection and the state's compaction, into
+ * the half not current), the counts checked against the host's.  0, or an error with the reason.
  */
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);

@@ -93,7 +93,7 @@ static int h2o_attn(const struct policy *p, const struct policy_layer *l,
 {
 	uint32_t b = policy_budget(p, l->n_seen);
 	*r = (struct policy_attn_rule){
-		.agg = p->args.agg, .sinks = p->args.sinks,
+		.kind = POLICY_ATTN_H2O, .agg = p->args.agg, .sinks = p->args.sinks,
 		.window = p->args.window,
 		.recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2,
 		.budget = b, .due = policy_due(p, l),

@@ -202,6 +202,30 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy.h: the rule kvpop_decide applies, for a device to run it. */
+static int kvpop_attn(const struct policy *p, const struct policy_layer *l,
+                      struct policy_attn_rule *r)
+{
+	*r = (struct policy_attn_rule){
+		.kind = POLICY_ATTN_KVPOP, .sinks = p->args.sinks,
+		.window = p->args.window, .recent = p->args.delay,
+		.budget = policy_budget(p, l->n_seen),
+		.due = policy_due(p, l), .delay = p->args.delay,
+	};
+	return 1;
+}
+
+static void kvpop_weights(const struct policy *p, uint32_t layer,
+                          struct policy_pop_weights *w)
+{
+	const struct kvpop *k = p->priv;
+	const struct kvpop_layer *kl = learned_layer(p, layer);
+	*w = (struct policy_pop_weights){
+		.r = k->r, .m = k->m, .P = kl->P, .W1 = kl->W1, .b1 = kl->b1,
+		.W2 = kl->W2, .b2 = kl->b2,
+	};
+}
+
 const struct policy_ops kvpop_ops = {
 	.name = "kvpop",
 	.help = "KVpop: learned delayed scorer on x + attention received, "
@@ -214,4 +238,6 @@ const struct policy_ops kvpop_ops = {
 	.init = kvpop_init,
 	.fini = learned_fini,
 	.decide = kvpop_decide,
+	.attn = kvpop_attn,
+	.pop_weights = kvpop_weights,
 };

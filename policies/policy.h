@@ -201,14 +201,38 @@ struct policy_window {
 	uint8_t cov, vnorm;
 };
 
-/* H2O's accumulated-attention rule for one (sequence, layer), as a device
- * runs it (policy_ops.attn; backend.h's struct kvt_backend_attn). */
+/* Which attention-based rule policy_ops.attn describes, each run by its
+ * backend op where the keys, queries and entry states are. */
+enum policy_attn_kind {
+	POLICY_ATTN_H2O = 0, /* attn_select: per entry and query head of the
+	                        group, the attention received from every
+	                        staged query (entry_floats = G) */
+	POLICY_ATTN_TOVA,    /* tova_select: the newest query's attention
+	                        over all heads, one decision per layer */
+	POLICY_ATTN_KVPOP,   /* pop_select: a learned score of u = P x and
+	                        the attention received within the delay
+	                        (entry_floats = 2; weights: pop_weights) */
+};
+
+/* An attention-based rule for one (sequence, layer), as a device runs it
+ * (policy_ops.attn; backend.h's structs kvt_backend_attn, _tova, _pop). */
 struct policy_attn_rule {
-	enum policy_agg agg;
+	enum policy_attn_kind kind;
+	enum policy_agg agg; /* H2O */
 	uint32_t sinks, window; /* policy_protected's; window 0: none */
-	uint32_t recent;  /* also protected: pos + recent >= n_seen (0: none) */
+	uint32_t recent;  /* also protected: pos + recent >= n_seen (0: none;
+	                     KVpop: its delay, the entries not yet scored) */
 	uint32_t budget;  /* policy_budget at n_seen, pressure applied */
-	int due;          /* policy_due: a selection at this sync */
+	int due;          /* a selection at this sync (TOVA: and a query) */
+	uint32_t delay;   /* KVpop: attention is accumulated from the queries
+	                     at most delay tokens after an entry */
+};
+
+/* KVpop's tensors of one layer for a device (backend.h's struct
+ * kvt_backend_pop): the policy owns them. */
+struct policy_pop_weights {
+	uint32_t r, m;    /* u's width, the MLP's hidden width */
+	const float *P, *W1, *b1, *W2, *b2;
 };
 
 struct policy_ops {
@@ -250,15 +274,15 @@ struct policy_ops {
 	 * window, no query to learn from, or within the budget). */
 	int (*window)(struct policy *p, struct policy_layer *l,
 	              struct policy_window *w);
-	/* (optional) For a policy whose decision is H2O's rule (h2o: per
-	 * entry and query head of the group the attention received from
-	 * every staged query, entry_floats = G, scored by agg, top-k under
-	 * the budget with sinks, window and recent protected), which a
-	 * device may run where the keys, queries and entry states are
-	 * (backend attn_select): fills *r for l (layer, phase, n_new and
-	 * n_seen set) and returns 1. */
+	/* (optional) For a policy whose decision is an attention-based rule
+	 * a device may run where the keys, queries and entry states are
+	 * (enum policy_attn_kind: h2o, tova, kvpop): fills *r for l (layer,
+	 * phase, n_new and n_seen set) and returns 1. */
 	int (*attn)(const struct policy *p, const struct policy_layer *l,
 	            struct policy_attn_rule *r);
+	/* (optional; POLICY_ATTN_KVPOP) The tensors of layer. */
+	void (*pop_weights)(const struct policy *p, uint32_t layer,
+	                    struct policy_pop_weights *w);
 	/* 1: of the pages, decide() reads only the L2 norms of the new
 	 * entries' keys (knorm), which a device tenant may compute where the
 	 * keys are and pass as policy_layer.pre ([n_new][n_kv_heads] norms;

@@ -153,6 +153,19 @@ static int tova_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy.h: the rule tova_decide applies, for a device to run it. */
+static int tova_attn(const struct policy *p, const struct policy_layer *l,
+                     struct policy_attn_rule *r)
+{
+	*r = (struct policy_attn_rule){
+		.kind = POLICY_ATTN_TOVA, .sinks = p->args.sinks,
+		.window = p->args.window,
+		.budget = policy_budget(p, l->n_seen),
+		.due = l->n_new && policy_due(p, l),
+	};
+	return 1;
+}
+
 const struct policy_ops tova_ops = {
 	.name = "tova",
 	.help = "TOVA: newest query's attention averaged over heads, one "
@@ -163,4 +176,5 @@ const struct policy_ops tova_ops = {
 	        POLICY_KEY_SINKS | POLICY_KEY_EVERY,
 	.init = tova_init,
 	.decide = tova_decide,
+	.attn = tova_attn,
 };

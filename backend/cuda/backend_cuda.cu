@@ -116,4 +116,6 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .window_select = */ bc_window_select,
 	/* .expected_select = */ bc_expected_select,
 	/* .attn_select = */ bc_attn_select,
+	/* .tova_select = */ bc_tova_select,
+	/* .pop_select = */ bc_pop_select,
 };

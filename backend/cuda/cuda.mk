@@ -77,6 +77,8 @@ $(CUDA_TESTS): $(call obj,$(CUDA_KTEST_SRC)) \
                $(B)/obj/tests/kernels/test_cuda_attention.o \
                $(B)/obj/tests/kernels/test_cuda_sync_ops.o \
                $(B)/obj/tests/kernels/test_cuda_h2o.o \
+               $(B)/obj/tests/kernels/test_cuda_kvpop.o \
+               $(B)/obj/tests/kernels/test_cuda_tova.o \
                $(B)/obj/tests/harness/runner.o \
                $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)

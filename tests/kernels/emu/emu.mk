@@ -102,6 +102,8 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 $(CUDA_EMU_TESTS): $(EMU_TOBJ) $(B)/obj/tests/kernels/test_cuda_attention.o \
                    $(B)/obj/tests/kernels/test_cuda_sync_ops.o \
                    $(B)/obj/tests/kernels/test_cuda_h2o.o \
+                   $(B)/obj/tests/kernels/test_cuda_kvpop.o \
+                   $(B)/obj/tests/kernels/test_cuda_tova.o \
                    $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
                    $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ)

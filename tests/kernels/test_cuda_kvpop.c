@@ -1,0 +1,462 @@
+/*
+ * test_cuda_kvpop.c — the cuda backend's pop_select (KVpop's rule on the
+ * device, backend.h ABI 9) against the cpu policy's own operations
+ * (policies/kvpop.c: u = P x by scorer_linear_cpu into a ring of delay +
+ * headroom rows, the band's attn_band_cpu weights summed per entry in t
+ * and j order over the queries within the delay, kvpop_score's loops for
+ * the entries whose delay ends, the protection, then select_topk_cpu
+ * ranked by position, compact_plan's moves), written out here naively:
+ * over several syncs of the two lists of one (sequence, layer) of layer 1
+ * (a 12-token prefill, decode steps, syncs whose new rows wrap round the
+ * staging ring's end, syncs that are not due, f32 and f16 pages), with the
+ * pages compacted by compact_drops between syncs, the drop indices and
+ * the positions must be the host's, a, s and the u ring within 1e-5
+ * relative (on the emulator, whose cuBLAS is OpenBLAS, the same bits; a
+ * GPU's SGEMM, FMA, expf, logf and erff round differently).  Then a NaN
+ * in a new row's x is flagged by the proj job, a band that is not the
+ * caller's n_band fails the job's count, and the refusals.  Built into
+ * kvtrim-cuda-tests and, under the CPU emulator, kvtrim-cuda-emu-tests;
+ * skips without a device.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "compact.h"
+#include "dtype.h"
+#include "kernels.h"
+#include "test.h"
+
+extern const struct kvt_backend_ops kvt_cuda_backend_v1;
+
+enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
+       ST = 16, D = 12, R = 3, M = 5, NL = 2, LAYER = 1, DELAY = 3,
+       HEADROOM = 12, RING = DELAY + HEADROOM, Q_OFF = D,
+       LSE_OFF = D + H * HD, RF = D + H * HD + H };
+
+#define LF (R * D + M * (R + 1) + M + NKV * M + NKV)
+
+static uint32_t seed = 31;
+static uint32_t urnd(void)
+{
+	seed = seed * 1664525u + 1013904223u;
+	return seed >> 8;
+}
+
+static float frnd(void)
+{
+	return (float)(urnd() % 2001) / 1000.0f - 1.0f;
+}
+
+struct px {
+	const struct kvt_backend_ops *o;
+	enum kvt_dtype dt;
+	size_t esz;
+	void *ctx, *chunk, **bases, *rec, *state, *ring, *u, *w;
+	uint64_t stride, page_bytes, chunk_bytes;
+	uint8_t *img; /* host image of the chunk */
+	uint8_t *hrec;
+	float ring_h[ST * RF];
+	float w_h[NL * LF];
+	float u_h[RING * R]; /* the host's u ring */
+	/* the host's state per list */
+	uint32_t len[NKV], pos[NKV][CAP], cur[NKV];
+	float ent[NKV][CAP * 2];
+};
+
+static struct kvt_list_record *px_rec(struct px *f, uint32_t i)
+{
+	return (struct kvt_list_record *)(f->hrec + i * f->stride);
+}
+
+static void px_init(struct px *f, enum kvt_dtype dt)
+{
+	char err[256];
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	if (o->probe(err, sizeof(err)))
+		T_SKIP(err);
+	memset(f, 0, sizeof(*f));
+	f->o = o;
+	f->dt = dt;
+	f->esz = kvt_dtype_size(dt);
+	T_OK(o->ctx_new(0, &f->ctx, NULL, err, sizeof(err)));
+	if (!o->pop_select || !o->compact_drops)
+		T_SKIP("no pop_select");
+	f->page_bytes = 2ull * PT * HD * f->esz;
+	f->chunk_bytes = NKV * NP * f->page_bytes;
+	f->stride = (sizeof(struct kvt_list_record) + NP * sizeof(uint32_t) +
+	             63) / 64 * 64;
+	T_OK(o->mem_new(f->ctx, f->chunk_bytes, &f->chunk));
+	T_OK(o->mem_new(f->ctx, 2 * sizeof(void *), (void **)&f->bases));
+	T_OK(o->mem_new(f->ctx, NKV * f->stride, &f->rec));
+	T_OK(o->mem_new(f->ctx, (size_t)NKV * 2 * CAP * 3 * 4, &f->state));
+	T_OK(o->mem_new(f->ctx, sizeof(f->ring_h), &f->ring));
+	T_OK(o->mem_new(f->ctx, sizeof(f->u_h), &f->u));
+	T_OK(o->mem_new(f->ctx, sizeof(f->w_h), &f->w));
+	void *b[2] = {f->chunk, NULL};
+	T_OK(o->copy(f->ctx, f->bases, b, sizeof(b), NULL));
+	f->img = malloc(f->chunk_bytes);
+	f->hrec = calloc(NKV, f->stride);
+	T_ASSERT(f->img && f->hrec);
+	for (uint64_t i = 0; i < f->chunk_bytes / f->esz; i++) {
+		float v = frnd();
+		dtype_from_f32(&v, dt, f->img + i * f->esz, 1);
+	}
+	T_OK(o->copy(f->ctx, f->chunk, f->img, f->chunk_bytes, NULL));
+	for (uint32_t i = 0; i < NKV; i++) {
+		struct kvt_list_record *r = px_rec(f, i);
+		r->n_pages = NP;
+		for (uint32_t p = 0; p < NP; p++)
+			r->pages[p] = i * NP + (NP - 1 - p);
+	}
+	T_OK(o->copy(f->ctx, f->rec, f->hrec, NKV * f->stride, NULL));
+	for (uint32_t i = 0; i < NL * LF; i++)
+		f->w_h[i] = frnd();
+	T_OK(o->copy(f->ctx, f->w, f->w_h, sizeof(f->w_h), NULL));
+}
+
+static void px_fini(struct px *f)
+{
+	f->o->mem_free(f->ctx, f->chunk);
+	f->o->mem_free(f->ctx, f->bases);
+	f->o->mem_free(f->ctx, f->rec);
+	f->o->mem_free(f->ctx, f->state);
+	f->o->mem_free(f->ctx, f->ring);
+	f->o->mem_free(f->ctx, f->u);
+	f->o->mem_free(f->ctx, f->w);
+	f->o->ctx_free(f->ctx);
+	free(f->img);
+	free(f->hrec);
+}
+
+static struct kvt_backend_paged px_paged(struct px *f)
+{
+	return (struct kvt_backend_paged){
+		.records = f->rec, .list_stride = f->stride, .max_pages = NP,
+		.chunk_bases = f->bases, .n_chunk_slots = 2,
+		.pages_per_chunk = NKV * NP, .page_bytes = f->page_bytes,
+		.page_tokens = PT, .row_bytes = (uint32_t)(HD * f->esz),
+	};
+}
+
+static struct kvt_backend_pop px_pop(struct px *f, uint32_t sinks)
+{
+	return (struct kvt_backend_pop){
+		.state = f->state, .u = f->u, .weights = f->w, .cap = CAP,
+		.stage_tokens = ST, .row_floats = RF, .q_off = Q_OFF,
+		.lse_off = LSE_OFF, .d_model = D, .r = R, .m = M, .ring = RING,
+		.delay = DELAY, .sinks = sinks,
+	};
+}
+
+/* Entry i's K row in the host image. */
+static void *px_row(struct px *f, uint32_t g, uint32_t i)
+{
+	return f->img + px_rec(f, g)->pages[i / PT] * f->page_bytes +
+	       (size_t)(i % PT) * HD * f->esz;
+}
+
+/* kvpop_score, as written in policies/kvpop.c. */
+static float score_of(const float *wl, uint32_t g, const float *u, float f)
+{
+	const float *W1 = wl + R * D, *b1 = W1 + M * (R + 1), *W2 = b1 + M,
+	            *b2 = W2 + NKV * M;
+	float hid[M];
+	for (uint32_t o = 0; o < M; o++) {
+		const float *w = W1 + o * (R + 1);
+		float z = b1[o];
+		for (uint32_t c = 0; c < R; c++)
+			z += w[c] * u[c];
+		z += w[R] * f;
+		hid[o] = 0.5f * z * (1.0f + erff(z * 0.70710678118654752440f));
+	}
+	float s = b2[g];
+	for (uint32_t o = 0; o < M; o++)
+		s += W2[g * M + o] * hid[o];
+	return s;
+}
+
+static int close_to(float got, float want)
+{
+	return fabsf(got - want) <= 1e-5f * fabsf(want) + 1e-6f;
+}
+
+/* The band of list g for a sync whose first new position is prev: its
+ * entries' indices in order, their count returned. */
+static uint32_t band_of(struct px *f, uint32_t g, uint32_t L, uint32_t prev,
+                        uint32_t *idx)
+{
+	uint32_t c = 0;
+	for (uint32_t i = 0; i < L; i++)
+		if ((uint64_t)f->pos[g][i] + DELAY >= prev)
+			idx[c++] = i;
+	return c;
+}
+
+/*
+ * One sync of n_new tokens (positions [seen0, seen0 + n_new)) on both
+ * lists, due or not, budget b: the host does what kvpop_decide does, the
+ * device pop_select; then both compact.
+ */
+static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
+                    uint32_t b, uint32_t sinks)
+{
+	const uint32_t seen = seen0 + n_new, prev = seen0;
+	const float *wl = f->w_h + LAYER * LF;
+	for (uint32_t t = 0; t < n_new; t++)
+		for (uint32_t e = 0; e < RF; e++)
+			f->ring_h[((seen0 + t) % ST) * RF + e] =
+				e < LSE_OFF ? frnd() : 0.5f * (float)(urnd() % 5);
+	T_OK(f->o->copy(f->ctx, f->ring, f->ring_h, sizeof(f->ring_h), NULL));
+	/* u of the new rows, as kvpop_decide: one scorer_linear_cpu */
+	if (n_new) {
+		float x[ST * D], u[ST * R];
+		for (uint32_t t = 0; t < n_new; t++)
+			memcpy(x + t * D, f->ring_h + ((seen0 + t) % ST) * RF,
+			       D * sizeof(float));
+		scorer_linear_cpu(x, n_new, D, wl, NULL, R, u);
+		for (uint32_t t = 0; t < n_new; t++)
+			memcpy(f->u_h + ((seen0 + t) % RING) * R, u + t * R,
+			       R * sizeof(float));
+	}
+	struct kvt_backend_pop_job jobs[NKV];
+	uint8_t want[NKV][CAP];
+	uint32_t nd[NKV], off = 0;
+	for (uint32_t g = 0; g < NKV; g++) {
+		uint32_t L = f->len[g] + n_new, *pos = f->pos[g];
+		float *ent = f->ent[g];
+		T_ASSERT(L <= CAP);
+		for (uint32_t k = 0; k < n_new; k++) {
+			pos[f->len[g] + k] = seen0 + k;
+			ent[(f->len[g] + k) * 2] = 0.0f;
+			ent[(f->len[g] + k) * 2 + 1] = 0.0f;
+		}
+		uint32_t idx[CAP], nb = band_of(f, g, L, prev, idx);
+		if (n_new && DELAY && nb) {
+			/* attn_band_cpu over one-row "pages", as kvpop */
+			float qg[ST * G * HD], lg[ST * G], w[ST * G * CAP],
+			      ks[CAP * HD];
+			uint32_t qpos[ST], kp[CAP];
+			void *rows[CAP];
+			for (uint32_t t = 0; t < n_new; t++) {
+				const float *row =
+					f->ring_h + ((seen0 + t) % ST) * RF;
+				memcpy(qg + t * G * HD, row + Q_OFF + g * G * HD,
+				       G * HD * sizeof(float));
+				memcpy(lg + t * G, row + LSE_OFF + g * G,
+				       G * sizeof(float));
+				qpos[t] = seen0 + t;
+			}
+			for (uint32_t e = 0; e < nb; e++) {
+				kp[e] = pos[idx[e]];
+				rows[e] = px_row(f, g, idx[e]);
+			}
+			attn_band_cpu(qg, lg, qpos, n_new, G, rows, 1, HD, f->dt,
+			              kp, nb, 1.0f / sqrtf((float)HD), w, ks);
+			for (uint32_t e = 0; e < nb; e++) {
+				float *acc = &ent[idx[e] * 2];
+				for (uint32_t t = 0; t < n_new; t++) {
+					if (qpos[t] <= kp[e] || qpos[t] - kp[e] > DELAY)
+						continue;
+					float v = 0.0f;
+					for (uint32_t j = 0; j < G; j++)
+						v += w[(t * G + j) * nb + e];
+					*acc += v / (float)G;
+				}
+			}
+		}
+		for (uint32_t i = 0; i < L; i++) {
+			uint64_t pd = (uint64_t)pos[i] + DELAY;
+			if (pd < prev || pd >= seen)
+				continue;
+			ent[i * 2 + 1] = score_of(wl, g, f->u_h + (pos[i] % RING) * R,
+			                          logf(ent[i * 2] + 1e-6f));
+		}
+		float sc[CAP];
+		uint8_t pr[CAP];
+		uint32_t np = 0, scr[CAP];
+		for (uint32_t i = 0; i < L; i++) {
+			sc[i] = ent[i * 2 + 1];
+			pr[i] = (uint64_t)pos[i] + DELAY >= seen || pos[i] < sinks;
+			np += pr[i];
+		}
+		uint32_t keep = b > np ? b - np : 0;
+		memset(want[g], 0, L);
+		nd[g] = due && L ? select_topk_cpu(sc, pos, pr, L, keep, want[g],
+		                                   scr)
+		                 : 0;
+		jobs[g] = (struct kvt_backend_pop_job){
+			.ring = f->ring, .layer = LAYER, .record = g,
+			.cur = f->cur[g], .proj = g == 0,
+			.len = f->len[g], .n_new = n_new, .n_seen = seen,
+			.n_band = n_new ? nb : 0, .due = (uint32_t)due,
+			.keep = keep, .n_drop = nd[g], .drop_off = off,
+		};
+		off += nd[g];
+	}
+	const struct kvt_backend_pop a = px_pop(f, sinks);
+	struct kvt_backend_paged pg = px_paged(f);
+	uint32_t out[2 * NKV + NKV * CAP];
+	T_OK(f->o->pop_select(f->ctx, &pg, NKV, f->dt, H, NKV, HD, &a, jobs,
+	                      NKV, out, 2 * NKV + off, NULL));
+	float ud[RING * R];
+	T_OK(f->o->copy(f->ctx, ud, f->u, sizeof(ud), NULL));
+	for (uint32_t i = 0; i < RING * R; i++)
+		T_ASSERT(close_to(ud[i], f->u_h[i]));
+	struct kvt_backend_drops dl[NKV];
+	uint32_t drops[NKV * CAP], ndl = 0, at = 0;
+	for (uint32_t g = 0; g < NKV; g++) {
+		const uint32_t L = f->len[g] + n_new;
+		T_EQ(out[g], 0);
+		T_EQ(out[NKV + g], nd[g]);
+		uint32_t k = 0;
+		for (uint32_t i = 0; i < L; i++)
+			if (want[g][i])
+				T_EQ(out[2 * NKV + jobs[g].drop_off + k++], i);
+		/* the host's compaction of its state and pages */
+		uint32_t moves[2 * CAP], nl;
+		uint32_t nm = compact_plan(want[g], L, moves, &nl);
+		for (uint32_t m = 0; m < nm; m++) {
+			f->pos[g][moves[2 * m]] = f->pos[g][moves[2 * m + 1]];
+			memcpy(f->ent[g] + moves[2 * m] * 2,
+			       f->ent[g] + moves[2 * m + 1] * 2, 2 * sizeof(float));
+		}
+		void *pv[NP];
+		for (uint32_t p = 0; p < NP; p++)
+			pv[p] = f->img + px_rec(f, g)->pages[p] * f->page_bytes;
+		compact_cpu(pv, PT, (uint32_t)(HD * f->esz), moves, nm);
+		if (nd[g]) {
+			dl[ndl++] = (struct kvt_backend_drops){g, L, nd[g], at};
+			for (uint32_t i = 0; i < L; i++)
+				if (want[g][i])
+					drops[at++] = i;
+		}
+		f->len[g] = nl;
+		f->cur[g] ^= 1;
+		/* the device's new half: positions, a and s */
+		uint32_t half[CAP * 3];
+		T_OK(f->o->copy(f->ctx, half,
+		                (uint32_t *)f->state +
+		                        ((uint64_t)g * 2 + f->cur[g]) * CAP * 3,
+		                sizeof(half), NULL));
+		T_ASSERT(memcmp(half, f->pos[g], nl * 4) == 0);
+		const float *ds = (const float *)(half + CAP);
+		for (uint32_t i = 0; i < nl * 2; i++)
+			T_ASSERT(close_to(ds[i], f->ent[g][i]));
+	}
+	if (ndl)
+		T_OK(f->o->compact_drops(f->ctx, &pg, NKV, dl, ndl, drops, NULL));
+	uint8_t *got = malloc(f->chunk_bytes);
+	T_ASSERT(got);
+	T_OK(f->o->copy(f->ctx, got, f->chunk, f->chunk_bytes, NULL));
+	T_ASSERT(memcmp(got, f->img, f->chunk_bytes) == 0);
+	free(got);
+}
+
+static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every)
+{
+	struct px f;
+	px_init(&f, dt);
+	const uint32_t b = 10;
+	uint32_t seen = 0;
+	/* 15 .. 17 and 30 .. 33 wrap round the staging ring (16 rows) */
+	const uint32_t steps[] = {12, 3, 2, 4, 2, 5, 1, 1, 3, 6, 1};
+	for (uint32_t s = 0; s < sizeof(steps) / sizeof(*steps); s++) {
+		const uint32_t n = steps[s];
+		const int due = !every || (seen + n) / every > seen / every;
+		px_sync(&f, seen, n, due, b, sinks);
+		seen += n;
+	}
+	/* a sync of no new rows that is due: selection only */
+	px_sync(&f, seen, 0, 1, b - 2, sinks);
+	px_fini(&f);
+}
+
+TEST(cuda, backend_pop_select_matches_kvpop)
+{
+	run_case(KVT_DTYPE_F32, 0, 0);  /* every sync due */
+	run_case(KVT_DTYPE_F32, 2, 4);  /* sinks, every 4 */
+	run_case(KVT_DTYPE_F16, 1, 0);  /* f16 pages */
+}
+
+TEST(cuda, backend_pop_select_kvpop_flags_and_refuses)
+{
+	struct px f;
+	px_init(&f, KVT_DTYPE_F32);
+	px_sync(&f, 0, 8, 1, 6, 0);
+	/* a NaN in a new row's x: flagged by the proj job only */
+	for (uint32_t e = 0; e < RF; e++)
+		f.ring_h[8 * RF + e] = 0.5f;
+	f.ring_h[8 * RF + 5] = NAN;
+	T_OK(f.o->copy(f.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
+	struct kvt_backend_pop_job j[2];
+	uint32_t idx[CAP];
+	for (uint32_t g = 0; g < NKV; g++) {
+		f.pos[g][f.len[g]] = 8;
+		j[g] = (struct kvt_backend_pop_job){
+			.ring = f.ring, .layer = LAYER, .record = g,
+			.cur = f.cur[g], .proj = g == 0, .len = f.len[g],
+			.n_new = 1, .n_seen = 9,
+			.n_band = band_of(&f, g, f.len[g] + 1, 8, idx),
+		};
+	}
+	const struct kvt_backend_pop a = px_pop(&f, 0);
+	struct kvt_backend_paged pg = px_paged(&f);
+	uint32_t out[8];
+	T_OK(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a, j,
+	                     2, out, 4, NULL));
+	T_EQ(out[0], 1);
+	T_EQ(out[1], 0);
+	T_EQ(out[2], 0);
+	T_EQ(out[3], 0);
+	/* a band that is not the caller's count: the job's count fails */
+	struct kvt_backend_pop_job bad = j[1];
+	T_ASSERT(bad.n_band > 0);
+	bad.n_band--;
+	bad.due = 1;
+	T_OK(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
+	                     &bad, 1, out, 2, NULL));
+	T_EQ(out[1], 0xffffffffu);
+	bad.n_band += 2;
+	T_OK(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
+	                     &bad, 1, out, 2, NULL));
+	T_EQ(out[1], 0xffffffffu);
+	/* refusals */
+	bad = j[1];
+	bad.record = NKV;
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
+	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	bad = j[1];
+	bad.n_band = bad.len + bad.n_new + 1;
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
+	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	bad = j[1];
+	bad.n_drop = 1;
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
+	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	bad = j[1];
+	bad.len = CAP;
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
+	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	bad = j[1];
+	bad.n_new = 2;
+	bad.n_seen = 10;
+	struct kvt_backend_pop a2 = a;
+	a2.ring = 1; /* n_new beyond the u ring */
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a2,
+	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	a2 = a;
+	a2.r = 0;
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a2,
+	                     &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	a2 = a;
+	a2.m = 0;
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a2,
+	                     &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0, &a,
+	                     &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV, HD,
+	                     &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	px_fini(&f);
+}
