@@ -65,7 +65,28 @@
  *   gpu_prompt_select_floor_ms_per_seq  one cuBLAS SGEMM of window_select's
  *                             logits shape per list, 256 of [w G = 256]
  *                             [128] x [128][len 4112], queued and waited for
- * The last five time synchronous ops (they copy their output to the host
+ *   gpu_scorer_us_per_token_h2o    the `attn_select` op (H2O's accumulation
+ *                             and selection, what the daemon runs at every
+ *                             decode sync) of one sequence: 256 jobs (32
+ *                             layers x 8 KV heads, a job a list), lists of
+ *                             4096 entries, a sync of 16 new tokens (n_seen
+ *                             4112), a budget that drops 16 a list (agg
+ *                             mean, recent budget / 2), due; the whole
+ *                             call / 16, microseconds per decoded token
+ *                             per sequence
+ *   gpu_scorer_us_per_token_tova   the `tova_select` op likewise: 32 jobs
+ *                             (a layer each, its 8 lists), window 1
+ *   gpu_scorer_us_per_token_kvpop  the `pop_select` op likewise: 256 jobs,
+ *                             r 16, m 32, delay 32, sinks 4, d_model 4096,
+ *                             the first job of each layer projecting its x
+ *   gpu_attn_select_floor_us_per_token  one cuBLAS SGEMM of attn_select's
+ *                             logits shape per list, 256 of [16 G = 64]
+ *                             [128] x [128][4112], queued and waited for,
+ *                             / 16
+ *   (target for the three: device time per token at most 1% of an 8B
+ *   decode step at batch 64, about 50 us per sequence per token, so 0.5
+ *   us)
+ * The last nine time synchronous ops (they copy their output to the host
  * and wait): host wall clock around the whole call, descriptor upload,
  * kernels, copy back and wait included (an upper bound on their device
  * time), and their floors the same way.
@@ -377,7 +398,8 @@ int main(int argc, char **argv)
 	const char *mode = NULL;
 	void *ctx = NULL;
 	if (o->abi != KVT_BACKEND_ABI || !o->attention || !o->key_norms ||
-	    !o->window_select || !o->expected_select) {
+	    !o->window_select || !o->expected_select || !o->attn_select ||
+	    !o->tova_select || !o->pop_select) {
 		fprintf(stderr, "kvtrim-cuda-bench: the cuda backend (ABI %u, "
 		        "built for %u) lacks an op\n", o->abi,
 		        (unsigned)KVT_BACKEND_ABI);
@@ -403,6 +425,12 @@ int main(int argc, char **argv)
 	report("gpu_window_select_ms_per_seq", wms);
 	report("gpu_expected_select_ms_per_seq", ems);
 	report("gpu_prompt_select_floor_ms_per_seq", pfm);
+	double hus, tus, pus, afu;
+	bench_decode_select(o, ctx, s, &hus, &tus, &pus, &afu);
+	report("gpu_scorer_us_per_token_h2o", hus);
+	report("gpu_scorer_us_per_token_tova", tus);
+	report("gpu_scorer_us_per_token_kvpop", pus);
+	report("gpu_attn_select_floor_us_per_token", afu);
 	o->ctx_free(ctx);
 	CK(cudaStreamDestroy(s));
 	if (out_f)

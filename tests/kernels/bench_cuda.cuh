@@ -121,5 +121,8 @@ double bench_key_norms(const struct kvt_backend_ops *o, void *ctx,
 void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
                          cudaStream_t s, double *win_ms, double *exp_ms,
                          double *floor_ms);
+void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
+                         cudaStream_t s, double *h2o_us, double *tova_us,
+                         double *pop_us, double *floor_us);
 
 #endif

@@ -1,9 +1,9 @@
 /*
  * bench_cuda_ops.cu — kvtrim-cuda-bench's benchmarks of the cuda backend's
- * ops (the gpu_kvt_attention_*, gpu_key_norms_* and gpu_*_select_* lines:
- * bench_cuda.cu's header comment says what each measures), on device
- * tables and chunk-base arrays built by hand as the daemon and the client
- * keep them.
+ * ops (the gpu_kvt_attention_*, gpu_key_norms_*, gpu_*_select_* and
+ * gpu_scorer_us_per_token_{h2o,tova,kvpop} lines: bench_cuda.cu's header
+ * comment says what each measures), on device tables and chunk-base
+ * arrays built by hand as the daemon and the client keep them.
  */
 #include "bench_cuda.cuh"
 
@@ -506,3 +506,270 @@ void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
 	ob_table_free(&t);
 }
 
+
+/* ------------------------------------- the decode syncs' selections */
+
+/* n floats uniform in [-a, a). */
+__global__ void ob_fill_f32(float *p, uint64_t n, float a, uint32_t seed)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		p[i] = ((float)(ob_hash(i, seed) >> 8) * (1.0f / 8388608.0f) -
+		        1.0f) * a;
+}
+
+/* A rule as daemon/tenant_attn.c's plan_list counts it: protected
+ * pos + recent >= n_seen (recent 0: none), pos < sinks and pos + window
+ * >= n_seen (window 0: none); budget entries stay. */
+struct ob_rule {
+	uint32_t sinks, window, recent, budget;
+};
+
+static int ob_protected(const struct ob_rule *r, uint32_t p, uint32_t n_seen)
+{
+	return (r->recent && p + (uint64_t)r->recent >= n_seen) ||
+	       p < r->sinks || (r->window && p + (uint64_t)r->window >= n_seen);
+}
+
+/* plan_list's keep and drops of L entries at positions 0 .. L - 1; exits
+ * unless the drops are n_drop. */
+static uint32_t ob_plan(const char *op, const struct ob_rule *r, uint32_t L,
+                        uint32_t n_seen, uint32_t n_drop)
+{
+	uint32_t np = 0;
+	for (uint32_t p = 0; p < L; p++)
+		np += ob_protected(r, p, n_seen);
+	const uint32_t keep = r->budget > np ? r->budget - np : 0;
+	const uint32_t nd = L - np > keep ? L - np - keep : 0;
+	if (nd != n_drop) {
+		fprintf(stderr, "bench_decode_select: %s's rule drops %u, not "
+		        "%u\n", op, nd, n_drop);
+		exit(1);
+	}
+	return keep;
+}
+
+/* Records 0 .. n_rec - 1 of a state of F floats an entry (entry_state's
+ * bc_es_half layout): positions 0 .. len - 1 in both halves, floats 0;
+ * returns once they are there. */
+static void ob_state_init(void *state, uint32_t n_rec, uint32_t cap,
+                          uint32_t F, const uint32_t *pos, uint32_t len)
+{
+	const uint64_t half = (uint64_t)cap * (1 + F);
+	CK(cudaMemset(state, 0, (size_t)(2 * n_rec * half * 4)));
+	for (uint64_t h = 0; h < 2 * (uint64_t)n_rec; h++)
+		CK(cudaMemcpy((uint32_t *)state + h * half, pos,
+		              (size_t)len * 4, cudaMemcpyHostToDevice));
+	CK(cudaDeviceSynchronize()); /* the ops run on another stream */
+}
+
+/* The first call's output words (n jobs, drops at j * n_drop): no job
+ * flagged, each dropped n_drop entries, ascending, below L, and none
+ * that r protects (positions are the indices). */
+static void ob_check_drops(const char *op, const uint32_t *out, uint32_t n,
+                           uint32_t n_drop, uint32_t L, uint32_t n_seen,
+                           const struct ob_rule *r)
+{
+	const uint32_t *drops = out + 2 * (uint64_t)n;
+	for (uint32_t j = 0; j < n; j++) {
+		const uint32_t *d = drops + (uint64_t)j * n_drop;
+		int bad = out[j] || out[n + j] != n_drop;
+		for (uint32_t k = 0; !bad && k < n_drop; k++)
+			bad = d[k] >= L || (k && d[k] <= d[k - 1]) ||
+			      ob_protected(r, d[k], n_seen);
+		if (bad) {
+			fprintf(stderr, "bench_decode_select: %s: job %u "
+			        "flagged %u, dropped %u (expected %u), or a "
+			        "drop out of order, beyond %u or protected\n",
+			        op, j, out[j], out[n + j], n_drop, L);
+			exit(1);
+		}
+	}
+}
+
+/* The attention-based selections the daemon runs on the device at every
+ * decode sync (daemon/tenant_attn.c) for one sequence: 32 layers x 8 KV
+ * heads, lists of len 4096 entries (positions 0 .. 4095) and a sync of 16
+ * new tokens (n_seen 4112), f16 pages of random values, staging rows
+ * x | q | lse in a ring of 128 per layer, a budget of len: each list
+ * drops 16 (keep and drops counted as plan_list counts them), due.
+ *   attn_select (H2O: agg mean, sinks 0, recent budget / 2): a job a list;
+ *   tova_select (TOVA: window 1, sinks 0): a job a layer (its 8 lists);
+ *   pop_select (KVpop: r 16, m 32, delay 32, sinks 4, ring delay + 64,
+ *     random weights and u): a job a list, the first of a layer projecting
+ *     its x;
+ * microseconds of each whole call per new token, and of the 256 logits SGEMMs of
+ * attn_select's shape ([n_new G][hd] x [hd][L] per list) (*floor_us).  A
+ * call reads the state half cur and writes the other and flips nothing
+ * (the caller does): every timed call redoes the first one's work. */
+void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
+                         cudaStream_t s, double *h2o_us, double *tova_us,
+                         double *pop_us, double *floor_us)
+{
+	const uint32_t len = 4096, n_new = 16, L = len + n_new, n_seen = L;
+	const uint32_t n_lists = OB_LAYERS * OB_KV;
+	const uint32_t ppl = (L + OB_PT - 1) / OB_PT;
+	const uint32_t cap = L + 496; /* entries a half (max_tokens) */
+	const uint32_t stage = 128, d_model = 4096;
+	const uint32_t q_off = d_model, lse_off = q_off + OB_H * OB_HD;
+	const uint32_t row_floats = lse_off + OB_H;
+	const uint32_t pr = 16, pm = 32, delay = 32, pring = delay + 64;
+	const double per = 1e3 / n_new; /* ms a call -> us a token */
+	struct ob_table t;
+	ob_table_new(&t, n_lists, ppl, ppl, L, 1, s);
+	const struct kvt_backend_paged pg = ob_paged(&t);
+	const uint64_t ring_floats = (uint64_t)OB_LAYERS * stage * row_floats;
+	const uint64_t lf = kvt_pop_layer_floats(pr, pm, d_model, OB_KV);
+	const uint64_t w_floats = OB_LAYERS * lf;
+	const uint64_t u_floats = (uint64_t)OB_LAYERS * pring * pr;
+	float *ring, *weights, *u;
+	void *state; /* sized for H2O's, the largest: G floats an entry */
+	CK(cudaMalloc(&ring, ring_floats * 4));
+	CK(cudaMalloc(&weights, w_floats * 4));
+	CK(cudaMalloc(&u, u_floats * 4));
+	CK(cudaMalloc(&state, (size_t)n_lists * 2 * cap * (1 + OB_G) * 4));
+	/* lse about ln(4112 e^0): logits of these q and k are small */
+	KVT_LAUNCH(ob_fill_ring, 4096, 256, 0, s, ring, ring_floats, row_floats,
+	           lse_off, OB_H, 8.3f, 0x27d4eb2fu);
+	KVT_LAUNCH(ob_fill_f32, 4096, 256, 0, s, weights, w_floats, 0.05f,
+	           0x165667b1u);
+	KVT_LAUNCH(ob_fill_f32, 1024, 256, 0, s, u, u_floats, 1.0f,
+	           0xd3a2646cu);
+	CK(cudaGetLastError());
+	CK(cudaStreamSynchronize(s));
+	const uint32_t words = 2 * n_lists + n_lists * n_new;
+	uint32_t *pos = (uint32_t *)malloc((size_t)len * 4);
+	uint32_t *out = (uint32_t *)malloc((size_t)words * 4);
+	struct kvt_backend_attn_job *hj = (struct kvt_backend_attn_job *)calloc(
+		n_lists, sizeof(*hj));
+	struct kvt_backend_tova_job *tj = (struct kvt_backend_tova_job *)calloc(
+		OB_LAYERS, sizeof(*tj));
+	struct kvt_backend_pop_job *pj = (struct kvt_backend_pop_job *)calloc(
+		n_lists, sizeof(*pj));
+	if (!pos || !out || !hj || !tj || !pj) {
+		fprintf(stderr, "bench_decode_select: out of host memory\n");
+		exit(1);
+	}
+	for (uint32_t i = 0; i < len; i++)
+		pos[i] = i;
+	/* a budget of len: every list drops what the sync brings */
+	const struct ob_rule rh = {0, 0, len / 2, len}, rt = {0, 1, 0, len},
+	                     rp = {4, 0, delay, len};
+	const uint32_t hkeep = ob_plan("h2o", &rh, L, n_seen, n_new);
+	const uint32_t tkeep = ob_plan("tova", &rt, L, n_seen, n_new);
+	const uint32_t pkeep = ob_plan("kvpop", &rp, L, n_seen, n_new);
+	uint32_t n_band = 0; /* KVpop's band: pos + delay >= n_seen - n_new */
+	for (uint32_t p = 0; p < L; p++)
+		n_band += p + (uint64_t)delay >= n_seen - n_new;
+	for (uint32_t l = 0; l < n_lists; l++) {
+		const uint32_t layer = l / OB_KV, g = l % OB_KV;
+		const float *rl = ring + (uint64_t)layer * stage * row_floats;
+		hj[l] = {
+			rl, l, g, 0, len, n_new, n_seen, 1, rh.recent, hkeep,
+			n_new, l * n_new,
+		};
+		pj[l] = {
+			rl, layer, l, 0, g == 0, len, n_new, n_seen,
+			n_band, 1, pkeep, n_new, l * n_new,
+		};
+		if (g == 0)
+			tj[layer] = {
+				rl, l, layer, 0, len, n_new, n_seen, 1, tkeep,
+				n_new, layer * n_new,
+			};
+	}
+	struct kvt_backend_attn ha;
+	struct kvt_backend_tova ta;
+	struct kvt_backend_pop pa;
+	memset(&ha, 0, sizeof(ha));
+	memset(&ta, 0, sizeof(ta));
+	memset(&pa, 0, sizeof(pa));
+	ha.state = ta.state = pa.state = state;
+	ha.cap = ta.cap = pa.cap = cap;
+	ha.stage_tokens = ta.stage_tokens = pa.stage_tokens = stage;
+	ha.row_floats = ta.row_floats = pa.row_floats = row_floats;
+	ha.q_off = ta.q_off = pa.q_off = q_off;
+	ha.lse_off = ta.lse_off = pa.lse_off = lse_off;
+	ha.agg = 0;
+	ha.sinks = rh.sinks;
+	ha.window = rh.window;
+	ta.sinks = rt.sinks;
+	ta.window = rt.window;
+	pa.u = u;
+	pa.weights = weights;
+	pa.d_model = d_model;
+	pa.r = pr;
+	pa.m = pm;
+	pa.ring = pring;
+	pa.delay = delay;
+	pa.sinks = rp.sinks;
+
+	/* H2O: a job a list, G floats of state an entry */
+	ob_state_init(state, n_lists, cap, OB_G, pos, len);
+	auto hcall = [&] {
+		OP(o->attn_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
+		                  OB_HD, &ha, hj, n_lists, out, words, s));
+	};
+	hcall();
+	ob_check_drops("attn_select", out, n_lists, n_new, L, n_seen, &rh);
+	*h2o_us = wall_ms(hcall, 20, 2000) * per;
+
+	/* TOVA: a job a layer, positions only, one array a layer */
+	ob_state_init(state, OB_LAYERS, cap, 0, pos, len);
+	const uint32_t twords = 2 * OB_LAYERS + OB_LAYERS * n_new;
+	auto tcall = [&] {
+		OP(o->tova_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
+		                  OB_HD, &ta, tj, OB_LAYERS, out, twords, s));
+	};
+	tcall();
+	ob_check_drops("tova_select", out, OB_LAYERS, n_new, L, n_seen, &rt);
+	*tova_us = wall_ms(tcall, 20, 2000) * per;
+
+	/* KVpop: a job a list, (a, s) an entry */
+	ob_state_init(state, n_lists, cap, 2, pos, len);
+	auto pcall = [&] {
+		OP(o->pop_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
+		                 OB_HD, &pa, pj, n_lists, out, words, s));
+	};
+	pcall();
+	ob_check_drops("pop_select", out, n_lists, n_new, L, n_seen, &rp);
+	*pop_us = wall_ms(pcall, 20, 2000) * per;
+
+	/* floor: attn_select's logits SGEMM once per list ([n_new G][hd]
+	 * q and [L][hd] keys in float, one scratch reused list after list),
+	 * queued then waited for */
+	float *keys, *qg, *logit;
+	CK(cudaMalloc(&keys, (size_t)L * OB_HD * 4));
+	CK(cudaMalloc(&qg, (size_t)n_new * OB_G * OB_HD * 4));
+	CK(cudaMalloc(&logit, (size_t)n_new * OB_G * L * 4));
+	CK(cudaMemsetAsync(keys, 0, (size_t)L * OB_HD * 4, s));
+	CK(cudaMemsetAsync(qg, 0, (size_t)n_new * OB_G * OB_HD * 4, s));
+	cublasHandle_t hb;
+	BK(cublasCreate(&hb));
+	BK(cublasSetStream(hb, s));
+	const float scale = 1.0f / sqrtf((float)OB_HD), zero = 0.0f;
+	auto gemms = [&] {
+		for (uint32_t l = 0; l < n_lists; l++)
+			BK(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
+			               (int)(n_new * OB_G), (int)OB_HD, &scale,
+			               keys, (int)OB_HD, qg, (int)OB_HD, &zero,
+			               logit, (int)L));
+		CK(cudaStreamSynchronize(s));
+	};
+	gemms();
+	*floor_us = wall_ms(gemms, 20, 2000) * per;
+	BK(cublasDestroy(hb));
+	CK(cudaFree(keys));
+	CK(cudaFree(qg));
+	CK(cudaFree(logit));
+	CK(cudaFree(ring));
+	CK(cudaFree(weights));
+	CK(cudaFree(u));
+	CK(cudaFree(state));
+	free(pos);
+	free(out);
+	free(hj);
+	free(tj);
+	free(pj);
+	ob_table_free(&t);
+}
