@@ -5,7 +5,10 @@
 # enough that each evicts (snapkv, pyramidkv and expected_attention decide
 # at the first decode sync, so they prefill 32 tokens first; kvzap's and
 # fastkvzip's random seeded weights score around 0, hence kvzap's
-# threshold 0).  The kept sets must equal an in-process replay of the cpu
+# threshold 0; tova_rule and kvpop_rule add sinks, a window or a short
+# delay, every=3 and a prefill that does not fill the staging ring's rows
+# evenly, so syncs that decide nothing and rings that wrap are crossed).
+# The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
 # failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
 # library, scripts/gpu-check.sh on a GPU.
@@ -21,9 +24,11 @@ full full
 random random:tokens=24
 snapkv snapkv:window=8,tokens=16 --prefill 32
 tova tova:tokens=24
+tova_rule tova:tokens=20,window=4,sinks=2,every=3 --prefill 16
 kvzap kvzap:threshold=0,window=8
 fastkvzip fastkvzip:window=8,every=16
 kvpop kvpop:tokens=24,delay=8
+kvpop_rule kvpop:tokens=20,delay=3,sinks=2,every=3 --prefill 17
 knorm knorm:tokens=24
 pyramidkv pyramidkv:window=8,tokens=16 --prefill 32
 expected_attention expected_attention:window=8,tokens=16 --prefill 32

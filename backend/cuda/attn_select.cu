@@ -268,8 +268,8 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 		                           NULL, s)))
 			return rv;
 		uint32_t *idx = dout + 2 * n + J.drop_off;
-		KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L, idx, J.n_drop,
-		           dout + n + k);
+		KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s, drop, L,
+		           idx, J.n_drop, dout + n + k);
 		BC_CALL(cudaGetLastError(), "attn_select indices");
 		bc_es_compact_launch(A.state, A.cap, G, J.record, J.cur ^ 1u, L,
 		                     J.n_drop, idx, dout + n + k, BC_H2O_THREADS, s);

@@ -435,7 +435,7 @@ static int bc_ea_list(cublasHandle_t h, const kvt_backend_paged &p,
 	if ((rv = select_topk_cuda(sc, NULL, prot, len, L->keep, drop, NULL,
 	                           NULL, s)))
 		return rv;
-	KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, len,
+	KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s, drop, len,
 	           dout + n_win + n_lists + L->drop_off, L->n_drop,
 	           dout + n_win + li);
 	BC_CALL(cudaGetLastError(), "expected_select indices");

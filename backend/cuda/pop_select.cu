@@ -492,8 +492,8 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 			                           NULL, NULL, s)))
 				return rv;
 			uint32_t *idx = dout + 2 * n + J.drop_off;
-			KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L, idx,
-			           J.n_drop, cnt);
+			KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s,
+			           drop, L, idx, J.n_drop, cnt);
 			BC_CALL(cudaGetLastError(), "pop_select indices");
 			bc_es_compact_launch(A.state, A.cap, 2, J.record,
 			                     J.cur ^ 1u, L, J.n_drop, idx, cnt,

@@ -275,8 +275,8 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 		                           NULL, s)))
 			return rv;
 		uint32_t *idx = dout + 2 * n + J.drop_off;
-		KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L, idx, J.n_drop,
-		           dout + n + k);
+		KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s, drop, L,
+		           idx, J.n_drop, dout + n + k);
 		BC_CALL(cudaGetLastError(), "tova_select indices");
 		bc_es_compact_launch(A.state, A.cap, 0, J.srec, J.cur ^ 1u, L,
 		                     J.n_drop, idx, dout + n + k, BC_TOVA_THREADS,

@@ -319,9 +319,10 @@ static int bc_window_select_locked(struct bc_ctx *c,
 			if ((rv = select_topk_cuda(sc, NULL, prot, L->len, L->keep,
 			                           drop, NULL, NULL, s)))
 				return rv;
-			KVT_LAUNCH(bc_ps_indices, 1, 32, 0, s, drop, L->len,
-			           dout + n_win + n_lists + L->drop_off, L->n_drop,
-			           dout + n_win + li);
+			KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s,
+			           drop, L->len,
+			           dout + n_win + n_lists + L->drop_off,
+			           L->n_drop, dout + n_win + li);
 			BC_CALL(cudaGetLastError(), "window_select indices");
 		}
 	}
