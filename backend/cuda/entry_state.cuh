@@ -12,6 +12,8 @@
 #define KVT_CUDA_ENTRY_STATE_CUH
 
 #include "backend_cuda.cuh"
+#include "prompt_select.cuh"
+#include "select_topk.cuh"
 
 /* Half h of record r in state: positions [cap], then [cap][F] floats. */
 static __host__ __device__ __forceinline__ uint32_t *
@@ -103,18 +105,72 @@ static __global__ void bc_es_compact(void *state, uint32_t cap, uint32_t F,
 	}
 }
 
-/* Launches bc_es_compact for n_drop drops with `threads` per block. */
-static inline void bc_es_compact_launch(void *state, uint32_t cap, uint32_t F,
-                                        uint32_t r, uint32_t half, uint32_t L,
-                                        uint32_t n_drop, const uint32_t *d,
-                                        const uint32_t *count,
-                                        uint32_t threads, cudaStream_t s)
+/* Threads per block of bc_es_compact. */
+#define BC_ES_THREADS 256
+
+/*
+ * A due job's selection, queued on s: of its L entries (scores sc, the
+ * positions of half `half` of record r as ranks, protection prot) the
+ * best keep unprotected ones stay (select_topk_cuda, flags in drop), the
+ * dropped indices ascending at idx (at most n_drop) with their count at
+ * *count, and the half compacted by them.  0 or the error (noted, op
+ * naming the op).
+ */
+static inline int bc_es_select(const char *op, void *state, uint32_t cap,
+                               uint32_t F, uint32_t r, uint32_t half,
+                               const float *sc, const uint8_t *prot,
+                               uint8_t *drop, uint32_t L, uint32_t keep,
+                               uint32_t *idx, uint32_t n_drop,
+                               uint32_t *count, cudaStream_t s)
 {
-	if (!n_drop)
-		return;
-	uint32_t cb = (n_drop + threads - 1) / threads;
-	KVT_LAUNCH(bc_es_compact, cb > 4096 ? 4096 : cb, threads, 0, s, state,
-	           cap, F, r, half, L, n_drop, d, count);
+	const uint32_t *pos = bc_es_half(state, cap, F, r, half);
+	int rv = select_topk_cuda(sc, pos, prot, L, keep, drop, NULL, NULL, s);
+	if (rv)
+		return rv;
+	KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s, drop, L, idx,
+	           n_drop, count);
+	BC_CALL(cudaGetLastError(), op);
+	if (n_drop) {
+		uint32_t cb = (n_drop + BC_ES_THREADS - 1) / BC_ES_THREADS;
+		KVT_LAUNCH(bc_es_compact, cb > 4096 ? 4096 : cb, BC_ES_THREADS,
+		           0, s, state, cap, F, r, half, L, n_drop, idx, count);
+		BC_CALL(cudaGetLastError(), op);
+	}
+	return 0;
+}
+
+/*
+ * The entry point of a device selection (attn_select, tova_select,
+ * pop_select): n 0 does nothing; a NULL a or jobs, or a call
+ * bc_ps_check_call refuses, is KVT_EINVAL (noted); then check() (the op's
+ * own argument checks), then locked(c) under the context's lock, which
+ * guards the scratch and cuBLAS handle the ops share.
+ */
+template <typename Check, typename Locked>
+static inline int bc_es_entry(void *ctx, const char *op,
+                              const struct kvt_backend_paged *pg,
+                              const void *a, const void *jobs, uint32_t n,
+                              enum kvt_dtype dtype, const uint32_t *out,
+                              uint32_t out_words, Check check,
+                              Locked locked)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!n)
+		return 0;
+	if (!a || !jobs) {
+		bc_note("%s: a NULL argument", op);
+		return KVT_EINVAL;
+	}
+	int rv = bc_ps_check_call(op, pg, jobs, 0, NULL, 0, dtype, out,
+	                          out_words);
+	if (!rv)
+		rv = check();
+	if (rv)
+		return rv;
+	pthread_mutex_lock(&c->lock);
+	rv = locked(c);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
 }
 
 #endif

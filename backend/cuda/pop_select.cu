@@ -487,18 +487,12 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 		}
 		uint32_t *cnt = dout + n + k;
 		if (J.due) {
-			const uint32_t *pos = bc_pop_half(A, J.record, J.cur ^ 1u);
-			if ((rv = select_topk_cuda(sc, pos, prot, L, J.keep, drop,
-			                           NULL, NULL, s)))
+			if ((rv = bc_es_select("pop_select", A.state, A.cap, 2,
+			                       J.record, J.cur ^ 1u, sc, prot,
+			                       drop, L, J.keep,
+			                       dout + 2 * n + J.drop_off, J.n_drop,
+			                       cnt, s)))
 				return rv;
-			uint32_t *idx = dout + 2 * n + J.drop_off;
-			KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s,
-			           drop, L, idx, J.n_drop, cnt);
-			BC_CALL(cudaGetLastError(), "pop_select indices");
-			bc_es_compact_launch(A.state, A.cap, 2, J.record,
-			                     J.cur ^ 1u, L, J.n_drop, idx, cnt,
-			                     BC_POP_THREADS, s);
-			BC_CALL(cudaGetLastError(), "pop_select compact");
 		}
 		if (band) {
 			KVT_LAUNCH(bc_pop_fail, 1, 32, 0, s, bad + k, cnt);
@@ -515,24 +509,15 @@ int bc_pop_select(void *ctx, const struct kvt_backend_paged *pg,
                   const struct kvt_backend_pop_job *jobs, uint32_t n,
                   uint32_t *out, uint32_t out_words, void *stream)
 {
-	struct bc_ctx *c = (struct bc_ctx *)ctx;
-	if (!n)
-		return 0;
-	if (!a || !jobs) {
-		bc_note("pop_select: a NULL argument");
-		return KVT_EINVAL;
-	}
-	int rv = bc_ps_check_call("pop_select", pg, jobs, 0, NULL, 0, dtype,
-	                          out, out_words);
-	if (!rv)
-		rv = bc_pop_check_args(n_records, n_heads, n_kv_heads, head_dim,
-		                       a, jobs, n, out_words);
-	if (rv)
-		return rv;
-	pthread_mutex_lock(&c->lock);
-	rv = bc_pop_select_locked(c, pg, dtype, n_heads, n_kv_heads, head_dim,
-	                          a, jobs, n, out, out_words,
-	                          (cudaStream_t)stream);
-	pthread_mutex_unlock(&c->lock);
-	return rv;
+	return bc_es_entry(
+		ctx, "pop_select", pg, a, jobs, n, dtype, out, out_words,
+		[&] {
+			return bc_pop_check_args(n_records, n_heads, n_kv_heads,
+			          head_dim, a, jobs, n, out_words);
+		},
+		[&](struct bc_ctx *c) {
+			return bc_pop_select_locked(
+				c, pg, dtype, n_heads, n_kv_heads, head_dim, a,
+				jobs, n, out, out_words, (cudaStream_t)stream);
+		});
 }

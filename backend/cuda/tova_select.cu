@@ -270,18 +270,11 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 		KVT_LAUNCH(bc_tova_score, bc_tova_blocks(L), BC_TOVA_THREADS, 0,
 		           s, A, J, nkv, inv_h, part, sc, prot);
 		BC_CALL(cudaGetLastError(), "tova_select score");
-		const uint32_t *pos = bc_tova_half(A, J.srec, J.cur ^ 1u);
-		if ((rv = select_topk_cuda(sc, pos, prot, L, J.keep, drop, NULL,
-		                           NULL, s)))
+		if ((rv = bc_es_select("tova_select", A.state, A.cap, 0, J.srec,
+		                       J.cur ^ 1u, sc, prot, drop, L, J.keep,
+		                       dout + 2 * n + J.drop_off, J.n_drop,
+		                       dout + n + k, s)))
 			return rv;
-		uint32_t *idx = dout + 2 * n + J.drop_off;
-		KVT_LAUNCH(bc_ps_indices, 1, BC_PS_IDX_THREADS, 0, s, drop, L,
-		           idx, J.n_drop, dout + n + k);
-		BC_CALL(cudaGetLastError(), "tova_select indices");
-		bc_es_compact_launch(A.state, A.cap, 0, J.srec, J.cur ^ 1u, L,
-		                     J.n_drop, idx, dout + n + k, BC_TOVA_THREADS,
-		                     s);
-		BC_CALL(cudaGetLastError(), "tova_select compact");
 	}
 	return bc_ps_finish(c, out, dout, out_words, s, "tova_select");
 }
@@ -293,24 +286,15 @@ int bc_tova_select(void *ctx, const struct kvt_backend_paged *pg,
                    const struct kvt_backend_tova_job *jobs, uint32_t n,
                    uint32_t *out, uint32_t out_words, void *stream)
 {
-	struct bc_ctx *c = (struct bc_ctx *)ctx;
-	if (!n)
-		return 0;
-	if (!a || !jobs) {
-		bc_note("tova_select: a NULL argument");
-		return KVT_EINVAL;
-	}
-	int rv = bc_ps_check_call("tova_select", pg, jobs, 0, NULL, 0, dtype,
-	                          out, out_words);
-	if (!rv)
-		rv = bc_tova_check_args(n_records, n_heads, n_kv_heads,
-		                        head_dim, a, jobs, n, out_words);
-	if (rv)
-		return rv;
-	pthread_mutex_lock(&c->lock);
-	rv = bc_tova_select_locked(c, pg, dtype, n_heads, n_kv_heads, head_dim,
-	                           a, jobs, n, out, out_words,
-	                           (cudaStream_t)stream);
-	pthread_mutex_unlock(&c->lock);
-	return rv;
+	return bc_es_entry(
+		ctx, "tova_select", pg, a, jobs, n, dtype, out, out_words,
+		[&] {
+			return bc_tova_check_args(n_records, n_heads, n_kv_heads,
+			          head_dim, a, jobs, n, out_words);
+		},
+		[&](struct bc_ctx *c) {
+			return bc_tova_select_locked(
+				c, pg, dtype, n_heads, n_kv_heads, head_dim, a,
+				jobs, n, out, out_words, (cudaStream_t)stream);
+		});
 }
