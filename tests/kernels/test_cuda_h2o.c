@@ -21,98 +21,31 @@
 #include "kernels.h"
 #include "test.h"
 
-extern const struct kvt_backend_ops kvt_cuda_backend_v1;
+#define SEL_SEED 29
+#include "select_fixture.h"
 
 enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
        ST = 16, RF = H * HD + H };
 
-static uint32_t seed = 29;
-static uint32_t urnd(void)
-{
-	seed = seed * 1664525u + 1013904223u;
-	return seed >> 8;
-}
-
-static float frnd(void)
-{
-	return (float)(urnd() % 2001) / 1000.0f - 1.0f;
-}
-
+/* The chunk of NKV lists (select_fixture.h) and the h2o state. */
 struct hx {
-	const struct kvt_backend_ops *o;
-	void *ctx, *chunk, **bases, *rec, *state, *ring;
-	uint64_t stride, page_bytes, chunk_bytes;
-	float *img;      /* host image of the chunk */
-	uint8_t *hrec;
+	struct sel_fx fx;
+	void *state, *ring;
 	float ring_h[ST * RF];
 	/* the host's state per list */
 	uint32_t len[NKV], pos[NKV][CAP], cur[NKV];
 	float S[NKV][CAP * G];
 };
 
-static struct kvt_list_record *hx_rec(struct hx *f, uint32_t i)
-{
-	return (struct kvt_list_record *)(f->hrec + i * f->stride);
-}
-
 static void hx_init(struct hx *f)
 {
-	char err[256];
-	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
-	if (o->probe(err, sizeof(err)))
-		T_SKIP(err);
 	memset(f, 0, sizeof(*f));
-	f->o = o;
-	T_OK(o->ctx_new(0, &f->ctx, NULL, err, sizeof(err)));
-	if (!o->attn_select || !o->compact_drops)
+	sel_init(&f->fx, PT, HD * sizeof(float), NKV, NP);
+	if (!f->fx.o->attn_select || !f->fx.o->compact_drops)
 		T_SKIP("no attn_select");
-	f->page_bytes = 2ull * PT * HD * sizeof(float);
-	f->chunk_bytes = NKV * NP * f->page_bytes;
-	f->stride = (sizeof(struct kvt_list_record) + NP * sizeof(uint32_t) +
-	             63) / 64 * 64;
-	T_OK(o->mem_new(f->ctx, f->chunk_bytes, &f->chunk));
-	T_OK(o->mem_new(f->ctx, 2 * sizeof(void *), (void **)&f->bases));
-	T_OK(o->mem_new(f->ctx, NKV * f->stride, &f->rec));
-	T_OK(o->mem_new(f->ctx, (size_t)NKV * 2 * CAP * (1 + G) * 4,
-	                &f->state));
-	T_OK(o->mem_new(f->ctx, sizeof(f->ring_h), &f->ring));
-	void *b[2] = {f->chunk, NULL};
-	T_OK(o->copy(f->ctx, f->bases, b, sizeof(b), NULL));
-	f->img = malloc(f->chunk_bytes);
-	f->hrec = calloc(NKV, f->stride);
-	T_ASSERT(f->img && f->hrec);
-	for (uint64_t i = 0; i < f->chunk_bytes / sizeof(float); i++)
-		f->img[i] = frnd();
-	T_OK(o->copy(f->ctx, f->chunk, f->img, f->chunk_bytes, NULL));
-	for (uint32_t i = 0; i < NKV; i++) {
-		struct kvt_list_record *r = hx_rec(f, i);
-		r->n_pages = NP;
-		for (uint32_t p = 0; p < NP; p++)
-			r->pages[p] = i * NP + (NP - 1 - p);
-	}
-	T_OK(o->copy(f->ctx, f->rec, f->hrec, NKV * f->stride, NULL));
-}
-
-static void hx_fini(struct hx *f)
-{
-	f->o->mem_free(f->ctx, f->chunk);
-	f->o->mem_free(f->ctx, f->bases);
-	f->o->mem_free(f->ctx, f->rec);
-	f->o->mem_free(f->ctx, f->state);
-	f->o->mem_free(f->ctx, f->ring);
-	f->o->ctx_free(f->ctx);
-	free(f->img);
-	free(f->hrec);
-}
-
-static struct kvt_backend_paged hx_paged(struct hx *f)
-{
-	return (struct kvt_backend_paged){
-		.records = f->rec, .list_stride = f->stride, .max_pages = NP,
-		.chunk_bases = f->bases, .n_chunk_slots = 2,
-		.pages_per_chunk = NKV * NP, .page_bytes = f->page_bytes,
-		.page_tokens = PT, .row_bytes = HD * sizeof(float),
-	};
+	f->state = sel_mem(&f->fx, (size_t)NKV * 2 * CAP * (1 + G) * 4);
+	f->ring = sel_mem(&f->fx, sizeof(f->ring_h));
+	sel_fill_floats(&f->fx, KVT_DTYPE_F32);
 }
 
 static int prot_of(uint32_t p, uint32_t seen, uint32_t sinks,
@@ -136,7 +69,8 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		for (uint32_t e = 0; e < RF; e++)
 			f->ring_h[((seen0 + t) % ST) * RF + e] =
 				e < H * HD ? frnd() : 0.5f * (float)(urnd() % 5);
-	T_OK(f->o->copy(f->ctx, f->ring, f->ring_h, sizeof(f->ring_h), NULL));
+	T_OK(f->fx.o->copy(f->fx.ctx, f->ring, f->ring_h, sizeof(f->ring_h),
+	                   NULL));
 	struct kvt_backend_attn_job jobs[NKV];
 	uint8_t want[NKV][CAP];
 	uint32_t nd[NKV], off = 0;
@@ -160,9 +94,7 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 			qpos[t] = seen0 + t;
 		}
 		void *pv[NP];
-		for (uint32_t p = 0; p < NP; p++)
-			pv[p] = (char *)f->img + hx_rec(f, g)->pages[p] *
-			                                 f->page_bytes;
+		sel_pages(&f->fx, g, pv);
 		if (n_new) {
 			attn_band_cpu(qg, lg, qpos, n_new, G, pv, PT, HD,
 			              KVT_DTYPE_F32, pos, L,
@@ -201,10 +133,10 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		.row_floats = RF, .q_off = 0, .lse_off = H * HD, .agg = agg,
 		.sinks = sinks, .window = window,
 	};
-	struct kvt_backend_paged pg = hx_paged(f);
+	struct kvt_backend_paged pg = sel_paged(&f->fx);
 	uint32_t out[2 * NKV + NKV * CAP];
-	T_OK(f->o->attn_select(f->ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                       jobs, NKV, out, 2 * NKV + off, NULL));
+	T_OK(f->fx.o->attn_select(f->fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV,
+	                          HD, &a, jobs, NKV, out, 2 * NKV + off, NULL));
 	struct kvt_backend_drops dl[NKV];
 	uint32_t drops[NKV * CAP], ndl = 0, at = 0;
 	for (uint32_t g = 0; g < NKV; g++) {
@@ -224,9 +156,7 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 			       f->S[g] + moves[2 * m + 1] * G, G * sizeof(float));
 		}
 		void *pv[NP];
-		for (uint32_t p = 0; p < NP; p++)
-			pv[p] = (char *)f->img + hx_rec(f, g)->pages[p] *
-			                                 f->page_bytes;
+		sel_pages(&f->fx, g, pv);
 		compact_cpu(pv, PT, HD * sizeof(float), moves, nm);
 		if (nd[g]) {
 			dl[ndl++] = (struct kvt_backend_drops){g, L, nd[g], at};
@@ -238,11 +168,11 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		f->cur[g] ^= 1;
 		/* the device's new half: positions and S bit for bit */
 		uint32_t half[CAP * (1 + G)];
-		T_OK(f->o->copy(f->ctx, half,
-		                (uint32_t *)f->state +
-		                        ((uint64_t)g * 2 + f->cur[g]) * CAP *
-		                                (1 + G),
-		                sizeof(half), NULL));
+		T_OK(f->fx.o->copy(f->fx.ctx, half,
+		                   (uint32_t *)f->state +
+		                           ((uint64_t)g * 2 + f->cur[g]) * CAP *
+		                                   (1 + G),
+		                   sizeof(half), NULL));
 		T_ASSERT(memcmp(half, f->pos[g], nl * 4) == 0);
 		const float *ds = (const float *)(half + CAP);
 		for (uint32_t i = 0; i < nl * G; i++)
@@ -250,12 +180,9 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 			         1e-5f * fabsf(f->S[g][i]) + 1e-6f);
 	}
 	if (ndl)
-		T_OK(f->o->compact_drops(f->ctx, &pg, NKV, dl, ndl, drops, NULL));
-	float *got = malloc(f->chunk_bytes);
-	T_ASSERT(got);
-	T_OK(f->o->copy(f->ctx, got, f->chunk, f->chunk_bytes, NULL));
-	T_ASSERT(memcmp(got, f->img, f->chunk_bytes) == 0);
-	free(got);
+		T_OK(f->fx.o->compact_drops(f->fx.ctx, &pg, NKV, dl, ndl, drops,
+		                            NULL));
+	T_ASSERT(sel_chunk_same(&f->fx));
 }
 
 static void run_case(uint32_t agg, uint32_t sinks, uint32_t window,
@@ -272,7 +199,7 @@ static void run_case(uint32_t agg, uint32_t sinks, uint32_t window,
 		hx_sync(&f, seen, n, due, b, agg, sinks, window, recent);
 		seen += n;
 	}
-	hx_fini(&f);
+	sel_fini(&f.fx);
 }
 
 TEST(cuda, backend_attn_select_matches_h2o)
@@ -291,7 +218,7 @@ TEST(cuda, backend_attn_select_flags_and_refuses)
 	for (uint32_t e = 0; e < RF; e++)
 		f.ring_h[8 * RF + e] = 0.5f;
 	f.ring_h[8 * RF + 3] = NAN;
-	T_OK(f.o->copy(f.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
+	T_OK(f.fx.o->copy(f.fx.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
 	struct kvt_backend_attn_job j = {
 		.ring = f.ring, .record = 1, .g = 1, .cur = f.cur[1],
 		.len = f.len[1], .n_new = 1, .n_seen = 9,
@@ -300,25 +227,25 @@ TEST(cuda, backend_attn_select_flags_and_refuses)
 		.state = f.state, .cap = CAP, .stage_tokens = ST,
 		.row_floats = RF, .q_off = 0, .lse_off = H * HD,
 	};
-	struct kvt_backend_paged pg = hx_paged(&f);
+	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];
-	T_OK(f.o->attn_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &j, 1, out, 2, NULL));
+	T_OK(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	/* refusals */
 	struct kvt_backend_attn_job bad = j;
 	bad.record = NKV;
-	T_EQ(f.o->attn_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.len = CAP;
-	T_EQ(f.o->attn_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.n_drop = 1;
-	T_EQ(f.o->attn_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
-	T_EQ(f.o->attn_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV, HD,
-	                      &a, &j, 1, out, 2, NULL), KVT_EINVAL);
-	hx_fini(&f);
+	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
+	                         HD, &a, &j, 1, out, 2, NULL), KVT_EINVAL);
+	sel_fini(&f.fx);
 }

@@ -28,7 +28,8 @@
 #include "kernels.h"
 #include "test.h"
 
-extern const struct kvt_backend_ops kvt_cuda_backend_v1;
+#define SEL_SEED 31
+#include "select_fixture.h"
 
 enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
        ST = 16, D = 12, R = 3, M = 5, NL = 2, LAYER = 1, DELAY = 3,
@@ -37,26 +38,13 @@ enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
 
 #define LF (R * D + M * (R + 1) + M + NKV * M + NKV)
 
-static uint32_t seed = 31;
-static uint32_t urnd(void)
-{
-	seed = seed * 1664525u + 1013904223u;
-	return seed >> 8;
-}
-
-static float frnd(void)
-{
-	return (float)(urnd() % 2001) / 1000.0f - 1.0f;
-}
-
+/* The chunk of NKV lists of dtype dt (select_fixture.h) and the kvpop
+ * state. */
 struct px {
-	const struct kvt_backend_ops *o;
+	struct sel_fx fx;
 	enum kvt_dtype dt;
 	size_t esz;
-	void *ctx, *chunk, **bases, *rec, *state, *ring, *u, *w;
-	uint64_t stride, page_bytes, chunk_bytes;
-	uint8_t *img; /* host image of the chunk */
-	uint8_t *hrec;
+	void *state, *ring, *u, *w;
 	float ring_h[ST * RF];
 	float w_h[NL * LF];
 	float u_h[RING * R]; /* the host's u ring */
@@ -65,79 +53,22 @@ struct px {
 	float ent[NKV][CAP * 2];
 };
 
-static struct kvt_list_record *px_rec(struct px *f, uint32_t i)
-{
-	return (struct kvt_list_record *)(f->hrec + i * f->stride);
-}
-
 static void px_init(struct px *f, enum kvt_dtype dt)
 {
-	char err[256];
-	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
-	if (o->probe(err, sizeof(err)))
-		T_SKIP(err);
 	memset(f, 0, sizeof(*f));
-	f->o = o;
 	f->dt = dt;
 	f->esz = kvt_dtype_size(dt);
-	T_OK(o->ctx_new(0, &f->ctx, NULL, err, sizeof(err)));
-	if (!o->pop_select || !o->compact_drops)
+	sel_init(&f->fx, PT, (uint32_t)(HD * f->esz), NKV, NP);
+	if (!f->fx.o->pop_select || !f->fx.o->compact_drops)
 		T_SKIP("no pop_select");
-	f->page_bytes = 2ull * PT * HD * f->esz;
-	f->chunk_bytes = NKV * NP * f->page_bytes;
-	f->stride = (sizeof(struct kvt_list_record) + NP * sizeof(uint32_t) +
-	             63) / 64 * 64;
-	T_OK(o->mem_new(f->ctx, f->chunk_bytes, &f->chunk));
-	T_OK(o->mem_new(f->ctx, 2 * sizeof(void *), (void **)&f->bases));
-	T_OK(o->mem_new(f->ctx, NKV * f->stride, &f->rec));
-	T_OK(o->mem_new(f->ctx, (size_t)NKV * 2 * CAP * 3 * 4, &f->state));
-	T_OK(o->mem_new(f->ctx, sizeof(f->ring_h), &f->ring));
-	T_OK(o->mem_new(f->ctx, sizeof(f->u_h), &f->u));
-	T_OK(o->mem_new(f->ctx, sizeof(f->w_h), &f->w));
-	void *b[2] = {f->chunk, NULL};
-	T_OK(o->copy(f->ctx, f->bases, b, sizeof(b), NULL));
-	f->img = malloc(f->chunk_bytes);
-	f->hrec = calloc(NKV, f->stride);
-	T_ASSERT(f->img && f->hrec);
-	for (uint64_t i = 0; i < f->chunk_bytes / f->esz; i++) {
-		float v = frnd();
-		dtype_from_f32(&v, dt, f->img + i * f->esz, 1);
-	}
-	T_OK(o->copy(f->ctx, f->chunk, f->img, f->chunk_bytes, NULL));
-	for (uint32_t i = 0; i < NKV; i++) {
-		struct kvt_list_record *r = px_rec(f, i);
-		r->n_pages = NP;
-		for (uint32_t p = 0; p < NP; p++)
-			r->pages[p] = i * NP + (NP - 1 - p);
-	}
-	T_OK(o->copy(f->ctx, f->rec, f->hrec, NKV * f->stride, NULL));
+	f->state = sel_mem(&f->fx, (size_t)NKV * 2 * CAP * 3 * 4);
+	f->ring = sel_mem(&f->fx, sizeof(f->ring_h));
+	f->u = sel_mem(&f->fx, sizeof(f->u_h));
+	f->w = sel_mem(&f->fx, sizeof(f->w_h));
+	sel_fill_floats(&f->fx, dt);
 	for (uint32_t i = 0; i < NL * LF; i++)
 		f->w_h[i] = frnd();
-	T_OK(o->copy(f->ctx, f->w, f->w_h, sizeof(f->w_h), NULL));
-}
-
-static void px_fini(struct px *f)
-{
-	f->o->mem_free(f->ctx, f->chunk);
-	f->o->mem_free(f->ctx, f->bases);
-	f->o->mem_free(f->ctx, f->rec);
-	f->o->mem_free(f->ctx, f->state);
-	f->o->mem_free(f->ctx, f->ring);
-	f->o->mem_free(f->ctx, f->u);
-	f->o->mem_free(f->ctx, f->w);
-	f->o->ctx_free(f->ctx);
-	free(f->img);
-	free(f->hrec);
-}
-
-static struct kvt_backend_paged px_paged(struct px *f)
-{
-	return (struct kvt_backend_paged){
-		.records = f->rec, .list_stride = f->stride, .max_pages = NP,
-		.chunk_bases = f->bases, .n_chunk_slots = 2,
-		.pages_per_chunk = NKV * NP, .page_bytes = f->page_bytes,
-		.page_tokens = PT, .row_bytes = (uint32_t)(HD * f->esz),
-	};
+	T_OK(f->fx.o->copy(f->fx.ctx, f->w, f->w_h, sizeof(f->w_h), NULL));
 }
 
 static struct kvt_backend_pop px_pop(struct px *f, uint32_t sinks)
@@ -153,8 +84,8 @@ static struct kvt_backend_pop px_pop(struct px *f, uint32_t sinks)
 /* Entry i's K row in the host image. */
 static void *px_row(struct px *f, uint32_t g, uint32_t i)
 {
-	return f->img + px_rec(f, g)->pages[i / PT] * f->page_bytes +
-	       (size_t)(i % PT) * HD * f->esz;
+	return f->fx.h_chunk + sel_rec(&f->fx, g)->pages[i / PT] *
+	       f->fx.page_bytes + (size_t)(i % PT) * HD * f->esz;
 }
 
 /* kvpop_score, as written in policies/kvpop.c. */
@@ -208,7 +139,8 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		for (uint32_t e = 0; e < RF; e++)
 			f->ring_h[((seen0 + t) % ST) * RF + e] =
 				e < LSE_OFF ? frnd() : 0.5f * (float)(urnd() % 5);
-	T_OK(f->o->copy(f->ctx, f->ring, f->ring_h, sizeof(f->ring_h), NULL));
+	T_OK(f->fx.o->copy(f->fx.ctx, f->ring, f->ring_h, sizeof(f->ring_h),
+	                   NULL));
 	/* u of the new rows, as kvpop_decide: one scorer_linear_cpu */
 	if (n_new) {
 		float x[ST * D], u[ST * R];
@@ -296,12 +228,12 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		off += nd[g];
 	}
 	const struct kvt_backend_pop a = px_pop(f, sinks);
-	struct kvt_backend_paged pg = px_paged(f);
+	struct kvt_backend_paged pg = sel_paged(&f->fx);
 	uint32_t out[2 * NKV + NKV * CAP];
-	T_OK(f->o->pop_select(f->ctx, &pg, NKV, f->dt, H, NKV, HD, &a, jobs,
-	                      NKV, out, 2 * NKV + off, NULL));
+	T_OK(f->fx.o->pop_select(f->fx.ctx, &pg, NKV, f->dt, H, NKV, HD, &a,
+	                         jobs, NKV, out, 2 * NKV + off, NULL));
 	float ud[RING * R];
-	T_OK(f->o->copy(f->ctx, ud, f->u, sizeof(ud), NULL));
+	T_OK(f->fx.o->copy(f->fx.ctx, ud, f->u, sizeof(ud), NULL));
 	for (uint32_t i = 0; i < RING * R; i++)
 		T_ASSERT(close_to(ud[i], f->u_h[i]));
 	struct kvt_backend_drops dl[NKV];
@@ -323,8 +255,7 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 			       f->ent[g] + moves[2 * m + 1] * 2, 2 * sizeof(float));
 		}
 		void *pv[NP];
-		for (uint32_t p = 0; p < NP; p++)
-			pv[p] = f->img + px_rec(f, g)->pages[p] * f->page_bytes;
+		sel_pages(&f->fx, g, pv);
 		compact_cpu(pv, PT, (uint32_t)(HD * f->esz), moves, nm);
 		if (nd[g]) {
 			dl[ndl++] = (struct kvt_backend_drops){g, L, nd[g], at};
@@ -336,22 +267,19 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		f->cur[g] ^= 1;
 		/* the device's new half: positions, a and s */
 		uint32_t half[CAP * 3];
-		T_OK(f->o->copy(f->ctx, half,
-		                (uint32_t *)f->state +
-		                        ((uint64_t)g * 2 + f->cur[g]) * CAP * 3,
-		                sizeof(half), NULL));
+		T_OK(f->fx.o->copy(f->fx.ctx, half,
+		                   (uint32_t *)f->state +
+		                           ((uint64_t)g * 2 + f->cur[g]) * CAP * 3,
+		                   sizeof(half), NULL));
 		T_ASSERT(memcmp(half, f->pos[g], nl * 4) == 0);
 		const float *ds = (const float *)(half + CAP);
 		for (uint32_t i = 0; i < nl * 2; i++)
 			T_ASSERT(close_to(ds[i], f->ent[g][i]));
 	}
 	if (ndl)
-		T_OK(f->o->compact_drops(f->ctx, &pg, NKV, dl, ndl, drops, NULL));
-	uint8_t *got = malloc(f->chunk_bytes);
-	T_ASSERT(got);
-	T_OK(f->o->copy(f->ctx, got, f->chunk, f->chunk_bytes, NULL));
-	T_ASSERT(memcmp(got, f->img, f->chunk_bytes) == 0);
-	free(got);
+		T_OK(f->fx.o->compact_drops(f->fx.ctx, &pg, NKV, dl, ndl, drops,
+		                            NULL));
+	T_ASSERT(sel_chunk_same(&f->fx));
 }
 
 static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every)
@@ -370,7 +298,7 @@ static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every)
 	}
 	/* a sync of no new rows that is due: selection only */
 	px_sync(&f, seen, 0, 1, b - 2, sinks);
-	px_fini(&f);
+	sel_fini(&f.fx);
 }
 
 TEST(cuda, backend_pop_select_matches_kvpop)
@@ -389,7 +317,7 @@ TEST(cuda, backend_pop_select_kvpop_flags_and_refuses)
 	for (uint32_t e = 0; e < RF; e++)
 		f.ring_h[8 * RF + e] = 0.5f;
 	f.ring_h[8 * RF + 5] = NAN;
-	T_OK(f.o->copy(f.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
+	T_OK(f.fx.o->copy(f.fx.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
 	struct kvt_backend_pop_job j[2];
 	uint32_t idx[CAP];
 	for (uint32_t g = 0; g < NKV; g++) {
@@ -402,10 +330,10 @@ TEST(cuda, backend_pop_select_kvpop_flags_and_refuses)
 		};
 	}
 	const struct kvt_backend_pop a = px_pop(&f, 0);
-	struct kvt_backend_paged pg = px_paged(&f);
+	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];
-	T_OK(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a, j,
-	                     2, out, 4, NULL));
+	T_OK(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, j, 2, out, 4, NULL));
 	T_EQ(out[0], 1);
 	T_EQ(out[1], 0);
 	T_EQ(out[2], 0);
@@ -415,48 +343,48 @@ TEST(cuda, backend_pop_select_kvpop_flags_and_refuses)
 	T_ASSERT(bad.n_band > 0);
 	bad.n_band--;
 	bad.due = 1;
-	T_OK(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                     &bad, 1, out, 2, NULL));
+	T_OK(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, &bad, 1, out, 2, NULL));
 	T_EQ(out[1], 0xffffffffu);
 	bad.n_band += 2;
-	T_OK(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                     &bad, 1, out, 2, NULL));
+	T_OK(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, &bad, 1, out, 2, NULL));
 	T_EQ(out[1], 0xffffffffu);
 	/* refusals */
 	bad = j[1];
 	bad.record = NKV;
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.n_band = bad.len + bad.n_new + 1;
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.n_drop = 1;
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.len = CAP;
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.n_new = 2;
 	bad.n_seen = 10;
 	struct kvt_backend_pop a2 = a;
 	a2.ring = 1; /* n_new beyond the u ring */
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a2,
-	                     &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a2, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	a2 = a;
 	a2.r = 0;
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a2,
-	                     &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	a2 = a;
 	a2.m = 0;
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD, &a2,
-	                     &j[1], 1, out, 2, NULL), KVT_EINVAL);
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0, &a,
-	                     &j[1], 1, out, 2, NULL), KVT_EINVAL);
-	T_EQ(f.o->pop_select(f.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV, HD,
-	                     &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
-	px_fini(&f);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	                        &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0,
+	                        &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
+	                        HD, &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	sel_fini(&f.fx);
 }

@@ -35,90 +35,20 @@
 #include "kernels.h"
 #include "test.h"
 
-extern const struct kvt_backend_ops kvt_cuda_backend_v1;
-
-static uint32_t seed = 11;
-static uint32_t urnd(void)
-{
-	seed = seed * 1664525u + 1013904223u;
-	return seed >> 8;
-}
+#define SEL_SEED 11
+#define SEL_FRND_STEPS 10000
+#include "select_fixture.h"
 
 #define DR_LISTS 7
 #define DR_PAGES 9 /* pages per list */
 
-struct dr {
-	const struct kvt_backend_ops *o;
-	void *ctx;
-	uint32_t pt, row, max_pages, ppc;
-	uint64_t page_bytes, stride, chunk_bytes;
-	void *chunk, **d_bases, *d_rec;
-	uint8_t *h_chunk, *h_rec;
-};
-
-static struct kvt_list_record *dr_rec(struct dr *f, uint32_t i)
+/* One chunk of DR_LISTS * DR_PAGES pages of random bytes (list i owns
+ * pages i * DR_PAGES .. in reversed order; select_fixture.h). */
+static void dr_init(struct sel_fx *f, uint32_t pt, uint32_t row)
 {
-	return (struct kvt_list_record *)(f->h_rec + i * f->stride);
-}
-
-/* One chunk of DR_LISTS * DR_PAGES pages of random bytes; list i owns
- * pages i * DR_PAGES .. in reversed order. */
-static void dr_init(struct dr *f, uint32_t pt, uint32_t row)
-{
-	char err[256];
-	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
-	if (o->probe(err, sizeof(err)))
-		T_SKIP(err);
-	memset(f, 0, sizeof(*f));
-	f->o = o;
-	T_OK(o->ctx_new(0, &f->ctx, NULL, err, sizeof(err)));
-	T_ASSERT(o->compact_drops != NULL);
-	f->pt = pt;
-	f->row = row;
-	f->max_pages = DR_PAGES;
-	f->ppc = DR_LISTS * DR_PAGES;
-	f->page_bytes = 2ull * pt * row;
-	f->stride = (sizeof(struct kvt_list_record) +
-	             DR_PAGES * sizeof(uint32_t) + 63) / 64 * 64;
-	f->chunk_bytes = f->ppc * f->page_bytes;
-	T_OK(o->mem_new(f->ctx, f->chunk_bytes, &f->chunk));
-	T_OK(o->mem_new(f->ctx, 2 * sizeof(void *), (void **)&f->d_bases));
-	T_OK(o->mem_new(f->ctx, DR_LISTS * f->stride, &f->d_rec));
-	void *bases[2] = {f->chunk, NULL}; /* slot 1: unmapped */
-	T_OK(o->copy(f->ctx, f->d_bases, bases, sizeof(bases), NULL));
-	f->h_chunk = malloc(f->chunk_bytes);
-	f->h_rec = calloc(DR_LISTS, f->stride);
-	T_ASSERT(f->h_chunk && f->h_rec);
-	for (uint64_t i = 0; i < f->chunk_bytes; i++)
-		f->h_chunk[i] = (uint8_t)urnd();
-	T_OK(o->copy(f->ctx, f->chunk, f->h_chunk, f->chunk_bytes, NULL));
-	for (uint32_t i = 0; i < DR_LISTS; i++) {
-		struct kvt_list_record *r = dr_rec(f, i);
-		r->n_pages = DR_PAGES;
-		for (uint32_t p = 0; p < DR_PAGES; p++)
-			r->pages[p] = i * DR_PAGES + (DR_PAGES - 1 - p);
-	}
-}
-
-static void dr_fini(struct dr *f)
-{
-	f->o->mem_free(f->ctx, f->chunk);
-	f->o->mem_free(f->ctx, f->d_bases);
-	f->o->mem_free(f->ctx, f->d_rec);
-	f->o->ctx_free(f->ctx);
-	free(f->h_chunk);
-	free(f->h_rec);
-}
-
-static struct kvt_backend_paged dr_paged(struct dr *f)
-{
-	return (struct kvt_backend_paged){
-		.records = f->d_rec, .list_stride = f->stride,
-		.max_pages = f->max_pages, .chunk_bases = f->d_bases,
-		.n_chunk_slots = 2, .pages_per_chunk = f->ppc,
-		.page_bytes = f->page_bytes, .page_tokens = f->pt,
-		.row_bytes = f->row,
-	};
+	sel_init(f, pt, row, DR_LISTS, DR_PAGES);
+	T_ASSERT(f->o->compact_drops != NULL);
+	sel_fill_bytes(f);
 }
 
 /* Drop marks of list i, pattern by i; the list holds len entries. */
@@ -137,7 +67,7 @@ static void dr_marks(uint32_t i, uint32_t len, uint8_t *drop)
 
 /* Applies the same marks on the host image with compact_plan +
  * compact_cpu, and on the device with compact_drops; compares chunks. */
-static void dr_run(struct dr *f)
+static void dr_run(struct sel_fx *f)
 {
 	uint32_t cap = DR_PAGES * f->pt;
 	uint8_t *drop = malloc(cap);
@@ -147,7 +77,7 @@ static void dr_run(struct dr *f)
 	T_ASSERT(drop && moves && drops);
 	uint32_t nd = 0;
 	for (uint32_t i = 0; i < DR_LISTS; i++) {
-		struct kvt_list_record *r = dr_rec(f, i);
+		struct kvt_list_record *r = sel_rec(f, i);
 		uint32_t len = 1 + urnd() % cap, nl;
 		r->len = len;
 		dr_marks(i, len, drop);
@@ -158,20 +88,14 @@ static void dr_run(struct dr *f)
 		nd += lists[i].n_drop;
 		uint32_t nm = compact_plan(drop, len, moves, &nl);
 		void *pv[DR_PAGES];
-		for (uint32_t p = 0; p < DR_PAGES; p++)
-			pv[p] = f->h_chunk + r->pages[p] * f->page_bytes;
+		sel_pages(f, i, pv);
 		compact_cpu(pv, f->pt, f->row, moves, nm);
 	}
-	T_OK(f->o->copy(f->ctx, f->d_rec, f->h_rec, DR_LISTS * f->stride,
-	                NULL));
-	struct kvt_backend_paged pg = dr_paged(f);
+	sel_put_records(f);
+	struct kvt_backend_paged pg = sel_paged(f);
 	T_OK(f->o->compact_drops(f->ctx, &pg, DR_LISTS, lists, DR_LISTS, drops,
 	                         NULL));
-	uint8_t *got = malloc(f->chunk_bytes);
-	T_ASSERT(got);
-	T_OK(f->o->copy(f->ctx, got, f->chunk, f->chunk_bytes, NULL));
-	T_ASSERT(memcmp(got, f->h_chunk, f->chunk_bytes) == 0);
-	free(got);
+	T_ASSERT(sel_chunk_same(f));
 	free(drop);
 	free(moves);
 	free(drops);
@@ -184,24 +108,22 @@ TEST(cuda, backend_compact_drops_matches_plan)
 		{16, 256}, {5, 128}, {7, 20}, {1, 12}, {3, 6}, {4, 5},
 	};
 	for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
-		struct dr f;
+		struct sel_fx f;
 		dr_init(&f, shapes[k][0], shapes[k][1]);
 		for (int round = 0; round < 3; round++)
 			dr_run(&f);
-		dr_fini(&f);
+		sel_fini(&f);
 	}
 }
 
 TEST(cuda, backend_compact_drops_refuses_and_skips_unmapped)
 {
-	struct dr f;
+	struct sel_fx f;
 	dr_init(&f, 4, 16);
-	struct kvt_list_record *r = dr_rec(&f, 0);
+	struct kvt_list_record *r = sel_rec(&f, 0);
 	r->len = 12;
-	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
-	struct kvt_backend_paged pg = dr_paged(&f);
-	uint8_t *got = malloc(f.chunk_bytes);
-	T_ASSERT(got);
+	sel_put_records(&f);
+	struct kvt_backend_paged pg = sel_paged(&f);
 	const uint32_t unsorted[] = {3, 1}, beyond[] = {2, 12}, ok[] = {1, 2};
 	struct kvt_backend_drops l = {0, 12, 2, 0};
 	T_EQ(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 1, unsorted, NULL),
@@ -213,20 +135,17 @@ TEST(cuda, backend_compact_drops_refuses_and_skips_unmapped)
 	T_EQ(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &far, 1, ok, NULL),
 	     KVT_EINVAL);
 	T_ASSERT(strstr(f.o->last_error(), "record") != NULL);
-	T_OK(f.o->copy(f.ctx, got, f.chunk, f.chunk_bytes, NULL));
-	T_ASSERT(memcmp(got, f.h_chunk, f.chunk_bytes) == 0);
+	T_ASSERT(sel_chunk_same(&f));
 
 	/* List 0's third page (entries 8..11, the sources of both holes)
 	 * moves to an id of the unmapped slot 1: the moves are skipped. */
 	r->pages[2] = f.ppc + 3;
-	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+	sel_put_records(&f);
 	T_OK(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 1, ok, NULL));
-	T_OK(f.o->copy(f.ctx, got, f.chunk, f.chunk_bytes, NULL));
-	T_ASSERT(memcmp(got, f.h_chunk, f.chunk_bytes) == 0);
+	T_ASSERT(sel_chunk_same(&f));
 	/* n 0 and lists without holes do nothing */
 	T_OK(f.o->compact_drops(f.ctx, &pg, DR_LISTS, &l, 0, ok, NULL));
-	free(got);
-	dr_fini(&f);
+	sel_fini(&f);
 }
 
 TEST(cuda, backend_fill_words_stores_the_pattern)
@@ -288,11 +207,6 @@ TEST(cuda, backend_fill_words_stores_the_pattern)
 	free(runs);
 	free(img);
 	free(got);
-}
-
-static float frnd(void)
-{
-	return (float)(urnd() % 20001) / 10000.0f - 1.0f;
 }
 
 static void scorer_case(const struct kvt_backend_ops *o, void *ctx,
@@ -432,18 +346,18 @@ TEST(cuda, backend_scorer_matches_cpu)
 TEST(cuda, backend_key_norms_match_double_loop)
 {
 	enum { HD = 16, PT = 4 };
-	struct dr f;
+	struct sel_fx f;
 	dr_init(&f, PT, HD * sizeof(float));
 	T_ASSERT(f.o->key_norms != NULL);
 	float *img = (float *)f.h_chunk;
 	for (uint64_t i = 0; i < f.chunk_bytes / sizeof(float); i++)
 		img[i] = (float)(urnd() % 20001) / 1000.0f - 10.0f;
-	T_OK(f.o->copy(f.ctx, f.chunk, f.h_chunk, f.chunk_bytes, NULL));
+	sel_put_chunk(&f);
 	for (uint32_t i = 0; i < DR_LISTS; i++)
-		dr_rec(&f, i)->len = DR_PAGES * PT;
-	dr_rec(&f, 3)->pages[3] = f.ppc + 2; /* entries 12..15: unmapped, NaN */
-	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
-	struct kvt_backend_paged pg = dr_paged(&f);
+		sel_rec(&f, i)->len = DR_PAGES * PT;
+	sel_rec(&f, 3)->pages[3] = f.ppc + 2; /* entries 12..15: unmapped, NaN */
+	sel_put_records(&f);
+	struct kvt_backend_paged pg = sel_paged(&f);
 	/* list i: entries 3i .. 3i + 9, norms interleaved with stride 2 */
 	struct kvt_backend_norm_job jobs[DR_LISTS];
 	enum { N = 10 };
@@ -457,7 +371,7 @@ TEST(cuda, backend_key_norms_match_double_loop)
 	for (uint32_t i = 0; i < DR_LISTS; i++)
 		for (uint32_t k = 0; k < N; k++) {
 			uint32_t e = 3 * i + k;
-			const struct kvt_list_record *r = dr_rec(&f, i);
+			const struct kvt_list_record *r = sel_rec(&f, i);
 			float g = got[jobs[i].out_off + k * 2];
 			if (r->pages[e / PT] >= f.ppc) {
 				T_ASSERT(isnan(g));
@@ -479,7 +393,7 @@ TEST(cuda, backend_key_norms_match_double_loop)
 	bad = (struct kvt_backend_norm_job){0, 0, 5, 0, 1};
 	T_EQ(f.o->key_norms(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, &bad, 1,
 	                    got, 4, NULL), KVT_EINVAL); /* beyond out */
-	dr_fini(&f);
+	sel_fini(&f);
 }
 
 /* The naive rules' selection: of the nc candidates cand[] (scores s by
@@ -502,7 +416,8 @@ static void naive_keep_best(const double *s, uint32_t *cand, uint32_t nc,
 
 /* The rule of struct kvt_backend_window in double, for list li of the
  * fixture: its drop marks. */
-static void window_naive(const struct dr *f, const struct kvt_list_record *r,
+static void window_naive(const struct sel_fx *f,
+                         const struct kvt_list_record *r,
                          const float *ring, uint32_t row_floats,
                          uint32_t stage_tokens, uint32_t g, uint32_t G,
                          uint32_t hd, uint32_t P, uint32_t w, uint32_t n_new,
@@ -556,17 +471,14 @@ TEST(cuda, backend_window_select_matches_naive)
 	 * window whose rows hold a NaN is flagged; the refusals. */
 	enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, ST = 16, P = 32,
 	       W = 4, NN = 4, KEEP = 10 };
-	struct dr f;
+	struct sel_fx f;
 	dr_init(&f, PT, HD * sizeof(float));
 	if (!f.o->window_select)
 		T_SKIP("no window_select");
-	float *img = (float *)f.h_chunk;
-	for (uint64_t i = 0; i < f.chunk_bytes / sizeof(float); i++)
-		img[i] = (float)(urnd() % 2001) / 1000.0f - 1.0f;
-	T_OK(f.o->copy(f.ctx, f.chunk, f.h_chunk, f.chunk_bytes, NULL));
+	sel_fill_floats(&f, KVT_DTYPE_F32);
 	for (uint32_t i = 0; i < DR_LISTS; i++)
-		dr_rec(&f, i)->len = P + NN;
-	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+		sel_rec(&f, i)->len = P + NN;
+	sel_put_records(&f);
 	const uint32_t rf = H * HD + H;
 	float ring[ST * (H * HD + H)];
 	for (uint32_t r = 0; r < ST; r++)
@@ -577,7 +489,7 @@ TEST(cuda, backend_window_select_matches_naive)
 	void *dring;
 	T_OK(f.o->mem_new(f.ctx, sizeof(ring), &dring));
 	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
-	struct kvt_backend_paged pg = dr_paged(&f);
+	struct kvt_backend_paged pg = sel_paged(&f);
 	struct kvt_backend_window win[2] = {
 		{.ring = dring, .stage_tokens = ST, .row_floats = rf,
 		 .q_off = 0, .lse_off = H * HD, .P = P, .w = W, .n_new = NN,
@@ -588,7 +500,7 @@ TEST(cuda, backend_window_select_matches_naive)
 	struct kvt_backend_window_list lists[NKV];
 	uint32_t off = 0;
 	for (uint32_t g = 0; g < NKV; g++) {
-		window_naive(&f, dr_rec(&f, g), ring, rf, ST, g, G, HD, P, W, NN,
+		window_naive(&f, sel_rec(&f, g), ring, rf, ST, g, G, HD, P, W, NN,
 		             3, 1, KEEP, want[g]);
 		nd[g] = 0;
 		for (uint32_t i = 0; i < P + NN; i++)
@@ -640,13 +552,14 @@ TEST(cuda, backend_window_select_matches_naive)
 	                        HD, win, 1, lists, NKV, out, 1 + NKV + off,
 	                        NULL), KVT_EINVAL);
 	f.o->mem_free(f.ctx, dring);
-	dr_fini(&f);
+	sel_fini(&f);
 }
 
 /* Expected Attention's rule (struct kvt_backend_expected) in double for
  * list r of KV head g (H query heads, G a group), the ring's q rows at
  * row_floats apart: its drop marks [P + n_new]. */
-static void expected_naive(const struct dr *f, const struct kvt_list_record *r,
+static void expected_naive(const struct sel_fx *f,
+                           const struct kvt_list_record *r,
                            const float *ring, uint32_t row_floats,
                            uint32_t g, uint32_t G, uint32_t hd,
                            const struct kvt_backend_expected *w,
@@ -759,17 +672,14 @@ TEST(cuda, backend_expected_select_matches_naive)
 	 * refusals. */
 	enum { HD = 8, PT = 8, G = 2, NKV = 2, H = G * NKV, ST = 16, P = 64,
 	       W = 6, NN = 4, SINKS = 2, KEEP = 20, NW = 3 };
-	struct dr f;
+	struct sel_fx f;
 	dr_init(&f, PT, HD * sizeof(float));
 	if (!f.o->expected_select)
 		T_SKIP("no expected_select");
-	float *img = (float *)f.h_chunk;
-	for (uint64_t i = 0; i < f.chunk_bytes / sizeof(float); i++)
-		img[i] = (float)(urnd() % 2001) / 1000.0f - 1.0f;
-	T_OK(f.o->copy(f.ctx, f.chunk, f.h_chunk, f.chunk_bytes, NULL));
+	sel_fill_floats(&f, KVT_DTYPE_F32);
 	for (uint32_t i = 0; i < DR_LISTS; i++)
-		dr_rec(&f, i)->len = P + NN;
-	T_OK(f.o->copy(f.ctx, f.d_rec, f.h_rec, DR_LISTS * f.stride, NULL));
+		sel_rec(&f, i)->len = P + NN;
+	sel_put_records(&f);
 	const uint32_t rf = H * HD + 3; /* q at 3: other parts before it */
 	float ring[ST * (H * HD + 3)];
 	for (uint32_t e = 0; e < ST * rf; e++)
@@ -777,7 +687,7 @@ TEST(cuda, backend_expected_select_matches_naive)
 	void *dring;
 	T_OK(f.o->mem_new(f.ctx, sizeof(ring), &dring));
 	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
-	struct kvt_backend_paged pg = dr_paged(&f);
+	struct kvt_backend_paged pg = sel_paged(&f);
 	struct kvt_backend_expected win[NW + 1];
 	for (uint32_t j = 0; j < NW; j++)
 		win[j] = (struct kvt_backend_expected){
@@ -791,7 +701,7 @@ TEST(cuda, backend_expected_select_matches_naive)
 	struct kvt_backend_window_list lists[NW * NKV];
 	const uint32_t nd = P - SINKS - KEEP;
 	for (uint32_t l = 0; l < NW * NKV; l++) {
-		expected_naive(&f, dr_rec(&f, l), ring, rf, l % NKV, G, HD,
+		expected_naive(&f, sel_rec(&f, l), ring, rf, l % NKV, G, HD,
 		               &win[l / NKV], KEEP, want[l]);
 		lists[l] = (struct kvt_backend_window_list){l, P + NN, KEEP, nd,
 		                                             l * nd};
@@ -873,5 +783,5 @@ TEST(cuda, backend_expected_select_matches_naive)
 	                          HD, win, 1, lists, NKV, out, words, NULL),
 	     KVT_EINVAL);
 	f.o->mem_free(f.ctx, dring);
-	dr_fini(&f);
+	sel_fini(&f);
 }

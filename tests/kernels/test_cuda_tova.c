@@ -25,111 +25,44 @@
 #include "kernels.h"
 #include "test.h"
 
-extern const struct kvt_backend_ops kvt_cuda_backend_v1;
+#define SEL_SEED 41
+#include "select_fixture.h"
 
 enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
        ST = 16, RF = H * HD + H, NJ = 2, NR = NJ * NKV };
 
-static uint32_t seed = 41;
-static uint32_t urnd(void)
-{
-	seed = seed * 1664525u + 1013904223u;
-	return seed >> 8;
-}
-
-static float frnd(void)
-{
-	return (float)(urnd() % 2001) / 1000.0f - 1.0f;
-}
-
+/* The chunk of NR lists (select_fixture.h) and the jobs' state. */
 struct tx {
-	const struct kvt_backend_ops *o;
-	void *ctx, *chunk, **bases, *rec, *state, *ring[NJ];
-	uint64_t stride, page_bytes, chunk_bytes;
-	float *img; /* host image of the chunk */
-	uint8_t *hrec;
+	struct sel_fx fx;
+	void *state, *ring[NJ];
 	float ring_h[NJ][ST * RF];
 	/* per job: its lists' first record, its state record, the host's
 	 * positions (the same for every list of the job) */
 	uint32_t record[NJ], srec[NJ], len[NJ], pos[NJ][CAP], cur[NJ];
 };
 
-static struct kvt_list_record *tx_rec(struct tx *f, uint32_t r)
-{
-	return (struct kvt_list_record *)(f->hrec + r * f->stride);
-}
-
-static void tx_pages(struct tx *f, uint32_t r, void **pv)
-{
-	for (uint32_t p = 0; p < NP; p++)
-		pv[p] = (char *)f->img + tx_rec(f, r)->pages[p] * f->page_bytes;
-}
-
 static void tx_init(struct tx *f)
 {
-	char err[256];
-	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
-	if (o->probe(err, sizeof(err)))
-		T_SKIP(err);
 	memset(f, 0, sizeof(*f));
-	f->o = o;
-	T_OK(o->ctx_new(0, &f->ctx, NULL, err, sizeof(err)));
-	if (!o->tova_select || !o->compact_drops)
+	sel_init(&f->fx, PT, HD * sizeof(float), NR, NP);
+	if (!f->fx.o->tova_select || !f->fx.o->compact_drops)
 		T_SKIP("no tova_select");
-	f->page_bytes = 2ull * PT * HD * sizeof(float);
-	f->chunk_bytes = (uint64_t)NR * NP * f->page_bytes;
-	f->stride = (sizeof(struct kvt_list_record) + NP * sizeof(uint32_t) +
-	             63) / 64 * 64;
-	T_OK(o->mem_new(f->ctx, f->chunk_bytes, &f->chunk));
-	T_OK(o->mem_new(f->ctx, 2 * sizeof(void *), (void **)&f->bases));
-	T_OK(o->mem_new(f->ctx, NR * f->stride, &f->rec));
-	T_OK(o->mem_new(f->ctx, (size_t)NJ * 2 * CAP * 4, &f->state));
+	f->state = sel_mem(&f->fx, (size_t)NJ * 2 * CAP * 4);
 	for (uint32_t k = 0; k < NJ; k++)
-		T_OK(o->mem_new(f->ctx, sizeof(f->ring_h[k]), &f->ring[k]));
-	void *b[2] = {f->chunk, NULL};
-	T_OK(o->copy(f->ctx, f->bases, b, sizeof(b), NULL));
-	f->img = malloc(f->chunk_bytes);
-	f->hrec = calloc(NR, f->stride);
-	T_ASSERT(f->img && f->hrec);
-	for (uint64_t i = 0; i < f->chunk_bytes / sizeof(float); i++)
-		f->img[i] = frnd();
-	T_OK(o->copy(f->ctx, f->chunk, f->img, f->chunk_bytes, NULL));
+		f->ring[k] = sel_mem(&f->fx, sizeof(f->ring_h[k]));
+	sel_fill_floats(&f->fx, KVT_DTYPE_F32);
 	/* pages of each list in reverse, interleaved between the lists */
 	for (uint32_t r = 0; r < NR; r++) {
-		struct kvt_list_record *lr = tx_rec(f, r);
-		lr->n_pages = NP;
+		struct kvt_list_record *lr = sel_rec(&f->fx, r);
 		for (uint32_t p = 0; p < NP; p++)
 			lr->pages[p] = (NP - 1 - p) * NR + r;
 	}
-	T_OK(o->copy(f->ctx, f->rec, f->hrec, NR * f->stride, NULL));
+	sel_put_records(&f->fx);
 	/* job k: the lists of the other end, state record k */
 	for (uint32_t k = 0; k < NJ; k++) {
 		f->record[k] = (NJ - 1 - k) * NKV;
 		f->srec[k] = k;
 	}
-}
-
-static void tx_fini(struct tx *f)
-{
-	f->o->mem_free(f->ctx, f->chunk);
-	f->o->mem_free(f->ctx, f->bases);
-	f->o->mem_free(f->ctx, f->rec);
-	f->o->mem_free(f->ctx, f->state);
-	for (uint32_t k = 0; k < NJ; k++)
-		f->o->mem_free(f->ctx, f->ring[k]);
-	f->o->ctx_free(f->ctx);
-	free(f->img);
-	free(f->hrec);
-}
-
-static struct kvt_backend_paged tx_paged(struct tx *f)
-{
-	return (struct kvt_backend_paged){
-		.records = f->rec, .list_stride = f->stride, .max_pages = NP,
-		.chunk_bases = f->bases, .n_chunk_slots = 2,
-		.pages_per_chunk = NR * NP, .page_bytes = f->page_bytes,
-		.page_tokens = PT, .row_bytes = HD * sizeof(float),
-	};
 }
 
 static struct kvt_backend_tova tx_args(struct tx *f, uint32_t sinks,
@@ -145,10 +78,10 @@ static struct kvt_backend_tova tx_args(struct tx *f, uint32_t sinks,
 /* Half h of job k's positions, read back from the device. */
 static void tx_half(struct tx *f, uint32_t k, uint32_t h, uint32_t *out)
 {
-	T_OK(f->o->copy(f->ctx, out,
-	                (uint32_t *)f->state +
-	                        ((uint64_t)f->srec[k] * 2 + h) * CAP,
-	                CAP * sizeof(uint32_t), NULL));
+	T_OK(f->fx.o->copy(f->fx.ctx, out,
+	                   (uint32_t *)f->state +
+	                           ((uint64_t)f->srec[k] * 2 + h) * CAP,
+	                   CAP * sizeof(uint32_t), NULL));
 }
 
 /* Fresh staged rows for positions [seen0, seen0 + n_new) of every job. */
@@ -160,8 +93,8 @@ static void tx_stage(struct tx *f, uint32_t seen0, uint32_t n_new)
 				f->ring_h[k][((seen0 + t) % ST) * RF + e] =
 					e < H * HD ? frnd()
 					           : 0.5f * (float)(urnd() % 5);
-		T_OK(f->o->copy(f->ctx, f->ring[k], f->ring_h[k],
-		                sizeof(f->ring_h[k]), NULL));
+		T_OK(f->fx.o->copy(f->fx.ctx, f->ring[k], f->ring_h[k],
+		                   sizeof(f->ring_h[k]), NULL));
 	}
 }
 
@@ -194,7 +127,7 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 			float part[NKV][CAP], w[G * CAP], ks[CAP * HD];
 			for (uint32_t g = 0; g < NKV; g++) {
 				void *pv[NP];
-				tx_pages(f, f->record[k] + g, pv);
+				sel_pages(&f->fx, f->record[k] + g, pv);
 				attn_band_cpu(row + g * G * HD, row + H * HD + g * G,
 				              &qpos, 1, G, pv, PT, HD,
 				              KVT_DTYPE_F32, pos, L,
@@ -232,11 +165,11 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 		total += nd[k];
 	}
 	const struct kvt_backend_tova a = tx_args(f, sinks, window);
-	struct kvt_backend_paged pg = tx_paged(f);
+	struct kvt_backend_paged pg = sel_paged(&f->fx);
 	uint32_t out[2 * NJ + NJ * CAP];
 	memset(out, 0xff, sizeof(out));
-	T_OK(f->o->tova_select(f->ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                       jobs, NJ, out, 2 * NJ + off, NULL));
+	T_OK(f->fx.o->tova_select(f->fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                          &a, jobs, NJ, out, 2 * NJ + off, NULL));
 	struct kvt_backend_drops dl[NJ * NKV];
 	uint32_t drops[NJ * CAP], ndl = 0, at = 0;
 	for (uint32_t k = 0; k < NJ; k++) {
@@ -262,7 +195,7 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 			f->pos[k][moves[2 * i]] = f->pos[k][moves[2 * i + 1]];
 		for (uint32_t g = 0; g < NKV; g++) {
 			void *pv[NP];
-			tx_pages(f, f->record[k] + g, pv);
+			sel_pages(&f->fx, f->record[k] + g, pv);
 			compact_cpu(pv, PT, HD * sizeof(float), moves, nm);
 		}
 		if (nd[k]) {
@@ -280,12 +213,9 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 		T_ASSERT(memcmp(half, f->pos[k], nl * 4) == 0);
 	}
 	if (ndl)
-		T_OK(f->o->compact_drops(f->ctx, &pg, NR, dl, ndl, drops, NULL));
-	float *got = malloc(f->chunk_bytes);
-	T_ASSERT(got);
-	T_OK(f->o->copy(f->ctx, got, f->chunk, f->chunk_bytes, NULL));
-	T_ASSERT(memcmp(got, f->img, f->chunk_bytes) == 0);
-	free(got);
+		T_OK(f->fx.o->compact_drops(f->fx.ctx, &pg, NR, dl, ndl, drops,
+		                            NULL));
+	T_ASSERT(sel_chunk_same(&f->fx));
 	return total;
 }
 
@@ -306,7 +236,7 @@ static void run_case(uint32_t sinks, uint32_t window, uint32_t every)
 	/* the schedule made drops, and with every > 1 syncs not due */
 	T_ASSERT(drops > 0);
 	T_ASSERT(every < 2 || skipped > 0);
-	tx_fini(&f);
+	sel_fini(&f.fx);
 }
 
 TEST(cuda, backend_tova_select_matches_tova)
@@ -326,70 +256,70 @@ TEST(cuda, backend_tova_select_flags_and_refuses)
 	 * query head's) is flagged */
 	tx_stage(&f, 8, 2);
 	f.ring_h[1][9 * RF + H * HD + H - 1] = NAN;
-	T_OK(f.o->copy(f.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
-	               NULL));
+	T_OK(f.fx.o->copy(f.fx.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
+	                  NULL));
 	struct kvt_backend_tova_job j = {
 		.ring = f.ring[1], .record = f.record[1], .srec = f.srec[1],
 		.cur = f.cur[1], .len = f.len[1], .n_new = 2, .n_seen = 10,
 	};
 	const struct kvt_backend_tova a = tx_args(&f, 0, 1);
-	struct kvt_backend_paged pg = tx_paged(&f);
+	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];
 	memset(out, 0, sizeof(out));
-	T_OK(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &j, 1, out, 2, NULL));
+	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	T_EQ(out[1], 0);
 	/* also when due (the count is what the caller said, 0 here) */
 	j.due = 1;
-	T_OK(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &j, 1, out, 2, NULL));
+	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	/* the same rows made finite: not flagged */
 	j.due = 0;
 	f.ring_h[1][9 * RF + H * HD + H - 1] = 0.5f;
-	T_OK(f.o->copy(f.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
-	               NULL));
+	T_OK(f.fx.o->copy(f.fx.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
+	                  NULL));
 	out[0] = 7;
-	T_OK(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &j, 1, out, 2, NULL));
+	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 0);
 	/* a NaN in the q of the sync's older row (every new row is checked) */
 	f.ring_h[1][8 * RF + 3] = NAN;
-	T_OK(f.o->copy(f.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
-	               NULL));
-	T_OK(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &j, 1, out, 2, NULL));
+	T_OK(f.fx.o->copy(f.fx.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
+	                  NULL));
+	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	/* refusals */
 	struct kvt_backend_tova_job bad = j;
 	bad.record = NR - NKV + 1; /* its last list beyond n_records */
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.srec = NR / NKV;
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.len = CAP - 1; /* len + n_new = CAP + 1 */
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.n_new = 0;
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.n_drop = 1; /* its index at out[2] of 2 words */
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad.drop_off = 5; /* out[7] of 7 words */
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD, &a,
-	                      &bad, 1, out, 7, NULL), KVT_EINVAL);
-	T_EQ(f.o->tova_select(f.ctx, &pg, NR, KVT_DTYPE_F32, H + 1, NKV, HD,
-	                      &a, &j, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	                         &a, &bad, 1, out, 7, NULL), KVT_EINVAL);
+	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H + 1, NKV,
+	                         HD, &a, &j, 1, out, 2, NULL), KVT_EINVAL);
 	/* the refusals and the flagged calls left the half read alone */
 	uint32_t half[CAP];
 	tx_half(&f, 1, f.cur[1], half);
 	T_ASSERT(memcmp(half, f.pos[1], f.len[1] * 4) == 0);
-	tx_fini(&f);
+	sel_fini(&f.fx);
 }
