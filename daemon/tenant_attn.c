@@ -203,6 +203,8 @@ void tenant_attn_fini(struct tenant *t)
 	free(t->ajobs);
 	free(t->abjobs);
 	free(t->aout);
+	free(t->ldrop);
+	t->ldrop = NULL;
 	t->amode = NULL;
 	t->afirst = NULL;
 	t->ajobs = NULL;
@@ -226,24 +228,48 @@ struct list_plan {
 	uint32_t keep, n_drop, n_band;
 };
 
+/* |[0, min(a, n)) u [n - min(b, n), n)|: the positions below a or among
+ * the last b of n seen. */
+static uint32_t head_tail(uint32_t a, uint32_t b, uint32_t n)
+{
+	a = a < n ? a : n;
+	b = b < n ? b : n;
+	uint32_t both = a > n - b ? a - (n - b) : 0;
+	return a + b - both;
+}
+
+/*
+ * TOVA's and KVpop's protection covers the sinks and the newest `window`
+ * (TOVA) or `delay` (KVpop) positions, the same at every sync: a position
+ * protected now was protected at every sync since it arrived, so it is
+ * still in the list, and so is every position of KVpop's band (its
+ * delay has not ended before this sync).  Their counts follow from the
+ * positions' numbers alone, without a pass over the list (the device's
+ * own counts, of the entries it holds, are checked against these: a
+ * difference refuses the sync).  H2O's protected recent half moves with
+ * the budget (pressure, ratio), so its count is taken from the positions.
+ */
 static struct list_plan plan_list(const struct policy_attn_rule *r, int due,
                                   const uint32_t *pos, uint32_t len,
                                   uint32_t n_new, uint32_t prev)
 {
 	struct list_plan lp = {0};
 	const uint32_t seen = prev + n_new, L = len + n_new;
-	if (r->kind == POLICY_ATTN_KVPOP && n_new && r->delay) {
-		for (uint32_t k = 0; k < len; k++)
-			lp.n_band += pos[k] + (uint64_t)r->delay >= prev;
-		lp.n_band += n_new;
-	}
+	if (r->kind == POLICY_ATTN_KVPOP && n_new && r->delay)
+		lp.n_band = (prev < r->delay ? prev : r->delay) + n_new;
 	if (!due)
 		return lp;
 	uint32_t np = 0;
-	for (uint32_t k = 0; k < len; k++)
-		np += protected(r, pos[k], seen);
-	for (uint32_t k = 0; k < n_new; k++)
-		np += protected(r, prev + k, seen);
+	if (r->kind == POLICY_ATTN_H2O) {
+		for (uint32_t k = 0; k < len; k++)
+			np += protected(r, pos[k], seen);
+		for (uint32_t k = 0; k < n_new; k++)
+			np += protected(r, prev + k, seen);
+	} else {
+		np = head_tail(r->sinks, r->kind == POLICY_ATTN_TOVA ? r->window
+		                                                   : r->delay,
+		               seen);
+	}
 	lp.keep = r->budget > np ? r->budget - np : 0;
 	lp.n_drop = L - np > lp.keep ? L - np - lp.keep : 0;
 	return lp;
@@ -457,18 +483,20 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	return 0;
 }
 
-int tenant_attn_take(struct tenant *t, size_t ly, struct policy_layer *pl)
+int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld)
 {
 	if (tenant_attn_mode(t, ly) != TENANT_ATTN_DEVICE)
 		return 0;
 	const uint32_t *idx = t->aout + 2 * t->n_ajobs;
+	for (uint32_t h = 0; h < t->g.n_kv_heads; h++)
+		ld[h] = (struct tenant_ldrop){idx, 0}; /* no job: no drops */
 	for (uint32_t j = t->afirst[ly]; j < t->afirst[ly + 1]; j++) {
 		const struct tenant_ajob *J = &t->ajobs[j];
 		uint32_t h = J->g == TENANT_AJOB_ALL ? 0 : J->g;
 		uint32_t end = J->g == TENANT_AJOB_ALL ? t->g.n_kv_heads : h + 1;
 		for (; h < end; h++)
-			for (uint32_t d = 0; d < J->n_drop; d++)
-				pl->heads[h].drop[idx[J->drop_off + d]] = 1;
+			ld[h] = (struct tenant_ldrop){idx + J->drop_off,
+			                              J->n_drop};
 	}
 	return 1;
 }

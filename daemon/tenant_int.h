@@ -92,6 +92,14 @@ struct tchunk {
 	uint32_t n_free;
 };
 
+/* A list's drops at a sync, as ascending indices (n of them at idx), when
+ * the device decided it (tenant_attn_take); idx NULL: the list's marks in
+ * t->drop say. */
+struct tenant_ldrop {
+	const uint32_t *idx;
+	uint32_t n;
+};
+
 /* A job of a device attention rule as the host checks and applies it
  * (tenant_attn.c): its state record, the KV head whose list it decides
  * (TENANT_AJOB_ALL: every list of the layer, TOVA), its entries with the
@@ -246,6 +254,8 @@ struct tenant {
 	                      [aring][ar] */
 	void *aweights;    /* device: KVpop's tensors, every layer */
 	uint32_t ar, am, aring; /* KVpop: u's width, the MLP's, ring rows */
+	struct tenant_ldrop *ldrop; /* [ldrop_cap] a sync's lists, in order */
+	size_t ldrop_cap;
 	uint8_t *amode;    /* [amode_cap] */
 	size_t amode_cap;
 	uint32_t *afirst;  /* [afirst_cap] the first job of each (item, layer),
@@ -461,9 +471,10 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);
 
-/* In the decision loop: 1 when the device decided (item, layer) ly (its
- * drops marked in pl's heads), else 0. */
-int tenant_attn_take(struct tenant *t, size_t ly, struct policy_layer *pl);
+/* In the decision loop: 1 when the device decided (item, layer) ly, its
+ * drops as indices in ld [n_kv_heads] (the heads' marks untouched: a pass
+ * over the lists the host need not make), else 0. */
+int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld);
 
 /* After the sync's last check: the new halves become current. */
 void tenant_attn_commit(struct tenant *t);

@@ -589,9 +589,13 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	    tenant_grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
 	         sizeof(float)) ||
 	    tenant_grow((void **)&t->state_scr, &t->state_cap,
-	         nlayers * t->sbytes + 1, 1))
+	         nlayers * t->sbytes + 1, 1) ||
+	    tenant_grow((void **)&t->ldrop, &t->ldrop_cap, nlists + 1,
+	         sizeof(*t->ldrop)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	memset(t->drop, 0, entries);
+	/* t->drop's marks are cleared list by list, for the lists the host
+	 * decides: the device's come back as indices (t->ldrop), so a sync of
+	 * a device tenant makes no pass over its lists' entries */
 	unsigned need = t->pol->ops->needs;
 	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
@@ -668,6 +672,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				uint32_t len = l->len + it->n_new;
 				for (uint32_t k = 0; k < it->n_new; k++)
 					pos[l->len + k] = prev + k;
+				if (tenant_attn_host(t, ly_all))
+					memset(t->drop + off, 0, len);
 				float *e = t->ef && tenant_attn_host(t, ly_all)
 				           ? t->ent_scr + eoff : NULL;
 				if (e) {
@@ -708,8 +714,12 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				            t->bops->last_error());
 			pace_point_slow(); /* the policy's work is per layer */
 			uint64_t d0 = now_ns();
-			rc = tenant_window_take(t, ly_all, &pl) ||
-			     tenant_attn_take(t, ly_all, &pl)
+			struct tenant_ldrop *ld = t->ldrop + li_all;
+			const int on_dev = tenant_attn_take(t, ly_all, ld);
+			if (!on_dev)
+				for (uint32_t h = 0; h < g->n_kv_heads; h++)
+					ld[h].idx = NULL; /* marks in t->drop */
+			rc = on_dev || tenant_window_take(t, ly_all, &pl)
 			     ? 0 : policy_decide(t->pol, &pl);
 			t->scorer_ns += now_ns() - d0;
 			if (t->dstage.base && t->ring_err)
@@ -731,8 +741,11 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				const struct tlist *l = tlist_at(t, slot, layer,
 				                                 head);
 				uint32_t len = l->len + it->n_new, nd = 0;
-				for (uint32_t k = 0; k < len; k++)
-					nd += t->drop[off + k] != 0;
+				if (t->ldrop[li_all].idx)
+					nd = t->ldrop[li_all].n;
+				else
+					for (uint32_t k = 0; k < len; k++)
+						nd += t->drop[off + k] != 0;
 				uint32_t want = pages_for(g, len - nd,
 				                          item_room(t, it));
 				t->newlen[li_all++] = len - nd;
@@ -780,8 +793,11 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				float *e = t->ef && tenant_attn_host(t, ly_all)
 				           ? t->ent_scr + eoff : NULL;
 				const uint8_t *drop = t->drop + off;
-				uint32_t nm = compact_plan(drop, len, t->moves,
-				                           &nl);
+				const struct tenant_ldrop *ld = &t->ldrop[li_all];
+				uint32_t nm = ld->idx
+				              ? compact_plan_drops(ld->idx, ld->n, len,
+				                                   t->moves, &nl)
+				              : compact_plan(drop, len, t->moves, &nl);
 				if (nm && t->dbases) {
 					/* Only the drop indices go to the
 					 * device (compact_drops). */
@@ -791,9 +807,15 @@ int tenant_sync(struct tenant *t, uint64_t no,
 						.len = len, .n_drop = len - nl,
 						.drop_off = (uint32_t)bm,
 					};
-					for (uint32_t k = 0; k < len; k++)
-						if (drop[k])
-							t->bdrops[bm++] = k;
+					if (ld->idx) {
+						memcpy(t->bdrops + bm, ld->idx,
+						       (size_t)ld->n * sizeof(uint32_t));
+						bm += ld->n;
+					} else {
+						for (uint32_t k = 0; k < len; k++)
+							if (drop[k])
+								t->bdrops[bm++] = k;
+					}
 					policy_move_entries(pos, e, t->ef,
 					                    t->moves, nm);
 				} else if (nm && t->dev) {

@@ -38,6 +38,28 @@ uint32_t compact_plan(const uint8_t *drop, uint32_t len, uint32_t *moves,
 	return n;
 }
 
+uint32_t compact_plan_drops(const uint32_t *d, uint32_t n_drop, uint32_t len,
+                            uint32_t *moves, uint32_t *new_len)
+{
+	const uint32_t kept = len - n_drop;
+	*new_len = kept;
+	/* holes: d[0 .. h) below kept; the drops at or above it, d[h ..),
+	 * are skipped by the source walk, which starts at kept */
+	uint32_t h = 0;
+	while (h < n_drop && d[h] < kept)
+		h++;
+	uint32_t src = kept, j = h;
+	for (uint32_t k = 0; k < h; k++) {
+		while (j < n_drop && d[j] == src) {
+			src++;
+			j++;
+		}
+		moves[2 * k] = d[k];
+		moves[2 * k + 1] = src++;
+	}
+	return h;
+}
+
 /* Rows a move reads or writes are scattered over pages that sit anywhere
  * in the pool, where the hardware prefetcher does not follow; prefetching
  * a few moves ahead keeps several cache misses in flight, which is what

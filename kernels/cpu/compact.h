@@ -21,6 +21,15 @@ uint32_t compact_plan(const uint8_t *drop, uint32_t len, uint32_t *moves,
                       uint32_t *new_len);
 
 /*
+ * compact_plan from the drops as indices: d [n_drop] ascending, distinct,
+ * each < len.  The same moves as compact_plan of the marks they stand for,
+ * in time proportional to n_drop (the daemon's lists the device decided
+ * come back as indices; their marks would cost a pass over the list).
+ */
+uint32_t compact_plan_drops(const uint32_t *d, uint32_t n_drop, uint32_t len,
+                            uint32_t *moves, uint32_t *new_len);
+
+/*
  * Executes moves on a page list.  pages[i] points at page i of the list,
  * laid out [K: page_tokens][row_bytes][V: page_tokens][row_bytes]; entry e
  * is row e % page_tokens of page e / page_tokens.  Copies K and V rows

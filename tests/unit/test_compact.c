@@ -1,5 +1,6 @@
 /* test_compact.c — compaction planning and the CPU mover, hand-checked. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "compact.h"
 #include "test.h"
@@ -170,4 +171,33 @@ TEST(compact, large_compaction_streams_and_keeps_every_row)
 	free(pages);
 	free(drop);
 	free(moves);
+}
+
+/* compact_plan_drops against compact_plan (an independent walk over the
+ * marks) on random mark patterns of every density, and the edge cases: no
+ * drops, all dropped, drops only in the tail, only in the head. */
+TEST(compact, plan_drops_equals_plan_of_marks)
+{
+	enum { LEN = 97 };
+	uint8_t drop[LEN];
+	uint32_t d[LEN], m1[2 * LEN], m2[2 * LEN];
+	uint32_t seed = 12345;
+	for (uint32_t trial = 0; trial < 400; trial++) {
+		uint32_t len = trial % LEN + 1, nd = 0, dens = trial % 7;
+		for (uint32_t i = 0; i < len; i++) {
+			seed = seed * 1664525u + 1013904223u;
+			drop[i] = dens == 0 ? 0 : dens == 6 ? 1
+			          : dens == 5 ? i >= len / 2
+			          : dens == 4 ? i < len / 3
+			          : (seed >> 16) % 6 < dens;
+			if (drop[i])
+				d[nd++] = i;
+		}
+		uint32_t nl1, nl2;
+		uint32_t n1 = compact_plan(drop, len, m1, &nl1);
+		uint32_t n2 = compact_plan_drops(d, nd, len, m2, &nl2);
+		T_EQ(nl2, nl1);
+		T_EQ(n2, n1);
+		T_ASSERT(!memcmp(m1, m2, (size_t)n1 * 2 * sizeof(uint32_t)));
+	}
 }
