@@ -120,7 +120,9 @@ static void attn_free_device(struct tenant *t)
 			o->mem_free(t->bctx, dev[k]);
 	t->astate = t->au = t->aweights = NULL;
 	free(t->acur);
+	free(t->astart);
 	t->acur = NULL;
+	t->astart = NULL;
 }
 
 int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
@@ -139,7 +141,9 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	size_t bytes = nrec * 2 * g->max_tokens * (1 + t->afloats) *
 	               sizeof(float);
 	t->acur = calloc(nrec ? nrec : 1, 1);
-	if (!t->acur)
+	t->astart = calloc((size_t)g->max_seqs * g->n_layers + 1,
+	                   sizeof(*t->astart));
+	if (!t->acur || !t->astart)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	/* Device memory outside the pool, like the device table: when it is
 	 * not to be had, the tenant still registers and decides on the host
@@ -228,6 +232,14 @@ struct list_plan {
 	uint32_t keep, n_drop, n_band;
 };
 
+/* The newest positions rule r protects: its recent, window or delay. */
+static uint32_t protected_tail(const struct policy_attn_rule *r)
+{
+	if (r->kind == POLICY_ATTN_KVPOP)
+		return r->delay;
+	return r->recent > r->window ? r->recent : r->window;
+}
+
 /* |[0, min(a, n)) u [n - min(b, n), n)|: the positions below a or among
  * the last b of n seen. */
 static uint32_t head_tail(uint32_t a, uint32_t b, uint32_t n)
@@ -239,19 +251,23 @@ static uint32_t head_tail(uint32_t a, uint32_t b, uint32_t n)
 }
 
 /*
- * TOVA's and KVpop's protection covers the sinks and the newest `window`
- * (TOVA) or `delay` (KVpop) positions, the same at every sync: a position
- * protected now was protected at every sync since it arrived, so it is
- * still in the list, and so is every position of KVpop's band (its
- * delay has not ended before this sync).  Their counts follow from the
- * positions' numbers alone, without a pass over the list (the device's
- * own counts, of the entries it holds, are checked against these: a
- * difference refuses the sync).  H2O's protected recent half moves with
- * the budget (pressure, ratio), so its count is taken from the positions.
+ * The protection covers the sinks and the newest positions (TOVA: its
+ * window; KVpop: its delay; H2O: its window or recent half): a position
+ * protected now was protected at every sync since it arrived when that
+ * tail's start never moved back, so it is still in the list, and so is
+ * every position of KVpop's band (its delay has not ended before this
+ * sync).  Then the counts follow from the positions' numbers alone,
+ * without a pass over the list (the device's own counts, of the entries
+ * it holds, are checked against these: a difference refuses the sync).
+ * TOVA's window and KVpop's delay are fixed; H2O's recent half moves with
+ * the budget, back too when pressure eases, so H2O counts from the
+ * positions when its tail now starts before where it started at some
+ * earlier sync of the sequence (tail_held 0).
  */
 static struct list_plan plan_list(const struct policy_attn_rule *r, int due,
                                   const uint32_t *pos, uint32_t len,
-                                  uint32_t n_new, uint32_t prev)
+                                  uint32_t n_new, uint32_t prev,
+                                  int tail_held)
 {
 	struct list_plan lp = {0};
 	const uint32_t seen = prev + n_new, L = len + n_new;
@@ -260,15 +276,13 @@ static struct list_plan plan_list(const struct policy_attn_rule *r, int due,
 	if (!due)
 		return lp;
 	uint32_t np = 0;
-	if (r->kind == POLICY_ATTN_H2O) {
+	if (tail_held) {
+		np = head_tail(r->sinks, protected_tail(r), seen);
+	} else {
 		for (uint32_t k = 0; k < len; k++)
 			np += protected(r, pos[k], seen);
 		for (uint32_t k = 0; k < n_new; k++)
 			np += protected(r, prev + k, seen);
-	} else {
-		np = head_tail(r->sinks, r->kind == POLICY_ATTN_TOVA ? r->window
-		                                                   : r->delay,
-		               seen);
 	}
 	lp.keep = r->budget > np ? r->budget - np : 0;
 	lp.n_drop = L - np > lp.keep ? L - np - lp.keep : 0;
@@ -300,7 +314,7 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 			return 0; /* no query: nothing changes */
 		struct list_plan lp = plan_list(r, due, seq_pos(t, s,
 		                                lidx(t, layer, 0)), len,
-		                                it->n_new, prev);
+		                                it->n_new, prev, 1);
 		struct kvt_backend_tova_job *bj = t->abjobs;
 		bj[t->n_ajobs] = (struct kvt_backend_tova_job){
 			.ring = ring, .record = lrec, .srec = srec,
@@ -315,6 +329,19 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 		*drops += lp.n_drop;
 		return 0;
 	}
+	/* H2O: whether its protected tail starts where no entry was ever
+	 * dropped (at or after every earlier start; updated eagerly, which
+	 * a refused sync only makes stricter) */
+	int tail_held = 1;
+	if (t->akind == POLICY_ATTN_H2O) {
+		const uint32_t tail = protected_tail(r);
+		const uint32_t start = seen - (tail < seen ? tail : seen);
+		if (!prev)
+			t->astart[srec] = 0; /* a new sequence in the slot */
+		tail_held = start >= t->astart[srec];
+		if (tail_held)
+			t->astart[srec] = start;
+	}
 	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 		const size_t li = lidx(t, layer, h);
 		const uint32_t len = tlist_at(t, slot, layer, h)->len;
@@ -322,7 +349,7 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 		if (!L || (!it->n_new && !due))
 			continue; /* nothing changes */
 		struct list_plan lp = plan_list(r, due, seq_pos(t, s, li), len,
-		                                it->n_new, prev);
+		                                it->n_new, prev, tail_held);
 		const uint32_t rec = lrec + h;
 		if (t->akind == POLICY_ATTN_KVPOP) {
 			struct kvt_backend_pop_job *bj = t->abjobs;

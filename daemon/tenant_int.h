@@ -250,6 +250,9 @@ struct tenant {
 	void *astate;      /* device, NULL when the host decides */
 	uint8_t *acur;     /* [max_seqs * lists_per_seq], or [max_seqs *
 	                      n_layers] for TOVA */
+	uint32_t *astart;  /* H2O: [max_seqs * n_layers] the latest start of
+	                      its protected tail at any sync of the sequence
+	                      (tenant_attn.c's plan_list) */
 	float *au;         /* device: KVpop's u rings [max_seqs * n_layers]
 	                      [aring][ar] */
 	void *aweights;    /* device: KVpop's tensors, every layer */
