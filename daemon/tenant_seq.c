@@ -28,16 +28,20 @@ void tenant_mirror(struct tenant *t, uint32_t slot, uint32_t layer,
 	const uint32_t *pg = t->seqs[slot].open
 	                     ? seq_pages(t, &t->seqs[slot], lidx(t, layer, head))
 	                     : NULL;
-	uint32_t np = pg ? l->n_pages : 0, same = 0;
-	while (same < np && same < r->n_pages && r->pages[same] == pg[same])
+	uint32_t np = pg ? l->n_pages : 0, old = r->n_pages, same = 0;
+	while (same < np && same < old && r->pages[same] == pg[same])
 		same++;
 	r->len = l->len;
 	r->n_pages = l->n_pages;
 	r->epoch = l->epoch;
-	if (np)
-		memcpy(r->pages, pg, (size_t)np * sizeof(uint32_t));
-	memset(r->pages + np, 0,
-	       (size_t)(t->g.max_pages - np) * sizeof(uint32_t));
+	/* Only what changed is written: the ids from the first difference,
+	 * and zeros over the ids the list gave up (those beyond a record's
+	 * n_pages are always 0 in the host table, so the rest already are). */
+	if (np > same)
+		memcpy(r->pages + same, pg + same,
+		       (size_t)(np - same) * sizeof(uint32_t));
+	if (old > np)
+		memset(r->pages + np, 0, (size_t)(old - np) * sizeof(uint32_t));
 	/* Each list is mirrored at most once per operation and takes at most
 	 * two regions, so the array (two per list) cannot overflow; ids
 	 * beyond n_pages are unspecified on the device. */
