@@ -219,6 +219,16 @@ struct kvt_backend_norm_job {
 };
 
 /*
+ * How the device selections find a (sequence, layer)'s staged rows in
+ * device staging: its ring holds stage_tokens rows of row_floats floats,
+ * position p in row p % stage_tokens, each row x (at 0, when staged), q
+ * (n_heads * head_dim at q_off) and lse (n_heads at lse_off).
+ */
+struct kvt_backend_rows {
+	uint32_t stage_tokens, row_floats, q_off, lse_off;
+};
+
+/*
  * SnapKV's end-of-prefill selection on the device (window_select, ABI 6),
  * for one (sequence, layer): its observation window, the queries of
  * positions [P - w, P) staged in device staging, against each of its
@@ -231,11 +241,8 @@ struct kvt_backend_norm_job {
  * best `keep` stay (ties keep the higher index).
  */
 struct kvt_backend_window {
-	const float *ring;     /* device: the ring of the (sequence, layer):
-	                          row r at ring + r * row_floats */
-	uint32_t stage_tokens; /* rows in the ring: position p is row
-	                          p % stage_tokens */
-	uint32_t row_floats, q_off, lse_off; /* a row and its parts */
+	const float *ring;     /* device: the ring of the (sequence, layer) */
+	struct kvt_backend_rows rows; /* its layout */
 	uint32_t P, w, n_new;  /* prompt, window, new tokens of the sync (their
 	                          rows are checked with the window's) */
 	uint32_t kernel, sinks;
@@ -269,11 +276,8 @@ struct kvt_backend_window_list {
  * the best `keep` stay (ties keep the higher index).
  */
 struct kvt_backend_expected {
-	const float *ring;     /* device: the ring of the (sequence, layer):
-	                          row r at ring + r * row_floats */
-	uint32_t stage_tokens; /* rows in the ring: position p is row
-	                          p % stage_tokens */
-	uint32_t row_floats, q_off; /* a row and its q */
+	const float *ring;     /* device: the ring of the (sequence, layer) */
+	struct kvt_backend_rows rows; /* its layout (q only read) */
 	uint32_t P, from, n_new; /* prompt, first query of the statistics,
 	                            new tokens of the sync (the q of rows
 	                            [from, P + n_new) are checked) */
@@ -308,7 +312,7 @@ struct kvt_backend_expected {
 struct kvt_backend_attn {
 	void *state;           /* device: the tenant's state (above) */
 	uint32_t cap;          /* entries per half */
-	uint32_t stage_tokens, row_floats, q_off, lse_off; /* device staging */
+	struct kvt_backend_rows rows; /* device staging's layout */
 	uint32_t agg;          /* 0 mean, 1 max */
 	uint32_t sinks, window; /* 0: none */
 };
@@ -346,7 +350,7 @@ struct kvt_backend_attn_job {
 struct kvt_backend_tova {
 	void *state;           /* device: the tenant's positions (above) */
 	uint32_t cap;          /* entries per half */
-	uint32_t stage_tokens, row_floats, q_off, lse_off; /* device staging */
+	struct kvt_backend_rows rows; /* device staging's layout */
 	uint32_t sinks, window; /* 0: none */
 };
 
@@ -398,8 +402,7 @@ struct kvt_backend_pop {
 	float *u;              /* device: the u rings (above) */
 	const float *weights;  /* device: every layer's tensors (above) */
 	uint32_t cap;          /* entries per half */
-	uint32_t stage_tokens, row_floats, q_off, lse_off; /* device staging;
-	                          x at 0 */
+	struct kvt_backend_rows rows; /* device staging's layout (x read) */
 	uint32_t d_model, r, m, ring, delay, sinks;
 };
 

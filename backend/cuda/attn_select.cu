@@ -47,7 +47,7 @@ static __device__ __forceinline__ const float *
 bc_h2o_row(const kvt_backend_attn &a, const kvt_backend_attn_job &j,
            uint32_t p)
 {
-	return j.ring + (uint64_t)(p % a.stage_tokens) * a.row_floats;
+	return j.ring + (uint64_t)(p % a.rows.stage_tokens) * a.rows.row_floats;
 }
 
 /* Half h of record r: positions [cap], then S [cap][G]. */
@@ -90,11 +90,11 @@ __global__ void bc_h2o_gather(const kvt_backend_paged pg,
 			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
 			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
 			qg[q] = bc_h2o_row(a, j, first + t)
-				[a.q_off + (uint64_t)j.g * G * head_dim + rest];
+				[a.rows.q_off + (uint64_t)j.g * G * head_dim + rest];
 		} else if (e < nk + nq + nl) {
 			uint64_t q = e - nk - nq;
 			uint32_t t = (uint32_t)(q / G), h = (uint32_t)(q % G);
-			lg[q] = bc_h2o_row(a, j, first + t)[a.lse_off + j.g * G + h];
+			lg[q] = bc_h2o_row(a, j, first + t)[a.rows.lse_off + j.g * G + h];
 		} else {
 			uint64_t q = e - nk - nq - nl;
 			uint32_t i = (uint32_t)(q / (1 + G)),
@@ -150,9 +150,9 @@ static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
                               const struct kvt_backend_attn_job *jobs,
                               uint32_t n, uint32_t out_words)
 {
-	if (!hd || !nkv || n_heads % nkv || !a->state || !a->stage_tokens ||
-	    a->q_off + (uint64_t)n_heads * hd > a->row_floats ||
-	    a->lse_off + (uint64_t)n_heads > a->row_floats) {
+	if (!hd || !nkv || n_heads % nkv || !a->state || !a->rows.stage_tokens ||
+	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
+	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
 		bc_note("attn_select: %u query heads on %u KV heads, head_dim "
 		        "%u, or no state or ring", n_heads, nkv, hd);
 		return KVT_EINVAL;
@@ -161,7 +161,7 @@ static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
 		const struct kvt_backend_attn_job *j = &jobs[k];
 		if (!j->ring || j->record >= n_records || j->g >= nkv ||
 		    j->cur > 1 || (uint64_t)j->len + j->n_new > a->cap ||
-		    j->n_new > j->n_seen || j->n_new > a->stage_tokens ||
+		    j->n_new > j->n_seen || j->n_new > a->rows.stage_tokens ||
 		    j->n_drop > j->len + j->n_new ||
 		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
 			bc_note("attn_select: job %u: record %u of %u, KV head %u, "
@@ -224,8 +224,8 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 		if (!L)
 			continue;
 		KVT_LAUNCH(bc_es_check, 1, BC_H2O_THREADS, 0, s, J.ring,
-		           A.stage_tokens, A.row_floats, J.n_seen - J.n_new,
-		           J.n_new, 0, A.q_off, A.lse_off, n_heads, hd, dout + k);
+		           A.rows.stage_tokens, A.rows.row_floats, J.n_seen - J.n_new,
+		           J.n_new, 0, A.rows.q_off, A.rows.lse_off, n_heads, hd, dout + k);
 		uint64_t tot = (J.n_new ? (uint64_t)L * hd : 0) +
 		               (uint64_t)J.n_new * G * (hd + 1) +
 		               (uint64_t)L * (1 + G);

@@ -57,7 +57,7 @@
 static __device__ __forceinline__ const float *
 bc_ea_q(const kvt_backend_expected &w, uint32_t p)
 {
-	return w.ring + (uint64_t)(p % w.stage_tokens) * w.row_floats + w.q_off;
+	return w.ring + (uint64_t)(p % w.rows.stage_tokens) * w.rows.row_floats + w.rows.q_off;
 }
 
 /* RoPE frequency of pair k, as ea_freq (and model_rope) computes it. */
@@ -325,13 +325,13 @@ static int bc_ea_check_args(uint32_t n_records, uint32_t n_heads,
 		const struct kvt_backend_expected *w = &win[j];
 		/* a window of no lists only has its rows checked */
 		int sel = w->n_lists != 0;
-		if (!w->ring || !w->stage_tokens || w->from > w->P ||
+		if (!w->ring || !w->rows.stage_tokens || w->from > w->P ||
 		    (sel && (w->from == w->P || !w->future ||
 		             !(w->theta > 0.0f) || w->n_lists != nkv)) ||
 		    w->first_list > n_lists ||
 		    w->n_lists > n_lists - w->first_list ||
-		    w->q_off + (uint64_t)n_heads * hd > w->row_floats ||
-		    (uint64_t)w->P - w->from + w->n_new > w->stage_tokens) {
+		    w->rows.q_off + (uint64_t)n_heads * hd > w->rows.row_floats ||
+		    (uint64_t)w->P - w->from + w->n_new > w->rows.stage_tokens) {
 			bc_note("expected_select: window %u: P %u, from %u, new "
 			        "%u, future %u, lists %u + %u of %u", j, w->P,
 			        w->from, w->n_new, w->future, w->first_list,

@@ -81,7 +81,7 @@ __global__ void bc_pop_xcopy(const kvt_backend_pop a,
 	const uint64_t tot = (uint64_t)j.n_new * a.d_model;
 	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	     e < tot; e += (uint64_t)gridDim.x * blockDim.x)
-		xs[e] = bc_es_row(j.ring, a.stage_tokens, a.row_floats,
+		xs[e] = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
 		                  first + (uint32_t)(e / a.d_model))
 			[e % a.d_model];
 }
@@ -170,15 +170,15 @@ __global__ void bc_pop_gather(const kvt_backend_paged pg,
 			uint64_t q = e - ns - nk;
 			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
 			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
-			qg[q] = bc_es_row(j.ring, a.stage_tokens, a.row_floats,
+			qg[q] = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
 			                  first + t)
-				[a.q_off + (uint64_t)(j.record % nkv) * G *
+				[a.rows.q_off + (uint64_t)(j.record % nkv) * G *
 				                   head_dim + rest];
 		} else {
 			uint64_t q = e - ns - nk - nq;
 			uint32_t t = (uint32_t)(q / G), h = (uint32_t)(q % G);
-			lg[q] = bc_es_row(j.ring, a.stage_tokens, a.row_floats,
-			                  first + t)[a.lse_off +
+			lg[q] = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
+			                  first + t)[a.rows.lse_off +
 			                             (j.record % nkv) * G + h];
 		}
 	}
@@ -283,14 +283,14 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
                              uint32_t n, uint32_t out_words)
 {
 	if (!hd || !nkv || n_heads % nkv || !a->state || !a->u ||
-	    !a->weights || !a->r || !a->m || !a->ring || !a->stage_tokens ||
-	    a->d_model > a->row_floats ||
-	    a->q_off + (uint64_t)n_heads * hd > a->row_floats ||
-	    a->lse_off + (uint64_t)n_heads > a->row_floats) {
+	    !a->weights || !a->r || !a->m || !a->ring || !a->rows.stage_tokens ||
+	    a->d_model > a->rows.row_floats ||
+	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
+	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
 		bc_note("pop_select: %u query heads on %u KV heads, head_dim "
 		        "%u, r %u, m %u, ring %u, d_model %u, rows of %u "
 		        "floats, or no state, u or weights", n_heads, nkv, hd,
-		        a->r, a->m, a->ring, a->d_model, a->row_floats);
+		        a->r, a->m, a->ring, a->d_model, a->rows.row_floats);
 		return KVT_EINVAL;
 	}
 	for (uint32_t k = 0; k < n; k++) {
@@ -298,7 +298,7 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 		const uint64_t L = (uint64_t)j->len + j->n_new;
 		if (!j->ring || j->record >= n_records ||
 		    j->cur > 1 || L > a->cap || j->n_band > L ||
-		    j->n_new > j->n_seen || j->n_new > a->stage_tokens ||
+		    j->n_new > j->n_seen || j->n_new > a->rows.stage_tokens ||
 		    j->n_new > a->ring || j->n_drop > L ||
 		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
 			bc_note("pop_select: job %u: record %u of %u, "
@@ -316,8 +316,8 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 static inline int bc_pop_wraps(const struct kvt_backend_pop *a,
                                const struct kvt_backend_pop_job *j)
 {
-	return (uint64_t)(j->n_seen - j->n_new) % a->stage_tokens + j->n_new >
-	       a->stage_tokens;
+	return (uint64_t)(j->n_seen - j->n_new) % a->rows.stage_tokens + j->n_new >
+	       a->rows.stage_tokens;
 }
 
 static inline uint32_t bc_pop_blocks(uint64_t tot)
@@ -340,8 +340,8 @@ static int bc_pop_project(cublasHandle_t h, const kvt_backend_pop &A,
 	if (A.d_model) {
 		const float one = 1.0f;
 		const float *x = J.ring + (uint64_t)((J.n_seen - J.n_new) %
-		                                     A.stage_tokens) * A.row_floats;
-		uint32_t ldx = A.row_floats;
+		                                     A.rows.stage_tokens) * A.rows.row_floats;
+		uint32_t ldx = A.rows.row_floats;
 		if (bc_pop_wraps(&A, &J)) {
 			KVT_LAUNCH(bc_pop_xcopy,
 			           bc_pop_blocks((uint64_t)J.n_new * A.d_model),
@@ -429,8 +429,8 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 		const float *P = A.weights + (uint64_t)J.layer * lf;
 		if (J.proj && J.n_new) {
 			KVT_LAUNCH(bc_es_check, 1, BC_POP_THREADS, 0, s, J.ring,
-			           A.stage_tokens, A.row_floats, J.n_seen - J.n_new,
-			           J.n_new, A.d_model, A.q_off, A.lse_off, n_heads,
+			           A.rows.stage_tokens, A.rows.row_floats, J.n_seen - J.n_new,
+			           J.n_new, A.d_model, A.rows.q_off, A.rows.lse_off, n_heads,
 			           hd, dout + k);
 			BC_CALL(cudaGetLastError(), "pop_select check");
 			if ((rv = bc_pop_project(h, A, J, nkv, P, ub, xs, s)))

@@ -78,7 +78,7 @@ __global__ void bc_tova_gather(const kvt_backend_paged pg,
 		                                         pg.list_stride);
 	const uint64_t nk = (uint64_t)(j.len + j.n_new) * head_dim,
 	               nq = (uint64_t)G * head_dim;
-	const float *row = bc_es_row(j.ring, a.stage_tokens, a.row_floats,
+	const float *row = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
 	                             j.n_seen - 1);
 	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	     e < nk + nq + G; e += (uint64_t)gridDim.x * blockDim.x) {
@@ -88,10 +88,10 @@ __global__ void bc_tova_gather(const kvt_backend_paged pg,
 			const T *k = (const T *)bc_entry_row(pg, r, i);
 			keys[e] = k ? common_to_f(k[d]) : nanf("");
 		} else if (e < nk + nq) {
-			qg[e - nk] = row[a.q_off + (uint64_t)g * G * head_dim +
+			qg[e - nk] = row[a.rows.q_off + (uint64_t)g * G * head_dim +
 			                 (e - nk)];
 		} else {
-			lg[e - nk - nq] = row[a.lse_off + g * G +
+			lg[e - nk - nq] = row[a.rows.lse_off + g * G +
 			                      (uint32_t)(e - nk - nq)];
 		}
 	}
@@ -141,9 +141,9 @@ static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
                               const struct kvt_backend_tova_job *jobs,
                               uint32_t n, uint32_t out_words)
 {
-	if (!hd || !nkv || n_heads % nkv || !a->state || !a->stage_tokens ||
-	    a->q_off + (uint64_t)n_heads * hd > a->row_floats ||
-	    a->lse_off + (uint64_t)n_heads > a->row_floats) {
+	if (!hd || !nkv || n_heads % nkv || !a->state || !a->rows.stage_tokens ||
+	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
+	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
 		bc_note("tova_select: %u query heads on %u KV heads, head_dim "
 		        "%u, or no state or ring", n_heads, nkv, hd);
 		return KVT_EINVAL;
@@ -153,7 +153,7 @@ static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
 		if (!j->ring || (uint64_t)j->record + nkv > n_records ||
 		    j->srec >= n_records / nkv || j->cur > 1 || !j->n_new ||
 		    (uint64_t)j->len + j->n_new > a->cap ||
-		    j->n_new > j->n_seen || j->n_new > a->stage_tokens ||
+		    j->n_new > j->n_seen || j->n_new > a->rows.stage_tokens ||
 		    j->n_drop > j->len + j->n_new ||
 		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
 			bc_note("tova_select: job %u: records %u + %u of %u, state "
@@ -256,8 +256,8 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 		const kvt_backend_tova_job J = jobs[k];
 		const uint32_t L = J.len + J.n_new;
 		KVT_LAUNCH(bc_es_check, 1, BC_TOVA_THREADS, 0, s, J.ring,
-		           A.stage_tokens, A.row_floats, J.n_seen - J.n_new,
-		           J.n_new, 0, A.q_off, A.lse_off, n_heads, hd, dout + k);
+		           A.rows.stage_tokens, A.rows.row_floats, J.n_seen - J.n_new,
+		           J.n_new, 0, A.rows.q_off, A.rows.lse_off, n_heads, hd, dout + k);
 		KVT_LAUNCH(bc_tova_positions, bc_tova_blocks(L), BC_TOVA_THREADS,
 		           0, s, A, J);
 		BC_CALL(cudaGetLastError(), "tova_select positions");
