@@ -5,10 +5,10 @@
 # enough that each evicts (snapkv, pyramidkv and expected_attention decide
 # at the first decode sync, so they prefill 32 tokens first; kvzap's and
 # fastkvzip's random seeded weights score around 0, hence kvzap's
-# threshold 0; tova_rule and kvpop_rule add sinks, a window or a short
-# delay, every=3 and a prefill that does not fill the staging ring's rows
-# evenly, so syncs that decide nothing and rings that wrap are crossed).
-# The kept sets must equal an in-process replay of the cpu
+# threshold 0; h2o_rule, tova_rule and kvpop_rule add sinks, a window or
+# a short delay, every=3 and a prefill that does not fill the staging
+# ring's rows evenly, so syncs that decide nothing and rings that wrap are
+# crossed).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
 # failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
 # library, scripts/gpu-check.sh on a GPU.
@@ -21,6 +21,7 @@ while read -r name spec args; do
 		--steps 96 $args || status=1
 done <<'RUNS'
 full full
+h2o_rule h2o:tokens=40,window=8,sinks=2,agg=max,every=3 --prefill 17
 random random:tokens=24
 snapkv snapkv:window=8,tokens=16 --prefill 32
 tova tova:tokens=24

@@ -13,6 +13,7 @@
 
 #include "daemon.h"
 #include "kvtrim.h"
+#include "rndweights.h"
 #include "test.h"
 
 /* Writes K and V of n new entries of every list of seq (small geometry:
@@ -220,6 +221,85 @@ TEST(contract_sync, snapkv_checks_the_rows_it_reads_where_it_decides)
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/*
+ * TOVA and KVpop, which a cuda tenant decides on the device at every sync
+ * (tova_select, pop_select), as h2o above: a new row's value that is not
+ * a number is refused with the cpu backend's reason on either backend
+ * (the device flags the row and sends the layer to the host's check),
+ * nothing changes, and the same sync fixed is accepted and evicts to the
+ * budget of 6 (TOVA: 8 entries; KVpop: 8, of which the 2 of the delay and
+ * the sink are protected).
+ */
+static void attn_bad_rows(const char *spec, int x_too)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char path[600], full[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "stager", spec);
+	cfg.stage_tokens = 4;
+	if (strstr(spec, "%s")) {
+		snprintf(path, sizeof(path), "%s/kvpop.safetensors",
+		         th_tmpdir());
+		const struct th_wshape sh = {16, 4, 4, 4, 8};
+		T_OK(th_random_weights("kvpop", &cfg.geo, &sh, 3, path, err,
+		                       sizeof(err)));
+	}
+	snprintf(full, sizeof(full), spec, path);
+	cfg.policy = full;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
+	append(c, seq, 4);
+	stage(c, seq, 0, 4);
+	T_OK(kvt_sync(c, &it, 1));
+
+	append(c, seq, 4);
+	stage(c, seq, 4, 4);
+	float *q = kvt_stage_q(c, seq, 1, 6);
+	th_put_f32(c, q + 2 * 8 + 3, NAN);
+	char needle[160];
+	snprintf(needle, sizeof(needle), "policy %.*s: layer 1, position 6: "
+	         "staged q of query head 2 [3] is NaN",
+	         (int)strcspn(full, ":"), full);
+	refused(c, seq, 4, needle);
+	th_put_f32(c, q + 2 * 8 + 3, 0.1f);
+	if (x_too) {
+		float *x = kvt_stage_x(c, seq, 0, 5);
+		th_put_f32(c, x + 7, -INFINITY);
+		snprintf(needle, sizeof(needle), "policy %.*s: layer 0, "
+		         "position 5: staged x[7] is -Inf",
+		         (int)strcspn(full, ":"), full);
+		refused(c, seq, 4, needle);
+		th_put_f32(c, x + 7, 0.25f);
+	}
+	T_OK(kvt_sync(c, &it, 1)); /* the same sync, fixed */
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < 2; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, seq, l, h, &li));
+			T_EQ(li.len, 6);
+		}
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.syncs, 2);
+	T_EQ_U64(ts.entries_evicted, 2 * 4);
+	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(contract_sync, tova_refuses_bad_rows_and_nothing_changes)
+{
+	attn_bad_rows("tova:tokens=6", 0);
+}
+
+TEST(contract_sync, kvpop_refuses_bad_rows_and_nothing_changes)
+{
+	attn_bad_rows("kvpop:model=%s,tokens=6,delay=2,sinks=1", 1);
 }
 
 /* Waits up to ms for a metric to reach want; its last value. */
