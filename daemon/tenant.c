@@ -702,6 +702,7 @@ void tenant_free(struct tenant *t)
 	free(t->seqs);
 	free(t->lists);
 	free(t->drop);
+	free(t->ldrop);
 	free(t->newlen);
 	free(t->moves);
 	free(t->pagev);

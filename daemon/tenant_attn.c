@@ -207,8 +207,6 @@ void tenant_attn_fini(struct tenant *t)
 	free(t->ajobs);
 	free(t->abjobs);
 	free(t->aout);
-	free(t->ldrop);
-	t->ldrop = NULL;
 	t->amode = NULL;
 	t->afirst = NULL;
 	t->ajobs = NULL;

@@ -257,8 +257,6 @@ struct tenant {
 	                      [aring][ar] */
 	void *aweights;    /* device: KVpop's tensors, every layer */
 	uint32_t ar, am, aring; /* KVpop: u's width, the MLP's, ring rows */
-	struct tenant_ldrop *ldrop; /* [ldrop_cap] a sync's lists, in order */
-	size_t ldrop_cap;
 	uint8_t *amode;    /* [amode_cap] */
 	size_t amode_cap;
 	uint32_t *afirst;  /* [afirst_cap] the first job of each (item, layer),
@@ -274,6 +272,8 @@ struct tenant {
 	int aactive;       /* this sync was planned (tenant_attn_plan) */
 	void **dbases;     /* device [max_chunks] */
 	void **hbases;     /* [max_chunks] */
+	struct tenant_ldrop *ldrop; /* [ldrop_cap] a sync's lists, in order */
+	size_t ldrop_cap;
 	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
 	size_t bdl_cap;
 	uint32_t *bdrops;  /* [bdrops_cap] their drop indices, ascending */
@@ -469,7 +469,8 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
  * Before the decisions of a sync of such a tenant: one call of the rule's
  * op for every list (TOVA: (sequence, layer)) of the sync (the state
  * updated and, where due, the selection and the state's compaction, into
- * the half not current), the counts checked against the host's.  0, or an error with the reason.
+ * the half not current), the counts checked against the host's.  0, or
+ * an error with the reason.
  */
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);
