@@ -562,6 +562,126 @@ TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
  * weights load; the daemon itself refuses a relative path (the raw hello
  * is tenant.relative_model_paths_are_refused's).
  */
+/* kvpop weights for the small model (2 layers, 2 KV heads, d_model 32; r
+ * 2, m 2): P, W1 and W2 zero, so an entry's score is fc2's bias for its KV
+ * head, whatever its x and the attention it received. */
+static void write_kvpop(const char *path, float bias)
+{
+	enum { R = 2, M = 2 };
+	static float P[R * 32], W1[M * (R + 1)], b1[M], W2[2 * M], b2[2];
+	b2[0] = b2[1] = bias;
+	struct weights_tensor t[10];
+	char names[10][40];
+	for (int l = 0; l < 2; l++) {
+		const struct {
+			const char *fmt;
+			uint32_t nd, d0, d1;
+			float *v;
+		} part[5] = {
+			{"kvpop.%d.proj.weight", 2, R, 32, P},
+			{"kvpop.%d.fc1.weight", 2, M, R + 1, W1},
+			{"kvpop.%d.fc1.bias", 1, M, 0, b1},
+			{"kvpop.%d.fc2.weight", 2, 2, M, W2},
+			{"kvpop.%d.fc2.bias", 1, 2, 0, b2},
+		};
+		for (int k = 0; k < 5; k++) {
+			snprintf(names[5 * l + k], 40, part[k].fmt, l);
+			t[5 * l + k] = (struct weights_tensor){
+				names[5 * l + k], part[k].nd,
+				{part[k].d0, part[k].d1, 0, 0}, part[k].v};
+		}
+	}
+	char err[256];
+	T_OK(weights_write(path, t, 10, err, sizeof(err)));
+}
+
+/* One token at pos: K row (pos, 0, ...) in every list (small, so the
+ * attention kvpop accumulates stays finite), q and lse staged; a sync. */
+static void kvpop_token(kvt_client *c, kvt_seq seq, uint32_t pos)
+{
+	float kr[8] = {(float)pos};
+	for (uint32_t l = 0; l < 2; l++) {
+		for (uint32_t h = 0; h < 2; h++) {
+			void *kp, *vp;
+			T_OK(kvt_kv_ptr(c, seq, l, h, 0, &kp, &vp));
+			T_OK(kvt_memcpy(c, kp, kr, sizeof(kr)));
+			T_OK(kvt_memcpy(c, vp, kr, sizeof(kr)));
+		}
+		th_stage_row(c, seq, l, pos, NULL);
+	}
+	struct kvt_sync_item it = {seq, 1, KVT_PHASE_DECODE, 0, 0};
+	T_OK(kvt_sync(c, &it, 1));
+}
+
+/* Whether every list of seq holds exactly the positions want [n] (read
+ * from K[0] of its entries, any order). */
+static int kvpop_holds(kvt_client *c, kvt_seq seq, const uint32_t *want,
+                       uint32_t n)
+{
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < 2; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, seq, l, h, &li));
+			if (li.len != n)
+				return 0;
+			uint32_t seen = 0;
+			for (uint32_t e = 0; e < li.len; e++) {
+				float pg[SMALL_PAGE_FLOATS];
+				get_page(c, li.pages[e / 4], pg);
+				uint32_t p = (uint32_t)pg[(e % 4) * 8];
+				for (uint32_t k = 0; k < n; k++)
+					seen += want[k] == p;
+			}
+			if (seen != n)
+				return 0;
+		}
+	return 1;
+}
+
+/*
+ * A SIGHUP reaches KVpop's weights wherever its tenant decides: on the
+ * cuda backend its tensors are copied to the device at registration
+ * (pop_select), and the reload copies the new ones there.  tokens=6,
+ * delay=1, sinks=0, a token a sync: an entry is scored at the sync after
+ * it arrived, and the newest is protected.  With fc2's bias +1 every score
+ * ties, so the newest positions stay: 4..9 after 10 tokens.  After the
+ * reload (bias -1) each new entry scores -1 once scored, below the old
+ * ones, and is the one dropped: 9, 10 and 11 at the next three syncs, so
+ * 4..8 and 12 stay (with the old weights still in use: 7..12).
+ */
+TEST(reload, sighup_reaches_kvpop_weights_on_either_backend)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX], path[512], spec[700];
+	snprintf(path, sizeof(path), "%s/kvpop.safetensors", th_tmpdir());
+	write_kvpop(path, 1.0f);
+	th_daemon_start(&d, "16M", NULL);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,sinks=0",
+	         path);
+	struct kvt_config cfg = th_small_cfg(&d, "popper", spec);
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	uint32_t pos = 0;
+	for (; pos < 10; pos++)
+		kvpop_token(c, seq, pos);
+	const uint32_t before[6] = {4, 5, 6, 7, 8, 9};
+	T_ASSERT(kvpop_holds(c, seq, before, 6));
+
+	write_kvpop(path, -1.0f);
+	kill(d.pid, SIGHUP);
+	T_EQ_U64(wait_stat(&d, "weights_reloads_total", 1), 1);
+	for (; pos < 13; pos++)
+		kvpop_token(c, seq, pos);
+	const uint32_t after[6] = {4, 5, 6, 7, 8, 12};
+	T_ASSERT(kvpop_holds(c, seq, after, 6));
+	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
 TEST(reload, relative_model_path_is_the_engines)
 {
 	struct th_daemon d;
