@@ -392,9 +392,7 @@ static int run_op(struct tenant *t, const struct policy_attn_rule *r,
 	if (t->akind == POLICY_ATTN_TOVA) {
 		const struct kvt_backend_tova a = {
 			.state = t->astate, .cap = g->max_tokens,
-			.rows.stage_tokens = g->stage_tokens,
-			.rows.row_floats = g->stage_entry_floats,
-			.rows.q_off = g->stage_q_off, .rows.lse_off = g->stage_lse_off,
+			.rows = tenant_rows(t),
 			.sinks = r->sinks, .window = r->window,
 		};
 		return o->tova_select(t->bctx, &pg, nr, dt, g->n_heads,
@@ -404,9 +402,7 @@ static int run_op(struct tenant *t, const struct policy_attn_rule *r,
 	if (t->akind == POLICY_ATTN_KVPOP) {
 		const struct kvt_backend_pop a = {
 			.state = t->astate, .u = t->au, .weights = t->aweights,
-			.cap = g->max_tokens, .rows.stage_tokens = g->stage_tokens,
-			.rows.row_floats = g->stage_entry_floats,
-			.rows.q_off = g->stage_q_off, .rows.lse_off = g->stage_lse_off,
+			.cap = g->max_tokens, .rows = tenant_rows(t),
 			.d_model = t->pol->geom.d_model, .r = t->ar, .m = t->am,
 			.ring = t->aring, .delay = r->delay, .sinks = r->sinks,
 		};
@@ -416,9 +412,7 @@ static int run_op(struct tenant *t, const struct policy_attn_rule *r,
 	}
 	const struct kvt_backend_attn a = {
 		.state = t->astate, .cap = g->max_tokens,
-		.rows.stage_tokens = g->stage_tokens,
-		.rows.row_floats = g->stage_entry_floats, .rows.q_off = g->stage_q_off,
-		.rows.lse_off = g->stage_lse_off, .agg = (uint32_t)r->agg,
+		.rows = tenant_rows(t), .agg = (uint32_t)r->agg,
 		.sinks = r->sinks, .window = r->window,
 	};
 	return o->attn_select(t->bctx, &pg, nr, dt, g->n_heads, g->n_kv_heads,

@@ -494,6 +494,17 @@ static inline int tenant_attn_host(const struct tenant *t, size_t ly)
 	return tenant_attn_mode(t, ly) != TENANT_ATTN_DEVICE;
 }
 
+/* Device staging's row layout, as the device selections take it. */
+static inline struct kvt_backend_rows tenant_rows(const struct tenant *t)
+{
+	return (struct kvt_backend_rows){
+		.stage_tokens = t->g.stage_tokens,
+		.row_floats = (uint32_t)t->g.stage_entry_floats,
+		.q_off = (uint32_t)t->g.stage_q_off,
+		.lse_off = (uint32_t)t->g.stage_lse_off,
+	};
+}
+
 /* The (item, layer)s of a sync validate() passed, and its entries (every
  * list's len + n_new: a bound on its drops). */
 static inline void tenant_sync_extent(struct tenant *t,

@@ -90,9 +90,7 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
 	const uint32_t nl = lists ? g->n_kv_heads : 0;
 	if (w->rule == POLICY_WINDOW_EXPECTED)
 		t->ewins[wi] = (struct kvt_backend_expected){
-			.ring = ring, .rows.stage_tokens = g->stage_tokens,
-			.rows.row_floats = g->stage_entry_floats,
-			.rows.q_off = g->stage_q_off,
+			.ring = ring, .rows = tenant_rows(t),
 			.P = P, .from = lists ? P - w->w : P, .n_new = n_new,
 			.sinks = w->sinks, .future = w->future,
 			.theta = (float)w->theta, .cov = w->cov,
@@ -101,9 +99,7 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
 		};
 	else
 		t->wins[wi] = (struct kvt_backend_window){
-			.ring = ring, .rows.stage_tokens = g->stage_tokens,
-			.rows.row_floats = g->stage_entry_floats,
-			.rows.q_off = g->stage_q_off, .rows.lse_off = g->stage_lse_off,
+			.ring = ring, .rows = tenant_rows(t),
 			.P = P, .w = lists ? w->w : 0, .n_new = n_new,
 			.kernel = w->kernel, .sinks = w->sinks,
 			.first_list = t->n_wlists, .n_lists = nl,

@@ -90,11 +90,13 @@ __global__ void bc_h2o_gather(const kvt_backend_paged pg,
 			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
 			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
 			qg[q] = bc_h2o_row(a, j, first + t)
-				[a.rows.q_off + (uint64_t)j.g * G * head_dim + rest];
+				[a.rows.q_off + (uint64_t)j.g * G * head_dim +
+				 rest];
 		} else if (e < nk + nq + nl) {
 			uint64_t q = e - nk - nq;
 			uint32_t t = (uint32_t)(q / G), h = (uint32_t)(q % G);
-			lg[q] = bc_h2o_row(a, j, first + t)[a.rows.lse_off + j.g * G + h];
+			lg[q] = bc_h2o_row(a, j, first + t)
+				[a.rows.lse_off + j.g * G + h];
 		} else {
 			uint64_t q = e - nk - nq - nl;
 			uint32_t i = (uint32_t)(q / (1 + G)),
@@ -150,7 +152,8 @@ static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
                               const struct kvt_backend_attn_job *jobs,
                               uint32_t n, uint32_t out_words)
 {
-	if (!hd || !nkv || n_heads % nkv || !a->state || !a->rows.stage_tokens ||
+	if (!hd || !nkv || n_heads % nkv || !a->state ||
+	    !a->rows.stage_tokens ||
 	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
 	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
 		bc_note("attn_select: %u query heads on %u KV heads, head_dim "
@@ -223,9 +226,8 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 		const uint32_t L = J.len + J.n_new;
 		if (!L)
 			continue;
-		KVT_LAUNCH(bc_es_check, 1, BC_H2O_THREADS, 0, s, J.ring,
-		           A.rows.stage_tokens, A.rows.row_floats, J.n_seen - J.n_new,
-		           J.n_new, 0, A.rows.q_off, A.rows.lse_off, n_heads, hd, dout + k);
+		KVT_LAUNCH(bc_es_check, 1, BC_H2O_THREADS, 0, s, J.ring, A.rows,
+		           J.n_seen - J.n_new, J.n_new, 0, n_heads, hd, dout + k);
 		uint64_t tot = (J.n_new ? (uint64_t)L * hd : 0) +
 		               (uint64_t)J.n_new * G * (hd + 1) +
 		               (uint64_t)L * (1 + G);

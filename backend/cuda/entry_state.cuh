@@ -22,24 +22,21 @@ bc_es_half(void *state, uint32_t cap, uint32_t F, uint32_t r, uint32_t h)
 	return (uint32_t *)state + ((uint64_t)r * 2 + h) * cap * (uint64_t)(1 + F);
 }
 
-/* Row of position p in a staging ring of stage_tokens rows. */
+/* Row of position p in a staging ring laid out as rl says. */
 static __device__ __forceinline__ const float *
-bc_es_row(const float *ring, uint32_t stage_tokens, uint32_t row_floats,
-          uint32_t p)
+bc_es_row(const float *ring, const kvt_backend_rows &rl, uint32_t p)
 {
-	return ring + (uint64_t)(p % stage_tokens) * row_floats;
+	return ring + (uint64_t)(p % rl.stage_tokens) * rl.row_floats;
 }
 
 /* One block: *out = 1 when a value of the rows [first, first + n) of the
  * ring is not finite among x (x_floats at 0; 0: not read), q (n_heads *
- * head_dim at q_off) and lse (n_heads at lse_off), else 0 — what
+ * head_dim at rl.q_off) and lse (n_heads at rl.lse_off), else 0 — what
  * policy_decide checks. */
-static __global__ void bc_es_check(const float *ring, uint32_t stage_tokens,
-                                   uint32_t row_floats, uint32_t first,
-                                   uint32_t n, uint32_t x_floats,
-                                   uint32_t q_off, uint32_t lse_off,
-                                   uint32_t n_heads, uint32_t head_dim,
-                                   uint32_t *out)
+static __global__ void bc_es_check(const float *ring, const kvt_backend_rows rl,
+                                   uint32_t first, uint32_t n,
+                                   uint32_t x_floats, uint32_t n_heads,
+                                   uint32_t head_dim, uint32_t *out)
 {
 	__shared__ uint32_t bad;
 	if (threadIdx.x == 0)
@@ -49,12 +46,12 @@ static __global__ void bc_es_check(const float *ring, uint32_t stage_tokens,
 	const uint64_t tot = (uint64_t)n * per;
 	uint32_t mine = 0;
 	for (uint64_t e = threadIdx.x; e < tot; e += blockDim.x) {
-		const float *row = bc_es_row(ring, stage_tokens, row_floats,
+		const float *row = bc_es_row(ring, rl,
 		                             first + (uint32_t)(e / per));
 		uint32_t k = (uint32_t)(e % per);
 		float v = k < x_floats ? row[k]
-		          : k < x_floats + nq ? row[q_off + k - x_floats]
-		          : row[lse_off + k - x_floats - nq];
+		          : k < x_floats + nq ? row[rl.q_off + k - x_floats]
+		          : row[rl.lse_off + k - x_floats - nq];
 		mine |= !isfinite(v);
 	}
 	if (mine)

@@ -57,7 +57,8 @@
 static __device__ __forceinline__ const float *
 bc_ea_q(const kvt_backend_expected &w, uint32_t p)
 {
-	return w.ring + (uint64_t)(p % w.rows.stage_tokens) * w.rows.row_floats + w.rows.q_off;
+	const uint64_t row = p % w.rows.stage_tokens;
+	return w.ring + row * w.rows.row_floats + w.rows.q_off;
 }
 
 /* RoPE frequency of pair k, as ea_freq (and model_rope) computes it. */
@@ -330,8 +331,10 @@ static int bc_ea_check_args(uint32_t n_records, uint32_t n_heads,
 		             !(w->theta > 0.0f) || w->n_lists != nkv)) ||
 		    w->first_list > n_lists ||
 		    w->n_lists > n_lists - w->first_list ||
-		    w->rows.q_off + (uint64_t)n_heads * hd > w->rows.row_floats ||
-		    (uint64_t)w->P - w->from + w->n_new > w->rows.stage_tokens) {
+		    w->rows.q_off + (uint64_t)n_heads * hd >
+		            w->rows.row_floats ||
+		    (uint64_t)w->P - w->from + w->n_new >
+		            w->rows.stage_tokens) {
 			bc_note("expected_select: window %u: P %u, from %u, new "
 			        "%u, future %u, lists %u + %u of %u", j, w->P,
 			        w->from, w->n_new, w->future, w->first_list,

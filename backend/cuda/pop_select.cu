@@ -81,7 +81,7 @@ __global__ void bc_pop_xcopy(const kvt_backend_pop a,
 	const uint64_t tot = (uint64_t)j.n_new * a.d_model;
 	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	     e < tot; e += (uint64_t)gridDim.x * blockDim.x)
-		xs[e] = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
+		xs[e] = bc_es_row(j.ring, a.rows,
 		                  first + (uint32_t)(e / a.d_model))
 			[e % a.d_model];
 }
@@ -170,16 +170,14 @@ __global__ void bc_pop_gather(const kvt_backend_paged pg,
 			uint64_t q = e - ns - nk;
 			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
 			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
-			qg[q] = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
-			                  first + t)
+			qg[q] = bc_es_row(j.ring, a.rows, first + t)
 				[a.rows.q_off + (uint64_t)(j.record % nkv) * G *
-				                   head_dim + rest];
+				                        head_dim + rest];
 		} else {
 			uint64_t q = e - ns - nk - nq;
 			uint32_t t = (uint32_t)(q / G), h = (uint32_t)(q % G);
-			lg[q] = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
-			                  first + t)[a.rows.lse_off +
-			                             (j.record % nkv) * G + h];
+			lg[q] = bc_es_row(j.ring, a.rows, first + t)
+				[a.rows.lse_off + (j.record % nkv) * G + h];
 		}
 	}
 }
@@ -283,7 +281,8 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
                              uint32_t n, uint32_t out_words)
 {
 	if (!hd || !nkv || n_heads % nkv || !a->state || !a->u ||
-	    !a->weights || !a->r || !a->m || !a->ring || !a->rows.stage_tokens ||
+	    !a->weights || !a->r || !a->m || !a->ring ||
+	    !a->rows.stage_tokens ||
 	    a->d_model > a->rows.row_floats ||
 	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
 	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
@@ -316,7 +315,8 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 static inline int bc_pop_wraps(const struct kvt_backend_pop *a,
                                const struct kvt_backend_pop_job *j)
 {
-	return (uint64_t)(j->n_seen - j->n_new) % a->rows.stage_tokens + j->n_new >
+	return (uint64_t)(j->n_seen - j->n_new) % a->rows.stage_tokens +
+	               j->n_new >
 	       a->rows.stage_tokens;
 }
 
@@ -340,7 +340,8 @@ static int bc_pop_project(cublasHandle_t h, const kvt_backend_pop &A,
 	if (A.d_model) {
 		const float one = 1.0f;
 		const float *x = J.ring + (uint64_t)((J.n_seen - J.n_new) %
-		                                     A.rows.stage_tokens) * A.rows.row_floats;
+		                                     A.rows.stage_tokens) *
+		                                  A.rows.row_floats;
 		uint32_t ldx = A.rows.row_floats;
 		if (bc_pop_wraps(&A, &J)) {
 			KVT_LAUNCH(bc_pop_xcopy,
@@ -429,9 +430,8 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 		const float *P = A.weights + (uint64_t)J.layer * lf;
 		if (J.proj && J.n_new) {
 			KVT_LAUNCH(bc_es_check, 1, BC_POP_THREADS, 0, s, J.ring,
-			           A.rows.stage_tokens, A.rows.row_floats, J.n_seen - J.n_new,
-			           J.n_new, A.d_model, A.rows.q_off, A.rows.lse_off, n_heads,
-			           hd, dout + k);
+			           A.rows, J.n_seen - J.n_new, J.n_new,
+			           A.d_model, n_heads, hd, dout + k);
 			BC_CALL(cudaGetLastError(), "pop_select check");
 			if ((rv = bc_pop_project(h, A, J, nkv, P, ub, xs, s)))
 				return rv;

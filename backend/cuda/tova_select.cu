@@ -78,8 +78,7 @@ __global__ void bc_tova_gather(const kvt_backend_paged pg,
 		                                         pg.list_stride);
 	const uint64_t nk = (uint64_t)(j.len + j.n_new) * head_dim,
 	               nq = (uint64_t)G * head_dim;
-	const float *row = bc_es_row(j.ring, a.rows.stage_tokens, a.rows.row_floats,
-	                             j.n_seen - 1);
+	const float *row = bc_es_row(j.ring, a.rows, j.n_seen - 1);
 	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	     e < nk + nq + G; e += (uint64_t)gridDim.x * blockDim.x) {
 		if (e < nk) {
@@ -88,8 +87,8 @@ __global__ void bc_tova_gather(const kvt_backend_paged pg,
 			const T *k = (const T *)bc_entry_row(pg, r, i);
 			keys[e] = k ? common_to_f(k[d]) : nanf("");
 		} else if (e < nk + nq) {
-			qg[e - nk] = row[a.rows.q_off + (uint64_t)g * G * head_dim +
-			                 (e - nk)];
+			qg[e - nk] = row[a.rows.q_off +
+			                 (uint64_t)g * G * head_dim + (e - nk)];
 		} else {
 			lg[e - nk - nq] = row[a.rows.lse_off + g * G +
 			                      (uint32_t)(e - nk - nq)];
@@ -141,7 +140,8 @@ static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
                               const struct kvt_backend_tova_job *jobs,
                               uint32_t n, uint32_t out_words)
 {
-	if (!hd || !nkv || n_heads % nkv || !a->state || !a->rows.stage_tokens ||
+	if (!hd || !nkv || n_heads % nkv || !a->state ||
+	    !a->rows.stage_tokens ||
 	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
 	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
 		bc_note("tova_select: %u query heads on %u KV heads, head_dim "
@@ -256,8 +256,8 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 		const kvt_backend_tova_job J = jobs[k];
 		const uint32_t L = J.len + J.n_new;
 		KVT_LAUNCH(bc_es_check, 1, BC_TOVA_THREADS, 0, s, J.ring,
-		           A.rows.stage_tokens, A.rows.row_floats, J.n_seen - J.n_new,
-		           J.n_new, 0, A.rows.q_off, A.rows.lse_off, n_heads, hd, dout + k);
+		           A.rows, J.n_seen - J.n_new, J.n_new, 0, n_heads, hd,
+		           dout + k);
 		KVT_LAUNCH(bc_tova_positions, bc_tova_blocks(L), BC_TOVA_THREADS,
 		           0, s, A, J);
 		BC_CALL(cudaGetLastError(), "tova_select positions");

@@ -65,7 +65,8 @@ __global__ void bc_win_check(const kvt_backend_window *wins, uint32_t n_heads,
 	for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
 		const float *row = bc_win_row(w, w.P - w.w + (uint32_t)(e / per));
 		uint32_t k = (uint32_t)(e % per);
-		float v = k < nq ? row[w.rows.q_off + k] : row[w.rows.lse_off + k - nq];
+		float v = k < nq ? row[w.rows.q_off + k]
+		                 : row[w.rows.lse_off + k - nq];
 		mine |= !isfinite(v);
 	}
 	if (mine)
@@ -103,11 +104,13 @@ __global__ void bc_win_gather(const kvt_backend_paged pg, uint32_t record,
 			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
 			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
 			const float *row = bc_win_row(w, w.P - w.w + t);
-			qg[q] = row[w.rows.q_off + (uint64_t)g * G * head_dim + rest];
+			qg[q] = row[w.rows.q_off + (uint64_t)g * G * head_dim +
+			            rest];
 		} else {
 			uint64_t q = e - nk - nq;
 			uint32_t t = (uint32_t)(q / G), j = (uint32_t)(q % G);
-			lg[q] = bc_win_row(w, w.P - w.w + t)[w.rows.lse_off + g * G + j];
+			lg[q] = bc_win_row(w, w.P - w.w + t)
+				[w.rows.lse_off + g * G + j];
 		}
 	}
 }
@@ -206,7 +209,8 @@ static int bc_window_check_args(uint32_t n_records, uint32_t n_heads,
 		    w->w > w->P || (sel && !(w->kernel & 1)) ||
 		    (sel && w->n_lists != nkv) || w->first_list > n_lists ||
 		    w->n_lists > n_lists - w->first_list ||
-		    w->rows.q_off + (uint64_t)n_heads * hd > w->rows.row_floats ||
+		    w->rows.q_off + (uint64_t)n_heads * hd >
+		            w->rows.row_floats ||
 		    w->rows.lse_off + (uint64_t)n_heads > w->rows.row_floats ||
 		    w->w + (uint64_t)w->n_new > w->rows.stage_tokens) {
 			bc_note("window_select: window %u: P %u, w %u, new %u, "

@@ -397,10 +397,7 @@ void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
 	for (uint32_t j = 0; j < n_win; j++) {
 		const float *rj = ring + (uint64_t)j * stage * row_floats;
 		win[j].ring = rj;
-		win[j].rows.stage_tokens = stage;
-		win[j].rows.row_floats = row_floats;
-		win[j].rows.q_off = q_off;
-		win[j].rows.lse_off = lse_off;
+		win[j].rows = {stage, row_floats, q_off, lse_off};
 		win[j].P = P;
 		win[j].w = W;
 		win[j].n_new = n_new;
@@ -409,9 +406,7 @@ void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
 		win[j].first_list = j * OB_KV;
 		win[j].n_lists = OB_KV;
 		ew[j].ring = rj;
-		ew[j].rows.stage_tokens = stage;
-		ew[j].rows.row_floats = row_floats;
-		ew[j].rows.q_off = q_off;
+		ew[j].rows = {stage, row_floats, q_off, lse_off};
 		ew[j].P = P;
 		ew[j].from = P - W;
 		ew[j].n_new = n_new;
@@ -686,10 +681,8 @@ void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
 	memset(&pa, 0, sizeof(pa));
 	ha.state = ta.state = pa.state = state;
 	ha.cap = ta.cap = pa.cap = cap;
-	ha.rows.stage_tokens = ta.rows.stage_tokens = pa.rows.stage_tokens = stage;
-	ha.rows.row_floats = ta.rows.row_floats = pa.rows.row_floats = row_floats;
-	ha.rows.q_off = ta.rows.q_off = pa.rows.q_off = q_off;
-	ha.rows.lse_off = ta.rows.lse_off = pa.rows.lse_off = lse_off;
+	const struct kvt_backend_rows rl = {stage, row_floats, q_off, lse_off};
+	ha.rows = ta.rows = pa.rows = rl;
 	ha.agg = 0;
 	ha.sinks = rh.sinks;
 	ha.window = rh.window;

@@ -129,8 +129,8 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		off += nd[g];
 	}
 	const struct kvt_backend_attn a = {
-		.state = f->state, .cap = CAP, .rows.stage_tokens = ST,
-		.rows.row_floats = RF, .rows.q_off = 0, .rows.lse_off = H * HD, .agg = agg,
+		.state = f->state, .cap = CAP, .rows = {ST, RF, 0, H * HD},
+		.agg = agg,
 		.sinks = sinks, .window = window,
 	};
 	struct kvt_backend_paged pg = sel_paged(&f->fx);
@@ -224,8 +224,7 @@ TEST(cuda, backend_attn_select_flags_and_refuses)
 		.len = f.len[1], .n_new = 1, .n_seen = 9,
 	};
 	const struct kvt_backend_attn a = {
-		.state = f.state, .cap = CAP, .rows.stage_tokens = ST,
-		.rows.row_floats = RF, .rows.q_off = 0, .rows.lse_off = H * HD,
+		.state = f.state, .cap = CAP, .rows = {ST, RF, 0, H * HD},
 	};
 	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];

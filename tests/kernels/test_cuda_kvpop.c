@@ -75,8 +75,8 @@ static struct kvt_backend_pop px_pop(struct px *f, uint32_t sinks)
 {
 	return (struct kvt_backend_pop){
 		.state = f->state, .u = f->u, .weights = f->w, .cap = CAP,
-		.rows.stage_tokens = ST, .rows.row_floats = RF, .rows.q_off = Q_OFF,
-		.rows.lse_off = LSE_OFF, .d_model = D, .r = R, .m = M, .ring = RING,
+		.rows = {ST, RF, Q_OFF, LSE_OFF}, .d_model = D, .r = R, .m = M,
+		.ring = RING,
 		.delay = DELAY, .sinks = sinks,
 	};
 }

@@ -491,9 +491,8 @@ TEST(cuda, backend_window_select_matches_naive)
 	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
 	struct kvt_backend_paged pg = sel_paged(&f);
 	struct kvt_backend_window win[2] = {
-		{.ring = dring, .rows.stage_tokens = ST, .rows.row_floats = rf,
-		 .rows.q_off = 0, .rows.lse_off = H * HD, .P = P, .w = W, .n_new = NN,
-		 .kernel = 3, .sinks = 1, .first_list = 0, .n_lists = NKV},
+		{.ring = dring, .rows = {ST, rf, 0, H * HD}, .P = P, .w = W,
+		 .n_new = NN, .kernel = 3, .sinks = 1, .first_list = 0, .n_lists = NKV},
 	};
 	uint8_t want[NKV][P + NN];
 	uint32_t nd[NKV];
@@ -586,7 +585,8 @@ static void expected_naive(const struct sel_fx *f,
 		double mu[MAXD], S[MAXD][MAXD], z[MAXL];
 		for (uint32_t t = 0; t < N; t++) {
 			uint32_t pos = w->from + t;
-			const float *q = ring + (pos % w->rows.stage_tokens) * row_floats +
+			const uint32_t row = pos % w->rows.stage_tokens;
+			const float *q = ring + row * row_floats +
 			                 w->rows.q_off + (g * G + j) * hd;
 			for (uint32_t k = 0; k < half; k++) {
 				double c = cos(pos * wk[k]), sn = sin(pos * wk[k]);
@@ -691,8 +691,8 @@ TEST(cuda, backend_expected_select_matches_naive)
 	struct kvt_backend_expected win[NW + 1];
 	for (uint32_t j = 0; j < NW; j++)
 		win[j] = (struct kvt_backend_expected){
-			.ring = dring, .rows.stage_tokens = ST, .rows.row_floats = rf,
-			.rows.q_off = 3, .P = P, .from = P - W, .n_new = NN,
+			.ring = dring, .rows = {ST, rf, 3, 0}, .P = P,
+			.from = P - W, .n_new = NN,
 			.sinks = SINKS, .future = 40, .theta = 10000.0f,
 			.cov = j != 1, .vnorm = j != 2, .eps = j == 2 ? 0.01 : 0,
 			.first_list = j * NKV, .n_lists = NKV,

@@ -69,8 +69,7 @@ static struct kvt_backend_tova tx_args(struct tx *f, uint32_t sinks,
                                        uint32_t window)
 {
 	return (struct kvt_backend_tova){
-		.state = f->state, .cap = CAP, .rows.stage_tokens = ST,
-		.rows.row_floats = RF, .rows.q_off = 0, .rows.lse_off = H * HD,
+		.state = f->state, .cap = CAP, .rows = {ST, RF, 0, H * HD},
 		.sinks = sinks, .window = window,
 	};
 }
