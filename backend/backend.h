@@ -563,10 +563,14 @@ struct kvt_backend_ops {
 	 * each copy is queued: compact's and upload_regions' staged upload,
 	 * read_regions' addresses and gathered bytes, copy (by which side is
 	 * device memory; device-to-device counts nothing).  Monotonic, from
-	 * any thread.  The daemon reports them (device_h2d_bytes_total,
-	 * device_d2h_bytes_total).  The cpu table leaves it NULL: nothing
+	 * any thread.  *launches (ABI 9): the kernel launches and cuBLAS
+	 * calls the library's code made so far, every context of the
+	 * process together.  The daemon reports them
+	 * (device_h2d_bytes_total, device_d2h_bytes_total,
+	 * device_launches_total).  The cpu table leaves it NULL: nothing
 	 * crosses. */
-	int (*traffic)(void *ctx, uint64_t *h2d, uint64_t *d2h);
+	int (*traffic)(void *ctx, uint64_t *h2d, uint64_t *d2h,
+	               uint64_t *launches);
 	/* (optional; ABI 5) Compacts n lists of one tenant from their drop
 	 * indices alone, on stream, asynchronously: the moves and the page
 	 * addresses are worked out on the device from the device table and

@@ -105,6 +105,9 @@
 	X(device_d2h_bytes_total,                                              \
 	  "bytes the daemon's backend ops copied from device to host memory " \
 	  "(cuda; 0 on cpu)")                                                  \
+	X(device_launches_total,                                               \
+	  "kernel launches and cuBLAS calls the daemon's backend made (cuda; " \
+	  "0 on cpu)")                                                         \
 	X(handle_barred_refusals_total,                                        \
 	  "handle channels of a process barred for breaking the handle "      \
 	  "protocol (1 s doubling to 60 s); their hellos are refused")        \

@@ -251,6 +251,7 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 			if ((rv = blas_err(cublasSetStream(h, s))))
 				return rv;
 			const float zero = 0.0f;
+			common_count_launch();
 			if ((rv = blas_err(cublasSgemm(
 				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
 				     (int)(J.n_new * G), (int)hd, &scale, keys,

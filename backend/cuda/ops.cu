@@ -268,13 +268,14 @@ int bc_copy(void *ctx, void *dst, const void *src, size_t bytes,
 	return 0;
 }
 
-int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h)
+int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h, uint64_t *launches)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
-	if (!c || !h2d || !d2h)
+	if (!c || !h2d || !d2h || !launches)
 		return KVT_EINVAL;
 	*h2d = __atomic_load_n(&c->h2d, __ATOMIC_RELAXED);
 	*d2h = __atomic_load_n(&c->d2h, __ATOMIC_RELAXED);
+	*launches = __atomic_load_n(common_launches(), __ATOMIC_RELAXED);
 	return 0;
 }
 

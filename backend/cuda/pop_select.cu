@@ -352,6 +352,7 @@ static int bc_pop_project(cublasHandle_t h, const kvt_backend_pop &A,
 			ldx = A.d_model;
 		}
 		/* ub [n_new][r] = x P^T: column-major P^T (r x d) x^T (d x n) */
+		common_count_launch();
 		if ((rv = blas_err(cublasSgemm(
 			     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)A.r, (int)J.n_new,
 			     (int)A.d_model, &one, P, (int)A.d_model, x, (int)ldx,
@@ -466,6 +467,7 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 			/* logit [n_new G][n_band] = scale qg keys^T, as
 			 * attn_band_cpu's cblas_sgemm */
 			const float zero = 0.0f;
+			common_count_launch();
 			if ((rv = blas_err(cublasSgemm(
 				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)J.n_band,
 				     (int)(J.n_new * G), (int)hd, &scale, keys,

@@ -196,6 +196,7 @@ static int bc_tova_head(struct bc_ctx *c, const kvt_backend_paged &p,
 	cublasHandle_t h = (cublasHandle_t)c->win_blas;
 	const float scale = 1.0f / sqrtf((float)hd), zero = 0.0f;
 	int rv = blas_err(cublasSetStream(h, s));
+	common_count_launch();
 	if (!rv)
 		rv = blas_err(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
 		                          (int)G, (int)hd, &scale, keys, (int)hd,

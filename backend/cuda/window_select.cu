@@ -309,6 +309,7 @@ static int bc_window_select_locked(struct bc_ctx *c,
 			if ((rv = blas_err(cublasSetStream(h, s))))
 				return rv;
 			const float zero = 0.0f;
+			common_count_launch();
 			if ((rv = blas_err(cublasSgemm(
 				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L->len,
 				     (int)(w->w * G), (int)hd, &scale, keys,

@@ -41,6 +41,7 @@ static inline int blas_xwt(cublasHandle_t h, const float *x, uint32_t n,
 	int rv = blas_err(cublasSetStream(h, s));
 	if (rv)
 		return rv;
+	common_count_launch();
 	return blas_err(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)d_out,
 	                            (int)n, (int)d_in, &one, W, (int)d_in, x,
 	                            (int)d_in, &zero, y, (int)d_out));

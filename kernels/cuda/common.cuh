@@ -64,12 +64,29 @@ static inline int common_err(cudaError_t e)
  * template arguments hold commas goes in parentheses:
  *   KVT_LAUNCH((k<T, 4>), grid, 128, 0, s, args);
  */
+/* The launches (KVT_LAUNCH) and cuBLAS calls (common_count_launch before
+ * each) of this module so far: one counter per linked module (an inline
+ * function's static), which libkvtrim-cuda.so's traffic op reports, so
+ * that a benchmark sees what a sync costs in launches where no GPU is. */
+inline unsigned long long *common_launches(void)
+{
+	static unsigned long long n;
+	return &n;
+}
+
+static inline void common_count_launch(void)
+{
+	__atomic_fetch_add(common_launches(), 1ull, __ATOMIC_RELAXED);
+}
+
 #if defined(__CUDACC__)
 #define KVT_LAUNCH(kernel, grid, block, smem, stream, ...)                     \
-	kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+	(common_count_launch(),                                                \
+	 kernel<<<grid, block, smem, stream>>>(__VA_ARGS__))
 #elif defined(KVT_CUDA_EMU)
 #define KVT_LAUNCH(kernel, grid, block, smem, stream, ...)                     \
-	KVT_EMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
+	(common_count_launch(),                                                \
+	 KVT_EMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__))
 #else
 #error "kernels/cuda/ builds with nvcc, or with g++ under the CUDA emulator"
 #endif

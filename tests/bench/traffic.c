@@ -29,6 +29,13 @@
  *                                    once, and still read the prompt's
  *                                    keys on the host (outside the
  *                                    per-token figure)
+ *   cuda_launches_per_token_<p>      the daemon's device_launches_total
+ *                                    (kernel launches and cuBLAS calls of
+ *                                    its backend) over the decode syncs /
+ *                                    (decoded tokens x sequences): what a
+ *                                    GPU host pays per launch, in host CPU
+ *                                    and launch latency, counted where no
+ *                                    GPU is
  *   cuda_daemon_cpu_us_per_token_<p> the daemon's CPU time over the decode
  *                                    syncs (every thread's schedstat) / (decoded
  *                                    tokens x sequences); on the emulator
@@ -73,6 +80,7 @@ static struct {
 	char names[T_MAXPOL][32];
 	double daemon[T_MAXPOL], stage[T_MAXPOL], cpu_us[T_MAXPOL];
 	double first[T_MAXPOL]; /* the first decode sync, per sequence */
+	double launches[T_MAXPOL]; /* per decoded token per sequence */
 	int emu; /* the library is the emulator's */
 } ts;
 
@@ -106,6 +114,15 @@ static double daemon_bytes(const char *bin_dir, const char *dir)
 	double v[2];
 	bench_ctl_stats(bin_dir, dir, keys, v, 2);
 	return v[0] + v[1];
+}
+
+/* device_launches_total now; NAN if unread. */
+static double daemon_launches(const char *bin_dir, const char *dir)
+{
+	static const char *const keys[] = {"device_launches_total"};
+	double v;
+	bench_ctl_stats(bin_dir, dir, keys, &v, 1);
+	return v;
 }
 
 /*
@@ -209,12 +226,12 @@ static double cpu_ns(pid_t pid)
 static void run_policy(const char *bin_dir, const char *dir, const char *nm,
                        uint32_t prompt, uint32_t dec, const uint16_t *rows,
                        pid_t d, double *daemon_b, double *stage_b,
-                       double *cpu_us, double *first_b)
+                       double *cpu_us, double *first_b, double *launches)
 {
 	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
 	char tenant[KVT_NAME_MAX];
 	const struct kvt_geometry g = {T_L, T_H, T_KV, T_HD, T_D};
-	*daemon_b = *stage_b = *cpu_us = *first_b = NAN;
+	*daemon_b = *stage_b = *cpu_us = *first_b = *launches = NAN;
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
 	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
 	              !strcmp(nm, "kvpop");
@@ -258,9 +275,11 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	pos += T_EVERY;
 	double b0 = daemon_bytes(bin_dir, dir), c0 = cpu_ns(d);
+	double l0 = daemon_launches(bin_dir, dir);
 	for (uint32_t i = 0; !rv && i < dec; i += T_EVERY, pos += T_EVERY)
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	double c1 = cpu_ns(d), b1 = daemon_bytes(bin_dir, dir);
+	double l1 = daemon_launches(bin_dir, dir);
 	if (rv) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s: %s\n", nm,
 		        kvt_strerror(rv), kvt_last_error(cl));
@@ -273,6 +292,7 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		*daemon_b = (b1 - b0) / ((double)dec * T_SEQS);
 		*first_b = (b0 - f0) / T_SEQS;
 		*cpu_us = (c1 - c0) / 1e3 / ((double)dec * T_SEQS);
+		*launches = (l1 - l0) / ((double)dec * T_SEQS);
 	}
 	kvt_disconnect(cl);
 }
@@ -326,7 +346,7 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		for (int i = 0; i < ts.n; i++)
 			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows, d,
 			           &ts.daemon[i], &ts.stage[i], &ts.cpu_us[i],
-			           &ts.first[i]);
+			           &ts.first[i], &ts.launches[i]);
 		free(rows);
 		ts.ran = 1;
 		kill(d, SIGTERM);
@@ -357,6 +377,9 @@ void traffic_print(FILE *f)
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_prompt_sync_bytes_%s %.0f\n", ts.names[i],
 		        ts.first[i]);
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_launches_per_token_%s %.1f\n", ts.names[i],
+		        ts.launches[i]);
 	/* On the emulator the daemon's CPU also runs every kernel: these say
 	 * nothing of a GPU host's, where scripts/gpu-check.sh reports them as
 	 * gpu_daemon_us_per_token_<p> (target 5). */

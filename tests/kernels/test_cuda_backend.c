@@ -811,17 +811,22 @@ TEST(cuda, backend_staging_rotation)
  * nothing itself in between); everywhere, device -> host is exactly what
  * copy and read_regions deliver, and host -> device at least the payload
  * (copied bytes, region bytes, page addresses and moves, read addresses).
+ * The launch count (ABI 9) grows with the uploads, the compaction and the
+ * read (each launches), not with the copies or the refused calls; under
+ * the emulator it equals the emulator's count of launches and cuBLAS
+ * calls over the same window (kvt_emu_launches).
  */
 TEST(cuda, backend_traffic_counts)
 {
 	const struct kvt_backend_ops *o = cuda_ops();
 	void *ctx, *s[2];
 	char err[256];
-	uint64_t h0, d0, h1, d1;
+	uint64_t h0, d0, h1, d1, l0, l1;
 	T_ASSERT(o->traffic != NULL);
 	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
-	T_ERR(o->traffic(ctx, NULL, &d0), KVT_EINVAL);
-	T_OK(o->traffic(ctx, &h0, &d0));
+	T_ERR(o->traffic(ctx, NULL, &d0, &l0), KVT_EINVAL);
+	T_ERR(o->traffic(ctx, &h0, &d0, NULL), KVT_EINVAL);
+	T_OK(o->traffic(ctx, &h0, &d0, &l0));
 	T_EQ_U64(h0, 0); /* a fresh context moved nothing */
 	T_EQ_U64(d0, 0);
 	T_OK(o->stream_new(ctx, &s[0]));
@@ -848,11 +853,12 @@ TEST(cuda, backend_traffic_counts)
 	uint32_t nm = compact_plan(drop, len, mv, &nl);
 	T_ASSERT(nm > 0);
 
-	uint64_t e_h0 = 0, e_d0 = 0, e_h1 = 0, e_d1 = 0;
+	uint64_t e_h0 = 0, e_d0 = 0, e_h1 = 0, e_d1 = 0, e_l0 = 0, e_l1 = 0;
 #ifdef KVT_CUDA_EMU
 	kvt_emu_traffic(&e_h0, &e_d0);
+	e_l0 = kvt_emu_launches();
 #endif
-	T_OK(o->traffic(ctx, &h0, &d0));
+	T_OK(o->traffic(ctx, &h0, &d0, &l0));
 	uint64_t pay_h = 0, want_d = 0;
 	/* copies */
 	T_OK(o->copy(ctx, dev, src, 1000, s[0]));
@@ -864,6 +870,9 @@ TEST(cuda, backend_traffic_counts)
 	T_OK(o->copy(ctx, dev, src, 0, s[0]));
 	T_OK(o->copy(ctx, (char *)ch.base + 64, src, 256, s[1])); /* a chunk */
 	pay_h += 256;
+	uint64_t lc;
+	T_OK(o->traffic(ctx, &h1, &d1, &lc));
+	T_EQ_U64(lc, l0); /* copies launch nothing */
 	/* uploads, the last one past a 64 KiB slot */
 	for (int call = 0; call < 12; call++) {
 		struct kvt_backend_region r[16];
@@ -900,14 +909,17 @@ TEST(cuda, backend_traffic_counts)
 	B.moves = far;
 	B.n_moves = 1;
 	T_ERR(o->compact(ctx, &B, 1, s[0]), KVT_EINVAL);
-	T_OK(o->traffic(ctx, &h1, &d1));
+	T_OK(o->traffic(ctx, &h1, &d1, &l1));
 #ifdef KVT_CUDA_EMU
 	kvt_emu_traffic(&e_h1, &e_d1);
+	e_l1 = kvt_emu_launches();
 	T_EQ_U64(h1 - h0, e_h1 - e_h0);
 	T_EQ_U64(d1 - d0, e_d1 - e_d0);
+	T_EQ_U64(l1 - l0, e_l1 - e_l0);
 #else
-	(void)e_h0; (void)e_d0; (void)e_h1; (void)e_d1;
+	(void)e_h0; (void)e_d0; (void)e_h1; (void)e_d1; (void)e_l0; (void)e_l1;
 #endif
+	T_ASSERT(l1 - l0 >= 12 + 1 + 1); /* 12 uploads, compact, read */
 	T_EQ_U64(d1 - d0, want_d);
 	if (h1 - h0 < pay_h)
 		th_fail(__FILE__, __LINE__, "host -> device %" PRIu64

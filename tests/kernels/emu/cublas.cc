@@ -168,6 +168,7 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
                                       int ldc)
 {
 	EMU_API_LOCK();
+	kvt_emu::launches_total++;
 	if (!h)
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (kvt_emu::sticky_error() != cudaSuccess)

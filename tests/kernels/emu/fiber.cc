@@ -712,6 +712,7 @@ void launch(const launch_desc &d)
 {
 	/* Host threads take turns; the launch runs on the caller's. */
 	EMU_API_LOCK();
+	launches_total++;
 	if (L)
 		fatal("a kernel launched a kernel");
 	if (cudaError_t e = sticky_error()) {

@@ -56,6 +56,11 @@ bool is_stream(cudaStream_t s);
 /* cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of a kernel, or -1. */
 int func_max_dyn_smem(const void *func);
 
+/* Kernel launches and cuBLAS calls so far (kvt_emu_launches): the
+ * emulator's own count, against which the backend's (traffic) is checked.
+ * Incremented under the big lock. */
+extern uint64_t launches_total;
+
 /* The emulated device (an H200). */
 enum {
 	DEV_SMS = 132,

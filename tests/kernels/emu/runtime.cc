@@ -1208,6 +1208,17 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 	return cudaSuccess;
 }
 
+namespace kvt_emu {
+uint64_t launches_total;
+}
+
+/* Kernel launches and cuBLAS calls of the process so far. */
+extern "C" uint64_t kvt_emu_launches(void)
+{
+	EMU_API_LOCK();
+	return kvt_emu::launches_total;
+}
+
 extern "C" void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h)
 {
 	EMU_API_LOCK();

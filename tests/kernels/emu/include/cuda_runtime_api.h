@@ -257,6 +257,8 @@ unsigned kvt_emu_set_event_lag(unsigned n);
  * lies in an allocation (or a mapping); device-to-device and host-to-host
  * copies count nothing, nor do memsets.  Either pointer may be NULL. */
 void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h);
+/* Kernel launches and cuBLAS calls of the process so far. */
+uint64_t kvt_emu_launches(void);
 
 /* Emulator only (not CUDA).  What driver the backend finds:
  *   KVT_EMU_DRIVER_VMM     the default: the VMM calls, and device 0 reports
