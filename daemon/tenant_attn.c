@@ -67,17 +67,22 @@ static size_t job_size(int kind)
 	       : sizeof(struct kvt_backend_attn_job);
 }
 
+/* KVpop's widths (r, m: the same in every layer) and layer 0's tensors. */
+static struct policy_pop_weights pop_dims(const struct policy *p)
+{
+	struct policy_pop_weights w;
+	p->ops->pop_weights(p, 0, &w);
+	return w;
+}
+
 /* KVpop's tensors of every layer of p, in pop_select's layout, copied to
- * a new device buffer *out; its widths in *r, *m. */
+ * a new device buffer *out. */
 static int pop_upload(struct tenant *t, const struct policy *p, void **out,
-                      uint32_t *r, uint32_t *m, char *err, size_t errlen)
+                      char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
 	const uint32_t nkv = t->g.n_kv_heads, d = p->geom.d_model;
-	struct policy_pop_weights w;
-	p->ops->pop_weights(p, 0, &w);
-	*r = w.r;
-	*m = w.m;
+	struct policy_pop_weights w = pop_dims(p);
 	const uint64_t lf = kvt_pop_layer_floats(w.r, w.m, d, nkv);
 	const size_t bytes = (size_t)(lf * t->g.n_layers * sizeof(float));
 	float *h = malloc(bytes ? bytes : 1);
@@ -134,11 +139,11 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 		return 0;
 	const struct shm_geom *g = &t->g;
 	t->akind = (int)r.kind;
-	t->afloats = r.kind == POLICY_ATTN_H2O ? group(t)
-	             : r.kind == POLICY_ATTN_KVPOP ? 2 : 0;
+	const uint32_t floats = r.kind == POLICY_ATTN_H2O ? group(t)
+	                        : r.kind == POLICY_ATTN_KVPOP ? 2 : 0;
 	size_t nrec = (size_t)g->max_seqs * (r.kind == POLICY_ATTN_TOVA
 	                                     ? g->n_layers : t->lists_per_seq);
-	size_t bytes = nrec * 2 * g->max_tokens * (1 + t->afloats) *
+	size_t bytes = nrec * 2 * g->max_tokens * (1 + floats) *
 	               sizeof(float);
 	t->acur = calloc(nrec ? nrec : 1, 1);
 	t->astart = calloc((size_t)g->max_seqs * g->n_layers + 1,
@@ -155,11 +160,11 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 		snprintf(why, sizeof(why), "%zu bytes of entry states: %s",
 		         bytes, o->last_error());
 	} else if (r.kind == POLICY_ATTN_KVPOP) {
-		t->aring = r.delay + g->headroom;
-		if (!(rc = pop_upload(t, t->pol, &t->aweights, &t->ar, &t->am,
-		                      why, sizeof(why)))) {
-			size_t ub = (size_t)g->max_seqs * g->n_layers * t->aring *
-			            t->ar * sizeof(float);
+		if (!(rc = pop_upload(t, t->pol, &t->aweights, why,
+		                      sizeof(why)))) {
+			size_t ub = (size_t)g->max_seqs * g->n_layers *
+			            (r.delay + g->headroom) * pop_dims(t->pol).r *
+			            sizeof(float);
 			if ((rc = o->mem_new(t->bctx, ub ? ub : 4,
 			                     (void **)&t->au))) {
 				t->au = NULL;
@@ -182,20 +187,14 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
 {
 	if (!t->astate || t->akind != POLICY_ATTN_KVPOP)
 		return 0;
+	/* u's width is the same: tenant_reload_policy refused a change of
+	 * the layer state (delay + headroom rows of r floats) already */
 	void *w = NULL;
-	uint32_t r, m;
-	int rc = pop_upload(t, np, &w, &r, &m, err, errlen);
-	if (!rc && r != t->ar) {
-		t->bops->mem_free(t->bctx, w);
-		return errors_fmt(err, errlen, KVT_EPOLICY, "the new weights "
-		                  "change u's width (%u, was %u); re-register the "
-		                  "tenant to use them", r, t->ar);
-	}
+	int rc = pop_upload(t, np, &w, err, errlen);
 	if (rc)
 		return rc;
 	t->bops->mem_free(t->bctx, t->aweights);
 	t->aweights = w;
-	t->am = m;
 	return 0;
 }
 
@@ -400,11 +399,13 @@ static int run_op(struct tenant *t, const struct policy_attn_rule *r,
 		                      nj, t->aout, words, t->stream);
 	}
 	if (t->akind == POLICY_ATTN_KVPOP) {
+		const struct policy_pop_weights w = pop_dims(t->pol);
 		const struct kvt_backend_pop a = {
 			.state = t->astate, .u = t->au, .weights = t->aweights,
 			.cap = g->max_tokens, .rows = tenant_rows(t),
-			.d_model = t->pol->geom.d_model, .r = t->ar, .m = t->am,
-			.ring = t->aring, .delay = r->delay, .sinks = r->sinks,
+			.d_model = t->pol->geom.d_model, .r = w.r, .m = w.m,
+			.ring = r->delay + g->headroom, .delay = r->delay,
+			.sinks = r->sinks,
 		};
 		return o->pop_select(t->bctx, &pg, nr, dt, g->n_heads,
 		                     g->n_kv_heads, g->head_dim, &a, t->abjobs,

@@ -240,13 +240,12 @@ struct tenant {
 	 * with an attn hook on a backend with its op: h2o attn_select, tova
 	 * tova_select, kvpop pop_select): the rule's kind, the per-entry
 	 * state in device memory (backend.h: two halves a record of
-	 * positions and afloats floats each; records are lists, or (slot,
+	 * positions and the rule's floats each; records are lists, or (slot,
 	 * layer)s for TOVA), the half each record's state is in, KVpop's u
 	 * rings and weights on the device, and per sync each (item, layer)'s
 	 * way (enum tenant_attn), the jobs (the backend's, and the host's
 	 * view of each) and the output words. */
 	int akind;         /* enum policy_attn_kind */
-	uint32_t afloats;
 	void *astate;      /* device, NULL when the host decides */
 	uint8_t *acur;     /* [max_seqs * lists_per_seq], or [max_seqs *
 	                      n_layers] for TOVA */
@@ -254,9 +253,8 @@ struct tenant {
 	                      its protected tail at any sync of the sequence
 	                      (tenant_attn.c's plan_list) */
 	float *au;         /* device: KVpop's u rings [max_seqs * n_layers]
-	                      [aring][ar] */
+	                      [delay + headroom][r] */
 	void *aweights;    /* device: KVpop's tensors, every layer */
-	uint32_t ar, am, aring; /* KVpop: u's width, the MLP's, ring rows */
 	uint8_t *amode;    /* [amode_cap] */
 	size_t amode_cap;
 	uint32_t *afirst;  /* [afirst_cap] the first job of each (item, layer),

@@ -640,7 +640,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 				                             ly_all * t->sbytes
 				                   : NULL,
 			};
-			if (t->sbytes)
+			/* a layer the device decides keeps its state there */
+			if (t->sbytes && tenant_attn_host(t, ly_all))
 				memcpy(pl.state, seq_state(t, s, layer),
 				       t->sbytes);
 			/* a policy that decides nothing now reads nothing:
@@ -779,7 +780,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 		uint32_t slot, lo, hi;
 		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
-			if (t->sbytes)
+			if (t->sbytes && tenant_attn_host(t, ly_all))
 				memcpy(seq_state(t, s, layer),
 				       t->state_scr + ly_all * t->sbytes,
 				       t->sbytes);

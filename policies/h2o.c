@@ -30,6 +30,21 @@ static int h2o_init(struct policy *p, char *err, size_t errlen)
 	return 0;
 }
 
+/* policy.h: H2O's rule at this sync (budget, the protected recent half,
+ * whether a selection is due): what h2o_decide applies and a device runs. */
+static int h2o_attn(const struct policy *p, const struct policy_layer *l,
+                    struct policy_attn_rule *r)
+{
+	uint32_t b = policy_budget(p, l->n_seen);
+	*r = (struct policy_attn_rule){
+		.kind = POLICY_ATTN_H2O, .agg = p->args.agg, .sinks = p->args.sinks,
+		.window = p->args.window,
+		.recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2,
+		.budget = b, .due = policy_due(p, l),
+	};
+	return 1;
+}
+
 static int h2o_decide(struct policy *p, struct policy_layer *l)
 {
 	const struct policy_geom *ge = &p->geom;
@@ -39,9 +54,10 @@ static int h2o_decide(struct policy *p, struct policy_layer *l)
 		return KVT_ENOMEM;
 	for (uint32_t t = 0; t < l->n_new; t++)
 		qpos[t] = l->n_seen - l->n_new + t;
-	int due = policy_due(p, l);
-	uint32_t b = policy_budget(p, l->n_seen);
-	uint32_t recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2;
+	struct policy_attn_rule r;
+	(void)h2o_attn(p, l, &r);
+	const int due = r.due;
+	const uint32_t recent = r.recent;
 
 	for (uint32_t g = 0; g < ge->n_kv_heads; g++) {
 		struct policy_head *h = &l->heads[g];
@@ -85,20 +101,6 @@ static int h2o_decide(struct policy *p, struct policy_layer *l)
 			return rc;
 	}
 	return 0;
-}
-
-/* policy.h: the rule h2o_decide applies, for a device to run it. */
-static int h2o_attn(const struct policy *p, const struct policy_layer *l,
-                    struct policy_attn_rule *r)
-{
-	uint32_t b = policy_budget(p, l->n_seen);
-	*r = (struct policy_attn_rule){
-		.kind = POLICY_ATTN_H2O, .agg = p->args.agg, .sinks = p->args.sinks,
-		.window = p->args.window,
-		.recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2,
-		.budget = b, .due = policy_due(p, l),
-	};
-	return 1;
 }
 
 const struct policy_ops h2o_ops = {

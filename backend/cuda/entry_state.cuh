@@ -29,6 +29,18 @@ bc_es_row(const float *ring, const kvt_backend_rows &rl, uint32_t p)
 	return ring + (uint64_t)(p % rl.stage_tokens) * rl.row_floats;
 }
 
+/* 1 when a selection's geometry and staging layout hold together:
+ * head_dim and KV heads not 0, n_heads a multiple of them, a state, and
+ * every query head's q and lse inside a row of a ring that has rows. */
+static inline int bc_es_layout_ok(uint32_t n_heads, uint32_t nkv, uint32_t hd,
+                                  const void *state,
+                                  const kvt_backend_rows &rl)
+{
+	return hd && nkv && n_heads % nkv == 0 && state && rl.stage_tokens &&
+	       rl.q_off + (uint64_t)n_heads * hd <= rl.row_floats &&
+	       rl.lse_off + (uint64_t)n_heads <= rl.row_floats;
+}
+
 /* One block: *out = 1 when a value of the rows [first, first + n) of the
  * ring is not finite among x (x_floats at 0; 0: not read), q (n_heads *
  * head_dim at rl.q_off) and lse (n_heads at rl.lse_off), else 0 — what

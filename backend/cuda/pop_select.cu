@@ -280,12 +280,9 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
                              const struct kvt_backend_pop_job *jobs,
                              uint32_t n, uint32_t out_words)
 {
-	if (!hd || !nkv || n_heads % nkv || !a->state || !a->u ||
+	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows) || !a->u ||
 	    !a->weights || !a->r || !a->m || !a->ring ||
-	    !a->rows.stage_tokens ||
-	    a->d_model > a->rows.row_floats ||
-	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
-	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
+	    a->d_model > a->rows.row_floats) {
 		bc_note("pop_select: %u query heads on %u KV heads, head_dim "
 		        "%u, r %u, m %u, ring %u, d_model %u, rows of %u "
 		        "floats, or no state, u or weights", n_heads, nkv, hd,

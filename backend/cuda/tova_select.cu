@@ -140,10 +140,7 @@ static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
                               const struct kvt_backend_tova_job *jobs,
                               uint32_t n, uint32_t out_words)
 {
-	if (!hd || !nkv || n_heads % nkv || !a->state ||
-	    !a->rows.stage_tokens ||
-	    a->rows.q_off + (uint64_t)n_heads * hd > a->rows.row_floats ||
-	    a->rows.lse_off + (uint64_t)n_heads > a->rows.row_floats) {
+	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows)) {
 		bc_note("tova_select: %u query heads on %u KV heads, head_dim "
 		        "%u, or no state or ring", n_heads, nkv, hd);
 		return KVT_EINVAL;

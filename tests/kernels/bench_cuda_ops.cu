@@ -341,6 +341,40 @@ double bench_key_norms(const struct kvt_backend_ops *o, void *ctx,
 	return ms * 1e3 / seqs;
 }
 
+/* The floor of the selections' logits: n_lists cuBLAS SGEMMs of the ops'
+ * shape, [rows][hd] queries against [len][hd] keys in float (one scratch
+ * reused list after list, as the ops reuse theirs), queued then waited
+ * for; the median milliseconds of the whole. */
+static double ob_logits_floor_ms(cudaStream_t s, uint32_t n_lists,
+                                 uint32_t len, uint32_t rows)
+{
+	float *keys, *qg, *logit;
+	CK(cudaMalloc(&keys, (size_t)len * OB_HD * 4));
+	CK(cudaMalloc(&qg, (size_t)rows * OB_HD * 4));
+	CK(cudaMalloc(&logit, (size_t)rows * len * 4));
+	CK(cudaMemsetAsync(keys, 0, (size_t)len * OB_HD * 4, s));
+	CK(cudaMemsetAsync(qg, 0, (size_t)rows * OB_HD * 4, s));
+	cublasHandle_t hb;
+	BK(cublasCreate(&hb));
+	BK(cublasSetStream(hb, s));
+	const float scale = 1.0f / sqrtf((float)OB_HD), zero = 0.0f;
+	auto gemms = [&] {
+		for (uint32_t l = 0; l < n_lists; l++)
+			BK(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)len,
+			               (int)rows, (int)OB_HD, &scale, keys,
+			               (int)OB_HD, qg, (int)OB_HD, &zero, logit,
+			               (int)len));
+		CK(cudaStreamSynchronize(s));
+	};
+	gemms();
+	const double ms = wall_ms(gemms, 20, 2000);
+	BK(cublasDestroy(hb));
+	CK(cudaFree(keys));
+	CK(cudaFree(qg));
+	CK(cudaFree(logit));
+	return ms;
+}
+
 /* The end-of-prefill selections of one sequence (32 layers x 8 KV heads,
  * prompt 4096 plus 16 new tokens, f16 pages of random values, staging
  * rows x | q | lse in a ring of 128 per layer): window_select (SnapKV:
@@ -465,33 +499,8 @@ void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
 	check("expected_select", e_drop);
 	*exp_ms = wall_ms(ecall, 10, 3000);
 
-	/* floor: window_select's logits SGEMM once per list, as the op calls
-	 * it ([len][hd] keys and [w G][hd] q in float, one scratch reused
-	 * list after list), queued then waited for */
-	float *keys, *qg, *logit;
-	CK(cudaMalloc(&keys, (size_t)len * OB_HD * 4));
-	CK(cudaMalloc(&qg, (size_t)W * OB_G * OB_HD * 4));
-	CK(cudaMalloc(&logit, (size_t)W * OB_G * len * 4));
-	CK(cudaMemsetAsync(keys, 0, (size_t)len * OB_HD * 4, s));
-	CK(cudaMemsetAsync(qg, 0, (size_t)W * OB_G * OB_HD * 4, s));
-	cublasHandle_t hb;
-	BK(cublasCreate(&hb));
-	BK(cublasSetStream(hb, s));
-	const float scale = 1.0f / sqrtf((float)OB_HD), zero = 0.0f;
-	auto gemms = [&] {
-		for (uint32_t l = 0; l < n_lists; l++)
-			BK(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)len,
-			               (int)(W * OB_G), (int)OB_HD, &scale, keys,
-			               (int)OB_HD, qg, (int)OB_HD, &zero, logit,
-			               (int)len));
-		CK(cudaStreamSynchronize(s));
-	};
-	gemms();
-	*floor_ms = wall_ms(gemms, 20, 2000);
-	BK(cublasDestroy(hb));
-	CK(cudaFree(keys));
-	CK(cudaFree(qg));
-	CK(cudaFree(logit));
+	/* floor: window_select's logits SGEMM once per list */
+	*floor_ms = ob_logits_floor_ms(s, n_lists, len, W * OB_G);
 	CK(cudaFree(ring));
 	free(win);
 	free(wl);
@@ -728,33 +737,8 @@ void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
 	ob_check_drops("pop_select", out, n_lists, n_new, L, n_seen, &rp);
 	*pop_us = wall_ms(pcall, 20, 2000) * per;
 
-	/* floor: attn_select's logits SGEMM once per list ([n_new G][hd]
-	 * q and [L][hd] keys in float, one scratch reused list after list),
-	 * queued then waited for */
-	float *keys, *qg, *logit;
-	CK(cudaMalloc(&keys, (size_t)L * OB_HD * 4));
-	CK(cudaMalloc(&qg, (size_t)n_new * OB_G * OB_HD * 4));
-	CK(cudaMalloc(&logit, (size_t)n_new * OB_G * L * 4));
-	CK(cudaMemsetAsync(keys, 0, (size_t)L * OB_HD * 4, s));
-	CK(cudaMemsetAsync(qg, 0, (size_t)n_new * OB_G * OB_HD * 4, s));
-	cublasHandle_t hb;
-	BK(cublasCreate(&hb));
-	BK(cublasSetStream(hb, s));
-	const float scale = 1.0f / sqrtf((float)OB_HD), zero = 0.0f;
-	auto gemms = [&] {
-		for (uint32_t l = 0; l < n_lists; l++)
-			BK(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
-			               (int)(n_new * OB_G), (int)OB_HD, &scale,
-			               keys, (int)OB_HD, qg, (int)OB_HD, &zero,
-			               logit, (int)L));
-		CK(cudaStreamSynchronize(s));
-	};
-	gemms();
-	*floor_us = wall_ms(gemms, 20, 2000) * per;
-	BK(cublasDestroy(hb));
-	CK(cudaFree(keys));
-	CK(cudaFree(qg));
-	CK(cudaFree(logit));
+	/* floor: attn_select's logits SGEMM once per list */
+	*floor_us = ob_logits_floor_ms(s, n_lists, L, n_new * OB_G) * per;
 	CK(cudaFree(ring));
 	CK(cudaFree(weights));
 	CK(cudaFree(u));
