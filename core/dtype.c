@@ -127,3 +127,14 @@ void dtype_from_f32(const float *src, enum kvt_dtype dt, void *dst, size_t n)
 		return;
 	}
 }
+
+int dtype_parse(const char *name, enum kvt_dtype *dt)
+{
+	static const char *const names[] = {"f32", "f16", "bf16"};
+	for (int i = 0; i < 3; i++)
+		if (!strcmp(name, names[i])) {
+			*dt = (enum kvt_dtype)i;
+			return 0;
+		}
+	return -1;
+}

@@ -44,6 +44,9 @@ void dtype_to_f32(const void *src /* [n] of dt */, enum kvt_dtype dt,
 /* float32 to dtype, round to nearest even; NaN stays NaN. */
 void dtype_from_f32(const float *src /* [n] */, enum kvt_dtype dt,
                     void *dst /* [n] of dt */, size_t n);
+/* The command lines' names "f32", "f16", "bf16": 0 and *dt, else -1 and
+ * *dt untouched. */
+int dtype_parse(const char *name, enum kvt_dtype *dt);
 
 #ifdef __cplusplus
 }

@@ -100,6 +100,12 @@ static int json_uint(const cJSON *j, double max, uint64_t *out)
 	return 1;
 }
 
+/* The safetensors name of a dtype this file reads and writes. */
+static const char *dtype_name(enum kvt_dtype dt)
+{
+	return dt == KVT_DTYPE_F16 ? "F16" : dt == KVT_DTYPE_BF16 ? "BF16" : "F32";
+}
+
 static int parse_dtype(const char *s, enum kvt_dtype *dt)
 {
 	if (!strcmp(s, "F32"))
@@ -609,7 +615,8 @@ int weights_config_u32(const struct weights *w, const char *key,
 /* ---------------------------------------------------------------- writer */
 
 static char *build_header(const struct weights_tensor *t, size_t n,
-                          char *err, size_t errlen, int *rv)
+                          enum kvt_dtype dt, char *err, size_t errlen,
+                          int *rv)
 {
 	cJSON *root = cJSON_CreateObject(), *meta;
 	char *text = NULL;
@@ -628,7 +635,8 @@ static char *build_header(const struct weights_tensor *t, size_t n,
 		cJSON *sh = e ? cJSON_AddArrayToObject(e, "shape") : NULL;
 		cJSON *of = sh ? cJSON_AddArrayToObject(e, "data_offsets")
 		               : NULL;
-		if (!of || !cJSON_AddStringToObject(e, "dtype", "F32"))
+		if (!of || !cJSON_AddStringToObject(e, "dtype",
+		                                     dtype_name(dt)))
 			goto out;
 		for (uint32_t d = 0; d < t[i].ndim; d++) {
 			cJSON *v = cJSON_CreateNumber((double)t[i].shape[d]);
@@ -636,7 +644,7 @@ static char *build_header(const struct weights_tensor *t, size_t n,
 				goto out;
 		}
 		cJSON *b = cJSON_CreateNumber((double)off);
-		off += numel * sizeof(float);
+		off += numel * dtype_size(dt);
 		cJSON *en = cJSON_CreateNumber((double)off);
 		if (!b || !en) {
 			cJSON_Delete(b);
@@ -656,8 +664,8 @@ out:
 	return text;
 }
 
-static int check_tensors(const struct weights_tensor *t, size_t n, char *err,
-                         size_t errlen)
+static int check_tensors(const struct weights_tensor *t, size_t n,
+                         enum kvt_dtype dt, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (!t[i].name || !t[i].name[0] ||
@@ -680,14 +688,25 @@ static int check_tensors(const struct weights_tensor *t, size_t n, char *err,
 			return errors_fmt(err, errlen, KVT_EINVAL,
 			            "tensor %s has no data", t[i].name);
 		/* The reader refuses these; better to fail at the writer,
-		 * next to the trainer step that produced them. */
-		for (uint64_t j = 0; j < numel; j++)
-			if (!isfinite(t[i].data[j]))
+		 * next to the trainer step that produced them.  A value is
+		 * checked as it will be stored (f16 overflows past 65504). */
+		for (uint64_t j = 0; j < numel; j++) {
+			float v = t[i].data[j];
+			if (dt != KVT_DTYPE_F32) {
+				uint16_t h;
+				dtype_from_f32(&v, dt, &h, 1);
+				dtype_to_f32(&h, dt, &v, 1);
+			}
+			if (!isfinite(v))
 				return errors_fmt(err, errlen, KVT_EINVAL,
-				            "tensor %s has %s at index %llu",
-				            t[i].name,
-				            isnan(t[i].data[j]) ? "NaN" : "Inf",
-				            (unsigned long long)j);
+				            "tensor %s has %s at index %llu%s%s",
+				            t[i].name, isnan(v) ? "NaN" : "Inf",
+				            (unsigned long long)j,
+				            isfinite(t[i].data[j])
+				                    ? " once stored as " : "",
+				            isfinite(t[i].data[j])
+				                    ? dtype_name(dt) : "");
+		}
 		for (size_t k = 0; k < i; k++)
 			if (!strcmp(t[k].name, t[i].name))
 				return errors_fmt(err, errlen, KVT_EINVAL,
@@ -696,15 +715,42 @@ static int check_tensors(const struct weights_tensor *t, size_t n, char *err,
 	return 0;
 }
 
+/* numel elements of t's float32 data as dt, converted in blocks; 1 on
+ * success. */
+static int write_data(FILE *f, const struct weights_tensor *t, size_t numel,
+                      enum kvt_dtype dt)
+{
+	if (dt == KVT_DTYPE_F32)
+		return fwrite(t->data ? (const void *)t->data : "", 4, numel,
+		              f) == numel;
+	uint16_t b[1024];
+	for (size_t j = 0; j < numel; j += 1024) {
+		size_t k = numel - j < 1024 ? numel - j : 1024;
+		dtype_from_f32(t->data + j, dt, b, k);
+		if (fwrite(b, 2, k, f) != k)
+			return 0;
+	}
+	return 1;
+}
+
 int weights_write(const char *path, const struct weights_tensor *t, size_t n,
                   char *err, size_t errlen)
+{
+	return weights_write_as(path, t, n, KVT_DTYPE_F32, err, errlen);
+}
+
+int weights_write_as(const char *path, const struct weights_tensor *t,
+                     size_t n, enum kvt_dtype dt, char *err, size_t errlen)
 {
 	int rv;
 	if (err && errlen)
 		err[0] = 0;
-	if ((rv = check_tensors(t, n, err, errlen)))
+	if (!dtype_size(dt))
+		return errors_fmt(err, errlen, KVT_EINVAL, "unknown dtype %d",
+		                  (int)dt);
+	if ((rv = check_tensors(t, n, dt, err, errlen)))
 		return rv;
-	char *hdr = build_header(t, n, err, errlen, &rv);
+	char *hdr = build_header(t, n, dt, err, errlen, &rv);
 	if (!hdr)
 		return rv;
 
@@ -732,8 +778,7 @@ int weights_write(const char *path, const struct weights_tensor *t, size_t n,
 		size_t numel = 1;
 		for (uint32_t d = 0; d < t[i].ndim; d++)
 			numel *= (size_t)t[i].shape[d];
-		ok = fwrite(t[i].data ? (const void *)t[i].data : "", 4, numel,
-		            f) == numel;
+		ok = write_data(f, &t[i], numel, dt);
 	}
 	if (fflush(f) != 0 || fsync(fileno(f)) != 0)
 		ok = 0;

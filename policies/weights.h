@@ -74,9 +74,15 @@ struct weights_tensor {
  * Writes n tensors as an F32 safetensors file (header JSON padded with
  * spaces so the data starts 8-byte aligned; tensors back to back in the
  * given order).  The file is written to path.tmp and renamed, so a reader
- * never sees half a file.  Names must be distinct and not "__metadata__".
+ * never sees half a file.  Names must be distinct and not "__metadata__";
+ * a value that is not finite, or becomes so in its dtype (past 65504 in
+ * f16), is refused, as the reader would refuse it.
  */
 int weights_write(const char *path, const struct weights_tensor *t, size_t n,
                   char *err, size_t errlen);
+/* The same with every tensor stored as dt: F16 and BF16 round to nearest
+ * even (core/dtype.h); the loader widens them back to float32. */
+int weights_write_as(const char *path, const struct weights_tensor *t,
+                     size_t n, enum kvt_dtype dt, char *err, size_t errlen);
 
 #endif

@@ -3,6 +3,7 @@
  * checks that need several options at once.
  */
 #include "loadgen.h"
+#include "dtype.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -140,13 +141,7 @@ int options_parse(int argc, char **argv, struct opts *o)
 				o->policy = v;
 			else if (a[2] == 'n')
 				o->name = v;
-			else if (!strcmp(v, "f32"))
-				o->dtype = KVT_DTYPE_F32;
-			else if (!strcmp(v, "f16"))
-				o->dtype = KVT_DTYPE_F16;
-			else if (!strcmp(v, "bf16"))
-				o->dtype = KVT_DTYPE_BF16;
-			else {
+			else if (dtype_parse(v, &o->dtype)) {
 				fprintf(stderr, "kvtrim-loadgen: --dtype is "
 				        "f32, f16 or bf16\n");
 				return -1;

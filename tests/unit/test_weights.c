@@ -410,3 +410,60 @@ TEST(weights, writer_refusals)
 	T_EQ(weights_count(w), 0);
 	weights_free(w);
 }
+
+TEST(weights, writer_f16_bf16_bytes_by_hand)
+{
+	/* 1 -> 0x3c00, -2 -> 0xc000, 65504 (f16's largest) -> 0x7bff,
+	 * 1 + 2^-11 (half way between 1 and its f16 successor) rounds to
+	 * even 0x3c00, 1 + 3 * 2^-11 rounds up to 0x3c02.  bf16 keeps the
+	 * top half: 1 -> 0x3f80, -2 -> 0xc000, 65504 -> 0x4780 (2^16 after
+	 * rounding 0x477fe000 up), 1 + 2^-8 (half way) -> 0x3f80, 1 + 3 *
+	 * 2^-8 -> 0x3f82. */
+	const char *p = tmp_path("h.safetensors");
+	const float v[5] = {1.0f, -2.0f, 65504.0f, 1.0f + 0x1p-11f,
+	                    1.0f + 3 * 0x1p-11f};
+	const float u[5] = {1.0f, -2.0f, 65504.0f, 1.0f + 0x1p-8f,
+	                    1.0f + 3 * 0x1p-8f};
+	const uint16_t hf[5] = {0x3c00, 0xc000, 0x7bff, 0x3c00, 0x3c02};
+	const uint16_t hb[5] = {0x3f80, 0xc000, 0x4780, 0x3f80, 0x3f82};
+	char err[256];
+	for (int k = 0; k < 2; k++) {
+		const struct weights_tensor t[1] = {
+			{"x", 1, {5}, k ? u : v}};
+		enum kvt_dtype dt = k ? KVT_DTYPE_BF16 : KVT_DTYPE_F16;
+		T_OK(weights_write_as(p, t, 1, dt, err, sizeof(err)));
+		/* The data section is the file's last 10 bytes. */
+		FILE *f = fopen(p, "rb");
+		T_ASSERT(f);
+		unsigned char b[4096];
+		size_t n = fread(b, 1, sizeof(b), f);
+		fclose(f);
+		T_ASSERT(n > 10);
+		uint16_t got[5];
+		memcpy(got, b + n - 10, 10);
+		T_ASSERT(!memcmp(got, k ? hb : hf, 10));
+		T_ASSERT(strstr((const char *)b + 8,
+		                k ? "\"dtype\":\"BF16\"" : "\"dtype\":\"F16\""));
+		/* Read back as float32: the rounded values. */
+		struct weights *w = load_ok(p);
+		const float *r = weights_get(w, "x", 1, (uint64_t[]){5}, err,
+		                             sizeof(err));
+		T_ASSERT(r);
+		T_ASSERT(r[0] == 1.0f && r[1] == -2.0f && r[3] == 1.0f);
+		T_ASSERT(r[2] == (k ? 65536.0f : 65504.0f));
+		T_ASSERT(r[4] == (k ? 1.0f + 0x1p-6f : 1.0f + 0x1p-9f));
+		weights_free(w);
+	}
+	/* 65520 rounds to f16 Inf: refused, naming the stored type, and no
+	 * file is left where there was none. */
+	const char *q = tmp_path("inf.safetensors");
+	const float big[2] = {1.0f, 65520.0f};
+	const struct weights_tensor tb[1] = {{"y", 1, {2}, big}};
+	T_ERR(weights_write_as(q, tb, 1, KVT_DTYPE_F16, err, sizeof(err)),
+	      KVT_EINVAL);
+	T_EQ_STR(err, "tensor y has Inf at index 1 once stored as F16");
+	struct stat st;
+	T_ASSERT(stat(q, &st) != 0);
+	T_ERR(weights_write_as(q, tb, 1, (enum kvt_dtype)7, err, sizeof(err)),
+	      KVT_EINVAL);
+}

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "gguf.h"
 #include "kvtrim.h"
 #include "model.h"
@@ -117,13 +118,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->r.eo.tenant = v;
 		} else if (!strcmp(a, "--dtype")) {
 			NEED_V();
-			if (!strcmp(v, "f32"))
-				o->r.eo.dtype = KVT_DTYPE_F32;
-			else if (!strcmp(v, "f16"))
-				o->r.eo.dtype = KVT_DTYPE_F16;
-			else if (!strcmp(v, "bf16"))
-				o->r.eo.dtype = KVT_DTYPE_BF16;
-			else {
+			if (dtype_parse(v, &o->r.eo.dtype)) {
 				fprintf(stderr, "kvtrim-engine: --dtype %s: "
 				        "f32, f16 or bf16\n", v);
 				return -1;

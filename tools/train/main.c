@@ -4,6 +4,7 @@
  *
  *   kvtrim-train --model M --out DIR [--seed S] [--quick] [--windows N]
  *                [--heldout N] [--jobs N] [--window W] [--rows N]
+ *                [--dtype f32|f16|bf16]
  *
  * M: a llama2.c checkpoint, a llama GGUF file, or a model name of
  * model_files.h ("smollm2").  Data (dataset.h, collect.h): windows of W
@@ -55,6 +56,7 @@
 
 #include "collect.h"
 #include "dataset.h"
+#include "dtype.h"
 #include "fit.h"
 #include "gate.h"
 #include "gguf.h"
@@ -139,7 +141,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvtrim-train --model M --out DIR [--seed S] "
 	           "[--quick] [--windows N] [--heldout N] [--jobs N] "
-	           "[--window W] [--rows N]\n");
+	           "[--window W] [--rows N] [--dtype f32|f16|bf16]\n");
 }
 
 /* The tokenizer of a GGUF model (NULL for llama2.c checkpoints). */
@@ -172,6 +174,7 @@ struct opts {
 	uint64_t seed;
 	int quick;
 	uint32_t windows, heldout, jobs, window, rows;
+	enum kvt_dtype dtype; /* of the files written (--dtype) */
 };
 
 /* The windows: n_tr training ones then n_ho held-out ones, in *ptr. */
@@ -534,10 +537,11 @@ int main(int argc, char **argv)
 		{"jobs", required_argument, 0, 'j'},
 		{"window", required_argument, 0, 'W'},
 		{"rows", required_argument, 0, 'r'},
+		{"dtype", required_argument, 0, 'd'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:s:qw:H:j:W:r:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:s:qw:H:j:W:r:d:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_arg = optarg; break;
@@ -549,6 +553,13 @@ int main(int argc, char **argv)
 		case 'j': o.jobs = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'W': o.window = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'r': o.rows = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'd':
+			if (dtype_parse(optarg, &o.dtype)) {
+				fprintf(stderr, "kvtrim-train: --dtype %s: want "
+				        "f32, f16 or bf16\n", optarg);
+				return 2;
+			}
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -646,17 +657,18 @@ int main(int argc, char **argv)
 
 	char dir[1100];
 	snprintf(dir, sizeof(dir), "%s/kvzap-linear", out);
-	if (save_kvzap(dir, c, 0, lr.lW, lr.lb, NULL, NULL, err, sizeof(err)))
-		goto fail;
-	snprintf(dir, sizeof(dir), "%s/kvzap-mlp", out);
-	if (save_kvzap(dir, c, lr.hid, lr.mW1, lr.mb1, lr.mW2, lr.mb2, err,
+	if (save_kvzap(dir, c, 0, lr.lW, lr.lb, NULL, NULL, o.dtype, err,
 	               sizeof(err)))
 		goto fail;
+	snprintf(dir, sizeof(dir), "%s/kvzap-mlp", out);
+	if (save_kvzap(dir, c, lr.hid, lr.mW1, lr.mb1, lr.mW2, lr.mb2, o.dtype,
+	               err, sizeof(err)))
+		goto fail;
 	snprintf(fp, sizeof(fp), "%s/fastkvzip.safetensors", out);
-	if (save_fastkvzip(fp, c, lr.gp, err, sizeof(err)))
+	if (save_fastkvzip(fp, c, lr.gp, o.dtype, err, sizeof(err)))
 		goto fail;
 	snprintf(fp, sizeof(fp), "%s/kvpop.safetensors", out);
-	if (save_kvpop(fp, c, lr.pp, err, sizeof(err)))
+	if (save_kvpop(fp, c, lr.pp, o.dtype, err, sizeof(err)))
 		goto fail;
 	if (write_csv(out, &lr)) {
 		snprintf(err, sizeof(err), "%s/fit.csv: %s", out,

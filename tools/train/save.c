@@ -27,8 +27,8 @@ int save_mkdirs(const char *path)
 
 int save_kvzap(const char *dir, const struct model_config *c,
                uint32_t hidden, float *const *W1, float *const *b1,
-               float *const *W2, float *const *b2, char *err,
-               size_t errlen)
+               float *const *W2, float *const *b2, enum kvt_dtype dt,
+               char *err, size_t errlen)
 {
 	if (save_mkdirs(dir) < 0) {
 		snprintf(err, errlen, "%.900s: %s", dir, strerror(errno));
@@ -66,7 +66,7 @@ int save_kvzap(const char *dir, const struct model_config *c,
 	}
 	char path[1024];
 	snprintf(path, sizeof(path), "%.1000s/model.safetensors", dir);
-	int rc = weights_write(path, t, k, err, errlen);
+	int rc = weights_write_as(path, t, k, dt, err, errlen);
 	free(t);
 	free(names);
 	if (rc)
@@ -89,18 +89,20 @@ int save_kvzap(const char *dir, const struct model_config *c,
 	return 0;
 }
 
-/* A table of up to per * n_layers tensors and their names. */
+/* A table of up to per * n_layers tensors, their names and dtype. */
 struct table {
 	struct weights_tensor *t;
 	char (*nm)[48];
 	size_t k;
+	enum kvt_dtype dt;
 };
 
-static int table_init(struct table *tb, size_t n)
+static int table_init(struct table *tb, size_t n, enum kvt_dtype dt)
 {
 	tb->t = calloc(n, sizeof(*tb->t));
 	tb->nm = calloc(n, sizeof(*tb->nm));
 	tb->k = 0;
+	tb->dt = dt;
 	return tb->t && tb->nm ? 0 : KVT_ENOMEM;
 }
 
@@ -121,11 +123,12 @@ static void add(struct table *tb, const char *fmt, uint32_t l, uint32_t nd,
 }
 
 int save_fastkvzip(const char *path, const struct model_config *c,
-                   const struct gate_params *gp, char *err, size_t errlen)
+                   const struct gate_params *gp, enum kvt_dtype dt,
+                   char *err, size_t errlen)
 {
 	const uint32_t L = c->n_layers, nkv = c->n_kv_heads;
 	struct table tb;
-	int rc = table_init(&tb, (size_t)L * 7);
+	int rc = table_init(&tb, (size_t)L * 7, dt);
 	for (uint32_t l = 0; l < L && !rc; l++) {
 		const struct gate_params *g = &gp[l];
 		uint64_t nq = (uint64_t)nkv * g->G * g->dp;
@@ -143,17 +146,18 @@ int save_fastkvzip(const char *path, const struct model_config *c,
 		add(&tb, "fastkvzip.%u.b", l, 3, nkv, 1, g->G, 0, g->bias);
 	}
 	if (!rc)
-		rc = weights_write(path, tb.t, tb.k, err, errlen);
+		rc = weights_write_as(path, tb.t, tb.k, tb.dt, err, errlen);
 	table_free(&tb);
 	return rc;
 }
 
 int save_kvpop(const char *path, const struct model_config *c,
-               const struct pop_params *pp, char *err, size_t errlen)
+               const struct pop_params *pp, enum kvt_dtype dt, char *err,
+               size_t errlen)
 {
 	const uint32_t L = c->n_layers, nkv = c->n_kv_heads;
 	struct table tb;
-	int rc = table_init(&tb, (size_t)L * 5);
+	int rc = table_init(&tb, (size_t)L * 5, dt);
 	for (uint32_t l = 0; l < L && !rc; l++) {
 		const struct pop_params *q = &pp[l];
 		add(&tb, "kvpop.%u.proj.weight", l, 2, q->r, c->dim, 0, 0, q->P);
@@ -164,7 +168,7 @@ int save_kvpop(const char *path, const struct model_config *c,
 		add(&tb, "kvpop.%u.fc2.bias", l, 1, nkv, 0, 0, 0, q->b2);
 	}
 	if (!rc)
-		rc = weights_write(path, tb.t, tb.k, err, errlen);
+		rc = weights_write_as(path, tb.t, tb.k, tb.dt, err, errlen);
 	table_free(&tb);
 	return rc;
 }

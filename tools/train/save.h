@@ -4,7 +4,9 @@
  * directories (config.json + model.safetensors, layers.{l}.weight/.bias
  * or layers.{l}.0.* / layers.{l}.2.*), and one safetensors file each for
  * the Fast KVzip gates (fastkvzip.{l}.*) and the KVpop scorers
- * (kvpop.{l}.*), all layers of the model.  Errors are negative KVT_E*
+ * (kvpop.{l}.*), all layers of the model.  dt is the files' element
+ * type (kvtrim-train --dtype: f32, or f16 / bf16 rounded to nearest even,
+ * which the loaders widen back to float32).  Errors are negative KVT_E*
  * codes with a reason naming the path.
  */
 #ifndef KVT_TRAIN_SAVE_H
@@ -28,15 +30,17 @@ int save_mkdirs(const char *path);
  */
 int save_kvzap(const char *dir, const struct model_config *c,
                uint32_t hidden, float *const *W1, float *const *b1,
-               float *const *W2, float *const *b2, char *err,
-               size_t errlen);
+               float *const *W2, float *const *b2, enum kvt_dtype dt,
+               char *err, size_t errlen);
 
 /* The gates gp[n_layers] into the safetensors file path. */
 int save_fastkvzip(const char *path, const struct model_config *c,
-                   const struct gate_params *gp, char *err, size_t errlen);
+                   const struct gate_params *gp, enum kvt_dtype dt,
+                   char *err, size_t errlen);
 
 /* The KVpop scorers pp[n_layers] into the safetensors file path. */
 int save_kvpop(const char *path, const struct model_config *c,
-               const struct pop_params *pp, char *err, size_t errlen);
+               const struct pop_params *pp, enum kvt_dtype dt, char *err,
+               size_t errlen);
 
 #endif
