@@ -285,10 +285,28 @@ weights: $(TRAIN)
 	@d=$${KVTRIM_MODELS:-$${XDG_CACHE_HOME:-$$HOME/.cache}/kvtrim/models}; \
 	if [ -r "$$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then \
 	  echo "kvtrim-train smollm2"; \
-	  $(TRAIN) --model smollm2 --out $(B)/weights/smollm2 --seed 1 --jobs $(WEIGHTS_JOBS) || exit 1; \
+	  $(TRAIN) $(SMOL_TRAIN_ARGS) --out $(B)/weights/smollm2 || exit 1; \
 	else \
 	  echo "kvtrim-train smollm2: skipped, not in $$d (make models)"; \
 	fi
+
+# The SmolLM2 scorers that ship in weights/smollm2/ (README.md there) are
+# what this command writes, f16, byte for byte: weights-check trains them
+# again (about 5 minutes on two cores; needs ../shared/corpus and the
+# model) and compares with weights/smollm2/SHA256SUMS.  .ci/run runs it.
+SMOL_TRAIN_ARGS := --model smollm2 --seed 1 --jobs $(WEIGHTS_JOBS) --dtype f16
+.PHONY: weights-check
+weights-check: $(TRAIN)
+	@d=$${KVTRIM_MODELS:-$${XDG_CACHE_HOME:-$$HOME/.cache}/kvtrim/models}; \
+	if [ ! -r "$$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then \
+	  echo "weights-check: skipped, SmolLM2 is not in $$d (make models)"; exit 0; fi; \
+	if [ ! -r ../shared/corpus/train-man.txt ]; then \
+	  echo "weights-check: skipped, no ../shared/corpus/train-man.txt"; exit 0; fi; \
+	rm -rf $(B)/weights-check && \
+	$(TRAIN) $(SMOL_TRAIN_ARGS) --out $(B)/weights-check/smollm2 \
+	  > $(B)/weights-check.log || { cat $(B)/weights-check.log; exit 1; }; \
+	cd $(B)/weights-check/smollm2 && sha256sum -c $(CURDIR)/weights/smollm2/SHA256SUMS && \
+	echo "weights-check: make weights reproduces weights/smollm2 byte for byte"
 
 eval: models-if-reachable $(TRAIN) $(EVAL) $(DAEMON)
 	B=$(B) MODELS_DIR=$(MODELS_DIR) WEIGHTS_JOBS=$(WEIGHTS_JOBS) sh scripts/eval.sh

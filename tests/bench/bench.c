@@ -425,6 +425,48 @@ static void bench_compact(double *memcpy_gbps, double *gather_gbps,
 	free(moves);
 }
 
+/*
+ * The figures as written: every "name value" line of out must hold a
+ * finite number (the one text value, cuda_daemon_cpu_backend, aside) and
+ * no phase may have written a "# ... failed" line.  Each offence goes to
+ * stderr; the number of them is returned (kvtrim-bench then exits 1, so
+ * a figure that vanished into nan cannot pass unnoticed; a phase skipped
+ * for a stated reason writes "# ... skipped: why" and no figures).
+ */
+static int bench_verify(const char *out)
+{
+	FILE *f = fopen(out, "r");
+	char line[512];
+	int bad = 0;
+	if (!f) {
+		fprintf(stderr, "kvtrim-bench: cannot read back %s\n", out);
+		return 1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		if (line[0] == '#') {
+			if (strstr(line, " failed")) {
+				fprintf(stderr, "kvtrim-bench: FAILED: %s\n",
+				        line + 2);
+				bad++;
+			}
+			continue;
+		}
+		char *sp = strchr(line, ' ');
+		char *end = NULL;
+		double v = sp ? strtod(sp + 1, &end) : NAN;
+		if (sp && !strncmp(line, "cuda_daemon_cpu_backend ", 24))
+			continue;
+		if (!sp || end == sp + 1 || *end || !isfinite(v)) {
+			fprintf(stderr, "kvtrim-bench: FAILED: %s is not a "
+			        "finite number\n", line);
+			bad++;
+		}
+	}
+	fclose(f);
+	return bad;
+}
+
 int main(int argc, char **argv)
 {
 	const char *bin_dir = "build/bin", *out = "build/bench.txt";
@@ -557,5 +599,9 @@ int main(int argc, char **argv)
 		traffic_print(outs[i]);
 	}
 	fclose(f);
-	return 0;
+	int bad = bench_verify(out);
+	if (bad)
+		fprintf(stderr, "kvtrim-bench: %d figure(s) failed (above); "
+		        "exit 1\n", bad);
+	return bad ? 1 : 0;
 }

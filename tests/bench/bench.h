@@ -106,6 +106,9 @@ void smollm2_run(const char *bin_dir, const char *tmp_dir, int quick);
 
 /* Writes the "name value" lines of the last smollm2_run to f. */
 void smollm2_print(FILE *f);
+/* 1 when the last smollm2_run failed (not skipped): the reason is on
+ * stderr and in a "# smollm2 failed:" line. */
+int smollm2_failed(void);
 
 /*
  * The host <-> device bytes per decoded token of every policy on the

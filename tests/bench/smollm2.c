@@ -33,9 +33,15 @@
  *                                        times the page size
  *   smollm2_decode_speedup_<p>_<ctx>     full's step time / p's
  *   smollm2_kv_ratio_<p>_<ctx>           p's KV bytes / full's
- * with p = full, streaming (sinks 4, tokens ctx/4) and snapkv (ratio 0.75):
- * both evict 75% of the context.  Goal (issue 10): at 8k the evicting
- * steps are >= 2x faster than full's and hold <= 0.3x its KV bytes.
+ * with p = full, streaming (sinks 4, tokens ctx/4), snapkv (ratio 0.75),
+ * kvzap (the shipped kvzap-mlp at its threshold calibrated for 0.75,
+ * window 32, sinks 4), fastkvzip (the shipped gate, ratio 0.75) and kvpop
+ * (the shipped scorer, tokens ctx/4): each evicts about 75% of the
+ * context; kv_ratio says what it reached.  The learned ones load
+ * weights/smollm2/ (S2_WEIGHTS, weights/smollm2/README.md); without that
+ * folder their lines are skipped with the reason.  Goal (issue 10): at 8k
+ * the evicting steps are >= 2x faster than full's and hold <= 0.3x its KV
+ * bytes.
  *
  * The long contexts are filled synthetically, not by a real prefill: 8
  * sequences of 8K tokens through this engine's naive attention would take
@@ -44,12 +50,16 @@
  * back from the real prefill's pages); each position's entry is one of
  * them (a hash of sequence, position, layer and head), written through
  * kvt_kv_ptr and synced in chunks of S2_FILL_CHUNK (B items a sync, phase
- * prefill), so the policy sees a prefill and evicts as it would.  For
- * snapkv, which reads the last S2_WINDOW prompt queries, those positions
- * get staged q (random, the RMS of the model's staged q of that layer) and
- * their exact lse over the entries written so far (a sum over the S2_R
- * kinds weighted by their counts).  Then the real model decodes real
- * tokens over those caches: what is timed is the real step.
+ * prefill), so the policy sees a prefill and evicts as it would.  The
+ * tenant stages what its policy reads (kvt_policy_inputs): x of kind r is
+ * the model's real attention input at position S2_XPOS0 + r of the text
+ * (a dense pass, model_dense), so the learned scorers score real hidden
+ * states; q/lse of the last S2_WINDOW prompt positions (what snapkv reads)
+ * are random q with the RMS of the model's q of that layer (Wq x of those
+ * rows) and their exact lse over the entries written so far (a sum over
+ * the S2_R kinds weighted by their counts); other positions' q is 0, whose
+ * lse is exactly log(n).  Then the real model decodes real tokens over
+ * those caches: what is timed is the real step.
  */
 #include <errno.h>
 #include <math.h>
@@ -75,6 +85,7 @@
 #define S2_FILL_CHUNK 64u   /* tokens per synthetic sync (the headroom) */
 #define S2_WINDOW 64u       /* snapkv's default observation window */
 #define S2_R 64u            /* synthetic K/V rows per (layer, KV head) */
+#define S2_XPOS0 64u        /* x of kind r: the text's position S2_XPOS0 + r */
 #define S2_WARM 1u
 #define S2_MEAS 3u
 #define S2_PAGE 16u
@@ -83,16 +94,22 @@
 #define S2_POOL "3584M"
 #define S2_POOL_BYTES (3584ull << 20)
 #define S2_TEXT "tests/fixtures/text/english.txt"
+/* The trained scorers that ship with kvtrim, and their calibration. */
+#define S2_WEIGHTS "weights/smollm2"
 
 #define N_CTX 3
-enum { P_FULL, P_STREAMING, P_SNAPKV, N_POL };
+enum { P_FULL, P_STREAMING, P_SNAPKV, P_KVZAP, P_FASTKVZIP, P_KVPOP, N_POL };
 static const uint32_t ctx_tokens[N_CTX] = {1024, 4096, 8192};
 static const char *const ctx_name[N_CTX] = {"1k", "4k", "8k"};
-static const char *const pol_name[N_POL] = {"full", "streaming", "snapkv"};
+static const char *const pol_name[N_POL] = {"full", "streaming", "snapkv",
+                                            "kvzap", "fastkvzip", "kvpop"};
 
 static struct {
 	char why[1100];     /* non-empty: skipped */
+	char wwhy[600];     /* non-empty: the learned policies' lines skipped */
+	char failed[1400];  /* non-empty: a measurement failed (the reason) */
 	int n_ctx;          /* contexts measured */
+	float kvzap_tau;    /* kvzap-mlp's threshold calibrated for 0.75 */
 	double prefill_tps, sgemm_tps, sgemm_decode_ms;
 	double ms[N_CTX][N_POL], kv[N_CTX][N_POL];
 } s2;
@@ -101,7 +118,22 @@ static struct {
 struct s2_scale {
 	float *k_rms, *v_rms; /* [L][KV] */
 	float *q_rms;         /* [L] */
+	float *x;             /* [L][S2_R][dim] real attention inputs */
 };
+
+static int s2_learned(int p)
+{
+	return p == P_KVZAP || p == P_FASTKVZIP || p == P_KVPOP;
+}
+
+/* Records the first failure's reason (the phase then exits non-zero). */
+static void s2_fail(const char *what, const char *why)
+{
+	if (!s2.failed[0])
+		snprintf(s2.failed, sizeof(s2.failed), "%.200s: %.1100s", what,
+		         why);
+	fprintf(stderr, "kvtrim-bench: smollm2 %s: %s\n", what, why);
+}
 
 static uint64_t s2_mix(uint64_t x)
 {
@@ -156,10 +188,9 @@ static int s2_open(const struct model *m, const char *dir, const char *tenant,
 
 /* ---------------------------------------------------------- prefill */
 
-/* RMS of K and V per (layer, KV head) over sequence 0's lists, and of the
- * staged q of position pos per layer. */
-static int s2_measure_scale(const struct model *m, struct engine *e,
-                            uint32_t pos, struct s2_scale *sc)
+/* RMS of K and V per (layer, KV head) over sequence 0's lists. */
+static int s2_measure_kv(const struct model *m, struct engine *e,
+                         struct s2_scale *sc)
 {
 	const struct model_config *c = &m->cfg;
 	const uint32_t hd = c->head_dim, P = S2_PAGE;
@@ -187,15 +218,39 @@ static int s2_measure_scale(const struct model *m, struct engine *e,
 			sc->v_rms[l * c->n_kv_heads + g] =
 				(float)sqrt(sv / ((double)li.len * hd));
 		}
-		const float *q = kvt_stage_q(cl, seq, l, pos);
-		if (!q)
-			return -1;
-		double sq = 0;
-		for (uint32_t j = 0; j < c->dim; j++)
-			sq += (double)q[j] * q[j];
-		sc->q_rms[l] = (float)sqrt(sq / c->dim);
 	}
 	return 0;
+}
+
+/*
+ * The model's real attention inputs x at positions S2_XPOS0 .. + S2_R of
+ * the text, from a dense pass (model_dense records them), and the RMS of
+ * q = Wq x per layer over those rows (RoPE rotates pairs, so it keeps the
+ * norm): the synthetic fill's x and q scale.
+ */
+static int s2_measure_x(const struct model *m, const int32_t *tok,
+                        struct s2_scale *sc)
+{
+	const struct model_config *c = &m->cfg;
+	const uint32_t T = S2_XPOS0 + S2_R, d = c->dim;
+	struct model_dense dn;
+	if (model_dense_init(&dn, m, T, 1))
+		return -1;
+	float *q = malloc(sizeof(float) * S2_R * d);
+	int rc = !q || model_dense_step(&dn, tok, T, NULL);
+	for (uint32_t l = 0; !rc && l < c->n_layers; l++) {
+		float *xl = sc->x + (size_t)l * S2_R * d;
+		memcpy(xl, dn.xs + ((size_t)l * T + S2_XPOS0) * d,
+		       sizeof(float) * S2_R * d);
+		model_matmul(q, xl, m->wq + (size_t)l * d * d, S2_R, d, d);
+		double sq = 0;
+		for (size_t j = 0; j < (size_t)S2_R * d; j++)
+			sq += (double)q[j] * q[j];
+		sc->q_rms[l] = (float)sqrt(sq / ((double)S2_R * d));
+	}
+	free(q);
+	model_dense_free(&dn);
+	return rc ? -1 : 0;
 }
 
 /* The real prefill through kvtrimd: best tokens/s of 2 runs; fills sc from
@@ -205,27 +260,27 @@ static double s2_prefill(const struct model *m, const char *dir,
 {
 	struct engine *e;
 	if (s2_open(m, dir, "smollm2-prefill", "full", 1, model_context(m),
-	            S2_PREFILL_CHUNK, &e))
+	            S2_PREFILL_CHUNK, &e)) {
+		s2_fail("prefill", "the engine did not open");
 		return NAN;
+	}
 	double best = 1e30;
 	for (int rep = 0; rep < 2; rep++) {
 		if (rep && engine_reset(e))
 			break;
 		double t0 = bench_now_us();
 		if (engine_feed(e, tok, n, KVT_PHASE_PREFILL, NULL)) {
-			fprintf(stderr, "kvtrim-bench: smollm2 prefill: %s\n",
-			        engine_error(e));
+			s2_fail("prefill", engine_error(e));
 			engine_close(e);
 			return NAN;
 		}
 		double dt = bench_now_us() - t0;
 		best = dt < best ? dt : best;
 	}
-	int bad = s2_measure_scale(m, e, n - 1, sc);
+	int bad = s2_measure_kv(m, e, sc);
 	engine_close(e);
 	if (bad) {
-		fprintf(stderr, "kvtrim-bench: smollm2: cannot read the "
-		        "prefill's cache back\n");
+		s2_fail("prefill", "cannot read the prefill's cache back");
 		return NAN;
 	}
 	return n / best * 1e6;
@@ -287,10 +342,11 @@ static double s2_sgemm_us(const struct model *m, uint32_t n, uint32_t chunk,
 struct s2_fill {
 	const struct model *m;
 	struct engine *e;
-	int stage;      /* stage q/lse of the last S2_WINDOW prompt positions */
+	uint32_t inputs; /* KVT_INPUT_* the tenant's policy reads */
 	float *k, *v;   /* [L][KV][R][hd] */
 	uint32_t *cnt;  /* [B][L][KV][R] entries of each kind written */
 	const float *q_rms;
+	const float *x; /* [L][R][dim] */
 	struct kvt_sync_item items[S2_B];
 };
 
@@ -310,6 +366,7 @@ static int s2_fill_init(struct s2_fill *f, const struct model *m,
 	f->v = malloc(sizeof(float) * lists * S2_R * c->head_dim);
 	f->cnt = malloc(sizeof(uint32_t) * S2_B * lists * S2_R);
 	f->q_rms = sc->q_rms;
+	f->x = sc->x;
 	if (!f->k || !f->v || !f->cnt)
 		return -1;
 	uint64_t st = 17;
@@ -397,6 +454,27 @@ static int s2_stage_flat(struct s2_fill *f, uint32_t s, uint32_t pos,
 	return 0;
 }
 
+/* Stages what the policy reads of sequence s's entry at pos, layer l. */
+static int s2_stage_row(struct s2_fill *f, uint32_t s, uint32_t pos,
+                        uint32_t l, uint32_t P)
+{
+	const struct model_config *c = &f->m->cfg;
+	kvt_client *cl = engine_client(f->e);
+	if (f->inputs & KVT_INPUT_X) {
+		float *x = kvt_stage_x(cl, engine_seq_of(f->e, s), l, pos);
+		/* kind of KV head 0: the row stands for the whole token */
+		uint32_t r = s2_kind(s, pos, l, 0);
+		if (!x)
+			return -1;
+		memcpy(x, f->x + ((size_t)l * S2_R + r) * c->dim,
+		       sizeof(float) * c->dim);
+	}
+	if (!(f->inputs & (KVT_INPUT_Q | KVT_INPUT_LSE)))
+		return 0;
+	return pos + S2_WINDOW >= P ? s2_stage(f, s, pos, l)
+	                            : s2_stage_flat(f, s, pos, l);
+}
+
 /*
  * Writes P synthetic entries into every list of every sequence, syncing
  * S2_FILL_CHUNK at a time (phase prefill).  One sequence after the other,
@@ -433,10 +511,7 @@ static int s2_fill(struct s2_fill *f, uint32_t P)
 						f->cnt[((size_t)s * L * KV + li) *
 						       S2_R + r]++;
 					}
-					if (f->stage &&
-					    (pos + S2_WINDOW >= P
-					             ? s2_stage(f, s, pos, l)
-					             : s2_stage_flat(f, s, pos, l)))
+					if (s2_stage_row(f, s, pos, l, P))
 						return -1;
 				}
 			}
@@ -444,9 +519,10 @@ static int s2_fill(struct s2_fill *f, uint32_t P)
 			                           0, 0};
 			int rc = kvt_sync(cl, &it, 1);
 			if (rc) {
-				fprintf(stderr, "kvtrim-bench: smollm2 fill: "
-				        "kvt_sync: %s: %s\n", kvt_strerror(rc),
-				        kvt_last_error(cl));
+				char why[KVT_ERRTEXT_MAX + 64];
+				snprintf(why, sizeof(why), "kvt_sync: %s: %s",
+				         kvt_strerror(rc), kvt_last_error(cl));
+				s2_fail("fill", why);
 				return rc;
 			}
 			engine_seq_advance(f->e, s, n);
@@ -479,28 +555,42 @@ static void s2_decode(const struct model *m, const char *dir,
 	else if (p == P_STREAMING)
 		snprintf(spec, sizeof(spec), "streaming:sinks=4,tokens=%u",
 		         ctx / 4);
-	else
+	else if (p == P_SNAPKV)
 		snprintf(spec, sizeof(spec), "snapkv:ratio=0.75");
+	else if (p == P_KVZAP)
+		snprintf(spec, sizeof(spec), "kvzap:model=%s/kvzap-mlp,"
+		         "threshold=%.4f,window=32,sinks=4", S2_WEIGHTS,
+		         s2.kvzap_tau);
+	else if (p == P_FASTKVZIP)
+		snprintf(spec, sizeof(spec), "fastkvzip:model=%s/fastkvzip."
+		         "safetensors,ratio=0.75,window=16,sinks=4", S2_WEIGHTS);
+	else
+		snprintf(spec, sizeof(spec), "kvpop:model=%s/kvpop.safetensors,"
+		         "tokens=%u", S2_WEIGHTS, ctx / 4);
 	snprintf(tenant, sizeof(tenant), "smollm2-%s-%s", pol_name[p],
 	         ctx_name[ci]);
 	struct s2_fill f;
 	memset(&f, 0, sizeof(f));
-	f.stage = p == P_SNAPKV;
 	float *logits = malloc(sizeof(float) * S2_B * m->cfg.vocab_size);
 	if (!logits || s2_fill_init(&f, m, sc) ||
 	    s2_open(m, dir, tenant, spec, S2_B, ctx, S2_FILL_CHUNK, &f.e)) {
+		s2_fail(tenant, logits ? "the engine did not open"
+		                       : "out of memory");
 		s2_fill_free(&f);
 		free(logits);
 		return;
 	}
+	f.inputs = kvt_policy_inputs(engine_client(f.e));
 	double t[S2_WARM + S2_MEAS];
 	int rc = s2_fill(&f, P);
+	if (rc)
+		s2_fail(tenant, "the synthetic fill failed (kvt_kv_ptr or a "
+		        "staging row was refused)");
 	for (uint32_t s = 0; !rc && alone && s < S2_B; s++) {
 		rc = engine_step_seq(f.e, s, &tok[s % ntok], 1,
 		                     KVT_PHASE_DECODE, NULL);
 		if (rc)
-			fprintf(stderr, "kvtrim-bench: smollm2 %s: %s\n", tenant,
-			        engine_error(f.e));
+			s2_fail(tenant, engine_error(f.e));
 	}
 	for (uint32_t k = 0; !rc && k < steps; k++) {
 		int32_t bt[S2_B];
@@ -510,14 +600,15 @@ static void s2_decode(const struct model *m, const char *dir,
 		rc = engine_step_batch(f.e, bt, KVT_PHASE_DECODE, logits);
 		t[k] = (bench_now_us() - t0) / 1e3;
 		if (rc)
-			fprintf(stderr, "kvtrim-bench: smollm2 %s: %s\n", tenant,
-			        engine_error(f.e));
+			s2_fail(tenant, engine_error(f.e));
 	}
 	struct kvt_tenant_stats st;
 	if (!rc && !(rc = kvt_stats(engine_client(f.e), &st))) {
 		s2.ms[ci][p] = bench_pct(t + S2_WARM, S2_MEAS, 0.5);
 		s2.kv[ci][p] = (double)st.pages_used * 2 * S2_PAGE *
 		               m->cfg.head_dim * sizeof(float);
+	} else if (!rc) {
+		s2_fail(tenant, "kvt_stats failed");
 	}
 	engine_close(f.e);
 	s2_fill_free(&f);
@@ -562,6 +653,35 @@ static int32_t *s2_tokens(const char *path, uint32_t n)
 	return out;
 }
 
+/*
+ * kvzap-mlp's threshold for target 0.75 from S2_WEIGHTS/calibration.txt
+ * (lines "scorer target threshold"); 0, or -1 and the reason in s2.wwhy.
+ */
+static int s2_read_tau(void)
+{
+	FILE *f = fopen(S2_WEIGHTS "/calibration.txt", "r");
+	char line[256], name[64];
+	double target, tau;
+	int found = 0;
+	if (!f) {
+		snprintf(s2.wwhy, sizeof(s2.wwhy), "cannot read %s: %s (run from "
+		         "the repository root)", S2_WEIGHTS "/calibration.txt",
+		         strerror(errno));
+		return -1;
+	}
+	while (!found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "%63s %lf %lf", name, &target, &tau) == 3 &&
+		        !strcmp(name, "kvzap-mlp") && fabs(target - 0.75) < 1e-9;
+	fclose(f);
+	if (!found) {
+		snprintf(s2.wwhy, sizeof(s2.wwhy), "%s has no kvzap-mlp 0.75 line",
+		         S2_WEIGHTS "/calibration.txt");
+		return -1;
+	}
+	s2.kvzap_tau = (float)tau;
+	return 0;
+}
+
 void smollm2_run(const char *bin_dir, const char *tmp_dir, int quick)
 {
 	char path[1024], err[1024], dir[700];
@@ -575,38 +695,51 @@ void smollm2_run(const char *bin_dir, const char *tmp_dir, int quick)
 	}
 	struct model m;
 	if (model_load(path, &m, err, sizeof(err))) {
-		snprintf(s2.why, sizeof(s2.why), "%s", err);
-		fprintf(stderr, "kvtrim-bench: smollm2 lines skipped: %s\n",
-		        s2.why);
+		/* The cache said the model is there: a file that does not
+		 * load is a failure, not a reason to skip. */
+		s2_fail("model", err);
 		return;
 	}
 	const uint32_t n = quick ? 128 : S2_PREFILL;
-	int32_t *tok = s2_tokens(path, n);
+	int32_t *tok = s2_tokens(path, n < S2_XPOS0 + S2_R ? S2_XPOS0 + S2_R
+	                                                   : n);
 	const size_t lists = (size_t)m.cfg.n_layers * m.cfg.n_kv_heads;
 	struct s2_scale sc = {malloc(sizeof(float) * lists),
 	                      malloc(sizeof(float) * lists),
-	                      malloc(sizeof(float) * m.cfg.n_layers)};
+	                      malloc(sizeof(float) * m.cfg.n_layers),
+	                      malloc(sizeof(float) * m.cfg.n_layers * S2_R *
+	                             m.cfg.dim)};
 	pid_t d = -1;
 	snprintf(dir, sizeof(dir), "%s/smollm2", tmp_dir);
-	if (tok && sc.k_rms && sc.v_rms && sc.q_rms &&
+	if (tok && sc.k_rms && sc.v_rms && sc.q_rms && sc.x &&
 	    (mkdir(dir, 0700) == 0 || errno == EEXIST))
 		d = s2_daemon(bin_dir, dir);
 	if (!tok || d < 0) {
-		if (!s2.why[0])
-			snprintf(s2.why, sizeof(s2.why), "%s",
-			         tok ? "kvtrimd did not start" : "out of memory");
-		fprintf(stderr, "kvtrim-bench: smollm2 lines skipped: %s\n",
-		        s2.why);
+		s2_fail("setup", s2.why[0] ? s2.why
+		                 : tok ? "kvtrimd did not start"
+		                       : "out of memory");
+		s2.why[0] = 0;
 		goto out;
 	}
+	struct stat wst;
+	if (stat(S2_WEIGHTS, &wst) != 0)
+		snprintf(s2.wwhy, sizeof(s2.wwhy), "no %s (run from the "
+		         "repository root)", S2_WEIGHTS);
+	else
+		s2_read_tau();
+	if (s2.wwhy[0])
+		fprintf(stderr, "kvtrim-bench: smollm2: the learned policies' "
+		        "lines skipped: %s\n", s2.wwhy);
 	fprintf(stderr, "kvtrim-bench: smollm2: prefill of %u tokens\n", n);
 	s2.prefill_tps = s2_prefill(&m, dir, tok, n, &sc);
+	if (s2_measure_x(&m, tok, &sc))
+		s2_fail("x", "the dense pass for the attention inputs failed");
 	s2.sgemm_tps = n / s2_sgemm_us(&m, n, S2_PREFILL_CHUNK, 0, 2) * 1e6;
 	s2.sgemm_decode_ms = s2_sgemm_us(&m, S2_B, S2_B, 1, 5) / 1e3;
 	s2.n_ctx = quick ? 1 : N_CTX;
 	for (int ci = 0; ci < s2.n_ctx; ci++)
 		for (int p = 0; p < N_POL; p++)
-			if (isnan(s2.prefill_tps))
+			if (s2.failed[0] || (s2_learned(p) && s2.wwhy[0]))
 				s2.ms[ci][p] = s2.kv[ci][p] = NAN;
 			else
 				s2_decode(&m, dir, &sc, tok, n, ci, p);
@@ -617,7 +750,13 @@ out:
 	free(sc.k_rms);
 	free(sc.v_rms);
 	free(sc.q_rms);
+	free(sc.x);
 	model_free(&m);
+}
+
+int smollm2_failed(void)
+{
+	return s2.failed[0] != 0;
 }
 
 void smollm2_print(FILE *f)
@@ -626,6 +765,10 @@ void smollm2_print(FILE *f)
 		fprintf(f, "# smollm2 lines skipped: %s\n", s2.why);
 		return;
 	}
+	if (s2.failed[0])
+		fprintf(f, "# smollm2 failed: %s\n", s2.failed);
+	if (s2.wwhy[0])
+		fprintf(f, "# smollm2 learned policies skipped: %s\n", s2.wwhy);
 	fprintf(f, "smollm2_prefill_tokens_per_s %.1f\n", s2.prefill_tps);
 	fprintf(f, "smollm2_prefill_sgemm_tokens_per_s %.1f\n", s2.sgemm_tps);
 	fprintf(f, "smollm2_prefill_vs_sgemm %.2f\n",
@@ -634,6 +777,8 @@ void smollm2_print(FILE *f)
 	for (int ci = 0; ci < s2.n_ctx; ci++)
 		for (int p = 0; p < N_POL; p++) {
 			const char *pn = pol_name[p], *cn = ctx_name[ci];
+			if (s2_learned(p) && s2.wwhy[0])
+				continue;
 			fprintf(f, "smollm2_decode_ms_%s_%s %.1f\n", pn, cn,
 			        s2.ms[ci][p]);
 			fprintf(f, "smollm2_kv_bytes_%s_%s %.0f\n", pn, cn,

@@ -562,6 +562,50 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 	table_write_png(dir, rows, nr, 1);
 }
 
+/* ------------------------------------------------------------ calibrate */
+
+/*
+ * kvtrim-eval --calibrate: kvzap's thresholds for the protocol's targets
+ * (and 0.5), from the same calibration windows and rule as the run's
+ * jobs (kvzap_tau, window RECIPE_KVZAP_WINDOW, sinks CTX_KVZAP_SINKS),
+ * written to OUT/calibration.txt as "scorer target threshold" lines: what
+ * weights/<model>/calibration.txt ships for the demo and the bench.
+ */
+static int ctx_write_calibration(const struct model *M, const struct tok *tk,
+                                 const struct ctx_args *a, uint32_t P)
+{
+	static const double targets[] = {0.5, 0.75, 0.875};
+	float *zs[2] = {NULL, NULL};
+	uint32_t ncal = 0;
+	ctx_calibrate(M, tk, a, P, a->quick ? 2 : CTX_CAL, zs, NULL, &ncal);
+	if (!zs[0] && !zs[1])
+		eval_die("--calibrate: no kvzap scorer in %s", a->wdir);
+	char path[1200];
+	snprintf(path, sizeof(path), "%s/calibration.txt", a->out);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		eval_die("%s: %s", path, strerror(errno));
+	fprintf(f, "# kvzap thresholds: %u training-split windows of %u "
+	        "tokens, protocol 1, window %u, sinks %u (kvtrim-eval "
+	        "--calibrate%s)\n", ncal, P, RECIPE_KVZAP_WINDOW,
+	        CTX_KVZAP_SINKS, a->quick ? " --quick" : "");
+	for (int v = 0; v < 2; v++)
+		for (size_t i = 0; zs[v] && i < 3; i++) {
+			float tau = kvzap_tau(M, zs[v], ncal, P, P,
+			                      RECIPE_KVZAP_WINDOW,
+			                      CTX_KVZAP_SINKS, targets[i]);
+			fprintf(f, "%s %.3f %.4f\n", kvzap_names[v],
+			        targets[i], tau);
+		}
+	int bad = fclose(f) != 0;
+	free(zs[0]);
+	free(zs[1]);
+	if (bad)
+		eval_die("%s: write failed", path);
+	fprintf(stderr, "kvtrim-eval: wrote %s\n", path);
+	return 0;
+}
+
 /* ------------------------------------------------------------ the run */
 
 int ctx_main(const struct model *M, const struct ctx_args *a)
@@ -588,6 +632,12 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	                                  &ev, &ratios);
 	if (a->dump) /* the kvpress parity's dump (ctxdump.c) */
 		return ctxdump_main(M, a, tk, &ev, sep, nsep, P, T);
+	if (a->calibrate) {
+		dataset_free(&ev);
+		int rc = ctx_write_calibration(M, tk, a, P);
+		tok_free(tk);
+		return rc;
+	}
 
 	/* ---- jobs */
 	static struct job jobs[MAX_JOBS];

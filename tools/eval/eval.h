@@ -329,6 +329,8 @@ struct ctx_args {
 	const char *dump;        /* --dump-kept DIR or NULL */
 	const char *only;        /* --only a,b,...: protocol 1 runs only the
 	                          * jobs of those names (NULL: all) */
+	int calibrate;           /* --calibrate: kvzap's thresholds only,
+	                          * into OUT/calibration.txt */
 };
 int ctx_main(const struct model *M, const struct ctx_args *a);
 /* Both protocols' windows and targets: the evaluation split's windows of

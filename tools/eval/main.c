@@ -8,6 +8,7 @@
  *               [--no-tasks]        (SmolLM2: protocol 1 without the needle and copy tasks)
  *               [--tasks-only]      (SmolLM2: the needle and copy tasks alone; quality.* untouched)
  *               [--only NAMES]      (SmolLM2 protocol 1: only the jobs named, comma-separated)
+ *               [--calibrate]       (SmolLM2: kvzap's thresholds for 0.5 / 0.75 / 0.875 into OUT/calibration.txt, nothing else)
  *
  * Protocol of the byte and token-id models (methods.md section 17; every
  * number is full cache vs evicted run on the same tokens):
@@ -117,7 +118,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvtrim-eval --model M --out DIR [--quick] "
 	           "[--weights WDIR] [--runtime-dir RT] [--threads N] "
 	           "[--seqs N] [--protocol 1|2] [--dump-kept DIR] "
-	           "[--no-tasks | --tasks-only] [--only NAME,...]\n");
+	           "[--no-tasks | --tasks-only] [--only NAME,...] "
+	           "[--calibrate]\n");
 }
 
 static struct job *add_job(const char *name, double R, enum jkind kind,
@@ -133,6 +135,7 @@ int main(int argc, char **argv)
 	const char *model_path = NULL, *out = NULL, *wdir_arg = NULL,
 	           *rt_arg = NULL, *dump = NULL, *only = NULL;
 	int quick = 0, threads = 2, notasks = 0, tasksonly = 0, protocol = 1;
+	int calibrate = 0;
 	uint32_t nseq = 0;
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
@@ -147,10 +150,11 @@ int main(int argc, char **argv)
 		{"tasks-only", no_argument, 0, 'T'},
 		{"protocol", required_argument, 0, 'p'},
 		{"only", required_argument, 0, 'O'},
+		{"calibrate", no_argument, 0, 'C'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	int ch;
-	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:nTp:O:h", lo, NULL)) !=
+	while ((ch = getopt_long(argc, argv, "m:o:qw:r:t:s:d:nTp:O:Ch", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
 		case 'm': model_path = optarg; break;
@@ -165,13 +169,14 @@ int main(int argc, char **argv)
 		case 'T': tasksonly = 1; break;
 		case 'p': protocol = atoi(optarg); break;
 		case 'O': only = optarg; break;
+		case 'C': calibrate = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
 	if (!out || optind != argc || threads < 1 || threads > 16 ||
 	    (protocol != 1 && protocol != 2) || (notasks && tasksonly) ||
-	    (tasksonly && protocol != 1)) {
+	    (tasksonly && protocol != 1) || (calibrate && protocol != 1)) {
 		usage(stderr);
 		return 2;
 	}
@@ -232,6 +237,7 @@ int main(int argc, char **argv)
 			.notasks = notasks, .tasksonly = tasksonly,
 			.only = only,
 			.dump = dump,
+			.calibrate = calibrate,
 		};
 		int rc = protocol == 2 ? dec2_main(M, &ca) : ctx_main(M, &ca);
 		model_free(&m);
