@@ -337,7 +337,9 @@ parity: $(EVAL) $(DAEMON)
 comma := ,
 # Then kvtrim-loadgen --verify for every policy on the emulated cuda
 # backend: streaming and h2o in both sharing modes (200 steps), and one
-# vmm run of each other policy (scripts/loadgen-policies.sh).
+# vmm run of each other policy (scripts/loadgen-policies.sh).  Last the
+# Python package's tests (scripts/python_tests.sh), where the environment
+# of scripts/python_venv.sh exists (else skipped, naming that command).
 test check: deps models-if-reachable
 	@$(MAKE) --no-print-directory all
 	KVTRIM_BIN_DIR=$(B)/bin $(TESTS)
@@ -360,6 +362,7 @@ test check: deps models-if-reachable
 	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_h2o h2o:tokens=96 ipc)
 	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
 	  sh scripts/loadgen-policies.sh $(B)/bin)
+	SANITIZER=$(SANITIZER) sh scripts/python_tests.sh
 
 bench: deps models-if-reachable
 	@$(MAKE) --no-print-directory all

@@ -1,0 +1,443 @@
+"""kvtrim: keep an inference engine's KV cache in kvtrimd, from Python.
+
+libkvtrim (the C client of the kvtrim daemon) in Python's idiom:
+
+    import kvtrim
+    with kvtrim.Daemon(pool_size="256M") as d, \\
+         kvtrim.Client(runtime_dir=d.runtime_dir, n_layers=2, n_heads=4,
+                       n_kv_heads=2, head_dim=8, d_model=32,
+                       policy="streaming:sinks=4,tokens=64") as c, \\
+         c.open_seq() as s:
+        k, v = s.kv(layer=0, head=0, k=0)   # numpy views of the page rows
+        ...
+        s.sync(1, "prefill")
+        print(c.stats()["kv_bytes"])
+
+Errors are exceptions: kvtrim.Error, and one subclass per code of
+libkvtrim's error list (kvtrim.EINVAL, kvtrim.ENOSEQ, ...), made here from
+the C list itself; each carries .code, .name and .text (the daemon's or
+libkvtrim's reason).  Argument errors are also ValueError, a lost daemon
+also ConnectionError, a timeout also TimeoutError.
+
+Memory: page, staging and table views are numpy arrays over the shared
+memory itself (zero copy; torch tensors with .torch() or kvtrim.as_torch),
+valid until the next sync of their sequence, as in the C API.  They keep
+the client's mappings alive: close() disconnects once no view is left.
+
+kvtrim.Daemon starts a private kvtrimd (the one this package carries) on a
+temporary runtime directory, for notebooks and tests; Client connects to
+any kvtrimd, the systemd service's included (runtime_dir None: the C
+library's default, $KVTRIM_RUNTIME_DIR then $XDG_RUNTIME_DIR/kvtrim).
+"""
+import os
+
+import numpy as np
+
+from . import _kvtrim
+from ._daemon import Daemon, daemon_path
+
+__all__ = ["Client", "Seq", "Daemon", "Error", "daemon_path", "as_torch",
+           "DTYPES", "PREFILL", "DECODE"]
+
+# -------------------------------------------------------------- errors
+
+
+class Error(Exception):
+    """A libkvtrim error: .code (negative KVT_E* value), .name ("EINVAL")
+    and .text (the reason)."""
+
+    def __init__(self, code, name, text):
+        super().__init__(code, name, text)
+        self.code, self.name, self.text = code, name, text
+
+    def __str__(self):
+        return f"{self.name}: {self.text}"
+
+
+# Python's own exception each kind of error also is, so that `except
+# ValueError` works on bad arguments.  Codes not named here are Error only.
+_ALSO = {
+    "EINVAL": ValueError, "ENOSEQ": ValueError, "EHEADROOM": ValueError,
+    "EGEOMETRY": ValueError, "EPOLICY": ValueError, "ETOOLONG": ValueError,
+    "ETOOBIG": ValueError, "ECONN": ConnectionError,
+    "ETIMEDOUT": TimeoutError, "ENOMEM": MemoryError,
+    "EPERM": PermissionError, "ENOTSUP": NotImplementedError,
+}
+_by_code = {}
+for _code, _name, _text in _kvtrim.errors():
+    _bases = (Error,) + ((_ALSO[_name],) if _name in _ALSO else ())
+    _cls = type(_name, _bases, {"__doc__": f"KVT_{_name}: {_text}",
+                                "__module__": __name__})
+    globals()[_name] = _cls
+    __all__.append(_name)
+    _by_code[_code] = _cls
+_kvtrim._set_errors(Error, _by_code)
+del _code, _name, _text, _bases, _cls
+
+# -------------------------------------------------------------- constants
+
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+_NP_DTYPE = {0: np.float32, 1: np.float16, 2: np.uint16}  # bf16: raw bits
+PREFILL, DECODE = _kvtrim.PHASE_PREFILL, _kvtrim.PHASE_DECODE
+_PHASES = {"prefill": PREFILL, "decode": DECODE, PREFILL: PREFILL,
+           DECODE: DECODE}
+_INPUTS = {"x": _kvtrim.INPUT_X, "q": _kvtrim.INPUT_Q,
+           "lse": _kvtrim.INPUT_LSE, "kv": _kvtrim.INPUT_KV}
+
+
+
+def as_torch(a, bf16=None):
+    """A torch tensor over the same memory as numpy array a (zero copy);
+    bf16=True (or a view of a bf16 tenant's page) reinterprets uint16 bits
+    as torch.bfloat16."""
+    import torch
+    t = torch.from_numpy(a)
+    if bf16 or (bf16 is None and getattr(a, "_kvtrim_bf16", False)):
+        t = t.view(torch.bfloat16)
+    return t
+
+
+class _View(np.ndarray):
+    """numpy view of kvtrim memory; keeps the Region (and so the client's
+    mappings) alive; .torch() gives the torch tensor over it."""
+
+    def torch(self):
+        import torch
+        t = torch.from_numpy(np.asarray(self))
+        return t.view(torch.bfloat16) if getattr(self, "_kvtrim_bf16",
+                                                 False) else t
+
+
+def _view(region, dtype, shape, bf16=False):
+    a = np.frombuffer(region, dtype=dtype).reshape(shape).view(_View)
+    a._kvtrim_bf16 = bf16
+    return a
+
+
+def _u32(v, what):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(v).__name__}")
+    if not 0 <= int(v) < 2 ** 32:
+        raise ValueError(f"{what} {v} out of range")
+    return int(v)
+
+
+def _f32_array(a, what, shape):
+    """(address, keepalive) of a C-contiguous float32 numpy array or torch
+    tensor of the given shape; TypeError / ValueError otherwise."""
+    mod = type(a).__module__
+    if mod.startswith("torch"):
+        import torch
+        if a.dtype != torch.float32:
+            raise TypeError(f"{what} must be float32, not {a.dtype}")
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{what} has shape {tuple(a.shape)}, "
+                             f"expected {tuple(shape)}")
+        if not a.is_contiguous():
+            raise ValueError(f"{what} must be contiguous")
+        return a.data_ptr(), a
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy array or a torch tensor")
+    if a.dtype != np.float32:
+        raise TypeError(f"{what} must be float32, not {a.dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{what} has shape {a.shape}, expected "
+                         f"{tuple(shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    return a.ctypes.data, a
+
+
+# -------------------------------------------------------------- client
+
+
+class Client:
+    """One tenant of kvtrimd (kvt_connect); a context manager that
+    disconnects on exit.  Geometry and registration as struct kvt_config
+    (include/kvtrim.h): zero fields take the daemon's defaults; dtype is
+    "f32", "f16" or "bf16"."""
+
+    def __init__(self, *, n_layers, n_heads, n_kv_heads, head_dim, d_model,
+                 dtype="f32", runtime_dir=None, tenant=None, page_tokens=0,
+                 max_seqs=0, max_tokens=0, headroom=0, stage_tokens=0,
+                 policy=None, quota_bytes=0, timeout_ms=0):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: one of {sorted(DTYPES)}")
+        for k, v in (("n_layers", n_layers), ("n_heads", n_heads),
+                     ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                     ("d_model", d_model), ("page_tokens", page_tokens),
+                     ("max_seqs", max_seqs), ("max_tokens", max_tokens),
+                     ("headroom", headroom), ("stage_tokens", stage_tokens)):
+            _u32(v, k)
+        if runtime_dir is not None:
+            runtime_dir = os.fspath(runtime_dir)
+        self._c = _kvtrim.Client(
+            runtime_dir, tenant, n_layers, n_heads, n_kv_heads, head_dim,
+            d_model, DTYPES[dtype], page_tokens, max_seqs, max_tokens,
+            headroom, stage_tokens, policy, int(quota_bytes),
+            int(timeout_ms))
+        cfg = self._c.config()
+        self.config = cfg
+        self.dtype = dtype
+        self.n_layers, self.n_heads = cfg["n_layers"], cfg["n_heads"]
+        self.n_kv_heads, self.head_dim = cfg["n_kv_heads"], cfg["head_dim"]
+        self.d_model, self.page_tokens = cfg["d_model"], cfg["page_tokens"]
+        self.page_bytes = (2 * self.page_tokens * self.head_dim *
+                           _kvtrim.dtype_size(DTYPES[dtype]))
+        self._seqs = {}
+
+    # -- session
+    def close(self):
+        """Disconnects: every sequence closes and its pages return to the
+        pool (once no view of this client's memory is alive)."""
+        self._c.close()
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def last_error(self):
+        return self._c.last_error()
+
+    @property
+    def policy_inputs(self):
+        """What the policy reads: a set of "x", "q", "lse", "kv"."""
+        bits = self._c.policy_inputs()
+        return {k for k, b in _INPUTS.items() if bits & b}
+
+    @property
+    def memory_kind(self):
+        return "cuda" if self._c.memory_kind() == _kvtrim.MEMORY_CUDA \
+            else "host"
+
+    # -- sequences
+    def open_seq(self):
+        """A new sequence (kvt_seq_open), a context manager that closes
+        it."""
+        s = Seq(self, self._c.seq_open())
+        return s
+
+    def sync(self, items):
+        """Commits several sequences' appends in one sync (kvt_sync):
+        items are (seq, n_new) or (seq, n_new, phase) or (seq, n_new,
+        phase, layer_lo, layer_hi); phase "prefill" (default) or
+        "decode"."""
+        self._c.sync(self._items(items))
+
+    def sync_async(self, items):
+        """kvt_sync_async: a ticket for wait()."""
+        return self._c.sync_async(self._items(items))
+
+    def wait(self, ticket):
+        self._c.wait(_u32(ticket, "ticket"))
+
+    def _items(self, items):
+        out = []
+        for it in items:
+            if not isinstance(it, (tuple, list)) or not 2 <= len(it) <= 5:
+                raise TypeError("a sync item is (seq, n_new[, phase"
+                                "[, layer_lo, layer_hi]])")
+            seq = it[0].id if isinstance(it[0], Seq) else it[0]
+            phase = it[2] if len(it) > 2 else "prefill"
+            if phase not in _PHASES:
+                raise ValueError(f"phase {phase!r}: 'prefill' or 'decode'")
+            lo = it[3] if len(it) > 3 else 0
+            hi = it[4] if len(it) > 4 else 0
+            out.append((int(seq), _u32(it[1], "n_new"), _PHASES[phase],
+                        _u32(lo, "layer_lo"), _u32(hi, "layer_hi")))
+        return out
+
+    def last_sync(self):
+        return self._c.last_sync()
+
+    def stats(self):
+        """The daemon's accounting of this tenant (kvt_stats) as a dict,
+        with kv_bytes = pages_used x page bytes added."""
+        s = self._c.stats()
+        s["kv_bytes"] = s["pages_used"] * self.page_bytes
+        return s
+
+    # -- memory
+    def page(self, page_id):
+        """Page page_id as a writable numpy array [2][page_tokens]
+        [head_dim] (K rows, then V rows) in the tenant's dtype (bf16 as
+        uint16 bits; .torch() gives torch.bfloat16)."""
+        addr = self._c.page_ptr(_u32(page_id, "page id"))
+        r = self._c.region(addr, self.page_bytes, True)
+        return _view(r, _NP_DTYPE[DTYPES[self.dtype]],
+                     (2, self.page_tokens, self.head_dim),
+                     self.dtype == "bf16")
+
+    def table(self):
+        """kvt_table_view as a dict, with "records": a read-only numpy
+        uint32 array [max_seqs][n_layers][n_kv_heads][list_stride / 4]
+        over the table's records (host tenants): record words are len,
+        n_pages, epoch (two words), then page ids."""
+        v = self._c.table_view()
+        if self.memory_kind == "host":
+            n = v["max_seqs"] * v["n_layers"] * v["n_kv_heads"]
+            r = self._c.region(v["table"] + v["records_offset"],
+                               n * v["list_stride"], False)
+            v["records"] = _view(r, np.uint32,
+                                 (v["max_seqs"], v["n_layers"],
+                                  v["n_kv_heads"], v["list_stride"] // 4))
+            v["records"].flags.writeable = False
+        return v
+
+    def memcpy(self, dst, src, nbytes=None):
+        """kvt_memcpy between numpy arrays (or addresses, with nbytes)."""
+        def addr(a):
+            if isinstance(a, np.ndarray):
+                if not a.flags.c_contiguous:
+                    raise ValueError("arrays must be C-contiguous")
+                return a.ctypes.data, a.nbytes
+            if isinstance(a, int):
+                return a, None
+            raise TypeError("numpy arrays or integer addresses")
+        d, dn = addr(dst)
+        s, sn = addr(src)
+        n = nbytes if nbytes is not None else min(x for x in (dn, sn)
+                                                  if x is not None)
+        if dn is not None and n > dn or sn is not None and n > sn:
+            raise ValueError(f"{n} bytes do not fit")
+        self._c.memcpy(d, s, int(n))
+
+    def buffer(self, nbytes):
+        """kvt_buffer_alloc: a zero-filled buffer in the pages' memory
+        kind; on a host tenant a writable numpy uint8 array whose memory
+        returns at buffer_free(array) or disconnect."""
+        a = self._c.buffer_alloc(int(nbytes))
+        r = self._c.region(a, int(nbytes), True)
+        return _view(r, np.uint8, (int(nbytes),))
+
+    def buffer_free(self, arr):
+        self._c.buffer_free(arr.ctypes.data)
+
+    def set_stream(self, stream):
+        """Cuda tenants: the CUDA stream (an int address, or a
+        torch.cuda.Stream) the engine writes and attends on."""
+        s = getattr(stream, "cuda_stream", stream)
+        self._c.set_stream(int(s or 0))
+
+    def __repr__(self):
+        return (f"<kvtrim.Client tenant={self.config['tenant']!r} "
+                f"policy={self.config['policy']!r}"
+                f"{' closed' if self.closed else ''}>")
+
+
+class Seq:
+    """One sequence of a Client (kvt_seq); a context manager that closes
+    it.  .id is the C id (int)."""
+
+    def __init__(self, client, seq_id):
+        self.client, self.id = client, seq_id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.client.closed:
+            try:
+                self.close()
+            except Error:
+                if exc[0] is None:
+                    raise
+        return False
+
+    def close(self):
+        self.client._c.seq_close(self.id)
+
+    def query(self):
+        return self.client._c.seq_query(self.id)
+
+    def headroom(self, entries):
+        self.client._c.seq_headroom(self.id, _u32(entries, "entries"))
+
+    def list(self, layer, head):
+        """(len, n_pages, epoch, pages): pages a read-only numpy uint32
+        array of the page ids, over the shared table."""
+        c = self.client
+        ln, np_, ep, addr = c._c.list_get(self.id, _u32(layer, "layer"),
+                                          _u32(head, "head"))
+        pages = np.zeros(0, np.uint32)
+        if np_ and c.memory_kind == "host":
+            pages = _view(c._c.region(addr, 4 * np_, False), np.uint32,
+                          (np_,))
+            pages.flags.writeable = False
+        return ln, np_, ep, pages
+
+    def kv(self, layer, head, k):
+        """Writable numpy views (K row, V row), head_dim elements each, of
+        entry len + k of the list (kvt_kv_ptr)."""
+        c = self.client
+        ka, va = c._c.kv_ptr(self.id, _u32(layer, "layer"),
+                             _u32(head, "head"), _u32(k, "k"))
+        esz = _kvtrim.dtype_size(DTYPES[c.dtype])
+        dt = _NP_DTYPE[DTYPES[c.dtype]]
+        bf = c.dtype == "bf16"
+        return (_view(c._c.region(ka, c.head_dim * esz, True), dt,
+                      (c.head_dim,), bf),
+                _view(c._c.region(va, c.head_dim * esz, True), dt,
+                      (c.head_dim,), bf))
+
+    def _stage(self, which, layer, pos, shape):
+        c = self.client
+        a = c._c.stage_ptr(which, self.id, _u32(layer, "layer"),
+                           _u32(pos, "pos"))
+        if not a:
+            return None
+        n = int(np.prod(shape))
+        return _view(c._c.region(a, 4 * n, True), np.float32, shape)
+
+    def stage_x(self, layer, pos):
+        """Writable float32 [d_model] staging row of position pos, or None
+        when the policy does not read x (kvt_stage_x)."""
+        return self._stage(0, layer, pos, (self.client.d_model,))
+
+    def stage_q(self, layer, pos):
+        """float32 [n_heads][head_dim] or None (kvt_stage_q)."""
+        c = self.client
+        return self._stage(1, layer, pos, (c.n_heads, c.head_dim))
+
+    def stage_lse(self, layer, pos):
+        """float32 [n_heads] or None (kvt_stage_lse)."""
+        return self._stage(2, layer, pos, (self.client.n_heads,))
+
+    def sync(self, n_new, phase="prefill", layers=None):
+        """Commits n_new appended entries of every list (of layers
+        range(lo, hi) when layers=(lo, hi)) and lets the policy evict."""
+        lo, hi = layers if layers else (0, 0)
+        self.client.sync([(self, n_new, phase, lo, hi)])
+
+    def attention(self, layer, q, out=None, lse=None):
+        """kvt_attention for the n new tokens of q [n][n_heads][head_dim]
+        (float32, numpy or torch, C-contiguous): returns (out, lse), out
+        [n][n_heads][head_dim] and lse [n][n_heads], allocated like q
+        when not given."""
+        c = self.client
+        n = int(q.shape[0]) if hasattr(q, "shape") and len(q.shape) else 0
+        qs = (n, c.n_heads, c.head_dim)
+        qa, _ = _f32_array(q, "q", qs)
+        if out is None:
+            out = q.new_empty(qs) if hasattr(q, "new_empty") else \
+                np.empty(qs, np.float32)
+        if lse is None:
+            lse = q.new_empty((n, c.n_heads)) if hasattr(q, "new_empty") \
+                else np.empty((n, c.n_heads), np.float32)
+        oa, _ = _f32_array(out, "out", qs)
+        la, _ = _f32_array(lse, "lse", (n, c.n_heads))
+        c._c.attention(self.id, _u32(layer, "layer"), n, qa, oa, la)
+        return out, lse
+
+    def __int__(self):
+        return self.id
+
+    def __repr__(self):
+        return f"<kvtrim.Seq {self.id:#x}>"

@@ -1,0 +1,781 @@
+/*
+ * _kvtrim.c — the CPython extension under the kvtrim package: libkvtrim's
+ * calls, one method each, on raw addresses and integers.  The package's
+ * Python layer (__init__.py) turns them into Python's idiom (context
+ * managers, numpy and torch views, dicts, argument checks).
+ *
+ * Written against the stable ABI (Py_LIMITED_API 3.11: heap types from
+ * specs, and the buffer protocol, which entered the limited API in 3.11),
+ * so one build serves every CPython from 3.11 on; libkvtrim.a is linked in
+ * (only kvt_* is visible in it), so the module needs no libkvtrim.so.
+ *
+ * Errors: every libkvtrim code becomes the exception class of its name
+ * (kvtrim.EINVAL, ...), which __init__.py creates from errors() below, the
+ * C error list itself, and registers with _set_errors(); the exception
+ * carries (code, name, text), text being kvt_last_error() or the
+ * registration's error text.
+ *
+ * Lifetime: a Client's mappings outlive close() while a Region (a buffer
+ * exported from its pages, staging rows or table) is alive, so a numpy
+ * array over the pages never points at unmapped memory through the
+ * client's own close; kvt_disconnect runs when the client is closed and
+ * its last Region is gone.  A view of a page the daemon later revokes
+ * (its chunk given back after eviction) is the C API's contract, not
+ * guarded: views are valid until the next sync of their sequence.
+ */
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kvtrim.h"
+
+/* ---------------------------------------------------------------- errors */
+
+static PyObject *err_by_code[128]; /* index -code; NULL: use err_base */
+static PyObject *err_base;
+
+/* Raises the exception of code with text (may be NULL or ""). */
+static PyObject *raise_code(int code, const char *text)
+{
+	int i = -code;
+	PyObject *cls = i > 0 && i < 128 && err_by_code[i] ? err_by_code[i]
+	                                                    : err_base;
+	if (!cls)
+		cls = PyExc_RuntimeError;
+	PyObject *args = Py_BuildValue("(iss)", code, kvt_errname(code),
+	                               text && *text ? text
+	                                             : kvt_strerror(code));
+	if (args) {
+		PyErr_SetObject(cls, args);
+		Py_DECREF(args);
+	}
+	return NULL;
+}
+
+static PyObject *mod_errors(PyObject *self, PyObject *unused)
+{
+	PyObject *l = PyList_New(0);
+	for (int i = 1; l && i < 128; i++) {
+		const char *name = kvt_errname(-i);
+		if (!strcmp(name, "E?"))
+			continue;
+		PyObject *t = Py_BuildValue("(iss)", -i, name, kvt_strerror(-i));
+		if (!t || PyList_Append(l, t) < 0) {
+			Py_XDECREF(t);
+			Py_DECREF(l);
+			return NULL;
+		}
+		Py_DECREF(t);
+	}
+	return l;
+}
+
+/* _set_errors(base, {code: class}) */
+static PyObject *mod_set_errors(PyObject *self, PyObject *args)
+{
+	PyObject *base, *map, *k, *v;
+	Py_ssize_t pos = 0;
+	if (!PyArg_ParseTuple(args, "OO", &base, &map))
+		return NULL;
+	if (!PyDict_Check(map))
+		return PyErr_Format(PyExc_TypeError, "a dict of classes");
+	Py_XDECREF(err_base);
+	Py_INCREF(base);
+	err_base = base;
+	while (PyDict_Next(map, &pos, &k, &v)) {
+		long c = PyLong_AsLong(k);
+		if (c == -1 && PyErr_Occurred())
+			return NULL;
+		if (c >= 0 || c <= -128)
+			continue;
+		Py_XDECREF(err_by_code[-c]);
+		Py_INCREF(v);
+		err_by_code[-c] = v;
+	}
+	Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- client */
+
+typedef struct {
+	PyObject_HEAD
+	kvt_client *c;
+	int closed;         /* close() was called */
+	Py_ssize_t exports; /* live Regions */
+	char *tenant, *policy, *runtime_dir; /* what cfg pointed at */
+} Client;
+
+static PyTypeObject *ClientType, *RegionType;
+
+static void client_release(Client *self)
+{
+	if (self->c && self->closed && self->exports == 0) {
+		kvt_disconnect(self->c);
+		self->c = NULL;
+	}
+}
+
+/* The live handle, or NULL and a raised error. */
+static kvt_client *live(Client *self)
+{
+	if (self->closed || !self->c) {
+		raise_code(KVT_ECONN, "the client is closed");
+		return NULL;
+	}
+	return self->c;
+}
+
+/* Raises rc's exception with the client's last error. */
+static PyObject *fail(Client *self, int rc)
+{
+	return raise_code(rc, self->c ? kvt_last_error(self->c) : NULL);
+}
+
+static char *dup_or_null(const char *s)
+{
+	if (!s)
+		return NULL;
+	size_t n = strlen(s) + 1;
+	char *d = PyMem_Malloc(n);
+	if (d)
+		memcpy(d, s, n);
+	return d;
+}
+
+static int client_init(Client *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {
+		"runtime_dir", "tenant", "n_layers", "n_heads", "n_kv_heads",
+		"head_dim", "d_model", "dtype", "page_tokens", "max_seqs",
+		"max_tokens", "headroom", "stage_tokens", "policy", "quota_bytes",
+		"timeout_ms", NULL};
+	const char *rt = NULL, *tenant = NULL, *policy = NULL;
+	unsigned int L = 0, H = 0, KV = 0, hd = 0, d = 0, dt = 0, pt = 0,
+	             ms = 0, mt = 0, hr = 0, st = 0;
+	unsigned long long quota = 0;
+	int timeout = 0;
+	if (self->c) {
+		PyErr_SetString(PyExc_RuntimeError, "Client already connected");
+		return -1;
+	}
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzIIIIIIIIIIIzKi", kwlist,
+	                                 &rt, &tenant, &L, &H, &KV, &hd, &d, &dt,
+	                                 &pt, &ms, &mt, &hr, &st, &policy,
+	                                 &quota, &timeout))
+		return -1;
+	self->runtime_dir = dup_or_null(rt);
+	self->tenant = dup_or_null(tenant);
+	self->policy = dup_or_null(policy);
+	struct kvt_config cfg;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.runtime_dir = self->runtime_dir;
+	cfg.tenant = self->tenant;
+	cfg.geo = (struct kvt_geometry){L, H, KV, hd, d};
+	cfg.dtype = (enum kvt_dtype)dt;
+	cfg.page_tokens = pt;
+	cfg.max_seqs = ms;
+	cfg.max_tokens = mt;
+	cfg.headroom = hr;
+	cfg.stage_tokens = st;
+	cfg.policy = self->policy;
+	cfg.quota_bytes = quota;
+	cfg.timeout_ms = timeout;
+	char errtext[KVT_ERRTEXT_MAX] = "";
+	kvt_client *c = NULL;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_connect(&cfg, &c, errtext);
+	Py_END_ALLOW_THREADS
+	if (rc) {
+		raise_code(rc, errtext);
+		return -1;
+	}
+	self->c = c;
+	self->closed = 0;
+	return 0;
+}
+
+static void client_dealloc(Client *self)
+{
+	self->closed = 1;
+	self->exports = 0;
+	client_release(self);
+	PyMem_Free(self->tenant);
+	PyMem_Free(self->policy);
+	PyMem_Free(self->runtime_dir);
+	PyTypeObject *tp = Py_TYPE(self);
+	freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+	f(self);
+	Py_DECREF(tp);
+}
+
+static PyObject *client_close(Client *self, PyObject *unused)
+{
+	self->closed = 1;
+	client_release(self);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_get_closed(Client *self, void *unused)
+{
+	return PyBool_FromLong(self->closed || !self->c);
+}
+
+static PyObject *client_last_error(Client *self, PyObject *unused)
+{
+	return PyUnicode_FromString(self->c ? kvt_last_error(self->c) : "");
+}
+
+static PyObject *client_config(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	if (!c)
+		return NULL;
+	const struct kvt_config *g = kvt_config_of(c);
+	return Py_BuildValue(
+		"{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:K,s:i}",
+		"runtime_dir", g->runtime_dir ? g->runtime_dir : "",
+		"tenant", g->tenant ? g->tenant : "",
+		"n_layers", g->geo.n_layers, "n_heads", g->geo.n_heads,
+		"n_kv_heads", g->geo.n_kv_heads, "head_dim", g->geo.head_dim,
+		"d_model", g->geo.d_model, "dtype", (unsigned)g->dtype,
+		"page_tokens", g->page_tokens, "max_seqs", g->max_seqs,
+		"max_tokens", g->max_tokens, "headroom", g->headroom,
+		"stage_tokens", g->stage_tokens,
+		"policy", g->policy ? g->policy : "full",
+		"quota_bytes", (unsigned long long)g->quota_bytes,
+		"timeout_ms", g->timeout_ms);
+}
+
+static PyObject *client_policy_inputs(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	return c ? PyLong_FromUnsignedLong(kvt_policy_inputs(c)) : NULL;
+}
+
+static PyObject *client_memory_kind(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	return c ? PyLong_FromLong(kvt_memory_kind(c)) : NULL;
+}
+
+static PyObject *client_seq_open(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	kvt_seq s = 0;
+	int rc;
+	if (!c)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_seq_open(c, &s);
+	Py_END_ALLOW_THREADS
+	return rc ? fail(self, rc) : PyLong_FromUnsignedLongLong(s);
+}
+
+static PyObject *client_seq_close(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "K", &s))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_seq_close(c, s);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_seq_query(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	kvt_client *c = live(self);
+	struct kvt_seq_info i;
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "K", &s))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_seq_query(c, s, &i);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	return Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:i}", "syncs", i.syncs,
+	                     "seen_min", i.seen_min, "seen_max", i.seen_max,
+	                     "len_min", i.len_min, "len_max", i.len_max,
+	                     "last_sync", (int)i.last_sync);
+}
+
+static PyObject *client_seq_headroom(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	unsigned int n;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "KI", &s, &n))
+		return NULL;
+	int rc = kvt_seq_headroom(c, s, n);
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+/* list_get(seq, layer, head) -> (len, n_pages, epoch, pages_addr) */
+static PyObject *client_list_get(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	unsigned int l, h;
+	kvt_client *c = live(self);
+	struct kvt_list li;
+	if (!c || !PyArg_ParseTuple(args, "KII", &s, &l, &h))
+		return NULL;
+	int rc = kvt_list_get(c, s, l, h, &li);
+	if (rc)
+		return raise_code(rc, NULL);
+	return Py_BuildValue("(IIKK)", li.len, li.n_pages,
+	                     (unsigned long long)li.epoch,
+	                     (unsigned long long)(uintptr_t)li.pages);
+}
+
+static PyObject *client_page_ptr(Client *self, PyObject *args)
+{
+	unsigned int p;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "I", &p))
+		return NULL;
+	void *v = kvt_page_ptr(c, p);
+	if (!v)
+		return raise_code(KVT_EINVAL, "kvt_page_ptr: page not mapped "
+		                  "by this client");
+	return PyLong_FromUnsignedLongLong((uintptr_t)v);
+}
+
+static PyObject *client_kv_ptr(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	unsigned int l, h, k;
+	void *kp, *vp;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "KIII", &s, &l, &h, &k))
+		return NULL;
+	int rc = kvt_kv_ptr(c, s, l, h, k, &kp, &vp);
+	if (rc)
+		return raise_code(rc, NULL);
+	return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)kp,
+	                     (unsigned long long)(uintptr_t)vp);
+}
+
+/* stage_ptr(which, seq, layer, pos): which 0 x, 1 q, 2 lse; 0 for NULL */
+static PyObject *client_stage_ptr(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	unsigned int w, l, pos;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "IKII", &w, &s, &l, &pos))
+		return NULL;
+	float *p = w == 0 ? kvt_stage_x(c, s, l, pos)
+	         : w == 1 ? kvt_stage_q(c, s, l, pos)
+	         : w == 2 ? kvt_stage_lse(c, s, l, pos) : NULL;
+	return PyLong_FromUnsignedLongLong((uintptr_t)p);
+}
+
+/* The items of a sync from a sequence of (seq, n_new, phase, lo, hi). */
+static struct kvt_sync_item *parse_items(PyObject *seq, Py_ssize_t *n)
+{
+	PyObject *fast = PySequence_Fast(seq, "items must be a sequence");
+	if (!fast)
+		return NULL;
+	*n = PySequence_Size(fast);
+	struct kvt_sync_item *it = PyMem_Calloc(*n ? *n : 1, sizeof(*it));
+	if (!it) {
+		Py_DECREF(fast);
+		PyErr_NoMemory();
+		return NULL;
+	}
+	for (Py_ssize_t i = 0; i < *n; i++) {
+		PyObject *o = PySequence_GetItem(fast, i);
+		unsigned long long s;
+		unsigned int nn, ph, lo, hi;
+		int ok = o && PyArg_ParseTuple(o, "KIIII", &s, &nn, &ph, &lo,
+		                               &hi);
+		Py_XDECREF(o);
+		if (!ok) {
+			PyMem_Free(it);
+			Py_DECREF(fast);
+			return NULL;
+		}
+		it[i] = (struct kvt_sync_item){s, nn, ph, lo, hi};
+	}
+	Py_DECREF(fast);
+	return it;
+}
+
+static PyObject *client_sync(Client *self, PyObject *args)
+{
+	PyObject *items;
+	Py_ssize_t n;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "O", &items))
+		return NULL;
+	struct kvt_sync_item *it = parse_items(items, &n);
+	if (!it)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_sync(c, it, (size_t)n);
+	Py_END_ALLOW_THREADS
+	PyMem_Free(it);
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_sync_async(Client *self, PyObject *args)
+{
+	PyObject *items;
+	Py_ssize_t n;
+	kvt_client *c = live(self);
+	kvt_ticket t = 0;
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "O", &items))
+		return NULL;
+	struct kvt_sync_item *it = parse_items(items, &n);
+	if (!it)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_sync_async(c, it, (size_t)n, &t);
+	Py_END_ALLOW_THREADS
+	PyMem_Free(it);
+	return rc ? fail(self, rc) : PyLong_FromUnsignedLong(t);
+}
+
+static PyObject *client_wait(Client *self, PyObject *args)
+{
+	unsigned int t;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "I", &t))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_wait(c, t);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_last_sync(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	struct kvt_sync_info i;
+	if (!c)
+		return NULL;
+	int rc = kvt_last_sync(c, &i);
+	if (rc)
+		return fail(self, rc);
+	return Py_BuildValue("{s:d,s:I,s:K}", "pressure", (double)i.pressure,
+	                     "budget", i.budget, "syncs",
+	                     (unsigned long long)i.syncs);
+}
+
+static PyObject *client_stats(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	struct kvt_tenant_stats s;
+	int rc;
+	if (!c)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_stats(c, &s);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	return Py_BuildValue(
+		"{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
+		"pages_used", (unsigned long long)s.pages_used,
+		"pages_free", (unsigned long long)s.pages_free,
+		"chunks", (unsigned long long)s.chunks,
+		"sequences", (unsigned long long)s.sequences,
+		"syncs", (unsigned long long)s.syncs,
+		"entries_kept", (unsigned long long)s.entries_kept,
+		"entries_appended", (unsigned long long)s.entries_appended,
+		"entries_evicted", (unsigned long long)s.entries_evicted,
+		"quota_bytes", (unsigned long long)s.quota_bytes,
+		"daemon_bytes", (unsigned long long)s.daemon_bytes,
+		"pressure_ppm", (unsigned long long)s.pressure_ppm,
+		"budget", (unsigned long long)s.budget);
+}
+
+static PyObject *client_set_stream(Client *self, PyObject *args)
+{
+	unsigned long long a;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "K", &a))
+		return NULL;
+	int rc = kvt_set_stream(c, (void *)(uintptr_t)a);
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_memcpy(Client *self, PyObject *args)
+{
+	unsigned long long d, s, n;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "KKK", &d, &s, &n))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_memcpy(c, (void *)(uintptr_t)d, (const void *)(uintptr_t)s,
+	                (size_t)n);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_buffer_alloc(Client *self, PyObject *args)
+{
+	unsigned long long n;
+	void *p = NULL;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "K", &n))
+		return NULL;
+	int rc = kvt_buffer_alloc(c, (size_t)n, &p);
+	return rc ? fail(self, rc)
+	          : PyLong_FromUnsignedLongLong((uintptr_t)p);
+}
+
+static PyObject *client_buffer_free(Client *self, PyObject *args)
+{
+	unsigned long long a;
+	if (!self->c) /* the memory is this process's: a closed client too */
+		return raise_code(KVT_ECONN, "the client is disconnected");
+	if (!PyArg_ParseTuple(args, "K", &a))
+		return NULL;
+	int rc = kvt_buffer_free(self->c, (void *)(uintptr_t)a);
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_table_view(Client *self, PyObject *unused)
+{
+	kvt_client *c = live(self);
+	struct kvt_table_view v;
+	if (!c)
+		return NULL;
+	int rc = kvt_table_view(c, &v);
+	if (rc)
+		return raise_code(rc, NULL);
+	return Py_BuildValue(
+		"{s:K,s:K,s:K,s:I,s:I,s:I,s:I,s:K,s:I,s:I,s:K}",
+		"table", (unsigned long long)(uintptr_t)v.table,
+		"records_offset", (unsigned long long)v.records_offset,
+		"list_stride", (unsigned long long)v.list_stride,
+		"max_seqs", v.max_seqs, "n_layers", v.n_layers,
+		"n_kv_heads", v.n_kv_heads, "max_pages", v.max_pages,
+		"chunk_bases", (unsigned long long)(uintptr_t)v.chunk_bases,
+		"n_chunk_slots", v.n_chunk_slots,
+		"pages_per_chunk", v.pages_per_chunk,
+		"page_bytes", (unsigned long long)v.page_bytes);
+}
+
+static PyObject *client_list_record(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	unsigned int l, h, slot = 0;
+	const struct kvt_list_record *r = NULL;
+	kvt_client *c = live(self);
+	if (!c || !PyArg_ParseTuple(args, "KII", &s, &l, &h))
+		return NULL;
+	int rc = kvt_list_record(c, s, l, h, &r, &slot);
+	if (rc)
+		return raise_code(rc, NULL);
+	return Py_BuildValue("(KI)", (unsigned long long)(uintptr_t)r, slot);
+}
+
+/* attention(seq, layer, n, q, out, lse): addresses; the GIL is released
+ * for the kernel. */
+static PyObject *client_attention(Client *self, PyObject *args)
+{
+	unsigned long long s, q, o, lse;
+	unsigned int l, n;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "KIIKKK", &s, &l, &n, &q, &o, &lse))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_attention(c, s, l, n, (const float *)(uintptr_t)q,
+	                   (float *)(uintptr_t)o, (float *)(uintptr_t)lse);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+/* region(addr, nbytes, writable): a buffer over this client's host
+ * memory that keeps the client's mappings alive while it lives. */
+static PyObject *client_region(Client *self, PyObject *args);
+
+static PyMethodDef client_methods[] = {
+	{"close", (PyCFunction)client_close, METH_NOARGS,
+	 "Disconnects (once no Region of this client is alive)."},
+	{"last_error", (PyCFunction)client_last_error, METH_NOARGS, NULL},
+	{"config", (PyCFunction)client_config, METH_NOARGS, NULL},
+	{"policy_inputs", (PyCFunction)client_policy_inputs, METH_NOARGS, NULL},
+	{"memory_kind", (PyCFunction)client_memory_kind, METH_NOARGS, NULL},
+	{"seq_open", (PyCFunction)client_seq_open, METH_NOARGS, NULL},
+	{"seq_close", (PyCFunction)client_seq_close, METH_VARARGS, NULL},
+	{"seq_query", (PyCFunction)client_seq_query, METH_VARARGS, NULL},
+	{"seq_headroom", (PyCFunction)client_seq_headroom, METH_VARARGS, NULL},
+	{"list_get", (PyCFunction)client_list_get, METH_VARARGS, NULL},
+	{"page_ptr", (PyCFunction)client_page_ptr, METH_VARARGS, NULL},
+	{"kv_ptr", (PyCFunction)client_kv_ptr, METH_VARARGS, NULL},
+	{"stage_ptr", (PyCFunction)client_stage_ptr, METH_VARARGS, NULL},
+	{"sync", (PyCFunction)client_sync, METH_VARARGS, NULL},
+	{"sync_async", (PyCFunction)client_sync_async, METH_VARARGS, NULL},
+	{"wait", (PyCFunction)client_wait, METH_VARARGS, NULL},
+	{"last_sync", (PyCFunction)client_last_sync, METH_NOARGS, NULL},
+	{"stats", (PyCFunction)client_stats, METH_NOARGS, NULL},
+	{"set_stream", (PyCFunction)client_set_stream, METH_VARARGS, NULL},
+	{"memcpy", (PyCFunction)client_memcpy, METH_VARARGS, NULL},
+	{"buffer_alloc", (PyCFunction)client_buffer_alloc, METH_VARARGS, NULL},
+	{"buffer_free", (PyCFunction)client_buffer_free, METH_VARARGS, NULL},
+	{"table_view", (PyCFunction)client_table_view, METH_NOARGS, NULL},
+	{"list_record", (PyCFunction)client_list_record, METH_VARARGS, NULL},
+	{"attention", (PyCFunction)client_attention, METH_VARARGS, NULL},
+	{"region", (PyCFunction)client_region, METH_VARARGS, NULL},
+	{NULL, NULL, 0, NULL}};
+
+static PyGetSetDef client_getset[] = {
+	{"closed", (getter)client_get_closed, NULL, NULL, NULL},
+	{NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot client_slots[] = {
+	{Py_tp_init, client_init},
+	{Py_tp_dealloc, client_dealloc},
+	{Py_tp_methods, client_methods},
+	{Py_tp_getset, client_getset},
+	{Py_tp_new, PyType_GenericNew},
+	{Py_tp_doc, "libkvtrim's client (kvt_connect ... kvt_disconnect); "
+	            "see kvtrim.Client for the Python API."},
+	{0, NULL}};
+
+static PyType_Spec client_spec = {"kvtrim._kvtrim.Client", sizeof(Client), 0,
+                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+                                  client_slots};
+
+/* ---------------------------------------------------------------- region */
+
+typedef struct {
+	PyObject_HEAD
+	Client *owner;
+	void *addr;
+	Py_ssize_t len;
+	int writable;
+} Region;
+
+static PyObject *client_region(Client *self, PyObject *args)
+{
+	unsigned long long a, n;
+	int w;
+	if (!live(self) || !PyArg_ParseTuple(args, "KKp", &a, &n, &w))
+		return NULL;
+	if (kvt_memory_kind(self->c) != KVT_MEMORY_HOST)
+		return raise_code(KVT_ENOTSUP, "host views of a cuda tenant's "
+		                  "memory (use the device views)");
+	if (!a || n > (unsigned long long)PY_SSIZE_T_MAX)
+		return raise_code(KVT_EINVAL, "region: NULL or too large");
+	Region *r = PyObject_New(Region, RegionType);
+	if (!r)
+		return NULL;
+	Py_INCREF(self);
+	r->owner = self;
+	r->addr = (void *)(uintptr_t)a;
+	r->len = (Py_ssize_t)n;
+	r->writable = w;
+	self->exports++;
+	return (PyObject *)r;
+}
+
+static void region_dealloc(Region *r)
+{
+	Client *o = r->owner;
+	if (o) {
+		o->exports--;
+		client_release(o);
+		Py_DECREF(o);
+	}
+	PyTypeObject *tp = Py_TYPE(r);
+	PyObject_Free(r);
+	Py_DECREF(tp);
+}
+
+static int region_getbuffer(Region *r, Py_buffer *view, int flags)
+{
+	return PyBuffer_FillInfo(view, (PyObject *)r, r->addr, r->len,
+	                         !r->writable, flags);
+}
+
+static void region_releasebuffer(Region *r, Py_buffer *view) {}
+
+static PyType_Slot region_slots[] = {
+	{Py_tp_dealloc, region_dealloc},
+	{Py_bf_getbuffer, region_getbuffer},
+	{Py_bf_releasebuffer, region_releasebuffer},
+	{Py_tp_doc, "Host memory of a kvtrim client (pages, staging rows, "
+	            "table), exported through the buffer protocol."},
+	{0, NULL}};
+
+static PyType_Spec region_spec = {"kvtrim._kvtrim.Region", sizeof(Region), 0,
+                                  Py_TPFLAGS_DEFAULT, region_slots};
+
+/* ---------------------------------------------------------------- module */
+
+static PyObject *mod_dtype_size(PyObject *self, PyObject *args)
+{
+	unsigned int dt;
+	if (!PyArg_ParseTuple(args, "I", &dt))
+		return NULL;
+	return PyLong_FromSize_t(kvt_dtype_size((enum kvt_dtype)dt));
+}
+
+static PyMethodDef mod_methods[] = {
+	{"errors", mod_errors, METH_NOARGS,
+	 "libkvtrim's error list: [(code, name, text)]."},
+	{"_set_errors", mod_set_errors, METH_VARARGS, NULL},
+	{"dtype_size", mod_dtype_size, METH_VARARGS, NULL},
+	{NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef mod_def = {PyModuleDef_HEAD_INIT, "_kvtrim",
+                                     "libkvtrim, linked in.", -1, mod_methods,
+                                     NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__kvtrim(void)
+{
+	PyObject *m = PyModule_Create(&mod_def);
+	if (!m)
+		return NULL;
+	ClientType = (PyTypeObject *)PyType_FromSpec(&client_spec);
+	RegionType = (PyTypeObject *)PyType_FromSpec(&region_spec);
+	if (!ClientType || !RegionType ||
+	    PyModule_AddObject(m, "Client", (PyObject *)ClientType) < 0) {
+		Py_DECREF(m);
+		return NULL;
+	}
+	Py_INCREF(ClientType);
+	PyModule_AddIntConstant(m, "MEMORY_HOST", KVT_MEMORY_HOST);
+	PyModule_AddIntConstant(m, "MEMORY_CUDA", KVT_MEMORY_CUDA);
+	PyModule_AddIntConstant(m, "INPUT_X", KVT_INPUT_X);
+	PyModule_AddIntConstant(m, "INPUT_Q", KVT_INPUT_Q);
+	PyModule_AddIntConstant(m, "INPUT_LSE", KVT_INPUT_LSE);
+	PyModule_AddIntConstant(m, "INPUT_KV", KVT_INPUT_KV);
+	PyModule_AddIntConstant(m, "PHASE_PREFILL", KVT_PHASE_PREFILL);
+	PyModule_AddIntConstant(m, "PHASE_DECODE", KVT_PHASE_DECODE);
+	PyModule_AddIntConstant(m, "NAME_MAX", KVT_NAME_MAX);
+	PyModule_AddIntConstant(m, "SPEC_MAX", KVT_SPEC_MAX);
+	return m;
+}

@@ -1,0 +1,322 @@
+"""The kvtrim package against a real kvtrimd (kvtrim.Daemon starts the one
+the package carries): every call of the C API reached, errors as their
+exception classes with the daemon's text, numpy views aliasing the shared
+pages, refusals that change nothing.  Expected values come from hand
+arithmetic or a naive float64 attention written here."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import kvtrim
+
+GEO = dict(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_model=32)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with kvtrim.Daemon(pool_size="64M") as d:
+        yield d
+
+
+def client(daemon, **kw):
+    args = dict(GEO, runtime_dir=daemon.runtime_dir, page_tokens=4,
+                headroom=4)
+    args.update(kw)
+    return kvtrim.Client(**args)
+
+
+def fill(s, c, n, base, layers=None):
+    """Writes entries len .. len+n-1 of every list: K row = value,
+    V row = -value, value = base + k (+ 100 * layer + 10 * head)."""
+    for layer in range(c.n_layers) if layers is None else layers:
+        for h in range(c.n_kv_heads):
+            for k in range(n):
+                K, V = s.kv(layer, h, k)
+                K[:] = base + k + 100 * layer + 10 * h
+                V[:] = -(base + k + 100 * layer + 10 * h)
+
+
+def kept_values(c, s, layer, h):
+    ln, _, _, pages = s.list(layer, h)
+    out = []
+    for i in range(ln):
+        pg = c.page(int(pages[i // c.page_tokens]))
+        out.append(float(pg[0, i % c.page_tokens, 0]))
+    return sorted(out)
+
+
+def test_errors_are_generated_from_the_c_list():
+    # every code of libkvtrim's list has its class, named as the C name
+    names = {n for _, n, _ in kvtrim._kvtrim.errors()}
+    assert {"EINVAL", "ENOSEQ", "ECONN", "EQUOTA", "ENOTSUP"} <= names
+    for code, name, text in kvtrim._kvtrim.errors():
+        cls = getattr(kvtrim, name)
+        assert issubclass(cls, kvtrim.Error)
+        assert text in cls.__doc__
+    assert issubclass(kvtrim.EINVAL, ValueError)
+    assert issubclass(kvtrim.ECONN, ConnectionError)
+    assert issubclass(kvtrim.ETIMEDOUT, TimeoutError)
+
+
+def test_streaming_keeps_sinks_and_recent_and_stats(daemon):
+    # streaming sinks=2 tokens=8: after 20 entries the kept positions are
+    # 0, 1 and 14..19 (hand rule: pos < 2 or pos >= n - 6)
+    with client(daemon, policy="streaming:sinks=2,tokens=8") as c, \
+            c.open_seq() as s:
+        assert c.policy_inputs == set()
+        for step in range(5):
+            fill(s, c, 4, 4 * step)
+            s.sync(4)
+        assert kept_values(c, s, 0, 0) == [0, 1] + list(range(14, 20))
+        assert kept_values(c, s, 1, 1) == [110, 111] + \
+            list(range(124, 130))
+        st = c.stats()
+        assert st["entries_appended"] == 20 * 2 * 2
+        assert st["entries_kept"] == 8 * 2 * 2
+        assert st["kv_bytes"] == st["pages_used"] * c.page_bytes
+        assert c.last_sync()["budget"] == 8
+        q = s.query()
+        assert q["seen_min"] == q["seen_max"] == 20
+        assert q["len_min"] == q["len_max"] == 8
+
+
+def test_numpy_views_alias_the_pages(daemon):
+    with client(daemon) as c, c.open_seq() as s:
+        fill(s, c, 3, 1)
+        s.sync(3)
+        ln, n_pages, epoch, pages = s.list(0, 1)
+        assert ln == 3 and n_pages >= 1 and not pages.flags.writeable
+        pg = c.page(int(pages[0]))
+        assert pg.shape == (2, 4, 8) and pg.dtype == np.float32
+        # a write through numpy is what kvt_memcpy reads back
+        pg[0, 2, :] = np.arange(8, dtype=np.float32)
+        back = np.zeros(2 * 4 * 8, np.float32)
+        c.memcpy(back, pg)
+        assert np.array_equal(back.reshape(2, 4, 8)[0, 2], np.arange(8))
+        # ... and kvt_memcpy's write is seen through numpy
+        src = np.full(8, 7.5, np.float32)
+        c.memcpy(pg[1, 0], src)
+        assert np.all(pg[1, 0] == 7.5)
+        # the torch view is the same memory
+        t = pg.torch()
+        t[0, 0, 0] = 42.0
+        assert pg[0, 0, 0] == 42.0
+        # the table records: len and n_pages of (slot, layer 0, head 1)
+        tv = c.table()
+        rec, slot = c._c.list_record(s.id, 0, 1)
+        recs = tv["records"]
+        assert recs[slot, 0, 1, 0] == 3 and recs[slot, 0, 1, 1] == n_pages
+        assert list(recs[slot, 0, 1, 4:4 + n_pages]) == list(pages)
+
+
+def test_bf16_and_f16_pages(daemon):
+    for dt, npdt in (("f16", np.float16), ("bf16", np.uint16)):
+        with client(daemon, dtype=dt) as c, c.open_seq() as s:
+            K, V = s.kv(0, 0, 0)
+            assert K.dtype == npdt and K.shape == (8,)
+            if dt == "bf16":
+                import torch
+                kt = K.torch()
+                assert kt.dtype == torch.bfloat16
+                kt[:] = 1.5           # bf16 1.5 = 0x3fc0
+                assert K[0] == 0x3fc0
+            else:
+                K[:] = 1.5
+                assert K.view(np.uint16)[0] == 0x3e00
+
+
+def naive_attention(keys, vals, q, scale):
+    """float64: keys/vals [len][hd], q [G][hd] -> out [G][hd], lse [G]."""
+    lg = (q.astype(np.float64) @ keys.astype(np.float64).T) * scale
+    m = lg.max(axis=1, keepdims=True)
+    p = np.exp(lg - m)
+    z = p.sum(axis=1, keepdims=True)
+    return (p / z) @ vals.astype(np.float64), (m + np.log(z))[:, 0]
+
+
+def test_attention_matches_a_float64_loop(daemon):
+    rng = np.random.default_rng(3)
+    with client(daemon) as c, c.open_seq() as s:
+        K = rng.standard_normal((2, 2, 7, 8)).astype(np.float32)
+        V = rng.standard_normal((2, 2, 7, 8)).astype(np.float32)
+        for n0, n in ((0, 4), (4, 3)):
+            for layer in range(2):
+                for h in range(2):
+                    for k in range(n):
+                        kr, vr = s.kv(layer, h, k)
+                        kr[:], vr[:] = K[layer, h, n0 + k], V[layer, h, n0 + k]
+            q = rng.standard_normal((n, 4, 8)).astype(np.float32)
+            out, lse = s.attention(1, q)
+            for t in range(n):
+                for h in range(2):
+                    e_out, e_lse = naive_attention(
+                        K[1, h, :n0 + t + 1], V[1, h, :n0 + t + 1],
+                        q[t, 2 * h:2 * h + 2], 1 / np.sqrt(8))
+                    assert np.allclose(out[t, 2 * h:2 * h + 2], e_out,
+                                       atol=1e-5)
+                    assert np.allclose(lse[t, 2 * h:2 * h + 2], e_lse,
+                                       atol=1e-5)
+            s.sync(n)
+        # on torch tensors too
+        import torch
+        qt = torch.from_numpy(q)
+        ot, lt = s.attention(1, qt[:0].contiguous())
+        assert ot.shape == (0, 4, 8)
+
+
+def test_staging_rows_and_refused_syncs(daemon):
+    # h2o reads q, lse (and the keys) at every sync: their rows exist,
+    # x's does not
+    with client(daemon, policy="h2o:tokens=8", stage_tokens=8) as c, \
+            c.open_seq() as s:
+        assert c.policy_inputs == {"q", "lse", "kv"}
+        assert s.stage_x(0, 0) is None
+        q = s.stage_q(0, 0)
+        assert q.shape == (4, 8) and q.dtype == np.float32
+        assert s.stage_lse(0, 0).shape == (4,)
+        fill(s, c, 2, 0)
+        # rows never staged: refused with the daemon's text, nothing
+        # changes (the same sync goes through once they are staged)
+        with pytest.raises(kvtrim.EINVAL) as e:
+            s.sync(2)
+        assert "stage" in e.value.text or "staged" in e.value.text
+        assert s.query()["syncs"] == 0
+        for layer in range(2):
+            for pos in range(2):
+                s.stage_q(layer, pos)[:] = 0.0
+                s.stage_lse(layer, pos)[:] = np.log(pos + 1)
+        s.sync(2)
+        assert s.query()["syncs"] == 1
+        # a NaN staged is refused as well, naming the input
+        fill(s, c, 1, 2)
+        for layer in range(2):
+            s.stage_q(layer, 2)[:] = 0.0
+            s.stage_lse(layer, 2)[:] = np.log(3)
+        s.stage_lse(1, 2)[0] = np.nan
+        with pytest.raises(kvtrim.EINVAL):
+            s.sync(1)
+        assert s.query()["syncs"] == 1
+
+
+def test_garbage_arguments_raise_and_change_nothing(daemon):
+    with client(daemon) as c, c.open_seq() as s:
+        fill(s, c, 2, 0)
+        s.sync(2)
+        before = (s.query(), c.stats()["entries_appended"])
+        with pytest.raises(TypeError):
+            s.attention(0, np.zeros((1, 4, 8), np.float64))
+        with pytest.raises(ValueError):
+            s.attention(0, np.zeros((1, 3, 8), np.float32))
+        with pytest.raises(ValueError):
+            s.attention(0, np.zeros((1, 4, 8), np.float32),
+                        out=np.zeros((2, 4, 8), np.float32))
+        with pytest.raises(TypeError):
+            s.kv("0", 0, 0)
+        with pytest.raises(ValueError):
+            s.kv(0, 0, -1)
+        with pytest.raises(ValueError):     # EINVAL: layer out of range
+            s.kv(7, 0, 0)
+        with pytest.raises(kvtrim.EHEADROOM):
+            s.kv(0, 0, 4)
+        with pytest.raises(ValueError):
+            s.sync(1, phase="later")
+        with pytest.raises(TypeError):
+            c.sync([s])
+        # a foreign sequence (another client's id): ENOSEQ, a ValueError
+        with client(daemon) as other, other.open_seq() as t:
+            with pytest.raises(kvtrim.ENOSEQ) as e:
+                c.sync([(t.id, 1)])
+            assert isinstance(e.value, ValueError) and e.value.text
+            with pytest.raises(kvtrim.ENOSEQ):
+                c._c.seq_close(t.id)
+            assert t.query()["syncs"] == 0
+        with pytest.raises(kvtrim.EINVAL):
+            c.page(10 ** 9)
+        with pytest.raises(ValueError):
+            kvtrim.Client(dtype="f64", runtime_dir=daemon.runtime_dir,
+                          **GEO)
+        assert (s.query(), c.stats()["entries_appended"]) == before
+
+
+def test_registration_refusals_carry_the_daemons_text(daemon):
+    with pytest.raises(kvtrim.EGEOMETRY) as e:
+        client(daemon, n_heads=3)
+    assert "n_heads" in e.value.text
+    with pytest.raises(kvtrim.EPOLICY) as e:
+        client(daemon, policy="nosuchpolicy")
+    assert "nosuchpolicy" in e.value.text
+    with pytest.raises(kvtrim.EINVAL):
+        client(daemon, tenant="9starts-with-a-digit")
+    with pytest.raises(kvtrim.EQUOTA):
+        client(daemon, quota_bytes=1 << 40)
+    with pytest.raises(kvtrim.ECONN):
+        kvtrim.Client(runtime_dir="/nonexistent/kvtrim", **GEO)
+
+
+def test_closed_client_raises_and_views_keep_memory_mapped(daemon):
+    c = client(daemon)
+    s = c.open_seq()
+    K, V = s.kv(0, 0, 0)
+    K[:] = 3.0
+    c.close()
+    assert c.closed
+    for call in (c.stats, c.open_seq, lambda: s.sync(1), s.query,
+                 lambda: s.kv(0, 0, 0), c.table, c.last_sync):
+        with pytest.raises(kvtrim.ECONN):
+            call()
+    # the view outlives close(): its memory is still mapped
+    assert K[0] == 3.0
+    del K, V
+    c.close()  # twice is fine
+
+
+def test_async_sync_headroom_buffers_and_context_managers(daemon):
+    with client(daemon, headroom=8) as c:
+        with c.open_seq() as s:
+            s.headroom(2)                 # takes effect at the next sync
+            fill(s, c, 8, 0)
+            t = c.sync_async([(s, 8, "prefill")])
+            with pytest.raises(kvtrim.EBUSY):
+                s.sync(0)
+            c.wait(t)
+            with pytest.raises(kvtrim.EINVAL):
+                c.wait(t)                 # waited for already
+            with pytest.raises(kvtrim.EHEADROOM):
+                s.kv(0, 0, 2)
+            with pytest.raises(kvtrim.EHEADROOM):
+                s.headroom(9)
+            b = c.buffer(64)
+            assert b.nbytes == 64 and not b.any()
+            c.buffer_free(b)
+            with pytest.raises(kvtrim.EINVAL):
+                c.buffer_free(b)
+            sid = s.id
+        # the with block closed it
+        with pytest.raises(kvtrim.ENOSEQ):
+            c._c.seq_query(sid)
+        assert c.stats()["sequences"] == 0
+        c.set_stream(0)                   # a no-op on a host tenant
+        assert c.memory_kind == "host"
+
+
+def test_daemon_helper_stops_cleanly():
+    d = kvtrim.Daemon(pool_size="16M")
+    rt = d.runtime_dir
+    assert d.running and os.path.exists(os.path.join(rt, "ctl.ipc"))
+    assert d.stop() == 0                  # SIGTERM: drains, exits 0
+    assert not os.path.exists(rt) and d.stop() is None
+
+
+def test_lost_daemon_gives_econn():
+    d = kvtrim.Daemon(pool_size="16M")
+    c = kvtrim.Client(runtime_dir=d.runtime_dir, **GEO)
+    s = c.open_seq()
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    with pytest.raises(kvtrim.ECONN):
+        for _ in range(50):
+            s.query()
+    c.close()
+    d.stop()
