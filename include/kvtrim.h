@@ -355,6 +355,46 @@ KVT_API float *kvt_stage_q(const kvt_client *c, kvt_seq seq, uint32_t layer,
 KVT_API float *kvt_stage_lse(const kvt_client *c, kvt_seq seq, uint32_t layer,
                              uint32_t pos);
 
+/*
+ * Bulk writes, for engines that hold a layer's new K and V (or scorer
+ * inputs) as tensors: one call per (sequence, layer) instead of one
+ * kvt_kv_ptr / kvt_stage_* per row.
+ *
+ * kvt_write_kv copies K and V of n new tokens into entries len + k0 ..
+ * len + k0 + n - 1 of every KV head's list of the layer.  k and v hold
+ * elements of the tenant's dtype (kvt_config.dtype: an engine converts
+ * first); element i of token t and KV head h is at
+ *   k[(t * tok_stride + h * head_stride) + i]     (strides in elements),
+ * so transformers' per-sequence [n_kv_heads][n][head_dim] is
+ * tok_stride = head_dim, head_stride = n * head_dim, and [n][n_kv_heads]
+ * [head_dim] is tok_stride = n_kv_heads * head_dim, head_stride = head_dim.
+ * Memory as kvt_memcpy takes it (host memory; on a cuda tenant host or
+ * device memory, copied on the client's stream).  Everything is checked
+ * before a byte is written: KVT_EINVAL (NULL pointers with n > 0, layer out
+ * of range, a stride too small to keep rows apart), KVT_ENOSEQ, KVT_EBUSY,
+ * KVT_EHEADROOM (k0 + n beyond the headroom in force), KVT_EPROTO (a list
+ * without the pages the daemon promised), KVT_ECONN; the reason in
+ * kvt_last_error.  n 0 writes nothing.
+ */
+KVT_API int kvt_write_kv(kvt_client *c, kvt_seq seq, uint32_t layer,
+                         uint32_t k0, uint32_t n, const void *k,
+                         const void *v, uint64_t tok_stride,
+                         uint64_t head_stride);
+
+/*
+ * kvt_stage copies the scorer inputs of positions pos0 .. pos0 + n - 1 of
+ * one layer into their staging rows: x [n][d_model], q [n][n_heads]
+ * [head_dim], lse [n][n_heads], float32, contiguous, memory as for
+ * kvt_write_kv.  Only the inputs the policy reads (kvt_policy_inputs) are
+ * copied; the others may be NULL.  Checked first: KVT_EINVAL (an input the
+ * policy reads given as NULL, n beyond stage_tokens, layer out of range, no
+ * staging), KVT_ENOSEQ, KVT_EBUSY, KVT_ECONN.  n 0, or a policy that reads
+ * none of them, copies nothing.
+ */
+KVT_API int kvt_stage(kvt_client *c, kvt_seq seq, uint32_t layer,
+                      uint32_t pos0, uint32_t n, const float *x,
+                      const float *q, const float *lse);
+
 /* ---------------------------------------------------------------- sync */
 
 /*

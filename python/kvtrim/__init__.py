@@ -148,6 +148,37 @@ def _f32_array(a, what, shape):
     return a.ctypes.data, a
 
 
+_TORCH_OF = {0: "float32", 1: "float16", 2: "bfloat16"}
+
+
+def _kv_src(a, c, what):
+    """(address, (head_stride, tok_stride) in elements, n) of a K or V
+    source [n_kv_heads][n][head_dim] whose rows are contiguous."""
+    dt = DTYPES[c.dtype]
+    if type(a).__module__.startswith("torch"):
+        if str(a.dtype) != "torch." + _TORCH_OF[dt]:
+            raise TypeError(f"{what} must be torch.{_TORCH_OF[dt]} (the "
+                            f"tenant's dtype), not {a.dtype}")
+        shape, strides, addr = tuple(a.shape), tuple(a.stride()), \
+            a.data_ptr()
+    elif isinstance(a, np.ndarray):
+        if a.dtype != _NP_DTYPE[dt]:
+            raise TypeError(f"{what} must be {np.dtype(_NP_DTYPE[dt])} "
+                            f"(the tenant's dtype), not {a.dtype}")
+        shape = a.shape
+        strides = tuple(s // a.itemsize for s in a.strides)
+        addr = a.ctypes.data
+    else:
+        raise TypeError(f"{what} must be a numpy array or a torch tensor")
+    if len(shape) != 3 or shape[0] != c.n_kv_heads or \
+            shape[2] != c.head_dim:
+        raise ValueError(f"{what} has shape {shape}, expected "
+                         f"({c.n_kv_heads}, n, {c.head_dim})")
+    if shape[1] and strides[2] != 1:
+        raise ValueError(f"{what}'s rows must be contiguous")
+    return addr, (strides[0], strides[1]), int(shape[1])
+
+
 # -------------------------------------------------------------- client
 
 
@@ -409,6 +440,44 @@ class Seq:
     def stage_lse(self, layer, pos):
         """float32 [n_heads] or None (kvt_stage_lse)."""
         return self._stage(2, layer, pos, (self.client.n_heads,))
+
+    def write_kv(self, layer, k, v, k0=0):
+        """kvt_write_kv: K and V of n new tokens into entries len + k0 ..
+        of every KV head's list of the layer, from numpy arrays or torch
+        tensors [n_kv_heads][n][head_dim] (transformers' per-sequence
+        layout) in the tenant's dtype (bf16 as torch.bfloat16 or uint16);
+        any strides whose rows are contiguous work (a slice key[b] of a
+        [batch][heads][n][head_dim] tensor included)."""
+        c = self.client
+        ka, kst, n = _kv_src(k, c, "k")
+        va, vst, nv = _kv_src(v, c, "v")
+        if kst != vst or n != nv:
+            raise ValueError("k and v must have the same shape and strides")
+        c._c.write_kv(self.id, _u32(layer, "layer"), _u32(k0, "k0"), n,
+                      ka, va, kst[1], kst[0])
+
+    def stage(self, layer, pos0, x=None, q=None, lse=None):
+        """kvt_stage: scorer inputs of positions pos0 .. pos0 + n - 1:
+        x [n][d_model], q [n][n_heads][head_dim], lse [n][n_heads], float32
+        numpy or torch, C-contiguous; only what the policy reads is
+        copied (the others may be None)."""
+        c = self.client
+        n = None
+        addrs = []
+        for a, what, tail in ((x, "x", (c.d_model,)),
+                              (q, "q", (c.n_heads, c.head_dim)),
+                              (lse, "lse", (c.n_heads,))):
+            if a is None:
+                addrs.append(0)
+                continue
+            m = int(a.shape[0]) if len(a.shape) else 0
+            if n is None:
+                n = m
+            addrs.append(_f32_array(a, what, (n,) + tail)[0])
+        if n is None:
+            return
+        c._c.stage(self.id, _u32(layer, "layer"), _u32(pos0, "pos0"), n,
+                   *addrs)
 
     def sync(self, n_new, phase="prefill", layers=None):
         """Commits n_new appended entries of every list (of layers

@@ -597,6 +597,45 @@ static PyObject *client_list_record(Client *self, PyObject *args)
 	return Py_BuildValue("(KI)", (unsigned long long)(uintptr_t)r, slot);
 }
 
+/* write_kv(seq, layer, k0, n, k, v, tok_stride, head_stride) */
+static PyObject *client_write_kv(Client *self, PyObject *args)
+{
+	unsigned long long s, k, v, ts, hs;
+	unsigned int l, k0, n;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "KIIIKKKK", &s, &l, &k0, &n, &k, &v,
+	                            &ts, &hs))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_write_kv(c, s, l, k0, n, (const void *)(uintptr_t)k,
+	                  (const void *)(uintptr_t)v, ts, hs);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
+/* stage(seq, layer, pos0, n, x, q, lse): addresses, 0 for NULL */
+static PyObject *client_stage(Client *self, PyObject *args)
+{
+	unsigned long long s, x, q, lse;
+	unsigned int l, p0, n;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "KIIIKKK", &s, &l, &p0, &n, &x, &q,
+	                            &lse))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_stage(c, s, l, p0, n, (const float *)(uintptr_t)x,
+	               (const float *)(uintptr_t)q,
+	               (const float *)(uintptr_t)lse);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
 /* attention(seq, layer, n, q, out, lse): addresses; the GIL is released
  * for the kernel. */
 static PyObject *client_attention(Client *self, PyObject *args)
@@ -647,6 +686,8 @@ static PyMethodDef client_methods[] = {
 	{"table_view", (PyCFunction)client_table_view, METH_NOARGS, NULL},
 	{"list_record", (PyCFunction)client_list_record, METH_VARARGS, NULL},
 	{"attention", (PyCFunction)client_attention, METH_VARARGS, NULL},
+	{"write_kv", (PyCFunction)client_write_kv, METH_VARARGS, NULL},
+	{"stage", (PyCFunction)client_stage, METH_VARARGS, NULL},
 	{"region", (PyCFunction)client_region, METH_VARARGS, NULL},
 	{NULL, NULL, 0, NULL}};
 

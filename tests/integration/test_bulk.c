@@ -1,0 +1,199 @@
+/*
+ * test_bulk.c — kvt_write_kv and kvt_stage through the real daemon, on
+ * whatever backend the suite runs: the rows land where kvt_kv_ptr and
+ * kvt_stage_* say (read back with kvt_memcpy), in both layouts an engine
+ * hands over, and every refusal writes nothing.  Expected values are the
+ * source elements themselves, placed by hand arithmetic.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "kvtrim.h"
+#include "test.h"
+
+/* geometry of th_small_cfg: 2 layers, 4 heads, 2 KV heads, head_dim 8,
+ * d_model 32, pages of 4, headroom 4 */
+#define HD 8
+#define KV 2
+
+/* Reads K and V of entry len + k of (layer, head) to the host. */
+static void read_row(kvt_client *c, kvt_seq s, uint32_t l, uint32_t h,
+                     uint32_t k, float *kr, float *vr)
+{
+	void *kp, *vp;
+	T_OK(kvt_kv_ptr(c, s, l, h, k, &kp, &vp));
+	T_OK(kvt_memcpy(c, kr, kp, HD * sizeof(float)));
+	T_OK(kvt_memcpy(c, vr, vp, HD * sizeof(float)));
+}
+
+/* Host memory, or a device buffer holding a copy of it (cuda tenants
+ * take either; the device one is what a GPU engine hands over). */
+static const void *src_copy(kvt_client *c, const void *host, size_t bytes,
+                            void **buf)
+{
+	*buf = NULL;
+	if (kvt_memory_kind(c) == KVT_MEMORY_HOST)
+		return host;
+	T_OK(kvt_buffer_alloc(c, bytes, buf));
+	T_OK(kvt_memcpy(c, *buf, host, bytes));
+	return *buf;
+}
+
+TEST(bulk, write_kv_both_layouts_land_where_kv_ptr_points)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "bulk", "full");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq s;
+	T_OK(kvt_seq_open(c, &s));
+	/* transformers' layout [KV][n][HD]: element (t, h, i) at
+	 * h * n * HD + t * HD + i, value 1000 h + 10 t + i (+0.5 for V) */
+	enum { N = 3 };
+	float K[KV][N][HD], V[KV][N][HD];
+	for (int h = 0; h < KV; h++)
+		for (int t = 0; t < N; t++)
+			for (int i = 0; i < HD; i++) {
+				K[h][t][i] = (float)(1000 * h + 10 * t + i);
+				V[h][t][i] = K[h][t][i] + 0.5f;
+			}
+	void *bk, *bv;
+	const void *sk = src_copy(c, K, sizeof(K), &bk);
+	const void *sv = src_copy(c, V, sizeof(V), &bv);
+	for (uint32_t l = 0; l < 2; l++)
+		T_OK(kvt_write_kv(c, s, l, 1, N, sk, sv, HD, N * HD));
+	float kr[HD], vr[HD];
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < KV; h++)
+			for (uint32_t t = 0; t < N; t++) {
+				read_row(c, s, l, h, 1 + t, kr, vr);
+				for (int i = 0; i < HD; i++) {
+					T_ASSERT(kr[i] == K[h][t][i]);
+					T_ASSERT(vr[i] == V[h][t][i]);
+				}
+			}
+	/* the token-major layout [n][KV][HD] at k0 0: the same values */
+	float K2[N][KV][HD], V2[N][KV][HD];
+	for (int t = 0; t < N; t++)
+		for (int h = 0; h < KV; h++)
+			for (int i = 0; i < HD; i++) {
+				K2[t][h][i] = -K[h][t][i];
+				V2[t][h][i] = -V[h][t][i];
+			}
+	void *bk2, *bv2;
+	const void *sk2 = src_copy(c, K2, sizeof(K2), &bk2);
+	const void *sv2 = src_copy(c, V2, sizeof(V2), &bv2);
+	T_OK(kvt_write_kv(c, s, 0, 0, 1, sk2, sv2, KV * HD, HD));
+	read_row(c, s, 0, 1, 0, kr, vr);
+	T_ASSERT(kr[3] == -1003.0f && vr[3] == -1003.5f);
+	/* and the four committed entries are those written */
+	struct kvt_sync_item it = {s, 4, KVT_PHASE_PREFILL, 0, 0};
+	T_OK(kvt_sync(c, &it, 1));
+	struct kvt_list li;
+	T_OK(kvt_list_get(c, s, 1, 1, &li));
+	T_EQ(li.len, 4);
+	float pg[2 * 4 * HD];
+	T_OK(kvt_memcpy(c, pg, kvt_page_ptr(c, li.pages[0]), sizeof(pg)));
+	T_ASSERT(pg[2 * HD + 5] == 1015.0f);            /* K, entry 2: t 1 */
+	T_ASSERT(pg[4 * HD + 3 * HD + 5] == 1025.5f);   /* V, entry 3: t 2 */
+	/* kvt_buffer_free(c, NULL) does nothing: host tenants have none */
+	T_OK(kvt_buffer_free(c, bk));
+	T_OK(kvt_buffer_free(c, bv));
+	T_OK(kvt_buffer_free(c, bk2));
+	T_OK(kvt_buffer_free(c, bv2));
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(bulk, write_kv_refusals_write_nothing)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "bulkbad", "full");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq s;
+	T_OK(kvt_seq_open(c, &s));
+	float K[4 * KV * HD], zero[HD] = {0}, kr[HD], vr[HD];
+	for (int i = 0; i < 4 * KV * HD; i++)
+		K[i] = 7.0f;
+	void *bk;
+	const void *sk = src_copy(c, K, sizeof(K), &bk);
+	/* headroom 4: entries 2 .. 5 do not fit */
+	T_ERR(kvt_write_kv(c, s, 0, 2, 4, sk, sk, HD, 4 * HD), KVT_EHEADROOM);
+	T_ASSERT(strstr(kvt_last_error(c), "headroom"));
+	T_ERR(kvt_write_kv(c, s, 2, 0, 1, sk, sk, HD, HD), KVT_EINVAL);
+	T_ERR(kvt_write_kv(c, s, 0, 0, 2, NULL, sk, HD, 2 * HD), KVT_EINVAL);
+	/* strides that would make rows overlap */
+	T_ERR(kvt_write_kv(c, s, 0, 0, 2, sk, sk, 4, 4), KVT_EINVAL);
+	T_ASSERT(strstr(kvt_last_error(c), "overlap"));
+	T_ERR(kvt_write_kv(c, s + 1, 0, 0, 1, sk, sk, HD, HD), KVT_ENOSEQ);
+	for (uint32_t h = 0; h < KV; h++)
+		for (uint32_t k = 0; k < 4; k++) {
+			read_row(c, s, 0, h, k, kr, vr);
+			T_ASSERT(!memcmp(kr, zero, sizeof(kr)));
+			T_ASSERT(!memcmp(vr, zero, sizeof(vr)));
+		}
+	T_OK(kvt_write_kv(c, s, 0, 0, 0, NULL, NULL, 0, 0)); /* n 0 */
+	if (bk)
+		T_OK(kvt_buffer_free(c, bk));
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(bulk, stage_fills_the_rows_the_policy_reads)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	/* h2o reads q and lse; x has no room in its staging rows */
+	struct kvt_config cfg = th_small_cfg(&d, "bulkstage", "h2o:tokens=8");
+	cfg.stage_tokens = 4;
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq s;
+	T_OK(kvt_seq_open(c, &s));
+	enum { N = 3, H = 4 };
+	float q[N][H][HD], lse[N][H], x[N][32];
+	for (int t = 0; t < N; t++) {
+		for (int h = 0; h < H; h++) {
+			lse[t][h] = (float)(t * 10 + h);
+			for (int i = 0; i < HD; i++)
+				q[t][h][i] = (float)(100 * t + 10 * h + i);
+		}
+		for (int i = 0; i < 32; i++)
+			x[t][i] = 1.0f;
+	}
+	void *bq, *bl;
+	const void *sq = src_copy(c, q, sizeof(q), &bq);
+	const void *sl = src_copy(c, lse, sizeof(lse), &bl);
+	/* lse is read: NULL refused, and nothing staged */
+	T_ERR(kvt_stage(c, s, 1, 0, N, NULL, sq, NULL), KVT_EINVAL);
+	T_ASSERT(strstr(kvt_last_error(c), "lse"));
+	T_ERR(kvt_stage(c, s, 1, 0, 5, NULL, sq, sl), KVT_EINVAL); /* > ring */
+	T_ERR(kvt_stage(c, s, 2, 0, 1, NULL, sq, sl), KVT_EINVAL);
+	/* x is not read: NULL is fine, and a given x is ignored */
+	T_OK(kvt_stage(c, s, 1, 0, N, NULL, sq, sl));
+	T_OK(kvt_stage(c, s, 0, 0, N, x[0], sq, sl));
+	float got[H * HD], gl[H];
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t t = 0; t < N; t++) {
+			T_OK(kvt_memcpy(c, got, kvt_stage_q(c, s, l, t),
+			                sizeof(got)));
+			T_OK(kvt_memcpy(c, gl, kvt_stage_lse(c, s, l, t),
+			                sizeof(gl)));
+			T_ASSERT(!memcmp(got, q[t], sizeof(got)));
+			T_ASSERT(!memcmp(gl, lse[t], sizeof(gl)));
+		}
+	T_ASSERT(kvt_stage_x(c, s, 0, 0) == NULL);
+	if (bq) {
+		T_OK(kvt_buffer_free(c, bq));
+		T_OK(kvt_buffer_free(c, bl));
+	}
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
