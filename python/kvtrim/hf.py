@@ -235,7 +235,9 @@ def attention(module, query, key, value, attention_mask, scaling=None,
     query [B][H][n][hd], key and value [B][KV][n][hd] (the step's new
     tokens only, from KVTrimCache.update), attention_mask the 2-D padding
     mask [B][columns] or None.  Returns ([B][n][H][hd], None)."""
-    cache = getattr(_active, "cache", None)
+    # update() of this layer set it just before; taken, so that a forward
+    # without the cache never finds a stale one
+    cache = _active.__dict__.pop("cache", None)
     if not isinstance(cache, KVTrimCache):
         raise RuntimeError("attn_implementation='kvtrim' needs "
                            "past_key_values=kvtrim.hf.KVTrimCache(model, ...)")

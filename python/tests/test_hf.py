@@ -1,0 +1,159 @@
+"""kvtrim.hf against transformers' own cache on the real SmolLM2 (the GGUF
+of `make models`, loaded by transformers): logits of kvtrim's `full`
+equal DynamicCache's, eviction frees the daemon's memory, and kvzap at its
+threshold for 75% answers the demo question.  Skipped, naming the reason,
+when the model is not in the cache."""
+import os
+import resource
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+
+import kvtrim  # noqa: E402
+import kvtrim.hf  # noqa: E402
+
+CACHE = os.environ.get("KVTRIM_MODELS") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+    "kvtrim", "models")
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+QUESTION = "What was the name of the test machine the first kvtrimd ran on?"
+
+
+@pytest.fixture(scope="module")
+def model():
+    if not os.path.exists(os.path.join(CACHE, GGUF + ".sha256")):
+        pytest.skip(f"SmolLM2 is not in {CACHE} (make models)")
+    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    m = AutoModelForCausalLM.from_pretrained(CACHE, gguf_file=GGUF,
+                                             dtype=torch.float32)
+    m.eval()
+    return m
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with kvtrim.Daemon(pool_size="1G", args=["--default-quota", "512M"]) \
+            as d:
+        yield d
+
+
+def tau(target):
+    with open("weights/smollm2/calibration.txt") as f:
+        for line in f:
+            w = line.split()
+            if len(w) == 3 and w[0] == "kvzap-mlp" and \
+                    float(w[1]) == target:
+                return w[2]
+    raise AssertionError(f"no kvzap-mlp {target} in calibration.txt")
+
+
+def run(model, impl, cache, ids, mask, steps):
+    """Teacher-forced: the prompt in one forward, then steps tokens one
+    at a time; the logits of every real position, per row."""
+    model.set_attn_implementation(impl)
+    B, T = ids.shape
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = [model(input_ids=ids[:, :T - steps], attention_mask=mask[:, :T - steps],
+                 position_ids=pos[:, :T - steps],
+                 past_key_values=cache).logits]
+    for t in range(T - steps, T):
+        out.append(model(input_ids=ids[:, t:t + 1],
+                         attention_mask=mask[:, :t + 1],
+                         position_ids=pos[:, t:t + 1],
+                         past_key_values=cache).logits)
+    return torch.cat(out, dim=1)
+
+
+def test_full_equals_dynamic_cache(model, daemon):
+    # a batch of 2 prompts of different lengths (row 1 left-padded by 37),
+    # a 512-token prefill, then 64 decode steps
+    g = torch.Generator().manual_seed(7)
+    steps, T = 64, 512 + 64
+    ids = torch.randint(200, 40000, (2, T), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :37] = 0
+    with torch.no_grad():
+        ref = run(model, "eager", DynamicCache(), ids, mask, steps)
+        with kvtrim.hf.KVTrimCache(model, runtime_dir=daemon.runtime_dir,
+                                   batch_size=2, chunk=512,
+                                   max_tokens=1024) as c:
+            got = run(model, "kvtrim", c, ids, mask, steps)
+            assert c.seen == [T, T - 37] and c.get_seq_length() == T
+            st = c.stats()
+            assert st["entries_appended"] == (2 * T - 37) * 30 * 3
+            assert st["entries_evicted"] == 0
+    diff = max((got[r][mask[r].bool()] - ref[r][mask[r].bool()]).abs().max()
+               .item() for r in range(2))
+    print(f"max |logit diff| over {2 * T - 37} positions: {diff:.2e}")
+    assert diff < 1e-4
+
+
+def demo_prompt():
+    tok = AutoTokenizer.from_pretrained(CACHE, gguf_file=GGUF)
+    doc = open("examples/demo-document.txt").read()
+    msgs = [{"role": "user", "content": doc + "\n\n" + QUESTION}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    return tok, ids
+
+
+def answer(model, daemon, spec, tok, ids):
+    n = ids["input_ids"].shape[1]
+    model.set_attn_implementation("kvtrim")
+    with kvtrim.hf.KVTrimCache(model, policy=spec, chunk=n,
+                               max_tokens=n + 64,
+                               runtime_dir=daemon.runtime_dir) as c, \
+            torch.no_grad():
+        out = model.generate(**ids, past_key_values=c, max_new_tokens=24,
+                             do_sample=False)
+        return tok.decode(out[0, n:], skip_special_tokens=True), c.stats()
+
+
+def test_kvzap_at_75_answers_and_frees_the_memory(model, daemon):
+    tok, ids = demo_prompt()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    full_answer, full = answer(model, daemon, "full", tok, ids)
+    spec = (f"kvzap:model=weights/smollm2/kvzap-mlp,threshold={tau(0.75)},"
+            "window=32,sinks=4")
+    z_answer, z = answer(model, daemon, spec, tok, ids)
+    print(f"full: {full['kv_bytes']} B, {full_answer!r}\n"
+          f"kvzap: {z['kv_bytes']} B, {z_answer!r}")
+    assert "Marigold" in full_answer
+    assert "Marigold" in z_answer
+    assert 1 - z["entries_kept"] / z["entries_appended"] > 0.7
+    assert z["kv_bytes"] <= 0.3 * full["kv_bytes"]
+    # the cache lives in the daemon: this process did not grow by the
+    # 90 MiB the full cache holds there (maxrss in KiB)
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
+    assert grew * 1024 < full["kv_bytes"], grew
+
+
+def test_generate_with_sampling_and_a_batch(model, daemon):
+    tok = AutoTokenizer.from_pretrained(CACHE, gguf_file=GGUF)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    enc = tok(["The capital of France is", "Once upon a time, in a land"],
+              return_tensors="pt", padding=True)
+    model.set_attn_implementation("kvtrim")
+    with kvtrim.hf.KVTrimCache(model, batch_size=2, chunk=64,
+                               policy="streaming:sinks=4,tokens=16",
+                               runtime_dir=daemon.runtime_dir) as c, \
+            torch.no_grad():
+        torch.manual_seed(0)
+        out = model.generate(**enc, past_key_values=c, max_new_tokens=24,
+                             do_sample=True, top_k=20)
+        assert out.shape[0] == 2 and out.shape[1] > enc["input_ids"].shape[1]
+        # streaming kept sinks + 12 recent per list, whatever the padding
+        assert all(k <= 16 for k in c.kept())
+        assert c.stats()["entries_evicted"] > 0
+
+
+def test_without_the_cache_the_attention_says_what_is_missing(model):
+    model.set_attn_implementation("kvtrim")
+    with pytest.raises(RuntimeError, match="KVTrimCache"), torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
