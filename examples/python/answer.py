@@ -15,7 +15,7 @@ import time
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 import kvtrim
 import kvtrim.hf
@@ -48,7 +48,7 @@ def main():
     transformers.utils.logging.disable_progress_bar()
     transformers.logging.set_verbosity_error()
     d, f = os.path.split(os.path.abspath(a.gguf))
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    tok = kvtrim.hf.load_tokenizer(a.gguf)
     model = AutoModelForCausalLM.from_pretrained(
         d, gguf_file=f, dtype=torch.float32, attn_implementation="kvtrim")
     doc = open(a.doc).read()

@@ -43,7 +43,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 import kvtrim
 
-__all__ = ["KVTrimCache", "attention", "ATTN_IMPLEMENTATION"]
+__all__ = ["KVTrimCache", "attention", "load_tokenizer", "ATTN_IMPLEMENTATION"]
 
 ATTN_IMPLEMENTATION = "kvtrim"
 _TORCH_DTYPE = {torch.float32: "f32", torch.float16: "f16",
@@ -297,6 +297,44 @@ def attention(module, query, key, value, attention_mask, scaling=None,
         cache.columns += n
         cache._commit(lambda m: "decode" if n == 1 else "prefill")
     return out, None
+
+
+def load_tokenizer(gguf_path):
+    """transformers' tokenizer of a GGUF file, mended where transformers
+    5.2 builds it unlike the file says (and unlike llama.cpp and kvtrim's
+    C engine tokenize): for tokenizer.ggml.pre "smollm" digits are split
+    one by one before the byte-level split; with add_bos_token false no
+    post-processor prepends a token (5.2 prepends <|im_start|> to every
+    encode); eos and pad are tokenizer.ggml.eos_token_id and
+    padding_token_id (5.2 makes eos <|im_start|>, so generate never stops
+    at the end of a turn)."""
+    import os
+    from gguf import GGUFReader
+    from tokenizers import pre_tokenizers, processors
+    from transformers import AutoTokenizer
+
+    d, f = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    fields = GGUFReader(gguf_path).fields
+
+    def meta(key, default=None):
+        fl = fields.get(key)
+        return default if fl is None else fl.contents()
+
+    bt = tok.backend_tokenizer
+    if meta("tokenizer.ggml.pre") == "smollm":
+        bt.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             bt.pre_tokenizer])
+    if not meta("tokenizer.ggml.add_bos_token", False):
+        bt.post_processor = processors.ByteLevel(trim_offsets=False)
+    eos = meta("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        tok.eos_token = tok.convert_ids_to_tokens(int(eos))
+    pad = meta("tokenizer.ggml.padding_token_id")
+    if pad is not None:
+        tok.pad_token = tok.convert_ids_to_tokens(int(pad))
+    return tok
 
 
 def padding_mask(batch_size=None, cache_position=None, kv_length=None,

@@ -58,6 +58,8 @@ static const char usage[] =
 	"           teacher-forced mean NLL of [BOS +] FILE (truncated to the\n"
 	"           context); the first N tokens (default chunk) are prefill,\n"
 	"           the rest decode one by one; F gets float32 [T][vocab]\n"
+	"  tokenize --input FILE [--max-bytes N]\n"
+	"           the tokenizer's ids of FILE's text (no BOS), on one line\n"
 	"  oracle --kind kvzip|kvzip+|future --input FILE --out F.bin\n"
 	"         [--horizon N (default 32)] [--max-bytes N]\n"
 	"  info     print the model's hyperparameters\n";
@@ -293,7 +295,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	static const char *const modes[] = {"generate", "chat", "score",
-	                                    "oracle", "info"};
+	                                    "oracle", "info", "tokenize"};
 	const size_t nm = sizeof(modes) / sizeof(modes[0]);
 	size_t mi = 0;
 	while (mi < nm && strcmp(o.mode, modes[mi]))
@@ -322,6 +324,8 @@ int main(int argc, char **argv)
 		ret = 0;
 	} else if (!strcmp(o.mode, "oracle")) {
 		ret = run_oracle(&rm, &o.r);
+	} else if (!strcmp(o.mode, "tokenize")) {
+		ret = run_tokenize(&rm, &o.r);
 	} else {
 		struct runner r;
 		char *prompt = NULL;

@@ -147,6 +147,25 @@ static int input_ids(const struct run_model *rm, const char *text,
 	return text_ids(rm, text, len, what, out);
 }
 
+int run_tokenize(const struct run_model *rm, const struct run_opts *o)
+{
+	char *text;
+	size_t len;
+	struct tok_ids ids = {0};
+	if (!o->input) {
+		errp("tokenize: --input FILE");
+		return 2;
+	}
+	int rc = read_text(rm, o->input, o->max_bytes, &text, &len);
+	if (!rc)
+		rc = text_ids(rm, text, len, o->input, &ids);
+	for (size_t i = 0; !rc && i < ids.n; i++)
+		printf(i + 1 < ids.n ? "%d " : "%d\n", (int)ids.v[i]);
+	free(ids.v);
+	free(text);
+	return rc;
+}
+
 int run_prompt(const struct run_opts *o, char **text)
 {
 	char *doc = NULL;

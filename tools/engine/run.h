@@ -84,5 +84,8 @@ int run_chat(const struct run_model *rm, struct runner *r,
 int run_score(const struct run_model *rm, struct runner *r,
               const struct run_opts *o);
 int run_oracle(const struct run_model *rm, const struct run_opts *o);
+/* tokenize: the ids of --input's text (no BOS, special-token strings read
+ * as text), space-separated on one line of stdout; 0 or 2. */
+int run_tokenize(const struct run_model *rm, const struct run_opts *o);
 
 #endif
