@@ -148,8 +148,12 @@ int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries)
 		return KVT_ECONN;
 	uint32_t slot;
 	int rc = client_seq_lookup(c, seq, &slot);
-	if (rc < 0)
+	if (rc < 0) {
+		client_set_err(c, "kvt_seq_headroom: no open sequence %#llx on "
+		               "this client (closed, never opened, or another "
+		               "client's)", (unsigned long long)seq);
 		return rc;
+	}
 	if (entries > c->cfg.headroom) {
 		client_set_err(c, "headroom %u beyond the registration's %u",
 		               entries, c->cfg.headroom);
@@ -157,6 +161,30 @@ int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries)
 	}
 	c->seqs[slot].want = entries;
 	return 0;
+}
+
+int kvt_seq_reserve(kvt_client *c, kvt_seq seq, uint32_t entries)
+{
+	if (!c)
+		return KVT_EINVAL;
+	uint32_t slot;
+	int rc = seq_idle(c, "kvt_seq_reserve", seq, &slot);
+	if (rc < 0)
+		return rc;
+	uint32_t want = c->seqs[slot].want;
+	if ((rc = kvt_seq_headroom(c, seq, entries)) < 0)
+		return rc;
+	uint32_t room = c->seqs[slot].room;
+	if ((entries ? entries : c->cfg.headroom) <= room)
+		return 0;
+	struct kvt_sync_item it = {seq, 0, KVT_PHASE_PREFILL, 0, 0};
+	rc = kvt_sync(c, &it, 1);
+	/* Refused: nothing changed, so neither does the headroom asked.  In
+	 * doubt (timed out) the query that resolves it tells. */
+	if (rc < 0 && rc != KVT_ETIMEDOUT && rc != KVT_EPROTO &&
+	    client_seq_lookup(c, seq, &slot) == 0)
+		c->seqs[slot].want = want;
+	return rc;
 }
 
 int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)

@@ -414,6 +414,19 @@ KVT_API int kvt_stage(kvt_client *c, kvt_seq seq, uint32_t layer,
 KVT_API int kvt_seq_headroom(kvt_client *c, kvt_seq seq, uint32_t entries);
 
 /*
+ * Room for `entries` new entries now, for an engine that learns the next
+ * append's size only when it comes (a question after a decoded answer):
+ * kvt_seq_headroom(seq, entries), then, when the headroom in force is
+ * smaller, a sync of seq with no new entries (phase prefill), which
+ * carries it; the following appends have room for `entries`.  Call it with
+ * nothing appended since the last sync: that sync may compact the lists,
+ * which would move rows written into the headroom.  Errors as
+ * kvt_seq_headroom and kvt_sync (on an error the headroom in force is
+ * unchanged).
+ */
+KVT_API int kvt_seq_reserve(kvt_client *c, kvt_seq seq, uint32_t entries);
+
+/*
  * One sequence's part of a sync: n_new entries were appended to every list
  * of layers [layer_lo, layer_hi) (layer_hi 0 means all layers).
  */

@@ -398,6 +398,12 @@ class Seq:
     def headroom(self, entries):
         self.client._c.seq_headroom(self.id, _u32(entries, "entries"))
 
+    def reserve(self, entries):
+        """kvt_seq_reserve: room for `entries` new entries now (an empty
+        sync carries the headroom when it must grow); call it with nothing
+        appended since the last sync."""
+        self.client._c.seq_reserve(self.id, _u32(entries, "entries"))
+
     def list(self, layer, head):
         """(len, n_pages, epoch, pages): pages a read-only numpy uint32
         array of the page ids, over the shared table."""

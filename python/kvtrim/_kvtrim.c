@@ -322,6 +322,22 @@ static PyObject *client_seq_headroom(Client *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+static PyObject *client_seq_reserve(Client *self, PyObject *args)
+{
+	unsigned long long s;
+	unsigned int n;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "KI", &s, &n))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_seq_reserve(c, s, n);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
 /* list_get(seq, layer, head) -> (len, n_pages, epoch, pages_addr) */
 static PyObject *client_list_get(Client *self, PyObject *args)
 {
@@ -670,6 +686,7 @@ static PyMethodDef client_methods[] = {
 	{"seq_close", (PyCFunction)client_seq_close, METH_VARARGS, NULL},
 	{"seq_query", (PyCFunction)client_seq_query, METH_VARARGS, NULL},
 	{"seq_headroom", (PyCFunction)client_seq_headroom, METH_VARARGS, NULL},
+	{"seq_reserve", (PyCFunction)client_seq_reserve, METH_VARARGS, NULL},
 	{"list_get", (PyCFunction)client_list_get, METH_VARARGS, NULL},
 	{"page_ptr", (PyCFunction)client_page_ptr, METH_VARARGS, NULL},
 	{"kv_ptr", (PyCFunction)client_kv_ptr, METH_VARARGS, NULL},

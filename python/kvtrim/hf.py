@@ -196,16 +196,14 @@ class KVTrimCache(Cache):
 
     def _prepare(self, b, m):
         """Headroom for m new entries of row b: what the last sync left
-        (1 after a prefill, for decoding) grows on demand with an empty
-        sync that carries the new headroom."""
+        (1 after a prefill, for decoding) grows on demand
+        (kvt_seq_reserve)."""
         if m > self.chunk:
             raise ValueError(f"{m} tokens in one forward: at most chunk="
                              f"{self.chunk} (feed longer prompts in "
                              "chunks)")
         if m > self.room[b]:
-            s = self.seqs[b]
-            s.headroom(self.chunk)
-            s.sync(0, "prefill")
+            self.seqs[b].reserve(self.chunk)
             self.room[b] = self.chunk
 
     def _commit(self, phase_of):

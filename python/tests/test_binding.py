@@ -287,6 +287,10 @@ def test_async_sync_headroom_buffers_and_context_managers(daemon):
                 s.kv(0, 0, 2)
             with pytest.raises(kvtrim.EHEADROOM):
                 s.headroom(9)
+            s.reserve(5)                  # grows now, by an empty sync
+            K, V = s.kv(0, 0, 4)
+            with pytest.raises(kvtrim.EHEADROOM):
+                s.kv(0, 0, 5)
             b = c.buffer(64)
             assert b.nbytes == 64 and not b.any()
             c.buffer_free(b)

@@ -197,3 +197,44 @@ TEST(bulk, stage_fills_the_rows_the_policy_reads)
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
 }
+
+TEST(bulk, reserve_grows_the_headroom_now)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "bulkroom", "full");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq s;
+	void *kp, *vp;
+	T_OK(kvt_seq_open(c, &s));
+	/* headroom 1 for decoding, taken at a sync */
+	T_OK(kvt_seq_headroom(c, s, 1));
+	struct kvt_sync_item it = {s, 0, KVT_PHASE_PREFILL, 0, 0};
+	T_OK(kvt_sync(c, &it, 1));
+	T_ERR(kvt_kv_ptr(c, s, 0, 0, 1, &kp, &vp), KVT_EHEADROOM);
+	struct kvt_seq_info qi;
+	T_OK(kvt_seq_query(c, s, &qi));
+	uint32_t syncs = qi.syncs;
+	/* a 3-token chunk comes: room now, by one empty sync */
+	T_OK(kvt_seq_reserve(c, s, 3));
+	T_OK(kvt_kv_ptr(c, s, 1, 1, 2, &kp, &vp));
+	T_ERR(kvt_kv_ptr(c, s, 1, 1, 3, &kp, &vp), KVT_EHEADROOM);
+	T_OK(kvt_seq_query(c, s, &qi));
+	T_EQ(qi.syncs, syncs + 1);
+	T_EQ(qi.seen_max, 0);
+	/* already there: no sync at all */
+	T_OK(kvt_seq_reserve(c, s, 2));
+	T_OK(kvt_seq_query(c, s, &qi));
+	T_EQ(qi.syncs, syncs + 1);
+	/* refusals: beyond the registration, an unknown sequence (with its
+	 * reason, where kvt_seq_headroom once left it empty) */
+	T_ERR(kvt_seq_reserve(c, s, 5), KVT_EHEADROOM);
+	T_ERR(kvt_seq_reserve(c, s + 1, 2), KVT_ENOSEQ);
+	T_ASSERT(kvt_last_error(c)[0]);
+	T_ERR(kvt_seq_headroom(c, s + 1, 2), KVT_ENOSEQ);
+	T_ASSERT(strstr(kvt_last_error(c), "no open sequence"));
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
