@@ -216,3 +216,38 @@ def test_tokenizer_ids_equal_the_c_engines(model):
     raw = transformers.AutoTokenizer.from_pretrained(CACHE, gguf_file=GGUF)
     assert raw("x")["input_ids"][0] == 1      # <|im_start|> prepended
     assert tok("x")["input_ids"][0] != 1
+
+
+def test_context_first_then_the_question(model, daemon):
+    # kvpress's pipeline: the context is prefilled (and compressed) alone,
+    # the question comes after it as one more chunk (the headroom grows on
+    # demand: kvt_seq_reserve), then the answer is generated
+    tok = kvtrim.hf.load_tokenizer(os.path.join(CACHE, GGUF))
+    doc = open("examples/demo-document.txt").read()
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": doc + "\n\n" + QUESTION}],
+        add_generation_prompt=True, tokenize=False)
+    cut = full.index("\n\n" + QUESTION)
+    # context and question tokenized apart, as kvpress's pipeline does
+    ctx = tok(full[:cut], return_tensors="pt")["input_ids"]
+    ids = torch.cat([ctx, tok(full[cut:], return_tensors="pt")["input_ids"]],
+                    dim=1)
+    spec = (f"kvzap:model=weights/smollm2/kvzap-mlp,threshold={tau(0.75)},"
+            "window=32,sinks=4")
+    model.set_attn_implementation("kvtrim")
+    with kvtrim.hf.KVTrimCache(model, policy=spec, chunk=ctx.shape[1],
+                               max_tokens=ids.shape[1] + 64,
+                               runtime_dir=daemon.runtime_dir) as c, \
+            torch.no_grad():
+        model(input_ids=ctx, past_key_values=c)
+        kept_after_context = c.stats()["entries_kept"]
+        assert c.get_seq_length() == ctx.shape[1]
+        out = model.generate(input_ids=ids, past_key_values=c,
+                             attention_mask=torch.ones_like(ids),
+                             max_new_tokens=24, do_sample=False)
+        answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        st = c.stats()
+    print(f"context then question: {answer!r}, kept {st['entries_kept']} "
+          f"of {st['entries_appended']}")
+    assert kept_after_context < 0.3 * ctx.shape[1] * 30 * 3
+    assert "Marigold" in answer
