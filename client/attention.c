@@ -12,9 +12,12 @@
  *                it reads the device copy of the table, so the call
  *                copies nothing between host and device.
  *
- * Every list is checked against the host table first (open, idle
- * sequence; layer; n within the headroom; pages for len + n entries; on a
- * host tenant every page mapped), so an error writes nothing.  The host
+ * kvt_attend runs many such attentions (sequences of a batch, each with
+ * its scale) in one call.  Every list is checked against the host table
+ * first (open, idle sequence; layer; n within the headroom; a positive
+ * scale; q, out and lse apart; pages for len + n entries; on a host tenant
+ * every page mapped), for every item before the first is computed, so an
+ * error writes nothing.  The host
  * buffers (page addresses, logits) are allocated on the first host call at
  * the geometry's largest size and kept until the client is freed
  * (client_attention_free).  See client.h.
@@ -22,6 +25,7 @@
 #include "client.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels.h"
@@ -45,7 +49,8 @@ static int fail(kvt_client *c, int rc, const char *why)
 /* Host tenant: the page addresses of every list ([n_kv][max_pages]),
  * checked, then the kernel per (token, KV head). */
 static int attend_host(kvt_client *c, uint32_t slot, uint32_t layer,
-                       uint32_t n, const float *q, float *out, float *lse)
+                       uint32_t n, const float *q, float *out, float *lse,
+                       float scale)
 {
 	const struct shm_geom *g = &c->mem.g;
 	const uint32_t H = g->n_heads, Hkv = g->n_kv_heads, G = H / Hkv;
@@ -76,7 +81,6 @@ static int attend_host(kvt_client *c, uint32_t slot, uint32_t layer,
 			}
 		}
 	}
-	const float scale = 1.0f / sqrtf((float)hd);
 	for (uint32_t h = 0; h < Hkv; h++) {
 		const struct shm_list *l = shm_list_at(c->mem.table, g, slot,
 		                                       layer, h);
@@ -96,7 +100,7 @@ static int attend_host(kvt_client *c, uint32_t slot, uint32_t layer,
  * that kvt_table_view describes. */
 static int attend_device(kvt_client *c, uint32_t slot, uint32_t layer,
                          uint32_t n, uint32_t max_len, const float *q,
-                         float *out, float *lse)
+                         float *out, float *lse, float scale)
 {
 	const struct shm_geom *g = &c->mem.g;
 	struct kvt_table_view v;
@@ -119,7 +123,7 @@ static int attend_device(kvt_client *c, uint32_t slot, uint32_t layer,
 		.dtype = c->cfg.dtype,
 		.n = n,
 		.max_len = max_len,
-		.scale = 1.0f / sqrtf((float)g->head_dim),
+		.scale = scale,
 		.q = q,
 		.out = out,
 		.lse = lse,
@@ -129,6 +133,108 @@ static int attend_device(kvt_client *c, uint32_t slot, uint32_t layer,
 	return rc < 0 ? fail(c, rc, why) : 0;
 }
 
+/* Whether [a, a + an) and [b, b + bn) (bytes) share a byte. */
+static int overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+	const char *x = a, *y = b;
+	return an && bn && x < y + bn && y < x + an;
+}
+
+/*
+ * Checks one attention (kvt_attention's arguments, item i of a kvt_attend
+ * when many) against the host table before anything is computed: *slot
+ * and *max_len (the longest list's len + n) for the run.  0, or the code
+ * with the reason set.
+ */
+static int check(kvt_client *c, size_t i, int many, kvt_seq seq,
+                 uint32_t layer, uint32_t n, const float *q,
+                 const float *out, const float *lse, float scale,
+                 uint32_t *slot, uint32_t *max_len)
+{
+	const struct shm_geom *g = &c->mem.g;
+	char at[32] = "";
+	if (many)
+		snprintf(at, sizeof(at), "item %zu: ", i);
+	if (client_seq_lookup(c, seq, slot) < 0) {
+		client_set_err(c, "kvt_attention: %sno such open sequence", at);
+		return KVT_ENOSEQ;
+	}
+	if (c->seqs[*slot].busy) {
+		client_set_err(c, "kvt_attention: %sthe sequence has a sync in "
+		               "flight (kvt_wait for it first)", at);
+		return KVT_EBUSY;
+	}
+	if (layer >= g->n_layers) {
+		client_set_err(c, "kvt_attention: %slayer %u of %u", at, layer,
+		               g->n_layers);
+		return KVT_EINVAL;
+	}
+	if (n > g->headroom) {
+		client_set_err(c, "kvt_attention: %s%u new entries beyond the "
+		               "headroom of %u", at, n, g->headroom);
+		return KVT_EHEADROOM;
+	}
+	if (!(scale > 0) || !isfinite(scale)) {
+		client_set_err(c, "kvt_attention: %sscale %g is not a positive "
+		               "finite number", at, (double)scale);
+		return KVT_EINVAL;
+	}
+	if (n && (!q || !out || !lse)) {
+		client_set_err(c, "kvt_attention: %sq, out and lse must not be "
+		               "NULL", at);
+		return KVT_EINVAL;
+	}
+	const size_t qb = (size_t)n * g->n_heads * g->head_dim * sizeof(float);
+	const size_t lb = (size_t)n * g->n_heads * sizeof(float);
+	if (overlap(q, qb, out, qb) || overlap(q, qb, lse, lb) ||
+	    overlap(out, qb, lse, lb)) {
+		client_set_err(c, "kvt_attention: %sq, out and lse overlap "
+		               "(out and lse must be memory of their own)", at);
+		return KVT_EINVAL;
+	}
+	/* The new entries sit in the headroom pages the daemon promised
+	 * after the last sync: a list without them breaks the contract. */
+	*max_len = 0;
+	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+		const struct shm_list *l = shm_list_at(c->mem.table, g, *slot,
+		                                       layer, h);
+		uint32_t np = l->n_pages < g->max_pages ? l->n_pages
+		                                        : g->max_pages;
+		uint64_t end = (uint64_t)l->len + n;
+		if (end > (uint64_t)np * g->page_tokens) {
+			client_set_err(c, "kvt_attention: %slayer %u KV head %u "
+			               "holds %u entries in %u pages of %u: no "
+			               "room for %u new ones", at, layer, h,
+			               l->len, np, g->page_tokens, n);
+			return KVT_EPROTO;
+		}
+		for (uint64_t p = 0; n && !mem_is_device(&c->mem) &&
+		                     p < (end + g->page_tokens - 1) /
+		                                 g->page_tokens; p++)
+			if (!mem_page(&c->mem, l->pages[p])) {
+				client_set_err(c, "kvt_attention: %spage %u of layer "
+				               "%u KV head %u is not mapped", at,
+				               l->pages[p], layer, h);
+				return KVT_EPROTO;
+			}
+		if (end > *max_len)
+			*max_len = (uint32_t)end;
+	}
+	return 0;
+}
+
+static int run(kvt_client *c, uint32_t slot, uint32_t layer, uint32_t n,
+               uint32_t max_len, const float *q, float *out, float *lse,
+               float scale)
+{
+	if (n == 0)
+		return 0;
+	if (mem_is_device(&c->mem))
+		return attend_device(c, slot, layer, n, max_len, q, out, lse,
+		                     scale);
+	return attend_host(c, slot, layer, n, q, out, lse, scale);
+}
+
 int kvt_attention(kvt_client *c, kvt_seq seq, uint32_t layer, uint32_t n,
                   const float *q, float *out, float *lse)
 {
@@ -136,47 +242,42 @@ int kvt_attention(kvt_client *c, kvt_seq seq, uint32_t layer, uint32_t n,
 		return KVT_EINVAL;
 	if (!client_alive(c))
 		return KVT_ECONN;
-	const struct shm_geom *g = &c->mem.g;
-	uint32_t slot;
-	if (client_seq_lookup(c, seq, &slot) < 0)
-		return fail(c, KVT_ENOSEQ, "no such open sequence");
-	if (c->seqs[slot].busy)
-		return fail(c, KVT_EBUSY, "the sequence has a sync in flight "
-		            "(kvt_wait for it first)");
-	if (layer >= g->n_layers) {
-		client_set_err(c, "kvt_attention: layer %u of %u", layer,
-		               g->n_layers);
+	uint32_t slot, max_len;
+	const float scale = 1.0f / sqrtf((float)c->mem.g.head_dim);
+	int rc = check(c, 0, 0, seq, layer, n, q, out, lse, scale, &slot,
+	               &max_len);
+	return rc ? rc : run(c, slot, layer, n, max_len, q, out, lse, scale);
+}
+
+int kvt_attend(kvt_client *c, const struct kvt_attend_item *items,
+               size_t n_items)
+{
+	if (!c)
+		return KVT_EINVAL;
+	if (!client_alive(c))
+		return KVT_ECONN;
+	if (n_items && !items) {
+		client_set_err(c, "kvt_attend: items is NULL");
 		return KVT_EINVAL;
 	}
-	if (n > g->headroom) {
-		client_set_err(c, "kvt_attention: %u new entries beyond the "
-		               "headroom of %u", n, g->headroom);
-		return KVT_EHEADROOM;
+	const float dflt = 1.0f / sqrtf((float)c->mem.g.head_dim);
+	uint32_t slot, max_len;
+	for (size_t i = 0; i < n_items; i++) {
+		const struct kvt_attend_item *it = &items[i];
+		int rc = check(c, i, 1, it->seq, it->layer, it->n, it->q,
+		               it->out, it->lse, it->scale ? it->scale : dflt,
+		               &slot, &max_len);
+		if (rc)
+			return rc;
 	}
-	if (n && (!q || !out || !lse))
-		return fail(c, KVT_EINVAL, "q, out and lse must not be NULL");
-	/* The new entries sit in the headroom pages the daemon promised
-	 * after the last sync: a list without them breaks the contract. */
-	uint32_t max_len = 0;
-	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-		const struct shm_list *l = shm_list_at(c->mem.table, g, slot,
-		                                       layer, h);
-		uint32_t np = l->n_pages < g->max_pages ? l->n_pages
-		                                        : g->max_pages;
-		uint64_t end = (uint64_t)l->len + n;
-		if (end > (uint64_t)np * g->page_tokens) {
-			client_set_err(c, "kvt_attention: layer %u KV head %u "
-			               "holds %u entries in %u pages of %u: no "
-			               "room for %u new ones", layer, h, l->len,
-			               np, g->page_tokens, n);
-			return KVT_EPROTO;
-		}
-		if (end > max_len)
-			max_len = (uint32_t)end;
+	for (size_t i = 0; i < n_items; i++) {
+		const struct kvt_attend_item *it = &items[i];
+		check(c, i, 1, it->seq, it->layer, it->n, it->q, it->out,
+		      it->lse, it->scale ? it->scale : dflt, &slot, &max_len);
+		int rc = run(c, slot, it->layer, it->n, max_len, it->q, it->out,
+		             it->lse, it->scale ? it->scale : dflt);
+		if (rc)
+			return rc;
 	}
-	if (n == 0)
-		return 0;
-	if (mem_is_device(&c->mem))
-		return attend_device(c, slot, layer, n, max_len, q, out, lse);
-	return attend_host(c, slot, layer, n, q, out, lse);
+	return 0;
 }

@@ -661,8 +661,8 @@ KVT_API int kvt_list_record(const kvt_client *c, kvt_seq seq,
  * n 0 computes nothing (q, out and lse may then be NULL).  Every argument
  * is checked before anything is computed; an error writes nothing and
  * kvt_last_error says why: KVT_EINVAL (NULL client, NULL pointer with
- * n > 0, layer out of range, on cuda a pointer that is not device
- * memory), KVT_ENOSEQ (not an open sequence), KVT_EBUSY (its sync is in
+ * n > 0, layer out of range, out or lse overlapping q or each other, on
+ * cuda a pointer that is not device memory), KVT_ENOSEQ (not an open sequence), KVT_EBUSY (its sync is in
  * flight), KVT_EHEADROOM (n beyond the headroom), KVT_EPROTO (a list
  * without the pages of its len + n entries: a daemon bug), KVT_ENOMEM
  * (host buffers, allocated on the first call), KVT_ESYS (CUDA error),
@@ -671,6 +671,28 @@ KVT_API int kvt_list_record(const kvt_client *c, kvt_seq seq,
 KVT_API int kvt_attention(kvt_client *c, kvt_seq seq, uint32_t layer,
                           uint32_t n, const float *q, float *out,
                           float *lse);
+
+/*
+ * kvt_attention for many (sequence, layer) at once, as a batched step of
+ * an engine needs: item i attends n new tokens of its sequence in its
+ * layer with its scale (0: 1 / sqrt(head_dim); a model with another
+ * softmax scale passes its own), q, out and lse shaped and placed as for
+ * kvt_attention.  Every item is checked before any is computed (the
+ * error's text names the item), so an error writes nothing; then they run
+ * in order (on a cuda tenant queued on the client's stream).  Items may
+ * name the same sequence in different layers.  n_items 0 does nothing.
+ */
+struct kvt_attend_item {
+	kvt_seq seq;
+	uint32_t layer;
+	uint32_t n;       /* new tokens of this item */
+	float scale;      /* softmax scale; 0 = 1 / sqrt(head_dim) */
+	const float *q;   /* [n][n_heads][head_dim] */
+	float *out;       /* [n][n_heads][head_dim] */
+	float *lse;       /* [n][n_heads] */
+};
+KVT_API int kvt_attend(kvt_client *c, const struct kvt_attend_item *items,
+                       size_t n_items);
 
 /* ---------------------------------------------------------------- stats */
 

@@ -292,6 +292,22 @@ class Client:
                         _u32(lo, "layer_lo"), _u32(hi, "layer_hi")))
         return out
 
+    def attend(self, items):
+        """kvt_attend: many attentions in one call, items of (seq, layer,
+        q) or (seq, layer, q, scale); returns [(out, lse)] in order.
+        Every item is checked before any is computed."""
+        calls, res = [], []
+        for it in items:
+            if not isinstance(it, (tuple, list)) or len(it) not in (3, 4):
+                raise TypeError("an attend item is (seq, layer, q[, scale])")
+            seq = it[0] if isinstance(it[0], Seq) else Seq(self, it[0])
+            call, out, lse = seq._attend_item(
+                it[1], it[2], None, None, it[3] if len(it) > 3 else None)
+            calls.append(call)
+            res.append((out, lse))
+        self._c.attend(calls)
+        return res
+
     def last_sync(self):
         return self._c.last_sync()
 
@@ -498,11 +514,16 @@ class Seq:
         lo, hi = layers if layers else (0, 0)
         self.client.sync([(self, n_new, phase, lo, hi)])
 
-    def attention(self, layer, q, out=None, lse=None):
+    def attention(self, layer, q, out=None, lse=None, scale=None):
         """kvt_attention for the n new tokens of q [n][n_heads][head_dim]
         (float32, numpy or torch, C-contiguous): returns (out, lse), out
         [n][n_heads][head_dim] and lse [n][n_heads], allocated like q
-        when not given."""
+        when not given; scale the softmax's (None: head_dim ** -0.5)."""
+        item, out, lse = self._attend_item(layer, q, out, lse, scale)
+        self.client._c.attend([item])
+        return out, lse
+
+    def _attend_item(self, layer, q, out, lse, scale):
         c = self.client
         n = int(q.shape[0]) if hasattr(q, "shape") and len(q.shape) else 0
         qs = (n, c.n_heads, c.head_dim)
@@ -515,8 +536,10 @@ class Seq:
                 else np.empty((n, c.n_heads), np.float32)
         oa, _ = _f32_array(out, "out", qs)
         la, _ = _f32_array(lse, "lse", (n, c.n_heads))
-        c._c.attention(self.id, _u32(layer, "layer"), n, qa, oa, la)
-        return out, lse
+        if scale is not None and not (float(scale) > 0):
+            raise ValueError(f"scale {scale} must be positive")
+        return ((self.id, _u32(layer, "layer"), n,
+                 float(scale or 0.0), qa, oa, la), out, lse)
 
     def __int__(self):
         return self.id

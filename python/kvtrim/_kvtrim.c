@@ -613,6 +613,50 @@ static PyObject *client_list_record(Client *self, PyObject *args)
 	return Py_BuildValue("(KI)", (unsigned long long)(uintptr_t)r, slot);
 }
 
+/* attend([(seq, layer, n, scale, q, out, lse)]): kvt_attend, addresses */
+static PyObject *client_attend(Client *self, PyObject *args)
+{
+	PyObject *items, *fast;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "O", &items))
+		return NULL;
+	if (!(fast = PySequence_Fast(items, "items must be a sequence")))
+		return NULL;
+	Py_ssize_t n = PySequence_Size(fast);
+	struct kvt_attend_item *it = PyMem_Calloc(n ? n : 1, sizeof(*it));
+	if (!it) {
+		Py_DECREF(fast);
+		return PyErr_NoMemory();
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *o = PySequence_GetItem(fast, i);
+		unsigned long long s, q, out, lse;
+		unsigned int l, k;
+		float sc;
+		int ok = o && PyArg_ParseTuple(o, "KIIfKKK", &s, &l, &k, &sc, &q,
+		                               &out, &lse);
+		Py_XDECREF(o);
+		if (!ok) {
+			PyMem_Free(it);
+			Py_DECREF(fast);
+			return NULL;
+		}
+		it[i] = (struct kvt_attend_item){s, l, k, sc,
+		                                 (const float *)(uintptr_t)q,
+		                                 (float *)(uintptr_t)out,
+		                                 (float *)(uintptr_t)lse};
+	}
+	Py_DECREF(fast);
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_attend(c, it, (size_t)n);
+	Py_END_ALLOW_THREADS
+	PyMem_Free(it);
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
 /* write_kv(seq, layer, k0, n, k, v, tok_stride, head_stride) */
 static PyObject *client_write_kv(Client *self, PyObject *args)
 {
@@ -704,6 +748,7 @@ static PyMethodDef client_methods[] = {
 	{"list_record", (PyCFunction)client_list_record, METH_VARARGS, NULL},
 	{"attention", (PyCFunction)client_attention, METH_VARARGS, NULL},
 	{"write_kv", (PyCFunction)client_write_kv, METH_VARARGS, NULL},
+	{"attend", (PyCFunction)client_attend, METH_VARARGS, NULL},
 	{"stage", (PyCFunction)client_stage, METH_VARARGS, NULL},
 	{"region", (PyCFunction)client_region, METH_VARARGS, NULL},
 	{NULL, NULL, 0, NULL}};

@@ -29,9 +29,11 @@ never moves positions.
 
 The causal mask is the attention itself (token k of n new ones sees the
 first len + k + 1 entries of its lists), so no 4-D mask is built: the mask
-function registered for "kvtrim" hands the 2-D padding mask through.  Requirements: a decoder whose attention module has layer_idx and
-scaling (llama, mistral, qwen2, smollm ...), scaling = head_dim ** -0.5
-(what kvt_attention computes), no sliding-window layers.
+function registered for "kvtrim" hands the 2-D padding mask through.
+Every row of a batch attends in one kvt_attend call, with the module's own
+softmax scale.  Requirements: a decoder whose attention module has
+layer_idx and scaling (llama, mistral, qwen2, smollm ...), no
+sliding-window layers.
 """
 import threading
 
@@ -245,12 +247,10 @@ def attention(module, query, key, value, attention_mask, scaling=None,
     if B != len(cache.seqs):
         raise ValueError(f"a batch of {B} rows on a KVTrimCache of "
                          f"{len(cache.seqs)} sequences")
-    if scaling is not None and abs(scaling * hd ** 0.5 - 1) > 1e-6:
-        raise NotImplementedError(f"attention scale {scaling}: kvtrim "
-                                  f"attends with head_dim ** -0.5")
     out = torch.zeros((B, n, H, hd), dtype=query.dtype,
                       device=query.device)
     x = cache._x[layer]
+    rows, items, qs = [], [], []
     for b in range(B):
         s = cache.seqs[b]
         if attention_mask is not None and attention_mask.dim() == 2:
@@ -258,16 +258,15 @@ def attention(module, query, key, value, attention_mask, scaling=None,
             m = int(real.numel())
         else:
             real, m = None, n
+        cache._new[b] = m
         if m == 0:
-            cache._new[b] = 0
             continue
         if layer == 0:
             cache._prepare(b, m)
-        kb, vb = key[b], value[b]
-        qb = query[b]
-        if real is not None and m != n:
-            kb, vb = kb[:, real], vb[:, real]
-            qb = qb[:, real]
+        whole = real is None or m == n
+        kb, vb, qb = key[b], value[b], query[b]
+        if not whole:
+            kb, vb, qb = kb[:, real], vb[:, real], qb[:, real]
         dt = cache.dtype
         kb = kb.to(dt) if kb.dtype != dt else kb
         vb = vb.to(dt) if vb.dtype != dt else vb
@@ -277,20 +276,25 @@ def attention(module, query, key, value, attention_mask, scaling=None,
             kb, vb = kb.contiguous(), vb.contiguous()
         s.write_kv(layer, kb, vb)
         q32 = qb.transpose(0, 1).to(torch.float32).contiguous()
-        ob, lb = s.attention(layer, q32)
+        rows.append((b, real if not whole else None, m))
+        items.append((s, layer, q32, scaling))
+        qs.append(q32)
+    # every row of the batch in one kvt_attend
+    res = c.attend(items) if items else []
+    for (b, real, m), q32, (ob, lb) in zip(rows, qs, res):
+        s = cache.seqs[b]
         if cache.inputs & {"x", "q", "lse"}:
             xb = None
             if "x" in cache.inputs:
-                xb = x[b] if real is None or m == n else x[b][real]
+                xb = x[b] if real is None else x[b][real]
                 xb = xb.to(torch.float32).contiguous()
             s.stage(layer, cache.seen[b], x=xb,
                     q=q32 if "q" in cache.inputs else None,
                     lse=lb if "lse" in cache.inputs else None)
-        if real is None or m == n:
+        if real is None:
             out[b] = ob.to(query.dtype)
         else:
             out[b, real] = ob.to(query.dtype)
-        cache._new[b] = m
     if layer == cache.n_layers - 1:
         cache.columns += n
         cache._commit(lambda m: "decode" if n == 1 else "prefill")

@@ -159,6 +159,20 @@ def test_attention_matches_a_float64_loop(daemon):
                     assert np.allclose(lse[t, 2 * h:2 * h + 2], e_lse,
                                        atol=1e-5)
             s.sync(n)
+        # kvt_attend: two items in one call, one with an engine's scale
+        fill(s, c, 2, 50)
+        q2 = rng.standard_normal((2, 4, 8)).astype(np.float32)
+        (o1, l1), (o2, l2) = c.attend([(s, 0, q2, 0.2), (s, 1, q2)])
+        o3, l3 = s.attention(1, q2)
+        assert np.array_equal(o2, o3) and np.array_equal(l2, l3)
+        for t in range(2):
+            K0 = np.concatenate([K[0, 0], np.full((t + 1, 8), 50.0 + np.arange(t + 1)[:, None])])
+            V0 = np.concatenate([V[0, 0], -np.full((t + 1, 8), 50.0 + np.arange(t + 1)[:, None])])
+            e_out, e_lse = naive_attention(K0, V0, q2[t, 0:2], 0.2)
+            assert np.allclose(o1[t, 0:2], e_out, atol=1e-4)
+            assert np.allclose(l1[t, 0:2], e_lse, atol=1e-4)
+        with pytest.raises(ValueError):
+            s.attention(0, q2, scale=-1.0)
         # on torch tensors too
         import torch
         qt = torch.from_numpy(q)

@@ -120,8 +120,19 @@ static void entry_row(kvt_client *c, const struct kvt_list *li, uint32_t e,
  * written) with random q and checks it against the naive attention over
  * the lists read back.  Returns the largest absolute error seen.
  */
+static double check_layer_at(struct mem_kind *k, kvt_seq s, uint32_t layer,
+                             uint32_t n, double tol, float scale_arg);
+
 static double check_layer(struct mem_kind *k, kvt_seq s, uint32_t layer,
                           uint32_t n, double tol)
+{
+	return check_layer_at(k, s, layer, n, tol, 0);
+}
+
+/* check_layer with a softmax scale of the engine's (scale_arg > 0: the
+ * call is kvt_attend with one item of that scale). */
+static double check_layer_at(struct mem_kind *k, kvt_seq s, uint32_t layer,
+                             uint32_t n, double tol, float scale_arg)
 {
 	kvt_client *c = k->c;
 	const struct kvt_config *cf = kvt_config_of(c);
@@ -138,12 +149,19 @@ static double check_layer(struct mem_kind *k, kvt_seq s, uint32_t layer,
 	float *dout = kind_alloc(k, qn * sizeof(float));
 	float *dlse = kind_alloc(k, (size_t)n * H * sizeof(float));
 	T_OK(kvt_memcpy(c, dq, q, qn * sizeof(float)));
-	T_OK(kvt_attention(c, s, layer, n, dq, dout, dlse));
+	if (scale_arg > 0) {
+		struct kvt_attend_item it = {s, layer, n, scale_arg, dq, dout,
+		                             dlse};
+		T_OK(kvt_attend(c, &it, 1));
+	} else {
+		T_OK(kvt_attention(c, s, layer, n, dq, dout, dlse));
+	}
 	/* kvt_memcpy runs on the client's stream, after the attention. */
 	T_OK(kvt_memcpy(c, out, dout, qn * sizeof(float)));
 	T_OK(kvt_memcpy(c, lse, dlse, (size_t)n * H * sizeof(float)));
 
-	double worst = 0, scale = 1.0 / sqrt((double)hd);
+	double worst = 0, scale = scale_arg > 0 ? (double)scale_arg
+	                                         : 1.0 / sqrt((double)hd);
 	float kr[256], vr[256];
 	for (uint32_t h = 0; h < Hkv; h++) {
 		struct kvt_list li;
@@ -396,5 +414,86 @@ TEST(attention, bad_arguments_change_nothing)
 
 	T_ERR(kvt_attention(NULL, 1, 0, 0, NULL, NULL, NULL), KVT_EINVAL);
 	kind_free3(k, dq, dout, dlse);
+	fix_stop(&f);
+}
+
+/* kvt_attend: two sequences in one call, each its layer, token count and
+ * scale; item results equal kvt_attention's (the same arithmetic) and an
+ * engine's own scale is checked against the naive loop. */
+TEST(attention, attend_many_sequences_and_scales)
+{
+	struct fix f;
+	th_daemon_start(&f.d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&f.d, "attnmany", "full");
+	fix_connect(&f, &cfg);
+	kvt_client *c = f.c;
+	kvt_seq s1 = f.s, s2;
+	T_OK(kvt_seq_open(c, &s2));
+	append_random(c, s1, 4);
+	append_random(c, s2, 3);
+	struct kvt_sync_item sy[2] = {{s1, 4, KVT_PHASE_PREFILL, 0, 0},
+	                              {s2, 3, KVT_PHASE_PREFILL, 0, 0}};
+	T_OK(kvt_sync(c, sy, 2));
+	append_random(c, s1, 2);
+	append_random(c, s2, 1);
+	/* an engine's scale, against the naive loop */
+	check_layer_at(&f.k, s1, 1, 2, 1e-5, 0.3f);
+	check_layer_at(&f.k, s2, 0, 1, 1e-5, 0.05f);
+	/* two items in one call equal two kvt_attention calls */
+	enum { H = 4, HD = 8 };
+	float q1[2][H][HD], q2[1][H][HD];
+	for (int i = 0; i < 2 * H * HD; i++)
+		(&q1[0][0][0])[i] = rnd();
+	for (int i = 0; i < H * HD; i++)
+		(&q2[0][0][0])[i] = rnd();
+	float *b[10];
+	const size_t sz[10] = {sizeof(q1), sizeof(q1), 2 * H * 4, sizeof(q2),
+	                       sizeof(q2), H * 4, sizeof(q1), 2 * H * 4,
+	                       sizeof(q2), H * 4};
+	for (int i = 0; i < 10; i++)
+		b[i] = kind_alloc(&f.k, sz[i]);
+	T_OK(kvt_memcpy(c, b[0], q1, sizeof(q1)));
+	T_OK(kvt_memcpy(c, b[3], q2, sizeof(q2)));
+	struct kvt_attend_item it[2] = {{s1, 0, 2, 0, b[0], b[1], b[2]},
+	                                {s2, 1, 1, 0, b[3], b[4], b[5]}};
+	T_OK(kvt_attend(c, it, 2));
+	T_OK(kvt_attention(c, s1, 0, 2, b[0], b[6], b[7]));
+	T_OK(kvt_attention(c, s2, 1, 1, b[3], b[8], b[9]));
+	float x[2][2 * H * HD], y[2][2 * H * HD];
+	T_OK(kvt_memcpy(c, x[0], b[1], sizeof(q1)));
+	T_OK(kvt_memcpy(c, y[0], b[6], sizeof(q1)));
+	T_OK(kvt_memcpy(c, x[1], b[4], sizeof(q2)));
+	T_OK(kvt_memcpy(c, y[1], b[8], sizeof(q2)));
+	T_ASSERT(!memcmp(x[0], y[0], sizeof(q1)));
+	T_ASSERT(!memcmp(x[1], y[1], sizeof(q2)));
+	/* a bad item anywhere refuses the whole call, naming it, and
+	 * writes nothing: the first item's out keeps its sentinel */
+	float sent[2 * H * HD];
+	for (int i = 0; i < 2 * H * HD; i++)
+		sent[i] = 1234.5f;
+	T_OK(kvt_memcpy(c, b[1], sent, sizeof(sent)));
+	struct kvt_attend_item bad[2] = {it[0], it[1]};
+	bad[1].layer = 9;
+	T_ERR(kvt_attend(c, bad, 2), KVT_EINVAL);
+	T_ASSERT(strstr(kvt_last_error(c), "item 1"));
+	bad[1] = it[1];
+	bad[1].scale = -1.0f;
+	T_ERR(kvt_attend(c, bad, 2), KVT_EINVAL);
+	bad[1] = it[1];
+	bad[1].out = (float *)bad[1].q; /* out over q */
+	T_ERR(kvt_attend(c, bad, 2), KVT_EINVAL);
+	T_ASSERT(strstr(kvt_last_error(c), "overlap"));
+	bad[1] = it[1];
+	bad[1].seq = s2 + 1;
+	T_ERR(kvt_attend(c, bad, 2), KVT_ENOSEQ);
+	float back[2 * H * HD];
+	T_OK(kvt_memcpy(c, back, b[1], sizeof(back)));
+	T_ASSERT(!memcmp(back, sent, sizeof(back)));
+	/* kvt_attention refuses overlap too (the header always forbade it) */
+	T_ERR(kvt_attention(c, s1, 0, 2, b[0], b[0], b[2]), KVT_EINVAL);
+	T_ERR(kvt_attention(c, s1, 0, 2, b[0], b[1], b[0]), KVT_EINVAL);
+	T_OK(kvt_attend(c, NULL, 0));
+	for (int i = 0; i < 10; i++)
+		T_OK(kvt_buffer_free(c, b[i]));
 	fix_stop(&f);
 }
