@@ -23,15 +23,21 @@ struct engine {
 	uint32_t cur;          /* the sequence engine_attend serves */
 	uint32_t chunk;        /* = headroom */
 	enum kvt_dtype dtype;
-	/* Cuda tenants: the pages are device memory and this engine computes
-	 * on the host, so K/V rows go through kvt_memcpy, and kvt_attention
-	 * (which takes device memory there) gets q, out and lse in device
-	 * buffers that kvt_memcpy fills and empties (a test path: a GPU
-	 * engine keeps them on the device). */
+	/* K and V of a step reach the pages in one kvt_write_kv per (sequence,
+	 * layer), from the model's rows ([n][n_kv][head_dim]) or, for an f16 /
+	 * bf16 tenant, from kvbuf after the conversion.  Cuda tenants: the
+	 * pages are device memory and this engine computes on the host;
+	 * kvt_write_kv and kvt_stage copy from host memory there too, and
+	 * kvt_attention / kvt_attend (which take device memory there) get q,
+	 * out and lse in device buffers that kvt_memcpy fills and empties (a
+	 * test path: a GPU engine keeps them on the device). */
 	int dev;
-	uint8_t *row;          /* [2][head_dim * elem] one K and V row */
-	float *dq, *dout;      /* [chunk][n_heads][head_dim] device */
-	float *dlse;           /* [chunk][n_heads] device */
+	uint8_t *kvbuf;        /* [2][rows][n_kv][head_dim] in dtype, or NULL
+	                          for f32 */
+	uint32_t rows;         /* max(chunk, batch): tokens of one step */
+	float *dq, *dout;      /* [rows][n_heads][head_dim] device */
+	float *dlse;           /* [rows][n_heads] device */
+	struct kvt_attend_item *att; /* [batch] a batched step's attention */
 	char err[KVT_ERRTEXT_MAX + 64];
 };
 
@@ -101,23 +107,25 @@ int engine_open(const struct model *m, const struct engine_opts *o,
 	e->bpos = calloc(e->batch, sizeof(*e->bpos));
 	e->items = calloc(e->batch, sizeof(*e->items));
 	e->dev = kvt_memory_kind(e->c) == KVT_MEMORY_CUDA;
-	if (e->dev)
-		e->row = malloc(2 * (size_t)mc->head_dim *
-		                kvt_dtype_size(e->dtype));
+	e->rows = e->chunk > e->batch ? e->chunk : e->batch;
+	e->att = calloc(e->batch, sizeof(*e->att));
+	if (e->dtype != KVT_DTYPE_F32)
+		e->kvbuf = malloc(2 * (size_t)e->rows * mc->kv_dim *
+		                  kvt_dtype_size(e->dtype));
 	if (!e->seq || !e->seq_open || !e->pos || !e->bpos || !e->items ||
-	    (e->dev && !e->row)) {
+	    !e->att || (e->dtype != KVT_DTYPE_F32 && !e->kvbuf)) {
 		snprintf(err, errlen, "out of memory");
 		engine_close(e);
 		return KVT_ENOMEM;
 	}
 	if (e->dev) {
-		/* A step attends at most chunk tokens of one sequence (a
-		 * batched step one token per sequence, one at a time). */
-		size_t qb = (size_t)e->chunk * mc->n_heads * mc->head_dim *
+		/* A step attends at most chunk tokens of one sequence, a
+		 * batched step one token of each sequence. */
+		size_t qb = (size_t)e->rows * mc->n_heads * mc->head_dim *
 		            sizeof(float);
 		if ((rc = kvt_buffer_alloc(e->c, qb, (void **)&e->dq)) < 0 ||
 		    (rc = kvt_buffer_alloc(e->c, qb, (void **)&e->dout)) < 0 ||
-		    (rc = kvt_buffer_alloc(e->c, (size_t)e->chunk *
+		    (rc = kvt_buffer_alloc(e->c, (size_t)e->rows *
 		                           mc->n_heads * sizeof(float),
 		                           (void **)&e->dlse)) < 0) {
 			snprintf(err, errlen, "kvt_buffer_alloc: %s: %s",
@@ -157,7 +165,8 @@ void engine_close(struct engine *e)
 	free(e->pos);
 	free(e->bpos);
 	free(e->items);
-	free(e->row);
+	free(e->att);
+	free(e->kvbuf);
 	free(e);
 }
 
@@ -181,26 +190,82 @@ int engine_reset(struct engine *e)
 	return 0;
 }
 
-/* kvt_attention of the n tokens of seq in layer over host q, out, lse; on
- * a cuda tenant through the device buffers (kvt_memcpy waits for the
- * stream, so out and lse are in place when it returns). */
-static int attend(struct engine *e, kvt_seq seq, uint32_t layer, uint32_t n,
-                  const float *q, float *out, float *lse)
+/*
+ * kvt_attend of items[0..m) (host q, out, lse) as one call; on a cuda
+ * tenant through the device buffers, whose rows the items' q / out / lse
+ * occupy in order (kvt_memcpy waits for the stream, so out and lse are in
+ * place when it returns).  The items' n sum to at most e->rows, and their
+ * host rows are contiguous from items[0] on ([sum n][n_heads][head_dim]).
+ */
+static int attend(struct engine *e, struct kvt_attend_item *items,
+                  uint32_t m, uint32_t layer)
 {
 	const struct model_config *mc = &e->m->cfg;
-	const size_t qb = (size_t)n * mc->n_heads * mc->head_dim *
-	                  sizeof(float);
-	const size_t lb = (size_t)n * mc->n_heads * sizeof(float);
+	const size_t H = mc->n_heads, hd = mc->head_dim;
+	uint32_t rows = 0;
+	for (uint32_t i = 0; i < m; i++)
+		rows += items[i].n;
+	const float *q = items[0].q;
+	float *out = items[0].out, *lse = items[0].lse;
 	int rc;
-	if (!e->dev)
-		rc = kvt_attention(e->c, seq, layer, n, q, out, lse);
-	else if ((rc = kvt_memcpy(e->c, e->dq, q, qb)) >= 0 &&
-	         (rc = kvt_attention(e->c, seq, layer, n, e->dq, e->dout,
-	                             e->dlse)) >= 0 &&
-	         (rc = kvt_memcpy(e->c, out, e->dout, qb)) >= 0)
-		rc = kvt_memcpy(e->c, lse, e->dlse, lb);
+	if (!e->dev) {
+		rc = kvt_attend(e->c, items, m);
+	} else {
+		size_t r = 0;
+		for (uint32_t i = 0; i < m; i++) {
+			items[i].q = e->dq + r * H * hd;
+			items[i].out = e->dout + r * H * hd;
+			items[i].lse = e->dlse + r * H;
+			r += items[i].n;
+		}
+		if ((rc = kvt_memcpy(e->c, e->dq, q, rows * H * hd *
+		                     sizeof(float))) >= 0 &&
+		    (rc = kvt_attend(e->c, items, m)) >= 0 &&
+		    (rc = kvt_memcpy(e->c, out, e->dout, rows * H * hd *
+		                     sizeof(float))) >= 0)
+			rc = kvt_memcpy(e->c, lse, e->dlse,
+			                rows * H * sizeof(float));
+	}
 	if (rc < 0)
 		return seterr(e, rc, "attention in layer %u: %s: %s", layer,
+		              kvt_strerror(rc), kvt_last_error(e->c));
+	return 0;
+}
+
+/* K and V of the n tokens of sequence s ([n][n_kv][head_dim] float32)
+ * into entries len .. len + n - 1 of the layer's lists: one
+ * kvt_write_kv, after the conversion to the tenant dtype. */
+static int append(struct engine *e, uint32_t s, uint32_t layer, uint32_t n,
+                  const float *k, const float *v)
+{
+	const struct model_config *mc = &e->m->cfg;
+	const void *kd = k, *vd = v;
+	if (e->kvbuf) {
+		size_t cnt = (size_t)n * mc->kv_dim;
+		uint8_t *kb = e->kvbuf,
+		        *vb = e->kvbuf + cnt * kvt_dtype_size(e->dtype);
+		dtype_from_f32(k, e->dtype, kb, cnt);
+		dtype_from_f32(v, e->dtype, vb, cnt);
+		kd = kb;
+		vd = vb;
+	}
+	int rc = kvt_write_kv(e->c, e->seq[s], layer, 0, n, kd, vd,
+	                      mc->kv_dim, mc->head_dim);
+	if (rc < 0)
+		return seterr(e, rc, "kvt_write_kv(layer %u, %u tokens): %s: "
+		              "%s", layer, n, kvt_strerror(rc),
+		              kvt_last_error(e->c));
+	return 0;
+}
+
+/* Stages what the policy reads of the n tokens of sequence s at
+ * positions pos0.. (kvt_stage copies only those inputs). */
+static int stage(struct engine *e, uint32_t s, uint32_t layer, uint32_t pos0,
+                 uint32_t n, const float *x, const float *q, const float *lse)
+{
+	int rc = kvt_stage(e->c, e->seq[s], layer, pos0, n, x, q, lse);
+	if (rc < 0)
+		return seterr(e, rc, "staging (layer %u): %s: %s", layer,
 		              kvt_strerror(rc), kvt_last_error(e->c));
 	return 0;
 }
@@ -215,52 +280,12 @@ static int attend_seq(struct engine *e, uint32_t s, uint32_t layer,
                       const float *q, const float *k, const float *v,
                       float *out, float *lse)
 {
-	const kvt_seq seq = e->seq[s];
-	const struct model_config *mc = &e->m->cfg;
-	const uint32_t hd = mc->head_dim, H = mc->n_heads,
-	               Hkv = mc->n_kv_heads;
+	struct kvt_attend_item it = {e->seq[s], layer, n, 0, q, out, lse};
 	int rc;
-
-	for (uint32_t g = 0; g < Hkv; g++) {
-		for (uint32_t t = 0; t < n; t++) {
-			void *kp, *vp;
-			rc = kvt_kv_ptr(e->c, seq, layer, g, t, &kp, &vp);
-			if (rc < 0)
-				return seterr(e, rc, "kvt_kv_ptr(layer %u, head "
-				              "%u, +%u): %s", layer, g, t,
-				              kvt_strerror(rc));
-			size_t rb = (size_t)hd * kvt_dtype_size(e->dtype);
-			void *kd = e->dev ? (void *)e->row : kp;
-			void *vd = e->dev ? (void *)(e->row + rb) : vp;
-			dtype_from_f32(k + ((size_t)t * Hkv + g) * hd, e->dtype,
-			               kd, hd);
-			dtype_from_f32(v + ((size_t)t * Hkv + g) * hd, e->dtype,
-			               vd, hd);
-			if (e->dev && ((rc = kvt_memcpy(e->c, kp, kd, rb)) < 0 ||
-			               (rc = kvt_memcpy(e->c, vp, vd, rb)) < 0))
-				return seterr(e, rc, "kvt_memcpy: %s",
-				              kvt_last_error(e->c));
-		}
-	}
-	if ((rc = attend(e, seq, layer, n, q, out, lse)) < 0)
+	if ((rc = append(e, s, layer, n, k, v)) < 0 ||
+	    (rc = attend(e, &it, 1, layer)) < 0)
 		return rc;
-	for (uint32_t t = 0; t < n; t++) {
-		/* Each part only when the policy reads it (NULL otherwise,
-		 * and for tenants without staging). */
-		float *sx = kvt_stage_x(e->c, seq, layer, pos0 + t);
-		float *sq = kvt_stage_q(e->c, seq, layer, pos0 + t);
-		float *sl = kvt_stage_lse(e->c, seq, layer, pos0 + t);
-		/* kvt_memcpy: device memory on a cuda tenant */
-		if ((sx && (rc = kvt_memcpy(e->c, sx, x + (size_t)t * mc->dim,
-		                            mc->dim * sizeof(float))) < 0) ||
-		    (sq && (rc = kvt_memcpy(e->c, sq, q + (size_t)t * H * hd,
-		                            (size_t)H * hd * sizeof(float))) < 0) ||
-		    (sl && (rc = kvt_memcpy(e->c, sl, lse + (size_t)t * H,
-		                            H * sizeof(float))) < 0))
-			return seterr(e, rc, "staging (layer %u): %s", layer,
-			              kvt_last_error(e->c));
-	}
-	return 0;
+	return stage(e, s, layer, pos0, n, x, q, lse);
 }
 
 /* The model_attn callback of a step of one sequence (e->cur). */
@@ -273,7 +298,9 @@ static int engine_attend(void *ctx, uint32_t layer, uint32_t pos0, uint32_t n,
 }
 
 /* The model_attn callback of a batched step: token row c is sequence c's
- * new token, at e->bpos[c] (the pos0 given is that of row 0). */
+ * new token, at e->bpos[c] (the pos0 given is that of row 0).  Every
+ * sequence's K/V first, then one kvt_attend for all of them, then the
+ * staging. */
 static int engine_attend_batch(void *ctx, uint32_t layer, uint32_t pos0,
                                uint32_t n, const float *x, const float *q,
                                const float *k, const float *v, float *out,
@@ -282,15 +309,22 @@ static int engine_attend_batch(void *ctx, uint32_t layer, uint32_t pos0,
 	struct engine *e = ctx;
 	const struct model_config *mc = &e->m->cfg;
 	const size_t H = mc->n_heads, hd = mc->head_dim, kv = mc->kv_dim;
+	int rc;
 	(void)pos0;
 	for (uint32_t c = 0; c < n; c++) {
-		int rc = attend_seq(e, c, layer, e->bpos[c], 1,
-		                    x + (size_t)c * mc->dim, q + c * H * hd,
-		                    k + c * kv, v + c * kv, out + c * H * hd,
-		                    lse + c * H);
-		if (rc)
+		if ((rc = append(e, c, layer, 1, k + c * kv, v + c * kv)) < 0)
 			return rc;
+		e->att[c] = (struct kvt_attend_item){
+			e->seq[c], layer, 1, 0, q + c * H * hd, out + c * H * hd,
+			lse + c * H};
 	}
+	if ((rc = attend(e, e->att, n, layer)) < 0)
+		return rc;
+	for (uint32_t c = 0; c < n; c++)
+		if ((rc = stage(e, c, layer, e->bpos[c], 1,
+		                x + (size_t)c * mc->dim, q + c * H * hd,
+		                lse + c * H)) < 0)
+			return rc;
 	return 0;
 }
 
