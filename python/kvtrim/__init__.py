@@ -381,8 +381,11 @@ class Client:
         self._c.set_stream(int(s or 0))
 
     def __repr__(self):
-        return (f"<kvtrim.Client tenant={self.config['tenant']!r} "
-                f"policy={self.config['policy']!r}"
+        cfg = getattr(self, "config", None)
+        if cfg is None:
+            return "<kvtrim.Client (not connected)>"
+        return (f"<kvtrim.Client tenant={cfg['tenant']!r} "
+                f"policy={cfg['policy']!r}"
                 f"{' closed' if self.closed else ''}>")
 
 

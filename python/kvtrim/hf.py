@@ -73,13 +73,17 @@ class KVTrimCache(Cache):
     kvtrim.Daemon's .runtime_dir).  batch_size: rows of the batch.
     max_tokens: most entries a list may hold.  chunk: most tokens one
     forward appends (a prefill longer than that must be fed in chunks).
-    The other arguments go to kvtrim.Client.  close() (or leaving a `with`
-    block) ends the tenant; its pages return to the pool."""
+    rope_layout: how the model lays out a head's rotated dimensions,
+    "rotate_half" (transformers' models: K and q are stored and staged
+    permuted into llama.cpp's adjacent pairs, kvtrim's layout, which
+    policies that undo RoPE assume) or "pairs" (as they are).  The other
+    arguments go to kvtrim.Client.  close() (or leaving a `with` block)
+    ends the tenant; its pages return to the pool."""
 
     def __init__(self, model, *, policy="full", runtime_dir=None,
                  tenant=None, batch_size=1, max_tokens=4096, chunk=512,
                  page_tokens=16, stage_tokens=None, quota_bytes=0,
-                 timeout_ms=60000):
+                 timeout_ms=60000, rope_layout="rotate_half"):
         super().__init__(layers=[])
         cfg = model.config
         self.n_layers = cfg.num_hidden_layers
@@ -100,6 +104,17 @@ class KVTrimCache(Cache):
                           else self.chunk + 128),
             policy=policy, quota_bytes=quota_bytes, timeout_ms=timeout_ms)
         self.inputs = self.client.policy_inputs
+        # rotate-half (transformers) to adjacent pairs (kvtrim): dimension
+        # 2i of a head is i, 2i + 1 is i + head_dim / 2
+        self.perm = None
+        if rope_layout == "rotate_half":
+            half = hd // 2
+            self.perm = torch.stack([torch.arange(half),
+                                     torch.arange(half) + half],
+                                    dim=1).flatten()
+        elif rope_layout != "pairs":
+            raise ValueError(f"rope_layout {rope_layout!r}: 'rotate_half' "
+                             "or 'pairs'")
         self.seqs = [self.client.open_seq() for _ in range(batch_size)]
         self.seen = [0] * batch_size    # real tokens appended per row
         self.room = [self.chunk] * batch_size  # headroom in force
@@ -267,6 +282,14 @@ def attention(module, query, key, value, attention_mask, scaling=None,
         kb, vb, qb = key[b], value[b], query[b]
         if not whole:
             kb, vb, qb = kb[:, real], vb[:, real], qb[:, real]
+        if cache.perm is not None:
+            # transformers rotates halves; kvtrim's pages and staged q hold
+            # llama.cpp's adjacent pairs (what policies that undo RoPE,
+            # expected_attention, compute with): the same permutation of
+            # every head's dimensions for K and q leaves q . k, and so the
+            # attention, unchanged
+            kb = kb.index_select(-1, cache.perm)
+            qb = qb.index_select(-1, cache.perm)
         dt = cache.dtype
         kb = kb.to(dt) if kb.dtype != dt else kb
         vb = vb.to(dt) if vb.dtype != dt else vb

@@ -251,3 +251,89 @@ def test_context_first_then_the_question(model, daemon):
           f"of {st['entries_appended']}")
     assert kept_after_context < 0.3 * ctx.shape[1] * 30 * 3
     assert "Marigold" in answer
+
+
+def _bin(name):
+    p = os.path.join(os.environ.get("KVTRIM_BIN_DIR", "build/bin"), name)
+    if not os.access(p, os.X_OK):
+        pytest.skip(f"no {p} (make)")
+    return p
+
+
+def _kept_positions(cache, full_rows, L, KV, hd):
+    """Per (layer, KV head) the set of positions a list keeps: each kept
+    K row found again, bit for bit, among the rows the full cache of the
+    same forward holds (lists keep arrival order)."""
+    import numpy as np
+    c, s = cache.client, cache.seqs[0]
+    out = {}
+    for layer in range(L):
+        for h in range(KV):
+            ln, _, _, pages = s.list(layer, h)
+            rows = np.stack([c.page(int(pages[i // c.page_tokens]))
+                             [0, i % c.page_tokens] for i in range(ln)])
+            ref = full_rows[layer, h]
+            idx = {ref[p].tobytes(): p for p in range(ref.shape[0])}
+            out[layer, h] = {idx[r.tobytes()] for r in rows}
+    return out
+
+
+def test_policies_decide_as_the_c_engine(model, daemon, tmp_path):
+    # protocol 1 of kvtrim-eval (one prefill sync of the context, then a
+    # decode sync of nothing new) on the same token ids, the C reference
+    # engine's kept sets dumped by `kvtrim-eval --dump-kept`, against the
+    # same policies fed by transformers through kvtrim.hf
+    import json
+
+    import numpy as np
+    if not os.path.exists("../shared/models/bytes2m-valid.txt"):
+        pytest.skip("no ../shared/models/bytes2m-valid.txt (the eval split)")
+    dump = tmp_path / "dump"
+    subprocess.run([_bin("kvtrim-eval"), "--model", "smollm2", "--quick",
+                    "--seqs", "1", "--dump-kept", str(dump)], check=True,
+                   capture_output=True)
+    ix = json.load(open(dump / "index.json"))
+    P, T, L, KV, hd = ix["P"], ix["T"], ix["layers"], ix["kv_heads"], \
+        ix["head_dim"]
+    toks = np.fromfile(dump / "tokens.i32", dtype=np.int32)[:T]
+    ctx = torch.from_numpy(toks[:P].astype(np.int64))[None]
+    model.set_attn_implementation("kvtrim")
+
+    def run(spec):
+        c = kvtrim.hf.KVTrimCache(model, policy=spec, chunk=P,
+                                  max_tokens=P + 8, stage_tokens=P + 64,
+                                  runtime_dir=daemon.runtime_dir)
+        with torch.no_grad():
+            model(input_ids=ctx, past_key_values=c)
+        c.seqs[0].sync(0, "decode")
+        return c
+
+    with run("full") as full:
+        rows = np.zeros((L, KV, P, hd), np.float32)
+        s = full.seqs[0]
+        for layer in range(L):
+            for h in range(KV):
+                ln, _, _, pages = s.list(layer, h)
+                assert ln == P
+                for i in range(P):
+                    rows[layer, h, i] = full.client.page(
+                        int(pages[i // 16]))[0, i % 16]
+    report = []
+    for r in ix["runs"]:
+        if r["spec"].endswith("(in-process)"):
+            continue                      # kvzip: not a daemon policy
+        want = np.fromfile(dump / r["keep"], dtype=np.uint8)[
+            :L * KV * P].reshape(L, KV, P)
+        with run(r["spec"]) as c:
+            got = _kept_positions(c, rows, L, KV, hd)
+        ov = []
+        for (layer, h), g in got.items():
+            w = set(np.nonzero(want[layer, h])[0].tolist())
+            ov.append(len(g & w) / max(len(g | w), 1))
+        mean = sum(ov) / len(ov)
+        report.append((r["policy"], mean, min(ov)))
+    print("kept-set overlap (|transformers & C| / |union|, mean and worst "
+          "list): " + ", ".join(f"{p} {m:.4f} / {w:.3f}"
+                                for p, m, w in report))
+    for p, m, w in report:
+        assert m >= 0.98, (p, m)
