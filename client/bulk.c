@@ -3,29 +3,13 @@
  * or scorer inputs of several tokens in one call, for engines that hold
  * them as tensors.  Every argument and every destination row is checked
  * before the first byte is copied, so a refused call writes nothing.
- * Rows go by memcpy on a host tenant and by mem_copy (a copy on the
- * client's stream) on a cuda tenant.
+ * Rows go by client_copy: memcpy on a host tenant, a copy on the
+ * client's stream on a cuda tenant.
  */
 #include <string.h>
 
 #include "client.h"
-#include "mem.h"
 #include "shm.h"
-
-/* Copies one row; 0 or KVT_ESYS with the reason set. */
-static int put(kvt_client *c, void *dst, const void *src, size_t bytes)
-{
-	if (!mem_is_device(&c->mem)) {
-		memcpy(dst, src, bytes);
-		return 0;
-	}
-	char why[KVT_ERRTEXT_MAX - 32];
-	int rc = mem_copy(&c->mem, dst, src, bytes, c->stream, why,
-	                  sizeof(why));
-	if (rc < 0)
-		client_set_err(c, "%s", why);
-	return rc;
-}
 
 /* The slot of an open, idle sequence for a bulk call; else the code with
  * the reason set. */
@@ -118,10 +102,11 @@ int kvt_write_kv(kvt_client *c, kvt_seq seq, uint32_t layer, uint32_t k0,
 			uint64_t row = e % g->page_tokens;
 			size_t off = (size_t)(t * tok_stride + h * head_stride) *
 			             eb;
-			if ((rc = put(c, page + row * rb, (const char *)k + off,
-			              rb)) ||
-			    (rc = put(c, page + (g->page_tokens + row) * rb,
-			              (const char *)v + off, rb)))
+			char *kd = page + row * rb,
+			     *vd = page + (g->page_tokens + row) * rb;
+			if ((rc = client_copy(c, kd, (const char *)k + off,
+			                      rb)) ||
+			    (rc = client_copy(c, vd, (const char *)v + off, rb)))
 				return rc;
 		}
 	}
@@ -163,14 +148,14 @@ int kvt_stage(kvt_client *c, kvt_seq seq, uint32_t layer, uint32_t pos0,
 	for (uint32_t t = 0; t < n; t++) {
 		float *e = shm_stage_at(base, g, slot, layer, pos0 + t);
 		if ((in & KVT_INPUT_X) &&
-		    (rc = put(c, e, x + t * nx, nx * sizeof(float))))
+		    (rc = client_copy(c, e, x + t * nx, nx * sizeof(float))))
 			return rc;
 		if ((in & KVT_INPUT_Q) &&
-		    (rc = put(c, e + g->stage_q_off, q + t * nq,
+		    (rc = client_copy(c, e + g->stage_q_off, q + t * nq,
 		              nq * sizeof(float))))
 			return rc;
 		if ((in & KVT_INPUT_LSE) &&
-		    (rc = put(c, e + g->stage_lse_off, lse + t * nl,
+		    (rc = client_copy(c, e + g->stage_lse_off, lse + t * nl,
 		              nl * sizeof(float))))
 			return rc;
 	}

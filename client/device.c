@@ -6,6 +6,8 @@
  */
 #include "client.h"
 
+#include <string.h>
+
 /* ---------------------------------------------------------------- device */
 
 int kvt_memory_kind(const kvt_client *c)
@@ -68,8 +70,15 @@ int kvt_memcpy(kvt_client *c, void *dst, const void *src, size_t bytes)
 	}
 	if (!client_alive(c))
 		return KVT_ECONN;
-	if (!bytes)
+	return bytes ? client_copy(c, dst, src, bytes) : 0;
+}
+
+int client_copy(kvt_client *c, void *dst, const void *src, size_t bytes)
+{
+	if (!mem_is_device(&c->mem)) {
+		memcpy(dst, src, bytes);
 		return 0;
+	}
 	char why[KVT_ERRTEXT_MAX - 32];
 	int rc = mem_copy(&c->mem, dst, src, bytes, c->stream, why,
 	                  sizeof(why));
