@@ -126,7 +126,8 @@ struct kvt_geometry {
  */
 struct kvt_config {
 	const char *runtime_dir;  /* NULL: $KVTRIM_RUNTIME_DIR, then
-	                             $XDG_RUNTIME_DIR/kvtrim */
+	                             $XDG_RUNTIME_DIR/kvtrim, then
+	                             /run/kvtrimd (the systemd service's) */
 	const char *tenant;       /* name shown in stats: 1..KVT_NAME_MAX-1
 	                             bytes of [A-Za-z0-9._@:-], not starting
 	                             with a digit (kvtrimd refuses others with
@@ -286,7 +287,8 @@ KVT_API int kvt_seq_query(kvt_client *c, kvt_seq seq,
  * completed sync.  Entries [0, len) are valid, in no particular order (keys
  * are stored after RoPE, so attention does not depend on order).  Entry i
  * lives in page pages[i / page_tokens] at row i % page_tokens.  The view is
- * valid until the next sync or close of that sequence.
+ * valid until the next sync or close of that sequence.  On an error
+ * kvt_list_get leaves *out as it was.
  */
 struct kvt_list {
 	uint32_t len;          /* committed entries */
