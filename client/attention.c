@@ -208,7 +208,9 @@ static int check(kvt_client *c, size_t i, int many, kvt_seq seq,
 			               l->len, np, g->page_tokens, n);
 			return KVT_EPROTO;
 		}
-		for (uint64_t p = 0; n && !mem_is_device(&c->mem) &&
+		/* Several items: every page mapped before the first runs
+		 * (one item: attend_host checks them before computing). */
+		for (uint64_t p = 0; many && n && !mem_is_device(&c->mem) &&
 		                     p < (end + g->page_tokens - 1) /
 		                                 g->page_tokens; p++)
 			if (!mem_page(&c->mem, l->pages[p])) {
@@ -260,24 +262,30 @@ int kvt_attend(kvt_client *c, const struct kvt_attend_item *items,
 		client_set_err(c, "kvt_attend: items is NULL");
 		return KVT_EINVAL;
 	}
+	if (!n_items)
+		return 0;
 	const float dflt = 1.0f / sqrtf((float)c->mem.g.head_dim);
-	uint32_t slot, max_len;
-	for (size_t i = 0; i < n_items; i++) {
-		const struct kvt_attend_item *it = &items[i];
-		int rc = check(c, i, 1, it->seq, it->layer, it->n, it->q,
-		               it->out, it->lse, it->scale ? it->scale : dflt,
-		               &slot, &max_len);
-		if (rc)
-			return rc;
+	/* [n_items][2]: each item's slot and longest list, from its check
+	 * (on the stack for a batch of up to 64: a decode step's call) */
+	uint32_t stack[64][2], (*at)[2] = n_items <= 64 ? stack
+	                                  : malloc(n_items * sizeof(*at));
+	if (!at) {
+		client_set_err(c, "kvt_attend: no memory for %zu items", n_items);
+		return KVT_ENOMEM;
 	}
-	for (size_t i = 0; i < n_items; i++) {
+	int rc = 0;
+	for (size_t i = 0; i < n_items && !rc; i++) {
 		const struct kvt_attend_item *it = &items[i];
-		check(c, i, 1, it->seq, it->layer, it->n, it->q, it->out,
-		      it->lse, it->scale ? it->scale : dflt, &slot, &max_len);
-		int rc = run(c, slot, it->layer, it->n, max_len, it->q, it->out,
-		             it->lse, it->scale ? it->scale : dflt);
-		if (rc)
-			return rc;
+		rc = check(c, i, 1, it->seq, it->layer, it->n, it->q, it->out,
+		           it->lse, it->scale ? it->scale : dflt, &at[i][0],
+		           &at[i][1]);
 	}
-	return 0;
+	for (size_t i = 0; i < n_items && !rc; i++) {
+		const struct kvt_attend_item *it = &items[i];
+		rc = run(c, at[i][0], it->layer, it->n, at[i][1], it->q, it->out,
+		         it->lse, it->scale ? it->scale : dflt);
+	}
+	if (at != stack)
+		free(at);
+	return rc;
 }

@@ -134,6 +134,14 @@ static PyObject *fail(Client *self, int rc)
 	return raise_code(rc, self->c ? kvt_last_error(self->c) : NULL);
 }
 
+/* None after a call that returned rc 0, else its exception. */
+static PyObject *done(Client *self, int rc)
+{
+	if (rc)
+		return fail(self, rc);
+	Py_RETURN_NONE;
+}
+
 static char *dup_or_null(const char *s)
 {
 	if (!s)
@@ -285,9 +293,7 @@ static PyObject *client_seq_close(Client *self, PyObject *args)
 	Py_BEGIN_ALLOW_THREADS
 	rc = kvt_seq_close(c, s);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_seq_query(Client *self, PyObject *args)
@@ -317,9 +323,7 @@ static PyObject *client_seq_headroom(Client *self, PyObject *args)
 	if (!c || !PyArg_ParseTuple(args, "KI", &s, &n))
 		return NULL;
 	int rc = kvt_seq_headroom(c, s, n);
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_seq_reserve(Client *self, PyObject *args)
@@ -333,9 +337,7 @@ static PyObject *client_seq_reserve(Client *self, PyObject *args)
 	Py_BEGIN_ALLOW_THREADS
 	rc = kvt_seq_reserve(c, s, n);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 /* list_get(seq, layer, head) -> (len, n_pages, epoch, pages_addr) */
@@ -443,9 +445,7 @@ static PyObject *client_sync(Client *self, PyObject *args)
 	rc = kvt_sync(c, it, (size_t)n);
 	Py_END_ALLOW_THREADS
 	PyMem_Free(it);
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_sync_async(Client *self, PyObject *args)
@@ -477,9 +477,7 @@ static PyObject *client_wait(Client *self, PyObject *args)
 	Py_BEGIN_ALLOW_THREADS
 	rc = kvt_wait(c, t);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_last_sync(Client *self, PyObject *unused)
@@ -531,9 +529,7 @@ static PyObject *client_set_stream(Client *self, PyObject *args)
 	if (!c || !PyArg_ParseTuple(args, "K", &a))
 		return NULL;
 	int rc = kvt_set_stream(c, (void *)(uintptr_t)a);
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_memcpy(Client *self, PyObject *args)
@@ -547,9 +543,7 @@ static PyObject *client_memcpy(Client *self, PyObject *args)
 	rc = kvt_memcpy(c, (void *)(uintptr_t)d, (const void *)(uintptr_t)s,
 	                (size_t)n);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_buffer_alloc(Client *self, PyObject *args)
@@ -572,9 +566,7 @@ static PyObject *client_buffer_free(Client *self, PyObject *args)
 	if (!PyArg_ParseTuple(args, "K", &a))
 		return NULL;
 	int rc = kvt_buffer_free(self->c, (void *)(uintptr_t)a);
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 static PyObject *client_table_view(Client *self, PyObject *unused)
@@ -652,9 +644,7 @@ static PyObject *client_attend(Client *self, PyObject *args)
 	rc = kvt_attend(c, it, (size_t)n);
 	Py_END_ALLOW_THREADS
 	PyMem_Free(it);
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 /* write_kv(seq, layer, k0, n, k, v, tok_stride, head_stride) */
@@ -671,9 +661,7 @@ static PyObject *client_write_kv(Client *self, PyObject *args)
 	rc = kvt_write_kv(c, s, l, k0, n, (const void *)(uintptr_t)k,
 	                  (const void *)(uintptr_t)v, ts, hs);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 /* stage(seq, layer, pos0, n, x, q, lse): addresses, 0 for NULL */
@@ -691,9 +679,7 @@ static PyObject *client_stage(Client *self, PyObject *args)
 	               (const float *)(uintptr_t)q,
 	               (const float *)(uintptr_t)lse);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 /* attention(seq, layer, n, q, out, lse): addresses; the GIL is released
@@ -710,9 +696,7 @@ static PyObject *client_attention(Client *self, PyObject *args)
 	rc = kvt_attention(c, s, l, n, (const float *)(uintptr_t)q,
 	                   (float *)(uintptr_t)o, (float *)(uintptr_t)lse);
 	Py_END_ALLOW_THREADS
-	if (rc)
-		return fail(self, rc);
-	Py_RETURN_NONE;
+	return done(self, rc);
 }
 
 /* region(addr, nbytes, writable): a buffer over this client's host

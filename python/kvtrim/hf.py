@@ -223,18 +223,17 @@ class KVTrimCache(Cache):
             self.seqs[b].reserve(self.chunk)
             self.room[b] = self.chunk
 
-    def _commit(self, phase_of):
-        """One kvt_sync of every row that appended: after a multi-token
-        forward the headroom drops to 1 (decode follows), so lists hold
-        ceil((len + 1) / page_tokens) pages, not a chunk's worth."""
+    def _commit(self, phase):
+        """One kvt_sync of every row that appended: the headroom drops to
+        1 (decoding follows; kvt_seq_reserve grows it when a longer chunk
+        comes), so lists hold ceil((len + 1) / page_tokens) pages, not a
+        chunk's worth."""
         items = []
         for b, m in enumerate(self._new):
-            if not m:
-                continue
-            want = 1
-            if want != self.room[b]:
-                self.seqs[b].headroom(want)
-            items.append((self.seqs[b], m, phase_of(m)))
+            if m:
+                if self.room[b] != 1:
+                    self.seqs[b].headroom(1)
+                items.append((self.seqs[b], m, phase))
         if items:
             self.client.sync(items)
         for b, m in enumerate(self._new):
@@ -320,7 +319,7 @@ def attention(module, query, key, value, attention_mask, scaling=None,
             out[b, real] = ob.to(query.dtype)
     if layer == cache.n_layers - 1:
         cache.columns += n
-        cache._commit(lambda m: "decode" if n == 1 else "prefill")
+        cache._commit("decode" if n == 1 else "prefill")
     return out, None
 
 
