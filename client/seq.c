@@ -187,6 +187,21 @@ int kvt_seq_reserve(kvt_client *c, kvt_seq seq, uint32_t entries)
 	return rc;
 }
 
+/*
+ * A sync in doubt, numbered no, was found applied: kvt_last_sync's count
+ * takes it once, though it may have named several sequences, each of
+ * them in doubt until queried (counted: this one's was counted already).
+ */
+static void seq_count_found(kvt_client *c, uint64_t no, int counted)
+{
+	if (counted)
+		return;
+	c->last_sync.syncs++;
+	for (uint32_t i = 0; i < c->cfg.max_seqs; i++)
+		if (c->seqs[i].doubt && c->seqs[i].sent_no == no)
+			c->seqs[i].counted = 1;
+}
+
 int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 {
 	if (!c)
@@ -205,6 +220,7 @@ int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 	struct seq_slot *s = &c->seqs[slot];
 	client_req_init(c, IPC_OP_SEQ_QUERY, &req);
 	req.u.query.seq = seq;
+	req.u.query.no = ++c->req_no;
 	/* The sync in doubt, by number: the daemon answers whether it was
 	 * applied, and voids it when not, so a copy still on its way is
 	 * refused when it arrives and the answer stays final. */
@@ -231,9 +247,12 @@ int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 				.len_max = q->len_hi,
 				.last_sync = !s->doubt ? -1 : applied,
 			};
-			/* An applied sync left the room it asked for. */
-			if (applied)
+			/* An applied sync left the room it asked for, and
+			 * counts among the accepted ones. */
+			if (applied) {
 				s->room = s->sent;
+				seq_count_found(c, s->sent_no, s->counted);
+			}
 			s->counter = q->syncs;
 			s->doubt = 0;
 			/* An applied sync's chunks and compaction. */

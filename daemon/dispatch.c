@@ -109,8 +109,9 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		                          &undone);
 		s->st.sequences_closed_total += undone;
 		if (rv == KVT_ESTALE) {
-			snprintf(why, wlen, "seq_open %llu arrived after a later "
-			         "one: its client had given it up",
+			snprintf(why, wlen, "seq_open %llu arrived after a "
+			         "request numbered later: its client had given "
+			         "it up, or numbers its requests out of order",
 			         (unsigned long long)r->u.open.no);
 			return rv;
 		}
@@ -139,11 +140,17 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		 * on a worker (busy, above) and parked ones. */
 		if (srv_tenant_parked(s, st))
 			return SRV_IDLE_WAIT;
-		if ((rv = tenant_seq_query(st->t, r->u.query.seq,
-		                           r->u.query.after, &rep->u.query)))
+		rv = tenant_seq_query(st->t, r->u.query.seq, r->u.query.no,
+		                      r->u.query.after, &rep->u.query);
+		if (rv == KVT_ENOSEQ)
 			snprintf(why, wlen, "no open sequence %#llx on tenant "
 			         "%u", (unsigned long long)r->u.query.seq,
 			         st->id);
+		else if (rv)
+			snprintf(why, wlen, "seq_query %llu: \"after\" %llu "
+			         "names a sync this client had not sent",
+			         (unsigned long long)r->u.query.no,
+			         (unsigned long long)r->u.query.after);
 		return rv;
 	case IPC_OP_SYNC: {
 		uint64_t lists;

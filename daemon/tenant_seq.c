@@ -174,7 +174,7 @@ int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
                          uint32_t *closed)
 {
 	*closed = 0;
-	if (no && no < t->open_no)
+	if (no < t->open_no || (t->sync_no && no <= t->sync_no))
 		return KVT_ESTALE;
 	for (uint32_t i = 0; undo && i < t->g.max_seqs; i++) {
 		const struct tseq *s = &t->seqs[i];
@@ -221,16 +221,21 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
 }
 
-int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t after,
-                     struct ipc_seq_state *out)
+int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t no,
+                     uint64_t after, struct ipc_seq_state *out)
 {
 	int64_t sl = tenant_seq_slot(t, seq);
 	if (sl < 0)
 		return KVT_ENOSEQ;
 	uint32_t slot = (uint32_t)sl;
 	struct tseq *s = &t->seqs[slot];
-	/* Not applied by now: never, so that the answer below stays true. */
-	if (after && s->last_no != after && after > s->void_no)
+	if (after && after >= no)
+		return KVT_EINVAL;
+	/* Not applied by now: never, so that the answer below stays true.  A
+	 * sync that has not reached the tenant (after > sync_no) never will:
+	 * it would have come before this query. */
+	if (after && s->last_no != after && after > s->void_no &&
+	    after <= t->sync_no)
 		s->void_no = after;
 	*out = (struct ipc_seq_state){
 		.syncs = s->counter,

@@ -507,8 +507,10 @@ struct kvt_sync_info {
 	                    budget that of the sync's longest (sequence,
 	                    layer); 0 when the policy has no entry budget
 	                    (full, threshold=) */
-	uint64_t syncs;  /* accepted syncs of this client so far (0: none, and
-	                    the fields above are 0) */
+	uint64_t syncs;  /* accepted syncs of this client so far, a sync whose
+	                    reply never came counted once kvt_seq_query finds
+	                    it applied (0: none, and the fields above are 0;
+	                    they are those of the last reply that came) */
 };
 KVT_API int kvt_last_sync(const kvt_client *c, struct kvt_sync_info *out);
 

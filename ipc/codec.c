@@ -123,6 +123,7 @@ static const struct codec_field req_seq_open[] = {
 };
 static const struct codec_field req_seq_query[] = {
 	U64(RQ_, "seq", u.query.seq),
+	U64(RQ_, "n", u.query.no),
 	U64(RQ_, "after", u.query.after),
 	END_,
 };

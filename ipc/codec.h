@@ -7,9 +7,9 @@
  * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
  * reason; it never returns a half-filled message as success.
  *
- * Wire format (protocol version 3: syncs and opens are numbered, seq_query
- * names the sync in doubt and seq_open the opens in doubt,
- * docs/protocol.md; version 2 added tenant-carrying
+ * Wire format (protocol version 4: syncs, opens and queries are numbered
+ * from one counter, seq_query names the sync in doubt and seq_open the
+ * opens in doubt, docs/protocol.md; version 3 left queries unnumbered; version 2 added tenant-carrying
  * sequence ids, ipc/seqid.h, and seq_query; peers of other versions are
  * refused with KVT_EVERSION at their first request).  Every message is one msgpack map with
  * short string keys:
@@ -33,8 +33,9 @@
  *                      that ended without one, 0 when none: the daemon
  *                      closes what those opened)
  *           seq_close: "seq" uint
- *           seq_query: "seq" uint, "after" uint (the number of the
- *                      sync in doubt, 0 when none)
+ *           seq_query: "seq" uint, "n" uint (the client's number for
+ *                      this query), "after" uint (the number of the
+ *                      sync in doubt, below "n"; 0 when none)
  *           sync:      "n" uint (the client's number for this sync),
  *                      "items": array of [seq, counter, n_new, phase,
  *                      layer_lo, layer_hi] or [..., layer_hi, headroom]
@@ -87,7 +88,7 @@
 
 #include "kvtrim.h"
 
-#define IPC_PROTO_VERSION 3u
+#define IPC_PROTO_VERSION 4u
 #define IPC_MAX_MSG (1u << 20)
 #define IPC_MAX_SYNC_ITEMS 4096u
 #define IPC_MAX_ROWS 4096u
@@ -173,8 +174,10 @@ struct ipc_req {
 		} open; /* seq_open */
 		struct {
 			uint64_t seq;
+			uint64_t no;    /* the client's number for this query
+			                   (the same counter as syncs') */
 			uint64_t after; /* the number of the client's sync of seq
-			                   left in doubt, 0 when none */
+			                   left in doubt, below no; 0 when none */
 		} query; /* seq_query */
 		struct {
 			uint64_t no; /* the client's number for this sync:
