@@ -52,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/random.h>
+#include <sys/types.h>
 #include <time.h>
 #include <uv.h>
 
@@ -275,7 +276,19 @@ struct server {
 	 * most max_pending_conns it leaves room for. */
 	uint64_t fd_limit;
 	uint32_t pending_cap;
-	int lock_fd; /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
+	int lock_fd;  /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
+	int claim_fd; /* the dir's abstract claim (rundir_claim), -1: none */
+	/* The socket files this daemon bound, as they were then: what
+	 * srv_rundir_watch compares the dir against, and what server_free
+	 * may remove (a file replaced meanwhile is someone else's). */
+	struct srv_own_file {
+		const char *path;
+		dev_t dev;
+		ino_t ino;
+		int bound;
+	} own[3];
+	uint64_t rundir_ms; /* the last srv_rundir_watch */
+	int exit_status;    /* server_run's: 0, or 1 after the dir was lost */
 
 	struct srv_barred barred[SRV_BARRED_MAX];
 	struct srv_tenant **tenants; /* [cfg.max_tenants] */

@@ -9,12 +9,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -400,4 +402,65 @@ TEST_T(hostile_fd, one_daemon_per_runtime_dir, 60)
 	T_EQ(stat(lock, &st), -1);
 	snprintf(lock, sizeof(lock), "%s/fd.sock", d.dir);
 	T_EQ(stat(lock, &st), -1);
+}
+
+/* The exit status of d's daemon once it exits by itself within ms, else
+ * -1 (and it is killed).  d->pid is 0 after. */
+static int exits_within(struct th_daemon *d, int ms)
+{
+	int status;
+	for (int i = 0; i < ms / 10; i++) {
+		if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+			d->pid = 0;
+			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+		}
+		th_sleep_ms(10);
+	}
+	th_daemon_kill(d);
+	return -1;
+}
+
+/*
+ * The runtime dir removed under a live kvtrimd (stopped, so it cannot
+ * notice yet): a second kvtrimd on the same path is still refused, naming
+ * the first, whose abstract claim outlives the dir.  Running again, the
+ * first one notices within seconds, logs that the dir was lost and exits
+ * with status 1; then a new daemon takes the path.  Removing only ctl.ipc
+ * is noticed the same way, and the daemon leaves alone the file someone
+ * put in its place.
+ */
+TEST_T(hostile_fd, removed_runtime_dir_keeps_its_owner, 60)
+{
+	struct th_daemon d;
+	char out[4096], want[640], path[600];
+	struct stat st;
+	th_daemon_start(&d, "32M", NULL);
+	T_EQ(kill(d.pid, SIGSTOP), 0);
+	T_EQ(th_sh(NULL, out, sizeof(out), "rm -rf %s", d.dir), 0);
+	snprintf(want, sizeof(want), "runtime dir %s is in use by kvtrimd pid %d",
+	         d.dir, (int)d.pid);
+	int rc = th_sh(NULL, out, sizeof(out), "timeout 10 %s --runtime-dir %s "
+	               "--backend %s --pool-size 32M", th_bin("kvtrimd"), d.dir,
+	               th_backend());
+	T_EQ(rc, 1);
+	if (!strstr(out, want))
+		th_fail(__FILE__, __LINE__, "expected \"%s\" in:\n%s", want,
+		        out);
+	T_EQ(kill(d.pid, SIGCONT), 0);
+	T_EQ(exits_within(&d, 10000), 1);
+	T_EQ(th_sh(NULL, out, sizeof(out), "cat %s", d.log), 0);
+	T_ASSERT(strstr(out, "lost: kvtrimd.lock was removed or replaced"));
+	th_daemon_start(&d, "32M", NULL);
+	serves(&d, "after");
+
+	/* Only ctl.ipc goes, and a plain file takes its name. */
+	snprintf(path, sizeof(path), "%s/ctl.ipc", d.dir);
+	T_EQ(unlink(path), 0);
+	T_EQ(th_sh(NULL, out, sizeof(out), "echo mine > %s", path), 0);
+	T_EQ(exits_within(&d, 10000), 1);
+	T_EQ(th_sh(NULL, out, sizeof(out), "cat %s", d.log), 0);
+	T_ASSERT(strstr(out, "lost: ctl.ipc was removed or replaced"));
+	T_EQ(stat(path, &st), 0); /* not the daemon's to remove */
+	snprintf(path, sizeof(path), "%s/fd.sock", d.dir);
+	T_EQ(stat(path, &st), -1); /* its own files are gone */
 }
