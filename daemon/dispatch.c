@@ -125,7 +125,21 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			         tenant_name(st->t));
 			return KVT_ESHUTDOWN;
 		}
-		if ((rv = tenant_seq_open(st->t, &rep->u.seq)))
+		if (r->u.open.from)
+			rv = tenant_seq_fork(st->t, r->u.open.from,
+			                     &rep->u.seq);
+		else
+			rv = tenant_seq_open(st->t, &rep->u.seq);
+		if (rv == KVT_ENOSEQ)
+			snprintf(why, wlen, "no open sequence %#llx to copy on "
+			         "tenant %u", (unsigned long long)r->u.open.from,
+			         st->id);
+		else if (rv == KVT_EINVAL)
+			snprintf(why, wlen, "policy %s keeps its per-entry "
+			         "state on the device, which a copy does not "
+			         "take: kvt_seq_fork is refused",
+			         tenant_policy_spec(st->t));
+		if (rv)
 			return srv_device_failed(s, st, rv, "seq_open");
 		s->st.sequences_opened_total++;
 		return srv_flush(s, st, why, wlen);

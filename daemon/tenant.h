@@ -182,6 +182,19 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq);
 int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
                          uint32_t *closed);
 
+/*
+ * Opens a sequence that is a copy of open sequence `from`: every list holds
+ * the same entries (bit for bit), original positions and policy state, and
+ * the sequence the same tokens seen per layer and per-layer policy state;
+ * its counter starts at 0 and its headroom is the registration's, as after
+ * tenant_seq_open.  Both then go on independently.  KVT_ENOSEQ for an
+ * unknown `from`, KVT_EINVAL when the policy keeps per-entry state on the
+ * device (an attention rule deciding there: not copied), KVT_ESEQLIMIT,
+ * KVT_ENOMEM, KVT_EQUOTA or KVT_EPOOLFULL with nothing changed; KVT_ESYS
+ * when a device copy fails (the tenant is marked failed).
+ */
+int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq);
+
 /* Closes a sequence and frees its pages; KVT_ENOSEQ for an unknown id. */
 int tenant_seq_close(struct tenant *t, uint64_t seq);
 

@@ -241,6 +241,25 @@ KVT_API uint32_t kvt_policy_inputs(const kvt_client *c);
 KVT_API int kvt_seq_open(kvt_client *c, kvt_seq *out);
 
 /*
+ * Opens a sequence that is a copy of open sequence `from` as its last sync
+ * left it: every (layer, head) list holds the same entries, bit for bit,
+ * with their original positions and the policy's state, and the same
+ * tokens count as seen, so appending continues at the same position.  Its
+ * sync counter starts at 0 and its headroom is the registration's, as
+ * after kvt_seq_open; then the two go on independently (pages are copied,
+ * not shared: the copy costs the pages `from` holds).  The way to ask
+ * several questions about one compressed context: prefill and compress
+ * the context once, then fork it for each question and close the fork.
+ * Errors: KVT_ENOSEQ (from is not an open sequence of this client),
+ * KVT_EBUSY (its async sync is in flight), KVT_ESTALE (a sync of it is in
+ * doubt: kvt_seq_query first), KVT_EINVAL (a policy that keeps per-entry
+ * state on the device: h2o, tova, kvpop on the cuda backend), and those of
+ * kvt_seq_open (KVT_ESEQLIMIT, KVT_EQUOTA, KVT_EPOOLFULL); a timeout is
+ * resolved as kvt_seq_open's is.
+ */
+KVT_API int kvt_seq_fork(kvt_client *c, kvt_seq from, kvt_seq *out);
+
+/*
  * Closes a sequence and returns its pages to the pool.  KVT_EBUSY while
  * a kvt_sync_async of it is in flight (kvt_wait first).  Closing a
  * sequence in doubt (see kvt_sync) is allowed.  After KVT_ETIMEDOUT the

@@ -119,6 +119,7 @@ static const struct codec_field req_seq_close[] = {
 static const struct codec_field req_seq_open[] = {
 	U64(RQ_, "n", u.open.no),
 	U64(RQ_, "undo", u.open.undo),
+	UINT_(RQ_, "from", u.open.from, UINT64_MAX, F_OPT),
 	END_,
 };
 static const struct codec_field req_seq_query[] = {

@@ -31,7 +31,8 @@
  *           seq_open:  "n" uint (the client's number for this open),
  *                      "undo" uint (its first open since the last verdict
  *                      that ended without one, 0 when none: the daemon
- *                      closes what those opened)
+ *                      closes what those opened), optional "from"
+ *                      uint (a sequence to copy: kvt_seq_fork)
  *           seq_close: "seq" uint
  *           seq_query: "seq" uint, "n" uint (the client's number for
  *                      this query), "after" uint (the number of the
@@ -171,6 +172,8 @@ struct ipc_req {
 			uint64_t undo; /* the first of its opens since the last
 			                  verdict that ended without one, 0 when
 			                  none (tenant_seq_reconcile) */
+			uint64_t from; /* open a copy of this sequence
+			                  (kvt_seq_fork); 0: an empty one */
 		} open; /* seq_open */
 		struct {
 			uint64_t seq;
