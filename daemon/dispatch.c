@@ -195,6 +195,38 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 }
 
 /*
+ * A request refused unread (ctl.c, srv_take_unread): longer than any its
+ * connection without a tenant may send.  Its reply, KVT_ETOOBIG, takes
+ * its place; logged at most once a second (a peer may repeat it at will).
+ */
+static enum srv_verdict srv_refuse_unread(struct server *s,
+                                          struct srv_req *r)
+{
+	struct ipc_rep rep;
+	char why[KVT_ERRTEXT_MAX];
+	uint8_t *out = NULL;
+	size_t olen = 0;
+	memset(&rep, 0, sizeof(rep));
+	snprintf(why, sizeof(why), "request of %" PRIu32 " bytes on a "
+	         "connection without a tenant, which may send only hello "
+	         "and admin requests of at most %" PRIu32 " bytes: refused "
+	         "unread", r->unread, s->low_msg_max);
+	s->st.requests_total++;
+	stats_count_error(&s->st, KVT_ETOOBIG);
+	LOG_EVERY(LOG_LVL_INFO, 1000, "request refused: ETOOBIG: %s", why);
+	codec_rep_error(&rep, KVT_ETOOBIG, why);
+	if (codec_rep_encode(IPC_OP_NONE, &rep, &out, &olen)) {
+		free(out);
+		out = NULL;
+		olen = 0;
+	}
+	free(r->msg);
+	r->msg = out;
+	r->len = olen;
+	return SRV_REPLY;
+}
+
+/*
  * Handles one request.  SRV_PARK: it needs pool pages that may come free,
  * r->msg is kept untouched and the request is retried later (parked says
  * this is such a retry).  SRV_REPLY: r->msg now holds the reply, or is NULL
@@ -220,6 +252,8 @@ enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 		r->msg = NULL;
 		return SRV_REPLY;
 	}
+	if (r->unread)
+		return srv_refuse_unread(s, r);
 
 	int retry = parked || r->dev_wait || r->held;
 	r->dev_wait = 0;

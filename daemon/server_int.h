@@ -90,6 +90,9 @@ struct srv_req {
 	uint32_t pipe_id; /* the request's control connection, 0 once done */
 	int held;         /* it waited for its tenant: a retry, not new */
 	int held_parked;  /* ... and was a backpressure retry then */
+	uint32_t unread;  /* refused unread (ctl.c): the bytes of its body,
+	                     never kept (msg NULL); srv_handle answers
+	                     KVT_ETOOBIG */
 };
 
 /* srv_dispatch: the sync waits for the engine's GPU writes
@@ -209,6 +212,8 @@ struct srv_pipe {
 	uint8_t *rx;
 	uint32_t rx_off, rx_len, rx_cap;
 	uint32_t rx_need;  /* bytes from rx_off the next frame needs */
+	uint32_t rx_skip;  /* bytes of a frame refused unread still to come:
+	                      dropped as they are read */
 	int big;           /* counted in s->n_big_rx (ctl.c, SRV_RX_BIG) */
 };
 
@@ -244,6 +249,11 @@ struct server {
 	int pumping_starved;
 	uint32_t n_big_rx; /* connections without a tenant holding a big
 	                      receive buffer (ctl.c) */
+	uint32_t low_msg_max; /* the longest hello or admin request
+	                         (codec_req_len_max): a connection without a
+	                         tenant sends nothing longer (ctl.c) */
+	uint32_t unread_left; /* bytes of frames refused unread that may
+	                         still be read this cron tick (ctl.c) */
 	uint32_t next_pipe_id;
 	/* Device wake-ups (a driver thread) and the low class's next slice:
 	 * srv_wake_cb. */

@@ -114,6 +114,9 @@
 	X(control_requests_dropped_total,                                      \
 	  "control requests read and never answered: their connection "      \
 	  "closed first, or they were malformed")                              \
+	X(control_requests_unread_total,                                       \
+	  "requests of control connections without a tenant refused with "   \
+	  "ETOOBIG unread: longer than any hello or admin request")            \
 	X(control_reads_paused_total,                                          \
 	  "times the daemon stopped reading a control connection: "           \
 	  "max_inflight_per_conn requests unanswered or its unsent replies "  \

@@ -78,8 +78,10 @@
  *                      "draining"}), config_set one row for the key now in
  *                      force ({"key","value","mutable"}).
  *
- * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), strings
- * longer than their field (KVT_NAME_MAX, KVT_SPEC_MAX ...) are refused.
+ * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), and so
+ * are messages of more msgpack objects than the largest valid one holds
+ * (codec_req_objs_max), before they are unpacked; strings longer than
+ * their field (KVT_NAME_MAX, KVT_SPEC_MAX ...) are refused.
  */
 #ifndef KVT_CODEC_H
 #define KVT_CODEC_H
@@ -270,6 +272,19 @@ int codec_rep_decode(enum ipc_op op, const uint8_t *buf, size_t len,
                      struct ipc_rep *rep, char *err, size_t errlen);
 void codec_req_free(struct ipc_req *req);
 void codec_rep_free(struct ipc_rep *rep);
+
+/*
+ * The largest valid requests, from the message tables (msgpack's widest
+ * encodings, every string and array at its limit): codec_req_len_max is
+ * the most bytes a request of op can take (0 for an invalid op), and
+ * codec_req_objs_max the most msgpack objects any request holds (a sync
+ * of IPC_MAX_SYNC_ITEMS items).  No request beyond them can decode:
+ * codec_req_decode refuses one with more objects (KVT_ETOOBIG) after a
+ * walk of at most that many, before msgpack-c unpacks anything, and the
+ * daemon refuses longer requests where it knows their op's set.
+ */
+size_t codec_req_len_max(enum ipc_op op);
+uint64_t codec_req_objs_max(void);
 
 /*
  * Reads the request's "v" and "op" only, for error replies to a message that

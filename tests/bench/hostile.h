@@ -15,7 +15,7 @@ struct hostile_adv {
 	void (*run)(const struct th_daemon *d, int quick);
 	int metrics;
 };
-#define HOSTILE_N_ADV 6
+#define HOSTILE_N_ADV 7
 extern const struct hostile_adv hostile_advs[HOSTILE_N_ADV];
 
 /* The bench's clock in ms, and a sleep of ms (nothing when <= 0). */

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -461,6 +462,102 @@ static void adv_cpu_hog(const struct th_daemon *d, int quick)
 	}
 }
 
+/*
+ * slow_decode: SD_PEERS control connections without a tenant, each
+ * sending, back to back (the next as soon as the reply came), a request
+ * of IPC_MAX_MSG bytes that is nothing but msgpack nils: a million in an
+ * array on the even peers, half a million pairs of them in a map on the
+ * odd ones.  No such request can be useful; the figures count the replies
+ * (requests) and those that were KVT_ETOOBIG (too_big).  A peer whose
+ * connection failed dials again.
+ */
+#define SD_PEERS 4
+
+struct sd_peer {
+	pthread_t th;
+	const struct th_daemon *d;
+	int map;
+	unsigned long long requests, too_big; /* atomic */
+};
+
+/* A body of IPC_MAX_MSG bytes (or one less for the map: pairs) of nils
+ * under one array32 or map32 header. */
+static uint8_t *sd_body(int map, size_t *len)
+{
+	size_t n = map ? (IPC_MAX_MSG - 5) / 2 : IPC_MAX_MSG - 5;
+	*len = 5 + (map ? 2 * n : n);
+	uint8_t *b = malloc(*len);
+	if (!b)
+		return NULL;
+	b[0] = map ? 0xdf : 0xdd;
+	for (int i = 0; i < 4; i++)
+		b[1 + i] = (uint8_t)(n >> (24 - 8 * i));
+	memset(b + 5, 0xc0, *len - 5);
+	return b;
+}
+
+static void *sd_main(void *arg)
+{
+	struct sd_peer *p = arg;
+	size_t len;
+	uint8_t *body = sd_body(p->map, &len);
+	if (!body)
+		return NULL;
+	for (;;) {
+		uint32_t sock = th_raw_conn(p->d);
+		uint8_t *rep;
+		size_t rl;
+		while (!th_raw_call(sock, body, len, &rep, &rl)) {
+			struct ipc_rep r;
+			char why[KVT_ERRTEXT_MAX];
+			int too_big = !codec_rep_decode(IPC_OP_STATS, rep, rl,
+			                                &r, why, sizeof(why)) &&
+			              r.err == KVT_ETOOBIG;
+			codec_rep_free(&r);
+			free(rep);
+			__atomic_add_fetch(&p->requests, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&p->too_big, (unsigned)too_big,
+			                   __ATOMIC_RELAXED);
+		}
+		th_raw_close(sock);
+		hostile_sleep_ms(10);
+	}
+	return NULL;
+}
+
+__attribute__((noreturn))
+static void adv_slow_decode(const struct th_daemon *d, int quick)
+{
+	static struct sd_peer p[SD_PEERS];
+	(void)quick;
+	for (int i = 0; i < SD_PEERS; i++) {
+		p[i] = (struct sd_peer){.d = d, .map = i % 2};
+		if (pthread_create(&p[i].th, NULL, sd_main, &p[i])) {
+			fprintf(stderr, "kvtrim-bench: slow_decode: no "
+			        "thread\n");
+			_exit(1);
+		}
+	}
+	double last = hostile_now_ms();
+	int ready = 0;
+	for (;;) {
+		hostile_sleep_ms(50);
+		unsigned long long req = 0, big = 0;
+		for (int i = 0; i < SD_PEERS; i++) {
+			req += __atomic_load_n(&p[i].requests,
+			                       __ATOMIC_RELAXED);
+			big += __atomic_load_n(&p[i].too_big,
+			                       __ATOMIC_RELAXED);
+		}
+		if (!ready && req >= SD_PEERS) {
+			adv_say("ready requests=%llu too_big=%llu", req, big);
+			ready = 1;
+		} else if (ready && adv_due(&last)) {
+			adv_say("stat requests=%llu too_big=%llu", req, big);
+		}
+	}
+}
+
 const struct hostile_adv hostile_advs[] = {
 	{"never_reading", adv_never_reading, 0},
 	{"idle_5000", adv_idle, 0},
@@ -468,6 +565,7 @@ const struct hostile_adv hostile_advs[] = {
 	{"largest_tenant", adv_largest, 0},
 	{"cpu_hog", adv_cpu_hog, 0},
 	{"slow_http", adv_slow_http, 1},
+	{"slow_decode", adv_slow_decode, 0},
 };
 _Static_assert(sizeof(hostile_advs) / sizeof(hostile_advs[0]) == HOSTILE_N_ADV,
                "HOSTILE_N_ADV (hostile.h) counts the adversaries");
