@@ -462,14 +462,16 @@ void srv_ctl_cron(struct server *s, uint64_t now)
 static void srv_pipe_open(struct server *s, int fd)
 {
 	uint32_t pid = 0, uid = 0, gid = 0;
-	char why[KVT_ERRTEXT_MAX];
+	char why[KVT_ERRTEXT_MAX - 48], text[KVT_ERRTEXT_MAX];
 	if (handle_peer(fd, &pid, &uid, &gid)) {
 		close(fd);
 		return;
 	}
 	int rv = srv_pipe_room(s, pid, uid, gid, why, sizeof(why));
 	if (rv) {
-		srv_refuse(s, fd, rv, why);
+		snprintf(text, sizeof(text), "kvtrimd refused this control "
+		         "connection: %s", why);
+		srv_refuse(s, fd, rv, text);
 		return;
 	}
 	struct srv_pipe *p = calloc(1, sizeof(*p));

@@ -394,15 +394,16 @@ static uint32_t srv_pending(const struct server *s)
 /* A connection closed at accept, refused, or evicted: counted, logged
  * rate limited. */
 static void srv_pending_refused(struct server *s, uint64_t now,
-                                const char *what)
+                                const char *what, const char *why)
 {
 	uint64_t held;
 	s->st.handle_pending_refusals_total++;
 	if (log_rate_due(&s->refuse_log, now, SRV_LOG_EVERY_MS, &held))
 		LOG(LOG_LVL_WARNING, "fd.sock: %" PRIu32 " connections without "
-		    "a tenant (max_pending_conns, in force %" PRIu32 "): %s "
+		    "a tenant (max_pending_conns, in force %" PRIu32 "): %s%s%s "
 		    "(%" PRIu64 " more not logged)", srv_pending(s),
-		    srv_pending_max(s), what, held);
+		    srv_pending_max(s), what, why ? ": " : "", why ? why : "",
+		    held);
 }
 
 /*
@@ -434,7 +435,7 @@ static int srv_pending_evict_uid(struct server *s, uint64_t now, uint32_t uid,
 		return 0;
 	srv_conn_close(victim);
 	srv_pending_refused(s, now, "the oldest of the uid holding the most "
-	                    "was closed for a newcomer of another uid");
+	                    "was closed for a newcomer of another uid", NULL);
 	return 1;
 }
 
@@ -460,7 +461,7 @@ static int srv_pending_room(struct server *s, uint64_t now, uint32_t uid,
 			return 0; /* older ones come first: none is due */
 		srv_conn_close(c);
 		srv_pending_refused(s, now, "the oldest was closed for a "
-		                    "newcomer");
+		                    "newcomer", NULL);
 		return 1;
 	}
 	return 0;
@@ -636,13 +637,16 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 			srv_conn_open(s, fd, now, NULL);
 		} else if (s->n_conns_refused < SRV_REFUSALS_MAX) {
 			/* Kept until its hello, which gets why. */
-			srv_pending_refused(s, now, why);
+			srv_pending_refused(s, now, "a new one was refused, "
+			                    "to be told why at its hello", why);
 			srv_conn_open(s, fd, now, why);
 		} else {
 			/* A flood of refused ones costs an accept and a
 			 * close each. */
 			close(fd);
-			srv_pending_refused(s, now, why);
+			srv_pending_refused(s, now, "a new one was closed at "
+			                    "accept (SRV_REFUSALS_MAX refused "
+			                    "ones wait for their hello)", why);
 		}
 	}
 }

@@ -152,22 +152,19 @@ int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid,
 	int admin = (of_uid >= per_uid || full) &&
 	            srv_acl_has(s, &s->admin, pid, uid, gid);
 	if (of_pid >= s->cfg.max_pending_per_pid)
-		snprintf(why, wlen, "kvtrimd refused this control connection: "
-		         "process %" PRIu32 " holds max_pending_per_pid (%" PRIu32
-		         ") connections without a tenant on ctl.ipc", pid,
-		         s->cfg.max_pending_per_pid);
+		snprintf(why, wlen, "process %" PRIu32 " holds "
+		         "max_pending_per_pid (%" PRIu32 ") connections without "
+		         "a tenant on ctl.ipc", pid, s->cfg.max_pending_per_pid);
 	else if (of_uid >= per_uid && !admin)
-		snprintf(why, wlen, "kvtrimd refused this control connection: "
-		         "uid %" PRIu32 " holds max_pending_per_uid (%" PRIu32
-		         ") connections without a tenant on ctl.ipc", uid,
-		         per_uid);
+		snprintf(why, wlen, "uid %" PRIu32 " holds max_pending_per_uid "
+		         "(%" PRIu32 ") connections without a tenant on ctl.ipc",
+		         uid, per_uid);
 	else if (!full || admin || srv_pipe_evict(s, uid, of_uid))
 		return 0;
 	else
-		snprintf(why, wlen, "kvtrimd refused this control connection: "
-		         "max_pending_conns (%" PRIu32 ") connections without a "
-		         "tenant are open on ctl.ipc and uid %" PRIu32 " holds "
-		         "as many of them as any other uid",
+		snprintf(why, wlen, "max_pending_conns (%" PRIu32 ") "
+		         "connections without a tenant are open on ctl.ipc and "
+		         "uid %" PRIu32 " holds as many of them as any other uid",
 		         srv_pending_max(s), uid);
 	uint64_t held, now = now_ms();
 	s->st.control_conns_refused_total++;

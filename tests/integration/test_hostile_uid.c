@@ -6,7 +6,7 @@
  * gives one up to a newcomer of another, and a refused client is told
  * which limit refused it (KVT_EBUSY and the limit's name, from
  * kvt_connect and from kvtrimctl), not a shut connection
- * (docs/protocol.md, "Control connections" and "Limits of the handle
+ * (docs/protocol.md, "Connection limits" and "Limits of the handle
  * channel").
  *
  * Root is an admin by default, and admins pass these limits: the hog and
