@@ -562,13 +562,21 @@ void srv_ctl_cron(struct server *s, uint64_t now)
 }
 
 /* A new connection fd (non-blocking, close-on-exec): our SP header, then
- * it is read; unless the pending connections are at their bound. */
+ * it is read; unless its peer is at one of srv_pipe_room's bounds: it is
+ * then told why (refuse.c). */
 static void srv_pipe_open(struct server *s, int fd)
 {
 	uint32_t pid = 0, uid = 0, gid = 0;
-	if (handle_peer(fd, &pid, &uid, &gid) ||
-	    !srv_pipe_room(s, pid, uid, gid)) {
+	char why[KVT_ERRTEXT_MAX - 48], text[KVT_ERRTEXT_MAX];
+	if (handle_peer(fd, &pid, &uid, &gid)) {
 		close(fd);
+		return;
+	}
+	int rv = srv_pipe_room(s, pid, uid, gid, why, sizeof(why));
+	if (rv) {
+		snprintf(text, sizeof(text), "kvtrimd refused this control "
+		         "connection: %s", why);
+		srv_refuse(s, fd, rv, text);
 		return;
 	}
 	struct srv_pipe *p = calloc(1, sizeof(*p));
@@ -733,6 +741,7 @@ void srv_ctl_close(struct server *s)
 			i++;
 		srv_pipe_close(s, s->pipes[i], NULL, "daemon shutting down");
 	}
+	srv_refuse_close_all(s);
 	s->starved_head = s->starved_tail = NULL;
 	srv_free_list(s, &s->low_head, &s->low_tail);
 	srv_free_list(s, &s->parked_head, &s->parked_tail);

@@ -15,6 +15,8 @@
  *   pipes.c     the control connections: their table, the refusal at
  *               accept, the limits (in flight, unsent replies, send
  *               timeout, idle without a tenant) and closing them
+ *   refuse.c    control connections refused at accept, told why (an
+ *               error reply to their first request) before they close
  *   fdchan.c    the handle channel fd.sock: accept and its back-off, the
  *               pending connections and their eviction, the fd budget,
  *               packets from clients, events to them
@@ -109,6 +111,7 @@ struct srv_req {
 #define SRV_IDLE_WAIT 4
 
 struct srv_tenant;
+struct srv_refusal;
 
 /* One handle-channel connection on fd.sock (fdchan.c). */
 struct srv_conn {
@@ -118,6 +121,8 @@ struct srv_conn {
 	uint64_t cookie;
 	uint32_t pid, uid, gid;
 	int denied;      /* peer not in the allow lists: its hello is refused */
+	char refused[160]; /* "": admitted; else refused at accept (a limit
+	                      of fdchan.c): its hello gets KVT_EBUSY, this */
 	uint64_t barred_ms; /* >0: its process is barred (srv_barred) for
 	                       this long still: its hello is refused */
 	uint64_t born_ms;
@@ -237,6 +242,11 @@ struct server {
 	int cpoll_ready;
 	struct srv_backoff caccept;
 	struct log_rate crefuse_log;
+	/* Refused connections being told why (refuse.c), newest first, at
+	 * most SRV_REFUSALS_MAX; they are not in the table below. */
+	struct srv_refusal *refusals, *refusals_tail;
+	uint32_t n_refusals;
+	uint8_t refuse_rx[4096]; /* what refusals read, then discard */
 	struct srv_req *reqs; /* [n_reqs = cfg.contexts], the pool */
 	uint32_t n_reqs;
 	struct srv_req *req_free; /* free ones */
@@ -277,6 +287,9 @@ struct server {
 	struct srv_conn *conns_tail; /* oldest */
 	uint32_t n_conns;           /* fd.sock connections, with or without a
 	                               tenant */
+	uint32_t n_conns_refused;   /* ... of them kept only to say why
+	                               (srv_conn refused), at most
+	                               SRV_REFUSALS_MAX */
 	/* Accept back-off: after a failed accept (out of fds, say) the
 	 * listener is not polled until its resume time (cron restarts it). */
 	struct srv_backoff haccept;
@@ -388,9 +401,35 @@ struct srv_pipe *srv_pipe_find(struct server *s, uint32_t id);
 /* Enters p (a new connection) into the table; nonzero when out of memory. */
 int srv_pipe_add(struct server *s, struct srv_pipe *p);
 
-/* Is there room for one more connection without a tenant from this peer
- * (max_pending_conns; admins always)?  0: refuse it (counted, logged). */
-int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid);
+/*
+ * Is there room for one more connection without a tenant from this peer?
+ * max_pending_per_pid holds for everyone; max_pending_per_uid and
+ * max_pending_conns for all but admins.  At max_pending_conns a newcomer
+ * whose uid holds fewer closes a connection of the uid holding the most
+ * (srv_uid_runs).  0: admit it; KVT_EBUSY: refuse it, why naming the
+ * limit (counted, logged).
+ */
+int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid,
+                  char *why, size_t wlen);
+
+/* ---------------------------------------------------------- refuse.c */
+
+/* Refused connections told why, at most this many at once. */
+#define SRV_REFUSALS_MAX 16
+
+/*
+ * Takes fd, a control connection srv_pipe_room refused: sends the SP
+ * header, answers the peer's first request with code and why, and closes
+ * it when the peer hangs up or SRV_REFUSE_MS after the accept.  With
+ * SRV_REFUSALS_MAX open already, the oldest is closed first.
+ */
+void srv_refuse(struct server *s, int fd, int code, const char *why);
+
+/* Cron: closes the refusals past their deadline. */
+void srv_refuse_cron(struct server *s, uint64_t now);
+
+/* Closes every refusal (shutdown). */
+void srv_refuse_close_all(struct server *s);
 
 /* Closes p, once: out of the table at once, a tenant registered on it
  * reclaimed, its unanswered requests counted as dropped; counter (may be
@@ -435,8 +474,19 @@ void srv_conn_resume(struct srv_conn *c);
 void srv_conn_cron(struct server *s, uint64_t now);
 
 /* The most connections without a tenant at once (max_pending_conns, lowered
- * to what the fd budget leaves room for). */
+ * to what the fd budget leaves room for), and of them one uid's
+ * (max_pending_per_uid; 0 there: half of srv_pending_max, at least 1). */
 uint32_t srv_pending_max(const struct server *s);
+uint32_t srv_pending_per_uid(const struct server *s);
+
+/* A uid and how many connections without a tenant it holds. */
+struct srv_uid_run {
+	uint32_t uid, n;
+};
+
+/* Sorts uids[n] (in place) and writes the uids' counts to runs[n], most
+ * first; returns how many runs. */
+uint32_t srv_uid_runs(uint32_t *uids, uint32_t n, struct srv_uid_run *runs);
 
 /* Sends t's queued events over c's handle channel (tenant_flush_events),
  * grants of one window coalesced into sets; 0 or the first KVT_E*. */

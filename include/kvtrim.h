@@ -171,8 +171,11 @@ typedef uint64_t kvt_seq;
  * pool or than its max_quota (KVT_EQUOTA), and a geometry whose daemon-side
  * state (table and staging segments, per-sequence arrays, scratch, for
  * max_seqs open sequences) would exceed its tenant_memory_max (KVT_EQUOTA,
- * the text naming the parts and which fields to lower); the reason is then
- * in *errtext when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
+ * the text naming the parts and which fields to lower), and a connection
+ * when the process or its uid already holds its share of the connections
+ * without a tenant, or the daemon is at max_pending_conns or max_tenants
+ * (KVT_EBUSY, the text naming the limit); the reason is then in *errtext
+ * when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
  */
 KVT_API int kvt_connect(const struct kvt_config *cfg, kvt_client **out,
                         char *errtext);

@@ -516,9 +516,11 @@ static void win_stats(struct hwin *w)
 }
 
 /* The paced, timed, verified syncs of one window (what: for messages),
- * with /metrics fetched in a thread beside them when metrics is set. */
+ * with /metrics fetched in a thread beside them when metrics is set, and
+ * a disconnect and a connect again (not timed; a failure is an error)
+ * every reconnect syncs when that is not 0. */
 static void measure(struct hwin *w, const char *what, struct heng *e,
-                    const char *dir, int metrics)
+                    const char *dir, int metrics, int reconnect)
 {
 	int count = hs.quick ? 400 : 2000;
 	double deadline = hostile_now_ms() + (hs.quick ? 3000 : 10000);
@@ -534,6 +536,8 @@ static void measure(struct hwin *w, const char *what, struct heng *e,
 			hostile_sleep_ms(wait / 1e3);
 		next = bench_now_us() + H_PACE_US;
 		double us = 0;
+		if (reconnect && w->n && w->n % reconnect == 0)
+			heng_close(e);
 		int rc = e->c ? 0 : heng_open(e, dir);
 		if (!rc)
 			rc = heng_step(e, &us);
@@ -574,7 +578,11 @@ static void phase_run(struct hphase *ph, const char *tmp_dir)
 	snprintf(hostile_tmp, sizeof(hostile_tmp), "%s/h-%s", tmp_dir,
 	         adv->name);
 	mkdir(hostile_tmp, 0700);
-	th_daemon_spawn(&d, H_POOL, NULL);
+	if (adv->other_uid) {
+		chmod(tmp_dir, 0750);
+		chmod(hostile_tmp, 0750);
+	}
+	th_daemon_spawn(&d, H_POOL, adv->daemon_args);
 	if (!daemon_up(&d)) {
 		fprintf(stderr, "kvtrim-bench: hostile %s: kvtrimd did not "
 		        "start (%s)\n", adv->name, d.log);
@@ -591,12 +599,14 @@ static void phase_run(struct hphase *ph, const char *tmp_dir)
 	}
 	ph->ran = 1;
 	snprintf(what, sizeof(what), "%s (alone)", adv->name);
-	measure(&ph->before, what, &e, d.dir, adv->metrics);
+	measure(&ph->before, what, &e, d.dir, adv->metrics,
+	        adv->reconnect_every);
 	if (adv_spawn(&a, hs.self, adv->name, d.dir, hs.quick) ||
 	    !adv_wait_ready(&a, hs.quick ? 8000 : 15000))
 		fprintf(stderr, "kvtrim-bench: hostile %s: the adversary was "
 		        "not ready in time\n", adv->name);
-	measure(&ph->beside, adv->name, &e, d.dir, adv->metrics);
+	measure(&ph->beside, adv->name, &e, d.dir, adv->metrics,
+	        adv->reconnect_every);
 	adv_stop(&a);
 	ph->n_kv = a.n_kv;
 	memcpy(ph->kv, a.kv, sizeof(a.kv));
