@@ -108,6 +108,47 @@ class _View(np.ndarray):
                                                  False) else t
 
 
+class DeviceArray:
+    """Device memory of a cuda tenant (a page, a K/V row, a staging row,
+    the device copy of the table): the host cannot read it; CUDA
+    consumers take it zero-copy through __cuda_array_interface__
+    (version 3: torch.as_tensor(a, device="cuda"), CuPy, Numba), .torch()
+    gives the tensor.  Valid while its client is open.  bf16 memory is
+    described as uint16 bits; .torch() reinterprets it as torch.bfloat16.
+    The interface names the client's stream (set_stream) when one is set,
+    so a consumer orders its reads after the engine's work on it."""
+
+    def __init__(self, client, addr, dtype, shape, writable, bf16=False):
+        self._client = client
+        self.ptr = int(addr)
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(n) for n in shape)
+        self.readonly = not writable
+        self._bf16 = bf16
+
+    @property
+    def nbytes(self):
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self):
+        d = {"shape": self.shape, "typestr": self.dtype.str,
+             "data": (self.ptr, self.readonly), "strides": None,
+             "version": 3}
+        if self._client._stream:
+            d["stream"] = self._client._stream
+        return d
+
+    def torch(self):
+        import torch
+        t = torch.as_tensor(self, device="cuda")
+        return t.view(torch.bfloat16) if self._bf16 else t
+
+    def __repr__(self):
+        return (f"<kvtrim.DeviceArray {self.dtype}{list(self.shape)} at "
+                f"{self.ptr:#x}{' read-only' if self.readonly else ''}>")
+
+
 def _view(region, dtype, shape, bf16=False):
     a = np.frombuffer(region, dtype=dtype).reshape(shape).view(_View)
     a._kvtrim_bf16 = bf16
@@ -209,6 +250,7 @@ class Client:
             _u32(v, k)
         if runtime_dir is not None:
             runtime_dir = os.fspath(runtime_dir)
+        self._stream = 0
         self._c = _kvtrim.Client(
             runtime_dir, tenant, n_layers, n_heads, n_kv_heads, head_dim,
             d_model, DTYPES[dtype], page_tokens, max_seqs, max_tokens,
@@ -324,10 +366,9 @@ class Client:
         [head_dim] (K rows, then V rows) in the tenant's dtype (bf16 as
         uint16 bits; .torch() gives torch.bfloat16)."""
         addr = self._c.page_ptr(_u32(page_id, "page id"))
-        r = self._c.region(addr, self.page_bytes, True)
-        return _view(r, _NP_DTYPE[DTYPES[self.dtype]],
-                     (2, self.page_tokens, self.head_dim),
-                     self.dtype == "bf16")
+        return self._mem(addr, _NP_DTYPE[DTYPES[self.dtype]],
+                         (2, self.page_tokens, self.head_dim), True,
+                         self.dtype == "bf16")
 
     def table(self):
         """kvt_table_view as a dict, with "records": a read-only numpy
@@ -335,26 +376,26 @@ class Client:
         over the table's records (host tenants): record words are len,
         n_pages, epoch (two words), then page ids."""
         v = self._c.table_view()
-        if self.memory_kind == "host":
-            n = v["max_seqs"] * v["n_layers"] * v["n_kv_heads"]
-            r = self._c.region(v["table"] + v["records_offset"],
-                               n * v["list_stride"], False)
-            v["records"] = _view(r, np.uint32,
+        v["records"] = self._mem(v["table"] + v["records_offset"], np.uint32,
                                  (v["max_seqs"], v["n_layers"],
-                                  v["n_kv_heads"], v["list_stride"] // 4))
-            v["records"].flags.writeable = False
+                                  v["n_kv_heads"], v["list_stride"] // 4),
+                                 False)
         return v
 
     def memcpy(self, dst, src, nbytes=None):
-        """kvt_memcpy between numpy arrays (or addresses, with nbytes)."""
+        """kvt_memcpy between numpy arrays, DeviceArrays (or addresses,
+        with nbytes)."""
         def addr(a):
             if isinstance(a, np.ndarray):
                 if not a.flags.c_contiguous:
                     raise ValueError("arrays must be C-contiguous")
                 return a.ctypes.data, a.nbytes
+            if isinstance(a, DeviceArray):
+                return a.ptr, a.nbytes
             if isinstance(a, int):
                 return a, None
-            raise TypeError("numpy arrays or integer addresses")
+            raise TypeError("numpy arrays, DeviceArrays or integer "
+                            "addresses")
         d, dn = addr(dst)
         s, sn = addr(src)
         n = nbytes if nbytes is not None else min(x for x in (dn, sn)
@@ -366,19 +407,32 @@ class Client:
     def buffer(self, nbytes):
         """kvt_buffer_alloc: a zero-filled buffer in the pages' memory
         kind; on a host tenant a writable numpy uint8 array whose memory
-        returns at buffer_free(array) or disconnect."""
+        returns at buffer_free(array) or disconnect; on a cuda tenant a
+        DeviceArray."""
         a = self._c.buffer_alloc(int(nbytes))
-        r = self._c.region(a, int(nbytes), True)
-        return _view(r, np.uint8, (int(nbytes),))
+        return self._mem(a, np.uint8, (int(nbytes),), True)
 
     def buffer_free(self, arr):
-        self._c.buffer_free(arr.ctypes.data)
+        self._c.buffer_free(arr.ptr if isinstance(arr, DeviceArray)
+                            else arr.ctypes.data)
 
     def set_stream(self, stream):
         """Cuda tenants: the CUDA stream (an int address, or a
         torch.cuda.Stream) the engine writes and attends on."""
         s = getattr(stream, "cuda_stream", stream)
         self._c.set_stream(int(s or 0))
+        self._stream = int(s or 0)
+
+    def _mem(self, addr, dtype, shape, writable, bf16=False):
+        """The tenant's memory at addr: a numpy view over host memory, a
+        DeviceArray on a cuda tenant."""
+        if self.memory_kind == "cuda":
+            return DeviceArray(self, addr, dtype, shape, writable, bf16)
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        a = _view(self._c.region(addr, n, writable), dtype, shape, bf16)
+        if not writable:
+            a.flags.writeable = False
+        return a
 
     def __repr__(self):
         cfg = getattr(self, "config", None)
@@ -431,13 +485,14 @@ class Seq:
 
     def list(self, layer, head):
         """(len, n_pages, epoch, pages): pages a read-only numpy uint32
-        array of the page ids, over the shared table."""
+        array of the page ids, over the shared host table (on a cuda
+        tenant too: kvt_list_get reads the host copy)."""
         c = self.client
         ln, np_, ep, addr = c._c.list_get(self.id, _u32(layer, "layer"),
                                           _u32(head, "head"))
         pages = np.zeros(0, np.uint32)
-        if np_ and c.memory_kind == "host":
-            pages = _view(c._c.region(addr, 4 * np_, False), np.uint32,
+        if np_:
+            pages = _view(c._c.region(addr, 4 * np_, False, True), np.uint32,
                           (np_,))
             pages.flags.writeable = False
         return ln, np_, ep, pages
@@ -448,13 +503,10 @@ class Seq:
         c = self.client
         ka, va = c._c.kv_ptr(self.id, _u32(layer, "layer"),
                              _u32(head, "head"), _u32(k, "k"))
-        esz = _kvtrim.dtype_size(DTYPES[c.dtype])
         dt = _NP_DTYPE[DTYPES[c.dtype]]
         bf = c.dtype == "bf16"
-        return (_view(c._c.region(ka, c.head_dim * esz, True), dt,
-                      (c.head_dim,), bf),
-                _view(c._c.region(va, c.head_dim * esz, True), dt,
-                      (c.head_dim,), bf))
+        return (c._mem(ka, dt, (c.head_dim,), True, bf),
+                c._mem(va, dt, (c.head_dim,), True, bf))
 
     def _stage(self, which, layer, pos, shape):
         c = self.client
@@ -462,8 +514,7 @@ class Seq:
                            _u32(pos, "pos"))
         if not a:
             return None
-        n = int(np.prod(shape))
-        return _view(c._c.region(a, 4 * n, True), np.float32, shape)
+        return c._mem(a, np.float32, shape, True)
 
     def stage_x(self, layer, pos):
         """Writable float32 [d_model] staging row of position pos, or None

@@ -783,10 +783,12 @@ typedef struct {
 static PyObject *client_region(Client *self, PyObject *args)
 {
 	unsigned long long a, n;
-	int w;
-	if (!live(self) || !PyArg_ParseTuple(args, "KKp", &a, &n, &w))
+	int w, host = 0;
+	/* host: the caller knows a is host memory on any tenant (the host
+	 * table kvt_list_get reads). */
+	if (!live(self) || !PyArg_ParseTuple(args, "KKp|p", &a, &n, &w, &host))
 		return NULL;
-	if (kvt_memory_kind(self->c) != KVT_MEMORY_HOST)
+	if (!host && kvt_memory_kind(self->c) != KVT_MEMORY_HOST)
 		return raise_code(KVT_ENOTSUP, "host views of a cuda tenant's "
 		                  "memory (use the device views)");
 	if (!a || n > (unsigned long long)PY_SSIZE_T_MAX)

@@ -351,3 +351,50 @@ def test_lost_daemon_gives_econn():
             s.query()
     c.close()
     d.stop()
+
+
+def test_cuda_tenant_memory_is_device_arrays():
+    # kvtrimd --backend cuda on the CUDA emulator (no GPU here): pages,
+    # K/V rows, staging rows, buffers and the device table come back as
+    # DeviceArrays whose __cuda_array_interface__ names the very addresses
+    # libkvtrim gives (kvt_page_ptr and the others), with shape, element
+    # type and read-only as documented; bytes copied in with kvt_memcpy
+    # read back unchanged.  A consumer on a real GPU (torch.as_tensor(a,
+    # device="cuda")) is exercised by make gpu-check.
+    emu = os.path.abspath("build/lib/emu/libkvtrim-cuda.so")
+    if not os.path.exists(emu):
+        pytest.skip("no CUDA emulator build (build/lib/emu/libkvtrim-cuda.so)")
+    os.environ["KVTRIM_CUDA_EMU"] = "1"
+    os.environ["KVTRIM_CUDA_LIB"] = emu
+    try:
+        with kvtrim.Daemon(pool_size="64M", backend="cuda") as d, \
+                client(d, policy="h2o:tokens=8", stage_tokens=4) as c, \
+                c.open_seq() as s:
+            assert c.memory_kind == "cuda"
+            ln, np_, _, pages = s.list(0, 1)
+            pid = int(pages[0])
+            pg = c.page(pid)
+            assert isinstance(pg, kvtrim.DeviceArray)
+            cai = pg.__cuda_array_interface__
+            assert cai["data"] == (c._c.page_ptr(pid), False)
+            assert cai["shape"] == (2, 4, 8) and cai["typestr"] == "<f4"
+            assert cai["version"] == 3 and "stream" not in cai
+            host = np.arange(64, dtype=np.float32)
+            back = np.zeros(64, np.float32)
+            c.memcpy(pg, host)
+            c.memcpy(back, pg)
+            assert np.array_equal(back, host)
+            K, V = s.kv(0, 1, 0)
+            assert isinstance(K, kvtrim.DeviceArray) and K.shape == (8,)
+            assert K.ptr == c._c.kv_ptr(s.id, 0, 1, 0)[0]
+            q = s.stage_q(0, 0)
+            assert isinstance(q, kvtrim.DeviceArray)
+            assert q.shape == (4, 8) and q.dtype == np.float32
+            t = c.table()["records"]
+            assert isinstance(t, kvtrim.DeviceArray) and t.readonly
+            assert t.__cuda_array_interface__["data"][1] is True
+            b = c.buffer(256)
+            assert isinstance(b, kvtrim.DeviceArray) and b.nbytes == 256
+            c.buffer_free(b)
+    finally:
+        del os.environ["KVTRIM_CUDA_EMU"], os.environ["KVTRIM_CUDA_LIB"]
