@@ -306,6 +306,13 @@ def test_policies_decide_as_the_c_engine(model, daemon, tmp_path):
     if not os.path.exists("../shared/models/bytes2m-valid.txt"):
         pytest.skip("no ../shared/models/bytes2m-valid.txt (the eval split)")
     dump = tmp_path / "dump"
+    # the learned policies' weights where the dump looks for them (its
+    # DIR): kvzap's checkpoints, Fast KVzip's and KVpop's files
+    wdir = os.path.abspath("weights/smollm2")
+    dump.mkdir()
+    for f in ("kvzap-linear", "kvzap-mlp", "fastkvzip.safetensors",
+              "kvpop.safetensors"):
+        os.symlink(os.path.join(wdir, f), dump / f)
     subprocess.run([_bin("kvtrim-eval"), "--model", "smollm2", "--quick",
                     "--seqs", "1", "--dump-kept", str(dump)], check=True,
                    capture_output=True)
@@ -336,9 +343,14 @@ def test_policies_decide_as_the_c_engine(model, daemon, tmp_path):
                     rows[layer, h, i] = full.client.page(
                         int(pages[i // 16]))[0, i % 16]
     report = []
-    for r in ix["runs"]:
-        if r["spec"].endswith("(in-process)"):
-            continue                      # kvzip: not a daemon policy
+    # the heuristics kvpress has too, then (window 0 too) the others:
+    # the learned policies with the shipped weights, pyramidkv, random
+    runs = [r for r in ix["runs"] if not r["spec"].endswith("(in-process)")]
+    others = ix.get("kvzap", []) + ix.get("others", [])
+    assert len(others) == 6, others
+    for r in others:
+        r["policy"], r["spec"] = r["name"], r["spec"].replace("DIR", wdir)
+    for r in runs + others:
         want = np.fromfile(dump / r["keep"], dtype=np.uint8)[
             :L * KV * P].reshape(L, KV, P)
         with run(r["spec"]) as c:

@@ -28,6 +28,10 @@
  * window 0 at a threshold of the scores' median (window 32, sinks 4): its
  * kept entries show the daemon loaded and scored that checkpoint.
  *
+ * The other daemon policies (pyramidkv, random, and Fast KVzip and KVpop
+ * when DIR holds their weight files): their kept entries of window 0
+ * (dump_others).
+ *
  * Files in DIR (little endian, C order):
  *   index.json         geometry, the repeat prompt `sep`, every run: policy,
  *                      ratio, spec, keep file, per-window kl / top1 / dnll
@@ -39,6 +43,7 @@
  *   x0.f32             float32 [L][P][dim], window 0 (with a kvzap dir)
  *   kvzap-V.scores.f32 float32 [L][n_kv][P], window 0
  *   keep-kvzap-V.u8    uint8 [L][n_kv][P], window 0
+ *   keep-NAME.u8       likewise, for each of the index's "others"
  * Progress on stderr, one line per window.
  */
 #include "eval.h"
@@ -227,6 +232,64 @@ static void dump_kvzap(const struct model *M, const char *dir,
 		fprintf(ix, ",\n \"x0\": \"x0.f32\"");
 }
 
+/*
+ * The daemon's policies the parity table above leaves out (no kvpress
+ * press to compare with), on window 0, for an implementation of the same
+ * policies to compare with: pyramidkv and random at ratio 0.75 (random
+ * with seed 7), and, when DIR holds their weight files
+ * (fastkvzip.safetensors, kvpop.safetensors), Fast KVzip at ratio 0.75
+ * (its layer-wide top-k) and KVpop at a budget of P / 4 entries a list.
+ * Writes the index's "others" member: name, spec (DIR for the dump's
+ * folder) and keep file (uint8 [L][n_kv][P]) of each.
+ */
+static void dump_others(const struct model *M, const char *dir,
+                        const struct ctx_window *w, const char *rt,
+                        struct ctx_cache *c, uint8_t *keep, FILE *ix)
+{
+	static const struct {
+		const char *name, *file, *fmt; /* file NULL: no weights */
+	} op[] = {{"pyramidkv", NULL, "ratio=0.75"},
+	          {"random", NULL, "ratio=0.75,seed=7"},
+	          {"fastkvzip", "fastkvzip.safetensors", "ratio=0.75"},
+	          {"kvpop", "kvpop.safetensors", "tokens=%u"}};
+	const size_t nl = (size_t)M->cfg.n_layers * M->cfg.n_kv_heads;
+	fprintf(ix, ",\n \"others\": [");
+	for (size_t i = 0, first = 1; i < sizeof(op) / sizeof(op[0]); i++) {
+		char d[PATH_MAX + 64], abs[PATH_MAX], err[1200],
+		     spec[KVT_SPEC_MAX], rest[64], model[240] = "",
+		     dmodel[96] = "", fn[64];
+		if (op[i].file) {
+			snprintf(d, sizeof(d), "%s/%s", dir, op[i].file);
+			if (!realpath(d, abs))
+				continue;
+			if (strlen(abs) > 180) /* the spec must hold it */
+				eval_die("%s: path longer than 180 bytes", abs);
+			snprintf(model, sizeof(model), "model=%.180s,", abs);
+			snprintf(dmodel, sizeof(dmodel), "model=DIR/%s,",
+			         op[i].file);
+		}
+		snprintf(rest, sizeof(rest), op[i].fmt, w->P / 4);
+		snprintf(spec, sizeof(spec), "%s:%s%s", op[i].name, model, rest);
+		ctx_cache_truncate(c, 0);
+		int rc = ctx_load_daemon(M, w, rt, op[i].name, spec, c, err,
+		                         sizeof(err));
+		if (!rc)
+			rc = keep_of(M, w, c, keep);
+		if (rc)
+			eval_die("%s in kvtrimd: %s", op[i].name, rc == KVT_EPROTO &&
+			         !err[0] ? "a kept row is no context row" : err);
+		snprintf(fn, sizeof(fn), "keep-%s.u8", op[i].name);
+		FILE *f = open_in(dir, fn, "wb");
+		put(f, keep, 1, nl * w->P);
+		fclose(f);
+		fprintf(ix, "%s\n  {\"name\": \"%s\", \"spec\": \"%s:%s%s\", "
+		        "\"keep\": \"%s\"}", first ? "" : ",", op[i].name,
+		        op[i].name, dmodel, rest, fn);
+		first = 0;
+	}
+	fprintf(ix, "]");
+}
+
 static void json_doubles(FILE *f, const char *key, const double *v,
                          uint32_t n)
 {
@@ -344,8 +407,10 @@ int ctxdump_main(const struct model *M, const struct ctx_args *a,
 			r->kept[wi] = s.kept;
 			r->npos = s.npos;
 		}
-		if (wi == 0)
+		if (wi == 0) {
 			dump_kvzap(M, dir, &w, rt, c, keep, ix);
+			dump_others(M, dir, &w, rt, c, keep, ix);
+		}
 		ctx_window_free(&w);
 		fprintf(stderr, "kvtrim-eval: dump: window %u/%u, %u runs, "
 		        "elapsed %.0fs\n", wi + 1, nw, nrun,
