@@ -553,8 +553,9 @@ KVT_API int kvt_set_stream(kvt_client *c, void *stream);
  * that stream, so the bytes are in place when it returns.  Meant for
  * tools, tests and engines whose K/V is produced on the host; a GPU engine
  * writes pages with its own kernels.  0 (bytes 0 copies nothing, whatever
- * the pointers), KVT_EINVAL (NULL client, or a NULL pointer with bytes), or
- * KVT_ESYS with the CUDA error in kvt_last_error().
+ * the pointers), KVT_EINVAL (NULL client, a NULL pointer with bytes, or a
+ * destination in the table: kvt_table_view's or kvt_list_get's, which only
+ * kvtrimd writes), or KVT_ESYS with the CUDA error in kvt_last_error().
  */
 KVT_API int kvt_memcpy(kvt_client *c, void *dst, const void *src,
                        size_t bytes);
