@@ -1,18 +1,29 @@
 /*
  * test_device_table.c — the table is read-only to the engine, on either
- * backend.
+ * backend, and kvtrimd never follows a page id an engine wrote.
  *
  *   kvt_memcpy into the table (kvt_table_view's or kvt_list_get's) fails
  *   with KVT_EINVAL and a reason, and changes nothing (kvtrimctl check
  *   stays clean); on the emulated cuda backend the device copy is mapped
  *   read-only in VMM sharing (a store through it faults) and read-write in
  *   legacy IPC sharing, where read-only mappings do not exist.
+ *
+ *   A hostile engine that writes its device copy anyway (legacy IPC, or
+ *   its own cuMemSetAccess, which the test stands in for with mprotect:
+ *   emulated device memory is host memory) points one list at another's
+ *   pages; ten syncs of a streaming policy later, both lists hold exactly
+ *   what the policy keeps, as in a sequence nobody damaged: the daemon
+ *   compacted through its own copy.  kvtrimctl check reports the damaged
+ *   record, rewrites it, and the next check is clean.
+ *
+ * Expected positions come from docs/policies.md's streaming rule.
  */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,6 +100,44 @@ static void step(kvt_client *c, kvt_seq s, uint32_t pos)
 	T_OK(kvt_sync(c, &it, 1));
 }
 
+/*
+ * Every list of s holds, by the host table, the positions streaming keeps
+ * of n_seen (pos < SINKS or pos >= n_seen - (BUDGET - SINKS)), each once,
+ * K and V rows both those of its own list.
+ */
+static void check_kept(kvt_client *c, kvt_seq s, uint32_t n_seen)
+{
+	const struct kvt_config *cfg = kvt_config_of(c);
+	const struct kvt_geometry *g = &cfg->geo;
+	uint32_t pt = cfg->page_tokens, hd = g->head_dim;
+	size_t row = hd * sizeof(float);
+	float k[64], v[64];
+	for (uint32_t l = 0; l < g->n_layers; l++)
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			struct kvt_list li;
+			uint8_t seen[256] = {0};
+			T_OK(kvt_list_get(c, s, l, h, &li));
+			T_EQ(li.len, BUDGET);
+			for (uint32_t e = 0; e < li.len; e++) {
+				char *p = kvt_page_ptr(c, li.pages[e / pt]);
+				T_ASSERT(p != NULL);
+				p += (size_t)(e % pt) * row;
+				T_OK(kvt_memcpy(c, k, p, row));
+				T_OK(kvt_memcpy(c, v, p + (size_t)pt * row, row));
+				uint32_t pos = (uint32_t)k[0] / 1000;
+				T_ASSERT(pos < n_seen && pos < sizeof(seen));
+				T_ASSERT(pos < SINKS ||
+				         pos >= n_seen - (BUDGET - SINKS));
+				T_ASSERT(!seen[pos]);
+				seen[pos] = 1;
+				for (uint32_t i = 0; i < hd; i++) {
+					T_ASSERT(k[i] == val(pos, l, h, 0, i));
+					T_ASSERT(v[i] == val(pos, l, h, 1, i));
+				}
+			}
+		}
+}
+
 /* Stores through the view in a child process; its exit status: 0 when the
  * store landed, or the signal that stopped it. */
 static int store_in_child(uint32_t *where)
@@ -155,6 +204,66 @@ TEST(device_table, engine_writes_into_the_table_fail)
 		else
 			T_EQ(r, SIGSEGV);
 	}
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+TEST(device_table, daemon_never_follows_ids_an_engine_wrote)
+{
+	if (!emulated_cuda())
+		T_SKIP("needs the emulated cuda backend (device memory the test "
+		       "can store into)");
+	struct th_daemon d;
+	char err[KVT_ERRTEXT_MAX], out[4096];
+	kvt_client *c;
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = table_cfg(&d);
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq bad, good;
+	T_OK(kvt_seq_open(c, &bad));
+	T_OK(kvt_seq_open(c, &good));
+	uint32_t pos = 0;
+	for (; pos < BUDGET; pos += STEP) {
+		step(c, bad, pos);
+		step(c, good, pos);
+	}
+
+	/* bad's list (0, 0) in the device view now names the pages of its
+	 * list (1, 1), as an engine writing its own mapping would leave it */
+	struct kvt_table_view v;
+	T_OK(kvt_table_view(c, &v));
+	struct kvt_list_record *victim = rec_at(&v, seqid_slot(bad), 0, 0);
+	const struct kvt_list_record *other = rec_at(&v, seqid_slot(bad), 1, 1);
+	T_EQ(victim->n_pages, other->n_pages);
+	long ps = sysconf(_SC_PAGESIZE);
+	uintptr_t lo = (uintptr_t)victim & ~(uintptr_t)(ps - 1);
+	size_t span = (uintptr_t)(victim->pages + victim->n_pages) - lo;
+	if (!legacy_ipc()) /* the engine's cuMemSetAccess(READWRITE) */
+		T_EQ(mprotect((void *)lo, span, PROT_READ | PROT_WRITE), 0);
+	memcpy(victim->pages, other->pages, other->n_pages * sizeof(uint32_t));
+	if (!legacy_ipc())
+		T_EQ(mprotect((void *)lo, span, PROT_READ), 0);
+
+	/* ten syncs that evict (and so compact) on the device */
+	for (uint32_t i = 0; i < 10; i++, pos += STEP) {
+		step(c, bad, pos);
+		step(c, good, pos);
+	}
+	check_kept(c, good, pos);
+	check_kept(c, bad, pos);
+
+	/* the check reports the damage, rewrites it, then finds none */
+	T_ASSERT(th_sh(&d, out, sizeof(out), "%s check",
+	               th_bin("kvtrimctl")) != 0);
+	T_ASSERT(strstr(out, "the device table the engine reads"));
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	struct kvt_list li;
+	T_OK(kvt_table_view(c, &v));
+	victim = rec_at(&v, seqid_slot(bad), 0, 0);
+	T_OK(kvt_list_get(c, bad, 0, 0, &li));
+	T_EQ(victim->n_pages, li.n_pages);
+	T_ASSERT(!memcmp(victim->pages, li.pages,
+	                 li.n_pages * sizeof(uint32_t)));
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
 }
