@@ -732,9 +732,9 @@ struct kvt_backend_ops {
 	 * memset or kernel store through it faults as any write to read-only
 	 * device memory does.  Legacy IPC has no read-only mapping
 	 * (cudaIpcOpenMemHandle maps read-write): in ipc mode the chunk is
-	 * mapped read-write and *readonly says so.  *readonly is 1 when the
-	 * mapping refuses writes.  The client maps the daemon's device copy
-	 * of its table this way. */
+	 * mapped read-write.  *readonly (when readonly is not NULL) is 1
+	 * when the mapping refuses writes, else 0.  The client maps the
+	 * daemon's device copy of its table this way. */
 	int (*chunk_import_ro)(void *ctx, int fd,
 	                       const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
 	                       uint64_t bytes, struct kvt_backend_chunk *out,

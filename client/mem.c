@@ -93,7 +93,6 @@ void mem_fini(struct mem *m)
 	m->acks = NULL;
 	m->n_chunks = m->n_acks = m->acks_cap = 0;
 	m->n_dbases = m->dirty_lo = m->dirty_hi = 0;
-	m->dtab_ro = 0;
 	m->bops = NULL;
 	m->bctx = NULL;
 }
@@ -266,7 +265,7 @@ static int table_import(struct mem *m, int fd, const uint8_t *ipc,
 {
 	if (m->bops->chunk_import_ro)
 		return m->bops->chunk_import_ro(m->bctx, fd, ipc, bytes, &m->dtab,
-		                                &m->dtab_ro);
+		                                NULL);
 	return m->bops->chunk_import(m->bctx, fd, ipc, bytes, &m->dtab);
 }
 

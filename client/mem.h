@@ -50,7 +50,6 @@ struct mem {
 	 * [0, n_dbases), of which [dirty_lo, dirty_hi) still await their
 	 * upload (mem_device_after). */
 	struct kvt_backend_chunk dtab;
-	int dtab_ro;                /* dtab is mapped read-only (vmm) */
 	/* The staging segment in device memory (STAGE_DEV; base NULL when
 	 * the rows are those of the host segment). */
 	struct kvt_backend_chunk dstage;

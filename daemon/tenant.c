@@ -150,8 +150,9 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	    !o->event_new || !o->event_free || !o->event_record ||
 	    !o->stream_wait_event || !o->read_regions || !o->upload_regions ||
 	    !o->upload_twin || !o->mem_new || !o->mem_free)
-		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend has no "
-		            "streams or events", o->name);
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend lacks "
+		            "what a device tenant needs (streams, events, "
+		            "uploads, device memory)", o->name);
 	t->ipc_share = o->share(t->bctx) == KVT_BACKEND_SHARE_IPC;
 	int rc;
 	if ((rc = o->stream_new(t->bctx, &t->stream)) ||
