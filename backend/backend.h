@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 9
+#define KVT_BACKEND_ABI 10
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -726,6 +726,28 @@ struct kvt_backend_ops {
 	                  uint32_t head_dim, const struct kvt_backend_pop *a,
 	                  const struct kvt_backend_pop_job *jobs, uint32_t n,
 	                  uint32_t *out, uint32_t out_words, void *stream);
+	/* (optional; ABI 10) As chunk_import, mapped read-only for this
+	 * process's device where the sharing mode allows it: in vmm mode
+	 * the mapping's access is CU_MEM_ACCESS_FLAGS_PROT_READ, so a copy,
+	 * memset or kernel store through it faults as any write to read-only
+	 * device memory does.  Legacy IPC has no read-only mapping
+	 * (cudaIpcOpenMemHandle maps read-write): in ipc mode the chunk is
+	 * mapped read-write.  *readonly (when readonly is not NULL) is 1
+	 * when the mapping refuses writes, else 0.  The client maps the
+	 * daemon's device copy of its table this way. */
+	int (*chunk_import_ro)(void *ctx, int fd,
+	                       const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+	                       uint64_t bytes, struct kvt_backend_chunk *out,
+	                       int *readonly);
+	/* (optional; ABI 10) As upload_regions into two device buffers of
+	 * the same layout at once, dev and twin: one upload of the regions'
+	 * bytes and one scatter kernel that writes each word to both, so the
+	 * second copy costs no host-to-device byte.  The daemon keeps its own
+	 * device table (the one its kernels read) and the one it shares
+	 * with the client this way. */
+	int (*upload_twin)(void *ctx, void *dev, void *twin, const void *host,
+	                   const struct kvt_backend_region *r, uint32_t n,
+	                   void *stream);
 };
 
 /*

@@ -132,7 +132,8 @@ void client_begin(kvt_client *c);
 
 /* Copies bytes between host memory and the pages' (kvt_memcpy's work,
  * device.c): memcpy on a host tenant, a copy on the client's stream and a
- * wait for it on a cuda tenant.  0, or KVT_ESYS with the reason set. */
+ * wait for it on a cuda tenant.  0, KVT_EINVAL (dst in the table, which
+ * only kvtrimd writes) or KVT_ESYS, with the reason set. */
 int client_copy(kvt_client *c, void *dst, const void *src, size_t bytes);
 
 /* nng error -> KVT_E* (connection-level failures are KVT_ECONN). */

@@ -75,10 +75,6 @@ int kvt_memcpy(kvt_client *c, void *dst, const void *src, size_t bytes)
 
 int client_copy(kvt_client *c, void *dst, const void *src, size_t bytes)
 {
-	if (!mem_is_device(&c->mem)) {
-		memcpy(dst, src, bytes);
-		return 0;
-	}
 	char why[KVT_ERRTEXT_MAX - 32];
 	int rc = mem_copy(&c->mem, dst, src, bytes, c->stream, why,
 	                  sizeof(why));

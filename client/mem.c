@@ -254,6 +254,21 @@ static int chunk_revoke(struct mem *m, uint32_t slot, uint64_t cookie,
 	return 0;
 }
 
+/*
+ * The daemon's device copy of the table, mapped read-only where the sharing
+ * mode allows it (vmm): only kvtrimd writes it.  Legacy IPC maps it
+ * read-write (it has no read-only mapping); mem_copy still refuses it as a
+ * destination, and kvtrimd never reads this copy back for its own work.
+ */
+static int table_import(struct mem *m, int fd, const uint8_t *ipc,
+                        uint64_t bytes)
+{
+	if (m->bops->chunk_import_ro)
+		return m->bops->chunk_import_ro(m->bctx, fd, ipc, bytes, &m->dtab,
+		                                NULL);
+	return m->bops->chunk_import(m->bctx, fd, ipc, bytes, &m->dtab);
+}
+
 static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
                  size_t errlen)
 {
@@ -412,8 +427,7 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 			                           &db)))
 				return errors_fmt(err, errlen, rc, "chunk-base array: "
 				                  "%s", m->bops->last_error());
-			if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
-			                                bytes, &m->dtab))) {
+			if ((rc = table_import(m, fd, x->data, bytes))) {
 				m->bops->mem_free(m->bctx, db);
 				return errors_fmt(err, errlen, rc, "importing the "
 				                  "device table: %s",
@@ -452,14 +466,36 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 	}
 }
 
+/* 1 when [p, p + n) meets [base, base + len). */
+static int overlaps(const void *p, size_t n, const void *base, uint64_t len)
+{
+	uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
+	return base && n && a < b + len && b < a + n;
+}
+
+static int copy_check(const struct mem *m, const void *dst, size_t bytes,
+                      char *err, size_t errlen)
+{
+	if (overlaps(dst, bytes, m->table, m->g.table_bytes) ||
+	    overlaps(dst, bytes, m->dtab.base, m->g.table_bytes))
+		return errors_fmt(err, errlen, KVT_EINVAL,
+		                  "the destination %p + %zu bytes lies in the "
+		                  "table (kvt_table_view, kvt_list_get), which "
+		                  "only kvtrimd writes", dst, bytes);
+	return 0;
+}
+
 int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
              void *stream, char *err, size_t errlen)
 {
+	int rc = copy_check(m, dst, bytes, err, errlen);
+	if (rc)
+		return rc;
 	if (!m->bops) {
 		memmove(dst, src, bytes);
 		return 0;
 	}
-	int rc = m->bops->copy(m->bctx, dst, src, bytes, stream);
+	rc = m->bops->copy(m->bctx, dst, src, bytes, stream);
 	if (rc < 0)
 		return errors_fmt(err, errlen, rc, "cuda backend: %s",
 		                  m->bops->last_error());

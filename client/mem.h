@@ -109,7 +109,10 @@ int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen);
 int mem_table_view(const struct mem *m, struct kvt_table_view *out);
 
 /* Copies bytes (kvt_memcpy): memcpy on a host tenant, else a copy on
- * stream and a wait for it.  0 or KVT_ESYS with the reason in err. */
+ * stream and a wait for it.  0, KVT_EINVAL when [dst, dst + bytes) meets
+ * the table (host or device copy: only kvtrimd writes it, and a write
+ * there would fault, SIGSEGV or a sticky CUDA error that ends the
+ * engine's context, rather than fail), or KVT_ESYS; the reason in err. */
 int mem_copy(struct mem *m, void *dst, const void *src, size_t bytes,
              void *stream, char *err, size_t errlen);
 

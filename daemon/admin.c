@@ -24,6 +24,24 @@ static struct ipc_row *srv_rows(struct ipc_rep *rep, uint32_t n)
 	return rep->table.rows;
 }
 
+/* After a check found a tenant's violations: the device table its engine
+ * reads is rewritten where it differs from the table, and the log says so
+ * (the check's detail has reported the first difference). */
+static void srv_check_repair(struct srv_tenant *st)
+{
+	uint32_t fixed = 0;
+	int rc = tenant_table_repair(st->t, &fixed);
+	if (rc)
+		LOG(LOG_LVL_WARNING, "tenant %" PRIu32 " (%s): rewriting its "
+		    "device table view failed: %s", st->id, tenant_name(st->t),
+		    kvt_strerror(rc));
+	else if (fixed)
+		LOG(LOG_LVL_WARNING, "tenant %" PRIu32 " (%s): %" PRIu32 " "
+		    "records of the device table its engine reads differed "
+		    "from the table (the engine wrote them); rewritten", st->id,
+		    tenant_name(st->t), fixed);
+}
+
 /* kvtrimctl check: every tenant's invariants, and the pool against
  * what the tenants hold.  Run with no sync in flight (SRV_IDLE_WAIT). */
 static void srv_check(struct server *s, struct ipc_row *row)
@@ -39,6 +57,8 @@ static void srv_check(struct server *s, struct ipc_row *row)
 		if (v > 0 && !violations)
 			snprintf(detail, sizeof(detail), "tenant %" PRIu32 ": %s",
 			         st->id, d);
+		if (v > 0)
+			srv_check_repair(st);
 		violations += v > 0 ? (uint64_t)v : 0;
 		chunks += tenant_chunks(st->t);
 	}

@@ -148,9 +148,11 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	const struct kvt_backend_ops *o = t->bops;
 	if (!o->stream_new || !o->stream_free || !o->stream_sync ||
 	    !o->event_new || !o->event_free || !o->event_record ||
-	    !o->stream_wait_event || !o->read_regions || !o->upload_regions)
-		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend has no "
-		            "streams or events", o->name);
+	    !o->stream_wait_event || !o->read_regions || !o->upload_regions ||
+	    !o->upload_twin || !o->mem_new || !o->mem_free)
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend lacks "
+		            "what a device tenant needs (streams, events, "
+		            "uploads, device memory)", o->name);
 	t->ipc_share = o->share(t->bctx) == KVT_BACKEND_SHARE_IPC;
 	int rc;
 	if ((rc = o->stream_new(t->bctx, &t->stream)) ||
@@ -171,8 +173,9 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 		};
 		memcpy(e->data, evs[i]->handle, sizeof(e->data));
 	}
-	/* The device table: a whole number of chunks (the allocation
-	 * granularity), zeroed, then the header; every record starts as the
+	/* The device tables: the shared one a whole number of chunks (the
+	 * allocation granularity), the daemon's own exactly the table's
+	 * size, both zeroed, then the header; every record starts as the
 	 * zeroed host record does (len 0, no pages). */
 	uint64_t tb = shm_whole_chunks(t->g.table_bytes);
 	struct kvt_backend_region hdr = {0, sizeof(struct shm_table_hdr)};
@@ -181,8 +184,9 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	if (!t->dirty)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if ((rc = o->chunk_new(t->bctx, tb, &t->dtab)) ||
-	    (rc = o->upload_regions(t->bctx, t->dtab.base, t->table, &hdr, 1,
-	                            t->stream)) ||
+	    (rc = o->mem_new(t->bctx, t->g.table_bytes, &t->dtab_own)) ||
+	    (rc = o->upload_twin(t->bctx, t->dtab_own, t->dtab.base, t->table,
+	                         &hdr, 1, t->stream)) ||
 	    (rc = o->event_record(t->bctx, &t->ev_compact, t->stream)))
 		return errors_fmt(err, errlen, rc, "%s backend: device table of "
 		                  "%llu bytes: %s", o->name,
@@ -228,6 +232,9 @@ static void device_fini(struct tenant *t)
 	/* VMM: the driver keeps the memory while the client maps it.  Legacy
 	 * IPC: the client is gone or said bye (as for the chunks). */
 	o->chunk_free(t->bctx, &t->dtab);
+	if (t->dtab_own)
+		o->mem_free(t->bctx, t->dtab_own);
+	t->dtab_own = NULL;
 	o->chunk_free(t->bctx, &t->dstage);
 	if (t->dscorer)
 		o->scorer_free(t->bctx, t->dscorer);
@@ -316,9 +323,10 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 	memset(out, 0, sizeof(*out));
 
 	out->table = g->table_bytes;
-	if (dev)
-		out->table = add_sat(out->table,
-		                     shm_whole_chunks(g->table_bytes));
+	if (dev) /* the shared device copy and the daemon's own */
+		out->table = add_sat(add_sat(out->table,
+		                             shm_whole_chunks(g->table_bytes)),
+		                     g->table_bytes);
 	out->stage = g->stage_bytes;
 	if (dev && (need & POLICY_NEED_STAGED) && g->stage_entry_floats)
 		out->stage = add_sat(out->stage,

@@ -304,6 +304,19 @@ const struct tenant_mem *tenant_mem_of(const struct tenant *t);
 int tenant_check(const struct tenant *t, char *detail, size_t len);
 
 /*
+ * Device tenants: rewrites, from the host table, every record (and the
+ * header) of the device table shared with the client that differs from
+ * it, queued on the tenant's stream before the COMPACT event the client
+ * waits on.  Only an engine writes there (its mapping is read-only where
+ * the sharing mode allows, not in legacy IPC, nor against an engine that
+ * changes its own mapping's access); the daemon's kernels read its own
+ * copy, so this is for the engine's view only.  *fixed = records (and
+ * header) rewritten; 0 or the backend's code.  A host tenant: 0, none.
+ * Reads what tenant_check reads; run it with no sync in flight.
+ */
+int tenant_table_repair(struct tenant *t, uint32_t *fixed);
+
+/*
  * The client closed a legacy-IPC chunk it was told to revoke (packet
  * CHUNK_CLOSED with the serial from the REVOKE): the chunk is freed now and
  * 0 is returned.  A serial that names no revoked chunk still awaiting

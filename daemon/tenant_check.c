@@ -1,9 +1,11 @@
 /*
  * tenant_check.c — the invariant checker (tenant_check, tenant.h): every
  * page free or in exactly one list, the running totals, the table records
- * against the private state, and on a device tenant the device copy of the
- * table against the host table.  It reads the state only; its cost
- * follows the live state (slots never opened are not read).
+ * against the private state, and on a device tenant both device copies of
+ * the table (the daemon's own and the client's) against the host table.
+ * It reads the state only; its cost follows the live state (slots never
+ * opened are not read).  tenant_table_repair rewrites the client's copy
+ * where it differs.
  */
 #include "tenant_int.h"
 
@@ -40,79 +42,191 @@ static int test_and_set(uint8_t *bits, uint64_t i)
 }
 
 /*
- * Device tenants: the device copy of the table must equal the host table
+ * Device tenants: each device copy of the table must equal the host table
  * in every header field and valid page id, once the queued work is done
  * (read_regions waits for the tenant's stream).  Only the records of slots
  * that were ever open are read (the others were uploaded zeroed and never
- * changed), in batches, so the host buffer stays small and the cost
- * follows the live state whatever the table's size.
+ * changed), in batches of BATCH records, so the host buffer stays small and
+ * the cost follows the live state whatever the table's size.
  */
-static int device_records_differ(const struct tenant *t, struct checker *c,
-                                 char *buf, uint64_t first, uint32_t k)
+enum { BATCH = 256 };
+
+/* Reads records first .. first + k - 1 (k <= BATCH) of the device table at
+ * base into buf, list_stride bytes each; 0 or the backend's code. */
+static int read_records(const struct tenant *t, const void *base, char *buf,
+                        uint64_t first, uint32_t k)
 {
-	enum { BATCH = 256 };
 	const struct shm_geom *g = &t->g;
 	const void *src[BATCH];
 	const char *rec0 = (const char *)shm_list_at(t->table, g, 0, 0, 0);
 	uint64_t roff = (uint64_t)(rec0 - (const char *)t->table);
 	for (uint32_t j = 0; j < k; j++)
-		src[j] = (const char *)t->dtab.base + roff +
-		         (first + j) * g->list_stride;
-	if (t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
-	                          g->list_stride, t->stream)) {
-		violation(c, "device table: %s", t->bops->last_error());
-		return 1;
-	}
-	for (uint32_t j = 0; j < k; j++) {
-		const struct shm_list *h = (const struct shm_list *)(
-			rec0 + (first + j) * g->list_stride);
-		const struct shm_list *d = (const struct shm_list *)(
-			buf + (size_t)j * g->list_stride);
-		uint32_t np = h->n_pages < g->max_pages ? h->n_pages
-		                                        : g->max_pages;
-		if (d->len != h->len || d->n_pages != h->n_pages ||
-		    d->epoch != h->epoch ||
-		    memcmp(d->pages, h->pages, np * sizeof(uint32_t))) {
-			violation(c, "device table record %llu differs from "
-			          "the table (len %u/%u pages %u/%u epoch "
-			          "%llu/%llu)", (unsigned long long)(first + j),
-			          d->len, h->len, d->n_pages, h->n_pages,
-			          (unsigned long long)d->epoch,
-			          (unsigned long long)h->epoch);
-			return 1;
+		src[j] = (const char *)base + roff + (first + j) * g->list_stride;
+	return t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
+	                             g->list_stride, t->stream);
+}
+
+/* Record r of the host table. */
+static const struct shm_list *host_record(const struct tenant *t, uint64_t r)
+{
+	const char *rec0 = (const char *)shm_list_at(t->table, &t->g, 0, 0, 0);
+	return (const struct shm_list *)(rec0 + r * t->g.list_stride);
+}
+
+/* 1 when d, record r as read from a device copy, differs from the host's
+ * in a header field or a valid page id (ids beyond n_pages are
+ * unspecified on the device). */
+static int record_differs(const struct tenant *t, const struct shm_list *d,
+                          uint64_t r)
+{
+	const struct shm_list *h = host_record(t, r);
+	uint32_t np = h->n_pages < t->g.max_pages ? h->n_pages : t->g.max_pages;
+	return d->len != h->len || d->n_pages != h->n_pages ||
+	       d->epoch != h->epoch ||
+	       memcmp(d->pages, h->pages, np * sizeof(uint32_t));
+}
+
+/* Calls fn(t, arg, first, k, buf) for every batch of the records of the
+ * slots that were ever open, buf holding them as read from base; stops at
+ * a nonzero return, which it returns (a read's failure too, negative). */
+typedef int (*batch_fn)(const struct tenant *t, void *arg, uint64_t first,
+                        uint32_t k, const char *buf);
+
+static int each_batch(const struct tenant *t, const void *base, char *buf,
+                      batch_fn fn, void *arg)
+{
+	int rc = 0;
+	for (uint32_t slot = 0; slot < t->g.max_seqs && !rc; slot++) {
+		if (!t->seqs[slot].used)
+			continue;
+		uint64_t first = (uint64_t)slot * t->lists_per_seq;
+		for (uint32_t i = 0; i < t->lists_per_seq && !rc; i += BATCH) {
+			uint32_t k = t->lists_per_seq - i < BATCH
+			                     ? t->lists_per_seq - i
+			                     : BATCH;
+			rc = read_records(t, base, buf, first + i, k);
+			if (!rc)
+				rc = fn(t, arg, first + i, k, buf);
 		}
+	}
+	return rc;
+}
+
+struct first_diff {
+	struct checker *c;
+	const char *which, *why; /* the copy, what a difference means */
+};
+
+/* batch_fn of check_device_table: the first record that differs is a
+ * violation. */
+static int report_first(const struct tenant *t, void *arg, uint64_t first,
+                        uint32_t k, const char *buf)
+{
+	const struct first_diff *f = arg;
+	for (uint32_t j = 0; j < k; j++) {
+		const struct shm_list *d = (const struct shm_list *)(
+			buf + (size_t)j * t->g.list_stride);
+		if (!record_differs(t, d, first + j))
+			continue;
+		const struct shm_list *h = host_record(t, first + j);
+		violation(f->c, "%s: record %llu differs from the table (len "
+		          "%u/%u pages %u/%u epoch %llu/%llu)%s", f->which,
+		          (unsigned long long)(first + j), d->len, h->len,
+		          d->n_pages, h->n_pages,
+		          (unsigned long long)d->epoch,
+		          (unsigned long long)h->epoch, f->why);
+		return 1;
 	}
 	return 0;
 }
 
+/* One device copy at base against the host table; which names it, why
+ * says what a difference means. */
+static void check_copy(const struct tenant *t, const void *base,
+                       const char *which, const char *why,
+                       struct checker *c, char *buf)
+{
+	size_t hdr = sizeof(struct shm_table_hdr);
+	const void *src[1] = {base};
+	struct first_diff f = {c, which, why};
+	int rc = t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr,
+	                               t->stream);
+	if (!rc && memcmp(buf, t->table, hdr)) {
+		violation(c, "%s: header differs from the table%s", which, why);
+		return;
+	}
+	if (!rc)
+		rc = each_batch(t, base, buf, report_first, &f);
+	if (rc < 0)
+		violation(c, "%s: %s", which, t->bops->last_error());
+}
+
 static void check_device_table(const struct tenant *t, struct checker *c)
 {
-	enum { BATCH = 256 };
-	const struct shm_geom *g = &t->g;
-	const void *src[1] = {t->dtab.base};
-	size_t hdr = sizeof(struct shm_table_hdr);
-	char *buf = malloc(BATCH * g->list_stride);
+	char *buf = malloc(BATCH * t->g.list_stride);
 	if (!buf) {
 		violation(c, "out of memory reading the device table back");
 		return;
 	}
-	if (t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr, t->stream))
-		violation(c, "device table: %s", t->bops->last_error());
-	else if (memcmp(buf, t->table, hdr))
-		violation(c, "device table header differs from the table");
-	for (uint32_t slot = 0; slot < g->max_seqs && c->n == 0; slot++) {
-		if (!t->seqs[slot].used)
-			continue;
-		uint64_t first = (uint64_t)slot * t->lists_per_seq;
-		for (uint32_t i = 0; i < t->lists_per_seq; i += BATCH) {
-			uint32_t k = t->lists_per_seq - i < BATCH
-			                     ? t->lists_per_seq - i
-			                     : BATCH;
-			if (device_records_differ(t, c, buf, first + i, k))
-				break;
-		}
-	}
+	/* The daemon's own copy first: a difference there is a daemon bug;
+	 * in the client's an engine wrote what it should only read. */
+	check_copy(t, t->dtab_own, "kvtrimd's device table", "", c, buf);
+	if (c->n == 0)
+		check_copy(t, t->dtab.base, "the device table the engine reads",
+		           "; the engine wrote it (kvtrimd follows its own copy "
+		           "and rewrites this one)", c, buf);
 	free(buf);
+}
+
+/* batch_fn of tenant_table_repair: queues the upload of every record that
+ * differs, whole, into the shared copy. */
+static int repair_batch(const struct tenant *t, void *arg, uint64_t first,
+                        uint32_t k, const char *buf)
+{
+	uint32_t *fixed = arg;
+	struct kvt_backend_region r[BATCH];
+	uint32_t n = 0;
+	uint64_t roff = (uint64_t)((const char *)host_record(t, 0) -
+	                           (const char *)t->table);
+	for (uint32_t j = 0; j < k; j++) {
+		const struct shm_list *d = (const struct shm_list *)(
+			buf + (size_t)j * t->g.list_stride);
+		if (record_differs(t, d, first + j))
+			r[n++] = (struct kvt_backend_region){
+				roff + (first + j) * t->g.list_stride,
+				t->g.list_stride};
+	}
+	*fixed += n;
+	return n ? t->bops->upload_regions(t->bctx, t->dtab.base, t->table, r,
+	                                   n, t->stream)
+	         : 0;
+}
+
+int tenant_table_repair(struct tenant *t, uint32_t *fixed)
+{
+	*fixed = 0;
+	if (!t->dev || !t->dtab.base)
+		return 0;
+	size_t hdr = sizeof(struct shm_table_hdr);
+	char *buf = malloc(BATCH * t->g.list_stride);
+	if (!buf)
+		return KVT_ENOMEM;
+	const void *src[1] = {t->dtab.base};
+	struct kvt_backend_region head = {0, hdr};
+	int rc = t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr,
+	                               t->stream);
+	if (!rc && memcmp(buf, t->table, hdr)) {
+		rc = t->bops->upload_regions(t->bctx, t->dtab.base, t->table,
+		                             &head, 1, t->stream);
+		++*fixed;
+	}
+	if (!rc)
+		rc = each_batch(t, t->dtab.base, buf, repair_batch, fixed);
+	free(buf);
+	/* The client's stream waits on COMPACT before its next reads. */
+	if (!rc && *fixed)
+		rc = t->bops->event_record(t->bctx, &t->ev_compact, t->stream);
+	return rc;
 }
 
 int tenant_check(const struct tenant *t, char *detail, size_t len)

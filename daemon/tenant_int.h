@@ -167,10 +167,17 @@ struct tenant {
 	int kv_wait;
 	void (*wake)(void *);
 	void *wake_arg;
-	/* Device copy of the table segment, which the engine's kernels read
-	 * (kvt_table_view), and the records tenant_mirror() changed since it
-	 * was last brought up to date (tenant_table_flush). */
+	/* Device copies of the table segment: dtab, shared with the client,
+	 * which the engine's kernels read (kvt_table_view; mapped read-only
+	 * there where the sharing mode allows, but an engine may still write
+	 * it: legacy IPC, or its own cuMemSetAccess), and dtab_own, device
+	 * memory of this process alone, the one the daemon's kernels resolve
+	 * page ids through (tenant_paged): they never follow an id an engine
+	 * could have written.  Both are written together, by one upload of
+	 * the records tenant_mirror() changed since the last
+	 * tenant_table_flush. */
 	struct kvt_backend_chunk dtab;
+	void *dtab_own; /* [g.table_bytes] */
 	struct kvt_backend_region *dirty; /* [2 * max_seqs * lists_per_seq] */
 	uint32_t n_dirty;
 	/* Backends with compact_drops: the daemon's own chunk bases in device
@@ -535,7 +542,8 @@ int tenant_grow(void **p, size_t *cap, size_t want, size_t elem);
 int tenant_bases_sync(struct tenant *t);
 
 /* Where the tenant's pages are on the device, as the ops that resolve page
- * ids there take it (tenant_sync.c). */
+ * ids there take it (tenant_sync.c): the daemon's own device table
+ * (dtab_own), never the one shared with the client. */
 struct kvt_backend_paged tenant_paged(const struct tenant *t);
 
 /* Base address of page id (a device address on a device tenant: never

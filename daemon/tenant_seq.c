@@ -65,7 +65,8 @@ void tenant_mirror(struct tenant *t, uint32_t slot, uint32_t layer,
 
 /*
  * Device tenants: queues on the tenant's stream the upload of the records
- * tenant_mirror() changed, then the COMPACT event, so the client's stream
+ * tenant_mirror() changed, into both device tables (the daemon's own and
+ * the client's), then the COMPACT event, so the client's stream
  * (which waits on that event after every reply that changes lists) reads
  * the new table.  A failure marks the tenant failed (the server drops it).
  */
@@ -75,8 +76,9 @@ int tenant_table_flush(struct tenant *t)
 		return 0;
 	int rc = tenant_stage_poison_flush(t);
 	if (!rc && t->n_dirty)
-		rc = t->bops->upload_regions(t->bctx, t->dtab.base, t->table,
-		                             t->dirty, t->n_dirty, t->stream);
+		rc = t->bops->upload_twin(t->bctx, t->dtab_own, t->dtab.base,
+		                          t->table, t->dirty, t->n_dirty,
+		                          t->stream);
 	t->n_dirty = 0;
 	if (!rc)
 		rc = t->bops->event_record(t->bctx, &t->ev_compact, t->stream);

@@ -479,7 +479,7 @@ struct kvt_backend_paged tenant_paged(const struct tenant *t)
 {
 	const struct shm_geom *g = &t->g;
 	return (struct kvt_backend_paged){
-		.records = shm_list_at(t->dtab.base, g, 0, 0, 0),
+		.records = shm_list_at(t->dtab_own, g, 0, 0, 0),
 		.list_stride = g->list_stride,
 		.max_pages = g->max_pages,
 		.chunk_bases = t->dbases,

@@ -577,8 +577,9 @@ KVT_API int kvt_set_stream(kvt_client *c, void *stream);
  * that stream, so the bytes are in place when it returns.  Meant for
  * tools, tests and engines whose K/V is produced on the host; a GPU engine
  * writes pages with its own kernels.  0 (bytes 0 copies nothing, whatever
- * the pointers), KVT_EINVAL (NULL client, or a NULL pointer with bytes), or
- * KVT_ESYS with the CUDA error in kvt_last_error().
+ * the pointers), KVT_EINVAL (NULL client, a NULL pointer with bytes, or a
+ * destination in the table: kvt_table_view's or kvt_list_get's, which only
+ * kvtrimd writes), or KVT_ESYS with the CUDA error in kvt_last_error().
  */
 KVT_API int kvt_memcpy(kvt_client *c, void *dst, const void *src,
                        size_t bytes);
@@ -623,6 +624,17 @@ KVT_API int kvt_buffer_free(kvt_client *c, void *p);
  * the next kvt_sync, kvt_wait, kvt_seq_open, kvt_seq_close or
  * kvt_seq_query, which may move chunk_bases; the contents follow every
  * completed sync.
+ *
+ * The table is read-only to the engine.  The host table is a sealed
+ * read-only mapping.  The device copy is mapped read-only where CUDA
+ * allows it (VMM sharing: a copy or kernel store into it faults, and
+ * kvt_memcpy refuses it as a destination); legacy CUDA IPC sharing
+ * (cudaIpcOpenMemHandle) has no read-only mapping, so there a write
+ * lands.  Either way kvtrimd never reads this copy for its own work (its
+ * kernels resolve page ids through a private device copy it alone
+ * writes), so a write can only mislead this engine's own kernels;
+ * `kvtrimctl check` reports the records that differ from the table and
+ * rewrites them.
  */
 struct kvt_list_record {
 	uint32_t len;     /* committed entries */

@@ -12,11 +12,15 @@
  *        imports, reserves, maps and sets access.  The driver reference
  *        counts the allocation (fd, mappings), so a dead client never
  *        leaves the daemon with memory freed under a mapping.
+ *        An importer may map a chunk read-only (chunk_import_ro: the
+ *        access flags of its own mapping), as clients map the table.
  *   ipc  cudaMalloc + cudaIpcGetMemHandle where the device or driver
  *        cannot export VMM memory, or the driver lacks the cuMem* entry
  *        points (or KVTRIM_CUDA_SHARE=ipc): 64 handle bytes instead of an
  *        fd; the daemon must not free a chunk before its client closed it
- *        (DESIGN.md: chunks are revoked first).
+ *        (DESIGN.md: chunks are revoked first).  cudaIpcOpenMemHandle
+ *        maps read-write whatever the importer wants: nothing is
+ *        read-only to an importer in this mode.
  *
  * Threads: a context is used from one thread at a time.
  *
@@ -118,4 +122,6 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .attn_select = */ bc_attn_select,
 	/* .tova_select = */ bc_tova_select,
 	/* .pop_select = */ bc_pop_select,
+	/* .chunk_import_ro = */ bc_chunk_import_ro,
+	/* .upload_twin = */ bc_upload_twin,
 };

@@ -180,6 +180,10 @@ void bc_chunk_free(void *ctx, struct kvt_backend_chunk *ch);
 int bc_chunk_import(void *ctx, int fd,
                     const uint8_t ipc[KVT_BACKEND_IPC_BYTES], uint64_t bytes,
                     struct kvt_backend_chunk *out);
+int bc_chunk_import_ro(void *ctx, int fd,
+                       const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+                       uint64_t bytes, struct kvt_backend_chunk *out,
+                       int *readonly);
 void bc_chunk_unmap(void *ctx, struct kvt_backend_chunk *ch);
 
 /* streams.cu: streams and interprocess events */
@@ -200,6 +204,9 @@ int bc_compact(void *ctx, const struct kvt_backend_compact *lists, uint32_t n,
 int bc_upload_regions(void *ctx, void *dev, const void *host,
                       const struct kvt_backend_region *r, uint32_t n,
                       void *stream);
+int bc_upload_twin(void *ctx, void *dev, void *twin, const void *host,
+                   const struct kvt_backend_region *r, uint32_t n,
+                   void *stream);
 int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
                     const void *const *src, uint32_t n, size_t bytes,
                     void *stream);

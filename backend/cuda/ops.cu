@@ -4,7 +4,7 @@
  * regions to the host, copies and private device memory.  Compaction and
  * uploads stage their arguments in the context's pinned slots, round
  * robin, so a sync of one tenant does not wait for another's queued GPU
- * work; the three ops that use the slots or the gather buffer hold the
+ * work; the ops that use the slots or the gather buffer hold the
  * context's lock (the daemon calls them from several threads).  Every
  * host <-> device copy is counted where it is queued (bc_count; the
  * traffic op).  See backend_cuda.cuh.
@@ -175,16 +175,23 @@ struct bc_up {
 	uint32_t src, words; /* the staged bytes of one call fit 2^32 words */
 };
 
-/* Block b copies region b; threads stride over its words. */
-__global__ void bc_scatter_kernel(uint32_t *dev, const struct bc_up *up,
+/* Block b copies region b into dev and, when not NULL, twin; threads
+ * stride over its words. */
+__global__ void bc_scatter_kernel(uint32_t *dev, uint32_t *twin,
+                                  const struct bc_up *up,
                                   const uint32_t *bytes)
 {
 	const struct bc_up u = up[blockIdx.x];
-	for (uint64_t i = threadIdx.x; i < u.words; i += blockDim.x)
-		dev[u.dst + i] = bytes[u.src + i];
+	for (uint64_t i = threadIdx.x; i < u.words; i += blockDim.x) {
+		uint32_t w = bytes[u.src + i];
+		dev[u.dst + i] = w;
+		if (twin)
+			twin[u.dst + i] = w;
+	}
 }
 
-static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
+static int bc_upload_regions_locked(void *ctx, void *dev, void *twin,
+                                    const void *host,
                                     const struct kvt_backend_region *r,
                                     uint32_t n, void *stream)
 {
@@ -229,7 +236,7 @@ static int bc_upload_regions_locked(void *ctx, void *dev, const void *host,
 	if ((rv = bc_stage_send(c, st, need, s)))
 		return rv;
 	KVT_LAUNCH(bc_scatter_kernel, n, 128, 0, s, (uint32_t *)dev,
-	           (const struct bc_up *)st->d,
+	           (uint32_t *)twin, (const struct bc_up *)st->d,
 	           (const uint32_t *)(st->d + dbytes));
 	BC_CALL(cudaGetLastError(), "scatter kernel");
 	BC_CALL(cudaEventRecord(st->used, s), "cudaEventRecord");
@@ -381,7 +388,7 @@ static int bc_read_regions_locked(void *ctx, void *dst, size_t dst_stride,
 	return 0;
 }
 
-/* The three ops that use the context's staging slots and gather buffer,
+/* The ops that use the context's staging slots and gather buffer,
  * each whole under its lock. */
 int bc_compact(void *ctx, const struct kvt_backend_compact *lists,
                uint32_t n, void *stream)
@@ -399,7 +406,20 @@ int bc_upload_regions(void *ctx, void *dev, const void *host,
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	pthread_mutex_lock(&c->lock);
-	int rv = bc_upload_regions_locked(ctx, dev, host, r, n, stream);
+	int rv = bc_upload_regions_locked(ctx, dev, NULL, host, r, n, stream);
+	pthread_mutex_unlock(&c->lock);
+	return rv;
+}
+
+int bc_upload_twin(void *ctx, void *dev, void *twin, const void *host,
+                   const struct kvt_backend_region *r, uint32_t n,
+                   void *stream)
+{
+	struct bc_ctx *c = (struct bc_ctx *)ctx;
+	if (!twin)
+		return KVT_EINVAL;
+	pthread_mutex_lock(&c->lock);
+	int rv = bc_upload_regions_locked(ctx, dev, twin, host, r, n, stream);
 	pthread_mutex_unlock(&c->lock);
 	return rv;
 }

@@ -21,9 +21,11 @@ static void bc_chunk_clear(struct kvt_backend_chunk *c)
 	c->fd = -1;
 }
 
-/* Reserves an address range, maps h there read-write for this device. */
+/* Reserves an address range, maps h there for this device, read-write or
+ * (readonly) read-only: the access flags belong to this process's mapping,
+ * so the exporter's own mapping stays writable. */
 static int bc_vmm_map(struct bc_ctx *c, CUmemGenericAllocationHandle h,
-                      uint64_t bytes, CUdeviceptr *out)
+                      uint64_t bytes, int readonly, CUdeviceptr *out)
 {
 	CUdeviceptr p = 0;
 	int rv;
@@ -31,7 +33,8 @@ static int bc_vmm_map(struct bc_ctx *c, CUmemGenericAllocationHandle h,
 	memset(&acc, 0, sizeof(acc));
 	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	acc.location.id = c->device;
-	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	acc.flags = readonly ? CU_MEM_ACCESS_FLAGS_PROT_READ
+	                     : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	BC_CU(bc_drv.reserve(&p, bytes, c->gran, 0, 0), "cuMemAddressReserve");
 	if ((rv = bc_cu(bc_drv.map(p, bytes, 0, h, 0), "cuMemMap"))) {
 		bc_drv.addressFree(p, bytes);
@@ -71,7 +74,7 @@ int bc_chunk_new(void *ctx, uint64_t bytes,
 		                            0),
 		           "cuMemExportToShareableHandle");
 		if (!rv)
-			rv = bc_vmm_map(c, h, bytes, &p);
+			rv = bc_vmm_map(c, h, bytes, 0, &p);
 		/* The mapping and the fd hold the allocation from here on. */
 		bc_drv.release(h);
 		if (rv) {
@@ -149,9 +152,13 @@ void bc_chunk_free(void *ctx, struct kvt_backend_chunk *ch)
 	bc_chunk_clear(ch);
 }
 
-int bc_chunk_import(void *ctx, int fd,
-                    const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
-                    uint64_t bytes, struct kvt_backend_chunk *out)
+/* chunk_import and chunk_import_ro: readonly asks for a read-only
+ * mapping, which only vmm mode can give (cudaIpcOpenMemHandle has no
+ * access flags). */
+static int bc_import(void *ctx, int fd,
+                     const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+                     uint64_t bytes, int readonly,
+                     struct kvt_backend_chunk *out)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	bc_chunk_clear(out);
@@ -182,7 +189,7 @@ int bc_chunk_import(void *ctx, int fd,
 		BC_CU(bc_drv.importHandle(&h, (void *)(uintptr_t)fd,
 		                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
 		      "cuMemImportFromShareableHandle");
-		rv = bc_vmm_map(c, h, bytes, &p);
+		rv = bc_vmm_map(c, h, bytes, readonly, &p);
 		bc_drv.release(h); /* the mapping keeps the memory */
 		if (rv)
 			return rv;
@@ -202,6 +209,24 @@ int bc_chunk_import(void *ctx, int fd,
 	}
 	out->bytes = bytes;
 	return 0;
+}
+
+int bc_chunk_import(void *ctx, int fd,
+                    const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+                    uint64_t bytes, struct kvt_backend_chunk *out)
+{
+	return bc_import(ctx, fd, ipc, bytes, 0, out);
+}
+
+int bc_chunk_import_ro(void *ctx, int fd,
+                       const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
+                       uint64_t bytes, struct kvt_backend_chunk *out,
+                       int *readonly)
+{
+	int rv = bc_import(ctx, fd, ipc, bytes, 1, out);
+	if (readonly)
+		*readonly = !rv && fd >= 0;
+	return rv;
 }
 
 void bc_chunk_unmap(void *ctx, struct kvt_backend_chunk *ch)

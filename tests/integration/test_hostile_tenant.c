@@ -168,7 +168,7 @@ TEST(hostile_tenant, geometry_beyond_tenant_memory_max_is_refused)
 	T_ASSERT(strstr(err, "tenant_memory_max"));
 	/* On cuda the device copy of the table counts too. */
 	T_ASSERT(strstr(err, strcmp(th_backend(), "cuda") ? "table 2.0 GiB"
-	                                                   : "table 4.0 GiB"));
+	                                                   : "table 6.0 GiB"));
 	T_ASSERT(strstr(err, "sequences") && strstr(err, "staging"));
 	T_ASSERT(strstr(err, "lower max_seqs"));
 	T_EQ_U64(th_stat(&d, "tenants"), 0);

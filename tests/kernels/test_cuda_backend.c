@@ -344,12 +344,35 @@ TEST(cuda, backend_without_vmm)
 #endif /* KVT_CUDA_EMU */
 
 /*
- * Importer in a child process (which has not touched CUDA: forked before
- * the parent initialises it): maps the chunk from the fd or handle, opens
- * the event, makes its stream wait on it, reads the chunk and reports
- * whether it saw the exporter's pattern.
+ * A read-only import (chunk_import_ro, as the client maps the daemon's
+ * device table) after its pattern was read: in vmm mode it says it is
+ * read-only and a copy into it fails (the device's fault; this process's
+ * context is unusable afterwards, so the caller only cleans up); legacy
+ * IPC cannot map read-only, says so, and takes the copy.  0 or a step.
  */
-static int importer(int sock)
+static int write_read_only(const struct kvt_backend_ops *o, void *ctx,
+                           void *s, struct kvt_backend_chunk *c, int ro,
+                           int vmm)
+{
+	static const uint8_t junk[64] = {1, 2, 3};
+	if (ro != vmm)
+		return 20;
+	int rc = o->copy(ctx, c->base, junk, sizeof(junk), s);
+	if (vmm && !rc)
+		return 21;
+	if (vmm)
+		fprintf(stderr, "    write into the read-only mapping: %s\n",
+		        o->last_error());
+	return !vmm && rc ? 22 : 0;
+}
+
+/*
+ * Importer in a child process (which has not touched CUDA: forked before
+ * the parent initialises it): maps the chunk from the fd or handle
+ * (read-only with readonly), opens the event, makes its stream wait on it,
+ * reads the chunk and reports whether it saw the exporter's pattern.
+ */
+static int importer(int sock, int readonly)
 {
 	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
 	struct handle_ext x, xe;
@@ -368,7 +391,9 @@ static int importer(int sock)
 		return 11;
 	struct kvt_backend_chunk c;
 	struct kvt_backend_event e;
-	if (o->chunk_import(ctx, fd, x.data, x.h.size, &c)) {
+	int ro = -1, vmm = fd >= 0;
+	if (readonly ? o->chunk_import_ro(ctx, fd, x.data, x.h.size, &c, &ro)
+	             : o->chunk_import(ctx, fd, x.data, x.h.size, &c)) {
 		fprintf(stderr, "    import: %s\n", o->last_error());
 		return 12;
 	}
@@ -389,6 +414,9 @@ static int importer(int sock)
 	for (uint64_t i = 0; i < bytes; i++)
 		bad |= h[i] != 0x5a;
 	free(h);
+	int step = readonly ? write_read_only(o, ctx, s, &c, ro, vmm) : 0;
+	if (step)
+		return step;
 	o->event_free(ctx, &e);
 	o->chunk_unmap(ctx, &c);
 	o->stream_free(ctx, s);
@@ -399,7 +427,7 @@ static int importer(int sock)
 	return bad ? 17 : 0;
 }
 
-static void cross_process(const char *share)
+static void cross_process(const char *share, int readonly)
 {
 	int sv[2];
 	/* the handle channel's socket type and packets (ipc/handle.h) */
@@ -410,7 +438,7 @@ static void cross_process(const char *share)
 	T_ASSERT(pid >= 0);
 	if (pid == 0) {
 		close(sv[0]);
-		_exit(importer(sv[1]));
+		_exit(importer(sv[1], readonly));
 	}
 	close(sv[1]);
 	const struct kvt_backend_ops *o = cuda_ops();
@@ -458,10 +486,10 @@ static void cross_process(const char *share)
 	close(sv[0]);
 }
 
-TEST_T(cuda, backend_share_across_processes, 60)
+/* Probes in a child, so that the parent forks the importer before
+ * touching CUDA; skips without a usable device. */
+static void skip_without_device(void)
 {
-	/* probe in a child: the parent forks the importer before touching
-	 * CUDA */
 	pid_t pid = fork();
 	T_ASSERT(pid >= 0);
 	if (pid == 0) {
@@ -472,10 +500,9 @@ TEST_T(cuda, backend_share_across_processes, 60)
 	T_EQ(waitpid(pid, &st, 0), pid);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
 		T_SKIP("no usable CUDA device");
-	cross_process(NULL);
 }
 
-TEST_T(cuda, backend_share_legacy_ipc, 60)
+static void skip_emulated_ipc_under_asan(void)
 {
 #if defined(KVT_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
 	/* emulated device memory is the heap under ASan (runtime.cc) */
@@ -483,23 +510,41 @@ TEST_T(cuda, backend_share_legacy_ipc, 60)
 	       "shared between processes (backend_share_in_one_process "
 	       "covers ipc)");
 #endif
-	pid_t pid = fork();
-	T_ASSERT(pid >= 0);
-	if (pid == 0) {
-		char why[256];
-		_exit(kvt_cuda_backend_v1.probe(why, sizeof(why)) ? 77 : 0);
-	}
-	int st = 0;
-	T_EQ(waitpid(pid, &st, 0), pid);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
-		T_SKIP("no usable CUDA device");
-	cross_process("ipc");
+}
+
+TEST_T(cuda, backend_share_across_processes, 60)
+{
+	skip_without_device();
+	cross_process(NULL, 0);
+}
+
+TEST_T(cuda, backend_share_legacy_ipc, 60)
+{
+	skip_emulated_ipc_under_asan();
+	skip_without_device();
+	cross_process("ipc", 0);
+}
+
+/* chunk_import_ro (ABI 10): the importer's write into its read-only
+ * mapping fails in vmm mode; legacy IPC maps read-write and says so. */
+TEST_T(cuda, backend_share_read_only, 60)
+{
+	skip_without_device();
+	cross_process(NULL, 1);
+}
+
+TEST_T(cuda, backend_share_read_only_legacy_ipc, 60)
+{
+	skip_emulated_ipc_under_asan();
+	skip_without_device();
+	cross_process("ipc", 1);
 }
 
 /*
  * ABI 3: copy (kvt_memcpy), private device memory, and upload_regions (the
- * daemon's device table, the client's chunk bases).  Expected bytes are
- * the same regions applied to a host buffer with memcpy.
+ * daemon's device table, the client's chunk bases); ABI 10: upload_twin
+ * (the daemon's two device tables).  Expected bytes are the same regions
+ * applied to a host buffer with memcpy.
  */
 TEST(cuda, backend_copy_and_upload_regions)
 {
@@ -565,6 +610,33 @@ TEST(cuda, backend_copy_and_upload_regions)
 	T_OK(o->copy(ctx, got, dev, n, s[0]));
 	T_ASSERT(memcmp(got, want, n) == 0);
 	T_OK(o->upload_regions(ctx, dev, src, bad, 0, s[0])); /* n 0 */
+
+	/* ABI 10: upload_twin writes the same regions into two buffers and
+	 * moves the host bytes once, as upload_regions into one does. */
+	void *twin;
+	uint64_t h0, h1, h2, d2h, launches;
+	struct kvt_backend_region tr[3] = {{0, 64}, {4096, 8}, {n - 4, 4}};
+	T_OK(o->mem_new(ctx, n, &twin));
+	for (size_t i = 0; i < n; i++)
+		src[i] = (uint8_t)(rnd() | 1);
+	T_OK(o->traffic(ctx, &h0, &d2h, &launches));
+	T_OK(o->upload_regions(ctx, dev, src, tr, 3, s[0]));
+	T_OK(o->traffic(ctx, &h1, &d2h, &launches));
+	T_OK(o->upload_twin(ctx, dev, twin, src, tr, 3, s[0]));
+	T_OK(o->traffic(ctx, &h2, &d2h, &launches));
+	T_EQ_U64(h2 - h1, h1 - h0);
+	for (uint32_t j = 0; j < 3; j++)
+		memcpy(want + tr[j].off, src + tr[j].off, tr[j].bytes);
+	T_OK(o->copy(ctx, got, dev, n, s[0]));
+	T_ASSERT(memcmp(got, want, n) == 0);
+	T_OK(o->copy(ctx, got, twin, n, s[0]));
+	for (uint32_t j = 0; j < 3; j++)
+		T_ASSERT(!memcmp(got + tr[j].off, want + tr[j].off,
+		                 tr[j].bytes));
+	T_EQ(got[64], 0); /* the rest of twin is untouched (zeroed) */
+	T_ERR(o->upload_twin(ctx, dev, NULL, src, tr, 3, s[0]), KVT_EINVAL);
+	T_ERR(o->upload_twin(ctx, dev, twin, src, bad, 2, s[0]), KVT_EINVAL);
+	o->mem_free(ctx, twin);
 
 	o->mem_free(ctx, dev);
 	o->mem_free(ctx, p);

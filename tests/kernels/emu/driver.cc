@@ -24,7 +24,11 @@
  *   cuMemSetAccess            mprotect; READ or READWRITE records the
  *                             mapping as device memory (runtime.cc's
  *                             checks of copies, memsets and cuBLAS accept
- *                             it), PROT_NONE forgets it again
+ *                             it), PROT_NONE forgets it again; through a
+ *                             READ mapping a copy or memset fails with
+ *                             the sticky cudaErrorIllegalAddress of the
+ *                             device's fault, and a kernel's store dies
+ *                             of SIGSEGV, the kernel named (fiber.cc)
  *   cuMemUnmap                back to the PROT_NONE reservation
  *   cuMemAddressFree          munmap of the reservation
  *   cuMemRelease              drops the handle; a mapping holds the
@@ -614,7 +618,8 @@ static CUresult CUDAAPI emu_cuMemSetAccess(CUdeviceptr ptr, size_t size,
 			               strerror(errno));
 		drop_vmm_range((void *)p);
 		if (prot != PROT_NONE)
-			add_vmm_range((void *)p, m.bytes);
+			add_vmm_range((void *)p, m.bytes,
+			              !(prot & PROT_WRITE));
 		m.access = access;
 		p += m.bytes;
 	}

@@ -40,10 +40,12 @@ bool is_device(const void *p, size_t n);
 
 /* driver.cc: a VMM mapping made accessible (cuMemSetAccess) is recorded as
  * device memory, so that copies, memsets and cuBLAS accept it; cudaFree
- * and cudaIpcGetMemHandle refuse it.  Dropped again at cuMemUnmap or when
- * access goes back to none.  add_device_bytes counts cuMemCreate's
+ * and cudaIpcGetMemHandle refuse it.  A read-only one (PROT_READ) is
+ * recorded so: a copy or memset into it fails with the sticky
+ * cudaErrorIllegalAddress of a device fault.  Dropped again at cuMemUnmap
+ * or when access goes back to none.  add_device_bytes counts cuMemCreate's
  * allocations in cudaMemGetInfo (negative when one is gone). */
-void add_vmm_range(void *base, size_t bytes);
+void add_vmm_range(void *base, size_t bytes, bool readonly);
 void drop_vmm_range(void *base);
 void add_device_bytes(long long n);
 /* driver.cc: the emulated driver entry point named symbol, or NULL (not

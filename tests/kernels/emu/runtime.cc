@@ -81,6 +81,7 @@ struct alloc_rec {
 	bool imported;   /* mapped from another process's handle */
 	int32_t pid;     /* imported: the exporter and its serial */
 	bool vmm;        /* a cuMemMap mapping (driver.cc), not cudaMalloc */
+	bool readonly;   /* vmm: its access is CU_MEM_ACCESS_FLAGS_PROT_READ */
 };
 
 std::map<uintptr_t, alloc_rec> allocs; /* base -> allocation or import */
@@ -148,6 +149,22 @@ std::map<uintptr_t, alloc_rec>::iterator alloc_of(const void *p)
 	return a - it->first < it->second.bytes ? it : allocs.end();
 }
 
+/* A write of n bytes at p, device memory, through a read-only mapping
+ * (cuMemSetAccess PROT_READ): the device's MMU refuses it, a fault that
+ * leaves the context unusable, so the error is sticky as a kernel's
+ * fault is. */
+cudaError_t check_writable(const char *fn, void *p, size_t n)
+{
+	auto it = alloc_of(p);
+	if (it == allocs.end() || !it->second.readonly)
+		return cudaSuccess;
+	note("%s: %p + %zu bytes lies in a read-only mapping "
+	     "(cuMemSetAccess PROT_READ): %s",
+	     fn, p, n, cudaGetErrorString(cudaErrorIllegalAddress));
+	set_error(cudaErrorIllegalAddress, true);
+	return cudaErrorIllegalAddress;
+}
+
 /* The device side(s) of a copy must be allocations: nd bytes from dst, ns
  * from src (they differ for a 2D copy with two pitches).  With
  * cudaMemcpyDefault (unified addressing) a side is device memory when its
@@ -182,7 +199,7 @@ cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t nd,
 		            "%s(%s): source %p + %zu bytes is not inside a "
 		            "cudaMalloc allocation",
 		            fn, kind_name(kind), src, ns);
-	return cudaSuccess;
+	return dd ? check_writable(fn, dst, nd) : cudaSuccess;
 }
 
 /* Counts a copy that check_copy let through: n bytes from src to dst,
@@ -336,7 +353,8 @@ cudaError_t ipc_import(const ipc_bytes &b, void **out)
 		            "%s",
 		            path, (unsigned long long)b.bytes, strerror(errno));
 	}
-	alloc_rec r{(size_t)b.bytes, b.serial, 1, fd, map, true, b.pid, false};
+	alloc_rec r{(size_t)b.bytes, b.serial, 1, fd, map, true, b.pid, false,
+	            false};
 	allocs[(uintptr_t)m] = r;
 	*out = m;
 	return cudaSuccess;
@@ -407,10 +425,10 @@ bool is_stream(cudaStream_t s)
 	       streams.count(s);
 }
 
-void add_vmm_range(void *base, size_t bytes)
+void add_vmm_range(void *base, size_t bytes, bool readonly)
 {
 	allocs[(uintptr_t)base] =
-		alloc_rec{bytes, next_serial++, 0, -1, 0, false, 0, true};
+		alloc_rec{bytes, next_serial++, 0, -1, 0, false, 0, true, readonly};
 }
 
 void drop_vmm_range(void *base)
@@ -745,7 +763,8 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n)
 	}
 #endif
 	memset(m, 0xff, n); /* device memory starts out as garbage */
-	allocs[(uintptr_t)m] = alloc_rec{n, serial, 0, fd, map, false, 0, false};
+	allocs[(uintptr_t)m] =
+		alloc_rec{n, serial, 0, fd, map, false, 0, false, false};
 	alloc_bytes += n;
 	*p = m;
 	return cudaSuccess;
@@ -943,6 +962,8 @@ extern "C" cudaError_t cudaMemset(void *p, int value, size_t n)
 		            "cudaMemset: %p + %zu bytes is not inside a "
 		            "cudaMalloc allocation",
 		            p, n);
+	if (n && check_writable("cudaMemset", p, n))
+		return cudaErrorIllegalAddress;
 	if (n)
 		memset(p, value, n);
 	return cudaSuccess;

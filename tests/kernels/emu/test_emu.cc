@@ -893,6 +893,59 @@ TEST(cuda_emu, vmm_in_one_process)
 	CU_OK(cu.afree(r3, 2 * G));
 }
 
+/*
+ * A read-only mapping (cuMemSetAccess PROT_READ), as the client maps the
+ * daemon's device table: copies from it work and see the writes made
+ * through a read-write mapping of the same allocation; a copy or memset
+ * into it fails, each with the sticky cudaErrorIllegalAddress of the
+ * device's fault (cudaDeviceReset clears it), and leaves the bytes as
+ * they were.  Back to read-write, it takes writes again.
+ */
+TEST(cuda_emu, vmm_read_only_mapping)
+{
+	load_driver();
+	const size_t G = (size_t)2 << 20;
+	CUmemAllocationProp prop = vmm_prop();
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr rw = 0, ro = 0;
+	CU_OK(cu.create(&h, G, &prop, 0));
+	CU_OK(cu.reserve(&rw, G, 0, 0, 0));
+	CU_OK(cu.reserve(&ro, G, 0, 0, 0));
+	CU_OK(cu.map(rw, G, 0, h, 0));
+	CU_OK(cu.map(ro, G, 0, h, 0));
+	CU_OK(cu.release(h));
+	CU_OK(set_rw(rw, G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	CU_OK(set_rw(ro, G, CU_MEM_ACCESS_FLAGS_PROT_READ));
+	unsigned *dw = (unsigned *)(uintptr_t)rw, *dr = (unsigned *)(uintptr_t)ro;
+	CK(cudaMemset(dw, 0x3c, G));
+	T_EQ(download(dr, 4)[3], 0x3c3c3c3cu);
+
+	const unsigned junk[4] = {1, 2, 3, 4};
+	T_EQ(cudaMemcpy(dr + 8, junk, sizeof(junk), cudaMemcpyHostToDevice),
+	     cudaErrorIllegalAddress);
+	T_EQ(cudaDeviceSynchronize(), cudaErrorIllegalAddress); /* sticky */
+	T_EQ(cudaDeviceReset(), cudaSuccess);
+	T_EQ(cudaMemcpy(dr, dw + 16, 64, cudaMemcpyDefault),
+	     cudaErrorIllegalAddress); /* device to device, told by address */
+	T_EQ(cudaDeviceReset(), cudaSuccess);
+	cudaStream_t s;
+	CK(cudaStreamCreate(&s));
+	T_EQ(cudaMemsetAsync(dr, 0, 4, s), cudaErrorIllegalAddress);
+	T_EQ(cudaDeviceReset(), cudaSuccess);
+	CK(cudaStreamDestroy(s));
+	std::vector<unsigned> b = download(dr, 16);
+	for (unsigned i = 0; i < 16; i++)
+		T_EQ(b[i], 0x3c3c3c3cu);
+
+	CU_OK(set_rw(ro, G, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	CK(cudaMemcpy(dr + 8, junk, sizeof(junk), cudaMemcpyHostToDevice));
+	T_EQ(download(dw, 12)[11], 4u);
+	CU_OK(cu.unmap(rw, G));
+	CU_OK(cu.unmap(ro, G));
+	CU_OK(cu.afree(rw, G));
+	CU_OK(cu.afree(ro, G));
+}
+
 /* The importer: maps the fd it was sent, checks the exporter's pattern,
  * writes its own, unmaps. */
 static int vmm_child(int sock, size_t bytes)
