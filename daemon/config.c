@@ -35,6 +35,16 @@ static const struct config_entry config_table[] = {
 	 F(expected_tenants),
 	 "tenants the pool is shared between: sizes the fair-share default "
 	 "quota (1 = a tenant asking no quota may take the whole pool)"},
+	{"uid_pool_share", CONFIG_RATIO, CONFIG_MUTABLE | CONFIG_AUTO, 0, 0,
+	 "0", F(uid_pool_share),
+	 "share of the pool [0..1] the tenants of one uid may hold together, "
+	 "whatever quotas they asked (0 = 1 - 1/expected_tenants: every other "
+	 "uid finds a fair share free; 1 = no limit, for a daemon serving one "
+	 "user); a hello asking a larger quota is refused"},
+	{"pid_pool_share", CONFIG_RATIO, CONFIG_MUTABLE | CONFIG_AUTO, 0, 0,
+	 "0", F(pid_pool_share),
+	 "share of the pool [0..1] the tenants of one process may hold "
+	 "together (0 = as uid_pool_share; never more than it)"},
 	{"max_tenants", CONFIG_U32, 0, 1, 4096, "64", F(max_tenants),
 	 "registered tenants at once"},
 	{"contexts", CONFIG_U32, 0, 1, 4096, "256", F(contexts),
@@ -287,6 +297,18 @@ static int enum_ok(const struct config_entry *e, const char *val)
 	return 1;
 }
 
+double config_pool_share(const struct config *c, int pid)
+{
+	uint32_t n = c->expected_tenants ? c->expected_tenants : 1;
+	double uid = c->uid_pool_share;
+	if (uid <= 0)
+		uid = n > 1 ? 1 - 1.0 / n : 1;
+	if (!pid)
+		return uid;
+	double p = c->pid_pool_share;
+	return p > 0 && p < uid ? p : uid;
+}
+
 int config_set(struct config *c, const char *key, const char *val, char *err,
                size_t errlen)
 {
@@ -324,9 +346,11 @@ int config_set(struct config *c, const char *key, const char *val, char *err,
 		char *end;
 		errno = 0;
 		double d = strtod(val, &end);
-		if (!*val || *end || errno || !isfinite(d) || d <= 0 || d > 1) {
-			snprintf(err, errlen, "%s: '%s' is not a ratio in (0, 1]",
-			         key, val);
+		int zero = !!(e->flags & CONFIG_AUTO);
+		if (!*val || *end || errno || !isfinite(d) || d < 0 ||
+		    (d == 0 && !zero) || d > 1) {
+			snprintf(err, errlen, "%s: '%s' is not a ratio in %s, 1]",
+			         key, val, zero ? "[0" : "(0");
 			return KVT_EINVAL;
 		}
 		*(double *)(void *)field = d;

@@ -118,6 +118,7 @@ struct tenant {
 	uint64_t quota;
 	struct tenant_mem mem;  /* daemon memory it may cause, at admission */
 	uint32_t max_chunks;    /* quota / KVT_CHUNK_BYTES */
+	struct pool_account *acct[POOL_SHARES]; /* tenant_limits.acct */
 	uint32_t lists_per_seq; /* n_layers * n_kv_heads */
 	uint32_t pos_cap;       /* max_tokens + headroom */
 
