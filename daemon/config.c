@@ -39,12 +39,14 @@ static const struct config_entry config_table[] = {
 	 "0", F(uid_pool_share),
 	 "share of the pool [0..1] the tenants of one uid may hold together, "
 	 "whatever quotas they asked (0 = 1 - 1/expected_tenants: every other "
-	 "uid finds a fair share free; 1 = no limit, for a daemon serving one "
-	 "user); a hello asking a larger quota is refused"},
+	 "uid finds a fair share free; 1 when expected_tenants is 1; 1 = no "
+	 "limit); a hello asking a larger quota is refused"},
 	{"pid_pool_share", CONFIG_RATIO, CONFIG_MUTABLE | CONFIG_AUTO, 0, 0,
 	 "0", F(pid_pool_share),
 	 "share of the pool [0..1] the tenants of one process may hold "
-	 "together (0 = as uid_pool_share; never more than it)"},
+	 "together, never more than uid_pool_share (0 = 1 - 2/expected_tenants,"
+	 " at least 1/expected_tenants: another process of the same uid finds "
+	 "a fair share free too; 1 when expected_tenants is 1)"},
 	{"max_tenants", CONFIG_U32, 0, 1, 4096, "64", F(max_tenants),
 	 "registered tenants at once"},
 	{"contexts", CONFIG_U32, 0, 1, 4096, "256", F(contexts),
@@ -300,13 +302,16 @@ static int enum_ok(const struct config_entry *e, const char *val)
 double config_pool_share(const struct config *c, int pid)
 {
 	uint32_t n = c->expected_tenants ? c->expected_tenants : 1;
+	double fair = 1.0 / n;
 	double uid = c->uid_pool_share;
 	if (uid <= 0)
-		uid = n > 1 ? 1 - 1.0 / n : 1;
+		uid = n > 1 ? 1 - fair : 1;
 	if (!pid)
 		return uid;
 	double p = c->pid_pool_share;
-	return p > 0 && p < uid ? p : uid;
+	if (p <= 0)
+		p = n > 1 ? (1 - 2 * fair > fair ? 1 - 2 * fair : fair) : 1;
+	return p < uid ? p : uid;
 }
 
 int config_set(struct config *c, const char *key, const char *val, char *err,

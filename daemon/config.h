@@ -109,10 +109,12 @@ uint32_t config_priority(const struct config *c, const char *name);
 /*
  * The share of the pool (0, 1] that the tenants of one uid (pid 0) or of
  * one process (pid 1) may hold together: uid_pool_share (pid_pool_share),
- * or when 0 the default, 1 - 1 / expected_tenants (1 when that is 1), so
- * that whatever one uid holds, the others find a fair share
- * (pool / expected_tenants, the default quota) free of it.  The process
- * share never exceeds its uid's.
+ * or when 0 the default.  With f = 1 / expected_tenants (the fair share,
+ * the default quota): a uid 1 - f, so that whatever one uid holds, another
+ * uid's engine finds its fair share free; a process 1 - 2f, at least f, so
+ * that another process of the same uid does too.  Both are 1 when
+ * expected_tenants is 1 (the pool is one engine's), and the process share
+ * never exceeds its uid's.
  */
 double config_pool_share(const struct config *c, int pid);
 

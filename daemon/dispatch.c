@@ -124,7 +124,7 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			         tenant_name(st->t));
 			return KVT_ESHUTDOWN;
 		}
-		if ((rv = tenant_seq_open(st->t, &rep->u.seq)))
+		if ((rv = tenant_seq_open_why(st->t, &rep->u.seq, why, wlen)))
 			return srv_device_failed(s, st, rv, "seq_open");
 		s->st.sequences_opened_total++;
 		return srv_flush(s, st, why, wlen);

@@ -1,8 +1,8 @@
 /*
  * pressure.c — memory pressure, and the requests parked for pool pages.
  *
- * In three steps: above high_watermark (of the pool, or of a uid's share
- * of it) tenants get a pressure level (uids above their fair share first,
+ * In three steps: above high_watermark (of the pool, or of a uid's or a
+ * process's share of it) tenants get a pressure level (uids above their fair share first,
  * scaled by priority, tenant_set_pressure) that shrinks their policies'
  * budgets at their next sync; a seq_open or sync that still finds the pool
  * full is parked (its request simply is not answered yet; the loop
@@ -36,6 +36,22 @@ static int some_uid_above(const struct pool *p, uint64_t fair)
 	return 0;
 }
 
+/* The larger level of st's uid's and process's use of their shares. */
+static double share_level(const struct server *s, const struct srv_tenant *st,
+                          double hw)
+{
+	double l = 0;
+	for (int k = 0; k < POOL_SHARES; k++) {
+		double cap = (double)pool_share_chunks(&s->pool,
+		                                       (enum pool_share)k);
+		double lk = level_of(
+			(double)pool_account_chunks(st->acct[k]) / cap, hw);
+		if (lk > l)
+			l = lk;
+	}
+	return l;
+}
+
 /* The lowest priority of the registered tenants. */
 static uint32_t min_priority(const struct server *s)
 {
@@ -51,10 +67,10 @@ static uint32_t min_priority(const struct server *s)
 }
 
 /*
- * Two levels, each rising linearly above high_watermark to 1 when full:
- * the pool's use, and a uid's use of its own share (uid_pool_share), which
- * tightens a uid that nears its share before the pool is anywhere near
- * full.  The pool's level reaches first the uids holding more than a fair
+ * Levels, each rising linearly above high_watermark to 1 when full: the
+ * pool's use, and a uid's (process's) use of its own share
+ * (uid_pool_share, pid_pool_share), which tightens a uid that nears its
+ * share before the pool is anywhere near full.  The pool's level reaches first the uids holding more than a fair
  * share (the pool over the uids with tenants): while one does, the others
  * are spared it.  A tenant gets the larger of the levels that reach it,
  * scaled by (lowest priority present / its priority): the least important
@@ -73,7 +89,6 @@ void srv_pressure(struct server *s)
 	uint32_t uids = pool_accounts(&s->pool, POOL_SHARE_UID);
 	uint64_t fair = uids ? cap / uids : cap;
 	int hog = some_uid_above(&s->pool, fair);
-	double share = (double)pool_share_chunks(&s->pool, POOL_SHARE_UID);
 	uint32_t min_prio = min_priority(s);
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 		struct srv_tenant *st = s->tenants[i];
@@ -81,9 +96,9 @@ void srv_pressure(struct server *s)
 			continue; /* mid-sync: next tick */
 		uint64_t held = pool_account_chunks(st->acct[POOL_SHARE_UID]);
 		double l = hog && held <= fair ? 0 : level;
-		double lu = level_of((double)held / share, hw);
-		if (lu > l)
-			l = lu;
+		double ls = share_level(s, st, hw);
+		if (ls > l)
+			l = ls;
 		float p = (float)(l * min_prio /
 		                  config_priority(&s->cfg, tenant_name(st->t)));
 		float cur = tenant_pressure(st->t);

@@ -168,6 +168,12 @@ int tenant_stage_fd(const struct tenant *t); /* size: geom.stage_bytes */
  */
 int tenant_seq_open(struct tenant *t, uint64_t *seq);
 
+/* tenant_seq_open, with the reason of a refusal in err (errlen bytes):
+ * which limit the pages ran into (the quota, a share of the pool, the
+ * pool). */
+int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
+                        size_t errlen);
+
 /*
  * Before a seq_open numbered `no` (the client's request number): the
  * client's earlier opens that ended without a verdict (timed out), from

@@ -93,7 +93,7 @@ static int share_check(const struct tenant *t, uint64_t k, char *err,
 		if (held + k > cap)
 			return errors_fmt(err, errlen, KVT_EPOOLFULL,
 			            "needs %llu more chunk(s); the tenants of %s "
-			            "%u hold %llu of the %llu its share of the "
+			            "%u hold %llu of the %llu chunks its share of the "
 			            "pool (%s) allows", (unsigned long long)k,
 			            who[i], a->id, (unsigned long long)held,
 			            (unsigned long long)cap, key[i]);

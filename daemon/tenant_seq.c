@@ -112,6 +112,12 @@ void tenant_seq_release(struct tseq *s)
 
 int tenant_seq_open(struct tenant *t, uint64_t *seq)
 {
+	return tenant_seq_open_why(t, seq, NULL, 0);
+}
+
+int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
+                        size_t errlen)
+{
 	const struct shm_geom *g = &t->g;
 	uint32_t slot = 0;
 	while (slot < g->max_seqs && t->seqs[slot].open)
@@ -137,7 +143,7 @@ int tenant_seq_open(struct tenant *t, uint64_t *seq)
 	}
 	uint32_t per_list = pages_for(g, 0, g->headroom);
 	int rc = tenant_reserve_pages(t, (uint64_t)per_list * t->lists_per_seq,
-	                              0, NULL, 0);
+	                              0, err, errlen);
 	if (rc) {
 		tenant_seq_release(s);
 		return rc;

@@ -29,7 +29,7 @@ TEST_T(revoke, closing_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 		       "cookies are acknowledged): docs/protocol.md");
 	struct th_daemon d;
 	const char *extra[] = {"--tenant-memory-max", "2G",
-	                       "--uid-pool-share", "1", NULL};
+	                       "--expected-tenants", "1", NULL};
 	th_daemon_start(&d, "1400M", extra);
 	struct kvt_config cfg = th_small_cfg(&d, "wide", "full");
 	/* 32 layers x 8 KV heads = 256 lists; pages of 64 f32 entries of
@@ -86,7 +86,7 @@ TEST_T(revoke, opening_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 		       "to batch): docs/protocol.md");
 	struct th_daemon d;
 	const char *extra[] = {"--tenant-memory-max", "2G",
-	                       "--uid-pool-share", "1", NULL};
+	                       "--expected-tenants", "1", NULL};
 	th_daemon_start(&d, "1400M", extra);
 	struct kvt_config cfg = th_small_cfg(&d, "deep", "full");
 	cfg.geo = (struct kvt_geometry){32, 8, 8, 256, 2048};
