@@ -560,6 +560,16 @@ int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
                          char *err, size_t errlen);
 
 /*
+ * tenant_reserve_pages' limits alone, changing nothing: KVT_EQUOTA,
+ * KVT_EPOOLFULL (the reason in err) when `need` pages would need chunks
+ * beyond the quota, the uid's or process's share or the pool; else 0 and
+ * in *k the chunks to create.  Cheap enough to ask before building what
+ * an operation needs (a parked seq_open is asked again often).
+ */
+int tenant_pages_check(const struct tenant *t, uint64_t need, uint64_t freed,
+                       uint64_t *k, char *err, size_t errlen);
+
+/*
  * Second half: takes one free page (the caller's tenant_reserve_pages made
  * sure there is one), draining the fullest chunk first, and gives a page
  * back.  Neither fails.

@@ -108,27 +108,38 @@ static int share_check(const struct tenant *t, uint64_t k, char *err,
  * dead chunk the operation can produce, so the second half cannot fail.
  * On error nothing changed.  On success the ADD events are queued.
  */
+int tenant_pages_check(const struct tenant *t, uint64_t need, uint64_t freed,
+                       uint64_t *k, char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	uint64_t avail = t->free_pages + freed;
+	*k = 0;
+	if (need > avail)
+		*k = (need - avail + g->pages_per_chunk - 1) / g->pages_per_chunk;
+	if (t->n_chunks + *k > t->max_chunks)
+		return errors_fmt(err, errlen, KVT_EQUOTA,
+		            "needs %llu more chunk(s): %u held, quota allows %u",
+		            (unsigned long long)*k, t->n_chunks, t->max_chunks);
+	int rc = share_check(t, *k, err, errlen);
+	if (rc)
+		return rc;
+	if (pool_chunks_used(t->pool) + *k > t->pool->chunk_capacity)
+		return errors_fmt(err, errlen, KVT_EPOOLFULL,
+		            "needs %llu more chunk(s); the pool has %llu of %llu "
+		            "in use", (unsigned long long)*k,
+		            (unsigned long long)pool_chunks_used(t->pool),
+		            (unsigned long long)t->pool->chunk_capacity);
+	return 0;
+}
+
 int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
                          char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
-	int rc;
-	uint64_t avail = t->free_pages + freed;
-	uint64_t k = 0;
-	if (need > avail)
-		k = (need - avail + g->pages_per_chunk - 1) / g->pages_per_chunk;
-	if (t->n_chunks + k > t->max_chunks)
-		return errors_fmt(err, errlen, KVT_EQUOTA,
-		            "needs %llu more chunk(s): %u held, quota allows %u",
-		            (unsigned long long)k, t->n_chunks, t->max_chunks);
-	if ((rc = share_check(t, k, err, errlen)))
+	uint64_t k;
+	int rc = tenant_pages_check(t, need, freed, &k, err, errlen);
+	if (rc)
 		return rc;
-	if (pool_chunks_used(t->pool) + k > t->pool->chunk_capacity)
-		return errors_fmt(err, errlen, KVT_EPOOLFULL,
-		            "needs %llu more chunk(s); the pool has %llu of %llu "
-		            "in use", (unsigned long long)k,
-		            (unsigned long long)pool_chunks_used(t->pool),
-		            (unsigned long long)t->pool->chunk_capacity);
 	/* Every live chunk may be revoked at the end; each new one is added. */
 	uint32_t worst = t->n_chunks + (uint32_t)k;
 	if (tenant_ensure_room((void **)&t->ev, &t->ev_cap,

@@ -124,6 +124,13 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
 		slot++;
 	if (slot == g->max_seqs)
 		return KVT_ESEQLIMIT;
+	/* Pages first: a refused open (parked, and asked again at every
+	 * wake-up while the pool is full) costs no allocation. */
+	uint32_t per_list = pages_for(g, 0, g->headroom);
+	uint64_t need = (uint64_t)per_list * t->lists_per_seq, k;
+	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
+	if (rc)
+		return rc;
 
 	struct tseq *s = &t->seqs[slot];
 	s->n_seen = calloc(g->n_layers, sizeof(uint32_t));
@@ -141,9 +148,7 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
 		tenant_seq_release(s);
 		return KVT_ENOMEM;
 	}
-	uint32_t per_list = pages_for(g, 0, g->headroom);
-	int rc = tenant_reserve_pages(t, (uint64_t)per_list * t->lists_per_seq,
-	                              0, err, errlen);
+	rc = tenant_reserve_pages(t, need, 0, err, errlen);
 	if (rc) {
 		tenant_seq_release(s);
 		return rc;

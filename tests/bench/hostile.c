@@ -516,10 +516,13 @@ static void win_stats(struct hwin *w)
 }
 
 /* The paced, timed, verified syncs of one window (what: for messages),
- * with /metrics fetched in a thread beside them when metrics is set. */
+ * with /metrics fetched in a thread beside them when adv->metrics is set;
+ * the engine registers anew every adv->reopen_every syncs (the
+ * registration and open are not timed, a failed one is an error). */
 static void measure(struct hwin *w, const char *what, struct heng *e,
-                    const char *dir, int metrics)
+                    const char *dir, const struct hostile_adv *adv)
 {
+	int metrics = adv->metrics;
 	int count = hs.quick ? 400 : 2000;
 	double deadline = hostile_now_ms() + (hs.quick ? 3000 : 10000);
 	double next = bench_now_us(), cap = H_TIMEOUT_MS * 1e3;
@@ -534,6 +537,9 @@ static void measure(struct hwin *w, const char *what, struct heng *e,
 			hostile_sleep_ms(wait / 1e3);
 		next = bench_now_us() + H_PACE_US;
 		double us = 0;
+		if (e->c && adv->reopen_every && w->n &&
+		    w->n % adv->reopen_every == 0)
+			heng_close(e);
 		int rc = e->c ? 0 : heng_open(e, dir);
 		if (!rc)
 			rc = heng_step(e, &us);
@@ -591,12 +597,12 @@ static void phase_run(struct hphase *ph, const char *tmp_dir)
 	}
 	ph->ran = 1;
 	snprintf(what, sizeof(what), "%s (alone)", adv->name);
-	measure(&ph->before, what, &e, d.dir, adv->metrics);
+	measure(&ph->before, what, &e, d.dir, adv);
 	if (adv_spawn(&a, hs.self, adv->name, d.dir, hs.quick) ||
 	    !adv_wait_ready(&a, hs.quick ? 8000 : 15000))
 		fprintf(stderr, "kvtrim-bench: hostile %s: the adversary was "
 		        "not ready in time\n", adv->name);
-	measure(&ph->beside, adv->name, &e, d.dir, adv->metrics);
+	measure(&ph->beside, adv->name, &e, d.dir, adv);
 	adv_stop(&a);
 	ph->n_kv = a.n_kv;
 	memcpy(ph->kv, a.kv, sizeof(a.kv));

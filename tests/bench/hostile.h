@@ -8,14 +8,16 @@
 #include "daemon.h"
 
 /* One adversary: its name (the phase's and its figures' suffix), its
- * process body (never returns) and whether the healthy engine also
- * fetches /metrics in that phase. */
+ * process body (never returns), whether the healthy engine also fetches
+ * /metrics in that phase, and every how many syncs it registers and opens
+ * its sequence anew (0: never), in both windows of the phase. */
 struct hostile_adv {
 	const char *name;
 	void (*run)(const struct th_daemon *d, int quick);
 	int metrics;
+	int reopen_every;
 };
-#define HOSTILE_N_ADV 6
+#define HOSTILE_N_ADV 7
 extern const struct hostile_adv hostile_advs[HOSTILE_N_ADV];
 
 /* The bench's clock in ms, and a sleep of ms (nothing when <= 0). */
