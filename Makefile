@@ -208,7 +208,12 @@ $(LIB_INT): $(CLIENT_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The prefix is baked in, so the file is rewritten whenever PREFIX changes.
-PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: $(if $(NNG_A),,-lnng )-lmsgpackc -lpthread -lm\nCflags: -I$${includedir}\n
+# kvtrim-static.pc names the archive by path: `pkg-config --static` only
+# appends Libs.private, so kvtrim.pc's -lkvtrim would still pick the shared
+# library that sits beside the archive.
+PC_PRIVATE = $(if $(NNG_A),,-lnng )-lmsgpackc -lpthread -lm
+PC_STATIC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim-static\nDescription: client library of the kvtrim KV-cache daemon, linked statically\nVersion: 0.1.0\nLibs: $${libdir}/libkvtrim.a $(PC_PRIVATE)\nCflags: -I$${includedir}\n
+PC_TEXT = prefix=$(PREFIX)\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvtrim\nDescription: client library of the kvtrim KV-cache daemon\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvtrim\nLibs.private: $(PC_PRIVATE)\nCflags: -I$${includedir}\n
 $(LIB_PC): FORCE
 	@mkdir -p $(dir $@)
 	@printf '$(PC_TEXT)' > $@.tmp
@@ -444,7 +449,9 @@ install-files:
 	$(if $(wildcard $(B)/lib/libkvtrim-cuda.so),install -m 755 \
 	  $(B)/lib/libkvtrim-cuda.so $(DESTDIR)$(PREFIX)/lib/)
 	printf '$(PC_TEXT)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim.pc
-	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim.pc
+	printf '$(PC_STATIC_TEXT)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim-static.pc
+	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim.pc \
+	  $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvtrim-static.pc
 	install -m 644 include/kvtrim.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 	  $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/kvtrim \

@@ -52,6 +52,9 @@ struct seq_slot {
 	                     unreadable reply): refused until kvt_seq_query
 	                     learns whether the daemon applied it (and
 	                     makes sure a late arrival is refused) */
+	uint8_t counted;  /* the sync in doubt was found applied through
+	                     another sequence it named, and counted in
+	                     last_sync.syncs then */
 };
 
 /* One in-flight kvt_sync_async: its own nng context, so replies of

@@ -50,24 +50,41 @@ void client_seq_doubt(kvt_client *c, kvt_seq seq, int rc)
 
 /* ---------------------------------------------------------------- sequences */
 
-int kvt_seq_open(kvt_client *c, kvt_seq *out)
+/* The slot of seq for a call that changes it: KVT_ENOSEQ, or KVT_EBUSY
+ * while its async sync is in flight, with the reason in last_error. */
+static int seq_idle(kvt_client *c, const char *call, kvt_seq seq,
+                    uint32_t *slot)
 {
-	if (!c)
-		return KVT_EINVAL;
-	client_begin(c);
-	if (!out) {
-		client_set_err(c, "kvt_seq_open: out is NULL");
-		return KVT_EINVAL;
+	if (client_seq_lookup(c, seq, slot) < 0) {
+		client_set_err(c, "%s: no open sequence %#llx on this client "
+		               "(closed, never opened, or another client's)",
+		               call, (unsigned long long)seq);
+		return KVT_ENOSEQ;
 	}
+	if (c->seqs[*slot].busy) {
+		client_set_err(c, "%s: sequence %#llx has a sync in flight "
+		               "(kvt_sync_async): kvt_wait its ticket first",
+		               call, (unsigned long long)seq);
+		return KVT_EBUSY;
+	}
+	return 0;
+}
+
+/*
+ * kvt_seq_open and kvt_seq_fork: a seq_open request, copying `from` when
+ * nonzero.  A request without a verdict may have opened a sequence whose
+ * id never came back: the next open has it closed.  Any verdict means
+ * this request, undo included, was handled.
+ */
+static int seq_open_req(kvt_client *c, kvt_seq from, kvt_seq *out)
+{
 	struct ipc_req req;
 	struct ipc_rep rep;
 	client_req_init(c, IPC_OP_SEQ_OPEN, &req);
 	req.u.open.no = ++c->req_no;
 	req.u.open.undo = c->open_undo;
+	req.u.open.from = from;
 	int rc = client_rpc(c, &req, &rep, c->cfg.timeout_ms);
-	/* Without a verdict the daemon may have opened a sequence whose id
-	 * never came back: the next open has it closed.  Any verdict means
-	 * this request, undo included, was handled. */
 	if (rc == KVT_ETIMEDOUT || rc == KVT_EPROTO) {
 		if (!c->open_undo)
 			c->open_undo = req.u.open.no;
@@ -96,25 +113,40 @@ int kvt_seq_open(kvt_client *c, kvt_seq *out)
 	return rc;
 }
 
-/* The slot of seq for a call that changes it: KVT_ENOSEQ, or KVT_EBUSY
- * while its async sync is in flight, with the reason in last_error. */
-static int seq_idle(kvt_client *c, const char *call, kvt_seq seq,
-                    uint32_t *slot)
+int kvt_seq_open(kvt_client *c, kvt_seq *out)
 {
-	if (client_seq_lookup(c, seq, slot) < 0) {
-		client_set_err(c, "%s: no open sequence %#llx on this client "
-		               "(closed, never opened, or another client's)",
-		               call, (unsigned long long)seq);
-		return KVT_ENOSEQ;
+	if (!c)
+		return KVT_EINVAL;
+	client_begin(c);
+	if (!out) {
+		client_set_err(c, "kvt_seq_open: out is NULL");
+		return KVT_EINVAL;
 	}
-	if (c->seqs[*slot].busy) {
-		client_set_err(c, "%s: sequence %#llx has a sync in flight "
-		               "(kvt_sync_async): kvt_wait its ticket first",
-		               call, (unsigned long long)seq);
-		return KVT_EBUSY;
-	}
-	return 0;
+	return seq_open_req(c, 0, out);
 }
+
+int kvt_seq_fork(kvt_client *c, kvt_seq from, kvt_seq *out)
+{
+	if (!c)
+		return KVT_EINVAL;
+	client_begin(c);
+	if (!out) {
+		client_set_err(c, "kvt_seq_fork: out is NULL");
+		return KVT_EINVAL;
+	}
+	uint32_t slot;
+	int rc = seq_idle(c, "kvt_seq_fork", from, &slot);
+	if (rc < 0)
+		return rc;
+	if (c->seqs[slot].doubt) {
+		client_set_err(c, "kvt_seq_fork: a sync of sequence %#llx ended "
+		               "without a verdict: kvt_seq_query it first",
+		               (unsigned long long)from);
+		return KVT_ESTALE;
+	}
+	return seq_open_req(c, from, out);
+}
+
 
 int kvt_seq_close(kvt_client *c, kvt_seq seq)
 {
@@ -187,6 +219,21 @@ int kvt_seq_reserve(kvt_client *c, kvt_seq seq, uint32_t entries)
 	return rc;
 }
 
+/*
+ * A sync in doubt, numbered no, was found applied: kvt_last_sync's count
+ * takes it once, though it may have named several sequences, each of
+ * them in doubt until queried (counted: this one's was counted already).
+ */
+static void seq_count_found(kvt_client *c, uint64_t no, int counted)
+{
+	if (counted)
+		return;
+	c->last_sync.syncs++;
+	for (uint32_t i = 0; i < c->cfg.max_seqs; i++)
+		if (c->seqs[i].doubt && c->seqs[i].sent_no == no)
+			c->seqs[i].counted = 1;
+}
+
 int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 {
 	if (!c)
@@ -205,6 +252,7 @@ int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 	struct seq_slot *s = &c->seqs[slot];
 	client_req_init(c, IPC_OP_SEQ_QUERY, &req);
 	req.u.query.seq = seq;
+	req.u.query.no = ++c->req_no;
 	/* The sync in doubt, by number: the daemon answers whether it was
 	 * applied, and voids it when not, so a copy still on its way is
 	 * refused when it arrives and the answer stays final. */
@@ -231,9 +279,12 @@ int kvt_seq_query(kvt_client *c, kvt_seq seq, struct kvt_seq_info *out)
 				.len_max = q->len_hi,
 				.last_sync = !s->doubt ? -1 : applied,
 			};
-			/* An applied sync left the room it asked for. */
-			if (applied)
+			/* An applied sync left the room it asked for, and
+			 * counts among the accepted ones. */
+			if (applied) {
 				s->room = s->sent;
+				seq_count_found(c, s->sent_no, s->counted);
+			}
 			s->counter = q->syncs;
 			s->doubt = 0;
 			/* An applied sync's chunks and compaction. */

@@ -94,6 +94,7 @@ static int build_sync(kvt_client *c, const struct kvt_sync_item *items,
 		uint32_t slot;
 		client_seq_lookup(c, items[i].seq, &slot);
 		c->seqs[slot].sent_no = req->u.sync.no;
+		c->seqs[slot].counted = 0;
 	}
 	req->u.sync.n = (uint32_t)n;
 	req->u.sync.items = w;

@@ -94,6 +94,12 @@ static const struct config_entry config_table[] = {
 	 F(max_pending_per_pid),
 	 "of those, what one process may hold on each socket; its further "
 	 "ones are refused at accept (they close nobody else's)"},
+	{"max_pending_per_uid", CONFIG_U32, CONFIG_MUTABLE, 0, 65536, "0",
+	 F(max_pending_per_uid),
+	 "of those, what one uid may hold on each socket (0: half of "
+	 "max_pending_conns; admins exempt); its further ones are refused "
+	 "with EBUSY naming this limit, and at max_pending_conns a newcomer "
+	 "of another uid closes one of the uid holding the most"},
 	{"max_inflight_per_conn", CONFIG_U32, CONFIG_MUTABLE, 1, 1024, "32",
 	 F(max_inflight_per_conn),
 	 "requests of one control connection unanswered at once; the "

@@ -32,6 +32,7 @@ struct config {
 	uint32_t acl_from_socket;        /* 1: config set may change ACLs */
 	uint32_t max_pending_conns;      /* per socket, without a tenant */
 	uint32_t max_pending_per_pid;    /* ... of them, one process's */
+	uint32_t max_pending_per_uid;    /* ... of them, one uid's (0: half) */
 	uint32_t max_inflight_per_conn;  /* control requests per pipe */
 	uint32_t send_timeout_ms;        /* reply not taken: pipe closed */
 	uint32_t max_sync_lists;         /* lists one sync may touch */

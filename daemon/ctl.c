@@ -22,7 +22,14 @@
  * again when one comes back.  A connection a tenant registered on is
  * handled at once; the others' requests (hellos, kvtrimctl, any member of
  * the group) wait in s->low_* and get SRV_LOW_SLICE per turn of the loop,
- * so a flood of those delays no tenant's sync by more than a slice.  A
+ * so a flood of those delays no tenant's sync by more than a slice.  What
+ * a slice costs is bounded too: a connection without a tenant may send
+ * only hellos and admin requests, of at most s->low_msg_max bytes (from
+ * the message tables, codec_req_len_max), so a longer frame of it is
+ * refused unread (KVT_ETOOBIG): its request carries only the refusal, and
+ * its bytes are dropped as they come, never buffered nor decoded, at most
+ * SRV_UNREAD_TICK of them per cron tick over all connections (a peer
+ * repeating such frames then waits in its own send).  A
  * reply is queued on its connection's write queue and its request goes
  * back to the pool at once: no peer can hold the daemon's requests by not
  * reading.
@@ -45,16 +52,21 @@
  * messages between IPC_MAX_MSG and this size get a KVT_ETOOBIG reply. */
 #define SRV_RECV_MAX (4u * IPC_MAX_MSG)
 /* Requests of connections without a tenant handled per turn of the loop,
- * after every tenant's. */
+ * after every tenant's: each decodes at most s->low_msg_max bytes. */
 #define SRV_LOW_SLICE 8
 #define SRV_RX_CHUNK 65536u /* read at least this much at a time */
 /* A buffer above SRV_RX_BIG (a frame of more than 64 KiB on its way):
  * connections without a tenant may hold SRV_RX_BIG_MAX of them at once,
- * so a crowd of unregistered peers announcing 4 MiB frames cannot make
- * the daemon hold 4 MiB for each; the others wait (read again by the
- * cron) until one is done. */
+ * so a crowd of unregistered peers cannot make the daemon hold a big
+ * buffer for each; the others wait (read again by the cron) until one is
+ * done.  (Their frames that long are refused unread, srv_take_unread, so
+ * this is a second line.) */
 #define SRV_RX_BIG (2 * SRV_RX_CHUNK)
 #define SRV_RX_BIG_MAX 8u
+/* Bytes of frames refused unread the daemon reads (to drop them) per
+ * cron tick, over all connections: 10 MiB/s at SRV_CRON_MS 100, no more
+ * than a frame of IPC_MAX_MSG in one turn of the loop. */
+#define SRV_UNREAD_TICK IPC_MAX_MSG
 #define SRV_CACCEPT_BATCH 16
 #define SRV_LISTEN_BACKLOG 512
 
@@ -134,6 +146,17 @@ static void srv_starve(struct server *s, struct srv_pipe *p)
 	s->starved_tail = p;
 }
 
+/* A request for p's next frame, or NULL: connections without a tenant
+ * hold at most half the pool, so a tenant's request always finds one free
+ * soon. */
+static struct srv_req *srv_req_for(struct server *s,
+                                   const struct srv_pipe *p)
+{
+	if (!p->bound && s->n_low_held >= (s->n_reqs + 1) / 2)
+		return NULL;
+	return srv_req_take(s);
+}
+
 /* A request of a connection without a tenant: the low class, served by
  * srv_wake_cb after the tenants' requests of this turn. */
 static void srv_low_push(struct server *s, struct srv_req *r)
@@ -147,13 +170,91 @@ static void srv_low_push(struct server *s, struct srv_req *r)
 	uv_async_send(&s->wake);
 }
 
+/* k bytes of frames refused unread were read: off this tick's share. */
+static void srv_unread_charge(struct server *s, uint32_t k)
+{
+	s->unread_left = s->unread_left > k ? s->unread_left - k : 0;
+}
+
+/* Is p dropping a frame refused unread with this tick's share spent (then
+ * it is not read until the cron's next tick)? */
+static int srv_pipe_held(const struct server *s, const struct srv_pipe *p)
+{
+	return p->rx_skip && !s->unread_left;
+}
+
+/* Drops what was read of a frame refused unread: 1 once all of it is
+ * gone, 0 while more of it is to come. */
+static int srv_skip(struct server *s, struct srv_pipe *p)
+{
+	uint32_t avail = p->rx_len - p->rx_off;
+	uint32_t k = avail < p->rx_skip ? avail : p->rx_skip;
+	p->rx_off += k;
+	p->rx_skip -= k;
+	p->rx_need = 0;
+	srv_unread_charge(s, k);
+	return !p->rx_skip;
+}
+
 /*
- * Takes p's next frame: 1 taken (or the SP header), 0 more bytes needed
- * (rx_need says how many), -1 no free request (p waits on s->starved_*),
- * -2 p was closed (a protocol error).
+ * The frame at p's rx_off, of mlen message bytes (backtrace and body),
+ * from a connection without a tenant and longer than any request it may
+ * send: once its backtrace is in, a request carrying only the refusal
+ * (r->unread, answered KVT_ETOOBIG by srv_handle) joins the low class, and
+ * the frame's bytes are dropped as they come (rx_skip).  Returns as
+ * srv_take_frame.
+ */
+static int srv_take_unread(struct server *s, struct srv_pipe *p,
+                           uint64_t mlen)
+{
+	uint32_t avail = p->rx_len - p->rx_off;
+	uint32_t head = SPW_HEAD_LEN + 4 * SPW_BT_MAX; /* mlen is longer */
+	if (avail < head) {
+		p->rx_need = head;
+		return 0;
+	}
+	const uint8_t *m = p->rx + p->rx_off + SPW_HEAD_LEN;
+	uint32_t bt = spw_backtrace(m, 4 * SPW_BT_MAX);
+	struct srv_req *r = NULL;
+	if (bt && !(r = srv_req_for(s, p))) {
+		srv_starve(s, p);
+		return -1;
+	}
+	uint64_t frame = SPW_HEAD_LEN + mlen; /* <= SRV_RECV_MAX + 9 */
+	uint32_t k = avail < frame ? avail : (uint32_t)frame;
+	p->rx_off += k;
+	p->rx_skip = (uint32_t)(frame - k);
+	p->rx_need = 0;
+	srv_unread_charge(s, k);
+	if (!r) {
+		/* Malformed, or too many hops: dropped, as nng's rep0 does. */
+		s->st.control_requests_dropped_total++;
+		return 1;
+	}
+	memcpy(r->bt, m, bt);
+	r->btlen = bt;
+	r->unread = (uint32_t)(mlen - bt);
+	r->pipe_id = p->id;
+	r->recv_us = now_us();
+	r->low = 1;
+	s->n_low_held++;
+	s->st.control_requests_unread_total++;
+	p->inflight++;
+	p->last_ms = now_ms();
+	srv_low_push(s, r);
+	return 1;
+}
+
+/*
+ * Takes p's next frame: 1 taken (or the SP header, or the last bytes of a
+ * frame refused unread), 0 more bytes needed (rx_need says how many), -1
+ * no free request (p waits on s->starved_*), -2 p was closed (a protocol
+ * error).
  */
 static int srv_take_frame(struct server *s, struct srv_pipe *p)
 {
+	if (p->rx_skip && !srv_skip(s, p))
+		return 0;
 	const uint8_t *b = p->rx + p->rx_off;
 	uint32_t avail = p->rx_len - p->rx_off;
 	if (!p->greeted) {
@@ -181,6 +282,10 @@ static int srv_take_frame(struct server *s, struct srv_pipe *p)
 		               why);
 		return -2;
 	}
+	/* (need is the whole frame's once its header is in) */
+	if (!p->bound &&
+	    need - SPW_HEAD_LEN > (uint64_t)s->low_msg_max + 4 * SPW_BT_MAX)
+		return srv_take_unread(s, p, need - SPW_HEAD_LEN);
 	if (f == SPW_MORE) {
 		p->rx_need = (uint32_t)need;
 		return 0;
@@ -193,11 +298,7 @@ static int srv_take_frame(struct server *s, struct srv_pipe *p)
 		p->rx_need = 0;
 		return 1;
 	}
-	/* Connections without a tenant hold at most half the pool, so a
-	 * tenant's request always finds one free soon. */
-	struct srv_req *r = !p->bound && s->n_low_held >= (s->n_reqs + 1) / 2
-	                            ? NULL
-	                            : srv_req_take(s);
+	struct srv_req *r = srv_req_for(s, p);
 	if (!r) {
 		srv_starve(s, p);
 		return -1;
@@ -293,12 +394,13 @@ void srv_pipe_pump(struct server *s, struct srv_pipe *p)
 	p->pumping = 1;
 	int got = 1;
 	while (!p->closing && !p->starved && !srv_pipe_full(s, p) &&
-	       (got = srv_take_frame(s, p)) > 0)
+	       !srv_pipe_held(s, p) && (got = srv_take_frame(s, p)) > 0)
 		;
 	p->pumping = 0;
 	if (p->closing)
 		return;
-	int want = !p->starved && !srv_pipe_full(s, p);
+	/* (A held one is read again by the cron: srv_pipe_cron.) */
+	int want = !p->starved && !srv_pipe_full(s, p) && !srv_pipe_held(s, p);
 	if (!want && p->reading)
 		s->st.control_reads_paused_total++;
 	if (want != p->reading) {
@@ -452,18 +554,29 @@ void srv_ctl_cron(struct server *s, uint64_t now)
 	/* (A connection starved by a failed allocation, with every request
 	 * free, has nothing else to wake it.) */
 	srv_pump_starved(s);
+	/* The next tick's share of frames refused unread; the connections
+	 * held for it are read again by srv_pipe_cron. */
+	s->unread_left = SRV_UNREAD_TICK;
 	if (srv_backoff_over(&s->caccept, s, now))
 		srv_ctl_start(s);
 }
 
 /* A new connection fd (non-blocking, close-on-exec): our SP header, then
- * it is read; unless the pending connections are at their bound. */
+ * it is read; unless its peer is at one of srv_pipe_room's bounds: it is
+ * then told why (refuse.c). */
 static void srv_pipe_open(struct server *s, int fd)
 {
 	uint32_t pid = 0, uid = 0, gid = 0;
-	if (handle_peer(fd, &pid, &uid, &gid) ||
-	    !srv_pipe_room(s, pid, uid, gid)) {
+	char why[KVT_ERRTEXT_MAX - 48], text[KVT_ERRTEXT_MAX];
+	if (handle_peer(fd, &pid, &uid, &gid)) {
 		close(fd);
+		return;
+	}
+	int rv = srv_pipe_room(s, pid, uid, gid, why, sizeof(why));
+	if (rv) {
+		snprintf(text, sizeof(text), "kvtrimd refused this control "
+		         "connection: %s", why);
+		srv_refuse(s, fd, rv, text);
 		return;
 	}
 	struct srv_pipe *p = calloc(1, sizeof(*p));
@@ -535,6 +648,18 @@ static void srv_caccept_cb(uv_poll_t *h, int status, int events)
 
 /* ---------------------------------------------------------- open, close */
 
+/* The longest request a connection without a tenant may send: a hello or
+ * an admin request (its other requests are refused by srv_auth). */
+static uint32_t srv_low_msg_max(void)
+{
+	size_t most = codec_req_len_max(IPC_OP_HELLO);
+	for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++)
+		if (codec_op_is_admin((enum ipc_op)op) &&
+		    codec_req_len_max((enum ipc_op)op) > most)
+			most = codec_req_len_max((enum ipc_op)op);
+	return (uint32_t)most;
+}
+
 int srv_ctl_open(struct server *s, char *err, size_t errlen)
 {
 	struct sockaddr_un a;
@@ -576,6 +701,8 @@ int srv_ctl_open(struct server *s, char *err, size_t errlen)
 		s->req_free = r;
 	}
 	s->n_reqs = s->n_free = s->cfg.contexts;
+	s->low_msg_max = srv_low_msg_max();
+	s->unread_left = SRV_UNREAD_TICK;
 	return 0;
 }
 
@@ -614,6 +741,7 @@ void srv_ctl_close(struct server *s)
 			i++;
 		srv_pipe_close(s, s->pipes[i], NULL, "daemon shutting down");
 	}
+	srv_refuse_close_all(s);
 	s->starved_head = s->starved_tail = NULL;
 	srv_free_list(s, &s->low_head, &s->low_tail);
 	srv_free_list(s, &s->parked_head, &s->parked_tail);

@@ -109,8 +109,9 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		                          &undone);
 		s->st.sequences_closed_total += undone;
 		if (rv == KVT_ESTALE) {
-			snprintf(why, wlen, "seq_open %llu arrived after a later "
-			         "one: its client had given it up",
+			snprintf(why, wlen, "seq_open %llu arrived after a "
+			         "request numbered later: its client had given "
+			         "it up, or numbers its requests out of order",
 			         (unsigned long long)r->u.open.no);
 			return rv;
 		}
@@ -124,7 +125,22 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			         tenant_name(st->t));
 			return KVT_ESHUTDOWN;
 		}
-		if ((rv = tenant_seq_open_why(st->t, &rep->u.seq, why, wlen)))
+		if (r->u.open.from)
+			rv = tenant_seq_fork(st->t, r->u.open.from,
+			                     &rep->u.seq);
+		else
+			rv = tenant_seq_open_why(st->t, &rep->u.seq, why,
+			                         wlen);
+		if (rv == KVT_ENOSEQ)
+			snprintf(why, wlen, "no open sequence %#llx to copy on "
+			         "tenant %u", (unsigned long long)r->u.open.from,
+			         st->id);
+		else if (rv == KVT_EINVAL)
+			snprintf(why, wlen, "policy %s keeps its per-entry "
+			         "state on the device, which a copy does not "
+			         "take: kvt_seq_fork is refused",
+			         tenant_policy_spec(st->t));
+		if (rv)
 			return srv_device_failed(s, st, rv, "seq_open");
 		s->st.sequences_opened_total++;
 		return srv_flush(s, st, why, wlen);
@@ -139,11 +155,17 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		 * on a worker (busy, above) and parked ones. */
 		if (srv_tenant_parked(s, st))
 			return SRV_IDLE_WAIT;
-		if ((rv = tenant_seq_query(st->t, r->u.query.seq,
-		                           r->u.query.after, &rep->u.query)))
+		rv = tenant_seq_query(st->t, r->u.query.seq, r->u.query.no,
+		                      r->u.query.after, &rep->u.query);
+		if (rv == KVT_ENOSEQ)
 			snprintf(why, wlen, "no open sequence %#llx on tenant "
 			         "%u", (unsigned long long)r->u.query.seq,
 			         st->id);
+		else if (rv)
+			snprintf(why, wlen, "seq_query %llu: \"after\" %llu "
+			         "names a sync this client had not sent",
+			         (unsigned long long)r->u.query.no,
+			         (unsigned long long)r->u.query.after);
 		return rv;
 	case IPC_OP_SYNC: {
 		uint64_t lists;
@@ -174,6 +196,38 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 }
 
 /*
+ * A request refused unread (ctl.c, srv_take_unread): longer than any its
+ * connection without a tenant may send.  Its reply, KVT_ETOOBIG, takes
+ * its place; logged at most once a second (a peer may repeat it at will).
+ */
+static enum srv_verdict srv_refuse_unread(struct server *s,
+                                          struct srv_req *r)
+{
+	struct ipc_rep rep;
+	char why[KVT_ERRTEXT_MAX];
+	uint8_t *out = NULL;
+	size_t olen = 0;
+	memset(&rep, 0, sizeof(rep));
+	snprintf(why, sizeof(why), "request of %" PRIu32 " bytes on a "
+	         "connection without a tenant, which may send only hello "
+	         "and admin requests of at most %" PRIu32 " bytes: refused "
+	         "unread", r->unread, s->low_msg_max);
+	s->st.requests_total++;
+	stats_count_error(&s->st, KVT_ETOOBIG);
+	LOG_EVERY(LOG_LVL_INFO, 1000, "request refused: ETOOBIG: %s", why);
+	codec_rep_error(&rep, KVT_ETOOBIG, why);
+	if (codec_rep_encode(IPC_OP_NONE, &rep, &out, &olen)) {
+		free(out);
+		out = NULL;
+		olen = 0;
+	}
+	free(r->msg);
+	r->msg = out;
+	r->len = olen;
+	return SRV_REPLY;
+}
+
+/*
  * Handles one request.  SRV_PARK: it needs pool pages that may come free,
  * r->msg is kept untouched and the request is retried later (parked says
  * this is such a retry).  SRV_REPLY: r->msg now holds the reply, or is NULL
@@ -199,6 +253,8 @@ enum srv_verdict srv_handle(struct server *s, struct srv_req *r,
 		r->msg = NULL;
 		return SRV_REPLY;
 	}
+	if (r->unread)
+		return srv_refuse_unread(s, r);
 
 	int retry = parked || r->dev_wait || r->held;
 	r->dev_wait = 0;

@@ -13,14 +13,19 @@
  * Under attack (docs/protocol.md "Limits of the handle channel"): accepts
  * and reads come in bounded batches, so that a flood cannot hold the loop;
  * a failed accept (out of fds) pauses the listener, 100 ms doubling to 1 s;
- * at max_pending_conns connections without a tenant, the oldest one past
- * its grace is evicted for a newcomer, else the newcomer is refused; the
- * fd budget lowers max_pending_conns where the open-file limit leaves no
- * room, so that pending connections run out of fds first, never the
+ * beyond max_pending_per_pid of one process or max_pending_per_uid of one
+ * uid (admins exempt) without a tenant, a newcomer is refused; at
+ * max_pending_conns, the uid holding the most gives one up to a newcomer
+ * of a uid holding fewer, else the oldest one past its grace is evicted,
+ * else the newcomer is refused.  A refused one is kept, up to
+ * SRV_REFUSALS_MAX of them, until its hello, which is told why (EBUSY);
+ * the fd budget lowers max_pending_conns where the open-file limit leaves
+ * no room, so that pending connections run out of fds first, never the
  * registered tenants.  Repeated warnings: one per SRV_LOG_EVERY_MS.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -77,6 +82,8 @@ void srv_conn_close(struct srv_conn *c)
 	else
 		s->conns_tail = c->prev;
 	s->n_conns--;
+	if (c->refused[0])
+		s->n_conns_refused--;
 	uv_close((uv_handle_t *)&c->poll, srv_conn_closed_cb);
 }
 
@@ -224,7 +231,7 @@ void srv_conn_cron(struct server *s, uint64_t now)
 	for (struct srv_conn *c = s->conns, *n; c; c = n) {
 		n = c->next;
 		/* A refused peer gets just long enough to hear why. */
-		uint64_t limit = (c->denied || c->barred_ms) &&
+		uint64_t limit = (c->denied || c->barred_ms || c->refused[0]) &&
 		                 s->cfg.hello_timeout_ms >
 		                 SRV_DENIED_MS ? SRV_DENIED_MS
 		                               : s->cfg.hello_timeout_ms;
@@ -334,62 +341,166 @@ uint32_t srv_pending_max(const struct server *s)
 	               : s->pending_cap;
 }
 
-/* fd.sock connections that have no tenant (yet). */
+uint32_t srv_pending_per_uid(const struct server *s)
+{
+	uint32_t max = srv_pending_max(s);
+	if (s->cfg.max_pending_per_uid)
+		return s->cfg.max_pending_per_uid;
+	return max / 2 ? max / 2 : 1;
+}
+
+static int srv_u32_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int srv_run_cmp(const void *a, const void *b)
+{
+	const struct srv_uid_run *x = a, *y = b;
+	return x->n > y->n ? -1 : x->n < y->n;
+}
+
+uint32_t srv_uid_runs(uint32_t *uids, uint32_t n, struct srv_uid_run *runs)
+{
+	uint32_t r = 0;
+	qsort(uids, n, sizeof(*uids), srv_u32_cmp);
+	for (uint32_t i = 0; i < n; i++) {
+		if (!r || runs[r - 1].uid != uids[i])
+			runs[r++] = (struct srv_uid_run){uids[i], 0};
+		runs[r - 1].n++;
+	}
+	qsort(runs, r, sizeof(*runs), srv_run_cmp);
+	return r;
+}
+
+/* A connection kept only to tell its peer why it was refused. */
+static int srv_conn_pending(const struct srv_conn *c)
+{
+	return !c->st && !c->closing && !c->refused[0];
+}
+
+/* fd.sock connections that have no tenant (yet), those kept to say why
+ * they were refused left out. */
 static uint32_t srv_pending(const struct server *s)
 {
 	uint32_t bound = 0;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		bound += s->tenants[i] && s->tenants[i]->conn;
+	bound += s->n_conns_refused;
 	return s->n_conns > bound ? s->n_conns - bound : 0;
 }
 
-/* fd.sock connections of process pid that have no tenant (yet). */
-static uint32_t srv_pending_of(const struct server *s, uint32_t pid)
-{
-	uint32_t n = 0;
-	for (const struct srv_conn *c = s->conns; c; c = c->next)
-		n += !c->st && !c->closing && c->pid == pid;
-	return n;
-}
-
-/* A connection closed at accept, or evicted: counted, logged rate
- * limited. */
+/* A connection closed at accept, refused, or evicted: counted, logged
+ * rate limited. */
 static void srv_pending_refused(struct server *s, uint64_t now,
-                                const char *what)
+                                const char *what, const char *why)
 {
 	uint64_t held;
 	s->st.handle_pending_refusals_total++;
 	if (log_rate_due(&s->refuse_log, now, SRV_LOG_EVERY_MS, &held))
 		LOG(LOG_LVL_WARNING, "fd.sock: %" PRIu32 " connections without "
-		    "a tenant (max_pending_conns, in force %" PRIu32 "): %s "
+		    "a tenant (max_pending_conns, in force %" PRIu32 "): %s%s%s "
 		    "(%" PRIu64 " more not logged)", srv_pending(s),
-		    srv_pending_max(s), what, held);
+		    srv_pending_max(s), what, why ? ": " : "", why ? why : "",
+		    held);
 }
 
 /*
- * Room for one more connection without a tenant?  At the limit, the oldest
- * pending one that has had SRV_PENDING_GRACE_MS for its hello is closed to
- * make room: idle connections cannot lock newcomers out until the hello
- * deadline, and a client in the middle of its hello (a few ms) is not
- * evicted.  0 when every pending connection is younger: the new one is
- * refused.
+ * At the bound, for a newcomer of uid (holding of_uid): the oldest
+ * connection without a tenant of the uid holding the most is closed when
+ * that uid holds at least two more (so that no uid locks another out, and
+ * two cannot take turns).  1 when one was closed.
  */
-static int srv_pending_room(struct server *s, uint64_t now)
+static int srv_pending_evict_uid(struct server *s, uint64_t now, uint32_t uid,
+                                 uint32_t of_uid)
 {
-	if (s->n_conns < srv_pending_max(s) ||
-	    srv_pending(s) < srv_pending_max(s))
+	uint32_t n = srv_pending(s), k = 0, r;
+	uint32_t *uids = malloc(sizeof(*uids) * (n ? n : 1));
+	struct srv_uid_run *runs = malloc(sizeof(*runs) * (n ? n : 1));
+	struct srv_conn *victim = NULL;
+	for (struct srv_conn *c = s->conns; uids && runs && c && k < n;
+	     c = c->next)
+		if (srv_conn_pending(c) && c->uid != uid)
+			uids[k++] = c->uid;
+	r = uids && runs ? srv_uid_runs(uids, k, runs) : 0;
+	if (r && runs[0].n >= of_uid + 2)
+		for (struct srv_conn *c = s->conns_tail; c && !victim;
+		     c = c->prev)
+			if (srv_conn_pending(c) && c->uid == runs[0].uid)
+				victim = c;
+	free(uids);
+	free(runs);
+	if (!victim)
+		return 0;
+	srv_conn_close(victim);
+	srv_pending_refused(s, now, "the oldest of the uid holding the most "
+	                    "was closed for a newcomer of another uid", NULL);
+	return 1;
+}
+
+/*
+ * Room for one more connection without a tenant, of uid (holding of_uid)?
+ * At the limit, the uid holding the most gives one up to a newcomer of a
+ * uid holding fewer (srv_pending_evict_uid); else the oldest pending one
+ * that has had SRV_PENDING_GRACE_MS for its hello is closed to make room:
+ * idle connections cannot lock newcomers out until the hello deadline,
+ * and a client in the middle of its hello (a few ms) is not evicted.  0
+ * when every pending connection is younger: the new one is refused.
+ */
+static int srv_pending_room(struct server *s, uint64_t now, uint32_t uid,
+                            uint32_t of_uid)
+{
+	if (srv_pending(s) < srv_pending_max(s) ||
+	    srv_pending_evict_uid(s, now, uid, of_uid))
 		return 1;
 	for (struct srv_conn *c = s->conns_tail; c; c = c->prev) {
-		if (c->st)
+		if (!srv_conn_pending(c))
 			continue;
 		if (now - c->born_ms < SRV_PENDING_GRACE_MS)
 			return 0; /* older ones come first: none is due */
 		srv_conn_close(c);
 		srv_pending_refused(s, now, "the oldest was closed for a "
-		                    "newcomer");
+		                    "newcomer", NULL);
 		return 1;
 	}
 	return 0;
+}
+
+/*
+ * May a new connection of this peer (peer: its credentials were read) go
+ * without a tenant?  max_pending_per_pid holds for everyone,
+ * max_pending_per_uid for all but admins, max_pending_conns as
+ * srv_pending_room says.  0, or KVT_EBUSY with why naming the limit.
+ */
+static int srv_conn_room(struct server *s, uint64_t now, int peer,
+                         uint32_t pid, uint32_t uid, uint32_t gid, char *why,
+                         size_t wlen)
+{
+	uint32_t of_pid = 0, of_uid = 0, per_uid = srv_pending_per_uid(s);
+	for (const struct srv_conn *c = s->conns; peer && c; c = c->next)
+		if (srv_conn_pending(c)) {
+			of_pid += c->pid == pid;
+			of_uid += c->uid == uid;
+		}
+	if (peer && of_pid >= s->cfg.max_pending_per_pid)
+		snprintf(why, wlen, "process %" PRIu32 " holds "
+		         "max_pending_per_pid (%" PRIu32 ") handle channels "
+		         "(fd.sock) without a tenant", pid,
+		         s->cfg.max_pending_per_pid);
+	else if (peer && of_uid >= per_uid &&
+	         !srv_acl_has(s, &s->admin, pid, uid, gid))
+		snprintf(why, wlen, "uid %" PRIu32 " holds max_pending_per_uid "
+		         "(%" PRIu32 ") handle channels (fd.sock) without a "
+		         "tenant", uid, per_uid);
+	else if (srv_pending_room(s, now, peer ? uid : UINT32_MAX, of_uid))
+		return 0;
+	else
+		snprintf(why, wlen, "max_pending_conns (%" PRIu32 ") handle "
+		         "channels (fd.sock) without a tenant are open, none "
+		         "idle for 1 s, and uid %" PRIu32 " holds as many as "
+		         "any other uid", srv_pending_max(s), uid);
+	return KVT_EBUSY;
 }
 
 static void srv_accept_cb(uv_poll_t *p, int status, int events);
@@ -443,8 +554,10 @@ void srv_accept_resume(struct server *s, uint64_t now)
 }
 
 /* A new handle channel: WELCOME with its cookie, then it waits for its
- * hello (cron closes it after hello_timeout_ms). */
-static void srv_conn_open(struct server *s, int fd, uint64_t now)
+ * hello (cron closes it after hello_timeout_ms).  refused (NULL: none):
+ * why it was refused, which its hello gets (SRV_DENIED_MS to send it). */
+static void srv_conn_open(struct server *s, int fd, uint64_t now,
+                          const char *refused)
 {
 	struct srv_conn *c = calloc(1, sizeof(*c));
 	if (!c) {
@@ -455,6 +568,8 @@ static void srv_conn_open(struct server *s, int fd, uint64_t now)
 	c->fd = fd;
 	c->cookie = random_u64();
 	c->born_ms = now;
+	if (refused)
+		snprintf(c->refused, sizeof(c->refused), "%s", refused);
 	if (handle_peer(fd, &c->pid, &c->uid, &c->gid) ||
 	    !srv_allowed(s, c->pid, c->uid, c->gid)) {
 		uint64_t held;
@@ -489,6 +604,7 @@ static void srv_conn_open(struct server *s, int fd, uint64_t now)
 		s->conns_tail = c;
 	s->conns = c;
 	s->n_conns++;
+	s->n_conns_refused += refused != NULL;
 	LOG(LOG_LVL_DEBUG, "handle channel from pid %" PRIu32, c->pid);
 }
 
@@ -511,25 +627,27 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 		}
 		s->haccept.pause_ms = 0;
 		uint64_t now = now_ms();
-		uint32_t pid, uid, gid;
-		if (!handle_peer(fd, &pid, &uid, &gid) &&
-		    srv_pending_of(s, pid) >= s->cfg.max_pending_per_pid) {
-			/* Refused before it can close another's (the
-			 * eviction below): one process's flood of idle
-			 * connections costs an accept and a close each. */
-			close(fd);
-			srv_pending_refused(s, now, "a new one of a process "
-			                    "holding max_pending_per_pid was "
-			                    "closed at accept");
-			continue;
-		}
-		if (!srv_pending_room(s, now)) {
+		uint32_t pid = 0, uid = 0, gid = 0;
+		char why[sizeof(((struct srv_conn *)0)->refused)];
+		int peer = !handle_peer(fd, &pid, &uid, &gid);
+		/* A process or uid at its bound is refused before it can
+		 * close another's (the eviction at max_pending_conns). */
+		if (!srv_conn_room(s, now, peer, pid, uid, gid, why,
+		                   sizeof(why))) {
+			srv_conn_open(s, fd, now, NULL);
+		} else if (s->n_conns_refused < SRV_REFUSALS_MAX) {
+			/* Kept until its hello, which gets why. */
+			srv_pending_refused(s, now, "a new one was refused, "
+			                    "to be told why at its hello", why);
+			srv_conn_open(s, fd, now, why);
+		} else {
+			/* A flood of refused ones costs an accept and a
+			 * close each. */
 			close(fd);
 			srv_pending_refused(s, now, "a new one was closed at "
-			                    "accept");
-			continue;
+			                    "accept (SRV_REFUSALS_MAX refused "
+			                    "ones wait for their hello)", why);
 		}
-		srv_conn_open(s, fd, now);
 	}
 }
 
@@ -558,8 +676,9 @@ static uint64_t srv_raise_nofile(void)
  * The fd budget: what the configuration may hold open at once is one fd per
  * pool chunk (chunk memfds / VMM exports stay open for the chunk's life),
  * SRV_FD_PER_TENANT per tenant for max_tenants, the listeners, the stats
- * socket's stats_max_conns, 2 * max_pending_conns (ctl.ipc and fd.sock)
- * and SRV_FD_SPARE.  When the open-file limit is lower, max_pending_conns
+ * socket's stats_max_conns, 2 * (max_pending_conns + SRV_REFUSALS_MAX)
+ * (ctl.ipc and fd.sock: those without a tenant, and the refused ones kept
+ * to be told why) and SRV_FD_SPARE.  When the open-file limit is lower, max_pending_conns
  * is lowered (pending_cap) so that connections without a tenant run out
  * first, never the registered tenants, and one warning says so.
  */
@@ -570,7 +689,8 @@ void srv_fd_budget(struct server *s)
 	uint32_t listeners = 3 + (c->stats_tcp_port ? 1 : 0);
 	uint64_t rest = s->pool.chunk_capacity +
 	                (uint64_t)SRV_FD_PER_TENANT * c->max_tenants +
-	                listeners + c->stats_max_conns + SRV_FD_SPARE;
+	                listeners + c->stats_max_conns + SRV_FD_SPARE +
+	                2u * SRV_REFUSALS_MAX;
 	uint64_t need = rest + 2ull * c->max_pending_conns;
 	uint64_t cap = lim > rest ? (lim - rest) / 2 : 0;
 
@@ -583,11 +703,12 @@ void srv_fd_budget(struct server *s)
 	LOG(LOG_LVL_WARNING, "open-file limit %" PRIu64 " is below the %"
 	    PRIu64 " this configuration needs (%" PRIu64 " pool chunks + %d x "
 	    "%" PRIu32 " max_tenants + %" PRIu32 " listeners + %" PRIu32
-	    " stats_max_conns + 2 x %" PRIu32 " max_pending_conns + %d "
-	    "spare): max_pending_conns is lowered to %" PRIu32 "%s; raise "
-	    "LimitNOFILE= / ulimit -n", lim, need, s->pool.chunk_capacity,
-	    SRV_FD_PER_TENANT, c->max_tenants, listeners, c->stats_max_conns,
-	    c->max_pending_conns, SRV_FD_SPARE, s->pending_cap,
+	    " stats_max_conns + 2 x (%" PRIu32 " max_pending_conns + %d "
+	    "refused) + %d spare): max_pending_conns is lowered to %" PRIu32
+	    "%s; raise LimitNOFILE= / ulimit -n", lim, need,
+	    s->pool.chunk_capacity, SRV_FD_PER_TENANT, c->max_tenants,
+	    listeners, c->stats_max_conns, c->max_pending_conns,
+	    SRV_REFUSALS_MAX, SRV_FD_SPARE, s->pending_cap,
 	    lim < rest + 2ull * SRV_PENDING_FLOOR
 	            ? ", and even registered tenants may run out of fds "
 	              "(or lower pool_size, max_tenants, stats_max_conns)"

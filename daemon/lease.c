@@ -225,6 +225,10 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
 		LOG(LOG_LVL_WARNING, "%s (pid %" PRIu32 ")", why, c->pid);
 		return KVT_EPERM;
 	}
+	if (c->refused[0]) {
+		snprintf(why, wlen, "hello refused: %s", c->refused);
+		return KVT_EBUSY;
+	}
 	if (c->barred_ms) {
 		snprintf(why, wlen, "hello refused: this process (pid %" PRIu32
 		         ") broke the handle-channel protocol moments ago; it "

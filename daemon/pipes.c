@@ -6,13 +6,18 @@
  * max_inflight_per_conn requests unanswered or SRV_UNSENT_MAX bytes of
  * replies unsent (ctl.c); one whose replies wait send_timeout_ms without
  * the kernel taking a byte is closed, and so is one without a tenant that
- * sent nothing for hello_timeout_ms; beyond max_pending_conns connections
- * without a tenant, new ones are refused at accept (admins and registered
- * tenants never are).  Closing is immediate (uv_close): the daemon reads
- * and writes the sockets itself, so nng's pipe reaper, which closes had to
- * be arranged around before, is not involved.
+ * sent nothing for hello_timeout_ms; beyond max_pending_per_pid of one
+ * process, max_pending_per_uid of one uid or max_pending_conns in all
+ * connections without a tenant, new ones are refused at accept, and told
+ * why (refuse.c); at max_pending_conns a newcomer of a uid holding fewer
+ * closes one of the uid holding the most instead (admins pass the last
+ * two bounds; registered tenants' connections never count).  Closing is
+ * immediate (uv_close): the daemon reads and writes the sockets itself, so
+ * nng's pipe reaper, which closes had to be arranged around before, is not
+ * involved.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,30 +82,97 @@ static void srv_pipe_del(struct server *s, uint32_t id)
 
 /* ---------------------------------------------------------- accept */
 
-int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid)
+/* Is p closed before q for a newcomer: idle (no request in flight or
+ * waiting) first, then the oldest? */
+static int srv_evict_before(const struct srv_pipe *p, const struct srv_pipe *q)
 {
-	uint32_t pending = s->n_pipes - s->n_bound_pipes, mine = 0;
-	for (uint32_t i = 0; i < s->pipes_cap; i++)
-		mine += s->pipes[i] && !s->pipes[i]->bound &&
-		        s->pipes[i]->pid == pid;
-	/* Admins pass the socket's bound (kvtrimctl must get in), not the
-	 * process's: none of theirs needs 64 connections at once. */
-	if (mine < s->cfg.max_pending_per_pid &&
-	    (pending < srv_pending_max(s) ||
-	     srv_acl_has(s, &s->admin, pid, uid, gid)))
-		return 1;
+	int pi = !p->inflight && !p->starved, qi = !q->inflight && !q->starved;
+	return pi != qi ? pi : p->born_ms < q->born_ms;
+}
+
+/*
+ * At max_pending_conns, for a newcomer of uid (which holds of_uid): closes
+ * a connection without a tenant of the uid holding the most, when that uid
+ * holds at least two more, so that the newcomer's holds no more than it
+ * afterwards (no uid can lock another out, and two cannot take turns).
+ * Its oldest connection with no request in flight goes, else its oldest;
+ * an admin's never (admins pass the bound themselves).  1: one was closed.
+ */
+static int srv_pipe_evict(struct server *s, uint32_t uid, uint32_t of_uid)
+{
+	uint32_t n = s->n_pipes - s->n_bound_pipes, k = 0, r;
+	uint32_t *uids = malloc(sizeof(*uids) * (n ? n : 1));
+	struct srv_uid_run *runs = malloc(sizeof(*runs) * (n ? n : 1));
+	struct srv_pipe *victim = NULL;
+	for (uint32_t i = 0; uids && runs && i < s->pipes_cap && k < n; i++)
+		if (s->pipes[i] && !s->pipes[i]->bound &&
+		    s->pipes[i]->uid != uid)
+			uids[k++] = s->pipes[i]->uid;
+	r = uids && runs ? srv_uid_runs(uids, k, runs) : 0;
+	for (uint32_t j = 0; j < r && !victim && runs[j].n >= of_uid + 2;
+	     j++) {
+		for (uint32_t i = 0; i < s->pipes_cap; i++) {
+			struct srv_pipe *p = s->pipes[i];
+			if (!p || p->bound || p->uid != runs[j].uid)
+				continue;
+			if (!victim || srv_evict_before(p, victim))
+				victim = p;
+		}
+		if (victim && srv_acl_has(s, &s->admin, victim->pid,
+		                          victim->uid, victim->gid))
+			victim = NULL;
+	}
+	free(uids);
+	free(runs);
+	if (!victim)
+		return 0;
+	srv_pipe_close(s, victim, &s->st.control_conns_evicted_total,
+	               "its uid holds the most connections without a tenant "
+	               "(max_pending_conns): closed for a newcomer of another "
+	               "uid");
+	return 1;
+}
+
+int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid,
+                  char *why, size_t wlen)
+{
+	uint32_t pending = s->n_pipes - s->n_bound_pipes, of_pid = 0,
+	         of_uid = 0, per_uid = srv_pending_per_uid(s);
+	for (uint32_t i = 0; i < s->pipes_cap; i++) {
+		const struct srv_pipe *p = s->pipes[i];
+		if (p && !p->bound) {
+			of_pid += p->pid == pid;
+			of_uid += p->uid == uid;
+		}
+	}
+	/* Admins pass the socket's bounds (kvtrimctl must get in), not the
+	 * process's: none of theirs needs 64 connections at once.  (The
+	 * lists are only read when a bound is reached.) */
+	int full = pending >= srv_pending_max(s);
+	int admin = (of_uid >= per_uid || full) &&
+	            srv_acl_has(s, &s->admin, pid, uid, gid);
+	if (of_pid >= s->cfg.max_pending_per_pid)
+		snprintf(why, wlen, "process %" PRIu32 " holds "
+		         "max_pending_per_pid (%" PRIu32 ") connections without "
+		         "a tenant on ctl.ipc", pid, s->cfg.max_pending_per_pid);
+	else if (of_uid >= per_uid && !admin)
+		snprintf(why, wlen, "uid %" PRIu32 " holds max_pending_per_uid "
+		         "(%" PRIu32 ") connections without a tenant on ctl.ipc",
+		         uid, per_uid);
+	else if (!full || admin || srv_pipe_evict(s, uid, of_uid))
+		return 0;
+	else
+		snprintf(why, wlen, "max_pending_conns (%" PRIu32 ") "
+		         "connections without a tenant are open on ctl.ipc and "
+		         "uid %" PRIu32 " holds as many of them as any other uid",
+		         srv_pending_max(s), uid);
 	uint64_t held, now = now_ms();
 	s->st.control_conns_refused_total++;
 	if (log_rate_due(&s->crefuse_log, now, 1000, &held))
 		LOG(LOG_LVL_WARNING, "ctl.ipc: connection of pid %" PRIu32
-		    " refused: %s (%" PRIu64 " more not logged)", pid,
-		    mine >= s->cfg.max_pending_per_pid
-		            ? "it holds max_pending_per_pid connections "
-		              "without a tenant"
-		            : "max_pending_conns connections without a tenant "
-		              "are open",
-		    held);
-	return 0;
+		    " uid %" PRIu32 " refused: %s (%" PRIu64 " more not "
+		    "logged)", pid, uid, why, held);
+	return KVT_EBUSY;
 }
 
 /* ---------------------------------------------------------- closing */
@@ -233,4 +305,5 @@ void srv_pipe_cron(struct server *s, uint64_t now)
 	 * more than 64 wait for the next tick.) */
 	for (uint32_t k = 0; k < n; k++)
 		srv_pipe_close(s, due[k], why_c[k], why[k]);
+	srv_refuse_cron(s, now);
 }

@@ -34,6 +34,7 @@
 #define SRV_CRON_MS 100
 #define SRV_DRAIN_MS 200
 #define SRV_STATUS_MS 1000   /* STATUS= refresh period */
+#define SRV_RUNDIR_MS 1000   /* srv_rundir_watch period */
 
 /* ---------------------------------------------------------- config */
 
@@ -48,6 +49,8 @@ void srv_config_changed(struct server *s)
 }
 
 /* ---------------------------------------------------------- timers */
+
+static void srv_rundir_watch(struct server *s);
 
 /* Every SRV_CRON_MS: each part's periodic work, in this order. */
 static void srv_cron_cb(uv_timer_t *t)
@@ -72,6 +75,10 @@ static void srv_cron_cb(uv_timer_t *t)
 	if (s->n_parked)
 		srv_retry_parked(s); /* deadlines, and pages freed meanwhile */
 	srv_publish(s);
+	if (now - s->rundir_ms >= SRV_RUNDIR_MS) {
+		s->rundir_ms = now;
+		srv_rundir_watch(s);
+	}
 	if (now - s->status_ms >= SRV_STATUS_MS) {
 		s->status_ms = now;
 		srv_status(s);
@@ -197,12 +204,11 @@ static void srv_drain_cb(uv_timer_t *t)
 	srv_stop_loop(s);
 }
 
-static void srv_signal_cb(uv_signal_t *h, int signum)
+/* Stops taking connections and drains (srv_drain_cb ends the loop). */
+static void srv_shutdown(struct server *s)
 {
-	struct server *s = h->data;
 	if (s->draining)
 		return;
-	LOG(LOG_LVL_NOTICE, "signal %d: shutting down", signum);
 	notify_stopping();
 	s->draining = 1;
 	s->drain_started_ms = now_ms();
@@ -212,6 +218,15 @@ static void srv_signal_cb(uv_signal_t *h, int signum)
 	if (s->n_parked)
 		srv_retry_parked(s);
 	uv_timer_start(&s->drain, srv_drain_cb, SRV_DRAIN_MS, 20);
+}
+
+static void srv_signal_cb(uv_signal_t *h, int signum)
+{
+	struct server *s = h->data;
+	if (s->draining)
+		return;
+	LOG(LOG_LVL_NOTICE, "signal %d: shutting down", signum);
+	srv_shutdown(s);
 }
 
 /* ---------------------------------------------------------- runtime dir */
@@ -254,7 +269,14 @@ static void srv_socket_group(const char *path)
 static int srv_lock_rundir(struct server *s, char *err, size_t errlen)
 {
 	long holder = 0;
-	int rv = rundir_lock(s->cfg.runtime_dir, &s->lock_fd, &holder);
+	int rv = rundir_claim(s->cfg.runtime_dir, &s->claim_fd, &holder);
+	if (rv == KVT_ESYS) {
+		snprintf(err, errlen, "cannot claim runtime dir %s: %s",
+		         s->cfg.runtime_dir, strerror(errno));
+		return rv;
+	}
+	if (rv == 0)
+		rv = rundir_lock(s->cfg.runtime_dir, &s->lock_fd, &holder);
 	if (rv == KVT_EBUSY && holder)
 		snprintf(err, errlen, "runtime dir %s is in use by kvtrimd pid "
 		         "%ld (%s/%s)", s->cfg.runtime_dir, holder,
@@ -268,6 +290,66 @@ static int srv_lock_rundir(struct server *s, char *err, size_t errlen)
 		         s->cfg.runtime_dir, s->cfg.runtime_dir,
 		         RUNDIR_LOCK_NAME, strerror(errno));
 	return rv;
+}
+
+/* Notes the socket files as bound (after server_new made them all). */
+static void srv_own_files(struct server *s)
+{
+	const char *paths[3] = {s->ctl_path, s->fd_path, s->stats_path};
+	struct stat st;
+	for (int i = 0; i < 3; i++) {
+		s->own[i] = (struct srv_own_file){.path = paths[i]};
+		if (stat(paths[i], &st) == 0) {
+			s->own[i].dev = st.st_dev;
+			s->own[i].ino = st.st_ino;
+			s->own[i].bound = 1;
+		}
+	}
+}
+
+/* 1 while f's path names the file this daemon bound. */
+static int srv_own_file_there(const struct srv_own_file *f)
+{
+	struct stat st;
+	return f->bound && stat(f->path, &st) == 0 && st.st_dev == f->dev &&
+	       st.st_ino == f->ino;
+}
+
+/* Removes the socket files that are still this daemon's. */
+static void srv_unlink_own(struct server *s)
+{
+	for (int i = 0; i < 3; i++)
+		if (srv_own_file_there(&s->own[i]))
+			unlink(s->own[i].path);
+}
+
+/*
+ * Every SRV_RUNDIR_MS: the runtime dir still holds this daemon's lock file
+ * and sockets.  Once one is removed or replaced (the dir deleted, a
+ * tmpfiles cleanup, an rm), no engine can reach this daemon any more; it
+ * says so in the log and exits with status 1, draining like SIGTERM, so
+ * that the service manager (Restart=on-failure) starts a fresh one on a
+ * fresh dir.  Its abstract claim (rundir_claim) keeps a second daemon
+ * from taking the path over meanwhile.
+ */
+static void srv_rundir_watch(struct server *s)
+{
+	const char *lost = NULL;
+	if (s->draining || s->lock_fd < 0)
+		return;
+	if (!rundir_lock_held(s->cfg.runtime_dir, s->lock_fd))
+		lost = RUNDIR_LOCK_NAME;
+	for (int i = 0; !lost && i < 3; i++)
+		if (s->own[i].bound && !srv_own_file_there(&s->own[i]))
+			lost = strrchr(s->own[i].path, '/') + 1;
+	if (!lost)
+		return;
+	LOG(LOG_LVL_ERR, "runtime dir %s lost: %s was removed or replaced "
+	    "under this kvtrimd, so engines can no longer reach it; shutting "
+	    "down with exit status 1 (a service manager restarts it on a "
+	    "fresh dir)", s->cfg.runtime_dir, lost);
+	s->exit_status = 1;
+	srv_shutdown(s);
 }
 
 /* ---------------------------------------------------------- lifecycle */
@@ -286,6 +368,7 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	s->hsock = -1;
 	s->csock = -1;
 	s->lock_fd = -1;
+	s->claim_fd = -1;
 	s->next_tenant_id = 1;
 	s->started_ms = now_ms();
 	pthread_mutex_init(&s->acl_lock, NULL);
@@ -394,6 +477,7 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	srv_socket_group(s->fd_path);
 	srv_socket_group(s->ctl_path);
 	srv_socket_group(s->stats_path);
+	srv_own_files(s);
 	*out = s;
 	return 0;
 fail:
@@ -422,8 +506,9 @@ int server_run(struct server *s)
 	s->status_ms = now_ms();
 	notify_ready();
 	uv_run(&s->loop, UV_RUN_DEFAULT);
-	LOG(LOG_LVL_NOTICE, "kvtrimd stopped");
-	return 0;
+	LOG(LOG_LVL_NOTICE, "kvtrimd stopped%s",
+	    s->exit_status ? " (exit status 1: its runtime dir was lost)" : "");
+	return s->exit_status;
 }
 
 void server_free(struct server *s)
@@ -446,13 +531,10 @@ void server_free(struct server *s)
 	}
 	/* Socket files are removed only by the lock's holder: they are its
 	 * own (a daemon refused the lock never created any). */
-	if (s->hsock >= 0) {
+	if (s->hsock >= 0)
 		close(s->hsock);
-		if (s->lock_fd >= 0)
-			unlink(s->fd_path);
-	}
-	if (s->ctl_path[0] && s->lock_fd >= 0)
-		unlink(s->ctl_path);
+	if (s->lock_fd >= 0)
+		srv_unlink_own(s);
 	/* Every tenant and chunk is gone (srv_stop_loop reclaimed them). */
 	if (s->bctx)
 		s->bops->ctx_free(s->bctx);
@@ -462,6 +544,8 @@ void server_free(struct server *s)
 		stats_pub_destroy(&s->pub);
 	pthread_mutex_destroy(&s->acl_lock);
 	rundir_unlock(s->cfg.runtime_dir, s->lock_fd);
+	if (s->claim_fd >= 0)
+		close(s->claim_fd);
 	free(s->reqs);
 	free(s);
 }

@@ -15,6 +15,8 @@
  *   pipes.c     the control connections: their table, the refusal at
  *               accept, the limits (in flight, unsent replies, send
  *               timeout, idle without a tenant) and closing them
+ *   refuse.c    control connections refused at accept, told why (an
+ *               error reply to their first request) before they close
  *   fdchan.c    the handle channel fd.sock: accept and its back-off, the
  *               pending connections and their eviction, the fd budget,
  *               packets from clients, events to them
@@ -52,6 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/random.h>
+#include <sys/types.h>
 #include <time.h>
 #include <uv.h>
 
@@ -89,6 +92,9 @@ struct srv_req {
 	uint32_t pipe_id; /* the request's control connection, 0 once done */
 	int held;         /* it waited for its tenant: a retry, not new */
 	int held_parked;  /* ... and was a backpressure retry then */
+	uint32_t unread;  /* refused unread (ctl.c): the bytes of its body,
+	                     never kept (msg NULL); srv_handle answers
+	                     KVT_ETOOBIG */
 };
 
 /* srv_dispatch: the sync waits for the engine's GPU writes
@@ -105,6 +111,7 @@ struct srv_req {
 #define SRV_IDLE_WAIT 4
 
 struct srv_tenant;
+struct srv_refusal;
 
 /* One handle-channel connection on fd.sock (fdchan.c). */
 struct srv_conn {
@@ -114,6 +121,8 @@ struct srv_conn {
 	uint64_t cookie;
 	uint32_t pid, uid, gid;
 	int denied;      /* peer not in the allow lists: its hello is refused */
+	char refused[160]; /* "": admitted; else refused at accept (a limit
+	                      of fdchan.c): its hello gets KVT_EBUSY, this */
 	uint64_t barred_ms; /* >0: its process is barred (srv_barred) for
 	                       this long still: its hello is refused */
 	uint64_t born_ms;
@@ -210,6 +219,8 @@ struct srv_pipe {
 	uint8_t *rx;
 	uint32_t rx_off, rx_len, rx_cap;
 	uint32_t rx_need;  /* bytes from rx_off the next frame needs */
+	uint32_t rx_skip;  /* bytes of a frame refused unread still to come:
+	                      dropped as they are read */
 	int big;           /* counted in s->n_big_rx (ctl.c, SRV_RX_BIG) */
 };
 
@@ -233,6 +244,11 @@ struct server {
 	int cpoll_ready;
 	struct srv_backoff caccept;
 	struct log_rate crefuse_log;
+	/* Refused connections being told why (refuse.c), newest first, at
+	 * most SRV_REFUSALS_MAX; they are not in the table below. */
+	struct srv_refusal *refusals, *refusals_tail;
+	uint32_t n_refusals;
+	uint8_t refuse_rx[4096]; /* what refusals read, then discard */
 	struct srv_req *reqs; /* [n_reqs = cfg.contexts], the pool */
 	uint32_t n_reqs;
 	struct srv_req *req_free; /* free ones */
@@ -245,6 +261,11 @@ struct server {
 	int pumping_starved;
 	uint32_t n_big_rx; /* connections without a tenant holding a big
 	                      receive buffer (ctl.c) */
+	uint32_t low_msg_max; /* the longest hello or admin request
+	                         (codec_req_len_max): a connection without a
+	                         tenant sends nothing longer (ctl.c) */
+	uint32_t unread_left; /* bytes of frames refused unread that may
+	                         still be read this cron tick (ctl.c) */
 	uint32_t next_pipe_id;
 	/* Device wake-ups (a driver thread) and the low class's next slice:
 	 * srv_wake_cb. */
@@ -268,6 +289,9 @@ struct server {
 	struct srv_conn *conns_tail; /* oldest */
 	uint32_t n_conns;           /* fd.sock connections, with or without a
 	                               tenant */
+	uint32_t n_conns_refused;   /* ... of them kept only to say why
+	                               (srv_conn refused), at most
+	                               SRV_REFUSALS_MAX */
 	/* Accept back-off: after a failed accept (out of fds, say) the
 	 * listener is not polled until its resume time (cron restarts it). */
 	struct srv_backoff haccept;
@@ -277,7 +301,19 @@ struct server {
 	 * most max_pending_conns it leaves room for. */
 	uint64_t fd_limit;
 	uint32_t pending_cap;
-	int lock_fd; /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
+	int lock_fd;  /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
+	int claim_fd; /* the dir's abstract claim (rundir_claim), -1: none */
+	/* The socket files this daemon bound, as they were then: what
+	 * srv_rundir_watch compares the dir against, and what server_free
+	 * may remove (a file replaced meanwhile is someone else's). */
+	struct srv_own_file {
+		const char *path;
+		dev_t dev;
+		ino_t ino;
+		int bound;
+	} own[3];
+	uint64_t rundir_ms; /* the last srv_rundir_watch */
+	int exit_status;    /* server_run's: 0, or 1 after the dir was lost */
 
 	struct srv_barred barred[SRV_BARRED_MAX];
 	struct srv_tenant **tenants; /* [cfg.max_tenants] */
@@ -367,9 +403,35 @@ struct srv_pipe *srv_pipe_find(struct server *s, uint32_t id);
 /* Enters p (a new connection) into the table; nonzero when out of memory. */
 int srv_pipe_add(struct server *s, struct srv_pipe *p);
 
-/* Is there room for one more connection without a tenant from this peer
- * (max_pending_conns; admins always)?  0: refuse it (counted, logged). */
-int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid);
+/*
+ * Is there room for one more connection without a tenant from this peer?
+ * max_pending_per_pid holds for everyone; max_pending_per_uid and
+ * max_pending_conns for all but admins.  At max_pending_conns a newcomer
+ * whose uid holds fewer closes a connection of the uid holding the most
+ * (srv_uid_runs).  0: admit it; KVT_EBUSY: refuse it, why naming the
+ * limit (counted, logged).
+ */
+int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid,
+                  char *why, size_t wlen);
+
+/* ---------------------------------------------------------- refuse.c */
+
+/* Refused connections told why, at most this many at once. */
+#define SRV_REFUSALS_MAX 16
+
+/*
+ * Takes fd, a control connection srv_pipe_room refused: sends the SP
+ * header, answers the peer's first request with code and why, and closes
+ * it when the peer hangs up or SRV_REFUSE_MS after the accept.  With
+ * SRV_REFUSALS_MAX open already, the oldest is closed first.
+ */
+void srv_refuse(struct server *s, int fd, int code, const char *why);
+
+/* Cron: closes the refusals past their deadline. */
+void srv_refuse_cron(struct server *s, uint64_t now);
+
+/* Closes every refusal (shutdown). */
+void srv_refuse_close_all(struct server *s);
 
 /* Closes p, once: out of the table at once, a tenant registered on it
  * reclaimed, its unanswered requests counted as dropped; counter (may be
@@ -414,8 +476,19 @@ void srv_conn_resume(struct srv_conn *c);
 void srv_conn_cron(struct server *s, uint64_t now);
 
 /* The most connections without a tenant at once (max_pending_conns, lowered
- * to what the fd budget leaves room for). */
+ * to what the fd budget leaves room for), and of them one uid's
+ * (max_pending_per_uid; 0 there: half of srv_pending_max, at least 1). */
 uint32_t srv_pending_max(const struct server *s);
+uint32_t srv_pending_per_uid(const struct server *s);
+
+/* A uid and how many connections without a tenant it holds. */
+struct srv_uid_run {
+	uint32_t uid, n;
+};
+
+/* Sorts uids[n] (in place) and writes the uids' counts to runs[n], most
+ * first; returns how many runs. */
+uint32_t srv_uid_runs(uint32_t *uids, uint32_t n, struct srv_uid_run *runs);
 
 /* Sends t's queued events over c's handle channel (tenant_flush_events),
  * grants of one window coalesced into sets; 0 or the first KVT_E*. */

@@ -69,8 +69,9 @@
 	  "fd.sock accepts that failed (e.g. out of fds); each pauses the "    \
 	  "listener 100 ms to 1 s")                                            \
 	X(handle_pending_refusals_total,                                       \
-	  "fd.sock connections closed at accept, or the oldest idle one "      \
-	  "closed, because max_pending_conns had no tenant yet")               \
+	  "fd.sock connections refused at accept, or one without a tenant "    \
+	  "closed for a newcomer (max_pending_conns, max_pending_per_uid, "    \
+	  "max_pending_per_pid)")                                              \
 	X(handle_violations_total,                                             \
 	  "fd.sock peers disconnected for sending what the protocol never "    \
 	  "asks (junk, a packet before hello, a CHUNK_CLOSED for no chunk)")   \
@@ -90,7 +91,11 @@
 	  "syncs parked until the engine's GPU writes were done (cuda, "      \
 	  "policies that read K)")                                             \
 	X(control_conns_refused_total,                                         \
-	  "control connections refused at accept (max_pending_conns)")        \
+	  "control connections refused at accept (max_pending_conns, "        \
+	  "max_pending_per_uid, max_pending_per_pid)")                         \
+	X(control_conns_evicted_total,                                         \
+	  "control connections without a tenant closed at max_pending_conns " \
+	  "for a newcomer of a uid holding fewer")                             \
 	X(control_conns_closed_idle_total,                                     \
 	  "control connections the daemon closed for sending no request and " \
 	  "having no tenant within hello_timeout_ms")                          \
@@ -114,6 +119,9 @@
 	X(control_requests_dropped_total,                                      \
 	  "control requests read and never answered: their connection "      \
 	  "closed first, or they were malformed")                              \
+	X(control_requests_unread_total,                                       \
+	  "requests of control connections without a tenant refused with "   \
+	  "ETOOBIG unread: longer than any hello or admin request")            \
 	X(control_reads_paused_total,                                          \
 	  "times the daemon stopped reading a control connection: "           \
 	  "max_inflight_per_conn requests unanswered or its unsent replies "  \

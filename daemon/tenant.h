@@ -183,13 +183,28 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
  * how many.  A client opens one sequence at a time (kvt_client is used by
  * one thread), so an open numbered below the latest one seen is one the
  * client gave up on, arriving late: KVT_ESTALE, nothing done (the same
- * number again is the retry of a parked open).  The number then becomes
+ * number again is the retry of a parked open); so is an open numbered at
+ * or below a sync that reached the tenant (tenant_sync), since one
+ * client numbers its opens and syncs from one counter.  The number then becomes
  * the tenant's latest, and tenant_seq_open gives it to the sequence it
  * opens.  Runs even when the open itself is then refused
  * (draining, no slot): undoing frees what the client cannot use.
  */
 int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
                          uint32_t *closed);
+
+/*
+ * Opens a sequence that is a copy of open sequence `from`: every list holds
+ * the same entries (bit for bit), original positions and policy state, and
+ * the sequence the same tokens seen per layer and per-layer policy state;
+ * its counter starts at 0 and its headroom is the registration's, as after
+ * tenant_seq_open.  Both then go on independently.  KVT_ENOSEQ for an
+ * unknown `from`, KVT_EINVAL when the policy keeps per-entry state on the
+ * device (an attention rule deciding there: not copied), KVT_ESEQLIMIT,
+ * KVT_ENOMEM, KVT_EQUOTA or KVT_EPOOLFULL with nothing changed; KVT_ESYS
+ * when a device copy fails (the tenant is marked failed).
+ */
+int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq);
 
 /* Closes a sequence and frees its pages; KVT_ENOSEQ for an unknown id. */
 int tenant_seq_close(struct tenant *t, uint64_t seq);
@@ -206,11 +221,17 @@ int tenant_seq_close(struct tenant *t, uint64_t seq);
  * not applied to seq, it is voided here: a sync of seq numbered up to
  * `after` that arrives later is refused (tenant_sync).  The client sends
  * at most one sync per sequence at a time, so nothing else it still
- * waits for is caught.  KVT_ENOSEQ for an unknown id; otherwise changes
- * only that mark.
+ * waits for is caught.  `no` is the query's own number: an `after` at or
+ * above it names a sync the client had not sent when it asked, KVT_EINVAL,
+ * nothing marked (voiding it would refuse every later sync of seq).  A
+ * client's requests reach the tenant in the order it sent them, so a sync
+ * numbered above every one seen (tenant_sync) never reached it (its
+ * client's library gave it up before writing it) and never will: not
+ * applied, nothing to void.  KVT_ENOSEQ for an unknown id; otherwise
+ * changes only that mark.
  */
-int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t after,
-                     struct ipc_seq_state *out);
+int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t no,
+                     uint64_t after, struct ipc_seq_state *out);
 
 /*
  * Device tenants whose policy reads K (the daemon copies keys to the host,
@@ -239,6 +260,8 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg);
  * / KVT_EPOOLFULL).  On success each item's sequence counter is
  * incremented, its last sync number set to no, its lists keep room for the item's headroom, and the
  * staging rows of the positions it may append next are marked unstaged.
+ * Refused or not, `no` becomes the highest sync number the tenant has seen
+ * when above it (the only change a refusal makes).
  */
 int tenant_sync(struct tenant *t, uint64_t no,
                 const struct ipc_sync_item *items, uint32_t n, char *err,

@@ -290,6 +290,9 @@ struct tenant {
 	uint32_t serial;
 	uint64_t open_no;       /* the client's number of its latest seq_open
 	                           (tenant_seq_reconcile), 0 before any */
+	uint64_t sync_no;       /* the highest number of a sync that reached
+	                           the tenant, applied or refused
+	                           (tenant_sync), 0 before any */
 
 	uint64_t syncs, appended, evicted;
 	float pressure;         /* last tenant_set_pressure level */

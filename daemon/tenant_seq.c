@@ -110,13 +110,9 @@ void tenant_seq_release(struct tseq *s)
 	s->state = NULL;
 }
 
-int tenant_seq_open(struct tenant *t, uint64_t *seq)
-{
-	return tenant_seq_open_why(t, seq, NULL, 0);
-}
-
-int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
-                        size_t errlen)
+/* First half of an open: a free slot (*slot) and its per-sequence arrays
+ * (n_seen and state zeroed); KVT_ESEQLIMIT or KVT_ENOMEM, nothing kept. */
+static int seq_slot_new(struct tenant *t, uint32_t *slot_out)
 {
 	const struct shm_geom *g = &t->g;
 	uint32_t slot = 0;
@@ -124,13 +120,6 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
 		slot++;
 	if (slot == g->max_seqs)
 		return KVT_ESEQLIMIT;
-	/* Pages first: a refused open (parked, and asked again at every
-	 * wake-up while the pool is full) costs no allocation. */
-	uint32_t per_list = pages_for(g, 0, g->headroom);
-	uint64_t need = (uint64_t)per_list * t->lists_per_seq, k;
-	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
-	if (rc)
-		return rc;
 
 	struct tseq *s = &t->seqs[slot];
 	s->n_seen = calloc(g->n_layers, sizeof(uint32_t));
@@ -148,20 +137,55 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
 		tenant_seq_release(s);
 		return KVT_ENOMEM;
 	}
+	*slot_out = slot;
+	return 0;
+}
+
+/* Second half of an open: slot s becomes open, numbered by the latest
+ * open, with the registration's headroom. */
+static void seq_slot_start(struct tenant *t, struct tseq *s)
+{
+	s->open = 1;
+	s->used = 1;
+	s->counter = 0;
+	s->last_no = 0;
+	s->void_no = 0;
+	s->mark = 0;
+	s->open_no = t->open_no;
+	s->room = t->g.headroom;
+	t->n_open++;
+}
+
+int tenant_seq_open(struct tenant *t, uint64_t *seq)
+{
+	return tenant_seq_open_why(t, seq, NULL, 0);
+}
+
+int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
+                        size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	uint32_t per_list = pages_for(g, 0, g->headroom);
+	uint64_t need = (uint64_t)per_list * t->lists_per_seq, k;
+	/* A slot, then the pages, before any allocation: a refused open
+	 * (parked, and asked again at every wake-up while the pool is full)
+	 * costs none. */
+	if (t->n_open >= g->max_seqs)
+		return KVT_ESEQLIMIT;
+	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
+	if (rc)
+		return rc;
+	uint32_t slot;
+	if ((rc = seq_slot_new(t, &slot)))
+		return rc;
+	struct tseq *s = &t->seqs[slot];
 	rc = tenant_reserve_pages(t, need, 0, err, errlen);
 	if (rc) {
 		tenant_seq_release(s);
 		return rc;
 	}
 
-	s->open = 1;
-	s->used = 1;
-	s->counter = 0;
-	s->last_no = 0;
-	s->void_no = 0;
-	s->open_no = t->open_no;
-	s->room = g->headroom;
-	t->n_open++;
+	seq_slot_start(t, s);
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
 		for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 			struct tlist *l = tlist_at(t, slot, layer, head);
@@ -181,11 +205,89 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
 }
 
+/* Copies the first n_pages pages of one list into another's (host memcpy,
+ * or the backend's copy on a device tenant); 0 or KVT_ESYS. */
+static int copy_pages(struct tenant *t, const uint32_t *dst,
+                      const uint32_t *src, uint32_t n_pages)
+{
+	for (uint32_t i = 0; i < n_pages; i++) {
+		void *d = page_ptr(t, dst[i]);
+		const void *s = page_ptr(t, src[i]);
+		if (!t->dev)
+			memcpy(d, s, t->g.page_bytes);
+		else if (t->bops->copy(t->bctx, d, s, t->g.page_bytes,
+		                       t->stream))
+			return KVT_ESYS;
+	}
+	return 0;
+}
+
+int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq)
+{
+	const struct shm_geom *g = &t->g;
+	int64_t sl = tenant_seq_slot(t, from);
+	if (sl < 0)
+		return KVT_ENOSEQ;
+	if (t->astate)
+		return KVT_EINVAL;
+	const uint32_t src = (uint32_t)sl;
+	uint64_t need = 0;
+	for (uint32_t layer = 0; layer < g->n_layers; layer++)
+		for (uint32_t head = 0; head < g->n_kv_heads; head++)
+			need += pages_for(g, tlist_at(t, src, layer, head)->len,
+			                  g->headroom);
+	uint32_t slot;
+	int rc = seq_slot_new(t, &slot);
+	if (rc)
+		return rc;
+	struct tseq *s = &t->seqs[slot];
+	const struct tseq *f = &t->seqs[src];
+	if ((rc = tenant_reserve_pages(t, need, 0, NULL, 0))) {
+		tenant_seq_release(s);
+		return rc;
+	}
+
+	seq_slot_start(t, s);
+	memcpy(s->n_seen, f->n_seen, g->n_layers * sizeof(uint32_t));
+	if (t->sbytes)
+		memcpy(s->state, f->state, g->n_layers * t->sbytes);
+	for (uint32_t layer = 0; layer < g->n_layers; layer++)
+		for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+			const size_t li = lidx(t, layer, head);
+			const struct tlist *fl = tlist_at(t, src, layer, head);
+			struct tlist *l = tlist_at(t, slot, layer, head);
+			uint32_t *pg = seq_pages(t, s, li);
+			const uint32_t np = pages_for(g, fl->len, g->headroom),
+			               full = pages_for(g, fl->len, 0);
+			for (uint32_t i = 0; i < np; i++)
+				pg[i] = tenant_page_alloc(t);
+			if (copy_pages(t, pg, seq_pages(t, f, li), full))
+				t->failed = 1;
+			memcpy(seq_pos(t, s, li), seq_pos(t, f, li),
+			       (size_t)fl->len * sizeof(uint32_t));
+			if (t->ef)
+				memcpy(seq_ent(t, s, li), seq_ent(t, f, li),
+				       (size_t)fl->len * t->ef * sizeof(float));
+			l->len = fl->len;
+			l->n_pages = np;
+			l->epoch++;
+			t->kept += l->len;
+			tenant_mirror(t, slot, layer, head);
+		}
+	for (uint32_t layer = 0; layer < g->n_layers; layer++)
+		tenant_stage_poison(t, slot, layer, s->n_seen[layer], s->room);
+	tenant_revoke_empty(t);
+	*seq = seqid_make(t->id, s->gen, slot);
+	if (t->failed)
+		return KVT_ESYS;
+	return tenant_table_flush(t) ? KVT_ESYS : 0;
+}
+
 int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
                          uint32_t *closed)
 {
 	*closed = 0;
-	if (no && no < t->open_no)
+	if (no < t->open_no || (t->sync_no && no <= t->sync_no))
 		return KVT_ESTALE;
 	for (uint32_t i = 0; undo && i < t->g.max_seqs; i++) {
 		const struct tseq *s = &t->seqs[i];
@@ -232,16 +334,21 @@ int tenant_seq_close(struct tenant *t, uint64_t seq)
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
 }
 
-int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t after,
-                     struct ipc_seq_state *out)
+int tenant_seq_query(struct tenant *t, uint64_t seq, uint64_t no,
+                     uint64_t after, struct ipc_seq_state *out)
 {
 	int64_t sl = tenant_seq_slot(t, seq);
 	if (sl < 0)
 		return KVT_ENOSEQ;
 	uint32_t slot = (uint32_t)sl;
 	struct tseq *s = &t->seqs[slot];
-	/* Not applied by now: never, so that the answer below stays true. */
-	if (after && s->last_no != after && after > s->void_no)
+	if (after && after >= no)
+		return KVT_EINVAL;
+	/* Not applied by now: never, so that the answer below stays true.  A
+	 * sync that has not reached the tenant (after > sync_no) never will:
+	 * it would have come before this query. */
+	if (after && s->last_no != after && after > s->void_no &&
+	    after <= t->sync_no)
 		s->void_no = after;
 	*out = (struct ipc_seq_state){
 		.syncs = s->counter,

@@ -580,6 +580,10 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	const struct shm_geom *g = &t->g;
 	size_t entries = 0, nlists = 0;
 	t->scorer_ns = 0;
+	/* Reached the tenant, refused or not: the order checks of
+	 * tenant_seq_reconcile and tenant_seq_query read it. */
+	if (no > t->sync_no)
+		t->sync_no = no;
 	int rc = validate(t, no, items, n, &entries, &nlists, err, errlen);
 	if (rc)
 		return rc;

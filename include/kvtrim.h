@@ -179,8 +179,11 @@ typedef uint64_t kvt_seq;
  * geometry whose daemon-side
  * state (table and staging segments, per-sequence arrays, scratch, for
  * max_seqs open sequences) would exceed its tenant_memory_max (KVT_EQUOTA,
- * the text naming the parts and which fields to lower); the reason is then
- * in *errtext when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
+ * the text naming the parts and which fields to lower), and a connection
+ * when the process or its uid already holds its share of the connections
+ * without a tenant, or the daemon is at max_pending_conns or max_tenants
+ * (KVT_EBUSY, the text naming the limit); the reason is then in *errtext
+ * when errtext is not NULL (KVT_ERRTEXT_MAX bytes).
  */
 KVT_API int kvt_connect(const struct kvt_config *cfg, kvt_client **out,
                         char *errtext);
@@ -251,6 +254,25 @@ KVT_API uint32_t kvt_policy_inputs(const kvt_client *c);
  * its slot and pages come back.
  */
 KVT_API int kvt_seq_open(kvt_client *c, kvt_seq *out);
+
+/*
+ * Opens a sequence that is a copy of open sequence `from` as its last sync
+ * left it: every (layer, head) list holds the same entries, bit for bit,
+ * with their original positions and the policy's state, and the same
+ * tokens count as seen, so appending continues at the same position.  Its
+ * sync counter starts at 0 and its headroom is the registration's, as
+ * after kvt_seq_open; then the two go on independently (pages are copied,
+ * not shared: the copy costs the pages `from` holds).  The way to ask
+ * several questions about one compressed context: prefill and compress
+ * the context once, then fork it for each question and close the fork.
+ * Errors: KVT_ENOSEQ (from is not an open sequence of this client),
+ * KVT_EBUSY (its async sync is in flight), KVT_ESTALE (a sync of it is in
+ * doubt: kvt_seq_query first), KVT_EINVAL (a policy that keeps per-entry
+ * state on the device: h2o, tova, kvpop on the cuda backend), and those of
+ * kvt_seq_open (KVT_ESEQLIMIT, KVT_EQUOTA, KVT_EPOOLFULL); a timeout is
+ * resolved as kvt_seq_open's is.
+ */
+KVT_API int kvt_seq_fork(kvt_client *c, kvt_seq from, kvt_seq *out);
 
 /*
  * Closes a sequence and returns its pages to the pool.  KVT_EBUSY while
@@ -519,8 +541,10 @@ struct kvt_sync_info {
 	                    budget that of the sync's longest (sequence,
 	                    layer); 0 when the policy has no entry budget
 	                    (full, threshold=) */
-	uint64_t syncs;  /* accepted syncs of this client so far (0: none, and
-	                    the fields above are 0) */
+	uint64_t syncs;  /* accepted syncs of this client so far, a sync whose
+	                    reply never came counted once kvt_seq_query finds
+	                    it applied (0: none, and the fields above are 0;
+	                    they are those of the last reply that came) */
 };
 KVT_API int kvt_last_sync(const kvt_client *c, struct kvt_sync_info *out);
 

@@ -119,10 +119,12 @@ static const struct codec_field req_seq_close[] = {
 static const struct codec_field req_seq_open[] = {
 	U64(RQ_, "n", u.open.no),
 	U64(RQ_, "undo", u.open.undo),
+	UINT_(RQ_, "from", u.open.from, UINT64_MAX, F_OPT),
 	END_,
 };
 static const struct codec_field req_seq_query[] = {
 	U64(RQ_, "seq", u.query.seq),
+	U64(RQ_, "n", u.query.no),
 	U64(RQ_, "after", u.query.after),
 	END_,
 };
@@ -234,4 +236,114 @@ void codec_field_put(const struct codec_field *f, void *base, uint64_t v)
 		uint32_t w = (uint32_t)v;
 		memcpy(p, &w, sizeof(w));
 	}
+}
+
+/* ------------------------------------------- the largest valid messages */
+
+/*
+ * What the tables allow at most, however a peer encodes it: msgpack's
+ * widest forms (5-byte headers of strings, arrays and maps, 9-byte
+ * integers), every string at its field's length, every array at its
+ * limit.  A message above these cannot decode, so the daemon may refuse
+ * it by its size or its count of objects without decoding it.
+ */
+#define WIDE_HDR 5u /* str32, array32, map32 */
+#define WIDE_UINT 9u
+
+/* Bytes of key k with the widest value of field f after it. */
+static size_t field_len_max(const struct codec_field *f)
+{
+	size_t key = WIDE_HDR + strlen(f->key);
+	switch ((enum codec_field_kind)f->kind) {
+	case F_UINT:
+		return key + WIDE_UINT;
+	case F_STR:
+		return key + WIDE_HDR + f->size - 1;
+	case F_GEO:
+		return key + WIDE_HDR + CODEC_GEO_N * WIDE_UINT;
+	case F_ITEMS:
+		return key + WIDE_HDR +
+		       (size_t)IPC_MAX_SYNC_ITEMS *
+		               (WIDE_HDR + CODEC_ITEM_N * WIDE_UINT);
+	case F_ROWS: {
+		size_t val = WIDE_HDR + IPC_STR_MAX - 1;
+		size_t col = WIDE_HDR + IPC_KEY_MAX - 1 +
+		             (val > WIDE_UINT ? val : WIDE_UINT);
+		return key + WIDE_HDR +
+		       (size_t)IPC_MAX_ROWS * (WIDE_HDR + IPC_MAX_COLS * col);
+	}
+	case F_NONEMPTY:
+		break;
+	}
+	return 0; /* not a key of its own */
+}
+
+/* Objects of key k and the largest value of field f. */
+static uint64_t field_objs_max(const struct codec_field *f)
+{
+	switch ((enum codec_field_kind)f->kind) {
+	case F_UINT:
+	case F_STR:
+		return 2;
+	case F_GEO:
+		return 2 + CODEC_GEO_N;
+	case F_ITEMS:
+		return 2 + (uint64_t)IPC_MAX_SYNC_ITEMS * (1 + CODEC_ITEM_N);
+	case F_ROWS:
+		return 2 + (uint64_t)IPC_MAX_ROWS * (1 + 2 * IPC_MAX_COLS);
+	case F_NONEMPTY:
+		break;
+	}
+	return 0;
+}
+
+/* Whether a request of op may carry "t" and "k". */
+static bool op_has_creds(enum ipc_op op)
+{
+	return codec_op_needs_creds(op) || codec_op_is_admin(op);
+}
+
+size_t codec_req_len_max(enum ipc_op op)
+{
+	if (!codec_op_valid(op))
+		return 0;
+	/* the map, "v", "op" and its name, "t" and "k" */
+	size_t n = WIDE_HDR + (WIDE_HDR + 1 + WIDE_UINT) +
+	           (WIDE_HDR + 2 + WIDE_HDR + strlen(codec_op_names[op]));
+	if (op_has_creds(op))
+		n += 2 * (WIDE_HDR + 1 + WIDE_UINT);
+	for (const struct codec_field *f = codec_req_fields[op]; f && f->key;
+	     f++)
+		n += field_len_max(f);
+	return n;
+}
+
+uint64_t codec_req_objs_max(void)
+{
+	uint64_t most = 0;
+	for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++) {
+		/* the map, "v", "op", "t", "k" (keys and values) */
+		uint64_t n = 1 + 2 * 2 + (op_has_creds(op) ? 2 * 2 : 0);
+		for (const struct codec_field *f = codec_req_fields[op];
+		     f && f->key; f++)
+			n += field_objs_max(f);
+		most = n > most ? n : most;
+	}
+	return most;
+}
+
+uint64_t codec_rep_objs_max(void)
+{
+	uint64_t most = 0;
+	for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++) {
+		/* the map, "v", "e" and, in an error reply instead of the
+		 * body, "m" */
+		uint64_t n = 1 + 2 * 2, body = 0;
+		for (const struct codec_field *f = codec_rep_fields[op];
+		     f && f->key; f++)
+			body += field_objs_max(f);
+		n += body > 2 ? body : 2;
+		most = n > most ? n : most;
+	}
+	return most;
 }

@@ -7,9 +7,9 @@
  * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
  * reason; it never returns a half-filled message as success.
  *
- * Wire format (protocol version 3: syncs and opens are numbered, seq_query
- * names the sync in doubt and seq_open the opens in doubt,
- * docs/protocol.md; version 2 added tenant-carrying
+ * Wire format (protocol version 4: syncs, opens and queries are numbered
+ * from one counter, seq_query names the sync in doubt and seq_open the
+ * opens in doubt, docs/protocol.md; version 3 left queries unnumbered; version 2 added tenant-carrying
  * sequence ids, ipc/seqid.h, and seq_query; peers of other versions are
  * refused with KVT_EVERSION at their first request).  Every message is one msgpack map with
  * short string keys:
@@ -31,10 +31,12 @@
  *           seq_open:  "n" uint (the client's number for this open),
  *                      "undo" uint (its first open since the last verdict
  *                      that ended without one, 0 when none: the daemon
- *                      closes what those opened)
+ *                      closes what those opened), optional "from"
+ *                      uint (a sequence to copy: kvt_seq_fork)
  *           seq_close: "seq" uint
- *           seq_query: "seq" uint, "after" uint (the number of the
- *                      sync in doubt, 0 when none)
+ *           seq_query: "seq" uint, "n" uint (the client's number for
+ *                      this query), "after" uint (the number of the
+ *                      sync in doubt, below "n"; 0 when none)
  *           sync:      "n" uint (the client's number for this sync),
  *                      "items": array of [seq, counter, n_new, phase,
  *                      layer_lo, layer_hi] or [..., layer_hi, headroom]
@@ -76,8 +78,10 @@
  *                      "draining"}), config_set one row for the key now in
  *                      force ({"key","value","mutable"}).
  *
- * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), strings
- * longer than their field (KVT_NAME_MAX, KVT_SPEC_MAX ...) are refused.
+ * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), and so
+ * are messages of more msgpack objects than the largest valid one holds
+ * (codec_req_objs_max), before they are unpacked; strings longer than
+ * their field (KVT_NAME_MAX, KVT_SPEC_MAX ...) are refused.
  */
 #ifndef KVT_CODEC_H
 #define KVT_CODEC_H
@@ -87,7 +91,7 @@
 
 #include "kvtrim.h"
 
-#define IPC_PROTO_VERSION 3u
+#define IPC_PROTO_VERSION 4u
 #define IPC_MAX_MSG (1u << 20)
 #define IPC_MAX_SYNC_ITEMS 4096u
 #define IPC_MAX_ROWS 4096u
@@ -170,11 +174,15 @@ struct ipc_req {
 			uint64_t undo; /* the first of its opens since the last
 			                  verdict that ended without one, 0 when
 			                  none (tenant_seq_reconcile) */
+			uint64_t from; /* open a copy of this sequence
+			                  (kvt_seq_fork); 0: an empty one */
 		} open; /* seq_open */
 		struct {
 			uint64_t seq;
+			uint64_t no;    /* the client's number for this query
+			                   (the same counter as syncs') */
 			uint64_t after; /* the number of the client's sync of seq
-			                   left in doubt, 0 when none */
+			                   left in doubt, below no; 0 when none */
 		} query; /* seq_query */
 		struct {
 			uint64_t no; /* the client's number for this sync:
@@ -264,6 +272,19 @@ int codec_rep_decode(enum ipc_op op, const uint8_t *buf, size_t len,
                      struct ipc_rep *rep, char *err, size_t errlen);
 void codec_req_free(struct ipc_req *req);
 void codec_rep_free(struct ipc_rep *rep);
+
+/*
+ * The largest valid requests, from the message tables (msgpack's widest
+ * encodings, every string and array at its limit): codec_req_len_max is
+ * the most bytes a request of op can take (0 for an invalid op), and
+ * codec_req_objs_max the most msgpack objects any request holds (a sync
+ * of IPC_MAX_SYNC_ITEMS items).  No request beyond them can decode:
+ * codec_req_decode refuses one with more objects (KVT_ETOOBIG) after a
+ * walk of at most that many, before msgpack-c unpacks anything, and the
+ * daemon refuses longer requests where it knows their op's set.
+ */
+size_t codec_req_len_max(enum ipc_op op);
+uint64_t codec_req_objs_max(void);
 
 /*
  * Reads the request's "v" and "op" only, for error replies to a message that

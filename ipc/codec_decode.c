@@ -9,8 +9,13 @@
  *      and checks that every container's element count fits in the bytes
  *      left.  That last check matters: msgpack-c allocates an array's or
  *      map's element storage up front from the header count, so five bytes
- *      "dd ff ff ff ff" would otherwise ask for ~100 GB.  After the scan
- *      msgpack-c allocates at most a small multiple of the message size.
+ *      "dd ff ff ff ff" would otherwise ask for ~100 GB.  It also stops
+ *      at the most objects a valid message holds (codec_req_objs_max,
+ *      codec_rep_objs_max): a megabyte of nils is a million objects,
+ *      which msgpack-c would take tens of milliseconds and tens of
+ *      megabytes to build, only for the tree to be refused; the walk
+ *      refuses it after at most that many steps instead.  After the scan
+ *      msgpack-c allocates at most a small multiple of that count.
  *   2. msgpack_unpack_next() builds the object tree (strings point into the
  *      caller's buffer, which outlives the tree).
  *   3. The tree is checked key by key: "v" first, then key types and
@@ -29,10 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Most keys in a top-level map (hello, the largest, has 14); bounds the
- * quadratic duplicate check and fits the "used" bit mask. */
-#define TOP_KEYS_MAX 32
 
 struct dec {
 	const msgpack_object_kv *kv; /* top-level map entries */
@@ -203,10 +204,11 @@ static int no_unknown_keys(struct dec *d, const char *opname)
  * without duplicates.  On success up holds the tree and d its entries.
  */
 static int open_msg(struct dec *d, msgpack_unpacked *up, const uint8_t *buf,
-                    size_t len)
+                    size_t len, uint64_t objs_max)
 {
 	const char *why = NULL;
 	size_t end = 0, off = 0;
+	uint64_t left = objs_max;
 	char tmp[48];
 
 	if (!buf || !len)
@@ -215,7 +217,13 @@ static int open_msg(struct dec *d, msgpack_unpacked *up, const uint8_t *buf,
 		return fail(d, KVT_ETOOBIG,
 		            "message of %zu bytes exceeds the limit of %u", len,
 		            IPC_MAX_MSG);
-	if (codec_scan_obj(buf, len, &end, 0, &why))
+	int sc = codec_scan_obj(buf, len, &end, 0, &left, &why);
+	if (sc == SCAN_TOO_MANY)
+		return fail(d, KVT_ETOOBIG, "message of more than %" PRIu64
+		            " msgpack objects, more than any valid one holds: "
+		            "refused before unpacking (byte %zu)", objs_max,
+		            end);
+	if (sc)
 		return fail(d, KVT_EPROTO, "malformed msgpack: %s (byte %zu)",
 		            why, end);
 	switch (msgpack_unpack_next(up, (const char *)buf, end, &off)) {
@@ -334,14 +342,18 @@ static int dec_items(struct dec *d, const msgpack_object *o,
 			            CODEC_ITEM_MIN, CODEC_ITEM_N);
 		for (size_t k = 0; k < nf; k++) {
 			const struct codec_field *f = &codec_item_fields[k];
-			uint64_t x = 0;
-			snprintf(what, sizeof(what), "sync item %" PRIu32 ": %s",
-			         i, f->key);
-			int rc = as_uint(d, &it->via.array.ptr[k], f->max, &x,
-			                 what);
-			if (rc)
-				return rc;
-			codec_field_put(f, &v, x);
+			const msgpack_object *x = &it->via.array.ptr[k];
+			/* The reason is written only for a field refused:
+			 * formatting one for each of a large sync's 28,672
+			 * fields would take most of its decode. */
+			if (x->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+			    x->via.u64 > f->max) {
+				uint64_t u;
+				snprintf(what, sizeof(what), "sync item %"
+				         PRIu32 ": %s", i, f->key);
+				return as_uint(d, x, f->max, &u, what);
+			}
+			codec_field_put(f, &v, x->via.u64);
 		}
 		if (v.phase > KVT_PHASE_DECODE)
 			return fail(d, KVT_EPROTO,
@@ -443,7 +455,7 @@ int codec_req_decode(const uint8_t *buf, size_t len, struct ipc_req *req,
 		return fail(&d, KVT_EINVAL, "no request to decode into");
 	memset(req, 0, sizeof(*req));
 	msgpack_unpacked_init(&up);
-	rc = open_msg(&d, &up, buf, len);
+	rc = open_msg(&d, &up, buf, len, codec_req_objs_max());
 	if (!rc)
 		rc = dec_req_body(&d, req);
 	msgpack_unpacked_destroy(&up);
@@ -589,7 +601,7 @@ int codec_rep_decode(enum ipc_op op, const uint8_t *buf, size_t len,
 	if (!codec_op_valid(op))
 		return fail(&d, KVT_EINVAL, "reply to unknown op %d", (int)op);
 	msgpack_unpacked_init(&up);
-	rc = open_msg(&d, &up, buf, len);
+	rc = open_msg(&d, &up, buf, len, codec_rep_objs_max());
 	if (!rc)
 		rc = dec_rep_body(&d, op, rep);
 	msgpack_unpacked_destroy(&up);

@@ -26,6 +26,11 @@ bool codec_op_needs_creds(enum ipc_op op);
 /* The op named s[0, n); IPC_OP_NONE when none is. */
 enum ipc_op codec_op_lookup(const char *s, size_t n);
 
+/* Most keys in a top-level map (hello, the largest, has 14); bounds the
+ * decoder's quadratic duplicate check, fits its "used" bit mask, and
+ * bounds the entries codec_peek_op looks at. */
+#define TOP_KEYS_MAX 32
+
 /* ---- message tables (codec.c) */
 
 /*
@@ -70,6 +75,10 @@ extern const struct codec_field codec_geo_fields[CODEC_GEO_N];
 #define CODEC_ITEM_MIN 6
 extern const struct codec_field codec_item_fields[CODEC_ITEM_N];
 
+/* The most msgpack objects a valid reply holds (any op): codec_req_objs_max's
+ * counterpart, for codec_rep_decode. */
+uint64_t codec_rep_objs_max(void);
+
 /* The F_UINT field f of the struct at base. */
 uint64_t codec_field_get(const struct codec_field *f, const void *base);
 void codec_field_put(const struct codec_field *f, void *base, uint64_t v);
@@ -79,13 +88,21 @@ void codec_field_put(const struct codec_field *f, void *base, uint64_t v);
 /* Deepest container nesting accepted by the scan (the protocol needs 3). */
 #define SCAN_DEPTH 8
 
+/* codec_scan_obj's result when the object holds more than *left objects. */
+#define SCAN_TOO_MANY (-2)
+
 /*
- * Steps *pos over one msgpack object of b[0, len).  Returns 0, or -1 with a
- * static reason in *why.  Work is linear in the bytes walked: every element
- * of a container consumes at least one byte, and counts beyond the bytes
- * left are refused before recursing.
+ * Steps *pos over one msgpack object of b[0, len), counting each object it
+ * meets (containers and their elements, at every depth) off *left.
+ * Returns 0; -1 with a static reason in *why when the bytes are not one
+ * well-formed object within SCAN_DEPTH; SCAN_TOO_MANY (and a reason) when
+ * it holds more than *left objects: a container whose count is above
+ * *left is refused at its header.  Work is linear in the objects walked,
+ * so at most the *left given: every element of a container consumes at
+ * least one byte, and counts beyond the bytes left are refused before
+ * recursing.
  */
 int codec_scan_obj(const uint8_t *b, size_t len, size_t *pos, int depth,
-                   const char **why);
+                   uint64_t *left, const char **why);
 
 #endif

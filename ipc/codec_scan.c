@@ -18,12 +18,17 @@ static uint64_t be_read(const uint8_t *p, size_t w)
 
 /* See codec_int.h. */
 int codec_scan_obj(const uint8_t *b, size_t len, size_t *pos, int depth,
-                   const char **why)
+                   uint64_t *left, const char **why)
 {
 	if (*pos >= len) {
 		*why = "truncated message";
 		return -1;
 	}
+	if (!*left) {
+		*why = "more objects than any message holds";
+		return SCAN_TOO_MANY;
+	}
+	--*left;
 	uint8_t c = b[(*pos)++];
 	uint64_t skip = 0, count = 0;
 	size_t w = 0;      /* width of a big-endian length field */
@@ -99,9 +104,16 @@ int codec_scan_obj(const uint8_t *b, size_t len, size_t *pos, int depth,
 		*why = "truncated message (container count beyond its bytes)";
 		return -1;
 	}
-	for (uint64_t i = 0; i < count; i++)
-		if (codec_scan_obj(b, len, pos, depth + 1, why))
-			return -1;
+	if (count > *left) {
+		/* Refused at the header, before walking a single element. */
+		*why = "more objects than any message holds";
+		return SCAN_TOO_MANY;
+	}
+	for (uint64_t i = 0; i < count; i++) {
+		int rc = codec_scan_obj(b, len, pos, depth + 1, left, why);
+		if (rc)
+			return rc;
+	}
 	return 0;
 }
 
@@ -137,13 +149,16 @@ static int peek_str(const uint8_t *b, size_t len, size_t *pos,
 /*
  * Lenient: only needs a top-level map whose entries up to "op" are readable;
  * ignores the version, other keys, later damage and trailing bytes.  Never
- * allocates, so it is as safe on garbage as the scan.
+ * allocates, so it is as safe on garbage as the scan.  Looks at no more
+ * than TOP_KEYS_MAX entries and walks no more objects than a request may
+ * hold (codec_req_objs_max): a message refused for its size costs no
+ * second walk of it.
  */
 enum ipc_op codec_peek_op(const uint8_t *buf, size_t len)
 {
 	const char *why, *s;
 	size_t pos = 0, n;
-	uint64_t count;
+	uint64_t count, left = codec_req_objs_max();
 
 	if (!buf || !len)
 		return IPC_OP_NONE;
@@ -159,19 +174,19 @@ enum ipc_op codec_peek_op(const uint8_t *buf, size_t len)
 	} else {
 		return IPC_OP_NONE;
 	}
-	for (uint64_t i = 0; i < count; i++) {
+	for (uint64_t i = 0; i < count && i < TOP_KEYS_MAX; i++) {
 		int k = peek_str(buf, len, &pos, &s, &n);
 		if (k < 0)
 			return IPC_OP_NONE;
 		bool is_op = k == 1 && n == 2 && !memcmp(s, "op", 2);
-		if (k == 0 && codec_scan_obj(buf, len, &pos, 1, &why))
+		if (k == 0 && codec_scan_obj(buf, len, &pos, 1, &left, &why))
 			return IPC_OP_NONE;
 		if (is_op) {
 			if (peek_str(buf, len, &pos, &s, &n) != 1)
 				return IPC_OP_NONE;
 			return codec_op_lookup(s, n);
 		}
-		if (codec_scan_obj(buf, len, &pos, 1, &why))
+		if (codec_scan_obj(buf, len, &pos, 1, &left, &why))
 			return IPC_OP_NONE;
 	}
 	return IPC_OP_NONE;

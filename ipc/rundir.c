@@ -6,8 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "kvtrim.h"
@@ -119,4 +124,77 @@ void rundir_unlock(const char *dir, int fd)
 	if (!lock_path(dir, path, sizeof(path)) && same_file(fd, path))
 		unlink(path);
 	close(fd);
+}
+
+int rundir_lock_held(const char *dir, int fd)
+{
+	char path[4096];
+	return fd >= 0 && !lock_path(dir, path, sizeof(path)) &&
+	       same_file(fd, path);
+}
+
+/* The claim's abstract address for dir: sun_path[0] = 0, then the name
+ * (not NUL-terminated: the length says where it ends). */
+static socklen_t claim_addr(const char *dir, struct sockaddr_un *sa)
+{
+	char canon[PATH_MAX];
+	const char *p = realpath(dir, canon) ? canon : dir;
+	char name[sizeof(sa->sun_path)];
+	int n = snprintf(name, sizeof(name), "kvtrimd-rundir:%s", p);
+	if (n < 0 || (size_t)n >= sizeof(name) - 1) {
+		/* FNV-1a: only collisions matter here, and a collision merely
+		 * refuses a second daemon, saying who holds the claim. */
+		uint64_t h = 1469598103934665603ull;
+		for (const char *c = p; *c; c++)
+			h = (h ^ (unsigned char)*c) * 1099511628211ull;
+		n = snprintf(name, sizeof(name), "kvtrimd-rundir#%016llx",
+		             (unsigned long long)h);
+	}
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path + 1, name, (size_t)n);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+/* The pid listening on the claim address (SO_PEERCRED of a connection
+ * to it, which the holder never accepts); 0 when it cannot be read. */
+static long claim_holder(const struct sockaddr_un *sa, socklen_t len)
+{
+	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (c < 0)
+		return 0;
+	struct ucred cr = {0};
+	socklen_t cl = sizeof(cr);
+	long pid = 0;
+	if (connect(c, (const struct sockaddr *)sa, len) == 0 &&
+	    getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+		pid = cr.pid;
+	close(c);
+	return pid;
+}
+
+int rundir_claim(const char *dir, int *fd, long *holder)
+{
+	struct sockaddr_un sa;
+	socklen_t len = claim_addr(dir, &sa);
+	*fd = -1;
+	*holder = 0;
+	int f = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (f < 0)
+		return KVT_ESYS;
+	/* Listening only so that a contender can learn the holder's pid;
+	 * nothing is ever accepted. */
+	if (bind(f, (const struct sockaddr *)&sa, len) < 0 || listen(f, 1) < 0) {
+		int e = errno;
+		close(f);
+		if (e == EADDRINUSE) {
+			*holder = claim_holder(&sa, len);
+			errno = e;
+			return KVT_EBUSY;
+		}
+		errno = e;
+		return KVT_ESYS;
+	}
+	*fd = f;
+	return 0;
 }

@@ -30,4 +30,23 @@ int rundir_lock(const char *dir, int *fd, long *holder);
  * holder calls it, at exit, after removing its sockets.  fd < 0: no-op. */
 void rundir_unlock(const char *dir, int fd);
 
+/* 1 while dir/kvtrimd.lock still names the file fd locked (rundir_lock);
+ * 0 once it was removed or replaced, or the dir with it. */
+int rundir_lock_held(const char *dir, int fd);
+
+/*
+ * The claim on a runtime dir that removing the dir cannot undo: a
+ * listening abstract Unix socket named after the dir's canonical path
+ * ("kvtrimd-rundir:PATH", or a hash of PATH where it does not fit), which
+ * the kernel keeps as long as *fd is open, whatever happens to the files.
+ * A second daemon on a dir that was removed and made again under the first
+ * is refused here, where the lock file (a new one in the new dir) would
+ * let it in.  It holds within one network namespace (abstract names live
+ * there); the lock file covers the rest.  Returns 0 and *fd, or KVT_EBUSY
+ * when another process holds it (*holder = its pid, from the kernel, 0
+ * when it cannot be read), or KVT_ESYS (errno).  Call it before
+ * rundir_lock, after the dir exists.
+ */
+int rundir_claim(const char *dir, int *fd, long *holder);
+
 #endif

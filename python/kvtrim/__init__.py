@@ -411,6 +411,12 @@ class Seq:
     def close(self):
         self.client._c.seq_close(self.id)
 
+    def fork(self):
+        """A new sequence holding a copy of this one as its last sync left
+        it (kvt_seq_fork): the same entries, positions and policy state;
+        then the two go on apart.  A context manager that closes it."""
+        return Seq(self.client, self.client._c.seq_fork(self.id))
+
     def query(self):
         return self.client._c.seq_query(self.id)
 

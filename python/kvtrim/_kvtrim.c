@@ -283,6 +283,20 @@ static PyObject *client_seq_open(Client *self, PyObject *unused)
 	return rc ? fail(self, rc) : PyLong_FromUnsignedLongLong(s);
 }
 
+static PyObject *client_seq_fork(Client *self, PyObject *args)
+{
+	unsigned long long from;
+	kvt_seq s = 0;
+	kvt_client *c = live(self);
+	int rc;
+	if (!c || !PyArg_ParseTuple(args, "K", &from))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = kvt_seq_fork(c, from, &s);
+	Py_END_ALLOW_THREADS
+	return rc ? fail(self, rc) : PyLong_FromUnsignedLongLong(s);
+}
+
 static PyObject *client_seq_close(Client *self, PyObject *args)
 {
 	unsigned long long s;
@@ -711,6 +725,7 @@ static PyMethodDef client_methods[] = {
 	{"policy_inputs", (PyCFunction)client_policy_inputs, METH_NOARGS, NULL},
 	{"memory_kind", (PyCFunction)client_memory_kind, METH_NOARGS, NULL},
 	{"seq_open", (PyCFunction)client_seq_open, METH_NOARGS, NULL},
+	{"seq_fork", (PyCFunction)client_seq_fork, METH_VARARGS, NULL},
 	{"seq_close", (PyCFunction)client_seq_close, METH_VARARGS, NULL},
 	{"seq_query", (PyCFunction)client_seq_query, METH_VARARGS, NULL},
 	{"seq_headroom", (PyCFunction)client_seq_headroom, METH_VARARGS, NULL},

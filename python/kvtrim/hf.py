@@ -76,14 +76,15 @@ class KVTrimCache(Cache):
     rope_layout: how the model lays out a head's rotated dimensions,
     "rotate_half" (transformers' models: K and q are stored and staged
     permuted into llama.cpp's adjacent pairs, kvtrim's layout, which
-    policies that undo RoPE assume) or "pairs" (as they are).  The other
+    policies that undo RoPE assume) or "pairs" (as they are).  forks: how
+    many copies of the batch fork() may hold open at once.  The other
     arguments go to kvtrim.Client.  close() (or leaving a `with` block)
     ends the tenant; its pages return to the pool."""
 
     def __init__(self, model, *, policy="full", runtime_dir=None,
                  tenant=None, batch_size=1, max_tokens=4096, chunk=512,
                  page_tokens=16, stage_tokens=None, quota_bytes=0,
-                 timeout_ms=60000, rope_layout="rotate_half"):
+                 timeout_ms=60000, rope_layout="rotate_half", forks=0):
         super().__init__(layers=[])
         cfg = model.config
         self.n_layers = cfg.num_hidden_layers
@@ -99,7 +100,8 @@ class KVTrimCache(Cache):
             runtime_dir=runtime_dir, tenant=tenant, n_layers=self.n_layers,
             n_heads=H, n_kv_heads=KV, head_dim=hd, d_model=cfg.hidden_size,
             dtype=_TORCH_DTYPE[model.dtype], page_tokens=page_tokens,
-            max_seqs=batch_size, max_tokens=max_tokens, headroom=self.chunk,
+            max_seqs=batch_size * (1 + int(forks)), max_tokens=max_tokens,
+            headroom=self.chunk,
             stage_tokens=(stage_tokens if stage_tokens is not None
                           else self.chunk + 128),
             policy=policy, quota_bytes=quota_bytes, timeout_ms=timeout_ms)
@@ -122,6 +124,7 @@ class KVTrimCache(Cache):
         self._x = [None] * self.n_layers
         self._new = [None] * batch_size  # this forward's appended per row
         self._hooks = []
+        self._base = None               # the cache fork() copied
         if "x" in self.inputs:
             for i, layer in enumerate(_decoder_layers(model)):
                 self._hooks.append(layer.self_attn.register_forward_pre_hook(
@@ -191,7 +194,40 @@ class KVTrimCache(Cache):
         list (lists may differ under per-head policies)."""
         return [s.list(0, 0)[0] for s in self.seqs]
 
+    def fork(self):
+        """A cache holding a copy of every row as the last forward left it
+        (kvt_seq_fork: the same entries, positions and policy state), in
+        the same tenant: kvpress's question-about-a-context pipeline
+        prefills and compresses the context once, then answers each
+        question on a fork and closes it.  The copy's pages count against
+        the tenant (make room with forks=N); close() frees only them."""
+        new = object.__new__(KVTrimCache)
+        Cache.__init__(new, layers=[])
+        for k in ("n_layers", "dtype", "chunk", "client", "inputs", "perm",
+                  "_x", "columns"):
+            setattr(new, k, getattr(self, k))
+        new.seqs = []
+        try:
+            for s in self.seqs:
+                new.seqs.append(s.fork())
+        except kvtrim.Error:
+            for s in new.seqs:
+                s.close()
+            raise
+        new.seen = list(self.seen)
+        new.room = [self.chunk] * len(self.seqs)  # the registration's
+        new._new = [None] * len(self.seqs)
+        new._hooks = []  # the x hooks are the base's; _x is shared
+        new._base = self
+        return new
+
     def close(self):
+        if self._base is not None:
+            if not self.client.closed:
+                for s in self.seqs:
+                    s.close()
+            self.seqs = []
+            return
         for h in self._hooks:
             h.remove()
         self._hooks = []

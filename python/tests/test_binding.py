@@ -80,6 +80,19 @@ def test_streaming_keeps_sinks_and_recent_and_stats(daemon):
         q = s.query()
         assert q["seen_min"] == q["seen_max"] == 20
         assert q["len_min"] == q["len_max"] == 8
+        # a fork holds the same entries; then each goes its own way
+        with s.fork() as f:
+            assert kept_values(c, f, 1, 1) == kept_values(c, s, 1, 1)
+            assert f.query()["syncs"] == 0
+            fill(f, c, 4, 20)
+            f.sync(4)
+            assert kept_values(c, f, 0, 0) == [0, 1] + list(range(18, 24))
+            assert kept_values(c, s, 0, 0) == [0, 1] + list(range(14, 20))
+        assert c.stats()["entries_kept"] == 8 * 2 * 2
+        s2 = c.open_seq()
+        s2.close()
+        with pytest.raises(kvtrim.ENOSEQ):
+            s2.fork()
 
 
 def test_numpy_views_alias_the_pages(daemon):

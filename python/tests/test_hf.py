@@ -218,39 +218,56 @@ def test_tokenizer_ids_equal_the_c_engines(model):
     assert tok("x")["input_ids"][0] != 1
 
 
-def test_context_first_then_the_question(model, daemon):
+def test_context_first_then_several_questions(model, daemon):
     # kvpress's pipeline: the context is prefilled (and compressed) alone,
-    # the question comes after it as one more chunk (the headroom grows on
-    # demand: kvt_seq_reserve), then the answer is generated
+    # once; each question comes after it on a fork of the compressed
+    # context (kvt_seq_fork) as one more chunk (the headroom grows on
+    # demand: kvt_seq_reserve), its answer is generated, and the fork is
+    # closed.  Asking the first question again after the second gives the
+    # same tokens: the forks leave the context as it was.
     tok = kvtrim.hf.load_tokenizer(os.path.join(CACHE, GGUF))
     doc = open("examples/demo-document.txt").read()
-    full = tok.apply_chat_template(
-        [{"role": "user", "content": doc + "\n\n" + QUESTION}],
-        add_generation_prompt=True, tokenize=False)
-    cut = full.index("\n\n" + QUESTION)
-    # context and question tokenized apart, as kvpress's pipeline does
-    ctx = tok(full[:cut], return_tensors="pt")["input_ids"]
-    ids = torch.cat([ctx, tok(full[cut:], return_tensors="pt")["input_ids"]],
-                    dim=1)
+
+    def prompt(question):
+        full = tok.apply_chat_template(
+            [{"role": "user", "content": doc + "\n\n" + question}],
+            add_generation_prompt=True, tokenize=False)
+        cut = full.index("\n\n" + question)
+        # context and question tokenized apart, as kvpress's pipeline does
+        return (tok(full[:cut], return_tensors="pt")["input_ids"],
+                tok(full[cut:], return_tensors="pt")["input_ids"])
+
+    q2 = "What is the name of the daemon that owns the pool of KV-cache memory?"
+    ctx, _ = prompt(QUESTION)
     spec = (f"kvzap:model=weights/smollm2/kvzap-mlp,threshold={tau(0.75)},"
             "window=32,sinks=4")
     model.set_attn_implementation("kvtrim")
+    answers = []
     with kvtrim.hf.KVTrimCache(model, policy=spec, chunk=ctx.shape[1],
-                               max_tokens=ids.shape[1] + 64,
+                               max_tokens=ctx.shape[1] + 128, forks=1,
                                runtime_dir=daemon.runtime_dir) as c, \
             torch.no_grad():
         model(input_ids=ctx, past_key_values=c)
         kept_after_context = c.stats()["entries_kept"]
         assert c.get_seq_length() == ctx.shape[1]
-        out = model.generate(input_ids=ids, past_key_values=c,
-                             attention_mask=torch.ones_like(ids),
-                             max_new_tokens=24, do_sample=False)
-        answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        st = c.stats()
-    print(f"context then question: {answer!r}, kept {st['entries_kept']} "
-          f"of {st['entries_appended']}")
+        for q in (QUESTION, q2, QUESTION):
+            c2, qi = prompt(q)
+            assert torch.equal(c2, ctx)
+            ids = torch.cat([ctx, qi], dim=1)
+            with c.fork() as f:
+                out = model.generate(input_ids=ids, past_key_values=f,
+                                     attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=24, do_sample=False)
+            answers.append(tok.decode(out[0, ids.shape[1]:],
+                                      skip_special_tokens=True))
+            # the fork's pages are back; the context is as it was
+            assert c.stats()["entries_kept"] == kept_after_context
+    print(f"context then questions: {answers!r}, kept {kept_after_context} "
+          f"of the context's {ctx.shape[1] * 30 * 3} entries")
     assert kept_after_context < 0.3 * ctx.shape[1] * 30 * 3
-    assert "Marigold" in answer
+    assert "Marigold" in answers[0]
+    assert answers[2] == answers[0]
+    assert "kvtrimd" in answers[1]
 
 
 def _bin(name):

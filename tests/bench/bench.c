@@ -51,7 +51,9 @@
  * Hostile clients (hostile.c): a healthy verifying engine's sync p50/p99
  * alone and beside each adversary (a never-reading control peer, 5000 idle
  * connections, a handle-channel flood, the largest tenant the defaults
- * admit, 32 slow HTTP clients), a fresh kvtrimd per phase:
+ * admit, 32 slow HTTP clients, one uid holding 300 connections without a
+ * tenant while the engine connects again and again), a fresh kvtrimd per
+ * phase:
  *   hostile_sync_p50_us_<phase>, hostile_sync_p99_us_<phase>,
  *   hostile_errors_<phase>, hostile_p99_ratio_<adversary> (goal <= 2)
  * SmolLM2-135M-Instruct (smollm2.c, skipped when `make models` has not

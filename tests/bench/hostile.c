@@ -456,7 +456,48 @@ struct hwin {
 	double p50_us, p99_us;
 	double m_p99_ms;    /* /metrics, where fetched */
 	int m_errors;
+	/* What the window cost: the daemon's CPU time and the busy time of
+	 * the whole machine (every CPU, every process), in percent of one
+	 * CPU over the window's wall time; NAN where /proc cannot say. */
+	double daemon_cpu_pct, busy_pct;
 };
+
+/* CPU time of process pid (user + system), in clock ticks; -1: unknown. */
+static long long proc_ticks(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* After the command's closing parenthesis: state is field 3,
+	 * utime 14, stime 15. */
+	const char *p = strrchr(buf, ')');
+	unsigned long long ut, st;
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+	                 "%llu %llu", &ut, &st) != 2)
+		return -1;
+	return (long long)(ut + st);
+}
+
+/* Busy ticks of the whole machine (all CPUs: everything but idle and
+ * iowait); -1: unknown. */
+static long long machine_busy_ticks(void)
+{
+	FILE *f = fopen("/proc/stat", "r");
+	if (!f)
+		return -1;
+	unsigned long long v[8] = {0};
+	int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0],
+	               &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+	fclose(f);
+	if (n != 8)
+		return -1;
+	return (long long)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+}
 
 /*
  * A phase: the engine alone on a fresh daemon (before), then beside the
@@ -516,13 +557,15 @@ static void win_stats(struct hwin *w)
 }
 
 /* The paced, timed, verified syncs of one window (what: for messages),
- * with /metrics fetched in a thread beside them when adv->metrics is set;
- * the engine registers anew every adv->reopen_every syncs (the
- * registration and open are not timed, a failed one is an error). */
+ * with /metrics fetched in a thread beside them when metrics is set, and
+ * a disconnect and a connect again (not timed; a failure is an error)
+ * every reconnect syncs when that is not 0. */
 static void measure(struct hwin *w, const char *what, struct heng *e,
-                    const char *dir, const struct hostile_adv *adv)
+                    const char *dir, int metrics, int reconnect,
+                    pid_t daemon)
 {
-	int metrics = adv->metrics;
+	const long long d0 = proc_ticks(daemon), b0 = machine_busy_ticks();
+	const double w0 = hostile_now_ms();
 	int count = hs.quick ? 400 : 2000;
 	double deadline = hostile_now_ms() + (hs.quick ? 3000 : 10000);
 	double next = bench_now_us(), cap = H_TIMEOUT_MS * 1e3;
@@ -537,8 +580,7 @@ static void measure(struct hwin *w, const char *what, struct heng *e,
 			hostile_sleep_ms(wait / 1e3);
 		next = bench_now_us() + H_PACE_US;
 		double us = 0;
-		if (e->c && adv->reopen_every && w->n &&
-		    w->n % adv->reopen_every == 0)
+		if (reconnect && w->n && w->n % reconnect == 0)
 			heng_close(e);
 		int rc = e->c ? 0 : heng_open(e, dir);
 		if (!rc)
@@ -556,6 +598,13 @@ static void measure(struct hwin *w, const char *what, struct heng *e,
 		w->t[w->n] = us < cap ? us : cap;
 	}
 	win_stats(w);
+	const long long d1 = proc_ticks(daemon), b1 = machine_busy_ticks();
+	const double wall_s = (hostile_now_ms() - w0) / 1e3,
+	             tick = (double)sysconf(_SC_CLK_TCK);
+	w->daemon_cpu_pct = d0 >= 0 && d1 >= 0 && wall_s > 0
+	                    ? 100.0 * (double)(d1 - d0) / tick / wall_s : NAN;
+	w->busy_pct = b0 >= 0 && b1 >= 0 && wall_s > 0
+	              ? 100.0 * (double)(b1 - b0) / tick / wall_s : NAN;
 	w->m_p99_ms = NAN;
 	if (fetch) {
 		__atomic_store_n(&m.stop, 1, __ATOMIC_RELEASE);
@@ -576,11 +625,16 @@ static void phase_run(struct hphase *ph, const char *tmp_dir)
 	double t0 = hostile_now_ms(), us;
 	char what[64];
 	ph->before.p50_us = ph->before.p99_us = ph->before.m_p99_ms = NAN;
+	ph->before.daemon_cpu_pct = ph->before.busy_pct = NAN;
 	ph->beside = ph->before;
 	snprintf(hostile_tmp, sizeof(hostile_tmp), "%s/h-%s", tmp_dir,
 	         adv->name);
 	mkdir(hostile_tmp, 0700);
-	th_daemon_spawn(&d, H_POOL, NULL);
+	if (adv->other_uid) {
+		chmod(tmp_dir, 0750);
+		chmod(hostile_tmp, 0750);
+	}
+	th_daemon_spawn(&d, H_POOL, adv->daemon_args);
 	if (!daemon_up(&d)) {
 		fprintf(stderr, "kvtrim-bench: hostile %s: kvtrimd did not "
 		        "start (%s)\n", adv->name, d.log);
@@ -597,12 +651,14 @@ static void phase_run(struct hphase *ph, const char *tmp_dir)
 	}
 	ph->ran = 1;
 	snprintf(what, sizeof(what), "%s (alone)", adv->name);
-	measure(&ph->before, what, &e, d.dir, adv);
+	measure(&ph->before, what, &e, d.dir, adv->metrics,
+	        adv->reconnect_every, d.pid);
 	if (adv_spawn(&a, hs.self, adv->name, d.dir, hs.quick) ||
 	    !adv_wait_ready(&a, hs.quick ? 8000 : 15000))
 		fprintf(stderr, "kvtrim-bench: hostile %s: the adversary was "
 		        "not ready in time\n", adv->name);
-	measure(&ph->beside, adv->name, &e, d.dir, adv);
+	measure(&ph->beside, adv->name, &e, d.dir, adv->metrics,
+	        adv->reconnect_every, d.pid);
 	adv_stop(&a);
 	ph->n_kv = a.n_kv;
 	memcpy(ph->kv, a.kv, sizeof(a.kv));
@@ -691,6 +747,14 @@ void hostile_print(FILE *f)
 		        ph->before.p99_us);
 		fprintf(f, "hostile_p99_ratio_%s %.2f\n", nm,
 		        ph->beside.p99_us / ph->before.p99_us);
+		fprintf(f, "hostile_daemon_cpu_pct_alone_%s %.1f\n", nm,
+		        ph->before.daemon_cpu_pct);
+		fprintf(f, "hostile_daemon_cpu_pct_%s %.1f\n", nm,
+		        ph->beside.daemon_cpu_pct);
+		fprintf(f, "hostile_machine_busy_pct_alone_%s %.1f\n", nm,
+		        ph->before.busy_pct);
+		fprintf(f, "hostile_machine_busy_pct_%s %.1f\n", nm,
+		        ph->beside.busy_pct);
 		for (int k = 0; k < ph->n_kv; k++)
 			fprintf(f, "hostile_%s_%s %.15g\n", ph->kv[k].key, nm,
 			        ph->kv[k].v);

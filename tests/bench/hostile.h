@@ -9,15 +9,20 @@
 
 /* One adversary: its name (the phase's and its figures' suffix), its
  * process body (never returns), whether the healthy engine also fetches
- * /metrics in that phase, and every how many syncs it registers and opens
- * its sequence anew (0: never), in both windows of the phase. */
+ * /metrics in that phase, the phase daemon's extra arguments (NULL:
+ * none), how many syncs the engine runs between a disconnect and a
+ * connect again in each window (0: it stays connected), and whether the
+ * adversary runs as another uid (the scratch directory is then opened to
+ * group root, as the sockets are). */
 struct hostile_adv {
 	const char *name;
 	void (*run)(const struct th_daemon *d, int quick);
 	int metrics;
-	int reopen_every;
+	const char *const *daemon_args;
+	int reconnect_every;
+	int other_uid;
 };
-#define HOSTILE_N_ADV 7
+#define HOSTILE_N_ADV 9
 extern const struct hostile_adv hostile_advs[HOSTILE_N_ADV];
 
 /* The bench's clock in ms, and a sleep of ms (nothing when <= 0). */

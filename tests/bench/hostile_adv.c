@@ -8,12 +8,17 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -462,6 +467,248 @@ static void adv_cpu_hog(const struct th_daemon *d, int quick)
 }
 
 /*
+ * slow_decode: SD_PEERS control connections without a tenant, each
+ * sending, back to back (the next as soon as the reply came), a request
+ * of IPC_MAX_MSG bytes that is nothing but msgpack nils: a million in an
+ * array on the even peers, half a million pairs of them in a map on the
+ * odd ones.  No such request can be useful; the figures count the replies
+ * (requests) and those that were KVT_ETOOBIG (too_big).  A peer whose
+ * connection failed dials again.
+ */
+#define SD_PEERS 4
+
+struct sd_peer {
+	pthread_t th;
+	const struct th_daemon *d;
+	int map;
+	unsigned long long requests, too_big; /* atomic */
+};
+
+/* A body of IPC_MAX_MSG bytes (or one less for the map: pairs) of nils
+ * under one array32 or map32 header. */
+static uint8_t *sd_body(int map, size_t *len)
+{
+	size_t n = map ? (IPC_MAX_MSG - 5) / 2 : IPC_MAX_MSG - 5;
+	*len = 5 + (map ? 2 * n : n);
+	uint8_t *b = malloc(*len);
+	if (!b)
+		return NULL;
+	b[0] = map ? 0xdf : 0xdd;
+	for (int i = 0; i < 4; i++)
+		b[1 + i] = (uint8_t)(n >> (24 - 8 * i));
+	memset(b + 5, 0xc0, *len - 5);
+	return b;
+}
+
+static void *sd_main(void *arg)
+{
+	struct sd_peer *p = arg;
+	size_t len;
+	uint8_t *body = sd_body(p->map, &len);
+	if (!body)
+		return NULL;
+	for (;;) {
+		uint32_t sock = th_raw_conn(p->d);
+		uint8_t *rep;
+		size_t rl;
+		while (!th_raw_call(sock, body, len, &rep, &rl)) {
+			struct ipc_rep r;
+			char why[KVT_ERRTEXT_MAX];
+			int too_big = !codec_rep_decode(IPC_OP_STATS, rep, rl,
+			                                &r, why, sizeof(why)) &&
+			              r.err == KVT_ETOOBIG;
+			codec_rep_free(&r);
+			free(rep);
+			__atomic_add_fetch(&p->requests, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&p->too_big, (unsigned)too_big,
+			                   __ATOMIC_RELAXED);
+		}
+		th_raw_close(sock);
+		hostile_sleep_ms(10);
+	}
+	return NULL;
+}
+
+__attribute__((noreturn))
+static void adv_slow_decode(const struct th_daemon *d, int quick)
+{
+	static struct sd_peer p[SD_PEERS];
+	(void)quick;
+	for (int i = 0; i < SD_PEERS; i++) {
+		p[i] = (struct sd_peer){.d = d, .map = i % 2};
+		if (pthread_create(&p[i].th, NULL, sd_main, &p[i])) {
+			fprintf(stderr, "kvtrim-bench: slow_decode: no "
+			        "thread\n");
+			_exit(1);
+		}
+	}
+	double last = hostile_now_ms();
+	int ready = 0;
+	for (;;) {
+		hostile_sleep_ms(50);
+		unsigned long long req = 0, big = 0;
+		for (int i = 0; i < SD_PEERS; i++) {
+			req += __atomic_load_n(&p[i].requests,
+			                       __ATOMIC_RELAXED);
+			big += __atomic_load_n(&p[i].too_big,
+			                       __ATOMIC_RELAXED);
+		}
+		if (!ready && req >= SD_PEERS) {
+			adv_say("ready requests=%llu too_big=%llu", req, big);
+			ready = 1;
+		} else if (ready && adv_due(&last)) {
+			adv_say("stat requests=%llu too_big=%llu", req, big);
+		}
+	}
+}
+
+/*
+ * uid_300: one uid (nobody, 65534, when the bench runs as root; group
+ * root, which the sockets belong to) with UID_CONNS control connections
+ * without a tenant from UID_PROCS processes (each within
+ * max_pending_per_pid), each connection sending a stats request when it
+ * opens and every UID_STATS_MS after (staggered), reading the replies, so
+ * that the idle close never fires.  One the daemon refuses (the reply
+ * names max_pending_...) or closes is closed and opened again
+ * UID_STATS_MS later.  The phase's daemon makes nobody an admin, so the
+ * healthy engine (root) is a plain uid, and the engine connects again
+ * every UID_RECONNECT syncs of each window.
+ */
+#define UID_CONNS 300
+#define UID_PROCS 5
+#define UID_PER_PROC (UID_CONNS / UID_PROCS)
+#define UID_STATS_MS 3000
+#define UID_TICK_MS 20
+#define UID_RECONNECT 100
+#define UID_NOBODY 65534
+
+struct uid_conn {
+	int fd;          /* -1: closed until next_ms */
+	double next_ms;  /* its next stats request, or its reopening */
+};
+
+/* One process's figures, in memory all of them share (atomic). */
+struct uid_figs {
+	unsigned long long held, refused, closed;
+};
+
+/* Reads what c's replies hold so far: 1 when c is refused or closed. */
+static int uid_drain(struct uid_conn *c, struct uid_figs *f)
+{
+	char buf[8192];
+	for (;;) {
+		ssize_t n = read(c->fd, buf, sizeof(buf));
+		if (n > 0) {
+			if (memmem(buf, (size_t)n, "max_pending", 11)) {
+				__atomic_add_fetch(&f->refused, 1,
+				                   __ATOMIC_RELAXED);
+				return 1;
+			}
+			continue;
+		}
+		return n == 0 || (errno != EAGAIN && errno != EINTR);
+	}
+}
+
+/* One process's connections, forever: reopen, send, read. */
+__attribute__((noreturn))
+static void uid_proc(const struct th_daemon *d, struct uid_figs *f, int k)
+{
+	static struct uid_conn c[UID_PER_PROC];
+	size_t len;
+	uint8_t *req = th_stats_req(&len);
+	double t0 = hostile_now_ms();
+	for (int i = 0; i < UID_PER_PROC; i++)
+		c[i] = (struct uid_conn){-1, t0 + (i * UID_PROCS + k) * 2.0};
+	for (;;) {
+		double now = hostile_now_ms();
+		unsigned long long held = 0;
+		for (int i = 0; i < UID_PER_PROC; i++) {
+			if (c[i].fd < 0 && now >= c[i].next_ms &&
+			    (c[i].fd = th_silent_peer_try(d)) >= 0)
+				c[i].next_ms = now;
+			if (c[i].fd < 0)
+				continue;
+			if (now >= c[i].next_ms) {
+				th_silent_send(c[i].fd, req, len, 1, 5);
+				c[i].next_ms = now + UID_STATS_MS;
+			}
+			if (uid_drain(&c[i], f)) {
+				close(c[i].fd);
+				c[i].fd = -1;
+				c[i].next_ms = now + UID_STATS_MS;
+				__atomic_add_fetch(&f->closed, 1,
+				                   __ATOMIC_RELAXED);
+				continue;
+			}
+			held++;
+		}
+		__atomic_store_n(&f->held, held, __ATOMIC_RELAXED);
+		hostile_sleep_ms(UID_TICK_MS);
+	}
+}
+
+/* Sums the processes' figures (key: held, refused or closed). */
+static unsigned long long uid_sum(const struct uid_figs *f, size_t off)
+{
+	unsigned long long n = 0;
+	for (int k = 0; k < UID_PROCS; k++)
+		n += __atomic_load_n((const unsigned long long *)
+		                     ((const char *)&f[k] + off),
+		                     __ATOMIC_RELAXED);
+	return n;
+}
+
+__attribute__((noreturn))
+static void adv_uid_300(const struct th_daemon *d, int quick)
+{
+	int other = 0;
+	(void)quick;
+	if (geteuid() == 0) {
+		gid_t g0[] = {0};
+		if (setgroups(1, g0) || setgid(0) || setuid(UID_NOBODY)) {
+			fprintf(stderr, "kvtrim-bench: uid_300: cannot become "
+			        "uid %d: %s\n", UID_NOBODY, strerror(errno));
+			_exit(1);
+		}
+		other = 1;
+	}
+	struct uid_figs *f = mmap(NULL, sizeof(*f) * UID_PROCS,
+	                          PROT_READ | PROT_WRITE,
+	                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (f == MAP_FAILED)
+		_exit(1);
+	pid_t self = getpid();
+	for (int k = 0; k < UID_PROCS; k++) {
+		pid_t pid = fork();
+		if (pid == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			if (getppid() != self)
+				_exit(1);
+			uid_proc(d, &f[k], k);
+		}
+	}
+	double t0 = hostile_now_ms(), last = t0;
+	hostile_sleep_ms(2.0 * UID_CONNS + 500);
+	adv_say("ready other_uid=%d held=%llu refused=%llu closed=%llu", other,
+	        uid_sum(f, offsetof(struct uid_figs, held)),
+	        uid_sum(f, offsetof(struct uid_figs, refused)),
+	        uid_sum(f, offsetof(struct uid_figs, closed)));
+	for (;;) {
+		hostile_sleep_ms(H_STAT_EVERY_MS);
+		if (adv_due(&last))
+			adv_say("stat held=%llu refused=%llu closed=%llu",
+			        uid_sum(f, offsetof(struct uid_figs, held)),
+			        uid_sum(f, offsetof(struct uid_figs, refused)),
+			        uid_sum(f, offsetof(struct uid_figs, closed)));
+	}
+}
+
+/* The uid_300 phase's daemon: nobody's uid is an admin, so root (the
+ * bench, the healthy engine) is not one and the limits apply to it. */
+static const char *const uid_300_args[] = {"--admin-uids", "65533", NULL};
+
+/*
  * pool_hog: one process registers PH_TENANTS tenants at the default quota
  * (a fair share, pool / expected_tenants) and opens sequences of a wide
  * geometry (16 chunks each) in every one until refused, then keeps asking
@@ -547,13 +794,15 @@ static void adv_pool_hog(const struct th_daemon *d, int quick)
 }
 
 const struct hostile_adv hostile_advs[] = {
-	{"never_reading", adv_never_reading, 0, 0},
-	{"idle_5000", adv_idle, 0, 0},
-	{"fd_flood", adv_fd_flood, 0, 0},
-	{"largest_tenant", adv_largest, 0, 0},
-	{"cpu_hog", adv_cpu_hog, 0, 0},
-	{"slow_http", adv_slow_http, 1, 0},
-	{"pool_hog", adv_pool_hog, 0, 50},
+	{"never_reading", adv_never_reading, 0, NULL, 0, 0},
+	{"idle_5000", adv_idle, 0, NULL, 0, 0},
+	{"fd_flood", adv_fd_flood, 0, NULL, 0, 0},
+	{"largest_tenant", adv_largest, 0, NULL, 0, 0},
+	{"cpu_hog", adv_cpu_hog, 0, NULL, 0, 0},
+	{"slow_http", adv_slow_http, 1, NULL, 0, 0},
+	{"slow_decode", adv_slow_decode, 0, NULL, 0, 0},
+	{"uid_300", adv_uid_300, 0, uid_300_args, UID_RECONNECT, 1},
+	{"pool_hog", adv_pool_hog, 0, NULL, 50, 0},
 };
 _Static_assert(sizeof(hostile_advs) / sizeof(hostile_advs[0]) == HOSTILE_N_ADV,
                "HOSTILE_N_ADV (hostile.h) counts the adversaries");

@@ -69,6 +69,7 @@ static int req_eq(const struct ipc_req *a, const struct ipc_req *b)
 		return a->u.seq == b->u.seq;
 	case IPC_OP_SEQ_QUERY:
 		return a->u.query.seq == b->u.query.seq &&
+		       a->u.query.no == b->u.query.no &&
 		       a->u.query.after == b->u.query.after;
 	case IPC_OP_SYNC:
 		if (a->u.sync.n != b->u.sync.n || a->u.sync.no != b->u.sync.no)

@@ -125,6 +125,7 @@ static void gen_codec(void)
 	seed_req("req-seq_close", &r);
 	r.op = IPC_OP_SEQ_QUERY;
 	r.u.query.seq = 0x0000010000010003ull;
+	r.u.query.no = 42;
 	r.u.query.after = 41;
 	seed_req("req-seq_query", &r);
 

@@ -238,3 +238,155 @@ TEST(bulk, reserve_grows_the_headroom_now)
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
 }
+
+/* The committed entries of list (l, h) of s, K and V rows [len][HD]
+ * each, read through the pages (K half, then V half, of each page of
+ * 4 entries); returns len. */
+static uint32_t read_list(kvt_client *c, kvt_seq s, uint32_t l, uint32_t h,
+                          float K[][HD], float V[][HD])
+{
+	struct kvt_list li;
+	T_OK(kvt_list_get(c, s, l, h, &li));
+	float pg[2 * 4 * HD];
+	for (uint32_t e = 0; e < li.len; e++) {
+		if (e % 4 == 0)
+			T_OK(kvt_memcpy(c, pg, kvt_page_ptr(c, li.pages[e / 4]),
+			                sizeof(pg)));
+		memcpy(K[e], pg + (e % 4) * HD, sizeof(K[e]));
+		memcpy(V[e], pg + 4 * HD + (e % 4) * HD, sizeof(V[e]));
+	}
+	return li.len;
+}
+
+/* Writes 4 new tokens at positions p .. p + 3 into every list of s
+ * (value 1000 h + 100 l + position, + i / 8 per element; V + 0.5) and
+ * syncs them. */
+static void append4(kvt_client *c, kvt_seq s, uint32_t p)
+{
+	float K[KV][4][HD], V[KV][4][HD];
+	for (uint32_t l = 0; l < 2; l++) {
+		for (int h = 0; h < KV; h++)
+			for (int t = 0; t < 4; t++)
+				for (int i = 0; i < HD; i++) {
+					K[h][t][i] = (float)(1000 * h + 100 * l +
+					                     p + t) + i / 8.0f;
+					V[h][t][i] = K[h][t][i] + 0.5f;
+				}
+		void *bk, *bv;
+		const void *sk = src_copy(c, K, sizeof(K), &bk);
+		const void *sv = src_copy(c, V, sizeof(V), &bv);
+		T_OK(kvt_write_kv(c, s, l, 0, 4, sk, sv, HD, 4 * HD));
+		T_OK(kvt_buffer_free(c, bk));
+		T_OK(kvt_buffer_free(c, bv));
+	}
+	struct kvt_sync_item it = {s, 4, p ? KVT_PHASE_DECODE
+	                                   : KVT_PHASE_PREFILL, 0, 0};
+	T_OK(kvt_sync(c, &it, 1));
+}
+
+/* 1 when every list of a and b holds the same entries, bit for bit. */
+static int same_lists(kvt_client *c, kvt_seq a, kvt_seq b)
+{
+	float Ka[64][HD], Va[64][HD], Kb[64][HD], Vb[64][HD];
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < KV; h++) {
+			uint32_t na = read_list(c, a, l, h, Ka, Va);
+			uint32_t nb = read_list(c, b, l, h, Kb, Vb);
+			if (na != nb || memcmp(Ka, Kb, na * sizeof(Ka[0])) ||
+			    memcmp(Va, Vb, na * sizeof(Va[0])))
+				return 0;
+		}
+	return 1;
+}
+
+/*
+ * kvt_seq_fork: the copy holds the source's entries bit for bit, its
+ * tokens seen and its lengths, with a counter of 0; the same sync on both
+ * leaves them equal again (streaming decides by position, so positions
+ * came along); a sync of one leaves the other as it was; closing the copy
+ * gives its pages back.  Refusals (an unknown or closed source, a NULL
+ * out, no free slot) change nothing.
+ */
+TEST(bulk, fork_copies_a_sequence_that_then_goes_its_own_way)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "fork",
+	                                     "streaming:tokens=6,sinks=2");
+	kvt_client *c;
+	char err[KVT_ERRTEXT_MAX];
+	T_OK(kvt_connect(&cfg, &c, err));
+	kvt_seq a, b;
+	T_OK(kvt_seq_open(c, &a));
+	for (uint32_t p = 0; p < 12; p += 4)
+		append4(c, a, p);
+	struct kvt_tenant_stats before, st;
+	T_OK(kvt_stats(c, &before));
+	T_OK(kvt_seq_fork(c, a, &b));
+	T_ASSERT(b != a);
+	T_ASSERT(same_lists(c, a, b));
+	float K[64][HD], V[64][HD];
+	T_EQ(read_list(c, b, 1, 1, K, V), 6);
+	/* sinks 0, 1 and the recent 8 .. 11 of layer 1, KV head 1 */
+	T_ASSERT(K[1][0] == 1101.0f && K[2][0] == 1108.0f && K[5][7] ==
+	         1111.0f + 7 / 8.0f && V[5][7] == K[5][7] + 0.5f);
+	struct kvt_seq_info info;
+	T_OK(kvt_seq_query(c, b, &info));
+	T_EQ(info.syncs, 0);
+	T_EQ(info.seen_min, 12);
+	T_EQ(info.seen_max, 12);
+	T_EQ(info.len_min, 6);
+	T_EQ(info.len_max, 6);
+	T_OK(kvt_stats(c, &st));
+	T_ASSERT(st.pages_used > before.pages_used);
+
+	append4(c, a, 12);
+	append4(c, b, 12);
+	T_ASSERT(same_lists(c, a, b));
+	append4(c, a, 16);
+	T_ASSERT(!same_lists(c, a, b));
+	T_EQ(read_list(c, b, 0, 0, K, V), 6);
+	T_ASSERT(K[5][0] == 15.0f); /* b's newest is still position 15 */
+	T_EQ(read_list(c, a, 0, 0, K, V), 6);
+	T_ASSERT(K[5][0] == 19.0f);
+
+	/* Refusals: nothing opened, nothing allocated. */
+	T_OK(kvt_stats(c, &before));
+	kvt_seq x;
+	T_ERR(kvt_seq_fork(c, a, NULL), KVT_EINVAL);
+	T_ERR(kvt_seq_fork(c, 0x1234, &x), KVT_ENOSEQ);
+	T_ASSERT(strstr(kvt_last_error(c), "kvt_seq_fork"));
+	kvt_seq y, z;
+	T_OK(kvt_seq_open(c, &y));
+	T_OK(kvt_seq_close(c, y));
+	T_ERR(kvt_seq_fork(c, y, &x), KVT_ENOSEQ);
+	T_OK(kvt_seq_fork(c, b, &y)); /* 3 of 4 slots */
+	T_OK(kvt_seq_fork(c, y, &z)); /* 4 of 4 */
+	T_OK(kvt_stats(c, &st));
+	T_ERR(kvt_seq_fork(c, a, &x), KVT_ESEQLIMIT);
+	struct kvt_tenant_stats st2;
+	T_OK(kvt_stats(c, &st2));
+	T_EQ_U64(st2.pages_used, st.pages_used);
+	T_OK(kvt_seq_close(c, z));
+	T_OK(kvt_seq_close(c, y));
+	T_OK(kvt_stats(c, &st));
+	T_EQ_U64(st.pages_used, before.pages_used);
+	T_OK(kvt_seq_close(c, b));
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	/* On the cuda backend H2O decides on the device, its per-entry state
+	 * there: a fork is refused, saying why. */
+	cfg = th_small_cfg(&d, "fork-h2o", "h2o:tokens=6");
+	cfg.stage_tokens = 4;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &a));
+	if (kvt_memory_kind(c) == KVT_MEMORY_CUDA) {
+		T_ERR(kvt_seq_fork(c, a, &b), KVT_EINVAL);
+		T_ASSERT(strstr(kvt_last_error(c), "on the device"));
+	} else {
+		T_OK(kvt_seq_fork(c, a, &b));
+	}
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}

@@ -288,7 +288,8 @@ TEST_T(contract, install_into_a_prefix_and_build_an_engine_with_pkg_config,
 	static const char *const want[] = {
 		"etc/kvtrim/kvtrimd.conf", "bin/kvtrimd", "bin/kvtrimctl",
 		"lib/libkvtrim.so.0", "lib/libkvtrim.so", "lib/libkvtrim.a",
-		"lib/pkgconfig/kvtrim.pc", "include/kvtrim.h",
+		"lib/pkgconfig/kvtrim.pc", "lib/pkgconfig/kvtrim-static.pc",
+		"include/kvtrim.h",
 		"share/doc/kvtrim/README.md",
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
@@ -347,6 +348,22 @@ TEST_T(contract, install_into_a_prefix_and_build_an_engine_with_pkg_config,
 		        rc, out);
 	T_EQ(th_sh(NULL, out, sizeof(out), "LD_LIBRARY_PATH=%s %s/engine-bt %s",
 	           lib, th_tmpdir(), d.dir), 0);
+	T_EQ_STR(out, "own=6 text=cannot reach the daemon or connection lost\n"
+	              "connect=ok\n");
+
+	/* Linked statically with kvtrim-static.pc: no libkvtrim.so needed
+	 * (the shared one beside the archive is not picked), and it runs. */
+	rc = th_sh(NULL, out, sizeof(out),
+	           ENGINE_CC "-std=c11 -o %s/engine-st %s $(PKG_CONFIG_PATH=%s/lib/"
+	           "pkgconfig pkg-config --cflags --libs kvtrim-static)",
+	           th_tmpdir(), src, pre);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "static engine build failed (%d):\n%s",
+		        rc, out);
+	T_EQ(th_sh(NULL, out, sizeof(out), "LD_LIBRARY_PATH=%s/lib ldd "
+	           "%s/engine-st | grep -c libkvtrim", pre, th_tmpdir()), 1);
+	T_EQ(th_sh(NULL, out, sizeof(out), "%s/engine-st %s", th_tmpdir(),
+	           d.dir), 0);
 	T_EQ_STR(out, "own=6 text=cannot reach the daemon or connection lost\n"
 	              "connect=ok\n");
 	T_EQ(th_daemon_stop(&d), 0);

@@ -263,9 +263,9 @@ TEST_T(ctl_wire, a_slow_reader_gets_every_reply_in_order, 60)
 }
 
 /* Peers without a tenant announcing big frames and sending them slowly:
- * at most SRV_RX_BIG_MAX (8) of them get a big buffer at once (ctl.c);
- * the others wait (until one is done, or the idle deadline closes the
- * trickling ones), and the daemon's memory does not grow with their
+ * each frame is refused unread (longer than any request such a peer may
+ * send) and at most SRV_RX_BIG_MAX (8) of them could get a big buffer at
+ * once anyway (ctl.c), so the daemon's memory does not grow with their
  * number.  Everyone else is served meanwhile. */
 TEST_T(ctl_wire, many_big_frames_in_flight_are_bounded, 60)
 {

@@ -80,7 +80,7 @@ TEST(badinput, garbage_truncated_oversized_unknown_version)
 	const uint8_t v99[] = {0x82, 0xa1, 'v', 99, 0xa2, 'o', 'p',
 	                       0xa5, 's', 't', 'a', 't', 's'};
 	T_EQ(raw_error(&d, v99, sizeof(v99), msg), KVT_EVERSION);
-	/* {"v": 3, "op": "launch"} */
+	/* {"v": 4, "op": "launch"} */
 	const uint8_t unk[] = {0x82, 0xa1, 'v', IPC_PROTO_VERSION, 0xa2, 'o',
 	                       'p', 0xa6, 'l', 'a', 'u', 'n', 'c', 'h'};
 	T_EQ(raw_error(&d, unk, sizeof(unk), msg), KVT_EUNKNOWNOP);
@@ -89,12 +89,17 @@ TEST(badinput, garbage_truncated_oversized_unknown_version)
 	const uint8_t v1[] = {0x82, 0xa1, 'v', 1, 0xa2, 'o', 'p',
 	                      0xa5, 'h', 'e', 'l', 'l', 'o'};
 	T_EQ(raw_error(&d, v1, sizeof(v1), msg), KVT_EVERSION);
-	T_ASSERT(strstr(msg, "protocol version 1, this side speaks 3"));
+	T_ASSERT(strstr(msg, "protocol version 1, this side speaks 4"));
 	/* So is a version 2 one (syncs without numbers). */
 	const uint8_t v2[] = {0x82, 0xa1, 'v', 2, 0xa2, 'o', 'p',
 	                      0xa5, 'h', 'e', 'l', 'l', 'o'};
 	T_EQ(raw_error(&d, v2, sizeof(v2), msg), KVT_EVERSION);
-	T_ASSERT(strstr(msg, "protocol version 2, this side speaks 3"));
+	T_ASSERT(strstr(msg, "protocol version 2, this side speaks 4"));
+	/* And a version 3 one (queries without numbers). */
+	const uint8_t v3[] = {0x82, 0xa1, 'v', 3, 0xa2, 'o', 'p',
+	                      0xa5, 'h', 'e', 'l', 'l', 'o'};
+	T_EQ(raw_error(&d, v3, sizeof(v3), msg), KVT_EVERSION);
+	T_ASSERT(strstr(msg, "protocol version 3, this side speaks 4"));
 
 	/* The daemon still serves: stats answer, errors were counted. */
 	T_EQ_U64(th_stat(&d, "tenants"), 0);
@@ -306,38 +311,83 @@ TEST(badinput, sync_refusals_change_nothing)
 	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
 	T_EQ_U64(th_stat(&d, "entries_kept"), appended);
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
-	/* A query that names sync 50 before it arrives (as when nng hands
-	 * a late request to the loop after the query): "not applied" (last
-	 * is the first sync's 7), and sync 50 is refused when it comes; the
-	 * next number is applied. */
+	/* A query naming a sync not sent before it (at or above the query's
+	 * own number) is refused and marks nothing: sync 50 is then
+	 * applied, not voided. */
 	q = tq(&rt, IPC_OP_SEQ_QUERY);
 	q.u.query.seq = seq;
+	q.u.query.no = 20;
 	q.u.query.after = 50;
-	T_OK(RT_REQ(&rt, &q, &rep));
-	T_EQ_U64(rep.u.query.last, 7);
-	T_EQ(rep.u.query.syncs, 1);
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_EINVAL);
+	T_ASSERT(strstr(rep.msg, "had not sent"));
+	codec_rep_free(&rep);
+	q.u.query.no = 100;
+	q.u.query.after = UINT64_MAX;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_EINVAL);
 	codec_rep_free(&rep);
 	it = (struct ipc_sync_item){seq, 1, 1, KVT_PHASE_DECODE, 0, 0, 0};
 	q = tq(&rt, IPC_OP_SYNC);
 	q.u.sync.no = 50;
 	q.u.sync.n = 1;
 	q.u.sync.items = &it;
-	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ESTALE);
-	T_ASSERT(strstr(rep.msg, "given up"));
-	codec_rep_free(&rep);
-	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended);
-	/* And the valid next sync still works. */
-	q.u.sync.no = 51;
 	T_OK(RT_REQ(&rt, &q, &rep));
 	codec_rep_free(&rep);
 	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended + 4);
+	/* A sync that reached the tenant and was refused (a wrong counter)
+	 * can be asked about: "not applied" (last is 50), and it is voided,
+	 * so the same number is refused even when it is right; the next
+	 * number is applied. */
+	it.counter = 9;
+	q.u.sync.no = 60;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ESTALE);
+	codec_rep_free(&rep);
 	q = tq(&rt, IPC_OP_SEQ_QUERY);
 	q.u.query.seq = seq;
-	q.u.query.after = 51;
+	q.u.query.no = 61;
+	q.u.query.after = 60;
 	T_OK(RT_REQ(&rt, &q, &rep));
-	T_EQ_U64(rep.u.query.last, 51);
+	T_EQ_U64(rep.u.query.last, 50);
 	T_EQ(rep.u.query.syncs, 2);
 	codec_rep_free(&rep);
+	it.counter = 2;
+	q = tq(&rt, IPC_OP_SYNC);
+	q.u.sync.no = 60;
+	q.u.sync.n = 1;
+	q.u.sync.items = &it;
+	T_EQ(RT_REQ(&rt, &q, &rep), KVT_ESTALE);
+	T_ASSERT(strstr(rep.msg, "given up"));
+	codec_rep_free(&rep);
+	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended + 4);
+	q.u.sync.no = 62;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	codec_rep_free(&rep);
+	T_EQ_U64(th_stat(&d, "entries_appended_total"), appended + 8);
+	q = tq(&rt, IPC_OP_SEQ_QUERY);
+	q.u.query.seq = seq;
+	q.u.query.no = 63;
+	q.u.query.after = 62;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	T_EQ_U64(rep.u.query.last, 62);
+	T_EQ(rep.u.query.syncs, 3);
+	codec_rep_free(&rep);
+	/* One counter numbers a client's opens and syncs: an open numbered
+	 * at or below a sync seen (or unnumbered, 0) is refused, nothing
+	 * opened; the next number opens. */
+	uint64_t opened = th_stat(&d, "sequences_opened_total");
+	uint64_t nos[] = {3, 62, 0};
+	for (size_t i = 0; i < sizeof(nos) / sizeof(nos[0]); i++) {
+		q = tq(&rt, IPC_OP_SEQ_OPEN);
+		q.u.open.no = nos[i];
+		T_EQ(RT_REQ(&rt, &q, &rep), KVT_ESTALE);
+		T_ASSERT(strstr(rep.msg, "numbered later"));
+		codec_rep_free(&rep);
+	}
+	T_EQ_U64(th_stat(&d, "sequences_opened_total"), opened);
+	q = tq(&rt, IPC_OP_SEQ_OPEN);
+	q.u.open.no = 64;
+	T_OK(RT_REQ(&rt, &q, &rep));
+	codec_rep_free(&rep);
+	T_EQ_U64(th_stat(&d, "sequences_opened_total"), opened + 1);
 	close(rt.hfd);
 	th_raw_close(rt.sock);
 	close(other.hfd);

@@ -254,8 +254,9 @@ TEST(hostile, pending_connections_are_bounded_tenants_and_admins_served)
 	kvt_client *c;
 	char err[KVT_ERRTEXT_MAX], out[4096];
 	T_OK(kvt_connect(&cfg, &c, err));
-	/* Silent peers as a non-admin user fill the pending slots; those
-	 * beyond the limit are refused at once. */
+	/* Silent peers as a non-admin user fill its share of the pending
+	 * slots (max_pending_per_uid: half of them); those beyond it are
+	 * refused (told why, had they asked, and closed). */
 	if (geteuid() != 0)
 		T_SKIP("needs root to act as another uid");
 	chmod(th_tmpdir(), 0750);

@@ -87,6 +87,9 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(info.last_sync, -1); /* nothing was in doubt */
 
 	/* 1. Blocking sync, applied after the pause. */
+	struct kvt_sync_info si;
+	T_OK(kvt_last_sync(c, &si));
+	uint64_t accepted = si.syncs;
 	T_EQ(kill(d.pid, SIGSTOP), 0);
 	it = one(seq, 3);
 	T_ERR(kvt_sync(c, &it, 1), KVT_ETIMEDOUT);
@@ -119,6 +122,9 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(info.len_min, len);
 	T_EQ(info.len_max, len);
 	T_EQ(seq_len(c, seq), len);
+	/* kvt_last_sync counts the sync found applied. */
+	T_OK(kvt_last_sync(c, &si));
+	T_EQ_U64(si.syncs, accepted + a);
 	it = one(seq, 1);
 	T_OK(kvt_sync(c, &it, 1));
 	T_EQ(seq_len(c, seq), len + 1);
@@ -142,6 +148,8 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(seq_len(c, seq), len);
 
 	/* 3. Async: kvt_wait times out, then the same resolution. */
+	T_OK(kvt_last_sync(c, &si));
+	accepted = si.syncs;
 	T_EQ(kill(d.pid, SIGSTOP), 0);
 	kvt_ticket tk;
 	struct kvt_sync_item two[2] = {one(seq, 2), one(other, 3)};
@@ -159,6 +167,9 @@ TEST_T(seq_contract, timed_out_sync_is_resolved_by_a_query, 60)
 	T_EQ(info.last_sync, (int)a); /* one request: both or neither */
 	T_EQ(info.syncs, a);
 	T_EQ(seq_len(c, other), 3 * a);
+	/* One sync found applied through both its sequences: counted once. */
+	T_OK(kvt_last_sync(c, &si));
+	T_EQ_U64(si.syncs, accepted + a);
 	two[0] = one(seq, 1);
 	two[1] = one(other, 1);
 	for (int i = 0; i < 3; i++)

@@ -537,7 +537,7 @@ TEST(codec, exact_bytes_of_a_request)
 	T_OK(codec_req_encode(&q, &buf, &len));
 	static const uint8_t want[] = {
 		0x85,                               /* map of 5 */
-		0xa1, 'v', 0x03,                    /* "v": 3 */
+		0xa1, 'v', 0x04,                    /* "v": 4 */
 		0xa2, 'o', 'p', 0xa9, 's', 'e', 'q', '_', 'c', 'l', 'o', 's',
 		'e',                                /* "op": "seq_close" */
 		0xa1, 't', 0x05,                    /* "t": 5 */
@@ -566,7 +566,7 @@ TEST(codec, exact_bytes_of_an_error_reply)
 	codec_rep_error(&r, KVT_ESTALE, "old");
 	T_OK(codec_rep_encode(IPC_OP_SYNC, &r, &buf, &len));
 	static const uint8_t want[] = {
-		0x83, 0xa1, 'v', 0x03, 0xa1, 'e', 0xf6, /* -10 negative fixint */
+		0x83, 0xa1, 'v', 0x04, 0xa1, 'e', 0xf6, /* -10 negative fixint */
 		0xa1, 'm', 0xa3, 'o', 'l', 'd',
 	};
 	T_EQ(len, sizeof(want));

@@ -123,7 +123,7 @@ TEST(codec, refuse_version)
 	mp_map(&m, 2);
 	mp_ku(&m, "v", 2); /* syncs without numbers */
 	mp_ks(&m, "op", "bye");
-	refuse_req(&m, KVT_EVERSION, "protocol version 2, this side speaks 3");
+	refuse_req(&m, KVT_EVERSION, "protocol version 2, this side speaks 4");
 
 	/* Version is judged before anything else: unknown keys, unknown op,
 	 * even trailing bytes of a future format. */

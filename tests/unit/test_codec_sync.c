@@ -1,8 +1,8 @@
 /*
  * test_codec_sync.c — the sync's wire additions of issue 14: an item's
  * optional 7th field (the headroom the sequence keeps after the sync), the
- * reply's optional "press" and "budget", and protocol 3's sync numbers
- * ("n", and seq_query's "after" and "last").  Exact bytes are written out
+ * reply's optional "press" and "budget", and the sync numbers ("n", and
+ * seq_query's own "n", "after" and "last").  Exact bytes are written out
  * by hand from the msgpack spec.
  */
 #include <stdlib.h>
@@ -97,7 +97,7 @@ TEST(codec_sync, reply_carries_pressure_and_budget)
 	/* {"v": 3, "e": 0, "press": 333333 (uint32 0x00051615),
 	 *  "budget": 7} */
 	static const uint8_t want[] = {
-		0x84, 0xa1, 'v', 0x03, 0xa1, 'e', 0x00,
+		0x84, 0xa1, 'v', 0x04, 0xa1, 'e', 0x00,
 		0xa5, 'p', 'r', 'e', 's', 's', 0xce, 0x00, 0x05, 0x16, 0x15,
 		0xa6, 'b', 'u', 'd', 'g', 'e', 't', 0x07,
 	};
@@ -113,7 +113,7 @@ TEST(codec_sync, reply_carries_pressure_and_budget)
 	/* both absent (no pressure, no entry budget): the reply of before */
 	memset(&r, 0, sizeof(r));
 	T_OK(codec_rep_encode(IPC_OP_SYNC, &r, &buf, &len));
-	static const uint8_t bare[] = {0x82, 0xa1, 'v', 0x03, 0xa1, 'e', 0x00};
+	static const uint8_t bare[] = {0x82, 0xa1, 'v', 0x04, 0xa1, 'e', 0x00};
 	T_EQ(len, sizeof(bare));
 	T_ASSERT(!memcmp(buf, bare, len));
 	T_OK(codec_rep_decode(IPC_OP_SYNC, buf, len, &out, why, sizeof(why)));
@@ -153,13 +153,15 @@ TEST(codec_sync, numbers_of_syncs_and_queries)
 	q.tenant = 1;
 	q.token = 2;
 	q.u.query.seq = 7;
+	q.u.query.no = 301;
 	q.u.query.after = 300;
 	T_OK(codec_req_encode(&q, &buf, &len));
 	static const uint8_t want[] = {
-		0x86, 0xa1, 'v', 0x03,
+		0x87, 0xa1, 'v', 0x04,
 		0xa2, 'o', 'p', 0xa9, 's', 'e', 'q', '_', 'q', 'u', 'e', 'r', 'y',
 		0xa1, 't', 0x01, 0xa1, 'k', 0x02,
 		0xa3, 's', 'e', 'q', 0x07,
+		0xa1, 'n', 0xcd, 0x01, 0x2d, /* 301 */
 		0xa5, 'a', 'f', 't', 'e', 'r', 0xcd, 0x01, 0x2c, /* 300 */
 	};
 	T_EQ(len, sizeof(want));
@@ -168,12 +170,13 @@ TEST(codec_sync, numbers_of_syncs_and_queries)
 	char why[KVT_ERRTEXT_MAX];
 	T_OK(codec_req_decode(want, sizeof(want), &qo, why, sizeof(why)));
 	T_EQ_U64(qo.u.query.seq, 7);
+	T_EQ_U64(qo.u.query.no, 301);
 	T_EQ_U64(qo.u.query.after, 300);
 	codec_req_free(&qo);
 	/* "after" is required (0 says no sync is in doubt). */
 	uint8_t bad[sizeof(want)];
 	memcpy(bad, want, sizeof(want));
-	bad[0] = 0x85;
+	bad[0] = 0x86;
 	T_ERR(codec_req_decode(bad, sizeof(want) - 9, &qo, why, sizeof(why)),
 	      KVT_EPROTO);
 	T_ASSERT(strstr(why, "after"));
@@ -185,7 +188,7 @@ TEST(codec_sync, numbers_of_syncs_and_queries)
 	r.u.query.last = 9;
 	T_OK(codec_rep_encode(IPC_OP_SEQ_QUERY, &r, &buf, &len));
 	static const uint8_t rep[] = {
-		0x88, 0xa1, 'v', 0x03, 0xa1, 'e', 0x00,
+		0x88, 0xa1, 'v', 0x04, 0xa1, 'e', 0x00,
 		0xa5, 's', 'y', 'n', 'c', 's', 0x02,
 		0xa7, 's', 'e', 'e', 'n', '_', 'l', 'o', 0x00,
 		0xa7, 's', 'e', 'e', 'n', '_', 'h', 'i', 0x00,

@@ -295,18 +295,18 @@ TEST(tenant, sequence_ids_carry_their_tenant)
 	it = item(sb, 1, 1, 0, 0);
 	REFUSE(&a, &na, &it, 1, KVT_ENOSEQ);
 	struct ipc_seq_state q;
-	T_ERR(tenant_seq_query(b.t, sa, 0, &q), KVT_ENOSEQ);
-	T_ERR(tenant_seq_query(a.t, sb, 0, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(b.t, sa, 100, 0, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(a.t, sb, 100, 0, &q), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(b.t, sa), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(a.t, sb), KVT_ENOSEQ);
 	SAME(&a, &na);
 	SAME(&b, &nb);
 	free(na.table);
 	free(nb.table);
-	T_OK(tenant_seq_query(a.t, sa, 0, &q));
+	T_OK(tenant_seq_query(a.t, sa, 100, 0, &q));
 	T_EQ(q.syncs, 1);
 	T_EQ(q.len_hi, 3);
-	T_OK(tenant_seq_query(b.t, sb, 0, &q));
+	T_OK(tenant_seq_query(b.t, sb, 100, 0, &q));
 	T_EQ(q.syncs, 0);
 	T_EQ(q.len_hi, 0);
 
@@ -320,7 +320,7 @@ TEST(tenant, sequence_ids_carry_their_tenant)
 	snap_take(&a, &na);
 	it = item(sa, 0, 1, 0, 0);
 	REFUSE(&a, &na, &it, 1, KVT_ENOSEQ);
-	T_ERR(tenant_seq_query(a.t, sa, 0, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(a.t, sa, 100, 0, &q), KVT_ENOSEQ);
 	T_ERR(tenant_seq_close(a.t, sa), KVT_ENOSEQ);
 	SAME(&a, &na);
 	free(na.table);
@@ -344,7 +344,7 @@ TEST(tenant, seq_query_counts_and_lengths)
 	uint64_t id;
 	struct ipc_seq_state q;
 	T_OK(tenant_seq_open(s.t, &id));
-	T_OK(tenant_seq_query(s.t, id, 0, &q));
+	T_OK(tenant_seq_query(s.t, id, 100, 0, &q));
 	T_EQ(q.syncs, 0);
 	T_EQ(q.seen_lo, 0);
 	T_EQ(q.seen_hi, 0);
@@ -354,7 +354,7 @@ TEST(tenant, seq_query_counts_and_lengths)
 	T_OK(tenant_sync(s.t, 0, &it, 1, NULL, 0));
 	it = item(id, 1, 2, 0, 0);
 	T_OK(tenant_sync(s.t, 0, &it, 1, NULL, 0));
-	T_OK(tenant_seq_query(s.t, id, 0, &q));
+	T_OK(tenant_seq_query(s.t, id, 100, 0, &q));
 	T_EQ(q.syncs, 2);
 	T_EQ(q.seen_lo, 2);
 	T_EQ(q.seen_hi, 5);
@@ -366,11 +366,15 @@ TEST(tenant, seq_query_counts_and_lengths)
 }
 
 /*
- * A query names the sync in doubt by its number: applied, `last` is that
- * number; not (it has not arrived), the query voids it, and when it does
- * arrive, late, it is refused as a whole (both sequences of it), changes
- * nothing, and the next sync, numbered higher, is applied.  Queries that
- * name no sync (after 0) or one already applied void nothing.
+ * A query names the sync in doubt by its number.  Applied, `last` is that
+ * number.  Not applied though it reached the tenant (refused), the query
+ * voids it: the same number arriving again is refused as a whole (both
+ * sequences of it), changes nothing, and the next sync, numbered higher,
+ * is applied.  A number above every sync seen never reached the tenant
+ * and, requests arriving in order, never will: not applied, nothing
+ * voided.  A number at or above the query's own was never sent: EINVAL,
+ * nothing voided.  Queries that name no sync (after 0) or one already
+ * applied void nothing.
  */
 TEST(tenant, seq_query_voids_the_sync_it_names)
 {
@@ -387,36 +391,56 @@ TEST(tenant, seq_query_voids_the_sync_it_names)
 	struct ipc_sync_item it[2] = {item(a, 0, 3, 0, 0), item(b, 0, 2, 0, 0)};
 	T_OK(tenant_sync(s.t, 5, it, 2, NULL, 0));
 	/* 5 was applied: the query says so and voids nothing. */
-	T_OK(tenant_seq_query(s.t, a, 5, &q));
+	T_OK(tenant_seq_query(s.t, a, 100, 5, &q));
 	T_EQ_U64(q.last, 5);
 	T_EQ(q.syncs, 1);
-	T_OK(tenant_seq_query(s.t, b, 0, &q));
+	T_OK(tenant_seq_query(s.t, b, 100, 0, &q));
 	T_EQ_U64(q.last, 5);
-	/* 7 is asked about before it arrives: not applied, voided. */
-	T_OK(tenant_seq_query(s.t, a, 7, &q));
+	/* 7 reaches the tenant and is refused (wrong counters); asked
+	 * about: not applied, voided, so 7 is refused even when right. */
+	it[0] = item(a, 3, 1, 0, 0);
+	it[1] = item(b, 3, 1, 0, 0);
+	T_ERR(tenant_sync(s.t, 7, it, 2, NULL, 0), KVT_ESTALE);
+	T_OK(tenant_seq_query(s.t, a, 100, 7, &q));
 	T_EQ_U64(q.last, 5);
 	T_EQ(q.syncs, 1);
 	it[0] = item(a, 1, 1, 0, 0);
 	it[1] = item(b, 1, 1, 0, 0);
 	T_ERR(tenant_sync(s.t, 7, it, 2, err, sizeof(err)), KVT_ESTALE);
 	T_ASSERT(strstr(err, "given up"));
-	T_OK(tenant_seq_query(s.t, b, 7, &q)); /* b was in 7 too */
+	T_OK(tenant_seq_query(s.t, b, 100, 7, &q)); /* b was in 7 too */
 	T_EQ(q.syncs, 1);
 	T_EQ(q.len_lo, 2);
-	T_OK(tenant_seq_query(s.t, a, 0, &q));
+	T_OK(tenant_seq_query(s.t, a, 100, 0, &q));
 	T_EQ(q.syncs, 1);
 	T_EQ(q.len_lo, 3);
 	/* An older number is void too; the next one is applied. */
 	T_ERR(tenant_sync(s.t, 6, it, 2, NULL, 0), KVT_ESTALE);
 	T_OK(tenant_sync(s.t, 8, it, 2, NULL, 0));
-	T_OK(tenant_seq_query(s.t, a, 8, &q));
+	T_OK(tenant_seq_query(s.t, a, 100, 8, &q));
 	T_EQ_U64(q.last, 8);
 	T_EQ(q.syncs, 2);
 	T_EQ(q.len_lo, 4);
+	/* 9 never reached the tenant: not applied, not voided. */
+	T_OK(tenant_seq_query(s.t, a, 100, 9, &q));
+	T_EQ_U64(q.last, 8);
+	it[0] = item(a, 2, 1, 0, 0);
+	it[1] = item(b, 2, 1, 0, 0);
+	T_OK(tenant_sync(s.t, 9, it, 2, NULL, 0));
+	/* Never sent (at or above the query's own number): refused,
+	 * nothing voided. */
+	T_ERR(tenant_seq_query(s.t, a, 10, 10, &q), KVT_EINVAL);
+	T_ERR(tenant_seq_query(s.t, a, 100, UINT64_MAX, &q), KVT_EINVAL);
+	it[0] = item(a, 3, 1, 0, 0);
+	it[1] = item(b, 3, 1, 0, 0);
+	T_OK(tenant_sync(s.t, 10, it, 2, NULL, 0));
+	T_OK(tenant_seq_query(s.t, a, 100, 10, &q));
+	T_EQ_U64(q.last, 10);
+	T_EQ(q.syncs, 4);
 	/* Closing and reopening forgets both marks. */
 	T_OK(tenant_seq_close(s.t, a));
 	T_OK(tenant_seq_open(s.t, &a));
-	T_OK(tenant_seq_query(s.t, a, 0, &q));
+	T_OK(tenant_seq_query(s.t, a, 100, 0, &q));
 	T_EQ_U64(q.last, 0);
 	it[0] = item(a, 0, 1, 0, 0);
 	T_OK(tenant_sync(s.t, 1, it, 1, NULL, 0));
@@ -457,10 +481,10 @@ TEST(tenant, seq_reconcile_closes_what_lost_opens_opened)
 	T_OK(tenant_seq_open(s.t, &b));
 	tenant_stats(s.t, &st);
 	T_EQ_U64(st.sequences, 2);               /* a and b */
-	T_ERR(tenant_seq_query(s.t, lost1, 0, &q), KVT_ENOSEQ);
-	T_ERR(tenant_seq_query(s.t, lost2, 0, &q), KVT_ENOSEQ);
-	T_OK(tenant_seq_query(s.t, a, 0, &q));
-	T_OK(tenant_seq_query(s.t, b, 0, &q));
+	T_ERR(tenant_seq_query(s.t, lost1, 100, 0, &q), KVT_ENOSEQ);
+	T_ERR(tenant_seq_query(s.t, lost2, 100, 0, &q), KVT_ENOSEQ);
+	T_OK(tenant_seq_query(s.t, a, 100, 0, &q));
+	T_OK(tenant_seq_query(s.t, b, 100, 0, &q));
 	/* A late copy of 6: refused, nothing opened or closed. */
 	T_ERR(tenant_seq_reconcile(s.t, 6, 0, &closed), KVT_ESTALE);
 	T_EQ(closed, 0);
