@@ -35,6 +35,18 @@ static const struct config_entry config_table[] = {
 	 F(expected_tenants),
 	 "tenants the pool is shared between: sizes the fair-share default "
 	 "quota (1 = a tenant asking no quota may take the whole pool)"},
+	{"uid_pool_share", CONFIG_RATIO, CONFIG_MUTABLE | CONFIG_AUTO, 0, 0,
+	 "0", F(uid_pool_share),
+	 "share of the pool [0..1] the tenants of one uid may hold together, "
+	 "whatever quotas they asked (0 = 1 - 1/expected_tenants: every other "
+	 "uid finds a fair share free; 1 when expected_tenants is 1; 1 = no "
+	 "limit); a hello asking a larger quota is refused"},
+	{"pid_pool_share", CONFIG_RATIO, CONFIG_MUTABLE | CONFIG_AUTO, 0, 0,
+	 "0", F(pid_pool_share),
+	 "share of the pool [0..1] the tenants of one process may hold "
+	 "together, never more than uid_pool_share (0 = 1 - 2/expected_tenants,"
+	 " at least 1/expected_tenants: another process of the same uid finds "
+	 "a fair share free too; 1 when expected_tenants is 1)"},
 	{"max_tenants", CONFIG_U32, 0, 1, 4096, "64", F(max_tenants),
 	 "registered tenants at once"},
 	{"contexts", CONFIG_U32, 0, 1, 4096, "256", F(contexts),
@@ -293,6 +305,21 @@ static int enum_ok(const struct config_entry *e, const char *val)
 	return 1;
 }
 
+double config_pool_share(const struct config *c, int pid)
+{
+	uint32_t n = c->expected_tenants ? c->expected_tenants : 1;
+	double fair = 1.0 / n;
+	double uid = c->uid_pool_share;
+	if (uid <= 0)
+		uid = n > 1 ? 1 - fair : 1;
+	if (!pid)
+		return uid;
+	double p = c->pid_pool_share;
+	if (p <= 0)
+		p = n > 1 ? (1 - 2 * fair > fair ? 1 - 2 * fair : fair) : 1;
+	return p < uid ? p : uid;
+}
+
 int config_set(struct config *c, const char *key, const char *val, char *err,
                size_t errlen)
 {
@@ -330,9 +357,11 @@ int config_set(struct config *c, const char *key, const char *val, char *err,
 		char *end;
 		errno = 0;
 		double d = strtod(val, &end);
-		if (!*val || *end || errno || !isfinite(d) || d <= 0 || d > 1) {
-			snprintf(err, errlen, "%s: '%s' is not a ratio in (0, 1]",
-			         key, val);
+		int zero = !!(e->flags & CONFIG_AUTO);
+		if (!*val || *end || errno || !isfinite(d) || d < 0 ||
+		    (d == 0 && !zero) || d > 1) {
+			snprintf(err, errlen, "%s: '%s' is not a ratio in %s, 1]",
+			         key, val, zero ? "[0" : "(0");
 			return KVT_EINVAL;
 		}
 		*(double *)(void *)field = d;

@@ -42,12 +42,18 @@ struct config {
 	uint64_t tenant_memory_max;      /* daemon bytes per tenant, outside
 	                                    the pool */
 	uint32_t expected_tenants;       /* default_quota 0: pool / this */
+	double uid_pool_share;           /* pool one uid's tenants may hold;
+	                                    0 = config_pool_share's default */
+	double pid_pool_share;           /* ... one process's tenants */
 };
 
-/* CONFIG_RATIO: a double in (0, 1]; min and max of its entry are unused. */
+/* CONFIG_RATIO: a double in (0, 1] (with CONFIG_AUTO, [0, 1]); min and max
+ * of its entry are unused. */
 enum config_type { CONFIG_STR, CONFIG_SIZE, CONFIG_U32, CONFIG_RATIO };
 
 #define CONFIG_MUTABLE 1u /* may change at run time (kvtrimctl config set) */
+#define CONFIG_AUTO 2u    /* a ratio that may be 0: "derived", as its doc
+                             says */
 
 struct config_entry {
 	const char *name; /* file key; the option is --name with '-' for '_' */
@@ -100,6 +106,18 @@ int config_parse_ids(const char *list, int groups, uint32_t *out, size_t cap);
  * longer under memory pressure.
  */
 uint32_t config_priority(const struct config *c, const char *name);
+
+/*
+ * The share of the pool (0, 1] that the tenants of one uid (pid 0) or of
+ * one process (pid 1) may hold together: uid_pool_share (pid_pool_share),
+ * or when 0 the default.  With f = 1 / expected_tenants (the fair share,
+ * the default quota): a uid 1 - f, so that whatever one uid holds, another
+ * uid's engine finds its fair share free; a process 1 - 2f, at least f, so
+ * that another process of the same uid does too.  Both are 1 when
+ * expected_tenants is 1 (the pool is one engine's), and the process share
+ * never exceeds its uid's.
+ */
+double config_pool_share(const struct config *c, int pid);
 
 /* ---- building and reloading */
 

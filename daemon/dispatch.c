@@ -129,7 +129,8 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			rv = tenant_seq_fork(st->t, r->u.open.from,
 			                     &rep->u.seq);
 		else
-			rv = tenant_seq_open(st->t, &rep->u.seq);
+			rv = tenant_seq_open_why(st->t, &rep->u.seq, why,
+			                         wlen);
 		if (rv == KVT_ENOSEQ)
 			snprintf(why, wlen, "no open sequence %#llx to copy on "
 			         "tenant %u", (unsigned long long)r->u.open.from,

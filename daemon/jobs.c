@@ -161,7 +161,7 @@ static void srv_job_done(uv_work_t *w, int status)
 		         "released while this sync ran (%s)", st->id,
 		         st->doomed_why);
 		rv = KVT_ENOTENANT;
-		srv_tenant_free(st, st->doomed_why);
+		srv_tenant_free(s, st, st->doomed_why);
 	} else {
 		rv = srv_sync_finish(s, st, rv, items, &j->before, &j->after,
 		                     j->apply_us, j->scorer_ns, j->why,

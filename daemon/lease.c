@@ -43,7 +43,18 @@ void srv_tenant_stats(struct srv_tenant *st,
 	*out = st->cached;
 }
 
-void srv_tenant_free(struct srv_tenant *st, const char *why)
+/* Frees the tenant of st (NULL: none), then the shares it counted in
+ * (its chunks are gone by then), then st. */
+static void tenant_undo(struct server *s, struct srv_tenant *st)
+{
+	tenant_free(st->t);
+	for (int k = 0; k < POOL_SHARES; k++)
+		pool_account_put(&s->pool, st->acct[k]);
+	free(st);
+}
+
+void srv_tenant_free(struct server *s, struct srv_tenant *st,
+                     const char *why)
 {
 	struct kvt_tenant_stats ts;
 	tenant_stats(st->t, &ts);
@@ -51,8 +62,83 @@ void srv_tenant_free(struct srv_tenant *st, const char *why)
 	    "tenant %" PRIu32 " '%s' (pid %" PRIu32 ") released: %s; "
 	    "%" PRIu64 " pages, %" PRIu64 " chunks back to the pool",
 	    st->id, tenant_name(st->t), st->pid, why, ts.pages_used, ts.chunks);
-	tenant_free(st->t);
-	free(st);
+	tenant_undo(s, st);
+}
+
+void srv_shares_refresh(struct server *s)
+{
+	double share[POOL_SHARES] = {config_pool_share(&s->cfg, 0),
+	                             config_pool_share(&s->cfg, 1)};
+	pool_set_shares(&s->pool, share);
+}
+
+/* What sets quota_cap: a share of the pool (enum pool_share), these, */
+#define CAP_MAX_QUOTA POOL_SHARES /* max_quota */
+#define CAP_POOL (POOL_SHARES + 1) /* the pool itself */
+
+/*
+ * The largest quota any tenant may hold: max_quota, and what the tenants of
+ * one uid and of one process may hold together (their shares of the pool);
+ * *which says which sets it.
+ */
+static uint64_t quota_cap(const struct server *s, int *which)
+{
+	uint64_t cap = pool_bytes_total(&s->pool);
+	*which = CAP_POOL;
+	if (s->cfg.max_quota && s->cfg.max_quota < cap) {
+		cap = s->cfg.max_quota;
+		*which = CAP_MAX_QUOTA;
+	}
+	for (int k = 0; k < POOL_SHARES; k++) {
+		uint64_t b = pool_share_chunks(&s->pool, (enum pool_share)k) *
+		             KVT_CHUNK_BYTES;
+		if (b < cap) {
+			cap = b;
+			*which = k;
+		}
+	}
+	return cap;
+}
+
+/*
+ * A quota asked beyond quota_cap is refused (KVT_EQUOTA, the text naming
+ * the setting); the asked quota counts in whole chunks, as it is held.
+ * More than the pool itself is tenant_new's refusal, with its text.
+ */
+static int quota_allowed(struct server *s, uint64_t asked, uint64_t *cap,
+                         char *why, size_t wlen)
+{
+	static const char *const who[POOL_SHARES] = {"uid", "process"};
+	static const char *const key[POOL_SHARES] = {"uid_pool_share",
+	                                             "pid_pool_share"};
+	int which;
+	*cap = quota_cap(s, &which);
+	if (which == CAP_POOL ||
+	    asked / KVT_CHUNK_BYTES * KVT_CHUNK_BYTES <= *cap)
+		return 0;
+	if (which == CAP_MAX_QUOTA)
+		snprintf(why, wlen, "quota of %" PRIu64 " bytes is above "
+		         "max_quota (%" PRIu64 " bytes)", asked, *cap);
+	else
+		snprintf(why, wlen, "quota of %" PRIu64 " bytes is above what "
+		         "the tenants of one %s may hold together: %s %g of "
+		         "the pool, %" PRIu64 " bytes", asked, who[which],
+		         key[which], config_pool_share(&s->cfg, which), *cap);
+	s->st.quota_refusals_total++;
+	return KVT_EQUOTA;
+}
+
+/* The uid's and process's accounts for st (KVT_ENOMEM). */
+static int shares_bind(struct server *s, struct srv_tenant *st,
+                       const struct srv_conn *c)
+{
+	st->acct[POOL_SHARE_UID] = pool_account_get(&s->pool, POOL_SHARE_UID,
+	                                            c->uid);
+	st->acct[POOL_SHARE_PID] = pool_account_get(&s->pool, POOL_SHARE_PID,
+	                                            c->pid);
+	return st->acct[POOL_SHARE_UID] && st->acct[POOL_SHARE_PID]
+	               ? 0
+	               : KVT_ENOMEM;
 }
 
 /*
@@ -79,7 +165,7 @@ void srv_reclaim(struct server *s, struct srv_tenant *st,
 		snprintf(st->doomed_why, sizeof(st->doomed_why), "%s", why);
 		return;
 	}
-	srv_tenant_free(st, why);
+	srv_tenant_free(s, st, why);
 }
 
 /*
@@ -153,16 +239,9 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
 	int rv = srv_pipe_allowed(s, pipe, "hello", why, wlen);
 	if (rv)
 		return rv;
-	/* More than the pool itself is tenant_new's refusal, with its text. */
-	uint64_t pool_bytes = pool_bytes_total(&s->pool);
-	uint64_t max_quota = s->cfg.max_quota ? s->cfg.max_quota : pool_bytes;
-	if (s->cfg.max_quota && h->quota_bytes > max_quota) {
-		snprintf(why, wlen, "quota of %" PRIu64 " bytes is above "
-		         "max_quota (%" PRIu64 " bytes)", h->quota_bytes,
-		         max_quota);
-		s->st.quota_refusals_total++;
-		return KVT_EQUOTA;
-	}
+	uint64_t cap;
+	if ((rv = quota_allowed(s, h->quota_bytes, &cap, why, wlen)))
+		return rv;
 	if (pipe->pid != c->pid) {
 		snprintf(why, wlen, "control connection (pid %" PRIu32 ") and "
 		         "handle channel (pid %" PRIu32 ") are different "
@@ -183,21 +262,26 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
 	struct srv_tenant *st = calloc(1, sizeof(*st));
 	if (!st)
 		return KVT_ENOMEM;
+	if (shares_bind(s, st, c)) {
+		tenant_undo(s, st);
+		return KVT_ENOMEM;
+	}
 	/* A hello asking no quota gets default_quota (0: a fair share of the
-	 * pool), never more than max_quota; tenant_memory_max caps the daemon
+	 * pool), never more than quota_cap; tenant_memory_max caps the daemon
 	 * memory its geometry may need. */
 	struct tenant_limits lim = {
 		.default_quota = s->cfg.default_quota,
-		.max_quota = s->cfg.max_quota,
+		.max_quota = cap,
 		.expected_tenants = s->cfg.expected_tenants,
 		.memory_max = s->cfg.tenant_memory_max,
+		.acct = {st->acct[POOL_SHARE_UID], st->acct[POOL_SHARE_PID]},
 	};
 	rv = tenant_new(&s->pool, s->next_tenant_id, h, &lim, &st->t, why,
 	                wlen);
 	if (rv) {
 		if (lim.memory_need > lim.memory_max)
 			s->st.tenant_memory_refusals_total++;
-		free(st);
+		tenant_undo(s, st);
 		return rv;
 	}
 	const struct shm_geom *g = tenant_geom(st->t);
@@ -207,15 +291,13 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
 		         "(max_sync_lists %" PRIu32 ")",
 		         (uint64_t)g->n_layers * g->n_kv_heads,
 		         s->cfg.max_sync_lists);
-		tenant_free(st->t);
-		free(st);
+		tenant_undo(s, st);
 		return KVT_EGEOMETRY;
 	}
 	/* Device tenants: the two event handles go first, so the client has
 	 * them (or fails) before its segments complete the hello. */
 	if (srv_send_events(c, st->t)) {
-		tenant_free(st->t);
-		free(st);
+		tenant_undo(s, st);
 		snprintf(why, wlen, "cannot send event handles over the handle "
 		         "channel");
 		return KVT_ECONN;
@@ -226,8 +308,7 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
 	                        .size = g->stage_bytes};
 	if (handle_send(c->fd, &tm, tenant_table_fd(st->t)) ||
 	    handle_send(c->fd, &sm, tenant_stage_fd(st->t))) {
-		tenant_free(st->t);
-		free(st);
+		tenant_undo(s, st);
 		snprintf(why, wlen, "cannot send segments over the handle channel");
 		return KVT_ECONN;
 	}

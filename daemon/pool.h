@@ -10,10 +10,18 @@
  * recycled) when that tenant no longer needs it, so no one else's memory can
  * ever appear behind a descriptor a client still holds.
  *
+ * Shares: besides the capacity, every chunk counts against the accounts
+ * of its tenant's uid and process (struct pool_account), each of which may
+ * hold at most a share of the pool (pool_set_shares).  So one user or one
+ * process, whatever number of tenants it registers, cannot take the memory
+ * the others' engines are owed.
+ *
  * Threads: pool_chunk_new and pool_chunk_free may run on several threads
- * at once (the loop, and syncs on worker threads); the counters are
- * atomic, read them with pool_chunks_used (or __atomic loads).  The rest
- * is set up once by the loop before any tenant exists.
+ * at once (the loop, and syncs on worker threads); the counters (the
+ * pool's and each account's `chunks`) and the share caps are atomic, read
+ * them with pool_chunks_used, pool_account_chunks, pool_share_chunks.  The
+ * account list (pool_account_get / put) belongs to the loop; the rest is
+ * set up once by the loop before any tenant exists.
  */
 #ifndef KVT_POOL_H
 #define KVT_POOL_H
@@ -23,6 +31,22 @@
 #include "backend.h"
 #include "kvtrim.h"
 
+/* Who a share of the pool belongs to. */
+enum pool_share { POOL_SHARE_UID, POOL_SHARE_PID, POOL_SHARES };
+
+/*
+ * The chunks that one uid's (or one process's) tenants hold together.
+ * Allocated once and never moved while a tenant refers to it: chunks keep
+ * a pointer to it, and pool_chunk_free gives their count back.
+ */
+struct pool_account {
+	struct pool_account *next; /* the pool's list (loop only) */
+	enum pool_share kind;
+	uint32_t id;               /* uid or pid */
+	uint32_t refs;             /* tenants bound to it (loop only) */
+	uint64_t chunks;           /* chunks held (atomic) */
+};
+
 struct pool {
 	const struct kvt_backend_ops *ops; /* NULL: backend_cpu */
 	void *bctx;                        /* the backend's context */
@@ -30,6 +54,9 @@ struct pool {
 	uint64_t chunks_used;    /* chunks currently created */
 	uint64_t chunks_created_total;
 	uint64_t chunks_released_total;
+	uint64_t share_chunks[POOL_SHARES]; /* most chunks one account of
+	                                       each kind may hold (atomic) */
+	struct pool_account *accounts;      /* every account with refs > 0 */
 };
 
 struct pool_chunk {
@@ -40,10 +67,12 @@ struct pool_chunk {
 	uint64_t bytes;
 	uint8_t ipc[KVT_BACKEND_IPC_BYTES]; /* cuda ipc mode: handle to send */
 	uint64_t priv[2];                  /* the backend's own */
+	struct pool_account *acct[POOL_SHARES]; /* counted in; NULL: none */
 };
 
 /* Sets the capacity; KVT_EINVAL when pool_bytes holds no whole chunk.
- * The backend is cpu until pool_set_backend. */
+ * The backend is cpu until pool_set_backend; shares are the whole pool
+ * until pool_set_shares. */
 int pool_init(struct pool *p, uint64_t pool_bytes);
 
 /* Makes later chunks come from ops with context ctx (from ops->ctx_new;
@@ -51,8 +80,40 @@ int pool_init(struct pool *p, uint64_t pool_bytes);
 void pool_set_backend(struct pool *p, const struct kvt_backend_ops *ops,
                       void *ctx);
 
-/* Creates a zero-filled chunk; KVT_EPOOLFULL at capacity, KVT_ESYS. */
-int pool_chunk_new(struct pool *p, struct pool_chunk *out);
+/*
+ * Each account of a kind may hold share[kind] of the pool (a ratio in
+ * (0, 1]): that many whole chunks, at least one.  Applies to later
+ * allocations; what accounts hold already stays.
+ */
+void pool_set_shares(struct pool *p, const double share[POOL_SHARES]);
+
+/* Most chunks one account of kind may hold (an atomic read). */
+uint64_t pool_share_chunks(const struct pool *p, enum pool_share kind);
+
+/* The account of (kind, id), created on first use, with one more
+ * reference; NULL when out of memory.  Loop only. */
+struct pool_account *pool_account_get(struct pool *p, enum pool_share kind,
+                                      uint32_t id);
+
+/* Drops a reference from pool_account_get (NULL: nothing); the account
+ * goes once the last tenant and every chunk counted in it have.  Loop
+ * only. */
+void pool_account_put(struct pool *p, struct pool_account *a);
+
+/* Chunks account a holds now (an atomic read). */
+uint64_t pool_account_chunks(const struct pool_account *a);
+
+/* Accounts of kind with at least one reference (distinct uids or
+ * processes holding tenants).  Loop only. */
+uint32_t pool_accounts(const struct pool *p, enum pool_share kind);
+
+/*
+ * Creates a zero-filled chunk counted in each non-NULL acct[kind] (acct
+ * may be NULL: no account); KVT_EPOOLFULL at capacity or when an account
+ * is at its share, KVT_ESYS.
+ */
+int pool_chunk_new(struct pool *p, struct pool_account *const *acct,
+                   struct pool_chunk *out);
 
 /* Unmaps and closes a chunk and returns its capacity.  Safe on a zeroed
  * chunk (fd 0 is never a memfd here: fields are set to -1 / NULL). */

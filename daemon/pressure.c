@@ -1,9 +1,10 @@
 /*
  * pressure.c — memory pressure, and the requests parked for pool pages.
  *
- * In three steps: above high_watermark every tenant gets a pressure level
- * (scaled by its priority, tenant_set_pressure) that shrinks its policy's
- * budgets at its next sync; a seq_open or sync that still finds the pool
+ * In three steps: above high_watermark (of the pool, or of a uid's or a
+ * process's share of it) tenants get a pressure level (uids above their fair share first,
+ * scaled by priority, tenant_set_pressure) that shrinks their policies'
+ * budgets at their next sync; a seq_open or sync that still finds the pool
  * full is parked (its request simply is not answered yet; the loop
  * goes on) and retried as pages come free; after pressure_deadline_ms it
  * is refused with KVT_EPOOLFULL (the decision is srv_conclude's,
@@ -15,26 +16,45 @@
 
 #include "server_int.h"
 
-/*
- * Pool use above high_watermark becomes a pool-wide level in (0, 1],
- * rising linearly to 1 at a full pool.  Each tenant gets that level scaled
- * by (lowest priority present / its priority): the least important tenants
- * are tightened fully, more important ones proportionally less.
- */
-void srv_pressure(struct server *s)
+/* Use (0..1 of what may be held) above high_watermark hw as a level in
+ * [0, 1], rising linearly to 1 when all of it is held. */
+static double level_of(double use, double hw)
 {
-	double use = s->pool.chunk_capacity
-	                     ? (double)pool_chunks_used(&s->pool) /
-	                               (double)s->pool.chunk_capacity
-	                     : 0;
-	double hw = s->cfg.high_watermark;
 	double level = 0;
 	if (use > hw)
 		level = hw < 1 ? (use - hw) / (1 - hw) : 1;
-	if (level > 1)
-		level = 1;
-	s->pressure = (float)level;
+	return level > 1 ? 1 : level;
+}
 
+/* Does some uid hold more than fair chunks? */
+static int some_uid_above(const struct pool *p, uint64_t fair)
+{
+	for (const struct pool_account *a = p->accounts; a; a = a->next)
+		if (a->kind == POOL_SHARE_UID && a->refs &&
+		    pool_account_chunks(a) > fair)
+			return 1;
+	return 0;
+}
+
+/* The larger level of st's uid's and process's use of their shares. */
+static double share_level(const struct server *s, const struct srv_tenant *st,
+                          double hw)
+{
+	double l = 0;
+	for (int k = 0; k < POOL_SHARES; k++) {
+		double cap = (double)pool_share_chunks(&s->pool,
+		                                       (enum pool_share)k);
+		double lk = level_of(
+			(double)pool_account_chunks(st->acct[k]) / cap, hw);
+		if (lk > l)
+			l = lk;
+	}
+	return l;
+}
+
+/* The lowest priority of the registered tenants. */
+static uint32_t min_priority(const struct server *s)
+{
 	uint32_t min_prio = UINT32_MAX;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		if (s->tenants[i]) {
@@ -43,11 +63,43 @@ void srv_pressure(struct server *s)
 			if (p < min_prio)
 				min_prio = p;
 		}
+	return min_prio;
+}
+
+/*
+ * Levels, each rising linearly above high_watermark to 1 when full: the
+ * pool's use, and a uid's (process's) use of its own share
+ * (uid_pool_share, pid_pool_share), which tightens a uid that nears its
+ * share before the pool is anywhere near full.  The pool's level reaches first the uids holding more than a fair
+ * share (the pool over the uids with tenants): while one does, the others
+ * are spared it.  A tenant gets the larger of the levels that reach it,
+ * scaled by (lowest priority present / its priority): the least important
+ * tenants are tightened fully, more important ones proportionally less.
+ */
+void srv_pressure(struct server *s)
+{
+	uint64_t cap = s->pool.chunk_capacity;
+	double hw = s->cfg.high_watermark;
+	double level =
+		cap ? level_of((double)pool_chunks_used(&s->pool) / (double)cap,
+		               hw)
+		    : 0;
+	s->pressure = (float)level;
+
+	uint32_t uids = pool_accounts(&s->pool, POOL_SHARE_UID);
+	uint64_t fair = uids ? cap / uids : cap;
+	int hog = some_uid_above(&s->pool, fair);
+	uint32_t min_prio = min_priority(s);
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {
 		struct srv_tenant *st = s->tenants[i];
 		if (!st || st->busy)
 			continue; /* mid-sync: next tick */
-		float p = (float)(level * min_prio /
+		uint64_t held = pool_account_chunks(st->acct[POOL_SHARE_UID]);
+		double l = hog && held <= fair ? 0 : level;
+		double ls = share_level(s, st, hw);
+		if (ls > l)
+			l = ls;
+		float p = (float)(l * min_prio /
 		                  config_priority(&s->cfg, tenant_name(st->t)));
 		float cur = tenant_pressure(st->t);
 		/* Hysteresis: policies re-plan on every change, so small

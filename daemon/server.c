@@ -45,6 +45,7 @@ void srv_config_changed(struct server *s)
 	if (lvl >= 0)
 		log_threshold = lvl;
 	srv_allow_refresh(s);
+	srv_shares_refresh(s);
 }
 
 /* ---------------------------------------------------------- timers */
@@ -399,6 +400,7 @@ int server_new(const struct config *cfg, const struct config_args *args,
 		goto fail;
 	}
 	pool_set_backend(&s->pool, s->bops, s->bctx);
+	srv_shares_refresh(s);
 	s->tenants = calloc(cfg->max_tenants, sizeof(*s->tenants));
 	s->reqs = calloc(cfg->contexts, sizeof(*s->reqs));
 	if (!s->tenants || !s->reqs) {

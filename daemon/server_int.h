@@ -159,6 +159,8 @@ struct srv_tenant {
 	uint64_t token;
 	uint32_t pipe_id;
 	uint32_t pid;
+	struct pool_account *acct[POOL_SHARES]; /* its uid's and process's
+	                                           shares of the pool */
 	struct srv_conn *conn;
 	int draining;   /* kvtrimctl drain: no new sequences */
 	/*
@@ -535,7 +537,11 @@ void srv_tenant_stats(struct srv_tenant *st, struct kvt_tenant_stats *out);
 
 /* Frees st and its memory (logged with why); it must be out of the table
  * and idle. */
-void srv_tenant_free(struct srv_tenant *st, const char *why);
+void srv_tenant_free(struct server *s, struct srv_tenant *st,
+                     const char *why);
+/* The pool's share caps from uid_pool_share / pid_pool_share, at start
+ * and after every config change. */
+void srv_shares_refresh(struct server *s);
 
 /* Ends st's lease (why is logged): now, or when its running sync ends. */
 void srv_reclaim(struct server *s, struct srv_tenant *st, const char *why);

@@ -85,6 +85,18 @@ struct stats_snap *srv_snapshot(struct server *s)
 		snap->clients_connected += !c->closing;
 	snap->control_connections = s->n_pipes;
 	snap->backpressure_parked_requests = s->n_parked;
+	snap->pool_uids = pool_accounts(&s->pool, POOL_SHARE_UID);
+	snap->uid_share_bytes =
+		pool_share_chunks(&s->pool, POOL_SHARE_UID) * KVT_CHUNK_BYTES;
+	snap->pid_share_bytes =
+		pool_share_chunks(&s->pool, POOL_SHARE_PID) * KVT_CHUNK_BYTES;
+	snap->uid_bytes_used_max = 0;
+	for (const struct pool_account *a = s->pool.accounts; a; a = a->next)
+		if (a->kind == POOL_SHARE_UID &&
+		    pool_account_chunks(a) * KVT_CHUNK_BYTES >
+		            snap->uid_bytes_used_max)
+			snap->uid_bytes_used_max =
+				pool_account_chunks(a) * KVT_CHUNK_BYTES;
 
 	n = 0;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++) {

@@ -163,7 +163,16 @@
 	X(clients_connected, "engine processes connected (handle channels)")   \
 	X(control_connections,                                                 \
 	  "open control-socket connections (engines and kvtrimctl)")           \
-	X(backpressure_parked_requests, "requests waiting for pool pages now")
+	X(backpressure_parked_requests, "requests waiting for pool pages now") \
+	X(pool_uids, "uids holding a registered tenant")                       \
+	X(uid_share_bytes,                                                     \
+	  "pool bytes the tenants of one uid may hold together "               \
+	  "(uid_pool_share)")                                                  \
+	X(pid_share_bytes,                                                     \
+	  "pool bytes the tenants of one process may hold together "           \
+	  "(pid_pool_share)")                                                  \
+	X(uid_bytes_used_max,                                                  \
+	  "pool bytes held by the tenants of the uid holding most")
 
 #define STATS_FGAUGES(X)                                                       \
 	X(pool_use_ratio, "pool chunks in use / capacity")                     \

@@ -562,6 +562,9 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		            "quota of %llu bytes is below one chunk (%llu bytes)",
 		            (unsigned long long)quota,
 		            (unsigned long long)KVT_CHUNK_BYTES);
+	/* Chunks are the unit of quota: what a part chunk would add can
+	 * never be held, so the quota is what is usable (and reported). */
+	quota = quota / KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
 
 	const char *rel = relative_model(h->policy);
 	if (rel)
@@ -628,6 +631,7 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	t->pool = pool;
 	t->quota = quota;
 	t->max_chunks = (uint32_t)(quota / KVT_CHUNK_BYTES);
+	memcpy(t->acct, lim->acct, sizeof(t->acct));
 	t->lists_per_seq = g.n_layers * g.n_kv_heads;
 	t->pos_cap = g.max_tokens + g.headroom;
 	t->alloc_cur = TENANT_NO_CHUNK;

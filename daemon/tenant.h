@@ -67,6 +67,10 @@ struct tenant_limits {
 	uint64_t memory_need;      /* out: the hello's estimate (struct
 	                              tenant_mem total), 0 when tenant_new
 	                              refused it before computing it */
+	struct pool_account *acct[POOL_SHARES]; /* the uid's and process's
+	                              shares its chunks count in (borrowed:
+	                              they must outlive the tenant); NULL:
+	                              none */
 };
 
 /*
@@ -104,7 +108,8 @@ int tenant_name_check(const char *name, char *err, size_t errlen);
  * Registers a tenant from a decoded hello: applies defaults (an empty name
  * becomes "tenant-<id>"), validates the name (KVT_EINVAL) and the geometry
  * (KVT_EGEOMETRY), parses the policy spec (KVT_EPOLICY), checks the quota
- * (0 asks the default of lim; more than the pool gives KVT_EQUOTA) and the
+ * (0 asks the default of lim; more than the pool or less than one chunk
+ * gives KVT_EQUOTA; otherwise rounded down to whole chunks) and the
  * daemon memory the tenant may cause (struct tenant_mem: more than
  * lim->memory_max gives KVT_EQUOTA, the text naming the parts and the hello
  * fields to lower), and creates the table and staging memfds.  No chunk is
@@ -162,6 +167,12 @@ int tenant_stage_fd(const struct tenant *t); /* size: geom.stage_bytes */
  * (KVT_ENOSEQ wherever an id is taken).
  */
 int tenant_seq_open(struct tenant *t, uint64_t *seq);
+
+/* tenant_seq_open, with the reason of a refusal in err (errlen bytes):
+ * which limit the pages ran into (the quota, a share of the pool, the
+ * pool). */
+int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
+                        size_t errlen);
 
 /*
  * Before a seq_open numbered `no` (the client's request number): the

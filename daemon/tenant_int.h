@@ -118,6 +118,7 @@ struct tenant {
 	uint64_t quota;
 	struct tenant_mem mem;  /* daemon memory it may cause, at admission */
 	uint32_t max_chunks;    /* quota / KVT_CHUNK_BYTES */
+	struct pool_account *acct[POOL_SHARES]; /* tenant_limits.acct */
 	uint32_t lists_per_seq; /* n_layers * n_kv_heads */
 	uint32_t pos_cap;       /* max_tokens + headroom */
 
@@ -568,6 +569,16 @@ static inline void *page_ptr(const struct tenant *t, uint32_t id)
  */
 int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
                          char *err, size_t errlen);
+
+/*
+ * tenant_reserve_pages' limits alone, changing nothing: KVT_EQUOTA,
+ * KVT_EPOOLFULL (the reason in err) when `need` pages would need chunks
+ * beyond the quota, the uid's or process's share or the pool; else 0 and
+ * in *k the chunks to create.  Cheap enough to ask before building what
+ * an operation needs (a parked seq_open is asked again often).
+ */
+int tenant_pages_check(const struct tenant *t, uint64_t need, uint64_t freed,
+                       uint64_t *k, char *err, size_t errlen);
 
 /*
  * Second half: takes one free page (the caller's tenant_reserve_pages made

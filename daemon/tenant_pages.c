@@ -73,30 +73,73 @@ static void chunk_destroy(struct tenant *t, uint32_t slot)
 }
 
 /*
+ * Can k more chunks count in the tenant's uid and process shares?  Else
+ * KVT_EPOOLFULL, as for a full pool: the share is that uid's (process's)
+ * pool, and pages its other tenants free, or pressure makes them free,
+ * can end the wait.  The share is rechecked when the chunk is created.
+ */
+static int share_check(const struct tenant *t, uint64_t k, char *err,
+                       size_t errlen)
+{
+	static const char *const who[POOL_SHARES] = {"uid", "process"};
+	static const char *const key[POOL_SHARES] = {"uid_pool_share",
+	                                             "pid_pool_share"};
+	for (int i = 0; k && i < POOL_SHARES; i++) {
+		const struct pool_account *a = t->acct[i];
+		if (!a)
+			continue;
+		uint64_t held = pool_account_chunks(a);
+		uint64_t cap = pool_share_chunks(t->pool, (enum pool_share)i);
+		if (held + k > cap)
+			return errors_fmt(err, errlen, KVT_EPOOLFULL,
+			            "needs %llu more chunk(s); the tenants of %s "
+			            "%u hold %llu of the %llu chunks its share of the "
+			            "pool (%s) allows", (unsigned long long)k,
+			            who[i], a->id, (unsigned long long)held,
+			            (unsigned long long)cap, key[i]);
+	}
+	return 0;
+}
+
+/*
  * First half of every page-changing operation: makes sure `need` pages can
  * be allocated once `freed` pages have been returned, creating chunks now if
  * the free pages do not suffice.  Also reserves room for every event and
  * dead chunk the operation can produce, so the second half cannot fail.
  * On error nothing changed.  On success the ADD events are queued.
  */
+int tenant_pages_check(const struct tenant *t, uint64_t need, uint64_t freed,
+                       uint64_t *k, char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	uint64_t avail = t->free_pages + freed;
+	*k = 0;
+	if (need > avail)
+		*k = (need - avail + g->pages_per_chunk - 1) / g->pages_per_chunk;
+	if (t->n_chunks + *k > t->max_chunks)
+		return errors_fmt(err, errlen, KVT_EQUOTA,
+		            "needs %llu more chunk(s): %u held, quota allows %u",
+		            (unsigned long long)*k, t->n_chunks, t->max_chunks);
+	int rc = share_check(t, *k, err, errlen);
+	if (rc)
+		return rc;
+	if (pool_chunks_used(t->pool) + *k > t->pool->chunk_capacity)
+		return errors_fmt(err, errlen, KVT_EPOOLFULL,
+		            "needs %llu more chunk(s); the pool has %llu of %llu "
+		            "in use", (unsigned long long)*k,
+		            (unsigned long long)pool_chunks_used(t->pool),
+		            (unsigned long long)t->pool->chunk_capacity);
+	return 0;
+}
+
 int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
                          char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
-	uint64_t avail = t->free_pages + freed;
-	uint64_t k = 0;
-	if (need > avail)
-		k = (need - avail + g->pages_per_chunk - 1) / g->pages_per_chunk;
-	if (t->n_chunks + k > t->max_chunks)
-		return errors_fmt(err, errlen, KVT_EQUOTA,
-		            "needs %llu more chunk(s): %u held, quota allows %u",
-		            (unsigned long long)k, t->n_chunks, t->max_chunks);
-	if (pool_chunks_used(t->pool) + k > t->pool->chunk_capacity)
-		return errors_fmt(err, errlen, KVT_EPOOLFULL,
-		            "needs %llu more chunk(s); the pool has %llu of %llu "
-		            "in use", (unsigned long long)k,
-		            (unsigned long long)pool_chunks_used(t->pool),
-		            (unsigned long long)t->pool->chunk_capacity);
+	uint64_t k;
+	int rc = tenant_pages_check(t, need, freed, &k, err, errlen);
+	if (rc)
+		return rc;
 	/* Every live chunk may be revoked at the end; each new one is added. */
 	uint32_t worst = t->n_chunks + (uint32_t)k;
 	if (tenant_ensure_room((void **)&t->ev, &t->ev_cap,
@@ -111,7 +154,7 @@ int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 		if (!madev)
 			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
-	int rc = 0;
+	rc = 0;
 	uint32_t n_made = 0, slot = 0;
 	while (n_made < k) {
 		while (t->chunks[slot].pc.base) /* lowest free slot */
@@ -122,7 +165,7 @@ int tenant_reserve_pages(struct tenant *t, uint64_t need, uint64_t freed,
 			rc = errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 			break;
 		}
-		rc = pool_chunk_new(t->pool, &c->pc);
+		rc = pool_chunk_new(t->pool, t->acct, &c->pc);
 		if (rc) {
 			free(c->free);
 			c->free = NULL;

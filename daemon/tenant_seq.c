@@ -160,15 +160,28 @@ static void seq_slot_start(struct tenant *t, struct tseq *s)
 
 int tenant_seq_open(struct tenant *t, uint64_t *seq)
 {
+	return tenant_seq_open_why(t, seq, NULL, 0);
+}
+
+int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
+                        size_t errlen)
+{
 	const struct shm_geom *g = &t->g;
-	uint32_t slot;
-	int rc = seq_slot_new(t, &slot);
+	uint32_t per_list = pages_for(g, 0, g->headroom);
+	uint64_t need = (uint64_t)per_list * t->lists_per_seq, k;
+	/* A slot, then the pages, before any allocation: a refused open
+	 * (parked, and asked again at every wake-up while the pool is full)
+	 * costs none. */
+	if (t->n_open >= g->max_seqs)
+		return KVT_ESEQLIMIT;
+	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
 	if (rc)
 		return rc;
+	uint32_t slot;
+	if ((rc = seq_slot_new(t, &slot)))
+		return rc;
 	struct tseq *s = &t->seqs[slot];
-	uint32_t per_list = pages_for(g, 0, g->headroom);
-	rc = tenant_reserve_pages(t, (uint64_t)per_list * t->lists_per_seq, 0,
-	                          NULL, 0);
+	rc = tenant_reserve_pages(t, need, 0, err, errlen);
 	if (rc) {
 		tenant_seq_release(s);
 		return rc;

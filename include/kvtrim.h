@@ -150,7 +150,10 @@ struct kvt_config {
 	uint64_t quota_bytes;     /* pool bytes this tenant may hold; 0 = the
 	                             daemon's default quota (its default_quota,
 	                             by default a fair share: pool_size /
-	                             expected_tenants) */
+	                             expected_tenants).  Held in whole 2 MiB
+	                             chunks: rounded down to them at
+	                             kvt_connect, which stores what was
+	                             granted here (kvt_config_of) */
 	int timeout_ms;           /* per call; 0 = 5000 */
 };
 
@@ -167,8 +170,13 @@ typedef uint64_t kvt_seq;
  * Connects to kvtrimd, registers a tenant and maps its segments.
  * On success *out owns the connection until kvt_disconnect().  The daemon
  * refuses bad geometry (KVT_EGEOMETRY), a spec that does not parse
- * (KVT_EPOLICY), a bad tenant name (KVT_EINVAL), a quota larger than the
- * pool or than its max_quota (KVT_EQUOTA), and a geometry whose daemon-side
+ * (KVT_EPOLICY), a bad tenant name (KVT_EINVAL), a quota below one chunk,
+ * or larger than the pool, than its max_quota or than what the tenants of
+ * one uid or one process may hold together (its uid_pool_share and
+ * pid_pool_share: by default 3/4 and 1/2 of the pool with 4
+ * expected_tenants, so that no user or process can take what the others'
+ * engines are owed) (KVT_EQUOTA, the text naming the limit), and a
+ * geometry whose daemon-side
  * state (table and staging segments, per-sequence arrays, scratch, for
  * max_seqs open sequences) would exceed its tenant_memory_max (KVT_EQUOTA,
  * the text naming the parts and which fields to lower), and a connection
@@ -236,7 +244,11 @@ KVT_API uint32_t kvt_policy_inputs(const kvt_client *c);
 
 /*
  * Opens a sequence: every (layer, head) list starts empty with headroom.
- * One that timed out (KVT_ETIMEDOUT) may have opened a sequence whose id
+ * Pages beyond the tenant's quota: KVT_EQUOTA at once.  Pages the pool, or
+ * the share of it the tenants of this uid or process may hold together,
+ * lacks: the request waits up to the daemon's pressure_deadline_ms for
+ * pages to come free, then KVT_EPOOLFULL, kvt_last_error naming which
+ * (the same holds for kvt_sync).  One that timed out (KVT_ETIMEDOUT) may have opened a sequence whose id
  * this client never learnt: the next kvt_seq_open has kvtrimd close it
  * first (and refuse the timed-out request should it arrive only then), so
  * its slot and pages come back.

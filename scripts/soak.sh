@@ -49,10 +49,12 @@ bad() { echo "soak: FAIL: $*"; fail=1; }
 # that grows beyond it (kvzap, full) needs pages another must give up first.
 # Pressure from half the pool; a parked request waits at most 250 ms, so
 # engines see KVT_EPOOLFULL and must back off; a tenant may hold at most
-# 12 MiB (full engines need about 8).
+# 12 MiB (full engines need about 8).  Every engine runs as this one uid,
+# the pool's only user, so its share is the whole pool (each process's
+# stays half of it, more than the quota).
 "$BIN/kvtrimd" --runtime-dir "$DIR" --backend cpu --pool-size "$POOL" \
 	--high-watermark 0.5 --pressure-deadline-ms 250 --default-quota 12M \
-	--log-level warning 2>"$DIR/kvtrimd.log" &
+	--uid-pool-share 1 --log-level warning 2>"$DIR/kvtrimd.log" &
 DPID=$!
 i=0
 while [ ! -S "$DIR/ctl.ipc" ] || [ ! -S "$DIR/fd.sock" ]; do

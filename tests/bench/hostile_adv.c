@@ -708,6 +708,91 @@ static void adv_uid_300(const struct th_daemon *d, int quick)
  * bench, the healthy engine) is not one and the limits apply to it. */
 static const char *const uid_300_args[] = {"--admin-uids", "65533", NULL};
 
+/*
+ * pool_hog: one process registers PH_TENANTS tenants at the default quota
+ * (a fair share, pool / expected_tenants) and opens sequences of a wide
+ * geometry (16 chunks each) in every one until refused, then keeps asking
+ * for more: without shares of the pool it would hold it all.  Ready at the
+ * first refusal; it reports the chunks it holds.
+ */
+#define PH_TENANTS 4
+#define PH_SEQS 8
+
+/* One tenant of the hog: 32 layers x 8 KV heads of 128 KiB pages, one
+ * page a list (the headroom): a sequence takes 16 chunks. */
+static kvt_client *hog_tenant(const struct th_daemon *d, int i)
+{
+	char name[32], err[KVT_ERRTEXT_MAX];
+	struct kvt_config c;
+	kvt_client *cl;
+	memset(&c, 0, sizeof(c));
+	snprintf(name, sizeof(name), "hostile-hog-%d", i);
+	c.runtime_dir = d->dir;
+	c.tenant = name;
+	c.geo = (struct kvt_geometry){32, 8, 8, 128, 1024};
+	c.dtype = KVT_DTYPE_F16;
+	c.page_tokens = 256;
+	c.max_seqs = PH_SEQS;
+	c.max_tokens = 256;
+	c.headroom = 256;
+	c.policy = "full";
+	c.timeout_ms = 30000;
+	int rc = kvt_connect(&c, &cl, err);
+	if (rc) {
+		fprintf(stderr, "kvtrim-bench: pool_hog: tenant %d: %s: %s\n",
+		        i, kvt_strerror(rc), err);
+		return NULL;
+	}
+	return cl;
+}
+
+/* Opens sequences in cl until refused (or all PH_SEQS are); *open counts
+ * them.  The refusal, or 0. */
+static int hog_fill(kvt_client *cl, int *open)
+{
+	int rc = 0;
+	while (*open < PH_SEQS) {
+		kvt_seq s;
+		if ((rc = kvt_seq_open(cl, &s)))
+			return rc;
+		(*open)++;
+	}
+	return rc;
+}
+
+__attribute__((noreturn))
+static void adv_pool_hog(const struct th_daemon *d, int quick)
+{
+	kvt_client *cl[PH_TENANTS];
+	int open[PH_TENANTS] = {0}, refused = 0;
+	(void)quick;
+	for (int i = 0; i < PH_TENANTS; i++)
+		cl[i] = hog_tenant(d, i);
+	/* In place at the first refusal: the pool (or the share) is full. */
+	for (int i = 0; i < PH_TENANTS && !refused; i++)
+		if (cl[i] && hog_fill(cl[i], &open[i]))
+			refused++;
+	int seqs = 0;
+	for (int i = 0; i < PH_TENANTS; i++)
+		seqs += open[i];
+	adv_say("ready tenants=%d seqs=%d chunks=%d refused=%d", PH_TENANTS,
+	        seqs, seqs * 16, refused);
+	for (;;) {
+		/* Keeps asking: each refused open waits the daemon's
+		 * pressure_deadline_ms first. */
+		for (int i = 0; i < PH_TENANTS; i++)
+			if (cl[i] && open[i] < PH_SEQS &&
+			    hog_fill(cl[i], &open[i]))
+				refused++;
+		seqs = 0;
+		for (int i = 0; i < PH_TENANTS; i++)
+			seqs += open[i];
+		adv_say("stat seqs=%d chunks=%d refused=%d", seqs, seqs * 16,
+		        refused);
+		hostile_sleep_ms(100);
+	}
+}
+
 const struct hostile_adv hostile_advs[] = {
 	{"never_reading", adv_never_reading, 0, NULL, 0, 0},
 	{"idle_5000", adv_idle, 0, NULL, 0, 0},
@@ -717,6 +802,7 @@ const struct hostile_adv hostile_advs[] = {
 	{"slow_http", adv_slow_http, 1, NULL, 0, 0},
 	{"slow_decode", adv_slow_decode, 0, NULL, 0, 0},
 	{"uid_300", adv_uid_300, 0, uid_300_args, UID_RECONNECT, 1},
+	{"pool_hog", adv_pool_hog, 0, NULL, 50, 0},
 };
 _Static_assert(sizeof(hostile_advs) / sizeof(hostile_advs[0]) == HOSTILE_N_ADV,
                "HOSTILE_N_ADV (hostile.h) counts the adversaries");

@@ -155,8 +155,10 @@ static float s2_rnd(uint64_t *st, float a)
 
 static pid_t s2_daemon(const char *bin_dir, const char *dir)
 {
+	/* One engine holds the whole pool: no share is kept for others. */
 	const char *const args[] = {"--backend", "cpu", "--pool-size", S2_POOL,
-	                            "--tenant-memory-max", "4G", NULL};
+	                            "--tenant-memory-max", "4G",
+	                            "--expected-tenants", "1", NULL};
 	return bench_spawn_daemon(bin_dir, dir, args);
 }
 

@@ -318,7 +318,10 @@ static double wait_metric(const struct th_daemon *d, const char *series,
 TEST(contract_sync, sync_reports_the_pressure_and_budget_applied)
 {
 	struct th_daemon d;
-	th_daemon_start(&d, "4M", NULL); /* 2 chunks */
+	/* One engine: its uid's and process's shares are the whole pool, so
+	 * the level below is the pool's alone. */
+	const char *extra[] = {"--expected-tenants", "1", NULL};
+	th_daemon_start(&d, "4M", extra); /* 2 chunks */
 	struct kvt_config cfg = th_small_cfg(&d, "squeezed",
 	                                     "streaming:tokens=8,sinks=0");
 	cfg.quota_bytes = KVT_CHUNK_BYTES;

@@ -28,7 +28,8 @@ TEST_T(revoke, closing_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 		T_SKIP("legacy IPC chunks are revoked one packet each (their "
 		       "cookies are acknowledged): docs/protocol.md");
 	struct th_daemon d;
-	const char *extra[] = {"--tenant-memory-max", "2G", NULL};
+	const char *extra[] = {"--tenant-memory-max", "2G",
+	                       "--expected-tenants", "1", NULL};
 	th_daemon_start(&d, "1400M", extra);
 	struct kvt_config cfg = th_small_cfg(&d, "wide", "full");
 	/* 32 layers x 8 KV heads = 256 lists; pages of 64 f32 entries of
@@ -84,7 +85,8 @@ TEST_T(revoke, opening_a_sequence_of_640_chunks_keeps_the_tenant, 120)
 		T_SKIP("legacy IPC chunks are granted one packet each (no fd "
 		       "to batch): docs/protocol.md");
 	struct th_daemon d;
-	const char *extra[] = {"--tenant-memory-max", "2G", NULL};
+	const char *extra[] = {"--tenant-memory-max", "2G",
+	                       "--expected-tenants", "1", NULL};
 	th_daemon_start(&d, "1400M", extra);
 	struct kvt_config cfg = th_small_cfg(&d, "deep", "full");
 	cfg.geo = (struct kvt_geometry){32, 8, 8, 256, 2048};

@@ -336,7 +336,10 @@ TEST(pressure, tightening_shrinks_budgets_at_the_next_sync)
 	kvt_client *c, *hog;
 	kvt_seq seq, hs[2];
 	struct kvt_list v;
-	th_daemon_start(&d, "4M", NULL); /* 2 chunks */
+	/* Both tenants are this process's: with expected_tenants 1 its
+	 * share is the whole pool. */
+	const char *extra[] = {"--expected-tenants", "1", NULL};
+	th_daemon_start(&d, "4M", extra); /* 2 chunks */
 	struct kvt_config cfg = th_small_cfg(&d, "squeezed", "streaming:tokens=8");
 	T_OK(kvt_connect(&cfg, &c, err));
 	T_OK(kvt_seq_open(c, &seq));

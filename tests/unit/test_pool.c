@@ -23,7 +23,7 @@ TEST(pool, chunk_is_sealed_zeroed_and_shared)
 	struct pool p;
 	struct pool_chunk c;
 	T_OK(pool_init(&p, 2 * KVT_CHUNK_BYTES));
-	T_OK(pool_chunk_new(&p, &c));
+	T_OK(pool_chunk_new(&p, NULL, &c));
 	T_ASSERT(c.fd >= 0);
 	T_ASSERT(c.base != NULL);
 	T_EQ_U64(c.bytes, KVT_CHUNK_BYTES);
@@ -69,15 +69,15 @@ TEST(pool, capacity_exhausted_and_returned)
 	struct pool p;
 	struct pool_chunk c[3];
 	T_OK(pool_init(&p, 2 * KVT_CHUNK_BYTES));
-	T_OK(pool_chunk_new(&p, &c[0]));
-	T_OK(pool_chunk_new(&p, &c[1]));
-	T_ERR(pool_chunk_new(&p, &c[2]), KVT_EPOOLFULL);
+	T_OK(pool_chunk_new(&p, NULL, &c[0]));
+	T_OK(pool_chunk_new(&p, NULL, &c[1]));
+	T_ERR(pool_chunk_new(&p, NULL, &c[2]), KVT_EPOOLFULL);
 	T_EQ(c[2].fd, -1);
 	T_ASSERT(c[2].base == NULL);
 	T_EQ_U64(p.chunks_used, 2);
 	pool_chunk_free(&p, &c[0]);
 	T_EQ_U64(p.chunks_used, 1);
-	T_OK(pool_chunk_new(&p, &c[2]));
+	T_OK(pool_chunk_new(&p, NULL, &c[2]));
 	T_EQ_U64(p.chunks_used, 2);
 	T_EQ_U64(p.chunks_created_total, 3);
 	pool_chunk_free(&p, &c[1]);
@@ -102,4 +102,49 @@ TEST(pool, free_zeroed_chunk_is_safe)
 	T_EQ(z.fd, -1);
 	T_EQ_U64(p.chunks_used, 0);
 	T_EQ_U64(p.chunks_released_total, 0);
+}
+
+/* A uid's (and a process's) account holds at most its share of the pool;
+ * what one account holds leaves the others theirs. */
+TEST(pool, shares_cap_each_account)
+{
+	struct pool p;
+	struct pool_chunk c[4];
+	T_OK(pool_init(&p, 4 * KVT_CHUNK_BYTES));
+	double share[POOL_SHARES] = {0.75, 1};
+	pool_set_shares(&p, share);
+	T_EQ_U64(pool_share_chunks(&p, POOL_SHARE_UID), 3);
+	T_EQ_U64(pool_share_chunks(&p, POOL_SHARE_PID), 4);
+	struct pool_account *hog[POOL_SHARES] = {
+		pool_account_get(&p, POOL_SHARE_UID, 1000),
+		pool_account_get(&p, POOL_SHARE_PID, 77)};
+	struct pool_account *other[POOL_SHARES] = {
+		pool_account_get(&p, POOL_SHARE_UID, 65534),
+		pool_account_get(&p, POOL_SHARE_PID, 78)};
+	T_ASSERT(hog[0] && hog[1] && other[0] && other[1]);
+	T_EQ(pool_accounts(&p, POOL_SHARE_UID), 2);
+	for (int i = 0; i < 3; i++)
+		T_OK(pool_chunk_new(&p, hog, &c[i]));
+	T_ERR(pool_chunk_new(&p, hog, &c[3]), KVT_EPOOLFULL);
+	T_EQ_U64(pool_account_chunks(hog[0]), 3);
+	T_EQ_U64(pool_account_chunks(hog[1]), 3); /* nothing half-counted */
+	T_EQ_U64(p.chunks_used, 3);
+	T_OK(pool_chunk_new(&p, other, &c[3]));
+	T_EQ_U64(pool_account_chunks(other[0]), 1);
+	for (int i = 0; i < 4; i++)
+		pool_chunk_free(&p, &c[i]);
+	T_EQ_U64(pool_account_chunks(hog[0]), 0);
+	T_EQ_U64(pool_account_chunks(other[1]), 0);
+	/* The same id again is the same account, while referred to. */
+	T_ASSERT(pool_account_get(&p, POOL_SHARE_UID, 1000) == hog[0]);
+	pool_account_put(&p, hog[0]);
+	for (int k = 0; k < POOL_SHARES; k++) {
+		pool_account_put(&p, hog[k]);
+		pool_account_put(&p, other[k]);
+	}
+	T_ASSERT(p.accounts == NULL);
+	/* A share too small for a chunk still allows one. */
+	double tiny[POOL_SHARES] = {0.01, 0.01};
+	pool_set_shares(&p, tiny);
+	T_EQ_U64(pool_share_chunks(&p, POOL_SHARE_UID), 1);
 }
