@@ -485,7 +485,7 @@ def goals(bench, res_by_size, sizes):
             out.append(f"# goal {S}: kvtrim full decode within 1.3x of "
                        f"DynamicCache: {r:.2f}x, "
                        f"{'met' if r <= 1.3 else 'NOT met'}")
-        if T != max(sizes):
+        if T != 8192:
             continue
         for v in ("kvtrim_kvzap", "kvtrim_streaming"):
             if v not in res:
@@ -496,6 +496,9 @@ def goals(bench, res_by_size, sizes):
                        f"{kb:.3f}x, {'met' if kb <= 0.3 else 'NOT met'}; "
                        f"decode >= 1.5x faster: {sp:.2f}x, "
                        f"{'met' if sp >= 1.5 else 'NOT met'}")
+    if 8192 not in sizes:
+        out.append("# goal 8k: eviction's KV bytes and decode speed-up not "
+                   "measured (no 8192 in --sizes)")
     for line in out:
         print(line, flush=True)
     return out
