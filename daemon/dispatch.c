@@ -127,7 +127,7 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 		}
 		if (r->u.open.from)
 			rv = tenant_seq_fork(st->t, r->u.open.from,
-			                     &rep->u.seq);
+			                     &rep->u.seq, why, wlen);
 		else
 			rv = tenant_seq_open_why(st->t, &rep->u.seq, why,
 			                         wlen);

@@ -201,10 +201,12 @@ int tenant_seq_reconcile(struct tenant *t, uint64_t no, uint64_t undo,
  * tenant_seq_open.  Both then go on independently.  KVT_ENOSEQ for an
  * unknown `from`, KVT_EINVAL when the policy keeps per-entry state on the
  * device (an attention rule deciding there: not copied), KVT_ESEQLIMIT,
- * KVT_ENOMEM, KVT_EQUOTA or KVT_EPOOLFULL with nothing changed; KVT_ESYS
+ * KVT_ENOMEM, KVT_EQUOTA or KVT_EPOOLFULL with nothing changed (the
+ * reason in err, as tenant_seq_open_why gives it); KVT_ESYS
  * when a device copy fails (the tenant is marked failed).
  */
-int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq);
+int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
+                    char *err, size_t errlen);
 
 /* Closes a sequence and frees its pages; KVT_ENOSEQ for an unknown id. */
 int tenant_seq_close(struct tenant *t, uint64_t seq);

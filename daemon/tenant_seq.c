@@ -224,7 +224,8 @@ static int copy_pages(struct tenant *t, const uint32_t *dst,
 	return 0;
 }
 
-int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq)
+int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
+                    char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	int64_t sl = tenant_seq_slot(t, from);
@@ -238,13 +239,20 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq)
 		for (uint32_t head = 0; head < g->n_kv_heads; head++)
 			need += pages_for(g, tlist_at(t, src, layer, head)->len,
 			                  g->headroom);
-	uint32_t slot;
-	int rc = seq_slot_new(t, &slot);
+	/* As tenant_seq_open_why: a slot and the pages before any
+	 * allocation. */
+	if (t->n_open >= g->max_seqs)
+		return KVT_ESEQLIMIT;
+	uint64_t k;
+	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
 	if (rc)
+		return rc;
+	uint32_t slot;
+	if ((rc = seq_slot_new(t, &slot)))
 		return rc;
 	struct tseq *s = &t->seqs[slot];
 	const struct tseq *f = &t->seqs[src];
-	if ((rc = tenant_reserve_pages(t, need, 0, NULL, 0))) {
+	if ((rc = tenant_reserve_pages(t, need, 0, err, errlen))) {
 		tenant_seq_release(s);
 		return rc;
 	}
