@@ -652,7 +652,17 @@ static int encode_plain(const struct tok *t, struct scratch *s,
 	int rc = x.cp && x.off ? 0 : KVT_ENOMEM;
 	for (size_t i = 0; rc == 0 && i < len;) {
 		x.off[x.n] = i;
-		i += unicode_utf8_at(p, len, i, &x.cp[x.n]); /* validated by the caller */
+		/* The whole text is valid UTF-8 (tok_encode checks), but a
+		 * special token's text may end inside a character, which
+		 * leaves this piece starting or ending with part of one: such
+		 * a byte is one code point of its own (U+FFFD's class), so the
+		 * loop always advances and BPE still sees every byte. */
+		size_t k = unicode_utf8_at(p, len, i, &x.cp[x.n]);
+		if (!k) {
+			x.cp[x.n] = 0xfffd;
+			k = 1;
+		}
+		i += k;
 		x.n++;
 	}
 	if (rc == 0)

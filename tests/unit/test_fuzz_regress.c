@@ -5,7 +5,9 @@
  */
 #include "codec.h"
 #include "config.h"
+#include "gguf.h"
 #include "test.h"
+#include "tokenizer.h"
 #include "weights.h"
 
 static int all_zero(const void *p, size_t n)
@@ -127,4 +129,44 @@ TEST(fuzz_regress, config_ratio_renders_round_trip)
 		     0);
 		T_ASSERT(a.high_watermark == b.high_watermark);
 	}
+}
+
+/*
+ * fuzz_gguf: a vocabulary whose special token's text ends inside a UTF-8
+ * character ("2024, caf\xc3") split fuzz_gguf's text there, and the plain
+ * piece after it began with a lone continuation byte; encode_plain's
+ * decoder returned 0 for it and the loop wrote code points past its
+ * buffer without advancing (heap-buffer-overflow).  Such a byte is now a
+ * code point of its own, and every byte of the text comes back from
+ * decoding what was encoded.  The file is the fuzzer's input, kept in the
+ * corpus (tests/fuzz/corpus/gguf).
+ */
+TEST(fuzz_regress, special_token_ending_inside_a_character)
+{
+	static const char text[] = "<|im_start|>user\nHi 2024, caf\xc3\xa9!"
+	                           "<|im_end|>\n  end";
+	const char *path = "tests/fuzz/corpus/gguf/"
+	                   "special-token-splits-a-character.gguf";
+	char err[KVT_ERRTEXT_MAX];
+	FILE *f = fopen(path, "rb");
+	T_ASSERT(f);
+	static uint8_t buf[1 << 16];
+	size_t n = fread(buf, 1, sizeof(buf), f);
+	fclose(f);
+	struct gguf *g = NULL;
+	struct tok *t = NULL;
+	T_EQ(gguf_open_mem(buf, n, &g, err, sizeof(err)), 0);
+	T_EQ(tok_load(g, &t, err, sizeof(err)), 0);
+	struct tok_ids ids = {0};
+	T_EQ(tok_encode(t, text, sizeof(text) - 1, TOK_SPECIAL, &ids, err,
+	                sizeof(err)), 0);
+	char *out = NULL;
+	size_t len = 0;
+	T_EQ(tok_decode(t, ids.v, ids.n, &out, &len, err, sizeof(err)), 0);
+	T_EQ(len, sizeof(text) - 1);
+	T_ASSERT(!memcmp(out, text, len));
+	free(out);
+	free(ids.v);
+	tok_free(t);
+	gguf_close(g);
 }
