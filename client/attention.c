@@ -192,6 +192,13 @@ static int check(kvt_client *c, size_t i, int many, kvt_seq seq,
 		               "(out and lse must be memory of their own)", at);
 		return KVT_EINVAL;
 	}
+	/* Where kvt_memcpy refuses to write, so does the attention: a store
+	 * there would fault instead of failing. */
+	if (mem_in_table(&c->mem, out, qb) || mem_in_table(&c->mem, lse, lb)) {
+		client_set_err(c, "kvt_attention: %sout or lse lies in the "
+		               "table, which only kvtrimd writes", at);
+		return KVT_EINVAL;
+	}
 	/* The new entries sit in the headroom pages the daemon promised
 	 * after the last sync: a list without them breaks the contract. */
 	*max_len = 0;

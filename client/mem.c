@@ -473,11 +473,16 @@ static int overlaps(const void *p, size_t n, const void *base, uint64_t len)
 	return base && n && a < b + len && b < a + n;
 }
 
+int mem_in_table(const struct mem *m, const void *p, size_t bytes)
+{
+	return overlaps(p, bytes, m->table, m->g.table_bytes) ||
+	       overlaps(p, bytes, m->dtab.base, m->g.table_bytes);
+}
+
 static int copy_check(const struct mem *m, const void *dst, size_t bytes,
                       char *err, size_t errlen)
 {
-	if (overlaps(dst, bytes, m->table, m->g.table_bytes) ||
-	    overlaps(dst, bytes, m->dtab.base, m->g.table_bytes))
+	if (mem_in_table(m, dst, bytes))
 		return errors_fmt(err, errlen, KVT_EINVAL,
 		                  "the destination %p + %zu bytes lies in the "
 		                  "table (kvt_table_view, kvt_list_get), which "

@@ -108,6 +108,10 @@ int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen);
  * segments are mapped. */
 int mem_table_view(const struct mem *m, struct kvt_table_view *out);
 
+/* 1 when [p, p + bytes) meets the table, its host or its device copy
+ * (which only kvtrimd writes). */
+int mem_in_table(const struct mem *m, const void *p, size_t bytes);
+
 /* Copies bytes (kvt_memcpy): memcpy on a host tenant, else a copy on
  * stream and a wait for it.  0, KVT_EINVAL when [dst, dst + bytes) meets
  * the table (host or device copy: only kvtrimd writes it, and a write

@@ -711,7 +711,8 @@ KVT_API int kvt_list_record(const kvt_client *c, kvt_seq seq,
  * n 0 computes nothing (q, out and lse may then be NULL).  Every argument
  * is checked before anything is computed; an error writes nothing and
  * kvt_last_error says why: KVT_EINVAL (NULL client, NULL pointer with
- * n > 0, layer out of range, out or lse overlapping q or each other, on
+ * n > 0, layer out of range, out or lse overlapping q or each other or
+ * lying in the table, on
  * cuda a pointer that is not device memory), KVT_ENOSEQ (not an open sequence), KVT_EBUSY (its sync is in
  * flight), KVT_EHEADROOM (n beyond the headroom), KVT_EPROTO (a list
  * without the pages of its len + n entries: a daemon bug), KVT_ENOMEM

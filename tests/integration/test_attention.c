@@ -492,6 +492,17 @@ TEST(attention, attend_many_sequences_and_scales)
 	/* kvt_attention refuses overlap too (the header always forbade it) */
 	T_ERR(kvt_attention(c, s1, 0, 2, b[0], b[0], b[2]), KVT_EINVAL);
 	T_ERR(kvt_attention(c, s1, 0, 2, b[0], b[1], b[0]), KVT_EINVAL);
+	/* nor may out or lse lie in the table (host or device copy) */
+	struct kvt_table_view tv;
+	T_OK(kvt_table_view(c, &tv));
+	T_ERR(kvt_attention(c, s1, 0, 2, b[0], (float *)tv.table, b[2]),
+	      KVT_EINVAL);
+	T_ASSERT(strstr(kvt_last_error(c), "table"));
+	T_ERR(kvt_attention(c, s1, 0, 2, b[0], b[1], (float *)tv.table),
+	      KVT_EINVAL);
+	bad[1] = it[1];
+	bad[1].lse = (float *)tv.table;
+	T_ERR(kvt_attend(c, bad, 2), KVT_EINVAL);
 	T_OK(kvt_attend(c, NULL, 0));
 	for (int i = 0; i < 10; i++)
 		T_OK(kvt_buffer_free(c, b[i]));
