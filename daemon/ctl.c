@@ -577,6 +577,7 @@ static void srv_pipe_open(struct server *s, int fd)
 		snprintf(text, sizeof(text), "kvtrimd refused this control "
 		         "connection: %s", why);
 		srv_refuse(s, fd, rv, text);
+		srv_accept_hold(s, &s->caccept, &s->cpoll);
 		return;
 	}
 	struct srv_pipe *p = calloc(1, sizeof(*p));
@@ -643,6 +644,8 @@ static void srv_caccept_cb(uv_poll_t *h, int status, int events)
 		}
 		s->caccept.pause_ms = 0;
 		srv_pipe_open(s, fd);
+		if (s->caccept.paused) /* srv_accept_hold */
+			return;
 	}
 }
 

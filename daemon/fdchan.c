@@ -228,7 +228,9 @@ void srv_conn_resume(struct srv_conn *c)
 void srv_conn_cron(struct server *s, uint64_t now)
 {
 	uint64_t held;
-	for (struct srv_conn *c = s->conns, *n; c; c = n) {
+	uint32_t closed = 0;
+	for (struct srv_conn *c = s->conns, *n;
+	     c && closed < SRV_CLOSES_PER_TICK; c = n) {
 		n = c->next;
 		/* A refused peer gets just long enough to hear why. */
 		uint64_t limit = (c->denied || c->barred_ms || c->refused[0]) &&
@@ -242,6 +244,7 @@ void srv_conn_cron(struct server *s, uint64_t now)
 				    PRIu32 ": no hello (%" PRIu64 " more such "
 				    "closes not logged)", c->pid, held);
 			srv_conn_close(c);
+			closed++;
 		}
 	}
 }
@@ -532,6 +535,16 @@ void srv_accept_failed(struct server *s, struct srv_backoff *b,
 		    s->fd_limit, b->pause_ms, held);
 }
 
+void srv_accept_hold(struct server *s, struct srv_backoff *b,
+                     uv_poll_t *poll)
+{
+	if (++s->refusals_tick < SRV_REFUSALS_PER_TICK)
+		return;
+	uv_poll_stop(poll);
+	b->paused = 1;
+	b->resume_ms = now_ms();
+}
+
 int srv_backoff_over(struct srv_backoff *b, const struct server *s,
                      uint64_t now)
 {
@@ -640,6 +653,9 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 			srv_pending_refused(s, now, "a new one was refused, "
 			                    "to be told why at its hello", why);
 			srv_conn_open(s, fd, now, why);
+			srv_accept_hold(s, &s->haccept, &s->hpoll);
+			if (s->haccept.paused)
+				return;
 		} else {
 			/* A flood of refused ones costs an accept and a
 			 * close each. */
@@ -647,6 +663,9 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 			srv_pending_refused(s, now, "a new one was closed at "
 			                    "accept (SRV_REFUSALS_MAX refused "
 			                    "ones wait for their hello)", why);
+			srv_accept_hold(s, &s->haccept, &s->hpoll);
+			if (s->haccept.paused)
+				return;
 		}
 	}
 }

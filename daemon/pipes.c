@@ -277,21 +277,22 @@ void srv_pipe_bind(struct server *s, uint32_t id, int bound)
  * closed; one that could not get read memory is read again. */
 void srv_pipe_cron(struct server *s, uint64_t now)
 {
-	struct srv_pipe *due[64];
-	uint64_t *why_c[64];
-	const char *why[64];
+	struct srv_pipe *due[SRV_CLOSES_PER_TICK];
+	uint64_t *why_c[SRV_CLOSES_PER_TICK];
+	const char *why[SRV_CLOSES_PER_TICK];
 	uint32_t n = 0;
-	for (uint32_t i = 0; i < s->pipes_cap && n < 64; i++) {
+	for (uint32_t i = 0; i < s->pipes_cap; i++) {
 		struct srv_pipe *p = s->pipes[i];
 		if (!p)
 			continue;
-		if (p->stall_ms && now - p->stall_ms > s->cfg.send_timeout_ms &&
+		if (n < SRV_CLOSES_PER_TICK && p->stall_ms &&
+		    now - p->stall_ms > s->cfg.send_timeout_ms &&
 		    uv_stream_get_write_queue_size((uv_stream_t *)&p->h)) {
 			due[n] = p;
 			why_c[n] = &s->st.control_conns_closed_send_timeout_total;
 			why[n++] = "it did not take a reply within "
 			           "send_timeout_ms";
-		} else if (!p->bound && !p->inflight &&
+		} else if (n < SRV_CLOSES_PER_TICK && !p->bound && !p->inflight &&
 		           now - p->last_ms > s->cfg.hello_timeout_ms) {
 			due[n] = p;
 			why_c[n] = &s->st.control_conns_closed_idle_total;
@@ -302,7 +303,7 @@ void srv_pipe_cron(struct server *s, uint64_t now)
 		}
 	}
 	/* (Closing shifts the table: the ones due are closed after the scan;
-	 * more than 64 wait for the next tick.) */
+	 * beyond SRV_CLOSES_PER_TICK they wait for the next tick.) */
 	for (uint32_t k = 0; k < n; k++)
 		srv_pipe_close(s, due[k], why_c[k], why[k]);
 	srv_refuse_cron(s, now);

@@ -57,6 +57,7 @@ static void srv_cron_cb(uv_timer_t *t)
 {
 	struct server *s = t->data;
 	uint64_t now = now_ms();
+	s->refusals_tick = 0;
 	srv_conn_cron(s, now);
 	srv_pipe_cron(s, now);
 	srv_accept_resume(s, now);

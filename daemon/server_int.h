@@ -302,6 +302,8 @@ struct server {
 	uint64_t fd_limit;
 	uint32_t pending_cap;
 	int lock_fd;  /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
+	uint32_t refusals_tick; /* connections refused this cron tick
+	                           (srv_accept_hold) */
 	int claim_fd; /* the dir's abstract claim (rundir_claim), -1: none */
 	/* The socket files this daemon bound, as they were then: what
 	 * srv_rundir_watch compares the dir against, and what server_free
@@ -462,6 +464,26 @@ void srv_accept_failed(struct server *s, struct srv_backoff *b,
                        int err);
 int srv_backoff_over(struct srv_backoff *b, const struct server *s,
                      uint64_t now);
+
+/*
+ * A connection was refused for a bound (srv_pipe_room, srv_conn_room).
+ * Past SRV_REFUSALS_PER_TICK refusals in one cron tick (both sockets
+ * together), the listener is not polled until the next tick: while a flood
+ * keeps a bound reached, its connections then wait in the kernel's backlog
+ * (beyond it the kernel refuses them) instead of costing the loop an
+ * accept, a refusal and a close each without end; bursts of those delayed
+ * every tenant's sync.  Refused clients are still told why, a few hundred
+ * a second; an admin or a newcomer of another uid waits a tick at most.
+ */
+void srv_accept_hold(struct server *s, struct srv_backoff *b,
+                     uv_poll_t *poll);
+#define SRV_REFUSALS_PER_TICK 32
+
+/* Connections the cron closes per tick and socket for a deadline they
+ * missed (hello_timeout_ms, send_timeout_ms); the rest wait for the next
+ * tick.  A flood opened at once expires at once, and closing hundreds in
+ * one tick (10-20 us each) would hold every tenant's sync for milliseconds. */
+#define SRV_CLOSES_PER_TICK 16
 
 /* Cron: polls fd.sock again once an accept back-off is over. */
 void srv_accept_resume(struct server *s, uint64_t now);
