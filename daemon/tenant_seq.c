@@ -158,6 +158,31 @@ static void seq_slot_start(struct tenant *t, struct tseq *s)
 	t->n_open++;
 }
 
+/*
+ * First half of an open or a fork, and the start of the second: a slot,
+ * the sequence's arrays and `need` pages, checked before anything is
+ * allocated (a refused open, parked and asked again at every wake-up
+ * while the pool is full, costs none); then *slot is open.  KVT_ESEQLIMIT,
+ * KVT_ENOMEM or a pages refusal (reason in err) with nothing changed.
+ */
+static int seq_slot_take(struct tenant *t, uint64_t need, uint32_t *slot,
+                         char *err, size_t errlen)
+{
+	uint64_t k;
+	if (t->n_open >= t->g.max_seqs)
+		return KVT_ESEQLIMIT;
+	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
+	if (rc || (rc = seq_slot_new(t, slot)))
+		return rc;
+	struct tseq *s = &t->seqs[*slot];
+	if ((rc = tenant_reserve_pages(t, need, 0, err, errlen))) {
+		tenant_seq_release(s);
+		return rc;
+	}
+	seq_slot_start(t, s);
+	return 0;
+}
+
 int tenant_seq_open(struct tenant *t, uint64_t *seq)
 {
 	return tenant_seq_open_why(t, seq, NULL, 0);
@@ -168,26 +193,12 @@ int tenant_seq_open_why(struct tenant *t, uint64_t *seq, char *err,
 {
 	const struct shm_geom *g = &t->g;
 	uint32_t per_list = pages_for(g, 0, g->headroom);
-	uint64_t need = (uint64_t)per_list * t->lists_per_seq, k;
-	/* A slot, then the pages, before any allocation: a refused open
-	 * (parked, and asked again at every wake-up while the pool is full)
-	 * costs none. */
-	if (t->n_open >= g->max_seqs)
-		return KVT_ESEQLIMIT;
-	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
+	uint32_t slot;
+	int rc = seq_slot_take(t, (uint64_t)per_list * t->lists_per_seq, &slot,
+	                       err, errlen);
 	if (rc)
 		return rc;
-	uint32_t slot;
-	if ((rc = seq_slot_new(t, &slot)))
-		return rc;
 	struct tseq *s = &t->seqs[slot];
-	rc = tenant_reserve_pages(t, need, 0, err, errlen);
-	if (rc) {
-		tenant_seq_release(s);
-		return rc;
-	}
-
-	seq_slot_start(t, s);
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
 		for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 			struct tlist *l = tlist_at(t, slot, layer, head);
@@ -239,25 +250,12 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
 		for (uint32_t head = 0; head < g->n_kv_heads; head++)
 			need += pages_for(g, tlist_at(t, src, layer, head)->len,
 			                  g->headroom);
-	/* As tenant_seq_open_why: a slot and the pages before any
-	 * allocation. */
-	if (t->n_open >= g->max_seqs)
-		return KVT_ESEQLIMIT;
-	uint64_t k;
-	int rc = tenant_pages_check(t, need, 0, &k, err, errlen);
-	if (rc)
-		return rc;
 	uint32_t slot;
-	if ((rc = seq_slot_new(t, &slot)))
+	int rc = seq_slot_take(t, need, &slot, err, errlen);
+	if (rc)
 		return rc;
 	struct tseq *s = &t->seqs[slot];
 	const struct tseq *f = &t->seqs[src];
-	if ((rc = tenant_reserve_pages(t, need, 0, err, errlen))) {
-		tenant_seq_release(s);
-		return rc;
-	}
-
-	seq_slot_start(t, s);
 	memcpy(s->n_seen, f->n_seen, g->n_layers * sizeof(uint32_t));
 	if (t->sbytes)
 		memcpy(s->state, f->state, g->n_layers * t->sbytes);
