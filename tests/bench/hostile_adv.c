@@ -467,6 +467,45 @@ static void adv_cpu_hog(const struct th_daemon *d, int quick)
 }
 
 /*
+ * mem_hog: no client of the daemon either, one process at nice 10 copying
+ * one half of a MEMHOG_MIB buffer onto the other for HOG_BUSY_MS, a 1 ms
+ * pause, again: a neighbour that takes a core and the memory bandwidth, as
+ * the largest tenant's worker does (its syncs walk millions of list
+ * records and per-entry states).  The second floor beside largest_tenant:
+ * what memory traffic on the other core costs the healthy engine on this
+ * machine, whatever the daemon does.
+ */
+#define MEMHOG_MIB 256
+
+__attribute__((noreturn))
+static void adv_mem_hog(const struct th_daemon *d, int quick)
+{
+	(void)d;
+	(void)quick;
+	setpriority(PRIO_PROCESS, 0, 10);
+	const size_t half = (size_t)MEMHOG_MIB << 19;
+	char *buf = malloc(2 * half);
+	if (!buf) {
+		adv_say("ready bytes=0");
+		for (;;)
+			hostile_sleep_ms(1000);
+	}
+	memset(buf, 1, 2 * half);
+	adv_say("ready nice=10");
+	unsigned long long copies = 0;
+	for (;;) {
+		double t0 = hostile_now_ms();
+		while (hostile_now_ms() - t0 < HOG_BUSY_MS) {
+			memcpy(buf + (copies % 2) * half,
+			       buf + (1 - copies % 2) * half, half);
+			copies++;
+		}
+		hostile_sleep_ms(1);
+		adv_say("stat copies=%llu", copies);
+	}
+}
+
+/*
  * slow_decode: SD_PEERS control connections without a tenant, each
  * sending, back to back (the next as soon as the reply came), a request
  * of IPC_MAX_MSG bytes that is nothing but msgpack nils: a million in an
@@ -799,6 +838,7 @@ const struct hostile_adv hostile_advs[] = {
 	{"fd_flood", adv_fd_flood, 0, NULL, 0, 0},
 	{"largest_tenant", adv_largest, 0, NULL, 0, 0},
 	{"cpu_hog", adv_cpu_hog, 0, NULL, 0, 0},
+	{"mem_hog", adv_mem_hog, 0, NULL, 0, 0},
 	{"slow_http", adv_slow_http, 1, NULL, 0, 0},
 	{"slow_decode", adv_slow_decode, 0, NULL, 0, 0},
 	{"uid_300", adv_uid_300, 0, uid_300_args, UID_RECONNECT, 1},
