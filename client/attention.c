@@ -133,13 +133,6 @@ static int attend_device(kvt_client *c, uint32_t slot, uint32_t layer,
 	return rc < 0 ? fail(c, rc, why) : 0;
 }
 
-/* Whether [a, a + an) and [b, b + bn) (bytes) share a byte. */
-static int overlap(const void *a, size_t an, const void *b, size_t bn)
-{
-	const char *x = a, *y = b;
-	return an && bn && x < y + bn && y < x + an;
-}
-
 /*
  * Checks one attention (kvt_attention's arguments, item i of a kvt_attend
  * when many) against the host table before anything is computed: *slot
@@ -186,8 +179,8 @@ static int check(kvt_client *c, size_t i, int many, kvt_seq seq,
 	}
 	const size_t qb = (size_t)n * g->n_heads * g->head_dim * sizeof(float);
 	const size_t lb = (size_t)n * g->n_heads * sizeof(float);
-	if (overlap(q, qb, out, qb) || overlap(q, qb, lse, lb) ||
-	    overlap(out, qb, lse, lb)) {
+	if (mem_overlaps(q, qb, out, qb) || mem_overlaps(q, qb, lse, lb) ||
+	    mem_overlaps(out, qb, lse, lb)) {
 		client_set_err(c, "kvt_attention: %sq, out and lse overlap "
 		               "(out and lse must be memory of their own)", at);
 		return KVT_EINVAL;

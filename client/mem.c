@@ -466,17 +466,16 @@ static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
 	}
 }
 
-/* 1 when [p, p + n) meets [base, base + len). */
-static int overlaps(const void *p, size_t n, const void *base, uint64_t len)
+int mem_overlaps(const void *p, size_t n, const void *base, uint64_t len)
 {
 	uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
-	return base && n && a < b + len && b < a + n;
+	return base && n && len && a < b + len && b < a + n;
 }
 
 int mem_in_table(const struct mem *m, const void *p, size_t bytes)
 {
-	return overlaps(p, bytes, m->table, m->g.table_bytes) ||
-	       overlaps(p, bytes, m->dtab.base, m->g.table_bytes);
+	return mem_overlaps(p, bytes, m->table, m->g.table_bytes) ||
+	       mem_overlaps(p, bytes, m->dtab.base, m->g.table_bytes);
 }
 
 static int copy_check(const struct mem *m, const void *dst, size_t bytes,

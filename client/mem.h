@@ -108,6 +108,10 @@ int mem_device_after(struct mem *m, void *stream, char *err, size_t errlen);
  * segments are mapped. */
 int mem_table_view(const struct mem *m, struct kvt_table_view *out);
 
+/* 1 when [p, p + n) and [base, base + len) share a byte (bytes; NULL
+ * base or an empty range: 0). */
+int mem_overlaps(const void *p, size_t n, const void *base, uint64_t len);
+
 /* 1 when [p, p + bytes) meets the table, its host or its device copy
  * (which only kvtrimd writes). */
 int mem_in_table(const struct mem *m, const void *p, size_t bytes);
