@@ -148,6 +148,31 @@ static int cmp_float(const void *a, const void *b)
 }
 
 /*
+ * Runs spec in kvtrimd on window w as tenant `name` and writes which
+ * context entries it kept to DIR/keep-NAME.u8 (uint8 [L][n_kv][P]; its
+ * file name in fn); dies with the reason on a failure.
+ */
+static void dump_keep(const struct model *M, const char *dir,
+                      const struct ctx_window *w, const char *rt,
+                      struct ctx_cache *c, uint8_t *keep, const char *name,
+                      const char *spec, char *fn, size_t fnlen)
+{
+	char err[1200] = "";
+	const size_t nl = (size_t)M->cfg.n_layers * M->cfg.n_kv_heads;
+	ctx_cache_truncate(c, 0);
+	int rc = ctx_load_daemon(M, w, rt, name, spec, c, err, sizeof(err));
+	if (!rc)
+		rc = keep_of(M, w, c, keep);
+	if (rc)
+		eval_die("%s in kvtrimd: %s", name, rc == KVT_EPROTO && !err[0]
+		         ? "a kept row is no context row" : err);
+	snprintf(fn, fnlen, "keep-%s.u8", name);
+	FILE *f = open_in(dir, fn, "wb");
+	put(f, keep, 1, nl * w->P);
+	fclose(f);
+}
+
+/*
  * KVzap on window 0 for every checkpoint in DIR: x, the C scores, the
  * daemon's kept flags at the median threshold.  Writes the index's
  * "kvzap" member.
@@ -204,18 +229,7 @@ static void dump_kvzap(const struct model *M, const char *dir,
 		snprintf(spec, sizeof(spec), "kvzap:model=%.180s,threshold=%.6f,"
 		         "window=%u,sinks=%u", abs, tau, KVZAP_WINDOW,
 		         KVZAP_SINKS);
-		ctx_cache_truncate(c, 0);
-		int rc = ctx_load_daemon(M, w, rt, zver[v], spec, c, err,
-		                         sizeof(err));
-		if (!rc)
-			rc = keep_of(M, w, c, keep);
-		if (rc)
-			eval_die("%s in kvtrimd: %s", zver[v], rc == KVT_EPROTO &&
-			         !err[0] ? "a kept row is no context row" : err);
-		snprintf(fn, sizeof(fn), "keep-%s.u8", zver[v]);
-		f = open_in(dir, fn, "wb");
-		put(f, keep, 1, nl * P);
-		fclose(f);
+		dump_keep(M, dir, w, rt, c, keep, zver[v], spec, fn, sizeof(fn));
 		fprintf(ix, "%s\n  {\"name\": \"%s\", \"dir\": \"%s\", "
 		        "\"scores\": \"%s.scores.f32\", \"keep\": \"%s\", "
 		        "\"threshold\": %.9g, \"window\": %u, \"sinks\": %u, "
@@ -252,11 +266,10 @@ static void dump_others(const struct model *M, const char *dir,
 	          {"random", NULL, "ratio=0.75,seed=7"},
 	          {"fastkvzip", "fastkvzip.safetensors", "ratio=0.75"},
 	          {"kvpop", "kvpop.safetensors", "tokens=%u"}};
-	const size_t nl = (size_t)M->cfg.n_layers * M->cfg.n_kv_heads;
 	fprintf(ix, ",\n \"others\": [");
 	for (size_t i = 0, first = 1; i < sizeof(op) / sizeof(op[0]); i++) {
-		char d[PATH_MAX + 64], abs[PATH_MAX], err[1200],
-		     spec[KVT_SPEC_MAX], rest[64], model[240] = "",
+		char d[PATH_MAX + 64], abs[PATH_MAX], spec[KVT_SPEC_MAX],
+		     rest[64], model[240] = "",
 		     dmodel[96] = "", fn[64];
 		if (op[i].file) {
 			snprintf(d, sizeof(d), "%s/%s", dir, op[i].file);
@@ -270,18 +283,7 @@ static void dump_others(const struct model *M, const char *dir,
 		}
 		snprintf(rest, sizeof(rest), op[i].fmt, w->P / 4);
 		snprintf(spec, sizeof(spec), "%s:%s%s", op[i].name, model, rest);
-		ctx_cache_truncate(c, 0);
-		int rc = ctx_load_daemon(M, w, rt, op[i].name, spec, c, err,
-		                         sizeof(err));
-		if (!rc)
-			rc = keep_of(M, w, c, keep);
-		if (rc)
-			eval_die("%s in kvtrimd: %s", op[i].name, rc == KVT_EPROTO &&
-			         !err[0] ? "a kept row is no context row" : err);
-		snprintf(fn, sizeof(fn), "keep-%s.u8", op[i].name);
-		FILE *f = open_in(dir, fn, "wb");
-		put(f, keep, 1, nl * w->P);
-		fclose(f);
+		dump_keep(M, dir, w, rt, c, keep, op[i].name, spec, fn, sizeof(fn));
 		fprintf(ix, "%s\n  {\"name\": \"%s\", \"spec\": \"%s:%s%s\", "
 		        "\"keep\": \"%s\"}", first ? "" : ",", op[i].name,
 		        op[i].name, dmodel, rest, fn);
