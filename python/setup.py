@@ -63,6 +63,10 @@ setup(
         sources=["kvtrim/_kvtrim.c"],
         include_dirs=[os.path.join(ROOT, "include")],
         extra_objects=[LIB_A],
+        # Relinked whenever libkvtrim or its header changed, not only
+        # when _kvtrim.c did: a build directory left from an older
+        # libkvtrim would otherwise keep its stale copy.
+        depends=[LIB_A, os.path.join(ROOT, "include", "kvtrim.h")],
         libraries=private_libs(),
         define_macros=[("Py_LIMITED_API", "0x030B0000")],
         extra_compile_args=["-std=c11", "-Wall", "-Wextra",
