@@ -135,11 +135,6 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			snprintf(why, wlen, "no open sequence %#llx to copy on "
 			         "tenant %u", (unsigned long long)r->u.open.from,
 			         st->id);
-		else if (rv == KVT_EINVAL)
-			snprintf(why, wlen, "policy %s keeps its per-entry "
-			         "state on the device, which a copy does not "
-			         "take: kvt_seq_fork is refused",
-			         tenant_policy_spec(st->t));
 		if (rv)
 			return srv_device_failed(s, st, rv, "seq_open");
 		s->st.sequences_opened_total++;

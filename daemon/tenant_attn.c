@@ -130,6 +130,28 @@ static void attn_free_device(struct tenant *t)
 	t->astart = NULL;
 }
 
+/* The state records of one sequence slot (TOVA: one per layer; the
+ * others: one per list) and the bytes of one record, both halves. */
+static uint32_t slot_records(const struct tenant *t, int kind)
+{
+	return kind == POLICY_ATTN_TOVA ? t->g.n_layers : t->lists_per_seq;
+}
+
+static size_t record_bytes(const struct tenant *t, int kind)
+{
+	const uint32_t floats = kind == POLICY_ATTN_H2O ? group(t)
+	                        : kind == POLICY_ATTN_KVPOP ? 2 : 0;
+	return 2 * (size_t)t->g.max_tokens * (1 + floats) * sizeof(float);
+}
+
+/* The bytes of one (sequence, layer)'s u ring (KVpop). */
+static size_t ring_bytes(const struct tenant *t,
+                         const struct policy_attn_rule *r)
+{
+	return (size_t)(r->delay + t->g.headroom) * pop_dims(t->pol).r *
+	       sizeof(float);
+}
+
 int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
@@ -139,12 +161,8 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 		return 0;
 	const struct shm_geom *g = &t->g;
 	t->akind = (int)r.kind;
-	const uint32_t floats = r.kind == POLICY_ATTN_H2O ? group(t)
-	                        : r.kind == POLICY_ATTN_KVPOP ? 2 : 0;
-	size_t nrec = (size_t)g->max_seqs * (r.kind == POLICY_ATTN_TOVA
-	                                     ? g->n_layers : t->lists_per_seq);
-	size_t bytes = nrec * 2 * g->max_tokens * (1 + floats) *
-	               sizeof(float);
+	size_t nrec = (size_t)g->max_seqs * slot_records(t, t->akind);
+	size_t bytes = nrec * record_bytes(t, t->akind);
 	t->acur = calloc(nrec ? nrec : 1, 1);
 	t->astart = calloc((size_t)g->max_seqs * g->n_layers + 1,
 	                   sizeof(*t->astart));
@@ -163,8 +181,7 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 		if (!(rc = pop_upload(t, t->pol, &t->aweights, why,
 		                      sizeof(why)))) {
 			size_t ub = (size_t)g->max_seqs * g->n_layers *
-			            (r.delay + g->headroom) * pop_dims(t->pol).r *
-			            sizeof(float);
+			            ring_bytes(t, &r);
 			if ((rc = o->mem_new(t->bctx, ub ? ub : 4,
 			                     (void **)&t->au))) {
 				t->au = NULL;
@@ -178,6 +195,30 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 		    "state (%s); it decides on the host", t->name,
 		    t->pol->ops->name, why);
 		attn_free_device(t);
+	}
+	return 0;
+}
+
+int tenant_attn_fork(struct tenant *t, uint32_t dst, uint32_t src)
+{
+	if (!t->astate)
+		return 0;
+	const struct kvt_backend_ops *o = t->bops;
+	const uint32_t per = slot_records(t, t->akind), nl = t->g.n_layers;
+	const size_t rb = (size_t)per * record_bytes(t, t->akind);
+	char *st = t->astate;
+	if (o->copy(t->bctx, st + dst * rb, st + src * rb, rb, t->stream))
+		return KVT_ESYS;
+	memcpy(t->acur + (size_t)dst * per, t->acur + (size_t)src * per, per);
+	memcpy(t->astart + (size_t)dst * nl, t->astart + (size_t)src * nl,
+	       nl * sizeof(*t->astart));
+	struct policy_attn_rule r;
+	if (t->au && attn_rule(t, &r)) {
+		const size_t ub = nl * ring_bytes(t, &r);
+		char *u = (char *)t->au;
+		if (o->copy(t->bctx, u + dst * ub, u + src * ub, ub,
+		            t->stream))
+			return KVT_ESYS;
 	}
 	return 0;
 }

@@ -469,6 +469,12 @@ enum tenant_attn {
 int tenant_attn_init(struct tenant *t, char *err, size_t errlen);
 void tenant_attn_fini(struct tenant *t);
 
+/* kvt_seq_fork: slot dst's device state (both halves of its records,
+ * their current halves, H2O's tail starts, KVpop's u rings) becomes slot
+ * src's, the copies queued on the tenant's stream; 0, or KVT_ESYS when a
+ * copy fails (the tenant is then broken, as after any failed device op). */
+int tenant_attn_fork(struct tenant *t, uint32_t dst, uint32_t src);
+
 /* tenant_reload_policy: np's weights to the device (KVpop), the old ones
  * kept on failure; 0 or an error with the reason. */
 int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,

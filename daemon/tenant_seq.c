@@ -242,8 +242,6 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
 	int64_t sl = tenant_seq_slot(t, from);
 	if (sl < 0)
 		return KVT_ENOSEQ;
-	if (t->astate)
-		return KVT_EINVAL;
 	const uint32_t src = (uint32_t)sl;
 	uint64_t need = 0;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
@@ -282,6 +280,8 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
 			t->kept += l->len;
 			tenant_mirror(t, slot, layer, head);
 		}
+	if (tenant_attn_fork(t, slot, src))
+		t->failed = 1;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
 		tenant_stage_poison(t, slot, layer, s->n_seen[layer], s->room);
 	tenant_revoke_empty(t);

@@ -267,10 +267,11 @@ KVT_API int kvt_seq_open(kvt_client *c, kvt_seq *out);
  * the context once, then fork it for each question and close the fork.
  * Errors: KVT_ENOSEQ (from is not an open sequence of this client),
  * KVT_EBUSY (its async sync is in flight), KVT_ESTALE (a sync of it is in
- * doubt: kvt_seq_query first), KVT_EINVAL (a policy that keeps per-entry
- * state on the device: h2o, tova, kvpop on the cuda backend), and those of
- * kvt_seq_open (KVT_ESEQLIMIT, KVT_EQUOTA, KVT_EPOOLFULL); a timeout is
- * resolved as kvt_seq_open's is.
+ * doubt: kvt_seq_query first), and those of kvt_seq_open
+ * (KVT_ESEQLIMIT, KVT_EQUOTA, KVT_EPOOLFULL); a timeout is resolved as
+ * kvt_seq_open's is.  On the cuda backend the policy's device state (H2O's
+ * accumulated attention, TOVA's positions, KVpop's scores and rings) is
+ * copied on the device too.
  */
 KVT_API int kvt_seq_fork(kvt_client *c, kvt_seq from, kvt_seq *out);
 

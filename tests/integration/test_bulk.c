@@ -10,6 +10,7 @@
 
 #include "daemon.h"
 #include "kvtrim.h"
+#include "rndweights.h"
 #include "test.h"
 
 /* geometry of th_small_cfg: 2 layers, 4 heads, 2 KV heads, head_dim 8,
@@ -375,18 +376,110 @@ TEST(bulk, fork_copies_a_sequence_that_then_goes_its_own_way)
 	char out[4096];
 	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	kvt_disconnect(c);
-	/* On the cuda backend H2O decides on the device, its per-entry state
-	 * there: a fork is refused, saying why. */
-	cfg = th_small_cfg(&d, "fork-h2o", "h2o:tokens=6");
-	cfg.stage_tokens = 4;
-	T_OK(kvt_connect(&cfg, &c, err));
-	T_OK(kvt_seq_open(c, &a));
-	if (kvt_memory_kind(c) == KVT_MEMORY_CUDA) {
-		T_ERR(kvt_seq_fork(c, a, &b), KVT_EINVAL);
-		T_ASSERT(strstr(kvt_last_error(c), "on the device"));
-	} else {
-		T_OK(kvt_seq_fork(c, a, &b));
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/* A small pseudo-random value in [-1, 1) of (a, b, c): the same inputs
+ * for every sequence given the same positions. */
+static float mix(uint32_t a, uint32_t b, uint32_t c)
+{
+	uint32_t h = a * 2654435761u ^ (b + 0x9e3779b9u) * 40503u ^
+	             c * 2246822519u;
+	h ^= h >> 15;
+	h *= 2246822519u;
+	h ^= h >> 13;
+	return (float)(h & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* n tokens at positions p .. p + n - 1 into every list of s, K, V and
+ * the staged x, q, lse all functions of (layer, head, position), and a
+ * sync of them: the attention a policy computes differs per entry. */
+static void append_attn(kvt_client *c, kvt_seq s, uint32_t p, uint32_t n)
+{
+	float K[KV][4][HD], V[KV][4][HD], qv[4 * HD];
+	for (uint32_t l = 0; l < 2; l++) {
+		for (uint32_t h = 0; h < KV; h++)
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t i = 0; i < HD; i++) {
+					K[h][t][i] = mix(l, h * 64 + p + t, i);
+					V[h][t][i] = mix(l + 7, h * 64 + p + t,
+					                 i);
+				}
+		void *bk, *bv;
+		const void *sk = src_copy(c, K, sizeof(K), &bk);
+		const void *sv = src_copy(c, V, sizeof(V), &bv);
+		T_OK(kvt_write_kv(c, s, l, 0, n, sk, sv, HD, 4 * HD));
+		T_OK(kvt_buffer_free(c, bk));
+		T_OK(kvt_buffer_free(c, bv));
+		for (uint32_t t = 0; t < n; t++) {
+			for (uint32_t i = 0; i < 4 * HD; i++)
+				qv[i] = 2.0f * mix(l + 13, p + t, i);
+			th_stage_row(c, s, l, p + t, qv);
+		}
 	}
-	kvt_disconnect(c);
+	struct kvt_sync_item it = {s, n, p ? KVT_PHASE_DECODE
+	                                   : KVT_PHASE_PREFILL, 0, 0};
+	T_OK(kvt_sync(c, &it, 1));
+}
+
+/*
+ * kvt_seq_fork of a sequence whose policy keeps per-entry state (H2O's
+ * accumulated attention, TOVA's positions, KVpop's delayed attention,
+ * scores and u rings: on the device on the cuda backend, on the host
+ * otherwise): the copy decides as the source does, sync after sync, so
+ * its state came along (a copy without it decides from zeroed scores, or
+ * finds its device counts wrong and refuses the sync).  Then a sync of
+ * the source alone leaves the copy as it was.
+ */
+TEST(bulk, fork_carries_the_policy_state_of_attention_policies)
+{
+	struct th_daemon d;
+	th_daemon_start(&d, "64M", NULL);
+	char path[600], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX];
+	snprintf(path, sizeof(path), "%s/kvpop-fork.safetensors",
+	         th_tmpdir());
+	const char *specs[] = {
+		"h2o:tokens=10", "h2o:tokens=10,agg=max,sinks=1",
+		"tova:tokens=10,window=2",
+		"kvpop:model=%s,tokens=10,delay=3,sinks=1",
+	};
+	for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
+		struct kvt_config cfg = th_small_cfg(&d, "fork-attn", NULL);
+		cfg.stage_tokens = 4;
+		if (strstr(specs[k], "%s")) {
+			const struct th_wshape sh = {16, 4, 4, 4, 8};
+			T_OK(th_random_weights("kvpop", &cfg.geo, &sh, 3,
+			                       path, err, sizeof(err)));
+		}
+		snprintf(spec, sizeof(spec), specs[k], path);
+		cfg.policy = spec;
+		kvt_client *c;
+		T_OK(kvt_connect(&cfg, &c, err));
+		kvt_seq a, b;
+		T_OK(kvt_seq_open(c, &a));
+		uint32_t p = 0;
+		for (; p < 16; p += 4)
+			append_attn(c, a, p, 4);
+		append_attn(c, a, p++, 1);
+		T_OK(kvt_seq_fork(c, a, &b));
+		if (!same_lists(c, a, b))
+			th_fail(__FILE__, __LINE__, "%s: the copy differs at once", spec);
+		for (int step = 0; step < 12; step++, p++) {
+			append_attn(c, a, p, 1);
+			append_attn(c, b, p, 1);
+			if (!same_lists(c, a, b))
+				th_fail(__FILE__, __LINE__, "%s: the copy decided apart at "
+				        "position %u", spec, p);
+		}
+		float K[64][HD], V[64][HD];
+		T_EQ(read_list(c, a, 1, 1, K, V), 10);
+		append_attn(c, a, p, 1);
+		T_ASSERT(!same_lists(c, a, b));
+		T_OK(kvt_seq_close(c, b));
+		T_OK(kvt_seq_close(c, a));
+		kvt_disconnect(c);
+	}
+	char out[4096];
+	T_EQ(th_sh(&d, out, sizeof(out), "%s check", th_bin("kvtrimctl")), 0);
 	T_EQ(th_daemon_stop(&d), 0);
 }
