@@ -22,7 +22,7 @@ struct hostile_adv {
 	int reconnect_every;
 	int other_uid;
 };
-#define HOSTILE_N_ADV 10
+#define HOSTILE_N_ADV 11
 extern const struct hostile_adv hostile_advs[HOSTILE_N_ADV];
 
 /* The bench's clock in ms, and a sleep of ms (nothing when <= 0). */

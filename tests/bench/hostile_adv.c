@@ -21,6 +21,8 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -117,23 +119,28 @@ static void adv_never_reading(const struct th_daemon *d, int quick)
 #define IDLE_N 5000
 #define IDLE_SWEEP_MS 500
 
-static int idle_open(const struct th_daemon *d, int i)
+/* The SP header a ctl.ipc client sends first (th_silent_peer's). */
+static const uint8_t idle_hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+
+static int idle_open(const char *dir, int i)
 {
 	if (i % 2)
-		return hostile_unix_connect(d->dir, "fd.sock", SOCK_SEQPACKET);
-	/* ctl.ipc: connect and the SP header (th_silent_peer's), without
-	 * its asserts: the daemon may refuse it at accept, and the sweep
-	 * then reopens it. */
-	static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
-	int fd = hostile_unix_connect(d->dir, "ctl.ipc", SOCK_STREAM);
-	if (fd >= 0 && send(fd, hdr, sizeof(hdr), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+		return hostile_unix_connect(dir, "fd.sock", SOCK_SEQPACKET);
+	/* ctl.ipc: connect and the SP header, without th_silent_peer's
+	 * asserts: the daemon may refuse it at accept, and the sweep then
+	 * reopens it. */
+	int fd = hostile_unix_connect(dir, "ctl.ipc", SOCK_STREAM);
+	if (fd >= 0 && send(fd, idle_hdr, sizeof(idle_hdr),
+	                    MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
 		/* refused already: reported hung up at the next sweep */
 	}
 	return fd;
 }
 
+/* idle_5000's connections and sweeps against the sockets ctl.ipc and
+ * fd.sock of dir (kvtrimd's, or idle_floor's stand-in). */
 __attribute__((noreturn))
-static void adv_idle(const struct th_daemon *d, int quick)
+static void idle_run(const char *dir, int quick)
 {
 	static int fd[IDLE_N];
 	static struct pollfd pf[IDLE_N];
@@ -144,7 +151,7 @@ static void adv_idle(const struct th_daemon *d, int quick)
 		n = rl.rlim_cur > 64 ? (int)rl.rlim_cur - 64 : 0;
 	double deadline = hostile_now_ms() + (quick ? 4000 : 8000);
 	for (int i = 0; i < n && hostile_now_ms() < deadline;) {
-		if ((fd[i] = idle_open(d, i)) < 0) {
+		if ((fd[i] = idle_open(dir, i)) < 0) {
 			hostile_sleep_ms(1); /* a full backlog: the daemon is behind */
 			continue;
 		}
@@ -167,11 +174,167 @@ static void adv_idle(const struct th_daemon *d, int quick)
 				close(fd[i]);
 				closed++;
 			}
-			fd[i] = idle_open(d, i);
+			fd[i] = idle_open(dir, i);
 		}
 		if (adv_due(&last))
 			adv_say("stat closed=%llu", closed);
 	}
+}
+
+__attribute__((noreturn))
+static void adv_idle(const struct th_daemon *d, int quick)
+{
+	idle_run(d->dir, quick);
+}
+
+/*
+ * idle_floor: idle_5000's process, connections and sweeps, against a
+ * stand-in for kvtrimd's two sockets served by a second process of the
+ * adversary, not the daemon, that treats them as kvtrimd's defaults do:
+ * per socket it holds FLOOR_HELD connections of the uid (max_pending_per_uid
+ * of max_pending_conns 256), answering each as kvtrimd does (an SP header
+ * on the stream socket, a WELCOME-sized packet on the seqpacket one), and
+ * closes them after hello_timeout_ms (10 s), at most 16 a socket every
+ * 100 ms; the others are accepted, answered and kept FLOOR_REFUSED_MS
+ * (ctl.ipc's 1 s, fd.sock's 2 s) at most FLOOR_REFUSALS at once (the
+ * oldest closed for a newer), and after FLOOR_REFUSALS_TICK refusals in a
+ * 100 ms tick nothing more is accepted until the next.  The floor beside
+ * idle_5000: what that churn of connections costs the healthy engine on
+ * this machine when kvtrimd has no part in it.
+ */
+#define FLOOR_TICK_MS 100.0
+#define FLOOR_TIMEOUT_MS 10000.0
+#define FLOOR_HELD 128
+#define FLOOR_CLOSES 16
+#define FLOOR_REFUSALS 16
+#define FLOOR_REFUSALS_TICK 32
+
+struct floor_conn {
+	int fd;
+	double born;
+};
+
+/* One listening socket and what it holds: kind 0 stream, 1 seqpacket. */
+struct floor_sock {
+	int l, kind, n_held, n_ref;
+	double refused_ms;
+	struct floor_conn held[FLOOR_HELD], ref[FLOOR_REFUSALS];
+};
+
+static int floor_listen(const char *dir, const char *name, int type)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s/%s", dir, name);
+	int fd = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
+	    listen(fd, type == SOCK_STREAM ? 512 : SOMAXCONN))
+		return -1;
+	return fd;
+}
+
+/* Accepts up to 16 (kvtrimd's batch) of what waits on f; *refusals counts
+ * this tick's refusals over both sockets. */
+static void floor_accept(struct floor_sock *f, int *refusals)
+{
+	static const uint8_t welcome[32] = {0};
+	for (int k = 0; k < 16 && *refusals < FLOOR_REFUSALS_TICK; k++) {
+		int fd = accept4(f->l, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		const void *b = f->kind ? (const void *)welcome
+		                        : (const void *)idle_hdr;
+		if (send(fd, b, f->kind ? sizeof(welcome) : sizeof(idle_hdr),
+		         MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+			/* the client is gone: closed when due */
+		}
+		struct floor_conn c = {fd, hostile_now_ms()};
+		if (f->n_held < FLOOR_HELD) {
+			f->held[f->n_held++] = c;
+			continue;
+		}
+		(*refusals)++;
+		if (f->n_ref == FLOOR_REFUSALS) {
+			close(f->ref[0].fd);
+			memmove(f->ref, f->ref + 1,
+			        sizeof(c) * (FLOOR_REFUSALS - 1));
+			f->n_ref--;
+		}
+		f->ref[f->n_ref++] = c;
+	}
+}
+
+/* The tick: held ones past the timeout (at most FLOOR_CLOSES) and refused
+ * ones past their time are closed. */
+static void floor_tick(struct floor_sock *f, double now)
+{
+	int closed = 0;
+	for (int i = 0; i < f->n_held && closed < FLOOR_CLOSES;) {
+		if (now - f->held[i].born <= FLOOR_TIMEOUT_MS) {
+			i++;
+			continue;
+		}
+		close(f->held[i].fd);
+		f->held[i] = f->held[--f->n_held];
+		closed++;
+	}
+	int k = 0;
+	while (k < f->n_ref && now - f->ref[k].born >= f->refused_ms)
+		close(f->ref[k++].fd);
+	memmove(f->ref, f->ref + k, sizeof(f->ref[0]) * (size_t)(f->n_ref - k));
+	f->n_ref -= k;
+}
+
+__attribute__((noreturn))
+static void floor_serve(struct floor_sock *f)
+{
+	double tick = hostile_now_ms();
+	int refusals = 0;
+	for (;;) {
+		struct pollfd p[2] = {{f[0].l, POLLIN, 0}, {f[1].l, POLLIN, 0}};
+		double now = hostile_now_ms();
+		int wait = (int)(tick + FLOOR_TICK_MS - now) + 1;
+		/* past the tick's refusals the listeners wait for the next */
+		poll(p, refusals < FLOOR_REFUSALS_TICK ? 2 : 0,
+		     wait > 0 ? wait : 0);
+		for (int i = 0; i < 2; i++)
+			if (refusals < FLOOR_REFUSALS_TICK && p[i].revents)
+				floor_accept(&f[i], &refusals);
+		if ((now = hostile_now_ms()) >= tick + FLOOR_TICK_MS) {
+			floor_tick(&f[0], now);
+			floor_tick(&f[1], now);
+			refusals = 0;
+			tick = now;
+		}
+	}
+}
+
+__attribute__((noreturn))
+static void adv_idle_floor(const struct th_daemon *d, int quick)
+{
+	static struct floor_sock f[2];
+	char dir[sizeof(d->dir) + 8];
+	snprintf(dir, sizeof(dir), "%s.floor", d->dir);
+	mkdir(dir, 0700);
+	f[0] = (struct floor_sock){.kind = 0, .refused_ms = 1000,
+	                           .l = floor_listen(dir, "ctl.ipc",
+	                                             SOCK_STREAM)};
+	f[1] = (struct floor_sock){.kind = 1, .refused_ms = 2000,
+	                           .l = floor_listen(dir, "fd.sock",
+	                                             SOCK_SEQPACKET)};
+	if (f[0].l < 0 || f[1].l < 0) {
+		fprintf(stderr, "kvtrim-bench: idle_floor: cannot listen in "
+		        "%s: %s\n", dir, strerror(errno));
+		adv_say("ready open=0 closed=0");
+		for (;;)
+			pause();
+	}
+	if (fork() == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		floor_serve(f);
+	}
+	close(f[0].l);
+	close(f[1].l);
+	idle_run(dir, quick);
 }
 
 /*
@@ -835,6 +998,7 @@ static void adv_pool_hog(const struct th_daemon *d, int quick)
 const struct hostile_adv hostile_advs[] = {
 	{"never_reading", adv_never_reading, 0, NULL, 0, 0},
 	{"idle_5000", adv_idle, 0, NULL, 0, 0},
+	{"idle_floor", adv_idle_floor, 0, NULL, 0, 0},
 	{"fd_flood", adv_fd_flood, 0, NULL, 0, 0},
 	{"largest_tenant", adv_largest, 0, NULL, 0, 0},
 	{"cpu_hog", adv_cpu_hog, 0, NULL, 0, 0},
