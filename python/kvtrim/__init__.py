@@ -112,11 +112,16 @@ class DeviceArray:
     """Device memory of a cuda tenant (a page, a K/V row, a staging row,
     the device copy of the table): the host cannot read it; CUDA
     consumers take it zero-copy through __cuda_array_interface__
-    (version 3: torch.as_tensor(a, device="cuda"), CuPy, Numba), .torch()
-    gives the tensor.  Valid while its client is open.  bf16 memory is
-    described as uint16 bits; .torch() reinterprets it as torch.bfloat16.
-    The interface names the client's stream (set_stream) when one is set,
-    so a consumer orders its reads after the engine's work on it."""
+    (version 3: torch.as_tensor(a, device="cuda"), CuPy, Numba) or DLPack
+    (torch.from_dlpack(a), cupy.from_dlpack, jax.dlpack), .torch() gives
+    the tensor.  Valid while its client is open; a tensor taken through
+    DLPack keeps the client's mappings alive past close() as a host view
+    does.  bf16 memory is described as uint16 bits to
+    __cuda_array_interface__ (.torch() reinterprets it as torch.bfloat16)
+    and as bfloat16 to DLPack.  The interface names the client's stream
+    (set_stream) when one is set, so a consumer orders its reads after the
+    engine's work on it; __dlpack__ checks the consumer's stream is that
+    one instead."""
 
     def __init__(self, client, addr, dtype, shape, writable, bf16=False):
         self._client = client
@@ -138,6 +143,68 @@ class DeviceArray:
         if self._client._stream:
             d["stream"] = self._client._stream
         return d
+
+    def __dlpack_device__(self):
+        """(kDLCUDA, 0): the pages are imported on device 0 of this
+        process, the one libkvtrim opens its CUDA context on."""
+        return (_kvtrim.DL_CUDA, _kvtrim.DL_DEVICE_ID)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """A DLPack capsule over this memory (zero copy): the classic
+        "dltensor" (DLManagedTensor), or "dltensor_versioned"
+        (DLManagedTensorVersioned 1.0, the read-only flag set on read-only
+        memory) when max_version is (1, 0) or later, as torch.from_dlpack
+        asks.  Read-only memory (the device table) is refused in the
+        classic struct, which cannot say read-only (BufferError).  The
+        tensor keeps this array and the client's mappings alive until the
+        consumer frees it.
+
+        Streams: libkvtrim's memory is ready on the client's stream
+        (set_stream; the legacy default stream when none was set) once
+        kvt_sync or kvt_wait returned: that stream waits for the daemon's
+        compaction, the host does not.  This package has no CUDA runtime to
+        make another stream wait, so stream (the consumer's, as DLPack
+        defines it: None or 1 the legacy default stream, 2 the per-thread
+        one, else a cudaStream_t; -1 no ordering wanted) must be the
+        client's stream, or -1 when the consumer orders it itself;
+        another one raises BufferError (set_stream() to the consumer's
+        stream first, or synchronize and pass -1).  0 is not a DLPack
+        stream on CUDA (ValueError).  dl_device other than
+        __dlpack_device__() and copy=True raise BufferError: there is no
+        copy here (copy in the consumer after the import)."""
+        if stream == 0:
+            raise ValueError("stream 0 is ambiguous in DLPack: pass 1 for "
+                             "the legacy default stream, 2 for the "
+                             "per-thread one, or -1")
+        mine = self._client._stream
+        if stream != -1 and not (stream in (None, 1) and mine == 0 or
+                                 stream == mine != 0):
+            where = f"stream {mine:#x}" if mine else "the legacy default"
+            raise BufferError(
+                f"kvtrim memory is ordered on the client's stream ({where})"
+                f", not on the consumer's ({stream}): set_stream() to the "
+                f"consumer's stream, or synchronize and pass stream=-1")
+        if dl_device is not None and \
+                tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"kvtrim memory is on {self.__dlpack_device__()}"
+                              f", not {tuple(dl_device)}")
+        if copy:
+            raise BufferError("kvtrim exports its memory only in place "
+                              "(copy=True: copy after the import)")
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        if self.readonly and not versioned:
+            raise BufferError("read-only memory exports only as DLPack 1.0 "
+                              "(max_version=(1, 0)), which can say so")
+        if self._bf16:
+            code, bits = 4, 16                        # kDLBfloat
+        elif self.dtype.kind in "fui":                # kDLFloat, UInt, Int
+            code = {"f": 2, "u": 1, "i": 0}[self.dtype.kind]
+            bits = 8 * self.dtype.itemsize
+        else:
+            raise BufferError(f"no DLPack type for {self.dtype}")
+        return self._client._c.dlpack(self, self.ptr, self.shape, code, bits,
+                                      self.readonly, versioned)
 
     def torch(self):
         import torch
