@@ -20,9 +20,11 @@ libkvtrim's reason).  Argument errors are also ValueError, a lost daemon
 also ConnectionError, a timeout also TimeoutError.
 
 Memory: page, staging and table views are numpy arrays over the shared
-memory itself (zero copy; torch tensors with .torch() or kvtrim.as_torch),
-valid until the next sync of their sequence, as in the C API.  They keep
-the client's mappings alive: close() disconnects once no view is left.
+memory itself (zero copy; torch tensors with .torch(), kvtrim.as_torch or
+torch.from_dlpack), valid until the next sync of their sequence, as in the
+C API.  They keep the client's mappings alive: close() disconnects once no
+view (nor tensor taken through DLPack) is left.  On a cuda tenant they are
+DeviceArrays (__cuda_array_interface__ and DLPack).
 
 kvtrim.Daemon starts a private kvtrimd (the one this package carries) on a
 temporary runtime directory, for notebooks and tests; Client connects to
@@ -99,13 +101,49 @@ def as_torch(a, bf16=None):
 
 class _View(np.ndarray):
     """numpy view of kvtrim memory; keeps the Region (and so the client's
-    mappings) alive; .torch() gives the torch tensor over it."""
+    mappings) alive; .torch() gives the torch tensor over it, and so does
+    torch.from_dlpack(view), zero copy (numpy's __dlpack__)."""
 
     def torch(self):
         import torch
         t = torch.from_numpy(np.asarray(self))
         return t.view(torch.bfloat16) if getattr(self, "_kvtrim_bf16",
                                                  False) else t
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """numpy's export, which keeps this view (and so the client's
+        mappings) alive while the consumer holds the tensor; a read-only
+        view (the table, a list's page ids) exports only as DLPack 1.0,
+        whose read-only flag torch does not keep: do not write through
+        such a tensor.  The pages and K/V rows of a bf16 tenant, which
+        numpy holds as uint16 bits, export as bfloat16 (kDLBfloat, as
+        .torch() gives them), on the host (kDLCPU), with no stream (stream
+        other than None, dl_device other than (kDLCPU, 0) or copy=True
+        raise BufferError).  Slices of a view are plain numpy to DLPack
+        (uint16 for bf16)."""
+        c = getattr(self, "_kvtrim_c", None)
+        if not getattr(self, "_kvtrim_bf16", False) or c is None:
+            kw = {k: v for k, v in (("stream", stream),
+                                    ("max_version", max_version),
+                                    ("dl_device", dl_device),
+                                    ("copy", copy)) if v is not None}
+            return super().__dlpack__(**kw)
+        if stream is not None:
+            raise BufferError("host memory has no stream (stream=None)")
+        if dl_device is not None and tuple(dl_device) != (1, 0):
+            raise BufferError(f"kvtrim memory is on (1, 0), not "
+                              f"{tuple(dl_device)}")
+        if copy:
+            raise BufferError("kvtrim exports its memory only in place "
+                              "(copy=True: copy after the import)")
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        if not self.flags.writeable and not versioned:
+            raise BufferError("read-only memory exports only as DLPack 1.0 "
+                              "(max_version=(1, 0)), which can say so")
+        return c.dlpack(self, self.ctypes.data, self.shape,
+                        tuple(n // self.itemsize for n in self.strides), 4, 16,
+                        not self.flags.writeable, versioned)
 
 
 class DeviceArray:
@@ -203,8 +241,8 @@ class DeviceArray:
             bits = 8 * self.dtype.itemsize
         else:
             raise BufferError(f"no DLPack type for {self.dtype}")
-        return self._client._c.dlpack(self, self.ptr, self.shape, code, bits,
-                                      self.readonly, versioned)
+        return self._client._c.dlpack(self, self.ptr, self.shape, None, code,
+                                      bits, self.readonly, versioned)
 
     def torch(self):
         import torch
@@ -497,6 +535,7 @@ class Client:
             return DeviceArray(self, addr, dtype, shape, writable, bf16)
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         a = _view(self._c.region(addr, n, writable), dtype, shape, bf16)
+        a._kvtrim_c = self._c  # bf16 views build their DLPack capsule
         if not writable:
             a.flags.writeable = False
         return a

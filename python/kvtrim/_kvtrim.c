@@ -720,7 +720,7 @@ static PyObject *client_attention(Client *self, PyObject *args)
  * memory that keeps the client's mappings alive while it lives. */
 static PyObject *client_region(Client *self, PyObject *args);
 
-/* dlpack(...): a DLPack capsule over this cuda client's device memory. */
+/* dlpack(...): a DLPack capsule over this client's memory. */
 static PyObject *client_dlpack(Client *self, PyObject *args);
 
 static PyMethodDef client_methods[] = {
@@ -848,8 +848,9 @@ static PyType_Spec region_spec = {"kvtrim._kvtrim.Region", sizeof(Region), 0,
 
 /*
  * DLPack (dmlc/dlpack, include/dlpack/dlpack.h, v1.0) for a cuda tenant's
- * device memory: kvtrim.DeviceArray.__dlpack__ asks dlpack() below for the
- * capsule.  The structs are written here from the header's definitions
+ * device memory and a bf16 tenant's host views (numpy exports the others
+ * itself, but would say uint16 for bf16): kvtrim.DeviceArray.__dlpack__
+ * and the views' ask dlpack() below for the capsule.  The structs are written here from the header's definitions
  * (the package builds without it); their layout is the ABI, so neither
  * field order nor widths may change.
  */
@@ -897,6 +898,7 @@ typedef struct DLManagedTensorVersioned {
 	DLTensor dl_tensor;
 } DLManagedTensorVersioned;
 
+#define DL_CPU 1                    /* DLDeviceType kDLCPU */
 #define DL_CUDA 2                   /* DLDeviceType kDLCUDA */
 #define DL_FLAG_READ_ONLY (1u << 0) /* DLPACK_FLAG_BITMASK_READ_ONLY */
 
@@ -910,8 +912,9 @@ typedef struct DLManagedTensorVersioned {
 #define DL_DEVICE_ID 0
 
 /* One export: the managed tensor a consumer holds, and what it keeps alive
- * (the owner, a DeviceArray, and the client, counted in exports as a
- * Region is, so the mappings outlive close() while the tensor lives). */
+ * (the owner, a DeviceArray or a view, and the client, counted in exports
+ * as a Region is, so the mappings outlive close() while the tensor
+ * lives). */
 struct dl_export {
 	union {
 		DLManagedTensor m;
@@ -963,63 +966,78 @@ static void dl_capsule_free(PyObject *cap)
 	PyErr_Restore(t, v, tb);
 }
 
-/* dlpack(owner, addr, shape, code, bits, readonly, versioned): a DLPack
- * capsule over device memory of this cuda client at addr, compact and
- * row-major, that keeps owner and the client's mappings alive until its
- * deleter runs.  versioned: DLManagedTensorVersioned (1.0) with the
- * read-only flag from readonly, else the classic DLManagedTensor
- * (readonly is then the caller's to refuse).  The checks of the protocol
- * (stream, device, copy) are the Python layer's. */
+/* n integers of seq into out: 0, or -1 with an exception raised (a
+ * negative one too when nonneg). */
+static int dl_ints(PyObject *seq, int64_t *out, Py_ssize_t n, int nonneg)
+{
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *d = PySequence_GetItem(seq, i);
+		long long v = d ? PyLong_AsLongLong(d) : -1;
+		Py_XDECREF(d);
+		if (v == -1 && PyErr_Occurred())
+			return -1;
+		if (nonneg && v < 0) {
+			raise_code(KVT_EINVAL, "dlpack: negative extent");
+			return -1;
+		}
+		out[i] = v;
+	}
+	return 0;
+}
+
+/* dlpack(owner, addr, shape, strides, code, bits, readonly, versioned): a
+ * DLPack capsule over this client's memory at addr (device memory of a
+ * cuda tenant, host memory of a host one), strides in elements (None:
+ * compact and row-major, which is what the capsule then says), that keeps
+ * owner and the client's mappings alive until its deleter runs.
+ * versioned: DLManagedTensorVersioned (1.0) with the read-only flag from
+ * readonly, else the classic DLManagedTensor (readonly is then the
+ * caller's to refuse).  The checks of the protocol (stream, device, copy)
+ * are the Python layer's.  A closed client whose memory is still mapped
+ * (a Region or export alive) exports too. */
 static PyObject *client_dlpack(Client *self, PyObject *args)
 {
-	PyObject *owner, *shape, *fast;
+	PyObject *owner, *shape, *st;
 	unsigned long long a;
 	unsigned int code, bits;
 	int ro, ver;
-	if (!live(self) || !PyArg_ParseTuple(args, "OKOIIpp", &owner, &a,
-	                                     &shape, &code, &bits, &ro, &ver))
+	if (!PyArg_ParseTuple(args, "OKOOIIpp", &owner, &a, &shape, &st, &code,
+	                      &bits, &ro, &ver))
 		return NULL;
-	if (kvt_memory_kind(self->c) != KVT_MEMORY_CUDA)
-		return raise_code(KVT_ENOTSUP, "dlpack: host memory exports "
-		                  "through its numpy view's __dlpack__");
+	if (!self->c)
+		return raise_code(KVT_ECONN, "the client is disconnected");
 	if (!a || code > 255 || !bits || bits > 255)
 		return raise_code(KVT_EINVAL, "dlpack: NULL address or a bad "
 		                  "element type");
-	if (!(fast = PySequence_Fast(shape, "shape must be a sequence")))
+	Py_ssize_t n = PySequence_Size(shape);
+	if (n < 0)
 		return NULL;
-	Py_ssize_t n = PySequence_Size(fast);
-	if (n < 0 || n > 32) {
-		Py_DECREF(fast);
+	if (n > 32)
 		return raise_code(KVT_EINVAL, "dlpack: more than 32 dimensions");
+	if (st != Py_None && PySequence_Size(st) != n) {
+		if (!PyErr_Occurred())
+			raise_code(KVT_EINVAL, "dlpack: strides and shape differ "
+			           "in length");
+		return NULL;
 	}
 	struct dl_export *e = calloc(1, sizeof(*e) + 2 * (size_t)n *
 	                                                 sizeof(int64_t));
-	if (!e) {
-		Py_DECREF(fast);
+	if (!e)
 		return PyErr_NoMemory();
-	}
-	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *d = PySequence_GetItem(fast, i);
-		long long v = d ? PyLong_AsLongLong(d) : -1;
-		Py_XDECREF(d);
-		if (v < 0) {
-			Py_DECREF(fast);
-			free(e);
-			if (!PyErr_Occurred())
-				raise_code(KVT_EINVAL, "dlpack: negative extent");
-			return NULL;
-		}
-		e->dims[i] = v;
-	}
-	Py_DECREF(fast);
 	int64_t *strides = e->dims + n, step = 1;
-	for (Py_ssize_t i = n - 1; i >= 0; i--) {
+	if (dl_ints(shape, e->dims, n, 1) ||
+	    (st != Py_None && dl_ints(st, strides, n, 0))) {
+		free(e);
+		return NULL;
+	}
+	for (Py_ssize_t i = n - 1; st == Py_None && i >= 0; i--) {
 		strides[i] = step;
 		step *= e->dims[i];
 	}
+	int cuda = kvt_memory_kind(self->c) == KVT_MEMORY_CUDA;
 	DLTensor dt = {
 		.data = (void *)(uintptr_t)a,
-		.device = {DL_CUDA, DL_DEVICE_ID},
+		.device = {cuda ? DL_CUDA : DL_CPU, cuda ? DL_DEVICE_ID : 0},
 		.ndim = (int32_t)n,
 		.dtype = {(uint8_t)code, (uint8_t)bits, 1},
 		.shape = e->dims,

@@ -588,3 +588,49 @@ def test_device_arrays_export_dlpack():
         with pytest.raises(kvtrim.ECONN):
             c._c.buffer_free(1)             # now disconnected
 
+
+
+def test_host_views_export_dlpack_zero_copy(daemon):
+    # torch.from_dlpack of a host view aliases the page (a write through
+    # torch is what kvt_memcpy reads back) and keeps the client's mappings
+    # alive past close() as the view does; a bf16 tenant's page and K row
+    # come as torch.bfloat16 over the same bytes (numpy alone says uint16);
+    # a read-only view (the table) is refused the classic struct, which
+    # cannot say read-only.
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    c = client(daemon)
+    s = c.open_seq()
+    fill(s, c, 2, 1)
+    s.sync(2)
+    pid = int(s.list(0, 1)[3][0])
+    pg = c.page(pid)
+    t = torch.from_dlpack(pg)
+    assert t.data_ptr() == c._c.page_ptr(pid) and tuple(t.shape) == pg.shape
+    t[1, 3, :] = torch.arange(8, dtype=torch.float32)
+    back = np.zeros((2, 4, 8), np.float32)
+    c.memcpy(back, pg)
+    assert np.array_equal(back[1, 3], np.arange(8))
+    assert pg[1, 3, 7] == 7.0
+    recs = c.table()["records"]
+    with pytest.raises(BufferError):
+        recs.__dlpack__()
+    tr = torch.from_dlpack(recs)            # DLPack 1.0, flagged read-only
+    assert tr.data_ptr() == recs.ctypes.data
+    del pg, recs, tr
+    c.close()
+    assert t[1, 3, 5] == 5.0 and t[0, 0, 0] == 11.0   # still mapped
+    del t
+
+    with client(daemon, dtype="bf16") as c, c.open_seq() as s:
+        K, _ = s.kv(0, 0, 0)
+        k = torch.from_dlpack(K)
+        assert k.dtype == torch.bfloat16 and k.data_ptr() == K.ctypes.data
+        k[:] = torch.arange(8, dtype=torch.bfloat16) + 0.5
+        assert np.array_equal(K, (torch.arange(8, dtype=torch.bfloat16) +
+                                  0.5).view(torch.int16).numpy()
+                              .view(np.uint16))
+        pg = c.page(int(s.list(0, 0)[3][0]))
+        p = torch.from_dlpack(pg)
+        assert p.dtype == torch.bfloat16 and p.data_ptr() == pg.ctypes.data
+        assert p.shape == pg.shape and p.stride() == (32, 8, 1)
+        del k, p
