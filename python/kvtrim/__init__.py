@@ -20,9 +20,11 @@ libkvtrim's reason).  Argument errors are also ValueError, a lost daemon
 also ConnectionError, a timeout also TimeoutError.
 
 Memory: page, staging and table views are numpy arrays over the shared
-memory itself (zero copy; torch tensors with .torch() or kvtrim.as_torch),
-valid until the next sync of their sequence, as in the C API.  They keep
-the client's mappings alive: close() disconnects once no view is left.
+memory itself (zero copy; torch tensors with .torch(), kvtrim.as_torch or
+torch.from_dlpack), valid until the next sync of their sequence, as in the
+C API.  They keep the client's mappings alive: close() disconnects once no
+view (nor tensor taken through DLPack) is left.  On a cuda tenant they are
+DeviceArrays (__cuda_array_interface__ and DLPack).
 
 kvtrim.Daemon starts a private kvtrimd (the one this package carries) on a
 temporary runtime directory, for notebooks and tests; Client connects to
@@ -99,7 +101,8 @@ def as_torch(a, bf16=None):
 
 class _View(np.ndarray):
     """numpy view of kvtrim memory; keeps the Region (and so the client's
-    mappings) alive; .torch() gives the torch tensor over it."""
+    mappings) alive; .torch() gives the torch tensor over it, and so does
+    torch.from_dlpack(view), zero copy (numpy's __dlpack__)."""
 
     def torch(self):
         import torch
@@ -107,16 +110,56 @@ class _View(np.ndarray):
         return t.view(torch.bfloat16) if getattr(self, "_kvtrim_bf16",
                                                  False) else t
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """numpy's export, which keeps this view (and so the client's
+        mappings) alive while the consumer holds the tensor; a read-only
+        view (the table, a list's page ids) exports only as DLPack 1.0,
+        whose read-only flag torch does not keep: do not write through
+        such a tensor.  The pages and K/V rows of a bf16 tenant, which
+        numpy holds as uint16 bits, export as bfloat16 (kDLBfloat, as
+        .torch() gives them), on the host (kDLCPU), with no stream (stream
+        other than None, dl_device other than (kDLCPU, 0) or copy=True
+        raise BufferError).  Slices of a view are plain numpy to DLPack
+        (uint16 for bf16)."""
+        c = getattr(self, "_kvtrim_c", None)
+        if not getattr(self, "_kvtrim_bf16", False) or c is None:
+            kw = {k: v for k, v in (("stream", stream),
+                                    ("max_version", max_version),
+                                    ("dl_device", dl_device),
+                                    ("copy", copy)) if v is not None}
+            return super().__dlpack__(**kw)
+        if stream is not None:
+            raise BufferError("host memory has no stream (stream=None)")
+        if dl_device is not None and tuple(dl_device) != (1, 0):
+            raise BufferError(f"kvtrim memory is on (1, 0), not "
+                              f"{tuple(dl_device)}")
+        if copy:
+            raise BufferError("kvtrim exports its memory only in place "
+                              "(copy=True: copy after the import)")
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        if not self.flags.writeable and not versioned:
+            raise BufferError("read-only memory exports only as DLPack 1.0 "
+                              "(max_version=(1, 0)), which can say so")
+        return c.dlpack(self, self.ctypes.data, self.shape,
+                        tuple(n // self.itemsize for n in self.strides), 4, 16,
+                        not self.flags.writeable, versioned)
+
 
 class DeviceArray:
     """Device memory of a cuda tenant (a page, a K/V row, a staging row,
     the device copy of the table): the host cannot read it; CUDA
     consumers take it zero-copy through __cuda_array_interface__
-    (version 3: torch.as_tensor(a, device="cuda"), CuPy, Numba), .torch()
-    gives the tensor.  Valid while its client is open.  bf16 memory is
-    described as uint16 bits; .torch() reinterprets it as torch.bfloat16.
-    The interface names the client's stream (set_stream) when one is set,
-    so a consumer orders its reads after the engine's work on it."""
+    (version 3: torch.as_tensor(a, device="cuda"), CuPy, Numba) or DLPack
+    (torch.from_dlpack(a), cupy.from_dlpack, jax.dlpack), .torch() gives
+    the tensor.  Valid while its client is open; a tensor taken through
+    DLPack keeps the client's mappings alive past close() as a host view
+    does.  bf16 memory is described as uint16 bits to
+    __cuda_array_interface__ (.torch() reinterprets it as torch.bfloat16)
+    and as bfloat16 to DLPack.  The interface names the client's stream
+    (set_stream) when one is set, so a consumer orders its reads after the
+    engine's work on it; __dlpack__ checks the consumer's stream is that
+    one instead."""
 
     def __init__(self, client, addr, dtype, shape, writable, bf16=False):
         self._client = client
@@ -138,6 +181,68 @@ class DeviceArray:
         if self._client._stream:
             d["stream"] = self._client._stream
         return d
+
+    def __dlpack_device__(self):
+        """(kDLCUDA, 0): the pages are imported on device 0 of this
+        process, the one libkvtrim opens its CUDA context on."""
+        return (_kvtrim.DL_CUDA, _kvtrim.DL_DEVICE_ID)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """A DLPack capsule over this memory (zero copy): the classic
+        "dltensor" (DLManagedTensor), or "dltensor_versioned"
+        (DLManagedTensorVersioned 1.0, the read-only flag set on read-only
+        memory) when max_version is (1, 0) or later, as torch.from_dlpack
+        asks.  Read-only memory (the device table) is refused in the
+        classic struct, which cannot say read-only (BufferError).  The
+        tensor keeps this array and the client's mappings alive until the
+        consumer frees it.
+
+        Streams: libkvtrim's memory is ready on the client's stream
+        (set_stream; the legacy default stream when none was set) once
+        kvt_sync or kvt_wait returned: that stream waits for the daemon's
+        compaction, the host does not.  This package has no CUDA runtime to
+        make another stream wait, so stream (the consumer's, as DLPack
+        defines it: None or 1 the legacy default stream, 2 the per-thread
+        one, else a cudaStream_t; -1 no ordering wanted) must be the
+        client's stream, or -1 when the consumer orders it itself;
+        another one raises BufferError (set_stream() to the consumer's
+        stream first, or synchronize and pass -1).  0 is not a DLPack
+        stream on CUDA (ValueError).  dl_device other than
+        __dlpack_device__() and copy=True raise BufferError: there is no
+        copy here (copy in the consumer after the import)."""
+        if stream == 0:
+            raise ValueError("stream 0 is ambiguous in DLPack: pass 1 for "
+                             "the legacy default stream, 2 for the "
+                             "per-thread one, or -1")
+        mine = self._client._stream
+        if stream != -1 and not (stream in (None, 1) and mine == 0 or
+                                 stream == mine != 0):
+            where = f"stream {mine:#x}" if mine else "the legacy default"
+            raise BufferError(
+                f"kvtrim memory is ordered on the client's stream ({where})"
+                f", not on the consumer's ({stream}): set_stream() to the "
+                f"consumer's stream, or synchronize and pass stream=-1")
+        if dl_device is not None and \
+                tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"kvtrim memory is on {self.__dlpack_device__()}"
+                              f", not {tuple(dl_device)}")
+        if copy:
+            raise BufferError("kvtrim exports its memory only in place "
+                              "(copy=True: copy after the import)")
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        if self.readonly and not versioned:
+            raise BufferError("read-only memory exports only as DLPack 1.0 "
+                              "(max_version=(1, 0)), which can say so")
+        if self._bf16:
+            code, bits = 4, 16                        # kDLBfloat
+        elif self.dtype.kind in "fui":                # kDLFloat, UInt, Int
+            code = {"f": 2, "u": 1, "i": 0}[self.dtype.kind]
+            bits = 8 * self.dtype.itemsize
+        else:
+            raise BufferError(f"no DLPack type for {self.dtype}")
+        return self._client._c.dlpack(self, self.ptr, self.shape, None, code,
+                                      bits, self.readonly, versioned)
 
     def torch(self):
         import torch
@@ -430,6 +535,7 @@ class Client:
             return DeviceArray(self, addr, dtype, shape, writable, bf16)
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         a = _view(self._c.region(addr, n, writable), dtype, shape, bf16)
+        a._kvtrim_c = self._c  # bf16 views build their DLPack capsule
         if not writable:
             a.flags.writeable = False
         return a

@@ -19,15 +19,18 @@
  * exported from its pages, staging rows or table) is alive, so a numpy
  * array over the pages never points at unmapped memory through the
  * client's own close; kvt_disconnect runs when the client is closed and
- * its last Region is gone.  A view of a page the daemon later revokes
- * (its chunk given back after eviction) is the C API's contract, not
- * guarded: views are valid until the next sync of their sequence.
+ * its last Region is gone; a DLPack export of a cuda tenant's device
+ * memory (dlpack()) counts as one until its consumer frees it.  A view of
+ * a page the daemon later revokes (its chunk given back after eviction)
+ * is the C API's contract, not guarded: views are valid until the next
+ * sync of their sequence.
  */
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvtrim.h"
@@ -717,6 +720,9 @@ static PyObject *client_attention(Client *self, PyObject *args)
  * memory that keeps the client's mappings alive while it lives. */
 static PyObject *client_region(Client *self, PyObject *args);
 
+/* dlpack(...): a DLPack capsule over this client's memory. */
+static PyObject *client_dlpack(Client *self, PyObject *args);
+
 static PyMethodDef client_methods[] = {
 	{"close", (PyCFunction)client_close, METH_NOARGS,
 	 "Disconnects (once no Region of this client is alive)."},
@@ -750,6 +756,7 @@ static PyMethodDef client_methods[] = {
 	{"attend", (PyCFunction)client_attend, METH_VARARGS, NULL},
 	{"stage", (PyCFunction)client_stage, METH_VARARGS, NULL},
 	{"region", (PyCFunction)client_region, METH_VARARGS, NULL},
+	{"dlpack", (PyCFunction)client_dlpack, METH_VARARGS, NULL},
 	{NULL, NULL, 0, NULL}};
 
 static PyGetSetDef client_getset[] = {
@@ -837,6 +844,234 @@ static PyType_Slot region_slots[] = {
 static PyType_Spec region_spec = {"kvtrim._kvtrim.Region", sizeof(Region), 0,
                                   Py_TPFLAGS_DEFAULT, region_slots};
 
+/* ---------------------------------------------------------------- dlpack */
+
+/*
+ * DLPack (dmlc/dlpack, include/dlpack/dlpack.h, v1.0) for a cuda tenant's
+ * device memory and a bf16 tenant's host views (numpy exports the others
+ * itself, but would say uint16 for bf16): kvtrim.DeviceArray.__dlpack__
+ * and the views' ask dlpack() below for the capsule.  The structs are written here from the header's definitions
+ * (the package builds without it); their layout is the ABI, so neither
+ * field order nor widths may change.
+ */
+typedef struct {
+	int32_t device_type;
+	int32_t device_id;
+} DLDevice;
+
+typedef struct {
+	uint8_t code;
+	uint8_t bits;
+	uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+	void *data;
+	DLDevice device;
+	int32_t ndim;
+	DLDataType dtype;
+	int64_t *shape;   /* [ndim] */
+	int64_t *strides; /* [ndim], in elements; NULL means compact */
+	uint64_t byte_offset;
+} DLTensor;
+
+/* The classic struct, capsule "dltensor" (renamed "used_dltensor" by the
+ * consumer that takes it over, which then calls deleter). */
+typedef struct DLManagedTensor {
+	DLTensor dl_tensor;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+typedef struct {
+	uint32_t major;
+	uint32_t minor;
+} DLPackVersion;
+
+/* DLPack 1.0's, capsule "dltensor_versioned" ("used_dltensor_versioned"):
+ * it can say read-only, which the classic struct cannot. */
+typedef struct DLManagedTensorVersioned {
+	DLPackVersion version;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensorVersioned *self);
+	uint64_t flags;
+	DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+#define DL_CPU 1                    /* DLDeviceType kDLCPU */
+#define DL_CUDA 2                   /* DLDeviceType kDLCUDA */
+#define DL_FLAG_READ_ONLY (1u << 0) /* DLPACK_FLAG_BITMASK_READ_ONLY */
+
+/*
+ * The CUDA ordinal of the pages in this process.  libkvtrim imports them on
+ * the device it opens its backend context on, which is device 0 of this
+ * process (client/mem.c: ctx_new(0, ...); kvtrim.h: the daemon's GPU 0),
+ * and exposes no other; a consumer numbers devices as this process does
+ * (CUDA_VISIBLE_DEVICES included), so 0 is the id to give.
+ */
+#define DL_DEVICE_ID 0
+
+/* One export: the managed tensor a consumer holds, and what it keeps alive
+ * (the owner, a DeviceArray or a view, and the client, counted in exports
+ * as a Region is, so the mappings outlive close() while the tensor
+ * lives). */
+struct dl_export {
+	union {
+		DLManagedTensor m;
+		DLManagedTensorVersioned v;
+	} t;
+	PyObject *owner;
+	Client *client;
+	int64_t dims[]; /* shape[ndim], then strides[ndim] */
+};
+
+/* The deleter's work; it may run on any thread, with or without the GIL
+ * (a consumer frees its tensor wherever it drops it). */
+static void dl_export_free(struct dl_export *e)
+{
+	PyGILState_STATE g = PyGILState_Ensure();
+	Client *o = e->client;
+	o->exports--;
+	client_release(o);
+	Py_DECREF((PyObject *)o);
+	Py_DECREF(e->owner);
+	free(e);
+	PyGILState_Release(g);
+}
+
+static void dl_delete(DLManagedTensor *m)
+{
+	dl_export_free(m->manager_ctx);
+}
+
+static void dl_delete_versioned(DLManagedTensorVersioned *v)
+{
+	dl_export_free(v->manager_ctx);
+}
+
+/* A capsule dropped before any consumer took it over still has its first
+ * name, and its tensor is freed here; a consumed one is the consumer's. */
+static void dl_capsule_free(PyObject *cap)
+{
+	PyObject *t, *v, *tb;
+	PyErr_Fetch(&t, &v, &tb);
+	if (PyCapsule_IsValid(cap, "dltensor")) {
+		DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+		m->deleter(m);
+	} else if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+		DLManagedTensorVersioned *m =
+			PyCapsule_GetPointer(cap, "dltensor_versioned");
+		m->deleter(m);
+	}
+	PyErr_Restore(t, v, tb);
+}
+
+/* n integers of seq into out: 0, or -1 with an exception raised (a
+ * negative one too when nonneg). */
+static int dl_ints(PyObject *seq, int64_t *out, Py_ssize_t n, int nonneg)
+{
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *d = PySequence_GetItem(seq, i);
+		long long v = d ? PyLong_AsLongLong(d) : -1;
+		Py_XDECREF(d);
+		if (v == -1 && PyErr_Occurred())
+			return -1;
+		if (nonneg && v < 0) {
+			raise_code(KVT_EINVAL, "dlpack: negative extent");
+			return -1;
+		}
+		out[i] = v;
+	}
+	return 0;
+}
+
+/* dlpack(owner, addr, shape, strides, code, bits, readonly, versioned): a
+ * DLPack capsule over this client's memory at addr (device memory of a
+ * cuda tenant, host memory of a host one), strides in elements (None:
+ * compact and row-major, which is what the capsule then says), that keeps
+ * owner and the client's mappings alive until its deleter runs.
+ * versioned: DLManagedTensorVersioned (1.0) with the read-only flag from
+ * readonly, else the classic DLManagedTensor (readonly is then the
+ * caller's to refuse).  The checks of the protocol (stream, device, copy)
+ * are the Python layer's.  A closed client whose memory is still mapped
+ * (a Region or export alive) exports too. */
+static PyObject *client_dlpack(Client *self, PyObject *args)
+{
+	PyObject *owner, *shape, *st;
+	unsigned long long a;
+	unsigned int code, bits;
+	int ro, ver;
+	if (!PyArg_ParseTuple(args, "OKOOIIpp", &owner, &a, &shape, &st, &code,
+	                      &bits, &ro, &ver))
+		return NULL;
+	if (!self->c)
+		return raise_code(KVT_ECONN, "the client is disconnected");
+	if (!a || code > 255 || !bits || bits > 255)
+		return raise_code(KVT_EINVAL, "dlpack: NULL address or a bad "
+		                  "element type");
+	Py_ssize_t n = PySequence_Size(shape);
+	if (n < 0)
+		return NULL;
+	if (n > 32)
+		return raise_code(KVT_EINVAL, "dlpack: more than 32 dimensions");
+	if (st != Py_None && PySequence_Size(st) != n) {
+		if (!PyErr_Occurred())
+			raise_code(KVT_EINVAL, "dlpack: strides and shape differ "
+			           "in length");
+		return NULL;
+	}
+	struct dl_export *e = calloc(1, sizeof(*e) + 2 * (size_t)n *
+	                                                 sizeof(int64_t));
+	if (!e)
+		return PyErr_NoMemory();
+	int64_t *strides = e->dims + n, step = 1;
+	if (dl_ints(shape, e->dims, n, 1) ||
+	    (st != Py_None && dl_ints(st, strides, n, 0))) {
+		free(e);
+		return NULL;
+	}
+	for (Py_ssize_t i = n - 1; st == Py_None && i >= 0; i--) {
+		strides[i] = step;
+		step *= e->dims[i];
+	}
+	int cuda = kvt_memory_kind(self->c) == KVT_MEMORY_CUDA;
+	DLTensor dt = {
+		.data = (void *)(uintptr_t)a,
+		.device = {cuda ? DL_CUDA : DL_CPU, cuda ? DL_DEVICE_ID : 0},
+		.ndim = (int32_t)n,
+		.dtype = {(uint8_t)code, (uint8_t)bits, 1},
+		.shape = e->dims,
+		.strides = strides,
+		.byte_offset = 0,
+	};
+	void *p;
+	const char *name;
+	if (ver) {
+		e->t.v.version = (DLPackVersion){1, 0};
+		e->t.v.manager_ctx = e;
+		e->t.v.deleter = dl_delete_versioned;
+		e->t.v.flags = ro ? DL_FLAG_READ_ONLY : 0;
+		e->t.v.dl_tensor = dt;
+		p = &e->t.v;
+		name = "dltensor_versioned";
+	} else {
+		e->t.m.dl_tensor = dt;
+		e->t.m.manager_ctx = e;
+		e->t.m.deleter = dl_delete;
+		p = &e->t.m;
+		name = "dltensor";
+	}
+	Py_INCREF(owner);
+	e->owner = owner;
+	Py_INCREF((PyObject *)self);
+	e->client = self;
+	self->exports++;
+	PyObject *cap = PyCapsule_New(p, name, dl_capsule_free);
+	if (!cap)
+		dl_export_free(e);
+	return cap;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyObject *mod_dtype_size(PyObject *self, PyObject *args)
@@ -881,5 +1116,7 @@ PyMODINIT_FUNC PyInit__kvtrim(void)
 	PyModule_AddIntConstant(m, "PHASE_DECODE", KVT_PHASE_DECODE);
 	PyModule_AddIntConstant(m, "NAME_MAX", KVT_NAME_MAX);
 	PyModule_AddIntConstant(m, "SPEC_MAX", KVT_SPEC_MAX);
+	PyModule_AddIntConstant(m, "DL_CUDA", DL_CUDA);
+	PyModule_AddIntConstant(m, "DL_DEVICE_ID", DL_DEVICE_ID);
 	return m;
 }

@@ -3,8 +3,11 @@ the package carries): every call of the C API reached, errors as their
 exception classes with the daemon's text, numpy views aliasing the shared
 pages, refusals that change nothing.  Expected values come from hand
 arithmetic or a naive float64 attention written here."""
+import contextlib
+import ctypes
 import os
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -353,6 +356,22 @@ def test_lost_daemon_gives_econn():
     d.stop()
 
 
+@contextlib.contextmanager
+def emulated_cuda_daemon():
+    """kvtrimd --backend cuda on the CUDA emulator (no GPU here), this
+    process's libkvtrim loading the emulator too; skips without it."""
+    emu = os.path.abspath("build/lib/emu/libkvtrim-cuda.so")
+    if not os.path.exists(emu):
+        pytest.skip("no CUDA emulator build (build/lib/emu/libkvtrim-cuda.so)")
+    os.environ["KVTRIM_CUDA_EMU"] = "1"
+    os.environ["KVTRIM_CUDA_LIB"] = emu
+    try:
+        with kvtrim.Daemon(pool_size="64M", backend="cuda") as d:
+            yield d
+    finally:
+        del os.environ["KVTRIM_CUDA_EMU"], os.environ["KVTRIM_CUDA_LIB"]
+
+
 def test_cuda_tenant_memory_is_device_arrays():
     # kvtrimd --backend cuda on the CUDA emulator (no GPU here): pages,
     # K/V rows, staging rows, buffers and the device table come back as
@@ -361,14 +380,8 @@ def test_cuda_tenant_memory_is_device_arrays():
     # type and read-only as documented; bytes copied in with kvt_memcpy
     # read back unchanged.  A consumer on a real GPU (torch.as_tensor(a,
     # device="cuda")) is exercised by make gpu-check.
-    emu = os.path.abspath("build/lib/emu/libkvtrim-cuda.so")
-    if not os.path.exists(emu):
-        pytest.skip("no CUDA emulator build (build/lib/emu/libkvtrim-cuda.so)")
-    os.environ["KVTRIM_CUDA_EMU"] = "1"
-    os.environ["KVTRIM_CUDA_LIB"] = emu
-    try:
-        with kvtrim.Daemon(pool_size="64M", backend="cuda") as d, \
-                client(d, policy="h2o:tokens=8", stage_tokens=4) as c, \
+    with emulated_cuda_daemon() as d:
+        with client(d, policy="h2o:tokens=8", stage_tokens=4) as c, \
                 c.open_seq() as s:
             assert c.memory_kind == "cuda"
             ln, np_, _, pages = s.list(0, 1)
@@ -396,5 +409,228 @@ def test_cuda_tenant_memory_is_device_arrays():
             b = c.buffer(256)
             assert isinstance(b, kvtrim.DeviceArray) and b.nbytes == 256
             c.buffer_free(b)
-    finally:
-        del os.environ["KVTRIM_CUDA_EMU"], os.environ["KVTRIM_CUDA_LIB"]
+
+
+# DLPack's structs, written here from dlpack.h (v1.0) apart from the C
+# code of the package, so a layout mistake there shows up as wrong fields.
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice),
+                ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+DL_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", DL_DELETER)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", DL_DELETER),
+                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_ptr.restype = ctypes.c_void_p
+_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_rename = ctypes.pythonapi.PyCapsule_SetName
+_capsule_rename.restype = ctypes.c_int
+_capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# PyCapsule_SetName keeps the pointer, not a copy: these bytes must outlive
+# the capsules renamed to them.
+USED, USED_VERSIONED = b"used_dltensor", b"used_dltensor_versioned"
+
+
+def dl_open(cap, versioned=False, keep=True):
+    """The managed tensor inside a DLPack capsule; keep: it holds the
+    capsule, whose destructor would free the tensor under it."""
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    addr = _capsule_ptr(cap, name)
+    assert addr
+    m = (DLManagedTensorVersioned if versioned
+         else DLManagedTensor).from_address(addr)
+    if keep:
+        m.capsule = cap
+    return m
+
+
+def dl_check(t, a, code, bits):
+    """DLTensor t describes DeviceArray a: libkvtrim's own address on
+    (kDLCUDA, 0), a's shape, the element type, compact row-major."""
+    assert t.data == a.ptr and t.byte_offset == 0
+    assert (t.device.device_type, t.device.device_id) == (2, 0)
+    assert a.__dlpack_device__() == (2, 0)
+    assert t.ndim == len(a.shape)
+    assert tuple(t.shape[i] for i in range(t.ndim)) == a.shape
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (code, bits, 1)
+    if t.strides:
+        compact = [int(np.prod(a.shape[i + 1:])) for i in range(t.ndim)]
+        assert [t.strides[i] for i in range(t.ndim)] == compact
+
+
+def test_device_arrays_export_dlpack():
+    # DeviceArray.__dlpack__ on the emulated cuda backend, the capsule read
+    # with ctypes: the tensor is libkvtrim's memory (kvt_page_ptr's address,
+    # device (kDLCUDA, 0)) with the array's shape and DLPack's type codes
+    # (float 2, uint 1, bfloat 4); an unconsumed capsule gives its
+    # references back when dropped; a consumed one is freed by the
+    # consumer's deleter call alone, and keeps the client's memory mapped
+    # past close() until then.  torch.from_dlpack itself needs a GPU
+    # (torch asks CUDA for the current stream).
+    assert ctypes.sizeof(DLTensor) == 48
+    assert ctypes.sizeof(DLManagedTensor) == 64
+    assert ctypes.sizeof(DLManagedTensorVersioned) == 80
+    with emulated_cuda_daemon() as d:
+        for dt, code, bits in (("f32", 2, 32), ("f16", 2, 16),
+                               ("bf16", 4, 16)):
+            with client(d, dtype=dt) as c, c.open_seq() as s:
+                pid = int(s.list(0, 0)[3][0])
+                pg = c.page(pid)
+                assert pg.ptr == c._c.page_ptr(pid)
+                # (counted outside the asserts, whose rewriting by pytest
+                # holds c._c while it calls)
+                cc = c._c
+                refs, crefs = sys.getrefcount(pg), sys.getrefcount(cc)
+                cap = pg.__dlpack__()
+                now = sys.getrefcount(pg), sys.getrefcount(cc)
+                assert now == (refs + 1, crefs + 1)
+                m = dl_open(cap, keep=False)
+                dl_check(m.dl_tensor, pg, code, bits)
+                del m, cap                  # dropped unconsumed
+                now = sys.getrefcount(pg), sys.getrefcount(cc)
+                assert now == (refs, crefs)
+                del cc
+                K, _ = s.kv(0, 1, 0)
+                v = dl_open(K.__dlpack__(max_version=(1, 0)), True)
+                dl_check(v.dl_tensor, K, code, bits)
+        with client(d, policy="h2o:tokens=8", stage_tokens=4) as c, \
+                c.open_seq() as s:
+            q = s.stage_q(0, 0)
+            m = dl_open(q.__dlpack__(stream=1))
+            dl_check(m.dl_tensor, q, 2, 32)
+            b = c.buffer(256)
+            dl_check(dl_open(b.__dlpack__()).dl_tensor, b, 1, 8)
+            c.buffer_free(b)
+            # the device table is read-only: only DLPack 1.0 can say so
+            t = c.table()["records"]
+            with pytest.raises(BufferError):
+                t.__dlpack__()
+            v = dl_open(t.__dlpack__(max_version=(1, 1)), True)
+            assert (v.major, v.minor, v.flags) == (1, 0, 1)
+            dl_check(v.dl_tensor, t, 1, 32)
+            pg = c.page(int(s.list(0, 0)[3][0]))
+            v = dl_open(pg.__dlpack__(max_version=(1, 0)), True)
+            assert v.flags == 0
+            # streams: the memory is ready on the client's stream
+            with pytest.raises(ValueError):
+                pg.__dlpack__(stream=0)
+            with pytest.raises(BufferError):
+                pg.__dlpack__(stream=0x1234)
+            pg.__dlpack__(stream=-1)
+            c.set_stream(0x1234)            # stored only; reset below
+            try:
+                pg.__dlpack__(stream=0x1234)
+                with pytest.raises(BufferError):
+                    pg.__dlpack__(stream=1)
+            finally:
+                c.set_stream(0)
+            with pytest.raises(BufferError):
+                pg.__dlpack__(dl_device=(1, 0))
+            pg.__dlpack__(dl_device=(2, 0), copy=False)
+            with pytest.raises(BufferError):
+                pg.__dlpack__(copy=True)
+
+        # a consumer takes the capsule over (renames it, as torch does) and
+        # frees the tensor later through its deleter
+        c = client(d)
+        pid = int(c.open_seq().list(0, 0)[3][0])
+        pg = c.page(pid)
+        src = np.arange(64, dtype=np.float32)
+        c.memcpy(pg, src)
+        for versioned, used in ((False, USED), (True, USED_VERSIONED)):
+            refs = sys.getrefcount(pg)
+            cap = pg.__dlpack__(max_version=(1, 0) if versioned else None)
+            m = dl_open(cap, versioned, keep=False)
+            assert _capsule_rename(cap, used) == 0
+            del cap                         # consumed: not freed here
+            assert sys.getrefcount(pg) == refs + 1
+            if versioned:
+                break
+            m.deleter(ctypes.addressof(m))
+            assert sys.getrefcount(pg) == refs
+        # the client closes while the consumer holds the tensor: it stays
+        # connected underneath (a bad address is kvt_buffer_free's EINVAL,
+        # not ECONN), its memory mapped (the emulator's device memory is
+        # host memory)
+        c.close()
+        with pytest.raises(kvtrim.ECONN):
+            c.page(pid)
+        with pytest.raises(kvtrim.EINVAL):
+            c._c.buffer_free(1)
+        assert ctypes.string_at(m.dl_tensor.data, 256) == src.tobytes()
+        m.deleter(ctypes.addressof(m))      # the consumer lets go
+        assert sys.getrefcount(pg) == refs
+        with pytest.raises(kvtrim.ECONN):
+            c._c.buffer_free(1)             # now disconnected
+
+
+
+def test_host_views_export_dlpack_zero_copy(daemon):
+    # torch.from_dlpack of a host view aliases the page (a write through
+    # torch is what kvt_memcpy reads back) and keeps the client's mappings
+    # alive past close() as the view does; a bf16 tenant's page and K row
+    # come as torch.bfloat16 over the same bytes (numpy alone says uint16);
+    # a read-only view (the table) is refused the classic struct, which
+    # cannot say read-only.
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    c = client(daemon)
+    s = c.open_seq()
+    fill(s, c, 2, 1)
+    s.sync(2)
+    pid = int(s.list(0, 1)[3][0])
+    pg = c.page(pid)
+    t = torch.from_dlpack(pg)
+    assert t.data_ptr() == c._c.page_ptr(pid) and tuple(t.shape) == pg.shape
+    t[1, 3, :] = torch.arange(8, dtype=torch.float32)
+    back = np.zeros((2, 4, 8), np.float32)
+    c.memcpy(back, pg)
+    assert np.array_equal(back[1, 3], np.arange(8))
+    assert pg[1, 3, 7] == 7.0
+    recs = c.table()["records"]
+    with pytest.raises(BufferError):
+        recs.__dlpack__()
+    tr = torch.from_dlpack(recs)            # DLPack 1.0, flagged read-only
+    assert tr.data_ptr() == recs.ctypes.data
+    del pg, recs, tr
+    c.close()
+    assert t[1, 3, 5] == 5.0 and t[0, 0, 0] == 11.0   # still mapped
+    del t
+
+    with client(daemon, dtype="bf16") as c, c.open_seq() as s:
+        K, _ = s.kv(0, 0, 0)
+        k = torch.from_dlpack(K)
+        assert k.dtype == torch.bfloat16 and k.data_ptr() == K.ctypes.data
+        k[:] = torch.arange(8, dtype=torch.bfloat16) + 0.5
+        assert np.array_equal(K, (torch.arange(8, dtype=torch.bfloat16) +
+                                  0.5).view(torch.int16).numpy()
+                              .view(np.uint16))
+        pg = c.page(int(s.list(0, 0)[3][0]))
+        p = torch.from_dlpack(pg)
+        assert p.dtype == torch.bfloat16 and p.data_ptr() == pg.ctypes.data
+        assert p.shape == pg.shape and p.stride() == (32, 8, 1)
+        del k, p
