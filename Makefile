@@ -78,8 +78,8 @@ KVT_CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame
 KVT_LDFLAGS += -fsanitize=$(SANITIZER)
 endif
 
-# CUDA detection: the CUDA backend itself arrives with its issue; the build
-# already says what it found so USE_CUDA=yes fails loudly where nvcc is absent.
+# CUDA detection: auto builds the cuda backend (backend/cuda/cuda.mk) where
+# nvcc is found; USE_CUDA=yes fails loudly where it is absent.
 ifeq ($(USE_CUDA),no)
 HAVE_CUDA := 0
 else ifneq ($(wildcard $(NVCC)),)
@@ -318,8 +318,8 @@ weights-check: $(TRAIN)
 eval: models-if-reachable $(TRAIN) $(EVAL) $(DAEMON)
 	B=$(B) MODELS_DIR=$(MODELS_DIR) WEIGHTS_JOBS=$(WEIGHTS_JOBS) sh scripts/eval.sh
 
-# parity: kvtrim's protocol 1 against kvpress on SmolLM2 (issue 11; not part
-# of `make test`): scripts/kvpress_venv.sh makes its venv (pinned kvpress,
+# parity: kvtrim's protocol 1 against kvpress on SmolLM2 (not part of
+# `make test`): scripts/kvpress_venv.sh makes its venv (pinned kvpress,
 # transformers, gguf), scripts/kvpress_parity.py runs kvtrim-eval
 # --dump-kept and kvpress on the same token ids, report in
 # $(B)/parity/kvpress.md (docs/results/smollm2/kvpress.md is a copy).

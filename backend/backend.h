@@ -88,7 +88,7 @@ struct kvt_backend_region {
 };
 
 /*
- * One kvt_attention call on the device (ABI 4): n query tokens of one
+ * One kvt_attention call on the device: n query tokens of one
  * (sequence, layer) over its n_kv_heads lists, read from the device copy
  * of the table.  Everything but this struct is device memory.
  */
@@ -115,7 +115,7 @@ struct kvt_backend_attention {
 
 /*
  * Where one tenant's pages are in device memory, for ops that resolve page
- * ids on the device (ABI 5): the device copy of the table (record r at
+ * ids on the device: the device copy of the table (record r at
  * records + r * list_stride, laid out as struct kvt_list_record) and a
  * device array of this process's chunk bases.  Everything it points at is
  * device memory; the struct itself is host memory.
@@ -132,7 +132,7 @@ struct kvt_backend_paged {
 };
 
 /*
- * One list of compact_drops (ABI 5): its record, its length before the
+ * One list of compact_drops: its record, its length before the
  * drops (the sync's new entries included) and its drops, n_drop strictly
  * ascending entry indices < len at drops[drop_off ..].  Compaction then
  * does what compact_plan() plans from the same marks: the i-th dropped
@@ -147,7 +147,7 @@ struct kvt_backend_drops {
 };
 
 /*
- * A learned scorer of rows of x (ABI 5), one score per row and KV head, of
+ * A learned scorer of rows of x, one score per row and KV head, of
  * one of three kinds, with per layer KVT_SCORER_TENSORS weight tensors (the
  * unused ones NULL), float32, in this order:
  *   LINEAR     W [d_out][d_in], b [d_out]:             y = W x + b
@@ -201,7 +201,7 @@ static inline uint64_t kvt_scorer_floats(const struct kvt_backend_scorer *s,
 	}
 }
 
-/* Rows of fill_words (ABI 5): row r (< rows) of block b (< blocks)
+/* Rows of fill_words: row r (< rows) of block b (< blocks)
  * starts at byte first + b * block_stride + r * row_stride of the buffer
  * (all multiples of 4): the ring rows of several positions of several
  * layers of one sequence in device staging. */
@@ -210,7 +210,7 @@ struct kvt_backend_fill_run {
 	uint32_t rows, row_stride, blocks, reserved;
 };
 
-/* One list of key_norms (ABI 5): entries first .. first + n - 1 of the
+/* One list of key_norms: entries first .. first + n - 1 of the
  * list whose record is `record`; the norm of entry first + k goes to
  * out[out_off + k * out_stride]. */
 struct kvt_backend_norm_job {
@@ -229,7 +229,7 @@ struct kvt_backend_rows {
 };
 
 /*
- * SnapKV's end-of-prefill selection on the device (window_select, ABI 6),
+ * SnapKV's end-of-prefill selection on the device (window_select),
  * for one (sequence, layer): its observation window, the queries of
  * positions [P - w, P) staged in device staging, against each of its
  * lists (one per KV head).  Entry i of every list holds position i (the
@@ -261,7 +261,7 @@ struct kvt_backend_window_list {
 
 /*
  * Expected Attention's end-of-prefill selection on the device
- * (expected_select, ABI 7) for one (sequence, layer): the statistics of
+ * (expected_select) for one (sequence, layer): the statistics of
  * the queries of positions [from, P) staged in device staging (q only)
  * stand for the future queries, against each of its lists (one per KV
  * head), entry i at position i (the caller checks that nothing was
@@ -292,7 +292,7 @@ struct kvt_backend_expected {
 };
 
 /*
- * H2O's accumulated attention on the device (attn_select, ABI 8): the
+ * H2O's accumulated attention on the device (attn_select): the
  * per-entry state of a tenant's lists lives in device memory (state, one
  * mem_new buffer): for list record r and half h (0 or 1) the entries
  * [cap] positions (uint32) then [cap][G] floats S, the attention each of
@@ -330,7 +330,7 @@ struct kvt_backend_attn_job {
 };
 
 /*
- * TOVA on the device (tova_select, ABI 9), one job per (sequence, layer):
+ * TOVA on the device (tova_select), one job per (sequence, layer):
  * the positions its lists hold live in device memory (state, one mem_new
  * buffer): for state record r (the caller's index of the (sequence,
  * layer)) and half h, [cap] positions (uint32) at (uint32_t *)state +
@@ -369,7 +369,7 @@ struct kvt_backend_tova_job {
 };
 
 /*
- * KVpop on the device (pop_select, ABI 9), one job per list.  Per-entry
+ * KVpop on the device (pop_select), one job per list.  Per-entry
  * state in device memory (state): for list record r and half h, [cap]
  * positions (uint32) then [cap][2] floats (a: the attention received
  * within the delay, s: the score) at (uint32_t *)state + (r * 2 + h) *
@@ -509,7 +509,7 @@ struct kvt_backend_ops {
 	 * ("" if none). */
 	const char *(*last_error)(void);
 
-	/* (optional; ABI 2) Copies n regions of `bytes` each, src[i] being an
+	/* (optional) Copies n regions of `bytes` each, src[i] being an
 	 * address in this process's chunks (host for cpu, device for cuda),
 	 * into host memory at dst + i * dst_stride, after the work already
 	 * queued on stream; returns once the bytes are in dst (blocks the
@@ -519,16 +519,16 @@ struct kvt_backend_ops {
 	                    const void *const *src, uint32_t n, size_t bytes,
 	                    void *stream);
 
-	/* (optional; ABI 3) Copies bytes from src to dst, either of which
+	/* (optional) Copies bytes from src to dst, either of which
 	 * may be host memory or an address in this process's device memory,
 	 * on stream, and waits for the stream (kvt_memcpy). */
 	int (*copy)(void *ctx, void *dst, const void *src, size_t bytes,
 	            void *stream);
-	/* (optional; ABI 3) Device memory of this process only (not
+	/* (optional) Device memory of this process only (not
 	 * shared): zero-filled; mem_free(NULL) does nothing. */
 	int (*mem_new)(void *ctx, size_t bytes, void **out);
 	void (*mem_free)(void *ctx, void *p);
-	/* (optional; ABI 3) Queues on stream the copy of n regions of the
+	/* (optional) Queues on stream the copy of n regions of the
 	 * host buffer `host` to the same offsets of the device buffer `dev`
 	 * (one small upload and one scatter kernel, whatever n).  The host
 	 * bytes are read before it returns, so the caller may change them
@@ -538,14 +538,14 @@ struct kvt_backend_ops {
 	int (*upload_regions)(void *ctx, void *dev, const void *host,
 	                      const struct kvt_backend_region *r, uint32_t n,
 	                      void *stream);
-	/* (optional; ABI 3) Calls fn(arg) once the work queued on stream so
+	/* (optional) Calls fn(arg) once the work queued on stream so
 	 * far is done, from another thread (cuda: a driver thread), or
 	 * before it returns.  fn must be quick and must not call the
 	 * backend.  The daemon uses it to wait for an engine's writes
 	 * without blocking its loop. */
 	int (*stream_notify)(void *ctx, void *stream, void (*fn)(void *),
 	                     void *arg);
-	/* (optional; ABI 4) Queues on stream the causal attention of
+	/* (optional) Queues on stream the causal attention of
 	 * kvt_attention (kvtrim.h): token k of a->n reads the first
 	 * len + k + 1 entries of each list, len being the record's; the page
 	 * addresses are resolved on the device from the records and
@@ -558,12 +558,12 @@ struct kvt_backend_ops {
 	 * paged_attention_cpu itself. */
 	int (*attention)(void *ctx, const struct kvt_backend_attention *a,
 	                 void *stream);
-	/* (optional; ABI 5) The bytes the context's ops copied so far from
+	/* (optional) The bytes the context's ops copied so far from
 	 * host to device (*h2d) and from device to host (*d2h), counted as
 	 * each copy is queued: compact's and upload_regions' staged upload,
 	 * read_regions' addresses and gathered bytes, copy (by which side is
 	 * device memory; device-to-device counts nothing).  Monotonic, from
-	 * any thread.  *launches (ABI 9): the kernel launches and cuBLAS
+	 * any thread.  *launches: the kernel launches and cuBLAS
 	 * calls the library's code made so far, every context of the
 	 * process together.  The daemon reports them
 	 * (device_h2d_bytes_total, device_d2h_bytes_total,
@@ -571,7 +571,7 @@ struct kvt_backend_ops {
 	 * crosses. */
 	int (*traffic)(void *ctx, uint64_t *h2d, uint64_t *d2h,
 	               uint64_t *launches);
-	/* (optional; ABI 5) Compacts n lists of one tenant from their drop
+	/* (optional) Compacts n lists of one tenant from their drop
 	 * indices alone, on stream, asynchronously: the moves and the page
 	 * addresses are worked out on the device from the device table and
 	 * chunk bases in *pg, which the stream must already see as they
@@ -585,7 +585,7 @@ struct kvt_backend_ops {
 	                     uint32_t n_records,
 	                     const struct kvt_backend_drops *lists, uint32_t n,
 	                     const uint32_t *drops, void *stream);
-	/* (optional; ABI 5) Queues on stream the store of the 4-byte value
+	/* (optional) Queues on stream the store of the 4-byte value
 	 * at the n_words word offsets pattern[] of every row the runs name
 	 * in the device buffer dev (struct kvt_backend_fill_run): what
 	 * crosses is 4 bytes per pattern word and 32 per run, whatever the
@@ -595,7 +595,7 @@ struct kvt_backend_ops {
 	                  const uint32_t *pattern, uint32_t n_words,
 	                  const struct kvt_backend_fill_run *runs,
 	                  uint32_t n_runs, void *stream);
-	/* (optional; ABI 5) A scorer on the device: scorer_new uploads its
+	/* (optional) A scorer on the device: scorer_new uploads its
 	 * weights (blocking) into *out, scorer_free releases it (NULL: no-op).
 	 * scorer_run scores n jobs in order after the work queued on stream,
 	 * through cuBLAS SGEMMs, and copies the scores to the host, out
@@ -607,7 +607,7 @@ struct kvt_backend_ops {
 	int (*scorer_run)(void *ctx, void *sc,
 	                  const struct kvt_backend_score_job *jobs, uint32_t n,
 	                  float *out, void *stream);
-	/* (optional; ABI 5) The L2 norm of the K row of each entry the jobs
+	/* (optional) The L2 norm of the K row of each entry the jobs
 	 * name (knorm's score), from the pages as the stream sees them:
 	 * dtype pages of head_dim, page ids resolved on the device through
 	 * *pg as compact_drops does, the sum of squares in double in entry
@@ -622,7 +622,7 @@ struct kvt_backend_ops {
 	                 uint32_t head_dim,
 	                 const struct kvt_backend_norm_job *jobs, uint32_t n,
 	                 float *out, uint32_t out_floats, void *stream);
-	/* (optional; ABI 6) SnapKV's selection (struct kvt_backend_window)
+	/* (optional) SnapKV's selection (struct kvt_backend_window)
 	 * of n_win windows, after the work queued on stream: keys read
 	 * through *pg as key_norms does, the window's q and lse read in
 	 * device staging, the logits by cuBLAS SGEMM (the cpu policy's
@@ -646,7 +646,7 @@ struct kvt_backend_ops {
 	                     const struct kvt_backend_window_list *lists,
 	                     uint32_t n_lists, uint32_t *out,
 	                     uint32_t out_words, void *stream);
-	/* (optional; ABI 7) Expected Attention's selection (struct
+	/* (optional) Expected Attention's selection (struct
 	 * kvt_backend_expected) of n_win windows, as window_select: keys
 	 * and values read through *pg, the window's q read in device
 	 * staging, K S' by cuBLAS SGEMM in blocks of 64 keys (the cpu
@@ -669,7 +669,7 @@ struct kvt_backend_ops {
 	                       const struct kvt_backend_window_list *lists,
 	                       uint32_t n_lists, uint32_t *out,
 	                       uint32_t out_words, void *stream);
-	/* (optional; ABI 8) H2O's accumulation and selection (struct
+	/* (optional) H2O's accumulation and selection (struct
 	 * kvt_backend_attn) of n jobs, after the work queued on stream: keys
 	 * read through *pg, the new rows' q and lse in device staging, the
 	 * state read in each job's half cur and written (compacted by its
@@ -688,7 +688,7 @@ struct kvt_backend_ops {
 	                   uint32_t head_dim, const struct kvt_backend_attn *a,
 	                   const struct kvt_backend_attn_job *jobs, uint32_t n,
 	                   uint32_t *out, uint32_t out_words, void *stream);
-	/* (optional; ABI 9) TOVA's selection (struct kvt_backend_tova) of n
+	/* (optional) TOVA's selection (struct kvt_backend_tova) of n
 	 * jobs, after the work queued on stream: keys read through *pg, the
 	 * newest row's q and lse in device staging, the positions read in
 	 * each job's half cur and written (compacted by its drops) in the
@@ -707,7 +707,7 @@ struct kvt_backend_ops {
 	                   uint32_t head_dim, const struct kvt_backend_tova *a,
 	                   const struct kvt_backend_tova_job *jobs, uint32_t n,
 	                   uint32_t *out, uint32_t out_words, void *stream);
-	/* (optional; ABI 9) KVpop's projection, accumulation, scoring and
+	/* (optional) KVpop's projection, accumulation, scoring and
 	 * selection (struct kvt_backend_pop) of n jobs in order, after the
 	 * work queued on stream: keys read through *pg, the new rows' x, q
 	 * and lse in device staging, u and the state on the device.  The
@@ -726,7 +726,7 @@ struct kvt_backend_ops {
 	                  uint32_t head_dim, const struct kvt_backend_pop *a,
 	                  const struct kvt_backend_pop_job *jobs, uint32_t n,
 	                  uint32_t *out, uint32_t out_words, void *stream);
-	/* (optional; ABI 10) As chunk_import, mapped read-only for this
+	/* (optional) As chunk_import, mapped read-only for this
 	 * process's device where the sharing mode allows it: in vmm mode
 	 * the mapping's access is CU_MEM_ACCESS_FLAGS_PROT_READ, so a copy,
 	 * memset or kernel store through it faults as any write to read-only
@@ -739,7 +739,7 @@ struct kvt_backend_ops {
 	                       const uint8_t ipc[KVT_BACKEND_IPC_BYTES],
 	                       uint64_t bytes, struct kvt_backend_chunk *out,
 	                       int *readonly);
-	/* (optional; ABI 10) As upload_regions into two device buffers of
+	/* (optional) As upload_regions into two device buffers of
 	 * the same layout at once, dev and twin: one upload of the regions'
 	 * bytes and one scatter kernel that writes each word to both, so the
 	 * second copy costs no host-to-device byte.  The daemon keeps its own

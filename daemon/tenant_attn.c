@@ -4,8 +4,8 @@
  * attn_select, tova by tova_select, kvpop by pop_select; backend/cuda/
  * attn_select.cu, tova_select.cu, pop_select.cu), so that a sync moves
  * the decisions (a job per list up, a flag, a count and the drop indices
- * down) instead of the K halves of every page of every list (issue 12:
- * what crosses is sized by the decisions, not by the lists).
+ * down) instead of the K halves of every page of every list:
+ * what crosses is sized by the decisions, not by the lists.
  *
  * The per-entry state (positions, and H2O's attention per query head or
  * KVpop's attention and score) lives in device memory, two halves a

@@ -1,8 +1,8 @@
 /*
  * tenant_window.c — the end-of-prefill selections run on the device, so
  * that the sync where such a policy decides moves drop indices to the host
- * instead of the prompt's keys (and values) and the window's rows (issue
- * 12: what crosses is sized by the decisions): SnapKV's (snapkv,
+ * instead of the prompt's keys (and values) and the window's rows (what
+ * crosses is sized by the decisions): SnapKV's (snapkv,
  * pyramidkv: policy_ops.window, rule POLICY_WINDOW_SNAPKV; the backend's
  * window_select, backend/cuda/window_select.cu) and Expected Attention's
  * (expected_attention: rule POLICY_WINDOW_EXPECTED; the backend's

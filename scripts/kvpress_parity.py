@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""kvpress_parity.py -- kvtrim's protocol 1 against kvpress (`make parity`,
-issue 11; not part of `make test`).  Runs in scripts/kvpress_venv.sh's venv.
+"""kvpress_parity.py -- kvtrim's protocol 1 against kvpress (`make parity`;
+not part of `make test`).  Runs in scripts/kvpress_venv.sh's venv.
 
   kvpress_parity.py --gguf MODEL.gguf --eval build/bin/kvtrim-eval \
       --out build/parity [--windows 2] [--quick] [--report FILE.md]

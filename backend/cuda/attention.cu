@@ -1,5 +1,5 @@
 /*
- * attention.cu — the cuda backend's `attention` op (backend.h, ABI 4), what
+ * attention.cu — the cuda backend's `attention` op (backend.h), what
  * kvt_attention runs on a cuda tenant: n query tokens of one (sequence,
  * layer) over its KV heads' lists, causal within the chunk, through
  * paged_attention_batch_cuda (kernels/cuda/paged_attention.cu).

@@ -1,5 +1,5 @@
 /*
- * attn_select.cu — the cuda backend's `attn_select` op (backend.h, ABI 8):
+ * attn_select.cu — the cuda backend's `attn_select` op (backend.h):
  * H2O's accumulated attention (policies/h2o.c) computed where the keys,
  * the staged queries and the per-entry state are, so that a sync moves
  * only the drop indices (4 bytes each) to the host instead of the K

@@ -34,13 +34,13 @@
  *   share.cu     chunks: VMM export and import as fds, legacy IPC
  *   streams.cu   streams and interprocess events
  *   ops.cu       compaction, uploads, reads and copies (the staging slots),
- *                and the count of the bytes they move (traffic, ABI 5)
- *   attention.cu kvt_attention's causal paged attention (ABI 4)
- *   compact_drops.cu compaction from drop indices (ABI 5)
- *   fill.cu      a value at a pattern of words in many rows (ABI 5)
- *   scorer.cu    learned scorers with device weights (ABI 5)
- *   key_norms.cu knorm's key norms (ABI 5)
- *   window_select.cu SnapKV's selection (ABI 6)
+ *                and the count of the bytes they move (traffic)
+ *   attention.cu kvt_attention's causal paged attention
+ *   compact_drops.cu compaction from drop indices
+ *   fill.cu      a value at a pattern of words in many rows
+ *   scorer.cu    learned scorers with device weights
+ *   key_norms.cu knorm's key norms
+ *   window_select.cu SnapKV's selection
  * around the private header backend_cuda.cuh.
  */
 #include <stdarg.h>

@@ -224,30 +224,30 @@ int bc_stage_take(struct bc_ctx *c, size_t need, cudaStream_t s,
 int bc_stage_send(struct bc_ctx *c, struct bc_stage *st, size_t bytes,
                   cudaStream_t s);
 
-/* compact_drops.cu: compaction from drop indices (ABI 5) */
+/* compact_drops.cu: compaction from drop indices */
 int bc_compact_drops(void *ctx, const struct kvt_backend_paged *pg,
                      uint32_t n_records, const struct kvt_backend_drops *lists,
                      uint32_t n, const uint32_t *drops, void *stream);
 
-/* fill.cu: a value at a pattern of words in many rows (ABI 5) */
+/* fill.cu: a value at a pattern of words in many rows */
 int bc_fill_words(void *ctx, void *dev, uint32_t value,
                   const uint32_t *pattern, uint32_t n_words,
                   const struct kvt_backend_fill_run *runs, uint32_t n_runs,
                   void *stream);
 
-/* scorer.cu: learned scorers with device weights (ABI 5) */
+/* scorer.cu: learned scorers with device weights */
 int bc_scorer_new(void *ctx, const struct kvt_backend_scorer *d, void **out);
 void bc_scorer_free(void *ctx, void *sp);
 int bc_scorer_run(void *ctx, void *sp, const struct kvt_backend_score_job *jobs,
                   uint32_t n, float *out, void *stream);
 
-/* key_norms.cu: knorm's key norms on the device (ABI 5) */
+/* key_norms.cu: knorm's key norms on the device */
 int bc_key_norms(void *ctx, const struct kvt_backend_paged *pg,
                  uint32_t n_records, enum kvt_dtype dtype, uint32_t head_dim,
                  const struct kvt_backend_norm_job *jobs, uint32_t n,
                  float *out, uint32_t out_floats, void *stream);
 
-/* window_select.cu: SnapKV's selection on the device (ABI 6) */
+/* window_select.cu: SnapKV's selection on the device */
 int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
                      uint32_t n_records, enum kvt_dtype dtype,
                      uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
@@ -262,8 +262,7 @@ int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
  * the scratch to need bytes, makes the handle on first use. */
 int bc_win_prepare(struct bc_ctx *c, size_t need);
 
-/* expected_select.cu: Expected Attention's selection on the device
- * (ABI 7) */
+/* expected_select.cu: Expected Attention's selection on the device */
 int bc_expected_select(void *ctx, const struct kvt_backend_paged *pg,
                        uint32_t n_records, enum kvt_dtype dtype,
                        uint32_t n_heads, uint32_t n_kv_heads,
@@ -278,7 +277,7 @@ int bc_attn_select(void *ctx, const struct kvt_backend_paged *pg,
                    const struct kvt_backend_attn *a,
                    const struct kvt_backend_attn_job *jobs, uint32_t n,
                    uint32_t *out, uint32_t out_words, void *stream);
-/* tova_select.cu: TOVA's selection on the device (backend.h, ABI 9) */
+/* tova_select.cu: TOVA's selection on the device (backend.h) */
 int bc_tova_select(void *ctx, const struct kvt_backend_paged *pg,
                    uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
                    uint32_t n_kv_heads, uint32_t head_dim,
@@ -286,7 +285,7 @@ int bc_tova_select(void *ctx, const struct kvt_backend_paged *pg,
                    const struct kvt_backend_tova_job *jobs, uint32_t n,
                    uint32_t *out, uint32_t out_words, void *stream);
 /* pop_select.cu: KVpop's projection, scoring and selection on the device
- * (backend.h, ABI 9) */
+ * (backend.h) */
 int bc_pop_select(void *ctx, const struct kvt_backend_paged *pg,
                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
                   uint32_t n_kv_heads, uint32_t head_dim,

@@ -1,6 +1,6 @@
 /*
- * compact_drops.cu — the cuda backend's `compact_drops` op (backend.h,
- * ABI 5): a sync's compaction worked out on the device from each list's
+ * compact_drops.cu — the cuda backend's `compact_drops` op (backend.h):
+ * a sync's compaction worked out on the device from each list's
  * drop indices, so that what crosses from the host is sized by the drops,
  * not by the lists.
  *

@@ -1,6 +1,6 @@
 /*
- * expected_select.cu — the cuda backend's `expected_select` op (backend.h,
- * ABI 7): Expected Attention's end-of-prefill selection (policies/
+ * expected_select.cu — the cuda backend's `expected_select` op (backend.h):
+ * Expected Attention's end-of-prefill selection (policies/
  * expected_attention.c) computed where the keys, the values and the
  * window's queries are, so that only the drop indices (4 bytes each) come
  * to the host instead of the whole pages of the prompt (the policy reads

@@ -1,5 +1,5 @@
 /*
- * fill.cu — the cuda backend's `fill_words` op (backend.h, ABI 5): one
+ * fill.cu — the cuda backend's `fill_words` op (backend.h): one
  * value stored at a pattern of word offsets in many rows of a device
  * buffer, the rows given as runs (blocks of evenly spaced rows), the
  * pattern and the runs staged in one of the context's pinned slots

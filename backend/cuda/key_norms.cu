@@ -1,5 +1,5 @@
 /*
- * key_norms.cu — the cuda backend's `key_norms` op (backend.h, ABI 5): the
+ * key_norms.cu — the cuda backend's `key_norms` op (backend.h): the
  * L2 norms of the new entries' keys that knorm scores by, computed where
  * the keys are, so that only the norms (4 bytes an entry) come to the
  * host instead of the K halves of every page of every list (what the

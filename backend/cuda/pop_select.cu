@@ -1,5 +1,5 @@
 /*
- * pop_select.cu — the cuda backend's `pop_select` op (backend.h, ABI 9):
+ * pop_select.cu — the cuda backend's `pop_select` op (backend.h):
  * KVpop's delayed learned scorer (policies/kvpop.c) run where the staged
  * rows, the keys, the projections u and the entries' state [a, s] are, so
  * that a sync moves only the drop indices (4 bytes each) to the host.

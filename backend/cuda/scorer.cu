@@ -1,5 +1,5 @@
 /*
- * scorer.cu — the cuda backend's learned scorers (backend.h, ABI 5: ops
+ * scorer.cu — the cuda backend's learned scorers (backend.h ops
  * scorer_new, scorer_free, scorer_run): a policy's per-layer scorer of x
  * (struct kvt_backend_scorer: KVzap's linear or MLP surrogate, Fast KVzip's
  * sink gate) with its weights in device memory, run on rows of x that

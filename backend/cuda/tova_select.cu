@@ -1,5 +1,5 @@
 /*
- * tova_select.cu — the cuda backend's `tova_select` op (backend.h, ABI 9):
+ * tova_select.cu — the cuda backend's `tova_select` op (backend.h):
  * TOVA's selection (policies/tova.c) computed where the keys, the staged
  * queries and the positions are, so that a sync moves one list of drop
  * indices per (sequence, layer) to the host instead of the K halves of

@@ -1,6 +1,6 @@
 /*
- * window_select.cu — the cuda backend's `window_select` op (backend.h, ABI
- * 6): SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed
+ * window_select.cu — the cuda backend's `window_select` op (backend.h):
+ * SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed
  * where the keys and the window's queries are, so that only the drop
  * indices (4 bytes each) come to the host instead of the K halves of every
  * page of the prompt and the window's rows (what read_regions staged).

@@ -21,8 +21,8 @@
  * (element-wise IEEE mul and add, contracted only where the scalar code
  * would be too) keep that exact.  At -O2 the plain loops were latency-bound
  * on one dependent add per key element: 2.3 ms per 8K-entry f32 list of
- * head_dim 64 with G 3, against 0.9 ms now (issue 10's decode profile,
- * docs/bench.md "SmolLM2").
+ * head_dim 64 with G 3, against 0.9 ms as written
+ * (docs/bench.md "SmolLM2").
  *
  * Rows of f16/bf16 pages are converted in pieces of ROW_BLOCK elements on
  * the stack; head_dim above KT_MAX takes the row-at-a-time loop (same

@@ -440,7 +440,7 @@ static void adv_fd_flood(const struct th_daemon *d, int quick)
 }
 
 /*
- * largest_tenant: the issue's geometry (pages of 4 bytes: head_dim 1, f16,
+ * largest_tenant: a hostile geometry (pages of 4 bytes: head_dim 1, f16,
  * one entry a page; 256 layers x 256 KV heads = 65536 lists a sequence;
  * max_tokens 4, streaming:sinks=1,tokens=2 so every sync evicts), with the
  * largest max_seqs the daemon admits: 65536 (the protocol's limit), halved

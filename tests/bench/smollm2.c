@@ -39,7 +39,7 @@
  * (the shipped scorer, tokens ctx/4): each evicts about 75% of the
  * context; kv_ratio says what it reached.  The learned ones load
  * weights/smollm2/ (S2_WEIGHTS, weights/smollm2/README.md); without that
- * folder their lines are skipped with the reason.  Goal (issue 10): at 8k
+ * folder their lines are skipped with the reason.  Goal: at 8k
  * the evicting steps are >= 2x faster than full's and hold <= 0.3x its KV
  * bytes.
  *

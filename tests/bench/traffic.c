@@ -1,6 +1,6 @@
 /*
  * traffic.c — kvtrim-bench's host <-> device lines (docs/bench.md,
- * "Host-device traffic"; issue 12's target: at most 4 KB per decoded token
+ * "Host-device traffic"; the target: at most 4 KB per decoded token
  * per sequence for every policy).  A fresh kvtrimd --backend cuda on the
  * CPU emulator's library (build/lib/emu/libkvtrim-cuda.so), and for every
  * policy kvtrimd lists a synthetic engine at the 8B geometry (32 layers,

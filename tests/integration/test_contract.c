@@ -3,7 +3,7 @@
  * the real daemon and the built (or installed) library: engines of a killed
  * kvtrim-loadgen die with it, the static library exposes only kvt_*
  * symbols, an install into a prefix is self-contained and usable through
- * pkg-config, and a handle outlives its daemon (issue 14).
+ * pkg-config, and a handle outlives its daemon.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -109,7 +109,7 @@ static const char *scratch_file(const char *name, const char *text)
 #define ENGINE_CC "cc "
 #endif
 
-/* --------------------------------------------------- loadgen (item 7) */
+/* ------------------------------------------------------------ loadgen */
 
 /*
  * kvtrim-loadgen with 4 engines is SIGKILLed mid-run: its engines must die
@@ -187,7 +187,7 @@ TEST_T(contract, loadgen_engines_die_with_a_sigkilled_parent, 60)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
-/* --------------------------------------------- static library (item 5) */
+/* ------------------------------------------------------ static library */
 
 /*
  * A tiny engine, built by the tests against libkvtrim.a or an installed
@@ -255,7 +255,7 @@ TEST_T(contract, static_library_exports_only_kvt_symbols, 60)
 	              "connect=ECONN\n");
 }
 
-/* ------------------------------------------------------ install (item 6) */
+/* --------------------------------------------------------------- install */
 
 /*
  * `make install-files` (the copying half of `make install`, the build being

@@ -1,10 +1,10 @@
 /*
  * test_contract_sync.c — what a sync promises an engine, against the real
- * daemon (issue 14): staged inputs that are not numbers, or were never
- * staged, are refused with a reason and change nothing (item 3); the sync
+ * daemon: staged inputs that are not numbers, or were never
+ * staged, are refused with a reason and change nothing; the sync
  * reply, kvt_last_sync, kvt_stats and the stats show the pressure and the
- * budget applied (item 3); a sequence's headroom follows its next append
- * (kvt_seq_headroom), so lists hold the pages the work needs (item 9).
+ * budget applied; a sequence's headroom follows its next append
+ * (kvt_seq_headroom), so lists hold the pages the work needs.
  * Expected page counts are ceil((len + headroom) / page_tokens), by hand.
  */
 #include <math.h>

@@ -89,7 +89,7 @@ TEST(daemon, list_policies_and_bad_options)
 	T_EQ(th_sh(NULL, out, sizeof(out), "%s --list-policies",
 	           th_bin("kvtrimd")), 0);
 	/* One line per policy: name, parameters with their defaults, and
-	 * what it reads (issue 14 item 8: no running daemon needed). */
+	 * what it reads; no running daemon needed. */
 	T_ASSERT(!strncmp(out, "full ", 5));
 	T_ASSERT(strstr(out, "\nstreaming "));
 	T_ASSERT(strstr(out, "tokens=256"));     /* h2o's default */
@@ -466,7 +466,7 @@ static uint64_t mapped_bytes(const char *name)
 }
 
 /*
- * Issue 14, item 8: kvzap reads only x, so its tenant stages only x: the
+ * kvzap reads only x, so its tenant stages only x: the
  * staging segment holds 4 sequences x 2 layers x 8 rows x d_model 32
  * floats + the 64-byte header = 8256 bytes (3 pages mapped), where x, q
  * (4 heads x 8) and lse (4) took 4 x 2 x 8 x 68 x 4 + 64 = 17472 (5
@@ -556,7 +556,7 @@ TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
 }
 
 /*
- * model= paths (issue 14 item 8, docs/weights.md "Paths"): the daemon runs
+ * model= paths (docs/weights.md "Paths"): the daemon runs
  * in another directory than the engine, and a relative path means the
  * engine's: libkvtrim sends it absolute (kvt_config_of shows it), so the
  * weights load; the daemon itself refuses a relative path (the raw hello

@@ -279,7 +279,7 @@ TEST(badinput, sync_refusals_change_nothing)
 
 	/* A second tenant cannot name the first one's sequence, even with
 	 * a sequence of its own in the same slot and generation (sequence
-	 * ids carry their tenant, issue 14 item 2). */
+	 * ids carry their tenant). */
 	raw_hello(&d, &other, &rep, "full", 0, 0);
 	codec_rep_free(&rep);
 	q = tq(&other, IPC_OP_SEQ_OPEN);

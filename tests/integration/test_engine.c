@@ -428,8 +428,8 @@ TEST_T(engine, oracle_cli_writes_scores, 120)
 /* ---------------------------------------------------------------- backends */
 
 /*
- * The engine on a cuda daemon against the same engine on a cpu daemon
- * (issue 12): same model, tokens and policy, one daemon of each backend
+ * The engine on a cuda daemon against the same engine on a cpu daemon:
+ * same model, tokens and policy, one daemon of each backend
  * side by side (th_daemon_start_as).  On cuda the engine's attention is
  * the CUDA kernel (kvt_attention on device buffers); on cpu the CPU
  * kernel.  Logits must agree within LOGIT_TOL_CUDA (see logit_tol), and

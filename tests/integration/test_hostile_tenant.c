@@ -151,7 +151,7 @@ TEST(hostile_tenant, geometry_beyond_tenant_memory_max_is_refused)
 	long rss0 = th_rss_kib(d.pid);
 
 	/*
-	 * The issue's geometry: 4-byte pages (page_tokens 1, head_dim 1, f16)
+	 * A hostile geometry: 4-byte pages (page_tokens 1, head_dim 1, f16)
 	 * and 512 sequences of 64 layers x 1024 KV heads.  Its table alone is
 	 * 512 * 65536 records of 64 bytes = 2 GiB, above the default
 	 * tenant_memory_max of 1 GiB whatever its quota.
@@ -262,7 +262,7 @@ TEST(hostile_tenant, check_reads_only_live_state)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
-/* ----------------------------------------------- read-only table (item 6) */
+/* -------------------------------------------------------- read-only table */
 
 TEST(hostile_tenant, table_segment_cannot_be_made_writable)
 {
@@ -324,7 +324,7 @@ TEST(hostile_tenant, table_segment_cannot_be_made_writable)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
-/* ---------------------------------------------------- names (item 10) */
+/* -------------------------------------------------------------- names */
 
 TEST(hostile_tenant, bad_names_are_refused_and_stats_stay_valid)
 {
@@ -419,7 +419,7 @@ TEST(hostile_tenant, drain_tells_ids_from_names)
 	T_EQ(th_daemon_stop(&d), 0);
 }
 
-/* ------------------------------------------------ default quota (item 11) */
+/* ---------------------------------------------------------- default quota */
 
 /*
  * Pages of 256 KiB ([K 256 x 128][V 256 x 128] f32): 8 per 2 MiB chunk.

@@ -1,9 +1,9 @@
 /*
  * test_seq_contract.c — the sequence part of the contract between
- * libkvtrim and an engine (issue 14), against the real daemon: a sync that
+ * libkvtrim and an engine, against the real daemon: a sync that
  * timed out while kvtrimd was stopped is resolved with kvt_seq_query and
- * the sequence goes on (item 1); sequence ids carry their tenant and
- * generation (item 2); and the smaller promises of item 8 (kvt_last_error
+ * the sequence goes on; sequence ids carry their tenant and
+ * generation; and the smaller promises (kvt_last_error
  * always about the last call, the one-sync-per-sequence rule with a
  * reason, a sync of zero items, a drained tenant's code text, const
  * accessors, kvtrimctl stats of a shared name, the policy's inputs in the

@@ -10,7 +10,7 @@
  * log-sum-exp, the mean and the RMS of the whole row, and 20 (id, logit)
  * pairs (the reference's top 12 and 8 fixed ids).  Both implementations are
  * float32 with different summation orders over 30 layers, so equality is
- * to a tolerance, stated here and in the closing figures of issue 10:
+ * to a tolerance, stated here and in docs/bench.md "SmolLM2":
  *   |logit - ref| <= 2e-3 (logits are of magnitude 10-30; an error of the
  *   RoPE layout, a tensor or the classifier moves them by whole units),
  *   |lse - ref| <= 2e-3, |mean|, |rms| within 2e-3,

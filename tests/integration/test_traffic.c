@@ -1,5 +1,5 @@
 /*
- * test_traffic.c — issue 12's bound on what crosses between host and device
+ * test_traffic.c — the bound on what crosses between host and device
  * at a sync of the cuda daemon: sized by the decisions, never by the
  * context length or d_model.  For each policy one tenant (4 layers, 8
  * query and 4 KV heads, head_dim 16, d_model 1024, f32 pages of 4 entries,
@@ -21,7 +21,7 @@
  *
  * Table-driven: a policy whose row is not `asserted` yet has its figures
  * printed (every sync: bytes, bound, lists, new, dropped) and SKIPs with
- * "not yet device-resident (issue 12)"; flip its flag when its device path
+ * "not yet device-resident"; flip its flag when its device path
  * lands.  Runs in the emulated cuda passes of `make test`; skips on the
  * cpu backend, where nothing crosses (device_*_bytes_total stay 0; the
  * stats test checks that they exist).

@@ -1,6 +1,6 @@
 /*
- * test_cuda_attention.c — the cuda backend's attention op (backend.h, ABI
- * 4; what kvt_attention runs on a cuda tenant) on a table and pages built
+ * test_cuda_attention.c — the cuda backend's attention op (backend.h;
+ * what kvt_attention runs on a cuda tenant) on a table and pages built
  * by hand in device memory, against paged_attention_cpu (kernels/cpu/) run
  * per (token, KV head) over the same pages with the causal length
  * len + t + 1.  Also: calls alternating between two streams and growing

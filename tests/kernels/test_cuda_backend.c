@@ -525,7 +525,7 @@ TEST_T(cuda, backend_share_legacy_ipc, 60)
 	cross_process("ipc", 0);
 }
 
-/* chunk_import_ro (ABI 10): the importer's write into its read-only
+/* chunk_import_ro: the importer's write into its read-only
  * mapping fails in vmm mode; legacy IPC maps read-write and says so. */
 TEST_T(cuda, backend_share_read_only, 60)
 {
@@ -541,8 +541,8 @@ TEST_T(cuda, backend_share_read_only_legacy_ipc, 60)
 }
 
 /*
- * ABI 3: copy (kvt_memcpy), private device memory, and upload_regions (the
- * daemon's device table, the client's chunk bases); ABI 10: upload_twin
+ * copy (kvt_memcpy), private device memory, and upload_regions (the
+ * daemon's device table, the client's chunk bases); upload_twin
  * (the daemon's two device tables).  Expected bytes are the same regions
  * applied to a host buffer with memcpy.
  */
@@ -611,7 +611,7 @@ TEST(cuda, backend_copy_and_upload_regions)
 	T_ASSERT(memcmp(got, want, n) == 0);
 	T_OK(o->upload_regions(ctx, dev, src, bad, 0, s[0])); /* n 0 */
 
-	/* ABI 10: upload_twin writes the same regions into two buffers and
+	/* upload_twin writes the same regions into two buffers and
 	 * moves the host bytes once, as upload_regions into one does. */
 	void *twin;
 	uint64_t h0, h1, h2, d2h, launches;
@@ -649,7 +649,7 @@ TEST(cuda, backend_copy_and_upload_regions)
 }
 
 /*
- * ABI 2: read_regions gathers regions of chunk memory into a strided host
+ * read_regions gathers regions of chunk memory into a strided host
  * buffer after the stream's queued work.  The chunk holds a known image;
  * region i must land at dst + i * stride, and the gaps between regions
  * keep their sentinel.  The cases cover the 16-byte path (sizes and
@@ -873,7 +873,7 @@ TEST(cuda, backend_staging_rotation)
 }
 
 /*
- * ABI 5: traffic counts the bytes the context's ops copy between host and
+ * traffic counts the bytes the context's ops copy between host and
  * device, over a mix of them on two streams: copies in every direction
  * (device-to-device and host-to-host count nothing), uploads (one larger
  * than a staging slot, so the slot grows), a compaction, a read of
@@ -883,7 +883,7 @@ TEST(cuda, backend_staging_rotation)
  * nothing itself in between); everywhere, device -> host is exactly what
  * copy and read_regions deliver, and host -> device at least the payload
  * (copied bytes, region bytes, page addresses and moves, read addresses).
- * The launch count (ABI 9) grows with the uploads, the compaction and the
+ * The launch count grows with the uploads, the compaction and the
  * read (each launches), not with the copies or the refused calls; under
  * the emulator it equals the emulator's count of launches and cuBLAS
  * calls over the same window (kvt_emu_launches).

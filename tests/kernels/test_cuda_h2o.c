@@ -1,6 +1,6 @@
 /*
  * test_cuda_h2o.c — the cuda backend's attn_select (H2O's rule on the
- * device, backend.h ABI 8) against the cpu policy's own operations
+ * device, backend.h) against the cpu policy's own operations
  * (policies/h2o.c: attn_band_cpu's weights summed per entry and query head
  * in t order, the mean or max over the group, the protection, then
  * select_topk_cpu ranked by position, compact_plan's moves): over several

@@ -1,6 +1,6 @@
 /*
  * test_cuda_kvpop.c — the cuda backend's pop_select (KVpop's rule on the
- * device, backend.h ABI 9) against the cpu policy's own operations
+ * device, backend.h) against the cpu policy's own operations
  * (policies/kvpop.c: u = P x by scorer_linear_cpu into a ring of delay +
  * headroom rows, the band's attn_band_cpu weights summed per entry in t
  * and j order over the queries within the delay, kvpop_score's loops for

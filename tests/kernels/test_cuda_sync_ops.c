@@ -1,6 +1,6 @@
 /*
- * test_cuda_sync_ops.c — the cuda backend's ops of a device sync (backend.h,
- * ABI 5).  fill_words: a value at a pattern of word offsets in the rows
+ * test_cuda_sync_ops.c — the cuda backend's ops of a device sync (backend.h).
+ * fill_words: a value at a pattern of word offsets in the rows
  * of many runs (blocks of evenly spaced rows), against the same stores on
  * a host image.  scorer_new / scorer_run: a
  * linear and an MLP scorer of three layers over jobs of device rows,
@@ -20,8 +20,8 @@
  * page order differs from address order, a page of an unmapped chunk slot
  * (that move is skipped, nothing faults), and the refusals (drops not
  * ascending, beyond the length, a record out of range), which change
- * nothing.  window_select (SnapKV's selection, ABI 6) and expected_select
- * (Expected Attention's, ABI 7) against their rules computed in double on
+ * nothing.  window_select (SnapKV's selection) and expected_select
+ * (Expected Attention's) against their rules computed in double on
  * the host image, a flagged NaN row, the refusals.
  * Both built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests; skips without a device.

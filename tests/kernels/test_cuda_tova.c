@@ -1,6 +1,6 @@
 /*
  * test_cuda_tova.c — the cuda backend's tova_select (TOVA's rule on the
- * device, backend.h ABI 9) against the cpu policy's own operations
+ * device, backend.h) against the cpu policy's own operations
  * (policies/tova.c, its `same` path: attn_band_cpu's weights of the
  * newest staged query, summed over the G query heads of each KV head in j
  * order, then over the KV heads in g order, times 1/H; the protection of

@@ -1,5 +1,5 @@
 /*
- * test_codec_sync.c — the sync's wire additions of issue 14: an item's
+ * test_codec_sync.c — the sync's optional wire fields: an item's
  * optional 7th field (the headroom the sequence keeps after the sync), the
  * reply's optional "press" and "budget", and the sync numbers ("n", and
  * seq_query's own "n", "after" and "last").  Exact bytes are written out

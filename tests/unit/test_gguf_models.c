@@ -349,7 +349,7 @@ TEST(gguf, smollm2_llama_hyperparameters)
 	struct gguf *g = open_smollm2(path, sizeof(path));
 	struct gguf_llama hp;
 	T_OK(gguf_llama_check(g, &hp, err, sizeof(err)));
-	/* The model card's figures (issue 10). */
+	/* The model card's figures. */
 	T_EQ(hp.n_layer, 30);
 	T_EQ(hp.n_embd, 576);
 	T_EQ(hp.n_head, 9);

@@ -261,7 +261,7 @@ TEST(tenant, open_close_returns_pages)
 }
 
 /*
- * Issue 14, item 2: two tenants with a sequence in the same slot and
+ * Two tenants with a sequence in the same slot and
  * generation get different ids, and neither can sync, close or query the
  * other's (ENOSEQ with a reason, nothing changed on either side); the id
  * of a closed sequence stays unknown once its slot is reused.

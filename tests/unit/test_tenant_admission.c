@@ -124,7 +124,7 @@ TEST(tenant, memory_cap_refuses_and_names_the_parts)
 	         strstr(err, "sequences") && strstr(err, "scratch"));
 
 	/*
-	 * The issue's geometry: 4-byte pages (page_tokens 1, head_dim 1,
+	 * A hostile geometry: 4-byte pages (page_tokens 1, head_dim 1,
 	 * f16), 512 sequences of 64 layers x 1024 KV heads.  The table alone
 	 * is 128 + 512 * 65536 * 64 bytes = 2.0 GiB, the page ids and
 	 * positions 2 * 512 * 65536 * (4 + 1) * 4 bytes = 1.25 GiB, a little

@@ -3,7 +3,7 @@
  * kvtrim-eval (context compression, ctxmain.c), for models with a chat
  * template (SmolLM2); the pieces are declared in ctxtask.h.
  *
- * Protocol (issue 11):
+ * Protocol:
  *   - A case is one chat prompt (the template's default system message,
  *     ONE user message holding the document and the question, the
  *     generation prompt) of L tokens built from the held-out text's

@@ -37,7 +37,7 @@ enum ctxtask_kind { CTXTASK_NEEDLE = 0, CTXTASK_COPY = 1 };
 #define CTXTASK_KEY_DIGITS 5u
 #define CTXTASK_ANS_MAX 24u   /* answer tokens decoded at most */
 /* The tasks run the targets from table_at[CTXTASK_AT0] (0.75, 0.875: the
- * issue's goals) and their tables start at that column: a job costs
+ * protocol's goals) and their tables start at that column: a job costs
  * about a case's prefill in greedy steps, and at 0.5 the 48-case needle
  * did not fit `make eval`'s time (ctxtask.c, Trial counts). */
 #define CTXTASK_AT0 1u

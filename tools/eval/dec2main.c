@@ -40,7 +40,7 @@ void openblas_set_num_threads(int n);
 
 /* ------------------------------------------------------------ results */
 
-/* The goal of issue 11 read off the curves: kvpop against h2o, tova and
+/* The protocol's goal read off the curves: kvpop against h2o, tova and
  * streaming on KL at achieved 0.75. */
 static void md_goal(FILE *f, const struct row *rows, size_t nr,
                     const char *model)
