@@ -1,38 +1,21 @@
 /*
  * ctl.c — the control socket ctl.ipc, served on the loop: nng's SP req/rep
- * wire over a Unix stream socket (what nng's ipc:// transport speaks, so
- * libkvtrim and kvtrimctl dial it with nng's req0), accept, reading under
- * flow control, the pool of requests, the low class, replies and closing.
+ * wire over a Unix stream socket (spwire.h; libkvtrim and kvtrimctl dial it
+ * with nng's req0): accept, reads under flow control, the request pool, the
+ * low class, replies and closing.
  *
- * Why not nng's rep0 here: it reads every connection as fast as its
- * contexts free up and offers no way to stop reading one of them.  A peer
- * that writes requests and never reads its replies then costs the daemon
- * the reading and dropping of everything it writes (about a core on the
- * 2-core CI machine, on the threads that serve the tenants too), or holds
- * its contexts.  Serving the wire on the loop, the daemon simply stops
- * reading a connection that has max_inflight_per_conn requests unanswered
- * or SRV_UNSENT_MAX bytes of replies the kernel has not taken: the peer's
- * writes then block in its own socket, and it costs nothing more.
- * docs/design-changes.md has the trade.
- *
- * The wire itself (hello, frames, the req0 backtrace) is spwire.h's.
- *
- * Requests: a frame read takes a request from the pool (cfg.contexts of
- * them); with none free, the connection waits on s->starved_* and is read
- * again when one comes back.  A connection a tenant registered on is
- * handled at once; the others' requests (hellos, kvtrimctl, any member of
- * the group) wait in s->low_* and get SRV_LOW_SLICE per turn of the loop,
- * so a flood of those delays no tenant's sync by more than a slice.  What
- * a slice costs is bounded too: a connection without a tenant may send
- * only hellos and admin requests, of at most s->low_msg_max bytes (from
- * the message tables, codec_req_len_max), so a longer frame of it is
- * refused unread (KVT_ETOOBIG): its request carries only the refusal, and
- * its bytes are dropped as they come, never buffered nor decoded, at most
- * SRV_UNREAD_TICK of them per cron tick over all connections (a peer
- * repeating such frames then waits in its own send).  A
- * reply is queued on its connection's write queue and its request goes
- * back to the pool at once: no peer can hold the daemon's requests by not
- * reading.
+ * Flow control: a connection with max_inflight_per_conn requests unanswered
+ * or SRV_UNSENT_MAX bytes of replies the kernel has not taken is not read,
+ * so its peer's writes block in its own socket (why nng's rep0 does not do
+ * this: docs/design-changes.md).  Requests come from a pool of cfg.contexts;
+ * with none free the connection waits on s->starved_*.  A tenant's
+ * connection is served at once; the others (hellos, kvtrimctl, group
+ * members) wait in s->low_* and get SRV_LOW_SLICE per turn of the loop.  A
+ * connection without a tenant may send only hellos and admin requests of at
+ * most s->low_msg_max bytes: a longer frame is refused unread (KVT_ETOOBIG)
+ * and its bytes dropped, at most SRV_UNREAD_TICK per cron tick over all
+ * connections.  A reply goes on its connection's write queue and its
+ * request back to the pool at once, so no peer holds requests by not reading.
  */
 #include <errno.h>
 #include <inttypes.h>

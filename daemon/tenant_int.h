@@ -9,6 +9,10 @@
  *                   page stacks, revocation, the event queue and its flush
  *   tenant_seq.c    sequences, and the table records mirroring their lists
  *   tenant_sync.c   the sync: validation, decisions, then application
+ *   tenant_window.c end-of-prefill selections on the device (SnapKV,
+ *                   Expected Attention)
+ *   tenant_attn.c   attention-based rules on the device (H2O, TOVA, KVpop)
+ *                   and their per-entry state
  *   tenant_check.c  the invariant checker
  *
  * State and who owns it:

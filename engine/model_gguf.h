@@ -3,7 +3,8 @@
  * GGUFs) as models of the reference engine: hyperparameters from the
  * metadata, every tensor dequantised to float32 into the layout of struct
  * model (model.h), so the forward, the engines and the oracles run them as
- * they run llama2.c checkpoints.  Tested in tests/unit/test_model_gguf.c.
+ * they run llama2.c checkpoints.  Tested in
+ * tests/integration/test_engine_gguf.c.
  *
  * What a file gives the model:
  *   dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size   llama.*

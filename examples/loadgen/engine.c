@@ -245,7 +245,7 @@ static int engine_buffers(struct engine *e, const struct kvt_config *in_force)
 {
 	const struct opts *o = e->o;
 	int kind = kvt_memory_kind(e->c);
-	uint32_t rows = o->kv_heads; /* at most 64 (child_main) */
+	uint32_t rows = o->kv_heads; /* at most 64 (engine_main) */
 	e->r.memory = kind;
 	e->dev = kind == KVT_MEMORY_CUDA;
 	e->mp = (uint32_t)(((uint64_t)in_force->max_tokens +

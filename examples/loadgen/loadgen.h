@@ -95,7 +95,7 @@ struct engine {
 	uint8_t *alive;   /* [o->steps] positions the model still keeps; the
 	                     same for every list, as all advance together */
 	uint32_t alive_seen; /* tokens the model has been advanced to */
-	uint64_t *bmix;   /* [2 * row_bytes] see bmix_init */
+	uint64_t *bmix;   /* [2 * row_bytes] see pattern_bmix_init */
 	size_t row_bytes; /* head_dim * dtype size */
 	uint32_t page_tokens;
 	int stage;        /* the policy wants staged inputs */

@@ -33,13 +33,13 @@ uint32_t pattern_tag(uint64_t seed, uint32_t client, uint32_t seq,
 }
 
 /* The per-byte part of the pattern hash: depends on (byte, is_v) only, so
- * engines compute it once per row layout (see bmix_init). */
+ * engines compute it once per row layout (see pattern_bmix_init). */
 static uint64_t bmix_of(uint32_t b, int is_v)
 {
 	return pattern_mix((uint64_t)b << 1 | (uint64_t)is_v);
 }
 
-/* bmix: [2 * row_bytes] as filled by bmix_init; byte b of K or V. */
+/* bmix: [2 * row_bytes] as filled by pattern_bmix_init; byte b of K or V. */
 static uint8_t byte_of(const uint64_t *bmix, size_t row_bytes, uint32_t tag,
                        uint32_t pos, uint32_t b, int is_v)
 {

@@ -14,7 +14,7 @@
  * pre-scaled by scale * log2 e).  Groups of a warp, then warps of the block
  * (through shared memory), merge their (max, sum, accumulator) triples;
  * with one slice the block writes out/lse, otherwise the slice's triple
- * goes to `work` and pa_combine merges the slices of each (list, head).
+ * goes to `work` and pa_combine_kernel merges the slices of each (list, head).
  *
  * Instances: dtype {f32, f16, bf16} x head_dim bucket {64, 128, 256} x
  * heads per block GB {1, 2, 4, 8}; head_dim below its bucket is masked, and

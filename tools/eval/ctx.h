@@ -21,7 +21,7 @@
  * band of the step's rows onto the first ncols entries of every list (the
  * KVzip and hindsight oracles).
  *
- * Errors are negative KVT_E* codes; ctx_run_daemon also writes a reason.
+ * Errors are negative KVT_E* codes; ctx_load_daemon also writes a reason.
  */
 #ifndef KVT_EVAL_CTX_H
 #define KVT_EVAL_CTX_H

@@ -74,8 +74,7 @@
  *     (ctxtask.c: chat prompts, greedy answers, the full cache first at
  *     every length) on the same daemon, with the jobs of their length
  *     (make_jobs).
- * TODO (issue 11, not built here): protocol 2 (decoding-time
- * compression, 256 + 1024 tokens).
+ * Protocol 2 (decoding-time compression) is dec2main.c's.
  *
  * Output in DIR: quality.csv (rows of other models kept; the columns of
  * TABLE_CSV_HEADER, copy and needle empty), quality.md, quality.png (one

@@ -192,7 +192,7 @@ uint32_t kvzap_sweep_grid(const struct model *M, const char *name,
 extern const char *const kvzap_names[2];
 /* The job of scorer v (scores s of ncal calibration sequences, window
  * RECIPE_KVZAP_WINDOW) at the threshold that achieves R, or the jobs of
- * its sweep of npts thresholds (sweep_grid; no target, j->sweep set).
+ * its sweep of npts thresholds (kvzap_sweep_grid; no target, j->sweep set).
  * sinks < 0: no sinks in the spec and none in the calibration (the
  * policy's default, 0). */
 void kvzap_add_target(struct job *jobs, uint32_t *n, const struct model *M,

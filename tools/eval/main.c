@@ -37,7 +37,7 @@
  *     of held-out filler (evaluation split) with three distractor records
  *     `code WXYZ: 12345` and the target `code ABCD: 48213`, then depth =
  *     50 / 100 / 200 / 400 bytes later the query `code ABCD: ` and the 5
- *     digits (seeded keys and digits; make_needle).  Prefill stops where
+ *     digits (seeded keys and digits; cases_needle).  Prefill stops where
  *     the query starts; the digits are scored teacher-forced, per-digit
  *     top-1 and exact (all 5).  The full cache is scored first (from the
  *     reference logits); only the depths where it reaches NEEDLE_BAR
@@ -50,7 +50,7 @@
  *     this protocol (computed offline from its own scores; the achieved
  *     ratio on the evaluation inputs is then measured, not assumed).
  *   - Sweep: kvzap-linear and kvzap-mlp also run at 6 fixed thresholds
- *     (--quick: 2) chosen on the training split (sweep_grid: those that
+ *     (--quick: 2) chosen on the training split (kvzap_sweep_grid: those that
  *     reach ratios evenly spaced over 0.30 .. 0.95, or 0.01 under the cap
  *     the window sets, rounded to multiples of 0.25); rows with an empty
  *     target_ratio, the threshold in the threshold column, the achieved
@@ -387,7 +387,7 @@ int main(int argc, char **argv)
 		        "replay)", NULL, NULL);
 	}
 	/* kvzap threshold sweep: fixed thresholds from the training split
-	 * (sweep_grid), the achieved ratio measured */
+	 * (kvzap_sweep_grid), the achieved ratio measured */
 	for (int v = 0; v < 2; v++)
 		if (zs[v])
 			kvzap_add_sweep(jobs, &njobs, M, wabs, v, zs[v], ncal, T,

@@ -49,7 +49,7 @@ void add_vmm_range(void *base, size_t bytes, bool readonly);
 void drop_vmm_range(void *base);
 void add_device_bytes(long long n);
 /* driver.cc: the emulated driver entry point named symbol, or NULL (not
- * emulated, or hidden by kvt_emu_set_vmm). */
+ * emulated, or hidden by kvt_emu_set_driver). */
 void *driver_entry(const char *symbol);
 /* Completes every queued event, as a device-wide synchronisation does. */
 void complete_all_events(void);
