@@ -1,5 +1,5 @@
 /*
- * cases.c — the inputs of kvtrim-eval (see main.c for the protocol): copy
+ * cases.c — the inputs of kvtrim-eval (docs/eval.md has the protocol): copy
  * and key-value needle cases built from the evaluation text, and for every
  * case its full-cache reference logits and the KVzip scores of its prompt.
  */

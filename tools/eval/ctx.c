@@ -2,7 +2,7 @@
  * ctx.c — protocol 1 of kvtrim-eval (context compression): the in-process
  * cache with its BLAS attention and taps, the full-cache reference of a
  * window, and a policy's run on it; see ctx.h for the contracts and
- * ctxmain.c for the protocol.
+ * docs/eval.md for the protocol.
  */
 #include "ctx.h"
 

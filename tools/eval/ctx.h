@@ -1,6 +1,6 @@
 /*
  * ctx.h — the machinery of protocol 1 of kvtrim-eval, context compression
- * (ctxmain.c's header describes the protocol and its choices): an
+ * (docs/eval.md describes the protocol and its choices): an
  * in-process KV cache whose lists the kept entries of a policy are loaded
  * into, the full-cache reference of one window, and one policy's run on a
  * window (through kvtrimd, or from keep flags computed in process).

@@ -2,49 +2,12 @@
  * ctxdump.c — `kvtrim-eval --model smollm2 --dump-kept DIR [--seqs N]
  * [--quick]`: what protocol 1 decides, written out for an independent
  * implementation to compare with (scripts/kvpress_parity.py, `make
- * parity`): the windows' token ids and, per policy and ratio, which
- * context entries each (layer, KV head) kept and the continuation's KL /
- * top-1 / NLL increase per window.
+ * parity`): per policy and ratio the context entries each (layer, KV head)
+ * kept, found again bit for bit among the window's context rows.
  *
- * The windows, the prefill, the daemon round trip and the continuation are
- * protocol 1's own (ctxmain.c, ctx.h: the first N windows of the same
- * split, the same P + C).  The policies are run with the parameters that
- * make kvtrim's rule the kvpress press it is compared with (listed in
- * parity[] below: e.g. snapkv's window 16, h2o without its recent window,
- * expected_attention's statistics over the last 64 queries, the most the
- * staging ring holds), not always the evaluation's (specs-smollm2.txt).  kvzip is protocol 1's
- * in-process KVzip (ctx_keep_kvzip).
- *
- * Kept positions: the daemon returns entries, not positions; each kept K/V
- * row is found again, bit for bit, among the window's P context rows (the
- * float32 rows the prefill computed and the daemon copied unchanged),
- * scanning forward from the last match (lists keep arrival order) and
- * then from the start.  A row found nowhere is an error (KVT_EPROTO).
- *
- * KVzap: when DIR/kvzap-linear or DIR/kvzap-mlp holds a kvpress checkpoint
- * (KVzapModel.save_pretrained), window 0's attention inputs x and the C
- * scorer's scores of them (tools/eval/kvzap.c, the daemon's kernels) are
- * written, and the checkpoint is run in kvtrimd as the kvzap policy on
- * window 0 at a threshold of the scores' median (window 32, sinks 4): its
- * kept entries show the daemon loaded and scored that checkpoint.
- *
- * The other daemon policies (pyramidkv, random, and Fast KVzip and KVpop
- * when DIR holds their weight files): their kept entries of window 0
- * (dump_others).
- *
- * Files in DIR (little endian, C order):
- *   index.json         geometry, the repeat prompt `sep`, every run: policy,
- *                      ratio, spec, keep file, per-window kl / top1 / dnll
- *                      (means over the npos predictions) and kept entries
- *   tokens.i32         int32 [windows][T]
- *   ref_top1.i32       int32 [windows][T-1-P], argmax of the full cache's
- *                      prediction of tok[P+1 ..]
- *   keep-NAME-R.u8     uint8 [windows][L][n_kv][P], 1 = kept
- *   x0.f32             float32 [L][P][dim], window 0 (with a kvzap dir)
- *   kvzap-V.scores.f32 float32 [L][n_kv][P], window 0
- *   keep-kvzap-V.u8    uint8 [L][n_kv][P], window 0
- *   keep-NAME.u8       likewise, for each of the index's "others"
- * Progress on stderr, one line per window.
+ * The policies' parity parameters (parity[] below), the files written to
+ * DIR and their layouts are in docs/eval.md, "Kept positions for the
+ * kvpress parity".  Progress on stderr, one line per window.
  */
 #include "eval.h"
 

@@ -1,86 +1,14 @@
 /*
- * ctxmain.c — protocol 1 of kvtrim-eval: context compression, the protocol
- * of kvpress and of the KVzip / KVzap papers, for models with a tokenizer
+ * ctxmain.c — protocol 1 of kvtrim-eval: context compression (the protocol
+ * of kvpress and of the KVzip / KVzap papers) for models with a tokenizer
  * (SmolLM2: `kvtrim-eval --model smollm2 --out docs/results/smollm2`).
  *
- * Protocol (every number is a policy's run against the full cache on the
- * same tokens):
- *   - Text: 16 windows (--quick: 2; --seqs N) of P = 1024 context and
- *     C = 128 continuation tokens (--quick: 256 + 32) of the held-out
- *     text's evaluation split (dataset.h: the last 40 % of
- *     bytes2m-valid.txt through the model's tokenizer; no BOS: SmolLM2
- *     has none).
- *   - Prefill: the context in ONE step (ctx.h), so every prefill hidden
- *     state is that of the full cache.  The policy then compresses each
- *     layer once.  Choice: the context is synced with kvtrimd once, all
- *     layers together, after the whole prefill, rather than per layer
- *     right after that layer's attention (kvt_sync_item's layer range
- *     would allow it).  With a one-step prefill the two are the same
- *     computation: no prefill attention of any layer reads another
- *     layer's cache, and every layer's prefill attention has run over its
- *     full cache before the sync.  Per-layer syncs would matter only for
- *     a chunked prefill, where they could not help anyway (the first
- *     chunk's sync would compress a part of the context).
- *   - Policies run in a real kvtrimd, one tenant per (policy, window),
- *     registered when the run reaches it and closed after: the window's
- *     context entries (K/V as the prefill computed them, float32) are
- *     appended with their staged x, q and lse, committed by one prefill
- *     sync, then one decode sync of no new entry follows: prompt-only
- *     policies (snapkv) decide at the first decode sync, and the others
- *     have nothing new to decide there.  The kept entries are read back
- *     (kvt_list_get, kvt_page_ptr) into an in-process cache.
- *   - Decode: the continuation tok[P, T-1) teacher-forced as one step on
- *     that cache, positions continuing at P, WITHOUT further compression
- *     (the daemon is not consulted again; the continuation's entries are
- *     all kept).  Its predictions (of tok[P+1, T)) are scored; the
- *     prediction of tok[P] comes from the prefill, the same for every
- *     policy, and is not.
- *   - Reference: the same continuation on the full cache (ctx.h: the same
- *     attention call on the same rows, so `full` scores KL 0, top-1 1).
- *   - Metrics per run: kl = mean KL(p_full || p_policy) in nats, top1 =
- *     argmax agreement, dnll = mean increase of -ln p(true token) in
- *     nats/token, over the C - 1 predictions of every window; achieved =
- *     mean over windows of 1 - kept / (P x layers x KV heads), every
- *     kept entry counted (sinks, windows, entries a policy had not yet
- *     decided).
- *   - Budgets at target ratios 0.5 / 0.75 / 0.875 (--quick: 0.75): ratio
- *     policies ratio=R (B = P - floor(R P) per list), kvpop tokens=B;
- *     kvzap (a threshold; window 32, sinks 4 as kvpress's KVzapPress) the
- *     tau that achieves R on the TRAINING split under this protocol (8
- *     windows, --quick 2, of P tokens of train-man.txt; kvzap.c), and a
- *     sweep of 4 fixed thresholds (--quick 2) chosen there
- *     (kvzap_sweep_grid), the achieved ratio measured.
- *   - In process (ctx.c), because they need the model: kvzip = KVzip's
- *     scores (the pretext ctx, KVzip's repeat prompt, ctx; max over the
- *     copy's queries and the group's heads), one top-k over all layers
- *     and KV heads, the first 4 positions protected; oracle = hindsight:
- *     each context entry scored by the attention the continuation's
- *     queries pay it in the full-cache run (max over the group's heads of
- *     the sum over queries), per-list top-k to B.  Both load their kept
- *     entries into the same in-process cache and decode the same way.
- *   - Comparisons at equal achieved compression (ctxtable.c, curve.c):
- *     each policy's runs (targets and sweep) are one curve of (achieved,
- *     metric), read at 0.5 / 0.75 / 0.875 achieved by linear
- *     interpolation between measured points ("n/a" outside them); raw
- *     rows in the csv.  Bounds in every table: full, random, kvzip,
- *     oracle.
- *   - Scheduling: the tasks are, per window, its reference (prefill,
- *     KVzip's reconstruction, the reference continuation) then one run
- *     per job; `--threads` workers take them in order (a run waits for
- *     its window's reference; at most two windows are held), one BLAS
- *     thread each, so every run computes the same bits whatever ran
- *     beside it.
- *   - Tasks: after the windows, the pass-key needle and the copy task
- *     (ctxtask.c: chat prompts, greedy answers, the full cache first at
- *     every length) on the same daemon, with the jobs of their length
- *     (make_jobs).
+ * The protocol, its choices and its outputs are in docs/eval.md,
+ * "Protocol 1".  This file holds its windows (the evaluation split through
+ * the tokenizer), its jobs (budgets, kvzap's calibrated thresholds and
+ * sweep), the scheduling of references and runs over `--threads` workers,
+ * and the results files; ctx.h the machinery, ctxtask.c the tasks.
  * Protocol 2 (decoding-time compression) is dec2main.c's.
- *
- * Output in DIR: quality.csv (rows of other models kept; the columns of
- * TABLE_CSV_HEADER, copy and needle empty), quality.md, quality.png (one
- * curve per policy, KL against achieved compression), specs-<model>.txt
- * (the exact specs, the run's size and time); the tasks' needle.csv /
- * needle.md and copy.csv / copy.md (ctxtasktab.c).
  */
 #include "eval.h"
 

@@ -3,75 +3,11 @@
  * kvtrim-eval (context compression, ctxmain.c), for models with a chat
  * template (SmolLM2); the pieces are declared in ctxtask.h.
  *
- * Protocol:
- *   - A case is one chat prompt (the template's default system message,
- *     ONE user message holding the document and the question, the
- *     generation prompt) of L tokens built from the held-out text's
- *     evaluation split only (dataset.h), keys, lines and filler offsets
- *     seeded (TASK_SEED, the task, the length, the depth, the trial):
- *       needle: an instruction, then filler with the line "The pass key
- *               is K. Remember it. K is the pass key." at depth 10 / 50 /
- *               90 % of it (K: 5 seeded digits), then "What is the pass
- *               key? Answer with the 5-digit number only.";
- *       copy:   "Here is a line of text:", a held-out sentence (a line
- *               of 40..CTXTASK_LINE_MAX bytes, capital first, full stop
- *               last, no runs of spaces), "Here is a document:", the
- *               filler, then "Repeat the line of text given at the
- *               start, word for word. Output only that line.".
- *     The filler's length is corrected until the prompt has exactly L
- *     tokens, so ratio budgets are exact (floor(R L) of L).
- *   - The prompt is prefilled once (in one pass: tokens [0, P-1) as one
- *     step, the last prompt token as a second for its logits), every
- *     policy compresses the whole cache once after the prefill (the
- *     kvtrimd round trip of ctx.h: one prefill sync, one decode sync of
- *     nothing new; kvzip and the hindsight oracle in process), then the
- *     answer is decoded on the kept entries WITHOUT further compression,
- *     positions continuing at P.  The first answer token is the argmax
- *     of the prefill's last logits, computed on the full cache: the same
- *     for every policy, as the protocol makes it.
- *   - Needle score: the answer decoded GREEDILY (at most CTXTASK_ANS_MAX
- *     tokens; it stops at the end of turn or at the first non-digit
- *     token after a digit); right when its first run of digits is
- *     exactly the key (exact match of the 5 digits).
- *   - Copy score: exact match of the line, computed teacher-forced: the
- *     line's tokens are stepped after the prompt and the answer is right
- *     when every argmax is the line's next token (the first from the
- *     prefill).  That is the same as "the greedy answer begins with the
- *     line" at one step's cost; the per-token top-1 over the line is
- *     reported beside it.
- *   - The full cache first, at every length (needle 512 / 1K / 2K / 4K
- *     at each depth, copy 256 / 512 / 1K / 2K), SCAN_TRIALS cases per
- *     cell; the policies then run at the shortest length of 1K to 2K
- *     where a depth reached TASK_BAR (0.7), at those depths, on FRESH
- *     cases (another seed stream: the cells are chosen on the scan and
- *     measured on new cases, so the choice does not flatter the full
- *     cache's row).  A task whose full cache is below the bar there is
- *     reported as such and not run.
- *   - Trial counts (the budget: about 30 minutes for both tasks on two
- *     cores, so that `make eval` stays within 90 minutes for SmolLM2):
- *     SCAN_TRIALS = 4 per length and depth (12 per length; a 4K case
- *     costs about 8 1K ones), RUN_TRIALS = 12 per depth (36 cases at 1K:
- *     a Wilson interval of about +-0.16 at 0.5, +-0.10 at 0.9), the
- *     targets from table_at[CTXTASK_AT0] (0.75 and 0.875).  Measured on
- *     a quiet machine: a case at 1K with 46 jobs (three targets) cost
- *     about 90 s of one core, most of it the greedy answers of the
- *     policies that lose the key (up to CTXTASK_ANS_MAX steps of one
- *     token each).  A case's reference (prefill, KVzip's
- *     reconstruction) is shared by all its jobs; a job's needle answer
- *     costs one step when it is the reference's (ctxtask_needle_answer).
- *   - Budgets as the windows of ctxmain.c get them (its jobs, with kvpop's
- *     token budget for the task's length; which of them run:
- *     task_job_wanted, a run on each side of every column for the
- *     threshold policies); the achieved ratio is measured per case (1 - kept / (P layers KV
- *     heads)); the tables
- *     compare the policies at equal achieved compression (curve.c),
- *     accuracies with Wilson 95 % intervals and trial counts.
- *   - One reference per case serves every job: each worker thread takes a
- *     whole case (reference, then all its jobs), one BLAS thread each,
- *     so a case's figures do not depend on what ran beside it.
- * --quick: the needle at 512 tokens, depth 50 %, 2 cases, and the copy at
- * 256 tokens, 1 case, with full, streaming, snapkv, kvzip and oracle; the
- * policies run whatever the full cache scores (to exercise the path).
+ * The tasks' protocol (cases, scoring, the full cache's scan then fresh
+ * cases for the policies, trial counts, --quick) is in docs/eval.md,
+ * "Protocol 1 tasks".  One reference per case serves every job: a worker
+ * takes a whole case (reference, then all its jobs) with one BLAS thread,
+ * so a case's figures do not depend on what ran beside it.
  */
 #include "ctxtask.h"
 

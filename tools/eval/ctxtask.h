@@ -3,7 +3,7 @@
  * compression, ctxmain.c) for models with a chat template (SmolLM2): the
  * pass-key needle and the copy task, built from the held-out evaluation
  * text, answered greedily after each policy compressed the prompt once
- * (ctxtask.c's header states the protocol and its choices).
+ * (docs/eval.md states the protocol and its choices).
  *
  * The pieces, each usable (and tested) on its own:
  *   ctxtask_case_build  one case: the chat prompt in token ids, and what a
@@ -39,7 +39,7 @@ enum ctxtask_kind { CTXTASK_NEEDLE = 0, CTXTASK_COPY = 1 };
 /* The tasks run the targets from table_at[CTXTASK_AT0] (0.75, 0.875: the
  * protocol's goals) and their tables start at that column: a job costs
  * about a case's prefill in greedy steps, and at 0.5 the 48-case needle
- * did not fit `make eval`'s time (ctxtask.c, Trial counts). */
+ * did not fit `make eval`'s time (docs/eval.md, trial counts). */
 #define CTXTASK_AT0 1u
 #define CTXTASK_LINE_MAX 96u  /* copy: bytes of the held-out line, at most */
 

@@ -2,7 +2,7 @@
  * ctxtask_case.c — the cases of protocol 1's tasks (ctxtask.h,
  * ctxtask_case_build): the needle's and the copy's chat prompts built
  * from the held-out evaluation text, of an exact length, with what a
- * right answer is.  The protocol they serve is in ctxtask.c's header.
+ * right answer is.  The protocol they serve is in docs/eval.md.
  */
 #include "ctxtask.h"
 

@@ -3,81 +3,12 @@
  * policy active while generating, for models with a tokenizer (SmolLM2:
  * `kvtrim-eval --model smollm2 --protocol 2 --out docs/results/smollm2`).
  *
- * Protocol (every number is a policy's run against the full cache on the
- * same tokens; dec2.h has dec2_run's contract):
- *   - Text: 4 windows (--quick: 2; --seqs N) of P = 256 context tokens and
- *     C = 1024 continuation tokens, plus the one the last step predicts
- *     (T = P + C + 1; --quick: 32 + 32), of the held-out text's evaluation
- *     split (dataset.h: the last 40 % of bytes2m-valid.txt through the
- *     model's tokenizer; no BOS: SmolLM2 has none).  Why 4: a window costs
- *     about 1024 x (jobs + references) rows of a 135M forward (about 5 ms
- *     each on one core of this machine with the rows of a group batched,
- *     plus attention and the daemon's policies); 4 windows of 37 jobs
- *     take about 30 minutes on its 2 cores.
- *   - Prefill: the context as one step of P tokens and ONE prefill sync
- *     (the policy may compress the prompt there); then C decode steps,
- *     tokens P .. T-2 teacher-forced, ONE sync per step with the policy
- *     active.  The prefill's prediction of token P is the same for every
- *     policy and is not scored; the C decode predictions are.
- *   - Policies run in a real kvtrimd, one tenant per job with one
- *     sequence per window; the hindsight oracle runs in process (it needs
- *     the future).  Reference: the dense forward, an in-process cache
- *     keeping every entry (replay.h) on the same tokens.
- *   - Batching: a group's rows (the windows of up to 10 jobs) decode in
- *     lockstep, one model_forward_pos per step for all of them (every
- *     weight matrix read and packed once for the group: at a few rows
- *     OpenBLAS spends more time packing the weights than multiplying),
- *     each row attending over its own cache: a daemon row over
- *     its tenant's pages (appended through kvt_kv_ptr, x / q / lse staged,
- *     kvt_attention over them; host pages, f32), an in-process row
- *     over its replay cache.  Then one sync per tenant (B = windows
- *     items, started together, kvt_sync_async), the scoring, the oracle's
- *     eviction.  Groups are packed so their pages fit the eval daemon's
- *     pool beside the other threads' groups (no memory pressure: a sync
- *     where the daemon applied any fails its job), and `--threads`
- *     groups run at once.  The first group also decodes the reference
- *     (rows of their own, counted as a job) and stores its logits, step
- *     by step; every group scores against them, waiting for a step not
- *     stored yet.  OpenBLAS picks kernels by the number of rows and a
- *     row's position among them (model.h), so `full` matches the
- *     reference to float rounding (KL about 1e-12), not bit for bit.
- *   - Metrics per job: kl = mean KL(p_ref || p_policy) in nats, top1 =
- *     argmax agreement, dnll = mean increase of -ln p(true token), over
- *     the C predictions of every window; achieved = mean over the decode
- *     syncs of 1 - kept / (n x layers x KV heads), n the tokens seen,
- *     every kept entry counted (sinks, windows, entries not yet decided),
- *     as the byte models' decode protocol (main.c).
- *   - Policies: random, streaming, h2o, tova, knorm at ratio=r of the
- *     tokens seen (every sync); kvzap (threshold; window 32, 4 sinks) the
- *     tau that achieves R on the TRAINING split under this protocol (4
- *     windows of T tokens of train-man.txt; kvzap.c), and a sweep of 3
- *     fixed thresholds chosen there; fastkvzip ratio=r deciding at every
- *     sync (every=1); kvpop the token budget whose mean achieved ratio is
- *     at most / at least R (dec2_tokens); the oracle ratio=r; targets R = 0.5, 0.75, 0.875
- *     (--quick: 0.75).  A budget n - floor(r n) achieves a little under
- *     r, so the lowest target asks for r = R and the others for r = R +
- *     mean(1/n) (0.0016): each policy's runs bracket the table's
- *     columns.  Prompt-only policies (snapkv, pyramidkv,
- *     expected_attention, and the kvzip oracle) compress only the P prompt
- *     entries and keep every decode token: their achieved ratio here is
- *     at most R P mean(1/n), 0.35 at R = 0.875, below every column of the
- *     tables, so they are not run (protocol 1 measures them).
- *   - oracle (hindsight, a bound, not deployable): after every sync of n
- *     tokens each live entry is scored by the attention the full cache's
- *     queries t in [n, T-2] pay it (max over the group's query heads),
- *     per-list top-k to n - floor(R n) (run_oracle_evict).  Those suffix
- *     sums are totals minus prefixes: the totals come from the reference
- *     rows of the first group (replay_tap over its whole decode), the
- *     prefixes from reference rows of the oracle jobs' own group as it
- *     decodes; so that group starts once the first one has finished.
- *   - Comparisons at equal achieved compression (ctxtable_write_tables,
- *     curve.c) as protocol 1's: each policy's runs one curve, read at
- *     0.5 / 0.75 / 0.875 achieved, "n/a" outside.
- * This file: the run (dec2_run); dec2main.c: the windows, the jobs and
- * the results.  Output in DIR: protocol2.csv (TABLE_CSV_HEADER, copy and
- * needle empty; rows of other models kept), protocol2.md, protocol2.png
- * (one curve per policy, KL against achieved),
- * specs-<model>-protocol2.txt.
+ * The protocol and its choices are in docs/eval.md, "Protocol 2";
+ * dec2.h has dec2_run's contract.  This file holds the run: groups of jobs
+ * decoding their windows in lockstep (one batched forward a step, one
+ * sync per tenant), the reference's logits shared step by step, the
+ * hindsight oracle's eviction and the scoring.  dec2main.c holds the
+ * windows, the jobs and the results files.
  */
 #include "dec2.h"
 

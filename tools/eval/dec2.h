@@ -1,6 +1,6 @@
 /*
  * dec2.h — protocol 2 of kvtrim-eval, decoding-time compression (the
- * protocol and its choices: dec2.c's header): the lockstep run of a set of
+ * protocol and its choices: docs/eval.md): the lockstep run of a set of
  * jobs over a set of windows, which the tests drive on a tiny model, and
  * the command itself (`kvtrim-eval --model smollm2 --protocol 2`).
  *

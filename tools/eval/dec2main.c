@@ -3,7 +3,7 @@
  * model with a tokenizer: its windows, its jobs (kvzap's thresholds
  * calibrated on the training split under this protocol), the run
  * (dec2_run) and its results files.  The protocol and its choices:
- * dec2.c's header.
+ * docs/eval.md.
  */
 #include "dec2.h"
 

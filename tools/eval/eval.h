@@ -1,8 +1,8 @@
 /*
  * eval.h — what the files of kvtrim-eval (tools/eval/) share: the protocol's
  * constants, the cases (inputs) and the jobs (one policy at one budget),
- * the csv rows, and each file's functions.  The protocol itself is
- * described in main.c.
+ * the csv rows, and each file's functions.  The protocols are
+ * described in docs/eval.md.
  *
  *   main.c    options, the cases and jobs of a run, the results files
  *   eval.c    dying cleanly: the kvtrimd a run started, signals
@@ -366,7 +366,7 @@ void ctx_calibrate(const struct model *M, const struct tok *t,
 
 /* ctxdump.c */
 /* --dump-kept: protocol 1's windows ev (P context + T - P tokens each),
- * run by the parity's policies, written to a->dump (ctxdump.c's header
+ * run by the parity's policies, written to a->dump (docs/eval.md
  * has the files); frees ev and tk.  Dies on failure. */
 struct tok;
 int ctxdump_main(const struct model *M, const struct ctx_args *a,

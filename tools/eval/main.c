@@ -2,86 +2,14 @@
  * main.c — kvtrim-eval: quality of every eviction policy against the full
  * cache, on held-out inputs, through one real kvtrimd.
  *
- *   kvtrim-eval --model M --out DIR [--quick] [--weights WDIR]
- *               [--runtime-dir RT] [--threads N] [--seqs N] [--protocol 1|2]
- *               [--dump-kept DIR]   (protocol 1's kept positions: ctxdump.c)
- *               [--no-tasks]        (SmolLM2: protocol 1 without the needle and copy tasks)
- *               [--tasks-only]      (SmolLM2: the needle and copy tasks alone; quality.* untouched)
- *               [--only NAMES]      (SmolLM2 protocol 1: only the jobs named, comma-separated)
- *               [--calibrate]       (SmolLM2: kvzap's thresholds for 0.5 / 0.75 / 0.875 into OUT/calibration.txt, nothing else)
+ *   kvtrim-eval --model M --out DIR [--quick] [--protocol 1|2] [...]
  *
- * Protocol of the byte and token-id models (methods.md section 17; every
- * number is full cache vs evicted run on the same tokens):
- *   - Inputs: the evaluation split of dataset.h (bytes2m: the last 40 % of
- *     bytes2m-valid.txt; stories260K: samples of the fixed eval stream),
- *     sequences of T = 512 tokens (--quick: 256) starting at BOS.
- *   - Each policy is one tenant of one kvtrimd (all registered at once,
- *     `--threads` of them stepping concurrently): the reference engine
- *     (engine/engine.h) prefills P = 384 tokens (--quick: 192) in
- *     chunks of 64 (the policy compresses as it would: at prefill syncs,
- *     at the end of prefill, ...), then decodes the rest one token per
- *     sync, teacher-forced, policy active.
- *   - Reference: the dense in-process forward on the same schedule.
- *   - Metrics over the decode predictions t = P .. T-2 (of token t+1):
- *     kl   = mean KL(p_full || p_policy) in nats,
- *     top1 = agreement of the two argmaxes,
- *     dnll = mean increase of -ln p(token t+1) in nats/token,
- *     achieved_ratio = mean over those steps of 1 - kept / (n_seen L H_kv),
- *     kept counted from the daemon's list lengths after each sync: every
- *     entry, sinks, windows and entries pending a delayed decision alike.
- *   - Copy (byte models): BOS, a held-out line of 55-65 bytes, 200 bytes of
- *     held-out filler, the line again; prefill through the filler, decode
- *     the second copy; copy_acc = top-1 accuracy of its bytes from the 9th
- *     on (the protocol of models/README.md).
- *   - Needles (byte models): 16 cases per depth (--quick: 1) of 512 bytes
- *     of held-out filler (evaluation split) with three distractor records
- *     `code WXYZ: 12345` and the target `code ABCD: 48213`, then depth =
- *     50 / 100 / 200 / 400 bytes later the query `code ABCD: ` and the 5
- *     digits (seeded keys and digits; cases_needle).  Prefill stops where
- *     the query starts; the digits are scored teacher-forced, per-digit
- *     top-1 and exact (all 5).  The full cache is scored first (from the
- *     reference logits); only the depths where it reaches NEEDLE_BAR
- *     per digit (chance 0.1) are run for the policies, and needle_acc is
- *     the per-digit accuracy over them, else empty.  DIR/needle-<model>.txt
- *     has the full-cache figures per depth (and the policies' per depth).
- *   - Budgets: ratio policies get ratio=R; kvpop (a token budget) gets the
- *     N whose mean achieved ratio over the scored steps is R; kvzap (a
- *     threshold) gets the tau that achieves R on the TRAINING split under
- *     this protocol (computed offline from its own scores; the achieved
- *     ratio on the evaluation inputs is then measured, not assumed).
- *   - Sweep: kvzap-linear and kvzap-mlp also run at 6 fixed thresholds
- *     (--quick: 2) chosen on the training split (kvzap_sweep_grid: those that
- *     reach ratios evenly spaced over 0.30 .. 0.95, or 0.01 under the cap
- *     the window sets, rounded to multiples of 0.25); rows with an empty
- *     target_ratio, the threshold in the threshold column, the achieved
- *     ratio measured.
- *   - kvzip and oracle cannot run in the daemon (they need the model, and
- *     the daemon takes no external scores), so they run through
- *     tools/eval/replay.h, an in-process cache with the same forward,
- *     attention kernel and top-k kernel:
- *       kvzip:  KVzip scores (oracle.h; contexts longer than one
- *               reconstruction pretext are scored in chunks, BOS keeps its
- *               best score) of the prompt, one top-k over all layers and
- *               KV heads at the end of prefill (KVzip's pair level), first
- *               4 positions protected; decode tokens kept.
- *       oracle: hindsight — after every sync (n tokens seen) each entry
- *               is scored by the attention it will still receive in the
- *               full-cache run from the queries t in [n, T - 2] (max
- *               over the group's query heads); per-head top-k to the
- *               ratio budget, like the ratio policies.
- * Output: DIR/quality.csv (rows of other models already there are kept;
- * columns model, policy, target_ratio, achieved_ratio, kl, top1, dnll,
- * copy_acc, needle_acc, threshold), DIR/quality.md, DIR/quality.png
- * (gnuplot, skipped with a note when absent), DIR/specs-<model>.txt (the
- * exact policy specs), DIR/needle-<model>.txt (byte models).
- *
- * Models with a tokenizer (GGUF: SmolLM2, `--model smollm2`) are measured
- * under protocol 1, context compression, instead (ctxmain.c), or with
- * `--protocol 2` under protocol 2, decoding-time compression (dec2.c).
- * The byte models have the protocol above only (--protocol 1).
- *
- * This file holds the options, the cases and jobs of a run and the results
- * files; eval.h lists the other files of tools/eval/.
+ * The options, the byte and token-id models' protocol and its outputs
+ * (quality.csv, quality.md, quality.png, specs-<model>.txt,
+ * needle-<model>.txt) are in docs/eval.md.  Models with a tokenizer go to
+ * protocol 1 (ctxmain.c) or 2 (dec2main.c).  This file holds the options,
+ * the cases and jobs of a run and the results files; eval.h lists the
+ * other files of tools/eval/.
  */
 #include "eval.h"
 
