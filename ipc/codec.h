@@ -1,82 +1,14 @@
 /*
- * codec.h — the control-plane messages and their msgpack encoding.
+ * codec.h — the control-plane messages and their msgpack encoding
+ * (protocol version IPC_PROTO_VERSION; every key of every message:
+ * docs/protocol.md, "Messages" and "Keys").
  *
  * Pure functions: no I/O, no global state, safe on any bytes (fuzzable).
  * A decoder validates every field (type, range, string length, required
  * keys present, no unknown keys, no trailing bytes) and fails with
  * KVT_EPROTO (or KVT_EVERSION / KVT_EUNKNOWNOP / KVT_ETOOBIG) plus a one-line
- * reason; it never returns a half-filled message as success.
- *
- * Wire format (protocol version 4: syncs, opens and queries are numbered
- * from one counter, seq_query names the sync in doubt and seq_open the
- * opens in doubt, docs/protocol.md; version 3 left queries unnumbered; version 2 added tenant-carrying
- * sequence ids, ipc/seqid.h, and seq_query; peers of other versions are
- * refused with KVT_EVERSION at their first request).  Every message is one msgpack map with
- * short string keys:
- *
- * request:  "v": uint version (== IPC_PROTO_VERSION; checked first, before
- *                anything else, so old clients get KVT_EVERSION)
- *           "op": str, one of ipc_op names ("hello", "bye", "seq_open",
- *                 "seq_close", "sync", "stats", "tenants", "check",
- *                 "policies", "config", "drain", "config_set",
- *                 "seq_query")
- *           "t": uint tenant id, "k": uint token      (all ops except the
- *                admin ops stats/tenants/check/policies/config/drain/
- *                config_set and hello)
- *           hello:     "name" str, "geo" [n_layers, n_heads, n_kv_heads,
- *                      head_dim, d_model], "dtype" uint, "page" uint,
- *                      "seqs" uint, "maxtok" uint, "head" uint (headroom),
- *                      "stage" uint, "policy" str, "quota" uint,
- *                      "cookie" uint (handle-channel cookie), "pid" uint
- *           seq_open:  "n" uint (the client's number for this open),
- *                      "undo" uint (its first open since the last verdict
- *                      that ended without one, 0 when none: the daemon
- *                      closes what those opened), optional "from"
- *                      uint (a sequence to copy: kvt_seq_fork)
- *           seq_close: "seq" uint
- *           seq_query: "seq" uint, "n" uint (the client's number for
- *                      this query), "after" uint (the number of the
- *                      sync in doubt, below "n"; 0 when none)
- *           sync:      "n" uint (the client's number for this sync),
- *                      "items": array of [seq, counter, n_new, phase,
- *                      layer_lo, layer_hi] or [..., layer_hi, headroom]
- *                      (1..IPC_MAX_SYNC_ITEMS); headroom, entries the
- *                      sequence's lists keep room for after this sync,
- *                      is sent only when nonzero (0 = the registration's)
- *           stats:     optional "tenant" str (only that tenant)
- *           config:    optional "key" str
- *           drain:     "tenant" str (all digits: an id in decimal; else
- *                      a name, which never starts with a digit),
- *                      optional "undo" uint 0|1 (1 admits again)
- *           config_set: "key" str, "value" str (< IPC_STR_MAX bytes)
- * reply:    "v": uint, "e": int error (0 or a negative KVT_E* code),
- *           "m": str message (present when e != 0), then per op:
- *           hello:     "t" tenant id, "k" token, "seqs" "maxtok" "head"
- *                      "stage" "page" uint (the values in force),
- *                      "quota" uint, "inputs" uint (what the policy
- *                      reads: kvtrim.h's KVT_INPUT_* bits)
- *           seq_open:  "seq" uint
- *           sync:      "press" uint, optional: the memory-pressure level
- *                      the sync's decisions applied, in millionths
- *                      (0..1000000; absent = 0); "budget" uint, optional:
- *                      entries per list the policy's budget allowed,
- *                      pressure applied (absent = no entry budget);
- *                      lengths are in the table segment
- *           seq_query: "syncs" (the sequence's sync counter), "seen_lo",
- *                      "seen_hi" (tokens appended, fewest and most over
- *                      layers), "len_lo", "len_hi" (committed entries,
- *                      shortest and longest list), "last" (the "n" of
- *                      the last sync applied to it, 0 when none), all
- *                      uint
- *           stats, tenants, policies, check, config, drain, config_set:
- *                      "rows": array of maps str -> (uint | int | float |
- *                      str); stats has one row, tenants one per tenant,
- *                      policies one per policy ({"name","help"}), check one
- *                      row {"ok": 0|1, "violations": uint, "detail": str},
- *                      config one per key ({"key","value","mutable"}),
- *                      drain one per tenant it matched ({"id","name",
- *                      "draining"}), config_set one row for the key now in
- *                      force ({"key","value","mutable"}).
+ * reason; it never returns a half-filled message as success.  "v" is
+ * checked first, so a peer of another version gets KVT_EVERSION.
  *
  * Limits: messages above IPC_MAX_MSG bytes are refused (KVT_ETOOBIG), and so
  * are messages of more msgpack objects than the largest valid one holds

@@ -4,72 +4,11 @@
  * client's lease: when it closes (the process exited or died) the daemon
  * reclaims the tenant at once.
  *
- * Conversation:
- *   daemon -> client  WELCOME {cookie}            right after accept
- *   client -> daemon  (nothing: the client puts cookie in its nng hello)
- * A client sends nothing on this channel but CHUNK_CLOSED (below); the
- * daemon disconnects a peer that sends anything else (docs/protocol.md,
- * "Limits of the handle channel").
- *   daemon -> client  TABLE {size} + fd           before the hello reply
- *   daemon -> client  STAGE {size} + fd           before the hello reply
- *   daemon -> client  CHUNK_ADD {slot, size} + fd whenever the tenant gains
- *                                                 a chunk, before the reply
- *                                                 that first uses it
- *   daemon -> client  CHUNK_REVOKE {slot}         when a chunk emptied; the
- *                                                 client unmaps it
- *   daemon -> client  CHUNK_REVOKE_SET {slot} + 64 bytes (a struct
- *                     handle_ext): the chunks slot + i for every bit i set
- *                     in data (bit i is byte i / 8, bit i % 8; slot a
- *                     multiple of HANDLE_REVOKE_SET_SLOTS), revoked as
- *                     CHUNK_REVOKE would.  One sync that empties hundreds of
- *                     chunks (a batch of long prompts compressed at once)
- *                     sends a few of these instead of a packet per chunk,
- *                     which would overflow the socket's send buffer: the
- *                     client reads the channel only after the reply.  Not
- *                     for legacy IPC chunks, whose revokes carry cookies.
- *   daemon -> client  CHUNK_ADD_SET {slot, size} + 64 bytes + fds: the
- *                     chunks slot + i for every bit i set in data (as in
- *                     CHUNK_REVOKE_SET), each granted as CHUNK_ADD would,
- *                     their memfds attached in increasing slot order, one
- *                     per bit, 1 to HANDLE_SET_FDS of them.  CHUNK_DEV_SET
- *                     is the same for VMM chunks (CHUNK_DEV with an fd).
- *                     One request that gains hundreds of chunks (a batch of
- *                     long prompts prefilled at once) sends a few of these:
- *                     a packet per chunk would overflow the send buffer
- *                     (about 200 packets), as revokes would.  Legacy IPC
- *                     chunks (no fd) still get a CHUNK_DEV each.
- * Packets are processed in order, so a slot revoked and granted again in one
- * reply is unmapped, then mapped to the new chunk.
- *
- * The cuda backend (DESIGN.md section 2) adds packets that carry 64 more
- * bytes (struct handle_ext; the cpu backend never sends them, so its wire
- * format is unchanged):
- *   daemon -> client  EVENT {slot 0|1} + event    before the hello reply:
- *                     slot 0 (HANDLE_EVENT_WRITES) is recorded by the client
- *                     after its K/V writes, slot 1 (HANDLE_EVENT_COMPACT) by
- *                     the daemon after each sync's compaction
- *   daemon -> client  CHUNK_DEV {slot, size} + fd  a VMM chunk (import it), or
- *                     CHUNK_DEV {slot, size} + ipc a legacy IPC chunk (no fd;
- *                                              the handle in data)
- *   daemon -> client  CHUNK_REVOKE {slot, cookie} as above; cookie = the
- *                     chunk's serial for device chunks
- *   client -> daemon  CHUNK_CLOSED {slot, cookie} after closing a legacy IPC
- *                     chunk: only then may the daemon free it
- *   daemon -> client  TABLE_DEV {slot = the tenant's chunk slots, size}
- *                     + fd or ipc                   before the hello reply,
- *                     after the EVENTs: the device copy of the table
- *                     segment (size = its table_bytes; the allocation is
- *                     that rounded up to KVT_CHUNK_BYTES), imported like a
- *                     CHUNK_DEV; the daemon updates it on its stream before
- *                     recording COMPACT
- *   STAGE_DEV         daemon -> client, cuda backend, after TABLE_DEV, for a
- *                     policy that reads staged inputs: the staging segment
- *                     in device memory (size = its stage_bytes, the
- *                     allocation that rounded up to KVT_CHUNK_BYTES; the
- *                     same layout as the host segment), imported like a
- *                     CHUNK_DEV; kvt_stage_* then point into it, the engine
- *                     writes it on its stream and the daemon reads it on
- *                     the tenant's stream after the writes event
+ * The daemon sends WELCOME {cookie} on accept (the client puts the cookie
+ * in its nng hello), then the table, staging, chunk and event packets; the
+ * client sends only CHUNK_CLOSED.  Every packet, its fields and when it is
+ * sent: docs/protocol.md, "Handle channel packets".  Packets are processed
+ * in order.
  */
 #ifndef KVT_HANDLE_H
 #define KVT_HANDLE_H

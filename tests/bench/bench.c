@@ -1,79 +1,12 @@
 
 /*
  * bench.c — kvtrim-bench: every figure next to its floor, measured in the
- * same run on the same machine, written as "name value" lines.  This file
- * measures the floors, the sync lines and compaction, and prints every
- * line; the policy lines are measured in bench_policy.c, the hostile ones
- * in hostile.c, SmolLM2's in smollm2.c.
- *
- *   uds_rtt_p50_us       raw AF_UNIX SOCK_SEQPACKET ping-pong, 64 B, two
- *                        processes (floor of any local RPC)
- *   nng_rtt_p50_us       bare nng req0/rep0 over ipc://, 64 B, two processes
- *                        (floor of the control plane)
- *   sync_rtt_p50_us/p99  one-sequence decode sync through kvtrimd, streaming
- *   sync64_us_per_seq    one sync carrying 64 sequences, / 64
- *   memcpy_gbps          memcpy of the bytes a compaction moves, contiguous
- *   gather_gbps          the same number of rows, each memcpy'd from a
- *                        random row of the same memory (floor of any
- *                        scattered-row copy)
- *   compact_gbps         plan + move of a 50% random eviction on one long
- *                        list (bytes of kept entries moved per second)
- *
- *
- * Policies at 8B geometry (d_model 4096, 36 layers, 32 heads, 8 KV heads,
- * head_dim 128).  Scorer kernels in process, one OpenBLAS thread (as the
- * daemon):
- *   sgemm_gflops               cblas_sgemm on the KVzap-MLP first-layer
- *                              shape (16 x 4096 x 512): the floor
- *   kvzap_mlp_tokens_per_s     scorer_mlp_cpu, hidden 512, 16 tokens a call
- *   kvzap_mlp_gflops           its FLOP rate (target >= 0.8 x sgemm_gflops)
- *   kvzap_linear_tokens_per_s  scorer_linear_cpu, 8 outputs
- *   fastkvzip_tokens_per_s     sink_gate_cpu, D' 16, S 16
- *   kvpop_tokens_per_s         kvpop's decide() on one layer, 16 new tokens,
- *                              lists of 512 entries, r 16, m 64 (per layer)
- * Through kvtrimd (the daemon started for the sync lines), per policy: a
- * tenant at 8B geometry (f16, pages of 16, headroom 128, max_tokens 2048),
- * learned policies with random seeded weights (weights_write), one
- * sequence, a prompt of 512 tokens in prefill syncs of 128, one decode sync,
- * then 3 rounds of 128 decode tokens syncing every 16, staged x/q/lse
- * written for each token (lse exact for the keys written, see struct deng):
- *   daemon_us_per_token_<p>          the daemon's CPU time (all threads,
- *                                    its process CPU clock = utime + stime)
- *                                    over a round / decoded tokens; best
- *                                    round
- *   daemon_sync_us_per_token_<p>     cross-check: the daemon's own sync
- *                                    time over that round (kvtrimctl stats:
- *                                    sync_us_total, else
- *                                    sync_apply_seconds_sum), wall clock
- *   daemon_prefill_us_per_token_<p>  the daemon's CPU time over the prompt's
- *                                    syncs and the first decode sync
- *                                    (snapkv compresses there) / prompt
- * Hostile clients (hostile.c): a healthy verifying engine's sync p50/p99
- * alone and beside each adversary (a never-reading control peer, 5000 idle
- * connections, a handle-channel flood, the largest tenant the defaults
- * admit, 32 slow HTTP clients, one uid holding 300 connections without a
- * tenant while the engine connects again and again), a fresh kvtrimd per
- * phase:
- *   hostile_sync_p50_us_<phase>, hostile_sync_p99_us_<phase>,
- *   hostile_errors_<phase>, hostile_p99_ratio_<adversary> (goal <= 2)
- * SmolLM2-135M-Instruct (smollm2.c, skipped when `make models` has not
- * cached it): the engine's prefill tokens/s beside its sgemm floor, and
- * the decode step of a batch of 8 sequences at 1k, 4k and 8k contexts with
- * the full cache and with streaming and snapkv evicting 75%, with the KV
- * bytes each holds in the pool:
- *   smollm2_prefill_tokens_per_s, smollm2_prefill_sgemm_tokens_per_s,
- *   smollm2_decode_ms_<p>_<ctx>, smollm2_kv_bytes_<p>_<ctx>,
- *   smollm2_decode_speedup_<p>_<ctx>, smollm2_kv_ratio_<p>_<ctx>
- * --quick: prompt 128, budgets 64, one round of 32 tokens, 400 hostile
- * syncs a phase, SmolLM2 at 1k only (a smoke test; its figures are not
- * comparable).
- * docs/bench.md explains every line.
- *
- * Host <-> device traffic (traffic.c, skipped when the emulated cuda
- * library is not built): every policy on kvtrimd --backend cuda under the
- * CPU emulator at the 8B geometry, 2 sequences, syncing every 16 tokens:
- *   cuda_host_bytes_per_token_<p> = cuda_daemon_bytes_per_token_<p> +
- *   cuda_stage_bytes_per_token_<p>, beside cuda_host_bytes_target 4096
+ * same run on the same machine, written as "name value" lines
+ * (docs/bench.md explains every line, the options and the exit status).
+ * This file measures the floors (raw Unix socket, bare nng, memcpy,
+ * gather), the sync lines and compaction, and prints every line; the
+ * policy lines are measured in bench_policy.c, the hostile ones in
+ * hostile.c, SmolLM2's in smollm2.c, the cuda traffic in traffic.c.
  *
  * Usage: kvtrim-bench --bin-dir build/bin --out build/bench.txt [--quick]
  *        [--sync-only | --hostile-only | --smollm2-only | --traffic-only]

@@ -1,99 +1,15 @@
 /*
  * bench_cuda.cu — GPU benchmarks of the CUDA ops, each next to its floor
  * measured in the same run (build/bin/kvtrim-cuda-bench [--out FILE]).
- * Prints "name value" lines (and appends them to FILE):
- *
- *   d2d_memcpy_gbps           cudaMemcpyAsync device to device, 1 GiB,
- *                             bytes read + written per second
- *   compact_gbps              compact_cuda on a scattered 1 GiB list
- *                             (f16, head_dim 128, 16-token pages, half of
- *                             the entries evicted), bytes read + written
- *   compact_vs_memcpy         ratio of the two
- *   paged_attention_gbps      paged_attention_batch_cuda at batch 64,
- *                             context 32768, Qwen3-8B geometry (8 KV heads,
- *                             32 query heads, head_dim 128, f16, 16-token
- *                             pages scattered over an 8 GiB pool): bytes of
- *                             K/V read per second
- *   paged_attention_us        one decode step of one layer
- *   paged_attention_vs_memcpy ratio to d2d_memcpy_gbps
- *   kvzap_mlp_tokens_per_s    scorer_mlp_cuda, 8192 tokens, 4096 -> 512 ->
- *                             8 (KVzap MLP of Qwen3-8B, FP32)
- *   kvzap_gemm_tokens_per_s   the two cuBLAS SGEMMs of the same shapes alone
- *   kvzap_mlp_vs_gemm         ratio of the two
- *   gpu_scorer_us_per_token_kvzap      the same per decoded token per
- *                             sequence: 32 layers x one row each
- *                             (32e6 / kvzap_mlp_tokens_per_s), what the
- *                             daemon's scorer_run spends on the device;
- *                             gpu_scorer_floor_us_per_token_kvzap from the
- *                             GEMMs alone
- *   gpu_scorer_us_per_token_fastkvzip  sink_gate_cuda likewise (8192 rows,
- *                             4096 -> 8 KV heads x 4 x 16 queries and 8 x 16
- *                             keys, 16 sinks, Fast KVzip on Qwen3-8B), and
- *                             gpu_scorer_floor_us_per_token_fastkvzip from
- *                             its two projection GEMMs alone
- *   (target: 1% of an 8B decode step at batch 64, about 0.5 us a token and
- *   sequence)
- *
- * Through the cuda backend's ops (kvt_cuda_backend_v1, one context), on
- * device tables and chunk-base arrays built by hand as the daemon and the
- * client keep them (records of struct kvt_list_record, page ids scattered
- * over 2 MiB chunk slots of one pool):
- *   gpu_kvt_attention_gbps    the `attention` op (what kvt_attention runs
- *                             on a cuda tenant: page ids resolved on the
- *                             device, then paged_attention_batch_cuda) at
- *                             the paged_attention_* geometry: one decode
- *                             step of one layer = 64 calls, one per
- *                             sequence, n 1 over its 8 lists of 32768
- *                             entries; K+V bytes read per second
- *   gpu_kvt_attention_us      the 64 calls
- *   gpu_kvt_attention_vs_memcpy  ratio to d2d_memcpy_gbps (target 0.6)
- *   gpu_key_norms_us_per_token   the `key_norms` op (knorm) for 64
- *                             sequences x 256 lists (32 layers x 8 KV
- *                             heads), one new entry each (a sync every
- *                             token), f16 head_dim 128, whole call / 64;
- *   gpu_key_norms_floor_us_per_token  a device-to-device copy of the same
- *                             K bytes (16384 rows of 256 B), queued and
- *                             waited for like the call, / 64
- *   gpu_window_select_ms_per_seq    the `window_select` op (SnapKV's
- *                             end-of-prefill selection) of one sequence:
- *                             32 windows (layers) x 8 lists, prompt 4096,
- *                             16 new tokens, window 64, kernel 5, keep
- *                             half the prompt; the whole call
- *   gpu_expected_select_ms_per_seq  the `expected_select` op (Expected
- *                             Attention's: the last 64 queries, sinks 4,
- *                             future 512, cov and vnorm) likewise
- *   gpu_prompt_select_floor_ms_per_seq  one cuBLAS SGEMM of window_select's
- *                             logits shape per list, 256 of [w G = 256]
- *                             [128] x [128][len 4112], queued and waited for
- *   gpu_scorer_us_per_token_h2o    the `attn_select` op (H2O's accumulation
- *                             and selection, what the daemon runs at every
- *                             decode sync) of one sequence: 256 jobs (32
- *                             layers x 8 KV heads, a job a list), lists of
- *                             4096 entries, a sync of 16 new tokens (n_seen
- *                             4112), a budget that drops 16 a list (agg
- *                             mean, recent budget / 2), due; the whole
- *                             call / 16, microseconds per decoded token
- *                             per sequence
- *   gpu_scorer_us_per_token_tova   the `tova_select` op likewise: 32 jobs
- *                             (a layer each, its 8 lists), window 1
- *   gpu_scorer_us_per_token_kvpop  the `pop_select` op likewise: 256 jobs,
- *                             r 16, m 32, delay 32, sinks 4, d_model 4096,
- *                             the first job of each layer projecting its x
- *   gpu_attn_select_floor_us_per_token  one cuBLAS SGEMM of attn_select's
- *                             logits shape per list, 256 of [16 G = 64]
- *                             [128] x [128][4112], queued and waited for,
- *                             / 16
- *   (target for the three: device time per token at most 1% of an 8B
- *   decode step at batch 64, about 50 us per sequence per token, so 0.5
- *   us)
- * The last nine time synchronous ops (they copy their output to the host
- * and wait): host wall clock around the whole call, descriptor upload,
- * kernels, copy back and wait included (an upper bound on their device
- * time), and their floors the same way.
- *
- * Errors exit (a benchmark, not the daemon).  Times are the median of
- * repeats after a warm-up, measured with CUDA events (the host wall clock
- * for the synchronous ops).
+ * Prints "name value" lines (and appends them to FILE); docs/cuda.md,
+ * "GPU check", lists every line with its geometry and target.  The
+ * kernels are timed directly (compact, paged attention, the scorers), the
+ * daemon's ops through the cuda backend's table (kvt_cuda_backend_v1, one
+ * context) on device tables and chunk-base arrays built by hand as the
+ * daemon and the client keep them.  Times are the median of repeats after
+ * a warm-up, with CUDA events; the synchronous ops (they copy their output
+ * to the host and wait) and their floors by the host wall clock around
+ * the whole call, an upper bound on their device time.  Errors exit.
  */
 #include "bench_cuda.cuh"
 
