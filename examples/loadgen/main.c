@@ -2,64 +2,13 @@
  * main.c — kvtrim-loadgen: synthetic inference engines for kvtrimd.
  *
  * Forks N engine processes; each registers a tenant (PREFIX-i), opens M
- * sequences and for S steps appends one token to every sequence, writing K
- * and V of every (layer, KV head) through kvt_kv_ptr with a pattern that
- * encodes who wrote it and at which position:
- *
- *   V bytes 0..3  position (uint32 little-endian)
- *   V bytes 4..7  tag = hash(seed, client, sequence index, layer, head)
- *   V bytes 8..   hash(tag, position, byte index, 1) & 0xff
- *   K element e   a float in [-1, 1) from hash(tag, position, e, 0), stored
- *                 in the tenant dtype (proper keys, so attention-based
- *                 policies see real weights)
- *
- * so after any amount of compaction every surviving entry can be decoded
- * and checked byte for byte.  Policies that read staged inputs get x and q
- * pseudo-random from (seed, position, sequence, layer) and the true lse of
- * each query head over its list (paged_attention_cpu, like an engine).
- *
- * --verify checks the kept positions after every sync.  full and streaming
- * against an independent model written here (never the daemon's policy
- * code), so a bug shared by the daemon and its checker cannot hide; every
- * other policy against an in-process replay of the same policy code on a
- * shadow copy of each list (positions, per-entry state, layer state, in the
- * daemon's order), fed the same inputs: the daemon's pages before the sync
- * and the staged rows.  Learned policies without model= get random seeded
- * weights written (weights_write) into a scratch directory; the spec sent to
- * the daemon names them.  --prefill N sends the first N tokens as prefill
- * syncs (snapkv acts at the first decode sync).
- *
- * Pages in device memory (a tenant of kvtrimd --backend cuda, where
- * kvt_memory_kind() says KVT_MEMORY_CUDA): every byte goes through
- * kvt_memcpy.  Each entry's K and V rows are built in a host buffer and
- * copied to kvt_kv_ptr's addresses (two copies per list and token); to
- * read a list (--verify, the lse of staged policies, the replay) its pages
- * are copied into host memory first, one copy per run of consecutive page
- * ids in one chunk, as each kvt_memcpy waits for the stream.  On host
- * pages loadgen reads and writes them in place, as before.  The staging
- * segment is host memory on both.
- *
- * Engines die with loadgen (PR_SET_PDEATHSIG): a SIGKILLed loadgen leaves
- * no engine running.  Children report their counts through a pipe; the
- * parent prints one summary line (memory=host|cuda: where the engines'
- * pages were; "mixed" when engines disagreed) and exits 0 only when every
- * child succeeded (a child killed on purpose with --kill-after-steps does
- * not count as a failure).
- *
- * Soak options (scripts/soak.sh): --retry-full backs off and retries a sync
- * or sequence open that the full pool refused (KVT_EPOOLFULL), for up to
- * 120 s; --expect-kills counts a child killed by SIGKILL from outside as
- * killed, not failed, and --respawn N starts up to N replacement engines
- * (tenant PREFIX-i.G) for killed ones; --tolerate-pressure lets --verify
- * accept extra evictions, which memory pressure causes by shrinking
- * budgets and raising thresholds: every entry kept must still be intact
- * and one the policy keeps, and the verifier then adopts the daemon's
- * extra evictions (counted as pressure_evicted) and checks everything after
- * against them.  The summary adds sync latency percentiles measured
- * around kvt_sync (a retried sync counts once, from its first attempt).
- *
- * This file is the parent (fork, wait, respawn, the summary line);
- * loadgen.h lists the other files of examples/loadgen/.
+ * sequences and appends tokens whose K/V bytes encode who wrote them and
+ * at which position, so every surviving entry can be checked byte for byte
+ * after any compaction (--verify).  The pattern, the verification, device
+ * pages, the summary line and the soak options are in docs/loadgen.md.
+ * Engines die with loadgen (PR_SET_PDEATHSIG).  This file is the parent
+ * (fork, wait, respawn, the summary line); loadgen.h lists the other
+ * files of examples/loadgen/.
  */
 #include "kvtrim.h"
 

@@ -1,32 +1,16 @@
 /*
  * hostile.c — the hostile-client figures of kvtrim-bench (docs/bench.md,
  * "Hostile clients"): a healthy verifying engine's sync latency alone and
- * while one adversary runs beside it.  One phase per adversary, each on a
- * fresh kvtrimd: the engine connects, warms past its budget, measures a
- * window alone, then the adversary starts and it measures a window beside
- * it; the ratio compares the two windows of the phase.
- *
- * The healthy engine is bench_small_cfg's tenant (streaming, one sequence)
- * with a 1 s client timeout.  A window is a count of paced decode syncs
- * of one token, each timed, after each of which every list must hold
- * exactly the positions the streaming rule keeps.  A failed sync, a failed
- * reconnect or a wrong list is an error and a sample at the timeout, and
- * the engine reconnects on its next turn; a window ends after its count or
- * its deadline, whichever comes first, so a frozen daemon costs a bounded
- * time and shows as errors and a p99 at the cap.
- *
- * Each adversary (hostile_adv.c) is a child process (this binary with
- * --adversary) that reports "ready k=v ..." once in place and "stat k=v
- * ..." as it goes on its fd 3; the parent prints every key as
- * hostile_<key>_<adversary>.
- *
- * KVTRIM_BENCH_HOSTILE=name[,name...] runs only those phases (a
- * developer's knob: `make bench` runs them all).
- *
- * The adversaries use the integration-test helpers of tests/harness
- * daemon.c (th_silent_peer, th_raw_conn, th_daemon_spawn ...); the runner
- * hooks those need (th_fail, th_skip, th_tmpdir) are defined here, for
- * both sides.
+ * while one adversary runs beside it, one phase per adversary on a fresh
+ * kvtrimd.  A window is a count of paced one-token decode syncs, each
+ * timed and each followed by a check of every list against the streaming
+ * rule; a failed sync, reconnect or list is an error and a sample at the
+ * timeout, and a window ends at its count or its deadline, so a frozen
+ * daemon shows as errors and a p99 at the cap.  Each adversary
+ * (hostile_adv.c) is this binary with --adversary, reporting "ready k=v"
+ * and "stat k=v" lines on its fd 3, printed as hostile_<key>_<adversary>.
+ * The runner hooks the harness helpers need (th_fail, th_skip, th_tmpdir)
+ * are defined here.  KVTRIM_BENCH_HOSTILE=name[,...] runs only those phases.
  */
 #include <errno.h>
 #include <fcntl.h>

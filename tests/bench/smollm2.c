@@ -1,65 +1,17 @@
 /*
  * smollm2.c — kvtrim-bench's SmolLM2-135M-Instruct lines (docs/bench.md,
- * "SmolLM2"): the reference engine (engine/) on the real model from `make
- * models`, its KV cache in a kvtrimd this file starts (f32 pages of 16
- * entries), one OpenBLAS thread (bench.c's main sets it) for the engine
- * and its floors alike.  Skipped, with the reason on stderr and in the
- * output, when the model is not in the cache.
+ * "SmolLM2", lists every line, the policies and the goal): the reference
+ * engine (engine/) on the real model from `make models`, its KV cache in a
+ * kvtrimd this file starts (f32 pages of 16 entries), one OpenBLAS thread
+ * (bench.c's main sets it) for the engine and its floors alike.  Skipped,
+ * with the reason on stderr and in the output, when the model is not in
+ * the cache; the learned policies' lines when weights/smollm2/ is absent.
  *
- *   smollm2_prefill_tokens_per_s         real prefill of S2_PREFILL tokens of
- *                                        tests/fixtures/text/english.txt
- *                                        (repeated) through kvtrimd, policy
- *                                        full, chunks of 64, no logits (a
- *                                        prompt needs only its last); best
- *                                        of 2
- *   smollm2_prefill_sgemm_tokens_per_s   its floor: cblas_sgemm alone on
- *                                        every linear layer of the model
- *                                        (q, k, v, o, w1, w3, w2 of 30
- *                                        layers) at the same token count
- *                                        and chunking, the model's weights
- *   smollm2_prefill_vs_sgemm             the ratio (1 = the engine is all
- *                                        GEMM)
- *   smollm2_decode_sgemm_ms              floor of one batched decode step:
- *                                        the same layers plus the
- *                                        classifier at M = S2_B rows
- *   smollm2_decode_ms_<p>_<ctx>          one decode step of a batch of S2_B
- *                                        sequences (engine_step_batch: one
- *                                        forward, one sync of S2_B items)
- *                                        at context ctx (1k, 4k, 8k), median
- *                                        of S2_MEAS steps after S2_WARM
- *   smollm2_kv_bytes_<p>_<ctx>           KV bytes the pool holds for the
- *                                        tenant after those steps: the
- *                                        daemon's pages_used (kvt_stats)
- *                                        times the page size
- *   smollm2_decode_speedup_<p>_<ctx>     full's step time / p's
- *   smollm2_kv_ratio_<p>_<ctx>           p's KV bytes / full's
- * with p = full, streaming (sinks 4, tokens ctx/4), snapkv (ratio 0.75),
- * kvzap (the shipped kvzap-mlp at its threshold calibrated for 0.75,
- * window 32, sinks 4), fastkvzip (the shipped gate, ratio 0.75) and kvpop
- * (the shipped scorer, tokens ctx/4): each evicts about 75% of the
- * context; kv_ratio says what it reached.  The learned ones load
- * weights/smollm2/ (S2_WEIGHTS, weights/smollm2/README.md); without that
- * folder their lines are skipped with the reason.  Goal: at 8k
- * the evicting steps are >= 2x faster than full's and hold <= 0.3x its KV
- * bytes.
- *
- * The long contexts are filled synthetically, not by a real prefill: 8
- * sequences of 8K tokens through this engine's naive attention would take
- * hours on 2 cores.  Every (layer, KV head) gets S2_R K rows and S2_R V
- * rows, uniform random with the RMS the model's own cache has there (read
- * back from the real prefill's pages); each position's entry is one of
- * them (a hash of sequence, position, layer and head), written through
- * kvt_kv_ptr and synced in chunks of S2_FILL_CHUNK (B items a sync, phase
- * prefill), so the policy sees a prefill and evicts as it would.  The
- * tenant stages what its policy reads (kvt_policy_inputs): x of kind r is
- * the model's real attention input at position S2_XPOS0 + r of the text
- * (a dense pass, model_dense), so the learned scorers score real hidden
- * states; q/lse of the last S2_WINDOW prompt positions (what snapkv reads)
- * are random q with the RMS of the model's q of that layer (Wq x of those
- * rows) and their exact lse over the entries written so far (a sum over
- * the S2_R kinds weighted by their counts); other positions' q is 0, whose
- * lse is exactly log(n).  Then the real model decodes real tokens over
- * those caches: what is timed is the real step.
+ * The long contexts are filled synthetically (S2_R random K/V kinds per
+ * list with the model's RMS, staged x from a dense pass, q/lse exact over
+ * what was written; docs/bench.md says how), synced as prefill so the
+ * policy evicts as it would; then the real model decodes real tokens over
+ * those caches, and that step is what is timed.
  */
 #include <errno.h>
 #include <math.h>

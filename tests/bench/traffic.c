@@ -1,50 +1,14 @@
 /*
  * traffic.c — kvtrim-bench's host <-> device lines (docs/bench.md,
- * "Host-device traffic"; the target: at most 4 KB per decoded token
- * per sequence for every policy).  A fresh kvtrimd --backend cuda on the
- * CPU emulator's library (build/lib/emu/libkvtrim-cuda.so), and for every
- * policy kvtrimd lists a synthetic engine at the 8B geometry (32 layers,
- * 32 query heads, 8 KV heads, head_dim 128, d_model 4096, f16 pages of 16
- * entries) with 2 sequences: a prompt of 256 tokens (128 quick) in
- * prefill syncs of 128, then 64 decode tokens (32 quick) syncing every 16,
- * budgets of 128 entries so that the policies evict.  The engine writes
- * K/V with kvt_memcpy (what a GPU engine's kernels would write in place)
- * and stages the inputs the policy reads (kvt_policy_inputs).
- *
- *   cuda_daemon_bytes_per_token_<p>  the daemon's device_h2d_bytes_total +
- *                                    device_d2h_bytes_total over the decode
- *                                    syncs / (decoded tokens x sequences)
- *   cuda_stage_bytes_per_token_<p>   what a GPU engine must copy to the
- *                                    host per token for staging: 0, the
- *                                    staging rows being device memory
- *                                    (kvt_stage_*) its kernels write in
- *                                    place (the line stays, so a change
- *                                    back shows)
- *   cuda_host_bytes_per_token_<p>    their sum
- *   cuda_host_bytes_target           4096
- *   cuda_prompt_sync_bytes_<p>       the same count over the first decode
- *                                    sync alone, per sequence: where the
- *                                    prompt-only policies (snapkv,
- *                                    pyramidkv, expected_attention) decide,
- *                                    once, and still read the prompt's
- *                                    keys on the host (outside the
- *                                    per-token figure)
- *   cuda_launches_per_token_<p>      the daemon's device_launches_total
- *                                    (kernel launches and cuBLAS calls of
- *                                    its backend) over the decode syncs /
- *                                    (decoded tokens x sequences): what a
- *                                    GPU host pays per launch, in host CPU
- *                                    and launch latency, counted where no
- *                                    GPU is
- *   cuda_daemon_cpu_us_per_token_<p> the daemon's CPU time over the decode
- *                                    syncs (every thread's schedstat) / (decoded
- *                                    tokens x sequences); on the emulator
- *                                    (cuda_daemon_cpu_backend emulator) it
- *                                    includes every emulated kernel
+ * "Host-device traffic", lists every line, the geometry and the target:
+ * at most 4 KB per decoded token per sequence for every policy).  A fresh
+ * kvtrimd --backend cuda on the CPU emulator's library
+ * (build/lib/emu/libkvtrim-cuda.so) and, for every policy kvtrimd lists, a
+ * synthetic engine at the 8B geometry with 2 sequences that writes K/V
+ * with kvt_memcpy and stages the inputs the policy reads.
  *
  * KVTRIM_BENCH_CUDA_LIB=PATH runs on that (real) libkvtrim-cuda.so instead
- * of the emulated one: scripts/gpu-check.sh on a GPU host.
- *
+ * of the emulated one (scripts/gpu-check.sh on a GPU host);
  * KVTRIM_BENCH_TRAFFIC=name[,name...] measures only those policies.
  */
 #include <dirent.h>
