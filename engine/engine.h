@@ -2,51 +2,13 @@
  * engine.h — the reference engine's forward with its KV cache inside
  * kvtrimd, through libkvtrim (DESIGN.md section 4).
  *
- * One engine = one tenant with a batch of B sequences (B = 1 unless
- * engine_opts.batch says more).  A step of n tokens of one sequence (a
- * prefill chunk, or one decode token) runs model_forward(); per layer and
- * KV head its attention callback
- *   1. appends K (post-RoPE) and V of the n new tokens at list entries
- *      len .. len+n-1 through kvt_kv_ptr (converted to the tenant dtype),
- *   2. attends with kvt_attention over the layer's lists (scale
- *      1/sqrt(head_dim)): on a host tenant in place on the model's q, out
- *      and lse (libkvtrim's paged_attention_cpu, per new token and KV
- *      head); on a cuda tenant q goes to a device buffer
- *      (kvt_buffer_alloc) with kvt_memcpy, the CUDA kernel runs on the
- *      client's stream, and out and lse come back with kvt_memcpy (K/V
- *      rows go to the device pages with kvt_memcpy too: this engine
- *      computes on the host),
- *   3. stages x (post input-RMSNorm), q (post-RoPE) and lse of every new
- *      token at its original position (kvt_stage_x/q/lse),
- * and after the last layer one kvt_sync commits the n entries
- * (phase prefill or decode) and lets the policy evict.
- *
- * A batched step (engine_step_batch) decodes one token of every sequence,
- * each at its own position, through ONE model_forward_pos (every weight
- * matrix read once for the batch: sgemm with M = B) whose callback does
- * 1-3 above for row c over sequence c's lists, then ONE kvt_sync with B
- * items.  Its logits equal B single-sequence steps' up to OpenBLAS's
- * choice of kernel by M (model.h, model_matmul): the attention arithmetic
- * is the same call on the same data.
- *
- * Causality inside a chunk: entries appended but not yet synced sit at
- * list indices len .. len+n-1 in token order, right after the committed
- * entries [0, len) (whatever order eviction left those in).  So new token
- * c attends over the first len + c + 1 entries of the list: every kept
- * committed entry, the chunk's earlier tokens and itself — the causal mask
- * is a length, no mask array is needed.  Its lse covers the same set.
- *
- * Registration: geometry from the model, max_seqs = batch, max_tokens =
- * context, headroom =
- * chunk (a whole chunk is appended between two syncs), stage_tokens =
- * max(min(context, ENGINE_STAGE_MAX), chunk) unless given (a sync may carry
- * at most stage_tokens new entries, and policies with a lookback read
- * earlier rows of the ring; the daemon refuses a policy whose lookback does
- * not fit).  The cap keeps long-context models affordable: a staged token
- * of SmolLM2 is 30 layers x (576 + 576 + 9) floats, 136 KiB, so a ring of
- * its whole 8192-token context would be 1.1 GiB, over the daemon's
- * default tenant_memory_max.
- * Inputs are always staged; a policy that reads none ignores them.
+ * One engine = one tenant with a batch of B sequences.  A step of n tokens
+ * runs model_forward(); per layer and KV head its attention callback
+ * appends K/V (kvt_kv_ptr), attends with kvt_attention (host or device
+ * pages) and stages x, q and lse; then one kvt_sync commits the step.
+ * engine_step_batch decodes one token of every sequence through one
+ * forward and one sync.  Within a chunk the causal mask is a length.  The
+ * step, the registration's sizes and why: docs/engine.md.
  */
 #ifndef KVT_TINYLLM_ENGINE_H
 #define KVT_TINYLLM_ENGINE_H

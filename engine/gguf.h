@@ -2,43 +2,15 @@
  * gguf.h — reader of GGUF model files (version 3), the format of llama.cpp
  * / ggml: metadata, tensor infos and tensor data, with dequantisation to
  * float32.  No engine code: the engine reads hyperparameters and tensors
- * through this interface.  Tested in tests/unit/test_gguf.c
- * (`kvtrim-tests gguf`).  The reader is gguf.c; the tensor types and the
+ * through this interface.  The reader is gguf.c; the tensor types and the
  * dequantisation gguf_quant.c; the llama architecture check gguf_llama.c.
+ * Tested in tests/unit/test_gguf.c (`kvtrim-tests gguf`).
  *
- * File layout (all little-endian):
- *   "GGUF" u32 version u64 n_tensors u64 n_kv
- *   n_kv   x { string key, u32 type, value }
- *   n_tensors x { string name, u32 n_dims, u64 ne[n_dims], u32 ggml_type,
- *                 u64 offset }
- *   padding to general.alignment (default 32), then the data section;
- *   tensor offsets are relative to its start.
- * A string is u64 length + bytes (no NUL); an array is u32 element type,
- * u64 count, then the elements (arrays may nest).
- *
- * Everything is validated when the file is opened, before any caller sees
- * it: the magic and version, every length and count against the bytes left
- * in the file (so no allocation is larger than the file justifies), known
- * value and tensor types, element counts without overflow, a row length
- * that is a whole number of quantisation blocks, tensor data inside the
- * file, aligned and not overlapping, no duplicate key or tensor name.  A
- * failure is a negative KVT_E* code and a one-line reason in err:
- *   KVT_ESYS      the file cannot be opened, stat'ed or mapped
- *   KVT_EVERSION  a GGUF version other than 3
- *   KVT_ENOTSUP   a big-endian file, an unknown tensor type; a known type
- *                 that cannot be dequantised (gguf_dequant); an
- *                 architecture other than llama (gguf_llama_check)
- *   KVT_EGEOMETRY tensors whose shapes do not match the hyperparameters
- *                 (gguf_llama_check)
- *   KVT_ENOMEM    out of memory
- *   KVT_EINVAL    anything else malformed (bad magic, truncation, lengths
- *                 or offsets beyond the file, overflow, duplicates, a bad
- *                 alignment, a missing or mistyped key)
- *
- * The file is mapped read-only (MAP_PRIVATE); tensor data and strings are
- * views into the map, valid until gguf_close().  As with any mmap, a file
- * truncated by someone else while it is open faults the reader (SIGBUS):
- * the engine opens model files, never files a client can change under it.
+ * Everything is validated at open, before any caller sees it; a failure is
+ * a negative KVT_E* code and a one-line reason in err (the layout, the
+ * checks and each code: docs/engine.md, "GGUF files").  The file is mapped
+ * read-only; tensor data and strings are views valid until gguf_close().
+ * The engine opens model files, never files a client can change under it.
  */
 #ifndef KVT_ENGINE_GGUF_H
 #define KVT_ENGINE_GGUF_H

@@ -3,31 +3,13 @@
  * checkpoints and llama-architecture GGUF files (model_gguf.c), one
  * float32 layout for both, and the transformer forward.
  *
- * Architecture (llama2.c run.c): token embedding; per layer
- *   x  = RMSNorm_att(h)                  (the attention input, "x" of
- *                                         methods.md section 0)
- *   q, k, v = x Wq^T, x Wk^T, x Wv^T;   RoPE on q and k
- *   h += Wo attention(q, k, v)           (GQA: head h reads KV head h / G)
- *   h += W2 (silu(W1 n) * W3 n),  n = RMSNorm_ffn(h)
- * then RMSNorm_final and the classifier.  RoPE rotates adjacent pairs
- * (2i, 2i+1) of each head by pos * theta^(-2i / head_dim).  llama2.c
- * checkpoints have RMSNorm eps 1e-5 and theta 10000; a GGUF file says its
- * own (SmolLM2: 1e-5 and 100000).  llama.cpp's converter permutes the q
- * and k rows of HF checkpoints so that this adjacent-pair rotation gives
- * HF's rotate-half one; a GGUF's q/k are used as they are stored.
- *
- * The forward is one function for every engine: model_forward() runs the
- * n new tokens of one step (prefill chunk or one decode token) batched
- * through BLAS, and hands attention to a callback, so the dense in-process
- * cache below and the kvtrimd-backed engine (engine.h) share every other
- * floating-point operation.  That is what lets the tests demand equal
- * logits to 1e-5.
- *
- * Weights are float32, row-major, [out][in] like the checkpoint (and like
- * a GGUF tensor, whose ne[0] is the row length).  A model owns one buffer
- * holding every tensor (v2 checkpoints and quantised GGUF tensors are
- * dequantized at load).  Errors are negative KVT_E* codes with a reason in
- * err.
+ * model_forward() runs the n new tokens of one step batched through BLAS
+ * and hands attention to a callback, so every engine (in-process caches,
+ * the kvtrimd-backed engine) shares every other floating-point operation:
+ * the tests demand equal logits to 1e-5.  Weights are float32, row-major,
+ * [out][in]; a model owns one buffer holding every tensor.  The
+ * architecture and RoPE layout: docs/engine.md.  Errors are negative
+ * KVT_E* codes with a reason in err.
  */
 #ifndef KVT_TINYLLM_MODEL_H
 #define KVT_TINYLLM_MODEL_H

@@ -1,52 +1,14 @@
 /*
  * oracle.h — offline eviction targets computed from the model itself with
- * dense attention (no daemon): KVzip, KVzip+ and future attention
- * (methods.md sections 1, 3, 11, 17).  One oracle pass (oracle_run) runs a
- * whole sequence through model_forward in one step with its own attention
- * (BLAS, one [n][n] probability map per query head at a time, never all
- * of them), and reduces every map into the targets asked for while it is
- * at hand; so a pass costs memory O(n^2) for one head, not
- * O(layers * heads * n^2), and contexts of thousands of tokens fit.
+ * dense attention (no daemon): KVzip, KVzip+ and future attention.  One
+ * pass (oracle_run) runs a whole sequence through model_forward in one
+ * step with its own attention, one [n][n] probability map per query head
+ * at a time, reduced into every target asked for: memory O(n^2) for one
+ * head, so contexts of thousands of tokens fit.
  *
- * Scores are [n_layers][n_kv_heads][T] float32, entry i of KV head g of
- * layer l at out[(l * n_kv + g) * T + i], i = position in the scored
- * sequence (position 0 is BOS for models that have one, m->bos >= 0, the
- * first context token for the others, e.g. SmolLM2).
- *
- * KVzip / KVzip+ (context reconstruction).  The pretext is
- *     [BOS] ctx sep ctx          (BOS only when m->bos >= 0)
- * The scored entries are the T = (BOS ? 1 : 0) + n_ctx positions of
- * [BOS] ctx; the queries are the n_ctx positions of the repeated copy (not
- * the separator); softmax rows run causally over the whole pretext, as one
- * KVzip chunk does.
- *   kvzip:  s_{i,g}  = max_{h in grp(g)} max_{j in copy} a^h_{j,i}
- *           reported as is, in [0, 1].
- *   kvzip+: s+_{i,g} = max_{h in grp(g)} max_{j in copy}
- *                        a^h_{j,i} * ||W_O^h v_i|| / ||x_j||
- *           (x_j = attention input after the input RMSNorm, as kvpress
- *           kvzap/data.py), reported as log(max(s+, 1e-30)).
- * Separators:
- *   - byte-level models (vocab 256): "\n\n" (oracle_default_sep: the pair
- *     ends a paragraph in the training text, and the model's copy heads
- *     work at short range, so a long instruction would only cost context);
- *   - llama2.c token-id models (stories260K): BOS (a new story);
- *   - models with a tokenizer (oracle_repeat_sep): KVzip's repeat prompt
- *     "\n\nRepeat the previous context exactly." followed, for a ChatML
- *     model, by "<|im_end|>\n<|im_start|>assistant\n" (the turn of an
- *     assistant that repeats), else by "\n" (kvpress KVzipPress without a
- *     chat template).  No user-turn opener goes before ctx: the scored
- *     positions then see exactly the prefix they see in a plain pass of the
- *     text, which is what the learned scorers are fed at inference.
- * The pretext must fit the context: see oracle_max_ctx.
- *
- * Future attention (KVpop's proposed target, methods.md section 3) over a
- * plain causal pass of the given sequence tokens[0..T):
- *   y_{i,g} = max_{h in grp(g)} sum_{t = i+1}^{min(i + N, T - 1)} a^h_{t,i}
- * (the sum is truncated at the end of the sequence; the last entry gets 0).
- * oracle_run's windows generalise it (other offsets, mean over the group),
- * which is how kvtrim-train gets KVpop's delay feature and its target.
- *
- * Errors are negative KVT_E* codes.
+ * Scores are [n_layers][n_kv_heads][T] float32, out[(l * n_kv + g) * T +
+ * i] for position i of the scored sequence.  The definitions, pretexts and
+ * separators: docs/engine.md, "Oracles".  Errors are negative KVT_E* codes.
  */
 #ifndef KVT_TINYLLM_ORACLE_H
 #define KVT_TINYLLM_ORACLE_H

@@ -5,26 +5,10 @@
  * tests/unit/test_tokenizer.c (`kvtrim-tests tokenizer`) against ids from
  * HF `tokenizers` (tests/fixtures/smollm2/tokenizer.txt).
  *
- * Encoding, as the original model's tokenizer.json does it:
- *   1. special tokens (token_type CONTROL or USER_DEFINED, e.g.
- *      <|im_start|>) are cut out of the text first, when asked for;
- *   2. every Unicode number (\p{N}) becomes a piece of its own (the
- *      Digits pre-tokenizer, individual_digits);
- *   3. the rest is split by the GPT-2 pattern
- *      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- *      with no prefix space added;
- *   4. each piece's bytes map to GPT-2's byte characters and are merged
- *      by BPE, lowest merge rank first, leftmost first among equals.
- * No BOS is prepended (tokenizer.ggml.add_bos_token is false for SmolLM2);
- * tok_add_bos() reports the flag for models where it is true.
- *
- * Text must be valid UTF-8 (no overlong forms, surrogates or code points
- * beyond U+10FFFF): anything else is refused with KVT_EINVAL and the byte
- * offset, and nothing is appended.  So is a byte the vocabulary has no
- * token for (SmolLM2 has none for 21 bytes, e.g. 0x04 and the lead bytes
- * 0xf1, 0xf2 of U+40000..U+BFFFF): HF tokenizers drops such bytes
- * silently, which would feed the model a text other than the one given.
- * Errors are KVT_E* codes with a reason.
+ * Encoding follows the model's tokenizer.json (steps: docs/engine.md,
+ * "Tokenizer"); no BOS is prepended.  Text that is not valid UTF-8, or
+ * holds a byte the vocabulary has no token for, is refused with
+ * KVT_EINVAL and the byte offset, and nothing is appended.
  */
 #ifndef KVT_ENGINE_TOKENIZER_H
 #define KVT_ENGINE_TOKENIZER_H

@@ -2,62 +2,15 @@
  * policy.h — eviction policies: a small vtable plus the machinery every
  * policy shares (spec parsing, sinks, recent window, budgets, pressure,
  * timing, selection, attention from staged queries, scratch memory).
- * docs/policies.md states every policy's exact rule.
+ * docs/policies.md states every policy's exact rule and every spec key.
  *
- * Spec string: "name" or "name:key=value,key=value".  Keys, parsed once
- * here for every policy (each policy says which it accepts):
- *   sinks=N      first N positions of a sequence are never evicted
- *   window=N     the N most recent positions are protected (policies give
- *                it their own meaning on top: kvzap decides an entry when
- *                it leaves the window, snapkv observes the window,
- *                expected_attention takes its statistics from it and
- *                protects nothing with it)
- *   tokens=N     budget: keep at most N entries per (sequence, layer, head)
- *   ratio=R      budget: evict the fraction R (0 <= R < 1) of the entries
- *                seen, kvpress's "compression_ratio"; keep n - floor(R * n)
- *   threshold=F  budget: evict entries scoring below F (signed decimal)
- *   every=N      evict only at syncs where the tokens seen cross a multiple
- *                of N (scores still accumulate at every sync)
- *   delay=N      score an entry once N newer tokens have arrived (kvpop)
- *   seed=N       random seed (random)
- *   model=PATH   safetensors file or kvpress checkpoint directory (learned
- *                policies; no ',' or whitespace in PATH)
- *   agg=max|mean aggregation over the query heads of a KV head (h2o)
- *   kernel=K     pooling width, odd (snapkv, pyramidkv)
- *   beta=N       pyramid steepness, >= 1 (pyramidkv)
- *   future=N     future positions whose RoPE is averaged, >= 1
- *                (expected_attention)
- *   theta=F      RoPE base of the engine's model, > 0 (expected_attention)
- *   cov=0|1      use the query covariance (expected_attention)
- *   vnorm=0|1    weight scores by the value norm (expected_attention)
- *   eps=F        added to scores before the value norm, >= 0
- *                (expected_attention)
- * Unknown keys, repeated keys, malformed numbers and out-of-range values
- * are refused with KVT_EPOLICY and a reason; so are weight files that do not
- * fit the model geometry (policy_create loads them, never the first sync).
- *
- * Decisions are per (sequence, layer), all KV heads at once (struct
- * policy_layer): the tenant hands decide() each head's list (positions,
- * pages, per-entry state), the staged inputs of the n_new new tokens
- * gathered contiguous, and the layer's state blob; decide() marks drops.
- *
- * Contract of decide():
- *   - The new entries are the last n_new of every head's list, at
- *     positions [n_seen - n_new, n_seen); their ent rows arrive zeroed.
- *   - It may rewrite ent rows and the layer state (the tenant passes
- *     scratch copies and commits them only when the whole sync succeeds,
- *     so a refused sync leaves no trace), and marks drop[i] = 1 (drop[]
- *     arrives zeroed).  It returns 0 or a negative KVT_E* (KVT_ENOMEM).
- *   - Its result is a pure function of the policy (args, weights,
- *     pressure), the inputs and the states: tests and loadgen replay it.
- *     The scratch arena (policy_scratch) carries nothing across calls.
- *   - Staged lse is the natural-log log-sum-exp of each query head's logits
- *     q . k / sqrt(head_dim) over the keys the engine attended to (its own
- *     list at the time, causal); attention weights are recovered from it.
- *   - Its inputs are checked: policy_decide calls decide() only when every
- *     staged input the policy reads (ops->needs) of every new token is
- *     finite and was staged (see POLICY_UNSTAGED); else it refuses with
- *     KVT_EINVAL and p->why, and nothing was decided.
+ * Spec string: "name" or "name:key=value,key=value", parsed once here for
+ * every policy (each says which keys it accepts).  Unknown keys, repeated
+ * keys, malformed numbers, out-of-range values and weight files that do not
+ * fit the model geometry are refused with KVT_EPOLICY and a reason
+ * (policy_create loads weights, never the first sync).  Decisions are per
+ * (sequence, layer), all KV heads at once (struct policy_layer); decide()'s
+ * contract is at struct policy_ops.
  */
 #ifndef KVT_POLICY_H
 #define KVT_POLICY_H
@@ -245,6 +198,27 @@ struct policy_ops {
 	 * entry_floats / layer_state_bytes / lookback.  (optional) */
 	int (*init)(struct policy *p, char *err, size_t errlen);
 	void (*fini)(struct policy *p); /* frees priv (optional) */
+	/* decide(): the tenant hands it each head's list (positions, pages,
+	 * per-entry state), the staged inputs of the n_new new tokens gathered
+	 * contiguous, and the layer's state blob; it marks drops.
+	 * - The new entries are the last n_new of every head's list, at
+	 *   positions [n_seen - n_new, n_seen); their ent rows arrive zeroed.
+	 * - It may rewrite ent rows and the layer state (the tenant passes
+	 *   scratch copies and commits them only when the whole sync succeeds,
+	 *   so a refused sync leaves no trace), and marks drop[i] = 1 (drop[]
+	 *   arrives zeroed). It returns 0 or a negative KVT_E* (KVT_ENOMEM).
+	 * - Its result is a pure function of the policy (args, weights,
+	 *   pressure), the inputs and the states: tests and loadgen replay it.
+	 *   The scratch arena (policy_scratch) carries nothing across calls.
+	 * - Staged lse is the natural-log log-sum-exp of each query head's
+	 *   logits q . k / sqrt(head_dim) over the keys the engine attended to
+	 *   (its own list at the time, causal); attention weights are
+	 *   recovered from it.
+	 * - Its inputs are checked: policy_decide calls decide() only when
+	 *   every staged input the policy reads (ops->needs) of every new
+	 *   token is finite and was staged (see POLICY_UNSTAGED); else it
+	 *   refuses with KVT_EINVAL and p->why, and nothing was decided.
+	 */
 	int (*decide)(struct policy *p, struct policy_layer *l);
 	/* (optional) The policy's per-entry scorer of the new tokens' x, as
 	 * a device can run it (backend.h's struct kvt_backend_scorer, d_out
