@@ -1,50 +1,18 @@
 /*
- * http.c — see http.h.
+ * http.c — see http.h.  The Unix socket is created here (libmicrohttpd
+ * only binds TCP) and handed over with MHD_OPTION_LISTEN_SOCKET.
  *
- * The Unix socket is created here rather than by libmicrohttpd (which only
- * binds TCP) and handed over with MHD_OPTION_LISTEN_SOCKET; MHD closes it
- * at stop.
- *
- * Slow and idle clients.  libmicrohttpd 0.9.75 (Debian 12) has only an idle
- * timeout (MHD_OPTION_CONNECTION_TIMEOUT, restarted by every byte, so a
- * client trickling one byte a second is never timed out) and a connection
- * limit that stops accepting when it is full (so a few hundred silent
- * clients starve /metrics).  No option fixes either, so this file keeps a
- * record of every connection and enforces three rules of its own:
- *
- *  1. Header deadline: a connection must deliver a complete request head
- *     (request line and headers) within stats_header_timeout_ms of its
- *     accept, and each further request on a keep-alive connection within
- *     that time of the end of the previous response.  It is wall-clock time,
- *     not idle time: trickling bytes does not extend it.  A late connection
- *     is closed without a response.
- *  2. Reply deadline: a response the client has not taken within
- *     HTTP_REPLY_TIMEOUT_MS of its request closes the connection.
- *  3. Limit: each listener (stats.sock, and 127.0.0.1:stats_tcp_port when
- *     on) holds at most stats_max_conns connections.  A connection accepted
- *     at the limit makes room by closing the one that has waited longest
- *     for a complete request (an idle or trickling client); only when every
- *     other connection is in the middle of a request is the new one itself
- *     closed.  A client that sends its request promptly is therefore served
- *     however many slow or idle connections hold the limit.
- *
- * How.  MHD runs in external-polling epoll mode on one thread of ours
- * (http_main): poll the MHD epoll fds, MHD_run, then sweep the deadlines.
- * MHD_OPTION_NOTIFY_CONNECTION reports each accept and close, the access
- * handler's first call that a request head is complete, and
- * MHD_OPTION_NOTIFY_COMPLETED that its response is done.  MHD has no call
- * that closes a connection, so a late one gets shutdown(2) on its socket:
- * MHD sees EOF on its next pass and closes it through its normal path
- * (callbacks, memory).  This is sound because it all runs on the one thread
- * that lets MHD close sockets, and MHD reports a close before it closes the
- * fd: a socket shut down here is always still that connection's, never a
- * reused number.  The alternatives were worse: MHD's internal thread has
- * no hook to run a sweep on, a sweep on another thread would race with
- * MHD's closes, and accepting ourselves to hand "complete enough"
- * connections over with MHD_add_connection would parse request heads
- * twice.  epoll rather than poll or select: one fd to wait on per
- * listener, no FD_SETSIZE ceiling.  MHD's own limit is set well above ours
- * (closed connections count there until their EOF pass), so it never
+ * Slow and idle clients: libmicrohttpd 0.9.75 has only an idle timeout
+ * that every byte restarts and a limit that stops accepting, so this file
+ * keeps a record of every connection and enforces the header deadline,
+ * the reply deadline and the per-listener limit itself (docs/protocol.md,
+ * "Stats socket"; why not MHD's own: docs/design-changes.md).  MHD runs in
+ * external-polling epoll mode on one thread of ours (http_main): poll,
+ * MHD_run, then sweep the deadlines.  A late connection gets shutdown(2)
+ * and MHD closes it on its next pass through its normal path; that is
+ * sound because only this thread lets MHD close sockets and MHD reports a
+ * close before it closes the fd, so a socket shut down here is still that
+ * connection's.  MHD's own limit is set well above ours, so it never
  * refuses a connection itself.
  */
 #include "http.h"

@@ -34,15 +34,13 @@
  * the pool for each whole frame, admits it against its connection,
  * decodes, validates and applies it (dispatch.c), sends any chunk grants
  * over the client's handle channel (lease.c), encodes the reply and queues
- * it on the connection; the request goes back to the pool at once.  A
- * connection that has max_inflight_per_conn requests unanswered, or
- * replies unsent above SRV_UNSENT_MAX, is not read until that drains: a
- * peer that never reads stops itself, at no cost to anyone else.
+ * it on the connection; the request goes back to the pool at once (flow
+ * control: ctl.c).
  *
  * Threads: libuv's loop thread owns every field below unless its comment
  * says otherwise: acl_lock guards the access lists other threads read,
- * and the fields marked atomic are accessed with __atomic builtins.  A tenant with a sync on a worker thread is that
- * worker's alone until the sync ends (struct srv_tenant, busy).  Every
+ * and the fields marked atomic are accessed with __atomic builtins.  A
+ * tenant with a sync on a worker thread is that worker's alone until the sync ends (struct srv_tenant, busy).  Every
  * function declared here runs on the loop thread unless its comment says
  * otherwise.
  */

@@ -1,35 +1,12 @@
 /*
  * collect.h — the training sets of kvtrim-train: per window, the oracle
  * passes (engine/oracle.h) that give the learned scorers their inputs and
- * targets, sampled rows of them stored per layer.
- *
- * One window is a sequence of W tokens (dataset.h).  What it gives:
- *   KVzap / Fast KVzip rows, for the T = bos + n_ctx entries of
- *     [BOS] ctx, ctx = the window's first n_ctx tokens after its BOS:
- *     x (the attention input), log KVzip+ and KVzip (oracle_kvzip's
- *     pretext [BOS] ctx sep ctx);
- *   KVpop rows, for the npw = W - D - N entries whose delay D and horizon
- *     N fit the window: x, the attention a_{i,g} = sum_{t in (i, i+D]}
- *     mean_{h in grp(g)} a^h_{t,i} the policy accumulates during the delay,
- *     and the target ln(y + POP_TARGET_EPS), y_{i,g} = max_{h in grp(g)}
- *     sum_{t in (i+D, i+D+N]} a^h_{t,i} (attention in a plain causal pass
- *     of the window).
- * When T == W (models with a tokenizer: the whole window is the KVzip
- * context) one pass of the pretext gives everything, its first W
- * positions being the plain pass of the window; otherwise (byte models:
- * ctx is the longest that fits the 512-position context, 254 bytes) a
- * second, plain pass of the window gives the KVpop rows and the x.
- *
- * Rows: nz of the T KVzap entries and np of the npw KVpop entries of each
- * window, drawn without replacement from the stream (seed, window) and
- * kept in position order (all of them when nz >= T, np >= npw).  Window w
- * owns rows [w * nz, (w + 1) * nz) and [w * np, (w + 1) * np), so the
- * sets do not depend on how many workers filled them: collect_run is
- * deterministic for any jobs.  x is stored as IEEE f16 (core/dtype.h;
- * half the memory of float32, relative error 2^-11); a value beyond the
- * f16 range is refused (see collect_run).
- *
- * Errors are negative KVT_E* codes with a reason.
+ * targets, sampled rows of them stored per layer (what a window gives:
+ * docs/weights.md, "What a window gives").  Window w owns its rows, drawn
+ * without replacement from the stream (seed, window) and kept in position
+ * order, so collect_run is deterministic for any number of jobs.  x is
+ * stored as IEEE f16 (core/dtype.h); a value beyond the f16 range is
+ * refused.  Errors are negative KVT_E* codes with a reason.
  */
 #ifndef KVT_TRAIN_COLLECT_H
 #define KVT_TRAIN_COLLECT_H

@@ -1,42 +1,12 @@
 /*
  * dataset.h — the token sequences kvtrim-train learns from and kvtrim-eval
  * measures on, built deterministically from the model's own material so
- * that the two never share a sequence.
- *
- * Byte models (vocab 256, bytes2m): the held-out text bytes2m-valid.txt
- * (never seen by the model's own training) is cut once, at the first
- * newline at or after 60 % of its bytes:
- *   train = bytes [0, cut)    kvtrim-train only (targets, fits, and
- *                             kvtrim-eval's threshold calibration)
- *   eval  = bytes [cut, end)  kvtrim-eval's measurements only
- * A sequence is BOS followed by len - 1 consecutive bytes; windows do not
- * overlap and, when there are more than asked for, are taken evenly spaced
- * over the part (so they are not all from its first documents).
- *
- * Models with a tokenizer (GGUF, SmolLM2; dataset_build_tok): text through
- * the model's tokenizer, BOS first only when the model has one (m->bos >=
- * 0; SmolLM2 has none).  The parts:
- *   train    ../shared/corpus/train-man.txt ($KVTRIM_TRAIN_TEXT), whole:
- *            rendered man pages, none of them in the held-out text
- *   heldout  bytes [0, cut) of the held-out text above: kvtrim-train's
- *            held-out fit metrics only
- *   eval     bytes [cut, end) of it: kvtrim-eval's measurements only
- * Window k of n starts at the first line start at or after byte
- * k * part / n of its part (later, at the first line start after the
- * previous window's text, when that ran past it), and holds the first len
- * tokens of the text from there; windows never overlap and never cross their part's end
- * (fewer come back when the part runs out).  Each window is tokenized on
- * its own, so the sub-sample never tokenizes the whole 3 MB.
- *
- * Token-id models (stories260K, whose tokenizer is not available): every
- * sequence is sampled from the model itself at temperature 1, starting at
- * BOS and continuing through later BOS tokens (new stories), len tokens.
- * Training sequence k uses the stream (seed, "train", k); evaluation
- * sequence k uses the fixed stream (DATASET_EVAL_SEED, "eval", k), which
- * no --seed can select, so the splits are disjoint whatever seed the
- * trainer is given.
- *
- * Errors are negative KVT_E* codes with a reason in err.
+ * that the two never share a sequence: byte models cut the held-out text
+ * once (train before the cut, eval after), models with a tokenizer take
+ * windows of a training corpus, a held-out part and an evaluation part,
+ * token-id models sample from the model on disjoint seeded streams.  The
+ * exact parts and windows: docs/weights.md, "Data".  Errors are negative
+ * KVT_E* codes with a reason in err.
  */
 #ifndef KVT_TRAIN_DATASET_H
 #define KVT_TRAIN_DATASET_H

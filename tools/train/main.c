@@ -2,47 +2,15 @@
  * kvtrim-train — learns the scorers of the learned policies from a model's
  * own oracles and writes them where the policies load them.
  *
- *   kvtrim-train --model M --out DIR [--seed S] [--quick] [--windows N]
- *                [--heldout N] [--jobs N] [--window W] [--rows N]
- *                [--dtype f32|f16|bf16]
+ *   kvtrim-train --model M --out DIR [--seed S] [--quick] [--jobs N] [...]
  *
- * M: a llama2.c checkpoint, a llama GGUF file, or a model name of
- * model_files.h ("smollm2").  Data (dataset.h, collect.h): windows of W
- * tokens, never the evaluation split; per window the KVzip / KVzip+
- * targets (oracle.h) of its first entries and the KVpop feature and target
- * from its attention, with the attention inputs x.
- *   byte / llama2.c models: W = the model's context (512); KVzip on the
- *     longest ctx whose pretext fits it (254 bytes for bytes2m); every row
- *     used; the last 10 % of the --windows windows (default 192) held out.
- *   models with a tokenizer (SmolLM2): W = --window (default
- *     RECIPE_TOK_WINDOW, 512 tokens), the whole window is the KVzip
- *     context (pretext 2 W + the repeat prompt); training windows from
- *     ../shared/corpus/train-man.txt (default RECIPE_TOK_WINDOWS), held-out
- *     windows from the first part of ../shared/models/bytes2m-valid.txt
- *     (default RECIPE_TOK_HELDOUT; never the part kvtrim-eval measures
- *     on); --rows (default RECIPE_TOK_ROWS) sampled rows per window for
- *     each of the KVzap and KVpop sets.
- * The R^2 / Spearman printed per layer are on the held-out windows, as is
- * the copy check (how often the model's top-1 prediction on the repeated
- * copy is the context token: the KVzip targets mean something only if the
- * model does repeat).
- *
- * Models (recipe.h), written under DIR:
- *   kvzap-linear/  config.json + model.safetensors  ridge, alpha 1, on
- *                  log KVzip+ (kvpress layout layers.{l}.weight/.bias)
- *   kvzap-mlp/     config.json + model.safetensors  Linear-GELU-Linear,
- *                  hidden d/8 (layers.{l}.0.* / layers.{l}.2.*)
- *   fastkvzip.safetensors   sink-attention gate, BCE on KVzip (gate.h)
- *   kvpop.safetensors       KVpop scorer on ln future attention (pop.h)
- *   fit.txt                 the fit table printed on stdout
- *   fit.csv                 the same, one row per layer
- * Progress (windows, tokens, layer, elapsed, ETA) goes to stderr: one
- * rewritten line on a terminal, else a line at most every 10 s.
- * Deterministic for a given seed: BLAS on one thread, fixed shapes,
- * seeded samples, shuffles and inits; --jobs N runs the oracle passes of
- * N windows at once, each on one thread into rows it owns, then the fits
- * of N layers at once, each on one thread, so the output does not depend
- * on N.
+ * Writes kvzap-linear/, kvzap-mlp/ (kvpress layout), fastkvzip.safetensors,
+ * kvpop.safetensors, fit.txt and fit.csv under DIR (recipe.h has the
+ * recipes).  The options, the data and the outputs: docs/weights.md,
+ * "Training".  Deterministic for a given seed: BLAS on one thread, fixed
+ * shapes, seeded samples, shuffles and inits; --jobs N runs N windows'
+ * oracle passes, then N layers' fits, each on one thread into rows it
+ * owns, so the output does not depend on N.  Progress goes to stderr.
  */
 #include <errno.h>
 #include <getopt.h>
