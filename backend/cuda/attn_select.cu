@@ -1,34 +1,15 @@
 /*
- * attn_select.cu — the cuda backend's `attn_select` op (backend.h):
- * H2O's accumulated attention (policies/h2o.c) computed where the keys,
- * the staged queries and the per-entry state are, so that a sync moves
- * only the drop indices (4 bytes each) to the host instead of the K
- * halves of every page of every list (what read_regions staged).
- *
- * Per job (one list):
- *   1. gather: the list's keys [len + n_new][hd] as float32 out of its
- *      pages (bc_entry_row), the new rows' q of its query heads
- *      [n_new][G][hd] and lse [n_new][G] out of device staging; the state
- *      of the old entries copied from the half `cur` to the other one,
- *      the new entries' positions and zero S written there;
- *   2. the logits [n_new * G][len] = scale * q . k by one cuBLAS SGEMM,
- *      attn_band_cpu's cblas_sgemm call transposed into column order (on
- *      the CPU emulator, whose cuBLAS is OpenBLAS, the same bits);
- *   3. one thread per entry: S[j] += (pos <= qpos_t) ? expf(logit - lse)
- *      : 0.0f in t order, then (when due) the score and the protection,
- *      h2o_decide's float operations one for one;
- *   4. when due: select_topk_cuda (rank = position), the dropped indices
- *      in order into the output, their count beside it, and the new half
- *      compacted by the same pairing as compact_drops (hole j gets the
- *      (j+1)-th kept entry at or above the new length).
- * One check per job of its new rows (every query head's q and lse, what
- * policy_decide checks): a flag comes back and the caller refuses.
- * The scratch is the context's window scratch (window_select.cu's
- * bc_win_prepare), grown for the largest job; the op holds the context's
- * lock and waits for the output before it returns.
- * Test: cuda.backend_attn_select_matches_h2o (test_cuda_h2o.c), and the
- * emulated passes of `make test` (kvtrim-loadgen --verify for h2o,
- * traffic.sync_bound_h2o).
+ * attn_select.cu — the cuda backend's `attn_select` op (backend.h): H2O's
+ * accumulated attention (policies/h2o.c) computed where the keys, the
+ * staged queries and the per-entry state are, so that a sync moves only
+ * the drop indices to the host.  Per job (one list): gather and carry the
+ * state to the other half, the logits by one cuBLAS SGEMM, one thread per
+ * entry doing h2o_decide's float operations, then (when due)
+ * select_topk_cuda and the half compacted by compact_drops' pairing; a
+ * flag per job for rows that are not finite.  The steps: docs/cuda.md,
+ * "Device ops, step by step".  Scratch: bc_win_prepare's, under the
+ * context's lock; the op waits for its output.  Test:
+ * cuda.backend_attn_select_matches_h2o and the emulated passes.
  */
 #include <cublas_v2.h>
 #include <math.h>

@@ -1,47 +1,22 @@
 /*
  * backend_cuda.cu — the cuda backend of backend/backend.h, the one symbol
- * libkvtrim-cuda.so exports (kvt_cuda_backend_v1).  kvtrimd loads it with
- * dlopen, so only this library links the CUDA runtime and cuBLAS; the
- * driver API (cuMem*) is reached through cudaGetDriverEntryPointByVersion,
- * so not even this library links libcuda: a machine without a driver loads
- * it fine and probe() says what is missing.
+ * libkvtrim-cuda.so exports (kvt_cuda_backend_v1).  Only this library
+ * links the CUDA runtime and cuBLAS; the driver API (cuMem*) is reached
+ * through cudaGetDriverEntryPointByVersion, so a machine without a driver
+ * loads it and probe() says what is missing.  Sharing modes (vmm: VMM
+ * allocations exported as fds; ipc: legacy cudaIpc handles, read-write
+ * only, chunks revoked before they are freed) are chosen per context:
+ * docs/cuda.md, "Backend interface".  A context is used from one thread
+ * at a time.  The CPU emulator (tests/kernels/emu/) compiles these files
+ * too, so both modes run under `make test`.
  *
- * Sharing modes, chosen per context (ctx_new):
- *   vmm  cuMemCreate(POSIX_FILE_DESCRIPTOR) + cuMemExportToShareableHandle:
- *        the fd goes over the handle channel like a memfd; the client
- *        imports, reserves, maps and sets access.  The driver reference
- *        counts the allocation (fd, mappings), so a dead client never
- *        leaves the daemon with memory freed under a mapping.
- *        An importer may map a chunk read-only (chunk_import_ro: the
- *        access flags of its own mapping), as clients map the table.
- *   ipc  cudaMalloc + cudaIpcGetMemHandle where the device or driver
- *        cannot export VMM memory, or the driver lacks the cuMem* entry
- *        points (or KVTRIM_CUDA_SHARE=ipc): 64 handle bytes instead of an
- *        fd; the daemon must not free a chunk before its client closed it
- *        (DESIGN.md: chunks are revoked first).  cudaIpcOpenMemHandle
- *        maps read-write whatever the importer wants: nothing is
- *        read-only to an importer in this mode.
- *
- * Threads: a context is used from one thread at a time.
- *
- * The CPU emulator (tests/kernels/emu/, docs/cuda.md) compiles these files
- * with g++ too, and emulates the driver's VMM entry points, so both modes
- * run there (`make test`).
- *
- * This file holds the error text and the table; the ops are in
- *   driver.cu    the driver API entry points (cuMem*), found at run time
- *   context.cu   probe, device count, contexts and their sharing mode
- *   share.cu     chunks: VMM export and import as fds, legacy IPC
- *   streams.cu   streams and interprocess events
- *   ops.cu       compaction, uploads, reads and copies (the staging slots),
- *                and the count of the bytes they move (traffic)
- *   attention.cu kvt_attention's causal paged attention
- *   compact_drops.cu compaction from drop indices
- *   fill.cu      a value at a pattern of words in many rows
- *   scorer.cu    learned scorers with device weights
- *   key_norms.cu knorm's key norms
- *   window_select.cu SnapKV's selection
- * around the private header backend_cuda.cuh.
+ * This file holds the error text and the table; around the private header
+ * backend_cuda.cuh, the ops are in driver.cu (cuMem* entry points),
+ * context.cu (probe, contexts, sharing mode), share.cu (chunk export and
+ * import), streams.cu (streams, interprocess events), ops.cu (compaction,
+ * uploads, reads, copies, traffic), and one file per op: attention.cu,
+ * compact_drops.cu, fill.cu, scorer.cu, key_norms.cu, window_select.cu,
+ * expected_select.cu, attn_select.cu, tova_select.cu, pop_select.cu.
  */
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,32 +1,15 @@
 /*
  * compact_drops.cu — the cuda backend's `compact_drops` op (backend.h):
- * a sync's compaction worked out on the device from each list's
- * drop indices, so that what crosses from the host is sized by the drops,
- * not by the lists.
- *
- * The older `compact` op takes compact_plan()'s (dst, src) moves and every
- * list's page addresses from the host: 8 bytes per page of every list that
- * moves anything (16 KB per list at 32K tokens in 16-token pages) plus 12
- * per move.  Here the host sends 24 bytes per list that moves and 4 per
- * drop; one warp per move finds its source and the page addresses itself:
- *
- *   - the list's drops d[0 .. m) are ascending; with new length
- *     L = len - m, the holes are d[0 .. h) (those below L) and the tail
- *     drops t = d[h .. m);
- *   - hole j receives the (j+1)-th kept entry at or above L, which is
- *     L + j + k for the smallest k with k = m - h or t[k] - k > L + j
- *     (t[k] - k never decreases, so k is a binary search): exactly the
- *     pairing of compact_plan() (ascending holes with ascending sources);
- *   - the page of entry e is record->pages[e / page_tokens] in the device
- *     table, at chunk_bases[id / pages_per_chunk] + (id % pages_per_chunk)
- *     * page_bytes; a page id beyond the record or in an unmapped chunk
- *     skips the move (a daemon bug must not fault the context).
- *
- * The table and chunk bases are read as the stream sees them, before the
- * sync's own table upload.  The op validates every list on the host first
- * and stages its arguments in one of the context's pinned slots (ops.cu's
- * bc_stage_take), under the context's lock.
- * Test: kvtrim-cuda-tests compact_drops (against compact_plan + compact_cpu).
+ * a sync's compaction worked out on the device from each list's drop
+ * indices (24 bytes a moving list and 4 a drop cross from the host), one
+ * warp per move finding its source by compact_plan()'s pairing and its
+ * page addresses from the device table and chunk bases as the stream sees
+ * them.  A page id beyond the record or in an unmapped chunk skips the
+ * move (a daemon bug must not fault the context).  The op validates every
+ * list on the host first and stages its arguments in one of the context's
+ * pinned slots (bc_stage_take) under the context's lock.  The pairing:
+ * docs/cuda.md, "Device ops, step by step".  Test: kvtrim-cuda-tests
+ * compact_drops.
  */
 #include <string.h>
 

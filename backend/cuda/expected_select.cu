@@ -1,44 +1,15 @@
 /*
  * expected_select.cu — the cuda backend's `expected_select` op (backend.h):
- * Expected Attention's end-of-prefill selection (policies/
- * expected_attention.c) computed where the keys, the values and the
- * window's queries are, so that only the drop indices (4 bytes each) come
- * to the host instead of the whole pages of the prompt (the policy reads
- * V's norms too) and the window's q rows.
- *
- * The kept sets must be the cpu policy's, bit for bit on the CPU emulator,
- * so every step repeats ea_decide's operations in its order (the comments
- * name the host function each kernel follows); only what is independent
- * per element runs in parallel, and the two reductions whose order the
- * bits depend on (the softmax's max and sum) run in one thread.
- * Per window (one (sequence, layer)) one check of its q rows, and:
- *   1. rc: the mean future rotation of positions [P, P + future) in
- *      double (ea_future_rot), one thread per pair of dimensions;
- *   2. qs [N][H][hd]: the window's q rows un-rotated in float (ea_unrope);
- *   3. per query head the mean m and mu' = R m, and with cov the
- *      covariance S and S' = R S R^T, rounded to float (ea_stats), in
- *      double with the sums in t order;
- * then per list (KV head g):
- *   4. keys [len][hd] as float32 out of its pages (bc_entry_row);
- *   5. per query head j of the group: with cov K S' by cuBLAS SGEMM in
- *      blocks of EA_BLOCK keys, the call scorer_linear_cpu makes with
- *      cblas_sgemm (blas_xwt: the column-major transpose; on the emulator,
- *      whose cuBLAS is OpenBLAS, the same bits); z in double; the softmax
- *      over the candidates (sinks <= i < P) added to acc / G (ea_expect);
- *   6. the scores (acc + eps) * ||v|| in double, rounded to float, the
- *      others protected; select_topk_cuda (rank = index = position), the
- *      dropped indices in order into the output and their count beside it.
- * Everything runs on the caller's stream; the output crosses in one copy
- * and the op waits for it.  The scratch is window_select's (c->d_win,
- * bc_win_prepare), grown for the largest window and list, reused list
- * after list under the context's lock.
- * On a GPU the device's cosf, powf, exp, FMA contraction and SGEMM round
- * differently from the host's, so a score within that of another may be
- * ranked differently than on the cpu backend (as for window_select).
- * Tests: cuda.backend_expected_select_matches_naive (test_cuda_sync_ops.c),
- * and the emulated passes of `make test` (kvtrim-loadgen --verify for
- * expected_attention against the cpu policy's replay,
- * traffic.sync_bound_expected_attention).
+ * Expected Attention's end-of-prefill selection computed where the keys,
+ * the values and the window's queries are, so that only the drop indices
+ * come to the host.  The kept sets are the cpu policy's bit for bit on the
+ * CPU emulator: every step repeats ea_decide's operations in its order
+ * (each kernel's comment names the host function it follows), and the
+ * softmax's max and sum, whose order the bits depend on, run in one
+ * thread.  The steps: docs/cuda.md, "Device ops, step by step".  The
+ * scratch is window_select's (bc_win_prepare), under the context's lock;
+ * the op waits for its output.  Tests:
+ * cuda.backend_expected_select_matches_naive and the emulated passes.
  */
 #include <cublas_v2.h>
 #include <math.h>

@@ -1,42 +1,15 @@
 /*
- * pop_select.cu — the cuda backend's `pop_select` op (backend.h):
- * KVpop's delayed learned scorer (policies/kvpop.c) run where the staged
- * rows, the keys, the projections u and the entries' state [a, s] are, so
- * that a sync moves only the drop indices (4 bytes each) to the host.
- *
- * Per job (one list), kvpop_decide's float operations one for one:
- *   1. (proj jobs with new rows) the check of the new rows (x, every
- *      query head's q and lse: what policy_decide checks) into out[j];
- *      u = P x by one SGEMM, scorer_linear_cpu's cblas_sgemm transposed
- *      (zeroed output, beta 1), x read in the staging ring (lda =
- *      row_floats) or, where the rows wrap round its end, copied
- *      contiguous first: two SGEMMs split at the wrap are not the cpu's
- *      bits (OpenBLAS sums a lone tail column in another order); row t
- *      then goes to u ring row (n_seen - n_new + t) % ring, where the
- *      later jobs of the (sequence, layer) read it;
- *   2. the old entries' state copied from half `cur` to the other, the
- *      new entries at n_seen - n_new + k with a = s = 0;
- *   3. (new rows and delay) the band (pos + delay >= n_seen - n_new, in
- *      index order, found by one block); if it is not the caller's
- *      n_band, out[n + j] = UINT32_MAX (the host's count check refuses)
- *      and nothing is accumulated, scored or dropped.  Else its keys
- *      (f32/f16/bf16 through bc_entry_row), the group's new q and lse,
- *      the logits by one SGEMM as attn_band_cpu's, and one thread per
- *      band entry adds, per query t in order with 0 < qpos - pos <=
- *      delay, (sum over the G heads in order of expf(logit - lse)) / G;
- *   4. one thread per entry whose delay ends in the sync: kvpop_score
- *      (each hid used as soon as made: the same order);
- *   5. (due) protected pos + delay >= n_seen or pos < sinks;
- *      select_topk_cuda ranked by position, the drop indices and count
- *      into the output, the new half compacted as compact_drops pairs.
- * On the CPU emulator (host compiler, OpenBLAS as cuBLAS) state and drops
- * are the cpu policy's bits.  On a GPU, nvcc contracts a * b + c into FMA
- * and expf, logf, erff and SGEMM round differently: a and s may differ in
- * the last bits and an entry within an ulp of another be kept instead.
- * Scratch: the context's window scratch (bc_win_prepare), under its lock;
- * the op waits for the output before it returns.
- * Test: cuda.backend_pop_select_matches_kvpop and
- * cuda.backend_pop_select_kvpop_flags_and_refuses (test_cuda_kvpop.c).
+ * pop_select.cu — the cuda backend's `pop_select` op (backend.h): KVpop's
+ * delayed learned scorer (policies/kvpop.c) run where the staged rows, the
+ * keys, the projections u and the entries' state [a, s] are, so that a
+ * sync moves only the drop indices to the host.  Per job (one list),
+ * kvpop_decide's float operations one for one: u = P x into the u ring,
+ * the state carried, the band's attention accumulated, kvpop_score where
+ * a delay ends, and (when due) select_topk_cuda and the half compacted.
+ * Bit for bit on the CPU emulator; on a GPU FMA and the math functions
+ * round differently.  The steps: docs/cuda.md, "Device ops, step by step".
+ * Scratch: bc_win_prepare's, under the context's lock.  Tests:
+ * cuda.backend_pop_select_matches_kvpop, ..._kvpop_flags_and_refuses.
  */
 #include <cublas_v2.h>
 #include <math.h>

@@ -2,35 +2,13 @@
  * tova_select.cu — the cuda backend's `tova_select` op (backend.h):
  * TOVA's selection (policies/tova.c) computed where the keys, the staged
  * queries and the positions are, so that a sync moves one list of drop
- * indices per (sequence, layer) to the host instead of the K halves of
- * every page of every list (what read_regions staged).
- *
- * Per job (one (sequence, layer), its n_kv lists at record + g):
- *   1. the check of the new rows (every query head's q and lse, what
- *      policy_decide checks); the positions of half cur copied to the
- *      other one and the new entries' positions appended;
- *   when due:
- *   2. per KV head g: the list's keys [L][hd] as float32 out of its pages,
- *      the newest row's q of its query heads [G][hd] and lse [G]; the
- *      logits [G][L] = scale q . k by one cuBLAS SGEMM, attn_band_cpu's
- *      cblas_sgemm call transposed (on the CPU emulator, whose cuBLAS is
- *      OpenBLAS, the same bits); one thread per entry: part[g][i] = the
- *      sum over j in order of exp(logit - lse) (masked as attn_band_cpu);
- *   3. one thread per entry: s = (part[0] + part[1] + ... in g order) *
- *      (1 / H) and the protection (sinks, window), tova_decide's float
- *      operations one for one;
- *   4. select_topk_cuda (rank = position), the dropped indices in order
- *      into the output, their count beside it, and the new half compacted
- *      as compact_drops compacts every list's pages.
- * The lists of a layer hold the same positions in the same order (the
- * caller checks their lengths), so one position array stands for all and
- * tova_decide's `same` path is the one taken.
- * The scratch is the context's window scratch (window_select.cu's
- * bc_win_prepare), grown for the largest job; the op holds the context's
- * lock and waits for the output before it returns.
- * Test: cuda.backend_tova_select_matches_tova (test_cuda_tova.c), and the
- * emulated passes of `make test` (kvtrim-loadgen --verify for tova,
- * traffic.sync_bound_tova).
+ * indices per (sequence, layer) to the host.  Per job (one (sequence,
+ * layer), its lists sharing one position array): the row check and the
+ * positions carried, then (when due) per KV head the logits by one cuBLAS
+ * SGEMM, tova_decide's float operations, select_topk_cuda and the half
+ * compacted.  The steps: docs/cuda.md, "Device ops, step by step".
+ * Scratch: bc_win_prepare's, under the context's lock; the op waits for
+ * its output.  Test: cuda.backend_tova_select_matches_tova.
  */
 #include <cublas_v2.h>
 #include <math.h>

@@ -1,34 +1,14 @@
 /*
  * window_select.cu — the cuda backend's `window_select` op (backend.h):
- * SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed
- * where the keys and the window's queries are, so that only the drop
- * indices (4 bytes each) come to the host instead of the K halves of every
- * page of the prompt and the window's rows (what read_regions staged).
- *
- * Per window (one (sequence, layer)) one check of its rows, and per list:
- *   1. gather: the window's q rows of the list's query heads [w][G][hd]
- *      and lse [w][G] out of device staging, and the list's keys [len][hd]
- *      as float32 out of its pages (bc_entry_row, as key_norms);
- *   2. the logits [w * G][len] = scale * q . k by one cuBLAS SGEMM, the
- *      call policies/snapkv.c's attn_band_cpu makes with cblas_sgemm
- *      (row-major q k^T there, its column-major transpose here: the same
- *      product, and on the CPU emulator, whose cuBLAS is OpenBLAS, the
- *      same bits);
- *   3. one block: exp(logit - lse), causal by position (= index), summed
- *      over t then the group's heads in that order and scaled, max-pooled
- *      in index order, sinks and the window protected: the cpu policy's
- *      float operations one for one;
- *   4. select_topk_cuda (rank = index = position), then the dropped
- *      indices in order into the output, and their count beside it.
- * Everything runs on the caller's stream; the output crosses in one copy
- * and the op waits for it.  The scratch is one device buffer of the
- * context, grown for the largest list, reused list after list (the op
- * holds the context's lock and waits before it returns).
- * Tests: cuda.backend_window_select_matches_naive (test_cuda_sync_ops.c:
- * the rule in double, a flagged row, the refusals), and the emulated passes
- * of `make test` (kvtrim-loadgen --verify for snapkv and pyramidkv against
- * the cpu policy's replay, traffic.sync_bound_snapkv / _pyramidkv,
- * contract_sync.snapkv_checks_the_rows_it_reads_where_it_decides).
+ * SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed where
+ * the keys and the window's queries are, so that only the drop indices
+ * (4 bytes each) come to the host.  Per list: gather, the logits by one
+ * cuBLAS SGEMM (attn_band_cpu's call), one block doing the cpu policy's
+ * float operations one for one, select_topk_cuda.  The steps: docs/cuda.md,
+ * "Device ops, step by step".  Everything runs on the caller's stream;
+ * the scratch (bc_win_prepare) is the context's, under its lock, and the
+ * op waits for its output.  Tests: cuda.backend_window_select_matches_naive
+ * and the emulated passes of `make test`.
  */
 #include <cublas_v2.h>
 #include <math.h>
