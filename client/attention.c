@@ -1,26 +1,13 @@
 /*
- * attention.c — kvt_attention (kvtrim.h, "Attention"): an engine's causal
- * attention of n new tokens of one (sequence, layer) over that layer's
- * lists, the n new entries appended at len .. len + n - 1 of each and not
- * yet synced.
- *
- *   host tenant  paged_attention_cpu (kernels/cpu/paged_attention.c, linked
- *                into libkvtrim and hidden there like every non-kvt_
- *                symbol), once per (token, KV head), before returning.
- *   cuda tenant  the backend's `attention` op (libkvtrim-cuda.so,
- *                backend/cuda/attention.cu) queued on the client's stream;
- *                it reads the device copy of the table, so the call
- *                copies nothing between host and device.
- *
- * kvt_attend runs many such attentions (sequences of a batch, each with
- * its scale) in one call.  Every list is checked against the host table
- * first (open, idle sequence; layer; n within the headroom; a positive
- * scale; q, out and lse apart; pages for len + n entries; on a host tenant
- * every page mapped), for every item before the first is computed, so an
- * error writes nothing.  The host
- * buffers (page addresses, logits) are allocated on the first host call at
- * the geometry's largest size and kept until the client is freed
- * (client_attention_free).  See client.h.
+ * attention.c — kvt_attention and kvt_attend (kvtrim.h, "Attention"): an
+ * engine's causal attention of n new tokens of one (sequence, layer) over
+ * that layer's lists, the new entries appended and not yet synced.  A host
+ * tenant runs paged_attention_cpu per (token, KV head) before returning; a
+ * cuda tenant queues the backend's `attention` op on the client's stream,
+ * which reads the device table and copies nothing.  Every list of every
+ * item is checked against the host table first, so an error writes
+ * nothing.  The host scratch is allocated on the first host call at the
+ * geometry's largest size and kept until client_attention_free.
  */
 #include "client.h"
 

@@ -2,26 +2,14 @@
  * fdchan.c — the handle channel fd.sock (AF_UNIX SOCK_SEQPACKET,
  * handle.h): accepting connections, what clients send on them, the events
  * (chunk grants and revocations, device handles) the daemon sends, and the
- * fd budget.
- *
- * A new connection gets WELCOME with its cookie and waits for the hello
- * that names it (lease.c binds a tenant to it); the cron closes it when no
- * hello came within hello_timeout_ms.  Its peer (SO_PEERCRED) is checked
- * against the allow list at accept; a refused one is kept open until its
- * hello, so that the client learns why (KVT_EPERM), not just EOF.
- *
- * Under attack (docs/protocol.md "Limits of the handle channel"): accepts
- * and reads come in bounded batches, so that a flood cannot hold the loop;
- * a failed accept (out of fds) pauses the listener, 100 ms doubling to 1 s;
- * beyond max_pending_per_pid of one process or max_pending_per_uid of one
- * uid (admins exempt) without a tenant, a newcomer is refused; at
- * max_pending_conns, the uid holding the most gives one up to a newcomer
- * of a uid holding fewer, else the oldest one past its grace is evicted,
- * else the newcomer is refused.  A refused one is kept, up to
- * SRV_REFUSALS_MAX of them, until its hello, which is told why (EBUSY);
- * the fd budget lowers max_pending_conns where the open-file limit leaves
- * no room, so that pending connections run out of fds first, never the
- * registered tenants.  Repeated warnings: one per SRV_LOG_EVERY_MS.
+ * fd budget.  A new connection gets WELCOME with its cookie and waits for
+ * the hello that names it (lease.c); a refused peer is kept open until its
+ * hello so that it learns why.  Under attack (docs/protocol.md, "Limits
+ * of the handle channel" and "Connection limits"): accepts and reads come
+ * in bounded batches, a failed accept pauses the listener, pending
+ * connections are capped per pid, per uid and in all, and the fd budget
+ * lowers max_pending_conns so pending connections run out of fds before
+ * registered tenants do.
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -1,27 +1,16 @@
 /*
- * pool.h — the daemon's KV memory pool: a fixed number of 2 MiB chunks.
+ * pool.h — the daemon's KV memory pool: a fixed number of 2 MiB chunks
+ * from a backend (backend.h: memfds on cpu, VMM or legacy IPC allocations
+ * on cuda).  A chunk belongs to one tenant for its whole life and is
+ * destroyed (never recycled) when that tenant no longer needs it, so no
+ * one else's memory can appear behind a descriptor a client still holds.
+ * Every chunk also counts against its tenant's uid and process accounts,
+ * each capped at a share of the pool (pool_set_shares).
  *
- * Chunks come from a backend (backend.h; cpu unless pool_set_backend says
- * otherwise).  CPU backend: each chunk is its own memfd (sealed against
- * resizing) mapped into the daemon; the owning tenant's client maps the
- * same fd.  CUDA backend: a VMM allocation exported as a POSIX fd (or a
- * legacy IPC handle in ipc[]), base a device address.  A chunk
- * belongs to one tenant for its whole life and is destroyed (never
- * recycled) when that tenant no longer needs it, so no one else's memory can
- * ever appear behind a descriptor a client still holds.
- *
- * Shares: besides the capacity, every chunk counts against the accounts
- * of its tenant's uid and process (struct pool_account), each of which may
- * hold at most a share of the pool (pool_set_shares).  So one user or one
- * process, whatever number of tenants it registers, cannot take the memory
- * the others' engines are owed.
- *
- * Threads: pool_chunk_new and pool_chunk_free may run on several threads
- * at once (the loop, and syncs on worker threads); the counters (the
- * pool's and each account's `chunks`) and the share caps are atomic, read
- * them with pool_chunks_used, pool_account_chunks, pool_share_chunks.  The
- * account list (pool_account_get / put) belongs to the loop; the rest is
- * set up once by the loop before any tenant exists.
+ * Threads: pool_chunk_new / pool_chunk_free may run on several threads at
+ * once; the counters and share caps are atomic (read them with
+ * pool_chunks_used, pool_account_chunks, pool_share_chunks); the account
+ * list belongs to the loop; the rest is set up before any tenant exists.
  */
 #ifndef KVT_POOL_H
 #define KVT_POOL_H

@@ -1,43 +1,17 @@
 /*
  * stats.h — the daemon's statistics, defined once.
  *
- * Every field is declared in one of the X-macro lists below, and that list
- * generates the storage, the `kvtrimctl stats` / `tenants` reply rows, the
- * Prometheus text of GET /metrics and the JSON of GET /stats.  A field added
- * here shows in all four.
+ * Every field is declared in one of the X-macro lists below (STATS_COUNTERS,
+ * _GAUGES, _FGAUGES, _HISTOGRAMS, _TENANT_U64, _TENANT_F64), and that list
+ * generates the storage, the `kvtrimctl stats` / `tenants` rows, GET
+ * /metrics and GET /stats: a field added here shows in all four, under one
+ * name (the naming rules: docs/protocol.md, "Names of the statistics").
+ * Columns: X(name, help) for the global lists; X(field, kind, name, help)
+ * for the tenant lists, `field` mirroring struct kvt_tenant_stats.
  *
- *   STATS_COUNTERS    monotonic counters, kept by the loop in struct stats
- *   STATS_GAUGES      integer gauges, computed from live state per snapshot
- *   STATS_FGAUGES     floating-point gauges, likewise
- *   STATS_HISTOGRAMS  latency histograms (seconds), kept in struct stats
- *   STATS_TENANT_U64  per-tenant integer fields, labels tenant= and id=
- *   STATS_TENANT_F64  per-tenant floating-point fields
- * plus errors by code (one counter per KVT_ERRNO_MAP entry) and two info
- * metrics carrying the strings as labels: kvtrim_info{version, backend}
- * and kvtrim_tenant_info{tenant, id, policy}.
- *
- * One name per statistic: it is the key of the `kvtrimctl stats` /
- * `tenants` row, the key in the /stats JSON and, with the prefix
- * "kvtrim_" (tenants: "kvtrim_tenant_"), the Prometheus metric, so an
- * operator who reads a figure in one finds it by that name in the others.
- * Counters end in _total, units are in the name.  No metric has labels of
- * its own (a breakdown is one metric per part, e.g. pool_bytes_used /
- * pool_bytes_free): only the tenant's tenant= and id= and a histogram's
- * le=, so a row key never needs a label to name its series.
- *
- * Columns: X(name, help) for the global lists (`name` is the member of
- * struct stats or struct stats_snap and the name above); X(field, kind,
- * name, help) for the tenant lists, whose `field` is the member (it
- * mirrors struct kvt_tenant_stats, public API, so it keeps its spelling)
- * and `name` the string used everywhere else.  A histogram `name` shows as
- * rows name_count and name_sum, in /metrics as name_bucket / _sum / _count
- * and in JSON as one object {buckets, count, sum}.  Errors by code are
- * errors_<NAME>_total (NAME from KVT_ERRNO_MAP) in all three.
- *
- * Threads: struct stats and snapshots are built and changed by the loop
- * thread only.  The loop publishes a finished snapshot into a struct
- * stats_pub (mutex + condition variable); other threads (the HTTP server)
- * read only the published snapshot, under that mutex.
+ * Threads: struct stats and snapshots belong to the loop thread; the loop
+ * publishes a finished snapshot into a struct stats_pub (mutex + condition
+ * variable), the only thing other threads (the HTTP server) read.
  */
 #ifndef KVT_STATS_H
 #define KVT_STATS_H

@@ -1,30 +1,18 @@
 /*
  * tenant_attn.c — the attention-based rules run on the device (a policy's
- * policy_ops.attn, enum policy_attn_kind: h2o by the backend's
- * attn_select, tova by tova_select, kvpop by pop_select; backend/cuda/
- * attn_select.cu, tova_select.cu, pop_select.cu), so that a sync moves
- * the decisions (a job per list up, a flag, a count and the drop indices
- * down) instead of the K halves of every page of every list:
- * what crosses is sized by the decisions, not by the lists.
+ * policy_ops.attn: h2o by the backend's attn_select, tova by tova_select,
+ * kvpop by pop_select), so a sync moves the decisions (a job per list up,
+ * a flag, a count and the drop indices down), not the lists' keys.
  *
- * The per-entry state (positions, and H2O's attention per query head or
- * KVpop's attention and score) lives in device memory, two halves a
- * record: a sync reads the current half and writes the other, compacted
- * by its drops as compact_drops compacts the pages; the sync's commit
- * flips the halves (tenant_attn_commit), so a refused sync leaves no
- * trace.  A record is a list, or for TOVA a (sequence, layer): TOVA's
- * lists of a layer always hold the same positions (its drops are shared),
- * so one array stands for them.  KVpop's u = P x of the tokens in their
- * delay and its weights are on the device too.  Every sync of such a
- * tenant goes to the device from its first one, so the host's entry and
- * layer states (t->ent_scr, seq_ent, seq_state) are never used.  The host
- * works out each job's drop count from its own positions and the rule (as
- * policy_select counts), and the device's counts are checked against it.
- * A new row the device finds not finite sends its (sequence, layer) to
- * the host path, which refuses the sync with the cpu backend's reason
- * (policy_decide's input check; tenant_sync refuses it itself should the
- * host find the rows finite).  The drops are what the cpu policy's would
- * be: the same float operations (kvtrim-loadgen --verify).
+ * The per-entry state lives in device memory, two halves a record: a sync
+ * reads the current half and writes the other, and the sync's commit flips
+ * them (tenant_attn_commit), so a refused sync leaves no trace.  A record
+ * is a list, or for TOVA a (sequence, layer).  Such a tenant's syncs go to
+ * the device from the first one, so the host's entry and layer states are
+ * never used.  The host works out each job's drop count from its own
+ * positions and checks the device's against it; a row the device finds
+ * not finite sends its (sequence, layer) to the host path, which refuses
+ * the sync with the cpu backend's reason (docs/cuda.md, "Wiring").
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,30 +1,16 @@
 /*
  * codec_decode.c — strict decoding of control messages; see codec.h for
- * the wire format and codec_int.h for the message tables.
+ * the contract and codec_int.h for the message tables.
  *
- * Decoding runs in three steps:
- *   1. codec_scan_obj() walks the raw bytes once without allocating.  It
- *      proves the buffer holds exactly one well-formed msgpack object,
- *      bounds nesting,
- *      and checks that every container's element count fits in the bytes
- *      left.  That last check matters: msgpack-c allocates an array's or
- *      map's element storage up front from the header count, so five bytes
- *      "dd ff ff ff ff" would otherwise ask for ~100 GB.  It also stops
- *      at the most objects a valid message holds (codec_req_objs_max,
- *      codec_rep_objs_max): a megabyte of nils is a million objects,
- *      which msgpack-c would take tens of milliseconds and tens of
- *      megabytes to build, only for the tree to be refused; the walk
- *      refuses it after at most that many steps instead.  After the scan
- *      msgpack-c allocates at most a small multiple of that count.
- *   2. msgpack_unpack_next() builds the object tree (strings point into the
- *      caller's buffer, which outlives the tree).
- *   3. The tree is checked key by key: "v" first, then key types and
- *      duplicates, then "op" and each op's keys, in the order of its
- *      table (dec_fields).  Every key taken is marked; a key left
- *      unmarked at the end is unknown and refused.
- *
- * Any failure frees what the decoder allocated and leaves the output zeroed,
- * so a failed decode never looks half-filled and *_free() on it is a no-op.
+ * Three steps: codec_scan_obj() walks the raw bytes once without
+ * allocating, proving one well-formed object, bounding nesting, checking
+ * every container's count against the bytes left (msgpack-c allocates
+ * from the header count) and stopping at the most objects a valid message
+ * holds; msgpack_unpack_next() builds the tree (strings point into the
+ * caller's buffer); the tree is checked key by key ("v" first, then key
+ * types and duplicates, then "op" and its table's keys; an unmarked key
+ * is refused).  Any failure frees what was allocated and leaves the
+ * output zeroed, so *_free() on it is a no-op.
  */
 #include "codec_int.h"
 

@@ -3,35 +3,12 @@
  * ExpectedAttentionPress): once, at the end of prefill, the statistics of
  * the last staged queries stand for the queries still to come, and each
  * prompt entry scores the attention those would pay it in expectation.
- *
- * Rule (docs/policies.md; kvpress expected_attention_press.py):
- *   When: the first decode sync of the (sequence, layer), once, as snapkv;
- *   P = n_seen - n_new is the prompt.
- *   Statistics per query head j from the staged q of positions
- *   [max(sinks, P - window), P) (N of them), read from the ring
- *   (lookback = window): each q is un-rotated to before RoPE (the engine's
- *   RoPE, model_rope: pairs (2k, 2k + 1), w_k = 1 / theta^(2k / head_dim),
- *   angle pos * w_k in float); mu = mean, S = (1/N) sum (q - mu)(q - mu)^T.
- *   Future RoPE: R = the mean over t in [P, P + future) of the rotation
- *   of position t (pair k: [[c, -s], [s, c]], c and s the means of
- *   cos(t w_k), sin(t w_k)); mu' = R mu, S' = R S R^T.
- *   Candidates: prompt entries with sinks <= pos < P.  Per query head,
- *   z_i = mu' . k_i / sqrt(d) + k_i^T S' k_i / (2 d) (the second term only
- *   with cov=1), a_j = softmax of z over the candidates; score_i = mean of
- *   a_j over the G query heads of the KV head; with vnorm=1
- *   score_i = (score_i + eps) * ||v_i||.
- *   Protected: sinks (they count against the budget, as kvpress gives them
- *   the top score) and every decode token.  Budget over the prompt: tokens,
- *   or P - floor(ratio * P) (default ratio 0.5), pressure applied; the best
- *   B - sinks others are kept per KV head.  P <= B, no candidate or no
- *   query to learn from: nothing evicted.
- *   Defaults: window 64, sinks 4, future 512, theta 10000, cov 1, vnorm 1,
- *   eps 0 (kvpress's, but for the window and the ratio).
- * Statistics and scores are computed in double, but for K S' (sgemm).
- * On a device tenant the same rule runs on the device (ea_window, the
- * backend's expected_select: backend/cuda/expected_select.cu repeats these
- * operations in this order, so the kept sets are the same bits on the CPU
- * emulator); a change here must be made there too.
+ * The rule, its defaults and departures: docs/policies.md,
+ * "expected_attention".  Statistics and scores are computed in double,
+ * but for K S' (sgemm).  On a device tenant the same rule runs on the
+ * device (backend/cuda/expected_select.cu repeats these operations in
+ * this order, so the kept sets are the same bits on the CPU emulator): a
+ * change here must be made there too.
  */
 #include "policy.h"
 

@@ -1,32 +1,19 @@
 /*
  * paged_attention.c — decode attention of one query token over one paged
  * (layer, KV head) list, returning the log-sum-exp (CPU reference); see
- * kernels.h.  Tested in tests/unit/test_kernels.c.
- *
- * Three passes over the list: logits, a max-subtracted softmax so no expf
- * can overflow, then the weighted sum of value rows.  The lse it returns
- * is what attn_band_cpu later uses to recover weights without a dense map.
- * The softmax is also the one of the dense twins (engine/model.c,
- * tools/eval/ctx.c): paged_attention_softmax_cpu.
+ * kernels.h.  Tested in tests/unit/test_kernels.c.  Three passes: logits,
+ * a max-subtracted softmax (paged_attention_softmax_cpu, shared with the
+ * dense twins in engine/model.c and tools/eval/ctx.c), the value sum.
  *
  * Arithmetic contract: every float result is what the plain scalar loops
- * give (and what the dense twin in engine/model.c, dense_attend, computes,
- * which the engine tests compare bit for bit):
+ * (and engine/model.c's dense_attend, compared bit for bit) give:
  *   logit_i  = ((0 + q0 k_i0) + q1 k_i1) + ... in head_dim order, times scale
  *   out[d]   = ((0 + p_0 v_0d) + p_1 v_1d) + ... in entry order
- * The speed comes from doing independent sums side by side, never from
- * reordering one: the logits of KEY_BLOCK keys are the lanes of four
- * 4-float vectors (their rows transposed into kt first, once for all G
- * heads), and the value sum runs over head_dim in vectors.  GCC/Clang vector extensions
- * (element-wise IEEE mul and add, contracted only where the scalar code
- * would be too) keep that exact.  At -O2 the plain loops were latency-bound
- * on one dependent add per key element: 2.3 ms per 8K-entry f32 list of
- * head_dim 64 with G 3, against 0.9 ms as written
- * (docs/bench.md "SmolLM2").
- *
- * Rows of f16/bf16 pages are converted in pieces of ROW_BLOCK elements on
- * the stack; head_dim above KT_MAX takes the row-at-a-time loop (same
- * sums), so any head_dim works without allocating.
+ * The speed comes from independent sums side by side (KEY_BLOCK keys as
+ * vector lanes, over a transposed kt; the value sum over head_dim in
+ * vectors), never from reordering one.  f16/bf16 rows are converted in
+ * ROW_BLOCK pieces on the stack; head_dim above KT_MAX takes the
+ * row-at-a-time loop (same sums), so any head_dim works without allocating.
  */
 #include "kernels.h"
 

@@ -1,29 +1,17 @@
 /*
  * _kvtrim.c — the CPython extension under the kvtrim package: libkvtrim's
- * calls, one method each, on raw addresses and integers.  The package's
- * Python layer (__init__.py) turns them into Python's idiom (context
- * managers, numpy and torch views, dicts, argument checks).
- *
- * Written against the stable ABI (Py_LIMITED_API 3.11: heap types from
- * specs, and the buffer protocol, which entered the limited API in 3.11),
- * so one build serves every CPython from 3.11 on; libkvtrim.a is linked in
- * (only kvt_* is visible in it), so the module needs no libkvtrim.so.
+ * calls, one method each, on raw addresses and integers; __init__.py turns
+ * them into Python's idiom.  Written against the stable ABI
+ * (Py_LIMITED_API 3.11), so one build serves every CPython from 3.11 on;
+ * libkvtrim.a is linked in, so the module needs no libkvtrim.so.
  *
  * Errors: every libkvtrim code becomes the exception class of its name
- * (kvtrim.EINVAL, ...), which __init__.py creates from errors() below, the
- * C error list itself, and registers with _set_errors(); the exception
- * carries (code, name, text), text being kvt_last_error() or the
- * registration's error text.
- *
- * Lifetime: a Client's mappings outlive close() while a Region (a buffer
- * exported from its pages, staging rows or table) is alive, so a numpy
- * array over the pages never points at unmapped memory through the
- * client's own close; kvt_disconnect runs when the client is closed and
- * its last Region is gone; a DLPack export of a cuda tenant's device
- * memory (dlpack()) counts as one until its consumer frees it.  A view of
- * a page the daemon later revokes (its chunk given back after eviction)
- * is the C API's contract, not guarded: views are valid until the next
- * sync of their sequence.
+ * (kvtrim.EINVAL, ...), carrying (code, name, text).  Lifetime: a Client's
+ * mappings outlive close() while a Region (a buffer exported from its
+ * pages, staging rows or table, or a DLPack capsule of device memory) is
+ * alive; kvt_disconnect runs once the client is closed and its last Region
+ * is gone.  A view of a page the daemon later revokes is not guarded:
+ * views are valid until the next sync of their sequence.
  */
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN

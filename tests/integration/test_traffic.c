@@ -1,30 +1,18 @@
 /*
- * test_traffic.c — the bound on what crosses between host and device
- * at a sync of the cuda daemon: sized by the decisions, never by the
- * context length or d_model.  For each policy one tenant (4 layers, 8
- * query and 4 KV heads, head_dim 16, d_model 1024, f32 pages of 4 entries,
- * 1024 entries a list at most) runs a prefill of 640 tokens in syncs of
- * 64, then 6 decode syncs of 2 tokens, budgets of 512 entries so that every
- * policy but full evicts.  Around each sync the daemon's
- * device_h2d_bytes_total + device_d2h_bytes_total (kvtrimctl stats) must
- * grow by at most
+ * test_traffic.c — the bound on what crosses between host and device at a
+ * sync of the cuda daemon: sized by the decisions, never by the context
+ * length or d_model.  For each policy one tenant (4 layers, 8 query and 4
+ * KV heads, head_dim 16, d_model 1024, f32 pages of 4 entries, lists of up
+ * to 1024) runs a prefill of 640 tokens in syncs of 64, then 6 decode
+ * syncs of 2 tokens, with budgets of 512 entries so that every policy but
+ * full evicts.  Around each sync device_h2d_bytes_total +
+ * device_d2h_bytes_total must grow by at most
  *
  *     4096 + 64 * lists + 16 * (new entries + dropped entries)
  *
- * lists being the sync's (layers x KV heads), new its n_new x lists, and
- * dropped the tenant's entries_evicted delta (kvt_stats).  The lists are
- * long enough that what grows with them shows: a policy's keys read to the
- * host (16 lists x 512 entries x 64 bytes a sync), or a list's whole
- * record of page ids uploaded (about 130 ids a list) instead of the ids
- * that changed; at d_model 1024 the staged x of one token is 16 KiB over
- * the 4 layers, so a policy that copies its inputs across exceeds it too.
- *
- * Table-driven: a policy whose row is not `asserted` yet has its figures
- * printed (every sync: bytes, bound, lists, new, dropped) and SKIPs with
- * "not yet device-resident"; flip its flag when its device path
- * lands.  Runs in the emulated cuda passes of `make test`; skips on the
- * cpu backend, where nothing crosses (device_*_bytes_total stay 0; the
- * stats test checks that they exist).
+ * Lists are long and d_model large enough that keys read to the host or
+ * whole records uploaded exceed it.  A policy whose row is not `asserted`
+ * prints its figures and SKIPs.  Skips on the cpu backend.
  */
 #include <inttypes.h>
 #include <math.h>

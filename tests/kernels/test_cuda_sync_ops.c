@@ -1,30 +1,15 @@
 /*
- * test_cuda_sync_ops.c — the cuda backend's ops of a device sync (backend.h).
- * fill_words: a value at a pattern of word offsets in the rows
- * of many runs (blocks of evenly spaced rows), against the same stores on
- * a host image.  scorer_new / scorer_run: a
- * linear and an MLP scorer of three layers over jobs of device rows,
- * against scorer_linear_cpu / scorer_mlp_cpu (tolerance of the scorers in
- * docs/cuda.md: atol 1e-4, rtol 1e-4), Fast KVzip's sink gate against
- * sink_gate_cpu (atol 2e-5, rtol 1e-4), and the refusals.  key_norms:
- * knorm's key norms of entries of several lists, bit for bit against a
- * naive double-precision loop over the host image, NaN for a page of an
- * unmapped chunk, and its refusals.  compact_drops (a sync's
- * compaction from drop indices, moves and page addresses
- * worked out on the device) on a table and pages built by hand in device
- * memory, against compact_plan + compact_cpu (kernels/cpu/compact.c) run
- * on a host image of the same chunk from the same drop marks: the whole
- * chunk must come back byte for byte.  Lists of several lengths and drop
- * patterns in one call (none, tail only, all, all but one, random), row
- * sizes that take the 16-, 4-, 2- and 1-byte copy paths, records whose
- * page order differs from address order, a page of an unmapped chunk slot
- * (that move is skipped, nothing faults), and the refusals (drops not
- * ascending, beyond the length, a record out of range), which change
- * nothing.  window_select (SnapKV's selection) and expected_select
- * (Expected Attention's) against their rules computed in double on
- * the host image, a flagged NaN row, the refusals.
- * Both built into kvtrim-cuda-tests and, under the CPU emulator,
- * kvtrim-cuda-emu-tests; skips without a device.
+ * test_cuda_sync_ops.c — the cuda backend's ops of a device sync
+ * (backend.h), each against a host computation on an image of the same
+ * memory: fill_words against the same stores; scorer_run's linear, MLP and
+ * sink-gate scorers against scorer_*_cpu / sink_gate_cpu (tolerances:
+ * docs/cuda.md); key_norms bit for bit against a double loop;
+ * compact_drops against compact_plan + compact_cpu, the whole chunk byte
+ * for byte over several drop patterns, row sizes and page orders, with an
+ * unmapped chunk slot skipped; window_select and expected_select against
+ * their rules in double.  Every op's refusals change nothing.  Built into
+ * kvtrim-cuda-tests and, under the CPU emulator, kvtrim-cuda-emu-tests;
+ * skips without a device.
  */
 #include <math.h>
 #include <stdlib.h>

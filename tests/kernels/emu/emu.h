@@ -1,31 +1,14 @@
 /*
  * emu.h — the CUDA device language for g++, so that the kernel files of
- * kernels/cuda/ run on a machine without a GPU (docs/cuda.md, "CPU
- * emulation of the kernels").  The build force-includes it (g++ -include)
- * into every kernel file; the stand-in headers next to it (include/) give
- * the runtime API, cuBLAS and the half types.
- *
- * What it models:
- *   - A launch (KVT_EMU_LAUNCH, reached through KVT_LAUNCH of common.cuh)
- *     runs synchronously, block after block.  Inside a block every thread
- *     is a fiber with its own stack (fiber.cc), switched only at barriers.
- *   - __syncthreads is a block barrier; the warp intrinsics (__shfl_*_sync,
- *     __ballot_sync, __syncwarp) are barriers over the lanes of their mask,
- *     with one exchange slot per lane.  Lanes that wait at different
- *     barriers, or at a barrier that can never complete (threads exited),
- *     end the launch with an error that names the threads and the source
- *     lines, instead of hanging.
- *   - __shared__ variables are static storage (blocks never overlap), filled
- *     with 0xff bytes before every block outside ASan builds so that a read
- *     of shared memory no thread of this block wrote shows up as NaN or
- *     0xffffffff; ASan builds keep them as plain statics, which ASan
- *     surrounds with red zones.  Dynamic shared memory is KVT_DYN_SHARED
- *     (common.cuh): `extern __shared__` cannot be spelled with a static.
- *     The dynamic buffer is malloc'd at the launch's exact size (ASan sees
- *     overruns) and filled with 0xff before every block too.
- * What it does not: concurrency between blocks, the memory model
- * (__threadfence is a no-op; atomics are trivially atomic), timing, and the
- * device's math library (libm here: results may differ in the last ulps).
+ * kernels/cuda/ run on a machine without a GPU.  The build force-includes
+ * it (g++ -include) into every kernel file; the stand-in headers next to
+ * it (include/) give the runtime API, cuBLAS and the half types.  A launch
+ * runs synchronously, block after block, each thread a fiber switched only
+ * at barriers; barriers that cannot complete end the launch with an error
+ * naming the threads and lines; shared memory is filled with 0xff before
+ * every block.  What it models and what it does not (concurrency between
+ * blocks, the memory model, timing, the device's libm): docs/cuda.md,
+ * "CPU emulation of the kernels".
  */
 #ifndef KVT_EMU_H
 #define KVT_EMU_H
