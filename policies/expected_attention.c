@@ -3,11 +3,11 @@
  * ExpectedAttentionPress): once, at the end of prefill, the statistics of
  * the last staged queries stand for the queries still to come, and each
  * prompt entry scores the attention those would pay it in expectation.
- * The rule, its defaults and departures: docs/policies.md,
- * "expected_attention".  Statistics and scores are computed in double,
- * but for K S' (sgemm).  On a device tenant the same rule runs on the
- * device (backend/cuda/expected_select.cu repeats these operations in
- * this order, so the kept sets are the same bits on the CPU emulator): a
+ * docs/policies.md states the rule, its defaults and departures.
+ * Statistics and scores are computed in double, but for K S' (sgemm).
+ * On a device tenant the same rule runs on the device
+ * (backend/cuda/expected_select.cu repeats these operations in this
+ * order, so the kept sets are the same bits on the CPU emulator): a
  * change here must be made there too.
  */
 #include "policy.h"
