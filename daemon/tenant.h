@@ -3,23 +3,14 @@
  * sequences and every (sequence, layer, KV head) page list.
  *
  * Every entry point validates all of its input before it changes anything:
- * on an error return the tenant is exactly as before (no page moved, no
- * counter bumped, no event queued).
- *
- * Pages: the tenant owns chunks (slots 0..n) carved into pages of
- * geom.page_bytes; page id = slot * pages_per_chunk + index.  Each list
- * holds ceil((len + room) / page_tokens) pages after every operation, room
- * being its sequence's headroom in force: the registration's headroom at
- * open, then whatever each sync asked for (ipc_sync_item.headroom, at most
- * the registration's, 0 = the registration's).
- * The daemon keeps each entry's original position privately (the engine
- * does not need it: keys are stored after RoPE).
- *
- * Events: chunk grants and revocations are queued in order and handed to the
- * server with tenant_flush_events(), which the server calls before it sends
- * the reply of the request that caused them.
- *
- * Threads: loop thread only.
+ * on an error return the tenant is exactly as before.  Pages: page id =
+ * chunk slot * pages_per_chunk + index; each list holds
+ * ceil((len + room) / page_tokens) pages after every operation, room being
+ * its sequence's headroom in force (the registration's at open, then what
+ * each sync asked for).  The daemon keeps each entry's original position
+ * privately.  Chunk grants and revocations are queued in order and handed
+ * to the server by tenant_flush_events() before the reply of the request
+ * that caused them.  Threads: loop thread only.
  */
 #ifndef KVT_TENANT_H
 #define KVT_TENANT_H

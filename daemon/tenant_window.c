@@ -1,23 +1,15 @@
 /*
- * tenant_window.c — the end-of-prefill selections run on the device, so
- * that the sync where such a policy decides moves drop indices to the host
- * instead of the prompt's keys (and values) and the window's rows (what
- * crosses is sized by the decisions): SnapKV's (snapkv,
- * pyramidkv: policy_ops.window, rule POLICY_WINDOW_SNAPKV; the backend's
- * window_select, backend/cuda/window_select.cu) and Expected Attention's
- * (expected_attention: rule POLICY_WINDOW_EXPECTED; the backend's
- * expected_select, backend/cuda/expected_select.cu).
- *
- * A (sequence, layer) goes to the device when the policy decides at this
- * sync (policy_decides), when each of its lists holds the prompt with
- * every position at its index (nothing was evicted yet: the device rules
- * rank and mask by index; tenant_window_plan checks the host's
- * positions, which cost nothing to read), and when the ring still holds
- * the window.  Anything else stays on the host, as does a layer whose
- * rows the device found not finite: the host path then refuses the sync
- * with the reason, exactly as on the cpu backend.  The device's drops are
- * what the cpu policy's would be: the same rule, the same float
- * operations; kvtrim-loadgen --verify checks it.
+ * tenant_window.c — the end-of-prefill selections run on the device
+ * (SnapKV's for snapkv and pyramidkv: window_select; Expected Attention's:
+ * expected_select), so the sync where such a policy decides moves drop
+ * indices to the host, not the prompt's keys and the window's rows.  A
+ * (sequence, layer) goes to the device when the policy decides at this
+ * sync, each of its lists holds the prompt with every position at its
+ * index (tenant_window_plan checks the host's positions) and the ring
+ * still holds the window; anything else, or a layer whose rows the device
+ * found not finite, stays on the host path, which refuses the sync with
+ * the reason as the cpu backend does.  The drops are the cpu policy's
+ * (the same float operations; kvtrim-loadgen --verify checks it).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,23 +1,11 @@
 /*
  * fastkvzip.c — Fast KVzip: a low-rank sink-attention gate on the
- * attention input x scores each entry in (0, 1) at arrival; evictions keep
- * the best-scored entries of the layer (all KV heads compete for one
- * budget) or drop those below a threshold, outside the sinks and the
- * recent window.
- *
- * Rule (docs/policies.md):
- *   arrival: score[g] = sink_gate(x) (kernels.h), stored per entry.  The
- *   paper buffers decode hidden states and scores them every 128 tokens;
- *   the score depends on x_i only, so scoring at arrival gives the same
- *   numbers without keeping x.
- *   when: every prefill sync (one chunk each); in decode when n_seen
- *   crosses a multiple of every (default 128).
- *   candidates: sinks <= pos < n_seen - window (sinks 4, window 128).
- *   ratio R (default 0.5) or tokens N: the layer keeps
- *   n_kv * B(n_seen) entries, B = n_seen - floor(R n_seen) or N (pressure
- *   applied), protected ones included: one top-k over the candidates of all
- *   heads (kvpress FastKVzipPress(layerwise=True): heads get non-uniform
- *   budgets).  threshold F: candidates with score < F (or NaN) dropped.
+ * attention input x scores each entry in (0, 1) at arrival (the score
+ * depends on x_i only, so scoring at arrival gives the paper's numbers
+ * without keeping x); evictions keep the best-scored entries of the layer
+ * (all KV heads compete for one budget, as kvpress's layerwise press) or
+ * drop those below a threshold, outside the sinks and the recent window.
+ * The rule, timing and defaults: docs/policies.md, **fastkvzip**.
  */
 #include "learned.h"
 

@@ -2,22 +2,11 @@
  * kvpop.c — KVpop: a fixed per-head budget; each entry is scored once,
  * delay tokens after it arrived, by a learned scorer that sees the token's
  * attention input and the attention the entry received from the delay
- * queries that followed it; the lowest-scored entries are evicted.
- *
- * The paper (arXiv 2607.05061) does not publish the scorer; paper silent,
- * we chose (docs/policies.md, docs/weights.md), per layer:
- *   u_i = P x_i                       P [r][d_model], at arrival (kept in a
- *                                     per-(sequence, layer) ring of
- *                                     delay + headroom rows)
- *   a_{i,g} = sum_{t in (i, i+delay]} (1/G) sum_{j in grp(g)} a^j_{t,i}
- *                                     accumulated per entry from staged q/lse
- *   z = [u_i ; ln(a_{i,g} + 1e-6)]    r + 1 features
- *   s_{i,g} = W2[g] . gelu(W1 z + b1) + b2[g]    W1 [m][r+1], W2 [n_kv][m]
- * Entry state: [a, s].  s is computed at the sync where the query at
- * position i + delay arrives and never again.
- * Eviction, per head at every sync (or every=N): unscored entries (age <
- * delay) and sinks are protected; the best tokens - protected scored ones
- * stay (ties keep the more recent).  Defaults tokens 256, delay 32, sinks 4.
+ * queries that followed it; the lowest-scored entries are evicted.  The
+ * paper (arXiv 2607.05061) does not publish the scorer: the one here is
+ * kvtrim's choice (docs/policies.md, **kvpop**, has the formulas;
+ * docs/weights.md the weights).  Entry state: [a, s]; s is computed at the
+ * sync where the query at position i + delay arrives and never again.
  */
 #include "learned.h"
 

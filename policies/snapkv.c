@@ -1,24 +1,12 @@
 /*
- * snapkv.c — SnapKV: once, at the end of prefill, the last w prompt
- * queries (the observation window) vote for the prompt entries each KV
- * head keeps; the decode tokens that follow are never evicted.
- *
- * Rule (docs/policies.md):
- *   When: the first decode sync of the (sequence, layer) — the daemon
- *   learns that prefill ended when decoding starts; P = n_seen - n_new is
- *   the prompt length.  Once per (sequence, layer), never again.
- *   Observation: the staged q/lse of positions [P - w, P), read from the
- *   ring (lookback w: the tenant needs stage_tokens >= headroom + w).
- *   s_i = mean over those queries t and the G query heads j of the group
- *   of a^{j}_{t,i}, for prompt entries i with pos < P - w; then a max pool
- *   of width kernel over them in position order (stride 1, same padding:
- *   only existing neighbours count).
- *   Protected: positions >= P - w (window and decode tokens) and sinks.
- *   Budget over the prompt: tokens, or P - floor(ratio * P) (default ratio
- *   0.5), pressure applied; the best B - (protected prompt entries) others
- *   are kept.  P <= w or P <= B: nothing evicted.
- * pyramidkv (pyramidkv.c) runs the same compression with its own per-layer
- * budget: snapkv_init_args and snapkv_compress (snapkv.h) are shared.
+ * snapkv.c — SnapKV: once, at the end of prefill (the first decode sync of
+ * a (sequence, layer)), the last w prompt queries (the observation window)
+ * vote for the prompt entries each KV head keeps, max-pooled in position
+ * order; the window, the sinks and the decode tokens are never evicted.
+ * The rule, budget and defaults: docs/policies.md, **snapkv**.  The
+ * tenant needs stage_tokens >= headroom + w (the lookback).  pyramidkv
+ * (pyramidkv.c) runs the same compression with its own per-layer budget:
+ * snapkv_init_args and snapkv_compress (snapkv.h) are shared.
  */
 #include "snapkv.h"
 

@@ -2,24 +2,14 @@
  * attention.cu — the cuda backend's `attention` op (backend.h), what
  * kvt_attention runs on a cuda tenant: n query tokens of one (sequence,
  * layer) over its KV heads' lists, causal within the chunk, through
- * paged_attention_batch_cuda (kernels/cuda/paged_attention.cu).
- *
- * The lists become n * n_kv_heads kernel lists, list (t, h) = t * n_kv + h
- * reading KV head h with length len_h + t + 1, so the batch kernel's
- * [n_lists][G][head_dim] layouts are exactly kvt_attention's
- * [n][n_heads][head_dim] and [n][n_heads].  A small kernel first resolves
- * each head's page ids into addresses from the device table and the
- * client's chunk-base array (both kept current on the client's stream by
- * the compaction event and mem_device_after), so a call moves no bytes
- * between host and device whatever the context length: at 32K tokens and
- * 8 KV heads a host-built address array would be 128 KB per layer and
- * token.
- *
- * One device buffer per context holds the addresses, the per-list offsets
- * and lengths, and the split-K partials; it grows on demand.  attn_used is
- * recorded after every call, and the next call's stream waits on it, so a
- * call on another stream never overwrites a buffer a queued call still
- * reads.  See backend_cuda.cuh.
+ * paged_attention_batch_cuda.  List (t, h) = t * n_kv + h reads KV head h
+ * with length len_h + t + 1, so the kernel's layouts are kvt_attention's.
+ * A small kernel first resolves page ids into addresses from the device
+ * table and the client's chunk-base array, so a call moves no bytes
+ * between host and device whatever the context length.  One device buffer
+ * per context (addresses, offsets, lengths, split-K partials) grows on
+ * demand; attn_used is recorded after every call and the next call's
+ * stream waits on it.  See backend_cuda.cuh.
  */
 #include "backend_cuda.cuh"
 #include "paged_attention.cuh"

@@ -1,26 +1,16 @@
 /*
  * paged_attention.cu — split-K decode attention over paged, per-head
- * variable-length K/V lists; see paged_attention.cuh.
- *
- * Grid (list, slice, head group).  A block of PA_WARPS warps streams the
- * tokens [slice * split, (slice + 1) * split) of one list.  Within a warp,
- * TPT lanes share one token: lane `sub` of the group owns the 16-byte
- * vectors v * TPT + sub of the row (so a group reads its K row, then its V
- * row, in coalesced 16-byte loads) and TPW = 32 / TPT tokens go through a
- * warp at once.  Each lane issues the K and V loads of U tokens before
- * using any of them, which keeps enough bytes in flight to saturate HBM.
- * Every K/V row is read once and used for all GB query heads of its group
- * (grouped-query attention), with an online softmax in base 2 (q is
- * pre-scaled by scale * log2 e).  Groups of a warp, then warps of the block
- * (through shared memory), merge their (max, sum, accumulator) triples;
- * with one slice the block writes out/lse, otherwise the slice's triple
- * goes to `work` and pa_combine_kernel merges the slices of each (list, head).
- *
- * Instances: dtype {f32, f16, bf16} x head_dim bucket {64, 128, 256} x
- * heads per block GB {1, 2, 4, 8}; head_dim below its bucket is masked, and
- * rows whose bytes are not a multiple of 16 take scalar loads.
- * Test: build/bin/kvtrim-cuda-tests paged_attention;
- * bench: build/bin/kvtrim-cuda-bench (paged_attention_gbps).
+ * variable-length K/V lists; see paged_attention.cuh.  Grid (list, slice,
+ * head group): a block of PA_WARPS warps streams one slice of one list;
+ * TPT lanes share a token, reading its K then V row in coalesced 16-byte
+ * loads, each lane issuing the loads of U tokens before using any (enough
+ * bytes in flight to saturate HBM).  Every K/V row is read once for all GB
+ * query heads of its group, with an online softmax in base 2 (q pre-scaled
+ * by scale * log2 e); groups, then warps, merge their (max, sum, acc)
+ * triples, and with several slices pa_combine_kernel merges the slices'
+ * triples from `work`.  Instances: dtype {f32, f16, bf16} x head_dim bucket
+ * {64, 128, 256} x GB {1, 2, 4, 8}.  Test: kvtrim-cuda-tests
+ * paged_attention; bench: kvtrim-cuda-bench (paged_attention_gbps).
  */
 #include <float.h>
 #include <math.h>

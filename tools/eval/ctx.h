@@ -1,27 +1,19 @@
 /*
  * ctx.h — the machinery of protocol 1 of kvtrim-eval, context compression
- * (docs/eval.md describes the protocol and its choices): an
- * in-process KV cache whose lists the kept entries of a policy are loaded
- * into, the full-cache reference of one window, and one policy's run on a
- * window (through kvtrimd, or from keep flags computed in process).
+ * (docs/eval.md describes the protocol and its choices): an in-process KV
+ * cache whose lists the kept entries of a policy are loaded into, the
+ * full-cache reference of one window, and one policy's run on a window
+ * (through kvtrimd, or from keep flags computed in process).
  *
- * The cache.  One list per (layer, KV head), float32 rows K [cap][hd] and
- * V [cap][hd], entries in no particular order (keys are post-RoPE, so
- * attention does not depend on order).  A step of n tokens at positions
- * pos0.. runs model_forward (model.h) with an attention that appends the
- * n new rows after each list's len entries and attends with BLAS: per
- * query head S = scale Q K^T over the len + n rows, row t causal over the
- * first len + t + 1 (softmax in float, sum in double), out = S V.  The same
- * call on the same rows gives the same bits, so a policy that keeps every
- * entry in arrival order reproduces the reference exactly (KL 0), and a
- * policy's continuation differs from the reference only by what it kept.
- * A tap records, for one step, the attention inputs x, the post-RoPE
- * queries q and lse of the new tokens (what kvtrimd's policies read from
- * the staging ring), and a reduction of the attention probabilities of a
- * band of the step's rows onto the first ncols entries of every list (the
- * KVzip and hindsight oracles).
- *
- * Errors are negative KVT_E* codes; ctx_load_daemon also writes a reason.
+ * The cache keeps float32 K and V rows per (layer, KV head), post-RoPE, in
+ * no particular order; a step appends the new rows after each list's len
+ * entries and attends with BLAS (causal, softmax in float, sums in
+ * double), so the same call on the same rows gives the same bits and a
+ * policy that keeps every entry reproduces the reference exactly (KL 0).
+ * A tap records a step's x, q and lse and a reduction of its attention
+ * onto the first ncols entries of every list (the KVzip and hindsight
+ * oracles).  Errors are negative KVT_E* codes; ctx_load_daemon also writes
+ * a reason.
  */
 #ifndef KVT_EVAL_CTX_H
 #define KVT_EVAL_CTX_H
