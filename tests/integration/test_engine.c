@@ -1,25 +1,15 @@
 /*
  * test_engine.c — the reference engine (engine/) against the real
  * kvtrimd: with policy `full` its logits must equal the dense in-process
- * forward, for both shipped models; an evicting policy must run and show
- * evictions; the kvtrim-engine command line must agree with --no-daemon.
- *
- * The models live outside the repository (../shared/models from the repo
- * root, where the test runner is started); tests skip when they are absent.
- *
- * Comparison schedule: BOS + the first 299 bytes of bytes2m-valid.txt
- * (byte values are valid token ids of both models), a 64-token prefill
- * chunk, then one decode step per token.  The dense reference runs the
- * same schedule (model_dense_step), so both sides make the same BLAS calls
- * and differ only in where K/V live and in the attention kernel; the fully
- * batched dense forward is compared too, with the looser bound that
- * OpenBLAS's size-dependent kernels allow (see model.h, model_matmul).
- * On a cuda tenant the attention kernel is the CUDA one, hence a looser
- * bound there (logit_tol).
- *
- * engine_backends: on the cuda passes, the engine on a cuda daemon against
- * the same engine on a cpu daemon, with `full` and with KVzap on random
- * seeded weights: the same kept sets and logits within LOGIT_TOL_CUDA.
+ * forward on the same schedule (BOS + 299 bytes of bytes2m-valid.txt, a
+ * 64-token prefill chunk, then one decode step per token; the same BLAS
+ * calls, so only where K/V live and the attention kernel differ), for both
+ * shipped models; an evicting policy must run and show evictions; the
+ * kvtrim-engine command line must agree with --no-daemon.  A cuda tenant's
+ * CUDA attention, and the fully batched dense forward, get looser bounds
+ * (logit_tol, model_matmul).  engine_backends: a cuda daemon against a cpu
+ * one, the same kept sets and logits within LOGIT_TOL_CUDA.  The models
+ * live in ../shared/models; tests skip when they are absent.
  */
 #include <math.h>
 #include <stdio.h>

@@ -1,24 +1,14 @@
 /*
  * test_engine_batch.c — the engine's batched decode step (engine.h,
  * engine_step_batch) against the real kvtrimd: B sequences of one tenant,
- * each prefilled to a different length, then decode steps of one token
- * per sequence through one forward and one sync of B items.  Expected
- * values come from B single-sequence engines (batch 1, the path that
- * test_engine.c checks bit for bit against the dense in-process forward)
- * fed the same tokens on the same schedule.
- *
- * Tolerance: the attention of a batched step is the same kernel call on
- * the same data as a single step, but its matmuls run with M = B rows
- * where the single engine's decode runs M = 1, and OpenBLAS picks its
- * kernels by size (model.h, model_matmul), so a row may differ in the
- * last bits.  Logits must agree to BATCH_TOL absolute (observed with
- * OpenBLAS 0.3.21: about 5e-6 on the tiny model, 0 on SmolLM2 at B = 3;
- * the test prints them).
- *
- * A tiny random model (built here) runs everywhere, with `full` and with
- * streaming (each sequence crosses its budget at its own step, so the
- * batched sync must apply the policy per sequence); SmolLM2-135M-Instruct
- * from `make models` runs when it is in the cache.
+ * prefilled to different lengths, then decode steps of one token per
+ * sequence through one forward and one sync of B items, against B
+ * single-sequence engines fed the same tokens.  The batched matmuls run
+ * with M = B rows, and OpenBLAS picks kernels by size (model_matmul), so
+ * logits must agree to BATCH_TOL absolute (the test prints the
+ * differences).  A tiny random model runs everywhere, with `full` and with
+ * streaming (each sequence crosses its budget at its own step);
+ * SmolLM2-135M-Instruct runs when `make models` cached it.
  */
 #include <math.h>
 #include <stdio.h>

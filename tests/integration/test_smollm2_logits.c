@@ -1,26 +1,17 @@
 /*
  * test_smollm2_logits.c — SmolLM2-135M-Instruct's logits from the engine
- * against an independent implementation: HF transformers loading the same
- * Q4_1 GGUF in float32 (it dequantises with gguf-py and un-permutes q/k to
- * its own RoPE layout), fed the same 273 token ids.  The reference is the
- * committed fixture tests/fixtures/smollm2/logits.txt, written by
- * scripts/fixtures/smollm2_logits.py (the versions are in its first line).
- *
- * Per position the fixture holds the argmax over the whole vocabulary, the
- * log-sum-exp, the mean and the RMS of the whole row, and 20 (id, logit)
- * pairs (the reference's top 12 and 8 fixed ids).  Both implementations are
- * float32 with different summation orders over 30 layers, so equality is
- * to a tolerance, stated here and in docs/bench.md "SmolLM2":
- *   |logit - ref| <= 2e-3 (logits are of magnitude 10-30; an error of the
- *   RoPE layout, a tensor or the classifier moves them by whole units),
- *   |lse - ref| <= 2e-3, |mean|, |rms| within 2e-3,
- *   argmax equal wherever the reference's top two differ by more than
- *   1e-2 (a near tie may flip either way).
- * Two engines: the dense in-process cache (the engine's reference path) and
- * the engine with its KV cache in a real kvtrimd, policy full, prefill in
- * chunks of 64 then decode one token at a time (every position's logits
- * come from the cache in the pool).  Skipped, with the reason, when the
- * model is not in the cache (`make models`).
+ * against an independent implementation: HF transformers on the same Q4_1
+ * GGUF in float32, fed the same 273 token ids (the committed fixture
+ * tests/fixtures/smollm2/logits.txt, written by
+ * scripts/fixtures/smollm2_logits.py: per position the argmax, lse, mean,
+ * RMS and 20 (id, logit) pairs).  Different summation orders over 30
+ * layers make equality a tolerance: |logit - ref|, |lse - ref|, |mean|
+ * and |rms| within 2e-3 (an error of RoPE layout, a tensor or the
+ * classifier moves logits by whole units), argmax equal wherever the
+ * reference's top two differ by more than 1e-2.  Two engines: the dense
+ * in-process cache and the engine with its cache in kvtrimd (policy full,
+ * prefill chunks of 64, then one token at a time).  Skipped, with the
+ * reason, when the model is not in the cache (`make models`).
  */
 #include <math.h>
 #include <stdio.h>

@@ -1,26 +1,9 @@
 /*
  * dec2.h — protocol 2 of kvtrim-eval, decoding-time compression (the
  * protocol and its choices: docs/eval.md): the lockstep run of a set of
- * jobs over a set of windows, which the tests drive on a tiny model, and
- * the command itself (`kvtrim-eval --model smollm2 --protocol 2`).
- *
- * dec2_run's contract.  Window w is tok[w T .. w T + T): its first P
- * tokens are prefilled (one step, one prefill sync per daemon sequence),
- * then tokens P .. T-2 are fed one decode step each, teacher-forced; the
- * step feeding token t predicts token t+1, so every window gives T-1-P
- * predictions.  Jobs are J_DAEMON (spec[C_MAIN] in a kvtrimd tenant on
- * runtime directory rt, one sequence per window, one sync per step with
- * the policy active) or J_ORACLE (the hindsight oracle in process,
- * keeping n - floor(r n) entries of n, r from "ratio=F" in spec[C_MAIN],
- * else job->ratio); J_KVZIP is refused (a prompt-only bound, not part of this
- * protocol).  Per job it adds, over every prediction of every window, KL
- * (reference || job) into kl, top-1 agreement into top1 and the NLL
- * increase of the true token into dnll (npos predictions), and after
- * every sync 1 - kept / (n L n_kv) into ach (nach syncs; n tokens seen,
- * kept every entry of every list).  The reference is the dense forward:
- * the same tokens through an in-process cache that keeps every entry.
- * A job that fails (registration, a sync, memory pressure applied by the
- * daemon) gets failed = 1 and a reason in err; the others go on.
+ * jobs over a set of windows, which the tests drive on a tiny model
+ * (dec2_run, its contract at its declaration), and the command itself
+ * (`kvtrim-eval --model smollm2 --protocol 2`).
  */
 #ifndef KVT_EVAL_DEC2_H
 #define KVT_EVAL_DEC2_H
@@ -48,8 +31,24 @@ struct dec2_set {
 
 #define DEC2_GROUP_JOBS 10u
 
-/* 0, KVT_EINVAL (bad set or a J_KVZIP job), KVT_ENOMEM; job results as
- * above. */
+/* Window w is tok[w T .. w T + T): its first P
+ * tokens are prefilled (one step, one prefill sync per daemon sequence),
+ * then tokens P .. T-2 are fed one decode step each, teacher-forced; the
+ * step feeding token t predicts token t+1, so every window gives T-1-P
+ * predictions.  Jobs are J_DAEMON (spec[C_MAIN] in a kvtrimd tenant on
+ * runtime directory rt, one sequence per window, one sync per step with
+ * the policy active) or J_ORACLE (the hindsight oracle in process,
+ * keeping n - floor(r n) entries of n, r from "ratio=F" in spec[C_MAIN],
+ * else job->ratio); J_KVZIP is refused (a prompt-only bound, not part of this
+ * protocol).  Per job it adds, over every prediction of every window, KL
+ * (reference || job) into kl, top-1 agreement into top1 and the NLL
+ * increase of the true token into dnll (npos predictions), and after
+ * every sync 1 - kept / (n L n_kv) into ach (nach syncs; n tokens seen,
+ * kept every entry of every list).  The reference is the dense forward:
+ * the same tokens through an in-process cache that keeps every entry.
+ * A job that fails (registration, a sync, memory pressure applied by the
+ * daemon) gets failed = 1 and a reason in err; the others go on.
+ * Returns 0, KVT_EINVAL (bad set or a J_KVZIP job) or KVT_ENOMEM. */
 int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs);
 
 /* The token budget N whose mean achieved ratio 1 - N / n over the syncs

@@ -1,23 +1,15 @@
 /*
  * replay.h — an in-process KV cache with per-(layer, KV head) eviction, for
- * the two policies kvtrim-eval cannot run in kvtrimd: the KVzip oracle and
- * the hindsight oracle need the model itself (a reconstruction pass, or
- * attention maps of queries that have not happened yet), and the daemon
- * has no way to take externally computed scores.
- *
- * It mirrors the daemon-backed engine (engine/engine.c): the same
- * model_forward, entries appended after the kept ones in token order so a
- * chunk's causal mask is a length, the same paged_attention_cpu kernel
- * (over one-entry "pages" that point at the kept rows), float32 storage.
- * With nothing evicted its logits equal the engine's with policy `full`.
- * Eviction marks entries dead; selection is done by the caller with the
- * shared kernels (select_topk_cpu), as the daemon's policies do.
- *
- * Several caches can decode in one batched forward (model_forward_pos, one
- * token row per cache, mixed with rows served by other caches): the
- * callback hands row c to replay_attend_row of that row's cache, and each
- * cache then moves on with replay_advance.  The arithmetic of a row is
- * replay_step's for that token.
+ * the two policies kvtrim-eval cannot run in kvtrimd (the KVzip and the
+ * hindsight oracles need the model itself, and the daemon takes no
+ * external scores).  It mirrors the daemon-backed engine: the same
+ * model_forward, entries appended after the kept ones in token order, the
+ * same paged_attention_cpu kernel, float32 storage; with nothing evicted
+ * its logits equal the engine's with policy `full`.  Eviction marks entries
+ * dead; the caller selects with the shared kernels (select_topk_cpu).
+ * Several caches can decode in one batched forward (model_forward_pos):
+ * replay_attend_row serves row c, then each cache moves on with
+ * replay_advance; a row's arithmetic is replay_step's for that token.
  */
 #ifndef KVT_EVAL_REPLAY_H
 #define KVT_EVAL_REPLAY_H
