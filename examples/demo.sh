@@ -1,43 +1,19 @@
 #!/bin/sh
 # make demo: start kvtrimd on a scratch runtime directory; SmolLM2-135M-
-# Instruct (from `make models`) reads a long document and answers a
-# question about it with the full cache, with KVzap (the trained MLP
-# scorer that ships in weights/smollm2/) evicting about 75% and 87.5% of
-# the cache, and with SnapKV, the best heuristic for a question about a
-# prompt, at the compression KVzap reached; several loadgen tenants
-# (different policies, verifying every entry) share the daemon meanwhile.
-# It shows the daemon's view while they run, prints every answer with what
-# it cost in the pool, checks the pool invariants and stops cleanly.
-#
-# The document, examples/demo-document.txt, is about 2000 tokens of the
-# project's own docs with one planted sentence the docs do not hold: "The
-# first kvtrimd ever started ran on a test machine named Marigold."  The
-# question asks for that name.
-#
-# KVzap (policies/kvzap.c) scores every entry as it arrives from the
-# layer's input x and drops it once it leaves a 32-token window if its
-# score is below the threshold: the cache stays small during the prefill
-# too, so KVzap's prefill is faster than the full cache's.  Its thresholds
-# come from weights/smollm2/calibration.txt (calibrated on the training
-# text for 75% and 87.5%; this document reaches about that).  SnapKV
-# (policies/snapkv.c) compresses once at the end of prefill, keeping per
-# KV head the prompt entries the question attends to most; it runs with
-# ratio = the compression KVzap reached, so each pair is compared at the
-# same compression.
+# Instruct (from `make models`) answers a question about a long document
+# (examples/demo-document.txt, one planted sentence) with the full cache,
+# with KVzap evicting about 75% and 87.5% (thresholds from
+# weights/smollm2/calibration.txt) and with SnapKV at the compression KVzap
+# reached, while verifying loadgen tenants share the daemon; then it checks
+# the pool invariants and stops cleanly.  README.md, "What `make demo`
+# shows", says what it prints.
 #
 # Exit status: non-zero when the full cache's answer or KVzap's at 75% is
 # wrong, a loadgen tenant's verification fails or `kvtrimctl check` finds
-# a broken invariant (CI runs the demo).  The 87.5% rows and the SnapKV
-# rows print whether they answered correctly and do not decide the status:
-# they are measurements of what eviction that deep costs on one question.
-#
-# Without the model in the cache (offline) the question part is skipped
-# with the reason and the rest runs.  Nothing here needs ../shared; where
-# ../shared/models/bytes2m.bin is present the bytes2m engine tenant runs
-# beside the others.
-#
-# Time: about 2 minutes on two cores after the build (the two prefills of
-# the full cache and SnapKV dominate; engines run two at a time).
+# a broken invariant (CI runs the demo); the 87.5% and SnapKV rows are
+# measurements and do not decide it.  Without the model in the cache the
+# question part is skipped with the reason; where
+# ../shared/models/bytes2m.bin is present the bytes2m engine runs beside.
 set -eu
 B=${B:-build}
 BIN=$B/bin

@@ -3,23 +3,12 @@
 # source into the dependency cache, for kvtrimd, libkvtrim and the tests
 # to link statically.  NAME is one of:
 #
-#   nng    nng 1.11.0 (kvtrimd, libkvtrim).  Debian 12's libnng (1.5.2)
-#          has a pipe reaper that can wedge for good when the daemon closes
-#          a control connection whose peer keeps streaming requests
-#          (docs/design-changes.md, "nng 1.5.2"): no closed connection is
-#          released again and nng_close never returns.  A hostile local
-#          client can provoke it (tests/integration/test_hostile.c,
-#          a_reconnecting_flood_leaves_nothing_behind: about one run in
-#          four wedges with 1.5.2, none in twelve with 1.11.0).  nng 1.6
-#          reworked that code.
-#   libuv  libuv 1.48.0 (kvtrimd only).  Debian 12's libuv (1.44.2) makes
-#          the loop thread SPIN in uv__async_io while any thread that is
-#          inside uv_async_send is off the CPU (libuv PR 3879 removed that
-#          in 1.45).  kvtrimd's sync workers and nng's threads wake the loop
-#          with uv_async_send, so on a machine short of cores a preempted
-#          worker (nice 10) holds the loop, and every tenant's reply, for up
-#          to a scheduler tick: the hostile-client bench's largest_tenant
-#          phase (docs/design-changes.md, "libuv 1.44").
+#   nng    nng 1.11.0 (kvtrimd, libkvtrim): Debian 12's libnng 1.5.2 has a
+#          pipe reaper that can wedge for good under a hostile client
+#          (docs/design-changes.md, "nng 1.5.2").
+#   libuv  libuv 1.48.0 (kvtrimd only): Debian 12's libuv 1.44.2 spins the
+#          loop thread while a preempted thread is inside uv_async_send
+#          (docs/design-changes.md, "libuv 1.44").
 #   (No newer nng or libuv is packaged for Debian 12.)
 #
 # Where the sources come from: the machines this project builds on reach
