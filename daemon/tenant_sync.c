@@ -573,21 +573,23 @@ static int score_on_device(struct tenant *t,
 	                           t->stream);
 }
 
-int tenant_sync(struct tenant *t, uint64_t no,
-                const struct ipc_sync_item *items, uint32_t n, char *err,
-                size_t errlen)
+/* Where the walks of a sync stand: offsets into the per-sync scratch
+ * (t->drop, t->ent_scr, t->newlen and t->ldrop by list, t->state_scr and
+ * the device's decisions by (item, layer), t->pre by new row), what the
+ * decisions need and free, and the device's compaction batch. */
+struct sync_walk {
+	size_t off, eoff, li, ly, pre_at;
+	uint64_t need_pages, freed;
+	uint32_t most_seen;
+	uint32_t nb;   /* device: lists batched for one compact call */
+	size_t bp, bm; /* their pages and move pairs so far */
+};
+
+/* The per-sync scratch sized for entries over nlists lists. */
+static int sync_scratch(struct tenant *t, size_t entries, size_t nlists,
+                        char *err, size_t errlen)
 {
-	const struct shm_geom *g = &t->g;
-	size_t entries = 0, nlists = 0;
-	t->scorer_ns = 0;
-	/* Reached the tenant, refused or not: the order checks of
-	 * tenant_seq_reconcile and tenant_seq_query read it. */
-	if (no > t->sync_no)
-		t->sync_no = no;
-	int rc = validate(t, no, items, n, &entries, &nlists, err, errlen);
-	if (rc)
-		return rc;
-	size_t nlayers = nlists / g->n_kv_heads;
+	size_t nlayers = nlists / t->g.n_kv_heads;
 	if (tenant_grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
 	    tenant_grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)) ||
 	    tenant_grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
@@ -597,10 +599,17 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	    tenant_grow((void **)&t->ldrop, &t->ldrop_cap, nlists + 1,
 	         sizeof(*t->ldrop)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	/* t->drop's marks are cleared list by list, for the lists the host
-	 * decides: the device's come back as indices (t->ldrop), so a sync of
-	 * a device tenant makes no pass over its lists' entries */
-	unsigned need = t->pol->ops->needs;
+	return 0;
+}
+
+/* Before the decisions of a device tenant: its scratch, the device
+ * scorer's and key norms' passes, the window's and the attention rule's
+ * plans.  A host tenant passes through (the plans return at once). */
+static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
+                        uint32_t n, size_t nlists, size_t entries,
+                        char *err, size_t errlen)
+{
+	int rc;
 	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
 	if (t->dscorer && (rc = score_on_device(t, items, n)))
@@ -612,267 +621,272 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	if ((rc = tenant_window_plan(t, items, n, err, errlen)) ||
 	    (rc = tenant_attn_plan(t, items, n, err, errlen)))
 		return rc;
-	size_t pre_at = 0; /* rows of t->pre taken so far */
+	return 0;
+}
 
-	/*
-	 * Step 2: decisions, one (sequence, layer) at a time.  The new
-	 * entries' positions are written past len, where nothing is committed
-	 * yet; the policy rewrites scratch copies of the entry and layer
-	 * states (t->ent_scr, t->state_scr), committed in step 4.  So a
-	 * refusal here or in step 3 leaves no trace.
-	 */
-	uint64_t need_pages = 0, freed = 0;
-	uint32_t most_seen = 0; /* for the budget the reply reports */
-	size_t off = 0, eoff = 0, li_all = 0, ly_all = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot, lo, hi;
-		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
-		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
-			uint32_t prev = s->n_seen[layer];
-			uint32_t seen = prev + it->n_new;
-			struct stage_ctx sc = {t, slot, layer, seen};
-			if (seen > most_seen)
-				most_seen = seen;
-			struct policy_layer pl = {
-				.layer = layer,
-				.phase = (enum kvt_phase)it->phase,
-				.n_new = it->n_new, .n_seen = seen,
-				.staged = stage_row, .staged_ctx = &sc,
-				.heads = t->heads,
-				.state = t->sbytes ? t->state_scr +
-				                             ly_all * t->sbytes
-				                   : NULL,
-			};
-			/* a layer the device decides keeps its state there */
-			if (t->sbytes && tenant_attn_host(t, ly_all))
-				memcpy(pl.state, seq_state(t, s, layer),
-				       t->sbytes);
-			/* a policy that decides nothing now reads nothing:
-			 * no rows or keys are staged for it, nor for one the
-			 * device decides (tenant_window.c, tenant_attn.c) */
-			const int dec = policy_decides(t->pol, &pl) &&
-			                tenant_window_host(t, ly_all) &&
-			                tenant_attn_host(t, ly_all);
-			if (t->dscorer || t->dnorms) {
-				pl.pre = t->pre + pre_at * g->n_kv_heads;
-				pre_at += it->n_new;
-			} else if (dec && t->dstage.base &&
-			           (rc = fetch_rows(t, slot, layer, prev,
-			                            it->n_new)))
-				return errors_fmt(err, errlen, rc, "%s backend: "
-				            "reading staged rows: %s",
-				            t->bops->name, t->bops->last_error());
-			if (dec && (need & POLICY_NEED_STAGED) && !t->dscorer)
-				gather_inputs(t, slot, layer, prev, it->n_new,
-				              &pl);
-			size_t off0 = off;
-			uint32_t nk = 0; /* K halves staged for this layer */
-			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
-				pace_point();
-				const struct tlist *l = tlist_at(t, slot, layer,
-				                                 head);
-				size_t li = lidx(t, layer, head);
-				uint32_t *pos = seq_pos(t, s, li);
-				uint32_t len = l->len + it->n_new;
-				for (uint32_t k = 0; k < it->n_new; k++)
-					pos[l->len + k] = prev + k;
-				if (tenant_attn_host(t, ly_all))
-					memset(t->drop + off, 0, len);
-				float *e = t->ef && tenant_attn_host(t, ly_all)
-				           ? t->ent_scr + eoff : NULL;
-				if (e) {
-					size_t old = (size_t)l->len * t->ef;
-					memcpy(e, seq_ent(t, s, li),
-					       old * sizeof(float));
-					memset(e + old, 0, (size_t)it->n_new *
-					       t->ef * sizeof(float));
-				}
-				void **pv = NULL;
-				if (!dec) {
-					/* decide() does not run */
-				} else if ((need & POLICY_NEED_KV) && t->dnorms) {
-					pv = NULL; /* decide() takes pre */
-				} else if ((need & POLICY_NEED_KV) && t->dev) {
-					pv = t->pagev + (size_t)head * g->max_pages;
-					stage_keys(t, seq_pages(t, s, li), len,
-					           pv, &nk);
-				} else if (need & POLICY_NEED_KV) {
-					pv = t->pagev + (size_t)head * g->max_pages;
-					const uint32_t *pg = seq_pages(t, s, li);
-					for (uint32_t p = 0; p < l->n_pages; p++)
-						pv[p] = page_ptr(t, pg[p]);
-				}
-				t->heads[head] = (struct policy_head){
-					.pos = pos, .ent = e, .pages = pv,
-					.len = len, .drop = t->drop + off,
-				};
-				off += len;
-				eoff += (size_t)len * t->ef;
-			}
-			if (nk && (rc = t->bops->read_regions(
-				           t->bctx, t->kbuf, staged_page_bytes(t),
-				           (const void *const *)t->ksrc, nk,
-				           staged_page_bytes(t), t->stream)))
-				return errors_fmt(err, errlen, rc, "%s backend: "
-				            "staging keys: %s", t->bops->name,
-				            t->bops->last_error());
-			pace_point_slow(); /* the policy's work is per layer */
-			uint64_t d0 = now_ns();
-			struct tenant_ldrop *ld = t->ldrop + li_all;
-			const int on_dev = tenant_attn_take(t, ly_all, ld);
-			if (!on_dev)
-				for (uint32_t h = 0; h < g->n_kv_heads; h++)
-					ld[h].idx = NULL; /* marks in t->drop */
-			rc = on_dev || tenant_window_take(t, ly_all, &pl)
-			     ? 0 : policy_decide(t->pol, &pl);
-			t->scorer_ns += now_ns() - d0;
-			if (t->dstage.base && t->ring_err)
-				return errors_fmt(err, errlen, t->ring_err, "%s "
-				            "backend: reading staged rows: %s",
-				            t->bops->name, t->bops->last_error());
-			if (rc)
-				return errors_fmt(err, errlen, rc, "item %u: "
-				            "sequence %#llx: policy %s: %s", i,
-				            (unsigned long long)it->seq,
-				            t->pol->ops->name, t->pol->why[0]
-				            ? t->pol->why : kvt_strerror(rc));
-			if (tenant_attn_mode(t, ly_all) == TENANT_ATTN_FLAGGED)
-				return errors_fmt(err, errlen, KVT_EINVAL, "item %u: "
-				            "layer %u: a staged q or lse is not "
-				            "finite (device)", i, layer);
-			off = off0;
-			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
-				const struct tlist *l = tlist_at(t, slot, layer,
-				                                 head);
-				uint32_t len = l->len + it->n_new, nd = 0;
-				if (t->ldrop[li_all].idx)
-					nd = t->ldrop[li_all].n;
-				else
-					for (uint32_t k = 0; k < len; k++)
-						nd += t->drop[off + k] != 0;
-				uint32_t want = pages_for(g, len - nd,
-				                          item_room(t, it));
-				t->newlen[li_all++] = len - nd;
-				if (want > l->n_pages)
-					need_pages += want - l->n_pages;
-				else
-					freed += l->n_pages - want;
-				off += len;
-			}
+/*
+ * The lists of one (item, layer) laid out for the policy in t->heads:
+ * the new entries' positions written past len (nothing committed there
+ * yet), drop marks cleared and scratch entry states copied where the host
+ * decides, and the pages (or staged keys) where the policy reads keys.
+ * Walks w->off and w->eoff over the layer's lists; 0 or an error.
+ */
+static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
+                       struct tseq *s, uint32_t slot, uint32_t layer,
+                       int dec, struct sync_walk *w, char *err,
+                       size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	const unsigned need = t->pol->ops->needs;
+	const uint32_t prev = s->n_seen[layer];
+	const int host = tenant_attn_host(t, w->ly);
+	uint32_t nk = 0; /* K halves staged for this layer */
+	for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+		pace_point();
+		const struct tlist *l = tlist_at(t, slot, layer, head);
+		size_t li = lidx(t, layer, head);
+		uint32_t *pos = seq_pos(t, s, li);
+		uint32_t len = l->len + it->n_new;
+		for (uint32_t k = 0; k < it->n_new; k++)
+			pos[l->len + k] = prev + k;
+		if (host)
+			memset(t->drop + w->off, 0, len);
+		float *e = t->ef && host ? t->ent_scr + w->eoff : NULL;
+		if (e) {
+			size_t old = (size_t)l->len * t->ef;
+			memcpy(e, seq_ent(t, s, li), old * sizeof(float));
+			memset(e + old, 0, (size_t)it->n_new * t->ef *
+			       sizeof(float));
 		}
+		void **pv = NULL;
+		if (!dec) {
+			/* decide() does not run */
+		} else if ((need & POLICY_NEED_KV) && t->dnorms) {
+			pv = NULL; /* decide() takes pre */
+		} else if ((need & POLICY_NEED_KV) && t->dev) {
+			pv = t->pagev + (size_t)head * g->max_pages;
+			stage_keys(t, seq_pages(t, s, li), len, pv, &nk);
+		} else if (need & POLICY_NEED_KV) {
+			pv = t->pagev + (size_t)head * g->max_pages;
+			const uint32_t *pg = seq_pages(t, s, li);
+			for (uint32_t p = 0; p < l->n_pages; p++)
+				pv[p] = page_ptr(t, pg[p]);
+		}
+		t->heads[head] = (struct policy_head){
+			.pos = pos, .ent = e, .pages = pv,
+			.len = len, .drop = t->drop + w->off,
+		};
+		w->off += len;
+		w->eoff += (size_t)len * t->ef;
 	}
+	int rc;
+	if (nk && (rc = t->bops->read_regions(
+		           t->bctx, t->kbuf, staged_page_bytes(t),
+		           (const void *const *)t->ksrc, nk,
+		           staged_page_bytes(t), t->stream)))
+		return errors_fmt(err, errlen, rc, "%s backend: staging keys: "
+		            "%s", t->bops->name, t->bops->last_error());
+	return 0;
+}
 
-	/* Step 3: pages; the last step that may fail. */
-	rc = tenant_reserve_pages(t, need_pages, freed, err, errlen);
-	if (rc)
+/* After the decision of one (item, layer) whose lists start at off in
+ * t->drop: each list's new length into t->newlen, and the pages it needs
+ * or frees into w. */
+static void count_layer(struct tenant *t, const struct ipc_sync_item *it,
+                        uint32_t slot, uint32_t layer, size_t off,
+                        struct sync_walk *w)
+{
+	const struct shm_geom *g = &t->g;
+	for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+		const struct tlist *l = tlist_at(t, slot, layer, head);
+		uint32_t len = l->len + it->n_new, nd = 0;
+		if (t->ldrop[w->li].idx)
+			nd = t->ldrop[w->li].n;
+		else
+			for (uint32_t k = 0; k < len; k++)
+				nd += t->drop[off + k] != 0;
+		uint32_t want = pages_for(g, len - nd, item_room(t, it));
+		t->newlen[w->li++] = len - nd;
+		if (want > l->n_pages)
+			w->need_pages += want - l->n_pages;
+		else
+			w->freed += l->n_pages - want;
+		off += len;
+	}
+}
+
+/*
+ * Step 2 for item i's (sequence, layer): the policy decides on scratch
+ * copies of the entry and layer states (t->ent_scr, t->state_scr,
+ * committed in step 4), or the device decided it already, or nothing is
+ * due; so a refusal here or in step 3 leaves no trace.  0 or an error.
+ */
+static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
+                        uint32_t i, struct tseq *s, uint32_t slot,
+                        uint32_t layer, struct sync_walk *w, char *err,
+                        size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	const unsigned need = t->pol->ops->needs;
+	const uint32_t prev = s->n_seen[layer], seen = prev + it->n_new;
+	struct stage_ctx sc = {t, slot, layer, seen};
+	if (seen > w->most_seen)
+		w->most_seen = seen;
+	struct policy_layer pl = {
+		.layer = layer,
+		.phase = (enum kvt_phase)it->phase,
+		.n_new = it->n_new, .n_seen = seen,
+		.staged = stage_row, .staged_ctx = &sc,
+		.heads = t->heads,
+		.state = t->sbytes ? t->state_scr + w->ly * t->sbytes : NULL,
+	};
+	/* a layer the device decides keeps its state there */
+	if (t->sbytes && tenant_attn_host(t, w->ly))
+		memcpy(pl.state, seq_state(t, s, layer), t->sbytes);
+	/* a policy that decides nothing now reads nothing: no rows or keys
+	 * are staged for it, nor for one the device decides
+	 * (tenant_window.c, tenant_attn.c) */
+	const int dec = policy_decides(t->pol, &pl) &&
+	                tenant_window_host(t, w->ly) &&
+	                tenant_attn_host(t, w->ly);
+	int rc;
+	if (t->dscorer || t->dnorms) {
+		pl.pre = t->pre + w->pre_at * g->n_kv_heads;
+		w->pre_at += it->n_new;
+	} else if (dec && t->dstage.base &&
+	           (rc = fetch_rows(t, slot, layer, prev, it->n_new))) {
+		return errors_fmt(err, errlen, rc, "%s backend: reading staged "
+		            "rows: %s", t->bops->name, t->bops->last_error());
+	}
+	if (dec && (need & POLICY_NEED_STAGED) && !t->dscorer)
+		gather_inputs(t, slot, layer, prev, it->n_new, &pl);
+	const size_t off0 = w->off;
+	if ((rc = stage_layer(t, it, s, slot, layer, dec, w, err, errlen)))
 		return rc;
-	tenant_attn_commit(t); /* the device's entry states of this sync */
+	pace_point_slow(); /* the policy's work is per layer */
+	uint64_t d0 = now_ns();
+	struct tenant_ldrop *ld = t->ldrop + w->li;
+	const int on_dev = tenant_attn_take(t, w->ly, ld);
+	if (!on_dev)
+		for (uint32_t h = 0; h < g->n_kv_heads; h++)
+			ld[h].idx = NULL; /* marks in t->drop */
+	rc = on_dev || tenant_window_take(t, w->ly, &pl)
+	     ? 0 : policy_decide(t->pol, &pl);
+	t->scorer_ns += now_ns() - d0;
+	if (t->dstage.base && t->ring_err)
+		return errors_fmt(err, errlen, t->ring_err, "%s backend: "
+		            "reading staged rows: %s", t->bops->name,
+		            t->bops->last_error());
+	if (rc)
+		return errors_fmt(err, errlen, rc, "item %u: sequence %#llx: "
+		            "policy %s: %s", i, (unsigned long long)it->seq,
+		            t->pol->ops->name, t->pol->why[0]
+		            ? t->pol->why : kvt_strerror(rc));
+	if (tenant_attn_mode(t, w->ly) == TENANT_ATTN_FLAGGED)
+		return errors_fmt(err, errlen, KVT_EINVAL, "item %u: layer %u: "
+		            "a staged q or lse is not finite (device)", i,
+		            layer);
+	count_layer(t, it, slot, layer, off0, w);
+	return 0;
+}
 
-	/* Step 4: apply.  Pass 1 compacts, commits the policy states and
-	 * frees, pass 2 allocates, so the frees of one list can serve the
-	 * growth of another. */
-	uint32_t row_bytes = g->head_dim * g->elem_bytes;
-	uint32_t nb = 0;  /* device: lists batched for one compact call */
-	size_t bp = 0, bm = 0; /* their pages and move pairs so far */
-	off = 0;
-	eoff = 0;
-	li_all = 0;
-	ly_all = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot, lo, hi;
-		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
-		for (uint32_t layer = lo; layer < hi; layer++, ly_all++) {
-			if (t->sbytes && tenant_attn_host(t, ly_all))
-				memcpy(seq_state(t, s, layer),
-				       t->state_scr + ly_all * t->sbytes,
-				       t->sbytes);
-			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
-				pace_point();
-				struct tlist *l = tlist_at(t, slot, layer, head);
-				size_t li = lidx(t, layer, head);
-				uint32_t *pos = seq_pos(t, s, li);
-				uint32_t *pg = seq_pages(t, s, li);
-				uint32_t len = l->len + it->n_new, nl;
-				float *e = t->ef && tenant_attn_host(t, ly_all)
-				           ? t->ent_scr + eoff : NULL;
-				const uint8_t *drop = t->drop + off;
-				const struct tenant_ldrop *ld = &t->ldrop[li_all];
-				uint32_t nm = ld->idx
-				              ? compact_plan_drops(ld->idx, ld->n, len,
-				                                   t->moves, &nl)
-				              : compact_plan(drop, len, t->moves, &nl);
-				if (nm && t->dbases) {
-					/* Only the drop indices go to the
-					 * device (compact_drops). */
-					t->bdl[nb++] = (struct kvt_backend_drops){
-						.record = (uint32_t)(slot *
-						          t->lists_per_seq + li),
-						.len = len, .n_drop = len - nl,
-						.drop_off = (uint32_t)bm,
-					};
-					if (ld->idx) {
-						memcpy(t->bdrops + bm, ld->idx,
-						       (size_t)ld->n * sizeof(uint32_t));
-						bm += ld->n;
-					} else {
-						for (uint32_t k = 0; k < len; k++)
-							if (drop[k])
-								t->bdrops[bm++] = k;
-					}
-					policy_move_entries(pos, e, t->ef,
-					                    t->moves, nm);
-				} else if (nm && t->dev) {
-					/* The page addresses are taken before
-					 * the frees below; a chunk emptied by
-					 * them is destroyed only after the
-					 * queued compaction (chunk_free syncs
-					 * the device first). */
-					void **bpv = t->bpages + bp;
-					for (uint32_t p = 0; p < l->n_pages; p++)
-						bpv[p] = page_ptr(t, pg[p]);
-					memcpy(t->bmoves + 2 * bm, t->moves,
-					       (size_t)nm * 2 * sizeof(uint32_t));
-					t->blist[nb++] = (struct kvt_backend_compact){
-						.pages = bpv,
-						.n_pages = l->n_pages,
-						.page_tokens = g->page_tokens,
-						.row_bytes = row_bytes,
-						.n_moves = nm,
-						.moves = t->bmoves + 2 * bm,
-					};
-					bp += l->n_pages;
-					bm += nm;
-					policy_move_entries(pos, e, t->ef,
-					                    t->moves, nm);
-				} else if (nm) {
-					for (uint32_t p = 0; p < l->n_pages; p++)
-						t->pagev[p] = page_ptr(t, pg[p]);
-					compact_cpu(t->pagev, g->page_tokens,
-					            row_bytes, t->moves, nm);
-					policy_move_entries(pos, e, t->ef,
-					                    t->moves, nm);
-				}
-				if (e)
-					memcpy(seq_ent(t, s, li), e,
-					       (size_t)nl * t->ef * sizeof(float));
-				t->appended += it->n_new;
-				t->evicted += len - nl;
-				uint32_t want = pages_for(g, nl, item_room(t, it));
-				while (l->n_pages > want)
-					tenant_page_free(t, pg[--l->n_pages]);
-				t->kept += nl;
-				t->kept -= l->len;
-				l->len = nl;
-				l->epoch++;
-				t->newlen[li_all++] = want; /* for pass 2 */
-				off += len;
-				eoff += (size_t)len * t->ef;
-			}
+/* One list's compaction along its drops, queued where the list lives: the
+ * drop indices batched for the device's compact_drops (device table), the
+ * page addresses and moves batched for the backend's compact, or done on
+ * the host.  The positions and entry states e (NULL: none) follow. */
+static void compact_list(struct tenant *t, uint32_t slot, size_t li,
+                         const struct tlist *l, uint32_t *pos, float *e,
+                         const uint8_t *drop, const struct tenant_ldrop *ld,
+                         uint32_t len, uint32_t *nl, struct sync_walk *w)
+{
+	const struct shm_geom *g = &t->g;
+	const uint32_t row_bytes = g->head_dim * g->elem_bytes;
+	const uint32_t *pg = seq_pages(t, &t->seqs[slot], li);
+	uint32_t nm = ld->idx ? compact_plan_drops(ld->idx, ld->n, len,
+	                                           t->moves, nl)
+	                      : compact_plan(drop, len, t->moves, nl);
+	if (!nm)
+		return;
+	if (t->dbases) {
+		/* Only the drop indices go to the device (compact_drops). */
+		t->bdl[w->nb++] = (struct kvt_backend_drops){
+			.record = (uint32_t)(slot * t->lists_per_seq + li),
+			.len = len, .n_drop = len - *nl,
+			.drop_off = (uint32_t)w->bm,
+		};
+		if (ld->idx) {
+			memcpy(t->bdrops + w->bm, ld->idx,
+			       (size_t)ld->n * sizeof(uint32_t));
+			w->bm += ld->n;
+		} else {
+			for (uint32_t k = 0; k < len; k++)
+				if (drop[k])
+					t->bdrops[w->bm++] = k;
 		}
+	} else if (t->dev) {
+		/* The page addresses are taken before the frees of step 4; a
+		 * chunk emptied by them is destroyed only after the queued
+		 * compaction (chunk_free syncs the device first). */
+		void **bpv = t->bpages + w->bp;
+		for (uint32_t p = 0; p < l->n_pages; p++)
+			bpv[p] = page_ptr(t, pg[p]);
+		memcpy(t->bmoves + 2 * w->bm, t->moves,
+		       (size_t)nm * 2 * sizeof(uint32_t));
+		t->blist[w->nb++] = (struct kvt_backend_compact){
+			.pages = bpv, .n_pages = l->n_pages,
+			.page_tokens = g->page_tokens, .row_bytes = row_bytes,
+			.n_moves = nm, .moves = t->bmoves + 2 * w->bm,
+		};
+		w->bp += l->n_pages;
+		w->bm += nm;
+	} else {
+		for (uint32_t p = 0; p < l->n_pages; p++)
+			t->pagev[p] = page_ptr(t, pg[p]);
+		compact_cpu(t->pagev, g->page_tokens, row_bytes, t->moves, nm);
 	}
-	li_all = 0;
+	policy_move_entries(pos, e, t->ef, t->moves, nm);
+}
+
+/* Step 4, pass 1, for one list of item it: compacted, its entry states
+ * committed, the pages beyond its new length freed, the counters moved;
+ * t->newlen takes the pages it wants for pass 2. */
+static void apply_list(struct tenant *t, const struct ipc_sync_item *it,
+                       struct tseq *s, uint32_t slot, uint32_t layer,
+                       uint32_t head, struct sync_walk *w)
+{
+	const struct shm_geom *g = &t->g;
+	struct tlist *l = tlist_at(t, slot, layer, head);
+	size_t li = lidx(t, layer, head);
+	uint32_t *pos = seq_pos(t, s, li);
+	uint32_t *pg = seq_pages(t, s, li);
+	uint32_t len = l->len + it->n_new, nl = len;
+	float *e = t->ef && tenant_attn_host(t, w->ly)
+	           ? t->ent_scr + w->eoff : NULL;
+	compact_list(t, slot, li, l, pos, e, t->drop + w->off,
+	             &t->ldrop[w->li], len, &nl, w);
+	if (e)
+		memcpy(seq_ent(t, s, li), e, (size_t)nl * t->ef * sizeof(float));
+	t->appended += it->n_new;
+	t->evicted += len - nl;
+	uint32_t want = pages_for(g, nl, item_room(t, it));
+	while (l->n_pages > want)
+		tenant_page_free(t, pg[--l->n_pages]);
+	t->kept += nl;
+	t->kept -= l->len;
+	l->len = nl;
+	l->epoch++;
+	t->newlen[w->li++] = want; /* for pass 2 */
+	w->off += len;
+	w->eoff += (size_t)len * t->ef;
+}
+
+/* Step 4, pass 2: each list grown to the pages it wants, its table
+ * record mirrored; then each sequence's counters and staging marks. */
+static void allocate(struct tenant *t, uint64_t no,
+                     const struct ipc_sync_item *items, uint32_t n)
+{
+	const struct shm_geom *g = &t->g;
+	size_t li_all = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot, lo, hi;
@@ -896,28 +910,88 @@ int tenant_sync(struct tenant *t, uint64_t no,
 		s->counter++;
 		s->last_no = no;
 	}
+}
+
+/*
+ * Device: one launch for the whole sync's compaction (nb lists), the
+ * upload of the changed table records, then the event the client's
+ * stream waits on before it touches the lists again.  All are only
+ * queued; a failure here comes after the bookkeeping is committed, so the
+ * tenant is marked failed and the server drops it.
+ */
+static int finish_device(struct tenant *t, uint32_t nb)
+{
+	int drc = 0;
+	if (nb && t->dbases)
+		drc = compact_on_device(t, nb);
+	else if (nb)
+		drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
+	if (drc)
+		t->failed = 1;
+	else
+		drc = tenant_table_flush(t);
+	return drc;
+}
+
+int tenant_sync(struct tenant *t, uint64_t no,
+                const struct ipc_sync_item *items, uint32_t n, char *err,
+                size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	size_t entries = 0, nlists = 0;
+	t->scorer_ns = 0;
+	/* Reached the tenant, refused or not: the order checks of
+	 * tenant_seq_reconcile and tenant_seq_query read it. */
+	if (no > t->sync_no)
+		t->sync_no = no;
+	/* Step 1. */
+	int rc = validate(t, no, items, n, &entries, &nlists, err, errlen);
+	if (rc || (rc = sync_scratch(t, entries, nlists, err, errlen)) ||
+	    (rc = sync_prepare(t, items, n, nlists, entries, err, errlen)))
+		return rc;
+	/* Step 2: decisions, one (sequence, layer) at a time.  t->drop's
+	 * marks are cleared list by list, for the lists the host decides:
+	 * the device's come back as indices (t->ldrop), so a sync of a
+	 * device tenant makes no pass over its lists' entries. */
+	struct sync_walk w = {0};
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, &items[i], &slot, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++, w.ly++)
+			if ((rc = decide_layer(t, &items[i], i, s, slot, layer,
+			                       &w, err, errlen)))
+				return rc;
+	}
+	/* Step 3: pages; the last step that may fail. */
+	rc = tenant_reserve_pages(t, w.need_pages, w.freed, err, errlen);
+	if (rc)
+		return rc;
+	tenant_attn_commit(t); /* the device's entry states of this sync */
+	/* Step 4: apply.  Pass 1 compacts, commits the policy states and
+	 * frees, pass 2 allocates, so the frees of one list can serve the
+	 * growth of another. */
+	w.off = w.eoff = w.li = w.ly = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct ipc_sync_item *it = &items[i];
+		uint32_t slot, lo, hi;
+		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
+		for (uint32_t layer = lo; layer < hi; layer++, w.ly++) {
+			if (t->sbytes && tenant_attn_host(t, w.ly))
+				memcpy(seq_state(t, s, layer),
+				       t->state_scr + w.ly * t->sbytes,
+				       t->sbytes);
+			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+				pace_point();
+				apply_list(t, it, s, slot, layer, head, &w);
+			}
+		}
+	}
+	allocate(t, no, items, n);
 	t->syncs++;
-	uint32_t b = policy_budget(t->pol, most_seen);
+	uint32_t b = policy_budget(t->pol, w.most_seen);
 	t->sync_budget = b == UINT32_MAX ? 0 : b;
 	t->sync_press = (uint32_t)lrintf(t->pol->pressure * (float)IPC_PRESS_ONE);
-	/*
-	 * Device: one launch for the whole sync, the upload of the changed
-	 * table records, then the event the client's stream waits on before
-	 * it touches the lists again.  All are only queued; a failure here
-	 * comes after the bookkeeping is committed, so the tenant is marked
-	 * failed and the server drops it.
-	 */
-	int drc = 0;
-	if (t->dev) {
-		if (nb && t->dbases)
-			drc = compact_on_device(t, nb);
-		else if (nb)
-			drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
-		if (drc)
-			t->failed = 1;
-		else
-			drc = tenant_table_flush(t);
-	}
+	int drc = t->dev ? finish_device(t, w.nb) : 0;
 	tenant_revoke_empty(t);
 	if (drc)
 		return errors_fmt(err, errlen, KVT_ESYS, "%s backend: compaction: "
