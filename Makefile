@@ -91,25 +91,32 @@ HAVE_CUDA := 0
 endif
 
 # ---- sources
+# A folder's sources less its unit tests: <module>_test.c sits beside
+# <module>.c and is linked into kvtrim-tests only.
+src = $(filter-out %_test.c,$(wildcard $(1)))
 # core/: the ground floor (errors, dtypes, page arithmetic, clocks) that
 # every other folder uses; it goes into libkvtrim and everything else.
-CORE_SRC    := $(wildcard core/*.c)
-IPC_SRC     := $(wildcard ipc/*.c)
+CORE_SRC    := $(call src,core/*.c)
+IPC_SRC     := $(call src,ipc/*.c)
 # backend/: the cpu backend and the loader of the cuda one (libkvtrim-cuda.so,
 # backend/cuda/cuda.mk); kvtrimd links them.
-BACKEND_SRC := $(wildcard backend/*.c)
-CLIENT_SRC  := $(wildcard client/*.c)
-DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-POLICY_SRC  := $(wildcard policies/*.c)
-KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
-TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
+BACKEND_SRC := $(call src,backend/*.c)
+CLIENT_SRC  := $(call src,client/*.c)
+DAEMON_SRC  := $(filter-out daemon/main.c,$(call src,daemon/*.c))
+POLICY_SRC  := $(call src,policies/*.c)
+KERNEL_SRC  := $(call src,kernels/cpu/*.c)
+# The runner: the harness, the unit tests (beside their modules, and
+# tests/fuzz/regress_test.c) and the integration tests of tests/integration/.
+UNIT_TEST_SRC := $(filter-out build/%,$(wildcard */*_test.c */*/*_test.c */*/*/*_test.c))
+TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c) $(UNIT_TEST_SRC) \
+               $(wildcard tests/integration/*.c)
 # The kernel and backend tests that include the CUDA headers: the real ones
 # (backend/cuda/cuda.mk) or the emulator's (tests/kernels/emu/emu.mk).
 CUDA_KTEST_SRC := tests/kernels/test_cuda_kernels.c tests/kernels/test_cuda_backend.c
 # engine/: the reference engine as a component (model loaders, forward,
 # the engine with its KV cache in kvtrimd, oracles, GGUF reader, tokenizer,
 # model files); its command line is tools/engine/main.c.
-ENGINE_SRC  := $(wildcard engine/*.c)
+ENGINE_SRC  := $(call src,engine/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
@@ -141,8 +148,8 @@ endif
 
 # Scorer training and quality evaluation (tools/train, tools/eval); the
 # non-main files of both are also linked into the tests.
-TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(wildcard tools/train/*.c)))
-EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(wildcard tools/eval/*.c)))
+TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(call src,tools/train/*.c)))
+EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(call src,tools/eval/*.c)))
 TRAIN := $(B)/bin/kvtrim-train
 EVAL  := $(B)/bin/kvtrim-eval
 ifneq ($(wildcard tools/train/main.c),)
@@ -227,14 +234,14 @@ $(DAEMON): $(B)/obj/daemon/main.o $(DAEMON_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(CTL): $(call obj,$(wildcard tools/ctl/*.c)) $(LIB_INT)
+$(CTL): $(call obj,$(call src,tools/ctl/*.c)) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # loadgen (examples/loadgen/) replays policies in process to verify the
 # daemon, so it links the policies and kernels (not the daemon).
-LOADGEN_OBJ := $(call obj,$(wildcard examples/loadgen/*.c))
+LOADGEN_OBJ := $(call obj,$(call src,examples/loadgen/*.c))
 $(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
@@ -252,7 +259,7 @@ $(BENCH): $(call obj,tests/bench/bench.c tests/bench/bench_policy.c tests/bench/
 
 # The reference engine's command line (tools/engine); the engine itself
 # (engine/) is also linked into the tests and the tools.
-$(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
+$(ENGINE_BIN): $(call obj,$(call src,tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -532,7 +539,7 @@ FUZZ_LIB_config  :=
 FUZZ_SRC_weights := tests/fuzz/fuzz_weights.c policies/weights.c \
                     core/dtype.c core/errors.c
 FUZZ_LIB_weights := -lcjson -lm
-FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(wildcard engine/gguf*.c) \
+FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(call src,engine/gguf*.c) \
                     engine/tokenizer.c engine/unicode.c core/dtype.c \
                     core/errors.c
 FUZZ_LIB_gguf    := -lm
