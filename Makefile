@@ -108,7 +108,7 @@ KERNEL_SRC  := $(call src,kernels/cpu/*.c)
 # The runner: the harness, the unit tests (beside their modules, and
 # tests/fuzz/regress_test.c) and the integration tests of tests/integration/.
 UNIT_TEST_SRC := $(filter-out build/%,$(wildcard */*_test.c */*/*_test.c */*/*/*_test.c))
-TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c) $(UNIT_TEST_SRC) \
+TEST_SRC    := $(wildcard tests/harness/*.c) $(UNIT_TEST_SRC) \
                $(wildcard tests/integration/*.c)
 # The kernel and backend tests that include the CUDA headers: the real ones
 # (backend/cuda/cuda.mk) or the emulator's (tests/kernels/emu/emu.mk).
