@@ -1,7 +1,13 @@
-# kvtrim — one non-recursive Makefile.
+# kvtrim — the top-level Makefile (non-recursive): sources, libraries,
+# programs, install.  Fragments it includes: backend/cuda/cuda.mk (the cuda
+# backend), tests/kernels/emu/emu.mk (its CPU emulation), mk/test.mk (the
+# test runs), mk/fuzz.mk (fuzzing).
 #
 #   make               build the daemon, libkvtrim, tools and examples
-#   make test          build and run every test (unit + integration)
+#   make test          build and run every test (unit + integration);
+#                      mk/test.mk lists the steps
+#   make fuzz          libFuzzer targets, not part of make test (mk/fuzz.mk)
+#   make soak          16 engines under memory pressure and SIGKILLs (mk/test.mk)
 #   make bench         measure against floors; writes build/bench.txt
 #   make bench-python  SmolLM2 through transformers: DynamicCache, kvtrim,
 #                      kvpress (decode ms, KV bytes); build/bench-python.txt
@@ -159,7 +165,7 @@ ifneq ($(wildcard tools/eval/main.c),)
 ALL += $(EVAL)
 endif
 
-.PHONY: all test check bench bench-python demo deps models models-if-reachable install clean banner FORCE
+.PHONY: all bench bench-python demo deps models models-if-reachable install clean banner FORCE
 all: banner $(ALL)
 
 banner:
@@ -339,45 +345,9 @@ parity: $(EVAL) $(DAEMON)
 	  --eval $(EVAL) --out $(B)/parity --windows $(PARITY_WINDOWS)
 
 # ---- running
-# deps first, then a fresh make: on a new machine the pkg-config flags above
-# only exist once deps has installed the packages.
-# The integration tests (the runner's selector tests/integration/):
-# `make test` runs them twice more on the cuda backend under the CPU
-# emulator (tests/kernels/emu/emu.mk, docs/cuda.md): in vmm mode (the
-# default there, as on an H100/H200) and with KVTRIM_CUDA_SHARE=ipc, the
-# latter with the emulator's host functions deferred
-# (KVT_EMU_HOSTFN_DELAY_US), so syncs that wait for an engine's GPU writes
-# take the parking path (tests/integration/test_device.c).
-comma := ,
-# Then kvtrim-loadgen --verify for every policy on the emulated cuda
-# backend: streaming and h2o in both sharing modes (200 steps), and one
-# vmm run of each other policy (scripts/loadgen-policies.sh).  Last the
-# Python package's tests (scripts/python_tests.sh), where the environment
-# of scripts/python_venv.sh exists (else skipped, naming that command).
-test check: deps models-if-reachable
-	@$(MAKE) --no-print-directory all
-	KVTRIM_BIN_DIR=$(B)/bin $(TESTS)
-	$(CUDA_EMU_TESTS)
-	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
-	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) tests/integration/)
-	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
-	  KVTRIM_CUDA_SHARE=ipc KVT_EMU_HOSTFN_DELAY_US=1000 \
-	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) tests/integration/)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-cuda.sh $(B)/bin streaming streaming:sinks=4$(comma)tokens=64)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-cuda.sh $(B)/bin h2o h2o:tokens=96)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_streaming streaming:sinks=4$(comma)tokens=64 ipc)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVT_EMU_HOSTFN_DELAY_US=1000 \
-	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_h2o h2o:tokens=96 ipc)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-policies.sh $(B)/bin)
-	SANITIZER=$(SANITIZER) sh scripts/python_tests.sh
-
+# The test runs (make test, make soak) are in mk/test.mk.  deps first, then
+# a fresh make: on a new machine the pkg-config flags above only exist once
+# deps has installed the packages.
 bench: deps models-if-reachable
 	@$(MAKE) --no-print-directory all
 	$(BENCH) --bin-dir $(B)/bin --out $(B)/bench.txt
@@ -502,98 +472,14 @@ systemd-verify: $(DAEMON)
 	if [ $$rc -ne 0 ] || echo "$$out" | grep -q 'kvtrimd.service'; then \
 	  echo "systemd-verify: FAILED"; exit 1; fi; echo "systemd-verify: ok"
 
-# ---- fuzzing and soak (neither is part of `make test`)
-#
-#   make fuzz [FUZZ_SECONDS=600] [FUZZ_JOBS=1] [FUZZ_MERGE=0]
-#       libFuzzer targets (clang, ASan + UBSan + LeakSanitizer) for the
-#       message codec, the config parser and the safetensors loader, each
-#       run FUZZ_SECONDS on its corpus (tests/fuzz/corpus/<target>), FUZZ_JOBS
-#       at a time; prints runs, coverage and crashes per target and fails on
-#       any crash, leak or timeout.  FUZZ_MERGE=1 minimises the grown corpora
-#       back into tests/fuzz/corpus.  Installs clang and its fuzzer runtime
-#       when they are missing (the normal build does not need them).
-#   make fuzz-seeds    regenerates the seed inputs (build/fuzz/seeds)
-#   make soak [SOAK_ARGS=...]
-#       scripts/soak.sh: 16 verifying engines under memory pressure with
-#       random SIGKILLs; see the script.
-FUZZ_SECONDS ?= 600
-FUZZ_JOBS    ?= 1
-FUZZ_MERGE   ?= 0
-FUZZ_CC      ?= clang
-FUZZ_TARGETS := codec config weights gguf spwire
-FUZZ_B       := build/fuzz
-FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
-                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-                -Iinclude -Icore -Iipc -Idaemon -Ipolicies -Ikernels/cpu -Iengine
-FUZZ_HDRS    := $(wildcard include/*.h core/*.h ipc/*.h daemon/config.h daemon/log.h \
-                  daemon/spwire.h \
-                  policies/weights.h kernels/cpu/kernels.h engine/gguf.h \
-                  engine/tokenizer.h)
-CODEC_SRC        := ipc/codec.c ipc/codec_decode.c ipc/codec_encode.c \
-                    ipc/codec_scan.c ipc/codec_row.c
-FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c $(CODEC_SRC) core/errors.c
-FUZZ_LIB_codec   := -lmsgpackc
-FUZZ_SRC_config  := tests/fuzz/fuzz_config.c daemon/config.c daemon/log.c \
-                    core/errors.c core/now.c
-FUZZ_LIB_config  :=
-FUZZ_SRC_weights := tests/fuzz/fuzz_weights.c policies/weights.c \
-                    core/dtype.c core/errors.c
-FUZZ_LIB_weights := -lcjson -lm
-FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(call src,engine/gguf*.c) \
-                    engine/tokenizer.c engine/unicode.c core/dtype.c \
-                    core/errors.c
-FUZZ_LIB_gguf    := -lm
-FUZZ_SRC_spwire  := tests/fuzz/fuzz_spwire.c daemon/spwire.c
-FUZZ_LIB_spwire  :=
-FUZZ_BINS := $(addprefix $(FUZZ_B)/fuzz_,$(FUZZ_TARGETS))
-
-.PHONY: fuzz fuzz-deps fuzz-build fuzz-seeds soak
-fuzz-deps:
-	@if ! command -v $(FUZZ_CC) >/dev/null 2>&1 || \
-	    ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
-	      $(FUZZ_CC) -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then \
-	  echo "installing: clang libclang-rt-14-dev (libFuzzer)"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    $$SUDO apt-get install -y -qq clang libclang-rt-14-dev; \
-	fi
-
-$(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDRS) Makefile
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  FUZZ  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(FUZZ_SRC_$*) $(FUZZ_LIB_$*)
-$(FUZZ_B)/fuzz_codec: $(FUZZ_SRC_codec)
-$(FUZZ_B)/fuzz_config: $(FUZZ_SRC_config)
-$(FUZZ_B)/fuzz_weights: $(FUZZ_SRC_weights)
-$(FUZZ_B)/fuzz_gguf: $(FUZZ_SRC_gguf)
-
-$(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c $(CODEC_SRC) policies/weights.c \
-                     core/dtype.c core/errors.c $(FUZZ_HDRS)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Icore -Iipc -Ipolicies \
-	  -Ikernels/cpu -o $@ $(filter %.c,$^) -lmsgpackc -lcjson -lm
-
-fuzz-build: fuzz-deps
-	@$(MAKE) --no-print-directory $(FUZZ_BINS)
-
-fuzz-seeds: $(FUZZ_B)/gen_seeds
-	rm -rf $(FUZZ_B)/seeds && $(FUZZ_B)/gen_seeds $(FUZZ_B)/seeds
-	@echo "seeds in $(FUZZ_B)/seeds (committed corpora: tests/fuzz/corpus)"
-
-fuzz: fuzz-build
-	BIN=$(FUZZ_B) SECONDS_PER_TARGET=$(FUZZ_SECONDS) JOBS=$(FUZZ_JOBS) \
-	  MERGE=$(FUZZ_MERGE) sh tests/fuzz/run.sh $(FUZZ_TARGETS)
-
-soak: deps
-	@$(MAKE) --no-print-directory all
-	B=$(B) sh scripts/soak.sh $(SOAK_ARGS)
-
 clean:
 	rm -rf build
 
 # The CUDA backend and kernels (built only when nvcc is found); see the file.
 -include backend/cuda/cuda.mk
 -include tests/kernels/emu/emu.mk
+# The test runs and fuzzing, after the emulator's variables they use.
+include mk/test.mk
+include mk/fuzz.mk
 
 -include $(shell find build -name '*.d' 2>/dev/null)
