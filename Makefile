@@ -1,7 +1,13 @@
-# kvtrim — one non-recursive Makefile.
+# kvtrim — the top-level Makefile (non-recursive): sources, libraries,
+# programs, install.  Fragments it includes: backend/cuda/cuda.mk (the cuda
+# backend), tests/kernels/emu/emu.mk (its CPU emulation), mk/test.mk (the
+# test runs), mk/fuzz.mk (fuzzing).
 #
 #   make               build the daemon, libkvtrim, tools and examples
-#   make test          build and run every test (unit + integration)
+#   make test          build and run every test (unit + integration);
+#                      mk/test.mk lists the steps
+#   make fuzz          libFuzzer targets, not part of make test (mk/fuzz.mk)
+#   make soak          16 engines under memory pressure and SIGKILLs (mk/test.mk)
 #   make bench         measure against floors; writes build/bench.txt
 #   make bench-python  SmolLM2 through transformers: DynamicCache, kvtrim,
 #                      kvpress (decode ms, KV bytes); build/bench-python.txt
@@ -91,25 +97,32 @@ HAVE_CUDA := 0
 endif
 
 # ---- sources
+# A folder's sources less its unit tests: <module>_test.c sits beside
+# <module>.c and is linked into kvtrim-tests only.
+src = $(filter-out %_test.c,$(wildcard $(1)))
 # core/: the ground floor (errors, dtypes, page arithmetic, clocks) that
 # every other folder uses; it goes into libkvtrim and everything else.
-CORE_SRC    := $(wildcard core/*.c)
-IPC_SRC     := $(wildcard ipc/*.c)
+CORE_SRC    := $(call src,core/*.c)
+IPC_SRC     := $(call src,ipc/*.c)
 # backend/: the cpu backend and the loader of the cuda one (libkvtrim-cuda.so,
 # backend/cuda/cuda.mk); kvtrimd links them.
-BACKEND_SRC := $(wildcard backend/*.c)
-CLIENT_SRC  := $(wildcard client/*.c)
-DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-POLICY_SRC  := $(wildcard policies/*.c)
-KERNEL_SRC  := $(wildcard kernels/cpu/*.c)
-TEST_SRC    := $(wildcard tests/harness/*.c tests/unit/*.c tests/integration/*.c)
+BACKEND_SRC := $(call src,backend/*.c)
+CLIENT_SRC  := $(call src,client/*.c)
+DAEMON_SRC  := $(filter-out daemon/main.c,$(call src,daemon/*.c))
+POLICY_SRC  := $(call src,policies/*.c)
+KERNEL_SRC  := $(call src,kernels/cpu/*.c)
+# The runner: the harness, the unit tests (beside their modules, and
+# tests/fuzz/regress_test.c) and the integration tests of tests/integration/.
+UNIT_TEST_SRC := $(filter-out build/%,$(wildcard */*_test.c */*/*_test.c */*/*/*_test.c))
+TEST_SRC    := $(wildcard tests/harness/*.c) $(UNIT_TEST_SRC) \
+               $(wildcard tests/integration/*.c)
 # The kernel and backend tests that include the CUDA headers: the real ones
 # (backend/cuda/cuda.mk) or the emulator's (tests/kernels/emu/emu.mk).
 CUDA_KTEST_SRC := tests/kernels/test_cuda_kernels.c tests/kernels/test_cuda_backend.c
 # engine/: the reference engine as a component (model loaders, forward,
 # the engine with its KV cache in kvtrimd, oracles, GGUF reader, tokenizer,
 # model files); its command line is tools/engine/main.c.
-ENGINE_SRC  := $(wildcard engine/*.c)
+ENGINE_SRC  := $(call src,engine/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
@@ -141,8 +154,8 @@ endif
 
 # Scorer training and quality evaluation (tools/train, tools/eval); the
 # non-main files of both are also linked into the tests.
-TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(wildcard tools/train/*.c)))
-EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(wildcard tools/eval/*.c)))
+TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(call src,tools/train/*.c)))
+EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(call src,tools/eval/*.c)))
 TRAIN := $(B)/bin/kvtrim-train
 EVAL  := $(B)/bin/kvtrim-eval
 ifneq ($(wildcard tools/train/main.c),)
@@ -152,7 +165,7 @@ ifneq ($(wildcard tools/eval/main.c),)
 ALL += $(EVAL)
 endif
 
-.PHONY: all test check bench bench-python demo deps models models-if-reachable install clean banner FORCE
+.PHONY: all bench bench-python demo deps models models-if-reachable install clean banner FORCE
 all: banner $(ALL)
 
 banner:
@@ -227,14 +240,14 @@ $(DAEMON): $(B)/obj/daemon/main.o $(DAEMON_OBJ) $(IPC_OBJ) $(CORE_OBJ)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(CTL): $(call obj,$(wildcard tools/ctl/*.c)) $(LIB_INT)
+$(CTL): $(call obj,$(call src,tools/ctl/*.c)) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # loadgen (examples/loadgen/) replays policies in process to verify the
 # daemon, so it links the policies and kernels (not the daemon).
-LOADGEN_OBJ := $(call obj,$(wildcard examples/loadgen/*.c))
+LOADGEN_OBJ := $(call obj,$(call src,examples/loadgen/*.c))
 $(LOADGEN): $(LOADGEN_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
@@ -252,7 +265,7 @@ $(BENCH): $(call obj,tests/bench/bench.c tests/bench/bench_policy.c tests/bench/
 
 # The reference engine's command line (tools/engine); the engine itself
 # (engine/) is also linked into the tests and the tools.
-$(ENGINE_BIN): $(call obj,$(wildcard tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
+$(ENGINE_BIN): $(call obj,$(call src,tools/engine/*.c)) $(ENGINE_OBJ) $(POLICY_OBJ) $(LIB_INT)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(CC) $(KVT_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -332,45 +345,9 @@ parity: $(EVAL) $(DAEMON)
 	  --eval $(EVAL) --out $(B)/parity --windows $(PARITY_WINDOWS)
 
 # ---- running
-# deps first, then a fresh make: on a new machine the pkg-config flags above
-# only exist once deps has installed the packages.
-# The integration tests (the runner's selector tests/integration/):
-# `make test` runs them twice more on the cuda backend under the CPU
-# emulator (tests/kernels/emu/emu.mk, docs/cuda.md): in vmm mode (the
-# default there, as on an H100/H200) and with KVTRIM_CUDA_SHARE=ipc, the
-# latter with the emulator's host functions deferred
-# (KVT_EMU_HOSTFN_DELAY_US), so syncs that wait for an engine's GPU writes
-# take the parking path (tests/integration/test_device.c).
-comma := ,
-# Then kvtrim-loadgen --verify for every policy on the emulated cuda
-# backend: streaming and h2o in both sharing modes (200 steps), and one
-# vmm run of each other policy (scripts/loadgen-policies.sh).  Last the
-# Python package's tests (scripts/python_tests.sh), where the environment
-# of scripts/python_venv.sh exists (else skipped, naming that command).
-test check: deps models-if-reachable
-	@$(MAKE) --no-print-directory all
-	KVTRIM_BIN_DIR=$(B)/bin $(TESTS)
-	$(CUDA_EMU_TESTS)
-	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
-	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) tests/integration/)
-	$(if $(CUDA_EMU_LIB),KVTRIM_BACKEND=cuda KVTRIM_CUDA_EMU=1 \
-	  KVTRIM_CUDA_SHARE=ipc KVT_EMU_HOSTFN_DELAY_US=1000 \
-	  KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVTRIM_BIN_DIR=$(B)/bin $(TESTS) tests/integration/)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-cuda.sh $(B)/bin streaming streaming:sinks=4$(comma)tokens=64)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-cuda.sh $(B)/bin h2o h2o:tokens=96)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_streaming streaming:sinks=4$(comma)tokens=64 ipc)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  KVT_EMU_HOSTFN_DELAY_US=1000 \
-	  sh scripts/loadgen-cuda.sh $(B)/bin ipc_h2o h2o:tokens=96 ipc)
-	$(if $(CUDA_EMU_LIB),KVTRIM_CUDA_LIB=$(abspath $(CUDA_EMU_LIB)) \
-	  sh scripts/loadgen-policies.sh $(B)/bin)
-	SANITIZER=$(SANITIZER) sh scripts/python_tests.sh
-
+# The test runs (make test, make soak) are in mk/test.mk.  deps first, then
+# a fresh make: on a new machine the pkg-config flags above only exist once
+# deps has installed the packages.
 bench: deps models-if-reachable
 	@$(MAKE) --no-print-directory all
 	$(BENCH) --bin-dir $(B)/bin --out $(B)/bench.txt
@@ -495,98 +472,14 @@ systemd-verify: $(DAEMON)
 	if [ $$rc -ne 0 ] || echo "$$out" | grep -q 'kvtrimd.service'; then \
 	  echo "systemd-verify: FAILED"; exit 1; fi; echo "systemd-verify: ok"
 
-# ---- fuzzing and soak (neither is part of `make test`)
-#
-#   make fuzz [FUZZ_SECONDS=600] [FUZZ_JOBS=1] [FUZZ_MERGE=0]
-#       libFuzzer targets (clang, ASan + UBSan + LeakSanitizer) for the
-#       message codec, the config parser and the safetensors loader, each
-#       run FUZZ_SECONDS on its corpus (tests/fuzz/corpus/<target>), FUZZ_JOBS
-#       at a time; prints runs, coverage and crashes per target and fails on
-#       any crash, leak or timeout.  FUZZ_MERGE=1 minimises the grown corpora
-#       back into tests/fuzz/corpus.  Installs clang and its fuzzer runtime
-#       when they are missing (the normal build does not need them).
-#   make fuzz-seeds    regenerates the seed inputs (build/fuzz/seeds)
-#   make soak [SOAK_ARGS=...]
-#       scripts/soak.sh: 16 verifying engines under memory pressure with
-#       random SIGKILLs; see the script.
-FUZZ_SECONDS ?= 600
-FUZZ_JOBS    ?= 1
-FUZZ_MERGE   ?= 0
-FUZZ_CC      ?= clang
-FUZZ_TARGETS := codec config weights gguf spwire
-FUZZ_B       := build/fuzz
-FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -fno-omit-frame-pointer \
-                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-                -Iinclude -Icore -Iipc -Idaemon -Ipolicies -Ikernels/cpu -Iengine
-FUZZ_HDRS    := $(wildcard include/*.h core/*.h ipc/*.h daemon/config.h daemon/log.h \
-                  daemon/spwire.h \
-                  policies/weights.h kernels/cpu/kernels.h engine/gguf.h \
-                  engine/tokenizer.h)
-CODEC_SRC        := ipc/codec.c ipc/codec_decode.c ipc/codec_encode.c \
-                    ipc/codec_scan.c ipc/codec_row.c
-FUZZ_SRC_codec   := tests/fuzz/fuzz_codec.c $(CODEC_SRC) core/errors.c
-FUZZ_LIB_codec   := -lmsgpackc
-FUZZ_SRC_config  := tests/fuzz/fuzz_config.c daemon/config.c daemon/log.c \
-                    core/errors.c core/now.c
-FUZZ_LIB_config  :=
-FUZZ_SRC_weights := tests/fuzz/fuzz_weights.c policies/weights.c \
-                    core/dtype.c core/errors.c
-FUZZ_LIB_weights := -lcjson -lm
-FUZZ_SRC_gguf    := tests/fuzz/fuzz_gguf.c $(wildcard engine/gguf*.c) \
-                    engine/tokenizer.c engine/unicode.c core/dtype.c \
-                    core/errors.c
-FUZZ_LIB_gguf    := -lm
-FUZZ_SRC_spwire  := tests/fuzz/fuzz_spwire.c daemon/spwire.c
-FUZZ_LIB_spwire  :=
-FUZZ_BINS := $(addprefix $(FUZZ_B)/fuzz_,$(FUZZ_TARGETS))
-
-.PHONY: fuzz fuzz-deps fuzz-build fuzz-seeds soak
-fuzz-deps:
-	@if ! command -v $(FUZZ_CC) >/dev/null 2>&1 || \
-	    ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
-	      $(FUZZ_CC) -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then \
-	  echo "installing: clang libclang-rt-14-dev (libFuzzer)"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    $$SUDO apt-get install -y -qq clang libclang-rt-14-dev; \
-	fi
-
-$(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HDRS) Makefile
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  FUZZ  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(FUZZ_SRC_$*) $(FUZZ_LIB_$*)
-$(FUZZ_B)/fuzz_codec: $(FUZZ_SRC_codec)
-$(FUZZ_B)/fuzz_config: $(FUZZ_SRC_config)
-$(FUZZ_B)/fuzz_weights: $(FUZZ_SRC_weights)
-$(FUZZ_B)/fuzz_gguf: $(FUZZ_SRC_gguf)
-
-$(FUZZ_B)/gen_seeds: tests/fuzz/gen_seeds.c $(CODEC_SRC) policies/weights.c \
-                     core/dtype.c core/errors.c $(FUZZ_HDRS)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD    $@")
-	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g $(WARN) -Iinclude -Icore -Iipc -Ipolicies \
-	  -Ikernels/cpu -o $@ $(filter %.c,$^) -lmsgpackc -lcjson -lm
-
-fuzz-build: fuzz-deps
-	@$(MAKE) --no-print-directory $(FUZZ_BINS)
-
-fuzz-seeds: $(FUZZ_B)/gen_seeds
-	rm -rf $(FUZZ_B)/seeds && $(FUZZ_B)/gen_seeds $(FUZZ_B)/seeds
-	@echo "seeds in $(FUZZ_B)/seeds (committed corpora: tests/fuzz/corpus)"
-
-fuzz: fuzz-build
-	BIN=$(FUZZ_B) SECONDS_PER_TARGET=$(FUZZ_SECONDS) JOBS=$(FUZZ_JOBS) \
-	  MERGE=$(FUZZ_MERGE) sh tests/fuzz/run.sh $(FUZZ_TARGETS)
-
-soak: deps
-	@$(MAKE) --no-print-directory all
-	B=$(B) sh scripts/soak.sh $(SOAK_ARGS)
-
 clean:
 	rm -rf build
 
 # The CUDA backend and kernels (built only when nvcc is found); see the file.
 -include backend/cuda/cuda.mk
 -include tests/kernels/emu/emu.mk
+# The test runs and fuzzing, after the emulator's variables they use.
+include mk/test.mk
+include mk/fuzz.mk
 
 -include $(shell find build -name '*.d' 2>/dev/null)

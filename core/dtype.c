@@ -5,7 +5,7 @@
  * Pure bit manipulation, so results do not depend on the FPU rounding mode
  * or on F16C being present, and the CUDA twins (__float2half_rn,
  * __float2bfloat16_rn) must match it bit for bit.  Tested in
- * tests/unit/test_kernels.c (`kvtrim-tests kernels`).
+ * kernels/cpu/kernels_test.c (`kvtrim-tests kernels`).
  */
 #include "dtype.h"
 

@@ -4,7 +4,7 @@
  * float32.  No engine code: the engine reads hyperparameters and tensors
  * through this interface.  The reader is gguf.c; the tensor types and the
  * dequantisation gguf_quant.c; the llama architecture check gguf_llama.c.
- * Tested in tests/unit/test_gguf.c (`kvtrim-tests gguf`).
+ * Tested in engine/gguf_test.c (`kvtrim-tests gguf`).
  *
  * Everything is validated at open, before any caller sees it; a failure is
  * a negative KVT_E* code and a one-line reason in err (the layout, the

@@ -2,7 +2,7 @@
  * tokenizer.h — the byte-level BPE tokenizer of GGUF models whose
  * tokenizer.ggml.model is "gpt2" and pre-tokenizer "smollm" (SmolLM2):
  * encode, decode, special tokens and the ChatML chat template.  Tested in
- * tests/unit/test_tokenizer.c (`kvtrim-tests tokenizer`) against ids from
+ * engine/tokenizer_test.c (`kvtrim-tests tokenizer`) against ids from
  * HF `tokenizers` (tests/fixtures/smollm2/tokenizer.txt).
  *
  * Encoding follows the model's tokenizer.json (steps: docs/engine.md,

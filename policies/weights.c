@@ -1,6 +1,6 @@
 /*
  * weights.c — safetensors reader/writer for the learned scorers; see
- * weights.h.  Tested in tests/unit/test_weights.c (`kvtrim-tests weights`).
+ * weights.h.  Tested in policies/weights_test.c (`kvtrim-tests weights`).
  *
  * Format (huggingface/safetensors): u64 little-endian header length N, N
  * bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, ...,

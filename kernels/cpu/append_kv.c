@@ -1,6 +1,6 @@
 /*
  * append_kv.c — write new K/V rows into a paged list (CPU reference); see
- * kernels.h.  Tested in tests/unit/test_kernels.c.
+ * kernels.h.  Tested in kernels/cpu/kernels_test.c.
  *
  * Page layout (shm.h): page = [K: page_tokens x head_dim][V: page_tokens x
  * head_dim] in dtype dt; entry e lives in pages[e / page_tokens], row

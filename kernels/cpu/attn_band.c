@@ -1,7 +1,7 @@
 /*
  * attn_band.c — attention weights of staged queries against one list's
  * keys, recovered from the engine's stored log-sum-exp (CPU reference);
- * see kernels.h.  Tested in tests/unit/test_kernels.c.
+ * see kernels.h.  Tested in kernels/cpu/kernels_test.c.
  *
  * Keys are gathered once into kscratch as float32 and all n_q * G query
  * rows hit them in one sgemm (q is [n_q][G][head_dim], i.e. already an

@@ -1,7 +1,7 @@
 /*
  * paged_attention.c — decode attention of one query token over one paged
  * (layer, KV head) list, returning the log-sum-exp (CPU reference); see
- * kernels.h.  Tested in tests/unit/test_kernels.c.  Three passes: logits,
+ * kernels.h.  Tested in kernels/cpu/kernels_test.c.  Three passes: logits,
  * a max-subtracted softmax (paged_attention_softmax_cpu, shared with the
  * dense twins in engine/model.c and tools/eval/ctx.c), the value sum.
  *

@@ -1,6 +1,6 @@
 /*
  * scorer_linear.c — y = x W^T + b for a batch of tokens (CPU reference,
- * KVzap-Linear); see kernels.h.  Tested in tests/unit/test_kernels.c.
+ * KVzap-Linear); see kernels.h.  Tested in kernels/cpu/kernels_test.c.
  *
  * y is seeded with the bias and one sgemm adds x W^T (beta = 1), so the
  * bias costs no second pass and W stays in its PyTorch [d_out][d_in]

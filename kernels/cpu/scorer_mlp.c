@@ -1,7 +1,7 @@
 /*
  * scorer_mlp.c — y = W2 gelu(W1 x + b1) + b2 for a batch of tokens (CPU
  * reference, KVzap-MLP); see kernels.h.  Tested in
- * tests/unit/test_kernels.c.
+ * kernels/cpu/kernels_test.c.
  *
  * Both layers are one sgemm each (through scorer_linear_cpu); the GELU is
  * the exact erf form, as nn.GELU() with its default approximate='none',

@@ -1,6 +1,6 @@
 /*
  * select_threshold.c — drop unprotected entries scoring below tau (CPU
- * reference); see kernels.h.  Tested in tests/unit/test_kernels.c.
+ * reference); see kernels.h.  Tested in kernels/cpu/kernels_test.c.
  *
  * Written as !(score >= tau) so that NaN, which compares false with
  * everything, is dropped too: a scorer that produced NaN has no opinion

@@ -1,6 +1,6 @@
 /*
  * select_topk.c — keep the k best unprotected entries (CPU reference); see
- * kernels.h.  Tested in tests/unit/test_kernels.c.
+ * kernels.h.  Tested in kernels/cpu/kernels_test.c.
  *
  * Introselect on the candidate indices: quickselect with a median-of-three
  * pivot, expected linear; a depth budget of 2 log2(n) catches the inputs

@@ -1,7 +1,7 @@
 /*
  * sink_gate.c — Fast KVzip's low-rank sink-attention gate (CPU reference);
  * see kernels.h and reference/methods.md section 2.  Tested in
- * tests/unit/test_kernels.c.
+ * kernels/cpu/kernels_test.c.
  *
  * Both projections are one sgemm each over the n tokens (Wq is a
  * (n_kv * G * dp) x d_in matrix, Wk (n_kv * dp) x d_in, KV-head-major as

@@ -3,9 +3,10 @@
  * write GGUF files into, field by field (gb_hdr, gb_kv_*, gb_tinfo, ...),
  * and a whole llama-architecture file from the weights of a struct model
  * (gb_llama), optionally with a byte-level tokenizer and a ChatML
- * template, in F32, F16 or Q8_0.  Shared by tests/unit/test_gguf.c,
- * test_model.c and tests/integration/test_engine_gguf.c, so the files the
- * engine's loaders are tested on are written by code independent of them.
+ * template, in F32, F16 or Q8_0.  Shared by engine/gguf_test.c,
+ * engine/model_test.c and tests/integration/test_engine_gguf.c, so the
+ * files the engine's loaders are tested on are written by code independent
+ * of them.
  * Allocation failures end the test (T_ASSERT).
  */
 #ifndef KVT_TH_GB_H

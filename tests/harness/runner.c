@@ -69,9 +69,13 @@ static int matches(const struct th_test *t, int argc, char **argv)
 	if (argc < 2)
 		return 1;
 	snprintf(full, sizeof(full), "%s.%s", t->suite, t->name);
-	for (int i = 1; i < argc; i++)
-		if (strstr(strchr(argv[i], '/') ? t->file : full, argv[i]))
+	for (int i = 1; i < argc; i++) {
+		size_t n = strlen(argv[i]);
+		int by_file = strchr(argv[i], '/') ||
+		              (n >= 7 && !strcmp(argv[i] + n - 7, "_test.c"));
+		if (strstr(by_file ? t->file : full, argv[i]))
 			return 1;
+	}
 	return 0;
 }
 

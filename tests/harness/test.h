@@ -5,8 +5,10 @@
  * each test into its own process with a timeout (a crash or hang fails that
  * test only), and ends with one line "N passed, N failed, N skipped".
  * Run `build/bin/kvtrim-tests [selector...]` to run a subset: a selector
- * is a substring of "suite.name", or, when it holds a '/', of the test's
- * source file (`tests/integration/` selects the integration tests).
+ * is a substring of "suite.name", or, when it holds a '/' or ends in
+ * "_test.c", of the test's source file: `tests/integration/` selects the
+ * integration tests, `_test.c` the unit tests (<module>_test.c beside each
+ * module), `ipc/` the tests of ipc/.
  *
  * Assertions print file:line and the values, then end the test process.
  */

@@ -12,7 +12,7 @@
  * sets: knorm's simulated here from the norms (naive sort, sync by sync);
  * pyramidkv's budgets by hand; expected_attention's length and sinks by
  * hand (its scores are checked against a naive implementation in
- * tests/unit/test_policy_baselines.c).
+ * policies/policy_baselines_test.c).
  */
 #include <math.h>
 #include <stdlib.h>

@@ -1,0 +1,589 @@
+/*
+ * policy_weights_test.c — the policies with learned scorers (kvzap linear
+ * and MLP, fastkvzip, kvpop) on weight files written here, their weight
+ * refusals, and staged inputs that are not finite refused before decide().
+ *
+ * The miniature tenant (struct fx) is policy_fixture.h's.
+ */
+#include "policy_fixture.h"
+static const char *tmp_path(const char *name)
+{
+	static char buf[4][512];
+	static int n;
+	char *b = buf[n++ % 4];
+	snprintf(b, 512, "%s/%s", th_tmpdir(), name);
+	return b;
+}
+
+static void write_w(const char *path, const struct weights_tensor *t,
+                    size_t n)
+{
+	char err[KVT_ERRTEXT_MAX] = "";
+	int rc = weights_write(path, t, n, err, sizeof(err));
+	if (rc)
+		th_fail(__FILE__, __LINE__, "weights_write: %s", err);
+}
+
+/* Replaces the first float equal to from in the file by NaN. */
+static void poison(const char *path, float from)
+{
+	FILE *f = fopen(path, "r+b");
+	T_ASSERT(f);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	char *b = malloc((size_t)n);
+	fseek(f, 0, SEEK_SET);
+	T_EQ(fread(b, 1, (size_t)n, f), (size_t)n);
+	for (long i = 0; i + 4 <= n; i++) {
+		float v;
+		memcpy(&v, b + i, 4);
+		if (v == from) {
+			float nan = NAN;
+			fseek(f, i, SEEK_SET);
+			fwrite(&nan, 4, 1, f);
+			break;
+		}
+	}
+	fclose(f);
+	free(b);
+}
+
+/* kvzap linear weights for 2 layers, 2 KV heads, d 4: head 0 reads x0,
+ * head 1 reads x1.  names: "kvzap" or "kvpress" scheme; skip_b1: leave
+ * layer 1's bias out; wide: a bad shape. */
+static void kvzap_linear(const char *path, int kvpress, int skip_b1, int wide)
+{
+	static const float W[8] = {1, 0, 0, 0, 0, 1, 0, 0};
+	static const float Ww[10] = {1, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+	static const float b[2] = {0, 1234.5f};
+	static const float z[2] = {0, 0};
+	struct weights_tensor t[4];
+	char names[4][32];
+	size_t n = 0;
+	for (uint32_t l = 0; l < 2; l++) {
+		snprintf(names[n], 32, kvpress ? "layers.%u.weight"
+		                               : "kvzap.%u.weight", l);
+		t[n] = (struct weights_tensor){names[n], 2, {2, wide ? 5 : 4},
+		                               wide ? Ww : W};
+		n++;
+		if (l == 1 && skip_b1)
+			continue;
+		snprintf(names[n], 32, kvpress ? "layers.%u.bias"
+		                               : "kvzap.%u.bias", l);
+		/* layer 0's bias is 0; layer 1's carries a marker value */
+		t[n] = (struct weights_tensor){names[n], 1, {2},
+		                               l ? b : z};
+		n++;
+	}
+	write_w(path, t, n);
+}
+
+TEST(policy, kvzap_linear_rule)
+{
+	/* window 2, threshold 0.5: an entry is decided at n = pos + 3.
+	 * head 0 score x0, head 1 score x1. */
+	const char *w = tmp_path("kvzap.safetensors");
+	kvzap_linear(w, 0, 0, 0);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,window=2,threshold=0.5",
+	         w);
+	const float x[5][FX_D] = {{.9f, .1f}, {.2f, .8f}, {.7f, .5f},
+	                          {.1f, .1f}, {.6f, .3f}};
+	const float a[FX_KV] = {0};
+	struct fx f;
+	fx_init(&f, spec, 2, 2);
+	T_EQ(f.p->entry_floats, 1);
+	for (uint32_t n = 0; n < 5; n++) {
+		fx_step(&f, a, x[n]);
+		if (n == 2) { /* pos 0 decided: head 1 drops it */
+			FX_EXPECT(&f, 0, 0, 1, 2);
+			FX_EXPECT(&f, 1, 1, 2);
+		}
+	}
+	/* pos 1: head 0 drops (.2); pos 2: .7 keeps, .5 == tau keeps;
+	 * pos 3, 4 still in the window */
+	FX_EXPECT(&f, 0, 0, 2, 3, 4);
+	FX_EXPECT(&f, 1, 1, 2, 3, 4);
+	/* the score moved with its entry */
+	for (uint32_t i = 0; i < f.len[1]; i++)
+		if (f.pos[1][i] == 1)
+			T_ASSERT(f.ent[1][i] == 0.8f);
+	policy_free(f.p);
+
+	/* the same in one prefill sync: pos 0..2 leave the window at once */
+	fx_init(&f, spec, 2, 2);
+	T_OK(fx_sync(&f, 5, KVT_PHASE_PREFILL, NULL, x, NULL, NULL));
+	FX_EXPECT(&f, 0, 0, 2, 3, 4);
+	FX_EXPECT(&f, 1, 1, 2, 3, 4);
+	/* decided once: pos 0 of head 0 (.9) stays under any later pressure */
+	policy_set_pressure(f.p, 1.0f); /* tau 2.5 */
+	fx_step(&f, a, (const float[FX_D]){.9f, .9f});
+	/* pos 3 left now: .1 < 2.5 dropped in both; pos 0, 2 untouched */
+	FX_EXPECT(&f, 0, 0, 2, 4, 5);
+	FX_EXPECT(&f, 1, 1, 2, 4, 5);
+	policy_free(f.p);
+
+	/* window 0 decides at arrival; a NaN x is refused before it is
+	 * scored (policy.inputs_refused) */
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,window=0,threshold=0", w);
+	fx_init(&f, spec, 2, 2);
+	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL,
+	              (const float[1][FX_D]){{NAN, 1.0f}}, NULL, NULL),
+	      KVT_EINVAL);
+	f.n_seen = 0;
+	f.len[0] = f.len[1] = 0;
+	fx_step(&f, a, (const float[FX_D]){0.0f, -1.0f});
+	FX_EXPECT(&f, 0, 0); /* 0 >= 0 keeps */
+	T_EQ(f.len[1], 0);
+	policy_free(f.p);
+
+	/* sinks protect */
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,window=0,sinks=1,"
+	         "threshold=5", w);
+	fx_init(&f, spec, 2, 2);
+	fx_step(&f, a, x[0]);
+	fx_step(&f, a, x[1]);
+	FX_EXPECT(&f, 0, 0);
+	FX_EXPECT(&f, 1, 0);
+	policy_free(f.p);
+}
+
+TEST(policy, kvzap_mlp_and_kvpress_dir)
+{
+	/* MLP hidden 1: head 0 = gelu(x0), head 1 = -gelu(x0); threshold 0
+	 * keeps head 0 for x0 >= 0 and head 1 only at x0 = 0. */
+	const char *dir = tmp_path("kvzap-mlp");
+	T_EQ(mkdir(dir, 0755), 0);
+	char path[600];
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	static const float W1[4] = {1, 0, 0, 0}, b1[1] = {0};
+	static const float W2[2] = {1, -1}, b2[2] = {0, 0};
+	struct weights_tensor t[8];
+	char nm[8][32];
+	for (uint32_t l = 0; l < 2; l++) {
+		snprintf(nm[4 * l], 32, "layers.%u.0.weight", l);
+		snprintf(nm[4 * l + 1], 32, "layers.%u.0.bias", l);
+		snprintf(nm[4 * l + 2], 32, "layers.%u.2.weight", l);
+		snprintf(nm[4 * l + 3], 32, "layers.%u.2.bias", l);
+		t[4 * l] = (struct weights_tensor){nm[4 * l], 2, {1, 4}, W1};
+		t[4 * l + 1] = (struct weights_tensor){nm[4 * l + 1], 1, {1}, b1};
+		t[4 * l + 2] = (struct weights_tensor){nm[4 * l + 2], 2, {2, 1},
+		                                       W2};
+		t[4 * l + 3] = (struct weights_tensor){nm[4 * l + 3], 1, {2}, b2};
+	}
+	write_w(path, t, 8);
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	FILE *c = fopen(path, "w");
+	fprintf(c, "{\"input_dim\": 4, \"output_dim\": 2, \"hidden_dim\": 1, "
+	           "\"n_modules\": 2}\n");
+	fclose(c);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,window=0,threshold=0", dir);
+	struct fx f;
+	fx_init(&f, spec, 2, 2);
+	const float a[FX_KV] = {0};
+	fx_step(&f, a, (const float[FX_D]){1.0f});
+	fx_step(&f, a, (const float[FX_D]){-1.0f});
+	fx_step(&f, a, (const float[FX_D]){0.0f});
+	/* gelu(-1) = -.159: head 0 drops pos 1, head 1 (+.159) keeps it */
+	FX_EXPECT(&f, 0, 0, 2);
+	FX_EXPECT(&f, 1, 1, 2);
+	policy_free(f.p);
+
+	/* config.json describing another model is refused */
+	c = fopen(path, "w");
+	fprintf(c, "{\"input_dim\": 8, \"output_dim\": 2, \"hidden_dim\": 1}\n");
+	fclose(c);
+	struct policy_geom ge = geom(2, 2);
+	refused_why(spec, &ge, "input_dim", __LINE__);
+}
+
+TEST(policy, kvzap_weight_refusals)
+{
+	struct policy_geom ge = geom(2, 2);
+	char spec[600];
+	const char *w = tmp_path("bad.safetensors");
+	/* missing tensor */
+	kvzap_linear(w, 1, 1, 0);
+	snprintf(spec, sizeof(spec), "kvzap:model=%s", w);
+	refused_why(spec, &ge, "layers.1.bias", __LINE__);
+	/* bad shape */
+	kvzap_linear(w, 0, 0, 1);
+	refused_why(spec, &ge, "shape", __LINE__);
+	/* fine, then NaN */
+	kvzap_linear(w, 0, 0, 0);
+	struct policy *p = make_g(spec, &ge);
+	policy_free(p);
+	poison(w, 1234.5f);
+	refused_why(spec, &ge, "NaN", __LINE__);
+	/* more layers than the model */
+	kvzap_linear(w, 0, 0, 0);
+	struct policy_geom one = ge;
+	one.n_layers = 1;
+	refused_why(spec, &one, "more layers", __LINE__);
+	/* fewer: a 3-layer model lacks layer 2 */
+	struct policy_geom three = ge;
+	three.n_layers = 3;
+	refused_why(spec, &three, "kvzap.2.weight", __LINE__);
+	/* not KVzap at all */
+	write_w(w, &(struct weights_tensor){"x", 1, {1}, (const float[1]){0}},
+	        1);
+	refused_why(spec, &ge, "no KVzap tensors", __LINE__);
+}
+
+/* fastkvzip gate weights, 2 layers, 2 KV heads, G 1, dp 1, S 1: q from
+ * x0, k from x1 (head 0) or x2 (head 1), zero sink key, bias 0, so
+ * score = sigmoid(sign(x0) sign(x_{1+g})). */
+static void fkv_weights(const char *path, int skip, float gq)
+{
+	static const float Wq[8] = {1, 0, 0, 0, 1, 0, 0, 0};
+	static const float Wk[8] = {0, 1, 0, 0, 0, 0, 1, 0};
+	static const float z2[2] = {0, 0}, one[1] = {1};
+	float g[1] = {gq};
+	struct weights_tensor t[14];
+	char nm[14][48];
+	size_t n = 0;
+	for (uint32_t l = 0; l < 2; l++) {
+#define T_(fmt, nd, s0, s1, s2, s3, d)                                         \
+	do {                                                                   \
+		snprintf(nm[n], 48, fmt, l);                                   \
+		t[n] = (struct weights_tensor){nm[n], nd, {s0, s1, s2, s3}, d};\
+		n++;                                                           \
+	} while (0)
+		T_("fastkvzip.%u.q_proj.weight", 2, 2, 4, 0, 0, Wq);
+		T_("fastkvzip.%u.q_proj.bias", 1, 2, 0, 0, 0, z2);
+		T_("fastkvzip.%u.k_proj.weight", 2, 2, 4, 0, 0, Wk);
+		T_("fastkvzip.%u.q_norm.weight", 1, 1, 0, 0, 0,
+		   l ? g : one);
+		T_("fastkvzip.%u.k_norm.weight", 1, 1, 0, 0, 0, one);
+		T_("fastkvzip.%u.k_base", 4, 2, 1, 1, 1, z2);
+		if (!(skip && l == 1))
+			T_("fastkvzip.%u.b", 3, 2, 1, 1, 0, z2);
+#undef T_
+	}
+	write_w(path, t, n);
+}
+
+TEST(policy, fastkvzip_rule)
+{
+	const char *w = tmp_path("fkv.safetensors");
+	fkv_weights(w, 0, 1.0f);
+	char spec[600];
+	/* prefill of 8, sinks 1, window 2, ratio 0.5: B 4 per head, the layer
+	 * keeps 8; protected 0, 6, 7 in each head (6), so 2 more of the
+	 * candidates 1..5 of both heads: head 0 agrees (score .73) at 1, 2,
+	 * everything else .27: head 0 keeps 0 1 2 6 7, head 1 keeps 0 6 7 */
+	snprintf(spec, sizeof(spec), "fastkvzip:model=%s,sinks=1,window=2", w);
+	const float x[8][FX_D] = {{1, 1, 1}, {1, 1, -1}, {-1, -1, 1},
+	                          {1, -1, -1}, {-1, 1, 1}, {1, -1, -1},
+	                          {1, 1, 1}, {1, 1, 1}};
+	struct fx f;
+	fx_init(&f, spec, 2, 2);
+	T_OK(fx_sync(&f, 8, KVT_PHASE_PREFILL, NULL, x, NULL, NULL));
+	FX_EXPECT(&f, 0, 0, 1, 2, 6, 7);
+	FX_EXPECT(&f, 1, 0, 6, 7);
+	float s = f.ent[0][0];
+	T_ASSERT(fabsf(s - 1.0f / (1.0f + expf(-1.0f))) < 1e-3f);
+	policy_free(f.p);
+
+	/* decode: threshold 0.5, window 2, sinks 0, every 4: decisions only
+	 * at n 4 (candidates pos < 2) and n 8 (pos < 6) */
+	snprintf(spec, sizeof(spec), "fastkvzip:model=%s,sinks=0,window=2,"
+	         "threshold=0.5,every=4", w);
+	fx_init(&f, spec, 2, 2);
+	const float a[FX_KV] = {0};
+	for (uint32_t n = 0; n < 8; n++) {
+		fx_step(&f, a, x[n]);
+		if (n == 2) {
+			T_EQ(f.len[0], 3);
+			T_EQ(f.len[1], 3);
+		}
+		if (n == 3) { /* pos 0 agrees in both, 1 only in head 0 */
+			FX_EXPECT(&f, 0, 0, 1, 2, 3);
+			FX_EXPECT(&f, 1, 0, 2, 3);
+		}
+	}
+	/* n 8: pos 2..5 decided: head 0 keeps 2, head 1 none */
+	FX_EXPECT(&f, 0, 0, 1, 2, 6, 7);
+	FX_EXPECT(&f, 1, 0, 6, 7);
+	policy_free(f.p);
+}
+
+TEST(policy, fastkvzip_weight_refusals)
+{
+	struct policy_geom ge = geom(2, 2);
+	const char *w = tmp_path("fkv-bad.safetensors");
+	char spec[600];
+	snprintf(spec, sizeof(spec), "fastkvzip:model=%s", w);
+	fkv_weights(w, 1, 1.0f);
+	refused_why(spec, &ge, "fastkvzip.1.b", __LINE__);
+	fkv_weights(w, 0, 1234.5f);
+	struct policy *p = make_g(spec, &ge);
+	policy_free(p);
+	poison(w, 1234.5f);
+	refused_why(spec, &ge, "NaN", __LINE__);
+	fkv_weights(w, 0, 1.0f);
+	struct policy_geom g4 = geom(4, 2); /* G 2: q_proj must be [4][4] */
+	refused_why(spec, &g4, "shape", __LINE__);
+	refused_why("fastkvzip", &ge, "model=PATH", __LINE__);
+}
+
+/* kvpop weights, 2 layers, r 1, m 1: u = x0; z = W1 [u, ln a] + 10;
+ * s = z (gelu is the identity that far out). */
+static void kvpop_weights(const char *path, float wu, float wa, int bad)
+{
+	static const float P[4] = {1, 0, 0, 0}, b1[1] = {10}, W2[1] = {1},
+	                   b2[1] = {0};
+	float W1[2] = {wu, wa};
+	struct weights_tensor t[10];
+	char nm[10][40];
+	size_t n = 0;
+	for (uint32_t l = 0; l < 2; l++) {
+		snprintf(nm[n], 40, "kvpop.%u.proj.weight", l);
+		t[n] = (struct weights_tensor){nm[n], 2, {1, 4}, P};
+		n++;
+		snprintf(nm[n], 40, "kvpop.%u.fc1.weight", l);
+		t[n] = (struct weights_tensor){nm[n], 2, {1, bad ? 1 : 2}, W1};
+		n++;
+		snprintf(nm[n], 40, "kvpop.%u.fc1.bias", l);
+		t[n] = (struct weights_tensor){nm[n], 1, {1}, b1};
+		n++;
+		snprintf(nm[n], 40, "kvpop.%u.fc2.weight", l);
+		t[n] = (struct weights_tensor){nm[n], 2, {1, 1}, W2};
+		n++;
+		snprintf(nm[n], 40, "kvpop.%u.fc2.bias", l);
+		t[n] = (struct weights_tensor){nm[n], 1, {1}, b2};
+		n++;
+	}
+	write_w(path, t, n);
+}
+
+TEST(policy, kvpop_delayed_scores)
+{
+	/* score = x0 + 10 at age 2, tokens 3, delay 2, sinks 0:
+	 * x0 .5 .1 .9 .3 .2 .8
+	 *   n 3: pos 0 scored; 1, 2 protected; keep 0
+	 *   n 4: pos 1 (10.1) vs 0 (10.5): drop 1
+	 *   n 5: pos 2 (10.9) vs 0: drop 0
+	 *   n 6: pos 3 (10.3) vs 2: drop 3 -> {2, 4, 5} */
+	const char *w = tmp_path("kvpop.safetensors");
+	kvpop_weights(w, 1.0f, 0.0f, 0);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0",
+	         w);
+	struct fx f;
+	fx_init(&f, spec, 2, 1);
+	T_EQ(f.p->entry_floats, 2);
+	const float x0[6] = {.5f, .1f, .9f, .3f, .2f, .8f};
+	const float a[FX_KV] = {0};
+	for (uint32_t n = 0; n < 6; n++) {
+		fx_step(&f, a, (const float[FX_D]){x0[n]});
+		if (n == 3)
+			FX_EXPECT(&f, 0, 0, 2, 3);
+	}
+	FX_EXPECT(&f, 0, 2, 4, 5);
+	policy_free(f.p);
+}
+
+TEST(policy, kvpop_attention_feature)
+{
+	/* score = ln(A + 1e-6) + 10, A = attention received from the two
+	 * following queries, mean over G: q 1, lse 0 give alpha_i each, so
+	 * A = 2 alpha_i.  tokens 3, delay 2, sinks 0.
+	 * alpha .5 .1 .3 .4 .2 .6:
+	 *   n 4: pos 1 (A .2) vs 0 (1.0): drop 1
+	 *   n 5: pos 2 (.6) vs 0: drop 2
+	 *   n 6: pos 3 (.8) vs 0: drop 3 -> {0, 4, 5} */
+	const char *w = tmp_path("kvpop2.safetensors");
+	kvpop_weights(w, 0.0f, 1.0f, 0);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0",
+	         w);
+	struct fx f;
+	fx_init(&f, spec, 2, 1);
+	const float al[6] = {.5f, .1f, .3f, .4f, .2f, .6f};
+	for (uint32_t n = 0; n < 6; n++) {
+		float av[FX_KV] = {al[n]};
+		fx_step(&f, av, NULL);
+	}
+	FX_EXPECT(&f, 0, 0, 4, 5);
+	for (uint32_t i = 0; i < f.len[0]; i++)
+		if (f.pos[0][i] == 0)
+			T_ASSERT(fabsf(f.ent[0][2 * i] - 1.0f) < 1e-4f);
+	policy_free(f.p);
+
+	/* the same prompt in one prefill sync gives the same survivors when
+	 * the budget allows them all to age: tokens 6 keeps everything */
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=2,sinks=0",
+	         w);
+	fx_init(&f, spec, 2, 1);
+	T_OK(fx_sync(&f, 6, KVT_PHASE_PREFILL,
+	             (const float[6][FX_KV]){{.5f}, {.1f}, {.3f}, {.4f}, {.2f},
+	                                     {.6f}},
+	             NULL, NULL, NULL));
+	T_EQ(f.len[0], 6);
+	/* entry 0 received 2 x .5 in the same sync */
+	for (uint32_t i = 0; i < f.len[0]; i++)
+		if (f.pos[0][i] == 0)
+			T_ASSERT(fabsf(f.ent[0][2 * i] - 1.0f) < 1e-4f);
+	policy_free(f.p);
+}
+
+TEST(policy, kvpop_weight_refusals)
+{
+	struct policy_geom ge = geom(2, 1);
+	const char *w = tmp_path("kvpop-bad.safetensors");
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s", w);
+	kvpop_weights(w, 1.0f, 0.0f, 1);
+	refused_why(spec, &ge, "shape", __LINE__);
+	kvpop_weights(w, 1234.5f, 0.0f, 0);
+	struct policy *p = make_g(spec, &ge);
+	policy_free(p);
+	poison(w, 1234.5f);
+	refused_why(spec, &ge, "NaN", __LINE__);
+	struct policy_geom g2 = geom(2, 2); /* fc2 must be [2][1] */
+	kvpop_weights(w, 1.0f, 0.0f, 0);
+	refused_why(spec, &g2, "shape", __LINE__);
+}
+
+/* ------------------------------------------------------------ inputs */
+
+/*
+ * A policy reading staged inputs: two finite tokens pass; then a sync whose
+ * token 1 (position 3) carries `bad` at index 1 of input `which` (0 x, 1 q,
+ * 2 lse) is refused with KVT_EINVAL and a reason containing needle, before
+ * decide() ran (the layer state is untouched); the same sync with the
+ * input fixed then passes.  The second sync is a decode sync for a policy
+ * that decides only there (snapkv: policy_decides; at a sync where it
+ * decides nothing it reads, and so checks, nothing).
+ */
+static void bad_input_(const char *spec, uint32_t H, uint32_t nkv, int which,
+                       float bad, const char *needle, int line)
+{
+	const enum kvt_phase ph = strncmp(spec, "snapkv", 6)
+	                          ? KVT_PHASE_PREFILL : KVT_PHASE_DECODE;
+	struct fx f;
+	fx_init(&f, spec, H, nkv);
+	float x[2][FX_D], q[2][FX_H], lse[2][FX_H];
+	for (uint32_t k = 0; k < 2; k++) {
+		for (uint32_t d = 0; d < FX_D; d++)
+			x[k][d] = 0.5f;
+		for (uint32_t j = 0; j < FX_H; j++) {
+			q[k][j] = 1.0f;
+			lse[k][j] = 0.0f;
+		}
+	}
+	const float a[2][FX_KV] = {{.5f, .5f}, {.5f, .5f}};
+	T_OK(fx_sync(&f, 2, KVT_PHASE_PREFILL, a, x, q, lse));
+	uint32_t n_seen = f.n_seen, len[FX_KV];
+	memcpy(len, f.len, sizeof(len));
+	static uint8_t state[sizeof(f.state)];
+	memcpy(state, f.state, sizeof(state));
+	float *slot = which == 0 ? &x[1][1] : which == 1 ? &q[1][1] : &lse[1][1];
+	float good = *slot;
+	*slot = bad;
+	int rc = fx_sync(&f, 2, ph, a, x, q, lse);
+	if (rc != KVT_EINVAL || !strstr(f.p->why, needle))
+		th_fail(__FILE__, line, "%s: gave %s (%s), expected EINVAL "
+		        "with '%s'", spec, kvt_errname(rc), f.p->why, needle);
+	if (memcmp(state, f.state, sizeof(state)))
+		th_fail(__FILE__, line, "%s: layer state changed", spec);
+	/* The fixture appended before deciding; a tenant commits nothing
+	 * of a refused sync, so rewind it the same way. */
+	f.n_seen = n_seen;
+	memcpy(f.len, len, sizeof(len));
+	*slot = good;
+	rc = fx_sync(&f, 2, ph, a, x, q, lse);
+	if (rc || f.p->why[0])
+		th_fail(__FILE__, line, "%s: fixed sync gave %s (%s)", spec,
+		        kvt_errname(rc), f.p->why);
+	policy_free(f.p);
+}
+#define bad_input(spec, H, nkv, which, bad, needle)                           \
+	bad_input_(spec, H, nkv, which, bad, needle, __LINE__)
+
+TEST(policy, inputs_refused)
+{
+	const char *wz = tmp_path("kvzap.safetensors");
+	const char *wf = tmp_path("fkv.safetensors");
+	const char *wp = tmp_path("kvpop.safetensors");
+	kvzap_linear(wz, 0, 0, 0);
+	fkv_weights(wf, 0, 1.0f);
+	kvpop_weights(wp, 1.0f, 0.0f, 0);
+	char kvzap[600], fkv[600], kvpop[600];
+	snprintf(kvzap, sizeof(kvzap), "kvzap:model=%s,window=1", wz);
+	snprintf(fkv, sizeof(fkv), "fastkvzip:model=%s", wf);
+	snprintf(kvpop, sizeof(kvpop), "kvpop:model=%s,tokens=3,delay=2", wp);
+	const float nan = NAN, inf = INFINITY, un = policy_unstaged();
+	/* every policy that reads an input, for each input it reads
+	 * (head_dim 1: a q element is named by its head alone) */
+	const struct {
+		const char *spec;
+		uint32_t H, nkv;
+		unsigned inputs; /* bit 0 x, 1 q, 2 lse */
+	} pol[] = {
+		{"h2o:tokens=8", 2, 1, 6},  {"snapkv:window=1", 2, 1, 6},
+		{"tova:tokens=8", 2, 1, 6}, {kvzap, 2, 2, 1},
+		{fkv, 2, 2, 1},             {kvpop, 2, 1, 7},
+	};
+	static const char *const what[3][3] = {
+		{"layer 0, position 3: staged x[1] is NaN",
+		 "layer 0, position 3: staged x[1] is +Inf",
+		 "layer 0, position 3: x was never staged (kvt_stage_x)"},
+		{"layer 0, position 3: staged q of query head 1 is NaN",
+		 "layer 0, position 3: staged q of query head 1 is -Inf",
+		 "layer 0, position 3: q of query head 1 was never staged "
+		 "(kvt_stage_q)"},
+		{"layer 0, position 3: staged lse of query head 1 is NaN",
+		 "layer 0, position 3: staged lse of query head 1 is +Inf",
+		 "layer 0, position 3: lse of query head 1 was never staged "
+		 "(kvt_stage_lse)"},
+	};
+	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++)
+		for (int in = 0; in < 3; in++) {
+			if (!(pol[i].inputs & (1u << in)))
+				continue;
+			bad_input(pol[i].spec, pol[i].H, pol[i].nkv, in, nan,
+			          what[in][0]);
+			bad_input(pol[i].spec, pol[i].H, pol[i].nkv, in,
+			          in == 1 ? -inf : inf, what[in][1]);
+			bad_input(pol[i].spec, pol[i].H, pol[i].nkv, in, un,
+			          what[in][2]);
+		}
+	/* x's marker sits in x[0] (what the tenant writes) */
+	struct fx f;
+	fx_init(&f, kvzap, 2, 2);
+	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL,
+	              (const float[1][FX_D]){{un, 1, 1, 1}}, NULL, NULL),
+	      KVT_EINVAL);
+	T_EQ_STR(f.p->why, "layer 0, position 0: x was never staged "
+	                   "(kvt_stage_x)");
+	policy_free(f.p);
+	/* inputs a policy does not read are not checked */
+	fx_init(&f, "h2o:tokens=8", 2, 1);
+	T_OK(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL,
+	             (const float[1][FX_D]){{nan, un, inf, 0}}, NULL, NULL));
+	policy_free(f.p);
+	/* the full policy reads nothing */
+	fx_init(&f, "full", 2, 1);
+	T_OK(fx_sync(&f, 1, KVT_PHASE_DECODE, NULL, NULL,
+	             (const float[1][FX_H]){{nan, un}}, NULL));
+	policy_free(f.p);
+}
+
+TEST(policy, snapkv_rechecks_its_window)
+{
+	/* snapkv reads the window rows from the ring at the first decode
+	 * sync; one rewritten with a NaN since its own sync is refused */
+	struct fx f;
+	fx_init(&f, "snapkv:window=2,kernel=1,tokens=2", 2, 1);
+	const float a[6][FX_KV] = {{.5f}, {.5f}, {.5f}, {.5f}, {.5f}, {.5f}};
+	T_OK(fx_sync(&f, 6, KVT_PHASE_PREFILL, a, NULL, NULL, NULL));
+	f.stage[4][f.lo + 1] = NAN; /* lse of query head 1, position 4 */
+	T_ERR(fx_sync(&f, 1, KVT_PHASE_DECODE, a, NULL, NULL, NULL),
+	      KVT_EINVAL);
+	T_EQ_STR(f.p->why, "layer 0, position 4: staged lse of query head 1 "
+	                   "is NaN");
+	policy_free(f.p);
+}
