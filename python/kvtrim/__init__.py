@@ -99,6 +99,24 @@ def as_torch(a, bf16=None):
     return t
 
 
+def _dlpack_terms(device, dl_device, copy, max_version, readonly):
+    """The DLPack request terms every export of kvtrim memory on device
+    refuses (BufferError): another device, a copy, a read-only array
+    asked for the unversioned struct, which cannot say so.  Returns
+    whether the versioned struct (DLPack 1.0) was asked for."""
+    if dl_device is not None and tuple(dl_device) != tuple(device):
+        raise BufferError(f"kvtrim memory is on {tuple(device)}, not "
+                          f"{tuple(dl_device)}")
+    if copy:
+        raise BufferError("kvtrim exports its memory only in place "
+                          "(copy=True: copy after the import)")
+    versioned = max_version is not None and tuple(max_version)[0] >= 1
+    if readonly and not versioned:
+        raise BufferError("read-only memory exports only as DLPack 1.0 "
+                          "(max_version=(1, 0)), which can say so")
+    return versioned
+
+
 class _View(np.ndarray):
     """numpy view of kvtrim memory; keeps the Region (and so the client's
     mappings) alive; .torch() gives the torch tensor over it, and so does
@@ -131,16 +149,8 @@ class _View(np.ndarray):
             return super().__dlpack__(**kw)
         if stream is not None:
             raise BufferError("host memory has no stream (stream=None)")
-        if dl_device is not None and tuple(dl_device) != (1, 0):
-            raise BufferError(f"kvtrim memory is on (1, 0), not "
-                              f"{tuple(dl_device)}")
-        if copy:
-            raise BufferError("kvtrim exports its memory only in place "
-                              "(copy=True: copy after the import)")
-        versioned = max_version is not None and tuple(max_version)[0] >= 1
-        if not self.flags.writeable and not versioned:
-            raise BufferError("read-only memory exports only as DLPack 1.0 "
-                              "(max_version=(1, 0)), which can say so")
+        versioned = _dlpack_terms((1, 0), dl_device, copy, max_version,
+                                  not self.flags.writeable)
         return c.dlpack(self, self.ctypes.data, self.shape,
                         tuple(n // self.itemsize for n in self.strides), 4, 16,
                         not self.flags.writeable, versioned)
@@ -223,17 +233,8 @@ class DeviceArray:
                 f"kvtrim memory is ordered on the client's stream ({where})"
                 f", not on the consumer's ({stream}): set_stream() to the "
                 f"consumer's stream, or synchronize and pass stream=-1")
-        if dl_device is not None and \
-                tuple(dl_device) != self.__dlpack_device__():
-            raise BufferError(f"kvtrim memory is on {self.__dlpack_device__()}"
-                              f", not {tuple(dl_device)}")
-        if copy:
-            raise BufferError("kvtrim exports its memory only in place "
-                              "(copy=True: copy after the import)")
-        versioned = max_version is not None and tuple(max_version)[0] >= 1
-        if self.readonly and not versioned:
-            raise BufferError("read-only memory exports only as DLPack 1.0 "
-                              "(max_version=(1, 0)), which can say so")
+        versioned = _dlpack_terms(self.__dlpack_device__(), dl_device, copy,
+                                  max_version, self.readonly)
         if self._bf16:
             code, bits = 4, 16                        # kDLBfloat
         elif self.dtype.kind in "fui":                # kDLFloat, UInt, Int
