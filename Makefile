@@ -42,7 +42,7 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 # every project flag); the project's own go into KVT_CFLAGS / KVT_LDFLAGS.
 CFLAGS  ?= -O2 -g
 KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
-              -MMD -MP -Iinclude -Icore -Iipc -Ibackend -Idaemon -Ipolicies -Ikernels/cpu \
+              -MMD -MP -Iinclude -Icore -Iipc -Ibackend -Idaemon -Idaemon/tenant -Ipolicies -Ikernels/cpu \
               -Iengine -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none
 # usable for nng) are named directly.  --as-needed keeps libkvtrim.so from
@@ -108,7 +108,9 @@ IPC_SRC     := $(call src,ipc/*.c)
 # backend/cuda/cuda.mk); kvtrimd links them.
 BACKEND_SRC := $(call src,backend/*.c)
 CLIENT_SRC  := $(call src,client/*.c)
-DAEMON_SRC  := $(filter-out daemon/main.c,$(call src,daemon/*.c))
+# daemon/tenant/: one tenant's state and its sync (tenant.h); the server
+# (the rest of daemon/) holds tenants through it.
+DAEMON_SRC  := $(filter-out daemon/main.c,$(call src,daemon/*.c daemon/tenant/*.c))
 POLICY_SRC  := $(call src,policies/*.c)
 KERNEL_SRC  := $(call src,kernels/cpu/*.c)
 # The runner: the harness, the unit tests (beside their modules, and

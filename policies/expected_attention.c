@@ -310,7 +310,7 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 }
 
 /* policy_ops.window: the rule ea_decide applies at this sync, for the
- * device (backend expected_select, daemon/tenant_window.c). */
+ * device (backend expected_select, daemon/tenant/tenant_window.c). */
 static int ea_window(struct policy *p, struct policy_layer *l,
                      struct policy_window *w)
 {

@@ -522,7 +522,7 @@ __global__ void ob_fill_f32(float *p, uint64_t n, float a, uint32_t seed)
 		        1.0f) * a;
 }
 
-/* A rule as daemon/tenant_attn.c's plan_list counts it: protected
+/* A rule as daemon/tenant/tenant_attn.c's plan_list counts it: protected
  * pos + recent >= n_seen (recent 0: none), pos < sinks and pos + window
  * >= n_seen (window 0: none); budget entries stay. */
 struct ob_rule {
@@ -592,7 +592,7 @@ static void ob_check_drops(const char *op, const uint32_t *out, uint32_t n,
 }
 
 /* The attention-based selections the daemon runs on the device at every
- * decode sync (daemon/tenant_attn.c) for one sequence: 32 layers x 8 KV
+ * decode sync (daemon/tenant/tenant_attn.c) for one sequence: 32 layers x 8 KV
  * heads, lists of len 4096 entries (positions 0 .. 4095) and a sync of 16
  * new tokens (n_seen 4112), f16 pages of random values, staging rows
  * x | q | lse in a ring of 128 per layer, a budget of len: each list

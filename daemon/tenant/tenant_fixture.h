@@ -1,6 +1,6 @@
 /*
  * tenant_fixture.h — the simulated client of the tenant tests
- * (daemon/tenant*_test.c), header-only so each suite file keeps its
+ * (daemon/tenant/tenant*_test.c), header-only so each suite file keeps its
  * own copy and no helper name leaves its file.
  *
  * The tests act like a client: they map the table segment read-only, map
