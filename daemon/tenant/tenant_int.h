@@ -7,8 +7,13 @@
  *                   stream and events, free, accessors and stats
  *   tenant_pages.c  chunks and pages: allocation from the pool, the free
  *                   page stacks, revocation, the event queue and its flush
- *   tenant_seq.c    sequences, and the table records mirroring their lists
+ *   tenant_table.c  the table records mirroring the lists, and their upload
+ *   tenant_stage.c  the staging rows: unstaged marks, the rows a sync reads
+ *   tenant_seq.c    sequences: open, fork, close, query
  *   tenant_sync.c   the sync: validation, decisions, then application
+ *   tenant_device.c the device's part of a sync (waits, scratch, keys
+ *                   staged to the host, chunk bases, scorer, norms,
+ *                   compaction)
  *   tenant_window.c end-of-prefill selections on the device (SnapKV,
  *                   Expected Attention)
  *   tenant_attn.c   attention-based rules on the device (H2O, TOVA, KVpop)
@@ -34,13 +39,15 @@
  * fails, so an error return leaves the tenant exactly as it was.  The
  * helpers below say which half they belong to.
  *
- * Threads: loop thread only (writes_done_cb in tenant_sync.c excepted).
+ * Threads: the thread that owns the tenant (the loop, or a sync worker
+ * while it runs), writes_done_cb in tenant_device.c excepted.
  */
 #ifndef KVT_TENANT_INT_H
 #define KVT_TENANT_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend.h"
 #include "page.h"
@@ -544,18 +551,18 @@ static inline void tenant_sync_extent(struct tenant *t,
 }
 
 /* Grows *p to at least want elements of elem bytes (*cap counts them);
- * KVT_ENOMEM leaves it as it was (tenant_sync.c). */
-int tenant_grow(void **p, size_t *cap, size_t want, size_t elem);
-
-/* Device tenant with compact_drops (tenant_sync.c): queues the upload of
- * the daemon's chunk bases when a chunk came or went since the last one
- * (the ops that resolve page ids read them); 0 or a backend error. */
-int tenant_bases_sync(struct tenant *t);
-
-/* Where the tenant's pages are on the device, as the ops that resolve page
- * ids there take it (tenant_sync.c): the daemon's own device table
- * (dtab_own), never the one shared with the client. */
-struct kvt_backend_paged tenant_paged(const struct tenant *t);
+ * KVT_ENOMEM leaves it as it was. */
+static inline int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	void *q = realloc(*p, want * elem);
+	if (!q)
+		return KVT_ENOMEM;
+	*p = q;
+	*cap = want;
+	return 0;
+}
 
 /* Base address of page id (a device address on a device tenant: never
  * dereferenced there). */
@@ -610,7 +617,7 @@ void tenant_revoke_empty(struct tenant *t);
  * want; KVT_ENOMEM leaves it as it was. */
 int tenant_ensure_room(void **arr, uint32_t *cap, uint32_t want, size_t elem);
 
-/* ----------------------------------------------------- tenant_sync.c */
+/* ---------------------------------------------------- tenant_stage.c */
 
 /*
  * Writes POLICY_UNSTAGED into the staging ring rows of positions
@@ -630,6 +637,76 @@ int tenant_stage_poison_flush(struct tenant *t);
 void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
                          uint32_t from, uint32_t n);
 
+/* What tenant_stage_row reads: the (sequence, layer) of a decision and the
+ * tokens seen after the sync. */
+struct tenant_stage_ctx {
+	struct tenant *t;
+	uint32_t slot, layer, n_seen;
+};
+
+/* policy_layer's staged accessor (ctx: a struct tenant_stage_ctx): the
+ * staged row of an earlier position within the lookback, from the host
+ * segment or the host copy of device staging; NULL when out of reach or
+ * when a device read failed (its code in t->ring_err fails the sync). */
+const float *tenant_stage_row(void *ctx, uint32_t pos);
+
+/* Device staging: the rows of the new positions [first, first + n) of
+ * (slot, layer), after the policy's lookback, copied into t->ring; 0 or
+ * a backend error. */
+int tenant_fetch_rows(struct tenant *t, uint32_t slot, uint32_t layer,
+                      uint32_t first, uint32_t n);
+
+/* The staged inputs the policy reads of positions [first, first + n),
+ * copied out of the ring into t->in and pointed at by pl (n <= headroom,
+ * validated). */
+void tenant_gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
+                          uint32_t first, uint32_t n,
+                          struct policy_layer *pl);
+
+/* --------------------------------------------------- tenant_device.c */
+
+/* Bytes of a page a device tenant stages on the host for its policy: the
+ * K half, or the whole page for a policy that reads V. */
+size_t tenant_staged_page_bytes(const struct tenant *t);
+
+/* Device tenant, first half of a sync: the scratch the apply step needs
+ * (it cannot fail later) and the stream's wait for the engine's writes;
+ * 0 or an error with the reason. */
+int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
+                          char *err, size_t errlen);
+
+/* Device tenant, a policy that reads K: the pages holding entries
+ * [0, len) of a list (ids pg) are queued for a host copy in t->kbuf
+ * (*nk counts them) and pv points the policy at those copies. */
+void tenant_stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
+                       void **pv, uint32_t *nk);
+
+/* Device tenant with compact_drops: queues the upload of the daemon's
+ * chunk bases when a chunk came or went since the last one (the ops that
+ * resolve page ids read them); 0 or a backend error. */
+int tenant_bases_sync(struct tenant *t);
+
+/* Where the tenant's pages are on the device, as the ops that resolve page
+ * ids there take it: the daemon's own device table (dtab_own), never the
+ * one shared with the client. */
+struct kvt_backend_paged tenant_paged(const struct tenant *t);
+
+/* Queues the compaction of the sync's nb lists that move (t->bdl,
+ * t->bdrops) in one compact_drops; 0 or a backend error. */
+int tenant_compact_on_device(struct tenant *t, uint32_t nb);
+
+/* The key norms of the new entries of every list of the sync, computed on
+ * the device into t->pre ([n_new][n_kv_heads] per (item, layer), in the
+ * decisions' order); 0 or a backend error. */
+int tenant_norms_on_device(struct tenant *t,
+                           const struct ipc_sync_item *items, uint32_t n);
+
+/* The device scorer's scores of the new rows of x of every (item, layer)
+ * of the sync, into t->pre in the decisions' order; 0 or a backend
+ * error. */
+int tenant_score_on_device(struct tenant *t,
+                           const struct ipc_sync_item *items, uint32_t n);
+
 /* ------------------------------------------------------ tenant_seq.c */
 
 /* The open slot a sequence id names, or -1. */
@@ -637,6 +714,8 @@ int64_t tenant_seq_slot(const struct tenant *t, uint64_t seq);
 
 /* Frees a slot's per-sequence arrays and NULLs them (NULL-safe each). */
 void tenant_seq_release(struct tseq *s);
+
+/* ---------------------------------------------------- tenant_table.c */
 
 /*
  * Writes the private state of one list into its table record, and on a

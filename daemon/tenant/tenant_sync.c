@@ -12,8 +12,8 @@
  *      headroom: the one it asked, else the registration's), mirror the
  *      table records, bump the counters and mark the staging rows of the
  *      next positions unstaged.
- * Also the device-side preparation of a sync (tenant_sync_ready's wait for
- * the engine's writes, the stream's wait, keys staged to host memory).
+ * The staged inputs the policy reads come through tenant_stage.c, the
+ * device's part of each step through tenant_device.c.
  */
 #include "errors.h"
 #include "tenant_int.h"
@@ -26,56 +26,6 @@
 #include "now.h"
 #include "pace.h"
 #include "policy.h"
-
-/* What the staged-row accessor of policy_layer needs. */
-struct stage_ctx {
-	struct tenant *t;
-	uint32_t slot, layer, n_seen;
-};
-
-/* Runs on a driver thread (or inline) once the tenant stream passed the
- * engine's writes: no backend calls here, only the flag and the wakeup. */
-static void writes_done_cb(void *arg)
-{
-	struct tenant *t = arg;
-	__atomic_store_n(&t->kv_wait, 2, __ATOMIC_RELEASE);
-	t->wake(t->wake_arg);
-}
-
-int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
-{
-	const struct kvt_backend_ops *o = t->bops;
-	/* Keys and device staging rows are read after the engine's writes. */
-	if (!t->dev || !o->stream_notify ||
-	    (!(t->pol->ops->needs & POLICY_NEED_KV) && !t->dstage.base))
-		return 1;
-	int st = __atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE);
-	if (st == 1)
-		return 0;
-	if (st == 2) {
-		/* The writes this sync's keys come from were recorded before
-		 * its request left the engine, so before the wait queued for
-		 * it or for an earlier request: they are done. */
-		t->kv_wait = 0;
-		return 1;
-	}
-	t->wake = wake;
-	t->wake_arg = arg;
-	/* 1 first: the callback may run before stream_notify returns. */
-	__atomic_store_n(&t->kv_wait, 1, __ATOMIC_RELEASE);
-	if (o->stream_wait_event(t->bctx, t->stream, &t->ev_writes) ||
-	    o->stream_notify(t->bctx, t->stream, writes_done_cb, t)) {
-		/* The sync will wait on the host instead; it reports a
-		 * device failure itself. */
-		__atomic_store_n(&t->kv_wait, 0, __ATOMIC_RELEASE);
-		return 1;
-	}
-	if (__atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE) == 2) {
-		t->kv_wait = 0;
-		return 1;
-	}
-	return 0;
-}
 
 /* Step 1: every check that needs no policy decision.  Returns the number of
  * list entries (len + n_new summed over lists) the decisions need. */
@@ -166,411 +116,10 @@ static int validate(struct tenant *t, uint64_t no,
 	return 0;
 }
 
-/* tenant_int.h */
-int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
-{
-	if (want <= *cap)
-		return 0;
-	void *q = realloc(*p, want * elem);
-	if (!q)
-		return KVT_ENOMEM;
-	*p = q;
-	*cap = want;
-	return 0;
-}
-
-/*
- * Device staging: the rows of positions [from, from + n) of (slot, layer)
- * as fill runs, contiguous in the ring but where it wraps, queued for the
- * next table flush.  The call after a call for the same slot, positions
- * and the previous layer (what a sync and an open make, layer after
- * layer) adds a block to its runs instead: a sequence's marks are one or
- * two runs, not one row per position and layer.
- */
-static void poison_runs(struct tenant *t, uint32_t slot, uint32_t layer,
-                        uint32_t from, uint32_t n)
-{
-	const struct shm_geom *g = &t->g;
-	if (!n)
-		return;
-	if (t->n_prun && t->pslot == slot && t->pfrom == from && t->pn == n &&
-	    layer == t->player + 1) {
-		for (uint32_t k = 0; k < t->pruns; k++)
-			t->prun[t->n_prun - 1 - k].blocks++;
-		t->player = layer;
-		return;
-	}
-	if (t->n_prun + 2 > TENANT_POISON_RUNS && tenant_stage_poison_flush(t))
-		t->failed = 1;
-	const char *base = t->dstage.base;
-	uint64_t eb = g->stage_entry_floats * sizeof(float);
-	uint64_t ls = layer + 1 < g->n_layers
-	              ? (uint64_t)((const char *)shm_stage_at(t->dstage.base, g,
-	                                                      slot, layer + 1, 0) -
-	                           (const char *)shm_stage_at(t->dstage.base, g,
-	                                                      slot, layer, 0))
-	              : 0;
-	uint32_t r0 = from % g->stage_tokens;
-	uint32_t n1 = g->stage_tokens - r0 < n ? g->stage_tokens - r0 : n;
-	t->pruns = 0;
-	for (uint32_t part = 0; part < 2; part++) {
-		uint32_t k = part ? n - n1 : n1;
-		if (!k)
-			continue;
-		const char *row = (const char *)shm_stage_at(
-			t->dstage.base, g, slot, layer, from + (part ? n1 : 0));
-		t->prun[t->n_prun++] = (struct kvt_backend_fill_run){
-			.first = (uint64_t)(row - base), .block_stride = ls,
-			.rows = k, .row_stride = (uint32_t)eb, .blocks = 1,
-		};
-		t->pruns++;
-	}
-	t->pslot = slot;
-	t->player = layer;
-	t->pfrom = from;
-	t->pn = n;
-}
-
-void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
-                         uint32_t from, uint32_t n)
-{
-	const struct shm_geom *g = &t->g;
-	unsigned need = t->pol->ops->needs;
-	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens)
-		return;
-	if (t->dstage.base) {
-		poison_runs(t, slot, layer, from, n);
-		return;
-	}
-	const float u = policy_unstaged();
-	for (uint32_t k = 0; k < n; k++) {
-		float *row = shm_stage_at(t->stage, g, slot, layer, from + k);
-		float *q = row + g->stage_q_off, *lse = row + g->stage_lse_off;
-		if (need & POLICY_NEED_X)
-			row[0] = u;
-		for (uint32_t h = 0; h < g->n_heads; h++) {
-			if (need & POLICY_NEED_Q)
-				q[(size_t)h * g->head_dim] = u;
-			if (need & POLICY_NEED_LSE)
-				lse[h] = u;
-		}
-	}
-}
-
-int tenant_stage_poison_flush(struct tenant *t)
-{
-	if (!t->n_prun)
-		return 0;
-	int rc = t->bops->fill_words(t->bctx, t->dstage.base,
-	                             POLICY_UNSTAGED_BITS, t->ppat, t->n_ppat,
-	                             t->prun, t->n_prun, t->stream);
-	t->n_prun = 0;
-	return rc;
-}
-
 void tenant_sync_reply(const struct tenant *t, struct ipc_rep *rep)
 {
 	rep->u.sync.press = t->sync_press;
 	rep->u.sync.budget = t->sync_budget;
-}
-
-/*
- * Device staging: reads the n rows of (slot, layer) from position pos into
- * t->ring at row pos - ring_first, in one read_regions after the engine's
- * writes (the stream waited on them).
- */
-static int ring_read(struct tenant *t, uint32_t slot, uint32_t layer,
-                     uint32_t pos, uint32_t n)
-{
-	const struct shm_geom *g = &t->g;
-	for (uint32_t k = 0; k < n; k++)
-		t->rsrc[k] = shm_stage_at(t->dstage.base, g, slot, layer, pos + k);
-	size_t rb = g->stage_entry_floats * sizeof(float);
-	return t->bops->read_regions(t->bctx, t->ring + (size_t)(pos -
-	                                                          t->ring_first) *
-	                                                 g->stage_entry_floats,
-	                             rb, t->rsrc, n, rb, t->stream);
-}
-
-/*
- * Staged row of an earlier position, for policies with lookback: from the
- * ring of the host segment, or on device staging from the host copy of
- * the rows this sync may read (fetch_rows), the lookback rows read on the
- * first call that wants one (most syncs of snapkv or expected_attention
- * decide nothing and read none).  A failed read gives NULL and leaves its
- * code in t->ring_err, which fails the sync.
- */
-static const float *stage_row(void *ctx, uint32_t pos)
-{
-	const struct stage_ctx *c = ctx;
-	struct tenant *t = c->t;
-	if (pos >= c->n_seen || (uint64_t)pos + t->g.stage_tokens < c->n_seen)
-		return NULL;
-	if (!t->dstage.base)
-		return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
-	if (pos < t->ring_first || pos - t->ring_first >= t->ring_n)
-		return NULL;
-	if (pos - t->ring_first < t->ring_lb && !t->ring_lb_ok) {
-		int rc = ring_read(t, c->slot, c->layer, t->ring_first,
-		                   t->ring_lb);
-		if (rc) {
-			t->ring_err = rc;
-			return NULL;
-		}
-		t->ring_lb_ok = 1;
-	}
-	return t->ring + (size_t)(pos - t->ring_first) * t->g.stage_entry_floats;
-}
-
-/*
- * Device staging: copies the rows of the new positions [first, first + n)
- * of (slot, layer) into t->ring, after the lookback rows [first -
- * lookback, first) (from 0) that stage_row reads if the policy asks: all a
- * decision may read of the staged inputs (policy.h: the tenant guarantees
- * those).
- */
-static int fetch_rows(struct tenant *t, uint32_t slot, uint32_t layer,
-                      uint32_t first, uint32_t n)
-{
-	uint32_t lb = t->pol->lookback;
-	t->ring_lb = first > lb ? lb : first;
-	t->ring_first = first - t->ring_lb;
-	t->ring_n = t->ring_lb + n;
-	t->ring_lb_ok = t->ring_lb == 0;
-	t->ring_err = 0;
-	return ring_read(t, slot, layer, first, n);
-}
-
-/*
- * Copies the staged inputs the policy reads of positions [first, first + n)
- * out of the ring (which the client may keep writing) into t->in,
- * contiguous ([headroom] rows of each part, stage_all_floats), and points
- * pl at them.  n <= headroom (validated).
- */
-static void gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
-                          uint32_t first, uint32_t n,
-                          struct policy_layer *pl)
-{
-	const struct shm_geom *g = &t->g;
-	size_t nq = (size_t)g->n_heads * g->head_dim;
-	float *x = t->in;
-	float *q = x + (size_t)g->headroom * g->d_model;
-	float *lse = q + (size_t)g->headroom * nq;
-	unsigned need = t->pol->ops->needs;
-	for (uint32_t k = 0; k < n; k++) {
-		const float *row =
-			t->dstage.base
-			? t->ring + (size_t)(first + k - t->ring_first) *
-			                    g->stage_entry_floats
-			: shm_stage_at(t->stage, g, slot, layer, first + k);
-		if (need & POLICY_NEED_X)
-			memcpy(x + (size_t)k * g->d_model, row,
-			       g->d_model * sizeof(float));
-		if (need & POLICY_NEED_Q)
-			memcpy(q + k * nq, row + g->stage_q_off,
-			       nq * sizeof(float));
-		if (need & POLICY_NEED_LSE)
-			memcpy(lse + (size_t)k * g->n_heads,
-			       row + g->stage_lse_off,
-			       g->n_heads * sizeof(float));
-	}
-	pl->x = need & POLICY_NEED_X ? x : NULL;
-	pl->q = need & POLICY_NEED_Q ? q : NULL;
-	pl->lse = need & POLICY_NEED_LSE ? lse : NULL;
-}
-
-/* Bytes of a page a device tenant stages for its policy: the K half
- * (what attn_band and kvpop read), or the whole page for a policy that
- * reads V too (expected_attention's value norm). */
-static size_t staged_page_bytes(const struct tenant *t)
-{
-	size_t k = (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
-	return t->pol->ops->needs & POLICY_NEED_V ? 2 * k : k;
-}
-
-/*
- * Device tenant, first half of a sync: the scratch the apply step needs
- * (it cannot fail later) and the stream's wait for the client's writes,
- * ahead of every key read and move of this sync.
- */
-static int device_prepare(struct tenant *t, size_t nlists, size_t entries,
-                          char *err, size_t errlen)
-{
-	const struct shm_geom *g = &t->g;
-	if (tenant_grow((void **)&t->blist, &t->blist_cap, nlists ? nlists : 1,
-	         sizeof(*t->blist)) ||
-	    tenant_grow((void **)&t->bpages, &t->bpages_cap,
-	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
-	    tenant_grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
-	         sizeof(*t->bmoves)) ||
-	    (t->dbases &&
-	     (tenant_grow((void **)&t->bdl, &t->bdl_cap, nlists ? nlists : 1,
-	           sizeof(*t->bdl)) ||
-	      tenant_grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
-	           sizeof(*t->bdrops)))) ||
-	    (t->dscorer &&
-	     tenant_grow((void **)&t->jobs, &t->jobs_cap,
-	          2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->jobs))) ||
-	    (t->dnorms &&
-	     tenant_grow((void **)&t->njobs, &t->njobs_cap, nlists + 1,
-	          sizeof(*t->njobs))) ||
-	    ((t->dscorer || t->dnorms) &&
-	     tenant_grow((void **)&t->pre, &t->pre_cap, entries + 1,
-	          sizeof(*t->pre))))
-		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	if (t->pol->ops->needs & POLICY_NEED_KV) {
-		size_t n = (size_t)g->n_kv_heads * g->max_pages;
-		if (tenant_grow((void **)&t->kbuf, &t->kbuf_cap,
-		         n * staged_page_bytes(t), 1) ||
-		    tenant_grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
-			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	}
-	int rc = t->bops->stream_wait_event(t->bctx, t->stream, &t->ev_writes);
-	if (rc)
-		return errors_fmt(err, errlen, rc, "%s backend: %s", t->bops->name,
-		            t->bops->last_error());
-	return 0;
-}
-
-/*
- * Device tenant, a policy that reads K: the pages holding entries
- * [0, len) of a list get a host copy of their K half in t->kbuf (copied
- * per layer by read_regions, after the wait for the client's writes), and
- * pv points the policy at those copies.  attn_band and kvpop read K rows
- * only, so the V halves are copied only for a policy that reads them
- * (POLICY_NEED_V, staged_page_bytes).
- */
-static void stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
-                       void **pv, uint32_t *nk)
-{
-	uint32_t used = (len + t->g.page_tokens - 1) / t->g.page_tokens;
-	for (uint32_t p = 0; p < used; p++) {
-		t->ksrc[*nk] = page_ptr(t, pg[p]);
-		pv[p] = t->kbuf + (size_t)*nk * staged_page_bytes(t);
-		(*nk)++;
-	}
-}
-
-/*
- * Device tenant with compact_drops: queues the compaction of the sync's
- * nb lists that move (t->bdl, t->bdrops), after bringing the device copy
- * of the daemon's chunk bases up to date (chunks taken since the last
- * sync; the compaction reads only pages of chunks that existed before
- * it, and revoked chunks are destroyed only after the queued work).
- */
-/* tenant_int.h */
-int tenant_bases_sync(struct tenant *t)
-{
-	int changed = 0;
-	for (uint32_t i = 0; i < t->max_chunks; i++)
-		if (t->hbases[i] != t->chunks[i].pc.base) {
-			t->hbases[i] = t->chunks[i].pc.base;
-			changed = 1;
-		}
-	struct kvt_backend_region all = {0, (uint64_t)t->max_chunks *
-	                                        sizeof(void *)};
-	return changed ? t->bops->upload_regions(t->bctx, t->dbases, t->hbases,
-	                                         &all, 1, t->stream)
-	               : 0;
-}
-
-/* tenant_int.h */
-struct kvt_backend_paged tenant_paged(const struct tenant *t)
-{
-	const struct shm_geom *g = &t->g;
-	return (struct kvt_backend_paged){
-		.records = shm_list_at(t->dtab_own, g, 0, 0, 0),
-		.list_stride = g->list_stride,
-		.max_pages = g->max_pages,
-		.chunk_bases = t->dbases,
-		.n_chunk_slots = t->max_chunks,
-		.pages_per_chunk = g->pages_per_chunk,
-		.page_bytes = g->page_bytes,
-		.page_tokens = g->page_tokens,
-		.row_bytes = g->head_dim * g->elem_bytes,
-	};
-}
-
-static int compact_on_device(struct tenant *t, uint32_t nb)
-{
-	int rc = tenant_bases_sync(t);
-	if (rc)
-		return rc;
-	const struct kvt_backend_paged pg = tenant_paged(t);
-	return t->bops->compact_drops(t->bctx, &pg,
-	                              t->g.max_seqs * t->lists_per_seq, t->bdl,
-	                              nb, t->bdrops, t->stream);
-}
-
-/*
- * Device norms (tenant_int.h, dnorms): the norms of the new entries' keys
- * of every list of the sync, computed where the keys are, into t->pre as
- * [n_new][n_kv_heads] per (item, layer) in the decide loop's order.
- */
-static int norms_on_device(struct tenant *t,
-                           const struct ipc_sync_item *items, uint32_t n)
-{
-	const struct shm_geom *g = &t->g;
-	uint32_t nj = 0, at = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot, lo, hi;
-		(void)item_seq(t, it, &slot, &lo, &hi);
-		for (uint32_t layer = lo; layer < hi; layer++) {
-			for (uint32_t head = 0; head < g->n_kv_heads; head++)
-				t->njobs[nj++] = (struct kvt_backend_norm_job){
-					.record = (uint32_t)(slot * t->lists_per_seq +
-					                     lidx(t, layer, head)),
-					.first = tlist_at(t, slot, layer, head)->len,
-					.n = it->n_new,
-					.out_off = at + head,
-					.out_stride = g->n_kv_heads,
-				};
-			at += it->n_new * g->n_kv_heads;
-		}
-	}
-	int rc = tenant_bases_sync(t);
-	if (rc)
-		return rc;
-	const struct kvt_backend_paged pg = tenant_paged(t);
-	return t->bops->key_norms(t->bctx, &pg, g->max_seqs * t->lists_per_seq,
-	                          t->pol->geom.dtype, g->head_dim, t->njobs,
-	                          nj, t->pre, at, t->stream);
-}
-
-/*
- * Device scorer (tenant_int.h, dscorer): scores the new rows of x of every
- * (item, layer) of the sync where they are staged, in one scorer_run,
- * into t->pre in the order the decide loop takes them.  A (sequence,
- * layer)'s rows are contiguous in its ring but where they wrap: two jobs.
- */
-static int score_on_device(struct tenant *t,
-                           const struct ipc_sync_item *items, uint32_t n)
-{
-	const struct shm_geom *g = &t->g;
-	uint32_t nj = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct ipc_sync_item *it = &items[i];
-		uint32_t slot, lo, hi;
-		struct tseq *s = item_seq(t, it, &slot, &lo, &hi);
-		for (uint32_t layer = lo; layer < hi; layer++) {
-			uint32_t prev = s->n_seen[layer], r = prev % g->stage_tokens;
-			uint32_t n1 = g->stage_tokens - r < it->n_new
-			              ? g->stage_tokens - r : it->n_new;
-			for (uint32_t part = 0; part < 2; part++) {
-				uint32_t k = part ? it->n_new - n1 : n1;
-				if (!k)
-					continue;
-				t->jobs[nj++] = (struct kvt_backend_score_job){
-					.layer = layer, .n = k,
-					.x = shm_stage_at(t->dstage.base, g, slot,
-					                  layer, prev + (part ? n1 : 0)),
-				};
-			}
-		}
-	}
-	return t->bops->scorer_run(t->bctx, t->dscorer, t->jobs, nj, t->pre,
-	                           t->stream);
 }
 
 /* Where the walks of a sync stand: offsets into the per-sync scratch
@@ -610,12 +159,12 @@ static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
                         char *err, size_t errlen)
 {
 	int rc;
-	if (t->dev && (rc = device_prepare(t, nlists, entries, err, errlen)))
+	if (t->dev && (rc = tenant_device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
-	if (t->dscorer && (rc = score_on_device(t, items, n)))
+	if (t->dscorer && (rc = tenant_score_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: scoring staged "
 		            "x: %s", t->bops->name, t->bops->last_error());
-	if (t->dnorms && (rc = norms_on_device(t, items, n)))
+	if (t->dnorms && (rc = tenant_norms_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
 		            t->bops->name, t->bops->last_error());
 	if ((rc = tenant_window_plan(t, items, n, err, errlen)) ||
@@ -665,7 +214,7 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 			pv = NULL; /* decide() takes pre */
 		} else if ((need & POLICY_NEED_KV) && t->dev) {
 			pv = t->pagev + (size_t)head * g->max_pages;
-			stage_keys(t, seq_pages(t, s, li), len, pv, &nk);
+			tenant_stage_keys(t, seq_pages(t, s, li), len, pv, &nk);
 		} else if (need & POLICY_NEED_KV) {
 			pv = t->pagev + (size_t)head * g->max_pages;
 			const uint32_t *pg = seq_pages(t, s, li);
@@ -681,9 +230,9 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 	}
 	int rc;
 	if (nk && (rc = t->bops->read_regions(
-		           t->bctx, t->kbuf, staged_page_bytes(t),
+		           t->bctx, t->kbuf, tenant_staged_page_bytes(t),
 		           (const void *const *)t->ksrc, nk,
-		           staged_page_bytes(t), t->stream)))
+		           tenant_staged_page_bytes(t), t->stream)))
 		return errors_fmt(err, errlen, rc, "%s backend: staging keys: "
 		            "%s", t->bops->name, t->bops->last_error());
 	return 0;
@@ -729,14 +278,14 @@ static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
 	const struct shm_geom *g = &t->g;
 	const unsigned need = t->pol->ops->needs;
 	const uint32_t prev = s->n_seen[layer], seen = prev + it->n_new;
-	struct stage_ctx sc = {t, slot, layer, seen};
+	struct tenant_stage_ctx sc = {t, slot, layer, seen};
 	if (seen > w->most_seen)
 		w->most_seen = seen;
 	struct policy_layer pl = {
 		.layer = layer,
 		.phase = (enum kvt_phase)it->phase,
 		.n_new = it->n_new, .n_seen = seen,
-		.staged = stage_row, .staged_ctx = &sc,
+		.staged = tenant_stage_row, .staged_ctx = &sc,
 		.heads = t->heads,
 		.state = t->sbytes ? t->state_scr + w->ly * t->sbytes : NULL,
 	};
@@ -754,12 +303,12 @@ static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
 		pl.pre = t->pre + w->pre_at * g->n_kv_heads;
 		w->pre_at += it->n_new;
 	} else if (dec && t->dstage.base &&
-	           (rc = fetch_rows(t, slot, layer, prev, it->n_new))) {
+	           (rc = tenant_fetch_rows(t, slot, layer, prev, it->n_new))) {
 		return errors_fmt(err, errlen, rc, "%s backend: reading staged "
 		            "rows: %s", t->bops->name, t->bops->last_error());
 	}
 	if (dec && (need & POLICY_NEED_STAGED) && !t->dscorer)
-		gather_inputs(t, slot, layer, prev, it->n_new, &pl);
+		tenant_gather_inputs(t, slot, layer, prev, it->n_new, &pl);
 	const size_t off0 = w->off;
 	if ((rc = stage_layer(t, it, s, slot, layer, dec, w, err, errlen)))
 		return rc;
@@ -923,7 +472,7 @@ static int finish_device(struct tenant *t, uint32_t nb)
 {
 	int drc = 0;
 	if (nb && t->dbases)
-		drc = compact_on_device(t, nb);
+		drc = tenant_compact_on_device(t, nb);
 	else if (nb)
 		drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
 	if (drc)
