@@ -153,13 +153,13 @@ static int sync_scratch(struct tenant *t, size_t entries, size_t nlists,
 
 /* Before the decisions of a device tenant: its scratch, the device
  * scorer's and key norms' passes, the window's and the attention rule's
- * plans.  A host tenant passes through (the plans return at once). */
+ * plans.  A host tenant's sync never comes here (tenant_sync). */
 static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
                         uint32_t n, size_t nlists, size_t entries,
                         char *err, size_t errlen)
 {
 	int rc;
-	if (t->dev && (rc = tenant_device_prepare(t, nlists, entries, err, errlen)))
+	if ((rc = tenant_device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
 	if (t->dscorer && (rc = tenant_score_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: scoring staged "
@@ -315,11 +315,11 @@ static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
 	pace_point_slow(); /* the policy's work is per layer */
 	uint64_t d0 = now_ns();
 	struct tenant_ldrop *ld = t->ldrop + w->li;
-	const int on_dev = tenant_attn_take(t, w->ly, ld);
+	const int on_dev = t->dev && tenant_attn_take(t, w->ly, ld);
 	if (!on_dev)
 		for (uint32_t h = 0; h < g->n_kv_heads; h++)
 			ld[h].idx = NULL; /* marks in t->drop */
-	rc = on_dev || tenant_window_take(t, w->ly, &pl)
+	rc = on_dev || (t->dev && tenant_window_take(t, w->ly, &pl))
 	     ? 0 : policy_decide(t->pol, &pl);
 	t->scorer_ns += now_ns() - d0;
 	if (t->dstage.base && t->ring_err)
@@ -496,7 +496,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	/* Step 1. */
 	int rc = validate(t, no, items, n, &entries, &nlists, err, errlen);
 	if (rc || (rc = sync_scratch(t, entries, nlists, err, errlen)) ||
-	    (rc = sync_prepare(t, items, n, nlists, entries, err, errlen)))
+	    (t->dev &&
+	     (rc = sync_prepare(t, items, n, nlists, entries, err, errlen))))
 		return rc;
 	/* Step 2: decisions, one (sequence, layer) at a time.  t->drop's
 	 * marks are cleared list by list, for the lists the host decides:
@@ -515,7 +516,8 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	rc = tenant_reserve_pages(t, w.need_pages, w.freed, err, errlen);
 	if (rc)
 		return rc;
-	tenant_attn_commit(t); /* the device's entry states of this sync */
+	if (t->dev)
+		tenant_attn_commit(t); /* the device's entry states */
 	/* Step 4: apply.  Pass 1 compacts, commits the policy states and
 	 * frees, pass 2 allocates, so the frees of one list can serve the
 	 * growth of another. */
