@@ -12,7 +12,7 @@
  * connection is served at once; the others (hellos, kvtrimctl, group
  * members) wait in s->low_* and get SRV_LOW_SLICE per turn of the loop.  A
  * connection without a tenant may send only hellos and admin requests of at
- * most s->low_msg_max bytes: a longer frame is refused unread (KVT_ETOOBIG)
+ * most s->ctl.low_msg_max bytes: a longer frame is refused unread (KVT_ETOOBIG)
  * and its bytes dropped, at most SRV_UNREAD_TICK per cron tick over all
  * connections.  A reply goes on its connection's write queue and its
  * request back to the pool at once, so no peer holds requests by not reading.
@@ -35,7 +35,7 @@
  * messages between IPC_MAX_MSG and this size get a KVT_ETOOBIG reply. */
 #define SRV_RECV_MAX (4u * IPC_MAX_MSG)
 /* Requests of connections without a tenant handled per turn of the loop,
- * after every tenant's: each decodes at most s->low_msg_max bytes. */
+ * after every tenant's: each decodes at most s->ctl.low_msg_max bytes. */
 #define SRV_LOW_SLICE 8
 #define SRV_RX_CHUNK 65536u /* read at least this much at a time */
 /* A buffer above SRV_RX_BIG (a frame of more than 64 KiB on its way):
@@ -58,11 +58,11 @@
 
 static struct srv_req *srv_req_take(struct server *s)
 {
-	struct srv_req *r = s->req_free;
+	struct srv_req *r = s->ctl.req_free;
 	if (!r)
 		return NULL;
-	s->req_free = r->next;
-	s->n_free--;
+	s->ctl.req_free = r->next;
+	s->ctl.n_free--;
 	r->next = NULL;
 	return r;
 }
@@ -71,38 +71,38 @@ static struct srv_req *srv_req_take(struct server *s)
  * requests are free. */
 static void srv_pump_starved(struct server *s)
 {
-	if (!s->starved_head || s->pumping_starved)
+	if (!s->ctl.starved_head || s->ctl.pumping_starved)
 		return;
 	/* In order, while requests last; a pump that takes the last one
 	 * leaves its connection (and those after it) waiting. */
-	s->pumping_starved = 1;
+	s->ctl.pumping_starved = 1;
 	/* Each waiting connection once: one that is refused again (the low
 	 * class at its share) goes back to the end of the line. */
 	uint32_t turns = 0;
-	for (struct srv_pipe *p = s->starved_head; p; p = p->starved_next)
+	for (struct srv_pipe *p = s->ctl.starved_head; p; p = p->starved_next)
 		turns++;
-	while (s->starved_head && s->n_free && turns--) {
-		struct srv_pipe *p = s->starved_head;
-		if (!(s->starved_head = p->starved_next))
-			s->starved_tail = NULL;
+	while (s->ctl.starved_head && s->ctl.n_free && turns--) {
+		struct srv_pipe *p = s->ctl.starved_head;
+		if (!(s->ctl.starved_head = p->starved_next))
+			s->ctl.starved_tail = NULL;
 		p->starved = 0;
 		p->starved_next = NULL;
 		srv_pipe_pump(s, p);
 	}
-	s->pumping_starved = 0;
+	s->ctl.pumping_starved = 0;
 }
 
 /* Back to the pool; a connection waiting for one is read again. */
 static void srv_req_put(struct server *s, struct srv_req *r)
 {
-	if (r->low && s->n_low_held)
-		s->n_low_held--;
+	if (r->low && s->ctl.n_low_held)
+		s->ctl.n_low_held--;
 	free(r->msg);
 	memset(r, 0, sizeof(*r));
 	r->srv = s;
-	r->next = s->req_free;
-	s->req_free = r;
-	s->n_free++;
+	r->next = s->ctl.req_free;
+	s->ctl.req_free = r;
+	s->ctl.n_free++;
 	srv_pump_starved(s);
 }
 
@@ -122,11 +122,11 @@ static void srv_starve(struct server *s, struct srv_pipe *p)
 		return;
 	p->starved = 1;
 	p->starved_next = NULL;
-	if (s->starved_tail)
-		s->starved_tail->starved_next = p;
+	if (s->ctl.starved_tail)
+		s->ctl.starved_tail->starved_next = p;
 	else
-		s->starved_head = p;
-	s->starved_tail = p;
+		s->ctl.starved_head = p;
+	s->ctl.starved_tail = p;
 }
 
 /* A request for p's next frame, or NULL: connections without a tenant
@@ -135,7 +135,7 @@ static void srv_starve(struct server *s, struct srv_pipe *p)
 static struct srv_req *srv_req_for(struct server *s,
                                    const struct srv_pipe *p)
 {
-	if (!p->bound && s->n_low_held >= (s->n_reqs + 1) / 2)
+	if (!p->bound && s->ctl.n_low_held >= (s->ctl.n_reqs + 1) / 2)
 		return NULL;
 	return srv_req_take(s);
 }
@@ -145,25 +145,26 @@ static struct srv_req *srv_req_for(struct server *s,
 static void srv_low_push(struct server *s, struct srv_req *r)
 {
 	r->next = NULL;
-	if (s->low_tail)
-		s->low_tail->next = r;
+	if (s->ctl.low_tail)
+		s->ctl.low_tail->next = r;
 	else
-		s->low_head = r;
-	s->low_tail = r;
+		s->ctl.low_head = r;
+	s->ctl.low_tail = r;
 	uv_async_send(&s->wake);
 }
 
 /* k bytes of frames refused unread were read: off this tick's share. */
 static void srv_unread_charge(struct server *s, uint32_t k)
 {
-	s->unread_left = s->unread_left > k ? s->unread_left - k : 0;
+	uint32_t *left = &s->ctl.unread_left;
+	*left = *left > k ? *left - k : 0;
 }
 
 /* Is p dropping a frame refused unread with this tick's share spent (then
  * it is not read until the cron's next tick)? */
 static int srv_pipe_held(const struct server *s, const struct srv_pipe *p)
 {
-	return p->rx_skip && !s->unread_left;
+	return p->rx_skip && !s->ctl.unread_left;
 }
 
 /* Drops what was read of a frame refused unread: 1 once all of it is
@@ -220,7 +221,7 @@ static int srv_take_unread(struct server *s, struct srv_pipe *p,
 	r->pipe_id = p->id;
 	r->recv_us = now_us();
 	r->low = 1;
-	s->n_low_held++;
+	s->ctl.n_low_held++;
 	s->st.control_requests_unread_total++;
 	p->inflight++;
 	p->last_ms = now_ms();
@@ -267,7 +268,7 @@ static int srv_take_frame(struct server *s, struct srv_pipe *p)
 	}
 	/* (need is the whole frame's once its header is in) */
 	if (!p->bound &&
-	    need - SPW_HEAD_LEN > (uint64_t)s->low_msg_max + 4 * SPW_BT_MAX)
+	    need - SPW_HEAD_LEN > (uint64_t)s->ctl.low_msg_max + 4 * SPW_BT_MAX)
 		return srv_take_unread(s, p, need - SPW_HEAD_LEN);
 	if (f == SPW_MORE) {
 		p->rx_need = (uint32_t)need;
@@ -301,7 +302,7 @@ static int srv_take_frame(struct server *s, struct srv_pipe *p)
 	r->pipe_id = p->id;
 	r->recv_us = now_us();
 	r->low = !p->bound;
-	s->n_low_held += r->low;
+	s->ctl.n_low_held += r->low;
 	p->rx_off += (uint32_t)need;
 	p->rx_need = 0;
 	p->inflight++;
@@ -332,7 +333,7 @@ static void srv_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 			cap = want;
 		struct server *s = p->srv;
 		int big = cap > SRV_RX_BIG && !p->big && !p->bound;
-		if (big && s->n_big_rx >= SRV_RX_BIG_MAX)
+		if (big && s->ctl.n_big_rx >= SRV_RX_BIG_MAX)
 			cap = p->rx_cap; /* waits: ENOBUFS when full */
 		if (cap > p->rx_cap) {
 			uint8_t *nb = realloc(p->rx, cap);
@@ -341,7 +342,7 @@ static void srv_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 				p->rx_cap = cap;
 				if (big) {
 					p->big = 1;
-					s->n_big_rx++;
+					s->ctl.n_big_rx++;
 				}
 			}
 		}
@@ -399,8 +400,8 @@ void srv_pipe_pump(struct server *s, struct srv_pipe *p)
 		free(p->rx);
 		p->rx = NULL;
 		p->rx_off = p->rx_len = p->rx_cap = 0;
-		if (p->big && s->n_big_rx)
-			s->n_big_rx--;
+		if (p->big && s->ctl.n_big_rx)
+			s->ctl.n_big_rx--;
 		p->big = 0;
 	}
 	(void)got;
@@ -486,10 +487,10 @@ void srv_wake_cb(uv_async_t *a)
 	if (s->n_parked)
 		srv_retry_parked(s);
 	int handled = 0;
-	for (int k = 0; k < SRV_LOW_SLICE && s->low_head; k++) {
-		struct srv_req *r = s->low_head;
-		if (!(s->low_head = r->next))
-			s->low_tail = NULL;
+	for (int k = 0; k < SRV_LOW_SLICE && s->ctl.low_head; k++) {
+		struct srv_req *r = s->ctl.low_head;
+		if (!(s->ctl.low_head = r->next))
+			s->ctl.low_tail = NULL;
 		r->next = NULL;
 		if (!srv_pipe_find(s, r->pipe_id)) {
 			/* Its connection is gone: nobody would read it. */
@@ -501,7 +502,7 @@ void srv_wake_cb(uv_async_t *a)
 	}
 	/* More left: come back after the loop's other events, taking the
 	 * tenants' new requests first. */
-	if (s->low_head)
+	if (s->ctl.low_head)
 		uv_async_send(&s->wake);
 	/* Closes and byes just handled may have freed what the parked ones
 	 * wait for: do not leave that to the next tick. */
@@ -515,21 +516,21 @@ static void srv_caccept_cb(uv_poll_t *h, int status, int events);
 
 void srv_ctl_start(struct server *s)
 {
-	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
-		uv_poll_start(&s->cpoll, UV_READABLE, srv_caccept_cb);
+	if (s->ctl.cpoll_ready && !uv_is_closing((uv_handle_t *)&s->ctl.cpoll))
+		uv_poll_start(&s->ctl.cpoll, UV_READABLE, srv_caccept_cb);
 }
 
 void srv_ctl_stop_accepting(struct server *s)
 {
 	/* Closed, not just unpolled: a client dialling during the drain is
 	 * refused at once instead of waiting in the backlog. */
-	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
-		uv_close((uv_handle_t *)&s->cpoll, NULL);
-	if (s->csock >= 0) {
-		close(s->csock);
-		s->csock = -1;
+	if (s->ctl.cpoll_ready && !uv_is_closing((uv_handle_t *)&s->ctl.cpoll))
+		uv_close((uv_handle_t *)&s->ctl.cpoll, NULL);
+	if (s->ctl.csock >= 0) {
+		close(s->ctl.csock);
+		s->ctl.csock = -1;
 	}
-	s->caccept.paused = 0;
+	s->ctl.caccept.paused = 0;
 }
 
 void srv_ctl_cron(struct server *s, uint64_t now)
@@ -539,8 +540,8 @@ void srv_ctl_cron(struct server *s, uint64_t now)
 	srv_pump_starved(s);
 	/* The next tick's share of frames refused unread; the connections
 	 * held for it are read again by srv_pipe_cron. */
-	s->unread_left = SRV_UNREAD_TICK;
-	if (srv_backoff_over(&s->caccept, s, now))
+	s->ctl.unread_left = SRV_UNREAD_TICK;
+	if (srv_backoff_over(&s->ctl.caccept, s, now))
 		srv_ctl_start(s);
 }
 
@@ -560,7 +561,7 @@ static void srv_pipe_open(struct server *s, int fd)
 		snprintf(text, sizeof(text), "kvtrimd refused this control "
 		         "connection: %s", why);
 		srv_refuse(s, fd, rv, text);
-		srv_accept_hold(s, &s->caccept, &s->cpoll);
+		srv_accept_hold(s, &s->ctl.caccept, &s->ctl.cpoll);
 		return;
 	}
 	struct srv_pipe *p = calloc(1, sizeof(*p));
@@ -574,7 +575,7 @@ static void srv_pipe_open(struct server *s, int fd)
 	p->gid = gid;
 	p->born_ms = p->last_ms = now_ms();
 	do
-		p->id = ++s->next_pipe_id;
+		p->id = ++s->ctl.next_pipe_id;
 	while (!p->id || srv_pipe_find(s, p->id));
 	if (uv_pipe_init(&s->loop, &p->h, 0)) {
 		close(fd);
@@ -616,18 +617,19 @@ static void srv_caccept_cb(uv_poll_t *h, int status, int events)
 	/* A bounded batch: the poll calls again while connections queue. */
 	for (int i = 0; i < SRV_CACCEPT_BATCH && !s->draining; i++) {
 		int fd;
-		int rv = handle_accept(s->csock, &fd);
+		int rv = handle_accept(s->ctl.csock, &fd);
 		if (rv == KVT_EBUSY)
 			return;
 		if (rv) {
-			srv_accept_failed(s, &s->caccept, &s->cpoll, "ctl.ipc",
+			srv_accept_failed(s, &s->ctl.caccept, &s->ctl.cpoll,
+			                  "ctl.ipc",
 			                  &s->st.control_accept_failures_total,
 			                  errno);
 			return;
 		}
-		s->caccept.pause_ms = 0;
+		s->ctl.caccept.pause_ms = 0;
 		srv_pipe_open(s, fd);
-		if (s->caccept.paused) /* srv_accept_hold */
+		if (s->ctl.caccept.paused) /* srv_accept_hold */
 			return;
 	}
 }
@@ -656,9 +658,9 @@ int srv_ctl_open(struct server *s, char *err, size_t errlen)
 		return KVT_EINVAL;
 	}
 	memcpy(a.sun_path, s->ctl_path, strlen(s->ctl_path));
-	s->csock = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-	                  0);
-	if (s->csock < 0) {
+	s->ctl.csock = socket(AF_UNIX,
+	                      SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s->ctl.csock < 0) {
 		snprintf(err, errlen, "socket: %s", strerror(errno));
 		return KVT_ESYS;
 	}
@@ -666,36 +668,36 @@ int srv_ctl_open(struct server *s, char *err, size_t errlen)
 	 * runtime dir's lock is ours: no live daemon owns it). */
 	unlink(s->ctl_path);
 	mode_t old = umask(0117); /* born 0660 (see server_new) */
-	int rv = bind(s->csock, (struct sockaddr *)&a, sizeof(a));
+	int rv = bind(s->ctl.csock, (struct sockaddr *)&a, sizeof(a));
 	umask(old);
 	if (rv || chmod(s->ctl_path, 0660) ||
-	    listen(s->csock, SRV_LISTEN_BACKLOG)) {
+	    listen(s->ctl.csock, SRV_LISTEN_BACKLOG)) {
 		snprintf(err, errlen, "cannot listen on %s: %s", s->ctl_path,
 		         strerror(errno));
 		return KVT_ESYS;
 	}
-	if (uv_poll_init(&s->loop, &s->cpoll, s->csock)) {
+	if (uv_poll_init(&s->loop, &s->ctl.cpoll, s->ctl.csock)) {
 		snprintf(err, errlen, "cannot poll %s", s->ctl_path);
 		return KVT_ESYS;
 	}
-	s->cpoll.data = s;
-	s->cpoll_ready = 1;
+	s->ctl.cpoll.data = s;
+	s->ctl.cpoll_ready = 1;
 	for (uint32_t i = 0; i < s->cfg.contexts; i++) {
-		struct srv_req *r = &s->reqs[i];
+		struct srv_req *r = &s->ctl.reqs[i];
 		r->srv = s;
-		r->next = s->req_free;
-		s->req_free = r;
+		r->next = s->ctl.req_free;
+		s->ctl.req_free = r;
 	}
-	s->n_reqs = s->n_free = s->cfg.contexts;
-	s->low_msg_max = srv_low_msg_max();
-	s->unread_left = SRV_UNREAD_TICK;
+	s->ctl.n_reqs = s->ctl.n_free = s->cfg.contexts;
+	s->ctl.low_msg_max = srv_low_msg_max();
+	s->ctl.unread_left = SRV_UNREAD_TICK;
 	return 0;
 }
 
 int srv_ctl_writing(const struct server *s)
 {
-	for (uint32_t i = 0; i < s->pipes_cap; i++) {
-		const struct srv_pipe *p = s->pipes[i];
+	for (uint32_t i = 0; i < s->ctl.pipes_cap; i++) {
+		const struct srv_pipe *p = s->ctl.pipes[i];
 		if (p && uv_stream_get_write_queue_size(
 		                 (const uv_stream_t *)&p->h))
 			return 1;
@@ -721,22 +723,23 @@ void srv_ctl_close(struct server *s)
 {
 	__atomic_store_n(&s->stopping, 1, __ATOMIC_RELEASE);
 	/* (Each close shifts the table: the first left, until none is.) */
-	while (s->n_pipes) {
+	while (s->ctl.n_pipes) {
 		uint32_t i = 0;
-		while (!s->pipes[i])
+		while (!s->ctl.pipes[i])
 			i++;
-		srv_pipe_close(s, s->pipes[i], NULL, "daemon shutting down");
+		srv_pipe_close(s, s->ctl.pipes[i], NULL,
+		               "daemon shutting down");
 	}
 	srv_refuse_close_all(s);
-	s->starved_head = s->starved_tail = NULL;
-	srv_free_list(s, &s->low_head, &s->low_tail);
+	s->ctl.starved_head = s->ctl.starved_tail = NULL;
+	srv_free_list(s, &s->ctl.low_head, &s->ctl.low_tail);
 	srv_free_list(s, &s->parked_head, &s->parked_tail);
 	s->n_parked = 0;
-	if (s->cpoll_ready && !uv_is_closing((uv_handle_t *)&s->cpoll))
-		uv_close((uv_handle_t *)&s->cpoll, NULL);
-	if (s->csock >= 0) {
+	if (s->ctl.cpoll_ready && !uv_is_closing((uv_handle_t *)&s->ctl.cpoll))
+		uv_close((uv_handle_t *)&s->ctl.cpoll, NULL);
+	if (s->ctl.csock >= 0) {
 		/* libuv's poll handle does not own the descriptor */
-		close(s->csock);
-		s->csock = -1;
+		close(s->ctl.csock);
+		s->ctl.csock = -1;
 	}
 }

@@ -206,7 +206,7 @@ static enum srv_verdict srv_refuse_unread(struct server *s,
 	snprintf(why, sizeof(why), "request of %" PRIu32 " bytes on a "
 	         "connection without a tenant, which may send only hello "
 	         "and admin requests of at most %" PRIu32 " bytes: refused "
-	         "unread", r->unread, s->low_msg_max);
+	         "unread", r->unread, s->ctl.low_msg_max);
 	s->st.requests_total++;
 	stats_count_error(&s->st, KVT_ETOOBIG);
 	LOG_EVERY(LOG_LVL_INFO, 1000, "request refused: ETOOBIG: %s", why);
@@ -297,7 +297,7 @@ enum srv_verdict srv_conclude(struct server *s, struct srv_req *r,
 	    (op == IPC_OP_SYNC || op == IPC_OP_SEQ_OPEN)) {
 		uint64_t now = now_ms();
 		if (!parked && s->cfg.pressure_deadline_ms &&
-		    s->n_parked < s->n_reqs / 2) {
+		    s->n_parked < s->ctl.n_reqs / 2) {
 			/* At most half the contexts wait, so the requests
 			 * that free pages (close, bye) still get in. */
 			r->park_deadline_ms = now + s->cfg.pressure_deadline_ms;

@@ -64,14 +64,14 @@ void srv_conn_close(struct srv_conn *c)
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		s->conns = c->next;
+		s->fdc.conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
 	else
-		s->conns_tail = c->prev;
-	s->n_conns--;
+		s->fdc.conns_tail = c->prev;
+	s->fdc.n_conns--;
 	if (c->refused[0])
-		s->n_conns_refused--;
+		s->fdc.n_conns_refused--;
 	uv_close((uv_handle_t *)&c->poll, srv_conn_closed_cb);
 }
 
@@ -162,7 +162,7 @@ static void srv_conn_violation(struct srv_conn *c, const char *what)
 	if (c->st)
 		snprintf(c->close_why, sizeof(c->close_why), "it sent %s on "
 		         "the handle channel", what);
-	else if (log_rate_due(&s->violation_log, now_ms(), SRV_LOG_EVERY_MS,
+	else if (log_rate_due(&s->fdc.violation_log, now_ms(), SRV_LOG_EVERY_MS,
 	                      &held))
 		LOG(LOG_LVL_WARNING, "fd.sock: closed the connection of pid %"
 		    PRIu32 ": it sent %s (%" PRIu64 " more such closes not "
@@ -217,7 +217,7 @@ void srv_conn_cron(struct server *s, uint64_t now)
 {
 	uint64_t held;
 	uint32_t closed = 0;
-	for (struct srv_conn *c = s->conns, *n;
+	for (struct srv_conn *c = s->fdc.conns, *n;
 	     c && closed < SRV_CLOSES_PER_TICK; c = n) {
 		n = c->next;
 		/* A refused peer gets just long enough to hear why. */
@@ -226,8 +226,8 @@ void srv_conn_cron(struct server *s, uint64_t now)
 		                 SRV_DENIED_MS ? SRV_DENIED_MS
 		                               : s->cfg.hello_timeout_ms;
 		if (!c->st && now - c->born_ms > limit) {
-			if (log_rate_due(&s->hello_log, now, SRV_LOG_EVERY_MS,
-			                 &held))
+			if (log_rate_due(&s->fdc.hello_log, now,
+			                 SRV_LOG_EVERY_MS, &held))
 				LOG(LOG_LVL_INFO, "closing handle channel of pid %"
 				    PRIu32 ": no hello (%" PRIu64 " more such "
 				    "closes not logged)", c->pid, held);
@@ -327,9 +327,9 @@ int srv_send_events(struct srv_conn *c, struct tenant *t)
  * lowered when the open-file limit leaves no room (srv_fd_budget). */
 uint32_t srv_pending_max(const struct server *s)
 {
-	return s->cfg.max_pending_conns < s->pending_cap
+	return s->cfg.max_pending_conns < s->fdc.pending_cap
 	               ? s->cfg.max_pending_conns
-	               : s->pending_cap;
+	               : s->fdc.pending_cap;
 }
 
 uint32_t srv_pending_per_uid(const struct server *s)
@@ -378,8 +378,8 @@ static uint32_t srv_pending(const struct server *s)
 	uint32_t bound = 0;
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		bound += s->tenants[i] && s->tenants[i]->conn;
-	bound += s->n_conns_refused;
-	return s->n_conns > bound ? s->n_conns - bound : 0;
+	bound += s->fdc.n_conns_refused;
+	return s->fdc.n_conns > bound ? s->fdc.n_conns - bound : 0;
 }
 
 /* A connection closed at accept, refused, or evicted: counted, logged
@@ -389,7 +389,7 @@ static void srv_pending_refused(struct server *s, uint64_t now,
 {
 	uint64_t held;
 	s->st.handle_pending_refusals_total++;
-	if (log_rate_due(&s->refuse_log, now, SRV_LOG_EVERY_MS, &held))
+	if (log_rate_due(&s->fdc.refuse_log, now, SRV_LOG_EVERY_MS, &held))
 		LOG(LOG_LVL_WARNING, "fd.sock: %" PRIu32 " connections without "
 		    "a tenant (max_pending_conns, in force %" PRIu32 "): %s%s%s "
 		    "(%" PRIu64 " more not logged)", srv_pending(s),
@@ -410,13 +410,13 @@ static int srv_pending_evict_uid(struct server *s, uint64_t now, uint32_t uid,
 	uint32_t *uids = malloc(sizeof(*uids) * (n ? n : 1));
 	struct srv_uid_run *runs = malloc(sizeof(*runs) * (n ? n : 1));
 	struct srv_conn *victim = NULL;
-	for (struct srv_conn *c = s->conns; uids && runs && c && k < n;
+	for (struct srv_conn *c = s->fdc.conns; uids && runs && c && k < n;
 	     c = c->next)
 		if (srv_conn_pending(c) && c->uid != uid)
 			uids[k++] = c->uid;
 	r = uids && runs ? srv_uid_runs(uids, k, runs) : 0;
 	if (r && runs[0].n >= of_uid + 2)
-		for (struct srv_conn *c = s->conns_tail; c && !victim;
+		for (struct srv_conn *c = s->fdc.conns_tail; c && !victim;
 		     c = c->prev)
 			if (srv_conn_pending(c) && c->uid == runs[0].uid)
 				victim = c;
@@ -445,7 +445,7 @@ static int srv_pending_room(struct server *s, uint64_t now, uint32_t uid,
 	if (srv_pending(s) < srv_pending_max(s) ||
 	    srv_pending_evict_uid(s, now, uid, of_uid))
 		return 1;
-	for (struct srv_conn *c = s->conns_tail; c; c = c->prev) {
+	for (struct srv_conn *c = s->fdc.conns_tail; c; c = c->prev) {
 		if (!srv_conn_pending(c))
 			continue;
 		if (now - c->born_ms < SRV_PENDING_GRACE_MS)
@@ -469,7 +469,7 @@ static int srv_conn_room(struct server *s, uint64_t now, int peer,
                          size_t wlen)
 {
 	uint32_t of_pid = 0, of_uid = 0, per_uid = srv_pending_per_uid(s);
-	for (const struct srv_conn *c = s->conns; peer && c; c = c->next)
+	for (const struct srv_conn *c = s->fdc.conns; peer && c; c = c->next)
 		if (srv_conn_pending(c)) {
 			of_pid += c->pid == pid;
 			of_uid += c->uid == uid;
@@ -520,7 +520,7 @@ void srv_accept_failed(struct server *s, struct srv_backoff *b,
 		LOG(LOG_LVL_WARNING, "%s accept failed: %s (open-file limit %"
 		    PRIu64 "); not accepting for %" PRIu32 " ms (%" PRIu64
 		    " more failures not logged)", name, strerror(err),
-		    s->fd_limit, b->pause_ms, held);
+		    s->fdc.fd_limit, b->pause_ms, held);
 }
 
 void srv_accept_hold(struct server *s, struct srv_backoff *b,
@@ -544,14 +544,14 @@ int srv_backoff_over(struct srv_backoff *b, const struct server *s,
 
 void srv_accept_start(struct server *s)
 {
-	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
+	uv_poll_start(&s->fdc.hpoll, UV_READABLE, srv_accept_cb);
 }
 
 void srv_accept_resume(struct server *s, uint64_t now)
 {
-	if (!srv_backoff_over(&s->haccept, s, now))
+	if (!srv_backoff_over(&s->fdc.haccept, s, now))
 		return;
-	uv_poll_start(&s->hpoll, UV_READABLE, srv_accept_cb);
+	uv_poll_start(&s->fdc.hpoll, UV_READABLE, srv_accept_cb);
 }
 
 /* A new handle channel: WELCOME with its cookie, then it waits for its
@@ -578,7 +578,8 @@ static void srv_conn_open(struct server *s, int fd, uint64_t now,
 		 * client learns why (KVT_EPERM), not just EOF. */
 		c->denied = 1;
 		s->st.auth_refusals_total++;
-		if (log_rate_due(&s->denied_log, now, SRV_LOG_EVERY_MS, &held))
+		if (log_rate_due(&s->fdc.denied_log, now, SRV_LOG_EVERY_MS,
+		                 &held))
 			LOG(LOG_LVL_WARNING, "fd.sock: pid %" PRIu32 " uid %"
 			    PRIu32 " gid %" PRIu32 " is not allowed "
 			    "(allow_uids / allow_gids); its hello will be "
@@ -598,14 +599,14 @@ static void srv_conn_open(struct server *s, int fd, uint64_t now,
 	}
 	c->poll.data = c;
 	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, srv_conn_cb);
-	c->next = s->conns;
-	if (s->conns)
-		s->conns->prev = c;
+	c->next = s->fdc.conns;
+	if (s->fdc.conns)
+		s->fdc.conns->prev = c;
 	else
-		s->conns_tail = c;
-	s->conns = c;
-	s->n_conns++;
-	s->n_conns_refused += refused != NULL;
+		s->fdc.conns_tail = c;
+	s->fdc.conns = c;
+	s->fdc.n_conns++;
+	s->fdc.n_conns_refused += refused != NULL;
 	LOG(LOG_LVL_DEBUG, "handle channel from pid %" PRIu32, c->pid);
 }
 
@@ -617,16 +618,17 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 	/* A bounded batch: the poll calls again while connections queue. */
 	for (int i = 0; i < SRV_ACCEPT_BATCH; i++) {
 		int fd;
-		int rv = handle_accept(s->hsock, &fd);
+		int rv = handle_accept(s->fdc.hsock, &fd);
 		if (rv == KVT_EBUSY)
 			return;
 		if (rv) {
-			srv_accept_failed(s, &s->haccept, &s->hpoll, "fd.sock",
+			srv_accept_failed(s, &s->fdc.haccept, &s->fdc.hpoll,
+			                  "fd.sock",
 			                  &s->st.handle_accept_failures_total,
 			                  errno);
 			return;
 		}
-		s->haccept.pause_ms = 0;
+		s->fdc.haccept.pause_ms = 0;
 		uint64_t now = now_ms();
 		uint32_t pid = 0, uid = 0, gid = 0;
 		char why[sizeof(((struct srv_conn *)0)->refused)];
@@ -636,13 +638,13 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 		if (!srv_conn_room(s, now, peer, pid, uid, gid, why,
 		                   sizeof(why))) {
 			srv_conn_open(s, fd, now, NULL);
-		} else if (s->n_conns_refused < SRV_REFUSALS_MAX) {
+		} else if (s->fdc.n_conns_refused < SRV_REFUSALS_MAX) {
 			/* Kept until its hello, which gets why. */
 			srv_pending_refused(s, now, "a new one was refused, "
 			                    "to be told why at its hello", why);
 			srv_conn_open(s, fd, now, why);
-			srv_accept_hold(s, &s->haccept, &s->hpoll);
-			if (s->haccept.paused)
+			srv_accept_hold(s, &s->fdc.haccept, &s->fdc.hpoll);
+			if (s->fdc.haccept.paused)
 				return;
 		} else {
 			/* A flood of refused ones costs an accept and a
@@ -651,8 +653,8 @@ static void srv_accept_cb(uv_poll_t *p, int status, int events)
 			srv_pending_refused(s, now, "a new one was closed at "
 			                    "accept (SRV_REFUSALS_MAX refused "
 			                    "ones wait for their hello)", why);
-			srv_accept_hold(s, &s->haccept, &s->hpoll);
-			if (s->haccept.paused)
+			srv_accept_hold(s, &s->fdc.haccept, &s->fdc.hpoll);
+			if (s->fdc.haccept.paused)
 				return;
 		}
 	}
@@ -701,10 +703,10 @@ void srv_fd_budget(struct server *s)
 	uint64_t need = rest + 2ull * c->max_pending_conns;
 	uint64_t cap = lim > rest ? (lim - rest) / 2 : 0;
 
-	s->fd_limit = lim;
+	s->fdc.fd_limit = lim;
 	if (cap < SRV_PENDING_FLOOR)
 		cap = SRV_PENDING_FLOOR;
-	s->pending_cap = cap > UINT32_MAX ? UINT32_MAX : (uint32_t)cap;
+	s->fdc.pending_cap = cap > UINT32_MAX ? UINT32_MAX : (uint32_t)cap;
 	if (lim >= need)
 		return;
 	LOG(LOG_LVL_WARNING, "open-file limit %" PRIu64 " is below the %"
@@ -715,7 +717,7 @@ void srv_fd_budget(struct server *s)
 	    "%s; raise LimitNOFILE= / ulimit -n", lim, need,
 	    s->pool.chunk_capacity, SRV_FD_PER_TENANT, c->max_tenants,
 	    listeners, c->stats_max_conns, c->max_pending_conns,
-	    SRV_REFUSALS_MAX, SRV_FD_SPARE, s->pending_cap,
+	    SRV_REFUSALS_MAX, SRV_FD_SPARE, s->fdc.pending_cap,
 	    lim < rest + 2ull * SRV_PENDING_FLOOR
 	            ? ", and even registered tenants may run out of fds "
 	              "(or lower pool_size, max_tenants, stats_max_conns)"

@@ -206,7 +206,7 @@ int srv_hello(struct server *s, const struct ipc_hello *h,
               struct ipc_rep *rep, char *why, size_t wlen)
 {
 	struct srv_conn *c;
-	for (c = s->conns; c; c = c->next)
+	for (c = s->fdc.conns; c; c = c->next)
 		if (!c->closing && c->cookie == h->cookie)
 			break;
 	if (!c) {

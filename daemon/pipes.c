@@ -27,36 +27,38 @@
 
 static uint32_t srv_pipe_slot(const struct server *s, uint32_t id)
 {
-	uint32_t m = s->pipes_cap - 1, i = (id * 2654435761u) & m;
-	while (s->pipes[i] && s->pipes[i]->id != id)
+	uint32_t m = s->ctl.pipes_cap - 1, i = (id * 2654435761u) & m;
+	while (s->ctl.pipes[i] && s->ctl.pipes[i]->id != id)
 		i = (i + 1) & m;
 	return i;
 }
 
 struct srv_pipe *srv_pipe_find(struct server *s, uint32_t id)
 {
-	if (!id || !s->pipes_cap)
+	if (!id || !s->ctl.pipes_cap)
 		return NULL;
-	return s->pipes[srv_pipe_slot(s, id)];
+	return s->ctl.pipes[srv_pipe_slot(s, id)];
 }
 
 int srv_pipe_add(struct server *s, struct srv_pipe *p)
 {
-	if (2 * (s->n_pipes + 1) > s->pipes_cap) {
-		uint32_t cap = s->pipes_cap ? 2 * s->pipes_cap : 64;
-		struct srv_pipe **old = s->pipes, **nt = calloc(cap, sizeof(*nt));
+	if (2 * (s->ctl.n_pipes + 1) > s->ctl.pipes_cap) {
+		uint32_t cap = s->ctl.pipes_cap ? 2 * s->ctl.pipes_cap : 64;
+		struct srv_pipe **old = s->ctl.pipes;
+		struct srv_pipe **nt = calloc(cap, sizeof(*nt));
 		if (!nt)
 			return KVT_ENOMEM;
-		uint32_t ocap = s->pipes_cap;
-		s->pipes = nt;
-		s->pipes_cap = cap;
+		uint32_t ocap = s->ctl.pipes_cap;
+		s->ctl.pipes = nt;
+		s->ctl.pipes_cap = cap;
 		for (uint32_t i = 0; i < ocap; i++)
 			if (old[i])
-				s->pipes[srv_pipe_slot(s, old[i]->id)] = old[i];
+				s->ctl.pipes[srv_pipe_slot(s, old[i]->id)] =
+					old[i];
 		free(old);
 	}
-	s->pipes[srv_pipe_slot(s, p->id)] = p;
-	s->n_pipes++;
+	s->ctl.pipes[srv_pipe_slot(s, p->id)] = p;
+	s->ctl.n_pipes++;
 	return 0;
 }
 
@@ -65,16 +67,16 @@ static void srv_pipe_del(struct server *s, uint32_t id)
 {
 	if (!srv_pipe_find(s, id))
 		return;
-	uint32_t m = s->pipes_cap - 1, i = srv_pipe_slot(s, id);
-	s->pipes[i] = NULL;
-	s->n_pipes--;
-	for (uint32_t j = (i + 1) & m; s->pipes[j]; j = (j + 1) & m) {
-		uint32_t home = (s->pipes[j]->id * 2654435761u) & m;
+	uint32_t m = s->ctl.pipes_cap - 1, i = srv_pipe_slot(s, id);
+	s->ctl.pipes[i] = NULL;
+	s->ctl.n_pipes--;
+	for (uint32_t j = (i + 1) & m; s->ctl.pipes[j]; j = (j + 1) & m) {
+		uint32_t home = (s->ctl.pipes[j]->id * 2654435761u) & m;
 		/* Move j back into the hole at i unless its home lies in
 		 * (i, j] (cyclically). */
 		if (((j - home) & m) >= ((j - i) & m)) {
-			s->pipes[i] = s->pipes[j];
-			s->pipes[j] = NULL;
+			s->ctl.pipes[i] = s->ctl.pipes[j];
+			s->ctl.pipes[j] = NULL;
 			i = j;
 		}
 	}
@@ -100,19 +102,19 @@ static int srv_evict_before(const struct srv_pipe *p, const struct srv_pipe *q)
  */
 static int srv_pipe_evict(struct server *s, uint32_t uid, uint32_t of_uid)
 {
-	uint32_t n = s->n_pipes - s->n_bound_pipes, k = 0, r;
+	uint32_t n = s->ctl.n_pipes - s->ctl.n_bound_pipes, k = 0, r;
 	uint32_t *uids = malloc(sizeof(*uids) * (n ? n : 1));
 	struct srv_uid_run *runs = malloc(sizeof(*runs) * (n ? n : 1));
 	struct srv_pipe *victim = NULL;
-	for (uint32_t i = 0; uids && runs && i < s->pipes_cap && k < n; i++)
-		if (s->pipes[i] && !s->pipes[i]->bound &&
-		    s->pipes[i]->uid != uid)
-			uids[k++] = s->pipes[i]->uid;
+	for (uint32_t i = 0; uids && runs && i < s->ctl.pipes_cap && k < n; i++)
+		if (s->ctl.pipes[i] && !s->ctl.pipes[i]->bound &&
+		    s->ctl.pipes[i]->uid != uid)
+			uids[k++] = s->ctl.pipes[i]->uid;
 	r = uids && runs ? srv_uid_runs(uids, k, runs) : 0;
 	for (uint32_t j = 0; j < r && !victim && runs[j].n >= of_uid + 2;
 	     j++) {
-		for (uint32_t i = 0; i < s->pipes_cap; i++) {
-			struct srv_pipe *p = s->pipes[i];
+		for (uint32_t i = 0; i < s->ctl.pipes_cap; i++) {
+			struct srv_pipe *p = s->ctl.pipes[i];
 			if (!p || p->bound || p->uid != runs[j].uid)
 				continue;
 			if (!victim || srv_evict_before(p, victim))
@@ -136,10 +138,10 @@ static int srv_pipe_evict(struct server *s, uint32_t uid, uint32_t of_uid)
 int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid,
                   char *why, size_t wlen)
 {
-	uint32_t pending = s->n_pipes - s->n_bound_pipes, of_pid = 0,
+	uint32_t pending = s->ctl.n_pipes - s->ctl.n_bound_pipes, of_pid = 0,
 	         of_uid = 0, per_uid = srv_pending_per_uid(s);
-	for (uint32_t i = 0; i < s->pipes_cap; i++) {
-		const struct srv_pipe *p = s->pipes[i];
+	for (uint32_t i = 0; i < s->ctl.pipes_cap; i++) {
+		const struct srv_pipe *p = s->ctl.pipes[i];
 		if (p && !p->bound) {
 			of_pid += p->pid == pid;
 			of_uid += p->uid == uid;
@@ -168,7 +170,7 @@ int srv_pipe_room(struct server *s, uint32_t pid, uint32_t uid, uint32_t gid,
 		         srv_pending_max(s), uid);
 	uint64_t held, now = now_ms();
 	s->st.control_conns_refused_total++;
-	if (log_rate_due(&s->crefuse_log, now, 1000, &held))
+	if (log_rate_due(&s->ctl.crefuse_log, now, 1000, &held))
 		LOG(LOG_LVL_WARNING, "ctl.ipc: connection of pid %" PRIu32
 		    " uid %" PRIu32 " refused: %s (%" PRIu64 " more not "
 		    "logged)", pid, uid, why, held);
@@ -181,8 +183,8 @@ static void srv_pipe_free_cb(uv_handle_t *h)
 {
 	struct srv_pipe *p = h->data;
 	struct server *s = p->srv;
-	if (s->n_closing)
-		s->n_closing--;
+	if (s->ctl.n_closing)
+		s->ctl.n_closing--;
 	free(p->rx);
 	free(p);
 }
@@ -220,29 +222,29 @@ void srv_pipe_close(struct server *s, struct srv_pipe *p, uint64_t *counter,
 	s->st.control_requests_dropped_total +=
 		p->inflight + srv_pipe_unread_frames(p);
 	if (p->starved) {
-		struct srv_pipe **q = &s->starved_head, *prev = NULL;
+		struct srv_pipe **q = &s->ctl.starved_head, *prev = NULL;
 		while (*q && *q != p) {
 			prev = *q;
 			q = &(*q)->starved_next;
 		}
 		if (*q)
 			*q = p->starved_next;
-		if (s->starved_tail == p)
-			s->starved_tail = prev;
+		if (s->ctl.starved_tail == p)
+			s->ctl.starved_tail = prev;
 		p->starved = 0;
 	}
 	srv_pipe_del(s, p->id);
-	if (p->big && s->n_big_rx)
-		s->n_big_rx--;
+	if (p->big && s->ctl.n_big_rx)
+		s->ctl.n_big_rx--;
 	p->big = 0;
 	if (p->bound) {
 		/* Its tenant's reclaim below unbinds by id, which no longer
 		 * finds it: the count is kept here. */
 		p->bound = 0;
-		if (s->n_bound_pipes)
-			s->n_bound_pipes--;
+		if (s->ctl.n_bound_pipes)
+			s->ctl.n_bound_pipes--;
 	}
-	s->n_closing++;
+	s->ctl.n_closing++;
 	if (p->reading)
 		uv_read_stop((uv_stream_t *)&p->h);
 	p->reading = 0;
@@ -264,9 +266,9 @@ void srv_pipe_bind(struct server *s, uint32_t id, int bound)
 		return;
 	p->bound = bound;
 	if (bound)
-		s->n_bound_pipes++;
-	else if (s->n_bound_pipes)
-		s->n_bound_pipes--;
+		s->ctl.n_bound_pipes++;
+	else if (s->ctl.n_bound_pipes)
+		s->ctl.n_bound_pipes--;
 	if (!bound)
 		p->last_ms = now_ms(); /* the idle deadline starts now */
 }
@@ -281,8 +283,8 @@ void srv_pipe_cron(struct server *s, uint64_t now)
 	uint64_t *why_c[SRV_CLOSES_PER_TICK];
 	const char *why[SRV_CLOSES_PER_TICK];
 	uint32_t n = 0;
-	for (uint32_t i = 0; i < s->pipes_cap; i++) {
-		struct srv_pipe *p = s->pipes[i];
+	for (uint32_t i = 0; i < s->ctl.pipes_cap; i++) {
+		struct srv_pipe *p = s->ctl.pipes[i];
 		if (!p)
 			continue;
 		if (n < SRV_CLOSES_PER_TICK && p->stall_ms &&

@@ -29,7 +29,7 @@
 struct srv_refusal {
 	uv_pipe_t h; /* h.data: this */
 	struct server *srv;
-	struct srv_refusal *prev, *next; /* s->refusals, newest first */
+	struct srv_refusal *prev, *next; /* s->ref.refusals, newest first */
 	uint64_t born_ms;
 	int code;
 	char why[KVT_ERRTEXT_MAX];
@@ -60,12 +60,12 @@ static void srv_refusal_close(struct srv_refusal *r)
 	if (r->prev)
 		r->prev->next = r->next;
 	else
-		s->refusals = r->next;
+		s->ref.refusals = r->next;
 	if (r->next)
 		r->next->prev = r->prev;
 	else
-		s->refusals_tail = r->prev;
-	s->n_refusals--;
+		s->ref.refusals_tail = r->prev;
+	s->ref.n_refusals--;
 	uv_close((uv_handle_t *)&r->h, srv_refusal_free_cb);
 }
 
@@ -129,8 +129,8 @@ static void srv_refusal_alloc_cb(uv_handle_t *h, size_t suggested,
 {
 	struct srv_refusal *r = h->data;
 	(void)suggested;
-	*buf = uv_buf_init((char *)r->srv->refuse_rx,
-	                   sizeof(r->srv->refuse_rx));
+	*buf = uv_buf_init((char *)r->srv->ref.refuse_rx,
+	                   sizeof(r->srv->ref.refuse_rx));
 }
 
 /* Keeps the first bytes, answers once the request id is known; EOF, an
@@ -162,8 +162,8 @@ static void srv_refusal_read_cb(uv_stream_t *st, ssize_t n,
 
 void srv_refuse(struct server *s, int fd, int code, const char *why)
 {
-	if (s->n_refusals >= SRV_REFUSALS_MAX && s->refusals_tail)
-		srv_refusal_close(s->refusals_tail);
+	if (s->ref.n_refusals >= SRV_REFUSALS_MAX && s->ref.refusals_tail)
+		srv_refusal_close(s->ref.refusals_tail);
 	struct srv_refusal *r = calloc(1, sizeof(*r));
 	if (!r) {
 		close(fd);
@@ -179,13 +179,13 @@ void srv_refuse(struct server *s, int fd, int code, const char *why)
 		return;
 	}
 	r->h.data = r;
-	r->next = s->refusals;
-	if (s->refusals)
-		s->refusals->prev = r;
+	r->next = s->ref.refusals;
+	if (s->ref.refusals)
+		s->ref.refusals->prev = r;
 	else
-		s->refusals_tail = r;
-	s->refusals = r;
-	s->n_refusals++;
+		s->ref.refusals_tail = r;
+	s->ref.refusals = r;
+	s->ref.n_refusals++;
 	if (uv_pipe_open(&r->h, fd)) {
 		close(fd);
 		srv_refusal_close(r);
@@ -202,13 +202,13 @@ void srv_refuse(struct server *s, int fd, int code, const char *why)
 
 void srv_refuse_cron(struct server *s, uint64_t now)
 {
-	while (s->refusals_tail &&
-	       now - s->refusals_tail->born_ms >= SRV_REFUSE_MS)
-		srv_refusal_close(s->refusals_tail);
+	while (s->ref.refusals_tail &&
+	       now - s->ref.refusals_tail->born_ms >= SRV_REFUSE_MS)
+		srv_refusal_close(s->ref.refusals_tail);
 }
 
 void srv_refuse_close_all(struct server *s)
 {
-	while (s->refusals)
-		srv_refusal_close(s->refusals);
+	while (s->ref.refusals)
+		srv_refusal_close(s->ref.refusals);
 }

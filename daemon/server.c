@@ -76,8 +76,8 @@ static void srv_cron_cb(uv_timer_t *t)
 	if (s->n_parked)
 		srv_retry_parked(s); /* deadlines, and pages freed meanwhile */
 	srv_publish(s);
-	if (now - s->rundir_ms >= SRV_RUNDIR_MS) {
-		s->rundir_ms = now;
+	if (now - s->rd.rundir_ms >= SRV_RUNDIR_MS) {
+		s->rd.rundir_ms = now;
 		srv_rundir_watch(s);
 	}
 	if (now - s->status_ms >= SRV_STATUS_MS) {
@@ -175,10 +175,10 @@ static void srv_stop_loop(struct server *s)
 	for (uint32_t i = 0; i < s->cfg.max_tenants; i++)
 		if (s->tenants[i])
 			srv_reclaim(s, s->tenants[i], "daemon shutting down");
-	while (s->conns)
-		srv_conn_close(s->conns);
-	if (s->hpoll_ready)
-		uv_close((uv_handle_t *)&s->hpoll, NULL);
+	while (s->fdc.conns)
+		srv_conn_close(s->fdc.conns);
+	if (s->fdc.hpoll_ready)
+		uv_close((uv_handle_t *)&s->fdc.hpoll, NULL);
 	uv_close((uv_handle_t *)&s->wake, NULL);
 	uv_close((uv_handle_t *)&s->snap_async, NULL);
 	uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -191,7 +191,8 @@ static void srv_stop_loop(struct server *s)
 
 static int srv_busy(struct server *s)
 {
-	return s->low_head || s->n_parked || s->n_jobs || srv_ctl_writing(s);
+	return s->ctl.low_head || s->n_parked || s->n_jobs ||
+	       srv_ctl_writing(s);
 }
 
 static void srv_drain_cb(uv_timer_t *t)
@@ -213,7 +214,7 @@ static void srv_shutdown(struct server *s)
 	notify_stopping();
 	s->draining = 1;
 	s->drain_started_ms = now_ms();
-	uv_poll_stop(&s->hpoll);
+	uv_poll_stop(&s->fdc.hpoll);
 	srv_ctl_stop_accepting(s);
 	/* Parked requests now get KVT_ESHUTDOWN instead of waiting on. */
 	if (s->n_parked)
@@ -270,14 +271,14 @@ static void srv_socket_group(const char *path)
 static int srv_lock_rundir(struct server *s, char *err, size_t errlen)
 {
 	long holder = 0;
-	int rv = rundir_claim(s->cfg.runtime_dir, &s->claim_fd, &holder);
+	int rv = rundir_claim(s->cfg.runtime_dir, &s->rd.claim_fd, &holder);
 	if (rv == KVT_ESYS) {
 		snprintf(err, errlen, "cannot claim runtime dir %s: %s",
 		         s->cfg.runtime_dir, strerror(errno));
 		return rv;
 	}
 	if (rv == 0)
-		rv = rundir_lock(s->cfg.runtime_dir, &s->lock_fd, &holder);
+		rv = rundir_lock(s->cfg.runtime_dir, &s->rd.lock_fd, &holder);
 	if (rv == KVT_EBUSY && holder)
 		snprintf(err, errlen, "runtime dir %s is in use by kvtrimd pid "
 		         "%ld (%s/%s)", s->cfg.runtime_dir, holder,
@@ -299,11 +300,11 @@ static void srv_own_files(struct server *s)
 	const char *paths[3] = {s->ctl_path, s->fd_path, s->stats_path};
 	struct stat st;
 	for (int i = 0; i < 3; i++) {
-		s->own[i] = (struct srv_own_file){.path = paths[i]};
+		s->rd.own[i] = (struct srv_own_file){.path = paths[i]};
 		if (stat(paths[i], &st) == 0) {
-			s->own[i].dev = st.st_dev;
-			s->own[i].ino = st.st_ino;
-			s->own[i].bound = 1;
+			s->rd.own[i].dev = st.st_dev;
+			s->rd.own[i].ino = st.st_ino;
+			s->rd.own[i].bound = 1;
 		}
 	}
 }
@@ -320,8 +321,8 @@ static int srv_own_file_there(const struct srv_own_file *f)
 static void srv_unlink_own(struct server *s)
 {
 	for (int i = 0; i < 3; i++)
-		if (srv_own_file_there(&s->own[i]))
-			unlink(s->own[i].path);
+		if (srv_own_file_there(&s->rd.own[i]))
+			unlink(s->rd.own[i].path);
 }
 
 /*
@@ -336,13 +337,13 @@ static void srv_unlink_own(struct server *s)
 static void srv_rundir_watch(struct server *s)
 {
 	const char *lost = NULL;
-	if (s->draining || s->lock_fd < 0)
+	if (s->draining || s->rd.lock_fd < 0)
 		return;
-	if (!rundir_lock_held(s->cfg.runtime_dir, s->lock_fd))
+	if (!rundir_lock_held(s->cfg.runtime_dir, s->rd.lock_fd))
 		lost = RUNDIR_LOCK_NAME;
 	for (int i = 0; !lost && i < 3; i++)
-		if (s->own[i].bound && !srv_own_file_there(&s->own[i]))
-			lost = strrchr(s->own[i].path, '/') + 1;
+		if (s->rd.own[i].bound && !srv_own_file_there(&s->rd.own[i]))
+			lost = strrchr(s->rd.own[i].path, '/') + 1;
 	if (!lost)
 		return;
 	LOG(LOG_LVL_ERR, "runtime dir %s lost: %s was removed or replaced "
@@ -366,10 +367,10 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	s->cfg = *cfg;
 	if (args)
 		s->args = *args;
-	s->hsock = -1;
-	s->csock = -1;
-	s->lock_fd = -1;
-	s->claim_fd = -1;
+	s->fdc.hsock = -1;
+	s->ctl.csock = -1;
+	s->rd.lock_fd = -1;
+	s->rd.claim_fd = -1;
 	s->next_tenant_id = 1;
 	s->started_ms = now_ms();
 	pthread_mutex_init(&s->acl_lock, NULL);
@@ -403,8 +404,8 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	pool_set_backend(&s->pool, s->bops, s->bctx);
 	srv_shares_refresh(s);
 	s->tenants = calloc(cfg->max_tenants, sizeof(*s->tenants));
-	s->reqs = calloc(cfg->contexts, sizeof(*s->reqs));
-	if (!s->tenants || !s->reqs) {
+	s->ctl.reqs = calloc(cfg->contexts, sizeof(*s->ctl.reqs));
+	if (!s->tenants || !s->ctl.reqs) {
 		rv = KVT_ENOMEM;
 		goto fail;
 	}
@@ -452,7 +453,7 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	/* Socket files are born 0660: the umask covers the moment between
 	 * bind and the chmod the listeners do afterwards. */
 	old_umask = umask(0117);
-	rv = handle_listen(s->fd_path, &s->hsock);
+	rv = handle_listen(s->fd_path, &s->fdc.hsock);
 	umask(old_umask);
 	if (rv) {
 		snprintf(err, errlen, "cannot listen on %s: %s", s->fd_path,
@@ -461,9 +462,9 @@ int server_new(const struct config *cfg, const struct config_args *args,
 	}
 	if ((rv = srv_ctl_open(s, err, errlen)))
 		goto fail;
-	uv_poll_init(&s->loop, &s->hpoll, s->hsock);
-	s->hpoll.data = s;
-	s->hpoll_ready = 1;
+	uv_poll_init(&s->loop, &s->fdc.hpoll, s->fdc.hsock);
+	s->fdc.hpoll.data = s;
+	s->fdc.hpoll_ready = 1;
 	/* The stats socket last: the HTTP thread starts serving at once and
 	 * must find a snapshot to render. */
 	srv_publish(s);
@@ -532,21 +533,21 @@ void server_free(struct server *s)
 	}
 	/* Socket files are removed only by the lock's holder: they are its
 	 * own (a daemon refused the lock never created any). */
-	if (s->hsock >= 0)
-		close(s->hsock);
-	if (s->lock_fd >= 0)
+	if (s->fdc.hsock >= 0)
+		close(s->fdc.hsock);
+	if (s->rd.lock_fd >= 0)
 		srv_unlink_own(s);
 	/* Every tenant and chunk is gone (srv_stop_loop reclaimed them). */
 	if (s->bctx)
 		s->bops->ctx_free(s->bctx);
 	free(s->tenants);
-	free(s->pipes);
+	free(s->ctl.pipes);
 	if (s->pub_ready)
 		stats_pub_destroy(&s->pub);
 	pthread_mutex_destroy(&s->acl_lock);
-	rundir_unlock(s->cfg.runtime_dir, s->lock_fd);
-	if (s->claim_fd >= 0)
-		close(s->claim_fd);
-	free(s->reqs);
+	rundir_unlock(s->cfg.runtime_dir, s->rd.lock_fd);
+	if (s->rd.claim_fd >= 0)
+		close(s->rd.claim_fd);
+	free(s->ctl.reqs);
 	free(s);
 }

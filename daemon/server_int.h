@@ -219,34 +219,19 @@ struct srv_pipe {
 	uint32_t rx_need;  /* bytes from rx_off the next frame needs */
 	uint32_t rx_skip;  /* bytes of a frame refused unread still to come:
 	                      dropped as they are read */
-	int big;           /* counted in s->n_big_rx (ctl.c, SRV_RX_BIG) */
+	int big;           /* counted in s->ctl.n_big_rx (ctl.c, SRV_RX_BIG) */
 };
 
-struct server {
-	struct config cfg;
-	struct config_args args; /* how cfg was built, for SIGHUP */
-	uv_loop_t loop;
-	struct pool pool;
-	/* Where KV memory lives (backend.h): the table is static, bctx is
-	 * freed by server_free after every tenant and chunk is gone. */
-	const struct kvt_backend_ops *bops;
-	void *bctx;
-	const char *bmode; /* "memfd" | "vmm" | "ipc" */
-	struct stats st;
-	uint64_t started_ms;
-
-	/* ctl.ipc (ctl.c): the listening socket, polled, with the accept
-	 * back-off of fdchan.c's kind. */
+/* ctl.ipc (ctl.c, pipes.c): the listener, the request pool and the open
+ * control connections. */
+struct srv_ctl {
+	/* the listening socket, polled, with the accept back-off of
+	 * fdchan.c's kind */
 	int csock;
 	uv_poll_t cpoll;
 	int cpoll_ready;
 	struct srv_backoff caccept;
 	struct log_rate crefuse_log;
-	/* Refused connections being told why (refuse.c), newest first, at
-	 * most SRV_REFUSALS_MAX; they are not in the table below. */
-	struct srv_refusal *refusals, *refusals_tail;
-	uint32_t n_refusals;
-	uint8_t refuse_rx[4096]; /* what refusals read, then discard */
 	struct srv_req *reqs; /* [n_reqs = cfg.contexts], the pool */
 	uint32_t n_reqs;
 	struct srv_req *req_free; /* free ones */
@@ -265,9 +250,6 @@ struct server {
 	uint32_t unread_left; /* bytes of frames refused unread that may
 	                         still be read this cron tick (ctl.c) */
 	uint32_t next_pipe_id;
-	/* Device wake-ups (a driver thread) and the low class's next slice:
-	 * srv_wake_cb. */
-	uv_async_t wake;
 	/* Admitted requests of connections without a tenant (kvtrimctl,
 	 * hellos, anyone in the group), loop thread only: handled after
 	 * every tenant's request, SRV_LOW_SLICE per wake-up (ctl.c). */
@@ -279,7 +261,18 @@ struct server {
 	uint32_t pipes_cap, n_pipes;
 	uint32_t n_bound_pipes; /* of which a tenant is registered on */
 	uint32_t n_closing;     /* closed, their close callback not run */
+};
 
+/* Refused connections being told why (refuse.c), newest first, at most
+ * SRV_REFUSALS_MAX; they are not among the control connections. */
+struct srv_refused {
+	struct srv_refusal *refusals, *refusals_tail;
+	uint32_t n_refusals;
+	uint8_t refuse_rx[4096]; /* what refusals read, then discard */
+};
+
+/* fd.sock (fdchan.c): the listener and the handle channels. */
+struct srv_fdchan {
 	int hsock;
 	uv_poll_t hpoll;
 	int hpoll_ready;
@@ -299,9 +292,11 @@ struct server {
 	 * most max_pending_conns it leaves room for. */
 	uint64_t fd_limit;
 	uint32_t pending_cap;
+};
+
+/* The runtime directory this daemon owns (server.c). */
+struct srv_rundir {
 	int lock_fd;  /* runtime dir's kvtrimd.lock (rundir_lock), -1: none */
-	uint32_t refusals_tick; /* connections refused this cron tick
-	                           (srv_accept_hold) */
 	int claim_fd; /* the dir's abstract claim (rundir_claim), -1: none */
 	/* The socket files this daemon bound, as they were then: what
 	 * srv_rundir_watch compares the dir against, and what server_free
@@ -313,6 +308,32 @@ struct server {
 		int bound;
 	} own[3];
 	uint64_t rundir_ms; /* the last srv_rundir_watch */
+};
+
+struct server {
+	struct config cfg;
+	struct config_args args; /* how cfg was built, for SIGHUP */
+	uv_loop_t loop;
+	struct pool pool;
+	/* Where KV memory lives (backend.h): the table is static, bctx is
+	 * freed by server_free after every tenant and chunk is gone. */
+	const struct kvt_backend_ops *bops;
+	void *bctx;
+	const char *bmode; /* "memfd" | "vmm" | "ipc" */
+	struct stats st;
+	uint64_t started_ms;
+
+	struct srv_ctl ctl;
+	struct srv_refused ref;
+	struct srv_fdchan fdc;
+	struct srv_rundir rd;
+	/* Device wake-ups (a driver thread) and the low class's next slice:
+	 * srv_wake_cb. */
+	uv_async_t wake;
+
+
+	uint32_t refusals_tick; /* connections refused this cron tick
+	                           (srv_accept_hold) */
 	int exit_status;    /* server_run's: 0, or 1 after the dir was lost */
 
 	struct srv_barred barred[SRV_BARRED_MAX];

@@ -81,9 +81,9 @@ struct stats_snap *srv_snapshot(struct server *s)
 	                                         (double)s->pool.chunk_capacity
 	                               : 0;
 	snap->pressure_level = s->pressure;
-	for (struct srv_conn *c = s->conns; c; c = c->next)
+	for (struct srv_conn *c = s->fdc.conns; c; c = c->next)
 		snap->clients_connected += !c->closing;
-	snap->control_connections = s->n_pipes;
+	snap->control_connections = s->ctl.n_pipes;
 	snap->backpressure_parked_requests = s->n_parked;
 	snap->pool_uids = pool_accounts(&s->pool, POOL_SHARE_UID);
 	snap->uid_share_bytes =
