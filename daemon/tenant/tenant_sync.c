@@ -339,18 +339,19 @@ static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
 	return 0;
 }
 
-/* One list's compaction along its drops, queued where the list lives: the
- * drop indices batched for the device's compact_drops (device table), the
- * page addresses and moves batched for the backend's compact, or done on
- * the host.  The positions and entry states e (NULL: none) follow. */
-static void compact_list(struct tenant *t, uint32_t slot, size_t li,
-                         const struct tlist *l, uint32_t *pos, float *e,
-                         const uint8_t *drop, const struct tenant_ldrop *ld,
-                         uint32_t len, uint32_t *nl, struct sync_walk *w)
+/* One list's compaction along its drops (its device table record, its
+ * page ids pg), queued where the list lives: the drop indices batched for
+ * the device's compact_drops (device table), the page addresses and moves
+ * batched for the backend's compact, or done on the host.  The positions
+ * and entry states e (NULL: none) follow. */
+static void compact_list(struct tenant *t, uint32_t record,
+                         const struct tlist *l, const uint32_t *pg,
+                         uint32_t *pos, float *e, const uint8_t *drop,
+                         const struct tenant_ldrop *ld, uint32_t len,
+                         uint32_t *nl, struct sync_walk *w)
 {
 	const struct shm_geom *g = &t->g;
 	const uint32_t row_bytes = g->head_dim * g->elem_bytes;
-	const uint32_t *pg = seq_pages(t, &t->seqs[slot], li);
 	uint32_t nm = ld->idx ? compact_plan_drops(ld->idx, ld->n, len,
 	                                           t->moves, nl)
 	                      : compact_plan(drop, len, t->moves, nl);
@@ -359,7 +360,7 @@ static void compact_list(struct tenant *t, uint32_t slot, size_t li,
 	if (t->dbases) {
 		/* Only the drop indices go to the device (compact_drops). */
 		t->bdl[w->nb++] = (struct kvt_backend_drops){
-			.record = (uint32_t)(slot * t->lists_per_seq + li),
+			.record = record,
 			.len = len, .n_drop = len - *nl,
 			.drop_off = (uint32_t)w->bm,
 		};
@@ -411,8 +412,8 @@ static void apply_list(struct tenant *t, const struct ipc_sync_item *it,
 	uint32_t len = l->len + it->n_new, nl = len;
 	float *e = t->ef && tenant_attn_host(t, w->ly)
 	           ? t->ent_scr + w->eoff : NULL;
-	compact_list(t, slot, li, l, pos, e, t->drop + w->off,
-	             &t->ldrop[w->li], len, &nl, w);
+	compact_list(t, (uint32_t)(slot * t->lists_per_seq + li), l, pg, pos,
+	             e, t->drop + w->off, &t->ldrop[w->li], len, &nl, w);
 	if (e)
 		memcpy(seq_ent(t, s, li), e, (size_t)nl * t->ef * sizeof(float));
 	t->appended += it->n_new;
