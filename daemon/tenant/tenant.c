@@ -61,7 +61,7 @@ static int segment_new(const char *name, uint64_t bytes, unsigned seals,
  * A policy that reads x alone through a scorer the device can run (kvzap,
  * fastkvzip): its weights go to the device at registration and at each
  * reload (tenant_reload_policy), and syncs score x where it is staged
- * (tenant_int.h, dscorer).  *out stays NULL for any other policy.
+ * (tenant_int.h, struct tdscore).  *out stays NULL for any other policy.
  */
 static int scorer_dev_new(const struct tenant *t, const struct policy *p,
                           void **out, char *err, size_t errlen)
@@ -104,38 +104,38 @@ static int stage_dev_init(struct tenant *t, char *err, size_t errlen)
 	    !g->stage_entry_floats || !o->fill_words)
 		return 0;
 	uint32_t rows = g->headroom + t->pol->lookback;
-	t->ring = malloc((size_t)rows * g->stage_entry_floats * sizeof(float));
-	t->rsrc = malloc((size_t)rows * sizeof(*t->rsrc));
-	t->ppat = malloc((1 + 2 * (size_t)g->n_heads) * sizeof(uint32_t));
-	t->prun = malloc(TENANT_POISON_RUNS * sizeof(*t->prun));
-	if (!t->ring || !t->rsrc || !t->ppat || !t->prun ||
+	t->dstage.ring = malloc((size_t)rows * g->stage_entry_floats * sizeof(float));
+	t->dstage.rsrc = malloc((size_t)rows * sizeof(*t->dstage.rsrc));
+	t->dstage.ppat = malloc((1 + 2 * (size_t)g->n_heads) * sizeof(uint32_t));
+	t->dstage.prun = malloc(TENANT_POISON_RUNS * sizeof(*t->dstage.prun));
+	if (!t->dstage.ring || !t->dstage.rsrc || !t->dstage.ppat || !t->dstage.prun ||
 	    tenant_ensure_room((void **)&t->ev, &t->ev_cap, t->n_ev + 1,
 	                       sizeof(*t->ev)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (need & POLICY_NEED_X)
-		t->ppat[t->n_ppat++] = 0;
+		t->dstage.ppat[t->dstage.n_ppat++] = 0;
 	for (uint32_t h = 0; h < g->n_heads; h++) {
 		if (need & POLICY_NEED_Q)
-			t->ppat[t->n_ppat++] =
+			t->dstage.ppat[t->dstage.n_ppat++] =
 				(uint32_t)(g->stage_q_off + (uint64_t)h * g->head_dim);
 		if (need & POLICY_NEED_LSE)
-			t->ppat[t->n_ppat++] = (uint32_t)(g->stage_lse_off + h);
+			t->dstage.ppat[t->dstage.n_ppat++] = (uint32_t)(g->stage_lse_off + h);
 	}
 	uint64_t sb = shm_whole_chunks(g->stage_bytes);
-	int rc = o->chunk_new(t->bctx, sb, &t->dstage);
+	int rc = o->chunk_new(t->bctx, sb, &t->dstage.chunk);
 	if (rc)
 		return errors_fmt(err, errlen, rc, "%s backend: device staging "
 		                  "of %llu bytes: %s", o->name,
 		                  (unsigned long long)sb, o->last_error());
-	if ((rc = scorer_dev_new(t, t->pol, &t->dscorer, err, errlen)))
+	if ((rc = scorer_dev_new(t, t->pol, &t->dscore.scorer, err, errlen)))
 		return rc;
 	struct tenant_event *e = &t->ev[t->n_ev++];
 	*e = (struct tenant_event){
 		.type = HANDLE_STAGE_DEV,
-		.fd = t->dstage.fd,
+		.fd = t->dstage.chunk.fd,
 		.size = g->stage_bytes,
 	};
-	memcpy(e->data, t->dstage.ipc, sizeof(e->data));
+	memcpy(e->data, t->dstage.chunk.ipc, sizeof(e->data));
 	return 0;
 }
 
@@ -155,15 +155,15 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 		            "uploads, device memory)", o->name);
 	t->ipc_share = o->share(t->bctx) == KVT_BACKEND_SHARE_IPC;
 	int rc;
-	if ((rc = o->stream_new(t->bctx, &t->stream)) ||
-	    (rc = o->event_new(t->bctx, &t->ev_writes)) ||
-	    (rc = o->event_new(t->bctx, &t->ev_compact)))
+	if ((rc = o->stream_new(t->bctx, &t->dsync.stream)) ||
+	    (rc = o->event_new(t->bctx, &t->dsync.ev_writes)) ||
+	    (rc = o->event_new(t->bctx, &t->dsync.ev_compact)))
 		return errors_fmt(err, errlen, rc, "%s backend: %s", o->name,
 		            o->last_error());
 	if (tenant_ensure_room((void **)&t->ev, &t->ev_cap, 3, sizeof(*t->ev)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	const struct kvt_backend_event *evs[2] = {&t->ev_writes,
-	                                          &t->ev_compact};
+	const struct kvt_backend_event *evs[2] = {&t->dsync.ev_writes,
+	                                          &t->dsync.ev_compact};
 	for (uint32_t i = 0; i < 2; i++) {
 		struct tenant_event *e = &t->ev[t->n_ev++];
 		*e = (struct tenant_event){
@@ -179,15 +179,15 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	 * zeroed host record does (len 0, no pages). */
 	uint64_t tb = shm_whole_chunks(t->g.table_bytes);
 	struct kvt_backend_region hdr = {0, sizeof(struct shm_table_hdr)};
-	t->dirty = malloc((size_t)2 * t->g.max_seqs * t->lists_per_seq *
-	                  sizeof(*t->dirty));
-	if (!t->dirty)
+	t->dtable.dirty = malloc((size_t)2 * t->g.max_seqs * t->lists_per_seq *
+	                  sizeof(*t->dtable.dirty));
+	if (!t->dtable.dirty)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	if ((rc = o->chunk_new(t->bctx, tb, &t->dtab)) ||
-	    (rc = o->mem_new(t->bctx, t->g.table_bytes, &t->dtab_own)) ||
-	    (rc = o->upload_twin(t->bctx, t->dtab_own, t->dtab.base, t->table,
-	                         &hdr, 1, t->stream)) ||
-	    (rc = o->event_record(t->bctx, &t->ev_compact, t->stream)))
+	if ((rc = o->chunk_new(t->bctx, tb, &t->dtable.shared)) ||
+	    (rc = o->mem_new(t->bctx, t->g.table_bytes, &t->dtable.own)) ||
+	    (rc = o->upload_twin(t->bctx, t->dtable.own, t->dtable.shared.base, t->table,
+	                         &hdr, 1, t->dsync.stream)) ||
+	    (rc = o->event_record(t->bctx, &t->dsync.ev_compact, t->dsync.stream)))
 		return errors_fmt(err, errlen, rc, "%s backend: device table of "
 		                  "%llu bytes: %s", o->name,
 		                  (unsigned long long)tb, o->last_error());
@@ -196,22 +196,22 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 	if (o->compact_drops && o->mem_new && o->mem_free) {
 		size_t bb = (size_t)(t->max_chunks ? t->max_chunks : 1) *
 		            sizeof(void *);
-		t->hbases = calloc(1, bb);
-		if (!t->hbases)
+		t->dsync.hbases = calloc(1, bb);
+		if (!t->dsync.hbases)
 			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-		if ((rc = o->mem_new(t->bctx, bb, (void **)&t->dbases)))
+		if ((rc = o->mem_new(t->bctx, bb, (void **)&t->dsync.dbases)))
 			return errors_fmt(err, errlen, rc, "%s backend: chunk "
 			                  "bases: %s", o->name, o->last_error());
 	}
-	t->dnorms = t->dbases && t->pol->ops->new_key_norms && o->key_norms;
+	t->dscore.norms = t->dsync.dbases && t->pol->ops->new_key_norms && o->key_norms;
 	struct tenant_event *e = &t->ev[t->n_ev++];
 	*e = (struct tenant_event){
 		.type = HANDLE_TABLE_DEV,
 		.slot = t->max_chunks, /* sizes the client's chunk-base array */
-		.fd = t->dtab.fd,
+		.fd = t->dtable.shared.fd,
 		.size = t->g.table_bytes,
 	};
-	memcpy(e->data, t->dtab.ipc, sizeof(e->data));
+	memcpy(e->data, t->dtable.shared.ipc, sizeof(e->data));
 	if ((rc = stage_dev_init(t, err, errlen)))
 		return rc;
 	return tenant_attn_init(t, err, errlen);
@@ -220,37 +220,37 @@ static int device_init(struct tenant *t, char *err, size_t errlen)
 static void device_fini(struct tenant *t)
 {
 	const struct kvt_backend_ops *o = t->bops;
-	if (t->stream) {
-		o->stream_sync(t->bctx, t->stream);
-		o->stream_free(t->bctx, t->stream);
-		t->stream = NULL;
+	if (t->dsync.stream) {
+		o->stream_sync(t->bctx, t->dsync.stream);
+		o->stream_free(t->bctx, t->dsync.stream);
+		t->dsync.stream = NULL;
 	}
-	if (t->ev_writes.ev)
-		o->event_free(t->bctx, &t->ev_writes);
-	if (t->ev_compact.ev)
-		o->event_free(t->bctx, &t->ev_compact);
+	if (t->dsync.ev_writes.ev)
+		o->event_free(t->bctx, &t->dsync.ev_writes);
+	if (t->dsync.ev_compact.ev)
+		o->event_free(t->bctx, &t->dsync.ev_compact);
 	/* VMM: the driver keeps the memory while the client maps it.  Legacy
 	 * IPC: the client is gone or said bye (as for the chunks). */
-	o->chunk_free(t->bctx, &t->dtab);
-	if (t->dtab_own)
-		o->mem_free(t->bctx, t->dtab_own);
-	t->dtab_own = NULL;
-	o->chunk_free(t->bctx, &t->dstage);
-	if (t->dscorer)
-		o->scorer_free(t->bctx, t->dscorer);
-	t->dscorer = NULL;
+	o->chunk_free(t->bctx, &t->dtable.shared);
+	if (t->dtable.own)
+		o->mem_free(t->bctx, t->dtable.own);
+	t->dtable.own = NULL;
+	o->chunk_free(t->bctx, &t->dstage.chunk);
+	if (t->dscore.scorer)
+		o->scorer_free(t->bctx, t->dscore.scorer);
+	t->dscore.scorer = NULL;
 	tenant_attn_fini(t);
-	if (t->dbases)
-		o->mem_free(t->bctx, t->dbases);
-	t->dbases = NULL;
+	if (t->dsync.dbases)
+		o->mem_free(t->bctx, t->dsync.dbases);
+	t->dsync.dbases = NULL;
 	/* the device path's host scratch; tenant_free frees t next */
-	void *scratch[] = {t->jobs, t->njobs, t->pre, t->ring, t->rsrc,
-	                   t->ppat, t->prun, t->dirty, t->hbases, t->bdl,
-	                   t->bdrops, t->wmode, t->wwin, t->wins, t->ewins,
-	                   t->wlists, t->wout};
+	void *scratch[] = {t->dscore.jobs, t->dscore.njobs, t->dscore.pre, t->dstage.ring, t->dstage.rsrc,
+	                   t->dstage.ppat, t->dstage.prun, t->dtable.dirty, t->dsync.hbases, t->dsync.bdl,
+	                   t->dsync.bdrops, t->win.mode, t->win.widx, t->win.wins, t->win.ewins,
+	                   t->win.lists, t->win.out};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
 		free(scratch[i]);
-	t->dirty = NULL;
+	t->dtable.dirty = NULL;
 }
 
 /* ------------------------------------------------------------ admission */
@@ -277,7 +277,7 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 #define TENANT_POLICY_ENTRY_BYTES 64u
 
 /* Floats of a row of every staged part: the sync's gathered inputs
- * (t->in) are laid out by part whatever the staging segment holds. */
+ * (t->scr.in) are laid out by part whatever the staging segment holds. */
 static uint64_t stage_all_floats(const struct shm_geom *g)
 {
 	uint64_t q_off, lse_off, n;
@@ -300,7 +300,7 @@ static uint64_t stage_all_floats(const struct shm_geom *g)
  *           grow by doubling), and tenant_check's bitmap and slot bases.
  *   scratch tenant_new's fixed buffers (moves, pagev, heads, in), the
  *           scratch of the largest sync (every list of every slot, each at
- *           max_tokens entries: drop, newlen, ent_scr, state_scr; on a
+ *           max_tokens entries: scr.drop, newlen, ent and state; on a
  *           device backend blist, bpages, bmoves, bdl, bdrops, hbases
  *           [chunks], device staging's ring, rsrc, prun, ppat, and kbuf,
  *           ksrc for
@@ -355,8 +355,8 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 		sc = add_sat(sc, mul3(g->headroom, stage_all_floats(g), 4));
 	sc = add_sat(sc, E);                            /* drop */
 	sc = add_sat(sc, nl * 4);                       /* newlen */
-	sc = add_sat(sc, mul3(E, ef, 4));               /* ent_scr */
-	sc = add_sat(sc, mul3(S, L, sb));               /* state_scr */
+	sc = add_sat(sc, mul3(E, ef, 4));               /* scr.ent */
+	sc = add_sat(sc, mul3(S, L, sb));               /* scr.state */
 	if (dev) {
 		sc = add_sat(sc, nl * sizeof(struct kvt_backend_compact));
 		sc = add_sat(sc, mul3(nl, MP, sizeof(void *)));
@@ -517,12 +517,13 @@ static const char *relative_model(const char *spec)
 	return NULL;
 }
 
-int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
-               struct tenant_limits *lim, struct tenant **out, char *err,
-               size_t errlen)
+/* tenant_new's first step: the geometry the hello asks for, with the
+ * defaults filled in and every staged part laid out (the policy, created
+ * from it, says which it reads), and the tenant's name. */
+static int admit_geometry(const struct ipc_hello *h, uint32_t id,
+                          struct shm_geom *g, char name[KVT_NAME_MAX],
+                          char *err, size_t errlen)
 {
-	*out = NULL;
-	lim->memory_need = 0;
 	uint32_t page_tokens = h->page_tokens ? h->page_tokens
 	                                      : TENANT_DEF_PAGE_TOKENS;
 	uint32_t max_seqs = h->max_seqs ? h->max_seqs : TENANT_DEF_MAX_SEQS;
@@ -532,22 +533,26 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	uint32_t headroom = h->headroom ? h->headroom
 	                    : page_tokens < max_tokens ? page_tokens
 	                                               : max_tokens;
-	struct shm_geom g;
-	/* Every staged part for now: the policy, created from this geometry,
-	 * says which it reads, and the layout is redone with those below. */
-	int rc = shm_geom_init(&g, &h->geo, (enum kvt_dtype)h->dtype,
+	int rc = shm_geom_init(g, &h->geo, (enum kvt_dtype)h->dtype,
 	                       page_tokens, max_seqs, max_tokens, headroom,
 	                       h->stage_tokens, SHM_STAGE_ALL, err, errlen);
 	if (rc)
 		return rc;
-	char name[KVT_NAME_MAX];
 	if (h->name[0] && (rc = tenant_name_check(h->name, err, errlen)))
 		return rc;
 	if (h->name[0])
-		snprintf(name, sizeof(name), "%s", h->name);
+		snprintf(name, KVT_NAME_MAX, "%s", h->name);
 	else
-		snprintf(name, sizeof(name), "tenant-%" PRIu32, id);
+		snprintf(name, KVT_NAME_MAX, "tenant-%" PRIu32, id);
+	return 0;
+}
 
+/* tenant_new's quota: the hello's, or the default share of the pool;
+ * whole chunks, at least one, at most the pool. */
+static int admit_quota(struct pool *pool, const struct tenant_limits *lim,
+                       const struct ipc_hello *h, uint64_t *out, char *err,
+                       size_t errlen)
+{
 	uint64_t pool_bytes = pool_bytes_total(pool);
 	uint64_t quota = h->quota_bytes;
 	if (!quota)
@@ -564,8 +569,16 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		            (unsigned long long)KVT_CHUNK_BYTES);
 	/* Chunks are the unit of quota: what a part chunk would add can
 	 * never be held, so the quota is what is usable (and reported). */
-	quota = quota / KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+	*out = quota / KVT_CHUNK_BYTES * KVT_CHUNK_BYTES;
+	return 0;
+}
 
+/* tenant_new's policy: created from the hello's spec on the geometry g,
+ * whose staging is then laid out again with only the inputs it reads.
+ * On failure nothing is left to free. */
+static int admit_policy(const struct ipc_hello *h, struct shm_geom *g,
+                        struct policy **out, char *err, size_t errlen)
+{
 	const char *rel = relative_model(h->policy);
 	if (rel)
 		return errors_fmt(err, errlen, KVT_EPOLICY,
@@ -574,40 +587,94 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 		            "directory, so give an absolute one (libkvtrim makes "
 		            "relative paths absolute against the engine's)",
 		            (int)strcspn(rel, ","), rel);
-
 	struct policy *pol = NULL;
 	struct policy_geom pg = {
-		.n_layers = g.n_layers, .n_heads = g.n_heads,
-		.n_kv_heads = g.n_kv_heads, .head_dim = g.head_dim,
-		.d_model = g.d_model, .page_tokens = g.page_tokens,
-		.dtype = (enum kvt_dtype)h->dtype, .headroom = g.headroom,
+		.n_layers = g->n_layers, .n_heads = g->n_heads,
+		.n_kv_heads = g->n_kv_heads, .head_dim = g->head_dim,
+		.d_model = g->d_model, .page_tokens = g->page_tokens,
+		.dtype = (enum kvt_dtype)h->dtype, .headroom = g->headroom,
 	};
-	rc = policy_create(h->policy[0] ? h->policy : TENANT_DEF_POLICY, &pg,
-	                   &pol, err, errlen);
+	int rc = policy_create(h->policy[0] ? h->policy : TENANT_DEF_POLICY,
+	                       &pg, &pol, err, errlen);
 	if (rc)
 		return rc;
 	/* A sync stages up to headroom new rows; lookback rows before them
 	 * must survive in the ring. */
 	if ((pol->ops->needs & POLICY_NEED_STAGED) &&
-	    g.stage_tokens < (uint64_t)g.headroom + pol->lookback) {
+	    g->stage_tokens < (uint64_t)g->headroom + pol->lookback) {
 		rc = errors_fmt(err, errlen, KVT_EPOLICY,
 		          "policy '%s' needs staged inputs: stage_tokens must be "
 		          ">= headroom + %u = %llu, got %u", pol->ops->name,
 		          pol->lookback,
-		          (unsigned long long)g.headroom + pol->lookback,
-		          g.stage_tokens);
+		          (unsigned long long)g->headroom + pol->lookback,
+		          g->stage_tokens);
 		policy_free(pol);
 		return rc;
 	}
 	/* The staging segment holds only what the policy reads (the same
 	 * checks passed above; only the entry layout changes). */
-	rc = shm_geom_init(&g, &h->geo, (enum kvt_dtype)h->dtype, page_tokens,
-	                   max_seqs, max_tokens, headroom, h->stage_tokens,
+	rc = shm_geom_init(g, &h->geo, (enum kvt_dtype)h->dtype,
+	                   g->page_tokens, g->max_seqs, g->max_tokens,
+	                   g->headroom, h->stage_tokens,
 	                   policy_inputs_of(pol->ops->needs), err, errlen);
 	if (rc) {
 		policy_free(pol);
 		return rc;
 	}
+	*out = pol;
+	return 0;
+}
+
+/* tenant_new's host memory: the slots, lists, chunks and fixed scratch of
+ * t (its geometry, policy and quota set), then its table and staging
+ * segments.  On failure the caller frees t. */
+static int alloc_host(struct tenant *t, char *err, size_t errlen)
+{
+	const struct shm_geom *g = &t->g;
+	int staged = !!(t->pol->ops->needs & POLICY_NEED_STAGED);
+	t->chunks = calloc(t->max_chunks, sizeof(*t->chunks));
+	t->seqs = calloc(g->max_seqs, sizeof(*t->seqs));
+	t->lists = calloc((size_t)g->max_seqs * t->lists_per_seq,
+	                  sizeof(*t->lists));
+	t->scr.moves = malloc((size_t)g->max_tokens * 2 * sizeof(uint32_t));
+	t->scr.pagev = malloc((size_t)g->n_kv_heads * g->max_pages *
+	                      sizeof(void *));
+	t->scr.heads = calloc(g->n_kv_heads, sizeof(*t->scr.heads));
+	if (staged)
+		t->scr.in = malloc((size_t)g->headroom * stage_all_floats(g) *
+		                   sizeof(float));
+	if (!t->chunks || !t->seqs || !t->lists || !t->scr.moves ||
+	    !t->scr.pagev || !t->scr.heads || (staged && !t->scr.in))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < t->max_chunks; i++)
+		t->chunks[i].pc.fd = -1;
+	for (uint32_t i = 0; i < g->max_seqs; i++)
+		t->seqs[i].gen = 1;
+	if (segment_new("kvtrim-table", g->table_bytes, F_SEAL_FUTURE_WRITE,
+	                &t->table_fd, &t->table) ||
+	    segment_new("kvtrim-stage", g->stage_bytes, 0, &t->stage_fd,
+	                &t->stage))
+		return errors_fmt(err, errlen, KVT_ESYS,
+		            "cannot create the table and staging segments");
+	shm_table_init(t->table, g);
+	shm_stage_init(t->stage, g);
+	return 0;
+}
+
+int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
+               struct tenant_limits *lim, struct tenant **out, char *err,
+               size_t errlen)
+{
+	*out = NULL;
+	lim->memory_need = 0;
+	struct shm_geom g;
+	char name[KVT_NAME_MAX];
+	uint64_t quota = 0;
+	struct policy *pol = NULL;
+	int rc = admit_geometry(h, id, &g, name, err, errlen);
+	if (rc || (rc = admit_quota(pool, lim, h, &quota, err, errlen)) ||
+	    (rc = admit_policy(h, &g, &pol, err, errlen)))
+		return rc;
 	void *bctx;
 	struct tenant_mem mem;
 	tenant_memory(&g, pol, quota, !pool_backend(pool, &bctx)->host_visible,
@@ -636,38 +703,12 @@ int tenant_new(struct pool *pool, uint32_t id, const struct ipc_hello *h,
 	t->pos_cap = g.max_tokens + g.headroom;
 	t->alloc_cur = TENANT_NO_CHUNK;
 	t->table_fd = t->stage_fd = -1;
-	t->chunks = calloc(t->max_chunks, sizeof(*t->chunks));
-	t->seqs = calloc(g.max_seqs, sizeof(*t->seqs));
-	t->lists = calloc((size_t)g.max_seqs * t->lists_per_seq,
-	                  sizeof(*t->lists));
 	t->ef = pol->entry_floats;
 	t->sbytes = pol->layer_state_bytes;
-	t->moves = malloc((size_t)g.max_tokens * 2 * sizeof(uint32_t));
-	t->pagev = malloc((size_t)g.n_kv_heads * g.max_pages * sizeof(void *));
-	t->heads = calloc(g.n_kv_heads, sizeof(*t->heads));
-	if (pol->ops->needs & POLICY_NEED_STAGED)
-		t->in = malloc((size_t)g.headroom * stage_all_floats(&g) *
-		               sizeof(float));
-	if (!t->chunks || !t->seqs || !t->lists || !t->moves || !t->pagev ||
-	    !t->heads || ((pol->ops->needs & POLICY_NEED_STAGED) && !t->in)) {
+	if ((rc = alloc_host(t, err, errlen))) {
 		tenant_free(t);
-		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+		return rc;
 	}
-	for (uint32_t i = 0; i < t->max_chunks; i++)
-		t->chunks[i].pc.fd = -1;
-	for (uint32_t i = 0; i < g.max_seqs; i++)
-		t->seqs[i].gen = 1;
-
-	if (segment_new("kvtrim-table", g.table_bytes, F_SEAL_FUTURE_WRITE,
-	                &t->table_fd, &t->table) ||
-	    segment_new("kvtrim-stage", g.stage_bytes, 0, &t->stage_fd,
-	                &t->stage)) {
-		tenant_free(t);
-		return errors_fmt(err, errlen, KVT_ESYS,
-		            "cannot create the table and staging segments");
-	}
-	shm_table_init(t->table, &g);
-	shm_stage_init(t->stage, &g);
 	t->bops = pool_backend(pool, &t->bctx);
 	t->dev = !t->bops->host_visible;
 	if (t->dev && (rc = device_init(t, err, errlen))) {
@@ -683,8 +724,8 @@ void tenant_free(struct tenant *t)
 	if (!t)
 		return;
 	/* Queued device work first: it may still touch the chunks. */
-	if (t->dev && t->stream)
-		t->bops->stream_sync(t->bctx, t->stream);
+	if (t->dev && t->dsync.stream)
+		t->bops->stream_sync(t->bctx, t->dsync.stream);
 	if (t->chunks)
 		for (uint32_t i = 0; i < t->max_chunks; i++) {
 			pool_chunk_free(t->pool, &t->chunks[i].pc);
@@ -713,20 +754,20 @@ void tenant_free(struct tenant *t)
 	free(t->ev);
 	free(t->seqs);
 	free(t->lists);
-	free(t->drop);
-	free(t->ldrop);
-	free(t->newlen);
-	free(t->moves);
-	free(t->pagev);
-	free(t->ent_scr);
-	free(t->state_scr);
-	free(t->heads);
-	free(t->in);
-	free(t->blist);
-	free(t->bpages);
-	free(t->bmoves);
-	free(t->kbuf);
-	free(t->ksrc);
+	free(t->scr.drop);
+	free(t->dsync.ldrop);
+	free(t->scr.newlen);
+	free(t->scr.moves);
+	free(t->scr.pagev);
+	free(t->scr.ent);
+	free(t->scr.state);
+	free(t->scr.heads);
+	free(t->scr.in);
+	free(t->dsync.blist);
+	free(t->dsync.bpages);
+	free(t->dsync.bmoves);
+	free(t->dsync.kbuf);
+	free(t->dsync.ksrc);
 	free(t);
 }
 
@@ -758,7 +799,7 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 	 * weights: the new ones first, so that a failure keeps the tenant as
 	 * it was. */
 	void *sc = NULL;
-	if (t->dscorer && (rc = scorer_dev_new(t, np, &sc, err, errlen))) {
+	if (t->dscore.scorer && (rc = scorer_dev_new(t, np, &sc, err, errlen))) {
 		policy_free(np);
 		return rc;
 	}
@@ -768,9 +809,9 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 		policy_free(np);
 		return rc;
 	}
-	if (t->dscorer) {
-		t->bops->scorer_free(t->bctx, t->dscorer);
-		t->dscorer = sc;
+	if (t->dscore.scorer) {
+		t->bops->scorer_free(t->bctx, t->dscore.scorer);
+		t->dscore.scorer = sc;
 	}
 	policy_set_pressure(np, t->pressure);
 	policy_free(t->pol);
@@ -800,7 +841,7 @@ uint64_t tenant_chunks(const struct tenant *t)
 
 int tenant_failed(const struct tenant *t)
 {
-	return t->failed;
+	return t->dsync.failed;
 }
 
 /* ------------------------------------------------------------ stats */

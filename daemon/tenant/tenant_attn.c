@@ -107,15 +107,15 @@ static int pop_upload(struct tenant *t, const struct policy *p, void **out,
 static void attn_free_device(struct tenant *t)
 {
 	const struct kvt_backend_ops *o = t->bops;
-	void *dev[] = {t->astate, t->au, t->aweights};
+	void *dev[] = {t->attn.state, t->attn.u, t->attn.weights};
 	for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
 		if (dev[k])
 			o->mem_free(t->bctx, dev[k]);
-	t->astate = t->au = t->aweights = NULL;
-	free(t->acur);
-	free(t->astart);
-	t->acur = NULL;
-	t->astart = NULL;
+	t->attn.state = t->attn.u = t->attn.weights = NULL;
+	free(t->attn.cur);
+	free(t->attn.start);
+	t->attn.cur = NULL;
+	t->attn.start = NULL;
 }
 
 /* The state records of one sequence slot (TOVA: one per layer; the
@@ -144,35 +144,35 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
 	struct policy_attn_rule r;
-	if (!t->dbases || !t->dstage.base || !o->mem_new || !o->mem_free ||
+	if (!t->dsync.dbases || !t->dstage.chunk.base || !o->mem_new || !o->mem_free ||
 	    !attn_rule(t, &r))
 		return 0;
 	const struct shm_geom *g = &t->g;
-	t->akind = (int)r.kind;
-	size_t nrec = (size_t)g->max_seqs * slot_records(t, t->akind);
-	size_t bytes = nrec * record_bytes(t, t->akind);
-	t->acur = calloc(nrec ? nrec : 1, 1);
-	t->astart = calloc((size_t)g->max_seqs * g->n_layers + 1,
-	                   sizeof(*t->astart));
-	if (!t->acur || !t->astart)
+	t->attn.kind = (int)r.kind;
+	size_t nrec = (size_t)g->max_seqs * slot_records(t, t->attn.kind);
+	size_t bytes = nrec * record_bytes(t, t->attn.kind);
+	t->attn.cur = calloc(nrec ? nrec : 1, 1);
+	t->attn.start = calloc((size_t)g->max_seqs * g->n_layers + 1,
+	                   sizeof(*t->attn.start));
+	if (!t->attn.cur || !t->attn.start)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	/* Device memory outside the pool, like the device table: when it is
 	 * not to be had, the tenant still registers and decides on the host
 	 * (its keys then cross, as before this path existed). */
 	char why[256] = "";
-	int rc = o->mem_new(t->bctx, bytes ? bytes : 4, &t->astate);
+	int rc = o->mem_new(t->bctx, bytes ? bytes : 4, &t->attn.state);
 	if (rc) {
-		t->astate = NULL;
+		t->attn.state = NULL;
 		snprintf(why, sizeof(why), "%zu bytes of entry states: %s",
 		         bytes, o->last_error());
 	} else if (r.kind == POLICY_ATTN_KVPOP) {
-		if (!(rc = pop_upload(t, t->pol, &t->aweights, why,
+		if (!(rc = pop_upload(t, t->pol, &t->attn.weights, why,
 		                      sizeof(why)))) {
 			size_t ub = (size_t)g->max_seqs * g->n_layers *
 			            ring_bytes(t, &r);
 			if ((rc = o->mem_new(t->bctx, ub ? ub : 4,
-			                     (void **)&t->au))) {
-				t->au = NULL;
+			                     (void **)&t->attn.u))) {
+				t->attn.u = NULL;
 				snprintf(why, sizeof(why), "%zu bytes of u rings: "
 				         "%s", ub, o->last_error());
 			}
@@ -189,23 +189,23 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 
 int tenant_attn_fork(struct tenant *t, uint32_t dst, uint32_t src)
 {
-	if (!t->astate)
+	if (!t->attn.state)
 		return 0;
 	const struct kvt_backend_ops *o = t->bops;
-	const uint32_t per = slot_records(t, t->akind), nl = t->g.n_layers;
-	const size_t rb = (size_t)per * record_bytes(t, t->akind);
-	char *st = t->astate;
-	if (o->copy(t->bctx, st + dst * rb, st + src * rb, rb, t->stream))
+	const uint32_t per = slot_records(t, t->attn.kind), nl = t->g.n_layers;
+	const size_t rb = (size_t)per * record_bytes(t, t->attn.kind);
+	char *st = t->attn.state;
+	if (o->copy(t->bctx, st + dst * rb, st + src * rb, rb, t->dsync.stream))
 		return KVT_ESYS;
-	memcpy(t->acur + (size_t)dst * per, t->acur + (size_t)src * per, per);
-	memcpy(t->astart + (size_t)dst * nl, t->astart + (size_t)src * nl,
-	       nl * sizeof(*t->astart));
+	memcpy(t->attn.cur + (size_t)dst * per, t->attn.cur + (size_t)src * per, per);
+	memcpy(t->attn.start + (size_t)dst * nl, t->attn.start + (size_t)src * nl,
+	       nl * sizeof(*t->attn.start));
 	struct policy_attn_rule r;
-	if (t->au && attn_rule(t, &r)) {
+	if (t->attn.u && attn_rule(t, &r)) {
 		const size_t ub = nl * ring_bytes(t, &r);
-		char *u = (char *)t->au;
+		char *u = (char *)t->attn.u;
 		if (o->copy(t->bctx, u + dst * ub, u + src * ub, ub,
-		            t->stream))
+		            t->dsync.stream))
 			return KVT_ESYS;
 	}
 	return 0;
@@ -214,7 +214,7 @@ int tenant_attn_fork(struct tenant *t, uint32_t dst, uint32_t src)
 int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
                        size_t errlen)
 {
-	if (!t->astate || t->akind != POLICY_ATTN_KVPOP)
+	if (!t->attn.state || t->attn.kind != POLICY_ATTN_KVPOP)
 		return 0;
 	/* u's width is the same: tenant_reload_policy refused a change of
 	 * the layer state (delay + headroom rows of r floats) already */
@@ -222,24 +222,24 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
 	int rc = pop_upload(t, np, &w, err, errlen);
 	if (rc)
 		return rc;
-	t->bops->mem_free(t->bctx, t->aweights);
-	t->aweights = w;
+	t->bops->mem_free(t->bctx, t->attn.weights);
+	t->attn.weights = w;
 	return 0;
 }
 
 void tenant_attn_fini(struct tenant *t)
 {
 	attn_free_device(t);
-	free(t->amode);
-	free(t->afirst);
-	free(t->ajobs);
-	free(t->abjobs);
-	free(t->aout);
-	t->amode = NULL;
-	t->afirst = NULL;
-	t->ajobs = NULL;
-	t->abjobs = NULL;
-	t->aout = NULL;
+	free(t->attn.mode);
+	free(t->attn.first);
+	free(t->attn.jobs);
+	free(t->attn.bjobs);
+	free(t->attn.out);
+	t->attn.mode = NULL;
+	t->attn.first = NULL;
+	t->attn.jobs = NULL;
+	t->attn.bjobs = NULL;
+	t->attn.out = NULL;
 }
 
 /* 1 when position p is protected by rule r after n_seen tokens. */
@@ -315,7 +315,7 @@ static struct list_plan plan_list(const struct policy_attn_rule *r, int due,
 	return lp;
 }
 
-/* The jobs of one (item, layer) into t->ajobs and t->abjobs; *drops
+/* The jobs of one (item, layer) into t->attn.jobs and t->attn.bjobs; *drops
  * counts the output words of their indices. */
 static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
                       uint32_t slot, struct tseq *s, uint32_t layer,
@@ -325,11 +325,11 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 	const struct shm_geom *g = &t->g;
 	const uint32_t prev = s->n_seen[layer], seen = prev + it->n_new;
 	const int due = r->due && r->budget != UINT32_MAX;
-	const float *ring = shm_stage_at(t->dstage.base, g, slot, layer, 0);
+	const float *ring = shm_stage_at(t->dstage.chunk.base, g, slot, layer, 0);
 	const uint32_t lrec = (uint32_t)(slot * t->lists_per_seq +
 	                                 lidx(t, layer, 0));
 	const uint32_t srec = slot * g->n_layers + layer;
-	if (t->akind == POLICY_ATTN_TOVA) {
+	if (t->attn.kind == POLICY_ATTN_TOVA) {
 		const uint32_t len = tlist_at(t, slot, layer, 0)->len;
 		for (uint32_t h = 1; h < g->n_kv_heads; h++)
 			if (tlist_at(t, slot, layer, h)->len != len)
@@ -341,14 +341,14 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 		struct list_plan lp = plan_list(r, due, seq_pos(t, s,
 		                                lidx(t, layer, 0)), len,
 		                                it->n_new, prev, 1);
-		struct kvt_backend_tova_job *bj = t->abjobs;
-		bj[t->n_ajobs] = (struct kvt_backend_tova_job){
+		struct kvt_backend_tova_job *bj = t->attn.bjobs;
+		bj[t->attn.n_jobs] = (struct kvt_backend_tova_job){
 			.ring = ring, .record = lrec, .srec = srec,
-			.cur = t->acur[srec], .len = len, .n_new = it->n_new,
+			.cur = t->attn.cur[srec], .len = len, .n_new = it->n_new,
 			.n_seen = seen, .due = (uint32_t)due, .keep = lp.keep,
 			.n_drop = lp.n_drop, .drop_off = *drops,
 		};
-		t->ajobs[t->n_ajobs++] = (struct tenant_ajob){
+		t->attn.jobs[t->attn.n_jobs++] = (struct tenant_ajob){
 			.rec = srec, .g = TENANT_AJOB_ALL, .L = len + it->n_new,
 			.n_drop = lp.n_drop, .drop_off = *drops,
 		};
@@ -359,14 +359,14 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 	 * dropped (at or after every earlier start; updated eagerly, which
 	 * a refused sync only makes stricter) */
 	int tail_held = 1;
-	if (t->akind == POLICY_ATTN_H2O) {
+	if (t->attn.kind == POLICY_ATTN_H2O) {
 		const uint32_t tail = protected_tail(r);
 		const uint32_t start = seen - (tail < seen ? tail : seen);
 		if (!prev)
-			t->astart[srec] = 0; /* a new sequence in the slot */
-		tail_held = start >= t->astart[srec];
+			t->attn.start[srec] = 0; /* a new sequence in the slot */
+		tail_held = start >= t->attn.start[srec];
 		if (tail_held)
-			t->astart[srec] = start;
+			t->attn.start[srec] = start;
 	}
 	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 		const size_t li = lidx(t, layer, h);
@@ -377,11 +377,11 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 		struct list_plan lp = plan_list(r, due, seq_pos(t, s, li), len,
 		                                it->n_new, prev, tail_held);
 		const uint32_t rec = lrec + h;
-		if (t->akind == POLICY_ATTN_KVPOP) {
-			struct kvt_backend_pop_job *bj = t->abjobs;
-			bj[t->n_ajobs] = (struct kvt_backend_pop_job){
+		if (t->attn.kind == POLICY_ATTN_KVPOP) {
+			struct kvt_backend_pop_job *bj = t->attn.bjobs;
+			bj[t->attn.n_jobs] = (struct kvt_backend_pop_job){
 				.ring = ring, .layer = layer, .record = rec,
-				.cur = t->acur[rec],
+				.cur = t->attn.cur[rec],
 				.proj = h == 0 && it->n_new, .len = len,
 				.n_new = it->n_new, .n_seen = seen,
 				.n_band = lp.n_band, .due = (uint32_t)due,
@@ -389,17 +389,17 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 				.drop_off = *drops,
 			};
 		} else {
-			struct kvt_backend_attn_job *bj = t->abjobs;
-			bj[t->n_ajobs] = (struct kvt_backend_attn_job){
+			struct kvt_backend_attn_job *bj = t->attn.bjobs;
+			bj[t->attn.n_jobs] = (struct kvt_backend_attn_job){
 				.ring = ring, .record = rec, .g = h,
-				.cur = t->acur[rec], .len = len,
+				.cur = t->attn.cur[rec], .len = len,
 				.n_new = it->n_new, .n_seen = seen,
 				.due = (uint32_t)due, .recent = r->recent,
 				.keep = lp.keep, .n_drop = lp.n_drop,
 				.drop_off = *drops,
 			};
 		}
-		t->ajobs[t->n_ajobs++] = (struct tenant_ajob){
+		t->attn.jobs[t->attn.n_jobs++] = (struct tenant_ajob){
 			.rec = rec, .g = h, .L = L, .n_drop = lp.n_drop,
 			.drop_off = *drops,
 		};
@@ -408,46 +408,46 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 	return 0;
 }
 
-/* The rule's op over the planned jobs, into t->aout. */
+/* The rule's op over the planned jobs, into t->attn.out. */
 static int run_op(struct tenant *t, const struct policy_attn_rule *r,
                   uint32_t words)
 {
 	const struct shm_geom *g = &t->g;
 	const struct kvt_backend_ops *o = t->bops;
 	const struct kvt_backend_paged pg = tenant_paged(t);
-	const uint32_t nr = g->max_seqs * t->lists_per_seq, nj = t->n_ajobs;
+	const uint32_t nr = g->max_seqs * t->lists_per_seq, nj = t->attn.n_jobs;
 	const enum kvt_dtype dt = t->pol->geom.dtype;
-	if (t->akind == POLICY_ATTN_TOVA) {
+	if (t->attn.kind == POLICY_ATTN_TOVA) {
 		const struct kvt_backend_tova a = {
-			.state = t->astate, .cap = g->max_tokens,
+			.state = t->attn.state, .cap = g->max_tokens,
 			.rows = tenant_rows(t),
 			.sinks = r->sinks, .window = r->window,
 		};
 		return o->tova_select(t->bctx, &pg, nr, dt, g->n_heads,
-		                      g->n_kv_heads, g->head_dim, &a, t->abjobs,
-		                      nj, t->aout, words, t->stream);
+		                      g->n_kv_heads, g->head_dim, &a, t->attn.bjobs,
+		                      nj, t->attn.out, words, t->dsync.stream);
 	}
-	if (t->akind == POLICY_ATTN_KVPOP) {
+	if (t->attn.kind == POLICY_ATTN_KVPOP) {
 		const struct policy_pop_weights w = pop_dims(t->pol);
 		const struct kvt_backend_pop a = {
-			.state = t->astate, .u = t->au, .weights = t->aweights,
+			.state = t->attn.state, .u = t->attn.u, .weights = t->attn.weights,
 			.cap = g->max_tokens, .rows = tenant_rows(t),
 			.d_model = t->pol->geom.d_model, .r = w.r, .m = w.m,
 			.ring = r->delay + g->headroom, .delay = r->delay,
 			.sinks = r->sinks,
 		};
 		return o->pop_select(t->bctx, &pg, nr, dt, g->n_heads,
-		                     g->n_kv_heads, g->head_dim, &a, t->abjobs,
-		                     nj, t->aout, words, t->stream);
+		                     g->n_kv_heads, g->head_dim, &a, t->attn.bjobs,
+		                     nj, t->attn.out, words, t->dsync.stream);
 	}
 	const struct kvt_backend_attn a = {
-		.state = t->astate, .cap = g->max_tokens,
+		.state = t->attn.state, .cap = g->max_tokens,
 		.rows = tenant_rows(t), .agg = (uint32_t)r->agg,
 		.sinks = r->sinks, .window = r->window,
 	};
 	return o->attn_select(t->bctx, &pg, nr, dt, g->n_heads, g->n_kv_heads,
-	                      g->head_dim, &a, t->abjobs, nj, t->aout, words,
-	                      t->stream);
+	                      g->head_dim, &a, t->attn.bjobs, nj, t->attn.out, words,
+	                      t->dsync.stream);
 }
 
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
@@ -455,21 +455,21 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 {
 	const struct shm_geom *g = &t->g;
 	struct policy *pol = t->pol;
-	t->aactive = 0;
-	t->n_ajobs = 0;
-	if (!t->astate)
+	t->attn.active = 0;
+	t->attn.n_jobs = 0;
+	if (!t->attn.state)
 		return 0;
 	size_t nly, entries;
 	tenant_sync_extent(t, items, n, &nly, &entries);
 	size_t nj = nly * g->n_kv_heads + 1;
-	if (tenant_grow((void **)&t->amode, &t->amode_cap, nly + 1, 1) ||
-	    tenant_grow((void **)&t->afirst, &t->afirst_cap, nly + 1,
-	                sizeof(*t->afirst)) ||
-	    tenant_grow((void **)&t->ajobs, &t->ajobs_cap, nj,
-	                sizeof(*t->ajobs)) ||
-	    tenant_grow(&t->abjobs, &t->abjobs_cap, nj, job_size(t->akind)) ||
-	    tenant_grow((void **)&t->aout, &t->aout_cap, 2 * nj + entries + 1,
-	                sizeof(*t->aout)))
+	if (tenant_grow((void **)&t->attn.mode, &t->attn.mode_cap, nly + 1, 1) ||
+	    tenant_grow((void **)&t->attn.first, &t->attn.first_cap, nly + 1,
+	                sizeof(*t->attn.first)) ||
+	    tenant_grow((void **)&t->attn.jobs, &t->attn.jobs_cap, nj,
+	                sizeof(*t->attn.jobs)) ||
+	    tenant_grow(&t->attn.bjobs, &t->attn.bjobs_cap, nj, job_size(t->attn.kind)) ||
+	    tenant_grow((void **)&t->attn.out, &t->attn.out_cap, 2 * nj + entries + 1,
+	                sizeof(*t->attn.out)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	struct policy_attn_rule r = {0};
 	uint32_t drops = 0;
@@ -486,24 +486,24 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 				.phase = (enum kvt_phase)it->phase,
 				.n_new = it->n_new, .n_seen = seen,
 			};
-			t->amode[ly] = TENANT_ATTN_DEVICE;
-			t->afirst[ly] = t->n_ajobs;
+			t->attn.mode[ly] = TENANT_ATTN_DEVICE;
+			t->attn.first[ly] = t->attn.n_jobs;
 			(void)pol->ops->attn(pol, &pl, &r);
 			if ((rc = plan_layer(t, it, slot, s, layer, &r, &drops,
 			                     err, errlen)))
 				return rc;
 		}
 	}
-	t->afirst[ly] = t->n_ajobs;
-	t->aactive = 1;
-	if (!t->n_ajobs)
+	t->attn.first[ly] = t->attn.n_jobs;
+	t->attn.active = 1;
+	if (!t->attn.n_jobs)
 		return 0;
-	const uint32_t nja = t->n_ajobs;
+	const uint32_t nja = t->attn.n_jobs;
 	rc = tenant_bases_sync(t);
 	if (!rc)
 		rc = run_op(t, &r, 2 * nja + drops);
 	if (rc) {
-		t->aactive = 0;
+		t->attn.active = 0;
 		return errors_fmt(err, errlen, rc, "%s backend: %s's selection: "
 		                  "%s", t->bops->name, pol->ops->name,
 		                  t->bops->last_error());
@@ -511,22 +511,22 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	/* the layers of a flagged job go to the host, which refuses them;
 	 * the device's counts against the host's: an invariant */
 	for (ly = 0; ly < nly; ly++)
-		for (uint32_t j = t->afirst[ly]; j < t->afirst[ly + 1]; j++) {
-			const struct tenant_ajob *J = &t->ajobs[j];
-			const uint32_t *idx = t->aout + 2 * nja + J->drop_off;
-			int ok = t->aout[nja + j] == J->n_drop;
+		for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
+			const struct tenant_ajob *J = &t->attn.jobs[j];
+			const uint32_t *idx = t->attn.out + 2 * nja + J->drop_off;
+			int ok = t->attn.out[nja + j] == J->n_drop;
 			for (uint32_t d = 0; ok && d < J->n_drop; d++)
 				ok = idx[d] < J->L && (!d || idx[d] > idx[d - 1]);
-			if (t->aout[j])
-				t->amode[ly] = TENANT_ATTN_FLAGGED;
+			if (t->attn.out[j])
+				t->attn.mode[ly] = TENANT_ATTN_FLAGGED;
 			else if (!ok) {
-				t->aactive = 0;
+				t->attn.active = 0;
 				return errors_fmt(err, errlen, KVT_ESYS, "%s "
 				                  "backend: %s's selection: job %u "
 				                  "dropped %u entries (the rule: "
 				                  "%u), or not in order",
 				                  t->bops->name, pol->ops->name, j,
-				                  t->aout[nja + j], J->n_drop);
+				                  t->attn.out[nja + j], J->n_drop);
 			}
 		}
 	return 0;
@@ -536,11 +536,11 @@ int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld)
 {
 	if (tenant_attn_mode(t, ly) != TENANT_ATTN_DEVICE)
 		return 0;
-	const uint32_t *idx = t->aout + 2 * t->n_ajobs;
+	const uint32_t *idx = t->attn.out + 2 * t->attn.n_jobs;
 	for (uint32_t h = 0; h < t->g.n_kv_heads; h++)
 		ld[h] = (struct tenant_ldrop){idx, 0}; /* no job: no drops */
-	for (uint32_t j = t->afirst[ly]; j < t->afirst[ly + 1]; j++) {
-		const struct tenant_ajob *J = &t->ajobs[j];
+	for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
+		const struct tenant_ajob *J = &t->attn.jobs[j];
 		uint32_t h = J->g == TENANT_AJOB_ALL ? 0 : J->g;
 		uint32_t end = J->g == TENANT_AJOB_ALL ? t->g.n_kv_heads : h + 1;
 		for (; h < end; h++)
@@ -552,9 +552,9 @@ int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld)
 
 void tenant_attn_commit(struct tenant *t)
 {
-	if (!t->aactive)
+	if (!t->attn.active)
 		return;
-	for (uint32_t j = 0; j < t->n_ajobs; j++)
-		t->acur[t->ajobs[j].rec] ^= 1;
-	t->n_ajobs = 0; /* once; the apply step still reads amode */
+	for (uint32_t j = 0; j < t->attn.n_jobs; j++)
+		t->attn.cur[t->attn.jobs[j].rec] ^= 1;
+	t->attn.n_jobs = 0; /* once; the apply step still reads attn.mode */
 }

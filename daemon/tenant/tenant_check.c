@@ -63,7 +63,7 @@ static int read_records(const struct tenant *t, const void *base, char *buf,
 	for (uint32_t j = 0; j < k; j++)
 		src[j] = (const char *)base + roff + (first + j) * g->list_stride;
 	return t->bops->read_regions(t->bctx, buf, g->list_stride, src, k,
-	                             g->list_stride, t->stream);
+	                             g->list_stride, t->dsync.stream);
 }
 
 /* Record r of the host table. */
@@ -150,7 +150,7 @@ static void check_copy(const struct tenant *t, const void *base,
 	const void *src[1] = {base};
 	struct first_diff f = {c, which, why};
 	int rc = t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr,
-	                               t->stream);
+	                               t->dsync.stream);
 	if (!rc && memcmp(buf, t->table, hdr)) {
 		violation(c, "%s: header differs from the table%s", which, why);
 		return;
@@ -170,9 +170,9 @@ static void check_device_table(const struct tenant *t, struct checker *c)
 	}
 	/* The daemon's own copy first: a difference there is a daemon bug;
 	 * in the client's an engine wrote what it should only read. */
-	check_copy(t, t->dtab_own, "kvtrimd's device table", "", c, buf);
+	check_copy(t, t->dtable.own, "kvtrimd's device table", "", c, buf);
 	if (c->n == 0)
-		check_copy(t, t->dtab.base, "the device table the engine reads",
+		check_copy(t, t->dtable.shared.base, "the device table the engine reads",
 		           "; the engine wrote it (kvtrimd follows its own copy "
 		           "and rewrites this one)", c, buf);
 	free(buf);
@@ -197,36 +197,180 @@ static int repair_batch(const struct tenant *t, void *arg, uint64_t first,
 				t->g.list_stride};
 	}
 	*fixed += n;
-	return n ? t->bops->upload_regions(t->bctx, t->dtab.base, t->table, r,
-	                                   n, t->stream)
+	return n ? t->bops->upload_regions(t->bctx, t->dtable.shared.base, t->table, r,
+	                                   n, t->dsync.stream)
 	         : 0;
 }
 
 int tenant_table_repair(struct tenant *t, uint32_t *fixed)
 {
 	*fixed = 0;
-	if (!t->dev || !t->dtab.base)
+	if (!t->dev || !t->dtable.shared.base)
 		return 0;
 	size_t hdr = sizeof(struct shm_table_hdr);
 	char *buf = malloc(BATCH * t->g.list_stride);
 	if (!buf)
 		return KVT_ENOMEM;
-	const void *src[1] = {t->dtab.base};
+	const void *src[1] = {t->dtable.shared.base};
 	struct kvt_backend_region head = {0, hdr};
 	int rc = t->bops->read_regions(t->bctx, buf, hdr, src, 1, hdr,
-	                               t->stream);
+	                               t->dsync.stream);
 	if (!rc && memcmp(buf, t->table, hdr)) {
-		rc = t->bops->upload_regions(t->bctx, t->dtab.base, t->table,
-		                             &head, 1, t->stream);
+		rc = t->bops->upload_regions(t->bctx, t->dtable.shared.base, t->table,
+		                             &head, 1, t->dsync.stream);
 		++*fixed;
 	}
 	if (!rc)
-		rc = each_batch(t, t->dtab.base, buf, repair_batch, fixed);
+		rc = each_batch(t, t->dtable.shared.base, buf, repair_batch, fixed);
 	free(buf);
 	/* The client's stream waits on COMPACT before its next reads. */
 	if (!rc && *fixed)
-		rc = t->bops->event_record(t->bctx, &t->ev_compact, t->stream);
+		rc = t->bops->event_record(t->bctx, &t->dsync.ev_compact, t->dsync.stream);
 	return rc;
+}
+
+/* What tenant_check counts while it walks: one bit per page of the live
+ * chunks (base[slot] the first bit of a live slot's pages, UINT64_MAX for a
+ * slot without a chunk), and the totals it compares with the tenant's. */
+struct walk {
+	struct checker *c;
+	uint32_t ppc;    /* pages per chunk */
+	uint64_t *base;  /* [max_chunks] */
+	uint8_t *seen;   /* [bits] */
+	uint32_t live;   /* chunks */
+	uint64_t free_pages, used, kept;
+};
+
+/* The free page stacks of the live chunks: in range, each page free once. */
+static void check_chunks(const struct tenant *t, struct walk *w)
+{
+	struct checker *c = w->c;
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		const struct tchunk *ch = &t->chunks[i];
+		if (!ch->pc.base)
+			continue;
+		w->live++;
+		if (ch->n_free > w->ppc) {
+			violation(c, "chunk %u: %u free pages of %u", i,
+			          ch->n_free, w->ppc);
+			continue;
+		}
+		w->free_pages += ch->n_free;
+		for (uint32_t k = 0; k < ch->n_free; k++) {
+			uint32_t idx = ch->free[k];
+			if (idx >= w->ppc)
+				violation(c, "chunk %u: free index %u out of "
+				          "range", i, idx);
+			else if (test_and_set(w->seen, w->base[i] + idx))
+				violation(c, "page %llu free twice",
+				          (unsigned long long)i * w->ppc + idx);
+		}
+	}
+	if (w->live != t->n_chunks)
+		violation(c, "%u live chunks, counted %u", w->live, t->n_chunks);
+	if ((uint64_t)w->live * KVT_CHUNK_BYTES > t->quota)
+		violation(c, "%u chunks exceed the quota of %llu bytes", w->live,
+		          (unsigned long long)t->quota);
+}
+
+/* The pages of an open list: the table says the same, each id in a live
+ * chunk and held once. */
+static void check_list_pages(const struct tenant *t, struct walk *w,
+                             const struct shm_list *r, const struct tlist *l,
+                             const uint32_t *pg, /* [l->n_pages] */
+                             uint32_t slot, uint32_t layer, uint32_t head)
+{
+	for (uint32_t p = 0; p < l->n_pages; p++) {
+		uint32_t id = pg[p];
+		if (r->n_pages == l->n_pages && r->pages[p] != id)
+			violation(w->c, "slot %u layer %u head %u: table page "
+			          "%u is %u, daemon %u", slot, layer, head, p,
+			          r->pages[p], id);
+		if (id / w->ppc >= t->max_chunks ||
+		    w->base[id / w->ppc] == UINT64_MAX)
+			violation(w->c, "page id %u not in a live chunk", id);
+		else if (test_and_set(w->seen, w->base[id / w->ppc] +
+		                      id % w->ppc))
+			violation(w->c, "page %u used twice or also free", id);
+	}
+}
+
+/* One list of a used slot: its table record matches, a closed slot's list
+ * is empty, an open one's length, pages and positions are in bounds. */
+static void check_list(const struct tenant *t, struct walk *w,
+                       const struct tseq *s, uint32_t slot, uint32_t layer,
+                       uint32_t head)
+{
+	const struct shm_geom *g = &t->g;
+	struct checker *c = w->c;
+	const struct tlist *l = tlist_at(t, slot, layer, head);
+	const struct shm_list *r = shm_list_at(t->table, g, slot, layer, head);
+	if (r->len != l->len || r->n_pages != l->n_pages ||
+	    r->epoch != l->epoch)
+		violation(c, "seq slot %u layer %u head %u: table says len %u "
+		          "pages %u epoch %llu, daemon %u %u %llu", slot, layer,
+		          head, r->len, r->n_pages,
+		          (unsigned long long)r->epoch, l->len, l->n_pages,
+		          (unsigned long long)l->epoch);
+	if (!s->open) {
+		if (l->len || l->n_pages)
+			violation(c, "closed slot %u holds entries", slot);
+		return;
+	}
+	size_t li = lidx(t, layer, head);
+	const uint32_t *pos = seq_pos(t, s, li);
+	if (l->len > g->max_tokens)
+		violation(c, "slot %u layer %u head %u: len %u > max_tokens",
+		          slot, layer, head, l->len);
+	if (l->n_pages != pages_for(g, l->len, s->room) ||
+	    s->room > g->headroom)
+		violation(c, "slot %u layer %u head %u: %u pages for len %u and "
+		          "room %u, want %u", slot, layer, head, l->n_pages,
+		          l->len, s->room, pages_for(g, l->len, s->room));
+	w->kept += l->len;
+	if (l->n_pages > g->max_pages)
+		return;
+	w->used += l->n_pages;
+	check_list_pages(t, w, r, l, seq_pages(t, s, li), slot, layer, head);
+	for (uint32_t e = 0; e < l->len && e < t->pos_cap; e++)
+		if (pos[e] >= s->n_seen[layer]) {
+			violation(c, "slot %u layer %u head %u: position %u not "
+			          "below n_seen %u", slot, layer, head, pos[e],
+			          s->n_seen[layer]);
+			break;
+		}
+}
+
+/* After the walk: every page of a live chunk was seen, and the counts
+ * agree with the tenant's running totals. */
+static void check_totals(const struct tenant *t, struct walk *w)
+{
+	struct checker *c = w->c;
+	for (uint32_t i = 0; i < t->max_chunks; i++) {
+		if (!t->chunks[i].pc.base)
+			continue;
+		for (uint32_t k = 0; k < w->ppc; k++) {
+			uint64_t bit = w->base[i] + k;
+			if (!(w->seen[bit / 8] >> (bit % 8) & 1)) {
+				violation(c, "page %llu neither free nor in "
+				          "a list",
+				          (unsigned long long)i * w->ppc + k);
+				break;
+			}
+		}
+	}
+	if (w->free_pages != t->free_pages || w->kept != t->kept)
+		violation(c, "running totals: free %llu (counted %llu), kept "
+		          "%llu (counted %llu)",
+		          (unsigned long long)w->free_pages,
+		          (unsigned long long)t->free_pages,
+		          (unsigned long long)w->kept,
+		          (unsigned long long)t->kept);
+	if (w->free_pages + w->used != (uint64_t)w->live * w->ppc)
+		violation(c, "free %llu + used %llu != %llu pages",
+		          (unsigned long long)w->free_pages,
+		          (unsigned long long)w->used,
+		          (unsigned long long)w->live * w->ppc);
 }
 
 int tenant_check(const struct tenant *t, char *detail, size_t len)
@@ -235,55 +379,23 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 	struct checker c = {0, detail, len};
 	if (detail && len)
 		detail[0] = '\0';
-	uint32_t ppc = g->pages_per_chunk;
-	/*
-	 * One bit per page of the live chunks: base[slot] is the first bit of
-	 * a live slot's pages, UINT64_MAX for a slot without a chunk.
-	 */
-	uint64_t *base = malloc((size_t)t->max_chunks * sizeof(*base));
+	struct walk w = {.c = &c, .ppc = g->pages_per_chunk};
+	w.base = malloc((size_t)t->max_chunks * sizeof(*w.base));
 	uint64_t nbits = 0;
-	for (uint32_t i = 0; base && i < t->max_chunks; i++) {
-		base[i] = t->chunks[i].pc.base ? nbits : UINT64_MAX;
-		nbits += t->chunks[i].pc.base ? ppc : 0;
+	for (uint32_t i = 0; w.base && i < t->max_chunks; i++) {
+		w.base[i] = t->chunks[i].pc.base ? nbits : UINT64_MAX;
+		nbits += t->chunks[i].pc.base ? w.ppc : 0;
 	}
-	uint8_t *seen = calloc(nbits / 8 + 1, 1); /* [nbits] bits */
-	if (!base || !seen) {
-		free(base);
-		free(seen);
+	w.seen = calloc(nbits / 8 + 1, 1);
+	if (!w.base || !w.seen) {
+		free(w.base);
+		free(w.seen);
 		return KVT_ENOMEM;
 	}
 
 	if (shm_table_check(t->table, g))
 		violation(&c, "table header does not match the geometry");
-	uint32_t live = 0;
-	uint64_t free_pages = 0, used = 0, kept = 0;
-	for (uint32_t i = 0; i < t->max_chunks; i++) {
-		const struct tchunk *ch = &t->chunks[i];
-		if (!ch->pc.base)
-			continue;
-		live++;
-		if (ch->n_free > ppc) {
-			violation(&c, "chunk %u: %u free pages of %u", i,
-			          ch->n_free, ppc);
-			continue;
-		}
-		free_pages += ch->n_free;
-		for (uint32_t k = 0; k < ch->n_free; k++) {
-			uint32_t idx = ch->free[k];
-			if (idx >= ppc)
-				violation(&c, "chunk %u: free index %u out of "
-				          "range", i, idx);
-			else if (test_and_set(seen, base[i] + idx))
-				violation(&c, "page %llu free twice",
-				          (unsigned long long)i * ppc + idx);
-		}
-	}
-	if (live != t->n_chunks)
-		violation(&c, "%u live chunks, counted %u", live, t->n_chunks);
-	if ((uint64_t)live * KVT_CHUNK_BYTES > t->quota)
-		violation(&c, "%u chunks exceed the quota of %llu bytes", live,
-		          (unsigned long long)t->quota);
-
+	check_chunks(t, &w);
 	uint32_t n_open = 0;
 	for (uint32_t slot = 0; slot < g->max_seqs; slot++) {
 		const struct tseq *s = &t->seqs[slot];
@@ -294,104 +406,16 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 		if (!s->used)
 			continue;
 		for (uint32_t layer = 0; layer < g->n_layers; layer++)
-			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
-				const struct tlist *l = tlist_at(t, slot, layer,
-				                                 head);
-				const struct shm_list *r = shm_list_at(
-					t->table, g, slot, layer, head);
-				if (r->len != l->len || r->n_pages != l->n_pages ||
-				    r->epoch != l->epoch)
-					violation(&c, "seq slot %u layer %u head "
-					          "%u: table says len %u pages "
-					          "%u epoch %llu, daemon %u %u "
-					          "%llu", slot, layer, head,
-					          r->len, r->n_pages,
-					          (unsigned long long)r->epoch,
-					          l->len, l->n_pages,
-					          (unsigned long long)l->epoch);
-				if (!s->open) {
-					if (l->len || l->n_pages)
-						violation(&c, "closed slot %u holds "
-						          "entries", slot);
-					continue;
-				}
-				size_t li = lidx(t, layer, head);
-				const uint32_t *pg = seq_pages(t, s, li);
-				const uint32_t *pos = seq_pos(t, s, li);
-				if (l->len > g->max_tokens)
-					violation(&c, "slot %u layer %u head %u: "
-					          "len %u > max_tokens", slot,
-					          layer, head, l->len);
-				if (l->n_pages != pages_for(g, l->len, s->room) ||
-				    s->room > g->headroom)
-					violation(&c, "slot %u layer %u head %u: "
-					          "%u pages for len %u and room %u, "
-					          "want %u", slot, layer, head,
-					          l->n_pages, l->len, s->room,
-					          pages_for(g, l->len, s->room));
-				kept += l->len;
-				if (l->n_pages > g->max_pages)
-					continue;
-				used += l->n_pages;
-				for (uint32_t p = 0; p < l->n_pages; p++) {
-					uint32_t id = pg[p];
-					if (r->n_pages == l->n_pages &&
-					    r->pages[p] != id)
-						violation(&c, "slot %u layer %u "
-						          "head %u: table page "
-						          "%u is %u, daemon %u",
-						          slot, layer, head, p,
-						          r->pages[p], id);
-					if (id / ppc >= t->max_chunks ||
-					    base[id / ppc] == UINT64_MAX)
-						violation(&c, "page id %u not in "
-						          "a live chunk", id);
-					else if (test_and_set(seen, base[id / ppc] +
-					                      id % ppc))
-						violation(&c, "page %u used "
-						          "twice or also free", id);
-				}
-				for (uint32_t e = 0; e < l->len && e < t->pos_cap;
-				     e++)
-					if (pos[e] >= s->n_seen[layer]) {
-						violation(&c, "slot %u layer %u "
-						          "head %u: position %u "
-						          "not below n_seen %u",
-						          slot, layer, head,
-						          pos[e],
-						          s->n_seen[layer]);
-						break;
-					}
-			}
+			for (uint32_t head = 0; head < g->n_kv_heads; head++)
+				check_list(t, &w, s, slot, layer, head);
 	}
 	if (n_open != t->n_open)
 		violation(&c, "%u open sequences, counted %u", n_open,
 		          t->n_open);
-	for (uint32_t i = 0; i < t->max_chunks; i++) {
-		if (!t->chunks[i].pc.base)
-			continue;
-		for (uint32_t k = 0; k < ppc; k++)
-			if (!(seen[(base[i] + k) / 8] >> ((base[i] + k) % 8) & 1)) {
-				violation(&c, "page %llu neither free nor in "
-				          "a list",
-				          (unsigned long long)i * ppc + k);
-				break;
-			}
-	}
-	if (free_pages != t->free_pages || kept != t->kept)
-		violation(&c, "running totals: free %llu (counted %llu), kept "
-		          "%llu (counted %llu)", (unsigned long long)free_pages,
-		          (unsigned long long)t->free_pages,
-		          (unsigned long long)kept,
-		          (unsigned long long)t->kept);
-	if (free_pages + used != (uint64_t)live * ppc)
-		violation(&c, "free %llu + used %llu != %llu pages",
-		          (unsigned long long)free_pages,
-		          (unsigned long long)used,
-		          (unsigned long long)live * ppc);
-	if (t->dev && t->dtab.base)
+	check_totals(t, &w);
+	if (t->dev && t->dtable.shared.base)
 		check_device_table(t, &c);
-	free(seen);
-	free(base);
+	free(w.seen);
+	free(w.base);
 	return c.n;
 }

@@ -17,8 +17,8 @@
 static void writes_done_cb(void *arg)
 {
 	struct tenant *t = arg;
-	__atomic_store_n(&t->kv_wait, 2, __ATOMIC_RELEASE);
-	t->wake(t->wake_arg);
+	__atomic_store_n(&t->dsync.kv_wait, 2, __ATOMIC_RELEASE);
+	t->dsync.wake(t->dsync.wake_arg);
 }
 
 int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
@@ -26,31 +26,31 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
 	const struct kvt_backend_ops *o = t->bops;
 	/* Keys and device staging rows are read after the engine's writes. */
 	if (!t->dev || !o->stream_notify ||
-	    (!(t->pol->ops->needs & POLICY_NEED_KV) && !t->dstage.base))
+	    (!(t->pol->ops->needs & POLICY_NEED_KV) && !t->dstage.chunk.base))
 		return 1;
-	int st = __atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE);
+	int st = __atomic_load_n(&t->dsync.kv_wait, __ATOMIC_ACQUIRE);
 	if (st == 1)
 		return 0;
 	if (st == 2) {
 		/* The writes this sync's keys come from were recorded before
 		 * its request left the engine, so before the wait queued for
 		 * it or for an earlier request: they are done. */
-		t->kv_wait = 0;
+		t->dsync.kv_wait = 0;
 		return 1;
 	}
-	t->wake = wake;
-	t->wake_arg = arg;
+	t->dsync.wake = wake;
+	t->dsync.wake_arg = arg;
 	/* 1 first: the callback may run before stream_notify returns. */
-	__atomic_store_n(&t->kv_wait, 1, __ATOMIC_RELEASE);
-	if (o->stream_wait_event(t->bctx, t->stream, &t->ev_writes) ||
-	    o->stream_notify(t->bctx, t->stream, writes_done_cb, t)) {
+	__atomic_store_n(&t->dsync.kv_wait, 1, __ATOMIC_RELEASE);
+	if (o->stream_wait_event(t->bctx, t->dsync.stream, &t->dsync.ev_writes) ||
+	    o->stream_notify(t->bctx, t->dsync.stream, writes_done_cb, t)) {
 		/* The sync will wait on the host instead; it reports a
 		 * device failure itself. */
-		__atomic_store_n(&t->kv_wait, 0, __ATOMIC_RELEASE);
+		__atomic_store_n(&t->dsync.kv_wait, 0, __ATOMIC_RELEASE);
 		return 1;
 	}
-	if (__atomic_load_n(&t->kv_wait, __ATOMIC_ACQUIRE) == 2) {
-		t->kv_wait = 0;
+	if (__atomic_load_n(&t->dsync.kv_wait, __ATOMIC_ACQUIRE) == 2) {
+		t->dsync.kv_wait = 0;
 		return 1;
 	}
 	return 0;
@@ -74,35 +74,35 @@ int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
                           char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
-	if (tenant_grow((void **)&t->blist, &t->blist_cap, nlists ? nlists : 1,
-	         sizeof(*t->blist)) ||
-	    tenant_grow((void **)&t->bpages, &t->bpages_cap,
-	         nlists * g->max_pages + 1, sizeof(*t->bpages)) ||
-	    tenant_grow((void **)&t->bmoves, &t->bmoves_cap, 2 * entries + 2,
-	         sizeof(*t->bmoves)) ||
-	    (t->dbases &&
-	     (tenant_grow((void **)&t->bdl, &t->bdl_cap, nlists ? nlists : 1,
-	           sizeof(*t->bdl)) ||
-	      tenant_grow((void **)&t->bdrops, &t->bdrops_cap, entries + 1,
-	           sizeof(*t->bdrops)))) ||
-	    (t->dscorer &&
-	     tenant_grow((void **)&t->jobs, &t->jobs_cap,
-	          2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->jobs))) ||
-	    (t->dnorms &&
-	     tenant_grow((void **)&t->njobs, &t->njobs_cap, nlists + 1,
-	          sizeof(*t->njobs))) ||
-	    ((t->dscorer || t->dnorms) &&
-	     tenant_grow((void **)&t->pre, &t->pre_cap, entries + 1,
-	          sizeof(*t->pre))))
+	if (tenant_grow((void **)&t->dsync.blist, &t->dsync.blist_cap, nlists ? nlists : 1,
+	         sizeof(*t->dsync.blist)) ||
+	    tenant_grow((void **)&t->dsync.bpages, &t->dsync.bpages_cap,
+	         nlists * g->max_pages + 1, sizeof(*t->dsync.bpages)) ||
+	    tenant_grow((void **)&t->dsync.bmoves, &t->dsync.bmoves_cap, 2 * entries + 2,
+	         sizeof(*t->dsync.bmoves)) ||
+	    (t->dsync.dbases &&
+	     (tenant_grow((void **)&t->dsync.bdl, &t->dsync.bdl_cap, nlists ? nlists : 1,
+	           sizeof(*t->dsync.bdl)) ||
+	      tenant_grow((void **)&t->dsync.bdrops, &t->dsync.bdrops_cap, entries + 1,
+	           sizeof(*t->dsync.bdrops)))) ||
+	    (t->dscore.scorer &&
+	     tenant_grow((void **)&t->dscore.jobs, &t->dscore.jobs_cap,
+	          2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->dscore.jobs))) ||
+	    (t->dscore.norms &&
+	     tenant_grow((void **)&t->dscore.njobs, &t->dscore.njobs_cap, nlists + 1,
+	          sizeof(*t->dscore.njobs))) ||
+	    ((t->dscore.scorer || t->dscore.norms) &&
+	     tenant_grow((void **)&t->dscore.pre, &t->dscore.pre_cap, entries + 1,
+	          sizeof(*t->dscore.pre))))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {
 		size_t n = (size_t)g->n_kv_heads * g->max_pages;
-		if (tenant_grow((void **)&t->kbuf, &t->kbuf_cap,
+		if (tenant_grow((void **)&t->dsync.kbuf, &t->dsync.kbuf_cap,
 		         n * tenant_staged_page_bytes(t), 1) ||
-		    tenant_grow((void **)&t->ksrc, &t->ksrc_cap, n, sizeof(*t->ksrc)))
+		    tenant_grow((void **)&t->dsync.ksrc, &t->dsync.ksrc_cap, n, sizeof(*t->dsync.ksrc)))
 			return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	}
-	int rc = t->bops->stream_wait_event(t->bctx, t->stream, &t->ev_writes);
+	int rc = t->bops->stream_wait_event(t->bctx, t->dsync.stream, &t->dsync.ev_writes);
 	if (rc)
 		return errors_fmt(err, errlen, rc, "%s backend: %s", t->bops->name,
 		            t->bops->last_error());
@@ -111,7 +111,7 @@ int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
 
 /*
  * Device tenant, a policy that reads K: the pages holding entries
- * [0, len) of a list get a host copy of their K half in t->kbuf (copied
+ * [0, len) of a list get a host copy of their K half in t->dsync.kbuf (copied
  * per layer by read_regions, after the wait for the client's writes), and
  * pv points the policy at those copies.  attn_band and kvpop read K rows
  * only, so the V halves are copied only for a policy that reads them
@@ -122,15 +122,15 @@ void tenant_stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
 {
 	uint32_t used = (len + t->g.page_tokens - 1) / t->g.page_tokens;
 	for (uint32_t p = 0; p < used; p++) {
-		t->ksrc[*nk] = page_ptr(t, pg[p]);
-		pv[p] = t->kbuf + (size_t)*nk * tenant_staged_page_bytes(t);
+		t->dsync.ksrc[*nk] = page_ptr(t, pg[p]);
+		pv[p] = t->dsync.kbuf + (size_t)*nk * tenant_staged_page_bytes(t);
 		(*nk)++;
 	}
 }
 
 /*
  * Device tenant with compact_drops: queues the compaction of the sync's
- * nb lists that move (t->bdl, t->bdrops), after bringing the device copy
+ * nb lists that move (t->dsync.bdl, t->dsync.bdrops), after bringing the device copy
  * of the daemon's chunk bases up to date (chunks taken since the last
  * sync; the compaction reads only pages of chunks that existed before
  * it, and revoked chunks are destroyed only after the queued work).
@@ -139,14 +139,14 @@ int tenant_bases_sync(struct tenant *t)
 {
 	int changed = 0;
 	for (uint32_t i = 0; i < t->max_chunks; i++)
-		if (t->hbases[i] != t->chunks[i].pc.base) {
-			t->hbases[i] = t->chunks[i].pc.base;
+		if (t->dsync.hbases[i] != t->chunks[i].pc.base) {
+			t->dsync.hbases[i] = t->chunks[i].pc.base;
 			changed = 1;
 		}
 	struct kvt_backend_region all = {0, (uint64_t)t->max_chunks *
 	                                        sizeof(void *)};
-	return changed ? t->bops->upload_regions(t->bctx, t->dbases, t->hbases,
-	                                         &all, 1, t->stream)
+	return changed ? t->bops->upload_regions(t->bctx, t->dsync.dbases, t->dsync.hbases,
+	                                         &all, 1, t->dsync.stream)
 	               : 0;
 }
 
@@ -154,10 +154,10 @@ struct kvt_backend_paged tenant_paged(const struct tenant *t)
 {
 	const struct shm_geom *g = &t->g;
 	return (struct kvt_backend_paged){
-		.records = shm_list_at(t->dtab_own, g, 0, 0, 0),
+		.records = shm_list_at(t->dtable.own, g, 0, 0, 0),
 		.list_stride = g->list_stride,
 		.max_pages = g->max_pages,
-		.chunk_bases = t->dbases,
+		.chunk_bases = t->dsync.dbases,
 		.n_chunk_slots = t->max_chunks,
 		.pages_per_chunk = g->pages_per_chunk,
 		.page_bytes = g->page_bytes,
@@ -173,13 +173,13 @@ int tenant_compact_on_device(struct tenant *t, uint32_t nb)
 		return rc;
 	const struct kvt_backend_paged pg = tenant_paged(t);
 	return t->bops->compact_drops(t->bctx, &pg,
-	                              t->g.max_seqs * t->lists_per_seq, t->bdl,
-	                              nb, t->bdrops, t->stream);
+	                              t->g.max_seqs * t->lists_per_seq, t->dsync.bdl,
+	                              nb, t->dsync.bdrops, t->dsync.stream);
 }
 
 /*
- * Device norms (tenant_int.h, dnorms): the norms of the new entries' keys
- * of every list of the sync, computed where the keys are, into t->pre as
+ * Device norms (tenant_int.h, struct tdscore): the norms of the new entries' keys
+ * of every list of the sync, computed where the keys are, into t->dscore.pre as
  * [n_new][n_kv_heads] per (item, layer) in the decide loop's order.
  */
 int tenant_norms_on_device(struct tenant *t,
@@ -193,7 +193,7 @@ int tenant_norms_on_device(struct tenant *t,
 		(void)item_seq(t, it, &slot, &lo, &hi);
 		for (uint32_t layer = lo; layer < hi; layer++) {
 			for (uint32_t head = 0; head < g->n_kv_heads; head++)
-				t->njobs[nj++] = (struct kvt_backend_norm_job){
+				t->dscore.njobs[nj++] = (struct kvt_backend_norm_job){
 					.record = (uint32_t)(slot * t->lists_per_seq +
 					                     lidx(t, layer, head)),
 					.first = tlist_at(t, slot, layer, head)->len,
@@ -209,14 +209,14 @@ int tenant_norms_on_device(struct tenant *t,
 		return rc;
 	const struct kvt_backend_paged pg = tenant_paged(t);
 	return t->bops->key_norms(t->bctx, &pg, g->max_seqs * t->lists_per_seq,
-	                          t->pol->geom.dtype, g->head_dim, t->njobs,
-	                          nj, t->pre, at, t->stream);
+	                          t->pol->geom.dtype, g->head_dim, t->dscore.njobs,
+	                          nj, t->dscore.pre, at, t->dsync.stream);
 }
 
 /*
- * Device scorer (tenant_int.h, dscorer): scores the new rows of x of every
+ * Device scorer (tenant_int.h, struct tdscore): scores the new rows of x of every
  * (item, layer) of the sync where they are staged, in one scorer_run,
- * into t->pre in the order the decide loop takes them.  A (sequence,
+ * into t->dscore.pre in the order the decide loop takes them.  A (sequence,
  * layer)'s rows are contiguous in its ring but where they wrap: two jobs.
  */
 int tenant_score_on_device(struct tenant *t,
@@ -236,14 +236,14 @@ int tenant_score_on_device(struct tenant *t,
 				uint32_t k = part ? it->n_new - n1 : n1;
 				if (!k)
 					continue;
-				t->jobs[nj++] = (struct kvt_backend_score_job){
+				t->dscore.jobs[nj++] = (struct kvt_backend_score_job){
 					.layer = layer, .n = k,
-					.x = shm_stage_at(t->dstage.base, g, slot,
+					.x = shm_stage_at(t->dstage.chunk.base, g, slot,
 					                  layer, prev + (part ? n1 : 0)),
 				};
 			}
 		}
 	}
-	return t->bops->scorer_run(t->bctx, t->dscorer, t->jobs, nj, t->pre,
-	                           t->stream);
+	return t->bops->scorer_run(t->bctx, t->dscore.scorer, t->dscore.jobs, nj, t->dscore.pre,
+	                           t->dsync.stream);
 }

@@ -105,7 +105,7 @@ struct tchunk {
 
 /* A list's drops at a sync, as ascending indices (n of them at idx), when
  * the device decided it (tenant_attn_take); idx NULL: the list's marks in
- * t->drop say. */
+ * t->scr.drop say. */
 struct tenant_ldrop {
 	const uint32_t *idx;
 	uint32_t n;
@@ -119,6 +119,183 @@ struct tenant_ajob {
 	uint32_t rec, g, L, n_drop, drop_off;
 };
 #define TENANT_AJOB_ALL UINT32_MAX
+
+/* The device's part of a sync (tenant_device.c): the stream and its events,
+ * the wait for the engine's writes, and the scratch of the batched
+ * compaction, of the keys staged to the host and of the chunk bases. */
+struct tdsync {
+	int failed;    /* a device call of an apply step failed */
+	void *stream;
+	struct kvt_backend_event ev_writes, ev_compact;
+	struct kvt_backend_compact *blist; /* [blist_cap] lists of one sync */
+	size_t blist_cap;
+	void **bpages;     /* [bpages_cap] their page addresses */
+	size_t bpages_cap;
+	uint32_t *bmoves;  /* [bmoves_cap] their moves, (dst, src) pairs */
+	size_t bmoves_cap;
+	char *kbuf;        /* [kbuf_cap] host copy of one layer's K halves */
+	size_t kbuf_cap;
+	const void **ksrc; /* [ksrc_cap] device addresses of those K halves */
+	size_t ksrc_cap;
+	/* tenant_sync_ready: 0 idle, 1 waiting for the engine's writes on
+	 * the stream, 2 they are done (set by writes_done_cb on a driver
+	 * thread, hence atomic); wake(wake_arg) tells the server. */
+	int kv_wait;
+	void (*wake)(void *);
+	void *wake_arg;
+	/* Backends with compact_drops: the daemon's own chunk bases in device
+	 * memory, which that op resolves page ids through, and the host copy
+	 * of what was last uploaded there (brought up to date before each
+	 * compaction; NULL without the op); a sync's lists, and those of
+	 * them that move with their drop indices. */
+	void **dbases;     /* device [max_chunks] */
+	void **hbases;     /* [max_chunks] */
+	struct tenant_ldrop *ldrop; /* [ldrop_cap] a sync's lists, in order */
+	size_t ldrop_cap;
+	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
+	size_t bdl_cap;
+	uint32_t *bdrops;  /* [bdrops_cap] their drop indices, ascending */
+	size_t bdrops_cap;
+};
+
+/* Device copies of the table segment (tenant_table.c): shared, with the
+ * client, which the engine's kernels read (kvt_table_view; mapped
+ * read-only there where the sharing mode allows, but an engine may still
+ * write it: legacy IPC, or its own cuMemSetAccess), and own, device memory
+ * of this process alone, the one the daemon's kernels resolve page ids
+ * through (tenant_paged): they never follow an id an engine could have
+ * written.  Both are written together, by one upload of the records
+ * tenant_mirror() changed since the last tenant_table_flush. */
+struct tdtable {
+	struct kvt_backend_chunk shared;
+	void *own;                        /* [g.table_bytes] */
+	struct kvt_backend_region *dirty; /* [2 * max_seqs * lists_per_seq] */
+	uint32_t n_dirty;
+};
+
+/* Device staging (tenant_stage.c; policies that read staged inputs on a
+ * device backend with fill_words; chunk.base NULL otherwise): the staging
+ * rows in device memory, the host segment keeping only its header.  A sync
+ * copies the rows its policy may read (the new ones and lookback before
+ * them) into ring with read_regions; the rows of the next positions are
+ * marked unstaged on the device, the pattern ppat of word offsets in each
+ * row the runs prun name (one or two per sequence, all layers at once),
+ * flushed with the table. */
+struct tdstage {
+	struct kvt_backend_chunk chunk;
+	float *ring;         /* [headroom + lookback][stage_entry_floats] */
+	const void **rsrc;   /* [headroom + lookback] their device rows */
+	uint32_t ring_first, ring_n; /* positions ring holds */
+	uint32_t ring_lb;    /* of which the first ring_lb are lookback rows, */
+	int ring_lb_ok;      /* read (stage_row reads them when first asked) */
+	int ring_err;        /* a failed lazy read: fails the sync */
+	uint32_t *ppat;      /* [n_ppat] words of a row marked unstaged */
+	uint32_t n_ppat;
+	struct kvt_backend_fill_run *prun; /* [TENANT_POISON_RUNS] */
+	uint32_t n_prun;
+	/* the last tenant_stage_poison call, which the next may extend by a
+	 * layer: its slot, layer, first position, rows, and runs (1 or 2) */
+	uint32_t pslot, player, pfrom, pn, pruns;
+};
+
+/* Scores computed on the device (tenant_device.c).  With device staging
+ * and a policy whose only input is x scored by its scorer (ops->scorer,
+ * kvzap): the scorer on the device, and per sync the jobs (rows of x in
+ * device staging) and their scores [rows][n_kv_heads] in pre, passed to
+ * decide() as policy_layer.pre; x is then never copied to the host.  A
+ * policy that reads only its new keys' norms (knorm) on a backend with
+ * key_norms: norms, and they are computed on the device into pre too, no
+ * key copied to the host. */
+struct tdscore {
+	void *scorer;                       /* NULL without */
+	struct kvt_backend_score_job *jobs; /* [jobs_cap] */
+	size_t jobs_cap;
+	int norms;
+	struct kvt_backend_norm_job *njobs; /* [njobs_cap] */
+	size_t njobs_cap;
+	float *pre;          /* [pre_cap] */
+	size_t pre_cap;
+};
+
+/* End-of-prefill selection on the device (tenant_window.c: snapkv and
+ * pyramidkv on a backend with window_select, expected_attention on one
+ * with expected_select): per (item, layer) of a sync its way (enum
+ * tenant_win, mode) and window index (widx), the windows of the rule the
+ * policy's window hook names (rule: SnapKV's in wins, Expected
+ * Attention's in ewins), their lists and the op's output words. */
+struct twin {
+	uint8_t *mode;     /* [mode_cap] */
+	size_t mode_cap;
+	uint32_t *widx;    /* [widx_cap] */
+	size_t widx_cap;
+	struct kvt_backend_window *wins;    /* [wins_cap] */
+	size_t wins_cap;
+	struct kvt_backend_expected *ewins; /* [ewins_cap] */
+	size_t ewins_cap;
+	int rule;          /* enum policy_window_rule of this sync's windows */
+	struct kvt_backend_window_list *lists; /* [lists_cap] */
+	size_t lists_cap;
+	uint32_t *out;     /* [out_cap] */
+	size_t out_cap;
+	uint32_t n_wins, n_lists;
+	int active;        /* this sync was planned (tenant_window_plan) */
+};
+
+/* An attention-based rule on the device (tenant_attn.c: a policy with an
+ * attn hook on a backend with its op: h2o attn_select, tova tova_select,
+ * kvpop pop_select): the rule's kind, the per-entry state in device memory
+ * (backend.h: two halves a record of positions and the rule's floats each;
+ * records are lists, or (slot, layer)s for TOVA), the half each record's
+ * state is in, KVpop's u rings and weights on the device, and per sync
+ * each (item, layer)'s way (enum tenant_attn), the jobs (the backend's,
+ * and the host's view of each) and the output words. */
+struct tattn {
+	int kind;          /* enum policy_attn_kind */
+	void *state;       /* device, NULL when the host decides */
+	uint8_t *cur;      /* [max_seqs * lists_per_seq], or [max_seqs *
+	                      n_layers] for TOVA */
+	uint32_t *start;   /* H2O: [max_seqs * n_layers] the latest start of
+	                      its protected tail at any sync of the sequence
+	                      (tenant_attn.c's plan_list) */
+	float *u;          /* device: KVpop's u rings [max_seqs * n_layers]
+	                      [delay + headroom][r] */
+	void *weights;     /* device: KVpop's tensors, every layer */
+	uint8_t *mode;     /* [mode_cap] */
+	size_t mode_cap;
+	uint32_t *first;   /* [first_cap] the first job of each (item, layer),
+	                      then the end */
+	size_t first_cap;
+	struct tenant_ajob *jobs; /* [jobs_cap] */
+	size_t jobs_cap;
+	void *bjobs;       /* [bjobs_cap] the backend's jobs of the kind */
+	size_t bjobs_cap;
+	uint32_t *out;     /* [out_cap] */
+	size_t out_cap;
+	uint32_t n_jobs;
+	int active;        /* this sync was planned (tenant_attn_plan) */
+};
+
+/* Scratch of tenant_sync (tenant_sync.c), grown on demand. */
+struct tscratch {
+	uint8_t *drop;     /* [drop_cap] drop marks of every list of a sync */
+	size_t drop_cap;
+	uint32_t *newlen;  /* [newlen_cap] per list of a sync: its new length,
+	                      then (pass 1 -> 2) the pages it must hold */
+	size_t newlen_cap;
+	uint32_t *moves;   /* [max_tokens][2] compaction plan of one list */
+	void **pagev;      /* [n_kv_heads][max_pages] page pointers, one row
+	                      per head of the layer being decided */
+	float *ent;        /* [ent_cap] entry states of every list of a sync:
+	                      what decide() rewrites, committed after pass 3 */
+	size_t ent_cap;
+	uint8_t *state;    /* [state_cap] layer states of a sync, likewise */
+	size_t state_cap;
+	struct policy_head *heads; /* [n_kv_heads] */
+	float *in;         /* staged inputs of the new tokens, contiguous:
+	                      x [headroom][d_model], q [headroom][n_heads *
+	                      head_dim], lse [headroom][n_heads]; NULL when
+	                      the policy reads none */
+};
 
 struct tenant {
 	uint32_t id;
@@ -154,147 +331,18 @@ struct tenant {
 	uint64_t chunk_serial; /* last serial given to a chunk */
 
 	/* Backend of the pool's chunks.  dev: they are device memory the
-	 * daemon must never dereference; then stream, events and the
-	 * batched-compaction and key-staging scratch below are used. */
+	 * daemon must never dereference; then the device parts below are used
+	 * (each zero on a host tenant, whose sync never enters their files). */
 	const struct kvt_backend_ops *bops;
 	void *bctx;
 	int dev;
 	int ipc_share; /* legacy IPC chunks: freed after CHUNK_CLOSED */
-	int failed;    /* a device call of an apply step failed */
-	void *stream;
-	struct kvt_backend_event ev_writes, ev_compact;
-	struct kvt_backend_compact *blist; /* [blist_cap] lists of one sync */
-	size_t blist_cap;
-	void **bpages;     /* [bpages_cap] their page addresses */
-	size_t bpages_cap;
-	uint32_t *bmoves;  /* [bmoves_cap] their moves, (dst, src) pairs */
-	size_t bmoves_cap;
-	char *kbuf;        /* [kbuf_cap] host copy of one layer's K halves */
-	size_t kbuf_cap;
-	const void **ksrc; /* [ksrc_cap] device addresses of those K halves */
-	size_t ksrc_cap;
-	/* tenant_sync_ready: 0 idle, 1 waiting for the engine's writes on
-	 * the stream, 2 they are done (set by writes_done_cb on a driver
-	 * thread, hence atomic); wake(wake_arg) tells the server. */
-	int kv_wait;
-	void (*wake)(void *);
-	void *wake_arg;
-	/* Device copies of the table segment: dtab, shared with the client,
-	 * which the engine's kernels read (kvt_table_view; mapped read-only
-	 * there where the sharing mode allows, but an engine may still write
-	 * it: legacy IPC, or its own cuMemSetAccess), and dtab_own, device
-	 * memory of this process alone, the one the daemon's kernels resolve
-	 * page ids through (tenant_paged): they never follow an id an engine
-	 * could have written.  Both are written together, by one upload of
-	 * the records tenant_mirror() changed since the last
-	 * tenant_table_flush. */
-	struct kvt_backend_chunk dtab;
-	void *dtab_own; /* [g.table_bytes] */
-	struct kvt_backend_region *dirty; /* [2 * max_seqs * lists_per_seq] */
-	uint32_t n_dirty;
-	/* Backends with compact_drops: the daemon's own chunk bases in device
-	 * memory, which that op resolves page ids through, and the host copy
-	 * of what was last uploaded there (tenant_sync brings it up to date
-	 * before each compaction; NULL without the op). */
-	/* Device staging (policies that read staged inputs on a device
-	 * backend with fill_words; base NULL otherwise): the staging rows in
-	 * device memory, the host segment keeping only its header.  A sync
-	 * copies the rows its policy may read (the new ones and lookback
-	 * before them) into ring with read_regions; the rows of the next
-	 * positions are marked unstaged on the device, the pattern ppat of
-	 * word offsets in each row the runs prun name (one or two per
-	 * sequence, all layers at once), flushed with the table. */
-	struct kvt_backend_chunk dstage;
-	float *ring;         /* [headroom + lookback][stage_entry_floats] */
-	const void **rsrc;   /* [headroom + lookback] their device rows */
-	uint32_t ring_first, ring_n; /* positions ring holds */
-	uint32_t ring_lb;    /* of which the first ring_lb are lookback rows, */
-	int ring_lb_ok;      /* read (stage_row reads them when first asked) */
-	int ring_err;        /* a failed lazy read: fails the sync */
-	uint32_t *ppat;      /* [n_ppat] words of a row marked unstaged */
-	uint32_t n_ppat;
-	struct kvt_backend_fill_run *prun; /* [TENANT_POISON_RUNS] */
-	uint32_t n_prun;
-	/* the last tenant_stage_poison call, which the next may extend by a
-	 * layer: its slot, layer, first position, rows, and runs (1 or 2) */
-	uint32_t pslot, player, pfrom, pn, pruns;
-	/* Device staging and a policy whose only input is x scored by its
-	 * scorer (ops->scorer, kvzap): the scorer on the device, and per
-	 * sync the jobs (rows of x in device staging) and their scores
-	 * [rows][n_kv_heads], passed to decide() as policy_layer.pre; x is
-	 * then never copied to the host.  NULL without. */
-	void *dscorer;
-	struct kvt_backend_score_job *jobs; /* [jobs_cap] */
-	size_t jobs_cap;
-	/* A policy that reads only its new keys' norms (knorm) on a backend
-	 * with key_norms: they are computed on the device into pre too, and
-	 * no key is copied to the host. */
-	int dnorms;
-	struct kvt_backend_norm_job *njobs; /* [njobs_cap] */
-	size_t njobs_cap;
-	float *pre;          /* [pre_cap] */
-	size_t pre_cap;
-	/* End-of-prefill selection on the device (tenant_window.c: snapkv
-	 * and pyramidkv on a backend with window_select, expected_attention
-	 * on one with expected_select): per (item, layer) of a sync its way
-	 * (enum tenant_win) and window index, the windows of the rule the
-	 * policy's window hook names (wrule: SnapKV's in wins, Expected
-	 * Attention's in ewins), their lists and the op's output words. */
-	uint8_t *wmode;    /* [wmode_cap] */
-	size_t wmode_cap;
-	uint32_t *wwin;    /* [wwin_cap] */
-	size_t wwin_cap;
-	struct kvt_backend_window *wins;    /* [wins_cap] */
-	size_t wins_cap;
-	struct kvt_backend_expected *ewins; /* [ewins_cap] */
-	size_t ewins_cap;
-	int wrule;         /* enum policy_window_rule of this sync's windows */
-	struct kvt_backend_window_list *wlists; /* [wlists_cap] */
-	size_t wlists_cap;
-	uint32_t *wout;    /* [wout_cap] */
-	size_t wout_cap;
-	uint32_t n_wins, n_wlists;
-	int wactive;       /* this sync was planned (tenant_window_plan) */
-	/* An attention-based rule on the device (tenant_attn.c: a policy
-	 * with an attn hook on a backend with its op: h2o attn_select, tova
-	 * tova_select, kvpop pop_select): the rule's kind, the per-entry
-	 * state in device memory (backend.h: two halves a record of
-	 * positions and the rule's floats each; records are lists, or (slot,
-	 * layer)s for TOVA), the half each record's state is in, KVpop's u
-	 * rings and weights on the device, and per sync each (item, layer)'s
-	 * way (enum tenant_attn), the jobs (the backend's, and the host's
-	 * view of each) and the output words. */
-	int akind;         /* enum policy_attn_kind */
-	void *astate;      /* device, NULL when the host decides */
-	uint8_t *acur;     /* [max_seqs * lists_per_seq], or [max_seqs *
-	                      n_layers] for TOVA */
-	uint32_t *astart;  /* H2O: [max_seqs * n_layers] the latest start of
-	                      its protected tail at any sync of the sequence
-	                      (tenant_attn.c's plan_list) */
-	float *au;         /* device: KVpop's u rings [max_seqs * n_layers]
-	                      [delay + headroom][r] */
-	void *aweights;    /* device: KVpop's tensors, every layer */
-	uint8_t *amode;    /* [amode_cap] */
-	size_t amode_cap;
-	uint32_t *afirst;  /* [afirst_cap] the first job of each (item, layer),
-	                      then the end */
-	size_t afirst_cap;
-	struct tenant_ajob *ajobs; /* [ajobs_cap] */
-	size_t ajobs_cap;
-	void *abjobs;      /* [abjobs_cap] the backend's jobs of the kind */
-	size_t abjobs_cap;
-	uint32_t *aout;    /* [aout_cap] */
-	size_t aout_cap;
-	uint32_t n_ajobs;
-	int aactive;       /* this sync was planned (tenant_attn_plan) */
-	void **dbases;     /* device [max_chunks] */
-	void **hbases;     /* [max_chunks] */
-	struct tenant_ldrop *ldrop; /* [ldrop_cap] a sync's lists, in order */
-	size_t ldrop_cap;
-	struct kvt_backend_drops *bdl; /* [bdl_cap] a sync's lists that move */
-	size_t bdl_cap;
-	uint32_t *bdrops;  /* [bdrops_cap] their drop indices, ascending */
-	size_t bdrops_cap;
+	struct tdsync dsync;   /* tenant_device.c */
+	struct tdtable dtable; /* tenant_table.c */
+	struct tdstage dstage; /* tenant_stage.c */
+	struct tdscore dscore; /* tenant_device.c */
+	struct twin win;       /* tenant_window.c */
+	struct tattn attn;     /* tenant_attn.c */
 
 	struct tenant_event *ev; /* [ev_cap] queued, in order */
 	uint32_t n_ev, ev_cap;
@@ -319,25 +367,7 @@ struct tenant {
 	uint32_t ef;            /* pol->entry_floats */
 	size_t sbytes;          /* pol->layer_state_bytes */
 
-	/* Scratch of tenant_sync, grown on demand. */
-	uint8_t *drop;     /* [drop_cap] drop marks of every list of a sync */
-	size_t drop_cap;
-	uint32_t *newlen;  /* [newlen_cap] per list of a sync: its new length,
-	                      then (pass 1 -> 2) the pages it must hold */
-	size_t newlen_cap;
-	uint32_t *moves;   /* [max_tokens][2] compaction plan of one list */
-	void **pagev;      /* [n_kv_heads][max_pages] page pointers, one row
-	                      per head of the layer being decided */
-	float *ent_scr;    /* [ent_cap] entry states of every list of a sync:
-	                      what decide() rewrites, committed after pass 3 */
-	size_t ent_cap;
-	uint8_t *state_scr; /* [state_cap] layer states of a sync, likewise */
-	size_t state_cap;
-	struct policy_head *heads; /* [n_kv_heads] */
-	float *in;         /* staged inputs of the new tokens, contiguous:
-	                      x [headroom][d_model], q [headroom][n_heads *
-	                      head_dim], lse [headroom][n_heads]; NULL when
-	                      the policy reads none */
+	struct tscratch scr; /* tenant_sync.c */
 };
 
 /* A revoked chunk not destroyed yet. */
@@ -441,10 +471,10 @@ enum tenant_win {
  * backend with window_select; expected_attention on a backend with
  * expected_select; any other tenant: nothing, every layer
  * stays on the host): before the decisions, picks the way of each
- * (item, layer) of the sync (t->wmode, t->wwin) and runs the device's
+ * (item, layer) of the sync (t->win.mode, t->win.widx) and runs the device's
  * selection for those it can take: where the policy decides now and every
  * list still holds each position at its index; the others stay on the
- * host.  t->state_scr is used as scratch (the decision loop refills it).
+ * host.  t->scr.state is used as scratch (the decision loop refills it).
  * 0, or KVT_ENOMEM / a backend error with the reason in err.
  */
 int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
@@ -452,7 +482,7 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 
 /*
  * In the decision loop, for the (item, layer) ly of the sync whose heads
- * are set up (t->heads): 1 when the device decided it (the policy's
+ * are set up (t->scr.heads): 1 when the device decided it (the policy's
  * state marked as decide() would, the drops marked in the heads), 0 when
  * the host decides (also when the device found a staged row that is not
  * finite: the host then refuses with the reason).
@@ -462,8 +492,8 @@ int tenant_window_take(struct tenant *t, size_t ly, struct policy_layer *pl);
 /* Whether the (item, layer) ly of this sync goes to the host. */
 static inline int tenant_window_host(const struct tenant *t, size_t ly)
 {
-	return !t->wactive || t->wmode[ly] == TENANT_WIN_HOST ||
-	       t->wout[t->wwin[ly]] != 0;
+	return !t->win.active || t->win.mode[ly] == TENANT_WIN_HOST ||
+	       t->win.out[t->win.widx[ly]] != 0;
 }
 
 /* How a (sequence, layer) of a sync is decided (tenant_attn.c). */
@@ -511,7 +541,7 @@ void tenant_attn_commit(struct tenant *t);
 
 static inline int tenant_attn_mode(const struct tenant *t, size_t ly)
 {
-	return t->aactive ? t->amode[ly] : TENANT_ATTN_HOST;
+	return t->attn.active ? t->attn.mode[ly] : TENANT_ATTN_HOST;
 }
 
 /* Whether the host decides (item, layer) ly of this sync. */
@@ -647,17 +677,17 @@ struct tenant_stage_ctx {
 /* policy_layer's staged accessor (ctx: a struct tenant_stage_ctx): the
  * staged row of an earlier position within the lookback, from the host
  * segment or the host copy of device staging; NULL when out of reach or
- * when a device read failed (its code in t->ring_err fails the sync). */
+ * when a device read failed (its code in t->dstage.ring_err fails the sync). */
 const float *tenant_stage_row(void *ctx, uint32_t pos);
 
 /* Device staging: the rows of the new positions [first, first + n) of
- * (slot, layer), after the policy's lookback, copied into t->ring; 0 or
+ * (slot, layer), after the policy's lookback, copied into t->dstage.ring; 0 or
  * a backend error. */
 int tenant_fetch_rows(struct tenant *t, uint32_t slot, uint32_t layer,
                       uint32_t first, uint32_t n);
 
 /* The staged inputs the policy reads of positions [first, first + n),
- * copied out of the ring into t->in and pointed at by pl (n <= headroom,
+ * copied out of the ring into t->scr.in and pointed at by pl (n <= headroom,
  * validated). */
 void tenant_gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
                           uint32_t first, uint32_t n,
@@ -676,7 +706,7 @@ int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
                           char *err, size_t errlen);
 
 /* Device tenant, a policy that reads K: the pages holding entries
- * [0, len) of a list (ids pg) are queued for a host copy in t->kbuf
+ * [0, len) of a list (ids pg) are queued for a host copy in t->dsync.kbuf
  * (*nk counts them) and pv points the policy at those copies. */
 void tenant_stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
                        void **pv, uint32_t *nk);
@@ -687,22 +717,22 @@ void tenant_stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,
 int tenant_bases_sync(struct tenant *t);
 
 /* Where the tenant's pages are on the device, as the ops that resolve page
- * ids there take it: the daemon's own device table (dtab_own), never the
+ * ids there take it: the daemon's own device table (dtable.own), never the
  * one shared with the client. */
 struct kvt_backend_paged tenant_paged(const struct tenant *t);
 
-/* Queues the compaction of the sync's nb lists that move (t->bdl,
- * t->bdrops) in one compact_drops; 0 or a backend error. */
+/* Queues the compaction of the sync's nb lists that move (t->dsync.bdl,
+ * t->dsync.bdrops) in one compact_drops; 0 or a backend error. */
 int tenant_compact_on_device(struct tenant *t, uint32_t nb);
 
 /* The key norms of the new entries of every list of the sync, computed on
- * the device into t->pre ([n_new][n_kv_heads] per (item, layer), in the
+ * the device into t->dscore.pre ([n_new][n_kv_heads] per (item, layer), in the
  * decisions' order); 0 or a backend error. */
 int tenant_norms_on_device(struct tenant *t,
                            const struct ipc_sync_item *items, uint32_t n);
 
 /* The device scorer's scores of the new rows of x of every (item, layer)
- * of the sync, into t->pre in the decisions' order; 0 or a backend
+ * of the sync, into t->dscore.pre in the decisions' order; 0 or a backend
  * error. */
 int tenant_score_on_device(struct tenant *t,
                            const struct ipc_sync_item *items, uint32_t n);

@@ -151,7 +151,7 @@ static int copy_pages(struct tenant *t, const uint32_t *dst,
 		if (!t->dev)
 			memcpy(d, s, t->g.page_bytes);
 		else if (t->bops->copy(t->bctx, d, s, t->g.page_bytes,
-		                       t->stream))
+		                       t->dsync.stream))
 			return KVT_ESYS;
 	}
 	return 0;
@@ -190,7 +190,7 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
 			for (uint32_t i = 0; i < np; i++)
 				pg[i] = tenant_page_alloc(t);
 			if (copy_pages(t, pg, seq_pages(t, f, li), full))
-				t->failed = 1;
+				t->dsync.failed = 1;
 			memcpy(seq_pos(t, s, li), seq_pos(t, f, li),
 			       (size_t)fl->len * sizeof(uint32_t));
 			if (t->ef)
@@ -203,12 +203,12 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
 			tenant_mirror(t, slot, layer, head);
 		}
 	if (tenant_attn_fork(t, slot, src))
-		t->failed = 1;
+		t->dsync.failed = 1;
 	for (uint32_t layer = 0; layer < g->n_layers; layer++)
 		tenant_stage_poison(t, slot, layer, s->n_seen[layer], s->room);
 	tenant_revoke_empty(t);
 	*seq = seqid_make(t->id, s->gen, slot);
-	if (t->failed)
+	if (t->dsync.failed)
 		return KVT_ESYS;
 	return tenant_table_flush(t) ? KVT_ESYS : 0;
 }

@@ -25,42 +25,42 @@ static void poison_runs(struct tenant *t, uint32_t slot, uint32_t layer,
 	const struct shm_geom *g = &t->g;
 	if (!n)
 		return;
-	if (t->n_prun && t->pslot == slot && t->pfrom == from && t->pn == n &&
-	    layer == t->player + 1) {
-		for (uint32_t k = 0; k < t->pruns; k++)
-			t->prun[t->n_prun - 1 - k].blocks++;
-		t->player = layer;
+	if (t->dstage.n_prun && t->dstage.pslot == slot && t->dstage.pfrom == from && t->dstage.pn == n &&
+	    layer == t->dstage.player + 1) {
+		for (uint32_t k = 0; k < t->dstage.pruns; k++)
+			t->dstage.prun[t->dstage.n_prun - 1 - k].blocks++;
+		t->dstage.player = layer;
 		return;
 	}
-	if (t->n_prun + 2 > TENANT_POISON_RUNS && tenant_stage_poison_flush(t))
-		t->failed = 1;
-	const char *base = t->dstage.base;
+	if (t->dstage.n_prun + 2 > TENANT_POISON_RUNS && tenant_stage_poison_flush(t))
+		t->dsync.failed = 1;
+	const char *base = t->dstage.chunk.base;
 	uint64_t eb = g->stage_entry_floats * sizeof(float);
 	uint64_t ls = layer + 1 < g->n_layers
-	              ? (uint64_t)((const char *)shm_stage_at(t->dstage.base, g,
+	              ? (uint64_t)((const char *)shm_stage_at(t->dstage.chunk.base, g,
 	                                                      slot, layer + 1, 0) -
-	                           (const char *)shm_stage_at(t->dstage.base, g,
+	                           (const char *)shm_stage_at(t->dstage.chunk.base, g,
 	                                                      slot, layer, 0))
 	              : 0;
 	uint32_t r0 = from % g->stage_tokens;
 	uint32_t n1 = g->stage_tokens - r0 < n ? g->stage_tokens - r0 : n;
-	t->pruns = 0;
+	t->dstage.pruns = 0;
 	for (uint32_t part = 0; part < 2; part++) {
 		uint32_t k = part ? n - n1 : n1;
 		if (!k)
 			continue;
 		const char *row = (const char *)shm_stage_at(
-			t->dstage.base, g, slot, layer, from + (part ? n1 : 0));
-		t->prun[t->n_prun++] = (struct kvt_backend_fill_run){
+			t->dstage.chunk.base, g, slot, layer, from + (part ? n1 : 0));
+		t->dstage.prun[t->dstage.n_prun++] = (struct kvt_backend_fill_run){
 			.first = (uint64_t)(row - base), .block_stride = ls,
 			.rows = k, .row_stride = (uint32_t)eb, .blocks = 1,
 		};
-		t->pruns++;
+		t->dstage.pruns++;
 	}
-	t->pslot = slot;
-	t->player = layer;
-	t->pfrom = from;
-	t->pn = n;
+	t->dstage.pslot = slot;
+	t->dstage.player = layer;
+	t->dstage.pfrom = from;
+	t->dstage.pn = n;
 }
 
 void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
@@ -70,7 +70,7 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 	unsigned need = t->pol->ops->needs;
 	if (!(need & POLICY_NEED_STAGED) || !g->stage_tokens)
 		return;
-	if (t->dstage.base) {
+	if (t->dstage.chunk.base) {
 		poison_runs(t, slot, layer, from, n);
 		return;
 	}
@@ -91,18 +91,18 @@ void tenant_stage_poison(struct tenant *t, uint32_t slot, uint32_t layer,
 
 int tenant_stage_poison_flush(struct tenant *t)
 {
-	if (!t->n_prun)
+	if (!t->dstage.n_prun)
 		return 0;
-	int rc = t->bops->fill_words(t->bctx, t->dstage.base,
-	                             POLICY_UNSTAGED_BITS, t->ppat, t->n_ppat,
-	                             t->prun, t->n_prun, t->stream);
-	t->n_prun = 0;
+	int rc = t->bops->fill_words(t->bctx, t->dstage.chunk.base,
+	                             POLICY_UNSTAGED_BITS, t->dstage.ppat, t->dstage.n_ppat,
+	                             t->dstage.prun, t->dstage.n_prun, t->dsync.stream);
+	t->dstage.n_prun = 0;
 	return rc;
 }
 
 /*
  * Device staging: reads the n rows of (slot, layer) from position pos into
- * t->ring at row pos - ring_first, in one read_regions after the engine's
+ * t->dstage.ring at row pos - ring_first, in one read_regions after the engine's
  * writes (the stream waited on them).
  */
 static int ring_read(struct tenant *t, uint32_t slot, uint32_t layer,
@@ -110,12 +110,12 @@ static int ring_read(struct tenant *t, uint32_t slot, uint32_t layer,
 {
 	const struct shm_geom *g = &t->g;
 	for (uint32_t k = 0; k < n; k++)
-		t->rsrc[k] = shm_stage_at(t->dstage.base, g, slot, layer, pos + k);
+		t->dstage.rsrc[k] = shm_stage_at(t->dstage.chunk.base, g, slot, layer, pos + k);
 	size_t rb = g->stage_entry_floats * sizeof(float);
-	return t->bops->read_regions(t->bctx, t->ring + (size_t)(pos -
-	                                                          t->ring_first) *
+	return t->bops->read_regions(t->bctx, t->dstage.ring + (size_t)(pos -
+	                                                          t->dstage.ring_first) *
 	                                                 g->stage_entry_floats,
-	                             rb, t->rsrc, n, rb, t->stream);
+	                             rb, t->dstage.rsrc, n, rb, t->dsync.stream);
 }
 
 /*
@@ -124,7 +124,7 @@ static int ring_read(struct tenant *t, uint32_t slot, uint32_t layer,
  * the rows this sync may read (tenant_fetch_rows), the lookback rows read
  * on the first call that wants one (most syncs of snapkv or
  * expected_attention decide nothing and read none).  A failed read gives
- * NULL and leaves its code in t->ring_err, which fails the sync.
+ * NULL and leaves its code in t->dstage.ring_err, which fails the sync.
  */
 const float *tenant_stage_row(void *ctx, uint32_t pos)
 {
@@ -132,25 +132,25 @@ const float *tenant_stage_row(void *ctx, uint32_t pos)
 	struct tenant *t = c->t;
 	if (pos >= c->n_seen || (uint64_t)pos + t->g.stage_tokens < c->n_seen)
 		return NULL;
-	if (!t->dstage.base)
+	if (!t->dstage.chunk.base)
 		return shm_stage_at(t->stage, &t->g, c->slot, c->layer, pos);
-	if (pos < t->ring_first || pos - t->ring_first >= t->ring_n)
+	if (pos < t->dstage.ring_first || pos - t->dstage.ring_first >= t->dstage.ring_n)
 		return NULL;
-	if (pos - t->ring_first < t->ring_lb && !t->ring_lb_ok) {
-		int rc = ring_read(t, c->slot, c->layer, t->ring_first,
-		                   t->ring_lb);
+	if (pos - t->dstage.ring_first < t->dstage.ring_lb && !t->dstage.ring_lb_ok) {
+		int rc = ring_read(t, c->slot, c->layer, t->dstage.ring_first,
+		                   t->dstage.ring_lb);
 		if (rc) {
-			t->ring_err = rc;
+			t->dstage.ring_err = rc;
 			return NULL;
 		}
-		t->ring_lb_ok = 1;
+		t->dstage.ring_lb_ok = 1;
 	}
-	return t->ring + (size_t)(pos - t->ring_first) * t->g.stage_entry_floats;
+	return t->dstage.ring + (size_t)(pos - t->dstage.ring_first) * t->g.stage_entry_floats;
 }
 
 /*
  * Device staging: copies the rows of the new positions [first, first + n)
- * of (slot, layer) into t->ring, after the lookback rows [first -
+ * of (slot, layer) into t->dstage.ring, after the lookback rows [first -
  * lookback, first) (from 0) that tenant_stage_row reads if the policy
  * asks: all a decision may read of the staged inputs (policy.h: the tenant
  * guarantees those).
@@ -159,17 +159,17 @@ int tenant_fetch_rows(struct tenant *t, uint32_t slot, uint32_t layer,
                       uint32_t first, uint32_t n)
 {
 	uint32_t lb = t->pol->lookback;
-	t->ring_lb = first > lb ? lb : first;
-	t->ring_first = first - t->ring_lb;
-	t->ring_n = t->ring_lb + n;
-	t->ring_lb_ok = t->ring_lb == 0;
-	t->ring_err = 0;
+	t->dstage.ring_lb = first > lb ? lb : first;
+	t->dstage.ring_first = first - t->dstage.ring_lb;
+	t->dstage.ring_n = t->dstage.ring_lb + n;
+	t->dstage.ring_lb_ok = t->dstage.ring_lb == 0;
+	t->dstage.ring_err = 0;
 	return ring_read(t, slot, layer, first, n);
 }
 
 /*
  * Copies the staged inputs the policy reads of positions [first, first + n)
- * out of the ring (which the client may keep writing) into t->in,
+ * out of the ring (which the client may keep writing) into t->scr.in,
  * contiguous ([headroom] rows of each part, stage_all_floats), and points
  * pl at them.  n <= headroom (validated).
  */
@@ -179,14 +179,14 @@ void tenant_gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 {
 	const struct shm_geom *g = &t->g;
 	size_t nq = (size_t)g->n_heads * g->head_dim;
-	float *x = t->in;
+	float *x = t->scr.in;
 	float *q = x + (size_t)g->headroom * g->d_model;
 	float *lse = q + (size_t)g->headroom * nq;
 	unsigned need = t->pol->ops->needs;
 	for (uint32_t k = 0; k < n; k++) {
 		const float *row =
-			t->dstage.base
-			? t->ring + (size_t)(first + k - t->ring_first) *
+			t->dstage.chunk.base
+			? t->dstage.ring + (size_t)(first + k - t->dstage.ring_first) *
 			                    g->stage_entry_floats
 			: shm_stage_at(t->stage, g, slot, layer, first + k);
 		if (need & POLICY_NEED_X)

@@ -123,8 +123,8 @@ void tenant_sync_reply(const struct tenant *t, struct ipc_rep *rep)
 }
 
 /* Where the walks of a sync stand: offsets into the per-sync scratch
- * (t->drop, t->ent_scr, t->newlen and t->ldrop by list, t->state_scr and
- * the device's decisions by (item, layer), t->pre by new row), what the
+ * (t->scr.drop, t->scr.ent, t->scr.newlen and t->dsync.ldrop by list, t->scr.state and
+ * the device's decisions by (item, layer), t->dscore.pre by new row), what the
  * decisions need and free, and the device's compaction batch. */
 struct sync_walk {
 	size_t off, eoff, li, ly, pre_at;
@@ -139,14 +139,14 @@ static int sync_scratch(struct tenant *t, size_t entries, size_t nlists,
                         char *err, size_t errlen)
 {
 	size_t nlayers = nlists / t->g.n_kv_heads;
-	if (tenant_grow((void **)&t->drop, &t->drop_cap, entries ? entries : 1, 1) ||
-	    tenant_grow((void **)&t->newlen, &t->newlen_cap, nlists, sizeof(uint32_t)) ||
-	    tenant_grow((void **)&t->ent_scr, &t->ent_cap, entries * t->ef + 1,
+	if (tenant_grow((void **)&t->scr.drop, &t->scr.drop_cap, entries ? entries : 1, 1) ||
+	    tenant_grow((void **)&t->scr.newlen, &t->scr.newlen_cap, nlists, sizeof(uint32_t)) ||
+	    tenant_grow((void **)&t->scr.ent, &t->scr.ent_cap, entries * t->ef + 1,
 	         sizeof(float)) ||
-	    tenant_grow((void **)&t->state_scr, &t->state_cap,
+	    tenant_grow((void **)&t->scr.state, &t->scr.state_cap,
 	         nlayers * t->sbytes + 1, 1) ||
-	    tenant_grow((void **)&t->ldrop, &t->ldrop_cap, nlists + 1,
-	         sizeof(*t->ldrop)))
+	    tenant_grow((void **)&t->dsync.ldrop, &t->dsync.ldrop_cap, nlists + 1,
+	         sizeof(*t->dsync.ldrop)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	return 0;
 }
@@ -161,10 +161,10 @@ static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
 	int rc;
 	if ((rc = tenant_device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
-	if (t->dscorer && (rc = tenant_score_on_device(t, items, n)))
+	if (t->dscore.scorer && (rc = tenant_score_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: scoring staged "
 		            "x: %s", t->bops->name, t->bops->last_error());
-	if (t->dnorms && (rc = tenant_norms_on_device(t, items, n)))
+	if (t->dscore.norms && (rc = tenant_norms_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
 		            t->bops->name, t->bops->last_error());
 	if ((rc = tenant_window_plan(t, items, n, err, errlen)) ||
@@ -174,7 +174,7 @@ static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
 }
 
 /*
- * The lists of one (item, layer) laid out for the policy in t->heads:
+ * The lists of one (item, layer) laid out for the policy in t->scr.heads:
  * the new entries' positions written past len (nothing committed there
  * yet), drop marks cleared and scratch entry states copied where the host
  * decides, and the pages (or staged keys) where the policy reads keys.
@@ -199,8 +199,8 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 		for (uint32_t k = 0; k < it->n_new; k++)
 			pos[l->len + k] = prev + k;
 		if (host)
-			memset(t->drop + w->off, 0, len);
-		float *e = t->ef && host ? t->ent_scr + w->eoff : NULL;
+			memset(t->scr.drop + w->off, 0, len);
+		float *e = t->ef && host ? t->scr.ent + w->eoff : NULL;
 		if (e) {
 			size_t old = (size_t)l->len * t->ef;
 			memcpy(e, seq_ent(t, s, li), old * sizeof(float));
@@ -210,36 +210,36 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 		void **pv = NULL;
 		if (!dec) {
 			/* decide() does not run */
-		} else if ((need & POLICY_NEED_KV) && t->dnorms) {
+		} else if ((need & POLICY_NEED_KV) && t->dscore.norms) {
 			pv = NULL; /* decide() takes pre */
 		} else if ((need & POLICY_NEED_KV) && t->dev) {
-			pv = t->pagev + (size_t)head * g->max_pages;
+			pv = t->scr.pagev + (size_t)head * g->max_pages;
 			tenant_stage_keys(t, seq_pages(t, s, li), len, pv, &nk);
 		} else if (need & POLICY_NEED_KV) {
-			pv = t->pagev + (size_t)head * g->max_pages;
+			pv = t->scr.pagev + (size_t)head * g->max_pages;
 			const uint32_t *pg = seq_pages(t, s, li);
 			for (uint32_t p = 0; p < l->n_pages; p++)
 				pv[p] = page_ptr(t, pg[p]);
 		}
-		t->heads[head] = (struct policy_head){
+		t->scr.heads[head] = (struct policy_head){
 			.pos = pos, .ent = e, .pages = pv,
-			.len = len, .drop = t->drop + w->off,
+			.len = len, .drop = t->scr.drop + w->off,
 		};
 		w->off += len;
 		w->eoff += (size_t)len * t->ef;
 	}
 	int rc;
 	if (nk && (rc = t->bops->read_regions(
-		           t->bctx, t->kbuf, tenant_staged_page_bytes(t),
-		           (const void *const *)t->ksrc, nk,
-		           tenant_staged_page_bytes(t), t->stream)))
+		           t->bctx, t->dsync.kbuf, tenant_staged_page_bytes(t),
+		           (const void *const *)t->dsync.ksrc, nk,
+		           tenant_staged_page_bytes(t), t->dsync.stream)))
 		return errors_fmt(err, errlen, rc, "%s backend: staging keys: "
 		            "%s", t->bops->name, t->bops->last_error());
 	return 0;
 }
 
 /* After the decision of one (item, layer) whose lists start at off in
- * t->drop: each list's new length into t->newlen, and the pages it needs
+ * t->scr.drop: each list's new length into t->scr.newlen, and the pages it needs
  * or frees into w. */
 static void count_layer(struct tenant *t, const struct ipc_sync_item *it,
                         uint32_t slot, uint32_t layer, size_t off,
@@ -249,13 +249,13 @@ static void count_layer(struct tenant *t, const struct ipc_sync_item *it,
 	for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 		const struct tlist *l = tlist_at(t, slot, layer, head);
 		uint32_t len = l->len + it->n_new, nd = 0;
-		if (t->ldrop[w->li].idx)
-			nd = t->ldrop[w->li].n;
+		if (t->dsync.ldrop[w->li].idx)
+			nd = t->dsync.ldrop[w->li].n;
 		else
 			for (uint32_t k = 0; k < len; k++)
-				nd += t->drop[off + k] != 0;
+				nd += t->scr.drop[off + k] != 0;
 		uint32_t want = pages_for(g, len - nd, item_room(t, it));
-		t->newlen[w->li++] = len - nd;
+		t->scr.newlen[w->li++] = len - nd;
 		if (want > l->n_pages)
 			w->need_pages += want - l->n_pages;
 		else
@@ -266,7 +266,7 @@ static void count_layer(struct tenant *t, const struct ipc_sync_item *it,
 
 /*
  * Step 2 for item i's (sequence, layer): the policy decides on scratch
- * copies of the entry and layer states (t->ent_scr, t->state_scr,
+ * copies of the entry and layer states (t->scr.ent, t->scr.state,
  * committed in step 4), or the device decided it already, or nothing is
  * due; so a refusal here or in step 3 leaves no trace.  0 or an error.
  */
@@ -286,8 +286,8 @@ static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
 		.phase = (enum kvt_phase)it->phase,
 		.n_new = it->n_new, .n_seen = seen,
 		.staged = tenant_stage_row, .staged_ctx = &sc,
-		.heads = t->heads,
-		.state = t->sbytes ? t->state_scr + w->ly * t->sbytes : NULL,
+		.heads = t->scr.heads,
+		.state = t->sbytes ? t->scr.state + w->ly * t->sbytes : NULL,
 	};
 	/* a layer the device decides keeps its state there */
 	if (t->sbytes && tenant_attn_host(t, w->ly))
@@ -299,31 +299,31 @@ static int decide_layer(struct tenant *t, const struct ipc_sync_item *it,
 	                tenant_window_host(t, w->ly) &&
 	                tenant_attn_host(t, w->ly);
 	int rc;
-	if (t->dscorer || t->dnorms) {
-		pl.pre = t->pre + w->pre_at * g->n_kv_heads;
+	if (t->dscore.scorer || t->dscore.norms) {
+		pl.pre = t->dscore.pre + w->pre_at * g->n_kv_heads;
 		w->pre_at += it->n_new;
-	} else if (dec && t->dstage.base &&
+	} else if (dec && t->dstage.chunk.base &&
 	           (rc = tenant_fetch_rows(t, slot, layer, prev, it->n_new))) {
 		return errors_fmt(err, errlen, rc, "%s backend: reading staged "
 		            "rows: %s", t->bops->name, t->bops->last_error());
 	}
-	if (dec && (need & POLICY_NEED_STAGED) && !t->dscorer)
+	if (dec && (need & POLICY_NEED_STAGED) && !t->dscore.scorer)
 		tenant_gather_inputs(t, slot, layer, prev, it->n_new, &pl);
 	const size_t off0 = w->off;
 	if ((rc = stage_layer(t, it, s, slot, layer, dec, w, err, errlen)))
 		return rc;
 	pace_point_slow(); /* the policy's work is per layer */
 	uint64_t d0 = now_ns();
-	struct tenant_ldrop *ld = t->ldrop + w->li;
+	struct tenant_ldrop *ld = t->dsync.ldrop + w->li;
 	const int on_dev = t->dev && tenant_attn_take(t, w->ly, ld);
 	if (!on_dev)
 		for (uint32_t h = 0; h < g->n_kv_heads; h++)
-			ld[h].idx = NULL; /* marks in t->drop */
+			ld[h].idx = NULL; /* marks in t->scr.drop */
 	rc = on_dev || (t->dev && tenant_window_take(t, w->ly, &pl))
 	     ? 0 : policy_decide(t->pol, &pl);
 	t->scorer_ns += now_ns() - d0;
-	if (t->dstage.base && t->ring_err)
-		return errors_fmt(err, errlen, t->ring_err, "%s backend: "
+	if (t->dstage.chunk.base && t->dstage.ring_err)
+		return errors_fmt(err, errlen, t->dstage.ring_err, "%s backend: "
 		            "reading staged rows: %s", t->bops->name,
 		            t->bops->last_error());
 	if (rc)
@@ -353,53 +353,53 @@ static void compact_list(struct tenant *t, uint32_t record,
 	const struct shm_geom *g = &t->g;
 	const uint32_t row_bytes = g->head_dim * g->elem_bytes;
 	uint32_t nm = ld->idx ? compact_plan_drops(ld->idx, ld->n, len,
-	                                           t->moves, nl)
-	                      : compact_plan(drop, len, t->moves, nl);
+	                                           t->scr.moves, nl)
+	                      : compact_plan(drop, len, t->scr.moves, nl);
 	if (!nm)
 		return;
-	if (t->dbases) {
+	if (t->dsync.dbases) {
 		/* Only the drop indices go to the device (compact_drops). */
-		t->bdl[w->nb++] = (struct kvt_backend_drops){
+		t->dsync.bdl[w->nb++] = (struct kvt_backend_drops){
 			.record = record,
 			.len = len, .n_drop = len - *nl,
 			.drop_off = (uint32_t)w->bm,
 		};
 		if (ld->idx) {
-			memcpy(t->bdrops + w->bm, ld->idx,
+			memcpy(t->dsync.bdrops + w->bm, ld->idx,
 			       (size_t)ld->n * sizeof(uint32_t));
 			w->bm += ld->n;
 		} else {
 			for (uint32_t k = 0; k < len; k++)
 				if (drop[k])
-					t->bdrops[w->bm++] = k;
+					t->dsync.bdrops[w->bm++] = k;
 		}
 	} else if (t->dev) {
 		/* The page addresses are taken before the frees of step 4; a
 		 * chunk emptied by them is destroyed only after the queued
 		 * compaction (chunk_free syncs the device first). */
-		void **bpv = t->bpages + w->bp;
+		void **bpv = t->dsync.bpages + w->bp;
 		for (uint32_t p = 0; p < l->n_pages; p++)
 			bpv[p] = page_ptr(t, pg[p]);
-		memcpy(t->bmoves + 2 * w->bm, t->moves,
+		memcpy(t->dsync.bmoves + 2 * w->bm, t->scr.moves,
 		       (size_t)nm * 2 * sizeof(uint32_t));
-		t->blist[w->nb++] = (struct kvt_backend_compact){
+		t->dsync.blist[w->nb++] = (struct kvt_backend_compact){
 			.pages = bpv, .n_pages = l->n_pages,
 			.page_tokens = g->page_tokens, .row_bytes = row_bytes,
-			.n_moves = nm, .moves = t->bmoves + 2 * w->bm,
+			.n_moves = nm, .moves = t->dsync.bmoves + 2 * w->bm,
 		};
 		w->bp += l->n_pages;
 		w->bm += nm;
 	} else {
 		for (uint32_t p = 0; p < l->n_pages; p++)
-			t->pagev[p] = page_ptr(t, pg[p]);
-		compact_cpu(t->pagev, g->page_tokens, row_bytes, t->moves, nm);
+			t->scr.pagev[p] = page_ptr(t, pg[p]);
+		compact_cpu(t->scr.pagev, g->page_tokens, row_bytes, t->scr.moves, nm);
 	}
-	policy_move_entries(pos, e, t->ef, t->moves, nm);
+	policy_move_entries(pos, e, t->ef, t->scr.moves, nm);
 }
 
 /* Step 4, pass 1, for one list of item it: compacted, its entry states
  * committed, the pages beyond its new length freed, the counters moved;
- * t->newlen takes the pages it wants for pass 2. */
+ * t->scr.newlen takes the pages it wants for pass 2. */
 static void apply_list(struct tenant *t, const struct ipc_sync_item *it,
                        struct tseq *s, uint32_t slot, uint32_t layer,
                        uint32_t head, struct sync_walk *w)
@@ -411,9 +411,9 @@ static void apply_list(struct tenant *t, const struct ipc_sync_item *it,
 	uint32_t *pg = seq_pages(t, s, li);
 	uint32_t len = l->len + it->n_new, nl = len;
 	float *e = t->ef && tenant_attn_host(t, w->ly)
-	           ? t->ent_scr + w->eoff : NULL;
+	           ? t->scr.ent + w->eoff : NULL;
 	compact_list(t, (uint32_t)(slot * t->lists_per_seq + li), l, pg, pos,
-	             e, t->drop + w->off, &t->ldrop[w->li], len, &nl, w);
+	             e, t->scr.drop + w->off, &t->dsync.ldrop[w->li], len, &nl, w);
 	if (e)
 		memcpy(seq_ent(t, s, li), e, (size_t)nl * t->ef * sizeof(float));
 	t->appended += it->n_new;
@@ -425,7 +425,7 @@ static void apply_list(struct tenant *t, const struct ipc_sync_item *it,
 	t->kept -= l->len;
 	l->len = nl;
 	l->epoch++;
-	t->newlen[w->li++] = want; /* for pass 2 */
+	t->scr.newlen[w->li++] = want; /* for pass 2 */
 	w->off += len;
 	w->eoff += (size_t)len * t->ef;
 }
@@ -447,7 +447,7 @@ static void allocate(struct tenant *t, uint64_t no,
 				struct tlist *l = tlist_at(t, slot, layer, head);
 				uint32_t *pg = seq_pages(t, s,
 				                         lidx(t, layer, head));
-				uint32_t want = t->newlen[li_all++];
+				uint32_t want = t->scr.newlen[li_all++];
 				while (l->n_pages < want)
 					pg[l->n_pages++] = tenant_page_alloc(t);
 				tenant_mirror(t, slot, layer, head);
@@ -472,12 +472,12 @@ static void allocate(struct tenant *t, uint64_t no,
 static int finish_device(struct tenant *t, uint32_t nb)
 {
 	int drc = 0;
-	if (nb && t->dbases)
+	if (nb && t->dsync.dbases)
 		drc = tenant_compact_on_device(t, nb);
 	else if (nb)
-		drc = t->bops->compact(t->bctx, t->blist, nb, t->stream);
+		drc = t->bops->compact(t->bctx, t->dsync.blist, nb, t->dsync.stream);
 	if (drc)
-		t->failed = 1;
+		t->dsync.failed = 1;
 	else
 		drc = tenant_table_flush(t);
 	return drc;
@@ -500,9 +500,9 @@ int tenant_sync(struct tenant *t, uint64_t no,
 	    (t->dev &&
 	     (rc = sync_prepare(t, items, n, nlists, entries, err, errlen))))
 		return rc;
-	/* Step 2: decisions, one (sequence, layer) at a time.  t->drop's
+	/* Step 2: decisions, one (sequence, layer) at a time.  t->scr.drop's
 	 * marks are cleared list by list, for the lists the host decides:
-	 * the device's come back as indices (t->ldrop), so a sync of a
+	 * the device's come back as indices (t->dsync.ldrop), so a sync of a
 	 * device tenant makes no pass over its lists' entries. */
 	struct sync_walk w = {0};
 	for (uint32_t i = 0; i < n; i++) {
@@ -530,7 +530,7 @@ int tenant_sync(struct tenant *t, uint64_t no,
 		for (uint32_t layer = lo; layer < hi; layer++, w.ly++) {
 			if (t->sbytes && tenant_attn_host(t, w.ly))
 				memcpy(seq_state(t, s, layer),
-				       t->state_scr + w.ly * t->sbytes,
+				       t->scr.state + w.ly * t->sbytes,
 				       t->sbytes);
 			for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 				pace_point();

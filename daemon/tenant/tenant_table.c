@@ -41,20 +41,20 @@ void tenant_mirror(struct tenant *t, uint32_t slot, uint32_t layer,
 	/* Each list is mirrored at most once per operation and takes at most
 	 * two regions, so the array (two per list) cannot overflow; ids
 	 * beyond n_pages are unspecified on the device. */
-	if (!t->dtab.base || t->n_dirty + 2 > 2 * t->g.max_seqs * t->lists_per_seq)
+	if (!t->dtable.shared.base || t->dtable.n_dirty + 2 > 2 * t->g.max_seqs * t->lists_per_seq)
 		return;
 	uint64_t off = (uint64_t)((char *)r - (char *)t->table);
 	uint64_t tail = (uint64_t)(l->n_pages - (same < l->n_pages ? same
 	                                                         : l->n_pages)) *
 	                sizeof(uint32_t);
 	if (same == 0) {
-		t->dirty[t->n_dirty++] = (struct kvt_backend_region){
+		t->dtable.dirty[t->dtable.n_dirty++] = (struct kvt_backend_region){
 			off, sizeof(*r) + tail};
 		return;
 	}
-	t->dirty[t->n_dirty++] = (struct kvt_backend_region){off, sizeof(*r)};
+	t->dtable.dirty[t->dtable.n_dirty++] = (struct kvt_backend_region){off, sizeof(*r)};
 	if (tail)
-		t->dirty[t->n_dirty++] = (struct kvt_backend_region){
+		t->dtable.dirty[t->dtable.n_dirty++] = (struct kvt_backend_region){
 			off + sizeof(*r) + (uint64_t)same * sizeof(uint32_t),
 			tail};
 }
@@ -71,14 +71,14 @@ int tenant_table_flush(struct tenant *t)
 	if (!t->dev)
 		return 0;
 	int rc = tenant_stage_poison_flush(t);
-	if (!rc && t->n_dirty)
-		rc = t->bops->upload_twin(t->bctx, t->dtab_own, t->dtab.base,
-		                          t->table, t->dirty, t->n_dirty,
-		                          t->stream);
-	t->n_dirty = 0;
+	if (!rc && t->dtable.n_dirty)
+		rc = t->bops->upload_twin(t->bctx, t->dtable.own, t->dtable.shared.base,
+		                          t->table, t->dtable.dirty, t->dtable.n_dirty,
+		                          t->dsync.stream);
+	t->dtable.n_dirty = 0;
 	if (!rc)
-		rc = t->bops->event_record(t->bctx, &t->ev_compact, t->stream);
+		rc = t->bops->event_record(t->bctx, &t->dsync.ev_compact, t->dsync.stream);
 	if (rc)
-		t->failed = 1;
+		t->dsync.failed = 1;
 	return rc;
 }

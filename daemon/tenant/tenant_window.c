@@ -59,12 +59,12 @@ static uint32_t rule_drops(const struct policy_window *w, uint32_t P,
 static void win_lists(const struct tenant *t, uint32_t wi, uint32_t *first,
                       uint32_t *n)
 {
-	if (t->wrule == POLICY_WINDOW_EXPECTED) {
-		*first = t->ewins[wi].first_list;
-		*n = t->ewins[wi].n_lists;
+	if (t->win.rule == POLICY_WINDOW_EXPECTED) {
+		*first = t->win.ewins[wi].first_list;
+		*n = t->win.ewins[wi].n_lists;
 	} else {
-		*first = t->wins[wi].first_list;
-		*n = t->wins[wi].n_lists;
+		*first = t->win.wins[wi].first_list;
+		*n = t->win.wins[wi].n_lists;
 	}
 }
 
@@ -77,30 +77,30 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
                            uint32_t *drops)
 {
 	const struct shm_geom *g = &t->g;
-	uint32_t wi = t->n_wins++;
-	const float *ring = shm_stage_at(t->dstage.base, g, slot, layer, 0);
+	uint32_t wi = t->win.n_wins++;
+	const float *ring = shm_stage_at(t->dstage.chunk.base, g, slot, layer, 0);
 	const uint32_t nl = lists ? g->n_kv_heads : 0;
 	if (w->rule == POLICY_WINDOW_EXPECTED)
-		t->ewins[wi] = (struct kvt_backend_expected){
+		t->win.ewins[wi] = (struct kvt_backend_expected){
 			.ring = ring, .rows = tenant_rows(t),
 			.P = P, .from = lists ? P - w->w : P, .n_new = n_new,
 			.sinks = w->sinks, .future = w->future,
 			.theta = (float)w->theta, .cov = w->cov,
 			.vnorm = w->vnorm, .eps = w->eps,
-			.first_list = t->n_wlists, .n_lists = nl,
+			.first_list = t->win.n_lists, .n_lists = nl,
 		};
 	else
-		t->wins[wi] = (struct kvt_backend_window){
+		t->win.wins[wi] = (struct kvt_backend_window){
 			.ring = ring, .rows = tenant_rows(t),
 			.P = P, .w = lists ? w->w : 0, .n_new = n_new,
 			.kernel = w->kernel, .sinks = w->sinks,
-			.first_list = t->n_wlists, .n_lists = nl,
+			.first_list = t->win.n_lists, .n_lists = nl,
 		};
 	if (!lists)
 		return wi;
 	uint32_t keep, nd = rule_drops(w, P, &keep);
 	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-		t->wlists[t->n_wlists++] = (struct kvt_backend_window_list){
+		t->win.lists[t->win.n_lists++] = (struct kvt_backend_window_list){
 			.record = (uint32_t)(slot * t->lists_per_seq +
 			                     lidx(t, layer, h)),
 			.len = P + n_new, .keep = keep, .n_drop = nd,
@@ -115,19 +115,19 @@ static uint32_t add_window(struct tenant *t, uint32_t slot, uint32_t layer,
  * the output words (entries: the sync's entries, a bound on the drops). */
 static int make_room(struct tenant *t, size_t nly, size_t entries)
 {
-	if (tenant_grow((void **)&t->wmode, &t->wmode_cap, nly + 1, 1) ||
-	    tenant_grow((void **)&t->wwin, &t->wwin_cap, nly + 1,
-	                sizeof(*t->wwin)))
+	if (tenant_grow((void **)&t->win.mode, &t->win.mode_cap, nly + 1, 1) ||
+	    tenant_grow((void **)&t->win.widx, &t->win.widx_cap, nly + 1,
+	                sizeof(*t->win.widx)))
 		return KVT_ENOMEM;
 	size_t nl = nly * t->g.n_kv_heads + 1;
-	if (tenant_grow((void **)&t->wins, &t->wins_cap, nly + 1,
-	            sizeof(*t->wins)) ||
-	    tenant_grow((void **)&t->ewins, &t->ewins_cap, nly + 1,
-	            sizeof(*t->ewins)) ||
-	    tenant_grow((void **)&t->wlists, &t->wlists_cap, nl,
-	            sizeof(*t->wlists)) ||
-	    tenant_grow((void **)&t->wout, &t->wout_cap, nly + nl + entries + 1,
-	            sizeof(*t->wout)))
+	if (tenant_grow((void **)&t->win.wins, &t->win.wins_cap, nly + 1,
+	            sizeof(*t->win.wins)) ||
+	    tenant_grow((void **)&t->win.ewins, &t->win.ewins_cap, nly + 1,
+	            sizeof(*t->win.ewins)) ||
+	    tenant_grow((void **)&t->win.lists, &t->win.lists_cap, nl,
+	            sizeof(*t->win.lists)) ||
+	    tenant_grow((void **)&t->win.out, &t->win.out_cap, nly + nl + entries + 1,
+	            sizeof(*t->win.out)))
 		return KVT_ENOMEM;
 	return 0;
 }
@@ -137,9 +137,9 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 {
 	const struct shm_geom *g = &t->g;
 	struct policy *pol = t->pol;
-	t->wactive = 0;
-	t->n_wins = t->n_wlists = 0;
-	if (!t->dev || !t->dbases || !t->dstage.base || !pol->ops->window ||
+	t->win.active = 0;
+	t->win.n_wins = t->win.n_lists = 0;
+	if (!t->dev || !t->dsync.dbases || !t->dstage.chunk.base || !pol->ops->window ||
 	    (!t->bops->window_select && !t->bops->expected_select))
 		return 0;
 	size_t nly, entries;
@@ -148,7 +148,7 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	uint32_t drops = 0;
 	size_t ly = 0;
-	t->wrule = -1; /* the rule of the first window (one policy: one rule) */
+	t->win.rule = -1; /* the rule of the first window (one policy: one rule) */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot, lo, hi;
@@ -159,9 +159,9 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 				.layer = layer,
 				.phase = (enum kvt_phase)it->phase,
 				.n_new = it->n_new, .n_seen = prev + it->n_new,
-				.state = t->state_scr,
+				.state = t->scr.state,
 			};
-			t->wmode[ly] = TENANT_WIN_HOST;
+			t->win.mode[ly] = TENANT_WIN_HOST;
 			if (t->sbytes)
 				memcpy(pl.state, seq_state(t, s, layer),
 				       t->sbytes);
@@ -178,46 +178,46 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 			const int has = w.rule == POLICY_WINDOW_EXPECTED
 			                ? t->bops->expected_select != NULL
 			                : t->bops->window_select != NULL;
-			if (!has || (t->wrule >= 0 && t->wrule != (int)w.rule))
+			if (!has || (t->win.rule >= 0 && t->win.rule != (int)w.rule))
 				continue; /* no such op: the host decides */
-			t->wrule = (int)w.rule;
-			t->wwin[ly] = add_window(t, slot, layer, prev,
+			t->win.rule = (int)w.rule;
+			t->win.widx[ly] = add_window(t, slot, layer, prev,
 			                         it->n_new, &w, lists, &drops);
-			t->wmode[ly] = lists ? TENANT_WIN_DEVICE
+			t->win.mode[ly] = lists ? TENANT_WIN_DEVICE
 			                     : TENANT_WIN_KEEP;
 		}
 	}
-	t->wactive = 1;
-	if (!t->n_wins)
+	t->win.active = 1;
+	if (!t->win.n_wins)
 		return 0;
-	uint32_t words = t->n_wins + t->n_wlists + drops;
+	uint32_t words = t->win.n_wins + t->win.n_lists + drops;
 	int rc = tenant_bases_sync(t);
 	const struct kvt_backend_paged pg = tenant_paged(t);
 	const uint32_t nrec = g->max_seqs * t->lists_per_seq;
-	if (!rc && t->wrule == POLICY_WINDOW_EXPECTED)
+	if (!rc && t->win.rule == POLICY_WINDOW_EXPECTED)
 		rc = t->bops->expected_select(
 			t->bctx, &pg, nrec, pol->geom.dtype, g->n_heads,
-			g->n_kv_heads, g->head_dim, t->ewins, t->n_wins,
-			t->wlists, t->n_wlists, t->wout, words, t->stream);
+			g->n_kv_heads, g->head_dim, t->win.ewins, t->win.n_wins,
+			t->win.lists, t->win.n_lists, t->win.out, words, t->dsync.stream);
 	else if (!rc)
 		rc = t->bops->window_select(
 			t->bctx, &pg, nrec, pol->geom.dtype, g->n_heads,
-			g->n_kv_heads, g->head_dim, t->wins, t->n_wins,
-			t->wlists, t->n_wlists, t->wout, words, t->stream);
+			g->n_kv_heads, g->head_dim, t->win.wins, t->win.n_wins,
+			t->win.lists, t->win.n_lists, t->win.out, words, t->dsync.stream);
 	if (rc)
 		return errors_fmt(err, errlen, rc, "%s backend: window "
 		                  "selection: %s", t->bops->name,
 		                  t->bops->last_error());
 	/* the device's counts against the rule's: an invariant */
-	for (uint32_t w = 0; w < t->n_wins; w++) {
+	for (uint32_t w = 0; w < t->win.n_wins; w++) {
 		uint32_t first, nl;
 		win_lists(t, w, &first, &nl);
-		for (uint32_t k = 0; !t->wout[w] && k < nl; k++) {
+		for (uint32_t k = 0; !t->win.out[w] && k < nl; k++) {
 			const uint32_t l = first + k;
-			const struct kvt_backend_window_list *L = &t->wlists[l];
-			const uint32_t *idx = t->wout + t->n_wins + t->n_wlists +
+			const struct kvt_backend_window_list *L = &t->win.lists[l];
+			const uint32_t *idx = t->win.out + t->win.n_wins + t->win.n_lists +
 			                      L->drop_off;
-			int ok = t->wout[t->n_wins + l] == L->n_drop;
+			int ok = t->win.out[t->win.n_wins + l] == L->n_drop;
 			for (uint32_t d = 0; ok && d < L->n_drop; d++)
 				ok = idx[d] < L->len && (!d || idx[d] > idx[d - 1]);
 			if (!ok)
@@ -226,7 +226,7 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 				                  "%u dropped %u entries (the rule: "
 				                  "%u), or not in order",
 				                  t->bops->name, l,
-				                  t->wout[t->n_wins + l], L->n_drop);
+				                  t->win.out[t->win.n_wins + l], L->n_drop);
 		}
 	}
 	return 0;
@@ -239,10 +239,10 @@ int tenant_window_take(struct tenant *t, size_t ly, struct policy_layer *pl)
 	struct policy_window w;
 	(void)t->pol->ops->window(t->pol, pl, &w); /* marks it decided */
 	uint32_t first, nl;
-	win_lists(t, t->wwin[ly], &first, &nl);
-	const uint32_t *idx = t->wout + t->n_wins + t->n_wlists;
+	win_lists(t, t->win.widx[ly], &first, &nl);
+	const uint32_t *idx = t->win.out + t->win.n_wins + t->win.n_lists;
 	for (uint32_t k = 0; k < nl; k++) {
-		const struct kvt_backend_window_list *l = &t->wlists[first + k];
+		const struct kvt_backend_window_list *l = &t->win.lists[first + k];
 		for (uint32_t d = 0; d < l->n_drop; d++)
 			pl->heads[k].drop[idx[l->drop_off + d]] = 1;
 	}
