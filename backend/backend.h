@@ -34,7 +34,7 @@ extern "C" {
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
  * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 10
+#define KVT_BACKEND_ABI 11
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -313,7 +313,8 @@ struct kvt_backend_attn {
 	void *state;           /* device: the tenant's state (above) */
 	uint32_t cap;          /* entries per half */
 	struct kvt_backend_rows rows; /* device staging's layout */
-	uint32_t agg;          /* 0 mean, 1 max */
+	uint32_t agg;          /* 0 mean, 1 max, 2 observed (mean of S / the
+	                          queries that could see the entry) */
 	uint32_t sinks, window; /* 0: none */
 };
 

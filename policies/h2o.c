@@ -15,6 +15,10 @@
  *   (the accumulation runs at every sync regardless).
  * S is per query head rather than aggregated per query so that agg=max is
  * H2O's per-head score maxed over the group, not a max per step.
+ * observed_attention is the same accumulation with kvpress's
+ * ObservedAttentionPress's score: mean_j S[j] / (n_seen - pos), the
+ * attention averaged over the queries that could see the entry, nothing
+ * protected, ratio or tokens per KV head.
  */
 #include "policy.h"
 
@@ -30,6 +34,48 @@ static int h2o_init(struct policy *p, char *err, size_t errlen)
 	return 0;
 }
 
+static int observed_init(struct policy *p, char *err, size_t errlen)
+{
+	p->args.agg = POLICY_AGG_OBSERVED;
+	return h2o_init(p, err, errlen);
+}
+
+/* The recent entries H2O protects: window=N when given (policy_protected
+ * applies it), else half the budget b; observed_attention protects none. */
+static uint32_t h2o_recent(const struct policy *p, uint32_t b)
+{
+	if (p->args.agg == POLICY_AGG_OBSERVED ||
+	    (p->args.set & POLICY_KEY_WINDOW))
+		return 0;
+	return b / 2;
+}
+
+/* The score of an entry at pos from its group's accumulated S[G]. */
+static float h2o_score(const struct policy *p, const float *e, uint32_t G,
+                       uint32_t pos, uint32_t n_seen)
+{
+	float v;
+	switch (p->args.agg) {
+	case POLICY_AGG_MAX:
+		v = e[0];
+		for (uint32_t j = 1; j < G; j++)
+			v = e[j] > v ? e[j] : v;
+		return v;
+	case POLICY_AGG_OBSERVED: {
+		const float c = (float)(n_seen - pos);
+		v = e[0] / c;
+		for (uint32_t j = 1; j < G; j++)
+			v += e[j] / c;
+		return v / (float)G;
+	}
+	default:
+		v = e[0];
+		for (uint32_t j = 1; j < G; j++)
+			v += e[j];
+		return v / (float)G;
+	}
+}
+
 /* policy.h: H2O's rule at this sync (budget, the protected recent half,
  * whether a selection is due): what h2o_decide applies and a device runs. */
 static int h2o_attn(const struct policy *p, const struct policy_layer *l,
@@ -39,7 +85,7 @@ static int h2o_attn(const struct policy *p, const struct policy_layer *l,
 	*r = (struct policy_attn_rule){
 		.kind = POLICY_ATTN_H2O, .agg = p->args.agg, .sinks = p->args.sinks,
 		.window = p->args.window,
-		.recent = (p->args.set & POLICY_KEY_WINDOW) ? 0 : b / 2,
+		.recent = h2o_recent(p, b),
 		.budget = b, .due = policy_due(p, l),
 	};
 	return 1;
@@ -86,13 +132,8 @@ static int h2o_decide(struct policy *p, struct policy_layer *l)
 		if (!s || !prot)
 			return KVT_ENOMEM;
 		for (uint32_t i = 0; i < len; i++) {
-			const float *e = h->ent + (size_t)i * G;
-			float v = e[0];
-			for (uint32_t j = 1; j < G; j++)
-				v = p->args.agg == POLICY_AGG_MAX
-				            ? (e[j] > v ? e[j] : v)
-				            : v + e[j];
-			s[i] = p->args.agg == POLICY_AGG_MAX ? v : v / (float)G;
+			s[i] = h2o_score(p, h->ent + (size_t)i * G, G, h->pos[i],
+			                 l->n_seen);
 			prot[i] = recent &&
 			          h->pos[i] + (uint64_t)recent >= l->n_seen;
 		}
@@ -112,6 +153,18 @@ const struct policy_ops h2o_ops = {
 	.keys = POLICY_KEY_TOKENS | POLICY_KEY_RATIO | POLICY_KEY_WINDOW |
 	        POLICY_KEY_AGG | POLICY_KEY_SINKS | POLICY_KEY_EVERY,
 	.init = h2o_init,
+	.decide = h2o_decide,
+	.attn = h2o_attn,
+};
+
+const struct policy_ops observed_attention_ops = {
+	.name = "observed_attention",
+	.help = "kvpress's ObservedAttentionPress: the attention an entry "
+	        "received, averaged over the queries that could see it, per "
+	        "KV head (tokens=256 | ratio=R, every=N)",
+	.needs = POLICY_NEED_Q | POLICY_NEED_LSE | POLICY_NEED_KV,
+	.keys = POLICY_KEY_TOKENS | POLICY_KEY_RATIO | POLICY_KEY_EVERY,
+	.init = observed_init,
 	.decide = h2o_decide,
 	.attn = h2o_attn,
 };

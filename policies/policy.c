@@ -31,11 +31,12 @@ extern const struct policy_ops kvpop_ops;
 extern const struct policy_ops knorm_ops;
 extern const struct policy_ops expected_attention_ops;
 extern const struct policy_ops pyramidkv_ops;
+extern const struct policy_ops observed_attention_ops;
 
 static const struct policy_ops *const registry[] = {
 	&full_ops,  &random_ops, &streaming_ops,  &h2o_ops,   &snapkv_ops,
 	&tova_ops,  &kvzap_ops,  &fastkvzip_ops,  &kvpop_ops, &knorm_ops,
-	&expected_attention_ops, &pyramidkv_ops,
+	&expected_attention_ops, &pyramidkv_ops, &observed_attention_ops,
 };
 
 #define N_POLICIES (sizeof(registry) / sizeof(registry[0]))

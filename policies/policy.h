@@ -54,7 +54,15 @@ enum policy_key {
 	POLICY_KEY_EPS = 1u << 16,
 };
 
-enum policy_agg { POLICY_AGG_MEAN = 0, POLICY_AGG_MAX = 1 };
+/* How an attention policy folds a KV head's group into one score: the
+ * mean or the max of the accumulated S[j], or (observed_attention) the
+ * mean of S[j] / (n_seen - pos), the attention averaged over the queries
+ * that could see the entry, as kvpress's ObservedAttentionPress. */
+enum policy_agg {
+	POLICY_AGG_MEAN = 0,
+	POLICY_AGG_MAX = 1,
+	POLICY_AGG_OBSERVED = 2,
+};
 
 /* How pressure raises a threshold (see policy_threshold). */
 enum policy_tau {
@@ -171,7 +179,7 @@ enum policy_attn_kind {
  * (policy_ops.attn; backend.h's structs kvt_backend_attn, _tova, _pop). */
 struct policy_attn_rule {
 	enum policy_attn_kind kind;
-	enum policy_agg agg; /* H2O */
+	enum policy_agg agg; /* H2O, observed_attention */
 	uint32_t sinks, window; /* policy_protected's; window 0: none */
 	uint32_t recent;  /* also protected: pos + recent >= n_seen (0: none;
 	                     KVpop: its delay, the entries not yet scored) */

@@ -33,14 +33,15 @@ TEST(policy, registry)
 	static const char *const names[] = {"full", "random", "streaming",
 	                                    "h2o", "snapkv", "tova", "kvzap",
 	                                    "fastkvzip", "kvpop", "knorm",
-	                                    "expected_attention", "pyramidkv"};
-	T_EQ(policy_count(), 12);
-	for (size_t i = 0; i < 12; i++) {
+	                                    "expected_attention", "pyramidkv",
+	                                    "observed_attention"};
+	T_EQ(policy_count(), 13);
+	for (size_t i = 0; i < 13; i++) {
 		T_EQ_STR(policy_at(i)->name, names[i]);
 		T_ASSERT(policy_at(i)->help && policy_at(i)->help[0]);
 		T_ASSERT(policy_at(i)->decide);
 	}
-	T_ASSERT(policy_at(12) == NULL);
+	T_ASSERT(policy_at(13) == NULL);
 }
 
 TEST(policy, parse_full)
@@ -113,7 +114,7 @@ TEST(policy, unknown_name_message)
 	T_ERR(policy_create("x", &ge, &p, err, sizeof(err)), KVT_EPOLICY);
 	T_EQ_STR(err, "unknown policy 'x' (known: full, random, streaming, "
 	              "h2o, snapkv, tova, kvzap, fastkvzip, kvpop, knorm, "
-	              "expected_attention, pyramidkv)");
+	              "expected_attention, pyramidkv, observed_attention)");
 	T_ASSERT(p == NULL);
 }
 
@@ -502,6 +503,33 @@ TEST(policy, h2o_edges)
 	T_OK(fx_sync(&f, 0, KVT_PHASE_DECODE, NULL, NULL, NULL, NULL));
 	T_EQ(f.len[0], 0);
 	policy_free(f.p);
+}
+
+TEST(policy, observed_attention_averages_over_the_queries_that_saw_it)
+{
+	/* kvpress's ObservedAttentionPress: every query at or after entry i
+	 * gives it a_i per query head, so after n tokens S_i = a_i (n - i)
+	 * per head and the score mean_j S_i / (n - i) = a_i; nothing is
+	 * protected.  One prefill of 6, tokens 4, a = .5 .1 .3 .05 .2 .04:
+	 * keep the four largest a: 0, 1, 2, 4 (h2o, whose recent half
+	 * protects 4 and 5 and ranks by S = 3 .5 1.2 .15, keeps 0, 2, 4, 5). */
+	struct fx f;
+	fx_init(&f, "observed_attention:tokens=4", 2, 1);
+	const float a[6][FX_KV] = {{.5f}, {.1f}, {.3f}, {.05f}, {.2f}, {.04f}};
+	T_OK(fx_sync(&f, 6, KVT_PHASE_PREFILL, a, NULL, NULL, NULL));
+	FX_EXPECT(&f, 0, 0, 1, 2, 4);
+	/* a decode step of a = .7: the kept scores stay a_i, the new entry
+	 * scores .7: drop pos 1 (.1) */
+	const float d[FX_KV] = {.7f};
+	fx_step(&f, d, NULL);
+	FX_EXPECT(&f, 0, 0, 2, 4, 6);
+	policy_free(f.p);
+
+	struct fx g;
+	fx_init(&g, "h2o:tokens=4", 2, 1);
+	T_OK(fx_sync(&g, 6, KVT_PHASE_PREFILL, a, NULL, NULL, NULL));
+	FX_EXPECT(&g, 0, 0, 2, 4, 5);
+	policy_free(g.p);
 }
 
 /* ------------------------------------------------------------ tova */

@@ -33,5 +33,6 @@ kvpop_rule kvpop:tokens=20,delay=3,sinks=2,every=3 --prefill 17
 knorm knorm:tokens=24
 pyramidkv pyramidkv:window=8,tokens=16 --prefill 32
 expected_attention expected_attention:window=8,tokens=16 --prefill 32
+observed_attention observed_attention:tokens=24,every=3 --prefill 17
 RUNS
 exit $status

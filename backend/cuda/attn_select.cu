@@ -117,10 +117,24 @@ __global__ void bc_h2o_accum(const kvt_backend_attn a,
 		}
 		if (!j.due)
 			continue;
-		float v = e[0];
-		for (uint32_t h = 1; h < G; h++)
-			v = a.agg ? (e[h] > v ? e[h] : v) : v + e[h];
-		s[i] = a.agg ? v : v / (float)G;
+		float v;
+		if (a.agg == 1) { /* max */
+			v = e[0];
+			for (uint32_t h = 1; h < G; h++)
+				v = e[h] > v ? e[h] : v;
+			s[i] = v;
+		} else if (a.agg == 2) { /* observed: mean of S / count */
+			const float c = (float)(j.n_seen - p);
+			v = e[0] / c;
+			for (uint32_t h = 1; h < G; h++)
+				v += e[h] / c;
+			s[i] = v / (float)G;
+		} else { /* mean */
+			v = e[0];
+			for (uint32_t h = 1; h < G; h++)
+				v += e[h];
+			s[i] = v / (float)G;
+		}
 		prot[i] = (j.recent && p + (uint64_t)j.recent >= j.n_seen) ||
 		          p < a.sinks ||
 		          (a.window && p + (uint64_t)a.window >= j.n_seen);

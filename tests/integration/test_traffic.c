@@ -46,6 +46,7 @@ static const struct tpol {
 	{"expected_attention", "expected_attention:window=4,tokens=512,sinks=1",
 	 1},
 	{"pyramidkv", "pyramidkv:window=4,tokens=512", 1},
+	{"observed_attention", "observed_attention:tokens=512", 1},
 };
 #define N_POL (sizeof(POL) / sizeof(POL[0]))
 
@@ -226,3 +227,4 @@ TRAFFIC_TEST(kvpop)
 TRAFFIC_TEST(knorm)
 TRAFFIC_TEST(expected_attention)
 TRAFFIC_TEST(pyramidkv)
+TRAFFIC_TEST(observed_attention)

@@ -2,7 +2,8 @@
  * test_cuda_h2o.c — the cuda backend's attn_select (H2O's rule on the
  * device, backend.h) against the cpu policy's own operations
  * (policies/h2o.c: attn_band_cpu's weights summed per entry and query head
- * in t order, the mean or max over the group, the protection, then
+ * in t order, the mean or max over the group or observed_attention's mean
+ * of S / count, the protection, then
  * select_topk_cpu ranked by position, compact_plan's moves): over several
  * syncs of two lists (a prefill, decode steps, a sync that is not due),
  * with the pages compacted by compact_drops between syncs, the drop
@@ -110,9 +111,17 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		for (uint32_t i = 0; i < L; i++) {
 			const float *e = S + i * G;
 			float v = e[0];
-			for (uint32_t j = 1; j < G; j++)
-				v = agg ? (e[j] > v ? e[j] : v) : v + e[j];
-			sc[i] = agg ? v : v / (float)G;
+			if (agg == 2) { /* kvpress: each head's S / count, mean */
+				const float c = (float)(seen - pos[i]);
+				v = e[0] / c;
+				for (uint32_t j = 1; j < G; j++)
+					v += e[j] / c;
+				sc[i] = v / (float)G;
+			} else {
+				for (uint32_t j = 1; j < G; j++)
+					v = agg ? (e[j] > v ? e[j] : v) : v + e[j];
+				sc[i] = agg ? v : v / (float)G;
+			}
 			pr[i] = (uint8_t)prot_of(pos[i], seen, sinks, window, recent);
 			np += pr[i];
 		}
@@ -190,7 +199,7 @@ static void run_case(uint32_t agg, uint32_t sinks, uint32_t window,
 {
 	struct hx f;
 	hx_init(&f);
-	const uint32_t b = 14, recent = window ? 0 : b / 2;
+	const uint32_t b = 14, recent = window || agg == 2 ? 0 : b / 2;
 	uint32_t seen = 0;
 	const uint32_t steps[] = {12, 3, 1, 4, 2, 5, 1, 1, 3};
 	for (uint32_t s = 0; s < sizeof(steps) / sizeof(*steps); s++) {
@@ -207,6 +216,7 @@ TEST(cuda, backend_attn_select_matches_h2o)
 	run_case(0, 0, 0, 0); /* mean, recent = budget / 2 */
 	run_case(1, 2, 0, 0); /* max, sinks */
 	run_case(0, 1, 3, 4); /* window given (no recent), every 4 */
+	run_case(2, 0, 0, 0); /* observed_attention: nothing protected */
 }
 
 TEST(cuda, backend_attn_select_flags_and_refuses)
