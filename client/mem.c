@@ -269,196 +269,280 @@ static int table_import(struct mem *m, int fd, const uint8_t *ipc,
 	return m->bops->chunk_import(m->bctx, fd, ipc, bytes, &m->dtab);
 }
 
-static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
-                 size_t errlen)
+/*
+ * One helper per handle packet type, called by apply below.  Each checks the
+ * packet's slot and size before it maps, imports or releases anything, and
+ * returns 0 or a KVT_E* code with the reason in err.
+ */
+
+/* HANDLE_TABLE: maps the host table read-only, once, after checking its
+ * size and header against the registered geometry. */
+static int apply_table(struct mem *m, const struct handle_msg *h, int fd,
+                       char *err, size_t errlen)
+{
+	const struct shm_geom *g = &m->g;
+	int rc;
+
+	if (m->table)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "second table segment");
+	if (fd < 0 || h->size != g->table_bytes)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "table segment of %llu bytes, expected %llu",
+		            (unsigned long long)h->size,
+		            (unsigned long long)g->table_bytes);
+	if ((rc = map_fd(fd, h->size, PROT_READ, &m->table, err, errlen)))
+		return rc;
+	if (shm_table_check(m->table, g)) {
+		munmap(m->table, g->table_bytes);
+		m->table = NULL;
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "table header does not match the registered "
+		            "geometry");
+	}
+	return 0;
+}
+
+/* HANDLE_STAGE: maps the host staging segment read-write, once, after
+ * checking its size and header against the geometry. */
+static int apply_stage(struct mem *m, const struct handle_msg *h, int fd,
+                       char *err, size_t errlen)
+{
+	const struct shm_geom *g = &m->g;
+	int rc;
+
+	if (m->stage)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "second staging segment");
+	if (fd < 0 || h->size != g->stage_bytes)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "staging segment of %llu bytes, expected %llu",
+		            (unsigned long long)h->size,
+		            (unsigned long long)g->stage_bytes);
+	if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE, &m->stage, err,
+	                 errlen)))
+		return rc;
+	if (shm_stage_check(m->stage, g)) {
+		munmap(m->stage, g->stage_bytes);
+		m->stage = NULL;
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "staging header does not match the registered "
+		            "geometry and the policy's inputs");
+	}
+	return 0;
+}
+
+/* HANDLE_CHUNK_ADD: maps a host chunk into its slot, replacing whatever
+ * the slot held. */
+static int apply_chunk_add(struct mem *m, const struct handle_msg *h, int fd,
+                           char *err, size_t errlen)
+{
+	int rc;
+	void *base;
+
+	if (h->slot >= m->max_chunks)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "chunk slot %u beyond the quota's %u slots",
+		            h->slot, m->max_chunks);
+	if (fd < 0 || h->size != KVT_CHUNK_BYTES)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "chunk of %llu bytes, expected %llu",
+		            (unsigned long long)h->size,
+		            (unsigned long long)KVT_CHUNK_BYTES);
+	if ((rc = grow(m, h->slot)))
+		return errors_fmt(err, errlen, rc,
+		            "no memory for chunk slot %u", h->slot);
+	/* Packets come in order: a grant into an occupied slot replaces a
+	 * chunk that was revoked in the same breath. */
+	chunk_release(m, h->slot);
+	if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE, &base, err,
+	                 errlen)))
+		return rc;
+	m->chunks[h->slot].bytes = h->size;
+	base_set(m, h->slot, base);
+	return 0;
+}
+
+/* HANDLE_CHUNK_REVOKE_SET: unmaps every slot whose bit is set in x->data,
+ * the slots counted from h->slot. */
+static int apply_revoke_set(struct mem *m, const struct handle_ext *x,
+                            char *err, size_t errlen)
+{
+	const struct handle_msg *h = &x->h;
+	int rc;
+
+	/* Checked whole before any chunk goes: a bad packet changes
+	 * nothing. */
+	if (h->slot % HANDLE_REVOKE_SET_SLOTS)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "revoke set at slot %u, not a multiple of %u",
+		            h->slot, HANDLE_REVOKE_SET_SLOTS);
+	for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++)
+		if ((x->data[i / 8] >> (i % 8) & 1) &&
+		    (uint64_t)h->slot + i >= m->max_chunks)
+			return errors_fmt(err, errlen, KVT_EPROTO,
+			            "revoke of chunk slot %llu beyond the "
+			            "quota's %u slots",
+			            (unsigned long long)h->slot + i,
+			            m->max_chunks);
+	for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++)
+		if ((x->data[i / 8] >> (i % 8) & 1) &&
+		    (rc = chunk_revoke(m, h->slot + i, 0, err, errlen)))
+			return rc;
+	return 0;
+}
+
+/* HANDLE_EVENT: opens the daemon's event for slot h->slot, once, loading
+ * the cuda backend on first use. */
+static int apply_event(struct mem *m, const struct handle_ext *x, char *err,
+                       size_t errlen)
+{
+	const struct handle_msg *h = &x->h;
+	int rc;
+
+	if (h->slot > HANDLE_EVENT_COMPACT || m->ev[h->slot].ev)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "event packet for slot %u", h->slot);
+	if (!m->bops && (rc = cuda_open(m, err, errlen)))
+		return rc;
+	if ((rc = m->bops->event_open(m->bctx, x->data, &m->ev[h->slot])))
+		return errors_fmt(err, errlen, rc, "cuda backend: %s",
+		            m->bops->last_error());
+	return 0;
+}
+
+/* HANDLE_CHUNK_DEV: imports a device chunk into its slot (by fd, or by
+ * legacy IPC handle in x->data when fd < 0), replacing what it held. */
+static int apply_chunk_dev(struct mem *m, const struct handle_ext *x, int fd,
+                           char *err, size_t errlen)
+{
+	const struct handle_msg *h = &x->h;
+	int rc;
+
+	if (h->slot >= m->max_chunks)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "chunk slot %u beyond the quota's %u slots",
+		            h->slot, m->max_chunks);
+	if (h->size != KVT_CHUNK_BYTES)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		            "chunk of %llu bytes, expected %llu",
+		            (unsigned long long)h->size,
+		            (unsigned long long)KVT_CHUNK_BYTES);
+	if (!m->bops && (rc = cuda_open(m, err, errlen)))
+		return rc;
+	if ((rc = grow(m, h->slot)))
+		return errors_fmt(err, errlen, rc,
+		            "no memory for chunk slot %u", h->slot);
+	chunk_release(m, h->slot);
+	struct mem_chunk *c = &m->chunks[h->slot];
+	if ((rc = m->bops->chunk_import(m->bctx, fd, x->data, h->size,
+	                                &c->bc)))
+		return errors_fmt(err, errlen, rc, "importing a device "
+		            "chunk: %s", m->bops->last_error());
+	c->bytes = h->size;
+	c->dev = 1;
+	c->ipc = fd < 0;
+	base_set(m, h->slot, c->bc.base);
+	return 0;
+}
+
+/* HANDLE_TABLE_DEV: imports the device table, once, with a device array
+ * of h->slot chunk bases; h->slot becomes the last grantable slot. */
+static int apply_table_dev(struct mem *m, const struct handle_ext *x, int fd,
+                           char *err, size_t errlen)
 {
 	const struct handle_msg *h = &x->h;
 	const struct shm_geom *g = &m->g;
 	int rc;
 
+	if (m->dtab.base)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		                  "second device table");
+	if (h->size != g->table_bytes || !h->slot || h->slot > m->max_chunks)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		                  "device table of %llu bytes for %u chunk "
+		                  "slots, expected %llu bytes and at most "
+		                  "%u slots", (unsigned long long)h->size,
+		                  h->slot,
+		                  (unsigned long long)g->table_bytes,
+		                  m->max_chunks);
+	if (!m->bops && (rc = cuda_open(m, err, errlen)))
+		return rc;
+	/* The allocation is whole chunks (the granularity). */
+	uint64_t bytes = shm_whole_chunks(h->size);
+	void *db = NULL; /* [h->slot] device chunk bases */
+	if ((rc = m->bops->mem_new(m->bctx, (size_t)h->slot * sizeof(void *),
+	                           &db)))
+		return errors_fmt(err, errlen, rc, "chunk-base array: "
+		                  "%s", m->bops->last_error());
+	if ((rc = table_import(m, fd, x->data, bytes))) {
+		m->bops->mem_free(m->bctx, db);
+		return errors_fmt(err, errlen, rc, "importing the "
+		                  "device table: %s",
+		                  m->bops->last_error());
+	}
+	m->d_bases = db;
+	m->n_dbases = h->slot;
+	/* The daemon's slots end there: nothing beyond can be granted, so
+	 * the host arrays need not grow further. */
+	m->max_chunks = h->slot;
+	return 0;
+}
+
+/* HANDLE_STAGE_DEV: imports the device staging segment, once. */
+static int apply_stage_dev(struct mem *m, const struct handle_ext *x, int fd,
+                           char *err, size_t errlen)
+{
+	const struct handle_msg *h = &x->h;
+	const struct shm_geom *g = &m->g;
+	int rc;
+
+	if (m->dstage.base)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		                  "second device staging segment");
+	if (h->size != g->stage_bytes || !g->stage_entry_floats)
+		return errors_fmt(err, errlen, KVT_EPROTO,
+		                  "device staging segment of %llu bytes, "
+		                  "expected %llu (and staged inputs)",
+		                  (unsigned long long)h->size,
+		                  (unsigned long long)g->stage_bytes);
+	if (!m->bops && (rc = cuda_open(m, err, errlen)))
+		return rc;
+	if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
+	                                shm_whole_chunks(h->size),
+	                                &m->dstage)))
+		return errors_fmt(err, errlen, rc, "importing the device "
+		                  "staging segment: %s",
+		                  m->bops->last_error());
+	return 0;
+}
+
+/* Applies one handle packet (fd: its descriptor, or -1 when it carries
+ * none); 0, or a KVT_E* code with the reason in err. */
+static int apply(struct mem *m, const struct handle_ext *x, int fd, char *err,
+                 size_t errlen)
+{
+	const struct handle_msg *h = &x->h;
+
 	switch (h->type) {
 	case HANDLE_TABLE:
-		if (m->table)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "second table segment");
-		if (fd < 0 || h->size != g->table_bytes)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "table segment of %llu bytes, expected %llu",
-			            (unsigned long long)h->size,
-			            (unsigned long long)g->table_bytes);
-		if ((rc = map_fd(fd, h->size, PROT_READ, &m->table, err,
-		                 errlen)))
-			return rc;
-		if (shm_table_check(m->table, g)) {
-			munmap(m->table, g->table_bytes);
-			m->table = NULL;
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "table header does not match the registered "
-			            "geometry");
-		}
-		return 0;
+		return apply_table(m, h, fd, err, errlen);
 	case HANDLE_STAGE:
-		if (m->stage)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "second staging segment");
-		if (fd < 0 || h->size != g->stage_bytes)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "staging segment of %llu bytes, expected %llu",
-			            (unsigned long long)h->size,
-			            (unsigned long long)g->stage_bytes);
-		if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE,
-		                 &m->stage, err, errlen)))
-			return rc;
-		if (shm_stage_check(m->stage, g)) {
-			munmap(m->stage, g->stage_bytes);
-			m->stage = NULL;
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "staging header does not match the registered "
-			            "geometry and the policy's inputs");
-		}
-		return 0;
+		return apply_stage(m, h, fd, err, errlen);
 	case HANDLE_CHUNK_ADD:
-		if (h->slot >= m->max_chunks)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "chunk slot %u beyond the quota's %u slots",
-			            h->slot, m->max_chunks);
-		if (fd < 0 || h->size != KVT_CHUNK_BYTES)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "chunk of %llu bytes, expected %llu",
-			            (unsigned long long)h->size,
-			            (unsigned long long)KVT_CHUNK_BYTES);
-		if ((rc = grow(m, h->slot)))
-			return errors_fmt(err, errlen, rc,
-			            "no memory for chunk slot %u", h->slot);
-		/* Packets come in order: a grant into an occupied slot
-		 * replaces a chunk that was revoked in the same breath. */
-		chunk_release(m, h->slot);
-		{
-			void *base;
-			if ((rc = map_fd(fd, h->size, PROT_READ | PROT_WRITE,
-			                 &base, err, errlen)))
-				return rc;
-			m->chunks[h->slot].bytes = h->size;
-			base_set(m, h->slot, base);
-		}
-		return 0;
+		return apply_chunk_add(m, h, fd, err, errlen);
 	case HANDLE_CHUNK_REVOKE:
 		return chunk_revoke(m, h->slot, h->cookie, err, errlen);
 	case HANDLE_CHUNK_REVOKE_SET:
-		/* Checked whole before any chunk goes: a bad packet changes
-		 * nothing. */
-		if (h->slot % HANDLE_REVOKE_SET_SLOTS)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "revoke set at slot %u, not a multiple of %u",
-			            h->slot, HANDLE_REVOKE_SET_SLOTS);
-		for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++)
-			if ((x->data[i / 8] >> (i % 8) & 1) &&
-			    (uint64_t)h->slot + i >= m->max_chunks)
-				return errors_fmt(err, errlen, KVT_EPROTO,
-				            "revoke of chunk slot %llu beyond the "
-				            "quota's %u slots",
-				            (unsigned long long)h->slot + i,
-				            m->max_chunks);
-		for (uint32_t i = 0; i < HANDLE_REVOKE_SET_SLOTS; i++)
-			if ((x->data[i / 8] >> (i % 8) & 1) &&
-			    (rc = chunk_revoke(m, h->slot + i, 0, err, errlen)))
-				return rc;
-		return 0;
+		return apply_revoke_set(m, x, err, errlen);
 	case HANDLE_EVENT:
-		if (h->slot > HANDLE_EVENT_COMPACT || m->ev[h->slot].ev)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "event packet for slot %u", h->slot);
-		if (!m->bops && (rc = cuda_open(m, err, errlen)))
-			return rc;
-		if ((rc = m->bops->event_open(m->bctx, x->data,
-		                              &m->ev[h->slot])))
-			return errors_fmt(err, errlen, rc, "cuda backend: %s",
-			            m->bops->last_error());
-		return 0;
+		return apply_event(m, x, err, errlen);
 	case HANDLE_CHUNK_DEV:
-		if (h->slot >= m->max_chunks)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "chunk slot %u beyond the quota's %u slots",
-			            h->slot, m->max_chunks);
-		if (h->size != KVT_CHUNK_BYTES)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			            "chunk of %llu bytes, expected %llu",
-			            (unsigned long long)h->size,
-			            (unsigned long long)KVT_CHUNK_BYTES);
-		if (!m->bops && (rc = cuda_open(m, err, errlen)))
-			return rc;
-		if ((rc = grow(m, h->slot)))
-			return errors_fmt(err, errlen, rc,
-			            "no memory for chunk slot %u", h->slot);
-		chunk_release(m, h->slot);
-		{
-			struct mem_chunk *c = &m->chunks[h->slot];
-			if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
-			                                h->size, &c->bc)))
-				return errors_fmt(err, errlen, rc, "importing a device "
-				            "chunk: %s", m->bops->last_error());
-			c->bytes = h->size;
-			c->dev = 1;
-			c->ipc = fd < 0;
-			base_set(m, h->slot, c->bc.base);
-		}
-		return 0;
+		return apply_chunk_dev(m, x, fd, err, errlen);
 	case HANDLE_TABLE_DEV:
-		if (m->dtab.base)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			                  "second device table");
-		if (h->size != g->table_bytes || !h->slot ||
-		    h->slot > m->max_chunks)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			                  "device table of %llu bytes for %u chunk "
-			                  "slots, expected %llu bytes and at most "
-			                  "%u slots", (unsigned long long)h->size,
-			                  h->slot,
-			                  (unsigned long long)g->table_bytes,
-			                  m->max_chunks);
-		if (!m->bops && (rc = cuda_open(m, err, errlen)))
-			return rc;
-		{
-			/* The allocation is whole chunks (the granularity). */
-			uint64_t bytes = shm_whole_chunks(h->size);
-			void *db = NULL;
-			if ((rc = m->bops->mem_new(m->bctx,
-			                           (size_t)h->slot * sizeof(void *),
-			                           &db)))
-				return errors_fmt(err, errlen, rc, "chunk-base array: "
-				                  "%s", m->bops->last_error());
-			if ((rc = table_import(m, fd, x->data, bytes))) {
-				m->bops->mem_free(m->bctx, db);
-				return errors_fmt(err, errlen, rc, "importing the "
-				                  "device table: %s",
-				                  m->bops->last_error());
-			}
-			m->d_bases = db;
-			m->n_dbases = h->slot;
-			/* The daemon's slots end there: nothing beyond can be
-			 * granted, so the host arrays need not grow further. */
-			m->max_chunks = h->slot;
-		}
-		return 0;
+		return apply_table_dev(m, x, fd, err, errlen);
 	case HANDLE_STAGE_DEV:
-		if (m->dstage.base)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			                  "second device staging segment");
-		if (h->size != g->stage_bytes || !g->stage_entry_floats)
-			return errors_fmt(err, errlen, KVT_EPROTO,
-			                  "device staging segment of %llu bytes, "
-			                  "expected %llu (and staged inputs)",
-			                  (unsigned long long)h->size,
-			                  (unsigned long long)g->stage_bytes);
-		if (!m->bops && (rc = cuda_open(m, err, errlen)))
-			return rc;
-		if ((rc = m->bops->chunk_import(m->bctx, fd, x->data,
-		                                shm_whole_chunks(h->size),
-		                                &m->dstage)))
-			return errors_fmt(err, errlen, rc, "importing the device "
-			                  "staging segment: %s",
-			                  m->bops->last_error());
-		return 0;
+		return apply_stage_dev(m, x, fd, err, errlen);
 	default:
 		return errors_fmt(err, errlen, KVT_EPROTO,
 		            "unexpected handle packet type %u",

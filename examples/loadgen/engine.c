@@ -271,7 +271,9 @@ oom:
 	return KVT_ENOMEM;
 }
 
-static int engine_run(struct engine *e)
+/* Registers the tenant "NAME-CLIENT[.GEN]" with the geometry and policy of
+ * the options, into e->c; 0, or an error (said) with e->c unset. */
+static int engine_connect(struct engine *e)
 {
 	const struct opts *o = e->o;
 	uint32_t headroom = options_headroom(o);
@@ -297,40 +299,117 @@ static int engine_run(struct engine *e)
 		.quota_bytes = o->quota,
 	};
 	char err[KVT_ERRTEXT_MAX];
-	struct kvt_sync_item *items = NULL;
-	uint32_t opened = 0, pending = 0;
 	int rc = kvt_connect(&cfg, &e->c, err);
-	if (rc < 0) {
+	if (rc < 0)
 		engine_say(e, "kvt_connect: %s (%s)", kvt_strerror(rc), err);
-		return rc;
-	}
-	const struct kvt_config *in_force = kvt_config_of(e->c);
-	e->page_tokens = in_force->page_tokens;
-	if (in_force->headroom < o->sync_every) {
-		engine_say(e, "kvtrimd granted headroom %u < --sync-every %u",
-		           in_force->headroom, o->sync_every);
-		rc = KVT_EHEADROOM;
-		goto out;
-	}
-	if ((rc = engine_buffers(e, in_force)) < 0)
-		goto out;
-	for (; opened < o->seqs; opened++) {
+	return rc;
+}
+
+/* Opens the o->seqs sequences into e->seqs, retrying while the pool is
+ * full (full_backoff); *opened counts those open, also on failure.  0, or
+ * an error (said). */
+static int open_seqs(struct engine *e, uint32_t *opened)
+{
+	const struct opts *o = e->o;
+	int rc = 0;
+	for (; *opened < o->seqs; (*opened)++) {
 		double t0 = report_now_s();
 		for (uint32_t k = 0;; k++) {
-			rc = kvt_seq_open(e->c, &e->seqs[opened]);
+			rc = kvt_seq_open(e->c, &e->seqs[*opened]);
 			if (rc != KVT_EPOOLFULL || full_backoff(e, k, t0))
 				break;
 		}
 		if (rc < 0) {
 			engine_say(e, "kvt_seq_open: %s (%s)", kvt_strerror(rc),
 			           kvt_last_error(e->c));
-			goto out;
+			return rc;
 		}
 	}
-	if (!(items = calloc(o->seqs, sizeof(*items)))) {
-		rc = KVT_ENOMEM;
-		goto out;
+	return rc;
+}
+
+/*
+ * Syncs the n tokens appended to every sequence since the last sync, the
+ * last of them at step s, through items[o->seqs]; the replay decides first
+ * what its shadows evict.  Retries while the pool is full, records the
+ * latency and counts the sync in e->r.  0, or an error (said).
+ */
+static int sync_all(struct engine *e, struct kvt_sync_item *items, uint32_t n,
+                    uint32_t s)
+{
+	const struct opts *o = e->o;
+	enum kvt_phase phase = s < o->prefill ? KVT_PHASE_PREFILL
+	                                      : KVT_PHASE_DECODE;
+	int rc;
+	if (e->replay && (rc = replay_decide(e, n, s + 1, phase)) < 0)
+		return rc;
+	for (uint32_t j = 0; j < o->seqs; j++)
+		items[j] = (struct kvt_sync_item){
+			.seq = e->seqs[j], .n_new = n, .phase = phase,
+		};
+	/* Nothing changed on a refused sync (kvtrim.h), so the same items go
+	 * again; the replay's decisions stand. */
+	double t0 = report_now_s();
+	for (uint32_t k = 0;; k++) {
+		rc = kvt_sync(e->c, items, o->seqs);
+		if (rc != KVT_EPOOLFULL || full_backoff(e, k, t0))
+			break;
 	}
+	e->r.lat[report_lat_bucket((report_now_s() - t0) * 1e6)]++;
+	if (rc < 0) {
+		engine_say(e, "kvt_sync at step %u: %s (%s)", s,
+		           kvt_strerror(rc), kvt_last_error(e->c));
+		return rc;
+	}
+	e->r.syncs++;
+	e->r.appended += (uint64_t)n * o->seqs * o->layers * o->kv_heads;
+	return rc;
+}
+
+/*
+ * After a sync of n tokens that brought every list to n_seen: checks each
+ * list against the replay's shadow (then commits the shadow) or the
+ * model's positions, when verifying.  Mismatches are counted in e->r; 0,
+ * or the first error (said).
+ */
+static int verify_after_sync(struct engine *e, uint32_t n, uint32_t n_seen)
+{
+	const struct opts *o = e->o;
+	int rc = 0;
+	if (e->replay) {
+		for (uint32_t j = 0; j < o->seqs && rc == 0; j++)
+			for (uint32_t l = 0; l < o->layers && rc == 0; l++)
+				for (uint32_t h = 0; h < o->kv_heads && rc == 0;
+				     h++) {
+					replay_want(e, j, l, h, n, n_seen);
+					rc = verify_list(e, j, l, h, n_seen,
+					                 e->want);
+					replay_commit(e, j, l, h, n);
+				}
+		return rc;
+	}
+	if (!e->model)
+		return 0;
+	model_advance(e->alive, &e->alive_seen, e->model, n_seen);
+	for (uint32_t j = 0; j < o->seqs && rc == 0; j++)
+		for (uint32_t l = 0; l < o->layers && rc == 0; l++)
+			for (uint32_t h = 0; h < o->kv_heads && rc == 0; h++)
+				rc = verify_list(e, j, l, h, n_seen, e->alive);
+	return rc;
+}
+
+/*
+ * The o->steps steps: one token appended to every list per step, a sync
+ * (items: [o->seqs] scratch) every --sync-every steps, at the end of the
+ * prefill and at the last step, each verified when asked.  --kill-after
+ * kills the first generation of client 0 at its step.  0, or the first
+ * error (said); the steps stop there.
+ */
+static int run_steps(struct engine *e, struct kvt_sync_item *items)
+{
+	const struct opts *o = e->o;
+	uint32_t pending = 0;
+	int rc = 0;
 	for (uint32_t s = 0; s < o->steps; s++) {
 		if (o->kill_after && e->client == 0 && !e->r.gen &&
 		    s == o->kill_after)
@@ -340,70 +419,24 @@ static int engine_run(struct engine *e)
 		if ((rc = append_step(e, s, pending)) < 0)
 			break;
 		pending++;
-		enum kvt_phase phase = s < o->prefill ? KVT_PHASE_PREFILL
-		                                      : KVT_PHASE_DECODE;
 		if (pending < o->sync_every && s + 1 < o->steps &&
 		    s + 1 != o->prefill)
 			continue;
-		if (e->replay &&
-		    (rc = replay_decide(e, pending, s + 1, phase)) < 0)
+		if ((rc = sync_all(e, items, pending, s)) < 0)
 			break;
-		for (uint32_t j = 0; j < o->seqs; j++)
-			items[j] = (struct kvt_sync_item){
-				.seq = e->seqs[j], .n_new = pending,
-				.phase = phase,
-			};
-		/* Nothing changed on a refused sync (kvtrim.h), so the same
-		 * items go again; the replay's decisions stand. */
-		double t0 = report_now_s();
-		for (uint32_t k = 0;; k++) {
-			rc = kvt_sync(e->c, items, o->seqs);
-			if (rc != KVT_EPOOLFULL || full_backoff(e, k, t0))
-				break;
-		}
-		e->r.lat[report_lat_bucket((report_now_s() - t0) * 1e6)]++;
-		if (rc < 0) {
-			engine_say(e, "kvt_sync at step %u: %s (%s)", s,
-			           kvt_strerror(rc), kvt_last_error(e->c));
-			break;
-		}
-		e->r.syncs++;
-		e->r.appended += (uint64_t)pending * o->seqs * o->layers *
-		                 o->kv_heads;
 		uint32_t n = pending;
 		pending = 0;
-		if (e->replay) {
-			for (uint32_t j = 0; j < o->seqs && rc == 0; j++)
-				for (uint32_t l = 0; l < o->layers && rc == 0;
-				     l++)
-					for (uint32_t h = 0;
-					     h < o->kv_heads && rc == 0; h++) {
-						replay_want(e, j, l, h, n, s + 1);
-						rc = verify_list(e, j, l, h, s + 1,
-						                 e->want);
-						replay_commit(e, j, l, h, n);
-					}
-			if (rc < 0)
-				break;
-			continue;
-		}
-		if (!e->model)
-			continue;
-		model_advance(e->alive, &e->alive_seen, e->model, s + 1);
-		for (uint32_t j = 0; j < o->seqs && rc == 0; j++)
-			for (uint32_t l = 0; l < o->layers && rc == 0; l++)
-				for (uint32_t h = 0; h < o->kv_heads && rc == 0;
-				     h++)
-					rc = verify_list(e, j, l, h, s + 1,
-					                 e->alive);
-		if (rc < 0)
+		if ((rc = verify_after_sync(e, n, s + 1)) < 0)
 			break;
 	}
-	if (o->kill_after && e->client == 0 && !e->r.gen &&
-	    o->steps == o->kill_after)
-		raise(SIGKILL);
+	return rc;
+}
 
-	/* Kept entries also after a failed sync: nothing changed then. */
+/* Adds to e->r.kept the entries every list of the first opened sequences
+ * keeps; a list that cannot be read counts none. */
+static void count_kept(struct engine *e, uint32_t opened)
+{
+	const struct opts *o = e->o;
 	for (uint32_t j = 0; j < opened; j++)
 		for (uint32_t l = 0; l < o->layers; l++)
 			for (uint32_t h = 0; h < o->kv_heads; h++) {
@@ -412,8 +445,12 @@ static int engine_run(struct engine *e)
 				                 &list) == 0)
 					e->r.kept += list.len;
 			}
-out:
-	free(items);
+}
+
+/* Closes the first opened sequences and disconnects (e->c NULL after);
+ * returns rc, or the first close error (said) when rc is 0. */
+static int engine_close(struct engine *e, uint32_t opened, int rc)
+{
 	for (uint32_t j = 0; j < opened; j++) {
 		int crc = kvt_seq_close(e->c, e->seqs[j]);
 		if (crc < 0 && rc == 0) {
@@ -425,6 +462,42 @@ out:
 	kvt_disconnect(e->c);
 	e->c = NULL;
 	return rc;
+}
+
+/* One generation of the engine: connect, open, run the steps, count what
+ * is kept, close.  0, or the first error (said). */
+static int engine_run(struct engine *e)
+{
+	const struct opts *o = e->o;
+	struct kvt_sync_item *items = NULL; /* [o->seqs] */
+	uint32_t opened = 0;
+	int rc = engine_connect(e);
+	if (rc < 0)
+		return rc;
+	const struct kvt_config *in_force = kvt_config_of(e->c);
+	e->page_tokens = in_force->page_tokens;
+	if (in_force->headroom < o->sync_every) {
+		engine_say(e, "kvtrimd granted headroom %u < --sync-every %u",
+		           in_force->headroom, o->sync_every);
+		rc = KVT_EHEADROOM;
+		goto out;
+	}
+	if ((rc = engine_buffers(e, in_force)) < 0 ||
+	    (rc = open_seqs(e, &opened)) < 0)
+		goto out;
+	if (!(items = calloc(o->seqs, sizeof(*items)))) {
+		rc = KVT_ENOMEM;
+		goto out;
+	}
+	rc = run_steps(e, items);
+	if (o->kill_after && e->client == 0 && !e->r.gen &&
+	    o->steps == o->kill_after)
+		raise(SIGKILL);
+	/* Kept entries also after a failed sync: nothing changed then. */
+	count_kept(e, opened);
+out:
+	free(items);
+	return engine_close(e, opened, rc);
 }
 
 int engine_main(const struct opts *o, const struct model *m, int has_model,

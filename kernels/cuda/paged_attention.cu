@@ -84,182 +84,266 @@ __device__ __forceinline__ void pa_rescale(float ma, float mb, float *ca,
 	}
 }
 
-template <typename T, int HDMAX, int GB>
-static __global__ void __launch_bounds__(PA_THREADS)
-pa_split_kernel(const pa_args a)
-{
-	constexpr int VEC = common_vec<T>::n;
-	constexpr int TPT = HDMAX / VEC < 32 ? HDMAX / VEC : 32;
-	constexpr int NV = HDMAX / (TPT * VEC); /* vectors per lane */
-	constexpr int TPW = 32 / TPT;           /* tokens per warp step */
-	constexpr int EPL = NV * VEC;           /* elements per lane */
-	constexpr int U = GB * EPL >= 64 ? 2 : 4; /* tokens in flight */
-	constexpr int STEP = PA_WARPS * TPW * U;
+/* ------------------------------------------------------- split kernel */
 
-	const uint32_t list = blockIdx.x, slice = blockIdx.y;
-	const uint32_t g0 = blockIdx.z * GB;
-	const uint32_t len = a.lens ? a.lens[list] : a.len1;
-	const uint32_t start = slice * a.split;
-	if (slice > 0 && start >= len)
-		return;
-	const uint32_t end = len - start < a.split ? len : start + a.split;
-	void *const *pages = a.pages + (a.page_first ? a.page_first[list] : 0);
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int grp = lane / TPT, sub = lane % TPT;
-	const size_t v_off = (size_t)a.page_tokens * a.row_bytes;
+/* The split kernel's tiling for dtype T, head_dim bucket HDMAX and GB
+ * query heads per block. */
+template <typename T, int HDMAX, int GB> struct pa_tile {
+	static constexpr int VEC = common_vec<T>::n;
+	/* lanes per token */
+	static constexpr int TPT = HDMAX / VEC < 32 ? HDMAX / VEC : 32;
+	static constexpr int NV = HDMAX / (TPT * VEC); /* vectors per lane */
+	static constexpr int TPW = 32 / TPT;           /* tokens per warp step */
+	static constexpr int EPL = NV * VEC;           /* elements per lane */
+	static constexpr int U = GB * EPL >= 64 ? 2 : 4; /* tokens in flight */
+	static constexpr int STEP = PA_WARPS * TPW * U;
+};
 
+/* Where one thread of pa_split_kernel works. */
+struct pa_at {
+	uint32_t list, slice, g0; /* the block's list, slice, first query head */
+	uint32_t start, end;      /* the slice's tokens [start, end) */
+	void *const *pages;       /* the list's page addresses */
+	int warp, grp, sub;       /* warp of the block; the lane's token group
+	                             in the warp and its place in the group */
+	size_t v_off;             /* bytes from a K row to its V row */
+};
+
+/* One lane's part of the block's GB query heads: its EPL elements of each
+ * query, pre-scaled, and the running softmax in base 2 (max m, sum l of
+ * 2^(s - m), and acc, the V elements weighted alike). */
+template <int GB, int EPL> struct pa_lane {
 	float qr[GB][EPL], acc[GB][EPL], m[GB], l[GB];
+};
+
+/* Fills *at for this thread; false when the block's slice starts past the
+ * list's end (slice 0 always runs: it writes an empty list's result). */
+template <typename T, int HDMAX, int GB>
+static __device__ __forceinline__ bool pa_at_init(const pa_args &a,
+                                                 pa_at *at)
+{
+	typedef pa_tile<T, HDMAX, GB> P;
+	at->list = blockIdx.x;
+	at->slice = blockIdx.y;
+	at->g0 = blockIdx.z * GB;
+	const uint32_t len = a.lens ? a.lens[at->list] : a.len1;
+	at->start = at->slice * a.split;
+	if (at->slice > 0 && at->start >= len)
+		return false;
+	at->end = len - at->start < a.split ? len : at->start + a.split;
+	at->pages = a.pages + (a.page_first ? a.page_first[at->list] : 0);
+	const int lane = threadIdx.x & 31;
+	at->warp = threadIdx.x >> 5;
+	at->grp = lane / P::TPT;
+	at->sub = lane % P::TPT;
+	at->v_off = (size_t)a.page_tokens * a.row_bytes;
+	return true;
+}
+
+/* Loads the lane's elements of the GB query heads (0 beyond G and hd),
+ * scaled by scale * log2 e, and starts an empty softmax. */
+template <typename T, int HDMAX, int GB>
+static __device__ __forceinline__ void
+pa_lane_init(const pa_args &a, const pa_at &at,
+             pa_lane<GB, pa_tile<T, HDMAX, GB>::EPL> *st)
+{
+	typedef pa_tile<T, HDMAX, GB> P;
 #pragma unroll
 	for (int gi = 0; gi < GB; gi++) {
-		uint32_t g = g0 + gi;
-		const float *qg = a.q + ((size_t)list * a.G + g) * a.hd;
+		uint32_t g = at.g0 + gi;
+		const float *qg = a.q + ((size_t)at.list * a.G + g) * a.hd;
+#pragma unroll
+		for (int v = 0; v < P::NV; v++)
+#pragma unroll
+			for (int e = 0; e < P::VEC; e++) {
+				uint32_t d = (uint32_t)((v * P::TPT + at.sub) * P::VEC +
+				                        e);
+				st->qr[gi][v * P::VEC + e] = g < a.G && d < a.hd
+				                                 ? qg[d] * a.scale_log2
+				                                 : 0.f;
+				st->acc[gi][v * P::VEC + e] = 0.f;
+			}
+		st->m[gi] = -INFINITY;
+		st->l[gi] = 0.f;
+	}
+}
+
+/*
+ * One step of the slice from token base: the lane's group reads U tokens'
+ * K and V rows (all loads issued before any is used), takes their logits
+ * against the GB queries and folds them into the softmax.  Tokens at or
+ * past at.end count as -inf logits.
+ */
+template <typename T, int HDMAX, int GB>
+static __device__ __forceinline__ void
+pa_step(const pa_args &a, const pa_at &at, uint32_t base,
+        pa_lane<GB, pa_tile<T, HDMAX, GB>::EPL> *st)
+{
+	typedef pa_tile<T, HDMAX, GB> P;
+	constexpr int U = P::U, NV = P::NV, VEC = P::VEC, EPL = P::EPL;
+	uint4 kr[U][NV], vr[U][NV];
+	bool ok[U];
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		uint32_t t = base + (uint32_t)((u * PA_WARPS + at.warp) * P::TPW +
+		                               at.grp);
+		ok[u] = t < at.end;
+		const char *row = ok[u] ? common_row(at.pages, t, a.page_tokens,
+		                                     a.shift, a.row_bytes)
+		                        : NULL;
+#pragma unroll
+		for (int v = 0; v < NV; v++) {
+			uint32_t d0 = (uint32_t)((v * P::TPT + at.sub) * VEC);
+			if (ok[u]) {
+				kr[u][v] = pa_load<T>(row, d0, a.hd, a.vec);
+				vr[u][v] = pa_load<T>(row + at.v_off, d0, a.hd, a.vec);
+			} else {
+				kr[u][v] = make_uint4(0, 0, 0, 0);
+				vr[u][v] = make_uint4(0, 0, 0, 0);
+			}
+		}
+	}
+	/* Logits: every lane of a group ends with the same sum (the xor
+	 * butterfly adds the same pairs in every lane). */
+	float s[U][GB];
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		float kf[EPL];
 #pragma unroll
 		for (int v = 0; v < NV; v++)
+			common_unpack(kr[u][v], kf + v * VEC, T());
 #pragma unroll
-			for (int e = 0; e < VEC; e++) {
-				uint32_t d = (uint32_t)((v * TPT + sub) * VEC + e);
-				qr[gi][v * VEC + e] = g < a.G && d < a.hd
-				                              ? qg[d] * a.scale_log2
-				                              : 0.f;
-				acc[gi][v * VEC + e] = 0.f;
-			}
-		m[gi] = -INFINITY;
-		l[gi] = 0.f;
+		for (int gi = 0; gi < GB; gi++) {
+			float p = 0.f;
+#pragma unroll
+			for (int e = 0; e < EPL; e++)
+				p = fmaf(st->qr[gi][e], kf[e], p);
+#pragma unroll
+			for (int o = P::TPT / 2; o > 0; o >>= 1)
+				p += __shfl_xor_sync(0xffffffffu, p, o);
+			s[u][gi] = ok[u] ? p : -INFINITY;
+		}
 	}
-
-	for (uint32_t base = start; base < end; base += STEP) {
-		uint4 kr[U][NV], vr[U][NV];
-		bool ok[U];
+	float vf[U][EPL];
 #pragma unroll
-		for (int u = 0; u < U; u++) {
-			uint32_t t = base + (uint32_t)((u * PA_WARPS + warp) * TPW + grp);
-			ok[u] = t < end;
-			const char *row = ok[u] ? common_row(pages, t, a.page_tokens,
-			                                     a.shift, a.row_bytes)
-			                        : NULL;
+	for (int u = 0; u < U; u++)
 #pragma unroll
-			for (int v = 0; v < NV; v++) {
-				uint32_t d0 = (uint32_t)((v * TPT + sub) * VEC);
-				if (ok[u]) {
-					kr[u][v] = pa_load<T>(row, d0, a.hd, a.vec);
-					vr[u][v] = pa_load<T>(row + v_off, d0, a.hd,
-					                      a.vec);
-				} else {
-					kr[u][v] = make_uint4(0, 0, 0, 0);
-					vr[u][v] = make_uint4(0, 0, 0, 0);
-				}
-			}
-		}
-		/* Logits: every lane of a group ends with the same sum (the
-		 * xor butterfly adds the same pairs in every lane). */
-		float s[U][GB];
+		for (int v = 0; v < NV; v++)
+			common_unpack(vr[u][v], vf[u] + v * VEC, T());
 #pragma unroll
-		for (int u = 0; u < U; u++) {
-			float kf[EPL];
-#pragma unroll
-			for (int v = 0; v < NV; v++)
-				common_unpack(kr[u][v], kf + v * VEC, T());
-#pragma unroll
-			for (int gi = 0; gi < GB; gi++) {
-				float p = 0.f;
-#pragma unroll
-				for (int e = 0; e < EPL; e++)
-					p = fmaf(qr[gi][e], kf[e], p);
-#pragma unroll
-				for (int o = TPT / 2; o > 0; o >>= 1)
-					p += __shfl_xor_sync(0xffffffffu, p, o);
-				s[u][gi] = ok[u] ? p : -INFINITY;
-			}
-		}
-		float vf[U][EPL];
+	for (int gi = 0; gi < GB; gi++) {
+		float mx = st->m[gi];
 #pragma unroll
 		for (int u = 0; u < U; u++)
+			mx = fmaxf(mx, s[u][gi]);
+		if (mx == -INFINITY)
+			continue; /* nothing valid yet in this group */
+		float c = exp2f(st->m[gi] - mx), p[U], ps = 0.f;
 #pragma unroll
-			for (int v = 0; v < NV; v++)
-				common_unpack(vr[u][v], vf[u] + v * VEC, T());
+		for (int u = 0; u < U; u++) {
+			p[u] = exp2f(s[u][gi] - mx);
+			ps += p[u];
+		}
+		st->l[gi] = st->l[gi] * c + ps;
 #pragma unroll
-		for (int gi = 0; gi < GB; gi++) {
-			float mx = m[gi];
+		for (int e = 0; e < EPL; e++) {
+			float x = st->acc[gi][e] * c;
 #pragma unroll
 			for (int u = 0; u < U; u++)
-				mx = fmaxf(mx, s[u][gi]);
-			if (mx == -INFINITY)
-				continue; /* nothing valid yet in this group */
-			float c = exp2f(m[gi] - mx), p[U], ps = 0.f;
-#pragma unroll
-			for (int u = 0; u < U; u++) {
-				p[u] = exp2f(s[u][gi] - mx);
-				ps += p[u];
-			}
-			l[gi] = l[gi] * c + ps;
-#pragma unroll
-			for (int e = 0; e < EPL; e++) {
-				float x = acc[gi][e] * c;
-#pragma unroll
-				for (int u = 0; u < U; u++)
-					x = fmaf(p[u], vf[u][e], x);
-				acc[gi][e] = x;
-			}
-			m[gi] = mx;
+				x = fmaf(p[u], vf[u][e], x);
+			st->acc[gi][e] = x;
 		}
+		st->m[gi] = mx;
 	}
+}
 
-	/* Merge the token groups of the warp (lanes sub, sub + TPT, ...). */
+/* Merges the softmax of the warp's token groups (lanes sub, sub + TPT,
+ * ...): afterwards every lane of the warp holds the warp's. */
+template <typename T, int HDMAX, int GB>
+static __device__ __forceinline__ void
+pa_merge_groups(pa_lane<GB, pa_tile<T, HDMAX, GB>::EPL> *st)
+{
+	typedef pa_tile<T, HDMAX, GB> P;
 #pragma unroll
-	for (int o = TPT; o < 32; o <<= 1)
+	for (int o = P::TPT; o < 32; o <<= 1)
 #pragma unroll
 		for (int gi = 0; gi < GB; gi++) {
-			float om = __shfl_xor_sync(0xffffffffu, m[gi], o);
-			float ol = __shfl_xor_sync(0xffffffffu, l[gi], o);
+			float om = __shfl_xor_sync(0xffffffffu, st->m[gi], o);
+			float ol = __shfl_xor_sync(0xffffffffu, st->l[gi], o);
 			float ca, cb, mx;
-			pa_rescale(m[gi], om, &ca, &cb, &mx);
-			l[gi] = l[gi] * ca + ol * cb;
+			pa_rescale(st->m[gi], om, &ca, &cb, &mx);
+			st->l[gi] = st->l[gi] * ca + ol * cb;
 #pragma unroll
-			for (int e = 0; e < EPL; e++) {
-				float oa = __shfl_xor_sync(0xffffffffu, acc[gi][e], o);
-				acc[gi][e] = acc[gi][e] * ca + oa * cb;
+			for (int e = 0; e < P::EPL; e++) {
+				float oa = __shfl_xor_sync(0xffffffffu, st->acc[gi][e],
+				                           o);
+				st->acc[gi][e] = st->acc[gi][e] * ca + oa * cb;
 			}
-			m[gi] = mx;
+			st->m[gi] = mx;
 		}
+}
 
-	/* Merge the warps through shared memory. */
-	__shared__ float sm_m[PA_WARPS][GB], sm_l[PA_WARPS][GB];
-	__shared__ float sm_a[PA_WARPS][GB][HDMAX];
-	if (grp == 0) {
+/* Each warp's softmax as the block shares it: [PA_WARPS][GB] maxima and
+ * sums, [PA_WARPS][GB][HDMAX] weighted V sums. */
+template <int GB, int HDMAX> struct pa_shared {
+	float (*m)[GB], (*l)[GB];
+	float (*acc)[GB][HDMAX];
+};
+
+/* Lane group 0 of each warp writes the warp's softmax into sm (the
+ * caller's shared memory; a __syncthreads must follow). */
+template <typename T, int HDMAX, int GB>
+static __device__ __forceinline__ void
+pa_publish(const pa_at &at, const pa_lane<GB, pa_tile<T, HDMAX, GB>::EPL> *st,
+           const pa_shared<GB, HDMAX> &sm)
+{
+	typedef pa_tile<T, HDMAX, GB> P;
+	if (at.grp != 0)
+		return;
 #pragma unroll
-		for (int gi = 0; gi < GB; gi++) {
+	for (int gi = 0; gi < GB; gi++) {
 #pragma unroll
-			for (int v = 0; v < NV; v++)
+		for (int v = 0; v < P::NV; v++)
 #pragma unroll
-				for (int e = 0; e < VEC; e++)
-					sm_a[warp][gi][(v * TPT + sub) * VEC + e] =
-						acc[gi][v * VEC + e];
-			if (sub == 0) {
-				sm_m[warp][gi] = m[gi];
-				sm_l[warp][gi] = l[gi];
-			}
+			for (int e = 0; e < P::VEC; e++)
+				sm.acc[at.warp][gi][(v * P::TPT + at.sub) * P::VEC + e] =
+					st->acc[gi][v * P::VEC + e];
+		if (at.sub == 0) {
+			sm.m[at.warp][gi] = st->m[gi];
+			sm.l[at.warp][gi] = st->l[gi];
 		}
 	}
-	__syncthreads();
+}
+
+/*
+ * Merges the warps' softmax from sm (after the barrier) and writes, for
+ * each query head of the block and element d: with one slice, out and
+ * lse; with several, the slice's (max, sum, acc) triple into a.part, for
+ * pa_combine_kernel.
+ */
+template <int HDMAX, int GB>
+static __device__ __forceinline__ void
+pa_write(const pa_args &a, const pa_at &at, const pa_shared<GB, HDMAX> &sm)
+{
 	for (int idx = threadIdx.x; idx < GB * HDMAX; idx += PA_THREADS) {
 		int gi = idx / HDMAX;
-		uint32_t d = (uint32_t)(idx % HDMAX), g = g0 + (uint32_t)gi;
+		uint32_t d = (uint32_t)(idx % HDMAX), g = at.g0 + (uint32_t)gi;
 		if (g >= a.G || d >= a.hd)
 			continue;
 		float M = -INFINITY;
 #pragma unroll
 		for (int w = 0; w < PA_WARPS; w++)
-			M = fmaxf(M, sm_m[w][gi]);
+			M = fmaxf(M, sm.m[w][gi]);
 		float L = 0.f, A = 0.f;
 		if (M != -INFINITY) {
 #pragma unroll
 			for (int w = 0; w < PA_WARPS; w++) {
-				float c = exp2f(sm_m[w][gi] - M);
-				L += sm_l[w][gi] * c;
-				A += sm_a[w][gi][d] * c;
+				float c = exp2f(sm.m[w][gi] - M);
+				L += sm.l[w][gi] * c;
+				A += sm.acc[w][gi][d] * c;
 			}
 		}
-		size_t lg = (size_t)list * a.G + g;
+		size_t lg = (size_t)at.list * a.G + g;
 		if (a.n_splits == 1) {
 			a.out[lg * a.hd + d] = L > 0.f ? A / L : 0.f;
 			if (d == 0)
@@ -267,7 +351,7 @@ pa_split_kernel(const pa_args a)
 				                    : -INFINITY;
 		} else {
 			float *pp = a.part +
-			            (lg * a.n_splits + slice) * (size_t)(a.hd + 2);
+			            (lg * a.n_splits + at.slice) * (size_t)(a.hd + 2);
 			if (d == 0) {
 				pp[0] = M;
 				pp[1] = L;
@@ -275,6 +359,31 @@ pa_split_kernel(const pa_args a)
 			pp[2 + d] = A;
 		}
 	}
+}
+
+/* Grid (list, slice, head group of GB): one slice of one list for GB query
+ * heads, through the phases above. */
+template <typename T, int HDMAX, int GB>
+static __global__ void __launch_bounds__(PA_THREADS)
+pa_split_kernel(const pa_args a)
+{
+	typedef pa_tile<T, HDMAX, GB> P;
+	pa_at at;
+	if (!pa_at_init<T, HDMAX, GB>(a, &at))
+		return;
+	pa_lane<GB, P::EPL> st;
+	pa_lane_init<T, HDMAX, GB>(a, at, &st);
+	for (uint32_t base = at.start; base < at.end; base += P::STEP)
+		pa_step<T, HDMAX, GB>(a, at, base, &st);
+	pa_merge_groups<T, HDMAX, GB>(&st);
+
+	/* Merge the warps through shared memory. */
+	__shared__ float sm_m[PA_WARPS][GB], sm_l[PA_WARPS][GB];
+	__shared__ float sm_a[PA_WARPS][GB][HDMAX];
+	const pa_shared<GB, HDMAX> sm = {sm_m, sm_l, sm_a};
+	pa_publish<T, HDMAX, GB>(at, &st, sm);
+	__syncthreads();
+	pa_write<HDMAX, GB>(a, at, sm);
 }
 
 /* One block per (list, head): merges the slices that hold tokens. */

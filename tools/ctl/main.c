@@ -96,12 +96,26 @@ static int parse_long(const char *opt, const char *v, long min, long max,
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line as main reads it, beside the session it fills. */
+struct cmdline {
+	const char *dir;                    /* --runtime-dir, or NULL */
+	const char *pos[CTL_MAX_ARGS + 2];  /* [npos]: COMMAND, then its ARGs */
+	int npos;
+	int iter_set, interval_set;         /* --iterations, --interval seen */
+	enum { C_STATS, C_TOP, C_TENANTS, C_CGET, C_CSET, C_CHECK, C_DRAIN,
+	       C_POLICIES, C_METRICS } which;
+	const char *a1;                     /* the command's first argument:
+	                                     * KEY for config get, else pos[1] */
+};
+
+/*
+ * Reads the options into c and cl and the other words into cl->pos.
+ * Returns -1 to go on, or the exit status (0 after --help, 2 after
+ * printing why).
+ */
+static int parse_options(int argc, char **argv, struct ctl *c,
+                         struct cmdline *cl)
 {
-	struct ctl c = {.timeout_ms = CTL_DEF_TIMEOUT_MS,
-	                .interval_ms = CTL_DEF_INTERVAL_MS};
-	const char *dir = NULL, *pos[CTL_MAX_ARGS + 2];
-	int npos = 0, iter_set = 0, interval_set = 0;
 	long v;
 
 	/* Options anywhere; "--" ends them (a tenant named "-x"). */
@@ -113,74 +127,81 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		} else if (opts && !strcmp(a, "--json")) {
-			c.json = 1;
+			c->json = 1;
 		} else if (opts && !strcmp(a, "--undo")) {
-			c.undo = 1;
+			c->undo = 1;
 		} else if (opts && !strcmp(a, "--runtime-dir") && i + 1 < argc) {
-			dir = argv[++i];
+			cl->dir = argv[++i];
 		} else if (opts && !strcmp(a, "--timeout") && i + 1 < argc) {
 			if (parse_long(a, argv[++i], 1, INT_MAX, &v))
 				return 2;
-			c.timeout_ms = (int)v;
+			c->timeout_ms = (int)v;
 		} else if (opts && !strcmp(a, "--iterations") && i + 1 < argc) {
-			if (parse_long(a, argv[++i], 1, LONG_MAX, &c.iterations))
+			if (parse_long(a, argv[++i], 1, LONG_MAX, &c->iterations))
 				return 2;
-			iter_set = 1;
+			cl->iter_set = 1;
 		} else if (opts && !strcmp(a, "--interval") && i + 1 < argc) {
-			if (parse_long(a, argv[++i], 10, 3600000, &c.interval_ms))
+			if (parse_long(a, argv[++i], 10, 3600000, &c->interval_ms))
 				return 2;
-			interval_set = 1;
+			cl->interval_set = 1;
 		} else if (opts && a[0] == '-' && a[1]) {
 			fprintf(stderr, "kvtrimctl: unknown or incomplete option "
 			        "%s (see --help)\n", a);
 			return 2;
-		} else if (npos < CTL_MAX_ARGS + 1) {
-			pos[npos++] = a;
+		} else if (cl->npos < CTL_MAX_ARGS + 1) {
+			cl->pos[cl->npos++] = a;
 		} else {
 			fprintf(stderr, "kvtrimctl: too many arguments (see "
 			        "--help)\n");
 			return 2;
 		}
 	}
-	if (!npos) {
+	if (!cl->npos) {
 		usage(stderr);
 		return 2;
 	}
-	const char *cmd = pos[0];
-	int nargs = npos - 1;
-	const char *a1 = nargs > 0 ? pos[1] : NULL;
-	const char *a2 = nargs > 1 ? pos[2] : NULL;
+	return -1;
+}
 
-	/* Validate the command and its arguments before connecting. */
-	enum { C_STATS, C_TOP, C_TENANTS, C_CGET, C_CSET, C_CHECK, C_DRAIN,
-	       C_POLICIES, C_METRICS } which;
+/*
+ * Names the command (cl->which, cl->a1; `undrain` sets c->undo) and checks
+ * its arguments and options, all before connecting.  Returns 0, or 2 after
+ * printing why.
+ */
+static int check_command(struct ctl *c, struct cmdline *cl)
+{
+	const char *cmd = cl->pos[0];
+	int nargs = cl->npos - 1;
+	const char *a2 = nargs > 1 ? cl->pos[2] : NULL;
 	int min = 0, max = 0;
+
+	cl->a1 = nargs > 0 ? cl->pos[1] : NULL;
 	if (!strcmp(cmd, "stats")) {
-		which = C_STATS, max = 1;
+		cl->which = C_STATS, max = 1;
 	} else if (!strcmp(cmd, "top")) {
-		which = C_TOP;
+		cl->which = C_TOP;
 	} else if (!strcmp(cmd, "tenants")) {
-		which = C_TENANTS;
+		cl->which = C_TENANTS;
 	} else if (!strcmp(cmd, "config")) {
-		if (a1 && !strcmp(a1, "set")) {
-			which = C_CSET, min = max = 3;
-		} else if (a1 && !strcmp(a1, "get")) {
-			which = C_CGET, max = 2;
-			a1 = a2;
+		if (cl->a1 && !strcmp(cl->a1, "set")) {
+			cl->which = C_CSET, min = max = 3;
+		} else if (cl->a1 && !strcmp(cl->a1, "get")) {
+			cl->which = C_CGET, max = 2;
+			cl->a1 = a2;
 		} else {
-			which = C_CGET, max = 1;
+			cl->which = C_CGET, max = 1;
 		}
 	} else if (!strcmp(cmd, "check")) {
-		which = C_CHECK;
+		cl->which = C_CHECK;
 	} else if (!strcmp(cmd, "drain")) {
-		which = C_DRAIN, min = max = 1;
+		cl->which = C_DRAIN, min = max = 1;
 	} else if (!strcmp(cmd, "undrain")) {
-		which = C_DRAIN, min = max = 1;
-		c.undo = 1;
+		cl->which = C_DRAIN, min = max = 1;
+		c->undo = 1;
 	} else if (!strcmp(cmd, "policies")) {
-		which = C_POLICIES;
+		cl->which = C_POLICIES;
 	} else if (!strcmp(cmd, "metrics")) {
-		which = C_METRICS;
+		cl->which = C_METRICS;
 	} else {
 		fprintf(stderr, "kvtrimctl: unknown command '%s' (commands: "
 		        "stats, top, tenants, config, check, drain, policies, "
@@ -188,9 +209,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (nargs < min || nargs > max) {
-		if (which == C_CSET)
+		if (cl->which == C_CSET)
 			fprintf(stderr, "kvtrimctl: usage: config set KEY VALUE\n");
-		else if (which == C_DRAIN)
+		else if (cl->which == C_DRAIN)
 			fprintf(stderr, "kvtrimctl: usage: %s TENANT (name or "
 			        "id)\n", cmd);
 		else if (!max)
@@ -200,56 +221,63 @@ int main(int argc, char **argv)
 			        "(see --help)\n", cmd);
 		return 2;
 	}
-	if ((iter_set || interval_set) && which != C_TOP) {
+	if ((cl->iter_set || cl->interval_set) && cl->which != C_TOP) {
 		fprintf(stderr, "kvtrimctl: --iterations and --interval are for "
 		        "top\n");
 		return 2;
 	}
-	if (c.undo && which != C_DRAIN) {
+	if (c->undo && cl->which != C_DRAIN) {
 		fprintf(stderr, "kvtrimctl: --undo is for drain\n");
 		return 2;
 	}
-	const char *name_arg = which == C_CSET ? pos[2] : a1;
+	const char *name_arg = cl->which == C_CSET ? cl->pos[2] : cl->a1;
 	if (name_arg && strlen(name_arg) >= KVT_NAME_MAX) {
 		fprintf(stderr, "kvtrimctl: '%s' is longer than %d bytes\n",
 		        name_arg, KVT_NAME_MAX - 1);
 		return 2;
 	}
+	return 0;
+}
 
-	rundir_resolve(dir, c.dir, sizeof(c.dir));
-	if (which == C_METRICS) {
-		int rc = cmd_metrics(&c);
+/* Runs the checked command against the daemon; returns the exit status
+ * (2 also when stdout cannot be flushed). */
+static int run_command(struct ctl *c, const struct cmdline *cl)
+{
+	int rc;
+
+	rundir_resolve(cl->dir, c->dir, sizeof(c->dir));
+	if (cl->which == C_METRICS) {
+		rc = cmd_metrics(c);
 		if (fflush(stdout) != 0 && rc == 0)
 			rc = 2;
 		return rc;
 	}
-	if (ctl_open(&c) < 0)
+	if (ctl_open(c) < 0)
 		return 2;
-	int rc;
-	switch (which) {
+	switch (cl->which) {
 	case C_STATS:
-		rc = cmd_stats(&c, a1);
+		rc = cmd_stats(c, cl->a1);
 		break;
 	case C_TOP:
-		rc = cmd_top(&c);
+		rc = cmd_top(c);
 		break;
 	case C_TENANTS:
-		rc = cmd_rows(&c, IPC_OP_TENANTS, NULL);
+		rc = cmd_rows(c, IPC_OP_TENANTS, NULL);
 		break;
 	case C_CGET:
-		rc = cmd_rows(&c, IPC_OP_CONFIG, a1);
+		rc = cmd_rows(c, IPC_OP_CONFIG, cl->a1);
 		break;
 	case C_CSET:
-		rc = cmd_config_set(&c, pos[2], pos[3]);
+		rc = cmd_config_set(c, cl->pos[2], cl->pos[3]);
 		break;
 	case C_CHECK:
-		rc = cmd_check(&c);
+		rc = cmd_check(c);
 		break;
 	case C_DRAIN:
-		rc = cmd_drain(&c, a1);
+		rc = cmd_drain(c, cl->a1);
 		break;
 	case C_POLICIES:
-		rc = cmd_rows(&c, IPC_OP_POLICIES, NULL);
+		rc = cmd_rows(c, IPC_OP_POLICIES, NULL);
 		break;
 	default:
 		rc = 2;
@@ -257,6 +285,20 @@ int main(int argc, char **argv)
 	}
 	if (fflush(stdout) != 0 && rc == 0)
 		rc = 2;
-	nng_close(c.sock);
+	nng_close(c->sock);
 	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct ctl c = {.timeout_ms = CTL_DEF_TIMEOUT_MS,
+	                .interval_ms = CTL_DEF_INTERVAL_MS};
+	struct cmdline cl = {0};
+	int rc;
+
+	if ((rc = parse_options(argc, argv, &c, &cl)) >= 0)
+		return rc;
+	if ((rc = check_command(&c, &cl)))
+		return rc;
+	return run_command(&c, &cl);
 }

@@ -491,10 +491,27 @@ static void summary(const struct learned *lr, const char *name, int k2,
 
 /* ---------------------------------------------------------------- main */
 
-int main(int argc, char **argv)
+/* One run of the tool: what main's steps share, released by run_free. */
+struct run {
+	const char *out;        /* --out DIR */
+	const char *model_path; /* the model file (path, or the default) */
+	char path[1024];        /* --model resolved */
+	struct opts o;
+	struct model m;
+	struct tok *tk;         /* NULL for llama2.c checkpoints */
+	struct collect_geom g;
+	struct data dt;
+	struct collect_set z, p; /* KVzap / Fast KVzip rows, KVpop rows */
+	struct learned lr;
+	struct progress pg;     /* of the oracles; pg.t0 is the run's start */
+	char err[1024];         /* why a step failed */
+};
+
+/* Reads the options into r->o, r->out and *model_arg; -1 to go on, else
+ * the exit status (0 after --help, 2 after printing why). */
+static int parse_args(int argc, char **argv, struct run *r,
+                      const char **model_arg)
 {
-	const char *model_arg = NULL, *out = NULL;
-	struct opts o = {.seed = 1, .jobs = 1};
 	static const struct option lo[] = {
 		{"model", required_argument, 0, 'm'},
 		{"out", required_argument, 0, 'o'},
@@ -508,21 +525,22 @@ int main(int argc, char **argv)
 		{"dtype", required_argument, 0, 'd'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
+	struct opts *o = &r->o;
 	int ch;
 	while ((ch = getopt_long(argc, argv, "m:o:s:qw:H:j:W:r:d:h", lo, NULL)) !=
 	       -1) {
 		switch (ch) {
-		case 'm': model_arg = optarg; break;
-		case 'o': out = optarg; break;
-		case 's': o.seed = strtoull(optarg, NULL, 0); break;
-		case 'q': o.quick = 1; break;
-		case 'w': o.windows = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'H': o.heldout = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'j': o.jobs = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'W': o.window = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'r': o.rows = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'm': *model_arg = optarg; break;
+		case 'o': r->out = optarg; break;
+		case 's': o->seed = strtoull(optarg, NULL, 0); break;
+		case 'q': o->quick = 1; break;
+		case 'w': o->windows = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'H': o->heldout = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'j': o->jobs = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'W': o->window = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'r': o->rows = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'd':
-			if (dtype_parse(optarg, &o.dtype)) {
+			if (dtype_parse(optarg, &o->dtype)) {
 				fprintf(stderr, "kvtrim-train: --dtype %s: want "
 				        "f32, f16 or bf16\n", optarg);
 				return 2;
@@ -532,73 +550,102 @@ int main(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	if (!out || optind != argc || !o.jobs || o.jobs > 16) {
+	if (!r->out || optind != argc || !o->jobs || o->jobs > 16) {
 		usage(stderr);
 		return 2;
 	}
-	openblas_set_num_threads(1);
-	char err[1024], path[1024];
-	const char *model_path = model_default_path(model_arg);
-	if (model_arg && model_files_resolve(model_arg, path, sizeof(path),
-	                                     err, sizeof(err))) {
-		fprintf(stderr, "kvtrim-train: %s\n", err);
-		return 1;
+	return -1;
+}
+
+/* Resolves model_arg (NULL: the default model) and loads it into r->m;
+ * 0, or -1 after printing why (nothing then to free). */
+static int load_model(struct run *r, const char *model_arg)
+{
+	r->model_path = model_default_path(model_arg);
+	if (model_arg && model_files_resolve(model_arg, r->path,
+	                                     sizeof(r->path), r->err,
+	                                     sizeof(r->err))) {
+		fprintf(stderr, "kvtrim-train: %s\n", r->err);
+		return -1;
 	}
 	if (model_arg)
-		model_path = path;
-	struct model m;
-	struct tok *tk = NULL;
-	if (model_load(model_path, &m, err, sizeof(err))) {
-		fprintf(stderr, "kvtrim-train: %s\n", err);
-		return 1;
+		r->model_path = r->path;
+	if (model_load(r->model_path, &r->m, r->err, sizeof(r->err))) {
+		fprintf(stderr, "kvtrim-train: %s\n", r->err);
+		return -1;
 	}
-	int rc_main = 1;
-	struct collect_geom g;
-	struct data dt = {0};
-	struct collect_set z = {0}, p = {0};
-	struct learned lr = {0};
-	if (load_tok(model_path, &m, &tk, err, sizeof(err)) ||
-	    setup(&m, tk, &o, &g, &dt, err, sizeof(err)))
-		goto fail;
-	if (save_mkdirs(out) < 0) {
-		snprintf(err, sizeof(err), "%s: %s", out, strerror(errno));
-		goto fail;
-	}
-	const struct model_config *c = &m.cfg;
-	const uint32_t L = c->n_layers, d = c->dim, nkv = c->n_kv_heads;
-	const uint32_t nw = dt.n_tr + dt.n_ho;
+	return 0;
+}
+
+/* Loads the tokenizer, builds the windows, makes DIR, opens fit.txt and
+ * says what will run; 0, or nonzero with r->err set. */
+static int prepare(struct run *r)
+{
+	const struct model_config *c = &r->m.cfg;
+	const struct collect_geom *g = &r->g;
 	char fp[1100];
-	snprintf(fp, sizeof(fp), "%s/fit.txt", out);
+
+	if (load_tok(r->model_path, &r->m, &r->tk, r->err, sizeof(r->err)) ||
+	    setup(&r->m, r->tk, &r->o, &r->g, &r->dt, r->err, sizeof(r->err)))
+		return -1;
+	if (save_mkdirs(r->out) < 0) {
+		snprintf(r->err, sizeof(r->err), "%s: %s", r->out,
+		         strerror(errno));
+		return -1;
+	}
+	snprintf(fp, sizeof(fp), "%s/fit.txt", r->out);
 	fit_out = fopen(fp, "w");
 	say("kvtrim-train: model %s (d %u, %u layers, %u heads, %u KV heads), "
-	    "seed %llu%s\n", model_path, d, L, c->n_heads, nkv,
-	    (unsigned long long)o.seed, o.quick ? ", quick" : "");
+	    "seed %llu%s\n", r->model_path, c->dim, c->n_layers, c->n_heads,
+	    c->n_kv_heads, (unsigned long long)r->o.seed,
+	    r->o.quick ? ", quick" : "");
 	say("data: %u training windows of %u tokens (%llu tokens, %s), %u "
-	    "held out (%s)\n", dt.n_tr, g.W,
-	    (unsigned long long)dt.n_tr * g.W,
-	    tk ? dataset_corpus_path() : dataset_text_path(), dt.n_ho,
-	    tk ? "the first part of the held-out text"
-	       : "the last windows of the same text");
+	    "held out (%s)\n", r->dt.n_tr, g->W,
+	    (unsigned long long)r->dt.n_tr * g->W,
+	    r->tk ? dataset_corpus_path() : dataset_text_path(), r->dt.n_ho,
+	    r->tk ? "the first part of the held-out text"
+	          : "the last windows of the same text");
 	say("      KVzip ctx %u tokens + a separator of %u, %u entries; "
 	    "KVpop delay %u horizon %u, %u entries per window; rows per "
-	    "window %u KVzap, %u KVpop\n", g.n_ctx, g.n_sep, g.T, g.D, g.N,
-	    g.npw, g.nz, g.np);
-	if (collect_alloc(&m, &g, nw, &z, &p)) {
-		snprintf(err, sizeof(err), "out of memory for %u windows", nw);
-		goto fail;
-	}
-	struct progress pg = {now_ms(), 0, isatty(2), 0, g.W};
-	double copy;
-	if (collect_run(&m, &g, dt.ptr, nw, o.seed, o.jobs, dt.n_tr, &z, &p,
-	                &copy, on_window, &pg, err, sizeof(err)))
-		goto fail;
-	say("oracles: %.0f s; the model repeats the held-out contexts with "
-	    "top-1 agreement %.3f\n", (double)(now_ms() - pg.t0) / 1e3, copy);
+	    "window %u KVzap, %u KVpop\n", g->n_ctx, g->n_sep, g->T, g->D,
+	    g->N, g->npw, g->nz, g->np);
+	return 0;
+}
 
-	size_t zt = (size_t)dt.n_tr * g.nz, pt = (size_t)dt.n_tr * g.np;
-	if (learned_alloc(&lr, c)) {
-		snprintf(err, sizeof(err), "out of memory");
-		goto fail;
+/* Runs the oracles over every window into r->z and r->p, starting the
+ * run's clock (r->pg); 0, or nonzero with r->err set. */
+static int collect_oracles(struct run *r)
+{
+	const uint32_t nw = r->dt.n_tr + r->dt.n_ho;
+	double copy;
+
+	if (collect_alloc(&r->m, &r->g, nw, &r->z, &r->p)) {
+		snprintf(r->err, sizeof(r->err),
+		         "out of memory for %u windows", nw);
+		return -1;
+	}
+	r->pg = (struct progress){now_ms(), 0, isatty(2), 0, r->g.W};
+	if (collect_run(&r->m, &r->g, r->dt.ptr, nw, r->o.seed, r->o.jobs,
+	                r->dt.n_tr, &r->z, &r->p, &copy, on_window, &r->pg,
+	                r->err, sizeof(r->err)))
+		return -1;
+	say("oracles: %.0f s; the model repeats the held-out contexts with "
+	    "top-1 agreement %.3f\n", (double)(now_ms() - r->pg.t0) / 1e3,
+	    copy);
+	return 0;
+}
+
+/* Fits every layer's scorers into r->lr and prints the held-out table and
+ * its summary; 0, or nonzero with r->err set. */
+static int fit_layers(struct run *r)
+{
+	const struct model_config *c = &r->m.cfg;
+	size_t zt = (size_t)r->dt.n_tr * r->g.nz;
+	size_t pt = (size_t)r->dt.n_tr * r->g.np;
+
+	if (learned_alloc(&r->lr, c)) {
+		snprintf(r->err, sizeof(r->err), "out of memory");
+		return -1;
 	}
 	say("held-out fit per layer (R2 / Spearman against the oracle; "
 	    "KVzap on log KVzip+, Fast KVzip on KVzip, KVpop on "
@@ -607,59 +654,87 @@ int main(int argc, char **argv)
 	say("%-5s %-15s %-15s %-24s %-15s %s\n", "layer", "kvzap-linear",
 	    "kvzap-mlp", "fastkvzip (bce)", "kvpop", "delay");
 	uint64_t tf = now_ms();
-	struct progress pf = {tf, 0, pg.tty, 0, 0};
-	struct fits fs = {.c = c, .o = &o, .z = &z, .p = &p, .zt = zt,
-	                  .pt = pt, .lr = &lr, .pg = &pf};
-	int frc = fit_all(&fs, o.jobs);
+	struct progress pf = {tf, 0, r->pg.tty, 0, 0};
+	struct fits fs = {.c = c, .o = &r->o, .z = &r->z, .p = &r->p,
+	                  .zt = zt, .pt = pt, .lr = &r->lr, .pg = &pf};
+	int frc = fit_all(&fs, r->o.jobs);
 	if (frc) {
-		snprintf(err, sizeof(err), "layer %u: fit failed: %s", fs.bad,
-		         kvt_strerror(frc));
-		goto fail;
+		snprintf(r->err, sizeof(r->err), "layer %u: fit failed: %s",
+		         fs.bad, kvt_strerror(frc));
+		return -1;
 	}
-	say("summary over %u layers (held out):\n", L);
-	summary(&lr, "kvzap-linear", 0, 1);
-	summary(&lr, "kvzap-mlp", 2, 3);
-	summary(&lr, "fastkvzip", 4, 5);
-	summary(&lr, "kvpop", 7, 8);
+	say("summary over %u layers (held out):\n", c->n_layers);
+	summary(&r->lr, "kvzap-linear", 0, 1);
+	summary(&r->lr, "kvzap-mlp", 2, 3);
+	summary(&r->lr, "fastkvzip", 4, 5);
+	summary(&r->lr, "kvpop", 7, 8);
 	say("fits: %.0f s\n", (double)(now_ms() - tf) / 1e3);
+	return 0;
+}
 
-	char dir[1100];
+/* Writes the scorers' files and fit.csv under r->out; 0, or nonzero with
+ * r->err set. */
+static int write_outputs(struct run *r)
+{
+	const struct model_config *c = &r->m.cfg;
+	const struct learned *lr = &r->lr;
+	const char *out = r->out;
+	char dir[1100], fp[1100];
+
 	snprintf(dir, sizeof(dir), "%s/kvzap-linear", out);
-	if (save_kvzap(dir, c, 0, lr.lW, lr.lb, NULL, NULL, o.dtype, err,
-	               sizeof(err)))
-		goto fail;
+	if (save_kvzap(dir, c, 0, lr->lW, lr->lb, NULL, NULL, r->o.dtype,
+	               r->err, sizeof(r->err)))
+		return -1;
 	snprintf(dir, sizeof(dir), "%s/kvzap-mlp", out);
-	if (save_kvzap(dir, c, lr.hid, lr.mW1, lr.mb1, lr.mW2, lr.mb2, o.dtype,
-	               err, sizeof(err)))
-		goto fail;
+	if (save_kvzap(dir, c, lr->hid, lr->mW1, lr->mb1, lr->mW2, lr->mb2,
+	               r->o.dtype, r->err, sizeof(r->err)))
+		return -1;
 	snprintf(fp, sizeof(fp), "%s/fastkvzip.safetensors", out);
-	if (save_fastkvzip(fp, c, lr.gp, o.dtype, err, sizeof(err)))
-		goto fail;
+	if (save_fastkvzip(fp, c, lr->gp, r->o.dtype, r->err, sizeof(r->err)))
+		return -1;
 	snprintf(fp, sizeof(fp), "%s/kvpop.safetensors", out);
-	if (save_kvpop(fp, c, lr.pp, o.dtype, err, sizeof(err)))
-		goto fail;
-	if (write_csv(out, &lr)) {
-		snprintf(err, sizeof(err), "%s/fit.csv: %s", out,
+	if (save_kvpop(fp, c, lr->pp, r->o.dtype, r->err, sizeof(r->err)))
+		return -1;
+	if (write_csv(out, lr)) {
+		snprintf(r->err, sizeof(r->err), "%s/fit.csv: %s", out,
 		         strerror(errno));
-		goto fail;
+		return -1;
 	}
 	say("wrote %s/{kvzap-linear,kvzap-mlp}/, fastkvzip.safetensors, "
 	    "kvpop.safetensors, fit.txt, fit.csv in %.0f s\n", out,
-	    (double)(now_ms() - pg.t0) / 1e3);
-	rc_main = 0;
-	goto done;
-fail:
-	fprintf(stderr, "kvtrim-train: %s\n", err);
-done:
-	/* Everything is released, so LeakSanitizer (make SANITIZER=address
-	 * test runs this tool) only ever reports real leaks. */
+	    (double)(now_ms() - r->pg.t0) / 1e3);
+	return 0;
+}
+
+/* Releases everything a loaded run holds, so LeakSanitizer (make
+ * SANITIZER=address test runs this tool) only ever reports real leaks. */
+static void run_free(struct run *r)
+{
 	if (fit_out)
 		fclose(fit_out);
-	learned_free(&lr);
-	collect_free(&z);
-	collect_free(&p);
-	data_free(&dt);
-	tok_free(tk);
-	model_free(&m);
-	return rc_main;
+	learned_free(&r->lr);
+	collect_free(&r->z);
+	collect_free(&r->p);
+	data_free(&r->dt);
+	tok_free(r->tk);
+	model_free(&r->m);
+}
+
+int main(int argc, char **argv)
+{
+	struct run r = {.o = {.seed = 1, .jobs = 1}};
+	const char *model_arg = NULL;
+	int rc;
+
+	if ((rc = parse_args(argc, argv, &r, &model_arg)) >= 0)
+		return rc;
+	openblas_set_num_threads(1);
+	if (load_model(&r, model_arg))
+		return 1;
+	rc = prepare(&r) || collect_oracles(&r) || fit_layers(&r) ||
+	     write_outputs(&r);
+	if (rc)
+		fprintf(stderr, "kvtrim-train: %s\n", r.err);
+	run_free(&r);
+	return rc ? 1 : 0;
 }
