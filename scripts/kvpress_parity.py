@@ -9,7 +9,8 @@ not part of `make test`).  Runs in scripts/kvpress_venv.sh's venv.
    with hidden 72, SmolLM2's geometry, torch seed 0) with save_pretrained into
    OUT/dump/kvzap-{linear,mlp}.
 2. Runs `kvtrim-eval --model smollm2 --dump-kept OUT/dump --seqs N`
-   (tools/eval/ctxdump.c): protocol 1's first N windows, their token ids,
+   (tools/eval/ctxdump.c): N windows of protocol 1's split, spread over
+   it as protocol 1's --seqs N spreads them, their token ids,
    per policy and ratio the kept context positions per (layer, KV head) and
    the continuation's KL / top-1, the C scores of the KVzap checkpoints and
    kvtrimd's kept entries with them.
@@ -153,6 +154,8 @@ def press_for(name, R, variant=False):
     if name == "h2o":
         cls = ObservedAttentionSum if variant else ObservedAttentionPress
         return cls(compression_ratio=R)
+    if name == "observed_attention":
+        return ObservedAttentionPress(compression_ratio=R)
     if name == "knorm":
         return KnormPress(compression_ratio=R)
     if name == "expected_attention":
@@ -168,7 +171,8 @@ KVPRESS_NAME = {
     "streaming": "StreamingLLMPress(n_sink=4)",
     "snapkv": "SnapKVPress(window_size=16, kernel_size=5)",
     "tova": "TOVAPress",
-    "h2o": "ObservedAttentionPress",
+    "h2o": "ObservedAttentionPress (the nearest; h2o is not a press)",
+    "observed_attention": "ObservedAttentionPress",
     "knorm": "KnormPress",
     "expected_attention": "ExpectedAttentionPress (defaults)",
     "kvzip": "KVzipPress (defaults)",
@@ -190,11 +194,14 @@ EXPLAIN = {
               "kvtrim's rule agrees with kvtrim to the variant column; what "
               "remains is near-tied scores ranked differently by the two "
               "engines' float rounding.",
-    "h2o": "kvpress's ObservedAttentionPress divides each key's summed "
-           "attention by the number of queries that can see it (P - i), a "
-           "mean; kvtrim's h2o accumulates the sum (H2O's heavy-hitter "
-           "score), which favours early positions. Same per-head top-k "
+    "h2o": "h2o is the H2O paper's rule, not a kvpress press: it "
+           "accumulates the sum of the attention (the heavy-hitter score), "
+           "which favours early positions, where kvpress's "
+           "ObservedAttentionPress divides each key's sum by the number of "
+           "queries that can see it (P - i), a mean; kvtrim's "
+           "observed_attention is that press. Same per-head top-k "
            "otherwise (h2o run with window=0: no recent window).",
+    "observed_attention": "not expected beyond near ties.",
     "expected_attention": "kvpress takes the query mean and covariance over "
                           "every context query after the 4 sinks; kvtrim's "
                           "daemon sees the staged queries of its lookback "
