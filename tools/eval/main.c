@@ -7,11 +7,13 @@
  * The options, the byte and token-id models' protocol and its outputs
  * (quality.csv, quality.md, quality.png, specs-<model>.txt,
  * needle-<model>.txt) are in docs/eval.md.  Models with a tokenizer go to
- * protocol 1 (ctxmain.c) or 2 (dec2main.c).  This file holds the options,
+ * protocol 1 (context.c) or 2 (decoding.c).  This file holds the options,
  * the cases and jobs of a run and the results files; eval.h lists the
  * other files of tools/eval/.
  */
-#include "eval.h"
+#include "bytes/bytes.h"
+#include "common/eval.h"
+#include "context/context.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -28,7 +30,7 @@
 
 #include "../train/dataset.h"
 #include "../train/recipe.h"
-#include "dec2.h"
+#include "decoding/decoding.h"
 #include "engine.h"
 #include "model.h"
 #include "model_files.h"
@@ -73,7 +75,7 @@ int main(int argc, char **argv)
 		{"runtime-dir", required_argument, 0, 'r'},
 		{"threads", required_argument, 0, 't'},
 		{"seqs", required_argument, 0, 's'},
-		{"dump-kept", required_argument, 0, 'd'}, /* ctxdump.c */
+		{"dump-kept", required_argument, 0, 'd'}, /* dump_kept.c */
 		{"no-tasks", no_argument, 0, 'n'},
 		{"tasks-only", no_argument, 0, 'T'},
 		{"protocol", required_argument, 0, 'p'},
@@ -155,9 +157,9 @@ int main(int argc, char **argv)
 		         "%s decodes with the policy active under its own "
 		         "protocol already", mname);
 	if (m.version == MODEL_GGUF) {
-		/* a model with a tokenizer: protocol 1 (ctxmain.c) or 2
-		 * (dec2.c) */
-		struct ctx_args ca = {
+		/* a model with a tokenizer: protocol 1 (context.c) or 2
+		 * (lockstep.c) */
+		struct eval_opts ca = {
 			.argv0 = argv[0], .model_path = model_path,
 			.mname = mname, .out = out, .wdir = wdir,
 			.wabs = have_w ? wabs : "", .rt = rt_arg,
@@ -167,7 +169,7 @@ int main(int argc, char **argv)
 			.dump = dump,
 			.calibrate = calibrate,
 		};
-		int rc = protocol == 2 ? dec2_main(M, &ca) : ctx_main(M, &ca);
+		int rc = protocol == 2 ? decoding_main(M, &ca) : context_main(M, &ca);
 		model_free(&m);
 		return rc;
 	}
@@ -301,11 +303,11 @@ int main(int argc, char **argv)
 				                 ncal, T, P, -1, R);
 		if (have_w) {
 			eval_add_fastkvzip(jobs, &njobs, wabs, R, R, 16);
-			eval_kvpop_spec(s, sizeof(s), wabs, dec2_budget(R, P, T));
+			eval_kvpop_spec(s, sizeof(s), wabs, decoding_budget(R, P, T));
 			eval_kvpop_spec(sc, sizeof(sc), wabs,
-			                cT ? dec2_budget(R, cP, cT) : 1);
+			                cT ? decoding_budget(R, cP, cT) : 1);
 			eval_kvpop_spec(sn, sizeof(sn), wabs,
-			                nT ? dec2_budget(R, nP, nT) : 1);
+			                nT ? decoding_budget(R, nP, nT) : 1);
 			add_job("kvpop", R, J_DAEMON, s, ncp ? sc : NULL,
 			        nnd ? sn : NULL);
 		}
@@ -459,7 +461,7 @@ int main(int argc, char **argv)
 		}
 		fclose(f);
 	}
-	table_write_md(out, rows, nr);
+	bytes_write_md(out, rows, nr);
 	table_write_png(out, rows, nr, 0);
 	table_print_model(rows, nr, mname);
 	fprintf(stderr, "kvtrim-eval: %s done in %lds\n", mname,

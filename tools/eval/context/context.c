@@ -1,5 +1,5 @@
 /*
- * ctxmain.c — protocol 1 of kvtrim-eval: context compression (the protocol
+ * context.c — protocol 1 of kvtrim-eval: context compression (the protocol
  * of kvpress and of the KVzip / KVzap papers) for models with a tokenizer
  * (SmolLM2: `kvtrim-eval --model smollm2 --out docs/results/smollm2`).
  *
@@ -7,10 +7,10 @@
  * "Protocol 1".  This file holds its windows (the evaluation split through
  * the tokenizer), its jobs (budgets, kvzap's calibrated thresholds and
  * sweep), the scheduling of references and runs over `--threads` workers,
- * and the results files; ctx.h the machinery, ctxtask.c the tasks.
- * Protocol 2 (decoding-time compression) is dec2main.c's.
+ * and the results files; context.h the machinery, tasks.c the tasks.
+ * Protocol 2 (decoding-time compression) is decoding.c's.
  */
-#include "eval.h"
+#include "../common/eval.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
-#include "../train/recipe.h"
-#include "ctx.h"
-#include "ctxtask.h"
+#include "../../train/dataset.h"
+#include "../../train/recipe.h"
+#include "context.h"
+#include "tasks.h"
 #include "model_gguf.h"
 #include "now.h"
 #include "oracle.h"
@@ -37,14 +37,8 @@ void openblas_set_num_threads(int n);
 #define CTX_QUICK_P 256u
 #define CTX_QUICK_C 32u
 #define CTX_QUICK_WINDOWS 2u
-#define CTX_CAL 8u
 #define CTX_SWEEP 4u
 #define CTX_HELD 2u /* windows held at once */
-/* kvzap's protected first positions: kvpress KVzapPress n_sink = 4 (the
- * spec's default is 0, as the paper's DMSPress; without them the scorer's
- * low log-KVzip+ for the first token, whose value vector is small, drops
- * the attention sink in the early layers) */
-#define CTX_KVZAP_SINKS 4u
 #define CTX_FKV_WINDOW 16u /* eval_add_fastkvzip's window and sinks */
 #define CTX_FKV_SINKS 4u
 
@@ -75,7 +69,7 @@ struct win_slot {
 
 struct pool {
 	const struct model *M;
-	const struct ctx_args *a;
+	const struct eval_opts *a;
 	const struct dataset *ev;
 	const int32_t *sep;
 	uint32_t nsep, P, T, nwin;
@@ -132,7 +126,7 @@ static int run_one(struct pool *p, const struct job *j, uint32_t wi,
 	char tn[64];
 	snprintf(tn, sizeof(tn), "ctx-%.24s-%u-w%u", j->name,
 	         (unsigned)(j - p->jobs), wi);
-	int rc = ctxtask_load(M, j, tn, w, p->rt, c, keep, err, errlen);
+	int rc = task_load(M, j, tn, w, p->rt, c, keep, err, errlen);
 	if (rc)
 		return rc;
 	rc = ctx_continue(M, w, c, lg, s);
@@ -233,100 +227,6 @@ static void *worker(void *arg)
 /* ------------------------------------------------------------ both
  * protocols' windows, targets and calibration */
 
-uint32_t ctx_windows(const struct model *M, const struct tok *tk,
-                     const struct ctx_args *a, uint32_t T, uint32_t def,
-                     struct dataset *ev, const double **ratios)
-{
-	static const double full_ratios[] = {0.5, 0.75, 0.875};
-	static const double quick_ratios[] = {0.75};
-	char err[1024];
-	const uint32_t nwant = a->nseq ? a->nseq : def;
-	if (dataset_build_tok(M, tk, DATASET_EVAL, T, nwant, ev, err,
-	                      sizeof(err)))
-		eval_die("%s", err);
-	if (ev->n < nwant)
-		fprintf(stderr, "kvtrim-eval: the evaluation split holds %u "
-		        "windows of %u tokens, not %u\n", ev->n, T, nwant);
-	*ratios = a->quick ? quick_ratios : full_ratios;
-	return a->quick ? 1 : 3;
-}
-
-/*
- * kvzap's calibration on the training split (ncal windows of P tokens of
- * train-man.txt): the scores of both scorers under protocol 1, in zs[v]
- * (NULL where a scorer is missing).
- */
-void ctx_calibrate(const struct model *M, const struct tok *t,
-                   const struct ctx_args *a, uint32_t P, uint32_t ncal,
-                   float *zs[2], float **gs, uint32_t *nout)
-{
-	const struct model_config *mc = &M->cfg;
-	const size_t per = (size_t)mc->n_layers * mc->n_kv_heads * P;
-	char err[1024];
-	struct kvzap_scorer *z[2] = {NULL, NULL};
-	struct fkv_gate *fg = NULL;
-	zs[0] = zs[1] = NULL;
-	if (gs)
-		*gs = NULL;
-	*nout = 0;
-	if (!a->wabs[0]) {
-		fprintf(stderr, "kvtrim-eval: no weights in %s: learned "
-		        "policies skipped (run make weights)\n", a->wdir);
-		return;
-	}
-	for (int v = 0; v < 2; v++) {
-		char d[PATH_MAX + 32];
-		snprintf(d, sizeof(d), "%s/%s", a->wabs, kvzap_names[v]);
-		if (kvzap_open(M, d, P, &z[v], err, sizeof(err)))
-			fprintf(stderr, "kvtrim-eval: %s: %s (skipped)\n",
-			        kvzap_names[v], err);
-	}
-	if (gs) {
-		char f[PATH_MAX + 32];
-		snprintf(f, sizeof(f), "%s/fastkvzip.safetensors", a->wabs);
-		if (fkv_gate_open(M, f, P, &fg, err, sizeof(err)))
-			fprintf(stderr, "kvtrim-eval: fastkvzip-global: %s "
-			        "(skipped)\n", err);
-	}
-	if (!z[0] && !z[1] && !fg)
-		return;
-	struct dataset cal;
-	if (dataset_build_tok(M, t, DATASET_TRAIN, P, ncal, &cal, err,
-	                      sizeof(err)))
-		eval_die("%s", err);
-	struct ctx_cache *c;
-	float *xs = malloc(sizeof(float) * mc->n_layers * P * mc->dim);
-	if (!xs || ctx_cache_open(M, P, &c))
-		eval_die("out of memory");
-	for (int v = 0; v < 2; v++)
-		if (z[v] && !(zs[v] = malloc(sizeof(float) * per * cal.n)))
-			eval_die("out of memory");
-	if (fg && !(*gs = malloc(sizeof(float) * per * cal.n)))
-		eval_die("out of memory");
-	uint64_t t0 = now_ms();
-	for (uint32_t q = 0; q < cal.n; q++) {
-		struct ctx_tap tp = {.x = xs};
-		ctx_cache_truncate(c, 0);
-		if (ctx_cache_step(c, cal.tok + (size_t)q * P, P, 0, &tp, NULL))
-			eval_die("calibration forward failed");
-		for (int v = 0; v < 2; v++)
-			if (z[v])
-				kvzap_score(z[v], xs, P, zs[v] + per * q);
-		if (fg)
-			fkv_gate_score(fg, xs, P, *gs + per * q);
-	}
-	fprintf(stderr, "kvtrim-eval: kvzap calibration: %u training windows "
-	        "of %u tokens in %.0fs\n", cal.n, P,
-	        (double)(now_ms() - t0) / 1e3);
-	*nout = cal.n;
-	ctx_cache_close(c);
-	free(xs);
-	dataset_free(&cal);
-	kvzap_close(z[0]);
-	kvzap_close(z[1]);
-	fkv_gate_close(fg);
-}
-
 /* ------------------------------------------------------------ jobs */
 
 /* Keeps the jobs whose name is in the comma-separated list (--only), in
@@ -356,7 +256,7 @@ static uint32_t only_jobs(struct job *jobs, uint32_t n, const char *list)
 /* What the jobs are made of (make_jobs). */
 struct jobs_in {
 	const struct model *M;
-	const struct ctx_args *a;
+	const struct eval_opts *a;
 	float *zs[2];         /* kvzap's calibration scores (NULL: none) */
 	float *gs;            /* Fast KVzip's gate's, likewise */
 	uint32_t ncal, calP;  /* their windows, of calP tokens */
@@ -410,14 +310,14 @@ static void ctx_add_fastkvzip_sweep(struct job *jobs, uint32_t *n,
 	}
 }
 
-/* The jobs for contexts of P tokens into jobs (a ctxtask_jobs_fn, also
+/* The jobs for contexts of P tokens into jobs (a task_jobs_fn, also
  * used by the tasks at their lengths): kvzap's thresholds from the
  * calibration, kvpop's token budget from P. */
 static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 {
 	const struct jobs_in *in = arg;
 	const struct model *M = in->M;
-	const struct ctx_args *a = in->a;
+	const struct eval_opts *a = in->a;
 	float *const *zs = in->zs;
 	const uint32_t ncal = in->ncal, nrat = in->nrat;
 	const double *ratios = in->ratios;
@@ -461,27 +361,6 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 
 /* ------------------------------------------------------------ results */
 
-int ctx_write_results(const struct ctx_args *a, const struct job *jobs,
-                      uint32_t njobs, const char *what, const char *tag,
-                      const char *csv, ctx_md_fn md, ctx_png_fn png)
-{
-	char path[1200];
-	snprintf(path, sizeof(path), "%s/specs-%s%s.txt", a->out, a->mname,
-	         tag);
-	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
-	snprintf(path, sizeof(path), "%s/%s", a->out, csv);
-	size_t nr;
-	int bad;
-	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
-	                                  &bad);
-	table_write_csv(path, rows, nr);
-	md(a->out, rows, nr, a->mname, what);
-	png(a->out, rows, nr, a->mname);
-	table_print_model(rows, nr, a->mname);
-	free(rows);
-	return bad;
-}
-
 /* quality.png: the sweep rows merged into their policies' curves. */
 static void write_png(const char *dir, struct row *rows, size_t nr,
                       const char *model)
@@ -491,51 +370,9 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 
 /* ------------------------------------------------------------ calibrate */
 
-/*
- * kvtrim-eval --calibrate: kvzap's thresholds for the protocol's targets
- * (and 0.5), from the same calibration windows and rule as the run's
- * jobs (kvzap_tau, window RECIPE_KVZAP_WINDOW, sinks CTX_KVZAP_SINKS),
- * written to OUT/calibration.txt as "scorer target threshold" lines: what
- * weights/<model>/calibration.txt ships for the demo and the bench.
- */
-static int ctx_write_calibration(const struct model *M, const struct tok *tk,
-                                 const struct ctx_args *a, uint32_t P)
-{
-	static const double targets[] = {0.5, 0.75, 0.875};
-	float *zs[2] = {NULL, NULL};
-	uint32_t ncal = 0;
-	ctx_calibrate(M, tk, a, P, a->quick ? 2 : CTX_CAL, zs, NULL, &ncal);
-	if (!zs[0] && !zs[1])
-		eval_die("--calibrate: no kvzap scorer in %s", a->wdir);
-	char path[1200];
-	snprintf(path, sizeof(path), "%s/calibration.txt", a->out);
-	FILE *f = fopen(path, "w");
-	if (!f)
-		eval_die("%s: %s", path, strerror(errno));
-	fprintf(f, "# kvzap thresholds: %u training-split windows of %u "
-	        "tokens, protocol 1, window %u, sinks %u (kvtrim-eval "
-	        "--calibrate%s)\n", ncal, P, RECIPE_KVZAP_WINDOW,
-	        CTX_KVZAP_SINKS, a->quick ? " --quick" : "");
-	for (int v = 0; v < 2; v++)
-		for (size_t i = 0; zs[v] && i < 3; i++) {
-			float tau = kvzap_tau(M, zs[v], ncal, P, P,
-			                      RECIPE_KVZAP_WINDOW,
-			                      CTX_KVZAP_SINKS, targets[i]);
-			fprintf(f, "%s %.3f %.4f\n", kvzap_names[v],
-			        targets[i], tau);
-		}
-	int bad = fclose(f) != 0;
-	free(zs[0]);
-	free(zs[1]);
-	if (bad)
-		eval_die("%s: write failed", path);
-	fprintf(stderr, "kvtrim-eval: wrote %s\n", path);
-	return 0;
-}
-
 /* ------------------------------------------------------------ the run */
 
-int ctx_main(const struct model *M, const struct ctx_args *a)
+int context_main(const struct model *M, const struct eval_opts *a)
 {
 	const struct model_config *mc = &M->cfg;
 	char err[1024];
@@ -557,8 +394,8 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	const uint32_t nrat = ctx_windows(M, tk, a, T, a->quick ?
 	                                  CTX_QUICK_WINDOWS : CTX_WINDOWS,
 	                                  &ev, &ratios);
-	if (a->dump) /* the kvpress parity's dump (ctxdump.c) */
-		return ctxdump_main(M, a, tk, &ev, sep, nsep, P, T);
+	if (a->dump) /* the kvpress parity's dump (dump_kept.c) */
+		return dump_kept_main(M, a, tk, &ev, sep, nsep, P, T);
 	if (a->calibrate) {
 		dataset_free(&ev);
 		int rc = ctx_write_calibration(M, tk, a, P);
@@ -612,11 +449,11 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	free(p.win);
 	double secs = (double)(now_ms() - t0) / 1e3;
 
-	/* ---- the needle and copy tasks (ctxtask.c), on the same daemon */
-	struct ctxtask_args ta = {.M = M, .a = a, .tk = tk, .sep = sep,
+	/* ---- the needle and copy tasks (tasks.c), on the same daemon */
+	struct task_args ta = {.M = M, .a = a, .tk = tk, .sep = sep,
 	                          .nsep = nsep, .rt = rt, .jobs = make_jobs,
 	                          .jobs_arg = &jin};
-	int tbad = a->notasks ? 0 : ctxtask_main(&ta);
+	int tbad = a->notasks ? 0 : task_main(&ta);
 	eval_daemon_stop();
 	free(zs[0]);
 	free(zs[1]);
@@ -630,8 +467,8 @@ int ctx_main(const struct model *M, const struct ctx_args *a)
 	         ncal, njobs, secs / 60, a->threads);
 	int bad = tbad;
 	if (!a->tasksonly)
-		bad |= ctx_write_results(a, jobs, njobs, what, "",
-		                         "quality.csv", ctxtable_write_md,
+		bad |= table_write_results(a, jobs, njobs, what, "",
+		                         "quality.csv", context_write_md,
 		                         write_png);
 	fprintf(stderr, "kvtrim-eval: %s done in %.0fs\n", a->mname,
 	        (double)(now_ms() - t0) / 1e3);

@@ -1,16 +1,16 @@
 /*
- * dec2.c — protocol 2 of kvtrim-eval: decoding-time compression, every
+ * lockstep.c — protocol 2 of kvtrim-eval: decoding-time compression, every
  * policy active while generating, for models with a tokenizer (SmolLM2:
  * `kvtrim-eval --model smollm2 --protocol 2 --out docs/results/smollm2`).
  *
  * The protocol and its choices are in docs/eval.md, "Protocol 2";
- * dec2.h has dec2_run's contract.  This file holds the run: groups of jobs
+ * decoding.h has decoding_run's contract.  This file holds the run: groups of jobs
  * decoding their windows in lockstep (one batched forward a step, one
  * sync per tenant), the reference's logits shared step by step, the
- * hindsight oracle's eviction and the scoring.  dec2main.c holds the
+ * hindsight oracle's eviction and the scoring.  decoding.c holds the
  * windows, the jobs and the results files.
  */
-#include "dec2.h"
+#include "decoding.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -21,7 +21,7 @@
 
 #include "engine.h"
 #include "now.h"
-#include "replay.h"
+#include "../common/replay.h"
 
 /* eval_daemon_start's --pool-size; 80 % of it is shared by the groups
  * that run at once */
@@ -49,7 +49,7 @@ struct group {
 };
 
 struct pool {
-	const struct dec2_set *s;
+	const struct decoding_set *s;
 	struct group *g;
 	uint32_t ng, next;
 	/* the producer's: logits of the reference, one row per window and
@@ -218,7 +218,7 @@ static uint64_t kept_daemon(const struct model *M, const struct d2row *rw)
 
 /* Registration and prefill of a daemon job: engine e (one sequence per
  * window), the rows of its windows.  0, or the job failed. */
-static int open_daemon(const struct dec2_set *s, struct job *j, uint32_t gi,
+static int open_daemon(const struct decoding_set *s, struct job *j, uint32_t gi,
                        uint32_t k, struct engine **e, struct d2row *rows)
 {
 	char err[1024], tn[64];
@@ -264,7 +264,7 @@ static int open_daemon(const struct dec2_set *s, struct job *j, uint32_t gi,
 
 /* The oracle rows of window w after a sync of n tokens: scores sc
  * [L][H][T] = totals - prefixes of the reference's attention. */
-static int oracle_step(const struct dec2_set *s, const double *tot,
+static int oracle_step(const struct decoding_set *s, const double *tot,
                        const double *pre, float *sc, struct d2row *rows,
                        uint32_t nrows, uint32_t w, uint32_t n)
 {
@@ -284,7 +284,7 @@ static int oracle_step(const struct dec2_set *s, const double *tot,
 		/* its budget: spec "oracle:ratio=F", else the job's ratio */
 		const char *rs = strstr(rw->j->spec[C_MAIN], "ratio=");
 		double R = rs ? strtod(rs + 6, NULL) : rw->j->ratio;
-		int rc = run_oracle_evict(s->M, rw->r, R, sc,
+		int rc = score_oracle_evict(s->M, rw->r, R, sc,
 		                          mc->n_heads * T, T);
 		if (rc)
 			return rc;
@@ -295,7 +295,7 @@ static int oracle_step(const struct dec2_set *s, const double *tot,
 /* Runs group gi to its end; its jobs' results added up. */
 static void run_group(struct pool *p, uint32_t gi)
 {
-	const struct dec2_set *s = p->s;
+	const struct decoding_set *s = p->s;
 	const struct model *M = s->M;
 	const struct model_config *mc = &M->cfg;
 	const struct group *g = &p->g[gi];
@@ -394,7 +394,7 @@ static void run_group(struct pool *p, uint32_t gi)
 			pthread_mutex_unlock(&p->lock);
 		}
 		/* one sync per tenant, all started before any is waited for */
-		struct kvt_sync_item it[64]; /* nwin <= 64 (dec2_run) */
+		struct kvt_sync_item it[64]; /* nwin <= 64 (decoding_run) */
 		for (uint32_t k = 0; k < g->nj; k++) {
 			struct job *j = g->jobs[k];
 			if (j->kind != J_DAEMON || j->failed)
@@ -430,7 +430,7 @@ static void run_group(struct pool *p, uint32_t gi)
 			/* a job is touched by its group only: no lock */
 			double kl, dnll;
 			int top1;
-			run_compare(p->ref + ((size_t)rw->w * C + (t - P)) * V,
+			score_compare(p->ref + ((size_t)rw->w * C + (t - P)) * V,
 			            lg + (size_t)c * V, V,
 			            s->tok[(size_t)rw->w * T + t + 1], &kl, &top1,
 			            &dnll);
@@ -520,7 +520,7 @@ static void *worker(void *arg)
 
 /* Pages a daemon job's tenant may hold at its end: every list at
  * T - floor(R T) entries (sweeps at SWEEP_LO) plus the headroom entry. */
-static uint64_t job_bytes(const struct dec2_set *s, const struct job *j)
+static uint64_t job_bytes(const struct decoding_set *s, const struct job *j)
 {
 	const struct model_config *mc = &s->M->cfg;
 	if (j->kind != J_DAEMON)
@@ -532,13 +532,13 @@ static uint64_t job_bytes(const struct dec2_set *s, const struct job *j)
 	       D2_PAGE * mc->head_dim * sizeof(float);
 }
 
-int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs)
+int decoding_run(const struct decoding_set *s, struct job *jobs, uint32_t njobs)
 {
 	if (!s->M || !s->tok || !s->nwin || s->P < 1 || s->T < s->P + 2 ||
 	    s->threads < 1 || s->nwin > 64)
 		return KVT_EINVAL;
-	uint32_t cap_j = s->group_jobs ? s->group_jobs : DEC2_GROUP_JOBS;
-	if (cap_j > DEC2_GROUP_JOBS * 2)
+	uint32_t cap_j = s->group_jobs ? s->group_jobs : DECODING_GROUP_JOBS;
+	if (cap_j > DECODING_GROUP_JOBS * 2)
 		return KVT_EINVAL;
 	uint64_t cap_b = s->group_bytes ? s->group_bytes
 	                                : D2_POOL / 10 * 8 / (uint64_t)s->threads;
@@ -616,7 +616,7 @@ int dec2_run(const struct dec2_set *s, struct job *jobs, uint32_t njobs)
 	return 0;
 }
 
-double dec2_inv_seen(uint32_t P, uint32_t T)
+double decoding_inv_seen(uint32_t P, uint32_t T)
 {
 	double s = 0;
 	for (uint32_t t = P; t + 1 < T; t++)
@@ -624,7 +624,7 @@ double dec2_inv_seen(uint32_t P, uint32_t T)
 	return s / (T - 1 - P);
 }
 
-uint32_t dec2_tokens(double R, uint32_t P, uint32_t T, int up)
+uint32_t decoding_tokens(double R, uint32_t P, uint32_t T, int up)
 {
 	uint32_t best = up ? 1 : T;
 	for (uint32_t N = 1; N <= T; N++) {
@@ -640,8 +640,8 @@ uint32_t dec2_tokens(double R, uint32_t P, uint32_t T, int up)
 	return best;
 }
 
-uint32_t dec2_budget(double R, uint32_t P, uint32_t T)
+uint32_t decoding_budget(double R, uint32_t P, uint32_t T)
 {
-	double n = (1.0 - R) / dec2_inv_seen(P, T);
+	double n = (1.0 - R) / decoding_inv_seen(P, T);
 	return n < 1 ? 1 : (uint32_t)lround(n);
 }

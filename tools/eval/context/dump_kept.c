@@ -1,5 +1,5 @@
 /*
- * ctxdump.c — `kvtrim-eval --model smollm2 --dump-kept DIR [--seqs N]
+ * dump_kept.c — `kvtrim-eval --model smollm2 --dump-kept DIR [--seqs N]
  * [--quick]`: what protocol 1 decides, written out for an independent
  * implementation to compare with (scripts/kvpress_parity.py, `make
  * parity`): per policy and ratio the context entries each (layer, KV head)
@@ -9,7 +9,7 @@
  * DIR and their layouts are in docs/eval.md, "Kept positions for the
  * kvpress parity".  Progress on stderr, one line per window.
  */
-#include "eval.h"
+#include "context.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
-#include "ctx.h"
+#include "../../train/dataset.h"
+#include "context.h"
 #include "now.h"
 #include "tokenizer.h"
 
@@ -264,7 +264,7 @@ static void json_doubles(FILE *f, const char *key, const double *v,
 	fputc(']', f);
 }
 
-int ctxdump_main(const struct model *M, const struct ctx_args *a,
+int dump_kept_main(const struct model *M, const struct eval_opts *a,
                  struct tok *tk, struct dataset *ev, const int32_t *sep, uint32_t nsep,
                  uint32_t P, uint32_t T)
 {
