@@ -360,16 +360,7 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "kvtrim-eval: %u jobs (%u threads) on %s\n", njobs,
 	        threads, rt);
-	pthread_t th[16];
-	struct run_pool pool = {
-		.M = M, .cases = cases, .ncases = ncases, .jobs = jobs,
-		.njobs = njobs, .lock = PTHREAD_MUTEX_INITIALIZER,
-	};
-	for (int i = 0; i < threads; i++)
-		if (pthread_create(&th[i], NULL, run_worker, &pool))
-			eval_die("pthread_create failed");
-	for (int i = 0; i < threads; i++)
-		pthread_join(th[i], NULL);
+	run_jobs(M, cases, ncases, jobs, njobs, threads);
 	for (uint32_t k = 0; k < njobs; k++)
 		for (int c = 0; c < C_NKIND; c++)
 			engine_close(jobs[k].e[c]);

@@ -9,7 +9,6 @@
 #ifndef KVT_EVAL_BYTES_H
 #define KVT_EVAL_BYTES_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "../common/eval.h"
@@ -48,19 +47,12 @@ void cases_needle_full(const struct model *M, const struct ecase *c,
                        uint32_t *per_depth);
 
 /* run.c */
-/* What the worker threads share: they take jobs in order under lock. */
-struct run_pool {
-	const struct model *M;
-	const struct ecase *cases;
-	uint32_t ncases;
-	struct job *jobs;
-	uint32_t njobs;
-	pthread_mutex_t lock;
-	uint32_t next; /* the next job to take */
-};
-/* A worker thread (arg: the struct run_pool): runs jobs until none is
- * left. */
-void *run_worker(void *arg);
+/* Every job of jobs[njobs] on every case of cases[ncases], `threads` jobs
+ * at once (common/pool.h), its results added to the job; a line on
+ * stderr when a job ends.  A daemon job runs on its engines (j->e[]). */
+void run_jobs(const struct model *M, const struct ecase *cases,
+              uint32_t ncases, struct job *jobs, uint32_t njobs,
+              int threads);
 
 /* quality_md.c */
 /* DIR/quality.md of the byte models' rows (every model's, one table

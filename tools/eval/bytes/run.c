@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "kernels.h"
 #include "model.h"
+#include "../common/pool.h"
 #include "../common/replay.h"
 
 /* Adds the comparison of one prediction to job j. */
@@ -176,49 +177,75 @@ static int run_replay_case(const struct model *M, struct job *j,
 	return rc;
 }
 
-void *run_worker(void *arg)
+/* What the workers share: the cases every job runs. */
+struct run_ctx {
+	const struct model *M;
+	const struct ecase *cases;
+	uint32_t ncases;
+	struct job *jobs;
+};
+
+/* A worker's scratch: one prediction's logits, the replay of the
+ * in-process jobs. */
+struct run_scratch {
+	float *lg;        /* [V] */
+	struct replay *r;
+};
+
+static void *run_open(struct pool *p)
 {
-	struct run_pool *pool = arg;
-	const struct model *M = pool->M;
-	const struct ecase *cases = pool->cases;
-	uint32_t ncases = pool->ncases;
+	const struct run_ctx *x = p->ctx;
 	uint32_t maxT = 0;
-	for (uint32_t i = 0; i < ncases; i++)
-		maxT = cases[i].T > maxT ? cases[i].T : maxT;
-	float *lg = malloc(sizeof(float) * M->cfg.vocab_size);
-	struct replay *r = NULL;
-	if (!lg || replay_open(M, maxT, &r))
+	for (uint32_t i = 0; i < x->ncases; i++)
+		maxT = x->cases[i].T > maxT ? x->cases[i].T : maxT;
+	struct run_scratch *s = calloc(1, sizeof(*s));
+	if (!s || !(s->lg = malloc(sizeof(float) * x->M->cfg.vocab_size)) ||
+	    replay_open(x->M, maxT, &s->r))
 		eval_die("out of memory");
-	for (;;) {
-		pthread_mutex_lock(&pool->lock);
-		uint32_t k = pool->next++;
-		pthread_mutex_unlock(&pool->lock);
-		if (k >= pool->njobs)
-			break;
-		struct job *j = &pool->jobs[k];
-		for (uint32_t i = 0; i < ncases && !j->failed; i++) {
-			const struct ecase *c = &cases[i];
-			j->case_ok = 0;
-			int rc = j->kind == J_DAEMON
-			                 ? run_daemon_case(M, j, c, lg)
-			                 : run_replay_case(M, j, r, c, lg);
-			if (rc)
-				j->failed = 1;
-			else if (c->kind == C_NEEDLE) {
-				j->nd_cases[c->di]++;
-				j->nd_exact[c->di] += j->case_ok == NEEDLE_DIGITS;
-			}
+	return s;
+}
+
+static void run_close(struct pool *p, void *scratch)
+{
+	struct run_scratch *s = scratch;
+	replay_close(s->r);
+	free(s->lg);
+	free(s);
+}
+
+/* Job k: every case, until one fails; a line on stderr at its end. */
+static void run_job(struct pool *p, void *scratch, uint64_t k)
+{
+	const struct run_ctx *x = p->ctx;
+	struct run_scratch *s = scratch;
+	struct job *j = &x->jobs[k];
+	for (uint32_t i = 0; i < x->ncases && !j->failed; i++) {
+		const struct ecase *c = &x->cases[i];
+		j->case_ok = 0;
+		int rc = j->kind == J_DAEMON
+		                 ? run_daemon_case(x->M, j, c, s->lg)
+		                 : run_replay_case(x->M, j, s->r, c, s->lg);
+		if (rc)
+			j->failed = 1;
+		else if (c->kind == C_NEEDLE) {
+			j->nd_cases[c->di]++;
+			j->nd_exact[c->di] += j->case_ok == NEEDLE_DIGITS;
 		}
-		if (j->sweep)
-			fprintf(stderr, "  %-13s tau %.2f done%s%s\n", j->name,
-			        j->tau, j->failed ? ": FAILED: " : "",
-			        j->failed ? j->err : "");
-		else
-			fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name,
-			        j->ratio, j->failed ? ": FAILED: " : "",
-			        j->failed ? j->err : "");
 	}
-	replay_close(r);
-	free(lg);
-	return NULL;
+	if (j->sweep)
+		fprintf(stderr, "  %-13s tau %.2f done%s%s\n", j->name, j->tau,
+		        j->failed ? ": FAILED: " : "", j->failed ? j->err : "");
+	else
+		fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name, j->ratio,
+		        j->failed ? ": FAILED: " : "", j->failed ? j->err : "");
+}
+
+void run_jobs(const struct model *M, const struct ecase *cases,
+              uint32_t ncases, struct job *jobs, uint32_t njobs, int threads)
+{
+	struct run_ctx x = {.M = M, .cases = cases, .ncases = ncases,
+	                    .jobs = jobs};
+	struct pool p = {.threads = threads, .njobs = njobs, .ctx = &x,
+	                 .open = run_open, .close = run_close, .run = run_job};
+	pool_run(&p);
 }

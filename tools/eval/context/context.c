@@ -11,6 +11,7 @@
  * Protocol 2 (decoding-time compression) is decoding.c's.
  */
 #include "../common/eval.h"
+#include "../common/pool.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -67,7 +68,10 @@ struct win_slot {
 	uint32_t left;      /* runs still to finish on it */
 };
 
-struct pool {
+/* What the workers share (under the pool's lock): the windows and the
+ * jobs.  The pool's job k is window k / (1 + njobs)'s reference (k % (1 +
+ * njobs) == 0) or the run of job k % (1 + njobs) - 1 on it. */
+struct windows {
 	const struct model *M;
 	const struct eval_opts *a;
 	const struct dataset *ev;
@@ -76,150 +80,174 @@ struct pool {
 	struct job *jobs;
 	uint32_t njobs;
 	const char *rt;
-	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct win_slot *win;  /* [nwin] */
 	uint32_t released;     /* windows freed so far (in order) */
-	uint64_t next, ntask;  /* tasks: per window, 1 + njobs */
 	uint64_t done_ref, done_run;
-	double t_ref, t_run;   /* seconds spent, for the ETA */
-	uint64_t t0, last;     /* ms */
 };
 
-static void hms(char *b, size_t n, double s)
+/* A worker's scratch: a cache, keep flags, the continuation's logits. */
+struct run_scratch {
+	struct ctx_cache *c;
+	uint8_t *keep;         /* [L][n_kv][P] */
+	float *lg;             /* [T-1-P][V] */
+};
+
+static void describe(struct pool *pl, char *b, size_t n)
 {
-	long v = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
-	snprintf(b, n, "%ldm%02lds", v / 60, v % 60);
+	const struct windows *p = pl->ctx;
+	snprintf(b, n, "references %llu/%u windows, runs %llu/%llu",
+	         (unsigned long long)p->done_ref, p->nwin,
+	         (unsigned long long)p->done_run,
+	         (unsigned long long)p->nwin * p->njobs);
 }
 
-/* Under lock: the progress line (at most every 10 s, and at the end). */
-static void progress(struct pool *p)
+static void *run_open(struct pool *pl)
 {
-	uint64_t t = now_ms();
-	uint64_t nref = p->nwin, nrun = (uint64_t)p->nwin * p->njobs;
-	int end = p->done_ref == nref && p->done_run == nrun;
-	if (!end && t - p->last < 10000)
-		return;
-	p->last = t;
-	double ar = p->done_ref ? p->t_ref / p->done_ref : 0,
-	       aj = p->done_run ? p->t_run / p->done_run : ar / 8;
-	double left = ((nref - p->done_ref) * ar + (nrun - p->done_run) * aj) /
-	              p->a->threads;
-	char e[32], eta[32];
-	hms(e, sizeof(e), (double)(t - p->t0) / 1e3);
-	hms(eta, sizeof(eta), left);
-	fprintf(stderr, "kvtrim-eval: %s context compression: references "
-	        "%llu/%u windows, runs %llu/%llu, elapsed %s, ETA %s\n",
-	        p->a->mname, (unsigned long long)p->done_ref, p->nwin,
-	        (unsigned long long)p->done_run, (unsigned long long)nrun, e,
-	        eta);
+	const struct windows *p = pl->ctx;
+	const struct model_config *mc = &p->M->cfg;
+	struct run_scratch *s = calloc(1, sizeof(*s));
+	if (!s || !(s->keep = malloc((size_t)mc->n_layers * mc->n_kv_heads *
+	                             p->P)) ||
+	    !(s->lg = malloc(sizeof(float) * (p->T - 1 - p->P) *
+	                     mc->vocab_size)) ||
+	    ctx_cache_open(p->M, p->T, &s->c))
+		eval_die("out of memory");
+	return s;
 }
 
-/* One run of job j on window w: its kept entries into c, the
+static void run_close(struct pool *pl, void *scratch)
+{
+	struct run_scratch *s = scratch;
+	ctx_cache_close(s->c);
+	free(s->keep);
+	free(s->lg);
+	free(s);
+}
+
+/* The reference of window wi, once the window CTX_HELD before it is
+ * gone (called and returning under the lock). */
+static void build_ref(struct pool *pl, uint32_t wi)
+{
+	struct windows *p = pl->ctx;
+	struct win_slot *ws = &p->win[wi];
+	while (wi >= CTX_HELD && p->released <= wi - CTX_HELD)
+		pthread_cond_wait(&p->cond, &pl->lock);
+	pthread_mutex_unlock(&pl->lock);
+	int rc = ctx_window_build(p->M, p->ev->tok + (size_t)wi * p->T, p->P,
+	                          p->T, p->sep, p->nsep, &ws->w);
+	if (rc)
+		eval_die("window %u: reference: %s", wi, kvt_strerror(rc));
+	pthread_mutex_lock(&pl->lock);
+	ws->ready = 1;
+	p->done_ref++;
+	pthread_cond_broadcast(&p->cond);
+}
+
+/* One run of job j on window w: its kept entries into s->c, the
  * continuation.  Reason in err. */
-static int run_one(struct pool *p, const struct job *j, uint32_t wi,
-                   const struct ctx_window *w, struct ctx_cache *c,
-                   uint8_t *keep, float *lg, struct ctx_score *s, char *err,
+static int run_one(const struct windows *p, const struct job *j,
+                   uint32_t wi, const struct ctx_window *w,
+                   struct run_scratch *sc, struct ctx_score *s, char *err,
                    size_t errlen)
 {
-	const struct model *M = p->M;
 	char tn[64];
 	snprintf(tn, sizeof(tn), "ctx-%.24s-%u-w%u", j->name,
 	         (unsigned)(j - p->jobs), wi);
-	int rc = task_load(M, j, tn, w, p->rt, c, keep, err, errlen);
+	int rc = task_load(p->M, j, tn, w, p->rt, sc->c, sc->keep, err,
+	                   errlen);
 	if (rc)
 		return rc;
-	rc = ctx_continue(M, w, c, lg, s);
+	rc = ctx_continue(p->M, w, sc->c, sc->lg, s);
 	if (rc)
 		snprintf(err, errlen, "continuation: %s", kvt_strerror(rc));
 	return rc;
 }
 
-static void *worker(void *arg)
+/* Under the lock: run s of job j (rc its result) added up; the windows
+ * whose runs have all finished are freed, in order (so the runs of a
+ * window finish before the reference of the window CTX_HELD after it is
+ * built). */
+static void run_done(struct windows *p, struct job *j, uint32_t wi, int rc,
+                     const struct ctx_score *s, const char *err)
 {
-	struct pool *p = arg;
-	const struct model *M = p->M;
-	const struct model_config *mc = &M->cfg;
-	const uint32_t P = p->P, nc = p->T - 1 - P;
-	const double denom = (double)P * mc->n_layers * mc->n_kv_heads;
-	struct ctx_cache *c;
-	uint8_t *keep = malloc((size_t)mc->n_layers * mc->n_kv_heads * P);
-	float *lg = malloc(sizeof(float) * nc * mc->vocab_size);
-	if (!keep || !lg || ctx_cache_open(M, p->T, &c))
-		eval_die("out of memory");
-	pthread_mutex_lock(&p->lock);
-	while (p->next < p->ntask) {
-		uint64_t task = p->next++;
-		uint32_t wi = (uint32_t)(task / (1 + p->njobs)),
-		         k = (uint32_t)(task % (1 + p->njobs));
-		struct win_slot *ws = &p->win[wi];
-		uint64_t t0 = now_ms();
-		if (k == 0) {
-			/* the reference: once the window CTX_HELD before
-			 * it is gone */
-			while (wi >= CTX_HELD && p->released <= wi - CTX_HELD)
-				pthread_cond_wait(&p->cond, &p->lock);
-			t0 = now_ms();
-			pthread_mutex_unlock(&p->lock);
-			int rc = ctx_window_build(M, p->ev->tok +
-			                          (size_t)wi * p->T, P, p->T,
-			                          p->sep, p->nsep, &ws->w);
-			if (rc)
-				eval_die("window %u: reference: %s", wi,
-				         kvt_strerror(rc));
-			pthread_mutex_lock(&p->lock);
-			ws->ready = 1;
-			p->done_ref++;
-			p->t_ref += (double)(now_ms() - t0) / 1e3;
-			pthread_cond_broadcast(&p->cond);
-			progress(p);
-			continue;
-		}
-		struct job *j = &p->jobs[k - 1];
-		while (!ws->ready)
-			pthread_cond_wait(&p->cond, &p->lock);
-		t0 = now_ms();
-		int skip = j->failed;
-		pthread_mutex_unlock(&p->lock);
-		struct ctx_score s;
-		char err[600] = "";
-		int rc = skip ? 0 : run_one(p, j, wi, &ws->w, c, keep, lg, &s,
-		                            err, sizeof(err));
-		pthread_mutex_lock(&p->lock);
-		if (!skip && rc) {
-			j->failed = 1;
-			snprintf(j->err, sizeof(j->err), "window %u: %s", wi, err);
-			fprintf(stderr, "  %-13s %.3f FAILED: %s\n", j->name,
-			        j->ratio, j->err);
-		} else if (!skip) {
-			j->kl += s.kl;
-			j->top1 += s.top1;
-			j->dnll += s.dnll;
-			j->npos += s.npos;
-			j->ach += 1.0 - (double)s.kept / denom;
-			j->nach++;
-		}
-		p->done_run++;
-		p->t_run += (double)(now_ms() - t0) / 1e3;
-		if (--ws->left == 0) {
-			/* windows are released in order: runs of a
-			 * window finish before the reference of the
-			 * window CTX_HELD after it is built */
-			while (p->released < p->nwin &&
-			       p->win[p->released].left == 0 &&
-			       p->win[p->released].ready) {
-				ctx_window_free(&p->win[p->released].w);
-				p->released++;
-			}
-			pthread_cond_broadcast(&p->cond);
-		}
-		progress(p);
+	const struct model_config *mc = &p->M->cfg;
+	if (rc) {
+		j->failed = 1;
+		snprintf(j->err, sizeof(j->err), "window %u: %s", wi, err);
+		fprintf(stderr, "  %-13s %.3f FAILED: %s\n", j->name, j->ratio,
+		        j->err);
+	} else if (s) {
+		j->kl += s->kl;
+		j->top1 += s->top1;
+		j->dnll += s->dnll;
+		j->npos += s->npos;
+		j->ach += 1.0 - (double)s->kept /
+		          ((double)p->P * mc->n_layers * mc->n_kv_heads);
+		j->nach++;
 	}
-	pthread_mutex_unlock(&p->lock);
-	ctx_cache_close(c);
-	free(keep);
-	free(lg);
-	return NULL;
+	p->done_run++;
+	if (--p->win[wi].left)
+		return;
+	while (p->released < p->nwin && p->win[p->released].left == 0 &&
+	       p->win[p->released].ready) {
+		ctx_window_free(&p->win[p->released].w);
+		p->released++;
+	}
+	pthread_cond_broadcast(&p->cond);
+}
+
+/* The pool's job: a window's reference or one run on it. */
+static void run_task(struct pool *pl, void *scratch, uint64_t task)
+{
+	struct windows *p = pl->ctx;
+	uint32_t wi = (uint32_t)(task / (1 + p->njobs)),
+	         k = (uint32_t)(task % (1 + p->njobs));
+	struct win_slot *ws = &p->win[wi];
+	pthread_mutex_lock(&pl->lock);
+	if (k == 0) {
+		build_ref(pl, wi);
+		pool_progress(pl, 1);
+		pthread_mutex_unlock(&pl->lock);
+		return;
+	}
+	struct job *j = &p->jobs[k - 1];
+	while (!ws->ready)
+		pthread_cond_wait(&p->cond, &pl->lock);
+	int skip = j->failed;
+	pthread_mutex_unlock(&pl->lock);
+	struct ctx_score s;
+	char err[600] = "";
+	int rc = skip ? 0 : run_one(p, j, wi, &ws->w, scratch, &s, err,
+	                            sizeof(err));
+	pthread_mutex_lock(&pl->lock);
+	run_done(p, j, wi, rc, skip ? NULL : &s, err);
+	pool_progress(pl, 1);
+	pthread_mutex_unlock(&pl->lock);
+}
+
+/* Every job on every window of ev (--threads workers); the windows are
+ * freed as their runs end. */
+static void run_windows(struct windows *p, int threads)
+{
+	char label[96];
+	snprintf(label, sizeof(label), "%s context compression", p->a->mname);
+	p->cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+	p->win = calloc(p->nwin ? p->nwin : 1, sizeof(*p->win));
+	if (!p->win)
+		eval_die("out of memory");
+	for (uint32_t w = 0; w < p->nwin; w++)
+		p->win[w].left = p->njobs;
+	struct pool pl = {.threads = threads,
+	                  .njobs = (uint64_t)p->nwin * (1 + p->njobs),
+	                  .ctx = p, .open = run_open, .close = run_close,
+	                  .run = run_task, .label = label,
+	                  .units = (uint64_t)p->nwin * (1 + p->njobs),
+	                  .describe = describe};
+	pool_run(&pl);
+	for (uint32_t w = p->released; w < p->nwin; w++)
+		ctx_window_free(&p->win[w].w);
+	free(p->win);
 }
 
 /* ------------------------------------------------------------ kvzap */
@@ -420,33 +448,16 @@ int context_main(const struct model *M, const struct eval_opts *a)
 	char rt[400];
 	eval_runtime_dir(a->rt, a->argv0, rt, sizeof(rt));
 	openblas_set_num_threads(1);
-	struct pool p = {
+	struct windows p = {
 		.M = M, .a = a, .ev = &ev, .sep = sep, .nsep = nsep, .P = P,
 		.T = T, .nwin = ev.n, .jobs = jobs, .njobs = njobs, .rt = rt,
-		.lock = PTHREAD_MUTEX_INITIALIZER,
-		.cond = PTHREAD_COND_INITIALIZER,
-		.ntask = (uint64_t)ev.n * (1 + njobs), .t0 = now_ms(),
 	};
-	p.last = p.t0;
-	p.win = calloc(ev.n, sizeof(*p.win));
-	if (!p.win)
-		eval_die("out of memory");
-	for (uint32_t w = 0; w < ev.n; w++)
-		p.win[w].left = njobs;
-	if (!a->tasksonly)
+	if (!a->tasksonly) {
 		fprintf(stderr, "kvtrim-eval: %s: %u windows of %u + %u "
 		        "tokens, %u jobs, %d threads, kvtrimd on %s\n",
 		        a->mname, ev.n, P, C, njobs, a->threads, rt);
-	pthread_t th[16];
-	const int nth = a->tasksonly ? 0 : a->threads;
-	for (int i = 0; i < nth; i++)
-		if (pthread_create(&th[i], NULL, worker, &p))
-			eval_die("pthread_create failed");
-	for (int i = 0; i < nth; i++)
-		pthread_join(th[i], NULL);
-	for (uint32_t w = p.released; w < ev.n && nth; w++)
-		ctx_window_free(&p.win[w].w);
-	free(p.win);
+		run_windows(&p, a->threads);
+	}
 	double secs = (double)(now_ms() - t0) / 1e3;
 
 	/* ---- the needle and copy tasks (tasks.c), on the same daemon */

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../../train/dataset.h"
+#include "../common/pool.h"
 #include "now.h"
 #include "tokenizer.h"
 
@@ -374,36 +375,28 @@ void task_wilson(uint64_t k, uint64_t n, double *lo, double *hi)
 
 /* ------------------------------------------------------------ the run */
 
+/* What the workers of one part of a task share (under the pool's lock):
+ * its cases and jobs; the pool's job k is case k, its reference then
+ * every job on it. */
 struct tpool {
 	const struct task_args *ta;
 	const struct task_stop *st;
 	enum task_kind kind;
 	const char *part;           /* for the progress line */
-	struct task_case *cases; /* [ncases] */
+	struct task_case *cases;    /* [ncases] */
 	uint32_t *cell;             /* [ncases] li * NDEPTH + di */
 	uint32_t ncases, maxP;
-	struct task_cell *ref;           /* [NLEN * NDEPTH] the reference's */
+	struct task_cell *ref;      /* [NLEN * NDEPTH] the reference's */
 	const struct job *jobs;     /* [njobs], 0: the full cache only */
 	uint32_t njobs;
-	struct task_jres *res;           /* [njobs] */
-	pthread_mutex_t lock;
-	uint32_t next, done;
-	uint64_t t0, last;          /* ms */
+	struct task_jres *res;      /* [njobs] */
 };
 
-/* Under lock: the progress line (at most every 10 s, and at the end). */
-static void progress(struct tpool *p)
-{
-	uint64_t t = now_ms();
-	if (p->done < p->ncases && t - p->last < 10000)
-		return;
-	p->last = t;
-	double el = (double)(t - p->t0) / 1e3;
-	fprintf(stderr, "kvtrim-eval: %s %s: %s, cases %u/%u, elapsed %.0fs, "
-	        "ETA %.0fs\n", p->ta->a->mname, task_name[p->kind], p->part,
-	        p->done, p->ncases, el,
-	        p->done ? el / p->done * (p->ncases - p->done) : 0.0);
-}
+/* A worker's scratch: a cache for the jobs' kept entries, keep flags. */
+struct tscratch {
+	struct ctx_cache *jc;
+	uint8_t *keep;              /* [L][n_kv][maxP] */
+};
 
 /* One job on the reference r of case c (cache jc): right or not, the
  * kept entries.  Reason in err. */
@@ -437,92 +430,104 @@ static int run_job(struct tpool *p, uint32_t k, uint32_t ci,
 	return 0;
 }
 
-static void *tworker(void *arg)
+static void *tpool_open(struct pool *pl)
 {
-	struct tpool *p = arg;
-	const struct task_args *ta = p->ta;
-	const struct model_config *mc = &ta->M->cfg;
-	const double lists = (double)mc->n_layers * mc->n_kv_heads;
-	struct ctx_cache *jc = NULL;
-	uint8_t *keep = malloc((size_t)lists * p->maxP);
-	if (!keep || (p->njobs && ctx_cache_open(ta->M, p->maxP +
-	                                         TASK_ANS_MAX, &jc)))
+	const struct tpool *p = pl->ctx;
+	const struct model_config *mc = &p->ta->M->cfg;
+	struct tscratch *s = calloc(1, sizeof(*s));
+	if (!s || !(s->keep = malloc((size_t)mc->n_layers * mc->n_kv_heads *
+	                             p->maxP)) ||
+	    (p->njobs && ctx_cache_open(p->ta->M, p->maxP + TASK_ANS_MAX,
+	                                &s->jc)))
 		eval_die("out of memory");
-	pthread_mutex_lock(&p->lock);
-	while (p->next < p->ncases) {
-		uint32_t ci = p->next++, cl = p->cell[ci];
-		const struct task_case *c = &p->cases[ci];
-		pthread_mutex_unlock(&p->lock);
-		struct task_ref r;
-		int rc = task_ref_build(ta->M, ta->tk, c, p->st, ta->sep,
-		                           ta->nsep, p->njobs > 0, &r);
-		if (rc)
-			eval_die("%s case %u: reference: %s", task_name[p->kind],
-			         ci, kvt_strerror(rc));
-		for (uint32_t k = 0; k < p->njobs; k++) {
-			struct task_jres *jr = &p->res[k];
-			pthread_mutex_lock(&p->lock);
-			int skip = jr->failed;
-			pthread_mutex_unlock(&p->lock);
-			if (skip)
-				continue;
-			char err[600] = "";
-			int ok = 0;
-			double top1 = 0;
-			uint64_t kept = 0;
-			rc = run_job(p, k, ci, &r, jc, keep, &ok, &top1, &kept,
-			             err, sizeof(err));
-			pthread_mutex_lock(&p->lock);
-			if (rc && !jr->failed) {
-				jr->failed = 1;
-				snprintf(jr->err, sizeof(jr->err), "case %u: %s",
-				         ci, err);
-				fprintf(stderr, "  %s %-13s %.3f FAILED: %s\n",
-				        task_name[p->kind], p->jobs[k].name,
-				        p->jobs[k].ratio, jr->err);
-			} else if (!rc) {
-				struct task_cell *e = &jr->c[cl % NDEPTH];
-				e->ok += ok;
-				e->n++;
-				e->top1 += top1;
-				e->tokens += c->P;
-				jr->ach += 1.0 - (double)kept / (lists * c->P);
-				jr->nach++;
-			}
-			pthread_mutex_unlock(&p->lock);
-		}
-		pthread_mutex_lock(&p->lock);
-		struct task_cell *e = &p->ref[cl];
-		e->ok += r.ok;
+	return s;
+}
+
+static void tpool_close(struct pool *pl, void *scratch)
+{
+	struct tscratch *s = scratch;
+	ctx_cache_close(s->jc);
+	free(s->keep);
+	free(s);
+}
+
+/* Under the lock: job k's result on case ci (cell cl of P tokens). */
+static void job_done(struct tpool *p, uint32_t k, uint32_t ci, uint32_t cl,
+                     uint32_t P, int rc, int ok, double top1, uint64_t kept,
+                     const char *err)
+{
+	const struct model_config *mc = &p->ta->M->cfg;
+	struct task_jres *jr = &p->res[k];
+	if (rc && !jr->failed) {
+		jr->failed = 1;
+		snprintf(jr->err, sizeof(jr->err), "case %u: %s", ci, err);
+		fprintf(stderr, "  %s %-13s %.3f FAILED: %s\n",
+		        task_name[p->kind], p->jobs[k].name, p->jobs[k].ratio,
+		        jr->err);
+	} else if (!rc) {
+		struct task_cell *e = &jr->c[cl % NDEPTH];
+		e->ok += ok;
 		e->n++;
-		e->top1 += r.top1;
-		e->tokens += c->P;
-		p->done++;
-		progress(p);
-		pthread_mutex_unlock(&p->lock);
-		task_ref_free(&r);
-		pthread_mutex_lock(&p->lock);
+		e->top1 += top1;
+		e->tokens += P;
+		jr->ach += 1.0 - (double)kept /
+		           ((double)mc->n_layers * mc->n_kv_heads * P);
+		jr->nach++;
 	}
-	pthread_mutex_unlock(&p->lock);
-	ctx_cache_close(jc);
-	free(keep);
-	return NULL;
+}
+
+/* The pool's job: case ci's reference, then every job on it. */
+static void run_case(struct pool *pl, void *scratch, uint64_t k0)
+{
+	struct tpool *p = pl->ctx;
+	struct tscratch *sc = scratch;
+	const struct task_args *ta = p->ta;
+	const uint32_t ci = (uint32_t)k0, cl = p->cell[ci];
+	const struct task_case *c = &p->cases[ci];
+	struct task_ref r;
+	int rc = task_ref_build(ta->M, ta->tk, c, p->st, ta->sep, ta->nsep,
+	                        p->njobs > 0, &r);
+	if (rc)
+		eval_die("%s case %u: reference: %s", task_name[p->kind], ci,
+		         kvt_strerror(rc));
+	for (uint32_t k = 0; k < p->njobs; k++) {
+		pthread_mutex_lock(&pl->lock);
+		int skip = p->res[k].failed;
+		pthread_mutex_unlock(&pl->lock);
+		if (skip)
+			continue;
+		char err[600] = "";
+		int ok = 0;
+		double top1 = 0;
+		uint64_t kept = 0;
+		rc = run_job(p, k, ci, &r, sc->jc, sc->keep, &ok, &top1, &kept,
+		             err, sizeof(err));
+		pthread_mutex_lock(&pl->lock);
+		job_done(p, k, ci, cl, c->P, rc, ok, top1, kept, err);
+		pthread_mutex_unlock(&pl->lock);
+	}
+	pthread_mutex_lock(&pl->lock);
+	struct task_cell *e = &p->ref[cl];
+	e->ok += r.ok;
+	e->n++;
+	e->top1 += r.top1;
+	e->tokens += c->P;
+	pthread_mutex_unlock(&pl->lock);
+	task_ref_free(&r);
 }
 
 static void run_pool(struct tpool *p)
 {
-	p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
-	p->t0 = p->last = now_ms();
+	char label[160];
+	snprintf(label, sizeof(label), "%s %s: %s, cases", p->ta->a->mname,
+	         task_name[p->kind], p->part);
 	p->maxP = 0;
 	for (uint32_t i = 0; i < p->ncases; i++)
 		p->maxP = p->cases[i].P > p->maxP ? p->cases[i].P : p->maxP;
-	pthread_t th[16];
-	int nt = p->ta->a->threads < 16 ? p->ta->a->threads : 16;
-	for (int i = 0; i < nt; i++)
-		if (pthread_create(&th[i], NULL, tworker, p))
-			eval_die("pthread_create failed");
-	for (int i = 0; i < nt; i++)
-		pthread_join(th[i], NULL);
+	struct pool pl = {.threads = p->ta->a->threads, .njobs = p->ncases,
+	                  .ctx = p, .open = tpool_open, .close = tpool_close,
+	                  .run = run_case, .label = label};
+	pool_run(&pl);
 }
 
 /* The seed of case (kind, part, length, depth, trial): one stream each. */

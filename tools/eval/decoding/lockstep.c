@@ -21,6 +21,7 @@
 
 #include "engine.h"
 #include "now.h"
+#include "../common/pool.h"
 #include "../common/replay.h"
 
 /* eval_daemon_start's --pool-size; 80 % of it is shared by the groups
@@ -48,57 +49,30 @@ struct group {
 	uint64_t bytes;          /* estimated daemon pages */
 };
 
-struct pool {
+/* What the groups share, under the pool's lock. */
+struct groups {
 	const struct decoding_set *s;
+	struct pool *pl;         /* the pool running them: its lock */
 	struct group *g;
-	uint32_t ng, next;
+	uint32_t ng;
 	/* the producer's: logits of the reference, one row per window and
 	 * decode step, as they come; the oracle's totals at its end */
 	float *ref;              /* [nwin][T-1-P][V] */
 	uint32_t ref_steps;      /* steps stored */
 	double *tot;             /* [nwin][L][H][T] */
 	int state;               /* 0 running, 1 done, -1 failed */
-	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	uint64_t done, total;    /* row-steps */
-	uint64_t t0, last;       /* ms */
 };
 
 /* What a running group's forward needs (the attention callback's ctx). */
 struct run {
-	struct pool *p;
+	struct groups *p;
 	struct d2row *rows;      /* [nrows]: references first (row w), if
 	                            the group has them */
 	uint32_t nrows, *live, nlive;
 	struct engine **e;       /* [nj] daemon jobs' engines */
 	uint32_t t;              /* position of the step */
 };
-
-static void hms(char *b, size_t n, double s)
-{
-	long v = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
-	snprintf(b, n, "%ldm%02lds", v / 60, v % 60);
-}
-
-/* Under lock: the progress line, at most every 10 s and at the end. */
-static void progress(struct pool *p, uint32_t gi)
-{
-	uint64_t t = now_ms();
-	if (!p->s->label || (p->done < p->total && t - p->last < 10000))
-		return;
-	p->last = t;
-	double el = (double)(t - p->t0) / 1e3,
-	       left = p->done ? el * (double)(p->total - p->done) / p->done : 0;
-	char e[32], eta[32];
-	hms(e, sizeof(e), el);
-	hms(eta, sizeof(eta), left);
-	fprintf(stderr, "kvtrim-eval: %s decoding-time compression: group "
-	        "%u/%u, row-steps %llu/%llu (%.0f%%), elapsed %s, ETA %s\n",
-	        p->s->label, gi + 1, p->ng, (unsigned long long)p->done,
-	        (unsigned long long)p->total,
-	        100.0 * (double)p->done / (double)(p->total ? p->total : 1), e,
-	        eta);
-}
 
 static void fail(struct job *j, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -293,7 +267,7 @@ static int oracle_step(const struct decoding_set *s, const double *tot,
 }
 
 /* Runs group gi to its end; its jobs' results added up. */
-static void run_group(struct pool *p, uint32_t gi)
+static void run_group(struct groups *p, uint32_t gi)
 {
 	const struct decoding_set *s = p->s;
 	const struct model *M = s->M;
@@ -309,10 +283,10 @@ static void run_group(struct pool *p, uint32_t gi)
 	const uint32_t nref = g->producer || g->oracle ? nw : 0;
 	struct run u = {.p = p, .nrows = nref + nw * g->nj};
 	if (g->oracle) {
-		pthread_mutex_lock(&p->lock);
+		pthread_mutex_lock(&p->pl->lock);
 		while (p->state == 0)
-			pthread_cond_wait(&p->cond, &p->lock);
-		pthread_mutex_unlock(&p->lock);
+			pthread_cond_wait(&p->cond, &p->pl->lock);
+		pthread_mutex_unlock(&p->pl->lock);
 	}
 	u.rows = calloc(u.nrows, sizeof(*u.rows));
 	u.live = malloc(sizeof(uint32_t) * u.nrows);
@@ -388,10 +362,10 @@ static void run_group(struct pool *p, uint32_t gi)
 			for (uint32_t w = 0; w < nw; w++)
 				memcpy(p->ref + ((size_t)w * C + (t - P)) * V,
 				       lg + (size_t)w * V, sizeof(float) * V);
-			pthread_mutex_lock(&p->lock);
+			pthread_mutex_lock(&p->pl->lock);
 			p->ref_steps = t - P + 1;
 			pthread_cond_broadcast(&p->cond);
-			pthread_mutex_unlock(&p->lock);
+			pthread_mutex_unlock(&p->pl->lock);
 		}
 		/* one sync per tenant, all started before any is waited for */
 		struct kvt_sync_item it[64]; /* nwin <= 64 (decoding_run) */
@@ -414,11 +388,11 @@ static void run_group(struct pool *p, uint32_t gi)
 				replay_advance(u.rows[u.live[c]].r, 1);
 		/* the scores, while the daemon decides, once the producer
 		 * has stored the step's reference */
-		pthread_mutex_lock(&p->lock);
+		pthread_mutex_lock(&p->pl->lock);
 		while (!g->producer && p->state == 0 && p->ref_steps <= t - P)
-			pthread_cond_wait(&p->cond, &p->lock);
+			pthread_cond_wait(&p->cond, &p->pl->lock);
 		int noref = !g->producer && p->ref_steps <= t - P;
-		pthread_mutex_unlock(&p->lock);
+		pthread_mutex_unlock(&p->pl->lock);
 		for (uint32_t c = 0; c < u.nlive; c++) {
 			const struct d2row *rw = &u.rows[u.live[c]];
 			if (!rw->j || rw->j->failed)
@@ -468,30 +442,29 @@ static void run_group(struct pool *p, uint32_t gi)
 			rw->j->ach += 1.0 - (double)kept / ((t + 1) * lists);
 			rw->j->nach++;
 		}
-		pthread_mutex_lock(&p->lock);
-		p->done += u.nrows;
-		progress(p, gi);
-		pthread_mutex_unlock(&p->lock);
+		pthread_mutex_lock(&p->pl->lock);
+		pool_progress(p->pl, u.nrows);
+		pthread_mutex_unlock(&p->pl->lock);
 	}
 	/* ---- the end */
 	if (g->producer) {
-		pthread_mutex_lock(&p->lock);
+		pthread_mutex_lock(&p->pl->lock);
 		if (acc)
 			memcpy(p->tot, acc, sizeof(double) * nw * LHT);
 		p->state = broken ? -1 : 1;
 		pthread_cond_broadcast(&p->cond);
-		pthread_mutex_unlock(&p->lock);
+		pthread_mutex_unlock(&p->pl->lock);
 	}
 	for (uint32_t k = 0; k < g->nj; k++)
 		engine_close(u.e[k]);
 	for (uint32_t c = 0; c < u.nrows; c++)
 		replay_close(u.rows[c].r);
 	if (s->label) {
-		pthread_mutex_lock(&p->lock);
+		pthread_mutex_lock(&p->pl->lock);
 		fprintf(stderr, "kvtrim-eval: group %u/%u (%u jobs, %u rows) "
 		        "done in %.0fs\n", gi + 1, p->ng, g->nj, u.nrows,
 		        (double)(now_ms() - t0) / 1e3);
-		pthread_mutex_unlock(&p->lock);
+		pthread_mutex_unlock(&p->pl->lock);
 	}
 	free(u.rows);
 	free(u.live);
@@ -504,18 +477,9 @@ static void run_group(struct pool *p, uint32_t gi)
 	free(sc);
 }
 
-static void *worker(void *arg)
+static void run_job(struct pool *pl, void *scratch, uint64_t gi)
 {
-	struct pool *p = arg;
-	pthread_mutex_lock(&p->lock);
-	while (p->next < p->ng) {
-		uint32_t gi = p->next++;
-		pthread_mutex_unlock(&p->lock);
-		run_group(p, gi);
-		pthread_mutex_lock(&p->lock);
-	}
-	pthread_mutex_unlock(&p->lock);
-	return NULL;
+	run_group(pl->ctx, (uint32_t)gi);
 }
 
 /* Pages a daemon job's tenant may hold at its end: every list at
@@ -532,6 +496,49 @@ static uint64_t job_bytes(const struct decoding_set *s, const struct job *j)
 	       D2_PAGE * mc->head_dim * sizeof(float);
 }
 
+/*
+ * The groups of jobs[njobs] into p->g (p->ng of them), their jobs listed
+ * in lst: group 0 holds the references (stored for every group; the
+ * oracle's totals), the jobs follow in order, daemon jobs first, packed
+ * by count (cap_j, references counting as a job) and pages (cap_b); the
+ * oracle jobs need references of their own and the totals, so they are
+ * never in group 0.  Returns the row-steps of all groups.
+ */
+static uint64_t pack_groups(struct groups *p, struct job *jobs,
+                            uint32_t njobs, struct job **lst,
+                            uint32_t cap_j, uint64_t cap_b)
+{
+	const struct decoding_set *s = p->s;
+	uint32_t nl = 0, nor = 0;
+	p->g[p->ng++].producer = 1;
+	for (uint32_t k = 0; k < njobs; k++)
+		if (jobs[k].kind == J_DAEMON)
+			lst[nl++] = &jobs[k];
+	for (uint32_t k = 0; k < njobs; k++)
+		if (jobs[k].kind == J_ORACLE)
+			lst[nl + nor++] = &jobs[k];
+	for (uint32_t k = 0; k < nl + nor; k++) {
+		struct group *g = &p->g[p->ng - 1];
+		int orc = lst[k]->kind == J_ORACLE;
+		uint64_t b = job_bytes(s, lst[k]);
+		uint32_t units = g->nj + (g->producer || g->oracle) + 1 +
+		                 (orc && !g->oracle);
+		if (units > cap_j || (orc && g->producer) ||
+		    (g->nj && g->bytes + b > cap_b))
+			g = &p->g[p->ng++];
+		if (!g->jobs)
+			g->jobs = &lst[k];
+		g->nj++;
+		g->bytes += b;
+		g->oracle |= orc;
+	}
+	uint64_t total = 0;
+	for (uint32_t gi = 0; gi < p->ng; gi++)
+		total += (uint64_t)s->nwin * (s->T - 1 - s->P) *
+		         ((p->g[gi].producer || p->g[gi].oracle) + p->g[gi].nj);
+	return total;
+}
+
 int decoding_run(const struct decoding_set *s, struct job *jobs, uint32_t njobs)
 {
 	if (!s->M || !s->tok || !s->nwin || s->P < 1 || s->T < s->P + 2 ||
@@ -544,76 +551,42 @@ int decoding_run(const struct decoding_set *s, struct job *jobs, uint32_t njobs)
 	                                : D2_POOL / 10 * 8 / (uint64_t)s->threads;
 	const struct model_config *mc = &s->M->cfg;
 	const size_t C = s->T - 1 - s->P;
-	struct pool p = {
-		.s = s, .lock = PTHREAD_MUTEX_INITIALIZER,
-		.cond = PTHREAD_COND_INITIALIZER,
-	};
-	uint32_t nl = 0, nor = 0;
+	uint32_t nor = 0;
 	for (uint32_t k = 0; k < njobs; k++) {
 		if (jobs[k].kind == J_KVZIP)
 			return KVT_EINVAL;
 		nor += jobs[k].kind == J_ORACLE;
 	}
+	struct groups p = {.s = s, .cond = PTHREAD_COND_INITIALIZER};
 	p.g = calloc(njobs + 2, sizeof(*p.g));
 	struct job **lst = calloc(njobs + 1, sizeof(*lst));
 	p.ref = malloc(sizeof(float) * s->nwin * C * mc->vocab_size);
 	p.tot = nor ? malloc(sizeof(double) * s->nwin * mc->n_layers *
 	                     mc->n_heads * s->T) : NULL;
-	if (!p.g || !lst || !p.ref || (nor && !p.tot)) {
-		free(p.g);
-		free(lst);
-		free(p.ref);
-		free(p.tot);
-		return KVT_ENOMEM;
-	}
-	/* group 0 holds the references (stored for every group; the
-	 * oracle's totals), the jobs follow in order, daemon jobs first,
-	 * packed by count and pages; references count as a job; the
-	 * oracle jobs need references of their own and the totals, so they
-	 * are never in group 0 */
-	p.g[p.ng++].producer = 1;
-	for (uint32_t k = 0; k < njobs; k++)
-		if (jobs[k].kind == J_DAEMON)
-			lst[nl++] = &jobs[k];
-	for (uint32_t k = 0, o = 0; k < njobs; k++)
-		if (jobs[k].kind == J_ORACLE)
-			lst[nl + o++] = &jobs[k];
-	for (uint32_t k = 0; k < nl + nor; k++) {
-		struct group *g = &p.g[p.ng - 1];
-		int orc = lst[k]->kind == J_ORACLE;
-		uint64_t b = job_bytes(s, lst[k]);
-		uint32_t units = g->nj + (g->producer || g->oracle) + 1 +
-		                 (orc && !g->oracle);
-		if (units > cap_j || (orc && g->producer) ||
-		    (g->nj && g->bytes + b > cap_b))
-			g = &p.g[p.ng++];
-		if (!g->jobs)
-			g->jobs = &lst[k];
-		g->nj++;
-		g->bytes += b;
-		g->oracle |= orc;
-	}
-	for (uint32_t gi = 0; gi < p.ng; gi++)
-		p.total += (uint64_t)s->nwin * C *
-		           ((p.g[gi].producer || p.g[gi].oracle) + p.g[gi].nj);
+	int rc = KVT_ENOMEM;
+	if (!p.g || !lst || !p.ref || (nor && !p.tot))
+		goto out;
+	char label[160];
+	snprintf(label, sizeof(label), "%s decoding-time compression, "
+	         "row-steps", s->label ? s->label : "");
+	struct pool pl = {.threads = s->threads, .ctx = &p, .run = run_job,
+	                  .label = s->label ? label : NULL};
+	pl.units = pack_groups(&p, jobs, njobs, lst, cap_j, cap_b);
+	pl.njobs = p.ng;
+	p.pl = &pl;
 	if (s->label)
 		fprintf(stderr, "kvtrim-eval: %s: %u jobs in %u groups of at "
 		        "most %u, %u windows of %u + %u tokens, %d threads\n",
 		        s->label, njobs, p.ng, cap_j, s->nwin, s->P,
 		        s->T - 1 - s->P, s->threads);
-	p.t0 = p.last = now_ms();
-	pthread_t th[16];
-	int nt = s->threads < 16 ? s->threads : 16;
-	for (int i = 0; i < nt; i++)
-		if (pthread_create(&th[i], NULL, worker, &p))
-			eval_die("pthread_create failed");
-	for (int i = 0; i < nt; i++)
-		pthread_join(th[i], NULL);
+	pool_run(&pl);
+	rc = 0;
+out:
 	free(p.ref);
 	free(p.tot);
 	free(p.g);
 	free(lst);
-	return 0;
+	return rc;
 }
 
 double decoding_inv_seen(uint32_t P, uint32_t T)
