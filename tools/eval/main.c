@@ -34,6 +34,7 @@
 #include "engine.h"
 #include "model.h"
 #include "model_files.h"
+#include "policy.h"
 
 void openblas_set_num_threads(int n);
 
@@ -288,15 +289,7 @@ int main(int argc, char **argv)
 	char s[KVT_SPEC_MAX], sc[KVT_SPEC_MAX], sn[KVT_SPEC_MAX];
 	for (uint32_t k = 0; k < nrat; k++) {
 		double R = ratios[k];
-		static const struct eval_ratio_policy rp[] = {
-			{"random", "random:ratio=%.4f,seed=1"},
-			{"streaming", "streaming:ratio=%.4f,sinks=4"},
-			{"h2o", "h2o:ratio=%.4f"},
-			{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
-			{"tova", "tova:ratio=%.4f"},
-		};
-		eval_add_ratio_jobs(jobs, &njobs, rp, sizeof(rp) / sizeof(rp[0]),
-		                    R, R);
+		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_BYTES, R, R);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, wabs, v, zs[v],

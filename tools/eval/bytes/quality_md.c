@@ -54,6 +54,8 @@ static void md_needles(FILE *f, const char *dir, const char *model)
 
 void bytes_write_md(const char *dir, struct row *rows, size_t nr)
 {
+	const char *const *pol;
+	const size_t npol = eval_policy_order(&pol);
 	FILE *f = table_open_md(dir);
 	fprintf(f,
 	        "# KV-cache eviction quality\n\n"
@@ -133,20 +135,20 @@ void bytes_write_md(const char *dir, struct row *rows, size_t nr)
 				}
 		fprintf(f, "\n## %s\n\n| policy |", models[k]);
 		table_md_cols(f, "ratio", tg, (size_t)nt);
-		for (size_t p = 0; p < table_npolicy; p++) {
+		for (size_t p = 0; p < npol; p++) {
 			int any = 0;
 			for (size_t i = 0; i < nr; i++)
 				any |= !strcmp(rows[i].model, models[k]) &&
-				       !strcmp(rows[i].policy, table_policy_order[p]) &&
+				       !strcmp(rows[i].policy, pol[p]) &&
 				       !table_is_sweep(&rows[i]);
 			if (!any)
 				continue;
-			fprintf(f, "| %s |", table_policy_order[p]);
+			fprintf(f, "| %s |", pol[p]);
 			for (int q = 0; q < nt; q++) {
 				const struct row *r = NULL;
 				for (size_t i = 0; i < nr; i++)
 					if (!strcmp(rows[i].model, models[k]) &&
-					    !strcmp(rows[i].policy, table_policy_order[p]) &&
+					    !strcmp(rows[i].policy, pol[p]) &&
 					    (same(rows[i].target, tg[q]) ||
 					     rows[i].target == 0))
 						r = &rows[i];
@@ -182,9 +184,9 @@ void bytes_write_md(const char *dir, struct row *rows, size_t nr)
 		           "\n|---|---|---|---|---|---|%s%s\n", models[k],
 		        hc ? " copy |" : "", hn ? " needle |" : "",
 		        hc ? "---|" : "", hn ? "---|" : "");
-		for (size_t p = 0; p < table_npolicy; p++) {
+		for (size_t p = 0; p < npol; p++) {
 			size_t n = table_sweep_rows(rows, nr, models[k],
-			                      table_policy_order[p], idx);
+			                      pol[p], idx);
 			for (size_t q = 0; q < n; q++) {
 				const struct row *r = &rows[idx[q]];
 				if (isnan(r->kl)) {

@@ -111,15 +111,12 @@ void eval_on_signal(int sig);
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
                          double R, enum jkind kind, const char *spec,
                          const char *spec_copy, const char *spec_needle);
-/* A daemon policy whose budget is a ratio: its name and its spec format
- * (one %.4f, the ratio). */
-struct eval_ratio_policy {
-	const char *name, *fmt;
-};
-/* A job of target R per policy of pol[np], each asked for the ratio Rs. */
-void eval_add_ratio_jobs(struct job *jobs, uint32_t *n,
-                         const struct eval_ratio_policy *pol, size_t np,
-                         double R, double Rs);
+/* A job of target R, asked for the ratio Rs, per policy of the registry
+ * (policies/policy.c) that program `in` (enum policy_eval_in) sweeps over
+ * ratios: its policy_ops.eval.spec at Rs, with the model's RoPE base for
+ * a policy that takes one (theta). */
+void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
+                         unsigned in, double R, double Rs);
 /* The fastkvzip job of the weights in wabs at target R, asked for the
  * ratio Rs, deciding every `every` syncs. */
 void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
@@ -129,6 +126,11 @@ void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
 void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
 /* 1 for the policies that bound the others (full, random, kvzip, oracle). */
 int eval_is_bound(const char *policy);
+/* The tables' order of the policies, from the registry: full and the
+ * ratio policies, the learned ones (kvzap as kvzap_names), then kvzip and
+ * oracle; *names, their count returned.  Others follow in order of
+ * appearance (table_order). */
+size_t eval_policy_order(const char *const **names);
 
 /* ---- score.c */
 /* One prediction against the reference's: KL(ref || lg) in nats, whether
@@ -227,11 +229,8 @@ FILE *table_open_md(const char *dir);
  * being dashed curves of their own. */
 void table_write_png(const char *dir, struct row *rows, size_t nr,
                      int merge);
-/* The md order of the policies (others follow in order of appearance). */
-extern const char *const table_policy_order[];
-extern const size_t table_npolicy;
 /* names[nn] (with repeats) as the md lists them: those of
- * table_policy_order first, in its order, then the others in order of
+ * eval_policy_order first, in its order, then the others in order of
  * appearance, each once, at most max, into out; their count. */
 size_t table_order(const char *const *names, size_t nn, const char **out,
                    size_t max);

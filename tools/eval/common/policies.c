@@ -6,10 +6,13 @@
 #include "eval.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../../train/recipe.h"
+#include "model.h"
+#include "policy.h"
 
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
                          double R, enum jkind kind, const char *spec,
@@ -30,14 +33,23 @@ struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
 	return j;
 }
 
-void eval_add_ratio_jobs(struct job *jobs, uint32_t *n,
-                         const struct eval_ratio_policy *pol, size_t np,
-                         double R, double Rs)
+void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
+                         unsigned in, double R, double Rs)
 {
-	char s[KVT_SPEC_MAX];
-	for (size_t i = 0; i < np; i++) {
-		snprintf(s, sizeof(s), pol[i].fmt, Rs);
-		eval_add_job(jobs, n, pol[i].name, R, J_DAEMON, s, NULL, NULL);
+	const float theta = M->cfg.rope_theta ? M->cfg.rope_theta
+	                                      : MODEL_ROPE_THETA;
+	for (size_t i = 0; i < policy_count(); i++) {
+		const struct policy_ops *ops = policy_at(i);
+		if (!ops->eval.spec || !(ops->eval.in & in))
+			continue;
+		char s[KVT_SPEC_MAX];
+		int k = snprintf(s, sizeof(s), ops->eval.spec, Rs);
+		/* the daemon is not told the model's RoPE base */
+		if (ops->keys & POLICY_KEY_THETA && k > 0 &&
+		    (size_t)k < sizeof(s))
+			snprintf(s + k, sizeof(s) - (size_t)k, ",theta=%g",
+			         (double)theta);
+		eval_add_job(jobs, n, ops->name, R, J_DAEMON, s, NULL, NULL);
 	}
 }
 
@@ -60,4 +72,36 @@ int eval_is_bound(const char *p)
 {
 	return !strcmp(p, "full") || !strcmp(p, "random") ||
 	       !strcmp(p, "kvzip") || !strcmp(p, "oracle");
+}
+
+/* The order: full and the ratio policies (the registry's policies without
+ * weights, in its order), then the learned ones (kvzap as its two
+ * scorers), then the in-process bounds. */
+static const char *order[64];
+static size_t norder;
+static pthread_once_t order_once = PTHREAD_ONCE_INIT;
+
+static void build_order(void)
+{
+	for (int learned = 0; learned < 2; learned++)
+		for (size_t i = 0; i < policy_count(); i++) {
+			const struct policy_ops *ops = policy_at(i);
+			if (!(ops->keys & POLICY_KEY_MODEL) != !learned)
+				continue;
+			if (!strcmp(ops->name, "kvzap")) {
+				order[norder++] = kvzap_names[0];
+				order[norder++] = kvzap_names[1];
+			} else {
+				order[norder++] = ops->name;
+			}
+		}
+	order[norder++] = "kvzip";
+	order[norder++] = "oracle";
+}
+
+size_t eval_policy_order(const char *const **names)
+{
+	pthread_once(&order_once, build_order);
+	*names = order;
+	return norder;
 }

@@ -184,21 +184,17 @@ void table_write_specs(const char *path, const char *what,
 	fclose(f);
 }
 
-const char *const table_policy_order[] = {
-	"full", "random", "streaming", "h2o", "snapkv", "tova", "knorm",
-	"expected_attention", "pyramidkv",
-	"kvzap-linear", "kvzap-mlp", "fastkvzip", "kvpop", "kvzip", "oracle"};
-#define NPOL (sizeof(table_policy_order) / sizeof(table_policy_order[0]))
-const size_t table_npolicy = NPOL;
 
 size_t table_order(const char *const *names, size_t nn, const char **out,
                    size_t max)
 {
+	const char *const *pol;
+	const size_t npol = eval_policy_order(&pol);
 	size_t n = 0;
-	for (size_t p = 0; p < NPOL && n < max; p++)
+	for (size_t p = 0; p < npol && n < max; p++)
 		for (size_t i = 0; i < nn; i++)
-			if (!strcmp(names[i], table_policy_order[p])) {
-				out[n++] = table_policy_order[p];
+			if (!strcmp(names[i], pol[p])) {
+				out[n++] = pol[p];
 				break;
 			}
 	for (size_t i = 0; i < nn && n < max; i++) {
@@ -291,6 +287,8 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 	}
 	char models[8][64];
 	int nm = table_models(rows, nr, models);
+	const char *const *pol;
+	const size_t npol = eval_policy_order(&pol);
 	char dat[1200], gp[1200];
 	snprintf(dat, sizeof(dat), "%s/.quality-plot.dat", dir);
 	snprintf(gp, sizeof(gp), "%s/.quality-plot.gp", dir);
@@ -309,14 +307,14 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 	int block = 0;
 	for (int k = 0; k < nm; k++) {
 		fprintf(g, "set title '%s'\nplot ", models[k]);
-		int first = 1, lt = 0, lt_of[NPOL] = {0};
-		for (size_t p = 1; p < NPOL; p++) {
+		int first = 1, lt = 0, lt_of[64] = {0};
+		for (size_t p = 1; p < npol; p++) {
 			int any = 0;
 			size_t n = 0;
 			for (size_t i = 0; i < nr; i++) {
 				const struct row *r = &rows[i];
 				if (strcmp(r->model, models[k]) ||
-				    strcmp(r->policy, table_policy_order[p]) ||
+				    strcmp(r->policy, pol[p]) ||
 				    (table_is_sweep(r) && !merge) || isnan(r->kl) ||
 				    r->kl <= 0)
 					continue;
@@ -335,14 +333,14 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 			lt_of[p] = ++lt;
 			fprintf(g, "%s'%s' index %d using 1:2 with linespoints "
 			           "lt %d title '%s'", first ? "" : ", ", dat,
-			        block, lt, table_policy_order[p]);
+			        block, lt, pol[p]);
 			block++;
 			first = 0;
 		}
 		/* sweeps: dashed, in their policy's colour, by achieved ratio */
-		for (size_t p = 1; p < NPOL && !merge; p++) {
+		for (size_t p = 1; p < npol && !merge; p++) {
 			size_t n = table_sweep_rows(rows, nr, models[k],
-			                      table_policy_order[p], idx);
+			                      pol[p], idx);
 			sort_rows(rows, idx, n, 0);
 			int any = 0;
 			for (size_t q = 0; q < n; q++) {
@@ -358,7 +356,7 @@ void table_write_png(const char *dir, struct row *rows, size_t nr, int merge)
 			fprintf(g, "%s'%s' index %d using 1:2 with linespoints "
 			           "lt %d dt 2 pt 6 title '%s sweep'",
 			        first ? "" : ", ", dat, block,
-			        lt_of[p] ? lt_of[p] : ++lt, table_policy_order[p]);
+			        lt_of[p] ? lt_of[p] : ++lt, pol[p]);
 			block++;
 			first = 0;
 		}

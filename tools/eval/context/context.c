@@ -27,6 +27,7 @@
 #include "tasks.h"
 #include "model_gguf.h"
 #include "now.h"
+#include "policy.h"
 #include "oracle.h"
 #include "tokenizer.h"
 
@@ -43,21 +44,6 @@ void openblas_set_num_threads(int n);
 #define CTX_FKV_WINDOW 16u /* eval_add_fastkvzip's window and sinks */
 #define CTX_FKV_SINKS 4u
 
-/* The ratio policies of the daemon: name and spec format (%.4f the
- * ratio).  A new one is a line here (and a name in table_policy_order for
- * its place in the tables). */
-static const struct eval_ratio_policy ratio_policies[] = {
-	{"random", "random:ratio=%.4f,seed=1"},
-	{"streaming", "streaming:ratio=%.4f,sinks=4"},
-	{"h2o", "h2o:ratio=%.4f"},
-	{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
-	{"tova", "tova:ratio=%.4f"},
-	{"knorm", "knorm:ratio=%.4f"},
-	/* SmolLM2's RoPE base (the daemon is not told it) */
-	{"expected_attention", "expected_attention:ratio=%.4f,theta=100000"},
-	{"pyramidkv", "pyramidkv:ratio=%.4f,window=16,kernel=5"},
-};
-#define NRATIO (sizeof(ratio_policies) / sizeof(ratio_policies[0]))
 
 
 /* ------------------------------------------------------------ the pool */
@@ -356,7 +342,7 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 	for (uint32_t q = 0; q < nrat; q++) {
 		double R = ratios[q];
 		uint32_t B = P - (uint32_t)floor(R * P);
-		eval_add_ratio_jobs(jobs, &njobs, ratio_policies, NRATIO, R, R);
+		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_CONTEXT, R, R);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],

@@ -21,6 +21,7 @@
 #include "../context/context.h"
 #include "model_gguf.h"
 #include "now.h"
+#include "policy.h"
 #include "tokenizer.h"
 
 void openblas_set_num_threads(int n);
@@ -158,16 +159,6 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 
 /* ------------------------------------------------------------ the run */
 
-/* The ratio policies that decide at every sync (spec format, %.4f the
- * ratio); the prompt-only ones are protocol 1's only. */
-static const struct eval_ratio_policy ratio_policies[] = {
-	{"random", "random:ratio=%.4f,seed=1"},
-	{"streaming", "streaming:ratio=%.4f,sinks=4"},
-	{"h2o", "h2o:ratio=%.4f"},
-	{"tova", "tova:ratio=%.4f"},
-	{"knorm", "knorm:ratio=%.4f"},
-};
-#define NRATIO (sizeof(ratio_policies) / sizeof(ratio_policies[0]))
 
 int decoding_main(const struct model *M, const struct eval_opts *a)
 {
@@ -202,7 +193,8 @@ int decoding_main(const struct model *M, const struct eval_opts *a)
 		 * R + mean(1 / n) (at least R) */
 		double R = ratios[q],
 		       Rs = q ? R + decoding_inv_seen(P, T) : R;
-		eval_add_ratio_jobs(jobs, &njobs, ratio_policies, NRATIO, R, Rs);
+		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_DECODING, R,
+		                    Rs);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
