@@ -35,6 +35,9 @@ struct ecase {
 	float *kvzip;   /* [L][n_kv][P] KVzip scores of the prompt */
 };
 
+/* bytes.c: kvtrim-eval --model M for a byte or token-id model. */
+int bytes_main(const struct model *M, const struct eval_opts *a);
+
 /* cases.c */
 /* Needle depths in bytes; case s has depth s % NEEDLE_NDEPTH. */
 extern const uint32_t cases_needle_depth[NEEDLE_NDEPTH];

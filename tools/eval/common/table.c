@@ -1,9 +1,8 @@
 /*
- * table.c — kvtrim-eval's results: quality.csv rows (read back, so rows of
- * other models are kept, and written; the rows of protocols 1 and 2 from
- * their jobs), quality.md (one table per model, the needle paragraph, the
- * kvzap sweep), quality.png (gnuplot) and the specs files (every job's
- * spec as run, the same for every protocol).
+ * table.c — kvtrim-eval's results files, shared by its programs: csv rows
+ * (read back, so other models' rows are kept, and written; the rows of
+ * protocols 1 and 2 from their jobs), the specs files (every job's spec as
+ * run), the tables' order of the policies and quality.png (gnuplot).
  */
 #include "eval.h"
 

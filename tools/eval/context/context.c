@@ -1,14 +1,12 @@
 /*
- * context.c — protocol 1 of kvtrim-eval: context compression (the protocol
- * of kvpress and of the KVzip / KVzap papers) for models with a tokenizer
- * (SmolLM2: `kvtrim-eval --model smollm2 --out docs/results/smollm2`).
- *
- * The protocol, its choices and its outputs are in docs/eval.md,
- * "Protocol 1".  This file holds its windows (the evaluation split through
- * the tokenizer), its jobs (budgets, kvzap's calibrated thresholds and
- * sweep), the scheduling of references and runs over `--threads` workers,
- * and the results files; context.h the machinery, tasks.c the tasks.
- * Protocol 2 (decoding-time compression) is decoding.c's.
+ * context.c — kvtrim-eval's protocol 1, context compression, for a model
+ * with a tokenizer (`kvtrim-eval --model smollm2`; docs/eval.md,
+ * "Protocol 1"): its jobs (the registry's ratio policies, kvzap and Fast
+ * KVzip at their calibrated and swept thresholds, fastkvzip, kvpop,
+ * kvzip, oracle), the windows' references and runs on the worker pool
+ * (at most CTX_HELD windows held), then the tasks (tasks.c) and the
+ * results files.  --dump-kept and --calibrate go to dump_kept.c and
+ * calibration.c.
  */
 #include "../common/eval.h"
 #include "../common/pool.h"

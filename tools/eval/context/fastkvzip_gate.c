@@ -1,11 +1,10 @@
 /*
- * fastkvzip_gate.c — Fast KVzip's gate scores on calibration windows, for the
- * fastkvzip-global jobs of protocol 1 (context.c): one threshold for every
- * layer, as the Fast KVzip paper evicts, chosen on the training split
- * like kvzap's (kvzap_tau: the gate's rule under protocol 1, drop iff
- * score < F outside the sinks and the window, is kvzap's).  The scores
- * are the daemon's: the fastkvzip policy itself (policy_create on the same
- * checkpoint) computes them (fastkvzip_gate).
+ * fastkvzip_gate.c — Fast KVzip's gate scores on calibration windows, for
+ * protocol 1's fastkvzip-global jobs: one threshold for every layer, as
+ * the Fast KVzip paper evicts, chosen on the training split like kvzap's
+ * (kvzap_tau: the gate's rule under protocol 1 is kvzap's).  The scores
+ * are the daemon's: the fastkvzip policy itself computes them
+ * (fastkvzip_gate, policies/learned.h).
  */
 #include "context.h"
 

@@ -1,10 +1,8 @@
 /*
- * quality_md.c — quality.md of protocol 1 (context compression, context.c):
- * the policies compared at equal ACHIEVED compression (each policy's runs
- * read as one curve at 0.5 / 0.75 / 0.875 achieved, curve.c), then every
- * run as measured, and the links to the tasks' files (tasks.c).
- * Bounds (full, random, kvzip, oracle) in every table.
- * The two tables are also protocol 2's (lockstep.c: curve_write_tables).
+ * quality_md.c — quality.md of protocol 1 (context compression): how the
+ * run was made, the tables at equal achieved compression and of every run
+ * (curve_write_tables, which protocol 2 shares) and the links to the
+ * tasks' files (tasks.c).
  */
 #include "context.h"
 

@@ -1,8 +1,8 @@
 /*
- * window.c — protocol 1 of kvtrim-eval (context compression): the in-process
- * cache with its BLAS attention and taps, the full-cache reference of a
- * window, and a policy's run on it; see context.h for the contracts and
- * docs/eval.md for the protocol.
+ * window.c — protocol 1's machinery (context.h has the contracts): the
+ * in-process cache with its BLAS attention and taps, the full-cache
+ * reference of a window, and a policy's run on it, through kvtrimd or
+ * from keep flags computed in process.
  */
 #include "context.h"
 

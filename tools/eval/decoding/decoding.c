@@ -1,9 +1,9 @@
 /*
  * decoding.c — kvtrim-eval --protocol 2 (decoding-time compression) for a
- * model with a tokenizer: its windows, its jobs (kvzap's thresholds
- * calibrated on the training split under this protocol), the run
- * (decoding_run) and its results files.  The protocol and its choices:
- * docs/eval.md.
+ * model with a tokenizer: its windows, its jobs (the registry's policies
+ * that decide at every sync; kvzap's thresholds calibrated on the training
+ * split under this protocol), the run (lockstep.c) and its results files:
+ * protocol2.csv / .md / .png.  The protocol: docs/eval.md.
  */
 #include "decoding.h"
 

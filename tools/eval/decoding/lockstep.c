@@ -1,14 +1,9 @@
 /*
- * lockstep.c — protocol 2 of kvtrim-eval: decoding-time compression, every
- * policy active while generating, for models with a tokenizer (SmolLM2:
- * `kvtrim-eval --model smollm2 --protocol 2 --out docs/results/smollm2`).
- *
- * The protocol and its choices are in docs/eval.md, "Protocol 2";
- * decoding.h has decoding_run's contract.  This file holds the run: groups of jobs
- * decoding their windows in lockstep (one batched forward a step, one
- * sync per tenant), the reference's logits shared step by step, the
- * hindsight oracle's eviction and the scoring.  decoding.c holds the
- * windows, the jobs and the results files.
+ * lockstep.c — protocol 2's run (decoding_run, contract in decoding.h):
+ * groups of jobs decoding their windows in lockstep, one batched forward a
+ * step and one sync per tenant, the reference's logits shared step by
+ * step, the hindsight oracle's eviction and the scoring.  The groups run
+ * on the worker pool; docs/eval.md, "Protocol 2", states the protocol.
  */
 #include "decoding.h"
 
@@ -67,11 +62,20 @@ struct groups {
 /* What a running group's forward needs (the attention callback's ctx). */
 struct run {
 	struct groups *p;
+	const struct group *g;
+	uint32_t gi, nref;       /* nref: reference rows (0 or nwin) */
 	struct d2row *rows;      /* [nrows]: references first (row w), if
 	                            the group has them */
 	uint32_t nrows, *live, nlive;
 	struct engine **e;       /* [nj] daemon jobs' engines */
 	uint32_t t;              /* position of the step */
+	/* scratch of the steps */
+	int32_t *tok;            /* [nrows] */
+	uint32_t *pos;           /* [nrows] */
+	float *lg;               /* [nrows][V] */
+	kvt_ticket *tk;          /* [nj] */
+	double *acc;             /* [nwin][L][H][T] the references' taps */
+	float *sc;               /* [L][H][T] the oracle's scores */
 };
 
 static void fail(struct job *j, const char *fmt, ...)
@@ -266,62 +270,48 @@ static int oracle_step(const struct decoding_set *s, const double *tot,
 	return 0;
 }
 
-/* Runs group gi to its end; its jobs' results added up. */
-static void run_group(struct groups *p, uint32_t gi)
+/* The group's rows, prefilled: its references (when it has them) and
+ * its jobs' windows; u's scratch allocated. */
+static void group_open(struct run *u)
 {
-	const struct decoding_set *s = p->s;
+	const struct decoding_set *s = u->p->s;
 	const struct model *M = s->M;
 	const struct model_config *mc = &M->cfg;
-	const struct group *g = &p->g[gi];
-	const uint32_t nw = s->nwin, P = s->P, T = s->T, V = mc->vocab_size;
-	const size_t LHT = (size_t)mc->n_layers * mc->n_heads * T,
-	             C = T - 1 - P;
-	const double lists = (double)mc->n_layers * mc->n_kv_heads;
-	uint64_t t0 = now_ms();
-	/* references: the producer's are THE reference (stored, scored
-	 * against by every group); the oracle group's give its prefixes */
-	const uint32_t nref = g->producer || g->oracle ? nw : 0;
-	struct run u = {.p = p, .nrows = nref + nw * g->nj};
-	if (g->oracle) {
-		pthread_mutex_lock(&p->pl->lock);
-		while (p->state == 0)
-			pthread_cond_wait(&p->cond, &p->pl->lock);
-		pthread_mutex_unlock(&p->pl->lock);
-	}
-	u.rows = calloc(u.nrows, sizeof(*u.rows));
-	u.live = malloc(sizeof(uint32_t) * u.nrows);
-	u.e = calloc(g->nj + 1, sizeof(*u.e));
-	int32_t *tok = malloc(sizeof(int32_t) * u.nrows);
-	kvt_ticket *tk = malloc(sizeof(kvt_ticket) * (g->nj + 1));
-	uint32_t *pos = malloc(sizeof(uint32_t) * u.nrows);
-	float *lg = malloc(sizeof(float) * u.nrows * V);
-	const int tap = g->oracle || (g->producer && p->tot);
-	double *acc = tap ? calloc(nw * LHT, sizeof(double)) : NULL;
-	float *sc = g->oracle ? malloc(sizeof(float) * LHT) : NULL;
-	if (!u.rows || !u.live || !u.e || !tok ||
-	    !pos || !tk || !lg || (tap && !acc) ||
-	    (g->oracle && !sc))
+	const struct group *g = u->g;
+	const uint32_t nw = s->nwin, P = s->P, T = s->T;
+	const size_t LHT = (size_t)mc->n_layers * mc->n_heads * T;
+	const int tap = g->oracle || (g->producer && u->p->tot);
+	u->rows = calloc(u->nrows, sizeof(*u->rows));
+	u->live = malloc(sizeof(uint32_t) * u->nrows);
+	u->e = calloc(g->nj + 1, sizeof(*u->e));
+	u->tok = malloc(sizeof(int32_t) * u->nrows);
+	u->tk = malloc(sizeof(kvt_ticket) * (g->nj + 1));
+	u->pos = malloc(sizeof(uint32_t) * u->nrows);
+	u->lg = malloc(sizeof(float) * u->nrows * mc->vocab_size);
+	u->acc = tap ? calloc(nw * LHT, sizeof(double)) : NULL;
+	u->sc = g->oracle ? malloc(sizeof(float) * LHT) : NULL;
+	if (!u->rows || !u->live || !u->e || !u->tok || !u->pos || !u->tk ||
+	    !u->lg || (tap && !u->acc) || (g->oracle && !u->sc))
 		eval_die("out of memory");
-	/* ---- the rows, prefilled */
-	for (uint32_t w = 0; w < nref; w++) {
-		struct d2row *rw = &u.rows[w];
+	for (uint32_t w = 0; w < u->nref; w++) {
+		struct d2row *rw = &u->rows[w];
 		rw->w = w;
 		if (replay_open(M, T, &rw->r))
 			eval_die("out of memory");
 		if (replay_step(rw->r, s->tok + (size_t)w * T, P, NULL))
 			eval_die("reference prefill of window %u failed", w);
-		if (acc)
-			replay_tap(rw->r, acc + (size_t)w * LHT);
+		if (u->acc)
+			replay_tap(rw->r, u->acc + (size_t)w * LHT);
 	}
 	for (uint32_t k = 0; k < g->nj; k++) {
 		struct job *j = g->jobs[k];
-		struct d2row *rw = &u.rows[nref + nw * k];
+		struct d2row *rw = &u->rows[u->nref + nw * k];
 		for (uint32_t w = 0; w < nw; w++) {
 			rw[w].j = j;
 			rw[w].w = w;
 		}
 		if (j->kind == J_DAEMON) {
-			open_daemon(s, j, gi, k, &u.e[k], rw);
+			open_daemon(s, j, u->gi, k, &u->e[k], rw);
 			continue;
 		}
 		for (uint32_t w = 0; w < nw; w++) {
@@ -331,150 +321,229 @@ static void run_group(struct groups *p, uint32_t gi)
 				eval_die("oracle prefill of window %u failed", w);
 		}
 	}
-	for (uint32_t k = 0; p->state < 0 && k < g->nj; k++)
-		fail(g->jobs[k], "no reference: its group failed");
-	for (uint32_t w = 0; g->oracle && p->state > 0 && w < nw; w++)
-		if (oracle_step(s, p->tot, NULL, sc, u.rows, u.nrows, w, P))
-			eval_die("out of memory");
-	/* ---- the decode steps */
-	int broken = 0;
-	for (uint32_t t = P; t + 1 < T && !broken; t++) {
-		u.t = t;
-		u.nlive = 0;
-		for (uint32_t c = 0; c < u.nrows; c++) {
-			const struct d2row *rw = &u.rows[c];
-			if (rw->j && (rw->j->failed || (!rw->r && !rw->cl)))
-				continue;
-			tok[u.nlive] = s->tok[(size_t)rw->w * T + t];
-			pos[u.nlive] = t;
-			u.live[u.nlive++] = c;
-		}
-		struct model_attn a = {attend, &u};
-		int rc = model_forward_pos(M, tok, u.nlive, pos, &a, lg);
-		if (rc) {
-			for (uint32_t k = 0; k < g->nj; k++)
-				fail(g->jobs[k], "forward at position %u: %s", t,
-				     kvt_strerror(rc));
-			broken = 1;
-			break;
-		}
-		if (g->producer) {
-			for (uint32_t w = 0; w < nw; w++)
-				memcpy(p->ref + ((size_t)w * C + (t - P)) * V,
-				       lg + (size_t)w * V, sizeof(float) * V);
-			pthread_mutex_lock(&p->pl->lock);
-			p->ref_steps = t - P + 1;
-			pthread_cond_broadcast(&p->cond);
-			pthread_mutex_unlock(&p->pl->lock);
-		}
-		/* one sync per tenant, all started before any is waited for */
-		struct kvt_sync_item it[64]; /* nwin <= 64 (decoding_run) */
-		for (uint32_t k = 0; k < g->nj; k++) {
-			struct job *j = g->jobs[k];
-			if (j->kind != J_DAEMON || j->failed)
-				continue;
-			for (uint32_t w = 0; w < nw; w++)
-				it[w] = (struct kvt_sync_item){
-					engine_seq_of(u.e[k], w), 1,
-					KVT_PHASE_DECODE, 0, 0};
-			kvt_client *cl = engine_client(u.e[k]);
-			rc = kvt_sync_async(cl, it, nw, &tk[k]);
-			if (rc < 0)
-				fail(j, "sync at position %u: %s: %s", t,
-				     kvt_strerror(rc), kvt_last_error(cl));
-		}
-		for (uint32_t c = 0; c < u.nlive; c++)
-			if (u.rows[u.live[c]].r)
-				replay_advance(u.rows[u.live[c]].r, 1);
-		/* the scores, while the daemon decides, once the producer
-		 * has stored the step's reference */
-		pthread_mutex_lock(&p->pl->lock);
-		while (!g->producer && p->state == 0 && p->ref_steps <= t - P)
-			pthread_cond_wait(&p->cond, &p->pl->lock);
-		int noref = !g->producer && p->ref_steps <= t - P;
-		pthread_mutex_unlock(&p->pl->lock);
-		for (uint32_t c = 0; c < u.nlive; c++) {
-			const struct d2row *rw = &u.rows[u.live[c]];
-			if (!rw->j || rw->j->failed)
-				continue;
-			if (noref) {
-				fail(rw->j, "no reference: its group failed");
-				continue;
-			}
-			/* a job is touched by its group only: no lock */
-			double kl, dnll;
-			int top1;
-			score_compare(p->ref + ((size_t)rw->w * C + (t - P)) * V,
-			            lg + (size_t)c * V, V,
-			            s->tok[(size_t)rw->w * T + t + 1], &kl, &top1,
-			            &dnll);
-			rw->j->kl += kl;
-			rw->j->top1 += top1;
-			rw->j->dnll += dnll;
-			rw->j->npos++;
-		}
-		for (uint32_t k = 0; k < g->nj; k++) {
-			struct job *j = g->jobs[k];
-			if (j->kind != J_DAEMON || j->failed)
-				continue;
-			kvt_client *cl = engine_client(u.e[k]);
-			struct kvt_sync_info si;
-			rc = kvt_wait(cl, tk[k]);
-			if (rc < 0)
-				fail(j, "sync at position %u: %s: %s", t,
-				     kvt_strerror(rc), kvt_last_error(cl));
-			else if (kvt_last_sync(cl, &si) == 0 && si.pressure > 0)
-				fail(j, "the daemon applied memory pressure %.3f "
-				     "at position %u: not the policy's decisions",
-				     si.pressure, t);
-		}
-		for (uint32_t w = 0; g->oracle && p->state > 0 && w < nw; w++)
-			if (oracle_step(s, p->tot, acc, sc, u.rows, u.nrows, w,
-			                t + 1))
-				eval_die("out of memory");
-		/* achieved after the sync: n = t + 1 tokens seen */
-		for (uint32_t c = nref; c < u.nrows; c++) {
-			const struct d2row *rw = &u.rows[c];
-			if (rw->j->failed || (!rw->r && !rw->cl))
-				continue;
-			uint64_t kept = rw->r ? replay_kept(rw->r)
-			                      : kept_daemon(M, rw);
-			rw->j->ach += 1.0 - (double)kept / ((t + 1) * lists);
-			rw->j->nach++;
-		}
-		pthread_mutex_lock(&p->pl->lock);
-		pool_progress(p->pl, u.nrows);
-		pthread_mutex_unlock(&p->pl->lock);
+}
+
+/* Starts one sync per daemon tenant of the group (all started before any
+ * is waited for), tickets in u->tk. */
+static void sync_start(struct run *u)
+{
+	const uint32_t nw = u->p->s->nwin;
+	struct kvt_sync_item it[64]; /* nwin <= 64 (decoding_run) */
+	for (uint32_t k = 0; k < u->g->nj; k++) {
+		struct job *j = u->g->jobs[k];
+		if (j->kind != J_DAEMON || j->failed)
+			continue;
+		for (uint32_t w = 0; w < nw; w++)
+			it[w] = (struct kvt_sync_item){engine_seq_of(u->e[k], w),
+			                               1, KVT_PHASE_DECODE, 0, 0};
+		kvt_client *cl = engine_client(u->e[k]);
+		int rc = kvt_sync_async(cl, it, nw, &u->tk[k]);
+		if (rc < 0)
+			fail(j, "sync at position %u: %s: %s", u->t,
+			     kvt_strerror(rc), kvt_last_error(cl));
 	}
-	/* ---- the end */
-	if (g->producer) {
+}
+
+/* Waits for the syncs sync_start started; a sync under memory pressure
+ * fails its job. */
+static void sync_wait(struct run *u)
+{
+	for (uint32_t k = 0; k < u->g->nj; k++) {
+		struct job *j = u->g->jobs[k];
+		if (j->kind != J_DAEMON || j->failed)
+			continue;
+		kvt_client *cl = engine_client(u->e[k]);
+		struct kvt_sync_info si;
+		int rc = kvt_wait(cl, u->tk[k]);
+		if (rc < 0)
+			fail(j, "sync at position %u: %s: %s", u->t,
+			     kvt_strerror(rc), kvt_last_error(cl));
+		else if (kvt_last_sync(cl, &si) == 0 && si.pressure > 0)
+			fail(j, "the daemon applied memory pressure %.3f at "
+			     "position %u: not the policy's decisions",
+			     si.pressure, u->t);
+	}
+}
+
+/* The step's predictions of the live job rows against the reference's,
+ * once the producer has stored the step's (a job is touched by its group
+ * only: no lock for its sums). */
+static void score_step(struct run *u)
+{
+	struct groups *p = u->p;
+	const struct decoding_set *s = p->s;
+	const uint32_t T = s->T, P = s->P, t = u->t,
+	               V = s->M->cfg.vocab_size;
+	const size_t C = T - 1 - P;
+	pthread_mutex_lock(&p->pl->lock);
+	while (!u->g->producer && p->state == 0 && p->ref_steps <= t - P)
+		pthread_cond_wait(&p->cond, &p->pl->lock);
+	int noref = !u->g->producer && p->ref_steps <= t - P;
+	pthread_mutex_unlock(&p->pl->lock);
+	for (uint32_t c = 0; c < u->nlive; c++) {
+		const struct d2row *rw = &u->rows[u->live[c]];
+		if (!rw->j || rw->j->failed)
+			continue;
+		if (noref) {
+			fail(rw->j, "no reference: its group failed");
+			continue;
+		}
+		double kl, dnll;
+		int top1;
+		score_compare(p->ref + ((size_t)rw->w * C + (t - P)) * V,
+		              u->lg + (size_t)c * V, V,
+		              s->tok[(size_t)rw->w * T + t + 1], &kl, &top1,
+		              &dnll);
+		rw->j->kl += kl;
+		rw->j->top1 += top1;
+		rw->j->dnll += dnll;
+		rw->j->npos++;
+	}
+}
+
+/* The producer's logits of the step, stored for every group. */
+static void store_ref(struct run *u)
+{
+	struct groups *p = u->p;
+	const struct decoding_set *s = p->s;
+	const uint32_t V = s->M->cfg.vocab_size, P = s->P;
+	const size_t C = s->T - 1 - P;
+	for (uint32_t w = 0; w < s->nwin; w++)
+		memcpy(p->ref + ((size_t)w * C + (u->t - P)) * V,
+		       u->lg + (size_t)w * V, sizeof(float) * V);
+	pthread_mutex_lock(&p->pl->lock);
+	p->ref_steps = u->t - P + 1;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->pl->lock);
+}
+
+/* Achieved after the step's sync: n = t + 1 tokens seen. */
+static void add_achieved(struct run *u)
+{
+	const struct model *M = u->p->s->M;
+	const double lists = (double)M->cfg.n_layers * M->cfg.n_kv_heads;
+	for (uint32_t c = u->nref; c < u->nrows; c++) {
+		const struct d2row *rw = &u->rows[c];
+		if (rw->j->failed || (!rw->r && !rw->cl))
+			continue;
+		uint64_t kept = rw->r ? replay_kept(rw->r) : kept_daemon(M, rw);
+		rw->j->ach += 1.0 - (double)kept / ((u->t + 1) * lists);
+		rw->j->nach++;
+	}
+}
+
+/* Decode step t of the group: one batched forward of its live rows, the
+ * syncs, the scores, the oracle's eviction.  0, or the forward failed
+ * (every job of the group failed). */
+static int group_step(struct run *u, uint32_t t)
+{
+	struct groups *p = u->p;
+	const struct decoding_set *s = p->s;
+	const struct group *g = u->g;
+	u->t = t;
+	u->nlive = 0;
+	for (uint32_t c = 0; c < u->nrows; c++) {
+		const struct d2row *rw = &u->rows[c];
+		if (rw->j && (rw->j->failed || (!rw->r && !rw->cl)))
+			continue;
+		u->tok[u->nlive] = s->tok[(size_t)rw->w * s->T + t];
+		u->pos[u->nlive] = t;
+		u->live[u->nlive++] = c;
+	}
+	struct model_attn a = {attend, u};
+	int rc = model_forward_pos(s->M, u->tok, u->nlive, u->pos, &a, u->lg);
+	if (rc) {
+		for (uint32_t k = 0; k < g->nj; k++)
+			fail(g->jobs[k], "forward at position %u: %s", t,
+			     kvt_strerror(rc));
+		return rc;
+	}
+	if (g->producer)
+		store_ref(u);
+	sync_start(u);
+	for (uint32_t c = 0; c < u->nlive; c++)
+		if (u->rows[u->live[c]].r)
+			replay_advance(u->rows[u->live[c]].r, 1);
+	/* the scores while the daemon decides */
+	score_step(u);
+	sync_wait(u);
+	for (uint32_t w = 0; g->oracle && p->state > 0 && w < s->nwin; w++)
+		if (oracle_step(s, p->tot, u->acc, u->sc, u->rows, u->nrows, w,
+		                t + 1))
+			eval_die("out of memory");
+	add_achieved(u);
+	pthread_mutex_lock(&p->pl->lock);
+	pool_progress(p->pl, u->nrows);
+	pthread_mutex_unlock(&p->pl->lock);
+	return 0;
+}
+
+/* The group's end: the producer's state (and the oracle's totals) for
+ * the others, its engines and caches closed, u's scratch freed. */
+static void group_close(struct run *u, int broken, uint64_t t0)
+{
+	struct groups *p = u->p;
+	const struct decoding_set *s = p->s;
+	const struct model_config *mc = &s->M->cfg;
+	if (u->g->producer) {
 		pthread_mutex_lock(&p->pl->lock);
-		if (acc)
-			memcpy(p->tot, acc, sizeof(double) * nw * LHT);
+		if (u->acc)
+			memcpy(p->tot, u->acc, sizeof(double) * s->nwin *
+			       mc->n_layers * mc->n_heads * s->T);
 		p->state = broken ? -1 : 1;
 		pthread_cond_broadcast(&p->cond);
 		pthread_mutex_unlock(&p->pl->lock);
 	}
-	for (uint32_t k = 0; k < g->nj; k++)
-		engine_close(u.e[k]);
-	for (uint32_t c = 0; c < u.nrows; c++)
-		replay_close(u.rows[c].r);
+	for (uint32_t k = 0; k < u->g->nj; k++)
+		engine_close(u->e[k]);
+	for (uint32_t c = 0; c < u->nrows; c++)
+		replay_close(u->rows[c].r);
 	if (s->label) {
 		pthread_mutex_lock(&p->pl->lock);
 		fprintf(stderr, "kvtrim-eval: group %u/%u (%u jobs, %u rows) "
-		        "done in %.0fs\n", gi + 1, p->ng, g->nj, u.nrows,
+		        "done in %.0fs\n", u->gi + 1, p->ng, u->g->nj, u->nrows,
 		        (double)(now_ms() - t0) / 1e3);
 		pthread_mutex_unlock(&p->pl->lock);
 	}
-	free(u.rows);
-	free(u.live);
-	free(u.e);
-	free(tok);
-	free(tk);
-	free(pos);
-	free(lg);
-	free(acc);
-	free(sc);
+	free(u->rows);
+	free(u->live);
+	free(u->e);
+	free(u->tok);
+	free(u->tk);
+	free(u->pos);
+	free(u->lg);
+	free(u->acc);
+	free(u->sc);
+}
+
+/* Runs group gi to its end; its jobs' results added up.  References: the
+ * producer's are THE reference (stored, scored against by every group);
+ * the oracle group's give its prefixes, so it starts once the producer
+ * has ended. */
+static void run_group(struct groups *p, uint32_t gi)
+{
+	const struct decoding_set *s = p->s;
+	const struct group *g = &p->g[gi];
+	uint64_t t0 = now_ms();
+	struct run u = {.p = p, .g = g, .gi = gi,
+	                .nref = g->producer || g->oracle ? s->nwin : 0};
+	u.nrows = u.nref + s->nwin * g->nj;
+	if (g->oracle) {
+		pthread_mutex_lock(&p->pl->lock);
+		while (p->state == 0)
+			pthread_cond_wait(&p->cond, &p->pl->lock);
+		pthread_mutex_unlock(&p->pl->lock);
+	}
+	group_open(&u);
+	for (uint32_t k = 0; p->state < 0 && k < g->nj; k++)
+		fail(g->jobs[k], "no reference: its group failed");
+	for (uint32_t w = 0; g->oracle && p->state > 0 && w < s->nwin; w++)
+		if (oracle_step(s, p->tot, NULL, u.sc, u.rows, u.nrows, w, s->P))
+			eval_die("out of memory");
+	int broken = 0;
+	for (uint32_t t = s->P; t + 1 < s->T && !broken; t++)
+		broken = group_step(&u, t) != 0;
+	group_close(&u, broken, t0);
 }
 
 static void run_job(struct pool *pl, void *scratch, uint64_t gi)
