@@ -154,8 +154,9 @@ ifneq ($(wildcard tools/engine/main.c),)
 ALL += $(ENGINE_BIN)
 endif
 
-# Scorer training and quality evaluation (tools/train, tools/eval); the
-# non-main files of both are also linked into the tests.
+# Scorer training and quality evaluation (tools/train; tools/eval, one
+# folder per program beside common/); the non-main files of both are also
+# linked into the tests.
 TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(call src,tools/train/*.c)))
 EVALLIB_OBJ  := $(call obj,$(call src,tools/eval/*/*.c))
 TRAIN := $(B)/bin/kvtrim-train
