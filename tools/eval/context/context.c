@@ -42,8 +42,6 @@ void openblas_set_num_threads(int n);
 #define CTX_FKV_WINDOW 16u /* eval_add_fastkvzip's window and sinks */
 #define CTX_FKV_SINKS 4u
 
-
-
 /* ------------------------------------------------------------ the pool */
 
 struct win_slot {
@@ -234,11 +232,6 @@ static void run_windows(struct windows *p, int threads)
 	free(p->win);
 }
 
-/* ------------------------------------------------------------ kvzap */
-
-/* ------------------------------------------------------------ both
- * protocols' windows, targets and calibration */
-
 /* ------------------------------------------------------------ jobs */
 
 /* Keeps the jobs whose name is in the comma-separated list (--only), in
@@ -379,8 +372,6 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 {
 	table_write_png(dir, rows, nr, 1);
 }
-
-/* ------------------------------------------------------------ calibrate */
 
 /* ------------------------------------------------------------ the run */
 

@@ -143,7 +143,7 @@ static void write_csv(const char *dir, const struct task_result *R)
 	fclose(f);
 }
 
-/* The order of the policies of a run's jobs: table_policy_order first,
+/* The order of the policies of a run's jobs: eval_policy_order first,
  * then the others as they come; returns their number. */
 static uint32_t policies(const struct job *jobs, uint32_t nj,
                          const char **out, uint32_t max)

@@ -378,7 +378,7 @@ void task_wilson(uint64_t k, uint64_t n, double *lo, double *hi)
 /* What the workers of one part of a task share (under the pool's lock):
  * its cases and jobs; the pool's job k is case k, its reference then
  * every job on it. */
-struct tpool {
+struct task_part {
 	const struct task_args *ta;
 	const struct task_stop *st;
 	enum task_kind kind;
@@ -400,7 +400,7 @@ struct tscratch {
 
 /* One job on the reference r of case c (cache jc): right or not, the
  * kept entries.  Reason in err. */
-static int run_job(struct tpool *p, uint32_t k, uint32_t ci,
+static int run_job(struct task_part *p, uint32_t k, uint32_t ci,
                    const struct task_ref *r, struct ctx_cache *jc,
                    uint8_t *keep, int *ok, double *top1, uint64_t *kept,
                    char *err, size_t errlen)
@@ -430,9 +430,9 @@ static int run_job(struct tpool *p, uint32_t k, uint32_t ci,
 	return 0;
 }
 
-static void *tpool_open(struct pool *pl)
+static void *part_open(struct pool *pl)
 {
-	const struct tpool *p = pl->ctx;
+	const struct task_part *p = pl->ctx;
 	const struct model_config *mc = &p->ta->M->cfg;
 	struct tscratch *s = calloc(1, sizeof(*s));
 	if (!s || !(s->keep = malloc((size_t)mc->n_layers * mc->n_kv_heads *
@@ -443,7 +443,7 @@ static void *tpool_open(struct pool *pl)
 	return s;
 }
 
-static void tpool_close(struct pool *pl, void *scratch)
+static void part_close(struct pool *pl, void *scratch)
 {
 	struct tscratch *s = scratch;
 	ctx_cache_close(s->jc);
@@ -452,7 +452,7 @@ static void tpool_close(struct pool *pl, void *scratch)
 }
 
 /* Under the lock: job k's result on case ci (cell cl of P tokens). */
-static void job_done(struct tpool *p, uint32_t k, uint32_t ci, uint32_t cl,
+static void job_done(struct task_part *p, uint32_t k, uint32_t ci, uint32_t cl,
                      uint32_t P, int rc, int ok, double top1, uint64_t kept,
                      const char *err)
 {
@@ -479,7 +479,7 @@ static void job_done(struct tpool *p, uint32_t k, uint32_t ci, uint32_t cl,
 /* The pool's job: case ci's reference, then every job on it. */
 static void run_case(struct pool *pl, void *scratch, uint64_t k0)
 {
-	struct tpool *p = pl->ctx;
+	struct task_part *p = pl->ctx;
 	struct tscratch *sc = scratch;
 	const struct task_args *ta = p->ta;
 	const uint32_t ci = (uint32_t)k0, cl = p->cell[ci];
@@ -516,7 +516,7 @@ static void run_case(struct pool *pl, void *scratch, uint64_t k0)
 	task_ref_free(&r);
 }
 
-static void run_pool(struct tpool *p)
+static void run_part(struct task_part *p)
 {
 	char label[160];
 	snprintf(label, sizeof(label), "%s %s: %s, cases", p->ta->a->mname,
@@ -525,7 +525,7 @@ static void run_pool(struct tpool *p)
 	for (uint32_t i = 0; i < p->ncases; i++)
 		p->maxP = p->cases[i].P > p->maxP ? p->cases[i].P : p->maxP;
 	struct pool pl = {.threads = p->ta->a->threads, .njobs = p->ncases,
-	                  .ctx = p, .open = tpool_open, .close = tpool_close,
+	                  .ctx = p, .open = part_open, .close = part_close,
 	                  .run = run_case, .label = label};
 	pool_run(&pl);
 }
@@ -543,7 +543,7 @@ static uint64_t case_seed(enum task_kind kind, int part, uint32_t len,
 
 /* The cases of part (0 scan, 1 run) at lengths li (on[li]) and depths
  * (don[di]) into p, longest first (the pool then ends on short ones). */
-static void make_cases(struct tpool *p, const struct task_result *R,
+static void make_cases(struct task_part *p, const struct task_result *R,
                        const char *text, size_t n, int part,
                        const uint8_t *on, const uint8_t *don,
                        uint32_t trials)
@@ -578,7 +578,7 @@ static void make_cases(struct tpool *p, const struct task_result *R,
 	}
 }
 
-static void free_cases(struct tpool *p)
+static void free_cases(struct task_part *p)
 {
 	for (uint32_t i = 0; i < p->ncases; i++)
 		task_case_free(&p->cases[i]);
@@ -651,13 +651,13 @@ static void run_length(const struct task_args *ta,
 	on[li] = 1;
 	struct task_cell ref[NLEN * NDEPTH];
 	memset(ref, 0, sizeof(ref));
-	struct tpool p = {.ta = ta, .st = st, .kind = R->kind,
+	struct task_part p = {.ta = ta, .st = st, .kind = R->kind,
 	                  .part = "policies", .ref = ref, .jobs = jobs,
 	                  .njobs = kept, .res = R->run[ri].res};
 	make_cases(&p, R, text, n, 1, on, don, trials);
 	fprintf(stderr, "kvtrim-eval: %s %s: %u cases at %u tokens, %u jobs\n",
 	        ta->a->mname, R->name, p.ncases, R->len[li], kept);
-	run_pool(&p);
+	run_part(&p);
 	for (uint32_t di = 0; di < NDEPTH; di++)
 		R->run[ri].ref[di] = ref[li * NDEPTH + di];
 	free_cases(&p);
@@ -700,10 +700,10 @@ static int run_task(const struct task_args *ta,
 	} else {
 		struct task_cell ref[NLEN * NDEPTH];
 		memset(ref, 0, sizeof(ref));
-		struct tpool p = {.ta = ta, .st = st, .kind = kind,
+		struct task_part p = {.ta = ta, .st = st, .kind = kind,
 		                  .part = "full cache", .ref = ref};
 		make_cases(&p, R, text, n, 0, all, dall, SCAN_TRIALS);
-		run_pool(&p);
+		run_part(&p);
 		free_cases(&p);
 		for (uint32_t li = 0; li < NLEN; li++)
 			for (uint32_t di = 0; di < R->ndepth; di++)

@@ -36,9 +36,6 @@ void openblas_set_num_threads(int n);
 #define D2_SWEEP 3u
 #define D2_KVZAP_SINKS 4u
 
-/* ------------------------------------------------------------ kvzap */
-
-
 /* ------------------------------------------------------------ results */
 
 /* The protocol's goal read off the curves: kvpop against h2o, tova and
@@ -158,7 +155,6 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 }
 
 /* ------------------------------------------------------------ the run */
-
 
 int decoding_main(const struct model *M, const struct eval_opts *a)
 {
