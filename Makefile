@@ -154,10 +154,11 @@ ifneq ($(wildcard tools/engine/main.c),)
 ALL += $(ENGINE_BIN)
 endif
 
-# Scorer training and quality evaluation (tools/train, tools/eval); the
-# non-main files of both are also linked into the tests.
+# Scorer training and quality evaluation (tools/train; tools/eval, one
+# folder per program beside common/); the non-main files of both are also
+# linked into the tests.
 TRAINLIB_OBJ := $(call obj,$(filter-out tools/train/main.c,$(call src,tools/train/*.c)))
-EVALLIB_OBJ  := $(call obj,$(filter-out tools/eval/main.c,$(call src,tools/eval/*.c)))
+EVALLIB_OBJ  := $(call obj,$(call src,tools/eval/*/*.c))
 TRAIN := $(B)/bin/kvtrim-train
 EVAL  := $(B)/bin/kvtrim-eval
 ifneq ($(wildcard tools/train/main.c),)

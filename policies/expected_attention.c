@@ -347,4 +347,6 @@ const struct policy_ops expected_attention_ops = {
 	.decide = ea_decide,
 	.decides = ea_decides,
 	.window = ea_window,
+	.eval = {"expected_attention:ratio=%.4f",
+	         POLICY_EVAL_CONTEXT},
 };

@@ -155,6 +155,9 @@ const struct policy_ops h2o_ops = {
 	.init = h2o_init,
 	.decide = h2o_decide,
 	.attn = h2o_attn,
+	.eval = {"h2o:ratio=%.4f",
+	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
+	         POLICY_EVAL_DECODING},
 };
 
 const struct policy_ops observed_attention_ops = {

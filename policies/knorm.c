@@ -80,4 +80,6 @@ const struct policy_ops knorm_ops = {
 	.init = knorm_init,
 	.decide = knorm_decide,
 	.new_key_norms = 1,
+	.eval = {"knorm:ratio=%.4f",
+	         POLICY_EVAL_CONTEXT | POLICY_EVAL_DECODING},
 };

@@ -108,7 +108,7 @@ const float *learned_get(const struct policy *p, const struct weights *w,
  * attention inputs x [n][d_model] of one layer: score [n][n_kv], as the
  * policy stores them at arrival.  scratch: fastkvzip_gate_scratch(p, n)
  * floats.  For callers outside the daemon that need the same numbers (the
- * eval's threshold calibration, tools/eval/fkvgate.c).
+ * eval's threshold calibration, tools/eval/context/fastkvzip_gate.c).
  */
 size_t fastkvzip_gate_scratch(const struct policy *p, uint32_t n);
 void fastkvzip_gate(const struct policy *p, uint32_t layer, const float *x,

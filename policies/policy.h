@@ -196,6 +196,25 @@ struct policy_pop_weights {
 	const float *P, *W1, *b1, *W2, *b2;
 };
 
+/* The programs of kvtrim-eval (tools/eval/, docs/eval.md) that sweep a
+ * policy over target ratios (bit set).  Protocol 2 runs only policies
+ * that decide at every sync (a prompt-only one cannot reach its ratios);
+ * the byte models' tables keep the five policies they were made with. */
+enum policy_eval_in {
+	POLICY_EVAL_BYTES = 1u << 0,    /* the byte and token-id models */
+	POLICY_EVAL_CONTEXT = 1u << 1,  /* protocol 1: context compression */
+	POLICY_EVAL_DECODING = 1u << 2, /* protocol 2: decoding-time */
+};
+
+/* How kvtrim-eval sweeps a policy over its target ratios. */
+struct policy_eval {
+	/* the spec at a ratio, one %.4f for it; NULL: the evaluation makes
+	 * the policy's jobs itself (full; the learned policies, whose
+	 * weights and thresholds come from the run) */
+	const char *spec;
+	unsigned in; /* enum policy_eval_in bits: the programs that run it */
+};
+
 struct policy_ops {
 	const char *name;
 	const char *help;  /* one line for --list-policies */
@@ -270,6 +289,8 @@ struct policy_ops {
 	 * keys are and pass as policy_layer.pre ([n_new][n_kv_heads] norms;
 	 * pages NULL). */
 	int new_key_norms;
+	/* How kvtrim-eval sweeps the policy (policy_eval). */
+	struct policy_eval eval;
 };
 
 struct policy_block; /* scratch arena block (policy.c) */

@@ -80,4 +80,6 @@ const struct policy_ops pyramidkv_ops = {
 	.decide = pyramidkv_decide,
 	.decides = snapkv_decides,
 	.window = pyramidkv_window,
+	.eval = {"pyramidkv:ratio=%.4f,window=16,kernel=5",
+	         POLICY_EVAL_CONTEXT},
 };

@@ -61,4 +61,7 @@ const struct policy_ops random_ops = {
 	        POLICY_KEY_SINKS | POLICY_KEY_WINDOW | POLICY_KEY_EVERY,
 	.init = random_init,
 	.decide = random_decide,
+	.eval = {"random:ratio=%.4f,seed=1",
+	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
+	         POLICY_EVAL_DECODING},
 };

@@ -190,4 +190,6 @@ const struct policy_ops snapkv_ops = {
 	.decide = snapkv_decide,
 	.decides = snapkv_decides,
 	.window = snapkv_window_op,
+	.eval = {"snapkv:ratio=%.4f,window=16,kernel=5",
+	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT},
 };

@@ -57,4 +57,7 @@ const struct policy_ops streaming_ops = {
 	.keys = POLICY_KEY_SINKS | POLICY_KEY_TOKENS | POLICY_KEY_RATIO,
 	.init = streaming_init,
 	.decide = streaming_decide,
+	.eval = {"streaming:ratio=%.4f,sinks=4",
+	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
+	         POLICY_EVAL_DECODING},
 };

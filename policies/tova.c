@@ -177,4 +177,7 @@ const struct policy_ops tova_ops = {
 	.init = tova_init,
 	.decide = tova_decide,
 	.attn = tova_attn,
+	.eval = {"tova:ratio=%.4f",
+	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
+	         POLICY_EVAL_DECODING},
 };

@@ -9,8 +9,8 @@ not part of `make test`).  Runs in scripts/kvpress_venv.sh's venv.
    with hidden 72, SmolLM2's geometry, torch seed 0) with save_pretrained into
    OUT/dump/kvzap-{linear,mlp}.
 2. Runs `kvtrim-eval --model smollm2 --dump-kept OUT/dump --seqs N`
-   (tools/eval/ctxdump.c): N windows of protocol 1's split, spread over
-   it as protocol 1's --seqs N spreads them, their token ids,
+   (tools/eval/context/dump_kept.c): N windows of protocol 1's split,
+   spread over it as protocol 1's --seqs N spreads them, their token ids,
    per policy and ratio the kept context positions per (layer, KV head) and
    the continuation's KL / top-1, the C scores of the KVzap checkpoints and
    kvtrimd's kept entries with them.
@@ -206,12 +206,12 @@ EXPLAIN = {
                           "every context query after the 4 sinks; kvtrim's "
                           "daemon sees the staged queries of its lookback "
                           "only, and protocol 1's staging ring holds 64 "
-                          "beyond the context (ctx.h CTX_LOOKBACK), so the "
+                          "beyond the context (eval.h CTX_LOOKBACK), so the "
                           "statistics are those of the last 64 queries "
                           "(window=64).",
     "kvzip": "kvpress takes each key's max attention over every query of "
              "the reconstruction input (the repeat prompt, the chat turn and "
-             "the repeated context); kvtrim's in-process KVzip (ctx.h) over "
+             "the repeated context); kvtrim's in-process KVzip (context.h) over "
              "the repeated context's queries only. Both then run one top-k "
              "over all layers and heads with the first 4 positions kept.",
     "streaming": "not expected (a fixed rule).",
@@ -447,7 +447,7 @@ def main():
         f"context prefilled in one call under the press, each layer "
         f"compressed once after its prefill attention, then the continuation "
         f"teacher-forced uncompressed with positions continuing at {P}. "
-        f"kvtrim runs each policy in a real kvtrimd (tools/eval/ctxdump.c, "
+        f"kvtrim runs each policy in a real kvtrimd (tools/eval/context/dump_kept.c, "
         f"protocol 1's round trip). KL / top-1 are each side's own: the "
         f"continuation on the compressed cache against that side's full "
         f"cache.\n")
@@ -510,7 +510,7 @@ def main():
             "Random KVzapModel checkpoints (kvpress's class, SmolLM2's "
             f"geometry: {L} modules, {dim} -> {nkv}; the MLP with hidden 72) "
             "saved with `save_pretrained`, loaded as they are by kvtrim's "
-            "scorer (tools/eval/kvzap.c, the daemon's weights loader and "
+            "scorer (tools/eval/common/kvzap.c, the daemon's weights loader and "
             "kernels) and by kvtrimd as the kvzap policy. Both score the same "
             "inputs: kvtrim's attention inputs x of window 0 "
             f"({L} x {P} rows).\n")

@@ -3,7 +3,7 @@
  * (layer, KV head) list, returning the log-sum-exp (CPU reference); see
  * kernels.h.  Tested in kernels/cpu/kernels_test.c.  Three passes: logits,
  * a max-subtracted softmax (paged_attention_softmax_cpu, shared with the
- * dense twins in engine/model.c and tools/eval/ctx.c), the value sum.
+ * dense twins in engine/model.c and tools/eval/context/window.c), the value sum.
  *
  * Arithmetic contract: every float result is what the plain scalar loops
  * (and engine/model.c's dense_attend, compared bit for bit) give:

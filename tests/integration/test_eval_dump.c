@@ -1,6 +1,6 @@
 /*
  * test_eval_dump.c — `kvtrim-eval --model smollm2 --dump-kept DIR --quick
- * --seqs 1` (tools/eval/ctxdump.c, the kvpress parity's input) through a
+ * --seqs 1` (tools/eval/context/dump_kept.c, the kvpress parity's input) through a
  * real kvtrimd: the files docs/eval.md lists, their sizes from the geometry
  * in index.json, and kept flags checked against the policies' definitions
  * (docs/policies.md) by hand: streaming keeps the 4 sinks and the last

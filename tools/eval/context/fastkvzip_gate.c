@@ -1,13 +1,12 @@
 /*
- * fkvgate.c — Fast KVzip's gate scores on calibration windows, for the
- * fastkvzip-global jobs of protocol 1 (ctxmain.c): one threshold for every
- * layer, as the Fast KVzip paper evicts, chosen on the training split
- * like kvzap's (kvzap_tau: the gate's rule under protocol 1, drop iff
- * score < F outside the sinks and the window, is kvzap's).  The scores
- * are the daemon's: the fastkvzip policy itself (policy_create on the same
- * checkpoint) computes them (fastkvzip_gate).
+ * fastkvzip_gate.c — Fast KVzip's gate scores on calibration windows, for
+ * protocol 1's fastkvzip-global jobs: one threshold for every layer, as
+ * the Fast KVzip paper evicts, chosen on the training split like kvzap's
+ * (kvzap_tau: the gate's rule under protocol 1 is kvzap's).  The scores
+ * are the daemon's: the fastkvzip policy itself computes them
+ * (fastkvzip_gate, policies/learned.h).
  */
-#include "eval.h"
+#include "context.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +14,14 @@
 #include "learned.h"
 #include "model.h"
 
-struct fkv_gate {
+struct fastkvzip_gate {
 	const struct model *M;
 	struct policy *p;
 	uint32_t cap;
 	float *score, *scratch; /* [cap][n_kv], fastkvzip_gate_scratch(cap) */
 };
 
-void fkv_gate_close(struct fkv_gate *f)
+void fastkvzip_gate_close(struct fastkvzip_gate *f)
 {
 	if (!f)
 		return;
@@ -32,8 +31,8 @@ void fkv_gate_close(struct fkv_gate *f)
 	free(f);
 }
 
-int fkv_gate_open(const struct model *M, const char *path, uint32_t T,
-                  struct fkv_gate **out, char *err, size_t errlen)
+int fastkvzip_gate_open(const struct model *M, const char *path, uint32_t T,
+                  struct fastkvzip_gate **out, char *err, size_t errlen)
 {
 	const struct model_config *mc = &M->cfg;
 	const struct policy_geom geo = {
@@ -43,7 +42,7 @@ int fkv_gate_open(const struct model *M, const char *path, uint32_t T,
 		.headroom = T,
 	};
 	char spec[KVT_SPEC_MAX];
-	struct fkv_gate *f = calloc(1, sizeof(*f));
+	struct fastkvzip_gate *f = calloc(1, sizeof(*f));
 	*out = NULL;
 	if (!f)
 		return KVT_ENOMEM;
@@ -59,14 +58,14 @@ int fkv_gate_open(const struct model *M, const char *path, uint32_t T,
 			rc = KVT_ENOMEM;
 	}
 	if (rc) {
-		fkv_gate_close(f);
+		fastkvzip_gate_close(f);
 		return rc;
 	}
 	*out = f;
 	return 0;
 }
 
-void fkv_gate_score(struct fkv_gate *f, const float *xs, uint32_t T,
+void fastkvzip_gate_score(struct fastkvzip_gate *f, const float *xs, uint32_t T,
                     float *out)
 {
 	const struct model_config *mc = &f->M->cfg;

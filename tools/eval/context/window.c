@@ -1,10 +1,10 @@
 /*
- * ctx.c — protocol 1 of kvtrim-eval (context compression): the in-process
- * cache with its BLAS attention and taps, the full-cache reference of a
- * window, and a policy's run on it; see ctx.h for the contracts and
- * docs/eval.md for the protocol.
+ * window.c — protocol 1's machinery (context.h has the contracts): the
+ * in-process cache with its BLAS attention and taps, the full-cache
+ * reference of a window, and a policy's run on it, through kvtrimd or
+ * from keep flags computed in process.
  */
-#include "ctx.h"
+#include "context.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "eval.h"
+#include "../common/eval.h"
 #include "kernels.h"
 
 struct ctx_cache {
@@ -434,7 +434,7 @@ int ctx_keep_kvzip(const struct model *m, const struct ctx_window *w,
 	uint32_t nl = mc->n_layers * mc->n_kv_heads;
 	if (!w->kvzip)
 		return KVT_EINVAL;
-	int rc = run_kvzip_drop(w->kvzip, nl, w->P, R, keep);
+	int rc = score_kvzip_drop(w->kvzip, nl, w->P, R, keep);
 	for (size_t e = 0; !rc && e < (size_t)nl * w->P; e++)
 		keep[e] = !keep[e];
 	return rc;
@@ -479,7 +479,7 @@ int ctx_continue(const struct model *m, const struct ctx_window *w,
 	for (uint32_t t = 0; t < nc; t++) {
 		double kl, dnll;
 		int top1;
-		run_compare(w->ref + (size_t)t * V, lg + (size_t)t * V, V,
+		score_compare(w->ref + (size_t)t * V, lg + (size_t)t * V, V,
 		            w->tok[P + t + 1], &kl, &top1, &dnll);
 		s->kl += kl;
 		s->top1 += top1;

@@ -1,7 +1,7 @@
 /*
- * ctxtask.c — the pass-key needle and the copy task under protocol 1 of
- * kvtrim-eval (context compression, ctxmain.c), for models with a chat
- * template (SmolLM2); the pieces are declared in ctxtask.h.
+ * tasks.c — the pass-key needle and the copy task under protocol 1 of
+ * kvtrim-eval (context compression, context.c), for models with a chat
+ * template (SmolLM2); the pieces are declared in tasks.h.
  *
  * The tasks' protocol (cases, scoring, the full cache's scan then fresh
  * cases for the policies, trial counts, --quick) is in docs/eval.md,
@@ -9,7 +9,7 @@
  * takes a whole case (reference, then all its jobs) with one BLAS thread,
  * so a case's figures do not depend on what ran beside it.
  */
-#include "ctxtask.h"
+#include "tasks.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -19,17 +19,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
+#include "../../train/dataset.h"
+#include "../common/pool.h"
 #include "now.h"
 #include "tokenizer.h"
 
 #define TASK_SEED 0x7061737373657931ull /* "passkey1" */
 #define TASK_BAR 0.7
-#define NLEN CTXTASK_NLEN
-#define NDEPTH CTXTASK_NDEPTH
+#define NLEN TASK_NLEN
+#define NDEPTH TASK_NDEPTH
 #define SCAN_TRIALS 4u    /* full cache, per length and depth */
 #define RUN_TRIALS 12u    /* policies, per depth run */
-#define RUN_LENGTHS 1u    /* <= CTXTASK_NRUN */
+#define RUN_LENGTHS 1u    /* <= TASK_NRUN */
 #define RUN_MIN_LEN 1024u
 #define RUN_MAX_LEN 2048u
 
@@ -51,11 +52,11 @@ static int32_t argmax(const float *v, uint32_t n)
 
 /* Whether decoding stops after token tk (n tokens so far, *seen: a digit
  * came). */
-static int stops(const struct ctxtask_stop *st, int32_t tk, uint32_t n,
+static int stops(const struct task_stop *st, int32_t tk, uint32_t n,
                  int *seen)
 {
-	uint32_t max = st->max && st->max < CTXTASK_ANS_MAX ? st->max
-	                                                    : CTXTASK_ANS_MAX;
+	uint32_t max = st->max && st->max < TASK_ANS_MAX ? st->max
+	                                                    : TASK_ANS_MAX;
 	if (tk == st->eot || n >= max)
 		return 1;
 	if (st->digit) {
@@ -73,7 +74,7 @@ static int stops(const struct ctxtask_stop *st, int32_t tk, uint32_t n,
  * follows).  The length in *n. */
 static int greedy_from(const struct model *m, struct ctx_cache *c,
                        int32_t *out, uint32_t k, uint32_t pos0,
-                       const struct ctxtask_stop *st, const struct tok *t,
+                       const struct task_stop *st, const struct tok *t,
                        const char *key, uint32_t *n)
 {
 	const uint32_t V = m->cfg.vocab_size;
@@ -84,7 +85,7 @@ static int greedy_from(const struct model *m, struct ctx_cache *c,
 		if (key && !doomed && st->digit && st->digit[tk]) {
 			size_t bl;
 			const char *b = tok_token_bytes(t, tk, &bl);
-			doomed = run >= CTXTASK_KEY_DIGITS || b[0] != key[run];
+			doomed = run >= TASK_KEY_DIGITS || b[0] != key[run];
 			run++;
 		}
 		if (stops(st, tk, i + 1, &seen) || doomed) {
@@ -103,7 +104,7 @@ static int greedy_from(const struct model *m, struct ctx_cache *c,
 		if (key && st->digit && st->digit[tk]) {
 			size_t bl;
 			const char *b = tok_token_bytes(t, tk, &bl);
-			doomed = run >= CTXTASK_KEY_DIGITS || b[0] != key[run];
+			doomed = run >= TASK_KEY_DIGITS || b[0] != key[run];
 			run++;
 		}
 		if (stops(st, tk, k, &seen) || doomed)
@@ -114,22 +115,22 @@ static int greedy_from(const struct model *m, struct ctx_cache *c,
 	return rc;
 }
 
-int ctxtask_decode(const struct model *m, struct ctx_cache *c,
+int task_decode(const struct model *m, struct ctx_cache *c,
                    const float *first, uint32_t pos0,
-                   const struct ctxtask_stop *st, int32_t *out,
+                   const struct task_stop *st, int32_t *out,
                    uint32_t *nout)
 {
 	out[0] = argmax(first, m->cfg.vocab_size);
 	return greedy_from(m, c, out, 1, pos0, st, NULL, NULL, nout);
 }
 
-/* ctxtask.h; one step instead of one per token when the answer is the
+/* tasks.h; one step instead of one per token when the answer is the
  * reference's. */
-int ctxtask_needle_answer(const struct model *m, const struct tok *t,
+int task_needle_answer(const struct model *m, const struct tok *t,
                            struct ctx_cache *cc,
-                           const struct ctxtask_case *c,
-                           const struct ctxtask_ref *r,
-                           const struct ctxtask_stop *st, int32_t *out,
+                           const struct task_case *c,
+                           const struct task_ref *r,
+                           const struct task_stop *st, int32_t *out,
                            uint32_t *nout)
 {
 	const struct model_config *mc = &m->cfg;
@@ -176,7 +177,7 @@ int ctxtask_needle_answer(const struct model *m, const struct tok *t,
  * out[c->nans]; the line's entries stay appended (the caller cuts them
  * off or reloads the cache). */
 static int copy_answer(const struct model *m, struct ctx_cache *cc,
-                       const struct ctxtask_case *c, const float *first,
+                       const struct task_case *c, const float *first,
                        int32_t *out)
 {
 	const uint32_t V = m->cfg.vocab_size, n = c->nans;
@@ -193,10 +194,10 @@ static int copy_answer(const struct model *m, struct ctx_cache *cc,
 	return rc;
 }
 
-int ctxtask_score(const struct tok *t, const struct ctxtask_case *c,
+int task_score(const struct tok *t, const struct task_case *c,
                   const int32_t *ans, uint32_t n, double *top1)
 {
-	if (c->kind == CTXTASK_COPY) {
+	if (c->kind == TASK_COPY) {
 		uint32_t ok = 0;
 		for (uint32_t i = 0; i < c->nans; i++)
 			ok += i < n && ans[i] == c->tok[c->P + i];
@@ -215,15 +216,15 @@ int ctxtask_score(const struct tok *t, const struct ctxtask_case *c,
 	size_t j = i;
 	while (j < len && isdigit((unsigned char)s[j]))
 		j++;
-	int ok = j - i == CTXTASK_KEY_DIGITS &&
-	         !memcmp(s + i, c->key, CTXTASK_KEY_DIGITS);
+	int ok = j - i == TASK_KEY_DIGITS &&
+	         !memcmp(s + i, c->key, TASK_KEY_DIGITS);
 	free(s);
 	return ok;
 }
 
 /* ------------------------------------------------------------ reference */
 
-void ctxtask_ref_free(struct ctxtask_ref *r)
+void task_ref_free(struct task_ref *r)
 {
 	ctx_window_free(&r->w);
 	free(r->tok);
@@ -245,10 +246,10 @@ static void restride(float *a, const float *last, uint32_t L, uint32_t n,
 	}
 }
 
-int ctxtask_ref_build(const struct model *m, const struct tok *t,
-                      const struct ctxtask_case *c,
-                      const struct ctxtask_stop *st, const int32_t *sep,
-                      uint32_t n_sep, int policies, struct ctxtask_ref *r)
+int task_ref_build(const struct model *m, const struct tok *t,
+                      const struct task_case *c,
+                      const struct task_stop *st, const int32_t *sep,
+                      uint32_t n_sep, int policies, struct task_ref *r)
 {
 	const struct model_config *mc = &m->cfg;
 	const size_t L = mc->n_layers, H = mc->n_heads, hd = mc->head_dim,
@@ -256,12 +257,12 @@ int ctxtask_ref_build(const struct model *m, const struct tok *t,
 	const uint32_t P = c->P, V = mc->vocab_size;
 	struct ctx_window *w = &r->w;
 	memset(r, 0, sizeof(*r));
-	if (P < 2 || (c->kind == CTXTASK_COPY && !c->nans) ||
-	    c->nans > CTXTASK_ANS_MAX)
+	if (P < 2 || (c->kind == TASK_COPY && !c->nans) ||
+	    c->nans > TASK_ANS_MAX)
 		return KVT_EINVAL;
 	uint32_t nz = policies ? n_sep + P : 0;
-	uint32_t cap = P + (nz > CTXTASK_ANS_MAX ? nz : CTXTASK_ANS_MAX);
-	r->tok = malloc(sizeof(int32_t) * (P + CTXTASK_ANS_MAX));
+	uint32_t cap = P + (nz > TASK_ANS_MAX ? nz : TASK_ANS_MAX);
+	r->tok = malloc(sizeof(int32_t) * (P + TASK_ANS_MAX));
 	r->first = malloc(sizeof(float) * V);
 	float *x1 = malloc(sizeof(float) * L * (d + H * hd + H));
 	int32_t *pre = policies ? malloc(sizeof(int32_t) * nz) : NULL;
@@ -296,24 +297,24 @@ int ctxtask_ref_build(const struct model *m, const struct tok *t,
 		}
 	}
 	/* the answer: the full cache's own */
-	if (!rc && c->kind == CTXTASK_NEEDLE) {
-		rc = ctxtask_decode(m, w->full, r->first, P, st, r->tok + P,
+	if (!rc && c->kind == TASK_NEEDLE) {
+		rc = task_decode(m, w->full, r->first, P, st, r->tok + P,
 		                    &r->nans);
 		ctx_cache_truncate(w->full, P);
 		if (!rc)
-			r->ok = ctxtask_score(t, c, r->tok + P, r->nans, NULL);
+			r->ok = task_score(t, c, r->tok + P, r->nans, NULL);
 	} else if (!rc) {
-		int32_t got[CTXTASK_ANS_MAX];
+		int32_t got[TASK_ANS_MAX];
 		r->nans = c->nans;
 		memcpy(r->tok + P, c->tok + P, sizeof(int32_t) * c->nans);
 		rc = copy_answer(m, w->full, c, r->first, got);
 		ctx_cache_truncate(w->full, P);
 		if (!rc)
-			r->ok = ctxtask_score(t, c, got, c->nans, &r->top1);
+			r->ok = task_score(t, c, got, c->nans, &r->top1);
 	}
 	w->T = P + r->nans;
 	if (!rc && policies) {
-		/* KVzip's reconstruction of the prompt (ctx.h step 2) */
+		/* KVzip's reconstruction of the prompt (context.h step 2) */
 		memcpy(pre, sep, sizeof(int32_t) * n_sep);
 		memcpy(pre + n_sep, c->tok, sizeof(int32_t) * P);
 		struct ctx_tap tz = {.r0 = n_sep, .r1 = nz, .ncols = P, .max = 1,
@@ -333,13 +334,13 @@ int ctxtask_ref_build(const struct model *m, const struct tok *t,
 	free(x1);
 	free(pre);
 	if (rc)
-		ctxtask_ref_free(r);
+		task_ref_free(r);
 	return rc;
 }
 
 /* ------------------------------------------------------------ a job */
 
-int ctxtask_load(const struct model *m, const struct job *j,
+int task_load(const struct model *m, const struct job *j,
                  const char *tenant, const struct ctx_window *w,
                  const char *rt, struct ctx_cache *c, uint8_t *keep,
                  char *err, size_t errlen)
@@ -358,7 +359,7 @@ int ctxtask_load(const struct model *m, const struct job *j,
 	return 0;
 }
 
-void ctxtask_wilson(uint64_t k, uint64_t n, double *lo, double *hi)
+void task_wilson(uint64_t k, uint64_t n, double *lo, double *hi)
 {
 	if (!n) {
 		*lo = 0;
@@ -374,159 +375,163 @@ void ctxtask_wilson(uint64_t k, uint64_t n, double *lo, double *hi)
 
 /* ------------------------------------------------------------ the run */
 
-struct tpool {
-	const struct ctxtask_args *ta;
-	const struct ctxtask_stop *st;
-	enum ctxtask_kind kind;
+/* What the workers of one part of a task share (under the pool's lock):
+ * its cases and jobs; the pool's job k is case k, its reference then
+ * every job on it. */
+struct task_part {
+	const struct task_args *ta;
+	const struct task_stop *st;
+	enum task_kind kind;
 	const char *part;           /* for the progress line */
-	struct ctxtask_case *cases; /* [ncases] */
+	struct task_case *cases;    /* [ncases] */
 	uint32_t *cell;             /* [ncases] li * NDEPTH + di */
 	uint32_t ncases, maxP;
-	struct ctxtask_cell *ref;           /* [NLEN * NDEPTH] the reference's */
+	struct task_cell *ref;      /* [NLEN * NDEPTH] the reference's */
 	const struct job *jobs;     /* [njobs], 0: the full cache only */
 	uint32_t njobs;
-	struct ctxtask_jres *res;           /* [njobs] */
-	pthread_mutex_t lock;
-	uint32_t next, done;
-	uint64_t t0, last;          /* ms */
+	struct task_jres *res;      /* [njobs] */
 };
 
-/* Under lock: the progress line (at most every 10 s, and at the end). */
-static void progress(struct tpool *p)
-{
-	uint64_t t = now_ms();
-	if (p->done < p->ncases && t - p->last < 10000)
-		return;
-	p->last = t;
-	double el = (double)(t - p->t0) / 1e3;
-	fprintf(stderr, "kvtrim-eval: %s %s: %s, cases %u/%u, elapsed %.0fs, "
-	        "ETA %.0fs\n", p->ta->a->mname, task_name[p->kind], p->part,
-	        p->done, p->ncases, el,
-	        p->done ? el / p->done * (p->ncases - p->done) : 0.0);
-}
+/* A worker's scratch: a cache for the jobs' kept entries, keep flags. */
+struct tscratch {
+	struct ctx_cache *jc;
+	uint8_t *keep;              /* [L][n_kv][maxP] */
+};
 
 /* One job on the reference r of case c (cache jc): right or not, the
  * kept entries.  Reason in err. */
-static int run_job(struct tpool *p, uint32_t k, uint32_t ci,
-                   const struct ctxtask_ref *r, struct ctx_cache *jc,
+static int run_job(struct task_part *p, uint32_t k, uint32_t ci,
+                   const struct task_ref *r, struct ctx_cache *jc,
                    uint8_t *keep, int *ok, double *top1, uint64_t *kept,
                    char *err, size_t errlen)
 {
-	const struct ctxtask_args *ta = p->ta;
-	const struct ctxtask_case *c = &p->cases[ci];
+	const struct task_args *ta = p->ta;
+	const struct task_case *c = &p->cases[ci];
 	const struct job *j = &p->jobs[k];
 	char tn[80];
 	snprintf(tn, sizeof(tn), "%s-%.24s-%u-c%u", task_name[p->kind],
 	         j->name, k, ci);
-	int rc = ctxtask_load(ta->M, j, tn, &r->w, ta->rt, jc, keep, err,
+	int rc = task_load(ta->M, j, tn, &r->w, ta->rt, jc, keep, err,
 	                      errlen);
 	if (rc)
 		return rc;
 	*kept = ctx_cache_kept(jc);
-	int32_t ans[CTXTASK_ANS_MAX];
+	int32_t ans[TASK_ANS_MAX];
 	uint32_t n = c->nans;
-	if (c->kind == CTXTASK_NEEDLE)
-		rc = ctxtask_needle_answer(ta->M, ta->tk, jc, c, r, p->st, ans, &n);
+	if (c->kind == TASK_NEEDLE)
+		rc = task_needle_answer(ta->M, ta->tk, jc, c, r, p->st, ans, &n);
 	else
 		rc = copy_answer(ta->M, jc, c, r->first, ans);
 	if (rc) {
 		snprintf(err, errlen, "answer: %s", kvt_strerror(rc));
 		return rc;
 	}
-	*ok = ctxtask_score(ta->tk, c, ans, n, top1);
+	*ok = task_score(ta->tk, c, ans, n, top1);
 	return 0;
 }
 
-static void *tworker(void *arg)
+static void *part_open(struct pool *pl)
 {
-	struct tpool *p = arg;
-	const struct ctxtask_args *ta = p->ta;
-	const struct model_config *mc = &ta->M->cfg;
-	const double lists = (double)mc->n_layers * mc->n_kv_heads;
-	struct ctx_cache *jc = NULL;
-	uint8_t *keep = malloc((size_t)lists * p->maxP);
-	if (!keep || (p->njobs && ctx_cache_open(ta->M, p->maxP +
-	                                         CTXTASK_ANS_MAX, &jc)))
+	const struct task_part *p = pl->ctx;
+	const struct model_config *mc = &p->ta->M->cfg;
+	struct tscratch *s = calloc(1, sizeof(*s));
+	if (!s || !(s->keep = malloc((size_t)mc->n_layers * mc->n_kv_heads *
+	                             p->maxP)) ||
+	    (p->njobs && ctx_cache_open(p->ta->M, p->maxP + TASK_ANS_MAX,
+	                                &s->jc)))
 		eval_die("out of memory");
-	pthread_mutex_lock(&p->lock);
-	while (p->next < p->ncases) {
-		uint32_t ci = p->next++, cl = p->cell[ci];
-		const struct ctxtask_case *c = &p->cases[ci];
-		pthread_mutex_unlock(&p->lock);
-		struct ctxtask_ref r;
-		int rc = ctxtask_ref_build(ta->M, ta->tk, c, p->st, ta->sep,
-		                           ta->nsep, p->njobs > 0, &r);
-		if (rc)
-			eval_die("%s case %u: reference: %s", task_name[p->kind],
-			         ci, kvt_strerror(rc));
-		for (uint32_t k = 0; k < p->njobs; k++) {
-			struct ctxtask_jres *jr = &p->res[k];
-			pthread_mutex_lock(&p->lock);
-			int skip = jr->failed;
-			pthread_mutex_unlock(&p->lock);
-			if (skip)
-				continue;
-			char err[600] = "";
-			int ok = 0;
-			double top1 = 0;
-			uint64_t kept = 0;
-			rc = run_job(p, k, ci, &r, jc, keep, &ok, &top1, &kept,
-			             err, sizeof(err));
-			pthread_mutex_lock(&p->lock);
-			if (rc && !jr->failed) {
-				jr->failed = 1;
-				snprintf(jr->err, sizeof(jr->err), "case %u: %s",
-				         ci, err);
-				fprintf(stderr, "  %s %-13s %.3f FAILED: %s\n",
-				        task_name[p->kind], p->jobs[k].name,
-				        p->jobs[k].ratio, jr->err);
-			} else if (!rc) {
-				struct ctxtask_cell *e = &jr->c[cl % NDEPTH];
-				e->ok += ok;
-				e->n++;
-				e->top1 += top1;
-				e->tokens += c->P;
-				jr->ach += 1.0 - (double)kept / (lists * c->P);
-				jr->nach++;
-			}
-			pthread_mutex_unlock(&p->lock);
-		}
-		pthread_mutex_lock(&p->lock);
-		struct ctxtask_cell *e = &p->ref[cl];
-		e->ok += r.ok;
-		e->n++;
-		e->top1 += r.top1;
-		e->tokens += c->P;
-		p->done++;
-		progress(p);
-		pthread_mutex_unlock(&p->lock);
-		ctxtask_ref_free(&r);
-		pthread_mutex_lock(&p->lock);
-	}
-	pthread_mutex_unlock(&p->lock);
-	ctx_cache_close(jc);
-	free(keep);
-	return NULL;
+	return s;
 }
 
-static void run_pool(struct tpool *p)
+static void part_close(struct pool *pl, void *scratch)
 {
-	p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
-	p->t0 = p->last = now_ms();
+	struct tscratch *s = scratch;
+	ctx_cache_close(s->jc);
+	free(s->keep);
+	free(s);
+}
+
+/* Under the lock: job k's result on case ci (cell cl of P tokens). */
+static void job_done(struct task_part *p, uint32_t k, uint32_t ci, uint32_t cl,
+                     uint32_t P, int rc, int ok, double top1, uint64_t kept,
+                     const char *err)
+{
+	const struct model_config *mc = &p->ta->M->cfg;
+	struct task_jres *jr = &p->res[k];
+	if (rc && !jr->failed) {
+		jr->failed = 1;
+		snprintf(jr->err, sizeof(jr->err), "case %u: %s", ci, err);
+		fprintf(stderr, "  %s %-13s %.3f FAILED: %s\n",
+		        task_name[p->kind], p->jobs[k].name, p->jobs[k].ratio,
+		        jr->err);
+	} else if (!rc) {
+		struct task_cell *e = &jr->c[cl % NDEPTH];
+		e->ok += ok;
+		e->n++;
+		e->top1 += top1;
+		e->tokens += P;
+		jr->ach += 1.0 - (double)kept /
+		           ((double)mc->n_layers * mc->n_kv_heads * P);
+		jr->nach++;
+	}
+}
+
+/* The pool's job: case ci's reference, then every job on it. */
+static void run_case(struct pool *pl, void *scratch, uint64_t k0)
+{
+	struct task_part *p = pl->ctx;
+	struct tscratch *sc = scratch;
+	const struct task_args *ta = p->ta;
+	const uint32_t ci = (uint32_t)k0, cl = p->cell[ci];
+	const struct task_case *c = &p->cases[ci];
+	struct task_ref r;
+	int rc = task_ref_build(ta->M, ta->tk, c, p->st, ta->sep, ta->nsep,
+	                        p->njobs > 0, &r);
+	if (rc)
+		eval_die("%s case %u: reference: %s", task_name[p->kind], ci,
+		         kvt_strerror(rc));
+	for (uint32_t k = 0; k < p->njobs; k++) {
+		pthread_mutex_lock(&pl->lock);
+		int skip = p->res[k].failed;
+		pthread_mutex_unlock(&pl->lock);
+		if (skip)
+			continue;
+		char err[600] = "";
+		int ok = 0;
+		double top1 = 0;
+		uint64_t kept = 0;
+		rc = run_job(p, k, ci, &r, sc->jc, sc->keep, &ok, &top1, &kept,
+		             err, sizeof(err));
+		pthread_mutex_lock(&pl->lock);
+		job_done(p, k, ci, cl, c->P, rc, ok, top1, kept, err);
+		pthread_mutex_unlock(&pl->lock);
+	}
+	pthread_mutex_lock(&pl->lock);
+	struct task_cell *e = &p->ref[cl];
+	e->ok += r.ok;
+	e->n++;
+	e->top1 += r.top1;
+	e->tokens += c->P;
+	pthread_mutex_unlock(&pl->lock);
+	task_ref_free(&r);
+}
+
+static void run_part(struct task_part *p)
+{
+	char label[160];
+	snprintf(label, sizeof(label), "%s %s: %s, cases", p->ta->a->mname,
+	         task_name[p->kind], p->part);
 	p->maxP = 0;
 	for (uint32_t i = 0; i < p->ncases; i++)
 		p->maxP = p->cases[i].P > p->maxP ? p->cases[i].P : p->maxP;
-	pthread_t th[16];
-	int nt = p->ta->a->threads < 16 ? p->ta->a->threads : 16;
-	for (int i = 0; i < nt; i++)
-		if (pthread_create(&th[i], NULL, tworker, p))
-			eval_die("pthread_create failed");
-	for (int i = 0; i < nt; i++)
-		pthread_join(th[i], NULL);
+	struct pool pl = {.threads = p->ta->a->threads, .njobs = p->ncases,
+	                  .ctx = p, .open = part_open, .close = part_close,
+	                  .run = run_case, .label = label};
+	pool_run(&pl);
 }
 
 /* The seed of case (kind, part, length, depth, trial): one stream each. */
-static uint64_t case_seed(enum ctxtask_kind kind, int part, uint32_t len,
+static uint64_t case_seed(enum task_kind kind, int part, uint32_t len,
                           uint32_t di, uint32_t trial)
 {
 	uint64_t s = TASK_SEED ^ ((uint64_t)kind << 60) ^
@@ -538,7 +543,7 @@ static uint64_t case_seed(enum ctxtask_kind kind, int part, uint32_t len,
 
 /* The cases of part (0 scan, 1 run) at lengths li (on[li]) and depths
  * (don[di]) into p, longest first (the pool then ends on short ones). */
-static void make_cases(struct tpool *p, const struct ctxtask_result *R,
+static void make_cases(struct task_part *p, const struct task_result *R,
                        const char *text, size_t n, int part,
                        const uint8_t *on, const uint8_t *don,
                        uint32_t trials)
@@ -559,7 +564,7 @@ static void make_cases(struct tpool *p, const struct ctxtask_result *R,
 			for (uint32_t k = 0; k < trials; k++) {
 				uint32_t i = p->ncases++;
 				double d = R->depth ? R->depth[di] : 0;
-				if (ctxtask_case_build(p->ta->tk, text, n, R->kind,
+				if (task_case_build(p->ta->tk, text, n, R->kind,
 				                       R->len[li], d,
 				                       case_seed(R->kind, part,
 				                                 R->len[li], di, k),
@@ -573,10 +578,10 @@ static void make_cases(struct tpool *p, const struct ctxtask_result *R,
 	}
 }
 
-static void free_cases(struct tpool *p)
+static void free_cases(struct task_part *p)
 {
 	for (uint32_t i = 0; i < p->ncases; i++)
-		ctxtask_case_free(&p->cases[i]);
+		task_case_free(&p->cases[i]);
 	free(p->cases);
 	free(p->cell);
 }
@@ -584,7 +589,7 @@ static void free_cases(struct tpool *p)
 /*
  * Whether job k of jobs[nj] runs in the tasks (each job costs about as
  * much as a case's prefill, so not all of them do).  A budgeted policy
- * runs its targets from table_at[CTXTASK_AT0] on (0.75, 0.875): its
+ * runs its targets from table_at[TASK_AT0] on (0.75, 0.875): its
  * achieved ratio is its target, so those columns are its runs.  A
  * threshold policy (kvzap, fastkvzip-global: tau set) reaches its target
  * only roughly (0.754 for 0.75, 0.871 for 0.875 on the needle's cases),
@@ -607,14 +612,14 @@ static int task_job_wanted(const struct job *jobs, uint32_t nj, uint32_t k)
 		return 1;
 	if (isfinite(j->tau))
 		return j->ratio > 0.5 - 1e-9;
-	return j->ratio > table_at[CTXTASK_AT0] - 1e-9;
+	return j->ratio > table_at[TASK_AT0] - 1e-9;
 }
 
 /* The policies at length li, the depths don: fresh cases, the jobs of
  * that length (quick: a few). */
-static void run_length(const struct ctxtask_args *ta,
-                       const struct ctxtask_stop *st,
-                       struct ctxtask_result *R, uint32_t li,
+static void run_length(const struct task_args *ta,
+                       const struct task_stop *st,
+                       struct task_result *R, uint32_t li,
                        const uint8_t *don, uint32_t trials,
                        const char *text, size_t n)
 {
@@ -639,34 +644,34 @@ static void run_length(const struct ctxtask_args *ta,
 	}
 	R->run[ri].jobs = jobs;
 	R->run[ri].njobs = kept;
-	R->run[ri].res = calloc(kept ? kept : 1, sizeof(struct ctxtask_jres));
+	R->run[ri].res = calloc(kept ? kept : 1, sizeof(struct task_jres));
 	if (!R->run[ri].res)
 		eval_die("out of memory");
 	uint8_t on[NLEN] = {0};
 	on[li] = 1;
-	struct ctxtask_cell ref[NLEN * NDEPTH];
+	struct task_cell ref[NLEN * NDEPTH];
 	memset(ref, 0, sizeof(ref));
-	struct tpool p = {.ta = ta, .st = st, .kind = R->kind,
+	struct task_part p = {.ta = ta, .st = st, .kind = R->kind,
 	                  .part = "policies", .ref = ref, .jobs = jobs,
 	                  .njobs = kept, .res = R->run[ri].res};
 	make_cases(&p, R, text, n, 1, on, don, trials);
 	fprintf(stderr, "kvtrim-eval: %s %s: %u cases at %u tokens, %u jobs\n",
 	        ta->a->mname, R->name, p.ncases, R->len[li], kept);
-	run_pool(&p);
+	run_part(&p);
 	for (uint32_t di = 0; di < NDEPTH; di++)
 		R->run[ri].ref[di] = ref[li * NDEPTH + di];
 	free_cases(&p);
 }
 
 /* One task: the full cache at every length, then the policies. */
-static int run_task(const struct ctxtask_args *ta,
-                    const struct ctxtask_stop *st, enum ctxtask_kind kind,
+static int run_task(const struct task_args *ta,
+                    const struct task_stop *st, enum task_kind kind,
                     const char *text, size_t n)
 {
 	static const uint32_t quick_len[2] = {512, 256};
 	static const double quick_depth[1] = {0.5};
 	const int quick = ta->a->quick;
-	struct ctxtask_result *R = calloc(1, sizeof(*R));
+	struct task_result *R = calloc(1, sizeof(*R));
 	if (!R)
 		eval_die("out of memory");
 	R->kind = kind;
@@ -676,11 +681,11 @@ static int run_task(const struct ctxtask_args *ta,
 	R->bar = TASK_BAR;
 	R->nlen = quick ? 1 : NLEN;
 	R->len = quick ? &quick_len[kind] : task_len[kind];
-	R->ndepth = kind == CTXTASK_NEEDLE ? (quick ? 1 : NDEPTH) : 1;
-	R->depth = kind != CTXTASK_NEEDLE ? NULL
+	R->ndepth = kind == TASK_NEEDLE ? (quick ? 1 : NDEPTH) : 1;
+	R->depth = kind != TASK_NEEDLE ? NULL
 	           : quick ? quick_depth : needle_depth;
 	R->scan_trials = quick ? 0 : SCAN_TRIALS;
-	R->run_trials = quick ? (kind == CTXTASK_NEEDLE ? 2 : 1) : RUN_TRIALS;
+	R->run_trials = quick ? (kind == TASK_NEEDLE ? 2 : 1) : RUN_TRIALS;
 	R->run_min_len = RUN_MIN_LEN;
 	R->run_max_len = RUN_MAX_LEN;
 	uint8_t all[NLEN] = {1, 1, 1, 1}, dall[NDEPTH] = {1, 1, 1};
@@ -693,12 +698,12 @@ static int run_task(const struct ctxtask_args *ta,
 			R->scan[0][di] = R->run[0].ref[di];
 		R->run_s = (double)(now_ms() - t0) / 1e3;
 	} else {
-		struct ctxtask_cell ref[NLEN * NDEPTH];
+		struct task_cell ref[NLEN * NDEPTH];
 		memset(ref, 0, sizeof(ref));
-		struct tpool p = {.ta = ta, .st = st, .kind = kind,
+		struct task_part p = {.ta = ta, .st = st, .kind = kind,
 		                  .part = "full cache", .ref = ref};
 		make_cases(&p, R, text, n, 0, all, dall, SCAN_TRIALS);
-		run_pool(&p);
+		run_part(&p);
 		free_cases(&p);
 		for (uint32_t li = 0; li < NLEN; li++)
 			for (uint32_t di = 0; di < R->ndepth; di++)
@@ -710,7 +715,7 @@ static int run_task(const struct ctxtask_args *ta,
 			uint8_t don[NDEPTH] = {0};
 			int any = 0;
 			for (uint32_t di = 0; di < R->ndepth; di++) {
-				const struct ctxtask_cell *e = &R->scan[li][di];
+				const struct task_cell *e = &R->scan[li][di];
 				don[di] = e->n && (double)e->ok / e->n >= TASK_BAR;
 				any |= don[di];
 			}
@@ -729,7 +734,7 @@ static int run_task(const struct ctxtask_args *ta,
 	         "cache %.1f, policies %.1f)",
 	         (R->scan_s + R->run_s) / 60, ta->a->threads, R->scan_s / 60,
 	         R->run_s / 60);
-	ctxtasktab_write(ta->a->out, R, what);
+	task_tables_write(ta->a->out, R, what);
 	int bad = 0;
 	for (uint32_t ri = 0; ri < R->nrun; ri++) {
 		for (uint32_t k = 0; k < R->run[ri].njobs; k++)
@@ -741,7 +746,7 @@ static int run_task(const struct ctxtask_args *ta,
 	return bad;
 }
 
-int ctxtask_main(const struct ctxtask_args *ta)
+int task_main(const struct task_args *ta)
 {
 	const uint32_t V = ta->M->cfg.vocab_size;
 	char err[1024], *text;
@@ -757,9 +762,9 @@ int ctxtask_main(const struct ctxtask_args *ta)
 		const char *b = tok_token_bytes(ta->tk, (int32_t)i, &bl);
 		digit[i] = b && bl == 1 && isdigit((unsigned char)b[0]);
 	}
-	struct ctxtask_stop st = {tok_eot(ta->tk), digit, CTXTASK_ANS_MAX};
-	int bad = run_task(ta, &st, CTXTASK_NEEDLE, text, n);
-	bad |= run_task(ta, &st, CTXTASK_COPY, text, n);
+	struct task_stop st = {tok_eot(ta->tk), digit, TASK_ANS_MAX};
+	int bad = run_task(ta, &st, TASK_NEEDLE, text, n);
+	bad |= run_task(ta, &st, TASK_COPY, text, n);
 	free(digit);
 	free(text);
 	return bad;

@@ -3,13 +3,13 @@
  * and key-value needle cases built from the evaluation text, and for every
  * case its full-cache reference logits and the KVzip scores of its prompt.
  */
-#include "eval.h"
+#include "bytes.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
+#include "../../train/dataset.h"
 #include "model.h"
 #include "oracle.h"
 

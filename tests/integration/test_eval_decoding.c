@@ -1,9 +1,9 @@
 /*
- * test_eval_dec2.c — kvtrim-eval's protocol 2 (decoding-time compression,
- * tools/eval/dec2.h) through a real kvtrimd on a tiny random model,
+ * test_eval_decoding.c — kvtrim-eval's protocol 2 (decoding-time compression,
+ * tools/eval/decoding/decoding.h) through a real kvtrimd on a tiny random model,
  * checked against values computed here independently: the dense forward
  * (model_dense_forward) as the reference, and streaming run by hand on
- * protocol 1's in-process cache (ctx.h, BLAS attention) with its
+ * protocol 1's in-process cache (context.h, BLAS attention) with its
  * definition's keep set (docs/policies.md: sinks and the most recent
  * entries, B = n - floor(R n) after every sync); its achieved ratio by
  * hand.  Then `kvtrim-eval --model smollm2 --protocol 2 --quick` end to
@@ -16,8 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../tools/eval/ctx.h"
-#include "../../tools/eval/dec2.h"
+#include "../../tools/eval/context/context.h"
+#include "../../tools/eval/decoding/decoding.h"
 #include "daemon.h"
 #include "gb.h"
 #include "model.h"
@@ -54,11 +54,11 @@ static void rig_down(struct rig *r)
 static int run(struct rig *r, struct job *jobs, uint32_t nj, uint32_t gj,
                int threads)
 {
-	struct dec2_set s = {
+	struct decoding_set s = {
 		.M = &r->m, .tok = r->tok, .nwin = NW, .P = NP, .T = NT,
 		.rt = r->d.dir, .threads = threads, .group_jobs = gj,
 	};
-	return dec2_run(&s, jobs, nj);
+	return decoding_run(&s, jobs, nj);
 }
 
 /* What streaming:ratio=R,sinks=4 must give, computed by hand: per window
@@ -112,7 +112,7 @@ static void streaming_by_hand(const struct rig *r, double R, struct expect *x)
 			cut_streaming(m, c, t + 1, R);
 			double kl, dnll;
 			int top1;
-			run_compare(ref + (size_t)t * Vc, lg, (uint32_t)Vc,
+			score_compare(ref + (size_t)t * Vc, lg, (uint32_t)Vc,
 			            tk[t + 1], &kl, &top1, &dnll);
 			x->kl += kl;
 			x->top1 += top1;
@@ -160,7 +160,7 @@ static struct job job(const char *name, double R, enum jkind k,
 	return j;
 }
 
-TEST_T(eval_dec2, full_is_the_dense_forward, 60)
+TEST_T(eval_decoding, full_is_the_dense_forward, 60)
 {
 	struct rig r;
 	rig_up(&r);
@@ -186,7 +186,7 @@ TEST_T(eval_dec2, full_is_the_dense_forward, 60)
 	rig_down(&r);
 }
 
-TEST_T(eval_dec2, groups_and_the_oracle, 90)
+TEST_T(eval_decoding, groups_and_the_oracle, 90)
 {
 	struct rig r;
 	rig_up(&r);
@@ -214,7 +214,7 @@ TEST_T(eval_dec2, groups_and_the_oracle, 90)
 	rig_down(&r);
 }
 
-TEST_T(eval_dec2, bad_jobs, 60)
+TEST_T(eval_decoding, bad_jobs, 60)
 {
 	struct rig r;
 	rig_up(&r);
@@ -228,14 +228,14 @@ TEST_T(eval_dec2, bad_jobs, 60)
 	         j[1].kl / j[1].npos < 1e-9);
 	struct job z = job("kvzip", 0.5, J_KVZIP, "kvzip");
 	T_EQ(run(&r, &z, 1, 0, 1), KVT_EINVAL);
-	struct dec2_set s = {.M = &r.m, .tok = r.tok, .nwin = NW, .P = NP,
+	struct decoding_set s = {.M = &r.m, .tok = r.tok, .nwin = NW, .P = NP,
 	                     .T = NP + 1, .rt = r.d.dir, .threads = 1};
-	T_EQ(dec2_run(&s, j, 1), KVT_EINVAL);
+	T_EQ(decoding_run(&s, j, 1), KVT_EINVAL);
 	T_ASSERT(th_daemon_alive(&r.d));
 	rig_down(&r);
 }
 
-TEST_T(eval_dec2, quick_smollm2, 300)
+TEST_T(eval_decoding, quick_smollm2, 300)
 {
 	if (strcmp(th_backend(), "cpu"))
 		T_SKIP("protocol 2 needs a cpu-backend kvtrimd");

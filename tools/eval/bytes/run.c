@@ -4,7 +4,7 @@
  * hindsight oracle, through the in-process replay (replay.h); every decode
  * prediction is scored against the full-cache reference.
  */
-#include "eval.h"
+#include "bytes.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -13,37 +13,8 @@
 #include "engine.h"
 #include "kernels.h"
 #include "model.h"
-#include "replay.h"
-
-void run_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
-                 double *kl_out, int *top1_out, double *dnll_out)
-{
-	double mf = rf[0], me = lg[0];
-	uint32_t af = 0, ae = 0;
-	for (uint32_t v = 1; v < V; v++) {
-		if (rf[v] > mf) {
-			mf = rf[v];
-			af = v;
-		}
-		if (lg[v] > me) {
-			me = lg[v];
-			ae = v;
-		}
-	}
-	double zf = 0, ze = 0;
-	for (uint32_t v = 0; v < V; v++) {
-		zf += exp(rf[v] - mf);
-		ze += exp(lg[v] - me);
-	}
-	double lzf = mf + log(zf), lze = me + log(ze), kl = 0;
-	for (uint32_t v = 0; v < V; v++) {
-		double lpf = rf[v] - lzf, lpe = lg[v] - lze;
-		kl += exp(lpf) * (lpf - lpe);
-	}
-	*kl_out = kl > 0 ? kl : 0;
-	*top1_out = af == ae;
-	*dnll_out = (lze - lg[y]) - (lzf - rf[y]);
-}
+#include "../common/pool.h"
+#include "../common/replay.h"
 
 /* Adds the comparison of one prediction to job j. */
 static void score_step(const struct model *M, struct job *j,
@@ -71,7 +42,7 @@ static void score_step(const struct model *M, struct job *j,
 	}
 	double kl, dnll;
 	int top1;
-	run_compare(rf, lg, V, y, &kl, &top1, &dnll);
+	score_compare(rf, lg, V, y, &kl, &top1, &dnll);
 	j->kl += kl;
 	j->top1 += top1;
 	j->dnll += dnll;
@@ -122,90 +93,6 @@ static int run_daemon_case(const struct model *M, struct job *j,
 	return rc;
 }
 
-int run_oracle_evict(const struct model *M, struct replay *r, double R,
-                     const float *s, size_t sl, size_t sh)
-{
-	const struct model_config *mc = &M->cfg;
-	uint32_t n = replay_pos(r);
-	uint32_t B = n - (uint32_t)floor(R * n);
-	float *sc = malloc(sizeof(float) * n);
-	uint32_t *rank = malloc(sizeof(uint32_t) * n),
-	         *idx = malloc(sizeof(uint32_t) * n),
-	         *scr = malloc(sizeof(uint32_t) * n);
-	uint8_t *drop = malloc(n);
-	if (!sc || !rank || !idx || !scr || !drop) {
-		free(sc);
-		free(rank);
-		free(idx);
-		free(scr);
-		free(drop);
-		return KVT_ENOMEM;
-	}
-	for (uint32_t l = 0; l < mc->n_layers; l++)
-		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
-			uint8_t *al = replay_alive(r, l, g);
-			uint32_t G = mc->n_heads / mc->n_kv_heads;
-			uint32_t k = 0;
-			for (uint32_t i = 0; i < n; i++)
-				if (al[i]) {
-					/* best head of the group */
-					float best = 0;
-					for (uint32_t h = g * G; h < (g + 1) * G;
-					     h++) {
-						float v = s ? s[l * sl + h * sh + i]
-						            : 0;
-						best = v > best ? v : best;
-					}
-					sc[k] = best;
-					rank[k] = i;
-					idx[k++] = i;
-				}
-			if (k <= B)
-				continue;
-			select_topk_cpu(sc, rank, NULL, k, B, drop, scr);
-			for (uint32_t e = 0; e < k; e++)
-				if (drop[e])
-					al[idx[e]] = 0;
-		}
-	free(sc);
-	free(rank);
-	free(idx);
-	free(scr);
-	free(drop);
-	return 0;
-}
-
-int run_kvzip_drop(const float *scores, uint32_t nl, uint32_t P, double R,
-                   uint8_t *drop)
-{
-	size_t n = (size_t)nl * P;
-	float *s = malloc(sizeof(float) * n);
-	uint32_t *rank = malloc(sizeof(uint32_t) * n),
-	         *sc = malloc(sizeof(uint32_t) * n);
-	uint8_t *prot = malloc(n);
-	int rc = KVT_ENOMEM;
-	if (!s || !rank || !sc || !prot)
-		goto out;
-	uint64_t np = 0;
-	for (size_t e = 0; e < n; e++) {
-		uint32_t i = (uint32_t)(e % P);
-		s[e] = scores[e];
-		rank[e] = i;
-		prot[e] = i < KVZIP_SINKS;
-		np += prot[e];
-	}
-	uint64_t B = (uint64_t)(P - (uint32_t)floor(R * P)) * nl;
-	uint32_t k = B > np ? (uint32_t)(B - np) : 0;
-	select_topk_cpu(s, rank, prot, (uint32_t)n, k, drop, sc);
-	rc = 0;
-out:
-	free(s);
-	free(rank);
-	free(sc);
-	free(prot);
-	return rc;
-}
-
 /* One top-k over every layer and KV head of the prompt (KVzip pair
  * level), first KVZIP_SINKS positions protected. */
 static int evict_kvzip(const struct model *M, struct replay *r,
@@ -214,7 +101,7 @@ static int evict_kvzip(const struct model *M, struct replay *r,
 	const struct model_config *mc = &M->cfg;
 	uint32_t P = c->P, nl = mc->n_layers * mc->n_kv_heads;
 	uint8_t *drop = malloc((size_t)nl * P);
-	int rc = drop ? run_kvzip_drop(c->kvzip, nl, P, R, drop) : KVT_ENOMEM;
+	int rc = drop ? score_kvzip_drop(c->kvzip, nl, P, R, drop) : KVT_ENOMEM;
 	for (uint32_t li = 0; !rc && li < nl; li++) {
 		uint8_t *al = replay_alive(r, li / mc->n_kv_heads,
 		                           li % mc->n_kv_heads);
@@ -234,7 +121,7 @@ static int evict_oracle(const struct model *M, struct replay *r,
 {
 	const size_t T = c->T, H = M->cfg.n_heads;
 	uint32_t n = replay_pos(r);
-	return run_oracle_evict(M, r, R, n < T ? suf + (size_t)n * T : NULL,
+	return score_oracle_evict(M, r, R, n < T ? suf + (size_t)n * T : NULL,
 	                        H * T * T, T * T);
 }
 
@@ -290,49 +177,75 @@ static int run_replay_case(const struct model *M, struct job *j,
 	return rc;
 }
 
-void *run_worker(void *arg)
+/* What the workers share: the cases every job runs. */
+struct run_ctx {
+	const struct model *M;
+	const struct ecase *cases;
+	uint32_t ncases;
+	struct job *jobs;
+};
+
+/* A worker's scratch: one prediction's logits, the replay of the
+ * in-process jobs. */
+struct run_scratch {
+	float *lg;        /* [V] */
+	struct replay *r;
+};
+
+static void *run_open(struct pool *p)
 {
-	struct run_pool *pool = arg;
-	const struct model *M = pool->M;
-	const struct ecase *cases = pool->cases;
-	uint32_t ncases = pool->ncases;
+	const struct run_ctx *x = p->ctx;
 	uint32_t maxT = 0;
-	for (uint32_t i = 0; i < ncases; i++)
-		maxT = cases[i].T > maxT ? cases[i].T : maxT;
-	float *lg = malloc(sizeof(float) * M->cfg.vocab_size);
-	struct replay *r = NULL;
-	if (!lg || replay_open(M, maxT, &r))
+	for (uint32_t i = 0; i < x->ncases; i++)
+		maxT = x->cases[i].T > maxT ? x->cases[i].T : maxT;
+	struct run_scratch *s = calloc(1, sizeof(*s));
+	if (!s || !(s->lg = malloc(sizeof(float) * x->M->cfg.vocab_size)) ||
+	    replay_open(x->M, maxT, &s->r))
 		eval_die("out of memory");
-	for (;;) {
-		pthread_mutex_lock(&pool->lock);
-		uint32_t k = pool->next++;
-		pthread_mutex_unlock(&pool->lock);
-		if (k >= pool->njobs)
-			break;
-		struct job *j = &pool->jobs[k];
-		for (uint32_t i = 0; i < ncases && !j->failed; i++) {
-			const struct ecase *c = &cases[i];
-			j->case_ok = 0;
-			int rc = j->kind == J_DAEMON
-			                 ? run_daemon_case(M, j, c, lg)
-			                 : run_replay_case(M, j, r, c, lg);
-			if (rc)
-				j->failed = 1;
-			else if (c->kind == C_NEEDLE) {
-				j->nd_cases[c->di]++;
-				j->nd_exact[c->di] += j->case_ok == NEEDLE_DIGITS;
-			}
+	return s;
+}
+
+static void run_close(struct pool *p, void *scratch)
+{
+	struct run_scratch *s = scratch;
+	replay_close(s->r);
+	free(s->lg);
+	free(s);
+}
+
+/* Job k: every case, until one fails; a line on stderr at its end. */
+static void run_job(struct pool *p, void *scratch, uint64_t k)
+{
+	const struct run_ctx *x = p->ctx;
+	struct run_scratch *s = scratch;
+	struct job *j = &x->jobs[k];
+	for (uint32_t i = 0; i < x->ncases && !j->failed; i++) {
+		const struct ecase *c = &x->cases[i];
+		j->case_ok = 0;
+		int rc = j->kind == J_DAEMON
+		                 ? run_daemon_case(x->M, j, c, s->lg)
+		                 : run_replay_case(x->M, j, s->r, c, s->lg);
+		if (rc)
+			j->failed = 1;
+		else if (c->kind == C_NEEDLE) {
+			j->nd_cases[c->di]++;
+			j->nd_exact[c->di] += j->case_ok == NEEDLE_DIGITS;
 		}
-		if (j->sweep)
-			fprintf(stderr, "  %-13s tau %.2f done%s%s\n", j->name,
-			        j->tau, j->failed ? ": FAILED: " : "",
-			        j->failed ? j->err : "");
-		else
-			fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name,
-			        j->ratio, j->failed ? ": FAILED: " : "",
-			        j->failed ? j->err : "");
 	}
-	replay_close(r);
-	free(lg);
-	return NULL;
+	if (j->sweep)
+		fprintf(stderr, "  %-13s tau %.2f done%s%s\n", j->name, j->tau,
+		        j->failed ? ": FAILED: " : "", j->failed ? j->err : "");
+	else
+		fprintf(stderr, "  %-13s %.3f done%s%s\n", j->name, j->ratio,
+		        j->failed ? ": FAILED: " : "", j->failed ? j->err : "");
+}
+
+void run_jobs(const struct model *M, const struct ecase *cases,
+              uint32_t ncases, struct job *jobs, uint32_t njobs, int threads)
+{
+	struct run_ctx x = {.M = M, .cases = cases, .ncases = ncases,
+	                    .jobs = jobs};
+	struct pool p = {.threads = threads, .njobs = njobs, .ctx = &x,
+	                 .open = run_open, .close = run_close, .run = run_job};
+	pool_run(&p);
 }

@@ -1,12 +1,12 @@
 /*
- * ctxtasktab.c — the results files of protocol 1's tasks (ctxtask.c):
+ * task_tables.c — the results files of protocol 1's tasks (tasks.c):
  * DIR/<task>.csv (every cell: the full cache per length and depth, then
  * every job per depth and over the depths run) and DIR/<task>.md (the
  * full cache's table first, then the policies at equal ACHIEVED
  * compression, curve.c, then every run as measured).  Accuracies carry
- * their trial counts and Wilson 95 % intervals (ctxtask_wilson).
+ * their trial counts and Wilson 95 % intervals (task_wilson).
  */
-#include "ctxtask.h"
+#include "tasks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,10 +20,10 @@
 	           "prompt_tokens,token_top1"
 
 /* The sum of the cells on[d] of c[nd] (on NULL: all). */
-static struct ctxtask_cell sum(const struct ctxtask_cell *c, uint32_t nd,
+static struct task_cell sum(const struct task_cell *c, uint32_t nd,
                                const uint8_t *on)
 {
-	struct ctxtask_cell s = {0};
+	struct task_cell s = {0};
 	for (uint32_t d = 0; d < nd; d++) {
 		if (on && !on[d])
 			continue;
@@ -35,26 +35,26 @@ static struct ctxtask_cell sum(const struct ctxtask_cell *c, uint32_t nd,
 	return s;
 }
 
-static double acc(const struct ctxtask_cell *c)
+static double acc(const struct task_cell *c)
 {
 	return c->n ? (double)c->ok / c->n : NAN;
 }
 
 /* "k/n 0.90 [0.60, 0.98]" */
-static void fmt_cell(char *b, size_t len, const struct ctxtask_cell *c)
+static void fmt_cell(char *b, size_t len, const struct task_cell *c)
 {
 	double lo, hi;
 	if (!c->n) {
 		snprintf(b, len, "-");
 		return;
 	}
-	ctxtask_wilson(c->ok, c->n, &lo, &hi);
+	task_wilson(c->ok, c->n, &lo, &hi);
 	snprintf(b, len, "%llu/%llu %.2f [%.2f, %.2f]",
 	         (unsigned long long)c->ok, (unsigned long long)c->n, acc(c),
 	         lo, hi);
 }
 
-static void depth_name(char *b, size_t len, const struct ctxtask_result *R,
+static void depth_name(char *b, size_t len, const struct task_result *R,
                        uint32_t d)
 {
 	if (R->depth)
@@ -63,13 +63,13 @@ static void depth_name(char *b, size_t len, const struct ctxtask_result *R,
 		snprintf(b, len, "-");
 }
 
-static void csv_row(FILE *f, const struct ctxtask_result *R,
+static void csv_row(FILE *f, const struct task_result *R,
                     const char *part, uint32_t len, const char *depth,
                     const struct job *j, double ach,
-                    const struct ctxtask_cell *c)
+                    const struct task_cell *c)
 {
 	double lo, hi;
-	ctxtask_wilson(c->ok, c->n, &lo, &hi);
+	task_wilson(c->ok, c->n, &lo, &hi);
 	fprintf(f, "%s,%u,%s,%s,", part, len, depth, j ? j->name : "full");
 	if (j && !j->sweep)
 		fprintf(f, "%.3f", j->ratio);
@@ -87,7 +87,7 @@ static void csv_row(FILE *f, const struct ctxtask_result *R,
 	else
 		fprintf(f, ",,,");
 	fputc(',', f);
-	if (c->n && R->kind == CTXTASK_COPY)
+	if (c->n && R->kind == TASK_COPY)
 		fprintf(f, "%.4f", c->top1 / c->n);
 	fputc('\n', f);
 }
@@ -102,12 +102,12 @@ static FILE *open_out(const char *dir, const char *name, const char *ext)
 	return f;
 }
 
-static double job_ach(const struct ctxtask_jres *r)
+static double job_ach(const struct task_jres *r)
 {
 	return r->nach && !r->failed ? r->ach / r->nach : NAN;
 }
 
-static void write_csv(const char *dir, const struct ctxtask_result *R)
+static void write_csv(const char *dir, const struct task_result *R)
 {
 	FILE *f = open_out(dir, R->name, "csv");
 	char d[16];
@@ -118,7 +118,7 @@ static void write_csv(const char *dir, const struct ctxtask_result *R)
 			csv_row(f, R, "full-cache", R->len[li], d, NULL, 0,
 			        &R->scan[li][di]);
 		}
-		struct ctxtask_cell s = sum(R->scan[li], R->ndepth, NULL);
+		struct task_cell s = sum(R->scan[li], R->ndepth, NULL);
 		if (R->ndepth > 1)
 			csv_row(f, R, "full-cache", R->len[li], "all", NULL, 0,
 			        &s);
@@ -127,7 +127,7 @@ static void write_csv(const char *dir, const struct ctxtask_result *R)
 		uint32_t L = R->len[R->run[ri].li];
 		for (uint32_t k = 0; k < R->run[ri].njobs; k++) {
 			const struct job *j = &R->run[ri].jobs[k];
-			const struct ctxtask_jres *r = &R->run[ri].res[k];
+			const struct task_jres *r = &R->run[ri].res[k];
 			double a = job_ach(r);
 			for (uint32_t di = 0; di < R->ndepth; di++) {
 				if (!R->run[ri].on[di])
@@ -135,7 +135,7 @@ static void write_csv(const char *dir, const struct ctxtask_result *R)
 				depth_name(d, sizeof(d), R, di);
 				csv_row(f, R, "policies", L, d, j, a, &r->c[di]);
 			}
-			struct ctxtask_cell s = sum(r->c, R->ndepth,
+			struct task_cell s = sum(r->c, R->ndepth,
 			                            R->run[ri].on);
 			csv_row(f, R, "policies", L, "all", j, a, &s);
 		}
@@ -143,7 +143,7 @@ static void write_csv(const char *dir, const struct ctxtask_result *R)
 	fclose(f);
 }
 
-/* The order of the policies of a run's jobs: table_policy_order first,
+/* The order of the policies of a run's jobs: eval_policy_order first,
  * then the others as they come; returns their number. */
 static uint32_t policies(const struct job *jobs, uint32_t nj,
                          const char **out, uint32_t max)
@@ -155,13 +155,13 @@ static uint32_t policies(const struct job *jobs, uint32_t nj,
 	                             out, max);
 }
 
-static void md_intro(FILE *f, const struct ctxtask_result *R,
+static void md_intro(FILE *f, const struct task_result *R,
                      const char *what)
 {
 	fprintf(f, "# %s: %s task, context compression\n\n"
-	        "Generated by `kvtrim-eval --model %s` (tools/eval/ctxtask.c; "
+	        "Generated by `kvtrim-eval --model %s` (tools/eval/context/tasks.c; "
 	        "`make eval`) with %s.csv; do not edit by hand. Run: %s%s."
-	        "\n\n", R->model, R->kind == CTXTASK_NEEDLE ? "pass-key needle"
+	        "\n\n", R->model, R->kind == TASK_NEEDLE ? "pass-key needle"
 	        : "copy", R->model, R->name, what,
 	        R->quick ? " (quick: one length, policies run whatever the "
 	                   "full cache scores)" : "");
@@ -176,7 +176,7 @@ static void md_intro(FILE *f, const struct ctxtask_result *R,
 	        "decoded on the kept entries without further compression, "
 	        "positions continuing. The first answer token comes from the "
 	        "prefill, on the full cache, for every policy. ");
-	if (R->kind == CTXTASK_NEEDLE)
+	if (R->kind == TASK_NEEDLE)
 		fprintf(f, "The document: \"There is a pass key hidden inside a "
 		        "lot of irrelevant text. ...\", then held-out filler with "
 		        "the line \"The pass key is K. Remember it. K is the pass "
@@ -187,7 +187,7 @@ static void md_intro(FILE *f, const struct ctxtask_result *R,
 		        "%u tokens, stopping at the end of turn or after the "
 		        "first run of digits) and is right when its first run of "
 		        "digits is exactly K. Chance: about 0.\n\n",
-		        CTXTASK_ANS_MAX);
+		        TASK_ANS_MAX);
 	else
 		fprintf(f, "The document: \"Remember this line:\", a held-out "
 		        "line (40-%u bytes), \"Then read this text:\", held-out "
@@ -196,10 +196,10 @@ static void md_intro(FILE *f, const struct ctxtask_result *R,
 		        "argmax along the line's tokens is the line's next token; "
 		        "the same as a greedy answer that begins with the line); "
 		        "token top-1 is the fraction of the line's tokens "
-		        "predicted. Chance: about 0.\n\n", CTXTASK_LINE_MAX);
+		        "predicted. Chance: about 0.\n\n", TASK_LINE_MAX);
 }
 
-static void md_scan(FILE *f, const struct ctxtask_result *R)
+static void md_scan(FILE *f, const struct task_result *R)
 {
 	char b[96], d[16];
 	fprintf(f, "## Full cache\n\nCells: correct / trials, accuracy "
@@ -216,19 +216,19 @@ static void md_scan(FILE *f, const struct ctxtask_result *R)
 	}
 	if (R->ndepth > 1)
 		fprintf(f, " all depths |");
-	if (R->kind == CTXTASK_COPY)
+	if (R->kind == TASK_COPY)
 		fprintf(f, " token top-1 |");
 	fprintf(f, "\n|---|");
 	for (uint32_t di = 0; di < R->ndepth + (R->ndepth > 1) +
-	                      (R->kind == CTXTASK_COPY); di++)
+	                      (R->kind == TASK_COPY); di++)
 		fprintf(f, "---|");
 	fprintf(f, "\n");
 	for (uint32_t li = 0; li < R->nlen; li++) {
-		struct ctxtask_cell s = sum(R->scan[li], R->ndepth, NULL);
+		struct task_cell s = sum(R->scan[li], R->ndepth, NULL);
 		fprintf(f, "| %u (%.0f) |", R->len[li],
 		        s.n ? s.tokens / s.n : 0.0);
 		for (uint32_t di = 0; di < R->ndepth; di++) {
-			const struct ctxtask_cell *e = &R->scan[li][di];
+			const struct task_cell *e = &R->scan[li][di];
 			fmt_cell(b, sizeof(b), e);
 			fprintf(f, " %s%s |", b, e->n && acc(e) >= R->bar ? " *"
 			                                                  : "");
@@ -237,17 +237,17 @@ static void md_scan(FILE *f, const struct ctxtask_result *R)
 			fmt_cell(b, sizeof(b), &s);
 			fprintf(f, " %s |", b);
 		}
-		if (R->kind == CTXTASK_COPY)
+		if (R->kind == TASK_COPY)
 			fprintf(f, " %.3f |", s.n ? s.top1 / s.n : 0.0);
 		fprintf(f, "\n");
 	}
 	fprintf(f, "\n");
 }
 
-static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
+static void md_run(FILE *f, const struct task_result *R, uint32_t ri)
 {
 	const struct job *jobs = R->run[ri].jobs;
-	const struct ctxtask_jres *res = R->run[ri].res;
+	const struct task_jres *res = R->run[ri].res;
 	const uint32_t nj = R->run[ri].njobs;
 	const uint8_t *on = R->run[ri].on;
 	char b[96], d[16], ds[128] = "";
@@ -257,7 +257,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 			snprintf(ds + strlen(ds), sizeof(ds) - strlen(ds), "%s%s",
 			         ds[0] ? ", " : "", d);
 		}
-	struct ctxtask_cell rf = sum(R->run[ri].ref, R->ndepth, on);
+	struct task_cell rf = sum(R->run[ri].ref, R->ndepth, on);
 	fmt_cell(b, sizeof(b), &rf);
 	fprintf(f, "## Policies at %u tokens%s%s\n\n%llu cases (mean %.0f "
 	        "prompt tokens); every run below is on all of them. The "
@@ -271,25 +271,25 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 	        "[95 %% interval].\n\n| policy |", R->len[R->run[ri].li],
 	        ds[0] ? ", depths " : "", ds, (unsigned long long)rf.n,
 	        rf.n ? rf.tokens / rf.n : 0.0, b);
-	table_md_at_header(f, CTXTASK_AT0);
+	table_md_at_header(f, TASK_AT0);
 	const char *pol[MAX_JOBS];
 	uint32_t np = policies(jobs, nj, pol, MAX_JOBS);
 	double x[MAX_JOBS], y[MAX_JOBS], ylo[MAX_JOBS], yhi[MAX_JOBS];
 	for (uint32_t p = 0; p < np; p++) {
 		uint32_t n = 0;
-		struct ctxtask_cell one = {0};
+		struct task_cell one = {0};
 		for (uint32_t k = 0; k < nj; k++) {
 			if (strcmp(jobs[k].name, pol[p]) || isnan(job_ach(&res[k])))
 				continue;
 			one = sum(res[k].c, R->ndepth, on);
 			x[n] = job_ach(&res[k]);
 			y[n] = acc(&one);
-			ctxtask_wilson(one.ok, one.n, &ylo[n], &yhi[n]);
+			task_wilson(one.ok, one.n, &ylo[n], &yhi[n]);
 			n++;
 		}
-		fprintf(f, "| %s%s |", pol[p], ctxtable_is_bound(pol[p])
+		fprintf(f, "| %s%s |", pol[p], eval_is_bound(pol[p])
 		                                ? " (bound)" : "");
-		for (size_t q = CTXTASK_AT0; q < TABLE_NAT; q++) {
+		for (size_t q = TASK_AT0; q < TABLE_NAT; q++) {
 			if (!strcmp(pol[p], "full")) {
 				fmt_cell(b, sizeof(b), &one);
 				fprintf(f, " %s |", n ? b : "failed");
@@ -318,7 +318,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 			fprintf(f, " depth %s |", d);
 			ncol++;
 		}
-	if (R->kind == CTXTASK_COPY) {
+	if (R->kind == TASK_COPY) {
 		fprintf(f, " token top-1 |");
 		ncol++;
 	}
@@ -344,7 +344,7 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 				fprintf(f, "\n");
 				continue;
 			}
-			struct ctxtask_cell s = sum(res[k].c, R->ndepth, on);
+			struct task_cell s = sum(res[k].c, R->ndepth, on);
 			fmt_cell(b, sizeof(b), &s);
 			fprintf(f, "| %s | %s | %s | %.3f | %s |", j->name, t, th,
 			        job_ach(&res[k]), b);
@@ -354,14 +354,14 @@ static void md_run(FILE *f, const struct ctxtask_result *R, uint32_t ri)
 					fmt_cell(b, sizeof(b), &res[k].c[di]);
 					fprintf(f, " %s |", b);
 				}
-			if (R->kind == CTXTASK_COPY)
+			if (R->kind == TASK_COPY)
 				fprintf(f, " %.3f |", s.n ? s.top1 / s.n : 0.0);
 			fprintf(f, "\n");
 		}
 	fprintf(f, "\n");
 }
 
-void ctxtasktab_write(const char *dir, const struct ctxtask_result *R,
+void task_tables_write(const char *dir, const struct task_result *R,
                       const char *what)
 {
 	write_csv(dir, R);

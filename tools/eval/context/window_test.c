@@ -1,19 +1,19 @@
 /*
- * ctx_test.c — the machinery of kvtrim-eval's protocol 1 (context
- * compression, tools/eval/ctx.h) on a tiny random model, against
+ * window_test.c — the machinery of kvtrim-eval's protocol 1 (context
+ * compression, tools/eval/context/context.h) on a tiny random model, against
  * independent computations: the dense forward (model_dense_*) for the
  * reference continuation, oracle_kvzip for the KVzip scores, the dense
  * attention maps for the hindsight scores, hand-made curves for the
  * interpolation at equal achieved compression (curve_at) and hand-made
  * scores for kvzap's protocol-1 threshold.  The daemon round trip is in
- * tests/integration/test_eval_ctx.c.
+ * tests/integration/test_eval_context.c.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx.h"
-#include "eval.h"
+#include "context.h"
+#include "../common/eval.h"
 #include "gb.h"
 #include "model.h"
 #include "oracle.h"
@@ -35,7 +35,7 @@ static void tokens(int32_t *tok, uint32_t n, uint32_t seed)
 
 static const int32_t sep[3] = {5, 6, 7};
 
-TEST(eval_ctx, curve_interpolates_by_hand)
+TEST(eval_context, curve_interpolates_by_hand)
 {
 	/* (0.4, 1), (0.6, 2) twice as 2 and 3, (0.8, 4), a failed run */
 	const double x[] = {0.8, 0.4, 0.6, 0.6, 0.7};
@@ -51,7 +51,7 @@ TEST(eval_ctx, curve_interpolates_by_hand)
 	T_ASSERT(isnan(curve_at(x, y, 0, 0.5)));
 }
 
-TEST(eval_ctx, kvzap_threshold_protocol1_by_hand)
+TEST(eval_context, kvzap_threshold_protocol1_by_hand)
 {
 	/* 3 layers x 2 KV heads, one calibration window of T = 8 entries
 	 * scored 0..7, window 2: the decision covers entries 0..5, so the
@@ -74,7 +74,7 @@ TEST(eval_ctx, kvzap_threshold_protocol1_by_hand)
 	model_free(&m);
 }
 
-TEST_T(eval_ctx, reference_matches_dense_forward, 60)
+TEST_T(eval_context, reference_matches_dense_forward, 60)
 {
 	struct model m;
 	tiny(&m);
@@ -122,7 +122,7 @@ TEST_T(eval_ctx, reference_matches_dense_forward, 60)
 	model_free(&m);
 }
 
-TEST_T(eval_ctx, oracle_scores_match_independent_ones, 60)
+TEST_T(eval_context, oracle_scores_match_independent_ones, 60)
 {
 	struct model m;
 	tiny(&m);

@@ -1,5 +1,5 @@
 /*
- * ctxdump.c — `kvtrim-eval --model smollm2 --dump-kept DIR [--seqs N]
+ * dump_kept.c — `kvtrim-eval --model smollm2 --dump-kept DIR [--seqs N]
  * [--quick]`: what protocol 1 decides, written out for an independent
  * implementation to compare with (scripts/kvpress_parity.py, `make
  * parity`): per policy and ratio the context entries each (layer, KV head)
@@ -9,7 +9,7 @@
  * DIR and their layouts are in docs/eval.md, "Kept positions for the
  * kvpress parity".  Progress on stderr, one line per window.
  */
-#include "eval.h"
+#include "context.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
-#include "ctx.h"
+#include "../../train/dataset.h"
+#include "context.h"
 #include "now.h"
 #include "tokenizer.h"
 
@@ -264,30 +264,42 @@ static void json_doubles(FILE *f, const char *key, const double *v,
 	fputc(']', f);
 }
 
-int ctxdump_main(const struct model *M, const struct ctx_args *a,
-                 struct tok *tk, struct dataset *ev, const int32_t *sep, uint32_t nsep,
-                 uint32_t P, uint32_t T)
+/* One dump: its runs (parity's policies and kvzip at each ratio) and
+ * scratch. */
+struct dump {
+	const struct model *M;
+	const struct eval_opts *a;
+	const struct dataset *ev;
+	const int32_t *sep;
+	uint32_t nsep, P, T, nrun;
+	struct drun *runs;   /* [nrun] */
+	uint8_t *keep;       /* [L][n_kv][P] */
+	float *lg;           /* [T-1-P][V] */
+	int32_t *top;        /* [T-1-P] */
+	struct ctx_cache *c;
+	char rt[400];
+};
+
+/* The runs, their keep files opened in DIR, and the scratch. */
+static void open_runs(struct dump *d)
 {
-	const struct model_config *mc = &M->cfg;
-	const char *dir = a->dump;
-	const uint32_t nw = ev->n, nc = T - 1 - P, V = mc->vocab_size;
-	const size_t nl = (size_t)mc->n_layers * mc->n_kv_heads;
 	static const double full_ratios[] = {0.5, 0.75, 0.875};
 	static const double quick_ratios[] = {0.75};
-	const double *ratios = a->quick ? quick_ratios : full_ratios;
-	const uint32_t nrat = a->quick ? 1 : 3, nrun = NRUN * nrat;
-	uint64_t t0 = now_ms();
-
-	struct drun *runs = calloc(nrun, sizeof(*runs));
-	uint8_t *keep = malloc(nl * P);
-	float *lg = malloc(sizeof(float) * nc * V);
-	int32_t *top = malloc(sizeof(int32_t) * nc);
-	struct ctx_cache *c;
-	if (!runs || !keep || !lg || !top || ctx_cache_open(M, T, &c))
+	const struct model_config *mc = &d->M->cfg;
+	const double *ratios = d->a->quick ? quick_ratios : full_ratios;
+	const uint32_t nrat = d->a->quick ? 1 : 3, nw = d->ev->n,
+	               nc = d->T - 1 - d->P;
+	d->nrun = NRUN * nrat;
+	d->runs = calloc(d->nrun, sizeof(*d->runs));
+	d->keep = malloc((size_t)mc->n_layers * mc->n_kv_heads * d->P);
+	d->lg = malloc(sizeof(float) * nc * mc->vocab_size);
+	d->top = malloc(sizeof(int32_t) * nc);
+	if (!d->runs || !d->keep || !d->lg || !d->top ||
+	    ctx_cache_open(d->M, d->T, &d->c))
 		eval_die("out of memory");
 	for (uint32_t q = 0, k = 0; q < nrat; q++)
 		for (uint32_t i = 0; i < NRUN; i++, k++) {
-			struct drun *r = &runs[k];
+			struct drun *r = &d->runs[k];
 			r->ratio = ratios[q];
 			snprintf(r->name, sizeof(r->name), "%s",
 			         i < NPAR ? parity[i].name : "kvzip");
@@ -299,7 +311,7 @@ int ctxdump_main(const struct model *M, const struct ctx_args *a,
 				         "kvzip (in-process)");
 			snprintf(r->file, sizeof(r->file), "keep-%s-%.3f.u8",
 			         r->name, r->ratio);
-			r->keep = open_in(dir, r->file, "wb");
+			r->keep = open_in(d->a->dump, r->file, "wb");
 			r->kl = calloc(nw, sizeof(double));
 			r->top1 = calloc(nw, sizeof(double));
 			r->dnll = calloc(nw, sizeof(double));
@@ -307,87 +319,96 @@ int ctxdump_main(const struct model *M, const struct ctx_args *a,
 			if (!r->kl || !r->top1 || !r->dnll || !r->kept)
 				eval_die("out of memory");
 		}
-	char rt[400];
-	eval_runtime_dir(a->rt, a->argv0, rt, sizeof(rt));
-	FILE *ftok = open_in(dir, "tokens.i32", "wb"),
-	     *ftop = open_in(dir, "ref_top1.i32", "wb"),
-	     *ix = open_in(dir, "index.json", "w");
-	put(ftok, ev->tok, sizeof(int32_t), (size_t)nw * T);
-	fclose(ftok);
-	fprintf(ix, "{\"model\": \"%s\", \"P\": %u, \"T\": %u, \"windows\": "
-	        "%u, \"layers\": %u, \"kv_heads\": %u, \"heads\": %u, "
-	        "\"head_dim\": %u, \"dim\": %u, \"vocab\": %u,\n \"sep\": [",
-	        a->mname, P, T, nw, mc->n_layers, mc->n_kv_heads, mc->n_heads,
-	        mc->head_dim, mc->dim, V);
-	for (uint32_t i = 0; i < nsep; i++)
-		fprintf(ix, "%s%d", i ? ", " : "", sep[i]);
+}
+
+/* index.json's geometry, sep and the token files' names. */
+static void index_head(const struct dump *d, FILE *ix)
+{
+	const struct model_config *mc = &d->M->cfg;
+	fprintf(ix, "{\"model\": \"%s\", \"P\": %u, \"T\": %u, "
+	        "\"windows\": %u, \"layers\": %u, \"kv_heads\": %u, "
+	        "\"heads\": %u, \"head_dim\": %u, \"dim\": %u, \"vocab\": "
+	        "%u,\n \"sep\": [", d->a->mname, d->P, d->T, d->ev->n,
+	        mc->n_layers, mc->n_kv_heads, mc->n_heads, mc->head_dim,
+	        mc->dim, mc->vocab_size);
+	for (uint32_t i = 0; i < d->nsep; i++)
+		fprintf(ix, "%s%d", i ? ", " : "", d->sep[i]);
 	fprintf(ix, "],\n \"tokens\": \"tokens.i32\", \"ref_top1\": "
 	        "\"ref_top1.i32\"");
+}
 
-	for (uint32_t wi = 0; wi < nw; wi++) {
-		struct ctx_window w;
-		int rc = ctx_window_build(M, ev->tok + (size_t)wi * T, P, T, sep,
-		                          nsep, &w);
-		if (rc)
-			eval_die("window %u: reference: %s", wi, kvt_strerror(rc));
-		for (uint32_t t = 0; t < nc; t++) {
-			const float *r = w.ref + (size_t)t * V;
-			uint32_t b = 0;
-			for (uint32_t v = 1; v < V; v++)
-				b = r[v] > r[b] ? v : b;
-			top[t] = (int32_t)b;
-		}
-		put(ftop, top, sizeof(int32_t), nc);
-		for (uint32_t k = 0; k < nrun; k++) {
-			struct drun *r = &runs[k];
-			char err[600] = "", tn[64];
-			ctx_cache_truncate(c, 0);
-			if (strcmp(r->name, "kvzip")) {
-				snprintf(tn, sizeof(tn), "dump-%.24s-%u-w%u", r->name,
-				         k, wi);
-				rc = ctx_load_daemon(M, &w, rt, tn, r->spec, c, err,
-				                     sizeof(err));
-				if (!rc && (rc = keep_of(M, &w, c, keep)))
-					snprintf(err, sizeof(err), "a kept row is "
-					         "no context row");
-			} else {
-				rc = ctx_keep_kvzip(M, &w, r->ratio, keep);
-				if (!rc)
-					ctx_load_keep(M, &w, keep, c);
-				else
-					snprintf(err, sizeof(err), "%s",
-					         kvt_strerror(rc));
-			}
-			struct ctx_score s;
-			if (!rc && (rc = ctx_continue(M, &w, c, lg, &s)))
-				snprintf(err, sizeof(err), "continuation: %s",
-				         kvt_strerror(rc));
-			if (rc)
-				eval_die("window %u, %s %.3f: %s", wi, r->name,
-				         r->ratio, err);
-			put(r->keep, keep, 1, nl * P);
-			r->kl[wi] = s.kl / s.npos;
-			r->top1[wi] = s.top1 / s.npos;
-			r->dnll[wi] = s.dnll / s.npos;
-			r->kept[wi] = s.kept;
-			r->npos = s.npos;
-		}
-		if (wi == 0) {
-			dump_kvzap(M, dir, &w, rt, c, keep, ix);
-			dump_others(M, dir, &w, rt, c, keep, ix);
-		}
-		ctx_window_free(&w);
-		fprintf(stderr, "kvtrim-eval: dump: window %u/%u, %u runs, "
-		        "elapsed %.0fs\n", wi + 1, nw, nrun,
-		        (double)(now_ms() - t0) / 1e3);
+/* Run k of window wi (reference w): its keep flags written, its scores
+ * kept for the index. */
+static void dump_run(struct dump *d, uint32_t k, uint32_t wi,
+                     const struct ctx_window *w)
+{
+	const size_t nl = (size_t)d->M->cfg.n_layers * d->M->cfg.n_kv_heads;
+	struct drun *r = &d->runs[k];
+	char err[600] = "", tn[64];
+	int rc;
+	ctx_cache_truncate(d->c, 0);
+	if (strcmp(r->name, "kvzip")) {
+		snprintf(tn, sizeof(tn), "dump-%.24s-%u-w%u", r->name, k, wi);
+		rc = ctx_load_daemon(d->M, w, d->rt, tn, r->spec, d->c, err,
+		                     sizeof(err));
+		if (!rc && (rc = keep_of(d->M, w, d->c, d->keep)))
+			snprintf(err, sizeof(err), "a kept row is no context "
+			         "row");
+	} else {
+		rc = ctx_keep_kvzip(d->M, w, r->ratio, d->keep);
+		if (!rc)
+			ctx_load_keep(d->M, w, d->keep, d->c);
+		else
+			snprintf(err, sizeof(err), "%s", kvt_strerror(rc));
 	}
-	if (!a->rt)
-		eval_daemon_stop();
-	fclose(ftop);
+	struct ctx_score s;
+	if (!rc && (rc = ctx_continue(d->M, w, d->c, d->lg, &s)))
+		snprintf(err, sizeof(err), "continuation: %s",
+		         kvt_strerror(rc));
+	if (rc)
+		eval_die("window %u, %s %.3f: %s", wi, r->name, r->ratio, err);
+	put(r->keep, d->keep, 1, nl * d->P);
+	r->kl[wi] = s.kl / s.npos;
+	r->top1[wi] = s.top1 / s.npos;
+	r->dnll[wi] = s.dnll / s.npos;
+	r->kept[wi] = s.kept;
+	r->npos = s.npos;
+}
 
+/* Window wi: its reference's argmaxes into ftop, every run on it, and on
+ * window 0 kvzap's and the other policies' kept entries. */
+static void dump_window(struct dump *d, uint32_t wi, FILE *ftop, FILE *ix)
+{
+	const uint32_t nc = d->T - 1 - d->P, V = d->M->cfg.vocab_size;
+	struct ctx_window w;
+	int rc = ctx_window_build(d->M, d->ev->tok + (size_t)wi * d->T, d->P,
+	                          d->T, d->sep, d->nsep, &w);
+	if (rc)
+		eval_die("window %u: reference: %s", wi, kvt_strerror(rc));
+	for (uint32_t t = 0; t < nc; t++) {
+		const float *r = w.ref + (size_t)t * V;
+		uint32_t b = 0;
+		for (uint32_t v = 1; v < V; v++)
+			b = r[v] > r[b] ? v : b;
+		d->top[t] = (int32_t)b;
+	}
+	put(ftop, d->top, sizeof(int32_t), nc);
+	for (uint32_t k = 0; k < d->nrun; k++)
+		dump_run(d, k, wi, &w);
+	if (wi == 0) {
+		dump_kvzap(d->M, d->a->dump, &w, d->rt, d->c, d->keep, ix);
+		dump_others(d->M, d->a->dump, &w, d->rt, d->c, d->keep, ix);
+	}
+	ctx_window_free(&w);
+}
+
+/* index.json's runs; the runs' files closed and their sums freed. */
+static void index_runs(struct dump *d, FILE *ix)
+{
+	const uint32_t nw = d->ev->n;
 	fprintf(ix, ",\n \"runs\": [");
-	for (uint32_t k = 0; k < nrun; k++) {
-		struct drun *r = &runs[k];
+	for (uint32_t k = 0; k < d->nrun; k++) {
+		struct drun *r = &d->runs[k];
 		fclose(r->keep);
 		fprintf(ix, "%s\n  {\"policy\": \"%s\", \"ratio\": %.4f, "
 		        "\"spec\": \"%s\", \"keep\": \"%s\", \"npos\": %llu",
@@ -407,15 +428,43 @@ int ctxdump_main(const struct model *M, const struct ctx_args *a,
 		free(r->kept);
 	}
 	fprintf(ix, "]}\n");
+}
+
+int dump_kept_main(const struct model *M, const struct eval_opts *a,
+                   struct tok *tk, struct dataset *ev, const int32_t *sep,
+                   uint32_t nsep, uint32_t P, uint32_t T)
+{
+	const char *dir = a->dump;
+	uint64_t t0 = now_ms();
+	struct dump d = {.M = M, .a = a, .ev = ev, .sep = sep, .nsep = nsep,
+	                 .P = P, .T = T};
+	open_runs(&d);
+	eval_runtime_dir(a->rt, a->argv0, d.rt, sizeof(d.rt));
+	FILE *ftok = open_in(dir, "tokens.i32", "wb"),
+	     *ftop = open_in(dir, "ref_top1.i32", "wb"),
+	     *ix = open_in(dir, "index.json", "w");
+	put(ftok, ev->tok, sizeof(int32_t), (size_t)ev->n * T);
+	fclose(ftok);
+	index_head(&d, ix);
+	for (uint32_t wi = 0; wi < ev->n; wi++) {
+		dump_window(&d, wi, ftop, ix);
+		fprintf(stderr, "kvtrim-eval: dump: window %u/%u, %u runs, "
+		        "elapsed %.0fs\n", wi + 1, ev->n, d.nrun,
+		        (double)(now_ms() - t0) / 1e3);
+	}
+	if (!a->rt)
+		eval_daemon_stop();
+	fclose(ftop);
+	index_runs(&d, ix);
 	if (fclose(ix))
 		eval_die("%s/index.json: %s", dir, strerror(errno));
 	fprintf(stderr, "kvtrim-eval: dump: %u windows, %u runs in %s (%.0fs)\n",
-	        nw, nrun, dir, (double)(now_ms() - t0) / 1e3);
-	ctx_cache_close(c);
-	free(runs);
-	free(keep);
-	free(lg);
-	free(top);
+	        ev->n, d.nrun, dir, (double)(now_ms() - t0) / 1e3);
+	ctx_cache_close(d.c);
+	free(d.runs);
+	free(d.keep);
+	free(d.lg);
+	free(d.top);
 	dataset_free(ev);
 	tok_free(tk);
 	return 0;

@@ -1,10 +1,10 @@
 /*
- * ctxtask_case.c — the cases of protocol 1's tasks (ctxtask.h,
- * ctxtask_case_build): the needle's and the copy's chat prompts built
+ * task_case.c — the cases of protocol 1's tasks (tasks.h,
+ * task_case_build): the needle's and the copy's chat prompts built
  * from the held-out evaluation text, of an exact length, with what a
  * right answer is.  The protocol they serve is in docs/eval.md.
  */
-#include "ctxtask.h"
+#include "tasks.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
+#include "../../train/dataset.h"
 #include "tokenizer.h"
 
 static const char needle_pre[] =
@@ -28,7 +28,7 @@ static const char copy_q[] =
 
 /* ------------------------------------------------------------ cases */
 
-void ctxtask_case_free(struct ctxtask_case *c)
+void task_case_free(struct task_case *c)
 {
 	free(c->tok);
 	memset(c, 0, sizeof(*c));
@@ -43,7 +43,7 @@ static size_t next_line(const char *text, size_t n, size_t i)
 }
 
 /* A held-out line for the copy task at or after byte *at (bullet and
- * spaces stripped, 40..CTXTASK_LINE_MAX printable ASCII bytes, four words
+ * spaces stripped, 40..TASK_LINE_MAX printable ASCII bytes, four words
  * at least) into line; 0 when none was found from there. */
 static int pick_line(const char *text, size_t n, size_t at, char *line)
 {
@@ -57,7 +57,7 @@ static int pick_line(const char *text, size_t n, size_t at, char *line)
 			a++;
 		while (b > a && text[b - 1] == ' ')
 			b--;
-		int ok = b - a >= 40 && b - a <= CTXTASK_LINE_MAX;
+		int ok = b - a >= 40 && b - a <= TASK_LINE_MAX;
 		uint32_t sp = 0;
 		for (size_t i = a; ok && i < b; i++) {
 			/* printable ASCII, no run of spaces (justified man
@@ -118,14 +118,14 @@ static int filler_bytes(const struct tok *t, const char *text, size_t n,
 
 /* The user message of the case: kind's frame around filler[nb], the
  * needle line (key) at byte ib of the filler, or the line first. */
-static char *message(enum ctxtask_kind kind, const char *fill, size_t nb,
+static char *message(enum task_kind kind, const char *fill, size_t nb,
                      size_t ib, const char *key, const char *line)
 {
-	size_t cap = nb + 512 + CTXTASK_LINE_MAX;
+	size_t cap = nb + 512 + TASK_LINE_MAX;
 	char *m = malloc(cap);
 	if (!m)
 		return NULL;
-	if (kind == CTXTASK_NEEDLE) {
+	if (kind == TASK_NEEDLE) {
 		int sep = ib > 0 && fill[ib - 1] != '\n';
 		snprintf(m, cap, "%s%.*s%sThe pass key is %s. Remember it. %s "
 		         "is the pass key.\n%.*s%s", needle_pre, (int)ib, fill,
@@ -152,23 +152,23 @@ static int chat(const struct tok *t, const char *msg, struct tok_ids *ids,
 static uint32_t find_key(const struct tok *t, const struct tok_ids *ids,
                          const char *key)
 {
-	for (size_t i = 0; i + CTXTASK_KEY_DIGITS <= ids->n; i++) {
+	for (size_t i = 0; i + TASK_KEY_DIGITS <= ids->n; i++) {
 		uint32_t k = 0;
-		for (; k < CTXTASK_KEY_DIGITS; k++) {
+		for (; k < TASK_KEY_DIGITS; k++) {
 			size_t bl;
 			const char *b = tok_token_bytes(t, ids->v[i + k], &bl);
 			if (!b || bl != 1 || b[0] != key[k])
 				break;
 		}
-		if (k == CTXTASK_KEY_DIGITS)
+		if (k == TASK_KEY_DIGITS)
 			return (uint32_t)i;
 	}
 	return UINT32_MAX;
 }
 
-int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
-                       enum ctxtask_kind kind, uint32_t len, double depth,
-                       uint64_t seed, struct ctxtask_case *c, char *err,
+int task_case_build(const struct tok *t, const char *text, size_t n,
+                       enum task_kind kind, uint32_t len, double depth,
+                       uint64_t seed, struct task_case *c, char *err,
                        size_t errlen)
 {
 	memset(c, 0, sizeof(*c));
@@ -178,7 +178,7 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 	struct tok_ids ids = {0}, fid = {0};
 	char *msg = NULL;
 	int rc = 0;
-	if (kind == CTXTASK_NEEDLE) {
+	if (kind == TASK_NEEDLE) {
 		snprintf(c->key, sizeof(c->key), "%05u",
 		         (unsigned)(10000 + dataset_rng(&st) % 90000));
 	} else if (!pick_line(text, n, (size_t)(dataset_uniform(&st) * n),
@@ -196,7 +196,7 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 	msg = NULL;
 	if (!rc && ids.n + 8 > len) {
 		snprintf(err, errlen, "a %s prompt needs %zu tokens around the "
-		         "filler, more than %u", kind == CTXTASK_NEEDLE ? "needle" : "copy", ids.n + 8, len);
+		         "filler, more than %u", kind == TASK_NEEDLE ? "needle" : "copy", ids.n + 8, len);
 		rc = KVT_EINVAL;
 	}
 	const uint32_t F0 = len - (uint32_t)ids.n;
@@ -213,7 +213,7 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 			                       (n > room ? n - room : 0)));
 			rc = filler_bytes(t, text, n, s, F, &fid, &nb, err,
 			                  errlen);
-			if (rc || kind == CTXTASK_NEEDLE)
+			if (rc || kind == TASK_NEEDLE)
 				break;
 			/* the copy's line must not be in its filler */
 			char *f = strndup(text + s, nb);
@@ -242,7 +242,7 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 					break;
 			}
 			size_t ib = 0;
-			if (kind == CTXTASK_NEEDLE) {
+			if (kind == TASK_NEEDLE) {
 				uint32_t at = (uint32_t)floor(depth * F);
 				for (uint32_t i = 0; i < at && i < fid.n; i++) {
 					size_t bl = 0;
@@ -269,7 +269,7 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 			break;
 	}
 	struct tok_ids ans = {0};
-	if (!rc && kind == CTXTASK_COPY)
+	if (!rc && kind == TASK_COPY)
 		rc = tok_encode(t, c->line, strlen(c->line), 0, &ans, err,
 		                errlen);
 	if (!rc) {
@@ -283,7 +283,7 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 		memcpy(c->tok, ids.v, sizeof(int32_t) * c->P);
 		if (c->nans)
 			memcpy(c->tok + c->P, ans.v, sizeof(int32_t) * c->nans);
-		if (kind == CTXTASK_NEEDLE &&
+		if (kind == TASK_NEEDLE &&
 		    (c->key_tok = find_key(t, &ids, c->key)) == UINT32_MAX) {
 			snprintf(err, errlen, "the key %s is not in its prompt's "
 			         "tokens", c->key);
@@ -294,6 +294,6 @@ int ctxtask_case_build(const struct tok *t, const char *text, size_t n,
 	free(fid.v);
 	free(ans.v);
 	if (rc)
-		ctxtask_case_free(c);
+		task_case_free(c);
 	return rc;
 }

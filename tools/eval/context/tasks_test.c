@@ -1,6 +1,6 @@
 /*
- * ctxtask_test.c — the machinery of protocol 1's needle and copy tasks
- * (tools/eval/ctxtask.h) against independent values: Wilson intervals
+ * tasks_test.c — the machinery of protocol 1's needle and copy tasks
+ * (tools/eval/context/tasks.h) against independent values: Wilson intervals
  * from the textbook formula computed by hand (python), greedy decoding
  * on the in-process cache against the dense forward's greedy tokens
  * (tiny random model), the teacher-forced shortcut of a job's needle
@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctxtask.h"
-#include "../train/dataset.h"
+#include "tasks.h"
+#include "../../train/dataset.h"
 #include "daemon.h"
 #include "gb.h"
 #include "model.h"
@@ -48,22 +48,22 @@ TEST(eval_task, wilson_by_hand)
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		double lo, hi;
-		ctxtask_wilson(want[i].k, want[i].n, &lo, &hi);
+		task_wilson(want[i].k, want[i].n, &lo, &hi);
 		if (fabs(lo - want[i].lo) > 1e-6 || fabs(hi - want[i].hi) > 1e-6)
 			th_fail(__FILE__, __LINE__, "%llu/%llu: [%f, %f]",
 			        (unsigned long long)want[i].k,
 			        (unsigned long long)want[i].n, lo, hi);
 	}
 	double lo, hi;
-	ctxtask_wilson(0, 0, &lo, &hi);
+	task_wilson(0, 0, &lo, &hi);
 	T_ASSERT(lo == 0 && hi == 1);
 }
 
 /* A needle case on the tiny model: random prompt tokens, no key. */
-static void tiny_case(struct ctxtask_case *c, uint32_t seed)
+static void tiny_case(struct task_case *c, uint32_t seed)
 {
 	memset(c, 0, sizeof(*c));
-	c->kind = CTXTASK_NEEDLE;
+	c->kind = TASK_NEEDLE;
 	c->P = NP;
 	c->tok = malloc(sizeof(int32_t) * NP);
 	T_ASSERT(c->tok);
@@ -101,11 +101,11 @@ TEST_T(eval_task, reference_greedy_is_the_dense_forwards, 60)
 	struct model m;
 	gb_tiny_llama(&m, 3);
 	const struct model_config *mc = &m.cfg;
-	struct ctxtask_case c;
+	struct task_case c;
 	tiny_case(&c, 1);
-	const struct ctxtask_stop st = {-1, NULL, 8};
-	struct ctxtask_ref r;
-	T_OK(ctxtask_ref_build(&m, NULL, &c, &st, sep, 3, 1, &r));
+	const struct task_stop st = {-1, NULL, 8};
+	struct task_ref r;
+	T_OK(task_ref_build(&m, NULL, &c, &st, sep, 3, 1, &r));
 	T_EQ(r.nans, 8);
 	T_EQ(r.w.P, NP);
 	T_EQ(r.w.T, NP + 8);
@@ -136,8 +136,8 @@ TEST_T(eval_task, reference_greedy_is_the_dense_forwards, 60)
 		th_fail(__FILE__, __LINE__, "split prefill vs one step: %g",
 		        worst);
 	ctx_window_free(&w);
-	ctxtask_ref_free(&r);
-	ctxtask_case_free(&c);
+	task_ref_free(&r);
+	task_case_free(&c);
 	model_free(&m);
 }
 
@@ -146,25 +146,25 @@ TEST_T(eval_task, needle_answer_is_greedy_decoding, 60)
 	struct model m;
 	gb_tiny_llama(&m, 4);
 	const struct model_config *mc = &m.cfg;
-	const struct ctxtask_stop st = {-1, NULL, 10};
+	const struct task_stop st = {-1, NULL, 10};
 	uint8_t *keep = malloc((size_t)mc->n_layers * mc->n_kv_heads * NP);
 	struct ctx_cache *a, *b;
 	T_ASSERT(keep);
-	T_OK(ctx_cache_open(&m, NP + CTXTASK_ANS_MAX, &a));
-	T_OK(ctx_cache_open(&m, NP + CTXTASK_ANS_MAX, &b));
+	T_OK(ctx_cache_open(&m, NP + TASK_ANS_MAX, &a));
+	T_OK(ctx_cache_open(&m, NP + TASK_ANS_MAX, &b));
 	uint32_t diverged = 0;
 	for (uint32_t seed = 0; seed < 4; seed++) {
-		struct ctxtask_case c;
+		struct task_case c;
 		tiny_case(&c, 10 + seed);
-		struct ctxtask_ref r;
-		T_OK(ctxtask_ref_build(&m, NULL, &c, &st, sep, 3, 1, &r));
+		struct task_ref r;
+		T_OK(task_ref_build(&m, NULL, &c, &st, sep, 3, 1, &r));
 		/* every entry kept: the reference's answer in one step */
 		memset(keep, 1, (size_t)mc->n_layers * mc->n_kv_heads * NP);
-		int32_t x[CTXTASK_ANS_MAX], y[CTXTASK_ANS_MAX];
+		int32_t x[TASK_ANS_MAX], y[TASK_ANS_MAX];
 		uint32_t nx, ny;
 		ctx_cache_truncate(a, 0);
 		ctx_load_keep(&m, &r.w, keep, a);
-		T_OK(ctxtask_needle_answer(&m, NULL, a, &c, &r, &st, x, &nx));
+		T_OK(task_needle_answer(&m, NULL, a, &c, &r, &st, x, &nx));
 		T_EQ(nx, r.nans);
 		for (uint32_t i = 0; i < nx; i++)
 			T_EQ(x[i], r.tok[NP + i]);
@@ -176,9 +176,9 @@ TEST_T(eval_task, needle_answer_is_greedy_decoding, 60)
 			ctx_cache_truncate(b, 0);
 			ctx_load_keep(&m, &r.w, keep, a);
 			ctx_load_keep(&m, &r.w, keep, b);
-			T_OK(ctxtask_needle_answer(&m, NULL, a, &c, &r, &st, x,
+			T_OK(task_needle_answer(&m, NULL, a, &c, &r, &st, x,
 			                           &nx));
-			T_OK(ctxtask_decode(&m, b, r.first, NP, &st, y, &ny));
+			T_OK(task_decode(&m, b, r.first, NP, &st, y, &ny));
 			T_EQ(nx, ny);
 			int same = 1;
 			for (uint32_t i = 0; i < nx; i++) {
@@ -187,8 +187,8 @@ TEST_T(eval_task, needle_answer_is_greedy_decoding, 60)
 			}
 			diverged += !same;
 		}
-		ctxtask_ref_free(&r);
-		ctxtask_case_free(&c);
+		task_ref_free(&r);
+		task_case_free(&c);
 	}
 	/* the path that decodes on after the reference was taken */
 	T_ASSERT(diverged > 0);
@@ -201,15 +201,15 @@ TEST_T(eval_task, needle_answer_is_greedy_decoding, 60)
 TEST(eval_task, copy_score_by_hand)
 {
 	int32_t tok[6] = {9, 9, 9, 4, 5, 6}; /* prompt 3, line 4 5 6 */
-	struct ctxtask_case c = {.kind = CTXTASK_COPY, .tok = tok, .P = 3,
+	struct task_case c = {.kind = TASK_COPY, .tok = tok, .P = 3,
 	                         .nans = 3};
 	const int32_t right[3] = {4, 5, 6}, one_off[3] = {4, 7, 6};
 	double t1;
-	T_EQ(ctxtask_score(NULL, &c, right, 3, &t1), 1);
+	T_EQ(task_score(NULL, &c, right, 3, &t1), 1);
 	T_ASSERT(t1 == 1.0);
-	T_EQ(ctxtask_score(NULL, &c, one_off, 3, &t1), 0);
+	T_EQ(task_score(NULL, &c, one_off, 3, &t1), 0);
 	T_ASSERT(fabs(t1 - 2.0 / 3) < 1e-12);
-	T_EQ(ctxtask_score(NULL, &c, right, 2, &t1), 0);
+	T_EQ(task_score(NULL, &c, right, 2, &t1), 0);
 }
 
 /* ------------------------------------------------------------ SmolLM2 */
@@ -276,8 +276,8 @@ TEST_T(eval_task, needle_planted_at_its_depth, 120)
 	static const double depth[3] = {0.1, 0.5, 0.9};
 	for (uint32_t k = 0; k < 6; k++) {
 		uint32_t len = k < 3 ? 1024 : 2048;
-		struct ctxtask_case c;
-		if (ctxtask_case_build(t, text, n, CTXTASK_NEEDLE, len,
+		struct task_case c;
+		if (task_case_build(t, text, n, TASK_NEEDLE, len,
 		                       depth[k % 3], 100 + k, &c, err,
 		                       sizeof(err)) < 0)
 			th_fail(__FILE__, __LINE__, "%s", err);
@@ -316,7 +316,7 @@ TEST_T(eval_task, needle_planted_at_its_depth, 120)
 			th_fail(__FILE__, __LINE__, "depth %.2f at %.3f (%s)",
 			        depth[k % 3], got, c.key);
 		free(s);
-		ctxtask_case_free(&c);
+		task_case_free(&c);
 	}
 	done(text, t, &m);
 }
@@ -328,8 +328,8 @@ TEST_T(eval_task, copy_line_first_and_not_in_filler, 120)
 	char *text, err[1024];
 	size_t n = eval_text(&text);
 	for (uint32_t k = 0; k < 4; k++) {
-		struct ctxtask_case c;
-		if (ctxtask_case_build(t, text, n, CTXTASK_COPY, 512, 0,
+		struct task_case c;
+		if (task_case_build(t, text, n, TASK_COPY, 512, 0,
 		                       200 + k, &c, err, sizeof(err)) < 0)
 			th_fail(__FILE__, __LINE__, "%s", err);
 		T_EQ(c.P, 512);
@@ -345,7 +345,7 @@ TEST_T(eval_task, copy_line_first_and_not_in_filler, 120)
 		T_ASSERT(l && !strstr(l + 1, c.line)); /* once, in the frame */
 		T_ASSERT(l < strstr(s, "Here is a document:"));
 		free(s);
-		ctxtask_case_free(&c);
+		task_case_free(&c);
 	}
 	done(text, t, &m);
 }
@@ -354,7 +354,7 @@ TEST_T(eval_task, needle_score_by_the_digits, 60)
 {
 	struct model m;
 	struct tok *t = smollm2_tok(&m);
-	struct ctxtask_case c = {.kind = CTXTASK_NEEDLE};
+	struct task_case c = {.kind = TASK_NEEDLE};
 	snprintf(c.key, sizeof(c.key), "48213");
 	static const struct {
 		const char *ans;
@@ -370,7 +370,7 @@ TEST_T(eval_task, needle_score_by_the_digits, 60)
 		char err[256];
 		T_OK(tok_encode(t, cases[i].ans, strlen(cases[i].ans), 0, &ids,
 		                err, sizeof(err)));
-		if (ctxtask_score(t, &c, ids.v, (uint32_t)ids.n, NULL) !=
+		if (task_score(t, &c, ids.v, (uint32_t)ids.n, NULL) !=
 		    cases[i].ok)
 			th_fail(__FILE__, __LINE__, "\"%s\" scored wrong",
 			        cases[i].ans);

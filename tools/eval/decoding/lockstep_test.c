@@ -1,20 +1,20 @@
 /*
- * dec2_test.c — the in-process pieces of kvtrim-eval's protocol 2
- * (decoding-time compression, tools/eval/dec2.h) on a tiny random model,
+ * lockstep_test.c — the in-process pieces of kvtrim-eval's protocol 2
+ * (decoding-time compression, tools/eval/decoding/decoding.h) on a tiny random model,
  * against independent computations: the dense attention maps
  * (model_dense_*) for the replay cache's attention sums (replay_tap),
  * single-cache steps (replay_step) for a batched step over several caches
  * (replay_attend_row), hand-made scores for the hindsight oracle's
- * eviction (run_oracle_evict), hand sums for kvpop's budget (dec2_budget)
+ * eviction (score_oracle_evict), hand sums for kvpop's budget (decoding_budget)
  * and kvzap's decode-protocol threshold with sinks.  The protocol's run
- * through a real kvtrimd is in tests/integration/test_eval_dec2.c.
+ * through a real kvtrimd is in tests/integration/test_eval_decoding.c.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dec2.h"
-#include "replay.h"
+#include "decoding.h"
+#include "../common/replay.h"
 #include "gb.h"
 #include "model.h"
 #include "test.h"
@@ -27,26 +27,26 @@ static void tokens(int32_t *tok, uint32_t n, uint32_t seed)
 		tok[i] = (int32_t)((i * 41u + seed * 13u + (i * i) % 11u) % 300u);
 }
 
-TEST(eval_dec2, budget_by_hand)
+TEST(eval_decoding, budget_by_hand)
 {
 	/* P = 2, T = 5: syncs at n = 3 and 4, mean(1/n) = 7/24 */
-	T_ASSERT(fabs(dec2_inv_seen(2, 5) - 7.0 / 24.0) < 1e-15);
+	T_ASSERT(fabs(decoding_inv_seen(2, 5) - 7.0 / 24.0) < 1e-15);
 	/* R = 0.5: N = 0.5 / (7/24) = 1.71 -> 2; R = 0.9: 0.34 -> 1 */
-	T_EQ(dec2_budget(0.5, 2, 5), 2);
-	T_EQ(dec2_budget(0.9, 2, 5), 1);
+	T_EQ(decoding_budget(0.5, 2, 5), 2);
+	T_EQ(decoding_budget(0.9, 2, 5), 1);
 	/* R = 0: N = 24/7 = 3.43 -> 3 */
-	T_EQ(dec2_budget(0.0, 2, 5), 3);
+	T_EQ(decoding_budget(0.0, 2, 5), 3);
 	/* exactly, with every entry kept while n <= N: the mean of
 	 * max(0, 1 - N/3) and max(0, 1 - N/4) is 17/24 (N = 1), 5/12
 	 * (N = 2), 1/8 (N = 3), 0 (N = 4) */
-	T_EQ(dec2_tokens(0.5, 2, 5, 1), 1);  /* at least 0.5 */
-	T_EQ(dec2_tokens(0.5, 2, 5, 0), 2);  /* at most 0.5 */
-	T_EQ(dec2_tokens(0.125, 2, 5, 1), 3);
-	T_EQ(dec2_tokens(0.125, 2, 5, 0), 3);
-	T_EQ(dec2_tokens(0.9, 2, 5, 1), 1);  /* out of reach: 1 */
+	T_EQ(decoding_tokens(0.5, 2, 5, 1), 1);  /* at least 0.5 */
+	T_EQ(decoding_tokens(0.5, 2, 5, 0), 2);  /* at most 0.5 */
+	T_EQ(decoding_tokens(0.125, 2, 5, 1), 3);
+	T_EQ(decoding_tokens(0.125, 2, 5, 0), 3);
+	T_EQ(decoding_tokens(0.9, 2, 5, 1), 1);  /* out of reach: 1 */
 }
 
-TEST(eval_dec2, kvzap_decode_threshold_with_sinks_by_hand)
+TEST(eval_decoding, kvzap_decode_threshold_with_sinks_by_hand)
 {
 	/* 3 layers x 2 KV heads, one window of T = 6 scored 0..5, P = 3,
 	 * window 1: after the syncs of n = 4 and 5 the entries < n - 1 are
@@ -72,7 +72,7 @@ TEST(eval_dec2, kvzap_decode_threshold_with_sinks_by_hand)
 	model_free(&m);
 }
 
-TEST_T(eval_dec2, tap_sums_the_dense_attention_maps, 60)
+TEST_T(eval_decoding, tap_sums_the_dense_attention_maps, 60)
 {
 	struct model m;
 	gb_tiny_llama(&m, 5);
@@ -137,7 +137,7 @@ static int two_attend(void *ctx, uint32_t l, uint32_t pos0, uint32_t n,
 	return 0;
 }
 
-TEST_T(eval_dec2, batched_rows_are_single_steps, 60)
+TEST_T(eval_decoding, batched_rows_are_single_steps, 60)
 {
 	struct model m;
 	gb_tiny_llama(&m, 9);
@@ -196,7 +196,7 @@ TEST_T(eval_dec2, batched_rows_are_single_steps, 60)
 	model_free(&m);
 }
 
-TEST(eval_dec2, oracle_evicts_by_hand)
+TEST(eval_decoding, oracle_evicts_by_hand)
 {
 	/* 8 entries; score of (l, h, i) = hand values, max over the group's
 	 * two query heads; R = 0.5 keeps 8 - 4 = 4 per list */
@@ -218,7 +218,7 @@ TEST(eval_dec2, oracle_evicts_by_hand)
 			for (uint32_t i = 0; i < n; i++)
 				s[((size_t)l * H + h) * n + i] =
 					h % 2 ? (i == 0 ? 10.0f : 0.0f) : (float)i;
-	T_OK(run_oracle_evict(&m, r, 0.5, s, (size_t)H * n, n));
+	T_OK(score_oracle_evict(&m, r, 0.5, s, (size_t)H * n, n));
 	for (uint32_t l = 0; l < mc->n_layers; l++)
 		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
 			const uint8_t *al = replay_alive(r, l, g);
@@ -227,7 +227,7 @@ TEST(eval_dec2, oracle_evicts_by_hand)
 		}
 	/* kept entries never come back; no scores: a budget of 2 keeps
 	 * two of the four (the more recent on ties) */
-	T_OK(run_oracle_evict(&m, r, 0.75, NULL, 0, 0));
+	T_OK(score_oracle_evict(&m, r, 0.75, NULL, 0, 0));
 	T_EQ(replay_kept(r), (uint64_t)mc->n_layers * mc->n_kv_heads * 2);
 	replay_close(r);
 	free(s);

@@ -1,5 +1,5 @@
 /*
- * test_eval_ctx.c — kvtrim-eval's protocol 1 (context compression) through
+ * test_eval_context.c — kvtrim-eval's protocol 1 (context compression) through
  * a real kvtrimd: the round trip of a window's context (append, stage, one
  * prefill sync, one decode sync of nothing, the kept entries read back) on
  * a tiny random model, checked against what the policies must keep by
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../tools/eval/ctx.h"
+#include "../../tools/eval/context/context.h"
 #include "daemon.h"
 #include "gb.h"
 #include "model.h"
@@ -101,7 +101,7 @@ static double vs_keep(struct rig *r, const uint8_t *k1)
 	return worst;
 }
 
-TEST_T(eval_ctx_daemon, full_round_trip_is_the_reference, 60)
+TEST_T(eval_context_daemon, full_round_trip_is_the_reference, 60)
 {
 	struct rig r;
 	rig_up(&r);
@@ -115,7 +115,7 @@ TEST_T(eval_ctx_daemon, full_round_trip_is_the_reference, 60)
 	rig_down(&r);
 }
 
-TEST_T(eval_ctx_daemon, streaming_keeps_its_definition, 60)
+TEST_T(eval_context_daemon, streaming_keeps_its_definition, 60)
 {
 	struct rig r;
 	rig_up(&r);
@@ -133,7 +133,7 @@ TEST_T(eval_ctx_daemon, streaming_keeps_its_definition, 60)
 	rig_down(&r);
 }
 
-TEST_T(eval_ctx_daemon, snapkv_decides_at_the_empty_decode_sync, 60)
+TEST_T(eval_context_daemon, snapkv_decides_at_the_empty_decode_sync, 60)
 {
 	struct rig r;
 	rig_up(&r);
@@ -145,7 +145,7 @@ TEST_T(eval_ctx_daemon, snapkv_decides_at_the_empty_decode_sync, 60)
 	rig_down(&r);
 }
 
-TEST_T(eval_ctx_daemon, quick_smollm2, 300)
+TEST_T(eval_context_daemon, quick_smollm2, 300)
 {
 	/* SmolLM2, kvtrim-eval and the held-out text (shared data, not in the
 	 * repository: a fresh clone skips). */
@@ -210,12 +210,12 @@ TEST_T(eval_ctx_daemon, quick_smollm2, 300)
 
 /*
  * fastkvzip-global's threshold is chosen on the training split from the
- * gate's scores computed in kvtrim-eval (fkvgate.c), and applied by the
+ * gate's scores computed in kvtrim-eval (fastkvzip_gate.c), and applied by the
  * daemon's fastkvzip policy: the two must compute the same scores, or
  * the achieved ratio misses the target.  Needs trained weights (make
  * weights), so only where they are.  --only keeps the run to two jobs.
  */
-TEST_T(eval_ctx_daemon, fastkvzip_global_reaches_its_target, 300)
+TEST_T(eval_context_daemon, fastkvzip_global_reaches_its_target, 300)
 {
 	char path[1024];
 	const char *w = "build/weights/smollm2";

@@ -1,16 +1,13 @@
 /*
- * eval.c — how kvtrim-eval ends: the kvtrimd it started (when no
+ * daemon.c — how kvtrim-eval ends: the kvtrimd it started (when no
  * --runtime-dir was given) and its scratch directory never outlive it,
- * whether it dies on an error or is interrupted.  Also the one way jobs
- * are added (eval_add_job), for every protocol, with the specs of the jobs
- * the protocols share (ratio policies, fastkvzip, kvpop).
+ * whether it dies on an error or is interrupted.
  */
 #include "eval.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,8 +16,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "../train/recipe.h"
 
 static pid_t daemon_pid;
 static char rt_tmp[256];
@@ -122,58 +117,4 @@ void eval_runtime_dir(const char *given, const char *argv0, char *rt,
 		snprintf(rt, rtlen, "%s", given);
 	else
 		eval_daemon_start(argv0, rt, rtlen);
-}
-
-struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
-                         double R, enum jkind kind, const char *spec,
-                         const char *spec_copy, const char *spec_needle)
-{
-	if (*n >= MAX_JOBS)
-		eval_die("too many jobs");
-	struct job *j = &jobs[(*n)++];
-	memset(j, 0, sizeof(*j));
-	snprintf(j->name, sizeof(j->name), "%s", name);
-	j->ratio = R;
-	j->kind = kind;
-	j->tau = NAN;
-	const char *sp[C_NKIND] = {spec, spec_copy, spec_needle};
-	for (int c = 0; c < C_NKIND; c++)
-		snprintf(j->spec[c], sizeof(j->spec[c]), "%s",
-		         sp[c] ? sp[c] : "");
-	return j;
-}
-
-void eval_add_ratio_jobs(struct job *jobs, uint32_t *n,
-                         const struct eval_ratio_policy *pol, size_t np,
-                         double R, double Rs)
-{
-	char s[KVT_SPEC_MAX];
-	for (size_t i = 0; i < np; i++) {
-		snprintf(s, sizeof(s), pol[i].fmt, Rs);
-		eval_add_job(jobs, n, pol[i].name, R, J_DAEMON, s, NULL, NULL);
-	}
-}
-
-void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
-                        double R, double Rs, uint32_t every)
-{
-	char s[KVT_SPEC_MAX];
-	snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
-	         "ratio=%.4f,window=16,sinks=4,every=%u", wabs, Rs, every);
-	eval_add_job(jobs, n, "fastkvzip", R, J_DAEMON, s, NULL, NULL);
-}
-
-void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
-{
-	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
-	         "sinks=4", wabs, tokens, RECIPE_KVPOP_DELAY);
-}
-
-void eval_put_scores(float *out, const float *y, uint32_t layer,
-                     uint32_t nkv, uint32_t T, uint32_t i0, uint32_t n)
-{
-	for (uint32_t g = 0; g < nkv; g++)
-		for (uint32_t i = 0; i < n; i++)
-			out[((size_t)layer * nkv + g) * T + i0 + i] =
-				y[(size_t)i * nkv + g];
 }

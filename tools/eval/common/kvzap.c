@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../train/dataset.h"
-#include "../train/recipe.h"
+#include "../../train/dataset.h"
+#include "../../train/recipe.h"
 #include "kernels.h"
 #include "model.h"
 #include "weights.h"
@@ -296,4 +296,13 @@ void kvzap_add_sweep(struct job *jobs, uint32_t *n, const struct model *M,
 	                               SWEEP_ROUND, grid);
 	for (uint32_t i = 0; i < ng; i++)
 		add_job(jobs, n, wabs, v, 0, grid[i], sinks)->sweep = 1;
+}
+
+void eval_put_scores(float *out, const float *y, uint32_t layer,
+                     uint32_t nkv, uint32_t T, uint32_t i0, uint32_t n)
+{
+	for (uint32_t g = 0; g < nkv; g++)
+		for (uint32_t i = 0; i < n; i++)
+			out[((size_t)layer * nkv + g) * T + i0 + i] =
+				y[(size_t)i * nkv + g];
 }

@@ -1,5 +1,5 @@
 /*
- * ctx.h — the machinery of protocol 1 of kvtrim-eval, context compression
+ * context.h — the machinery of protocol 1 of kvtrim-eval, context compression
  * (docs/eval.md describes the protocol and its choices): an in-process KV
  * cache whose lists the kept entries of a policy are loaded into, the
  * full-cache reference of one window, and one policy's run on a window
@@ -15,12 +15,13 @@
  * oracles).  Errors are negative KVT_E* codes; ctx_load_daemon also writes
  * a reason.
  */
-#ifndef KVT_EVAL_CTX_H
-#define KVT_EVAL_CTX_H
+#ifndef KVT_EVAL_CONTEXT_H
+#define KVT_EVAL_CONTEXT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/eval.h"
 #include "model.h"
 
 struct ctx_cache;
@@ -133,5 +134,70 @@ int ctx_keep_oracle(const struct model *m, const struct ctx_window *w,
  * predictions compared with w->ref into s.  lg [T-1-P][vocab] scratch. */
 int ctx_continue(const struct model *m, const struct ctx_window *w,
                  struct ctx_cache *c, float *lg, struct ctx_score *s);
+
+/* ------------------------------------------------------------ the program */
+
+#define CTX_CAL 8u /* kvzap's calibration windows (--quick: 2) */
+/* kvzap's protected first positions: kvpress KVzapPress n_sink = 4 (the
+ * spec's default is 0, as the paper's DMSPress; without them the scorer's
+ * low log-KVzip+ for the first token, whose value vector is small, drops
+ * the attention sink in the early layers) */
+#define CTX_KVZAP_SINKS 4u
+
+struct tok;
+/* kvtrim-eval --model M for a model with a tokenizer: protocol 1, then
+ * its tasks (tasks.h); --dump-kept and --calibrate instead when given. */
+int context_main(const struct model *M, const struct eval_opts *a);
+
+/* calibration.c */
+/* Both protocols' windows and targets: the evaluation split's windows of
+ * T tokens (a->nseq of them, else def; fewer where the split holds fewer,
+ * said on stderr) into ev, the target ratios (--quick: 0.75, else 0.5,
+ * 0.75, 0.875) in *ratios, their count returned. */
+uint32_t ctx_windows(const struct model *M, const struct tok *tk,
+                     const struct eval_opts *a, uint32_t T, uint32_t def,
+                     struct dataset *ev, const double **ratios);
+/* kvzap's calibration: ncal windows of P tokens of the training split
+ * (train-man.txt) through the full-cache forward; the scores [ncal][L]
+ * [n_kv][P] of the scorers a->wabs/kvzap-linear and a->wabs/kvzap-mlp in
+ * zs[0], zs[1] (NULL where one is missing, reason on stderr; both where
+ * there are no weights: said on stderr), *nout windows.  gs, when not
+ * NULL, receives Fast KVzip's gate scores of the same windows likewise
+ * (a->wabs/fastkvzip.safetensors; NULL where it is missing). */
+void ctx_calibrate(const struct model *M, const struct tok *t,
+                   const struct eval_opts *a, uint32_t P, uint32_t ncal,
+                   float *zs[2], float **gs, uint32_t *nout);
+/* --calibrate: kvzap's thresholds for 0.5 / 0.75 / 0.875 from the
+ * calibration of contexts of P tokens, as "scorer target threshold"
+ * lines in OUT/calibration.txt (what weights/<model>/calibration.txt
+ * ships for the demo and the bench). */
+int ctx_write_calibration(const struct model *M, const struct tok *tk,
+                          const struct eval_opts *a, uint32_t P);
+
+/* fastkvzip_gate.c */
+/* Fast KVzip's gate (the fastkvzip.safetensors at path, the daemon's
+ * kernel) for sequences of up to T rows per call; reason in err. */
+struct fastkvzip_gate;
+int fastkvzip_gate_open(const struct model *M, const char *path, uint32_t T,
+                        struct fastkvzip_gate **out, char *err,
+                        size_t errlen);
+/* Scores of the attention inputs xs [L][T][d_model]: out [L][n_kv][T]. */
+void fastkvzip_gate_score(struct fastkvzip_gate *f, const float *xs,
+                          uint32_t T, float *out);
+void fastkvzip_gate_close(struct fastkvzip_gate *f);
+
+/* quality_md.c */
+/* Protocol 1's quality.md of model's rows; what (a line) says how the run
+ * was made (windows, lengths, time). */
+void context_write_md(const char *dir, const struct row *rows, size_t nr,
+                      const char *model, const char *what);
+
+/* dump_kept.c */
+/* --dump-kept: protocol 1's windows ev (P context + T - P tokens each),
+ * run by the parity's policies, written to a->dump (docs/eval.md
+ * has the files); frees ev and tk. */
+int dump_kept_main(const struct model *M, const struct eval_opts *a,
+                   struct tok *tk, struct dataset *ev, const int32_t *sep,
+                   uint32_t nsep, uint32_t P, uint32_t T);
 
 #endif

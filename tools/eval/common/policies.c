@@ -1,0 +1,107 @@
+/*
+ * policies.c — the jobs of every program: one policy at one budget
+ * (eval_add_job), with the specs the programs share (the ratio policies,
+ * fastkvzip, kvpop), and which policies bound the others in the tables.
+ */
+#include "eval.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../train/recipe.h"
+#include "model.h"
+#include "policy.h"
+
+struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
+                         double R, enum jkind kind, const char *spec,
+                         const char *spec_copy, const char *spec_needle)
+{
+	if (*n >= MAX_JOBS)
+		eval_die("too many jobs");
+	struct job *j = &jobs[(*n)++];
+	memset(j, 0, sizeof(*j));
+	snprintf(j->name, sizeof(j->name), "%s", name);
+	j->ratio = R;
+	j->kind = kind;
+	j->tau = NAN;
+	const char *sp[C_NKIND] = {spec, spec_copy, spec_needle};
+	for (int c = 0; c < C_NKIND; c++)
+		snprintf(j->spec[c], sizeof(j->spec[c]), "%s",
+		         sp[c] ? sp[c] : "");
+	return j;
+}
+
+void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
+                         unsigned in, double R, double Rs)
+{
+	const float theta = M->cfg.rope_theta ? M->cfg.rope_theta
+	                                      : MODEL_ROPE_THETA;
+	for (size_t i = 0; i < policy_count(); i++) {
+		const struct policy_ops *ops = policy_at(i);
+		if (!ops->eval.spec || !(ops->eval.in & in))
+			continue;
+		char s[KVT_SPEC_MAX];
+		int k = snprintf(s, sizeof(s), ops->eval.spec, Rs);
+		/* the daemon is not told the model's RoPE base */
+		if (ops->keys & POLICY_KEY_THETA && k > 0 &&
+		    (size_t)k < sizeof(s))
+			snprintf(s + k, sizeof(s) - (size_t)k, ",theta=%g",
+			         (double)theta);
+		eval_add_job(jobs, n, ops->name, R, J_DAEMON, s, NULL, NULL);
+	}
+}
+
+void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
+                        double R, double Rs, uint32_t every)
+{
+	char s[KVT_SPEC_MAX];
+	snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
+	         "ratio=%.4f,window=16,sinks=4,every=%u", wabs, Rs, every);
+	eval_add_job(jobs, n, "fastkvzip", R, J_DAEMON, s, NULL, NULL);
+}
+
+void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
+{
+	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
+	         "sinks=4", wabs, tokens, RECIPE_KVPOP_DELAY);
+}
+
+int eval_is_bound(const char *p)
+{
+	return !strcmp(p, "full") || !strcmp(p, "random") ||
+	       !strcmp(p, "kvzip") || !strcmp(p, "oracle");
+}
+
+/* The order: full and the ratio policies (the registry's policies without
+ * weights, in its order), then the learned ones (kvzap as its two
+ * scorers), then the in-process bounds. */
+static const char *order[64];
+static size_t norder;
+static pthread_once_t order_once = PTHREAD_ONCE_INIT;
+
+static void build_order(void)
+{
+	for (int learned = 0; learned < 2; learned++)
+		for (size_t i = 0; i < policy_count(); i++) {
+			const struct policy_ops *ops = policy_at(i);
+			if (!(ops->keys & POLICY_KEY_MODEL) != !learned)
+				continue;
+			if (!strcmp(ops->name, "kvzap")) {
+				order[norder++] = kvzap_names[0];
+				order[norder++] = kvzap_names[1];
+			} else {
+				order[norder++] = ops->name;
+			}
+		}
+	order[norder++] = "kvzip";
+	order[norder++] = "oracle";
+}
+
+size_t eval_policy_order(const char *const **names)
+{
+	pthread_once(&order_once, build_order);
+	*names = order;
+	return norder;
+}
