@@ -170,4 +170,6 @@ const struct policy_ops observed_attention_ops = {
 	.init = observed_init,
 	.decide = h2o_decide,
 	.attn = h2o_attn,
+	.eval = {"observed_attention:ratio=%.4f",
+	         POLICY_EVAL_CONTEXT | POLICY_EVAL_DECODING},
 };

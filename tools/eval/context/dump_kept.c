@@ -9,8 +9,6 @@
  * DIR and their layouts are in docs/eval.md, "Kept positions for the
  * kvpress parity".  Progress on stderr, one line per window.
  */
-#include "context.h"
-
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -23,15 +21,18 @@
 #include "now.h"
 #include "tokenizer.h"
 
-/* The kvtrim spec of each compared press (%.4f the ratio).  kvpress names in scripts/kvpress_parity.py. */
+/* The kvtrim spec of each compared press (%.4f the ratio); the kvpress
+ * names are in scripts/kvpress_parity.py. */
 static const struct {
 	const char *name, *fmt;
 } parity[] = {
 	{"streaming", "streaming:ratio=%.4f,sinks=4"},
 	{"snapkv", "snapkv:ratio=%.4f,window=16,kernel=5"},
 	{"tova", "tova:ratio=%.4f"},
-	/* h2o's prefill rule without its recent window: ObservedAttention */
+	/* h2o's prefill rule without its recent window: the sum that
+	 * ObservedAttention averages */
 	{"h2o", "h2o:ratio=%.4f,window=0"},
+	{"observed_attention", "observed_attention:ratio=%.4f"},
 	{"knorm", "knorm:ratio=%.4f"},
 	/* statistics of the last 64 queries: the most protocol 1's staging
 	 * ring holds (CTX_LOOKBACK); kvpress takes all but the sinks */
