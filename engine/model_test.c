@@ -812,7 +812,7 @@ TEST(model, oracles_match_naive_maps)
 			for (int i = 0; i < TS; i++) {
 				double bz = 0, bp = 0;
 				for (int h = g * G; h < (g + 1) * G; h++)
-					for (int j = J0; j < N; j++) {
+					for (int j = TS; j < N; j++) {
 						double a = nv.maps[(((size_t)l * H + h) *
 						                    N + j) * N + i];
 						bz = fmax(bz, a);

@@ -108,7 +108,7 @@ struct pass {
 	float *inx; /* [n] 1 / ||x_j|| */
 };
 
-/* KVzip and KVzip+ maxima of head h (group g) over the copy queries. */
+/* KVzip and KVzip+ maxima of head h (group g) over the queries [q0, n). */
 static void reduce_kvzip(struct pass *p, uint32_t l, uint32_t h, uint32_t g,
                          const float *v)
 {
@@ -290,7 +290,7 @@ int oracle_kvzip(const struct model *m, const int32_t *ctx, uint32_t n_ctx,
 	memcpy(seq + b, ctx, n_ctx * sizeof(int32_t));
 	memcpy(seq + T, sep, n_sep * sizeof(int32_t));
 	memcpy(seq + j0, ctx, n_ctx * sizeof(int32_t));
-	struct oracle_req r = {.tokens = seq, .n = N, .scored = T, .q0 = j0};
+	struct oracle_req r = {.tokens = seq, .n = N, .scored = T, .q0 = T};
 	if (plus)
 		r.kvzip_plus = out;
 	else

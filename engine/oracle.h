@@ -56,7 +56,8 @@ uint32_t oracle_max_ctx(const struct model *m, uint32_t context,
 uint32_t oracle_scored(const struct model *m, uint32_t n_ctx);
 
 /*
- * KVzip (plus = 0) or KVzip+ (plus = 1) scores of [BOS] ctx:
+ * KVzip (plus = 0) or KVzip+ (plus = 1) scores of [BOS] ctx, maxima over
+ * the queries of sep and the copy in the pretext [BOS] ctx sep ctx:
  * out [n_layers][n_kv_heads][oracle_scored(m, n_ctx)].  KVT_EINVAL for an
  * empty ctx or bad tokens, KVT_ENOMEM.
  */

@@ -175,7 +175,7 @@ TEST(oracle, kvzip_no_bos_matches_dense_maps)
 			for (uint32_t i = 0; i < nc; i++) {
 				double bz = 0, bp = 0;
 				for (uint32_t h = g * G; h < (g + 1) * G; h++)
-					for (uint32_t j = J0; j < N; j++) {
+					for (uint32_t j = nc; j < N; j++) {
 						double a = amap(&r, l, h, j, i);
 						bz = fmax(bz, a);
 						bp = fmax(bp, a * vnorm(&r, l, h, i) /

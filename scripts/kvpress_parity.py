@@ -112,16 +112,6 @@ class ExpectedAttentionWindow(ExpectedAttentionPress):
         return self.apply_avg_rope(module, mu.squeeze(2), cov, q_len)
 
 
-class KVzipCopyQueries(KVzipPress):
-    """kvtrim's kvzip: the max over the copy's queries only (the context
-    repeated), not also over the repeat prompt's and the chat turn's."""
-
-    def _compute_cross_attention(self, module, hidden_states, keys, kwargs):
-        a = super()._compute_cross_attention(module, hidden_states, keys,
-                                             kwargs)
-        return a[..., -(self.end_idx - self.start_idx):, :]
-
-
 # ------------------------------------------------------------ kvpress runs
 
 class IdsTokenizer:
@@ -162,8 +152,7 @@ def press_for(name, R, variant=False):
         cls = ExpectedAttentionWindow if variant else ExpectedAttentionPress
         return cls(compression_ratio=R)
     if name == "kvzip":
-        cls = KVzipCopyQueries if variant else KVzipPress
-        return cls(compression_ratio=R)
+        return KVzipPress(compression_ratio=R)
     raise ValueError(name)
 
 
@@ -179,8 +168,7 @@ KVPRESS_NAME = {
 }
 VARIANTS = {"snapkv": "max pool after the group mean",
             "h2o": "sum over queries, not mean",
-            "expected_attention": "statistics of the last 64 queries",
-            "kvzip": "max over the copy's queries only"}
+            "expected_attention": "statistics of the last 64 queries"}
 
 
 # The rule differences behind a fraction below 0.99 (the variant column
@@ -209,11 +197,9 @@ EXPLAIN = {
                           "beyond the context (eval.h CTX_LOOKBACK), so the "
                           "statistics are those of the last 64 queries "
                           "(window=64).",
-    "kvzip": "kvpress takes each key's max attention over every query of "
-             "the reconstruction input (the repeat prompt, the chat turn and "
-             "the repeated context); kvtrim's in-process KVzip (context.h) over "
-             "the repeated context's queries only. Both then run one top-k "
-             "over all layers and heads with the first 4 positions kept.",
+    "kvzip": "not expected beyond near ties (the same reconstruction "
+             "input, every query of it, one top-k over all layers and "
+             "heads with the first 4 positions kept).",
     "streaming": "not expected (a fixed rule).",
     "tova": "not expected beyond near ties.",
     "knorm": "not expected beyond near ties.",

@@ -173,8 +173,11 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 	memcpy(wk->seq, tok, sizeof(int32_t) * g->T);
 	memcpy(wk->seq + g->T, g->sep, sizeof(int32_t) * g->n_sep);
 	memcpy(wk->seq + q0, tok + b, sizeof(int32_t) * g->n_ctx);
+	/* KVzip's maximum runs over the whole reconstruction input, the
+	 * repeat prompt's queries as well as the copy's (as the KVzip paper
+	 * and kvpress compute it): .q0 = T, not q0 */
 	struct oracle_req r = {.tokens = wk->seq, .n = Np, .scored = g->T,
-	                       .q0 = q0, .kvzip = wk->kz,
+	                       .q0 = g->T, .kvzip = wk->kz,
 	                       .kvzip_plus = wk->kzp,
 	                       .logits = copy ? wk->logits : NULL};
 	struct oracle_req pl = {.tokens = tok, .n = g->W};

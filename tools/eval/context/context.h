@@ -71,8 +71,9 @@ int ctx_cache_step(struct ctx_cache *c, const int32_t *tok, uint32_t n,
  *      daemon's staging ring; the cache then holds its P entries);
  *   2. when sep is given, KVzip's reconstruction: sep then the context
  *      again as one step on that cache; kvzip[l][g][i] = max over the
- *      copy's queries and the group's heads of a_{j,i} (oracle.h's KVzip
- *      score, the pretext ctx sep ctx; no BOS: the model has none);
+ *      queries of sep and the copy and the group's heads of a_{j,i}
+ *      (oracle.h's KVzip score, the pretext ctx sep ctx; no BOS: the
+ *      model has none);
  *      the cache is cut back to the context afterwards;
  *   3. the continuation tok[P, T-1) as one step: ref = its logits, the
  *      predictions of tok[P+1, T); hind[l][g][i] = max over the group's

@@ -237,7 +237,9 @@ int ctx_window_build(const struct model *m, const int32_t *tok, uint32_t P,
 	if (!rc && sep) {
 		memcpy(pre, sep, sizeof(int32_t) * n_sep);
 		memcpy(pre + n_sep, tok, sizeof(int32_t) * P);
-		struct ctx_tap t = {.r0 = n_sep, .r1 = nz, .ncols = P, .max = 1,
+		/* every query of the reconstruction input, the repeat
+		 * prompt's included (oracle.h's KVzip) */
+		struct ctx_tap t = {.r0 = 0, .r1 = nz, .ncols = P, .max = 1,
 		                    .red = w->kvzip};
 		rc = ctx_cache_step(w->full, pre, nz, P, &t, NULL);
 		ctx_cache_truncate(w->full, P);
