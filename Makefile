@@ -41,7 +41,10 @@ WARN    := -Wall -Wextra -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 # CFLAGS and LDFLAGS are the user's (make CFLAGS="-O2 -g -Werror" keeps
 # every project flag); the project's own go into KVT_CFLAGS / KVT_LDFLAGS.
 CFLAGS  ?= -O2 -g
-KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
+# -ffp-contract=off: no a * b + c fused into an FMA behind the code's back
+# (aarch64's default), so the fixed-order sums that CPU references and
+# device kernels share (kernels.h, attn_dot_cpu) give the same bits.
+KVT_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -ffp-contract=off -fPIC -fvisibility=hidden -pthread \
               -MMD -MP -Iinclude -Icore -Iipc -Ibackend -Idaemon -Idaemon/tenant -Ipolicies -Ikernels/cpu \
               -Iengine -Iclient -Itests/harness
 # Libraries with pkg-config files; nng and msgpack-c (Debian ships none

@@ -3,7 +3,7 @@
  * accumulated attention (policies/h2o.c) computed where the keys, the
  * staged queries and the per-entry state are, so that a sync moves only
  * the drop indices to the host.  Per job (one list): gather and carry the
- * state to the other half, the logits by one cuBLAS SGEMM, one thread per
+ * state to the other half, the logits (band_logits.cuh), one thread per
  * entry doing h2o_decide's float operations, then (when due)
  * select_topk_cuda and the half compacted by compact_drops' pairing; a
  * flag per job for rows that are not finite.  The steps: docs/cuda.md,
@@ -11,12 +11,11 @@
  * context's lock; the op waits for its output.  Test:
  * cuda.backend_attn_select_matches_h2o and the emulated passes.
  */
-#include <cublas_v2.h>
 #include <math.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
-#include "blas.cuh"
+#include "band_logits.cuh"
 #include "common.cuh"
 #include "entry_state.cuh"
 #include "prompt_select.cuh"
@@ -198,7 +197,6 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 	int rv = bc_win_prepare(c, need);
 	if (rv)
 		return rv;
-	cublasHandle_t h = (cublasHandle_t)c->win_blas;
 	char *d = c->d_win;
 	uint32_t *dout = (uint32_t *)(d + o_out);
 	float *keys = (float *)(d + o_keys), *qg = (float *)(d + o_qg),
@@ -237,21 +235,10 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 			KVT_LAUNCH(bc_h2o_gather<float>, blocks, BC_H2O_THREADS, 0,
 			           s, p, A, J, G, hd, qg, lg, keys);
 		BC_CALL(cudaGetLastError(), "attn_select gather");
-		if (J.n_new) {
-			/* logit [n_new G][L] = scale qg keys^T, as
-			 * attn_band_cpu's cblas_sgemm */
-			if ((rv = blas_err(cublasSetStream(h, s))))
-				return rv;
-			const float zero = 0.0f;
-			common_count_launch();
-			if ((rv = blas_err(cublasSgemm(
-				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
-				     (int)(J.n_new * G), (int)hd, &scale, keys,
-				     (int)hd, qg, (int)hd, &zero, logit, (int)L)))) {
-				bc_note("attn_select: cublasSgemm failed");
-				return rv;
-			}
-		}
+		/* logit [n_new G][L], as attn_band_cpu */
+		if ((rv = bc_band_logits("attn_select logits", keys, qg,
+		                         J.n_new * G, L, hd, scale, logit, s)))
+			return rv;
 		uint32_t eb = (L + BC_H2O_THREADS - 1) / BC_H2O_THREADS;
 		KVT_LAUNCH(bc_h2o_accum, eb > 4096 ? 4096 : eb, BC_H2O_THREADS, 0,
 		           s, A, J, G, logit, lg, sc, prot);

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "backend_cuda.cuh"
+#include "band_logits.cuh"
 #include "blas.cuh"
 #include "common.cuh"
 #include "entry_state.cuh"
@@ -434,18 +435,11 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 			           lg);
 		BC_CALL(cudaGetLastError(), "pop_select gather");
 		if (band && J.n_band) {
-			/* logit [n_new G][n_band] = scale qg keys^T, as
-			 * attn_band_cpu's cblas_sgemm */
-			const float zero = 0.0f;
-			common_count_launch();
-			if ((rv = blas_err(cublasSgemm(
-				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)J.n_band,
-				     (int)(J.n_new * G), (int)hd, &scale, keys,
-				     (int)hd, qg, (int)hd, &zero, logit,
-				     (int)J.n_band)))) {
-				bc_note("pop_select: cublasSgemm failed");
+			/* logit [n_new G][n_band], as attn_band_cpu */
+			if ((rv = bc_band_logits("pop_select logits", keys, qg,
+			                         J.n_new * G, J.n_band, hd,
+			                         scale, logit, s)))
 				return rv;
-			}
 			KVT_LAUNCH(bc_pop_accum, bc_pop_blocks(J.n_band),
 			           BC_POP_THREADS, 0, s, A, J, G, bidx, logit, lg,
 			           bad + k);

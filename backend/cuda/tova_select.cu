@@ -4,18 +4,18 @@
  * queries and the positions are, so that a sync moves one list of drop
  * indices per (sequence, layer) to the host.  Per job (one (sequence,
  * layer), its lists sharing one position array): the row check and the
- * positions carried, then (when due) per KV head the logits by one cuBLAS
- * SGEMM, tova_decide's float operations, select_topk_cuda and the half
+ * positions carried, then (when due) per KV head the logits in
+ * attn_band_cpu's order (band_logits.cuh), tova_decide's float
+ * operations, select_topk_cuda and the half
  * compacted.  The steps: docs/cuda.md, "Device ops, step by step".
  * Scratch: bc_win_prepare's, under the context's lock; the op waits for
  * its output.  Test: cuda.backend_tova_select_matches_tova.
  */
-#include <cublas_v2.h>
 #include <math.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
-#include "blas.cuh"
+#include "band_logits.cuh"
 #include "common.cuh"
 #include "entry_state.cuh"
 #include "prompt_select.cuh"
@@ -149,7 +149,7 @@ static uint32_t bc_tova_blocks(uint64_t items)
 }
 
 /* Step 2 for KV head g of job J: keys, logits, part. */
-static int bc_tova_head(struct bc_ctx *c, const kvt_backend_paged &p,
+static int bc_tova_head(const kvt_backend_paged &p,
                         enum kvt_dtype dt, const kvt_backend_tova &A,
                         const kvt_backend_tova_job &J, uint32_t g,
                         uint32_t G, uint32_t hd, float *keys, float *qg,
@@ -167,19 +167,12 @@ static int bc_tova_head(struct bc_ctx *c, const kvt_backend_paged &p,
 		KVT_LAUNCH(bc_tova_gather<float>, blocks, BC_TOVA_THREADS, 0, s,
 		           p, A, J, g, G, hd, qg, lg, keys);
 	BC_CALL(cudaGetLastError(), "tova_select gather");
-	/* logit [G][L] = scale qg keys^T, as attn_band_cpu's cblas_sgemm */
-	cublasHandle_t h = (cublasHandle_t)c->win_blas;
-	const float scale = 1.0f / sqrtf((float)hd), zero = 0.0f;
-	int rv = blas_err(cublasSetStream(h, s));
-	common_count_launch();
-	if (!rv)
-		rv = blas_err(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L,
-		                          (int)G, (int)hd, &scale, keys, (int)hd,
-		                          qg, (int)hd, &zero, logit, (int)L));
-	if (rv) {
-		bc_note("tova_select: cublasSgemm failed");
+	/* logit [G][L], as attn_band_cpu */
+	const float scale = 1.0f / sqrtf((float)hd);
+	int rv = bc_band_logits("tova_select logits", keys, qg, G, L, hd, scale,
+	                        logit, s);
+	if (rv)
 		return rv;
-	}
 	KVT_LAUNCH(bc_tova_part, bc_tova_blocks(L), BC_TOVA_THREADS, 0, s, A, J,
 	           G, logit, lg, part + (uint64_t)g * L);
 	BC_CALL(cudaGetLastError(), "tova_select part");
@@ -240,7 +233,7 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 		if (!J.due)
 			continue;
 		for (uint32_t g = 0; g < nkv; g++)
-			if ((rv = bc_tova_head(c, p, dt, A, J, g, G, hd, keys, qg,
+			if ((rv = bc_tova_head(p, dt, A, J, g, G, hd, keys, qg,
 			                       lg, logit, part, s)))
 				return rv;
 		KVT_LAUNCH(bc_tova_score, bc_tova_blocks(L), BC_TOVA_THREADS, 0,

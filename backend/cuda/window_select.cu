@@ -2,8 +2,8 @@
  * window_select.cu — the cuda backend's `window_select` op (backend.h):
  * SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed where
  * the keys and the window's queries are, so that only the drop indices
- * (4 bytes each) come to the host.  Per list: gather, the logits by one
- * cuBLAS SGEMM (attn_band_cpu's call), one block doing the cpu policy's
+ * (4 bytes each) come to the host.  Per list: gather, the logits in
+ * attn_band_cpu's order (band_logits.cuh), one block doing the cpu policy's
  * float operations one for one, select_topk_cuda.  The steps: docs/cuda.md,
  * "Device ops, step by step".  Everything runs on the caller's stream;
  * the scratch (bc_win_prepare) is the context's, under its lock, and the
@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backend_cuda.cuh"
+#include "band_logits.cuh"
 #include "blas.cuh"
 #include "common.cuh"
 #include "prompt_select.cuh"
@@ -236,7 +237,6 @@ static int bc_window_select_locked(struct bc_ctx *c,
 	int rv = bc_win_prepare(c, need);
 	if (rv)
 		return rv;
-	cublasHandle_t h = (cublasHandle_t)c->win_blas;
 	char *d = c->d_win;
 	kvt_backend_window *dwin = (kvt_backend_window *)(d + o_win);
 	uint32_t *dout = (uint32_t *)(d + o_out);
@@ -285,19 +285,11 @@ static int bc_window_select_locked(struct bc_ctx *c,
 				           BC_WIN_THREADS, 0, s, p, L->record,
 				           L->len, dwin, j, g, G, hd, qg, lg, keys);
 			BC_CALL(cudaGetLastError(), "window_select gather");
-			/* logit [w G][len] = scale qg keys^T, as blas_xwt */
-			if ((rv = blas_err(cublasSetStream(h, s))))
+			/* logit [w G][len], as attn_band_cpu */
+			if ((rv = bc_band_logits("window_select logits", keys,
+			                         qg, w->w * G, L->len, hd, scale,
+			                         logit, s)))
 				return rv;
-			const float zero = 0.0f;
-			common_count_launch();
-			if ((rv = blas_err(cublasSgemm(
-				     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)L->len,
-				     (int)(w->w * G), (int)hd, &scale, keys,
-				     (int)hd, qg, (int)hd, &zero, logit,
-				     (int)L->len)))) {
-				bc_note("window_select: cublasSgemm failed");
-				return rv;
-			}
 			KVT_LAUNCH(bc_win_score, 1, BC_WIN_THREADS, 0, s, dwin, j,
 			           L->len, G, logit, lg, inv, raw, sc, prot);
 			BC_CALL(cudaGetLastError(), "window_select score");

@@ -62,8 +62,19 @@ float paged_attention_softmax_cpu(float *s /* [n] */, uint32_t n);
  *   w[t][g][i] = exp(q[t][g] . k_i * scale - lse[t][g])  if kpos[i] <= qpos[t]
  *              = 0                                        otherwise (causal)
  * for t < n_q, g < G, i < len.  Keys are gathered to float32 in kscratch
- * ([len][head_dim]) and multiplied with one sgemm.
+ * ([len][head_dim]).  The logit q . k * scale is attn_dot_cpu(q, k,
+ * head_dim) * scale, rounded once more: a fixed order that the device
+ * selections reproduce bit for bit (they compute every list of a sync in
+ * one kernel, where a GEMM library's order would not be the CPU's).
  */
+/*
+ * The dot product of the attention ops' fixed order: d ascending from
+ * 0.0f, each product a[d] * b[d] rounded to float, then each sum rounded
+ * (no fused multiply-add).  Device twins: common_dot_rn (kernels/cuda).
+ */
+float attn_dot_cpu(const float *a /* [n] */, const float *b /* [n] */,
+                   uint32_t n);
+
 void attn_band_cpu(const float *q /* [n_q][G][head_dim] */,
                    const float *lse /* [n_q][G] */,
                    const uint32_t *qpos /* [n_q] */, uint32_t n_q, uint32_t G,

@@ -4,9 +4,10 @@
  * A tiled product of the query rows (r = t * G + g) with the keys, both
  * staged through shared memory 32 dimensions at a time; keys are gathered
  * from their pages and converted to float on the way in.  Each of the 256
- * threads owns 2 x 2 outputs of a 32 x 32 tile and applies the causal mask
- * and exp(. - lse) on the way out, so no dense score map is ever stored
- * apart from w itself.
+ * threads owns 2 x 2 outputs of a 32 x 32 tile, summing over d in
+ * attn_dot_cpu's order (the tiles in order, never fused), and applies the
+ * causal mask and exp(. - lse) on the way out, so no dense score map is
+ * ever stored apart from w itself.
  * Test: build/bin/kvtrim-cuda-tests attn_band
  */
 #include "attn_band.cuh"
@@ -43,10 +44,10 @@ attn_band_kernel(const float *__restrict__ q, const float *__restrict__ lse,
 		for (int dd = 0; dd < AB_T; dd++) {
 			float a0 = qs[ty][dd], a1 = qs[ty + 16][dd];
 			float b0 = ks[tx][dd], b1 = ks[tx + 16][dd];
-			c[0][0] = fmaf(a0, b0, c[0][0]);
-			c[0][1] = fmaf(a0, b1, c[0][1]);
-			c[1][0] = fmaf(a1, b0, c[1][0]);
-			c[1][1] = fmaf(a1, b1, c[1][1]);
+			c[0][0] = __fadd_rn(c[0][0], __fmul_rn(a0, b0));
+			c[0][1] = __fadd_rn(c[0][1], __fmul_rn(a0, b1));
+			c[1][0] = __fadd_rn(c[1][0], __fmul_rn(a1, b0));
+			c[1][1] = __fadd_rn(c[1][1], __fmul_rn(a1, b1));
 		}
 		__syncthreads();
 	}
@@ -59,7 +60,7 @@ attn_band_kernel(const float *__restrict__ q, const float *__restrict__ lse,
 				continue;
 			uint32_t t = r / G;
 			w[(size_t)r * len + i] =
-				kpos[i] <= qpos[t] ? expf(c[a][b] * scale - lse[r])
+				kpos[i] <= qpos[t] ? expf(__fmul_rn(c[a][b], scale) - lse[r])
 				                   : 0.f;
 		}
 }

@@ -153,6 +153,21 @@ __device__ __forceinline__ float common_to_f(bf16_t x)
 	return __bfloat162float(x);
 }
 
+/* attn_dot_cpu's fixed order (kernels.h): d ascending from 0.0f, each
+ * product and each sum rounded, never fused (__fmul_rn / __fadd_rn: nvcc
+ * contracts a * b + c into an FMA otherwise).  a and b strided by sa, sb
+ * floats. */
+__device__ __forceinline__ float common_dot_rn(const float *a, uint32_t sa,
+                                               const float *b, uint32_t sb,
+                                               uint32_t n)
+{
+	float acc = 0.0f;
+	for (uint32_t d = 0; d < n; d++)
+		acc = __fadd_rn(acc, __fmul_rn(a[(uint64_t)d * sa],
+		                               b[(uint64_t)d * sb]));
+	return acc;
+}
+
 /* Round to nearest even, bit for bit as dtype_from_f32, NaNs included:
  * the conversion instructions turn every NaN into the canonical 0x7fff,
  * while the CPU keeps the sign and the top of the payload (f16: quiet bit

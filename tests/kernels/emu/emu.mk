@@ -41,7 +41,7 @@ EMU_TOBJ := $(patsubst %.c,$(B)/obj/emu/%.o,$(CUDA_KTEST_SRC))
 # -fPIC: the objects go into the test binary and into the emulated
 # libkvtrim-cuda.so alike (the __shared__ thread_locals take the dynamic TLS
 # model, which the linker relaxes to the executable's own in the binary).
-EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC \
+EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC -ffp-contract=off \
                 -Wno-unused-parameter -Wno-unknown-pragmas -pthread -MMD -MP \
                 -I$(EMU_DIR)/include -Iinclude -Icore -Ibackend -Ikernels/cpu \
                 -Ikernels/cuda -Itests/harness -Iipc \
