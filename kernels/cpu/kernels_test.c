@@ -359,10 +359,26 @@ static double naive_logit(const float *q, const struct plist *l, uint32_t i,
 	return acc * scale;
 }
 
+/* kernels.h's fixed order, written out here: d ascending from 0, each
+ * product and each sum rounded to float (volatile: no FMA whatever the
+ * flags), then times scale. */
+static float fixed_logit(const float *q, const struct plist *l, uint32_t i,
+                         float scale)
+{
+	volatile float acc = 0.0f;
+	for (uint32_t d = 0; d < l->hd; d++) {
+		volatile float p = q[d] * (float)plist_at(l, i, 0, d);
+		acc = acc + p;
+	}
+	volatile float lg = acc * scale;
+	return lg;
+}
+
 /* lse is the causal log-sum-exp of each query over these keys (what an
  * engine stores), so each row of w with a visible key also sums to 1.
- * w: atol 1e-6 + rtol 1e-4 (weights in [0, 1], exp of float logits from
- * one sgemm); row sums: atol 1e-4. */
+ * w: atol 1e-6 + rtol 1e-4 against the double reference (weights in
+ * [0, 1], exp of float logits), and bit for bit expf(fixed_logit - lse),
+ * the order the device selections reproduce; row sums: atol 1e-4. */
 static void band_case(enum kvt_dtype dt, uint32_t hd, uint32_t pt,
                       uint32_t len, uint32_t n_q, uint32_t G)
 {
@@ -418,6 +434,13 @@ static void band_case(enum kvt_dtype dt, uint32_t hd, uint32_t pt,
 				        "for a future key", ctx, at, w[at]);
 			}
 			check_close("attn_band w", at, w[at], ref, 1e-6, 1e-4);
+			float fx = kpos[i] <= qpos[t]
+			           ? expf(fixed_logit(q + (size_t)r * hd, &l, i,
+			                              (float)scale) - lse[r])
+			           : 0.0f;
+			if (memcmp(&fx, &w[at], sizeof(fx)))
+				th_fail(__FILE__, __LINE__, "[%s] w[%zu] = %a, the "
+				        "fixed order gives %a", ctx, at, w[at], fx);
 			rowsum += w[at];
 		}
 		check_close("attn_band row sum", r, rowsum, visible ? 1.0 : 0.0,
