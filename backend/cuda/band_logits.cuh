@@ -15,6 +15,20 @@
 
 #define BC_BAND_THREADS 256
 
+/* The logit of query row q (float) and key row k (the pages' dtype):
+ * common_dot_rn over k converted, times scale; NaN for a missing row. */
+template <typename T>
+static __device__ __forceinline__ float
+bc_band_logit(const float *q, const T *k, uint32_t hd, float scale)
+{
+	if (!k)
+		return nanf("");
+	float acc = 0.0f;
+	for (uint32_t d = 0; d < hd; d++)
+		acc = __fadd_rn(acc, __fmul_rn(q[d], common_to_f(k[d])));
+	return __fmul_rn(acc, scale);
+}
+
 /* One thread per logit: keys [L][hd], q [R][hd], logit [R][L]. */
 static __global__ void bc_band_logits_k(const float *keys, const float *q,
                                         uint32_t R, uint32_t L, uint32_t hd,

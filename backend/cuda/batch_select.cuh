@@ -1,0 +1,282 @@
+/*
+ * batch_select.cuh — what the device selections share to do a whole sync
+ * in a fixed number of launches, whatever its sequences, layers and heads
+ * (attn_select.cu, tova_select.cu, pop_select.cu): one upload of every
+ * descriptor the sync's kernels read (struct bc_pack), the check of every
+ * job's new staged rows in one launch (struct bc_chk), and the selection
+ * of every due list in three (struct bc_seg): one segmented top-k
+ * (select_topk_batch_cuda) over the lists' scores laid end to end, their
+ * drop indices in order, and each list's state half compacted by them as
+ * compact_drops pairs the pages.  Internal to libkvtrim-cuda.so; each
+ * file includes its own static copy.
+ */
+#ifndef KVT_CUDA_BATCH_SELECT_CUH
+#define KVT_CUDA_BATCH_SELECT_CUH
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda.cuh"
+#include "entry_state.cuh"
+#include "prompt_select.cuh"
+#include "select_topk.cuh"
+
+#define BC_BS_THREADS 256
+
+/* ------------------------------------------------------- the upload */
+
+/*
+ * The descriptors of one call, packed in host memory and copied to the
+ * device scratch at dev in one cudaMemcpyAsync (bc_pack_send): each
+ * bc_pack_add reserves a 16-byte aligned block and returns its offset,
+ * so the device pointer of a block is dev + offset.
+ */
+struct bc_pack {
+	char *h;
+	size_t used, cap;
+};
+
+/* Reserves bytes (zeroed); NULL when out of memory. */
+static inline void *bc_pack_add(struct bc_pack *p, size_t bytes, size_t *off)
+{
+	size_t at = (p->used + 15) & ~(size_t)15;
+	if (at + bytes > p->cap) {
+		size_t cap = p->cap ? p->cap : 4096;
+		while (cap < at + bytes)
+			cap *= 2;
+		char *h = (char *)realloc(p->h, cap);
+		if (!h)
+			return NULL;
+		p->h = h;
+		p->cap = cap;
+	}
+	memset(p->h + at, 0, bytes);
+	p->used = at + bytes;
+	*off = at;
+	return p->h + at;
+}
+
+/* Bytes the device scratch needs for the pack, rounded as bc_ps_al. */
+static inline size_t bc_pack_bytes(const struct bc_pack *p)
+{
+	return bc_ps_al(p->used);
+}
+
+/* The pack's one copy to dev on s (counted); the host buffer may be
+ * freed once it returns (a pageable copy is staged before it does). */
+static inline int bc_pack_send(struct bc_ctx *c, const struct bc_pack *p,
+                               void *dev, cudaStream_t s, const char *op)
+{
+	if (!p->used)
+		return 0;
+	BC_CALL(cudaMemcpyAsync(dev, p->h, p->used, cudaMemcpyHostToDevice, s),
+	        op);
+	bc_count(c, p->used, 0);
+	return 0;
+}
+
+static inline void bc_pack_free(struct bc_pack *p)
+{
+	free(p->h);
+	p->h = NULL;
+	p->used = p->cap = 0;
+}
+
+/* --------------------------------------------------- the row checks */
+
+/* One job's new rows to check: rows [first, first + n) of ring; the flag
+ * goes to out[flag]. */
+struct bc_chk {
+	const float *ring;
+	uint32_t first, n, flag, reserved;
+};
+
+/* One block per check, as bc_es_check (x_floats of x at 0, every query
+ * head's q and lse): out[flag] = 1 when a value is not finite, else 0. */
+static __global__ void bc_bs_check(const struct bc_chk *chk,
+                                   const kvt_backend_rows rl,
+                                   uint32_t x_floats, uint32_t n_heads,
+                                   uint32_t head_dim, uint32_t *out)
+{
+	__shared__ uint32_t bad;
+	const struct bc_chk c = chk[blockIdx.x];
+	if (threadIdx.x == 0)
+		bad = 0;
+	__syncthreads();
+	const uint32_t nq = n_heads * head_dim, per = x_floats + nq + n_heads;
+	const uint64_t tot = (uint64_t)c.n * per;
+	uint32_t mine = 0;
+	for (uint64_t e = threadIdx.x; e < tot; e += blockDim.x) {
+		const float *row = bc_es_row(c.ring, rl,
+		                             c.first + (uint32_t)(e / per));
+		uint32_t k = (uint32_t)(e % per);
+		float v = k < x_floats ? row[k]
+		          : k < x_floats + nq ? row[rl.q_off + k - x_floats]
+		          : row[rl.lse_off + k - x_floats - nq];
+		mine |= !isfinite(v);
+	}
+	if (mine)
+		atomicOr(&bad, 1u);
+	__syncthreads();
+	if (threadIdx.x == 0)
+		out[c.flag] = bad;
+}
+
+/* Queues the n checks (device array chk) on s. */
+static inline int bc_bs_checks(const char *op, const struct bc_chk *chk,
+                               uint32_t n, const kvt_backend_rows &rl,
+                               uint32_t x_floats, uint32_t n_heads,
+                               uint32_t hd, uint32_t *dout, cudaStream_t s)
+{
+	if (!n)
+		return 0;
+	KVT_LAUNCH(bc_bs_check, n, BC_BS_THREADS, 0, s, chk, rl, x_floats,
+	           n_heads, hd, dout);
+	BC_CALL(cudaGetLastError(), op);
+	return 0;
+}
+
+/* ----------------------------------------------------- the selection */
+
+/*
+ * One due list: its L entries at [first, first + L) of the flat score,
+ * rank, protection and drop arrays (first also in the separate array
+ * select_topk_batch_cuda reads, keep likewise), the drops the host
+ * expects (at most n_drop indices written, at out[idx]; their count at
+ * out[cnt]), and the state half to compact by them (record srec, half;
+ * F floats an entry).
+ */
+struct bc_seg {
+	uint32_t first, L, n_drop, idx, cnt, srec, half, reserved;
+};
+
+/* One block per list: its drop indices in order and their count, as
+ * bc_ps_indices. */
+static __global__ void bc_bs_indices(const uint8_t *drop,
+                                     const struct bc_seg *segs, uint32_t *out)
+{
+	__shared__ uint32_t before[BC_BS_THREADS + 1];
+	const struct bc_seg g = segs[blockIdx.x];
+	const uint8_t *dr = drop + g.first;
+	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS, len = g.L;
+	const uint32_t per = (len + nt - 1) / nt;
+	const uint32_t lo = t * per < len ? t * per : len;
+	const uint32_t hi = lo + per < len ? lo + per : len;
+	uint32_t c = 0;
+	for (uint32_t i = lo; i < hi; i++)
+		c += dr[i] != 0;
+	before[t + 1] = c;
+	__syncthreads();
+	if (t == 0) {
+		before[0] = 0;
+		for (uint32_t k = 1; k <= nt; k++)
+			before[k] += before[k - 1];
+		out[g.cnt] = before[nt];
+	}
+	__syncthreads();
+	uint32_t o = before[t];
+	uint32_t *idx = out + g.idx;
+	for (uint32_t i = lo; i < hi && o < g.n_drop; i++)
+		if (dr[i])
+			idx[o++] = i;
+}
+
+/* One list's half compacted by its drops, as bc_es_compact, by the
+ * threads of one grid row. */
+static __device__ void bc_bs_compact_one(void *state, uint32_t cap,
+                                         uint32_t F, const struct bc_seg &g,
+                                         const uint32_t *out)
+{
+	const uint32_t *d = out + g.idx;
+	const uint32_t cnt = out[g.cnt];
+	const uint32_t m = cnt < g.n_drop ? cnt : g.n_drop;
+	if (m > g.L)
+		return;
+	const uint32_t NL = g.L - m;
+	uint32_t h = 0, hi = m; /* holes: d[k] < NL */
+	while (h < hi) {
+		uint32_t mid = h + (hi - h) / 2;
+		if (d[mid] < NL)
+			h = mid + 1;
+		else
+			hi = mid;
+	}
+	uint32_t *pos = bc_es_half(state, cap, F, g.srec, g.half);
+	float *S = (float *)(pos + cap);
+	const uint32_t *t = d + h;
+	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < h;
+	     k += gridDim.x * blockDim.x) {
+		uint32_t lo = 0, up = m - h;
+		while (lo < up) { /* smallest q with t[q] - q > NL + k */
+			uint32_t mid = lo + (up - lo) / 2;
+			if (t[mid] - mid > NL + k)
+				up = mid;
+			else
+				lo = mid + 1;
+		}
+		const uint32_t src = NL + k + lo, dst = d[k];
+		pos[dst] = pos[src];
+		for (uint32_t q = 0; q < F; q++)
+			S[(uint64_t)dst * F + q] = S[(uint64_t)src * F + q];
+	}
+}
+
+/* Grid (blocks, rows): the lists, a grid row each in turn. */
+static __global__ void bc_bs_compact(void *state, uint32_t cap, uint32_t F,
+                                     const struct bc_seg *segs, uint32_t nseg,
+                                     const uint32_t *out)
+{
+	for (uint32_t l = blockIdx.y; l < nseg; l += gridDim.y)
+		bc_bs_compact_one(state, cap, F, segs[l], out);
+}
+
+/* Grid rows for n jobs or lists (each kernel loops over the rest). */
+static inline uint32_t bc_bs_rows(uint32_t n)
+{
+	return n > 65535 ? 65535 : n ? n : 1;
+}
+
+/*
+ * The selection of nseg due lists, queued on s: select_topk_batch_cuda
+ * over the flat sc / rank / prot into drop (first [nseg + 1] and keep
+ * [nseg] device arrays), the drop indices and counts into dout, the
+ * halves compacted.  Three launches whatever nseg; max_drop bounds the
+ * compaction's grid.
+ */
+static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
+                               uint32_t F, const float *sc,
+                               const uint32_t *rank, const uint8_t *prot,
+                               uint8_t *drop, const uint32_t *first,
+                               const uint32_t *keep,
+                               const struct bc_seg *segs, uint32_t nseg,
+                               uint32_t max_drop, uint32_t *dout,
+                               cudaStream_t s)
+{
+	if (!nseg)
+		return 0;
+	int rv = select_topk_batch_cuda(sc, rank, prot, first, nseg, keep,
+	                                drop, NULL, s);
+	if (rv) {
+		bc_note("%s: select_topk_batch_cuda failed", op);
+		return rv;
+	}
+	KVT_LAUNCH(bc_bs_indices, nseg, BC_BS_THREADS, 0, s, drop, segs, dout);
+	BC_CALL(cudaGetLastError(), op);
+	if (max_drop) {
+		uint32_t bx = (max_drop + BC_BS_THREADS - 1) / BC_BS_THREADS;
+		dim3 grid(bx > 64 ? 64 : bx, bc_bs_rows(nseg));
+		KVT_LAUNCH(bc_bs_compact, grid, BC_BS_THREADS, 0, s, state, cap,
+		           F, segs, nseg, dout);
+		BC_CALL(cudaGetLastError(), op);
+	}
+	return 0;
+}
+
+/* Blocks of BC_BS_THREADS for a grid's x over n items, at most 4096. */
+static inline uint32_t bc_bs_blocks(uint64_t n)
+{
+	uint64_t b = (n + BC_BS_THREADS - 1) / BC_BS_THREADS;
+	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
+}
+
+#endif
