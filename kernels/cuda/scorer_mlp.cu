@@ -1,9 +1,11 @@
 /*
- * scorer_mlp.cu — CUDA twin of scorer_mlp_cpu; see scorer_mlp.cuh.
- * Test: build/bin/kvtrim-cuda-tests scorer_mlp;
+ * scorer_mlp.cu — CUDA twin of scorer_mlp_cpu, one job at a time or
+ * batched; see scorer_mlp.cuh.
+ * Tests: build/bin/kvtrim-cuda-tests scorer_mlp, backend_scorer;
  * bench: kvtrim-cuda-bench (kvzap_mlp_tokens_per_s).
  */
 #include "blas.cuh"
+#include "scorer_linear.cuh"
 #include "scorer_mlp.cuh"
 
 /* v = act(v + b[col]); act = exact erf GELU when gelu, identity otherwise.
@@ -56,4 +58,31 @@ extern "C" int scorer_mlp_cuda(cublasHandle_t h, const float *x, uint32_t n,
 	if (b2)
 		return scorer_mlp_epilogue(y, b2, n, d_out, 0, s);
 	return 0;
+}
+
+extern "C" int scorer_mlp_batch_cuda(cublasHandle_t h,
+                                     const struct blas_grouped *g1,
+                                     const struct blas_grouped *g2,
+                                     const float *const *ptr,
+                                     const struct blas_seg *seg,
+                                     uint32_t nseg, uint64_t rows,
+                                     const float *b1, uint32_t hidden,
+                                     const float *b2, uint32_t d_out,
+                                     uint64_t stride, float *hscratch,
+                                     float *y, cudaStream_t s)
+{
+	int rv;
+	const size_t P = nseg;
+	if (!h || !g1 || !g2 || !ptr || (uint32_t)g1->problems != nseg ||
+	    (uint32_t)g2->problems != nseg)
+		return KVT_EINVAL;
+	if ((rv = scorer_rows_init_cuda(seg, nseg, rows, hscratch, hidden, b1,
+	                                0, NULL, 0, NULL, stride, s)) ||
+	    (rv = blas_grouped_run(h, g1, ptr, ptr + P,
+	                           (float *const *)(ptr + 2 * P), s)) ||
+	    (rv = scorer_rows_init_cuda(seg, nseg, rows, hscratch, hidden,
+	                                NULL, 1, y, d_out, b2, stride, s)))
+		return rv;
+	return blas_grouped_run(h, g2, ptr + 3 * P, ptr + 4 * P,
+	                        (float *const *)(ptr + 5 * P), s);
 }

@@ -328,6 +328,189 @@ TEST(cuda, backend_scorer_matches_cpu)
 	o->ctx_free(ctx);
 }
 
+/* One scorer_run of a whole sync: BS_LAYERS layers of nseq sequences, each
+ * job 0 .. BS_MAXN rows (every seventh empty) at a random row of one x of
+ * BS_XROWS rows; d_in BS_D is above OpenBLAS's K block, so that a bias
+ * added after the product instead of before it would show in the bits. */
+enum { BS_LAYERS = 30, BS_D = 520, BS_XROWS = 64, BS_MAXN = 20 };
+
+/* Defined only by the CPU emulator (tests/kernels/emu/runtime.cc): this
+ * object serves both test binaries, so the emulator is told at run time. */
+extern uint64_t kvt_emu_launches(void) __attribute__((weak));
+
+/* The launch bounds of one scorer_run (docs/cuda.md, "Device scorers"). */
+static uint32_t bs_bound(uint32_t kind)
+{
+	return kind == KVT_SCORER_LINEAR ? 2 : kind == KVT_SCORER_MLP ? 4 : 3;
+}
+
+static float **bs_weights(const struct kvt_backend_scorer *d)
+{
+	float **w = calloc((size_t)d->n_layers * KVT_SCORER_TENSORS,
+	                   sizeof(float *));
+	T_ASSERT(w);
+	for (uint32_t l = 0; l < d->n_layers; l++)
+		for (uint32_t k = 0; k < KVT_SCORER_TENSORS; k++) {
+			uint64_t n = kvt_scorer_floats(d, k);
+			float *t = malloc(n * sizeof(float) + 4);
+			T_ASSERT(t);
+			/* the gate's RMSNorm gains (3, 4) near 1 */
+			int gain = d->kind == KVT_SCORER_SINK_GATE &&
+			           (k == 3 || k == 4);
+			for (uint64_t i = 0; i < n; i++)
+				t[i] = gain ? 1.0f + 0.2f * frnd()
+				            : frnd() * (k % 2 ? 1.0f : 0.1f);
+			w[(size_t)l * KVT_SCORER_TENSORS + k] = t;
+		}
+	return w;
+}
+
+/* Job j's scores by the CPU kernel the cpu policy runs. */
+static void bs_want(const struct kvt_backend_scorer *d, const float *x,
+                    uint32_t n, uint32_t layer, float *want, float *scr)
+{
+	const float *const *t = d->w + (size_t)layer * KVT_SCORER_TENSORS;
+	if (d->kind == KVT_SCORER_LINEAR)
+		scorer_linear_cpu(x, n, d->d_in, t[0], t[1], d->d_out, want);
+	else if (d->kind == KVT_SCORER_MLP)
+		scorer_mlp_cpu(x, n, d->d_in, t[0], t[1], d->hidden, t[2], t[3],
+		               d->d_out, want, scr);
+	else
+		sink_gate_cpu(x, n, d->d_in, d->d_out, d->G, d->dp, d->S, t[0],
+		              t[1], t[2], t[3], t[4], t[5], t[6], want, scr);
+}
+
+/* Scores nseq sequences' jobs in one run against the CPU kernels (the same
+ * bits on the emulator, the SGEMM's tolerance on a GPU); returns the
+ * run's launches. */
+static uint64_t bs_run(const struct kvt_backend_ops *o, void *ctx, void *sc,
+                       const struct kvt_backend_scorer *d, const float *hx,
+                       const float *dx, uint32_t nseq)
+{
+	const uint32_t nj = nseq * BS_LAYERS, O = d->d_out;
+	struct kvt_backend_score_job *jobs = malloc(nj * sizeof(*jobs));
+	T_ASSERT(jobs);
+	uint64_t rows = 0;
+	for (uint32_t i = 0; i < nj; i++) {
+		uint32_t n = i % 7 == 3 ? 0 : 1 + urnd() % BS_MAXN;
+		jobs[i] = (struct kvt_backend_score_job){
+			(i * 7 + i / BS_LAYERS) % BS_LAYERS, n,
+			n ? dx + (size_t)(urnd() % (BS_XROWS - n + 1)) * BS_D
+			  : NULL};
+		rows += n;
+	}
+	float *got = malloc(rows * O * sizeof(float));
+	float *want = malloc(rows * O * sizeof(float));
+	float *scr = malloc((size_t)BS_MAXN * 64 * sizeof(float));
+	T_ASSERT(got && want && scr && d->hidden <= 64 &&
+	         (uint64_t)O * (d->G + 1) * d->dp <= 64);
+	uint64_t h0, h1, d2h, l0, l1;
+	T_OK(o->traffic(ctx, &h0, &d2h, &l0));
+	T_OK(o->scorer_run(ctx, sc, jobs, nj, got, NULL));
+	T_OK(o->traffic(ctx, &h1, &d2h, &l1));
+	uint64_t at = 0;
+	for (uint32_t j = 0; j < nj; j++) {
+		if (!jobs[j].n)
+			continue;
+		bs_want(d, hx + (jobs[j].x - dx), jobs[j].n, jobs[j].layer,
+		        want + at * O, scr);
+		at += jobs[j].n;
+	}
+	T_EQ(at, rows);
+	if (kvt_emu_launches) { /* cuBLAS is OpenBLAS with the same calls */
+		T_ASSERT(memcmp(got, want, rows * O * sizeof(float)) == 0);
+	} else {
+		float atol = d->kind == KVT_SCORER_SINK_GATE ? 2e-5f : 1e-4f;
+		for (uint64_t i = 0; i < rows * O; i++)
+			T_ASSERT(fabsf(got[i] - want[i]) <=
+			         atol + 1e-4f * fabsf(want[i]));
+	}
+	free(jobs);
+	free(got);
+	free(want);
+	free(scr);
+	return l1 - l0;
+}
+
+/* Bad jobs late in a long list: refused before anything is launched or
+ * uploaded, out untouched. */
+static void bs_refusals(const struct kvt_backend_ops *o, void *ctx, void *sc,
+                        const float *dx)
+{
+	enum { NJ = 64 * BS_LAYERS };
+	static struct kvt_backend_score_job jobs[NJ];
+	static float out[NJ * 8], before[NJ * 8];
+	for (uint32_t i = 0; i < NJ; i++)
+		jobs[i] = (struct kvt_backend_score_job){i % BS_LAYERS, 1, dx};
+	memset(out, 0x5a, sizeof(out));
+	memcpy(before, out, sizeof(out));
+	uint64_t h0, h1, d0, d1, l0, l1;
+	for (int c = 0; c < 2; c++) {
+		struct kvt_backend_score_job keep = jobs[NJ - 5];
+		if (c == 0)
+			jobs[NJ - 5].layer = BS_LAYERS; /* beyond n_layers */
+		else
+			jobs[NJ - 5].x = NULL; /* rows without x */
+		T_OK(o->traffic(ctx, &h0, &d0, &l0));
+		T_EQ(o->scorer_run(ctx, sc, jobs, NJ, out, NULL), KVT_EINVAL);
+		T_OK(o->traffic(ctx, &h1, &d1, &l1));
+		T_EQ(l1, l0);
+		T_EQ(h1, h0);
+		T_EQ(d1, d0);
+		T_ASSERT(memcmp(out, before, sizeof(out)) == 0);
+		jobs[NJ - 5] = keep;
+	}
+}
+
+/* Every scorer kind over 1 and 64 sequences of 30 layers: the CPU
+ * kernels' scores per job, and the same launches, within the bound,
+ * whatever the number of sequences. */
+TEST(cuda, backend_scorer_batched_launches)
+{
+	char err[256];
+	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
+	if (o->probe(err, sizeof(err)))
+		T_SKIP(err);
+	void *ctx;
+	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
+	T_ASSERT(o->scorer_run && o->traffic);
+	float *hx = malloc((size_t)BS_XROWS * BS_D * sizeof(float)), *dx;
+	T_ASSERT(hx);
+	for (size_t i = 0; i < (size_t)BS_XROWS * BS_D; i++)
+		hx[i] = frnd() * 2.0f;
+	T_OK(o->mem_new(ctx, (size_t)BS_XROWS * BS_D * sizeof(float),
+	                (void **)&dx));
+	T_OK(o->copy(ctx, dx, hx, (size_t)BS_XROWS * BS_D * sizeof(float),
+	             NULL));
+	const struct kvt_backend_scorer kinds[] = {
+		{.kind = KVT_SCORER_LINEAR, .d_out = 8},
+		{.kind = KVT_SCORER_MLP, .d_out = 8, .hidden = 16},
+		{.kind = KVT_SCORER_SINK_GATE, .d_out = 2, .G = 2, .dp = 8,
+		 .S = 3},
+	};
+	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		struct kvt_backend_scorer d = kinds[k];
+		d.n_layers = BS_LAYERS;
+		d.d_in = BS_D;
+		float **w = bs_weights(&d);
+		d.w = (const float *const *)w;
+		void *sc;
+		T_OK(o->scorer_new(ctx, &d, &sc));
+		uint64_t one = bs_run(o, ctx, sc, &d, hx, dx, 1);
+		uint64_t many = bs_run(o, ctx, sc, &d, hx, dx, 64);
+		T_EQ(one, many);
+		T_ASSERT(many >= 1 && many <= bs_bound(d.kind));
+		bs_refusals(o, ctx, sc, dx);
+		o->scorer_free(ctx, sc);
+		for (uint32_t i = 0; i < BS_LAYERS * KVT_SCORER_TENSORS; i++)
+			free(w[i]);
+		free(w);
+	}
+	o->mem_free(ctx, dx);
+	free(hx);
+	o->ctx_free(ctx);
+}
+
 TEST(cuda, backend_key_norms_match_double_loop)
 {
 	enum { HD = 16, PT = 4 };

@@ -1166,5 +1166,99 @@ TEST(cuda_emu, cublas_sgemm)
 	T_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
 }
 
+/* The grouped call: each problem's C the bits of the cublasSgemm of its
+ * group's arguments, in one counted launch; refused arguments (cuBLAS's
+ * documented list), pointer arrays in host memory and a matrix in host
+ * memory write no C at all. */
+TEST(cuda_emu, cublas_sgemm_grouped)
+{
+	enum { P = 3, CN = 64 }; /* problems; floats of each C */
+	cublasHandle_t h;
+	T_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+	/* group 0: two 3 x 2 products of k 5 (A transposed); group 1: one
+	 * 4 x 1 of k 2 with alpha 2, beta 0.5 */
+	cublasOperation_t ta[2] = {CUBLAS_OP_T, CUBLAS_OP_N};
+	cublasOperation_t tb[2] = {CUBLAS_OP_N, CUBLAS_OP_N};
+	int m[2] = {3, 4}, n[2] = {2, 1}, k[2] = {5, 2}, lda[2] = {5, 4};
+	int ldb[2] = {5, 2}, ldc[2] = {3, 4}, size[2] = {2, 1};
+	float al[2] = {1.0f, 2.0f}, be[2] = {0.0f, 0.5f};
+	std::vector<float> AB(P * 2 * CN);
+	for (size_t i = 0; i < AB.size(); i++)
+		AB[i] = (float)((i * 29) % 23) / 7.0f - 1.5f;
+	float *dAB = dalloc<float>(AB.size()), *dC = dalloc<float>(P * CN);
+	float *dW = dalloc<float>(P * CN);
+	CK(cudaMemcpy(dAB, AB.data(), AB.size() * 4, cudaMemcpyHostToDevice));
+	const float *hA[P], *hB[P];
+	float *hC[P];
+	for (int i = 0; i < P; i++) {
+		hA[i] = dAB + 2 * i * CN;
+		hB[i] = dAB + (2 * i + 1) * CN;
+		hC[i] = dC + i * CN;
+	}
+	const float **dA = dalloc<const float *>(P), **dB = dalloc<const float *>(P);
+	float **dCp = dalloc<float *>(P);
+	CK(cudaMemcpy(dA, hA, sizeof(hA), cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dB, hB, sizeof(hB), cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dCp, hC, sizeof(hC), cudaMemcpyHostToDevice));
+	std::vector<float> c0(P * CN);
+	for (size_t i = 0; i < c0.size(); i++)
+		c0[i] = (float)i / 16.0f;
+	/* the expected bits: the same problems one cublasSgemm each */
+	CK(cudaMemcpy(dW, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice));
+	for (int i = 0, g = 0; i < P; i++, g = i < size[0] ? 0 : 1)
+		T_EQ(cublasSgemm(h, ta[g], tb[g], m[g], n[g], k[g], &al[g], hA[i],
+		                 lda[g], hB[i], ldb[g], &be[g], dW + i * CN,
+		                 ldc[g]),
+		     CUBLAS_STATUS_SUCCESS);
+	std::vector<float> want = download(dW, P * CN);
+	CK(cudaMemcpy(dC, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice));
+	uint64_t l0 = kvt_emu_launches();
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda, dB, ldb,
+	                               be, dCp, ldc, 2, size),
+	     CUBLAS_STATUS_SUCCESS);
+	T_EQ(kvt_emu_launches() - l0, 1);
+	T_ASSERT(download(dC, P * CN) == want);
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda, dB, ldb,
+	                               be, dCp, ldc, 0, size),
+	     CUBLAS_STATUS_SUCCESS);
+	/* refusals: C keeps c0, group 0's problems included */
+	CK(cudaMemcpy(dC, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice));
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda, dB, ldb,
+	                               be, dCp, NULL, 2, size),
+	     CUBLAS_STATUS_INVALID_VALUE);
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda, dB, ldb,
+	                               be, dCp, ldc, -1, size),
+	     CUBLAS_STATUS_INVALID_VALUE);
+	int bad[2];
+	for (int c = 0; c < 5; c++) {
+		int *arr = c == 0 ? size : c == 1 ? lda : c == 2 ? ldb
+		           : c == 3 ? ldc : k;
+		memcpy(bad, arr, sizeof(bad));
+		/* group 1: negative size, lda < m (A as is), ldb < k,
+		 * ldc < m, k < 0 */
+		arr[1] = c == 0 ? -1 : c == 1 ? 3 : c == 2 ? 1 : c == 3 ? 3 : -1;
+		T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda,
+		                               dB, ldb, be, dCp, ldc, 2, size),
+		     CUBLAS_STATUS_INVALID_VALUE);
+		memcpy(arr, bad, sizeof(bad));
+	}
+	tb[1] = (cublasOperation_t)7;
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda, dB, ldb,
+	                               be, dCp, ldc, 2, size),
+	     CUBLAS_STATUS_INVALID_VALUE);
+	tb[1] = CUBLAS_OP_N;
+	/* host pointer arrays, and a host matrix in the last problem */
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, hA, lda, dB, ldb,
+	                               be, dCp, ldc, 2, size),
+	     CUBLAS_STATUS_EXECUTION_FAILED);
+	const float *hostB = AB.data();
+	CK(cudaMemcpy(dB + 2, &hostB, sizeof(hostB), cudaMemcpyHostToDevice));
+	T_EQ(cublasSgemmGroupedBatched(h, ta, tb, m, n, k, al, dA, lda, dB, ldb,
+	                               be, dCp, ldc, 2, size),
+	     CUBLAS_STATUS_EXECUTION_FAILED);
+	T_ASSERT(download(dC, P * CN) == c0);
+	T_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+}
+
 /* What wrap.awk would emit for this file. */
 KVT_EMU_BOUNDS("tests/kernels/emu/test_emu.cc", k_bounded, 64);

@@ -3,7 +3,8 @@
  * kernels (tests/kernels/emu/, docs/cuda.md): the calls kernels/cuda/ and
  * the test make, with cuBLAS's names and status numbers.  tests/kernels/
  * emu/cublas.cc implements cublasSgemm with OpenBLAS's cblas_sgemm in
- * column-major order, which is cuBLAS's; a handle in a TF32 math mode
+ * column-major order, which is cuBLAS's (cublasSgemmGroupedBatched: that
+ * per problem); a handle in a TF32 math mode
  * rounds the inputs to TF32 first, as the tensor cores would.  Valid C and
  * C++.
  */
@@ -61,6 +62,20 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
                            const float *alpha, const float *A, int lda,
                            const float *B, int ldb, const float *beta,
                            float *C, int ldc);
+
+/* Problem idx of group i: C[idx] = alpha[i] op(A[idx]) op(B[idx]) +
+ * beta[i] C[idx] with group i's ops, sizes and leading dimensions; the
+ * per-group arrays (group_count long) are host memory, Aarray, Barray and
+ * Carray (sum of group_size long) device arrays of device pointers.
+ * cuBLAS 12.5 and newer. */
+cublasStatus_t cublasSgemmGroupedBatched(
+	cublasHandle_t h, const cublasOperation_t transa_array[],
+	const cublasOperation_t transb_array[], const int m_array[],
+	const int n_array[], const int k_array[], const float alpha_array[],
+	const float *const Aarray[], const int lda_array[],
+	const float *const Barray[], const int ldb_array[],
+	const float beta_array[], float *const Carray[], const int ldc_array[],
+	int group_count, const int group_size[]);
 
 #ifdef __cplusplus
 }
