@@ -36,13 +36,14 @@ struct bc_pack {
 	size_t used, cap;
 };
 
-/* Reserves bytes (zeroed); NULL when out of memory. */
+/* Reserves bytes (zeroed; 0 gives a valid pointer too); NULL when out
+ * of memory. */
 static inline void *bc_pack_add(struct bc_pack *p, size_t bytes, size_t *off)
 {
 	size_t at = (p->used + 15) & ~(size_t)15;
-	if (at + bytes > p->cap) {
+	if (!p->h || at + bytes > p->cap) {
 		size_t cap = p->cap ? p->cap : 4096;
-		while (cap < at + bytes)
+		while (cap < at + bytes || !cap)
 			cap *= 2;
 		char *h = (char *)realloc(p->h, cap);
 		if (!h)
@@ -91,8 +92,8 @@ struct bc_chk {
 	uint32_t first, n, flag, reserved;
 };
 
-/* One block per check, as bc_es_check (x_floats of x at 0, every query
- * head's q and lse): out[flag] = 1 when a value is not finite, else 0. */
+/* One block per check (x_floats of x at 0, every query head's q and
+ * lse: what policy_decide checks): out[flag] = 1 when a value is not finite, else 0. */
 static __global__ void bc_bs_check(const struct bc_chk *chk,
                                    const kvt_backend_rows rl,
                                    uint32_t x_floats, uint32_t n_heads,
@@ -181,8 +182,9 @@ static __global__ void bc_bs_indices(const uint8_t *drop,
 			idx[o++] = i;
 }
 
-/* One list's half compacted by its drops, as bc_es_compact, by the
- * threads of one grid row. */
+/* One list's half compacted by its drops, by the threads of one grid
+ * row: one thread per drop below the new length (a hole) takes the
+ * (k+1)-th kept entry at or above it, as compact_drops pairs them. */
 static __device__ void bc_bs_compact_one(void *state, uint32_t cap,
                                          uint32_t F, const struct bc_seg &g,
                                          const uint32_t *out)

@@ -18,11 +18,8 @@
 #include "band_logits.cuh"
 #include "blas.cuh"
 #include "common.cuh"
+#include "batch_select.cuh"
 #include "entry_state.cuh"
-#include "prompt_select.cuh"
-#include "select_topk.cuh"
-
-#define BC_POP_THREADS 256
 
 /* Half h of record r: positions [cap], then [cap][2] floats (a, s). */
 static __host__ __device__ __forceinline__ uint32_t *
@@ -31,55 +28,100 @@ bc_pop_half(const kvt_backend_pop &a, uint32_t r, uint32_t h)
 	return bc_es_half(a.state, a.cap, 2, r, h);
 }
 
-/* Step 1: row t of the new rows' u (ub [n_new][r]) into the u ring. */
-__global__ void bc_pop_scatter(const kvt_backend_pop a,
-                               const kvt_backend_pop_job j, uint32_t nkv,
-                               const float *ub)
+/* One projection: the new rows [first, first + n) of a (sequence,
+ * layer)'s staging ring, at rows row0.. of the flat xs and ub, whose u
+ * ring is record ur. */
+struct bc_pop_prj {
+	const float *ring;
+	uint32_t first, n, ur, row0;
+};
+
+/* One job with a band: its index and where its band indices go. */
+struct bc_pop_bnd {
+	uint32_t job, boff;
+};
+
+/* Step 1a, every projection at once: x of the new rows copied contiguous
+ * into xs [rows][d_model] (rows may wrap round the staging ring). */
+__global__ void bc_pop_xcopy(const kvt_backend_pop a,
+                             const struct bc_pop_prj *prj, uint32_t np,
+                             float *xs)
 {
-	float *u = a.u + (uint64_t)(j.record / nkv) * a.ring * a.r;
-	const uint32_t first = j.n_seen - j.n_new;
-	const uint64_t tot = (uint64_t)j.n_new * a.r;
-	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-	     e < tot; e += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t t = (uint32_t)(e / a.r), c = (uint32_t)(e % a.r);
-		u[(uint64_t)((first + t) % a.ring) * a.r + c] = ub[e];
+	for (uint32_t k = blockIdx.y; k < np; k += gridDim.y) {
+		const struct bc_pop_prj q = prj[k];
+		const uint64_t tot = (uint64_t)q.n * a.d_model;
+		for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+		     e < tot; e += (uint64_t)gridDim.x * blockDim.x)
+			xs[(uint64_t)q.row0 * a.d_model + e] =
+				bc_es_row(q.ring, a.rows,
+				          q.first + (uint32_t)(e / a.d_model))
+					[e % a.d_model];
 	}
 }
 
-/* Step 1, rows that wrap round the staging ring: x of the new rows
- * copied contiguous, xs [n_new][d_model]. */
-__global__ void bc_pop_xcopy(const kvt_backend_pop a,
-                             const kvt_backend_pop_job j, float *xs)
+/* Step 1c, every projection at once: rows of ub [rows][r] into their u
+ * rings. */
+__global__ void bc_pop_scatter(const kvt_backend_pop a,
+                               const struct bc_pop_prj *prj, uint32_t np,
+                               const float *ub)
 {
-	const uint32_t first = j.n_seen - j.n_new;
-	const uint64_t tot = (uint64_t)j.n_new * a.d_model;
-	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-	     e < tot; e += (uint64_t)gridDim.x * blockDim.x)
-		xs[e] = bc_es_row(j.ring, a.rows,
-		                  first + (uint32_t)(e / a.d_model))
-			[e % a.d_model];
+	for (uint32_t k = blockIdx.y; k < np; k += gridDim.y) {
+		const struct bc_pop_prj q = prj[k];
+		float *u = a.u + (uint64_t)q.ur * a.ring * a.r;
+		const uint64_t tot = (uint64_t)q.n * a.r;
+		for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+		     e < tot; e += (uint64_t)gridDim.x * blockDim.x) {
+			uint32_t t = (uint32_t)(e / a.r), c = (uint32_t)(e % a.r);
+			u[(uint64_t)((q.first + t) % a.ring) * a.r + c] =
+				ub[(uint64_t)q.row0 * a.r + e];
+		}
+	}
 }
 
-/* Step 3's band, one block of BC_POP_THREADS: the indices of the entries
- * with pos + delay >= n_seen - n_new in order (at most n_band written),
- * *bad = 1 when there are not n_band of them. */
+/* Step 2, every job at once, grid (entries, jobs): the state carried
+ * from half cur to the other, the new entries with a = s = 0. */
+__global__ void bc_pop_carry(const kvt_backend_pop a,
+                             const kvt_backend_pop_job *jobs, uint32_t n)
+{
+	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
+		const kvt_backend_pop_job j = jobs[k];
+		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
+		const uint32_t *src = bc_pop_half(a, j.record, j.cur);
+		uint32_t *dst = bc_pop_half(a, j.record, j.cur ^ 1u);
+		const float *ss = (const float *)(src + a.cap);
+		float *sd = (float *)(dst + a.cap);
+		for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < L;
+		     i += gridDim.x * blockDim.x) {
+			const int old = i < j.len;
+			dst[i] = old ? src[i] : first + (i - j.len);
+			sd[(uint64_t)i * 2] = old ? ss[(uint64_t)i * 2] : 0.0f;
+			sd[(uint64_t)i * 2 + 1] = old ? ss[(uint64_t)i * 2 + 1] : 0.0f;
+		}
+	}
+}
+
+/* Step 3's band, one block of BC_BS_THREADS per job with one: the indices
+ * of the entries with pos + delay >= n_seen - n_new in order (at most
+ * n_band written, at bidx + boff), bad[job] = 1 when there are not n_band
+ * of them. */
 __global__ void bc_pop_band(const kvt_backend_pop a,
-                            const kvt_backend_pop_job j, uint32_t *bidx,
+                            const kvt_backend_pop_job *jobs,
+                            const struct bc_pop_bnd *bnd, uint32_t *bidx,
                             uint32_t *bad)
 {
-	__shared__ uint32_t cnt[BC_POP_THREADS];
+	__shared__ uint32_t cnt[BC_BS_THREADS];
 	__shared__ uint32_t total;
+	const struct bc_pop_bnd b = bnd[blockIdx.x];
+	const kvt_backend_pop_job j = jobs[b.job];
 	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
-	const uint32_t *src = bc_pop_half(a, j.record, j.cur);
+	const uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
 	const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
 	const uint64_t lo64 = (uint64_t)threadIdx.x * per;
 	const uint32_t lo = lo64 < L ? (uint32_t)lo64 : L,
 	               hi = L - lo < per ? L : lo + per;
 	uint32_t c = 0;
-	for (uint32_t i = lo; i < hi; i++) {
-		uint32_t p = i < j.len ? src[i] : first + (i - j.len);
-		c += (uint64_t)p + a.delay >= first;
-	}
+	for (uint32_t i = lo; i < hi; i++)
+		c += (uint64_t)pos[i] + a.delay >= first;
 	cnt[threadIdx.x] = c;
 	__syncthreads();
 	if (threadIdx.x == 0) {
@@ -93,159 +135,138 @@ __global__ void bc_pop_band(const kvt_backend_pop a,
 	}
 	__syncthreads();
 	uint32_t o = cnt[threadIdx.x];
-	for (uint32_t i = lo; i < hi && o < j.n_band; i++) {
-		uint32_t p = i < j.len ? src[i] : first + (i - j.len);
-		if ((uint64_t)p + a.delay >= first)
-			bidx[o++] = i;
-	}
+	uint32_t *out = bidx + b.boff;
+	for (uint32_t i = lo; i < hi && o < j.n_band; i++)
+		if ((uint64_t)pos[i] + a.delay >= first)
+			out[o++] = i;
 	if (threadIdx.x == 0)
-		*bad = total != j.n_band;
+		bad[b.job] = total != j.n_band;
 }
 
-/* Step 2, and step 3's gather when band: the band's keys [n_band][hd],
- * the group's q [n_new][G][hd] and lse [n_new][G] of the new rows. */
+/* Step 3's accumulation, grid (band entries, band jobs), one thread per
+ * band entry (unless bad): per query t in order within the delay,
+ * a += (sum over the G query heads in order of exp(logit - lse)) / G,
+ * the logits in attn_band_cpu's order. */
 template <typename T>
-__global__ void bc_pop_gather(const kvt_backend_paged pg,
-                              const kvt_backend_pop a,
-                              const kvt_backend_pop_job j, uint32_t band,
-                              uint32_t nkv, uint32_t G, uint32_t head_dim,
-                              const uint32_t *bidx, float *keys, float *qg,
-                              float *lg)
+__global__ void bc_pop_accum(const kvt_backend_paged pg,
+                             const kvt_backend_pop a,
+                             const kvt_backend_pop_job *jobs,
+                             const struct bc_pop_bnd *bnd, uint32_t nb,
+                             uint32_t nkv, uint32_t G, uint32_t hd,
+                             float scale, const uint32_t *bidx,
+                             const uint32_t *bad)
 {
-	const struct kvt_list_record *r =
-		(const struct kvt_list_record *)((const char *)pg.records +
-		                                 (uint64_t)j.record *
-		                                         pg.list_stride);
-	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
-	const uint32_t *src = bc_pop_half(a, j.record, j.cur);
-	uint32_t *dst = bc_pop_half(a, j.record, j.cur ^ 1u);
-	const float *ss = (const float *)(src + a.cap);
-	float *sd = (float *)(dst + a.cap);
-	const uint64_t ns = (uint64_t)L * 3,
-	               nk = band ? (uint64_t)j.n_band * head_dim : 0,
-	               nq = band ? (uint64_t)j.n_new * G * head_dim : 0,
-	               nl = band ? (uint64_t)j.n_new * G : 0;
-	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-	     e < ns + nk + nq + nl; e += (uint64_t)gridDim.x * blockDim.x) {
-		if (e < ns) {
-			uint32_t i = (uint32_t)(e / 3), k = (uint32_t)(e % 3);
-			if (k == 0)
-				dst[i] = i < j.len ? src[i] : first + (i - j.len);
-			else
-				sd[(uint64_t)i * 2 + k - 1] =
-					i < j.len ? ss[(uint64_t)i * 2 + k - 1] : 0.0f;
-		} else if (e < ns + nk) {
-			uint64_t q = e - ns;
-			uint32_t b = (uint32_t)(q / head_dim),
-			         d = (uint32_t)(q % head_dim);
-			const T *row = (const T *)bc_entry_row(pg, r, bidx[b]);
-			keys[q] = row ? common_to_f(row[d]) : nanf("");
-		} else if (e < ns + nk + nq) {
-			uint64_t q = e - ns - nk;
-			uint32_t t = (uint32_t)(q / ((uint64_t)G * head_dim));
-			uint32_t rest = (uint32_t)(q % ((uint64_t)G * head_dim));
-			qg[q] = bc_es_row(j.ring, a.rows, first + t)
-				[a.rows.q_off + (uint64_t)(j.record % nkv) * G *
-				                        head_dim + rest];
-		} else {
-			uint64_t q = e - ns - nk - nq;
-			uint32_t t = (uint32_t)(q / G), h = (uint32_t)(q % G);
-			lg[q] = bc_es_row(j.ring, a.rows, first + t)
-				[a.rows.lse_off + (j.record % nkv) * G + h];
-		}
-	}
-}
-
-/* Step 3's accumulation: one thread per band entry e (unless *bad). */
-__global__ void bc_pop_accum(const kvt_backend_pop a,
-                             const kvt_backend_pop_job j, uint32_t G,
-                             const uint32_t *bidx, const float *logit,
-                             const float *lg, const uint32_t *bad)
-{
-	if (*bad)
-		return;
-	const uint32_t first = j.n_seen - j.n_new, nb = j.n_band;
-	uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
-	float *S = (float *)(pos + a.cap);
-	for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < nb;
-	     e += gridDim.x * blockDim.x) {
-		const uint32_t i = bidx[e], kp = pos[i];
-		float acc = S[(uint64_t)i * 2];
-		for (uint32_t t = 0; t < j.n_new; t++) {
-			const uint32_t qp = first + t;
-			if (qp <= kp || qp - kp > a.delay)
-				continue;
-			float v = 0.0f;
-			for (uint32_t h = 0; h < G; h++) {
-				const uint32_t row = t * G + h;
-				v += expf(logit[(uint64_t)row * nb + e] - lg[row]);
+	for (uint32_t k = blockIdx.y; k < nb; k += gridDim.y) {
+		const struct bc_pop_bnd b = bnd[k];
+		const kvt_backend_pop_job j = jobs[b.job];
+		if (bad[b.job])
+			continue;
+		const struct kvt_list_record *r =
+			(const struct kvt_list_record *)((const char *)pg.records +
+			                                 (uint64_t)j.record *
+			                                         pg.list_stride);
+		const uint32_t first = j.n_seen - j.n_new, g = j.record % nkv;
+		uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
+		float *S = (float *)(pos + a.cap);
+		for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
+		     e < j.n_band; e += gridDim.x * blockDim.x) {
+			const uint32_t i = bidx[b.boff + e], kp = pos[i];
+			const T *key = (const T *)bc_entry_row(pg, r, i);
+			float acc = S[(uint64_t)i * 2];
+			for (uint32_t t = 0; t < j.n_new; t++) {
+				const uint32_t qp = first + t;
+				if (qp <= kp || qp - kp > a.delay)
+					continue;
+				const float *row = bc_es_row(j.ring, a.rows, qp);
+				float v = 0.0f;
+				for (uint32_t h = 0; h < G; h++) {
+					const uint32_t qh = g * G + h;
+					v += expf(bc_band_logit(row + a.rows.q_off +
+					                                (uint64_t)qh * hd,
+					                        key, hd, scale) -
+					          row[a.rows.lse_off + qh]);
+				}
+				acc += v / (float)G;
 			}
-			acc += v / (float)G;
+			S[(uint64_t)i * 2] = acc;
 		}
-		S[(uint64_t)i * 2] = acc;
 	}
 }
 
-/* Steps 4 and 5: the score of the entries whose delay ends in the sync
- * (kvpop_score), then (due) score sc and protection prot of every entry;
- * a job whose band was not n_band (*bad) protects everything instead.
- * wl: the layer's W1 (W1 [m][r + 1], b1 [m], W2 [nkv][m], b2 [nkv]). */
+/* Steps 4 and 5, grid (entries, jobs): the score of the entries whose
+ * delay ends in the sync (kvpop_score), then (due: seg[k] the job's place
+ * in the flat arrays) score, rank and protection of every entry; a job
+ * whose band was not n_band (bad) protects everything instead.  The
+ * layer's W1 follows its P in a.weights (lf floats a layer) (W1 [m][r + 1], b1 [m], W2
+ * [nkv][m], b2 [nkv]). */
 __global__ void bc_pop_score(const kvt_backend_pop a,
-                             const kvt_backend_pop_job j, uint32_t nkv,
-                             const float *wl, const uint32_t *bad, float *sc,
-                             uint8_t *prot)
+                             const kvt_backend_pop_job *jobs,
+                             const uint32_t *seg, uint32_t n, uint32_t nkv,
+                             uint64_t lf, const uint32_t *bad, float *sc,
+                             uint32_t *rank, uint8_t *prot)
 {
-	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
 	const uint32_t r = a.r, m = a.m;
 	const float inv_sqrt2 = 0.70710678118654752440f;
-	const float *W1 = wl, *b1 = W1 + (uint64_t)m * (r + 1), *W2 = b1 + m,
-	            *b2 = W2 + (uint64_t)nkv * m,
-	            *w2 = W2 + (uint64_t)(j.record % nkv) * m;
-	const float *ur = a.u + (uint64_t)(j.record / nkv) * a.ring * r;
-	const uint32_t fail = *bad;
-	uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
-	float *S = (float *)(pos + a.cap);
-	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < L;
-	     i += gridDim.x * blockDim.x) {
-		const uint32_t p = pos[i];
-		const uint64_t pd = (uint64_t)p + a.delay;
-		float *e = S + (uint64_t)i * 2;
-		if (fail) {
-			if (j.due) {
-				sc[i] = 0.0f;
-				prot[i] = 1;
-			}
+	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
+		const kvt_backend_pop_job j = jobs[k];
+		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new,
+		               at = seg[k], fail = bad[k];
+		if (!j.n_new && at == UINT32_MAX)
 			continue;
-		}
-		if (pd >= first && pd < j.n_seen) {
-			const float *u = ur + (uint64_t)(p % a.ring) * r;
-			const float f = logf(e[0] + 1e-6f);
-			float s = b2[j.record % nkv];
-			for (uint32_t o = 0; o < m; o++) {
-				const float *w = W1 + (uint64_t)o * (r + 1);
-				float z = b1[o];
-				for (uint32_t c = 0; c < r; c++)
-					z += w[c] * u[c];
-				z += w[r] * f;
-				const float hid =
-					0.5f * z * (1.0f + erff(z * inv_sqrt2));
-				s += w2[o] * hid;
+		const float *W1 = a.weights + (uint64_t)j.layer * lf +
+		                  (uint64_t)r * a.d_model,
+		            *b1 = W1 + (uint64_t)m * (r + 1), *W2 = b1 + m,
+		            *b2 = W2 + (uint64_t)nkv * m,
+		            *w2 = W2 + (uint64_t)(j.record % nkv) * m;
+		const float *ur = a.u + (uint64_t)(j.record / nkv) * a.ring * r;
+		uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
+		float *S = (float *)(pos + a.cap);
+		for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < L;
+		     i += gridDim.x * blockDim.x) {
+			const uint32_t p = pos[i];
+			const uint64_t pd = (uint64_t)p + a.delay;
+			float *e = S + (uint64_t)i * 2;
+			if (fail) {
+				if (at != UINT32_MAX) {
+					sc[at + i] = 0.0f;
+					rank[at + i] = p;
+					prot[at + i] = 1;
+				}
+				continue;
 			}
-			e[1] = s;
-		}
-		if (j.due) {
-			sc[i] = e[1];
-			prot[i] = pd >= j.n_seen || p < a.sinks;
+			if (pd >= first && pd < j.n_seen) {
+				const float *u = ur + (uint64_t)(p % a.ring) * r;
+				const float f = logf(e[0] + 1e-6f);
+				float s = b2[j.record % nkv];
+				for (uint32_t o = 0; o < m; o++) {
+					const float *w = W1 + (uint64_t)o * (r + 1);
+					float z = b1[o];
+					for (uint32_t c = 0; c < r; c++)
+						z += w[c] * u[c];
+					z += w[r] * f;
+					const float hid =
+						0.5f * z * (1.0f + erff(z * inv_sqrt2));
+					s += w2[o] * hid;
+				}
+				e[1] = s;
+			}
+			if (at != UINT32_MAX) {
+				sc[at + i] = e[1];
+				rank[at + i] = p;
+				prot[at + i] = pd >= j.n_seen || p < a.sinks;
+			}
 		}
 	}
 }
 
-/* Step 3's failure: out[n + j] = UINT32_MAX when the band was not n_band
- * (after the compaction, which then had no drops to apply). */
-__global__ void bc_pop_fail(const uint32_t *bad, uint32_t *count)
+/* Step 6: out[n + job] = UINT32_MAX for every job whose band was not
+ * n_band (after the compaction, which then had no drops to apply). */
+__global__ void bc_pop_fail(const uint32_t *bad, uint32_t n, uint32_t *count)
 {
-	if (threadIdx.x == 0 && blockIdx.x == 0 && *bad)
-		*count = 0xffffffffu;
+	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n;
+	     k += gridDim.x * blockDim.x)
+		if (bad[k])
+			count[k] = 0xffffffffu;
 }
 
 static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
@@ -282,60 +303,295 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 	return 0;
 }
 
-/* Whether job j's new rows wrap round the staging ring's end. */
-static inline int bc_pop_wraps(const struct kvt_backend_pop *a,
-                               const struct kvt_backend_pop_job *j)
+/* The call's descriptors, packed for one upload: the jobs, the row
+ * checks, the projections and their grouped GEMM's pointer arrays (W, x,
+ * y: filled once the scratch is placed), the band jobs, each job's place
+ * in the flat arrays (UINT32_MAX: not due) and the due lists. */
+struct bc_pop_plan {
+	struct bc_pack pk;
+	size_t o_jobs, o_chk, o_prj, o_W, o_X, o_Y, o_bnd, o_seg, o_first,
+	       o_keep, o_segs;
+	uint32_t nchk, nprj, nbnd, nseg, rows, band, tot, maxL, maxN, maxB,
+	         max_drop;
+};
+
+/* Counts, then reserves every array (the pointers stay valid: nothing is
+ * added after them). */
+static int bc_pop_reserve(struct bc_pop_plan *pl, const kvt_backend_pop *a,
+                          const struct kvt_backend_pop_job *jobs, uint32_t n)
 {
-	return (uint64_t)(j->n_seen - j->n_new) % a->rows.stage_tokens +
-	               j->n_new >
-	       a->rows.stage_tokens;
+	uint64_t rows = 0, band = 0, tot = 0;
+	for (uint32_t k = 0; k < n; k++) {
+		const struct kvt_backend_pop_job *j = &jobs[k];
+		const uint32_t L = j->len + j->n_new;
+		pl->maxL = L > pl->maxL ? L : pl->maxL;
+		if (j->proj && j->n_new) {
+			pl->nchk++;
+			pl->nprj++;
+			rows += j->n_new;
+			pl->maxN = j->n_new > pl->maxN ? j->n_new : pl->maxN;
+		}
+		if (L && j->n_new && a->delay) {
+			pl->nbnd++;
+			band += j->n_band;
+			pl->maxB = j->n_band > pl->maxB ? j->n_band : pl->maxB;
+		}
+		if (L && j->due) {
+			pl->nseg++;
+			tot += L;
+			if (j->n_drop > pl->max_drop)
+				pl->max_drop = j->n_drop;
+		}
+	}
+	if (rows > UINT32_MAX || band > UINT32_MAX || tot > UINT32_MAX)
+		return KVT_EINVAL;
+	pl->rows = (uint32_t)rows;
+	pl->band = (uint32_t)band;
+	pl->tot = (uint32_t)tot;
+	struct bc_pack *pk = &pl->pk;
+	const size_t ptr = sizeof(void *);
+	if (!bc_pack_add(pk, (size_t)n * sizeof(*jobs), &pl->o_jobs) ||
+	    !bc_pack_add(pk, (size_t)pl->nchk * sizeof(struct bc_chk),
+	                 &pl->o_chk) ||
+	    !bc_pack_add(pk, (size_t)pl->nprj * sizeof(struct bc_pop_prj),
+	                 &pl->o_prj) ||
+	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_W) ||
+	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_X) ||
+	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_Y) ||
+	    !bc_pack_add(pk, (size_t)pl->nbnd * sizeof(struct bc_pop_bnd),
+	                 &pl->o_bnd) ||
+	    !bc_pack_add(pk, (size_t)n * 4, &pl->o_seg) ||
+	    !bc_pack_add(pk, (size_t)(pl->nseg + 1) * 4, &pl->o_first) ||
+	    !bc_pack_add(pk, (size_t)pl->nseg * 4, &pl->o_keep) ||
+	    !bc_pack_add(pk, (size_t)pl->nseg * sizeof(struct bc_seg),
+	                 &pl->o_segs))
+		return KVT_ENOMEM;
+	return 0;
 }
 
-static inline uint32_t bc_pop_blocks(uint64_t tot)
+/* Fills the arrays but the pointer arrays (bc_pop_pointers). */
+static void bc_pop_fill(struct bc_pop_plan *pl, const kvt_backend_pop *a,
+                        const struct kvt_backend_pop_job *jobs, uint32_t n,
+                        uint32_t nkv)
 {
-	uint64_t b = (tot + BC_POP_THREADS - 1) / BC_POP_THREADS;
-	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
+	char *h = pl->pk.h;
+	memcpy(h + pl->o_jobs, jobs, (size_t)n * sizeof(*jobs));
+	struct bc_chk *chk = (struct bc_chk *)(h + pl->o_chk);
+	struct bc_pop_prj *prj = (struct bc_pop_prj *)(h + pl->o_prj);
+	struct bc_pop_bnd *bnd = (struct bc_pop_bnd *)(h + pl->o_bnd);
+	uint32_t *seg = (uint32_t *)(h + pl->o_seg),
+	         *first = (uint32_t *)(h + pl->o_first),
+	         *keep = (uint32_t *)(h + pl->o_keep);
+	struct bc_seg *segs = (struct bc_seg *)(h + pl->o_segs);
+	uint32_t c = 0, q = 0, row = 0, b = 0, boff = 0, at = 0, d = 0;
+	for (uint32_t k = 0; k < n; k++) {
+		const struct kvt_backend_pop_job *j = &jobs[k];
+		const uint32_t L = j->len + j->n_new, f = j->n_seen - j->n_new;
+		if (j->proj && j->n_new) {
+			chk[c++] = (struct bc_chk){j->ring, f, j->n_new, k, 0};
+			prj[q++] = (struct bc_pop_prj){j->ring, f, j->n_new,
+			                               j->record / nkv, row};
+			row += j->n_new;
+		}
+		if (L && j->n_new && a->delay) {
+			bnd[b++] = (struct bc_pop_bnd){k, boff};
+			boff += j->n_band;
+		}
+		seg[k] = UINT32_MAX;
+		if (!L || !j->due)
+			continue;
+		seg[k] = first[d] = at;
+		keep[d] = j->keep;
+		segs[d++] = (struct bc_seg){at, L, j->n_drop, 2 * n + j->drop_off,
+		                            n + k, j->record, j->cur ^ 1u, 0};
+		at += L;
+	}
+	first[d] = at;
 }
 
-/* Step 1's u: one SGEMM into ub (zeroed) as scorer_linear_cpu (beta 1 on
- * zeros), x in the ring or (wrapping rows) copied to xs; then the scatter
- * into the u ring. */
-static int bc_pop_project(cublasHandle_t h, const kvt_backend_pop &A,
-                          const kvt_backend_pop_job &J, uint32_t nkv,
-                          const float *P, float *ub, float *xs,
+/* The projections' device pointers, once the scratch is placed: W the
+ * job's layer's P, x and y its rows of xs and ub; the grouped GEMM's
+ * problems in the same order (none when d_model is 0: u is then 0). */
+static int bc_pop_pointers(struct bc_pop_plan *pl, const kvt_backend_pop *a,
+                           const struct kvt_backend_pop_job *jobs, uint32_t n,
+                           uint32_t nkv, const float *xs, float *ub,
+                           struct blas_grouped *g)
+{
+	char *h = pl->pk.h;
+	const float **W = (const float **)(h + pl->o_W),
+	            **X = (const float **)(h + pl->o_X);
+	float **Y = (float **)(h + pl->o_Y);
+	const uint64_t lf = kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv);
+	int rv = blas_grouped_reset(g, pl->nprj);
+	uint32_t q = 0, row = 0;
+	for (uint32_t k = 0; !rv && a->d_model && k < n; k++) {
+		const struct kvt_backend_pop_job *j = &jobs[k];
+		if (!j->proj || !j->n_new)
+			continue;
+		W[q] = a->weights + (uint64_t)j->layer * lf;
+		X[q] = xs + (uint64_t)row * a->d_model;
+		Y[q] = ub + (uint64_t)row * a->r;
+		q++;
+		row += j->n_new;
+		rv = blas_grouped_add(g, j->n_new, a->d_model, a->r, 1.0f);
+	}
+	return rv;
+}
+
+/* Scratch offsets of one call. */
+struct bc_pop_mem {
+	size_t o_pack, o_bad, o_ub, o_xs, o_bidx, o_sc, o_rank, o_prot, o_drop,
+	       need;
+};
+
+static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
+                                       const kvt_backend_pop *a, uint32_t n,
+                                       uint32_t out_words)
+{
+	struct bc_pop_mem m;
+	m.o_pack = bc_ps_al((size_t)out_words * 4);
+	m.o_bad = m.o_pack + bc_pack_bytes(&pl->pk);
+	m.o_ub = m.o_bad + bc_ps_al((size_t)n * 4);
+	m.o_xs = m.o_ub + bc_ps_al((size_t)pl->rows * a->r * 4);
+	m.o_bidx = m.o_xs + bc_ps_al((size_t)pl->rows * a->d_model * 4);
+	m.o_sc = m.o_bidx + bc_ps_al((size_t)pl->band * 4);
+	m.o_rank = m.o_sc + bc_ps_al((size_t)pl->tot * 4);
+	m.o_prot = m.o_rank + bc_ps_al((size_t)pl->tot * 4);
+	m.o_drop = m.o_prot + bc_ps_al(pl->tot);
+	m.need = m.o_drop + bc_ps_al(pl->tot);
+	return m;
+}
+
+/* Step 1: every projection's u = P x (the rows copied contiguous, one
+ * grouped GEMM: each problem scorer_linear_cpu's call on zeros, beta 1),
+ * then into the u rings. */
+static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
+                          const struct bc_pop_plan *pl, const char *dp,
+                          const struct blas_grouped *g, float *xs, float *ub,
                           cudaStream_t s)
 {
-	int rv;
-	BC_CALL(cudaMemsetAsync(ub, 0, (size_t)J.n_new * A.r * 4, s),
+	if (!pl->nprj)
+		return 0;
+	const struct bc_pop_prj *prj = (const struct bc_pop_prj *)(dp + pl->o_prj);
+	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * A.d_model),
+	              bc_bs_rows(pl->nprj));
+	BC_CALL(cudaMemsetAsync(ub, 0, (size_t)pl->rows * A.r * 4, s),
 	        "pop_select");
 	if (A.d_model) {
-		const float one = 1.0f;
-		const float *x = J.ring + (uint64_t)((J.n_seen - J.n_new) %
-		                                     A.rows.stage_tokens) *
-		                                  A.rows.row_floats;
-		uint32_t ldx = A.rows.row_floats;
-		if (bc_pop_wraps(&A, &J)) {
-			KVT_LAUNCH(bc_pop_xcopy,
-			           bc_pop_blocks((uint64_t)J.n_new * A.d_model),
-			           BC_POP_THREADS, 0, s, A, J, xs);
-			BC_CALL(cudaGetLastError(), "pop_select x");
-			x = xs;
-			ldx = A.d_model;
-		}
-		/* ub [n_new][r] = x P^T: column-major P^T (r x d) x^T (d x n) */
-		common_count_launch();
-		if ((rv = blas_err(cublasSgemm(
-			     h, CUBLAS_OP_T, CUBLAS_OP_N, (int)A.r, (int)J.n_new,
-			     (int)A.d_model, &one, P, (int)A.d_model, x, (int)ldx,
-			     &one, ub, (int)A.r)))) {
-			bc_note("pop_select: cublasSgemm (u) failed");
+		KVT_LAUNCH(bc_pop_xcopy, gx, BC_BS_THREADS, 0, s, A, prj, pl->nprj,
+		           xs);
+		BC_CALL(cudaGetLastError(), "pop_select x");
+		int rv = blas_grouped_run((cublasHandle_t)c->win_blas, g,
+		                          (const float *const *)(dp + pl->o_W),
+		                          (const float *const *)(dp + pl->o_X),
+		                          (float *const *)(dp + pl->o_Y), s);
+		if (rv) {
+			bc_note("pop_select: the projections' grouped GEMM failed");
 			return rv;
 		}
 	}
-	KVT_LAUNCH(bc_pop_scatter, bc_pop_blocks((uint64_t)J.n_new * A.r),
-	           BC_POP_THREADS, 0, s, A, J, nkv, ub);
+	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r),
+	              bc_bs_rows(pl->nprj));
+	KVT_LAUNCH(bc_pop_scatter, gu, BC_BS_THREADS, 0, s, A, prj, pl->nprj,
+	           ub);
 	BC_CALL(cudaGetLastError(), "pop_select scatter");
 	return 0;
+}
+
+/* Steps 2 to 6 for every job: the carry, the bands and their
+ * accumulation, the scores, the due lists' selection, the failed bands. */
+static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
+                         const kvt_backend_pop &A,
+                         const struct bc_pop_plan *pl, const char *dp,
+                         const struct bc_pop_mem &m, char *d, uint32_t n,
+                         uint32_t nkv, uint32_t G, uint32_t hd,
+                         uint32_t *dout, cudaStream_t s)
+{
+	const kvt_backend_pop_job *jobs =
+		(const kvt_backend_pop_job *)(dp + pl->o_jobs);
+	const struct bc_pop_bnd *bnd = (const struct bc_pop_bnd *)(dp + pl->o_bnd);
+	uint32_t *bad = (uint32_t *)(d + m.o_bad), *bidx = (uint32_t *)(d + m.o_bidx),
+	         *rank = (uint32_t *)(d + m.o_rank);
+	float *sc = (float *)(d + m.o_sc);
+	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
+	const dim3 ge(bc_bs_blocks(pl->maxL), bc_bs_rows(n));
+	KVT_LAUNCH(bc_pop_carry, ge, BC_BS_THREADS, 0, s, A, jobs, n);
+	BC_CALL(cudaGetLastError(), "pop_select carry");
+	if (pl->nbnd) {
+		KVT_LAUNCH(bc_pop_band, pl->nbnd, BC_BS_THREADS, 0, s, A, jobs, bnd,
+		           bidx, bad);
+		BC_CALL(cudaGetLastError(), "pop_select band");
+		const float scale = 1.0f / sqrtf((float)hd);
+		const dim3 gb(bc_bs_blocks(pl->maxB), bc_bs_rows(pl->nbnd));
+		if (dt == KVT_DTYPE_F16)
+			KVT_LAUNCH(bc_pop_accum<f16_t>, gb, BC_BS_THREADS, 0, s, p, A,
+			           jobs, bnd, pl->nbnd, nkv, G, hd, scale, bidx, bad);
+		else if (dt == KVT_DTYPE_BF16)
+			KVT_LAUNCH(bc_pop_accum<bf16_t>, gb, BC_BS_THREADS, 0, s, p, A,
+			           jobs, bnd, pl->nbnd, nkv, G, hd, scale, bidx, bad);
+		else
+			KVT_LAUNCH(bc_pop_accum<float>, gb, BC_BS_THREADS, 0, s, p, A,
+			           jobs, bnd, pl->nbnd, nkv, G, hd, scale, bidx, bad);
+		BC_CALL(cudaGetLastError(), "pop_select accumulate");
+	}
+	const uint64_t lf = kvt_pop_layer_floats(A.r, A.m, A.d_model, nkv);
+	KVT_LAUNCH(bc_pop_score, ge, BC_BS_THREADS, 0, s, A, jobs,
+	           (const uint32_t *)(dp + pl->o_seg), n, nkv, lf, bad, sc, rank,
+	           prot);
+	BC_CALL(cudaGetLastError(), "pop_select score");
+	int rv = bc_bs_select("pop_select", A.state, A.cap, 2, sc, rank, prot,
+	                      drop, (const uint32_t *)(dp + pl->o_first),
+	                      (const uint32_t *)(dp + pl->o_keep),
+	                      (const struct bc_seg *)(dp + pl->o_segs), pl->nseg,
+	                      pl->max_drop, dout, s);
+	if (rv || !pl->nbnd)
+		return rv;
+	KVT_LAUNCH(bc_pop_fail, bc_bs_blocks(n), BC_BS_THREADS, 0, s, bad, n,
+	           dout + n);
+	BC_CALL(cudaGetLastError(), "pop_select band check");
+	return 0;
+}
+
+static int bc_pop_run(struct bc_ctx *c, const struct kvt_backend_paged *pg,
+                      enum kvt_dtype dt, uint32_t n_heads, uint32_t nkv,
+                      uint32_t hd, const struct kvt_backend_pop *a,
+                      struct bc_pop_plan *pl,
+                      const struct kvt_backend_pop_job *jobs, uint32_t n,
+                      uint32_t *out, uint32_t out_words, cudaStream_t s)
+{
+	const struct bc_pop_mem m = bc_pop_layout(pl, a, n, out_words);
+	int rv = bc_win_prepare(c, m.need);
+	if (rv)
+		return rv;
+	char *d = c->d_win, *dp = d + m.o_pack;
+	uint32_t *dout = (uint32_t *)d;
+	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
+	struct blas_grouped g;
+	memset(&g, 0, sizeof(g));
+	bc_pop_fill(pl, a, jobs, n, nkv);
+	rv = bc_pop_pointers(pl, a, jobs, n, nkv, xs, ub, &g);
+	bc_count(c, sizeof(*a), 0); /* a launch argument */
+	if (!rv)
+		rv = bc_cuda(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
+		             "pop_select");
+	if (!rv)
+		rv = bc_cuda(cudaMemsetAsync(d + m.o_bad, 0, (size_t)n * 4, s),
+		             "pop_select");
+	if (!rv)
+		rv = bc_pack_send(c, &pl->pk, dp, s, "pop_select");
+	if (!rv)
+		rv = bc_bs_checks("pop_select check",
+		                  (const struct bc_chk *)(dp + pl->o_chk), pl->nchk,
+		                  a->rows, a->d_model, n_heads, hd, dout, s);
+	if (!rv)
+		rv = bc_pop_project(c, *a, pl, dp, &g, xs, ub, s);
+	if (!rv)
+		rv = bc_pop_decide(*pg, dt, *a, pl, dp, m, d, n, nkv,
+		                   n_heads / nkv, hd, dout, s);
+	blas_grouped_free(&g);
+	if (rv)
+		return rv;
+	return bc_ps_finish(c, out, dout, out_words, s, "pop_select");
 }
 
 static int bc_pop_select_locked(struct bc_ctx *c,
@@ -347,125 +603,14 @@ static int bc_pop_select_locked(struct bc_ctx *c,
                                 uint32_t n, uint32_t *out, uint32_t out_words,
                                 cudaStream_t s)
 {
-	const uint32_t G = n_heads / nkv;
-	uint64_t maxL = 1, maxN = 1, maxB = 1, maxW = 0;
-	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_pop_job *j = &jobs[k];
-		uint64_t L = (uint64_t)j->len + j->n_new;
-		maxL = L > maxL ? L : maxL;
-		maxN = j->n_new > maxN ? j->n_new : maxN;
-		if (j->n_new && a->delay && j->n_band > maxB)
-			maxB = j->n_band;
-		if (j->proj && bc_pop_wraps(a, j) && j->n_new > maxW)
-			maxW = j->n_new;
-	}
-	const size_t o_out = 0,
-	             o_bad = o_out + bc_ps_al((size_t)out_words * 4),
-	             o_ub = o_bad + bc_ps_al((size_t)n * 4),
-	             o_xs = o_ub + bc_ps_al(maxN * a->r * 4),
-	             o_bidx = o_xs + bc_ps_al(maxW * a->d_model * 4),
-	             o_keys = o_bidx + bc_ps_al(maxB * 4),
-	             o_qg = o_keys + bc_ps_al(maxB * hd * 4),
-	             o_lg = o_qg + bc_ps_al(maxN * G * hd * 4),
-	             o_logit = o_lg + bc_ps_al(maxN * G * 4),
-	             o_s = o_logit + bc_ps_al(maxN * G * maxB * 4),
-	             o_prot = o_s + bc_ps_al(maxL * 4),
-	             o_drop = o_prot + bc_ps_al(maxL),
-	             need = o_drop + bc_ps_al(maxL);
-	int rv = bc_win_prepare(c, need);
-	if (rv)
-		return rv;
-	cublasHandle_t h = (cublasHandle_t)c->win_blas;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)(d + o_out), *bad = (uint32_t *)(d + o_bad),
-	         *bidx = (uint32_t *)(d + o_bidx);
-	float *ub = (float *)(d + o_ub), *xs = (float *)(d + o_xs),
-	      *keys = (float *)(d + o_keys),
-	      *qg = (float *)(d + o_qg), *lg = (float *)(d + o_lg),
-	      *logit = (float *)(d + o_logit), *sc = (float *)(d + o_s);
-	uint8_t *prot = (uint8_t *)(d + o_prot), *drop = (uint8_t *)(d + o_drop);
-	/* the jobs reach the device as launch arguments: counted as the
-	 * descriptors they are */
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "pop_select");
-	BC_CALL(cudaMemsetAsync(bad, 0, (size_t)n * 4, s), "pop_select");
-	if ((rv = blas_err(cublasSetStream(h, s))))
-		return rv;
-	const float scale = 1.0f / sqrtf((float)hd);
-	const uint64_t lf = kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv);
-	const kvt_backend_paged p = *pg;
-	const kvt_backend_pop A = *a;
-	for (uint32_t k = 0; k < n; k++) {
-		const kvt_backend_pop_job J = jobs[k];
-		const uint32_t L = J.len + J.n_new;
-		const float *P = A.weights + (uint64_t)J.layer * lf;
-		if (J.proj && J.n_new) {
-			KVT_LAUNCH(bc_es_check, 1, BC_POP_THREADS, 0, s, J.ring,
-			           A.rows, J.n_seen - J.n_new, J.n_new,
-			           A.d_model, n_heads, hd, dout + k);
-			BC_CALL(cudaGetLastError(), "pop_select check");
-			if ((rv = bc_pop_project(h, A, J, nkv, P, ub, xs, s)))
-				return rv;
-		}
-		if (!L)
-			continue;
-		const uint32_t band = J.n_new && A.delay;
-		if (band) {
-			KVT_LAUNCH(bc_pop_band, 1, BC_POP_THREADS, 0, s, A, J, bidx,
-			           bad + k);
-			BC_CALL(cudaGetLastError(), "pop_select band");
-		}
-		uint64_t tot = (uint64_t)L * 3 +
-		               (band ? (uint64_t)J.n_band * hd +
-		                               (uint64_t)J.n_new * G * (hd + 1)
-		                     : 0);
-		const uint32_t blocks = bc_pop_blocks(tot);
-		if (dt == KVT_DTYPE_F16)
-			KVT_LAUNCH(bc_pop_gather<f16_t>, blocks, BC_POP_THREADS, 0,
-			           s, p, A, J, band, nkv, G, hd, bidx, keys, qg,
-			           lg);
-		else if (dt == KVT_DTYPE_BF16)
-			KVT_LAUNCH(bc_pop_gather<bf16_t>, blocks, BC_POP_THREADS,
-			           0, s, p, A, J, band, nkv, G, hd, bidx, keys, qg,
-			           lg);
-		else
-			KVT_LAUNCH(bc_pop_gather<float>, blocks, BC_POP_THREADS, 0,
-			           s, p, A, J, band, nkv, G, hd, bidx, keys, qg,
-			           lg);
-		BC_CALL(cudaGetLastError(), "pop_select gather");
-		if (band && J.n_band) {
-			/* logit [n_new G][n_band], as attn_band_cpu */
-			if ((rv = bc_band_logits("pop_select logits", keys, qg,
-			                         J.n_new * G, J.n_band, hd,
-			                         scale, logit, s)))
-				return rv;
-			KVT_LAUNCH(bc_pop_accum, bc_pop_blocks(J.n_band),
-			           BC_POP_THREADS, 0, s, A, J, G, bidx, logit, lg,
-			           bad + k);
-			BC_CALL(cudaGetLastError(), "pop_select accumulate");
-		}
-		if (J.n_new || J.due) {
-			KVT_LAUNCH(bc_pop_score, bc_pop_blocks(L),
-			           BC_POP_THREADS, 0, s, A, J, nkv,
-			           P + (uint64_t)A.r * A.d_model, bad + k, sc, prot);
-			BC_CALL(cudaGetLastError(), "pop_select score");
-		}
-		uint32_t *cnt = dout + n + k;
-		if (J.due) {
-			if ((rv = bc_es_select("pop_select", A.state, A.cap, 2,
-			                       J.record, J.cur ^ 1u, sc, prot,
-			                       drop, L, J.keep,
-			                       dout + 2 * n + J.drop_off, J.n_drop,
-			                       cnt, s)))
-				return rv;
-		}
-		if (band) {
-			KVT_LAUNCH(bc_pop_fail, 1, 32, 0, s, bad + k, cnt);
-			BC_CALL(cudaGetLastError(), "pop_select band check");
-		}
-	}
-	return bc_ps_finish(c, out, dout, out_words, s, "pop_select");
+	struct bc_pop_plan pl;
+	memset(&pl, 0, sizeof(pl));
+	int rv = bc_pop_reserve(&pl, a, jobs, n);
+	if (!rv)
+		rv = bc_pop_run(c, pg, dt, n_heads, nkv, hd, a, &pl, jobs, n, out,
+		                out_words, s);
+	bc_pack_free(&pl.pk);
+	return rv;
 }
 
 int bc_pop_select(void *ctx, const struct kvt_backend_paged *pg,

@@ -23,8 +23,9 @@ static inline size_t bc_ps_al(size_t b) { return (b + 255) & ~(size_t)255; }
  * takes a contiguous run of the entries, counts its drops, and writes them
  * after the drops of the runs before it (an exclusive scan of the counts
  * in shared memory): the serial scan's output, without one GPU thread
- * walking the whole list (len dependent steps). */
-static __global__ void bc_ps_indices(const uint8_t *drop, uint32_t len,
+ * walking the whole list (len dependent steps).  Unused where a file
+ * includes this header for its checks alone. */
+static __global__ void __attribute__((unused)) bc_ps_indices(const uint8_t *drop, uint32_t len,
                                      uint32_t *idx, uint32_t cap,
                                      uint32_t *count)
 {
