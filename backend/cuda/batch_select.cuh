@@ -1,10 +1,12 @@
 /*
  * batch_select.cuh — what the device selections share to do a whole sync
  * in a fixed number of launches, whatever its sequences, layers and heads
- * (attn_select.cu, tova_select.cu, pop_select.cu): one upload of every
- * descriptor the sync's kernels read (struct bc_pack), the check of every
- * job's new staged rows in one launch (struct bc_chk), and the selection
- * of every due list in three (struct bc_seg): one segmented top-k
+ * (attn_select.cu, tova_select.cu, pop_select.cu): the jobs' one upload
+ * (and struct bc_pack where an op needs more descriptors), the check of
+ * every job's new staged rows in one launch (bc_bs_check_jobs, or struct
+ * bc_chk), the plan of the due lists on the device (bc_bs_plan: nothing
+ * more crosses), and the selection of every due list in three (struct
+ * bc_seg): one segmented top-k
  * (select_topk_batch_cuda) over the lists' scores laid end to end, their
  * drop indices in order, and each list's state half compacted by them as
  * compact_drops pairs the pages.  Internal to libkvtrim-cuda.so; each
@@ -137,6 +139,41 @@ static inline int bc_bs_checks(const char *op, const struct bc_chk *chk,
 	return 0;
 }
 
+/* Every job's check in one launch, a block each: its new rows [n_seen -
+ * n_new, n_seen) of its ring (x_floats of x, q and lse); out[k] = 1 when a
+ * value is not finite, else 0.  J: a job struct with ring, n_new and
+ * n_seen (kvt_backend_attn_job, kvt_backend_tova_job); no descriptor of
+ * its own crosses. */
+template <typename J>
+__global__ void bc_bs_check_jobs(const J *jobs, const kvt_backend_rows rl,
+                                 uint32_t x_floats, uint32_t n_heads,
+                                 uint32_t head_dim, uint32_t *out)
+{
+	__shared__ uint32_t bad;
+	const J j = jobs[blockIdx.x];
+	if (threadIdx.x == 0)
+		bad = 0;
+	__syncthreads();
+	const uint32_t nq = n_heads * head_dim, per = x_floats + nq + n_heads,
+	               first = j.n_seen - j.n_new;
+	const uint64_t tot = (uint64_t)j.n_new * per;
+	uint32_t mine = 0;
+	for (uint64_t e = threadIdx.x; e < tot; e += blockDim.x) {
+		const float *row = bc_es_row(j.ring, rl,
+		                             first + (uint32_t)(e / per));
+		uint32_t k = (uint32_t)(e % per);
+		float v = k < x_floats ? row[k]
+		          : k < x_floats + nq ? row[rl.q_off + k - x_floats]
+		          : row[rl.lse_off + k - x_floats - nq];
+		mine |= !isfinite(v);
+	}
+	if (mine)
+		atomicOr(&bad, 1u);
+	__syncthreads();
+	if (threadIdx.x == 0)
+		out[blockIdx.x] = bad;
+}
+
 /* ----------------------------------------------------- the selection */
 
 /*
@@ -150,6 +187,123 @@ static inline int bc_bs_checks(const char *op, const struct bc_chk *chk,
 struct bc_seg {
 	uint32_t first, L, n_drop, idx, cnt, srec, half, reserved;
 };
+
+/* The state record of a job's lists (TOVA's lists share one). */
+static __device__ __forceinline__ uint32_t
+bc_bs_srec(const kvt_backend_attn_job &j) { return j.record; }
+static __device__ __forceinline__ uint32_t
+bc_bs_srec(const kvt_backend_tova_job &j) { return j.srec; }
+static __device__ __forceinline__ uint32_t
+bc_bs_srec(const kvt_backend_pop_job &j) { return j.record; }
+
+/* Whether a job has a band (KVpop's: delay > 0 and new entries), and
+ * its entries (the caller's count, checked by the band kernel). */
+static __device__ __forceinline__ int
+bc_bs_band(const kvt_backend_attn_job &, uint32_t) { return 0; }
+static __device__ __forceinline__ int
+bc_bs_band(const kvt_backend_tova_job &, uint32_t) { return 0; }
+static __device__ __forceinline__ int
+bc_bs_band(const kvt_backend_pop_job &j, uint32_t delay)
+{
+	return j.n_new && delay;
+}
+static __device__ __forceinline__ uint32_t
+bc_bs_band_n(const kvt_backend_attn_job &) { return 0; }
+static __device__ __forceinline__ uint32_t
+bc_bs_band_n(const kvt_backend_tova_job &) { return 0; }
+static __device__ __forceinline__ uint32_t
+bc_bs_band_n(const kvt_backend_pop_job &j) { return j.n_band; }
+
+/*
+ * The plan of a call on the device, one block, so that the host uploads
+ * the jobs alone: exclusive scans over the jobs in order give each due
+ * job (entries and due) its place at[k] in the flat arrays (UINT32_MAX:
+ * not due) and its list: first [nseg + 1], keep [nseg], segs [nseg]
+ * (indices at out[2 n + drop_off], count at out[n + k], the half cur ^ 1
+ * compacted); and each job with a band its place boff[k] in the flat band
+ * indices (UINT32_MAX: none; boff may be NULL).  The host counted nseg
+ * from the same jobs.
+ */
+template <typename J>
+__global__ void bc_bs_plan(const J *jobs, uint32_t n, uint32_t delay,
+                           uint32_t *at, uint32_t *boff, uint32_t *first,
+                           uint32_t *keep, struct bc_seg *segs)
+{
+	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
+	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
+	const uint32_t per = (n + nt - 1) / nt;
+	const uint32_t lo = t * per < n ? t * per : n;
+	const uint32_t hi = lo + per < n ? lo + per : n;
+	uint64_t c[3] = {0, 0, 0}; /* due lists, their entries, band entries */
+	for (uint32_t k = lo; k < hi; k++) {
+		const J j = jobs[k];
+		const uint32_t L = j.len + j.n_new;
+		if (L && j.due) {
+			c[0]++;
+			c[1] += L;
+		}
+		c[2] += bc_bs_band(j, delay) ? bc_bs_band_n(j) : 0;
+	}
+	for (int q = 0; q < 3; q++)
+		sum[t + 1][q] = c[q];
+	__syncthreads();
+	if (t == 0) {
+		for (int q = 0; q < 3; q++)
+			sum[0][q] = 0;
+		for (uint32_t k = 1; k <= nt; k++)
+			for (int q = 0; q < 3; q++)
+				sum[k][q] += sum[k - 1][q];
+		first[sum[nt][0]] = (uint32_t)sum[nt][1];
+	}
+	__syncthreads();
+	uint32_t d = (uint32_t)sum[t][0], a = (uint32_t)sum[t][1],
+	         b = (uint32_t)sum[t][2];
+	for (uint32_t k = lo; k < hi; k++) {
+		const J j = jobs[k];
+		const uint32_t L = j.len + j.n_new;
+		const int band = bc_bs_band(j, delay);
+		if (boff)
+			boff[k] = band ? b : UINT32_MAX;
+		b += band ? bc_bs_band_n(j) : 0;
+		at[k] = UINT32_MAX;
+		if (!L || !j.due)
+			continue;
+		at[k] = first[d] = a;
+		keep[d] = j.keep;
+		segs[d++] = (struct bc_seg){a, L, j.n_drop, 2 * n + j.drop_off,
+		                            n + k, bc_bs_srec(j), j.cur ^ 1u, 0};
+		a += L;
+	}
+}
+
+/* What the host counts of a call's jobs to size its scratch and grids. */
+struct bc_bs_count {
+	uint32_t nseg, tot, maxL, max_drop;
+	uint64_t band;
+	uint32_t maxB;
+};
+
+template <typename J>
+static inline int bc_bs_count_jobs(const J *jobs, uint32_t n,
+                                   struct bc_bs_count *c)
+{
+	uint64_t tot = 0;
+	memset(c, 0, sizeof(*c));
+	for (uint32_t k = 0; k < n; k++) {
+		const uint32_t L = jobs[k].len + jobs[k].n_new;
+		c->maxL = L > c->maxL ? L : c->maxL;
+		if (!L || !jobs[k].due)
+			continue;
+		c->nseg++;
+		tot += L;
+		if (jobs[k].n_drop > c->max_drop)
+			c->max_drop = jobs[k].n_drop;
+	}
+	if (tot > UINT32_MAX)
+		return KVT_EINVAL;
+	c->tot = (uint32_t)tot;
+	return 0;
+}
 
 /* One block per list: its drop indices in order and their count, as
  * bc_ps_indices. */
@@ -272,6 +426,31 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
 		BC_CALL(cudaGetLastError(), op);
 	}
 	return 0;
+}
+
+/* Scratch offsets of one call of an entry-state op: the output words,
+ * the jobs, the plan (bc_bs_plan) and the flat arrays. */
+struct bc_bs_mem {
+	size_t o_jobs, o_at, o_first, o_keep, o_segs, o_sc, o_rank, o_prot,
+	       o_drop, need;
+};
+
+static inline struct bc_bs_mem bc_bs_layout(const struct bc_bs_count *cn,
+                                       uint32_t n, size_t job_bytes,
+                                       uint32_t out_words)
+{
+	struct bc_bs_mem m;
+	m.o_jobs = bc_ps_al((size_t)out_words * 4);
+	m.o_at = m.o_jobs + bc_ps_al((size_t)n * job_bytes);
+	m.o_first = m.o_at + bc_ps_al((size_t)n * 4);
+	m.o_keep = m.o_first + bc_ps_al((size_t)(cn->nseg + 1) * 4);
+	m.o_segs = m.o_keep + bc_ps_al((size_t)cn->nseg * 4);
+	m.o_sc = m.o_segs + bc_ps_al((size_t)cn->nseg * sizeof(struct bc_seg));
+	m.o_rank = m.o_sc + bc_ps_al((size_t)cn->tot * 4);
+	m.o_prot = m.o_rank + bc_ps_al((size_t)cn->tot * 4);
+	m.o_drop = m.o_prot + bc_ps_al(cn->tot);
+	m.need = m.o_drop + bc_ps_al(cn->tot);
+	return m;
 }
 
 /* Blocks of BC_BS_THREADS for a grid's x over n items, at most 4096. */

@@ -36,11 +36,6 @@ struct bc_pop_prj {
 	uint32_t first, n, ur, row0;
 };
 
-/* One job with a band: its index and where its band indices go. */
-struct bc_pop_bnd {
-	uint32_t job, boff;
-};
-
 /* Step 1a, every projection at once: x of the new rows copied contiguous
  * into xs [rows][d_model] (rows may wrap round the staging ring). */
 __global__ void bc_pop_xcopy(const kvt_backend_pop a,
@@ -100,19 +95,21 @@ __global__ void bc_pop_carry(const kvt_backend_pop a,
 	}
 }
 
-/* Step 3's band, one block of BC_BS_THREADS per job with one: the indices
- * of the entries with pos + delay >= n_seen - n_new in order (at most
- * n_band written, at bidx + boff), bad[job] = 1 when there are not n_band
- * of them. */
+/* Step 3's band, one block of BC_BS_THREADS per job (those without a
+ * band, boff[k] UINT32_MAX, leave): the indices of the entries with pos +
+ * delay >= n_seen - n_new in order (at most n_band written, at bidx +
+ * boff[k]), bad[k] = 1 when there are not n_band of them. */
 __global__ void bc_pop_band(const kvt_backend_pop a,
                             const kvt_backend_pop_job *jobs,
-                            const struct bc_pop_bnd *bnd, uint32_t *bidx,
+                            const uint32_t *boff, uint32_t *bidx,
                             uint32_t *bad)
 {
 	__shared__ uint32_t cnt[BC_BS_THREADS];
 	__shared__ uint32_t total;
-	const struct bc_pop_bnd b = bnd[blockIdx.x];
-	const kvt_backend_pop_job j = jobs[b.job];
+	const uint32_t bo = boff[blockIdx.x];
+	if (bo == UINT32_MAX)
+		return;
+	const kvt_backend_pop_job j = jobs[blockIdx.x];
 	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
 	const uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
 	const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
@@ -135,32 +132,32 @@ __global__ void bc_pop_band(const kvt_backend_pop a,
 	}
 	__syncthreads();
 	uint32_t o = cnt[threadIdx.x];
-	uint32_t *out = bidx + b.boff;
+	uint32_t *out = bidx + bo;
 	for (uint32_t i = lo; i < hi && o < j.n_band; i++)
 		if ((uint64_t)pos[i] + a.delay >= first)
 			out[o++] = i;
 	if (threadIdx.x == 0)
-		bad[b.job] = total != j.n_band;
+		bad[blockIdx.x] = total != j.n_band;
 }
 
-/* Step 3's accumulation, grid (band entries, band jobs), one thread per
- * band entry (unless bad): per query t in order within the delay,
+/* Step 3's accumulation, grid (band entries, jobs), one thread per band
+ * entry of every job with a band (unless bad): per query t in order
+ * within the delay,
  * a += (sum over the G query heads in order of exp(logit - lse)) / G,
  * the logits in attn_band_cpu's order. */
 template <typename T>
 __global__ void bc_pop_accum(const kvt_backend_paged pg,
                              const kvt_backend_pop a,
-                             const kvt_backend_pop_job *jobs,
-                             const struct bc_pop_bnd *bnd, uint32_t nb,
-                             uint32_t nkv, uint32_t G, uint32_t hd,
-                             float scale, const uint32_t *bidx,
+                             const kvt_backend_pop_job *jobs, uint32_t n,
+                             const uint32_t *boff, uint32_t nkv, uint32_t G,
+                             uint32_t hd, float scale, const uint32_t *bidx,
                              const uint32_t *bad)
 {
-	for (uint32_t k = blockIdx.y; k < nb; k += gridDim.y) {
-		const struct bc_pop_bnd b = bnd[k];
-		const kvt_backend_pop_job j = jobs[b.job];
-		if (bad[b.job])
+	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
+		const uint32_t bo = boff[k];
+		if (bo == UINT32_MAX || bad[k])
 			continue;
+		const kvt_backend_pop_job j = jobs[k];
 		const struct kvt_list_record *r =
 			(const struct kvt_list_record *)((const char *)pg.records +
 			                                 (uint64_t)j.record *
@@ -170,7 +167,7 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 		float *S = (float *)(pos + a.cap);
 		for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
 		     e < j.n_band; e += gridDim.x * blockDim.x) {
-			const uint32_t i = bidx[b.boff + e], kp = pos[i];
+			const uint32_t i = bidx[bo + e], kp = pos[i];
 			const T *key = (const T *)bc_entry_row(pg, r, i);
 			float acc = S[(uint64_t)i * 2];
 			for (uint32_t t = 0; t < j.n_new; t++) {
@@ -303,145 +300,58 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 	return 0;
 }
 
-/* The call's descriptors, packed for one upload: the jobs, the row
+/* What one call uploads beside the jobs, packed (the projections are
+ * per (sequence, layer): a KV head's share of them is small): the row
  * checks, the projections and their grouped GEMM's pointer arrays (W, x,
- * y: filled once the scratch is placed), the band jobs, each job's place
- * in the flat arrays (UINT32_MAX: not due) and the due lists. */
+ * y: filled once the scratch is placed). */
 struct bc_pop_plan {
 	struct bc_pack pk;
-	size_t o_jobs, o_chk, o_prj, o_W, o_X, o_Y, o_bnd, o_seg, o_first,
-	       o_keep, o_segs;
-	uint32_t nchk, nprj, nbnd, nseg, rows, band, tot, maxL, maxN, maxB,
-	         max_drop;
+	size_t o_chk, o_prj, o_W, o_X, o_Y;
+	uint32_t nprj, rows, maxN, maxB, has_band;
+	uint64_t band;
+	struct bc_bs_count cn;
 };
 
-/* Counts, then reserves every array (the pointers stay valid: nothing is
- * added after them). */
 static int bc_pop_reserve(struct bc_pop_plan *pl, const kvt_backend_pop *a,
                           const struct kvt_backend_pop_job *jobs, uint32_t n)
 {
-	uint64_t rows = 0, band = 0, tot = 0;
+	int rv = bc_bs_count_jobs(jobs, n, &pl->cn);
+	if (rv)
+		return rv;
+	uint64_t rows = 0;
 	for (uint32_t k = 0; k < n; k++) {
 		const struct kvt_backend_pop_job *j = &jobs[k];
-		const uint32_t L = j->len + j->n_new;
-		pl->maxL = L > pl->maxL ? L : pl->maxL;
 		if (j->proj && j->n_new) {
-			pl->nchk++;
 			pl->nprj++;
 			rows += j->n_new;
 			pl->maxN = j->n_new > pl->maxN ? j->n_new : pl->maxN;
 		}
-		if (L && j->n_new && a->delay) {
-			pl->nbnd++;
-			band += j->n_band;
+		if (j->n_new && a->delay) {
+			pl->has_band = 1;
+			pl->band += j->n_band;
 			pl->maxB = j->n_band > pl->maxB ? j->n_band : pl->maxB;
 		}
-		if (L && j->due) {
-			pl->nseg++;
-			tot += L;
-			if (j->n_drop > pl->max_drop)
-				pl->max_drop = j->n_drop;
-		}
 	}
-	if (rows > UINT32_MAX || band > UINT32_MAX || tot > UINT32_MAX)
+	if (rows > UINT32_MAX || pl->band > UINT32_MAX)
 		return KVT_EINVAL;
 	pl->rows = (uint32_t)rows;
-	pl->band = (uint32_t)band;
-	pl->tot = (uint32_t)tot;
 	struct bc_pack *pk = &pl->pk;
 	const size_t ptr = sizeof(void *);
-	if (!bc_pack_add(pk, (size_t)n * sizeof(*jobs), &pl->o_jobs) ||
-	    !bc_pack_add(pk, (size_t)pl->nchk * sizeof(struct bc_chk),
+	if (!bc_pack_add(pk, (size_t)pl->nprj * sizeof(struct bc_chk),
 	                 &pl->o_chk) ||
 	    !bc_pack_add(pk, (size_t)pl->nprj * sizeof(struct bc_pop_prj),
 	                 &pl->o_prj) ||
 	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_W) ||
 	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_X) ||
-	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_Y) ||
-	    !bc_pack_add(pk, (size_t)pl->nbnd * sizeof(struct bc_pop_bnd),
-	                 &pl->o_bnd) ||
-	    !bc_pack_add(pk, (size_t)n * 4, &pl->o_seg) ||
-	    !bc_pack_add(pk, (size_t)(pl->nseg + 1) * 4, &pl->o_first) ||
-	    !bc_pack_add(pk, (size_t)pl->nseg * 4, &pl->o_keep) ||
-	    !bc_pack_add(pk, (size_t)pl->nseg * sizeof(struct bc_seg),
-	                 &pl->o_segs))
+	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_Y))
 		return KVT_ENOMEM;
 	return 0;
 }
 
-/* Fills the arrays but the pointer arrays (bc_pop_pointers). */
-static void bc_pop_fill(struct bc_pop_plan *pl, const kvt_backend_pop *a,
-                        const struct kvt_backend_pop_job *jobs, uint32_t n,
-                        uint32_t nkv)
-{
-	char *h = pl->pk.h;
-	memcpy(h + pl->o_jobs, jobs, (size_t)n * sizeof(*jobs));
-	struct bc_chk *chk = (struct bc_chk *)(h + pl->o_chk);
-	struct bc_pop_prj *prj = (struct bc_pop_prj *)(h + pl->o_prj);
-	struct bc_pop_bnd *bnd = (struct bc_pop_bnd *)(h + pl->o_bnd);
-	uint32_t *seg = (uint32_t *)(h + pl->o_seg),
-	         *first = (uint32_t *)(h + pl->o_first),
-	         *keep = (uint32_t *)(h + pl->o_keep);
-	struct bc_seg *segs = (struct bc_seg *)(h + pl->o_segs);
-	uint32_t c = 0, q = 0, row = 0, b = 0, boff = 0, at = 0, d = 0;
-	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_pop_job *j = &jobs[k];
-		const uint32_t L = j->len + j->n_new, f = j->n_seen - j->n_new;
-		if (j->proj && j->n_new) {
-			chk[c++] = (struct bc_chk){j->ring, f, j->n_new, k, 0};
-			prj[q++] = (struct bc_pop_prj){j->ring, f, j->n_new,
-			                               j->record / nkv, row};
-			row += j->n_new;
-		}
-		if (L && j->n_new && a->delay) {
-			bnd[b++] = (struct bc_pop_bnd){k, boff};
-			boff += j->n_band;
-		}
-		seg[k] = UINT32_MAX;
-		if (!L || !j->due)
-			continue;
-		seg[k] = first[d] = at;
-		keep[d] = j->keep;
-		segs[d++] = (struct bc_seg){at, L, j->n_drop, 2 * n + j->drop_off,
-		                            n + k, j->record, j->cur ^ 1u, 0};
-		at += L;
-	}
-	first[d] = at;
-}
-
-/* The projections' device pointers, once the scratch is placed: W the
- * job's layer's P, x and y its rows of xs and ub; the grouped GEMM's
- * problems in the same order (none when d_model is 0: u is then 0). */
-static int bc_pop_pointers(struct bc_pop_plan *pl, const kvt_backend_pop *a,
-                           const struct kvt_backend_pop_job *jobs, uint32_t n,
-                           uint32_t nkv, const float *xs, float *ub,
-                           struct blas_grouped *g)
-{
-	char *h = pl->pk.h;
-	const float **W = (const float **)(h + pl->o_W),
-	            **X = (const float **)(h + pl->o_X);
-	float **Y = (float **)(h + pl->o_Y);
-	const uint64_t lf = kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv);
-	int rv = blas_grouped_reset(g, pl->nprj);
-	uint32_t q = 0, row = 0;
-	for (uint32_t k = 0; !rv && a->d_model && k < n; k++) {
-		const struct kvt_backend_pop_job *j = &jobs[k];
-		if (!j->proj || !j->n_new)
-			continue;
-		W[q] = a->weights + (uint64_t)j->layer * lf;
-		X[q] = xs + (uint64_t)row * a->d_model;
-		Y[q] = ub + (uint64_t)row * a->r;
-		q++;
-		row += j->n_new;
-		rv = blas_grouped_add(g, j->n_new, a->d_model, a->r, 1.0f);
-	}
-	return rv;
-}
-
 /* Scratch offsets of one call. */
 struct bc_pop_mem {
-	size_t o_pack, o_bad, o_ub, o_xs, o_bidx, o_sc, o_rank, o_prot, o_drop,
-	       need;
+	struct bc_bs_mem bs; /* output words, jobs, plan, flat arrays */
+	size_t o_pack, o_bad, o_boff, o_ub, o_xs, o_bidx, need;
 };
 
 static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
@@ -449,17 +359,52 @@ static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
                                        uint32_t out_words)
 {
 	struct bc_pop_mem m;
-	m.o_pack = bc_ps_al((size_t)out_words * 4);
+	m.bs = bc_bs_layout(&pl->cn, n, sizeof(struct kvt_backend_pop_job),
+	                    out_words);
+	m.o_pack = m.bs.need;
 	m.o_bad = m.o_pack + bc_pack_bytes(&pl->pk);
-	m.o_ub = m.o_bad + bc_ps_al((size_t)n * 4);
+	m.o_boff = m.o_bad + bc_ps_al((size_t)n * 4);
+	m.o_ub = m.o_boff + bc_ps_al((size_t)n * 4);
 	m.o_xs = m.o_ub + bc_ps_al((size_t)pl->rows * a->r * 4);
 	m.o_bidx = m.o_xs + bc_ps_al((size_t)pl->rows * a->d_model * 4);
-	m.o_sc = m.o_bidx + bc_ps_al((size_t)pl->band * 4);
-	m.o_rank = m.o_sc + bc_ps_al((size_t)pl->tot * 4);
-	m.o_prot = m.o_rank + bc_ps_al((size_t)pl->tot * 4);
-	m.o_drop = m.o_prot + bc_ps_al(pl->tot);
-	m.need = m.o_drop + bc_ps_al(pl->tot);
+	m.need = m.o_bidx + bc_ps_al((size_t)pl->band * 4);
 	return m;
+}
+
+/* The checks, the projections and the grouped GEMM's problems, once the
+ * scratch is placed: W the job's layer's P, x and y its rows of xs and ub
+ * (no problem when d_model is 0: u is then 0). */
+static int bc_pop_fill(struct bc_pop_plan *pl, const kvt_backend_pop *a,
+                       const struct kvt_backend_pop_job *jobs, uint32_t n,
+                       uint32_t nkv, const float *xs, float *ub,
+                       struct blas_grouped *g)
+{
+	char *h = pl->pk.h;
+	struct bc_chk *chk = (struct bc_chk *)(h + pl->o_chk);
+	struct bc_pop_prj *prj = (struct bc_pop_prj *)(h + pl->o_prj);
+	const float **W = (const float **)(h + pl->o_W),
+	            **X = (const float **)(h + pl->o_X);
+	float **Y = (float **)(h + pl->o_Y);
+	const uint64_t lf = kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv);
+	int rv = blas_grouped_reset(g, pl->nprj);
+	uint32_t q = 0, row = 0;
+	for (uint32_t k = 0; !rv && k < n; k++) {
+		const struct kvt_backend_pop_job *j = &jobs[k];
+		if (!j->proj || !j->n_new)
+			continue;
+		const uint32_t f = j->n_seen - j->n_new;
+		chk[q] = (struct bc_chk){j->ring, f, j->n_new, k, 0};
+		prj[q] = (struct bc_pop_prj){j->ring, f, j->n_new,
+		                             j->record / nkv, row};
+		W[q] = a->weights + (uint64_t)j->layer * lf;
+		X[q] = xs + (uint64_t)row * a->d_model;
+		Y[q] = ub + (uint64_t)row * a->r;
+		q++;
+		row += j->n_new;
+		if (a->d_model)
+			rv = blas_grouped_add(g, j->n_new, a->d_model, a->r, 1.0f);
+	}
+	return rv;
 }
 
 /* Step 1: every projection's u = P x (the rows copied contiguous, one
@@ -473,11 +418,11 @@ static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
 	if (!pl->nprj)
 		return 0;
 	const struct bc_pop_prj *prj = (const struct bc_pop_prj *)(dp + pl->o_prj);
-	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * A.d_model),
-	              bc_bs_rows(pl->nprj));
 	BC_CALL(cudaMemsetAsync(ub, 0, (size_t)pl->rows * A.r * 4, s),
 	        "pop_select");
 	if (A.d_model) {
+		const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * A.d_model),
+		              bc_bs_rows(pl->nprj));
 		KVT_LAUNCH(bc_pop_xcopy, gx, BC_BS_THREADS, 0, s, A, prj, pl->nprj,
 		           xs);
 		BC_CALL(cudaGetLastError(), "pop_select x");
@@ -498,53 +443,60 @@ static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
 	return 0;
 }
 
-/* Steps 2 to 6 for every job: the carry, the bands and their
+/* Steps 2 to 6 for every job: the plan, the carry, the bands and their
  * accumulation, the scores, the due lists' selection, the failed bands. */
 static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
                          const kvt_backend_pop &A,
-                         const struct bc_pop_plan *pl, const char *dp,
+                         const struct bc_pop_plan *pl,
                          const struct bc_pop_mem &m, char *d, uint32_t n,
                          uint32_t nkv, uint32_t G, uint32_t hd,
-                         uint32_t *dout, cudaStream_t s)
+                         cudaStream_t s)
 {
 	const kvt_backend_pop_job *jobs =
-		(const kvt_backend_pop_job *)(dp + pl->o_jobs);
-	const struct bc_pop_bnd *bnd = (const struct bc_pop_bnd *)(dp + pl->o_bnd);
-	uint32_t *bad = (uint32_t *)(d + m.o_bad), *bidx = (uint32_t *)(d + m.o_bidx),
-	         *rank = (uint32_t *)(d + m.o_rank);
-	float *sc = (float *)(d + m.o_sc);
-	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
-	const dim3 ge(bc_bs_blocks(pl->maxL), bc_bs_rows(n));
+		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
+	uint32_t *dout = (uint32_t *)d, *bad = (uint32_t *)(d + m.o_bad),
+	         *boff = (uint32_t *)(d + m.o_boff),
+	         *bidx = (uint32_t *)(d + m.o_bidx),
+	         *at = (uint32_t *)(d + m.bs.o_at),
+	         *rank = (uint32_t *)(d + m.bs.o_rank);
+	float *sc = (float *)(d + m.bs.o_sc);
+	uint8_t *prot = (uint8_t *)(d + m.bs.o_prot),
+	        *drop = (uint8_t *)(d + m.bs.o_drop);
+	KVT_LAUNCH(bc_bs_plan<kvt_backend_pop_job>, 1, BC_BS_THREADS, 0, s, jobs,
+	           n, A.delay, at, boff, (uint32_t *)(d + m.bs.o_first),
+	           (uint32_t *)(d + m.bs.o_keep),
+	           (struct bc_seg *)(d + m.bs.o_segs));
+	BC_CALL(cudaGetLastError(), "pop_select plan");
+	const dim3 ge(bc_bs_blocks(pl->cn.maxL), bc_bs_rows(n));
 	KVT_LAUNCH(bc_pop_carry, ge, BC_BS_THREADS, 0, s, A, jobs, n);
 	BC_CALL(cudaGetLastError(), "pop_select carry");
-	if (pl->nbnd) {
-		KVT_LAUNCH(bc_pop_band, pl->nbnd, BC_BS_THREADS, 0, s, A, jobs, bnd,
-		           bidx, bad);
+	if (pl->has_band) {
+		KVT_LAUNCH(bc_pop_band, n, BC_BS_THREADS, 0, s, A, jobs, boff, bidx,
+		           bad);
 		BC_CALL(cudaGetLastError(), "pop_select band");
 		const float scale = 1.0f / sqrtf((float)hd);
-		const dim3 gb(bc_bs_blocks(pl->maxB), bc_bs_rows(pl->nbnd));
+		const dim3 gb(bc_bs_blocks(pl->maxB), bc_bs_rows(n));
 		if (dt == KVT_DTYPE_F16)
 			KVT_LAUNCH(bc_pop_accum<f16_t>, gb, BC_BS_THREADS, 0, s, p, A,
-			           jobs, bnd, pl->nbnd, nkv, G, hd, scale, bidx, bad);
+			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
 		else if (dt == KVT_DTYPE_BF16)
 			KVT_LAUNCH(bc_pop_accum<bf16_t>, gb, BC_BS_THREADS, 0, s, p, A,
-			           jobs, bnd, pl->nbnd, nkv, G, hd, scale, bidx, bad);
+			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
 		else
 			KVT_LAUNCH(bc_pop_accum<float>, gb, BC_BS_THREADS, 0, s, p, A,
-			           jobs, bnd, pl->nbnd, nkv, G, hd, scale, bidx, bad);
+			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
 		BC_CALL(cudaGetLastError(), "pop_select accumulate");
 	}
 	const uint64_t lf = kvt_pop_layer_floats(A.r, A.m, A.d_model, nkv);
-	KVT_LAUNCH(bc_pop_score, ge, BC_BS_THREADS, 0, s, A, jobs,
-	           (const uint32_t *)(dp + pl->o_seg), n, nkv, lf, bad, sc, rank,
-	           prot);
+	KVT_LAUNCH(bc_pop_score, ge, BC_BS_THREADS, 0, s, A, jobs, at, n, nkv,
+	           lf, bad, sc, rank, prot);
 	BC_CALL(cudaGetLastError(), "pop_select score");
 	int rv = bc_bs_select("pop_select", A.state, A.cap, 2, sc, rank, prot,
-	                      drop, (const uint32_t *)(dp + pl->o_first),
-	                      (const uint32_t *)(dp + pl->o_keep),
-	                      (const struct bc_seg *)(dp + pl->o_segs), pl->nseg,
-	                      pl->max_drop, dout, s);
-	if (rv || !pl->nbnd)
+	                      drop, (const uint32_t *)(d + m.bs.o_first),
+	                      (const uint32_t *)(d + m.bs.o_keep),
+	                      (const struct bc_seg *)(d + m.bs.o_segs),
+	                      pl->cn.nseg, pl->cn.max_drop, dout, s);
+	if (rv || !pl->has_band)
 		return rv;
 	KVT_LAUNCH(bc_pop_fail, bc_bs_blocks(n), BC_BS_THREADS, 0, s, bad, n,
 	           dout + n);
@@ -568,9 +520,7 @@ static int bc_pop_run(struct bc_ctx *c, const struct kvt_backend_paged *pg,
 	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
 	struct blas_grouped g;
 	memset(&g, 0, sizeof(g));
-	bc_pop_fill(pl, a, jobs, n, nkv);
-	rv = bc_pop_pointers(pl, a, jobs, n, nkv, xs, ub, &g);
-	bc_count(c, sizeof(*a), 0); /* a launch argument */
+	rv = bc_pop_fill(pl, a, jobs, n, nkv, xs, ub, &g);
 	if (!rv)
 		rv = bc_cuda(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
 		             "pop_select");
@@ -578,16 +528,22 @@ static int bc_pop_run(struct bc_ctx *c, const struct kvt_backend_paged *pg,
 		rv = bc_cuda(cudaMemsetAsync(d + m.o_bad, 0, (size_t)n * 4, s),
 		             "pop_select");
 	if (!rv)
+		rv = bc_cuda(cudaMemcpyAsync(d + m.bs.o_jobs, jobs,
+		                             (size_t)n * sizeof(*jobs),
+		                             cudaMemcpyHostToDevice, s),
+		             "pop_select");
+	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
+	if (!rv)
 		rv = bc_pack_send(c, &pl->pk, dp, s, "pop_select");
 	if (!rv)
 		rv = bc_bs_checks("pop_select check",
-		                  (const struct bc_chk *)(dp + pl->o_chk), pl->nchk,
+		                  (const struct bc_chk *)(dp + pl->o_chk), pl->nprj,
 		                  a->rows, a->d_model, n_heads, hd, dout, s);
 	if (!rv)
 		rv = bc_pop_project(c, *a, pl, dp, &g, xs, ub, s);
 	if (!rv)
-		rv = bc_pop_decide(*pg, dt, *a, pl, dp, m, d, n, nkv,
-		                   n_heads / nkv, hd, dout, s);
+		rv = bc_pop_decide(*pg, dt, *a, pl, m, d, n, nkv, n_heads / nkv, hd,
+		                   s);
 	blas_grouped_free(&g);
 	if (rv)
 		return rv;

@@ -119,125 +119,9 @@ static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
 	return 0;
 }
 
-/* The call's descriptors, packed for one upload (as attn_select's). */
-struct bc_tova_plan {
-	struct bc_pack pk;
-	size_t o_jobs, o_seg, o_chk, o_first, o_keep, o_segs;
-	uint32_t nseg, tot, maxL, max_drop;
-};
-
-static int bc_tova_plan(struct bc_tova_plan *pl,
-                        const struct kvt_backend_tova_job *jobs, uint32_t n)
-{
-	memset(pl, 0, sizeof(*pl));
-	uint64_t tot = 0;
-	for (uint32_t k = 0; k < n; k++) {
-		const uint32_t L = jobs[k].len + jobs[k].n_new;
-		pl->maxL = L > pl->maxL ? L : pl->maxL;
-		if (!jobs[k].due)
-			continue;
-		pl->nseg++;
-		tot += L;
-		if (jobs[k].n_drop > pl->max_drop)
-			pl->max_drop = jobs[k].n_drop;
-	}
-	if (tot > UINT32_MAX)
-		return KVT_EINVAL;
-	const uint32_t nseg = pl->nseg;
-	struct kvt_backend_tova_job *dj = (struct kvt_backend_tova_job *)
-		bc_pack_add(&pl->pk, (size_t)n * sizeof(*jobs), &pl->o_jobs);
-	uint32_t *seg = (uint32_t *)bc_pack_add(&pl->pk, (size_t)n * 4,
-	                                        &pl->o_seg);
-	struct bc_chk *chk = (struct bc_chk *)bc_pack_add(
-		&pl->pk, (size_t)n * sizeof(*chk), &pl->o_chk);
-	uint32_t *first = (uint32_t *)bc_pack_add(
-		&pl->pk, (size_t)(nseg + 1) * 4, &pl->o_first);
-	uint32_t *keep = (uint32_t *)bc_pack_add(&pl->pk, (size_t)nseg * 4,
-	                                         &pl->o_keep);
-	struct bc_seg *segs = (struct bc_seg *)bc_pack_add(
-		&pl->pk, (size_t)nseg * sizeof(*segs), &pl->o_segs);
-	if (!dj || !seg || !chk || !first || !keep || !segs)
-		return KVT_ENOMEM;
-	/* the pointers above stay valid: nothing is added after them */
-	memcpy(dj, jobs, (size_t)n * sizeof(*jobs));
-	uint32_t at = 0, d = 0;
-	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_tova_job *j = &jobs[k];
-		chk[k] = (struct bc_chk){j->ring, j->n_seen - j->n_new, j->n_new,
-		                         k, 0};
-		seg[k] = UINT32_MAX;
-		if (!j->due)
-			continue;
-		const uint32_t L = j->len + j->n_new;
-		seg[k] = at;
-		first[d] = at;
-		keep[d] = j->keep;
-		segs[d++] = (struct bc_seg){at, L, j->n_drop, 2 * n + j->drop_off,
-		                            n + k, j->srec, j->cur ^ 1u, 0};
-		at += L;
-	}
-	first[d] = at;
-	pl->tot = (uint32_t)tot;
-	return 0;
-}
-
-/* The launches of one call, whatever n: the checks, the positions and
- * scores, the selection's three (batch_select.cuh); the output's copy. */
-static int bc_tova_run(struct bc_ctx *c, const struct kvt_backend_paged *pg,
-                       enum kvt_dtype dt, uint32_t n_heads, uint32_t nkv,
-                       uint32_t hd, const struct kvt_backend_tova *a,
-                       const struct bc_tova_plan *pl, uint32_t n,
-                       uint32_t *out, uint32_t out_words, cudaStream_t s)
-{
-	const size_t o_out = 0,
-	             o_pack = o_out + bc_ps_al((size_t)out_words * 4),
-	             o_sc = o_pack + bc_pack_bytes(&pl->pk),
-	             o_rank = o_sc + bc_ps_al((size_t)pl->tot * 4),
-	             o_prot = o_rank + bc_ps_al((size_t)pl->tot * 4),
-	             o_drop = o_prot + bc_ps_al(pl->tot),
-	             need = o_drop + bc_ps_al(pl->tot);
-	int rv = bc_win_prepare(c, need);
-	if (rv)
-		return rv;
-	char *d = c->d_win, *dp = d + o_pack;
-	uint32_t *dout = (uint32_t *)(d + o_out), *rank = (uint32_t *)(d + o_rank);
-	float *sc = (float *)(d + o_sc);
-	uint8_t *prot = (uint8_t *)(d + o_prot), *drop = (uint8_t *)(d + o_drop);
-	const kvt_backend_tova_job *jobs =
-		(const kvt_backend_tova_job *)(dp + pl->o_jobs);
-	const uint32_t *seg = (const uint32_t *)(dp + pl->o_seg);
-	bc_count(c, sizeof(*a), 0); /* a launch argument */
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "tova_select");
-	if ((rv = bc_pack_send(c, &pl->pk, dp, s, "tova_select")) ||
-	    (rv = bc_bs_checks("tova_select check",
-	                       (const struct bc_chk *)(dp + pl->o_chk), n,
-	                       a->rows, 0, n_heads, hd, dout, s)))
-		return rv;
-	const uint32_t G = n_heads / nkv;
-	const float scale = 1.0f / sqrtf((float)hd), inv_h = 1.0f / (float)n_heads;
-	const dim3 grid(bc_bs_blocks(pl->maxL), bc_bs_rows(n));
-	const kvt_backend_paged p = *pg;
-	const kvt_backend_tova A = *a;
-	if (dt == KVT_DTYPE_F16)
-		KVT_LAUNCH(bc_tova_batch<f16_t>, grid, BC_BS_THREADS, 0, s, p, A,
-		           jobs, seg, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
-	else if (dt == KVT_DTYPE_BF16)
-		KVT_LAUNCH(bc_tova_batch<bf16_t>, grid, BC_BS_THREADS, 0, s, p, A,
-		           jobs, seg, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
-	else
-		KVT_LAUNCH(bc_tova_batch<float>, grid, BC_BS_THREADS, 0, s, p, A,
-		           jobs, seg, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
-	BC_CALL(cudaGetLastError(), "tova_select score");
-	if ((rv = bc_bs_select("tova_select", a->state, a->cap, 0, sc, rank,
-	                       prot, drop, (const uint32_t *)(dp + pl->o_first),
-	                       (const uint32_t *)(dp + pl->o_keep),
-	                       (const struct bc_seg *)(dp + pl->o_segs),
-	                       pl->nseg, pl->max_drop, dout, s)))
-		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "tova_select");
-}
-
+/* The launches of one call, whatever n: the jobs' upload, the checks,
+ * the plan, the positions and scores, the selection's three
+ * (batch_select.cuh); then the output's copy. */
 static int bc_tova_select_locked(struct bc_ctx *c,
                                  const struct kvt_backend_paged *pg,
                                  enum kvt_dtype dt, uint32_t n_heads,
@@ -247,13 +131,54 @@ static int bc_tova_select_locked(struct bc_ctx *c,
                                  uint32_t n, uint32_t *out,
                                  uint32_t out_words, cudaStream_t s)
 {
-	struct bc_tova_plan pl;
-	int rv = bc_tova_plan(&pl, jobs, n);
-	if (!rv)
-		rv = bc_tova_run(c, pg, dt, n_heads, nkv, hd, a, &pl, n, out,
-		                 out_words, s);
-	bc_pack_free(&pl.pk);
-	return rv;
+	struct bc_bs_count cn;
+	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	if (rv)
+		return rv;
+	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs), out_words);
+	if ((rv = bc_win_prepare(c, m.need)))
+		return rv;
+	char *d = c->d_win;
+	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at),
+	         *rank = (uint32_t *)(d + m.o_rank);
+	kvt_backend_tova_job *dj = (kvt_backend_tova_job *)(d + m.o_jobs);
+	float *sc = (float *)(d + m.o_sc);
+	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
+	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
+	        "tova_select");
+	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
+	                        cudaMemcpyHostToDevice, s),
+	        "tova_select");
+	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
+	KVT_LAUNCH(bc_bs_check_jobs<kvt_backend_tova_job>, n, BC_BS_THREADS, 0,
+	           s, dj, a->rows, 0, n_heads, hd, dout);
+	BC_CALL(cudaGetLastError(), "tova_select check");
+	KVT_LAUNCH(bc_bs_plan<kvt_backend_tova_job>, 1, BC_BS_THREADS, 0, s, dj,
+	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
+	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
+	BC_CALL(cudaGetLastError(), "tova_select plan");
+	const uint32_t G = n_heads / nkv;
+	const float scale = 1.0f / sqrtf((float)hd), inv_h = 1.0f / (float)n_heads;
+	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
+	const kvt_backend_paged p = *pg;
+	const kvt_backend_tova A = *a;
+	if (dt == KVT_DTYPE_F16)
+		KVT_LAUNCH(bc_tova_batch<f16_t>, grid, BC_BS_THREADS, 0, s, p, A,
+		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
+	else if (dt == KVT_DTYPE_BF16)
+		KVT_LAUNCH(bc_tova_batch<bf16_t>, grid, BC_BS_THREADS, 0, s, p, A,
+		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
+	else
+		KVT_LAUNCH(bc_tova_batch<float>, grid, BC_BS_THREADS, 0, s, p, A,
+		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
+	BC_CALL(cudaGetLastError(), "tova_select score");
+	if ((rv = bc_bs_select("tova_select", a->state, a->cap, 0, sc, rank,
+	                       prot, drop, (const uint32_t *)(d + m.o_first),
+	                       (const uint32_t *)(d + m.o_keep),
+	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
+	                       cn.max_drop, dout, s)))
+		return rv;
+	return bc_ps_finish(c, out, dout, out_words, s, "tova_select");
 }
 
 int bc_tova_select(void *ctx, const struct kvt_backend_paged *pg,
