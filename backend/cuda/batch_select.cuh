@@ -1,12 +1,11 @@
 /*
  * batch_select.cuh — what the device selections share to do a whole sync
  * in a fixed number of launches, whatever its sequences, layers and heads
- * (attn_select.cu, tova_select.cu, pop_select.cu): the jobs' one upload
- * (and struct bc_pack where an op needs more descriptors), the check of
- * every job's new staged rows in one launch (bc_bs_check_jobs, or struct
- * bc_chk), the plan of the due lists on the device (bc_bs_plan: nothing
- * more crosses), and the selection of every due list in three (struct
- * bc_seg): one segmented top-k
+ * (attn_select.cu, tova_select.cu, pop_select.cu): the jobs are all that
+ * crosses (one upload), every job's new staged rows are checked in one
+ * launch (bc_bs_check_jobs), the due lists are planned on the device
+ * (bc_bs_plan), and every due list's selection takes three launches
+ * (struct bc_seg): one segmented top-k
  * (select_topk_batch_cuda) over the lists' scores laid end to end, their
  * drop indices in order, and each list's state half compacted by them as
  * compact_drops pairs the pages.  Internal to libkvtrim-cuda.so; each
@@ -25,124 +24,21 @@
 
 #define BC_BS_THREADS 256
 
-/* ------------------------------------------------------- the upload */
-
-/*
- * The descriptors of one call, packed in host memory and copied to the
- * device scratch at dev in one cudaMemcpyAsync (bc_pack_send): each
- * bc_pack_add reserves a 16-byte aligned block and returns its offset,
- * so the device pointer of a block is dev + offset.
- */
-struct bc_pack {
-	char *h;
-	size_t used, cap;
-};
-
-/* Reserves bytes (zeroed; 0 gives a valid pointer too); NULL when out
- * of memory. */
-static inline void *bc_pack_add(struct bc_pack *p, size_t bytes, size_t *off)
-{
-	size_t at = (p->used + 15) & ~(size_t)15;
-	if (!p->h || at + bytes > p->cap) {
-		size_t cap = p->cap ? p->cap : 4096;
-		while (cap < at + bytes || !cap)
-			cap *= 2;
-		char *h = (char *)realloc(p->h, cap);
-		if (!h)
-			return NULL;
-		p->h = h;
-		p->cap = cap;
-	}
-	memset(p->h + at, 0, bytes);
-	p->used = at + bytes;
-	*off = at;
-	return p->h + at;
-}
-
-/* Bytes the device scratch needs for the pack, rounded as bc_ps_al. */
-static inline size_t bc_pack_bytes(const struct bc_pack *p)
-{
-	return bc_ps_al(p->used);
-}
-
-/* The pack's one copy to dev on s (counted); the host buffer may be
- * freed once it returns (a pageable copy is staged before it does). */
-static inline int bc_pack_send(struct bc_ctx *c, const struct bc_pack *p,
-                               void *dev, cudaStream_t s, const char *op)
-{
-	if (!p->used)
-		return 0;
-	BC_CALL(cudaMemcpyAsync(dev, p->h, p->used, cudaMemcpyHostToDevice, s),
-	        op);
-	bc_count(c, p->used, 0);
-	return 0;
-}
-
-static inline void bc_pack_free(struct bc_pack *p)
-{
-	free(p->h);
-	p->h = NULL;
-	p->used = p->cap = 0;
-}
-
 /* --------------------------------------------------- the row checks */
 
-/* One job's new rows to check: rows [first, first + n) of ring; the flag
- * goes to out[flag]. */
-struct bc_chk {
-	const float *ring;
-	uint32_t first, n, flag, reserved;
-};
-
-/* One block per check (x_floats of x at 0, every query head's q and
- * lse: what policy_decide checks): out[flag] = 1 when a value is not finite, else 0. */
-static __global__ void bc_bs_check(const struct bc_chk *chk,
-                                   const kvt_backend_rows rl,
-                                   uint32_t x_floats, uint32_t n_heads,
-                                   uint32_t head_dim, uint32_t *out)
-{
-	__shared__ uint32_t bad;
-	const struct bc_chk c = chk[blockIdx.x];
-	if (threadIdx.x == 0)
-		bad = 0;
-	__syncthreads();
-	const uint32_t nq = n_heads * head_dim, per = x_floats + nq + n_heads;
-	const uint64_t tot = (uint64_t)c.n * per;
-	uint32_t mine = 0;
-	for (uint64_t e = threadIdx.x; e < tot; e += blockDim.x) {
-		const float *row = bc_es_row(c.ring, rl,
-		                             c.first + (uint32_t)(e / per));
-		uint32_t k = (uint32_t)(e % per);
-		float v = k < x_floats ? row[k]
-		          : k < x_floats + nq ? row[rl.q_off + k - x_floats]
-		          : row[rl.lse_off + k - x_floats - nq];
-		mine |= !isfinite(v);
-	}
-	if (mine)
-		atomicOr(&bad, 1u);
-	__syncthreads();
-	if (threadIdx.x == 0)
-		out[c.flag] = bad;
-}
-
-/* Queues the n checks (device array chk) on s. */
-static inline int bc_bs_checks(const char *op, const struct bc_chk *chk,
-                               uint32_t n, const kvt_backend_rows &rl,
-                               uint32_t x_floats, uint32_t n_heads,
-                               uint32_t hd, uint32_t *dout, cudaStream_t s)
-{
-	if (!n)
-		return 0;
-	KVT_LAUNCH(bc_bs_check, n, BC_BS_THREADS, 0, s, chk, rl, x_floats,
-	           n_heads, hd, dout);
-	BC_CALL(cudaGetLastError(), op);
-	return 0;
-}
+/* Which jobs check their rows: every one, but KVpop's, where the first
+ * job of a (sequence, layer) (proj) checks them for its lists. */
+static __device__ __forceinline__ int
+bc_bs_checked(const kvt_backend_attn_job &) { return 1; }
+static __device__ __forceinline__ int
+bc_bs_checked(const kvt_backend_tova_job &) { return 1; }
+static __device__ __forceinline__ int
+bc_bs_checked(const kvt_backend_pop_job &j) { return j.proj; }
 
 /* Every job's check in one launch, a block each: its new rows [n_seen -
  * n_new, n_seen) of its ring (x_floats of x, q and lse); out[k] = 1 when a
- * value is not finite, else 0.  J: a job struct with ring, n_new and
- * n_seen (kvt_backend_attn_job, kvt_backend_tova_job); no descriptor of
+ * value is not finite, else 0 (jobs bc_bs_checked skips leave out[k]
+ * alone).  J: a job struct with ring, n_new and n_seen; no descriptor of
  * its own crosses. */
 template <typename J>
 __global__ void bc_bs_check_jobs(const J *jobs, const kvt_backend_rows rl,
@@ -151,6 +47,8 @@ __global__ void bc_bs_check_jobs(const J *jobs, const kvt_backend_rows rl,
 {
 	__shared__ uint32_t bad;
 	const J j = jobs[blockIdx.x];
+	if (!bc_bs_checked(j))
+		return;
 	if (threadIdx.x == 0)
 		bad = 0;
 	__syncthreads();

@@ -28,47 +28,102 @@ bc_pop_half(const kvt_backend_pop &a, uint32_t r, uint32_t h)
 	return bc_es_half(a.state, a.cap, 2, r, h);
 }
 
-/* One projection: the new rows [first, first + n) of a (sequence,
- * layer)'s staging ring, at rows row0.. of the flat xs and ub, whose u
- * ring is record ur. */
-struct bc_pop_prj {
-	const float *ring;
-	uint32_t first, n, ur, row0;
-};
-
-/* Step 1a, every projection at once: x of the new rows copied contiguous
- * into xs [rows][d_model] (rows may wrap round the staging ring). */
-__global__ void bc_pop_xcopy(const kvt_backend_pop a,
-                             const struct bc_pop_prj *prj, uint32_t np,
-                             float *xs)
+/* Step 1's plan, one block: the projecting jobs (proj, new rows) in
+ * order get their rows row0[k] of the flat xs and ub (UINT32_MAX: none)
+ * and the grouped GEMM's pointers, problem q: W[q] the layer's P (lf
+ * floats a layer), x[q] and y[q] their rows of xs and ub. */
+__global__ void bc_pop_plan_proj(const kvt_backend_pop a,
+                                 const kvt_backend_pop_job *jobs, uint32_t n,
+                                 uint64_t lf, const float *xs, float *ub,
+                                 uint32_t *row0, const float **W,
+                                 const float **X, float **Y)
 {
-	for (uint32_t k = blockIdx.y; k < np; k += gridDim.y) {
-		const struct bc_pop_prj q = prj[k];
-		const uint64_t tot = (uint64_t)q.n * a.d_model;
-		for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-		     e < tot; e += (uint64_t)gridDim.x * blockDim.x)
-			xs[(uint64_t)q.row0 * a.d_model + e] =
-				bc_es_row(q.ring, a.rows,
-				          q.first + (uint32_t)(e / a.d_model))
-					[e % a.d_model];
+	__shared__ uint32_t sum[BC_BS_THREADS + 1][2];
+	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
+	const uint32_t per = (n + nt - 1) / nt;
+	const uint32_t lo = t * per < n ? t * per : n;
+	const uint32_t hi = lo + per < n ? lo + per : n;
+	uint32_t c[2] = {0, 0}; /* problems, rows */
+	for (uint32_t k = lo; k < hi; k++)
+		if (jobs[k].proj && jobs[k].n_new) {
+			c[0]++;
+			c[1] += jobs[k].n_new;
+		}
+	sum[t + 1][0] = c[0];
+	sum[t + 1][1] = c[1];
+	__syncthreads();
+	if (t == 0) {
+		sum[0][0] = sum[0][1] = 0;
+		for (uint32_t k = 1; k <= nt; k++) {
+			sum[k][0] += sum[k - 1][0];
+			sum[k][1] += sum[k - 1][1];
+		}
+	}
+	__syncthreads();
+	uint32_t q = sum[t][0], row = sum[t][1];
+	for (uint32_t k = lo; k < hi; k++) {
+		const kvt_backend_pop_job j = jobs[k];
+		row0[k] = UINT32_MAX;
+		if (!j.proj || !j.n_new)
+			continue;
+		row0[k] = row;
+		W[q] = a.weights + (uint64_t)j.layer * lf;
+		X[q] = xs + (uint64_t)row * a.d_model;
+		Y[q] = ub + (uint64_t)row * a.r;
+		q++;
+		row += j.n_new;
 	}
 }
 
-/* Step 1c, every projection at once: rows of ub [rows][r] into their u
- * rings. */
+/* Step 1a, every projecting job at once, grid (values, jobs): x of its
+ * new rows copied contiguous into xs [rows][d_model] (rows may wrap round
+ * the staging ring), and its rows of ub zeroed (scorer_linear_cpu's
+ * output before its GEMM adds to it). */
+__global__ void bc_pop_xcopy(const kvt_backend_pop a,
+                             const kvt_backend_pop_job *jobs, uint32_t n,
+                             const uint32_t *row0, float *xs, float *ub)
+{
+	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
+		const uint32_t r0 = row0[k];
+		if (r0 == UINT32_MAX)
+			continue;
+		const kvt_backend_pop_job j = jobs[k];
+		const uint32_t first = j.n_seen - j.n_new;
+		const uint64_t tot = (uint64_t)j.n_new * a.d_model,
+		               nu = (uint64_t)j.n_new * a.r;
+		for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+		     e < tot || e < nu; e += (uint64_t)gridDim.x * blockDim.x) {
+			if (e < tot)
+				xs[(uint64_t)r0 * a.d_model + e] =
+					bc_es_row(j.ring, a.rows,
+					          first + (uint32_t)(e / a.d_model))
+						[e % a.d_model];
+			if (e < nu)
+				ub[(uint64_t)r0 * a.r + e] = 0.0f;
+		}
+	}
+}
+
+/* Step 1c, every projecting job at once: its rows of ub [rows][r] into
+ * its (sequence, layer)'s u ring. */
 __global__ void bc_pop_scatter(const kvt_backend_pop a,
-                               const struct bc_pop_prj *prj, uint32_t np,
+                               const kvt_backend_pop_job *jobs, uint32_t n,
+                               uint32_t nkv, const uint32_t *row0,
                                const float *ub)
 {
-	for (uint32_t k = blockIdx.y; k < np; k += gridDim.y) {
-		const struct bc_pop_prj q = prj[k];
-		float *u = a.u + (uint64_t)q.ur * a.ring * a.r;
-		const uint64_t tot = (uint64_t)q.n * a.r;
+	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
+		const uint32_t r0 = row0[k];
+		if (r0 == UINT32_MAX)
+			continue;
+		const kvt_backend_pop_job j = jobs[k];
+		const uint32_t first = j.n_seen - j.n_new;
+		float *u = a.u + (uint64_t)(j.record / nkv) * a.ring * a.r;
+		const uint64_t tot = (uint64_t)j.n_new * a.r;
 		for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 		     e < tot; e += (uint64_t)gridDim.x * blockDim.x) {
 			uint32_t t = (uint32_t)(e / a.r), c = (uint32_t)(e % a.r);
-			u[(uint64_t)((q.first + t) % a.ring) * a.r + c] =
-				ub[(uint64_t)q.row0 * a.r + e];
+			u[(uint64_t)((first + t) % a.ring) * a.r + c] =
+				ub[(uint64_t)r0 * a.r + e];
 		}
 	}
 }
@@ -98,7 +153,7 @@ __global__ void bc_pop_carry(const kvt_backend_pop a,
 /* Step 3's band, one block of BC_BS_THREADS per job (those without a
  * band, boff[k] UINT32_MAX, leave): the indices of the entries with pos +
  * delay >= n_seen - n_new in order (at most n_band written, at bidx +
- * boff[k]), bad[k] = 1 when there are not n_band of them. */
+ * boff[k]), bad[k] = 1 when there are not n_band of them, else 0. */
 __global__ void bc_pop_band(const kvt_backend_pop a,
                             const kvt_backend_pop_job *jobs,
                             const uint32_t *boff, uint32_t *bidx,
@@ -107,8 +162,11 @@ __global__ void bc_pop_band(const kvt_backend_pop a,
 	__shared__ uint32_t cnt[BC_BS_THREADS];
 	__shared__ uint32_t total;
 	const uint32_t bo = boff[blockIdx.x];
-	if (bo == UINT32_MAX)
+	if (bo == UINT32_MAX) {
+		if (threadIdx.x == 0)
+			bad[blockIdx.x] = 0;
 		return;
+	}
 	const kvt_backend_pop_job j = jobs[blockIdx.x];
 	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
 	const uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
@@ -300,21 +358,18 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 	return 0;
 }
 
-/* What one call uploads beside the jobs, packed (the projections are
- * per (sequence, layer): a KV head's share of them is small): the row
- * checks, the projections and their grouped GEMM's pointer arrays (W, x,
- * y: filled once the scratch is placed). */
+/* What the host counts of one call's jobs: the due lists (bc_bs_count),
+ * the projections, the bands. */
 struct bc_pop_plan {
-	struct bc_pack pk;
-	size_t o_chk, o_prj, o_W, o_X, o_Y;
+	struct bc_bs_count cn;
 	uint32_t nprj, rows, maxN, maxB, has_band;
 	uint64_t band;
-	struct bc_bs_count cn;
 };
 
-static int bc_pop_reserve(struct bc_pop_plan *pl, const kvt_backend_pop *a,
-                          const struct kvt_backend_pop_job *jobs, uint32_t n)
+static int bc_pop_count(struct bc_pop_plan *pl, const kvt_backend_pop *a,
+                        const struct kvt_backend_pop_job *jobs, uint32_t n)
 {
+	memset(pl, 0, sizeof(*pl));
 	int rv = bc_bs_count_jobs(jobs, n, &pl->cn);
 	if (rv)
 		return rv;
@@ -335,23 +390,13 @@ static int bc_pop_reserve(struct bc_pop_plan *pl, const kvt_backend_pop *a,
 	if (rows > UINT32_MAX || pl->band > UINT32_MAX)
 		return KVT_EINVAL;
 	pl->rows = (uint32_t)rows;
-	struct bc_pack *pk = &pl->pk;
-	const size_t ptr = sizeof(void *);
-	if (!bc_pack_add(pk, (size_t)pl->nprj * sizeof(struct bc_chk),
-	                 &pl->o_chk) ||
-	    !bc_pack_add(pk, (size_t)pl->nprj * sizeof(struct bc_pop_prj),
-	                 &pl->o_prj) ||
-	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_W) ||
-	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_X) ||
-	    !bc_pack_add(pk, (size_t)pl->nprj * ptr, &pl->o_Y))
-		return KVT_ENOMEM;
 	return 0;
 }
 
 /* Scratch offsets of one call. */
 struct bc_pop_mem {
 	struct bc_bs_mem bs; /* output words, jobs, plan, flat arrays */
-	size_t o_pack, o_bad, o_boff, o_ub, o_xs, o_bidx, need;
+	size_t o_bad, o_boff, o_row0, o_W, o_X, o_Y, o_ub, o_xs, o_bidx, need;
 };
 
 static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
@@ -359,85 +404,66 @@ static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
                                        uint32_t out_words)
 {
 	struct bc_pop_mem m;
+	const size_t ptrs = bc_ps_al((size_t)pl->nprj * sizeof(void *));
 	m.bs = bc_bs_layout(&pl->cn, n, sizeof(struct kvt_backend_pop_job),
 	                    out_words);
-	m.o_pack = m.bs.need;
-	m.o_bad = m.o_pack + bc_pack_bytes(&pl->pk);
+	m.o_bad = m.bs.need;
 	m.o_boff = m.o_bad + bc_ps_al((size_t)n * 4);
-	m.o_ub = m.o_boff + bc_ps_al((size_t)n * 4);
+	m.o_row0 = m.o_boff + bc_ps_al((size_t)n * 4);
+	m.o_W = m.o_row0 + bc_ps_al((size_t)n * 4);
+	m.o_X = m.o_W + ptrs;
+	m.o_Y = m.o_X + ptrs;
+	m.o_ub = m.o_Y + ptrs;
 	m.o_xs = m.o_ub + bc_ps_al((size_t)pl->rows * a->r * 4);
 	m.o_bidx = m.o_xs + bc_ps_al((size_t)pl->rows * a->d_model * 4);
 	m.need = m.o_bidx + bc_ps_al((size_t)pl->band * 4);
 	return m;
 }
 
-/* The checks, the projections and the grouped GEMM's problems, once the
- * scratch is placed: W the job's layer's P, x and y its rows of xs and ub
- * (no problem when d_model is 0: u is then 0). */
-static int bc_pop_fill(struct bc_pop_plan *pl, const kvt_backend_pop *a,
-                       const struct kvt_backend_pop_job *jobs, uint32_t n,
-                       uint32_t nkv, const float *xs, float *ub,
-                       struct blas_grouped *g)
-{
-	char *h = pl->pk.h;
-	struct bc_chk *chk = (struct bc_chk *)(h + pl->o_chk);
-	struct bc_pop_prj *prj = (struct bc_pop_prj *)(h + pl->o_prj);
-	const float **W = (const float **)(h + pl->o_W),
-	            **X = (const float **)(h + pl->o_X);
-	float **Y = (float **)(h + pl->o_Y);
-	const uint64_t lf = kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv);
-	int rv = blas_grouped_reset(g, pl->nprj);
-	uint32_t q = 0, row = 0;
-	for (uint32_t k = 0; !rv && k < n; k++) {
-		const struct kvt_backend_pop_job *j = &jobs[k];
-		if (!j->proj || !j->n_new)
-			continue;
-		const uint32_t f = j->n_seen - j->n_new;
-		chk[q] = (struct bc_chk){j->ring, f, j->n_new, k, 0};
-		prj[q] = (struct bc_pop_prj){j->ring, f, j->n_new,
-		                             j->record / nkv, row};
-		W[q] = a->weights + (uint64_t)j->layer * lf;
-		X[q] = xs + (uint64_t)row * a->d_model;
-		Y[q] = ub + (uint64_t)row * a->r;
-		q++;
-		row += j->n_new;
-		if (a->d_model)
-			rv = blas_grouped_add(g, j->n_new, a->d_model, a->r, 1.0f);
-	}
-	return rv;
-}
-
-/* Step 1: every projection's u = P x (the rows copied contiguous, one
- * grouped GEMM: each problem scorer_linear_cpu's call on zeros, beta 1),
- * then into the u rings. */
+/* Step 1: every projection's u = P x: the plan, the rows copied
+ * contiguous (ub zeroed), one grouped GEMM (each problem
+ * scorer_linear_cpu's call for its job, beta 1 on the zeros; none when
+ * d_model is 0: u is then 0), the rows into the u rings. */
 static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
-                          const struct bc_pop_plan *pl, const char *dp,
-                          const struct blas_grouped *g, float *xs, float *ub,
-                          cudaStream_t s)
+                          const struct bc_pop_plan *pl,
+                          const struct bc_pop_mem &m, char *d,
+                          const struct kvt_backend_pop_job *jobs, uint32_t n,
+                          uint32_t nkv, cudaStream_t s)
 {
 	if (!pl->nprj)
 		return 0;
-	const struct bc_pop_prj *prj = (const struct bc_pop_prj *)(dp + pl->o_prj);
-	BC_CALL(cudaMemsetAsync(ub, 0, (size_t)pl->rows * A.r * 4, s),
-	        "pop_select");
-	if (A.d_model) {
-		const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * A.d_model),
-		              bc_bs_rows(pl->nprj));
-		KVT_LAUNCH(bc_pop_xcopy, gx, BC_BS_THREADS, 0, s, A, prj, pl->nprj,
-		           xs);
-		BC_CALL(cudaGetLastError(), "pop_select x");
-		int rv = blas_grouped_run((cublasHandle_t)c->win_blas, g,
-		                          (const float *const *)(dp + pl->o_W),
-		                          (const float *const *)(dp + pl->o_X),
-		                          (float *const *)(dp + pl->o_Y), s);
-		if (rv) {
-			bc_note("pop_select: the projections' grouped GEMM failed");
-			return rv;
-		}
+	const kvt_backend_pop_job *dj =
+		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
+	uint32_t *row0 = (uint32_t *)(d + m.o_row0);
+	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
+	const uint64_t lf = kvt_pop_layer_floats(A.r, A.m, A.d_model, nkv);
+	KVT_LAUNCH(bc_pop_plan_proj, 1, BC_BS_THREADS, 0, s, A, dj, n, lf, xs,
+	           ub, row0, (const float **)(d + m.o_W),
+	           (const float **)(d + m.o_X), (float **)(d + m.o_Y));
+	BC_CALL(cudaGetLastError(), "pop_select plan");
+	const uint64_t wide = A.d_model > A.r ? A.d_model : A.r;
+	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * wide), bc_bs_rows(n));
+	KVT_LAUNCH(bc_pop_xcopy, gx, BC_BS_THREADS, 0, s, A, dj, n, row0, xs, ub);
+	BC_CALL(cudaGetLastError(), "pop_select x");
+	struct blas_grouped g;
+	memset(&g, 0, sizeof(g));
+	int rv = blas_grouped_reset(&g, pl->nprj);
+	for (uint32_t k = 0; !rv && A.d_model && k < n; k++)
+		if (jobs[k].proj && jobs[k].n_new)
+			rv = blas_grouped_add(&g, jobs[k].n_new, A.d_model, A.r,
+			                      1.0f);
+	if (!rv)
+		rv = blas_grouped_run((cublasHandle_t)c->win_blas, &g,
+		                      (const float *const *)(d + m.o_W),
+		                      (const float *const *)(d + m.o_X),
+		                      (float *const *)(d + m.o_Y), s);
+	blas_grouped_free(&g);
+	if (rv) {
+		bc_note("pop_select: the projections' grouped GEMM failed");
+		return rv;
 	}
-	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r),
-	              bc_bs_rows(pl->nprj));
-	KVT_LAUNCH(bc_pop_scatter, gu, BC_BS_THREADS, 0, s, A, prj, pl->nprj,
+	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r), bc_bs_rows(n));
+	KVT_LAUNCH(bc_pop_scatter, gu, BC_BS_THREADS, 0, s, A, dj, n, nkv, row0,
 	           ub);
 	BC_CALL(cudaGetLastError(), "pop_select scatter");
 	return 0;
@@ -470,7 +496,9 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	const dim3 ge(bc_bs_blocks(pl->cn.maxL), bc_bs_rows(n));
 	KVT_LAUNCH(bc_pop_carry, ge, BC_BS_THREADS, 0, s, A, jobs, n);
 	BC_CALL(cudaGetLastError(), "pop_select carry");
-	if (pl->has_band) {
+	if (!pl->has_band)
+		BC_CALL(cudaMemsetAsync(bad, 0, (size_t)n * 4, s), "pop_select");
+	else {
 		KVT_LAUNCH(bc_pop_band, n, BC_BS_THREADS, 0, s, A, jobs, boff, bidx,
 		           bad);
 		BC_CALL(cudaGetLastError(), "pop_select band");
@@ -504,52 +532,6 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	return 0;
 }
 
-static int bc_pop_run(struct bc_ctx *c, const struct kvt_backend_paged *pg,
-                      enum kvt_dtype dt, uint32_t n_heads, uint32_t nkv,
-                      uint32_t hd, const struct kvt_backend_pop *a,
-                      struct bc_pop_plan *pl,
-                      const struct kvt_backend_pop_job *jobs, uint32_t n,
-                      uint32_t *out, uint32_t out_words, cudaStream_t s)
-{
-	const struct bc_pop_mem m = bc_pop_layout(pl, a, n, out_words);
-	int rv = bc_win_prepare(c, m.need);
-	if (rv)
-		return rv;
-	char *d = c->d_win, *dp = d + m.o_pack;
-	uint32_t *dout = (uint32_t *)d;
-	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
-	struct blas_grouped g;
-	memset(&g, 0, sizeof(g));
-	rv = bc_pop_fill(pl, a, jobs, n, nkv, xs, ub, &g);
-	if (!rv)
-		rv = bc_cuda(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-		             "pop_select");
-	if (!rv)
-		rv = bc_cuda(cudaMemsetAsync(d + m.o_bad, 0, (size_t)n * 4, s),
-		             "pop_select");
-	if (!rv)
-		rv = bc_cuda(cudaMemcpyAsync(d + m.bs.o_jobs, jobs,
-		                             (size_t)n * sizeof(*jobs),
-		                             cudaMemcpyHostToDevice, s),
-		             "pop_select");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	if (!rv)
-		rv = bc_pack_send(c, &pl->pk, dp, s, "pop_select");
-	if (!rv)
-		rv = bc_bs_checks("pop_select check",
-		                  (const struct bc_chk *)(dp + pl->o_chk), pl->nprj,
-		                  a->rows, a->d_model, n_heads, hd, dout, s);
-	if (!rv)
-		rv = bc_pop_project(c, *a, pl, dp, &g, xs, ub, s);
-	if (!rv)
-		rv = bc_pop_decide(*pg, dt, *a, pl, m, d, n, nkv, n_heads / nkv, hd,
-		                   s);
-	blas_grouped_free(&g);
-	if (rv)
-		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "pop_select");
-}
-
 static int bc_pop_select_locked(struct bc_ctx *c,
                                 const struct kvt_backend_paged *pg,
                                 enum kvt_dtype dt, uint32_t n_heads,
@@ -560,13 +542,30 @@ static int bc_pop_select_locked(struct bc_ctx *c,
                                 cudaStream_t s)
 {
 	struct bc_pop_plan pl;
-	memset(&pl, 0, sizeof(pl));
-	int rv = bc_pop_reserve(&pl, a, jobs, n);
-	if (!rv)
-		rv = bc_pop_run(c, pg, dt, n_heads, nkv, hd, a, &pl, jobs, n, out,
-		                out_words, s);
-	bc_pack_free(&pl.pk);
-	return rv;
+	int rv = bc_pop_count(&pl, a, jobs, n);
+	if (rv)
+		return rv;
+	const struct bc_pop_mem m = bc_pop_layout(&pl, a, n, out_words);
+	if ((rv = bc_win_prepare(c, m.need)))
+		return rv;
+	char *d = c->d_win;
+	uint32_t *dout = (uint32_t *)d;
+	const kvt_backend_pop_job *dj =
+		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
+	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
+	        "pop_select");
+	BC_CALL(cudaMemcpyAsync(d + m.bs.o_jobs, jobs, (size_t)n * sizeof(*jobs),
+	                        cudaMemcpyHostToDevice, s),
+	        "pop_select");
+	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
+	KVT_LAUNCH(bc_bs_check_jobs<kvt_backend_pop_job>, n, BC_BS_THREADS, 0,
+	           s, dj, a->rows, a->d_model, n_heads, hd, dout);
+	BC_CALL(cudaGetLastError(), "pop_select check");
+	if ((rv = bc_pop_project(c, *a, &pl, m, d, jobs, n, nkv, s)) ||
+	    (rv = bc_pop_decide(*pg, dt, *a, &pl, m, d, n, nkv, n_heads / nkv,
+	                        hd, s)))
+		return rv;
+	return bc_ps_finish(c, out, dout, out_words, s, "pop_select");
 }
 
 int bc_pop_select(void *ctx, const struct kvt_backend_paged *pg,
