@@ -195,24 +195,25 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
 	BC_CALL(cudaGetLastError(), "attn_select plan");
 	const float scale = 1.0f / sqrtf((float)hd);
+	const uint32_t tpb = bc_bs_threads(cn.maxL);
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const kvt_backend_paged p = *pg;
 	const kvt_backend_attn A = *a;
 	if (dt == KVT_DTYPE_F16)
-		KVT_LAUNCH(bc_h2o_batch<f16_t>, grid, BC_BS_THREADS, 0, s, p, A,
+		KVT_LAUNCH(bc_h2o_batch<f16_t>, grid, tpb, 0, s, p, A,
 		           dj, at, n, G, hd, scale, sc, rank, prot);
 	else if (dt == KVT_DTYPE_BF16)
-		KVT_LAUNCH(bc_h2o_batch<bf16_t>, grid, BC_BS_THREADS, 0, s, p, A,
+		KVT_LAUNCH(bc_h2o_batch<bf16_t>, grid, tpb, 0, s, p, A,
 		           dj, at, n, G, hd, scale, sc, rank, prot);
 	else
-		KVT_LAUNCH(bc_h2o_batch<float>, grid, BC_BS_THREADS, 0, s, p, A,
+		KVT_LAUNCH(bc_h2o_batch<float>, grid, tpb, 0, s, p, A,
 		           dj, at, n, G, hd, scale, sc, rank, prot);
 	BC_CALL(cudaGetLastError(), "attn_select accumulate");
 	if ((rv = bc_bs_select("attn_select", a->state, a->cap, G, sc, rank,
 	                       prot, drop, (const uint32_t *)(d + m.o_first),
 	                       (const uint32_t *)(d + m.o_keep),
 	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
-	                       cn.max_drop, dout, s)))
+	                       NULL, cn.max_drop, dout, s)))
 		return rv;
 	return bc_ps_finish(c, out, dout, out_words, s, "attn_select");
 }

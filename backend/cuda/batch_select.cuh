@@ -79,11 +79,12 @@ __global__ void bc_bs_check_jobs(const J *jobs, const kvt_backend_rows rl,
  * rank, protection and drop arrays (first also in the separate array
  * select_topk_batch_cuda reads, keep likewise), the drops the host
  * expects (at most n_drop indices written, at out[idx]; their count at
- * out[cnt]), and the state half to compact by them (record srec, half;
- * F floats an entry).
+ * out[cnt]), the state half to compact by them (record srec, half; F
+ * floats an entry), and its job (whose veto flag, where the op has them,
+ * replaces the count by UINT32_MAX and the drops by none).
  */
 struct bc_seg {
-	uint32_t first, L, n_drop, idx, cnt, srec, half, reserved;
+	uint32_t first, L, n_drop, idx, cnt, srec, half, job;
 };
 
 /* The state record of a job's lists (TOVA's lists share one). */
@@ -120,14 +121,16 @@ bc_bs_band_n(const kvt_backend_pop_job &j) { return j.n_band; }
  * (indices at out[2 n + drop_off], count at out[n + k], the half cur ^ 1
  * compacted); and each job with a band its place boff[k] in the flat band
  * indices (UINT32_MAX: none; boff may be NULL).  The host counted nseg
- * from the same jobs.
+ * from the same jobs.  One block of BC_BS_THREADS; sum: its shared
+ * [BC_BS_THREADS + 1][3].
  */
 template <typename J>
-__global__ void bc_bs_plan(const J *jobs, uint32_t n, uint32_t delay,
-                           uint32_t *at, uint32_t *boff, uint32_t *first,
-                           uint32_t *keep, struct bc_seg *segs)
+static __device__ void bc_bs_plan_dev(const J *jobs, uint32_t n,
+                                      uint32_t delay, uint32_t *at,
+                                      uint32_t *boff, uint32_t *first,
+                                      uint32_t *keep, struct bc_seg *segs,
+                                      uint64_t (*sum)[3])
 {
-	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
 	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
 	const uint32_t per = (n + nt - 1) / nt;
 	const uint32_t lo = t * per < n ? t * per : n;
@@ -169,9 +172,19 @@ __global__ void bc_bs_plan(const J *jobs, uint32_t n, uint32_t delay,
 		at[k] = first[d] = a;
 		keep[d] = j.keep;
 		segs[d++] = (struct bc_seg){a, L, j.n_drop, 2 * n + j.drop_off,
-		                            n + k, bc_bs_srec(j), j.cur ^ 1u, 0};
+		                            n + k, bc_bs_srec(j), j.cur ^ 1u, k};
 		a += L;
 	}
+}
+
+/* bc_bs_plan_dev as one launch of one block of BC_BS_THREADS. */
+template <typename J>
+__global__ void bc_bs_plan(const J *jobs, uint32_t n, uint32_t delay,
+                           uint32_t *at, uint32_t *boff, uint32_t *first,
+                           uint32_t *keep, struct bc_seg *segs)
+{
+	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
+	bc_bs_plan_dev(jobs, n, delay, at, boff, first, keep, segs, sum);
 }
 
 /* What the host counts of a call's jobs to size its scratch and grids. */
@@ -204,12 +217,18 @@ static inline int bc_bs_count_jobs(const J *jobs, uint32_t n,
 }
 
 /* One block per list: its drop indices in order and their count, as
- * bc_ps_indices. */
+ * bc_ps_indices (a vetoed list: count UINT32_MAX, no indices). */
 static __global__ void bc_bs_indices(const uint8_t *drop,
-                                     const struct bc_seg *segs, uint32_t *out)
+                                     const struct bc_seg *segs,
+                                     const uint32_t *veto, uint32_t *out)
 {
 	__shared__ uint32_t before[BC_BS_THREADS + 1];
 	const struct bc_seg g = segs[blockIdx.x];
+	if (veto && veto[g.job]) {
+		if (threadIdx.x == 0)
+			out[g.cnt] = UINT32_MAX;
+		return;
+	}
 	const uint8_t *dr = drop + g.first;
 	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS, len = g.L;
 	const uint32_t per = (len + nt - 1) / nt;
@@ -243,6 +262,8 @@ static __device__ void bc_bs_compact_one(void *state, uint32_t cap,
 {
 	const uint32_t *d = out + g.idx;
 	const uint32_t cnt = out[g.cnt];
+	if (cnt == UINT32_MAX) /* vetoed: nothing dropped */
+		return;
 	const uint32_t m = cnt < g.n_drop ? cnt : g.n_drop;
 	if (m > g.L)
 		return;
@@ -293,9 +314,9 @@ static inline uint32_t bc_bs_rows(uint32_t n)
 /*
  * The selection of nseg due lists, queued on s: select_topk_batch_cuda
  * over the flat sc / rank / prot into drop (first [nseg + 1] and keep
- * [nseg] device arrays), the drop indices and counts into dout, the
- * halves compacted.  Three launches whatever nseg; max_drop bounds the
- * compaction's grid.
+ * [nseg] device arrays), the drop indices and counts into dout (veto:
+ * a flag per job, or NULL), the halves compacted.  Three launches
+ * whatever nseg; max_drop bounds the compaction's grid.
  */
 static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                uint32_t F, const float *sc,
@@ -303,8 +324,8 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                uint8_t *drop, const uint32_t *first,
                                const uint32_t *keep,
                                const struct bc_seg *segs, uint32_t nseg,
-                               uint32_t max_drop, uint32_t *dout,
-                               cudaStream_t s)
+                               const uint32_t *veto, uint32_t max_drop,
+                               uint32_t *dout, cudaStream_t s)
 {
 	if (!nseg)
 		return 0;
@@ -314,7 +335,8 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
 		bc_note("%s: select_topk_batch_cuda failed", op);
 		return rv;
 	}
-	KVT_LAUNCH(bc_bs_indices, nseg, BC_BS_THREADS, 0, s, drop, segs, dout);
+	KVT_LAUNCH(bc_bs_indices, nseg, BC_BS_THREADS, 0, s, drop, segs, veto,
+	           dout);
 	BC_CALL(cudaGetLastError(), op);
 	if (max_drop) {
 		uint32_t bx = (max_drop + BC_BS_THREADS - 1) / BC_BS_THREADS;
@@ -351,10 +373,18 @@ static inline struct bc_bs_mem bc_bs_layout(const struct bc_bs_count *cn,
 	return m;
 }
 
-/* Blocks of BC_BS_THREADS for a grid's x over n items, at most 4096. */
+/* The x of a grid (items, jobs) whose kernels loop over their items by
+ * the grid's stride: threads a block (a warp to BC_BS_THREADS: short
+ * lists leave no block mostly idle) and blocks (at most 4096) for n. */
+static inline uint32_t bc_bs_threads(uint64_t n)
+{
+	return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : BC_BS_THREADS;
+}
+
 static inline uint32_t bc_bs_blocks(uint64_t n)
 {
-	uint64_t b = (n + BC_BS_THREADS - 1) / BC_BS_THREADS;
+	const uint32_t t = bc_bs_threads(n);
+	uint64_t b = (n + t - 1) / t;
 	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
 }
 

@@ -2,11 +2,14 @@
  * pop_select.cu — the cuda backend's `pop_select` op (backend.h): KVpop's
  * delayed learned scorer (policies/kvpop.c) run where the staged rows, the
  * keys, the projections u and the entries' state [a, s] are, so that a
- * sync moves only the drop indices to the host.  Per job (one list),
- * kvpop_decide's float operations one for one: u = P x into the u ring,
- * the state carried, the band's attention accumulated, kvpop_score where
- * a delay ends, and (when due) select_topk_cuda and the half compacted.
- * Bit for bit on the CPU emulator; on a GPU FMA and the math functions
+ * sync moves only the drop indices to the host.  The whole call (every
+ * job: one list) in at most 13 launches whatever its jobs, kvpop_decide's
+ * float operations one for one: the plan (one block), the row checks,
+ * u = P x of every projecting job (copy, one grouped GEMM, scatter), the
+ * state carried with the bands found, the bands' attention accumulated,
+ * kvpop_score where a delay ends, and the due lists' selection, drop
+ * indices and compaction (batch_select.cuh).  Bit for bit on the CPU
+ * emulator; on a GPU FMA and the math functions
  * round differently.  The steps: docs/cuda.md, "Device ops, step by step".
  * Scratch: bc_win_prepare's, under the context's lock.  Tests:
  * cuda.backend_pop_select_matches_kvpop, ..._kvpop_flags_and_refuses.
@@ -28,22 +31,26 @@ bc_pop_half(const kvt_backend_pop &a, uint32_t r, uint32_t h)
 	return bc_es_half(a.state, a.cap, 2, r, h);
 }
 
-/* Step 1's plan, one block: the projecting jobs (proj, new rows) in
- * order get their rows row0[k] of the flat xs and ub (UINT32_MAX: none)
- * and the grouped GEMM's pointers, problem q: W[q] the layer's P (lf
- * floats a layer), x[q] and y[q] their rows of xs and ub. */
-__global__ void bc_pop_plan_proj(const kvt_backend_pop a,
-                                 const kvt_backend_pop_job *jobs, uint32_t n,
-                                 uint64_t lf, const float *xs, float *ub,
-                                 uint32_t *row0, const float **W,
-                                 const float **X, float **Y)
+/* The call's plan, one block of BC_BS_THREADS: bc_bs_plan_dev's (the
+ * due lists, the bands' places boff), then the projecting jobs (proj, new
+ * rows) in order get their rows row0[k] of the flat xs and ub (UINT32_MAX:
+ * none) and the grouped GEMM's pointers, problem q: W[q] the layer's P
+ * (lf floats a layer), x[q] and y[q] their rows of xs and ub. */
+__global__ void bc_pop_plan(const kvt_backend_pop a,
+                            const kvt_backend_pop_job *jobs, uint32_t n,
+                            uint32_t *at, uint32_t *boff, uint32_t *first,
+                            uint32_t *keep, struct bc_seg *segs, uint64_t lf,
+                            const float *xs, float *ub, uint32_t *row0,
+                            const float **W, const float **X, float **Y)
 {
-	__shared__ uint32_t sum[BC_BS_THREADS + 1][2];
+	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
+	bc_bs_plan_dev(jobs, n, a.delay, at, boff, first, keep, segs, sum);
+	__syncthreads(); /* sum is reused */
 	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
 	const uint32_t per = (n + nt - 1) / nt;
 	const uint32_t lo = t * per < n ? t * per : n;
 	const uint32_t hi = lo + per < n ? lo + per : n;
-	uint32_t c[2] = {0, 0}; /* problems, rows */
+	uint64_t c[2] = {0, 0}; /* problems, rows */
 	for (uint32_t k = lo; k < hi; k++)
 		if (jobs[k].proj && jobs[k].n_new) {
 			c[0]++;
@@ -60,7 +67,7 @@ __global__ void bc_pop_plan_proj(const kvt_backend_pop a,
 		}
 	}
 	__syncthreads();
-	uint32_t q = sum[t][0], row = sum[t][1];
+	uint32_t q = (uint32_t)sum[t][0], row = (uint32_t)sum[t][1];
 	for (uint32_t k = lo; k < hi; k++) {
 		const kvt_backend_pop_job j = jobs[k];
 		row0[k] = UINT32_MAX;
@@ -128,32 +135,12 @@ __global__ void bc_pop_scatter(const kvt_backend_pop a,
 	}
 }
 
-/* Step 2, every job at once, grid (entries, jobs): the state carried
- * from half cur to the other, the new entries with a = s = 0. */
-__global__ void bc_pop_carry(const kvt_backend_pop a,
-                             const kvt_backend_pop_job *jobs, uint32_t n)
-{
-	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-		const kvt_backend_pop_job j = jobs[k];
-		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
-		const uint32_t *src = bc_pop_half(a, j.record, j.cur);
-		uint32_t *dst = bc_pop_half(a, j.record, j.cur ^ 1u);
-		const float *ss = (const float *)(src + a.cap);
-		float *sd = (float *)(dst + a.cap);
-		for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < L;
-		     i += gridDim.x * blockDim.x) {
-			const int old = i < j.len;
-			dst[i] = old ? src[i] : first + (i - j.len);
-			sd[(uint64_t)i * 2] = old ? ss[(uint64_t)i * 2] : 0.0f;
-			sd[(uint64_t)i * 2 + 1] = old ? ss[(uint64_t)i * 2 + 1] : 0.0f;
-		}
-	}
-}
-
-/* Step 3's band, one block of BC_BS_THREADS per job (those without a
- * band, boff[k] UINT32_MAX, leave): the indices of the entries with pos +
- * delay >= n_seen - n_new in order (at most n_band written, at bidx +
- * boff[k]), bad[k] = 1 when there are not n_band of them, else 0. */
+/* Steps 2 and 3's band, one block of BC_BS_THREADS per job, each thread
+ * a run of its entries: the state carried from half cur to the other (the
+ * new entries with a = s = 0); then, for a job with a band (boff[k] not
+ * UINT32_MAX), the indices of the entries with pos + delay >= n_seen -
+ * n_new in order (at most n_band written, at bidx + boff[k]), bad[k] = 1
+ * when there are not n_band of them, else 0. */
 __global__ void bc_pop_band(const kvt_backend_pop a,
                             const kvt_backend_pop_job *jobs,
                             const uint32_t *boff, uint32_t *bidx,
@@ -162,21 +149,30 @@ __global__ void bc_pop_band(const kvt_backend_pop a,
 	__shared__ uint32_t cnt[BC_BS_THREADS];
 	__shared__ uint32_t total;
 	const uint32_t bo = boff[blockIdx.x];
-	if (bo == UINT32_MAX) {
-		if (threadIdx.x == 0)
-			bad[blockIdx.x] = 0;
-		return;
-	}
 	const kvt_backend_pop_job j = jobs[blockIdx.x];
 	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
-	const uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
+	const uint32_t *src = bc_pop_half(a, j.record, j.cur);
+	uint32_t *dst = bc_pop_half(a, j.record, j.cur ^ 1u);
+	const float *ss = (const float *)(src + a.cap);
+	float *sd = (float *)(dst + a.cap);
 	const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
 	const uint64_t lo64 = (uint64_t)threadIdx.x * per;
 	const uint32_t lo = lo64 < L ? (uint32_t)lo64 : L,
 	               hi = L - lo < per ? L : lo + per;
 	uint32_t c = 0;
-	for (uint32_t i = lo; i < hi; i++)
-		c += (uint64_t)pos[i] + a.delay >= first;
+	for (uint32_t i = lo; i < hi; i++) {
+		const int old = i < j.len;
+		const uint32_t p = old ? src[i] : first + (i - j.len);
+		dst[i] = p;
+		sd[(uint64_t)i * 2] = old ? ss[(uint64_t)i * 2] : 0.0f;
+		sd[(uint64_t)i * 2 + 1] = old ? ss[(uint64_t)i * 2 + 1] : 0.0f;
+		c += (uint64_t)p + a.delay >= first;
+	}
+	if (bo == UINT32_MAX) {
+		if (threadIdx.x == 0)
+			bad[blockIdx.x] = 0;
+		return;
+	}
 	cnt[threadIdx.x] = c;
 	__syncthreads();
 	if (threadIdx.x == 0) {
@@ -192,7 +188,7 @@ __global__ void bc_pop_band(const kvt_backend_pop a,
 	uint32_t o = cnt[threadIdx.x];
 	uint32_t *out = bidx + bo;
 	for (uint32_t i = lo; i < hi && o < j.n_band; i++)
-		if ((uint64_t)pos[i] + a.delay >= first)
+		if ((uint64_t)dst[i] + a.delay >= first)
 			out[o++] = i;
 	if (threadIdx.x == 0)
 		bad[blockIdx.x] = total != j.n_band;
@@ -251,14 +247,15 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 /* Steps 4 and 5, grid (entries, jobs): the score of the entries whose
  * delay ends in the sync (kvpop_score), then (due: seg[k] the job's place
  * in the flat arrays) score, rank and protection of every entry; a job
- * whose band was not n_band (bad) protects everything instead.  The
- * layer's W1 follows its P in a.weights (lf floats a layer) (W1 [m][r + 1], b1 [m], W2
- * [nkv][m], b2 [nkv]). */
+ * whose band was not n_band (bad) protects everything instead and gets
+ * count[k] = UINT32_MAX (a due one through bc_bs_select's veto).  The
+ * layer's W1 follows its P in a.weights (lf floats a layer): W1 [m][r +
+ * 1], b1 [m], W2 [nkv][m], b2 [nkv]. */
 __global__ void bc_pop_score(const kvt_backend_pop a,
                              const kvt_backend_pop_job *jobs,
                              const uint32_t *seg, uint32_t n, uint32_t nkv,
                              uint64_t lf, const uint32_t *bad, float *sc,
-                             uint32_t *rank, uint8_t *prot)
+                             uint32_t *rank, uint8_t *prot, uint32_t *count)
 {
 	const uint32_t r = a.r, m = a.m;
 	const float inv_sqrt2 = 0.70710678118654752440f;
@@ -266,6 +263,9 @@ __global__ void bc_pop_score(const kvt_backend_pop a,
 		const kvt_backend_pop_job j = jobs[k];
 		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new,
 		               at = seg[k], fail = bad[k];
+		/* a failed band: count UINT32_MAX (a due list's: its veto) */
+		if (fail && at == UINT32_MAX && !blockIdx.x && !threadIdx.x)
+			count[k] = UINT32_MAX;
 		if (!j.n_new && at == UINT32_MAX)
 			continue;
 		const float *W1 = a.weights + (uint64_t)j.layer * lf +
@@ -312,16 +312,6 @@ __global__ void bc_pop_score(const kvt_backend_pop a,
 			}
 		}
 	}
-}
-
-/* Step 6: out[n + job] = UINT32_MAX for every job whose band was not
- * n_band (after the compaction, which then had no drops to apply). */
-__global__ void bc_pop_fail(const uint32_t *bad, uint32_t n, uint32_t *count)
-{
-	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n;
-	     k += gridDim.x * blockDim.x)
-		if (bad[k])
-			count[k] = 0xffffffffu;
 }
 
 static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
@@ -420,8 +410,8 @@ static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
 	return m;
 }
 
-/* Step 1: every projection's u = P x: the plan, the rows copied
- * contiguous (ub zeroed), one grouped GEMM (each problem
+/* Step 1: every projection's u = P x: the rows copied contiguous (ub
+ * zeroed), one grouped GEMM (each problem
  * scorer_linear_cpu's call for its job, beta 1 on the zeros; none when
  * d_model is 0: u is then 0), the rows into the u rings. */
 static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
@@ -436,14 +426,10 @@ static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
 		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
 	uint32_t *row0 = (uint32_t *)(d + m.o_row0);
 	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
-	const uint64_t lf = kvt_pop_layer_floats(A.r, A.m, A.d_model, nkv);
-	KVT_LAUNCH(bc_pop_plan_proj, 1, BC_BS_THREADS, 0, s, A, dj, n, lf, xs,
-	           ub, row0, (const float **)(d + m.o_W),
-	           (const float **)(d + m.o_X), (float **)(d + m.o_Y));
-	BC_CALL(cudaGetLastError(), "pop_select plan");
 	const uint64_t wide = A.d_model > A.r ? A.d_model : A.r;
+	const uint32_t tx = bc_bs_threads((uint64_t)pl->maxN * wide);
 	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * wide), bc_bs_rows(n));
-	KVT_LAUNCH(bc_pop_xcopy, gx, BC_BS_THREADS, 0, s, A, dj, n, row0, xs, ub);
+	KVT_LAUNCH(bc_pop_xcopy, gx, tx, 0, s, A, dj, n, row0, xs, ub);
 	BC_CALL(cudaGetLastError(), "pop_select x");
 	struct blas_grouped g;
 	memset(&g, 0, sizeof(g));
@@ -462,15 +448,17 @@ static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
 		bc_note("pop_select: the projections' grouped GEMM failed");
 		return rv;
 	}
+	const uint32_t tu = bc_bs_threads((uint64_t)pl->maxN * A.r);
 	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r), bc_bs_rows(n));
-	KVT_LAUNCH(bc_pop_scatter, gu, BC_BS_THREADS, 0, s, A, dj, n, nkv, row0,
+	KVT_LAUNCH(bc_pop_scatter, gu, tu, 0, s, A, dj, n, nkv, row0,
 	           ub);
 	BC_CALL(cudaGetLastError(), "pop_select scatter");
 	return 0;
 }
 
-/* Steps 2 to 6 for every job: the plan, the carry, the bands and their
- * accumulation, the scores, the due lists' selection, the failed bands. */
+/* Steps 2 to 5 for every job: the carry and the bands, their
+ * accumulation, the scores, the due lists' selection (a failed band's
+ * veto). */
 static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
                          const kvt_backend_pop &A,
                          const struct bc_pop_plan *pl,
@@ -488,48 +476,34 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	float *sc = (float *)(d + m.bs.o_sc);
 	uint8_t *prot = (uint8_t *)(d + m.bs.o_prot),
 	        *drop = (uint8_t *)(d + m.bs.o_drop);
-	KVT_LAUNCH(bc_bs_plan<kvt_backend_pop_job>, 1, BC_BS_THREADS, 0, s, jobs,
-	           n, A.delay, at, boff, (uint32_t *)(d + m.bs.o_first),
-	           (uint32_t *)(d + m.bs.o_keep),
-	           (struct bc_seg *)(d + m.bs.o_segs));
-	BC_CALL(cudaGetLastError(), "pop_select plan");
-	const dim3 ge(bc_bs_blocks(pl->cn.maxL), bc_bs_rows(n));
-	KVT_LAUNCH(bc_pop_carry, ge, BC_BS_THREADS, 0, s, A, jobs, n);
-	BC_CALL(cudaGetLastError(), "pop_select carry");
-	if (!pl->has_band)
-		BC_CALL(cudaMemsetAsync(bad, 0, (size_t)n * 4, s), "pop_select");
-	else {
-		KVT_LAUNCH(bc_pop_band, n, BC_BS_THREADS, 0, s, A, jobs, boff, bidx,
-		           bad);
-		BC_CALL(cudaGetLastError(), "pop_select band");
+	KVT_LAUNCH(bc_pop_band, n, BC_BS_THREADS, 0, s, A, jobs, boff, bidx, bad);
+	BC_CALL(cudaGetLastError(), "pop_select carry and band");
+	if (pl->has_band) {
 		const float scale = 1.0f / sqrtf((float)hd);
+		const uint32_t tb = bc_bs_threads(pl->maxB);
 		const dim3 gb(bc_bs_blocks(pl->maxB), bc_bs_rows(n));
 		if (dt == KVT_DTYPE_F16)
-			KVT_LAUNCH(bc_pop_accum<f16_t>, gb, BC_BS_THREADS, 0, s, p, A,
+			KVT_LAUNCH(bc_pop_accum<f16_t>, gb, tb, 0, s, p, A,
 			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
 		else if (dt == KVT_DTYPE_BF16)
-			KVT_LAUNCH(bc_pop_accum<bf16_t>, gb, BC_BS_THREADS, 0, s, p, A,
+			KVT_LAUNCH(bc_pop_accum<bf16_t>, gb, tb, 0, s, p, A,
 			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
 		else
-			KVT_LAUNCH(bc_pop_accum<float>, gb, BC_BS_THREADS, 0, s, p, A,
+			KVT_LAUNCH(bc_pop_accum<float>, gb, tb, 0, s, p, A,
 			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
 		BC_CALL(cudaGetLastError(), "pop_select accumulate");
 	}
 	const uint64_t lf = kvt_pop_layer_floats(A.r, A.m, A.d_model, nkv);
-	KVT_LAUNCH(bc_pop_score, ge, BC_BS_THREADS, 0, s, A, jobs, at, n, nkv,
-	           lf, bad, sc, rank, prot);
+	const uint32_t te = bc_bs_threads(pl->cn.maxL);
+	const dim3 ge(bc_bs_blocks(pl->cn.maxL), bc_bs_rows(n));
+	KVT_LAUNCH(bc_pop_score, ge, te, 0, s, A, jobs, at, n, nkv,
+	           lf, bad, sc, rank, prot, dout + n);
 	BC_CALL(cudaGetLastError(), "pop_select score");
-	int rv = bc_bs_select("pop_select", A.state, A.cap, 2, sc, rank, prot,
-	                      drop, (const uint32_t *)(d + m.bs.o_first),
-	                      (const uint32_t *)(d + m.bs.o_keep),
-	                      (const struct bc_seg *)(d + m.bs.o_segs),
-	                      pl->cn.nseg, pl->cn.max_drop, dout, s);
-	if (rv || !pl->has_band)
-		return rv;
-	KVT_LAUNCH(bc_pop_fail, bc_bs_blocks(n), BC_BS_THREADS, 0, s, bad, n,
-	           dout + n);
-	BC_CALL(cudaGetLastError(), "pop_select band check");
-	return 0;
+	return bc_bs_select("pop_select", A.state, A.cap, 2, sc, rank, prot,
+	                    drop, (const uint32_t *)(d + m.bs.o_first),
+	                    (const uint32_t *)(d + m.bs.o_keep),
+	                    (const struct bc_seg *)(d + m.bs.o_segs), pl->cn.nseg,
+	                    bad, pl->cn.max_drop, dout, s);
 }
 
 static int bc_pop_select_locked(struct bc_ctx *c,
@@ -561,6 +535,15 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 	KVT_LAUNCH(bc_bs_check_jobs<kvt_backend_pop_job>, n, BC_BS_THREADS, 0,
 	           s, dj, a->rows, a->d_model, n_heads, hd, dout);
 	BC_CALL(cudaGetLastError(), "pop_select check");
+	KVT_LAUNCH(bc_pop_plan, 1, BC_BS_THREADS, 0, s, *a, dj, n,
+	           (uint32_t *)(d + m.bs.o_at), (uint32_t *)(d + m.o_boff),
+	           (uint32_t *)(d + m.bs.o_first), (uint32_t *)(d + m.bs.o_keep),
+	           (struct bc_seg *)(d + m.bs.o_segs),
+	           kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv),
+	           (const float *)(d + m.o_xs), (float *)(d + m.o_ub),
+	           (uint32_t *)(d + m.o_row0), (const float **)(d + m.o_W),
+	           (const float **)(d + m.o_X), (float **)(d + m.o_Y));
+	BC_CALL(cudaGetLastError(), "pop_select plan");
 	if ((rv = bc_pop_project(c, *a, &pl, m, d, jobs, n, nkv, s)) ||
 	    (rv = bc_pop_decide(*pg, dt, *a, &pl, m, d, n, nkv, n_heads / nkv,
 	                        hd, s)))

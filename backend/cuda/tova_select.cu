@@ -159,24 +159,25 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 	BC_CALL(cudaGetLastError(), "tova_select plan");
 	const uint32_t G = n_heads / nkv;
 	const float scale = 1.0f / sqrtf((float)hd), inv_h = 1.0f / (float)n_heads;
+	const uint32_t tpb = bc_bs_threads(cn.maxL);
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const kvt_backend_paged p = *pg;
 	const kvt_backend_tova A = *a;
 	if (dt == KVT_DTYPE_F16)
-		KVT_LAUNCH(bc_tova_batch<f16_t>, grid, BC_BS_THREADS, 0, s, p, A,
+		KVT_LAUNCH(bc_tova_batch<f16_t>, grid, tpb, 0, s, p, A,
 		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
 	else if (dt == KVT_DTYPE_BF16)
-		KVT_LAUNCH(bc_tova_batch<bf16_t>, grid, BC_BS_THREADS, 0, s, p, A,
+		KVT_LAUNCH(bc_tova_batch<bf16_t>, grid, tpb, 0, s, p, A,
 		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
 	else
-		KVT_LAUNCH(bc_tova_batch<float>, grid, BC_BS_THREADS, 0, s, p, A,
+		KVT_LAUNCH(bc_tova_batch<float>, grid, tpb, 0, s, p, A,
 		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
 	BC_CALL(cudaGetLastError(), "tova_select score");
 	if ((rv = bc_bs_select("tova_select", a->state, a->cap, 0, sc, rank,
 	                       prot, drop, (const uint32_t *)(d + m.o_first),
 	                       (const uint32_t *)(d + m.o_keep),
 	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
-	                       cn.max_drop, dout, s)))
+	                       NULL, cn.max_drop, dout, s)))
 		return rv;
 	return bc_ps_finish(c, out, dout, out_words, s, "tova_select");
 }
