@@ -47,7 +47,7 @@ static const struct lpol {
 	{"pyramidkv", "pyramidkv:window=4," T_BUDGET, 0},
 	{"expected_attention", "expected_attention:window=4," T_BUDGET ",sinks=1",
 	 0},
-	{"knorm", "knorm:" T_BUDGET, 0},
+	{"knorm", "knorm:" T_BUDGET, 1},
 };
 #define N_POL (sizeof(POL) / sizeof(POL[0]))
 
