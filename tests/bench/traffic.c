@@ -44,7 +44,8 @@ static struct {
 	char names[T_MAXPOL][32];
 	double daemon[T_MAXPOL], stage[T_MAXPOL], cpu_us[T_MAXPOL];
 	double first[T_MAXPOL]; /* the first decode sync, per sequence */
-	double launches[T_MAXPOL]; /* per decoded token per sequence */
+	/* launches a sync at 1 and at LS_SEQS sequences (launch_policy) */
+	double ls1[T_MAXPOL], lsn[T_MAXPOL];
 	int emu; /* the library is the emulator's */
 } ts;
 
@@ -190,12 +191,12 @@ static double cpu_ns(pid_t pid)
 static void run_policy(const char *bin_dir, const char *dir, const char *nm,
                        uint32_t prompt, uint32_t dec, const uint16_t *rows,
                        pid_t d, double *daemon_b, double *stage_b,
-                       double *cpu_us, double *first_b, double *launches)
+                       double *cpu_us, double *first_b)
 {
 	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
 	char tenant[KVT_NAME_MAX];
 	const struct kvt_geometry g = {T_L, T_H, T_KV, T_HD, T_D};
-	*daemon_b = *stage_b = *cpu_us = *first_b = *launches = NAN;
+	*daemon_b = *stage_b = *cpu_us = *first_b = NAN;
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
 	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
 	              !strcmp(nm, "kvpop");
@@ -239,11 +240,9 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	pos += T_EVERY;
 	double b0 = daemon_bytes(bin_dir, dir), c0 = cpu_ns(d);
-	double l0 = daemon_launches(bin_dir, dir);
 	for (uint32_t i = 0; !rv && i < dec; i += T_EVERY, pos += T_EVERY)
 		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	double c1 = cpu_ns(d), b1 = daemon_bytes(bin_dir, dir);
-	double l1 = daemon_launches(bin_dir, dir);
 	if (rv) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s: %s\n", nm,
 		        kvt_strerror(rv), kvt_last_error(cl));
@@ -256,7 +255,125 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		*daemon_b = (b1 - b0) / ((double)dec * T_SEQS);
 		*first_b = (b0 - f0) / T_SEQS;
 		*cpu_us = (c1 - c0) / 1e3 / ((double)dec * T_SEQS);
-		*launches = (l1 - l0) / ((double)dec * T_SEQS);
+	}
+	kvt_disconnect(cl);
+}
+
+/*
+ * Launches a sync (launch_policy): LS_SEQS sequences of a small geometry
+ * (4 layers, 8 query and 4 KV heads, head_dim 16), since what is measured
+ * must not depend on the shapes (tests/integration/test_launches.c
+ * asserts it at every sync): all prefilled by one sync of 32 tokens
+ * each, then a decode sync of T_EVERY tokens of all (where the prompt
+ * selections decide: windows of 8) and one of the first alone.  Budgets
+ * of 16 entries, so every policy but full evicts.
+ */
+#define LS_SEQS 64u
+#define LS_PREFILL 32u
+
+/* n tokens at pos of sequences seq[0..ns): K/V and the staged inputs,
+ * then one sync of them all; 0 or the sync's code. */
+static int ls_step(kvt_client *c, const kvt_seq *seq, uint32_t ns,
+                   uint32_t pos, uint32_t n, enum kvt_phase phase)
+{
+	const struct kvt_geometry *g = &kvt_config_of(c)->geo;
+	float row[16], q[128], x[64], lse[8];
+	for (uint32_t s = 0; s < ns; s++)
+		for (uint32_t k = 0; k < n; k++) {
+			uint32_t p = pos + k;
+			uint64_t seed = ((uint64_t)p << 16) ^ ((uint64_t)s << 4);
+			for (uint32_t l = 0; l < g->n_layers; l++) {
+				for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+					void *kp, *vp;
+					bench_fill_rnd(row, g->head_dim, seed ^ (l * 8 + h),
+					               1.0f);
+					if (kvt_kv_ptr(c, seq[s], l, h, k, &kp, &vp) ||
+					    kvt_memcpy(c, kp, row, sizeof(row)) ||
+					    kvt_memcpy(c, vp, row, sizeof(row)))
+						return KVT_EINVAL;
+				}
+				float *sx = kvt_stage_x(c, seq[s], l, p);
+				float *sq = kvt_stage_q(c, seq[s], l, p);
+				float *sl = kvt_stage_lse(c, seq[s], l, p);
+				bench_fill_rnd(x, 64, seed ^ 0x55 ^ l, 1.0f);
+				bench_fill_rnd(q, 128, seed ^ 0xaa ^ l, 1.0f);
+				for (uint32_t h = 0; h < 8; h++)
+					lse[h] = logf((float)(p + 1));
+				if ((sx && kvt_memcpy(c, sx, x, sizeof(x))) ||
+				    (sq && kvt_memcpy(c, sq, q, sizeof(q))) ||
+				    (sl && kvt_memcpy(c, sl, lse, sizeof(lse))))
+					return KVT_EINVAL;
+			}
+		}
+	struct kvt_sync_item it[LS_SEQS];
+	for (uint32_t s = 0; s < ns; s++)
+		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
+	return kvt_sync(c, it, ns);
+}
+
+static void launch_policy(const char *bin_dir, const char *dir,
+                          const char *nm, double *one, double *all)
+{
+	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
+	char tenant[KVT_NAME_MAX];
+	const struct kvt_geometry g = {4, 8, 4, 16, 64};
+	const struct th_wshape sh = {16, 4, 4, 4, 8};
+	*one = *all = NAN;
+	snprintf(path, sizeof(path), "%s/%s-ls.safetensors", dir, nm);
+	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
+	              !strcmp(nm, "kvpop");
+	if (learned && th_random_weights(nm, &g, &sh, 0, path, err,
+	                                 sizeof(err))) {
+		fprintf(stderr, "kvtrim-bench: launches %s: %s\n", nm, err);
+		return;
+	}
+	int k = !strcmp(nm, "full") ? snprintf(spec, sizeof(spec), "full")
+	        : !strcmp(nm, "kvzap")
+	                ? snprintf(spec, sizeof(spec), "kvzap:model=%s", path)
+	        : learned ? snprintf(spec, sizeof(spec), "%s:model=%s,tokens=16",
+	                             nm, path)
+	        : strstr("snapkv pyramidkv expected_attention", nm)
+	                ? snprintf(spec, sizeof(spec), "%s:tokens=16,window=8",
+	                           nm)
+	                : snprintf(spec, sizeof(spec), "%s:tokens=16", nm);
+	if (k < 0 || (size_t)k >= sizeof(spec))
+		return;
+	snprintf(tenant, sizeof(tenant), "launches-%s", nm);
+	struct kvt_config c = {
+		.runtime_dir = dir, .tenant = tenant, .geo = g,
+		.dtype = KVT_DTYPE_F32, .page_tokens = 16, .max_seqs = LS_SEQS,
+		.max_tokens = 256, .headroom = LS_PREFILL,
+		.stage_tokens = LS_PREFILL + 64, .policy = spec,
+		.timeout_ms = 600000};
+	kvt_client *cl = NULL;
+	kvt_seq seq[LS_SEQS];
+	int rv = kvt_connect(&c, &cl, err);
+	if (learned)
+		unlink(path);
+	if (rv) {
+		fprintf(stderr, "kvtrim-bench: launches %s: kvt_connect: %s: %s\n",
+		        nm, kvt_strerror(rv), err);
+		return;
+	}
+	for (uint32_t s = 0; s < LS_SEQS && !rv; s++)
+		rv = kvt_seq_open(cl, &seq[s]);
+	if (!rv)
+		rv = ls_step(cl, seq, LS_SEQS, 0, LS_PREFILL, KVT_PHASE_PREFILL);
+	double l0 = daemon_launches(bin_dir, dir);
+	if (!rv)
+		rv = ls_step(cl, seq, LS_SEQS, LS_PREFILL, T_EVERY,
+		             KVT_PHASE_DECODE);
+	double l1 = daemon_launches(bin_dir, dir);
+	if (!rv)
+		rv = ls_step(cl, seq, 1, LS_PREFILL + T_EVERY, T_EVERY,
+		             KVT_PHASE_DECODE);
+	double l2 = daemon_launches(bin_dir, dir);
+	if (rv) {
+		fprintf(stderr, "kvtrim-bench: launches %s: %s: %s\n", nm,
+		        kvt_strerror(rv), kvt_last_error(cl));
+	} else {
+		*all = l1 - l0;
+		*one = l2 - l1;
 	}
 	kvt_disconnect(cl);
 }
@@ -310,7 +427,10 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		for (int i = 0; i < ts.n; i++)
 			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows, d,
 			           &ts.daemon[i], &ts.stage[i], &ts.cpu_us[i],
-			           &ts.first[i], &ts.launches[i]);
+			           &ts.first[i]);
+		for (int i = 0; i < ts.n; i++)
+			launch_policy(bin_dir, dir, ts.names[i], &ts.ls1[i],
+			              &ts.lsn[i]);
 		free(rows);
 		ts.ran = 1;
 		kill(d, SIGTERM);
@@ -342,8 +462,15 @@ void traffic_print(FILE *f)
 		fprintf(f, "cuda_prompt_sync_bytes_%s %.0f\n", ts.names[i],
 		        ts.first[i]);
 	for (int i = 0; i < ts.n; i++)
-		fprintf(f, "cuda_launches_per_token_%s %.1f\n", ts.names[i],
-		        ts.launches[i]);
+		fprintf(f, "cuda_launches_per_sync_%s_1seq %.0f\n", ts.names[i],
+		        ts.ls1[i]);
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_launches_per_sync_%s_%useq %.0f\n", ts.names[i],
+		        LS_SEQS, ts.lsn[i]);
+	fprintf(f, "cuda_launches_per_sync_target 16\n");
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_launches_per_token_%s %.3f\n", ts.names[i],
+		        ts.lsn[i] / ((double)LS_SEQS * T_EVERY));
 	/* On the emulator the daemon's CPU also runs every kernel: these say
 	 * nothing of a GPU host's, where scripts/gpu-check.sh reports them as
 	 * gpu_daemon_us_per_token_<p> (target 5). */
