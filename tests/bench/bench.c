@@ -520,6 +520,10 @@ int main(int argc, char **argv)
 		fprintf(outs[i], "kvzap_linear_tokens_per_s %.0f\n", pb.lin_tps);
 		fprintf(outs[i], "fastkvzip_tokens_per_s %.0f\n", pb.fkv_tps);
 		fprintf(outs[i], "kvpop_tokens_per_s %.0f\n", pb.kvpop_tps);
+		fprintf(outs[i], "attn_band_us %.1f\n", pb.band_us);
+		fprintf(outs[i], "attn_band_sgemm_us %.1f\n", pb.band_sgemm_us);
+		fprintf(outs[i], "attn_band_vs_sgemm %.2f\n",
+		        pb.band_sgemm_us / pb.band_us);
 		for (int k = 0; k < pb.n; k++)
 			fprintf(outs[i], "daemon_us_per_token_%s %.1f\n",
 			        pb.names[k], pb.us_per_token[k]);

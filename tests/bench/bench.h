@@ -56,6 +56,7 @@ void bench_ctl_stats(const char *bin_dir, const char *dir,
 #define BENCH_N_POL 9
 struct bench_policy {
 	double sgemm_gflops, mlp_tps, mlp_gflops, lin_tps, fkv_tps, kvpop_tps;
+	double band_us, band_sgemm_us; /* attn_band_cpu and its sgemm floor */
 	const char *names[BENCH_N_POL];
 	double us_per_token[BENCH_N_POL]; /* daemon CPU per decoded token */
 	double sync_us[BENCH_N_POL];      /* the daemon's own sync time, likewise */

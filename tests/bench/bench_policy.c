@@ -114,6 +114,45 @@ static void bench_scorers(struct bench_policy *b)
 }
 
 /*
+ * attn_band_us: attn_band_cpu (the attention policies' weights of B_N
+ * staged queries of a KV head's B_G query heads against a list of 1024
+ * f32 entries, the logits in its fixed order: kernels.h) beside its floor,
+ * cblas_sgemm of the same product on keys already gathered (what the
+ * kernel computed before the order was fixed), attn_band_sgemm_us.
+ */
+static void bench_band(struct bench_policy *b)
+{
+	const uint32_t len = 1024, rows = B_N * B_G, pt = 16;
+	float *q = rnd((size_t)rows * B_HD, 13, 1.0f);
+	float *keys = rnd((size_t)len * B_HD * 2, 14, 1.0f);
+	float *lse = malloc(sizeof(float) * rows), *w = malloc(sizeof(float) *
+	                                                        rows * len);
+	float *ks = malloc(sizeof(float) * len * B_HD);
+	uint32_t *kpos = malloc(sizeof(uint32_t) * len), qpos[B_N];
+	void *pages[1024 / 16];
+	if (!lse || !w || !ks || !kpos)
+		bench_die("out of memory");
+	/* pages [K: pt rows][V: pt rows] of f32, as shm.h lays them out */
+	for (uint32_t p = 0; p < len / pt; p++)
+		pages[p] = keys + (size_t)p * 2 * pt * B_HD;
+	for (uint32_t i = 0; i < len; i++)
+		kpos[i] = i;
+	for (uint32_t t = 0; t < B_N; t++)
+		qpos[t] = len + t;
+	for (uint32_t r = 0; r < rows; r++)
+		lse[r] = 8.0f;
+	const float scale = 1.0f / sqrtf((float)B_HD);
+	int reps = quick ? 20 : 200;
+	b->band_us = BEST_US(reps, attn_band_cpu(q, lse, qpos, B_N, B_G, pages,
+	                                         pt, B_HD, KVT_DTYPE_F32, kpos,
+	                                         len, scale, w, ks));
+	b->band_sgemm_us = BEST_US(reps, cblas_sgemm(
+		CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)len,
+		(int)B_HD, scale, q, B_HD, ks, B_HD, 0.0f, w, (int)len));
+	free(q); free(keys); free(lse); free(w); free(ks); free(kpos);
+}
+
+/*
  * Writes random seeded weights of a learned policy for all 36 layers into
  * path (rndweights.h): kvzap MLP hidden 512 (output bias -4, so about half
  * the entries fall below the default threshold), fastkvzip D' 16 S 16 (the
@@ -501,6 +540,7 @@ void bench_policy_run(struct bench_policy *b, const char *bin_dir,
 {
 	quick = is_quick;
 	bench_scorers(b);
+	bench_band(b);
 	struct dcpu d = {.pid = daemon};
 	d.have_clk = !clock_getcpuclockid(daemon, &d.clk);
 	/* quick: a short prompt and small budgets, so evictions still run */
