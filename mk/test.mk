@@ -15,7 +15,8 @@
 #        writes take the parking path (tests/integration/test_device.c);
 #     4. kvtrim-loadgen --verify for every policy on the emulated cuda
 #        backend: streaming and h2o in both sharing modes (200 steps), and
-#        one vmm run of each other policy (scripts/loadgen-policies.sh);
+#        one vmm run of each other policy, and 64-sequence syncs of the
+#        batched device rules (scripts/loadgen-policies.sh);
 #     5. the Python package's tests (scripts/python_tests.sh), where the
 #        environment of scripts/python_venv.sh exists (else skipped,
 #        naming that command).
