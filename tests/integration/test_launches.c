@@ -51,21 +51,6 @@ static const struct lpol {
 };
 #define N_POL (sizeof(POL) / sizeof(POL[0]))
 
-/* The daemon's device_launches_total now (one kvtrimctl stats). */
-static uint64_t launches(const struct th_daemon *d)
-{
-	static char out[1 << 14];
-	static const char key[] = "device_launches_total ";
-	int rc = th_sh(d, out, sizeof(out), "%s stats", th_bin("kvtrimctl"));
-	if (rc)
-		th_fail(__FILE__, __LINE__, "kvtrimctl stats: %d: %s", rc, out);
-	for (char *l = out; l && *l;
-	     l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-		if (!strncmp(l, key, strlen(key)))
-			return strtoull(l + strlen(key), NULL, 10);
-	th_fail(__FILE__, __LINE__, "kvtrimctl stats lacks %s:\n%s", key, out);
-}
-
 /* n tokens of sequence s at positions pos..: K/V pseudo-random, varied by
  * position so that the rules' scores differ, and the staged inputs. */
 static void put_tokens(kvt_client *c, kvt_seq s, uint32_t pos, uint32_t n)
@@ -115,9 +100,9 @@ static void run_sync(struct lrun *r, const char *what, const uint32_t (*it)[3],
 			.seq = r->s[i], .n_new = it[k][1],
 			.phase = it[k][2] ? KVT_PHASE_PREFILL : KVT_PHASE_DECODE};
 	}
-	uint64_t before = launches(r->d);
+	uint64_t before = th_stat(r->d, "device_launches_total");
 	T_OK(kvt_sync(r->c, items, n));
-	uint64_t used = launches(r->d) - before;
+	uint64_t used = th_stat(r->d, "device_launches_total") - before;
 	for (uint32_t k = 0; k < n; k++)
 		r->pos[it[k][0]] += it[k][1];
 	fprintf(stderr, "    launches %s: %" PRIu64 " (%u items)\n", what, used,
