@@ -8,8 +8,10 @@
  * (struct bc_seg): one segmented top-k
  * (select_topk_batch_cuda) over the lists' scores laid end to end, their
  * drop indices in order, and each list's state half compacted by them as
- * compact_drops pairs the pages.  Internal to libkvtrim-cuda.so; each
- * file includes its own static copy.
+ * compact_drops pairs the pages.  The end-of-prefill selections
+ * (window_select.cu, expected_select.cu) plan their windows' lists and
+ * select them the same way (bc_ps_plan, bc_ps_select).  Internal to
+ * libkvtrim-cuda.so; each file includes its own static copy.
  */
 #ifndef KVT_CUDA_BATCH_SELECT_CUH
 #define KVT_CUDA_BATCH_SELECT_CUH
@@ -203,8 +205,11 @@ static inline int bc_bs_count_jobs(const J *jobs, uint32_t n,
 	return 0;
 }
 
-/* One block per list: its drop indices in order and their count, as
- * bc_ps_indices. */
+/* One block per list: its drop indices in order (at most n_drop
+ * written) and their count.  Each thread takes a contiguous run of the
+ * entries, counts its drops, and writes them after the drops of the runs
+ * before it (an exclusive scan of the counts in shared memory): the
+ * serial scan's output, without one GPU thread walking the whole list. */
 static __global__ void bc_bs_indices(const uint8_t *drop,
                                      const struct bc_seg *segs, uint32_t *out)
 {

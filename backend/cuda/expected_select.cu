@@ -6,10 +6,15 @@
  * CPU emulator: every step repeats ea_decide's operations in its order
  * (each kernel's comment names the host function it follows), and the
  * softmax's max and sum, whose order the bits depend on, run in one
- * thread.  The steps: docs/cuda.md, "Device ops, step by step".  The
- * scratch is window_select's (bc_win_prepare), under the context's lock;
- * the op waits for its output.  Tests:
- * cuda.backend_expected_select_matches_naive and the emulated passes.
+ * thread.  The windows go in tiles (BC_EA_TILE_BYTES of scratch, one
+ * tile where the call fits), each in at most 13 launches whatever its
+ * windows and lists: the plan (bc_ps_plan), the statistics, the keys,
+ * every K S' block of 64 keys as one problem of one grouped GEMM, z, the
+ * softmaxes, the scores, one segmented top-k and the drop indices.  The
+ * steps: docs/cuda.md, "Device ops, step by step".  The scratch is
+ * window_select's (bc_win_prepare), under the context's lock; the op
+ * waits for its output.  Tests: cuda.backend_expected_select_matches_naive,
+ * _launches and the emulated passes.
  */
 #include <cublas_v2.h>
 #include <math.h>
@@ -193,7 +198,8 @@ __global__ void bc_ea_cov(const struct bc_ea_tile T)
 					const uint32_t r = 2 * a + u, c = 2 * b + v;
 					double x = 0.0;
 					for (uint32_t t = 0; t < N; t++) {
-						const float *q = qs + ((uint64_t)t * T.H + j) * hd;
+						const float *q = qs + ((uint64_t)t * T.H +
+						                       j) * hd;
 						double dr = q[r] - mj[r];
 						x += dr * (q[c] - mj[c]);
 					}

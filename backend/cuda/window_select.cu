@@ -2,13 +2,17 @@
  * window_select.cu — the cuda backend's `window_select` op (backend.h):
  * SnapKV's end-of-prefill selection (snapkv and pyramidkv) computed where
  * the keys and the window's queries are, so that only the drop indices
- * (4 bytes each) come to the host.  Per list: gather, the logits in
- * attn_band_cpu's order (band_logits.cuh), one block doing the cpu policy's
- * float operations one for one, select_topk_cuda.  The steps: docs/cuda.md,
- * "Device ops, step by step".  Everything runs on the caller's stream;
- * the scratch (bc_win_prepare) is the context's, under its lock, and the
- * op waits for its output.  Tests: cuda.backend_window_select_matches_naive
- * and the emulated passes of `make test`.
+ * (4 bytes each) come to the host.  The whole call in six launches
+ * whatever its windows and lists: the rows' check, the plan
+ * (batch_select.cuh's bc_ps_plan, so that only the caller's windows and
+ * lists cross), one thread per entry of every list doing the cpu
+ * policy's float operations one for one (the logits in attn_band_cpu's
+ * order, band_logits.cuh), the pooling, one segmented top-k and the drop
+ * indices.  The steps: docs/cuda.md, "Device ops, step by step".
+ * Everything runs on the caller's stream; the scratch (bc_win_prepare)
+ * is the context's, under its lock, and the op waits for its output.
+ * Tests: cuda.backend_window_select_matches_naive, _launches and the
+ * emulated passes of `make test`.
  */
 #include <math.h>
 #include <string.h>
