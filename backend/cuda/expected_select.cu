@@ -18,6 +18,7 @@
  */
 #include <cublas_v2.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
@@ -477,6 +478,16 @@ static int bc_ea_check_args(uint32_t n_records, uint32_t n_heads,
  * one at least. */
 #define BC_EA_TILE_BYTES ((size_t)256 << 20)
 
+/* BC_EA_TILE_BYTES, or KVTRIM_CUDA_TILE_BYTES where it is a positive
+ * number (the tests split small calls into tiles with it). */
+static size_t bc_ea_budget(void)
+{
+	const char *e = getenv("KVTRIM_CUDA_TILE_BYTES");
+	char *end = NULL;
+	unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+	return v && end && !*end ? (size_t)v : BC_EA_TILE_BYTES;
+}
+
 /* The geometry of a call, what its tiles' sizes depend on. */
 struct bc_ea_geo {
 	uint32_t H, G, hd, maxN;
@@ -554,11 +565,12 @@ static void bc_ea_add(struct bc_ea_count *t,
 }
 
 /* The tile from window w0: the windows after it while the tile's
- * scratch stays within BC_EA_TILE_BYTES (one at least). */
+ * scratch stays within budget bytes (one at least). */
 static struct bc_ea_count bc_ea_tile_at(const struct kvt_backend_expected *win,
                                         uint32_t n_win, uint32_t w0,
                                         const struct kvt_backend_window_list *lists,
-                                        const struct bc_ea_geo *g)
+                                        const struct bc_ea_geo *g,
+                                        size_t budget)
 {
 	struct bc_ea_count t;
 	memset(&t, 0, sizeof(t));
@@ -568,7 +580,7 @@ static struct bc_ea_count bc_ea_tile_at(const struct kvt_backend_expected *win,
 		bc_ea_add(&more, &win[t.w1], lists, g);
 		more.w1++;
 		if (t.w1 > t.w0 && more.nseg > t.nseg &&
-		    bc_ea_layout(&more, g, 0).need > BC_EA_TILE_BYTES)
+		    bc_ea_layout(&more, g, 0).need > budget)
 			break;
 		t = more;
 	}
@@ -753,6 +765,7 @@ static int bc_expected_locked(struct bc_ctx *c,
                               uint32_t out_words, cudaStream_t s)
 {
 	struct bc_ea_geo g = {H, H / nkv, hd, 1};
+	const size_t budget = bc_ea_budget();
 	for (uint32_t j = 0; j < n_win; j++)
 		if (win[j].n_lists && win[j].P - win[j].from > g.maxN)
 			g.maxN = win[j].P - win[j].from;
@@ -761,7 +774,8 @@ static int bc_expected_locked(struct bc_ctx *c,
 	             base = o_lists + bc_ps_al((size_t)n_lists * sizeof(*lists));
 	size_t need = base;
 	for (uint32_t w0 = 0; w0 < n_win;) {
-		struct bc_ea_count t = bc_ea_tile_at(win, n_win, w0, lists, &g);
+		struct bc_ea_count t = bc_ea_tile_at(win, n_win, w0, lists, &g,
+		                                         budget);
 		if (t.tot > UINT32_MAX || t.nseg * g.G > UINT32_MAX) {
 			bc_note("expected_select: %llu entries in window %u",
 			        (unsigned long long)t.tot, w0);
@@ -791,7 +805,8 @@ static int bc_expected_locked(struct bc_ctx *c,
 	KVT_LAUNCH(bc_ea_check, n_win, BC_EA_THREADS, 0, s, dwin, H * hd, dout);
 	BC_CALL(cudaGetLastError(), "expected_select check");
 	for (uint32_t w0 = 0; w0 < n_win;) {
-		struct bc_ea_count t = bc_ea_tile_at(win, n_win, w0, lists, &g);
+		struct bc_ea_count t = bc_ea_tile_at(win, n_win, w0, lists, &g,
+		                                         budget);
 		if ((rv = bc_ea_run_tile(c, *pg, dt, &t, &g, base, dwin, dlists,
 		                         n_win, n_lists, dout, s)))
 			return rv;

@@ -1068,8 +1068,9 @@ TEST(cuda, backend_expected_select_launches)
 	 * one; 2 lists each, records shared), cov off in every third: the
 	 * drops are the rule's in double (expected_naive) and a call takes
 	 * the same launches whatever its windows, at most
-	 * PL_EXPECTED_BOUND.  Overlapping lists are refused, nothing
-	 * launched. */
+	 * PL_EXPECTED_BOUND; split into tiles of one window
+	 * (KVTRIM_CUDA_TILE_BYTES), the same drops.  Overlapping lists are
+	 * refused, nothing launched. */
 	enum { HD = 8, PT = 8, G = 2, NKV = 2, H = G * NKV, ST = 16, W = 6,
 	       NN = 4, SINKS = 2, NW = 18, CAP = DR_PAGES * PT };
 	struct sel_fx f;
@@ -1122,6 +1123,17 @@ TEST(cuda, backend_expected_select_launches)
 	pl_check(out, NW, lists, NW * NKV, want, CAP);
 	T_EQ(one, many);
 	T_ASSERT(many <= PL_EXPECTED_BOUND);
+	/* tiles of one window each: the same drops, 1 + at most 13 a tile */
+	memset(out, 0xff, sizeof(out));
+	T_OK(setenv("KVTRIM_CUDA_TILE_BYTES", "1", 1));
+	uint64_t tiled = PL_LAUNCHES(f.o, f.ctx, f.o->expected_select(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, win, NW, lists,
+		NW * NKV, out, NW + NW * NKV + off, NULL));
+	T_OK(unsetenv("KVTRIM_CUDA_TILE_BYTES"));
+	for (uint32_t j = 0; j < NW; j++)
+		T_EQ(out[j], 0);
+	pl_check(out, NW, lists, NW * NKV, want, CAP);
+	T_ASSERT(tiled > many && tiled <= 1 + (PL_EXPECTED_BOUND - 1) * NW);
 	/* window 3's lists reach into window 4's: refused */
 	win[3].first_list = win[4].first_list - 1;
 	uint64_t h0, d0, l0, h1, d1, l1;
