@@ -626,18 +626,20 @@ struct kvt_backend_ops {
 	/* (optional) SnapKV's selection (struct kvt_backend_window)
 	 * of n_win windows, after the work queued on stream: keys read
 	 * through *pg as key_norms does, the window's q and lse read in
-	 * device staging, the logits by cuBLAS SGEMM (the cpu policy's
-	 * cblas_sgemm call, transposed), the rest in the cpu policy's
-	 * order.  Writes out[w] = 1 when a q or lse value of window w's rows
+	 * device staging, the logits in attn_band_cpu's order, the rest
+	 * in the cpu policy's order.  Writes out[w] = 1 when a q or lse
+	 * value of window w's rows
 	 * [P - w, P + n_new) is not finite (its lists' results are then
 	 * meaningless: the caller decides on the host, which refuses with
 	 * the reason), else 0; out[n_win + l] = the drops list l made; and
 	 * its drop indices, ascending, at out[n_win + n_lists + drop_off].
-	 * What crosses: those words (device to host) and nothing else.
-	 * KVT_EINVAL for a record beyond n_records, a list beyond n_lists,
-	 * an output beyond out_words, kernel even, w 0 or w > P, head_dim 0
-	 * or n_heads not a multiple of n_kv_heads.  Blocks until out is
-	 * filled. */
+	 * What crosses: the windows and the lists (host to device), those
+	 * words (device to host), nothing else.  KVT_EINVAL for a record
+	 * beyond n_records, a list beyond n_lists, a window whose lists
+	 * start before the previous window's end (windows name their lists
+	 * in ascending order, none twice), an output beyond out_words,
+	 * kernel even, w 0 or w > P, head_dim 0 or n_heads not a multiple
+	 * of n_kv_heads.  Blocks until out is filled. */
 	int (*window_select)(void *ctx, const struct kvt_backend_paged *pg,
 	                     uint32_t n_records, enum kvt_dtype dtype,
 	                     uint32_t n_heads, uint32_t n_kv_heads,
@@ -655,9 +657,10 @@ struct kvt_backend_ops {
 	 * policy's order.  The lists' keep, n_drop and drop_off and the
 	 * output words mean what they mean for window_select; out[w] = 1
 	 * when a q value of window w's rows [from, P + n_new) is not finite.
-	 * What crosses: the descriptors (host to device), those words
-	 * (device to host), nothing else.  KVT_EINVAL for a record beyond
-	 * n_records, a list beyond n_lists, an output beyond out_words,
+	 * What crosses: the windows and the lists (host to device), those
+	 * words (device to host), nothing else.  KVT_EINVAL for a record
+	 * beyond n_records, a list beyond n_lists, lists named as
+	 * window_select refuses them, an output beyond out_words,
 	 * from > P, lists with from = P or from < sinks, future 0, theta
 	 * not > 0, rows beyond the ring, head_dim 0 or odd, or n_heads not
 	 * a multiple of n_kv_heads.  Blocks until out is filled. */

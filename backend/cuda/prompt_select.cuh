@@ -3,9 +3,9 @@
  * share (window_select.cu: SnapKV's; expected_select.cu: Expected
  * Attention's): their output layout (a flag per window, a count per list,
  * then the lists' drop indices, backend.h), the checks of their calls and
- * lists against it, the kernel that writes a list's drops there, its copy
- * to the host, and the rounding of their scratch offsets.  Internal to libkvtrim-cuda.so; each
- * file includes its own static copy.
+ * lists against it, its copy to the host, and the rounding of their
+ * scratch offsets (their plan and selection: batch_select.cuh).
+ * Internal to libkvtrim-cuda.so; each file includes its own static copy.
  */
 #ifndef KVT_CUDA_PROMPT_SELECT_CUH
 #define KVT_CUDA_PROMPT_SELECT_CUH
@@ -14,43 +14,6 @@
 
 /* A scratch offset rounded up to 256 bytes. */
 static inline size_t bc_ps_al(size_t b) { return (b + 255) & ~(size_t)255; }
-
-/* Threads per bc_ps_indices block (its launch: one block). */
-#define BC_PS_IDX_THREADS 256
-
-/* One block of BC_PS_IDX_THREADS: the dropped indices of drop [len] in
- * order at idx, their count at *count (at most cap written).  Each thread
- * takes a contiguous run of the entries, counts its drops, and writes them
- * after the drops of the runs before it (an exclusive scan of the counts
- * in shared memory): the serial scan's output, without one GPU thread
- * walking the whole list (len dependent steps).  Unused where a file
- * includes this header for its checks alone. */
-static __global__ void __attribute__((unused)) bc_ps_indices(const uint8_t *drop, uint32_t len,
-                                     uint32_t *idx, uint32_t cap,
-                                     uint32_t *count)
-{
-	__shared__ uint32_t before[BC_PS_IDX_THREADS + 1];
-	const uint32_t t = threadIdx.x, nt = BC_PS_IDX_THREADS;
-	const uint32_t per = (len + nt - 1) / nt;
-	const uint32_t lo = t * per < len ? t * per : len;
-	const uint32_t hi = lo + per < len ? lo + per : len;
-	uint32_t c = 0;
-	for (uint32_t i = lo; i < hi; i++)
-		c += drop[i] != 0;
-	before[t + 1] = c;
-	__syncthreads();
-	if (t == 0) {
-		before[0] = 0;
-		for (uint32_t k = 1; k <= nt; k++)
-			before[k] += before[k - 1];
-		*count = before[nt];
-	}
-	__syncthreads();
-	uint32_t o = before[t];
-	for (uint32_t i = lo; i < hi && o < cap; i++)
-		if (drop[i])
-			idx[o++] = i;
-}
 
 /* KVT_EINVAL (noted, op naming the op) for a list whose record
  * is beyond n_records or whose drops end beyond out_words, after the

@@ -953,3 +953,230 @@ TEST(cuda, backend_expected_select_matches_naive)
 	f.o->mem_free(f.ctx, dring);
 	sel_fini(&f);
 }
+
+/* The launches (kernels and cuBLAS calls) the backend counted during
+ * one call of ops whose result is rv; rv 0 expected. */
+#define PL_LAUNCHES(o, ctx, call)                                              \
+	({                                                                     \
+		uint64_t h_, d_, l0_, l1_;                                     \
+		T_OK((o)->traffic((ctx), &h_, &d_, &l0_));                     \
+		T_OK(call);                                                    \
+		T_OK((o)->traffic((ctx), &h_, &d_, &l1_));                     \
+		l1_ - l0_;                                                     \
+	})
+
+/* Each list's drops of a prompt call (n_win windows, n lists) against
+ * the naive marks want [n][cap]. */
+static void pl_check(const uint32_t *out, uint32_t n_win,
+                     const struct kvt_backend_window_list *lists, uint32_t n,
+                     const uint8_t *want, uint32_t cap)
+{
+	for (uint32_t l = 0; l < n; l++) {
+		T_EQ(out[n_win + l], lists[l].n_drop);
+		uint32_t k = 0;
+		for (uint32_t i = 0; i < lists[l].len; i++)
+			if (want[l * cap + i])
+				T_EQ(out[n_win + n + lists[l].drop_off + k++], i);
+		T_EQ(k, lists[l].n_drop);
+	}
+}
+
+/* The launch bounds docs/cuda.md states per call. */
+#define PL_WINDOW_BOUND 6
+#define PL_EXPECTED_BOUND 14 /* one tile */
+#define PL_NORMS_BOUND 1
+
+TEST(cuda, backend_window_select_launches)
+{
+	/* 1 and 24 windows of ragged prompts (8 to 32, so lists of 12 to
+	 * 36 entries; 2 lists each, records shared), window 4, kernel 3,
+	 * sinks 1: the drops are the rule's in double (window_naive) and a
+	 * call takes the same launches whatever its windows, at most
+	 * PL_WINDOW_BOUND.  Two windows naming one list are refused before
+	 * anything is launched. */
+	enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, ST = 16, W = 4,
+	       NN = 4, NW = 24, CAP = DR_PAGES * PT };
+	struct sel_fx f;
+	dr_init(&f, PT, HD * sizeof(float));
+	if (!f.o->window_select || !f.o->traffic)
+		T_SKIP("no window_select");
+	sel_fill_floats(&f, KVT_DTYPE_F32);
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		sel_rec(&f, i)->len = CAP;
+	sel_put_records(&f);
+	const uint32_t rf = H * HD + H;
+	static float ring[ST * (H * HD + H)];
+	for (uint32_t e = 0; e < ST * rf; e++)
+		ring[e] = e % rf < H * HD ? sel_unif(1000) : 0.25f * (float)(urnd() % 8);
+	void *dring;
+	T_OK(f.o->mem_new(f.ctx, sizeof(ring), &dring));
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	struct kvt_backend_paged pg = sel_paged(&f);
+	struct kvt_backend_window win[NW];
+	struct kvt_backend_window_list lists[NW * NKV];
+	static uint8_t want[NW * NKV * CAP];
+	static uint32_t out[NW + NW * NKV + NW * NKV * CAP];
+	uint32_t off = 0;
+	for (uint32_t j = 0; j < NW; j++) {
+		const uint32_t P = 8 + (j * 7) % 25, keep = (P - W - 1) / 2;
+		win[j] = (struct kvt_backend_window){
+			.ring = dring, .rows = {ST, rf, 0, H * HD}, .P = P, .w = W,
+			.n_new = NN, .kernel = 3, .sinks = 1,
+			.first_list = j * NKV, .n_lists = NKV};
+		for (uint32_t g = 0; g < NKV; g++) {
+			const uint32_t l = j * NKV + g, rec = l % DR_LISTS;
+			window_naive(&f, sel_rec(&f, rec), ring, rf, ST, g, G, HD, P,
+			             W, NN, 3, 1, keep, want + l * CAP);
+			uint32_t nd = 0;
+			for (uint32_t i = 0; i < P + NN; i++)
+				nd += want[l * CAP + i];
+			lists[l] = (struct kvt_backend_window_list){rec, P + NN,
+			                                             keep, nd, off};
+			off += nd;
+		}
+	}
+	uint64_t one = PL_LAUNCHES(f.o, f.ctx, f.o->window_select(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, win, 1, lists,
+		NKV, out, 1 + NKV + lists[1].drop_off + lists[1].n_drop, NULL));
+	pl_check(out, 1, lists, NKV, want, CAP);
+	uint64_t many = PL_LAUNCHES(f.o, f.ctx, f.o->window_select(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, win, NW, lists,
+		NW * NKV, out, NW + NW * NKV + off, NULL));
+	for (uint32_t j = 0; j < NW; j++)
+		T_EQ(out[j], 0);
+	pl_check(out, NW, lists, NW * NKV, want, CAP);
+	T_EQ(one, many);
+	T_ASSERT(many <= PL_WINDOW_BOUND);
+	/* window 5 names window 4's lists: refused, nothing launched */
+	win[5].first_list = win[4].first_list;
+	uint64_t h0, d0, l0, h1, d1, l1;
+	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0));
+	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                        HD, win, NW, lists, NW * NKV, out,
+	                        NW + NW * NKV + off, NULL), KVT_EINVAL);
+	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1));
+	T_EQ(l1, l0);
+	T_EQ(h1, h0);
+	f.o->mem_free(f.ctx, dring);
+	sel_fini(&f);
+}
+
+TEST(cuda, backend_expected_select_launches)
+{
+	/* 1 and 18 windows of ragged prompts (10 to 68, so lists of 14 to
+	 * 72 entries: K S' of one short block, or of 64 keys and a short
+	 * one; 2 lists each, records shared), cov off in every third: the
+	 * drops are the rule's in double (expected_naive) and a call takes
+	 * the same launches whatever its windows, at most
+	 * PL_EXPECTED_BOUND; split into tiles of one window
+	 * (KVTRIM_CUDA_TILE_BYTES), the same drops.  Overlapping lists are
+	 * refused, nothing launched. */
+	enum { HD = 8, PT = 8, G = 2, NKV = 2, H = G * NKV, ST = 16, W = 6,
+	       NN = 4, SINKS = 2, NW = 18, CAP = DR_PAGES * PT };
+	struct sel_fx f;
+	dr_init(&f, PT, HD * sizeof(float));
+	if (!f.o->expected_select || !f.o->traffic)
+		T_SKIP("no expected_select");
+	sel_fill_floats(&f, KVT_DTYPE_F32);
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		sel_rec(&f, i)->len = CAP;
+	sel_put_records(&f);
+	const uint32_t rf = H * HD + 3;
+	static float ring[ST * (H * HD + 3)];
+	for (uint32_t e = 0; e < ST * rf; e++)
+		ring[e] = (float)(urnd() % 2001) / 500.0f - 2.0f;
+	void *dring;
+	T_OK(f.o->mem_new(f.ctx, sizeof(ring), &dring));
+	T_OK(f.o->copy(f.ctx, dring, ring, sizeof(ring), NULL));
+	struct kvt_backend_paged pg = sel_paged(&f);
+	struct kvt_backend_expected win[NW];
+	struct kvt_backend_window_list lists[NW * NKV];
+	static uint8_t want[NW * NKV * CAP];
+	static uint32_t out[NW + NW * NKV + NW * NKV * CAP];
+	uint32_t off = 0;
+	for (uint32_t j = 0; j < NW; j++) {
+		const uint32_t P = 10 + (j * 13) % 59, keep = (P - SINKS) / 3;
+		win[j] = (struct kvt_backend_expected){
+			.ring = dring, .rows = {ST, rf, 3, 0}, .P = P,
+			.from = P - W, .n_new = NN, .sinks = SINKS, .future = 40,
+			.theta = 10000.0f, .cov = j % 3 != 1, .vnorm = j % 2,
+			.eps = 0.01, .first_list = j * NKV, .n_lists = NKV};
+		for (uint32_t g = 0; g < NKV; g++) {
+			const uint32_t l = j * NKV + g, rec = l % DR_LISTS;
+			expected_naive(&f, sel_rec(&f, rec), ring, rf, g, G, HD,
+			               &win[j], keep, want + l * CAP);
+			const uint32_t nd = P - SINKS - keep;
+			lists[l] = (struct kvt_backend_window_list){rec, P + NN,
+			                                             keep, nd, off};
+			off += nd;
+		}
+	}
+	uint64_t one = PL_LAUNCHES(f.o, f.ctx, f.o->expected_select(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, win, 1, lists,
+		NKV, out, 1 + NKV + lists[1].drop_off + lists[1].n_drop, NULL));
+	pl_check(out, 1, lists, NKV, want, CAP);
+	uint64_t many = PL_LAUNCHES(f.o, f.ctx, f.o->expected_select(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, win, NW, lists,
+		NW * NKV, out, NW + NW * NKV + off, NULL));
+	for (uint32_t j = 0; j < NW; j++)
+		T_EQ(out[j], 0);
+	pl_check(out, NW, lists, NW * NKV, want, CAP);
+	T_EQ(one, many);
+	T_ASSERT(many <= PL_EXPECTED_BOUND);
+	/* tiles of one window each: the same drops, 1 + at most 13 a tile */
+	memset(out, 0xff, sizeof(out));
+	T_OK(setenv("KVTRIM_CUDA_TILE_BYTES", "1", 1));
+	uint64_t tiled = PL_LAUNCHES(f.o, f.ctx, f.o->expected_select(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, win, NW, lists,
+		NW * NKV, out, NW + NW * NKV + off, NULL));
+	T_OK(unsetenv("KVTRIM_CUDA_TILE_BYTES"));
+	for (uint32_t j = 0; j < NW; j++)
+		T_EQ(out[j], 0);
+	pl_check(out, NW, lists, NW * NKV, want, CAP);
+	T_ASSERT(tiled > many && tiled <= 1 + (PL_EXPECTED_BOUND - 1) * NW);
+	/* window 3's lists reach into window 4's: refused */
+	win[3].first_list = win[4].first_list - 1;
+	uint64_t h0, d0, l0, h1, d1, l1;
+	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0));
+	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
+	                          HD, win, NW, lists, NW * NKV, out,
+	                          NW + NW * NKV + off, NULL), KVT_EINVAL);
+	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1));
+	T_EQ(l1, l0);
+	T_EQ(h1, h0);
+	f.o->mem_free(f.ctx, dring);
+	sel_fini(&f);
+}
+
+TEST(cuda, backend_key_norms_launches)
+{
+	/* 1 job and DR_LISTS jobs of ragged lengths (4 to 28 entries): the
+	 * same launches, at most PL_NORMS_BOUND (the norms themselves:
+	 * backend_key_norms_match_double_loop). */
+	enum { HD = 16, PT = 4 };
+	struct sel_fx f;
+	dr_init(&f, PT, HD * sizeof(float));
+	if (!f.o->key_norms || !f.o->traffic)
+		T_SKIP("no key_norms");
+	for (uint32_t i = 0; i < DR_LISTS; i++)
+		sel_rec(&f, i)->len = DR_PAGES * PT;
+	sel_put_records(&f);
+	struct kvt_backend_paged pg = sel_paged(&f);
+	struct kvt_backend_norm_job jobs[DR_LISTS];
+	float got[DR_LISTS * 32];
+	uint32_t at = 0;
+	for (uint32_t i = 0; i < DR_LISTS; i++) {
+		const uint32_t n = 4 + (i * 11) % 25;
+		jobs[i] = (struct kvt_backend_norm_job){i, i % 3, n, at, 1};
+		at += n;
+	}
+	uint64_t one = PL_LAUNCHES(f.o, f.ctx, f.o->key_norms(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, jobs, 1, got,
+		jobs[0].n, NULL));
+	uint64_t many = PL_LAUNCHES(f.o, f.ctx, f.o->key_norms(
+		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, jobs, DR_LISTS, got, at,
+		NULL));
+	T_EQ(one, many);
+	T_ASSERT(many >= 1 && many <= PL_NORMS_BOUND);
+	sel_fini(&f);
+}
