@@ -178,7 +178,8 @@ else
 fi
 
 # ---- 4c. host <-> device bytes, launches and the daemon's CPU per decoded
-# token per sequence at the 8B geometry, every policy, on this GPU
+# token per sequence at the 8B geometry, and launches a sync at 1 and 64
+# sequences (target 16), every policy, on this GPU
 # (kvtrim-bench --traffic-only with KVTRIM_BENCH_CUDA_LIB; targets: 4096
 # bytes and 5 us)
 if [ -x "$B/bin/kvtrim-bench" ] && [ -f "$B/lib/libkvtrim-cuda.so" ]; then
@@ -187,6 +188,7 @@ if [ -x "$B/bin/kvtrim-bench" ] && [ -f "$B/lib/libkvtrim-cuda.so" ]; then
 		--traffic-only --out "$B/gpu-traffic.txt" >> "$LOG" 2>&1; then
 		sed -n 's/^cuda_host_bytes_per_token_/gpu_host_bytes_per_token_/p
 			s/^cuda_launches_per_token_/gpu_launches_per_token_/p
+			s/^cuda_launches_per_sync_/gpu_launches_per_sync_/p
 			s/^cuda_daemon_cpu_us_per_token_/gpu_daemon_us_per_token_/p' \
 			"$B/gpu-traffic.txt" | tee -a "$tmp"
 	else
