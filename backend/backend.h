@@ -33,8 +33,10 @@ extern "C" {
 #endif
 
 /* Bumped whenever struct kvt_backend_ops or its structs change layout;
- * backend_open refuses a library built for another version. */
-#define KVT_BACKEND_ABI 11
+ * backend_open refuses a library built for another version.  A device
+ * rule's own params and jobs are versioned by the rule (struct
+ * kvt_backend_rule's version), not here. */
+#define KVT_BACKEND_ABI 12
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -291,152 +293,55 @@ struct kvt_backend_expected {
 	                                 only checked */
 };
 
-/*
- * H2O's accumulated attention on the device (attn_select): the
- * per-entry state of a tenant's lists lives in device memory (state, one
- * mem_new buffer): for list record r and half h (0 or 1) the entries
- * [cap] positions (uint32) then [cap][G] floats S, the attention each of
- * the G query heads of the list's KV head gave the entry, at
- * (uint32_t *)state + (r * 2 + h) * cap * (1 + G).  A job reads the half
- * `cur` and writes the other, so the caller commits a sync by flipping
- * cur and a refused sync leaves no trace.  The rule is policies/h2o.c's:
- * the new entries get position n_seen - n_new + k and S 0; every entry i
- * adds, per query head j in t order, exp(scale q_t . k_i - lse_t) where
- * pos_i <= position of q_t (else 0), the logits by one SGEMM as
- * attn_band_cpu; when due, score = mean (sum in j order / G) or max over
- * j, protected: pos < sinks, window (pos + window >= n_seen) and recent
- * (pos + recent >= n_seen; 0 for none); of the others the best keep stay
- * (ties keep the higher position), then the state half is compacted as
- * compact_drops compacts the pages.
- */
-struct kvt_backend_attn {
-	void *state;           /* device: the tenant's state (above) */
-	uint32_t cap;          /* entries per half */
-	struct kvt_backend_rows rows; /* device staging's layout */
-	uint32_t agg;          /* 0 mean, 1 max, 2 observed (mean of S / the
-	                          queries that could see the entry) */
-	uint32_t sinks, window; /* 0: none */
-};
-
-/* One list of attn_select: ring of its (sequence, layer) in device
- * staging, its record and KV head g, the half holding its state, its
- * length before the sync, the new entries, the tokens seen after them,
- * whether a selection is due, recent, the unprotected entries kept, the
- * drops (the caller's count, checked) and where their indices go. */
-struct kvt_backend_attn_job {
-	const float *ring;
-	uint32_t record, g, cur;
-	uint32_t len, n_new, n_seen;
-	uint32_t due, recent, keep, n_drop, drop_off;
-};
-
-/*
- * TOVA on the device (tova_select), one job per (sequence, layer):
- * the positions its lists hold live in device memory (state, one mem_new
- * buffer): for state record r (the caller's index of the (sequence,
- * layer)) and half h, [cap] positions (uint32) at (uint32_t *)state +
- * (r * 2 + h) * cap.  Every list of the layer holds the same positions in
- * the same order (TOVA's decisions are shared and every sync appends the
- * same entries to each), so one array stands for all.  A job reads the
- * half `cur` and writes the other (the new entries at n_seen - n_new + k),
- * compacted by its drops as compact_drops compacts the pages.  The rule is
- * policies/tova.c's: when due, the newest query of the sync (position
- * n_seen - 1) scores entry i by (1/H) sum over the KV heads g in order of
- * (sum over the G query heads j of g in order of exp(scale q_j . k_gi -
- * lse_j)), the logits of each list by one SGEMM as attn_band_cpu;
- * protected: pos < sinks and pos + window >= n_seen; of the others the
- * best keep stay (ties keep the higher position); the same drops in every
- * list.
- */
-struct kvt_backend_tova {
-	void *state;           /* device: the tenant's positions (above) */
-	uint32_t cap;          /* entries per half */
-	struct kvt_backend_rows rows; /* device staging's layout */
-	uint32_t sinks, window; /* 0: none */
-};
-
-/* One (sequence, layer) of tova_select: ring of its (sequence, layer) in
- * device staging, the list record of KV head 0 (KV head g at record + g),
- * its state record, the half holding its positions, the length of each
- * list before the sync, the new entries, the tokens seen after them,
- * whether a selection is due, the unprotected entries kept, the drops
- * (the caller's count, checked; the same indices for every list) and
- * where their indices go. */
-struct kvt_backend_tova_job {
-	const float *ring;
-	uint32_t record, srec, cur;
-	uint32_t len, n_new, n_seen;
-	uint32_t due, keep, n_drop, drop_off;
-};
-
-/*
- * KVpop on the device (pop_select), one job per list.  Per-entry
- * state in device memory (state): for list record r and half h, [cap]
- * positions (uint32) then [cap][2] floats (a: the attention received
- * within the delay, s: the score) at (uint32_t *)state + (r * 2 + h) *
- * cap * 3; read in half cur, written (compacted by the drops) in the
- * other, as attn_select.  The projections u = P x of the tokens still in
- * their delay live in u: for u record ur (list record / n_kv_heads: the
- * (sequence, layer)) [ring][r] floats at u + ur * ring * r, position p in
- * row p % ring.  The weights: layer l's tensors, float32, one after the
- * other from weights + l * kvt_pop_layer_floats(): P [r][d_model], W1
- * [m][r + 1], b1 [m], W2 [n_kv_heads][m], b2 [n_kv_heads].  The rule is
- * policies/kvpop.c's, its operations in its order:
- *   proj jobs (the first job of a (sequence, layer) with new entries): u
- *     of the new rows = P x by SGEMM (scorer_linear_cpu's call, no bias),
- *     into their ring rows;
- *   the new entries get position n_seen - n_new + k and a = s = 0;
- *   when n_new and delay: the band, the entries i (in index order) with
- *     pos_i + delay >= n_seen - n_new (n_band of them, the caller's count,
- *     checked), against the new queries by one SGEMM (attn_band_cpu's
- *     call over the band's keys); a_i += (sum over the G query heads j of
- *     the list's KV head, in order, of exp(logit - lse)) / G for each
- *     query t in order with 0 < pos_t - pos_i <= delay;
- *   entries whose delay ends in the sync (n_seen - n_new <= pos + delay <
- *     n_seen): s = W2[g] . gelu(W1 [u; ln(a + 1e-6)] + b1) + b2[g] (exact
- *     erf GELU, kvpop_score's loops);
- *   when due: protected pos + delay >= n_seen and pos < sinks; of the
- *     others the best keep stay (ties keep the higher position).
- */
-struct kvt_backend_pop {
-	void *state;           /* device: the entries' state (above) */
-	float *u;              /* device: the u rings (above) */
-	const float *weights;  /* device: every layer's tensors (above) */
-	uint32_t cap;          /* entries per half */
-	struct kvt_backend_rows rows; /* device staging's layout (x read) */
-	uint32_t d_model, r, m, ring, delay, sinks;
-};
-
-static inline uint64_t kvt_pop_layer_floats(uint32_t r, uint32_t m,
-                                            uint32_t d_model,
-                                            uint32_t n_kv_heads)
-{
-	return (uint64_t)r * d_model + (uint64_t)m * (r + 1) + m +
-	       (uint64_t)n_kv_heads * m + n_kv_heads;
-}
-
-/* One list of pop_select: ring of its (sequence, layer) in device
- * staging, its layer, its list record r (KV head r % n_kv_heads of the
- * (sequence, layer) whose u record is r / n_kv_heads: the daemon numbers
- * both so, and a job carries no more than it must, since the jobs cross
- * at every sync), the half holding its state, whether it projects its
- * (sequence, layer)'s new rows (proj; the later jobs of the (sequence,
- * layer) read them), its length before the sync, the new entries, the
- * tokens seen after them, the band's entries (the caller's count),
- * whether a selection is due, the unprotected entries kept, the drops
- * (the caller's count, checked) and where their indices go. */
-struct kvt_backend_pop_job {
-	const float *ring;
-	uint32_t layer, record, cur, proj;
-	uint32_t len, n_new, n_seen, n_band;
-	uint32_t due, keep, n_drop, drop_off;
-};
-
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
  * weights. */
 struct kvt_backend_score_job {
 	uint32_t layer, n;
 	const float *x;
+};
+
+/* The geometry a device rule reads the pages and the staged rows with. */
+struct kvt_backend_rule_geom {
+	enum kvt_dtype dtype;
+	uint32_t n_heads, n_kv_heads, head_dim;
+};
+
+/*
+ * A policy's rule run on the device: a plug-in of the policy, which
+ * declares its params and jobs beside its host rule (policies/<name>.c;
+ * for example policies/tova_rule.h, its layout numbered there) and whose
+ * backend code lives there too (the cuda backend's: policies/<name>.cu).
+ * The backend names no policy: it hands out its rules by name (the ops'
+ * rule member), and the caller checks version, params_bytes and job_bytes
+ * against the header it was built with before it calls run.
+ *
+ * run(ctx, pg, n_records, g, params, jobs, n, out, out_words, stream)
+ * takes the whole sync, n jobs (struct <rule>_job, the rule's params
+ * struct for the call), after the work queued on stream: keys read
+ * through *pg (n_records records, as key_norms reads them), staged rows in
+ * device staging, the rule's state on the device.  What every rule writes
+ * into out (host memory, out_words words):
+ *   out[j] = 1 when a staged value job j reads is not finite (its results
+ *     are then meaningless: the caller refuses the sync), else 0;
+ *   out[n + j] = the drops job j made;
+ *   its drop indices, ascending, at out[2 n + drop_off] (drop_off and
+ *     n_drop being job j's).
+ * What crosses: the jobs (host to device), those words (device to host).
+ * n 0 does nothing.  KVT_EINVAL (last_error says which job) for NULL
+ * params or jobs, a record beyond n_records, an output beyond out_words,
+ * head_dim 0 or n_heads not a multiple of n_kv_heads, and the cases the
+ * rule's header adds.  Blocks until out is filled.
+ */
+struct kvt_backend_rule {
+	const char *name;     /* the rule's name: "h2o", "tova", "kvpop" */
+	uint32_t version;     /* layout version of its params and jobs (its
+	                         header's <NAME>_RULE_VERSION) */
+	uint32_t params_bytes, job_bytes; /* sizeof of both, checked by the
+	                                     caller */
+	int (*run)(void *ctx, const struct kvt_backend_paged *pg,
+	           uint32_t n_records, const struct kvt_backend_rule_geom *g,
+	           const void *params, const void *jobs, uint32_t n,
+	           uint32_t *out, uint32_t out_words, void *stream);
 };
 
 struct kvt_backend_ops {
@@ -673,63 +578,6 @@ struct kvt_backend_ops {
 	                       const struct kvt_backend_window_list *lists,
 	                       uint32_t n_lists, uint32_t *out,
 	                       uint32_t out_words, void *stream);
-	/* (optional) H2O's accumulation and selection (struct
-	 * kvt_backend_attn) of n jobs, after the work queued on stream: keys
-	 * read through *pg, the new rows' q and lse in device staging, the
-	 * state read in each job's half cur and written (compacted by its
-	 * drops) in the other.  Writes out[j] = 1 when a q or lse value of
-	 * job j's new rows (every query head) is not finite (its results
-	 * are then meaningless: the caller refuses the sync), else 0;
-	 * out[n + j] = the drops job j made; its drop indices, ascending, at
-	 * out[2 n + drop_off].  What crosses: the jobs (host to device),
-	 * those words (device to host).  KVT_EINVAL for a record beyond
-	 * n_records, an output beyond out_words, len + n_new beyond cap,
-	 * rows beyond the ring, head_dim 0 or n_heads not a multiple of
-	 * n_kv_heads.  Blocks until out is filled. */
-	int (*attn_select)(void *ctx, const struct kvt_backend_paged *pg,
-	                   uint32_t n_records, enum kvt_dtype dtype,
-	                   uint32_t n_heads, uint32_t n_kv_heads,
-	                   uint32_t head_dim, const struct kvt_backend_attn *a,
-	                   const struct kvt_backend_attn_job *jobs, uint32_t n,
-	                   uint32_t *out, uint32_t out_words, void *stream);
-	/* (optional) TOVA's selection (struct kvt_backend_tova) of n
-	 * jobs, after the work queued on stream: keys read through *pg, the
-	 * newest row's q and lse in device staging, the positions read in
-	 * each job's half cur and written (compacted by its drops) in the
-	 * other.  The output words as attn_select's: out[j] = 1 when a q or
-	 * lse value of job j's new rows (every query head) is not finite,
-	 * out[n + j] its drops, their indices ascending at out[2 n +
-	 * drop_off] (one list per job: every list of the layer drops them).
-	 * What crosses: the jobs (host to device), those words (device to
-	 * host).  KVT_EINVAL for a record beyond n_records (the job's last
-	 * list), an output beyond out_words, len + n_new beyond cap, n_new 0,
-	 * rows beyond the ring, head_dim 0 or n_heads not a multiple of
-	 * n_kv_heads.  Blocks until out is filled. */
-	int (*tova_select)(void *ctx, const struct kvt_backend_paged *pg,
-	                   uint32_t n_records, enum kvt_dtype dtype,
-	                   uint32_t n_heads, uint32_t n_kv_heads,
-	                   uint32_t head_dim, const struct kvt_backend_tova *a,
-	                   const struct kvt_backend_tova_job *jobs, uint32_t n,
-	                   uint32_t *out, uint32_t out_words, void *stream);
-	/* (optional) KVpop's projection, accumulation, scoring and
-	 * selection (struct kvt_backend_pop) of n jobs in order, after the
-	 * work queued on stream: keys read through *pg, the new rows' x, q
-	 * and lse in device staging, u and the state on the device.  The
-	 * output words as attn_select's: out[j] = 1 when an x, q or lse
-	 * value of job j's new rows is not finite (checked by proj jobs; the
-	 * caller refuses the sync), out[n + j] its drops, their indices
-	 * ascending at out[2 n + drop_off].  What crosses: the jobs (host to
-	 * device), those words (device to host).  KVT_EINVAL for a record
-	 * beyond n_records, an output beyond out_words, len + n_new beyond
-	 * cap, n_band beyond len + n_new, n_new beyond ring, rows beyond the
-	 * staging ring, r, m or head_dim 0, or n_heads not a multiple of
-	 * n_kv_heads.  Blocks until out is filled. */
-	int (*pop_select)(void *ctx, const struct kvt_backend_paged *pg,
-	                  uint32_t n_records, enum kvt_dtype dtype,
-	                  uint32_t n_heads, uint32_t n_kv_heads,
-	                  uint32_t head_dim, const struct kvt_backend_pop *a,
-	                  const struct kvt_backend_pop_job *jobs, uint32_t n,
-	                  uint32_t *out, uint32_t out_words, void *stream);
 	/* (optional) As chunk_import, mapped read-only for this
 	 * process's device where the sharing mode allows it: in vmm mode
 	 * the mapping's access is CU_MEM_ACCESS_FLAGS_PROT_READ, so a copy,
@@ -752,6 +600,10 @@ struct kvt_backend_ops {
 	int (*upload_twin)(void *ctx, void *dev, void *twin, const void *host,
 	                   const struct kvt_backend_region *r, uint32_t n,
 	                   void *stream);
+	/* (optional) The device rule named name (struct
+	 * kvt_backend_rule), or NULL when the backend has none of that
+	 * name.  The rule is static: it lives as long as the table. */
+	const struct kvt_backend_rule *(*rule)(const char *name);
 };
 
 /*

@@ -163,20 +163,23 @@ struct policy_window {
 };
 
 /* Which attention-based rule policy_ops.attn describes, each run by its
- * backend op where the keys, queries and entry states are. */
+ * device rule (backend.h's struct kvt_backend_rule, its params and jobs
+ * in policies/<name>_rule.h) where the keys, queries and entry states
+ * are. */
 enum policy_attn_kind {
-	POLICY_ATTN_H2O = 0, /* attn_select: per entry and query head of the
+	POLICY_ATTN_H2O = 0, /* "h2o": per entry and query head of the
 	                        group, the attention received from every
 	                        staged query (entry_floats = G) */
-	POLICY_ATTN_TOVA,    /* tova_select: the newest query's attention
-	                        over all heads, one decision per layer */
-	POLICY_ATTN_KVPOP,   /* pop_select: a learned score of u = P x and
-	                        the attention received within the delay
+	POLICY_ATTN_TOVA,    /* "tova": the newest query's attention over
+	                        all heads, one decision per layer */
+	POLICY_ATTN_KVPOP,   /* "kvpop": a learned score of u = P x and the
+	                        attention received within the delay
 	                        (entry_floats = 2; weights: pop_weights) */
 };
 
 /* An attention-based rule for one (sequence, layer), as a device runs it
- * (policy_ops.attn; backend.h's structs kvt_backend_attn, _tova, _pop). */
+ * (policy_ops.attn; h2o_rule.h's struct h2o_rule, tova_rule.h's and
+ * kvpop_rule.h's likewise). */
 struct policy_attn_rule {
 	enum policy_attn_kind kind;
 	enum policy_agg agg; /* H2O, observed_attention */
@@ -189,8 +192,8 @@ struct policy_attn_rule {
 	                     at most delay tokens after an entry */
 };
 
-/* KVpop's tensors of one layer for a device (backend.h's struct
- * kvt_backend_pop): the policy owns them. */
+/* KVpop's tensors of one layer for a device (kvpop_rule.h's struct
+ * kvpop_rule): the policy owns them. */
 struct policy_pop_weights {
 	uint32_t r, m;    /* u's width, the MLP's hidden width */
 	const float *P, *W1, *b1, *W2, *b2;

@@ -16,10 +16,13 @@
  * import), streams.cu (streams, interprocess events), ops.cu (compaction,
  * uploads, reads, copies, traffic), and one file per op: attention.cu,
  * compact_drops.cu, fill.cu, scorer.cu, key_norms.cu, window_select.cu,
- * expected_select.cu, attn_select.cu, tova_select.cu, pop_select.cu.
+ * expected_select.cu.  The policies' device rules live beside their host
+ * rules (policies/<name>.cu) and are registered here, a line each
+ * (BC_RULES).
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "backend_cuda.cuh"
 
@@ -49,6 +52,32 @@ int bc_cuda(cudaError_t e, const char *what)
 const char *bc_last_error(void)
 {
 	return bc_err;
+}
+
+/* ------------------------------------------------------ device rules */
+
+/* The policies' device rules, one line each: policies/<name>.cu defines
+ * bc_<name>_rule, whose name field is <name>. */
+#define BC_RULES(X)                                                            \
+	X(h2o)                                                                 \
+	X(tova)                                                                \
+	X(kvpop)
+
+#define BC_RULE_DECL(n) extern const struct kvt_backend_rule bc_##n##_rule;
+#define BC_RULE_REF(n) &bc_##n##_rule,
+BC_RULES(BC_RULE_DECL)
+
+static const struct kvt_backend_rule *const bc_rules[] = {
+	BC_RULES(BC_RULE_REF)
+};
+
+const struct kvt_backend_rule *bc_rule(const char *name)
+{
+	const size_t n = sizeof(bc_rules) / sizeof(bc_rules[0]);
+	for (size_t i = 0; name && i < n; i++)
+		if (!strcmp(bc_rules[i]->name, name))
+			return bc_rules[i];
+	return NULL;
 }
 
 /* ------------------------------------------------------------- export */
@@ -94,9 +123,7 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .key_norms = */ bc_key_norms,
 	/* .window_select = */ bc_window_select,
 	/* .expected_select = */ bc_expected_select,
-	/* .attn_select = */ bc_attn_select,
-	/* .tova_select = */ bc_tova_select,
-	/* .pop_select = */ bc_pop_select,
 	/* .chunk_import_ro = */ bc_chunk_import_ro,
 	/* .upload_twin = */ bc_upload_twin,
+	/* .rule = */ bc_rule,
 };

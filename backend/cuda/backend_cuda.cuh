@@ -271,27 +271,6 @@ int bc_expected_select(void *ctx, const struct kvt_backend_paged *pg,
                        const struct kvt_backend_window_list *lists,
                        uint32_t n_lists, uint32_t *out, uint32_t out_words,
                        void *stream);
-int bc_attn_select(void *ctx, const struct kvt_backend_paged *pg,
-                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim,
-                   const struct kvt_backend_attn *a,
-                   const struct kvt_backend_attn_job *jobs, uint32_t n,
-                   uint32_t *out, uint32_t out_words, void *stream);
-/* tova_select.cu: TOVA's selection on the device (backend.h) */
-int bc_tova_select(void *ctx, const struct kvt_backend_paged *pg,
-                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim,
-                   const struct kvt_backend_tova *a,
-                   const struct kvt_backend_tova_job *jobs, uint32_t n,
-                   uint32_t *out, uint32_t out_words, void *stream);
-/* pop_select.cu: KVpop's projection, scoring and selection on the device
- * (backend.h) */
-int bc_pop_select(void *ctx, const struct kvt_backend_paged *pg,
-                  uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
-                  uint32_t n_kv_heads, uint32_t head_dim,
-                  const struct kvt_backend_pop *a,
-                  const struct kvt_backend_pop_job *jobs, uint32_t n,
-                  uint32_t *out, uint32_t out_words, void *stream);
 
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,
@@ -299,5 +278,8 @@ int bc_attention(void *ctx, const struct kvt_backend_attention *a,
 
 /* backend_cuda.cu */
 const char *bc_last_error(void);
+/* The policies' device rules (policies/<name>.cu), by name; NULL for a
+ * name none has. */
+const struct kvt_backend_rule *bc_rule(const char *name);
 
 #endif

@@ -1,7 +1,7 @@
 /*
- * batch_select.cuh — what the device selections share to do a whole sync
- * in a fixed number of launches, whatever its sequences, layers and heads
- * (attn_select.cu, tova_select.cu, pop_select.cu): the jobs are all that
+ * batch_select.cuh — what the device rules share to do a whole sync in
+ * a fixed number of launches, whatever its sequences, layers and heads
+ * (policies/h2o.cu, tova.cu, kvpop.cu): the jobs are all that
  * crosses (one upload), every job's new staged rows are checked in one
  * launch (bc_bs_check_jobs), the due lists are planned on the device
  * (bc_bs_plan), and every due list's selection takes three launches
@@ -12,6 +12,17 @@
  * (window_select.cu, expected_select.cu) plan their windows' lists and
  * select them the same way (bc_ps_plan, bc_ps_select).  Internal to
  * libkvtrim-cuda.so; each file includes its own static copy.
+ *
+ * A job struct J has the fields ring, len, n_new, n_seen, due, keep,
+ * n_drop, drop_off and cur, and the file that includes this header
+ * declares before it, for its J:
+ *   int bc_bs_checked(const J &)            whether the job checks its
+ *                                           rows (bc_bs_check_jobs)
+ *   uint32_t bc_bs_srec(const J &)          the state record of its lists
+ *   int bc_bs_band(const J &, uint32_t delay)  whether it has a band
+ *   uint32_t bc_bs_band_n(const J &)        the band's entries (the
+ *                                           caller's count)
+ * (static __device__ functions), so that this header names no rule.
  */
 #ifndef KVT_CUDA_BATCH_SELECT_CUH
 #define KVT_CUDA_BATCH_SELECT_CUH
@@ -27,15 +38,6 @@
 #define BC_BS_THREADS 256
 
 /* --------------------------------------------------- the row checks */
-
-/* Which jobs check their rows: every one, but KVpop's, where the first
- * job of a (sequence, layer) (proj) checks them for its lists. */
-static __device__ __forceinline__ int
-bc_bs_checked(const kvt_backend_attn_job &) { return 1; }
-static __device__ __forceinline__ int
-bc_bs_checked(const kvt_backend_tova_job &) { return 1; }
-static __device__ __forceinline__ int
-bc_bs_checked(const kvt_backend_pop_job &j) { return j.proj; }
 
 /* Every job's check in one launch, a block each: its new rows [n_seen -
  * n_new, n_seen) of its ring (x_floats of x, q and lse); out[k] = 1 when a
@@ -88,32 +90,6 @@ __global__ void bc_bs_check_jobs(const J *jobs, const kvt_backend_rows rl,
 struct bc_seg {
 	uint32_t first, L, n_drop, idx, cnt, srec, half, job;
 };
-
-/* The state record of a job's lists (TOVA's lists share one). */
-static __device__ __forceinline__ uint32_t
-bc_bs_srec(const kvt_backend_attn_job &j) { return j.record; }
-static __device__ __forceinline__ uint32_t
-bc_bs_srec(const kvt_backend_tova_job &j) { return j.srec; }
-static __device__ __forceinline__ uint32_t
-bc_bs_srec(const kvt_backend_pop_job &j) { return j.record; }
-
-/* Whether a job has a band (KVpop's: delay > 0 and new entries), and
- * its entries (the caller's count, checked by the band kernel). */
-static __device__ __forceinline__ int
-bc_bs_band(const kvt_backend_attn_job &, uint32_t) { return 0; }
-static __device__ __forceinline__ int
-bc_bs_band(const kvt_backend_tova_job &, uint32_t) { return 0; }
-static __device__ __forceinline__ int
-bc_bs_band(const kvt_backend_pop_job &j, uint32_t delay)
-{
-	return j.n_new && delay;
-}
-static __device__ __forceinline__ uint32_t
-bc_bs_band_n(const kvt_backend_attn_job &) { return 0; }
-static __device__ __forceinline__ uint32_t
-bc_bs_band_n(const kvt_backend_tova_job &) { return 0; }
-static __device__ __forceinline__ uint32_t
-bc_bs_band_n(const kvt_backend_pop_job &j) { return j.n_band; }
 
 /*
  * The plan of a call on the device, one block, so that the host uploads

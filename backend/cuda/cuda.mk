@@ -10,6 +10,10 @@
 # kvtrimd and libkvtrim never link CUDA; `make gpu-check` runs
 # scripts/gpu-check.sh on a GPU host.
 #
+# The policies' device rules (policies/*.cu, beside their host rules) go
+# into the library too, seeing backend/cuda's internal headers; their
+# objects are policies/<name>.cu.o, beside the C policies' <name>.o.
+#
 #   CUDA_ARCHS="80 90"   SASS for each, plus PTX of the last (JIT for newer)
 #   NVCCFLAGS=...        the user's extra nvcc flags
 
@@ -28,11 +32,20 @@ KVT_NVCCFLAGS := -std=c++17 -O3 $(CUDA_GENCODE) \
                  -Iinclude -Icore -Ibackend -Ikernels/cpu -Ikernels/cuda
 
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu backend/cuda/*.cu)
-CUDA_OBJ   := $(patsubst %.cu,$(B)/obj/%.o,$(CUDA_SRC))
+CUDA_RULE_SRC := $(wildcard policies/*.cu)
+CUDA_OBJ   := $(patsubst %.cu,$(B)/obj/%.o,$(CUDA_SRC)) \
+              $(patsubst %.cu,$(B)/obj/%.cu.o,$(CUDA_RULE_SRC))
 CUDA_SO    := $(B)/lib/libkvtrim-cuda.so
 CUDA_TESTS := $(B)/bin/kvtrim-cuda-tests
 CUDA_BENCH := $(B)/bin/kvtrim-cuda-bench
 CUDA_RPATH := -Wl,-rpath,'$$ORIGIN/../lib' -Wl,-rpath,$(CUDA_LIBDIR)
+
+# The kernel, backend and device-rule tests that use no CUDA header
+# (tests/kernels/test_cuda_*.c less CUDA_KTEST_SRC; a new rule's test is
+# picked up here): the generic rule's objects serve kvtrim-cuda-tests and
+# kvtrim-cuda-emu-tests alike.
+CUDA_PTEST_SRC := $(filter-out $(CUDA_KTEST_SRC),\
+                  $(wildcard tests/kernels/test_cuda_*.c))
 
 # The backend test belongs to the normal suite whatever USE_CUDA says: it
 # checks that backend_open fails cleanly without the library or a device.
@@ -56,11 +69,18 @@ $(B)/obj/backend/cuda/%.o: backend/cuda/%.cu
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
+$(B)/obj/policies/%.cu.o: policies/%.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(KVT_NVCCFLAGS) -Ibackend/cuda -Ipolicies $(NVCCFLAGS) \
+	  -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
 $(B)/obj/tests/kernels/bench_cuda.o $(B)/obj/tests/kernels/bench_cuda_ops.o: \
 $(B)/obj/tests/kernels/%.o: tests/kernels/%.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
-	$(Q)$(NVCC) $(KVT_NVCCFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(Q)$(NVCC) $(KVT_NVCCFLAGS) -Ipolicies $(NVCCFLAGS) -MMD -MP \
+	  -MF $(@:.o=.d) -c $< -o $@
 
 $(CUDA_SO): $(CUDA_OBJ) backend/cuda/exports.map
 	@mkdir -p $(dir $@)
@@ -73,12 +93,7 @@ $(CUDA_SO): $(CUDA_OBJ) backend/cuda/exports.map
 # C test, compiled by the generic rule with the CUDA headers added.
 $(call obj,$(CUDA_KTEST_SRC)): KVT_CFLAGS += -isystem $(CUDA_INC) -Ikernels/cuda
 
-$(CUDA_TESTS): $(call obj,$(CUDA_KTEST_SRC)) \
-               $(B)/obj/tests/kernels/test_cuda_attention.o \
-               $(B)/obj/tests/kernels/test_cuda_sync_ops.o \
-               $(B)/obj/tests/kernels/test_cuda_h2o.o \
-               $(B)/obj/tests/kernels/test_cuda_kvpop.o \
-               $(B)/obj/tests/kernels/test_cuda_tova.o \
+$(CUDA_TESTS): $(call obj,$(CUDA_KTEST_SRC) $(CUDA_PTEST_SRC)) \
                $(B)/obj/tests/harness/runner.o \
                $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ) | $(CUDA_SO)
 	@mkdir -p $(dir $@)

@@ -1,11 +1,11 @@
 /*
- * entry_state.cuh — what the device selections that keep per-entry state
- * between syncs share (attn_select.cu: H2O's; tova_select.cu: TOVA's;
- * pop_select.cu: KVpop's): the two halves of a record's state (positions
- * [cap], then [cap][F] floats; a sync reads one half and writes the
- * other, so a refused sync leaves no trace), a staged row's address, the
- * layout check and the ops' entry point.  Their batched checks and
- * selections: batch_select.cuh.
+ * entry_state.cuh — what the device rules that keep per-entry state
+ * between syncs share (policies/h2o.cu: H2O's; policies/tova.cu: TOVA's;
+ * policies/kvpop.cu: KVpop's): the two halves of a record's state
+ * (positions [cap], then [cap][F] floats; a sync reads one half and
+ * writes the other, so a refused sync leaves no trace), a staged row's
+ * address, the layout check and the rules' entry point.  Their batched
+ * checks and selections: batch_select.cuh.
  * Internal to libkvtrim-cuda.so; each file includes its own static copy.
  */
 #ifndef KVT_CUDA_ENTRY_STATE_CUH
@@ -41,28 +41,28 @@ static inline int bc_es_layout_ok(uint32_t n_heads, uint32_t nkv, uint32_t hd,
 }
 
 /*
- * The entry point of a device selection (attn_select, tova_select,
- * pop_select): n 0 does nothing; a NULL a or jobs, or a call
- * bc_ps_check_call refuses, is KVT_EINVAL (noted); then check() (the op's
- * own argument checks), then locked(c) under the context's lock, which
- * guards the scratch and cuBLAS handle the ops share.
+ * The entry point of a device rule (kvt_backend_rule.run): n 0 does
+ * nothing; a NULL g, a or jobs, or a call bc_ps_check_call refuses, is
+ * KVT_EINVAL (noted); then check() (the rule's own argument checks), then
+ * locked(c) under the context's lock, which guards the scratch and cuBLAS
+ * handle the ops share.
  */
 template <typename Check, typename Locked>
 static inline int bc_es_entry(void *ctx, const char *op,
                               const struct kvt_backend_paged *pg,
+                              const struct kvt_backend_rule_geom *g,
                               const void *a, const void *jobs, uint32_t n,
-                              enum kvt_dtype dtype, const uint32_t *out,
-                              uint32_t out_words, Check check,
-                              Locked locked)
+                              const uint32_t *out, uint32_t out_words,
+                              Check check, Locked locked)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	if (!n)
 		return 0;
-	if (!a || !jobs) {
+	if (!g || !a || !jobs) {
 		bc_note("%s: a NULL argument", op);
 		return KVT_EINVAL;
 	}
-	int rv = bc_ps_check_call(op, pg, jobs, 0, NULL, 0, dtype, out,
+	int rv = bc_ps_check_call(op, pg, jobs, 0, NULL, 0, g->dtype, out,
 	                          out_words);
 	if (!rv)
 		rv = check();

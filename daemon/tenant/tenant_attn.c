@@ -1,8 +1,12 @@
 /*
  * tenant_attn.c — the attention-based rules run on the device (a policy's
- * policy_ops.attn: h2o by the backend's attn_select, tova by tova_select,
- * kvpop by pop_select), so a sync moves the decisions (a job per list up,
- * a flag, a count and the drop indices down), not the lists' keys.
+ * policy_ops.attn, run by the backend's device rule of the same name,
+ * struct kvt_backend_rule: h2o and observed_attention by "h2o", tova by
+ * "tova", kvpop by "kvpop"; their params and jobs in policies/<name>_rule.h),
+ * so a sync moves the decisions (a job per list up, a flag, a count and
+ * the drop indices down), not the lists' keys.  The tenant looks its rule
+ * up once and checks its layout against the headers it was built with; a
+ * backend without the rule leaves the decisions to the host.
  *
  * The per-entry state lives in device memory, two halves a record: a sync
  * reads the current half and writes the other, and the sync's commit flips
@@ -19,40 +23,74 @@
 #include <string.h>
 
 #include "errors.h"
+#include "h2o_rule.h"
+#include "kvpop_rule.h"
 #include "log.h"
 #include "policy.h"
 #include "tenant_int.h"
+#include "tova_rule.h"
 
 static uint32_t group(const struct tenant *t)
 {
 	return t->g.n_heads / t->g.n_kv_heads;
 }
 
-/* The rule of the tenant's policy (at a sync with nothing seen): its
- * kind; 0 when the backend has no op for it. */
+/* The device rule of each kind, as this daemon was built: its name and
+ * the layout of its params and jobs (the rule's header). */
+static const struct {
+	const char *name;
+	uint32_t version, params_bytes, job_bytes;
+} rule_layout[] = {
+	[POLICY_ATTN_H2O] = {"h2o", H2O_RULE_VERSION, sizeof(struct h2o_rule),
+	                     sizeof(struct h2o_rule_job)},
+	[POLICY_ATTN_TOVA] = {"tova", TOVA_RULE_VERSION,
+	                      sizeof(struct tova_rule),
+	                      sizeof(struct tova_rule_job)},
+	[POLICY_ATTN_KVPOP] = {"kvpop", KVPOP_RULE_VERSION,
+	                       sizeof(struct kvpop_rule),
+	                       sizeof(struct kvpop_rule_job)},
+};
+
+/* The rule of the tenant's policy (at a sync with nothing seen): 1 when
+ * it has one a device can run (KVpop's: with its weights), else 0. */
 static int attn_rule(const struct tenant *t, struct policy_attn_rule *r)
 {
 	const struct policy *p = t->pol;
-	const struct kvt_backend_ops *o = t->bops;
 	struct policy_layer pl = {0};
 	if (!p->ops->attn || !p->ops->attn(p, &pl, r))
 		return 0;
-	switch (r->kind) {
-	case POLICY_ATTN_H2O:
-		return o->attn_select != NULL;
-	case POLICY_ATTN_TOVA:
-		return o->tova_select != NULL;
-	case POLICY_ATTN_KVPOP:
-		return o->pop_select && p->ops->pop_weights;
-	}
-	return 0;
+	if ((size_t)r->kind >= sizeof(rule_layout) / sizeof(rule_layout[0]))
+		return 0;
+	return r->kind != POLICY_ATTN_KVPOP || p->ops->pop_weights;
 }
 
-static size_t job_size(int kind)
+/* The backend's device rule of kind into *out: NULL when the backend has
+ * none of its name (the host decides); KVT_ENOTSUP with the reason when
+ * its layout is not the one this daemon was built with. */
+static int attn_lookup(const struct tenant *t, int kind,
+                       const struct kvt_backend_rule **out, char *err,
+                       size_t errlen)
 {
-	return kind == POLICY_ATTN_TOVA ? sizeof(struct kvt_backend_tova_job)
-	       : kind == POLICY_ATTN_KVPOP ? sizeof(struct kvt_backend_pop_job)
-	       : sizeof(struct kvt_backend_attn_job);
+	const struct kvt_backend_ops *o = t->bops;
+	const struct kvt_backend_rule *b =
+		o->rule ? o->rule(rule_layout[kind].name) : NULL;
+	*out = NULL;
+	if (!b || !b->run)
+		return 0;
+	if (b->version != rule_layout[kind].version ||
+	    b->params_bytes != rule_layout[kind].params_bytes ||
+	    b->job_bytes != rule_layout[kind].job_bytes)
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend's "
+		                  "device rule %s has layout version %u (params "
+		                  "%u, job %u bytes), this kvtrimd's %u (%u, %u "
+		                  "bytes): a backend library of another build",
+		                  o->name, rule_layout[kind].name, b->version,
+		                  b->params_bytes, b->job_bytes,
+		                  rule_layout[kind].version,
+		                  rule_layout[kind].params_bytes,
+		                  rule_layout[kind].job_bytes);
+	*out = b;
+	return 0;
 }
 
 /* KVpop's widths (r, m: the same in every layer) and layer 0's tensors. */
@@ -63,15 +101,15 @@ static struct policy_pop_weights pop_dims(const struct policy *p)
 	return w;
 }
 
-/* KVpop's tensors of every layer of p, in pop_select's layout, copied to
- * a new device buffer *out. */
+/* KVpop's tensors of every layer of p, in its device rule's layout
+ * (kvpop_rule.h), copied to a new device buffer *out. */
 static int pop_upload(struct tenant *t, const struct policy *p, void **out,
                       char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
 	const uint32_t nkv = t->g.n_kv_heads, d = p->geom.d_model;
 	struct policy_pop_weights w = pop_dims(p);
-	const uint64_t lf = kvt_pop_layer_floats(w.r, w.m, d, nkv);
+	const uint64_t lf = kvpop_layer_floats(w.r, w.m, d, nkv);
 	const size_t bytes = (size_t)(lf * t->g.n_layers * sizeof(float));
 	float *h = malloc(bytes ? bytes : 1);
 	if (!h)
@@ -147,6 +185,9 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	if (!t->dsync.dbases || !t->dstage.chunk.base || !o->mem_new || !o->mem_free ||
 	    !attn_rule(t, &r))
 		return 0;
+	int rc = attn_lookup(t, (int)r.kind, &t->attn.rule, err, errlen);
+	if (rc || !t->attn.rule)
+		return rc;
 	const struct shm_geom *g = &t->g;
 	t->attn.kind = (int)r.kind;
 	size_t nrec = (size_t)g->max_seqs * slot_records(t, t->attn.kind);
@@ -160,7 +201,7 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	 * not to be had, the tenant still registers and decides on the host
 	 * (its keys then cross, as before this path existed). */
 	char why[256] = "";
-	int rc = o->mem_new(t->bctx, bytes ? bytes : 4, &t->attn.state);
+	rc = o->mem_new(t->bctx, bytes ? bytes : 4, &t->attn.state);
 	if (rc) {
 		t->attn.state = NULL;
 		snprintf(why, sizeof(why), "%zu bytes of entry states: %s",
@@ -341,8 +382,8 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 		struct list_plan lp = plan_list(r, due, seq_pos(t, s,
 		                                lidx(t, layer, 0)), len,
 		                                it->n_new, prev, 1);
-		struct kvt_backend_tova_job *bj = t->attn.bjobs;
-		bj[t->attn.n_jobs] = (struct kvt_backend_tova_job){
+		struct tova_rule_job *bj = t->attn.bjobs;
+		bj[t->attn.n_jobs] = (struct tova_rule_job){
 			.ring = ring, .record = lrec, .srec = srec,
 			.cur = t->attn.cur[srec], .len = len, .n_new = it->n_new,
 			.n_seen = seen, .due = (uint32_t)due, .keep = lp.keep,
@@ -378,8 +419,8 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 		                                it->n_new, prev, tail_held);
 		const uint32_t rec = lrec + h;
 		if (t->attn.kind == POLICY_ATTN_KVPOP) {
-			struct kvt_backend_pop_job *bj = t->attn.bjobs;
-			bj[t->attn.n_jobs] = (struct kvt_backend_pop_job){
+			struct kvpop_rule_job *bj = t->attn.bjobs;
+			bj[t->attn.n_jobs] = (struct kvpop_rule_job){
 				.ring = ring, .layer = layer, .record = rec,
 				.cur = t->attn.cur[rec],
 				.proj = h == 0 && it->n_new, .len = len,
@@ -389,8 +430,8 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 				.drop_off = *drops,
 			};
 		} else {
-			struct kvt_backend_attn_job *bj = t->attn.bjobs;
-			bj[t->attn.n_jobs] = (struct kvt_backend_attn_job){
+			struct h2o_rule_job *bj = t->attn.bjobs;
+			bj[t->attn.n_jobs] = (struct h2o_rule_job){
 				.ring = ring, .record = rec, .g = h,
 				.cur = t->attn.cur[rec], .len = len,
 				.n_new = it->n_new, .n_seen = seen,
@@ -408,46 +449,46 @@ static int plan_layer(struct tenant *t, const struct ipc_sync_item *it,
 	return 0;
 }
 
-/* The rule's op over the planned jobs, into t->attn.out. */
-static int run_op(struct tenant *t, const struct policy_attn_rule *r,
-                  uint32_t words)
+/* The rule over the planned jobs, into t->attn.out. */
+static int run_rule(struct tenant *t, const struct policy_attn_rule *r,
+                    uint32_t words)
 {
 	const struct shm_geom *g = &t->g;
-	const struct kvt_backend_ops *o = t->bops;
 	const struct kvt_backend_paged pg = tenant_paged(t);
 	const uint32_t nr = g->max_seqs * t->lists_per_seq, nj = t->attn.n_jobs;
-	const enum kvt_dtype dt = t->pol->geom.dtype;
+	const struct kvt_backend_rule_geom geom = {
+		.dtype = t->pol->geom.dtype, .n_heads = g->n_heads,
+		.n_kv_heads = g->n_kv_heads, .head_dim = g->head_dim,
+	};
+	union {
+		struct h2o_rule h2o;
+		struct tova_rule tova;
+		struct kvpop_rule kvpop;
+	} a;
 	if (t->attn.kind == POLICY_ATTN_TOVA) {
-		const struct kvt_backend_tova a = {
+		a.tova = (struct tova_rule){
 			.state = t->attn.state, .cap = g->max_tokens,
 			.rows = tenant_rows(t),
 			.sinks = r->sinks, .window = r->window,
 		};
-		return o->tova_select(t->bctx, &pg, nr, dt, g->n_heads,
-		                      g->n_kv_heads, g->head_dim, &a, t->attn.bjobs,
-		                      nj, t->attn.out, words, t->dsync.stream);
-	}
-	if (t->attn.kind == POLICY_ATTN_KVPOP) {
+	} else if (t->attn.kind == POLICY_ATTN_KVPOP) {
 		const struct policy_pop_weights w = pop_dims(t->pol);
-		const struct kvt_backend_pop a = {
+		a.kvpop = (struct kvpop_rule){
 			.state = t->attn.state, .u = t->attn.u, .weights = t->attn.weights,
 			.cap = g->max_tokens, .rows = tenant_rows(t),
 			.d_model = t->pol->geom.d_model, .r = w.r, .m = w.m,
 			.ring = r->delay + g->headroom, .delay = r->delay,
 			.sinks = r->sinks,
 		};
-		return o->pop_select(t->bctx, &pg, nr, dt, g->n_heads,
-		                     g->n_kv_heads, g->head_dim, &a, t->attn.bjobs,
-		                     nj, t->attn.out, words, t->dsync.stream);
+	} else {
+		a.h2o = (struct h2o_rule){
+			.state = t->attn.state, .cap = g->max_tokens,
+			.rows = tenant_rows(t), .agg = (uint32_t)r->agg,
+			.sinks = r->sinks, .window = r->window,
+		};
 	}
-	const struct kvt_backend_attn a = {
-		.state = t->attn.state, .cap = g->max_tokens,
-		.rows = tenant_rows(t), .agg = (uint32_t)r->agg,
-		.sinks = r->sinks, .window = r->window,
-	};
-	return o->attn_select(t->bctx, &pg, nr, dt, g->n_heads, g->n_kv_heads,
-	                      g->head_dim, &a, t->attn.bjobs, nj, t->attn.out, words,
-	                      t->dsync.stream);
+	return t->attn.rule->run(t->bctx, &pg, nr, &geom, &a, t->attn.bjobs, nj,
+	                         t->attn.out, words, t->dsync.stream);
 }
 
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
@@ -467,7 +508,8 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	                sizeof(*t->attn.first)) ||
 	    tenant_grow((void **)&t->attn.jobs, &t->attn.jobs_cap, nj,
 	                sizeof(*t->attn.jobs)) ||
-	    tenant_grow(&t->attn.bjobs, &t->attn.bjobs_cap, nj, job_size(t->attn.kind)) ||
+	    tenant_grow(&t->attn.bjobs, &t->attn.bjobs_cap, nj,
+	                rule_layout[t->attn.kind].job_bytes) ||
 	    tenant_grow((void **)&t->attn.out, &t->attn.out_cap, 2 * nj + entries + 1,
 	                sizeof(*t->attn.out)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
@@ -501,7 +543,7 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	const uint32_t nja = t->attn.n_jobs;
 	rc = tenant_bases_sync(t);
 	if (!rc)
-		rc = run_op(t, &r, 2 * nja + drops);
+		rc = run_rule(t, &r, 2 * nja + drops);
 	if (rc) {
 		t->attn.active = 0;
 		return errors_fmt(err, errlen, rc, "%s backend: %s's selection: "

@@ -242,15 +242,19 @@ struct twin {
 };
 
 /* An attention-based rule on the device (tenant_attn.c: a policy with an
- * attn hook on a backend with its op: h2o attn_select, tova tova_select,
- * kvpop pop_select): the rule's kind, the per-entry state in device memory
- * (backend.h: two halves a record of positions and the rule's floats each;
- * records are lists, or (slot, layer)s for TOVA), the half each record's
+ * attn hook on a backend with its device rule, struct kvt_backend_rule:
+ * "h2o", "tova", "kvpop"): the rule's kind and the backend's rule, the
+ * per-entry state in device memory (policies/<name>_rule.h: two halves a
+ * record of positions and the rule's floats each; records are lists, or
+ * (slot, layer)s for TOVA), the half each record's
  * state is in, KVpop's u rings and weights on the device, and per sync
  * each (item, layer)'s way (enum tenant_attn), the jobs (the backend's,
  * and the host's view of each) and the output words. */
 struct tattn {
 	int kind;          /* enum policy_attn_kind */
+	const struct kvt_backend_rule *rule; /* the backend's, its layout
+	                                        checked; NULL: the host
+	                                        decides */
 	void *state;       /* device, NULL when the host decides */
 	uint8_t *cur;      /* [max_seqs * lists_per_seq], or [max_seqs *
 	                      n_layers] for TOVA */
@@ -499,14 +503,16 @@ static inline int tenant_window_host(const struct tenant *t, size_t ly)
 /* How a (sequence, layer) of a sync is decided (tenant_attn.c). */
 enum tenant_attn {
 	TENANT_ATTN_HOST = 0, /* policy_decide on the host */
-	TENANT_ATTN_DEVICE,   /* attn_select's drops */
+	TENANT_ATTN_DEVICE,   /* the device rule's drops */
 	TENANT_ATTN_FLAGGED,  /* the device found a new row not finite: the
 	                         host path refuses the sync */
 };
 
 /* Allocates the device state of the policy's attention rule when it has
- * an attn hook and the backend the rule's op (device_init); 0 or an error
- * with the reason in err.  tenant_attn_fini frees it. */
+ * an attn hook and the backend the device rule of its name (device_init);
+ * 0 or an error with the reason in err (KVT_ENOTSUP: the backend's rule
+ * has another layout than this build's header).  tenant_attn_fini frees
+ * it. */
 int tenant_attn_init(struct tenant *t, char *err, size_t errlen);
 void tenant_attn_fini(struct tenant *t);
 
@@ -522,11 +528,11 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
                        size_t errlen);
 
 /*
- * Before the decisions of a sync of such a tenant: one call of the rule's
- * op for every list (TOVA: (sequence, layer)) of the sync (the state
- * updated and, where due, the selection and the state's compaction, into
- * the half not current), the counts checked against the host's.  0, or
- * an error with the reason.
+ * Before the decisions of a sync of such a tenant: one run of the device
+ * rule over a job for every list (TOVA: (sequence, layer)) of the sync
+ * (the state updated and, where due, the selection and the state's
+ * compaction, into the half not current), the counts checked against the
+ * host's.  0, or an error with the reason.
  */
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);

@@ -225,7 +225,7 @@ TEST(contract_sync, snapkv_checks_the_rows_it_reads_where_it_decides)
 
 /*
  * TOVA and KVpop, which a cuda tenant decides on the device at every sync
- * (tova_select, pop_select), as h2o above: a new row's value that is not
+ * (their device rules), as h2o above: a new row's value that is not
  * a number is refused with the cpu backend's reason on either backend
  * (the device flags the row and sends the layer to the host's check),
  * nothing changes, and the same sync fixed is accepted and evicts to the

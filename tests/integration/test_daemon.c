@@ -641,7 +641,7 @@ static int kvpop_holds(kvt_client *c, kvt_seq seq, const uint32_t *want,
 /*
  * A SIGHUP reaches KVpop's weights wherever its tenant decides: on the
  * cuda backend its tensors are copied to the device at registration
- * (pop_select), and the reload copies the new ones there.  tokens=6,
+ * (its device rule's), and the reload copies the new ones there.  tokens=6,
  * delay=1, sinks=0, a token a sync: an entry is scored at the sync after
  * it arrived, and the newest is protected.  With fc2's bias +1 every score
  * ties, so the newest positions stay: 4..9 after 10 tokens.  After the

@@ -314,8 +314,7 @@ int main(int argc, char **argv)
 	const char *mode = NULL;
 	void *ctx = NULL;
 	if (o->abi != KVT_BACKEND_ABI || !o->attention || !o->key_norms ||
-	    !o->window_select || !o->expected_select || !o->attn_select ||
-	    !o->tova_select || !o->pop_select) {
+	    !o->window_select || !o->expected_select || !o->rule) {
 		fprintf(stderr, "kvtrim-cuda-bench: the cuda backend (ABI %u, "
 		        "built for %u) lacks an op\n", o->abi,
 		        (unsigned)KVT_BACKEND_ABI);
@@ -346,7 +345,7 @@ int main(int argc, char **argv)
 	report("gpu_scorer_us_per_token_h2o", hus);
 	report("gpu_scorer_us_per_token_tova", tus);
 	report("gpu_scorer_us_per_token_kvpop", pus);
-	report("gpu_attn_select_floor_us_per_token", afu);
+	report("gpu_h2o_rule_floor_us_per_token", afu);
 	o->ctx_free(ctx);
 	CK(cudaStreamDestroy(s));
 	if (out_f)

@@ -1,11 +1,15 @@
 /*
  * bench_cuda_ops.cu — kvtrim-cuda-bench's benchmarks of the cuda backend's
- * ops (the gpu_kvt_attention_*, gpu_key_norms_*, gpu_*_select_* and
- * gpu_scorer_us_per_token_{h2o,tova,kvpop} lines: bench_cuda.cu's header
- * comment says what each measures), on device tables and chunk-base
- * arrays built by hand as the daemon and the client keep them.
+ * ops and device rules (the gpu_kvt_attention_*, gpu_key_norms_*,
+ * gpu_*_select_* and gpu_scorer_us_per_token_{h2o,tova,kvpop} lines:
+ * bench_cuda.cu's header comment says what each measures), on device
+ * tables and chunk-base arrays built by hand as the daemon and the client
+ * keep them.
  */
 #include "bench_cuda.cuh"
+#include "h2o_rule.h"
+#include "kvpop_rule.h"
+#include "tova_rule.h"
 
 /* ------------------------------------------ through the backend's ops */
 
@@ -591,19 +595,35 @@ static void ob_check_drops(const char *op, const uint32_t *out, uint32_t n,
 	}
 }
 
+/* The backend's device rule named name, of the layout of this build's
+ * header; exits when it has none or another. */
+static const struct kvt_backend_rule *
+ob_rule(const struct kvt_backend_ops *o, const char *name, uint32_t version,
+        size_t params_bytes, size_t job_bytes)
+{
+	const struct kvt_backend_rule *r = o->rule ? o->rule(name) : NULL;
+	if (!r || r->version != version || r->params_bytes != params_bytes ||
+	    r->job_bytes != job_bytes) {
+		fprintf(stderr, "bench_decode_select: the cuda backend has no "
+		        "device rule %s of layout version %u\n", name, version);
+		exit(1);
+	}
+	return r;
+}
+
 /* The attention-based selections the daemon runs on the device at every
  * decode sync (daemon/tenant/tenant_attn.c) for one sequence: 32 layers x 8 KV
  * heads, lists of len 4096 entries (positions 0 .. 4095) and a sync of 16
  * new tokens (n_seen 4112), f16 pages of random values, staging rows
  * x | q | lse in a ring of 128 per layer, a budget of len: each list
  * drops 16 (keep and drops counted as plan_list counts them), due.
- *   attn_select (H2O: agg mean, sinks 0, recent budget / 2): a job a list;
- *   tova_select (TOVA: window 1, sinks 0): a job a layer (its 8 lists);
- *   pop_select (KVpop: r 16, m 32, delay 32, sinks 4, ring delay + 64,
- *     random weights and u): a job a list, the first of a layer projecting
- *     its x;
- * microseconds of each whole call per new token, and of the 256 logits SGEMMs of
- * attn_select's shape ([n_new G][hd] x [hd][L] per list) (*floor_us).  A
+ *   the device rule "h2o" (agg mean, sinks 0, recent budget / 2): a job a
+ *     list;
+ *   "tova" (window 1, sinks 0): a job a layer (its 8 lists);
+ *   "kvpop" (r 16, m 32, delay 32, sinks 4, ring delay + 64, random
+ *     weights and u): a job a list, the first of a layer projecting its x;
+ * microseconds of each whole call per new token, and of the 256 logits
+ * SGEMMs of H2O's shape ([n_new G][hd] x [hd][L] per list) (*floor_us).  A
  * call reads the state half cur and writes the other and flips nothing
  * (the caller does): every timed call redoes the first one's work. */
 void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
@@ -623,7 +643,7 @@ void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
 	ob_table_new(&t, n_lists, ppl, ppl, L, 1, s);
 	const struct kvt_backend_paged pg = ob_paged(&t);
 	const uint64_t ring_floats = (uint64_t)OB_LAYERS * stage * row_floats;
-	const uint64_t lf = kvt_pop_layer_floats(pr, pm, d_model, OB_KV);
+	const uint64_t lf = kvpop_layer_floats(pr, pm, d_model, OB_KV);
 	const uint64_t w_floats = OB_LAYERS * lf;
 	const uint64_t u_floats = (uint64_t)OB_LAYERS * pring * pr;
 	float *ring, *weights, *u;
@@ -644,11 +664,11 @@ void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
 	const uint32_t words = 2 * n_lists + n_lists * n_new;
 	uint32_t *pos = (uint32_t *)malloc((size_t)len * 4);
 	uint32_t *out = (uint32_t *)malloc((size_t)words * 4);
-	struct kvt_backend_attn_job *hj = (struct kvt_backend_attn_job *)calloc(
+	struct h2o_rule_job *hj = (struct h2o_rule_job *)calloc(
 		n_lists, sizeof(*hj));
-	struct kvt_backend_tova_job *tj = (struct kvt_backend_tova_job *)calloc(
+	struct tova_rule_job *tj = (struct tova_rule_job *)calloc(
 		OB_LAYERS, sizeof(*tj));
-	struct kvt_backend_pop_job *pj = (struct kvt_backend_pop_job *)calloc(
+	struct kvpop_rule_job *pj = (struct kvpop_rule_job *)calloc(
 		n_lists, sizeof(*pj));
 	if (!pos || !out || !hj || !tj || !pj) {
 		fprintf(stderr, "bench_decode_select: out of host memory\n");
@@ -682,9 +702,9 @@ void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
 				n_new, layer * n_new,
 			};
 	}
-	struct kvt_backend_attn ha;
-	struct kvt_backend_tova ta;
-	struct kvt_backend_pop pa;
+	struct h2o_rule ha;
+	struct tova_rule ta;
+	struct kvpop_rule pa;
 	memset(&ha, 0, sizeof(ha));
 	memset(&ta, 0, sizeof(ta));
 	memset(&pa, 0, sizeof(pa));
@@ -706,38 +726,48 @@ void bench_decode_select(const struct kvt_backend_ops *o, void *ctx,
 	pa.delay = delay;
 	pa.sinks = rp.sinks;
 
+	const struct kvt_backend_rule *hr = ob_rule(o, "h2o", H2O_RULE_VERSION,
+	                                            sizeof(ha), sizeof(*hj));
+	const struct kvt_backend_rule *tr = ob_rule(o, "tova", TOVA_RULE_VERSION,
+	                                            sizeof(ta), sizeof(*tj));
+	const struct kvt_backend_rule *kr = ob_rule(o, "kvpop",
+	                                             KVPOP_RULE_VERSION,
+	                                             sizeof(pa), sizeof(*pj));
+	const struct kvt_backend_rule_geom geom = {KVT_DTYPE_F16, OB_H, OB_KV,
+	                                           OB_HD};
+
 	/* H2O: a job a list, G floats of state an entry */
 	ob_state_init(state, n_lists, cap, OB_G, pos, len);
 	auto hcall = [&] {
-		OP(o->attn_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
-		                  OB_HD, &ha, hj, n_lists, out, words, s));
+		OP(hr->run(ctx, &pg, n_lists, &geom, &ha, hj, n_lists, out,
+		           words, s));
 	};
 	hcall();
-	ob_check_drops("attn_select", out, n_lists, n_new, L, n_seen, &rh);
+	ob_check_drops("h2o", out, n_lists, n_new, L, n_seen, &rh);
 	*h2o_us = wall_ms(hcall, 20, 2000) * per;
 
 	/* TOVA: a job a layer, positions only, one array a layer */
 	ob_state_init(state, OB_LAYERS, cap, 0, pos, len);
 	const uint32_t twords = 2 * OB_LAYERS + OB_LAYERS * n_new;
 	auto tcall = [&] {
-		OP(o->tova_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
-		                  OB_HD, &ta, tj, OB_LAYERS, out, twords, s));
+		OP(tr->run(ctx, &pg, n_lists, &geom, &ta, tj, OB_LAYERS, out,
+		           twords, s));
 	};
 	tcall();
-	ob_check_drops("tova_select", out, OB_LAYERS, n_new, L, n_seen, &rt);
+	ob_check_drops("tova", out, OB_LAYERS, n_new, L, n_seen, &rt);
 	*tova_us = wall_ms(tcall, 20, 2000) * per;
 
 	/* KVpop: a job a list, (a, s) an entry */
 	ob_state_init(state, n_lists, cap, 2, pos, len);
 	auto pcall = [&] {
-		OP(o->pop_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
-		                 OB_HD, &pa, pj, n_lists, out, words, s));
+		OP(kr->run(ctx, &pg, n_lists, &geom, &pa, pj, n_lists, out,
+		            words, s));
 	};
 	pcall();
-	ob_check_drops("pop_select", out, n_lists, n_new, L, n_seen, &rp);
+	ob_check_drops("kvpop", out, n_lists, n_new, L, n_seen, &rp);
 	*pop_us = wall_ms(pcall, 20, 2000) * per;
 
-	/* floor: attn_select's logits SGEMM once per list */
+	/* floor: H2O's logits SGEMM once per list */
 	*floor_us = ob_logits_floor_ms(s, n_lists, L, n_new * OB_G) * per;
 	CK(cudaFree(ring));
 	CK(cudaFree(weights));

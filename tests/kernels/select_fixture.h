@@ -1,15 +1,16 @@
 /*
  * select_fixture.h — what the tests of the cuda backend's device-sync ops
- * share (tests/kernels/test_cuda_h2o.c: attn_select, test_cuda_tova.c:
- * tova_select, test_cuda_kvpop.c: pop_select, test_cuda_sync_ops.c:
- * compact_drops, key_norms, window_select, expected_select): the tests'
- * LCG (urnd, frnd), and one chunk of paged KV on the device as the pool
- * lays it out — n_lists lists of list_pages pages of page_tokens K rows
+ * and device rules share (tests/kernels/test_cuda_h2o.c: the rule "h2o",
+ * test_cuda_tova.c: "tova", test_cuda_kvpop.c: "kvpop",
+ * test_cuda_sync_ops.c: compact_drops, key_norms, window_select,
+ * expected_select): the tests' LCG (urnd, frnd), and one chunk of paged KV
+ * on the device as the pool lays it out — n_lists lists of list_pages pages of page_tokens K rows
  * then as many V rows of row_bytes, one list record each at a stride
  * rounded up to 64 bytes, a chunk-bases array of two slots (slot 1
  * unmapped) — with a host image of the chunk and of the records, the
  * struct kvt_backend_paged that describes them, and the teardown.  A test
  * adds its own device buffers with sel_mem; sel_fini frees them too.
+ * sel_rule finds a device rule and sel_run runs it.
  *
  * Header-only (static inline), so no helper name leaves a test file.  The
  * test file defines SEL_SEED (its stream's first state) before including
@@ -190,6 +191,38 @@ static inline struct kvt_backend_paged sel_paged(const struct sel_fx *f)
 		.page_bytes = f->page_bytes, .page_tokens = f->pt,
 		.row_bytes = f->row,
 	};
+}
+
+/* The backend's device rule named name, whose layout must be the test's
+ * header's (version, params and job bytes); skips when the backend has
+ * none. */
+static inline const struct kvt_backend_rule *
+sel_rule(const struct sel_fx *f, const char *name, uint32_t version,
+         size_t params_bytes, size_t job_bytes)
+{
+	const struct kvt_backend_rule *r = f->o->rule ? f->o->rule(name) : NULL;
+	if (!r || !f->o->compact_drops)
+		T_SKIP("no device rule or compact_drops");
+	T_ASSERT(strcmp(r->name, name) == 0);
+	T_EQ(r->version, version);
+	T_EQ(r->params_bytes, params_bytes);
+	T_EQ(r->job_bytes, job_bytes);
+	return r;
+}
+
+/* Rule r over n jobs of geometry (dt, n_heads, n_kv_heads, head_dim). */
+static inline int sel_run(struct sel_fx *f, const struct kvt_backend_rule *r,
+                          const struct kvt_backend_paged *pg,
+                          uint32_t n_records, enum kvt_dtype dt,
+                          uint32_t n_heads, uint32_t n_kv_heads,
+                          uint32_t head_dim, const void *params,
+                          const void *jobs, uint32_t n, uint32_t *out,
+                          uint32_t out_words, void *stream)
+{
+	const struct kvt_backend_rule_geom g = {dt, n_heads, n_kv_heads,
+	                                        head_dim};
+	return r->run(f->ctx, pg, n_records, &g, params, jobs, n, out,
+	              out_words, stream);
 }
 
 static inline void sel_fini(struct sel_fx *f)

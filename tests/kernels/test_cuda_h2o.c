@@ -1,17 +1,16 @@
 /*
- * test_cuda_h2o.c — the cuda backend's attn_select (H2O's rule on the
- * device, backend.h) against the cpu policy's own operations
+ * test_cuda_h2o.c — the cuda backend's device rule "h2o" (H2O's rule on the
+ * device, policies/h2o.cu) against the cpu policy's own operations
  * (policies/h2o.c: attn_band_cpu's weights summed per entry and query head
- * in t order, the mean or max over the group or observed_attention's mean
- * of S / count, the protection, then
- * select_topk_cpu ranked by position, compact_plan's moves): over several
- * syncs of two lists (a prefill, decode steps, a sync that is not due),
- * with the pages compacted by compact_drops between syncs, the drop
- * indices and the positions must be the host's, S within 1e-5 relative
- * (on the emulator, whose cuBLAS is OpenBLAS, S is the same bits; a GPU's
- * SGEMM and expf round differently).  Then a NaN in a new row is flagged, and the refusals.  Built
- * into kvtrim-cuda-tests and, under the CPU emulator,
- * kvtrim-cuda-emu-tests; skips without a device.
+ * in t order, the mean or max over the group or observed_attention's mean of
+ * S / count, the protection, then select_topk_cpu ranked by position,
+ * compact_plan's moves): over several syncs of two lists (a prefill, decode
+ * steps, a sync that is not due), with the pages compacted by compact_drops
+ * between syncs, the drop indices and the positions must be the host's, S
+ * within 1e-5 relative (on the emulator, whose cuBLAS is OpenBLAS, S is the
+ * same bits; a GPU's SGEMM and expf round differently).  Then a NaN in a new
+ * row is flagged, and the refusals.  Built into kvtrim-cuda-tests and, under
+ * the CPU emulator, kvtrim-cuda-emu-tests; skips without a device.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -20,6 +19,7 @@
 #include "backend.h"
 #include "compact.h"
 #include "kernels.h"
+#include "h2o_rule.h"
 #include "test.h"
 
 #define SEL_SEED 29
@@ -31,6 +31,7 @@ enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
 /* The chunk of NKV lists (select_fixture.h) and the h2o state. */
 struct hx {
 	struct sel_fx fx;
+	const struct kvt_backend_rule *rule;
 	void *state, *ring;
 	float ring_h[ST * RF];
 	/* the host's state per list */
@@ -42,8 +43,9 @@ static void hx_init(struct hx *f)
 {
 	memset(f, 0, sizeof(*f));
 	sel_init(&f->fx, PT, HD * sizeof(float), NKV, NP);
-	if (!f->fx.o->attn_select || !f->fx.o->compact_drops)
-		T_SKIP("no attn_select");
+	f->rule = sel_rule(&f->fx, "h2o", H2O_RULE_VERSION,
+	                   sizeof(struct h2o_rule),
+	                   sizeof(struct h2o_rule_job));
 	f->state = sel_mem(&f->fx, (size_t)NKV * 2 * CAP * (1 + G) * 4);
 	f->ring = sel_mem(&f->fx, sizeof(f->ring_h));
 	sel_fill_floats(&f->fx, KVT_DTYPE_F32);
@@ -59,7 +61,7 @@ static int prot_of(uint32_t p, uint32_t seen, uint32_t sinks,
 /*
  * One sync of n_new tokens (positions [seen0, seen0 + n_new)) on both
  * lists, due or not, budget b: the host does what h2o_decide does, the
- * device attn_select; then both compact.
+ * device rule "h2o" (h2o_rule.h); then both compact.
  */
 static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
                     uint32_t b, uint32_t agg, uint32_t sinks,
@@ -72,7 +74,7 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 				e < H * HD ? frnd() : 0.5f * (float)(urnd() % 5);
 	T_OK(f->fx.o->copy(f->fx.ctx, f->ring, f->ring_h, sizeof(f->ring_h),
 	                   NULL));
-	struct kvt_backend_attn_job jobs[NKV];
+	struct h2o_rule_job jobs[NKV];
 	uint8_t want[NKV][CAP];
 	uint32_t nd[NKV], off = 0;
 	for (uint32_t g = 0; g < NKV; g++) {
@@ -129,7 +131,7 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		memset(want[g], 0, L);
 		nd[g] = due ? select_topk_cpu(sc, pos, pr, L, keep, want[g], scr)
 		            : 0;
-		jobs[g] = (struct kvt_backend_attn_job){
+		jobs[g] = (struct h2o_rule_job){
 			.ring = f->ring, .record = g, .g = g, .cur = f->cur[g],
 			.len = f->len[g], .n_new = n_new, .n_seen = seen,
 			.due = (uint32_t)due, .recent = recent, .keep = keep,
@@ -137,15 +139,15 @@ static void hx_sync(struct hx *f, uint32_t seen0, uint32_t n_new, int due,
 		};
 		off += nd[g];
 	}
-	const struct kvt_backend_attn a = {
+	const struct h2o_rule a = {
 		.state = f->state, .cap = CAP, .rows = {ST, RF, 0, H * HD},
 		.agg = agg,
 		.sinks = sinks, .window = window,
 	};
 	struct kvt_backend_paged pg = sel_paged(&f->fx);
 	uint32_t out[2 * NKV + NKV * CAP];
-	T_OK(f->fx.o->attn_select(f->fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV,
-	                          HD, &a, jobs, NKV, out, 2 * NKV + off, NULL));
+	T_OK(sel_run(&f->fx, f->rule, &pg, NKV, KVT_DTYPE_F32, H, NKV,
+	             HD, &a, jobs, NKV, out, 2 * NKV + off, NULL));
 	struct kvt_backend_drops dl[NKV];
 	uint32_t drops[NKV * CAP], ndl = 0, at = 0;
 	for (uint32_t g = 0; g < NKV; g++) {
@@ -211,7 +213,7 @@ static void run_case(uint32_t agg, uint32_t sinks, uint32_t window,
 	sel_fini(&f.fx);
 }
 
-TEST(cuda, backend_attn_select_matches_h2o)
+TEST(cuda, backend_h2o_rule_matches_h2o)
 {
 	run_case(0, 0, 0, 0); /* mean, recent = budget / 2 */
 	run_case(1, 2, 0, 0); /* max, sinks */
@@ -219,7 +221,7 @@ TEST(cuda, backend_attn_select_matches_h2o)
 	run_case(2, 0, 0, 0); /* observed_attention: nothing protected */
 }
 
-TEST(cuda, backend_attn_select_flags_and_refuses)
+TEST(cuda, backend_h2o_rule_flags_and_refuses)
 {
 	struct hx f;
 	hx_init(&f);
@@ -229,32 +231,32 @@ TEST(cuda, backend_attn_select_flags_and_refuses)
 		f.ring_h[8 * RF + e] = 0.5f;
 	f.ring_h[8 * RF + 3] = NAN;
 	T_OK(f.fx.o->copy(f.fx.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
-	struct kvt_backend_attn_job j = {
+	struct h2o_rule_job j = {
 		.ring = f.ring, .record = 1, .g = 1, .cur = f.cur[1],
 		.len = f.len[1], .n_new = 1, .n_seen = 9,
 	};
-	const struct kvt_backend_attn a = {
+	const struct h2o_rule a = {
 		.state = f.state, .cap = CAP, .rows = {ST, RF, 0, H * HD},
 	};
 	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];
-	T_OK(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &j, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	/* refusals */
-	struct kvt_backend_attn_job bad = j;
+	struct h2o_rule_job bad = j;
 	bad.record = NKV;
-	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.len = CAP;
-	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.n_drop = 1;
-	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
-	T_EQ(f.fx.o->attn_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
-	                         HD, &a, &j, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
+	             HD, &a, &j, 1, out, 2, NULL), KVT_EINVAL);
 	sel_fini(&f.fx);
 }

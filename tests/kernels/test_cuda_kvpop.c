@@ -1,22 +1,21 @@
 /*
- * test_cuda_kvpop.c — the cuda backend's pop_select (KVpop's rule on the
- * device, backend.h) against the cpu policy's own operations
+ * test_cuda_kvpop.c — the cuda backend's device rule "kvpop" (KVpop's rule
+ * on the device, policies/kvpop.cu) against the cpu policy's own operations
  * (policies/kvpop.c: u = P x by scorer_linear_cpu into a ring of delay +
- * headroom rows, the band's attn_band_cpu weights summed per entry in t
- * and j order over the queries within the delay, kvpop_score's loops for
- * the entries whose delay ends, the protection, then select_topk_cpu
- * ranked by position, compact_plan's moves), written out here naively:
- * over several syncs of the two lists of one (sequence, layer) of layer 1
- * (a 12-token prefill, decode steps, syncs whose new rows wrap round the
- * staging ring's end, syncs that are not due, f32 and f16 pages), with the
- * pages compacted by compact_drops between syncs, the drop indices and
- * the positions must be the host's, a, s and the u ring within 1e-5
- * relative (on the emulator, whose cuBLAS is OpenBLAS, the same bits; a
- * GPU's SGEMM, FMA, expf, logf and erff round differently).  Then a NaN
- * in a new row's x is flagged by the proj job, a band that is not the
- * caller's n_band fails the job's count, and the refusals.  Built into
- * kvtrim-cuda-tests and, under the CPU emulator, kvtrim-cuda-emu-tests;
- * skips without a device.
+ * headroom rows, the band's attn_band_cpu weights summed per entry in t and
+ * j order over the queries within the delay, kvpop_score's loops for the
+ * entries whose delay ends, the protection, then select_topk_cpu ranked by
+ * position, compact_plan's moves), written out here naively: over several
+ * syncs of the two lists of one (sequence, layer) of layer 1 (a 12-token
+ * prefill, decode steps, syncs whose new rows wrap round the staging ring's
+ * end, syncs that are not due, f32 and f16 pages), with the pages compacted
+ * by compact_drops between syncs, the drop indices and the positions must be
+ * the host's, a, s and the u ring within 1e-5 relative (on the emulator,
+ * whose cuBLAS is OpenBLAS, the same bits; a GPU's SGEMM, FMA, expf, logf
+ * and erff round differently).  Then a NaN in a new row's x is flagged by
+ * the proj job, a band that is not the caller's n_band fails the job's
+ * count, and the refusals.  Built into kvtrim-cuda-tests and, under the CPU
+ * emulator, kvtrim-cuda-emu-tests; skips without a device.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -26,6 +25,7 @@
 #include "compact.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "kvpop_rule.h"
 #include "test.h"
 
 #define SEL_SEED 31
@@ -42,6 +42,7 @@ enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
  * state. */
 struct px {
 	struct sel_fx fx;
+	const struct kvt_backend_rule *rule;
 	enum kvt_dtype dt;
 	size_t esz;
 	void *state, *ring, *u, *w;
@@ -59,8 +60,9 @@ static void px_init(struct px *f, enum kvt_dtype dt)
 	f->dt = dt;
 	f->esz = kvt_dtype_size(dt);
 	sel_init(&f->fx, PT, (uint32_t)(HD * f->esz), NKV, NP);
-	if (!f->fx.o->pop_select || !f->fx.o->compact_drops)
-		T_SKIP("no pop_select");
+	f->rule = sel_rule(&f->fx, "kvpop", KVPOP_RULE_VERSION,
+	                   sizeof(struct kvpop_rule),
+	                   sizeof(struct kvpop_rule_job));
 	f->state = sel_mem(&f->fx, (size_t)NKV * 2 * CAP * 3 * 4);
 	f->ring = sel_mem(&f->fx, sizeof(f->ring_h));
 	f->u = sel_mem(&f->fx, sizeof(f->u_h));
@@ -71,9 +73,9 @@ static void px_init(struct px *f, enum kvt_dtype dt)
 	T_OK(f->fx.o->copy(f->fx.ctx, f->w, f->w_h, sizeof(f->w_h), NULL));
 }
 
-static struct kvt_backend_pop px_pop(struct px *f, uint32_t sinks)
+static struct kvpop_rule px_pop(struct px *f, uint32_t sinks)
 {
-	return (struct kvt_backend_pop){
+	return (struct kvpop_rule){
 		.state = f->state, .u = f->u, .weights = f->w, .cap = CAP,
 		.rows = {ST, RF, Q_OFF, LSE_OFF}, .d_model = D, .r = R, .m = M,
 		.ring = RING,
@@ -128,7 +130,7 @@ static uint32_t band_of(struct px *f, uint32_t g, uint32_t L, uint32_t prev,
 /*
  * One sync of n_new tokens (positions [seen0, seen0 + n_new)) on both
  * lists, due or not, budget b: the host does what kvpop_decide does, the
- * device pop_select; then both compact.
+ * device rule "kvpop" (kvpop_rule.h); then both compact.
  */
 static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
                     uint32_t b, uint32_t sinks)
@@ -152,7 +154,7 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 			memcpy(f->u_h + ((seen0 + t) % RING) * R, u + t * R,
 			       R * sizeof(float));
 	}
-	struct kvt_backend_pop_job jobs[NKV];
+	struct kvpop_rule_job jobs[NKV];
 	uint8_t want[NKV][CAP];
 	uint32_t nd[NKV], off = 0;
 	for (uint32_t g = 0; g < NKV; g++) {
@@ -218,7 +220,7 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		nd[g] = due && L ? select_topk_cpu(sc, pos, pr, L, keep, want[g],
 		                                   scr)
 		                 : 0;
-		jobs[g] = (struct kvt_backend_pop_job){
+		jobs[g] = (struct kvpop_rule_job){
 			.ring = f->ring, .layer = LAYER, .record = g,
 			.cur = f->cur[g], .proj = g == 0,
 			.len = f->len[g], .n_new = n_new, .n_seen = seen,
@@ -227,11 +229,11 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		};
 		off += nd[g];
 	}
-	const struct kvt_backend_pop a = px_pop(f, sinks);
+	const struct kvpop_rule a = px_pop(f, sinks);
 	struct kvt_backend_paged pg = sel_paged(&f->fx);
 	uint32_t out[2 * NKV + NKV * CAP];
-	T_OK(f->fx.o->pop_select(f->fx.ctx, &pg, NKV, f->dt, H, NKV, HD, &a,
-	                         jobs, NKV, out, 2 * NKV + off, NULL));
+	T_OK(sel_run(&f->fx, f->rule, &pg, NKV, f->dt, H, NKV, HD, &a,
+	             jobs, NKV, out, 2 * NKV + off, NULL));
 	float ud[RING * R];
 	T_OK(f->fx.o->copy(f->fx.ctx, ud, f->u, sizeof(ud), NULL));
 	for (uint32_t i = 0; i < RING * R; i++)
@@ -301,14 +303,14 @@ static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every)
 	sel_fini(&f.fx);
 }
 
-TEST(cuda, backend_pop_select_matches_kvpop)
+TEST(cuda, backend_kvpop_rule_matches_kvpop)
 {
 	run_case(KVT_DTYPE_F32, 0, 0);  /* every sync due */
 	run_case(KVT_DTYPE_F32, 2, 4);  /* sinks, every 4 */
 	run_case(KVT_DTYPE_F16, 1, 0);  /* f16 pages */
 }
 
-TEST(cuda, backend_pop_select_kvpop_flags_and_refuses)
+TEST(cuda, backend_kvpop_rule_flags_and_refuses)
 {
 	struct px f;
 	px_init(&f, KVT_DTYPE_F32);
@@ -318,73 +320,73 @@ TEST(cuda, backend_pop_select_kvpop_flags_and_refuses)
 		f.ring_h[8 * RF + e] = 0.5f;
 	f.ring_h[8 * RF + 5] = NAN;
 	T_OK(f.fx.o->copy(f.fx.ctx, f.ring, f.ring_h, sizeof(f.ring_h), NULL));
-	struct kvt_backend_pop_job j[2];
+	struct kvpop_rule_job j[2];
 	uint32_t idx[CAP];
 	for (uint32_t g = 0; g < NKV; g++) {
 		f.pos[g][f.len[g]] = 8;
-		j[g] = (struct kvt_backend_pop_job){
+		j[g] = (struct kvpop_rule_job){
 			.ring = f.ring, .layer = LAYER, .record = g,
 			.cur = f.cur[g], .proj = g == 0, .len = f.len[g],
 			.n_new = 1, .n_seen = 9,
 			.n_band = band_of(&f, g, f.len[g] + 1, 8, idx),
 		};
 	}
-	const struct kvt_backend_pop a = px_pop(&f, 0);
+	const struct kvpop_rule a = px_pop(&f, 0);
 	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];
-	T_OK(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, j, 2, out, 4, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, j, 2, out, 4, NULL));
 	T_EQ(out[0], 1);
 	T_EQ(out[1], 0);
 	T_EQ(out[2], 0);
 	T_EQ(out[3], 0);
 	/* a band that is not the caller's count: the job's count fails */
-	struct kvt_backend_pop_job bad = j[1];
+	struct kvpop_rule_job bad = j[1];
 	T_ASSERT(bad.n_band > 0);
 	bad.n_band--;
 	bad.due = 1;
-	T_OK(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, &bad, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL));
 	T_EQ(out[1], 0xffffffffu);
 	bad.n_band += 2;
-	T_OK(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, &bad, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL));
 	T_EQ(out[1], 0xffffffffu);
 	/* refusals */
 	bad = j[1];
 	bad.record = NKV;
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.n_band = bad.len + bad.n_new + 1;
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.n_drop = 1;
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.len = CAP;
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j[1];
 	bad.n_new = 2;
 	bad.n_seen = 10;
-	struct kvt_backend_pop a2 = a;
+	struct kvpop_rule a2 = a;
 	a2.ring = 1; /* n_new beyond the u ring */
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a2, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a2, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	a2 = a;
 	a2.r = 0;
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	a2 = a;
 	a2.m = 0;
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
-	                        &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0,
-	                        &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
-	T_EQ(f.fx.o->pop_select(f.fx.ctx, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
-	                        HD, &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0,
+	             &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
+	             HD, &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	sel_fini(&f.fx);
 }

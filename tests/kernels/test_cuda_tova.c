@@ -1,20 +1,20 @@
 /*
- * test_cuda_tova.c — the cuda backend's tova_select (TOVA's rule on the
- * device, backend.h) against the cpu policy's own operations
- * (policies/tova.c, its `same` path: attn_band_cpu's weights of the
- * newest staged query, summed over the G query heads of each KV head in j
- * order, then over the KV heads in g order, times 1/H; the protection of
- * sinks and window; select_topk_cpu ranked by position; compact_plan's
- * moves): over several syncs of two jobs (two layers, NKV lists each, the
- * job's lists at consecutive records and its state record elsewhere) — a
- * prefill with drops, decode steps, syncs that are not due — with the
- * pages compacted by compact_drops between syncs, the drop indices and
- * the positions (both halves) must be the host's exactly (on the
- * emulator, whose cuBLAS is OpenBLAS, the scores are the same bits; a
- * GPU's SGEMM and expf round differently, which ties aside moves no
- * decision of these sizes).  Then a NaN in the newest row's lse is
- * flagged, and the refusals.  Built into kvtrim-cuda-tests and, under the
- * CPU emulator, kvtrim-cuda-emu-tests; skips without a device.
+ * test_cuda_tova.c — the cuda backend's device rule "tova" (TOVA's rule on
+ * the device, policies/tova.cu) against the cpu policy's own operations
+ * (policies/tova.c, its `same` path: attn_band_cpu's weights of the newest
+ * staged query, summed over the G query heads of each KV head in j order,
+ * then over the KV heads in g order, times 1/H; the protection of sinks and
+ * window; select_topk_cpu ranked by position; compact_plan's moves): over
+ * several syncs of two jobs (two layers, NKV lists each, the job's lists at
+ * consecutive records and its state record elsewhere) — a prefill with
+ * drops, decode steps, syncs that are not due — with the pages compacted by
+ * compact_drops between syncs, the drop indices and the positions (both
+ * halves) must be the host's exactly (on the emulator, whose cuBLAS is
+ * OpenBLAS, the scores are the same bits; a GPU's SGEMM and expf round
+ * differently, which ties aside moves no decision of these sizes).  Then a
+ * NaN in the newest row's lse is flagged, and the refusals.  Built into
+ * kvtrim-cuda-tests and, under the CPU emulator, kvtrim-cuda-emu-tests;
+ * skips without a device.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "compact.h"
 #include "kernels.h"
+#include "tova_rule.h"
 #include "test.h"
 
 #define SEL_SEED 41
@@ -34,6 +35,7 @@ enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
 /* The chunk of NR lists (select_fixture.h) and the jobs' state. */
 struct tx {
 	struct sel_fx fx;
+	const struct kvt_backend_rule *rule;
 	void *state, *ring[NJ];
 	float ring_h[NJ][ST * RF];
 	/* per job: its lists' first record, its state record, the host's
@@ -45,8 +47,9 @@ static void tx_init(struct tx *f)
 {
 	memset(f, 0, sizeof(*f));
 	sel_init(&f->fx, PT, HD * sizeof(float), NR, NP);
-	if (!f->fx.o->tova_select || !f->fx.o->compact_drops)
-		T_SKIP("no tova_select");
+	f->rule = sel_rule(&f->fx, "tova", TOVA_RULE_VERSION,
+	                   sizeof(struct tova_rule),
+	                   sizeof(struct tova_rule_job));
 	f->state = sel_mem(&f->fx, (size_t)NJ * 2 * CAP * 4);
 	for (uint32_t k = 0; k < NJ; k++)
 		f->ring[k] = sel_mem(&f->fx, sizeof(f->ring_h[k]));
@@ -65,10 +68,10 @@ static void tx_init(struct tx *f)
 	}
 }
 
-static struct kvt_backend_tova tx_args(struct tx *f, uint32_t sinks,
+static struct tova_rule tx_args(struct tx *f, uint32_t sinks,
                                        uint32_t window)
 {
-	return (struct kvt_backend_tova){
+	return (struct tova_rule){
 		.state = f->state, .cap = CAP, .rows = {ST, RF, 0, H * HD},
 		.sinks = sinks, .window = window,
 	};
@@ -100,7 +103,7 @@ static void tx_stage(struct tx *f, uint32_t seen0, uint32_t n_new)
 /*
  * One sync of n_new tokens (positions [seen0, seen0 + n_new)) on both
  * jobs, due or not, budgets b[k]: the host does what tova_decide does, the
- * device tova_select; then both compact.  Returns the drops made.
+ * device rule "tova" (tova_rule.h); then both compact.  Returns the drops made.
  */
 static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
                         int due, const uint32_t *b, uint32_t sinks,
@@ -108,7 +111,7 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 {
 	const uint32_t seen = seen0 + n_new, qpos = seen - 1;
 	tx_stage(f, seen0, n_new);
-	struct kvt_backend_tova_job jobs[NJ];
+	struct tova_rule_job jobs[NJ];
 	uint8_t want[NJ][CAP];
 	uint32_t nd[NJ], off = 0, total = 0;
 	for (uint32_t k = 0; k < NJ; k++) {
@@ -154,7 +157,7 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 			keep = b[k] > np ? b[k] - np : 0;
 			nd[k] = select_topk_cpu(s, pos, pr, L, keep, want[k], scr);
 		}
-		jobs[k] = (struct kvt_backend_tova_job){
+		jobs[k] = (struct tova_rule_job){
 			.ring = f->ring[k], .record = f->record[k],
 			.srec = f->srec[k], .cur = f->cur[k], .len = f->len[k],
 			.n_new = n_new, .n_seen = seen, .due = (uint32_t)due,
@@ -163,12 +166,12 @@ static uint32_t tx_sync(struct tx *f, uint32_t seen0, uint32_t n_new,
 		off += nd[k];
 		total += nd[k];
 	}
-	const struct kvt_backend_tova a = tx_args(f, sinks, window);
+	const struct tova_rule a = tx_args(f, sinks, window);
 	struct kvt_backend_paged pg = sel_paged(&f->fx);
 	uint32_t out[2 * NJ + NJ * CAP];
 	memset(out, 0xff, sizeof(out));
-	T_OK(f->fx.o->tova_select(f->fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                          &a, jobs, NJ, out, 2 * NJ + off, NULL));
+	T_OK(sel_run(&f->fx, f->rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, jobs, NJ, out, 2 * NJ + off, NULL));
 	struct kvt_backend_drops dl[NJ * NKV];
 	uint32_t drops[NJ * CAP], ndl = 0, at = 0;
 	for (uint32_t k = 0; k < NJ; k++) {
@@ -238,14 +241,14 @@ static void run_case(uint32_t sinks, uint32_t window, uint32_t every)
 	sel_fini(&f.fx);
 }
 
-TEST(cuda, backend_tova_select_matches_tova)
+TEST(cuda, backend_tova_rule_matches_tova)
 {
 	run_case(0, 1, 0); /* tova's defaults: window 1, no sinks */
 	run_case(2, 3, 0); /* sinks and a wider window */
 	run_case(1, 0, 4); /* no window, every 4 (syncs not due) */
 }
 
-TEST(cuda, backend_tova_select_flags_and_refuses)
+TEST(cuda, backend_tova_rule_flags_and_refuses)
 {
 	struct tx f;
 	tx_init(&f);
@@ -257,22 +260,22 @@ TEST(cuda, backend_tova_select_flags_and_refuses)
 	f.ring_h[1][9 * RF + H * HD + H - 1] = NAN;
 	T_OK(f.fx.o->copy(f.fx.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
 	                  NULL));
-	struct kvt_backend_tova_job j = {
+	struct tova_rule_job j = {
 		.ring = f.ring[1], .record = f.record[1], .srec = f.srec[1],
 		.cur = f.cur[1], .len = f.len[1], .n_new = 2, .n_seen = 10,
 	};
-	const struct kvt_backend_tova a = tx_args(&f, 0, 1);
+	const struct tova_rule a = tx_args(&f, 0, 1);
 	struct kvt_backend_paged pg = sel_paged(&f.fx);
 	uint32_t out[8];
 	memset(out, 0, sizeof(out));
-	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &j, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	T_EQ(out[1], 0);
 	/* also when due (the count is what the caller said, 0 here) */
 	j.due = 1;
-	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &j, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	/* the same rows made finite: not flagged */
 	j.due = 0;
@@ -280,42 +283,42 @@ TEST(cuda, backend_tova_select_flags_and_refuses)
 	T_OK(f.fx.o->copy(f.fx.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
 	                  NULL));
 	out[0] = 7;
-	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &j, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 0);
 	/* a NaN in the q of the sync's older row (every new row is checked) */
 	f.ring_h[1][8 * RF + 3] = NAN;
 	T_OK(f.fx.o->copy(f.fx.ctx, f.ring[1], f.ring_h[1], sizeof(f.ring_h[1]),
 	                  NULL));
-	T_OK(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &j, 1, out, 2, NULL));
+	T_OK(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &j, 1, out, 2, NULL));
 	T_EQ(out[0], 1);
 	/* refusals */
-	struct kvt_backend_tova_job bad = j;
+	struct tova_rule_job bad = j;
 	bad.record = NR - NKV + 1; /* its last list beyond n_records */
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.srec = NR / NKV;
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.len = CAP - 1; /* len + n_new = CAP + 1 */
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.n_new = 0;
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad = j;
 	bad.n_drop = 1; /* its index at out[2] of 2 words */
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 2, NULL), KVT_EINVAL);
 	bad.drop_off = 5; /* out[7] of 7 words */
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
-	                         &a, &bad, 1, out, 7, NULL), KVT_EINVAL);
-	T_EQ(f.fx.o->tova_select(f.fx.ctx, &pg, NR, KVT_DTYPE_F32, H + 1, NKV,
-	                         HD, &a, &j, 1, out, 2, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H, NKV, HD,
+	             &a, &bad, 1, out, 7, NULL), KVT_EINVAL);
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, H + 1, NKV,
+	             HD, &a, &j, 1, out, 2, NULL), KVT_EINVAL);
 	/* the refusals and the flagged calls left the half read alone */
 	uint32_t half[CAP];
 	tx_half(&f, 1, f.cur[1], half);

@@ -8,10 +8,11 @@
 # needs neither nvcc nor any CUDA header or library, works with
 # SANITIZER=address (build/san-address/), and is part of `all`.
 #
-# The cuda backend (backend/cuda/*.cu) is in too, in its vmm mode by
-# default (driver.cc emulates the driver's VMM calls with memfds) and in
-# legacy-IPC mode with KVTRIM_CUDA_SHARE=ipc; the tests that fork an
-# importer run in both.
+# The cuda backend (backend/cuda/*.cu, and the policies' device rules,
+# policies/*.cu, which see backend/cuda's internal headers) is in too, in
+# its vmm mode by default (driver.cc emulates the driver's VMM calls with
+# memfds) and in legacy-IPC mode with KVTRIM_CUDA_SHARE=ipc; the tests
+# that fork an importer run in both.
 #
 # Outside sanitizer builds it also links the same objects (less the
 # emulator's own tests) into
@@ -30,7 +31,7 @@
 CXX ?= g++
 
 EMU_DIR  := tests/kernels/emu
-EMU_KSRC := $(wildcard kernels/cuda/*.cu backend/cuda/*.cu)
+EMU_KSRC := $(wildcard kernels/cuda/*.cu backend/cuda/*.cu policies/*.cu)
 EMU_KOBJ := $(patsubst %.cu,$(B)/obj/emu/%.o,$(EMU_KSRC))
 EMU_ROBJ := $(patsubst %.cc,$(B)/obj/%.o,$(wildcard $(EMU_DIR)/*.cc))
 EMU_TOBJ := $(patsubst %.c,$(B)/obj/emu/%.o,$(CUDA_KTEST_SRC))
@@ -44,7 +45,7 @@ EMU_TOBJ := $(patsubst %.c,$(B)/obj/emu/%.o,$(CUDA_KTEST_SRC))
 EMU_CXXFLAGS := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -fPIC -ffp-contract=off \
                 -Wno-unused-parameter -Wno-unknown-pragmas -pthread -MMD -MP \
                 -I$(EMU_DIR)/include -Iinclude -Icore -Ibackend -Ikernels/cpu \
-                -Ikernels/cuda -Itests/harness -Iipc \
+                -Ikernels/cuda -Ibackend/cuda -Itests/harness -Iipc \
                 $(shell pkg-config --cflags openblas 2>/dev/null)
 ifneq ($(SANITIZER),)
 EMU_CXXFLAGS += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all \
@@ -97,13 +98,10 @@ EMU_TLS_CHECK = bad=$$(readelf -sW $@.tmp | \
 	  rm -f $@.tmp; exit 1; \
 	fi; mv $@.tmp $@
 
-# test_cuda_attention.c, test_cuda_sync_ops.c and test_cuda_h2o.c use no
-# CUDA header: the generic rule's objects serve both test binaries.
-$(CUDA_EMU_TESTS): $(EMU_TOBJ) $(B)/obj/tests/kernels/test_cuda_attention.o \
-                   $(B)/obj/tests/kernels/test_cuda_sync_ops.o \
-                   $(B)/obj/tests/kernels/test_cuda_h2o.o \
-                   $(B)/obj/tests/kernels/test_cuda_kvpop.o \
-                   $(B)/obj/tests/kernels/test_cuda_tova.o \
+# CUDA_PTEST_SRC (backend/cuda/cuda.mk: test_cuda_attention.c,
+# test_cuda_sync_ops.c, the device rules' tests) use no CUDA header: the
+# generic rule's objects serve both test binaries.
+$(CUDA_EMU_TESTS): $(EMU_TOBJ) $(call obj,$(CUDA_PTEST_SRC)) \
                    $(EMU_KOBJ) $(EMU_ROBJ) \
                    $(B)/obj/tests/harness/runner.o \
                    $(call obj,$(KERNEL_SRC) ipc/handle.c) $(CORE_OBJ)

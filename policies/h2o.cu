@@ -1,28 +1,44 @@
 /*
- * attn_select.cu — the cuda backend's `attn_select` op (backend.h): H2O's
- * accumulated attention (policies/h2o.c) computed where the keys, the
- * staged queries and the per-entry state are, so that a sync moves only
- * the drop indices to the host.  The whole call (every job: one list) in
- * five launches whatever its jobs: a flag per job for rows that are not
- * finite; one thread per entry of every job carrying the state to the
- * other half and doing h2o_decide's float operations (the logits in
- * attn_band_cpu's order, band_logits.cuh); then the due lists' selection,
- * drop indices and compaction (batch_select.cuh).  The steps: docs/cuda.md,
- * "Device ops, step by step".  Scratch: bc_win_prepare's, under the
- * context's lock; the op waits for its output.  Test:
- * cuda.backend_attn_select_matches_h2o and the emulated passes.
+ * h2o.cu — H2O's rule on the cuda backend, the device rule "h2o"
+ * (h2o_rule.h; struct kvt_backend_rule, backend.h): policies/h2o.c's
+ * accumulated attention computed where the keys, the staged queries and
+ * the per-entry state are, so that a sync moves only the drop indices to
+ * the host.  observed_attention runs it too.  The whole call (every job:
+ * one list) in five launches whatever its jobs: a flag per job for rows
+ * that are not finite; one thread per entry of every job carrying the
+ * state to the other half and doing h2o_decide's float operations (the
+ * logits in attn_band_cpu's order, band_logits.cuh); then the due lists'
+ * selection, drop indices and compaction (batch_select.cuh).  The steps:
+ * docs/cuda.md, "Device ops, step by step".  Scratch: bc_win_prepare's,
+ * under the context's lock; the rule waits for its output.  Built into
+ * libkvtrim-cuda.so (backend/cuda/cuda.mk) and registered in
+ * backend_cuda.cu's BC_RULES.  Test: cuda.backend_h2o_rule_matches_h2o and
+ * the emulated passes.
  */
 #include <math.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
 #include "band_logits.cuh"
-#include "batch_select.cuh"
 #include "common.cuh"
 #include "entry_state.cuh"
+#include "h2o_rule.h"
+
+/* What batch_select.cuh asks of a job: every job checks its rows; the
+ * state record is the list's; no band. */
+static __device__ __forceinline__ int
+bc_bs_checked(const h2o_rule_job &) { return 1; }
+static __device__ __forceinline__ uint32_t
+bc_bs_srec(const h2o_rule_job &j) { return j.record; }
+static __device__ __forceinline__ int
+bc_bs_band(const h2o_rule_job &, uint32_t) { return 0; }
+static __device__ __forceinline__ uint32_t
+bc_bs_band_n(const h2o_rule_job &) { return 0; }
+
+#include "batch_select.cuh"
 
 static __device__ __forceinline__ const float *
-bc_h2o_row(const kvt_backend_attn &a, const kvt_backend_attn_job &j,
+bc_h2o_row(const h2o_rule &a, const h2o_rule_job &j,
            uint32_t p)
 {
 	return j.ring + (uint64_t)(p % a.rows.stage_tokens) * a.rows.row_floats;
@@ -30,7 +46,7 @@ bc_h2o_row(const kvt_backend_attn &a, const kvt_backend_attn_job &j,
 
 /* Half h of record r: positions [cap], then S [cap][G]. */
 static __host__ __device__ __forceinline__ uint32_t *
-bc_h2o_half(const kvt_backend_attn &a, uint32_t G, uint32_t r, uint32_t h)
+bc_h2o_half(const h2o_rule &a, uint32_t G, uint32_t r, uint32_t h)
 {
 	return bc_es_half(a.state, a.cap, G, r, h);
 }
@@ -38,7 +54,7 @@ bc_h2o_half(const kvt_backend_attn &a, uint32_t G, uint32_t r, uint32_t h)
 /* The score of an entry from its S [G] (count: the queries that could
  * see it, n_seen - pos): policies/h2o.c's float operations. */
 static __device__ __forceinline__ float
-bc_h2o_score(const kvt_backend_attn &a, const float *e, uint32_t G,
+bc_h2o_score(const h2o_rule &a, const float *e, uint32_t G,
              uint32_t count)
 {
 	float v;
@@ -72,14 +88,14 @@ bc_h2o_score(const kvt_backend_attn &a, const float *e, uint32_t G,
  */
 template <typename T>
 __global__ void bc_h2o_batch(const kvt_backend_paged pg,
-                             const kvt_backend_attn a,
-                             const kvt_backend_attn_job *jobs,
+                             const h2o_rule a,
+                             const h2o_rule_job *jobs,
                              const uint32_t *seg, uint32_t n, uint32_t G,
                              uint32_t hd, float scale, float *sc,
                              uint32_t *rank, uint8_t *prot)
 {
 	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-		const kvt_backend_attn_job j = jobs[k];
+		const h2o_rule_job j = jobs[k];
 		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
 		const struct kvt_list_record *r =
 			(const struct kvt_list_record *)((const char *)pg.records +
@@ -125,25 +141,25 @@ __global__ void bc_h2o_batch(const kvt_backend_paged pg,
 	}
 }
 
-static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
-                              uint32_t nkv, uint32_t hd,
-                              const struct kvt_backend_attn *a,
-                              const struct kvt_backend_attn_job *jobs,
-                              uint32_t n, uint32_t out_words)
+static int bc_h2o_check_args(uint32_t n_records, uint32_t n_heads,
+                             uint32_t nkv, uint32_t hd,
+                             const struct h2o_rule *a,
+                             const struct h2o_rule_job *jobs,
+                             uint32_t n, uint32_t out_words)
 {
 	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows)) {
-		bc_note("attn_select: %u query heads on %u KV heads, head_dim "
+		bc_note("h2o rule: %u query heads on %u KV heads, head_dim "
 		        "%u, or no state or ring", n_heads, nkv, hd);
 		return KVT_EINVAL;
 	}
 	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_attn_job *j = &jobs[k];
+		const struct h2o_rule_job *j = &jobs[k];
 		if (!j->ring || j->record >= n_records || j->g >= nkv ||
 		    j->cur > 1 || (uint64_t)j->len + j->n_new > a->cap ||
 		    j->n_new > j->n_seen || j->n_new > a->rows.stage_tokens ||
 		    j->n_drop > j->len + j->n_new ||
 		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
-			bc_note("attn_select: job %u: record %u of %u, KV head %u, "
+			bc_note("h2o rule: job %u: record %u of %u, KV head %u, "
 			        "%u + %u entries of %u, seen %u, drops %u + %u of "
 			        "%u words", k, j->record, n_records, j->g, j->len,
 			        j->n_new, a->cap, j->n_seen, j->drop_off,
@@ -157,14 +173,14 @@ static int bc_attn_check_args(uint32_t n_records, uint32_t n_heads,
 /* The launches of one call, whatever n: the jobs' upload, the checks,
  * the plan, the accumulation, the selection's three (batch_select.cuh);
  * then the output's copy. */
-static int bc_attn_select_locked(struct bc_ctx *c,
-                                 const struct kvt_backend_paged *pg,
-                                 enum kvt_dtype dt, uint32_t n_heads,
-                                 uint32_t nkv, uint32_t hd,
-                                 const struct kvt_backend_attn *a,
-                                 const struct kvt_backend_attn_job *jobs,
-                                 uint32_t n, uint32_t *out,
-                                 uint32_t out_words, cudaStream_t s)
+static int bc_h2o_run_locked(struct bc_ctx *c,
+                             const struct kvt_backend_paged *pg,
+                             enum kvt_dtype dt, uint32_t n_heads,
+                             uint32_t nkv, uint32_t hd,
+                             const struct h2o_rule *a,
+                             const struct h2o_rule_job *jobs,
+                             uint32_t n, uint32_t *out,
+                             uint32_t out_words, cudaStream_t s)
 {
 	const uint32_t G = n_heads / nkv;
 	struct bc_bs_count cn;
@@ -178,27 +194,27 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 	char *d = c->d_win;
 	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at),
 	         *rank = (uint32_t *)(d + m.o_rank);
-	kvt_backend_attn_job *dj = (kvt_backend_attn_job *)(d + m.o_jobs);
+	h2o_rule_job *dj = (h2o_rule_job *)(d + m.o_jobs);
 	float *sc = (float *)(d + m.o_sc);
 	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
 	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "attn_select");
+	        "h2o rule");
 	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
 	                        cudaMemcpyHostToDevice, s),
-	        "attn_select");
+	        "h2o rule");
 	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_check_jobs<kvt_backend_attn_job>, n, BC_BS_THREADS, 0,
+	KVT_LAUNCH(bc_bs_check_jobs<h2o_rule_job>, n, BC_BS_THREADS, 0,
 	           s, dj, a->rows, 0, n_heads, hd, dout);
-	BC_CALL(cudaGetLastError(), "attn_select check");
-	KVT_LAUNCH(bc_bs_plan<kvt_backend_attn_job>, 1, BC_BS_THREADS, 0, s, dj,
+	BC_CALL(cudaGetLastError(), "h2o rule check");
+	KVT_LAUNCH(bc_bs_plan<h2o_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
 	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
 	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "attn_select plan");
+	BC_CALL(cudaGetLastError(), "h2o rule plan");
 	const float scale = 1.0f / sqrtf((float)hd);
 	const uint32_t tpb = bc_bs_threads(cn.maxL);
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const kvt_backend_paged p = *pg;
-	const kvt_backend_attn A = *a;
+	const h2o_rule A = *a;
 	if (dt == KVT_DTYPE_F16)
 		KVT_LAUNCH(bc_h2o_batch<f16_t>, grid, tpb, 0, s, p, A,
 		           dj, at, n, G, hd, scale, sc, rank, prot);
@@ -208,32 +224,43 @@ static int bc_attn_select_locked(struct bc_ctx *c,
 	else
 		KVT_LAUNCH(bc_h2o_batch<float>, grid, tpb, 0, s, p, A,
 		           dj, at, n, G, hd, scale, sc, rank, prot);
-	BC_CALL(cudaGetLastError(), "attn_select accumulate");
-	if ((rv = bc_bs_select("attn_select", a->state, a->cap, G, sc, rank,
+	BC_CALL(cudaGetLastError(), "h2o rule accumulate");
+	if ((rv = bc_bs_select("h2o rule", a->state, a->cap, G, sc, rank,
 	                       prot, drop, (const uint32_t *)(d + m.o_first),
 	                       (const uint32_t *)(d + m.o_keep),
 	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
 	                       NULL, cn.max_drop, dout, s)))
 		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "attn_select");
+	return bc_ps_finish(c, out, dout, out_words, s, "h2o rule");
 }
 
-int bc_attn_select(void *ctx, const struct kvt_backend_paged *pg,
-                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim,
-                   const struct kvt_backend_attn *a,
-                   const struct kvt_backend_attn_job *jobs, uint32_t n,
-                   uint32_t *out, uint32_t out_words, void *stream)
+static int bc_h2o_run(void *ctx, const struct kvt_backend_paged *pg,
+                      uint32_t n_records, const struct kvt_backend_rule_geom *g,
+                      const void *params, const void *jobs_, uint32_t n,
+                      uint32_t *out, uint32_t out_words, void *stream)
 {
+	const struct h2o_rule *a = (const struct h2o_rule *)params;
+	const struct h2o_rule_job *jobs = (const struct h2o_rule_job *)jobs_;
 	return bc_es_entry(
-		ctx, "attn_select", pg, a, jobs, n, dtype, out, out_words,
+		ctx, "h2o rule", pg, g, a, jobs, n, out, out_words,
 		[&] {
-			return bc_attn_check_args(n_records, n_heads, n_kv_heads,
-			          head_dim, a, jobs, n, out_words);
+			return bc_h2o_check_args(n_records, g->n_heads,
+			          g->n_kv_heads, g->head_dim, a, jobs, n,
+			          out_words);
 		},
 		[&](struct bc_ctx *c) {
-			return bc_attn_select_locked(
-				c, pg, dtype, n_heads, n_kv_heads, head_dim, a,
-				jobs, n, out, out_words, (cudaStream_t)stream);
+			return bc_h2o_run_locked(
+				c, pg, g->dtype, g->n_heads, g->n_kv_heads,
+				g->head_dim, a, jobs, n, out, out_words,
+				(cudaStream_t)stream);
 		});
 }
+
+extern const struct kvt_backend_rule bc_h2o_rule;
+const struct kvt_backend_rule bc_h2o_rule = {
+	/* .name = */ "h2o",
+	/* .version = */ H2O_RULE_VERSION,
+	/* .params_bytes = */ sizeof(struct h2o_rule),
+	/* .job_bytes = */ sizeof(struct h2o_rule_job),
+	/* .run = */ bc_h2o_run,
+};

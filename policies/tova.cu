@@ -1,29 +1,44 @@
 /*
- * tova_select.cu — the cuda backend's `tova_select` op (backend.h):
- * TOVA's selection (policies/tova.c) computed where the keys, the staged
- * queries and the positions are, so that a sync moves one list of drop
- * indices per (sequence, layer) to the host.  The whole call (every job:
- * one (sequence, layer), its lists sharing one position array) in five
- * launches whatever its jobs: the row checks; one thread per entry of
- * every job carrying the positions and, when due, doing tova_decide's
- * float operations over every KV head (the logits in attn_band_cpu's
- * order, band_logits.cuh); then the due jobs' selection, drop indices and
- * compaction (batch_select.cuh).  The steps: docs/cuda.md, "Device ops,
- * step by step".
- * Scratch: bc_win_prepare's, under the context's lock; the op waits for
- * its output.  Test: cuda.backend_tova_select_matches_tova.
+ * tova.cu — TOVA's rule on the cuda backend, the device rule "tova"
+ * (tova_rule.h; struct kvt_backend_rule, backend.h): policies/tova.c's
+ * selection computed where the keys, the staged queries and the positions
+ * are, so that a sync moves one list of drop indices per (sequence,
+ * layer) to the host.  The whole call (every job: one (sequence, layer),
+ * its lists sharing one position array) in five launches whatever its
+ * jobs: the row checks; one thread per entry of every job carrying the
+ * positions and, when due, doing tova_decide's float operations over
+ * every KV head (the logits in attn_band_cpu's order, band_logits.cuh);
+ * then the due jobs' selection, drop indices and compaction
+ * (batch_select.cuh).  The steps: docs/cuda.md, "Device ops, step by
+ * step".  Scratch: bc_win_prepare's, under the context's lock; the rule
+ * waits for its output.  Built into libkvtrim-cuda.so (backend/cuda/
+ * cuda.mk) and registered in backend_cuda.cu's BC_RULES.  Test:
+ * cuda.backend_tova_rule_matches_tova.
  */
 #include <math.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
 #include "band_logits.cuh"
-#include "batch_select.cuh"
 #include "common.cuh"
 #include "entry_state.cuh"
+#include "tova_rule.h"
+
+/* What batch_select.cuh asks of a job: every job checks its rows; its
+ * lists share the state record srec; no band. */
+static __device__ __forceinline__ int
+bc_bs_checked(const tova_rule_job &) { return 1; }
+static __device__ __forceinline__ uint32_t
+bc_bs_srec(const tova_rule_job &j) { return j.srec; }
+static __device__ __forceinline__ int
+bc_bs_band(const tova_rule_job &, uint32_t) { return 0; }
+static __device__ __forceinline__ uint32_t
+bc_bs_band_n(const tova_rule_job &) { return 0; }
+
+#include "batch_select.cuh"
 
 static __host__ __device__ __forceinline__ uint32_t *
-bc_tova_half(const kvt_backend_tova &a, uint32_t r, uint32_t h)
+bc_tova_half(const tova_rule &a, uint32_t r, uint32_t h)
 {
 	return bc_es_half(a.state, a.cap, 0, r, h);
 }
@@ -39,15 +54,15 @@ bc_tova_half(const kvt_backend_tova &a, uint32_t r, uint32_t h)
  */
 template <typename T>
 __global__ void bc_tova_batch(const kvt_backend_paged pg,
-                              const kvt_backend_tova a,
-                              const kvt_backend_tova_job *jobs,
+                              const tova_rule a,
+                              const tova_rule_job *jobs,
                               const uint32_t *seg, uint32_t n, uint32_t nkv,
                               uint32_t G, uint32_t hd, float scale,
                               float inv_h, float *sc, uint32_t *rank,
                               uint8_t *prot)
 {
 	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-		const kvt_backend_tova_job j = jobs[k];
+		const tova_rule_job j = jobs[k];
 		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new,
 		               qpos = j.n_seen - 1, at = seg[k];
 		const uint32_t *src = bc_tova_half(a, j.srec, j.cur);
@@ -91,24 +106,24 @@ __global__ void bc_tova_batch(const kvt_backend_paged pg,
 
 static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
                               uint32_t nkv, uint32_t hd,
-                              const struct kvt_backend_tova *a,
-                              const struct kvt_backend_tova_job *jobs,
+                              const struct tova_rule *a,
+                              const struct tova_rule_job *jobs,
                               uint32_t n, uint32_t out_words)
 {
 	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows)) {
-		bc_note("tova_select: %u query heads on %u KV heads, head_dim "
+		bc_note("tova rule: %u query heads on %u KV heads, head_dim "
 		        "%u, or no state or ring", n_heads, nkv, hd);
 		return KVT_EINVAL;
 	}
 	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_tova_job *j = &jobs[k];
+		const struct tova_rule_job *j = &jobs[k];
 		if (!j->ring || (uint64_t)j->record + nkv > n_records ||
 		    j->srec >= n_records / nkv || j->cur > 1 || !j->n_new ||
 		    (uint64_t)j->len + j->n_new > a->cap ||
 		    j->n_new > j->n_seen || j->n_new > a->rows.stage_tokens ||
 		    j->n_drop > j->len + j->n_new ||
 		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
-			bc_note("tova_select: job %u: records %u + %u of %u, state "
+			bc_note("tova rule: job %u: records %u + %u of %u, state "
 			        "%u, %u + %u entries of %u, seen %u, drops %u + %u "
 			        "of %u words", k, j->record, nkv, n_records,
 			        j->srec, j->len, j->n_new, a->cap, j->n_seen,
@@ -122,14 +137,14 @@ static int bc_tova_check_args(uint32_t n_records, uint32_t n_heads,
 /* The launches of one call, whatever n: the jobs' upload, the checks,
  * the plan, the positions and scores, the selection's three
  * (batch_select.cuh); then the output's copy. */
-static int bc_tova_select_locked(struct bc_ctx *c,
-                                 const struct kvt_backend_paged *pg,
-                                 enum kvt_dtype dt, uint32_t n_heads,
-                                 uint32_t nkv, uint32_t hd,
-                                 const struct kvt_backend_tova *a,
-                                 const struct kvt_backend_tova_job *jobs,
-                                 uint32_t n, uint32_t *out,
-                                 uint32_t out_words, cudaStream_t s)
+static int bc_tova_run_locked(struct bc_ctx *c,
+                              const struct kvt_backend_paged *pg,
+                              enum kvt_dtype dt, uint32_t n_heads,
+                              uint32_t nkv, uint32_t hd,
+                              const struct tova_rule *a,
+                              const struct tova_rule_job *jobs,
+                              uint32_t n, uint32_t *out,
+                              uint32_t out_words, cudaStream_t s)
 {
 	struct bc_bs_count cn;
 	int rv = bc_bs_count_jobs(jobs, n, &cn);
@@ -141,28 +156,28 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 	char *d = c->d_win;
 	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at),
 	         *rank = (uint32_t *)(d + m.o_rank);
-	kvt_backend_tova_job *dj = (kvt_backend_tova_job *)(d + m.o_jobs);
+	tova_rule_job *dj = (tova_rule_job *)(d + m.o_jobs);
 	float *sc = (float *)(d + m.o_sc);
 	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
 	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "tova_select");
+	        "tova rule");
 	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
 	                        cudaMemcpyHostToDevice, s),
-	        "tova_select");
+	        "tova rule");
 	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_check_jobs<kvt_backend_tova_job>, n, BC_BS_THREADS, 0,
+	KVT_LAUNCH(bc_bs_check_jobs<tova_rule_job>, n, BC_BS_THREADS, 0,
 	           s, dj, a->rows, 0, n_heads, hd, dout);
-	BC_CALL(cudaGetLastError(), "tova_select check");
-	KVT_LAUNCH(bc_bs_plan<kvt_backend_tova_job>, 1, BC_BS_THREADS, 0, s, dj,
+	BC_CALL(cudaGetLastError(), "tova rule check");
+	KVT_LAUNCH(bc_bs_plan<tova_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
 	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
 	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "tova_select plan");
+	BC_CALL(cudaGetLastError(), "tova rule plan");
 	const uint32_t G = n_heads / nkv;
 	const float scale = 1.0f / sqrtf((float)hd), inv_h = 1.0f / (float)n_heads;
 	const uint32_t tpb = bc_bs_threads(cn.maxL);
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const kvt_backend_paged p = *pg;
-	const kvt_backend_tova A = *a;
+	const tova_rule A = *a;
 	if (dt == KVT_DTYPE_F16)
 		KVT_LAUNCH(bc_tova_batch<f16_t>, grid, tpb, 0, s, p, A,
 		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
@@ -172,32 +187,44 @@ static int bc_tova_select_locked(struct bc_ctx *c,
 	else
 		KVT_LAUNCH(bc_tova_batch<float>, grid, tpb, 0, s, p, A,
 		           dj, at, n, nkv, G, hd, scale, inv_h, sc, rank, prot);
-	BC_CALL(cudaGetLastError(), "tova_select score");
-	if ((rv = bc_bs_select("tova_select", a->state, a->cap, 0, sc, rank,
+	BC_CALL(cudaGetLastError(), "tova rule score");
+	if ((rv = bc_bs_select("tova rule", a->state, a->cap, 0, sc, rank,
 	                       prot, drop, (const uint32_t *)(d + m.o_first),
 	                       (const uint32_t *)(d + m.o_keep),
 	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
 	                       NULL, cn.max_drop, dout, s)))
 		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "tova_select");
+	return bc_ps_finish(c, out, dout, out_words, s, "tova rule");
 }
 
-int bc_tova_select(void *ctx, const struct kvt_backend_paged *pg,
-                   uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
-                   uint32_t n_kv_heads, uint32_t head_dim,
-                   const struct kvt_backend_tova *a,
-                   const struct kvt_backend_tova_job *jobs, uint32_t n,
-                   uint32_t *out, uint32_t out_words, void *stream)
+static int bc_tova_run(void *ctx, const struct kvt_backend_paged *pg,
+                       uint32_t n_records,
+                       const struct kvt_backend_rule_geom *g,
+                       const void *params, const void *jobs_, uint32_t n,
+                       uint32_t *out, uint32_t out_words, void *stream)
 {
+	const struct tova_rule *a = (const struct tova_rule *)params;
+	const struct tova_rule_job *jobs = (const struct tova_rule_job *)jobs_;
 	return bc_es_entry(
-		ctx, "tova_select", pg, a, jobs, n, dtype, out, out_words,
+		ctx, "tova rule", pg, g, a, jobs, n, out, out_words,
 		[&] {
-			return bc_tova_check_args(n_records, n_heads, n_kv_heads,
-			          head_dim, a, jobs, n, out_words);
+			return bc_tova_check_args(n_records, g->n_heads,
+			          g->n_kv_heads, g->head_dim, a, jobs, n,
+			          out_words);
 		},
 		[&](struct bc_ctx *c) {
-			return bc_tova_select_locked(
-				c, pg, dtype, n_heads, n_kv_heads, head_dim, a,
-				jobs, n, out, out_words, (cudaStream_t)stream);
+			return bc_tova_run_locked(
+				c, pg, g->dtype, g->n_heads, g->n_kv_heads,
+				g->head_dim, a, jobs, n, out, out_words,
+				(cudaStream_t)stream);
 		});
 }
+
+extern const struct kvt_backend_rule bc_tova_rule;
+const struct kvt_backend_rule bc_tova_rule = {
+	/* .name = */ "tova",
+	/* .version = */ TOVA_RULE_VERSION,
+	/* .params_bytes = */ sizeof(struct tova_rule),
+	/* .job_bytes = */ sizeof(struct tova_rule_job),
+	/* .run = */ bc_tova_run,
+};

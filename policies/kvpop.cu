@@ -1,18 +1,21 @@
 /*
- * pop_select.cu — the cuda backend's `pop_select` op (backend.h): KVpop's
- * delayed learned scorer (policies/kvpop.c) run where the staged rows, the
- * keys, the projections u and the entries' state [a, s] are, so that a
- * sync moves only the drop indices to the host.  The whole call (every
- * job: one list) in at most 13 launches whatever its jobs, kvpop_decide's
- * float operations one for one: the plan (one block), the row checks,
- * u = P x of every projecting job (copy, one grouped GEMM, scatter), the
- * state carried with the bands found, the bands' attention accumulated,
+ * kvpop.cu — KVpop's rule on the cuda backend, the device rule "kvpop"
+ * (kvpop_rule.h; struct kvt_backend_rule, backend.h): policies/kvpop.c's
+ * delayed learned scorer run where the staged rows, the keys, the
+ * projections u and the entries' state [a, s] are, so that a sync moves
+ * only the drop indices to the host.  The whole call (every job: one
+ * list) in at most 13 launches whatever its jobs, kvpop_decide's float
+ * operations one for one: the plan (one block), the row checks, u = P x
+ * of every projecting job (copy, one grouped GEMM, scatter), the state
+ * carried with the bands found, the bands' attention accumulated,
  * kvpop_score where a delay ends, and the due lists' selection, drop
  * indices and compaction (batch_select.cuh).  Bit for bit on the CPU
- * emulator; on a GPU FMA and the math functions
- * round differently.  The steps: docs/cuda.md, "Device ops, step by step".
- * Scratch: bc_win_prepare's, under the context's lock.  Tests:
- * cuda.backend_pop_select_matches_kvpop, ..._kvpop_flags_and_refuses.
+ * emulator; on a GPU FMA and the math functions round differently.  The
+ * steps: docs/cuda.md, "Device ops, step by step".  Scratch:
+ * bc_win_prepare's, under the context's lock.  Built into
+ * libkvtrim-cuda.so (backend/cuda/cuda.mk) and registered in
+ * backend_cuda.cu's BC_RULES.  Tests: cuda.backend_kvpop_rule_matches_kvpop,
+ * ..._flags_and_refuses.
  */
 #include <cublas_v2.h>
 #include <math.h>
@@ -21,12 +24,30 @@
 #include "band_logits.cuh"
 #include "blas.cuh"
 #include "common.cuh"
-#include "batch_select.cuh"
 #include "entry_state.cuh"
+#include "kvpop_rule.h"
+
+/* What batch_select.cuh asks of a job: the first job of a (sequence,
+ * layer) (proj) checks the rows for its lists; the state record is the
+ * list's; a band when there are new entries and a delay, of the caller's
+ * n_band entries. */
+static __device__ __forceinline__ int
+bc_bs_checked(const kvpop_rule_job &j) { return j.proj; }
+static __device__ __forceinline__ uint32_t
+bc_bs_srec(const kvpop_rule_job &j) { return j.record; }
+static __device__ __forceinline__ int
+bc_bs_band(const kvpop_rule_job &j, uint32_t delay)
+{
+	return j.n_new && delay;
+}
+static __device__ __forceinline__ uint32_t
+bc_bs_band_n(const kvpop_rule_job &j) { return j.n_band; }
+
+#include "batch_select.cuh"
 
 /* Half h of record r: positions [cap], then [cap][2] floats (a, s). */
 static __host__ __device__ __forceinline__ uint32_t *
-bc_pop_half(const kvt_backend_pop &a, uint32_t r, uint32_t h)
+bc_pop_half(const kvpop_rule &a, uint32_t r, uint32_t h)
 {
 	return bc_es_half(a.state, a.cap, 2, r, h);
 }
@@ -36,8 +57,8 @@ bc_pop_half(const kvt_backend_pop &a, uint32_t r, uint32_t h)
  * rows) in order get their rows row0[k] of the flat xs and ub (UINT32_MAX:
  * none) and the grouped GEMM's pointers, problem q: W[q] the layer's P
  * (lf floats a layer), x[q] and y[q] their rows of xs and ub. */
-__global__ void bc_pop_plan(const kvt_backend_pop a,
-                            const kvt_backend_pop_job *jobs, uint32_t n,
+__global__ void bc_pop_plan(const kvpop_rule a,
+                            const kvpop_rule_job *jobs, uint32_t n,
                             uint32_t *at, uint32_t *boff, uint32_t *first,
                             uint32_t *keep, struct bc_seg *segs, uint64_t lf,
                             const float *xs, float *ub, uint32_t *row0,
@@ -69,7 +90,7 @@ __global__ void bc_pop_plan(const kvt_backend_pop a,
 	__syncthreads();
 	uint32_t q = (uint32_t)sum[t][0], row = (uint32_t)sum[t][1];
 	for (uint32_t k = lo; k < hi; k++) {
-		const kvt_backend_pop_job j = jobs[k];
+		const kvpop_rule_job j = jobs[k];
 		row0[k] = UINT32_MAX;
 		if (!j.proj || !j.n_new)
 			continue;
@@ -86,15 +107,15 @@ __global__ void bc_pop_plan(const kvt_backend_pop a,
  * new rows copied contiguous into xs [rows][d_model] (rows may wrap round
  * the staging ring), and its rows of ub zeroed (scorer_linear_cpu's
  * output before its GEMM adds to it). */
-__global__ void bc_pop_xcopy(const kvt_backend_pop a,
-                             const kvt_backend_pop_job *jobs, uint32_t n,
+__global__ void bc_pop_xcopy(const kvpop_rule a,
+                             const kvpop_rule_job *jobs, uint32_t n,
                              const uint32_t *row0, float *xs, float *ub)
 {
 	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
 		const uint32_t r0 = row0[k];
 		if (r0 == UINT32_MAX)
 			continue;
-		const kvt_backend_pop_job j = jobs[k];
+		const kvpop_rule_job j = jobs[k];
 		const uint32_t first = j.n_seen - j.n_new;
 		const uint64_t tot = (uint64_t)j.n_new * a.d_model,
 		               nu = (uint64_t)j.n_new * a.r;
@@ -113,8 +134,8 @@ __global__ void bc_pop_xcopy(const kvt_backend_pop a,
 
 /* Step 1c, every projecting job at once: its rows of ub [rows][r] into
  * its (sequence, layer)'s u ring. */
-__global__ void bc_pop_scatter(const kvt_backend_pop a,
-                               const kvt_backend_pop_job *jobs, uint32_t n,
+__global__ void bc_pop_scatter(const kvpop_rule a,
+                               const kvpop_rule_job *jobs, uint32_t n,
                                uint32_t nkv, const uint32_t *row0,
                                const float *ub)
 {
@@ -122,7 +143,7 @@ __global__ void bc_pop_scatter(const kvt_backend_pop a,
 		const uint32_t r0 = row0[k];
 		if (r0 == UINT32_MAX)
 			continue;
-		const kvt_backend_pop_job j = jobs[k];
+		const kvpop_rule_job j = jobs[k];
 		const uint32_t first = j.n_seen - j.n_new;
 		float *u = a.u + (uint64_t)(j.record / nkv) * a.ring * a.r;
 		const uint64_t tot = (uint64_t)j.n_new * a.r;
@@ -141,15 +162,15 @@ __global__ void bc_pop_scatter(const kvt_backend_pop a,
  * UINT32_MAX), the indices of the entries with pos + delay >= n_seen -
  * n_new in order (at most n_band written, at bidx + boff[k]), bad[k] = 1
  * when there are not n_band of them, else 0. */
-__global__ void bc_pop_band(const kvt_backend_pop a,
-                            const kvt_backend_pop_job *jobs,
+__global__ void bc_pop_band(const kvpop_rule a,
+                            const kvpop_rule_job *jobs,
                             const uint32_t *boff, uint32_t *bidx,
                             uint32_t *bad)
 {
 	__shared__ uint32_t cnt[BC_BS_THREADS];
 	__shared__ uint32_t total;
 	const uint32_t bo = boff[blockIdx.x];
-	const kvt_backend_pop_job j = jobs[blockIdx.x];
+	const kvpop_rule_job j = jobs[blockIdx.x];
 	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
 	const uint32_t *src = bc_pop_half(a, j.record, j.cur);
 	uint32_t *dst = bc_pop_half(a, j.record, j.cur ^ 1u);
@@ -201,8 +222,8 @@ __global__ void bc_pop_band(const kvt_backend_pop a,
  * the logits in attn_band_cpu's order. */
 template <typename T>
 __global__ void bc_pop_accum(const kvt_backend_paged pg,
-                             const kvt_backend_pop a,
-                             const kvt_backend_pop_job *jobs, uint32_t n,
+                             const kvpop_rule a,
+                             const kvpop_rule_job *jobs, uint32_t n,
                              const uint32_t *boff, uint32_t nkv, uint32_t G,
                              uint32_t hd, float scale, const uint32_t *bidx,
                              const uint32_t *bad)
@@ -211,7 +232,7 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 		const uint32_t bo = boff[k];
 		if (bo == UINT32_MAX || bad[k])
 			continue;
-		const kvt_backend_pop_job j = jobs[k];
+		const kvpop_rule_job j = jobs[k];
 		const struct kvt_list_record *r =
 			(const struct kvt_list_record *)((const char *)pg.records +
 			                                 (uint64_t)j.record *
@@ -251,8 +272,8 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
  * count[k] = UINT32_MAX (a due one through bc_bs_select's veto).  The
  * layer's W1 follows its P in a.weights (lf floats a layer): W1 [m][r +
  * 1], b1 [m], W2 [nkv][m], b2 [nkv]. */
-__global__ void bc_pop_score(const kvt_backend_pop a,
-                             const kvt_backend_pop_job *jobs,
+__global__ void bc_pop_score(const kvpop_rule a,
+                             const kvpop_rule_job *jobs,
                              const uint32_t *seg, uint32_t n, uint32_t nkv,
                              uint64_t lf, const uint32_t *bad, float *sc,
                              uint32_t *rank, uint8_t *prot, uint32_t *count)
@@ -260,7 +281,7 @@ __global__ void bc_pop_score(const kvt_backend_pop a,
 	const uint32_t r = a.r, m = a.m;
 	const float inv_sqrt2 = 0.70710678118654752440f;
 	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-		const kvt_backend_pop_job j = jobs[k];
+		const kvpop_rule_job j = jobs[k];
 		const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new,
 		               at = seg[k], fail = bad[k];
 		/* a failed band: count UINT32_MAX (a due list's: its veto) */
@@ -316,28 +337,28 @@ __global__ void bc_pop_score(const kvt_backend_pop a,
 
 static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
                              uint32_t nkv, uint32_t hd,
-                             const struct kvt_backend_pop *a,
-                             const struct kvt_backend_pop_job *jobs,
+                             const struct kvpop_rule *a,
+                             const struct kvpop_rule_job *jobs,
                              uint32_t n, uint32_t out_words)
 {
 	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows) || !a->u ||
 	    !a->weights || !a->r || !a->m || !a->ring ||
 	    a->d_model > a->rows.row_floats) {
-		bc_note("pop_select: %u query heads on %u KV heads, head_dim "
+		bc_note("kvpop rule: %u query heads on %u KV heads, head_dim "
 		        "%u, r %u, m %u, ring %u, d_model %u, rows of %u "
 		        "floats, or no state, u or weights", n_heads, nkv, hd,
 		        a->r, a->m, a->ring, a->d_model, a->rows.row_floats);
 		return KVT_EINVAL;
 	}
 	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_pop_job *j = &jobs[k];
+		const struct kvpop_rule_job *j = &jobs[k];
 		const uint64_t L = (uint64_t)j->len + j->n_new;
 		if (!j->ring || j->record >= n_records ||
 		    j->cur > 1 || L > a->cap || j->n_band > L ||
 		    j->n_new > j->n_seen || j->n_new > a->rows.stage_tokens ||
 		    j->n_new > a->ring || j->n_drop > L ||
 		    2 * (uint64_t)n + j->drop_off + j->n_drop > out_words) {
-			bc_note("pop_select: job %u: record %u of %u, "
+			bc_note("kvpop rule: job %u: record %u of %u, "
 			        "%u + %u entries of %u, band %u, seen %u, drops "
 			        "%u + %u of %u words", k, j->record, n_records,
 			        j->len, j->n_new, a->cap, j->n_band,
@@ -356,8 +377,8 @@ struct bc_pop_plan {
 	uint64_t band;
 };
 
-static int bc_pop_count(struct bc_pop_plan *pl, const kvt_backend_pop *a,
-                        const struct kvt_backend_pop_job *jobs, uint32_t n)
+static int bc_pop_count(struct bc_pop_plan *pl, const kvpop_rule *a,
+                        const struct kvpop_rule_job *jobs, uint32_t n)
 {
 	memset(pl, 0, sizeof(*pl));
 	int rv = bc_bs_count_jobs(jobs, n, &pl->cn);
@@ -365,7 +386,7 @@ static int bc_pop_count(struct bc_pop_plan *pl, const kvt_backend_pop *a,
 		return rv;
 	uint64_t rows = 0;
 	for (uint32_t k = 0; k < n; k++) {
-		const struct kvt_backend_pop_job *j = &jobs[k];
+		const struct kvpop_rule_job *j = &jobs[k];
 		if (j->proj && j->n_new) {
 			pl->nprj++;
 			rows += j->n_new;
@@ -390,12 +411,12 @@ struct bc_pop_mem {
 };
 
 static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
-                                       const kvt_backend_pop *a, uint32_t n,
+                                       const kvpop_rule *a, uint32_t n,
                                        uint32_t out_words)
 {
 	struct bc_pop_mem m;
 	const size_t ptrs = bc_ps_al((size_t)pl->nprj * sizeof(void *));
-	m.bs = bc_bs_layout(&pl->cn, n, sizeof(struct kvt_backend_pop_job),
+	m.bs = bc_bs_layout(&pl->cn, n, sizeof(struct kvpop_rule_job),
 	                    out_words);
 	m.o_bad = m.bs.need;
 	m.o_boff = m.o_bad + bc_ps_al((size_t)n * 4);
@@ -414,23 +435,23 @@ static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
  * zeroed), one grouped GEMM (each problem
  * scorer_linear_cpu's call for its job, beta 1 on the zeros; none when
  * d_model is 0: u is then 0), the rows into the u rings. */
-static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
+static int bc_pop_project(struct bc_ctx *c, const kvpop_rule &A,
                           const struct bc_pop_plan *pl,
                           const struct bc_pop_mem &m, char *d,
-                          const struct kvt_backend_pop_job *jobs, uint32_t n,
+                          const struct kvpop_rule_job *jobs, uint32_t n,
                           uint32_t nkv, cudaStream_t s)
 {
 	if (!pl->nprj)
 		return 0;
-	const kvt_backend_pop_job *dj =
-		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
+	const kvpop_rule_job *dj =
+		(const kvpop_rule_job *)(d + m.bs.o_jobs);
 	uint32_t *row0 = (uint32_t *)(d + m.o_row0);
 	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
 	const uint64_t wide = A.d_model > A.r ? A.d_model : A.r;
 	const uint32_t tx = bc_bs_threads((uint64_t)pl->maxN * wide);
 	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * wide), bc_bs_rows(n));
 	KVT_LAUNCH(bc_pop_xcopy, gx, tx, 0, s, A, dj, n, row0, xs, ub);
-	BC_CALL(cudaGetLastError(), "pop_select x");
+	BC_CALL(cudaGetLastError(), "kvpop rule x");
 	struct blas_grouped g;
 	memset(&g, 0, sizeof(g));
 	int rv = blas_grouped_reset(&g, pl->nprj);
@@ -445,14 +466,14 @@ static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
 		                      (float *const *)(d + m.o_Y), s);
 	blas_grouped_free(&g);
 	if (rv) {
-		bc_note("pop_select: the projections' grouped GEMM failed");
+		bc_note("kvpop rule: the projections' grouped GEMM failed");
 		return rv;
 	}
 	const uint32_t tu = bc_bs_threads((uint64_t)pl->maxN * A.r);
 	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r), bc_bs_rows(n));
 	KVT_LAUNCH(bc_pop_scatter, gu, tu, 0, s, A, dj, n, nkv, row0,
 	           ub);
-	BC_CALL(cudaGetLastError(), "pop_select scatter");
+	BC_CALL(cudaGetLastError(), "kvpop rule scatter");
 	return 0;
 }
 
@@ -460,14 +481,14 @@ static int bc_pop_project(struct bc_ctx *c, const kvt_backend_pop &A,
  * accumulation, the scores, the due lists' selection (a failed band's
  * veto). */
 static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
-                         const kvt_backend_pop &A,
+                         const kvpop_rule &A,
                          const struct bc_pop_plan *pl,
                          const struct bc_pop_mem &m, char *d, uint32_t n,
                          uint32_t nkv, uint32_t G, uint32_t hd,
                          cudaStream_t s)
 {
-	const kvt_backend_pop_job *jobs =
-		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
+	const kvpop_rule_job *jobs =
+		(const kvpop_rule_job *)(d + m.bs.o_jobs);
 	uint32_t *dout = (uint32_t *)d, *bad = (uint32_t *)(d + m.o_bad),
 	         *boff = (uint32_t *)(d + m.o_boff),
 	         *bidx = (uint32_t *)(d + m.o_bidx),
@@ -477,7 +498,7 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	uint8_t *prot = (uint8_t *)(d + m.bs.o_prot),
 	        *drop = (uint8_t *)(d + m.bs.o_drop);
 	KVT_LAUNCH(bc_pop_band, n, BC_BS_THREADS, 0, s, A, jobs, boff, bidx, bad);
-	BC_CALL(cudaGetLastError(), "pop_select carry and band");
+	BC_CALL(cudaGetLastError(), "kvpop rule carry and band");
 	if (pl->has_band) {
 		const float scale = 1.0f / sqrtf((float)hd);
 		const uint32_t tb = bc_bs_threads(pl->maxB);
@@ -491,29 +512,29 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 		else
 			KVT_LAUNCH(bc_pop_accum<float>, gb, tb, 0, s, p, A,
 			           jobs, n, boff, nkv, G, hd, scale, bidx, bad);
-		BC_CALL(cudaGetLastError(), "pop_select accumulate");
+		BC_CALL(cudaGetLastError(), "kvpop rule accumulate");
 	}
-	const uint64_t lf = kvt_pop_layer_floats(A.r, A.m, A.d_model, nkv);
+	const uint64_t lf = kvpop_layer_floats(A.r, A.m, A.d_model, nkv);
 	const uint32_t te = bc_bs_threads(pl->cn.maxL);
 	const dim3 ge(bc_bs_blocks(pl->cn.maxL), bc_bs_rows(n));
 	KVT_LAUNCH(bc_pop_score, ge, te, 0, s, A, jobs, at, n, nkv,
 	           lf, bad, sc, rank, prot, dout + n);
-	BC_CALL(cudaGetLastError(), "pop_select score");
-	return bc_bs_select("pop_select", A.state, A.cap, 2, sc, rank, prot,
+	BC_CALL(cudaGetLastError(), "kvpop rule score");
+	return bc_bs_select("kvpop rule", A.state, A.cap, 2, sc, rank, prot,
 	                    drop, (const uint32_t *)(d + m.bs.o_first),
 	                    (const uint32_t *)(d + m.bs.o_keep),
 	                    (const struct bc_seg *)(d + m.bs.o_segs), pl->cn.nseg,
 	                    bad, pl->cn.max_drop, dout, s);
 }
 
-static int bc_pop_select_locked(struct bc_ctx *c,
-                                const struct kvt_backend_paged *pg,
-                                enum kvt_dtype dt, uint32_t n_heads,
-                                uint32_t nkv, uint32_t hd,
-                                const struct kvt_backend_pop *a,
-                                const struct kvt_backend_pop_job *jobs,
-                                uint32_t n, uint32_t *out, uint32_t out_words,
-                                cudaStream_t s)
+static int bc_pop_run_locked(struct bc_ctx *c,
+                             const struct kvt_backend_paged *pg,
+                             enum kvt_dtype dt, uint32_t n_heads,
+                             uint32_t nkv, uint32_t hd,
+                             const struct kvpop_rule *a,
+                             const struct kvpop_rule_job *jobs,
+                             uint32_t n, uint32_t *out, uint32_t out_words,
+                             cudaStream_t s)
 {
 	struct bc_pop_plan pl;
 	int rv = bc_pop_count(&pl, a, jobs, n);
@@ -524,49 +545,62 @@ static int bc_pop_select_locked(struct bc_ctx *c,
 		return rv;
 	char *d = c->d_win;
 	uint32_t *dout = (uint32_t *)d;
-	const kvt_backend_pop_job *dj =
-		(const kvt_backend_pop_job *)(d + m.bs.o_jobs);
+	const kvpop_rule_job *dj =
+		(const kvpop_rule_job *)(d + m.bs.o_jobs);
 	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "pop_select");
+	        "kvpop rule");
 	BC_CALL(cudaMemcpyAsync(d + m.bs.o_jobs, jobs, (size_t)n * sizeof(*jobs),
 	                        cudaMemcpyHostToDevice, s),
-	        "pop_select");
+	        "kvpop rule");
 	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_check_jobs<kvt_backend_pop_job>, n, BC_BS_THREADS, 0,
+	KVT_LAUNCH(bc_bs_check_jobs<kvpop_rule_job>, n, BC_BS_THREADS, 0,
 	           s, dj, a->rows, a->d_model, n_heads, hd, dout);
-	BC_CALL(cudaGetLastError(), "pop_select check");
+	BC_CALL(cudaGetLastError(), "kvpop rule check");
 	KVT_LAUNCH(bc_pop_plan, 1, BC_BS_THREADS, 0, s, *a, dj, n,
 	           (uint32_t *)(d + m.bs.o_at), (uint32_t *)(d + m.o_boff),
 	           (uint32_t *)(d + m.bs.o_first), (uint32_t *)(d + m.bs.o_keep),
 	           (struct bc_seg *)(d + m.bs.o_segs),
-	           kvt_pop_layer_floats(a->r, a->m, a->d_model, nkv),
+	           kvpop_layer_floats(a->r, a->m, a->d_model, nkv),
 	           (const float *)(d + m.o_xs), (float *)(d + m.o_ub),
 	           (uint32_t *)(d + m.o_row0), (const float **)(d + m.o_W),
 	           (const float **)(d + m.o_X), (float **)(d + m.o_Y));
-	BC_CALL(cudaGetLastError(), "pop_select plan");
+	BC_CALL(cudaGetLastError(), "kvpop rule plan");
 	if ((rv = bc_pop_project(c, *a, &pl, m, d, jobs, n, nkv, s)) ||
 	    (rv = bc_pop_decide(*pg, dt, *a, &pl, m, d, n, nkv, n_heads / nkv,
 	                        hd, s)))
 		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "pop_select");
+	return bc_ps_finish(c, out, dout, out_words, s, "kvpop rule");
 }
 
-int bc_pop_select(void *ctx, const struct kvt_backend_paged *pg,
-                  uint32_t n_records, enum kvt_dtype dtype, uint32_t n_heads,
-                  uint32_t n_kv_heads, uint32_t head_dim,
-                  const struct kvt_backend_pop *a,
-                  const struct kvt_backend_pop_job *jobs, uint32_t n,
-                  uint32_t *out, uint32_t out_words, void *stream)
+static int bc_kvpop_run(void *ctx, const struct kvt_backend_paged *pg,
+                        uint32_t n_records,
+                        const struct kvt_backend_rule_geom *g,
+                        const void *params, const void *jobs_, uint32_t n,
+                        uint32_t *out, uint32_t out_words, void *stream)
 {
+	const struct kvpop_rule *a = (const struct kvpop_rule *)params;
+	const struct kvpop_rule_job *jobs =
+		(const struct kvpop_rule_job *)jobs_;
 	return bc_es_entry(
-		ctx, "pop_select", pg, a, jobs, n, dtype, out, out_words,
+		ctx, "kvpop rule", pg, g, a, jobs, n, out, out_words,
 		[&] {
-			return bc_pop_check_args(n_records, n_heads, n_kv_heads,
-			          head_dim, a, jobs, n, out_words);
+			return bc_pop_check_args(n_records, g->n_heads,
+			          g->n_kv_heads, g->head_dim, a, jobs, n,
+			          out_words);
 		},
 		[&](struct bc_ctx *c) {
-			return bc_pop_select_locked(
-				c, pg, dtype, n_heads, n_kv_heads, head_dim, a,
-				jobs, n, out, out_words, (cudaStream_t)stream);
+			return bc_pop_run_locked(
+				c, pg, g->dtype, g->n_heads, g->n_kv_heads,
+				g->head_dim, a, jobs, n, out, out_words,
+				(cudaStream_t)stream);
 		});
 }
+
+extern const struct kvt_backend_rule bc_kvpop_rule;
+const struct kvt_backend_rule bc_kvpop_rule = {
+	/* .name = */ "kvpop",
+	/* .version = */ KVPOP_RULE_VERSION,
+	/* .params_bytes = */ sizeof(struct kvpop_rule),
+	/* .job_bytes = */ sizeof(struct kvpop_rule_job),
+	/* .run = */ bc_kvpop_run,
+};

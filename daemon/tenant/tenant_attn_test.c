@@ -1,0 +1,189 @@
+/*
+ * tenant_attn_test.c — how a device tenant takes its policy's device rule
+ * (tenant_attn.c, at tenant_attn_init): the backend's rule of the policy's
+ * name ("h2o" for h2o and observed_attention, "tova" for tova) with this
+ * build's layout is kept and gets its state in device memory; a backend
+ * without it (no rule member, or no rule of that name) leaves the
+ * decisions to the host, as before there was a device path; a rule of
+ * another layout version or of other params or job sizes refuses the
+ * tenant with the reason and allocates nothing.
+ *
+ * The backend is the cpu table copied with its rule member and device
+ * memory replaced by the test's (host memory standing in); the tenant is
+ * a zeroed struct with what tenant_attn_init reads set.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "h2o_rule.h"
+#include "policy.h"
+#include "tenant_int.h"
+#include "test.h"
+#include "tova_rule.h"
+
+/* What the fake backend hands out and what it was asked. */
+static struct kvt_backend_rule fake;
+static int have_rule, mem_calls;
+static char asked[32];
+
+static int fake_run(void *ctx, const struct kvt_backend_paged *pg,
+                    uint32_t n_records, const struct kvt_backend_rule_geom *g,
+                    const void *params, const void *jobs, uint32_t n,
+                    uint32_t *out, uint32_t out_words, void *stream)
+{
+	return KVT_ESYS; /* never run here */
+}
+
+static const struct kvt_backend_rule *fake_lookup(const char *name)
+{
+	snprintf(asked, sizeof(asked), "%s", name ? name : "(null)");
+	return have_rule ? &fake : NULL;
+}
+
+static int fake_mem_new(void *ctx, size_t bytes, void **out)
+{
+	mem_calls++;
+	*out = calloc(1, bytes);
+	return *out ? 0 : KVT_ENOMEM;
+}
+
+static void fake_mem_free(void *ctx, void *p)
+{
+	free(p);
+}
+
+/* A device tenant of policy spec on backend o, as far as
+ * tenant_attn_init reads it. */
+static void tenant_of(struct tenant *t, const char *spec,
+                      const struct kvt_backend_ops *o)
+{
+	static char base; /* stands in for the chunk bases and staging */
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "attn-test");
+	t->g = (struct shm_geom){.max_seqs = 2, .n_layers = 2, .n_heads = 4,
+	                         .n_kv_heads = 2, .head_dim = 8, .d_model = 16,
+	                         .page_tokens = 4, .max_tokens = 32,
+	                         .headroom = 4, .stage_tokens = 8};
+	t->lists_per_seq = t->g.n_layers * t->g.n_kv_heads;
+	const struct policy_geom pg = {
+		.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+		.d_model = 16, .page_tokens = 4, .dtype = KVT_DTYPE_F32,
+		.headroom = 4,
+	};
+	char err[256];
+	T_OK(policy_create(spec, &pg, &t->pol, err, sizeof(err)));
+	t->bops = o;
+	t->dsync.dbases = (void **)&base;
+	t->dstage.chunk.base = &base;
+}
+
+static void tenant_done(struct tenant *t)
+{
+	tenant_attn_fini(t);
+	policy_free(t->pol);
+}
+
+/* Initialises a tenant of spec on o: tenant_attn_init's code, and err. */
+static int init(const char *spec, const struct kvt_backend_ops *o,
+                struct tenant *t, char *err, size_t errlen)
+{
+	tenant_of(t, spec, o);
+	err[0] = '\0';
+	asked[0] = '\0';
+	mem_calls = 0;
+	return tenant_attn_init(t, err, errlen);
+}
+
+static struct kvt_backend_ops fake_ops(void)
+{
+	struct kvt_backend_ops o = backend_cpu;
+	o.mem_new = fake_mem_new;
+	o.mem_free = fake_mem_free;
+	o.rule = fake_lookup;
+	return o;
+}
+
+TEST(tenant, attn_rule_of_this_layout_is_taken)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct tenant t;
+	char err[256];
+	const struct {
+		const char *spec, *rule;
+		uint32_t version, params, job;
+	} c[] = {
+		{"tova", "tova", TOVA_RULE_VERSION, sizeof(struct tova_rule),
+		 sizeof(struct tova_rule_job)},
+		{"h2o", "h2o", H2O_RULE_VERSION, sizeof(struct h2o_rule),
+		 sizeof(struct h2o_rule_job)},
+		{"observed_attention", "h2o", H2O_RULE_VERSION,
+		 sizeof(struct h2o_rule), sizeof(struct h2o_rule_job)},
+	};
+	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+		fake = (struct kvt_backend_rule){c[k].rule, c[k].version,
+		                                 c[k].params, c[k].job,
+		                                 fake_run};
+		have_rule = 1;
+		T_OK(init(c[k].spec, &o, &t, err, sizeof(err)));
+		T_EQ_STR(asked, c[k].rule);
+		T_ASSERT(t.attn.rule == &fake);
+		T_ASSERT(t.attn.state != NULL);
+		T_ASSERT(mem_calls >= 1);
+		tenant_done(&t);
+	}
+}
+
+TEST(tenant, attn_without_rule_decides_on_host)
+{
+	struct kvt_backend_ops o = fake_ops();
+	struct tenant t;
+	char err[256];
+	/* a table without the member */
+	o.rule = NULL;
+	T_OK(init("tova", &o, &t, err, sizeof(err)));
+	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
+	T_EQ(mem_calls, 0);
+	tenant_done(&t);
+	/* a lookup that has no rule of the name */
+	o.rule = fake_lookup;
+	have_rule = 0;
+	T_OK(init("h2o", &o, &t, err, sizeof(err)));
+	T_EQ_STR(asked, "h2o");
+	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
+	T_EQ(mem_calls, 0);
+	tenant_done(&t);
+}
+
+TEST(tenant, attn_rule_of_another_layout_refused)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct tenant t;
+	char err[256];
+	const struct kvt_backend_rule good = {
+		"tova", TOVA_RULE_VERSION, sizeof(struct tova_rule),
+		sizeof(struct tova_rule_job), fake_run,
+	};
+	struct kvt_backend_rule bad[3] = {good, good, good};
+	bad[0].version++;
+	bad[1].params_bytes += 4;
+	bad[2].job_bytes -= 4;
+	have_rule = 1;
+	for (int k = 0; k < 3; k++) {
+		fake = bad[k];
+		T_EQ(init("tova", &o, &t, err, sizeof(err)), KVT_ENOTSUP);
+		T_ASSERT(strstr(err, "device rule tova") != NULL);
+		T_ASSERT(strstr(err, "another build") != NULL);
+		T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
+		T_EQ(mem_calls, 0);
+		tenant_done(&t);
+	}
+	/* the reason names both layouts */
+	fake = bad[0];
+	T_EQ(init("tova", &o, &t, err, sizeof(err)), KVT_ENOTSUP);
+	char want[64];
+	snprintf(want, sizeof(want), "layout version %u", bad[0].version);
+	T_ASSERT(strstr(err, want) != NULL);
+	tenant_done(&t);
+}
