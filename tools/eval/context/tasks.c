@@ -314,10 +314,11 @@ int task_ref_build(const struct model *m, const struct tok *t,
 	}
 	w->T = P + r->nans;
 	if (!rc && policies) {
-		/* KVzip's reconstruction of the prompt (context.h step 2) */
+		/* KVzip's reconstruction of the prompt (context.h step 2):
+		 * every query of it, the repeat prompt's included */
 		memcpy(pre, sep, sizeof(int32_t) * n_sep);
 		memcpy(pre + n_sep, c->tok, sizeof(int32_t) * P);
-		struct ctx_tap tz = {.r0 = n_sep, .r1 = nz, .ncols = P, .max = 1,
+		struct ctx_tap tz = {.r0 = 0, .r1 = nz, .ncols = P, .max = 1,
 		                     .red = w->kvzip};
 		rc = ctx_cache_step(w->full, pre, nz, P, &tz, NULL);
 		ctx_cache_truncate(w->full, P);
