@@ -67,28 +67,16 @@ __global__ void bc_pop_plan(const kvpop_rule a,
 	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
 	bc_bs_plan_dev(jobs, n, a.delay, at, boff, first, keep, segs, sum);
 	__syncthreads(); /* sum is reused */
-	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
-	const uint32_t per = (n + nt - 1) / nt;
-	const uint32_t lo = t * per < n ? t * per : n;
-	const uint32_t hi = lo + per < n ? lo + per : n;
-	uint64_t c[2] = {0, 0}; /* problems, rows */
+	uint32_t lo, hi;
+	bc_bs_run(n, &lo, &hi);
+	uint64_t c[3] = {0, 0, 0}; /* problems, rows */
 	for (uint32_t k = lo; k < hi; k++)
 		if (jobs[k].proj && jobs[k].n_new) {
 			c[0]++;
 			c[1] += jobs[k].n_new;
 		}
-	sum[t + 1][0] = c[0];
-	sum[t + 1][1] = c[1];
-	__syncthreads();
-	if (t == 0) {
-		sum[0][0] = sum[0][1] = 0;
-		for (uint32_t k = 1; k <= nt; k++) {
-			sum[k][0] += sum[k - 1][0];
-			sum[k][1] += sum[k - 1][1];
-		}
-	}
-	__syncthreads();
-	uint32_t q = (uint32_t)sum[t][0], row = (uint32_t)sum[t][1];
+	bc_bs_scan3(c, sum);
+	uint32_t q = (uint32_t)c[0], row = (uint32_t)c[1];
 	for (uint32_t k = lo; k < hi; k++) {
 		const kvpop_rule_job j = jobs[k];
 		row0[k] = UINT32_MAX;

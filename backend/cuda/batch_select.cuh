@@ -91,6 +91,40 @@ struct bc_seg {
 	uint32_t first, L, n_drop, idx, cnt, srec, half, job;
 };
 
+/* The run of items [*lo, *hi) of n that thread t of a block of
+ * BC_BS_THREADS walks in the one-block plans (contiguous runs, so that an
+ * exclusive scan of the runs' counts gives each item its place). */
+static __device__ __forceinline__ void bc_bs_run(uint32_t n, uint32_t *lo,
+                                                 uint32_t *hi)
+{
+	const uint32_t per = (n + BC_BS_THREADS - 1) / BC_BS_THREADS;
+	const uint32_t t = threadIdx.x;
+	*lo = t * per < n ? t * per : n;
+	*hi = *lo + per < n ? *lo + per : n;
+}
+
+/* The exclusive scan of three counters over a block's runs: c holds this
+ * thread's counts and becomes what the runs before it counted; sum (the
+ * block's shared [BC_BS_THREADS + 1][3]) holds the totals at
+ * sum[BC_BS_THREADS] afterwards.  Every thread of the block calls it. */
+static __device__ void bc_bs_scan3(uint64_t c[3], uint64_t (*sum)[3])
+{
+	const uint32_t t = threadIdx.x;
+	for (int q = 0; q < 3; q++)
+		sum[t + 1][q] = c[q];
+	__syncthreads();
+	if (t == 0) {
+		for (int q = 0; q < 3; q++)
+			sum[0][q] = 0;
+		for (uint32_t k = 1; k <= BC_BS_THREADS; k++)
+			for (int q = 0; q < 3; q++)
+				sum[k][q] += sum[k - 1][q];
+	}
+	__syncthreads();
+	for (int q = 0; q < 3; q++)
+		c[q] = sum[t][q];
+}
+
 /*
  * The plan of a call on the device, one block, so that the host uploads
  * the jobs alone: exclusive scans over the jobs in order give each due
@@ -109,10 +143,8 @@ static __device__ void bc_bs_plan_dev(const J *jobs, uint32_t n,
                                       uint32_t *keep, struct bc_seg *segs,
                                       uint64_t (*sum)[3])
 {
-	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
-	const uint32_t per = (n + nt - 1) / nt;
-	const uint32_t lo = t * per < n ? t * per : n;
-	const uint32_t hi = lo + per < n ? lo + per : n;
+	uint32_t lo, hi;
+	bc_bs_run(n, &lo, &hi);
 	uint64_t c[3] = {0, 0, 0}; /* due lists, their entries, band entries */
 	for (uint32_t k = lo; k < hi; k++) {
 		const J j = jobs[k];
@@ -123,20 +155,10 @@ static __device__ void bc_bs_plan_dev(const J *jobs, uint32_t n,
 		}
 		c[2] += bc_bs_band(j, delay) ? bc_bs_band_n(j) : 0;
 	}
-	for (int q = 0; q < 3; q++)
-		sum[t + 1][q] = c[q];
-	__syncthreads();
-	if (t == 0) {
-		for (int q = 0; q < 3; q++)
-			sum[0][q] = 0;
-		for (uint32_t k = 1; k <= nt; k++)
-			for (int q = 0; q < 3; q++)
-				sum[k][q] += sum[k - 1][q];
-		first[sum[nt][0]] = (uint32_t)sum[nt][1];
-	}
-	__syncthreads();
-	uint32_t d = (uint32_t)sum[t][0], a = (uint32_t)sum[t][1],
-	         b = (uint32_t)sum[t][2];
+	bc_bs_scan3(c, sum);
+	if (threadIdx.x == 0)
+		first[sum[BC_BS_THREADS][0]] = (uint32_t)sum[BC_BS_THREADS][1];
+	uint32_t d = (uint32_t)c[0], a = (uint32_t)c[1], b = (uint32_t)c[2];
 	for (uint32_t k = lo; k < hi; k++) {
 		const J j = jobs[k];
 		const uint32_t L = j.len + j.n_new;
@@ -417,10 +439,8 @@ __global__ void bc_ps_plan(const W *wins, uint32_t n, uint32_t n_win,
                            uint32_t *slot)
 {
 	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
-	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS;
-	const uint32_t per = (n + nt - 1) / nt;
-	const uint32_t lo = t * per < n ? t * per : n;
-	const uint32_t hi = lo + per < n ? lo + per : n;
+	uint32_t lo, hi;
+	bc_bs_run(n, &lo, &hi);
 	uint64_t c[3] = {0, 0, 0}; /* due lists, their entries, windows */
 	for (uint32_t k = lo; k < hi; k++) {
 		const uint64_t before = c[0];
@@ -434,20 +454,10 @@ __global__ void bc_ps_plan(const W *wins, uint32_t n, uint32_t n_win,
 		}
 		c[2] += c[0] != before;
 	}
-	for (int q = 0; q < 3; q++)
-		sum[t + 1][q] = c[q];
-	__syncthreads();
-	if (t == 0) {
-		for (int q = 0; q < 3; q++)
-			sum[0][q] = 0;
-		for (uint32_t k = 1; k <= nt; k++)
-			for (int q = 0; q < 3; q++)
-				sum[k][q] += sum[k - 1][q];
-		first[sum[nt][0]] = (uint32_t)sum[nt][1];
-	}
-	__syncthreads();
-	uint32_t d = (uint32_t)sum[t][0], a = (uint32_t)sum[t][1],
-	         ws = (uint32_t)sum[t][2];
+	bc_bs_scan3(c, sum);
+	if (threadIdx.x == 0)
+		first[sum[BC_BS_THREADS][0]] = (uint32_t)sum[BC_BS_THREADS][1];
+	uint32_t d = (uint32_t)c[0], a = (uint32_t)c[1], ws = (uint32_t)c[2];
 	for (uint32_t k = lo; k < hi; k++) {
 		const uint32_t before = d;
 		for (uint32_t g = 0; g < wins[k].n_lists; g++) {
