@@ -36,7 +36,7 @@ extern "C" {
  * backend_open refuses a library built for another version.  A device
  * rule's own params and jobs are versioned by the rule (struct
  * kvt_backend_rule's version), not here. */
-#define KVT_BACKEND_ABI 12
+#define KVT_BACKEND_ABI 13
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -473,10 +473,13 @@ struct kvt_backend_ops {
 	 * calls the library's code made so far, every context of the
 	 * process together.  The daemon reports them
 	 * (device_h2d_bytes_total, device_d2h_bytes_total,
-	 * device_launches_total).  The cpu table leaves it NULL: nothing
-	 * crosses. */
+	 * device_launches_total).  *emu_ns (may be NULL): on the CUDA
+	 * emulator, the CPU nanoseconds its entry points took so far (the
+	 * device's work, run by the calling threads: device_emulated_ns_total,
+	 * so that a benchmark can tell the daemon's own CPU from it); 0 on a
+	 * GPU.  The cpu table leaves it NULL: nothing crosses. */
 	int (*traffic)(void *ctx, uint64_t *h2d, uint64_t *d2h,
-	               uint64_t *launches);
+	               uint64_t *launches, uint64_t *emu_ns);
 	/* (optional) Compacts n lists of one tenant from their drop
 	 * indices alone, on stream, asynchronously: the moves and the page
 	 * addresses are worked out on the device from the device table and

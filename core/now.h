@@ -13,4 +13,8 @@ uint64_t now_ms(void);
 uint64_t now_us(void);
 uint64_t now_ns(void);
 
+/* The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ns: what a
+ * piece of work cost whatever else ran beside it. */
+uint64_t now_thread_cpu_ns(void);
+
 #endif

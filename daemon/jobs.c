@@ -62,6 +62,7 @@ int srv_sync_finish(struct server *s, struct srv_tenant *st, int rv,
                     size_t wlen)
 {
 	st->sync_us = (3 * st->sync_us + apply_us) / 4;
+	s->st.sync_cpu_ns_total += tenant_sync_cpu_ns(st->t);
 	if (rv && tenant_failed(st->t)) {
 		LOG(LOG_LVL_ERR, "tenant %" PRIu32 ": %s", st->id, why);
 		return srv_device_failed(s, st, rv, "sync");

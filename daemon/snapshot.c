@@ -50,9 +50,11 @@ struct stats_snap *srv_snapshot(struct server *s)
 	if (s->bops && s->bops->traffic && s->bctx &&
 	    s->bops->traffic(s->bctx, &snap->c.device_h2d_bytes_total,
 	                     &snap->c.device_d2h_bytes_total,
-	                     &snap->c.device_launches_total))
+	                     &snap->c.device_launches_total,
+	                     &snap->c.device_emulated_ns_total))
 		snap->c.device_h2d_bytes_total = snap->c.device_d2h_bytes_total =
-			snap->c.device_launches_total = 0;
+			snap->c.device_launches_total =
+			snap->c.device_emulated_ns_total = 0;
 	snprintf(snap->version, sizeof(snap->version), "%d.%d.%d",
 	         KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
 	/* "cpu" (memfd chunks), or "cuda/vmm" / "cuda/ipc": the sharing mode

@@ -87,6 +87,13 @@
 	X(device_launches_total,                                               \
 	  "kernel launches and cuBLAS calls the daemon's backend made (cuda; " \
 	  "0 on cpu)")                                                         \
+	X(sync_cpu_ns_total,                                                   \
+	  "CPU nanoseconds the threads that applied syncs spent in them, "    \
+	  "refused ones included (the loop's or a worker's)")                  \
+	X(device_emulated_ns_total,                                            \
+	  "CPU nanoseconds the daemon's threads spent running the device's "  \
+	  "work on the CUDA emulator (its kernels, cuBLAS and copies; 0 on a " \
+	  "GPU and on cpu)")                                                   \
 	X(handle_barred_refusals_total,                                        \
 	  "handle channels of a process barred for breaking the handle "      \
 	  "protocol (1 s doubling to 60 s); their hellos are refused")        \

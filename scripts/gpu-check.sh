@@ -189,7 +189,8 @@ if [ -x "$B/bin/kvtrim-bench" ] && [ -f "$B/lib/libkvtrim-cuda.so" ]; then
 		sed -n 's/^cuda_host_bytes_per_token_/gpu_host_bytes_per_token_/p
 			s/^cuda_launches_per_token_/gpu_launches_per_token_/p
 			s/^cuda_launches_per_sync_/gpu_launches_per_sync_/p
-			s/^cuda_daemon_cpu_us_per_token_/gpu_daemon_us_per_token_/p' \
+			s/^cuda_daemon_us_per_token_/gpu_daemon_us_per_token_/p
+			s/^cuda_daemon_cpu_us_per_token_/gpu_daemon_cpu_us_per_token_/p' \
 			"$B/gpu-traffic.txt" | tee -a "$tmp"
 	else
 		put traffic_bench FAILED

@@ -213,7 +213,8 @@ int bc_read_regions(void *ctx, void *dst, size_t dst_stride,
 int bc_copy(void *ctx, void *dst, const void *src, size_t bytes, void *stream);
 int bc_mem_new(void *ctx, size_t bytes, void **out);
 void bc_mem_free(void *ctx, void *p);
-int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h, uint64_t *launches);
+int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h, uint64_t *launches,
+               uint64_t *emu_ns);
 
 /* ops.cu: the pinned staging slots.  bc_stage_take picks a slot of at
  * least need bytes for a launch on s (the caller holds c->lock);

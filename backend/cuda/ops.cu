@@ -275,7 +275,12 @@ int bc_copy(void *ctx, void *dst, const void *src, size_t bytes,
 	return 0;
 }
 
-int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h, uint64_t *launches)
+/* The emulator's (tests/kernels/emu) CPU time of the device's work;
+ * absent from the CUDA runtime, where a GPU does it. */
+extern "C" uint64_t kvt_emu_api_ns(void) __attribute__((weak));
+
+int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h, uint64_t *launches,
+               uint64_t *emu_ns)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	if (!c || !h2d || !d2h || !launches)
@@ -283,6 +288,8 @@ int bc_traffic(void *ctx, uint64_t *h2d, uint64_t *d2h, uint64_t *launches)
 	*h2d = __atomic_load_n(&c->h2d, __ATOMIC_RELAXED);
 	*d2h = __atomic_load_n(&c->d2h, __ATOMIC_RELAXED);
 	*launches = __atomic_load_n(common_launches(), __ATOMIC_RELAXED);
+	if (emu_ns)
+		*emu_ns = kvt_emu_api_ns ? kvt_emu_api_ns() : 0;
 	return 0;
 }
 

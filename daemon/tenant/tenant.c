@@ -820,6 +820,7 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 }
 
 uint64_t tenant_scorer_ns(const struct tenant *t) { return t->scorer_ns; }
+uint64_t tenant_sync_cpu_ns(const struct tenant *t) { return t->sync_cpu_ns; }
 
 float tenant_pressure(const struct tenant *t) { return t->pressure; }
 

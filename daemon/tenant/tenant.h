@@ -136,6 +136,11 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen);
  * decisions (the rest of the apply is commits, compaction and pages). */
 uint64_t tenant_scorer_ns(const struct tenant *t);
 
+/* The CPU time of the thread that ran the last tenant_sync, inside it
+ * (on a device tenant, the host's side and the launches; on the CUDA
+ * emulator also the device's work it ran). */
+uint64_t tenant_sync_cpu_ns(const struct tenant *t);
+
 /* Releases every chunk back to the pool and frees the tenant.  NULL-safe. */
 void tenant_free(struct tenant *t);
 

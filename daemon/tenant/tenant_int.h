@@ -327,6 +327,7 @@ struct tenant {
 	uint32_t alloc_cur;    /* chunk being drained by tenant_page_alloc,
 	                          or TENANT_NO_CHUNK */
 	uint64_t scorer_ns;    /* time in policy_decide during the last sync */
+	uint64_t sync_cpu_ns;  /* the thread's CPU time in the last sync */
 
 	/* Revoked chunks, destroyed after their REVOKE event was sent (legacy
 	 * IPC chunks: after the client said CHUNK_CLOSED). */

@@ -483,9 +483,9 @@ static int finish_device(struct tenant *t, uint32_t nb)
 	return drc;
 }
 
-int tenant_sync(struct tenant *t, uint64_t no,
-                const struct ipc_sync_item *items, uint32_t n, char *err,
-                size_t errlen)
+static int sync_run(struct tenant *t, uint64_t no,
+                    const struct ipc_sync_item *items, uint32_t n,
+                    char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	size_t entries = 0, nlists = 0;
@@ -549,4 +549,14 @@ int tenant_sync(struct tenant *t, uint64_t no,
 		return errors_fmt(err, errlen, KVT_ESYS, "%s backend: compaction: "
 		            "%s", t->bops->name, t->bops->last_error());
 	return 0;
+}
+
+int tenant_sync(struct tenant *t, uint64_t no,
+                const struct ipc_sync_item *items, uint32_t n, char *err,
+                size_t errlen)
+{
+	const uint64_t c0 = now_thread_cpu_ns();
+	int rc = sync_run(t, no, items, n, err, errlen);
+	t->sync_cpu_ns = now_thread_cpu_ns() - c0;
+	return rc;
 }

@@ -31,19 +31,29 @@
 #define T_KV 8u
 #define T_HD 128u
 #define T_D 4096u
-#define T_SEQS 2u
+#define T_SEQS 2u     /* the bytes lines */
+#define T_MAXSEQS 64u /* the host CPU lines (goal: 5 us a token) */
 #define T_CHUNK 128u /* a prefill sync; the headroom */
 #define T_EVERY 16u  /* decode tokens a sync */
 #define T_BUDGET 128u
 #define T_MAXPOL 32
+
+/* What run_policy measured, per decoded token per sequence over the
+ * measured syncs (NAN: not measured): the bytes the daemon's backend
+ * moved, those of the first decode sync (per sequence), the daemon's CPU
+ * time (every thread), and the host side of the syncs (their CPU time,
+ * sync_cpu_ns_total, less the emulated device's work). */
+struct t_meas {
+	double daemon_b, first_b, cpu_us, host_us;
+};
 
 static struct {
 	int ran;
 	char skipped[800];
 	int n;
 	char names[T_MAXPOL][32];
-	double daemon[T_MAXPOL], stage[T_MAXPOL], cpu_us[T_MAXPOL];
-	double first[T_MAXPOL]; /* the first decode sync, per sequence */
+	/* run_policy's: at T_SEQS (bytes) and at T_MAXSEQS (host CPU) */
+	struct t_meas bytes[T_MAXPOL], host[T_MAXPOL];
 	/* launches a sync at 1 and at LS_SEQS sequences (launch_policy) */
 	double ls1[T_MAXPOL], lsn[T_MAXPOL];
 	int emu; /* the library is the emulator's */
@@ -71,16 +81,6 @@ static void list_policies(const char *bin_dir)
 	pclose(p);
 }
 
-/* device_h2d_bytes_total + device_d2h_bytes_total now; NAN if unread. */
-static double daemon_bytes(const char *bin_dir, const char *dir)
-{
-	static const char *const keys[] = {"device_h2d_bytes_total",
-	                                   "device_d2h_bytes_total"};
-	double v[2];
-	bench_ctl_stats(bin_dir, dir, keys, v, 2);
-	return v[0] + v[1];
-}
-
 /* device_launches_total now; NAN if unread. */
 static double daemon_launches(const char *bin_dir, const char *dir)
 {
@@ -90,57 +90,105 @@ static double daemon_launches(const char *bin_dir, const char *dir)
 	return v;
 }
 
-/*
- * Appends n tokens at position pos to both sequences: K/V of every list
- * with kvt_memcpy (rows from a small table of f16 rows), the staged inputs
- * the policy reads, then one sync of both.  0 or the sync's code.
- */
-static int step(kvt_client *c, const kvt_seq *seq, uint32_t pos, uint32_t n,
-                enum kvt_phase phase, const uint16_t *rows)
+/* What the synthetic engine writes for geometry g: K and V rows (f16) for
+ * n <= T_CHUNK tokens of every KV head from any of 64 starting rows, and
+ * staged rows (x, q: f32) likewise, so that a step of many sequences costs
+ * the bench one kvt_write_kv and one kvt_stage per (sequence, layer). */
+struct t_rows {
+	struct kvt_geometry g;
+	uint16_t *k, *v; /* [64][T_CHUNK][n_kv_heads][head_dim]: pattern row
+	                    (b + t + h) % 64 */
+	float *x, *q;    /* [64 + T_CHUNK][d_model], [64 + T_CHUNK][n_heads *
+	                    head_dim] */
+};
+
+static void rows_free(struct t_rows *r)
 {
-	const size_t rb = T_HD * 2;
-	static float q[T_H * T_HD], xb[T_D], lb[T_H];
-	for (uint32_t s = 0; s < T_SEQS; s++)
-		for (uint32_t k = 0; k < n; k++) {
-			uint32_t p = pos + k;
-			for (uint32_t l = 0; l < T_L; l++) {
-				for (uint32_t h = 0; h < T_KV; h++) {
-					void *kp, *vp;
-					const uint16_t *r =
-						rows + ((p + l + h) % 64) * T_HD;
-					if (kvt_kv_ptr(c, seq[s], l, h, k, &kp,
-					               &vp) ||
-					    kvt_memcpy(c, kp, r, rb) ||
-					    kvt_memcpy(c, vp, r + 64 * T_HD, rb))
-						return KVT_EINVAL;
-				}
-				float *x = kvt_stage_x(c, seq[s], l, p);
-				float *sq = kvt_stage_q(c, seq[s], l, p);
-				float *lse = kvt_stage_lse(c, seq[s], l, p);
-				uint64_t seed = ((uint64_t)p << 8) ^ l;
-				/* staging rows are device memory (kvt_memcpy,
-				 * what a GPU engine's kernels write in place) */
-				bench_fill_rnd(xb, T_D, seed, 1.0f);
-				bench_fill_rnd(q, T_H * T_HD, ~seed, 1.0f);
-				/* finite, near the log of the list's length */
-				for (uint32_t h = 0; h < T_H; h++)
-					lb[h] = logf((float)(p + 1)) + 0.1f *
-					        (float)(h % 5);
-				if ((x && kvt_memcpy(c, x, xb, sizeof(xb))) ||
-				    (sq && kvt_memcpy(c, sq, q, sizeof(q))) ||
-				    (lse && kvt_memcpy(c, lse, lb, sizeof(lb))))
-					return KVT_EINVAL;
-			}
-		}
-	struct kvt_sync_item it[T_SEQS];
-	for (uint32_t s = 0; s < T_SEQS; s++)
-		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
-	return kvt_sync(c, it, T_SEQS);
+	free(r->k);
+	free(r->v);
+	free(r->x);
+	free(r->q);
 }
 
-/* The spec of one policy: budgets of T_BUDGET, learned ones on random
- * weights (rndweights.h) at path.  0, or -1 when it does not fit. */
-static int spec_of(const char *nm, const char *path, char *spec, size_t n)
+static int rows_make(struct t_rows *r, const struct kvt_geometry *g)
+{
+	const uint32_t hd = g->head_dim, kvh = g->n_kv_heads;
+	const size_t per = (size_t)T_CHUNK * kvh * hd;
+	const size_t qd = (size_t)g->n_heads * hd, rows = 64 + T_CHUNK;
+	float *f = malloc(128 * hd * sizeof(float));
+	uint16_t *pat = malloc(128 * hd * sizeof(uint16_t));
+	r->g = *g;
+	r->k = malloc(64 * per * sizeof(uint16_t));
+	r->v = malloc(64 * per * sizeof(uint16_t));
+	r->x = malloc(rows * g->d_model * sizeof(float));
+	r->q = malloc(rows * qd * sizeof(float));
+	if (!f || !pat || !r->k || !r->v || !r->x || !r->q) {
+		free(f);
+		free(pat);
+		rows_free(r);
+		return -1;
+	}
+	/* 64 K rows then 64 V rows, f16 of the pattern */
+	bench_fill_rnd(f, 128 * hd, 7, 1.0f);
+	dtype_from_f32(f, KVT_DTYPE_F16, pat, 128 * hd);
+	for (uint32_t b = 0; b < 64; b++)
+		for (uint32_t t = 0; t < T_CHUNK; t++)
+			for (uint32_t h = 0; h < kvh; h++) {
+				size_t at = ((b * T_CHUNK + t) * kvh + h) * hd;
+				uint32_t row = (b + t + h) % 64;
+				memcpy(r->k + at, pat + row * hd, hd * 2);
+				memcpy(r->v + at, pat + (64 + row) * hd, hd * 2);
+			}
+	bench_fill_rnd(r->x, rows * g->d_model, 11, 1.0f);
+	bench_fill_rnd(r->q, rows * qd, 13, 1.0f);
+	free(f);
+	free(pat);
+	return 0;
+}
+
+/*
+ * Appends n <= T_CHUNK tokens at position pos to sequences seq[0..ns): K/V
+ * of every list (kvt_write_kv), the staged inputs the policy reads
+ * (kvt_stage: the client copies only those), then one sync of them all.
+ * 0 or the first failing call's code.
+ */
+static int step(kvt_client *c, const kvt_seq *seq, uint32_t ns, uint32_t pos,
+                uint32_t n, enum kvt_phase phase, const struct t_rows *r)
+{
+	const struct kvt_geometry *g = &r->g;
+	const size_t per = (size_t)T_CHUNK * g->n_kv_heads * g->head_dim;
+	const size_t qd = (size_t)g->n_heads * g->head_dim;
+	static float lse[T_CHUNK * T_H];
+	/* finite, near the log of the list's length */
+	for (uint32_t k = 0; k < n; k++)
+		for (uint32_t h = 0; h < g->n_heads; h++)
+			lse[k * g->n_heads + h] = logf((float)(pos + k + 1)) +
+			                          0.1f * (float)(h % 5);
+	for (uint32_t s = 0; s < ns; s++)
+		for (uint32_t l = 0; l < g->n_layers; l++) {
+			const uint32_t b = (pos + l + s) % 64;
+			int rv = kvt_write_kv(c, seq[s], l, 0, n, r->k + b * per,
+			                      r->v + b * per,
+			                      g->n_kv_heads * g->head_dim,
+			                      g->head_dim);
+			if (!rv)
+				rv = kvt_stage(c, seq[s], l, pos, n,
+				               r->x + (size_t)b * g->d_model,
+				               r->q + b * qd, lse);
+			if (rv)
+				return rv;
+		}
+	struct kvt_sync_item it[T_MAXSEQS];
+	for (uint32_t s = 0; s < ns; s++)
+		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
+	return kvt_sync(c, it, ns);
+}
+
+/* The spec of one policy: budgets of budget entries, windows of window
+ * (the prompt selections), learned ones on random weights (rndweights.h)
+ * at path.  0, or -1 when it does not fit. */
+static int spec_of(const char *nm, const char *path, uint32_t budget,
+                   uint32_t window, char *spec, size_t n)
 {
 	int k;
 	if (!strcmp(nm, "full"))
@@ -149,9 +197,12 @@ static int spec_of(const char *nm, const char *path, char *spec, size_t n)
 		k = snprintf(spec, n, "kvzap:model=%s", path);
 	else if (!strcmp(nm, "fastkvzip") || !strcmp(nm, "kvpop"))
 		k = snprintf(spec, n, "%s:model=%s,tokens=%u", nm, path,
-		             T_BUDGET);
+		             budget);
+	else if (strstr("snapkv pyramidkv expected_attention", nm))
+		k = snprintf(spec, n, "%s:tokens=%u,window=%u", nm, budget,
+		             window);
 	else
-		k = snprintf(spec, n, "%s:tokens=%u", nm, T_BUDGET);
+		k = snprintf(spec, n, "%s:tokens=%u", nm, budget);
 	return k >= 0 && (size_t)k < n ? 0 : -1;
 }
 
@@ -185,18 +236,41 @@ static double cpu_ns(pid_t pid)
 	return sum;
 }
 
-/* One policy on the running daemon (process d): *daemon_b and *stage_b
- * per decoded token per sequence, and the daemon's CPU time per decoded
- * token per sequence in *cpu_us, or NAN with the reason on stderr. */
+/* How run_policy drives a tenant: ns sequences, a prompt of prompt tokens
+ * in syncs of chunk (the headroom), then one decode sync and dec more
+ * tokens in syncs of T_EVERY, measured; budgets of budget entries, windows
+ * of window (the prompt selections; their staged lookback); room for
+ * max_tokens a sequence. */
+struct t_run {
+	uint32_t ns, chunk, prompt, dec, budget, window, max_tokens;
+};
+
+/* The daemon's counters: device bytes both ways, the CPU time of its
+ * syncs and the emulated device's share of it (ns); NAN if unread. */
+static void daemon_counts(const char *bin_dir, const char *dir, double *bytes,
+                          double *sync_ns, double *emu_ns)
+{
+	static const char *const keys[] = {"device_h2d_bytes_total",
+	                                   "device_d2h_bytes_total",
+	                                   "sync_cpu_ns_total",
+	                                   "device_emulated_ns_total"};
+	double v[4];
+	bench_ctl_stats(bin_dir, dir, keys, v, 4);
+	*bytes = v[0] + v[1];
+	*sync_ns = v[2];
+	*emu_ns = v[3];
+}
+
+/* One policy on the running daemon (process d), as ru says, into *m; NAN
+ * with the reason on stderr where it fails. */
 static void run_policy(const char *bin_dir, const char *dir, const char *nm,
-                       uint32_t prompt, uint32_t dec, const uint16_t *rows,
-                       pid_t d, double *daemon_b, double *stage_b,
-                       double *cpu_us, double *first_b)
+                       const struct t_run *ru, const struct t_rows *rows,
+                       pid_t d, struct t_meas *m)
 {
 	char path[1100], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
 	char tenant[KVT_NAME_MAX];
-	const struct kvt_geometry g = {T_L, T_H, T_KV, T_HD, T_D};
-	*daemon_b = *stage_b = *cpu_us = *first_b = NAN;
+	const struct kvt_geometry g = rows->g;
+	m->daemon_b = m->first_b = m->cpu_us = m->host_us = NAN;
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
 	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
 	              !strcmp(nm, "kvpop");
@@ -205,21 +279,21 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s\n", nm, err);
 		return;
 	}
-	if (spec_of(nm, path, spec, sizeof(spec))) {
+	if (spec_of(nm, path, ru->budget, ru->window, spec, sizeof(spec))) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: the spec does not "
 		        "fit (path %s)\n", nm, path);
 		return;
 	}
-	snprintf(tenant, sizeof(tenant), "traffic-%s", nm);
+	snprintf(tenant, sizeof(tenant), "traffic-%s-%u", nm, ru->ns);
 	struct kvt_config c = {
 		.runtime_dir = dir, .tenant = tenant, .geo = g,
-		.dtype = KVT_DTYPE_F16, .page_tokens = 16, .max_seqs = T_SEQS,
-		.max_tokens = 1024, .headroom = T_CHUNK,
-		/* the headroom plus the largest lookback (snapkv's window) */
-		.stage_tokens = T_CHUNK + 64, .policy = spec,
+		.dtype = KVT_DTYPE_F16, .page_tokens = 16, .max_seqs = ru->ns,
+		.max_tokens = ru->max_tokens, .headroom = ru->chunk,
+		/* the headroom plus the largest lookback (the windows) */
+		.stage_tokens = ru->chunk + ru->window, .policy = spec,
 		.timeout_ms = 600000};
 	kvt_client *cl = NULL;
-	kvt_seq seq[T_SEQS];
+	kvt_seq seq[T_MAXSEQS];
 	int rv = kvt_connect(&c, &cl, err);
 	if (learned)
 		unlink(path);
@@ -228,33 +302,42 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		        nm, kvt_strerror(rv), err);
 		return;
 	}
-	for (uint32_t s = 0; s < T_SEQS && !rv; s++)
+	for (uint32_t s = 0; s < ru->ns && !rv; s++)
 		rv = kvt_seq_open(cl, &seq[s]);
 	uint32_t pos = 0;
-	for (; !rv && pos < prompt; pos += T_CHUNK)
-		rv = step(cl, seq, pos, T_CHUNK, KVT_PHASE_PREFILL, rows);
+	for (; !rv && pos < ru->prompt; pos += ru->chunk)
+		rv = step(cl, seq, ru->ns, pos, ru->chunk, KVT_PHASE_PREFILL,
+		          rows);
 	/* the first decode sync (snapkv compresses the prompt there) is not
 	 * part of the steady state measured; its own line */
-	double f0 = daemon_bytes(bin_dir, dir);
+	double f0, b0, b1, s0, s1, e0, e1, x, y;
+	daemon_counts(bin_dir, dir, &f0, &x, &y);
 	if (!rv)
-		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
+		rv = step(cl, seq, ru->ns, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	pos += T_EVERY;
-	double b0 = daemon_bytes(bin_dir, dir), c0 = cpu_ns(d);
-	for (uint32_t i = 0; !rv && i < dec; i += T_EVERY, pos += T_EVERY)
-		rv = step(cl, seq, pos, T_EVERY, KVT_PHASE_DECODE, rows);
-	double c1 = cpu_ns(d), b1 = daemon_bytes(bin_dir, dir);
+	daemon_counts(bin_dir, dir, &b0, &s0, &e0);
+	const double c0 = cpu_ns(d);
+	for (uint32_t i = 0; !rv && i < ru->dec; i += T_EVERY, pos += T_EVERY)
+		rv = step(cl, seq, ru->ns, pos, T_EVERY, KVT_PHASE_DECODE, rows);
+	const double c1 = cpu_ns(d);
+	daemon_counts(bin_dir, dir, &b1, &s1, &e1);
 	if (rv) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s: %s\n", nm,
 		        kvt_strerror(rv), kvt_last_error(cl));
 	} else {
+		const double tok = (double)ru->dec * ru->ns;
 		/* kvtrim.h: a cuda tenant's staging rows are device memory,
 		 * which a GPU engine's kernels write in place: nothing crosses
 		 * on its side (before device staging it copied every staged
 		 * float, 524288 bytes a token for x alone at this geometry) */
-		*stage_b = 0;
-		*daemon_b = (b1 - b0) / ((double)dec * T_SEQS);
-		*first_b = (b0 - f0) / T_SEQS;
-		*cpu_us = (c1 - c0) / 1e3 / ((double)dec * T_SEQS);
+		m->daemon_b = (b1 - b0) / tok;
+		m->first_b = (b0 - f0) / ru->ns;
+		m->cpu_us = (c1 - c0) / 1e3 / tok;
+		/* the syncs' CPU less the emulated device's work in them: on
+		 * the emulator the loop's timers run a thousand times longer
+		 * per sync than beside a GPU, so the daemon's whole CPU time
+		 * (cpu_us) says little of what a token costs it there */
+		m->host_us = (s1 - s0 - (e1 - e0)) / 1e3 / tok;
 	}
 	kvt_disconnect(cl);
 }
@@ -416,22 +499,42 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		fprintf(stderr, "kvtrim-bench: cuda traffic lines skipped: %s\n",
 		        ts.skipped);
 	} else {
-		/* 64 K rows then 64 V rows, f16 of the pattern */
-		uint16_t *rows = malloc(128 * T_HD * sizeof(uint16_t));
-		float *f = malloc(128 * T_HD * sizeof(float));
-		bench_fill_rnd(f, 128 * T_HD, 7, 1.0f);
-		dtype_from_f32(f, KVT_DTYPE_F16, rows, 128 * T_HD);
-		free(f);
-		uint32_t prompt = quick ? T_CHUNK : 2 * T_CHUNK;
-		uint32_t dec = quick ? 2 * T_EVERY : 4 * T_EVERY;
-		for (int i = 0; i < ts.n; i++)
-			run_policy(bin_dir, dir, ts.names[i], prompt, dec, rows, d,
-			           &ts.daemon[i], &ts.stage[i], &ts.cpu_us[i],
-			           &ts.first[i]);
+		/* bytes: the 8B geometry, 2 sequences, prompt syncs of
+		 * T_CHUNK, budgets of T_BUDGET.  The host side: 64 sequences of
+		 * the 8B model's lists (32 layers of 8 KV heads, 32 query
+		 * heads), which is what the daemon's host work depends on,
+		 * at head_dim 16 and d_model 256 (what only the device's work
+		 * depends on: on the emulator it would cost minutes and
+		 * gigabytes), a prompt of 16, budgets of 16 and windows of 8,
+		 * so that the emulated device's work (which is subtracted)
+		 * stays short */
+		const struct kvt_geometry g8 = {T_L, T_H, T_KV, T_HD, T_D};
+		const struct kvt_geometry gh = {T_L, T_H, T_KV, 16, 256};
+		struct t_rows rows8 = {0}, rowsh = {0};
+		if (rows_make(&rows8, &g8) || rows_make(&rowsh, &gh)) {
+			fprintf(stderr, "kvtrim-bench: traffic: out of memory\n");
+			ts.n = 0;
+		}
+		const struct t_run rb = {T_SEQS, T_CHUNK,
+		                         quick ? T_CHUNK : 2 * T_CHUNK,
+		                         quick ? 2 * T_EVERY : 4 * T_EVERY,
+		                         T_BUDGET, 64, 1024};
+		const struct t_run rh = {T_MAXSEQS, 16, 16,
+		                         quick ? T_EVERY : 2 * T_EVERY, 16, 8,
+		                         128};
+		for (int i = 0; i < ts.n; i++) {
+			fprintf(stderr, "kvtrim-bench: traffic %s (%d of %d)\n",
+			        ts.names[i], i + 1, ts.n);
+			run_policy(bin_dir, dir, ts.names[i], &rb, &rows8, d,
+			           &ts.bytes[i]);
+			run_policy(bin_dir, dir, ts.names[i], &rh, &rowsh, d,
+			           &ts.host[i]);
+		}
+		rows_free(&rows8);
+		rows_free(&rowsh);
 		for (int i = 0; i < ts.n; i++)
 			launch_policy(bin_dir, dir, ts.names[i], &ts.ls1[i],
 			              &ts.lsn[i]);
-		free(rows);
 		ts.ran = 1;
 		kill(d, SIGTERM);
 		waitpid(d, NULL, 0);
@@ -449,18 +552,18 @@ void traffic_print(FILE *f)
 	if (!ts.ran)
 		return;
 	fprintf(f, "cuda_host_bytes_target 4096\n");
-	for (int i = 0; i < ts.n; i++)
+	for (int i = 0; i < ts.n; i++) /* the engine's side moves nothing */
 		fprintf(f, "cuda_host_bytes_per_token_%s %.0f\n", ts.names[i],
-		        ts.daemon[i] + ts.stage[i]);
+		        ts.bytes[i].daemon_b);
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_daemon_bytes_per_token_%s %.0f\n", ts.names[i],
-		        ts.daemon[i]);
+		        ts.bytes[i].daemon_b);
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_stage_bytes_per_token_%s %.0f\n", ts.names[i],
-		        ts.stage[i]);
+		        isnan(ts.bytes[i].daemon_b) ? NAN : 0.0);
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_prompt_sync_bytes_%s %.0f\n", ts.names[i],
-		        ts.first[i]);
+		        ts.bytes[i].first_b);
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_launches_per_sync_%s_1seq %.0f\n", ts.names[i],
 		        ts.ls1[i]);
@@ -471,11 +574,16 @@ void traffic_print(FILE *f)
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_launches_per_token_%s %.3f\n", ts.names[i],
 		        ts.lsn[i] / ((double)LS_SEQS * T_EVERY));
-	/* On the emulator the daemon's CPU also runs every kernel: these say
-	 * nothing of a GPU host's, where scripts/gpu-check.sh reports them as
-	 * gpu_daemon_us_per_token_<p> (target 5). */
+	/* The daemon's CPU per decoded token per sequence at 64 sequences a
+	 * sync: all of it, and its host side (less the emulated device's
+	 * work, device_emulated_ns_total; on a GPU host the two agree and
+	 * scripts/gpu-check.sh reports them as gpu_daemon_us_per_token_<p>) */
 	fprintf(f, "cuda_daemon_cpu_backend %s\n", ts.emu ? "emulator" : "gpu");
 	for (int i = 0; i < ts.n; i++)
-		fprintf(f, "cuda_daemon_cpu_us_per_token_%s %.1f\n", ts.names[i],
-		        ts.cpu_us[i]);
+		fprintf(f, "cuda_daemon_cpu_us_per_token_%s %.2f\n", ts.names[i],
+		        ts.host[i].cpu_us);
+	for (int i = 0; i < ts.n; i++)
+		fprintf(f, "cuda_daemon_us_per_token_%s %.2f\n", ts.names[i],
+		        ts.host[i].host_us);
+	fprintf(f, "cuda_daemon_us_target 5\n");
 }

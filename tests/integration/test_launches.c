@@ -104,8 +104,17 @@ static void run_sync(struct lrun *r, const char *what, const uint32_t (*it)[3],
 			.phase = it[k][2] ? KVT_PHASE_PREFILL : KVT_PHASE_DECODE};
 	}
 	uint64_t before = th_stat(r->d, "device_launches_total");
+	uint64_t cpu0 = th_stat(r->d, "sync_cpu_ns_total");
+	uint64_t emu0 = th_stat(r->d, "device_emulated_ns_total");
 	T_OK(kvt_sync(r->c, items, n));
 	uint64_t used = th_stat(r->d, "device_launches_total") - before;
+	/* the sync cost its thread CPU time, and the emulated device's work
+	 * (which launched) ran inside it */
+	uint64_t cpu = th_stat(r->d, "sync_cpu_ns_total") - cpu0;
+	uint64_t emu = th_stat(r->d, "device_emulated_ns_total") - emu0;
+	T_ASSERT(cpu > 0);
+	T_ASSERT(!used || emu > 0);
+	T_ASSERT(emu <= cpu);
 	for (uint32_t k = 0; k < n; k++)
 		r->pos[it[k][0]] += it[k][1];
 	fprintf(stderr, "    launches %s: %" PRIu64 " (%u items)\n", what, used,

@@ -14,8 +14,18 @@
  *
  * Run: build/bin/kvtrim-cuda-tests backend
  */
+#include <time.h>
+
 #include "cuda_fixture.h"
 /* ------------------------------------------------------------- backend */
+
+/* This thread's CPU time, in nanoseconds. */
+static double thread_cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
 
 static const struct kvt_backend_ops *cuda_ops(void)
 {
@@ -619,11 +629,11 @@ TEST(cuda, backend_copy_and_upload_regions)
 	T_OK(o->mem_new(ctx, n, &twin));
 	for (size_t i = 0; i < n; i++)
 		src[i] = (uint8_t)(rnd() | 1);
-	T_OK(o->traffic(ctx, &h0, &d2h, &launches));
+	T_OK(o->traffic(ctx, &h0, &d2h, &launches, NULL));
 	T_OK(o->upload_regions(ctx, dev, src, tr, 3, s[0]));
-	T_OK(o->traffic(ctx, &h1, &d2h, &launches));
+	T_OK(o->traffic(ctx, &h1, &d2h, &launches, NULL));
 	T_OK(o->upload_twin(ctx, dev, twin, src, tr, 3, s[0]));
-	T_OK(o->traffic(ctx, &h2, &d2h, &launches));
+	T_OK(o->traffic(ctx, &h2, &d2h, &launches, NULL));
 	T_EQ_U64(h2 - h1, h1 - h0);
 	for (uint32_t j = 0; j < 3; j++)
 		memcpy(want + tr[j].off, src + tr[j].off, tr[j].bytes);
@@ -896,9 +906,9 @@ TEST(cuda, backend_traffic_counts)
 	uint64_t h0, d0, h1, d1, l0, l1;
 	T_ASSERT(o->traffic != NULL);
 	T_OK(o->ctx_new(0, &ctx, NULL, err, sizeof(err)));
-	T_ERR(o->traffic(ctx, NULL, &d0, &l0), KVT_EINVAL);
-	T_ERR(o->traffic(ctx, &h0, &d0, NULL), KVT_EINVAL);
-	T_OK(o->traffic(ctx, &h0, &d0, &l0));
+	T_ERR(o->traffic(ctx, NULL, &d0, &l0, NULL), KVT_EINVAL);
+	T_ERR(o->traffic(ctx, &h0, &d0, NULL, NULL), KVT_EINVAL);
+	T_OK(o->traffic(ctx, &h0, &d0, &l0, NULL));
 	T_EQ_U64(h0, 0); /* a fresh context moved nothing */
 	T_EQ_U64(d0, 0);
 	T_OK(o->stream_new(ctx, &s[0]));
@@ -930,7 +940,9 @@ TEST(cuda, backend_traffic_counts)
 	kvt_emu_traffic(&e_h0, &e_d0);
 	e_l0 = kvt_emu_launches();
 #endif
-	T_OK(o->traffic(ctx, &h0, &d0, &l0));
+	uint64_t n0, n1;
+	const double c0 = thread_cpu_ns();
+	T_OK(o->traffic(ctx, &h0, &d0, &l0, &n0));
 	uint64_t pay_h = 0, want_d = 0;
 	/* copies */
 	T_OK(o->copy(ctx, dev, src, 1000, s[0]));
@@ -943,7 +955,7 @@ TEST(cuda, backend_traffic_counts)
 	T_OK(o->copy(ctx, (char *)ch.base + 64, src, 256, s[1])); /* a chunk */
 	pay_h += 256;
 	uint64_t lc;
-	T_OK(o->traffic(ctx, &h1, &d1, &lc));
+	T_OK(o->traffic(ctx, &h1, &d1, &lc, NULL));
 	T_EQ_U64(lc, l0); /* copies launch nothing */
 	/* uploads, the last one past a 64 KiB slot */
 	for (int call = 0; call < 12; call++) {
@@ -981,8 +993,13 @@ TEST(cuda, backend_traffic_counts)
 	B.moves = far;
 	B.n_moves = 1;
 	T_ERR(o->compact(ctx, &B, 1, s[0]), KVT_EINVAL);
-	T_OK(o->traffic(ctx, &h1, &d1, &l1));
+	T_OK(o->traffic(ctx, &h1, &d1, &l1, &n1));
+	const double c1 = thread_cpu_ns();
 #ifdef KVT_CUDA_EMU
+	/* the emulated device's work ran on this thread, inside the
+	 * window: some of its CPU time, never more */
+	T_ASSERT(n1 > n0);
+	T_ASSERT((double)(n1 - n0) <= c1 - c0);
 	kvt_emu_traffic(&e_h1, &e_d1);
 	e_l1 = kvt_emu_launches();
 	T_EQ_U64(h1 - h0, e_h1 - e_h0);
@@ -990,6 +1007,9 @@ TEST(cuda, backend_traffic_counts)
 	T_EQ_U64(l1 - l0, e_l1 - e_l0);
 #else
 	(void)e_h0; (void)e_d0; (void)e_h1; (void)e_d1; (void)e_l0; (void)e_l1;
+	(void)c0; (void)c1;
+	T_EQ_U64(n1, 0); /* a GPU did the work */
+	T_EQ_U64(n0, 0);
 #endif
 	T_ASSERT(l1 - l0 >= 12 + 1 + 1); /* 12 uploads, compact, read */
 	T_EQ_U64(d1 - d0, want_d);

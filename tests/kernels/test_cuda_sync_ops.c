@@ -405,9 +405,9 @@ static uint64_t bs_run(const struct kvt_backend_ops *o, void *ctx, void *sc,
 	T_ASSERT(got && want && scr && d->hidden <= 64 &&
 	         (uint64_t)O * (d->G + 1) * d->dp <= 64);
 	uint64_t h0, h1, d2h, l0, l1;
-	T_OK(o->traffic(ctx, &h0, &d2h, &l0));
+	T_OK(o->traffic(ctx, &h0, &d2h, &l0, NULL));
 	T_OK(o->scorer_run(ctx, sc, jobs, nj, got, NULL));
-	T_OK(o->traffic(ctx, &h1, &d2h, &l1));
+	T_OK(o->traffic(ctx, &h1, &d2h, &l1, NULL));
 	uint64_t at = 0;
 	for (uint32_t j = 0; j < nj; j++) {
 		if (!jobs[j].n)
@@ -451,9 +451,9 @@ static void bs_refusals(const struct kvt_backend_ops *o, void *ctx, void *sc,
 			jobs[NJ - 5].layer = BS_LAYERS; /* beyond n_layers */
 		else
 			jobs[NJ - 5].x = NULL; /* rows without x */
-		T_OK(o->traffic(ctx, &h0, &d0, &l0));
+		T_OK(o->traffic(ctx, &h0, &d0, &l0, NULL));
 		T_EQ(o->scorer_run(ctx, sc, jobs, NJ, out, NULL), KVT_EINVAL);
-		T_OK(o->traffic(ctx, &h1, &d1, &l1));
+		T_OK(o->traffic(ctx, &h1, &d1, &l1, NULL));
 		T_EQ(l1, l0);
 		T_EQ(h1, h0);
 		T_EQ(d1, d0);
@@ -959,9 +959,9 @@ TEST(cuda, backend_expected_select_matches_naive)
 #define PL_LAUNCHES(o, ctx, call)                                              \
 	({                                                                     \
 		uint64_t h_, d_, l0_, l1_;                                     \
-		T_OK((o)->traffic((ctx), &h_, &d_, &l0_));                     \
+		T_OK((o)->traffic((ctx), &h_, &d_, &l0_, NULL));               \
 		T_OK(call);                                                    \
-		T_OK((o)->traffic((ctx), &h_, &d_, &l1_));                     \
+		T_OK((o)->traffic((ctx), &h_, &d_, &l1_, NULL));               \
 		l1_ - l0_;                                                     \
 	})
 
@@ -1050,11 +1050,11 @@ TEST(cuda, backend_window_select_launches)
 	/* window 5 names window 4's lists: refused, nothing launched */
 	win[5].first_list = win[4].first_list;
 	uint64_t h0, d0, l0, h1, d1, l1;
-	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0));
+	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0, NULL));
 	T_EQ(f.o->window_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
 	                        HD, win, NW, lists, NW * NKV, out,
 	                        NW + NW * NKV + off, NULL), KVT_EINVAL);
-	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1));
+	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1, NULL));
 	T_EQ(l1, l0);
 	T_EQ(h1, h0);
 	f.o->mem_free(f.ctx, dring);
@@ -1137,11 +1137,11 @@ TEST(cuda, backend_expected_select_launches)
 	/* window 3's lists reach into window 4's: refused */
 	win[3].first_list = win[4].first_list - 1;
 	uint64_t h0, d0, l0, h1, d1, l1;
-	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0));
+	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0, NULL));
 	T_EQ(f.o->expected_select(f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV,
 	                          HD, win, NW, lists, NW * NKV, out,
 	                          NW + NW * NKV + off, NULL), KVT_EINVAL);
-	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1));
+	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1, NULL));
 	T_EQ(l1, l0);
 	T_EQ(h1, h0);
 	f.o->mem_free(f.ctx, dring);

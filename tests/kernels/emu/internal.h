@@ -30,9 +30,25 @@ cudaError_t sticky_error(void);
  * (kvtrim-eval's engine threads) take turns.  Work still runs
  * synchronously on the calling thread; __shared__ is that thread's. */
 std::recursive_mutex &big_lock(void);
+
+/* The CPU time of the calling thread spent inside the emulator's entry
+ * points, outermost calls only (kvt_emu_api_ns): what a GPU would have
+ * done, as opposed to what its host does around it, so that a benchmark
+ * can tell the daemon's own CPU from the emulated device's.  Taken on the
+ * thread's CPU clock once the big lock is held (its nesting depth is
+ * the lock holder's, no thread-local: the library's TLS block is
+ * __shared__'s, fiber.cc). */
+struct api_timer {
+	api_timer();
+	~api_timer();
+	api_timer(const api_timer &) = delete;
+	api_timer &operator=(const api_timer &) = delete;
+	long long t0; /* -1: an inner call */
+};
 #define EMU_API_LOCK()                                                         \
 	std::lock_guard<std::recursive_mutex> emu_api_guard_(                  \
-		kvt_emu::big_lock())
+		kvt_emu::big_lock());                                          \
+	kvt_emu::api_timer emu_api_timer_
 
 /* 1 when [p, p + n) lies inside one cudaMalloc allocation (or one
  * accessible cuMemMap mapping, driver.cc). */

@@ -1231,6 +1231,34 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 
 namespace kvt_emu {
 uint64_t launches_total;
+
+static int api_depth;          /* under the big lock */
+static uint64_t api_ns_total; /* under it too; read without it */
+
+static long long thread_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+api_timer::api_timer() : t0(api_depth++ ? -1 : thread_ns()) {}
+
+api_timer::~api_timer()
+{
+	api_depth--;
+	if (t0 >= 0)
+		__atomic_add_fetch(&api_ns_total,
+		                   (uint64_t)(thread_ns() - t0),
+		                   __ATOMIC_RELAXED);
+}
+}
+
+/* CPU nanoseconds the process's threads spent inside the emulator's
+ * entry points so far (internal.h, struct api_timer). */
+extern "C" uint64_t kvt_emu_api_ns(void)
+{
+	return __atomic_load_n(&kvt_emu::api_ns_total, __ATOMIC_RELAXED);
 }
 
 /* Kernel launches and cuBLAS calls of the process so far. */
