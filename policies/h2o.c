@@ -24,6 +24,9 @@
 
 #include <stdio.h>
 
+#include "attn_plan.h"
+#include "h2o_rule.h"
+
 #define H2O_DEF_TOKENS 256u
 
 static int h2o_init(struct policy *p, char *err, size_t errlen)
@@ -83,7 +86,7 @@ static int h2o_attn(const struct policy *p, const struct policy_layer *l,
 {
 	uint32_t b = policy_budget(p, l->n_seen);
 	*r = (struct policy_attn_rule){
-		.kind = POLICY_ATTN_H2O, .agg = p->args.agg, .sinks = p->args.sinks,
+		.agg = p->args.agg, .sinks = p->args.sinks,
 		.window = p->args.window,
 		.recent = h2o_recent(p, b),
 		.budget = b, .due = policy_due(p, l),
@@ -144,6 +147,78 @@ static int h2o_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy.h: per list record two halves of cap positions and cap rows of
+ * S (G floats), h2o_rule.h's layout. */
+static void h2o_shape(const struct policy *p, uint32_t cap,
+                      struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){
+		.records = p->geom.n_kv_heads,
+		.record_bytes = 2 * (size_t)cap *
+		                (1 + p->geom.n_heads / p->geom.n_kv_heads) *
+		                sizeof(float),
+	};
+}
+
+/*
+ * policy.h: a job per list that changes.  The protected tail is the
+ * window or the recent half, which moves with the budget, back too when
+ * pressure eases: the counts come from the numbers alone only while the
+ * tail starts at or after every earlier start of the sequence (c->word
+ * holds the latest; updated eagerly, which a refused sync only makes
+ * stricter), else from the positions (policy_attn_count).
+ */
+static int h2o_plan(const struct policy *p, const struct policy_layer *l,
+                    const struct policy_dev_layer *c, void *jobs,
+                    struct policy_dev_job *hj, uint32_t *n, char *err,
+                    size_t errlen)
+{
+	struct policy_attn_rule r;
+	(void)h2o_attn(p, l, &r);
+	const uint32_t prev = l->n_seen - l->n_new, seen = l->n_seen;
+	const uint32_t tail = r.recent > r.window ? r.recent : r.window;
+	const uint32_t start = seen - (tail < seen ? tail : seen);
+	if (!prev)
+		*c->word = 0; /* a new sequence in the slot */
+	const int held = start >= *c->word;
+	if (held)
+		*c->word = start;
+	struct h2o_rule_job *bj = jobs;
+	uint32_t k = 0, off = c->drop_off, keep;
+	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		if (!policy_attn_list_job(&r, tail, held, l, c, h, off, &hj[k],
+		                          &keep))
+			continue;
+		bj[k] = (struct h2o_rule_job){
+			.ring = c->ring, .record = hj[k].rec, .g = h,
+			.cur = c->cur[h], .len = c->len[h], .n_new = l->n_new,
+			.n_seen = seen, .due = (uint32_t)policy_attn_due(&r),
+			.recent = r.recent, .keep = keep,
+			.n_drop = hj[k].n_drop, .drop_off = off,
+		};
+		off += hj[k++].n_drop;
+	}
+	*n = k;
+	return 0;
+}
+
+static void h2o_params(const struct policy *p, const struct policy_dev_bufs *b,
+                       void *out)
+{
+	*(struct h2o_rule *)out = (struct h2o_rule){
+		.state = b->state, .cap = b->cap, .rows = b->rows,
+		.agg = (uint32_t)p->args.agg, .sinks = p->args.sinks,
+		.window = p->args.window,
+	};
+}
+
+static const struct policy_device_rule h2o_device = {
+	.name = "h2o", .version = H2O_RULE_VERSION,
+	.params_bytes = sizeof(struct h2o_rule),
+	.job_bytes = sizeof(struct h2o_rule_job),
+	.shape = h2o_shape, .plan = h2o_plan, .params = h2o_params,
+};
+
 const struct policy_ops h2o_ops = {
 	.name = "h2o",
 	.help = "H2O: accumulated attention received, per KV head "
@@ -154,7 +229,7 @@ const struct policy_ops h2o_ops = {
 	        POLICY_KEY_AGG | POLICY_KEY_SINKS | POLICY_KEY_EVERY,
 	.init = h2o_init,
 	.decide = h2o_decide,
-	.attn = h2o_attn,
+	.device = &h2o_device,
 	.eval = {"h2o:ratio=%.4f",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
 	         POLICY_EVAL_DECODING},
@@ -169,7 +244,7 @@ const struct policy_ops observed_attention_ops = {
 	.keys = POLICY_KEY_TOKENS | POLICY_KEY_RATIO | POLICY_KEY_EVERY,
 	.init = observed_init,
 	.decide = h2o_decide,
-	.attn = h2o_attn,
+	.device = &h2o_device,
 	.eval = {"observed_attention:ratio=%.4f",
 	         POLICY_EVAL_CONTEXT | POLICY_EVAL_DECODING},
 };

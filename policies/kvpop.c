@@ -13,9 +13,13 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "attn_plan.h"
+#include "errors.h"
 #include "kernels.h"
+#include "kvpop_rule.h"
 
 #define KVPOP_DEF_TOKENS 256u
 #define KVPOP_DEF_DELAY 32u
@@ -196,7 +200,7 @@ static int kvpop_attn(const struct policy *p, const struct policy_layer *l,
                       struct policy_attn_rule *r)
 {
 	*r = (struct policy_attn_rule){
-		.kind = POLICY_ATTN_KVPOP, .sinks = p->args.sinks,
+		.sinks = p->args.sinks,
 		.window = p->args.window, .recent = p->args.delay,
 		.budget = policy_budget(p, l->n_seen),
 		.due = policy_due(p, l), .delay = p->args.delay,
@@ -204,16 +208,116 @@ static int kvpop_attn(const struct policy *p, const struct policy_layer *l,
 	return 1;
 }
 
-static void kvpop_weights(const struct policy *p, uint32_t layer,
-                          struct policy_pop_weights *w)
+/* policy.h: per list record two halves of cap positions and [a, s],
+ * per (sequence, layer) its ring of u rows (kvpop_rule.h's layout). */
+static void kvpop_shape(const struct policy *p, uint32_t cap,
+                        struct policy_dev_shape *s)
 {
 	const struct kvpop *k = p->priv;
-	const struct kvpop_layer *kl = learned_layer(p, layer);
-	*w = (struct policy_pop_weights){
-		.r = k->r, .m = k->m, .P = kl->P, .W1 = kl->W1, .b1 = kl->b1,
-		.W2 = kl->W2, .b2 = kl->b2,
+	*s = (struct policy_dev_shape){
+		.records = p->geom.n_kv_heads,
+		.record_bytes = 2 * (size_t)cap * 3 * sizeof(float),
+		.layer_bytes = (size_t)k->ring * k->r * sizeof(float),
 	};
 }
+
+/* policy.h: every layer's tensors, in kvpop_rule.h's layout. */
+static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
+                        void *bctx, void **out, char *err, size_t errlen)
+{
+	const struct kvpop *k = p->priv;
+	const uint32_t nkv = p->geom.n_kv_heads, d = p->geom.d_model;
+	const uint64_t lf = kvpop_layer_floats(k->r, k->m, d, nkv);
+	const size_t bytes = (size_t)(lf * p->geom.n_layers * sizeof(float));
+	float *h = malloc(bytes ? bytes : 1);
+	*out = NULL;
+	if (!h)
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	for (uint32_t l = 0; l < p->geom.n_layers; l++) {
+		const struct kvpop_layer *w = learned_layer(p, l);
+		float *dst = h + l * lf;
+		const struct {
+			const float *src;
+			uint64_t n;
+		} part[] = {
+			{w->P, (uint64_t)k->r * d},
+			{w->W1, (uint64_t)k->m * (k->r + 1)}, {w->b1, k->m},
+			{w->W2, (uint64_t)nkv * k->m}, {w->b2, nkv},
+		};
+		for (size_t i = 0; i < sizeof(part) / sizeof(part[0]); i++) {
+			memcpy(dst, part[i].src, part[i].n * sizeof(float));
+			dst += part[i].n;
+		}
+	}
+	int rc = o->mem_new(bctx, bytes ? bytes : 4, out);
+	if (!rc && (rc = o->copy(bctx, *out, h, bytes, NULL))) {
+		o->mem_free(bctx, *out);
+		*out = NULL;
+	}
+	free(h);
+	if (rc) {
+		*out = NULL;
+		return errors_fmt(err, errlen, rc, "%s backend: kvpop's weights "
+		                  "(%zu bytes): %s", o->name, bytes,
+		                  o->last_error());
+	}
+	return 0;
+}
+
+/* policy.h: a job per list that changes, the first with new rows
+ * projecting them; the delay, the protected tail, is fixed, so the counts
+ * follow from the numbers (policy_attn_count), and so does the band: its
+ * delay has not ended before this sync, so every position of it is still
+ * in the list. */
+static int kvpop_plan(const struct policy *p, const struct policy_layer *l,
+                      const struct policy_dev_layer *c, void *jobs,
+                      struct policy_dev_job *hj, uint32_t *n, char *err,
+                      size_t errlen)
+{
+	struct policy_attn_rule r;
+	(void)kvpop_attn(p, l, &r);
+	const uint32_t prev = l->n_seen - l->n_new;
+	const uint32_t band = l->n_new && r.delay
+	                      ? (prev < r.delay ? prev : r.delay) + l->n_new
+	                      : 0;
+	struct kvpop_rule_job *bj = jobs;
+	uint32_t k = 0, off = c->drop_off, keep;
+	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		if (!policy_attn_list_job(&r, r.delay, 1, l, c, h, off, &hj[k],
+		                          &keep))
+			continue;
+		bj[k] = (struct kvpop_rule_job){
+			.ring = c->ring, .layer = l->layer, .record = hj[k].rec,
+			.cur = c->cur[h], .proj = h == 0 && l->n_new,
+			.len = c->len[h], .n_new = l->n_new, .n_seen = l->n_seen,
+			.n_band = band, .due = (uint32_t)policy_attn_due(&r),
+			.keep = keep, .n_drop = hj[k].n_drop, .drop_off = off,
+		};
+		off += hj[k++].n_drop;
+	}
+	*n = k;
+	return 0;
+}
+
+static void kvpop_params(const struct policy *p,
+                         const struct policy_dev_bufs *b, void *out)
+{
+	const struct kvpop *k = p->priv;
+	*(struct kvpop_rule *)out = (struct kvpop_rule){
+		.state = b->state, .u = b->layers, .weights = b->consts,
+		.cap = b->cap, .rows = b->rows, .d_model = p->geom.d_model,
+		.r = k->r, .m = k->m, .ring = k->ring, .delay = p->args.delay,
+		.sinks = p->args.sinks,
+	};
+}
+
+static const struct policy_device_rule kvpop_device = {
+	.name = "kvpop", .version = KVPOP_RULE_VERSION,
+	.params_bytes = sizeof(struct kvpop_rule),
+	.job_bytes = sizeof(struct kvpop_rule_job),
+	.shape = kvpop_shape, .upload = kvpop_upload, .plan = kvpop_plan,
+	.params = kvpop_params,
+};
 
 const struct policy_ops kvpop_ops = {
 	.name = "kvpop",
@@ -227,6 +331,5 @@ const struct policy_ops kvpop_ops = {
 	.init = kvpop_init,
 	.fini = learned_fini,
 	.decide = kvpop_decide,
-	.attn = kvpop_attn,
-	.pop_weights = kvpop_weights,
+	.device = &kvpop_device,
 };

@@ -162,41 +162,97 @@ struct policy_window {
 	uint8_t cov, vnorm;
 };
 
-/* Which attention-based rule policy_ops.attn describes, each run by its
- * device rule (backend.h's struct kvt_backend_rule, its params and jobs
- * in policies/<name>_rule.h) where the keys, queries and entry states
- * are. */
-enum policy_attn_kind {
-	POLICY_ATTN_H2O = 0, /* "h2o": per entry and query head of the
-	                        group, the attention received from every
-	                        staged query (entry_floats = G) */
-	POLICY_ATTN_TOVA,    /* "tova": the newest query's attention over
-	                        all heads, one decision per layer */
-	POLICY_ATTN_KVPOP,   /* "kvpop": a learned score of u = P x and the
-	                        attention received within the delay
-	                        (entry_floats = 2; weights: pop_weights) */
+/*
+ * A policy's rule run on a device where the keys, the staged queries and
+ * its entry states are (policy_ops.device): the policy plans each
+ * (sequence, layer)'s jobs and fills the params, the backend's rule of
+ * the same name (backend.h's struct kvt_backend_rule; its params, jobs and
+ * layout version in policies/<name>_rule.h) runs a whole sync of them.
+ * The tenant keeps the device memory, the checks and the commit, and
+ * knows no rule: what it needs is below.
+ *
+ * The state lives in records of two halves: a job reads its record's half
+ * `cur` and writes the other, and the sync's commit flips the halves of
+ * its jobs' records, so a refused sync leaves no trace.  Records are
+ * numbered (sequence slot, layer) major, `records` of them per (slot,
+ * layer); a rule with n_kv_heads of them a layer has the lists' own
+ * numbering (state_rec == list_rec below).
+ */
+
+/* The device memory a rule's state takes (shape). */
+struct policy_dev_shape {
+	uint32_t records;     /* state records per (sequence slot, layer) */
+	size_t record_bytes;  /* one record, both halves */
+	size_t layer_bytes;   /* a device buffer per (sequence slot, layer)
+	                         besides, kept across syncs and copied at a
+	                         fork (0: none) */
 };
 
-/* An attention-based rule for one (sequence, layer), as a device runs it
- * (policy_ops.attn; h2o_rule.h's struct h2o_rule, tova_rule.h's and
- * kvpop_rule.h's likewise). */
-struct policy_attn_rule {
-	enum policy_attn_kind kind;
-	enum policy_agg agg; /* H2O, observed_attention */
-	uint32_t sinks, window; /* policy_protected's; window 0: none */
-	uint32_t recent;  /* also protected: pos + recent >= n_seen (0: none;
-	                     KVpop: its delay, the entries not yet scored) */
-	uint32_t budget;  /* policy_budget at n_seen, pressure applied */
-	int due;          /* a selection at this sync (TOVA: and a query) */
-	uint32_t delay;   /* KVpop: attention is accumulated from the queries
-	                     at most delay tokens after an entry */
+/* What a rule's params are made of at a run (params). */
+struct policy_dev_bufs {
+	void *state;        /* device: [max_seqs * n_layers * records]
+	                       records of record_bytes */
+	void *layers;       /* device: [max_seqs * n_layers] buffers of
+	                       layer_bytes, slot major; NULL without */
+	const void *consts; /* device: what upload copied; NULL without */
+	uint32_t cap;       /* entries per half (the tenant's max_tokens) */
+	struct kvt_backend_rows rows; /* device staging's layout */
 };
 
-/* KVpop's tensors of one layer for a device (kvpop_rule.h's struct
- * kvpop_rule): the policy owns them. */
-struct policy_pop_weights {
-	uint32_t r, m;    /* u's width, the MLP's hidden width */
-	const float *P, *W1, *b1, *W2, *b2;
+/* One (sequence, layer) of a sync as a rule's plan sees it (with its
+ * policy_layer: layer, phase, n_new, n_seen). */
+struct policy_dev_layer {
+	const float *ring;          /* its rows in device staging */
+	const uint32_t *len;        /* [n_kv_heads] each list's entries
+	                               before the sync */
+	const uint32_t *const *pos; /* [n_kv_heads] their positions */
+	uint32_t list_rec;          /* KV head 0's list record (head g's:
+	                               + g), as the keys are read */
+	uint32_t state_rec;         /* its first state record */
+	const uint8_t *cur;         /* [records] the half each of its state
+	                               records is in */
+	uint32_t *word;             /* the plan's own word of the (slot,
+	                               layer), kept across syncs, copied at a
+	                               fork; 0 at registration */
+	uint32_t drop_off;          /* where its first drop index goes */
+};
+
+/* A job as the tenant checks and applies it: the state record whose
+ * halves the commit flips, the KV head whose list it decides
+ * (POLICY_DEV_ALL: every list of the layer the same), its entries with
+ * the new ones, its drops (the host's count: the device's must equal it)
+ * and where their indices go in the output words. */
+struct policy_dev_job {
+	uint32_t rec, g, L, n_drop, drop_off;
+};
+#define POLICY_DEV_ALL UINT32_MAX
+
+struct policy_device_rule {
+	const char *name;   /* the backend's rule it runs on */
+	uint32_t version, params_bytes, job_bytes; /* its header's layout,
+	                                              checked against the
+	                                              backend's */
+	/* The device memory of p's state for cap entries a list. */
+	void (*shape)(const struct policy *p, uint32_t cap,
+	              struct policy_dev_shape *s);
+	/* (optional) p's tensors in the rule's layout, copied to a new
+	 * device buffer *out (o's mem_new and copy; the caller frees it with
+	 * mem_free), at registration and on a weights reload; 0, or an error
+	 * with the reason and nothing allocated. */
+	int (*upload)(const struct policy *p, const struct kvt_backend_ops *o,
+	              void *bctx, void **out, char *err, size_t errlen);
+	/* The jobs of one (sequence, layer), at most n_kv_heads: the
+	 * rule's at jobs (job_bytes each) and the tenant's view of each at
+	 * hj, their drop offsets from c->drop_off on, in order; *n of them
+	 * (0: nothing changes).  0, or an error with the reason (a broken
+	 * invariant of the lists). */
+	int (*plan)(const struct policy *p, const struct policy_layer *l,
+	            const struct policy_dev_layer *c, void *jobs,
+	            struct policy_dev_job *hj, uint32_t *n, char *err,
+	            size_t errlen);
+	/* The rule's params (params_bytes at out) for a run over b. */
+	void (*params)(const struct policy *p, const struct policy_dev_bufs *b,
+	               void *out);
 };
 
 /* The programs of kvtrim-eval (tools/eval/, docs/eval.md) that sweep a
@@ -278,15 +334,10 @@ struct policy_ops {
 	 * window, no query to learn from, or within the budget). */
 	int (*window)(struct policy *p, struct policy_layer *l,
 	              struct policy_window *w);
-	/* (optional) For a policy whose decision is an attention-based rule
-	 * a device may run where the keys, queries and entry states are
-	 * (enum policy_attn_kind: h2o, tova, kvpop): fills *r for l (layer,
-	 * phase, n_new and n_seen set) and returns 1. */
-	int (*attn)(const struct policy *p, const struct policy_layer *l,
-	            struct policy_attn_rule *r);
-	/* (optional; POLICY_ATTN_KVPOP) The tensors of layer. */
-	void (*pop_weights)(const struct policy *p, uint32_t layer,
-	                    struct policy_pop_weights *w);
+	/* (optional) The policy's rule a device may run where the keys,
+	 * queries and entry states are, at every sync (policy_device_rule;
+	 * h2o, observed_attention, tova, kvpop). */
+	const struct policy_device_rule *device;
 	/* 1: of the pages, decide() reads only the L2 norms of the new
 	 * entries' keys (knorm), which a device tenant may compute where the
 	 * keys are and pass as policy_layer.pre ([n_new][n_kv_heads] norms;

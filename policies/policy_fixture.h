@@ -178,6 +178,76 @@ static inline void fx_step(struct fx *f, const float *a, const float *x)
 	T_OK(fx_sync(f, 1, KVT_PHASE_DECODE, aa, xx, NULL, NULL));
 }
 
+/* A small LCG, so a run is the same every time. */
+static inline uint32_t fx_next(uint32_t *s)
+{
+	*s = *s * 1664525u + 1013904223u;
+	return *s >> 8;
+}
+
+/* One sync of n tokens of random keys on a policy with a device rule
+ * (policy_ops.device): its plan first, then decide() on the fixture; each
+ * job's drop count must be the entries decide() dropped from its list, a
+ * list without a job drops none, and the offsets follow each other.  word
+ * is the plan's word of the (sequence, layer). */
+static inline void fx_plan_sync(struct fx *f, uint32_t n, uint32_t *word,
+                                uint32_t *seed)
+{
+	const struct policy_device_rule *dr = f->p->ops->device;
+	const uint32_t nkv = f->ge.n_kv_heads;
+	uint32_t before[FX_KV];
+	const uint32_t *pos[FX_KV];
+	const uint8_t cur[FX_KV] = {0};
+	for (uint32_t h = 0; h < nkv; h++) {
+		before[h] = f->len[h];
+		pos[h] = f->pos[h];
+	}
+	const struct policy_dev_layer c = {
+		.len = before, .pos = pos, .list_rec = 0, .state_rec = 0,
+		.cur = cur, .word = word, .drop_off = 5,
+	};
+	const enum kvt_phase ph = f->n_seen ? KVT_PHASE_DECODE
+	                                    : KVT_PHASE_PREFILL;
+	const struct policy_layer l = {
+		.layer = 0, .phase = ph, .n_new = n, .n_seen = f->n_seen + n,
+	};
+	_Alignas(16) char jobs[FX_KV * 256];
+	struct policy_dev_job hj[FX_KV];
+	uint32_t nj = 99;
+	char err[128];
+	T_ASSERT(dr->job_bytes <= 256);
+	T_OK(dr->plan(f->p, &l, &c, jobs, hj, &nj, err, sizeof(err)));
+	T_ASSERT(nj <= nkv);
+
+	float a[FX_MAX][FX_KV];
+	for (uint32_t k = 0; k < n; k++)
+		for (uint32_t h = 0; h < FX_KV; h++)
+			a[k][h] = (float)(fx_next(seed) % 1000 + 1) / 1000.0f;
+	T_OK(fx_sync(f, n, ph, a, NULL, NULL, NULL));
+
+	uint32_t off = c.drop_off;
+	for (uint32_t j = 0; j < nj; j++) {
+		T_EQ(hj[j].drop_off, off);
+		off += hj[j].n_drop;
+	}
+	for (uint32_t h = 0; h < nkv; h++) {
+		const uint32_t dropped = before[h] + n - f->len[h];
+		const struct policy_dev_job *J = NULL;
+		for (uint32_t j = 0; j < nj; j++)
+			if (hj[j].g == h || hj[j].g == POLICY_DEV_ALL)
+				J = &hj[j];
+		if (!J) {
+			T_EQ(dropped, 0);
+			continue;
+		}
+		T_EQ(J->L, before[h] + n);
+		if (J->n_drop != dropped)
+			th_fail(__FILE__, __LINE__, "%s: n_seen %u, head %u: "
+			        "the plan drops %u, decide() %u", f->p->spec,
+			        f->n_seen, h, J->n_drop, dropped);
+	}
+}
+
 /* Head h holds exactly the positions in want[0..n) (any order). */
 static inline void fx_expect_(const struct fx *f, uint32_t h,
                               const uint32_t *want, uint32_t n,

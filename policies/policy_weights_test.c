@@ -385,6 +385,30 @@ TEST(policy, kvpop_delayed_scores)
 	policy_free(f.p);
 }
 
+/* kvpop's device plan (policy_ops.device) counts the drops its decide()
+ * makes, at every sync of a ragged run (fx_plan_sync), with and without
+ * sinks and every, and with more protected than the budget keeps. */
+TEST(policy, kvpop_device_plan_counts_its_drops)
+{
+	const char *w = tmp_path("kvpop3.safetensors");
+	kvpop_weights(w, 0.5f, 1.0f, 0);
+	/* the last protects more than it keeps */
+	const char *args[] = {"tokens=6,delay=2,sinks=0",
+	                      "tokens=7,delay=3,sinks=2,every=3",
+	                      "tokens=3,delay=3,sinks=2"};
+	for (size_t k = 0; k < sizeof(args) / sizeof(args[0]); k++) {
+		char spec[600];
+		snprintf(spec, sizeof(spec), "kvpop:model=%s,%s", w, args[k]);
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		uint32_t word = 0, seed = 11 + (uint32_t)k;
+		fx_plan_sync(&f, 9, &word, &seed);
+		while (f.n_seen + 4 < FX_MAX - 1)
+			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
+		policy_free(f.p);
+	}
+}
+
 TEST(policy, kvpop_attention_feature)
 {
 	/* score = ln(A + 1e-6) + 10, A = attention received from the two

@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_plan.h"
+#include "errors.h"
+#include "tova_rule.h"
+
 #define TOVA_DEF_TOKENS 256u
 #define TOVA_DEF_WINDOW 1u
 
@@ -158,13 +162,77 @@ static int tova_attn(const struct policy *p, const struct policy_layer *l,
                      struct policy_attn_rule *r)
 {
 	*r = (struct policy_attn_rule){
-		.kind = POLICY_ATTN_TOVA, .sinks = p->args.sinks,
+		.sinks = p->args.sinks,
 		.window = p->args.window,
 		.budget = policy_budget(p, l->n_seen),
 		.due = l->n_new && policy_due(p, l),
 	};
 	return 1;
 }
+
+/* policy.h: per (sequence, layer) one record, two halves of cap
+ * positions (tova_rule.h's layout): its lists hold the same ones. */
+static void tova_shape(const struct policy *p, uint32_t cap,
+                       struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){
+		.records = 1, .record_bytes = 2 * (size_t)cap * sizeof(float),
+	};
+}
+
+/* policy.h: one job per (sequence, layer) with a query, the counts of
+ * head 0's positions (the lists' lengths agree: an invariant).  The
+ * protected tail, the window, is fixed, so the counts follow from the
+ * numbers (policy_attn_count). */
+static int tova_plan(const struct policy *p, const struct policy_layer *l,
+                     const struct policy_dev_layer *c, void *jobs,
+                     struct policy_dev_job *hj, uint32_t *n, char *err,
+                     size_t errlen)
+{
+	const uint32_t len = c->len[0];
+	*n = 0;
+	for (uint32_t h = 1; h < p->geom.n_kv_heads; h++)
+		if (c->len[h] != len)
+			return errors_fmt(err, errlen, KVT_ESYS, "tova: layer "
+			                  "%u: its lists' lengths differ (an "
+			                  "invariant)", l->layer);
+	if (!l->n_new)
+		return 0; /* no query: nothing changes */
+	struct policy_attn_rule r;
+	(void)tova_attn(p, l, &r);
+	const int due = policy_attn_due(&r);
+	const struct policy_attn_counts k = policy_attn_count(
+		&r, r.window, due, c->pos[0], len, l->n_new,
+		l->n_seen - l->n_new, 1);
+	*(struct tova_rule_job *)jobs = (struct tova_rule_job){
+		.ring = c->ring, .record = c->list_rec, .srec = c->state_rec,
+		.cur = c->cur[0], .len = len, .n_new = l->n_new,
+		.n_seen = l->n_seen, .due = (uint32_t)due, .keep = k.keep,
+		.n_drop = k.n_drop, .drop_off = c->drop_off,
+	};
+	hj[0] = (struct policy_dev_job){
+		.rec = c->state_rec, .g = POLICY_DEV_ALL, .L = len + l->n_new,
+		.n_drop = k.n_drop, .drop_off = c->drop_off,
+	};
+	*n = 1;
+	return 0;
+}
+
+static void tova_params(const struct policy *p,
+                        const struct policy_dev_bufs *b, void *out)
+{
+	*(struct tova_rule *)out = (struct tova_rule){
+		.state = b->state, .cap = b->cap, .rows = b->rows,
+		.sinks = p->args.sinks, .window = p->args.window,
+	};
+}
+
+static const struct policy_device_rule tova_device = {
+	.name = "tova", .version = TOVA_RULE_VERSION,
+	.params_bytes = sizeof(struct tova_rule),
+	.job_bytes = sizeof(struct tova_rule_job),
+	.shape = tova_shape, .plan = tova_plan, .params = tova_params,
+};
 
 const struct policy_ops tova_ops = {
 	.name = "tova",
@@ -176,7 +244,7 @@ const struct policy_ops tova_ops = {
 	        POLICY_KEY_SINKS | POLICY_KEY_EVERY,
 	.init = tova_init,
 	.decide = tova_decide,
-	.attn = tova_attn,
+	.device = &tova_device,
 	.eval = {"tova:ratio=%.4f",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
 	         POLICY_EVAL_DECODING},

@@ -6,7 +6,9 @@
  * without it (no rule member, or no rule of that name) leaves the
  * decisions to the host, as before there was a device path; a rule of
  * another layout version or of other params or job sizes refuses the
- * tenant with the reason and allocates nothing.
+ * tenant with the reason and allocates nothing.  The tenant knows no
+ * rule: a policy's rule of any name gets the device memory its shape
+ * asks and its upload, anew on a reload.
  *
  * The backend is the cpu table copied with its rule member and device
  * memory replaced by the test's (host memory standing in); the tenant is
@@ -25,7 +27,8 @@
 
 /* What the fake backend hands out and what it was asked. */
 static struct kvt_backend_rule fake;
-static int have_rule, mem_calls;
+static int have_rule, mem_calls, free_calls;
+static size_t mem_bytes[8]; /* the first mem_new sizes */
 static char asked[32];
 
 static int fake_run(void *ctx, const struct kvt_backend_paged *pg,
@@ -44,6 +47,8 @@ static const struct kvt_backend_rule *fake_lookup(const char *name)
 
 static int fake_mem_new(void *ctx, size_t bytes, void **out)
 {
+	if (mem_calls < 8)
+		mem_bytes[mem_calls] = bytes;
 	mem_calls++;
 	*out = calloc(1, bytes);
 	return *out ? 0 : KVT_ENOMEM;
@@ -51,6 +56,7 @@ static int fake_mem_new(void *ctx, size_t bytes, void **out)
 
 static void fake_mem_free(void *ctx, void *p)
 {
+	free_calls++;
 	free(p);
 }
 
@@ -92,7 +98,7 @@ static int init(const char *spec, const struct kvt_backend_ops *o,
 	tenant_of(t, spec, o);
 	err[0] = '\0';
 	asked[0] = '\0';
-	mem_calls = 0;
+	mem_calls = free_calls = 0;
 	return tenant_attn_init(t, err, errlen);
 }
 
@@ -185,5 +191,111 @@ TEST(tenant, attn_rule_of_another_layout_refused)
 	char want[64];
 	snprintf(want, sizeof(want), "layout version %u", bad[0].version);
 	T_ASSERT(strstr(err, want) != NULL);
+	tenant_done(&t);
+}
+
+/* A rule no daemon was told about: its shape, and an upload of 64 bytes
+ * that counts its calls and the policy it was given (fails when
+ * upload_fails). */
+static int upload_calls, upload_fails;
+static const struct policy *uploaded;
+
+static void any_shape(const struct policy *p, uint32_t cap,
+                      struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){.records = 3,
+	                               .record_bytes = 2 * (size_t)cap * 5,
+	                               .layer_bytes = 40};
+}
+
+static int any_upload(const struct policy *p, const struct kvt_backend_ops *o,
+                      void *bctx, void **out, char *err, size_t errlen)
+{
+	upload_calls++;
+	uploaded = p;
+	*out = NULL;
+	if (upload_fails) {
+		snprintf(err, errlen, "no weights");
+		return KVT_ENOMEM;
+	}
+	return o->mem_new(bctx, 64, out);
+}
+
+static const struct policy_device_rule any_rule = {
+	.name = "any", .version = 7, .params_bytes = 12, .job_bytes = 20,
+	.shape = any_shape, .upload = any_upload,
+};
+
+/* t, of a policy whose device rule is any_rule, on o: 0 or the error. */
+static int init_any(const struct kvt_backend_ops *o, struct tenant *t,
+                    struct policy_ops *ops)
+{
+	char err[256];
+	tenant_of(t, "h2o", o);
+	*ops = *t->pol->ops;
+	ops->device = &any_rule;
+	t->pol->ops = ops;
+	asked[0] = '\0';
+	mem_calls = free_calls = upload_calls = 0;
+	return tenant_attn_init(t, err, sizeof(err));
+}
+
+TEST(tenant, attn_rule_of_any_name_gets_what_its_shape_asks)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct policy_ops ops, ops2;
+	struct tenant t;
+	char err[256];
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	have_rule = 1;
+	upload_fails = 0;
+	T_OK(init_any(&o, &t, &ops));
+	T_EQ_STR(asked, "any");
+	T_ASSERT(t.attn.rule == &fake && t.attn.state && t.attn.consts &&
+	         t.attn.layers);
+	/* 2 slots x 2 layers: 3 records of 2 x 32 x 5 bytes each, the
+	 * upload, a buffer of 40 bytes each */
+	T_EQ(mem_calls, 3);
+	T_EQ(mem_bytes[0], 2 * 2 * 3 * 2 * 32 * 5);
+	T_EQ(mem_bytes[1], 64);
+	T_EQ(mem_bytes[2], 2 * 2 * 40);
+	T_EQ(upload_calls, 1);
+	T_ASSERT(uploaded == t.pol);
+	/* a reload uploads the new policy's, then frees the old */
+	struct policy *np;
+	const struct policy_geom pg = t.pol->geom;
+	T_OK(policy_create("h2o", &pg, &np, err, sizeof(err)));
+	ops2 = ops;
+	np->ops = &ops2;
+	T_OK(tenant_attn_reload(&t, np, err, sizeof(err)));
+	T_EQ(upload_calls, 2);
+	T_ASSERT(uploaded == np);
+	T_EQ(free_calls, 1);
+	T_ASSERT(t.attn.consts != NULL);
+	/* a failed one keeps the tenant's */
+	upload_fails = 1;
+	void *kept = t.attn.consts;
+	T_EQ(tenant_attn_reload(&t, np, err, sizeof(err)), KVT_ENOMEM);
+	T_ASSERT(t.attn.consts == kept);
+	T_EQ(free_calls, 1);
+	policy_free(np);
+	tenant_done(&t);
+	T_EQ(free_calls, mem_calls);
+}
+
+TEST(tenant, attn_rule_whose_upload_fails_decides_on_host)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct policy_ops ops;
+	struct tenant t;
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	have_rule = 1;
+	upload_fails = 1;
+	T_OK(init_any(&o, &t, &ops));
+	T_EQ(upload_calls, 1);
+	T_ASSERT(t.attn.state == NULL && t.attn.consts == NULL &&
+	         t.attn.layers == NULL);
+	T_EQ(free_calls, mem_calls); /* the state it had taken, freed */
+	upload_fails = 0;
 	tenant_done(&t);
 }

@@ -16,8 +16,8 @@
  *                   compaction)
  *   tenant_window.c end-of-prefill selections on the device (SnapKV,
  *                   Expected Attention)
- *   tenant_attn.c   attention-based rules on the device (H2O, TOVA, KVpop)
- *                   and their per-entry state
+ *   tenant_attn.c   the policies' device rules run at every sync
+ *                   (policy_ops.device) and their per-entry state
  *   tenant_check.c  the invariant checker
  *
  * State and who owns it:
@@ -51,6 +51,7 @@
 
 #include "backend.h"
 #include "page.h"
+#include "policy.h"
 #include "pool.h"
 #include "seqid.h"
 #include "shm.h"
@@ -110,15 +111,6 @@ struct tenant_ldrop {
 	const uint32_t *idx;
 	uint32_t n;
 };
-
-/* A job of a device attention rule as the host checks and applies it
- * (tenant_attn.c): its state record, the KV head whose list it decides
- * (TENANT_AJOB_ALL: every list of the layer, TOVA), its entries with the
- * new ones, its drops (the host's count) and where their indices are. */
-struct tenant_ajob {
-	uint32_t rec, g, L, n_drop, drop_off;
-};
-#define TENANT_AJOB_ALL UINT32_MAX
 
 /* The device's part of a sync (tenant_device.c): the stream and its events,
  * the wait for the engine's writes, and the scratch of the batched
@@ -241,37 +233,38 @@ struct twin {
 	int active;        /* this sync was planned (tenant_window_plan) */
 };
 
-/* An attention-based rule on the device (tenant_attn.c: a policy with an
- * attn hook on a backend with its device rule, struct kvt_backend_rule:
- * "h2o", "tova", "kvpop"): the rule's kind and the backend's rule, the
- * per-entry state in device memory (policies/<name>_rule.h: two halves a
- * record of positions and the rule's floats each; records are lists, or
- * (slot, layer)s for TOVA), the half each record's
- * state is in, KVpop's u rings and weights on the device, and per sync
- * each (item, layer)'s way (enum tenant_attn), the jobs (the backend's,
- * and the host's view of each) and the output words. */
+/* A policy's rule run on the device at every sync (tenant_attn.c: a
+ * policy with a device rule, policy.h's struct policy_device_rule, on a
+ * backend with the rule of its name, struct kvt_backend_rule): the
+ * policy's rule and the backend's, the shape of its state, the state in
+ * device memory (records of two halves, (slot, layer) major), the half
+ * each record's state is in, the plan's word per (slot, layer), the
+ * rule's per-(slot, layer) buffers and uploaded tensors on the device,
+ * and per sync each (item, layer)'s way (enum tenant_attn), the jobs (the
+ * backend's, and the host's view of each) and the output words. */
 struct tattn {
-	int kind;          /* enum policy_attn_kind */
+	const struct policy_device_rule *dr; /* the policy's */
 	const struct kvt_backend_rule *rule; /* the backend's, its layout
 	                                        checked; NULL: the host
 	                                        decides */
+	struct policy_dev_shape shape;
 	void *state;       /* device, NULL when the host decides */
-	uint8_t *cur;      /* [max_seqs * lists_per_seq], or [max_seqs *
-	                      n_layers] for TOVA */
-	uint32_t *start;   /* H2O: [max_seqs * n_layers] the latest start of
-	                      its protected tail at any sync of the sequence
-	                      (tenant_attn.c's plan_list) */
-	float *u;          /* device: KVpop's u rings [max_seqs * n_layers]
-	                      [delay + headroom][r] */
-	void *weights;     /* device: KVpop's tensors, every layer */
+	uint8_t *cur;      /* [max_seqs * n_layers * shape.records] */
+	uint32_t *word;    /* [max_seqs * n_layers] the plan's words */
+	void *layers;      /* device: [max_seqs * n_layers] buffers of
+	                      shape.layer_bytes; NULL when 0 */
+	void *consts;      /* device: the policy's upload; NULL without */
+	void *params;      /* [dr->params_bytes] a run's params */
+	uint32_t *llen;    /* [n_kv_heads] a (slot, layer)'s lists' lengths */
+	const uint32_t **lpos; /* [n_kv_heads] and positions, for the plan */
 	uint8_t *mode;     /* [mode_cap] */
 	size_t mode_cap;
 	uint32_t *first;   /* [first_cap] the first job of each (item, layer),
 	                      then the end */
 	size_t first_cap;
-	struct tenant_ajob *jobs; /* [jobs_cap] */
+	struct policy_dev_job *jobs; /* [jobs_cap] */
 	size_t jobs_cap;
-	void *bjobs;       /* [bjobs_cap] the backend's jobs of the kind */
+	void *bjobs;       /* [bjobs_cap] the backend's jobs of the rule */
 	size_t bjobs_cap;
 	uint32_t *out;     /* [out_cap] */
 	size_t out_cap;
@@ -509,8 +502,8 @@ enum tenant_attn {
 	                         host path refuses the sync */
 };
 
-/* Allocates the device state of the policy's attention rule when it has
- * an attn hook and the backend the device rule of its name (device_init);
+/* Allocates the device state of the policy's device rule when it has one
+ * (policy_ops.device) and the backend the rule of its name (device_init);
  * 0 or an error with the reason in err (KVT_ENOTSUP: the backend's rule
  * has another layout than this build's header).  tenant_attn_fini frees
  * it. */
@@ -518,22 +511,23 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen);
 void tenant_attn_fini(struct tenant *t);
 
 /* kvt_seq_fork: slot dst's device state (both halves of its records,
- * their current halves, H2O's tail starts, KVpop's u rings) becomes slot
- * src's, the copies queued on the tenant's stream; 0, or KVT_ESYS when a
- * copy fails (the tenant is then broken, as after any failed device op). */
+ * their current halves, the plan's words, the rule's per-layer buffers)
+ * becomes slot src's, the copies queued on the tenant's stream; 0, or
+ * KVT_ESYS when a copy fails (the tenant is then broken, as after any
+ * failed device op). */
 int tenant_attn_fork(struct tenant *t, uint32_t dst, uint32_t src);
 
-/* tenant_reload_policy: np's weights to the device (KVpop), the old ones
- * kept on failure; 0 or an error with the reason. */
+/* tenant_reload_policy: np's tensors to the device (the rule's upload),
+ * the old ones kept on failure; 0 or an error with the reason. */
 int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
                        size_t errlen);
 
 /*
  * Before the decisions of a sync of such a tenant: one run of the device
- * rule over a job for every list (TOVA: (sequence, layer)) of the sync
- * (the state updated and, where due, the selection and the state's
- * compaction, into the half not current), the counts checked against the
- * host's.  0, or an error with the reason.
+ * rule over the jobs its policy plans for the sync (a list, or a
+ * (sequence, layer), each: the state updated and, where due, the
+ * selection and the state's compaction, into the half not current), the
+ * counts checked against the host's.  0, or an error with the reason.
  */
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);

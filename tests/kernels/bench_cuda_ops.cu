@@ -526,7 +526,7 @@ __global__ void ob_fill_f32(float *p, uint64_t n, float a, uint32_t seed)
 		        1.0f) * a;
 }
 
-/* A rule as daemon/tenant/tenant_attn.c's plan_list counts it: protected
+/* A rule as policies/attn_plan.c's policy_attn_count counts it: protected
  * pos + recent >= n_seen (recent 0: none), pos < sinks and pos + window
  * >= n_seen (window 0: none); budget entries stay. */
 struct ob_rule {
@@ -539,8 +539,8 @@ static int ob_protected(const struct ob_rule *r, uint32_t p, uint32_t n_seen)
 	       p < r->sinks || (r->window && p + (uint64_t)r->window >= n_seen);
 }
 
-/* plan_list's keep and drops of L entries at positions 0 .. L - 1; exits
- * unless the drops are n_drop. */
+/* policy_attn_count's keep and drops of L entries at positions 0 .. L -
+ * 1; exits unless the drops are n_drop. */
 static uint32_t ob_plan(const char *op, const struct ob_rule *r, uint32_t L,
                         uint32_t n_seen, uint32_t n_drop)
 {
@@ -616,7 +616,8 @@ ob_rule(const struct kvt_backend_ops *o, const char *name, uint32_t version,
  * heads, lists of len 4096 entries (positions 0 .. 4095) and a sync of 16
  * new tokens (n_seen 4112), f16 pages of random values, staging rows
  * x | q | lse in a ring of 128 per layer, a budget of len: each list
- * drops 16 (keep and drops counted as plan_list counts them), due.
+ * drops 16 (keep and drops counted as policy_attn_count counts them),
+ * due.
  *   the device rule "h2o" (agg mean, sinks 0, recent budget / 2): a job a
  *     list;
  *   "tova" (window 1, sinks 0): a job a layer (its 8 lists);

@@ -1,0 +1,46 @@
+/*
+ * attn_plan_test.c — the device rules' plans (policy_ops.device, with
+ * attn_plan.c's counts) against the host rules: at every sync of a run of
+ * ragged syncs (prefill, decode, syncs of no token, `every`, pressure that
+ * moves h2o's protected tail forward and back, protection beyond the
+ * budget, so that the count depends on which protected positions are
+ * still held) each job's drop count is the number of entries decide()
+ * dropped from its list, a list without a job drops none, and the jobs'
+ * offsets follow each other (policy_fixture.h's fx_plan_sync; kvpop's,
+ * which needs weights, in policy_weights_test.c).
+ */
+#include "policy_fixture.h"
+
+TEST(policy, device_plans_count_the_host_rules_drops)
+{
+	const char *specs[] = {
+		"h2o:tokens=12,window=0",
+		"h2o:tokens=14",
+		"h2o:tokens=8,sinks=6", /* protects more than it keeps */
+		"h2o:tokens=12,window=3,sinks=2,agg=max,every=2",
+		"observed_attention:tokens=10,every=3",
+		"tova:tokens=10",
+		"tova:tokens=9,window=3,sinks=2,every=2",
+	};
+	/* tokens per sync: a prefill, then decode syncs of 0 to 4 */
+	for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
+		struct fx f;
+		fx_init(&f, specs[s], 4, 2);
+		T_ASSERT(f.p->ops->device != NULL);
+		uint32_t word = 0, seed = 7 + (uint32_t)s;
+		fx_plan_sync(&f, 9, &word, &seed);
+		for (uint32_t k = 0; f.n_seen + 4 < FX_MAX - 1; k++) {
+			/* pressure halves the budget for a while, then eases:
+			 * h2o's recent half moves forward, then back, by more
+			 * than the syncs of 0 and 1 token that follow bring */
+			if (k == 6)
+				policy_set_pressure(f.p, 1.0f);
+			if (k == 12)
+				policy_set_pressure(f.p, 0.0f);
+			const uint32_t n = k == 12 ? 0 : k == 13 ? 1
+			                   : fx_next(&seed) % 5;
+			fx_plan_sync(&f, n, &word, &seed);
+		}
+		policy_free(f.p);
+	}
+}
