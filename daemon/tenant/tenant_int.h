@@ -15,7 +15,7 @@
  *                   staged to the host, chunk bases, scorer, norms,
  *                   compaction)
  *   tenant_window.c end-of-prefill selections on the device (a policy's
- *                   window rule)
+ *                   end-of-prefill rule, planned by the policy)
  *   tenant_attn.c   attention-based rules on the device (H2O, TOVA, KVpop)
  *                   and their per-entry state
  *   tenant_check.c  the invariant checker
@@ -219,8 +219,8 @@ struct tdscore {
 
 /* End-of-prefill selection on the device (tenant_window.c: a policy
  * with an end-of-prefill rule, policy_ops.prompt, on a backend with its
- * device rule): per (item, layer) of a sync its way (enum tenant_win, mode), its first
- * job (widx) and how many (wn); the backend's rule (looked up once, its
+ * device rule): per (item, layer) of a sync its way (enum tenant_win,
+ * mode), its first job (widx) and how many (wn); the backend's rule (looked up once, its
  * layout checked), its params, the jobs (job_bytes each) with what the
  * tenant reads back of each (led), and the rule's output words. */
 struct twin {
