@@ -11,10 +11,10 @@
  *
  * A call: the rows' checks beside the plan (batch_select.cuh's, one
  * launch), then the due lists in tiles (BC_EA_TILE_BYTES of scratch, one
- * tile where the call fits), each in at most 5 launches whatever its
+ * tile where the call fits), each in at most 4 launches whatever its
  * lists: the statistics' inputs, the keys and the K S' problems' plan;
  * the means and covariances; every K S' block of 64 keys as one problem
- * of one grouped GEMM; z and the softmaxes; the scores; then one
+ * of one grouped GEMM; z, the softmaxes and the scores; then one
  * segmented top-k and the drop indices over every tile's lists.  The
  * steps: docs/cuda.md, "Device ops, step by step".  Scratch: the
  * context's (bc_win_prepare), under its lock; the rule waits for its
@@ -378,16 +378,17 @@ __global__ void bc_ea_stats(const ea_rule a, const struct bc_ea_tile T,
 }
 
 /*
- * Step 5b and 5c (ea_expect), one block per list and query head j of its
- * group: z of the candidates [sinks, min(P, len)) (mu' of head j, K S'
- * with cov) in double, in parallel; then the max and the sum in index
- * order by one thread (a tree would change the bits), the exps in
- * parallel; z holds the exps, sums[l G + j] the sum.
+ * Steps 5b and 5c (ea_expect) of list l and query head j of its group,
+ * by every thread of a block: z of the candidates [sinks, min(P, len))
+ * (mu' of head j, K S' with cov) in double, in parallel; then the max and
+ * the sum in index order by one thread (a tree would change the bits),
+ * the exps in parallel; z holds the exps, sums[l G + j] the sum.  It
+ * leaves the block synchronised.
  */
-__global__ void bc_ea_zsoft(const ea_rule a, const struct bc_ea_tile T)
+static __device__ void bc_ea_soft(const ea_rule &a, const struct bc_ea_tile &T,
+                                  uint32_t l, uint32_t j)
 {
 	__shared__ double zmax;
-	const uint32_t l = blockIdx.x / T.G, j = blockIdx.x % T.G;
 	const uint32_t hd = T.hd;
 	const struct bc_seg sg = T.segs[l];
 	const ea_job jb = T.jobs[sg.job];
@@ -422,53 +423,69 @@ __global__ void bc_ea_zsoft(const ea_rule a, const struct bc_ea_tile T)
 		double v = 0.0;
 		for (uint32_t i = lo; i < hi; i++)
 			v += z[i];
-		T.sums[blockIdx.x] = v;
+		T.sums[(uint64_t)l * T.G + j] = v;
 	}
+	__syncthreads();
 }
 
-/* Step 6 (ea_decide's tail), grid (entries, lists): acc = the sum over
- * the group's heads in order of e / sum / G, then s and the protection
- * into the call's flat arrays; a candidate's value row (the page's V
- * half, after its page_tokens K rows) weighs it with vnorm; a value of a
- * page beyond its record or of an unmapped chunk makes the score NaN. */
+/* Step 6 (ea_decide's tail) of list l, by the threads of a block: acc =
+ * the sum over the group's heads in order of e / sum / G, then s and the
+ * protection into the call's flat arrays; a candidate's value row (the
+ * page's V half, after its page_tokens K rows) weighs it with vnorm; a
+ * value of a page beyond its record or of an unmapped chunk makes the
+ * score NaN. */
 template <typename E>
-__global__ void bc_ea_score(const kvt_backend_paged pg, const ea_rule a,
-                            const struct bc_ea_tile T, float *s,
-                            uint8_t *prot)
+static __device__ void bc_ea_score(const kvt_backend_paged &pg,
+                                   const ea_rule &a,
+                                   const struct bc_ea_tile &T, uint32_t l,
+                                   float *s, uint8_t *prot)
 {
 	const uint32_t hd = T.hd;
 	const double G = (double)T.G;
-	BC_EA_ROWS(T, l) {
-		const struct bc_seg sg = T.segs[l];
-		const ea_job jb = T.jobs[sg.job];
-		const struct kvt_list_record *r =
-			(const struct kvt_list_record *)((const char *)pg.records +
-			        (uint64_t)jb.record * pg.list_stride);
-		for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < sg.L;
-		     i += gridDim.x * blockDim.x) {
-			const uint64_t e = sg.first - T.e0 + (uint64_t)i;
-			const int cand = i >= a.sinks && i < jb.len;
-			double v = 0.0;
-			for (uint32_t j = 0; cand && j < T.G; j++)
-				v += T.z[(uint64_t)j * T.tot + e] /
-				     T.sums[(uint64_t)l * T.G + j] / G;
-			if (a.vnorm && cand) {
-				const char *row = bc_entry_row(pg, r, i);
-				double ss = nan("");
-				if (row) {
-					const E *vr = (const E *)(row +
-					        (uint64_t)pg.page_tokens * pg.row_bytes);
-					ss = 0.0;
-					for (uint32_t d = 0; d < hd; d++) {
-						float x = common_to_f(vr[d]);
-						ss += (double)x * x;
-					}
+	const struct bc_seg sg = T.segs[l];
+	const ea_job jb = T.jobs[sg.job];
+	const struct kvt_list_record *r =
+		(const struct kvt_list_record *)((const char *)pg.records +
+		        (uint64_t)jb.record * pg.list_stride);
+	for (uint32_t i = threadIdx.x; i < sg.L; i += blockDim.x) {
+		const uint64_t e = sg.first - T.e0 + (uint64_t)i;
+		const int cand = i >= a.sinks && i < jb.len;
+		double v = 0.0;
+		for (uint32_t j = 0; cand && j < T.G; j++)
+			v += T.z[(uint64_t)j * T.tot + e] /
+			     T.sums[(uint64_t)l * T.G + j] / G;
+		if (a.vnorm && cand) {
+			const char *row = bc_entry_row(pg, r, i);
+			double ss = nan("");
+			if (row) {
+				const E *vr = (const E *)(row +
+				        (uint64_t)pg.page_tokens * pg.row_bytes);
+				ss = 0.0;
+				for (uint32_t d = 0; d < hd; d++) {
+					float x = common_to_f(vr[d]);
+					ss += (double)x * x;
 				}
-				v = (v + a.eps) * sqrt(ss);
 			}
-			s[sg.first + i] = (float)v;
-			prot[sg.first + i] = !cand;
+			v = (v + a.eps) * sqrt(ss);
 		}
+		s[sg.first + i] = (float)v;
+		prot[sg.first + i] = !cand;
+	}
+}
+
+/* Steps 5b, 5c and 6 of a tile in one launch, a block per list in turn:
+ * the softmax of each query head of its group in order, then its
+ * scores. */
+template <typename E>
+__global__ void bc_ea_expect(const kvt_backend_paged pg, const ea_rule a,
+                             const struct bc_ea_tile T, float *s,
+                             uint8_t *prot)
+{
+	for (uint32_t l = blockIdx.x; l < T.nseg; l += gridDim.x) {
+		for (uint32_t j = 0; j < T.G; j++)
+			bc_ea_soft(a, T, l, j);
+		bc_ea_score<E>(pg, a, T, l, s, prot);
+		__syncthreads(); /* zmax is the next list's */
 	}
 }
 
@@ -677,7 +694,7 @@ static int bc_ea_products(cublasHandle_t h, const struct bc_ea_count *t,
 /*
  * One tile, queued on s: the inputs (rotations, un-rotated queries, keys,
  * the products' pointers), the statistics, K S' (one grouped GEMM, with
- * cov), z and the softmaxes, the scores into the call's flat arrays: 5
+ * cov), z, the softmaxes and the scores into the call's flat arrays: 4
  * launches at most whatever its lists.
  */
 static int bc_ea_run_tile(struct bc_ctx *c, const kvt_backend_paged &p,
@@ -713,11 +730,9 @@ static int bc_ea_run_tile(struct bc_ctx *c, const kvt_backend_paged &p,
 	int rv = bc_ea_products((cublasHandle_t)c->win_blas, t, hd, d, o, s);
 	if (rv)
 		return rv;
-	KVT_LAUNCH(bc_ea_zsoft, T.nseg * G, BC_EA_THREADS, 0, s, a, T);
-	BC_CALL(cudaGetLastError(), "expected_attention rule softmax");
-	BC_EA_DISPATCH(bc_ea_score, dt, dim3(bc_ea_grid(t->maxL), rows), s, p,
-	               a, T, sc, prot);
-	BC_CALL(cudaGetLastError(), "expected_attention rule score");
+	const uint32_t nb = T.nseg < (1u << 20) ? T.nseg : (1u << 20);
+	BC_EA_DISPATCH(bc_ea_expect, dt, nb, s, p, a, T, sc, prot);
+	BC_CALL(cudaGetLastError(), "expected_attention rule scores");
 	return 0;
 }
 
@@ -747,7 +762,7 @@ static struct bc_ea_call bc_ea_call_layout(uint32_t n, uint32_t out_words,
 /*
  * The launches of one call: the checks and the plan (one), per tile (its
  * lists' scratch within BC_EA_TILE_BYTES, so one tile where the call's
- * lists fit) at most 5 (bc_ea_run_tile), then the segmented top-k and
+ * lists fit) at most 4 (bc_ea_run_tile), then the segmented top-k and
  * the drop indices over every list (two); the jobs go up in one copy,
  * the output comes back in one.
  */

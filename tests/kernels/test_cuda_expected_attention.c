@@ -26,8 +26,8 @@
 #define DR_PAGES 9 /* pages per list */
 
 /* The launches a call of one tile may take, whatever its jobs: the
- * checks and plan, 5 a tile, the top-k and the indices (docs/cuda.md). */
-#define EA_TILE_LAUNCHES 5
+ * checks and plan, 4 a tile, the top-k and the indices (docs/cuda.md). */
+#define EA_TILE_LAUNCHES 4
 #define EA_BOUND (3 + EA_TILE_LAUNCHES)
 
 typedef struct expected_attention_rule ea_rule;
