@@ -36,7 +36,7 @@ extern "C" {
  * backend_open refuses a library built for another version.  A device
  * rule's own params and jobs are versioned by the rule (struct
  * kvt_backend_rule's version), not here. */
-#define KVT_BACKEND_ABI 13
+#define KVT_BACKEND_ABI 14
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -221,76 +221,13 @@ struct kvt_backend_norm_job {
 };
 
 /*
- * How the device selections find a (sequence, layer)'s staged rows in
+ * How the device rules find a (sequence, layer)'s staged rows in
  * device staging: its ring holds stage_tokens rows of row_floats floats,
  * position p in row p % stage_tokens, each row x (at 0, when staged), q
  * (n_heads * head_dim at q_off) and lse (n_heads at lse_off).
  */
 struct kvt_backend_rows {
 	uint32_t stage_tokens, row_floats, q_off, lse_off;
-};
-
-/*
- * SnapKV's end-of-prefill selection on the device (window_select),
- * for one (sequence, layer): its observation window, the queries of
- * positions [P - w, P) staged in device staging, against each of its
- * lists (one per KV head).  Entry i of every list holds position i (the
- * caller checks that nothing was evicted before).  The rule is
- * policies/snapkv.c's: an entry i < P - w scores the mean over the window's
- * queries t and the G query heads of its KV head of exp(q . k_i * scale -
- * lse) (0 where i > P - w + t), max-pooled over kernel neighbours in index
- * order; entries i >= P - w and i < sinks are protected; of the others the
- * best `keep` stay (ties keep the higher index).
- */
-struct kvt_backend_window {
-	const float *ring;     /* device: the ring of the (sequence, layer) */
-	struct kvt_backend_rows rows; /* its layout */
-	uint32_t P, w, n_new;  /* prompt, window, new tokens of the sync (their
-	                          rows are checked with the window's) */
-	uint32_t kernel, sinks;
-	uint32_t first_list, n_lists; /* its lists: lists[first_list ..],
-	                                 KV head g at first_list + g; 0
-	                                 lists (and w 0): its rows are only
-	                                 checked */
-};
-
-/* One list of window_select: its record, its entries (the new ones
- * included), the unprotected entries it keeps, the drops that leaves
- * (the caller's count, checked), and where their indices go. */
-struct kvt_backend_window_list {
-	uint32_t record, len, keep, n_drop, drop_off;
-};
-
-/*
- * Expected Attention's end-of-prefill selection on the device
- * (expected_select) for one (sequence, layer): the statistics of
- * the queries of positions [from, P) staged in device staging (q only)
- * stand for the future queries, against each of its lists (one per KV
- * head), entry i at position i (the caller checks that nothing was
- * evicted before).  The rule is policies/expected_attention.c's, its
- * operations in its order: each q un-rotated from its position (RoPE of
- * base theta, float), mean and (cov) covariance in double, both rotated by
- * the mean rotation of positions [P, P + future); z_i = mu' . k_i /
- * sqrt(d) + (cov) k_i^T S' k_i / (2 d) (K S' by SGEMM in blocks of 64
- * keys), softmax over the candidates sinks <= i < P per query head, the
- * mean over the G heads of the KV head, (vnorm) times ||v_i|| after adding
- * eps.  Entries outside the candidates are protected; of the candidates
- * the best `keep` stay (ties keep the higher index).
- */
-struct kvt_backend_expected {
-	const float *ring;     /* device: the ring of the (sequence, layer) */
-	struct kvt_backend_rows rows; /* its layout (q only read) */
-	uint32_t P, from, n_new; /* prompt, first query of the statistics,
-	                            new tokens of the sync (the q of rows
-	                            [from, P + n_new) are checked) */
-	uint32_t sinks, future;
-	float theta;           /* RoPE base, as the policy rounds it */
-	uint32_t cov, vnorm;   /* 0 or 1 */
-	double eps;
-	uint32_t first_list, n_lists; /* its lists: lists[first_list ..],
-	                                 KV head g at first_list + g; 0
-	                                 lists (and from = P): its rows are
-	                                 only checked */
 };
 
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
@@ -333,7 +270,8 @@ struct kvt_backend_rule_geom {
  * rule's header adds.  Blocks until out is filled.
  */
 struct kvt_backend_rule {
-	const char *name;     /* the rule's name: "h2o", "tova", "kvpop" */
+	const char *name;     /* the rule's name: "h2o", "tova", "kvpop",
+	                         "snapkv", "expected_attention" */
 	uint32_t version;     /* layout version of its params and jobs (its
 	                         header's <NAME>_RULE_VERSION) */
 	uint32_t params_bytes, job_bytes; /* sizeof of both, checked by the
@@ -531,56 +469,6 @@ struct kvt_backend_ops {
 	                 uint32_t head_dim,
 	                 const struct kvt_backend_norm_job *jobs, uint32_t n,
 	                 float *out, uint32_t out_floats, void *stream);
-	/* (optional) SnapKV's selection (struct kvt_backend_window)
-	 * of n_win windows, after the work queued on stream: keys read
-	 * through *pg as key_norms does, the window's q and lse read in
-	 * device staging, the logits in attn_band_cpu's order, the rest
-	 * in the cpu policy's order.  Writes out[w] = 1 when a q or lse
-	 * value of window w's rows
-	 * [P - w, P + n_new) is not finite (its lists' results are then
-	 * meaningless: the caller decides on the host, which refuses with
-	 * the reason), else 0; out[n_win + l] = the drops list l made; and
-	 * its drop indices, ascending, at out[n_win + n_lists + drop_off].
-	 * What crosses: the windows and the lists (host to device), those
-	 * words (device to host), nothing else.  KVT_EINVAL for a record
-	 * beyond n_records, a list beyond n_lists, a window whose lists
-	 * start before the previous window's end (windows name their lists
-	 * in ascending order, none twice), an output beyond out_words,
-	 * kernel even, w 0 or w > P, head_dim 0 or n_heads not a multiple
-	 * of n_kv_heads.  Blocks until out is filled. */
-	int (*window_select)(void *ctx, const struct kvt_backend_paged *pg,
-	                     uint32_t n_records, enum kvt_dtype dtype,
-	                     uint32_t n_heads, uint32_t n_kv_heads,
-	                     uint32_t head_dim,
-	                     const struct kvt_backend_window *win,
-	                     uint32_t n_win,
-	                     const struct kvt_backend_window_list *lists,
-	                     uint32_t n_lists, uint32_t *out,
-	                     uint32_t out_words, void *stream);
-	/* (optional) Expected Attention's selection (struct
-	 * kvt_backend_expected) of n_win windows, as window_select: keys
-	 * and values read through *pg, the window's q read in device
-	 * staging, K S' by cuBLAS SGEMM in blocks of 64 keys (the cpu
-	 * policy's cblas_sgemm calls, transposed), the rest in the cpu
-	 * policy's order.  The lists' keep, n_drop and drop_off and the
-	 * output words mean what they mean for window_select; out[w] = 1
-	 * when a q value of window w's rows [from, P + n_new) is not finite.
-	 * What crosses: the windows and the lists (host to device), those
-	 * words (device to host), nothing else.  KVT_EINVAL for a record
-	 * beyond n_records, a list beyond n_lists, lists named as
-	 * window_select refuses them, an output beyond out_words,
-	 * from > P, lists with from = P or from < sinks, future 0, theta
-	 * not > 0, rows beyond the ring, head_dim 0 or odd, or n_heads not
-	 * a multiple of n_kv_heads.  Blocks until out is filled. */
-	int (*expected_select)(void *ctx, const struct kvt_backend_paged *pg,
-	                       uint32_t n_records, enum kvt_dtype dtype,
-	                       uint32_t n_heads, uint32_t n_kv_heads,
-	                       uint32_t head_dim,
-	                       const struct kvt_backend_expected *win,
-	                       uint32_t n_win,
-	                       const struct kvt_backend_window_list *lists,
-	                       uint32_t n_lists, uint32_t *out,
-	                       uint32_t out_words, void *stream);
 	/* (optional) As chunk_import, mapped read-only for this
 	 * process's device where the sharing mode allows it: in vmm mode
 	 * the mapping's access is CU_MEM_ACCESS_FLAGS_PROT_READ, so a copy,

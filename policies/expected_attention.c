@@ -5,10 +5,11 @@
  * prompt entry scores the attention those would pay it in expectation.
  * docs/policies.md states the rule, its defaults and departures.
  * Statistics and scores are computed in double, but for K S' (sgemm).
- * On a device tenant the same rule runs on the device
- * (backend/cuda/expected_select.cu repeats these operations in this
- * order, so the kept sets are the same bits on the CPU emulator): a
- * change here must be made there too.
+ * On a device tenant the same rule runs on the device (the device rule
+ * "expected_attention", expected_attention_rule.h; policies/
+ * expected_attention.cu repeats these operations in this order, so the
+ * kept sets are the same bits on the CPU emulator): a change here must be
+ * made there too.
  */
 #include "policy.h"
 
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "expected_attention_rule.h"
 #include "kernels.h"
 
 #define EA_DEF_WINDOW 64u
@@ -309,29 +311,68 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
-/* policy_ops.window: the rule ea_decide applies at this sync, for the
- * device (backend expected_select, daemon/tenant/tenant_window.c). */
-static int ea_window(struct policy *p, struct policy_layer *l,
-                     struct policy_window *w)
+/* The device rule's params (policy_prompt_rule.params). */
+static void ea_rule_params(const struct policy *p,
+                           const struct kvt_backend_rows *rows, void *params)
+{
+	const struct policy_args *a = &p->args;
+	*(struct expected_attention_rule *)params =
+		(struct expected_attention_rule){
+			.rows = *rows, .sinks = a->sinks, .future = a->future,
+			.theta = (float)a->theta, .cov = a->cov,
+			.vnorm = a->vnorm, .eps = a->eps};
+}
+
+/* policy_prompt_rule.plan: the rule ea_decide applies at this sync as
+ * the device rule's jobs, one a KV head (expected_attention_rule.h). */
+static uint32_t ea_plan(struct policy *p, struct policy_layer *l,
+                        const struct policy_prompt_at *at, void *jobs,
+                        struct policy_prompt_job *led)
 {
 	const struct policy_args *a = &p->args;
 	struct ea_state *st = l->state;
-	uint32_t P = l->n_seen - l->n_new;
+	const uint32_t P = l->n_seen - l->n_new, B = policy_budget(p, P);
 	uint32_t from = P > a->window ? P - a->window : 0;
 	if (from < a->sinks)
 		from = a->sinks;
 	st->done = 1;
-	*w = (struct policy_window){
-		.rule = POLICY_WINDOW_EXPECTED,
-		.w = from < P ? P - from : 0,
-		.sinks = a->sinks,
-		.budget = policy_budget(p, P),
-		.future = a->future,
-		.theta = a->theta, .eps = a->eps,
-		.cov = a->cov, .vnorm = a->vnorm,
-	};
-	return P > w->budget && from < P;
+	if (!at)
+		return 0;
+	struct expected_attention_rule_job *j = jobs;
+	if (P <= B || from >= P) { /* keeps all: the new rows checked */
+		j[0] = (struct expected_attention_rule_job){
+			.ring = at->ring, .record = at->record, .len = P,
+			.n_new = at->n_new, .from = P};
+		led[0] = (struct policy_prompt_job){UINT32_MAX, 0,
+		                                    at->drop_off};
+		return 1;
+	}
+	/* ea_decide reads the statistics' rows through the ring; one it no
+	 * longer holds keeps all there */
+	if ((uint64_t)from + at->stage_tokens < (uint64_t)P + at->n_new)
+		return 0;
+	/* candidates [sinks, P), the sinks counting against the budget */
+	const uint32_t keep = B > a->sinks ? B - a->sinks : 0;
+	const uint32_t nd = P - a->sinks > keep ? P - a->sinks - keep : 0;
+	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		const uint32_t off = at->drop_off + h * nd;
+		j[h] = (struct expected_attention_rule_job){
+			.ring = at->ring, .record = at->record + h, .g = h,
+			.len = P, .n_new = at->n_new, .from = from, .due = 1,
+			.keep = keep, .n_drop = nd, .drop_off = off};
+		led[h] = (struct policy_prompt_job){h, nd, off};
+	}
+	return p->geom.n_kv_heads;
 }
+
+static const struct policy_prompt_rule ea_window_rule = {
+	.name = "expected_attention",
+	.version = EXPECTED_ATTENTION_RULE_VERSION,
+	.params_bytes = sizeof(struct expected_attention_rule),
+	.job_bytes = sizeof(struct expected_attention_rule_job),
+	.params = ea_rule_params,
+	.plan = ea_plan,
+};
 
 const struct policy_ops expected_attention_ops = {
 	.name = "expected_attention",
@@ -346,7 +387,7 @@ const struct policy_ops expected_attention_ops = {
 	.init = ea_init,
 	.decide = ea_decide,
 	.decides = ea_decides,
-	.window = ea_window,
+	.prompt = &ea_window_rule,
 	.eval = {"expected_attention:ratio=%.4f",
 	         POLICY_EVAL_CONTEXT},
 };

@@ -141,25 +141,60 @@ struct policy_layer {
 
 struct policy;
 
-/* Which end-of-prefill rule policy_ops.window describes. */
-enum policy_window_rule {
-	POLICY_WINDOW_SNAPKV = 0, /* backend window_select */
-	POLICY_WINDOW_EXPECTED,   /* backend expected_select */
+/*
+ * Where a (sequence, layer)'s end-of-prefill rule plans its device jobs
+ * (struct policy_prompt_rule's plan): its lists hold the prompt, entry i
+ * at position i (the tenant checked), and the device rule reads its rows
+ * in device staging.
+ */
+struct policy_prompt_at {
+	const float *ring;      /* device: the ring of the (sequence, layer) */
+	uint32_t stage_tokens;  /* its rows: position p in row
+	                           p % stage_tokens */
+	uint32_t record;        /* list record of KV head 0; head h's is
+	                           record + h */
+	uint32_t P, n_new;      /* the prompt (entries of each list before the
+	                           sync), new tokens of the sync */
+	uint32_t drop_off;      /* where the first drop index of its jobs
+	                           goes (they take the ones after in order) */
 };
 
-/* A window rule for one (sequence, layer), as a device runs it
- * (policy_ops.window): SnapKV's (backend.h's struct kvt_backend_window) or
- * Expected Attention's (struct kvt_backend_expected). */
-struct policy_window {
-	enum policy_window_rule rule;
-	/* the staged rows the rule reads: positions [P - w, P) (Expected
-	 * Attention: its statistics' queries, from = P - w) */
-	uint32_t w, kernel, sinks;
-	uint32_t budget; /* prompt entries kept, pressure applied */
-	/* POLICY_WINDOW_EXPECTED only */
-	uint32_t future;
-	double theta, eps;
-	uint8_t cov, vnorm;
+/* What the tenant reads back of one job of an end-of-prefill rule: the
+ * KV head whose list it decides (its drop indices mark that head), the
+ * drops the rule makes (the device's count is checked against it) and
+ * where their indices go; head UINT32_MAX: a job that only has rows
+ * checked. */
+struct policy_prompt_job {
+	uint32_t head, n_drop, drop_off;
+};
+
+/*
+ * A policy's end-of-prefill rule as a device runs it (policy_ops.prompt):
+ * the device rule of that name (backend.h's struct kvt_backend_rule, its
+ * params and jobs in policies/<name>_rule.h, whose layout version and
+ * sizes the tenant checks against the backend's) and how the policy fills
+ * them, so that the tenant names no policy.
+ */
+struct policy_prompt_rule {
+	const char *name;
+	uint32_t version, params_bytes, job_bytes;
+	/* The rule's params (struct <name>_rule) for device staging laid
+	 * out as rows. */
+	void (*params)(const struct policy *p,
+	               const struct kvt_backend_rows *rows, void *params);
+	/* At a sync where the policy decides (decides() 1) and every list
+	 * of l's (sequence, layer) holds at->P entries at their indices:
+	 * marks the decision made in l->state as decide() would; with at,
+	 * writes the jobs that do its decision into jobs (room for
+	 * geom.n_kv_heads) and what the tenant reads back of each into led,
+	 * and returns their number: jobs that select (the prompt is
+	 * compressed), or one that only checks the rows decide() would read
+	 * (it keeps all); 0 when decide() must run on the host (the ring no
+	 * longer holds the rows it reads).  at NULL: only marks the
+	 * decision (the device decided it). */
+	uint32_t (*plan)(struct policy *p, struct policy_layer *l,
+	                 const struct policy_prompt_at *at, void *jobs,
+	                 struct policy_prompt_job *led);
 };
 
 /*
@@ -323,17 +358,11 @@ struct policy_ops {
 	 * (snapkv, pyramidkv, expected_attention) decide once per
 	 * (sequence, layer), at the first decode sync. */
 	int (*decides)(const struct policy *p, const struct policy_layer *l);
-	/* (optional) For a policy whose decision is a window rule a device
-	 * can run where the keys and queries are: SnapKV's selection
-	 * (snapkv, pyramidkv: backend window_select) or Expected Attention's
-	 * (expected_attention: backend expected_select).  At a sync where it
-	 * decides, with every entry at the position of its index, marks the
-	 * decision made in l->state as decide() would and fills *w; returns
-	 * 1 when the prompt is to be compressed by that rule, 0 when
-	 * decide() would keep everything (a prompt not longer than the
-	 * window, no query to learn from, or within the budget). */
-	int (*window)(struct policy *p, struct policy_layer *l,
-	              struct policy_window *w);
+	/* (optional) For a policy whose decision is an end-of-prefill rule
+	 * a device can run where the keys and queries are (snapkv and
+	 * pyramidkv: the device rule "snapkv"; expected_attention:
+	 * "expected_attention"): the rule and its planner. */
+	const struct policy_prompt_rule *prompt;
 	/* (optional) The policy's rule a device may run where the keys,
 	 * queries and entry states are, at every sync (policy_device_rule;
 	 * h2o, observed_attention, tova, kvpop). */

@@ -62,11 +62,22 @@ static int pyramidkv_decide(struct policy *p, struct policy_layer *l)
 	return snapkv_compress(p, l, pyramidkv_budget);
 }
 
-static int pyramidkv_window(struct policy *p, struct policy_layer *l,
-                            struct policy_window *w)
+static uint32_t pyramidkv_plan(struct policy *p, struct policy_layer *l,
+                               const struct policy_prompt_at *at, void *jobs,
+                               struct policy_prompt_job *led)
 {
-	return snapkv_window(p, l, w, pyramidkv_budget);
+	return snapkv_plan(p, l, at, jobs, led, pyramidkv_budget);
 }
+
+/* SnapKV's device rule with this budget. */
+static const struct policy_prompt_rule pyramidkv_window_rule = {
+	.name = "snapkv",
+	.version = SNAPKV_RULE_VERSION,
+	.params_bytes = sizeof(struct snapkv_rule),
+	.job_bytes = sizeof(struct snapkv_rule_job),
+	.params = snapkv_rule_params,
+	.plan = pyramidkv_plan,
+};
 
 const struct policy_ops pyramidkv_ops = {
 	.name = "pyramidkv",
@@ -79,7 +90,7 @@ const struct policy_ops pyramidkv_ops = {
 	.init = pyramidkv_init,
 	.decide = pyramidkv_decide,
 	.decides = snapkv_decides,
-	.window = pyramidkv_window,
+	.prompt = &pyramidkv_window_rule,
 	.eval = {"pyramidkv:ratio=%.4f,window=16,kernel=5",
 	         POLICY_EVAL_CONTEXT},
 };

@@ -6,7 +6,10 @@
  * The rule, budget and defaults: docs/policies.md, **snapkv**.  The
  * tenant needs stage_tokens >= headroom + w (the lookback).  pyramidkv
  * (pyramidkv.c) runs the same compression with its own per-layer budget:
- * snapkv_init_args and snapkv_compress (snapkv.h) are shared.
+ * snapkv_init_args and snapkv_compress (snapkv.h) are shared.  On a device
+ * tenant the same rule runs on the device (the device rule "snapkv",
+ * snapkv_rule.h; policies/snapkv.cu repeats these float operations in this
+ * order): a change here must be made there too.
  */
 #include "snapkv.h"
 
@@ -60,17 +63,51 @@ int snapkv_decides(const struct policy *p, const struct policy_layer *l)
 	return !st->done && l->phase == KVT_PHASE_DECODE;
 }
 
-int snapkv_window(struct policy *p, struct policy_layer *l,
-                  struct policy_window *w, snapkv_budget_fn budget)
+void snapkv_rule_params(const struct policy *p,
+                        const struct kvt_backend_rows *rows, void *params)
+{
+	*(struct snapkv_rule *)params = (struct snapkv_rule){
+		.rows = *rows, .kernel = p->args.kernel, .sinks = p->args.sinks};
+}
+
+uint32_t snapkv_plan(struct policy *p, struct policy_layer *l,
+                     const struct policy_prompt_at *at, void *jobs,
+                     struct policy_prompt_job *led, snapkv_budget_fn budget)
 {
 	struct snapkv_state *st = l->state;
-	uint32_t P = l->n_seen - l->n_new;
+	const uint32_t P = l->n_seen - l->n_new, w = p->args.window;
+	const uint32_t B = budget(p, l->layer, P);
 	st->done = 1;
-	*w = (struct policy_window){.w = p->args.window,
-	                            .kernel = p->args.kernel,
-	                            .sinks = p->args.sinks,
-	                            .budget = budget(p, l->layer, P)};
-	return P > w->w && P > w->budget;
+	if (!at)
+		return 0;
+	struct snapkv_rule_job *j = jobs;
+	if (P <= w || P <= B) { /* keeps all: the new rows checked */
+		j[0] = (struct snapkv_rule_job){
+			.ring = at->ring, .record = at->record, .len = P,
+			.n_new = at->n_new};
+		led[0] = (struct policy_prompt_job){UINT32_MAX, 0,
+		                                    at->drop_off};
+		return 1;
+	}
+	/* snapkv_compress reads the window through the ring; one it no
+	 * longer holds keeps all there */
+	if ((uint64_t)P - w + at->stage_tokens < (uint64_t)P + at->n_new)
+		return 0;
+	/* candidates [0, from): the window, the new entries and the
+	 * sinks protected; of the others keep stay */
+	const uint32_t from = P - w, ms = p->args.sinks < from ? p->args.sinks
+	                                                      : from;
+	const uint32_t np = w + ms, keep = B > np ? B - np : 0;
+	const uint32_t nd = from - ms > keep ? from - ms - keep : 0;
+	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		const uint32_t off = at->drop_off + h * nd;
+		j[h] = (struct snapkv_rule_job){
+			.ring = at->ring, .record = at->record + h, .g = h,
+			.len = P, .n_new = at->n_new, .w = w, .due = 1,
+			.keep = keep, .n_drop = nd, .drop_off = off};
+		led[h] = (struct policy_prompt_job){h, nd, off};
+	}
+	return p->geom.n_kv_heads;
 }
 
 int snapkv_compress(struct policy *p, struct policy_layer *l,
@@ -172,11 +209,21 @@ static int snapkv_decide(struct policy *p, struct policy_layer *l)
 	return snapkv_compress(p, l, snapkv_budget);
 }
 
-static int snapkv_window_op(struct policy *p, struct policy_layer *l,
-                            struct policy_window *w)
+static uint32_t snapkv_plan_op(struct policy *p, struct policy_layer *l,
+                               const struct policy_prompt_at *at, void *jobs,
+                               struct policy_prompt_job *led)
 {
-	return snapkv_window(p, l, w, snapkv_budget);
+	return snapkv_plan(p, l, at, jobs, led, snapkv_budget);
 }
+
+static const struct policy_prompt_rule snapkv_window_rule = {
+	.name = "snapkv",
+	.version = SNAPKV_RULE_VERSION,
+	.params_bytes = sizeof(struct snapkv_rule),
+	.job_bytes = sizeof(struct snapkv_rule_job),
+	.params = snapkv_rule_params,
+	.plan = snapkv_plan_op,
+};
 
 const struct policy_ops snapkv_ops = {
 	.name = "snapkv",
@@ -189,7 +236,7 @@ const struct policy_ops snapkv_ops = {
 	.init = snapkv_init_args,
 	.decide = snapkv_decide,
 	.decides = snapkv_decides,
-	.window = snapkv_window_op,
+	.prompt = &snapkv_window_rule,
 	.eval = {"snapkv:ratio=%.4f,window=16,kernel=5",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT},
 };

@@ -7,6 +7,7 @@
 #define KVT_SNAPKV_H
 
 #include "policy.h"
+#include "snapkv_rule.h"
 
 /*
  * Defaults and checks of the keys both share: window 64 (>= 1, refused
@@ -25,9 +26,14 @@ typedef uint32_t (*snapkv_budget_fn)(const struct policy *p, uint32_t layer,
  * only, while the prompt is not compressed yet. */
 int snapkv_decides(const struct policy *p, const struct policy_layer *l);
 
-/* window() of both, with their budget (policy_ops.window). */
-int snapkv_window(struct policy *p, struct policy_layer *l,
-                  struct policy_window *w, snapkv_budget_fn budget);
+/* The device rule's params and plan of both (policy_ops.window: struct
+ * policy_prompt_rule; the jobs are snapkv_rule.h's, one a KV head), the
+ * plan with their budget. */
+void snapkv_rule_params(const struct policy *p,
+                        const struct kvt_backend_rows *rows, void *params);
+uint32_t snapkv_plan(struct policy *p, struct policy_layer *l,
+                     const struct policy_prompt_at *at, void *jobs,
+                     struct policy_prompt_job *led, snapkv_budget_fn budget);
 
 /*
  * decide() of both: at the first decode sync of the (sequence, layer),

@@ -15,8 +15,8 @@
 #      measured in the same run (compact, paged attention and the backend's
 #      attention op against a device-to-device memcpy, the KVzap MLP and
 #      the Fast KVzip gate against bare cuBLAS GEMMs, key_norms against a
-#      copy of the same K bytes, window_select and expected_select against
-#      the logits' SGEMMs); then kvtrim-bench --sync-only and
+#      copy of the same K bytes, the snapkv and expected_attention rules
+#      against the logits' SGEMMs); then kvtrim-bench --sync-only and
 #      --traffic-only on this GPU: the sync round trip on the cuda backend
 #      beside bare nng, and the host <-> device bytes per token;
 # and writes build/gpu-report.txt as "name value" lines.  Details go to

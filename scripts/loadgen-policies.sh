@@ -9,8 +9,8 @@
 # a short delay, every=3 and a prefill that does not fill the staging
 # ring's rows evenly, so syncs that decide nothing and rings that wrap are
 # crossed; the _64 runs sync 64 sequences at once, 4 tokens each after a
-# prefill of 13, through the batched device rules).  The kept sets must
-# equal an in-process replay of the cpu
+# prefill of 13 (32 for the prompt-only ones), through the batched device
+# rules).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
 # failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
 # library, scripts/gpu-check.sh on a GPU.
@@ -42,5 +42,8 @@ kvpop_64 kvpop:tokens=20,delay=3,sinks=2,every=3 --seqs 64 --steps 40 --prefill 
 observed_attention_64 observed_attention:tokens=20,every=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 kvzap_64 kvzap:threshold=0,window=8 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 fastkvzip_64 fastkvzip:window=8,every=16 --seqs 64 --steps 40 --prefill 13 --sync-every 4
+snapkv_64 snapkv:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
+pyramidkv_64 pyramidkv:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
+expected_attention_64 expected_attention:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
 RUNS
 exit $status

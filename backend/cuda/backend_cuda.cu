@@ -15,10 +15,9 @@
  * context.cu (probe, contexts, sharing mode), share.cu (chunk export and
  * import), streams.cu (streams, interprocess events), ops.cu (compaction,
  * uploads, reads, copies, traffic), and one file per op: attention.cu,
- * compact_drops.cu, fill.cu, scorer.cu, key_norms.cu, window_select.cu,
- * expected_select.cu.  The policies' device rules live beside their host
- * rules (policies/<name>.cu) and are registered here, a line each
- * (BC_RULES).
+ * compact_drops.cu, fill.cu, scorer.cu, key_norms.cu.  The policies'
+ * device rules live beside their host rules (policies/<name>.cu) and are
+ * registered here, a line each (BC_RULES).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -61,7 +60,9 @@ const char *bc_last_error(void)
 #define BC_RULES(X)                                                            \
 	X(h2o)                                                                 \
 	X(tova)                                                                \
-	X(kvpop)
+	X(kvpop)                                                               \
+	X(snapkv)                                                              \
+	X(expected_attention)
 
 #define BC_RULE_DECL(n) extern const struct kvt_backend_rule bc_##n##_rule;
 #define BC_RULE_REF(n) &bc_##n##_rule,
@@ -121,8 +122,6 @@ extern "C" KVT_API const struct kvt_backend_ops kvt_cuda_backend_v1 = {
 	/* .scorer_free = */ bc_scorer_free,
 	/* .scorer_run = */ bc_scorer_run,
 	/* .key_norms = */ bc_key_norms,
-	/* .window_select = */ bc_window_select,
-	/* .expected_select = */ bc_expected_select,
 	/* .chunk_import_ro = */ bc_chunk_import_ro,
 	/* .upload_twin = */ bc_upload_twin,
 	/* .rule = */ bc_rule,

@@ -118,10 +118,10 @@ struct bc_ctx {
 	size_t attn_cap;
 	cudaEvent_t attn_used;
 	int attn_recorded;
-	/* window_select and expected_select (window_select.cu,
-	 * expected_select.cu): their scratch and cuBLAS handle (a
-	 * cublasHandle_t), made on first use; the ops wait for their work,
-	 * so nothing is queued on them between calls. */
+	/* The device rules' (policies/<name>.cu) scratch and cuBLAS handle
+	 * (a cublasHandle_t), made on first use (bc_win_prepare); the rules
+	 * wait for their work, so nothing is queued on them between
+	 * calls. */
 	char *d_win;
 	size_t win_cap;
 	void *win_blas;
@@ -248,30 +248,11 @@ int bc_key_norms(void *ctx, const struct kvt_backend_paged *pg,
                  const struct kvt_backend_norm_job *jobs, uint32_t n,
                  float *out, uint32_t out_floats, void *stream);
 
-/* window_select.cu: SnapKV's selection on the device */
-int bc_window_select(void *ctx, const struct kvt_backend_paged *pg,
-                     uint32_t n_records, enum kvt_dtype dtype,
-                     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
-                     const struct kvt_backend_window *win, uint32_t n_win,
-                     const struct kvt_backend_window_list *lists,
-                     uint32_t n_lists, uint32_t *out, uint32_t out_words,
-                     void *stream);
-
-/* window_select.cu: the scratch and cuBLAS handle window_select and
- * expected_select share (c->d_win, c->win_blas; the caller holds c->lock
- * and waits for its work before it returns): selects the device, grows
- * the scratch to need bytes, makes the handle on first use. */
+/* context.cu: the scratch and cuBLAS handle the device rules share
+ * (c->d_win, c->win_blas; the caller holds c->lock and waits for its work
+ * before it returns): selects the device, grows the scratch to need
+ * bytes, makes the handle on first use. */
 int bc_win_prepare(struct bc_ctx *c, size_t need);
-
-/* expected_select.cu: Expected Attention's selection on the device */
-int bc_expected_select(void *ctx, const struct kvt_backend_paged *pg,
-                       uint32_t n_records, enum kvt_dtype dtype,
-                       uint32_t n_heads, uint32_t n_kv_heads,
-                       uint32_t head_dim,
-                       const struct kvt_backend_expected *win, uint32_t n_win,
-                       const struct kvt_backend_window_list *lists,
-                       uint32_t n_lists, uint32_t *out, uint32_t out_words,
-                       void *stream);
 
 /* attention.cu: kvt_attention on the device */
 int bc_attention(void *ctx, const struct kvt_backend_attention *a,

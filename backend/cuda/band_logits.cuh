@@ -1,7 +1,7 @@
 /*
  * band_logits.cuh — the logits of the device selections that read
- * attention (the policies' rules policies/h2o.cu, tova.cu, kvpop.cu, and
- * window_select.cu): logit[r][i] = dot(q_r, k_i) * scale in
+ * attention (the policies' rules policies/h2o.cu, tova.cu, kvpop.cu and
+ * snapkv.cu): logit[r][i] = dot(q_r, k_i) * scale in
  * attn_dot_cpu's fixed order (as common_dot_rn), which the cpu policies'
  * attn_band_cpu computes too, so both backends keep the same entries bit
  * for bit, whatever a GEMM library would sum in.  Internal to

@@ -8,20 +8,23 @@
  * (struct bc_seg): one segmented top-k
  * (select_topk_batch_cuda) over the lists' scores laid end to end, their
  * drop indices in order, and each list's state half compacted by them as
- * compact_drops pairs the pages.  The end-of-prefill selections
- * (window_select.cu, expected_select.cu) plan their windows' lists and
- * select them the same way (bc_ps_plan, bc_ps_select).  Internal to
- * libkvtrim-cuda.so; each file includes its own static copy.
+ * compact_drops pairs the pages.  The end-of-prefill rules
+ * (policies/snapkv.cu, expected_attention.cu), whose jobs are lists and
+ * which keep no state, plan and select them the same way (no
+ * compaction).  Internal to libkvtrim-cuda.so; each file includes its own
+ * static copy.
  *
  * A job struct J has the fields ring, len, n_new, n_seen, due, keep,
- * n_drop, drop_off and cur, and the file that includes this header
- * declares before it, for its J:
+ * n_drop, drop_off and (with state) cur, and the file that includes this
+ * header declares before it, for its J:
  *   int bc_bs_checked(const J &)            whether the job checks its
  *                                           rows (bc_bs_check_jobs)
  *   uint32_t bc_bs_srec(const J &)          the state record of its lists
  *   int bc_bs_band(const J &, uint32_t delay)  whether it has a band
  *   uint32_t bc_bs_band_n(const J &)        the band's entries (the
  *                                           caller's count)
+ *   uint32_t bc_bs_next_half(const J &)     (a J without cur) the state
+ *                                           half its list compacts into
  * (static __device__ functions), so that this header names no rule.
  */
 #ifndef KVT_CUDA_BATCH_SELECT_CUH
@@ -36,6 +39,15 @@
 #include "select_topk.cuh"
 
 #define BC_BS_THREADS 256
+
+/* The state half a due job's list is compacted into: the one it did not
+ * read.  A rule whose J keeps no state (no cur) declares its own
+ * overload, which the plan prefers. */
+template <typename J>
+static __device__ __forceinline__ uint32_t bc_bs_next_half(const J &j)
+{
+	return j.cur ^ 1u;
+}
 
 /* --------------------------------------------------- the row checks */
 
@@ -172,7 +184,8 @@ static __device__ void bc_bs_plan_dev(const J *jobs, uint32_t n,
 		at[k] = first[d] = a;
 		keep[d] = j.keep;
 		segs[d++] = (struct bc_seg){a, L, j.n_drop, 2 * n + j.drop_off,
-		                            n + k, bc_bs_srec(j), j.cur ^ 1u, k};
+		                            n + k, bc_bs_srec(j), bc_bs_next_half(j),
+		                            k};
 		a += L;
 	}
 }
@@ -390,144 +403,6 @@ static inline uint32_t bc_bs_blocks(uint64_t n)
 	const uint32_t t = bc_bs_threads(n);
 	uint64_t b = (n + t - 1) / t;
 	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
-}
-
-/* ------------------------------------- the end-of-prefill selections */
-
-/*
- * window_select and expected_select do a whole call the same way: the
- * caller's windows and lists are all that crosses, and a due list (one a
- * window with lists names, of entries to select from) is a segment of
- * the flat score, protection and drop arrays.  Whose it is: its window
- * and KV head g (list first_list + g).
- */
-struct bc_ps_own {
-	uint32_t win, g;
-};
-
-/* Whether list L of window w has entries to select from: any
- * (SnapKV's), a candidate sinks <= i < min(P, len) (Expected
- * Attention's: none, nothing dropped, its count stays 0). */
-static __host__ __device__ __forceinline__ int
-bc_ps_due(const kvt_backend_window &, const kvt_backend_window_list &L)
-{
-	return L.len != 0;
-}
-static __host__ __device__ __forceinline__ int
-bc_ps_due(const kvt_backend_expected &w, const kvt_backend_window_list &L)
-{
-	return L.len && w.sinks < (w.P < L.len ? w.P : L.len);
-}
-
-/*
- * The plan of a prompt call on the device, one block, as bc_bs_plan for
- * jobs: exclusive scans over the windows wins [n] in order (each
- * window's lists in KV head order) give every due list its segment:
- * first [nseg + 1] (its place in the flat arrays), keep [nseg], segs
- * [nseg] (drop indices at out[n_win + n_lists + drop_off], count at
- * out[n_win + list], where n_win counts the call's windows, wins being
- * some of them; srec and half unused) and own [nseg] (the window's index
- * in wins); and, when slot is not NULL, each window with a due list its
- * place among them in slot [n] (UINT32_MAX: none).  The host counted the
- * same (bc_ps_count).
- */
-template <typename W>
-__global__ void bc_ps_plan(const W *wins, uint32_t n, uint32_t n_win,
-                           const kvt_backend_window_list *lists,
-                           uint32_t n_lists, uint32_t *first, uint32_t *keep,
-                           struct bc_seg *segs, struct bc_ps_own *own,
-                           uint32_t *slot)
-{
-	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
-	uint32_t lo, hi;
-	bc_bs_run(n, &lo, &hi);
-	uint64_t c[3] = {0, 0, 0}; /* due lists, their entries, windows */
-	for (uint32_t k = lo; k < hi; k++) {
-		const uint64_t before = c[0];
-		for (uint32_t g = 0; g < wins[k].n_lists; g++) {
-			const kvt_backend_window_list L =
-				lists[wins[k].first_list + g];
-			if (bc_ps_due(wins[k], L)) {
-				c[0]++;
-				c[1] += L.len;
-			}
-		}
-		c[2] += c[0] != before;
-	}
-	bc_bs_scan3(c, sum);
-	if (threadIdx.x == 0)
-		first[sum[BC_BS_THREADS][0]] = (uint32_t)sum[BC_BS_THREADS][1];
-	uint32_t d = (uint32_t)c[0], a = (uint32_t)c[1], ws = (uint32_t)c[2];
-	for (uint32_t k = lo; k < hi; k++) {
-		const uint32_t before = d;
-		for (uint32_t g = 0; g < wins[k].n_lists; g++) {
-			const uint32_t li = wins[k].first_list + g;
-			const kvt_backend_window_list L = lists[li];
-			if (!bc_ps_due(wins[k], L))
-				continue;
-			first[d] = a;
-			keep[d] = L.keep;
-			own[d] = (struct bc_ps_own){k, g};
-			segs[d++] = (struct bc_seg){a, L.len, L.n_drop,
-			                            n_win + n_lists + L.drop_off,
-			                            n_win + li, 0, 0, 0};
-			a += L.len;
-		}
-		if (slot)
-			slot[k] = d != before ? ws++ : UINT32_MAX;
-	}
-}
-
-/* What the host counts of a prompt call: its due lists, their entries,
- * the longest.  KVT_EINVAL (noted) past 2^32 entries. */
-template <typename W>
-static inline int bc_ps_count(const char *op, const W *wins, uint32_t n_win,
-                              const kvt_backend_window_list *lists,
-                              struct bc_bs_count *c)
-{
-	uint64_t tot = 0;
-	memset(c, 0, sizeof(*c));
-	for (uint32_t k = 0; k < n_win; k++)
-		for (uint32_t g = 0; g < wins[k].n_lists; g++) {
-			const kvt_backend_window_list *L =
-				&lists[wins[k].first_list + g];
-			if (!bc_ps_due(wins[k], *L))
-				continue;
-			c->nseg++;
-			tot += L->len;
-			c->maxL = L->len > c->maxL ? L->len : c->maxL;
-		}
-	if (tot > UINT32_MAX) {
-		bc_note("%s: %llu entries in one call", op,
-		        (unsigned long long)tot);
-		return KVT_EINVAL;
-	}
-	c->tot = (uint32_t)tot;
-	return 0;
-}
-
-/* The selection of a prompt call's nseg due lists, queued on s:
- * select_topk_batch_cuda (rank: the index) over the flat sc / prot into
- * drop, then every list's drop indices and count into dout.  Two
- * launches whatever nseg. */
-static inline int bc_ps_select(const char *op, const float *sc,
-                               const uint8_t *prot, uint8_t *drop,
-                               const uint32_t *first, const uint32_t *keep,
-                               const struct bc_seg *segs, uint32_t nseg,
-                               uint32_t *dout, cudaStream_t s)
-{
-	if (!nseg)
-		return 0;
-	int rv = select_topk_batch_cuda(sc, NULL, prot, first, nseg, keep,
-	                                drop, NULL, s);
-	if (rv) {
-		bc_note("%s: select_topk_batch_cuda failed", op);
-		return rv;
-	}
-	KVT_LAUNCH(bc_bs_indices, nseg, BC_BS_THREADS, 0, s, drop, segs, NULL,
-	           dout);
-	BC_CALL(cudaGetLastError(), op);
-	return 0;
 }
 
 #endif

@@ -14,6 +14,7 @@
 #include <cublas_v2.h>
 
 #include "backend_cuda.cuh"
+#include "blas.cuh"
 
 static void bc_fill(char *err, size_t errlen, const char *msg)
 {
@@ -241,6 +242,39 @@ void bc_ctx_free(void *ctx)
 		cudaStreamDestroy(c->stream);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
+}
+
+/* Grows the context's rule scratch to need bytes (nothing is queued on
+ * it: the rules that use it wait for their work before they return). */
+static int bc_win_scratch(struct bc_ctx *c, size_t need)
+{
+	if (need <= c->win_cap)
+		return 0;
+	size_t cap = c->win_cap ? c->win_cap : (size_t)1 << 20;
+	while (cap < need)
+		cap *= 2;
+	if (c->d_win)
+		cudaFree(c->d_win);
+	c->d_win = NULL;
+	c->win_cap = 0;
+	BC_CALL(cudaMalloc((void **)&c->d_win, cap), "cudaMalloc");
+	c->win_cap = cap;
+	return 0;
+}
+
+int bc_win_prepare(struct bc_ctx *c, size_t need)
+{
+	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
+	int rv = bc_win_scratch(c, need);
+	if (rv || c->win_blas)
+		return rv;
+	cublasHandle_t h;
+	if ((rv = blas_err(cublasCreate(&h)))) {
+		bc_note("cublasCreate failed");
+		return rv;
+	}
+	c->win_blas = h;
+	return 0;
 }
 
 enum kvt_backend_share bc_share(void *ctx)

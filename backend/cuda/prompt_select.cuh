@@ -1,10 +1,9 @@
 /*
- * prompt_select.cuh — what the two end-of-prefill selections on the device
- * share (window_select.cu: SnapKV's; expected_select.cu: Expected
- * Attention's): their output layout (a flag per window, a count per list,
- * then the lists' drop indices, backend.h), the checks of their calls and
- * lists against it, its copy to the host, and the rounding of their
- * scratch offsets (their plan and selection: batch_select.cuh).
+ * prompt_select.cuh — what every device rule's call shares (struct
+ * kvt_backend_rule, backend.h; entry_state.cuh's bc_es_entry): the checks
+ * of a call's arguments, the copy of its output words to the host, and
+ * the rounding of its scratch offsets (the rules' plan and selection:
+ * batch_select.cuh).
  * Internal to libkvtrim-cuda.so; each file includes its own static copy.
  */
 #ifndef KVT_CUDA_PROMPT_SELECT_CUH
@@ -14,28 +13,6 @@
 
 /* A scratch offset rounded up to 256 bytes. */
 static inline size_t bc_ps_al(size_t b) { return (b + 255) & ~(size_t)255; }
-
-/* KVT_EINVAL (noted, op naming the op) for a list whose record
- * is beyond n_records or whose drops end beyond out_words, after the
- * n_win flags and n_lists counts. */
-static inline int bc_ps_check_lists(const char *op, uint32_t n_records,
-                                    const struct kvt_backend_window_list *lists,
-                                    uint32_t n_lists, uint32_t n_win,
-                                    uint32_t out_words)
-{
-	for (uint32_t l = 0; l < n_lists; l++) {
-		const struct kvt_backend_window_list *L = &lists[l];
-		if (L->record >= n_records ||
-		    (uint64_t)n_win + n_lists + L->drop_off + L->n_drop >
-		            out_words) {
-			bc_note("%s: list %u: record %u of %u, drops %u + %u "
-			        "beyond %u words", op, l, L->record, n_records,
-			        L->drop_off, L->n_drop, out_words);
-			return KVT_EINVAL;
-		}
-	}
-	return 0;
-}
 
 /* KVT_EINVAL (noted) for a NULL argument, a page table the ops cannot
  * resolve through, an unknown dtype, or flags and counts beyond

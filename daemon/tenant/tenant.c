@@ -246,8 +246,8 @@ static void device_fini(struct tenant *t)
 	/* the device path's host scratch; tenant_free frees t next */
 	void *scratch[] = {t->dscore.jobs, t->dscore.njobs, t->dscore.pre, t->dstage.ring, t->dstage.rsrc,
 	                   t->dstage.ppat, t->dstage.prun, t->dtable.dirty, t->dsync.hbases, t->dsync.bdl,
-	                   t->dsync.bdrops, t->win.mode, t->win.widx, t->win.wins, t->win.ewins,
-	                   t->win.lists, t->win.out};
+	                   t->dsync.bdrops, t->win.mode, t->win.widx, t->win.wn, t->win.params,
+	                   t->win.jobs, t->win.led, t->win.wlen, t->win.out};
 	for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
 		free(scratch[i]);
 	t->dtable.dirty = NULL;

@@ -14,8 +14,9 @@
  *   tenant_device.c the device's part of a sync (waits, scratch, keys
  *                   staged to the host, chunk bases, scorer, norms,
  *                   compaction)
- *   tenant_window.c end-of-prefill selections on the device (SnapKV,
- *                   Expected Attention)
+ *   tenant_window.c end-of-prefill selections on the device (a policy's
+ *                   end-of-prefill rule, planned by the policy:
+ *                   policy_ops.prompt)
  *   tenant_attn.c   the policies' device rules run at every sync
  *                   (policy_ops.device) and their per-entry state
  *   tenant_check.c  the invariant checker
@@ -209,27 +210,31 @@ struct tdscore {
 	size_t pre_cap;
 };
 
-/* End-of-prefill selection on the device (tenant_window.c: snapkv and
- * pyramidkv on a backend with window_select, expected_attention on one
- * with expected_select): per (item, layer) of a sync its way (enum
- * tenant_win, mode) and window index (widx), the windows of the rule the
- * policy's window hook names (rule: SnapKV's in wins, Expected
- * Attention's in ewins), their lists and the op's output words. */
+/* End-of-prefill selection on the device (tenant_window.c: a policy
+ * with an end-of-prefill rule, policy_ops.prompt, on a backend with its
+ * device rule): per (item, layer) of a sync its way (enum tenant_win,
+ * mode), its first job (widx) and how many (wn); the backend's rule (looked up once, its
+ * layout checked), its params, the jobs (job_bytes each) with what the
+ * tenant reads back of each (led), and the rule's output words. */
 struct twin {
 	uint8_t *mode;     /* [mode_cap] */
 	size_t mode_cap;
 	uint32_t *widx;    /* [widx_cap] */
 	size_t widx_cap;
-	struct kvt_backend_window *wins;    /* [wins_cap] */
-	size_t wins_cap;
-	struct kvt_backend_expected *ewins; /* [ewins_cap] */
-	size_t ewins_cap;
-	int rule;          /* enum policy_window_rule of this sync's windows */
-	struct kvt_backend_window_list *lists; /* [lists_cap] */
-	size_t lists_cap;
+	uint32_t *wn;      /* [wn_cap] */
+	size_t wn_cap;
+	const struct kvt_backend_rule *rule; /* NULL: none (looked says) */
+	int looked;        /* the backend was asked for the rule */
+	void *params;      /* [params_bytes] */
+	void *jobs;        /* [jobs_cap] jobs */
+	size_t jobs_cap;
+	struct policy_prompt_job *led; /* [led_cap] */
+	size_t led_cap;
+	uint32_t *wlen;    /* [wlen_cap] each job's list length */
+	size_t wlen_cap;
 	uint32_t *out;     /* [out_cap] */
 	size_t out_cap;
-	uint32_t n_wins, n_lists;
+	uint32_t n_jobs;
 	int active;        /* this sync was planned (tenant_window_plan) */
 };
 
@@ -460,20 +465,21 @@ struct policy_layer;
 /* How a (sequence, layer) of a sync is decided (tenant_window.c). */
 enum tenant_win {
 	TENANT_WIN_HOST = 0, /* policy_decide on the host, as always */
-	TENANT_WIN_DEVICE,   /* window_select's or expected_select's drops */
-	TENANT_WIN_KEEP,     /* the rule keeps all; only its rows checked */
+	TENANT_WIN_DEVICE,   /* the device rule's jobs decide it (their
+	                        drops, or none where the rule keeps all) */
 };
 
 /*
- * Device tenant of a policy with a window rule (snapkv, pyramidkv on a
- * backend with window_select; expected_attention on a backend with
- * expected_select; any other tenant: nothing, every layer
- * stays on the host): before the decisions, picks the way of each
- * (item, layer) of the sync (t->win.mode, t->win.widx) and runs the device's
- * selection for those it can take: where the policy decides now and every
- * list still holds each position at its index; the others stay on the
- * host.  t->scr.state is used as scratch (the decision loop refills it).
- * 0, or KVT_ENOMEM / a backend error with the reason in err.
+ * Device tenant of a policy with an end-of-prefill rule
+ * (policy_ops.prompt) on a backend with its device rule (any other
+ * tenant: nothing, every layer stays on the host): before the decisions,
+ * picks the way of each (item, layer) of the sync (t->win.mode, widx, wn)
+ * and runs the device rule for those it can take: where the policy
+ * decides now, every list still holds each position at its index and the
+ * policy's plan takes it; the others stay on the host.  t->scr.state is
+ * used as scratch (the decision loop refills it).  0, or KVT_ENOMEM / a
+ * backend error with the reason in err (KVT_ENOTSUP: the backend's rule
+ * has another layout than this kvtrimd's).
  */
 int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
                        uint32_t n, char *err, size_t errlen);
@@ -487,11 +493,17 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
  */
 int tenant_window_take(struct tenant *t, size_t ly, struct policy_layer *pl);
 
-/* Whether the (item, layer) ly of this sync goes to the host. */
+/* Whether the (item, layer) ly of this sync goes to the host: not
+ * planned for the device, or a job of it found a staged row that is not
+ * finite. */
 static inline int tenant_window_host(const struct tenant *t, size_t ly)
 {
-	return !t->win.active || t->win.mode[ly] == TENANT_WIN_HOST ||
-	       t->win.out[t->win.widx[ly]] != 0;
+	if (!t->win.active || t->win.mode[ly] == TENANT_WIN_HOST)
+		return 1;
+	for (uint32_t k = 0; k < t->win.wn[ly]; k++)
+		if (t->win.out[t->win.widx[ly] + k])
+			return 1;
+	return 0;
 }
 
 /* How a (sequence, layer) of a sync is decided (tenant_attn.c). */

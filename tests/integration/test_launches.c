@@ -45,11 +45,8 @@ static const struct lpol {
 	{"fastkvzip", "fastkvzip:model=%s," T_BUDGET ",window=4,sinks=1", 1},
 	{"snapkv", "snapkv:window=4," T_BUDGET, 1},
 	{"pyramidkv", "pyramidkv:window=4," T_BUDGET, 1},
-	/* expected_select's K S' must be cuBLAS's products of the cpu
-	 * policy's shapes, tiled by scratch (docs/cuda.md): 13 launches a
-	 * tile beside the sync's own, 19 here */
 	{"expected_attention", "expected_attention:window=4," T_BUDGET ",sinks=1",
-	 0},
+	 1},
 	{"knorm", "knorm:" T_BUDGET, 1},
 };
 #define N_POL (sizeof(POL) / sizeof(POL[0]))

@@ -314,7 +314,7 @@ int main(int argc, char **argv)
 	const char *mode = NULL;
 	void *ctx = NULL;
 	if (o->abi != KVT_BACKEND_ABI || !o->attention || !o->key_norms ||
-	    !o->window_select || !o->expected_select || !o->rule) {
+	    !o->rule) {
 		fprintf(stderr, "kvtrim-cuda-bench: the cuda backend (ABI %u, "
 		        "built for %u) lacks an op\n", o->abi,
 		        (unsigned)KVT_BACKEND_ABI);
@@ -337,8 +337,8 @@ int main(int argc, char **argv)
 	report("gpu_key_norms_floor_us_per_token", knf);
 	double wms, ems, pfm;
 	bench_prompt_select(o, ctx, s, &wms, &ems, &pfm);
-	report("gpu_window_select_ms_per_seq", wms);
-	report("gpu_expected_select_ms_per_seq", ems);
+	report("gpu_snapkv_rule_ms_per_seq", wms);
+	report("gpu_expected_attention_rule_ms_per_seq", ems);
 	report("gpu_prompt_select_floor_ms_per_seq", pfm);
 	double hus, tus, pus, afu;
 	bench_decode_select(o, ctx, s, &hus, &tus, &pus, &afu);

@@ -7,8 +7,10 @@
  * keep them.
  */
 #include "bench_cuda.cuh"
+#include "expected_attention_rule.h"
 #include "h2o_rule.h"
 #include "kvpop_rule.h"
+#include "snapkv_rule.h"
 #include "tova_rule.h"
 
 /* ------------------------------------------ through the backend's ops */
@@ -381,11 +383,11 @@ static double ob_logits_floor_ms(cudaStream_t s, uint32_t n_lists,
 
 /* The end-of-prefill selections of one sequence (32 layers x 8 KV heads,
  * prompt 4096 plus 16 new tokens, f16 pages of random values, staging
- * rows x | q | lse in a ring of 128 per layer): window_select (SnapKV:
- * window 64, kernel 5, sinks 0) and expected_select (Expected Attention:
- * the last 64 queries, sinks 4, future 512, theta 1e4, cov, vnorm), each
- * keeping half the prompt; milliseconds of the whole call, and of one
- * SGEMM of window_select's logits shape per list (*floor_ms). */
+ * rows x | q | lse in a ring of 128 per layer): the device rules "snapkv"
+ * (window 64, kernel 5, sinks 0) and "expected_attention" (the last 64
+ * queries, sinks 4, future 512, theta 1e4, cov, vnorm), a job a list,
+ * each keeping half the prompt; milliseconds of the whole call, and of
+ * one SGEMM of SnapKV's logits shape per list (*floor_ms). */
 void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
                                 cudaStream_t s, double *win_ms,
                                 double *exp_ms, double *floor_ms)
@@ -409,107 +411,79 @@ void bench_prompt_select(const struct kvt_backend_ops *o, void *ctx,
 	CK(cudaGetLastError());
 	CK(cudaStreamSynchronize(s));
 
-	/* window_select: candidates i < P - W (sinks 0), the window and
-	 * the new tokens protected; keep budget - W of the candidates */
+	/* snapkv: candidates i < P - W (sinks 0), the window and the new
+	 * tokens protected; keep budget - W of the candidates */
 	const uint32_t w_cand = P - W, w_keep = budget - W;
 	const uint32_t w_drop = w_cand - w_keep;
-	struct kvt_backend_window *win = (struct kvt_backend_window *)calloc(
-		n_win, sizeof(*win));
-	struct kvt_backend_window_list *wl =
-		(struct kvt_backend_window_list *)calloc(n_lists, sizeof(*wl));
-	/* expected_select: candidates sinks <= i < P; keep budget - sinks */
+	/* expected_attention: candidates sinks <= i < P; keep budget - sinks */
 	const uint32_t e_sinks = 4, e_cand = P - e_sinks,
 	               e_keep = budget - e_sinks, e_drop = e_cand - e_keep;
-	struct kvt_backend_expected *ew = (struct kvt_backend_expected *)calloc(
-		n_win, sizeof(*ew));
-	struct kvt_backend_window_list *el =
-		(struct kvt_backend_window_list *)calloc(n_lists, sizeof(*el));
-	const uint32_t w_words = n_win + n_lists + n_lists * w_drop;
-	const uint32_t e_words = n_win + n_lists + n_lists * e_drop;
+	const struct kvt_backend_rule *wr = o->rule("snapkv"),
+	                              *er = o->rule("expected_attention");
+	struct snapkv_rule_job *wj = (struct snapkv_rule_job *)calloc(
+		n_lists, sizeof(*wj));
+	struct expected_attention_rule_job *ej =
+		(struct expected_attention_rule_job *)calloc(n_lists,
+		                                             sizeof(*ej));
+	const uint32_t w_words = 2 * n_lists + n_lists * w_drop;
+	const uint32_t e_words = 2 * n_lists + n_lists * e_drop;
 	uint32_t *out = (uint32_t *)malloc(
 		(size_t)(w_words > e_words ? w_words : e_words) * 4);
-	if (!win || !wl || !ew || !el || !out) {
-		fprintf(stderr, "bench_prompt_select: out of host memory\n");
+	if (!wr || !er || !wj || !ej || !out) {
+		fprintf(stderr, "bench_prompt_select: no rule or out of host "
+		        "memory\n");
 		exit(1);
 	}
-	for (uint32_t j = 0; j < n_win; j++) {
-		const float *rj = ring + (uint64_t)j * stage * row_floats;
-		win[j].ring = rj;
-		win[j].rows = {stage, row_floats, q_off, lse_off};
-		win[j].P = P;
-		win[j].w = W;
-		win[j].n_new = n_new;
-		win[j].kernel = 5;
-		win[j].sinks = 0;
-		win[j].first_list = j * OB_KV;
-		win[j].n_lists = OB_KV;
-		ew[j].ring = rj;
-		ew[j].rows = {stage, row_floats, q_off, lse_off};
-		ew[j].P = P;
-		ew[j].from = P - W;
-		ew[j].n_new = n_new;
-		ew[j].sinks = e_sinks;
-		ew[j].future = 512;
-		ew[j].theta = 10000.0f;
-		ew[j].cov = 1;
-		ew[j].vnorm = 1;
-		ew[j].eps = 0.0;
-		ew[j].first_list = j * OB_KV;
-		ew[j].n_lists = OB_KV;
-	}
+	const struct kvt_backend_rows rows = {stage, row_floats, q_off, lse_off};
+	const struct snapkv_rule wa = {rows, 5, 0};
+	struct expected_attention_rule ea;
+	memset(&ea, 0, sizeof(ea));
+	ea.rows = rows;
+	ea.sinks = e_sinks;
+	ea.future = 512;
+	ea.theta = 10000.0f;
+	ea.cov = 1;
+	ea.vnorm = 1;
 	for (uint32_t l = 0; l < n_lists; l++) {
-		wl[l].record = l;
-		wl[l].len = len;
-		wl[l].keep = w_keep;
-		wl[l].n_drop = w_drop;
-		wl[l].drop_off = l * w_drop;
-		el[l].record = l;
-		el[l].len = len;
-		el[l].keep = e_keep;
-		el[l].n_drop = e_drop;
-		el[l].drop_off = l * e_drop;
+		const float *rj = ring + (uint64_t)(l / OB_KV) * stage * row_floats;
+		wj[l] = {rj, l, l % OB_KV, P, n_new, W, 1, w_keep, w_drop,
+		         l * w_drop};
+		ej[l] = {rj, l, l % OB_KV, P, n_new, P - W, 1, e_keep, e_drop,
+		         l * e_drop};
 	}
-	/* the first call of each is checked: no window flagged, every list
+	const struct kvt_backend_rule_geom geo = {KVT_DTYPE_F16, OB_H, OB_KV,
+	                                          OB_HD};
+	/* the first call of each is checked: no job flagged, every list
 	 * dropped what the caller counted */
 	auto check = [&](const char *op, uint32_t nd) {
-		for (uint32_t j = 0; j < n_win; j++)
-			if (out[j]) {
-				fprintf(stderr, "bench_prompt_select: %s flagged "
-				        "window %u\n", op, j);
-				exit(1);
-			}
 		for (uint32_t l = 0; l < n_lists; l++)
-			if (out[n_win + l] != nd) {
-				fprintf(stderr, "bench_prompt_select: %s: list %u "
-				        "dropped %u, expected %u\n", op, l,
-				        out[n_win + l], nd);
+			if (out[l] || out[n_lists + l] != nd) {
+				fprintf(stderr, "bench_prompt_select: %s: job %u "
+				        "flagged %u, dropped %u, expected %u\n", op,
+				        l, out[l], out[n_lists + l], nd);
 				exit(1);
 			}
 	};
 	auto wcall = [&] {
-		OP(o->window_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H, OB_KV,
-		                    OB_HD, win, n_win, wl, n_lists, out, w_words,
-		                    s));
+		OP(wr->run(ctx, &pg, n_lists, &geo, &wa, wj, n_lists, out,
+		           w_words, s));
 	};
 	wcall();
-	check("window_select", w_drop);
+	check("snapkv", w_drop);
 	*win_ms = wall_ms(wcall, 10, 3000);
 	auto ecall = [&] {
-		OP(o->expected_select(ctx, &pg, n_lists, KVT_DTYPE_F16, OB_H,
-		                      OB_KV, OB_HD, ew, n_win, el, n_lists, out,
-		                      e_words, s));
+		OP(er->run(ctx, &pg, n_lists, &geo, &ea, ej, n_lists, out,
+		           e_words, s));
 	};
 	ecall();
-	check("expected_select", e_drop);
+	check("expected_attention", e_drop);
 	*exp_ms = wall_ms(ecall, 10, 3000);
 
-	/* floor: window_select's logits SGEMM once per list */
+	/* floor: SnapKV's logits SGEMM once per list */
 	*floor_ms = ob_logits_floor_ms(s, n_lists, len, W * OB_G);
 	CK(cudaFree(ring));
-	free(win);
-	free(wl);
-	free(ew);
-	free(el);
+	free(wj);
+	free(ej);
 	free(out);
 	ob_table_free(&t);
 }

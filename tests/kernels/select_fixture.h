@@ -1,9 +1,9 @@
 /*
  * select_fixture.h — what the tests of the cuda backend's device-sync ops
  * and device rules share (tests/kernels/test_cuda_h2o.c: the rule "h2o",
- * test_cuda_tova.c: "tova", test_cuda_kvpop.c: "kvpop",
- * test_cuda_sync_ops.c: compact_drops, key_norms, window_select,
- * expected_select): the tests' LCG (urnd, frnd), and one chunk of paged KV
+ * test_cuda_tova.c: "tova", test_cuda_kvpop.c: "kvpop", test_cuda_snapkv.c:
+ * "snapkv", test_cuda_expected_attention.c: "expected_attention";
+ * test_cuda_sync_ops.c: compact_drops, key_norms): the tests' LCG (urnd, frnd), and one chunk of paged KV
  * on the device as the pool lays it out — n_lists lists of list_pages pages of page_tokens K rows
  * then as many V rows of row_bytes, one list record each at a stride
  * rounded up to 64 bytes, a chunk-bases array of two slots (slot 1

@@ -1,7 +1,7 @@
 /*
  * test_cuda_rules.c — the cuda backend's device rules by name (the ops'
- * rule member, backend_cuda.cu's BC_RULES): "h2o", "tova" and "kvpop" are
- * there with the layout version and the params and job sizes of their
+ * rule member, backend_cuda.cu's BC_RULES): "h2o", "tova", "kvpop",
+ * "snapkv" and "expected_attention" are there with the layout version and the params and job sizes of their
  * headers (policies/<name>_rule.h: what the daemon checks before it runs
  * one), and run; any other name, NULL included, has none.  Needs no
  * device.  Built into kvtrim-cuda-tests and, under the CPU emulator,
@@ -11,8 +11,10 @@
 #include <string.h>
 
 #include "backend.h"
+#include "expected_attention_rule.h"
 #include "h2o_rule.h"
 #include "kvpop_rule.h"
+#include "snapkv_rule.h"
 #include "test.h"
 #include "tova_rule.h"
 
@@ -34,6 +36,11 @@ TEST(cuda, backend_rules_by_name)
 		 sizeof(struct tova_rule_job)},
 		{"kvpop", KVPOP_RULE_VERSION, sizeof(struct kvpop_rule),
 		 sizeof(struct kvpop_rule_job)},
+		{"snapkv", SNAPKV_RULE_VERSION, sizeof(struct snapkv_rule),
+		 sizeof(struct snapkv_rule_job)},
+		{"expected_attention", EXPECTED_ATTENTION_RULE_VERSION,
+		 sizeof(struct expected_attention_rule),
+		 sizeof(struct expected_attention_rule_job)},
 	};
 	for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
 		const struct kvt_backend_rule *r = o->rule(want[k].name);
@@ -45,8 +52,10 @@ TEST(cuda, backend_rules_by_name)
 		T_ASSERT(r->run != NULL);
 		T_ASSERT(o->rule(want[k].name) == r); /* the same, static */
 	}
-	/* observed_attention runs "h2o"; no rule of its own */
-	const char *none[] = {"observed_attention", "H2O", "h2o ", "", "x"};
+	/* observed_attention runs "h2o", pyramidkv "snapkv"; no rule of
+	 * their own */
+	const char *none[] = {"observed_attention", "pyramidkv", "H2O", "h2o ",
+	                      "", "x"};
 	for (size_t k = 0; k < sizeof(none) / sizeof(none[0]); k++)
 		T_ASSERT(o->rule(none[k]) == NULL);
 	T_ASSERT(o->rule(NULL) == NULL);
@@ -59,7 +68,8 @@ TEST(cuda, backend_rules_refuse_null_arguments)
 {
 	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
 	const struct kvt_backend_rule_geom g = {KVT_DTYPE_F32, 4, 2, 8};
-	const char *names[] = {"h2o", "tova", "kvpop"};
+	const char *names[] = {"h2o", "tova", "kvpop", "snapkv",
+	                       "expected_attention"};
 	const struct kvt_backend_paged pg = {0};
 	uint32_t out[4];
 	char params[256] = {0}, jobs[256] = {0};
