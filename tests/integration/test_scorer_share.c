@@ -3,7 +3,8 @@
  * share one device copy of them and one scorer run for the syncs that
  * arrive together, with the kept sets each keeps alone.
  *
- * Three kvzap tenants: A and A2 load the same weights from two files (the
+ * Three tenants of kvzap (its MLP scorer), then of fastkvzip (its sink
+ * gate): A and A2 load the same weights from two files (the
  * same bytes, so sharing goes by content, not path), B weights of the
  * same shapes and other bytes (equal sizes must not be enough to share).
  * Each stages its own x (seeded by its index), so their decisions differ.
@@ -194,7 +195,8 @@ static void wait_stat(const struct th_daemon *d, const char *key,
 	T_EQ_U64(th_stat(d, key), want);
 }
 
-TEST_T(scorer_share, same_weights_share_one_copy_and_run, 240)
+/* The test for one policy; fmt: its spec, %s the weights file. */
+static void share_test(const char *pol, const char *fmt)
 {
 	if (strcmp(th_backend(), "cuda"))
 		T_SKIP("cpu backend: no device scorer to share");
@@ -204,12 +206,12 @@ TEST_T(scorer_share, same_weights_share_one_copy_and_run, 240)
 	snprintf(pa, sizeof(pa), "%s/share-a.safetensors", th_tmpdir());
 	snprintf(pa2, sizeof(pa2), "%s/share-a2.safetensors", th_tmpdir());
 	snprintf(pb, sizeof(pb), "%s/share-b.safetensors", th_tmpdir());
-	T_OK(th_random_weights("kvzap", &S_GEO, &sh, 5, pa, err, sizeof(err)));
-	T_OK(th_random_weights("kvzap", &S_GEO, &sh, 5, pa2, err, sizeof(err)));
-	T_OK(th_random_weights("kvzap", &S_GEO, &sh, 6, pb, err, sizeof(err)));
-	snprintf(sa, sizeof(sa), "kvzap:model=%s,window=4", pa);
-	snprintf(sa2, sizeof(sa2), "kvzap:model=%s,window=4", pa2);
-	snprintf(sb, sizeof(sb), "kvzap:model=%s,window=4", pb);
+	T_OK(th_random_weights(pol, &S_GEO, &sh, 5, pa, err, sizeof(err)));
+	T_OK(th_random_weights(pol, &S_GEO, &sh, 5, pa2, err, sizeof(err)));
+	T_OK(th_random_weights(pol, &S_GEO, &sh, 6, pb, err, sizeof(err)));
+	snprintf(sa, sizeof(sa), fmt, pa);
+	snprintf(sa2, sizeof(sa2), fmt, pa2);
+	snprintf(sb, sizeof(sb), fmt, pb);
 	const char *names[3] = {"share-a", "share-a2", "share-b"};
 	const char *specs[3] = {sa, sa2, sb};
 	static struct share_run cpu[3], alone[3], both[3];
@@ -268,7 +270,7 @@ TEST_T(scorer_share, same_weights_share_one_copy_and_run, 240)
 	T_ASSERT(runs >= 1 && syncs >= 2 * runs && syncs <= 2 * (S_ROUNDS + 1));
 	/* A's file now holds B's bytes: on SIGHUP A moves to B's copy, and
 	 * the copy of A's old weights is A2's alone */
-	T_OK(th_random_weights("kvzap", &S_GEO, &sh, 6, pa, err, sizeof(err)));
+	T_OK(th_random_weights(pol, &S_GEO, &sh, 6, pa, err, sizeof(err)));
 	kill(d.pid, SIGHUP);
 	wait_stat(&d, "weights_reloads_total", 3);
 	T_EQ_U64(th_stat(&d, "scorers_shared"), 2);
@@ -283,4 +285,14 @@ TEST_T(scorer_share, same_weights_share_one_copy_and_run, 240)
 	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
 	T_EQ(th_daemon_stop(&d), 0);
 	T_EQ(th_daemon_stop(&dc), 0);
+}
+
+TEST_T(scorer_share, kvzap_same_weights_share_one_copy_and_run, 240)
+{
+	share_test("kvzap", "kvzap:model=%s,window=4");
+}
+
+TEST_T(scorer_share, fastkvzip_same_weights_share_one_copy_and_run, 240)
+{
+	share_test("fastkvzip", "fastkvzip:model=%s,tokens=12,window=4,sinks=1");
 }
