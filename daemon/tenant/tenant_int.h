@@ -779,6 +779,11 @@ int tscorer_get(struct pool *pool, const struct kvt_backend_ops *o,
  * thread, with no sync of the holder running. */
 void tscorer_put(struct tscorer_hold *h);
 
+/* The content hash entries are looked up by (kind, sizes, then every
+ * tensor's bytes, FNV-1a 8 bytes a step from each tensor's start); a hit is
+ * then compared byte for byte.  Exposed for its test. */
+uint64_t tscorer_hash(const struct kvt_backend_scorer *d);
+
 /* Tenants holding h's entry. */
 uint32_t tscorer_holders(const struct tscorer_hold *h);
 

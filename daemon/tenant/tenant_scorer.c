@@ -87,7 +87,7 @@ static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
-static uint64_t scorer_hash(const struct kvt_backend_scorer *d)
+uint64_t tscorer_hash(const struct kvt_backend_scorer *d)
 {
 	const uint32_t sizes[] = {d->kind, d->n_layers, d->d_in, d->d_out,
 	                          d->hidden, d->G, d->dp, d->S};
@@ -115,9 +115,8 @@ static int scorer_same(const struct kvt_backend_scorer *a,
 		uint64_t n = kvt_scorer_floats(a, (uint32_t)(i % KVT_SCORER_TENSORS));
 		if (!n)
 			continue;
-		if (!a->w[i] || !b->w[i])
-			return a->w[i] == b->w[i];
-		if (memcmp(a->w[i], b->w[i], n * sizeof(float)))
+		if (!a->w[i] != !b->w[i] ||
+		    (a->w[i] && memcmp(a->w[i], b->w[i], n * sizeof(float))))
 			return 0;
 	}
 	return 1;
@@ -180,7 +179,7 @@ int tscorer_get(struct pool *pool, const struct kvt_backend_ops *o,
 	h->w = w;
 	struct kvt_backend_scorer dd = *d;
 	dd.w = w;
-	const uint64_t hash = scorer_hash(&dd);
+	const uint64_t hash = tscorer_hash(&dd);
 	struct tscorer *e = pool->scorers;
 	while (e && !(e->o == o && e->bctx == bctx && e->hash == hash &&
 	              scorer_same(&e->d, &dd)))

@@ -87,7 +87,7 @@ static struct kvt_backend_ops fake_ops(void)
  * tscorer_get takes. */
 struct fscorer {
 	struct kvt_backend_scorer d;
-	float t[2][8];
+	float t[2][20];
 	const float **w;
 };
 
@@ -97,7 +97,8 @@ static void fscorer_init(struct fscorer *f, const float *t, uint32_t d_out)
 	f->d = (struct kvt_backend_scorer){.kind = KVT_SCORER_LINEAR,
 	                                   .n_layers = 2, .d_in = 3,
 	                                   .d_out = d_out};
-	memcpy(f->t, t, sizeof(f->t));
+	for (uint32_t l = 0; l < 2; l++) /* a layer: W [d_out][3], b */
+		memcpy(f->t[l], t + l * 4 * d_out, 4 * d_out * sizeof(float));
 	f->w = calloc(2 * KVT_SCORER_TENSORS, sizeof(*f->w));
 	T_ASSERT(f->w);
 	for (uint32_t l = 0; l < 2; l++) {
@@ -157,6 +158,59 @@ TEST(tenant_scorer, equal_bytes_share_one_copy_freed_with_the_last)
 	T_EQ(pool.n_scorers, 0);
 	T_ASSERT(pool.scorers == NULL);
 	tscorer_put(NULL);
+}
+
+/*
+ * Weights that hash alike and differ: the last two 8-byte words of the
+ * last tensor (the last layer's bias, d_out 4: 16 bytes) changed so that
+ * FNV-1a's state after them is the same.  With P the prime and s the state
+ * before them, H = ((s ^ A) P ^ B) P: s follows from H, A and B (P is odd,
+ * so invertible mod 2^64), and B2 = (s ^ A) P ^ (s ^ A2) P ^ B gives the
+ * same H for any A2.
+ */
+TEST(tenant_scorer, a_hash_hit_with_other_bytes_is_not_shared)
+{
+	const uint64_t P = 0x100000001b3ull;
+	uint64_t Pi = P;
+	for (int i = 0; i < 6; i++)
+		Pi *= 2 - P * Pi; /* Newton: the inverse of P mod 2^64 */
+	T_ASSERT(P * Pi == 1);
+	static float t1[2][20], t2[2][20];
+	for (int l = 0; l < 2; l++)
+		for (int i = 0; i < 20; i++)
+			t1[l][i] = (float)(l * 20 + i) * 0.25f;
+	memcpy(t2, t1, sizeof(t2));
+	struct fscorer a, b;
+	fscorer_init(&a, &t1[0][0], 4); /* W 12 floats, b 4 per layer */
+	fscorer_init(&b, &t2[0][0], 4);
+	a.d.w = a.w;
+	b.d.w = b.w;
+	float *bias2 = b.t[1] + 12;
+	uint64_t A, B, A2, B2;
+	memcpy(&A, a.t[1] + 12, 8);
+	memcpy(&B, a.t[1] + 14, 8);
+	const uint64_t s = (((tscorer_hash(&a.d) * Pi) ^ B) * Pi) ^ A;
+	A2 = A ^ 0x5a5a5a5a5a5a5a5aull;
+	B2 = ((s ^ A) * P) ^ ((s ^ A2) * P) ^ B;
+	memcpy(bias2, &A2, 8);
+	memcpy(bias2 + 2, &B2, 8);
+	T_EQ_U64(tscorer_hash(&a.d), tscorer_hash(&b.d));
+	T_ASSERT(memcmp(a.t, b.t, sizeof(a.t)));
+
+	struct kvt_backend_ops o = fake_ops();
+	struct pool pool;
+	memset(&pool, 0, sizeof(pool));
+	memset(&fk, 0, sizeof(fk));
+	int ctx;
+	char err[256];
+	struct tscorer_hold *ha, *hb;
+	T_OK(tscorer_get(&pool, &o, &ctx, &a.d, a.w, &ha, err, sizeof(err)));
+	T_OK(tscorer_get(&pool, &o, &ctx, &b.d, b.w, &hb, err, sizeof(err)));
+	T_EQ(fk.news, 2);
+	T_ASSERT(ha->e != hb->e);
+	tscorer_put(ha);
+	tscorer_put(hb);
+	T_EQ(fk.frees, 2);
 }
 
 /* One holder's sync: 2 jobs of rows x[0..3) and x[3..5). */
