@@ -13,7 +13,8 @@
  * for each other (sync_offload_us 0, scorer_gather_us 100 ms, stopping as
  * soon as every sharer has queued): every tenant's kept positions (read
  * back from K rows that hold their position) must be the same as alone on
- * either backend; scorers_shared counts 2 device copies while the three
+ * either backend (the cpu one on the emulator, whose cuBLAS is the CPU's
+ * SGEMM); scorers_shared counts 2 device copies while the three
  * are connected.  Then A's file gets B's bytes and SIGHUP moves A to B's
  * copy: the copy of the old weights goes with A2, B's stays until both A
  * and B are gone.
@@ -259,7 +260,10 @@ static void share_test(const char *pol, const char *fmt)
 	for (uint32_t i = 0; i < 3; i++) {
 		expect_run(&both[i]);
 		expect_same(&both[i], &alone[i]);
-		expect_same(&both[i], &cpu[i]);
+		/* on a GPU cuBLAS's sums may round otherwise than OpenBLAS's:
+		 * a score at the threshold may fall the other way there */
+		if (getenv("KVTRIM_CUDA_EMU"))
+			expect_same(&both[i], &cpu[i]);
 	}
 	/* A and A2 held one device copy, B its own; their syncs met */
 	T_EQ_U64(th_stat(&d, "scorers_shared"), 2);
