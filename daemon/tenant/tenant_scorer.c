@@ -292,9 +292,11 @@ static void batch_run(struct tscorer *e, struct tscorer_ask *b, void *stream)
 	uint64_t rows = 0;
 	int rc = 0;
 	const char *what = "scoring staged x";
+	for (const struct tscorer_ask *a = b; a; a = a->next)
+		asks++;
 	/* The run reads every participant's rows of x: after the work each
 	 * queued on its own stream (the wait for its engine's writes). */
-	for (struct tscorer_ask *a = b; a && !rc; a = a->next, asks++)
+	for (struct tscorer_ask *a = b; a && !rc; a = a->next)
 		if (a->stream != stream && o->stream_sync &&
 		    (rc = o->stream_sync(e->bctx, a->stream)))
 			what = "waiting for a sharing tenant's stream";
@@ -317,6 +319,9 @@ static void batch_run(struct tscorer *e, struct tscorer_ask *b, void *stream)
 		a->rc = rc;
 		if (rc == KVT_ENOMEM)
 			errors_fmt(a->why, sizeof(a->why), rc, "out of memory");
+		else if (rc && asks == 1)
+			errors_fmt(a->why, sizeof(a->why), rc, "%s backend: %s: "
+			           "%s", o->name, what, o->last_error());
 		else if (rc)
 			errors_fmt(a->why, sizeof(a->why), rc, "%s backend: %s "
 			           "(one run for %u syncs sharing the scorer's "
