@@ -470,9 +470,10 @@ static int sh_connect(const char *dir, const char *set, const char *spec,
 
 /* rounds decode syncs of every connected tenant, one tenant after the
  * other or (together) all at once; *per_sync: the launches a sync.  0 or a
- * code. */
+ * code (the reason in err). */
 static int sh_phase(const char *bin_dir, const char *dir, struct sh_tenant *t,
-                    uint32_t rounds, int together, double *per_sync)
+                    uint32_t rounds, int together, double *per_sync,
+                    char *err)
 {
 	pthread_barrier_t bar;
 	pthread_t th[SH_TENANTS];
@@ -500,7 +501,9 @@ static int sh_phase(const char *bin_dir, const char *dir, struct sh_tenant *t,
 		pthread_barrier_destroy(&bar);
 	double l1 = daemon_launches(bin_dir, dir);
 	for (uint32_t i = 0; i < SH_TENANTS && !rv; i++)
-		rv = t[i].rv;
+		if ((rv = t[i].rv))
+			snprintf(err, KVT_ERRTEXT_MAX, "%s",
+			         kvt_last_error(t[i].c));
 	*per_sync = (l1 - l0) / (SH_TENANTS * rounds);
 	return rv;
 }
@@ -514,13 +517,13 @@ static int sh_phases(const char *bin_dir, const char *dir, const char *spec,
 	struct sh_tenant t[SH_TENANTS];
 	int rv = sh_connect(dir, "alone", spec, t, err);
 	if (!rv)
-		rv = sh_phase(bin_dir, dir, t, rounds, 0, alone);
+		rv = sh_phase(bin_dir, dir, t, rounds, 0, alone, err);
 	for (uint32_t i = 0; i < SH_TENANTS; i++)
 		kvt_disconnect(t[i].c);
 	if (!rv)
 		rv = sh_connect(dir, "shared", spec, t, err);
 	if (!rv)
-		rv = sh_phase(bin_dir, dir, t, rounds, 1, shared);
+		rv = sh_phase(bin_dir, dir, t, rounds, 1, shared, err);
 	for (uint32_t i = 0; i < SH_TENANTS; i++)
 		kvt_disconnect(t[i].c);
 	static const char *const keys[] = {"scorer_shared_runs_total",
