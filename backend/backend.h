@@ -447,7 +447,9 @@ struct kvt_backend_ops {
 	 * scorer_run scores n jobs in order after the work queued on stream,
 	 * through cuBLAS SGEMMs, and copies the scores to the host, out
 	 * [sum of n][d_out]: the only bytes that cross, 4 per score.  It
-	 * returns once out is filled (blocks the calling thread). */
+	 * returns once out is filled (blocks the calling thread).  One
+	 * thread at a time per scorer (the daemon shares a scorer between
+	 * tenants and serialises its runs). */
 	int (*scorer_new)(void *ctx, const struct kvt_backend_scorer *s,
 	                  void **out);
 	void (*scorer_free)(void *ctx, void *sc);

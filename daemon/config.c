@@ -116,6 +116,12 @@ static const struct config_entry config_table[] = {
 	 F(sync_offload_us),
 	 "a tenant whose syncs take longer than this (moving average) runs "
 	 "them on worker threads, so they never hold the loop (0 = always)"},
+	{"scorer_gather_us", CONFIG_U32, CONFIG_MUTABLE, 0, 100000, "0",
+	 F(scorer_gather_us),
+	 "a sync on a worker thread whose device scorer's weights other "
+	 "tenants share waits up to this long for their syncs, to score them "
+	 "all in one run (0 = only the syncs already waiting; syncs on the "
+	 "loop never wait)"},
 	{"stats_max_conns", CONFIG_U32, 0, 1, 4096, "256", F(stats_max_conns),
 	 "HTTP connections to the stats socket (and to the TCP port) at once; "
 	 "at the limit a new connection closes the one that has waited longest "

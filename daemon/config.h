@@ -37,6 +37,8 @@ struct config {
 	uint32_t send_timeout_ms;        /* reply not taken: pipe closed */
 	uint32_t max_sync_lists;         /* lists one sync may touch */
 	uint32_t sync_offload_us;        /* slower syncs run on workers */
+	uint32_t scorer_gather_us;       /* a shared scorer's run waits this
+	                                    long for other tenants' syncs */
 	uint32_t stats_max_conns;        /* HTTP connections at once */
 	uint32_t stats_header_timeout_ms; /* HTTP headers complete by then */
 	uint64_t tenant_memory_max;      /* daemon bytes per tenant, outside

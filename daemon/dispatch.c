@@ -174,6 +174,7 @@ static int srv_dispatch(struct server *s, struct srv_req *rq, int parked,
 			return SRV_ASYNC;
 		struct kvt_tenant_stats before, after;
 		tenant_stats(st->t, &before);
+		tenant_set_gather(st->t, 0); /* the loop waits for nobody */
 		uint64_t t0 = now_us();
 		rv = tenant_sync(st->t, r->u.sync.no, r->u.sync.items, r->u.sync.n,
 		                 why, wlen);

@@ -124,6 +124,9 @@ int srv_job_start(struct server *s, struct srv_tenant *st,
 	j->req = *req;
 	j->work.data = j;
 	tenant_stats(st->t, &st->cached);
+	/* a worker may wait for other tenants' syncs to share its scorer run
+	 * (the loop never does: srv_handle sets 0 for its own) */
+	tenant_set_gather(st->t, s->cfg.scorer_gather_us);
 	if (uv_queue_work(&s->loop, &j->work, srv_job_run, srv_job_done)) {
 		free(j);
 		return -1;

@@ -46,6 +46,14 @@ struct pool {
 	uint64_t share_chunks[POOL_SHARES]; /* most chunks one account of
 	                                       each kind may hold (atomic) */
 	struct pool_account *accounts;      /* every account with refs > 0 */
+	/* Device scorers, one per distinct weights, shared by the tenants
+	 * holding them (daemon/tenant/tenant_scorer.c; the list and count:
+	 * loop thread), and the runs that served several tenants' syncs
+	 * (atomic). */
+	struct tscorer *scorers;
+	uint32_t n_scorers;
+	uint64_t scorer_shared_runs_total;
+	uint64_t scorer_shared_syncs_total;
 };
 
 struct pool_chunk {

@@ -43,6 +43,11 @@ struct stats_snap *srv_snapshot(struct server *s)
 		__atomic_load_n(&s->pool.chunks_created_total, __ATOMIC_RELAXED);
 	snap->c.chunks_released_total =
 		__atomic_load_n(&s->pool.chunks_released_total, __ATOMIC_RELAXED);
+	snap->c.scorer_shared_runs_total = __atomic_load_n(
+		&s->pool.scorer_shared_runs_total, __ATOMIC_RELAXED);
+	snap->c.scorer_shared_syncs_total = __atomic_load_n(
+		&s->pool.scorer_shared_syncs_total, __ATOMIC_RELAXED);
+	snap->scorers_shared = s->pool.n_scorers;
 	http_counts(s->http, &snap->c.stats_conn_timeouts_total,
 	            &snap->c.stats_conn_drops_total);
 	/* The backend counts what its ops copy (cuda); the cpu table has no

@@ -94,6 +94,11 @@
 	  "CPU nanoseconds the daemon's threads spent running the device's "  \
 	  "work on the CUDA emulator (its kernels, cuBLAS and copies; 0 on a " \
 	  "GPU and on cpu)")                                                   \
+	X(scorer_shared_runs_total,                                            \
+	  "device scorer runs that scored the syncs of several tenants "      \
+	  "sharing the scorer's weights at once (scorer_gather_us)")          \
+	X(scorer_shared_syncs_total,                                           \
+	  "syncs scored in those runs")                                        \
 	X(handle_barred_refusals_total,                                        \
 	  "handle channels of a process barred for breaking the handle "      \
 	  "protocol (1 s doubling to 60 s); their hellos are refused")        \
@@ -139,6 +144,9 @@
 	X(kv_bytes, "bytes of pages holding KV entries or headroom")           \
 	X(pages_used, "pages in use over all tenants")                         \
 	X(tenants, "registered tenants")                                       \
+	X(scorers_shared,                                                      \
+	  "device copies of scorer weights in use: one per distinct weights, " \
+	  "however many tenants share it")                                     \
 	X(sequences, "open sequences")                                         \
 	X(entries_kept, "KV entries held over all lists")                      \
 	X(clients_connected, "engine processes connected (handle channels)")   \

@@ -16,8 +16,9 @@
  * Launches per run: linear 2, MLP 4, sink gate 3, whatever the jobs; the
  * rows' segments and the GEMMs' pointer arrays go up in one copy.
  *
- * A scorer belongs to one tenant, whose syncs run one at a time, so it
- * holds its own cuBLAS handle and scratch and takes no context lock.
+ * A scorer holds its own cuBLAS handle and scratch and takes no context
+ * lock: its caller runs it from one thread at a time (the daemon serialises
+ * the runs of a scorer that several tenants share, tenant_scorer.c).
  * Tests: kvtrim-cuda-tests backend_scorer (against the CPU kernels).
  */
 #include <stdlib.h>

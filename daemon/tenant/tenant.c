@@ -60,11 +60,12 @@ static int segment_new(const char *name, uint64_t bytes, unsigned seals,
 /*
  * A policy that reads x alone through a scorer the device can run (kvzap,
  * fastkvzip): its weights go to the device at registration and at each
- * reload (tenant_reload_policy), and syncs score x where it is staged
+ * reload (tenant_reload_policy), once for every tenant with the same
+ * weights (tenant_scorer.c), and syncs score x where it is staged
  * (tenant_int.h, struct tdscore).  *out stays NULL for any other policy.
  */
 static int scorer_dev_new(const struct tenant *t, const struct policy *p,
-                          void **out, char *err, size_t errlen)
+                          struct tscorer_hold **out, char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
 	uint32_t L = t->g.n_layers;
@@ -79,12 +80,11 @@ static int scorer_dev_new(const struct tenant *t, const struct policy *p,
 	for (uint32_t l = 0; l < L; l++)
 		p->ops->scorer(p, l, &d, w + (size_t)l * KVT_SCORER_TENSORS);
 	d.n_layers = L;
-	d.w = w;
-	int rc = o->scorer_new(t->bctx, &d, out);
-	free(w);
+	char why[KVT_ERRTEXT_MAX];
+	int rc = tscorer_get(t->pool, o, t->bctx, &d, w, out, why, sizeof(why));
 	if (rc)
-		return errors_fmt(err, errlen, rc, "%s backend: scorer of policy "
-		                  "%s: %s", o->name, p->ops->name, o->last_error());
+		return errors_fmt(err, errlen, rc, "scorer of policy %s: %s",
+		                  p->ops->name, why);
 	return 0;
 }
 
@@ -236,8 +236,7 @@ static void device_fini(struct tenant *t)
 		o->mem_free(t->bctx, t->dtable.own);
 	t->dtable.own = NULL;
 	o->chunk_free(t->bctx, &t->dstage.chunk);
-	if (t->dscore.scorer)
-		o->scorer_free(t->bctx, t->dscore.scorer);
+	tscorer_put(t->dscore.scorer);
 	t->dscore.scorer = NULL;
 	tenant_attn_fini(t);
 	if (t->dsync.dbases)
@@ -798,19 +797,19 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 	/* A device scorer and KVpop's device tensors hold a copy of the
 	 * weights: the new ones first, so that a failure keeps the tenant as
 	 * it was. */
-	void *sc = NULL;
+	struct tscorer_hold *sc = NULL;
 	if (t->dscore.scorer && (rc = scorer_dev_new(t, np, &sc, err, errlen))) {
 		policy_free(np);
 		return rc;
 	}
 	if ((rc = tenant_attn_reload(t, np, err, errlen))) {
-		if (sc)
-			t->bops->scorer_free(t->bctx, sc);
+		tscorer_put(sc);
 		policy_free(np);
 		return rc;
 	}
+	/* the old hold compares the old policy's tensors: gone before it */
 	if (t->dscore.scorer) {
-		t->bops->scorer_free(t->bctx, t->dscore.scorer);
+		tscorer_put(t->dscore.scorer);
 		t->dscore.scorer = sc;
 	}
 	policy_set_pressure(np, t->pressure);
@@ -821,6 +820,8 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 
 uint64_t tenant_scorer_ns(const struct tenant *t) { return t->scorer_ns; }
 uint64_t tenant_sync_cpu_ns(const struct tenant *t) { return t->sync_cpu_ns; }
+
+void tenant_set_gather(struct tenant *t, uint32_t us) { t->gather_us = us; }
 
 float tenant_pressure(const struct tenant *t) { return t->pressure; }
 

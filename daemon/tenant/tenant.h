@@ -141,6 +141,11 @@ uint64_t tenant_scorer_ns(const struct tenant *t);
  * emulator also the device's work it ran). */
 uint64_t tenant_sync_cpu_ns(const struct tenant *t);
 
+/* The longest the device scorer of the tenant's next syncs may wait for
+ * other tenants' syncs to share its run (scorer_gather_us on a sync worker;
+ * 0, the default, on the loop thread: it takes only what is queued). */
+void tenant_set_gather(struct tenant *t, uint32_t us);
+
 /* Releases every chunk back to the pool and frees the tenant.  NULL-safe. */
 void tenant_free(struct tenant *t);
 

@@ -215,12 +215,14 @@ int tenant_norms_on_device(struct tenant *t,
 
 /*
  * Device scorer (tenant_int.h, struct tdscore): scores the new rows of x of every
- * (item, layer) of the sync where they are staged, in one scorer_run,
+ * (item, layer) of the sync where they are staged, in one scorer_run shared
+ * with the syncs of other tenants holding the same weights (tscorer_run),
  * into t->dscore.pre in the order the decide loop takes them.  A (sequence,
  * layer)'s rows are contiguous in its ring but where they wrap: two jobs.
  */
 int tenant_score_on_device(struct tenant *t,
-                           const struct ipc_sync_item *items, uint32_t n)
+                           const struct ipc_sync_item *items, uint32_t n,
+                           char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	uint32_t nj = 0;
@@ -244,6 +246,6 @@ int tenant_score_on_device(struct tenant *t,
 			}
 		}
 	}
-	return t->bops->scorer_run(t->bctx, t->dscore.scorer, t->dscore.jobs, nj, t->dscore.pre,
-	                           t->dsync.stream);
+	return tscorer_run(t->dscore.scorer, t->dscore.jobs, nj, t->dscore.pre,
+	                   t->dsync.stream, t->gather_us, err, errlen);
 }

@@ -19,6 +19,8 @@
  *                   policy_ops.prompt)
  *   tenant_attn.c   the policies' device rules run at every sync
  *                   (policy_ops.device) and their per-entry state
+ *   tenant_scorer.c device scorers shared by the tenants whose weights are
+ *                   the same, and the syncs' runs they share
  *   tenant_check.c  the invariant checker
  *
  * State and who owns it:
@@ -200,7 +202,7 @@ struct tdstage {
  * key_norms: norms, and they are computed on the device into pre too, no
  * key copied to the host. */
 struct tdscore {
-	void *scorer;                       /* NULL without */
+	struct tscorer_hold *scorer;        /* NULL without (tenant_scorer.c) */
 	struct kvt_backend_score_job *jobs; /* [jobs_cap] */
 	size_t jobs_cap;
 	int norms;
@@ -326,6 +328,8 @@ struct tenant {
 	                          or TENANT_NO_CHUNK */
 	uint64_t scorer_ns;    /* time in policy_decide during the last sync */
 	uint64_t sync_cpu_ns;  /* the thread's CPU time in the last sync */
+	uint32_t gather_us;    /* the device scorer may wait this long for
+	                          other tenants' syncs (tenant_set_gather) */
 
 	/* Revoked chunks, destroyed after their REVOKE event was sent (legacy
 	 * IPC chunks: after the client said CHUNK_CLOSED). */
@@ -745,10 +749,63 @@ int tenant_norms_on_device(struct tenant *t,
                            const struct ipc_sync_item *items, uint32_t n);
 
 /* The device scorer's scores of the new rows of x of every (item, layer)
- * of the sync, into t->dscore.pre in the decisions' order; 0 or a backend
- * error. */
+ * of the sync, into t->dscore.pre in the decisions' order, in a run shared
+ * with other tenants' syncs (tscorer_run); 0 or an error. */
 int tenant_score_on_device(struct tenant *t,
-                           const struct ipc_sync_item *items, uint32_t n);
+                           const struct ipc_sync_item *items, uint32_t n,
+                           char *err, size_t errlen);
+
+/* --------------------------------------------------- tenant_scorer.c */
+
+/*
+ * A tenant's hold on a device scorer: the entry holding the device copy of
+ * the weights, which every tenant whose weights are the same byte for byte
+ * shares (struct tscorer, private to tenant_scorer.c; the pool lists them),
+ * and the tenant's host tensors, its policy's, compared with a newcomer's.
+ */
+struct tscorer_hold {
+	struct tscorer *e;
+	struct tscorer_hold *next; /* the entry's holds */
+	const float **w;           /* [n_layers][KVT_SCORER_TENSORS], owned;
+	                              the tensors are the policy's */
+};
+
+/*
+ * A hold on the device scorer of d, whose tensors are w (taken: freed with
+ * the hold or on failure; they must stay valid until tscorer_put): the
+ * pool's entry of the same kind, sizes and bytes on the same backend
+ * context, or a new entry with the weights uploaded.  0 or an error.  Loop
+ * thread.
+ */
+int tscorer_get(struct pool *pool, const struct kvt_backend_ops *o,
+                void *bctx, const struct kvt_backend_scorer *d,
+                const float **w, struct tscorer_hold **out, char *err,
+                size_t errlen);
+
+/* Drops a hold; the last one frees the device copy.  NULL-safe.  Loop
+ * thread, with no sync of the holder running. */
+void tscorer_put(struct tscorer_hold *h);
+
+/* The content hash entries are looked up by (kind, sizes, then every
+ * tensor's bytes, FNV-1a 8 bytes a step from each tensor's start); a hit is
+ * then compared byte for byte.  Exposed for its test. */
+uint64_t tscorer_hash(const struct kvt_backend_scorer *d);
+
+/* Tenants holding h's entry. */
+uint32_t tscorer_holders(const struct tscorer_hold *h);
+
+/*
+ * Scores the n jobs into out ([rows][d_out]) as scorer_run does, after the
+ * work queued on stream, in one run with the jobs of the other holders'
+ * syncs that are queued by then (waiting up to gather_us for more; 0 never
+ * waits for anyone to arrive, only for a run in progress).  Blocks until out
+ * is filled.  0 or an error (a failed shared run fails every sync it served,
+ * each with the reason).
+ */
+int tscorer_run(struct tscorer_hold *h,
+                const struct kvt_backend_score_job *jobs, uint32_t n,
+                float *out, void *stream, uint32_t gather_us, char *err,
+                size_t errlen);
 
 /* ------------------------------------------------------ tenant_seq.c */
 

@@ -161,9 +161,9 @@ static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
 	int rc;
 	if ((rc = tenant_device_prepare(t, nlists, entries, err, errlen)))
 		return rc;
-	if (t->dscore.scorer && (rc = tenant_score_on_device(t, items, n)))
-		return errors_fmt(err, errlen, rc, "%s backend: scoring staged "
-		            "x: %s", t->bops->name, t->bops->last_error());
+	if (t->dscore.scorer &&
+	    (rc = tenant_score_on_device(t, items, n, err, errlen)))
+		return rc;
 	if (t->dscore.norms && (rc = tenant_norms_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
 		            t->bops->name, t->bops->last_error());

@@ -13,6 +13,7 @@
  */
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,10 @@ static struct {
 	struct t_meas bytes[T_MAXPOL], host[T_MAXPOL];
 	/* launches a sync at 1 and at LS_SEQS sequences (launch_policy) */
 	double ls1[T_MAXPOL], lsn[T_MAXPOL];
+	/* launches a sync, SH_TENANTS kvzap tenants of SH_SEQS sequences on
+	 * the same weights: one after the other, and at once (shared_kvzap);
+	 * NAN when not measured */
+	double sh_alone, sh_shared;
 	int emu; /* the library is the emulator's */
 } ts;
 
@@ -354,10 +359,10 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 #define LS_SEQS 64u
 #define LS_PREFILL 32u
 
-/* n tokens at pos of sequences seq[0..ns): K/V and the staged inputs,
- * then one sync of them all; 0 or the sync's code. */
-static int ls_step(kvt_client *c, const kvt_seq *seq, uint32_t ns,
-                   uint32_t pos, uint32_t n, enum kvt_phase phase)
+/* n tokens at pos of sequences seq[0..ns): K/V and the staged inputs;
+ * 0 or KVT_EINVAL. */
+static int ls_stage(kvt_client *c, const kvt_seq *seq, uint32_t ns,
+                    uint32_t pos, uint32_t n)
 {
 	const struct kvt_geometry *g = &kvt_config_of(c)->geo;
 	float row[16], q[128], x[64], lse[8];
@@ -388,10 +393,25 @@ static int ls_step(kvt_client *c, const kvt_seq *seq, uint32_t ns,
 					return KVT_EINVAL;
 			}
 		}
+	return 0;
+}
+
+/* One sync of n new tokens of every sequence of seq[0..ns). */
+static int ls_sync(kvt_client *c, const kvt_seq *seq, uint32_t ns,
+                   uint32_t n, enum kvt_phase phase)
+{
 	struct kvt_sync_item it[LS_SEQS];
 	for (uint32_t s = 0; s < ns; s++)
 		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
 	return kvt_sync(c, it, ns);
+}
+
+/* ls_stage, then ls_sync; 0 or the first error. */
+static int ls_step(kvt_client *c, const kvt_seq *seq, uint32_t ns,
+                   uint32_t pos, uint32_t n, enum kvt_phase phase)
+{
+	int rv = ls_stage(c, seq, ns, pos, n);
+	return rv ? rv : ls_sync(c, seq, ns, n, phase);
 }
 
 static void launch_policy(const char *bin_dir, const char *dir,
@@ -459,6 +479,189 @@ static void launch_policy(const char *bin_dir, const char *dir,
 		*one = l2 - l1;
 	}
 	kvt_disconnect(cl);
+}
+
+/*
+ * Cross-tenant batching: SH_TENANTS kvzap tenants on the same weights, each
+ * with SH_SEQS sequences (the launch lines' small geometry), on a daemon
+ * whose syncs all run on workers (sync_offload_us 0, UV_THREADPOOL_SIZE
+ * SH_TENANTS) and gather for each other (scorer_gather_us 20000: a
+ * gathering ends when all SH_TENANTS are queued).  Decode
+ * syncs of T_EVERY tokens of every sequence: first one tenant after the
+ * other (each sync alone: no run to share), then all at once after a
+ * barrier (their scorer stages meet in one run).  *alone and *shared:
+ * device_launches_total's growth per sync in either phase.
+ */
+#define SH_TENANTS 8u
+#define SH_SEQS 8u
+
+struct sh_tenant {
+	kvt_client *c;
+	kvt_seq seq[SH_SEQS];
+	uint32_t pos, rounds;
+	pthread_barrier_t *bar;
+	int rv;
+};
+
+/* rounds decode syncs of every sequence of one tenant (each sync, once
+ * its rows are staged, after the barrier when there is one). */
+static void *sh_drive(void *arg)
+{
+	struct sh_tenant *t = arg;
+	for (uint32_t r = 0; r < t->rounds; r++) {
+		if (!t->rv)
+			t->rv = ls_stage(t->c, t->seq, SH_SEQS, t->pos, T_EVERY);
+		if (t->bar)
+			pthread_barrier_wait(t->bar);
+		if (!t->rv)
+			t->rv = ls_sync(t->c, t->seq, SH_SEQS, T_EVERY,
+			                KVT_PHASE_DECODE);
+		t->pos += T_EVERY;
+	}
+	return NULL;
+}
+
+/* Connects the tenants (names <set>-<i>) with their sequences' prefills;
+ * 0 or a code. */
+static int sh_connect(const char *dir, const char *set, const char *spec,
+                      struct sh_tenant *t, char *err)
+{
+	const struct kvt_geometry g = {4, 8, 4, 16, 64};
+	char name[SH_TENANTS][KVT_NAME_MAX];
+	int rv = 0;
+	memset(t, 0, SH_TENANTS * sizeof(*t));
+	for (uint32_t i = 0; i < SH_TENANTS && !rv; i++) {
+		snprintf(name[i], sizeof(name[i]), "%s-%u", set, i);
+		struct kvt_config c = {
+			.runtime_dir = dir, .tenant = name[i], .geo = g,
+			.dtype = KVT_DTYPE_F32, .page_tokens = 16,
+			.max_seqs = SH_SEQS, .max_tokens = 256,
+			.headroom = LS_PREFILL, .stage_tokens = LS_PREFILL + 64,
+			.policy = spec, .timeout_ms = 600000};
+		rv = kvt_connect(&c, &t[i].c, err);
+		for (uint32_t s = 0; s < SH_SEQS && !rv; s++)
+			rv = kvt_seq_open(t[i].c, &t[i].seq[s]);
+		if (!rv)
+			rv = ls_step(t[i].c, t[i].seq, SH_SEQS, 0, LS_PREFILL,
+			             KVT_PHASE_PREFILL);
+		t[i].pos = LS_PREFILL;
+		if (rv && t[i].c)
+			snprintf(err, KVT_ERRTEXT_MAX, "%s", kvt_last_error(t[i].c));
+	}
+	return rv;
+}
+
+/* rounds decode syncs of every connected tenant, one tenant after the
+ * other or (together) all at once; *per_sync: the launches a sync.  0 or a
+ * code (the reason in err). */
+static int sh_phase(const char *bin_dir, const char *dir, struct sh_tenant *t,
+                    uint32_t rounds, int together, double *per_sync,
+                    char *err)
+{
+	pthread_barrier_t bar;
+	pthread_t th[SH_TENANTS];
+	uint32_t started = 0;
+	int rv = 0;
+	double l0 = daemon_launches(bin_dir, dir);
+	if (together)
+		pthread_barrier_init(&bar, NULL, SH_TENANTS);
+	for (uint32_t i = 0; i < SH_TENANTS; i++) {
+		t[i].rounds = rounds;
+		t[i].bar = together ? &bar : NULL;
+		if (!together)
+			sh_drive(&t[i]);
+		else if (!pthread_create(&th[i], NULL, sh_drive, &t[i]))
+			started++;
+	}
+	if (together && started < SH_TENANTS) {
+		/* the others would wait forever at the barrier */
+		fprintf(stderr, "kvtrim-bench: shared kvzap: pthread_create\n");
+		exit(1);
+	}
+	for (uint32_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	if (together)
+		pthread_barrier_destroy(&bar);
+	double l1 = daemon_launches(bin_dir, dir);
+	for (uint32_t i = 0; i < SH_TENANTS && !rv; i++)
+		if ((rv = t[i].rv))
+			snprintf(err, KVT_ERRTEXT_MAX, "%s",
+			         kvt_last_error(t[i].c));
+	*per_sync = (l1 - l0) / (SH_TENANTS * rounds);
+	return rv;
+}
+
+/* Both phases, each on its own SH_TENANTS tenants over the same positions
+ * (the alone ones gone before the others come); 0 or a code. */
+static int sh_phases(const char *bin_dir, const char *dir, const char *spec,
+                     uint32_t rounds, double *alone, double *shared,
+                     char *err)
+{
+	struct sh_tenant t[SH_TENANTS];
+	int rv = sh_connect(dir, "alone", spec, t, err);
+	if (!rv)
+		rv = sh_phase(bin_dir, dir, t, rounds, 0, alone, err);
+	for (uint32_t i = 0; i < SH_TENANTS; i++)
+		kvt_disconnect(t[i].c);
+	if (!rv)
+		rv = sh_connect(dir, "shared", spec, t, err);
+	if (!rv)
+		rv = sh_phase(bin_dir, dir, t, rounds, 1, shared, err);
+	for (uint32_t i = 0; i < SH_TENANTS; i++)
+		kvt_disconnect(t[i].c);
+	static const char *const keys[] = {"scorer_shared_runs_total",
+	                                   "scorer_shared_syncs_total"};
+	double v[2];
+	bench_ctl_stats(bin_dir, dir, keys, v, 2);
+	fprintf(stderr, "kvtrim-bench: shared kvzap: %u syncs at once: %.0f "
+	        "shared runs served %.0f of them\n", SH_TENANTS * rounds, v[0],
+	        v[1]);
+	return rv;
+}
+
+static void shared_kvzap(const char *bin_dir, const char *tmp_dir, int quick,
+                         double *alone, double *shared)
+{
+	char dir[700], path[800], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX] = "";
+	const struct kvt_geometry g = {4, 8, 4, 16, 64};
+	const struct th_wshape sh = {16, 4, 4, 4, 8};
+	*alone = *shared = NAN;
+	snprintf(dir, sizeof(dir), "%s/traffic-shared", tmp_dir);
+	mkdir(dir, 0700);
+	snprintf(path, sizeof(path), "%s/kvzap-shared.safetensors", dir);
+	int k = snprintf(spec, sizeof(spec), "kvzap:model=%s", path);
+	if (k < 0 || (size_t)k >= sizeof(spec) ||
+	    th_random_weights("kvzap", &g, &sh, 0, path, err, sizeof(err))) {
+		fprintf(stderr, "kvtrim-bench: shared kvzap: %s\n", err);
+		return;
+	}
+	const char *const args[] = {"--backend", "cuda", "--pool-size", "1G",
+	                            "--sync-offload-us", "0",
+	                            "--scorer-gather-us", "20000", NULL};
+	char *pool = getenv("UV_THREADPOOL_SIZE");
+	char *saved = pool ? strdup(pool) : NULL;
+	setenv("UV_THREADPOOL_SIZE", "8", 1);
+	pid_t d = bench_spawn_daemon(bin_dir, dir, args);
+	if (saved)
+		setenv("UV_THREADPOOL_SIZE", saved, 1);
+	else
+		unsetenv("UV_THREADPOOL_SIZE");
+	free(saved);
+	if (d < 0) {
+		fprintf(stderr, "kvtrim-bench: shared kvzap: no daemon\n");
+		unlink(path);
+		return;
+	}
+	int rv = sh_phases(bin_dir, dir, spec, quick ? 2 : 4, alone, shared,
+	                   err);
+	if (rv) {
+		fprintf(stderr, "kvtrim-bench: shared kvzap: %s: %s\n",
+		        kvt_strerror(rv), err);
+		*alone = *shared = NAN;
+	}
+	unlink(path);
+	kill(d, SIGTERM);
+	waitpid(d, NULL, 0);
 }
 
 void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
@@ -535,6 +738,10 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		for (int i = 0; i < ts.n; i++)
 			launch_policy(bin_dir, dir, ts.names[i], &ts.ls1[i],
 			              &ts.lsn[i]);
+		for (int i = 0; i < ts.n; i++)
+			if (!strcmp(ts.names[i], "kvzap"))
+				shared_kvzap(bin_dir, tmp_dir, quick,
+				             &ts.sh_alone, &ts.sh_shared);
 		ts.ran = 1;
 		kill(d, SIGTERM);
 		waitpid(d, NULL, 0);
@@ -574,6 +781,12 @@ void traffic_print(FILE *f)
 	for (int i = 0; i < ts.n; i++)
 		fprintf(f, "cuda_launches_per_token_%s %.3f\n", ts.names[i],
 		        ts.lsn[i] / ((double)LS_SEQS * T_EVERY));
+	for (int i = 0; i < ts.n; i++)
+		if (!strcmp(ts.names[i], "kvzap"))
+			fprintf(f, "cuda_launches_per_sync_kvzap_%ux%u_shared %.2f\n"
+			        "cuda_launches_per_sync_kvzap_%ux%u_alone %.2f\n",
+			        SH_TENANTS, SH_SEQS, ts.sh_shared, SH_TENANTS,
+			        SH_SEQS, ts.sh_alone);
 	/* The daemon's CPU per decoded token per sequence at 64 sequences a
 	 * sync: all of it, and its host side (less the emulated device's
 	 * work, device_emulated_ns_total; on a GPU host the two agree and
