@@ -155,9 +155,10 @@ struct kvt_backend_drops {
  *   LINEAR     W [d_out][d_in], b [d_out]:             y = W x + b
  *   MLP        W1 [hidden][d_in], b1 [hidden], W2 [d_out][hidden], b2
  *              [d_out]:                         y = W2 gelu(W1 x + b1) + b2
- *              (exact erf GELU; KVzap)
+ *              (exact erf GELU)
  *   SINK_GATE  Wq, cq, Wk, gq, gk, sinks, bias of kernels.h's
- *              sink_gate_cpu, d_out = n_kv (Fast KVzip)
+ *              sink_gate_cpu, d_out = n_kv (a low-rank gate of sink
+ *              attention)
  * w holds n_layers rows of KVT_SCORER_TENSORS host pointers; scorer_new
  * copies the weights to the device.  kvt_scorer_floats gives a tensor's
  * size: the one definition of the layouts for both sides.
@@ -246,7 +247,7 @@ struct kvt_backend_rule_geom {
 /*
  * A policy's rule run on the device: a plug-in of the policy, which
  * declares its params and jobs beside its host rule (policies/<name>.c;
- * for example policies/tova_rule.h, its layout numbered there) and whose
+ * its policies/<name>_rule.h, the layout numbered there) and whose
  * backend code lives there too (the cuda backend's: policies/<name>.cu).
  * The backend names no policy: it hands out its rules by name (the ops'
  * rule member), and the caller checks version, params_bytes and job_bytes
@@ -270,8 +271,8 @@ struct kvt_backend_rule_geom {
  * rule's header adds.  Blocks until out is filled.
  */
 struct kvt_backend_rule {
-	const char *name;     /* the rule's name: "h2o", "tova", "kvpop",
-	                         "snapkv", "expected_attention" */
+	const char *name;     /* the rule's name (its policy's, or one its
+	                         policies share) */
 	uint32_t version;     /* layout version of its params and jobs (its
 	                         header's <NAME>_RULE_VERSION) */
 	uint32_t params_bytes, job_bytes; /* sizeof of both, checked by the
@@ -457,7 +458,7 @@ struct kvt_backend_ops {
 	                  const struct kvt_backend_score_job *jobs, uint32_t n,
 	                  float *out, void *stream);
 	/* (optional) The L2 norm of the K row of each entry the jobs
-	 * name (knorm's score), from the pages as the stream sees them:
+	 * name, from the pages as the stream sees them:
 	 * dtype pages of head_dim, page ids resolved on the device through
 	 * *pg as compact_drops does, the sum of squares in double in entry
 	 * order, then sqrt and rounding to float, as the cpu policy does,

@@ -58,8 +58,8 @@ static int segment_new(const char *name, uint64_t bytes, unsigned seals,
 /* ------------------------------------------------------------ device */
 
 /*
- * A policy that reads x alone through a scorer the device can run (kvzap,
- * fastkvzip): its weights go to the device at registration and at each
+ * A policy that reads x alone through a scorer the device can run
+ * (policy_ops.scorer): its weights go to the device at registration and at each
  * reload (tenant_reload_policy), once for every tenant with the same
  * weights (tenant_scorer.c), and syncs score x where it is staged
  * (tenant_int.h, struct tdscore).  *out stays NULL for any other policy.
@@ -271,8 +271,8 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 }
 
 /* Per entry of one decide(), bytes of the policies' scratch arena: score,
- * protection, ranking and index arrays (policy_select, snapkv, tova, kvpop
- * each stay below this, the arena's 64-byte rounding included). */
+ * protection, ranking and index arrays (policy_select and every policy's
+ * decide() stay below this, the arena's 64-byte rounding included). */
 #define TENANT_POLICY_ENTRY_BYTES 64u
 
 /* Floats of a row of every staged part: the sync's gathered inputs
@@ -794,9 +794,9 @@ int tenant_reload_policy(struct tenant *t, char *err, size_t errlen)
 		                  "the new weights change the policy's state "
 		                  "layout; re-register the tenant to use them");
 	}
-	/* A device scorer and KVpop's device tensors hold a copy of the
-	 * weights: the new ones first, so that a failure keeps the tenant as
-	 * it was. */
+	/* A device scorer and a device rule's uploaded tensors hold a copy
+	 * of the weights: the new ones first, so that a failure keeps the
+	 * tenant as it was. */
 	struct tscorer_hold *sc = NULL;
 	if (t->dscore.scorer && (rc = scorer_dev_new(t, np, &sc, err, errlen))) {
 		policy_free(np);

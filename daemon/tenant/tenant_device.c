@@ -57,8 +57,8 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
 }
 
 /* Bytes of a page a device tenant stages for its policy: the K half
- * (what attn_band and kvpop read), or the whole page for a policy that
- * reads V too (expected_attention's value norm). */
+ * (what the attention policies read), or the whole page for a policy that
+ * reads V too (POLICY_NEED_V: a value norm). */
 size_t tenant_staged_page_bytes(const struct tenant *t)
 {
 	size_t k = (size_t)t->g.page_tokens * t->g.head_dim * t->g.elem_bytes;
@@ -113,8 +113,8 @@ int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
  * Device tenant, a policy that reads K: the pages holding entries
  * [0, len) of a list get a host copy of their K half in t->dsync.kbuf (copied
  * per layer by read_regions, after the wait for the client's writes), and
- * pv points the policy at those copies.  attn_band and kvpop read K rows
- * only, so the V halves are copied only for a policy that reads them
+ * pv points the policy at those copies.  The attention policies read K
+ * rows only, so the V halves are copied only for a policy that reads them
  * (POLICY_NEED_V, tenant_staged_page_bytes).
  */
 void tenant_stage_keys(struct tenant *t, const uint32_t *pg, uint32_t len,

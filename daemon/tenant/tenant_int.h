@@ -194,13 +194,13 @@ struct tdstage {
 };
 
 /* Scores computed on the device (tenant_device.c).  With device staging
- * and a policy whose only input is x scored by its scorer (ops->scorer,
- * kvzap): the scorer on the device, and per sync the jobs (rows of x in
+ * and a policy whose only input is x scored by its scorer (ops->scorer):
+ * the scorer on the device, and per sync the jobs (rows of x in
  * device staging) and their scores [rows][n_kv_heads] in pre, passed to
  * decide() as policy_layer.pre; x is then never copied to the host.  A
- * policy that reads only its new keys' norms (knorm) on a backend with
- * key_norms: norms, and they are computed on the device into pre too, no
- * key copied to the host. */
+ * policy that reads only its new keys' norms (ops->new_key_norms) on a
+ * backend with key_norms: norms, and they are computed on the device into
+ * pre too, no key copied to the host. */
 struct tdscore {
 	struct tscorer_hold *scorer;        /* NULL without (tenant_scorer.c) */
 	struct kvt_backend_score_job *jobs; /* [jobs_cap] */

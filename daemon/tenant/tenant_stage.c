@@ -122,8 +122,8 @@ static int ring_read(struct tenant *t, uint32_t slot, uint32_t layer,
  * Staged row of an earlier position, for policies with lookback: from the
  * ring of the host segment, or on device staging from the host copy of
  * the rows this sync may read (tenant_fetch_rows), the lookback rows read
- * on the first call that wants one (most syncs of snapkv or
- * expected_attention decide nothing and read none).  A failed read gives
+ * on the first call that wants one (most syncs of a policy that decides
+ * at the end of prefill decide nothing and read none).  A failed read gives
  * NULL and leaves its code in t->dstage.ring_err, which fails the sync.
  */
 const float *tenant_stage_row(void *ctx, uint32_t pos)
