@@ -242,12 +242,15 @@ static double cpu_ns(pid_t pid)
 }
 
 /* How run_policy drives a tenant: ns sequences, a prompt of prompt tokens
- * in syncs of chunk (the headroom), then one decode sync and dec more
- * tokens in syncs of T_EVERY, measured; budgets of budget entries, windows
+ * in syncs of chunk (the headroom), then one decode sync, warm more tokens
+ * (the scratch memory at its size) and dec more, measured, in syncs of
+ * T_EVERY; budgets of budget entries, windows
  * of window (the prompt selections; their staged lookback); room for
- * max_tokens a sequence. */
+ * max_tokens a sequence; the learned policies on random weights of wsh's
+ * widths. */
 struct t_run {
-	uint32_t ns, chunk, prompt, dec, budget, window, max_tokens;
+	uint32_t ns, chunk, prompt, warm, dec, budget, window, max_tokens;
+	const struct th_wshape *wsh; /* the learned policies' widths */
 };
 
 /* The daemon's counters: device bytes both ways, the CPU time of its
@@ -279,7 +282,7 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
 	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
 	              !strcmp(nm, "kvpop");
-	if (learned && th_random_weights(nm, &g, &TH_WSHAPE_FULL, 0, path, err,
+	if (learned && th_random_weights(nm, &g, ru->wsh, 0, path, err,
 	                                 sizeof(err))) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s\n", nm, err);
 		return;
@@ -315,11 +318,14 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		          rows);
 	/* the first decode sync (snapkv compresses the prompt there) is not
 	 * part of the steady state measured; its own line */
-	double f0, b0, b1, s0, s1, e0, e1, x, y;
+	double f0, bf, b0, b1, s0, s1, e0, e1, x, y;
 	daemon_counts(bin_dir, dir, &f0, &x, &y);
 	if (!rv)
 		rv = step(cl, seq, ru->ns, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	pos += T_EVERY;
+	daemon_counts(bin_dir, dir, &bf, &x, &y);
+	for (uint32_t i = 0; !rv && i < ru->warm; i += T_EVERY, pos += T_EVERY)
+		rv = step(cl, seq, ru->ns, pos, T_EVERY, KVT_PHASE_DECODE, rows);
 	daemon_counts(bin_dir, dir, &b0, &s0, &e0);
 	const double c0 = cpu_ns(d);
 	for (uint32_t i = 0; !rv && i < ru->dec; i += T_EVERY, pos += T_EVERY)
@@ -336,7 +342,7 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 		 * on its side (before device staging it copied every staged
 		 * float, 524288 bytes a token for x alone at this geometry) */
 		m->daemon_b = (b1 - b0) / tok;
-		m->first_b = (b0 - f0) / ru->ns;
+		m->first_b = (bf - f0) / ru->ns;
 		m->cpu_us = (c1 - c0) / 1e3 / tok;
 		/* the syncs' CPU less the emulated device's work in them: on
 		 * the emulator the loop's timers run a thousand times longer
@@ -706,25 +712,28 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		 * T_CHUNK, budgets of T_BUDGET.  The host side: 64 sequences of
 		 * the 8B model's lists (32 layers of 8 KV heads, 32 query
 		 * heads), which is what the daemon's host work depends on,
-		 * at head_dim 16 and d_model 256 (what only the device's work
-		 * depends on: on the emulator it would cost minutes and
-		 * gigabytes), a prompt of 16, budgets of 16 and windows of 8,
-		 * so that the emulated device's work (which is subtracted)
-		 * stays short */
+		 * at head_dim 16, d_model 256 and narrow scorers (what only the
+		 * device's work depends on: on the emulator it would cost
+		 * minutes and gigabytes), a prompt of 16, budgets of 16 and
+		 * windows of 8, so that the emulated device's work (which is
+		 * subtracted) stays short; one decode sync after the first
+		 * before those measured, so that the scratch memory has its
+		 * size (its first touch is not a token's cost) */
 		const struct kvt_geometry g8 = {T_L, T_H, T_KV, T_HD, T_D};
 		const struct kvt_geometry gh = {T_L, T_H, T_KV, 16, 256};
+		const struct th_wshape wsh = {16, 4, 4, 4, 8};
 		struct t_rows rows8 = {0}, rowsh = {0};
 		if (rows_make(&rows8, &g8) || rows_make(&rowsh, &gh)) {
 			fprintf(stderr, "kvtrim-bench: traffic: out of memory\n");
 			ts.n = 0;
 		}
 		const struct t_run rb = {T_SEQS, T_CHUNK,
-		                         quick ? T_CHUNK : 2 * T_CHUNK,
+		                         quick ? T_CHUNK : 2 * T_CHUNK, 0,
 		                         quick ? 2 * T_EVERY : 4 * T_EVERY,
-		                         T_BUDGET, 64, 1024};
-		const struct t_run rh = {T_MAXSEQS, 16, 16,
+		                         T_BUDGET, 64, 1024, &TH_WSHAPE_FULL};
+		const struct t_run rh = {T_MAXSEQS, 16, 16, T_EVERY,
 		                         quick ? T_EVERY : 2 * T_EVERY, 16, 8,
-		                         128};
+		                         128, &wsh};
 		for (int i = 0; i < ts.n; i++) {
 			fprintf(stderr, "kvtrim-bench: traffic %s (%d of %d)\n",
 			        ts.names[i], i + 1, ts.n);
