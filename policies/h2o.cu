@@ -119,11 +119,9 @@ __global__ void bc_h2o_batch(const kvt_backend_paged pg,
 				for (uint32_t t = 0; t < j.n_new; t++) {
 					const float *row = bc_h2o_row(a, j, first + t);
 					float w = p <= first + t
-					          ? expf(bc_band_logit(
-					                     row + a.rows.q_off +
-					                             (uint64_t)qh * hd,
-					                     key, hd, scale) -
-					                 row[a.rows.lse_off + qh])
+					          ? bc_band_weight(row, a.rows,
+					                           qh, key, hd,
+					                           scale)
 					          : 0.0f;
 					v += w;
 				}

@@ -241,10 +241,8 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 				float v = 0.0f;
 				for (uint32_t h = 0; h < G; h++) {
 					const uint32_t qh = g * G + h;
-					v += expf(bc_band_logit(row + a.rows.q_off +
-					                                (uint64_t)qh * hd,
-					                        key, hd, scale) -
-					          row[a.rows.lse_off + qh]);
+					v += bc_band_weight(row, a.rows, qh,
+					                    key, hd, scale);
 				}
 				acc += v / (float)G;
 			}

@@ -113,11 +113,9 @@ __global__ void bc_snap_raw(const kvt_backend_paged pg, const snapkv_rule a,
 				for (uint32_t h = 0; h < G; h++) {
 					const uint32_t qh = j.g * G + h;
 					float w = i <= from + t
-					          ? expf(bc_band_logit(
-					                     row + a.rows.q_off +
-					                             (uint64_t)qh * hd,
-					                     key, hd, scale) -
-					                 row[a.rows.lse_off + qh])
+					          ? bc_band_weight(row, a.rows,
+					                           qh, key, hd,
+					                           scale)
 					          : 0.0f;
 					v += w;
 				}

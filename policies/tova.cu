@@ -86,11 +86,8 @@ __global__ void bc_tova_batch(const kvt_backend_paged pg,
 				float part = 0.0f;
 				for (uint32_t h = 0; h < G; h++) {
 					const uint32_t qh = g * G + h;
-					float w = vis ? expf(bc_band_logit(
-					                         row + a.rows.q_off +
-					                                 (uint64_t)qh * hd,
-					                         key, hd, scale) -
-					                     row[a.rows.lse_off + qh])
+					float w = vis ? bc_band_weight(
+						row, a.rows, qh, key, hd, scale)
 					              : 0.0f;
 					part = h ? part + w : w;
 				}

@@ -28,32 +28,6 @@
 #include "policy.h"
 #include "tenant_int.h"
 
-/* The backend's rule of dr's name into *out: NULL when the backend has
- * none of that name (the host decides); KVT_ENOTSUP with the reason when
- * its layout is not the policy's. */
-static int attn_lookup(const struct tenant *t,
-                       const struct policy_device_rule *dr,
-                       const struct kvt_backend_rule **out, char *err,
-                       size_t errlen)
-{
-	const struct kvt_backend_ops *o = t->bops;
-	const struct kvt_backend_rule *b = o->rule ? o->rule(dr->name) : NULL;
-	*out = NULL;
-	if (!b || !b->run)
-		return 0;
-	if (b->version != dr->version || b->params_bytes != dr->params_bytes ||
-	    b->job_bytes != dr->job_bytes)
-		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend's "
-		                  "device rule %s has layout version %u (params "
-		                  "%u, job %u bytes), this kvtrimd's %u (%u, %u "
-		                  "bytes): a backend library of another build",
-		                  o->name, dr->name, b->version, b->params_bytes,
-		                  b->job_bytes, dr->version, dr->params_bytes,
-		                  dr->job_bytes);
-	*out = b;
-	return 0;
-}
-
 static void attn_free_device(struct tenant *t)
 {
 	const struct kvt_backend_ops *o = t->bops;
@@ -109,7 +83,9 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	if (!t->dsync.dbases || !t->dstage.chunk.base || !o->mem_new ||
 	    !o->mem_free || !dr)
 		return 0;
-	int rc = attn_lookup(t, dr, &t->attn.rule, err, errlen);
+	int rc = tenant_rule_lookup(t, dr->name, dr->version,
+	                            dr->params_bytes, dr->job_bytes,
+	                            &t->attn.rule, err, errlen);
 	if (rc || !t->attn.rule)
 		return rc;
 	const struct shm_geom *g = &t->g;

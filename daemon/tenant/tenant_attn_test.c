@@ -21,29 +21,15 @@
 #include "backend.h"
 #include "h2o_rule.h"
 #include "policy.h"
-#include "tenant_int.h"
 #include "test.h"
 #include "tova_rule.h"
 
-/* What the fake backend hands out and what it was asked. */
-static struct kvt_backend_rule fake;
-static int have_rule, mem_calls, free_calls;
-static size_t mem_bytes[8]; /* the first mem_new sizes */
-static char asked[32];
+#define TENANT_FIXTURE_RULE
+#include "tenant_fixture.h"
 
-static int fake_run(void *ctx, const struct kvt_backend_paged *pg,
-                    uint32_t n_records, const struct kvt_backend_rule_geom *g,
-                    const void *params, const void *jobs, uint32_t n,
-                    uint32_t *out, uint32_t out_words, void *stream)
-{
-	return KVT_ESYS; /* never run here */
-}
-
-static const struct kvt_backend_rule *fake_lookup(const char *name)
-{
-	snprintf(asked, sizeof(asked), "%s", name ? name : "(null)");
-	return have_rule ? &fake : NULL;
-}
+/* The fake device memory's calls, and the first mem_new sizes. */
+static int mem_calls, free_calls;
+static size_t mem_bytes[8];
 
 static int fake_mem_new(void *ctx, size_t bytes, void **out)
 {
@@ -60,31 +46,6 @@ static void fake_mem_free(void *ctx, void *p)
 	free(p);
 }
 
-/* A device tenant of policy spec on backend o, as far as
- * tenant_attn_init reads it. */
-static void tenant_of(struct tenant *t, const char *spec,
-                      const struct kvt_backend_ops *o)
-{
-	static char base; /* stands in for the chunk bases and staging */
-	memset(t, 0, sizeof(*t));
-	snprintf(t->name, sizeof(t->name), "attn-test");
-	t->g = (struct shm_geom){.max_seqs = 2, .n_layers = 2, .n_heads = 4,
-	                         .n_kv_heads = 2, .head_dim = 8, .d_model = 16,
-	                         .page_tokens = 4, .max_tokens = 32,
-	                         .headroom = 4, .stage_tokens = 8};
-	t->lists_per_seq = t->g.n_layers * t->g.n_kv_heads;
-	const struct policy_geom pg = {
-		.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
-		.d_model = 16, .page_tokens = 4, .dtype = KVT_DTYPE_F32,
-		.headroom = 4,
-	};
-	char err[256];
-	T_OK(policy_create(spec, &pg, &t->pol, err, sizeof(err)));
-	t->bops = o;
-	t->dsync.dbases = (void **)&base;
-	t->dstage.chunk.base = &base;
-}
-
 static void tenant_done(struct tenant *t)
 {
 	tenant_attn_fini(t);
@@ -95,7 +56,7 @@ static void tenant_done(struct tenant *t)
 static int init(const char *spec, const struct kvt_backend_ops *o,
                 struct tenant *t, char *err, size_t errlen)
 {
-	tenant_of(t, spec, o);
+	tenant_of(t, "attn-test", spec, o);
 	err[0] = '\0';
 	asked[0] = '\0';
 	mem_calls = free_calls = 0;
@@ -111,15 +72,26 @@ static struct kvt_backend_ops fake_ops(void)
 	return o;
 }
 
+/* What tenant_attn_init leaves in t with a rule and without (rule_setup). */
+static void taken(const struct tenant *t)
+{
+	T_ASSERT(t->attn.rule == &fake);
+	T_ASSERT(t->attn.state != NULL);
+	T_ASSERT(mem_calls >= 1);
+}
+
+static void none(const struct tenant *t)
+{
+	T_ASSERT(t->attn.rule == NULL && t->attn.state == NULL);
+	T_EQ(mem_calls, 0);
+}
+
+static const struct rule_setup attn = {init, taken, none, tenant_done};
+
 TEST(tenant, attn_rule_of_this_layout_is_taken)
 {
 	const struct kvt_backend_ops o = fake_ops();
-	struct tenant t;
-	char err[256];
-	const struct {
-		const char *spec, *rule;
-		uint32_t version, params, job;
-	} c[] = {
+	const struct rule_case c[] = {
 		{"tova", "tova", TOVA_RULE_VERSION, sizeof(struct tova_rule),
 		 sizeof(struct tova_rule_job)},
 		{"h2o", "h2o", H2O_RULE_VERSION, sizeof(struct h2o_rule),
@@ -127,18 +99,7 @@ TEST(tenant, attn_rule_of_this_layout_is_taken)
 		{"observed_attention", "h2o", H2O_RULE_VERSION,
 		 sizeof(struct h2o_rule), sizeof(struct h2o_rule_job)},
 	};
-	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
-		fake = (struct kvt_backend_rule){c[k].rule, c[k].version,
-		                                 c[k].params, c[k].job,
-		                                 fake_run};
-		have_rule = 1;
-		T_OK(init(c[k].spec, &o, &t, err, sizeof(err)));
-		T_EQ_STR(asked, c[k].rule);
-		T_ASSERT(t.attn.rule == &fake);
-		T_ASSERT(t.attn.state != NULL);
-		T_ASSERT(mem_calls >= 1);
-		tenant_done(&t);
-	}
+	rule_cases_taken(&attn, &o, c, sizeof(c) / sizeof(c[0]));
 }
 
 TEST(tenant, attn_without_rule_decides_on_host)
@@ -149,49 +110,25 @@ TEST(tenant, attn_without_rule_decides_on_host)
 	/* a table without the member */
 	o.rule = NULL;
 	T_OK(init("tova", &o, &t, err, sizeof(err)));
-	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
-	T_EQ(mem_calls, 0);
+	none(&t);
 	tenant_done(&t);
 	/* a lookup that has no rule of the name */
 	o.rule = fake_lookup;
 	have_rule = 0;
 	T_OK(init("h2o", &o, &t, err, sizeof(err)));
 	T_EQ_STR(asked, "h2o");
-	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
-	T_EQ(mem_calls, 0);
+	none(&t);
 	tenant_done(&t);
 }
 
 TEST(tenant, attn_rule_of_another_layout_refused)
 {
 	const struct kvt_backend_ops o = fake_ops();
-	struct tenant t;
-	char err[256];
 	const struct kvt_backend_rule good = {
 		"tova", TOVA_RULE_VERSION, sizeof(struct tova_rule),
 		sizeof(struct tova_rule_job), fake_run,
 	};
-	struct kvt_backend_rule bad[3] = {good, good, good};
-	bad[0].version++;
-	bad[1].params_bytes += 4;
-	bad[2].job_bytes -= 4;
-	have_rule = 1;
-	for (int k = 0; k < 3; k++) {
-		fake = bad[k];
-		T_EQ(init("tova", &o, &t, err, sizeof(err)), KVT_ENOTSUP);
-		T_ASSERT(strstr(err, "device rule tova") != NULL);
-		T_ASSERT(strstr(err, "another build") != NULL);
-		T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
-		T_EQ(mem_calls, 0);
-		tenant_done(&t);
-	}
-	/* the reason names both layouts */
-	fake = bad[0];
-	T_EQ(init("tova", &o, &t, err, sizeof(err)), KVT_ENOTSUP);
-	char want[64];
-	snprintf(want, sizeof(want), "layout version %u", bad[0].version);
-	T_ASSERT(strstr(err, want) != NULL);
-	tenant_done(&t);
+	rule_other_layouts_refused(&attn, &o, "tova", &good);
 }
 
 /* A rule no daemon was told about: its shape, and an upload of 64 bytes
@@ -231,7 +168,7 @@ static int init_any(const struct kvt_backend_ops *o, struct tenant *t,
                     struct policy_ops *ops)
 {
 	char err[256];
-	tenant_of(t, "h2o", o);
+	tenant_of(t, "attn-test", "h2o", o);
 	*ops = *t->pol->ops;
 	ops->device = &any_rule;
 	t->pol->ops = ops;

@@ -2,8 +2,9 @@
  * tenant_device.c — the device's part of a sync of a device tenant: the
  * wait for the engine's writes, the scratch and the stream's wait before
  * the decisions, keys staged to host memory for a policy that reads them
- * there, the device copy of the chunk bases, and the scorer, key norms
- * and compaction run where the pages are.  See tenant_int.h.
+ * there, the device copy of the chunk bases, the scorer, key norms
+ * and compaction run where the pages are, and the lookup of a policy's
+ * device rule with the check of its layout.  See tenant_int.h.
  */
 #include "errors.h"
 #include "tenant_int.h"
@@ -53,6 +54,30 @@ int tenant_sync_ready(struct tenant *t, void (*wake)(void *), void *arg)
 		t->dsync.kv_wait = 0;
 		return 1;
 	}
+	return 0;
+}
+
+int tenant_rule_lookup(const struct tenant *t, const char *name,
+                       uint32_t version, uint32_t params_bytes,
+                       uint32_t job_bytes,
+                       const struct kvt_backend_rule **out, char *err,
+                       size_t errlen)
+{
+	const struct kvt_backend_ops *o = t->bops;
+	const struct kvt_backend_rule *b = o->rule ? o->rule(name) : NULL;
+	*out = NULL;
+	if (!b || !b->run)
+		return 0;
+	if (b->version != version || b->params_bytes != params_bytes ||
+	    b->job_bytes != job_bytes)
+		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend's "
+		                  "device rule %s has layout version %u (params "
+		                  "%u, job %u bytes), this kvtrimd's %u (%u, %u "
+		                  "bytes): a backend library of another build",
+		                  o->name, name, b->version, b->params_bytes,
+		                  b->job_bytes, version, params_bytes,
+		                  job_bytes);
+	*out = b;
 	return 0;
 }
 

@@ -9,6 +9,11 @@
  * K/V row carries its (slot, layer, head, position), so compaction that loses
  * or mixes bytes shows up.  The checking macros (CLEAN, STEP, VERIFY, SAME,
  * REFUSE, NEW_REFUSED) report the caller's file and line.
+ *
+ * A test of how a tenant takes its policy's device rule (tenant_window_test.c,
+ * tenant_attn_test.c) defines TENANT_FIXTURE_RULE before including it: it
+ * gets tenant_int.h, a fake rule lookup for a backend table and a device
+ * tenant as far as the rule's setup reads it (the last section).
  */
 #ifndef KVT_TENANT_FIXTURE_H
 #define KVT_TENANT_FIXTURE_H
@@ -179,7 +184,7 @@ static inline const struct shm_list *lst(const struct sim *s, uint64_t seq,
 	return shm_list_at((void *)s->table, s->g, seqid_slot(seq), layer, head);
 }
 
-static inline uint8_t *page_ptr(const struct sim *s, uint32_t id)
+static inline uint8_t *sim_page(const struct sim *s, uint32_t id)
 {
 	uint32_t ppc = s->g->pages_per_chunk;
 	T_ASSERT(id / ppc < MAX_SLOTS);
@@ -193,7 +198,7 @@ static inline void rows(const struct sim *s, const struct shm_list *l,
 	uint32_t P = s->g->page_tokens;
 	size_t row = (size_t)s->g->head_dim * s->g->elem_bytes;
 	T_ASSERT(e / P < l->n_pages);
-	uint8_t *pg = page_ptr(s, l->pages[e / P]);
+	uint8_t *pg = sim_page(s, l->pages[e / P]);
 	*k = (uint32_t *)(pg + (e % P) * row);
 	*v = (uint32_t *)(pg + P * row + (e % P) * row);
 }
@@ -414,5 +419,132 @@ static inline void new_refused_at(struct pool *pool, const struct ipc_hello *h,
 }
 #define NEW_REFUSED(pool, h, code)                                             \
 	new_refused_at((pool), (h), (code), __FILE__, __LINE__)
+
+
+#ifdef TENANT_FIXTURE_RULE
+#include <stdio.h>
+
+#include "tenant_int.h"
+
+/* What the fake rule lookup hands out (fake, when have_rule) and the name
+ * it was last asked (asked). */
+static struct kvt_backend_rule fake;
+static int have_rule;
+static char asked[32];
+
+/* fake's run: never called, the tests plan no job. */
+static inline int fake_run(void *ctx, const struct kvt_backend_paged *pg,
+                           uint32_t n_records,
+                           const struct kvt_backend_rule_geom *g,
+                           const void *params, const void *jobs, uint32_t n,
+                           uint32_t *out, uint32_t out_words, void *stream)
+{
+	return KVT_ESYS;
+}
+
+/* A backend's rule member: fake or none, whatever the name. */
+static inline const struct kvt_backend_rule *fake_lookup(const char *name)
+{
+	snprintf(asked, sizeof(asked), "%s", name ? name : "(null)");
+	return have_rule ? &fake : NULL;
+}
+
+/* A device tenant called name of policy spec on backend o, as far as the
+ * lookup of its device rules reads it: the geometry, the policy, the
+ * backend, and stand-ins for the chunk bases and device staging. */
+static inline void tenant_of(struct tenant *t, const char *name,
+                             const char *spec, const struct kvt_backend_ops *o)
+{
+	static char base; /* stands in for the chunk bases and staging */
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->g = (struct shm_geom){.max_seqs = 2, .n_layers = 2, .n_heads = 4,
+	                         .n_kv_heads = 2, .head_dim = 8, .d_model = 16,
+	                         .page_tokens = 4, .max_tokens = 32,
+	                         .headroom = 4, .stage_tokens = 8};
+	t->lists_per_seq = t->g.n_layers * t->g.n_kv_heads;
+	const struct policy_geom pg = {
+		.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+		.d_model = 16, .page_tokens = 4, .dtype = KVT_DTYPE_F32,
+		.headroom = 4,
+	};
+	char err[256];
+	T_OK(policy_create(spec, &pg, &t->pol, err, sizeof(err)));
+	t->bops = o;
+	t->dev = 1;
+	t->dsync.dbases = (void **)&base;
+	t->dstage.chunk.base = &base;
+}
+
+/* The code under test as a test drives it: setup makes t a tenant of
+ * policy spec on o and sets its rule up (0, or the error with the reason
+ * in err); taken asserts that t holds fake and what goes with it, none
+ * that it holds nothing of a rule; done frees t. */
+struct rule_setup {
+	int (*setup)(const char *spec, const struct kvt_backend_ops *o,
+	             struct tenant *t, char *err, size_t errlen);
+	void (*taken)(const struct tenant *t);
+	void (*none)(const struct tenant *t);
+	void (*done)(struct tenant *t);
+};
+
+/* A policy and the backend rule of its header's layout. */
+struct rule_case {
+	const char *spec, *rule;
+	uint32_t version, params, job;
+};
+
+/* Each case's rule, of the policy's layout, offered by o's lookup: asked
+ * by its name and taken. */
+static inline void rule_cases_taken(const struct rule_setup *rs,
+                                    const struct kvt_backend_ops *o,
+                                    const struct rule_case *c, size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		struct tenant t;
+		char err[256];
+		fake = (struct kvt_backend_rule){c[k].rule, c[k].version,
+		                                 c[k].params, c[k].job,
+		                                 fake_run};
+		have_rule = 1;
+		T_OK(rs->setup(c[k].spec, o, &t, err, sizeof(err)));
+		T_EQ_STR(asked, c[k].rule);
+		rs->taken(&t);
+		rs->done(&t);
+	}
+}
+
+/* good (the rule of spec's policy, of its layout) with its version, its
+ * params' bytes or its job's bytes off in turn: each refused with
+ * KVT_ENOTSUP and a reason naming the rule, both layout versions and
+ * another build, and nothing kept. */
+static inline void
+rule_other_layouts_refused(const struct rule_setup *rs,
+                           const struct kvt_backend_ops *o, const char *spec,
+                           const struct kvt_backend_rule *good)
+{
+	struct kvt_backend_rule bad[3] = {*good, *good, *good};
+	bad[0].version++;
+	bad[1].params_bytes += 4;
+	bad[2].job_bytes -= 4;
+	have_rule = 1;
+	for (int k = 0; k < 3; k++) {
+		struct tenant t;
+		char err[256], want[64];
+		fake = bad[k];
+		T_EQ(rs->setup(spec, o, &t, err, sizeof(err)), KVT_ENOTSUP);
+		snprintf(want, sizeof(want), "device rule %s", good->name);
+		T_ASSERT(strstr(err, want) != NULL);
+		T_ASSERT(strstr(err, "another build") != NULL);
+		snprintf(want, sizeof(want), "layout version %u",
+		         bad[k].version);
+		T_ASSERT(strstr(err, want) != NULL);
+		snprintf(want, sizeof(want), "this kvtrimd's %u", good->version);
+		T_ASSERT(strstr(err, want) != NULL);
+		rs->none(&t);
+		rs->done(&t);
+	}
+}
+#endif
 
 #endif

@@ -712,6 +712,16 @@ void tenant_gather_inputs(struct tenant *t, uint32_t slot, uint32_t layer,
 
 /* --------------------------------------------------- tenant_device.c */
 
+/* The backend's device rule called name into *out: NULL when the backend
+ * has none of that name that runs (the host decides); KVT_ENOTSUP with the
+ * reason when its layout (version, params and job bytes) is not the one
+ * given, the policy's header's this kvtrimd was built with. */
+int tenant_rule_lookup(const struct tenant *t, const char *name,
+                       uint32_t version, uint32_t params_bytes,
+                       uint32_t job_bytes,
+                       const struct kvt_backend_rule **out, char *err,
+                       size_t errlen);
+
 /* Bytes of a page a device tenant stages on the host for its policy: the
  * K half, or the whole page for a policy that reads V. */
 size_t tenant_staged_page_bytes(const struct tenant *t);

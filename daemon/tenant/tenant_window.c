@@ -42,26 +42,18 @@ static int identity(const struct tenant *t, const struct tseq *s,
 static int rule_lookup(struct tenant *t, const struct policy_prompt_rule *r,
                        char *err, size_t errlen)
 {
-	const struct kvt_backend_ops *o = t->bops;
 	if (t->win.looked)
 		return 0;
-	const struct kvt_backend_rule *b = o->rule ? o->rule(r->name) : NULL;
-	if (b && b->run &&
-	    (b->version != r->version || b->params_bytes != r->params_bytes ||
-	     b->job_bytes != r->job_bytes))
-		return errors_fmt(err, errlen, KVT_ENOTSUP, "the %s backend's "
-		                  "device rule %s has layout version %u (params "
-		                  "%u, job %u bytes), this kvtrimd's %u (%u, %u "
-		                  "bytes): a backend library of another build",
-		                  o->name, r->name, b->version, b->params_bytes,
-		                  b->job_bytes, r->version, r->params_bytes,
-		                  r->job_bytes);
-	t->win.params = b && b->run ? calloc(1, r->params_bytes ? r->params_bytes
-	                                                        : 1)
-	                            : NULL;
-	if (b && b->run && !t->win.params)
+	const struct kvt_backend_rule *b;
+	int rc = tenant_rule_lookup(t, r->name, r->version, r->params_bytes,
+	                            r->job_bytes, &b, err, errlen);
+	if (rc)
+		return rc;
+	t->win.params = b ? calloc(1, r->params_bytes ? r->params_bytes : 1)
+	                  : NULL;
+	if (b && !t->win.params)
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	t->win.rule = b && b->run ? b : NULL;
+	t->win.rule = b;
 	t->win.looked = 1;
 	return 0;
 }

@@ -20,53 +20,10 @@
 #include "expected_attention_rule.h"
 #include "policy.h"
 #include "snapkv_rule.h"
-#include "tenant_int.h"
 #include "test.h"
 
-/* What the fake backend hands out and what it was asked. */
-static struct kvt_backend_rule fake;
-static int have_rule;
-static char asked[32];
-
-static int fake_run(void *ctx, const struct kvt_backend_paged *pg,
-                    uint32_t n_records, const struct kvt_backend_rule_geom *g,
-                    const void *params, const void *jobs, uint32_t n,
-                    uint32_t *out, uint32_t out_words, void *stream)
-{
-	return KVT_ESYS; /* never run here: no item, no job */
-}
-
-static const struct kvt_backend_rule *fake_lookup(const char *name)
-{
-	snprintf(asked, sizeof(asked), "%s", name ? name : "(null)");
-	return have_rule ? &fake : NULL;
-}
-
-/* A device tenant of policy spec on backend o, as far as
- * tenant_window_plan reads it. */
-static void tenant_of(struct tenant *t, const char *spec,
-                      const struct kvt_backend_ops *o)
-{
-	static char base; /* stands in for the chunk bases and staging */
-	memset(t, 0, sizeof(*t));
-	snprintf(t->name, sizeof(t->name), "window-test");
-	t->g = (struct shm_geom){.max_seqs = 2, .n_layers = 2, .n_heads = 4,
-	                         .n_kv_heads = 2, .head_dim = 8, .d_model = 16,
-	                         .page_tokens = 4, .max_tokens = 32,
-	                         .headroom = 4, .stage_tokens = 8};
-	t->lists_per_seq = t->g.n_layers * t->g.n_kv_heads;
-	const struct policy_geom pg = {
-		.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
-		.d_model = 16, .page_tokens = 4, .dtype = KVT_DTYPE_F32,
-		.headroom = 4,
-	};
-	char err[256];
-	T_OK(policy_create(spec, &pg, &t->pol, err, sizeof(err)));
-	t->bops = o;
-	t->dev = 1;
-	t->dsync.dbases = (void **)&base;
-	t->dstage.chunk.base = &base;
-}
+#define TENANT_FIXTURE_RULE
+#include "tenant_fixture.h"
 
 static void tenant_done(struct tenant *t)
 {
@@ -81,7 +38,7 @@ static void tenant_done(struct tenant *t)
 static int plan(const char *spec, const struct kvt_backend_ops *o,
                 struct tenant *t, char *err, size_t errlen)
 {
-	tenant_of(t, spec, o);
+	tenant_of(t, "window-test", spec, o);
 	err[0] = '\0';
 	asked[0] = '\0';
 	return tenant_window_plan(t, NULL, 0, err, errlen);
@@ -94,15 +51,27 @@ static struct kvt_backend_ops fake_ops(void)
 	return o;
 }
 
+/* What tenant_window_plan leaves in t with a rule and without (rule_setup). */
+static void taken(const struct tenant *t)
+{
+	T_ASSERT(t->win.rule == &fake);
+	T_ASSERT(t->win.params != NULL);
+	T_EQ(t->win.active, 1);
+	T_EQ(t->win.n_jobs, 0);
+}
+
+static void none(const struct tenant *t)
+{
+	T_ASSERT(t->win.rule == NULL && t->win.params == NULL);
+	T_EQ(t->win.active, 0);
+}
+
+static const struct rule_setup window = {plan, taken, none, tenant_done};
+
 TEST(tenant, window_rule_of_this_layout_is_taken)
 {
 	const struct kvt_backend_ops o = fake_ops();
-	struct tenant t;
-	char err[256];
-	const struct {
-		const char *spec, *rule;
-		uint32_t version, params, job;
-	} c[] = {
+	const struct rule_case c[] = {
 		{"snapkv", "snapkv", SNAPKV_RULE_VERSION,
 		 sizeof(struct snapkv_rule), sizeof(struct snapkv_rule_job)},
 		{"pyramidkv", "snapkv", SNAPKV_RULE_VERSION,
@@ -112,19 +81,7 @@ TEST(tenant, window_rule_of_this_layout_is_taken)
 		 sizeof(struct expected_attention_rule),
 		 sizeof(struct expected_attention_rule_job)},
 	};
-	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
-		fake = (struct kvt_backend_rule){c[k].rule, c[k].version,
-		                                 c[k].params, c[k].job,
-		                                 fake_run};
-		have_rule = 1;
-		T_OK(plan(c[k].spec, &o, &t, err, sizeof(err)));
-		T_EQ_STR(asked, c[k].rule);
-		T_ASSERT(t.win.rule == &fake);
-		T_ASSERT(t.win.params != NULL);
-		T_EQ(t.win.active, 1);
-		T_EQ(t.win.n_jobs, 0);
-		tenant_done(&t);
-	}
+	rule_cases_taken(&window, &o, c, sizeof(c) / sizeof(c[0]));
 }
 
 TEST(tenant, window_without_rule_decides_on_host)
@@ -135,16 +92,14 @@ TEST(tenant, window_without_rule_decides_on_host)
 	/* a table without the member */
 	o.rule = NULL;
 	T_OK(plan("snapkv", &o, &t, err, sizeof(err)));
-	T_ASSERT(t.win.rule == NULL && t.win.params == NULL);
-	T_EQ(t.win.active, 0);
+	none(&t);
 	tenant_done(&t);
 	/* a lookup that has no rule of the name */
 	o.rule = fake_lookup;
 	have_rule = 0;
 	T_OK(plan("expected_attention", &o, &t, err, sizeof(err)));
 	T_EQ_STR(asked, "expected_attention");
-	T_ASSERT(t.win.rule == NULL && t.win.params == NULL);
-	T_EQ(t.win.active, 0);
+	none(&t);
 	tenant_done(&t);
 	/* a policy without the hook asks nothing */
 	have_rule = 1;
@@ -157,31 +112,10 @@ TEST(tenant, window_without_rule_decides_on_host)
 TEST(tenant, window_rule_of_another_layout_refused)
 {
 	const struct kvt_backend_ops o = fake_ops();
-	struct tenant t;
-	char err[256];
 	const struct kvt_backend_rule good = {
 		"snapkv", SNAPKV_RULE_VERSION, sizeof(struct snapkv_rule),
 		sizeof(struct snapkv_rule_job), fake_run,
 	};
-	struct kvt_backend_rule bad[3] = {good, good, good};
-	bad[0].version++;
-	bad[1].params_bytes += 4;
-	bad[2].job_bytes -= 4;
-	have_rule = 1;
-	for (int k = 0; k < 3; k++) {
-		fake = bad[k];
-		T_EQ(plan("pyramidkv", &o, &t, err, sizeof(err)), KVT_ENOTSUP);
-		T_ASSERT(strstr(err, "device rule snapkv") != NULL);
-		T_ASSERT(strstr(err, "another build") != NULL);
-		T_ASSERT(t.win.rule == NULL && t.win.params == NULL);
-		T_EQ(t.win.active, 0);
-		tenant_done(&t);
-	}
-	/* the reason names both layouts */
-	fake = bad[0];
-	T_EQ(plan("snapkv", &o, &t, err, sizeof(err)), KVT_ENOTSUP);
-	char want[64];
-	snprintf(want, sizeof(want), "layout version %u", bad[0].version);
-	T_ASSERT(strstr(err, want) != NULL);
-	tenant_done(&t);
+	rule_other_layouts_refused(&window, &o, "pyramidkv", &good);
+	rule_other_layouts_refused(&window, &o, "snapkv", &good);
 }

@@ -10,7 +10,10 @@
  * unmapped) — with a host image of the chunk and of the records, the
  * struct kvt_backend_paged that describes them, and the teardown.  A test
  * adds its own device buffers with sel_mem; sel_fini frees them too.
- * sel_rule finds a device rule and sel_run runs it.
+ * sel_rule finds a device rule and sel_run runs it; SEL_LAUNCHES counts
+ * the launches of a call and SEL_REFUSED_UNRUN checks a refusal launched
+ * and copied nothing; sel_check_drops checks a job's drops against
+ * marks and sel_keep_best is the rules' references' top-k.
  *
  * Header-only (static inline), so no helper name leaves a test file.  The
  * test file defines SEL_SEED (its stream's first state) before including
@@ -88,6 +91,14 @@ static inline void sel_put_records(struct sel_fx *f)
 	                NULL));
 }
 
+/* Every list's record holds len entries, on the host and the device. */
+static inline void sel_set_lens(struct sel_fx *f, uint32_t len)
+{
+	for (uint32_t i = 0; i < f->n_lists; i++)
+		sel_rec(f, i)->len = len;
+	sel_put_records(f);
+}
+
 /* The host image of the chunk to the device. */
 static inline void sel_put_chunk(struct sel_fx *f)
 {
@@ -149,6 +160,14 @@ static inline void sel_fill_bytes(struct sel_fx *f)
 	for (uint64_t i = 0; i < f->chunk_bytes; i++)
 		f->h_chunk[i] = (uint8_t)urnd();
 	sel_put_chunk(f);
+}
+
+/* sel_init with the chunk's random bytes (sel_fill_bytes). */
+static inline void sel_init_bytes(struct sel_fx *f, uint32_t pt, uint32_t row,
+                                  uint32_t n_lists, uint32_t list_pages)
+{
+	sel_init(f, pt, row, n_lists, list_pages);
+	sel_fill_bytes(f);
 }
 
 /* The chunk: elements of dtype dt, each from sel_unif(1000) (one urnd),
@@ -223,6 +242,63 @@ static inline int sel_run(struct sel_fx *f, const struct kvt_backend_rule *r,
 	                                        head_dim};
 	return r->run(f->ctx, pg, n_records, &g, params, jobs, n, out,
 	              out_words, stream);
+}
+
+/* The launches (kernels and cuBLAS calls) backend o counted (its traffic
+ * op) during call, which must return 0. */
+#define SEL_LAUNCHES(o, ctx, call)                                             \
+	({                                                                     \
+		uint64_t h_, d_, l0_, l1_;                                     \
+		T_OK((o)->traffic((ctx), &h_, &d_, &l0_, NULL));               \
+		T_OK(call);                                                    \
+		T_OK((o)->traffic((ctx), &h_, &d_, &l1_, NULL));               \
+		l1_ - l0_;                                                     \
+	})
+
+/* call refused with KVT_EINVAL before backend o launched anything or
+ * copied anything to the device. */
+#define SEL_REFUSED_UNRUN(o, ctx, call)                                        \
+	do {                                                                   \
+		uint64_t h0_, d0_, l0_, h1_, d1_, l1_;                         \
+		T_OK((o)->traffic((ctx), &h0_, &d0_, &l0_, NULL));             \
+		T_EQ((call), KVT_EINVAL);                                      \
+		T_OK((o)->traffic((ctx), &h1_, &d1_, &l1_, NULL));             \
+		T_EQ(l1_, l0_);                                                \
+		T_EQ(h1_, h0_);                                                \
+	} while (0)
+
+/* Job k of a call of n jobs (rule jobs' output: n flags, n drop counts,
+ * then the drops' indices), of len entries with the new ones and n_drop
+ * drops from word 2 n + drop_off: its count and indices against the
+ * marks want [len]. */
+static inline void sel_check_drops(const uint32_t *out, uint32_t n,
+                                   uint32_t k, uint32_t len, uint32_t n_drop,
+                                   uint32_t drop_off, const uint8_t *want)
+{
+	T_EQ(out[n + k], n_drop);
+	uint32_t c = 0;
+	for (uint32_t i = 0; i < len; i++)
+		if (want[i])
+			T_EQ(out[2 * n + drop_off + c++], i);
+	T_EQ(c, n_drop);
+}
+
+/* Of the candidates cand [nc] scored by s, the best keep (ties: the higher
+ * index) stay; the others are marked in drop.  The rules' references in
+ * double select with it (a plain exchange sort, not the rules' code). */
+static inline void sel_keep_best(const double *s, uint32_t *cand, uint32_t nc,
+                                 uint32_t keep, uint8_t *drop)
+{
+	for (uint32_t a = 0; a < nc; a++)
+		for (uint32_t b = a + 1; b < nc; b++)
+			if (s[cand[b]] > s[cand[a]] ||
+			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
+				uint32_t x = cand[a];
+				cand[a] = cand[b];
+				cand[b] = x;
+			}
+	for (uint32_t c = keep; c < nc; c++)
+		drop[cand[c]] = 1;
 }
 
 static inline void sel_fini(struct sel_fx *f)

@@ -28,31 +28,6 @@
 /* The launches a call may take, whatever its jobs (docs/cuda.md). */
 #define SK_BOUND 5
 
-/* One chunk of DR_LISTS * DR_PAGES pages of random bytes (list i owns
- * pages i * DR_PAGES .. in reversed order; select_fixture.h). */
-static void dr_init(struct sel_fx *f, uint32_t pt, uint32_t row)
-{
-	sel_init(f, pt, row, DR_LISTS, DR_PAGES);
-	sel_fill_bytes(f);
-}
-
-/* Of the candidates cand [nc], the best keep by s (ties: the higher
- * index) stay; the others are marked in drop. */
-static void naive_keep_best(const double *s, uint32_t *cand, uint32_t nc,
-                            uint32_t keep, uint8_t *drop)
-{
-	for (uint32_t a = 0; a < nc; a++)
-		for (uint32_t b = a + 1; b < nc; b++)
-			if (s[cand[b]] > s[cand[a]] ||
-			    (s[cand[b]] == s[cand[a]] && cand[b] > cand[a])) {
-				uint32_t x = cand[a];
-				cand[a] = cand[b];
-				cand[b] = x;
-			}
-	for (uint32_t c = keep; c < nc; c++)
-		drop[cand[c]] = 1;
-}
-
 /* The rule of snapkv_rule.h in double, for the list of record r (KV
  * head g) of the fixture: its drop marks. */
 static void window_naive(const struct sel_fx *f,
@@ -98,7 +73,7 @@ static void window_naive(const struct sel_fx *f,
 		if (i < from && i >= sinks)
 			cand[nc++] = i;
 	}
-	naive_keep_best(s, cand, nc, keep, drop);
+	sel_keep_best(s, cand, nc, keep, drop);
 }
 
 /* n jobs' drops (out of a call of n jobs) against the naive marks want
@@ -106,14 +81,9 @@ static void window_naive(const struct sel_fx *f,
 static void sk_check(const uint32_t *out, const struct snapkv_rule_job *j,
                      uint32_t n, const uint8_t *want, uint32_t cap)
 {
-	for (uint32_t k = 0; k < n; k++) {
-		T_EQ(out[n + k], j[k].n_drop);
-		uint32_t c = 0;
-		for (uint32_t i = 0; i < j[k].len + j[k].n_new; i++)
-			if (want[k * cap + i])
-				T_EQ(out[2 * n + j[k].drop_off + c++], i);
-		T_EQ(c, j[k].n_drop);
-	}
+	for (uint32_t k = 0; k < n; k++)
+		sel_check_drops(out, n, k, j[k].len + j[k].n_new, j[k].n_drop,
+		                j[k].drop_off, want + k * cap);
 }
 
 /* A random staging ring of st rows of rf floats (q of H heads of hd, then
@@ -142,14 +112,12 @@ TEST(cuda, backend_snapkv_rule_matches_naive)
 	enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, ST = 16, P = 32,
 	       W = 4, NN = 4, KEEP = 10, RF = H * HD + H };
 	struct sel_fx f;
-	dr_init(&f, PT, HD * sizeof(float));
+	sel_init_bytes(&f, PT, HD * sizeof(float), DR_LISTS, DR_PAGES);
 	const struct kvt_backend_rule *r =
 		sel_rule(&f, "snapkv", SNAPKV_RULE_VERSION,
 		         sizeof(struct snapkv_rule), sizeof(struct snapkv_rule_job));
 	sel_fill_floats(&f, KVT_DTYPE_F32);
-	for (uint32_t i = 0; i < DR_LISTS; i++)
-		sel_rec(&f, i)->len = P + NN;
-	sel_put_records(&f);
+	sel_set_lens(&f, P + NN);
 	float ring[ST * RF];
 	void *dring = sk_ring(&f, ring, ST, RF, H * HD);
 	struct kvt_backend_paged pg = sel_paged(&f);
@@ -214,17 +182,6 @@ TEST(cuda, backend_snapkv_rule_matches_naive)
 	sel_fini(&f);
 }
 
-/* The launches (kernels and cuBLAS calls) the backend counted during
- * one call whose result is rv; rv 0 expected. */
-#define SK_LAUNCHES(o, ctx, call)                                              \
-	({                                                                     \
-		uint64_t h_, d_, l0_, l1_;                                     \
-		T_OK((o)->traffic((ctx), &h_, &d_, &l0_, NULL));               \
-		T_OK(call);                                                    \
-		T_OK((o)->traffic((ctx), &h_, &d_, &l1_, NULL));               \
-		l1_ - l0_;                                                     \
-	})
-
 TEST(cuda, backend_snapkv_rule_launches)
 {
 	/* 2 and 48 jobs (24 (sequence, layer)s of ragged prompts, 8 to 32,
@@ -236,16 +193,14 @@ TEST(cuda, backend_snapkv_rule_launches)
 	enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, ST = 16, W = 4,
 	       NN = 4, NW = 24, CAP = DR_PAGES * PT, RF = H * HD + H };
 	struct sel_fx f;
-	dr_init(&f, PT, HD * sizeof(float));
+	sel_init_bytes(&f, PT, HD * sizeof(float), DR_LISTS, DR_PAGES);
 	const struct kvt_backend_rule *r =
 		sel_rule(&f, "snapkv", SNAPKV_RULE_VERSION,
 		         sizeof(struct snapkv_rule), sizeof(struct snapkv_rule_job));
 	if (!f.o->traffic)
 		T_SKIP("no traffic");
 	sel_fill_floats(&f, KVT_DTYPE_F32);
-	for (uint32_t i = 0; i < DR_LISTS; i++)
-		sel_rec(&f, i)->len = CAP;
-	sel_put_records(&f);
+	sel_set_lens(&f, CAP);
 	static float ring[ST * RF];
 	void *dring = sk_ring(&f, ring, ST, RF, H * HD);
 	struct kvt_backend_paged pg = sel_paged(&f);
@@ -268,11 +223,11 @@ TEST(cuda, backend_snapkv_rule_launches)
 			off += nd;
 		}
 	}
-	uint64_t one = SK_LAUNCHES(f.o, f.ctx, sel_run(
+	uint64_t one = SEL_LAUNCHES(f.o, f.ctx, sel_run(
 		&f, r, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, &a, jobs, NKV,
 		out, 2 * NKV + jobs[1].drop_off + jobs[1].n_drop, NULL));
 	sk_check(out, jobs, NKV, want, CAP);
-	uint64_t many = SK_LAUNCHES(f.o, f.ctx, sel_run(
+	uint64_t many = SEL_LAUNCHES(f.o, f.ctx, sel_run(
 		&f, r, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, &a, jobs,
 		NW * NKV, out, 2 * NW * NKV + off, NULL));
 	for (uint32_t k = 0; k < NW * NKV; k++)
@@ -282,13 +237,9 @@ TEST(cuda, backend_snapkv_rule_launches)
 	T_ASSERT(many <= SK_BOUND);
 	/* job 9 of a list beyond the records: refused, nothing launched */
 	jobs[9].record = DR_LISTS;
-	uint64_t h0, d0, l0, h1, d1, l1;
-	T_OK(f.o->traffic(f.ctx, &h0, &d0, &l0, NULL));
-	T_EQ(sel_run(&f, r, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, &a, jobs,
-	             NW * NKV, out, 2 * NW * NKV + off, NULL), KVT_EINVAL);
-	T_OK(f.o->traffic(f.ctx, &h1, &d1, &l1, NULL));
-	T_EQ(l1, l0);
-	T_EQ(h1, h0);
+	SEL_REFUSED_UNRUN(f.o, f.ctx, sel_run(
+		&f, r, &pg, DR_LISTS, KVT_DTYPE_F32, H, NKV, HD, &a, jobs,
+		NW * NKV, out, 2 * NW * NKV + off, NULL));
 	f.o->mem_free(f.ctx, dring);
 	sel_fini(&f);
 }

@@ -31,9 +31,8 @@
  * pages i * DR_PAGES .. in reversed order; select_fixture.h). */
 static void dr_init(struct sel_fx *f, uint32_t pt, uint32_t row)
 {
-	sel_init(f, pt, row, DR_LISTS, DR_PAGES);
+	sel_init_bytes(f, pt, row, DR_LISTS, DR_PAGES);
 	T_ASSERT(f->o->compact_drops != NULL);
-	sel_fill_bytes(f);
 }
 
 /* Drop marks of list i, pattern by i; the list holds len entries. */
@@ -564,17 +563,6 @@ TEST(cuda, backend_key_norms_match_double_loop)
 	sel_fini(&f);
 }
 
-/* The launches (kernels and cuBLAS calls) the backend counted during
- * one call of ops whose result is rv; rv 0 expected. */
-#define PL_LAUNCHES(o, ctx, call)                                              \
-	({                                                                     \
-		uint64_t h_, d_, l0_, l1_;                                     \
-		T_OK((o)->traffic((ctx), &h_, &d_, &l0_, NULL));               \
-		T_OK(call);                                                    \
-		T_OK((o)->traffic((ctx), &h_, &d_, &l1_, NULL));               \
-		l1_ - l0_;                                                     \
-	})
-
 /* The launch bound docs/cuda.md states per call. */
 #define PL_NORMS_BOUND 1
 
@@ -588,9 +576,7 @@ TEST(cuda, backend_key_norms_launches)
 	dr_init(&f, PT, HD * sizeof(float));
 	if (!f.o->key_norms || !f.o->traffic)
 		T_SKIP("no key_norms");
-	for (uint32_t i = 0; i < DR_LISTS; i++)
-		sel_rec(&f, i)->len = DR_PAGES * PT;
-	sel_put_records(&f);
+	sel_set_lens(&f, DR_PAGES * PT);
 	struct kvt_backend_paged pg = sel_paged(&f);
 	struct kvt_backend_norm_job jobs[DR_LISTS];
 	float got[DR_LISTS * 32];
@@ -600,10 +586,10 @@ TEST(cuda, backend_key_norms_launches)
 		jobs[i] = (struct kvt_backend_norm_job){i, i % 3, n, at, 1};
 		at += n;
 	}
-	uint64_t one = PL_LAUNCHES(f.o, f.ctx, f.o->key_norms(
+	uint64_t one = SEL_LAUNCHES(f.o, f.ctx, f.o->key_norms(
 		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, jobs, 1, got,
 		jobs[0].n, NULL));
-	uint64_t many = PL_LAUNCHES(f.o, f.ctx, f.o->key_norms(
+	uint64_t many = SEL_LAUNCHES(f.o, f.ctx, f.o->key_norms(
 		f.ctx, &pg, DR_LISTS, KVT_DTYPE_F32, HD, jobs, DR_LISTS, got, at,
 		NULL));
 	T_EQ(one, many);
