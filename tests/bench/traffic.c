@@ -710,17 +710,19 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 	} else {
 		/* bytes: the 8B geometry, 2 sequences, prompt syncs of
 		 * T_CHUNK, budgets of T_BUDGET.  The host side: 64 sequences of
-		 * the 8B model's lists (32 layers of 8 KV heads, 32 query
-		 * heads), which is what the daemon's host work depends on,
-		 * at head_dim 16, d_model 256 and narrow scorers (what only the
+		 * the 8B model's lists (32 layers of 8 KV heads), which is what
+		 * the daemon's host work depends on, at one query head a KV
+		 * head, head_dim 16, d_model 256 and narrow scorers (what only the
 		 * device's work depends on: on the emulator it would cost
 		 * minutes and gigabytes), a prompt of 16, budgets of 16 and
 		 * windows of 8, so that the emulated device's work (which is
-		 * subtracted) stays short; one decode sync after the first
-		 * before those measured, so that the scratch memory has its
-		 * size (its first touch is not a token's cost) */
+		 * subtracted) stays short; in the full bench one decode sync
+		 * after the first before those measured, so that the scratch
+		 * memory has its size (its first touch is not a token's
+		 * cost; the quick bench does without: the emulated attention
+		 * rules take a minute a sync of 64 sequences) */
 		const struct kvt_geometry g8 = {T_L, T_H, T_KV, T_HD, T_D};
-		const struct kvt_geometry gh = {T_L, T_H, T_KV, 16, 256};
+		const struct kvt_geometry gh = {T_L, T_KV, T_KV, 16, 256};
 		const struct th_wshape wsh = {16, 4, 4, 4, 8};
 		struct t_rows rows8 = {0}, rowsh = {0};
 		if (rows_make(&rows8, &g8) || rows_make(&rowsh, &gh)) {
@@ -731,7 +733,7 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		                         quick ? T_CHUNK : 2 * T_CHUNK, 0,
 		                         quick ? 2 * T_EVERY : 4 * T_EVERY,
 		                         T_BUDGET, 64, 1024, &TH_WSHAPE_FULL};
-		const struct t_run rh = {T_MAXSEQS, 16, 16, T_EVERY,
+		const struct t_run rh = {T_MAXSEQS, 16, 16, quick ? 0 : T_EVERY,
 		                         quick ? T_EVERY : 2 * T_EVERY, 16, 8,
 		                         128, &wsh};
 		for (int i = 0; i < ts.n; i++) {
