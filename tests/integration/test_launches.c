@@ -106,12 +106,13 @@ static void run_sync(struct lrun *r, const char *what, const uint32_t (*it)[3],
 	T_OK(kvt_sync(r->c, items, n));
 	uint64_t used = th_stat(r->d, "device_launches_total") - before;
 	/* the sync cost its thread CPU time, and the emulated device's work
-	 * (which launched) ran inside it */
+	 * (which launched) counted: emu is the process's, so it may exceed
+	 * the sync thread's cpu where the emulator runs work on other
+	 * threads (KVT_EMU_HOSTFN_DELAY_US's deferred host functions) */
 	uint64_t cpu = th_stat(r->d, "sync_cpu_ns_total") - cpu0;
 	uint64_t emu = th_stat(r->d, "device_emulated_ns_total") - emu0;
 	T_ASSERT(cpu > 0);
 	T_ASSERT(!used || emu > 0);
-	T_ASSERT(emu <= cpu);
 	for (uint32_t k = 0; k < n; k++)
 		r->pos[it[k][0]] += it[k][1];
 	fprintf(stderr, "    launches %s: %" PRIu64 " (%u items)\n", what, used,
