@@ -151,6 +151,16 @@ static int rows_make(struct t_rows *r, const struct kvt_geometry *g)
 	return 0;
 }
 
+/* One sync of n new tokens of every sequence of seq[0..ns). */
+static int ls_sync(kvt_client *c, const kvt_seq *seq, uint32_t ns,
+                   uint32_t n, enum kvt_phase phase)
+{
+	struct kvt_sync_item it[T_MAXSEQS];
+	for (uint32_t s = 0; s < ns; s++)
+		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
+	return kvt_sync(c, it, ns);
+}
+
 /*
  * Appends n <= T_CHUNK tokens at position pos to sequences seq[0..ns): K/V
  * of every list (kvt_write_kv), the staged inputs the policy reads
@@ -183,10 +193,14 @@ static int step(kvt_client *c, const kvt_seq *seq, uint32_t ns, uint32_t pos,
 			if (rv)
 				return rv;
 		}
-	struct kvt_sync_item it[T_MAXSEQS];
-	for (uint32_t s = 0; s < ns; s++)
-		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
-	return kvt_sync(c, it, ns);
+	return ls_sync(c, seq, ns, n, phase);
+}
+
+/* The policies that read weights (random ones here, rndweights.h). */
+static int is_learned(const char *nm)
+{
+	return !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
+	       !strcmp(nm, "kvpop");
 }
 
 /* The spec of one policy: budgets of budget entries, windows of window
@@ -280,8 +294,7 @@ static void run_policy(const char *bin_dir, const char *dir, const char *nm,
 	const struct kvt_geometry g = rows->g;
 	m->daemon_b = m->first_b = m->cpu_us = m->host_us = NAN;
 	snprintf(path, sizeof(path), "%s/%s.safetensors", dir, nm);
-	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
-	              !strcmp(nm, "kvpop");
+	const int learned = is_learned(nm);
 	if (learned && th_random_weights(nm, &g, ru->wsh, 0, path, err,
 	                                 sizeof(err))) {
 		fprintf(stderr, "kvtrim-bench: traffic %s: %s\n", nm, err);
@@ -402,16 +415,6 @@ static int ls_stage(kvt_client *c, const kvt_seq *seq, uint32_t ns,
 	return 0;
 }
 
-/* One sync of n new tokens of every sequence of seq[0..ns). */
-static int ls_sync(kvt_client *c, const kvt_seq *seq, uint32_t ns,
-                   uint32_t n, enum kvt_phase phase)
-{
-	struct kvt_sync_item it[LS_SEQS];
-	for (uint32_t s = 0; s < ns; s++)
-		it[s] = (struct kvt_sync_item){seq[s], n, phase, 0, 0};
-	return kvt_sync(c, it, ns);
-}
-
 /* ls_stage, then ls_sync; 0 or the first error. */
 static int ls_step(kvt_client *c, const kvt_seq *seq, uint32_t ns,
                    uint32_t pos, uint32_t n, enum kvt_phase phase)
@@ -429,23 +432,13 @@ static void launch_policy(const char *bin_dir, const char *dir,
 	const struct th_wshape sh = {16, 4, 4, 4, 8};
 	*one = *all = NAN;
 	snprintf(path, sizeof(path), "%s/%s-ls.safetensors", dir, nm);
-	int learned = !strcmp(nm, "kvzap") || !strcmp(nm, "fastkvzip") ||
-	              !strcmp(nm, "kvpop");
+	const int learned = is_learned(nm);
 	if (learned && th_random_weights(nm, &g, &sh, 0, path, err,
 	                                 sizeof(err))) {
 		fprintf(stderr, "kvtrim-bench: launches %s: %s\n", nm, err);
 		return;
 	}
-	int k = !strcmp(nm, "full") ? snprintf(spec, sizeof(spec), "full")
-	        : !strcmp(nm, "kvzap")
-	                ? snprintf(spec, sizeof(spec), "kvzap:model=%s", path)
-	        : learned ? snprintf(spec, sizeof(spec), "%s:model=%s,tokens=16",
-	                             nm, path)
-	        : strstr("snapkv pyramidkv expected_attention", nm)
-	                ? snprintf(spec, sizeof(spec), "%s:tokens=16,window=8",
-	                           nm)
-	                : snprintf(spec, sizeof(spec), "%s:tokens=16", nm);
-	if (k < 0 || (size_t)k >= sizeof(spec))
+	if (spec_of(nm, path, 16, 8, spec, sizeof(spec)))
 		return;
 	snprintf(tenant, sizeof(tenant), "launches-%s", nm);
 	struct kvt_config c = {
