@@ -297,13 +297,11 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	for (ly = 0; ly < nly; ly++)
 		for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
 			const struct policy_dev_job *J = &t->attn.jobs[j];
-			const uint32_t *idx = t->attn.out + 2 * nja + J->drop_off;
-			int ok = t->attn.out[nja + j] == J->n_drop;
-			for (uint32_t d = 0; ok && d < J->n_drop; d++)
-				ok = idx[d] < J->L && (!d || idx[d] > idx[d - 1]);
 			if (t->attn.out[j])
 				t->attn.mode[ly] = TENANT_ATTN_FLAGGED;
-			else if (!ok) {
+			else if (!tenant_rule_drops_ok(t->attn.out, nja, j,
+			                               J->n_drop, J->drop_off,
+			                               J->L)) {
 				t->attn.active = 0;
 				return errors_fmt(err, errlen, KVT_ESYS, "%s "
 				                  "backend: %s's selection: job %u "

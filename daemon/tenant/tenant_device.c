@@ -81,6 +81,18 @@ int tenant_rule_lookup(const struct tenant *t, const char *name,
 	return 0;
 }
 
+int tenant_rule_drops_ok(const uint32_t *out, uint32_t n, uint32_t j,
+                         uint32_t n_drop, uint32_t drop_off, uint32_t L)
+{
+	const uint32_t *idx = out + 2 * (size_t)n + drop_off;
+	if (out[n + j] != n_drop)
+		return 0;
+	for (uint32_t d = 0; d < n_drop; d++)
+		if (idx[d] >= L || (d && idx[d] <= idx[d - 1]))
+			return 0;
+	return 1;
+}
+
 /* Bytes of a page a device tenant stages for its policy: the K half
  * (what the attention policies read), or the whole page for a policy that
  * reads V too (POLICY_NEED_V: a value norm). */

@@ -722,6 +722,13 @@ int tenant_rule_lookup(const struct tenant *t, const char *name,
                        const struct kvt_backend_rule **out, char *err,
                        size_t errlen);
 
+/* Whether job j's output words of a device rule's run over n jobs
+ * (backend.h, struct kvt_backend_rule: out[n + j] drops, their indices at
+ * out[2 n + drop_off]) are what the host planned: n_drop of them,
+ * strictly ascending, each below L, the job's entries. */
+int tenant_rule_drops_ok(const uint32_t *out, uint32_t n, uint32_t j,
+                         uint32_t n_drop, uint32_t drop_off, uint32_t L);
+
 /* Bytes of a page a device tenant stages on the host for its policy: the
  * K half, or the whole page for a policy that reads V. */
 size_t tenant_staged_page_bytes(const struct tenant *t);

@@ -134,12 +134,9 @@ static int check_out(const struct tenant *t, char *err, size_t errlen)
 		const struct policy_prompt_job *L = &t->win.led[j];
 		if (t->win.out[j])
 			continue;
-		const uint32_t *idx = t->win.out + 2 * n + L->drop_off;
-		int ok = t->win.out[n + j] == L->n_drop &&
-		         (L->head < t->g.n_kv_heads || !L->n_drop);
-		for (uint32_t d = 0; ok && d < L->n_drop; d++)
-			ok = idx[d] < t->win.wlen[j] && (!d || idx[d] > idx[d - 1]);
-		if (!ok)
+		if ((L->head >= t->g.n_kv_heads && L->n_drop) ||
+		    !tenant_rule_drops_ok(t->win.out, n, j, L->n_drop,
+		                          L->drop_off, t->win.wlen[j]))
 			return errors_fmt(err, errlen, KVT_ESYS, "%s backend: "
 			                  "device rule %s: job %u dropped %u "
 			                  "entries (the plan: %u), or not in "
