@@ -92,8 +92,8 @@
 	  "refused ones included (the loop's or a worker's)")                  \
 	X(device_emulated_ns_total,                                            \
 	  "CPU nanoseconds the daemon's threads spent running the device's "  \
-	  "work on the CUDA emulator (its kernels, cuBLAS and copies; 0 on a " \
-	  "GPU and on cpu)")                                                   \
+	  "work on the CUDA emulator (its kernels, cuBLAS and copies), "      \
+	  "counted from the first stats read; 0 on a GPU and on cpu")         \
 	X(scorer_shared_runs_total,                                            \
 	  "device scorer runs that scored the syncs of several tenants "      \
 	  "sharing the scorer's weights at once (scorer_gather_us)")          \

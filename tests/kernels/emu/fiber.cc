@@ -772,7 +772,8 @@ void syncthreads(const char *file, int line)
 	if (n_bar == 0) {
 		bar_file = file;
 		bar_line = line;
-	} else if (line != bar_line || strcmp(file, bar_file)) {
+	} else if (line != bar_line ||
+	           (file != bar_file && strcmp(file, bar_file))) {
 		fail(f,
 		     "barrier divergence: %s reaches __syncthreads at %s:%d "
 		     "while %d threads wait at the one at %s:%d",
@@ -822,7 +823,8 @@ uint64_t warp(int op, unsigned mask, uint64_t value, int arg, int width,
 		const warp_wait &o = groups[gi];
 		if (o.mask != mask)
 			continue;
-		if (o.op != op || o.line != line || strcmp(o.file, file))
+		if (o.op != op || o.line != line ||
+		    (o.file != file && strcmp(o.file, file)))
 			fail(f,
 			     "warp divergence: lane %d of warp %d calls %s at "
 			     "%s:%d (mask 0x%08x) while lanes %s wait in %s at "

@@ -260,9 +260,11 @@ void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h);
 /* Kernel launches and cuBLAS calls of the process so far. */
 uint64_t kvt_emu_launches(void);
 /* Emulator only (not CUDA).  CPU nanoseconds the process's threads spent
- * inside the emulator's entry points so far (kernels, cuBLAS, copies,
- * and the runtime calls around them): the work a GPU and its driver would
- * have done, which the daemon's CPU time on the emulator includes. */
+ * inside the emulator's entry points (kernels, cuBLAS, copies, and the
+ * runtime calls around them) since the first call, which returns 0 and
+ * turns the count on (it costs two clock reads an entry point): the work
+ * a GPU and its driver would have done, which the daemon's CPU time on
+ * the emulator includes.  Differences between calls are what it means. */
 uint64_t kvt_emu_api_ns(void);
 
 /* Emulator only (not CUDA).  What driver the backend finds:
