@@ -307,7 +307,7 @@ static uint64_t stage_all_floats(const struct shm_geom *g)
  *           (n_kv_heads lists of max_tokens entries; attention policies add
  *           their weights [n_q][G][len] and key rows [len][head_dim] f32,
  *           n_q <= headroom + lookback), twice, as the arena grows by
- *           doubling.
+ *           doubling; the sync's scratch half again, as tenant_grow grows.
  */
 void tenant_memory(const struct shm_geom *g, const struct policy *pol,
                    uint64_t quota, int dev, struct tenant_mem *out)
@@ -352,32 +352,35 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 	              H * sizeof(struct policy_head);
 	if (need & POLICY_NEED_STAGED)
 		sc = add_sat(sc, mul3(g->headroom, stage_all_floats(g), 4));
-	sc = add_sat(sc, E);                            /* drop */
-	sc = add_sat(sc, nl * 4);                       /* newlen */
-	sc = add_sat(sc, mul3(E, ef, 4));               /* scr.ent */
-	sc = add_sat(sc, mul3(S, L, sb));               /* scr.state */
+	/* what tenant_grow grows (and, on a device backend, the few fixed
+	 * buffers beside them, counted with them) */
+	uint64_t gs = 0;
+	gs = add_sat(gs, E);                            /* drop */
+	gs = add_sat(gs, nl * 4);                       /* newlen */
+	gs = add_sat(gs, mul3(E, ef, 4));               /* scr.ent */
+	gs = add_sat(gs, mul3(S, L, sb));               /* scr.state */
 	if (dev) {
-		sc = add_sat(sc, nl * sizeof(struct kvt_backend_compact));
-		sc = add_sat(sc, mul3(nl, MP, sizeof(void *)));
-		sc = add_sat(sc, mul_sat(E, 8));        /* bmoves */
+		gs = add_sat(gs, nl * sizeof(struct kvt_backend_compact));
+		gs = add_sat(gs, mul3(nl, MP, sizeof(void *)));
+		gs = add_sat(gs, mul_sat(E, 8));        /* bmoves */
 		/* compact_drops: bdl, bdrops, hbases */
-		sc = add_sat(sc, nl * sizeof(struct kvt_backend_drops));
-		sc = add_sat(sc, mul_sat(E, 4));
-		sc = add_sat(sc, C * sizeof(void *));
+		gs = add_sat(gs, nl * sizeof(struct kvt_backend_drops));
+		gs = add_sat(gs, mul_sat(E, 4));
+		gs = add_sat(gs, C * sizeof(void *));
 		if (need == POLICY_NEED_X) /* device scorer: pre, jobs */
-			sc = add_sat(sc, mul_sat(E, 4) + 2 * S * L * 24);
+			gs = add_sat(gs, mul_sat(E, 4) + 2 * S * L * 24);
 		if (pol->ops->new_key_norms) /* device norms: pre, njobs */
-			sc = add_sat(sc, mul_sat(E, 4) +
+			gs = add_sat(gs, mul_sat(E, 4) +
 			                 nl * sizeof(struct kvt_backend_norm_job));
 		if ((need & POLICY_NEED_STAGED) && g->stage_entry_floats)
-			sc = add_sat(sc, mul_sat((uint64_t)g->headroom +
+			gs = add_sat(gs, mul_sat((uint64_t)g->headroom +
 			                                 pol->lookback,
 			                         g->stage_entry_floats * 4 + 8) +
 			                         TENANT_POISON_RUNS *
 			                                 sizeof(struct kvt_backend_fill_run) +
 			                         (1 + 2 * (uint64_t)g->n_heads) * 4);
 		if (need & POLICY_NEED_KV)
-			sc = add_sat(sc, mul_sat(H * MP,
+			gs = add_sat(gs, mul_sat(H * MP,
 			                         (uint64_t)g->page_tokens *
 			                                 g->head_dim *
 			                                 g->elem_bytes *
@@ -385,6 +388,7 @@ void tenant_memory(const struct shm_geom *g, const struct policy *pol,
 			                                                       : 1) +
 			                                 sizeof(void *)));
 	}
+	sc = add_sat(sc, add_sat(gs, gs / 2));
 	uint64_t per_entry = TENANT_POLICY_ENTRY_BYTES;
 	if (need & POLICY_NEED_Q) {
 		uint64_t G = g->n_heads / g->n_kv_heads;

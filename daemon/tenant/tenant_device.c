@@ -108,20 +108,22 @@ size_t tenant_staged_page_bytes(const struct tenant *t)
  * ahead of every key read and move of this sync.
  */
 int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
-                          char *err, size_t errlen)
+                          size_t fresh, char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
-	if (tenant_grow((void **)&t->dsync.blist, &t->dsync.blist_cap, nlists ? nlists : 1,
-	         sizeof(*t->dsync.blist)) ||
-	    tenant_grow((void **)&t->dsync.bpages, &t->dsync.bpages_cap,
-	         nlists * g->max_pages + 1, sizeof(*t->dsync.bpages)) ||
-	    tenant_grow((void **)&t->dsync.bmoves, &t->dsync.bmoves_cap, 2 * entries + 2,
-	         sizeof(*t->dsync.bmoves)) ||
+	/* With compact_drops the drop indices' room waits for the decisions
+	 * (tenant_sync.c, step 3): it is what they drop, not the entries. */
+	if ((!t->dsync.dbases &&
+	     (tenant_grow((void **)&t->dsync.blist, &t->dsync.blist_cap,
+	                  nlists ? nlists : 1, sizeof(*t->dsync.blist)) ||
+	      tenant_grow((void **)&t->dsync.bpages, &t->dsync.bpages_cap,
+	                  nlists * g->max_pages + 1,
+	                  sizeof(*t->dsync.bpages)) ||
+	      tenant_grow((void **)&t->dsync.bmoves, &t->dsync.bmoves_cap,
+	                  2 * entries + 2, sizeof(*t->dsync.bmoves)))) ||
 	    (t->dsync.dbases &&
-	     (tenant_grow((void **)&t->dsync.bdl, &t->dsync.bdl_cap, nlists ? nlists : 1,
-	           sizeof(*t->dsync.bdl)) ||
-	      tenant_grow((void **)&t->dsync.bdrops, &t->dsync.bdrops_cap, entries + 1,
-	           sizeof(*t->dsync.bdrops)))) ||
+	     tenant_grow((void **)&t->dsync.bdl, &t->dsync.bdl_cap,
+	                 nlists ? nlists : 1, sizeof(*t->dsync.bdl))) ||
 	    (t->dscore.scorer &&
 	     tenant_grow((void **)&t->dscore.jobs, &t->dscore.jobs_cap,
 	          2 * (nlists / g->n_kv_heads) + 1, sizeof(*t->dscore.jobs))) ||
@@ -129,7 +131,7 @@ int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
 	     tenant_grow((void **)&t->dscore.njobs, &t->dscore.njobs_cap, nlists + 1,
 	          sizeof(*t->dscore.njobs))) ||
 	    ((t->dscore.scorer || t->dscore.norms) &&
-	     tenant_grow((void **)&t->dscore.pre, &t->dscore.pre_cap, entries + 1,
+	     tenant_grow((void **)&t->dscore.pre, &t->dscore.pre_cap, fresh + 1,
 	          sizeof(*t->dscore.pre))))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	if (t->pol->ops->needs & POLICY_NEED_KV) {

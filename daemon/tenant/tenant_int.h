@@ -597,17 +597,25 @@ static inline void tenant_sync_extent(struct tenant *t,
 	}
 }
 
-/* Grows *p to at least want elements of elem bytes (*cap counts them);
- * KVT_ENOMEM leaves it as it was. */
+/* Grows *p to at least want elements of elem bytes (*cap counts them),
+ * by half its size at least: a sync's scratch follows its lists' lengths,
+ * which grow a little every sync, and a reallocation of megabytes each time
+ * (a copy and fresh pages to fault in) would cost more than the sync's
+ * own work.  KVT_ENOMEM leaves it as it was. */
 static inline int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
 {
 	if (want <= *cap)
 		return 0;
-	void *q = realloc(*p, want * elem);
+	size_t n = *cap + *cap / 2 > want ? *cap + *cap / 2 : want;
+	if (!elem || n > SIZE_MAX / elem)
+		n = want;
+	if (!elem || want > SIZE_MAX / elem)
+		return KVT_ENOMEM;
+	void *q = realloc(*p, n * elem);
 	if (!q)
 		return KVT_ENOMEM;
 	*p = q;
-	*cap = want;
+	*cap = n;
 	return 0;
 }
 
@@ -733,10 +741,12 @@ int tenant_rule_drops_ok(const uint32_t *out, uint32_t n, uint32_t j,
  * K half, or the whole page for a policy that reads V. */
 size_t tenant_staged_page_bytes(const struct tenant *t);
 
-/* Device tenant, first half of a sync: the scratch the apply step needs
- * (it cannot fail later) and the stream's wait for the engine's writes;
- * 0 or an error with the reason. */
+/* Device tenant, first half of a sync over nlists lists of entries
+ * entries, fresh of them new: the scratch the apply step needs (it cannot
+ * fail later) and the stream's wait for the engine's writes; 0 or an error
+ * with the reason. */
 int tenant_device_prepare(struct tenant *t, size_t nlists, size_t entries,
+                          size_t fresh,
                           char *err, size_t errlen);
 
 /* Device tenant, a policy that reads K: the pages holding entries

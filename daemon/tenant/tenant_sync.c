@@ -27,12 +27,13 @@
 #include "pace.h"
 #include "policy.h"
 
-/* Step 1: every check that needs no policy decision.  Returns the number of
- * list entries (len + n_new summed over lists) the decisions need. */
+/* Step 1: every check that needs no policy decision.  Gives the number of
+ * list entries (len + n_new summed over lists) the decisions need, of lists
+ * and of new entries (n_new summed over lists). */
 static int validate(struct tenant *t, uint64_t no,
                     const struct ipc_sync_item *items, uint32_t n,
-                    size_t *entries, size_t *lists, char *err,
-                    size_t errlen)
+                    size_t *entries, size_t *lists, size_t *fresh,
+                    char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	if (!items || !n)
@@ -43,7 +44,7 @@ static int validate(struct tenant *t, uint64_t no,
 			t->seqs[i].mark = 0;
 		t->serial = 1;
 	}
-	size_t ent = 0, nl = 0;
+	size_t ent = 0, nl = 0, nf = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		int64_t sl = tenant_seq_slot(t, it->seq);
@@ -107,12 +108,14 @@ static int validate(struct tenant *t, uint64_t no,
 					            head, len, it->n_new,
 					            g->max_tokens);
 				ent += (size_t)len + it->n_new;
+				nf += it->n_new;
 				nl++;
 			}
 		}
 	}
 	*entries = ent;
 	*lists = nl;
+	*fresh = nf;
 	return 0;
 }
 
@@ -130,6 +133,7 @@ struct sync_walk {
 	size_t off, eoff, li, ly, pre_at;
 	uint64_t need_pages, freed;
 	uint32_t most_seen;
+	size_t drops;  /* entries the decisions drop */
 	uint32_t nb;   /* device: lists batched for one compact call */
 	size_t bp, bm; /* their pages and move pairs so far */
 };
@@ -156,10 +160,11 @@ static int sync_scratch(struct tenant *t, size_t entries, size_t nlists,
  * plans.  A host tenant's sync never comes here (tenant_sync). */
 static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
                         uint32_t n, size_t nlists, size_t entries,
-                        char *err, size_t errlen)
+                        size_t fresh, char *err, size_t errlen)
 {
 	int rc;
-	if ((rc = tenant_device_prepare(t, nlists, entries, err, errlen)))
+	if ((rc = tenant_device_prepare(t, nlists, entries, fresh, err,
+	                                errlen)))
 		return rc;
 	if (t->dscore.scorer &&
 	    (rc = tenant_score_on_device(t, items, n, err, errlen)))
@@ -256,6 +261,7 @@ static void count_layer(struct tenant *t, const struct ipc_sync_item *it,
 				nd += t->scr.drop[off + k] != 0;
 		uint32_t want = pages_for(g, len - nd, item_room(t, it));
 		t->scr.newlen[w->li++] = len - nd;
+		w->drops += nd;
 		if (want > l->n_pages)
 			w->need_pages += want - l->n_pages;
 		else
@@ -488,17 +494,18 @@ static int sync_run(struct tenant *t, uint64_t no,
                     char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
-	size_t entries = 0, nlists = 0;
+	size_t entries = 0, nlists = 0, fresh = 0;
 	t->scorer_ns = 0;
 	/* Reached the tenant, refused or not: the order checks of
 	 * tenant_seq_reconcile and tenant_seq_query read it. */
 	if (no > t->sync_no)
 		t->sync_no = no;
 	/* Step 1. */
-	int rc = validate(t, no, items, n, &entries, &nlists, err, errlen);
+	int rc = validate(t, no, items, n, &entries, &nlists, &fresh, err,
+	                  errlen);
 	if (rc || (rc = sync_scratch(t, entries, nlists, err, errlen)) ||
-	    (t->dev &&
-	     (rc = sync_prepare(t, items, n, nlists, entries, err, errlen))))
+	    (t->dev && (rc = sync_prepare(t, items, n, nlists, entries, fresh,
+	                                  err, errlen))))
 		return rc;
 	/* Step 2: decisions, one (sequence, layer) at a time.  t->scr.drop's
 	 * marks are cleared list by list, for the lists the host decides:
@@ -513,7 +520,12 @@ static int sync_run(struct tenant *t, uint64_t no,
 			                       &w, err, errlen)))
 				return rc;
 	}
-	/* Step 3: pages; the last step that may fail. */
+	/* Step 3: the drop indices' room and pages; the last step that may
+	 * fail. */
+	if (t->dsync.dbases &&
+	    tenant_grow((void **)&t->dsync.bdrops, &t->dsync.bdrops_cap,
+	                w.drops + 1, sizeof(*t->dsync.bdrops)))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	rc = tenant_reserve_pages(t, w.need_pages, w.freed, err, errlen);
 	if (rc)
 		return rc;
