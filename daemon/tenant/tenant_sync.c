@@ -243,6 +243,23 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 	return 0;
 }
 
+/* The nonzero bytes of m [n], eight at a time: a byte's low seven bits
+ * carried into its top one, or its top bit, says it is not zero. */
+static uint32_t count_marks(const uint8_t *m, uint32_t n)
+{
+	const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full, top = ~lo7;
+	uint32_t c = 0, i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t x;
+		memcpy(&x, m + i, 8);
+		c += (uint32_t)__builtin_popcountll((((x & lo7) + lo7) | x) &
+		                                    top);
+	}
+	for (; i < n; i++)
+		c += m[i] != 0;
+	return c;
+}
+
 /* After the decision of one (item, layer) whose lists start at off in
  * t->scr.drop: each list's new length into t->scr.newlen, and the pages it needs
  * or frees into w. */
@@ -257,8 +274,7 @@ static void count_layer(struct tenant *t, const struct ipc_sync_item *it,
 		if (t->dsync.ldrop[w->li].idx)
 			nd = t->dsync.ldrop[w->li].n;
 		else
-			for (uint32_t k = 0; k < len; k++)
-				nd += t->scr.drop[off + k] != 0;
+			nd = count_marks(t->scr.drop + off, len);
 		uint32_t want = pages_for(g, len - nd, item_room(t, it));
 		t->scr.newlen[w->li++] = len - nd;
 		w->drops += nd;
@@ -418,8 +434,12 @@ static void apply_list(struct tenant *t, const struct ipc_sync_item *it,
 	uint32_t len = l->len + it->n_new, nl = len;
 	float *e = t->ef && tenant_attn_host(t, w->ly)
 	           ? t->scr.ent + w->eoff : NULL;
-	compact_list(t, (uint32_t)(slot * t->lists_per_seq + li), l, pg, pos,
-	             e, t->scr.drop + w->off, &t->dsync.ldrop[w->li], len, &nl, w);
+	/* count_layer's new length: a list that drops nothing has nothing to
+	 * plan (its marks need no second pass) */
+	if (t->scr.newlen[w->li] != len)
+		compact_list(t, (uint32_t)(slot * t->lists_per_seq + li), l,
+		             pg, pos, e, t->scr.drop + w->off,
+		             &t->dsync.ldrop[w->li], len, &nl, w);
 	if (e)
 		memcpy(seq_ent(t, s, li), e, (size_t)nl * t->ef * sizeof(float));
 	t->appended += it->n_new;
