@@ -510,7 +510,7 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	                    drop, (const uint32_t *)(d + m.bs.o_first),
 	                    (const uint32_t *)(d + m.bs.o_keep),
 	                    (const struct bc_seg *)(d + m.bs.o_segs), pl->cn.nseg,
-	                    bad, pl->cn.max_drop, dout, s);
+	                    pl->cn.maxL, bad, pl->cn.max_drop, dout, s);
 }
 
 static int bc_pop_run_locked(struct bc_ctx *c,

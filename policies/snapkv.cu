@@ -267,7 +267,8 @@ static int bc_snap_run_locked(struct bc_ctx *c,
 	                          g->n_heads / g->n_kv_heads, g->head_dim, raw,
 	                          sc, prot, s)) ||
 	     (rv = bc_bs_select("snapkv rule", NULL, 0, 0, sc, NULL, prot, drop,
-	                        first, keep, segs, cn.nseg, NULL, 0, dout, s))))
+	                        first, keep, segs, cn.nseg, cn.maxL, NULL, 0,
+	                        dout, s))))
 		return rv;
 	return bc_ps_finish(c, out, dout, out_words, s, "snapkv rule");
 }

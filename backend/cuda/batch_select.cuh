@@ -328,12 +328,30 @@ static inline uint32_t bc_bs_rows(uint32_t n)
 	return n > 65535 ? 65535 : n ? n : 1;
 }
 
+
+/* The x of a grid (items, jobs) whose kernels loop over their items by
+ * the grid's stride: threads a block (a warp to BC_BS_THREADS: short
+ * lists leave no block mostly idle) and blocks (at most 4096) for n. */
+static inline uint32_t bc_bs_threads(uint64_t n)
+{
+	return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : BC_BS_THREADS;
+}
+
+static inline uint32_t bc_bs_blocks(uint64_t n)
+{
+	const uint32_t t = bc_bs_threads(n);
+	uint64_t b = (n + t - 1) / t;
+	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
+}
+
 /*
  * The selection of nseg due lists, queued on s: select_topk_batch_cuda
  * over the flat sc / rank / prot into drop (first [nseg + 1] and keep
  * [nseg] device arrays), the drop indices and counts into dout (veto:
  * a flag per job, or NULL), the halves compacted.  Three launches
- * whatever nseg; max_drop bounds the compaction's grid.
+ * whatever nseg; maxL, the longest list's entries (bc_bs_count), sizes
+ * the selection's blocks (short lists take short blocks; no result
+ * changes) and max_drop the compaction's grid.
  */
 static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                uint32_t F, const float *sc,
@@ -341,13 +359,14 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                uint8_t *drop, const uint32_t *first,
                                const uint32_t *keep,
                                const struct bc_seg *segs, uint32_t nseg,
-                               const uint32_t *veto, uint32_t max_drop,
-                               uint32_t *dout, cudaStream_t s)
+                               uint32_t maxL, const uint32_t *veto,
+                               uint32_t max_drop, uint32_t *dout,
+                               cudaStream_t s)
 {
 	if (!nseg)
 		return 0;
-	int rv = select_topk_batch_cuda(sc, rank, prot, first, nseg, keep,
-	                                drop, NULL, s);
+	int rv = select_topk_batch_cuda(sc, rank, prot, first, nseg, maxL,
+	                                keep, drop, NULL, s);
 	if (rv) {
 		bc_note("%s: select_topk_batch_cuda failed", op);
 		return rv;
@@ -363,6 +382,22 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
 		BC_CALL(cudaGetLastError(), op);
 	}
 	return 0;
+}
+
+/* bc_bs_select for a caller that does not pass its longest list: the
+ * widest blocks, the same results. */
+static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
+                               uint32_t F, const float *sc,
+                               const uint32_t *rank, const uint8_t *prot,
+                               uint8_t *drop, const uint32_t *first,
+                               const uint32_t *keep,
+                               const struct bc_seg *segs, uint32_t nseg,
+                               const uint32_t *veto, uint32_t max_drop,
+                               uint32_t *dout, cudaStream_t s)
+{
+	return bc_bs_select(op, state, cap, F, sc, rank, prot, drop, first,
+	                    keep, segs, nseg, UINT32_MAX, veto, max_drop,
+	                    dout, s);
 }
 
 /* Scratch offsets of one call of an entry-state op: the output words,
@@ -390,19 +425,5 @@ static inline struct bc_bs_mem bc_bs_layout(const struct bc_bs_count *cn,
 	return m;
 }
 
-/* The x of a grid (items, jobs) whose kernels loop over their items by
- * the grid's stride: threads a block (a warp to BC_BS_THREADS: short
- * lists leave no block mostly idle) and blocks (at most 4096) for n. */
-static inline uint32_t bc_bs_threads(uint64_t n)
-{
-	return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : BC_BS_THREADS;
-}
-
-static inline uint32_t bc_bs_blocks(uint64_t n)
-{
-	const uint32_t t = bc_bs_threads(n);
-	uint64_t b = (n + t - 1) / t;
-	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
-}
 
 #endif
