@@ -234,7 +234,8 @@ static inline int bc_bs_count_jobs(const J *jobs, uint32_t n,
  * Each thread takes a contiguous run of the entries, counts its drops,
  * and writes them after the drops of the runs before it (an exclusive
  * scan of the counts in shared memory): the serial scan's output, without
- * one GPU thread walking the whole list. */
+ * one GPU thread walking the whole list.  At most BC_BS_THREADS threads a
+ * block. */
 static __global__ void bc_bs_indices(const uint8_t *drop,
                                      const struct bc_seg *segs,
                                      const uint32_t *veto, uint32_t *out)
@@ -247,7 +248,7 @@ static __global__ void bc_bs_indices(const uint8_t *drop,
 		return;
 	}
 	const uint8_t *dr = drop + g.first;
-	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS, len = g.L;
+	const uint32_t t = threadIdx.x, nt = blockDim.x, len = g.L;
 	const uint32_t per = (len + nt - 1) / nt;
 	const uint32_t lo = t * per < len ? t * per : len;
 	const uint32_t hi = lo + per < len ? lo + per : len;
@@ -350,8 +351,8 @@ static inline uint32_t bc_bs_blocks(uint64_t n)
  * [nseg] device arrays), the drop indices and counts into dout (veto:
  * a flag per job, or NULL), the halves compacted.  Three launches
  * whatever nseg; maxL, the longest list's entries (bc_bs_count), sizes
- * the selection's blocks (short lists take short blocks; no result
- * changes) and max_drop the compaction's grid.
+ * the blocks of the first two and max_drop the compaction's grid, so
+ * that short lists take short blocks; neither changes a result.
  */
 static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                uint32_t F, const float *sc,
@@ -371,14 +372,15 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
 		bc_note("%s: select_topk_batch_cuda failed", op);
 		return rv;
 	}
-	KVT_LAUNCH(bc_bs_indices, nseg, BC_BS_THREADS, 0, s, drop, segs, veto,
-	           dout);
+	KVT_LAUNCH(bc_bs_indices, nseg, bc_bs_threads(maxL), 0, s, drop, segs,
+	           veto, dout);
 	BC_CALL(cudaGetLastError(), op);
 	if (max_drop) {
-		uint32_t bx = (max_drop + BC_BS_THREADS - 1) / BC_BS_THREADS;
+		const uint32_t t = bc_bs_threads(max_drop);
+		const uint32_t bx = (max_drop + t - 1) / t;
 		dim3 grid(bx > 64 ? 64 : bx, bc_bs_rows(nseg));
-		KVT_LAUNCH(bc_bs_compact, grid, BC_BS_THREADS, 0, s, state, cap,
-		           F, segs, nseg, dout);
+		KVT_LAUNCH(bc_bs_compact, grid, t, 0, s, state, cap, F, segs,
+		           nseg, dout);
 		BC_CALL(cudaGetLastError(), op);
 	}
 	return 0;
