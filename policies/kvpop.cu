@@ -144,12 +144,13 @@ __global__ void bc_pop_scatter(const kvpop_rule a,
 	}
 }
 
-/* Steps 2 and 3's band, one block of BC_BS_THREADS per job, each thread
- * a run of its entries: the state carried from half cur to the other (the
- * new entries with a = s = 0); then, for a job with a band (boff[k] not
- * UINT32_MAX), the indices of the entries with pos + delay >= n_seen -
- * n_new in order (at most n_band written, at bidx + boff[k]), bad[k] = 1
- * when there are not n_band of them, else 0. */
+/* Steps 2 and 3's band, one block per job (bc_bs_threads of the longest
+ * list: at most BC_BS_THREADS), each thread a run of its entries: the
+ * state carried from half cur to the other (the new entries with a = s =
+ * 0); then, for a job with a band (boff[k] not UINT32_MAX), the indices
+ * of the entries with pos + delay >= n_seen - n_new in order (at most
+ * n_band written, at bidx + boff[k]), bad[k] = 1 when there are not
+ * n_band of them, else 0. */
 __global__ void bc_pop_band(const kvpop_rule a,
                             const kvpop_rule_job *jobs,
                             const uint32_t *boff, uint32_t *bidx,
@@ -483,7 +484,8 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	float *sc = (float *)(d + m.bs.o_sc);
 	uint8_t *prot = (uint8_t *)(d + m.bs.o_prot),
 	        *drop = (uint8_t *)(d + m.bs.o_drop);
-	KVT_LAUNCH(bc_pop_band, n, BC_BS_THREADS, 0, s, A, jobs, boff, bidx, bad);
+	KVT_LAUNCH(bc_pop_band, n, bc_bs_threads(pl->cn.maxL), 0, s, A, jobs,
+	           boff, bidx, bad);
 	BC_CALL(cudaGetLastError(), "kvpop rule carry and band");
 	if (pl->has_band) {
 		const float scale = 1.0f / sqrtf((float)hd);
@@ -510,7 +512,7 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	                    drop, (const uint32_t *)(d + m.bs.o_first),
 	                    (const uint32_t *)(d + m.bs.o_keep),
 	                    (const struct bc_seg *)(d + m.bs.o_segs), pl->cn.nseg,
-	                    bad, pl->cn.max_drop, dout, s);
+	                    pl->cn.maxL, bad, pl->cn.max_drop, dout, s);
 }
 
 static int bc_pop_run_locked(struct bc_ctx *c,

@@ -200,19 +200,20 @@ static int bc_snap_scores(enum kvt_dtype dt, const kvt_backend_paged &p,
                           cudaStream_t s)
 {
 	const float scale = 1.0f / sqrtf((float)hd);
+	const uint32_t tpb = bc_bs_threads(cn.maxL);
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(cn.nseg));
 	if (dt == KVT_DTYPE_F16)
-		KVT_LAUNCH(bc_snap_raw<f16_t>, grid, BC_BS_THREADS, 0, s, p, a,
-		           dj, segs, cn.nseg, G, hd, scale, raw);
+		KVT_LAUNCH(bc_snap_raw<f16_t>, grid, tpb, 0, s, p, a, dj, segs,
+		           cn.nseg, G, hd, scale, raw);
 	else if (dt == KVT_DTYPE_BF16)
-		KVT_LAUNCH(bc_snap_raw<bf16_t>, grid, BC_BS_THREADS, 0, s, p, a,
-		           dj, segs, cn.nseg, G, hd, scale, raw);
+		KVT_LAUNCH(bc_snap_raw<bf16_t>, grid, tpb, 0, s, p, a, dj, segs,
+		           cn.nseg, G, hd, scale, raw);
 	else
-		KVT_LAUNCH(bc_snap_raw<float>, grid, BC_BS_THREADS, 0, s, p, a,
-		           dj, segs, cn.nseg, G, hd, scale, raw);
+		KVT_LAUNCH(bc_snap_raw<float>, grid, tpb, 0, s, p, a, dj, segs,
+		           cn.nseg, G, hd, scale, raw);
 	BC_CALL(cudaGetLastError(), "snapkv rule raw");
-	KVT_LAUNCH(bc_snap_pool, grid, BC_BS_THREADS, 0, s, a, dj, segs,
-	           cn.nseg, raw, sc, prot);
+	KVT_LAUNCH(bc_snap_pool, grid, tpb, 0, s, a, dj, segs, cn.nseg, raw,
+	           sc, prot);
 	BC_CALL(cudaGetLastError(), "snapkv rule pool");
 	return 0;
 }
@@ -267,7 +268,8 @@ static int bc_snap_run_locked(struct bc_ctx *c,
 	                          g->n_heads / g->n_kv_heads, g->head_dim, raw,
 	                          sc, prot, s)) ||
 	     (rv = bc_bs_select("snapkv rule", NULL, 0, 0, sc, NULL, prot, drop,
-	                        first, keep, segs, cn.nseg, NULL, 0, dout, s))))
+	                        first, keep, segs, cn.nseg, cn.maxL, NULL, 0,
+	                        dout, s))))
 		return rv;
 	return bc_ps_finish(c, out, dout, out_words, s, "snapkv rule");
 }

@@ -189,7 +189,7 @@ static int bc_tova_run_locked(struct bc_ctx *c,
 	                       prot, drop, (const uint32_t *)(d + m.o_first),
 	                       (const uint32_t *)(d + m.o_keep),
 	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
-	                       NULL, cn.max_drop, dout, s)))
+	                       cn.maxL, NULL, cn.max_drop, dout, s)))
 		return rv;
 	return bc_ps_finish(c, out, dout, out_words, s, "tova rule");
 }

@@ -234,7 +234,8 @@ static inline int bc_bs_count_jobs(const J *jobs, uint32_t n,
  * Each thread takes a contiguous run of the entries, counts its drops,
  * and writes them after the drops of the runs before it (an exclusive
  * scan of the counts in shared memory): the serial scan's output, without
- * one GPU thread walking the whole list. */
+ * one GPU thread walking the whole list.  At most BC_BS_THREADS threads a
+ * block. */
 static __global__ void bc_bs_indices(const uint8_t *drop,
                                      const struct bc_seg *segs,
                                      const uint32_t *veto, uint32_t *out)
@@ -247,7 +248,7 @@ static __global__ void bc_bs_indices(const uint8_t *drop,
 		return;
 	}
 	const uint8_t *dr = drop + g.first;
-	const uint32_t t = threadIdx.x, nt = BC_BS_THREADS, len = g.L;
+	const uint32_t t = threadIdx.x, nt = blockDim.x, len = g.L;
 	const uint32_t per = (len + nt - 1) / nt;
 	const uint32_t lo = t * per < len ? t * per : len;
 	const uint32_t hi = lo + per < len ? lo + per : len;
@@ -328,13 +329,65 @@ static inline uint32_t bc_bs_rows(uint32_t n)
 	return n > 65535 ? 65535 : n ? n : 1;
 }
 
+
+/* The x of a grid (items, jobs) whose kernels loop over their items by
+ * the grid's stride: threads a block (a warp to BC_BS_THREADS: short
+ * lists leave no block mostly idle) and blocks (at most 4096) for n. */
+static inline uint32_t bc_bs_threads(uint64_t n)
+{
+	return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : BC_BS_THREADS;
+}
+
+static inline uint32_t bc_bs_blocks(uint64_t n)
+{
+	const uint32_t t = bc_bs_threads(n);
+	uint64_t b = (n + t - 1) / t;
+	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
+}
+
 /*
  * The selection of nseg due lists, queued on s: select_topk_batch_cuda
  * over the flat sc / rank / prot into drop (first [nseg + 1] and keep
  * [nseg] device arrays), the drop indices and counts into dout (veto:
  * a flag per job, or NULL), the halves compacted.  Three launches
- * whatever nseg; max_drop bounds the compaction's grid.
+ * whatever nseg; maxL, the longest list's entries (bc_bs_count), sizes
+ * the blocks of the first two and max_drop the compaction's grid, so
+ * that short lists take short blocks; neither changes a result.
  */
+static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
+                               uint32_t F, const float *sc,
+                               const uint32_t *rank, const uint8_t *prot,
+                               uint8_t *drop, const uint32_t *first,
+                               const uint32_t *keep,
+                               const struct bc_seg *segs, uint32_t nseg,
+                               uint32_t maxL, const uint32_t *veto,
+                               uint32_t max_drop, uint32_t *dout,
+                               cudaStream_t s)
+{
+	if (!nseg)
+		return 0;
+	int rv = select_topk_batch_cuda(sc, rank, prot, first, nseg, maxL,
+	                                keep, drop, NULL, s);
+	if (rv) {
+		bc_note("%s: select_topk_batch_cuda failed", op);
+		return rv;
+	}
+	KVT_LAUNCH(bc_bs_indices, nseg, bc_bs_threads(maxL), 0, s, drop, segs,
+	           veto, dout);
+	BC_CALL(cudaGetLastError(), op);
+	if (max_drop) {
+		const uint32_t t = bc_bs_threads(max_drop);
+		const uint32_t bx = (max_drop + t - 1) / t;
+		dim3 grid(bx > 64 ? 64 : bx, bc_bs_rows(nseg));
+		KVT_LAUNCH(bc_bs_compact, grid, t, 0, s, state, cap, F, segs,
+		           nseg, dout);
+		BC_CALL(cudaGetLastError(), op);
+	}
+	return 0;
+}
+
+/* bc_bs_select for a caller that does not pass its longest list: the
+ * widest blocks, the same results. */
 static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                uint32_t F, const float *sc,
                                const uint32_t *rank, const uint8_t *prot,
@@ -344,25 +397,9 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
                                const uint32_t *veto, uint32_t max_drop,
                                uint32_t *dout, cudaStream_t s)
 {
-	if (!nseg)
-		return 0;
-	int rv = select_topk_batch_cuda(sc, rank, prot, first, nseg, keep,
-	                                drop, NULL, s);
-	if (rv) {
-		bc_note("%s: select_topk_batch_cuda failed", op);
-		return rv;
-	}
-	KVT_LAUNCH(bc_bs_indices, nseg, BC_BS_THREADS, 0, s, drop, segs, veto,
-	           dout);
-	BC_CALL(cudaGetLastError(), op);
-	if (max_drop) {
-		uint32_t bx = (max_drop + BC_BS_THREADS - 1) / BC_BS_THREADS;
-		dim3 grid(bx > 64 ? 64 : bx, bc_bs_rows(nseg));
-		KVT_LAUNCH(bc_bs_compact, grid, BC_BS_THREADS, 0, s, state, cap,
-		           F, segs, nseg, dout);
-		BC_CALL(cudaGetLastError(), op);
-	}
-	return 0;
+	return bc_bs_select(op, state, cap, F, sc, rank, prot, drop, first,
+	                    keep, segs, nseg, UINT32_MAX, veto, max_drop,
+	                    dout, s);
 }
 
 /* Scratch offsets of one call of an entry-state op: the output words,
@@ -390,19 +427,5 @@ static inline struct bc_bs_mem bc_bs_layout(const struct bc_bs_count *cn,
 	return m;
 }
 
-/* The x of a grid (items, jobs) whose kernels loop over their items by
- * the grid's stride: threads a block (a warp to BC_BS_THREADS: short
- * lists leave no block mostly idle) and blocks (at most 4096) for n. */
-static inline uint32_t bc_bs_threads(uint64_t n)
-{
-	return n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : BC_BS_THREADS;
-}
-
-static inline uint32_t bc_bs_blocks(uint64_t n)
-{
-	const uint32_t t = bc_bs_threads(n);
-	uint64_t b = (n + t - 1) / t;
-	return b > 4096 ? 4096 : b ? (uint32_t)b : 1;
-}
 
 #endif

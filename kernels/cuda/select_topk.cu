@@ -9,14 +9,28 @@
  * only as many as are still wanted, highest indices first like the CPU's
  * order (a block scan in index order).  rank NULL ranks by the index in
  * the list.  Each pass reads the list once; lists of a few thousand
- * entries stay in L1/L2 across passes.
+ * entries stay in L1/L2 across passes.  A block has st_threads(longest
+ * list) threads, a power of two from a warp to ST_MAX_THREADS: every
+ * pass ends in block-wide barriers, so a short list in a wide block
+ * would leave most of its threads waiting at them.
  * Test: build/bin/kvtrim-cuda-tests select_topk
  */
 #include "common.cuh"
 #include "select_topk.cuh"
 
-#define ST_THREADS 1024
-#define ST_WARPS (ST_THREADS / 32)
+#define ST_MAX_THREADS 1024
+#define ST_MAX_WARPS (ST_MAX_THREADS / 32)
+
+/* The threads of a block for lists of at most n entries: the power of
+ * two from 32 to ST_MAX_THREADS that gives every thread one entry (a
+ * longer list is still selected right; each thread takes more). */
+static unsigned st_threads(uint32_t n)
+{
+	unsigned t = 32;
+	while (t < ST_MAX_THREADS && t < n)
+		t <<= 1;
+	return t;
+}
 
 __device__ __forceinline__ uint64_t st_key(float sc, uint32_t rank)
 {
@@ -46,29 +60,30 @@ __device__ __forceinline__ uint32_t st_warp_scan(uint32_t x, int lane)
 }
 
 /* Exclusive prefix sum of v over the block in thread order; *total gets
- * the block's sum.  Every thread of the block must call it. */
+ * the block's sum.  Every thread of the block must call it; blockDim.x is
+ * a multiple of 32, at most ST_MAX_THREADS. */
 __device__ uint32_t st_scan(uint32_t v, uint32_t *total)
 {
-	__shared__ uint32_t wsum[ST_WARPS];
+	__shared__ uint32_t wsum[ST_MAX_WARPS];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int nw = (int)(blockDim.x >> 5);
 	uint32_t x = st_warp_scan(v, lane);
 	if (lane == 31)
 		wsum[warp] = x;
 	__syncthreads();
 	if (warp == 0) {
-		uint32_t w = st_warp_scan(lane < ST_WARPS ? wsum[lane] : 0,
-		                          lane);
-		if (lane < ST_WARPS)
+		uint32_t w = st_warp_scan(lane < nw ? wsum[lane] : 0, lane);
+		if (lane < nw)
 			wsum[lane] = w; /* inclusive */
 	}
 	__syncthreads();
 	uint32_t before = (warp ? wsum[warp - 1] : 0) + x - v;
-	*total = wsum[ST_WARPS - 1];
+	*total = wsum[nw - 1];
 	__syncthreads(); /* wsum is reused by the next call */
 	return before;
 }
 
-static __global__ void __launch_bounds__(ST_THREADS)
+static __global__ void __launch_bounds__(ST_MAX_THREADS)
 select_topk_kernel(const float *__restrict__ score,
                    const uint32_t *__restrict__ rank,
                    const uint8_t *__restrict__ protect,
@@ -92,11 +107,11 @@ select_topk_kernel(const float *__restrict__ score,
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
 	uint32_t cand = 0, total;
-	for (uint32_t i = threadIdx.x; i < n; i += ST_THREADS)
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
 		cand += !(protect && protect[i]);
 	st_scan(cand, &total);
 	if (total <= k) { /* everything stays */
-		for (uint32_t i = threadIdx.x; i < n; i += ST_THREADS)
+		for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
 			drop[i] = 0;
 		if (n_dropped && threadIdx.x == 0)
 			n_dropped[list] = 0;
@@ -109,10 +124,10 @@ select_topk_kernel(const float *__restrict__ score,
 	if (k > 0) {
 		for (int shift = 56; shift >= 0; shift -= 8) {
 			uint64_t hi = shift == 56 ? 0 : ~0ull << (shift + 8);
-			for (int b = threadIdx.x; b < 256; b += ST_THREADS)
+			for (int b = threadIdx.x; b < 256; b += blockDim.x)
 				hist[b] = 0;
 			__syncthreads();
-			for (uint32_t i = threadIdx.x; i < n; i += ST_THREADS) {
+			for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
 				if (protect && protect[i])
 					continue;
 				uint64_t key = st_key(score[i], rank ? rank[i] : i);
@@ -157,7 +172,7 @@ select_topk_kernel(const float *__restrict__ score,
 	 * unreachable threshold ~0). */
 	const uint64_t T = k > 0 ? prefix : ~0ull;
 	uint32_t base = 0, dropped = 0;
-	for (uint32_t c0 = 0; c0 < n; c0 += ST_THREADS) {
+	for (uint32_t c0 = 0; c0 < n; c0 += blockDim.x) {
 		uint32_t i = c0 + threadIdx.x;
 		int is_cand = 0, eq = 0;
 		uint64_t key = 0;
@@ -198,7 +213,7 @@ extern "C" int select_topk_cuda(const float *score, const uint32_t *rank,
 	}
 	if (!score || !drop)
 		return KVT_EINVAL;
-	KVT_LAUNCH(select_topk_kernel, 1, ST_THREADS, 0, s, score, rank,
+	KVT_LAUNCH(select_topk_kernel, 1, st_threads(n), 0, s, score, rank,
 	           protect, NULL, n, NULL, k, drop, n_dropped);
 	COMMON_LAUNCHED();
 	return 0;
@@ -207,15 +222,16 @@ extern "C" int select_topk_cuda(const float *score, const uint32_t *rank,
 extern "C" int select_topk_batch_cuda(const float *score, const uint32_t *rank,
                                       const uint8_t *protect,
                                       const uint32_t *first, uint32_t n_lists,
-                                      const uint32_t *k, uint8_t *drop,
+                                      uint32_t max_len, const uint32_t *k,
+                                      uint8_t *drop,
                                       uint32_t *n_dropped, cudaStream_t s)
 {
 	if (n_lists == 0)
 		return 0;
 	if (!score || !first || !k || !drop || n_lists > INT32_MAX)
 		return KVT_EINVAL;
-	KVT_LAUNCH(select_topk_kernel, n_lists, ST_THREADS, 0, s, score, rank,
-	           protect, first, 0, k, 0, drop, n_dropped);
+	KVT_LAUNCH(select_topk_kernel, n_lists, st_threads(max_len), 0, s,
+	           score, rank, protect, first, 0, k, 0, drop, n_dropped);
 	COMMON_LAUNCHED();
 	return 0;
 }

@@ -39,13 +39,16 @@ int select_topk_cuda(const float *score /* [n] */,
  * is entries [first[j], first[j + 1]) of score/rank/protect/drop and keeps
  * k[j].  first [n_lists + 1], k [n_lists] and n_dropped [n_lists] (or
  * NULL) are device arrays.  rank NULL ranks each entry by its index in its
- * list, as select_topk_cpu on that list with rank NULL.
+ * list, as select_topk_cpu on that list with rank NULL.  max_len, the
+ * longest list's length as the host knows it, sizes the blocks (a power
+ * of two from 32 to 1024 threads); it changes no result: a longer list
+ * is still selected exactly, by fewer threads than it could use.
  */
 int select_topk_batch_cuda(const float *score, const uint32_t *rank,
                            const uint8_t *protect, const uint32_t *first,
-                           uint32_t n_lists, const uint32_t *k,
-                           uint8_t *drop, uint32_t *n_dropped,
-                           cudaStream_t s);
+                           uint32_t n_lists, uint32_t max_len,
+                           const uint32_t *k, uint8_t *drop,
+                           uint32_t *n_dropped, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -635,73 +635,110 @@ TEST_T(cuda, select_topk, 120)
 				}
 }
 
+/* Defined by the CPU emulator's runtime only: the threads its launches
+ * ran. */
+extern uint64_t kvt_emu_threads(void) __attribute__((weak));
+
+/* One batched selection over L lists of len[l] entries keeping k[l],
+ * launched with the bound max_len on the longest list, against
+ * select_topk_cpu on each list.  var 0: positions as ranks; 1: no ranks
+ * (index ranks), ties; 2: repeated ranks, ties, nothing protected.
+ * Returns the threads the call launched on the emulator (0 elsewhere). */
+static uint64_t sel_batch_check(const uint32_t *len, const uint32_t *k,
+                                uint32_t L, uint32_t max_len, int var)
+{
+	uint32_t *first = xmalloc((L + 1) * 4), total = 0;
+	for (uint32_t l = 0; l < L; l++) {
+		first[l] = total;
+		total += len[l];
+	}
+	first[L] = total;
+	float *sc = xmalloc(total * 4 + 4);
+	uint32_t *rank = xmalloc(total * 4 + 4), *scr = xmalloc(total * 4 + 4);
+	uint8_t *prot = xmalloc(total + 1), *drop = xmalloc(total + 1);
+	uint8_t *gd = xmalloc(total + 1);
+	uint32_t *cnt = xmalloc(L * 4), *gcnt = xmalloc(L * 4);
+	const int no_rank = var == 1, no_prot = var == 2;
+	sel_scores(sc, total, var > 0);
+	for (uint32_t i = 0; i < total; i++) {
+		rank[i] = var == 2 ? rnd() % 5 : i;
+		prot[i] = rnd() % 5 == 0;
+	}
+	for (uint32_t l = 0; l < L; l++)
+		cnt[l] = select_topk_cpu(
+			sc + first[l], no_rank ? NULL : rank + first[l],
+			no_prot ? NULL : prot + first[l], len[l], k[l],
+			drop + first[l], scr);
+	float *dsc = to_dev(sc, total * 4);
+	uint32_t *drk = to_dev(rank, total * 4);
+	uint8_t *dpr = to_dev(prot, total), *ddr = dmalloc(total + 1);
+	uint32_t *df = to_dev(first, (L + 1) * 4), *dk = to_dev(k, L * 4);
+	uint32_t *dc = dmalloc(L * 4);
+	const uint64_t t0 = kvt_emu_threads ? kvt_emu_threads() : 0;
+	T_OK(select_topk_batch_cuda(dsc, no_rank ? NULL : drk,
+	                            no_prot ? NULL : dpr, df, L, max_len, dk,
+	                            ddr, dc, 0));
+	CK(cudaDeviceSynchronize());
+	const uint64_t threads = kvt_emu_threads ? kvt_emu_threads() - t0 : 0;
+	to_host(gd, ddr, total);
+	to_host(gcnt, dc, L * 4);
+	for (uint32_t i = 0; i < total; i++)
+		if (gd[i] != drop[i])
+			th_fail(__FILE__, __LINE__,
+			        "topk batch variant %d max_len %u: drop[%u] cpu "
+			        "%u gpu %u (score %g)", var, max_len, i, drop[i],
+			        gd[i], sc[i]);
+	for (uint32_t l = 0; l < L; l++)
+		T_EQ(gcnt[l], cnt[l]);
+	cudaFree(dsc); cudaFree(drk); cudaFree(dpr); cudaFree(ddr);
+	cudaFree(df); cudaFree(dk); cudaFree(dc);
+	free(first); free(sc); free(rank); free(scr); free(prot); free(drop);
+	free(gd); free(cnt); free(gcnt);
+	return threads;
+}
+
 /* Lists of one batch, with index ranks (rank NULL ranks each entry by its
  * index in its list), repeated ranks and ties, with and without protect. */
 TEST_T(cuda, select_topk_batch, 60)
 {
 	need_device();
-	const uint32_t L = 9;
+	enum { L = 9 };
 	for (int var = 0; var < 3; var++) {
-		uint32_t first[10], k[9], total = 0;
+		uint32_t len[L], k[L], maxl = 0;
 		for (uint32_t l = 0; l < L; l++) {
-			first[l] = total;
-			total += l == 4 ? 0 : rnd() % 3000;
+			len[l] = l == 4 ? 0 : rnd() % 3000;
 			k[l] = rnd() % 1500;
+			maxl = len[l] > maxl ? len[l] : maxl;
 		}
-		first[L] = total;
-		float *sc = xmalloc(total * 4 + 4);
-		uint32_t *rank = xmalloc(total * 4 + 4);
-		uint32_t *scr = xmalloc(total * 4 + 4);
-		uint8_t *prot = xmalloc(total + 1), *drop = xmalloc(total + 1);
-		uint8_t *gd = xmalloc(total + 1);
-		uint32_t cnt[9], gcnt[9];
-		/* 0: positions as ranks; 1: no ranks, ties; 2: repeated
-		 * ranks, ties, nothing protected */
-		const int no_rank = var == 1, no_prot = var == 2;
-		sel_scores(sc, total, var > 0);
-		for (uint32_t i = 0; i < total; i++) {
-			rank[i] = var == 2 ? rnd() % 5 : i;
-			prot[i] = rnd() % 5 == 0;
-		}
-		for (uint32_t l = 0; l < L; l++)
-			cnt[l] = select_topk_cpu(
-				sc + first[l], no_rank ? NULL : rank + first[l],
-				no_prot ? NULL : prot + first[l],
-				first[l + 1] - first[l], k[l], drop + first[l], scr);
-		float *dsc = to_dev(sc, total * 4);
-		uint32_t *drk = to_dev(rank, total * 4);
-		uint8_t *dpr = to_dev(prot, total), *ddr = dmalloc(total + 1);
-		uint32_t *df = to_dev(first, sizeof(first));
-		uint32_t *dk = to_dev(k, sizeof(k));
-		uint32_t *dc = dmalloc(sizeof(gcnt));
-		T_OK(select_topk_batch_cuda(dsc, no_rank ? NULL : drk,
-		                            no_prot ? NULL : dpr, df, L, dk, ddr,
-		                            dc, 0));
-		CK(cudaDeviceSynchronize());
-		to_host(gd, ddr, total);
-		to_host(gcnt, dc, sizeof(gcnt));
-		for (uint32_t i = 0; i < total; i++)
-			if (gd[i] != drop[i])
-				th_fail(__FILE__, __LINE__,
-				        "topk batch variant %d: drop[%u] cpu %u "
-				        "gpu %u (score %g)",
-				        var, i, drop[i], gd[i], sc[i]);
-		for (uint32_t l = 0; l < L; l++)
-			T_EQ(gcnt[l], cnt[l]);
-		cudaFree(dsc);
-		cudaFree(drk);
-		cudaFree(dpr);
-		cudaFree(ddr);
-		cudaFree(df);
-		cudaFree(dk);
-		cudaFree(dc);
-		free(sc);
-		free(rank);
-		free(scr);
-		free(prot);
-		free(drop);
-		free(gd);
+		sel_batch_check(len, k, L, maxl, var);
 	}
+}
+
+/* The block size follows max_len, BS[b] threads for the bound MAXL[b]
+ * (the emulator counts them), and changes no result: lists of mixed
+ * lengths, short ones and some longer than 1024 entries, under bounds
+ * that give every block size, the true bound, and bounds below the
+ * longest list (each thread then takes several entries of it). */
+TEST_T(cuda, select_topk_batch_block_sizes, 60)
+{
+	need_device();
+	static const uint32_t LEN[] = {3, 1, 31, 32, 33, 70, 1024, 1025, 2500,
+	                               0, 129};
+	static const uint32_t MAXL[] = {0, 1, 32, 33, 64, 100, 200, 500, 1024,
+	                                2500, UINT32_MAX};
+	static const uint32_t BS[] = {32, 32, 32, 64, 64, 128, 256, 512, 1024,
+	                              1024, 1024};
+	enum { L = sizeof(LEN) / 4 };
+	for (size_t b = 0; b < sizeof(MAXL) / 4; b++)
+		for (int var = 0; var < 3; var++) {
+			uint32_t k[L];
+			for (uint32_t l = 0; l < L; l++)
+				k[l] = l % 3 == 0 ? LEN[l] / 2
+				       : l % 3 == 1 ? rnd() % (LEN[l] + 1) : 1;
+			uint64_t t = sel_batch_check(LEN, k, L, MAXL[b], var);
+			if (kvt_emu_threads)
+				T_EQ(t, (uint64_t)L * BS[b]);
+		}
 }
 
 TEST_T(cuda, select_threshold, 60)

@@ -733,6 +733,7 @@ void launch(const launch_desc &d)
 	mxcsr_cw[1] = cw;
 #endif
 	int nt = (int)(d.block.x * d.block.y * d.block.z);
+	threads_total += (uint64_t)nt * d.grid.x * d.grid.y * d.grid.z;
 	ensure_fibers(nt);
 	dyn_buf = nullptr;
 	if (posix_memalign(&dyn_buf, 16, d.smem ? d.smem : 16))

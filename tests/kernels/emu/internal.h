@@ -78,6 +78,9 @@ int func_max_dyn_smem(const void *func);
  * emulator's own count, against which the backend's (traffic) is checked.
  * Incremented under the big lock. */
 extern uint64_t launches_total;
+/* Threads of the kernel launches that ran (grid x block each;
+ * kvt_emu_threads), under the big lock too. */
+extern uint64_t threads_total;
 
 /* The emulated device (an H200). */
 enum {

@@ -1231,6 +1231,7 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
 
 namespace kvt_emu {
 uint64_t launches_total;
+uint64_t threads_total;
 
 static int api_depth;          /* under the big lock */
 static uint64_t api_ns_total; /* under it too; read without it */
@@ -1278,6 +1279,13 @@ extern "C" uint64_t kvt_emu_launches(void)
 {
 	EMU_API_LOCK();
 	return kvt_emu::launches_total;
+}
+
+/* Threads of the process's kernel launches so far. */
+extern "C" uint64_t kvt_emu_threads(void)
+{
+	EMU_API_LOCK();
+	return kvt_emu::threads_total;
 }
 
 extern "C" void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h)

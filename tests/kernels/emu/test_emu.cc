@@ -285,13 +285,21 @@ static __global__ void __launch_bounds__(64) k_bounded(int *p)
 	p[threadIdx.x] = 1;
 }
 
+/* Refused configurations; kvt_emu_threads counts the threads of the
+ * launches that ran only. */
 TEST(cuda_emu, launch_configuration)
 {
 	int *d = dalloc<int>(1024);
+	uint64_t t0 = kvt_emu_threads();
 	KVT_LAUNCH(k_bounded, 1, 64, 0, 0, d);
 	CK(cudaGetLastError());
+	T_EQ(kvt_emu_threads() - t0, 64u);
 	KVT_LAUNCH(k_bounded, 1, 128, 0, 0, d);
 	T_EQ(cudaGetLastError(), cudaErrorLaunchOutOfResources);
+	T_EQ(kvt_emu_threads() - t0, 64u);
+	KVT_LAUNCH(k_bounded, dim3(3, 2), dim3(8, 4), 0, 0, d);
+	CK(cudaGetLastError());
+	T_EQ(kvt_emu_threads() - t0, 64u + 6 * 32);
 	KVT_LAUNCH(k_block_sum, 1, 2048, 0, 0, d, d, d);
 	T_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
 	KVT_LAUNCH(k_block_sum, dim3(1, 70000), 256, 0, 0, d, d, d);

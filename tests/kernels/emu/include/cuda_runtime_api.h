@@ -259,6 +259,11 @@ unsigned kvt_emu_set_event_lag(unsigned n);
 void kvt_emu_traffic(uint64_t *h2d, uint64_t *d2h);
 /* Kernel launches and cuBLAS calls of the process so far. */
 uint64_t kvt_emu_launches(void);
+/* Emulator only (not CUDA).  The threads of the process's kernel launches
+ * so far, grid times block of each launch that ran (a refused
+ * configuration counts none): what a test reads to check a launch's
+ * block size. */
+uint64_t kvt_emu_threads(void);
 /* Emulator only (not CUDA).  CPU nanoseconds the process's threads spent
  * inside the emulator's entry points (kernels, cuBLAS, copies, and the
  * runtime calls around them) since the first call, which returns 0 and
