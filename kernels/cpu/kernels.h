@@ -80,8 +80,9 @@ float attn_dot_cpu(const float *a /* [n] */, const float *b /* [n] */,
  * in one fixed order: for d ascending, the float (S k_i)[d] =
  * attn_dot_cpu(S row d, k_i, hd), times k_i[d] in double, added to a
  * double sum from 0.0 (each product and sum rounded, no fused
- * multiply-add).  Expected Attention's covariance term; device twin:
- * bc_ea_quad (policies/expected_attention.cu), the same bits.
+ * multiply-add).  Expected Attention's covariance term; device twins:
+ * common_quad_rn (kernels/cuda/common.cuh), quad_form_cuda, the same
+ * bits.
  */
 void quad_form_cpu(const float *k /* [n][hd] */, uint32_t n, uint32_t hd,
                    const float *S /* [hd][hd] */, double *out /* [n] */);
