@@ -4,7 +4,8 @@
  * the last staged queries stand for the queries still to come, and each
  * prompt entry scores the attention those would pay it in expectation.
  * docs/policies.md states the rule, its defaults and departures.
- * Statistics and scores are computed in double, but for K S' (sgemm).
+ * Statistics and scores are computed in double, but for the rows of K S'
+ * (float, quad_form_cpu's fixed order).
  * On a device tenant the same rule runs on the device (the device rule
  * "expected_attention", expected_attention_rule.h; policies/
  * expected_attention.cu repeats these operations in this order, so the
@@ -26,7 +27,6 @@
 #define EA_DEF_RATIO 0.5
 #define EA_DEF_FUTURE 512u
 #define EA_DEF_THETA 10000.0
-#define EA_BLOCK 64u /* keys per K S' product */
 
 struct ea_state {
 	uint32_t done; /* 1 once the prompt was compressed */
@@ -104,8 +104,8 @@ static void ea_future_rot(const struct policy *p, uint32_t P, double *rc)
 
 /*
  * One query head's future statistics from qs [N][head_dim] (pre-RoPE,
- * stride apart): mu' [hd] and, with cov, S' [hd][hd] (float, for the
- * sgemm); m [hd] and tmp [hd][hd] scratch.
+ * stride apart): mu' [hd] and, with cov, S' [hd][hd] (float, for
+ * quad_form_cpu); m [hd] and tmp [hd][hd] scratch.
  */
 static void ea_stats(const struct policy *p, const float *qs, size_t stride,
                      uint32_t N, const double *rc, double *mu, float *S,
@@ -162,34 +162,25 @@ static void ea_stats(const struct policy *p, const float *qs, size_t stride,
 
 /*
  * Adds (1/G) softmax_i(z_i) over the candidates (cand[i]) of one query
- * head to acc [len]; keys [len][hd] f32; z [len], ks [EA_BLOCK][hd]
- * scratch.  k^T S' k takes K S' from an sgemm per block of EA_BLOCK keys
- * (S' is symmetric, so the kernel's K S'^T is K S'; blocks keep the
- * scratch per entry within what tenant_memory allows), the products
- * summed in double.
+ * head to acc [len]; keys [len][hd] f32; z [len] scratch.  k^T S' k is
+ * quad_form_cpu's, a fixed order (kernels.h) that the device rule
+ * repeats, not an sgemm's.
  */
 static void ea_expect(const struct policy *p, const float *keys,
                       const uint8_t *cand, uint32_t len, const double *mu,
-                      const float *S, double G, double *z, float *ks,
-                      double *acc)
+                      const float *S, double G, double *z, double *acc)
 {
 	uint32_t hd = p->geom.head_dim;
 	double zmax = -INFINITY;
+	if (p->args.cov)
+		quad_form_cpu(keys, len, hd, S, z);
 	for (uint32_t i = 0; i < len; i++) {
-		const float *k = keys + (size_t)i * hd;
-		if (p->args.cov && i % EA_BLOCK == 0)
-			scorer_linear_cpu(k, len - i < EA_BLOCK ? len - i
-			                                        : EA_BLOCK,
-			                  hd, S, NULL, hd, ks);
 		if (!cand[i])
 			continue;
-		const float *kS = ks + (size_t)(i % EA_BLOCK) * hd;
-		double lin = 0.0, quad = 0.0;
+		const float *k = keys + (size_t)i * hd;
+		double lin = 0.0, quad = p->args.cov ? z[i] : 0.0;
 		for (uint32_t d = 0; d < hd; d++)
 			lin += mu[d] * k[d];
-		if (p->args.cov)
-			for (uint32_t d = 0; d < hd; d++)
-				quad += (double)kS[d] * k[d];
 		z[i] = lin / sqrt((double)hd) + quad / (2.0 * hd);
 		if (z[i] > zmax)
 			zmax = z[i];
@@ -263,14 +254,11 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 		float *vr = policy_scratch(p, (size_t)hd * sizeof(float));
 		double *z = policy_scratch(p, (size_t)len * sizeof(double));
 		double *acc = policy_scratch(p, (size_t)len * sizeof(double));
-		float *ks = policy_scratch(p, (size_t)EA_BLOCK * hd *
-		                                  sizeof(float));
 		float *s = policy_scratch(p, (size_t)len * sizeof(float));
 		uint8_t *cand = policy_scratch(p, len);
 		uint8_t *prot = policy_scratch(p, len);
 		uint32_t *sc = policy_scratch(p, (size_t)len * sizeof(uint32_t));
-		if (!keys || !vr || !z || !acc || !ks || !s || !cand || !prot ||
-		    !sc)
+		if (!keys || !vr || !z || !acc || !s || !cand || !prot || !sc)
 			return KVT_ENOMEM;
 		uint32_t np = 0, nc = 0;
 		for (uint32_t i = 0; i < len; i++) {
@@ -289,7 +277,7 @@ static int ea_decide(struct policy *p, struct policy_layer *l)
 		for (uint32_t j = 0; j < G; j++) {
 			ea_stats(p, qs + (size_t)(g * G + j) * hd, qrow, N, rc,
 			         mu, S, mu + hd, tmp);
-			ea_expect(p, keys, cand, len, mu, S, G, z, ks, acc);
+			ea_expect(p, keys, cand, len, mu, S, G, z, acc);
 		}
 		for (uint32_t i = 0; i < len; i++) {
 			double v = acc[i];

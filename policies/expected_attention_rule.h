@@ -14,8 +14,8 @@
  * for the future queries: each un-rotated from its position (RoPE of base
  * theta, float), mean and (cov) covariance in double, both rotated by the
  * mean rotation of positions [P, P + future); z_i = mu' . k_i / sqrt(d) +
- * (cov) k_i^T S' k_i / (2 d) (K S' in blocks of 64 keys, the policy's
- * SGEMMs), softmax over the candidates sinks <= i < P per query head, the
+ * (cov) k_i^T S' k_i / (2 d) (quad_form_cpu's fixed order, kernels.h),
+ * softmax over the candidates sinks <= i < P per query head, the
  * mean over the G heads, (vnorm) times ||v_i|| after adding eps.  Entries
  * outside the candidates are protected; of the candidates the best keep
  * stay (ties keep the higher index).

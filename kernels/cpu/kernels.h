@@ -75,6 +75,18 @@ float paged_attention_softmax_cpu(float *s /* [n] */, uint32_t n);
 float attn_dot_cpu(const float *a /* [n] */, const float *b /* [n] */,
                    uint32_t n);
 
+/*
+ * out[i] = k_i^T S k_i for n keys k [n][hd] and S [hd][hd] (row-major),
+ * in one fixed order: for d ascending, the float (S k_i)[d] =
+ * attn_dot_cpu(S row d, k_i, hd), times k_i[d] in double, added to a
+ * double sum from 0.0 (each product and sum rounded, no fused
+ * multiply-add).  Expected Attention's covariance term; device twins:
+ * common_quad_rn (kernels/cuda/common.cuh), quad_form_cuda, the same
+ * bits.
+ */
+void quad_form_cpu(const float *k /* [n][hd] */, uint32_t n, uint32_t hd,
+                   const float *S /* [hd][hd] */, double *out /* [n] */);
+
 void attn_band_cpu(const float *q /* [n_q][G][head_dim] */,
                    const float *lse /* [n_q][G] */,
                    const uint32_t *qpos /* [n_q] */, uint32_t n_q, uint32_t G,

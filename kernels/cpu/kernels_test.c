@@ -488,6 +488,74 @@ TEST(kernels, attn_band_causal_hand)
 	check_close("w", 3, w[3], exp(-0.5), 1e-6, 1e-6);
 }
 
+/* kernels.h's order of quad_form_cpu written out: row d of S dotted with
+ * k in float, c ascending from 0, each product and sum rounded (volatile:
+ * no FMA whatever the flags), times k[d] in double, summed d ascending
+ * from 0. */
+static double fixed_quad(const float *k, uint32_t hd, const float *S)
+{
+	volatile double q = 0.0;
+	for (uint32_t d = 0; d < hd; d++) {
+		volatile float acc = 0.0f;
+		for (uint32_t c = 0; c < hd; c++) {
+			volatile float p = S[(size_t)d * hd + c] * k[c];
+			acc = acc + p;
+		}
+		volatile double t = (double)acc * k[d];
+		q = q + t;
+	}
+	return q;
+}
+
+TEST(kernels, quad_form_shapes)
+{
+	/* Bit for bit the order written out above, for key counts that fill
+	 * the vector lanes, leave some over or none, and head_dims even
+	 * (the vector path), odd and beyond its 256 (scalar). */
+	const uint32_t hds[] = {1, 2, 7, 8, 64, 128, 256, 258};
+	const uint32_t ns[] = {0, 1, 7, 8, 9, 37};
+	rng_seed(9);
+	for (size_t hi = 0; hi < sizeof(hds) / sizeof(hds[0]); hi++)
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			const uint32_t hd = hds[hi], n = ns[ni];
+			snprintf(ctx, sizeof(ctx), "hd %u n %u", hd, n);
+			float *k = rand_vec((size_t)n * hd + 1, -3, 3);
+			float *S = rand_vec((size_t)hd * hd, -2, 2);
+			double *out = malloc(((size_t)n + 1) * sizeof(double));
+			out[n] = 7.0; /* stays */
+			quad_form_cpu(k, n, hd, S, out);
+			for (uint32_t i = 0; i < n; i++)
+				T_ASSERT(out[i] == fixed_quad(k + (size_t)i * hd,
+				                              hd, S));
+			T_ASSERT(out[n] == 7.0);
+			free(k);
+			free(S);
+			free(out);
+		}
+}
+
+TEST(kernels, quad_form_order_hand)
+{
+	/* Every row of S (1e8, 1, -1e8, 1) against k = (1, 1, 1, 1): in c
+	 * order the float sum is 1e8, 1e8 (the 1 is lost), 0, 1, so each
+	 * (S k)[d] is 1 and k^T S k is 4 (exactly 8 in real numbers; 0 for
+	 * pairs summed first).  Nine keys: the vector lanes and one more. */
+	float S[16], k[9 * 4];
+	double out[9];
+	for (uint32_t d = 0; d < 4; d++) {
+		S[d * 4 + 0] = 1e8f;
+		S[d * 4 + 1] = 1.0f;
+		S[d * 4 + 2] = -1e8f;
+		S[d * 4 + 3] = 1.0f;
+	}
+	for (uint32_t e = 0; e < 9 * 4; e++)
+		k[e] = 1.0f;
+	quad_form_cpu(k, 9, 4, S, out);
+	snprintf(ctx, sizeof(ctx), "order hand");
+	for (uint32_t i = 0; i < 9; i++)
+		T_ASSERT(out[i] == 4.0);
+}
+
 /* ---------------------------------------------------------------- scorers */
 
 static void naive_linear(const float *x, uint32_t n, uint32_t d_in,

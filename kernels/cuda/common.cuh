@@ -168,6 +168,28 @@ __device__ __forceinline__ float common_dot_rn(const float *a, uint32_t sa,
 	return acc;
 }
 
+/* quad_form_cpu's fixed order (kernels.h) for one key k [hd] (entries of
+ * E, read as float) and S [hd][hd]: for d ascending, row d of S dotted
+ * with k as common_dot_rn, times k[d] in double, summed from 0.0; the _rn
+ * intrinsics keep nvcc from fusing a product into its sum, so the bits
+ * are the cpu's on a GPU too (only IEEE products and sums).  One thread,
+ * nothing stored. */
+template <typename E>
+__device__ __forceinline__ double common_quad_rn(const E *k, const float *S,
+                                                 uint32_t hd)
+{
+	double q = 0.0;
+	for (uint32_t d = 0; d < hd; d++) {
+		const float *s = S + (uint64_t)d * hd;
+		float acc = 0.0f;
+		for (uint32_t c = 0; c < hd; c++)
+			acc = __fadd_rn(acc, __fmul_rn(s[c], common_to_f(k[c])));
+		q = __dadd_rn(q, __dmul_rn((double)acc,
+		                           (double)common_to_f(k[d])));
+	}
+	return q;
+}
+
 /* Round to nearest even, bit for bit as dtype_from_f32, NaNs included:
  * the conversion instructions turn every NaN into the canonical 0x7fff,
  * while the CPU keeps the sign and the top of the payload (f16: quiet bit

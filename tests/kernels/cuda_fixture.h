@@ -28,6 +28,7 @@
 #include "handle.h"
 #include "kernels.h"
 #include "paged_attention.cuh"
+#include "quad_form.cuh"
 #include "scorer_linear.cuh"
 #include "scorer_mlp.cuh"
 #include "select_threshold.cuh"

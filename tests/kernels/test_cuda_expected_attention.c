@@ -3,10 +3,10 @@
  * "expected_attention" (Expected Attention's end-of-prefill selection on
  * the device, policies/expected_attention.cu) against its rule computed in
  * double (expected_attention_rule.h): one job a list, cov and vnorm on and
- * off, K S' of 64-key and shorter blocks, prompts of ragged lengths,
- * tiles of one list, a NaN in a staged q flagged (a job that only checks
- * rows too), the refusals changing nothing, and the launches of a call the
- * same whatever its jobs.  Built into kvtrim-cuda-tests and, under the CPU
+ * off, prompts of ragged lengths, more lists than the rule has slots, a
+ * NaN in a staged q flagged (a job that only checks rows too), the
+ * refusals changing nothing, and the launches of a call the same whatever
+ * its jobs.  Built into kvtrim-cuda-tests and, under the CPU
  * emulator, kvtrim-cuda-emu-tests; skips without a device.
  */
 #include <math.h>
@@ -25,10 +25,9 @@
 #define DR_LISTS 7
 #define DR_PAGES 9 /* pages per list */
 
-/* The launches a call of one tile may take, whatever its jobs: the
- * checks and plan, 4 a tile, the top-k and the indices (docs/cuda.md). */
-#define EA_TILE_LAUNCHES 4
-#define EA_BOUND (3 + EA_TILE_LAUNCHES)
+/* The launches of a call, whatever its jobs: the checks and plan, every
+ * list's rule, the top-k and the indices (docs/cuda.md). */
+#define EA_LAUNCHES 4
 
 typedef struct expected_attention_rule ea_rule;
 typedef struct expected_attention_rule_job ea_job;
@@ -185,12 +184,11 @@ TEST(cuda, backend_expected_attention_rule_matches_naive)
 {
 	/* Three calls (cov and vnorm; no cov; vnorm off with eps) of two
 	 * jobs each (KV heads; the fixture's lists 0 to 5), 2 query heads
-	 * a group, f32 entries of head_dim 8 in pages of 8: a prompt of 64
-	 * (K S' in two SGEMM blocks: 64 and 4 keys), 4 new entries, the
-	 * statistics of the last 6 queries, sinks 2 (so 62 candidates), keep
-	 * 20: the drops must be the rule's computed in double.  A job whose
-	 * rows hold a NaN is flagged, a job that only checks rows too; the
-	 * refusals. */
+	 * a group, f32 entries of head_dim 8 in pages of 8: a prompt of 64,
+	 * 4 new entries, the statistics of the last 6 queries, sinks 2 (so
+	 * 62 candidates), keep 20: the drops must be the rule's computed in
+	 * double.  A job whose rows hold a NaN is flagged, a job that only
+	 * checks rows too; the refusals. */
 	enum { HD = 8, PT = 8, G = 2, NKV = 2, H = G * NKV, ST = 16, P = 64,
 	       W = 6, NN = 4, SINKS = 2, KEEP = 20, NC = 3, RF = H * HD + 3,
 	       ND = P - SINKS - KEEP };
@@ -274,17 +272,16 @@ TEST(cuda, backend_expected_attention_rule_matches_naive)
 
 TEST(cuda, backend_expected_attention_rule_launches)
 {
-	/* 2 and 36 jobs (18 (sequence, layer)s of ragged prompts, 10 to 68,
-	 * so lists of 14 to 72 entries: K S' of one short block, or of 64
-	 * keys and a short one; 2 KV heads each, records shared), cov on and
-	 * off: the drops are the rule's in double (expected_naive) and a
-	 * call takes the same launches whatever its jobs, at most EA_BOUND;
-	 * split into tiles of one list (KVTRIM_CUDA_TILE_BYTES), the same
-	 * drops, EA_TILE_LAUNCHES a tile at most.  A call with a bad job is
+	/* 2, 36 and 288 jobs (18 (sequence, layer)s of ragged prompts, 10
+	 * to 68, so lists of 14 to 72 entries, 2 KV heads each, records
+	 * shared; the 288 are the 36 eight times over, more lists than the
+	 * rule has slots, so slots are reused), cov on and off: the drops
+	 * are the rule's in double (expected_naive) and a call takes
+	 * EA_LAUNCHES launches whatever its jobs.  A call with a bad job is
 	 * refused before anything is launched or copied. */
 	enum { HD = 8, PT = 8, G = 2, NKV = 2, H = G * NKV, ST = 16, W = 6,
 	       NN = 4, SINKS = 2, NW = 18, NJ = NW * NKV, CAP = DR_PAGES * PT,
-	       RF = H * HD + 3 };
+	       RF = H * HD + 3, REP = 8, NJR = NJ * REP };
 	struct sel_fx f;
 	const struct kvt_backend_rule *r = ea_init(&f, PT, HD);
 	if (!f.o->traffic)
@@ -294,9 +291,9 @@ TEST(cuda, backend_expected_attention_rule_launches)
 	static float ring[ST * RF];
 	void *dring = ea_ring(&f, ring, ST * RF);
 	struct kvt_backend_paged pg = sel_paged(&f);
-	ea_job jobs[NJ];
-	static uint8_t want[NJ * CAP];
-	static uint32_t out[2 * NJ + NJ * CAP];
+	static ea_job jobs[NJR];
+	static uint8_t want[NJR * CAP];
+	static uint32_t out[2 * NJR + NJR * CAP];
 	for (uint32_t cov = 0; cov < 2; cov++) {
 		const ea_rule a = {.rows = {ST, RF, 3, 0}, .sinks = SINKS,
 		                   .future = 40, .theta = 10000.0f, .cov = cov,
@@ -315,30 +312,33 @@ TEST(cuda, backend_expected_attention_rule_launches)
 				off += nd;
 			}
 		}
+		const uint32_t off1 = off;
+		for (uint32_t k = NJ; k < NJR; k++) {
+			jobs[k] = jobs[k % NJ];
+			jobs[k].drop_off = off;
+			off += jobs[k].n_drop;
+			memcpy(want + k * CAP, want + (k % NJ) * CAP, CAP);
+		}
 		uint64_t one = SEL_LAUNCHES(f.o, f.ctx, EA_RUN(
 			&a, jobs, NKV, out,
 			2 * NKV + jobs[1].drop_off + jobs[1].n_drop));
 		ea_check(out, jobs, NKV, want, CAP);
 		uint64_t many = SEL_LAUNCHES(f.o, f.ctx, EA_RUN(
-			&a, jobs, NJ, out, 2 * NJ + off));
+			&a, jobs, NJ, out, 2 * NJ + off1));
 		ea_check(out, jobs, NJ, want, CAP);
-		T_EQ(one, many);
-		T_ASSERT(many <= EA_BOUND - !cov); /* no GEMM without cov */
-		/* tiles of one list each: the same drops */
 		memset(out, 0xff, sizeof(out));
-		T_OK(setenv("KVTRIM_CUDA_TILE_BYTES", "1", 1));
-		uint64_t tiled = SEL_LAUNCHES(f.o, f.ctx, EA_RUN(
-			&a, jobs, NJ, out, 2 * NJ + off));
-		T_OK(unsetenv("KVTRIM_CUDA_TILE_BYTES"));
-		ea_check(out, jobs, NJ, want, CAP);
-		T_ASSERT(tiled > many &&
-		         tiled <= 3 + (uint64_t)EA_TILE_LAUNCHES * NJ);
+		uint64_t most = SEL_LAUNCHES(f.o, f.ctx, EA_RUN(
+			&a, jobs, NJR, out, 2 * NJR + off));
+		ea_check(out, jobs, NJR, want, CAP);
+		T_EQ(one, EA_LAUNCHES);
+		T_EQ(many, EA_LAUNCHES);
+		T_EQ(most, EA_LAUNCHES);
 		/* job 9 of a list beyond the records: refused, nothing
 		 * launched or copied */
 		const uint32_t rec = jobs[9].record;
 		jobs[9].record = DR_LISTS;
 		SEL_REFUSED_UNRUN(f.o, f.ctx,
-		                  EA_RUN(&a, jobs, NJ, out, 2 * NJ + off));
+		                  EA_RUN(&a, jobs, NJ, out, 2 * NJ + off1));
 		jobs[9].record = rec;
 	}
 	f.o->mem_free(f.ctx, dring);

@@ -12,6 +12,7 @@
  *   append_kv, compact, select_*      exact (bytes / drop sets equal)
  *   paged_attention out               atol 2e-4, rtol 1e-3; lse atol 2e-4
  *   attn_band                         atol 1e-5, rtol 2e-4
+ *   quad_form                         exact (its order's bits)
  *   scorer_linear, scorer_mlp         atol 1e-4, rtol 1e-4 (FP32 SGEMM)
  *   sink_gate                         atol 2e-5, rtol 1e-4
  * The float ops differ from the CPU only in summation order.
@@ -370,6 +371,97 @@ TEST_T(cuda, attn_band, 180)
 				free(ks);
 				plist_free(&p);
 			}
+}
+
+/* ----------------------------------------------------------- quad_form */
+
+/* kernels.h's order of quad_form_cpu written out: row d of S dotted with
+ * k in float, c ascending, each product and sum rounded (volatile: no
+ * FMA), times k[d] in double, summed d ascending from 0. */
+static double quad_naive(const float *k, uint32_t hd, const float *S)
+{
+	volatile double q = 0.0;
+	for (uint32_t d = 0; d < hd; d++) {
+		volatile float acc = 0.0f;
+		for (uint32_t c = 0; c < hd; c++) {
+			volatile float p = S[(size_t)d * hd + c] * k[c];
+			acc = acc + p;
+		}
+		volatile double t = (double)acc * k[d];
+		q = q + t;
+	}
+	return q;
+}
+
+/* The device's k^T S k of n keys: the cpu's and the naive order's bits,
+ * on a GPU too (IEEE products and sums only, none fused). */
+static void quad_case(const char *what, const float *k, uint32_t n,
+                      uint32_t hd, const float *S)
+{
+	double *cpu = xmalloc(((size_t)n + 1) * 8);
+	double *gpu = xmalloc(((size_t)n + 1) * 8);
+	quad_form_cpu(k, n, hd, S, cpu);
+	float *dk = to_dev(k, (size_t)n * hd * 4 + 4);
+	float *dS = to_dev(S, (size_t)hd * hd * 4);
+	double *dout = dmalloc((size_t)n * 8 + 8);
+	T_OK(quad_form_cuda(dk, n, hd, dS, dout, 0));
+	CK(cudaDeviceSynchronize());
+	to_host(gpu, dout, (size_t)n * 8);
+	for (uint32_t i = 0; i < n; i++) {
+		const double want = quad_naive(k + (size_t)i * hd, hd, S);
+		if (memcmp(&cpu[i], &want, 8) || memcmp(&gpu[i], &want, 8))
+			th_fail(__FILE__, __LINE__, "%s: key %u: cpu %.17g gpu "
+			        "%.17g, the order's %.17g", what, i, cpu[i],
+			        gpu[i], want);
+	}
+	cudaFree(dk);
+	cudaFree(dS);
+	cudaFree(dout);
+	free(cpu);
+	free(gpu);
+}
+
+TEST(cuda, quad_form)
+{
+	/* Random keys and S of head_dims even, odd and beyond the cpu's
+	 * vector path, counts that fill its lanes or not; then every row
+	 * of S (1e8, 1, -1e8, 1) against k = (1, 1, 1, 1): 4 in this order
+	 * only (each (S k)[d] loses the first 1: 8 in real numbers, 0 for
+	 * the terms summed in reverse or in pairs). */
+	need_device();
+	static const uint32_t HD[] = {1, 2, 7, 8, 64, 128, 256, 258};
+	static const uint32_t N[] = {0, 1, 9, 37, 300};
+	for (size_t h = 0; h < sizeof(HD) / 4; h++)
+		for (size_t c = 0; c < sizeof(N) / 4; c++) {
+			const uint32_t hd = HD[h], n = N[c];
+			float *k = xmalloc(((size_t)n * hd + 1) * 4);
+			float *S = xmalloc((size_t)hd * hd * 4);
+			fill(k, (size_t)n * hd, 3.0f);
+			fill(S, (size_t)hd * hd, 2.0f);
+			char what[48];
+			snprintf(what, sizeof(what), "quad_form hd %u n %u", hd, n);
+			quad_case(what, k, n, hd, S);
+			free(k);
+			free(S);
+		}
+	float S[16], k[9 * 4];
+	for (uint32_t e = 0; e < 16; e++)
+		S[e] = e % 2 ? 1.0f : e % 4 == 0 ? 1e8f : -1e8f;
+	for (uint32_t e = 0; e < 9 * 4; e++)
+		k[e] = 1.0f;
+	quad_case("quad_form hand", k, 9, 4, S);
+	T_ASSERT(quad_naive(k, 4, S) == 4.0);
+	double one;
+	double *d1 = dmalloc(8);
+	float *dk = to_dev(k, sizeof(k)), *dS = to_dev(S, sizeof(S));
+	T_OK(quad_form_cuda(dk, 1, 4, dS, d1, 0));
+	CK(cudaDeviceSynchronize());
+	to_host(&one, d1, 8);
+	T_ASSERT(one == 4.0);
+	T_EQ(quad_form_cuda(NULL, 1, 4, dS, d1, 0), KVT_EINVAL);
+	cudaFree(d1);
+	cudaFree(dk);
+	cudaFree(dS);
 }
 
 /* ------------------------------------------------------------- scorers */

@@ -339,6 +339,8 @@ static inline float __fmaf_rn(float a, float b, float c)
 }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
 
 /* -------------------------------------------------------------- launch */
 
