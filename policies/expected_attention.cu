@@ -537,7 +537,7 @@ static int bc_ea_run_locked(struct bc_ctx *c, const kvt_backend_paged *pg,
 	                       prot, (uint8_t *)(d + m.drop),
 	                       (const uint32_t *)(d + m.first),
 	                       (const uint32_t *)(d + m.keep), segs, cn.nseg,
-	                       NULL, 0, dout, s)))
+	                       cn.maxL, NULL, 0, dout, s)))
 		return rv;
 	return bc_ps_finish(c, out, dout, out_words, s,
 	                    "expected_attention rule");

@@ -386,22 +386,6 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
 	return 0;
 }
 
-/* bc_bs_select for a caller that does not pass its longest list: the
- * widest blocks, the same results. */
-static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
-                               uint32_t F, const float *sc,
-                               const uint32_t *rank, const uint8_t *prot,
-                               uint8_t *drop, const uint32_t *first,
-                               const uint32_t *keep,
-                               const struct bc_seg *segs, uint32_t nseg,
-                               const uint32_t *veto, uint32_t max_drop,
-                               uint32_t *dout, cudaStream_t s)
-{
-	return bc_bs_select(op, state, cap, F, sc, rank, prot, drop, first,
-	                    keep, segs, nseg, UINT32_MAX, veto, max_drop,
-	                    dout, s);
-}
-
 /* Scratch offsets of one call of an entry-state op: the output words,
  * the jobs, the plan (bc_bs_plan) and the flat arrays. */
 struct bc_bs_mem {
