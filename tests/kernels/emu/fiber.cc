@@ -516,8 +516,17 @@ void ensure_fibers(int n)
 	}
 }
 
-/* Runs block block_idx with n threads; false when it failed. */
-bool run_block(int n)
+/* Blocks of a launch whose shared memory starts as 0xff bytes; the later
+ * ones keep what the block before them left, as a device's blocks find
+ * what an earlier block on their multiprocessor left.  A kernel that reads
+ * shared memory before writing it reads garbage in its first blocks
+ * already; poisoning every block cost a memset of the library's whole
+ * __shared__ block (hundreds of KiB) per block, most of a big grid's time. */
+#define POISONED_BLOCKS 64
+
+/* Runs block block_idx, the nth of its launch, with n threads; false
+ * when it failed. */
+bool run_block(int n, uint64_t nth)
 {
 	n_threads = n;
 	n_done = n_bar = 0;
@@ -526,9 +535,9 @@ bool run_block(int n)
 	for (std::vector<warp_wait> &w : warps)
 		w.clear();
 	/* shared memory starts out as garbage on the device */
-	if (shared_tls)
+	if (shared_tls && nth < POISONED_BLOCKS)
 		memset(shared_tls, 0xff, shared_size);
-	if (L->smem)
+	if (L->smem && nth < POISONED_BLOCKS)
 		memset(dyn_buf, 0xff, L->smem);
 	for (int i = 0; i < n; i++) {
 		fiber &f = fibers[i];
@@ -742,11 +751,12 @@ void launch(const launch_desc &d)
 	block_dim = d.block;
 	grid_dim = d.grid;
 	bool ok = true;
+	uint64_t nth = 0;
 	for (unsigned z = 0; ok && z < d.grid.z; z++)
 		for (unsigned y = 0; ok && y < d.grid.y; y++)
 			for (unsigned x = 0; ok && x < d.grid.x; x++) {
 				block_idx = make_uint3(x, y, z);
-				ok = run_block(nt);
+				ok = run_block(nt, nth++);
 			}
 	L = nullptr;
 	free(dyn_buf);

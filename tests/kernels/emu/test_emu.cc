@@ -184,8 +184,9 @@ TEST(cuda_emu, dynamic_shared_memory_limits)
 
 #ifndef __SANITIZE_ADDRESS__
 /* Shared memory, static (here in a template kernel) or dynamic, that no
- * thread of this block wrote reads as 0xff bytes, not as the previous
- * block's values (ASan builds keep red zones instead). */
+ * thread of this block wrote reads as 0xff bytes in a launch's first
+ * blocks, not as the previous block's values (ASan builds keep red zones
+ * instead). */
 template <typename T> static __global__ void k_stale(T *out)
 {
 	__shared__ T s[32];
