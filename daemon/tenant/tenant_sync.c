@@ -262,6 +262,26 @@ static uint32_t count_marks(const uint8_t *m, uint32_t n)
 	return c;
 }
 
+/* The indices of m [n]'s nonzero bytes, ascending, into idx; their
+ * number.  Words of eight zero bytes (most of a list) are skipped whole. */
+static uint32_t gather_marks(const uint8_t *m, uint32_t n, uint32_t *idx)
+{
+	uint32_t c = 0, i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t x;
+		memcpy(&x, m + i, 8);
+		if (!x)
+			continue;
+		for (uint32_t k = 0; k < 8; k++)
+			if (m[i + k])
+				idx[c++] = i + k;
+	}
+	for (; i < n; i++)
+		if (m[i])
+			idx[c++] = i;
+	return c;
+}
+
 /* After the decision of one (item, layer) whose lists start at off in
  * t->scr.drop: each list's new length into t->scr.newlen, and the pages it needs
  * or frees into w. */
@@ -376,9 +396,18 @@ static void compact_list(struct tenant *t, uint32_t record,
 {
 	const struct shm_geom *g = &t->g;
 	const uint32_t row_bytes = g->head_dim * g->elem_bytes;
-	uint32_t nm = ld->idx ? compact_plan_drops(ld->idx, ld->n, len,
-	                                           t->scr.moves, nl)
-	                      : compact_plan(drop, len, t->scr.moves, nl);
+	uint32_t nm;
+	if (ld->idx) {
+		nm = compact_plan_drops(ld->idx, ld->n, len, t->scr.moves, nl);
+	} else if (t->dsync.dbases) {
+		/* the marks as indices where the device takes them: one pass
+		 * over the list, the plan then over its drops only */
+		uint32_t *d = t->dsync.bdrops + w->bm;
+		nm = compact_plan_drops(d, gather_marks(drop, len, d), len,
+		                        t->scr.moves, nl);
+	} else {
+		nm = compact_plan(drop, len, t->scr.moves, nl);
+	}
 	if (!nm)
 		return;
 	if (t->dsync.dbases) {
@@ -388,15 +417,10 @@ static void compact_list(struct tenant *t, uint32_t record,
 			.len = len, .n_drop = len - *nl,
 			.drop_off = (uint32_t)w->bm,
 		};
-		if (ld->idx) {
+		if (ld->idx)
 			memcpy(t->dsync.bdrops + w->bm, ld->idx,
 			       (size_t)ld->n * sizeof(uint32_t));
-			w->bm += ld->n;
-		} else {
-			for (uint32_t k = 0; k < len; k++)
-				if (drop[k])
-					t->dsync.bdrops[w->bm++] = k;
-		}
+		w->bm += len - *nl;
 	} else if (t->dev) {
 		/* The page addresses are taken before the frees of step 4; a
 		 * chunk emptied by them is destroyed only after the queued
