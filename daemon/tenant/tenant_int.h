@@ -606,11 +606,11 @@ static inline int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
 {
 	if (want <= *cap)
 		return 0;
-	size_t n = *cap + *cap / 2 > want ? *cap + *cap / 2 : want;
-	if (!elem || n > SIZE_MAX / elem)
-		n = want;
 	if (!elem || want > SIZE_MAX / elem)
 		return KVT_ENOMEM;
+	size_t n = *cap + *cap / 2; /* wraps below want where it overflows */
+	if (n < want || n > SIZE_MAX / elem)
+		n = want;
 	void *q = realloc(*p, n * elem);
 	if (!q)
 		return KVT_ENOMEM;
