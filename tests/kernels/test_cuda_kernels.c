@@ -444,10 +444,11 @@ TEST(cuda, quad_form)
 			free(k);
 			free(S);
 		}
-	float S[16], k[9 * 4];
+	/* k as quad_case's copies read it: one float past the keys */
+	float S[16], k[9 * 4 + 1];
 	for (uint32_t e = 0; e < 16; e++)
 		S[e] = e % 2 ? 1.0f : e % 4 == 0 ? 1e8f : -1e8f;
-	for (uint32_t e = 0; e < 9 * 4; e++)
+	for (uint32_t e = 0; e < 9 * 4 + 1; e++)
 		k[e] = 1.0f;
 	quad_case("quad_form hand", k, 9, 4, S);
 	T_ASSERT(quad_naive(k, 4, S) == 4.0);
