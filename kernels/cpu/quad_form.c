@@ -44,12 +44,34 @@ qf_acc(__m256d *lo, __m256d *hi, __m256 ks, __m256 k)
 		_mm256_cvtps_pd(_mm256_extractf128_ps(k, 1))));
 }
 
+/* Rows d .. d + R of S (R <= 4) against the block blk [hd][8] of eight
+ * keys, their float sums independent chains that share each key load,
+ * then added to lo, hi in row order: lane j of row d sums S[d][c] *
+ * k_j[c] in c order in float, then adds its product with k_j[d] to its
+ * double sum. */
+__attribute__((target("avx2"), always_inline)) static inline void
+qf_rows(const float *blk, const float *S, uint32_t d, uint32_t R,
+        uint32_t hd, __m256d *lo, __m256d *hi)
+{
+	__m256 a[4];
+#pragma GCC unroll 4
+	for (uint32_t r = 0; r < R; r++)
+		a[r] = _mm256_setzero_ps();
+	for (uint32_t c = 0; c < hd; c++) {
+		__m256 kv = _mm256_loadu_ps(blk + c * 8);
+#pragma GCC unroll 4
+		for (uint32_t r = 0; r < R; r++)
+			a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(
+				_mm256_set1_ps(S[(size_t)(d + r) * hd + c]), kv));
+	}
+#pragma GCC unroll 4
+	for (uint32_t r = 0; r < R; r++)
+		qf_acc(lo, hi, a[r], _mm256_loadu_ps(blk + (d + r) * 8));
+}
+
 /* Keys eight at a time, one per lane, each block transposed to [hd][8];
- * the rows of S four at a time share each key load (hd is even: a pair
- * may be left), their sums independent chains.  Lane j of row d sums
- * S[d][c] * k_j[c] in c order in float, then adds its product with
- * k_j[d] to its double sum, d ascending: qf_one's arithmetic.  Returns
- * the keys done. */
+ * the rows of S four at a time (hd is even: a pair may be left), d
+ * ascending: qf_one's arithmetic per lane.  Returns the keys done. */
 __attribute__((target("avx2"))) static uint32_t
 qf_avx2(const float *k, uint32_t n, uint32_t hd, const float *S, double *out)
 {
@@ -63,40 +85,10 @@ qf_avx2(const float *k, uint32_t n, uint32_t hd, const float *S, double *out)
 				blk[c * 8 + j] = k[(size_t)(i + j) * hd + c];
 		__m256d lo = _mm256_setzero_pd(), hi = lo;
 		uint32_t d = 0;
-		for (; d + 4 <= hd; d += 4) {
-			const float *s0 = S + (size_t)d * hd, *s1 = s0 + hd,
-			            *s2 = s1 + hd, *s3 = s2 + hd;
-			__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0,
-			       a3 = a0;
-			for (uint32_t c = 0; c < hd; c++) {
-				__m256 kv = _mm256_loadu_ps(blk + c * 8);
-				a0 = _mm256_add_ps(a0, _mm256_mul_ps(
-					_mm256_set1_ps(s0[c]), kv));
-				a1 = _mm256_add_ps(a1, _mm256_mul_ps(
-					_mm256_set1_ps(s1[c]), kv));
-				a2 = _mm256_add_ps(a2, _mm256_mul_ps(
-					_mm256_set1_ps(s2[c]), kv));
-				a3 = _mm256_add_ps(a3, _mm256_mul_ps(
-					_mm256_set1_ps(s3[c]), kv));
-			}
-			qf_acc(&lo, &hi, a0, _mm256_loadu_ps(blk + d * 8));
-			qf_acc(&lo, &hi, a1, _mm256_loadu_ps(blk + (d + 1) * 8));
-			qf_acc(&lo, &hi, a2, _mm256_loadu_ps(blk + (d + 2) * 8));
-			qf_acc(&lo, &hi, a3, _mm256_loadu_ps(blk + (d + 3) * 8));
-		}
-		for (; d < hd; d += 2) {
-			const float *s0 = S + (size_t)d * hd, *s1 = s0 + hd;
-			__m256 a0 = _mm256_setzero_ps(), a1 = a0;
-			for (uint32_t c = 0; c < hd; c++) {
-				__m256 kv = _mm256_loadu_ps(blk + c * 8);
-				a0 = _mm256_add_ps(a0, _mm256_mul_ps(
-					_mm256_set1_ps(s0[c]), kv));
-				a1 = _mm256_add_ps(a1, _mm256_mul_ps(
-					_mm256_set1_ps(s1[c]), kv));
-			}
-			qf_acc(&lo, &hi, a0, _mm256_loadu_ps(blk + d * 8));
-			qf_acc(&lo, &hi, a1, _mm256_loadu_ps(blk + (d + 1) * 8));
-		}
+		for (; d + 4 <= hd; d += 4)
+			qf_rows(blk, S, d, 4, hd, &lo, &hi);
+		for (; d < hd; d += 2)
+			qf_rows(blk, S, d, 2, hd, &lo, &hi);
 		_mm256_storeu_pd(out + i, lo);
 		_mm256_storeu_pd(out + i + 4, hi);
 	}
