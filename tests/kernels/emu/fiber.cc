@@ -6,7 +6,9 @@
  * threads of a block are fibers, each on its own mmap'd stack with a guard
  * page, and a fiber runs until it reaches a barrier or returns; it then
  * hands the CPU straight to the next runnable fiber in thread order (no
- * scheduler in between).  The last thread to reach a barrier releases the
+ * scheduler in between).  A thread that returns hands its stack to the
+ * next one when that one has not run yet, which then runs on it without
+ * a switch (the order is the same; stacks are prepared when first used).  The last thread to reach a barrier releases the
  * others and carries on.  So __syncthreads and the warp intrinsics are real
  * rendezvous, a missing barrier shows up as a wrong result (thread 0 runs
  * ahead of thread 1), and when no fiber can run the block is stuck: that is
@@ -131,6 +133,7 @@ struct fiber {
 	uint64_t in, out; /* exchange slot: own value, result */
 	char *stack;      /* [stack_bytes], a guard page below */
 	bool dirty;       /* abandoned mid-kernel: ASan poison left behind */
+	bool started;     /* has run in this block (its stack prepared) */
 #ifdef EMU_ASM
 	void *sp;
 #else
@@ -258,6 +261,10 @@ void fiber_prepare(fiber *f)
 /* to or from NULL is the host; an exiting fiber is never resumed. */
 void switch_to(fiber *from, fiber *to, bool exiting)
 {
+	if (to && !to->started) { /* its first run in the block */
+		fiber_prepare(to);
+		to->started = true;
+	}
 	running = to;
 	cur = to ? &to->regs : nullptr;
 #ifdef EMU_ASAN
@@ -285,6 +292,8 @@ void switch_to(fiber *from, fiber *to, bool exiting)
 fiber *next_ready(fiber *f)
 {
 	int n = n_threads, i = f->idx;
+	if (n_done == n)
+		return nullptr; /* the block is over: no scan of it */
 	for (int k = 1; k < n; k++) {
 		int j = reverse ? (i - k + n) % n : (i + k) % n;
 		if (fibers[j].state == F_READY)
@@ -414,11 +423,31 @@ void fiber_main(fiber *f)
 		host_size = size;
 	}
 #endif
-	L->run(L->obj);
-	f->state = F_DONE;
-	n_done++;
-	schedule(f, true);
-	fatal("an exited thread was resumed");
+	for (;;) {
+		L->run(L->obj);
+		f->state = F_DONE;
+		n_done++;
+#if !defined(EMU_ASAN) && !defined(EMU_TSAN)
+		/* The next thread in order has not run yet: it runs here, on
+		 * this stack (given to it), instead of on a cold stack of its
+		 * own behind a switch.  The order is the same, and a kernel
+		 * without barriers runs all its threads on one stack; most
+		 * of a launch of short threads was those switches. */
+		fiber *n = next_ready(f);
+		if (n && !n->started) {
+			char *st = f->stack;
+			f->stack = n->stack;
+			n->stack = st;
+			n->started = true;
+			f = n;
+			running = n;
+			cur = &n->regs;
+			continue;
+		}
+#endif
+		schedule(f, true);
+		fatal("an exited thread was resumed");
+	}
 }
 
 unsigned warp_lanes(int w)
@@ -539,17 +568,25 @@ bool run_block(int n, uint64_t nth)
 		memset(shared_tls, 0xff, shared_size);
 	if (L->smem && nth < POISONED_BLOCKS)
 		memset(dyn_buf, 0xff, L->smem);
+	/* thread indices counted up, x fastest (no divisions: a block of
+	 * short threads spent as long here as running them) */
+	unsigned tx = 0, ty = 0, tz = 0;
 	for (int i = 0; i < n; i++) {
 		fiber &f = fibers[i];
-		unsigned bx = block_dim.x, by = block_dim.y;
-		f.regs.tid = make_uint3((unsigned)i % bx, (unsigned)i / bx % by,
-		                        (unsigned)i / (bx * by));
+		f.regs.tid = make_uint3(tx, ty, tz);
+		if (++tx == block_dim.x) {
+			tx = 0;
+			if (++ty == block_dim.y) {
+				ty = 0;
+				tz++;
+			}
+		}
 		f.idx = i;
 		f.state = F_READY;
 		f.file = "";
 		f.line = 0;
 		f.op = 0;
-		fiber_prepare(&f);
+		f.started = false; /* prepared when it first runs */
 	}
 	switch_to(nullptr, &fibers[reverse ? n - 1 : 0], false);
 	return !failed;
