@@ -55,14 +55,16 @@ bc_pop_half(const kvpop_rule &a, uint32_t r, uint32_t h)
 /* The call's plan, one block of BC_BS_THREADS: bc_bs_plan_dev's (the
  * due lists, the bands' places boff), then the projecting jobs (proj, new
  * rows) in order get their rows row0[k] of the flat xs and ub (UINT32_MAX:
- * none) and the grouped GEMM's pointers, problem q: W[q] the layer's P
- * (lf floats a layer), x[q] and y[q] their rows of xs and ub. */
+ * none), their indices pj[q] and the grouped GEMM's pointers, problem q:
+ * W[q] the layer's P (lf floats a layer), x[q] and y[q] their rows of xs
+ * and ub. */
 __global__ void bc_pop_plan(const kvpop_rule a,
                             const kvpop_rule_job *jobs, uint32_t n,
                             uint32_t *at, uint32_t *boff, uint32_t *first,
                             uint32_t *keep, struct bc_seg *segs, uint64_t lf,
                             const float *xs, float *ub, uint32_t *row0,
-                            const float **W, const float **X, float **Y)
+                            uint32_t *pj, const float **W, const float **X,
+                            float **Y)
 {
 	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
 	bc_bs_plan_dev(jobs, n, a.delay, at, boff, first, keep, segs, sum);
@@ -83,6 +85,7 @@ __global__ void bc_pop_plan(const kvpop_rule a,
 		if (!j.proj || !j.n_new)
 			continue;
 		row0[k] = row;
+		pj[q] = k;
 		W[q] = a.weights + (uint64_t)j.layer * lf;
 		X[q] = xs + (uint64_t)row * a.d_model;
 		Y[q] = ub + (uint64_t)row * a.r;
@@ -91,18 +94,18 @@ __global__ void bc_pop_plan(const kvpop_rule a,
 	}
 }
 
-/* Step 1a, every projecting job at once, grid (values, jobs): x of its
- * new rows copied contiguous into xs [rows][d_model] (rows may wrap round
- * the staging ring), and its rows of ub zeroed (scorer_linear_cpu's
- * output before its GEMM adds to it). */
+/* Step 1a, every projecting job at once, grid (values, projecting jobs:
+ * pj [nprj] their indices, so that the rows of the others launch no
+ * block): x of its new rows copied contiguous into xs [rows][d_model]
+ * (rows may wrap round the staging ring), and its rows of ub zeroed
+ * (scorer_linear_cpu's output before its GEMM adds to it). */
 __global__ void bc_pop_xcopy(const kvpop_rule a,
-                             const kvpop_rule_job *jobs, uint32_t n,
-                             const uint32_t *row0, float *xs, float *ub)
+                             const kvpop_rule_job *jobs, const uint32_t *pj,
+                             uint32_t nprj, const uint32_t *row0, float *xs,
+                             float *ub)
 {
-	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-		const uint32_t r0 = row0[k];
-		if (r0 == UINT32_MAX)
-			continue;
+	for (uint32_t q = blockIdx.y; q < nprj; q += gridDim.y) {
+		const uint32_t k = pj[q], r0 = row0[k];
 		const kvpop_rule_job j = jobs[k];
 		const uint32_t first = j.n_seen - j.n_new;
 		const uint64_t tot = (uint64_t)j.n_new * a.d_model,
@@ -120,17 +123,15 @@ __global__ void bc_pop_xcopy(const kvpop_rule a,
 	}
 }
 
-/* Step 1c, every projecting job at once: its rows of ub [rows][r] into
- * its (sequence, layer)'s u ring. */
+/* Step 1c, every projecting job at once (pj [nprj], as step 1a): its
+ * rows of ub [rows][r] into its (sequence, layer)'s u ring. */
 __global__ void bc_pop_scatter(const kvpop_rule a,
-                               const kvpop_rule_job *jobs, uint32_t n,
-                               uint32_t nkv, const uint32_t *row0,
-                               const float *ub)
+                               const kvpop_rule_job *jobs, const uint32_t *pj,
+                               uint32_t nprj, uint32_t nkv,
+                               const uint32_t *row0, const float *ub)
 {
-	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-		const uint32_t r0 = row0[k];
-		if (r0 == UINT32_MAX)
-			continue;
+	for (uint32_t q = blockIdx.y; q < nprj; q += gridDim.y) {
+		const uint32_t k = pj[q], r0 = row0[k];
 		const kvpop_rule_job j = jobs[k];
 		const uint32_t first = j.n_seen - j.n_new;
 		float *u = a.u + (uint64_t)(j.record / nkv) * a.ring * a.r;
@@ -394,7 +395,8 @@ static int bc_pop_count(struct bc_pop_plan *pl, const kvpop_rule *a,
 /* Scratch offsets of one call. */
 struct bc_pop_mem {
 	struct bc_bs_mem bs; /* output words, jobs, plan, flat arrays */
-	size_t o_bad, o_boff, o_row0, o_W, o_X, o_Y, o_ub, o_xs, o_bidx, need;
+	size_t o_bad, o_boff, o_row0, o_pj, o_W, o_X, o_Y, o_ub, o_xs, o_bidx,
+		need;
 };
 
 static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
@@ -408,7 +410,8 @@ static struct bc_pop_mem bc_pop_layout(const struct bc_pop_plan *pl,
 	m.o_bad = m.bs.need;
 	m.o_boff = m.o_bad + bc_ps_al((size_t)n * 4);
 	m.o_row0 = m.o_boff + bc_ps_al((size_t)n * 4);
-	m.o_W = m.o_row0 + bc_ps_al((size_t)n * 4);
+	m.o_pj = m.o_row0 + bc_ps_al((size_t)n * 4);
+	m.o_W = m.o_pj + bc_ps_al((size_t)pl->nprj * 4);
 	m.o_X = m.o_W + ptrs;
 	m.o_Y = m.o_X + ptrs;
 	m.o_ub = m.o_Y + ptrs;
@@ -432,12 +435,15 @@ static int bc_pop_project(struct bc_ctx *c, const kvpop_rule &A,
 		return 0;
 	const kvpop_rule_job *dj =
 		(const kvpop_rule_job *)(d + m.bs.o_jobs);
-	uint32_t *row0 = (uint32_t *)(d + m.o_row0);
+	const uint32_t *row0 = (const uint32_t *)(d + m.o_row0),
+	               *pj = (const uint32_t *)(d + m.o_pj);
 	float *ub = (float *)(d + m.o_ub), *xs = (float *)(d + m.o_xs);
 	const uint64_t wide = A.d_model > A.r ? A.d_model : A.r;
 	const uint32_t tx = bc_bs_threads((uint64_t)pl->maxN * wide);
-	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * wide), bc_bs_rows(n));
-	KVT_LAUNCH(bc_pop_xcopy, gx, tx, 0, s, A, dj, n, row0, xs, ub);
+	const dim3 gx(bc_bs_blocks((uint64_t)pl->maxN * wide),
+	              bc_bs_rows(pl->nprj));
+	KVT_LAUNCH(bc_pop_xcopy, gx, tx, 0, s, A, dj, pj, pl->nprj, row0, xs,
+	           ub);
 	BC_CALL(cudaGetLastError(), "kvpop rule x");
 	struct blas_grouped g;
 	memset(&g, 0, sizeof(g));
@@ -457,9 +463,10 @@ static int bc_pop_project(struct bc_ctx *c, const kvpop_rule &A,
 		return rv;
 	}
 	const uint32_t tu = bc_bs_threads((uint64_t)pl->maxN * A.r);
-	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r), bc_bs_rows(n));
-	KVT_LAUNCH(bc_pop_scatter, gu, tu, 0, s, A, dj, n, nkv, row0,
-	           ub);
+	const dim3 gu(bc_bs_blocks((uint64_t)pl->maxN * A.r),
+	              bc_bs_rows(pl->nprj));
+	KVT_LAUNCH(bc_pop_scatter, gu, tu, 0, s, A, dj, pj, pl->nprj, nkv,
+	           row0, ub);
 	BC_CALL(cudaGetLastError(), "kvpop rule scatter");
 	return 0;
 }
@@ -550,7 +557,8 @@ static int bc_pop_run_locked(struct bc_ctx *c,
 	           (struct bc_seg *)(d + m.bs.o_segs),
 	           kvpop_layer_floats(a->r, a->m, a->d_model, nkv),
 	           (const float *)(d + m.o_xs), (float *)(d + m.o_ub),
-	           (uint32_t *)(d + m.o_row0), (const float **)(d + m.o_W),
+	           (uint32_t *)(d + m.o_row0), (uint32_t *)(d + m.o_pj),
+	           (const float **)(d + m.o_W),
 	           (const float **)(d + m.o_X), (float **)(d + m.o_Y));
 	BC_CALL(cudaGetLastError(), "kvpop rule plan");
 	if ((rv = bc_pop_project(c, *a, &pl, m, d, jobs, n, nkv, s)) ||
