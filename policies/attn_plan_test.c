@@ -24,6 +24,9 @@ TEST(policy, device_plans_count_the_host_rules_drops)
 		"streaming:tokens=10,sinks=2",
 		"streaming:ratio=0.5", /* the tail grows with n_seen */
 		"streaming:tokens=3,sinks=6", /* sinks beyond the budget */
+		"knorm:tokens=10",
+		"knorm:tokens=8,sinks=3,window=4,every=3",
+		"knorm:tokens=4,sinks=3,window=3", /* protects more */
 	};
 	/* tokens per sync: a prefill, then decode syncs of 0 to 4 */
 	for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {

@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "expected_attention_rule.h"
 #include "h2o_rule.h"
+#include "knorm_rule.h"
 #include "kvpop_rule.h"
 #include "snapkv_rule.h"
 #include "streaming_rule.h"
@@ -45,6 +46,8 @@ TEST(cuda, backend_rules_by_name)
 		{"streaming", STREAMING_RULE_VERSION,
 		 sizeof(struct streaming_rule),
 		 sizeof(struct streaming_rule_job)},
+		{"knorm", KNORM_RULE_VERSION, sizeof(struct knorm_rule),
+		 sizeof(struct knorm_rule_job)},
 	};
 	for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
 		const struct kvt_backend_rule *r = o->rule(want[k].name);
@@ -74,7 +77,8 @@ TEST(cuda, backend_rules_refuse_null_arguments)
 	const struct kvt_backend_rule_geom g = {KVT_DTYPE_F32, 4, 2, 8};
 	const char *names[] = {"h2o", "tova", "kvpop", "snapkv",
 	                       "expected_attention",
-	                       "streaming"};
+	                       "streaming",
+	                       "knorm"};
 	const struct kvt_backend_paged pg = {0};
 	uint32_t out[4];
 	char params[256] = {0}, jobs[256] = {0};
