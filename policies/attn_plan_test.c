@@ -27,6 +27,8 @@ TEST(policy, device_plans_count_the_host_rules_drops)
 		"knorm:tokens=10",
 		"knorm:tokens=8,sinks=3,window=4,every=3",
 		"knorm:tokens=4,sinks=3,window=3", /* protects more */
+		"random:tokens=10,seed=3",
+		"random:tokens=7,sinks=2,window=3,every=2",
 	};
 	/* tokens per sync: a prefill, then decode syncs of 0 to 4 */
 	for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {

@@ -15,6 +15,7 @@
 #include "h2o_rule.h"
 #include "knorm_rule.h"
 #include "kvpop_rule.h"
+#include "random_rule.h"
 #include "snapkv_rule.h"
 #include "streaming_rule.h"
 #include "test.h"
@@ -48,6 +49,8 @@ TEST(cuda, backend_rules_by_name)
 		 sizeof(struct streaming_rule_job)},
 		{"knorm", KNORM_RULE_VERSION, sizeof(struct knorm_rule),
 		 sizeof(struct knorm_rule_job)},
+		{"random", RANDOM_RULE_VERSION, sizeof(struct random_rule),
+		 sizeof(struct random_rule_job)},
 	};
 	for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
 		const struct kvt_backend_rule *r = o->rule(want[k].name);
@@ -78,7 +81,8 @@ TEST(cuda, backend_rules_refuse_null_arguments)
 	const char *names[] = {"h2o", "tova", "kvpop", "snapkv",
 	                       "expected_attention",
 	                       "streaming",
-	                       "knorm"};
+	                       "knorm",
+	                       "random"};
 	const struct kvt_backend_paged pg = {0};
 	uint32_t out[4];
 	char params[256] = {0}, jobs[256] = {0};
