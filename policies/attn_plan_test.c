@@ -21,6 +21,14 @@ TEST(policy, device_plans_count_the_host_rules_drops)
 		"observed_attention:tokens=10,every=3",
 		"tova:tokens=10",
 		"tova:tokens=9,window=3,sinks=2,every=2",
+		"streaming:tokens=10,sinks=2",
+		"streaming:ratio=0.5", /* the tail grows with n_seen */
+		"streaming:tokens=3,sinks=6", /* sinks beyond the budget */
+		"knorm:tokens=10",
+		"knorm:tokens=8,sinks=3,window=4,every=3",
+		"knorm:tokens=4,sinks=3,window=3", /* protects more */
+		"random:tokens=10,seed=3",
+		"random:tokens=7,sinks=2,window=3,every=2",
 	};
 	/* tokens per sync: a prefill, then decode syncs of 0 to 4 */
 	for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {

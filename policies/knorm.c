@@ -13,14 +13,19 @@
  * The norm is kept per entry rather than re-read from the pages at each
  * sync: a key never changes, and the pages of old entries stay untouched.
  * A cuda tenant computes the new norms on the device (key_norms, the same
- * bits) and passes them as policy_layer.pre.
+ * bits) and passes them as policy_layer.pre; with the device rule
+ * (policy_ops.device, knorm_rule.h, policies/knorm.cu) the norms, the
+ * positions and the selection stay on the device, a job per list.
  */
 #include "policy.h"
 
 #include <math.h>
 #include <stdio.h>
 
+#include "attn_plan.h"
 #include "dtype.h"
+#include "errors.h"
+#include "knorm_rule.h"
 
 #define KNORM_DEF_TOKENS 256u
 
@@ -70,6 +75,70 @@ static int knorm_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy.h: per list record two halves of cap positions and cap norms
+ * (knorm_rule.h's layout). */
+static void knorm_shape(const struct policy *p, uint32_t cap,
+                        struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){
+		.records = p->geom.n_kv_heads,
+		.record_bytes = 2 * (size_t)cap * (sizeof(uint32_t) + sizeof(float)),
+	};
+}
+
+/* policy.h: a job per list that changes.  The protection (sinks, and the
+ * window's tail, whose start never moves back) holds its positions from
+ * their arrival, so the counts follow from the numbers alone
+ * (policy_attn_count's tail_held). */
+static int knorm_plan(const struct policy *p, const struct policy_layer *l,
+                      const struct policy_dev_layer *c, void *jobs,
+                      struct policy_dev_job *hj, uint32_t *n, char *err,
+                      size_t errlen)
+{
+	*n = 0;
+	if (c->state_rec != c->list_rec)
+		return errors_fmt(err, errlen, KVT_ESYS, "knorm: layer %u: "
+		                  "state record %u is not its lists' %u (an "
+		                  "invariant)", l->layer, c->state_rec,
+		                  c->list_rec);
+	const struct policy_attn_rule r = {
+		.sinks = p->args.sinks, .window = p->args.window,
+		.budget = policy_budget(p, l->n_seen), .due = policy_due(p, l),
+	};
+	const uint32_t due = (uint32_t)policy_attn_due(&r);
+	struct knorm_rule_job *bj = jobs;
+	uint32_t k = 0, off = c->drop_off, keep;
+	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		if (!policy_attn_list_job(&r, r.window, 1, l, c, h, off, &hj[k],
+		                          &keep))
+			continue;
+		bj[k] = (struct knorm_rule_job){
+			.record = hj[k].rec, .cur = c->cur[h], .len = c->len[h],
+			.n_new = l->n_new, .n_seen = l->n_seen, .due = due,
+			.keep = keep, .n_drop = hj[k].n_drop, .drop_off = off,
+		};
+		off += hj[k++].n_drop;
+	}
+	*n = k;
+	return 0;
+}
+
+static void knorm_params(const struct policy *p,
+                         const struct policy_dev_bufs *b, void *out)
+{
+	*(struct knorm_rule *)out = (struct knorm_rule){
+		.state = b->state, .cap = b->cap, .sinks = p->args.sinks,
+		.window = p->args.window,
+	};
+}
+
+static const struct policy_device_rule knorm_device = {
+	.name = "knorm", .version = KNORM_RULE_VERSION,
+	.params_bytes = sizeof(struct knorm_rule),
+	.job_bytes = sizeof(struct knorm_rule_job),
+	.shape = knorm_shape, .plan = knorm_plan, .params = knorm_params,
+};
+
 const struct policy_ops knorm_ops = {
 	.name = "knorm",
 	.help = "Knorm: minus the L2 norm of the key, top-k per head "
@@ -79,6 +148,7 @@ const struct policy_ops knorm_ops = {
 	        POLICY_KEY_WINDOW | POLICY_KEY_EVERY,
 	.init = knorm_init,
 	.decide = knorm_decide,
+	.device = &knorm_device,
 	.new_key_norms = 1,
 	.eval = {"knorm:ratio=%.4f",
 	         POLICY_EVAL_CONTEXT | POLICY_EVAL_DECODING},

@@ -237,7 +237,9 @@ struct policy_dev_bufs {
 /* One (sequence, layer) of a sync as a rule's plan sees it (with its
  * policy_layer: layer, phase, n_new, n_seen). */
 struct policy_dev_layer {
-	const float *ring;          /* its rows in device staging */
+	const float *ring;          /* its rows in device staging (NULL
+	                               for a policy that reads no staged
+	                               rows: the tenant has none) */
 	const uint32_t *len;        /* [n_kv_heads] each list's entries
 	                               before the sync */
 	const uint32_t *const *pos; /* [n_kv_heads] their positions */

@@ -45,5 +45,11 @@ fastkvzip_64 fastkvzip:window=8,every=16 --seqs 64 --steps 40 --prefill 13 --syn
 snapkv_64 snapkv:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
 pyramidkv_64 pyramidkv:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
 expected_attention_64 expected_attention:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
+streaming_rule streaming:tokens=20,sinks=2 --prefill 17
+streaming_64 streaming:ratio=0.5,sinks=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
+knorm_rule knorm:tokens=20,window=4,sinks=2,every=3 --prefill 17
+knorm_64 knorm:tokens=20,window=4,sinks=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
+random_rule random:tokens=20,window=4,sinks=2,seed=5,every=3 --prefill 17
+random_64 random:tokens=20,window=4,sinks=2,seed=9 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 RUNS
 exit $status

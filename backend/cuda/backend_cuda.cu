@@ -62,7 +62,10 @@ const char *bc_last_error(void)
 	X(tova)                                                                \
 	X(kvpop)                                                               \
 	X(snapkv)                                                              \
-	X(expected_attention)
+	X(expected_attention)                                                  \
+	X(streaming)                                                           \
+	X(knorm)                                                               \
+	X(random)
 
 #define BC_RULE_DECL(n) extern const struct kvt_backend_rule bc_##n##_rule;
 #define BC_RULE_REF(n) &bc_##n##_rule,

@@ -80,8 +80,11 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 {
 	const struct kvt_backend_ops *o = t->bops;
 	const struct policy_device_rule *dr = t->pol->ops->device;
-	if (!t->dsync.dbases || !t->dstage.chunk.base || !o->mem_new ||
-	    !o->mem_free || !dr)
+	/* device staging only where the policy reads staged rows (a rule
+	 * of positions or keys alone reads none) */
+	const int staged = !!(t->pol->ops->needs & POLICY_NEED_STAGED);
+	if (!t->dsync.dbases || (staged && !t->dstage.chunk.base) ||
+	    !o->mem_new || !o->mem_free || !dr)
 		return 0;
 	int rc = tenant_rule_lookup(t, dr->name, dr->version,
 	                            dr->params_bytes, dr->job_bytes,
@@ -183,7 +186,9 @@ static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
 	}
 	const uint32_t srec = sl * t->attn.shape.records;
 	const struct policy_dev_layer c = {
-		.ring = shm_stage_at(t->dstage.chunk.base, g, slot, layer, 0),
+		.ring = t->dstage.chunk.base
+		        ? shm_stage_at(t->dstage.chunk.base, g, slot, layer, 0)
+		        : NULL, /* a policy that reads no staged rows */
 		.len = t->attn.llen, .pos = t->attn.lpos,
 		.list_rec = (uint32_t)(slot * t->lists_per_seq +
 		                       lidx(t, layer, 0)),

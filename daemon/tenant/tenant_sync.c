@@ -169,7 +169,10 @@ static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
 	if (t->dscore.scorer &&
 	    (rc = tenant_score_on_device(t, items, n, err, errlen)))
 		return rc;
-	if (t->dscore.norms && (rc = tenant_norms_on_device(t, items, n)))
+	/* the norms are decide()'s input: not needed where the policy's
+	 * device rule decides every layer (t->attn.state) */
+	if (t->dscore.norms && !t->attn.state &&
+	    (rc = tenant_norms_on_device(t, items, n)))
 		return errors_fmt(err, errlen, rc, "%s backend: key norms: %s",
 		            t->bops->name, t->bops->last_error());
 	if ((rc = tenant_window_plan(t, items, n, err, errlen)) ||

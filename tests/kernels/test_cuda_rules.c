@@ -13,8 +13,11 @@
 #include "backend.h"
 #include "expected_attention_rule.h"
 #include "h2o_rule.h"
+#include "knorm_rule.h"
 #include "kvpop_rule.h"
+#include "random_rule.h"
 #include "snapkv_rule.h"
+#include "streaming_rule.h"
 #include "test.h"
 #include "tova_rule.h"
 
@@ -41,6 +44,13 @@ TEST(cuda, backend_rules_by_name)
 		{"expected_attention", EXPECTED_ATTENTION_RULE_VERSION,
 		 sizeof(struct expected_attention_rule),
 		 sizeof(struct expected_attention_rule_job)},
+		{"streaming", STREAMING_RULE_VERSION,
+		 sizeof(struct streaming_rule),
+		 sizeof(struct streaming_rule_job)},
+		{"knorm", KNORM_RULE_VERSION, sizeof(struct knorm_rule),
+		 sizeof(struct knorm_rule_job)},
+		{"random", RANDOM_RULE_VERSION, sizeof(struct random_rule),
+		 sizeof(struct random_rule_job)},
 	};
 	for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
 		const struct kvt_backend_rule *r = o->rule(want[k].name);
@@ -69,7 +79,10 @@ TEST(cuda, backend_rules_refuse_null_arguments)
 	const struct kvt_backend_ops *o = &kvt_cuda_backend_v1;
 	const struct kvt_backend_rule_geom g = {KVT_DTYPE_F32, 4, 2, 8};
 	const char *names[] = {"h2o", "tova", "kvpop", "snapkv",
-	                       "expected_attention"};
+	                       "expected_attention",
+	                       "streaming",
+	                       "knorm",
+	                       "random"};
 	const struct kvt_backend_paged pg = {0};
 	uint32_t out[4];
 	char params[256] = {0}, jobs[256] = {0};
