@@ -181,55 +181,30 @@ static int bc_h2o_run_locked(struct bc_ctx *c,
                              uint32_t out_words, cudaStream_t s)
 {
 	const uint32_t G = n_heads / nkv;
-	struct bc_bs_count cn;
-	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	struct bc_bs_call k;
+	h2o_rule_job *dj;
+	int rv = bc_bs_begin<true>(c, "h2o rule", jobs, n, sizeof(*a),
+	                           out_words, &a->rows, 0, n_heads, hd, s, &k,
+	                           &dj);
 	if (rv)
 		return rv;
-	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs),
-	                                          out_words);
-	if ((rv = bc_win_prepare(c, m.need)))
-		return rv;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at),
-	         *rank = (uint32_t *)(d + m.o_rank);
-	h2o_rule_job *dj = (h2o_rule_job *)(d + m.o_jobs);
-	float *sc = (float *)(d + m.o_sc);
-	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "h2o rule");
-	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
-	                        cudaMemcpyHostToDevice, s),
-	        "h2o rule");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_check_jobs<h2o_rule_job>, n, BC_BS_THREADS, 0,
-	           s, dj, a->rows, 0, n_heads, hd, dout);
-	BC_CALL(cudaGetLastError(), "h2o rule check");
-	KVT_LAUNCH(bc_bs_plan<h2o_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
-	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
-	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "h2o rule plan");
 	const float scale = 1.0f / sqrtf((float)hd);
-	const uint32_t tpb = bc_bs_threads(cn.maxL);
-	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
+	const uint32_t tpb = bc_bs_threads(k.cn.maxL);
+	const dim3 grid(bc_bs_blocks(k.cn.maxL), bc_bs_rows(n));
 	const kvt_backend_paged p = *pg;
 	const h2o_rule A = *a;
 	if (dt == KVT_DTYPE_F16)
 		KVT_LAUNCH(bc_h2o_batch<f16_t>, grid, tpb, 0, s, p, A,
-		           dj, at, n, G, hd, scale, sc, rank, prot);
+		           dj, k.at, n, G, hd, scale, k.sc, k.rank, k.prot);
 	else if (dt == KVT_DTYPE_BF16)
 		KVT_LAUNCH(bc_h2o_batch<bf16_t>, grid, tpb, 0, s, p, A,
-		           dj, at, n, G, hd, scale, sc, rank, prot);
+		           dj, k.at, n, G, hd, scale, k.sc, k.rank, k.prot);
 	else
 		KVT_LAUNCH(bc_h2o_batch<float>, grid, tpb, 0, s, p, A,
-		           dj, at, n, G, hd, scale, sc, rank, prot);
+		           dj, k.at, n, G, hd, scale, k.sc, k.rank, k.prot);
 	BC_CALL(cudaGetLastError(), "h2o rule accumulate");
-	if ((rv = bc_bs_select("h2o rule", a->state, a->cap, G, sc, rank,
-	                       prot, drop, (const uint32_t *)(d + m.o_first),
-	                       (const uint32_t *)(d + m.o_keep),
-	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
-	                       cn.maxL, NULL, cn.max_drop, dout, s)))
-		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "h2o rule");
+	return bc_bs_end(c, "h2o rule", &k, a->state, a->cap, G, out,
+	                 out_words, s);
 }
 
 static int bc_h2o_run(void *ctx, const struct kvt_backend_paged *pg,

@@ -129,50 +129,29 @@ static int bc_knorm_run_locked(struct bc_ctx *c,
                                uint32_t n, uint32_t *out,
                                uint32_t out_words, cudaStream_t s)
 {
-	struct bc_bs_count cn;
-	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	struct bc_bs_call k;
+	knorm_rule_job *dj;
+	int rv = bc_bs_begin<false>(c, "knorm rule", jobs, n, sizeof(*a),
+	                            out_words, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
-	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs), out_words);
-	if ((rv = bc_win_prepare(c, m.need)))
-		return rv;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at),
-	         *rank = (uint32_t *)(d + m.o_rank);
-	knorm_rule_job *dj = (knorm_rule_job *)(d + m.o_jobs);
-	float *sc = (float *)(d + m.o_sc);
-	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "knorm rule");
-	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
-	                        cudaMemcpyHostToDevice, s),
-	        "knorm rule");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_plan<knorm_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
-	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
-	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "knorm rule plan");
-	const uint32_t tpb = bc_bs_threads(cn.maxL);
-	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
+	const uint32_t tpb = bc_bs_threads(k.cn.maxL);
+	const dim3 grid(bc_bs_blocks(k.cn.maxL), bc_bs_rows(n));
 	const kvt_backend_paged p = *pg;
 	const knorm_rule A = *a;
 	if (dt == KVT_DTYPE_F16)
-		KVT_LAUNCH(bc_knorm_batch<f16_t>, grid, tpb, 0, s, p, A, dj, at,
-		           n, hd, sc, rank, prot);
+		KVT_LAUNCH(bc_knorm_batch<f16_t>, grid, tpb, 0, s, p, A, dj, k.at,
+		           n, hd, k.sc, k.rank, k.prot);
 	else if (dt == KVT_DTYPE_BF16)
-		KVT_LAUNCH(bc_knorm_batch<bf16_t>, grid, tpb, 0, s, p, A, dj, at,
-		           n, hd, sc, rank, prot);
+		KVT_LAUNCH(bc_knorm_batch<bf16_t>, grid, tpb, 0, s, p, A, dj,
+		           k.at,
+		           n, hd, k.sc, k.rank, k.prot);
 	else
-		KVT_LAUNCH(bc_knorm_batch<float>, grid, tpb, 0, s, p, A, dj, at,
-		           n, hd, sc, rank, prot);
+		KVT_LAUNCH(bc_knorm_batch<float>, grid, tpb, 0, s, p, A, dj, k.at,
+		           n, hd, k.sc, k.rank, k.prot);
 	BC_CALL(cudaGetLastError(), "knorm rule score");
-	if ((rv = bc_bs_select("knorm rule", a->state, a->cap, 1, sc, rank,
-	                       prot, drop, (const uint32_t *)(d + m.o_first),
-	                       (const uint32_t *)(d + m.o_keep),
-	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
-	                       cn.maxL, NULL, cn.max_drop, dout, s)))
-		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "knorm rule");
+	return bc_bs_end(c, "knorm rule", &k, a->state, a->cap, 1, out,
+	                 out_words, s);
 }
 
 static int bc_knorm_run(void *ctx, const struct kvt_backend_paged *pg,

@@ -47,7 +47,8 @@ static __device__ __forceinline__ uint64_t bc_random_mix(uint64_t x)
  * random_decide's score (the top 24 bits of the hash, exact in float),
  * its rank (the position) and its protection.
  */
-__global__ void bc_random_batch(const random_rule a, const random_rule_job *jobs,
+__global__ void bc_random_batch(const random_rule a,
+                                const random_rule_job *jobs,
                                 const uint32_t *seg, uint32_t n, float *sc,
                                 uint32_t *rank, uint8_t *prot)
 {
@@ -109,40 +110,18 @@ static int bc_random_run_locked(struct bc_ctx *c, const struct random_rule *a,
                                 uint32_t n, uint32_t *out,
                                 uint32_t out_words, cudaStream_t s)
 {
-	struct bc_bs_count cn;
-	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	struct bc_bs_call k;
+	random_rule_job *dj;
+	int rv = bc_bs_begin<false>(c, "random rule", jobs, n, sizeof(*a),
+	                            out_words, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
-	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs), out_words);
-	if ((rv = bc_win_prepare(c, m.need)))
-		return rv;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at),
-	         *rank = (uint32_t *)(d + m.o_rank);
-	random_rule_job *dj = (random_rule_job *)(d + m.o_jobs);
-	float *sc = (float *)(d + m.o_sc);
-	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "random rule");
-	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
-	                        cudaMemcpyHostToDevice, s),
-	        "random rule");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_plan<random_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
-	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
-	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "random rule plan");
-	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
-	KVT_LAUNCH(bc_random_batch, grid, bc_bs_threads(cn.maxL), 0, s, *a, dj,
-	           at, n, sc, rank, prot);
+	const dim3 grid(bc_bs_blocks(k.cn.maxL), bc_bs_rows(n));
+	KVT_LAUNCH(bc_random_batch, grid, bc_bs_threads(k.cn.maxL), 0, s, *a,
+	           dj, k.at, n, k.sc, k.rank, k.prot);
 	BC_CALL(cudaGetLastError(), "random rule score");
-	if ((rv = bc_bs_select("random rule", a->state, a->cap, 0, sc, rank,
-	                       prot, drop, (const uint32_t *)(d + m.o_first),
-	                       (const uint32_t *)(d + m.o_keep),
-	                       (const struct bc_seg *)(d + m.o_segs), cn.nseg,
-	                       cn.maxL, NULL, cn.max_drop, dout, s)))
-		return rv;
-	return bc_ps_finish(c, out, dout, out_words, s, "random rule");
+	return bc_bs_end(c, "random rule", &k, a->state, a->cap, 0, out,
+	                 out_words, s);
 }
 
 static int bc_random_run(void *ctx, const struct kvt_backend_paged *pg,

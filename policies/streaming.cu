@@ -95,37 +95,22 @@ static int bc_streaming_run_locked(struct bc_ctx *c,
                                    uint32_t n, uint32_t *out,
                                    uint32_t out_words, cudaStream_t s)
 {
-	struct bc_bs_count cn;
-	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	struct bc_bs_call k;
+	streaming_rule_job *dj;
+	int rv = bc_bs_begin<false>(c, "streaming rule", jobs, n, sizeof(*a),
+	                            out_words, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
-	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs), out_words);
-	if ((rv = bc_win_prepare(c, m.need)))
-		return rv;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at);
-	streaming_rule_job *dj = (streaming_rule_job *)(d + m.o_jobs);
-	uint8_t *drop = (uint8_t *)(d + m.o_drop);
-	const struct bc_seg *segs = (const struct bc_seg *)(d + m.o_segs);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "streaming rule");
-	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
-	                        cudaMemcpyHostToDevice, s),
-	        "streaming rule");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_plan<streaming_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
-	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
-	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "streaming rule plan");
+	const struct bc_bs_count &cn = k.cn;
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	KVT_LAUNCH(bc_streaming_batch, grid, bc_bs_threads(cn.maxL), 0, s, *a,
-	           dj, at, n, drop);
+	           dj, k.at, n, k.drop);
 	BC_CALL(cudaGetLastError(), "streaming rule marks");
 	if (cn.nseg) {
 		/* batch_select.cuh's last two steps (bc_bs_select without its
 		 * top-k: the marks are the decision) */
 		KVT_LAUNCH(bc_bs_indices, cn.nseg, bc_bs_threads(cn.maxL), 0, s,
-		           drop, segs, NULL, dout);
+		           k.drop, k.segs, NULL, k.dout);
 		BC_CALL(cudaGetLastError(), "streaming rule indices");
 	}
 	if (cn.nseg && cn.max_drop) {
@@ -133,10 +118,10 @@ static int bc_streaming_run_locked(struct bc_ctx *c,
 		const uint32_t bx = (cn.max_drop + t - 1) / t;
 		const dim3 cg(bx > 64 ? 64 : bx, bc_bs_rows(cn.nseg));
 		KVT_LAUNCH(bc_bs_compact, cg, t, 0, s, a->state, a->cap, 0u,
-		           segs, cn.nseg, dout);
+		           k.segs, cn.nseg, k.dout);
 		BC_CALL(cudaGetLastError(), "streaming rule compact");
 	}
-	return bc_ps_finish(c, out, dout, out_words, s, "streaming rule");
+	return bc_ps_finish(c, out, k.dout, out_words, s, "streaming rule");
 }
 
 static int bc_streaming_run(void *ctx, const struct kvt_backend_paged *pg,

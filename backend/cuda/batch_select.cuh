@@ -412,4 +412,80 @@ static inline struct bc_bs_mem bc_bs_layout(const struct bc_bs_count *cn,
 }
 
 
+/* One call of a rule whose scratch is bc_bs_layout's: the jobs' counts,
+ * the layout, and its arrays in the context's window (device). */
+struct bc_bs_call {
+	struct bc_bs_count cn;
+	struct bc_bs_mem m;
+	uint32_t *dout;       /* [out_words] the output words */
+	uint32_t *at, *first, *keep, *rank;
+	struct bc_seg *segs;
+	float *sc;
+	uint8_t *prot, *drop;
+};
+
+/*
+ * The start every such call makes, queued on s under the context's lock
+ * (named op in errors): the jobs counted (bc_bs_count_jobs: KVT_EINVAL
+ * for a job beyond its list), the window sized, the output words zeroed,
+ * the jobs uploaded to *dj (counted with param_bytes of params), with
+ * CHECK (a rule that reads staged rows: its J has bc_bs_checked) every
+ * job's new rows in rows checked (bc_bs_check_jobs: x_floats of x, the q
+ * and lse of n_heads query heads of head_dim), and the due lists planned
+ * (bc_bs_plan, no band).  0 or an error.
+ */
+template <bool CHECK, typename J>
+static int bc_bs_begin(struct bc_ctx *c, const char *op, const J *jobs,
+                       uint32_t n, size_t param_bytes, uint32_t out_words,
+                       const kvt_backend_rows *rows, uint32_t x_floats,
+                       uint32_t n_heads, uint32_t head_dim, cudaStream_t s,
+                       struct bc_bs_call *k, J **dj)
+{
+	int rv = bc_bs_count_jobs(jobs, n, &k->cn);
+	if (rv)
+		return rv;
+	k->m = bc_bs_layout(&k->cn, n, sizeof(*jobs), out_words);
+	if ((rv = bc_win_prepare(c, k->m.need)))
+		return rv;
+	char *d = c->d_win;
+	k->dout = (uint32_t *)d;
+	k->at = (uint32_t *)(d + k->m.o_at);
+	k->first = (uint32_t *)(d + k->m.o_first);
+	k->keep = (uint32_t *)(d + k->m.o_keep);
+	k->rank = (uint32_t *)(d + k->m.o_rank);
+	k->segs = (struct bc_seg *)(d + k->m.o_segs);
+	k->sc = (float *)(d + k->m.o_sc);
+	k->prot = (uint8_t *)(d + k->m.o_prot);
+	k->drop = (uint8_t *)(d + k->m.o_drop);
+	*dj = (J *)(d + k->m.o_jobs);
+	BC_CALL(cudaMemsetAsync(k->dout, 0, (size_t)out_words * 4, s), op);
+	BC_CALL(cudaMemcpyAsync(*dj, jobs, (size_t)n * sizeof(*jobs),
+	                        cudaMemcpyHostToDevice, s),
+	        op);
+	bc_count(c, (uint64_t)n * sizeof(*jobs) + param_bytes, 0);
+	if constexpr (CHECK) {
+		KVT_LAUNCH(bc_bs_check_jobs<J>, n, BC_BS_THREADS, 0, s, *dj,
+		           *rows, x_floats, n_heads, head_dim, k->dout);
+		BC_CALL(cudaGetLastError(), op);
+	}
+	KVT_LAUNCH(bc_bs_plan<J>, 1, BC_BS_THREADS, 0, s, *dj, n, 0, k->at,
+	           NULL, k->first, k->keep, k->segs);
+	BC_CALL(cudaGetLastError(), op);
+	return 0;
+}
+
+/* The end of such a call after its scores: the due lists' selection
+ * (bc_bs_select, F floats of state an entry besides its position), then
+ * the output words to out and the wait. */
+static inline int bc_bs_end(struct bc_ctx *c, const char *op,
+                            const struct bc_bs_call *k, void *state,
+                            uint32_t cap, uint32_t F, uint32_t *out,
+                            uint32_t out_words, cudaStream_t s)
+{
+	int rv = bc_bs_select(op, state, cap, F, k->sc, k->rank, k->prot,
+	                      k->drop, k->first, k->keep, k->segs, k->cn.nseg,
+	                      k->cn.maxL, NULL, k->cn.max_drop, k->dout, s);
+	return rv ? rv : bc_ps_finish(c, out, k->dout, out_words, s, op);
+}
+
 #endif
