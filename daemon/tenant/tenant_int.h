@@ -619,6 +619,26 @@ static inline int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
 	return 0;
 }
 
+/* tenant_grow for scratch whose contents need not survive: the old
+ * block freed, not copied (a sync's marks and entry states are written
+ * before they are read; where a device decides, never touched).
+ * KVT_ENOMEM leaves it empty (*p NULL, *cap 0). */
+static inline int tenant_grow_fresh(void **p, size_t *cap, size_t want,
+                                    size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	if (!elem || want > SIZE_MAX / elem)
+		return KVT_ENOMEM;
+	size_t n = *cap + *cap / 2;
+	if (n < want || n > SIZE_MAX / elem)
+		n = want;
+	free(*p);
+	*p = malloc(n * elem);
+	*cap = *p ? n : 0;
+	return *p ? 0 : KVT_ENOMEM;
+}
+
 /* Base address of page id (a device address on a device tenant: never
  * dereferenced there). */
 static inline void *page_ptr(const struct tenant *t, uint32_t id)

@@ -143,9 +143,9 @@ static int sync_scratch(struct tenant *t, size_t entries, size_t nlists,
                         char *err, size_t errlen)
 {
 	size_t nlayers = nlists / t->g.n_kv_heads;
-	if (tenant_grow((void **)&t->scr.drop, &t->scr.drop_cap, entries ? entries : 1, 1) ||
+	if (tenant_grow_fresh((void **)&t->scr.drop, &t->scr.drop_cap, entries ? entries : 1, 1) ||
 	    tenant_grow((void **)&t->scr.newlen, &t->scr.newlen_cap, nlists, sizeof(uint32_t)) ||
-	    tenant_grow((void **)&t->scr.ent, &t->scr.ent_cap, entries * t->ef + 1,
+	    tenant_grow_fresh((void **)&t->scr.ent, &t->scr.ent_cap, entries * t->ef + 1,
 	         sizeof(float)) ||
 	    tenant_grow((void **)&t->scr.state, &t->scr.state_cap,
 	         nlayers * t->sbytes + 1, 1) ||
