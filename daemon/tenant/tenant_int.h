@@ -846,8 +846,9 @@ uint32_t tscorer_holders(const struct tscorer_hold *h);
  * work queued on stream, in one run with the jobs of the other holders'
  * syncs that are queued by then (waiting up to gather_us for more; 0 never
  * waits for anyone to arrive, only for a run in progress).  Blocks until out
- * is filled.  0 or an error (a failed shared run fails every sync it served,
- * each with the reason).
+ * is filled (out NULL: every job's dev, its device copy, alone).  0 or an
+ * error (a failed shared run fails every sync it served, each with the
+ * reason).
  */
 int tscorer_run(struct tscorer_hold *h,
                 const struct kvt_backend_score_job *jobs, uint32_t n,
