@@ -250,13 +250,20 @@ struct policy_dev_layer {
 	                               layer), kept across syncs, copied at a
 	                               fork; 0 at registration */
 	uint32_t drop_off;          /* where its first drop index goes */
+	const float *pre;           /* device: the new entries' scores
+	                               [n_new][n_kv_heads], as the policy's
+	                               scorer wrote them on the device (a
+	                               rule with takes_pre); NULL otherwise */
 };
 
 /* A job as the tenant checks and applies it: the state record whose
  * halves the commit flips, the KV head whose list it decides
  * (POLICY_DEV_ALL: every list of the layer the same), its entries with
- * the new ones, its drops (the host's count: the device's must equal it)
- * and where their indices go in the output words. */
+ * the new ones, its drops (the host's count: the device's must equal it;
+ * with the rule's drop_bound, the most it may drop: the device's count,
+ * at most n_drop, is then taken, and a larger one refused) and where
+ * their indices go in the output words (n_drop words are kept for
+ * them). */
 struct policy_dev_job {
 	uint32_t rec, g, L, n_drop, drop_off;
 };
@@ -288,6 +295,15 @@ struct policy_device_rule {
 	/* The rule's params (params_bytes at out) for a run over b. */
 	void (*params)(const struct policy *p, const struct policy_dev_bufs *b,
 	               void *out);
+	/* 1: the plan reads policy_dev_layer.pre, the new entries' scores
+	 * as the policy's scorer (ops->scorer) wrote them on the device; a
+	 * tenant without a device scorer leaves the decisions to the host. */
+	int takes_pre;
+	/* 1: a job's n_drop is an upper bound, for a rule whose drops the
+	 * host cannot count from the positions alone (a threshold on a
+	 * score that lives on the device); the tenant takes the device's
+	 * count when it is at most n_drop and refuses the sync otherwise. */
+	int drop_bound;
 };
 
 /* The programs of kvtrim-eval (tools/eval/, docs/eval.md) that sweep a

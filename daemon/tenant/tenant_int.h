@@ -277,6 +277,11 @@ struct tattn {
 	size_t out_cap;
 	uint32_t n_jobs;
 	int active;        /* this sync was planned (tenant_attn_plan) */
+	float *dpre;       /* device: a sync's scores [rows][n_kv_heads] as
+	                      the scorer wrote them there (a rule with
+	                      takes_pre); NULL otherwise */
+	size_t dpre_cap;   /* floats */
+	size_t dpre_n;     /* of them this sync's */
 };
 
 /* Scratch of tenant_sync (tenant_sync.c), grown on demand. */
@@ -547,6 +552,22 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
  */
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);
+
+/* After the rule's run of tenant_attn_plan, over the nly (item, layer)s
+ * of its jobs: each job's output words against its plan (flag, count,
+ * indices ascending below L); a flagged job's layer goes to the host
+ * (TENANT_ATTN_FLAGGED); with the rule's drop_bound a count up to the
+ * job's n_drop becomes its n_drop.  0, or KVT_ESYS with the reason (a
+ * count that is not the plan's, beyond the bound, or indices out of
+ * order), attn.active then 0. */
+int tenant_attn_check(struct tenant *t, size_t nly, char *err,
+                      size_t errlen);
+
+/* Before the sync's scorer run: room for fresh scores in device memory
+ * where the policy's rule reads them there (takes_pre), its address in
+ * *dev (NULL: none wanted); 0 or an error. */
+int tenant_attn_pre(struct tenant *t, size_t fresh, float **dev, char *err,
+                    size_t errlen);
 
 /* In the decision loop: 1 when the device decided (item, layer) ly, its
  * drops as indices in ld [n_kv_heads] (the heads' marks untouched: a pass
