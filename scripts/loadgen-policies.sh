@@ -5,7 +5,7 @@
 # enough that each evicts (snapkv, pyramidkv and expected_attention decide
 # at the first decode sync, so they prefill 32 tokens first; kvzap's and
 # fastkvzip's random seeded weights score around 0, hence kvzap's
-# threshold 0; h2o_rule, tova_rule and kvpop_rule add sinks, a window or
+# threshold 0; h2o_rule, tova_rule, kvpop_rule and kvzap_rule add sinks, a window or
 # a short delay, every=3 and a prefill that does not fill the staging
 # ring's rows evenly, so syncs that decide nothing and rings that wrap are
 # crossed; the _64 runs sync 64 sequences at once, 4 tokens each after a
@@ -29,6 +29,7 @@ snapkv snapkv:window=8,tokens=16 --prefill 32
 tova tova:tokens=24
 tova_rule tova:tokens=20,window=4,sinks=2,every=3 --prefill 16
 kvzap kvzap:threshold=0,window=8
+kvzap_rule kvzap:threshold=0,window=5,sinks=2 --prefill 17
 fastkvzip fastkvzip:window=8,every=16
 kvpop kvpop:tokens=24,delay=8
 kvpop_rule kvpop:tokens=20,delay=3,sinks=2,every=3 --prefill 17

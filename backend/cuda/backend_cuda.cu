@@ -61,6 +61,7 @@ const char *bc_last_error(void)
 	X(h2o)                                                                 \
 	X(tova)                                                                \
 	X(kvpop)                                                               \
+	X(kvzap)                                                               \
 	X(snapkv)                                                              \
 	X(expected_attention)
 
