@@ -2,8 +2,9 @@
  * test_cuda_rules.c — the cuda backend's device rules by name (the ops'
  * rule member, backend_cuda.cu's BC_RULES): "h2o", "tova", "kvpop",
  * "snapkv", "expected_attention" and "kvzap" are there with the layout
- * version and the params and job sizes of their headers (policies/<name>_rule.h: what the daemon checks before it runs
- * one), and run; any other name, NULL included, has none.  Needs no
+ * version and the params and job sizes of their headers
+ * (policies/<name>_rule.h: what the daemon checks before it runs one),
+ * and run; any other name, NULL included, has none.  Needs no
  * device.  Built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests.
  */
