@@ -268,6 +268,11 @@ struct policy_dev_job {
 	uint32_t rec, g, L, n_drop, drop_off;
 };
 #define POLICY_DEV_ALL UINT32_MAX
+/* g of a job that decides every list of the layer at once with drops of
+ * its own each (fastkvzip's layer-wide top-k): L counts the lists' entries
+ * laid end to end in KV head order (the new ones included), its drop
+ * indices index that concatenation, and the tenant splits them by list. */
+#define POLICY_DEV_LAYER (UINT32_MAX - 1)
 
 struct policy_device_rule {
 	const char *name;   /* the backend's rule it runs on */
@@ -295,6 +300,10 @@ struct policy_device_rule {
 	/* The rule's params (params_bytes at out) for a run over b. */
 	void (*params)(const struct policy *p, const struct policy_dev_bufs *b,
 	               void *out);
+	/* (optional) 0 when p's instance cannot run on the rule (its
+	 * decisions then stay on the host: fastkvzip with a threshold, or
+	 * more KV heads than its jobs hold); NULL: every instance can. */
+	int (*supports)(const struct policy *p);
 	/* 1: the plan reads policy_dev_layer.pre, the new entries' scores
 	 * as the policy's scorer (ops->scorer) wrote them on the device; a
 	 * tenant without a device scorer leaves the decisions to the host. */

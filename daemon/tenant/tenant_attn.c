@@ -88,7 +88,8 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	const struct kvt_backend_ops *o = t->bops;
 	const struct policy_device_rule *dr = t->pol->ops->device;
 	if (!t->dsync.dbases || !t->dstage.chunk.base || !o->mem_new ||
-	    !o->mem_free || !dr || (dr->takes_pre && !t->dscore.scorer))
+	    !o->mem_free || !dr || (dr->takes_pre && !t->dscore.scorer) ||
+	    (dr->supports && !dr->supports(t->pol)))
 		return 0;
 	int rc = tenant_rule_lookup(t, dr->name, dr->version,
 	                            dr->params_bytes, dr->job_bytes,
@@ -240,7 +241,8 @@ static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
 	int ok = n <= g->n_kv_heads;
 	for (uint32_t k = 0; ok && k < n; k++) {
 		ok = hj[k].rec - srec < t->attn.shape.records &&
-		     (hj[k].g < g->n_kv_heads || hj[k].g == POLICY_DEV_ALL) &&
+		     (hj[k].g < g->n_kv_heads || hj[k].g == POLICY_DEV_ALL ||
+		      hj[k].g == POLICY_DEV_LAYER) &&
 		     hj[k].drop_off == *drops && hj[k].n_drop <= hj[k].L;
 		*drops += hj[k].n_drop;
 	}
@@ -387,15 +389,36 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	return 0;
 }
 
+/* A POLICY_DEV_LAYER job's n ascending drop indices d over the layer's
+ * lists end to end (each of t->scr.heads[h].len entries: the layer as
+ * stage_layer laid it out) split by list, in place, into list-relative
+ * indices. */
+static void take_layer(struct tenant *t, uint32_t *d, uint32_t n,
+                       struct tenant_ldrop *ld)
+{
+	uint32_t k = 0, off = 0;
+	for (uint32_t h = 0; h < t->g.n_kv_heads; h++) {
+		const uint32_t len = t->scr.heads[h].len, k0 = k;
+		for (; k < n && d[k] - off < len; k++)
+			d[k] -= off;
+		ld[h] = (struct tenant_ldrop){d + k0, k - k0};
+		off += len;
+	}
+}
+
 int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld)
 {
 	if (tenant_attn_mode(t, ly) != TENANT_ATTN_DEVICE)
 		return 0;
-	const uint32_t *idx = t->attn.out + 2 * t->attn.n_jobs;
+	uint32_t *idx = t->attn.out + 2 * t->attn.n_jobs;
 	for (uint32_t h = 0; h < t->g.n_kv_heads; h++)
 		ld[h] = (struct tenant_ldrop){idx, 0}; /* no job: no drops */
 	for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
 		const struct policy_dev_job *J = &t->attn.jobs[j];
+		if (J->g == POLICY_DEV_LAYER) {
+			take_layer(t, idx + J->drop_off, J->n_drop, ld);
+			continue;
+		}
 		uint32_t h = J->g == POLICY_DEV_ALL ? 0 : J->g;
 		uint32_t end = J->g == POLICY_DEV_ALL ? t->g.n_kv_heads : h + 1;
 		for (; h < end; h++)

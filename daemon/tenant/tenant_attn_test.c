@@ -367,3 +367,71 @@ TEST(tenant, attn_rule_taking_scores_needs_a_device_scorer)
 	T_ASSERT(dev == NULL); /* no device copy of the scores wanted */
 	tenant_done(&t);
 }
+
+static int never(const struct policy *p)
+{
+	(void)p;
+	return 0;
+}
+
+/* A rule that says the instance is not its own (supports 0) is not
+ * taken; a job of the whole layer (POLICY_DEV_LAYER) has its indices
+ * over the lists end to end split by list, relative to each. */
+TEST(tenant, attn_layer_job_drops_split_by_list)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct policy_ops ops;
+	struct policy_device_rule dr = any_rule;
+	struct tenant t;
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	have_rule = 1;
+	upload_fails = 0;
+	dr.supports = never;
+	T_OK(init_rule(&o, &t, &ops, &dr));
+	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
+	T_EQ(mem_calls, 0);
+	tenant_done(&t);
+
+	dr.supports = NULL;
+	dr.drop_bound = 1;
+	T_OK(init_rule(&o, &t, &ops, &dr));
+	T_ASSERT(t.attn.state != NULL);
+	/* one layer of 2 lists of 5 and 4 entries: drops 1, 4 of list 0 and
+	 * 0, 3 of list 1 (5, 8 end to end), of at most 6 */
+	struct policy_head heads[2] = {{.len = 5}, {.len = 4}};
+	struct policy_dev_job jobs[1] = {
+		{.rec = 0, .g = POLICY_DEV_LAYER, .L = 9, .n_drop = 6},
+	};
+	uint32_t out[2 + 6] = {0, 4, 1, 4, 5, 8, 77, 77}, first[2] = {0, 1};
+	uint8_t mode[1] = {TENANT_ATTN_DEVICE};
+	char err[256];
+	t.scr.heads = heads;
+	t.attn.dr = &dr;
+	t.attn.n_jobs = 1;
+	t.attn.first = first;
+	t.attn.mode = mode;
+	t.attn.jobs = jobs;
+	t.attn.out = out;
+	t.attn.active = 1;
+	T_OK(tenant_attn_check(&t, 1, err, sizeof(err)));
+	T_EQ(jobs[0].n_drop, 4);
+	struct tenant_ldrop ld[2];
+	T_EQ(tenant_attn_take(&t, 0, ld), 1);
+	T_EQ(ld[0].n, 2);
+	T_EQ(ld[0].idx[0], 1);
+	T_EQ(ld[0].idx[1], 4);
+	T_EQ(ld[1].n, 2);
+	T_EQ(ld[1].idx[0], 0);
+	T_EQ(ld[1].idx[1], 3);
+	/* an index beyond the layer's entries is refused */
+	uint32_t bad[2 + 6] = {0, 2, 1, 9};
+	jobs[0].n_drop = 6;
+	t.attn.out = bad;
+	T_EQ(tenant_attn_check(&t, 1, err, sizeof(err)), KVT_ESYS);
+	t.scr.heads = NULL;
+	t.attn.first = NULL;
+	t.attn.mode = NULL;
+	t.attn.jobs = NULL;
+	t.attn.out = NULL;
+	tenant_done(&t);
+}

@@ -571,7 +571,9 @@ int tenant_attn_pre(struct tenant *t, size_t fresh, float **dev, char *err,
 
 /* In the decision loop: 1 when the device decided (item, layer) ly, its
  * drops as indices in ld [n_kv_heads] (the heads' marks untouched: a pass
- * over the lists the host need not make), else 0. */
+ * over the lists the host need not make), else 0.  Once per layer, after
+ * stage_layer laid it out in scr.heads (a POLICY_DEV_LAYER job's indices
+ * are split by those lengths, in place). */
 int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld);
 
 /* After the sync's last check: the new halves become current. */
