@@ -2,12 +2,13 @@
  * policy_weights_test.c — the policies with learned scorers (kvzap linear
  * and MLP, fastkvzip, kvpop) on weight files written here, their weight
  * refusals, staged inputs that are not finite refused before decide(),
- * and kvzap's device plan against its host rule.
+ * and kvzap's and fastkvzip's device plans against their host rules.
  *
  * The miniature tenant (struct fx) is policy_fixture.h's.
  */
 #include "policy_fixture.h"
 
+#include "fastkvzip_rule.h"
 #include "kvzap_rule.h"
 static const char *tmp_path(const char *name)
 {
@@ -716,4 +717,120 @@ TEST(policy, kvzap_device_plan_bounds_the_drops)
 		T_ASSERT(drops > 0);
 		policy_free(f.p);
 	}
+}
+
+/*
+ * fastkvzip's device plan (a layer-wide top-k, POLICY_DEV_LAYER,
+ * drop_bound) against its host rule over ragged syncs: one job per
+ * (sequence, layer) at a sync with new entries, its L the lists' entries
+ * end to end, its n_drop entries - budget x KV heads when fkv_decide
+ * selects (a prefill, or a due decode sync), else 0: at least what
+ * decide() dropped from the layer, exactly that while the budget covers
+ * the protected; the device job mirrors it with each list's length.  A
+ * threshold, or more KV heads than a job holds, is not the device's.
+ */
+TEST(policy, fastkvzip_device_plan_bounds_the_drops)
+{
+	const char *w = tmp_path("fkv-plan.safetensors");
+	fkv_weights(w, 0, 1.0f);
+	const char *opts[] = {"sinks=1,window=2,every=3,tokens=5",
+	                      "sinks=0,window=0,every=1,ratio=0.5",
+	                      "sinks=2,window=3,every=4,tokens=2"};
+	static const float pre_dev[4];
+	for (size_t o = 0; o < sizeof(opts) / sizeof(opts[0]); o++) {
+		char spec[600];
+		snprintf(spec, sizeof(spec), "fastkvzip:model=%s,%s", w, opts[o]);
+		struct fx f;
+		fx_init(&f, spec, 2, 2);
+		const struct policy_device_rule *dr = f.p->ops->device;
+		T_ASSERT(dr && dr->takes_pre && dr->drop_bound);
+		T_ASSERT(dr->supports(f.p));
+		T_EQ_STR(dr->name, "fastkvzip");
+		uint32_t seed = 5 + (uint32_t)o, word = 0, drops = 0, exact = 0;
+		for (uint32_t k = 0; f.n_seen + 4 < FX_MAX / 2; k++) {
+			const uint32_t n = k == 0 ? 9 : fx_next(&seed) % 4;
+			const uint32_t nkv = f.ge.n_kv_heads, prev = f.n_seen,
+			               seen = prev + n;
+			uint32_t before[FX_KV], np = 0;
+			const uint32_t *pos[FX_KV];
+			const uint8_t cur[1] = {1};
+			for (uint32_t h = 0; h < nkv; h++) {
+				before[h] = f.len[h];
+				pos[h] = f.pos[h];
+				for (uint32_t i = 0; i < f.len[h] + n; i++) {
+					const uint32_t p = i < f.len[h]
+					                   ? f.pos[h][i]
+					                   : prev + (i - f.len[h]);
+					np += policy_protected(&f.p->args, p, seen);
+				}
+			}
+			const struct policy_dev_layer c = {
+				.len = before, .pos = pos, .state_rec = 2,
+				.cur = cur, .word = &word, .drop_off = 3,
+				.pre = pre_dev,
+			};
+			const struct policy_layer l = {
+				.layer = 0, .n_new = n, .n_seen = seen,
+				.phase = prev ? KVT_PHASE_DECODE
+				              : KVT_PHASE_PREFILL,
+			};
+			const int sel = !prev || policy_due(f.p, &l);
+			const uint32_t b = policy_budget(f.p, seen) * nkv;
+			struct fastkvzip_rule_job bj[FX_KV];
+			struct policy_dev_job hj[FX_KV];
+			uint32_t nj = 99;
+			char err[128];
+			T_OK(dr->plan(f.p, &l, &c, bj, hj, &nj, err, sizeof(err)));
+			float x[FX_MAX][FX_D] = {{0}};
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t d = 0; d < 3; d++)
+					x[t][d] = fx_next(&seed) % 2 ? 1.0f : -1.0f;
+			T_OK(fx_sync(&f, n, l.phase, NULL,
+			             (const float(*)[FX_D])x, NULL, NULL));
+			T_EQ(nj, n ? 1 : 0);
+			if (!nj)
+				continue;
+			uint32_t L = 0, dropped = 0;
+			for (uint32_t h = 0; h < nkv; h++) {
+				L += before[h] + n;
+				dropped += before[h] + n - f.len[h];
+				T_EQ(bj[0].lens[h], before[h]);
+			}
+			const uint32_t bound = sel && L > b ? L - b : 0;
+			T_EQ(hj[0].g, POLICY_DEV_LAYER);
+			T_EQ(hj[0].rec, c.state_rec);
+			T_EQ(hj[0].L, L);
+			T_EQ(hj[0].drop_off, c.drop_off);
+			T_EQ(hj[0].n_drop, bound);
+			T_ASSERT(dropped <= bound);
+			if (np <= b) {
+				T_EQ(dropped, bound);
+				exact += bound != 0;
+			}
+			drops += dropped;
+			T_ASSERT(bj[0].pre == pre_dev);
+			T_EQ(bj[0].record, c.state_rec);
+			T_EQ(bj[0].cur, 1);
+			T_EQ(bj[0].len, L);
+			T_EQ(bj[0].n_new, 0);
+			T_EQ(bj[0].nn, n);
+			T_EQ(bj[0].n_seen, seen);
+			T_EQ(bj[0].budget, b);
+			T_EQ(bj[0].n_drop, bound);
+			T_EQ(bj[0].due, bound != 0);
+			T_EQ(bj[0].drop_off, c.drop_off);
+		}
+		/* the last: the protected exceed the budget, a loose bound */
+		if (drops == 0 || (exact == 0) != (o == 2))
+			th_fail(__FILE__, __LINE__, "%s: %u drops, %u exact",
+			        spec, drops, exact);
+		policy_free(f.p);
+	}
+	/* a threshold decides on the host */
+	char spec[600];
+	snprintf(spec, sizeof(spec), "fastkvzip:model=%s,threshold=0.5", w);
+	struct fx f;
+	fx_init(&f, spec, 2, 2);
+	T_ASSERT(!f.p->ops->device->supports(f.p));
+	policy_free(f.p);
 }

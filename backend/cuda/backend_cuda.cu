@@ -62,6 +62,7 @@ const char *bc_last_error(void)
 	X(tova)                                                                \
 	X(kvpop)                                                               \
 	X(kvzap)                                                               \
+	X(fastkvzip)                                                           \
 	X(snapkv)                                                              \
 	X(expected_attention)
 
