@@ -6,14 +6,15 @@
  * device memory, scorer.cu), so that a sync moves only the jobs up and the
  * drop indices down, and the host's plan of a (sequence, layer) is O(KV
  * heads).  The whole call (every job: one (sequence, layer)) in six
- * launches whatever its jobs, plus the output's clear, the jobs' upload
- * and the output's copy: the plan (batch_select.cuh's bc_bs_plan, a
- * segment per due layer), one thread per entry of every job carrying the
- * state to the other half with the new entries, flagging scores that are
- * not finite and, when due, the score, rank and protection, counting the
- * protected; the keep of each segment (budget - protected); the segmented
- * top-k (select_topk_batch_cuda); the drop indices (bc_bs_indices); each
- * list's half compacted by its share of them.  Scratch: bc_win_prepare's,
+ * launches whatever its jobs (two when no layer is due), plus the
+ * output's clear, the jobs' upload and the output's copy: the plan
+ * (batch_select.cuh's bc_bs_plan, a segment per due layer), one thread per
+ * entry of every job carrying the state to the other half with the new
+ * entries, flagging scores that are not finite and, when due, the score,
+ * rank and protection, counting the protected; the keep of each segment
+ * (budget - protected); the segmented top-k (select_topk_batch_cuda); the
+ * drop indices (bc_bs_indices); each list's half compacted by its share of
+ * them.  Scratch: bc_win_prepare's,
  * under the context's lock; the rule waits for its output.  Built into
  * libkvtrim-cuda.so (backend/cuda/cuda.mk) and registered in
  * backend_cuda.cu's BC_RULES.  Test: cuda.backend_fastkvzip_rule_matches_
@@ -102,26 +103,12 @@ static __global__ void bc_fkv_batch(const fastkvzip_rule a,
 
 /* Each due job's keep (one thread a job): fkv_decide's k = budget -
  * protected, at most the entries, when the budget exceeds the protected;
- * else 0. */
+ * else 0, into its segment's place: the due job whose flat place at[k]
+ * is first[seg] (ascending over the due jobs: bc_bs_plan's scan). */
 static __global__ void bc_fkv_keep(const fastkvzip_rule_job *jobs,
                                    const uint32_t *at, uint32_t n,
-                                   const uint32_t *np, const uint32_t *seg_of,
-                                   uint32_t *keep)
-{
-	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n;
-	     k += gridDim.x * blockDim.x) {
-		if (at[k] == UINT32_MAX)
-			continue;
-		const uint64_t b = jobs[k].budget, p = np[k], L = jobs[k].len;
-		keep[seg_of[k]] = b > p ? (uint32_t)(b - p < L ? b - p : L) : 0;
-	}
-}
-
-/* The segment of each due job: its index among the due ones, from at[]
- * (ascending over the due jobs: bc_bs_plan's scan), one thread a job. */
-static __global__ void bc_fkv_seg_of(const uint32_t *at, const uint32_t *first,
-                                     uint32_t nseg, uint32_t n,
-                                     uint32_t *seg_of)
+                                   const uint32_t *np, const uint32_t *first,
+                                   uint32_t nseg, uint32_t *keep)
 {
 	for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n;
 	     k += gridDim.x * blockDim.x) {
@@ -135,7 +122,8 @@ static __global__ void bc_fkv_seg_of(const uint32_t *at, const uint32_t *first,
 			else
 				hi = mid;
 		}
-		seg_of[k] = lo;
+		const uint64_t b = jobs[k].budget, p = np[k], L = jobs[k].len;
+		keep[lo] = b > p ? (uint32_t)(b - p < L ? b - p : L) : 0;
 	}
 }
 
@@ -253,8 +241,8 @@ static int bc_fkv_check_args(uint32_t n_records, uint32_t nkv,
 }
 
 /* The launches of one call, whatever n: the output's clear, the jobs'
- * upload, the plan, the entries, the segments and their keeps, the
- * top-k, the indices and the compaction; then the output's copy. */
+ * upload, the plan, the entries, the segments' keeps, the top-k, the
+ * indices and the compaction; then the output's copy. */
 static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
                              const struct fastkvzip_rule *a,
                              const struct fastkvzip_rule_job *jobs,
@@ -267,8 +255,8 @@ static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
 		return rv;
 	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs),
 	                                          out_words);
-	const size_t o_np = m.need, o_seg = o_np + bc_ps_al((size_t)n * 4);
-	if ((rv = bc_win_prepare(c, o_seg + bc_ps_al((size_t)n * 4))))
+	const size_t o_np = m.need;
+	if ((rv = bc_win_prepare(c, o_np + bc_ps_al((size_t)n * 4))))
 		return rv;
 	char *d = c->d_win;
 	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at);
@@ -276,7 +264,7 @@ static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
 	uint32_t *first = (uint32_t *)(d + m.o_first),
 	         *keep = (uint32_t *)(d + m.o_keep),
 	         *rank = (uint32_t *)(d + m.o_rank),
-	         *np = (uint32_t *)(d + o_np), *seg_of = (uint32_t *)(d + o_seg);
+	         *np = (uint32_t *)(d + o_np);
 	float *sc = (float *)(d + m.o_sc);
 	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
 	struct bc_seg *segs = (struct bc_seg *)(d + m.o_segs);
@@ -297,11 +285,8 @@ static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
 	BC_CALL(cudaGetLastError(), "fastkvzip rule entries");
 	if (!cn.nseg)
 		return bc_ps_finish(c, out, dout, out_words, s, "fastkvzip rule");
-	KVT_LAUNCH(bc_fkv_seg_of, bc_bs_blocks(n), bc_bs_threads(n), 0, s, at,
-	           first, cn.nseg, n, seg_of);
-	BC_CALL(cudaGetLastError(), "fastkvzip rule segments");
 	KVT_LAUNCH(bc_fkv_keep, bc_bs_blocks(n), bc_bs_threads(n), 0, s, dj,
-	           at, n, np, seg_of, keep);
+	           at, n, np, first, cn.nseg, keep);
 	BC_CALL(cudaGetLastError(), "fastkvzip rule keep");
 	if ((rv = select_topk_batch_cuda(sc, rank, prot, first, cn.nseg,
 	                                 cn.maxL, keep, drop, NULL, s))) {

@@ -4,9 +4,10 @@
  * threshold at the window's edge applied where the scores are (the
  * scorer's output copied to device memory, scorer.cu), so that a sync
  * moves only the jobs up and the drop indices down, and the host's plan
- * of a list is O(1).  The whole call (every job: one list) in six
- * launches whatever its jobs: the output's clear and the jobs' upload,
- * the plan (batch_select.cuh's bc_bs_plan), one thread per entry of
+ * of a list is O(1).  The whole call (every job: one list) in four
+ * launches whatever its jobs (two when no entry leaves a window), besides
+ * the output's clear, the jobs' upload and the output's copy: the plan
+ * (batch_select.cuh's bc_bs_plan), one thread per entry of
  * every job carrying the state to the other half with the new entries,
  * flagging scores that are not finite and marking the drops, then the
  * due lists' drop indices and the state halves' compaction
