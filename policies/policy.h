@@ -389,8 +389,9 @@ struct policy_ops {
 	 * "expected_attention"): the rule and its planner. */
 	const struct policy_prompt_rule *prompt;
 	/* (optional) The policy's rule a device may run where the keys,
-	 * queries and entry states are, at every sync (policy_device_rule;
-	 * h2o, observed_attention, tova, kvpop). */
+	 * queries, scores and entry states are, at every sync
+	 * (policy_device_rule; h2o, observed_attention, tova, kvpop, kvzap,
+	 * fastkvzip). */
 	const struct policy_device_rule *device;
 	/* 1: of the pages, decide() reads only the L2 norms of the new
 	 * entries' keys (knorm), which a device tenant may compute where the
