@@ -644,8 +644,9 @@ static inline int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
 
 /* tenant_grow for scratch whose contents need not survive: the old
  * block freed, not copied (a sync's marks and entry states are written
- * before they are read; where a device decides, never touched).
- * KVT_ENOMEM leaves it empty (*p NULL, *cap 0). */
+ * before they are read; where a device decides, never touched: only
+ * there, since a fresh block's pages fault in anew where they are all
+ * written).  KVT_ENOMEM leaves it empty (*p NULL, *cap 0). */
 static inline int tenant_grow_fresh(void **p, size_t *cap, size_t want,
                                     size_t elem)
 {
