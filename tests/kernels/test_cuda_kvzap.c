@@ -101,7 +101,8 @@ static float zx_score(float tau)
  * One sync of n_new[k] tokens on each job: the host does what
  * kvzap_decide does, the device rule "kvzap"; bound: each job's n_drop
  * (UINT32_MAX: the entries leaving the window, counted here from the
- * positions; else that number, at most the list's entries).  Returns the drops made.
+ * positions; else that number, at most the list's entries).  Returns the
+ * drops made.
  */
 static uint32_t zx_sync(struct zx *f, const uint32_t *n_new, uint32_t sinks,
                         uint32_t window, float tau, uint32_t bound)

@@ -4,7 +4,8 @@
  * "snapkv", "expected_attention", "kvzap" and "fastkvzip" are there with
  * the layout version and the params and job sizes of their headers
  * (policies/<name>_rule.h: what the daemon checks before it runs one),
- * and run; any other name, NULL included, has none.  Needs no device.  Built into kvtrim-cuda-tests and, under the CPU emulator,
+ * and run; any other name, NULL included, has none.  Needs no device.
+ * Built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests.
  */
 #include <stddef.h>
