@@ -36,7 +36,7 @@ extern "C" {
  * backend_open refuses a library built for another version.  A device
  * rule's own params and jobs are versioned by the rule (struct
  * kvt_backend_rule's version), not here. */
-#define KVT_BACKEND_ABI 14
+#define KVT_BACKEND_ABI 15
 #define KVT_BACKEND_CUDA_LIB "libkvtrim-cuda.so"
 #define KVT_BACKEND_CUDA_SYMBOL "kvt_cuda_backend_v1"
 
@@ -232,10 +232,13 @@ struct kvt_backend_rows {
 };
 
 /* n rows of x, [n][d_in] float32 in device memory, scored with layer's
- * weights. */
+ * weights; dev (NULL: none): device memory that receives the job's
+ * scores [n][d_out] too, on the device, for a device rule that reads
+ * them there (the host's copy still comes back). */
 struct kvt_backend_score_job {
 	uint32_t layer, n;
 	const float *x;
+	float *dev;
 };
 
 /* The geometry a device rule reads the pages and the staged rows with. */
@@ -447,8 +450,10 @@ struct kvt_backend_ops {
 	 * weights (blocking) into *out, scorer_free releases it (NULL: no-op).
 	 * scorer_run scores n jobs in order after the work queued on stream,
 	 * through cuBLAS SGEMMs, and copies the scores to the host, out
-	 * [sum of n][d_out]: the only bytes that cross, 4 per score.  It
-	 * returns once out is filled (blocks the calling thread).  One
+	 * [sum of n][d_out]: the only bytes that cross, 4 per score (and,
+	 * in one more launch, to the jobs' dev where they name one; out
+	 * NULL: nothing crosses, every job naming its dev).  It returns
+	 * once the scores are in place (blocks the calling thread).  One
 	 * thread at a time per scorer (the daemon shares a scorer between
 	 * tenants and serialises its runs). */
 	int (*scorer_new)(void *ctx, const struct kvt_backend_scorer *s,

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fastkvzip_rule.h"
 #include "kernels.h"
 
 #define FKV_DEF_WINDOW 128u
@@ -178,6 +179,93 @@ static int fkv_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
+/* policy.h: the device runs the layer-wide top-k (a threshold decides on
+ * the host), for the KV heads a job holds. */
+static int fkv_supports(const struct policy *p)
+{
+	return !(p->args.set & POLICY_KEY_THRESHOLD) &&
+	       p->geom.n_kv_heads <= FASTKVZIP_RULE_MAX_KV;
+}
+
+/* policy.h: one record per (sequence, layer), two halves of every KV
+ * head's cap positions and cap scores, fastkvzip_rule.h's layout. */
+static void fkv_shape(const struct policy *p, uint32_t cap,
+                      struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){
+		.records = 1,
+		.record_bytes = 2 * (size_t)p->geom.n_kv_heads * cap * 2 *
+		                sizeof(float),
+	};
+}
+
+/*
+ * policy.h: a job per (sequence, layer) at a sync with new entries (its
+ * lists' states carried, and the selection where fkv_decide selects).
+ * The drops are the layer's entries beyond the budget the unprotected
+ * ones get, known where the scores are: n_drop is the bound (drop_bound),
+ * entries - budget x KV heads (exact when the budget covers the
+ * protected), O(KV heads), no pass over the lists.
+ */
+static int fkv_plan(const struct policy *p, const struct policy_layer *l,
+                    const struct policy_dev_layer *c, void *jobs,
+                    struct policy_dev_job *hj, uint32_t *n, char *err,
+                    size_t errlen)
+{
+	const uint32_t nkv = p->geom.n_kv_heads;
+	*n = 0;
+	if (!l->n_new)
+		return 0;
+	if (nkv > FASTKVZIP_RULE_MAX_KV) {
+		snprintf(err, errlen, "fastkvzip: %u KV heads, a job holds %u",
+		         nkv, FASTKVZIP_RULE_MAX_KV);
+		return KVT_ESYS;
+	}
+	struct fastkvzip_rule_job *bj = jobs;
+	*bj = (struct fastkvzip_rule_job){
+		.pre = c->pre, .record = c->state_rec, .cur = c->cur[0],
+		.nn = l->n_new, .n_seen = l->n_seen, .drop_off = c->drop_off,
+	};
+	uint64_t total = 0;
+	for (uint32_t g = 0; g < nkv; g++) {
+		bj->lens[g] = c->len[g];
+		total += (uint64_t)c->len[g] + l->n_new;
+	}
+	const uint32_t bud = policy_budget(p, l->n_seen);
+	const uint64_t b = (uint64_t)bud * nkv;
+	const int sel = l->phase != KVT_PHASE_DECODE || policy_due(p, l);
+	const uint64_t bound = sel && bud != UINT32_MAX && total > b
+	                       ? total - b : 0;
+	bj->len = (uint32_t)total;
+	bj->budget = bud == UINT32_MAX || b > UINT32_MAX ? UINT32_MAX
+	                                                 : (uint32_t)b;
+	bj->due = bound != 0;
+	bj->n_drop = (uint32_t)bound;
+	hj[0] = (struct policy_dev_job){
+		.rec = c->state_rec, .g = POLICY_DEV_LAYER, .L = (uint32_t)total,
+		.n_drop = (uint32_t)bound, .drop_off = c->drop_off,
+	};
+	*n = 1;
+	return 0;
+}
+
+static void fkv_params(const struct policy *p, const struct policy_dev_bufs *b,
+                       void *out)
+{
+	*(struct fastkvzip_rule *)out = (struct fastkvzip_rule){
+		.state = b->state, .cap = b->cap, .sinks = p->args.sinks,
+		.window = p->args.window,
+	};
+}
+
+static const struct policy_device_rule fkv_device = {
+	.name = "fastkvzip", .version = FASTKVZIP_RULE_VERSION,
+	.params_bytes = sizeof(struct fastkvzip_rule),
+	.job_bytes = sizeof(struct fastkvzip_rule_job),
+	.supports = fkv_supports, .shape = fkv_shape, .plan = fkv_plan,
+	.params = fkv_params, .takes_pre = 1, .drop_bound = 1,
+};
+
 const struct policy_ops fastkvzip_ops = {
 	.name = "fastkvzip",
 	.help = "Fast KVzip: sink-attention gate on x, layer-wide top-k or "
@@ -192,4 +280,5 @@ const struct policy_ops fastkvzip_ops = {
 	.fini = learned_fini,
 	.decide = fkv_decide,
 	.scorer = fkv_scorer,
+	.device = &fkv_device,
 };

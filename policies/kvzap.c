@@ -23,6 +23,7 @@
 #include <stdio.h>
 
 #include "kernels.h"
+#include "kvzap_rule.h"
 
 #define KVZAP_DEF_WINDOW 128u
 #define KVZAP_DEF_THRESHOLD (-4.0f)
@@ -171,6 +172,77 @@ static void kvzap_scorer(const struct policy *p, uint32_t layer,
 		w[k] = t[k];
 }
 
+/* policy.h: per list record two halves of cap positions and cap scores,
+ * kvzap_rule.h's layout. */
+static void kvzap_shape(const struct policy *p, uint32_t cap,
+                        struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){
+		.records = p->geom.n_kv_heads,
+		.record_bytes = 2 * (size_t)cap * 2 * sizeof(float),
+	};
+}
+
+/*
+ * policy.h: a job per list at a sync with new entries (nothing changes
+ * without).  Its drops are the entries that leave the window now below
+ * the threshold, known only where the scores are: n_drop is the bound
+ * (drop_bound), the positions in [n_seen - n_new - window, n_seen -
+ * window) at or above the sinks, at most one entry each; O(1) a list.
+ */
+static int kvzap_plan(const struct policy *p, const struct policy_layer *l,
+                      const struct policy_dev_layer *c, void *jobs,
+                      struct policy_dev_job *hj, uint32_t *n, char *err,
+                      size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	*n = 0;
+	if (!l->n_new)
+		return 0;
+	const uint64_t win = p->args.window, prev = l->n_seen - l->n_new;
+	uint64_t lo = prev > win ? prev - win : 0;
+	const uint64_t hi = l->n_seen > win ? l->n_seen - win : 0;
+	lo = lo > p->args.sinks ? lo : p->args.sinks;
+	const uint64_t leave = hi > lo ? hi - lo : 0;
+	struct kvzap_rule_job *bj = jobs;
+	uint32_t off = c->drop_off;
+	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		const uint32_t L = c->len[h] + l->n_new;
+		const uint32_t nd = leave < L ? (uint32_t)leave : L;
+		hj[h] = (struct policy_dev_job){
+			.rec = c->state_rec + h, .g = h, .L = L, .n_drop = nd,
+			.drop_off = off,
+		};
+		bj[h] = (struct kvzap_rule_job){
+			.pre = c->pre, .record = c->state_rec + h, .g = h,
+			.cur = c->cur[h], .len = c->len[h], .n_new = l->n_new,
+			.n_seen = l->n_seen, .due = nd != 0, .n_drop = nd,
+			.drop_off = off,
+		};
+		off += nd;
+	}
+	*n = p->geom.n_kv_heads;
+	return 0;
+}
+
+static void kvzap_params(const struct policy *p,
+                         const struct policy_dev_bufs *b, void *out)
+{
+	*(struct kvzap_rule *)out = (struct kvzap_rule){
+		.state = b->state, .cap = b->cap, .sinks = p->args.sinks,
+		.window = p->args.window, .tau = policy_threshold(p),
+	};
+}
+
+static const struct policy_device_rule kvzap_device = {
+	.name = "kvzap", .version = KVZAP_RULE_VERSION,
+	.params_bytes = sizeof(struct kvzap_rule),
+	.job_bytes = sizeof(struct kvzap_rule_job),
+	.shape = kvzap_shape, .plan = kvzap_plan, .params = kvzap_params,
+	.takes_pre = 1, .drop_bound = 1,
+};
+
 const struct policy_ops kvzap_ops = {
 	.name = "kvzap",
 	.help = "KVzap: linear/MLP surrogate of log KVzip+ on x, dropped "
@@ -184,4 +256,5 @@ const struct policy_ops kvzap_ops = {
 	.fini = learned_fini,
 	.decide = kvzap_decide,
 	.scorer = kvzap_scorer,
+	.device = &kvzap_device,
 };

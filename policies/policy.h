@@ -252,17 +252,29 @@ struct policy_dev_layer {
 	                               layer), kept across syncs, copied at a
 	                               fork; 0 at registration */
 	uint32_t drop_off;          /* where its first drop index goes */
+	const float *pre;           /* device: the new entries' scores
+	                               [n_new][n_kv_heads], as the policy's
+	                               scorer wrote them on the device (a
+	                               rule with takes_pre); NULL otherwise */
 };
 
 /* A job as the tenant checks and applies it: the state record whose
  * halves the commit flips, the KV head whose list it decides
  * (POLICY_DEV_ALL: every list of the layer the same), its entries with
- * the new ones, its drops (the host's count: the device's must equal it)
- * and where their indices go in the output words. */
+ * the new ones, its drops (the host's count: the device's must equal it;
+ * with the rule's drop_bound, the most it may drop: the device's count,
+ * at most n_drop, is then taken, and a larger one refused) and where
+ * their indices go in the output words (n_drop words are kept for
+ * them). */
 struct policy_dev_job {
 	uint32_t rec, g, L, n_drop, drop_off;
 };
 #define POLICY_DEV_ALL UINT32_MAX
+/* g of a job that decides every list of the layer at once with drops of
+ * its own each (fastkvzip's layer-wide top-k): L counts the lists' entries
+ * laid end to end in KV head order (the new ones included), its drop
+ * indices index that concatenation, and the tenant splits them by list. */
+#define POLICY_DEV_LAYER (UINT32_MAX - 1)
 
 struct policy_device_rule {
 	const char *name;   /* the backend's rule it runs on */
@@ -290,6 +302,19 @@ struct policy_device_rule {
 	/* The rule's params (params_bytes at out) for a run over b. */
 	void (*params)(const struct policy *p, const struct policy_dev_bufs *b,
 	               void *out);
+	/* (optional) 0 when p's instance cannot run on the rule (its
+	 * decisions then stay on the host: fastkvzip with a threshold, or
+	 * more KV heads than its jobs hold); NULL: every instance can. */
+	int (*supports)(const struct policy *p);
+	/* 1: the plan reads policy_dev_layer.pre, the new entries' scores
+	 * as the policy's scorer (ops->scorer) wrote them on the device; a
+	 * tenant without a device scorer leaves the decisions to the host. */
+	int takes_pre;
+	/* 1: a job's n_drop is an upper bound, for a rule whose drops the
+	 * host cannot count from the positions alone (a threshold on a
+	 * score that lives on the device); the tenant takes the device's
+	 * count when it is at most n_drop and refuses the sync otherwise. */
+	int drop_bound;
 };
 
 /* The programs of kvtrim-eval (tools/eval/, docs/eval.md) that sweep a
@@ -366,8 +391,9 @@ struct policy_ops {
 	 * "expected_attention"): the rule and its planner. */
 	const struct policy_prompt_rule *prompt;
 	/* (optional) The policy's rule a device may run where the keys,
-	 * queries and entry states are, at every sync (policy_device_rule;
-	 * h2o, observed_attention, tova, kvpop). */
+	 * queries, scores and entry states are, at every sync
+	 * (policy_device_rule; h2o, observed_attention, tova, kvpop, kvzap,
+	 * fastkvzip). */
 	const struct policy_device_rule *device;
 	/* 1: of the pages, decide() reads only the L2 norms of the new
 	 * entries' keys (knorm), which a device tenant may compute where the

@@ -1,11 +1,15 @@
 /*
  * policy_weights_test.c — the policies with learned scorers (kvzap linear
  * and MLP, fastkvzip, kvpop) on weight files written here, their weight
- * refusals, and staged inputs that are not finite refused before decide().
+ * refusals, staged inputs that are not finite refused before decide(),
+ * and kvzap's and fastkvzip's device plans against their host rules.
  *
  * The miniature tenant (struct fx) is policy_fixture.h's.
  */
 #include "policy_fixture.h"
+
+#include "fastkvzip_rule.h"
+#include "kvzap_rule.h"
 static const char *tmp_path(const char *name)
 {
 	static char buf[4][512];
@@ -609,5 +613,224 @@ TEST(policy, snapkv_rechecks_its_window)
 	      KVT_EINVAL);
 	T_EQ_STR(f.p->why, "layer 0, position 4: staged lse of query head 1 "
 	                   "is NaN");
+	policy_free(f.p);
+}
+
+/*
+ * kvzap's device plan (policy_ops.device, drop_bound) against its host
+ * rule over ragged syncs: a job per list at a sync with new entries, its
+ * n_drop the entries that leave the window then at or above the sinks
+ * (counted here from the positions the host holds), at least what
+ * decide() dropped, and exactly that when every score is below tau; the
+ * jobs read the scores at c->pre and their offsets follow each other.
+ */
+TEST(policy, kvzap_device_plan_bounds_the_drops)
+{
+	const char *w = tmp_path("kvzap-plan.safetensors");
+	kvzap_linear(w, 0, 0, 0);
+	const char *opts[] = {"window=3,threshold=0.5",
+	                      "window=0,sinks=2,threshold=0.5",
+	                      "window=5,sinks=1,threshold=0.25"};
+	static const float pre_dev[4]; /* stands in for device scores */
+	for (size_t o = 0; o < 2 * sizeof(opts) / sizeof(opts[0]); o++) {
+		char spec[600];
+		snprintf(spec, sizeof(spec), "kvzap:model=%s,%s", w, opts[o / 2]);
+		const int all_below = o % 2; /* every score below tau */
+		struct fx f;
+		fx_init(&f, spec, 2, 2);
+		const struct policy_device_rule *dr = f.p->ops->device;
+		T_ASSERT(dr && dr->takes_pre && dr->drop_bound);
+		T_EQ_STR(dr->name, "kvzap");
+		uint32_t seed = 11 + (uint32_t)o, word = 0, drops = 0;
+		for (uint32_t k = 0; f.n_seen + 4 < FX_MAX - 1; k++) {
+			const uint32_t n = k == 0 ? 9 : fx_next(&seed) % 5;
+			const uint32_t nkv = f.ge.n_kv_heads, prev = f.n_seen,
+			               seen = prev + n;
+			uint32_t before[FX_KV], bound[FX_KV];
+			const uint32_t *pos[FX_KV];
+			const uint8_t cur[FX_KV] = {1, 0};
+			for (uint32_t h = 0; h < nkv; h++) {
+				before[h] = f.len[h];
+				pos[h] = f.pos[h];
+				/* the entries leaving now, from the positions */
+				bound[h] = 0;
+				for (uint32_t i = 0; i < f.len[h] + n; i++) {
+					const uint32_t p = i < f.len[h]
+					                   ? f.pos[h][i]
+					                   : prev + (i - f.len[h]);
+					const uint64_t pw = (uint64_t)p + f.p->args.window;
+					bound[h] += pw >= prev && pw < seen &&
+					            p >= f.p->args.sinks;
+				}
+			}
+			const struct policy_dev_layer c = {
+				.len = before, .pos = pos, .state_rec = 4,
+				.cur = cur, .word = &word, .drop_off = 3,
+				.pre = pre_dev,
+			};
+			const struct policy_layer l = {
+				.layer = 1, .n_new = n, .n_seen = seen,
+				.phase = prev ? KVT_PHASE_DECODE
+				              : KVT_PHASE_PREFILL,
+			};
+			struct kvzap_rule_job bj[FX_KV];
+			struct policy_dev_job hj[FX_KV];
+			uint32_t nj = 99;
+			char err[128];
+			T_OK(dr->plan(f.p, &l, &c, bj, hj, &nj, err, sizeof(err)));
+			T_EQ(nj, n ? nkv : 0);
+			float x[FX_MAX][FX_D] = {{0}};
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t d = 0; d < 2; d++)
+					x[t][d] = all_below ? -1.0f
+					          : (float)(fx_next(&seed) % 9) / 8.0f;
+			T_OK(fx_sync(&f, n, l.phase, NULL,
+			             (const float(*)[FX_D])x, NULL, NULL));
+			uint32_t off = c.drop_off;
+			for (uint32_t j = 0; j < nj; j++) {
+				const uint32_t h = hj[j].g;
+				const uint32_t dropped = before[h] + n - f.len[h];
+				T_EQ(h, j);
+				T_EQ(hj[j].rec, c.state_rec + h);
+				T_EQ(hj[j].L, before[h] + n);
+				T_EQ(hj[j].drop_off, off);
+				T_EQ(hj[j].n_drop, bound[h]);
+				T_ASSERT(dropped <= hj[j].n_drop);
+				if (all_below)
+					T_EQ(dropped, hj[j].n_drop);
+				drops += dropped;
+				T_ASSERT(bj[j].pre == pre_dev);
+				T_EQ(bj[j].record, hj[j].rec);
+				T_EQ(bj[j].g, h);
+				T_EQ(bj[j].cur, cur[h]);
+				T_EQ(bj[j].len, before[h]);
+				T_EQ(bj[j].n_new, n);
+				T_EQ(bj[j].n_seen, seen);
+				T_EQ(bj[j].n_drop, hj[j].n_drop);
+				T_EQ(bj[j].due, hj[j].n_drop != 0);
+				T_EQ(bj[j].drop_off, off);
+				off += hj[j].n_drop;
+			}
+			for (uint32_t h = 0; !nj && h < nkv; h++)
+				T_EQ(f.len[h], before[h]); /* nothing new: no drop */
+		}
+		T_ASSERT(drops > 0);
+		policy_free(f.p);
+	}
+}
+
+/*
+ * fastkvzip's device plan (a layer-wide top-k, POLICY_DEV_LAYER,
+ * drop_bound) against its host rule over ragged syncs: one job per
+ * (sequence, layer) at a sync with new entries, its L the lists' entries
+ * end to end, its n_drop entries - budget x KV heads when fkv_decide
+ * selects (a prefill, or a due decode sync), else 0: at least what
+ * decide() dropped from the layer, exactly that while the budget covers
+ * the protected; the device job mirrors it with each list's length.  A
+ * threshold, or more KV heads than a job holds, is not the device's.
+ */
+TEST(policy, fastkvzip_device_plan_bounds_the_drops)
+{
+	const char *w = tmp_path("fkv-plan.safetensors");
+	fkv_weights(w, 0, 1.0f);
+	const char *opts[] = {"sinks=1,window=2,every=3,tokens=5",
+	                      "sinks=0,window=0,every=1,ratio=0.5",
+	                      "sinks=2,window=3,every=4,tokens=2"};
+	static const float pre_dev[4];
+	for (size_t o = 0; o < sizeof(opts) / sizeof(opts[0]); o++) {
+		char spec[600];
+		snprintf(spec, sizeof(spec), "fastkvzip:model=%s,%s", w, opts[o]);
+		struct fx f;
+		fx_init(&f, spec, 2, 2);
+		const struct policy_device_rule *dr = f.p->ops->device;
+		T_ASSERT(dr && dr->takes_pre && dr->drop_bound);
+		T_ASSERT(dr->supports(f.p));
+		T_EQ_STR(dr->name, "fastkvzip");
+		uint32_t seed = 5 + (uint32_t)o, word = 0, drops = 0, exact = 0;
+		for (uint32_t k = 0; f.n_seen + 4 < FX_MAX / 2; k++) {
+			const uint32_t n = k == 0 ? 9 : fx_next(&seed) % 4;
+			const uint32_t nkv = f.ge.n_kv_heads, prev = f.n_seen,
+			               seen = prev + n;
+			uint32_t before[FX_KV], np = 0;
+			const uint32_t *pos[FX_KV];
+			const uint8_t cur[1] = {1};
+			for (uint32_t h = 0; h < nkv; h++) {
+				before[h] = f.len[h];
+				pos[h] = f.pos[h];
+				for (uint32_t i = 0; i < f.len[h] + n; i++) {
+					const uint32_t p = i < f.len[h]
+					                   ? f.pos[h][i]
+					                   : prev + (i - f.len[h]);
+					np += policy_protected(&f.p->args, p, seen);
+				}
+			}
+			const struct policy_dev_layer c = {
+				.len = before, .pos = pos, .state_rec = 2,
+				.cur = cur, .word = &word, .drop_off = 3,
+				.pre = pre_dev,
+			};
+			const struct policy_layer l = {
+				.layer = 0, .n_new = n, .n_seen = seen,
+				.phase = prev ? KVT_PHASE_DECODE
+				              : KVT_PHASE_PREFILL,
+			};
+			const int sel = !prev || policy_due(f.p, &l);
+			const uint32_t b = policy_budget(f.p, seen) * nkv;
+			struct fastkvzip_rule_job bj[FX_KV];
+			struct policy_dev_job hj[FX_KV];
+			uint32_t nj = 99;
+			char err[128];
+			T_OK(dr->plan(f.p, &l, &c, bj, hj, &nj, err, sizeof(err)));
+			float x[FX_MAX][FX_D] = {{0}};
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t d = 0; d < 3; d++)
+					x[t][d] = fx_next(&seed) % 2 ? 1.0f : -1.0f;
+			T_OK(fx_sync(&f, n, l.phase, NULL,
+			             (const float(*)[FX_D])x, NULL, NULL));
+			T_EQ(nj, n ? 1 : 0);
+			if (!nj)
+				continue;
+			uint32_t L = 0, dropped = 0;
+			for (uint32_t h = 0; h < nkv; h++) {
+				L += before[h] + n;
+				dropped += before[h] + n - f.len[h];
+				T_EQ(bj[0].lens[h], before[h]);
+			}
+			const uint32_t bound = sel && L > b ? L - b : 0;
+			T_EQ(hj[0].g, POLICY_DEV_LAYER);
+			T_EQ(hj[0].rec, c.state_rec);
+			T_EQ(hj[0].L, L);
+			T_EQ(hj[0].drop_off, c.drop_off);
+			T_EQ(hj[0].n_drop, bound);
+			T_ASSERT(dropped <= bound);
+			if (np <= b) {
+				T_EQ(dropped, bound);
+				exact += bound != 0;
+			}
+			drops += dropped;
+			T_ASSERT(bj[0].pre == pre_dev);
+			T_EQ(bj[0].record, c.state_rec);
+			T_EQ(bj[0].cur, 1);
+			T_EQ(bj[0].len, L);
+			T_EQ(bj[0].n_new, 0);
+			T_EQ(bj[0].nn, n);
+			T_EQ(bj[0].n_seen, seen);
+			T_EQ(bj[0].budget, b);
+			T_EQ(bj[0].n_drop, bound);
+			T_EQ(bj[0].due, bound != 0);
+			T_EQ(bj[0].drop_off, c.drop_off);
+		}
+		/* the last: the protected exceed the budget, a loose bound */
+		if (drops == 0 || (exact == 0) != (o == 2))
+			th_fail(__FILE__, __LINE__, "%s: %u drops, %u exact",
+			        spec, drops, exact);
+		policy_free(f.p);
+	}
+	/* a threshold decides on the host */
+	char spec[600];
+	snprintf(spec, sizeof(spec), "fastkvzip:model=%s,threshold=0.5", w);
+	struct fx f;
+	fx_init(&f, spec, 2, 2);
+	T_ASSERT(!f.p->ops->device->supports(f.p));
 	policy_free(f.p);
 }

@@ -5,12 +5,14 @@
 # enough that each evicts (snapkv, pyramidkv and expected_attention decide
 # at the first decode sync, so they prefill 32 tokens first; kvzap's and
 # fastkvzip's random seeded weights score around 0, hence kvzap's
-# threshold 0; h2o_rule, tova_rule and kvpop_rule add sinks, a window or
-# a short delay, every=3 and a prefill that does not fill the staging
+# threshold 0; h2o_rule, tova_rule, kvpop_rule, kvzap_rule and
+# fastkvzip_rule add sinks, a window or a short delay, every=3 and a
+# prefill that does not fill the staging
 # ring's rows evenly, so syncs that decide nothing and rings that wrap are
 # crossed; the _64 runs sync 64 sequences at once, 4 tokens each after a
 # prefill of 13 (32 for the prompt-only ones), through the batched device
-# rules).  The kept sets must equal an in-process replay of the cpu
+# rules; fastkvzip_threshold's threshold decides on the host).  The kept
+# sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
 # failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
 # library, scripts/gpu-check.sh on a GPU.
@@ -29,7 +31,10 @@ snapkv snapkv:window=8,tokens=16 --prefill 32
 tova tova:tokens=24
 tova_rule tova:tokens=20,window=4,sinks=2,every=3 --prefill 16
 kvzap kvzap:threshold=0,window=8
+kvzap_rule kvzap:threshold=0,window=5,sinks=2 --prefill 17
 fastkvzip fastkvzip:window=8,every=16
+fastkvzip_rule fastkvzip:window=4,sinks=2,every=3,tokens=6 --prefill 17
+fastkvzip_threshold fastkvzip:window=8,every=16,threshold=0.5
 kvpop kvpop:tokens=24,delay=8
 kvpop_rule kvpop:tokens=20,delay=3,sinks=2,every=3 --prefill 17
 knorm knorm:tokens=24

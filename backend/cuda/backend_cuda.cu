@@ -61,6 +61,8 @@ const char *bc_last_error(void)
 	X(h2o)                                                                 \
 	X(tova)                                                                \
 	X(kvpop)                                                               \
+	X(kvzap)                                                               \
+	X(fastkvzip)                                                           \
 	X(snapkv)                                                              \
 	X(expected_attention)                                                  \
 	X(streaming)                                                           \

@@ -13,8 +13,11 @@
  * per job (the call scorer_linear_cpu makes for that job), and each
  * elementwise stage one kernel over every row (kernels/cuda/
  * scorer_linear_batch_cuda, scorer_mlp_batch_cuda, sink_gate_batch_cuda).
- * Launches per run: linear 2, MLP 4, sink gate 3, whatever the jobs; the
- * rows' segments and the GEMMs' pointer arrays go up in one copy.
+ * Launches per run: linear 2, MLP 4, sink gate 3, whatever the jobs, and
+ * one more (bc_sc_scatter) where jobs name a device copy of their scores
+ * (kvt_backend_score_job.dev: a device rule reads them there); the
+ * rows' segments, the GEMMs' pointer arrays and those copies' addresses
+ * go up in one copy.
  *
  * A scorer holds its own cuBLAS handle and scratch and takes no context
  * lock: its caller runs it from one thread at a time (the daemon serialises
@@ -202,11 +205,12 @@ static int bc_sc_grow(struct bc_scorer *s, uint64_t rows, uint64_t meta)
 
 /* Lays out the run on the host: the segments (hmeta), then per GEMM stage
  * the W, x and output pointer arrays, each nseg long (the sink gate's
- * query problems, then its key problems: 2 nseg long), with g1 / g2 the
- * stages' groups in the same order. */
+ * query problems, then its key problems: 2 nseg long), then the
+ * segments' device copies (dev, nseg long), with g1 / g2 the stages'
+ * groups in the same order; *ndev: the segments with a device copy. */
 static int bc_sc_plan(struct bc_scorer *s,
                       const struct kvt_backend_score_job *jobs, uint32_t n,
-                      uint32_t nseg, uint64_t rows)
+                      uint32_t nseg, uint64_t rows, uint32_t *ndev)
 {
 	const struct kvt_backend_scorer *d = &s->d;
 	struct blas_seg *seg = (struct blas_seg *)s->hmeta;
@@ -221,6 +225,8 @@ static int bc_sc_plan(struct bc_scorer *s,
 		return rv;
 	uint32_t j = 0, row = 0;
 	float *K = s->hs ? s->hs + rows * qc : NULL; /* the gate's keys */
+	float **dv = (float **)(p + (size_t)bc_sc_ptrs(d) * nseg);
+	*ndev = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvt_backend_score_job *jb = &jobs[i];
 		if (!jb->n)
@@ -228,6 +234,8 @@ static int bc_sc_plan(struct bc_scorer *s,
 		const float *w = s->w + jb->layer * s->per_layer;
 		seg[j].row0 = row;
 		seg[j].layer = jb->layer;
+		dv[j] = jb->dev;
+		*ndev += jb->dev != NULL;
 		switch (d->kind) {
 		case KVT_SCORER_LINEAR:
 			p[j] = w + s->off[0];
@@ -299,25 +307,49 @@ static int bc_sc_launch(struct bc_scorer *s, uint32_t nseg, uint64_t rows,
 	}
 }
 
+/* The scores of every segment with a device copy (dv[j]) into it, one
+ * thread a score: y [rows][d_out], packed as the segments say. */
+static __global__ void bc_sc_scatter(const struct blas_seg *seg,
+                                     float *const *dv, uint32_t nseg,
+                                     uint64_t rows, uint32_t d_out,
+                                     const float *y)
+{
+	const uint64_t tot = rows * d_out;
+	for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	     e < tot; e += (uint64_t)gridDim.x * blockDim.x) {
+		const uint32_t r = (uint32_t)(e / d_out);
+		const uint32_t j = blas_seg_find(seg, nseg, r);
+		if (dv[j])
+			dv[j][(uint64_t)(r - seg[j].row0) * d_out + e % d_out] = y[e];
+	}
+}
+
 int bc_scorer_run(void *ctx, void *sp, const struct kvt_backend_score_job *jobs,
                   uint32_t n, float *out, void *stream)
 {
 	struct bc_ctx *c = (struct bc_ctx *)ctx;
 	struct bc_scorer *s = (struct bc_scorer *)sp;
 	cudaStream_t st = (cudaStream_t)stream;
-	if (!s || (n && (!jobs || !out)))
+	if (!s || (n && !jobs))
 		return KVT_EINVAL;
 	uint32_t nseg;
 	uint64_t rows;
 	int rv = bc_sc_check(s, jobs, n, &nseg, &rows);
 	if (rv || !rows)
 		return rv;
+	for (uint32_t i = 0; !out && i < n; i++)
+		if (jobs[i].n && !jobs[i].dev) {
+			bc_note("scorer_run: job %u: no host output and no "
+			        "device copy", i);
+			return KVT_EINVAL;
+		}
 	const uint64_t meta =
 		(uint64_t)nseg * (sizeof(struct blas_seg) +
-		                  bc_sc_ptrs(&s->d) * sizeof(float *));
+		                  (bc_sc_ptrs(&s->d) + 1) * sizeof(float *));
+	uint32_t ndev = 0;
 	BC_CALL(cudaSetDevice(c->device), "cudaSetDevice");
 	if ((rv = bc_sc_grow(s, rows, meta)) ||
-	    (rv = bc_sc_plan(s, jobs, n, nseg, rows))) {
+	    (rv = bc_sc_plan(s, jobs, n, nseg, rows, &ndev))) {
 		bc_note("scorer_run: no room for %llu rows in %u jobs (%d)",
 		        (unsigned long long)rows, nseg, rv);
 		return rv;
@@ -332,10 +364,23 @@ int bc_scorer_run(void *ctx, void *sp, const struct kvt_backend_score_job *jobs,
 		cudaStreamSynchronize(st); /* the meta buffers are reused */
 		return rv;
 	}
-	BC_CALL(cudaMemcpyAsync(out, s->y, rows * s->d.d_out * sizeof(float),
-	                        cudaMemcpyDeviceToHost, st),
-	        "cudaMemcpyAsync");
-	bc_count(c, 0, rows * s->d.d_out * sizeof(float));
+	if (ndev) {
+		const struct blas_seg *seg = (const struct blas_seg *)s->dmeta;
+		float *const *dv = (float *const *)(seg + nseg) +
+		                   (size_t)bc_sc_ptrs(&s->d) * nseg;
+		const uint64_t tot = rows * s->d.d_out;
+		const uint64_t b = (tot + 255) / 256;
+		KVT_LAUNCH(bc_sc_scatter, b > 4096 ? 4096 : (uint32_t)b, 256, 0,
+		           st, seg, dv, nseg, rows, s->d.d_out, s->y);
+		BC_CALL(cudaGetLastError(), "scorer_run scatter");
+	}
+	if (out) {
+		BC_CALL(cudaMemcpyAsync(out, s->y,
+		                        rows * s->d.d_out * sizeof(float),
+		                        cudaMemcpyDeviceToHost, st),
+		        "cudaMemcpyAsync");
+		bc_count(c, 0, rows * s->d.d_out * sizeof(float));
+	}
 	BC_CALL(cudaStreamSynchronize(st), "scorer_run");
 	return 0;
 }

@@ -15,9 +15,13 @@
  * tenant's syncs go to the device from the first one, so the host's entry
  * and layer states are never used.  The policy works out each job's drop
  * count from the host's positions and the tenant checks the device's
- * against it; a row the device finds not finite sends its (sequence,
- * layer) to the host path, which refuses the sync with the cpu backend's
- * reason (docs/cuda.md, "Wiring").
+ * against it (a rule with drop_bound: the most it may drop, the device's
+ * count then taken); a row the device finds not finite sends its
+ * (sequence, layer) to the host path, which refuses the sync with the cpu
+ * backend's reason (docs/cuda.md, "Wiring").  A rule that reads the
+ * scorer's scores (takes_pre) gets them in device memory (attn.dpre,
+ * written by the scorer's run, tenant_score_on_device), and only a
+ * flagged sync reads them back, for that reason.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +35,14 @@
 static void attn_free_device(struct tenant *t)
 {
 	const struct kvt_backend_ops *o = t->bops;
-	void *dev[] = {t->attn.state, t->attn.layers, t->attn.consts};
+	void *dev[] = {t->attn.state, t->attn.layers, t->attn.consts,
+	               t->attn.dpre};
 	for (size_t k = 0; k < sizeof(dev) / sizeof(dev[0]); k++)
 		if (dev[k])
 			o->mem_free(t->bctx, dev[k]);
 	t->attn.state = t->attn.layers = t->attn.consts = NULL;
+	t->attn.dpre = NULL;
+	t->attn.dpre_cap = 0;
 	free(t->attn.cur);
 	free(t->attn.word);
 	free(t->attn.params);
@@ -84,7 +91,9 @@ int tenant_attn_init(struct tenant *t, char *err, size_t errlen)
 	 * of positions or keys alone reads none) */
 	const int staged = !!(t->pol->ops->needs & POLICY_NEED_STAGED);
 	if (!t->dsync.dbases || (staged && !t->dstage.chunk.base) ||
-	    !o->mem_new || !o->mem_free || !dr)
+	    !o->mem_new || !o->mem_free || !dr ||
+	    (dr->takes_pre && !t->dscore.scorer) ||
+	    (dr->supports && !dr->supports(t->pol)))
 		return 0;
 	int rc = tenant_rule_lookup(t, dr->name, dr->version,
 	                            dr->params_bytes, dr->job_bytes,
@@ -170,12 +179,43 @@ void tenant_attn_fini(struct tenant *t)
 	t->attn.out = NULL;
 }
 
+int tenant_attn_pre(struct tenant *t, size_t fresh, float **dev, char *err,
+                    size_t errlen)
+{
+	*dev = NULL;
+	if (!t->attn.state || !t->attn.dr->takes_pre)
+		return 0;
+	if (fresh > t->attn.dpre_cap) {
+		const struct kvt_backend_ops *o = t->bops;
+		size_t cap = t->attn.dpre_cap ? t->attn.dpre_cap : 4096;
+		while (cap < fresh)
+			cap *= 2;
+		/* the last sync's rule is done with it: its run waited */
+		if (t->attn.dpre)
+			o->mem_free(t->bctx, t->attn.dpre);
+		t->attn.dpre = NULL;
+		t->attn.dpre_cap = 0;
+		int rc = o->mem_new(t->bctx, cap * sizeof(float),
+		                    (void **)&t->attn.dpre);
+		if (rc) {
+			t->attn.dpre = NULL;
+			return errors_fmt(err, errlen, rc, "%s backend: %zu "
+			                  "bytes of device scores: %s", o->name,
+			                  cap * sizeof(float), o->last_error());
+		}
+		t->attn.dpre_cap = cap;
+	}
+	t->attn.dpre_n = fresh;
+	*dev = t->attn.dpre;
+	return 0;
+}
+
 /* The jobs of one (item, layer) into t->attn.jobs and t->attn.bjobs, as
  * its policy plans them; *drops counts the output words of their
  * indices. */
 static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
-                      const struct policy_layer *pl, uint32_t *drops,
-                      char *err, size_t errlen)
+                      const struct policy_layer *pl, const float *pre,
+                      uint32_t *drops, char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	const struct policy_device_rule *dr = t->attn.dr;
@@ -193,7 +233,7 @@ static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
 		.list_rec = (uint32_t)(slot * t->lists_per_seq +
 		                       lidx(t, layer, 0)),
 		.state_rec = srec, .cur = t->attn.cur + srec,
-		.word = &t->attn.word[sl], .drop_off = *drops,
+		.word = &t->attn.word[sl], .drop_off = *drops, .pre = pre,
 	};
 	const uint32_t first = t->attn.n_jobs;
 	struct policy_dev_job *hj = t->attn.jobs + first;
@@ -207,7 +247,8 @@ static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
 	int ok = n <= g->n_kv_heads;
 	for (uint32_t k = 0; ok && k < n; k++) {
 		ok = hj[k].rec - srec < t->attn.shape.records &&
-		     (hj[k].g < g->n_kv_heads || hj[k].g == POLICY_DEV_ALL) &&
+		     (hj[k].g < g->n_kv_heads || hj[k].g == POLICY_DEV_ALL ||
+		      hj[k].g == POLICY_DEV_LAYER) &&
 		     hj[k].drop_off == *drops && hj[k].n_drop <= hj[k].L;
 		*drops += hj[k].n_drop;
 	}
@@ -240,6 +281,40 @@ static int run_rule(struct tenant *t, uint32_t words)
 	                         t->dsync.stream);
 }
 
+/* tenant_int.h */
+int tenant_attn_check(struct tenant *t, size_t nly, char *err,
+                      size_t errlen)
+{
+	const uint32_t nja = t->attn.n_jobs;
+	const struct policy *pol = t->pol;
+	/* the layers of a flagged job go to the host, which refuses them;
+	 * the device's counts against the host's (or within its bound, then
+	 * taken): an invariant */
+	const int bound = t->attn.dr->drop_bound;
+	for (size_t ly = 0; ly < nly; ly++)
+		for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
+			struct policy_dev_job *J = &t->attn.jobs[j];
+			const uint32_t got = t->attn.out[nja + j];
+			const uint32_t nd = bound && got < J->n_drop ? got
+			                                             : J->n_drop;
+			if (t->attn.out[j]) {
+				t->attn.mode[ly] = TENANT_ATTN_FLAGGED;
+			} else if (!tenant_rule_drops_ok(t->attn.out, nja, j, nd,
+			                                 J->drop_off, J->L)) {
+				t->attn.active = 0;
+				return errors_fmt(err, errlen, KVT_ESYS, "%s "
+				                  "backend: %s's selection: job %u "
+				                  "dropped %u entries (the rule: "
+				                  "%s%u), or not in order",
+				                  t->bops->name, pol->ops->name, j,
+				                  got, bound ? "at most " : "",
+				                  J->n_drop);
+			}
+			J->n_drop = nd;
+		}
+	return 0;
+}
+
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen)
 {
@@ -263,7 +338,7 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	                sizeof(*t->attn.out)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	uint32_t drops = 0;
-	size_t ly = 0;
+	size_t ly = 0, at = 0; /* at: the layer's first score row */
 	int rc = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
@@ -278,7 +353,11 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 			};
 			t->attn.mode[ly] = TENANT_ATTN_DEVICE;
 			t->attn.first[ly] = t->attn.n_jobs;
-			if ((rc = plan_layer(t, slot, s, &pl, &drops, err,
+			const float *pre = t->attn.dr->takes_pre
+			                   ? t->attn.dpre + at * g->n_kv_heads
+			                   : NULL;
+			at += it->n_new;
+			if ((rc = plan_layer(t, slot, s, &pl, pre, &drops, err,
 			                     errlen)))
 				return rc;
 		}
@@ -297,37 +376,55 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 		                  "%s", t->bops->name, pol->ops->name,
 		                  t->bops->last_error());
 	}
-	/* the layers of a flagged job go to the host, which refuses them;
-	 * the device's counts against the host's: an invariant */
+	if ((rc = tenant_attn_check(t, nly, err, errlen)))
+		return rc;
+	/* the host refuses a flagged layer with the reason the cpu backend
+	 * gives, from the scores: they come back then only */
+	int flagged = 0;
 	for (ly = 0; ly < nly; ly++)
-		for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
-			const struct policy_dev_job *J = &t->attn.jobs[j];
-			if (t->attn.out[j])
-				t->attn.mode[ly] = TENANT_ATTN_FLAGGED;
-			else if (!tenant_rule_drops_ok(t->attn.out, nja, j,
-			                               J->n_drop, J->drop_off,
-			                               J->L)) {
-				t->attn.active = 0;
-				return errors_fmt(err, errlen, KVT_ESYS, "%s "
-				                  "backend: %s's selection: job %u "
-				                  "dropped %u entries (the rule: "
-				                  "%u), or not in order",
-				                  t->bops->name, pol->ops->name, j,
-				                  t->attn.out[nja + j], J->n_drop);
-			}
-		}
+		flagged |= t->attn.mode[ly] == TENANT_ATTN_FLAGGED;
+	if (flagged && t->attn.dr->takes_pre && t->attn.dpre_n &&
+	    (rc = t->bops->copy(t->bctx, t->dscore.pre, t->attn.dpre,
+	                        t->attn.dpre_n * sizeof(float),
+	                        t->dsync.stream))) {
+		t->attn.active = 0;
+		return errors_fmt(err, errlen, rc, "%s backend: reading the "
+		                  "scores back: %s", t->bops->name,
+		                  t->bops->last_error());
+	}
 	return 0;
+}
+
+/* A POLICY_DEV_LAYER job's n ascending drop indices d over the layer's
+ * lists end to end (each of t->scr.heads[h].len entries: the layer as
+ * stage_layer laid it out) split by list, in place, into list-relative
+ * indices. */
+static void take_layer(struct tenant *t, uint32_t *d, uint32_t n,
+                       struct tenant_ldrop *ld)
+{
+	uint32_t k = 0, off = 0;
+	for (uint32_t h = 0; h < t->g.n_kv_heads; h++) {
+		const uint32_t len = t->scr.heads[h].len, k0 = k;
+		for (; k < n && d[k] - off < len; k++)
+			d[k] -= off;
+		ld[h] = (struct tenant_ldrop){d + k0, k - k0};
+		off += len;
+	}
 }
 
 int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld)
 {
 	if (tenant_attn_mode(t, ly) != TENANT_ATTN_DEVICE)
 		return 0;
-	const uint32_t *idx = t->attn.out + 2 * t->attn.n_jobs;
+	uint32_t *idx = t->attn.out + 2 * t->attn.n_jobs;
 	for (uint32_t h = 0; h < t->g.n_kv_heads; h++)
 		ld[h] = (struct tenant_ldrop){idx, 0}; /* no job: no drops */
 	for (uint32_t j = t->attn.first[ly]; j < t->attn.first[ly + 1]; j++) {
 		const struct policy_dev_job *J = &t->attn.jobs[j];
+		if (J->g == POLICY_DEV_LAYER) {
+			take_layer(t, idx + J->drop_off, J->n_drop, ld);
+			continue;
+		}
 		uint32_t h = J->g == POLICY_DEV_ALL ? 0 : J->g;
 		uint32_t end = J->g == POLICY_DEV_ALL ? t->g.n_kv_heads : h + 1;
 		for (; h < end; h++)

@@ -8,7 +8,10 @@
  * another layout version or of other params or job sizes refuses the
  * tenant with the reason and allocates nothing.  The tenant knows no
  * rule: a policy's rule of any name gets the device memory its shape
- * asks and its upload, anew on a reload.
+ * asks and its upload, anew on a reload; one that reads the scorer's
+ * scores on the device only with a device scorer.  A run's output is
+ * checked against the plan (tenant_attn_check): the counts equal, or
+ * within the bound of a rule with drop_bound and then taken.
  *
  * The backend is the cpu table copied with its rule member and device
  * memory replaced by the test's (host memory standing in); the tenant is
@@ -163,18 +166,26 @@ static const struct policy_device_rule any_rule = {
 	.shape = any_shape, .upload = any_upload,
 };
 
-/* t, of a policy whose device rule is any_rule, on o: 0 or the error. */
-static int init_any(const struct kvt_backend_ops *o, struct tenant *t,
-                    struct policy_ops *ops)
+/* t, of a policy whose device rule is dr, on o: 0 or the error. */
+static int init_rule(const struct kvt_backend_ops *o, struct tenant *t,
+                     struct policy_ops *ops,
+                     const struct policy_device_rule *dr)
 {
 	char err[256];
 	tenant_of(t, "attn-test", "h2o", o);
 	*ops = *t->pol->ops;
-	ops->device = &any_rule;
+	ops->device = dr;
 	t->pol->ops = ops;
 	asked[0] = '\0';
 	mem_calls = free_calls = upload_calls = 0;
 	return tenant_attn_init(t, err, sizeof(err));
+}
+
+/* t, of a policy whose device rule is any_rule, on o: 0 or the error. */
+static int init_any(const struct kvt_backend_ops *o, struct tenant *t,
+                    struct policy_ops *ops)
+{
+	return init_rule(o, t, ops, &any_rule);
 }
 
 TEST(tenant, attn_rule_of_any_name_gets_what_its_shape_asks)
@@ -234,5 +245,193 @@ TEST(tenant, attn_rule_whose_upload_fails_decides_on_host)
 	         t.attn.layers == NULL);
 	T_EQ(free_calls, mem_calls); /* the state it had taken, freed */
 	upload_fails = 0;
+	tenant_done(&t);
+}
+
+/* The checks of a run's output (tenant_attn_check) over two layers of
+ * jobs: the device's counts against the plan's; with the rule's
+ * drop_bound (a threshold rule whose drops only the device knows: kvzap)
+ * a count below the job's n_drop is taken, one above refused. */
+static int check(struct tenant *t, struct policy_device_rule *dr,
+                 int bound, const uint32_t *want, uint32_t *out,
+                 struct policy_dev_job *jobs, char *err)
+{
+	static uint32_t first[3] = {0, 2, 3};
+	static uint8_t mode[2];
+	const struct policy_dev_job plan[3] = {
+		{.rec = 0, .g = 0, .L = 10, .n_drop = 4, .drop_off = 0},
+		{.rec = 1, .g = 1, .L = 10, .n_drop = 2, .drop_off = 4},
+		{.rec = 2, .g = 0, .L = 6, .n_drop = 1, .drop_off = 6},
+	};
+	memcpy(jobs, plan, sizeof(plan));
+	memcpy(out, want, 13 * sizeof(*out));
+	mode[0] = mode[1] = TENANT_ATTN_DEVICE;
+	dr->drop_bound = bound;
+	t->attn.dr = dr;
+	t->attn.n_jobs = 3;
+	t->attn.first = first;
+	t->attn.mode = mode;
+	t->attn.jobs = jobs;
+	t->attn.out = out;
+	t->attn.active = 1;
+	err[0] = '\0';
+	return tenant_attn_check(t, 2, err, 256);
+}
+
+TEST(tenant, attn_drop_bound_takes_a_count_below_and_refuses_above)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct policy_ops ops;
+	struct policy_device_rule dr = any_rule;
+	struct tenant t;
+	char err[256];
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	have_rule = 1;
+	upload_fails = 0;
+	T_OK(init_any(&o, &t, &ops));
+	struct policy_dev_job jobs[3];
+	uint32_t out[13];
+	/* flags, counts, then indices: job 0 drops 2 of its 4 (0, 7), job 1
+	 * none of its 2, job 2 its 1 (5) */
+	const uint32_t below[13] = {0, 0, 0, 2, 0, 1, 0, 7, 9, 9, 9, 9, 5};
+	T_OK(check(&t, &dr, 1, below, out, jobs, err));
+	T_EQ(jobs[0].n_drop, 2);
+	T_EQ(jobs[1].n_drop, 0);
+	T_EQ(jobs[2].n_drop, 1);
+	struct tenant_ldrop ld[2];
+	T_EQ(tenant_attn_take(&t, 0, ld), 1);
+	T_EQ(ld[0].n, 2);
+	T_EQ(ld[0].idx[0], 0);
+	T_EQ(ld[0].idx[1], 7);
+	T_EQ(ld[1].n, 0);
+	T_EQ(tenant_attn_take(&t, 1, ld), 1);
+	T_EQ(ld[0].n, 1);
+	T_EQ(ld[0].idx[0], 5);
+	/* without the bound the same words are refused: the count must be
+	 * the plan's */
+	T_EQ(check(&t, &dr, 0, below, out, jobs, err), KVT_ESYS);
+	T_ASSERT(strstr(err, "job 0 dropped 2 entries (the rule: 4)") != NULL);
+	T_EQ(t.attn.active, 0);
+	/* the counts the plan made, taken with or without the bound */
+	const uint32_t exact[13] = {0, 0, 0, 4, 2, 1, 0, 1, 2, 7, 3, 8, 5};
+	T_OK(check(&t, &dr, 0, exact, out, jobs, err));
+	T_OK(check(&t, &dr, 1, exact, out, jobs, err));
+	T_EQ(jobs[0].n_drop, 4);
+	/* a count above the bound, indices out of order or beyond the
+	 * list, refused */
+	uint32_t above[13];
+	memcpy(above, below, sizeof(above));
+	above[4] = 3; /* job 1: 3 of at most 2 */
+	T_EQ(check(&t, &dr, 1, above, out, jobs, err), KVT_ESYS);
+	T_ASSERT(strstr(err, "job 1 dropped 3 entries (the rule: at most 2)") !=
+	         NULL);
+	memcpy(above, below, sizeof(above));
+	above[7] = 0; /* job 0: 0, 0 */
+	T_EQ(check(&t, &dr, 1, above, out, jobs, err), KVT_ESYS);
+	memcpy(above, below, sizeof(above));
+	above[12] = 6; /* job 2: index 6 of 6 entries */
+	T_EQ(check(&t, &dr, 1, above, out, jobs, err), KVT_ESYS);
+	/* a flagged job's layer goes to the host (its count is the veto's) */
+	memcpy(above, below, sizeof(above));
+	above[2] = 1;
+	above[5] = UINT32_MAX;
+	T_OK(check(&t, &dr, 1, above, out, jobs, err));
+	T_EQ(tenant_attn_mode(&t, 1), TENANT_ATTN_FLAGGED);
+	T_EQ(tenant_attn_mode(&t, 0), TENANT_ATTN_DEVICE);
+	t.attn.first = NULL;
+	t.attn.mode = NULL;
+	t.attn.jobs = NULL;
+	t.attn.out = NULL;
+	tenant_done(&t);
+}
+
+/* A rule that reads the scorer's scores on the device (takes_pre) is
+ * taken only by a tenant whose scorer runs there: else the host decides,
+ * and nothing is allocated. */
+TEST(tenant, attn_rule_taking_scores_needs_a_device_scorer)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct policy_ops ops;
+	struct policy_device_rule dr = any_rule;
+	struct tenant t;
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	have_rule = 1;
+	upload_fails = 0;
+	dr.takes_pre = 1;
+	T_OK(init_rule(&o, &t, &ops, &dr));
+	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
+	T_EQ(mem_calls, 0);
+	float *dev = (float *)&t;
+	char err[256];
+	T_OK(tenant_attn_pre(&t, 64, &dev, err, sizeof(err)));
+	T_ASSERT(dev == NULL); /* no device copy of the scores wanted */
+	tenant_done(&t);
+}
+
+static int never(const struct policy *p)
+{
+	(void)p;
+	return 0;
+}
+
+/* A rule that says the instance is not its own (supports 0) is not
+ * taken; a job of the whole layer (POLICY_DEV_LAYER) has its indices
+ * over the lists end to end split by list, relative to each. */
+TEST(tenant, attn_layer_job_drops_split_by_list)
+{
+	const struct kvt_backend_ops o = fake_ops();
+	struct policy_ops ops;
+	struct policy_device_rule dr = any_rule;
+	struct tenant t;
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	have_rule = 1;
+	upload_fails = 0;
+	dr.supports = never;
+	T_OK(init_rule(&o, &t, &ops, &dr));
+	T_ASSERT(t.attn.rule == NULL && t.attn.state == NULL);
+	T_EQ(mem_calls, 0);
+	tenant_done(&t);
+
+	dr.supports = NULL;
+	dr.drop_bound = 1;
+	T_OK(init_rule(&o, &t, &ops, &dr));
+	T_ASSERT(t.attn.state != NULL);
+	/* one layer of 2 lists of 5 and 4 entries: drops 1, 4 of list 0 and
+	 * 0, 3 of list 1 (5, 8 end to end), of at most 6 */
+	struct policy_head heads[2] = {{.len = 5}, {.len = 4}};
+	struct policy_dev_job jobs[1] = {
+		{.rec = 0, .g = POLICY_DEV_LAYER, .L = 9, .n_drop = 6},
+	};
+	uint32_t out[2 + 6] = {0, 4, 1, 4, 5, 8, 77, 77}, first[2] = {0, 1};
+	uint8_t mode[1] = {TENANT_ATTN_DEVICE};
+	char err[256];
+	t.scr.heads = heads;
+	t.attn.dr = &dr;
+	t.attn.n_jobs = 1;
+	t.attn.first = first;
+	t.attn.mode = mode;
+	t.attn.jobs = jobs;
+	t.attn.out = out;
+	t.attn.active = 1;
+	T_OK(tenant_attn_check(&t, 1, err, sizeof(err)));
+	T_EQ(jobs[0].n_drop, 4);
+	struct tenant_ldrop ld[2];
+	T_EQ(tenant_attn_take(&t, 0, ld), 1);
+	T_EQ(ld[0].n, 2);
+	T_EQ(ld[0].idx[0], 1);
+	T_EQ(ld[0].idx[1], 4);
+	T_EQ(ld[1].n, 2);
+	T_EQ(ld[1].idx[0], 0);
+	T_EQ(ld[1].idx[1], 3);
+	/* an index beyond the layer's entries is refused */
+	uint32_t bad[2 + 6] = {0, 2, 1, 9};
+	jobs[0].n_drop = 6;
+	t.attn.out = bad;
+	T_EQ(tenant_attn_check(&t, 1, err, sizeof(err)), KVT_ESYS);
+	t.scr.heads = NULL;
+	t.attn.first = NULL;
+	t.attn.mode = NULL;
+	t.attn.jobs = NULL;
+	t.attn.out = NULL;
 	tenant_done(&t);
 }

@@ -265,6 +265,20 @@ int tenant_score_on_device(struct tenant *t,
 {
 	const struct shm_geom *g = &t->g;
 	uint32_t nj = 0;
+	size_t fresh = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t slot, lo, hi;
+		(void)item_seq(t, &items[i], &slot, &lo, &hi);
+		fresh += (size_t)(hi - lo) * items[i].n_new * g->n_kv_heads;
+	}
+	/* where the policy's device rule reads the scores there, they are
+	 * copied there too, by the job (dev: the rows' place in the sync's
+	 * [rows][n_kv_heads], as in dscore.pre) */
+	float *dev;
+	int rc = tenant_attn_pre(t, fresh, &dev, err, errlen);
+	if (rc)
+		return rc;
+	size_t row = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct ipc_sync_item *it = &items[i];
 		uint32_t slot, lo, hi;
@@ -281,10 +295,16 @@ int tenant_score_on_device(struct tenant *t,
 					.layer = layer, .n = k,
 					.x = shm_stage_at(t->dstage.chunk.base, g, slot,
 					                  layer, prev + (part ? n1 : 0)),
+					.dev = dev ? dev + row * g->n_kv_heads
+					           : NULL,
 				};
+				row += k;
 			}
 		}
 	}
-	return tscorer_run(t->dscore.scorer, t->dscore.jobs, nj, t->dscore.pre,
-	                   t->dsync.stream, t->gather_us, err, errlen);
+	/* with the device copy, nothing comes back: the host reads the
+	 * scores only to refuse a flagged layer (tenant_attn_plan) */
+	return tscorer_run(t->dscore.scorer, t->dscore.jobs, nj,
+	                   dev ? NULL : t->dscore.pre, t->dsync.stream,
+	                   t->gather_us, err, errlen);
 }

@@ -277,6 +277,11 @@ struct tattn {
 	size_t out_cap;
 	uint32_t n_jobs;
 	int active;        /* this sync was planned (tenant_attn_plan) */
+	float *dpre;       /* device: a sync's scores [rows][n_kv_heads] as
+	                      the scorer wrote them there (a rule with
+	                      takes_pre); NULL otherwise */
+	size_t dpre_cap;   /* floats */
+	size_t dpre_n;     /* of them this sync's */
 };
 
 /* Scratch of tenant_sync (tenant_sync.c), grown on demand. */
@@ -548,9 +553,27 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);
 
+/* After the rule's run of tenant_attn_plan, over the nly (item, layer)s
+ * of its jobs: each job's output words against its plan (flag, count,
+ * indices ascending below L); a flagged job's layer goes to the host
+ * (TENANT_ATTN_FLAGGED); with the rule's drop_bound a count up to the
+ * job's n_drop becomes its n_drop.  0, or KVT_ESYS with the reason (a
+ * count that is not the plan's, beyond the bound, or indices out of
+ * order), attn.active then 0. */
+int tenant_attn_check(struct tenant *t, size_t nly, char *err,
+                      size_t errlen);
+
+/* Before the sync's scorer run: room for fresh scores in device memory
+ * where the policy's rule reads them there (takes_pre), its address in
+ * *dev (NULL: none wanted); 0 or an error. */
+int tenant_attn_pre(struct tenant *t, size_t fresh, float **dev, char *err,
+                    size_t errlen);
+
 /* In the decision loop: 1 when the device decided (item, layer) ly, its
  * drops as indices in ld [n_kv_heads] (the heads' marks untouched: a pass
- * over the lists the host need not make), else 0. */
+ * over the lists the host need not make), else 0.  Once per layer, after
+ * stage_layer laid it out in scr.heads (a POLICY_DEV_LAYER job's indices
+ * are split by those lengths, in place). */
 int tenant_attn_take(struct tenant *t, size_t ly, struct tenant_ldrop *ld);
 
 /* After the sync's last check: the new halves become current. */
@@ -617,6 +640,27 @@ static inline int tenant_grow(void **p, size_t *cap, size_t want, size_t elem)
 	*p = q;
 	*cap = n;
 	return 0;
+}
+
+/* tenant_grow for scratch whose contents need not survive: the old
+ * block freed, not copied (a sync's marks and entry states are written
+ * before they are read; where a device decides, never touched: only
+ * there, since a fresh block's pages fault in anew where they are all
+ * written).  KVT_ENOMEM leaves it empty (*p NULL, *cap 0). */
+static inline int tenant_grow_fresh(void **p, size_t *cap, size_t want,
+                                    size_t elem)
+{
+	if (want <= *cap)
+		return 0;
+	if (!elem || want > SIZE_MAX / elem)
+		return KVT_ENOMEM;
+	size_t n = *cap + *cap / 2;
+	if (n < want || n > SIZE_MAX / elem)
+		n = want;
+	free(*p);
+	*p = malloc(n * elem);
+	*cap = *p ? n : 0;
+	return *p ? 0 : KVT_ENOMEM;
 }
 
 /* Base address of page id (a device address on a device tenant: never
@@ -826,8 +870,9 @@ uint32_t tscorer_holders(const struct tscorer_hold *h);
  * work queued on stream, in one run with the jobs of the other holders'
  * syncs that are queued by then (waiting up to gather_us for more; 0 never
  * waits for anyone to arrive, only for a run in progress).  Blocks until out
- * is filled.  0 or an error (a failed shared run fails every sync it served,
- * each with the reason).
+ * is filled (out NULL: every job's dev, its device copy, alone).  0 or an
+ * error (a failed shared run fails every sync it served, each with the
+ * reason).
  */
 int tscorer_run(struct tscorer_hold *h,
                 const struct kvt_backend_score_job *jobs, uint32_t n,

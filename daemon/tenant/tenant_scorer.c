@@ -290,10 +290,12 @@ static void batch_run(struct tscorer *e, struct tscorer_ask *b, void *stream)
 	const struct kvt_backend_ops *o = e->o;
 	uint32_t nj = 0, asks = 0;
 	uint64_t rows = 0;
-	int rc = 0;
+	int rc = 0, host = 0;
 	const char *what = "scoring staged x";
-	for (const struct tscorer_ask *a = b; a; a = a->next)
+	for (const struct tscorer_ask *a = b; a; a = a->next) {
 		asks++;
+		host |= a->out != NULL; /* else scores stay on the device */
+	}
 	/* The run reads every participant's rows of x: after the work each
 	 * queued on its own stream (the wait for its engine's writes). */
 	for (struct tscorer_ask *a = b; a && !rc; a = a->next)
@@ -303,11 +305,13 @@ static void batch_run(struct tscorer *e, struct tscorer_ask *b, void *stream)
 	if (!rc && asks == 1)
 		rc = o->scorer_run(e->bctx, e->sc, b->jobs, b->n, b->out, stream);
 	else if (!rc && (rc = batch_pack(e, b, &nj, &rows)) == 0 &&
-	         (rc = o->scorer_run(e->bctx, e->sc, e->jobs, nj, e->out,
-	                             stream)) == 0) {
+	         (rc = o->scorer_run(e->bctx, e->sc, e->jobs, nj,
+	                             host ? e->out : NULL, stream)) == 0) {
 		const float *s = e->out;
 		for (struct tscorer_ask *a = b; a; a = a->next) {
-			memcpy(a->out, s, a->rows * e->d.d_out * sizeof(float));
+			if (a->out)
+				memcpy(a->out, s,
+				       a->rows * e->d.d_out * sizeof(float));
 			s += a->rows * e->d.d_out;
 		}
 		__atomic_add_fetch(&e->pool->scorer_shared_runs_total, 1,

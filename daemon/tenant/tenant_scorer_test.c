@@ -226,8 +226,9 @@ struct fsync {
 static void *fsync_run(void *arg)
 {
 	struct fsync *s = arg;
-	s->jobs[0] = (struct kvt_backend_score_job){0, 3, s->x};
-	s->jobs[1] = (struct kvt_backend_score_job){1, 2, s->x + 3};
+	s->jobs[0] = (struct kvt_backend_score_job){0, 3, s->x, NULL};
+	s->jobs[1] = (struct kvt_backend_score_job){1, 2, s->x + 3,
+	                                              NULL};
 	/* gathers until the other holder's sync is queued: they meet */
 	s->rc = tscorer_run(s->h, s->jobs, 2, s->out, s, 60u * 1000 * 1000,
 	                    s->err, sizeof(s->err));

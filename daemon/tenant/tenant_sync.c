@@ -143,9 +143,15 @@ static int sync_scratch(struct tenant *t, size_t entries, size_t nlists,
                         char *err, size_t errlen)
 {
 	size_t nlayers = nlists / t->g.n_kv_heads;
-	if (tenant_grow((void **)&t->scr.drop, &t->scr.drop_cap, entries ? entries : 1, 1) ||
+	/* A device rule's tenant touches the marks and entry states only in
+	 * a layer it refuses: their growth need not copy them (megabytes as
+	 * its lists grow).  Where the host decides, every page is written at
+	 * every sync, and a fresh block would fault all of them in anew. */
+	int (*grow)(void **, size_t *, size_t, size_t) =
+		t->attn.state ? tenant_grow_fresh : tenant_grow;
+	if (grow((void **)&t->scr.drop, &t->scr.drop_cap, entries ? entries : 1, 1) ||
 	    tenant_grow((void **)&t->scr.newlen, &t->scr.newlen_cap, nlists, sizeof(uint32_t)) ||
-	    tenant_grow((void **)&t->scr.ent, &t->scr.ent_cap, entries * t->ef + 1,
+	    grow((void **)&t->scr.ent, &t->scr.ent_cap, entries * t->ef + 1,
 	         sizeof(float)) ||
 	    tenant_grow((void **)&t->scr.state, &t->scr.state_cap,
 	         nlayers * t->sbytes + 1, 1) ||

@@ -302,6 +302,50 @@ TEST(contract_sync, kvpop_refuses_bad_rows_and_nothing_changes)
 	attn_bad_rows("kvpop:model=%s,tokens=6,delay=2,sinks=1", 1);
 }
 
+/*
+ * kvzap scores x where it is staged (on cuda the scorer's scores stay on
+ * the device, where its rule reads them): a NaN in one x of layer 1
+ * refuses the sync with the layer and position (on cuda the rule flags
+ * the score, the scores come back and the host path names it), nothing
+ * changes, and the same sync fixed is accepted.
+ */
+TEST(contract_sync, kvzap_refuses_bad_x_and_nothing_changes)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char path[160], spec[KVT_SPEC_MAX], err[KVT_ERRTEXT_MAX];
+	th_daemon_start(&d, "16M", NULL);
+	struct kvt_config cfg = th_small_cfg(&d, "stager", "kvzap");
+	cfg.stage_tokens = 4;
+	snprintf(path, sizeof(path), "%s/kvzap.safetensors", th_tmpdir());
+	const struct th_wshape sh = {8, 4, 4, 4, 8};
+	T_OK(th_random_weights("kvzap", &cfg.geo, &sh, 5, path, err,
+	                       sizeof(err)));
+	snprintf(spec, sizeof(spec), "kvzap:model=%s,window=2", path);
+	cfg.policy = spec;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	struct kvt_sync_item it = {.seq = seq, .n_new = 4};
+	append(c, seq, 4);
+	stage(c, seq, 0, 4);
+	T_OK(kvt_sync(c, &it, 1));
+	append(c, seq, 4);
+	stage(c, seq, 4, 4);
+	float *x = kvt_stage_x(c, seq, 1, 6);
+	th_put_f32(c, x + 3, NAN);
+	refused(c, seq, 4, "policy kvzap: layer 1, position 6: ");
+	th_put_f32(c, x + 3, 0.25f);
+	T_OK(kvt_sync(c, &it, 1)); /* the same sync, fixed */
+	struct kvt_tenant_stats ts;
+	T_OK(kvt_stats(c, &ts));
+	T_EQ_U64(ts.syncs, 2);
+	T_EQ_U64(ts.entries_appended, 8 * 4);
+	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
 /* Waits up to ms for a metric to reach want; its last value. */
 static double wait_metric(const struct th_daemon *d, const char *series,
                           double want, int ms)

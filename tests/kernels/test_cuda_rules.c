@@ -1,10 +1,12 @@
 /*
  * test_cuda_rules.c — the cuda backend's device rules by name (the ops'
  * rule member, backend_cuda.cu's BC_RULES): "h2o", "tova", "kvpop",
- * "snapkv" and "expected_attention" are there with the layout version and the params and job sizes of their
- * headers (policies/<name>_rule.h: what the daemon checks before it runs
- * one), and run; any other name, NULL included, has none.  Needs no
- * device.  Built into kvtrim-cuda-tests and, under the CPU emulator,
+ * "snapkv", "expected_attention", "streaming", "knorm", "random", "kvzap"
+ * and "fastkvzip" are there with
+ * the layout version and the params and job sizes of their headers
+ * (policies/<name>_rule.h: what the daemon checks before it runs one),
+ * and run; any other name, NULL included, has none.  Needs no device.
+ * Built into kvtrim-cuda-tests and, under the CPU emulator,
  * kvtrim-cuda-emu-tests.
  */
 #include <stddef.h>
@@ -12,9 +14,11 @@
 
 #include "backend.h"
 #include "expected_attention_rule.h"
+#include "fastkvzip_rule.h"
 #include "h2o_rule.h"
 #include "knorm_rule.h"
 #include "kvpop_rule.h"
+#include "kvzap_rule.h"
 #include "random_rule.h"
 #include "snapkv_rule.h"
 #include "streaming_rule.h"
@@ -39,6 +43,11 @@ TEST(cuda, backend_rules_by_name)
 		 sizeof(struct tova_rule_job)},
 		{"kvpop", KVPOP_RULE_VERSION, sizeof(struct kvpop_rule),
 		 sizeof(struct kvpop_rule_job)},
+		{"kvzap", KVZAP_RULE_VERSION, sizeof(struct kvzap_rule),
+		 sizeof(struct kvzap_rule_job)},
+		{"fastkvzip", FASTKVZIP_RULE_VERSION,
+		 sizeof(struct fastkvzip_rule),
+		 sizeof(struct fastkvzip_rule_job)},
 		{"snapkv", SNAPKV_RULE_VERSION, sizeof(struct snapkv_rule),
 		 sizeof(struct snapkv_rule_job)},
 		{"expected_attention", EXPECTED_ATTENTION_RULE_VERSION,
@@ -80,9 +89,8 @@ TEST(cuda, backend_rules_refuse_null_arguments)
 	const struct kvt_backend_rule_geom g = {KVT_DTYPE_F32, 4, 2, 8};
 	const char *names[] = {"h2o", "tova", "kvpop", "snapkv",
 	                       "expected_attention",
-	                       "streaming",
-	                       "knorm",
-	                       "random"};
+	                       "streaming", "knorm", "random",
+	                       "kvzap", "fastkvzip"};
 	const struct kvt_backend_paged pg = {0};
 	uint32_t out[4];
 	char params[256] = {0}, jobs[256] = {0};

@@ -226,8 +226,9 @@ static void scorer_case(const struct kvt_backend_ops *o, void *ctx,
 	T_OK(o->copy(ctx, dx, hx, ROWS * D * sizeof(float), NULL));
 	/* jobs over parts of the rows, layers in any order, one empty */
 	const struct kvt_backend_score_job jobs[] = {
-		{2, 5, dx}, {0, 0, NULL}, {1, 30, dx + 5 * D}, {0, 35, dx + 35 * D},
-		{2, 70, dx},
+		{2, 5, dx, NULL}, {0, 0, NULL, NULL}, {1, 30, dx + 5 * D, NULL},
+		{0, 35, dx + 35 * D, NULL},
+		{2, 70, dx, NULL},
 	};
 	const uint32_t nj = sizeof(jobs) / sizeof(jobs[0]);
 	float got[140 * O], want[140 * O], hs[70 * 64];
@@ -250,7 +251,39 @@ static void scorer_case(const struct kvt_backend_ops *o, void *ctx,
 	T_EQ(at, 140);
 	for (size_t i = 0; i < at * O; i++)
 		T_ASSERT(fabsf(got[i] - want[i]) <= 1e-4f + 1e-4f * fabsf(want[i]));
-	const struct kvt_backend_score_job bad = {L, 1, dx};
+	/* device copies (kvt_backend_score_job.dev): jobs 2 and 4 into
+	 * their places in a device buffer, the others not; with the host's
+	 * out the same bits on both sides, without it (every job with a dev)
+	 * nothing crosses but the device copies are the same; a job with
+	 * neither is refused */
+	float *dv, back[100 * O];
+	T_OK(o->mem_new(ctx, sizeof(back), (void **)&dv));
+	T_OK(o->copy(ctx, dv, want, sizeof(back), NULL)); /* not the bits */
+	struct kvt_backend_score_job dj[5];
+	memcpy(dj, jobs, sizeof(dj));
+	dj[2].dev = dv;            /* rows 5..35 of got */
+	dj[4].dev = dv + 30 * O;   /* rows 70..140 */
+	float got2[140 * O];
+	T_OK(o->scorer_run(ctx, sc, dj, nj, got2, NULL));
+	T_ASSERT(memcmp(got2, got, sizeof(got2)) == 0);
+	T_OK(o->copy(ctx, back, dv, sizeof(back), NULL));
+	T_ASSERT(memcmp(back, got + 5 * O, 30 * O * sizeof(float)) == 0);
+	T_ASSERT(memcmp(back + 30 * O, got + 70 * O,
+	                70 * O * sizeof(float)) == 0);
+	T_EQ(o->scorer_run(ctx, sc, dj, nj, NULL, NULL), KVT_EINVAL);
+	const struct kvt_backend_score_job only[] = {dj[2], dj[1], dj[4]};
+	T_OK(o->copy(ctx, dv, want, sizeof(back), NULL));
+	uint64_t h0, d0, l0, h1, d1, l1;
+	T_OK(o->traffic(ctx, &h0, &d0, &l0, NULL));
+	T_OK(o->scorer_run(ctx, sc, only, 3, NULL, NULL));
+	T_OK(o->traffic(ctx, &h1, &d1, &l1, NULL));
+	T_EQ(d1, d0); /* nothing came back */
+	T_OK(o->copy(ctx, back, dv, sizeof(back), NULL));
+	T_ASSERT(memcmp(back, got + 5 * O, 30 * O * sizeof(float)) == 0);
+	T_ASSERT(memcmp(back + 30 * O, got + 70 * O,
+	                70 * O * sizeof(float)) == 0);
+	o->mem_free(ctx, dv);
+	const struct kvt_backend_score_job bad = {L, 1, dx, NULL};
 	T_EQ(o->scorer_run(ctx, sc, &bad, 1, got, NULL), KVT_EINVAL);
 	T_OK(o->scorer_run(ctx, sc, jobs, 0, got, NULL));
 	o->scorer_free(ctx, sc);
@@ -289,8 +322,8 @@ static void gate_case(const struct kvt_backend_ops *o, void *ctx)
 		hx[i] = frnd();
 	T_OK(o->mem_new(ctx, sizeof(hx), (void **)&dx));
 	T_OK(o->copy(ctx, dx, hx, sizeof(hx), NULL));
-	const struct kvt_backend_score_job jobs[] = {{1, ROWS, dx},
-	                                             {0, 7, dx + 3 * D}};
+	const struct kvt_backend_score_job jobs[] = {{1, ROWS, dx, NULL},
+	                                             {0, 7, dx + 3 * D, NULL}};
 	float got[(ROWS + 7) * KV], want[(ROWS + 7) * KV];
 	float scr[ROWS * KV * (G + 1) * DP];
 	T_OK(o->scorer_run(ctx, sc, jobs, 2, got, NULL));
@@ -395,7 +428,7 @@ static uint64_t bs_run(const struct kvt_backend_ops *o, void *ctx, void *sc,
 		jobs[i] = (struct kvt_backend_score_job){
 			(i * 7 + i / BS_LAYERS) % BS_LAYERS, n,
 			n ? dx + (size_t)(urnd() % (BS_XROWS - n + 1)) * BS_D
-			  : NULL};
+			  : NULL, NULL};
 		rows += n;
 	}
 	float *got = malloc(rows * O * sizeof(float));
@@ -440,7 +473,8 @@ static void bs_refusals(const struct kvt_backend_ops *o, void *ctx, void *sc,
 	static struct kvt_backend_score_job jobs[NJ];
 	static float out[NJ * 8], before[NJ * 8];
 	for (uint32_t i = 0; i < NJ; i++)
-		jobs[i] = (struct kvt_backend_score_job){i % BS_LAYERS, 1, dx};
+		jobs[i] = (struct kvt_backend_score_job){i % BS_LAYERS, 1, dx,
+		                                         NULL};
 	memset(out, 0x5a, sizeof(out));
 	memcpy(before, out, sizeof(out));
 	uint64_t h0, h1, d0, d1, l0, l1;
