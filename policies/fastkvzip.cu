@@ -249,35 +249,20 @@ static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
                              uint32_t n, uint32_t *out, uint32_t out_words,
                              cudaStream_t s)
 {
-	struct bc_bs_count cn;
-	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	struct bc_bs_call k;
+	fastkvzip_rule_job *dj;
+	int rv = bc_bs_begin<false>(c, "fastkvzip rule", jobs, n, sizeof(*a),
+	                            out_words, (size_t)n * 4, NULL, 0, 0, 0, s,
+	                            &k, &dj);
 	if (rv)
 		return rv;
-	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs),
-	                                          out_words);
-	const size_t o_np = m.need;
-	if ((rv = bc_win_prepare(c, o_np + bc_ps_al((size_t)n * 4))))
-		return rv;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at);
-	fastkvzip_rule_job *dj = (fastkvzip_rule_job *)(d + m.o_jobs);
-	uint32_t *first = (uint32_t *)(d + m.o_first),
-	         *keep = (uint32_t *)(d + m.o_keep),
-	         *rank = (uint32_t *)(d + m.o_rank),
-	         *np = (uint32_t *)(d + o_np);
-	float *sc = (float *)(d + m.o_sc);
-	uint8_t *prot = (uint8_t *)(d + m.o_prot), *drop = (uint8_t *)(d + m.o_drop);
-	struct bc_seg *segs = (struct bc_seg *)(d + m.o_segs);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "fastkvzip rule");
+	const struct bc_bs_count &cn = k.cn;
+	uint32_t *dout = k.dout, *at = k.at, *first = k.first, *keep = k.keep,
+	         *rank = k.rank, *np = (uint32_t *)k.extra; /* [n] */
+	float *sc = k.sc;
+	uint8_t *prot = k.prot, *drop = k.drop;
+	struct bc_seg *segs = k.segs;
 	BC_CALL(cudaMemsetAsync(np, 0, (size_t)n * 4, s), "fastkvzip rule");
-	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
-	                        cudaMemcpyHostToDevice, s),
-	        "fastkvzip rule");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_plan<fastkvzip_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
-	           n, 0, at, NULL, first, keep, segs);
-	BC_CALL(cudaGetLastError(), "fastkvzip rule plan");
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const fastkvzip_rule A = *a;
 	KVT_LAUNCH(bc_fkv_batch, grid, bc_bs_threads(cn.maxL), 0, s, A, dj, at,

@@ -184,7 +184,7 @@ static int bc_h2o_run_locked(struct bc_ctx *c,
 	struct bc_bs_call k;
 	h2o_rule_job *dj;
 	int rv = bc_bs_begin<true>(c, "h2o rule", jobs, n, sizeof(*a),
-	                           out_words, &a->rows, 0, n_heads, hd, s, &k,
+	                           out_words, 0, &a->rows, 0, n_heads, hd, s, &k,
 	                           &dj);
 	if (rv)
 		return rv;

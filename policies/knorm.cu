@@ -132,7 +132,7 @@ static int bc_knorm_run_locked(struct bc_ctx *c,
 	struct bc_bs_call k;
 	knorm_rule_job *dj;
 	int rv = bc_bs_begin<false>(c, "knorm rule", jobs, n, sizeof(*a),
-	                            out_words, NULL, 0, 0, 0, s, &k, &dj);
+	                            out_words, 0, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
 	const uint32_t tpb = bc_bs_threads(k.cn.maxL);

@@ -122,50 +122,22 @@ static int bc_kvzap_run_locked(struct bc_ctx *c, uint32_t nkv,
                                uint32_t n, uint32_t *out,
                                uint32_t out_words, cudaStream_t s)
 {
-	struct bc_bs_count cn;
-	int rv = bc_bs_count_jobs(jobs, n, &cn);
+	struct bc_bs_call k;
+	kvzap_rule_job *dj;
+	int rv = bc_bs_begin<false>(c, "kvzap rule", jobs, n, sizeof(*a),
+	                            out_words, 0, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
-	const struct bc_bs_mem m = bc_bs_layout(&cn, n, sizeof(*jobs),
-	                                          out_words);
-	if ((rv = bc_win_prepare(c, m.need)))
-		return rv;
-	char *d = c->d_win;
-	uint32_t *dout = (uint32_t *)d, *at = (uint32_t *)(d + m.o_at);
-	kvzap_rule_job *dj = (kvzap_rule_job *)(d + m.o_jobs);
-	uint8_t *drop = (uint8_t *)(d + m.o_drop);
-	const struct bc_seg *segs = (const struct bc_seg *)(d + m.o_segs);
-	BC_CALL(cudaMemsetAsync(dout, 0, (size_t)out_words * 4, s),
-	        "kvzap rule");
-	BC_CALL(cudaMemcpyAsync(dj, jobs, (size_t)n * sizeof(*jobs),
-	                        cudaMemcpyHostToDevice, s),
-	        "kvzap rule");
-	bc_count(c, (uint64_t)n * sizeof(*jobs) + sizeof(*a), 0);
-	KVT_LAUNCH(bc_bs_plan<kvzap_rule_job>, 1, BC_BS_THREADS, 0, s, dj,
-	           n, 0, at, NULL, (uint32_t *)(d + m.o_first),
-	           (uint32_t *)(d + m.o_keep), (struct bc_seg *)(d + m.o_segs));
-	BC_CALL(cudaGetLastError(), "kvzap rule plan");
+	const struct bc_bs_count &cn = k.cn;
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const kvzap_rule A = *a;
 	KVT_LAUNCH(bc_kvzap_batch, grid, bc_bs_threads(cn.maxL), 0, s, A, dj,
-	           at, n, nkv, drop, dout);
+	           k.at, n, nkv, k.drop, k.dout);
 	BC_CALL(cudaGetLastError(), "kvzap rule entries");
-	if (cn.nseg) {
-		/* a flagged job (out[k]) is vetoed: no drops, count
-		 * UINT32_MAX, its half left as the entries' kernel wrote it */
-		KVT_LAUNCH(bc_bs_indices, cn.nseg, bc_bs_threads(cn.maxL), 0, s,
-		           drop, segs, dout, dout);
-		BC_CALL(cudaGetLastError(), "kvzap rule indices");
-		if (cn.max_drop) {
-			const uint32_t t = bc_bs_threads(cn.max_drop);
-			const uint32_t bx = (cn.max_drop + t - 1) / t;
-			dim3 cg(bx > 64 ? 64 : bx, bc_bs_rows(cn.nseg));
-			KVT_LAUNCH(bc_bs_compact, cg, t, 0, s, a->state, a->cap,
-			           1u, segs, cn.nseg, dout);
-			BC_CALL(cudaGetLastError(), "kvzap rule compact");
-		}
-	}
-	return bc_ps_finish(c, out, dout, out_words, s, "kvzap rule");
+	/* a flagged job (out[k]) is vetoed: no drops, count UINT32_MAX, its
+	 * half left as the entries' kernel wrote it */
+	return bc_bs_marks_end(c, "kvzap rule", &k, a->state, a->cap, 1,
+	                       k.dout, out, out_words, s);
 }
 
 static int bc_kvzap_run(void *ctx, const struct kvt_backend_paged *pg,

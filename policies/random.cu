@@ -113,7 +113,7 @@ static int bc_random_run_locked(struct bc_ctx *c, const struct random_rule *a,
 	struct bc_bs_call k;
 	random_rule_job *dj;
 	int rv = bc_bs_begin<false>(c, "random rule", jobs, n, sizeof(*a),
-	                            out_words, NULL, 0, 0, 0, s, &k, &dj);
+	                            out_words, 0, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
 	const dim3 grid(bc_bs_blocks(k.cn.maxL), bc_bs_rows(n));

@@ -98,7 +98,7 @@ static int bc_streaming_run_locked(struct bc_ctx *c,
 	struct bc_bs_call k;
 	streaming_rule_job *dj;
 	int rv = bc_bs_begin<false>(c, "streaming rule", jobs, n, sizeof(*a),
-	                            out_words, NULL, 0, 0, 0, s, &k, &dj);
+	                            out_words, 0, NULL, 0, 0, 0, s, &k, &dj);
 	if (rv)
 		return rv;
 	const struct bc_bs_count &cn = k.cn;
@@ -106,22 +106,9 @@ static int bc_streaming_run_locked(struct bc_ctx *c,
 	KVT_LAUNCH(bc_streaming_batch, grid, bc_bs_threads(cn.maxL), 0, s, *a,
 	           dj, k.at, n, k.drop);
 	BC_CALL(cudaGetLastError(), "streaming rule marks");
-	if (cn.nseg) {
-		/* batch_select.cuh's last two steps (bc_bs_select without its
-		 * top-k: the marks are the decision) */
-		KVT_LAUNCH(bc_bs_indices, cn.nseg, bc_bs_threads(cn.maxL), 0, s,
-		           k.drop, k.segs, NULL, k.dout);
-		BC_CALL(cudaGetLastError(), "streaming rule indices");
-	}
-	if (cn.nseg && cn.max_drop) {
-		const uint32_t t = bc_bs_threads(cn.max_drop);
-		const uint32_t bx = (cn.max_drop + t - 1) / t;
-		const dim3 cg(bx > 64 ? 64 : bx, bc_bs_rows(cn.nseg));
-		KVT_LAUNCH(bc_bs_compact, cg, t, 0, s, a->state, a->cap, 0u,
-		           k.segs, cn.nseg, k.dout);
-		BC_CALL(cudaGetLastError(), "streaming rule compact");
-	}
-	return bc_ps_finish(c, out, k.dout, out_words, s, "streaming rule");
+	/* no score, so no top-k: the marks are the decision */
+	return bc_bs_marks_end(c, "streaming rule", &k, a->state, a->cap, 0,
+	                       NULL, out, out_words, s);
 }
 
 static int bc_streaming_run(void *ctx, const struct kvt_backend_paged *pg,

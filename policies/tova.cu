@@ -146,7 +146,7 @@ static int bc_tova_run_locked(struct bc_ctx *c,
 	struct bc_bs_call k;
 	tova_rule_job *dj;
 	int rv = bc_bs_begin<true>(c, "tova rule", jobs, n, sizeof(*a),
-	                           out_words, &a->rows, 0, n_heads, hd, s, &k,
+	                           out_words, 0, &a->rows, 0, n_heads, hd, s, &k,
 	                           &dj);
 	if (rv)
 		return rv;

@@ -346,6 +346,35 @@ static inline uint32_t bc_bs_blocks(uint64_t n)
 }
 
 /*
+ * The drops of nseg due lists marked in drop, queued on s: their indices
+ * and counts into dout (veto: a flag per job whose lists drop nothing,
+ * count UINT32_MAX, or NULL), the halves compacted (F floats of state an
+ * entry besides its position).  Two launches (one without drops).
+ */
+static inline int bc_bs_drops(const char *op, void *state, uint32_t cap,
+                              uint32_t F, uint8_t *drop,
+                              const struct bc_seg *segs, uint32_t nseg,
+                              uint32_t maxL, const uint32_t *veto,
+                              uint32_t max_drop, uint32_t *dout,
+                              cudaStream_t s)
+{
+	if (!nseg)
+		return 0;
+	KVT_LAUNCH(bc_bs_indices, nseg, bc_bs_threads(maxL), 0, s, drop, segs,
+	           veto, dout);
+	BC_CALL(cudaGetLastError(), op);
+	if (max_drop) {
+		const uint32_t t = bc_bs_threads(max_drop);
+		const uint32_t bx = (max_drop + t - 1) / t;
+		dim3 grid(bx > 64 ? 64 : bx, bc_bs_rows(nseg));
+		KVT_LAUNCH(bc_bs_compact, grid, t, 0, s, state, cap, F, segs,
+		           nseg, dout);
+		BC_CALL(cudaGetLastError(), op);
+	}
+	return 0;
+}
+
+/*
  * The selection of nseg due lists, queued on s: select_topk_batch_cuda
  * over the flat sc / rank / prot into drop (first [nseg + 1] and keep
  * [nseg] device arrays), the drop indices and counts into dout (veto:
@@ -372,18 +401,8 @@ static inline int bc_bs_select(const char *op, void *state, uint32_t cap,
 		bc_note("%s: select_topk_batch_cuda failed", op);
 		return rv;
 	}
-	KVT_LAUNCH(bc_bs_indices, nseg, bc_bs_threads(maxL), 0, s, drop, segs,
-	           veto, dout);
-	BC_CALL(cudaGetLastError(), op);
-	if (max_drop) {
-		const uint32_t t = bc_bs_threads(max_drop);
-		const uint32_t bx = (max_drop + t - 1) / t;
-		dim3 grid(bx > 64 ? 64 : bx, bc_bs_rows(nseg));
-		KVT_LAUNCH(bc_bs_compact, grid, t, 0, s, state, cap, F, segs,
-		           nseg, dout);
-		BC_CALL(cudaGetLastError(), op);
-	}
-	return 0;
+	return bc_bs_drops(op, state, cap, F, drop, segs, nseg, maxL, veto,
+	                   max_drop, dout, s);
 }
 
 /* Scratch offsets of one call of an entry-state op: the output words,
@@ -422,13 +441,15 @@ struct bc_bs_call {
 	struct bc_seg *segs;
 	float *sc;
 	uint8_t *prot, *drop;
+	void *extra;          /* the rule's own scratch after them */
 };
 
 /*
  * The start every such call makes, queued on s under the context's lock
  * (named op in errors): the jobs counted (bc_bs_count_jobs: KVT_EINVAL
  * for a job beyond its list), the window sized, the output words zeroed,
- * the jobs uploaded to *dj (counted with param_bytes of params), with
+ * extra bytes more of the rule's own at k->extra (uninitialised), the
+ * jobs uploaded to *dj (counted with param_bytes of params), with
  * CHECK (a rule that reads staged rows: its J has bc_bs_checked) every
  * job's new rows in rows checked (bc_bs_check_jobs: x_floats of x, the q
  * and lse of n_heads query heads of head_dim), and the due lists planned
@@ -437,7 +458,8 @@ struct bc_bs_call {
 template <bool CHECK, typename J>
 static int bc_bs_begin(struct bc_ctx *c, const char *op, const J *jobs,
                        uint32_t n, size_t param_bytes, uint32_t out_words,
-                       const kvt_backend_rows *rows, uint32_t x_floats,
+                       size_t extra, const kvt_backend_rows *rows,
+                       uint32_t x_floats,
                        uint32_t n_heads, uint32_t head_dim, cudaStream_t s,
                        struct bc_bs_call *k, J **dj)
 {
@@ -445,9 +467,10 @@ static int bc_bs_begin(struct bc_ctx *c, const char *op, const J *jobs,
 	if (rv)
 		return rv;
 	k->m = bc_bs_layout(&k->cn, n, sizeof(*jobs), out_words);
-	if ((rv = bc_win_prepare(c, k->m.need)))
+	if ((rv = bc_win_prepare(c, k->m.need + extra)))
 		return rv;
 	char *d = c->d_win;
+	k->extra = d + k->m.need;
 	k->dout = (uint32_t *)d;
 	k->at = (uint32_t *)(d + k->m.o_at);
 	k->first = (uint32_t *)(d + k->m.o_first);
@@ -485,6 +508,22 @@ static inline int bc_bs_end(struct bc_ctx *c, const char *op,
 	int rv = bc_bs_select(op, state, cap, F, k->sc, k->rank, k->prot,
 	                      k->drop, k->first, k->keep, k->segs, k->cn.nseg,
 	                      k->cn.maxL, NULL, k->cn.max_drop, k->dout, s);
+	return rv ? rv : bc_ps_finish(c, out, k->dout, out_words, s, op);
+}
+
+/* The end of such a call whose rule marked its drops itself (no scores,
+ * no top-k): the marked lists' drop indices (veto: a flag per job whose
+ * lists drop nothing, count UINT32_MAX, or NULL), their halves compacted
+ * (F floats of state an entry besides its position), then the output
+ * words to out and the wait. */
+static inline int bc_bs_marks_end(struct bc_ctx *c, const char *op,
+                                  const struct bc_bs_call *k, void *state,
+                                  uint32_t cap, uint32_t F,
+                                  const uint32_t *veto, uint32_t *out,
+                                  uint32_t out_words, cudaStream_t s)
+{
+	int rv = bc_bs_drops(op, state, cap, F, k->drop, k->segs, k->cn.nseg,
+	                     k->cn.maxL, veto, k->cn.max_drop, k->dout, s);
 	return rv ? rv : bc_ps_finish(c, out, k->dout, out_words, s, op);
 }
 
