@@ -7,7 +7,8 @@
  * definition's keep set (docs/policies.md: sinks and the most recent
  * entries, B = n - floor(R n) after every sync); its achieved ratio by
  * hand.  Then `kvtrim-eval --model smollm2 --protocol 2 --quick` end to
- * end (skips without the model: `make models`).  The daemon runs the cpu
+ * end, its windows and its decoding-time needle apart (skip without the
+ * model: `make models`).  The daemon runs the cpu
  * backend: protocol 2 reads the pages in host memory (skipped otherwise).
  */
 #include <math.h>
@@ -369,5 +370,8 @@ TEST_T(eval_decoding, quick_needle_smollm2, 300)
 		col |= strstr(line, "## At 0.750") != NULL;
 	fclose(f);
 	T_ASSERT(col);
+	snprintf(p, sizeof(p), "%s/nd/specs-smollm2-needle-decoding.txt",
+	         th_tmpdir());
+	T_ASSERT(access(p, R_OK) == 0);
 	th_daemon_stop(&d);
 }

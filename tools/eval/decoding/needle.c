@@ -215,9 +215,18 @@ static void nd_write(const char *dir, const struct nd_res *r)
 		}
 		fprintf(f, "\n");
 	}
-	fprintf(f, "Exact specs: needle-decoding.csv's policies are "
-	        "protocol 2's jobs (specs-%s-protocol2.txt), kvzap's "
-	        "thresholds calibrated at this task's lengths.\n", r->a->mname);
+	fprintf(f, "Exact specs: specs-%s-needle-decoding.txt (protocol 2's "
+	        "jobs, kvzap's thresholds and kvpop's budgets for this "
+	        "task's lengths).\n", r->a->mname);
+	fclose(f);
+
+	snprintf(path, sizeof(path), "%s/specs-%s-needle-decoding.txt", dir,
+	         r->a->mname);
+	if (!(f = fopen(path, "w")))
+		eval_die("%s: %s", path, strerror(errno));
+	for (uint32_t k = 0; k < r->njobs; k++)
+		fprintf(f, "%s %.4g %s\n", r->jobs[k].name, r->jobs[k].ratio,
+		        r->jobs[k].spec[C_MAIN]);
 	fclose(f);
 }
 
