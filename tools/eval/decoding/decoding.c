@@ -2,8 +2,10 @@
  * decoding.c — kvtrim-eval --protocol 2 (decoding-time compression) for a
  * model with a tokenizer: its windows, its jobs (the registry's policies
  * that decide at every sync; kvzap's thresholds calibrated on the training
- * split under this protocol), the run (lockstep.c) and its results files:
- * protocol2.csv / .md / .png.  The protocol: docs/eval.md.
+ * split under this protocol; decoding_jobs, which the decoding-time needle
+ * shares), the run (lockstep.c) and its results files: protocol2.csv / .md
+ * / .png; then the decoding-time needle (needle.c).  The protocol:
+ * docs/eval.md.
  */
 #include "decoding.h"
 
@@ -169,8 +171,8 @@ uint32_t decoding_jobs(const struct model *M, const struct eval_opts *a,
 		/* a budget n - floor(r n) drops up to one entry less than
 		 * r n, so a run asked for R achieves a little under R: the
 		 * curves must bracket the table's columns, so the lowest
-		 * target asks for R (at most R achieved) and the others for
-		 * R + mean(1 / n) (at least R) */
+		 * target asks for R (at most R achieved; lo_down) and the
+		 * others for R + mean(1 / n) (at least R) */
 		const int up = q > 0 || !lo_down;
 		double R = ratios[q],
 		       Rs = up ? R + decoding_inv_seen(P, T) : R;
