@@ -8,8 +8,9 @@
 # engine/model_files.h): its weights in build/weights/smollm2 (kvtrim-train
 # --jobs WEIGHTS_JOBS, about 17 minutes when missing), kvtrim-eval's
 # protocol 1 into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt),
-# then its protocol 2 (decoding-time compression, about 30 minutes) beside
-# it (protocol2.csv / .md / .png, specs-smollm2-protocol2.txt).
+# then its protocol 2 (decoding-time compression, about 30 minutes, then
+# the decoding-time needle, about 45) beside it (protocol2.csv / .md / .png,
+# specs-smollm2-protocol2.txt, needle-decoding.csv / .md).
 #
 # Environment: B (build dir, default build), MODELS_DIR (default
 # ../shared/models), OUT (default docs/results), EVAL_ARGS (extra

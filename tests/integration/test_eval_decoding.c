@@ -7,7 +7,8 @@
  * definition's keep set (docs/policies.md: sinks and the most recent
  * entries, B = n - floor(R n) after every sync); its achieved ratio by
  * hand.  Then `kvtrim-eval --model smollm2 --protocol 2 --quick` end to
- * end (skips without the model: `make models`).  The daemon runs the cpu
+ * end, its windows and its decoding-time needle apart (skip without the
+ * model: `make models`).  The daemon runs the cpu
  * backend: protocol 2 reads the pages in host memory (skipped otherwise).
  */
 #include <math.h>
@@ -245,8 +246,10 @@ TEST_T(eval_decoding, quick_smollm2, 300)
 	struct th_daemon d;
 	th_daemon_start(&d, "512M", NULL);
 	static char out[32768];
+	/* the windows only: the decoding-time needle is quick_needle's */
 	int rc = th_sh(&d, out, sizeof(out), "%s --model smollm2 --protocol 2 "
-	               "--out %s/out --weights %s/none --runtime-dir %s --quick",
+	               "--out %s/out --weights %s/none --runtime-dir %s --quick "
+	               "--no-tasks",
 	               th_bin("kvtrim-eval"), th_tmpdir(), th_tmpdir(), d.dir);
 	if (rc)
 		th_fail(__FILE__, __LINE__, "kvtrim-eval: %d\n%s", rc, out);
@@ -297,5 +300,78 @@ TEST_T(eval_decoding, quick_smollm2, 300)
 	}
 	fclose(f);
 	T_ASSERT(goal && cols);
+	th_daemon_stop(&d);
+}
+
+/* The decoding-time needle's quick path (decoding/needle.c: 2 cases of
+ * 128 prefilled + 48 decoded tokens, the target 0.75) alone through a
+ * real kvtrimd: every policy's row on both cases, the full cache right on
+ * both (its answer, teacher-forced through the daemon's pages, is the
+ * reference's), the hindsight oracle (every entry the question and the
+ * answer will read kept) right on both, the Wilson interval around each
+ * accuracy, protocol 2's tables not written. */
+TEST_T(eval_decoding, quick_needle_smollm2, 300)
+{
+	if (strcmp(th_backend(), "cpu"))
+		T_SKIP("protocol 2 needs a cpu-backend kvtrimd");
+	th_need_smollm2_eval();
+	struct th_daemon d;
+	th_daemon_start(&d, "512M", NULL);
+	static char out[32768];
+	int rc = th_sh(&d, out, sizeof(out), "%s --model smollm2 --protocol 2 "
+	               "--out %s/nd --weights %s/none --runtime-dir %s --quick "
+	               "--tasks-only", th_bin("kvtrim-eval"), th_tmpdir(),
+	               th_tmpdir(), d.dir);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "kvtrim-eval: %d\n%s", rc, out);
+	T_ASSERT(th_daemon_alive(&d));
+	char p[512], line[1024];
+	snprintf(p, sizeof(p), "%s/nd/protocol2.csv", th_tmpdir());
+	T_ASSERT(access(p, F_OK) != 0);
+	snprintf(p, sizeof(p), "%s/nd/needle-decoding.csv", th_tmpdir());
+	FILE *f = fopen(p, "r");
+	T_ASSERT(f);
+	T_ASSERT(fgets(line, sizeof(line), f));
+	T_EQ_STR(line, "model,policy,target_ratio,achieved_ratio,right,cases,"
+	               "accuracy,wilson_lo,wilson_hi,relative,kl,failed\n");
+	static const char *const want[] = {"full", "random", "streaming",
+	                                   "h2o", "tova", "knorm", "oracle"};
+	int seen[7] = {0};
+	while (fgets(line, sizeof(line), f)) {
+		char pol[64];
+		double tg, ach, acc, lo, hi, rel, kl;
+		unsigned ok, n;
+		int failed;
+		T_ASSERT(sscanf(line, "smollm2,%63[^,],%lf,%lf,%u,%u,%lf,%lf,%lf,"
+		                "%lf,%lf,%d", pol, &tg, &ach, &ok, &n, &acc, &lo,
+		                &hi, &rel, &kl, &failed) == 11);
+		for (int i = 0; i < 7; i++)
+			seen[i] |= !strcmp(pol, want[i]);
+		T_ASSERT(!failed && n == 2 && ok <= n);
+		T_ASSERT(fabs(acc - ok / 2.0) < 1e-9 && lo <= acc && acc <= hi);
+		if (!strcmp(pol, "full")) {
+			T_ASSERT(ok == 2 && ach == 0 && kl < 1e-6);
+			continue;
+		}
+		/* asked for at least the target */
+		T_ASSERT(fabs(tg - 0.75) < 1e-9 && ach >= 0.75 && ach < 0.78);
+		if (!strcmp(pol, "oracle"))
+			T_ASSERT(ok == 2);
+	}
+	fclose(f);
+	for (int i = 0; i < 7; i++)
+		if (!seen[i])
+			th_fail(__FILE__, __LINE__, "no row for %s", want[i]);
+	snprintf(p, sizeof(p), "%s/nd/needle-decoding.md", th_tmpdir());
+	f = fopen(p, "r");
+	T_ASSERT(f);
+	int col = 0;
+	while (fgets(line, sizeof(line), f))
+		col |= strstr(line, "## At 0.750") != NULL;
+	fclose(f);
+	T_ASSERT(col);
+	snprintf(p, sizeof(p), "%s/nd/specs-smollm2-needle-decoding.txt",
+	         th_tmpdir());
+	T_ASSERT(access(p, R_OK) == 0);
 	th_daemon_stop(&d);
 }

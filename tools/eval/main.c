@@ -81,7 +81,6 @@ static int parse_opts(int argc, char **argv, struct eval_opts *a)
 	if (!a->out || optind != argc || a->threads < 1 || a->threads > 16 ||
 	    (a->protocol != 1 && a->protocol != 2) ||
 	    (a->notasks && a->tasksonly) ||
-	    (a->tasksonly && a->protocol != 1) ||
 	    (a->calibrate && a->protocol != 1)) {
 		usage(stderr);
 		return 2;

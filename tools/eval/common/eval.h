@@ -44,10 +44,14 @@ struct eval_opts {
 	const char *rt;          /* --runtime-dir or NULL */
 	int quick, threads;
 	int protocol;            /* --protocol 1 or 2 (models with a tokenizer) */
-	int notasks;             /* --no-tasks: protocol 1's windows only */
+	int notasks;             /* --no-tasks: protocol 1's (2's) windows
+	                          * only */
 	int tasksonly;           /* --tasks-only: the needle and copy tasks
-	                          * only; quality.* are left as they are */
-	uint32_t nseq;           /* --seqs, 0 = default */
+	                          * only; quality.* are left as they are
+	                          * (protocol 2: the decoding-time needle,
+	                          * protocol2.* left) */
+	uint32_t nseq;           /* --seqs, 0 = default (protocol 2 with
+	                          * --tasks-only: the needle's cases) */
 	const char *dump;        /* --dump-kept DIR or NULL */
 	const char *only;        /* --only a,b,...: protocol 1 runs only the
 	                          * jobs of those names (NULL: all) */

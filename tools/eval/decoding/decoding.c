@@ -2,8 +2,10 @@
  * decoding.c — kvtrim-eval --protocol 2 (decoding-time compression) for a
  * model with a tokenizer: its windows, its jobs (the registry's policies
  * that decide at every sync; kvzap's thresholds calibrated on the training
- * split under this protocol), the run (lockstep.c) and its results files:
- * protocol2.csv / .md / .png.  The protocol: docs/eval.md.
+ * split under this protocol; decoding_jobs, which the decoding-time needle
+ * shares), the run (lockstep.c) and its results files: protocol2.csv / .md
+ * / .png; then the decoding-time needle (needle.c).  The protocol:
+ * docs/eval.md.
  */
 #include "decoding.h"
 
@@ -154,11 +156,89 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 	free(mine);
 }
 
+/* ------------------------------------------------------------ the jobs */
+
+uint32_t decoding_jobs(const struct model *M, const struct eval_opts *a,
+                       float *const zs[2], uint32_t ncal, uint32_t P,
+                       uint32_t T, const double *ratios, uint32_t nrat,
+                       int lo_down, uint32_t nsweep, struct job *jobs)
+{
+	char s[KVT_SPEC_MAX];
+	uint32_t njobs = 0;
+	const int have_w = a->wabs[0] != 0;
+	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
+	for (uint32_t q = 0; q < nrat; q++) {
+		/* a budget n - floor(r n) drops up to one entry less than
+		 * r n, so a run asked for R achieves a little under R: the
+		 * curves must bracket the table's columns, so the lowest
+		 * target asks for R (at most R achieved; lo_down) and the
+		 * others for R + mean(1 / n) (at least R) */
+		const int up = q > 0 || !lo_down;
+		double R = ratios[q],
+		       Rs = up ? R + decoding_inv_seen(P, T) : R;
+		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_DECODING, R,
+		                    Rs);
+		for (int v = 0; v < 2; v++)
+			if (zs[v])
+				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
+				                 ncal, T, P, D2_KVZAP_SINKS, R);
+		if (have_w) {
+			/* deciding at every sync, as every other policy
+			 * here (every=16 would leave up to 15 entries over
+			 * the budget: its curve could not reach R) */
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, Rs, 1);
+			eval_kvpop_spec(s, sizeof(s), a->wabs,
+			                decoding_tokens(R, P, T, up));
+			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
+			             NULL);
+		}
+		snprintf(s, sizeof(s), "oracle:ratio=%.4f (hindsight, in "
+		         "process)", Rs);
+		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE, s, NULL,
+		             NULL);
+	}
+	for (int v = 0; v < 2 && nsweep; v++)
+		if (zs[v])
+			kvzap_add_sweep(jobs, &njobs, M, a->wabs, v, zs[v], ncal,
+			                T, P, D2_KVZAP_SINKS, nsweep);
+	return njobs;
+}
+
 /* ------------------------------------------------------------ the run */
+
+/* The windows' run and its results files; 1 when a job failed. */
+static int run_windows(const struct model *M, const struct eval_opts *a,
+                       const struct dataset *ev, uint32_t P, uint32_t T,
+                       struct job *jobs, uint32_t njobs, uint32_t ncal,
+                       const char *rt, uint64_t t0)
+{
+	const uint32_t C = T - 1 - P;
+	char label[96];
+	snprintf(label, sizeof(label), "%s", a->mname);
+	struct decoding_set set = {
+		.M = M, .tok = ev->tok, .nwin = ev->n, .P = P, .T = T, .rt = rt,
+		.threads = a->threads, .label = label,
+	};
+	int rc = decoding_run(&set, jobs, njobs);
+	if (rc)
+		eval_die("protocol 2: %s", kvt_strerror(rc));
+	double secs = (double)(now_ms() - t0) / 1e3;
+	char what[512];
+	snprintf(what, sizeof(what), "%s, protocol 2 (decoding-time "
+	         "compression): %u windows of %u context + %u decode steps%s, "
+	         "%u kvzap calibration windows; %u jobs; %.1f minutes with %d "
+	         "threads", a->mname, ev->n, P, C, a->quick ? " (quick)" : "",
+	         ncal, njobs, secs / 60, a->threads);
+	int bad = table_write_results(a, jobs, njobs, what, "-protocol2",
+	                            "protocol2.csv", write_md, write_png);
+	fprintf(stderr, "kvtrim-eval: %s protocol 2 done in %.0fs\n", a->mname,
+	        secs);
+	return bad ? 1 : 0;
+}
 
 int decoding_main(const struct model *M, const struct eval_opts *a)
 {
-	char err[1024], s[KVT_SPEC_MAX];
+	char err[1024];
 	uint64_t t0 = now_ms();
 	struct tok *tk;
 	if (model_gguf_tok_file(a->model_path, M, &tk, err, sizeof(err)))
@@ -176,74 +256,30 @@ int decoding_main(const struct model *M, const struct eval_opts *a)
 
 	/* ---- jobs */
 	static struct job jobs[MAX_JOBS];
-	uint32_t njobs = 0, ncal = 0;
+	uint32_t ncal = 0;
 	float *zs[2] = {NULL, NULL};
-	const int have_w = a->wabs[0] != 0;
-	ctx_calibrate(M, tk, a, T, a->quick ? 1 : D2_CAL, zs, NULL, &ncal);
-	eval_add_job(jobs, &njobs, "full", 0, J_DAEMON, "full", NULL, NULL);
-	for (uint32_t q = 0; q < nrat; q++) {
-		/* a budget n - floor(r n) drops up to one entry less than
-		 * r n, so a run asked for R achieves a little under R: the
-		 * curves must bracket the table's columns, so the lowest
-		 * target asks for R (at most R achieved) and the others for
-		 * R + mean(1 / n) (at least R) */
-		double R = ratios[q],
-		       Rs = q ? R + decoding_inv_seen(P, T) : R;
-		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_DECODING, R,
-		                    Rs);
-		for (int v = 0; v < 2; v++)
-			if (zs[v])
-				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
-				                 ncal, T, P, D2_KVZAP_SINKS, R);
-		if (have_w) {
-			/* deciding at every sync, as every other policy
-			 * here (every=16 would leave up to 15 entries over
-			 * the budget: its curve could not reach R) */
-			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, Rs, 1);
-			eval_kvpop_spec(s, sizeof(s), a->wabs,
-			                decoding_tokens(R, P, T, q > 0));
-			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
-			             NULL);
-		}
-		snprintf(s, sizeof(s), "oracle:ratio=%.4f (hindsight, in "
-		         "process)", Rs);
-		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE, s, NULL,
-		             NULL);
-	}
-	for (int v = 0; v < 2; v++) {
-		if (zs[v])
-			kvzap_add_sweep(jobs, &njobs, M, a->wabs, v, zs[v], ncal,
-			                T, P, D2_KVZAP_SINKS,
-			                a->quick ? 1 : D2_SWEEP);
-		free(zs[v]);
+	char rt[400];
+	uint32_t njobs = 0;
+	int bad = 0;
+	if (!a->tasksonly) {
+		ctx_calibrate(M, tk, a, T, a->quick ? 1 : D2_CAL, zs, NULL,
+		              &ncal);
+		njobs = decoding_jobs(M, a, zs, ncal, P, T, ratios, nrat, 1,
+		                      a->quick ? 1 : D2_SWEEP, jobs);
+		free(zs[0]);
+		free(zs[1]);
 	}
 
 	/* ---- the run */
-	char rt[400];
 	eval_runtime_dir(a->rt, a->argv0, rt, sizeof(rt));
 	openblas_set_num_threads(1);
-	char label[96];
-	snprintf(label, sizeof(label), "%s", a->mname);
-	struct decoding_set set = {
-		.M = M, .tok = ev.tok, .nwin = ev.n, .P = P, .T = T, .rt = rt,
-		.threads = a->threads, .label = label,
-	};
-	int rc = decoding_run(&set, jobs, njobs);
+	if (!a->tasksonly)
+		bad = run_windows(M, a, &ev, P, T, jobs, njobs, ncal, rt, t0);
+	/* the decoding-time needle (needle.c) on the same daemon */
+	if (!a->notasks)
+		bad |= needle_main(M, a, tk, rt);
 	eval_daemon_stop();
-	if (rc)
-		eval_die("protocol 2: %s", kvt_strerror(rc));
-	double secs = (double)(now_ms() - t0) / 1e3;
-	char what[512];
-	snprintf(what, sizeof(what), "%s, protocol 2 (decoding-time "
-	         "compression): %u windows of %u context + %u decode steps%s, "
-	         "%u kvzap calibration windows; %u jobs; %.1f minutes with %d "
-	         "threads", a->mname, ev.n, P, C, a->quick ? " (quick)" : "",
-	         ncal, njobs, secs / 60, a->threads);
-	int bad = table_write_results(a, jobs, njobs, what, "-protocol2",
-	                            "protocol2.csv", write_md, write_png);
-	fprintf(stderr, "kvtrim-eval: %s protocol 2 done in %.0fs\n", a->mname,
-	        secs);
 	dataset_free(&ev);
 	tok_free(tk);
-	return bad ? 1 : 0;
+	return bad;
 }

@@ -47,6 +47,7 @@ struct group {
 /* What the groups share, under the pool's lock. */
 struct groups {
 	const struct decoding_set *s;
+	struct job *jobs;        /* decoding_run's: right's job index */
 	struct pool *pl;         /* the pool running them: its lock */
 	struct group *g;
 	uint32_t ng;
@@ -398,6 +399,18 @@ static void score_step(struct run *u)
 		rw->j->top1 += top1;
 		rw->j->dnll += dnll;
 		rw->j->npos++;
+		/* an answer token's prediction: exact match of the argmax */
+		if (s->ans0 && t + 1 >= s->ans0 &&
+		    t + 1 - s->ans0 < s->nans[rw->w]) {
+			const float *lg = u->lg + (size_t)c * V;
+			uint32_t b = 0;
+			for (uint32_t i = 1; i < V; i++)
+				if (lg[i] > lg[b])
+					b = i;
+			if ((int32_t)b != s->tok[(size_t)rw->w * T + t + 1])
+				s->right[(size_t)(rw->j - p->jobs) * s->nwin +
+				         rw->w] = 0;
+		}
 	}
 }
 
@@ -626,7 +639,13 @@ int decoding_run(const struct decoding_set *s, struct job *jobs, uint32_t njobs)
 			return KVT_EINVAL;
 		nor += jobs[k].kind == J_ORACLE;
 	}
-	struct groups p = {.s = s, .cond = PTHREAD_COND_INITIALIZER};
+	if (s->ans0 && (!s->nans || !s->right || s->ans0 <= s->P))
+		return KVT_EINVAL;
+	for (uint32_t w = 0; s->ans0 && w < s->nwin; w++)
+		if (s->ans0 + s->nans[w] > s->T)
+			return KVT_EINVAL;
+	struct groups p = {.s = s, .jobs = jobs,
+	                   .cond = PTHREAD_COND_INITIALIZER};
 	p.g = calloc(njobs + 2, sizeof(*p.g));
 	struct job **lst = calloc(njobs + 1, sizeof(*lst));
 	p.ref = malloc(sizeof(float) * s->nwin * C * mc->vocab_size);
