@@ -322,8 +322,10 @@ void bc_mem_free(void *ctx, void *p)
 	if (!p)
 		return;
 	cudaSetDevice(c->device);
-	/* cudaFree waits for the device work that may still read p. */
-	cudaFree(p);
+	/* cudaFree waits for the device work that may still read p; an error
+	 * of it is not left as the thread's last error (bc_chunk_free) */
+	if (cudaFree(p) != cudaSuccess)
+		(void)cudaGetLastError();
 }
 
 /* ------------------------------------------------------ read_regions */

@@ -146,8 +146,12 @@ void bc_chunk_free(void *ctx, struct kvt_backend_chunk *ch)
 		bc_drv.addressFree(p, ch->bytes);
 		if (ch->fd >= 0)
 			close(ch->fd);
-	} else {
-		cudaFree(ch->base); /* synchronises the device */
+	} else if (cudaFree(ch->base) != cudaSuccess) { /* synchronises */
+		/* (a chunk another process still has open, which CUDA leaves
+		 * undefined): the error is this call's, and must not stay as
+		 * the thread's last error, where the next op's
+		 * cudaGetLastError would take it for its own launch's */
+		(void)cudaGetLastError();
 	}
 	bc_chunk_clear(ch);
 }
