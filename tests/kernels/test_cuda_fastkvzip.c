@@ -259,6 +259,13 @@ TEST(cuda, backend_fastkvzip_rule_launches_bounded)
 	sel_fini(&f.fx);
 }
 
+/* A refused call of the rule: KVT_EINVAL, nothing launched or copied. */
+#define REFUSED(params, job)                                                  \
+	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,                                   \
+	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32,      \
+	                          NKV, NKV, HD, params, job, 1, out, 2 +      \
+	                          j.n_drop, NULL))
+
 TEST(cuda, backend_fastkvzip_rule_flags_and_refuses)
 {
 	struct fz f;
@@ -297,16 +304,10 @@ TEST(cuda, backend_fastkvzip_rule_flags_and_refuses)
 	/* refusals, before anything runs */
 	struct fastkvzip_rule_job bad = j;
 	bad.record = NR;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 2 + j.n_drop,
-	                          NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.len++; /* not the lists' sum */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 2 + j.n_drop,
-	                          NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.lens[2] = CAP - 1; /* a list beyond cap */
 	bad.len += CAP - 1 - j.lens[2];
@@ -315,16 +316,10 @@ TEST(cuda, backend_fastkvzip_rule_flags_and_refuses)
 	                          NKV, HD, &a, &bad, 1, out, 64, NULL));
 	bad = j;
 	bad.pre = NULL;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 2 + j.n_drop,
-	                          NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_new = 1; /* the segment's field: 0 */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 2 + j.n_drop,
-	                          NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
 	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
@@ -345,3 +340,4 @@ TEST(cuda, backend_fastkvzip_rule_flags_and_refuses)
 	}
 	sel_fini(&f.fx);
 }
+#undef REFUSED

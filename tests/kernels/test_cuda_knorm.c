@@ -239,6 +239,13 @@ TEST(cuda, backend_knorm_rule_matches_knorm)
 	run_case(KVT_DTYPE_F32, 1, 2, 0, 1); /* infinite and NaN keys */
 }
 
+/* A refused call of the rule: KVT_EINVAL, nothing launched or copied. */
+#define REFUSED(params, job)                                                  \
+	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,                                   \
+	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32,      \
+	                          2, 1, HD, params, job, 1, out, 16,          \
+	                          NULL))
+
 TEST(cuda, backend_knorm_rule_refuses)
 {
 	struct kx f;
@@ -254,34 +261,22 @@ TEST(cuda, backend_knorm_rule_refuses)
 	uint32_t out[16];
 	struct knorm_rule_job bad = j;
 	bad.record = NR; /* beyond n_records */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, HD, &a,
-		        &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.cur = 2;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, HD, &a,
-		        &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.len = CAP - 1; /* len + n_new = CAP + 1 */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, HD, &a,
-		        &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_seen = 1; /* fewer tokens seen than new ones */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, HD, &a,
-		        &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_drop = f.len[0] + 3; /* more drops than entries */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, HD, &a,
-		        &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.drop_off = 13; /* its indices to out[16] of 16 words */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, HD, &a,
-		        &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
 		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, 2, 1, 0, &a,
 		        &j, 1, out, 16, NULL)); /* head_dim 0 */
@@ -293,3 +288,4 @@ TEST(cuda, backend_knorm_rule_refuses)
 	T_ASSERT(kx_same(hn, f.norm[0], f.len[0]));
 	sel_fini(&f.fx);
 }
+#undef REFUSED

@@ -259,6 +259,13 @@ TEST(cuda, backend_kvzap_rule_launches_bounded)
 	sel_fini(&f.fx);
 }
 
+/* A refused call of the rule: KVT_EINVAL, nothing launched or copied. */
+#define REFUSED(params, job)                                                  \
+	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,                                   \
+	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32,      \
+	                          NKV, NKV, HD, params, job, 1, out, 4,       \
+	                          NULL))
+
 TEST(cuda, backend_kvzap_rule_flags_and_refuses)
 {
 	struct zx f;
@@ -306,39 +313,25 @@ TEST(cuda, backend_kvzap_rule_flags_and_refuses)
 	/* refusals, before anything runs */
 	struct kvzap_rule_job bad = j;
 	bad.record = NR;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.g = NKV;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.len = CAP - 1; /* len + n_new = CAP + 1 */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_seen = 1; /* n_new 2 */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.pre = NULL;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.cur = 2;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_drop = 3; /* its indices at out[2..4] of 4 words */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &a, &bad, 1, out, 4, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_drop = f.len[1] + 3; /* more than its entries */
 	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
@@ -346,9 +339,7 @@ TEST(cuda, backend_kvzap_rule_flags_and_refuses)
 	                          NKV, HD, &a, &bad, 1, out, 64, NULL));
 	struct kvzap_rule nost = a;
 	nost.state = NULL;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV,
-	                          NKV, HD, &nost, &j, 1, out, 4, NULL));
+	REFUSED(&nost, &j);
 	/* the refusals and the flagged calls left the half read alone */
 	uint32_t hp[CAP];
 	float hs[CAP];
@@ -357,3 +348,4 @@ TEST(cuda, backend_kvzap_rule_flags_and_refuses)
 	T_ASSERT(memcmp(hs, f.sc[1], f.len[1] * 4) == 0);
 	sel_fini(&f.fx);
 }
+#undef REFUSED

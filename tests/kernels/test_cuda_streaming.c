@@ -158,6 +158,13 @@ TEST(cuda, backend_streaming_rule_matches_streaming)
 	run_case(3);
 }
 
+/* A refused call of the rule: KVT_EINVAL, nothing launched or copied. */
+#define REFUSED(params, job)                                                  \
+	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,                                   \
+	                  sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32,      \
+	                          NKV, NKV, 4, params, job, 1, out, 16,       \
+	                          NULL))
+
 TEST(cuda, backend_streaming_rule_refuses)
 {
 	struct sx f;
@@ -173,41 +180,28 @@ TEST(cuda, backend_streaming_rule_refuses)
 	uint32_t out[16];
 	struct streaming_rule_job bad = j;
 	bad.srec = NJ; /* beyond n_records / n_kv_heads */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &a, &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.cur = 2;
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &a, &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.len = CAP - 1; /* len + n_new = CAP + 1 */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &a, &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_seen = 1; /* fewer tokens seen than new ones */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &a, &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.n_drop = f.len[0] + 3; /* more drops than entries */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &a, &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	bad = j;
 	bad.drop_off = 14; /* its index at out[16] of 16 words */
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &a, &bad, 1, out, 16, NULL));
+	REFUSED(&a, &bad);
 	const struct streaming_rule none = {.state = NULL, .cap = CAP};
-	SEL_REFUSED_UNRUN(f.fx.o, f.fx.ctx,
-		sel_run(&f.fx, f.rule, &pg, NR, KVT_DTYPE_F32, NKV, NKV, 4,
-		        &none, &j, 1, out, 16, NULL));
+	REFUSED(&none, &j);
 	/* the refusals left the half read alone */
 	uint32_t half[CAP];
 	sx_half(&f, 0, f.cur[0], half);
 	T_ASSERT(memcmp(half, f.pos[0], f.len[0] * 4) == 0);
 	sel_fini(&f.fx);
 }
+#undef REFUSED
