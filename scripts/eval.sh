@@ -29,7 +29,8 @@ for m in bytes2m stories260K; do
 	fi
 	w="$B/weights/$m"
 	if [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
-		"$B/bin/kvtrim-train" --model "$f" --out "$w" --seed 1
+		OPENBLAS_CORETYPE=Haswell "$B/bin/kvtrim-train" --model "$f" \
+			--out "$w" --seed 1
 	fi
 	[ -e "$w/fit.txt" ] && cp "$w/fit.txt" "$OUT/fit-$m.txt"
 	# shellcheck disable=SC2086
@@ -40,7 +41,8 @@ d=${KVTRIM_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrim/models}
 if [ -r "$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then
 	w="$B/weights/smollm2"
 	if [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
-		"$B/bin/kvtrim-train" --model smollm2 --out "$w" --seed 1 \
+		OPENBLAS_CORETYPE=Haswell "$B/bin/kvtrim-train" \
+			--model smollm2 --out "$w" --seed 1 \
 			--jobs "${WEIGHTS_JOBS:-2}"
 	fi
 	mkdir -p "$OUT/smollm2"
