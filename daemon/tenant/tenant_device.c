@@ -261,16 +261,10 @@ int tenant_norms_on_device(struct tenant *t,
  */
 int tenant_score_on_device(struct tenant *t,
                            const struct ipc_sync_item *items, uint32_t n,
-                           char *err, size_t errlen)
+                           size_t fresh, char *err, size_t errlen)
 {
 	const struct shm_geom *g = &t->g;
 	uint32_t nj = 0;
-	size_t fresh = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t slot, lo, hi;
-		(void)item_seq(t, &items[i], &slot, &lo, &hi);
-		fresh += (size_t)(hi - lo) * items[i].n_new * g->n_kv_heads;
-	}
 	/* where the policy's device rule reads the scores there, they are
 	 * copied there too, by the job (dev: the rows' place in the sync's
 	 * [rows][n_kv_heads], as in dscore.pre) */

@@ -821,10 +821,11 @@ int tenant_norms_on_device(struct tenant *t,
 
 /* The device scorer's scores of the new rows of x of every (item, layer)
  * of the sync, into t->dscore.pre in the decisions' order, in a run shared
- * with other tenants' syncs (tscorer_run); 0 or an error. */
+ * with other tenants' syncs (tscorer_run); fresh: the sync's new entries
+ * (validate's count, the device copy's size); 0 or an error. */
 int tenant_score_on_device(struct tenant *t,
                            const struct ipc_sync_item *items, uint32_t n,
-                           char *err, size_t errlen);
+                           size_t fresh, char *err, size_t errlen);
 
 /* --------------------------------------------------- tenant_scorer.c */
 

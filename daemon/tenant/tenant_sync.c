@@ -173,7 +173,7 @@ static int sync_prepare(struct tenant *t, const struct ipc_sync_item *items,
 	                                errlen)))
 		return rc;
 	if (t->dscore.scorer &&
-	    (rc = tenant_score_on_device(t, items, n, err, errlen)))
+	    (rc = tenant_score_on_device(t, items, n, fresh, err, errlen)))
 		return rc;
 	/* the norms are decide()'s input: not needed where the policy's
 	 * device rule decides every layer (t->attn.state) */
