@@ -179,12 +179,41 @@ static int fkv_decide(struct policy *p, struct policy_layer *l)
 	return 0;
 }
 
-/* policy.h: the device runs the layer-wide top-k (a threshold decides on
- * the host), for the KV heads a job holds. */
+/* policy.h: the device runs the layer-wide top-k or the threshold, for
+ * the KV heads a job holds. */
 static int fkv_supports(const struct policy *p)
 {
-	return !(p->args.set & POLICY_KEY_THRESHOLD) &&
-	       p->geom.n_kv_heads <= FASTKVZIP_RULE_MAX_KV;
+	return p->geom.n_kv_heads <= FASTKVZIP_RULE_MAX_KV;
+}
+
+/*
+ * The most entries of one list a threshold selection at this sync can
+ * drop, O(1): those it is the first to judge.  A selection drops every
+ * unprotected entry below the threshold, and the scores are fixed at
+ * arrival, so an entry that an earlier selection saw unprotected and kept
+ * stays above it while the threshold does not rise (pressure raises it:
+ * then every unprotected entry is judged again).  The last selection came
+ * at or after m, the last multiple of every at or below the tokens seen
+ * before this sync (the sync that crossed m selected: a decode sync
+ * crossing a multiple is due, a prefill sync always selects; every 0:
+ * each sync selects, m is the previous sync's end), and saw the positions
+ * below m - window unprotected; so only the
+ * positions in [max(sinks, m - window), n_seen - window) can drop, at
+ * most one entry each.
+ */
+static uint32_t fkv_thr_bound(const struct policy *p,
+                              const struct policy_layer *l, uint32_t len)
+{
+	const uint64_t win = p->args.window, e = p->args.every;
+	const uint64_t prev = l->n_seen - l->n_new;
+	uint64_t lo = p->args.sinks;
+	if (!(p->pressure > 0.0f)) {
+		const uint64_t m = e ? prev / e * e : prev;
+		lo = m > win && m - win > lo ? m - win : lo;
+	}
+	const uint64_t hi = l->n_seen > win ? l->n_seen - win : 0;
+	const uint64_t r = hi > lo ? hi - lo : 0;
+	return r < len ? (uint32_t)r : len;
 }
 
 /* policy.h: one record per (sequence, layer), two halves of every KV
@@ -203,9 +232,10 @@ static void fkv_shape(const struct policy *p, uint32_t cap,
  * policy.h: a job per (sequence, layer) at a sync with new entries (its
  * lists' states carried, and the selection where fkv_decide selects).
  * The drops are the layer's entries beyond the budget the unprotected
- * ones get, known where the scores are: n_drop is the bound (drop_bound),
- * entries - budget x KV heads (exact when the budget covers the
- * protected), O(KV heads), no pass over the lists.
+ * ones get, or those below the threshold, known where the scores are:
+ * n_drop is the bound (drop_bound), entries - budget x KV heads (exact
+ * when the budget covers the protected) or fkv_thr_bound's over the
+ * lists, O(KV heads), no pass over the lists.
  */
 static int fkv_plan(const struct policy *p, const struct policy_layer *l,
                     const struct policy_dev_layer *c, void *jobs,
@@ -226,15 +256,19 @@ static int fkv_plan(const struct policy *p, const struct policy_layer *l,
 		.pre = c->pre, .record = c->state_rec, .cur = c->cur[0],
 		.nn = l->n_new, .n_seen = l->n_seen, .drop_off = c->drop_off,
 	};
-	uint64_t total = 0;
+	const int thr = !!(p->args.set & POLICY_KEY_THRESHOLD);
+	const int sel = l->phase != KVT_PHASE_DECODE || policy_due(p, l);
+	uint64_t total = 0, tb = 0;
 	for (uint32_t g = 0; g < nkv; g++) {
 		bj->lens[g] = c->len[g];
 		total += (uint64_t)c->len[g] + l->n_new;
+		if (thr && sel)
+			tb += fkv_thr_bound(p, l, c->len[g] + l->n_new);
 	}
-	const uint32_t bud = policy_budget(p, l->n_seen);
+	const uint32_t bud = thr ? UINT32_MAX : policy_budget(p, l->n_seen);
 	const uint64_t b = (uint64_t)bud * nkv;
-	const int sel = l->phase != KVT_PHASE_DECODE || policy_due(p, l);
-	const uint64_t bound = sel && bud != UINT32_MAX && total > b
+	const uint64_t bound = thr ? tb
+	                       : sel && bud != UINT32_MAX && total > b
 	                       ? total - b : 0;
 	bj->len = (uint32_t)total;
 	bj->budget = bud == UINT32_MAX || b > UINT32_MAX ? UINT32_MAX
@@ -255,6 +289,8 @@ static void fkv_params(const struct policy *p, const struct policy_dev_bufs *b,
 	*(struct fastkvzip_rule *)out = (struct fastkvzip_rule){
 		.state = b->state, .cap = b->cap, .sinks = p->args.sinks,
 		.window = p->args.window,
+		.threshold = !!(p->args.set & POLICY_KEY_THRESHOLD),
+		.tau = policy_threshold(p),
 	};
 }
 

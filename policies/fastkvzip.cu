@@ -1,21 +1,23 @@
 /*
- * fastkvzip.cu — Fast KVzip's layer-wide top-k on the cuda backend, the
- * device rule "fastkvzip" (fastkvzip_rule.h; struct kvt_backend_rule,
+ * fastkvzip.cu — Fast KVzip's selection on the cuda backend, the device
+ * rule "fastkvzip" (fastkvzip_rule.h; struct kvt_backend_rule,
  * backend.h): policies/fastkvzip.c's selection over every KV head's list
- * of a layer applied where the scores are (the scorer's output copied to
- * device memory, scorer.cu), so that a sync moves only the jobs up and the
- * drop indices down, and the host's plan of a (sequence, layer) is O(KV
- * heads).  The whole call (every job: one (sequence, layer)) in six
- * launches whatever its jobs (two when no layer is due), plus the
- * output's clear, the jobs' upload and the output's copy: the plan
- * (batch_select.cuh's bc_bs_plan, a segment per due layer), one thread per
- * entry of every job carrying the state to the other half with the new
- * entries, flagging scores that are not finite and, when due, the score,
- * rank and protection, counting the protected; the keep of each segment
- * (budget - protected); the segmented top-k (select_topk_batch_cuda); the
- * drop indices (bc_bs_indices); each list's half compacted by its share of
- * them.  Scratch: bc_win_prepare's,
- * under the context's lock; the rule waits for its output.  Built into
+ * of a layer (a top-k under the layer's budget, or a threshold) applied
+ * where the scores are (the scorer's output copied to device memory,
+ * scorer.cu), so that a sync moves only the jobs up and the drop indices
+ * down, and the host's plan of a (sequence, layer) is O(KV heads).  The
+ * whole call (every job: one (sequence, layer)) in six launches whatever
+ * its jobs with a budget, four with a threshold (two when no layer is
+ * due), plus the output's clear, the jobs' upload and the output's copy:
+ * the plan (batch_select.cuh's bc_bs_plan, a segment per due layer), one
+ * thread per entry of every job carrying the state to the other half with
+ * the new entries, flagging scores that are not finite and, when due, the
+ * score, rank and protection, counting the protected (with a threshold:
+ * the drop mark); the keep of each segment (budget - protected) and the
+ * segmented top-k (select_topk_batch_cuda), with a budget only; the drop
+ * indices (bc_bs_indices); each list's half compacted by its share of
+ * them.  Scratch: bc_win_prepare's, under the context's lock; the rule
+ * waits for its output.  Built into
  * libkvtrim-cuda.so (backend/cuda/cuda.mk) and registered in
  * backend_cuda.cu's BC_RULES.  Test: cuda.backend_fastkvzip_rule_matches_
  * fastkvzip and the emulated passes.
@@ -54,14 +56,15 @@ bc_fkv_list(void *state, uint32_t cap, uint32_t nkv, uint32_t r, uint32_t h,
  * entries' (position n_seen - nn + k, the score of KV head g); a new score
  * that is not finite flags the job (out[k] = 1); when due (at[k] its place
  * in the flat arrays, else UINT32_MAX) the score, its rank (the position)
- * and its protection, the protected counted in np[seg].
+ * and its protection, the protected counted in np[seg]; with a threshold,
+ * the drop mark itself (not protected, !(score >= tau)).
  */
 static __global__ void bc_fkv_batch(const fastkvzip_rule a,
                                     const fastkvzip_rule_job *jobs,
                                     const uint32_t *at, uint32_t n,
                                     uint32_t nkv, float *sc, uint32_t *rank,
                                     uint8_t *prot, uint32_t *np,
-                                    uint32_t *out)
+                                    uint8_t *drop, uint32_t *out)
 {
 	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
 		const fastkvzip_rule_job &j = jobs[k];
@@ -92,6 +95,10 @@ static __global__ void bc_fkv_batch(const fastkvzip_rule a,
 				continue;
 			const uint8_t pr = p < a.sinks ||
 			                   (uint64_t)p + a.window >= j.n_seen;
+			if (a.threshold) { /* the mark is the decision */
+				drop[o + i] = !pr && !(v >= a.tau);
+				continue;
+			}
 			sc[o + i] = v;
 			rank[o + i] = p;
 			prot[o + i] = pr;
@@ -241,8 +248,9 @@ static int bc_fkv_check_args(uint32_t n_records, uint32_t nkv,
 }
 
 /* The launches of one call, whatever n: the output's clear, the jobs'
- * upload, the plan, the entries, the segments' keeps, the top-k, the
- * indices and the compaction; then the output's copy. */
+ * upload, the plan, the entries, the segments' keeps and the top-k (not
+ * with a threshold: the entries' marks are the decision), the indices and
+ * the compaction; then the output's copy. */
 static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
                              const struct fastkvzip_rule *a,
                              const struct fastkvzip_rule_job *jobs,
@@ -262,21 +270,26 @@ static int bc_fkv_run_locked(struct bc_ctx *c, uint32_t nkv,
 	float *sc = k.sc;
 	uint8_t *prot = k.prot, *drop = k.drop;
 	struct bc_seg *segs = k.segs;
-	BC_CALL(cudaMemsetAsync(np, 0, (size_t)n * 4, s), "fastkvzip rule");
+	if (!a->threshold) /* the protected counts of the budgets' keeps */
+		BC_CALL(cudaMemsetAsync(np, 0, (size_t)n * 4, s),
+		        "fastkvzip rule");
 	const dim3 grid(bc_bs_blocks(cn.maxL), bc_bs_rows(n));
 	const fastkvzip_rule A = *a;
 	KVT_LAUNCH(bc_fkv_batch, grid, bc_bs_threads(cn.maxL), 0, s, A, dj, at,
-	           n, nkv, sc, rank, prot, np, dout);
+	           n, nkv, sc, rank, prot, np, drop, dout);
 	BC_CALL(cudaGetLastError(), "fastkvzip rule entries");
 	if (!cn.nseg)
 		return bc_ps_finish(c, out, dout, out_words, s, "fastkvzip rule");
-	KVT_LAUNCH(bc_fkv_keep, bc_bs_blocks(n), bc_bs_threads(n), 0, s, dj,
-	           at, n, np, first, cn.nseg, keep);
-	BC_CALL(cudaGetLastError(), "fastkvzip rule keep");
-	if ((rv = select_topk_batch_cuda(sc, rank, prot, first, cn.nseg,
-	                                 cn.maxL, keep, drop, NULL, s))) {
-		bc_note("fastkvzip rule: select_topk_batch_cuda failed");
-		return rv;
+	if (!a->threshold) {
+		KVT_LAUNCH(bc_fkv_keep, bc_bs_blocks(n), bc_bs_threads(n), 0,
+		           s, dj, at, n, np, first, cn.nseg, keep);
+		BC_CALL(cudaGetLastError(), "fastkvzip rule keep");
+		if ((rv = select_topk_batch_cuda(sc, rank, prot, first,
+		                                 cn.nseg, cn.maxL, keep, drop,
+		                                 NULL, s))) {
+			bc_note("fastkvzip rule: select_topk_batch_cuda failed");
+			return rv;
+		}
 	}
 	/* a flagged job (out[k]) is vetoed: no drops, count UINT32_MAX */
 	KVT_LAUNCH(bc_bs_indices, cn.nseg, bc_bs_threads(cn.maxL), 0, s, drop,

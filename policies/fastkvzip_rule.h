@@ -1,9 +1,9 @@
 /*
- * fastkvzip_rule.h — Fast KVzip's layer-wide top-k on a device
- * (policies/fastkvzip.c's rule with a token or ratio budget, run where the
- * scores of the entries are): its params and jobs, as the device rule
- * named "fastkvzip" takes them (struct kvt_backend_rule, backend.h; the
- * cuda backend's: policies/fastkvzip.cu).  The output words and the
+ * fastkvzip_rule.h — Fast KVzip's selection on a device (policies/
+ * fastkvzip.c's rule, a layer-wide top-k under a token or ratio budget or
+ * a threshold, run where the scores of the entries are): its params and
+ * jobs, as the device rule named "fastkvzip" takes them (struct
+ * kvt_backend_rule, backend.h; the cuda backend's: policies/fastkvzip.cu).  The output words and the
  * refusals every rule shares are backend.h's.
  *
  * The per-entry state of a tenant's lists lives in device memory (state,
@@ -20,14 +20,19 @@
  * selection: protected pos < sinks or pos + window >= n_seen, of the
  * others the best min(budget - protected, entries) stay when budget >
  * protected, none else (select_topk_cpu over the concatenation, ranked
- * by position, ties keep the later entry); the drop indices index the
- * concatenation (POLICY_DEV_LAYER), each list's half compacted by its own.
+ * by position, ties keep the later entry); with a threshold (threshold
+ * 1) every unprotected entry whose score is not >= tau is dropped instead
+ * (select_threshold_cpu: strict <, NaN dropped; budget unread).  The drop
+ * indices index the concatenation (POLICY_DEV_LAYER), each list's half
+ * compacted by its own.
  *
  * Run: n jobs, a (sequence, layer) each, after the work queued on the
  * stream (the scorer's writes of pre among it).  out[j] = 1 when a new
  * score of job j is not finite (its drops: none, count UINT32_MAX).
- * n_drop is the most the job may drop (the caller's bound, entries -
- * budget): at most n_drop indices are written, out[n + j] is the count.
+ * n_drop is the most the job may drop (the caller's bound: entries -
+ * budget; with a threshold, the entries not yet judged that left the
+ * window, fkv_plan): at most n_drop indices are written, out[n + j] is the
+ * count.
  * KVT_EINVAL besides backend.h's: a record beyond n_records, more KV heads
  * than FASTKVZIP_RULE_MAX_KV, a list beyond cap, n_new beyond n_seen, new
  * entries without pre, drops beyond the output.
@@ -41,7 +46,7 @@
 
 /* Layout version of struct fastkvzip_rule and fastkvzip_rule_job (the
  * rule's kvt_backend_rule.version). */
-#define FASTKVZIP_RULE_VERSION 1
+#define FASTKVZIP_RULE_VERSION 2
 
 /* The most KV heads a job holds (a model with more decides on the
  * host). */
@@ -51,6 +56,8 @@ struct fastkvzip_rule {
 	void *state;            /* device: the tenant's state (above) */
 	uint32_t cap;           /* entries per list per half */
 	uint32_t sinks, window; /* 0: none */
+	uint32_t threshold;     /* 1: drop below tau; 0: the budgets */
+	float tau;              /* the threshold, pressure applied */
 };
 
 /* One (sequence, layer): the new entries' scores [n_new][n_kv_heads]

@@ -726,8 +726,7 @@ TEST(policy, kvzap_device_plan_bounds_the_drops)
  * end to end, its n_drop entries - budget x KV heads when fkv_decide
  * selects (a prefill, or a due decode sync), else 0: at least what
  * decide() dropped from the layer, exactly that while the budget covers
- * the protected; the device job mirrors it with each list's length.  A
- * threshold, or more KV heads than a job holds, is not the device's.
+ * the protected; the device job mirrors it with each list's length.
  */
 TEST(policy, fastkvzip_device_plan_bounds_the_drops)
 {
@@ -826,11 +825,104 @@ TEST(policy, fastkvzip_device_plan_bounds_the_drops)
 			        spec, drops, exact);
 		policy_free(f.p);
 	}
-	/* a threshold decides on the host */
-	char spec[600];
-	snprintf(spec, sizeof(spec), "fastkvzip:model=%s,threshold=0.5", w);
-	struct fx f;
-	fx_init(&f, spec, 2, 2);
-	T_ASSERT(!f.p->ops->device->supports(f.p));
-	policy_free(f.p);
+}
+
+/*
+ * The same plan with a threshold: n_drop, a bound on what fkv_decide
+ * drops (each list's unprotected entries below tau, when it selects), is
+ * the entries that no earlier selection judged under the same threshold
+ * (fkv_thr_bound); at least what decide() dropped over ragged syncs, and
+ * well below the entries while the pressure is 0; pressure (a higher
+ * threshold) midway re-judges the kept ones, which the bound covers.
+ */
+TEST(policy, fastkvzip_device_plan_bounds_threshold_drops)
+{
+	const char *w = tmp_path("fkv-thr-plan.safetensors");
+	fkv_weights(w, 0, 1.0f);
+	/* the gate scores sigmoid(+-1), 0.27 or 0.73; the last, under
+	 * pressure 0.8, has tau 0.6 + 0.4 x 0.4 = 0.76: every score below */
+	const char *opts[] = {"sinks=1,window=2,every=3,threshold=0.5",
+	                      "sinks=0,window=0,every=1,threshold=0.5",
+	                      "sinks=2,window=3,every=2,threshold=0.5",
+	                      "sinks=1,window=4,every=5,threshold=0.6"};
+	static const float pre_dev[4];
+	for (size_t o = 0; o < sizeof(opts) / sizeof(opts[0]); o++) {
+		const int press = o == 3; /* pressure from the middle on */
+		char spec[600];
+		snprintf(spec, sizeof(spec), "fastkvzip:model=%s,%s", w,
+		         opts[o]);
+		struct fx f;
+		fx_init(&f, spec, 2, 2);
+		const struct policy_device_rule *dr = f.p->ops->device;
+		T_ASSERT(dr->supports(f.p));
+		uint32_t seed = 11 + (uint32_t)o, word = 0, drops = 0;
+		uint64_t sum_bound = 0, sum_L = 0;
+		for (uint32_t k = 0; f.n_seen + 4 < FX_MAX / 2; k++) {
+			if (press && f.n_seen > FX_MAX / 4)
+				f.p->pressure = 0.8f;
+			const uint32_t n = k == 0 ? 9 : fx_next(&seed) % 4;
+			const uint32_t nkv = f.ge.n_kv_heads, prev = f.n_seen;
+			uint32_t before[FX_KV];
+			const uint32_t *pos[FX_KV];
+			const uint8_t cur[1] = {0};
+			for (uint32_t h = 0; h < nkv; h++) {
+				before[h] = f.len[h];
+				pos[h] = f.pos[h];
+			}
+			const struct policy_dev_layer c = {
+				.len = before, .pos = pos, .state_rec = 0,
+				.cur = cur, .word = &word, .drop_off = 0,
+				.pre = pre_dev,
+			};
+			const struct policy_layer l = {
+				.layer = 0, .n_new = n, .n_seen = prev + n,
+				.phase = prev ? KVT_PHASE_DECODE
+				              : KVT_PHASE_PREFILL,
+			};
+			struct fastkvzip_rule_job bj[FX_KV];
+			struct policy_dev_job hj[FX_KV];
+			uint32_t nj = 99;
+			char err[128];
+			T_OK(dr->plan(f.p, &l, &c, bj, hj, &nj, err, sizeof(err)));
+			float x[FX_MAX][FX_D] = {{0}};
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t d = 0; d < 3; d++)
+					x[t][d] = fx_next(&seed) % 2 ? 1.0f : -1.0f;
+			T_OK(fx_sync(&f, n, l.phase, NULL,
+			             (const float(*)[FX_D])x, NULL, NULL));
+			T_EQ(nj, n ? 1 : 0);
+			if (!nj)
+				continue;
+			uint32_t L = 0, dropped = 0;
+			for (uint32_t h = 0; h < nkv; h++) {
+				L += before[h] + n;
+				dropped += before[h] + n - f.len[h];
+			}
+			if (dropped > hj[0].n_drop)
+				th_fail(__FILE__, __LINE__, "%s: sync %u dropped "
+				        "%u, the bound %u", spec, k, dropped,
+				        hj[0].n_drop);
+			T_EQ(bj[0].n_drop, hj[0].n_drop);
+			T_EQ(bj[0].due, hj[0].n_drop != 0);
+			T_EQ(bj[0].len, L);
+			drops += dropped;
+			if (!f.p->pressure) {
+				sum_bound += hj[0].n_drop;
+				sum_L += L;
+			}
+		}
+		/* some dropped, some unprotected kept (before the pressure):
+		 * the bound is tested */
+		uint32_t kept = press;
+		for (uint32_t h = 0; h < f.ge.n_kv_heads; h++)
+			for (uint32_t i = 0; i < f.len[h]; i++)
+				kept += !policy_protected(&f.p->args, f.pos[h][i],
+				                          f.n_seen);
+		if (!drops || !kept || 2 * sum_bound > sum_L)
+			th_fail(__FILE__, __LINE__, "%s: %u drops, %u unprotected "
+			        "kept, bounds %llu of %llu entries", spec, drops,
+			        kept, (unsigned long long)sum_bound,
+			        (unsigned long long)sum_L);
+		policy_free(f.p);
+	}
 }

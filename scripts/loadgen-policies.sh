@@ -5,14 +5,13 @@
 # enough that each evicts (snapkv, pyramidkv and expected_attention decide
 # at the first decode sync, so they prefill 32 tokens first; kvzap's and
 # fastkvzip's random seeded weights score around 0, hence kvzap's
-# threshold 0; h2o_rule, tova_rule, kvpop_rule, kvzap_rule and
-# fastkvzip_rule add sinks, a window or a short delay, every=3 and a
-# prefill that does not fill the staging
-# ring's rows evenly, so syncs that decide nothing and rings that wrap are
+# threshold 0; h2o_rule, tova_rule, kvpop_rule, kvzap_rule,
+# fastkvzip_rule and fastkvzip_threshold_rule add sinks, a window or a
+# short delay, every=3 and a prefill that does not fill the staging ring's
+# rows evenly, so syncs that decide nothing and rings that wrap are
 # crossed; the _64 runs sync 64 sequences at once, 4 tokens each after a
 # prefill of 13 (32 for the prompt-only ones), through the batched device
-# rules; fastkvzip_threshold's threshold decides on the host).  The kept
-# sets must equal an in-process replay of the cpu
+# rules).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
 # failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
 # library, scripts/gpu-check.sh on a GPU.
@@ -35,6 +34,7 @@ kvzap_rule kvzap:threshold=0,window=5,sinks=2 --prefill 17
 fastkvzip fastkvzip:window=8,every=16
 fastkvzip_rule fastkvzip:window=4,sinks=2,every=3,tokens=6 --prefill 17
 fastkvzip_threshold fastkvzip:window=8,every=16,threshold=0.5
+fastkvzip_threshold_rule fastkvzip:window=4,sinks=2,every=3,threshold=0.5 --prefill 17
 kvpop kvpop:tokens=24,delay=8
 kvpop_rule kvpop:tokens=20,delay=3,sinks=2,every=3 --prefill 17
 knorm knorm:tokens=24
@@ -47,6 +47,7 @@ kvpop_64 kvpop:tokens=20,delay=3,sinks=2,every=3 --seqs 64 --steps 40 --prefill 
 observed_attention_64 observed_attention:tokens=20,every=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 kvzap_64 kvzap:threshold=0,window=8 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 fastkvzip_64 fastkvzip:window=8,every=16 --seqs 64 --steps 40 --prefill 13 --sync-every 4
+fastkvzip_threshold_64 fastkvzip:window=4,sinks=2,every=2,threshold=0.5 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 snapkv_64 snapkv:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
 pyramidkv_64 pyramidkv:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4
 expected_attention_64 expected_attention:window=8,tokens=16 --seqs 64 --steps 48 --prefill 32 --sync-every 4

@@ -13,9 +13,10 @@
  * their indices over the concatenation and both halves of every list
  * (positions and scores, bit for bit) must be the host's exactly; equal
  * scores tie on position across lists.  The jobs' n_drop is the caller's
- * bound (entries - budget): the count is the device's.  Then a score that
- * is not finite flags its job, the launches do not grow with the jobs,
- * and the refusals.  Built into kvtrim-cuda-tests and, under the CPU
+ * bound (entries - budget): the count is the device's.  The same with a
+ * threshold (policy_select's per list: the unprotected entries whose
+ * score is not >= tau dropped).  Then a score that is not finite flags its
+ * job, the launches do not grow with the jobs, and the refusals.  Built into kvtrim-cuda-tests and, under the CPU
  * emulator, kvtrim-cuda-emu-tests; skips without a device.
  */
 #include <math.h>
@@ -44,6 +45,8 @@ struct fz {
 	uint32_t record[NJ], len[NJ][NKV], seen[NJ], pos[NJ][NKV][CAP],
 	         cur[NJ];
 	float sc[NJ][NKV][CAP];
+	int thr;   /* 1: the threshold tau decides, not the budgets */
+	float tau;
 };
 
 static void fz_init(struct fz *f)
@@ -65,6 +68,7 @@ static struct fastkvzip_rule fz_args(struct fz *f, uint32_t sinks,
 {
 	return (struct fastkvzip_rule){
 		.state = f->state, .cap = CAP, .sinks = sinks, .window = window,
+		.threshold = (uint32_t)f->thr, .tau = f->tau,
 	};
 }
 
@@ -101,6 +105,7 @@ static uint32_t fz_sync(struct fz *f, const uint32_t *n_new, int due,
 		                   sizeof(float) * n * NKV, NULL));
 		float s[NKV * CAP];
 		uint32_t rank[NKV * CAP], scr[NKV * CAP], L = 0, np = 0;
+		nd[k] = 0;
 		uint8_t prot[NKV * CAP];
 		jobs[k] = (struct fastkvzip_rule_job){
 			.pre = f->pre[k], .record = f->record[k],
@@ -121,15 +126,29 @@ static uint32_t fz_sync(struct fz *f, const uint32_t *n_new, int due,
 				np += prot[L];
 			}
 		}
-		const uint64_t b = (uint64_t)bud[k] * NKV;
+		const uint64_t b = f->thr ? 0 : (uint64_t)bud[k] * NKV;
 		const uint32_t kk = b > np ? (uint32_t)(b - np < L ? b - np : L)
 		                           : 0;
 		memset(want[k], 0, sizeof(want[k]));
-		nd[k] = due ? select_topk_cpu(s, rank, prot, L, kk, want[k], scr)
-		            : 0;
+		if (f->thr) /* policy_select's, a list at a time */
+			for (uint32_t g = 0, o = 0; g < NKV; g++) {
+				const uint32_t Lg = f->len[k][g] + n;
+				if (due)
+					nd[k] += select_threshold_cpu(
+						s + o, prot + o, Lg, f->tau,
+						want[k] + o);
+				o += Lg;
+			}
+		else
+			nd[k] = due ? select_topk_cpu(s, rank, prot, L, kk,
+			                              want[k], scr)
+			            : 0;
 		if (!due)
 			memset(want[k], 0, sizeof(want[k]));
-		const uint32_t bound = due && L > b ? L - (uint32_t)b : 0;
+		/* the bound: entries - budget; with a threshold, the
+		 * unprotected */
+		const uint32_t bound = !due ? 0 : f->thr ? L - np
+		                       : L > b ? L - (uint32_t)b : 0;
 		T_ASSERT(nd[k] <= bound);
 		jobs[k].len = L;
 		jobs[k].budget = (uint32_t)b;
@@ -181,10 +200,13 @@ static uint32_t fz_sync(struct fz *f, const uint32_t *n_new, int due,
 	return total;
 }
 
-static void run_case(uint32_t sinks, uint32_t window, uint32_t every)
+static void run_case(uint32_t sinks, uint32_t window, uint32_t every,
+                     int thr)
 {
 	struct fz f;
 	fz_init(&f);
+	f.thr = thr;
+	f.tau = 0.5f; /* the scores: quarters in [0, 1.25] */
 	/* ragged: prefills of different lengths, decode steps, a job with
 	 * nothing new; budgets a list, one below the protected */
 	const uint32_t steps[][NJ] = {
@@ -204,9 +226,17 @@ static void run_case(uint32_t sinks, uint32_t window, uint32_t every)
 
 TEST(cuda, backend_fastkvzip_rule_matches_fastkvzip)
 {
-	run_case(0, 2, 0);
-	run_case(2, 3, 0);  /* sinks and window: budget 1 below them */
-	run_case(1, 0, 3);  /* syncs not due */
+	run_case(0, 2, 0, 0);
+	run_case(2, 3, 0, 0);  /* sinks and window: budget 1 below them */
+	run_case(1, 0, 3, 0);  /* syncs not due */
+}
+
+/* The threshold: each list's unprotected entries below tau dropped. */
+TEST(cuda, backend_fastkvzip_rule_threshold_matches_fastkvzip)
+{
+	run_case(0, 2, 0, 1);
+	run_case(2, 3, 0, 1);
+	run_case(1, 0, 3, 1);
 }
 
 /* Launches of a call do not grow with its jobs. */
@@ -216,9 +246,12 @@ TEST(cuda, backend_fastkvzip_rule_launches_bounded)
 	fz_init(&f);
 	const uint32_t n0[NJ] = {8, 8, 8}, bud[NJ] = {4, 4, 4};
 	fz_sync(&f, n0, 1, bud, 0, 2);
-	uint64_t l[2];
-	for (uint32_t c = 0; c < 2; c++) {
-		const uint32_t nj = c ? NJ : 1;
+	uint64_t l[4];
+	for (uint32_t c = 0; c < 4; c++) {
+		const uint32_t nj = c & 1 ? NJ : 1;
+		/* c 2, 3: a threshold above every score, the same drops */
+		f.thr = c >= 2;
+		f.tau = 2.0f;
 		struct fastkvzip_rule_job jobs[NJ];
 		float rows[MAXN * NKV];
 		for (uint32_t i = 0; i < 2 * NKV; i++)
@@ -256,6 +289,8 @@ TEST(cuda, backend_fastkvzip_rule_launches_bounded)
 	}
 	T_EQ(l[0], l[1]);
 	T_EQ(l[1], 6); /* plan, entries, keep, top-k, indices, compaction */
+	T_EQ(l[2], l[3]);
+	T_EQ(l[3], 4); /* plan, entries, indices, compaction */
 	sel_fini(&f.fx);
 }
 
