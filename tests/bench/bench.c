@@ -60,6 +60,19 @@ double bench_pct(double *v, int n, double p)
 	return v[i];
 }
 
+/* Long runs talk: a phase's end with its time and the run's so far, on
+ * stderr (the quick bench's budget in CI is a few minutes: docs/bench.md
+ * says which phase costs what). */
+static double t_start, t_phase;
+
+static void phase_done(const char *name)
+{
+	const double t = bench_now_us();
+	fprintf(stderr, "kvtrim-bench: %s done in %.1f s (%.1f s so far)\n",
+	        name, (t - t_phase) / 1e6, (t - t_start) / 1e6);
+	t_phase = t;
+}
+
 void bench_die(const char *what)
 {
 	fprintf(stderr, "kvtrim-bench: %s\n", what);
@@ -448,6 +461,7 @@ int main(int argc, char **argv)
 	double mg = 0, gg = 0, cg = 0;
 	struct bench_policy pb;
 	memset(&pb, 0, sizeof(pb));
+	t_start = t_phase = bench_now_us();
 	if (!hostile_only && !smollm2_only && !traffic_only) {
 		uds = bench_uds(iters);
 		nng = bench_nng(dir, iters);
@@ -461,6 +475,7 @@ int main(int argc, char **argv)
 		kill(d, SIGTERM);
 		int st;
 		waitpid(d, &st, 0);
+		phase_done("floors, sync and policies");
 	}
 	/* The hostile phases re-run this binary as their adversaries. */
 	char self[4096];
@@ -468,14 +483,19 @@ int main(int argc, char **argv)
 	if (!sync_only && !smollm2_only && !traffic_only && sl > 0) {
 		self[sl] = '\0';
 		hostile_run(self, bin_dir, dir, quick);
+		phase_done("hostile");
 	} else if (!sync_only && !smollm2_only && !traffic_only) {
 		fprintf(stderr, "kvtrim-bench: no /proc/self/exe: the hostile "
 		        "figures are left out\n");
 	}
-	if (!sync_only && !hostile_only && !traffic_only)
+	if (!sync_only && !hostile_only && !traffic_only) {
 		smollm2_run(bin_dir, dir, quick);
-	if (!sync_only && !hostile_only && !smollm2_only)
+		phase_done("smollm2");
+	}
+	if (!sync_only && !hostile_only && !smollm2_only) {
 		traffic_run(bin_dir, dir, quick);
+		phase_done("cuda traffic");
+	}
 
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
