@@ -719,6 +719,43 @@ TEST(policy, kvzap_device_plan_bounds_the_drops)
 	}
 }
 
+/* One sync of n tokens of layer 0 (a prefill first, then decode steps)
+ * on fixture f, x's first 3 floats +-1 from seed: the device plan's jobs
+ * (bj, hj, *nj: one when n > 0, else none) taken against c before
+ * fx_sync lets decide() run; *L the layer's entries with the new ones,
+ * *dropped what decide() dropped.  Returns whether fkv_decide selects at
+ * it. */
+static int fkv_plan_sync(struct fx *f, const struct policy_dev_layer *c,
+                         uint32_t n, uint32_t *seed,
+                         struct fastkvzip_rule_job *bj,
+                         struct policy_dev_job *hj, uint32_t *nj,
+                         uint32_t *L, uint32_t *dropped)
+{
+	const uint32_t prev = f->n_seen;
+	const struct policy_layer l = {
+		.layer = 0, .n_new = n, .n_seen = prev + n,
+		.phase = prev ? KVT_PHASE_DECODE : KVT_PHASE_PREFILL,
+	};
+	const int sel = !prev || policy_due(f->p, &l);
+	char err[128];
+	*nj = 99;
+	T_OK(f->p->ops->device->plan(f->p, &l, c, bj, hj, nj, err,
+	                             sizeof(err)));
+	float x[FX_MAX][FX_D] = {{0}};
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t d = 0; d < 3; d++)
+			x[t][d] = fx_next(seed) % 2 ? 1.0f : -1.0f;
+	T_OK(fx_sync(f, n, l.phase, NULL, (const float(*)[FX_D])x, NULL,
+	             NULL));
+	T_EQ(*nj, n ? 1 : 0);
+	*L = *dropped = 0;
+	for (uint32_t h = 0; h < f->ge.n_kv_heads; h++) {
+		*L += c->len[h] + n;
+		*dropped += c->len[h] + n - f->len[h];
+	}
+	return sel;
+}
+
 /*
  * fastkvzip's device plan (a layer-wide top-k, POLICY_DEV_LAYER,
  * drop_bound) against its host rule over ragged syncs: one job per
@@ -768,33 +805,17 @@ TEST(policy, fastkvzip_device_plan_bounds_the_drops)
 				.cur = cur, .word = &word, .drop_off = 3,
 				.pre = pre_dev,
 			};
-			const struct policy_layer l = {
-				.layer = 0, .n_new = n, .n_seen = seen,
-				.phase = prev ? KVT_PHASE_DECODE
-				              : KVT_PHASE_PREFILL,
-			};
-			const int sel = !prev || policy_due(f.p, &l);
 			const uint32_t b = policy_budget(f.p, seen) * nkv;
 			struct fastkvzip_rule_job bj[FX_KV];
 			struct policy_dev_job hj[FX_KV];
-			uint32_t nj = 99;
-			char err[128];
-			T_OK(dr->plan(f.p, &l, &c, bj, hj, &nj, err, sizeof(err)));
-			float x[FX_MAX][FX_D] = {{0}};
-			for (uint32_t t = 0; t < n; t++)
-				for (uint32_t d = 0; d < 3; d++)
-					x[t][d] = fx_next(&seed) % 2 ? 1.0f : -1.0f;
-			T_OK(fx_sync(&f, n, l.phase, NULL,
-			             (const float(*)[FX_D])x, NULL, NULL));
-			T_EQ(nj, n ? 1 : 0);
+			uint32_t nj;
+			uint32_t L, dropped;
+			const int sel = fkv_plan_sync(&f, &c, n, &seed, bj, hj, &nj,
+			                              &L, &dropped);
 			if (!nj)
 				continue;
-			uint32_t L = 0, dropped = 0;
-			for (uint32_t h = 0; h < nkv; h++) {
-				L += before[h] + n;
-				dropped += before[h] + n - f.len[h];
+			for (uint32_t h = 0; h < nkv; h++)
 				T_EQ(bj[0].lens[h], before[h]);
-			}
 			const uint32_t bound = sel && L > b ? L - b : 0;
 			T_EQ(hj[0].g, POLICY_DEV_LAYER);
 			T_EQ(hj[0].rec, c.state_rec);
@@ -861,7 +882,7 @@ TEST(policy, fastkvzip_device_plan_bounds_threshold_drops)
 			if (press && f.n_seen > FX_MAX / 4)
 				f.p->pressure = 0.8f;
 			const uint32_t n = k == 0 ? 9 : fx_next(&seed) % 4;
-			const uint32_t nkv = f.ge.n_kv_heads, prev = f.n_seen;
+			const uint32_t nkv = f.ge.n_kv_heads;
 			uint32_t before[FX_KV];
 			const uint32_t *pos[FX_KV];
 			const uint8_t cur[1] = {0};
@@ -874,30 +895,13 @@ TEST(policy, fastkvzip_device_plan_bounds_threshold_drops)
 				.cur = cur, .word = &word, .drop_off = 0,
 				.pre = pre_dev,
 			};
-			const struct policy_layer l = {
-				.layer = 0, .n_new = n, .n_seen = prev + n,
-				.phase = prev ? KVT_PHASE_DECODE
-				              : KVT_PHASE_PREFILL,
-			};
 			struct fastkvzip_rule_job bj[FX_KV];
 			struct policy_dev_job hj[FX_KV];
-			uint32_t nj = 99;
-			char err[128];
-			T_OK(dr->plan(f.p, &l, &c, bj, hj, &nj, err, sizeof(err)));
-			float x[FX_MAX][FX_D] = {{0}};
-			for (uint32_t t = 0; t < n; t++)
-				for (uint32_t d = 0; d < 3; d++)
-					x[t][d] = fx_next(&seed) % 2 ? 1.0f : -1.0f;
-			T_OK(fx_sync(&f, n, l.phase, NULL,
-			             (const float(*)[FX_D])x, NULL, NULL));
-			T_EQ(nj, n ? 1 : 0);
+			uint32_t nj;
+			uint32_t L, dropped;
+			fkv_plan_sync(&f, &c, n, &seed, bj, hj, &nj, &L, &dropped);
 			if (!nj)
 				continue;
-			uint32_t L = 0, dropped = 0;
-			for (uint32_t h = 0; h < nkv; h++) {
-				L += before[h] + n;
-				dropped += before[h] + n - f.len[h];
-			}
 			if (dropped > hj[0].n_drop)
 				th_fail(__FILE__, __LINE__, "%s: sync %u dropped "
 				        "%u, the bound %u", spec, k, dropped,
