@@ -85,9 +85,14 @@ void eval_daemon_start(const char *argv0, char *rt, size_t rtlen)
 			dup2(fd, 2);
 			close(fd);
 		}
+		/* one client process, this one: its tenants may hold the
+		 * whole pool (expected_tenants 1 lifts the per-uid and
+		 * per-process shares, which would leave it half: the
+		 * decoding-time needle's 8 windows of 5 or 6 jobs need more) */
 		execl(bin, bin, "--runtime-dir", rt, "--backend", "cpu",
 		      "--pool-size", "2048M", "--high-watermark", "1",
-		      "--log-level", "warning", (char *)NULL);
+		      "--expected-tenants", "1", "--log-level", "warning",
+		      (char *)NULL);
 		_exit(127);
 	}
 	daemon_pid = pid;
