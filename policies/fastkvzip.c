@@ -187,22 +187,22 @@ static int fkv_supports(const struct policy *p)
 }
 
 /*
- * The most entries of one list a threshold selection at this sync can
- * drop, O(1): those it is the first to judge.  A selection drops every
- * unprotected entry below the threshold, and the scores are fixed at
- * arrival, so an entry that an earlier selection saw unprotected and kept
- * stays above it while the threshold does not rise (pressure raises it:
- * then every unprotected entry is judged again).  The last selection came
- * at or after m, the last multiple of every at or below the tokens seen
- * before this sync (the sync that crossed m selected: a decode sync
- * crossing a multiple is due, a prefill sync always selects; every 0:
- * each sync selects, m is the previous sync's end), and saw the positions
- * below m - window unprotected; so only the
- * positions in [max(sinks, m - window), n_seen - window) can drop, at
- * most one entry each.
+ * The most entries of any one list that a threshold selection at this
+ * sync can drop, O(1): those it is the first to judge (a list drops at
+ * most its length of them).  A selection drops every unprotected entry
+ * below the threshold, and the scores are fixed at arrival, so an entry
+ * that an earlier selection saw unprotected and kept stays above it while
+ * the threshold does not rise (pressure raises it: then every unprotected
+ * entry is judged again).  The last selection came at or after m, the
+ * last multiple of every at or below the tokens seen before this sync (the
+ * sync that crossed m selected: a decode sync crossing a multiple is due,
+ * a prefill sync always selects; every 0: each sync selects, m is the
+ * previous sync's end), and saw the positions below m - window
+ * unprotected; so only the positions in [max(sinks, m - window), n_seen -
+ * window) can drop, at most one entry each.
  */
-static uint32_t fkv_thr_bound(const struct policy *p,
-                              const struct policy_layer *l, uint32_t len)
+static uint64_t fkv_thr_bound(const struct policy *p,
+                              const struct policy_layer *l)
 {
 	const uint64_t win = p->args.window, e = p->args.every;
 	const uint64_t prev = l->n_seen - l->n_new;
@@ -212,8 +212,7 @@ static uint32_t fkv_thr_bound(const struct policy *p,
 		lo = m > win && m - win > lo ? m - win : lo;
 	}
 	const uint64_t hi = l->n_seen > win ? l->n_seen - win : 0;
-	const uint64_t r = hi > lo ? hi - lo : 0;
-	return r < len ? (uint32_t)r : len;
+	return hi > lo ? hi - lo : 0;
 }
 
 /* policy.h: one record per (sequence, layer), two halves of every KV
@@ -258,12 +257,13 @@ static int fkv_plan(const struct policy *p, const struct policy_layer *l,
 	};
 	const int thr = !!(p->args.set & POLICY_KEY_THRESHOLD);
 	const int sel = l->phase != KVT_PHASE_DECODE || policy_due(p, l);
+	const uint64_t r = thr && sel ? fkv_thr_bound(p, l) : 0;
 	uint64_t total = 0, tb = 0;
 	for (uint32_t g = 0; g < nkv; g++) {
+		const uint64_t L = (uint64_t)c->len[g] + l->n_new;
 		bj->lens[g] = c->len[g];
-		total += (uint64_t)c->len[g] + l->n_new;
-		if (thr && sel)
-			tb += fkv_thr_bound(p, l, c->len[g] + l->n_new);
+		total += L;
+		tb += r < L ? r : L;
 	}
 	const uint32_t bud = thr ? UINT32_MAX : policy_budget(p, l->n_seen);
 	const uint64_t b = (uint64_t)bud * nkv;

@@ -21,6 +21,9 @@ MODELS_DIR=${MODELS_DIR:-../shared/models}
 OUT=${OUT:-docs/results}
 mkdir -p "$OUT"
 ran=0
+# kvtrim-train with OpenBLAS's Haswell kernels, as `make weights` runs it
+# (the Makefile's TRAIN_BLAS: other kernels round differently)
+train() { OPENBLAS_CORETYPE=Haswell "$B/bin/kvtrim-train" "$@"; }
 for m in bytes2m stories260K; do
 	f="$MODELS_DIR/$m.bin"
 	if [ ! -r "$f" ]; then
@@ -29,8 +32,7 @@ for m in bytes2m stories260K; do
 	fi
 	w="$B/weights/$m"
 	if [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
-		OPENBLAS_CORETYPE=Haswell "$B/bin/kvtrim-train" --model "$f" \
-			--out "$w" --seed 1
+		train --model "$f" --out "$w" --seed 1
 	fi
 	[ -e "$w/fit.txt" ] && cp "$w/fit.txt" "$OUT/fit-$m.txt"
 	# shellcheck disable=SC2086
@@ -41,8 +43,7 @@ d=${KVTRIM_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrim/models}
 if [ -r "$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then
 	w="$B/weights/smollm2"
 	if [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
-		OPENBLAS_CORETYPE=Haswell "$B/bin/kvtrim-train" \
-			--model smollm2 --out "$w" --seed 1 \
+		train --model smollm2 --out "$w" --seed 1 \
 			--jobs "${WEIGHTS_JOBS:-2}"
 	fi
 	mkdir -p "$OUT/smollm2"
