@@ -65,8 +65,11 @@ int policy_attn_list_job(const struct policy_attn_rule *r, uint32_t tail,
 	const uint32_t len = c->len[h], L = len + l->n_new;
 	if (!L || (!l->n_new && !due))
 		return 0; /* nothing changes */
+	const uint32_t *pos = NULL;
+	if (due && !tail_held && len && !(pos = policy_dev_pos(c, h)))
+		return -1;
 	struct policy_attn_counts n = policy_attn_count(
-		r, tail, due, c->pos[h], len, l->n_new, l->n_seen - l->n_new,
+		r, tail, due, pos, len, l->n_new, l->n_seen - l->n_new,
 		tail_held);
 	*hj = (struct policy_dev_job){
 		.rec = c->state_rec + h, .g = h, .L = L, .n_drop = n.n_drop,

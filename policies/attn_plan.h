@@ -55,7 +55,9 @@ struct policy_attn_counts policy_attn_count(const struct policy_attn_rule *r,
  * A per-list rule's job of KV head h in c (h2o's, kvpop's): 1 when its
  * list changes at this sync (it has entries, and new ones or a selection
  * due), the host's view in *hj (record c->state_rec + h, drops from
- * drop_off) and the kept count in *keep; else 0.
+ * drop_off) and the kept count in *keep; else 0.  -1 when the counts
+ * need the positions (tail_held 0) and policy_dev_pos could not read
+ * them back: never with tail_held 1.
  */
 int policy_attn_list_job(const struct policy_attn_rule *r, uint32_t tail,
                          int tail_held, const struct policy_layer *l,

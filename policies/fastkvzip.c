@@ -224,6 +224,7 @@ static void fkv_shape(const struct policy *p, uint32_t cap,
 		.records = 1,
 		.record_bytes = 2 * (size_t)p->geom.n_kv_heads * cap * 2 *
 		                sizeof(float),
+		.positions = 1, .list_bytes = (size_t)cap * 2 * sizeof(float),
 	};
 }
 

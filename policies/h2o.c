@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "attn_plan.h"
+#include "errors.h"
 #include "h2o_rule.h"
 
 #define H2O_DEF_TOKENS 256u
@@ -157,6 +158,7 @@ static void h2o_shape(const struct policy *p, uint32_t cap,
 		.record_bytes = 2 * (size_t)cap *
 		                (1 + p->geom.n_heads / p->geom.n_kv_heads) *
 		                sizeof(float),
+		.positions = 1,
 	};
 }
 
@@ -186,8 +188,13 @@ static int h2o_plan(const struct policy *p, const struct policy_layer *l,
 	struct h2o_rule_job *bj = jobs;
 	uint32_t k = 0, off = c->drop_off, keep;
 	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
-		if (!policy_attn_list_job(&r, tail, held, l, c, h, off, &hj[k],
-		                          &keep))
+		const int j = policy_attn_list_job(&r, tail, held, l, c, h, off,
+		                                   &hj[k], &keep);
+		if (j < 0)
+			return errors_fmt(err, errlen, KVT_ESYS, "h2o: layer %u "
+			                  "head %u: its positions could not be "
+			                  "read back", l->layer, h);
+		if (!j)
 			continue;
 		bj[k] = (struct h2o_rule_job){
 			.ring = c->ring, .record = hj[k].rec, .g = h,

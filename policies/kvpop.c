@@ -218,6 +218,7 @@ static void kvpop_shape(const struct policy *p, uint32_t cap,
 		.records = p->geom.n_kv_heads,
 		.record_bytes = 2 * (size_t)cap * 3 * sizeof(float),
 		.layer_bytes = (size_t)k->ring * k->r * sizeof(float),
+		.positions = 1,
 	};
 }
 

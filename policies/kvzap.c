@@ -180,6 +180,7 @@ static void kvzap_shape(const struct policy *p, uint32_t cap,
 	*s = (struct policy_dev_shape){
 		.records = p->geom.n_kv_heads,
 		.record_bytes = 2 * (size_t)cap * 2 * sizeof(float),
+		.positions = 1,
 	};
 }
 

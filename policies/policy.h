@@ -221,6 +221,16 @@ struct policy_dev_shape {
 	size_t layer_bytes;   /* a device buffer per (sequence slot, layer)
 	                         besides, kept across syncs and copied at a
 	                         fork (0: none) */
+	/* 1: the state holds the positions of the lists' entries, [cap]
+	 * uint32 at the start of a list's block in each record half
+	 * (records == n_kv_heads: list g's in record g; records == 1: list
+	 * g's at g * list_bytes into the half, or one array for every list
+	 * of the layer when list_bytes is 0), in the lists' order.  Then the
+	 * tenant keeps no host copy of them (a sync touches no list's
+	 * positions on the host) and reads them back where it needs them:
+	 * a plan's policy_dev_pos, a refused layer, a check. */
+	int positions;
+	size_t list_bytes;
 };
 
 /* What a rule's params are made of at a run (params). */
@@ -242,7 +252,14 @@ struct policy_dev_layer {
 	                               rows: the tenant has none) */
 	const uint32_t *len;        /* [n_kv_heads] each list's entries
 	                               before the sync */
-	const uint32_t *const *pos; /* [n_kv_heads] their positions */
+	const uint32_t *const *pos; /* [n_kv_heads] their positions; NULL
+	                               where they live on the device only
+	                               (read through policy_dev_pos) */
+	/* head h's [len[h]] positions read back from the device, where pos
+	 * is NULL: into host memory that stays valid through the plan;
+	 * NULL when the read failed */
+	const uint32_t *(*fetch_pos)(void *ctx, uint32_t h);
+	void *fetch_ctx;
 	uint32_t list_rec;          /* KV head 0's list record (head g's:
 	                               + g), as the keys are read */
 	uint32_t state_rec;         /* its first state record */
@@ -257,6 +274,16 @@ struct policy_dev_layer {
 	                               scorer wrote them on the device (a
 	                               rule with takes_pre); NULL otherwise */
 };
+
+/* Head h's positions before the sync for a plan that cannot count from
+ * the numbers alone (a protected tail that moved back): a read back from
+ * the device where the tenant keeps no host copy, so a plan calls it
+ * only then.  NULL when that read failed. */
+static inline const uint32_t *policy_dev_pos(const struct policy_dev_layer *c,
+                                             uint32_t h)
+{
+	return c->pos ? c->pos[h] : c->fetch_pos(c->fetch_ctx, h);
+}
 
 /* A job as the tenant checks and applies it: the state record whose
  * halves the commit flips, the KV head whose list it decides

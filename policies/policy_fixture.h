@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "compact.h"
@@ -45,6 +46,7 @@ struct fx {
 	float stage[FX_MAX][FX_D + 2 * FX_H];
 	uint32_t inputs;
 	uint64_t qo, lo;
+	uint32_t fetches; /* fx_plan_sync: positions read back by the plans */
 };
 
 static inline struct policy *make_g(const char *spec,
@@ -185,11 +187,21 @@ static inline uint32_t fx_next(uint32_t *s)
 	return *s >> 8;
 }
 
+/* policy_dev_layer.fetch_pos over the fixture's lists, counted. */
+static inline const uint32_t *fx_fetch_pos(void *ctx, uint32_t h)
+{
+	struct fx *f = ctx;
+	f->fetches++;
+	return f->pos[h];
+}
+
 /* One sync of n tokens of random keys on a policy with a device rule
  * (policy_ops.device): its plan first, then decide() on the fixture; each
  * job's drop count must be the entries decide() dropped from its list, a
- * list without a job drops none, and the offsets follow each other.  word
- * is the plan's word of the (sequence, layer). */
+ * list without a job drops none, and the offsets follow each other.  The
+ * same plan where the positions live on the device only (pos NULL, read
+ * back through fetch_pos, counted in f->fetches) gives the same jobs and
+ * word.  word is the plan's word of the (sequence, layer). */
 static inline void fx_plan_sync(struct fx *f, uint32_t n, uint32_t *word,
                                 uint32_t *seed)
 {
@@ -211,13 +223,26 @@ static inline void fx_plan_sync(struct fx *f, uint32_t n, uint32_t *word,
 	const struct policy_layer l = {
 		.layer = 0, .phase = ph, .n_new = n, .n_seen = f->n_seen + n,
 	};
-	_Alignas(16) char jobs[FX_KV * 256];
-	struct policy_dev_job hj[FX_KV];
-	uint32_t nj = 99;
+	_Alignas(16) char jobs[FX_KV * 256], jobs2[FX_KV * 256];
+	struct policy_dev_job hj[FX_KV], hj2[FX_KV];
+	uint32_t nj = 99, nj2 = 98, word2 = *word;
 	char err[128];
 	T_ASSERT(dr->job_bytes <= 256);
+	memset(jobs, 0, sizeof(jobs));
+	memset(jobs2, 0, sizeof(jobs2));
+	memset(hj2, 0, sizeof(hj2));
+	struct policy_dev_layer c2 = c;
+	c2.pos = NULL;
+	c2.fetch_pos = fx_fetch_pos;
+	c2.fetch_ctx = f;
+	c2.word = &word2;
+	T_OK(dr->plan(f->p, &l, &c2, jobs2, hj2, &nj2, err, sizeof(err)));
 	T_OK(dr->plan(f->p, &l, &c, jobs, hj, &nj, err, sizeof(err)));
 	T_ASSERT(nj <= nkv);
+	T_EQ(nj2, nj);
+	T_EQ(word2, *word);
+	T_ASSERT(memcmp(hj2, hj, nj * sizeof(*hj)) == 0);
+	T_ASSERT(memcmp(jobs2, jobs, nj * dr->job_bytes) == 0);
 
 	float a[FX_MAX][FX_KV];
 	for (uint32_t k = 0; k < n; k++)

@@ -67,6 +67,7 @@ static void random_shape(const struct policy *p, uint32_t cap,
 	*s = (struct policy_dev_shape){
 		.records = p->geom.n_kv_heads,
 		.record_bytes = 2 * (size_t)cap * sizeof(uint32_t),
+		.positions = 1,
 	};
 }
 

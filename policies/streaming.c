@@ -77,6 +77,7 @@ static void streaming_shape(const struct policy *p, uint32_t cap,
 	(void)p;
 	*s = (struct policy_dev_shape){
 		.records = 1, .record_bytes = 2 * (size_t)cap * sizeof(uint32_t),
+		.positions = 1, /* one array for the layer's lists */
 	};
 }
 
@@ -121,8 +122,13 @@ static int streaming_plan(const struct policy *p, const struct policy_layer *l,
 			.sinks = s, .recent = l->n_seen - from, .budget = 0,
 			.due = 1,
 		};
-		nd = policy_attn_count(&r, r.recent, 1, c->pos[0], len,
-		                       l->n_new, prev, held).n_drop;
+		const uint32_t *pos = NULL;
+		if (!held && len && !(pos = policy_dev_pos(c, 0)))
+			return errors_fmt(err, errlen, KVT_ESYS, "streaming: "
+			                  "layer %u: its positions could not be "
+			                  "read back", l->layer);
+		nd = policy_attn_count(&r, r.recent, 1, pos, len, l->n_new,
+		                       prev, held).n_drop;
 		*c->word = (from > last ? from : last) |
 		           (w & STREAMING_WORD_SHORT) |
 		           (s < p->args.sinks ? STREAMING_WORD_SHORT : 0);

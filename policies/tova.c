@@ -177,6 +177,7 @@ static void tova_shape(const struct policy *p, uint32_t cap,
 {
 	*s = (struct policy_dev_shape){
 		.records = 1, .record_bytes = 2 * (size_t)cap * sizeof(float),
+		.positions = 1, /* one array for the layer's lists */
 	};
 }
 
@@ -202,8 +203,8 @@ static int tova_plan(const struct policy *p, const struct policy_layer *l,
 	(void)tova_attn(p, l, &r);
 	const int due = policy_attn_due(&r);
 	const struct policy_attn_counts k = policy_attn_count(
-		&r, r.window, due, c->pos[0], len, l->n_new,
-		l->n_seen - l->n_new, 1);
+		&r, r.window, due, NULL, len, l->n_new,
+		l->n_seen - l->n_new, 1); /* tail held: no position read */
 	*(struct tova_rule_job *)jobs = (struct tova_rule_job){
 		.ring = c->ring, .record = c->list_rec, .srec = c->state_rec,
 		.cur = c->cur[0], .len = len, .n_new = l->n_new,

@@ -13,7 +13,12 @@
  * reads the current half and writes the other, and the sync's commit flips
  * them (tenant_attn_commit), so a refused sync leaves no trace.  Such a
  * tenant's syncs go to the device from the first one, so the host's entry
- * and layer states are never used.  The policy works out each job's drop
+ * and layer states are never used; nor its positions where the rule's
+ * state holds them (every rule's: policy_dev_shape.positions,
+ * tenant_dpos): a sync then writes and moves none on the host (they were
+ * the most of its host time, a cache miss a list), and the few who need
+ * them read them back (tenant_attn_read_pos: a plan whose protected tail
+ * moved back, through policy_dev_pos; a flagged layer; the check).  The policy works out each job's drop
  * count from the host's positions and the tenant checks the device's
  * against it (a rule with drop_bound: the most it may drop, the device's
  * count then taken); a row the device finds not finite sends its
@@ -210,6 +215,41 @@ int tenant_attn_pre(struct tenant *t, size_t fresh, float **dev, char *err,
 	return 0;
 }
 
+/* tenant_int.h */
+int tenant_attn_read_pos(const struct tenant *t, uint32_t slot,
+                         uint32_t layer, uint32_t head, uint32_t n,
+                         uint32_t *dst)
+{
+	const struct policy_dev_shape *sh = &t->attn.shape;
+	const int one = sh->records == 1; /* one record holds the layer */
+	const size_t rec = ((size_t)slot * t->g.n_layers + layer) *
+	                   sh->records + (one ? 0 : head);
+	const char *src = (const char *)t->attn.state +
+	                  rec * sh->record_bytes +
+	                  t->attn.cur[rec] * (sh->record_bytes / 2) +
+	                  (one ? head * sh->list_bytes : 0);
+	if (!n)
+		return 0;
+	return t->bops->copy(t->bctx, dst, src, (size_t)n * sizeof(uint32_t),
+	                     t->dsync.stream);
+}
+
+/* A plan's policy_dev_pos where the positions live on the device: head
+ * h's read back into the host's (unused) copy of that list. */
+struct pos_fetch {
+	struct tenant *t;
+	const struct tseq *s;
+	uint32_t slot, layer;
+};
+
+static const uint32_t *fetch_pos(void *ctx, uint32_t h)
+{
+	const struct pos_fetch *f = ctx;
+	uint32_t *dst = seq_pos(f->t, f->s, lidx(f->t, f->layer, h));
+	return tenant_attn_read_pos(f->t, f->slot, f->layer, h,
+	                            f->t->attn.llen[h], dst) ? NULL : dst;
+}
+
 /* The jobs of one (item, layer) into t->attn.jobs and t->attn.bjobs, as
  * its policy plans them; *drops counts the output words of their
  * indices. */
@@ -220,16 +260,19 @@ static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
 	const struct shm_geom *g = &t->g;
 	const struct policy_device_rule *dr = t->attn.dr;
 	const uint32_t layer = pl->layer, sl = slot * g->n_layers + layer;
+	const int dpos = tenant_dpos(t);
 	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 		t->attn.llen[h] = tlist_at(t, slot, layer, h)->len;
 		t->attn.lpos[h] = seq_pos(t, s, lidx(t, layer, h));
 	}
+	struct pos_fetch pf = {t, s, slot, layer};
 	const uint32_t srec = sl * t->attn.shape.records;
 	const struct policy_dev_layer c = {
 		.ring = t->dstage.chunk.base
 		        ? shm_stage_at(t->dstage.chunk.base, g, slot, layer, 0)
 		        : NULL, /* a policy that reads no staged rows */
-		.len = t->attn.llen, .pos = t->attn.lpos,
+		.len = t->attn.llen, .pos = dpos ? NULL : t->attn.lpos,
+		.fetch_pos = fetch_pos, .fetch_ctx = &pf,
 		.list_rec = (uint32_t)(slot * t->lists_per_seq +
 		                       lidx(t, layer, 0)),
 		.state_rec = srec, .cur = t->attn.cur + srec,

@@ -435,3 +435,103 @@ TEST(tenant, attn_layer_job_drops_split_by_list)
 	t.attn.out = NULL;
 	tenant_done(&t);
 }
+
+/* The fake device memory's copy: host memory on both sides. */
+static int fake_copy(void *ctx, void *dst, const void *src, size_t bytes,
+                     void *stream)
+{
+	memcpy(dst, src, bytes);
+	return 0;
+}
+
+/* A rule whose one record of a layer holds its lists one after the other
+ * in each half (fastkvzip's layout: list g's positions at ((r * 2 + h) *
+ * n_kv + g) * cap * 2 words into the state). */
+static void lists_shape(const struct policy *p, uint32_t cap,
+                        struct policy_dev_shape *s)
+{
+	*s = (struct policy_dev_shape){
+		.records = 1,
+		.record_bytes = 2 * (size_t)p->geom.n_kv_heads * cap * 8,
+		.positions = 1, .list_bytes = (size_t)cap * 8,
+	};
+}
+
+static const struct policy_device_rule lists_rule = {
+	.name = "lists", .version = 1, .params_bytes = 4, .job_bytes = 4,
+	.shape = lists_shape,
+};
+
+/* List (slot 1, layer 1, head 1)'s three positions written where the
+ * rule's header says, in the half cur (1) of its record, decoys in the
+ * other half and in head 0's place, then read back. */
+static void read_back(struct tenant *t, uint32_t rec, uint32_t *at,
+                      uint32_t *other, uint32_t *head0)
+{
+	const uint32_t want[3] = {3, 8, 21};
+	t->attn.cur[rec] = 1;
+	for (int k = 0; k < 3; k++) {
+		at[k] = want[k];
+		other[k] = 100 + k;
+		if (head0 && head0 != at)
+			head0[k] = 200 + k;
+	}
+	uint32_t got[3] = {0};
+	T_OK(tenant_attn_read_pos(t, 1, 1, 1, 3, got));
+	T_ASSERT(!memcmp(got, want, sizeof(want)));
+	T_OK(tenant_attn_read_pos(t, 1, 1, 1, 0, NULL)); /* nothing read */
+}
+
+/* Where the rule's state holds the positions (policy_dev_shape.positions)
+ * the tenant keeps no host copy (tenant_dpos) and reads a list's back from
+ * the half its record is in, at the place each rule's header gives
+ * (h2o_rule.h: (r * 2 + h) * cap * (1 + G) words, a record a list;
+ * tova_rule.h: (r * 2 + h) * cap, one array for the layer's lists; a
+ * layer's lists in one record, fastkvzip_rule.h's layout); a rule that
+ * does not say so keeps them on the host. */
+TEST(tenant, attn_positions_read_back_where_the_rule_keeps_them)
+{
+	struct kvt_backend_ops o = fake_ops();
+	o.copy = fake_copy;
+	struct tenant t;
+	char err[256];
+	const uint32_t cap = 32, nkv = 2, G = 2, nl = 2;
+	/* h2o: records n_kv a (slot, layer), list 1's of slot 1 layer 1 */
+	fake = (struct kvt_backend_rule){"h2o", H2O_RULE_VERSION,
+	                                 sizeof(struct h2o_rule),
+	                                 sizeof(struct h2o_rule_job), fake_run};
+	have_rule = 1;
+	T_OK(init("h2o", &o, &t, err, sizeof(err)));
+	T_ASSERT(tenant_dpos(&t));
+	uint32_t *st = t.attn.state, r = (1 * nl + 1) * nkv + 1;
+	read_back(&t, r, st + (r * 2 + 1) * cap * (1 + G),
+	          st + (r * 2 + 0) * cap * (1 + G), NULL);
+	tenant_done(&t);
+	/* tova: one record a (slot, layer), head 1 reads the layer's array */
+	fake = (struct kvt_backend_rule){"tova", TOVA_RULE_VERSION,
+	                                 sizeof(struct tova_rule),
+	                                 sizeof(struct tova_rule_job), fake_run};
+	T_OK(init("tova", &o, &t, err, sizeof(err)));
+	T_ASSERT(tenant_dpos(&t));
+	st = t.attn.state;
+	r = 1 * nl + 1;
+	read_back(&t, r, st + (r * 2 + 1) * cap, st + (r * 2 + 0) * cap, NULL);
+	tenant_done(&t);
+	/* a layer's lists in one record: head 1's after head 0's */
+	struct policy_ops ops;
+	fake = (struct kvt_backend_rule){"lists", 1, 4, 4, fake_run};
+	T_OK(init_rule(&o, &t, &ops, &lists_rule));
+	T_ASSERT(tenant_dpos(&t));
+	st = t.attn.state;
+	r = 1 * nl + 1;
+	read_back(&t, r, st + ((r * 2 + 1) * nkv + 1) * cap * 2,
+	          st + ((r * 2 + 0) * nkv + 1) * cap * 2,
+	          st + ((r * 2 + 1) * nkv + 0) * cap * 2);
+	tenant_done(&t);
+	/* a rule that does not hold them: the host keeps its copy */
+	fake = (struct kvt_backend_rule){"any", 7, 12, 20, fake_run};
+	upload_fails = 0;
+	T_OK(init_any(&o, &t, &ops));
+	T_ASSERT(t.attn.state != NULL && !tenant_dpos(&t));
+	tenant_done(&t);
+}

@@ -239,6 +239,8 @@ struct walk {
 	uint8_t *seen;   /* [bits] */
 	uint32_t live;   /* chunks */
 	uint64_t free_pages, used, kept;
+	uint32_t *pos;   /* [pos_cap] a list's positions read back from the
+	                    device (tenant_dpos); NULL otherwise */
 };
 
 /* The free page stacks of the live chunks: in range, each page free once. */
@@ -319,6 +321,15 @@ static void check_list(const struct tenant *t, struct walk *w,
 	}
 	size_t li = lidx(t, layer, head);
 	const uint32_t *pos = seq_pos(t, s, li);
+	if (w->pos && l->len <= t->pos_cap) {
+		pos = w->pos;
+		if (tenant_attn_read_pos(t, slot, layer, head, l->len, w->pos)) {
+			violation(c, "slot %u layer %u head %u: its positions "
+			          "could not be read back from the device: %s",
+			          slot, layer, head, t->bops->last_error());
+			return;
+		}
+	}
 	if (l->len > g->max_tokens)
 		violation(c, "slot %u layer %u head %u: len %u > max_tokens",
 		          slot, layer, head, l->len);
@@ -387,9 +398,12 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 		nbits += t->chunks[i].pc.base ? w.ppc : 0;
 	}
 	w.seen = calloc(nbits / 8 + 1, 1);
-	if (!w.base || !w.seen) {
+	if (tenant_dpos(t))
+		w.pos = malloc((size_t)t->pos_cap * sizeof(*w.pos));
+	if (!w.base || !w.seen || (tenant_dpos(t) && !w.pos)) {
 		free(w.base);
 		free(w.seen);
+		free(w.pos);
 		return KVT_ENOMEM;
 	}
 
@@ -415,6 +429,7 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 	check_totals(t, &w);
 	if (t->dev && t->dtable.shared.base)
 		check_device_table(t, &c);
+	free(w.pos);
 	free(w.seen);
 	free(w.base);
 	return c.n;

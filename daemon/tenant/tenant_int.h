@@ -553,6 +553,14 @@ int tenant_attn_reload(struct tenant *t, const struct policy *np, char *err,
 int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
                      uint32_t n, char *err, size_t errlen);
 
+/* The n positions of list (slot, layer, head) as the device rule's state
+ * holds them now (its record's half cur), into dst [n] (tenant_dpos):
+ * after the work queued on the tenant's stream.  0, or the backend's
+ * error. */
+int tenant_attn_read_pos(const struct tenant *t, uint32_t slot,
+                         uint32_t layer, uint32_t head, uint32_t n,
+                         uint32_t *dst);
+
 /* After the rule's run of tenant_attn_plan, over the nly (item, layer)s
  * of its jobs: each job's output words against its plan (flag, count,
  * indices ascending below L); a flagged job's layer goes to the host
@@ -582,6 +590,15 @@ void tenant_attn_commit(struct tenant *t);
 static inline int tenant_attn_mode(const struct tenant *t, size_t ly)
 {
 	return t->attn.active ? t->attn.mode[ly] : TENANT_ATTN_HOST;
+}
+
+/* Whether the lists' positions live in the device rule's state only
+ * (policy_dev_shape.positions): then a sync neither writes nor moves the
+ * host's copy (seq_pos), which holds nothing, and whoever needs them
+ * reads them back (tenant_attn_read_pos). */
+static inline int tenant_dpos(const struct tenant *t)
+{
+	return t->attn.state && t->attn.shape.positions;
 }
 
 /* Whether the host decides (item, layer) ly of this sync. */

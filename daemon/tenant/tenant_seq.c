@@ -191,8 +191,9 @@ int tenant_seq_fork(struct tenant *t, uint64_t from, uint64_t *seq,
 				pg[i] = tenant_page_alloc(t);
 			if (copy_pages(t, pg, seq_pages(t, f, li), full))
 				t->dsync.failed = 1;
-			memcpy(seq_pos(t, s, li), seq_pos(t, f, li),
-			       (size_t)fl->len * sizeof(uint32_t));
+			if (!tenant_dpos(t)) /* else tenant_attn_fork's */
+				memcpy(seq_pos(t, s, li), seq_pos(t, f, li),
+				       (size_t)fl->len * sizeof(uint32_t));
 			if (t->ef)
 				memcpy(seq_ent(t, s, li), seq_ent(t, f, li),
 				       (size_t)fl->len * t->ef * sizeof(float));

@@ -203,6 +203,10 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 	const unsigned need = t->pol->ops->needs;
 	const uint32_t prev = s->n_seen[layer];
 	const int host = tenant_attn_host(t, w->ly);
+	/* positions on the device only: none written here, unless the host
+	 * decides this layer (a flagged one, which it refuses with the cpu
+	 * backend's reason), which reads them back first */
+	const int dpos = tenant_dpos(t);
 	uint32_t nk = 0; /* K halves staged for this layer */
 	for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 		pace_point();
@@ -210,7 +214,14 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 		size_t li = lidx(t, layer, head);
 		uint32_t *pos = seq_pos(t, s, li);
 		uint32_t len = l->len + it->n_new;
-		for (uint32_t k = 0; k < it->n_new; k++)
+		int prc;
+		if (dpos && host &&
+		    (prc = tenant_attn_read_pos(t, slot, layer, head, l->len,
+		                                pos)))
+			return errors_fmt(err, errlen, prc, "%s backend: reading "
+			                  "positions back: %s", t->bops->name,
+			                  t->bops->last_error());
+		for (uint32_t k = 0; !(dpos && !host) && k < it->n_new; k++)
 			pos[l->len + k] = prev + k;
 		if (host)
 			memset(t->scr.drop + w->off, 0, len);
@@ -406,7 +417,13 @@ static void compact_list(struct tenant *t, uint32_t record,
 	const struct shm_geom *g = &t->g;
 	const uint32_t row_bytes = g->head_dim * g->elem_bytes;
 	uint32_t nm;
-	if (ld->idx) {
+	if (ld->idx && tenant_dpos(t) && t->dsync.dbases) {
+		/* no host positions to move (the device's half moved them),
+		 * so no plan: nm only says whether a kept entry moves (a drop
+		 * below the new length); compact_drops takes the indices */
+		*nl = len - ld->n;
+		nm = ld->n && ld->idx[0] < *nl;
+	} else if (ld->idx) {
 		nm = compact_plan_drops(ld->idx, ld->n, len, t->scr.moves, nl);
 	} else if (t->dsync.dbases) {
 		/* the marks as indices where the device takes them: one pass
@@ -451,7 +468,8 @@ static void compact_list(struct tenant *t, uint32_t record,
 			t->scr.pagev[p] = page_ptr(t, pg[p]);
 		compact_cpu(t->scr.pagev, g->page_tokens, row_bytes, t->scr.moves, nm);
 	}
-	policy_move_entries(pos, e, t->ef, t->scr.moves, nm);
+	if (!tenant_dpos(t))
+		policy_move_entries(pos, e, t->ef, t->scr.moves, nm);
 }
 
 /* Step 4, pass 1, for one list of item it: compacted, its entry states
