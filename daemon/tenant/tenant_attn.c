@@ -377,7 +377,9 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	                sizeof(*t->attn.jobs)) ||
 	    tenant_grow(&t->attn.bjobs, &t->attn.bjobs_cap, nj,
 	                t->attn.dr->job_bytes) ||
-	    tenant_grow((void **)&t->attn.out, &t->attn.out_cap, 2 * nj + entries + 1,
+	    /* a word at least (tenant_attn_take points into it); the run's
+	     * words once the plan knows them */
+	    tenant_grow((void **)&t->attn.out, &t->attn.out_cap, 1,
 	                sizeof(*t->attn.out)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	uint32_t drops = 0;
@@ -410,6 +412,12 @@ int tenant_attn_plan(struct tenant *t, const struct ipc_sync_item *items,
 	if (!t->attn.n_jobs)
 		return 0;
 	const uint32_t nja = t->attn.n_jobs;
+	/* the run writes every word before anything reads one: no copy */
+	if (tenant_grow_fresh((void **)&t->attn.out, &t->attn.out_cap,
+	                      2 * (size_t)nja + drops, sizeof(*t->attn.out))) {
+		t->attn.active = 0;
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	}
 	rc = tenant_bases_sync(t);
 	if (!rc)
 		rc = run_rule(t, 2 * nja + drops);

@@ -58,10 +58,11 @@ static int rule_lookup(struct tenant *t, const struct policy_prompt_rule *r,
 	return 0;
 }
 
-/* Room for nly layers' ways and n_kv_heads jobs each of job_bytes, and
- * the output words (entries: the sync's entries, a bound on the drops). */
-static int make_room(struct tenant *t, size_t nly, size_t job_bytes,
-                     size_t entries)
+/* Room for nly layers' ways and n_kv_heads jobs each of job_bytes (the
+ * output words wait for the plan: they follow its drops, not the sync's
+ * entries, which grow with the lists at every sync where nothing is
+ * decided). */
+static int make_room(struct tenant *t, size_t nly, size_t job_bytes)
 {
 	const size_t nj = nly * t->g.n_kv_heads + 1;
 	if (tenant_grow((void **)&t->win.mode, &t->win.mode_cap, nly + 1, 1) ||
@@ -73,9 +74,7 @@ static int make_room(struct tenant *t, size_t nly, size_t job_bytes,
 	    tenant_grow((void **)&t->win.led, &t->win.led_cap, nj,
 	                sizeof(*t->win.led)) ||
 	    tenant_grow((void **)&t->win.wlen, &t->win.wlen_cap, nj,
-	                sizeof(*t->win.wlen)) ||
-	    tenant_grow((void **)&t->win.out, &t->win.out_cap,
-	                2 * nj + entries + 1, sizeof(*t->win.out)))
+	                sizeof(*t->win.wlen)))
 		return KVT_ENOMEM;
 	return 0;
 }
@@ -161,7 +160,7 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 		return rc;
 	size_t nly, entries;
 	tenant_sync_extent(t, items, n, &nly, &entries);
-	if (make_room(t, nly, r->job_bytes, entries))
+	if (make_room(t, nly, r->job_bytes))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
 	uint32_t drops = 0;
 	size_t ly = 0;
@@ -175,6 +174,12 @@ int tenant_window_plan(struct tenant *t, const struct ipc_sync_item *items,
 	if (!t->win.n_jobs)
 		return 0;
 	const uint32_t words = 2 * t->win.n_jobs + drops;
+	/* the run writes every word before anything reads one */
+	if (tenant_grow_fresh((void **)&t->win.out, &t->win.out_cap, words,
+	                      sizeof(*t->win.out))) {
+		t->win.active = 0;
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	}
 	const struct kvt_backend_rows rows = tenant_rows(t);
 	r->params(pol, &rows, t->win.params);
 	rc = tenant_bases_sync(t);
