@@ -18,9 +18,9 @@
  * tenant_dpos): a sync then writes and moves none on the host (they were
  * the most of its host time, a cache miss a list), and the few who need
  * them read them back (tenant_attn_read_pos: a plan whose protected tail
- * moved back, through policy_dev_pos; a flagged layer; the check).  The policy works out each job's drop
- * count from the host's positions and the tenant checks the device's
- * against it (a rule with drop_bound: the most it may drop, the device's
+ * moved back, through policy_dev_pos; a flagged layer; the check).  The
+ * policy works out each job's drop count from the numbers (or those
+ * positions) and the tenant checks the device's against it (a rule with drop_bound: the most it may drop, the device's
  * count then taken); a row the device finds not finite sends its
  * (sequence, layer) to the host path, which refuses the sync with the cpu
  * backend's reason (docs/cuda.md, "Wiring").  A rule that reads the
@@ -263,7 +263,8 @@ static int plan_layer(struct tenant *t, uint32_t slot, struct tseq *s,
 	const int dpos = tenant_dpos(t);
 	for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 		t->attn.llen[h] = tlist_at(t, slot, layer, h)->len;
-		t->attn.lpos[h] = seq_pos(t, s, lidx(t, layer, h));
+		if (!dpos)
+			t->attn.lpos[h] = seq_pos(t, s, lidx(t, layer, h));
 	}
 	struct pos_fetch pf = {t, s, slot, layer};
 	const uint32_t srec = sl * t->attn.shape.records;

@@ -398,9 +398,10 @@ int tenant_check(const struct tenant *t, char *detail, size_t len)
 		nbits += t->chunks[i].pc.base ? w.ppc : 0;
 	}
 	w.seen = calloc(nbits / 8 + 1, 1);
-	if (tenant_dpos(t))
+	const int dpos = tenant_dpos(t);
+	if (dpos)
 		w.pos = malloc((size_t)t->pos_cap * sizeof(*w.pos));
-	if (!w.base || !w.seen || (tenant_dpos(t) && !w.pos)) {
+	if (!w.base || !w.seen || (dpos && !w.pos)) {
 		free(w.base);
 		free(w.seen);
 		free(w.pos);

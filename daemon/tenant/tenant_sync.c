@@ -206,7 +206,7 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 	/* positions on the device only: none written here, unless the host
 	 * decides this layer (a flagged one, which it refuses with the cpu
 	 * backend's reason), which reads them back first */
-	const int dpos = tenant_dpos(t);
+	const int dpos = tenant_dpos(t), write_pos = !dpos || host;
 	uint32_t nk = 0; /* K halves staged for this layer */
 	for (uint32_t head = 0; head < g->n_kv_heads; head++) {
 		pace_point();
@@ -221,7 +221,7 @@ static int stage_layer(struct tenant *t, const struct ipc_sync_item *it,
 			return errors_fmt(err, errlen, prc, "%s backend: reading "
 			                  "positions back: %s", t->bops->name,
 			                  t->bops->last_error());
-		for (uint32_t k = 0; !(dpos && !host) && k < it->n_new; k++)
+		for (uint32_t k = 0; write_pos && k < it->n_new; k++)
 			pos[l->len + k] = prev + k;
 		if (host)
 			memset(t->scr.drop + w->off, 0, len);
@@ -417,10 +417,12 @@ static void compact_list(struct tenant *t, uint32_t record,
 	const struct shm_geom *g = &t->g;
 	const uint32_t row_bytes = g->head_dim * g->elem_bytes;
 	uint32_t nm;
-	if (ld->idx && tenant_dpos(t) && t->dsync.dbases) {
+	if (ld->idx && tenant_dpos(t)) {
 		/* no host positions to move (the device's half moved them),
 		 * so no plan: nm only says whether a kept entry moves (a drop
-		 * below the new length); compact_drops takes the indices */
+		 * below the new length); compact_drops takes the indices (a
+		 * rule's state exists only beside the device table's bases,
+		 * tenant_attn_init) */
 		*nl = len - ld->n;
 		nm = ld->n && ld->idx[0] < *nl;
 	} else if (ld->idx) {

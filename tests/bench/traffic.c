@@ -708,10 +708,9 @@ void traffic_run(const char *bin_dir, const char *tmp_dir, int quick)
 		 * moves the bytes a token by under 1%: a sync's bytes scale
 		 * with its lists and tokens, not its sequences).  The host
 		 * side: 64 sequences of the 8B model's lists (32 layers of 8
-		 * KV heads), which is what
-		 * the daemon's host work depends on, at one query head a KV
-		 * head, head_dim 16, d_model 256 and narrow scorers (what only the
-		 * device's work depends on: on the emulator it would cost
+		 * KV heads), which is what the daemon's host work depends on,
+		 * at one query head a KV head, head_dim 16, d_model 256 and
+		 * narrow scorers (what only the device's work depends on: on the emulator it would cost
 		 * minutes and gigabytes), a prompt of 16, budgets of 16 and
 		 * windows of 8, so that the emulated device's work (which is
 		 * subtracted) stays short; in the full bench one decode sync
