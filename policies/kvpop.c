@@ -7,6 +7,8 @@
  * kvtrim's choice (docs/policies.md, **kvpop**, has the formulas;
  * docs/weights.md the weights).  Entry state: [a, s]; s is computed at the
  * sync where the query at position i + delay arrives and never again.
+ * Protected: the entries still in their delay, the sinks and, with
+ * window=N, the newest N positions (policy_protected).
  */
 #include "learned.h"
 
@@ -266,10 +268,10 @@ static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
 }
 
 /* policy.h: a job per list that changes, the first with new rows
- * projecting them; the delay, the protected tail, is fixed, so the counts
- * follow from the numbers (policy_attn_count), and so does the band: its
- * delay has not ended before this sync, so every position of it is still
- * in the list. */
+ * projecting them; the protected tail (the delay, or the window where it
+ * is longer) is fixed, so the counts follow from the numbers
+ * (policy_attn_count), and so does the band: its delay has not ended
+ * before this sync, so every position of it is still in the list. */
 static int kvpop_plan(const struct policy *p, const struct policy_layer *l,
                       const struct policy_dev_layer *c, void *jobs,
                       struct policy_dev_job *hj, uint32_t *n, char *err,
@@ -281,10 +283,11 @@ static int kvpop_plan(const struct policy *p, const struct policy_layer *l,
 	const uint32_t band = l->n_new && r.delay
 	                      ? (prev < r.delay ? prev : r.delay) + l->n_new
 	                      : 0;
+	const uint32_t tail = r.window > r.delay ? r.window : r.delay;
 	struct kvpop_rule_job *bj = jobs;
 	uint32_t k = 0, off = c->drop_off, keep;
 	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
-		if (!policy_attn_list_job(&r, r.delay, 1, l, c, h, off, &hj[k],
+		if (!policy_attn_list_job(&r, tail, 1, l, c, h, off, &hj[k],
 		                          &keep))
 			continue;
 		bj[k] = (struct kvpop_rule_job){
@@ -308,7 +311,7 @@ static void kvpop_params(const struct policy *p,
 		.state = b->state, .u = b->layers, .weights = b->consts,
 		.cap = b->cap, .rows = b->rows, .d_model = p->geom.d_model,
 		.r = k->r, .m = k->m, .ring = k->ring, .delay = p->args.delay,
-		.sinks = p->args.sinks,
+		.sinks = p->args.sinks, .window = p->args.window,
 	};
 }
 
@@ -324,11 +327,11 @@ const struct policy_ops kvpop_ops = {
 	.name = "kvpop",
 	.help = "KVpop: learned delayed scorer on x + attention received, "
 	        "fixed per-head budget (model=PATH, tokens=256, delay=32, "
-	        "sinks=4, every=N)",
+	        "sinks=4, window=0, every=N)",
 	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |
 	         POLICY_NEED_KV,
 	.keys = POLICY_KEY_MODEL | POLICY_KEY_TOKENS | POLICY_KEY_DELAY |
-	        POLICY_KEY_SINKS | POLICY_KEY_EVERY,
+	        POLICY_KEY_SINKS | POLICY_KEY_WINDOW | POLICY_KEY_EVERY,
 	.init = kvpop_init,
 	.fini = learned_fini,
 	.decide = kvpop_decide,

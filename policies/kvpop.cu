@@ -317,7 +317,9 @@ __global__ void bc_pop_score(const kvpop_rule a,
 			if (at != UINT32_MAX) {
 				sc[at + i] = e[1];
 				rank[at + i] = p;
-				prot[at + i] = pd >= j.n_seen || p < a.sinks;
+				prot[at + i] = pd >= j.n_seen || p < a.sinks ||
+				               (a.window &&
+				                (uint64_t)p + a.window >= j.n_seen);
 			}
 		}
 	}

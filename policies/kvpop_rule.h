@@ -31,8 +31,9 @@
  *   entries whose delay ends in the sync (n_seen - n_new <= pos + delay <
  *     n_seen): s = W2[g] . gelu(W1 [u; ln(a + 1e-6)] + b1) + b2[g] (exact
  *     erf GELU, kvpop_score's loops);
- *   when due: protected pos + delay >= n_seen and pos < sinks; of the
- *     others the best keep stay (ties keep the higher position).
+ *   when due: protected pos + delay >= n_seen, pos < sinks and, with a
+ *     window, pos + window >= n_seen; of the others the best keep stay
+ *     (ties keep the higher position).
  *
  * Run: n jobs in order after the work queued on the stream: keys read
  * through the paged table, the new rows' x, q and lse in device staging,
@@ -50,7 +51,7 @@
 
 /* Layout version of struct kvpop_rule and kvpop_rule_job (the rule's
  * kvt_backend_rule.version). */
-#define KVPOP_RULE_VERSION 1
+#define KVPOP_RULE_VERSION 2
 
 struct kvpop_rule {
 	void *state;           /* device: the entries' state (above) */
@@ -59,6 +60,7 @@ struct kvpop_rule {
 	uint32_t cap;          /* entries per half */
 	struct kvt_backend_rows rows; /* device staging's layout (x read) */
 	uint32_t d_model, r, m, ring, delay, sinks;
+	uint32_t window;       /* the recent window protected (0: none) */
 };
 
 /* Floats of one layer's tensors in weights (above). */

@@ -399,7 +399,13 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 	/* the last protects more than it keeps */
 	const char *args[] = {"tokens=6,delay=2,sinks=0",
 	                      "tokens=7,delay=3,sinks=2,every=3",
-	                      "tokens=3,delay=3,sinks=2"};
+	                      "tokens=3,delay=3,sinks=2",
+	                      /* a window longer than the delay (the
+	                       * second protecting more than it keeps), and
+	                       * one shorter */
+	                      "tokens=8,delay=2,sinks=1,window=4,every=2",
+	                      "tokens=4,delay=1,sinks=1,window=5",
+	                      "tokens=6,delay=3,sinks=0,window=2"};
 	for (size_t k = 0; k < sizeof(args) / sizeof(args[0]); k++) {
 		char spec[600];
 		snprintf(spec, sizeof(spec), "kvpop:model=%s,%s", w, args[k]);
@@ -454,6 +460,19 @@ TEST(policy, kvpop_attention_feature)
 	for (uint32_t i = 0; i < f.len[0]; i++)
 		if (f.pos[0][i] == 0)
 			T_ASSERT(fabsf(f.ent[0][2 * i] - 1.0f) < 1e-4f);
+	policy_free(f.p);
+
+	/* window=3 protects the newest three beside the delay of 2, and
+	 * the budget of 3 keeps no more: at n = 4, 5, 6 the oldest goes
+	 * whatever its score (pos 0's A = 1.0 is the best) -> {3, 4, 5} */
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0,"
+	         "window=3", w);
+	fx_init(&f, spec, 2, 1);
+	for (uint32_t n = 0; n < 6; n++) {
+		float av[FX_KV] = {al[n]};
+		fx_step(&f, av, NULL);
+	}
+	FX_EXPECT(&f, 0, 3, 4, 5);
 	policy_free(f.p);
 }
 

@@ -36,14 +36,14 @@ fastkvzip_rule fastkvzip:window=4,sinks=2,every=3,tokens=6 --prefill 17
 fastkvzip_threshold fastkvzip:window=8,every=16,threshold=0.5
 fastkvzip_threshold_rule fastkvzip:window=4,sinks=2,every=3,threshold=0.5 --prefill 17
 kvpop kvpop:tokens=24,delay=8
-kvpop_rule kvpop:tokens=20,delay=3,sinks=2,every=3 --prefill 17
+kvpop_rule kvpop:tokens=20,delay=3,sinks=2,window=8,every=3 --prefill 17
 knorm knorm:tokens=24
 pyramidkv pyramidkv:window=8,tokens=16 --prefill 32
 expected_attention expected_attention:window=8,tokens=16 --prefill 32
 observed_attention observed_attention:tokens=24,every=3 --prefill 17
 h2o_64 h2o:tokens=20,window=4,sinks=2,agg=max,every=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 tova_64 tova:tokens=20,window=4,sinks=2,every=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
-kvpop_64 kvpop:tokens=20,delay=3,sinks=2,every=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
+kvpop_64 kvpop:tokens=20,delay=3,sinks=2,window=6,every=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 observed_attention_64 observed_attention:tokens=20,every=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 kvzap_64 kvzap:threshold=0,window=8 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 fastkvzip_64 fastkvzip:window=8,every=16 --seqs 64 --steps 40 --prefill 13 --sync-every 4

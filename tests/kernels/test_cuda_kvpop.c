@@ -45,6 +45,7 @@ struct px {
 	const struct kvt_backend_rule *rule;
 	enum kvt_dtype dt;
 	size_t esz;
+	uint32_t window; /* the rule's recent window (0: none) */
 	void *state, *ring, *u, *w;
 	float ring_h[ST * RF];
 	float w_h[NL * LF];
@@ -79,7 +80,7 @@ static struct kvpop_rule px_pop(struct px *f, uint32_t sinks)
 		.state = f->state, .u = f->u, .weights = f->w, .cap = CAP,
 		.rows = {ST, RF, Q_OFF, LSE_OFF}, .d_model = D, .r = R, .m = M,
 		.ring = RING,
-		.delay = DELAY, .sinks = sinks,
+		.delay = DELAY, .sinks = sinks, .window = f->window,
 	};
 }
 
@@ -212,7 +213,10 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		uint32_t np = 0, scr[CAP];
 		for (uint32_t i = 0; i < L; i++) {
 			sc[i] = ent[i * 2 + 1];
-			pr[i] = (uint64_t)pos[i] + DELAY >= seen || pos[i] < sinks;
+			pr[i] = (uint64_t)pos[i] + DELAY >= seen ||
+			        pos[i] < sinks ||
+			        (f->window &&
+			         (uint64_t)pos[i] + f->window >= seen);
 			np += pr[i];
 		}
 		uint32_t keep = b > np ? b - np : 0;
@@ -284,10 +288,12 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 	T_ASSERT(sel_chunk_same(&f->fx));
 }
 
-static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every)
+static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
+                     uint32_t window)
 {
 	struct px f;
 	px_init(&f, dt);
+	f.window = window;
 	const uint32_t b = 10;
 	uint32_t seen = 0;
 	/* 15 .. 17 and 30 .. 33 wrap round the staging ring (16 rows) */
@@ -305,9 +311,13 @@ static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every)
 
 TEST(cuda, backend_kvpop_rule_matches_kvpop)
 {
-	run_case(KVT_DTYPE_F32, 0, 0);  /* every sync due */
-	run_case(KVT_DTYPE_F32, 2, 4);  /* sinks, every 4 */
-	run_case(KVT_DTYPE_F16, 1, 0);  /* f16 pages */
+	run_case(KVT_DTYPE_F32, 0, 0, 0);  /* every sync due */
+	run_case(KVT_DTYPE_F32, 2, 4, 0);  /* sinks, every 4 */
+	run_case(KVT_DTYPE_F16, 1, 0, 0);  /* f16 pages */
+	/* a recent window longer than the delay (half the budget of 10, as
+	 * kvpop's spec would give it), and one shorter */
+	run_case(KVT_DTYPE_F32, 1, 0, 5);
+	run_case(KVT_DTYPE_F32, 0, 3, 2);
 }
 
 TEST(cuda, backend_kvpop_rule_flags_and_refuses)
