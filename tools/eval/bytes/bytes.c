@@ -245,7 +245,7 @@ static struct row *write_csv(const struct bytes_run *b, size_t *nr, int *bad)
 	struct row *rows = calloc(1024 + b->njobs, sizeof(*rows));
 	if (!rows)
 		eval_die("out of memory");
-	size_t n = table_read_others(path, b->a->mname, rows, 1024);
+	size_t n = table_read_others(path, b->a->mname, NULL, rows, 1024);
 	*bad = 0;
 	for (uint32_t k = 0; k < b->njobs; k++) {
 		const struct job *j = &b->jobs[k];

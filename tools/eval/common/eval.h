@@ -53,8 +53,11 @@ struct eval_opts {
 	uint32_t nseq;           /* --seqs, 0 = default (protocol 2 with
 	                          * --tasks-only: the needle's cases) */
 	const char *dump;        /* --dump-kept DIR or NULL */
-	const char *only;        /* --only a,b,...: protocol 1 runs only the
-	                          * jobs of those names (NULL: all) */
+	const char *only;        /* --only a,b,...: protocols 1's and 2's
+	                          * windows run only the jobs of those names
+	                          * (NULL: all); the model's rows of the
+	                          * other policies already in the csv are
+	                          * kept (the tasks run every policy) */
 	int calibrate;           /* --calibrate: kvzap's thresholds only,
 	                          * into OUT/calibration.txt */
 };
@@ -128,6 +131,11 @@ void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
 /* kvpop's spec with the weights in wabs and a budget of tokens per list
  * (delay RECIPE_KVPOP_DELAY, 4 sinks). */
 void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
+/* 1 when name is one of the comma-separated list. */
+int eval_in_list(const char *list, const char *name);
+/* Keeps the jobs whose name is in the comma-separated list (--only), in
+ * order; returns how many (dies when none is). */
+uint32_t eval_only_jobs(struct job *jobs, uint32_t n, const char *list);
 /* 1 for the policies that bound the others (full, random, kvzip, oracle). */
 int eval_is_bound(const char *policy);
 /* The tables' order of the policies, from the registry: full and the
@@ -200,22 +208,24 @@ void eval_put_scores(float *out, const float *y, uint32_t layer,
 #define TABLE_CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl," \
 	                 "top1,dnll,copy_acc,needle_acc,threshold"
 int table_parse_row(const char *line, struct row *r);
-/* The rows of path (quality.csv) of models other than model, at most
- * max, into rows; 0 when there is no file. */
-size_t table_read_others(const char *path, const char *model, struct row *rows,
-                         size_t max);
+/* The rows of path (quality.csv) of models other than model and, with
+ * only (--only's list; NULL: none), model's rows of the policies not in
+ * it, at most max, into rows; 0 when there is no file. */
+size_t table_read_others(const char *path, const char *model,
+                         const char *only, struct row *rows, size_t max);
 void table_write_row(FILE *f, const struct row *r);
 /* Writes rows to path (TABLE_CSV_HEADER first); dies when it cannot. */
 void table_write_csv(const char *path, const struct row *rows, size_t nr);
 /* Prints model's rows on stdout (csv, no header). */
 void table_print_model(const struct row *rows, size_t nr, const char *model);
-/* The rows of path of models other than model (table_read_others), then
- * model's, one per job (protocols 1 and 2: no copy or needle; NaN where
- * the job failed or measured nothing), *nout in all, calloc'd; *bad: a job
- * failed.  Dies out of memory. */
+/* The rows of path of models other than model and of the policies not
+ * in only (table_read_others), then model's, one per job (protocols 1
+ * and 2: no copy or needle; NaN where the job failed or measured
+ * nothing), *nout in all, calloc'd; *bad: a job failed.  Dies out of
+ * memory. */
 struct row *table_job_rows(const char *path, const char *model,
-                           const struct job *jobs, uint32_t njobs,
-                           size_t *nout, int *bad);
+                           const char *only, const struct job *jobs,
+                           uint32_t njobs, size_t *nout, int *bad);
 /* One line of a specs file: the job's name, its target ratio or "sweep",
  * its spec, then its copy and needle specs where it has them; every
  * occurrence of wabs (the weights directory as the daemon needs it,
@@ -223,8 +233,10 @@ struct row *table_job_rows(const char *path, const char *model,
  * same on every machine. */
 void table_write_spec(FILE *f, const struct job *j, const char *wabs,
                       const char *wdir);
-/* A specs file: "# what", then a line per job; dies when it cannot. */
-void table_write_specs(const char *path, const char *what,
+/* A specs file: "# what", then (with only, --only's list) the lines of
+ * the file already at path of the policies not in only, then a line per
+ * job; dies when it cannot. */
+void table_write_specs(const char *path, const char *what, const char *only,
                        const struct job *jobs, uint32_t njobs,
                        const char *wabs, const char *wdir);
 /* DIR/quality.md opened for writing (dies when it cannot be). */

@@ -68,6 +68,34 @@ void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
 	         "sinks=4", wabs, tokens, RECIPE_KVPOP_DELAY);
 }
 
+/* 1 when name is one of the comma-separated list. */
+int eval_in_list(const char *list, const char *name)
+{
+	const size_t len = strlen(name);
+	for (const char *p = list; p && *p;) {
+		const char *c = strchr(p, ',');
+		const size_t pl = c ? (size_t)(c - p) : strlen(p);
+		if (pl == len && !strncmp(p, name, len))
+			return 1;
+		p = c ? c + 1 : NULL;
+	}
+	return 0;
+}
+
+uint32_t eval_only_jobs(struct job *jobs, uint32_t n, const char *list)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (eval_in_list(list, jobs[i].name)) {
+			if (k != i)
+				jobs[k] = jobs[i];
+			k++;
+		}
+	if (!k)
+		eval_die("--only %s: no job of those names", list);
+	return k;
+}
+
 int eval_is_bound(const char *p)
 {
 	return !strcmp(p, "full") || !strcmp(p, "random") ||

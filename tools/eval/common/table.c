@@ -54,8 +54,8 @@ int table_parse_row(const char *line, struct row *r)
 	return 0;
 }
 
-size_t table_read_others(const char *path, const char *model, struct row *rows,
-                         size_t max)
+size_t table_read_others(const char *path, const char *model,
+                         const char *only, struct row *rows, size_t max)
 {
 	size_t nr = 0;
 	FILE *f = fopen(path, "r");
@@ -66,7 +66,8 @@ size_t table_read_others(const char *path, const char *model, struct row *rows,
 		if (!strncmp(line, "model,", 6))
 			continue;
 		if (table_parse_row(line, &rows[nr]) == 0 &&
-		    strcmp(rows[nr].model, model))
+		    (strcmp(rows[nr].model, model) ||
+		     (only && !eval_in_list(only, rows[nr].policy))))
 			nr++;
 	}
 	fclose(f);
@@ -107,13 +108,13 @@ void table_print_model(const struct row *rows, size_t nr, const char *model)
 }
 
 struct row *table_job_rows(const char *path, const char *model,
-                           const struct job *jobs, uint32_t njobs,
-                           size_t *nout, int *bad)
+                           const char *only, const struct job *jobs,
+                           uint32_t njobs, size_t *nout, int *bad)
 {
 	struct row *rows = calloc(1024 + njobs, sizeof(*rows));
 	if (!rows)
 		eval_die("out of memory");
-	size_t nr = table_read_others(path, model, rows, 1024);
+	size_t nr = table_read_others(path, model, only, rows, 1024);
 	*bad = 0;
 	for (uint32_t k = 0; k < njobs; k++) {
 		const struct job *j = &jobs[k];
@@ -170,14 +171,44 @@ void table_write_spec(FILE *f, const struct job *j, const char *wabs,
 	fputc('\n', f);
 }
 
-void table_write_specs(const char *path, const char *what,
+/* The lines of the specs file at path of the policies not in only (its
+ * first line, the run's, dropped), malloc'd, or NULL. */
+static char *specs_others(const char *path, const char *only)
+{
+	FILE *f = only ? fopen(path, "r") : NULL;
+	if (!f)
+		return NULL;
+	char *keep = NULL, line[4096];
+	size_t n = 0;
+	FILE *m = open_memstream(&keep, &n);
+	if (!m) {
+		fclose(f);
+		return NULL;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char name[64];
+		if (line[0] == '#' || sscanf(line, "%63s", name) != 1 ||
+		    eval_in_list(only, name))
+			continue;
+		fputs(line, m);
+	}
+	fclose(f);
+	fclose(m);
+	return keep;
+}
+
+void table_write_specs(const char *path, const char *what, const char *only,
                        const struct job *jobs, uint32_t njobs,
                        const char *wabs, const char *wdir)
 {
+	char *others = specs_others(path, only);
 	FILE *f = fopen(path, "w");
 	if (!f)
 		eval_die("%s: %s", path, strerror(errno));
 	fprintf(f, "# %s\n", what);
+	if (others)
+		fputs(others, f);
+	free(others);
 	for (uint32_t k = 0; k < njobs; k++)
 		table_write_spec(f, &jobs[k], wabs, wdir);
 	fclose(f);
@@ -379,15 +410,20 @@ int table_write_results(const struct eval_opts *a, const struct job *jobs,
                       uint32_t njobs, const char *what, const char *tag,
                       const char *csv, table_md_fn md, table_png_fn png)
 {
-	char path[1200];
+	char path[1200], w2[1024];
+	if (a->only) { /* the md's and the specs' run line says so */
+		snprintf(w2, sizeof(w2), "%s; --only %s: the other policies' "
+		         "rows are the previous run's", what, a->only);
+		what = w2;
+	}
 	snprintf(path, sizeof(path), "%s/specs-%s%s.txt", a->out, a->mname,
 	         tag);
-	table_write_specs(path, what, jobs, njobs, a->wabs, a->wdir);
+	table_write_specs(path, what, a->only, jobs, njobs, a->wabs, a->wdir);
 	snprintf(path, sizeof(path), "%s/%s", a->out, csv);
 	size_t nr;
 	int bad;
-	struct row *rows = table_job_rows(path, a->mname, jobs, njobs, &nr,
-	                                  &bad);
+	struct row *rows = table_job_rows(path, a->mname, a->only, jobs, njobs,
+	                                  &nr, &bad);
 	table_write_csv(path, rows, nr);
 	md(a->out, rows, nr, a->mname, what);
 	png(a->out, rows, nr, a->mname);

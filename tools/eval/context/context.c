@@ -234,30 +234,6 @@ static void run_windows(struct windows *p, int threads)
 
 /* ------------------------------------------------------------ jobs */
 
-/* Keeps the jobs whose name is in the comma-separated list (--only), in
- * order; returns how many. */
-static uint32_t only_jobs(struct job *jobs, uint32_t n, const char *list)
-{
-	uint32_t k = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		size_t len = strlen(jobs[i].name);
-		for (const char *p = list; p && *p;) {
-			const char *c = strchr(p, ',');
-			size_t pl = c ? (size_t)(c - p) : strlen(p);
-			if (pl == len && !strncmp(p, jobs[i].name, len)) {
-				if (k != i)
-					jobs[k] = jobs[i];
-				k++;
-				break;
-			}
-			p = c ? c + 1 : NULL;
-		}
-	}
-	if (!k)
-		eval_die("--only %s: no job of those names", list);
-	return k;
-}
-
 /* What the jobs are made of (make_jobs). */
 struct jobs_in {
 	const struct model *M;
@@ -417,7 +393,7 @@ int context_main(const struct model *M, const struct eval_opts *a)
 	                      .nrat = nrat};
 	njobs = make_jobs(&jin, P, jobs);
 	if (a->only)
-		njobs = only_jobs(jobs, njobs, a->only);
+		njobs = eval_only_jobs(jobs, njobs, a->only);
 
 	/* ---- the pool */
 	char rt[400];

@@ -266,6 +266,8 @@ int decoding_main(const struct model *M, const struct eval_opts *a)
 		              &ncal);
 		njobs = decoding_jobs(M, a, zs, ncal, P, T, ratios, nrat, 1,
 		                      a->quick ? 1 : D2_SWEEP, jobs);
+		if (a->only)
+			njobs = eval_only_jobs(jobs, njobs, a->only);
 		free(zs[0]);
 		free(zs[1]);
 	}
