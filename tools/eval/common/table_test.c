@@ -31,6 +31,14 @@ static char *read_file(const char *path)
 	return buf;
 }
 
+/* A kvpop job at the target 0.75 that measured nothing yet. */
+static void kvpop_job(struct job *j)
+{
+	memset(j, 0, sizeof(*j));
+	snprintf(j->name, sizeof(j->name), "kvpop");
+	j->ratio = 0.75;
+}
+
 TEST(eval_table, only_replaces_its_policies_rows_and_keeps_the_others)
 {
 	char path[512];
@@ -42,9 +50,7 @@ TEST(eval_table, only_replaces_its_policies_rows_and_keeps_the_others)
 	           "m,kvpopx,0.750,0.7500,0.200000,0.8000,0.20000,,,\n"
 	           "other,kvpop,0.750,0.7500,0.500000,0.5000,0.50000,,,\n");
 	static struct job jobs[1];
-	memset(jobs, 0, sizeof(jobs));
-	snprintf(jobs[0].name, sizeof(jobs[0].name), "kvpop");
-	jobs[0].ratio = 0.75;
+	kvpop_job(jobs);
 	jobs[0].tau = NAN;
 	jobs[0].kl = 0.2;   /* over 2 positions: 0.1 */
 	jobs[0].top1 = 1.8;
@@ -94,9 +100,7 @@ TEST(eval_table, only_keeps_the_other_policies_specs)
 	           "kvpop 0.750 kvpop:model=w/kvpop.safetensors,tokens=9\n"
 	           "h2o 0.750 h2o:ratio=0.75\n");
 	static struct job jobs[1];
-	memset(jobs, 0, sizeof(jobs));
-	snprintf(jobs[0].name, sizeof(jobs[0].name), "kvpop");
-	jobs[0].ratio = 0.75;
+	kvpop_job(jobs);
 	snprintf(jobs[0].spec[C_MAIN], KVT_SPEC_MAX,
 	         "kvpop:model=/abs/w/kvpop.safetensors,tokens=7");
 	table_write_specs(path, "this run", "kvpop", jobs, 1, "/abs/w", "w");
