@@ -9,6 +9,13 @@
  * sync where the query at position i + delay arrives and never again.
  * Protected: the entries still in their delay, the sinks and, with
  * window=N, the newest N positions (policy_protected).
+ * With memory=T (host rule only so far: the device rule declines it) an
+ * entry past its delay keeps a decayed sum m and count c of the attention
+ * each later query pays it (decay exp(-1/T) a query; entry state [a, s,
+ * m, c]) and the selection ranks by (K s + c ln(N m / c)) / (K + c), K =
+ * trust, N = KVPOP_HORIZON: the learned score first, what the entry is
+ * seen to receive as it accumulates; an entry whose use fades loses its
+ * place.
  */
 #include "learned.h"
 
@@ -27,6 +34,10 @@
 #define KVPOP_DEF_DELAY 32u
 #define KVPOP_DEF_SINKS 4u
 #define KVPOP_EPS 1e-6f
+/* The horizon of the scorer's training target (tools/train/recipe.h's
+ * RECIPE_KVPOP_HORIZON): s estimates ln of the attention over N queries,
+ * so the memory's estimate is ln(N m / c). */
+#define KVPOP_HORIZON 128.0f
 
 struct kvpop_layer {
 	const float *P, *W1, *b1, *W2, *b2;
@@ -51,7 +62,7 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
 		return KVT_EPOLICY;
 	}
-	p->entry_floats = 2;
+	p->entry_floats = a->memory ? 4 : 2;
 
 	int rc = learned_open(p, sizeof(struct kvpop), err, errlen);
 	struct kvpop *k = p->priv;
@@ -128,15 +139,19 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 		}
 	}
 	int due = policy_due(p, l);
+	const uint32_t ef = p->entry_floats, T = p->args.memory;
+	const float beta = T ? expf(-1.0f / (float)T) : 0.0f,
+	            K = (float)p->args.trust;
 	for (uint32_t g = 0; g < nkv; g++) {
 		struct policy_head *h = &l->heads[g];
 		uint32_t len = h->len;
 		if (!len)
 			continue;
 		/* Attention from the new queries to the entries still inside
-		 * their delay (pos + d >= prev), through one-row "pages" that
-		 * point at their K rows (attn_band reads K only). */
-		if (n && d) {
+		 * their delay (pos + d >= prev; with a memory, to every entry),
+		 * through one-row "pages" that point at their K rows
+		 * (attn_band reads K only). */
+		if (n && (d || T)) {
 			uint32_t *idx = policy_scratch(p, len * sizeof(uint32_t));
 			uint32_t *kp = policy_scratch(p, len * sizeof(uint32_t));
 			void **rows = policy_scratch(p, len * sizeof(void *));
@@ -144,7 +159,7 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 				return KVT_ENOMEM;
 			uint32_t c = 0;
 			for (uint32_t i = 0; i < len; i++) {
-				if ((uint64_t)h->pos[i] + d < prev)
+				if (!T && (uint64_t)h->pos[i] + d < prev)
 					continue;
 				idx[c] = i;
 				kp[c] = h->pos[i];
@@ -157,15 +172,21 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 			if (c && !w)
 				return KVT_ENOMEM;
 			for (uint32_t e = 0; e < c; e++) {
-				float *acc = &h->ent[(size_t)idx[e] * 2];
+				float *acc = &h->ent[(size_t)idx[e] * ef];
 				for (uint32_t t = 0; t < n; t++) {
 					if (qpos[t] <= kp[e] ||
-					    qpos[t] - kp[e] > d)
+					    (!T && qpos[t] - kp[e] > d))
 						continue;
 					float v = 0.0f;
 					for (uint32_t j = 0; j < G; j++)
 						v += w[((size_t)t * G + j) * c + e];
-					*acc += v / (float)G;
+					v /= (float)G;
+					if (qpos[t] - kp[e] <= d) {
+						acc[0] += v;
+					} else { /* the memory, in query order */
+						acc[2] = beta * acc[2] + v;
+						acc[3] = beta * acc[3] + 1.0f;
+					}
 				}
 			}
 		}
@@ -174,7 +195,7 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 			uint64_t pd = (uint64_t)h->pos[i] + d;
 			if (pd < prev || pd >= l->n_seen)
 				continue;
-			float *e = &h->ent[(size_t)i * 2];
+			float *e = &h->ent[(size_t)i * ef];
 			const float *u = ring +
 			        (size_t)(h->pos[i] % k->ring) * k->r;
 			e[1] = kvpop_score(k, kl, g, u, logf(e[0] + KVPOP_EPS),
@@ -187,7 +208,13 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 		if (!s || !prot)
 			return KVT_ENOMEM;
 		for (uint32_t i = 0; i < len; i++) {
-			s[i] = h->ent[(size_t)i * 2 + 1];
+			const float *e = &h->ent[(size_t)i * ef];
+			s[i] = e[1];
+			if (T && e[3] > 0.0f)
+				s[i] = (K * e[1] +
+				        e[3] * logf(KVPOP_HORIZON * e[2] / e[3] +
+				                    KVPOP_EPS)) /
+				       (K + e[3]);
 			prot[i] = (uint64_t)h->pos[i] + d >= l->n_seen;
 		}
 		int rc = policy_select(p, l, h, s, prot);
@@ -315,8 +342,15 @@ static void kvpop_params(const struct policy *p,
 	};
 }
 
+/* policy.h: the device rule has no memory yet. */
+static int kvpop_supports(const struct policy *p)
+{
+	return !p->args.memory;
+}
+
 static const struct policy_device_rule kvpop_device = {
 	.name = "kvpop", .version = KVPOP_RULE_VERSION,
+	.supports = kvpop_supports,
 	.params_bytes = sizeof(struct kvpop_rule),
 	.job_bytes = sizeof(struct kvpop_rule_job),
 	.shape = kvpop_shape, .upload = kvpop_upload, .plan = kvpop_plan,
@@ -327,11 +361,13 @@ const struct policy_ops kvpop_ops = {
 	.name = "kvpop",
 	.help = "KVpop: learned delayed scorer on x + attention received, "
 	        "fixed per-head budget (model=PATH, tokens=256, delay=32, "
-	        "sinks=4, window=0, every=N)",
+	        "sinks=4, window=0, memory=0 (decay tokens), trust=0, "
+	        "every=N)",
 	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |
 	         POLICY_NEED_KV,
 	.keys = POLICY_KEY_MODEL | POLICY_KEY_TOKENS | POLICY_KEY_DELAY |
-	        POLICY_KEY_SINKS | POLICY_KEY_WINDOW | POLICY_KEY_EVERY,
+	        POLICY_KEY_SINKS | POLICY_KEY_WINDOW | POLICY_KEY_EVERY |
+	        POLICY_KEY_MEMORY | POLICY_KEY_TRUST,
 	.init = kvpop_init,
 	.fini = learned_fini,
 	.decide = kvpop_decide,

@@ -80,6 +80,8 @@ static const struct {
 	{"cov", POLICY_KEY_COV, KT_BOOL, "0 or 1", 0},
 	{"vnorm", POLICY_KEY_VNORM, KT_BOOL, "0 or 1", 0},
 	{"eps", POLICY_KEY_EPS, KT_RATIO, "a decimal number", 0},
+	{"memory", POLICY_KEY_MEMORY, KT_U32, "a decimal uint32", 0},
+	{"trust", POLICY_KEY_TRUST, KT_U32, "a decimal uint32", 0},
 };
 
 /* Decimal digits only (no sign, no spaces), at most max. */
@@ -244,6 +246,12 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		break;
 	case POLICY_KEY_FUTURE:
 		a->future = (uint32_t)u;
+		break;
+	case POLICY_KEY_MEMORY:
+		a->memory = (uint32_t)u;
+		break;
+	case POLICY_KEY_TRUST:
+		a->trust = (uint32_t)u;
 		break;
 	case POLICY_KEY_THETA:
 		if (!(d > 0.0))

@@ -52,6 +52,8 @@ enum policy_key {
 	POLICY_KEY_COV = 1u << 14,
 	POLICY_KEY_VNORM = 1u << 15,
 	POLICY_KEY_EPS = 1u << 16,
+	POLICY_KEY_MEMORY = 1u << 17,
+	POLICY_KEY_TRUST = 1u << 18,
 };
 
 /* How an attention policy folds a KV head's group into one score: the
@@ -74,6 +76,7 @@ enum policy_tau {
 struct policy_args {
 	uint32_t sinks, window, tokens, every, delay, kernel;
 	uint32_t beta, future;
+	uint32_t memory, trust; /* kvpop's memory: decay tokens, weight */
 	double ratio;
 	double theta, eps;
 	uint8_t cov, vnorm; /* 0 or 1 */

@@ -476,6 +476,72 @@ TEST(policy, kvpop_attention_feature)
 	policy_free(f.p);
 }
 
+/* The four steps of kvpop_memory_by_hand under spec; the query of step
+ * k has q = qv[k] in both query heads (the attention paid to a key ln a
+ * is a^q), entries' keys ln 2, ln .5, ln 1, ln 1. */
+static void memory_steps(struct fx *f, const char *spec)
+{
+	static const float keys[4] = {2.0f, 0.5f, 1.0f, 1.0f},
+	                   qv[4] = {1.0f, 1.0f, 1.0f, -2.0f};
+	fx_init(f, spec, 2, 1);
+	for (uint32_t k = 0; k < 4; k++) {
+		float a[1][FX_KV] = {{keys[k]}}, q[1][FX_H] = {{qv[k], qv[k]}};
+		T_OK(fx_sync(f, 1, KVT_PHASE_DECODE, a, NULL, q, NULL));
+	}
+}
+
+TEST(policy, kvpop_memory_by_hand)
+{
+	/* delay 1, memory 2 (decay b = e^-1/2 a query).  Step 1's query
+	 * pays entry 0 2^1 inside its delay: a0 = 2.  Step 2 (q 1): entry 0
+	 * is past it, m0 = 2, c0 = 1; entry 1 in it, a1 = .5.  Step 3
+	 * (q -2): m0 = 2b + 2^-2, c0 = b + 1; m1 = .5^-2 = 4, c1 = 1; a2 = 1. */
+	const char *w = tmp_path("kvpop-mem.safetensors");
+	kvpop_weights(w, 0.0f, 1.0f, 0);
+	const double b = exp(-0.5);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=16,delay=1,"
+	         "sinks=0,memory=2", w);
+	struct fx f;
+	memory_steps(&f, spec);
+	T_EQ(f.p->entry_floats, 4);
+	T_EQ(f.len[0], 4);
+	const double want[4][4] = {{2, NAN, 2 * b + 0.25, b + 1},
+	                           {0.5, NAN, 4, 1},
+	                           {1, NAN, 0, 0},
+	                           {0, NAN, 0, 0}};
+	for (uint32_t i = 0; i < 4; i++) {
+		const float *e = &f.ent[0][(size_t)i * 4];
+		T_EQ(f.pos[0][i], i);
+		for (uint32_t c = 0; c < 4; c++)
+			if (!isnan(want[i][c]))
+				T_ASSERT(fabs(e[c] - want[i][c]) < 1e-5);
+	}
+	policy_free(f.p);
+
+	/* Budget 3, position 3 in its delay: one of 0, 1, 2 goes.  The
+	 * learned scores s = gelu(ln A + 10): about 10.69, 9.31, 10.
+	 * trust 0 ranks by ln(128 m / c) where there is a memory: entry 0
+	 * ln(128 (2b + .25) / (b + 1)) = 4.76 (fading), entry 1 ln 512 =
+	 * 6.24 (now read), entry 2 (none) its s, 10: entry 0 goes.  trust
+	 * 1000 weighs the learned score 1000 to c: entry 0 about 10.68,
+	 * entry 1 9.30, entry 2 10: entry 1 goes, as without a memory. */
+	const struct {
+		const char *extra;
+		uint32_t gone;
+	} c[] = {{"memory=2,trust=0", 0}, {"memory=2,trust=1000", 1},
+	         {"memory=0", 1}};
+	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+		snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=1,"
+		         "sinks=0,%s", w, c[k].extra);
+		memory_steps(&f, spec);
+		T_EQ(f.len[0], 3);
+		for (uint32_t i = 0; i < f.len[0]; i++)
+			T_ASSERT(f.pos[0][i] != c[k].gone);
+		policy_free(f.p);
+	}
+}
+
 TEST(policy, kvpop_weight_refusals)
 {
 	struct policy_geom ge = geom(2, 1);

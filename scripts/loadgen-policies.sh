@@ -9,7 +9,8 @@
 # fastkvzip_rule and fastkvzip_threshold_rule add sinks, a window or a
 # short delay, every=3 and a prefill that does not fill the staging ring's
 # rows evenly, so syncs that decide nothing and rings that wrap are
-# crossed; the _64 runs sync 64 sequences at once, 4 tokens each after a
+# crossed; kvpop_memory decides on the host (the device rule declines
+# kvpop's memory); the _64 runs sync 64 sequences at once, 4 tokens each after a
 # prefill of 13 (32 for the prompt-only ones), through the batched device
 # rules).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
@@ -37,6 +38,7 @@ fastkvzip_threshold fastkvzip:window=8,every=16,threshold=0.5
 fastkvzip_threshold_rule fastkvzip:window=4,sinks=2,every=3,threshold=0.5 --prefill 17
 kvpop kvpop:tokens=24,delay=8
 kvpop_rule kvpop:tokens=20,delay=3,sinks=2,window=8,every=3 --prefill 17
+kvpop_memory kvpop:tokens=20,delay=3,sinks=2,window=8,memory=16,trust=8,every=3 --prefill 17
 knorm knorm:tokens=24
 pyramidkv pyramidkv:window=8,tokens=16 --prefill 32
 expected_attention expected_attention:window=8,tokens=16 --prefill 32
