@@ -131,7 +131,8 @@ void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
 /* kvpop's spec with the weights in wabs and a budget of tokens per list
  * (delay RECIPE_KVPOP_DELAY, 4 sinks). */
 void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
-/* 1 when name is one of the comma-separated list. */
+/* 1 when name is one of the names of the comma-separated list (whole
+ * names: "kvpop" is not in "kvpopx"). */
 int eval_in_list(const char *list, const char *name);
 /* Keeps the jobs whose name is in the comma-separated list (--only), in
  * order; returns how many (dies when none is). */

@@ -68,7 +68,6 @@ void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
 	         "sinks=4", wabs, tokens, RECIPE_KVPOP_DELAY);
 }
 
-/* 1 when name is one of the comma-separated list. */
 int eval_in_list(const char *list, const char *name)
 {
 	const size_t len = strlen(name);

@@ -172,7 +172,8 @@ void table_write_spec(FILE *f, const struct job *j, const char *wabs,
 }
 
 /* The lines of the specs file at path of the policies not in only (its
- * first line, the run's, dropped), malloc'd, or NULL. */
+ * first line, the run's, dropped), malloc'd, or NULL.  A line is at most
+ * three specs of KVT_SPEC_MAX and a name, well inside line[]. */
 static char *specs_others(const char *path, const char *only)
 {
 	FILE *f = only ? fopen(path, "r") : NULL;
