@@ -9,8 +9,7 @@
  * sync where the query at position i + delay arrives and never again.
  * Protected: the entries still in their delay, the sinks and, with
  * window=N, the newest N positions (policy_protected).
- * With memory=T (host rule only so far: the device rule declines it) an
- * entry past its delay keeps a decayed sum m and count c of the attention
+ * With memory=T an entry past its delay keeps a decayed sum m and count c of the attention
  * each later query pays it (decay exp(-1/T) a query; entry state [a, s,
  * m, c]) and the selection ranks by (K s + c ln(N m / c)) / (K + c), K =
  * trust, N = KVPOP_HORIZON: the learned score first, what the entry is
@@ -34,10 +33,6 @@
 #define KVPOP_DEF_DELAY 32u
 #define KVPOP_DEF_SINKS 4u
 #define KVPOP_EPS 1e-6f
-/* The horizon of the scorer's training target (tools/train/recipe.h's
- * RECIPE_KVPOP_HORIZON): s estimates ln of the attention over N queries,
- * so the memory's estimate is ln(N m / c). */
-#define KVPOP_HORIZON 128.0f
 
 struct kvpop_layer {
 	const float *P, *W1, *b1, *W2, *b2;
@@ -62,7 +57,7 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
 		return KVT_EPOLICY;
 	}
-	p->entry_floats = a->memory ? 4 : 2;
+	p->entry_floats = KVPOP_ENTRY_FLOATS(a->memory);
 
 	int rc = learned_open(p, sizeof(struct kvpop), err, errlen);
 	struct kvpop *k = p->priv;
@@ -237,15 +232,17 @@ static int kvpop_attn(const struct policy *p, const struct policy_layer *l,
 	return 1;
 }
 
-/* policy.h: per list record two halves of cap positions and [a, s],
- * per (sequence, layer) its ring of u rows (kvpop_rule.h's layout). */
+/* policy.h: per list record two halves of cap positions and [a, s] (with
+ * a memory [a, s, m, c]), per (sequence, layer) its ring of u rows
+ * (kvpop_rule.h's layout). */
 static void kvpop_shape(const struct policy *p, uint32_t cap,
                         struct policy_dev_shape *s)
 {
 	const struct kvpop *k = p->priv;
 	*s = (struct policy_dev_shape){
 		.records = p->geom.n_kv_heads,
-		.record_bytes = 2 * (size_t)cap * 3 * sizeof(float),
+		.record_bytes = 2 * (size_t)cap *
+		                (1 + p->entry_floats) * sizeof(float),
 		.layer_bytes = (size_t)k->ring * k->r * sizeof(float),
 		.positions = 1,
 	};
@@ -298,7 +295,8 @@ static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
  * projecting them; the protected tail (the delay, or the window where it
  * is longer) is fixed, so the counts follow from the numbers
  * (policy_attn_count), and so does the band: its delay has not ended
- * before this sync, so every position of it is still in the list. */
+ * before this sync, so every position of it is still in the list; with a
+ * memory the band is the whole list. */
 static int kvpop_plan(const struct policy *p, const struct policy_layer *l,
                       const struct policy_dev_layer *c, void *jobs,
                       struct policy_dev_job *hj, uint32_t *n, char *err,
@@ -321,7 +319,9 @@ static int kvpop_plan(const struct policy *p, const struct policy_layer *l,
 			.ring = c->ring, .layer = l->layer, .record = hj[k].rec,
 			.cur = c->cur[h], .proj = h == 0 && l->n_new,
 			.len = c->len[h], .n_new = l->n_new, .n_seen = l->n_seen,
-			.n_band = band, .due = (uint32_t)policy_attn_due(&r),
+			.n_band = l->n_new && p->args.memory
+			          ? c->len[h] + l->n_new : band,
+			.due = (uint32_t)policy_attn_due(&r),
 			.keep = keep, .n_drop = hj[k].n_drop, .drop_off = off,
 		};
 		off += hj[k++].n_drop;
@@ -339,18 +339,16 @@ static void kvpop_params(const struct policy *p,
 		.cap = b->cap, .rows = b->rows, .d_model = p->geom.d_model,
 		.r = k->r, .m = k->m, .ring = k->ring, .delay = p->args.delay,
 		.sinks = p->args.sinks, .window = p->args.window,
+		.memory = p->args.memory,
+		/* kvpop_decide's expression, so that both rules decay alike */
+		.beta = p->args.memory ? expf(-1.0f / (float)p->args.memory)
+		                       : 0.0f,
+		.trust = (float)p->args.trust,
 	};
-}
-
-/* policy.h: the device rule has no memory yet. */
-static int kvpop_supports(const struct policy *p)
-{
-	return !p->args.memory;
 }
 
 static const struct policy_device_rule kvpop_device = {
 	.name = "kvpop", .version = KVPOP_RULE_VERSION,
-	.supports = kvpop_supports,
 	.params_bytes = sizeof(struct kvpop_rule),
 	.job_bytes = sizeof(struct kvpop_rule_job),
 	.shape = kvpop_shape, .upload = kvpop_upload, .plan = kvpop_plan,

@@ -2,10 +2,10 @@
  * kvpop.cu — KVpop's rule on the cuda backend, the device rule "kvpop"
  * (kvpop_rule.h; struct kvt_backend_rule, backend.h): policies/kvpop.c's
  * delayed learned scorer run where the staged rows, the keys, the
- * projections u and the entries' state [a, s] are, so that a sync moves
- * only the drop indices to the host.  The whole call (every job: one
- * list) in at most 13 launches whatever its jobs, kvpop_decide's float
- * operations one for one: the plan (one block), the row checks, u = P x
+ * projections u and the entries' state ([a, s], with a memory [a, s, m,
+ * c]) are, so that a sync moves only the drop indices to the host.  The
+ * whole call (every job: one list) in at most 13 launches whatever its
+ * jobs, kvpop_decide's float operations one for one: the plan (one block), the row checks, u = P x
  * of every projecting job (copy, one grouped GEMM, scatter), the state
  * carried with the bands found, the bands' attention accumulated,
  * kvpop_score where a delay ends, and the due lists' selection, drop
@@ -29,27 +29,37 @@
 
 /* What batch_select.cuh asks of a job: the first job of a (sequence,
  * layer) (proj) checks the rows for its lists; the state record is the
- * list's; a band when there are new entries and a delay, of the caller's
- * n_band entries. */
+ * list's; a band when there are new entries and the rule reads attention
+ * (its "delay" argument: bc_pop_reads, a delay or a memory), of the
+ * caller's n_band entries. */
 static __device__ __forceinline__ int
 bc_bs_checked(const kvpop_rule_job &j) { return j.proj; }
 static __device__ __forceinline__ uint32_t
 bc_bs_srec(const kvpop_rule_job &j) { return j.record; }
 static __device__ __forceinline__ int
-bc_bs_band(const kvpop_rule_job &j, uint32_t delay)
+bc_bs_band(const kvpop_rule_job &j, uint32_t reads)
 {
-	return j.n_new && delay;
+	return j.n_new && reads;
 }
 static __device__ __forceinline__ uint32_t
 bc_bs_band_n(const kvpop_rule_job &j) { return j.n_band; }
 
 #include "batch_select.cuh"
 
-/* Half h of record r: positions [cap], then [cap][2] floats (a, s). */
+/* Whether the new queries' attention is read at all: to the entries in
+ * their delay, or with a memory to every entry. */
+static __host__ __device__ __forceinline__ uint32_t
+bc_pop_reads(const kvpop_rule &a)
+{
+	return a.delay || a.memory;
+}
+
+/* Half h of record r: positions [cap], then [cap][F] floats (a, s and,
+ * with a memory, m, c; F = KVPOP_ENTRY_FLOATS). */
 static __host__ __device__ __forceinline__ uint32_t *
 bc_pop_half(const kvpop_rule &a, uint32_t r, uint32_t h)
 {
-	return bc_es_half(a.state, a.cap, 2, r, h);
+	return bc_es_half(a.state, a.cap, KVPOP_ENTRY_FLOATS(a.memory), r, h);
 }
 
 /* The call's plan, one block of BC_BS_THREADS: bc_bs_plan_dev's (the
@@ -67,7 +77,8 @@ __global__ void bc_pop_plan(const kvpop_rule a,
                             float **Y)
 {
 	__shared__ uint64_t sum[BC_BS_THREADS + 1][3];
-	bc_bs_plan_dev(jobs, n, a.delay, at, boff, first, keep, segs, sum);
+	bc_bs_plan_dev(jobs, n, bc_pop_reads(a), at, boff, first, keep, segs,
+	               sum);
 	__syncthreads(); /* sum is reused */
 	uint32_t lo, hi;
 	bc_bs_run(n, &lo, &hi);
@@ -147,11 +158,11 @@ __global__ void bc_pop_scatter(const kvpop_rule a,
 
 /* Steps 2 and 3's band, one block per job (bc_bs_threads of the longest
  * list: at most BC_BS_THREADS), each thread a run of its entries: the
- * state carried from half cur to the other (the new entries with a = s =
- * 0); then, for a job with a band (boff[k] not UINT32_MAX), the indices
- * of the entries with pos + delay >= n_seen - n_new in order (at most
- * n_band written, at bidx + boff[k]), bad[k] = 1 when there are not
- * n_band of them, else 0. */
+ * state carried from half cur to the other (the new entries with every
+ * float 0); then, for a job with a band (boff[k] not UINT32_MAX), the
+ * indices of the entries with pos + delay >= n_seen - n_new (with a
+ * memory: every entry) in order (at most n_band written, at bidx +
+ * boff[k]), bad[k] = 1 when there are not n_band of them, else 0. */
 __global__ void bc_pop_band(const kvpop_rule a,
                             const kvpop_rule_job *jobs,
                             const uint32_t *boff, uint32_t *bidx,
@@ -161,7 +172,8 @@ __global__ void bc_pop_band(const kvpop_rule a,
 	__shared__ uint32_t total;
 	const uint32_t bo = boff[blockIdx.x];
 	const kvpop_rule_job j = jobs[blockIdx.x];
-	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new;
+	const uint32_t L = j.len + j.n_new, first = j.n_seen - j.n_new,
+	               F = KVPOP_ENTRY_FLOATS(a.memory);
 	const uint32_t *src = bc_pop_half(a, j.record, j.cur);
 	uint32_t *dst = bc_pop_half(a, j.record, j.cur ^ 1u);
 	const float *ss = (const float *)(src + a.cap);
@@ -175,9 +187,10 @@ __global__ void bc_pop_band(const kvpop_rule a,
 		const int old = i < j.len;
 		const uint32_t p = old ? src[i] : first + (i - j.len);
 		dst[i] = p;
-		sd[(uint64_t)i * 2] = old ? ss[(uint64_t)i * 2] : 0.0f;
-		sd[(uint64_t)i * 2 + 1] = old ? ss[(uint64_t)i * 2 + 1] : 0.0f;
-		c += (uint64_t)p + a.delay >= first;
+		for (uint32_t f = 0; f < F; f++)
+			sd[(uint64_t)i * F + f] =
+				old ? ss[(uint64_t)i * F + f] : 0.0f;
+		c += a.memory || (uint64_t)p + a.delay >= first;
 	}
 	if (bo == UINT32_MAX) {
 		if (threadIdx.x == 0)
@@ -199,17 +212,17 @@ __global__ void bc_pop_band(const kvpop_rule a,
 	uint32_t o = cnt[threadIdx.x];
 	uint32_t *out = bidx + bo;
 	for (uint32_t i = lo; i < hi && o < j.n_band; i++)
-		if ((uint64_t)dst[i] + a.delay >= first)
+		if (a.memory || (uint64_t)dst[i] + a.delay >= first)
 			out[o++] = i;
 	if (threadIdx.x == 0)
 		bad[blockIdx.x] = total != j.n_band;
 }
 
 /* Step 3's accumulation, grid (band entries, jobs), one thread per band
- * entry of every job with a band (unless bad): per query t in order
- * within the delay,
- * a += (sum over the G query heads in order of exp(logit - lse)) / G,
- * the logits in attn_band_cpu's order. */
+ * entry of every job with a band (unless bad): per query t in order after
+ * the entry, v = (sum over the G query heads in order of exp(logit -
+ * lse)) / G, the logits in attn_band_cpu's order; within the delay a +=
+ * v, after it (a memory) m = beta m + v, c = beta c + 1. */
 template <typename T>
 __global__ void bc_pop_accum(const kvt_backend_paged pg,
                              const kvpop_rule a,
@@ -230,14 +243,20 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 		const uint32_t first = j.n_seen - j.n_new, g = j.record % nkv;
 		uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
 		float *S = (float *)(pos + a.cap);
+		const uint32_t F = KVPOP_ENTRY_FLOATS(a.memory);
 		for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
 		     e < j.n_band; e += gridDim.x * blockDim.x) {
 			const uint32_t i = bidx[bo + e], kp = pos[i];
 			const T *key = (const T *)bc_entry_row(pg, r, i);
-			float acc = S[(uint64_t)i * 2];
+			float *ent = S + (uint64_t)i * F;
+			float acc = ent[0], mm = 0.0f, mc = 0.0f;
+			if (a.memory) {
+				mm = ent[2];
+				mc = ent[3];
+			}
 			for (uint32_t t = 0; t < j.n_new; t++) {
 				const uint32_t qp = first + t;
-				if (qp <= kp || qp - kp > a.delay)
+				if (qp <= kp || (!a.memory && qp - kp > a.delay))
 					continue;
 				const float *row = bc_es_row(j.ring, a.rows, qp);
 				float v = 0.0f;
@@ -246,16 +265,40 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 					v += bc_band_weight(row, a.rows, qh,
 					                    key, hd, scale);
 				}
-				acc += v / (float)G;
+				v /= (float)G;
+				if (qp - kp <= a.delay) {
+					acc += v;
+				} else { /* the memory, in query order */
+					mm = a.beta * mm + v;
+					mc = a.beta * mc + 1.0f;
+				}
 			}
-			S[(uint64_t)i * 2] = acc;
+			ent[0] = acc;
+			if (a.memory) {
+				ent[2] = mm;
+				ent[3] = mc;
+			}
 		}
 	}
 }
 
+/* The score an entry e ([a, s] or [a, s, m, c]) is ranked by:
+ * kvpop_decide's, s or, with a memory and c > 0, the blend. */
+static __device__ __forceinline__ float bc_pop_rank(const kvpop_rule &a,
+                                                    const float *e)
+{
+	if (!a.memory || !(e[3] > 0.0f))
+		return e[1];
+	return (a.trust * e[1] +
+	        e[3] * logf(KVPOP_HORIZON * e[2] / e[3] + 1e-6f)) /
+	       (a.trust + e[3]);
+}
+
 /* Steps 4 and 5, grid (entries, jobs): the score of the entries whose
  * delay ends in the sync (kvpop_score), then (due: seg[k] the job's place
- * in the flat arrays) score, rank and protection of every entry; a job
+ * in the flat arrays) score (with a memory and c > 0 the blend (trust s +
+ * c ln(KVPOP_HORIZON m / c + 1e-6)) / (trust + c)), rank and protection
+ * of every entry; a job
  * whose band was not n_band (bad) protects everything instead and gets
  * count[k] = UINT32_MAX (a due one through bc_bs_select's veto).  The
  * layer's W1 follows its P in a.weights (lf floats a layer): W1 [m][r +
@@ -266,7 +309,7 @@ __global__ void bc_pop_score(const kvpop_rule a,
                              uint64_t lf, const uint32_t *bad, float *sc,
                              uint32_t *rank, uint8_t *prot, uint32_t *count)
 {
-	const uint32_t r = a.r, m = a.m;
+	const uint32_t r = a.r, m = a.m, F = KVPOP_ENTRY_FLOATS(a.memory);
 	const float inv_sqrt2 = 0.70710678118654752440f;
 	for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
 		const kvpop_rule_job j = jobs[k];
@@ -289,7 +332,7 @@ __global__ void bc_pop_score(const kvpop_rule a,
 		     i += gridDim.x * blockDim.x) {
 			const uint32_t p = pos[i];
 			const uint64_t pd = (uint64_t)p + a.delay;
-			float *e = S + (uint64_t)i * 2;
+			float *e = S + (uint64_t)i * F;
 			if (fail) {
 				if (at != UINT32_MAX) {
 					sc[at + i] = 0.0f;
@@ -315,7 +358,7 @@ __global__ void bc_pop_score(const kvpop_rule a,
 				e[1] = s;
 			}
 			if (at != UINT32_MAX) {
-				sc[at + i] = e[1];
+				sc[at + i] = bc_pop_rank(a, e);
 				rank[at + i] = p;
 				prot[at + i] = pd >= j.n_seen || p < a.sinks ||
 				               (a.window &&
@@ -333,11 +376,15 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 {
 	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows) || !a->u ||
 	    !a->weights || !a->r || !a->m || !a->ring ||
-	    a->d_model > a->rows.row_floats) {
+	    a->d_model > a->rows.row_floats ||
+	    (a->memory && !(a->beta > 0.0f && a->beta < 1.0f &&
+	                    a->trust >= 0.0f && isfinite(a->trust)))) {
 		bc_note("kvpop rule: %u query heads on %u KV heads, head_dim "
 		        "%u, r %u, m %u, ring %u, d_model %u, rows of %u "
-		        "floats, or no state, u or weights", n_heads, nkv, hd,
-		        a->r, a->m, a->ring, a->d_model, a->rows.row_floats);
+		        "floats, memory %u (beta %g, trust %g), or no state, u "
+		        "or weights", n_heads, nkv, hd, a->r, a->m, a->ring,
+		        a->d_model, a->rows.row_floats, a->memory,
+		        (double)a->beta, (double)a->trust);
 		return KVT_EINVAL;
 	}
 	for (uint32_t k = 0; k < n; k++) {
@@ -382,7 +429,7 @@ static int bc_pop_count(struct bc_pop_plan *pl, const kvpop_rule *a,
 			rows += j->n_new;
 			pl->maxN = j->n_new > pl->maxN ? j->n_new : pl->maxN;
 		}
-		if (j->n_new && a->delay) {
+		if (j->n_new && bc_pop_reads(*a)) {
 			pl->has_band = 1;
 			pl->band += j->n_band;
 			pl->maxB = j->n_band > pl->maxB ? j->n_band : pl->maxB;
@@ -517,7 +564,8 @@ static int bc_pop_decide(const kvt_backend_paged &p, enum kvt_dtype dt,
 	KVT_LAUNCH(bc_pop_score, ge, te, 0, s, A, jobs, at, n, nkv,
 	           lf, bad, sc, rank, prot, dout + n);
 	BC_CALL(cudaGetLastError(), "kvpop rule score");
-	return bc_bs_select("kvpop rule", A.state, A.cap, 2, sc, rank, prot,
+	return bc_bs_select("kvpop rule", A.state, A.cap,
+	                    KVPOP_ENTRY_FLOATS(A.memory), sc, rank, prot,
 	                    drop, (const uint32_t *)(d + m.bs.o_first),
 	                    (const uint32_t *)(d + m.bs.o_keep),
 	                    (const struct bc_seg *)(d + m.bs.o_segs), pl->cn.nseg,

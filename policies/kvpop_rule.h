@@ -7,10 +7,12 @@
  * and the refusals every rule shares are backend.h's.
  *
  * One job per list.  Per-entry state in device memory (state): for list
- * record r and half h, [cap] positions (uint32) then [cap][2] floats (a:
- * the attention received within the delay, s: the score) at (uint32_t
- * *)state + (r * 2 + h) * cap * 3; read in half cur, written (compacted by
- * the drops) in the other, as H2O's (h2o_rule.h).  The projections u = P x
+ * record r and half h, [cap] positions (uint32) then [cap][F] floats (a:
+ * the attention received within the delay, s: the score and, with a
+ * memory, m and c: the decayed sum and count of the attention received
+ * after it; F = KVPOP_ENTRY_FLOATS(memory)) at (uint32_t *)state + (r * 2
+ * + h) * cap * (1 + F); read in half cur, written (compacted by the
+ * drops) in the other, as H2O's (h2o_rule.h).  The projections u = P x
  * of the tokens still in their delay live in u: for u record ur (list
  * record / n_kv_heads: the (sequence, layer)) [ring][r] floats at u + ur *
  * ring * r, position p in row p % ring.  The weights: layer l's tensors,
@@ -21,26 +23,32 @@
  *   proj jobs (the first job of a (sequence, layer) with new entries): u
  *     of the new rows = P x by SGEMM (scorer_linear_cpu's call, no bias),
  *     into their ring rows;
- *   the new entries get position n_seen - n_new + k and a = s = 0;
- *   when n_new and delay: the band, the entries i (in index order) with
- *     pos_i + delay >= n_seen - n_new (n_band of them, the caller's count,
- *     checked), against the new queries by one SGEMM (attn_band_cpu's
- *     call over the band's keys); a_i += (sum over the G query heads j of
- *     the list's KV head, in order, of exp(logit - lse)) / G for each
- *     query t in order with 0 < pos_t - pos_i <= delay;
+ *   the new entries get position n_seen - n_new + k and a = s = m = c =
+ *     0;
+ *   when n_new and (delay or memory): the band, the entries i (in index
+ *     order) with pos_i + delay >= n_seen - n_new (with a memory: every
+ *     entry; n_band of them, the caller's count, checked), against the
+ *     new queries by one SGEMM (attn_band_cpu's call over the band's
+ *     keys); for each query t in order with pos_t > pos_i, v = (sum over
+ *     the G query heads j of the list's KV head, in order, of exp(logit -
+ *     lse)) / G, and a_i += v when pos_t - pos_i <= delay, else (a
+ *     memory) m_i = beta m_i + v, c_i = beta c_i + 1;
  *   entries whose delay ends in the sync (n_seen - n_new <= pos + delay <
  *     n_seen): s = W2[g] . gelu(W1 [u; ln(a + 1e-6)] + b1) + b2[g] (exact
  *     erf GELU, kvpop_score's loops);
  *   when due: protected pos + delay >= n_seen, pos < sinks and, with a
  *     window, pos + window >= n_seen; of the others the best keep stay
- *     (ties keep the higher position).
+ *     (ties keep the higher position), ranked by s or, with a memory and
+ *     c > 0, by (trust s + c ln(KVPOP_HORIZON m / c + 1e-6)) / (trust +
+ *     c).
  *
  * Run: n jobs in order after the work queued on the stream: keys read
  * through the paged table, the new rows' x, q and lse in device staging,
  * u and the state on the device.  out[j] = 1 when an x, q or lse value of
  * job j's new rows is not finite (checked by proj jobs).  KVT_EINVAL
  * besides backend.h's: len + n_new beyond cap, n_band beyond len + n_new,
- * n_new beyond ring, rows beyond the staging ring, r or m 0.
+ * n_new beyond ring, rows beyond the staging ring, r or m 0, a memory
+ * whose beta is not in (0, 1) or whose trust is not finite and >= 0.
  */
 #ifndef KVT_KVPOP_RULE_H
 #define KVT_KVPOP_RULE_H
@@ -51,7 +59,7 @@
 
 /* Layout version of struct kvpop_rule and kvpop_rule_job (the rule's
  * kvt_backend_rule.version). */
-#define KVPOP_RULE_VERSION 2
+#define KVPOP_RULE_VERSION 3
 
 struct kvpop_rule {
 	void *state;           /* device: the entries' state (above) */
@@ -61,7 +69,19 @@ struct kvpop_rule {
 	struct kvt_backend_rows rows; /* device staging's layout (x read) */
 	uint32_t d_model, r, m, ring, delay, sinks;
 	uint32_t window;       /* the recent window protected (0: none) */
+	uint32_t memory;       /* the memory's decay in tokens (0: none) */
+	float beta;            /* exp(-1 / memory), the host's expf */
+	float trust;           /* the learned score's weight in the blend */
 };
+
+/* The horizon of the scorer's training target (tools/train/recipe.h's
+ * RECIPE_KVPOP_HORIZON): s estimates ln of the attention over N queries,
+ * so the memory's estimate is ln(N m / c). */
+#define KVPOP_HORIZON 128.0f
+
+/* Floats of an entry's state: [a, s], with a memory [a, s, m, c].  A
+ * macro, since the device code (policies/kvpop.cu) needs it too. */
+#define KVPOP_ENTRY_FLOATS(memory) ((memory) ? 4u : 2u)
 
 /* Floats of one layer's tensors in weights (above). */
 static inline uint64_t kvpop_layer_floats(uint32_t r, uint32_t m,

@@ -405,7 +405,11 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 	                       * one shorter */
 	                      "tokens=8,delay=2,sinks=1,window=4,every=2",
 	                      "tokens=4,delay=1,sinks=1,window=5",
-	                      "tokens=6,delay=3,sinks=0,window=2"};
+	                      "tokens=6,delay=3,sinks=0,window=2",
+	                      /* a memory: the band is the whole list, the
+	                       * counts are the same rule's */
+	                      "tokens=8,delay=2,sinks=1,window=4,memory=8,"
+	                      "trust=2,every=2"};
 	for (size_t k = 0; k < sizeof(args) / sizeof(args[0]); k++) {
 		char spec[600];
 		snprintf(spec, sizeof(spec), "kvpop:model=%s,%s", w, args[k]);

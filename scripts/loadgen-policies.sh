@@ -9,8 +9,8 @@
 # fastkvzip_rule and fastkvzip_threshold_rule add sinks, a window or a
 # short delay, every=3 and a prefill that does not fill the staging ring's
 # rows evenly, so syncs that decide nothing and rings that wrap are
-# crossed; kvpop_memory decides on the host (the device rule declines
-# kvpop's memory); the _64 runs sync 64 sequences at once, 4 tokens each after a
+# crossed; kvpop_memory adds kvpop's memory, kept by its device rule
+# too; the _64 runs sync 64 sequences at once, 4 tokens each after a
 # prefill of 13 (32 for the prompt-only ones), through the batched device
 # rules).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run

@@ -3,9 +3,11 @@
  * on the device, policies/kvpop.cu) against the cpu policy's own operations
  * (policies/kvpop.c: u = P x by scorer_linear_cpu into a ring of delay +
  * headroom rows, the band's attn_band_cpu weights summed per entry in t and
- * j order over the queries within the delay, kvpop_score's loops for the
- * entries whose delay ends, the protection, then select_topk_cpu ranked by
- * position, compact_plan's moves), written out here naively: over several
+ * j order over the queries within the delay and, with a memory, every
+ * entry's decayed sum and count of those after it, kvpop_score's loops for
+ * the entries whose delay ends, the protection, the memory's blend, then
+ * select_topk_cpu ranked by position, compact_plan's moves), written out
+ * here naively: over several
  * syncs of the two lists of one (sequence, layer) of layer 1 (a 12-token
  * prefill, decode steps, syncs whose new rows wrap round the staging ring's
  * end, syncs that are not due, f32 and f16 pages), with the pages compacted
@@ -46,25 +48,33 @@ struct px {
 	enum kvt_dtype dt;
 	size_t esz;
 	uint32_t window; /* the rule's recent window (0: none) */
+	uint32_t memory; /* the memory's decay in tokens (0: none) */
+	float trust;     /* the learned score's weight beside it */
+	uint32_t F;      /* floats an entry: 2, with a memory 4 */
 	void *state, *ring, *u, *w;
 	float ring_h[ST * RF];
 	float w_h[NL * LF];
 	float u_h[RING * R]; /* the host's u ring */
 	/* the host's state per list */
 	uint32_t len[NKV], pos[NKV][CAP], cur[NKV];
-	float ent[NKV][CAP * 2];
+	float ent[NKV][CAP * 4];
 };
 
-static void px_init(struct px *f, enum kvt_dtype dt)
+/* memory and trust: the rule's (memory 0: none). */
+static void px_init(struct px *f, enum kvt_dtype dt, uint32_t memory,
+                    float trust)
 {
 	memset(f, 0, sizeof(*f));
+	f->memory = memory;
+	f->trust = trust;
+	f->F = memory ? 4 : 2;
 	f->dt = dt;
 	f->esz = kvt_dtype_size(dt);
 	sel_init(&f->fx, PT, (uint32_t)(HD * f->esz), NKV, NP);
 	f->rule = sel_rule(&f->fx, "kvpop", KVPOP_RULE_VERSION,
 	                   sizeof(struct kvpop_rule),
 	                   sizeof(struct kvpop_rule_job));
-	f->state = sel_mem(&f->fx, (size_t)NKV * 2 * CAP * 3 * 4);
+	f->state = sel_mem(&f->fx, (size_t)NKV * 2 * CAP * (1 + f->F) * 4);
 	f->ring = sel_mem(&f->fx, sizeof(f->ring_h));
 	f->u = sel_mem(&f->fx, sizeof(f->u_h));
 	f->w = sel_mem(&f->fx, sizeof(f->w_h));
@@ -81,6 +91,9 @@ static struct kvpop_rule px_pop(struct px *f, uint32_t sinks)
 		.rows = {ST, RF, Q_OFF, LSE_OFF}, .d_model = D, .r = R, .m = M,
 		.ring = RING,
 		.delay = DELAY, .sinks = sinks, .window = f->window,
+		.memory = f->memory,
+		.beta = f->memory ? expf(-1.0f / (float)f->memory) : 0.0f,
+		.trust = f->trust,
 	};
 }
 
@@ -117,13 +130,14 @@ static int close_to(float got, float want)
 }
 
 /* The band of list g for a sync whose first new position is prev: its
- * entries' indices in order, their count returned. */
+ * entries' indices in order (with a memory, every entry), their count
+ * returned. */
 static uint32_t band_of(struct px *f, uint32_t g, uint32_t L, uint32_t prev,
                         uint32_t *idx)
 {
 	uint32_t c = 0;
 	for (uint32_t i = 0; i < L; i++)
-		if ((uint64_t)f->pos[g][i] + DELAY >= prev)
+		if (f->memory || (uint64_t)f->pos[g][i] + DELAY >= prev)
 			idx[c++] = i;
 	return c;
 }
@@ -136,8 +150,9 @@ static uint32_t band_of(struct px *f, uint32_t g, uint32_t L, uint32_t prev,
 static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
                     uint32_t b, uint32_t sinks)
 {
-	const uint32_t seen = seen0 + n_new, prev = seen0;
+	const uint32_t seen = seen0 + n_new, prev = seen0, F = f->F;
 	const float *wl = f->w_h + LAYER * LF;
+	const float beta = f->memory ? expf(-1.0f / (float)f->memory) : 0.0f;
 	for (uint32_t t = 0; t < n_new; t++)
 		for (uint32_t e = 0; e < RF; e++)
 			f->ring_h[((seen0 + t) % ST) * RF + e] =
@@ -164,8 +179,8 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		T_ASSERT(L <= CAP);
 		for (uint32_t k = 0; k < n_new; k++) {
 			pos[f->len[g] + k] = seen0 + k;
-			ent[(f->len[g] + k) * 2] = 0.0f;
-			ent[(f->len[g] + k) * 2 + 1] = 0.0f;
+			for (uint32_t c = 0; c < F; c++)
+				ent[(f->len[g] + k) * F + c] = 0.0f;
 		}
 		uint32_t idx[CAP], nb = band_of(f, g, L, prev, idx);
 		if (n_new && DELAY && nb) {
@@ -190,14 +205,21 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 			attn_band_cpu(qg, lg, qpos, n_new, G, rows, 1, HD, f->dt,
 			              kp, nb, 1.0f / sqrtf((float)HD), w, ks);
 			for (uint32_t e = 0; e < nb; e++) {
-				float *acc = &ent[idx[e] * 2];
+				float *acc = &ent[idx[e] * F];
 				for (uint32_t t = 0; t < n_new; t++) {
-					if (qpos[t] <= kp[e] || qpos[t] - kp[e] > DELAY)
+					if (qpos[t] <= kp[e] ||
+					    (!f->memory && qpos[t] - kp[e] > DELAY))
 						continue;
 					float v = 0.0f;
 					for (uint32_t j = 0; j < G; j++)
 						v += w[(t * G + j) * nb + e];
-					*acc += v / (float)G;
+					v /= (float)G;
+					if (qpos[t] - kp[e] <= DELAY) {
+						acc[0] += v;
+					} else {
+						acc[2] = beta * acc[2] + v;
+						acc[3] = beta * acc[3] + 1.0f;
+					}
 				}
 			}
 		}
@@ -205,14 +227,19 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 			uint64_t pd = (uint64_t)pos[i] + DELAY;
 			if (pd < prev || pd >= seen)
 				continue;
-			ent[i * 2 + 1] = score_of(wl, g, f->u_h + (pos[i] % RING) * R,
-			                          logf(ent[i * 2] + 1e-6f));
+			ent[i * F + 1] = score_of(wl, g, f->u_h + (pos[i] % RING) * R,
+			                          logf(ent[i * F] + 1e-6f));
 		}
 		float sc[CAP];
 		uint8_t pr[CAP];
 		uint32_t np = 0, scr[CAP];
 		for (uint32_t i = 0; i < L; i++) {
-			sc[i] = ent[i * 2 + 1];
+			const float *e = &ent[i * F];
+			sc[i] = e[1];
+			if (f->memory && e[3] > 0.0f)
+				sc[i] = (f->trust * e[1] +
+				         e[3] * logf(128.0f * e[2] / e[3] + 1e-6f)) /
+				        (f->trust + e[3]);
 			pr[i] = (uint64_t)pos[i] + DELAY >= seen ||
 			        pos[i] < sinks ||
 			        (f->window &&
@@ -257,8 +284,8 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		uint32_t nm = compact_plan(want[g], L, moves, &nl);
 		for (uint32_t m = 0; m < nm; m++) {
 			f->pos[g][moves[2 * m]] = f->pos[g][moves[2 * m + 1]];
-			memcpy(f->ent[g] + moves[2 * m] * 2,
-			       f->ent[g] + moves[2 * m + 1] * 2, 2 * sizeof(float));
+			memcpy(f->ent[g] + moves[2 * m] * F,
+			       f->ent[g] + moves[2 * m + 1] * F, F * sizeof(float));
 		}
 		void *pv[NP];
 		sel_pages(&f->fx, g, pv);
@@ -271,15 +298,16 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		}
 		f->len[g] = nl;
 		f->cur[g] ^= 1;
-		/* the device's new half: positions, a and s */
-		uint32_t half[CAP * 3];
+		/* the device's new half: positions, a, s (and m, c) */
+		uint32_t half[CAP * 5];
 		T_OK(f->fx.o->copy(f->fx.ctx, half,
 		                   (uint32_t *)f->state +
-		                           ((uint64_t)g * 2 + f->cur[g]) * CAP * 3,
-		                   sizeof(half), NULL));
+		                           ((uint64_t)g * 2 + f->cur[g]) * CAP *
+		                                   (1 + F),
+		                   (size_t)CAP * (1 + F) * 4, NULL));
 		T_ASSERT(memcmp(half, f->pos[g], nl * 4) == 0);
 		const float *ds = (const float *)(half + CAP);
-		for (uint32_t i = 0; i < nl * 2; i++)
+		for (uint32_t i = 0; i < nl * F; i++)
 			T_ASSERT(close_to(ds[i], f->ent[g][i]));
 	}
 	if (ndl)
@@ -289,10 +317,10 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 }
 
 static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
-                     uint32_t window)
+                     uint32_t window, uint32_t memory, float trust)
 {
 	struct px f;
-	px_init(&f, dt);
+	px_init(&f, dt, memory, trust);
 	f.window = window;
 	const uint32_t b = 10;
 	uint32_t seen = 0;
@@ -311,19 +339,23 @@ static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
 
 TEST(cuda, backend_kvpop_rule_matches_kvpop)
 {
-	run_case(KVT_DTYPE_F32, 0, 0, 0);  /* every sync due */
-	run_case(KVT_DTYPE_F32, 2, 4, 0);  /* sinks, every 4 */
-	run_case(KVT_DTYPE_F16, 1, 0, 0);  /* f16 pages */
+	run_case(KVT_DTYPE_F32, 0, 0, 0, 0, 0);  /* every sync due */
+	run_case(KVT_DTYPE_F32, 2, 4, 0, 0, 0);  /* sinks, every 4 */
+	run_case(KVT_DTYPE_F16, 1, 0, 0, 0, 0);  /* f16 pages */
 	/* a recent window longer than the delay (half the budget of 10, as
 	 * kvpop's spec would give it), and one shorter */
-	run_case(KVT_DTYPE_F32, 1, 0, 5);
-	run_case(KVT_DTYPE_F32, 0, 3, 2);
+	run_case(KVT_DTYPE_F32, 1, 0, 5, 0, 0);
+	run_case(KVT_DTYPE_F32, 0, 3, 2, 0, 0);
+	/* a memory: alone (trust 0), blended, with a window and every, f16 */
+	run_case(KVT_DTYPE_F32, 0, 0, 0, 6, 0.0f);
+	run_case(KVT_DTYPE_F32, 1, 0, 5, 4, 3.0f);
+	run_case(KVT_DTYPE_F16, 2, 3, 0, 20, 0.5f);
 }
 
 TEST(cuda, backend_kvpop_rule_flags_and_refuses)
 {
 	struct px f;
-	px_init(&f, KVT_DTYPE_F32);
+	px_init(&f, KVT_DTYPE_F32, 0, 0.0f);
 	px_sync(&f, 0, 8, 1, 6, 0);
 	/* a NaN in a new row's x: flagged by the proj job only */
 	for (uint32_t e = 0; e < RF; e++)
@@ -394,6 +426,17 @@ TEST(cuda, backend_kvpop_rule_flags_and_refuses)
 	a2.m = 0;
 	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
 	             &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	/* a memory whose decay or trust is not one */
+	const float badf[][2] = {{0.0f, 0.0f}, {1.0f, 0.0f}, {NAN, 0.0f},
+	                         {0.5f, -1.0f}, {0.5f, INFINITY}};
+	for (size_t b = 0; b < sizeof(badf) / sizeof(badf[0]); b++) {
+		a2 = a;
+		a2.memory = 8;
+		a2.beta = badf[b][0];
+		a2.trust = badf[b][1];
+		T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV,
+		             HD, &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
+	}
 	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0,
 	             &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
