@@ -309,7 +309,8 @@ TEST_T(eval_decoding, quick_smollm2, 300)
  * both (its answer, teacher-forced through the daemon's pages, is the
  * reference's), the hindsight oracle (every entry the question and the
  * answer will read kept) right on both, the Wilson interval around each
- * accuracy, protocol 2's tables not written. */
+ * accuracy, protocol 2's tables not written; then a rerun of two
+ * policies (--only) that keeps the other rows and spec lines. */
 TEST_T(eval_decoding, quick_needle_smollm2, 300)
 {
 	if (strcmp(th_backend(), "cpu"))
@@ -336,7 +337,7 @@ TEST_T(eval_decoding, quick_needle_smollm2, 300)
 	               "accuracy,wilson_lo,wilson_hi,relative,kl,failed\n");
 	static const char *const want[] = {"full", "random", "streaming",
 	                                   "h2o", "tova", "knorm", "oracle"};
-	int seen[7] = {0};
+	int seen[7] = {0}, nrow = 0, h2o_before = -1;
 	while (fgets(line, sizeof(line), f)) {
 		char pol[64];
 		double tg, ach, acc, lo, hi, rel, kl;
@@ -347,6 +348,9 @@ TEST_T(eval_decoding, quick_needle_smollm2, 300)
 		                &hi, &rel, &kl, &failed) == 11);
 		for (int i = 0; i < 7; i++)
 			seen[i] |= !strcmp(pol, want[i]);
+		if (!strcmp(pol, "h2o"))
+			h2o_before = nrow;
+		nrow++;
 		T_ASSERT(!failed && n == 2 && ok <= n);
 		T_ASSERT(fabs(acc - ok / 2.0) < 1e-9 && lo <= acc && acc <= hi);
 		if (!strcmp(pol, "full")) {
@@ -373,5 +377,84 @@ TEST_T(eval_decoding, quick_needle_smollm2, 300)
 	snprintf(p, sizeof(p), "%s/nd/specs-smollm2-needle-decoding.txt",
 	         th_tmpdir());
 	T_ASSERT(access(p, R_OK) == 0);
+
+	/* --only full,tova reruns those two and keeps the others' rows and
+	 * spec lines: h2o's row, marked here with a kl no run gives, comes
+	 * back as it was, in its place, and every policy has one row */
+	snprintf(p, sizeof(p), "%s/nd/needle-decoding.csv", th_tmpdir());
+	static char csv[16384];
+	size_t used = 0;
+	T_ASSERT((f = fopen(p, "r")));
+	while (fgets(line, sizeof(line), f)) {
+		char pol[64];
+		if (sscanf(line, "smollm2,%63[^,],", pol) == 1 &&
+		    !strcmp(pol, "h2o")) {
+			char *kl = line;
+			for (int c = 0; c < 10; c++)
+				kl = strchr(kl, ',') + 1;
+			snprintf(kl, sizeof(line) - (size_t)(kl - line),
+			         "9.876543,0\n");
+		}
+		used += (size_t)snprintf(csv + used, sizeof(csv) - used, "%s",
+		                         line);
+	}
+	fclose(f);
+	T_ASSERT(used < sizeof(csv) && (f = fopen(p, "w")));
+	fputs(csv, f);
+	fclose(f);
+	rc = th_sh(&d, out, sizeof(out), "%s --model smollm2 --protocol 2 "
+	           "--out %s/nd --weights %s/none --runtime-dir %s --quick "
+	           "--tasks-only --only full,tova", th_bin("kvtrim-eval"),
+	           th_tmpdir(), th_tmpdir(), d.dir);
+	if (rc)
+		th_fail(__FILE__, __LINE__, "kvtrim-eval --only: %d\n%s", rc,
+		        out);
+	T_ASSERT((f = fopen(p, "r")));
+	T_ASSERT(fgets(line, sizeof(line), f));
+	int rows[7] = {0}, at = 0, h2o_at = -1;
+	while (fgets(line, sizeof(line), f)) {
+		char pol[64];
+		double tg, ach, acc, lo, hi, rel, kl;
+		unsigned ok, n;
+		int failed;
+		T_ASSERT(sscanf(line, "smollm2,%63[^,],%lf,%lf,%u,%u,%lf,%lf,%lf,"
+		                "%lf,%lf,%d", pol, &tg, &ach, &ok, &n, &acc, &lo,
+		                &hi, &rel, &kl, &failed) == 11);
+		for (int i = 0; i < 7; i++)
+			rows[i] += !strcmp(pol, want[i]);
+		if (!strcmp(pol, "h2o")) {
+			h2o_at = at;
+			T_ASSERT(fabs(kl - 9.876543) < 1e-9 && n == 2);
+		}
+		T_ASSERT(!strcmp(pol, "h2o") || kl < 9);
+		at++;
+	}
+	fclose(f);
+	for (int i = 0; i < 7; i++)
+		T_EQ(rows[i], 1);
+	T_EQ(at, nrow);
+	T_EQ(h2o_at, h2o_before); /* its place, as the first run wrote it */
+	snprintf(p, sizeof(p), "%s/nd/needle-decoding.md", th_tmpdir());
+	T_ASSERT((f = fopen(p, "r")));
+	col = 0;
+	while (fgets(line, sizeof(line), f))
+		col |= strstr(line, "--only: the other policies' rows are the "
+		                    "previous run's") != NULL;
+	fclose(f);
+	T_ASSERT(col);
+	snprintf(p, sizeof(p), "%s/nd/specs-smollm2-needle-decoding.txt",
+	         th_tmpdir());
+	T_ASSERT((f = fopen(p, "r")));
+	int specs[7] = {0};
+	while (fgets(line, sizeof(line), f)) {
+		char pol[64];
+		if (line[0] == '#' || sscanf(line, "%63s", pol) != 1)
+			continue;
+		for (int i = 0; i < 7; i++)
+			specs[i] += !strcmp(pol, want[i]);
+	}
+	fclose(f);
+	for (int i = 0; i < 7; i++)
+		T_EQ(specs[i], 1);
 	th_daemon_stop(&d);
 }

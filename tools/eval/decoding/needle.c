@@ -118,43 +118,122 @@ struct nd_res {
 	double secs;
 };
 
-/* A job's row: the run's target column, achieved, accuracy and its
- * Wilson interval, relative to the full cache's. */
-static void nd_row(const struct nd_res *r, uint32_t k, double full,
-                   double *ach, double *acc, double *lo, double *hi,
-                   double *rel)
+/* One row of the tables: a job of this run, or (--only) a row of the
+ * previous run's csv for a policy not rerun. */
+struct nd_line {
+	char name[64];
+	double ratio, ach, kl;
+	uint64_t ok;
+	uint32_t cases;
+	int failed;
+	const char *err; /* this run's failure, or NULL */
+};
+
+/* The rows of the csv at path (nd_write's columns) for model mname, in
+ * order, into l (at most max), their count; 0 when there is no file. */
+static uint32_t nd_read(const char *path, const char *mname,
+                        struct nd_line *l, uint32_t max)
 {
-	const struct job *j = &r->jobs[k];
-	*ach = j->nach ? j->ach / j->nach : NAN;
-	*acc = r->counted ? (double)r->ok[k] / r->counted : NAN;
-	task_wilson(r->ok[k], r->counted, lo, hi);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	char line[1024], model[64];
+	uint32_t n = 0;
+	while (n < max && fgets(line, sizeof(line), f)) {
+		struct nd_line r = {0};
+		unsigned long long ok;
+		double acc, lo, hi, rel;
+		if (sscanf(line, "%63[^,],%63[^,],%lf,%lf,%llu,%u,%lf,%lf,%lf,"
+		           "%lf,%lf,%d", model, r.name, &r.ratio, &r.ach, &ok,
+		           &r.cases, &acc, &lo, &hi, &rel, &r.kl,
+		           &r.failed) != 12 || strcmp(model, mname))
+			continue;
+		r.ok = ok;
+		l[n++] = r;
+	}
+	fclose(f);
+	return n;
+}
+
+/* The tables' rows into l (at most max), their count: this run's jobs;
+ * with --only the previous csv's rows in their order, those of a policy
+ * rerun replaced by this run's rows of that policy (at the place of its
+ * first row), then this run's rows of policies the csv did not have. */
+static uint32_t nd_lines(const char *path, const struct nd_res *r,
+                         struct nd_line *l, uint32_t max)
+{
+	static struct nd_line mine[MAX_JOBS], old[2 * MAX_JOBS];
+	for (uint32_t k = 0; k < r->njobs; k++) {
+		const struct job *j = &r->jobs[k];
+		mine[k] = (struct nd_line){
+			.ratio = j->ratio,
+			.ach = j->nach ? j->ach / j->nach : NAN,
+			.kl = j->npos ? j->kl / j->npos : NAN, .ok = r->ok[k],
+			.cases = r->counted, .failed = j->failed,
+			.err = j->failed ? j->err : NULL,
+		};
+		snprintf(mine[k].name, sizeof(mine[k].name), "%.31s", j->name);
+	}
+	const uint32_t no = r->a->only ? nd_read(path, r->a->mname, old,
+	                                         2 * MAX_JOBS)
+	                               : 0;
+	uint8_t used[MAX_JOBS] = {0};
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < no && n < max; i++) {
+		if (!eval_in_list(r->a->only, old[i].name)) {
+			l[n++] = old[i];
+			continue;
+		}
+		for (uint32_t k = 0; k < r->njobs && n < max; k++)
+			if (!used[k] && !strcmp(mine[k].name, old[i].name)) {
+				used[k] = 1;
+				l[n++] = mine[k];
+			}
+	}
+	for (uint32_t k = 0; k < r->njobs && n < max; k++)
+		if (!used[k])
+			l[n++] = mine[k];
+	return n;
+}
+
+/* A row's accuracy, Wilson interval and accuracy relative to the full
+ * cache's (full). */
+static void nd_acc(const struct nd_line *x, double full, double *acc,
+                   double *lo, double *hi, double *rel)
+{
+	*acc = x->cases ? (double)x->ok / x->cases : NAN;
+	task_wilson(x->ok, x->cases, lo, hi);
 	*rel = full > 0 ? *acc / full : NAN;
 }
 
 static void nd_write(const char *dir, const struct nd_res *r)
 {
 	char path[1200];
-	double full = NAN, ach, acc, lo, hi, rel;
-	for (uint32_t k = 0; k < r->njobs; k++)
-		if (!strcmp(r->jobs[k].name, "full") && !r->jobs[k].failed &&
-		    r->counted)
-			full = (double)r->ok[k] / r->counted;
+	static struct nd_line l[3 * MAX_JOBS];
+	double full = NAN, acc, lo, hi, rel;
 	snprintf(path, sizeof(path), "%s/needle-decoding.csv", dir);
+	const uint32_t nl = nd_lines(path, r, l, 3 * MAX_JOBS);
+	for (uint32_t k = 0; k < nl; k++) {
+		if (l[k].cases != r->counted)
+			eval_die("%s: %s's row counts %u cases, this run %u: "
+			         "rerun every policy", path, l[k].name,
+			         l[k].cases, r->counted);
+		if (!strcmp(l[k].name, "full") && !l[k].failed && l[k].cases)
+			full = (double)l[k].ok / l[k].cases;
+	}
 	FILE *f = fopen(path, "w");
 	if (!f)
 		eval_die("%s: %s", path, strerror(errno));
 	fprintf(f, "model,policy,target_ratio,achieved_ratio,right,cases,"
 	           "accuracy,wilson_lo,wilson_hi,relative,kl,failed\n");
-	for (uint32_t k = 0; k < r->njobs; k++) {
-		const struct job *j = &r->jobs[k];
-		nd_row(r, k, full, &ach, &acc, &lo, &hi, &rel);
+	for (uint32_t k = 0; k < nl; k++) {
+		nd_acc(&l[k], full, &acc, &lo, &hi, &rel);
 		fprintf(f, "%s,%s,%.4g,%.4f,%llu,%u,%.4f,%.4f,%.4f,%.4f,%.6f,"
-		        "%d\n", r->a->mname, j->name, j->ratio, ach,
-		        (unsigned long long)r->ok[k], r->counted, acc, lo, hi,
-		        rel, j->npos ? j->kl / j->npos : NAN, j->failed);
+		        "%d\n", r->a->mname, l[k].name, l[k].ratio, l[k].ach,
+		        (unsigned long long)l[k].ok, l[k].cases, acc, lo, hi,
+		        rel, l[k].kl, l[k].failed);
 	}
 	fclose(f);
-
 	snprintf(path, sizeof(path), "%s/needle-decoding.md", dir);
 	if (!(f = fopen(path, "w")))
 		eval_die("%s: %s", path, strerror(errno));
@@ -163,7 +242,7 @@ static void nd_write(const char *dir, const struct nd_res *r)
 	        "Generated by `kvtrim-eval --model %s --protocol 2` "
 	        "(tools/eval/decoding/needle.c; `make eval`) from "
 	        "needle-decoding.csv; do not edit by hand. Run: %u cases built, "
-	        "%u counted%s, %.1f minutes with %d threads.\n\n"
+	        "%u counted%s, %.1f minutes with %d threads%s.\n\n"
 	        "A case is protocol 1's needle prompt of %u tokens (held-out "
 	        "text, the key sentence a quarter into it): its first %u "
 	        "tokens (the key sentence among them) are prefilled with one "
@@ -188,30 +267,33 @@ static void nd_write(const char *dir, const struct nd_res *r)
 	        "case's decode steps.\n\n",
 	        r->a->mname, r->a->mname, r->built, r->counted,
 	        r->a->quick ? " (quick)" : "", r->secs / 60, r->a->threads,
+	        r->a->only ? " (--only: the other policies' rows are the "
+	                     "previous run's)" : "",
 	        r->len, r->P, r->len - r->P, r->len - r->P - r->Q, r->Q);
 	for (int q = 0; q < 2; q++) {
 		int any = 0;
-		for (uint32_t k = 0; k < r->njobs; k++)
-			any |= fabs(r->jobs[k].ratio - nd_targets[q]) < 1e-9;
+		for (uint32_t k = 0; k < nl; k++)
+			any |= fabs(l[k].ratio - nd_targets[q]) < 1e-9;
 		if (!any)
 			continue;
 		fprintf(f, "## At %.3f\n\n| policy | achieved | accuracy | "
 		           "Wilson 95 %% | right / cases | relative to full | "
 		           "kl |\n|---|---|---|---|---|---|---|\n", nd_targets[q]);
-		for (uint32_t k = 0; k < r->njobs; k++) {
-			const struct job *j = &r->jobs[k];
-			if (j->ratio && fabs(j->ratio - nd_targets[q]) > 1e-9)
+		for (uint32_t k = 0; k < nl; k++) {
+			const struct nd_line *x = &l[k];
+			if (x->ratio && fabs(x->ratio - nd_targets[q]) > 1e-9)
 				continue;
-			nd_row(r, k, full, &ach, &acc, &lo, &hi, &rel);
-			if (j->failed) {
+			nd_acc(x, full, &acc, &lo, &hi, &rel);
+			if (x->failed) {
 				fprintf(f, "| %s | failed: %s | | | | | |\n",
-				        j->name, j->err);
+				        x->name, x->err ? x->err
+				                        : "(the previous run)");
 				continue;
 			}
 			fprintf(f, "| %s | %.3f | %.3f | [%.3f, %.3f] | %llu / "
-			        "%u | %.3f | %.4f |\n", j->name, ach, acc, lo, hi,
-			        (unsigned long long)r->ok[k], r->counted, rel,
-			        j->npos ? j->kl / j->npos : NAN);
+			        "%u | %.3f | %.4f |\n", x->name, x->ach, acc, lo,
+			        hi, (unsigned long long)x->ok, x->cases, rel,
+			        x->kl);
 		}
 		fprintf(f, "\n");
 	}
@@ -222,12 +304,9 @@ static void nd_write(const char *dir, const struct nd_res *r)
 
 	snprintf(path, sizeof(path), "%s/specs-%s-needle-decoding.txt", dir,
 	         r->a->mname);
-	if (!(f = fopen(path, "w")))
-		eval_die("%s: %s", path, strerror(errno));
-	for (uint32_t k = 0; k < r->njobs; k++)
-		fprintf(f, "%s %.4g %s\n", r->jobs[k].name, r->jobs[k].ratio,
-		        r->jobs[k].spec[C_MAIN]);
-	fclose(f);
+	table_write_specs(path, "kvtrim-eval --protocol 2: the decoding-time "
+	                  "needle's jobs", r->a->only, r->jobs, r->njobs,
+	                  r->a->wabs, r->a->wdir);
 }
 
 /* ------------------------------------------------------------ the run */
@@ -302,6 +381,8 @@ int needle_main(const struct model *M, const struct eval_opts *a,
 	static struct job jobs[MAX_JOBS];
 	uint32_t nj = decoding_jobs(M, a, zs, ncal, P, T, nd_targets,
 	                            a->quick ? 1 : 2, 0, 0, jobs);
+	if (a->only) /* nd_write keeps the other policies' rows */
+		nj = eval_only_jobs(jobs, nj, a->only);
 	free(zs[0]);
 	free(zs[1]);
 
