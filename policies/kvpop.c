@@ -2,19 +2,22 @@
  * kvpop.c — KVpop: a fixed per-head budget; each entry is scored once,
  * delay tokens after it arrived, by a learned scorer that sees the token's
  * attention input and the attention the entry received from the delay
- * queries that followed it; the lowest-scored entries are evicted.  The
- * paper (arXiv 2607.05061) does not publish the scorer: the one here is
- * kvtrim's choice (docs/policies.md, **kvpop**, has the formulas;
- * docs/weights.md the weights).  Entry state: [a, s]; s is computed at the
- * sync where the query at position i + delay arrives and never again.
- * Protected: the entries still in their delay, the sinks and, with
- * window=N, the newest N positions (policy_protected).
- * With memory=T an entry past its delay keeps a decayed sum m and count c of the attention
- * each later query pays it (decay exp(-1/T) a query; entry state [a, s,
- * m, c]) and the selection ranks by (K s + c ln(N m / c)) / (K + c), K =
- * trust, N = KVPOP_HORIZON: the learned score first, what the entry is
- * seen to receive as it accumulates; an entry whose use fades loses its
- * place.
+ * queries that followed it, and then by its memory of the attention later
+ * queries pay it; the lowest-ranked entries are evicted.  The paper (arXiv
+ * 2607.05061) does not publish the scorer: the one here is kvtrim's choice
+ * (docs/policies.md, **kvpop**, has the formulas and the variants
+ * measured; docs/weights.md the weights).  s is computed at the sync where
+ * the query at position i + delay arrives and never again.  Protected: the
+ * entries still in their delay, the sinks and the newest window positions
+ * (policy_protected; default half the budget, H2O's recent half).  With
+ * memory=T (default 256; 0: none) an entry past its delay keeps a decayed
+ * sum m and count c of the attention each later query pays it (decay
+ * exp(-1/T) a query; entry state [a, s, m, c], else [a, s]) and the
+ * selection ranks by (K s + c ln(N m / c)) / (K + c), K = trust (default
+ * 0), N = KVPOP_HORIZON: the learned score until the entry is seen, then
+ * what it is seen to receive, so an entry whose use fades loses its place.
+ * The defaults are the variant that did best on the held-out split
+ * (docs/policies.md); window=0,memory=0 is the scorer alone.
  */
 #include "learned.h"
 
@@ -32,6 +35,9 @@
 #define KVPOP_DEF_TOKENS 256u
 #define KVPOP_DEF_DELAY 32u
 #define KVPOP_DEF_SINKS 4u
+/* The memory's decay: twice the scorer's target horizon, set before any
+ * measurement (docs/policies.md). */
+#define KVPOP_DEF_MEMORY 256u
 #define KVPOP_EPS 1e-6f
 
 struct kvpop_layer {
@@ -53,6 +59,10 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 		a->delay = KVPOP_DEF_DELAY;
 	if (!(a->set & POLICY_KEY_SINKS))
 		a->sinks = KVPOP_DEF_SINKS;
+	if (!(a->set & POLICY_KEY_WINDOW))
+		a->window = a->tokens / 2;
+	if (!(a->set & POLICY_KEY_MEMORY))
+		a->memory = KVPOP_DEF_MEMORY;
 	if ((uint64_t)a->delay + g->headroom > (1u << 20)) {
 		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
 		return KVT_EPOLICY;
@@ -358,9 +368,10 @@ static const struct policy_device_rule kvpop_device = {
 const struct policy_ops kvpop_ops = {
 	.name = "kvpop",
 	.help = "KVpop: learned delayed scorer on x + attention received, "
-	        "fixed per-head budget (model=PATH, tokens=256, delay=32, "
-	        "sinks=4, window=0, memory=0 (decay tokens), trust=0, "
-	        "every=N)",
+	        "then a decayed memory of the attention paid, fixed per-head "
+	        "budget (model=PATH, tokens=256, delay=32, sinks=4, "
+	        "window=tokens/2, memory=256 (decay tokens, 0: none), "
+	        "trust=0, every=N)",
 	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |
 	         POLICY_NEED_KV,
 	.keys = POLICY_KEY_MODEL | POLICY_KEY_TOKENS | POLICY_KEY_DELAY |

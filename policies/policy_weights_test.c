@@ -364,7 +364,8 @@ static void kvpop_weights(const char *path, float wu, float wa, int bad)
 
 TEST(policy, kvpop_delayed_scores)
 {
-	/* score = x0 + 10 at age 2, tokens 3, delay 2, sinks 0:
+	/* score = x0 + 10 at age 2, tokens 3, delay 2, sinks 0, no window
+	 * and no memory (the scorer alone):
 	 * x0 .5 .1 .9 .3 .2 .8
 	 *   n 3: pos 0 scored; 1, 2 protected; keep 0
 	 *   n 4: pos 1 (10.1) vs 0 (10.5): drop 1
@@ -373,9 +374,17 @@ TEST(policy, kvpop_delayed_scores)
 	const char *w = tmp_path("kvpop.safetensors");
 	kvpop_weights(w, 1.0f, 0.0f, 0);
 	char spec[600];
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0",
-	         w);
+	/* the defaults: a window of half the budget, a memory of 256 */
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=7", w);
 	struct fx f;
+	fx_init(&f, spec, 2, 1);
+	T_EQ(f.p->args.window, 3);
+	T_EQ(f.p->args.memory, 256);
+	T_EQ(f.p->args.trust, 0);
+	T_EQ(f.p->entry_floats, 4);
+	policy_free(f.p);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0,"
+	         "window=0,memory=0", w);
 	fx_init(&f, spec, 2, 1);
 	T_EQ(f.p->entry_floats, 2);
 	const float x0[6] = {.5f, .1f, .9f, .3f, .2f, .8f};
@@ -396,10 +405,13 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 {
 	const char *w = tmp_path("kvpop3.safetensors");
 	kvpop_weights(w, 0.5f, 1.0f, 0);
-	/* the last protects more than it keeps */
-	const char *args[] = {"tokens=6,delay=2,sinks=0",
-	                      "tokens=7,delay=3,sinks=2,every=3",
-	                      "tokens=3,delay=3,sinks=2",
+	/* the scorer alone (the third protects more than it keeps) */
+	const char *args[] = {"tokens=6,delay=2,sinks=0,window=0,memory=0",
+	                      "tokens=7,delay=3,sinks=2,every=3,window=0,"
+	                      "memory=0",
+	                      "tokens=3,delay=3,sinks=2,window=0,memory=0",
+	                      /* the defaults: window 3 and a memory */
+	                      "tokens=6,delay=2,sinks=1",
 	                      /* a window longer than the delay (the
 	                       * second protecting more than it keeps), and
 	                       * one shorter */
@@ -435,8 +447,8 @@ TEST(policy, kvpop_attention_feature)
 	const char *w = tmp_path("kvpop2.safetensors");
 	kvpop_weights(w, 0.0f, 1.0f, 0);
 	char spec[600];
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0",
-	         w);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0,"
+	         "window=0,memory=0", w);
 	struct fx f;
 	fx_init(&f, spec, 2, 1);
 	const float al[6] = {.5f, .1f, .3f, .4f, .2f, .6f};
@@ -452,8 +464,8 @@ TEST(policy, kvpop_attention_feature)
 
 	/* the same prompt in one prefill sync gives the same survivors when
 	 * the budget allows them all to age: tokens 6 keeps everything */
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=2,sinks=0",
-	         w);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=2,sinks=0,"
+	         "window=0,memory=0", w);
 	fx_init(&f, spec, 2, 1);
 	T_OK(fx_sync(&f, 6, KVT_PHASE_PREFILL,
 	             (const float[6][FX_KV]){{.5f}, {.1f}, {.3f}, {.4f}, {.2f},
@@ -470,7 +482,7 @@ TEST(policy, kvpop_attention_feature)
 	 * the budget of 3 keeps no more: at n = 4, 5, 6 the oldest goes
 	 * whatever its score (pos 0's A = 1.0 is the best) -> {3, 4, 5} */
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0,"
-	         "window=3", w);
+	         "window=3,memory=0", w);
 	fx_init(&f, spec, 2, 1);
 	for (uint32_t n = 0; n < 6; n++) {
 		float av[FX_KV] = {al[n]};

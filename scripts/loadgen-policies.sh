@@ -9,10 +9,11 @@
 # fastkvzip_rule and fastkvzip_threshold_rule add sinks, a window or a
 # short delay, every=3 and a prefill that does not fill the staging ring's
 # rows evenly, so syncs that decide nothing and rings that wrap are
-# crossed; kvpop_memory adds kvpop's memory, kept by its device rule
-# too; the _64 runs sync 64 sequences at once, 4 tokens each after a
-# prefill of 13 (32 for the prompt-only ones), through the batched device
-# rules).  The kept sets must equal an in-process replay of the cpu
+# crossed; kvpop runs its scorer alone (window=0,memory=0), the other
+# kvpop runs have its memory (by default or memory=16), kept by its
+# device rule too; the _64 runs sync 64 sequences at once, 4 tokens each
+# after a prefill of 13 (32 for the prompt-only ones), through the
+# batched device rules).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
 # failed.  `make test` runs it with KVTRIM_CUDA_LIB naming the emulated
 # library, scripts/gpu-check.sh on a GPU.
@@ -36,7 +37,7 @@ fastkvzip fastkvzip:window=8,every=16
 fastkvzip_rule fastkvzip:window=4,sinks=2,every=3,tokens=6 --prefill 17
 fastkvzip_threshold fastkvzip:window=8,every=16,threshold=0.5
 fastkvzip_threshold_rule fastkvzip:window=4,sinks=2,every=3,threshold=0.5 --prefill 17
-kvpop kvpop:tokens=24,delay=8
+kvpop kvpop:tokens=24,delay=8,window=0,memory=0
 kvpop_rule kvpop:tokens=20,delay=3,sinks=2,window=8,every=3 --prefill 17
 kvpop_memory kvpop:tokens=20,delay=3,sinks=2,window=8,memory=16,trust=8,every=3 --prefill 17
 knorm knorm:tokens=24

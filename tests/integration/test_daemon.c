@@ -658,8 +658,9 @@ TEST(reload, sighup_reaches_kvpop_weights_on_either_backend)
 	snprintf(path, sizeof(path), "%s/kvpop.safetensors", th_tmpdir());
 	write_kvpop(path, 1.0f);
 	th_daemon_start(&d, "16M", NULL);
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,sinks=0",
-	         path);
+	/* the scorer alone (no window, no memory): the weights decide */
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,sinks=0,"
+	         "window=0,memory=0", path);
 	struct kvt_config cfg = th_small_cfg(&d, "popper", spec);
 	cfg.stage_tokens = 8;
 	T_OK(kvt_connect(&cfg, &c, err));
