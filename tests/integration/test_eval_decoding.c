@@ -303,6 +303,22 @@ TEST_T(eval_decoding, quick_smollm2, 300)
 	th_daemon_stop(&d);
 }
 
+/* A row of needle-decoding.csv. */
+struct nd_row {
+	char pol[64];
+	double tg, ach, acc, lo, hi, rel, kl;
+	unsigned ok, n;
+	int failed;
+};
+
+static int nd_parse(const char *line, struct nd_row *r)
+{
+	return sscanf(line, "smollm2,%63[^,],%lf,%lf,%u,%u,%lf,%lf,%lf,%lf,"
+	              "%lf,%d", r->pol, &r->tg, &r->ach, &r->ok, &r->n,
+	              &r->acc, &r->lo, &r->hi, &r->rel, &r->kl,
+	              &r->failed) == 11;
+}
+
 /* The decoding-time needle's quick path (decoding/needle.c: 2 cases of
  * 128 prefilled + 48 decoded tokens, the target 0.75) alone through a
  * real kvtrimd: every policy's row on both cases, the full cache right on
@@ -338,29 +354,26 @@ TEST_T(eval_decoding, quick_needle_smollm2, 300)
 	static const char *const want[] = {"full", "random", "streaming",
 	                                   "h2o", "tova", "knorm", "oracle"};
 	int seen[7] = {0}, nrow = 0, h2o_before = -1;
+	struct nd_row r;
 	while (fgets(line, sizeof(line), f)) {
-		char pol[64];
-		double tg, ach, acc, lo, hi, rel, kl;
-		unsigned ok, n;
-		int failed;
-		T_ASSERT(sscanf(line, "smollm2,%63[^,],%lf,%lf,%u,%u,%lf,%lf,%lf,"
-		                "%lf,%lf,%d", pol, &tg, &ach, &ok, &n, &acc, &lo,
-		                &hi, &rel, &kl, &failed) == 11);
+		T_ASSERT(nd_parse(line, &r));
 		for (int i = 0; i < 7; i++)
-			seen[i] |= !strcmp(pol, want[i]);
-		if (!strcmp(pol, "h2o"))
+			seen[i] |= !strcmp(r.pol, want[i]);
+		if (!strcmp(r.pol, "h2o"))
 			h2o_before = nrow;
 		nrow++;
-		T_ASSERT(!failed && n == 2 && ok <= n);
-		T_ASSERT(fabs(acc - ok / 2.0) < 1e-9 && lo <= acc && acc <= hi);
-		if (!strcmp(pol, "full")) {
-			T_ASSERT(ok == 2 && ach == 0 && kl < 1e-6);
+		T_ASSERT(!r.failed && r.n == 2 && r.ok <= r.n);
+		T_ASSERT(fabs(r.acc - r.ok / 2.0) < 1e-9 && r.lo <= r.acc &&
+		         r.acc <= r.hi);
+		if (!strcmp(r.pol, "full")) {
+			T_ASSERT(r.ok == 2 && r.ach == 0 && r.kl < 1e-6);
 			continue;
 		}
 		/* asked for at least the target */
-		T_ASSERT(fabs(tg - 0.75) < 1e-9 && ach >= 0.75 && ach < 0.78);
-		if (!strcmp(pol, "oracle"))
-			T_ASSERT(ok == 2);
+		T_ASSERT(fabs(r.tg - 0.75) < 1e-9 && r.ach >= 0.75 &&
+		         r.ach < 0.78);
+		if (!strcmp(r.pol, "oracle"))
+			T_ASSERT(r.ok == 2);
 	}
 	fclose(f);
 	for (int i = 0; i < 7; i++)
@@ -413,20 +426,14 @@ TEST_T(eval_decoding, quick_needle_smollm2, 300)
 	T_ASSERT(fgets(line, sizeof(line), f));
 	int rows[7] = {0}, at = 0, h2o_at = -1;
 	while (fgets(line, sizeof(line), f)) {
-		char pol[64];
-		double tg, ach, acc, lo, hi, rel, kl;
-		unsigned ok, n;
-		int failed;
-		T_ASSERT(sscanf(line, "smollm2,%63[^,],%lf,%lf,%u,%u,%lf,%lf,%lf,"
-		                "%lf,%lf,%d", pol, &tg, &ach, &ok, &n, &acc, &lo,
-		                &hi, &rel, &kl, &failed) == 11);
+		T_ASSERT(nd_parse(line, &r));
 		for (int i = 0; i < 7; i++)
-			rows[i] += !strcmp(pol, want[i]);
-		if (!strcmp(pol, "h2o")) {
+			rows[i] += !strcmp(r.pol, want[i]);
+		if (!strcmp(r.pol, "h2o")) {
 			h2o_at = at;
-			T_ASSERT(fabs(kl - 9.876543) < 1e-9 && n == 2);
+			T_ASSERT(fabs(r.kl - 9.876543) < 1e-9 && r.n == 2);
 		}
-		T_ASSERT(!strcmp(pol, "h2o") || kl < 9);
+		T_ASSERT(!strcmp(r.pol, "h2o") || r.kl < 9);
 		at++;
 	}
 	fclose(f);
