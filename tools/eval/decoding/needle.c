@@ -156,9 +156,9 @@ static uint32_t nd_read(const char *path, const char *mname,
 }
 
 /* The tables' rows into l (at most max), their count: this run's jobs;
- * with --only the previous csv's rows in their order, those of a policy
- * rerun replaced by this run's rows of that policy (at the place of its
- * first row), then this run's rows of policies the csv did not have. */
+ * with --only the previous csv's rows in their order, each row of a
+ * policy rerun replaced by this run's row of the same policy and target
+ * (none: dropped), then this run's rows the csv did not have. */
 static uint32_t nd_lines(const char *path, const struct nd_res *r,
                          struct nd_line *l, uint32_t max)
 {
@@ -185,9 +185,11 @@ static uint32_t nd_lines(const char *path, const struct nd_res *r,
 			continue;
 		}
 		for (uint32_t k = 0; k < r->njobs && n < max; k++)
-			if (!used[k] && !strcmp(mine[k].name, old[i].name)) {
+			if (!used[k] && !strcmp(mine[k].name, old[i].name) &&
+			    fabs(mine[k].ratio - old[i].ratio) < 1e-9) {
 				used[k] = 1;
 				l[n++] = mine[k];
+				break;
 			}
 	}
 	for (uint32_t k = 0; k < r->njobs && n < max; k++)
