@@ -155,46 +155,55 @@ static uint32_t nd_read(const char *path, const char *mname,
 	return n;
 }
 
-/* The tables' rows into l (at most max), their count: this run's jobs;
- * with --only the previous csv's rows in their order, each row of a
- * policy rerun replaced by this run's row of the same policy and target
- * (none: dropped), then this run's rows the csv did not have. */
+/* Where a row lists: by target (the full cache's 0 first), then in the
+ * tables' order of the policies (eval_policy_order; others after). */
+static int nd_before(const struct nd_line *a, const struct nd_line *b)
+{
+	if (a->ratio != b->ratio)
+		return a->ratio < b->ratio;
+	const char *const *pol;
+	const size_t np = eval_policy_order(&pol);
+	size_t ra = np, rb = np;
+	for (size_t i = 0; i < np; i++) {
+		ra = ra == np && !strcmp(pol[i], a->name) ? i : ra;
+		rb = rb == np && !strcmp(pol[i], b->name) ? i : rb;
+	}
+	return ra < rb;
+}
+
+/* The tables' rows into l (at most max), their count: this run's jobs
+ * and, with --only, the previous csv's rows of the policies not rerun,
+ * in nd_before's order (stable), which is the jobs' own. */
 static uint32_t nd_lines(const char *path, const struct nd_res *r,
                          struct nd_line *l, uint32_t max)
 {
-	static struct nd_line mine[MAX_JOBS], old[2 * MAX_JOBS];
-	for (uint32_t k = 0; k < r->njobs; k++) {
+	static struct nd_line old[2 * MAX_JOBS];
+	const uint32_t no = r->a->only ? nd_read(path, r->a->mname, old,
+	                                         2 * MAX_JOBS)
+	                               : 0;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < no && n < max; i++)
+		if (!eval_in_list(r->a->only, old[i].name))
+			l[n++] = old[i];
+	for (uint32_t k = 0; k < r->njobs && n < max; k++) {
 		const struct job *j = &r->jobs[k];
-		mine[k] = (struct nd_line){
+		l[n] = (struct nd_line){
 			.ratio = j->ratio,
 			.ach = j->nach ? j->ach / j->nach : NAN,
 			.kl = j->npos ? j->kl / j->npos : NAN, .ok = r->ok[k],
 			.cases = r->counted, .failed = j->failed,
 			.err = j->failed ? j->err : NULL,
 		};
-		snprintf(mine[k].name, sizeof(mine[k].name), "%.31s", j->name);
+		snprintf(l[n].name, sizeof(l[n].name), "%.31s", j->name);
+		n++;
 	}
-	const uint32_t no = r->a->only ? nd_read(path, r->a->mname, old,
-	                                         2 * MAX_JOBS)
-	                               : 0;
-	uint8_t used[MAX_JOBS] = {0};
-	uint32_t n = 0;
-	for (uint32_t i = 0; i < no && n < max; i++) {
-		if (!eval_in_list(r->a->only, old[i].name)) {
-			l[n++] = old[i];
-			continue;
-		}
-		for (uint32_t k = 0; k < r->njobs && n < max; k++)
-			if (!used[k] && !strcmp(mine[k].name, old[i].name) &&
-			    fabs(mine[k].ratio - old[i].ratio) < 1e-9) {
-				used[k] = 1;
-				l[n++] = mine[k];
-				break;
-			}
+	for (uint32_t i = 1; i < n; i++) { /* insertion: stable */
+		const struct nd_line x = l[i];
+		uint32_t k = i;
+		for (; k > 0 && nd_before(&x, &l[k - 1]); k--)
+			l[k] = l[k - 1];
+		l[k] = x;
 	}
-	for (uint32_t k = 0; k < r->njobs && n < max; k++)
-		if (!used[k])
-			l[n++] = mine[k];
 	return n;
 }
 
