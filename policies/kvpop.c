@@ -47,6 +47,7 @@ struct kvpop_layer {
 struct kvpop {
 	struct learned_priv lp; /* layers: struct kvpop_layer [n_layers] */
 	uint32_t r, m, ring; /* ring: rows of u kept per (sequence, layer) */
+	float beta; /* the memory's decay a query, exp(-1 / memory) */
 };
 
 static int kvpop_init(struct policy *p, char *err, size_t errlen)
@@ -81,6 +82,7 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 	                             errlen)))
 		return rc;
 	k->ring = a->delay + g->headroom;
+	k->beta = a->memory ? expf(-1.0f / (float)a->memory) : 0.0f;
 	p->layer_state_bytes = (size_t)k->ring * k->r * sizeof(float);
 	uint64_t r = k->r, m = k->m, nkv = g->n_kv_heads;
 	const struct learned_tensor t[] = {
@@ -145,8 +147,7 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 	}
 	int due = policy_due(p, l);
 	const uint32_t ef = p->entry_floats, T = p->args.memory;
-	const float beta = T ? expf(-1.0f / (float)T) : 0.0f,
-	            K = (float)p->args.trust;
+	const float beta = k->beta, K = (float)p->args.trust;
 	for (uint32_t g = 0; g < nkv; g++) {
 		struct policy_head *h = &l->heads[g];
 		uint32_t len = h->len;
@@ -216,10 +217,7 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 			const float *e = &h->ent[(size_t)i * ef];
 			s[i] = e[1];
 			if (T && e[3] > 0.0f)
-				s[i] = (K * e[1] +
-				        e[3] * logf(KVPOP_HORIZON * e[2] / e[3] +
-				                    KVPOP_EPS)) /
-				       (K + e[3]);
+				s[i] = KVPOP_BLEND(K, e[1], e[2], e[3]);
 			prot[i] = (uint64_t)h->pos[i] + d >= l->n_seen;
 		}
 		int rc = policy_select(p, l, h, s, prot);
@@ -350,9 +348,7 @@ static void kvpop_params(const struct policy *p,
 		.r = k->r, .m = k->m, .ring = k->ring, .delay = p->args.delay,
 		.sinks = p->args.sinks, .window = p->args.window,
 		.memory = p->args.memory,
-		/* kvpop_decide's expression, so that both rules decay alike */
-		.beta = p->args.memory ? expf(-1.0f / (float)p->args.memory)
-		                       : 0.0f,
+		.beta = k->beta, /* kvpop_decide's, so both rules decay alike */
 		.trust = (float)p->args.trust,
 	};
 }

@@ -289,9 +289,7 @@ static __device__ __forceinline__ float bc_pop_rank(const kvpop_rule &a,
 {
 	if (!a.memory || !(e[3] > 0.0f))
 		return e[1];
-	return (a.trust * e[1] +
-	        e[3] * logf(KVPOP_HORIZON * e[2] / e[3] + 1e-6f)) /
-	       (a.trust + e[3]);
+	return KVPOP_BLEND(a.trust, e[1], e[2], e[3]);
 }
 
 /* Steps 4 and 5, grid (entries, jobs): the score of the entries whose

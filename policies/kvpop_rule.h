@@ -79,6 +79,14 @@ struct kvpop_rule {
  * so the memory's estimate is ln(N m / c). */
 #define KVPOP_HORIZON 128.0f
 
+/* The selection's rank of an entry with a memory (c > 0): the learned
+ * score s blended with the memory's estimate ln(N m / c), trust K to c.
+ * A macro, so that the host rule and the device's (policies/kvpop.c,
+ * kvpop.cu) compute it with the same float operations. */
+#define KVPOP_BLEND(K, s, m, c) \
+	(((K) * (s) + (c) * logf(KVPOP_HORIZON * (m) / (c) + 1e-6f)) / \
+	 ((K) + (c)))
+
 /* Floats of an entry's state: [a, s], with a memory [a, s, m, c].  A
  * macro, since the device code (policies/kvpop.cu) needs it too. */
 #define KVPOP_ENTRY_FLOATS(memory) ((memory) ? 4u : 2u)
