@@ -361,6 +361,166 @@ static void md_run(FILE *f, const struct task_result *R, uint32_t ri)
 	fprintf(f, "\n");
 }
 
+/* ------------------------------------------------------------ --only */
+
+/* Splits a csv line (no quoting: the columns are numbers and names) into
+ * at most max fields in place; their count. */
+static int csv_split(char *line, char **f, int max)
+{
+	int n = 0;
+	line[strcspn(line, "\r\n")] = 0;
+	for (char *p = line; n < max;) {
+		f[n++] = p;
+		p = strchr(p, ',');
+		if (!p)
+			break;
+		*p++ = 0;
+	}
+	return n;
+}
+
+/* The rank of policy name in the tables' order (the others after). */
+static size_t order_rank(const char *name)
+{
+	const char *const *pol;
+	const size_t np = eval_policy_order(&pol);
+	for (size_t i = 0; i < np; i++)
+		if (!strcmp(pol[i], name))
+			return i;
+	return np;
+}
+
+/* The job of run ri named and targeted as a csv row (name, target and
+ * threshold as written), added (with empty results) when new; NULL when
+ * the run holds MAX_JOBS. */
+static uint32_t keep_job(struct task_result *R, uint32_t ri,
+                         const char *name, const char *target,
+                         const char *tau)
+{
+	struct job *jobs = R->run[ri].jobs;
+	const int sweep = !*target;
+	const double ratio = sweep ? 0 : atof(target);
+	const double th = *tau ? atof(tau) : NAN;
+	uint32_t k = 0, nj = R->run[ri].njobs;
+	for (; k < nj; k++) {
+		const struct job *j = &jobs[k];
+		if (!strcmp(j->name, name) && j->sweep == sweep &&
+		    (sweep || fabs(j->ratio - ratio) < 5e-4) &&
+		    (isnan(th) ? isnan(j->tau) : fabs(j->tau - th) <= 5e-5 *
+		     fmax(1, fabs(th))))
+			return k;
+	}
+	if (nj >= MAX_JOBS)
+		return UINT32_MAX;
+	memset(&jobs[nj], 0, sizeof(jobs[nj]));
+	snprintf(jobs[nj].name, sizeof(jobs[nj].name), "%s", name);
+	jobs[nj].sweep = sweep;
+	jobs[nj].ratio = ratio;
+	jobs[nj].tau = th;
+	memset(&R->run[ri].res[nj], 0, sizeof(R->run[ri].res[nj]));
+	R->run[ri].njobs = nj + 1;
+	return nj;
+}
+
+int task_tables_keep(const char *dir, struct task_result *R, uint32_t ri,
+                     const char *only, char *err, size_t errlen)
+{
+	char path[1200], line[1024], *f[16];
+	snprintf(path, sizeof(path), "%s/%s.csv", dir, R->name);
+	FILE *in = fopen(path, "r");
+	if (!in)
+		return 0; /* no earlier run: the named policies' rows alone */
+	struct task_jres *res = realloc(R->run[ri].res,
+	                                MAX_JOBS * sizeof(*res));
+	if (!res) {
+		fclose(in);
+		snprintf(err, errlen, "out of memory");
+		return KVT_ENOMEM;
+	}
+	R->run[ri].res = res;
+	const uint32_t nrun = R->run[ri].njobs, L = R->len[R->run[ri].li];
+	int rc = 0;
+	uint32_t lno = 0;
+	while (!rc && fgets(line, sizeof(line), in)) {
+		lno++;
+		if (csv_split(line, f, 16) != 14 || strcmp(f[0], "policies") ||
+		    (uint32_t)strtoul(f[1], NULL, 10) != L ||
+		    !strcmp(f[2], "all") || eval_in_list(only, f[3]))
+			continue;
+		uint32_t di = 0;
+		char d[16];
+		for (; di < R->ndepth; di++) {
+			depth_name(d, sizeof(d), R, di);
+			if (!strcmp(d, f[2]))
+				break;
+		}
+		const uint64_t n = strtoull(f[8], NULL, 10);
+		const struct task_cell *rf = &R->run[ri].ref[di];
+		if (di == R->ndepth || !R->run[ri].on[di] || n != rf->n) {
+			snprintf(err, errlen, "%s line %u: %s at %u tokens, depth "
+			         "%s, %llu trials: this run has %llu there; rerun "
+			         "every policy (no --only)", path, lno, f[3], L,
+			         f[2], (unsigned long long)n,
+			         (unsigned long long)(di < R->ndepth ? rf->n : 0));
+			rc = KVT_EINVAL;
+			break;
+		}
+		uint32_t k = keep_job(R, ri, f[3], f[4], f[5]);
+		if (k == UINT32_MAX) {
+			snprintf(err, errlen, "%s: more than %u jobs", path,
+			         (unsigned)MAX_JOBS);
+			rc = KVT_EINVAL;
+			break;
+		}
+		if (k < nrun) /* a job of this run: its own rows stand */
+			continue;
+		struct task_jres *r = &res[k];
+		r->c[di] = (struct task_cell){
+			.ok = strtoull(f[7], NULL, 10), .n = n,
+			.tokens = atof(f[12]) * (double)n,
+			.top1 = *f[13] ? atof(f[13]) * (double)n : 0,
+		};
+		if (*f[6]) {
+			r->ach = atof(f[6]);
+			r->nach = 1;
+		} else {
+			r->failed = 1;
+			snprintf(r->err, sizeof(r->err), "failed in the run kept");
+		}
+	}
+	fclose(in);
+	for (uint32_t k = nrun; !rc && k < R->run[ri].njobs; k++)
+		for (uint32_t di = 0; di < R->ndepth; di++)
+			if (R->run[ri].on[di] &&
+			    res[k].c[di].n != R->run[ri].ref[di].n) {
+				snprintf(err, errlen, "%s: %s (target %.3f) has no "
+				         "row at %u tokens for every depth run; rerun "
+				         "every policy (no --only)", path,
+				         R->run[ri].jobs[k].name,
+				         R->run[ri].jobs[k].ratio, L);
+				rc = KVT_EINVAL;
+				break;
+			}
+	if (rc)
+		return rc;
+	/* the tables' order of the policies, stable (insertion sort of the
+	 * jobs and their results together) */
+	struct job *jobs = R->run[ri].jobs;
+	for (uint32_t i = 1; i < R->run[ri].njobs; i++) {
+		struct job xj = jobs[i];
+		struct task_jres xr = res[i];
+		size_t rx = order_rank(xj.name);
+		uint32_t k = i;
+		for (; k > 0 && order_rank(jobs[k - 1].name) > rx; k--) {
+			jobs[k] = jobs[k - 1];
+			res[k] = res[k - 1];
+		}
+		jobs[k] = xj;
+		res[k] = xr;
+	}
+	return 0;
+}
+
 void task_tables_write(const char *dir, const struct task_result *R,
                       const char *what)
 {

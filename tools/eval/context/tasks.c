@@ -640,6 +640,8 @@ static void run_length(const struct task_args *ta,
 				take = !strcmp(jobs[k].name, quick_jobs[q]);
 		else
 			take = task_job_wanted(jobs, nj, k);
+		if (take && ta->a->only)
+			take = eval_in_list(ta->a->only, jobs[k].name);
 		if (take)
 			jobs[kept++] = jobs[k];
 	}
@@ -662,6 +664,10 @@ static void run_length(const struct task_args *ta,
 	for (uint32_t di = 0; di < NDEPTH; di++)
 		R->run[ri].ref[di] = ref[li * NDEPTH + di];
 	free_cases(&p);
+	char err[1400];
+	if (ta->a->only && task_tables_keep(ta->a->out, R, ri, ta->a->only,
+	                                    err, sizeof(err)))
+		eval_die("--only %s: %s", ta->a->only, err);
 }
 
 /* One task: the full cache at every length, then the policies. */
@@ -730,11 +736,13 @@ static int run_task(const struct task_args *ta,
 			        "below %.1f at every length: policies not run\n",
 			        ta->a->mname, R->name, TASK_BAR);
 	}
-	char what[256];
+	char what[768];
 	snprintf(what, sizeof(what), "%.1f minutes with %d threads (full "
-	         "cache %.1f, policies %.1f)",
+	         "cache %.1f, policies %.1f)%s%.400s%s",
 	         (R->scan_s + R->run_s) / 60, ta->a->threads, R->scan_s / 60,
-	         R->run_s / 60);
+	         R->run_s / 60, ta->a->only ? "; --only " : "",
+	         ta->a->only ? ta->a->only : "", ta->a->only ? ": the other "
+	         "policies' rows are the previous run's" : "");
 	task_tables_write(ta->a->out, R, what);
 	int bad = 0;
 	for (uint32_t ri = 0; ri < R->nrun; ri++) {

@@ -11,9 +11,11 @@
  * depth of the filler, the filler a verbatim part of the evaluation
  * text, exact lengths, the copy's line where it belongs.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tasks.h"
 #include "../../train/dataset.h"
@@ -378,4 +380,148 @@ TEST_T(eval_task, needle_score_by_the_digits, 60)
 	}
 	tok_free(t);
 	model_free(&m);
+}
+
+/* --only: a kept policy's rows, read back from the last run's csv, are
+ * written again byte for byte (accuracies and Wilson intervals computed
+ * by hand, python, z = 1.96); the rerun policy's old rows and another
+ * length's are ignored; the jobs list in the tables' order (ratio
+ * policies before the learned ones).  Rows of another case count or
+ * lacking a depth the run ran are refused. */
+static const char *const only_rows[] = {
+	"policies,1024,0.10,streaming,0.750,,0.7510,10,12,0.8333,0.5520,"
+	"0.9530,1031.0,",
+	"policies,1024,0.50,streaming,0.750,,0.7510,9,12,0.7500,0.4677,"
+	"0.9111,1030.5,",
+	"policies,1024,all,streaming,0.750,,0.7510,19,24,0.7917,0.5953,"
+	"0.9076,1030.8,",
+	"policies,1024,0.10,streaming,0.875,,0.8760,5,12,0.4167,0.1933,"
+	"0.6805,1031.0,",
+	"policies,1024,0.50,streaming,0.875,,0.8760,4,12,0.3333,0.1381,"
+	"0.6094,1030.5,",
+	"policies,1024,all,streaming,0.875,,0.8760,9,24,0.3750,0.2116,"
+	"0.5729,1030.8,",
+};
+
+static void only_csv(const char *dir, const char *extra)
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/needle.csv", dir);
+	FILE *f = fopen(path, "w");
+	T_ASSERT(f != NULL);
+	fprintf(f, "part,length,depth,policy,target_ratio,threshold,"
+	        "achieved_ratio,correct,trials,accuracy,ci_lo,ci_hi,"
+	        "prompt_tokens,token_top1\n"
+	        "full-cache,1024,0.10,full,,,,12,12,1.0000,0.7575,1.0000,"
+	        "1031.0,\n");
+	for (size_t i = 0; i < sizeof(only_rows) / sizeof(*only_rows); i++)
+		fprintf(f, "%s\n", only_rows[i]);
+	/* the rerun policy's old row, and another length's */
+	fprintf(f, "policies,1024,0.10,kvzap-mlp,0.750,-2.3551,0.7600,1,12,"
+	        "0.0833,0.0149,0.3539,1031.0,\n"
+	        "policies,2048,0.10,h2o,0.750,,0.7500,3,12,0.2500,0.0893,"
+	        "0.5323,2050.0,\n%s", extra);
+	fclose(f);
+}
+
+static void only_result(struct task_result *R)
+{
+	static const uint32_t len[1] = {1024};
+	static const double depth[3] = {0.1, 0.5, 0.9};
+	memset(R, 0, sizeof(*R));
+	R->kind = TASK_NEEDLE;
+	R->name = "needle";
+	R->model = "smollm2";
+	R->nlen = 1;
+	R->len = len;
+	R->ndepth = 3;
+	R->depth = depth;
+	R->nrun = 1;
+	R->run[0].on[0] = R->run[0].on[1] = 1; /* depth 0.9 not run */
+	R->run[0].ref[0] = (struct task_cell){.ok = 12, .n = 12};
+	R->run[0].ref[1] = (struct task_cell){.ok = 12, .n = 12};
+	R->run[0].jobs = calloc(MAX_JOBS, sizeof(struct job));
+	R->run[0].res = calloc(1, sizeof(struct task_jres));
+	T_ASSERT(R->run[0].jobs && R->run[0].res);
+	struct job *j = &R->run[0].jobs[0];
+	snprintf(j->name, sizeof(j->name), "kvzap-mlp");
+	j->ratio = 0.75;
+	j->tau = -2.3551;
+	for (int d = 0; d < 2; d++)
+		R->run[0].res[0].c[d] = (struct task_cell){
+			.ok = 11, .n = 12, .tokens = 12 * 1031.0};
+	R->run[0].res[0].ach = 0.761;
+	R->run[0].res[0].nach = 1;
+	R->run[0].njobs = 1;
+}
+
+static void only_free(struct task_result *R)
+{
+	free(R->run[0].jobs);
+	free(R->run[0].res);
+}
+
+TEST(eval_task, only_keeps_the_other_policies_rows)
+{
+	char in[600], out[600], err[1400], line[1024];
+	snprintf(in, sizeof(in), "%s/only-in", th_tmpdir());
+	snprintf(out, sizeof(out), "%s/only-out", th_tmpdir());
+	T_ASSERT(mkdir(in, 0700) == 0 || errno == EEXIST);
+	T_ASSERT(mkdir(out, 0700) == 0 || errno == EEXIST);
+	only_csv(in, "");
+	struct task_result R;
+	only_result(&R);
+	T_OK(task_tables_keep(in, &R, 0, "kvzap-mlp", err, sizeof(err)));
+	T_EQ(R.run[0].njobs, 3);
+	T_ASSERT(!strcmp(R.run[0].jobs[0].name, "streaming"));
+	T_ASSERT(fabs(R.run[0].jobs[0].ratio - 0.75) < 1e-12);
+	T_ASSERT(!strcmp(R.run[0].jobs[1].name, "streaming"));
+	T_ASSERT(fabs(R.run[0].jobs[1].ratio - 0.875) < 1e-12);
+	T_ASSERT(!strcmp(R.run[0].jobs[2].name, "kvzap-mlp"));
+	T_EQ(R.run[0].res[2].c[0].ok, 11); /* this run's, not the csv's */
+	T_EQ(R.run[0].res[0].c[1].ok, 9);
+	T_EQ(R.run[0].res[0].c[1].n, 12);
+	T_EQ(R.run[0].res[1].c[0].ok, 5);
+	T_ASSERT(fabs(R.run[0].res[0].ach - 0.751) < 1e-12);
+	task_tables_write(out, &R, "test");
+	snprintf(line, sizeof(line), "%s/needle.csv", out);
+	FILE *f = fopen(line, "r");
+	T_ASSERT(f != NULL);
+	size_t seen = 0;
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		for (size_t i = 0; i < sizeof(only_rows) / sizeof(*only_rows);
+		     i++)
+			seen += !strcmp(line, only_rows[i]);
+		T_ASSERT(strncmp(line, "policies,2048", 13) != 0);
+	}
+	fclose(f);
+	T_EQ(seen, sizeof(only_rows) / sizeof(*only_rows));
+	only_free(&R);
+
+	/* another case count, a missing depth, a depth not run: refused */
+	static const char *const bad[] = {
+		"policies,1024,0.10,h2o,0.750,,0.7500,3,10,0.3000,0.1078,"
+		"0.6032,1031.0,\npolicies,1024,0.50,h2o,0.750,,0.7500,3,12,"
+		"0.2500,0.0893,0.5323,1030.5,\n",
+		"policies,1024,0.10,h2o,0.750,,0.7500,3,12,0.2500,0.0893,"
+		"0.5323,1031.0,\n",
+		"policies,1024,0.90,snapkv,0.750,,0.7500,3,12,0.2500,0.0893,"
+		"0.5323,1031.0,\n",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		only_csv(in, bad[i]);
+		only_result(&R);
+		err[0] = 0;
+		T_ERR(task_tables_keep(in, &R, 0, "kvzap-mlp", err,
+		                        sizeof(err)), KVT_EINVAL);
+		T_ASSERT(strstr(err, "rerun every policy") != NULL);
+		only_free(&R);
+	}
+	/* no earlier csv: the run's own rows alone */
+	snprintf(line, sizeof(line), "%s/none", th_tmpdir());
+	only_result(&R);
+	T_OK(task_tables_keep(line, &R, 0, "kvzap-mlp", err, sizeof(err)));
+	T_EQ(R.run[0].njobs, 1);
+	only_free(&R);
 }
