@@ -379,15 +379,26 @@ static int csv_split(char *line, char **f, int max)
 	return n;
 }
 
-/* The rank of policy name in the tables' order (the others after). */
-static size_t order_rank(const char *name)
+/* Whether job j is the one named and targeted so (a csv row's figures:
+ * the threshold rounded to 4 decimals, NaN when empty). */
+static int same_job(const struct job *j, const char *name, int sweep,
+                    double ratio, double th)
 {
-	const char *const *pol;
-	const size_t np = eval_policy_order(&pol);
-	for (size_t i = 0; i < np; i++)
-		if (!strcmp(pol[i], name))
+	return !strcmp(j->name, name) && j->sweep == sweep &&
+	       (sweep || fabs(j->ratio - ratio) < 5e-4) &&
+	       (isnan(th) ? isnan(j->tau)
+	                  : fabs(j->tau - th) <= 5e-5 * fmax(1, fabs(th)));
+}
+
+/* Where job j lists: its index in all[nall] (a whole run's jobs, in its
+ * order), nall when it is not there. */
+static uint32_t order_rank(const struct job *j, const struct job *all,
+                           uint32_t nall)
+{
+	for (uint32_t i = 0; i < nall; i++)
+		if (same_job(&all[i], j->name, j->sweep, j->ratio, j->tau))
 			return i;
-	return np;
+	return nall;
 }
 
 /* The job of run ri named and targeted as a csv row (name, target and
@@ -402,14 +413,9 @@ static uint32_t keep_job(struct task_result *R, uint32_t ri,
 	const double ratio = sweep ? 0 : atof(target);
 	const double th = *tau ? atof(tau) : NAN;
 	uint32_t k = 0, nj = R->run[ri].njobs;
-	for (; k < nj; k++) {
-		const struct job *j = &jobs[k];
-		if (!strcmp(j->name, name) && j->sweep == sweep &&
-		    (sweep || fabs(j->ratio - ratio) < 5e-4) &&
-		    (isnan(th) ? isnan(j->tau) : fabs(j->tau - th) <= 5e-5 *
-		     fmax(1, fabs(th))))
+	for (; k < nj; k++)
+		if (same_job(&jobs[k], name, sweep, ratio, th))
 			return k;
-	}
 	if (nj >= MAX_JOBS)
 		return UINT32_MAX;
 	memset(&jobs[nj], 0, sizeof(jobs[nj]));
@@ -423,7 +429,8 @@ static uint32_t keep_job(struct task_result *R, uint32_t ri,
 }
 
 int task_tables_keep(const char *dir, struct task_result *R, uint32_t ri,
-                     const char *only, char *err, size_t errlen)
+                     const char *only, const struct job *all,
+                     uint32_t nall, char *err, size_t errlen)
 {
 	char path[1200], line[1024], *f[16];
 	snprintf(path, sizeof(path), "%s/%s.csv", dir, R->name);
@@ -503,15 +510,15 @@ int task_tables_keep(const char *dir, struct task_result *R, uint32_t ri,
 			}
 	if (rc)
 		return rc;
-	/* the tables' order of the policies, stable (insertion sort of the
-	 * jobs and their results together) */
+	/* a whole run's order, so that its csv comes out row for row (stable
+	 * insertion sort of the jobs and their results together) */
 	struct job *jobs = R->run[ri].jobs;
 	for (uint32_t i = 1; i < R->run[ri].njobs; i++) {
 		struct job xj = jobs[i];
 		struct task_jres xr = res[i];
-		size_t rx = order_rank(xj.name);
+		uint32_t rx = order_rank(&xj, all, nall);
 		uint32_t k = i;
-		for (; k > 0 && order_rank(jobs[k - 1].name) > rx; k--) {
+		for (; k > 0 && order_rank(&jobs[k - 1], all, nall) > rx; k--) {
 			jobs[k] = jobs[k - 1];
 			res[k] = res[k - 1];
 		}

@@ -632,17 +632,25 @@ static void run_length(const struct task_args *ta,
 	struct job *jobs = calloc(MAX_JOBS, sizeof(*jobs));
 	if (!jobs)
 		eval_die("out of memory");
-	uint32_t nj = ta->jobs(ta->jobs_arg, R->len[li], jobs), kept = 0;
-	for (uint32_t k = 0; k < nj; k++) {
-		int take = 0;
+	uint32_t nj = ta->jobs(ta->jobs_arg, R->len[li], jobs), kept = 0,
+	         nall = 0;
+	/* --only: the jobs a whole run would run, for the order of its rows */
+	struct job *all = ta->a->only ? calloc(MAX_JOBS, sizeof(*all)) : NULL;
+	if (ta->a->only && !all)
+		eval_die("out of memory");
+	uint8_t want[MAX_JOBS] = {0}; /* decided on the whole list first */
+	for (uint32_t k = 0; k < nj && k < MAX_JOBS; k++) {
 		if (R->quick)
-			for (size_t q = 0; !take && q < 5; q++)
-				take = !strcmp(jobs[k].name, quick_jobs[q]);
+			for (size_t q = 0; !want[k] && q < 5; q++)
+				want[k] = !strcmp(jobs[k].name, quick_jobs[q]);
 		else
-			take = task_job_wanted(jobs, nj, k);
-		if (take && ta->a->only)
-			take = eval_in_list(ta->a->only, jobs[k].name);
-		if (take)
+			want[k] = (uint8_t)task_job_wanted(jobs, nj, k);
+	}
+	for (uint32_t k = 0; k < nj && k < MAX_JOBS; k++) {
+		if (want[k] && all)
+			all[nall++] = jobs[k];
+		if (want[k] && (!ta->a->only ||
+		                eval_in_list(ta->a->only, jobs[k].name)))
 			jobs[kept++] = jobs[k];
 	}
 	R->run[ri].jobs = jobs;
@@ -666,8 +674,9 @@ static void run_length(const struct task_args *ta,
 	free_cases(&p);
 	char err[1400];
 	if (ta->a->only && task_tables_keep(ta->a->out, R, ri, ta->a->only,
-	                                    err, sizeof(err)))
+	                                    all, nall, err, sizeof(err)))
 		eval_die("--only %s: %s", ta->a->only, err);
+	free(all);
 }
 
 /* One task: the full cache at every length, then the policies. */

@@ -242,13 +242,15 @@ void task_tables_write(const char *dir, const struct task_result *r,
 /* task_tables.c, for --only: appends to run ri (its jobs and results:
  * jobs [MAX_JOBS], res reallocated to MAX_JOBS) the rows of DIR/<name>.csv
  * at the run's length of the policies not in only (the comma-separated
- * names rerun), then orders the run's jobs as the tables list policies
- * (stable).  No csv: nothing kept, 0.  KVT_EINVAL (reason in err) when a
+ * names rerun), then orders the run's jobs as all[nall] (the jobs a whole
+ * run would run, in its order; the others after, stable), so the csv is
+ * a whole run's row for row.  No csv: nothing kept, 0.  KVT_EINVAL (reason in err) when a
  * kept row's trials differ from this run's cases at its depth or a kept
  * policy lacks a depth this run ran: a table mixes no case sets.
  * KVT_ENOMEM. */
 int task_tables_keep(const char *dir, struct task_result *R, uint32_t ri,
-                     const char *only, char *err, size_t errlen);
+                     const char *only, const struct job *all,
+                     uint32_t nall, char *err, size_t errlen);
 
 /* Both tasks: the full cache at every length first, then the policies
  * where it reaches the bar; DIR/needle.{csv,md} and DIR/copy.{csv,md}.

@@ -471,25 +471,48 @@ TEST(eval_task, only_keeps_the_other_policies_rows)
 	only_csv(in, "");
 	struct task_result R;
 	only_result(&R);
-	T_OK(task_tables_keep(in, &R, 0, "kvzap-mlp", err, sizeof(err)));
+	/* a whole run's order: streaming 0.75, kvzap-mlp, streaming 0.875 */
+	struct job all[3] = {{.name = "streaming", .ratio = 0.75, .tau = NAN},
+	                     {.name = "kvzap-mlp", .ratio = 0.75,
+	                      .tau = -2.3551},
+	                     {.name = "streaming", .ratio = 0.875,
+	                      .tau = NAN}};
+	T_OK(task_tables_keep(in, &R, 0, "kvzap-mlp", all, 3, err,
+	                      sizeof(err)));
 	T_EQ(R.run[0].njobs, 3);
 	T_ASSERT(!strcmp(R.run[0].jobs[0].name, "streaming"));
 	T_ASSERT(fabs(R.run[0].jobs[0].ratio - 0.75) < 1e-12);
-	T_ASSERT(!strcmp(R.run[0].jobs[1].name, "streaming"));
-	T_ASSERT(fabs(R.run[0].jobs[1].ratio - 0.875) < 1e-12);
-	T_ASSERT(!strcmp(R.run[0].jobs[2].name, "kvzap-mlp"));
-	T_EQ(R.run[0].res[2].c[0].ok, 11); /* this run's, not the csv's */
+	T_ASSERT(!strcmp(R.run[0].jobs[1].name, "kvzap-mlp"));
+	T_ASSERT(!strcmp(R.run[0].jobs[2].name, "streaming"));
+	T_ASSERT(fabs(R.run[0].jobs[2].ratio - 0.875) < 1e-12);
+	T_EQ(R.run[0].res[1].c[0].ok, 11); /* this run's, not the csv's */
 	T_EQ(R.run[0].res[0].c[1].ok, 9);
 	T_EQ(R.run[0].res[0].c[1].n, 12);
-	T_EQ(R.run[0].res[1].c[0].ok, 5);
+	T_EQ(R.run[0].res[2].c[0].ok, 5);
 	T_ASSERT(fabs(R.run[0].res[0].ach - 0.751) < 1e-12);
 	task_tables_write(out, &R, "test");
 	snprintf(line, sizeof(line), "%s/needle.csv", out);
 	FILE *f = fopen(line, "r");
 	T_ASSERT(f != NULL);
 	size_t seen = 0;
+	unsigned order = 0; /* 2 bits a policy row block, in file order */
+	char last[64] = "";
 	while (fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = 0;
+		/* the block: the columns policy and target_ratio */
+		const char *blk = line;
+		for (int c = 0; c < 3 && blk; c++)
+			blk = strchr(blk, ',') ? strchr(blk, ',') + 1 : NULL;
+		const char *e = blk ? strchr(blk, ',') : NULL;
+		e = e ? strchr(e + 1, ',') : NULL;
+		if (!strncmp(line, "policies,1024", 13) && e &&
+		    (strlen(last) != (size_t)(e - blk) ||
+		     strncmp(last, blk, (size_t)(e - blk)))) {
+			order = order << 2 |
+			        (!strncmp(blk, "streaming,0.750", 15) ? 1u
+			         : !strncmp(blk, "kvzap-mlp,", 10) ? 2u : 3u);
+			snprintf(last, sizeof(last), "%.*s", (int)(e - blk), blk);
+		}
 		for (size_t i = 0; i < sizeof(only_rows) / sizeof(*only_rows);
 		     i++)
 			seen += !strcmp(line, only_rows[i]);
@@ -497,6 +520,7 @@ TEST(eval_task, only_keeps_the_other_policies_rows)
 	}
 	fclose(f);
 	T_EQ(seen, sizeof(only_rows) / sizeof(*only_rows));
+	T_EQ(order, 0x1b); /* streaming 0.75, kvzap-mlp, streaming 0.875 */
 	only_free(&R);
 
 	/* another case count, a missing depth, a depth not run: refused */
@@ -513,15 +537,16 @@ TEST(eval_task, only_keeps_the_other_policies_rows)
 		only_csv(in, bad[i]);
 		only_result(&R);
 		err[0] = 0;
-		T_ERR(task_tables_keep(in, &R, 0, "kvzap-mlp", err,
-		                        sizeof(err)), KVT_EINVAL);
+		T_ERR(task_tables_keep(in, &R, 0, "kvzap-mlp", all, 3, err,
+		                       sizeof(err)), KVT_EINVAL);
 		T_ASSERT(strstr(err, "rerun every policy") != NULL);
 		only_free(&R);
 	}
 	/* no earlier csv: the run's own rows alone */
 	snprintf(line, sizeof(line), "%s/none", th_tmpdir());
 	only_result(&R);
-	T_OK(task_tables_keep(line, &R, 0, "kvzap-mlp", err, sizeof(err)));
+	T_OK(task_tables_keep(line, &R, 0, "kvzap-mlp", all, 3, err,
+	                      sizeof(err)));
 	T_EQ(R.run[0].njobs, 1);
 	only_free(&R);
 }
