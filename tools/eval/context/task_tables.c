@@ -401,9 +401,9 @@ static uint32_t order_rank(const struct job *j, const struct job *all,
 	return nall;
 }
 
-/* The job of run ri named and targeted as a csv row (name, target and
- * threshold as written), added (with empty results) when new; NULL when
- * the run holds MAX_JOBS. */
+/* The index of run ri's job named and targeted as a csv row (name,
+ * target and threshold as written), added (with empty results) when new;
+ * UINT32_MAX when the run already holds MAX_JOBS. */
 static uint32_t keep_job(struct task_result *R, uint32_t ri,
                          const char *name, const char *target,
                          const char *tau)
