@@ -206,6 +206,10 @@ void eval_put_scores(float *out, const float *y, uint32_t layer,
                      uint32_t nkv, uint32_t T, uint32_t i0, uint32_t n);
 
 
+/* Splits a csv line (no quoting: the columns are numbers and names) in
+ * place, its line end dropped, into at most max fields (the last holds
+ * the rest); their count. */
+int table_split_csv(char *line, char **f, int max);
 /* ---- table.c */
 #define TABLE_CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl," \
 	                 "top1,dnll,copy_acc,needle_acc,threshold"

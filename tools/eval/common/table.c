@@ -24,27 +24,32 @@ static void fmt_num(char *b, size_t n, double v, const char *f)
 }
 
 /* Reads a row of this header or of the earlier one (no threshold). */
+int table_split_csv(char *line, char **f, int max)
+{
+	int n = 0;
+	line[strcspn(line, "\r\n")] = 0;
+	for (char *p = line; n < max;) {
+		f[n++] = p;
+		p = strchr(p, ',');
+		if (!p)
+			break;
+		*p++ = 0;
+	}
+	return n;
+}
+
 int table_parse_row(const char *line, struct row *r)
 {
-	char f[10][64];
-	int k = 0;
-	const char *p = line;
-	while (k < 10) {
-		const char *e = strpbrk(p, ",\n");
-		size_t len = e ? (size_t)(e - p) : strlen(p);
-		if (len >= 64)
-			return -1;
-		memcpy(f[k], p, len);
-		f[k][len] = 0;
-		k++;
-		if (!e || *e == '\n')
-			break;
-		p = e + 1;
-	}
-	if (k != 9 && k != 10)
+	char buf[1024], *f[11];
+	snprintf(buf, sizeof(buf), "%s", line);
+	int k = table_split_csv(buf, f, 11); /* an 11th field is ignored */
+	if (k < 9)
 		return -1;
+	for (int i = 0; i < k && i < 10; i++)
+		if (strlen(f[i]) >= 64)
+			return -1;
 	if (k == 9)
-		f[9][0] = 0;
+		f[9] = "";
 	snprintf(r->model, sizeof(r->model), "%s", f[0]);
 	snprintf(r->policy, sizeof(r->policy), "%s", f[1]);
 	double *v[8] = {&r->target, &r->ach, &r->kl, &r->top1, &r->dnll,

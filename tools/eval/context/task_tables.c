@@ -363,22 +363,6 @@ static void md_run(FILE *f, const struct task_result *R, uint32_t ri)
 
 /* ------------------------------------------------------------ --only */
 
-/* Splits a csv line (no quoting: the columns are numbers and names) into
- * at most max fields in place; their count. */
-static int csv_split(char *line, char **f, int max)
-{
-	int n = 0;
-	line[strcspn(line, "\r\n")] = 0;
-	for (char *p = line; n < max;) {
-		f[n++] = p;
-		p = strchr(p, ',');
-		if (!p)
-			break;
-		*p++ = 0;
-	}
-	return n;
-}
-
 /* Whether job j is the one named and targeted so (a csv row's figures:
  * the threshold rounded to 4 decimals, NaN when empty). */
 static int same_job(const struct job *j, const char *name, int sweep,
@@ -450,7 +434,7 @@ int task_tables_keep(const char *dir, struct task_result *R, uint32_t ri,
 	uint32_t lno = 0;
 	while (!rc && fgets(line, sizeof(line), in)) {
 		lno++;
-		if (csv_split(line, f, 16) != 14 || strcmp(f[0], "policies") ||
+		if (table_split_csv(line, f, 16) != 14 || strcmp(f[0], "policies") ||
 		    (uint32_t)strtoul(f[1], NULL, 10) != L ||
 		    !strcmp(f[2], "all") || eval_in_list(only, f[3]))
 			continue;
