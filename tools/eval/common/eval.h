@@ -205,14 +205,15 @@ void kvzap_add_sweep(struct job *jobs, uint32_t *n, const struct model *M,
 void eval_put_scores(float *out, const float *y, uint32_t layer,
                      uint32_t nkv, uint32_t T, uint32_t i0, uint32_t n);
 
-
+/* ---- table.c */
+#define TABLE_CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl," \
+	                 "top1,dnll,copy_acc,needle_acc,threshold"
 /* Splits a csv line (no quoting: the columns are numbers and names) in
  * place, its line end dropped, into at most max fields (the last holds
  * the rest); their count. */
 int table_split_csv(char *line, char **f, int max);
-/* ---- table.c */
-#define TABLE_CSV_HEADER "model,policy,target_ratio,achieved_ratio,kl," \
-	                 "top1,dnll,copy_acc,needle_acc,threshold"
+/* Reads a row of TABLE_CSV_HEADER or of the earlier one (no threshold);
+ * -1 when it is neither. */
 int table_parse_row(const char *line, struct row *r);
 /* The rows of path (quality.csv) of models other than model and, with
  * only (--only's list; NULL: none), model's rows of the policies not in

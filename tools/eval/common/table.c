@@ -23,7 +23,6 @@ static void fmt_num(char *b, size_t n, double v, const char *f)
 		snprintf(b, n, f, v);
 }
 
-/* Reads a row of this header or of the earlier one (no threshold). */
 int table_split_csv(char *line, char **f, int max)
 {
 	int n = 0;
@@ -38,6 +37,7 @@ int table_split_csv(char *line, char **f, int max)
 	return n;
 }
 
+/* Of this header or of the earlier one (no threshold): 9 or 10 fields. */
 int table_parse_row(const char *line, struct row *r)
 {
 	char buf[1024], *f[11];

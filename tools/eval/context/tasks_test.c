@@ -500,18 +500,17 @@ TEST(eval_task, only_keeps_the_other_policies_rows)
 	while (fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = 0;
 		/* the block: the columns policy and target_ratio */
-		const char *blk = line;
-		for (int c = 0; c < 3 && blk; c++)
-			blk = strchr(blk, ',') ? strchr(blk, ',') + 1 : NULL;
-		const char *e = blk ? strchr(blk, ',') : NULL;
-		e = e ? strchr(e + 1, ',') : NULL;
-		if (!strncmp(line, "policies,1024", 13) && e &&
-		    (strlen(last) != (size_t)(e - blk) ||
-		     strncmp(last, blk, (size_t)(e - blk)))) {
-			order = order << 2 |
-			        (!strncmp(blk, "streaming,0.750", 15) ? 1u
-			         : !strncmp(blk, "kvzap-mlp,", 10) ? 2u : 3u);
-			snprintf(last, sizeof(last), "%.*s", (int)(e - blk), blk);
+		char cp[1024], *c[16], blk[64];
+		snprintf(cp, sizeof(cp), "%s", line);
+		if (table_split_csv(cp, c, 16) > 4 &&
+		    !strcmp(c[0], "policies") && !strcmp(c[1], "1024")) {
+			snprintf(blk, sizeof(blk), "%s,%s", c[3], c[4]);
+			if (strcmp(last, blk)) {
+				order = order << 2 |
+				        (!strcmp(blk, "streaming,0.750") ? 1u
+				         : !strcmp(c[3], "kvzap-mlp") ? 2u : 3u);
+				snprintf(last, sizeof(last), "%s", blk);
+			}
 		}
 		for (size_t i = 0; i < sizeof(only_rows) / sizeof(*only_rows);
 		     i++)
