@@ -1,23 +1,36 @@
 /*
- * kvpop.c — KVpop: a fixed per-head budget; each entry is scored once,
- * delay tokens after it arrived, by a learned scorer that sees the token's
- * attention input and the attention the entry received from the delay
- * queries that followed it, and then by its memory of the attention later
- * queries pay it; the lowest-ranked entries are evicted.  The paper (arXiv
- * 2607.05061) does not publish the scorer: the one here is kvtrim's choice
+ * kvpop.c — KVpop: a fixed total budget, shared out among the lists;
+ * each entry is scored once, delay tokens after it arrived, by a learned
+ * scorer that sees the token's attention input and the attention the
+ * entry received from the delay queries that followed it (trained on the
+ * entry's log KVzip+ score, KVzap's target); the lowest-ranked entries of
+ * each list beyond its share are evicted.  The paper (arXiv 2607.05061)
+ * does not publish the scorer: the one here is kvtrim's choice
  * (docs/policies.md, **kvpop**, has the formulas and the variants
  * measured; docs/weights.md the weights).  s is computed at the sync where
  * the query at position i + delay arrives and never again.  Protected: the
  * entries still in their delay, the sinks and the newest window positions
- * (policy_protected; default half the budget, H2O's recent half).  With
- * memory=T (default 256; 0: none) an entry past its delay keeps a decayed
+ * (policy_protected; default min(32, tokens / 2)).
+ *
+ * The budget: tokens=B a list on average.  Weights with kvpop.share (what
+ * kvtrim-train writes) give each (layer, KV head) its share of the free
+ * part B - P0 (P0 = sinks + max(window, delay), which every list holds),
+ * measured in training as what that list would hold if one threshold on
+ * the scores held the same total, at the keep fractions kvpop.share_keep;
+ * the list's budget at a sync is P0 + floor((B - P0) share), the share
+ * interpolated in ln phi at the free fraction phi = (B - P0) / (n_seen -
+ * P0) (share 1 at phi = 1).  The shares have mean 1 at every fraction
+ * (normalised here), so the lists of a sequence together hold at most
+ * n_layers n_kv_heads B entries: the memory is known in advance, as the
+ * paper promises, while the layers whose entries the scorer rates higher
+ * hold more of it.  Weights without kvpop.share: B for every list.
+ *
+ * With memory=T (default 0: none) an entry past its delay keeps a decayed
  * sum m and count c of the attention each later query pays it (decay
  * exp(-1/T) a query; entry state [a, s, m, c], else [a, s]) and the
  * selection ranks by (K s + c ln(N m / c)) / (K + c), K = trust (default
- * 0), N = KVPOP_HORIZON: the learned score until the entry is seen, then
- * what it is seen to receive, so an entry whose use fades loses its place.
- * The defaults are the variant that did best on the held-out split
- * (docs/policies.md); window=0,memory=0 is the scorer alone.
+ * 0), N = KVPOP_HORIZON: measured with the earlier future-attention
+ * scorer and kept for that record (docs/policies.md).
  */
 #include "learned.h"
 
@@ -35,10 +48,9 @@
 #define KVPOP_DEF_TOKENS 256u
 #define KVPOP_DEF_DELAY 32u
 #define KVPOP_DEF_SINKS 4u
-/* The memory's decay: twice the scorer's target horizon, set before any
- * measurement (docs/policies.md). */
-#define KVPOP_DEF_MEMORY 256u
+#define KVPOP_DEF_WINDOW 32u /* KVzap's; at most tokens / 2 */
 #define KVPOP_EPS 1e-6f
+#define KVPOP_SHARES_MAX 16u /* keep fractions in kvpop.share */
 
 struct kvpop_layer {
 	const float *P, *W1, *b1, *W2, *b2;
@@ -48,7 +60,129 @@ struct kvpop {
 	struct learned_priv lp; /* layers: struct kvpop_layer [n_layers] */
 	uint32_t r, m, ring; /* ring: rows of u kept per (sequence, layer) */
 	float beta; /* the memory's decay a query, exp(-1 / memory) */
+	uint32_t n_f;  /* keep fractions of the shares (0: none) */
+	float *keep;   /* [n_f], decreasing in (0, 1) */
+	float *share;  /* [n_f][n_layers][n_kv_heads], mean 1 per fraction */
 };
+
+static void kvpop_fini(struct policy *p)
+{
+	struct kvpop *k = p->priv;
+	if (k) {
+		free(k->keep);
+		free(k->share);
+	}
+	learned_fini(p);
+}
+
+/*
+ * The budget shares of the weights (kvpop.share [n_f][n_layers][n_kv] at
+ * kvpop.share_keep [n_f]), both or neither: checked (1 <= n_f <= 16,
+ * fractions decreasing in (0, 1), shares >= 0 with a positive sum per
+ * fraction) and normalised to mean 1 per fraction in double.
+ */
+static int kvpop_shares(struct policy *p, char *err, size_t errlen)
+{
+	struct kvpop *k = p->priv;
+	const struct policy_geom *g = &p->geom;
+	const int has_s = weights_has(k->lp.w, "kvpop.share"),
+	          has_k = weights_has(k->lp.w, "kvpop.share_keep");
+	if (!has_s && !has_k)
+		return 0;
+	if (has_s != has_k) {
+		snprintf(err, errlen, "kvpop: %s: kvpop.share and "
+		         "kvpop.share_keep come together", p->args.model);
+		return KVT_EPOLICY;
+	}
+	uint32_t n_f;
+	int rc = learned_dim(p, "kvpop.share_keep", 1, 0, KVPOP_SHARES_MAX,
+	                     &n_f, err, errlen);
+	if (rc)
+		return rc;
+	const uint64_t per = (uint64_t)g->n_layers * g->n_kv_heads;
+	const uint64_t ks[1] = {n_f}, ss[3] = {n_f, g->n_layers, g->n_kv_heads};
+	const float *kv = learned_get(p, k->lp.w, err, errlen, 1, ks,
+	                              "kvpop.share_keep");
+	const float *sv = kv ? learned_get(p, k->lp.w, err, errlen, 3, ss,
+	                                   "kvpop.share") : NULL;
+	if (!sv)
+		return KVT_EPOLICY;
+	for (uint32_t j = 0; j < n_f; j++)
+		if (!(kv[j] > 0.0f && kv[j] < (j ? kv[j - 1] : 1.0f))) {
+			snprintf(err, errlen, "kvpop: %s: kvpop.share_keep[%u] = "
+			         "%g: the fractions must decrease inside (0, 1)",
+			         p->args.model, j, (double)kv[j]);
+			return KVT_EPOLICY;
+		}
+	k->keep = malloc(sizeof(float) * n_f);
+	k->share = malloc(sizeof(float) * n_f * per);
+	if (!k->keep || !k->share)
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	memcpy(k->keep, kv, sizeof(float) * n_f);
+	for (uint32_t j = 0; j < n_f; j++) {
+		const float *s = sv + j * per;
+		double sum = 0;
+		for (uint64_t i = 0; i < per; i++) {
+			if (!(s[i] >= 0.0f)) {
+				snprintf(err, errlen, "kvpop: %s: kvpop.share[%u] "
+				         "has a negative share", p->args.model, j);
+				return KVT_EPOLICY;
+			}
+			sum += s[i];
+		}
+		if (!(sum > 0)) {
+			snprintf(err, errlen, "kvpop: %s: kvpop.share[%u] is all "
+			         "zero", p->args.model, j);
+			return KVT_EPOLICY;
+		}
+		for (uint64_t i = 0; i < per; i++)
+			k->share[j * per + i] =
+				(float)((double)s[i] * (double)per / sum);
+	}
+	k->n_f = n_f;
+	return 0;
+}
+
+/* List (layer, g)'s share at free fraction phi in (0, 1]: linear in
+ * ln phi between the fractions around it, share 1 at phi = 1, the last
+ * fraction's below it. */
+static float kvpop_share_at(const struct policy *p, uint32_t layer,
+                            uint32_t g, float phi)
+{
+	const struct kvpop *k = p->priv;
+	const size_t per = (size_t)p->geom.n_layers * p->geom.n_kv_heads;
+	const size_t at = (size_t)layer * p->geom.n_kv_heads + g;
+	float f_hi = 1.0f, s_hi = 1.0f;
+	for (uint32_t j = 0; j < k->n_f; j++) {
+		const float f = k->keep[j], s = k->share[j * per + at];
+		if (phi >= f) {
+			const float t = logf(f_hi / phi) / logf(f_hi / f);
+			return s_hi + t * (s - s_hi);
+		}
+		f_hi = f;
+		s_hi = s;
+	}
+	return s_hi;
+}
+
+/* The budget of KV head g of layer `layer` after n_seen tokens (the
+ * header's rule; UINT32_MAX: none). */
+static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
+                                  uint32_t g, uint32_t n_seen)
+{
+	const struct kvpop *k = p->priv;
+	const struct policy_args *a = &p->args;
+	const uint32_t B = policy_budget(p, n_seen);
+	const uint64_t P0 = (uint64_t)a->sinks +
+	                    (a->window > a->delay ? a->window : a->delay);
+	if (!k->n_f || B == UINT32_MAX || B <= P0 || n_seen <= B)
+		return B;
+	const float phi = (float)(B - P0) / (float)(n_seen - P0);
+	const double b = (double)(B - P0) *
+	                 (double)kvpop_share_at(p, layer, g, phi);
+	return b >= (double)(UINT32_MAX - 1 - P0) ? UINT32_MAX - 1
+	       : (uint32_t)(P0 + (uint64_t)floor(b));
+}
 
 static int kvpop_init(struct policy *p, char *err, size_t errlen)
 {
@@ -61,9 +195,8 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 	if (!(a->set & POLICY_KEY_SINKS))
 		a->sinks = KVPOP_DEF_SINKS;
 	if (!(a->set & POLICY_KEY_WINDOW))
-		a->window = a->tokens / 2;
-	if (!(a->set & POLICY_KEY_MEMORY))
-		a->memory = KVPOP_DEF_MEMORY;
+		a->window = a->tokens / 2 < KVPOP_DEF_WINDOW ? a->tokens / 2
+		                                             : KVPOP_DEF_WINDOW;
 	if ((uint64_t)a->delay + g->headroom > (1u << 20)) {
 		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
 		return KVT_EPOLICY;
@@ -80,6 +213,8 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 	                      err, errlen)) ||
 	    (rc = learned_layers_fit(p, k->lp.w, "kvpop.%u.proj.weight", err,
 	                             errlen)))
+		return rc;
+	if ((rc = kvpop_shares(p, err, errlen)))
 		return rc;
 	k->ring = a->delay + g->headroom;
 	k->beta = a->memory ? expf(-1.0f / (float)a->memory) : 0.0f;
@@ -220,7 +355,9 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 				s[i] = KVPOP_BLEND(K, e[1], e[2], e[3]);
 			prot[i] = (uint64_t)h->pos[i] + d >= l->n_seen;
 		}
-		int rc = policy_select(p, l, h, s, prot);
+		int rc = policy_select_budget(p, l, h, s, prot,
+		                              kvpop_head_budget(p, l->layer, g,
+		                                                l->n_seen));
 		if (rc < 0)
 			return rc;
 	}
@@ -320,6 +457,7 @@ static int kvpop_plan(const struct policy *p, const struct policy_layer *l,
 	struct kvpop_rule_job *bj = jobs;
 	uint32_t k = 0, off = c->drop_off, keep;
 	for (uint32_t h = 0; h < p->geom.n_kv_heads; h++) {
+		r.budget = kvpop_head_budget(p, l->layer, h, l->n_seen);
 		if (!policy_attn_list_job(&r, tail, 1, l, c, h, off, &hj[k],
 		                          &keep))
 			continue;
@@ -364,9 +502,10 @@ static const struct policy_device_rule kvpop_device = {
 const struct policy_ops kvpop_ops = {
 	.name = "kvpop",
 	.help = "KVpop: learned delayed scorer on x + attention received, "
-	        "then a decayed memory of the attention paid, fixed per-head "
-	        "budget (model=PATH, tokens=256, delay=32, sinks=4, "
-	        "window=tokens/2, memory=256 (decay tokens, 0: none), "
+	        "a fixed total budget shared out among the lists by the "
+	        "weights' learned shares (model=PATH, tokens=256 a list on "
+	        "average, delay=32, sinks=4, window=min(32, tokens/2), "
+	        "memory=0 (decay tokens of a memory of the attention paid), "
 	        "trust=0, every=N)",
 	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |
 	         POLICY_NEED_KV,
@@ -374,7 +513,7 @@ const struct policy_ops kvpop_ops = {
 	        POLICY_KEY_SINKS | POLICY_KEY_WINDOW | POLICY_KEY_EVERY |
 	        POLICY_KEY_MEMORY | POLICY_KEY_TRUST,
 	.init = kvpop_init,
-	.fini = learned_fini,
+	.fini = kvpop_fini,
 	.decide = kvpop_decide,
 	.device = &kvpop_device,
 };

@@ -704,6 +704,14 @@ int policy_select(struct policy *p, const struct policy_layer *l,
                   struct policy_head *h, const float *score,
                   const uint8_t *protect)
 {
+	return policy_select_budget(p, l, h, score, protect,
+	                            policy_budget(p, l->n_seen));
+}
+
+int policy_select_budget(struct policy *p, const struct policy_layer *l,
+                         struct policy_head *h, const float *score,
+                         const uint8_t *protect, uint32_t b)
+{
 	uint32_t n = h->len;
 	if (!n)
 		return 0;
@@ -720,7 +728,6 @@ int policy_select(struct policy *p, const struct policy_layer *l,
 	if (p->args.set & POLICY_KEY_THRESHOLD)
 		return (int)select_threshold_cpu(score, prot, n,
 		                                 policy_threshold(p), h->drop);
-	uint32_t b = policy_budget(p, l->n_seen);
 	if (b == UINT32_MAX) {
 		memset(h->drop, 0, n);
 		return 0;

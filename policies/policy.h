@@ -566,6 +566,15 @@ int policy_select(struct policy *p, const struct policy_layer *l,
                   struct policy_head *h, const float *score /* [len] */,
                   const uint8_t *protect /* [len] or NULL */);
 
+/* policy_select with the head's own token budget b (UINT32_MAX: none)
+ * in place of policy_budget's, for a policy that shares a budget out
+ * unevenly (kvpop); a threshold policy's threshold still applies. */
+int policy_select_budget(struct policy *p, const struct policy_layer *l,
+                         struct policy_head *h,
+                         const float *score /* [len] */,
+                         const uint8_t *protect /* [len] or NULL */,
+                         uint32_t b);
+
 /*
  * Attention weights of n_q query rows against the entries of one KV head:
  * w[t][j][i] for query head j of group g (G = n_heads / n_kv_heads),

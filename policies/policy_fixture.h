@@ -34,6 +34,7 @@ struct fx {
 	struct policy *p;
 	struct policy_geom ge;
 	uint32_t n_seen;
+	uint32_t layer; /* the layer its lists belong to (0 unless set) */
 	uint32_t len[FX_KV];
 	uint32_t pos[FX_KV][FX_MAX];
 	float ent[FX_KV][FX_MAX * 8];
@@ -147,7 +148,7 @@ static inline int fx_sync(struct fx *f, uint32_t n, enum kvt_phase phase,
 			.drop = f->drop[h]};
 	}
 	struct policy_layer l = {
-		.layer = 0, .phase = phase, .n_new = n, .n_seen = f->n_seen,
+		.layer = f->layer, .phase = phase, .n_new = n, .n_seen = f->n_seen,
 		.x = &xs[0][0], .q = qs, .lse = ls,
 		.staged = fx_row, .staged_ctx = f, .heads = heads,
 		.state = f->p->layer_state_bytes ? f->state : NULL,
@@ -221,7 +222,8 @@ static inline void fx_plan_sync(struct fx *f, uint32_t n, uint32_t *word,
 	const enum kvt_phase ph = f->n_seen ? KVT_PHASE_DECODE
 	                                    : KVT_PHASE_PREFILL;
 	const struct policy_layer l = {
-		.layer = 0, .phase = ph, .n_new = n, .n_seen = f->n_seen + n,
+		.layer = f->layer, .phase = ph, .n_new = n,
+		.n_seen = f->n_seen + n,
 	};
 	_Alignas(16) char jobs[FX_KV * 256], jobs2[FX_KV * 256];
 	struct policy_dev_job hj[FX_KV], hj2[FX_KV];

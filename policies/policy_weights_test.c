@@ -332,16 +332,33 @@ TEST(policy, fastkvzip_weight_refusals)
 	refused_why("fastkvzip", &ge, "model=PATH", __LINE__);
 }
 
+/* kvpop's budget shares in a weights file: kvpop.share [n_f][layers][1]
+ * (share) and kvpop.share_keep [n_f] (keep; NULL: left out). */
+struct kvpop_shares {
+	uint32_t n_f, layers;
+	const float *share, *keep;
+};
+
 /* kvpop weights, 2 layers, r 1, m 1: u = x0; z = W1 [u, ln a] + 10;
- * s = z (gelu is the identity that far out). */
-static void kvpop_weights(const char *path, float wu, float wa, int bad)
+ * s = z (gelu is the identity that far out); with shares sh when not
+ * NULL. */
+static void kvpop_weights_sh(const char *path, float wu, float wa, int bad,
+                             const struct kvpop_shares *sh)
 {
 	static const float P[4] = {1, 0, 0, 0}, b1[1] = {10}, W2[1] = {1},
 	                   b2[1] = {0};
 	float W1[2] = {wu, wa};
-	struct weights_tensor t[10];
-	char nm[10][40];
+	struct weights_tensor t[12];
+	char nm[12][40];
 	size_t n = 0;
+	if (sh) {
+		t[n++] = (struct weights_tensor){"kvpop.share", 3,
+		                                 {sh->n_f, sh->layers, 1},
+		                                 sh->share};
+		if (sh->keep)
+			t[n++] = (struct weights_tensor){"kvpop.share_keep", 1,
+			                                 {sh->n_f}, sh->keep};
+	}
 	for (uint32_t l = 0; l < 2; l++) {
 		snprintf(nm[n], 40, "kvpop.%u.proj.weight", l);
 		t[n] = (struct weights_tensor){nm[n], 2, {1, 4}, P};
@@ -362,6 +379,11 @@ static void kvpop_weights(const char *path, float wu, float wa, int bad)
 	write_w(path, t, n);
 }
 
+static void kvpop_weights(const char *path, float wu, float wa, int bad)
+{
+	kvpop_weights_sh(path, wu, wa, bad, NULL);
+}
+
 TEST(policy, kvpop_delayed_scores)
 {
 	/* score = x0 + 10 at age 2, tokens 3, delay 2, sinks 0, no window
@@ -374,14 +396,18 @@ TEST(policy, kvpop_delayed_scores)
 	const char *w = tmp_path("kvpop.safetensors");
 	kvpop_weights(w, 1.0f, 0.0f, 0);
 	char spec[600];
-	/* the defaults: a window of half the budget, a memory of 256 */
+	/* the defaults: a window of min(32, half the budget), no memory */
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=7", w);
 	struct fx f;
 	fx_init(&f, spec, 2, 1);
 	T_EQ(f.p->args.window, 3);
-	T_EQ(f.p->args.memory, 256);
+	T_EQ(f.p->args.memory, 0);
 	T_EQ(f.p->args.trust, 0);
-	T_EQ(f.p->entry_floats, 4);
+	T_EQ(f.p->entry_floats, 2);
+	policy_free(f.p);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=100", w);
+	fx_init(&f, spec, 2, 1);
+	T_EQ(f.p->args.window, 32);
 	policy_free(f.p);
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0,"
 	         "window=0,memory=0", w);
@@ -433,6 +459,97 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
 		policy_free(f.p);
 	}
+}
+
+/*
+ * Budget shares by hand: keep fraction 1/2 with shares 1.5 (layer 0) and
+ * 0.5 (layer 1); tokens 10, delay 2, no sinks or window: P0 = 2, free
+ * budget 8, phi = 8 / (n - 2); a list's budget is 2 + floor(8 share),
+ * share linear in ln phi from 1 at phi = 1 to the table's at phi = 1/2
+ * (t = ln(1 / phi) / ln 2) and the table's below:
+ *   n    phi    t      share0  budget0  share1  budget1
+ *   11   0.889  0.170  1.085   10       0.915   9
+ *   12   0.8    0.322  1.161   11       0.839   8
+ *   13   0.727  0.459  1.230   11       0.770   8
+ *   14   0.667  0.585  1.292   12       0.708   7
+ *   15   0.615  0.700  1.350   12       0.650   7
+ *   16   0.571  0.807  1.404   13       0.596   6
+ *   17   0.533  0.907  1.453   13       0.547   6
+ *   18+  <= .5  1      1.5     14       0.5     6
+ * (at n = 13 a share linear in phi would give budget0 12); a list holds
+ * min(its length before + 1, budget), and the two together never more
+ * than 2 x 10.  Up to n = 10 nothing is dropped.  The shares as written
+ * sum to 4 (mean 2): they are normalised to 1.5 and 0.5.
+ */
+TEST(policy, kvpop_budget_shares_by_hand)
+{
+	const char *w = tmp_path("kvpop-sh.safetensors");
+	const float share[2] = {3.0f, 1.0f}, keep[1] = {0.5f};
+	const struct kvpop_shares sh = {1, 2, share, keep};
+	kvpop_weights_sh(w, 1.0f, 0.0f, 0, &sh);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=2,"
+	         "sinks=0,window=0", w);
+	static const uint32_t want[2][20] = {
+		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+		 10, 11, 11, 12, 12, 13, 13, 14, 14, 14},
+		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+		 9, 8, 8, 7, 7, 6, 6, 6, 6, 6},
+	};
+	const float a[FX_KV] = {0};
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		f.layer = layer;
+		for (uint32_t n = 0; n < 20; n++) {
+			fx_step(&f, a, (const float[FX_D]){(float)((n * 7) % 11) /
+			                                   11.0f});
+			T_EQ(f.len[0], want[layer][n]);
+		}
+		policy_free(f.p);
+	}
+	/* the device plan counts what decide() drops, in both layers */
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		f.layer = layer;
+		uint32_t word = 0, seed = 5 + layer;
+		fx_plan_sync(&f, 9, &word, &seed);
+		while (f.n_seen + 4 < FX_MAX - 1)
+			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
+		policy_free(f.p);
+	}
+}
+
+/* Shares that do not make a budget are refused when the policy is
+ * created, with the reason. */
+TEST(policy, kvpop_share_refusals)
+{
+	struct policy_geom ge = geom(2, 1);
+	const char *w = tmp_path("kvpop-shbad.safetensors");
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s", w);
+	const float ok[4] = {1, 1, 2, 0}, neg[2] = {2, -1}, zero[2] = {0, 0};
+	const float k1[1] = {0.5f}, k2[2] = {0.5f, 0.5f}, kone[1] = {1.0f};
+	const struct {
+		struct kvpop_shares sh;
+		const char *needle;
+	} bad[] = {
+		{{1, 2, ok, NULL}, "come together"},
+		{{1, 3, ok, k1}, "shape"},     /* three layers for two */
+		{{2, 2, ok, k2}, "decrease"},  /* 1/2 twice */
+		{{1, 2, ok, kone}, "decrease"}, /* a fraction of 1 */
+		{{1, 2, neg, k1}, "negative"},
+		{{1, 2, zero, k1}, "all zero"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		kvpop_weights_sh(w, 1.0f, 0.0f, 0, &bad[i].sh);
+		refused_why(spec, &ge, bad[i].needle, __LINE__);
+	}
+	/* two fractions, the second smaller: loads */
+	const struct kvpop_shares good = {2, 2, ok, (const float[2]){.5f, .25f}};
+	kvpop_weights_sh(w, 1.0f, 0.0f, 0, &good);
+	policy_free(make_g(spec, &ge));
 }
 
 TEST(policy, kvpop_attention_feature)
