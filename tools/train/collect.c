@@ -84,7 +84,7 @@ static void pick(uint32_t *idx /* [n] scratch; first k out */, uint32_t n,
 /* What one worker owns: the buffers of one window. */
 struct work {
 	float *kz, *kzp;  /* [L][nkv][T] */
-	float *wa, *wy;   /* [L][nkv][npw] */
+	float *wa;        /* [L][nkv][npw] */
 	float *xs;        /* [L][W][d] */
 	float *logits;    /* [Np][vocab], for the copy check */
 	int32_t *seq;     /* [Np] the pretext */
@@ -113,7 +113,6 @@ static void work_free(struct work *w)
 	free(w->kz);
 	free(w->kzp);
 	free(w->wa);
-	free(w->wy);
 	free(w->xs);
 	free(w->logits);
 	free(w->seq);
@@ -131,14 +130,13 @@ static int work_alloc(struct work *w, const struct model *m,
 	w->kz = malloc(sizeof(float) * L * nkv * g->T);
 	w->kzp = malloc(sizeof(float) * L * nkv * g->T);
 	w->wa = malloc(sizeof(float) * L * nkv * g->npw);
-	w->wy = malloc(sizeof(float) * L * nkv * g->npw);
 	w->xs = malloc(sizeof(float) * L * g->W * c->dim);
 	w->seq = malloc(sizeof(int32_t) * Np);
 	w->iz = malloc(sizeof(uint32_t) * g->T);
 	w->ip = malloc(sizeof(uint32_t) * g->npw);
 	if (copy)
 		w->logits = malloc(sizeof(float) * Np * c->vocab_size);
-	if (!w->kz || !w->kzp || !w->wa || !w->wy || !w->xs || !w->seq ||
+	if (!w->kz || !w->kzp || !w->wa || !w->xs || !w->seq ||
 	    !w->iz || !w->ip || (copy && !w->logits)) {
 		work_free(w);
 		return KVT_ENOMEM;
@@ -186,9 +184,8 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 		win = &r; /* the pretext's first W positions are the window */
 	win->rows = g->npw;
 	win->plain = g->W;
-	win->n_win = 2;
+	win->n_win = 1;
 	win->win[0] = (struct oracle_win){0, g->D, 1, wk->wa};
-	win->win[1] = (struct oracle_win){g->D, g->D + g->N, 0, wk->wy};
 	win->xs = wk->xs;
 	win->xs_rows = g->W;
 	int rc = oracle_run(m, &r);
@@ -232,10 +229,9 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 			if (put_x(p->x + row * d, xl + (size_t)i * d, d))
 				goto range;
 			for (uint32_t h = 0; h < nkv; h++) {
-				size_t src = ((size_t)l * nkv + h) * g->npw + i;
-				p->y1[row * nkv + h] = wk->wa[src];
-				p->y2[row * nkv + h] =
-					logf(wk->wy[src] + POP_TARGET_EPS);
+				size_t lh = (size_t)l * nkv + h;
+				p->y1[row * nkv + h] = wk->wa[lh * g->npw + i];
+				p->y2[row * nkv + h] = wk->kzp[lh * g->T + i];
 			}
 		}
 	}
@@ -293,7 +289,8 @@ int collect_run(const struct model *m, const struct collect_geom *g,
                 size_t errlen)
 {
 	if (!g->n_ctx || g->T > g->W || g->T < g->n_ctx ||
-	    g->npw + g->D + g->N != g->W || g->nz > g->T || g->np > g->npw ||
+	    !g->npw || g->npw + g->D > g->W || g->npw > g->T ||
+	    g->nz > g->T || g->np > g->npw ||
 	    !g->nz || !g->np || !jobs) {
 		snprintf(err, errlen, "collect: inconsistent geometry");
 		return KVT_EINVAL;

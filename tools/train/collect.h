@@ -21,8 +21,10 @@ struct collect_geom {
 	uint32_t W;     /* window tokens */
 	uint32_t n_ctx; /* KVzip context tokens */
 	uint32_t T;     /* KVzip entries: bos + n_ctx (<= W) */
-	uint32_t D, N;  /* KVpop delay and horizon */
-	uint32_t npw;   /* KVpop entries per window: W - D - N */
+	uint32_t D;     /* KVpop delay */
+	uint32_t npw;   /* KVpop entries per window: min(W - D, T), the
+	                   positions whose delay ends inside the window and
+	                   that KVzip scores */
 	uint32_t nz, np; /* rows sampled per window (<= T, <= npw) */
 	int32_t sep[ORACLE_SEP_MAX];
 	uint32_t n_sep;
@@ -33,7 +35,7 @@ struct collect_set {
 	size_t n;     /* rows */
 	uint16_t *x;  /* [L][n][d] f16 */
 	float *y1;    /* [L][n][n_kv]: log KVzip+ | delay attention a */
-	float *y2;    /* [L][n][n_kv]: KVzip | ln(future + eps) */
+	float *y2;    /* [L][n][n_kv]: KVzip | log KVzip+ (KVpop's target) */
 };
 
 /* Allocates the two sets for n_win windows (z: KVzap rows, p: KVpop

@@ -167,7 +167,6 @@ static int setup(const struct model *m, const struct tok *t,
 	memset(g, 0, sizeof(*g));
 	memset(dt, 0, sizeof(*dt));
 	g->D = RECIPE_KVPOP_DELAY;
-	g->N = RECIPE_KVPOP_HORIZON;
 	int rc;
 	if (t) {
 		if ((rc = oracle_repeat_sep(t, g->sep, &g->n_sep, err,
@@ -187,12 +186,12 @@ static int setup(const struct model *m, const struct tok *t,
 		g->n_ctx = oracle_max_ctx(m, ctx, g->n_sep);
 	}
 	g->T = oracle_scored(m, g->n_ctx);
-	if (g->W <= g->D + g->N + 1 || !g->n_ctx) {
+	if (g->W <= g->D + 1 || !g->n_ctx) {
 		snprintf(err, errlen, "window %u: too short for the KVpop "
-		         "delay %u and horizon %u", g->W, g->D, g->N);
+		         "delay %u", g->W, g->D);
 		return KVT_EINVAL;
 	}
-	g->npw = g->W - g->D - g->N;
+	g->npw = g->W - g->D < g->T ? g->W - g->D : g->T;
 	uint32_t rows = o->rows ? o->rows : t ? RECIPE_TOK_ROWS : 0;
 	g->nz = rows && rows < g->T ? rows : g->T;
 	g->np = rows && rows < g->npw ? rows : g->npw;
@@ -254,6 +253,10 @@ struct learned {
 	float **mW1, **mb1, **mW2, **mb2; /* MLP */
 	struct gate_params *gp;
 	struct pop_params *pp;
+	float **pop_tr;                /* [L] KVpop's scores of the training
+	                                  rows, [pt][n_kv] (pop_shares) */
+	float *share;                  /* [RECIPE_KVPOP_SHARES][L][n_kv] */
+	float keep[RECIPE_KVPOP_SHARES]; /* 1/2, 1/4, ... */
 	double (*m)[14];               /* per-layer metrics (fit.csv), then
 	                                  MLP loss first / last epoch, gate
 	                                  BCE first / last 5 % of steps */
@@ -272,9 +275,13 @@ static void learned_free(struct learned *lr)
 			gate_free(&lr->gp[l]);
 		if (lr->pp)
 			pop_free(&lr->pp[l]);
+		if (lr->pop_tr)
+			free(lr->pop_tr[l]);
 	}
 	free(lr->gp);
 	free(lr->pp);
+	free(lr->pop_tr);
+	free(lr->share);
 	free(lr->m);
 }
 
@@ -298,7 +305,13 @@ static int learned_alloc(struct learned *lr, const struct model_config *c)
 	lr->gp = calloc(L, sizeof(*lr->gp));
 	lr->pp = calloc(L, sizeof(*lr->pp));
 	lr->m = calloc(L, sizeof(*lr->m));
-	return lr->gp && lr->pp && lr->m ? 0 : KVT_ENOMEM;
+	lr->pop_tr = calloc(L, sizeof(float *));
+	lr->share = calloc((size_t)RECIPE_KVPOP_SHARES * L * nkv,
+	                   sizeof(float));
+	for (uint32_t j = 0; j < RECIPE_KVPOP_SHARES; j++)
+		lr->keep[j] = 1.0f / (float)(2u << j);
+	return lr->gp && lr->pp && lr->m && lr->pop_tr && lr->share
+	       ? 0 : KVT_ENOMEM;
 }
 
 /* Fits layer l's four scorers on the training rows and measures them on
@@ -350,6 +363,11 @@ static int fit_layer(const struct model_config *c, const struct opts *o,
 	    (rc = pop_train(&lr->pp[l], XP, PF, PT, pt, &po, NULL)) ||
 	    (rc = pop_apply(&lr->pp[l], XP + pt * d, PF + pt * nkv, nph, pred)))
 		return rc;
+	/* its scores of the training rows, for the budget shares */
+	if (!(lr->pop_tr[l] = malloc(sizeof(float) * pt * nkv + 1)))
+		return KVT_ENOMEM;
+	if ((rc = pop_apply(&lr->pp[l], XP, PF, pt, lr->pop_tr[l])))
+		return rc;
 	metrics(pred, PT + pt * nkv, nph, nkv, &r[7], &r[8]);
 	r[9] = fit_spearman(PF + pt * nkv, PT + pt * nkv, nph * nkv);
 	r[10] = mloss[0];
@@ -371,6 +389,25 @@ static void say_layer(const struct learned *lr, uint32_t l)
 	    r[9]);
 	say("      mlp loss %.4f -> %.4f; gate train bce %.4f -> %.4f\n",
 	    r[10], r[11], r[12], r[13]);
+}
+
+/* KVpop's budget shares per layer (the mean over its KV heads) at the
+ * keep fractions 1/4 and 1/16: where one threshold would spend the
+ * budget. */
+static void say_shares(const struct learned *lr, const struct model_config *c)
+{
+	const uint32_t L = c->n_layers, nkv = c->n_kv_heads;
+	for (uint32_t j = 1; j < RECIPE_KVPOP_SHARES; j += 2) {
+		say("kvpop budget shares per layer at keep 1/%u:",
+		    (unsigned)(1.0f / lr->keep[j] + 0.5f));
+		for (uint32_t l = 0; l < L; l++) {
+			double s = 0;
+			for (uint32_t h = 0; h < nkv; h++)
+				s += lr->share[((size_t)j * L + l) * nkv + h];
+			say(" %.2f", s / nkv);
+		}
+		say("\n");
+	}
 }
 
 /* The fit stage: layers handed out to jobs workers; each layer's fits run
@@ -606,9 +643,9 @@ static int prepare(struct run *r)
 	    r->tk ? "the first part of the held-out text"
 	          : "the last windows of the same text");
 	say("      KVzip ctx %u tokens + a separator of %u, %u entries; "
-	    "KVpop delay %u horizon %u, %u entries per window; rows per "
-	    "window %u KVzap, %u KVpop\n", g->n_ctx, g->n_sep, g->T, g->D,
-	    g->N, g->npw, g->nz, g->np);
+	    "KVpop delay %u, %u entries per window; rows per window %u "
+	    "KVzap, %u KVpop\n", g->n_ctx, g->n_sep, g->T, g->D, g->npw,
+	    g->nz, g->np);
 	return 0;
 }
 
@@ -648,9 +685,8 @@ static int fit_layers(struct run *r)
 		return -1;
 	}
 	say("held-out fit per layer (R2 / Spearman against the oracle; "
-	    "KVzap on log KVzip+, Fast KVzip on KVzip, KVpop on "
-	    "ln future attention; 'delay' = Spearman of the raw delay "
-	    "attention alone)\n");
+	    "KVzap and KVpop on log KVzip+, Fast KVzip on KVzip; 'delay' "
+	    "= Spearman of the raw delay attention alone)\n");
 	say("%-5s %-15s %-15s %-24s %-15s %s\n", "layer", "kvzap-linear",
 	    "kvzap-mlp", "fastkvzip (bce)", "kvpop", "delay");
 	uint64_t tf = now_ms();
@@ -668,6 +704,13 @@ static int fit_layers(struct run *r)
 	summary(&r->lr, "kvzap-mlp", 2, 3);
 	summary(&r->lr, "fastkvzip", 4, 5);
 	summary(&r->lr, "kvpop", 7, 8);
+	if (pop_shares((const float *const *)r->lr.pop_tr, c->n_layers, pt,
+	               c->n_kv_heads, r->lr.keep, RECIPE_KVPOP_SHARES,
+	               r->lr.share)) {
+		snprintf(r->err, sizeof(r->err), "out of memory");
+		return -1;
+	}
+	say_shares(&r->lr, c);
 	say("fits: %.0f s\n", (double)(now_ms() - tf) / 1e3);
 	return 0;
 }
@@ -693,7 +736,8 @@ static int write_outputs(struct run *r)
 	if (save_fastkvzip(fp, c, lr->gp, r->o.dtype, r->err, sizeof(r->err)))
 		return -1;
 	snprintf(fp, sizeof(fp), "%s/kvpop.safetensors", out);
-	if (save_kvpop(fp, c, lr->pp, r->o.dtype, r->err, sizeof(r->err)))
+	if (save_kvpop(fp, c, lr->pp, lr->share, lr->keep, RECIPE_KVPOP_SHARES,
+	               r->o.dtype, r->err, sizeof(r->err)))
 		return -1;
 	if (write_csv(out, lr)) {
 		snprintf(r->err, sizeof(r->err), "%s/fit.csv: %s", out,

@@ -199,3 +199,36 @@ out:
 	free(idx);
 	return rc;
 }
+
+static int cmp_float(const void *a, const void *b)
+{
+	const float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+int pop_shares(const float *const *pred, uint32_t L, size_t n,
+               uint32_t n_kv, const float *keep, uint32_t n_f, float *share)
+{
+	const size_t per = n * n_kv, all = per * L;
+	float *v = malloc(sizeof(float) * (all + 1));
+	if (!v)
+		return KVT_ENOMEM;
+	for (uint32_t l = 0; l < L; l++)
+		memcpy(v + l * per, pred[l], sizeof(float) * per);
+	qsort(v, all, sizeof(float), cmp_float);
+	for (uint32_t j = 0; j < n_f; j++) {
+		size_t at = (size_t)((1.0 - (double)keep[j]) * (double)all);
+		const float tau = v[at < all ? at : all - 1];
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t h = 0; h < n_kv; h++) {
+				size_t k = 0;
+				for (size_t i = 0; i < n; i++)
+					k += pred[l][i * n_kv + h] >= tau;
+				share[((size_t)j * L + l) * n_kv + h] =
+					(float)((double)k /
+					        ((double)n * keep[j]));
+			}
+	}
+	free(v);
+	return 0;
+}

@@ -5,8 +5,9 @@
  *   z   = [u_i ; ln(a_{i,g} + 1e-6)]              a: attention received
  *                                                 during the delay
  *   s   = W2[g] . gelu(W1 z + b1) + b2[g]         W1 [m][r+1], W2 [n_kv][m]
- * Target: ln(y + POP_TARGET_EPS) of the future attention an entry receives
- * after its decision (see recipe.h), MSE, AdamW with a cosine schedule
+ * Target: the entry's log KVzip+ score (the oracle KVzap fits: how much
+ * any later query of the context's reconstruction reads it, normalised by
+ * its value; docs/policies.md says why not its future attention), MSE, AdamW with a cosine schedule
  * over epochs, global-norm clipping; samples are (token, KV head) pairs,
  * minibatches of tokens.
  */
@@ -19,7 +20,6 @@
 #include "fit.h"
 
 #define POP_FEAT_EPS 1e-6f   /* as kvpop.c's KVPOP_EPS */
-#define POP_TARGET_EPS 1e-3f
 
 struct pop_params {
 	uint32_t d, n_kv, r, m;
@@ -38,6 +38,19 @@ size_t pop_count(const struct pop_params *p);
  */
 int pop_apply(const struct pop_params *p, const float *X, const float *F,
               size_t n, float *S);
+
+/*
+ * Budget shares of the lists (docs/policies.md, kvpop: "The budget"):
+ * pred[l] [n][n_kv] are the scores of layer l's n training rows; for
+ * keep fraction keep[j], tau is the (1 - keep[j]) quantile of all
+ * L n n_kv scores and share[j][l][h] = |{rows of (l, h) scoring >= tau}|
+ * / (n keep[j]): what list (l, h) would hold, relative to an even
+ * budget, if one threshold held the same total (mean 1 over the lists,
+ * ties aside).  KVT_ENOMEM or 0.
+ */
+int pop_shares(const float *const *pred /* [L] */, uint32_t L, size_t n,
+               uint32_t n_kv, const float *keep /* [n_f] */, uint32_t n_f,
+               float *share /* [n_f][L][n_kv] */);
 
 /* Trains on X [n][d], F [n][n_kv], T [n][n_kv] (targets, already in log
  * space); loss[e] = epoch e's mean training loss when not NULL. */

@@ -38,9 +38,12 @@ int save_fastkvzip(const char *path, const struct model_config *c,
                    const struct gate_params *gp, enum kvt_dtype dt,
                    char *err, size_t errlen);
 
-/* The KVpop scorers pp[n_layers] into the safetensors file path. */
+/* The KVpop scorers pp[n_layers] into the safetensors file path, with
+ * their budget shares: kvpop.share [n_f][n_layers][n_kv_heads] at the keep
+ * fractions kvpop.share_keep [n_f] (pop_shares). */
 int save_kvpop(const char *path, const struct model_config *c,
-               const struct pop_params *pp, enum kvt_dtype dt, char *err,
-               size_t errlen);
+               const struct pop_params *pp, const float *share,
+               const float *keep, uint32_t n_f, enum kvt_dtype dt,
+               char *err, size_t errlen);
 
 #endif
