@@ -2,8 +2,9 @@
  * train_test.c — the numerical pieces of kvtrim-train (tools/train):
  * ridge against a known solution, Cholesky on a hand-solved system, R^2
  * and Spearman on hand-computed cases, the MLP trainer lowering its loss
- * on a toy problem, and the Fast KVzip gate trainer agreeing with the
- * kernel the policy runs (sink_gate_cpu) and with finite differences.
+ * on a toy problem, the Fast KVzip gate trainer agreeing with the
+ * kernel the policy runs (sink_gate_cpu) and with finite differences, and
+ * KVpop's budget shares on a hand-counted case.
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "fit.h"
 #include "gate.h"
 #include "kernels.h"
+#include "pop.h"
 #include "test.h"
 
 #define T_NEAR(a, b, tol)                                                      \
@@ -85,6 +87,22 @@ TEST(train, r2_spearman_hand)
 	const float c[5] = {1, 8, 27, 64, 125}, e[5] = {5, 4, 3, 2, 1};
 	T_NEAR(fit_spearman(a, c, 5), 1.0, 1e-12);
 	T_NEAR(fit_spearman(a, e, 5), -1.0, 1e-12);
+}
+
+/* Two layers of four rows, one KV head: all eight scores sorted are .2
+ * .3 .4 1 2 3 4 5.  Keep 1/2: tau = the 5th, 2; layer 0 has 3 rows >= 2
+ * (4 3 2), layer 1 one (5): shares 3 / 2 and 1 / 2.  Keep 1/4: tau = the
+ * 7th, 4; one row each: 1 and 1. */
+TEST(train, pop_shares_hand)
+{
+	const float l0[4] = {4, 3, 2, 1}, l1[4] = {5, .4f, .3f, .2f};
+	const float *pred[2] = {l0, l1}, keep[2] = {.5f, .25f};
+	float share[4];
+	T_EQ(pop_shares(pred, 2, 4, 1, keep, 2, share), 0);
+	T_NEAR(share[0], 1.5, 1e-6);
+	T_NEAR(share[1], 0.5, 1e-6);
+	T_NEAR(share[2], 1.0, 1e-6);
+	T_NEAR(share[3], 1.0, 1e-6);
 }
 
 TEST(train, mlp_loss_decreases)
