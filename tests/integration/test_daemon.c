@@ -564,13 +564,15 @@ TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
  */
 /* kvpop weights for the small model (2 layers, 2 KV heads, d_model 32; r
  * 2, m 2): P, W1 and W2 zero, so an entry's score is fc2's bias for its KV
- * head, whatever its x and the attention it received. */
-static void write_kvpop(const char *path, float bias)
+ * head, whatever its x and the attention it received; with budget shares
+ * share [2 layers][2 KV heads] at keep fraction 1/2 when not NULL. */
+static void write_kvpop_sh(const char *path, float bias, const float *share)
 {
 	enum { R = 2, M = 2 };
 	static float P[R * 32], W1[M * (R + 1)], b1[M], W2[2 * M], b2[2];
+	static const float keep[1] = {0.5f};
 	b2[0] = b2[1] = bias;
-	struct weights_tensor t[10];
+	struct weights_tensor t[12];
 	char names[10][40];
 	for (int l = 0; l < 2; l++) {
 		const struct {
@@ -591,8 +593,20 @@ static void write_kvpop(const char *path, float bias)
 				{part[k].d0, part[k].d1, 0, 0}, part[k].v};
 		}
 	}
+	size_t n = 10;
+	if (share) {
+		t[n++] = (struct weights_tensor){"kvpop.share", 3, {1, 2, 2, 0},
+		                                 share};
+		t[n++] = (struct weights_tensor){"kvpop.share_keep", 1,
+		                                 {1, 0, 0, 0}, keep};
+	}
 	char err[256];
-	T_OK(weights_write(path, t, 10, err, sizeof(err)));
+	T_OK(weights_write(path, t, n, err, sizeof(err)));
+}
+
+static void write_kvpop(const char *path, float bias)
+{
+	write_kvpop_sh(path, bias, NULL);
 }
 
 /* One token at pos: K row (pos, 0, ...) in every list (small, so the
@@ -678,6 +692,47 @@ TEST(reload, sighup_reaches_kvpop_weights_on_either_backend)
 		kvpop_token(c, seq, pos);
 	const uint32_t after[6] = {4, 5, 6, 7, 8, 12};
 	T_ASSERT(kvpop_holds(c, seq, after, 6));
+	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/*
+ * KVpop's budget shares through a real daemon: shares 1.5, 0.5 (layer 0's
+ * KV heads) and 1, 1 (layer 1's) at keep 1/2; tokens=10, delay=1, sinks
+ * 0, no window: every list holds P0 = 1 (the entry in its delay) plus
+ * floor(9 share), the share linear in ln phi, phi = 9 / (n - 1), from 1
+ * at phi = 1 to the table's at phi <= 1/2 (n >= 19).  After 20 tokens:
+ * 1 + 13 = 14, 1 + 4 = 5, 10 and 10 entries, 39 of the 40 an even budget
+ * holds (list (0, 0) was cut at every sync from n = 11 to 14 entries,
+ * below its budget, never above: its budget grows by at most one a
+ * token).  The scores tie (fc2's bias), so the newest positions stay.
+ */
+TEST(daemon, kvpop_budget_shares_hold)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX], path[512], spec[700];
+	snprintf(path, sizeof(path), "%s/kvpop-sh.safetensors", th_tmpdir());
+	const float share[4] = {1.5f, 0.5f, 1.0f, 1.0f};
+	write_kvpop_sh(path, 1.0f, share);
+	th_daemon_start(&d, "16M", NULL);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=1,"
+	         "sinks=0,window=0", path);
+	struct kvt_config cfg = th_small_cfg(&d, "sharer", spec);
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	for (uint32_t pos = 0; pos < 20; pos++)
+		kvpop_token(c, seq, pos);
+	const uint32_t want[2][2] = {{14, 5}, {10, 10}};
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t h = 0; h < 2; h++) {
+			struct kvt_list li;
+			T_OK(kvt_list_get(c, seq, l, h, &li));
+			T_EQ(li.len, want[l][h]);
+		}
 	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
