@@ -128,9 +128,9 @@ void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
  * ratio Rs, deciding every `every` syncs. */
 void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
                         double R, double Rs, uint32_t every);
-/* kvpop's spec with the weights in wabs and a budget of tokens per list
- * (delay RECIPE_KVPOP_DELAY, 4 sinks, and its default window of half the
- * budget, memory of 2 RECIPE_KVPOP_HORIZON and trust 0 named). */
+/* kvpop's spec with the weights in wabs and a budget of tokens a list on
+ * average (delay RECIPE_KVPOP_DELAY, 4 sinks, and its defaults named:
+ * window min(RECIPE_KVPOP_WINDOW, tokens / 2), no memory, trust 0). */
 void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
 /* 1 when name is one of the names of the comma-separated list (whole
  * names: "kvpop" is not in "kvpopx"). */

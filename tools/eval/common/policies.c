@@ -66,9 +66,11 @@ void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
 {
 	/* kvpop's defaults for the window and the memory (policies/kvpop.c),
 	 * written out so that the specs files name them */
+	const uint32_t win = tokens / 2 < RECIPE_KVPOP_WINDOW
+	                     ? tokens / 2 : RECIPE_KVPOP_WINDOW;
 	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
-	         "sinks=4,window=%u,memory=%u,trust=0", wabs, tokens,
-	         RECIPE_KVPOP_DELAY, tokens / 2, 2 * RECIPE_KVPOP_HORIZON);
+	         "sinks=4,window=%u,memory=0,trust=0", wabs, tokens,
+	         RECIPE_KVPOP_DELAY, win);
 }
 
 int eval_in_list(const char *list, const char *name)
