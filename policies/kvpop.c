@@ -61,17 +61,15 @@ struct kvpop {
 	uint32_t r, m, ring; /* ring: rows of u kept per (sequence, layer) */
 	float beta; /* the memory's decay a query, exp(-1 / memory) */
 	uint32_t n_f;  /* keep fractions of the shares (0: none) */
-	float *keep;   /* [n_f], decreasing in (0, 1) */
+	const float *keep; /* [n_f], decreasing in (0, 1): the weights' */
 	float *share;  /* [n_f][n_layers][n_kv_heads], mean 1 per fraction */
 };
 
 static void kvpop_fini(struct policy *p)
 {
 	struct kvpop *k = p->priv;
-	if (k) {
-		free(k->keep);
+	if (k)
 		free(k->share);
-	}
 	learned_fini(p);
 }
 
@@ -114,11 +112,9 @@ static int kvpop_shares(struct policy *p, char *err, size_t errlen)
 			         p->args.model, j, (double)kv[j]);
 			return KVT_EPOLICY;
 		}
-	k->keep = malloc(sizeof(float) * n_f);
-	k->share = malloc(sizeof(float) * n_f * per);
-	if (!k->keep || !k->share)
+	k->keep = kv;
+	if (!(k->share = malloc(sizeof(float) * n_f * per)))
 		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	memcpy(k->keep, kv, sizeof(float) * n_f);
 	for (uint32_t j = 0; j < n_f; j++) {
 		const float *s = sv + j * per;
 		double sum = 0;
