@@ -17,11 +17,12 @@
  * part B - P0 (P0 = sinks + max(window, delay), which every list holds),
  * measured in training as what that list would hold if one threshold on
  * the scores held the same total, at the keep fractions kvpop.share_keep;
- * the list's budget at a sync is P0 + floor((B - P0) share), the share
- * interpolated in ln phi at the free fraction phi = (B - P0) / (n_seen -
- * P0) (share 1 at phi = 1).  The shares have mean 1 at every fraction
- * (normalised here), so the lists of a sequence together hold at most
- * n_layers n_kv_heads B entries: the memory is known in advance, as the
+ * the list's budget at a sync is P0 + (B - P0) share rounded by largest
+ * remainders over all lists (kvpop_head_budget), the share interpolated
+ * in ln phi at the free fraction phi = (B - P0) / (n_seen - P0) (share 1
+ * at phi = 1).  The shares have mean 1 at every fraction (normalised
+ * here), so the lists of a sequence together hold exactly n_layers
+ * n_kv_heads B entries once full: the memory is known in advance, as the
  * paper promises, while the layers whose entries the scorer rates higher
  * hold more of it.  Weights without kvpop.share: B for every list.
  *
@@ -139,30 +140,28 @@ static int kvpop_shares(struct policy *p, char *err, size_t errlen)
 	return 0;
 }
 
-/* List (layer, g)'s share at free fraction phi in (0, 1]: linear in
- * ln phi between the fractions around it, share 1 at phi = 1, the last
- * fraction's below it. */
-static float kvpop_share_at(const struct policy *p, uint32_t layer,
-                            uint32_t g, float phi)
+/* List i's exact part of the free budget: share lo + t (hi - lo) (lo
+ * NULL: 1) times avail, the free budget. */
+static double kvpop_part(const float *lo, const float *hi, float t,
+                         double avail, size_t i)
 {
-	const struct kvpop *k = p->priv;
-	const size_t per = (size_t)p->geom.n_layers * p->geom.n_kv_heads;
-	const size_t at = (size_t)layer * p->geom.n_kv_heads + g;
-	float f_hi = 1.0f, s_hi = 1.0f;
-	for (uint32_t j = 0; j < k->n_f; j++) {
-		const float f = k->keep[j], s = k->share[j * per + at];
-		if (phi >= f) {
-			const float t = logf(f_hi / phi) / logf(f_hi / f);
-			return s_hi + t * (s - s_hi);
-		}
-		f_hi = f;
-		s_hi = s;
-	}
-	return s_hi;
+	const float s0 = lo ? lo[i] : 1.0f;
+	return avail * (double)(s0 + t * (hi[i] - s0));
 }
 
-/* The budget of KV head g of layer `layer` after n_seen tokens (the
- * header's rule; UINT32_MAX: none). */
+/*
+ * The budget of KV head g of layer `layer` after n_seen tokens
+ * (UINT32_MAX: none).  With shares: list i's exact part of the free
+ * budget is x_i = (B - P0) share_i(phi), share_i linear in ln phi between
+ * the fractions around phi (share 1 at phi = 1, the last fraction's below
+ * it); the x_i sum to n_lists (B - P0) up to rounding, and largest
+ * remainders round them: every list gets floor(x_i), and the R = n_lists
+ * (B - P0) - sum floor(x_i) lists with the largest x_i - floor(x_i) (ties:
+ * the lower list index, (layer, head) major) one more.  So the lists
+ * together hold exactly n_lists B once full, and a list's budget follows
+ * from the numbers alone: the host rule and the device plan compute it
+ * alike.  O(n_lists) a call.
+ */
 static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
                                   uint32_t g, uint32_t n_seen)
 {
@@ -173,11 +172,37 @@ static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
 	                    (a->window > a->delay ? a->window : a->delay);
 	if (!k->n_f || B == UINT32_MAX || B <= P0 || n_seen <= B)
 		return B;
+	/* phi's segment: share = lo + t (hi - lo), lo the share at the
+	 * fraction above (1 at phi = 1), hi at the one below; below the
+	 * last fraction: its share */
 	const float phi = (float)(B - P0) / (float)(n_seen - P0);
-	const double b = (double)(B - P0) *
-	                 (double)kvpop_share_at(p, layer, g, phi);
-	return b >= (double)(UINT32_MAX - 1 - P0) ? UINT32_MAX - 1
-	       : (uint32_t)(P0 + (uint64_t)floor(b));
+	const size_t per = (size_t)p->geom.n_layers * p->geom.n_kv_heads;
+	const float *lo = NULL, *hi = NULL;
+	float t = 1.0f, f_hi = 1.0f;
+	for (uint32_t j = 0; j < k->n_f; j++) {
+		hi = k->share + j * per;
+		if (phi >= k->keep[j]) {
+			t = logf(f_hi / phi) / logf(f_hi / k->keep[j]);
+			break;
+		}
+		lo = hi;
+		f_hi = k->keep[j];
+	}
+	const double avail = (double)(B - P0);
+	const size_t me = (size_t)layer * p->geom.n_kv_heads + g;
+	const double x = kvpop_part(lo, hi, t, avail, me), fl = floor(x),
+	             fr = x - fl;
+	double sum = 0;
+	size_t above = 0; /* lists whose remainder ranks before mine */
+	for (size_t i = 0; i < per; i++) {
+		const double xi = kvpop_part(lo, hi, t, avail, i),
+		             fi = floor(xi);
+		sum += fi;
+		above += i != me && (xi - fi > fr || (xi - fi == fr && i < me));
+	}
+	const double b = (double)P0 + fl +
+	                 ((double)above < avail * (double)per - sum ? 1 : 0);
+	return b >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)b;
 }
 
 static int kvpop_init(struct policy *p, char *err, size_t errlen)

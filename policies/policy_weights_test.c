@@ -464,22 +464,26 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 /*
  * Budget shares by hand: keep fraction 1/2 with shares 1.5 (layer 0) and
  * 0.5 (layer 1); tokens 10, delay 2, no sinks or window: P0 = 2, free
- * budget 8, phi = 8 / (n - 2); a list's budget is 2 + floor(8 share),
- * share linear in ln phi from 1 at phi = 1 to the table's at phi = 1/2
- * (t = ln(1 / phi) / ln 2) and the table's below:
- *   n    phi    t      share0  budget0  share1  budget1
- *   11   0.889  0.170  1.085   10       0.915   9
- *   12   0.8    0.322  1.161   11       0.839   8
- *   13   0.727  0.459  1.230   11       0.770   8
- *   14   0.667  0.585  1.292   12       0.708   7
- *   15   0.615  0.700  1.350   12       0.650   7
- *   16   0.571  0.807  1.404   13       0.596   6
- *   17   0.533  0.907  1.453   13       0.547   6
- *   18+  <= .5  1      1.5     14       0.5     6
- * (at n = 13 a share linear in phi would give budget0 12); a list holds
- * min(its length before + 1, budget), and the two together never more
- * than 2 x 10.  Up to n = 10 nothing is dropped.  The shares as written
- * sum to 4 (mean 2): they are normalised to 1.5 and 0.5.
+ * budget 8 a list, 16 for both, phi = 8 / (n - 2); list i's part is x_i =
+ * 8 share_i, share linear in ln phi from 1 at phi = 1 to the table's at
+ * phi = 1/2 (t = ln(1 / phi) / ln 2) and the table's below; each list gets
+ * floor(x_i), and the one with the larger remainder the 16 - floor(x0) -
+ * floor(x1) entries left (largest remainders):
+ *   n    phi    t      x0      x1     R  budget0  budget1
+ *   11   0.889  0.170  8.680   7.320  1  2+9=11   2+7=9
+ *   12   0.8    0.322  9.288   6.712  1  11       9
+ *   13   0.727  0.459  9.838   6.162  1  12       8
+ *   14   0.667  0.585  10.340  5.660  1  12       8
+ *   15   0.615  0.700  10.802  5.198  1  13       7
+ *   16   0.571  0.807  11.229  4.771  1  13       7
+ *   17   0.533  0.907  11.628  4.372  1  14       6
+ *   18+  <= .5  1      12      4      0  14       6
+ * (a share linear in phi would give budget0 12 at n = 12, where x0 = 9.6
+ * takes the remainder; plain floors would give 10 and 9 at n = 11, one
+ * entry short); a list holds min(its length before + 1,
+ * budget), and the two together exactly 2 x 10 once full.  Up to n = 10
+ * nothing is dropped.  The shares as written sum to 4 (mean 2): they are
+ * normalised to 1.5 and 0.5.
  */
 TEST(policy, kvpop_budget_shares_by_hand)
 {
@@ -492,9 +496,9 @@ TEST(policy, kvpop_budget_shares_by_hand)
 	         "sinks=0,window=0", w);
 	static const uint32_t want[2][20] = {
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-		 10, 11, 11, 12, 12, 13, 13, 14, 14, 14},
+		 11, 11, 12, 12, 13, 13, 14, 14, 14, 14},
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-		 9, 8, 8, 7, 7, 6, 6, 6, 6, 6},
+		 9, 9, 8, 8, 7, 7, 6, 6, 6, 6},
 	};
 	const float a[FX_KV] = {0};
 	for (uint32_t layer = 0; layer < 2; layer++) {

@@ -700,13 +700,15 @@ TEST(reload, sighup_reaches_kvpop_weights_on_either_backend)
 /*
  * KVpop's budget shares through a real daemon: shares 1.5, 0.5 (layer 0's
  * KV heads) and 1, 1 (layer 1's) at keep 1/2; tokens=10, delay=1, sinks
- * 0, no window: every list holds P0 = 1 (the entry in its delay) plus
- * floor(9 share), the share linear in ln phi, phi = 9 / (n - 1), from 1
- * at phi = 1 to the table's at phi <= 1/2 (n >= 19).  After 20 tokens:
- * 1 + 13 = 14, 1 + 4 = 5, 10 and 10 entries, 39 of the 40 an even budget
- * holds (list (0, 0) was cut at every sync from n = 11 to 14 entries,
- * below its budget, never above: its budget grows by at most one a
- * token).  The scores tie (fc2's bias), so the newest positions stay.
+ * 0, no window: every list holds P0 = 1 (the entry in its delay) plus its
+ * part 9 share of the free 36, the share linear in ln phi, phi = 9 / (n -
+ * 1), from 1 at phi = 1 to the table's at phi <= 1/2 (n >= 19), rounded
+ * by largest remainders.  After 20 tokens the parts are 13.5, 4.5, 9 and
+ * 9: floors 13, 4, 9, 9 and the one entry left to the lower of the two
+ * tied remainders, list (0, 0): 1 + 14 = 15, 5, 10 and 10 entries, the 40
+ * an even budget holds (list (0, 0) got its budget at every sync from n =
+ * 11 on: 11, 11, 12, 12, 13, 13, 14, 14, 15, never more than one above
+ * the last).  The scores tie (fc2's bias), so the newest positions stay.
  */
 TEST(daemon, kvpop_budget_shares_hold)
 {
@@ -726,7 +728,7 @@ TEST(daemon, kvpop_budget_shares_hold)
 	T_OK(kvt_seq_open(c, &seq));
 	for (uint32_t pos = 0; pos < 20; pos++)
 		kvpop_token(c, seq, pos);
-	const uint32_t want[2][2] = {{14, 5}, {10, 10}};
+	const uint32_t want[2][2] = {{15, 5}, {10, 10}};
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t h = 0; h < 2; h++) {
 			struct kvt_list li;
