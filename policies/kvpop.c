@@ -17,8 +17,9 @@
  * part B - P0 (P0 = sinks + max(window, delay), which every list holds),
  * measured in training as what that list would hold if one threshold on
  * the scores held the same total, at the keep fractions kvpop.share_keep;
- * the list's budget at a sync is P0 + (B - P0) share rounded by largest
- * remainders over all lists (kvpop_head_budget), the share interpolated
+ * the list's budget at a sync is P0 + (B - P0) share, water-filled below
+ * what the list can hold and rounded by largest remainders over all lists
+ * (kvpop_head_budget), the share interpolated
  * in ln phi at the free fraction phi = (B - P0) / (n_seen - P0) (share 1
  * at phi = 1).  The shares have mean 1 at every fraction (normalised
  * here), so the lists of a sequence together hold exactly n_layers
@@ -140,27 +141,42 @@ static int kvpop_shares(struct policy *p, char *err, size_t errlen)
 	return 0;
 }
 
-/* List i's exact part of the free budget: share lo + t (hi - lo) (lo
- * NULL: 1) times avail, the free budget. */
-static double kvpop_part(const float *lo, const float *hi, float t,
-                         double avail, size_t i)
+/* The rounding of a layer's budgets (kvpop_head_budget): the segment of
+ * the shares at phi (share = lo + t (hi - lo), lo NULL: 1), the free
+ * budget a list avail, what a list can hold beyond P0 cap, and the
+ * water level lam. */
+struct kvpop_fill {
+	const float *lo, *hi;
+	float t;
+	double avail, cap, lam;
+};
+
+/* List i's part of the free budget: avail share, raised lam times and
+ * cut at cap. */
+static double kvpop_part(const struct kvpop_fill *w, size_t i)
 {
-	const float s0 = lo ? lo[i] : 1.0f;
-	return avail * (double)(s0 + t * (hi[i] - s0));
+	const float s0 = w->lo ? w->lo[i] : 1.0f;
+	const double x = w->lam * w->avail *
+	                 (double)(s0 + w->t * (w->hi[i] - s0));
+	return x < w->cap ? x : w->cap;
 }
 
 /*
  * The budget of KV head g of layer `layer` after n_seen tokens
- * (UINT32_MAX: none).  With shares: list i's exact part of the free
- * budget is x_i = (B - P0) share_i(phi), share_i linear in ln phi between
- * the fractions around phi (share 1 at phi = 1, the last fraction's below
- * it); the x_i sum to n_lists (B - P0) up to rounding, and largest
- * remainders round them: every list gets floor(x_i), and the R = n_lists
- * (B - P0) - sum floor(x_i) lists with the largest x_i - floor(x_i) (ties:
- * the lower list index, (layer, head) major) one more.  So the lists
- * together hold exactly n_lists B once full, and a list's budget follows
- * from the numbers alone: the host rule and the device plan compute it
- * alike.  O(n_lists) a call.
+ * (UINT32_MAX: none).  With shares: list i's part of the free budget is
+ * x_i = (B - P0) share_i(phi), share_i linear in ln phi between the
+ * fractions around phi (share 1 at phi = 1, the last fraction's below
+ * it), so the x_i sum to the free total F = n_lists (B - P0) (up to
+ * rounding).  A part above what a list can hold beyond P0, n_seen - P0,
+ * is cut to it and the others raised by one factor until they again sum
+ * to F (water filling: F <= n_lists (n_seen - P0) as B <= n_seen), and
+ * largest remainders round the parts: every list gets the floor of its
+ * part, and the F - (sum of floors) lists with the largest fractional
+ * parts (ties: the lower list index, (layer, head) major) one more.  So
+ * the lists together hold exactly n_lists B once full, and a list's
+ * budget follows from the numbers alone: the host rule and the device
+ * plan compute it alike.  O(n_lists) a call, a few times that where
+ * parts are cut.
  */
 static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
                                   uint32_t g, uint32_t n_seen)
@@ -172,36 +188,50 @@ static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
 	                    (a->window > a->delay ? a->window : a->delay);
 	if (!k->n_f || B == UINT32_MAX || B <= P0 || n_seen <= B)
 		return B;
-	/* phi's segment: share = lo + t (hi - lo), lo the share at the
-	 * fraction above (1 at phi = 1), hi at the one below; below the
-	 * last fraction: its share */
 	const float phi = (float)(B - P0) / (float)(n_seen - P0);
 	const size_t per = (size_t)p->geom.n_layers * p->geom.n_kv_heads;
-	const float *lo = NULL, *hi = NULL;
-	float t = 1.0f, f_hi = 1.0f;
+	struct kvpop_fill w = {
+		.t = 1.0f, .avail = (double)(B - P0),
+		.cap = (double)(n_seen - P0), .lam = 1.0,
+	};
+	float f_hi = 1.0f;
 	for (uint32_t j = 0; j < k->n_f; j++) {
-		hi = k->share + j * per;
+		w.hi = k->share + j * per;
 		if (phi >= k->keep[j]) {
-			t = logf(f_hi / phi) / logf(f_hi / k->keep[j]);
+			w.t = logf(f_hi / phi) / logf(f_hi / k->keep[j]);
 			break;
 		}
-		lo = hi;
+		w.lo = w.hi;
 		f_hi = k->keep[j];
 	}
-	const double avail = (double)(B - P0);
+	const double F = w.avail * (double)per;
+	/* the water level: lam grows, and the set of cut parts with it,
+	 * until the set stays */
+	for (size_t cut_prev = 0;;) {
+		size_t cut = 0;
+		double rest = 0;
+		for (size_t i = 0; i < per; i++) {
+			const double x = kvpop_part(&w, i);
+			if (x >= w.cap)
+				cut++;
+			else
+				rest += x / w.lam;
+		}
+		if (!cut || cut == cut_prev || !(rest > 0))
+			break;
+		cut_prev = cut;
+		w.lam = (F - (double)cut * w.cap) / rest;
+	}
 	const size_t me = (size_t)layer * p->geom.n_kv_heads + g;
-	const double x = kvpop_part(lo, hi, t, avail, me), fl = floor(x),
-	             fr = x - fl;
+	const double x = kvpop_part(&w, me), fl = floor(x), fr = x - fl;
 	double sum = 0;
 	size_t above = 0; /* lists whose remainder ranks before mine */
 	for (size_t i = 0; i < per; i++) {
-		const double xi = kvpop_part(lo, hi, t, avail, i),
-		             fi = floor(xi);
+		const double xi = kvpop_part(&w, i), fi = floor(xi);
 		sum += fi;
 		above += i != me && (xi - fi > fr || (xi - fi == fr && i < me));
 	}
-	const double b = (double)P0 + fl +
-	                 ((double)above < avail * (double)per - sum ? 1 : 0);
+	const double b = (double)P0 + fl + ((double)above < F - sum ? 1 : 0);
 	return b >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)b;
 }
 

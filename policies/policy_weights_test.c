@@ -525,6 +525,64 @@ TEST(policy, kvpop_budget_shares_by_hand)
 	}
 }
 
+/*
+ * A part larger than its list can hold goes to the others (water
+ * filling): shares 1.9 and 0.1 at keep 3/4, tokens 10, delay 2, no sinks
+ * or window: P0 = 2, free total 16, phi = 8 / (n - 2), share linear in ln
+ * phi from 1 at phi = 1 to the table's at phi = 3/4 (t = ln(1 / phi) /
+ * ln(4 / 3)), the table's below; list 0's part x0 = 8 share0 is cut to
+ * what it can hold, n - 2, and list 1 gets the rest, 16 - (n - 2):
+ *   n    phi    share0  x0     cut  list 1's part  budget0  budget1
+ *   11   0.889  1.368   10.95  9    7              11       9
+ *   12   0.8    1.698   13.59  10   6              12       8
+ *   13   0.727  1.9     15.2   11   5              13       7
+ *   ...  (one less for list 1 a token)
+ *   17   0.533  1.9     15.2   15   1              17       3
+ *   18+         1.9     15.2   -    0.8: the remainder's entry, 17 and 3
+ * Together exactly 2 x 10 from n = 10 on; without the cut list 1 would
+ * get 2 + 5 = 7 at n = 11 (x1 = 8 x 0.632 = 5.05) and the two would hold
+ * 18.
+ */
+TEST(policy, kvpop_budget_cut_parts_go_to_the_others)
+{
+	const char *w = tmp_path("kvpop-cut.safetensors");
+	const float share[2] = {1.9f, 0.1f}, keep[1] = {0.75f};
+	const struct kvpop_shares sh = {1, 2, share, keep};
+	kvpop_weights_sh(w, 1.0f, 0.0f, 0, &sh);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=2,"
+	         "sinks=0,window=0", w);
+	static const uint32_t want[2][20] = {
+		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+		 11, 12, 13, 14, 15, 16, 17, 17, 17, 17},
+		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+		 9, 8, 7, 6, 5, 4, 3, 3, 3, 3},
+	};
+	const float a[FX_KV] = {0};
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		f.layer = layer;
+		for (uint32_t n = 0; n < 20; n++) {
+			fx_step(&f, a, (const float[FX_D]){(float)((n * 5) % 7) /
+			                                   7.0f});
+			T_EQ(f.len[0], want[layer][n]);
+		}
+		policy_free(f.p);
+	}
+	/* the device plan counts what decide() drops, in both layers */
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		f.layer = layer;
+		uint32_t word = 0, seed = 9 + layer;
+		fx_plan_sync(&f, 9, &word, &seed);
+		while (f.n_seen + 4 < FX_MAX - 1)
+			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
+		policy_free(f.p);
+	}
+}
+
 /* Shares that do not make a budget are refused when the policy is
  * created, with the reason. */
 TEST(policy, kvpop_share_refusals)
