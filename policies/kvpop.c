@@ -19,11 +19,11 @@
  * the scores held the same total, at the keep fractions kvpop.share_keep;
  * the list's budget at a sync is P0 + (B - P0) share, water-filled below
  * what the list can hold and rounded by largest remainders over all lists
- * (kvpop_head_budget), the share interpolated
- * in ln phi at the free fraction phi = (B - P0) / (n_seen - P0) (share 1
- * at phi = 1).  The shares have mean 1 at every fraction (normalised
- * here), so the lists of a sequence together hold exactly n_layers
- * n_kv_heads B entries once full: the memory is known in advance, as the
+ * (kvpop_head_budget), the share interpolated in ln phi at the free
+ * fraction phi = (B - P0) / (n_seen - P0) (share 1 at phi = 1).  The
+ * shares have mean 1 at every fraction (normalised here), so the lists of
+ * a sequence together hold exactly n_layers n_kv_heads B entries once
+ * full: the memory is known in advance, as the
  * paper promises, while the layers whose entries the scorer rates higher
  * hold more of it.  Weights without kvpop.share: B for every list.
  *
