@@ -10,7 +10,7 @@
  * measured; docs/weights.md the weights).  s is computed at the sync where
  * the query at position i + delay arrives and never again.  Protected: the
  * entries still in their delay, the sinks and the newest window positions
- * (policy_protected; default min(32, tokens / 2)).
+ * (policy_protected; default min(48, tokens / 2)).
  *
  * The budget: tokens=B a list on average.  Weights with kvpop.share (what
  * kvtrim-train writes) give each (layer, KV head) its share of the free
@@ -50,7 +50,7 @@
 #define KVPOP_DEF_TOKENS 256u
 #define KVPOP_DEF_DELAY 32u
 #define KVPOP_DEF_SINKS 4u
-#define KVPOP_DEF_WINDOW 32u /* KVzap's; at most tokens / 2 */
+#define KVPOP_DEF_WINDOW 48u /* at most tokens / 2; docs/policies.md */
 #define KVPOP_EPS 1e-6f
 #define KVPOP_SHARES_MAX 16u /* keep fractions in kvpop.share */
 
@@ -555,7 +555,7 @@ const struct policy_ops kvpop_ops = {
 	.help = "KVpop: learned delayed scorer on x + attention received, "
 	        "a fixed total budget shared out among the lists by the "
 	        "weights' learned shares (model=PATH, tokens=256 a list on "
-	        "average, delay=32, sinks=4, window=min(32, tokens/2), "
+	        "average, delay=32, sinks=4, window=min(48, tokens/2), "
 	        "memory=0 (decay tokens of a memory of the attention paid), "
 	        "trust=0, every=N)",
 	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |

@@ -396,7 +396,7 @@ TEST(policy, kvpop_delayed_scores)
 	const char *w = tmp_path("kvpop.safetensors");
 	kvpop_weights(w, 1.0f, 0.0f, 0);
 	char spec[600];
-	/* the defaults: a window of min(32, half the budget), no memory */
+	/* the defaults: a window of min(48, half the budget), no memory */
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=7", w);
 	struct fx f;
 	fx_init(&f, spec, 2, 1);
@@ -407,7 +407,7 @@ TEST(policy, kvpop_delayed_scores)
 	policy_free(f.p);
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=100", w);
 	fx_init(&f, spec, 2, 1);
-	T_EQ(f.p->args.window, 32);
+	T_EQ(f.p->args.window, 48);
 	policy_free(f.p);
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=2,sinks=0,"
 	         "window=0,memory=0", w);

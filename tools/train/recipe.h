@@ -10,11 +10,11 @@
 #include <stdint.h>
 
 /* KVpop: decision delay d; the recent window kvtrim-eval runs it with
- * (KVzap's); the keep fractions 1/2, 1/4, ... 1/2^RECIPE_KVPOP_SHARES at
+ * (its default, chosen on the held-out split); the keep fractions 1/2, 1/4, ... 1/2^RECIPE_KVPOP_SHARES at
  * which kvtrim-train measures each list's share of the budget
  * (docs/policies.md, kvpop: "The budget"). */
 #define RECIPE_KVPOP_DELAY 16u
-#define RECIPE_KVPOP_WINDOW 32u
+#define RECIPE_KVPOP_WINDOW 48u
 #define RECIPE_KVPOP_SHARES 5u
 #define RECIPE_KVPOP_R 16u      /* projection width */
 #define RECIPE_KVPOP_M 16u      /* MLP hidden width */
