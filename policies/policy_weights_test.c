@@ -461,6 +461,37 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 	}
 }
 
+/* Runs kvpop spec (2 layers, 1 KV head) a token a sync for 20 tokens,
+ * x0 of token n = (n m % q) / q: each layer's list length after token n
+ * must be want[layer][n]; then the device plan must count what decide()
+ * drops, in both layers, over ragged syncs from seed. */
+static void kvpop_budget_run(const char *spec, const uint32_t want[2][20],
+                             uint32_t m, uint32_t q, uint32_t seed0)
+{
+	const float a[FX_KV] = {0};
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		f.layer = layer;
+		for (uint32_t n = 0; n < 20; n++) {
+			fx_step(&f, a, (const float[FX_D]){(float)((n * m) % q) /
+			                                   (float)q});
+			T_EQ(f.len[0], want[layer][n]);
+		}
+		policy_free(f.p);
+	}
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		f.layer = layer;
+		uint32_t word = 0, seed = seed0 + layer;
+		fx_plan_sync(&f, 9, &word, &seed);
+		while (f.n_seen + 4 < FX_MAX - 1)
+			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
+		policy_free(f.p);
+	}
+}
+
 /*
  * Budget shares by hand: keep fraction 1/2 with shares 1.5 (layer 0) and
  * 0.5 (layer 1); tokens 10, delay 2, no sinks or window: P0 = 2, free
@@ -500,29 +531,7 @@ TEST(policy, kvpop_budget_shares_by_hand)
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 		 9, 9, 8, 8, 7, 7, 6, 6, 6, 6},
 	};
-	const float a[FX_KV] = {0};
-	for (uint32_t layer = 0; layer < 2; layer++) {
-		struct fx f;
-		fx_init(&f, spec, 2, 1);
-		f.layer = layer;
-		for (uint32_t n = 0; n < 20; n++) {
-			fx_step(&f, a, (const float[FX_D]){(float)((n * 7) % 11) /
-			                                   11.0f});
-			T_EQ(f.len[0], want[layer][n]);
-		}
-		policy_free(f.p);
-	}
-	/* the device plan counts what decide() drops, in both layers */
-	for (uint32_t layer = 0; layer < 2; layer++) {
-		struct fx f;
-		fx_init(&f, spec, 2, 1);
-		f.layer = layer;
-		uint32_t word = 0, seed = 5 + layer;
-		fx_plan_sync(&f, 9, &word, &seed);
-		while (f.n_seen + 4 < FX_MAX - 1)
-			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
-		policy_free(f.p);
-	}
+	kvpop_budget_run(spec, want, 7, 11, 5);
 }
 
 /*
@@ -558,29 +567,7 @@ TEST(policy, kvpop_budget_cut_parts_go_to_the_others)
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 		 9, 8, 7, 6, 5, 4, 3, 3, 3, 3},
 	};
-	const float a[FX_KV] = {0};
-	for (uint32_t layer = 0; layer < 2; layer++) {
-		struct fx f;
-		fx_init(&f, spec, 2, 1);
-		f.layer = layer;
-		for (uint32_t n = 0; n < 20; n++) {
-			fx_step(&f, a, (const float[FX_D]){(float)((n * 5) % 7) /
-			                                   7.0f});
-			T_EQ(f.len[0], want[layer][n]);
-		}
-		policy_free(f.p);
-	}
-	/* the device plan counts what decide() drops, in both layers */
-	for (uint32_t layer = 0; layer < 2; layer++) {
-		struct fx f;
-		fx_init(&f, spec, 2, 1);
-		f.layer = layer;
-		uint32_t word = 0, seed = 9 + layer;
-		fx_plan_sync(&f, 9, &word, &seed);
-		while (f.n_seen + 4 < FX_MAX - 1)
-			fx_plan_sync(&f, fx_next(&seed) % 5, &word, &seed);
-		policy_free(f.p);
-	}
+	kvpop_budget_run(spec, want, 5, 7, 9);
 }
 
 /* Shares that do not make a budget are refused when the policy is
