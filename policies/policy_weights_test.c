@@ -461,13 +461,22 @@ TEST(policy, kvpop_device_plan_counts_its_drops)
 	}
 }
 
-/* Runs kvpop spec (2 layers, 1 KV head) a token a sync for 20 tokens,
- * x0 of token n = (n m % q) / q: each layer's list length after token n
- * must be want[layer][n]; then the device plan must count what decide()
- * drops, in both layers, over ragged syncs from seed. */
-static void kvpop_budget_run(const char *spec, const uint32_t want[2][20],
+/* Runs kvpop with shares share[2] (layers 0 and 1, one KV head) at the
+ * one keep fraction keep, tokens 10, delay 2, no sinks or window, a token
+ * a sync for 20 tokens, x0 of token n = (n m % q) / q: each layer's list
+ * length after token n must be want[layer][n]; then the device plan must
+ * count what decide() drops, in both layers, over ragged syncs from
+ * seed0. */
+static void kvpop_budget_run(const char *file, const float share[2],
+                             float keep, const uint32_t want[2][20],
                              uint32_t m, uint32_t q, uint32_t seed0)
 {
+	const char *w = tmp_path(file);
+	const struct kvpop_shares sh = {1, 2, share, &keep};
+	kvpop_weights_sh(w, 1.0f, 0.0f, 0, &sh);
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=2,"
+	         "sinks=0,window=0", w);
 	const float a[FX_KV] = {0};
 	for (uint32_t layer = 0; layer < 2; layer++) {
 		struct fx f;
@@ -518,20 +527,14 @@ static void kvpop_budget_run(const char *spec, const uint32_t want[2][20],
  */
 TEST(policy, kvpop_budget_shares_by_hand)
 {
-	const char *w = tmp_path("kvpop-sh.safetensors");
-	const float share[2] = {3.0f, 1.0f}, keep[1] = {0.5f};
-	const struct kvpop_shares sh = {1, 2, share, keep};
-	kvpop_weights_sh(w, 1.0f, 0.0f, 0, &sh);
-	char spec[600];
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=2,"
-	         "sinks=0,window=0", w);
 	static const uint32_t want[2][20] = {
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 		 11, 11, 12, 12, 13, 13, 14, 14, 14, 14},
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 		 9, 9, 8, 8, 7, 7, 6, 6, 6, 6},
 	};
-	kvpop_budget_run(spec, want, 7, 11, 5);
+	kvpop_budget_run("kvpop-sh.safetensors", (const float[2]){3.0f, 1.0f}, 0.5f, want, 7,
+	                 11, 5);
 }
 
 /*
@@ -554,20 +557,14 @@ TEST(policy, kvpop_budget_shares_by_hand)
  */
 TEST(policy, kvpop_budget_cut_parts_go_to_the_others)
 {
-	const char *w = tmp_path("kvpop-cut.safetensors");
-	const float share[2] = {1.9f, 0.1f}, keep[1] = {0.75f};
-	const struct kvpop_shares sh = {1, 2, share, keep};
-	kvpop_weights_sh(w, 1.0f, 0.0f, 0, &sh);
-	char spec[600];
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=2,"
-	         "sinks=0,window=0", w);
 	static const uint32_t want[2][20] = {
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 		 11, 12, 13, 14, 15, 16, 17, 17, 17, 17},
 		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 		 9, 8, 7, 6, 5, 4, 3, 3, 3, 3},
 	};
-	kvpop_budget_run(spec, want, 5, 7, 9);
+	kvpop_budget_run("kvpop-cut.safetensors", (const float[2]){1.9f, 0.1f}, 0.75f, want, 5,
+	                 7, 9);
 }
 
 /* Shares that do not make a budget are refused when the policy is
