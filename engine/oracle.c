@@ -162,9 +162,13 @@ static void reduce_windows(struct pass *p, uint32_t l, uint32_t g)
 			         b = (uint64_t)i + wn->hi;
 			if (b > r->plain - 1)
 				b = r->plain - 1;
+			/* Horner's rule: each query read decays the sum once */
+			const double dc = wn->decay > 0.0f ? wn->decay : 1.0;
 			double s = 0.0;
 			for (uint64_t t = a; t <= b; t++)
-				s += p->S[t * n + i];
+				s = dc * s + p->S[t * n + i];
+			if (dc != 1.0 && a <= b && b < (uint64_t)i + wn->hi)
+				s *= pow(dc, (double)((uint64_t)i + wn->hi - b));
 			if (wn->mean)
 				o[i] += (float)(s / G);
 			else if ((float)s > o[i])
@@ -254,7 +258,8 @@ int oracle_run(const struct model *m, const struct oracle_req *r)
 	    (r->xs && r->xs_rows > r->n))
 		return KVT_EINVAL;
 	for (uint32_t w = 0; w < r->n_win; w++)
-		if (!r->win[w].out || r->win[w].lo >= r->win[w].hi)
+		if (!r->win[w].out || r->win[w].lo >= r->win[w].hi ||
+		    !(r->win[w].decay >= 0.0f && r->win[w].decay <= 1.0f))
 			return KVT_EINVAL;
 	struct pass p = {m, r, NULL, NULL, NULL, NULL};
 	p.S = malloc(sizeof(float) * (size_t)r->n * r->n);

@@ -27,7 +27,7 @@ enum oracle_kind {
 };
 
 #define ORACLE_SEP_MAX 64
-#define ORACLE_WIN_MAX 4
+#define ORACLE_WIN_MAX 8
 
 /* "kvzip" | "kvzip+" | "future" -> kind; KVT_EINVAL when unknown. */
 int oracle_kind_parse(const char *s, enum oracle_kind *out);
@@ -71,14 +71,18 @@ int oracle_future(const struct model *m, const int32_t *tokens, uint32_t T,
 
 /*
  * A window reduction: entry i < rows gets, per KV head g,
- *   red_{h in grp(g)} sum_{t = i+lo+1}^{min(i+hi, plain-1)} a^h_{t,i}
+ *   red_{h in grp(g)} sum_{t = i+lo+1}^{min(i+hi, plain-1)}
+ *                      decay^(i+hi-t) a^h_{t,i}
  * with red = mean (mean = 1) or max (mean = 0); rows and plain are the
- * request's.  out [n_layers][n_kv_heads][rows].
+ * request's.  decay 0 means 1 (a plain sum); in (0, 1) it is the sum a
+ * decayed memory holds once query i+hi has been read (KVpop's learned
+ * memory, docs/policies.md).  out [n_layers][n_kv_heads][rows].
  */
 struct oracle_win {
 	uint32_t lo, hi;
 	int mean;
 	float *out;
+	float decay;
 };
 
 /*

@@ -220,32 +220,43 @@ TEST(oracle, windows_xs_logits_match_dense)
 	ref_run(&m, tok, N, &r);
 	float *w0 = malloc(sizeof(float) * L * Hkv * ROWS);
 	float *w1 = malloc(sizeof(float) * L * Hkv * ROWS);
+	float *w2 = malloc(sizeof(float) * L * Hkv * ROWS);
 	float *xs = malloc(sizeof(float) * L * XR * d);
 	float *lg = malloc(sizeof(float) * N * V);
 	struct oracle_req q = {.tokens = tok, .n = N, .rows = ROWS,
-	                       .plain = PLAIN, .n_win = 2,
-	                       .win = {{0, 3, 1, w0}, {3, 12, 0, w1}},
+	                       .plain = PLAIN, .n_win = 3,
+	                       .win = {{0, 3, 1, w0}, {3, 12, 0, w1},
+	                               {3, 12, 1, w2, 0.75f}},
 	                       .xs = xs, .xs_rows = XR, .logits = lg};
 	T_OK(oracle_run(&m, &q));
 	double ww = 0, wx = 0, wl = 0;
 	for (uint32_t l = 0; l < L; l++)
 		for (uint32_t g = 0; g < Hkv; g++)
 			for (uint32_t i = 0; i < ROWS; i++) {
-				double mean = 0, best = 0;
+				double mean = 0, best = 0, dec = 0;
 				for (uint32_t h = g * G; h < (g + 1) * G; h++) {
-					double s0 = 0, s1 = 0;
+					double s0 = 0, s1 = 0, s2 = 0;
 					for (uint32_t t2 = i + 1;
 					     t2 <= i + 3 && t2 < PLAIN; t2++)
 						s0 += amap(&r, l, h, t2, i);
+					/* the decayed sum as of query i + 12,
+					 * every weight a power of 0.75 written
+					 * out: 0.75^(i + 12 - t) */
 					for (uint32_t t2 = i + 4;
-					     t2 <= i + 12 && t2 < PLAIN; t2++)
+					     t2 <= i + 12 && t2 < PLAIN; t2++) {
 						s1 += amap(&r, l, h, t2, i);
+						s2 += pow(0.75, (double)(i + 12 -
+						                         t2)) *
+						      amap(&r, l, h, t2, i);
+					}
 					mean += s0 / G;
+					dec += s2 / G;
 					best = fmax(best, s1);
 				}
 				size_t at = ((size_t)l * Hkv + g) * ROWS + i;
 				ww = fmax(ww, fabs(w0[at] - mean));
 				ww = fmax(ww, fabs(w1[at] - best));
+				ww = fmax(ww, fabs(w2[at] - dec));
 			}
 	for (uint32_t l = 0; l < L; l++)
 		for (size_t k = 0; k < (size_t)XR * d; k++)
@@ -274,6 +285,13 @@ TEST(oracle, windows_xs_logits_match_dense)
 	bad = q;
 	bad.win[1].lo = 12;
 	T_ERR(oracle_run(&m, &bad), KVT_EINVAL);
+	bad = q;
+	bad.win[2].decay = 1.5f;
+	T_ERR(oracle_run(&m, &bad), KVT_EINVAL);
+	bad.win[2].decay = NAN;
+	T_ERR(oracle_run(&m, &bad), KVT_EINVAL);
+	bad.win[2].decay = -0.5f;
+	T_ERR(oracle_run(&m, &bad), KVT_EINVAL);
 	bad = (struct oracle_req){.tokens = tok, .n = N, .scored = 10,
 	                          .q0 = 5, .kvzip = w0};
 	T_ERR(oracle_run(&m, &bad), KVT_EINVAL);
@@ -285,6 +303,7 @@ TEST(oracle, windows_xs_logits_match_dense)
 	ref_free(&r);
 	free(w0);
 	free(w1);
+	free(w2);
 	free(xs);
 	free(lg);
 	free(fu);
