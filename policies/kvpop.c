@@ -65,13 +65,20 @@ struct kvpop {
 	uint32_t n_f;  /* keep fractions of the shares (0: none) */
 	const float *keep; /* [n_f], decreasing in (0, 1): the weights' */
 	float *share;  /* [n_f][n_layers][n_kv_heads], mean 1 per fraction */
+	/* memory=learned: the weights' kvpop.memory [n_layers][3] (decay in
+	 * tokens, the readout's w_s and w_f) and each layer's decay a query,
+	 * exp(-1 / decay) [n_layers] */
+	const float *mem;
+	float *mbeta;
 };
 
 static void kvpop_fini(struct policy *p)
 {
 	struct kvpop *k = p->priv;
-	if (k)
+	if (k) {
 		free(k->share);
+		free(k->mbeta);
+	}
 	learned_fini(p);
 }
 
@@ -235,6 +242,48 @@ static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
 	return b >= (double)(UINT32_MAX - 1) ? UINT32_MAX - 1 : (uint32_t)b;
 }
 
+/*
+ * memory=learned: the weights' kvpop.memory [n_layers][3], checked (a
+ * decay >= 1 token, finite weights), and each layer's decay a query.
+ */
+static int kvpop_memory(struct policy *p, char *err, size_t errlen)
+{
+	struct kvpop *k = p->priv;
+	const uint32_t L = p->geom.n_layers;
+	const uint64_t shape[2] = {L, 3};
+	if (p->args.trust) {
+		snprintf(err, errlen, "kvpop: trust=%u weighs the learned "
+		         "score against memory=T; memory=learned has its "
+		         "weights' readout", p->args.trust);
+		return KVT_EPOLICY;
+	}
+	if (!weights_has(k->lp.w, "kvpop.memory")) {
+		snprintf(err, errlen, "kvpop: %s: memory=learned needs the "
+		         "weights' kvpop.memory (kvtrim-train writes it)",
+		         p->args.model);
+		return KVT_EPOLICY;
+	}
+	if (!(k->mem = learned_get(p, k->lp.w, err, errlen, 2, shape,
+	                           "kvpop.memory")))
+		return KVT_EPOLICY;
+	for (uint32_t l = 0; l < L; l++) {
+		const float *m = k->mem + 3 * l;
+		if (!(m[0] >= 1.0f && isfinite(m[0]) && isfinite(m[1]) &&
+		      isfinite(m[2]))) {
+			snprintf(err, errlen, "kvpop: %s: kvpop.memory[%u] = "
+			         "{%g, %g, %g}: the decay must be >= 1 token "
+			         "and the readout finite", p->args.model, l,
+			         (double)m[0], (double)m[1], (double)m[2]);
+			return KVT_EPOLICY;
+		}
+	}
+	if (!(k->mbeta = malloc(sizeof(float) * L)))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	for (uint32_t l = 0; l < L; l++)
+		k->mbeta[l] = expf(-1.0f / k->mem[3 * l]);
+	return 0;
+}
+
 static int kvpop_init(struct policy *p, char *err, size_t errlen)
 {
 	struct policy_args *a = &p->args;
@@ -267,8 +316,12 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 		return rc;
 	if ((rc = kvpop_shares(p, err, errlen)))
 		return rc;
+	if (a->memory == POLICY_MEMORY_LEARNED &&
+	    (rc = kvpop_memory(p, err, errlen)))
+		return rc;
 	k->ring = a->delay + g->headroom;
-	k->beta = a->memory ? expf(-1.0f / (float)a->memory) : 0.0f;
+	k->beta = a->memory && a->memory != POLICY_MEMORY_LEARNED
+	          ? expf(-1.0f / (float)a->memory) : 0.0f;
 	p->layer_state_bytes = (size_t)k->ring * k->r * sizeof(float);
 	uint64_t r = k->r, m = k->m, nkv = g->n_kv_heads;
 	const struct learned_tensor t[] = {
@@ -333,7 +386,9 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 	}
 	int due = policy_due(p, l);
 	const uint32_t ef = p->entry_floats, T = p->args.memory;
-	const float beta = k->beta, K = (float)p->args.trust;
+	const float *lm = k->mbeta ? k->mem + 3 * l->layer : NULL;
+	const float beta = lm ? k->mbeta[l->layer] : k->beta,
+	            K = (float)p->args.trust;
 	for (uint32_t g = 0; g < nkv; g++) {
 		struct policy_head *h = &l->heads[g];
 		uint32_t len = h->len;
@@ -402,7 +457,14 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 		for (uint32_t i = 0; i < len; i++) {
 			const float *e = &h->ent[(size_t)i * ef];
 			s[i] = e[1];
-			if (T && e[3] > 0.0f)
+			if (lm) /* the learned readout; before the first
+			         * query after the delay, the delay's mean */
+				s[i] = lm[1] * e[1] +
+				       lm[2] * logf((e[3] > 0.0f
+				                     ? e[2] / e[3]
+				                     : e[0] / (float)(d ? d : 1)) +
+				                    KVPOP_EPS);
+			else if (T && e[3] > 0.0f)
 				s[i] = KVPOP_BLEND(K, e[1], e[2], e[3]);
 			prot[i] = (uint64_t)h->pos[i] + d >= l->n_seen;
 		}
@@ -542,8 +604,16 @@ static void kvpop_params(const struct policy *p,
 	};
 }
 
+/* policy.h: memory=learned has no device rule yet (its per-layer decay
+ * and readout are the host rule's): that tenant decides on the host. */
+static int kvpop_supports(const struct policy *p)
+{
+	return p->args.memory != POLICY_MEMORY_LEARNED;
+}
+
 static const struct policy_device_rule kvpop_device = {
 	.name = "kvpop", .version = KVPOP_RULE_VERSION,
+	.supports = kvpop_supports,
 	.params_bytes = sizeof(struct kvpop_rule),
 	.job_bytes = sizeof(struct kvpop_rule_job),
 	.shape = kvpop_shape, .upload = kvpop_upload, .plan = kvpop_plan,
@@ -556,7 +626,8 @@ const struct policy_ops kvpop_ops = {
 	        "a fixed total budget shared out among the lists by the "
 	        "weights' learned shares (model=PATH, tokens=256 a list on "
 	        "average, delay=32, sinks=4, window=min(48, tokens/2), "
-	        "memory=0 (decay tokens of a memory of the attention paid), "
+	        "memory=0 (decay tokens of a memory of the attention paid, "
+	        "or learned: the weights' decay and readout), "
 	        "trust=0, every=N)",
 	.needs = POLICY_NEED_X | POLICY_NEED_Q | POLICY_NEED_LSE |
 	         POLICY_NEED_KV,

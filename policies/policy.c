@@ -52,7 +52,8 @@ const struct policy_ops *policy_at(size_t i)
 }
 
 enum key_type {
-	KT_U32, KT_U64, KT_RATIO, KT_FLOAT, KT_PATH, KT_AGG, KT_BOOL
+	KT_U32, KT_U64, KT_RATIO, KT_FLOAT, KT_PATH, KT_AGG, KT_BOOL,
+	KT_MEMORY /* a uint32 below UINT32_MAX, or "learned" */
 };
 
 /* The keys, in the bit order of enum policy_key. */
@@ -80,7 +81,8 @@ static const struct {
 	{"cov", POLICY_KEY_COV, KT_BOOL, "0 or 1", 0},
 	{"vnorm", POLICY_KEY_VNORM, KT_BOOL, "0 or 1", 0},
 	{"eps", POLICY_KEY_EPS, KT_RATIO, "a decimal number", 0},
-	{"memory", POLICY_KEY_MEMORY, KT_U32, "a decimal uint32", 0},
+	{"memory", POLICY_KEY_MEMORY, KT_MEMORY,
+	 "a decimal uint32 or learned", 0},
 	{"trust", POLICY_KEY_TRUST, KT_U32, "a decimal uint32", 0},
 };
 
@@ -163,6 +165,12 @@ static int parse_value(const struct policy_ops *ops, size_t k, const char *v,
 		break;
 	case KT_U64:
 		if (parse_uint(v, vn, UINT64_MAX, &u))
+			return -1;
+		break;
+	case KT_MEMORY:
+		if (vn == 7 && !memcmp(v, "learned", 7))
+			u = POLICY_MEMORY_LEARNED;
+		else if (parse_uint(v, vn, POLICY_MEMORY_LEARNED - 1, &u))
 			return -1;
 		break;
 	case KT_RATIO:

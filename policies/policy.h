@@ -73,10 +73,15 @@ enum policy_tau {
 	POLICY_TAU_PROB,     /* probability: tau + (1 - tau) * level / 2 */
 };
 
+/* memory=learned: kvpop's memory with the decay and readout of its
+ * weights (policies/kvpop.c). */
+#define POLICY_MEMORY_LEARNED UINT32_MAX
+
 struct policy_args {
 	uint32_t sinks, window, tokens, every, delay, kernel;
 	uint32_t beta, future;
-	uint32_t memory, trust; /* kvpop's memory: decay tokens, weight */
+	uint32_t memory, trust; /* kvpop's memory: decay tokens (or
+	                           POLICY_MEMORY_LEARNED), weight */
 	double ratio;
 	double theta, eps;
 	uint8_t cov, vnorm; /* 0 or 1 */

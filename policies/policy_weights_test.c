@@ -341,16 +341,19 @@ struct kvpop_shares {
 
 /* kvpop weights, 2 layers, r 1, m 1: u = x0; z = W1 [u, ln a] + 10;
  * s = z (gelu is the identity that far out); with shares sh when not
- * NULL. */
-static void kvpop_weights_sh(const char *path, float wu, float wa, int bad,
-                             const struct kvpop_shares *sh)
+ * NULL and the learned memory kvpop.memory [2][3] mem when not NULL. */
+static void kvpop_weights_shm(const char *path, float wu, float wa, int bad,
+                              const struct kvpop_shares *sh,
+                              const float *mem)
 {
 	static const float P[4] = {1, 0, 0, 0}, b1[1] = {10}, W2[1] = {1},
 	                   b2[1] = {0};
 	float W1[2] = {wu, wa};
-	struct weights_tensor t[12];
-	char nm[12][40];
+	struct weights_tensor t[13];
+	char nm[13][40];
 	size_t n = 0;
+	if (mem)
+		t[n++] = (struct weights_tensor){"kvpop.memory", 2, {2, 3}, mem};
 	if (sh) {
 		t[n++] = (struct weights_tensor){"kvpop.share", 3,
 		                                 {sh->n_f, sh->layers, 1},
@@ -377,6 +380,12 @@ static void kvpop_weights_sh(const char *path, float wu, float wa, int bad,
 		n++;
 	}
 	write_w(path, t, n);
+}
+
+static void kvpop_weights_sh(const char *path, float wu, float wa, int bad,
+                             const struct kvpop_shares *sh)
+{
+	kvpop_weights_shm(path, wu, wa, bad, sh, NULL);
 }
 
 static void kvpop_weights(const char *path, float wu, float wa, int bad)
@@ -719,6 +728,91 @@ TEST(policy, kvpop_memory_by_hand)
 			T_ASSERT(f.pos[0][i] != c[k].gone);
 		policy_free(f.p);
 	}
+}
+
+TEST(policy, kvpop_learned_memory_by_hand)
+{
+	/* memory_steps with memory=learned, layer 0's row {2, w_s, w_f}:
+	 * its decay of 2 tokens gives the m and c of kvpop_memory_by_hand
+	 * (layer 1's row, decay 64, must not be read).  Budget 3, one of
+	 * entries 0, 1, 2 goes; s about 10.69, 9.31, 10; f = ln(m / c):
+	 * entry 0 ln((2b + .25) / (b + 1)) = -0.094, entry 1 ln 4 = 1.386,
+	 * entry 2 (no query yet past its delay) the delay's mean, ln(1 / 1)
+	 * = 0.  The readout w_s s + w_f f:
+	 *   {0, 1}: -0.094, 1.386, 0: entry 0 goes (with f = ln 1e-6 for
+	 *           the entry without a memory, entry 2 would);
+	 *   {1, 0}: the scores alone: entry 1 goes;
+	 *   {1, 2}: 10.51, 12.08, 10: entry 2 goes. */
+	const double b = exp(-0.5);
+	const struct {
+		float ws, wf;
+		uint32_t gone;
+	} c[] = {{0, 1, 0}, {1, 0, 1}, {1, 2, 2}};
+	const char *w = tmp_path("kvpop-lmem.safetensors");
+	char spec[600];
+	struct fx f;
+	for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+		const float mem[6] = {2, c[k].ws, c[k].wf, 64, 5, -5};
+		kvpop_weights_shm(w, 0.0f, 1.0f, 0, NULL, mem);
+		snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=1,"
+		         "sinks=0,window=0,memory=learned", w);
+		memory_steps(&f, spec);
+		T_EQ(f.p->args.memory, POLICY_MEMORY_LEARNED);
+		T_EQ(f.p->entry_floats, 4);
+		T_EQ(f.len[0], 3);
+		for (uint32_t i = 0; i < f.len[0]; i++) {
+			const float *e = &f.ent[0][(size_t)i * 4];
+			T_ASSERT(f.pos[0][i] != c[k].gone);
+			if (f.pos[0][i] == 0) /* m0, c0 at decay 2 */
+				T_ASSERT(fabs(e[2] - (2 * b + 0.25)) < 1e-5 &&
+				         fabs(e[3] - (b + 1)) < 1e-5);
+		}
+		/* no device rule yet: the tenant decides on the host */
+		T_ASSERT(!f.p->ops->device->supports(f.p));
+		policy_free(f.p);
+	}
+	/* memory=T keeps its device rule */
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=1,"
+	         "sinks=0,memory=2", w);
+	fx_init(&f, spec, 2, 1);
+	T_ASSERT(f.p->ops->device->supports(f.p));
+	policy_free(f.p);
+}
+
+TEST(policy, kvpop_learned_memory_refusals)
+{
+	struct policy_geom ge = geom(2, 1);
+	const char *w = tmp_path("kvpop-lmem-bad.safetensors");
+	char spec[600];
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,memory=learned", w);
+	kvpop_weights(w, 1.0f, 0.0f, 0); /* no kvpop.memory */
+	refused_why(spec, &ge, "kvpop.memory", __LINE__);
+	/* a decay below one token, in either layer (values that are not
+	 * finite the weights loader refuses first) */
+	const float bad[][6] = {
+		{0.5f, 1, 1, 2, 1, 1},
+		{2, 1, 1, 0, 1, 1},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		kvpop_weights_shm(w, 1.0f, 0.0f, 0, NULL, bad[i]);
+		refused_why(spec, &ge, "kvpop.memory[", __LINE__);
+	}
+	const float ok[6] = {2, 1, 1, 64, 0, 1};
+	kvpop_weights_shm(w, 1.0f, 0.0f, 0, NULL, ok);
+	policy_free(make_g(spec, &ge));
+	/* trust weighs memory=T's blend: refused beside memory=learned */
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,memory=learned,trust=1",
+	         w);
+	refused_why(spec, &ge, "trust", __LINE__);
+	/* the value is a uint32 below 2^32 - 1 or the word learned */
+	const char *vals[] = {"learnt", "Learned", "4294967295", "-1", ""};
+	for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+		snprintf(spec, sizeof(spec), "kvpop:model=%s,memory=%s", w,
+		         vals[i]);
+		refused_why(spec, &ge, "memory", __LINE__);
+	}
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,memory=4294967294", w);
+	policy_free(make_g(spec, &ge));
 }
 
 TEST(policy, kvpop_weight_refusals)
