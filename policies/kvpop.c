@@ -32,7 +32,12 @@
  * exp(-1/T) a query; entry state [a, s, m, c], else [a, s]) and the
  * selection ranks by (K s + c ln(N m / c)) / (K + c), K = trust (default
  * 0), N = KVPOP_HORIZON: measured with the earlier future-attention
- * scorer and kept for that record (docs/policies.md).
+ * scorer and kept for that record (docs/policies.md).  memory=learned
+ * runs the same cell with each layer's decay and readout from the
+ * weights' kvpop.memory (kvtrim-train fits them to the attention of the
+ * next 64 queries): rank w_s s + w_f ln(m / c + 1e-6), with the delay's
+ * mean a / delay for m / c before a later query has read the entry; the
+ * host rule only (kvpop_supports).
  */
 #include "learned.h"
 
