@@ -14,16 +14,20 @@
 #include "dtype.h"
 #include "fit.h"
 #include "pop.h"
+#include "recipe.h"
 
 static int set_alloc(struct collect_set *s, uint32_t L, size_t n, uint32_t d,
-                     uint32_t nkv)
+                     uint32_t nkv, int mem)
 {
 	memset(s, 0, sizeof(*s));
 	s->n = n;
 	s->x = malloc(sizeof(uint16_t) * L * n * d + 1);
 	s->y1 = malloc(sizeof(float) * L * n * nkv + 1);
 	s->y2 = malloc(sizeof(float) * L * n * nkv + 1);
-	return s->x && s->y1 && s->y2 ? 0 : KVT_ENOMEM;
+	if (mem)
+		s->mem = malloc(sizeof(float) * L * n * nkv * POP_MEM_FEATS +
+		                1);
+	return s->x && s->y1 && s->y2 && (!mem || s->mem) ? 0 : KVT_ENOMEM;
 }
 
 void collect_free(struct collect_set *s)
@@ -31,6 +35,7 @@ void collect_free(struct collect_set *s)
 	free(s->x);
 	free(s->y1);
 	free(s->y2);
+	free(s->mem);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -40,10 +45,10 @@ int collect_alloc(const struct model *m, const struct collect_geom *g,
 {
 	const struct model_config *c = &m->cfg;
 	int rc = set_alloc(z, c->n_layers, (size_t)n_win * g->nz, c->dim,
-	                   c->n_kv_heads);
+	                   c->n_kv_heads, 0);
 	if (!rc)
 		rc = set_alloc(p, c->n_layers, (size_t)n_win * g->np, c->dim,
-		               c->n_kv_heads);
+		               c->n_kv_heads, 1);
 	if (rc) {
 		collect_free(z);
 		collect_free(p);
@@ -85,6 +90,7 @@ static void pick(uint32_t *idx /* [n] scratch; first k out */, uint32_t n,
 struct work {
 	float *kz, *kzp;  /* [L][nkv][T] */
 	float *wa;        /* [L][nkv][npw] */
+	float *wm;        /* [POP_MEM_FEATS][L][nkv][npw] */
 	float *xs;        /* [L][W][d] */
 	float *logits;    /* [Np][vocab], for the copy check */
 	int32_t *seq;     /* [Np] the pretext */
@@ -113,6 +119,7 @@ static void work_free(struct work *w)
 	free(w->kz);
 	free(w->kzp);
 	free(w->wa);
+	free(w->wm);
 	free(w->xs);
 	free(w->logits);
 	free(w->seq);
@@ -130,13 +137,14 @@ static int work_alloc(struct work *w, const struct model *m,
 	w->kz = malloc(sizeof(float) * L * nkv * g->T);
 	w->kzp = malloc(sizeof(float) * L * nkv * g->T);
 	w->wa = malloc(sizeof(float) * L * nkv * g->npw);
+	w->wm = malloc(sizeof(float) * POP_MEM_FEATS * L * nkv * g->npw);
 	w->xs = malloc(sizeof(float) * L * g->W * c->dim);
 	w->seq = malloc(sizeof(int32_t) * Np);
 	w->iz = malloc(sizeof(uint32_t) * g->T);
 	w->ip = malloc(sizeof(uint32_t) * g->npw);
 	if (copy)
 		w->logits = malloc(sizeof(float) * Np * c->vocab_size);
-	if (!w->kz || !w->kzp || !w->wa || !w->xs || !w->seq ||
+	if (!w->kz || !w->kzp || !w->wa || !w->wm || !w->xs || !w->seq ||
 	    !w->iz || !w->ip || (copy && !w->logits)) {
 		work_free(w);
 		return KVT_ENOMEM;
@@ -184,8 +192,25 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 		win = &r; /* the pretext's first W positions are the window */
 	win->rows = g->npw;
 	win->plain = g->W;
-	win->n_win = 1;
-	win->win[0] = (struct oracle_win){0, g->D, 1, wk->wa};
+	win->win[0] = (struct oracle_win){0, g->D, 1, wk->wa, 0.0f};
+	/* the learned memory's (pop.h): per age, the target (the most a
+	 * head of the group is paid over the horizon), then the decayed
+	 * means over the queries since the delay */
+	static const uint32_t ages[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES,
+	                      decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
+	const size_t per = (size_t)L * nkv * g->npw;
+	win->n_win = 1 + POP_MEM_FEATS;
+	for (uint32_t k = 0; k < POP_MEM_AGES; k++) {
+		win->win[1 + POP_MEM_FEAT(k, 0)] = (struct oracle_win){
+			ages[k], ages[k] + RECIPE_KVPOP_MEM_HORIZON, 0,
+			wk->wm + POP_MEM_FEAT(k, 0) * per, 0.0f};
+		for (uint32_t e = 0; e < POP_MEM_DECAYS; e++)
+			win->win[1 + POP_MEM_FEAT(k, 1 + e)] =
+				(struct oracle_win){
+					g->D, ages[k], 1,
+					wk->wm + POP_MEM_FEAT(k, 1 + e) * per,
+					expf(-1.0f / (float)decs[e])};
+	}
 	win->xs = wk->xs;
 	win->xs_rows = g->W;
 	int rc = oracle_run(m, &r);
@@ -232,6 +257,16 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 				size_t lh = (size_t)l * nkv + h;
 				p->y1[row * nkv + h] = wk->wa[lh * g->npw + i];
 				p->y2[row * nkv + h] = wk->kzp[lh * g->T + i];
+				float *f = p->mem + (row * nkv + h) *
+				                    POP_MEM_FEATS;
+				for (uint32_t e = 0; e < POP_MEM_FEATS; e++)
+					f[e] = wk->wm[e * per + lh * g->npw + i];
+				/* a target whose queries run past the window
+				 * is cut short: none */
+				for (uint32_t a = 0; a < POP_MEM_AGES; a++)
+					if ((uint64_t)i + ages[a] +
+					    RECIPE_KVPOP_MEM_HORIZON > g->W - 1)
+						f[POP_MEM_FEAT(a, 0)] = NAN;
 			}
 		}
 	}

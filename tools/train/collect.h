@@ -36,6 +36,8 @@ struct collect_set {
 	uint16_t *x;  /* [L][n][d] f16 */
 	float *y1;    /* [L][n][n_kv]: log KVzip+ | delay attention a */
 	float *y2;    /* [L][n][n_kv]: KVzip | log KVzip+ (KVpop's target) */
+	float *mem;   /* KVpop's rows only: [L][n][n_kv][POP_MEM_FEATS], the
+	                 learned memory's features and targets (pop.h) */
 };
 
 /* Allocates the two sets for n_win windows (z: KVzap rows, p: KVpop

@@ -256,6 +256,7 @@ struct learned {
 	float **pop_tr;                /* [L] KVpop's scores of the training
 	                                  rows, [pt][n_kv] (pop_shares) */
 	float *share;                  /* [RECIPE_KVPOP_SHARES][L][n_kv] */
+	struct pop_mem *mem;           /* [L] KVpop's learned memory */
 	float keep[RECIPE_KVPOP_SHARES]; /* 1/2, 1/4, ... */
 	double (*m)[14];               /* per-layer metrics (fit.csv), then
 	                                  MLP loss first / last epoch, gate
@@ -282,6 +283,7 @@ static void learned_free(struct learned *lr)
 	free(lr->pp);
 	free(lr->pop_tr);
 	free(lr->share);
+	free(lr->mem);
 	free(lr->m);
 }
 
@@ -306,12 +308,13 @@ static int learned_alloc(struct learned *lr, const struct model_config *c)
 	lr->pp = calloc(L, sizeof(*lr->pp));
 	lr->m = calloc(L, sizeof(*lr->m));
 	lr->pop_tr = calloc(L, sizeof(float *));
+	lr->mem = calloc(L, sizeof(*lr->mem));
 	lr->share = calloc((size_t)RECIPE_KVPOP_SHARES * L * nkv,
 	                   sizeof(float));
 	for (uint32_t j = 0; j < RECIPE_KVPOP_SHARES; j++)
 		lr->keep[j] = 1.0f / (float)(2u << j);
-	return lr->gp && lr->pp && lr->m && lr->pop_tr && lr->share
-	       ? 0 : KVT_ENOMEM;
+	return lr->gp && lr->pp && lr->m && lr->pop_tr && lr->share &&
+	       lr->mem ? 0 : KVT_ENOMEM;
 }
 
 /* Fits layer l's four scorers on the training rows and measures them on
@@ -369,6 +372,11 @@ static int fit_layer(const struct model_config *c, const struct opts *o,
 	if ((rc = pop_apply(&lr->pp[l], XP, PF, pt, lr->pop_tr[l])))
 		return rc;
 	metrics(pred, PT + pt * nkv, nph, nkv, &r[7], &r[8]);
+	/* the learned memory's readout, on the scorer's scores */
+	const float *PM = p->mem + (size_t)l * p->n * nkv * POP_MEM_FEATS;
+	pop_mem_fit(lr->pop_tr[l], PM, pt, pred,
+	            PM + pt * nkv * POP_MEM_FEATS, nph, nkv,
+	            RECIPE_KVPOP_DELAY, &lr->mem[l]);
 	r[9] = fit_spearman(PF + pt * nkv, PT + pt * nkv, nph * nkv);
 	r[10] = mloss[0];
 	r[11] = mloss[mo.epochs - 1];
@@ -389,6 +397,11 @@ static void say_layer(const struct learned *lr, uint32_t l)
 	    r[9]);
 	say("      mlp loss %.4f -> %.4f; gate train bce %.4f -> %.4f\n",
 	    r[10], r[11], r[12], r[13]);
+	const struct pop_mem *pm = &lr->mem[l];
+	say("      kvpop memory: decay %.0f, readout %.3f s %+.3f f; future "
+	    "attention R2 %.3f with s alone, %.3f with the memory\n",
+	    (double)pm->decay, (double)pm->w_s, (double)pm->w_f, pm->r2_s,
+	    pm->r2_mem);
 }
 
 /* KVpop's budget shares per layer (the mean over its KV heads) at the
@@ -500,13 +513,16 @@ static int write_csv(const char *out, const struct learned *lr)
 		return -1;
 	fprintf(f, "layer,kvzap_linear_r2,kvzap_linear_spearman,kvzap_mlp_r2,"
 	           "kvzap_mlp_spearman,fastkvzip_r2,fastkvzip_spearman,"
-	           "fastkvzip_bce,kvpop_r2,kvpop_spearman,delay_spearman\n");
+	           "fastkvzip_bce,kvpop_r2,kvpop_spearman,delay_spearman,"
+	           "kvpop_memory_decay,kvpop_future_r2_score,"
+	           "kvpop_future_r2_memory\n");
 	for (uint32_t l = 0; l < lr->L; l++) {
 		const double *r = lr->m[l];
 		fprintf(f, "%u", l);
 		for (int k = 0; k < 10; k++)
 			fprintf(f, ",%.4f", r[k]);
-		fputc('\n', f);
+		fprintf(f, ",%.0f,%.4f,%.4f\n", (double)lr->mem[l].decay,
+		        lr->mem[l].r2_s, lr->mem[l].r2_mem);
 	}
 	return fclose(f) ? -1 : 0;
 }
@@ -736,8 +752,21 @@ static int write_outputs(struct run *r)
 	if (save_fastkvzip(fp, c, lr->gp, r->o.dtype, r->err, sizeof(r->err)))
 		return -1;
 	snprintf(fp, sizeof(fp), "%s/kvpop.safetensors", out);
-	if (save_kvpop(fp, c, lr->pp, lr->share, lr->keep, RECIPE_KVPOP_SHARES,
-	               r->o.dtype, r->err, sizeof(r->err)))
+	float *mem = malloc(sizeof(float) * 3 * lr->L);
+	if (!mem) {
+		snprintf(r->err, sizeof(r->err), "out of memory");
+		return -1;
+	}
+	for (uint32_t l = 0; l < lr->L; l++) {
+		mem[3 * l] = lr->mem[l].decay;
+		mem[3 * l + 1] = lr->mem[l].w_s;
+		mem[3 * l + 2] = lr->mem[l].w_f;
+	}
+	int src = save_kvpop(fp, c, lr->pp, lr->share, lr->keep,
+	                     RECIPE_KVPOP_SHARES, mem, r->o.dtype, r->err,
+	                     sizeof(r->err));
+	free(mem);
+	if (src)
 		return -1;
 	if (write_csv(out, lr)) {
 		snprintf(r->err, sizeof(r->err), "%s/fit.csv: %s", out,

@@ -10,6 +10,7 @@
 
 #include "dataset.h"
 #include "kvtrim.h"
+#include "recipe.h"
 
 size_t pop_count(const struct pop_params *p)
 {
@@ -231,4 +232,146 @@ int pop_shares(const float *const *pred, uint32_t L, size_t n,
 	}
 	free(v);
 	return 0;
+}
+
+/* c of a memory with decay beta once age - D queries are read. */
+static double mem_count(double beta, uint32_t age, uint32_t D)
+{
+	return (1.0 - pow(beta, (double)(age - D))) / (1.0 - beta);
+}
+
+/* Solves the k x k system A x = b (k <= 3) by Gaussian elimination with
+ * partial pivoting; 0, or -1 when singular. */
+static int solve(double A[3][3], double *b, uint32_t k, double *x)
+{
+	for (uint32_t c = 0; c < k; c++) {
+		uint32_t piv = c;
+		for (uint32_t r = c + 1; r < k; r++)
+			if (fabs(A[r][c]) > fabs(A[piv][c]))
+				piv = r;
+		if (!(fabs(A[piv][c]) > 1e-12))
+			return -1;
+		for (uint32_t e = 0; e < k; e++) {
+			double t = A[c][e];
+			A[c][e] = A[piv][e];
+			A[piv][e] = t;
+		}
+		double t = b[c];
+		b[c] = b[piv];
+		b[piv] = t;
+		for (uint32_t r = c + 1; r < k; r++) {
+			double f = A[r][c] / A[c][c];
+			for (uint32_t e = c; e < k; e++)
+				A[r][e] -= f * A[c][e];
+			b[r] -= f * b[c];
+		}
+	}
+	for (uint32_t c = k; c-- > 0;) {
+		double v = b[c];
+		for (uint32_t e = c + 1; e < k; e++)
+			v -= A[c][e] * x[e];
+		x[c] = v / A[c][c];
+	}
+	return 0;
+}
+
+/* Walks the samples of n rows with a target: for each calls fn with the
+ * regressors z = [1, s, f_j] and the target y. */
+struct mem_acc {
+	uint32_t k;          /* regressors used: 2 (s alone) or 3 */
+	const double *theta; /* NULL: accumulate the normal equations */
+	double A[3][3], b[3];
+	double sy, syy, sse;
+	size_t n;
+};
+
+static void mem_walk(const float *S, const float *M, size_t n, uint32_t nkv,
+                     uint32_t D, uint32_t j, struct mem_acc *a)
+{
+	static const uint32_t ages[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES,
+	                      decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
+	const double beta = exp(-1.0 / (double)decs[j]);
+	for (uint32_t k = 0; k < POP_MEM_AGES; k++) {
+		const double c = mem_count(beta, ages[k], D);
+		for (size_t i = 0; i < n; i++)
+			for (uint32_t g = 0; g < nkv; g++) {
+				const float *f = M + (i * nkv + g) * POP_MEM_FEATS;
+				const float t = f[POP_MEM_FEAT(k, 0)];
+				if (!(t >= 0.0f))
+					continue; /* NaN: past the window */
+				const double y = log((double)t + POP_FEAT_EPS),
+				             z[3] = {1.0, S[i * nkv + g],
+				                     log((double)f[POP_MEM_FEAT(
+				                         k, 1 + j)] / c +
+				                         POP_FEAT_EPS)};
+				a->n++;
+				if (a->theta) {
+					double e = y;
+					for (uint32_t r = 0; r < a->k; r++)
+						e -= a->theta[r] * z[r];
+					a->sse += e * e;
+					a->sy += y;
+					a->syy += y * y;
+					continue;
+				}
+				for (uint32_t r = 0; r < a->k; r++) {
+					for (uint32_t e = 0; e < a->k; e++)
+						a->A[r][e] += z[r] * z[e];
+					a->b[r] += z[r] * y;
+				}
+			}
+	}
+}
+
+/* Fits [1, s] (k = 2) or [1, s, f_j] (k = 3) on the training rows into
+ * theta and returns its held-out R^2 (NaN when it cannot be fitted). */
+static double mem_fit_one(const float *S_tr, const float *M_tr, size_t n_tr,
+                          const float *S_ho, const float *M_ho, size_t n_ho,
+                          uint32_t nkv, uint32_t D, uint32_t j, uint32_t k,
+                          double *theta, size_t *nt, size_t *nh)
+{
+	struct mem_acc a = {.k = k};
+	mem_walk(S_tr, M_tr, n_tr, nkv, D, j, &a);
+	*nt = a.n;
+	theta[2] = 0.0;
+	if (!a.n || solve(a.A, a.b, k, theta))
+		return NAN;
+	struct mem_acc h = {.k = k, .theta = theta};
+	mem_walk(S_ho, M_ho, n_ho, nkv, D, j, &h);
+	*nh = h.n;
+	if (!h.n)
+		return NAN;
+	const double sst = h.syy - h.sy * h.sy / (double)h.n;
+	return sst > 0 ? 1.0 - h.sse / sst : NAN;
+}
+
+void pop_mem_fit(const float *S_tr, const float *M_tr, size_t n_tr,
+                 const float *S_ho, const float *M_ho, size_t n_ho,
+                 uint32_t n_kv, uint32_t D, struct pop_mem *out)
+{
+	static const uint32_t decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
+	double th[3];
+	memset(out, 0, sizeof(*out));
+	out->r2_s = mem_fit_one(S_tr, M_tr, n_tr, S_ho, M_ho, n_ho, n_kv, D,
+	                        0, 2, th, &out->n_tr, &out->n_ho);
+	/* s alone: the memory's weight 0, the decay the first (also when
+	 * nothing could be fitted: windows too short for the ages) */
+	out->decay = (float)decs[0];
+	out->w_s = out->r2_s == out->r2_s ? (float)th[1] : 1.0f;
+	out->w_f = 0.0f;
+	out->r2_mem = NAN;
+	for (uint32_t j = 0; j < POP_MEM_DECAYS; j++) {
+		size_t nt, nh;
+		double r2 = mem_fit_one(S_tr, M_tr, n_tr, S_ho, M_ho, n_ho,
+		                        n_kv, D, j, 3, th, &nt, &nh);
+		/* the first finite fit, then any better one */
+		if (r2 == r2 && !(r2 <= out->r2_mem)) {
+			out->decay = (float)decs[j];
+			out->w_s = (float)th[1];
+			out->w_f = (float)th[2];
+			out->r2_mem = r2;
+		}
+	}
+	if (out->r2_mem != out->r2_mem)
+		out->r2_mem = out->r2_s;
 }

@@ -52,6 +52,47 @@ int pop_shares(const float *const *pred /* [L] */, uint32_t L, size_t n,
                uint32_t n_kv, const float *keep /* [n_f] */, uint32_t n_f,
                float *share /* [n_f][L][n_kv] */);
 
+/*
+ * The learned memory (docs/policies.md, kvpop: "The learned memory").  An
+ * entry past its delay keeps m = sum over the later queries t of
+ * beta^(age - t) v_t (v: the attention the group's heads pay it, their
+ * mean) and c = sum of beta^(age - t); the selection ranks it by
+ *   w_s s + w_f ln(m / c + 1e-6)
+ * (s: the scorer's score), w_s and w_f fitted per layer by least squares
+ * (with an intercept, which the ranking ignores) to ln of the attention
+ * the next RECIPE_KVPOP_MEM_HORIZON queries pay it (the most any head of
+ * the group pays, the paper's future attention), at the ages
+ * RECIPE_KVPOP_MEM_AGES, once per decay of RECIPE_KVPOP_MEM_DECAYS; the
+ * decay whose fit explains the held-out rows best is the layer's.
+ *
+ * The rows' features, as collect_run stores them (collect_set.mem): per
+ * age k, [POP_MEM_FEAT(k, 0)] the target (NaN where its queries run past
+ * the window), then [POP_MEM_FEAT(k, 1 + j)] m at decay j.
+ */
+#define POP_MEM_AGES 2u
+#define POP_MEM_DECAYS 2u
+#define POP_MEM_FEATS (POP_MEM_AGES * (1u + POP_MEM_DECAYS))
+#define POP_MEM_FEAT(k, f) ((k) * (1u + POP_MEM_DECAYS) + (f))
+
+struct pop_mem {
+	float decay;          /* tokens: beta = exp(-1 / decay) */
+	float w_s, w_f;       /* the readout */
+	double r2_s, r2_mem;  /* held-out R^2 of the target: from s alone,
+	                         from s and the memory */
+	size_t n_tr, n_ho;    /* (row, head, age) samples fitted, scored */
+};
+
+/*
+ * Fits one layer's memory: S_tr [n_tr][n_kv] and S_ho [n_ho][n_kv] are
+ * the scorer's scores of the training and held-out rows, M_tr and M_ho
+ * their features [n][n_kv][POP_MEM_FEATS]; D the delay.  Without a
+ * sample that has a target (windows shorter than the ages and the
+ * horizon) the readout is s alone (w_s 1, w_f 0, R^2 NaN).
+ */
+void pop_mem_fit(const float *S_tr, const float *M_tr, size_t n_tr,
+                 const float *S_ho, const float *M_ho, size_t n_ho,
+                 uint32_t n_kv, uint32_t D, struct pop_mem *out);
+
 /* Trains on X [n][d], F [n][n_kv], T [n][n_kv] (targets, already in log
  * space); loss[e] = epoch e's mean training loss when not NULL. */
 int pop_train(struct pop_params *p, const float *X, const float *F,

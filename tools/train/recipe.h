@@ -16,6 +16,14 @@
 #define RECIPE_KVPOP_DELAY 16u
 #define RECIPE_KVPOP_WINDOW 48u
 #define RECIPE_KVPOP_SHARES 5u
+/* KVpop's learned memory (docs/policies.md, kvpop: "The learned
+ * memory"): its readout is fitted at these entry ages (queries since the
+ * entry arrived) to the attention of the next RECIPE_KVPOP_MEM_HORIZON
+ * queries, once per candidate decay (in tokens); the decay that fits the
+ * held-out rows best is kept per layer. */
+#define RECIPE_KVPOP_MEM_HORIZON 64u
+#define RECIPE_KVPOP_MEM_AGES {48u, 160u}
+#define RECIPE_KVPOP_MEM_DECAYS {16u, 64u}
 #define RECIPE_KVPOP_R 16u      /* projection width */
 #define RECIPE_KVPOP_M 16u      /* MLP hidden width */
 

@@ -153,15 +153,16 @@ int save_fastkvzip(const char *path, const struct model_config *c,
 
 int save_kvpop(const char *path, const struct model_config *c,
                const struct pop_params *pp, const float *share,
-               const float *keep, uint32_t n_f, enum kvt_dtype dt,
-               char *err, size_t errlen)
+               const float *keep, uint32_t n_f, const float *memory,
+               enum kvt_dtype dt, char *err, size_t errlen)
 {
 	const uint32_t L = c->n_layers, nkv = c->n_kv_heads;
 	struct table tb;
-	int rc = table_init(&tb, (size_t)L * 5 + 2, dt);
+	int rc = table_init(&tb, (size_t)L * 5 + 3, dt);
 	if (!rc) {
 		add(&tb, "kvpop.share", 0, 3, n_f, L, nkv, 0, share);
 		add(&tb, "kvpop.share_keep", 0, 1, n_f, 0, 0, 0, keep);
+		add(&tb, "kvpop.memory", 0, 2, L, 3, 0, 0, memory);
 	}
 	for (uint32_t l = 0; l < L && !rc; l++) {
 		const struct pop_params *q = &pp[l];

@@ -40,10 +40,12 @@ int save_fastkvzip(const char *path, const struct model_config *c,
 
 /* The KVpop scorers pp[n_layers] into the safetensors file path, with
  * their budget shares: kvpop.share [n_f][n_layers][n_kv_heads] at the keep
- * fractions kvpop.share_keep [n_f] (pop_shares). */
+ * fractions kvpop.share_keep [n_f] (pop_shares), and the learned memory:
+ * kvpop.memory [n_layers][3], per layer its decay in tokens and the
+ * readout's weights of the score and of the memory (pop.h). */
 int save_kvpop(const char *path, const struct model_config *c,
                const struct pop_params *pp, const float *share,
-               const float *keep, uint32_t n_f, enum kvt_dtype dt,
-               char *err, size_t errlen);
+               const float *keep, uint32_t n_f, const float *memory,
+               enum kvt_dtype dt, char *err, size_t errlen);
 
 #endif

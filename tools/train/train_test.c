@@ -3,8 +3,9 @@
  * ridge against a known solution, Cholesky on a hand-solved system, R^2
  * and Spearman on hand-computed cases, the MLP trainer lowering its loss
  * on a toy problem, the Fast KVzip gate trainer agreeing with the
- * kernel the policy runs (sink_gate_cpu) and with finite differences, and
- * KVpop's budget shares on a hand-counted case.
+ * kernel the policy runs (sink_gate_cpu) and with finite differences,
+ * KVpop's budget shares on a hand-counted case and its memory's readout
+ * recovering a planted linear law.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "gate.h"
 #include "kernels.h"
 #include "pop.h"
+#include "recipe.h"
 #include "test.h"
 
 #define T_NEAR(a, b, tol)                                                      \
@@ -103,6 +105,62 @@ TEST(train, pop_shares_hand)
 	T_NEAR(share[1], 0.5, 1e-6);
 	T_NEAR(share[2], 1.0, 1e-6);
 	T_NEAR(share[3], 1.0, 1e-6);
+}
+
+/* The memory's readout: the targets follow ln t = 0.3 + 0.5 s + 1.5 f,
+ * f = ln(m / c) of the second decay (c summed here term by term), the
+ * first decay's m is noise, every fifth row's target is cut (NaN) and a
+ * cut target must be skipped, not fitted.  The fit finds the second
+ * decay and the law's weights, and explains the held-out rows (R^2 1)
+ * better than s alone; with every target cut, s alone (1, 0). */
+TEST(train, pop_mem_fit_finds_the_law)
+{
+	static const uint32_t ages[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES,
+	                      decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
+	enum { N = 200, NH = 100 };
+	const uint32_t D = RECIPE_KVPOP_DELAY;
+	float *S = malloc(sizeof(float) * (N + NH)),
+	      *M = malloc(sizeof(float) * (N + NH) * POP_MEM_FEATS);
+	uint64_t st = 11;
+	for (uint32_t i = 0; i < N + NH; i++) {
+		S[i] = (float)(dataset_rng(&st) % 1000) / 100.0f - 5.0f;
+		float *f = M + (size_t)i * POP_MEM_FEATS;
+		for (uint32_t k = 0; k < POP_MEM_AGES; k++) {
+			double c = 0, b = exp(-1.0 / decs[1]);
+			for (uint32_t q = 0; q < ages[k] - D; q++)
+				c += pow(b, q);
+			const double mean = (double)(1 + dataset_rng(&st) % 500) /
+			                    1000.0;
+			f[POP_MEM_FEAT(k, 1)] =
+				(float)(dataset_rng(&st) % 100) / 10.0f;
+			f[POP_MEM_FEAT(k, 2)] = (float)(mean * c);
+			const double y = 0.3 + 0.5 * S[i] +
+			                 1.5 * log(mean + 1e-6);
+			f[POP_MEM_FEAT(k, 0)] = i % 5 == 4 ? NAN
+			                        : (float)(exp(y) - 1e-6);
+		}
+	}
+	struct pop_mem pm;
+	pop_mem_fit(S, M, N, S + N, M + (size_t)N * POP_MEM_FEATS, NH, 1, D,
+	            &pm);
+	T_NEAR(pm.decay, decs[1], 0);
+	T_NEAR(pm.w_s, 0.5, 1e-3);
+	T_NEAR(pm.w_f, 1.5, 1e-3);
+	T_NEAR(pm.r2_mem, 1.0, 1e-4);
+	T_ASSERT(pm.r2_s < pm.r2_mem - 0.1);
+	T_EQ(pm.n_tr, (size_t)N / 5 * 4 * POP_MEM_AGES);
+	T_EQ(pm.n_ho, (size_t)NH / 5 * 4 * POP_MEM_AGES);
+	for (uint32_t i = 0; i < N + NH; i++)
+		for (uint32_t k = 0; k < POP_MEM_AGES; k++)
+			M[(size_t)i * POP_MEM_FEATS + POP_MEM_FEAT(k, 0)] = NAN;
+	pop_mem_fit(S, M, N, S + N, M + (size_t)N * POP_MEM_FEATS, NH, 1, D,
+	            &pm);
+	T_EQ(pm.n_tr, 0);
+	T_NEAR(pm.w_s, 1.0, 0);
+	T_NEAR(pm.w_f, 0.0, 0);
+	T_ASSERT(isnan(pm.r2_mem));
+	free(S);
+	free(M);
 }
 
 TEST(train, mlp_loss_decreases)
