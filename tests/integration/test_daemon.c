@@ -566,13 +566,17 @@ TEST(reload, sighup_rereads_scorer_weights_and_keeps_tenants)
  * 2, m 2): P, W1 and W2 zero, so an entry's score is fc2's bias for its KV
  * head, whatever its x and the attention it received; with budget shares
  * share [2 layers][2 KV heads] at keep fraction 1/2 when not NULL. */
-static void write_kvpop_sh(const char *path, float bias, const float *share)
+/* kvpop weights for the daemon tests: 2 layers, 2 KV heads, every score
+ * fc2's bias; with budget shares share [2][2] at keep 1/2 and the learned
+ * memory's kvpop.memory [2][3] mem when not NULL. */
+static void write_kvpop_shm(const char *path, float bias, const float *share,
+                            const float *mem)
 {
 	enum { R = 2, M = 2 };
 	static float P[R * 32], W1[M * (R + 1)], b1[M], W2[2 * M], b2[2];
 	static const float keep[1] = {0.5f};
 	b2[0] = b2[1] = bias;
-	struct weights_tensor t[12];
+	struct weights_tensor t[13];
 	char names[10][40];
 	for (int l = 0; l < 2; l++) {
 		const struct {
@@ -600,8 +604,16 @@ static void write_kvpop_sh(const char *path, float bias, const float *share)
 		t[n++] = (struct weights_tensor){"kvpop.share_keep", 1,
 		                                 {1, 0, 0, 0}, keep};
 	}
+	if (mem)
+		t[n++] = (struct weights_tensor){"kvpop.memory", 2, {2, 3, 0, 0},
+		                                 mem};
 	char err[256];
 	T_OK(weights_write(path, t, n, err, sizeof(err)));
+}
+
+static void write_kvpop_sh(const char *path, float bias, const float *share)
+{
+	write_kvpop_shm(path, bias, share, NULL);
 }
 
 static void write_kvpop(const char *path, float bias)
@@ -735,6 +747,42 @@ TEST(daemon, kvpop_budget_shares_hold)
 			T_OK(kvt_list_get(c, seq, l, h, &li));
 			T_EQ(li.len, want[l][h]);
 		}
+	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
+	kvt_disconnect(c);
+	T_EQ(th_daemon_stop(&d), 0);
+}
+
+/*
+ * memory=learned through a real daemon (on the cuda backend its device
+ * rule says no, so the tenant decides on the host): weights without
+ * kvpop.memory are refused at registration with the reason and nothing
+ * registered; with it, tokens=6, delay=1, sinks=0, no window and the
+ * readout w_s 1, w_f 0 (the scores alone, which tie), every list keeps
+ * the newest six of ten positions, and the state checks out.
+ */
+TEST(daemon, kvpop_learned_memory_runs_and_refuses)
+{
+	struct th_daemon d;
+	kvt_client *c;
+	kvt_seq seq;
+	char err[KVT_ERRTEXT_MAX], path[512], spec[700];
+	snprintf(path, sizeof(path), "%s/kvpop-lm.safetensors", th_tmpdir());
+	write_kvpop(path, 1.0f);
+	th_daemon_start(&d, "16M", NULL);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,sinks=0,"
+	         "window=0,memory=learned", path);
+	struct kvt_config cfg = th_small_cfg(&d, "recaller", spec);
+	cfg.stage_tokens = 8;
+	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPOLICY);
+	T_ASSERT(strstr(err, "kvpop.memory"));
+	const float mem[6] = {16, 1, 0, 64, 1, 0};
+	write_kvpop_shm(path, 1.0f, NULL, mem);
+	T_OK(kvt_connect(&cfg, &c, err));
+	T_OK(kvt_seq_open(c, &seq));
+	for (uint32_t pos = 0; pos < 10; pos++)
+		kvpop_token(c, seq, pos);
+	const uint32_t want[6] = {4, 5, 6, 7, 8, 9};
+	T_ASSERT(kvpop_holds(c, seq, want, 6));
 	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
 	kvt_disconnect(c);
 	T_EQ(th_daemon_stop(&d), 0);
