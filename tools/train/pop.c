@@ -234,7 +234,8 @@ int pop_shares(const float *const *pred, uint32_t L, size_t n,
 	return 0;
 }
 
-/* c of a memory with decay beta once age - D queries are read. */
+/* c of a memory with decay beta once age - D queries are read (the ages
+ * are above the delay: recipe.h). */
 static double mem_count(double beta, uint32_t age, uint32_t D)
 {
 	return (1.0 - pow(beta, (double)(age - D))) / (1.0 - beta);
@@ -275,8 +276,10 @@ static int solve(double A[3][3], double *b, uint32_t k, double *x)
 	return 0;
 }
 
-/* Walks the samples of n rows with a target: for each calls fn with the
- * regressors z = [1, s, f_j] and the target y. */
+/* What mem_walk sums over the samples (row, KV head, age) that have a
+ * target: the normal equations of the regressors z = [1, s, f_j] (the
+ * first k of them) against y = ln(target + 1e-6), or, given theta, the
+ * residuals' and the targets' sums for R^2. */
 struct mem_acc {
 	uint32_t k;          /* regressors used: 2 (s alone) or 3 */
 	const double *theta; /* NULL: accumulate the normal equations */
