@@ -639,6 +639,18 @@ static void kvpop_token(kvt_client *c, kvt_seq seq, uint32_t pos)
 	T_OK(kvt_sync(c, &it, 1));
 }
 
+/* A client of tenant name under spec, staging 8 tokens a sync, and one
+ * sequence open. */
+static void kvpop_open(struct th_daemon *d, const char *name,
+                       const char *spec, kvt_client **c, kvt_seq *seq)
+{
+	char err[KVT_ERRTEXT_MAX];
+	struct kvt_config cfg = th_small_cfg(d, name, spec);
+	cfg.stage_tokens = 8;
+	T_OK(kvt_connect(&cfg, c, err));
+	T_OK(kvt_seq_open(*c, seq));
+}
+
 /* Whether every list of seq holds exactly the positions want [n] (read
  * from K[0] of its entries, any order). */
 static int kvpop_holds(kvt_client *c, kvt_seq seq, const uint32_t *want,
@@ -687,10 +699,7 @@ TEST(reload, sighup_reaches_kvpop_weights_on_either_backend)
 	/* the scorer alone (no window, no memory): the weights decide */
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,sinks=0,"
 	         "window=0,memory=0", path);
-	struct kvt_config cfg = th_small_cfg(&d, "popper", spec);
-	cfg.stage_tokens = 8;
-	T_OK(kvt_connect(&cfg, &c, err));
-	T_OK(kvt_seq_open(c, &seq));
+	kvpop_open(&d, "popper", spec, &c, &seq);
 	uint32_t pos = 0;
 	for (; pos < 10; pos++)
 		kvpop_token(c, seq, pos);
@@ -734,10 +743,7 @@ TEST(daemon, kvpop_budget_shares_hold)
 	th_daemon_start(&d, "16M", NULL);
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=10,delay=1,"
 	         "sinks=0,window=0", path);
-	struct kvt_config cfg = th_small_cfg(&d, "sharer", spec);
-	cfg.stage_tokens = 8;
-	T_OK(kvt_connect(&cfg, &c, err));
-	T_OK(kvt_seq_open(c, &seq));
+	kvpop_open(&d, "sharer", spec, &c, &seq);
 	for (uint32_t pos = 0; pos < 20; pos++)
 		kvpop_token(c, seq, pos);
 	const uint32_t want[2][2] = {{15, 5}, {10, 10}};
@@ -772,13 +778,11 @@ TEST(daemon, kvpop_learned_memory_runs_and_refuses)
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,sinks=0,"
 	         "window=0,memory=learned", path);
 	struct kvt_config cfg = th_small_cfg(&d, "recaller", spec);
-	cfg.stage_tokens = 8;
 	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPOLICY);
 	T_ASSERT(strstr(err, "kvpop.memory"));
 	const float mem[6] = {16, 1, 0, 64, 1, 0};
 	write_kvpop_shm(path, 1.0f, NULL, mem);
-	T_OK(kvt_connect(&cfg, &c, err));
-	T_OK(kvt_seq_open(c, &seq));
+	kvpop_open(&d, "recaller", spec, &c, &seq);
 	for (uint32_t pos = 0; pos < 10; pos++)
 		kvpop_token(c, seq, pos);
 	const uint32_t want[6] = {4, 5, 6, 7, 8, 9};
