@@ -71,19 +71,15 @@ struct kvpop {
 	const float *keep; /* [n_f], decreasing in (0, 1): the weights' */
 	float *share;  /* [n_f][n_layers][n_kv_heads], mean 1 per fraction */
 	/* memory=learned: the weights' kvpop.memory [n_layers][3] (decay in
-	 * tokens, the readout's w_s and w_f) and each layer's decay a query,
-	 * exp(-1 / decay) [n_layers] */
+	 * tokens, the readout's w_s and w_f); NULL otherwise */
 	const float *mem;
-	float *mbeta;
 };
 
 static void kvpop_fini(struct policy *p)
 {
 	struct kvpop *k = p->priv;
-	if (k) {
+	if (k)
 		free(k->share);
-		free(k->mbeta);
-	}
 	learned_fini(p);
 }
 
@@ -249,7 +245,7 @@ static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
 
 /*
  * memory=learned: the weights' kvpop.memory [n_layers][3], checked (a
- * decay >= 1 token, finite weights), and each layer's decay a query.
+ * decay >= 1 token; the loader has refused values that are not finite).
  */
 static int kvpop_memory(struct policy *p, char *err, size_t errlen)
 {
@@ -271,21 +267,13 @@ static int kvpop_memory(struct policy *p, char *err, size_t errlen)
 	if (!(k->mem = learned_get(p, k->lp.w, err, errlen, 2, shape,
 	                           "kvpop.memory")))
 		return KVT_EPOLICY;
-	for (uint32_t l = 0; l < L; l++) {
-		const float *m = k->mem + 3 * l;
-		if (!(m[0] >= 1.0f && isfinite(m[0]) && isfinite(m[1]) &&
-		      isfinite(m[2]))) {
-			snprintf(err, errlen, "kvpop: %s: kvpop.memory[%u] = "
-			         "{%g, %g, %g}: the decay must be >= 1 token "
-			         "and the readout finite", p->args.model, l,
-			         (double)m[0], (double)m[1], (double)m[2]);
+	for (uint32_t l = 0; l < L; l++)
+		if (!(k->mem[3 * l] >= 1.0f)) {
+			snprintf(err, errlen, "kvpop: %s: kvpop.memory[%u]'s "
+			         "decay is %g: it must be >= 1 token",
+			         p->args.model, l, (double)k->mem[3 * l]);
 			return KVT_EPOLICY;
 		}
-	}
-	if (!(k->mbeta = malloc(sizeof(float) * L)))
-		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
-	for (uint32_t l = 0; l < L; l++)
-		k->mbeta[l] = expf(-1.0f / k->mem[3 * l]);
 	return 0;
 }
 
@@ -391,8 +379,8 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 	}
 	int due = policy_due(p, l);
 	const uint32_t ef = p->entry_floats, T = p->args.memory;
-	const float *lm = k->mbeta ? k->mem + 3 * l->layer : NULL;
-	const float beta = lm ? k->mbeta[l->layer] : k->beta,
+	const float *lm = k->mem ? k->mem + 3 * l->layer : NULL;
+	const float beta = lm ? expf(-1.0f / lm[0]) : k->beta,
 	            K = (float)p->args.trust;
 	for (uint32_t g = 0; g < nkv; g++) {
 		struct policy_head *h = &l->heads[g];

@@ -14,7 +14,6 @@
 #include "dtype.h"
 #include "fit.h"
 #include "pop.h"
-#include "recipe.h"
 
 static int set_alloc(struct collect_set *s, uint32_t L, size_t n, uint32_t d,
                      uint32_t nkv, int mem)
@@ -196,20 +195,20 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 	/* the learned memory's (pop.h): per age, the target (the most a
 	 * head of the group is paid over the horizon), then the decayed
 	 * means over the queries since the delay */
-	static const uint32_t ages[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES,
-	                      decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
 	const size_t per = (size_t)L * nkv * g->npw;
 	win->n_win = 1 + POP_MEM_FEATS;
 	for (uint32_t k = 0; k < POP_MEM_AGES; k++) {
 		win->win[1 + POP_MEM_FEAT(k, 0)] = (struct oracle_win){
-			ages[k], ages[k] + RECIPE_KVPOP_MEM_HORIZON, 0,
+			pop_mem_age(k),
+			pop_mem_age(k) + RECIPE_KVPOP_MEM_HORIZON, 0,
 			wk->wm + POP_MEM_FEAT(k, 0) * per, 0.0f};
 		for (uint32_t e = 0; e < POP_MEM_DECAYS; e++)
 			win->win[1 + POP_MEM_FEAT(k, 1 + e)] =
 				(struct oracle_win){
-					g->D, ages[k], 1,
+					g->D, pop_mem_age(k), 1,
 					wk->wm + POP_MEM_FEAT(k, 1 + e) * per,
-					expf(-1.0f / (float)decs[e])};
+					expf(-1.0f /
+					     (float)pop_mem_decay(e))};
 	}
 	win->xs = wk->xs;
 	win->xs_rows = g->W;
@@ -264,7 +263,7 @@ static int one_window(struct job *j, struct work *wk, uint32_t w,
 				/* a target whose queries run past the window
 				 * is cut short: none */
 				for (uint32_t a = 0; a < POP_MEM_AGES; a++)
-					if ((uint64_t)i + ages[a] +
+					if ((uint64_t)i + pop_mem_age(a) +
 					    RECIPE_KVPOP_MEM_HORIZON > g->W - 1)
 						f[POP_MEM_FEAT(a, 0)] = NAN;
 			}

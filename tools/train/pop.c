@@ -10,7 +10,6 @@
 
 #include "dataset.h"
 #include "kvtrim.h"
-#include "recipe.h"
 
 size_t pop_count(const struct pop_params *p)
 {
@@ -291,11 +290,9 @@ struct mem_acc {
 static void mem_walk(const float *S, const float *M, size_t n, uint32_t nkv,
                      uint32_t D, uint32_t j, struct mem_acc *a)
 {
-	static const uint32_t ages[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES,
-	                      decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
-	const double beta = exp(-1.0 / (double)decs[j]);
+	const double beta = exp(-1.0 / (double)pop_mem_decay(j));
 	for (uint32_t k = 0; k < POP_MEM_AGES; k++) {
-		const double c = mem_count(beta, ages[k], D);
+		const double c = mem_count(beta, pop_mem_age(k), D);
 		for (size_t i = 0; i < n; i++)
 			for (uint32_t g = 0; g < nkv; g++) {
 				const float *f = M + (i * nkv + g) * POP_MEM_FEATS;
@@ -327,7 +324,8 @@ static void mem_walk(const float *S, const float *M, size_t n, uint32_t nkv,
 }
 
 /* Fits [1, s] (k = 2) or [1, s, f_j] (k = 3) on the training rows into
- * theta and returns its held-out R^2 (NaN when it cannot be fitted). */
+ * theta and returns its held-out R^2 (NaN when it cannot be fitted); the
+ * samples fitted and scored into *nt, *nh when not NULL. */
 static double mem_fit_one(const float *S_tr, const float *M_tr, size_t n_tr,
                           const float *S_ho, const float *M_ho, size_t n_ho,
                           uint32_t nkv, uint32_t D, uint32_t j, uint32_t k,
@@ -335,13 +333,15 @@ static double mem_fit_one(const float *S_tr, const float *M_tr, size_t n_tr,
 {
 	struct mem_acc a = {.k = k};
 	mem_walk(S_tr, M_tr, n_tr, nkv, D, j, &a);
-	*nt = a.n;
+	if (nt)
+		*nt = a.n;
 	theta[2] = 0.0;
 	if (!a.n || solve(a.A, a.b, k, theta))
 		return NAN;
 	struct mem_acc h = {.k = k, .theta = theta};
 	mem_walk(S_ho, M_ho, n_ho, nkv, D, j, &h);
-	*nh = h.n;
+	if (nh)
+		*nh = h.n;
 	if (!h.n)
 		return NAN;
 	const double sst = h.syy - h.sy * h.sy / (double)h.n;
@@ -352,24 +352,22 @@ void pop_mem_fit(const float *S_tr, const float *M_tr, size_t n_tr,
                  const float *S_ho, const float *M_ho, size_t n_ho,
                  uint32_t n_kv, uint32_t D, struct pop_mem *out)
 {
-	static const uint32_t decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
 	double th[3];
 	memset(out, 0, sizeof(*out));
 	out->r2_s = mem_fit_one(S_tr, M_tr, n_tr, S_ho, M_ho, n_ho, n_kv, D,
 	                        0, 2, th, &out->n_tr, &out->n_ho);
 	/* s alone: the memory's weight 0, the decay the first (also when
 	 * nothing could be fitted: windows too short for the ages) */
-	out->decay = (float)decs[0];
+	out->decay = (float)pop_mem_decay(0);
 	out->w_s = out->r2_s == out->r2_s ? (float)th[1] : 1.0f;
 	out->w_f = 0.0f;
 	out->r2_mem = NAN;
 	for (uint32_t j = 0; j < POP_MEM_DECAYS; j++) {
-		size_t nt, nh;
 		double r2 = mem_fit_one(S_tr, M_tr, n_tr, S_ho, M_ho, n_ho,
-		                        n_kv, D, j, 3, th, &nt, &nh);
+		                        n_kv, D, j, 3, th, NULL, NULL);
 		/* the first finite fit, then any better one */
 		if (r2 == r2 && !(r2 <= out->r2_mem)) {
-			out->decay = (float)decs[j];
+			out->decay = (float)pop_mem_decay(j);
 			out->w_s = (float)th[1];
 			out->w_f = (float)th[2];
 			out->r2_mem = r2;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "fit.h"
+#include "recipe.h"
 
 #define POP_FEAT_EPS 1e-6f   /* as kvpop.c's KVPOP_EPS */
 
@@ -73,6 +74,19 @@ int pop_shares(const float *const *pred /* [L] */, uint32_t L, size_t n,
 #define POP_MEM_DECAYS 2u
 #define POP_MEM_FEATS (POP_MEM_AGES * (1u + POP_MEM_DECAYS))
 #define POP_MEM_FEAT(k, f) ((k) * (1u + POP_MEM_DECAYS) + (f))
+
+/* Age k (< POP_MEM_AGES) and decay j (< POP_MEM_DECAYS, in tokens) of
+ * recipe.h's lists. */
+static inline uint32_t pop_mem_age(uint32_t k)
+{
+	static const uint32_t a[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES;
+	return a[k];
+}
+static inline uint32_t pop_mem_decay(uint32_t j)
+{
+	static const uint32_t d[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
+	return d[j];
+}
 
 struct pop_mem {
 	float decay;          /* tokens: beta = exp(-1 / decay) */

@@ -17,7 +17,6 @@
 #include "gate.h"
 #include "kernels.h"
 #include "pop.h"
-#include "recipe.h"
 #include "test.h"
 
 #define T_NEAR(a, b, tol)                                                      \
@@ -115,8 +114,6 @@ TEST(train, pop_shares_hand)
  * better than s alone; with every target cut, s alone (1, 0). */
 TEST(train, pop_mem_fit_finds_the_law)
 {
-	static const uint32_t ages[POP_MEM_AGES] = RECIPE_KVPOP_MEM_AGES,
-	                      decs[POP_MEM_DECAYS] = RECIPE_KVPOP_MEM_DECAYS;
 	enum { N = 200, NH = 100 };
 	const uint32_t D = RECIPE_KVPOP_DELAY;
 	float *S = malloc(sizeof(float) * (N + NH)),
@@ -126,8 +123,8 @@ TEST(train, pop_mem_fit_finds_the_law)
 		S[i] = (float)(dataset_rng(&st) % 1000) / 100.0f - 5.0f;
 		float *f = M + (size_t)i * POP_MEM_FEATS;
 		for (uint32_t k = 0; k < POP_MEM_AGES; k++) {
-			double c = 0, b = exp(-1.0 / decs[1]);
-			for (uint32_t q = 0; q < ages[k] - D; q++)
+			double c = 0, b = exp(-1.0 / pop_mem_decay(1));
+			for (uint32_t q = 0; q < pop_mem_age(k) - D; q++)
 				c += pow(b, q);
 			const double mean = (double)(1 + dataset_rng(&st) % 500) /
 			                    1000.0;
@@ -143,7 +140,7 @@ TEST(train, pop_mem_fit_finds_the_law)
 	struct pop_mem pm;
 	pop_mem_fit(S, M, N, S + N, M + (size_t)N * POP_MEM_FEATS, NH, 1, D,
 	            &pm);
-	T_NEAR(pm.decay, decs[1], 0);
+	T_NEAR(pm.decay, pop_mem_decay(1), 0);
 	T_NEAR(pm.w_s, 0.5, 1e-3);
 	T_NEAR(pm.w_f, 1.5, 1e-3);
 	T_NEAR(pm.r2_mem, 1.0, 1e-4);
