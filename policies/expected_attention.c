@@ -376,6 +376,6 @@ const struct policy_ops expected_attention_ops = {
 	.decide = ea_decide,
 	.decides = ea_decides,
 	.prompt = &ea_window_rule,
-	.eval = {"expected_attention:ratio=%.4f",
+	.eval = {"expected_attention:%s",
 	         POLICY_EVAL_CONTEXT},
 };

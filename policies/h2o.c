@@ -237,7 +237,7 @@ const struct policy_ops h2o_ops = {
 	.init = h2o_init,
 	.decide = h2o_decide,
 	.device = &h2o_device,
-	.eval = {"h2o:ratio=%.4f",
+	.eval = {"h2o:%s",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
 	         POLICY_EVAL_DECODING},
 };
@@ -252,6 +252,6 @@ const struct policy_ops observed_attention_ops = {
 	.init = observed_init,
 	.decide = h2o_decide,
 	.device = &h2o_device,
-	.eval = {"observed_attention:ratio=%.4f",
+	.eval = {"observed_attention:%s",
 	         POLICY_EVAL_CONTEXT | POLICY_EVAL_DECODING},
 };

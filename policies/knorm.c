@@ -151,6 +151,6 @@ const struct policy_ops knorm_ops = {
 	.decide = knorm_decide,
 	.device = &knorm_device,
 	.new_key_norms = 1,
-	.eval = {"knorm:ratio=%.4f",
+	.eval = {"knorm:%s",
 	         POLICY_EVAL_CONTEXT | POLICY_EVAL_DECODING},
 };

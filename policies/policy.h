@@ -364,8 +364,9 @@ enum policy_eval_in {
 
 /* How kvtrim-eval sweeps a policy over its target ratios. */
 struct policy_eval {
-	/* the spec at a ratio, one %.4f for it; NULL: the evaluation makes
-	 * the policy's jobs itself (full; the learned policies, whose
+	/* the spec with one %s where the budget goes ("ratio=R" or
+	 * "tokens=B": every policy here takes both); NULL: the evaluation
+	 * makes the policy's jobs itself (full; the learned policies, whose
 	 * weights and thresholds come from the run) */
 	const char *spec;
 	unsigned in; /* enum policy_eval_in bits: the programs that run it */

@@ -91,6 +91,6 @@ const struct policy_ops pyramidkv_ops = {
 	.decide = pyramidkv_decide,
 	.decides = snapkv_decides,
 	.prompt = &pyramidkv_window_rule,
-	.eval = {"pyramidkv:ratio=%.4f,window=16,kernel=5",
+	.eval = {"pyramidkv:%s,window=16,kernel=5",
 	         POLICY_EVAL_CONTEXT},
 };

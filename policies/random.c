@@ -131,7 +131,7 @@ const struct policy_ops random_ops = {
 	.init = random_init,
 	.decide = random_decide,
 	.device = &random_device,
-	.eval = {"random:ratio=%.4f,seed=1",
+	.eval = {"random:%s,seed=1",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
 	         POLICY_EVAL_DECODING},
 };

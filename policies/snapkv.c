@@ -237,6 +237,6 @@ const struct policy_ops snapkv_ops = {
 	.decide = snapkv_decide,
 	.decides = snapkv_decides,
 	.prompt = &snapkv_window_rule,
-	.eval = {"snapkv:ratio=%.4f,window=16,kernel=5",
+	.eval = {"snapkv:%s,window=16,kernel=5",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT},
 };

@@ -175,7 +175,7 @@ const struct policy_ops streaming_ops = {
 	.init = streaming_init,
 	.decide = streaming_decide,
 	.device = &streaming_device,
-	.eval = {"streaming:ratio=%.4f,sinks=4",
+	.eval = {"streaming:%s,sinks=4",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
 	         POLICY_EVAL_DECODING},
 };

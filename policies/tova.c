@@ -246,7 +246,7 @@ const struct policy_ops tova_ops = {
 	.init = tova_init,
 	.decide = tova_decide,
 	.device = &tova_device,
-	.eval = {"tova:ratio=%.4f",
+	.eval = {"tova:%s",
 	         POLICY_EVAL_BYTES | POLICY_EVAL_CONTEXT |
 	         POLICY_EVAL_DECODING},
 };

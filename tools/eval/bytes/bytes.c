@@ -171,13 +171,13 @@ static void make_jobs(struct bytes_run *b)
 	char s[KVT_SPEC_MAX], sc[KVT_SPEC_MAX], sn[KVT_SPEC_MAX];
 	for (uint32_t k = 0; k < nrat; k++) {
 		double R = ratios[k];
-		eval_add_ratio_jobs(jobs, nj, b->M, POLICY_EVAL_BYTES, R, R);
+		eval_add_budget_jobs(jobs, nj, b->M, POLICY_EVAL_BYTES, R, R, 0);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, nj, b->M, a->wabs, v, zs[v],
 				                 ncal, T, P, -1, R);
 		if (a->wabs[0]) {
-			eval_add_fastkvzip(jobs, nj, a->wabs, R, R, 16);
+			eval_add_fastkvzip(jobs, nj, a->wabs, R, R, 0, 16);
 			eval_kvpop_spec(s, sizeof(s), a->wabs,
 			                decoding_budget(R, P, T));
 			eval_kvpop_spec(sc, sizeof(sc), a->wabs,

@@ -121,7 +121,7 @@ static int evict_oracle(const struct model *M, struct replay *r,
 {
 	const size_t T = c->T, H = M->cfg.n_heads;
 	uint32_t n = replay_pos(r);
-	return score_oracle_evict(M, r, R, n < T ? suf + (size_t)n * T : NULL,
+	return score_oracle_evict(M, r, R, 0, n < T ? suf + (size_t)n * T : NULL,
 	                        H * T * T, T * T);
 }
 

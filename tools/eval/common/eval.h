@@ -118,16 +118,18 @@ void eval_on_signal(int sig);
 struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
                          double R, enum jkind kind, const char *spec,
                          const char *spec_copy, const char *spec_needle);
-/* A job of target R, asked for the ratio Rs, per policy of the registry
- * (policies/policy.c) that program `in` (enum policy_eval_in) sweeps over
- * ratios: its policy_ops.eval.spec at Rs, with the model's RoPE base for
+/* A job of target R per policy of the registry (policies/policy.c) that
+ * program `in` (enum policy_eval_in) sweeps over budgets: its
+ * policy_ops.eval.spec asked for the ratio Rs, or for a fixed budget of
+ * `tokens` entries a list when tokens > 0, with the model's RoPE base for
  * a policy that takes one (theta). */
-void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
-                         unsigned in, double R, double Rs);
+void eval_add_budget_jobs(struct job *jobs, uint32_t *n, const struct model *M,
+                          unsigned in, double R, double Rs, uint32_t tokens);
 /* The fastkvzip job of the weights in wabs at target R, asked for the
- * ratio Rs, deciding every `every` syncs. */
+ * ratio Rs (or a fixed budget of tokens a list when tokens > 0),
+ * deciding every `every` syncs. */
 void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
-                        double R, double Rs, uint32_t every);
+                        double R, double Rs, uint32_t tokens, uint32_t every);
 /* kvpop's spec with the weights in wabs and a budget of tokens a list on
  * average (delay RECIPE_KVPOP_DELAY, 4 sinks, and its defaults named:
  * window min(RECIPE_KVPOP_WINDOW, tokens / 2), no memory, trust 0). */
@@ -156,12 +158,14 @@ void score_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
 int score_kvzip_drop(const float *scores, uint32_t nl, uint32_t P, double R,
                      uint8_t *drop);
 /* The hindsight oracle's eviction after a sync of n = replay_pos(r)
- * tokens: per (layer, KV head) the n - floor(R n) live entries with the
+ * tokens: per (layer, KV head) the n - floor(R n) live entries (tokens >
+ * 0: min(tokens, n), R unread) with the
  * best score, the max over the group's query heads h of
  * s[l * sl + h * sh + i] (entry i; s NULL: every score 0; ties as
  * select_topk_cpu), are kept, the others die.  KVT_ENOMEM. */
 int score_oracle_evict(const struct model *M, struct replay *r, double R,
-                       const float *s, size_t sl, size_t sh);
+                       uint32_t tokens, const float *s, size_t sl,
+                       size_t sh);
 
 /* ---- kvzap.c */
 /* A kvzap scorer (linear or MLP, kvpress checkpoint dir) for sequences of

@@ -33,9 +33,14 @@ struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
 	return j;
 }
 
-void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
-                         unsigned in, double R, double Rs)
+void eval_add_budget_jobs(struct job *jobs, uint32_t *n, const struct model *M,
+                          unsigned in, double R, double Rs, uint32_t tokens)
 {
+	char b[48];
+	if (tokens)
+		snprintf(b, sizeof(b), "tokens=%u", tokens);
+	else
+		snprintf(b, sizeof(b), "ratio=%.4f", Rs);
 	const float theta = M->cfg.rope_theta ? M->cfg.rope_theta
 	                                      : MODEL_ROPE_THETA;
 	for (size_t i = 0; i < policy_count(); i++) {
@@ -43,7 +48,7 @@ void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
 		if (!ops->eval.spec || !(ops->eval.in & in))
 			continue;
 		char s[KVT_SPEC_MAX];
-		int k = snprintf(s, sizeof(s), ops->eval.spec, Rs);
+		int k = snprintf(s, sizeof(s), ops->eval.spec, b);
 		/* the daemon is not told the model's RoPE base */
 		if (ops->keys & POLICY_KEY_THETA && k > 0 &&
 		    (size_t)k < sizeof(s))
@@ -54,11 +59,15 @@ void eval_add_ratio_jobs(struct job *jobs, uint32_t *n, const struct model *M,
 }
 
 void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
-                        double R, double Rs, uint32_t every)
+                        double R, double Rs, uint32_t tokens, uint32_t every)
 {
-	char s[KVT_SPEC_MAX];
+	char s[KVT_SPEC_MAX], b[48];
+	if (tokens)
+		snprintf(b, sizeof(b), "tokens=%u", tokens);
+	else
+		snprintf(b, sizeof(b), "ratio=%.4f", Rs);
 	snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
-	         "ratio=%.4f,window=16,sinks=4,every=%u", wabs, Rs, every);
+	         "%s,window=16,sinks=4,every=%u", wabs, b, every);
 	eval_add_job(jobs, n, "fastkvzip", R, J_DAEMON, s, NULL, NULL);
 }
 

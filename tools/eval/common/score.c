@@ -44,11 +44,13 @@ void score_compare(const float *rf, const float *lg, uint32_t V, int32_t y,
 }
 
 int score_oracle_evict(const struct model *M, struct replay *r, double R,
-                     const float *s, size_t sl, size_t sh)
+                       uint32_t tokens, const float *s, size_t sl,
+                       size_t sh)
 {
 	const struct model_config *mc = &M->cfg;
 	uint32_t n = replay_pos(r);
-	uint32_t B = n - (uint32_t)floor(R * n);
+	uint32_t B = tokens ? (tokens < n ? tokens : n)
+	                    : n - (uint32_t)floor(R * n);
 	float *sc = malloc(sizeof(float) * n);
 	uint32_t *rank = malloc(sizeof(uint32_t) * n),
 	         *idx = malloc(sizeof(uint32_t) * n),

@@ -309,7 +309,7 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 	for (uint32_t q = 0; q < nrat; q++) {
 		double R = ratios[q];
 		uint32_t B = P - (uint32_t)floor(R * P);
-		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_CONTEXT, R, R);
+		eval_add_budget_jobs(jobs, &njobs, M, POLICY_EVAL_CONTEXT, R, R, 0);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
@@ -319,7 +319,7 @@ static uint32_t make_jobs(void *arg, uint32_t P, struct job *jobs)
 			ctx_add_fastkvzip_global(jobs, &njobs, M, a->wabs, in->gs,
 			                         ncal, in->calP, R);
 		if (have_w) {
-			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, R, 16);
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, R, 0, 16);
 			eval_kvpop_spec(s, sizeof(s), a->wabs, B);
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);

@@ -161,7 +161,8 @@ static void write_png(const char *dir, struct row *rows, size_t nr,
 uint32_t decoding_jobs(const struct model *M, const struct eval_opts *a,
                        float *const zs[2], uint32_t ncal, uint32_t P,
                        uint32_t T, const double *ratios, uint32_t nrat,
-                       int lo_down, uint32_t nsweep, struct job *jobs)
+                       int lo_down, int fixed, uint32_t nsweep,
+                       struct job *jobs)
 {
 	char s[KVT_SPEC_MAX];
 	uint32_t njobs = 0;
@@ -176,8 +177,13 @@ uint32_t decoding_jobs(const struct model *M, const struct eval_opts *a,
 		const int up = q > 0 || !lo_down;
 		double R = ratios[q],
 		       Rs = up ? R + decoding_inv_seen(P, T) : R;
-		eval_add_ratio_jobs(jobs, &njobs, M, POLICY_EVAL_DECODING, R,
-		                    Rs);
+		/* kvpop's fixed budget: the largest (smallest) whose mean
+		 * achieved ratio reaches (stays under) R; with `fixed`,
+		 * every policy that takes a budget runs at it */
+		const uint32_t B = decoding_tokens(R, P, T, up),
+		               Bf = fixed ? B : 0;
+		eval_add_budget_jobs(jobs, &njobs, M, POLICY_EVAL_DECODING, R,
+		                     Rs, Bf);
 		for (int v = 0; v < 2; v++)
 			if (zs[v])
 				kvzap_add_target(jobs, &njobs, M, a->wabs, v, zs[v],
@@ -186,14 +192,18 @@ uint32_t decoding_jobs(const struct model *M, const struct eval_opts *a,
 			/* deciding at every sync, as every other policy
 			 * here (every=16 would leave up to 15 entries over
 			 * the budget: its curve could not reach R) */
-			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, Rs, 1);
-			eval_kvpop_spec(s, sizeof(s), a->wabs,
-			                decoding_tokens(R, P, T, up));
+			eval_add_fastkvzip(jobs, &njobs, a->wabs, R, Rs, Bf,
+			                   1);
+			eval_kvpop_spec(s, sizeof(s), a->wabs, B);
 			eval_add_job(jobs, &njobs, "kvpop", R, J_DAEMON, s, NULL,
 			             NULL);
 		}
-		snprintf(s, sizeof(s), "oracle:ratio=%.4f (hindsight, in "
-		         "process)", Rs);
+		if (fixed)
+			snprintf(s, sizeof(s), "oracle:tokens=%u (hindsight, "
+			         "in process)", B);
+		else
+			snprintf(s, sizeof(s), "oracle:ratio=%.4f (hindsight, "
+			         "in process)", Rs);
 		eval_add_job(jobs, &njobs, "oracle", R, J_ORACLE, s, NULL,
 		             NULL);
 	}
@@ -264,7 +274,7 @@ int decoding_main(const struct model *M, const struct eval_opts *a)
 	if (!a->tasksonly) {
 		ctx_calibrate(M, tk, a, T, a->quick ? 1 : D2_CAL, zs, NULL,
 		              &ncal);
-		njobs = decoding_jobs(M, a, zs, ncal, P, T, ratios, nrat, 1,
+		njobs = decoding_jobs(M, a, zs, ncal, P, T, ratios, nrat, 1, 0,
 		                      a->quick ? 1 : D2_SWEEP, jobs);
 		if (a->only)
 			njobs = eval_only_jobs(jobs, njobs, a->only);

@@ -79,11 +79,15 @@ double decoding_inv_seen(uint32_t P, uint32_t T);
  * for each target (zs, ncal: ctx_calibrate's at T; NULL: none) and
  * nsweep swept ones, fastkvzip and kvpop (with weights), the oracle.
  * Every target asks for R + mean(1/n) (at least R achieved) but the
- * lowest when lo_down (R: at most R).  Returns their number. */
+ * lowest when lo_down (R: at most R); kvpop runs at the fixed budget
+ * decoding_tokens gives for it, and so, when `fixed`, do the registry's
+ * policies, fastkvzip and the oracle (kvzap's budget is its threshold).
+ * Returns their number. */
 uint32_t decoding_jobs(const struct model *M, const struct eval_opts *a,
                        float *const zs[2], uint32_t ncal, uint32_t P,
                        uint32_t T, const double *ratios, uint32_t nrat,
-                       int lo_down, uint32_t nsweep, struct job *jobs);
+                       int lo_down, int fixed, uint32_t nsweep,
+                       struct job *jobs);
 
 /* decoding.c: kvtrim-eval --protocol 2 for a model with a tokenizer
  * (main.c): the windows (not with --tasks-only), then the decoding-time

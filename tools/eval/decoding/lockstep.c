@@ -260,10 +260,13 @@ static int oracle_step(const struct decoding_set *s, const double *tot,
 		if (!rw->j || rw->w != w || rw->j->kind != J_ORACLE ||
 		    rw->j->failed)
 			continue;
-		/* its budget: spec "oracle:ratio=F", else the job's ratio */
-		const char *rs = strstr(rw->j->spec[C_MAIN], "ratio=");
+		/* its budget: spec "oracle:tokens=B" or "oracle:ratio=F",
+		 * else the job's ratio */
+		const char *sp = rw->j->spec[C_MAIN],
+		           *rs = strstr(sp, "ratio="), *ts = strstr(sp, "tokens=");
 		double R = rs ? strtod(rs + 6, NULL) : rw->j->ratio;
-		int rc = score_oracle_evict(s->M, rw->r, R, sc,
+		uint32_t B = ts ? (uint32_t)strtoul(ts + 7, NULL, 10) : 0;
+		int rc = score_oracle_evict(s->M, rw->r, R, B, sc,
 		                          mc->n_heads * T, T);
 		if (rc)
 			return rc;

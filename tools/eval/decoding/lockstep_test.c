@@ -218,7 +218,7 @@ TEST(eval_decoding, oracle_evicts_by_hand)
 			for (uint32_t i = 0; i < n; i++)
 				s[((size_t)l * H + h) * n + i] =
 					h % 2 ? (i == 0 ? 10.0f : 0.0f) : (float)i;
-	T_OK(score_oracle_evict(&m, r, 0.5, s, (size_t)H * n, n));
+	T_OK(score_oracle_evict(&m, r, 0.5, 0, s, (size_t)H * n, n));
 	for (uint32_t l = 0; l < mc->n_layers; l++)
 		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
 			const uint8_t *al = replay_alive(r, l, g);
@@ -227,8 +227,22 @@ TEST(eval_decoding, oracle_evicts_by_hand)
 		}
 	/* kept entries never come back; no scores: a budget of 2 keeps
 	 * two of the four (the more recent on ties) */
-	T_OK(score_oracle_evict(&m, r, 0.75, NULL, 0, 0));
+	T_OK(score_oracle_evict(&m, r, 0.75, 0, NULL, 0, 0));
 	T_EQ(replay_kept(r), (uint64_t)mc->n_layers * mc->n_kv_heads * 2);
+	replay_close(r);
+	/* a fixed budget of 3 a list (the ratio unread): entry 0 and the
+	 * two highest of 1..7; a budget above n keeps all */
+	T_OK(replay_open(&m, n, &r));
+	T_OK(replay_step(r, tok, n, NULL));
+	T_OK(score_oracle_evict(&m, r, 0.0, 9, s, (size_t)H * n, n));
+	T_EQ(replay_kept(r), (uint64_t)mc->n_layers * mc->n_kv_heads * 8);
+	T_OK(score_oracle_evict(&m, r, 0.0, 3, s, (size_t)H * n, n));
+	for (uint32_t l = 0; l < mc->n_layers; l++)
+		for (uint32_t g = 0; g < mc->n_kv_heads; g++) {
+			const uint8_t *al = replay_alive(r, l, g);
+			static const uint8_t want[8] = {1, 0, 0, 0, 0, 0, 1, 1};
+			T_EQ(memcmp(al, want, 8), 0);
+		}
 	replay_close(r);
 	free(s);
 	model_free(&m);
