@@ -5,8 +5,10 @@
  * (model_dense_*) for the replay cache's attention sums (replay_tap),
  * single-cache steps (replay_step) for a batched step over several caches
  * (replay_attend_row), hand-made scores for the hindsight oracle's
- * eviction (score_oracle_evict), hand sums for kvpop's budget (decoding_budget)
- * and kvzap's decode-protocol threshold with sinks.  The protocol's run
+ * eviction (score_oracle_evict, at a ratio and at a fixed budget), hand
+ * sums for kvpop's budget (decoding_budget), the budgets the jobs are
+ * given (the needle's one fixed budget for all) and kvzap's
+ * decode-protocol threshold with sinks.  The protocol's run
  * through a real kvtrimd is in tests/integration/test_eval_decoding.c.
  */
 #include <math.h>
@@ -44,6 +46,43 @@ TEST(eval_decoding, budget_by_hand)
 	T_EQ(decoding_tokens(0.125, 2, 5, 1), 3);
 	T_EQ(decoding_tokens(0.125, 2, 5, 0), 3);
 	T_EQ(decoding_tokens(0.9, 2, 5, 1), 1);  /* out of reach: 1 */
+}
+
+/* The decoding-time needle's jobs hold every policy that takes a budget
+ * to kvpop's fixed one; protocol 2's give them a ratio.  P = 2, T = 5,
+ * R = 0.5 asked for at least R: the fixed budget is 1 (budget_by_hand),
+ * the ratio 0.5 + 7/24. */
+TEST(eval_decoding, needle_jobs_share_one_fixed_budget)
+{
+	struct model m;
+	gb_tiny_llama(&m, 4);
+	struct eval_opts a;
+	memset(&a, 0, sizeof(a));
+	a.wabs = "/w"; /* fastkvzip's and kvpop's jobs too (nothing read) */
+	float *zs[2] = {NULL, NULL};
+	static struct job jobs[MAX_JOBS];
+	const double R[1] = {0.5};
+	for (int fixed = 0; fixed < 2; fixed++) {
+		uint32_t n = decoding_jobs(&m, &a, zs, 0, 2, 5, R, 1, 0, fixed,
+		                           0, jobs);
+		uint32_t budgeted = 0;
+		for (uint32_t k = 0; k < n; k++) {
+			const char *sp = jobs[k].spec[C_MAIN];
+			if (!strcmp(jobs[k].name, "full"))
+				continue;
+			budgeted++;
+			const int fx = fixed || !strcmp(jobs[k].name, "kvpop");
+			const char *b = strstr(sp, fx ? "tokens=" : "ratio=");
+			T_ASSERT(b);
+			T_ASSERT(fx ? !strncmp(b, "tokens=1", 8) &&
+			              (b[8] == ',' || b[8] == ' ' || !b[8])
+			            : !strncmp(b, "ratio=0.7917", 12));
+			T_ASSERT(!strstr(sp, fx ? "ratio=" : "tokens="));
+		}
+		/* h2o, tova, streaming, ..., fastkvzip, kvpop, the oracle */
+		T_ASSERT(budgeted >= 7);
+	}
+	model_free(&m);
 }
 
 TEST(eval_decoding, kvzap_decode_threshold_with_sinks_by_hand)
