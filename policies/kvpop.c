@@ -10,7 +10,8 @@
  * measured; docs/weights.md the weights).  s is computed at the sync where
  * the query at position i + delay arrives and never again.  Protected: the
  * entries still in their delay, the sinks and the newest window positions
- * (policy_protected; default min(48, tokens / 2)).
+ * (policy_protected; default min(48, 2 tokens / 5): at small budgets
+ * three fifths stay for the shares to hand out, docs/policies.md).
  *
  * The budget: tokens=B a list on average.  Weights with kvpop.share (what
  * kvtrim-train writes) give each (layer, KV head) its share of the free
@@ -55,7 +56,7 @@
 #define KVPOP_DEF_TOKENS 256u
 #define KVPOP_DEF_DELAY 32u
 #define KVPOP_DEF_SINKS 4u
-#define KVPOP_DEF_WINDOW 48u /* at most tokens / 2; docs/policies.md */
+#define KVPOP_DEF_WINDOW 48u /* at most 2 tokens / 5; docs/policies.md */
 #define KVPOP_EPS 1e-6f
 #define KVPOP_SHARES_MAX 16u /* keep fractions in kvpop.share */
 
@@ -287,9 +288,11 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 		a->delay = KVPOP_DEF_DELAY;
 	if (!(a->set & POLICY_KEY_SINKS))
 		a->sinks = KVPOP_DEF_SINKS;
-	if (!(a->set & POLICY_KEY_WINDOW))
-		a->window = a->tokens / 2 < KVPOP_DEF_WINDOW ? a->tokens / 2
-		                                             : KVPOP_DEF_WINDOW;
+	if (!(a->set & POLICY_KEY_WINDOW)) {
+		const uint64_t w = 2 * (uint64_t)a->tokens / 5;
+		a->window = w < KVPOP_DEF_WINDOW ? (uint32_t)w
+		                                 : KVPOP_DEF_WINDOW;
+	}
 	if ((uint64_t)a->delay + g->headroom > (1u << 20)) {
 		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
 		return KVT_EPOLICY;
@@ -618,7 +621,7 @@ const struct policy_ops kvpop_ops = {
 	.help = "KVpop: learned delayed scorer on x + attention received, "
 	        "a fixed total budget shared out among the lists by the "
 	        "weights' learned shares (model=PATH, tokens=256 a list on "
-	        "average, delay=32, sinks=4, window=min(48, tokens/2), "
+	        "average, delay=32, sinks=4, window=min(48, 2 tokens/5), "
 	        "memory=0 (decay tokens of a memory of the attention paid, "
 	        "or learned: the weights' decay and readout), "
 	        "trust=0, every=N)",

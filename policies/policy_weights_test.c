@@ -405,16 +405,21 @@ TEST(policy, kvpop_delayed_scores)
 	const char *w = tmp_path("kvpop.safetensors");
 	kvpop_weights(w, 1.0f, 0.0f, 0);
 	char spec[600];
-	/* the defaults: a window of min(48, half the budget), no memory */
+	/* the defaults: a window of min(48, floor(2/5 of the budget)), no
+	 * memory */
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=7", w);
 	struct fx f;
 	fx_init(&f, spec, 2, 1);
-	T_EQ(f.p->args.window, 3);
+	T_EQ(f.p->args.window, 2);
 	T_EQ(f.p->args.memory, 0);
 	T_EQ(f.p->args.trust, 0);
 	T_EQ(f.p->entry_floats, 2);
 	policy_free(f.p);
 	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=100", w);
+	fx_init(&f, spec, 2, 1);
+	T_EQ(f.p->args.window, 40);
+	policy_free(f.p);
+	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=121", w);
 	fx_init(&f, spec, 2, 1);
 	T_EQ(f.p->args.window, 48);
 	policy_free(f.p);

@@ -75,8 +75,9 @@ void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
 {
 	/* kvpop's defaults for the window and the memory (policies/kvpop.c),
 	 * written out so that the specs files name them */
-	const uint32_t win = tokens / 2 < RECIPE_KVPOP_WINDOW
-	                     ? tokens / 2 : RECIPE_KVPOP_WINDOW;
+	const uint64_t w = 2 * (uint64_t)tokens / 5;
+	const uint32_t win = w < RECIPE_KVPOP_WINDOW ? (uint32_t)w
+	                                             : RECIPE_KVPOP_WINDOW;
 	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
 	         "sinks=4,window=%u,memory=0,trust=0", wabs, tokens,
 	         RECIPE_KVPOP_DELAY, win);
