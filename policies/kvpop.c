@@ -76,6 +76,12 @@ struct kvpop {
 	const float *mem;
 };
 
+uint32_t policy_kvpop_window(uint32_t tokens)
+{
+	const uint64_t w = 2 * (uint64_t)tokens / 5;
+	return w < KVPOP_DEF_WINDOW ? (uint32_t)w : KVPOP_DEF_WINDOW;
+}
+
 static void kvpop_fini(struct policy *p)
 {
 	struct kvpop *k = p->priv;
@@ -288,11 +294,8 @@ static int kvpop_init(struct policy *p, char *err, size_t errlen)
 		a->delay = KVPOP_DEF_DELAY;
 	if (!(a->set & POLICY_KEY_SINKS))
 		a->sinks = KVPOP_DEF_SINKS;
-	if (!(a->set & POLICY_KEY_WINDOW)) {
-		const uint64_t w = 2 * (uint64_t)a->tokens / 5;
-		a->window = w < KVPOP_DEF_WINDOW ? (uint32_t)w
-		                                 : KVPOP_DEF_WINDOW;
-	}
+	if (!(a->set & POLICY_KEY_WINDOW))
+		a->window = policy_kvpop_window(a->tokens);
 	if ((uint64_t)a->delay + g->headroom > (1u << 20)) {
 		snprintf(err, errlen, "kvpop: delay %u is too long", a->delay);
 		return KVT_EPOLICY;

@@ -73,6 +73,11 @@ enum policy_tau {
 	POLICY_TAU_PROB,     /* probability: tau + (1 - tau) * level / 2 */
 };
 
+/* kvpop's default window for a budget of `tokens` a list: min(48,
+ * floor(2 tokens / 5)) (policies/kvpop.c; kvtrim-eval names it in its
+ * specs). */
+uint32_t policy_kvpop_window(uint32_t tokens);
+
 /* memory=learned: kvpop's memory with the decay and readout of its
  * weights (policies/kvpop.c). */
 #define POLICY_MEMORY_LEARNED UINT32_MAX

@@ -9,12 +9,11 @@
 
 #include <stdint.h>
 
-/* KVpop: decision delay d; the recent window kvtrim-eval runs it with
- * (its default, chosen on the held-out split); the keep fractions 1/2, 1/4, ... 1/2^RECIPE_KVPOP_SHARES at
+/* KVpop: decision delay d (its window is the policy's default,
+ * policy_kvpop_window); the keep fractions 1/2, 1/4, ... 1/2^RECIPE_KVPOP_SHARES at
  * which kvtrim-train measures each list's share of the budget
  * (docs/policies.md, kvpop: "The budget"). */
 #define RECIPE_KVPOP_DELAY 16u
-#define RECIPE_KVPOP_WINDOW 48u
 #define RECIPE_KVPOP_SHARES 5u
 /* KVpop's learned memory (docs/policies.md, kvpop: "The learned
  * memory"): its readout is fitted at these entry ages (queries since the

@@ -132,7 +132,7 @@ void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
                         double R, double Rs, uint32_t tokens, uint32_t every);
 /* kvpop's spec with the weights in wabs and a budget of tokens a list on
  * average (delay RECIPE_KVPOP_DELAY, 4 sinks, and its defaults named:
- * window min(RECIPE_KVPOP_WINDOW, 2 tokens / 5), no memory, trust 0). */
+ * window policy_kvpop_window(tokens), no memory, trust 0). */
 void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens);
 /* 1 when name is one of the names of the comma-separated list (whole
  * names: "kvpop" is not in "kvpopx"). */

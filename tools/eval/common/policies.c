@@ -33,14 +33,21 @@ struct job *eval_add_job(struct job *jobs, uint32_t *n, const char *name,
 	return j;
 }
 
+/* The budget clause of a spec: "tokens=B" when tokens > 0, else
+ * "ratio=Rs". */
+static void budget_clause(char *b, size_t len, double Rs, uint32_t tokens)
+{
+	if (tokens)
+		snprintf(b, len, "tokens=%u", tokens);
+	else
+		snprintf(b, len, "ratio=%.4f", Rs);
+}
+
 void eval_add_budget_jobs(struct job *jobs, uint32_t *n, const struct model *M,
                           unsigned in, double R, double Rs, uint32_t tokens)
 {
 	char b[48];
-	if (tokens)
-		snprintf(b, sizeof(b), "tokens=%u", tokens);
-	else
-		snprintf(b, sizeof(b), "ratio=%.4f", Rs);
+	budget_clause(b, sizeof(b), Rs, tokens);
 	const float theta = M->cfg.rope_theta ? M->cfg.rope_theta
 	                                      : MODEL_ROPE_THETA;
 	for (size_t i = 0; i < policy_count(); i++) {
@@ -62,10 +69,7 @@ void eval_add_fastkvzip(struct job *jobs, uint32_t *n, const char *wabs,
                         double R, double Rs, uint32_t tokens, uint32_t every)
 {
 	char s[KVT_SPEC_MAX], b[48];
-	if (tokens)
-		snprintf(b, sizeof(b), "tokens=%u", tokens);
-	else
-		snprintf(b, sizeof(b), "ratio=%.4f", Rs);
+	budget_clause(b, sizeof(b), Rs, tokens);
 	snprintf(s, sizeof(s), "fastkvzip:model=%s/fastkvzip.safetensors,"
 	         "%s,window=16,sinks=4,every=%u", wabs, b, every);
 	eval_add_job(jobs, n, "fastkvzip", R, J_DAEMON, s, NULL, NULL);
@@ -75,9 +79,7 @@ void eval_kvpop_spec(char *s, size_t len, const char *wabs, uint32_t tokens)
 {
 	/* kvpop's defaults for the window and the memory (policies/kvpop.c),
 	 * written out so that the specs files name them */
-	const uint64_t w = 2 * (uint64_t)tokens / 5;
-	const uint32_t win = w < RECIPE_KVPOP_WINDOW ? (uint32_t)w
-	                                             : RECIPE_KVPOP_WINDOW;
+	const uint32_t win = policy_kvpop_window(tokens);
 	snprintf(s, len, "kvpop:model=%s/kvpop.safetensors,tokens=%u,delay=%u,"
 	         "sinks=4,window=%u,memory=0,trust=0", wabs, tokens,
 	         RECIPE_KVPOP_DELAY, win);
