@@ -294,7 +294,8 @@ $(EVAL): $(B)/obj/tools/eval/main.o $(EVALLIB_OBJ) $(TRAINLIB_OBJ) $(ENGINE_OBJ)
 
 # Learned scorers for every model present (build/weights/<model>/), and the
 # quality tables (docs/results/quality.{csv,md,png}, SmolLM2's in
-# docs/results/smollm2/); see scripts/eval.sh.
+# docs/results/smollm2/, from the shipped weights/smollm2/, which
+# weights-check shows `make weights` reproduces); see scripts/eval.sh.
 # weights: the llama2.c models of MODELS_DIR, then SmolLM2 when the model
 # cache holds it (verified by `make models`: the .sha256 stamp; the cache
 # rule of engine/model_files.h), about 25 minutes on two cores
@@ -340,7 +341,7 @@ weights-check: $(TRAIN)
 	echo "weights-check: make weights reproduces weights/smollm2 byte for byte"
 
 eval: models-if-reachable $(TRAIN) $(EVAL) $(DAEMON)
-	B=$(B) MODELS_DIR=$(MODELS_DIR) WEIGHTS_JOBS=$(WEIGHTS_JOBS) sh scripts/eval.sh
+	B=$(B) MODELS_DIR=$(MODELS_DIR) sh scripts/eval.sh
 
 # parity: kvtrim's protocol 1 against kvpress on SmolLM2 (not part of
 # `make test`): scripts/kvpress_venv.sh makes its venv (pinned kvpress,

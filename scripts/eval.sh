@@ -5,8 +5,11 @@
 # and regenerates quality.md / quality.png.  The training fit table is
 # copied beside them as fit-<model>.txt.  Then SmolLM2, when the model
 # cache holds it (verified by `make models`: the .sha256 stamp, the rule of
-# engine/model_files.h): its weights in build/weights/smollm2 (kvtrim-train
-# --jobs WEIGHTS_JOBS, about 17 minutes when missing), kvtrim-eval's
+# engine/model_files.h): the scorers that ship in weights/smollm2/, checked
+# against their SHA256SUMS (`make weights-check` shows that `make weights`
+# trains those bytes; the committed tables name those paths in their
+# specs), or SMOL_WEIGHTS=DIR (kvtrim-train's output, e.g.
+# build/weights/smollm2 after `make weights`); kvtrim-eval's
 # protocol 1 into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt),
 # then its protocol 2 (decoding-time compression, about 30 minutes, then
 # the decoding-time needle, about 45) beside it (protocol2.csv / .md / .png,
@@ -14,7 +17,8 @@
 #
 # Environment: B (build dir, default build), MODELS_DIR (default
 # ../shared/models), OUT (default docs/results), EVAL_ARGS (extra
-# kvtrim-eval arguments, e.g. --quick), WEIGHTS_JOBS (default 2).
+# kvtrim-eval arguments, e.g. --quick),
+# SMOL_WEIGHTS (default weights/smollm2).
 set -eu
 B=${B:-build}
 MODELS_DIR=${MODELS_DIR:-../shared/models}
@@ -41,10 +45,17 @@ for m in bytes2m stories260K; do
 done
 d=${KVTRIM_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrim/models}
 if [ -r "$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then
-	w="$B/weights/smollm2"
-	if [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
-		train --model smollm2 --out "$w" --seed 1 \
-			--jobs "${WEIGHTS_JOBS:-2}"
+	w=${SMOL_WEIGHTS:-weights/smollm2}
+	if [ "$w" = weights/smollm2 ]; then
+		# a tree whose shipped scorers were changed by hand would
+		# otherwise regenerate tables no command can reproduce
+		(cd "$w" && sha256sum --quiet -c SHA256SUMS) || {
+			echo "eval: weights/smollm2 differs from its SHA256SUMS" >&2
+			exit 1
+		}
+	elif [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
+		echo "eval: $w lacks the SmolLM2 scorers (make weights)" >&2
+		exit 1
 	fi
 	mkdir -p "$OUT/smollm2"
 	[ -e "$w/fit.txt" ] && cp "$w/fit.txt" "$OUT/smollm2/fit.txt"
