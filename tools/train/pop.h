@@ -7,7 +7,9 @@
  *   s   = W2[g] . gelu(W1 z + b1) + b2[g]         W1 [m][r+1], W2 [n_kv][m]
  * Target: the entry's log KVzip+ score (the oracle KVzap fits: how much
  * any later query of the context's reconstruction reads it, normalised by
- * its value; docs/policies.md says why not its future attention), MSE, AdamW with a cosine schedule
+ * its value; docs/policies.md says why not its future attention), MSE
+ * (keep-or-drop losses lost to it: docs/policies.md, kvpop, the eighth
+ * round), AdamW with a cosine schedule
  * over epochs, global-norm clipping; samples are (token, KV head) pairs,
  * minibatches of tokens.
  */
