@@ -10,9 +10,10 @@
 # trains those bytes; the committed tables name those paths in their
 # specs), or SMOL_WEIGHTS=DIR (kvtrim-train's output, e.g.
 # build/weights/smollm2 after `make weights`); kvtrim-eval's
-# protocol 1 into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt),
-# then its protocol 2 (decoding-time compression, about 30 minutes, then
-# the decoding-time needle, about 45) beside it (protocol2.csv / .md / .png,
+# protocol 1 (about 20 minutes, then its needle and copy tasks, about 25)
+# into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt),
+# then its protocol 2 (decoding-time compression, about 20 minutes on two
+# cores, then the decoding-time needle, about 22) beside it (protocol2.csv / .md / .png,
 # specs-smollm2-protocol2.txt, needle-decoding.csv / .md).
 #
 # Environment: B (build dir, default build), MODELS_DIR (default
