@@ -6,7 +6,7 @@
 # copied beside them as fit-<model>.txt.  Then SmolLM2, when the model
 # cache holds it (verified by `make models`: the .sha256 stamp, the rule of
 # engine/model_files.h): the scorers that ship in weights/smollm2/, checked
-# against their SHA256SUMS (`make weights-check` shows that `make weights`
+# against their SHA256SUMS (as any directory that has one) (`make weights-check` shows that `make weights`
 # trains those bytes; the committed tables name those paths in their
 # specs), or SMOL_WEIGHTS=DIR (kvtrim-train's output, e.g.
 # build/weights/smollm2 after `make weights`); kvtrim-eval's
@@ -47,11 +47,11 @@ done
 d=${KVTRIM_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtrim/models}
 if [ -r "$d/SmolLM2-135M-Instruct.Q4_1.gguf.sha256" ]; then
 	w=${SMOL_WEIGHTS:-weights/smollm2}
-	if [ "$w" = weights/smollm2 ]; then
-		# a tree whose shipped scorers were changed by hand would
-		# otherwise regenerate tables no command can reproduce
+	if [ -e "$w/SHA256SUMS" ]; then
+		# shipped scorers changed by hand would otherwise regenerate
+		# tables that no command can reproduce
 		(cd "$w" && sha256sum --quiet -c SHA256SUMS) || {
-			echo "eval: weights/smollm2 differs from its SHA256SUMS" >&2
+			echo "eval: $w differs from its SHA256SUMS" >&2
 			exit 1
 		}
 	elif [ ! -e "$w/kvpop.safetensors" ] || [ ! -e "$w/kvzap-mlp/config.json" ]; then
