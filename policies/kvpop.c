@@ -37,8 +37,9 @@
  * runs the same cell with each layer's decay and readout from the
  * weights' kvpop.memory (kvtrim-train fits them to the attention of the
  * next 64 queries): rank w_s s + w_f ln(m / c + 1e-6), with the delay's
- * mean a / delay for m / c before a later query has read the entry; the
- * host rule only (kvpop_supports).
+ * mean a / delay for m / c before a later query has read the entry
+ * (KVPOP_READOUT); the device rule runs it too, the table uploaded after
+ * the layers' tensors (kvpop_upload).
  */
 #include "learned.h"
 
@@ -458,11 +459,8 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 			s[i] = e[1];
 			if (lm) /* the learned readout; before the first
 			         * query after the delay, the delay's mean */
-				s[i] = lm[1] * e[1] +
-				       lm[2] * logf((e[3] > 0.0f
-				                     ? e[2] / e[3]
-				                     : e[0] / (float)(d ? d : 1)) +
-				                    KVPOP_EPS);
+				s[i] = KVPOP_READOUT(lm[1], lm[2], e[1], e[0],
+				                     e[2], e[3], d);
 			else if (T && e[3] > 0.0f)
 				s[i] = KVPOP_BLEND(K, e[1], e[2], e[3]);
 			prot[i] = (uint64_t)h->pos[i] + d >= l->n_seen;
@@ -505,14 +503,19 @@ static void kvpop_shape(const struct policy *p, uint32_t cap,
 	};
 }
 
-/* policy.h: every layer's tensors, in kvpop_rule.h's layout. */
+/* policy.h: every layer's tensors, in kvpop_rule.h's layout, then with
+ * the learned memory its table (struct kvpop_rule's mem): per layer the
+ * decay beta = expf(-1 / T_l), kvpop_decide's, and the readout's w_s and
+ * w_f. */
 static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
                         void *bctx, void **out, char *err, size_t errlen)
 {
 	const struct kvpop *k = p->priv;
-	const uint32_t nkv = p->geom.n_kv_heads, d = p->geom.d_model;
+	const uint32_t nkv = p->geom.n_kv_heads, d = p->geom.d_model,
+	               L = p->geom.n_layers;
 	const uint64_t lf = kvpop_layer_floats(k->r, k->m, d, nkv);
-	const size_t bytes = (size_t)(lf * p->geom.n_layers * sizeof(float));
+	const uint64_t mf = k->mem ? (uint64_t)L * KVPOP_MEM_FLOATS : 0;
+	const size_t bytes = (size_t)((lf * L + mf) * sizeof(float));
 	float *h = malloc(bytes ? bytes : 1);
 	*out = NULL;
 	if (!h)
@@ -532,6 +535,12 @@ static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
 			memcpy(dst, part[i].src, part[i].n * sizeof(float));
 			dst += part[i].n;
 		}
+	}
+	for (uint32_t l = 0; mf && l < L; l++) {
+		float *t = h + lf * L + (uint64_t)l * KVPOP_MEM_FLOATS;
+		t[0] = expf(-1.0f / k->mem[3 * l]);
+		t[1] = k->mem[3 * l + 1];
+		t[2] = k->mem[3 * l + 2];
 	}
 	int rc = o->mem_new(bctx, bytes ? bytes : 4, out);
 	if (!rc && (rc = o->copy(bctx, *out, h, bytes, NULL))) {
@@ -592,6 +601,8 @@ static void kvpop_params(const struct policy *p,
                          const struct policy_dev_bufs *b, void *out)
 {
 	const struct kvpop *k = p->priv;
+	const uint64_t lf = kvpop_layer_floats(k->r, k->m, p->geom.d_model,
+	                                       p->geom.n_kv_heads);
 	*(struct kvpop_rule *)out = (struct kvpop_rule){
 		.state = b->state, .u = b->layers, .weights = b->consts,
 		.cap = b->cap, .rows = b->rows, .d_model = p->geom.d_model,
@@ -600,19 +611,14 @@ static void kvpop_params(const struct policy *p,
 		.memory = p->args.memory,
 		.beta = k->beta, /* kvpop_decide's, so both rules decay alike */
 		.trust = (float)p->args.trust,
+		/* the learned memory's table, after the layers (kvpop_upload) */
+		.mem = k->mem ? (const float *)b->consts + lf * p->geom.n_layers
+		              : NULL,
 	};
-}
-
-/* policy.h: memory=learned has no device rule yet (its per-layer decay
- * and readout are the host rule's): that tenant decides on the host. */
-static int kvpop_supports(const struct policy *p)
-{
-	return p->args.memory != POLICY_MEMORY_LEARNED;
 }
 
 static const struct policy_device_rule kvpop_device = {
 	.name = "kvpop", .version = KVPOP_RULE_VERSION,
-	.supports = kvpop_supports,
 	.params_bytes = sizeof(struct kvpop_rule),
 	.job_bytes = sizeof(struct kvpop_rule_job),
 	.shape = kvpop_shape, .upload = kvpop_upload, .plan = kvpop_plan,

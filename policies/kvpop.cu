@@ -3,15 +3,17 @@
  * (kvpop_rule.h; struct kvt_backend_rule, backend.h): policies/kvpop.c's
  * delayed learned scorer run where the staged rows, the keys, the
  * projections u and the entries' state ([a, s], with a memory [a, s, m,
- * c]) are, so that a sync moves only the drop indices to the host.  The
- * whole call (every job: one list) in at most 13 launches whatever its
- * jobs, kvpop_decide's float operations one for one: the plan (one block), the row checks, u = P x
- * of every projecting job (copy, one grouped GEMM, scatter), the state
- * carried with the bands found, the bands' attention accumulated,
- * kvpop_score where a delay ends, and the due lists' selection, drop
- * indices and compaction (batch_select.cuh).  Bit for bit on the CPU
- * emulator; on a GPU FMA and the math functions round differently.  The
- * steps: docs/cuda.md, "Device ops, step by step".  Scratch:
+ * c]: memory=T's or the learned one's, its decay and readout per layer)
+ * are, so that a sync moves only the drop indices to the host.  The whole
+ * call (every job: one list) in at most 13 launches whatever its jobs,
+ * kvpop_decide's float operations one for one: the plan (one block), the
+ * row checks, u = P x of every projecting job (copy, one grouped GEMM,
+ * scatter), the state carried with the bands found, the bands' attention
+ * accumulated, kvpop_score where a delay ends, and the due lists'
+ * selection, drop indices and compaction (batch_select.cuh).  Bit for bit
+ * on the CPU emulator; on a GPU FMA and the math functions round
+ * differently.  The steps: docs/cuda.md, "Device ops, step by step".
+ * Scratch:
  * bc_win_prepare's, under the context's lock.  Built into
  * libkvtrim-cuda.so (backend/cuda/cuda.mk) and registered in
  * backend_cuda.cu's BC_RULES.  Tests: cuda.backend_kvpop_rule_matches_kvpop,
@@ -247,6 +249,9 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 		for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
 		     e < j.n_band; e += gridDim.x * blockDim.x) {
 			const uint32_t i = bidx[bo + e], kp = pos[i];
+			const float beta = a.mem ? a.mem[(uint64_t)j.layer *
+			                                 KVPOP_MEM_FLOATS]
+			                         : a.beta;
 			const T *key = (const T *)bc_entry_row(pg, r, i);
 			float *ent = S + (uint64_t)i * F;
 			float acc = ent[0], mm = 0.0f, mc = 0.0f;
@@ -269,8 +274,8 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 				if (qp - kp <= a.delay) {
 					acc += v;
 				} else { /* the memory, in query order */
-					mm = a.beta * mm + v;
-					mc = a.beta * mc + 1.0f;
+					mm = beta * mm + v;
+					mc = beta * mc + 1.0f;
 				}
 			}
 			ent[0] = acc;
@@ -282,11 +287,17 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 	}
 }
 
-/* The score an entry e ([a, s] or [a, s, m, c]) is ranked by:
- * kvpop_decide's, s or, with a memory and c > 0, the blend. */
-static __device__ __forceinline__ float bc_pop_rank(const kvpop_rule &a,
-                                                    const float *e)
+/* The score an entry e ([a, s] or [a, s, m, c]) of a list of layer l is
+ * ranked by: kvpop_decide's, s; with the learned memory its layer's
+ * readout; with memory=T and c > 0 the blend. */
+static __device__ __forceinline__ float
+bc_pop_rank(const kvpop_rule &a, uint32_t l, const float *e)
 {
+	if (a.mem) {
+		const float *lm = a.mem + (uint64_t)l * KVPOP_MEM_FLOATS;
+		return KVPOP_READOUT(lm[1], lm[2], e[1], e[0], e[2], e[3],
+		                     a.delay);
+	}
 	if (!a.memory || !(e[3] > 0.0f))
 		return e[1];
 	return KVPOP_BLEND(a.trust, e[1], e[2], e[3]);
@@ -294,13 +305,11 @@ static __device__ __forceinline__ float bc_pop_rank(const kvpop_rule &a,
 
 /* Steps 4 and 5, grid (entries, jobs): the score of the entries whose
  * delay ends in the sync (kvpop_score), then (due: seg[k] the job's place
- * in the flat arrays) score (with a memory and c > 0 the blend (trust s +
- * c ln(KVPOP_HORIZON m / c + 1e-6)) / (trust + c)), rank and protection
- * of every entry; a job
- * whose band was not n_band (bad) protects everything instead and gets
- * count[k] = UINT32_MAX (a due one through bc_bs_select's veto).  The
- * layer's W1 follows its P in a.weights (lf floats a layer): W1 [m][r +
- * 1], b1 [m], W2 [nkv][m], b2 [nkv]. */
+ * in the flat arrays) score (bc_pop_rank), rank and protection of every
+ * entry; a job whose band was not n_band (bad) protects everything
+ * instead and gets count[k] = UINT32_MAX (a due one through
+ * bc_bs_select's veto).  The layer's W1 follows its P in a.weights (lf
+ * floats a layer): W1 [m][r + 1], b1 [m], W2 [nkv][m], b2 [nkv]. */
 __global__ void bc_pop_score(const kvpop_rule a,
                              const kvpop_rule_job *jobs,
                              const uint32_t *seg, uint32_t n, uint32_t nkv,
@@ -356,7 +365,7 @@ __global__ void bc_pop_score(const kvpop_rule a,
 				e[1] = s;
 			}
 			if (at != UINT32_MAX) {
-				sc[at + i] = bc_pop_rank(a, e);
+				sc[at + i] = bc_pop_rank(a, j.layer, e);
 				rank[at + i] = p;
 				prot[at + i] = pd >= j.n_seen || p < a.sinks ||
 				               (a.window &&
@@ -375,14 +384,17 @@ static int bc_pop_check_args(uint32_t n_records, uint32_t n_heads,
 	if (!bc_es_layout_ok(n_heads, nkv, hd, a->state, a->rows) || !a->u ||
 	    !a->weights || !a->r || !a->m || !a->ring ||
 	    a->d_model > a->rows.row_floats ||
-	    (a->memory && !(a->beta > 0.0f && a->beta < 1.0f &&
-	                    a->trust >= 0.0f && isfinite(a->trust)))) {
+	    (a->mem && !a->memory) ||
+	    (a->memory && !a->mem &&
+	     !(a->beta > 0.0f && a->beta < 1.0f && a->trust >= 0.0f &&
+	       isfinite(a->trust)))) {
 		bc_note("kvpop rule: %u query heads on %u KV heads, head_dim "
 		        "%u, r %u, m %u, ring %u, d_model %u, rows of %u "
-		        "floats, memory %u (beta %g, trust %g), or no state, u "
-		        "or weights", n_heads, nkv, hd, a->r, a->m, a->ring,
-		        a->d_model, a->rows.row_floats, a->memory,
-		        (double)a->beta, (double)a->trust);
+		        "floats, memory %u (beta %g, trust %g, %s), or no "
+		        "state, u or weights", n_heads, nkv, hd, a->r, a->m,
+		        a->ring, a->d_model, a->rows.row_floats, a->memory,
+		        (double)a->beta, (double)a->trust,
+		        a->mem ? "learned" : "no learned table");
 		return KVT_EINVAL;
 	}
 	for (uint32_t k = 0; k < n; k++) {

@@ -18,8 +18,9 @@
  * ring * r, position p in row p % ring.  The weights: layer l's tensors,
  * float32, one after the other from weights + l * kvpop_layer_floats(): P
  * [r][d_model], W1 [m][r + 1], b1 [m], W2 [n_kv_heads][m], b2
- * [n_kv_heads].  The rule is policies/kvpop.c's, its operations in its
- * order:
+ * [n_kv_heads]; with the learned memory its table mem (struct kvpop_rule)
+ * follows the last layer's (kvpop_upload).  The rule is policies/kvpop.c's,
+ * its operations in its order:
  *   proj jobs (the first job of a (sequence, layer) with new entries): u
  *     of the new rows = P x by SGEMM (scorer_linear_cpu's call, no bias),
  *     into their ring rows;
@@ -32,7 +33,8 @@
  *     keys); for each query t in order with pos_t > pos_i, v = (sum over
  *     the G query heads j of the list's KV head, in order, of exp(logit -
  *     lse)) / G, and a_i += v when pos_t - pos_i <= delay, else (a
- *     memory) m_i = beta m_i + v, c_i = beta c_i + 1;
+ *     memory) m_i = beta m_i + v, c_i = beta c_i + 1 (beta: the rule's,
+ *     or with the learned memory its layer's in mem);
  *   entries whose delay ends in the sync (n_seen - n_new <= pos + delay <
  *     n_seen): s = W2[g] . gelu(W1 [u; ln(a + 1e-6)] + b1) + b2[g] (exact
  *     erf GELU, kvpop_score's loops);
@@ -40,7 +42,9 @@
  *     window, pos + window >= n_seen; of the others the best keep stay
  *     (ties keep the higher position), ranked by s or, with a memory and
  *     c > 0, by (trust s + c ln(KVPOP_HORIZON m / c + 1e-6)) / (trust +
- *     c).
+ *     c); with the learned memory (mem not NULL) every entry by
+ *     KVPOP_READOUT, w_s s + w_f ln(m / c + 1e-6) with a / delay in place
+ *     of m / c while c = 0.
  *
  * Run: n jobs in order after the work queued on the stream: keys read
  * through the paged table, the new rows' x, q and lse in device staging,
@@ -48,7 +52,9 @@
  * job j's new rows is not finite (checked by proj jobs).  KVT_EINVAL
  * besides backend.h's: len + n_new beyond cap, n_band beyond len + n_new,
  * n_new beyond ring, rows beyond the staging ring, r or m 0, a memory
- * whose beta is not in (0, 1) or whose trust is not finite and >= 0.
+ * whose beta is not in (0, 1) or whose trust is not finite and >= 0
+ * (memory=T's: the learned memory's are the host's, checked when the
+ * weights loaded), mem without a memory.
  */
 #ifndef KVT_KVPOP_RULE_H
 #define KVT_KVPOP_RULE_H
@@ -59,7 +65,7 @@
 
 /* Layout version of struct kvpop_rule and kvpop_rule_job (the rule's
  * kvt_backend_rule.version). */
-#define KVPOP_RULE_VERSION 3
+#define KVPOP_RULE_VERSION 4
 
 struct kvpop_rule {
 	void *state;           /* device: the entries' state (above) */
@@ -72,6 +78,11 @@ struct kvpop_rule {
 	uint32_t memory;       /* the memory's decay in tokens (0: none) */
 	float beta;            /* exp(-1 / memory), the host's expf */
 	float trust;           /* the learned score's weight in the blend */
+	/* device: memory=learned (memory then nonzero, beta and trust
+	 * unused): per layer [n_layers][3] its decay beta (exp(-1 / T_l),
+	 * the host's expf) and the readout's w_s and w_f
+	 * (KVPOP_MEM_FLOATS); NULL: memory=T or none */
+	const float *mem;
 };
 
 /* The horizon of the scorer's training target (tools/train/recipe.h's
@@ -86,6 +97,19 @@ struct kvpop_rule {
 #define KVPOP_BLEND(K, s, m, c) \
 	(((K) * (s) + (c) * logf(KVPOP_HORIZON * (m) / (c) + 1e-6f)) / \
 	 ((K) + (c)))
+
+/* The selection's rank of an entry with the learned memory: w_s s + w_f
+ * ln(m / c + 1e-6), with the delay's mean a / delay for m / c before a
+ * query past the delay has read the entry (c = 0).  A macro for the same
+ * reason as KVPOP_BLEND. */
+#define KVPOP_READOUT(ws, wf, s, a, m, c, delay)                           \
+	((ws) * (s) +                                                      \
+	 (wf) * logf(((c) > 0.0f ? (m) / (c)                               \
+	                         : (a) / (float)((delay) ? (delay) : 1)) + \
+	             1e-6f))
+
+/* Floats a layer of the learned memory's table (mem): beta, w_s, w_f. */
+#define KVPOP_MEM_FLOATS 3u
 
 /* Floats of an entry's state: [a, s], with a memory [a, s, m, c].  A
  * macro, since the device code (policies/kvpop.cu) needs it too. */

@@ -9,7 +9,9 @@
 #include "policy_fixture.h"
 
 #include "fastkvzip_rule.h"
+#include "kvpop_rule.h"
 #include "kvzap_rule.h"
+
 static const char *tmp_path(const char *name)
 {
 	static char buf[4][512];
@@ -772,16 +774,87 @@ TEST(policy, kvpop_learned_memory_by_hand)
 				T_ASSERT(fabs(e[2] - (2 * b + 0.25)) < 1e-5 &&
 				         fabs(e[3] - (b + 1)) < 1e-5);
 		}
-		/* no device rule yet: the tenant decides on the host */
-		T_ASSERT(!f.p->ops->device->supports(f.p));
 		policy_free(f.p);
 	}
-	/* memory=T keeps its device rule */
-	snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=3,delay=1,"
-	         "sinks=0,memory=2", w);
-	fx_init(&f, spec, 2, 1);
-	T_ASSERT(f.p->ops->device->supports(f.p));
-	policy_free(f.p);
+}
+
+/* A device for kvpop_upload: host memory, its sizes recorded. */
+static size_t up_bytes;
+static int up_mem_new(void *ctx, size_t bytes, void **out)
+{
+	(void)ctx;
+	up_bytes = bytes;
+	return (*out = calloc(1, bytes)) ? 0 : KVT_ENOMEM;
+}
+static void up_mem_free(void *ctx, void *p)
+{
+	(void)ctx;
+	free(p);
+}
+static int up_copy(void *ctx, void *dst, const void *src, size_t bytes,
+                   void *stream)
+{
+	(void)ctx;
+	(void)stream;
+	memcpy(dst, src, bytes);
+	return 0;
+}
+static const char *up_error(void)
+{
+	return "";
+}
+
+/*
+ * kvpop's device rule takes memory=learned (no veto): its upload puts the
+ * table after the two layers' tensors (9 floats a layer: P [1][4], W1
+ * [1][2], b1, W2, b2), per layer beta = e^(-1/T), w_s, w_f, and its params
+ * point there; memory=2 uploads no table and points at none.
+ */
+TEST(policy, kvpop_learned_memory_goes_to_the_device)
+{
+	const char *w = tmp_path("kvpop-lmem-up.safetensors");
+	const float mem[6] = {2, 0.25f, -1.5f, 64, 5, -5};
+	kvpop_weights_shm(w, 0.0f, 1.0f, 0, NULL, mem);
+	struct kvt_backend_ops o;
+	memset(&o, 0, sizeof(o));
+	o.name = "test";
+	o.mem_new = up_mem_new;
+	o.mem_free = up_mem_free;
+	o.copy = up_copy;
+	o.last_error = up_error;
+	const char *opt[] = {"memory=learned", "memory=2"};
+	for (int k = 0; k < 2; k++) {
+		char spec[600], err[128];
+		snprintf(spec, sizeof(spec), "kvpop:model=%s,%s", w, opt[k]);
+		struct fx f;
+		fx_init(&f, spec, 2, 1);
+		const struct policy_device_rule *dr = f.p->ops->device;
+		T_ASSERT(!dr->supports || dr->supports(f.p));
+		void *c = NULL;
+		T_OK(dr->upload(f.p, &o, NULL, &c, err, sizeof(err)));
+		const float *t = (const float *)c + 2 * 9;
+		struct kvpop_rule r;
+		const struct policy_dev_bufs b = {.consts = c, .cap = 8};
+		dr->params(f.p, &b, &r);
+		if (k == 0) {
+			T_EQ(up_bytes, (2 * 9 + 6) * sizeof(float));
+			T_ASSERT(r.mem == t);
+			T_EQ(r.memory, POLICY_MEMORY_LEARNED);
+			T_ASSERT(fabs(t[0] - exp(-0.5)) < 1e-7);
+			T_ASSERT(fabs(t[3] - exp(-1.0 / 64)) < 1e-7);
+			T_ASSERT(t[1] == 0.25f && t[2] == -1.5f && t[4] == 5.0f &&
+			         t[5] == -5.0f);
+		} else {
+			T_EQ(up_bytes, 2 * 9 * sizeof(float));
+			T_ASSERT(r.mem == NULL);
+			T_EQ(r.memory, 2);
+			T_ASSERT(fabs(r.beta - exp(-0.5)) < 1e-7);
+		}
+		/* layer 1's P: its first weight, 1 */
+		T_ASSERT(((const float *)c)[9] == 1.0f);
+		o.mem_free(NULL, c);
+		policy_free(f.p);
+	}
 }
 
 TEST(policy, kvpop_learned_memory_refusals)

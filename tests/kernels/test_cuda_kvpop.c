@@ -5,7 +5,8 @@
  * headroom rows, the band's attn_band_cpu weights summed per entry in t and
  * j order over the queries within the delay and, with a memory, every
  * entry's decayed sum and count of those after it, kvpop_score's loops for
- * the entries whose delay ends, the protection, the memory's blend, then
+ * the entries whose delay ends, the protection, the memory's blend or the
+ * learned memory's readout (its layer's decay and weights), then
  * select_topk_cpu ranked by position, compact_plan's moves), written out
  * here naively: over several
  * syncs of the two lists of one (sequence, layer) of layer 1 (a 12-token
@@ -40,6 +41,9 @@ enum { HD = 8, PT = 4, G = 2, NKV = 2, H = G * NKV, NP = 12, CAP = NP * PT,
 
 #define LF (R * D + M * (R + 1) + M + NKV * M + NKV)
 
+/* The rule's memory with the learned table (policies' memory=learned). */
+#define LEARNED UINT32_MAX
+
 /* The chunk of NKV lists of dtype dt (select_fixture.h) and the kvpop
  * state. */
 struct px {
@@ -48,10 +52,14 @@ struct px {
 	enum kvt_dtype dt;
 	size_t esz;
 	uint32_t window; /* the rule's recent window (0: none) */
-	uint32_t memory; /* the memory's decay in tokens (0: none) */
+	uint32_t memory; /* the memory's decay in tokens (0: none; LEARNED) */
 	float trust;     /* the learned score's weight beside it */
 	uint32_t F;      /* floats an entry: 2, with a memory 4 */
-	void *state, *ring, *u, *w;
+	/* the learned memory: per layer its decay in tokens and readout
+	 * weights w_s, w_f (lmem), the table the rule reads (beta, w_s, w_f;
+	 * mem on the device) */
+	float lmem[NL][3];
+	void *state, *ring, *u, *w, *mem;
 	float ring_h[ST * RF];
 	float w_h[NL * LF];
 	float u_h[RING * R]; /* the host's u ring */
@@ -84,6 +92,23 @@ static void px_init(struct px *f, enum kvt_dtype dt, uint32_t memory,
 	T_OK(f->fx.o->copy(f->fx.ctx, f->w, f->w_h, sizeof(f->w_h), NULL));
 }
 
+/* The learned memory (memory LEARNED) of decay T tokens and readout w_s,
+ * w_f in layer LAYER (the other layer's row: a decay of 64 and weights
+ * that would rank otherwise, never to be read). */
+static void px_learned(struct px *f, float T, float ws, float wf)
+{
+	const float rows[NL][3] = {{64.0f, -3.0f, 7.0f}, {T, ws, wf}};
+	float tab[NL * 3];
+	memcpy(f->lmem, rows, sizeof(rows));
+	for (uint32_t l = 0; l < NL; l++) {
+		tab[3 * l] = expf(-1.0f / f->lmem[l][0]);
+		tab[3 * l + 1] = f->lmem[l][1];
+		tab[3 * l + 2] = f->lmem[l][2];
+	}
+	f->mem = sel_mem(&f->fx, sizeof(tab));
+	T_OK(f->fx.o->copy(f->fx.ctx, f->mem, tab, sizeof(tab), NULL));
+}
+
 static struct kvpop_rule px_pop(struct px *f, uint32_t sinks)
 {
 	return (struct kvpop_rule){
@@ -92,8 +117,9 @@ static struct kvpop_rule px_pop(struct px *f, uint32_t sinks)
 		.ring = RING,
 		.delay = DELAY, .sinks = sinks, .window = f->window,
 		.memory = f->memory,
-		.beta = f->memory ? expf(-1.0f / (float)f->memory) : 0.0f,
-		.trust = f->trust,
+		.beta = f->memory && !f->mem ? expf(-1.0f / (float)f->memory)
+		                             : 0.0f,
+		.trust = f->trust, .mem = f->mem,
 	};
 }
 
@@ -152,7 +178,9 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 {
 	const uint32_t seen = seen0 + n_new, prev = seen0, F = f->F;
 	const float *wl = f->w_h + LAYER * LF;
-	const float beta = f->memory ? expf(-1.0f / (float)f->memory) : 0.0f;
+	const float beta = f->mem ? expf(-1.0f / f->lmem[LAYER][0])
+	                   : f->memory ? expf(-1.0f / (float)f->memory)
+	                   : 0.0f;
 	for (uint32_t t = 0; t < n_new; t++)
 		for (uint32_t e = 0; e < RF; e++)
 			f->ring_h[((seen0 + t) % ST) * RF + e] =
@@ -236,7 +264,13 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 		for (uint32_t i = 0; i < L; i++) {
 			const float *e = &ent[i * F];
 			sc[i] = e[1];
-			if (f->memory && e[3] > 0.0f)
+			if (f->mem) /* w_s s + w_f ln(m / c or a / delay) */
+				sc[i] = f->lmem[LAYER][1] * e[1] +
+				        f->lmem[LAYER][2] *
+				                logf((e[3] > 0.0f ? e[2] / e[3]
+				                                  : e[0] / DELAY) +
+				                     1e-6f);
+			else if (f->memory && e[3] > 0.0f)
 				sc[i] = (f->trust * e[1] +
 				         e[3] * logf(128.0f * e[2] / e[3] + 1e-6f)) /
 				        (f->trust + e[3]);
@@ -316,11 +350,16 @@ static void px_sync(struct px *f, uint32_t seen0, uint32_t n_new, int due,
 	T_ASSERT(sel_chunk_same(&f->fx));
 }
 
-static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
-                     uint32_t window, uint32_t memory, float trust)
+/* lm: the learned memory's decay and readout {T, w_s, w_f} (memory
+ * LEARNED), else NULL. */
+static void run_case_lm(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
+                        uint32_t window, uint32_t memory, float trust,
+                        const float *lm)
 {
 	struct px f;
 	px_init(&f, dt, memory, trust);
+	if (lm)
+		px_learned(&f, lm[0], lm[1], lm[2]);
 	f.window = window;
 	const uint32_t b = 10;
 	uint32_t seen = 0;
@@ -337,6 +376,12 @@ static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
 	sel_fini(&f.fx);
 }
 
+static void run_case(enum kvt_dtype dt, uint32_t sinks, uint32_t every,
+                     uint32_t window, uint32_t memory, float trust)
+{
+	run_case_lm(dt, sinks, every, window, memory, trust, NULL);
+}
+
 TEST(cuda, backend_kvpop_rule_matches_kvpop)
 {
 	run_case(KVT_DTYPE_F32, 0, 0, 0, 0, 0);  /* every sync due */
@@ -350,6 +395,14 @@ TEST(cuda, backend_kvpop_rule_matches_kvpop)
 	run_case(KVT_DTYPE_F32, 0, 0, 0, 6, 0.0f);
 	run_case(KVT_DTYPE_F32, 1, 0, 5, 4, 3.0f);
 	run_case(KVT_DTYPE_F16, 2, 3, 0, 20, 0.5f);
+	/* the learned memory: the readout alone, beside the score, the
+	 * score alone (w_f 0), with sinks, a window and every, f16 */
+	const float lm[][3] = {{16.0f, 0.0f, 1.0f}, {4.0f, 0.7f, 1.3f},
+	                       {1.0f, 1.0f, 0.0f}, {64.0f, 0.5f, 2.0f}};
+	run_case_lm(KVT_DTYPE_F32, 0, 0, 0, LEARNED, 0.0f, lm[0]);
+	run_case_lm(KVT_DTYPE_F32, 1, 0, 5, LEARNED, 0.0f, lm[1]);
+	run_case_lm(KVT_DTYPE_F32, 0, 2, 0, LEARNED, 0.0f, lm[2]);
+	run_case_lm(KVT_DTYPE_F16, 2, 3, 2, LEARNED, 0.0f, lm[3]);
 }
 
 TEST(cuda, backend_kvpop_rule_flags_and_refuses)
@@ -437,6 +490,11 @@ TEST(cuda, backend_kvpop_rule_flags_and_refuses)
 		T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV,
 		             HD, &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	}
+	/* a learned memory's table without a memory */
+	a2 = a;
+	a2.mem = (const float *)f.w;
+	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, HD,
+	             &a2, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H, NKV, 0,
 	             &a, &j[1], 1, out, 2, NULL), KVT_EINVAL);
 	T_EQ(sel_run(&f.fx, f.rule, &pg, NKV, KVT_DTYPE_F32, H + 1, NKV,
