@@ -9,9 +9,10 @@
 # fastkvzip_rule and fastkvzip_threshold_rule add sinks, a window or a
 # short delay, every=3 and a prefill that does not fill the staging ring's
 # rows evenly, so syncs that decide nothing and rings that wrap are
-# crossed; kvpop runs its scorer alone (window=0,memory=0), the other
-# kvpop runs have its memory (by default or memory=16), kept by its
-# device rule too; the _64 runs sync 64 sequences at once, 4 tokens each
+# crossed; kvpop runs its scorer alone (window=0,memory=0), kvpop_memory
+# memory=16 with trust 8, the _learned runs the learned memory (the
+# random weights' decay and readout a layer), kept by its device rule
+# too; the _64 runs sync 64 sequences at once, 4 tokens each
 # after a prefill of 13 (32 for the prompt-only ones), through the
 # batched device rules).  The kept sets must equal an in-process replay of the cpu
 # policy.  Prints loadgen-cuda.sh's report lines; exits 1 when a run
@@ -40,6 +41,7 @@ fastkvzip_threshold_rule fastkvzip:window=4,sinks=2,every=3,threshold=0.5 --pref
 kvpop kvpop:tokens=24,delay=8,window=0,memory=0
 kvpop_rule kvpop:tokens=20,delay=3,sinks=2,window=8,every=3 --prefill 17
 kvpop_memory kvpop:tokens=20,delay=3,sinks=2,window=8,memory=16,trust=8,every=3 --prefill 17
+kvpop_learned kvpop:tokens=20,delay=3,sinks=2,window=8,memory=learned,every=3 --prefill 17
 knorm knorm:tokens=24
 pyramidkv pyramidkv:window=8,tokens=16 --prefill 32
 expected_attention expected_attention:window=8,tokens=16 --prefill 32
@@ -47,6 +49,7 @@ observed_attention observed_attention:tokens=24,every=3 --prefill 17
 h2o_64 h2o:tokens=20,window=4,sinks=2,agg=max,every=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 tova_64 tova:tokens=20,window=4,sinks=2,every=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 kvpop_64 kvpop:tokens=20,delay=3,sinks=2,window=6,every=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
+kvpop_learned_64 kvpop:tokens=20,delay=3,sinks=2,window=6,memory=learned,every=3 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 observed_attention_64 observed_attention:tokens=20,every=2 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 kvzap_64 kvzap:threshold=0,window=8 --seqs 64 --steps 40 --prefill 13 --sync-every 4
 fastkvzip_64 fastkvzip:window=8,every=16 --seqs 64 --steps 40 --prefill 13 --sync-every 4

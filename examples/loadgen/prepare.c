@@ -5,6 +5,7 @@
  */
 #include "loadgen.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,8 @@ static int wb_add(struct wbuild *b, const char *name, uint32_t nd,
 /*
  * Writes random seeded weights for a learned policy (kvzap: MLP hidden 8,
  * output bias -4 so about half the entries fall below the default
- * threshold; fastkvzip: D' 4, 4 sinks; kvpop: r 4, m 8) into o->scratch
+ * threshold; fastkvzip: D' 4, 4 sinks; kvpop: r 4, m 8 and a learned
+ * memory) into o->scratch
  * and appends model=PATH to spec.  0, or -1 with a message printed.
  */
 static int gen_weights(struct opts *o, const char *name, char *spec,
@@ -95,6 +97,17 @@ static int gen_weights(struct opts *o, const char *name, char *spec,
 			ADD("kvpop.%u.fc2.bias", 1, nkv, 0, 0, 0, 0.0f, 0.0f);
 		}
 #undef ADD
+	}
+	/* kvpop's learned memory (memory=learned; the other specs leave it
+	 * unread): per layer a decay in [1, 9) tokens and readout weights
+	 * w_s, w_f in [-1, 1) */
+	if (!bad && strcmp(name, "kvzap") && strcmp(name, "fastkvzip")) {
+		bad |= wb_add(b, "kvpop.memory", 2, o->layers, 3, 0, 0, -1.0f,
+		              1.0f);
+		for (uint32_t l = 0; !bad && l < o->layers; l++) {
+			float *v = b->data[b->n - 1] + 3 * l;
+			v[0] = 1.0f + 8.0f * fabsf(v[0]);
+		}
 	}
 	char path[128], err[KVT_ERRTEXT_MAX] = "";
 	snprintf(path, sizeof(path), "%s/%s.safetensors", o->scratch, name);

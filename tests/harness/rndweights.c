@@ -63,7 +63,7 @@ int th_random_weights(const char *policy, const struct kvt_geometry *g,
 	if (kind < 0 || !g->n_kv_heads || g->n_heads % g->n_kv_heads)
 		return errors_fmt(err, errlen, KVT_EINVAL,
 		                  "no random weights for policy %s", policy);
-	struct wfile w = {.cap = 7 * (size_t)g->n_layers, .seed = seed};
+	struct wfile w = {.cap = 7 * (size_t)g->n_layers + 1, .seed = seed};
 	w.t = calloc(w.cap, sizeof(*w.t));
 	w.data = calloc(w.cap, sizeof(*w.data));
 	w.nm = calloc(w.cap, sizeof(*w.nm));
@@ -109,6 +109,14 @@ int th_random_weights(const char *policy, const struct kvt_geometry *g,
 			bad |= wadd(&w, "kvpop.%u.fc2.bias", l, 1, kv, 0, 0, 0,
 			            0.1f, 0);
 		}
+	}
+	/* kvpop's learned memory (read by memory=learned only): per layer a
+	 * decay of 2 to 10 tokens and readout weights w_s, w_f about 1 */
+	if (kind == 2 && !bad) {
+		bad |= wadd(&w, "kvpop.memory", 0, 2, g->n_layers, 3, 0, 0,
+		            1.0f, 1.0f);
+		for (uint32_t l = 0; !bad && l < g->n_layers; l++)
+			w.data[w.n - 1][3 * l] = 2.0f + (float)(l % 5) * 2.0f;
 	}
 	int rc = bad ? errors_fmt(err, errlen, KVT_ENOMEM,
 	                          "random weights: out of memory")

@@ -1,6 +1,7 @@
 /*
  * rndweights.h — random seeded weights of a learned policy (kvzap MLP,
- * fastkvzip, kvpop) for any geometry, written with weights_write, for the
+ * fastkvzip, kvpop with its learned memory's kvpop.memory) for any
+ * geometry, written with weights_write, for the
  * tests and the bench that need a learned policy to run and have no
  * trained file.  Shapes per docs/weights.md; the values are uniform, so
  * only the cost and the traffic of the policy are realistic, not its

@@ -4,6 +4,7 @@
  * scorer weights (bad input, crashes and shutdown: test_daemon_faults.c).
  * Expected values come from the test's own arithmetic.
  */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -651,29 +652,36 @@ static void kvpop_open(struct th_daemon *d, const char *name,
 	T_OK(kvt_seq_open(*c, seq));
 }
 
-/* Whether every list of seq holds exactly the positions want [n] (read
- * from K[0] of its entries, any order). */
+/* Whether both lists of layer l of seq hold exactly the positions want
+ * [n] (read from K[0] of their entries, any order). */
+static int kvpop_layer_holds(kvt_client *c, kvt_seq seq, uint32_t l,
+                             const uint32_t *want, uint32_t n)
+{
+	for (uint32_t h = 0; h < 2; h++) {
+		struct kvt_list li;
+		T_OK(kvt_list_get(c, seq, l, h, &li));
+		if (li.len != n)
+			return 0;
+		uint32_t seen = 0;
+		for (uint32_t e = 0; e < li.len; e++) {
+			float pg[SMALL_PAGE_FLOATS];
+			get_page(c, li.pages[e / 4], pg);
+			uint32_t p = (uint32_t)pg[(e % 4) * 8];
+			for (uint32_t k = 0; k < n; k++)
+				seen += want[k] == p;
+		}
+		if (seen != n)
+			return 0;
+	}
+	return 1;
+}
+
+/* Whether every list of seq holds exactly the positions want [n]. */
 static int kvpop_holds(kvt_client *c, kvt_seq seq, const uint32_t *want,
                        uint32_t n)
 {
-	for (uint32_t l = 0; l < 2; l++)
-		for (uint32_t h = 0; h < 2; h++) {
-			struct kvt_list li;
-			T_OK(kvt_list_get(c, seq, l, h, &li));
-			if (li.len != n)
-				return 0;
-			uint32_t seen = 0;
-			for (uint32_t e = 0; e < li.len; e++) {
-				float pg[SMALL_PAGE_FLOATS];
-				get_page(c, li.pages[e / 4], pg);
-				uint32_t p = (uint32_t)pg[(e % 4) * 8];
-				for (uint32_t k = 0; k < n; k++)
-					seen += want[k] == p;
-			}
-			if (seen != n)
-				return 0;
-		}
-	return 1;
+	return kvpop_layer_holds(c, seq, 0, want, n) &&
+	       kvpop_layer_holds(c, seq, 1, want, n);
 }
 
 /*
@@ -759,12 +767,84 @@ TEST(daemon, kvpop_budget_shares_hold)
 }
 
 /*
- * memory=learned through a real daemon (on the cuda backend its device
- * rule says no, so the tenant decides on the host): weights without
- * kvpop.memory are refused at registration with the reason and nothing
- * registered; with it, tokens=6, delay=1, sinks=0, no window and the
- * readout w_s 1, w_f 0 (the scores alone, which tie), every list keeps
- * the newest six of ten positions, and the state checks out.
+ * The learned memory's rule replayed naively in double for kvpop_token's
+ * rows (K[0] of position p is p, q 0.1 in each of 8 dimensions, lse of
+ * query t ln(t + 1), so every query head pays entry p v = e^(0.1 p / sqrt
+ * 8) / (t + 1)), delay 1, no sinks or window, a fixed budget of B and a
+ * token a sync, a memory of decay T tokens read out w_s s + w_f ln(m / c
+ * + 1e-6) (a / delay while c = 0), every score s 1 (fc2's bias): the
+ * positions held after n tokens into out [B], in order.  The smallest gap
+ * between the last entry kept and the first dropped at a selection goes
+ * to *gap, so a test can tell that float rounding cannot flip it.
+ */
+static void lm_replay(double T, double ws, double wf, uint32_t n, uint32_t B,
+                      uint32_t *out, double *gap)
+{
+	enum { N = 16 };
+	double a[N] = {0}, m[N] = {0}, cnt[N] = {0};
+	int held[N] = {0};
+	const double beta = exp(-1.0 / T);
+	*gap = INFINITY;
+	for (uint32_t t = 0; t < n && t < N; t++) {
+		held[t] = 1;
+		for (uint32_t p = 0; p < t; p++) {
+			const double v = exp(0.1 * p / sqrt(8.0)) / (t + 1);
+			if (!held[p])
+				continue;
+			if (t - p <= 1) {
+				a[p] += v;
+			} else {
+				m[p] = beta * m[p] + v;
+				cnt[p] = beta * cnt[p] + 1;
+			}
+		}
+		/* the newest is protected; of the others the best B - 1 stay
+		 * (ties: the higher position) */
+		uint32_t L = 0;
+		for (uint32_t p = 0; p < t; p++)
+			L += held[p];
+		while (L > B - 1) {
+			uint32_t worst = N;
+			double rw = 0, r2 = INFINITY;
+			for (uint32_t p = 0; p < t; p++) {
+				if (!held[p])
+					continue;
+				const double r = ws + wf * log((cnt[p] > 0
+				                                ? m[p] / cnt[p]
+				                                : a[p]) + 1e-6);
+				if (worst == N || r < rw) {
+					if (worst != N && rw - r < r2)
+						r2 = rw - r;
+					worst = p;
+					rw = r;
+				} else if (r - rw < r2) {
+					r2 = r - rw;
+				}
+			}
+			held[worst] = 0;
+			L--;
+			if (r2 < *gap)
+				*gap = r2;
+		}
+	}
+	uint32_t k = 0;
+	for (uint32_t p = 0; p < N && k < B; p++)
+		if (held[p])
+			out[k++] = p;
+}
+
+/*
+ * memory=learned through a real daemon, on either backend (on cuda its
+ * device rule runs it: the decay and readout of each layer go up with the
+ * weights): weights without kvpop.memory are refused at registration with
+ * the reason and nothing registered; with it, tokens=6, delay=1, sinks=0,
+ * no window, the readout the memory alone (w_s 0, w_f 1) at a decay of 16
+ * tokens in layer 0 and 2 in layer 1, each layer holds what lm_replay
+ * says after ten tokens (old entries, whose mean attention came from
+ * earlier queries with smaller lse, outrank the newer ones: not the
+ * newest six), the two layers differently, and the state checks out.
+ * With the readout the score alone (w_s 1, w_f 0) every rank ties and the
+ * newest six stay.
  */
 TEST(daemon, kvpop_learned_memory_runs_and_refuses)
 {
@@ -780,15 +860,32 @@ TEST(daemon, kvpop_learned_memory_runs_and_refuses)
 	struct kvt_config cfg = th_small_cfg(&d, "recaller", spec);
 	T_ERR(kvt_connect(&cfg, &c, err), KVT_EPOLICY);
 	T_ASSERT(strstr(err, "kvpop.memory"));
-	const float mem[6] = {16, 1, 0, 64, 1, 0};
-	write_kvpop_shm(path, 1.0f, NULL, mem);
-	kvpop_open(&d, "recaller", spec, &c, &seq);
-	for (uint32_t pos = 0; pos < 10; pos++)
-		kvpop_token(c, seq, pos);
-	const uint32_t want[6] = {4, 5, 6, 7, 8, 9};
-	T_ASSERT(kvpop_holds(c, seq, want, 6));
-	T_EQ(th_sh(&d, err, sizeof(err), "%s check", th_bin("kvtrimctl")), 0);
-	kvt_disconnect(c);
+	const float mem[2][6] = {{16, 0, 1, 2, 0, 1}, {16, 1, 0, 64, 1, 0}};
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), "%s/kvpop-lm%d.safetensors",
+		         th_tmpdir(), k);
+		write_kvpop_shm(path, 1.0f, NULL, mem[k]);
+		snprintf(spec, sizeof(spec), "kvpop:model=%s,tokens=6,delay=1,"
+		         "sinks=0,window=0,memory=learned", path);
+		kvpop_open(&d, "recaller", spec, &c, &seq);
+		for (uint32_t pos = 0; pos < 10; pos++)
+			kvpop_token(c, seq, pos);
+		uint32_t want[2][6];
+		for (uint32_t l = 0; l < 2; l++) {
+			double gap;
+			const float *lm = mem[k] + 3 * l;
+			lm_replay(lm[0], lm[1], lm[2], 10, 6, want[l], &gap);
+			T_ASSERT(!(gap < 1e-3) || lm[2] == 0.0f);
+			T_ASSERT(kvpop_layer_holds(c, seq, l, want[l], 6));
+		}
+		/* the memory moved the old ones in, each layer its own way;
+		 * without it, the newest six */
+		T_EQ(memcmp(want[0], want[1], sizeof(want[0])) != 0, k == 0);
+		T_EQ(want[0][0] == 4, k == 1);
+		T_EQ(th_sh(&d, err, sizeof(err), "%s check",
+		           th_bin("kvtrimctl")), 0);
+		kvt_disconnect(c);
+	}
 	T_EQ(th_daemon_stop(&d), 0);
 }
 

@@ -11,7 +11,9 @@
  * that decides.  The daemon's device_launches_total must grow by at most
  * T_BOUND in every sync: the whole sync (table upload, the policy's rule,
  * compaction) is one fixed set of launches, where a launch per list would
- * give more than 1,000 for 64 sequences.  A policy whose row is not
+ * give more than 1,000 for 64 sequences (kvpop_learned: kvpop with its
+ * learned memory, random weights for the policy its spec names).  A
+ * policy whose row is not
  * `asserted` prints its figures and SKIPs.  Skips on the cpu backend (no
  * device).
  */
@@ -41,6 +43,8 @@ static const struct lpol {
 	{"observed_attention", "observed_attention:" T_BUDGET, 1},
 	{"tova", "tova:" T_BUDGET, 1},
 	{"kvpop", "kvpop:model=%s," T_BUDGET ",delay=4,sinks=1", 1},
+	{"kvpop_learned",
+	 "kvpop:model=%s," T_BUDGET ",delay=4,sinks=1,memory=learned", 1},
 	{"kvzap", "kvzap:model=%s,window=4", 1},
 	{"fastkvzip", "fastkvzip:model=%s," T_BUDGET ",window=4,sinks=1", 1},
 	{"snapkv", "snapkv:window=4," T_BUDGET, 1},
@@ -146,7 +150,10 @@ static void run_policy(const char *name)
 		snprintf(path, sizeof(path), "%s/%s.safetensors", th_tmpdir(),
 		         tp->name);
 		const struct th_wshape sh = {16, 4, 4, 4, 8};
-		T_OK(th_random_weights(tp->name, &cfg.geo, &sh, 1, path, err,
+		char pol[32]; /* the spec's policy */
+		snprintf(pol, sizeof(pol), "%.*s",
+		         (int)strcspn(tp->spec, ":"), tp->spec);
+		T_OK(th_random_weights(pol, &cfg.geo, &sh, 1, path, err,
 		                       sizeof(err)));
 	}
 	snprintf(spec, sizeof(spec), tp->spec, path);
@@ -196,6 +203,7 @@ LAUNCH_TEST(h2o)
 LAUNCH_TEST(observed_attention)
 LAUNCH_TEST(tova)
 LAUNCH_TEST(kvpop)
+LAUNCH_TEST(kvpop_learned)
 LAUNCH_TEST(kvzap)
 LAUNCH_TEST(fastkvzip)
 LAUNCH_TEST(snapkv)

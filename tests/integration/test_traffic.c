@@ -26,8 +26,10 @@
 #include "rndweights.h"
 #include "test.h"
 
-/* One row per registered policy; spec's %s is a learned policy's weights
- * file.  Windows and lookbacks of 4, budgets of 512. */
+/* One row per registered policy, and kvpop_learned (kvpop with its
+ * learned memory, whose device rule reads a table beside the weights);
+ * spec's %s is a learned policy's weights file, random ones for the
+ * policy the spec names.  Windows and lookbacks of 4, budgets of 512. */
 static const struct tpol {
 	const char *name;
 	const char *spec;
@@ -42,6 +44,9 @@ static const struct tpol {
 	{"kvzap", "kvzap:model=%s,window=4", 1},
 	{"fastkvzip", "fastkvzip:model=%s,tokens=512,window=4,sinks=1,every=4", 1},
 	{"kvpop", "kvpop:model=%s,tokens=512,delay=4,sinks=1", 1},
+	/* kvpop's learned memory: its band is every entry, on the device */
+	{"kvpop_learned", "kvpop:model=%s,tokens=512,delay=4,sinks=1,"
+	 "memory=learned", 1},
 	{"knorm", "knorm:tokens=512", 1},
 	{"expected_attention", "expected_attention:window=4,tokens=512,sinks=1",
 	 1},
@@ -142,7 +147,10 @@ static void run_policy(const char *name)
 		snprintf(path, sizeof(path), "%s/%s.safetensors", th_tmpdir(),
 		         tp->name);
 		const struct th_wshape sh = {16, 4, 4, 4, 8};
-		T_OK(th_random_weights(tp->name, &cfg.geo, &sh, 1, path, err,
+		char pol[32]; /* the spec's policy */
+		snprintf(pol, sizeof(pol), "%.*s",
+		         (int)strcspn(tp->spec, ":"), tp->spec);
+		T_OK(th_random_weights(pol, &cfg.geo, &sh, 1, path, err,
 		                       sizeof(err)));
 	}
 	snprintf(spec, sizeof(spec), tp->spec, path);
@@ -210,7 +218,7 @@ TEST(traffic, every_policy_has_a_row)
 			th_fail(__FILE__, __LINE__, "policy %s has no row in "
 			        "test_traffic.c's table", policy_at(i)->name);
 	}
-	T_EQ(N_POL, policy_count());
+	T_EQ(N_POL, policy_count() + 1); /* and kvpop_learned */
 }
 
 #define TRAFFIC_TEST(p)                                                        \
@@ -224,6 +232,7 @@ TRAFFIC_TEST(tova)
 TRAFFIC_TEST(kvzap)
 TRAFFIC_TEST(fastkvzip)
 TRAFFIC_TEST(kvpop)
+TRAFFIC_TEST(kvpop_learned)
 TRAFFIC_TEST(knorm)
 TRAFFIC_TEST(expected_attention)
 TRAFFIC_TEST(pyramidkv)
