@@ -72,9 +72,12 @@ struct kvpop {
 	uint32_t n_f;  /* keep fractions of the shares (0: none) */
 	const float *keep; /* [n_f], decreasing in (0, 1): the weights' */
 	float *share;  /* [n_f][n_layers][n_kv_heads], mean 1 per fraction */
-	/* memory=learned: the weights' kvpop.memory [n_layers][3] (decay in
-	 * tokens, the readout's w_s and w_f); NULL otherwise */
-	const float *mem;
+	/* memory=learned: per layer [n_layers][KVPOP_MEM_FLOATS] its decay
+	 * beta = expf(-1 / T_l) (T_l the weights' kvpop.memory decay) and
+	 * the readout's w_s and w_f, the device rule's table (kvpop_rule.h):
+	 * built once, read by kvpop_decide, copied by kvpop_upload; NULL
+	 * otherwise */
+	float *mem;
 };
 
 uint32_t policy_kvpop_window(uint32_t tokens)
@@ -86,8 +89,10 @@ uint32_t policy_kvpop_window(uint32_t tokens)
 static void kvpop_fini(struct policy *p)
 {
 	struct kvpop *k = p->priv;
-	if (k)
+	if (k) {
 		free(k->share);
+		free(k->mem);
+	}
 	learned_fini(p);
 }
 
@@ -253,7 +258,8 @@ static uint32_t kvpop_head_budget(const struct policy *p, uint32_t layer,
 
 /*
  * memory=learned: the weights' kvpop.memory [n_layers][3], checked (a
- * decay >= 1 token; the loader has refused values that are not finite).
+ * decay >= 1 token; the loader has refused values that are not finite),
+ * into k->mem.
  */
 static int kvpop_memory(struct policy *p, char *err, size_t errlen)
 {
@@ -272,16 +278,25 @@ static int kvpop_memory(struct policy *p, char *err, size_t errlen)
 		         p->args.model);
 		return KVT_EPOLICY;
 	}
-	if (!(k->mem = learned_get(p, k->lp.w, err, errlen, 2, shape,
-	                           "kvpop.memory")))
+	const float *w = learned_get(p, k->lp.w, err, errlen, 2, shape,
+	                             "kvpop.memory");
+	if (!w)
 		return KVT_EPOLICY;
 	for (uint32_t l = 0; l < L; l++)
-		if (!(k->mem[3 * l] >= 1.0f)) {
+		if (!(w[3 * l] >= 1.0f)) {
 			snprintf(err, errlen, "kvpop: %s: kvpop.memory[%u]'s "
 			         "decay is %g: it must be >= 1 token",
-			         p->args.model, l, (double)k->mem[3 * l]);
+			         p->args.model, l, (double)w[3 * l]);
 			return KVT_EPOLICY;
 		}
+	if (!(k->mem = malloc(sizeof(float) * KVPOP_MEM_FLOATS * L)))
+		return errors_fmt(err, errlen, KVT_ENOMEM, "out of memory");
+	for (uint32_t l = 0; l < L; l++) {
+		float *t = k->mem + (size_t)l * KVPOP_MEM_FLOATS;
+		t[0] = expf(-1.0f / w[3 * l]);
+		t[1] = w[3 * l + 1];
+		t[2] = w[3 * l + 2];
+	}
 	return 0;
 }
 
@@ -386,8 +401,9 @@ static int kvpop_decide(struct policy *p, struct policy_layer *l)
 	}
 	int due = policy_due(p, l);
 	const uint32_t ef = p->entry_floats, T = p->args.memory;
-	const float *lm = k->mem ? k->mem + 3 * l->layer : NULL;
-	const float beta = lm ? expf(-1.0f / lm[0]) : k->beta,
+	const float *lm = k->mem ? k->mem + (size_t)KVPOP_MEM_FLOATS * l->layer
+	                         : NULL;
+	const float beta = lm ? lm[0] : k->beta,
 	            K = (float)p->args.trust;
 	for (uint32_t g = 0; g < nkv; g++) {
 		struct policy_head *h = &l->heads[g];
@@ -504,9 +520,7 @@ static void kvpop_shape(const struct policy *p, uint32_t cap,
 }
 
 /* policy.h: every layer's tensors, in kvpop_rule.h's layout, then with
- * the learned memory its table (struct kvpop_rule's mem): per layer the
- * decay beta = expf(-1 / T_l), kvpop_decide's, and the readout's w_s and
- * w_f. */
+ * the learned memory its table (k->mem, struct kvpop_rule's mem). */
 static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
                         void *bctx, void **out, char *err, size_t errlen)
 {
@@ -536,12 +550,8 @@ static int kvpop_upload(const struct policy *p, const struct kvt_backend_ops *o,
 			dst += part[i].n;
 		}
 	}
-	for (uint32_t l = 0; mf && l < L; l++) {
-		float *t = h + lf * L + (uint64_t)l * KVPOP_MEM_FLOATS;
-		t[0] = expf(-1.0f / k->mem[3 * l]);
-		t[1] = k->mem[3 * l + 1];
-		t[2] = k->mem[3 * l + 2];
-	}
+	if (mf)
+		memcpy(h + lf * L, k->mem, mf * sizeof(float));
 	int rc = o->mem_new(bctx, bytes ? bytes : 4, out);
 	if (!rc && (rc = o->copy(bctx, *out, h, bytes, NULL))) {
 		o->mem_free(bctx, *out);

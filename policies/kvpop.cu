@@ -246,12 +246,12 @@ __global__ void bc_pop_accum(const kvt_backend_paged pg,
 		uint32_t *pos = bc_pop_half(a, j.record, j.cur ^ 1u);
 		float *S = (float *)(pos + a.cap);
 		const uint32_t F = KVPOP_ENTRY_FLOATS(a.memory);
+		const float beta = a.mem ? a.mem[(uint64_t)j.layer *
+		                                 KVPOP_MEM_FLOATS]
+		                         : a.beta;
 		for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
 		     e < j.n_band; e += gridDim.x * blockDim.x) {
 			const uint32_t i = bidx[bo + e], kp = pos[i];
-			const float beta = a.mem ? a.mem[(uint64_t)j.layer *
-			                                 KVPOP_MEM_FLOATS]
-			                         : a.beta;
 			const T *key = (const T *)bc_entry_row(pg, r, i);
 			float *ent = S + (uint64_t)i * F;
 			float acc = ent[0], mm = 0.0f, mc = 0.0f;

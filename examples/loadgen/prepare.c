@@ -101,7 +101,7 @@ static int gen_weights(struct opts *o, const char *name, char *spec,
 	/* kvpop's learned memory (memory=learned; the other specs leave it
 	 * unread): per layer a decay in [1, 9) tokens and readout weights
 	 * w_s, w_f in [-1, 1) */
-	if (!bad && strcmp(name, "kvzap") && strcmp(name, "fastkvzip")) {
+	if (!bad && !strcmp(name, "kvpop")) {
 		bad |= wb_add(b, "kvpop.memory", 2, o->layers, 3, 0, 0, -1.0f,
 		              1.0f);
 		for (uint32_t l = 0; !bad && l < o->layers; l++) {

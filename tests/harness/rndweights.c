@@ -52,14 +52,21 @@ static int wadd(struct wfile *w, const char *fmt, uint32_t l, uint32_t nd,
 	return 0;
 }
 
+/* Whether spec (a policy name, or a spec "name:...") names policy name. */
+static int names(const char *spec, const char *name)
+{
+	const size_t n = strcspn(spec, ":");
+	return strlen(name) == n && !strncmp(spec, name, n);
+}
+
 int th_random_weights(const char *policy, const struct kvt_geometry *g,
                       const struct th_wshape *sh, uint64_t seed,
                       const char *path, char *err, size_t errlen)
 {
-	int kind = !strcmp(policy, "kvzap")       ? 0
-	           : !strcmp(policy, "fastkvzip") ? 1
-	           : !strcmp(policy, "kvpop")     ? 2
-	                                          : -1;
+	int kind = names(policy, "kvzap")       ? 0
+	           : names(policy, "fastkvzip") ? 1
+	           : names(policy, "kvpop")     ? 2
+	                                        : -1;
 	if (kind < 0 || !g->n_kv_heads || g->n_heads % g->n_kv_heads)
 		return errors_fmt(err, errlen, KVT_EINVAL,
 		                  "no random weights for policy %s", policy);

@@ -27,9 +27,10 @@ struct th_wshape {
 extern const struct th_wshape TH_WSHAPE_FULL;
 
 /*
- * Writes weights of `policy` ("kvzap", "fastkvzip" or "kvpop") for all of
- * g's layers into path, each tensor uniform around its centre from (seed,
- * tensor, element): kvzap's output bias is -4, its threshold's default,
+ * Writes weights of `policy` ("kvzap", "fastkvzip" or "kvpop", or a spec
+ * of one: "kvpop:tokens=12,...") for all of g's layers into path, each
+ * tensor uniform around its centre from (seed, tensor, element): kvzap's
+ * output bias is -4, its threshold's default,
  * so about half the entries fall below it; the norms are near 1.  0, or
  * KVT_EINVAL (another policy name), KVT_ENOMEM, or weights_write's code,
  * with the reason in err.

@@ -787,44 +787,34 @@ static void lm_replay(double T, double ws, double wf, uint32_t n, uint32_t B,
 	*gap = INFINITY;
 	for (uint32_t t = 0; t < n && t < N; t++) {
 		held[t] = 1;
+		double r[N]; /* the held entries' ranks */
 		for (uint32_t p = 0; p < t; p++) {
-			const double v = exp(0.1 * p / sqrt(8.0)) / (t + 1);
 			if (!held[p])
 				continue;
+			const double v = exp(0.1 * p / sqrt(8.0)) / (t + 1);
 			if (t - p <= 1) {
 				a[p] += v;
 			} else {
 				m[p] = beta * m[p] + v;
 				cnt[p] = beta * cnt[p] + 1;
 			}
+			r[p] = ws + wf * log((cnt[p] > 0 ? m[p] / cnt[p] : a[p]) +
+			                     1e-6);
 		}
 		/* the newest is protected; of the others the best B - 1 stay
 		 * (ties: the higher position) */
 		uint32_t L = 0;
 		for (uint32_t p = 0; p < t; p++)
 			L += held[p];
-		while (L > B - 1) {
-			uint32_t worst = N;
-			double rw = 0, r2 = INFINITY;
-			for (uint32_t p = 0; p < t; p++) {
-				if (!held[p])
-					continue;
-				const double r = ws + wf * log((cnt[p] > 0
-				                                ? m[p] / cnt[p]
-				                                : a[p]) + 1e-6);
-				if (worst == N || r < rw) {
-					if (worst != N && rw - r < r2)
-						r2 = rw - r;
-					worst = p;
-					rw = r;
-				} else if (r - rw < r2) {
-					r2 = r - rw;
-				}
-			}
-			held[worst] = 0;
-			L--;
-			if (r2 < *gap)
-				*gap = r2;
+		for (; L > B - 1; L--) {
+			uint32_t w = N;
+			for (uint32_t p = 0; p < t; p++)
+				if (held[p] && (w == N || r[p] < r[w]))
+					w = p;
+			for (uint32_t p = 0; p < t; p++)
+				if (held[p] && p != w && r[p] - r[w] < *gap)
+					*gap = r[p] - r[w];
+			held[w] = 0;
 		}
 	}
 	uint32_t k = 0;

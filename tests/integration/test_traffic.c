@@ -147,10 +147,7 @@ static void run_policy(const char *name)
 		snprintf(path, sizeof(path), "%s/%s.safetensors", th_tmpdir(),
 		         tp->name);
 		const struct th_wshape sh = {16, 4, 4, 4, 8};
-		char pol[32]; /* the spec's policy */
-		snprintf(pol, sizeof(pol), "%.*s",
-		         (int)strcspn(tp->spec, ":"), tp->spec);
-		T_OK(th_random_weights(pol, &cfg.geo, &sh, 1, path, err,
+		T_OK(th_random_weights(tp->spec, &cfg.geo, &sh, 1, path, err,
 		                       sizeof(err)));
 	}
 	snprintf(spec, sizeof(spec), tp->spec, path);
