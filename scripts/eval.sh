@@ -6,20 +6,21 @@
 # copied beside them as fit-<model>.txt.  Then SmolLM2, when the model
 # cache holds it (verified by `make models`: the .sha256 stamp, the rule of
 # engine/model_files.h): the scorers that ship in weights/smollm2/, checked
-# against their SHA256SUMS (as any directory that has one) (`make weights-check` shows that `make weights`
-# trains those bytes; the committed tables name those paths in their
-# specs), or SMOL_WEIGHTS=DIR (kvtrim-train's output, e.g.
-# build/weights/smollm2 after `make weights`); kvtrim-eval's
-# protocol 1 (about 20 minutes, then its needle and copy tasks, about 25)
-# into OUT/smollm2/ (quality.csv / .md / .png, specs, fit.txt),
-# then its protocol 2 (decoding-time compression, about 20 minutes on two
-# cores, then the decoding-time needle, about 22) beside it (protocol2.csv / .md / .png,
-# specs-smollm2-protocol2.txt, needle-decoding.csv / .md).
+# against their SHA256SUMS, as any directory that has one (`make
+# weights-check` shows that `make weights` trains those bytes; the
+# committed tables name those paths in their specs), or SMOL_WEIGHTS=DIR
+# (kvtrim-train's output, e.g. build/weights/smollm2 after `make
+# weights`); kvtrim-eval's protocol 1 (about 20 minutes, then its needle
+# and copy tasks, about 25) into OUT/smollm2/ (quality.csv / .md / .png,
+# specs, fit.txt), then its protocol 2 (decoding-time compression, about
+# 20 minutes on two cores, then the decoding-time needle, about 22)
+# beside it (protocol2.csv / .md / .png, specs-smollm2-protocol2.txt,
+# needle-decoding.csv / .md).
 #
 # Environment: B (build dir, default build), MODELS_DIR (default
 # ../shared/models), OUT (default docs/results), EVAL_ARGS (extra
-# kvtrim-eval arguments, e.g. --quick),
-# SMOL_WEIGHTS (default weights/smollm2).
+# kvtrim-eval arguments, e.g. --quick), SMOL_WEIGHTS (default
+# weights/smollm2).
 set -eu
 B=${B:-build}
 MODELS_DIR=${MODELS_DIR:-../shared/models}
